@@ -1,0 +1,85 @@
+#include "base/file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+kiln_status ku_read_file(const char *path, char **out, size_t *out_len) {
+    *out = NULL;
+    if (out_len) *out_len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return kiln_error(errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO, "%s: %s", path, strerror(errno));
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) {
+            fclose(f);
+            return kiln_error(KILN_ENOMEM, "%s: out of memory reading file", path);
+        }
+        len += fread(buf + len, 1, cap - len - 1, f);
+        if (len < cap - 1) break;
+        cap *= 2;
+        char *nb = realloc(buf, cap);
+        if (!nb) free(buf);
+        buf = nb;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return kiln_error(KILN_EIO, "%s: read error", path);
+    }
+    buf[len] = 0;
+    *out = buf;
+    if (out_len) *out_len = len;
+    return NULL;
+}
+
+int ku_file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int ku_dir_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+kiln_status ku_map_file(const char *path, ku_map *m) {
+    m->data = NULL;
+    m->size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kiln_error(errno == ENOENT ? KILN_ENOTFOUND : KILN_EIO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return kiln_error(KILN_EIO, "%s: not a regular file", path);
+    }
+    if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return kiln_error(KILN_EIO, "%s: mmap: %s", path, strerror(e));
+        }
+        m->data = p;
+        m->size = (size_t)st.st_size;
+    }
+    close(fd);
+    return NULL;
+}
+
+void ku_unmap(ku_map *m) {
+    if (m->data) munmap(m->data, m->size);
+    m->data = NULL;
+    m->size = 0;
+}
+
+kiln_status ku_path_join(char *buf, size_t cap, const char *dir, const char *name) {
+    int n = snprintf(buf, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap) return kiln_error(KILN_EINVAL, "%s/%s: path too long", dir, name);
+    return NULL;
+}

@@ -1,0 +1,26 @@
+/* file.h: whole-file reads and read-only maps, with errors naming the path. */
+#ifndef KILN_FILE_H
+#define KILN_FILE_H
+
+#include <stddef.h>
+
+#include "base/status.h"
+
+/* Reads path into a NUL-terminated malloc'ed buffer (*out_len excludes the NUL). */
+kiln_status ku_read_file(const char *path, char **out, size_t *out_len);
+int ku_file_exists(const char *path);
+int ku_dir_exists(const char *path);
+
+typedef struct {
+    void *data; /* NULL for an empty file */
+    size_t size;
+} ku_map;
+
+/* Maps path read-only. Pages come from the page cache: nothing is copied. */
+kiln_status ku_map_file(const char *path, ku_map *m);
+void ku_unmap(ku_map *m);
+
+/* "dir/name" into buf; an error if it does not fit. */
+kiln_status ku_path_join(char *buf, size_t cap, const char *dir, const char *name);
+
+#endif

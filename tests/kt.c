@@ -1,0 +1,92 @@
+/* kt.c: the test runner (see kt.h). */
+#include "kt.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define KT_MAX 4096
+
+typedef struct {
+    const char *name, *file;
+    kt_fn fn;
+} kt_case;
+static kt_case tests[KT_MAX];
+static int n_tests;
+static int cur_failed, cur_skipped;
+
+void kt_register(const char *name, const char *file, kt_fn fn) {
+    if (n_tests < KT_MAX) tests[n_tests++] = (kt_case){name, file, fn};
+}
+
+void kt_fail(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "  %s:%d: ", file, line);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    cur_failed = 1;
+}
+
+void kt_skip(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "  skipped: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    cur_skipped = 1;
+}
+
+const char *kt_root(void) {
+    const char *r = getenv("KILN_ROOT");
+    return r && *r ? r : ".";
+}
+
+const char *kt_shared(void) {
+    static char buf[4096];
+    const char *s = getenv("KILN_SHARED");
+    if (s && !*s) return NULL; /* KILN_SHARED= disables the shared fixtures */
+    if (!s) {
+        snprintf(buf, sizeof buf, "%s/../shared", kt_root());
+        s = buf;
+    }
+    struct stat st;
+    return stat(s, &st) == 0 && S_ISDIR(st.st_mode) ? s : NULL;
+}
+
+const char *kt_path(char *buf, size_t cap, const char *rel) {
+    snprintf(buf, cap, "%s/%s", kt_root(), rel);
+    return buf;
+}
+
+static int cmp_tests(const void *a, const void *b) {
+    const kt_case *x = a, *y = b;
+    int c = strcmp(x->file, y->file);
+    return c ? c : strcmp(x->name, y->name);
+}
+
+int main(int argc, char **argv) {
+    const char *filter = argc > 1 ? argv[1] : NULL;
+    qsort(tests, (size_t)n_tests, sizeof tests[0], cmp_tests);
+    int run = 0, failed = 0, skipped = 0;
+    for (int i = 0; i < n_tests; i++) {
+        if (filter && !strstr(tests[i].name, filter) && !strstr(tests[i].file, filter)) continue;
+        cur_failed = cur_skipped = 0;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        tests[i].fn();
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+        run++;
+        const char *verdict = cur_failed ? "FAIL" : cur_skipped ? "SKIP" : "ok";
+        failed += cur_failed;
+        skipped += cur_skipped && !cur_failed;
+        printf("%-4s %-48s %8.1f ms  (%s)\n", verdict, tests[i].name, ms, tests[i].file);
+        fflush(stdout);
+    }
+    printf("\n%d tests, %d failed, %d skipped\n", run, failed, skipped);
+    return failed ? 1 : 0;
+}
