@@ -1,0 +1,235 @@
+/* composite.c: composite ops expanded into StableHLO primitives. */
+#include "ir/composite.h"
+
+#include <math.h>
+
+/* ---------------------------------------------------------------- helpers */
+
+static kg_node *bcast(kg_graph *g, kg_node *x, kg_shape s, int d0, int d1, int d2, int d3) {
+    int dims[4] = {d0, d1, d2, d3};
+    return kg_broadcast_in_dim(g, x, s, dims);
+}
+
+static kg_node *scalar_like(kg_graph *g, kg_node *like, double v) {
+    if (!like) return NULL;
+    kg_node *s = kg_scalar(g, like->dtype, v);
+    return kg_broadcast_in_dim(g, s, like->shape, NULL);
+}
+
+static kg_node *reduce_last(kg_graph *g, kg_node *x, kg_reduce_kind k) {
+    if (!x) return NULL;
+    int d = x->shape.rank - 1;
+    return kg_reduce(g, x, k, &d, 1);
+}
+
+/* Broadcast v (shape = x's leading dims) back along x's last dim. */
+static kg_node *expand_last(kg_graph *g, kg_node *v, const kg_node *x) {
+    if (!v) return NULL;
+    int dims[KG_MAX_RANK];
+    for (int i = 0; i < v->shape.rank; i++) dims[i] = i;
+    return kg_broadcast_in_dim(g, v, x->shape, dims);
+}
+
+static kg_node *slice_last(kg_graph *g, kg_node *x, int64_t lo, int64_t hi, int64_t step) {
+    int64_t st[KG_MAX_RANK] = {0}, li[KG_MAX_RANK], sd[KG_MAX_RANK];
+    for (int i = 0; i < x->shape.rank; i++) li[i] = x->shape.d[i], sd[i] = 1;
+    st[x->shape.rank - 1] = lo;
+    li[x->shape.rank - 1] = hi;
+    sd[x->shape.rank - 1] = step;
+    return kg_slice(g, x, st, li, sd);
+}
+
+static kg_node *sub(kg_graph *g, kg_node *a, kg_node *b) { return kg_binary(g, KG_OP_SUB, a, b); }
+static kg_node *mul(kg_graph *g, kg_node *a, kg_node *b) { return kg_binary(g, KG_OP_MUL, a, b); }
+static kg_node *add(kg_graph *g, kg_node *a, kg_node *b) { return kg_binary(g, KG_OP_ADD, a, b); }
+static kg_node *divide(kg_graph *g, kg_node *a, kg_node *b) { return kg_binary(g, KG_OP_DIV, a, b); }
+
+/* ---------------------------------------------------------------- norms */
+
+static kg_node *rms_norm(kg_graph *g, const kg_node *n) {
+    kg_node *x = n->in[0];
+    int64_t D = x->shape.d[x->shape.rank - 1];
+    kg_node *ss = reduce_last(g, mul(g, x, x), KG_REDUCE_SUM);
+    kg_node *mean = divide(g, ss, scalar_like(g, ss, (double)D));
+    kg_node *r = kg_unary(g, KG_OP_RSQRT, add(g, mean, scalar_like(g, mean, n->a.norm.eps)));
+    kg_node *y = mul(g, x, expand_last(g, r, x));
+    if (n->n_in > 1) {
+        kg_node *w = kg_convert(g, n->in[1], KG_F32);
+        if (n->a.norm.offset != 0) w = add(g, w, scalar_like(g, w, n->a.norm.offset));
+        y = mul(g, y, kg_broadcast_like(g, w, y));
+    }
+    return y;
+}
+
+static kg_node *layer_norm(kg_graph *g, const kg_node *n) {
+    kg_node *x = n->in[0];
+    int64_t D = x->shape.d[x->shape.rank - 1];
+    kg_node *s = reduce_last(g, x, KG_REDUCE_SUM);
+    kg_node *mean = divide(g, s, scalar_like(g, s, (double)D));
+    kg_node *xc = sub(g, x, expand_last(g, mean, x));
+    kg_node *vs = reduce_last(g, mul(g, xc, xc), KG_REDUCE_SUM);
+    kg_node *var = divide(g, vs, scalar_like(g, vs, (double)D));
+    kg_node *r = kg_unary(g, KG_OP_RSQRT, add(g, var, scalar_like(g, var, n->a.norm.eps)));
+    kg_node *y = mul(g, xc, expand_last(g, r, x));
+    if (n->n_in > 1) y = mul(g, y, kg_broadcast_like(g, kg_convert(g, n->in[1], KG_F32), y));
+    if (n->n_in > 2) y = add(g, y, kg_broadcast_like(g, kg_convert(g, n->in[2], KG_F32), y));
+    return y;
+}
+
+/* ---------------------------------------------------------------- rope */
+
+static kg_node *rope(kg_graph *g, const kg_node *n) {
+    kg_node *x = n->in[0], *c = n->in[1], *s = n->in[2];
+    int64_t T = x->shape.d[0], H = x->shape.d[1], D = x->shape.d[2];
+    int R = n->a.rope.rotary_dim, half = R / 2;
+    kg_shape hs = KG_SHAPE(T, H, half);
+    kg_node *cb = bcast(g, c, hs, 0, 2, 0, 0), *sb = bcast(g, s, hs, 0, 2, 0, 0);
+    kg_node *x1, *x2;
+    if (n->a.rope.interleaved) {
+        x1 = slice_last(g, x, 0, R, 2); /* even lanes */
+        x2 = slice_last(g, x, 1, R, 2); /* odd lanes */
+    } else {
+        x1 = slice_last(g, x, 0, half, 1);
+        x2 = slice_last(g, x, half, R, 1);
+    }
+    /* HF: x*cos + rotate(x)*sin, with rotate(x) = (-x2, x1) */
+    kg_node *o1 = add(g, mul(g, x1, cb), mul(g, kg_unary(g, KG_OP_NEG, x2), sb));
+    kg_node *o2 = add(g, mul(g, x2, cb), mul(g, x1, sb));
+    kg_node *rot;
+    if (n->a.rope.interleaved) {
+        kg_shape s4 = KG_SHAPE(T, H, half, 1);
+        kg_node *p[2] = {kg_reshape(g, o1, s4), kg_reshape(g, o2, s4)};
+        rot = kg_reshape(g, kg_concat(g, p, 2, 3), KG_SHAPE(T, H, R));
+    } else {
+        kg_node *p[2] = {o1, o2};
+        rot = kg_concat(g, p, 2, 2);
+    }
+    if (R == D) return rot;
+    kg_node *p[2] = {rot, slice_last(g, x, R, D, 1)};
+    return kg_concat(g, p, 2, 2);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* Rows of table [N, ...] at idx (any shape, i32): result idx.shape ++ row shape. */
+static kg_node *gather_rows(kg_graph *g, kg_node *table, kg_node *idx) {
+    if (!table || !idx) return NULL;
+    kg_gather_dims d = {0};
+    int ir = idx->shape.rank, tr = table->shape.rank;
+    d.offset_dims.n = tr - 1;
+    for (int i = 0; i < tr - 1; i++) d.offset_dims.v[i] = ir + i;
+    d.collapsed_slice_dims.n = 1;
+    d.collapsed_slice_dims.v[0] = 0;
+    d.start_index_map.n = 1;
+    d.start_index_map.v[0] = 0;
+    d.index_vector_dim = ir;
+    d.slice_sizes[0] = 1;
+    for (int i = 1; i < tr; i++) d.slice_sizes[i] = table->shape.d[i];
+    return kg_gather(g, table, idx, &d);
+}
+
+static kg_node *attention(kg_graph *g, const kg_node *n) {
+    kg_node *q = n->in[0], *kc = n->in[1], *vc = n->in[2], *bt = n->in[3], *ts = n->in[4], *tp = n->in[5];
+    const kg_attn_attr *at = &n->a.attn;
+    int64_t T = q->shape.d[0], Hq = q->shape.d[1], D = q->shape.d[2];
+    int64_t Hkv = kc->shape.d[1], Dv = vc->shape.d[2], G = Hq / Hkv;
+    int64_t MB = bt->shape.d[1], bs = at->block_size, C = MB * bs;
+
+    /* slot[t, c] = bt[seq[t], c / bs] * bs + c % bs */
+    kg_node *rows = gather_rows(g, bt, ts); /* [T, MB] */
+    kg_shape s3 = KG_SHAPE(T, MB, bs);
+    kg_node *blk = bcast(g, rows, s3, 0, 1, 0, 0);
+    kg_node *slot = add(g, mul(g, blk, scalar_like(g, blk, (double)bs)), kg_iota(g, KG_I32, s3, 2));
+    slot = kg_reshape(g, slot, KG_SHAPE(T, C));
+    kg_node *K = gather_rows(g, kg_convert(g, kc, KG_F32), slot); /* [T, C, Hkv, D] */
+    kg_node *V = gather_rows(g, kg_convert(g, vc, KG_F32), slot); /* [T, C, Hkv, Dv] */
+
+    kg_node *q4 = kg_reshape(g, q, KG_SHAPE(T, Hkv, G, D));
+    kg_dot_dims qk = {.lhs_batch = {2, {0, 1}}, .rhs_batch = {2, {0, 2}}, .lhs_contract = {1, {3}}, .rhs_contract = {1, {3}}};
+    kg_node *sc = kg_dot_general(g, q4, K, &qk); /* [T, Hkv, G, C] */
+    sc = mul(g, sc, scalar_like(g, sc, at->scale));
+    if (at->softcap > 0) {
+        kg_node *cap = scalar_like(g, sc, at->softcap);
+        sc = mul(g, kg_unary(g, KG_OP_TANH, divide(g, sc, cap)), cap);
+    }
+    /* key position c is visible from pos when c <= pos and c > pos - W */
+    kg_shape tc = KG_SHAPE(T, C);
+    kg_node *cpos = kg_iota(g, KG_I32, tc, 1);
+    kg_node *pos = bcast(g, tp, tc, 0, 0, 0, 0);
+    kg_node *ok = kg_compare(g, KG_CMP_LE, cpos, pos);
+    if (at->window > 0) {
+        kg_node *lo = sub(g, pos, scalar_like(g, pos, at->window));
+        ok = kg_binary(g, KG_OP_AND, ok, kg_compare(g, KG_CMP_GT, cpos, lo));
+    }
+    kg_node *okb = sc ? bcast(g, ok, sc->shape, 0, 3, 0, 0) : NULL;
+    sc = kg_select(g, okb, sc, scalar_like(g, sc, -INFINITY));
+    kg_node *m = reduce_last(g, sc, KG_REDUCE_MAX);
+    kg_node *e = kg_unary(g, KG_OP_EXP, sub(g, sc, expand_last(g, m, sc)));
+    kg_node *p = divide(g, e, expand_last(g, reduce_last(g, e, KG_REDUCE_SUM), e));
+    kg_dot_dims pv = {.lhs_batch = {2, {0, 1}}, .rhs_batch = {2, {0, 2}}, .lhs_contract = {1, {3}}, .rhs_contract = {1, {1}}};
+    kg_node *o = kg_dot_general(g, p, V, &pv); /* [T, Hkv, G, Dv] */
+    return kg_reshape(g, o, KG_SHAPE(T, Hq, Dv));
+}
+
+/* ---------------------------------------------------------------- weights */
+
+/* f32 [rows, cols] from any weight format (kiln.dequantize). */
+static kg_node *dequant(kg_graph *g, kg_node *w, kg_node *scales, kg_node *biases, const kg_wattr *wa) {
+    if (wa->fmt != KG_WF_AFFINE) return kg_convert(g, w, KG_F32);
+    int64_t R = wa->rows, C = wa->cols, gs = wa->group_size;
+    kg_shape rc = KG_SHAPE(R, C);
+    /* element c of a row occupies bits [c*bits, c*bits+bits) of the row's
+     * little-endian u32 stream; it may straddle two words */
+    kg_node *col = kg_iota(g, KG_U32, rc, 1);
+    kg_node *bit = mul(g, col, scalar_like(g, col, wa->bits));
+    kg_node *word = kg_binary(g, KG_OP_SHR, bit, scalar_like(g, bit, 5));
+    kg_node *shift = kg_binary(g, KG_OP_AND, bit, scalar_like(g, bit, 31));
+    kg_shape rc1 = KG_SHAPE(R, C, 1);
+    kg_node *row = kg_iota(g, KG_I32, rc1, 0);
+    kg_gather_dims d = {.offset_dims = {0}, .collapsed_slice_dims = {2, {0, 1}}, .start_index_map = {2, {0, 1}},
+                        .index_vector_dim = 2, .slice_sizes = {1, 1}};
+    kg_node *wi = kg_reshape(g, kg_convert(g, word, KG_I32), rc1);
+    kg_node *i0[2] = {row, wi};
+    kg_node *lo = kg_gather(g, w, kg_concat(g, i0, 2, 2), &d); /* [R, C]; */
+    /* the next word (start indices clamp at P-1: harmless, its bits are shifted out) */
+    kg_node *wi1 = add(g, wi, scalar_like(g, wi, 1));
+    kg_node *i1[2] = {row, wi1};
+    kg_node *hi = kg_gather(g, w, kg_concat(g, i1, 2, 2), &d);
+    kg_node *v = kg_binary(g, KG_OP_SHR, lo, shift);
+    /* shift_left by >= 32 yields 0, so whole-word elements take nothing from hi */
+    kg_node *up = kg_binary(g, KG_OP_SHL, hi, sub(g, scalar_like(g, shift, 32), shift));
+    v = kg_binary(g, KG_OP_OR, v, up);
+    v = kg_binary(g, KG_OP_AND, v, scalar_like(g, v, (double)((1u << wa->bits) - 1)));
+    kg_node *q = kg_convert(g, v, KG_F32);
+    kg_shape rgs = KG_SHAPE(R, C / gs, gs);
+    kg_node *s = kg_reshape(g, bcast(g, kg_convert(g, scales, KG_F32), rgs, 0, 1, 0, 0), rc);
+    kg_node *b = kg_reshape(g, bcast(g, kg_convert(g, biases, KG_F32), rgs, 0, 1, 0, 0), rc);
+    return add(g, mul(g, q, s), b);
+}
+
+static kg_node *linear(kg_graph *g, const kg_node *n) {
+    kg_node *x = n->in[0];
+    kg_node *wf = dequant(g, n->in[1], n->n_in > 2 ? n->in[2] : NULL, n->n_in > 3 ? n->in[3] : NULL, &n->a.w);
+    kg_dot_dims dd = {.lhs_contract = {1, {x->shape.rank - 1}}, .rhs_contract = {1, {1}}};
+    return kg_dot_general(g, x, wf, &dd);
+}
+
+static kg_node *embed(kg_graph *g, const kg_node *n) {
+    bool q = n->a.w.fmt == KG_WF_AFFINE;
+    kg_node *table = dequant(g, n->in[0], q ? n->in[1] : NULL, q ? n->in[2] : NULL, &n->a.w);
+    return gather_rows(g, table, n->in[n->n_in - 1]);
+}
+
+kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
+    switch (n->op) {
+    case KG_OP_RMS_NORM: return rms_norm(g, n);
+    case KG_OP_LAYER_NORM: return layer_norm(g, n);
+    case KG_OP_ROPE: return rope(g, n);
+    case KG_OP_ATTENTION: return attention(g, n);
+    case KG_OP_LINEAR: return linear(g, n);
+    case KG_OP_EMBED: return embed(g, n);
+    case KG_OP_DEQUANT:
+        return dequant(g, n->in[0], n->n_in > 1 ? n->in[1] : NULL, n->n_in > 2 ? n->in[2] : NULL, &n->a.w);
+    default: return NULL;
+    }
+}

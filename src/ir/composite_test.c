@@ -1,0 +1,266 @@
+/* Every composite kernel against its reference decomposition, on random
+ * inputs over the configurations the families use. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/half.h"
+#include "ir/composite.h"
+#include "kernels/kernels.h"
+#include "kt.h"
+#include "runtime/exec.h"
+
+typedef struct {
+    void *buf[KG_MAX_IN + 4];
+    int n;
+} inputs;
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+}
+static uint32_t urand(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng >> 32);
+}
+
+/* Random contents for a parameter of dtype t with numel n. */
+static void *rand_buf(kg_dtype t, int64_t n, float scale) {
+    void *p = calloc((size_t)(n ? n : 1), kg_dtype_size(t));
+    for (int64_t i = 0; i < n; i++) {
+        switch (t) {
+        case KG_F32: ((float *)p)[i] = frand() * scale; break;
+        case KG_F16: ((uint16_t *)p)[i] = ku_f32_to_f16(frand() * scale); break;
+        case KG_BF16: ((uint16_t *)p)[i] = ku_f32_to_bf16(frand() * scale); break;
+        case KG_U32: ((uint32_t *)p)[i] = urand(); break;
+        default: break;
+        }
+    }
+    return p;
+}
+
+typedef kg_node *(*build_fn)(kg_graph *g, void *ctx);
+
+/* Runs build() compiled with kernels and fully decomposed; returns max |diff|. */
+static double compare(build_fn build, void *ctx, inputs *in, double *max_abs) {
+    float *res[2] = {0};
+    int64_t numel = 0;
+    for (int mode = 0; mode < 2; mode++) {
+        kg_graph *g = kg_create();
+        kg_node *out = build(g, ctx);
+        if (!out) {
+            fprintf(stderr, "build: %s\n", kiln_status_msg(kg_error(g)));
+            kg_destroy(g);
+            return 1e30;
+        }
+        kg_add_output(g, out);
+        numel = kg_shape_numel(&out->shape);
+        kp_options o = {.decompose_all = mode == 1, .verify = true};
+        kr_exec *e;
+        kiln_status st = kr_exec_create(g, &o, &e);
+        if (st) {
+            fprintf(stderr, "compile: %s\n", kiln_status_msg(st));
+            kiln_status_free(st);
+            return 1e30;
+        }
+        kr_exec_run(e, in->buf, NULL);
+        res[mode] = malloc(sizeof(float) * (size_t)numel);
+        memcpy(res[mode], kr_exec_output(e, 0), sizeof(float) * (size_t)numel);
+        kr_exec_destroy(e);
+    }
+    double md = 0;
+    *max_abs = 0;
+    for (int64_t i = 0; i < numel; i++) {
+        double d = fabs((double)res[0][i] - res[1][i]);
+        if (!(d <= md)) md = d; /* NaN counts as a difference */
+        if (fabs(res[1][i]) > *max_abs) *max_abs = fabs(res[1][i]);
+    }
+    free(res[0]);
+    free(res[1]);
+    return md;
+}
+
+static void free_inputs(inputs *in) {
+    for (int i = 0; i < in->n; i++) free(in->buf[i]);
+}
+
+/* ---------------------------------------------------------------- norms */
+
+typedef struct {
+    int64_t T, D;
+    kg_dtype wt;
+    bool weight, bias;
+    float offset;
+    bool layer;
+} norm_cfg;
+
+static kg_node *build_norm(kg_graph *g, void *ctx) {
+    norm_cfg *c = ctx;
+    kg_node *x = kg_param(g, KG_F32, KG_SHAPE(c->T, 3, c->D), "x");
+    kg_node *w = c->weight ? kg_param(g, c->wt, KG_SHAPE(c->D), "w") : NULL;
+    kg_node *b = c->bias ? kg_param(g, c->wt, KG_SHAPE(c->D), "b") : NULL;
+    return c->layer ? kg_layer_norm(g, x, w, b, 1e-5f) : kg_rms_norm(g, x, w, 1e-6f, c->offset);
+}
+
+KT_TEST(composite_norms_match_decomposition) {
+    norm_cfg cfgs[] = {
+        {5, 64, KG_F32, true, false, 0, false},  {1, 72, KG_BF16, true, false, 1, false},
+        {3, 33, KG_F16, false, false, 0, false}, {4, 64, KG_F32, true, true, 0, true},
+        {2, 40, KG_BF16, true, false, 0, true},  {2, 16, KG_F32, false, false, 0, true},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        norm_cfg *c = &cfgs[i];
+        inputs in = {0};
+        in.buf[in.n++] = rand_buf(KG_F32, c->T * 3 * c->D, 3);
+        if (c->weight) in.buf[in.n++] = rand_buf(c->wt, c->D, 1);
+        if (c->bias) in.buf[in.n++] = rand_buf(c->wt, c->D, 1);
+        double mx, d = compare(build_norm, c, &in, &mx);
+        free_inputs(&in);
+        KT_CHECKF(d <= 1e-5 * (1 + mx), "norm config %zu: max diff %g", i, d);
+    }
+}
+
+/* ---------------------------------------------------------------- rope */
+
+typedef struct {
+    int64_t T, H, D;
+    int R;
+    bool il;
+} rope_cfg;
+
+static kg_node *build_rope(kg_graph *g, void *ctx) {
+    rope_cfg *c = ctx;
+    kg_node *x = kg_param(g, KG_F32, KG_SHAPE(c->T, c->H, c->D), "x");
+    kg_node *cs = kg_param(g, KG_F32, KG_SHAPE(c->T, c->R / 2), "cos");
+    kg_node *sn = kg_param(g, KG_F32, KG_SHAPE(c->T, c->R / 2), "sin");
+    return kg_rope(g, x, cs, sn, c->R, c->il);
+}
+
+KT_TEST(composite_rope_matches_decomposition) {
+    rope_cfg cfgs[] = {{5, 4, 16, 16, false}, {3, 2, 32, 16, false}, {4, 3, 16, 16, true}, {2, 2, 64, 16, true}, {1, 1, 8, 2, false}};
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        rope_cfg *c = &cfgs[i];
+        inputs in = {.n = 3};
+        in.buf[0] = rand_buf(KG_F32, c->T * c->H * c->D, 2);
+        in.buf[1] = rand_buf(KG_F32, c->T * c->R / 2, 1);
+        in.buf[2] = rand_buf(KG_F32, c->T * c->R / 2, 1);
+        double mx, d = compare(build_rope, c, &in, &mx);
+        free_inputs(&in);
+        KT_CHECKF(d <= 1e-6 * (1 + mx), "rope config %zu: max diff %g", i, d);
+    }
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct {
+    int64_t T, Hq, Hkv, D, Dv, S, MB, bs, NB;
+    int window;
+    float softcap;
+} attn_cfg;
+
+static kg_node *build_attn(kg_graph *g, void *ctx) {
+    attn_cfg *c = ctx;
+    kg_node *q = kg_param(g, KG_F32, KG_SHAPE(c->T, c->Hq, c->D), "q");
+    kg_node *kc = kg_param(g, KG_F32, KG_SHAPE(c->NB * c->bs, c->Hkv, c->D), "kc");
+    kg_node *vc = kg_param(g, KG_F32, KG_SHAPE(c->NB * c->bs, c->Hkv, c->Dv), "vc");
+    kg_node *bt = kg_param(g, KG_I32, KG_SHAPE(c->S, c->MB), "bt");
+    kg_node *ts = kg_param(g, KG_I32, KG_SHAPE(c->T), "seq");
+    kg_node *tp = kg_param(g, KG_I32, KG_SHAPE(c->T), "pos");
+    kg_attn_attr at = {.scale = 1.0f / sqrtf((float)c->D), .softcap = c->softcap, .window = c->window, .block_size = (int)c->bs};
+    return kg_attention(g, q, kc, vc, bt, ts, tp, &at);
+}
+
+KT_TEST(composite_attention_matches_decomposition) {
+    attn_cfg cfgs[] = {
+        {6, 4, 2, 16, 16, 2, 3, 4, 8, 0, 0},  /* GQA, two sequences */
+        {5, 4, 1, 8, 8, 1, 4, 4, 4, 3, 0},    /* MQA, sliding window 3 */
+        {4, 2, 2, 16, 8, 3, 2, 8, 6, 0, 5.0f}, /* softcap, Dv != D */
+        {1, 8, 4, 32, 32, 1, 2, 16, 2, 8, 0}, /* decode step, window */
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        attn_cfg *c = &cfgs[i];
+        inputs in = {.n = 6};
+        in.buf[0] = rand_buf(KG_F32, c->T * c->Hq * c->D, 2);
+        in.buf[1] = rand_buf(KG_F32, c->NB * c->bs * c->Hkv * c->D, 2);
+        in.buf[2] = rand_buf(KG_F32, c->NB * c->bs * c->Hkv * c->Dv, 2);
+        /* distinct blocks per sequence, in a shuffled order */
+        int32_t *bt = calloc((size_t)(c->S * c->MB), 4), *ts = calloc((size_t)c->T, 4), *tp = calloc((size_t)c->T, 4);
+        for (int64_t s = 0; s < c->S; s++)
+            for (int64_t b = 0; b < c->MB; b++) bt[s * c->MB + b] = (int32_t)((s * c->MB + b) * 5 % c->NB);
+        for (int64_t t = 0; t < c->T; t++) {
+            ts[t] = (int32_t)(t % c->S);
+            tp[t] = (int32_t)((t * 7 + 3) % (c->MB * c->bs));
+        }
+        in.buf[3] = bt, in.buf[4] = ts, in.buf[5] = tp;
+        double mx, d = compare(build_attn, c, &in, &mx);
+        free_inputs(&in);
+        KT_CHECKF(d <= 1e-5 * (1 + mx), "attention config %zu: max diff %g", i, d);
+    }
+}
+
+/* ---------------------------------------------------------------- weights */
+
+typedef struct {
+    kg_wattr wa;
+    kg_dtype sdt;
+    int64_t M;
+    int kind; /* 0 linear, 1 embed, 2 dequant */
+} w_cfg;
+
+static kg_node *build_w(kg_graph *g, void *ctx) {
+    w_cfg *c = ctx;
+    const kg_wattr *wa = &c->wa;
+    kg_node *x = c->kind == 0 ? kg_param(g, KG_F32, KG_SHAPE(c->M, 1, wa->cols), "x") : NULL;
+    kg_node *w, *s = NULL, *b = NULL;
+    if (wa->fmt == KG_WF_AFFINE) {
+        w = kg_param(g, KG_U32, KG_SHAPE(wa->rows, wa->cols * wa->bits / 32), "w");
+        s = kg_param(g, c->sdt, KG_SHAPE(wa->rows, wa->cols / wa->group_size), "s");
+        b = kg_param(g, c->sdt, KG_SHAPE(wa->rows, wa->cols / wa->group_size), "b");
+    } else {
+        kg_dtype t = wa->fmt == KG_WF_F32 ? KG_F32 : wa->fmt == KG_WF_F16 ? KG_F16 : KG_BF16;
+        w = kg_param(g, t, KG_SHAPE(wa->rows, wa->cols), "w");
+    }
+    if (c->kind == 0) return kg_linear(g, x, w, s, b, wa);
+    if (c->kind == 1) return kg_embed(g, w, s, b, kg_param(g, KG_I32, KG_SHAPE(c->M), "ids"), wa);
+    return kg_dequant(g, w, s, b, wa);
+}
+
+KT_TEST(composite_weight_formats_match_decomposition) {
+    static const int bits[] = {2, 3, 4, 5, 6, 8};
+    w_cfg cfgs[64];
+    int n = 0;
+    for (int kind = 0; kind < 3; kind++) {
+        cfgs[n++] = (w_cfg){{KG_WF_F32, 0, 0, 24, 40}, KG_F32, 3, kind};
+        cfgs[n++] = (w_cfg){{KG_WF_F16, 0, 0, 17, 64}, KG_F32, 1, kind};
+        cfgs[n++] = (w_cfg){{KG_WF_BF16, 0, 0, 9, 32}, KG_F32, 2, kind};
+        for (int b = 0; b < 6; b++) {
+            int gs = b % 2 ? 32 : 64;
+            kg_dtype sdt = b % 3 == 0 ? KG_F32 : b % 3 == 1 ? KG_BF16 : KG_F16;
+            cfgs[n++] = (w_cfg){{KG_WF_AFFINE, bits[b], gs, 12, 128}, sdt, 1 + kind * 2, kind};
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        w_cfg *c = &cfgs[i];
+        const kg_wattr *wa = &c->wa;
+        inputs in = {0};
+        if (c->kind == 0) in.buf[in.n++] = rand_buf(KG_F32, c->M * wa->cols, 1);
+        if (wa->fmt == KG_WF_AFFINE) {
+            int64_t G = wa->cols / wa->group_size;
+            in.buf[in.n++] = rand_buf(KG_U32, wa->rows * wa->cols * wa->bits / 32, 1);
+            in.buf[in.n++] = rand_buf(c->sdt, wa->rows * G, 0.1f);
+            in.buf[in.n++] = rand_buf(c->sdt, wa->rows * G, 0.5f);
+        } else {
+            kg_dtype t = wa->fmt == KG_WF_F32 ? KG_F32 : wa->fmt == KG_WF_F16 ? KG_F16 : KG_BF16;
+            in.buf[in.n++] = rand_buf(t, wa->rows * wa->cols, 1);
+        }
+        if (c->kind == 1) {
+            int32_t *ids = calloc((size_t)c->M, 4);
+            for (int64_t t = 0; t < c->M; t++) ids[t] = (int32_t)((t * 5 + 1) % wa->rows);
+            in.buf[in.n++] = ids;
+        }
+        double mx, d = compare(build_w, c, &in, &mx);
+        free_inputs(&in);
+        KT_CHECKF(d <= 1e-5 * (1 + mx), "weight config %d (kind %d fmt %d bits %d): max diff %g", i, c->kind, (int)wa->fmt,
+                  wa->bits, d);
+    }
+}

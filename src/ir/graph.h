@@ -1,0 +1,333 @@
+/* graph.h: kiln's graph IR (prefix kg_).
+ *
+ * A graph is a DAG of nodes in one arena. Each node is an op whose semantics
+ * follow StableHLO (https://openxla.org/stablehlo/spec): elementwise math,
+ * broadcast_in_dim, reshape, transpose, slice, concatenate, iota, gather,
+ * scatter, dynamic_update_slice, reduce, dot_general, select, convert.
+ * Composite ops (rms_norm, rope, attention, linear, embed, ...) carry a name,
+ * attributes and a reference decomposition into those primitives
+ * (ir/composite.c); the compiler keeps a composite whole when the runtime has
+ * a kernel for it and expands it otherwise. Printing the graph as StableHLO
+ * MLIR (ir/print.c) is a walk, nothing more.
+ *
+ * Shapes are static and inferred when a node is created: a builder call with
+ * operands that do not fit returns NULL and records an error in the graph
+ * (kg_error), so emitters can chain calls and check once at the end.
+ *
+ * Values that change from call to call (token ids, positions, the KV cache)
+ * enter as PARAM nodes; checkpoint weights as WEIGHT nodes, which borrow
+ * their bytes. A PARAM marked `donated` may be updated in place by a scatter
+ * or dynamic_update_slice whose result replaces it (XLA's input/output alias).
+ */
+#ifndef KILN_GRAPH_H
+#define KILN_GRAPH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+typedef enum {
+    KG_F32,
+    KG_F16,
+    KG_BF16,
+    KG_I32,
+    KG_U32,
+    KG_U8,
+    KG_PRED, /* i1, stored as one byte 0/1 */
+    KG_DTYPE_COUNT
+} kg_dtype;
+
+size_t kg_dtype_size(kg_dtype t);
+const char *kg_dtype_name(kg_dtype t); /* MLIR spelling: f32, bf16, i32, ui32, i1, ... */
+bool kg_dtype_is_float(kg_dtype t);
+
+#define KG_MAX_RANK 6
+#define KG_MAX_IN 8
+
+typedef struct {
+    int rank;
+    int64_t d[KG_MAX_RANK];
+} kg_shape;
+
+int64_t kg_shape_numel(const kg_shape *s);
+bool kg_shape_eq(const kg_shape *a, const kg_shape *b);
+kg_shape kg_shape_make(int rank, const int64_t *d);
+/* "[2,3,4]" into buf */
+const char *kg_shape_str(const kg_shape *s, char *buf, size_t cap);
+
+#define KG_SHAPE(...) kg_shape_make((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
+
+/* Append-only: opcodes may be serialised (dumps, caches). */
+typedef enum {
+    /* leaves */
+    KG_OP_PARAM,
+    KG_OP_WEIGHT,
+    KG_OP_CONST,
+    KG_OP_IOTA,
+    /* elementwise, unary */
+    KG_OP_NEG,
+    KG_OP_EXP,
+    KG_OP_LOG,
+    KG_OP_TANH,
+    KG_OP_LOGISTIC,
+    KG_OP_SQRT,
+    KG_OP_RSQRT,
+    KG_OP_ABS,
+    KG_OP_SIN,
+    KG_OP_COS,
+    KG_OP_ERF, /* chlo.erf */
+    KG_OP_FLOOR,
+    KG_OP_NOT,
+    KG_OP_CONVERT,
+    /* elementwise, binary */
+    KG_OP_ADD,
+    KG_OP_SUB,
+    KG_OP_MUL,
+    KG_OP_DIV,
+    KG_OP_MAX,
+    KG_OP_MIN,
+    KG_OP_POW,
+    KG_OP_REM,
+    KG_OP_AND,
+    KG_OP_OR,
+    KG_OP_SHR, /* shift_right_logical */
+    KG_OP_SHL, /* shift_left */
+    KG_OP_COMPARE,
+    /* elementwise, ternary */
+    KG_OP_SELECT,
+    KG_OP_CLAMP, /* clamp(min, x, max) as StableHLO orders it */
+    /* data movement */
+    KG_OP_BROADCAST, /* broadcast_in_dim */
+    KG_OP_RESHAPE,
+    KG_OP_TRANSPOSE,
+    KG_OP_SLICE,
+    KG_OP_CONCAT,
+    KG_OP_DYN_UPDATE_SLICE,
+    KG_OP_GATHER,
+    KG_OP_SCATTER, /* replace semantics: the update computation returns the update */
+    /* reductions, contraction */
+    KG_OP_REDUCE,
+    KG_OP_DOT,
+    /* composites (kiln.*), see ir/composite.h */
+    KG_OP_RMS_NORM,
+    KG_OP_LAYER_NORM,
+    KG_OP_ROPE,
+    KG_OP_ATTENTION,
+    KG_OP_LINEAR,
+    KG_OP_EMBED,
+    KG_OP_DEQUANT,
+    /* introduced by the compiler */
+    KG_OP_FUSION,
+    KG_OP_COUNT
+} kg_opcode;
+
+typedef enum { KG_CMP_EQ, KG_CMP_NE, KG_CMP_LT, KG_CMP_LE, KG_CMP_GT, KG_CMP_GE } kg_cmp;
+typedef enum { KG_REDUCE_SUM, KG_REDUCE_MAX, KG_REDUCE_MIN } kg_reduce_kind;
+
+/* Weight storage formats for linear/embed/dequant (see ckpt/checkpoint.h). */
+typedef enum { KG_WF_F32, KG_WF_F16, KG_WF_BF16, KG_WF_AFFINE } kg_wfmt;
+
+typedef struct {
+    int n;
+    int v[KG_MAX_RANK];
+} kg_dims;
+
+/* StableHLO gather/scatter dimension numbers. */
+typedef struct {
+    kg_dims offset_dims;          /* gather: offset_dims; scatter: update_window_dims */
+    kg_dims collapsed_slice_dims; /* scatter: inserted_window_dims */
+    kg_dims start_index_map;      /* scatter: scatter_dims_to_operand_dims */
+    int index_vector_dim;
+    int64_t slice_sizes[KG_MAX_RANK]; /* gather only */
+} kg_gather_dims;
+
+typedef struct {
+    kg_dims lhs_batch, rhs_batch, lhs_contract, rhs_contract;
+} kg_dot_dims;
+
+/* Composite attributes. */
+typedef struct {
+    float eps;
+    float offset; /* the scale is (weight + offset): Gemma uses 1 */
+} kg_norm_attr;
+
+typedef struct {
+    int rotary_dim;   /* leading dims of each head that rotate; the rest pass */
+    bool interleaved; /* GPT-J pairs (2i, 2i+1) instead of halves (i, i+R/2) */
+} kg_rope_attr;
+
+typedef struct {
+    float scale;      /* multiplies q.k */
+    float softcap;    /* 0: none; else cap * tanh(s / cap) */
+    int window;       /* 0: full causal; W: key positions > pos - W */
+    int block_size;   /* tokens per KV cache block */
+} kg_attn_attr;
+
+typedef struct {
+    kg_wfmt fmt;
+    int bits, group_size; /* AFFINE */
+    int64_t rows, cols;   /* logical weight [rows = out, cols = in] */
+} kg_wattr;
+
+struct kg_fusion; /* passes/fuse.c */
+
+typedef struct kg_node kg_node;
+struct kg_node {
+    kg_opcode op;
+    kg_dtype dtype;
+    kg_shape shape;
+    int id; /* creation order, for printing */
+    int n_in;
+    kg_node *in[KG_MAX_IN];
+    const char *name; /* "attn_norm", ... (arena); may be NULL */
+    int layer;        /* -1: not in a layer */
+    union {
+        struct {
+            int index;
+            bool donated; /* may be updated in place */
+        } param;
+        struct {
+            const void *data; /* borrowed, aligned to the element size */
+        } weight;
+        struct {
+            void *data; /* arena-owned literal, numel elements of dtype */
+        } cst;
+        struct {
+            int dim;
+        } iota;
+        struct {
+            int dims[KG_MAX_RANK]; /* operand dim i maps to result dim dims[i] */
+        } bcast;
+        struct {
+            int perm[KG_MAX_RANK];
+        } transpose;
+        struct {
+            int64_t start[KG_MAX_RANK], limit[KG_MAX_RANK], stride[KG_MAX_RANK];
+        } slice;
+        struct {
+            int dim;
+        } concat;
+        kg_cmp cmp;
+        struct {
+            kg_reduce_kind kind;
+            kg_dims dims;
+        } reduce;
+        kg_dot_dims dot;
+        kg_gather_dims gather;
+        kg_norm_attr norm;
+        kg_rope_attr rope;
+        kg_attn_attr attn;
+        kg_wattr w;
+        struct kg_fusion *fusion;
+    } a;
+    /* set by passes */
+    kg_node *fwd;     /* replaced by this node (resolved by kg_resolve_forwarding) */
+    int n_uses;       /* after kg_count_uses */
+    void *kernel;     /* kr_kernel_fn chosen by kernel selection */
+    int64_t offset;   /* arena offset, -1: not in the arena */
+    kg_node *alias;   /* shares the buffer of this node (views, in-place) */
+    int order;        /* position in the execution order */
+};
+
+typedef struct kg_graph kg_graph;
+
+kg_graph *kg_create(void);
+void kg_destroy(kg_graph *g);
+/* The first error recorded by a builder call (owned by the graph), or NULL. */
+kiln_status kg_error(const kg_graph *g);
+/* Moves the recorded error out (the caller owns it); the graph keeps NULL. */
+kiln_status kg_take_error(kg_graph *g);
+void *kg_alloc(kg_graph *g, size_t n); /* arena memory living as long as g */
+
+/* Naming for dumps: kg_name(n, "attn_norm", layer) returns n. */
+kg_node *kg_name(kg_node *n, const char *name, int layer);
+
+/* Outputs, in order. */
+void kg_add_output(kg_graph *g, kg_node *n);
+int kg_n_outputs(const kg_graph *g);
+kg_node *kg_output(const kg_graph *g, int i);
+void kg_set_output(kg_graph *g, int i, kg_node *n);
+int kg_n_params(const kg_graph *g);
+kg_node *kg_param_at(const kg_graph *g, int i);
+
+/* All nodes ever created (including dead ones), in creation order. */
+int kg_n_nodes(const kg_graph *g);
+kg_node *kg_node_at(const kg_graph *g, int i);
+
+/* ---- builders: each infers the result shape, or returns NULL and records an error ---- */
+kg_node *kg_param(kg_graph *g, kg_dtype t, kg_shape s, const char *name);
+kg_node *kg_param_donated(kg_graph *g, kg_dtype t, kg_shape s, const char *name);
+kg_node *kg_weight(kg_graph *g, kg_dtype t, kg_shape s, const void *data, const char *name);
+kg_node *kg_const(kg_graph *g, kg_dtype t, kg_shape s, const void *data); /* copies data */
+kg_node *kg_scalar(kg_graph *g, kg_dtype t, double v);                    /* rank-0 constant */
+kg_node *kg_iota(kg_graph *g, kg_dtype t, kg_shape s, int dim);
+
+kg_node *kg_unary(kg_graph *g, kg_opcode op, kg_node *x);
+kg_node *kg_binary(kg_graph *g, kg_opcode op, kg_node *a, kg_node *b);
+kg_node *kg_convert(kg_graph *g, kg_node *x, kg_dtype t);
+kg_node *kg_compare(kg_graph *g, kg_cmp dir, kg_node *a, kg_node *b);
+kg_node *kg_select(kg_graph *g, kg_node *pred, kg_node *on_true, kg_node *on_false);
+kg_node *kg_clamp(kg_graph *g, kg_node *lo, kg_node *x, kg_node *hi);
+
+kg_node *kg_broadcast_in_dim(kg_graph *g, kg_node *x, kg_shape s, const int *dims);
+kg_node *kg_reshape(kg_graph *g, kg_node *x, kg_shape s);
+kg_node *kg_transpose(kg_graph *g, kg_node *x, const int *perm);
+kg_node *kg_slice(kg_graph *g, kg_node *x, const int64_t *start, const int64_t *limit, const int64_t *stride);
+kg_node *kg_concat(kg_graph *g, kg_node *const *xs, int n, int dim);
+kg_node *kg_dynamic_update_slice(kg_graph *g, kg_node *x, kg_node *update, kg_node *const *starts);
+kg_node *kg_gather(kg_graph *g, kg_node *x, kg_node *idx, const kg_gather_dims *dims);
+kg_node *kg_scatter(kg_graph *g, kg_node *x, kg_node *idx, kg_node *updates, const kg_gather_dims *dims);
+kg_node *kg_reduce(kg_graph *g, kg_node *x, kg_reduce_kind kind, const int *dims, int n_dims);
+kg_node *kg_dot_general(kg_graph *g, kg_node *a, kg_node *b, const kg_dot_dims *dims);
+
+/* ---- composites (semantics and decompositions in ir/composite.h) ---- */
+/* x [..., D], w [D] or NULL */
+kg_node *kg_rms_norm(kg_graph *g, kg_node *x, kg_node *w, float eps, float offset);
+/* x [..., D], w [D] or NULL, b [D] or NULL */
+kg_node *kg_layer_norm(kg_graph *g, kg_node *x, kg_node *w, kg_node *b, float eps);
+/* x [T, H, D]; cos, sin [T, R/2] with R = rotary_dim <= D */
+kg_node *kg_rope(kg_graph *g, kg_node *x, kg_node *cos, kg_node *sin, int rotary_dim, bool interleaved);
+/* q [T, Hq, D]; kcache [N, Hkv, D], vcache [N, Hkv, Dv] (already holding this
+ * step's keys); block_table [S, MB] i32; tok_seq [T] i32 (row of block_table);
+ * tok_pos [T] i32. Token t attends to the keys of its sequence at positions
+ * p with max(0, pos-W+1) <= p <= pos, found at slot block_table[s][p/bs]*bs + p%bs.
+ * Result [T, Hq, Dv]. Hq must be a multiple of Hkv (GQA/MQA). */
+kg_node *kg_attention(kg_graph *g, kg_node *q, kg_node *kcache, kg_node *vcache, kg_node *block_table,
+                      kg_node *tok_seq, kg_node *tok_pos, const kg_attn_attr *attr);
+/* x [..., cols] times W^T: result [..., rows]. w is the weight tensor: [rows, cols]
+ * f32/f16/bf16, or AFFINE: u32 [rows, cols*bits/32] with scales, biases [rows, cols/gs]. */
+kg_node *kg_linear(kg_graph *g, kg_node *x, kg_node *w, kg_node *scales, kg_node *biases, const kg_wattr *wa);
+/* rows of a table [V, H] (any kg_wfmt) at ids [T] i32: result [T, H] f32 */
+kg_node *kg_embed(kg_graph *g, kg_node *table, kg_node *scales, kg_node *biases, kg_node *ids, const kg_wattr *wa);
+/* the whole weight as f32 [rows, cols] */
+kg_node *kg_dequant(kg_graph *g, kg_node *w, kg_node *scales, kg_node *biases, const kg_wattr *wa);
+
+/* A kiln.fusion node (built by the fusion pass) computing `f` over inputs. */
+kg_node *kg_fusion_node(kg_graph *g, kg_node *const *inputs, int n_in, kg_shape shape, struct kg_fusion *f);
+
+/* ---- sugar for emitters ---- */
+kg_node *kg_add(kg_graph *g, kg_node *a, kg_node *b); /* broadcasts rank-0 / trailing dims */
+kg_node *kg_mul(kg_graph *g, kg_node *a, kg_node *b);
+kg_node *kg_scale(kg_graph *g, kg_node *x, double s); /* x * s, s rounded to x's dtype */
+/* Broadcast b to a's shape when b's shape equals a trailing part of a's (or b is rank 0). */
+kg_node *kg_broadcast_like(kg_graph *g, kg_node *b, const kg_node *like);
+
+/* ---- rewriting ---- */
+/* Every use of old will read new (resolved lazily by kg_resolve_forwarding). */
+void kg_replace(kg_node *old, kg_node *new_node);
+void kg_resolve_forwarding(kg_graph *g);
+/* Live nodes reachable from the outputs, operands first (post order). *n set.
+ * The array is arena memory, valid until g is destroyed. */
+kg_node **kg_post_order(kg_graph *g, int *n);
+/* Sets n_uses of every live node (outputs count as a use). */
+void kg_count_uses(kg_graph *g);
+/* Re-derives the shape of n from its operands; error if it differs. */
+kiln_status kg_check_node(kg_graph *g, const kg_node *n);
+
+const char *kg_op_name(kg_opcode op); /* "stablehlo.add", "kiln.rms_norm", ... */
+bool kg_op_is_elementwise(kg_opcode op);
+bool kg_op_is_composite(kg_opcode op);
+
+#endif

@@ -1,0 +1,81 @@
+/* attention.c: the kiln.attention kernel over a paged KV cache.
+ *
+ * One work item per (token, query head). Scores for the visible keys go to a
+ * per-range scratch row (memory linear in the context, never quadratic),
+ * then softmax and the weighted sum of values, in the order of the
+ * decomposition: scale, soft-cap (divide, tanh, multiply), max, exp(s - max),
+ * divide by the sum, weighted sum. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+typedef struct {
+    const kk_call *c;
+    int64_t Hq, Hkv, D, Dv, MB, N;
+} attn_ctx;
+
+static float dotf(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void attn_items(void *ctx, int64_t i0, int64_t i1) {
+    const attn_ctx *k = ctx;
+    const kk_call *c = k->c;
+    const kg_attn_attr *at = &c->node->a.attn;
+    const float *q = c->in[0], *kc = c->in[1], *vc = c->in[2];
+    const int32_t *bt = c->in[3], *ts = c->in[4], *tp = c->in[5];
+    float *out = c->out;
+    int64_t bs = at->block_size, G = k->Hq / k->Hkv, C = k->MB * bs;
+    float *sc = malloc(sizeof(float) * (size_t)(C > 0 ? C : 1));
+    if (!sc) return;
+    for (int64_t it = i0; it < i1; it++) {
+        int64_t t = it / k->Hq, h = it % k->Hq, kvh = h / G;
+        int64_t pos = tp[t], seq = ts[t];
+        if (pos >= C) pos = C - 1;
+        int64_t lo = at->window > 0 ? pos - at->window + 1 : 0;
+        if (lo < 0) lo = 0;
+        const float *qi = q + (t * k->Hq + h) * k->D;
+        float *oi = out + (t * k->Hq + h) * k->Dv;
+        const int32_t *row = bt + seq * k->MB;
+        float m = -INFINITY;
+        for (int64_t p = lo; p <= pos; p++) {
+            int64_t slot = (int64_t)row[p / bs] * bs + p % bs;
+            if (slot < 0 || slot >= k->N) slot = 0; /* never read outside the cache */
+            float s = dotf(qi, kc + (slot * k->Hkv + kvh) * k->D, k->D) * at->scale;
+            if (at->softcap > 0) s = tanhf(s / at->softcap) * at->softcap;
+            sc[p - lo] = s;
+            if (s > m) m = s;
+        }
+        float sum = 0;
+        for (int64_t p = lo; p <= pos; p++) {
+            float e = expf(sc[p - lo] - m);
+            sc[p - lo] = e;
+            sum += e;
+        }
+        memset(oi, 0, sizeof(float) * (size_t)k->Dv);
+        for (int64_t p = lo; p <= pos; p++) {
+            int64_t slot = (int64_t)row[p / bs] * bs + p % bs;
+            if (slot < 0 || slot >= k->N) slot = 0;
+            float w = sc[p - lo] / sum;
+            const float *v = vc + (slot * k->Hkv + kvh) * k->Dv;
+            for (int64_t d = 0; d < k->Dv; d++) oi[d] += w * v[d];
+        }
+    }
+    free(sc);
+}
+
+void kk_attention(const kk_call *c) {
+    const kg_node *n = c->node;
+    attn_ctx k = {c, n->in[0]->shape.d[1], n->in[1]->shape.d[1], n->in[0]->shape.d[2], n->in[2]->shape.d[2],
+                  n->in[3]->shape.d[1], n->in[1]->shape.d[0]};
+    int64_t items = n->in[0]->shape.d[0] * k.Hq;
+    kr_parallel_for(c->pool, items, 4, attn_items, &k);
+}

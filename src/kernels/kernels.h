@@ -1,0 +1,57 @@
+/* kernels.h: the CPU kernel registry (prefix kk_).
+ *
+ * A kernel computes one node: it reads operand buffers and writes the
+ * node's result buffer, both dense row-major. Shapes were validated when the
+ * graph was built, so kernels cannot fail. Every primitive op has a generic
+ * reference kernel (kernels/ref.c); composites and fusions have fast kernels,
+ * with ISA-specific variants chosen once from the detected CPU features.
+ */
+#ifndef KILN_KERNELS_H
+#define KILN_KERNELS_H
+
+#include <stdbool.h>
+
+#include "ir/graph.h"
+#include "runtime/pool.h"
+
+typedef struct {
+    const kg_node *node;
+    void *out;
+    const void *in[KG_MAX_IN];
+    kr_pool *pool;
+} kk_call;
+
+typedef void (*kk_fn)(const kk_call *c);
+
+typedef struct {
+    bool avx2, fma, f16c;
+    bool avx512; /* F + BW + VL + DQ */
+    bool avx512_bf16, avx512_vnni;
+} kk_cpu;
+
+/* Detected once; KILN_ISA=portable|avx2|avx512 caps what is used (tests run
+ * every path this machine supports against the portable one). */
+const kk_cpu *kk_cpu_features(void);
+typedef enum { KK_ISA_PORTABLE, KK_ISA_AVX2, KK_ISA_AVX512 } kk_isa;
+kk_isa kk_isa_level(void);
+void kk_set_isa_level(kk_isa level); /* for tests; clamps to what the CPU has */
+const char *kk_isa_name(kk_isa level);
+
+/* The kernel for n, or NULL when there is none (composites are then
+ * decomposed; a primitive without a kernel is an error). */
+kk_fn kk_select(const kg_node *n);
+/* True when n's result may be written over its first operand's buffer. */
+bool kk_in_place_ok(const kg_node *n);
+
+/* individual kernels, for the registry and tests */
+void kk_ref_kernel(const kk_call *c); /* any primitive, generic and slow */
+void kk_fusion(const kk_call *c);
+void kk_rms_norm(const kk_call *c);
+void kk_layer_norm(const kk_call *c);
+void kk_rope(const kk_call *c);
+void kk_attention(const kk_call *c);
+void kk_linear(const kk_call *c);
+void kk_embed(const kk_call *c);
+void kk_dequant(const kk_call *c);
+
+#endif

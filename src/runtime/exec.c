@@ -1,0 +1,115 @@
+#include "runtime/exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+typedef enum { LOC_PARAM, LOC_FIXED, LOC_ARENA } loc_kind;
+
+typedef struct {
+    loc_kind kind;
+    int64_t v;       /* param index or arena offset */
+    const void *ptr; /* LOC_FIXED */
+} loc;
+
+typedef struct {
+    kk_fn fn;
+    const kg_node *node;
+    loc out;
+    loc in[KG_MAX_IN];
+} step;
+
+struct kr_exec {
+    kg_graph *g;
+    step *steps;
+    int n_steps;
+    loc *outs;
+    int n_outs;
+    void *arena;
+    int64_t arena_bytes;
+    void *const *params; /* of the last run */
+};
+
+static loc loc_of(const kg_node *x) {
+    while (x->alias) x = x->alias;
+    switch (x->op) {
+    case KG_OP_PARAM: return (loc){LOC_PARAM, x->a.param.index, NULL};
+    case KG_OP_WEIGHT: return (loc){LOC_FIXED, 0, x->a.weight.data};
+    case KG_OP_CONST: return (loc){LOC_FIXED, 0, x->a.cst.data};
+    default: return (loc){LOC_ARENA, x->offset, NULL};
+    }
+}
+
+static void *resolve(const kr_exec *e, loc l) {
+    switch (l.kind) {
+    case LOC_PARAM: return e->params[l.v];
+    case LOC_FIXED: return (void *)l.ptr;
+    default: return (char *)e->arena + l.v;
+    }
+}
+
+kiln_status kr_exec_create(kg_graph *g, const kp_options *o, kr_exec **out) {
+    *out = NULL;
+    kp_plan plan;
+    kiln_status st = kp_compile(g, o, &plan);
+    if (st) {
+        kg_destroy(g);
+        return st;
+    }
+    kr_exec *e = calloc(1, sizeof *e);
+    if (!e) {
+        kg_destroy(g);
+        return kiln_error(KILN_ENOMEM, "executable: out of memory");
+    }
+    e->g = g;
+    e->steps = calloc((size_t)plan.n + 1, sizeof(step));
+    e->n_outs = kg_n_outputs(g);
+    e->outs = calloc((size_t)e->n_outs + 1, sizeof(loc));
+    e->arena_bytes = plan.arena_bytes;
+    /* 64-byte aligned, zeroed so that a kernel bug reads zeros, not garbage */
+    size_t ab = (size_t)(plan.arena_bytes ? plan.arena_bytes : 64);
+    e->arena = aligned_alloc(64, (ab + 63) / 64 * 64);
+    if (!e->steps || !e->outs || !e->arena) {
+        kr_exec_destroy(e);
+        return kiln_error(KILN_ENOMEM, "executable: cannot allocate a %lld-byte arena", (long long)ab);
+    }
+    memset(e->arena, 0, ab);
+    for (int i = 0; i < plan.n; i++) {
+        const kg_node *x = plan.order[i];
+        if (!x->kernel) continue; /* views */
+        step *s = &e->steps[e->n_steps++];
+        s->fn = (kk_fn)x->kernel;
+        s->node = x;
+        s->out = loc_of(x);
+        for (int j = 0; j < x->n_in; j++) s->in[j] = loc_of(x->in[j]);
+    }
+    for (int i = 0; i < e->n_outs; i++) e->outs[i] = loc_of(kg_output(g, i));
+    *out = e;
+    return NULL;
+}
+
+void kr_exec_destroy(kr_exec *e) {
+    if (!e) return;
+    kg_destroy(e->g);
+    free(e->steps);
+    free(e->outs);
+    free(e->arena);
+    free(e);
+}
+
+void kr_exec_run(kr_exec *e, void *const *params, kr_pool *pool) {
+    e->params = params;
+    for (int i = 0; i < e->n_steps; i++) {
+        const step *s = &e->steps[i];
+        kk_call c = {.node = s->node, .out = resolve(e, s->out), .pool = pool};
+        for (int j = 0; j < s->node->n_in; j++) c.in[j] = resolve(e, s->in[j]);
+        s->fn(&c);
+    }
+}
+
+const void *kr_exec_output(const kr_exec *e, int i) { return resolve(e, e->outs[i]); }
+const kg_node *kr_exec_output_node(const kr_exec *e, int i) { return kg_output(e->g, i); }
+int64_t kr_exec_arena_bytes(const kr_exec *e) { return e->arena_bytes; }
+int kr_exec_n_steps(const kr_exec *e) { return e->n_steps; }
+kg_graph *kr_exec_graph(const kr_exec *e) { return e->g; }
