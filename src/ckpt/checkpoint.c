@@ -142,10 +142,58 @@ kc_quant kc_quant_for(const kc_checkpoint *c, const char *module) {
     return q;
 }
 
+/* Loads a JSON file as Python's json module writes it: transformers' configs
+ * may hold the bare tokens Infinity, -Infinity and NaN (mamba2's
+ * "time_step_limit": [0.0, Infinity]), which cJSON rejects. Outside strings
+ * they become 1e999 / -1e999 (parsed as +-inf) and null. */
+static kiln_status json_load_py(const char *path, cJSON **out) {
+    char *text, *fixed;
+    size_t len, k = 0;
+    *out = NULL;
+    KILN_TRY(ku_read_file(path, &text, &len));
+    fixed = malloc(len * 2 + 1); /* each rewrite grows its token by at most 1/3 */
+    if (!fixed) {
+        free(text);
+        return kiln_error(KILN_ENOMEM, "%s: out of memory", path);
+    }
+    int in_str = 0;
+    for (size_t i = 0; i < len;) {
+        char ch = text[i];
+        if (in_str) {
+            fixed[k++] = text[i++];
+            if (ch == '\\' && i < len) fixed[k++] = text[i++];
+            else if (ch == '"') in_str = 0;
+            continue;
+        }
+        static const struct { const char *from, *to; } rw[] = {{"-Infinity", "-1e999"}, {"Infinity", "1e999"}, {"NaN", "null"}};
+        int done = 0;
+        for (size_t r = 0; r < 3 && !done; r++) {
+            size_t fl = strlen(rw[r].from);
+            if (len - i >= fl && memcmp(text + i, rw[r].from, fl) == 0) {
+                memcpy(fixed + k, rw[r].to, strlen(rw[r].to));
+                k += strlen(rw[r].to);
+                i += fl;
+                done = 1;
+            }
+        }
+        if (done) continue;
+        in_str = ch == '"';
+        fixed[k++] = text[i++];
+    }
+    free(text);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(fixed, k, &end, 0);
+    size_t off = end ? (size_t)(end - fixed) : 0;
+    free(fixed);
+    if (!j) return kiln_error(KILN_EINVAL, "%s: invalid JSON near byte %zu", path, off);
+    *out = j;
+    return NULL;
+}
+
 static kiln_status load_config(kc_checkpoint *c) {
     char path[4096];
     KILN_TRY(ku_path_join(path, sizeof path, c->dir, "config.json"));
-    KILN_TRY(ku_json_load(path, &c->root));
+    KILN_TRY(json_load_py(path, &c->root));
     if (!cJSON_IsObject(c->root)) return kiln_error(KILN_EINVAL, "%s: not a JSON object", path);
     const cJSON *t = ku_json_get(c->root, "text_config");
     if (t && !cJSON_IsObject(t)) return kiln_error(KILN_EINVAL, "%s: \"text_config\" is not an object", path);
@@ -156,7 +204,7 @@ static kiln_status load_config(kc_checkpoint *c) {
 
     KILN_TRY(ku_path_join(path, sizeof path, c->dir, "generation_config.json"));
     if (ku_file_exists(path)) {
-        KILN_TRY(ku_json_load(path, &c->gen));
+        KILN_TRY(json_load_py(path, &c->gen));
         if (!cJSON_IsObject(c->gen)) return kiln_error(KILN_EINVAL, "%s: not a JSON object", path);
     }
     return NULL;
@@ -398,14 +446,16 @@ static kiln_status affine_params(const kc_checkpoint *c, const kc_tensor *w, con
     if (cc <= 0 || G <= 0)
         return kiln_error(KILN_EINVAL, TP "packed %s with scales %s: cannot derive bits without the column count",
                           TA(w), ws, ss);
+    /* a derived group size must be one MLX uses (a power of two, 16..1024): a
+     * wrong column count otherwise "fits" with groups like 24 */
     int64_t b = stream / cc, g = cc / G;
-    if (stream % cc || !kc_affine_bits_ok((int)(b > 8 ? 0 : b)) || cc % G)
+    int g_ok = cc % G == 0 && g >= 16 && g <= 1024 && (g & (g - 1)) == 0;
+    if (stream % cc || !kc_affine_bits_ok((int)(b > 8 ? 0 : b)) || !g_ok)
         return kiln_error(KILN_EINVAL,
-                          TP "packed %s with scales %s fits no bits in {2,3,4,5,6,8} and whole group size for %" PRId64
-                             " columns",
+                          TP "packed %s with scales %s fits no bits in {2,3,4,5,6,8} and group size in {16,32,...,1024}"
+                             " for %" PRId64 " columns",
                           TA(w), ws, ss, cc);
-    *bits = (int)b, *gs = (int)(g > INT32_MAX ? 0 : g);
-    if (!*gs) return kiln_error(KILN_EINVAL, TP "group size %" PRId64 " is out of range", TA(w), g);
+    *bits = (int)b, *gs = (int)g;
     return NULL;
 }
 

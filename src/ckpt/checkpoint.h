@@ -97,8 +97,9 @@ typedef struct {
  * the shapes agree with them. When they do not (mixed mlx-community recipes),
  * they are derived from the shapes: with cols known, bits = packed_cols*32/cols
  * and group_size = cols/scales_cols; with cols = -1, the config's group size
- * fixes cols = scales_cols*group_size and bits follows. A derivation that does
- * not give bits in 2,3,4,5,6,8 and a whole group size is an error. */
+ * fixes cols = scales_cols*group_size and bits follows. A derivation must give
+ * bits in 2,3,4,5,6,8 and a group size that MLX uses (a power of two from 16
+ * to 1024), else it is an error. (The config's own group size may be any.) */
 kiln_status kc_get_matrix(const kc_checkpoint *c, const char *module, int64_t rows, int64_t cols, kc_matrix *out);
 
 /* Float32 copies of rows [row0, row0+n) of m into out [n, cols]: affine rows
