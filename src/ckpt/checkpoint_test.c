@@ -20,6 +20,29 @@ static int write_st(const char *dir, const char *file, const kc_tensor *ts, int 
     return 1;
 }
 
+/* A fresh folder holding config.json = cfg and a one-tensor model.safetensors. */
+static int tiny_ckpt(char *dir, size_t cap, const char *cfg) {
+    static const float w[2] = {0};
+    kc_tensor t = {.name = "x", .dtype = KC_F32, .rank = 1, .shape = {2}, .data = w};
+    return ckt_tmpdir(dir, cap) && write_st(dir, "model.safetensors", &t, 1) && ckt_write_str(dir, "config.json", cfg);
+}
+
+/* Writes text to dir/file, then expects kc_open(dir) to fail with want in the message. */
+static int open_fails(const char *dir, const char *file, const char *text, const char *want, int line) {
+    kc_checkpoint *c = NULL;
+    if (!ckt_write_str(dir, file, text)) {
+        kt_fail(__FILE__, line, "cannot write %s", file);
+        return 0;
+    }
+    kiln_status st = kc_open(dir, &c);
+    int ok = st && !c && strstr(kiln_status_msg(st), want);
+    if (!ok) kt_fail(__FILE__, line, "%s = %s: got \"%s\", want \"%s\"", file, text, kiln_status_msg(st), want);
+    kiln_status_free(st);
+    kc_close(c);
+    return ok;
+}
+#define KT_OPEN_FAILS(dir, file, text, want) KT_CHECK(open_fails(dir, file, text, want, __LINE__))
+
 /* ---- configuration ------------------------------------------------------ */
 
 KT_TEST(ckpt_single_file_config_and_ids) {
@@ -70,11 +93,7 @@ KT_TEST(ckpt_single_file_config_and_ids) {
 /* VLM wrappers: the text model's config is "text_config". */
 KT_TEST(ckpt_text_config_of_a_vlm_wrapper) {
     char dir[256];
-    KT_CHECK(ckt_tmpdir(dir, sizeof dir));
-    float w[2] = {0};
-    kc_tensor t = {.name = "x", .dtype = KC_F32, .rank = 1, .shape = {2}, .data = w};
-    KT_CHECK(write_st(dir, "model.safetensors", &t, 1));
-    KT_CHECK(ckt_write_str(dir, "config.json",
+    KT_CHECK(tiny_ckpt(dir, sizeof dir,
                            "{\"model_type\": \"gemma3\", \"text_config\": {\"model_type\": \"gemma3_text\", "
                            "\"eos_token_id\": [1, 106], \"hidden_size\": 64}, \"vision_config\": {}}"));
     kc_checkpoint *c;
@@ -88,16 +107,11 @@ KT_TEST(ckpt_text_config_of_a_vlm_wrapper) {
     KT_CHECK_EQ(kc_bos_id(c), -1);
     kc_close(c);
 
-    KT_CHECK(ckt_write_str(dir, "config.json", "{\"model_type\": \"x\", \"text_config\": {\"hidden_size\": 64}}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "config.json: no \"model_type\" in text_config");
-    KT_CHECK(ckt_write_str(dir, "config.json", "{\"hidden_size\": 64}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "config.json: no \"model_type\"");
-    KT_CHECK(ckt_write_str(dir, "config.json", "{\"model_type\": 3}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "\"model_type\": expected a string");
-    KT_CHECK(ckt_write_str(dir, "config.json", "{\"model_type\": \"llama\",}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "config.json: invalid JSON");
-    KT_CHECK(ckt_write_str(dir, "config.json", "[]"));
-    KT_CHECK_ERR(kc_open(dir, &c), "config.json: not a JSON object");
+    KT_OPEN_FAILS(dir, "config.json", "{\"model_type\": \"x\", \"text_config\": {\"hidden_size\": 64}}", "config.json: no \"model_type\" in text_config");
+    KT_OPEN_FAILS(dir, "config.json", "{\"hidden_size\": 64}", "config.json: no \"model_type\"");
+    KT_OPEN_FAILS(dir, "config.json", "{\"model_type\": 3}", "\"model_type\": expected a string");
+    KT_OPEN_FAILS(dir, "config.json", "{\"model_type\": \"llama\",}", "config.json: invalid JSON");
+    KT_OPEN_FAILS(dir, "config.json", "[]", "config.json: not a JSON object");
     char p[512];
     snprintf(p, sizeof p, "%s/config.json", dir);
     unlink(p);
@@ -138,37 +152,23 @@ KT_TEST(ckpt_sharded_index) {
     kc_close(c);
 
     /* the index names a shard that does not exist */
-    KT_CHECK(ckt_write_str(dir, "model.safetensors.index.json",
-                           "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\","
-                           "\"lm_head.weight\": \"model-00003-of-00003.safetensors\"}}"));
-    KT_CHECK_ERR(kc_open(dir, &c),
-                 "model.safetensors.index.json: shard model-00003-of-00003.safetensors (holding lm_head.weight) does not exist");
+    KT_OPEN_FAILS(dir, "model.safetensors.index.json", "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\","
+                           "\"lm_head.weight\": \"model-00003-of-00003.safetensors\"}}", "model.safetensors.index.json: shard model-00003-of-00003.safetensors (holding lm_head.weight) does not exist");
     /* the index names a tensor that its shard lacks */
-    KT_CHECK(ckt_write_str(dir, "model.safetensors.index.json",
-                           "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\","
-                           "\"model.layers.0.mlp.up_proj.weight\": \"model-00002-of-00002.safetensors\"}}"));
-    KT_CHECK_ERR(kc_open(dir, &c),
-                 "model.layers.0.mlp.up_proj.weight is mapped to model-00002-of-00002.safetensors, which does not contain it");
+    KT_OPEN_FAILS(dir, "model.safetensors.index.json", "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\","
+                           "\"model.layers.0.mlp.up_proj.weight\": \"model-00002-of-00002.safetensors\"}}", "model.layers.0.mlp.up_proj.weight is mapped to model-00002-of-00002.safetensors, which does not contain it");
     /* ... or that lives in another shard */
-    KT_CHECK(ckt_write_str(dir, "model.safetensors.index.json",
-                           "{\"weight_map\": {\"model.norm.weight\": \"model-00002-of-00002.safetensors\","
-                           "\"lm_head.weight\": \"model-00001-of-00002.safetensors\"}}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "it is in model-00001-of-00002.safetensors");
+    KT_OPEN_FAILS(dir, "model.safetensors.index.json", "{\"weight_map\": {\"model.norm.weight\": \"model-00002-of-00002.safetensors\","
+                           "\"lm_head.weight\": \"model-00001-of-00002.safetensors\"}}", "it is in model-00001-of-00002.safetensors");
     /* names must be unique across shards */
     KT_CHECK(write_st(dir, "model-00002-of-00002.safetensors", s1 + 1, 1));
-    KT_CHECK(ckt_write_str(dir, "model.safetensors.index.json",
-                           "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\","
-                           "\"model.embed_tokens.weight\": \"model-00002-of-00002.safetensors\"}}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "tensor model.norm.weight is in both model-00001-of-00002.safetensors and model-00002");
+    KT_OPEN_FAILS(dir, "model.safetensors.index.json", "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\","
+                           "\"model.embed_tokens.weight\": \"model-00002-of-00002.safetensors\"}}", "tensor model.norm.weight is in both model-00001-of-00002.safetensors and model-00002");
     /* malformed indexes */
-    KT_CHECK(ckt_write_str(dir, "model.safetensors.index.json", "{\"weight_map\": [1]}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "\"weight_map\" missing or not an object");
-    KT_CHECK(ckt_write_str(dir, "model.safetensors.index.json", "{\"weight_map\": {\"x\": \"../model.safetensors\"}}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "weight_map: x: not a file name in the folder");
-    KT_CHECK(ckt_write_str(dir, "model.safetensors.index.json", "{\"weight_map\": {\"x\": 3}}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "weight_map: x:");
-    KT_CHECK(ckt_write_str(dir, "model.safetensors.index.json", "{\"weight_map\": "));
-    KT_CHECK_ERR(kc_open(dir, &c), "model.safetensors.index.json: invalid JSON");
+    KT_OPEN_FAILS(dir, "model.safetensors.index.json", "{\"weight_map\": [1]}", "\"weight_map\" missing or not an object");
+    KT_OPEN_FAILS(dir, "model.safetensors.index.json", "{\"weight_map\": {\"x\": \"../model.safetensors\"}}", "weight_map: x: not a file name in the folder");
+    KT_OPEN_FAILS(dir, "model.safetensors.index.json", "{\"weight_map\": {\"x\": 3}}", "weight_map: x:");
+    KT_OPEN_FAILS(dir, "model.safetensors.index.json", "{\"weight_map\": ", "model.safetensors.index.json: invalid JSON");
     /* a broken shard: the error names the folder and the file */
     KT_CHECK(ckt_write_str(dir, "model.safetensors.index.json",
                            "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\"}}"));
@@ -300,12 +300,12 @@ static void mlx_extract(const uint8_t *w, int bits, uint32_t *out) {
 
 KT_TEST(affine_code_layout_matches_mlx) {
     uint64_t rng = 42;
-    uint32_t words[24]; /* little-endian host: bytes of the words are the stream */
-    for (int i = 0; i < 24; i++) words[i] = (uint32_t)ckt_next(&rng);
+    uint32_t words[30]; /* 120 bytes: whole packs of 3 and 5 bytes; little-endian host: the bytes are the stream */
+    for (int i = 0; i < 30; i++) words[i] = (uint32_t)ckt_next(&rng);
     const uint8_t *bytes = (const uint8_t *)words;
     for (int bits = 2; bits <= 8; bits++) {
         if (!kc_affine_bits_ok(bits)) continue;
-        int64_t n = 24 * 32 / bits;
+        int64_t n = 30 * 32 / bits;
         for (int64_t i = 0; i < n; i++) {
             uint32_t want;
             if (bits == 3 || bits == 5 || bits == 6) {
@@ -589,20 +589,12 @@ KT_TEST(affine_quant_config_is_validated) {
                       {.name = "y.biases", .dtype = KC_F32, .rank = 2, .shape = {1, 1}, .data = w + 1}};
     KT_CHECK(write_st(dir, "model.safetensors", ts, 4));
     kc_checkpoint *c;
-    KT_CHECK(ckt_write_str(dir, "config.json", "{\"model_type\": \"llama\", \"quantization\": {\"group_size\": 64, \"bits\": 7}}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "config.json: \"quantization\": \"bits\": 7 is not one of 2, 3, 4, 5, 6, 8");
-    KT_CHECK(ckt_write_str(dir, "config.json", "{\"model_type\": \"llama\", \"quantization\": {\"group_size\": 0, \"bits\": 4}}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "\"group_size\": 0 is out of range");
-    KT_CHECK(ckt_write_str(dir, "config.json", "{\"model_type\": \"llama\", \"quantization\": {\"bits\": 4}}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "\"quantization\": \"bits\" and \"group_size\" are required");
-    KT_CHECK(ckt_write_str(dir, "config.json", "{\"model_type\": \"llama\", \"quantization\": 4}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "\"quantization\" is not an object");
-    KT_CHECK(ckt_write_str(dir, "config.json",
-                           "{\"model_type\": \"llama\", \"quantization\": {\"group_size\": 64, \"bits\": 4, \"m.x\": {\"bits\": 9}}}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "\"quantization\": \"m.x\": \"bits\": 9");
-    KT_CHECK(ckt_write_str(dir, "config.json",
-                           "{\"model_type\": \"llama\", \"quantization\": {\"group_size\": 64, \"bits\": \"4\"}}"));
-    KT_CHECK_ERR(kc_open(dir, &c), "\"bits\": expected an integer");
+    KT_OPEN_FAILS(dir, "config.json", "{\"model_type\": \"llama\", \"quantization\": {\"group_size\": 64, \"bits\": 7}}", "config.json: \"quantization\": \"bits\": 7 is not one of 2, 3, 4, 5, 6, 8");
+    KT_OPEN_FAILS(dir, "config.json", "{\"model_type\": \"llama\", \"quantization\": {\"group_size\": 0, \"bits\": 4}}", "\"group_size\": 0 is out of range");
+    KT_OPEN_FAILS(dir, "config.json", "{\"model_type\": \"llama\", \"quantization\": {\"bits\": 4}}", "\"quantization\": \"bits\" and \"group_size\" are required");
+    KT_OPEN_FAILS(dir, "config.json", "{\"model_type\": \"llama\", \"quantization\": 4}", "\"quantization\" is not an object");
+    KT_OPEN_FAILS(dir, "config.json", "{\"model_type\": \"llama\", \"quantization\": {\"group_size\": 64, \"bits\": 4, \"m.x\": {\"bits\": 9}}}", "\"quantization\": \"m.x\": \"bits\": 9");
+    KT_OPEN_FAILS(dir, "config.json", "{\"model_type\": \"llama\", \"quantization\": {\"group_size\": 64, \"bits\": \"4\"}}", "\"bits\": expected an integer");
     /* a non-affine MLX mode is recognised and refused where used */
     KT_CHECK(ckt_write_str(dir, "config.json",
                            "{\"model_type\": \"llama\", \"quantization\": {\"group_size\": 32, \"bits\": 4, \"mode\": \"mxfp4\"}}"));
@@ -623,11 +615,7 @@ KT_TEST(affine_quant_config_is_validated) {
 /* Python's json writes Infinity and NaN; transformers configs contain them. */
 KT_TEST(ckpt_config_accepts_python_json_extensions) {
     char dir[256];
-    KT_CHECK(ckt_tmpdir(dir, sizeof dir));
-    float w[2] = {0};
-    kc_tensor t = {.name = "x", .dtype = KC_F32, .rank = 1, .shape = {2}, .data = w};
-    KT_CHECK(write_st(dir, "model.safetensors", &t, 1));
-    KT_CHECK(ckt_write_str(dir, "config.json",
+    KT_CHECK(tiny_ckpt(dir, sizeof dir,
                            "{\"model_type\": \"mamba2\", \"time_step_limit\": [0.0, Infinity], \"lo\": -Infinity,"
                            " \"nan\": NaN, \"s\": \"NaN Infinity \\\"Infinity\\\" \\\\\", \"after\": 3}"));
     kc_checkpoint *c;
