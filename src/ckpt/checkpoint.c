@@ -232,7 +232,7 @@ static kiln_status index_tensors(kc_checkpoint *c) {
     if (!c->tensors || !kc_tmap_init(&c->names, total)) return kiln_error(KILN_ENOMEM, "out of memory");
     for (int i = 0; i < c->n_files; i++) {
         for (int j = 0; j < kc_st_count(c->files[i]); j++) {
-            const kc_tensor *t = kc_st_at(c->files[i], j), *dup = kc_tmap_put(&c->names, t);
+            const kc_tensor *t = kc_st_raw_at(c->files[i], j), *dup = kc_tmap_put(&c->names, t);
             if (dup) return kiln_error(KILN_EINVAL, "tensor " NM " is in both %s and %s", t->name, dup->file, t->file);
             c->tensors[c->n++] = t;
         }
@@ -367,9 +367,13 @@ const cJSON *kc_config(const kc_checkpoint *c) { return c->text; }
 const char *kc_model_type(const kc_checkpoint *c) { return c->model_type; }
 const cJSON *kc_generation_config(const kc_checkpoint *c) { return c->gen; }
 int kc_tensor_count(const kc_checkpoint *c) { return c->n; }
-const kc_tensor *kc_tensor_at(const kc_checkpoint *c, int i) { return i >= 0 && i < c->n ? c->tensors[i] : NULL; }
-const kc_tensor *kc_find(const kc_checkpoint *c, const char *name) { return kc_tmap_get(&c->names, name); }
-bool kc_has(const kc_checkpoint *c, const char *name) { return kc_find(c, name) != NULL; }
+const kc_tensor *kc_tensor_at(const kc_checkpoint *c, int i) {
+    return kc_st_ready_or_null(i >= 0 && i < c->n ? c->tensors[i] : NULL);
+}
+const kc_tensor *kc_find(const kc_checkpoint *c, const char *name) {
+    return kc_st_ready_or_null(kc_tmap_get(&c->names, name));
+}
+bool kc_has(const kc_checkpoint *c, const char *name) { return kc_tmap_get(&c->names, name) != NULL; }
 
 /* ---- resolved weights --------------------------------------------------- */
 
@@ -377,8 +381,17 @@ bool kc_has(const kc_checkpoint *c, const char *name) { return kc_find(c, name) 
 #define TP "%s/%s: " NM ": "
 #define TA(t) c->dir, (t)->file, (t)->name
 
+/* *out = the tensor, its data ready, or NULL if absent; errors only when a
+ * misaligned tensor cannot be copied. */
+static kiln_status find_opt(const kc_checkpoint *c, const char *name, const kc_tensor **out) {
+    *out = kc_tmap_get(&c->names, name);
+    kiln_status st = *out ? kc_st_ready(*out) : NULL;
+    if (st) *out = NULL;
+    return kiln_status_wrap(st, "%s", c->dir);
+}
+
 static kiln_status find_req(const kc_checkpoint *c, const char *name, const kc_tensor **out) {
-    *out = kc_find(c, name);
+    KILN_TRY(find_opt(c, name, out));
     if (!*out) return kiln_error(KILN_ENOTFOUND, "%s: tensor " NM " not found", c->dir, name);
     return NULL;
 }
@@ -469,7 +482,7 @@ static kiln_status affine_matrix(const kc_checkpoint *c, const char *module, con
     const kc_tensor *b;
     if (snprintf(name, sizeof name, "%s.biases", module) >= (int)sizeof name)
         return kiln_error(KILN_EINVAL, "%s: module name too long", c->dir);
-    b = kc_find(c, name);
+    KILN_TRY(find_opt(c, name, &b));
     if (!b) return kiln_error(KILN_ENOTFOUND, TP "has .scales but " NM " is missing", TA(w), name);
     if (w->dtype != KC_U32)
         return kiln_error(KILN_EINVAL, TP "dtype %s, want U32 (it has .scales: affine quantized)", TA(w),
@@ -506,7 +519,7 @@ kiln_status kc_get_matrix(const kc_checkpoint *c, const char *module, int64_t ro
     const kc_tensor *w, *s;
     KILN_TRY(find_req(c, name, &w));
     snprintf(name, sizeof name, "%s.scales", module);
-    s = kc_find(c, name);
+    KILN_TRY(find_opt(c, name, &s));
     kc_matrix m = {0};
     KILN_TRY(s ? affine_matrix(c, module, w, s, rows, cols, &m) : plain_matrix(c, w, rows, cols, &m));
     m.name = w->name;

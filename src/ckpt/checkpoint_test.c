@@ -630,3 +630,39 @@ KT_TEST(ckpt_config_accepts_python_json_extensions) {
     kc_close(c);
     ckt_rmdir(dir);
 }
+
+/* MLX writes unpadded headers: every tensor may sit at a misaligned address.
+ * Such a checkpoint opens without copying, and resolves to aligned data. */
+KT_TEST(affine_misaligned_mlx_file) {
+    char dir[256];
+    KT_CHECK(ckt_tmpdir(dir, sizeof dir));
+    KT_CHECK(ckt_write_str(dir, "config.json", "{\"model_type\": \"llama\", \"quantization\": {\"group_size\": 32, \"bits\": 4}}"));
+    kc_tensor ts[3];
+    qmod q;
+    qmod_make(&q, ts, "model.layers.0.self_attn.o_proj", 6, 64, 4, 32, KC_BF16, 9);
+    void *img;
+    size_t len;
+    KT_CHECK_OK(kc_st_serialize(ts, 3, NULL, &img, &len));
+    /* one more trailing space in the header shifts all data by one byte */
+    uint8_t *odd = malloc(len + 1);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | ((uint8_t *)img)[i];
+    for (int i = 0; i < 8; i++) odd[i] = (uint8_t)((hl + 1) >> (8 * i));
+    memcpy(odd + 8, (uint8_t *)img + 8, hl);
+    odd[8 + hl] = ' ';
+    memcpy(odd + 9 + hl, (uint8_t *)img + 8 + hl, len - 8 - hl);
+    KT_CHECK(ckt_write(dir, "model.safetensors", odd, len + 1));
+    free(odd);
+    free(img);
+    kc_checkpoint *c;
+    KT_CHECK_OK(kc_open(dir, &c));
+    kc_matrix m;
+    KT_CHECK_OK(kc_get_matrix(c, "model.layers.0.self_attn.o_proj", 6, 64, &m));
+    KT_CHECK((uintptr_t)m.data % 4 == 0 && (uintptr_t)m.scales % 2 == 0 && (uintptr_t)m.biases % 2 == 0);
+    float row[64];
+    kc_matrix_row_f32(&m, 5, row);
+    for (int k = 0; k < 64; k++) KT_CHECK_NEAR(row[k], ref_dequant(&q, KC_BF16, 64, 4, 32, 5, k), 0);
+    kc_close(c);
+    qmod_free(&q);
+    ckt_rmdir(dir);
+}

@@ -2,9 +2,27 @@
 #ifndef KILN_CKPT_INT_H
 #define KILN_CKPT_INT_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "ckpt/safetensors.h"
+
+/* The parser's record of a tensor. The public part comes first, so every
+ * kc_tensor pointer this module hands out converts back to its record. */
+typedef struct {
+    kc_tensor pub;              /* pub.data is NULL while pending */
+    const uint8_t *src;         /* the tensor's bytes in the map (or caller's buffer) */
+    atomic_int pending;         /* 1 until a misaligned tensor has its aligned copy */
+    struct kc_safetensors *owner;
+} kc_st_entry;
+
+/* Makes t->data valid: a misaligned tensor is copied to an aligned buffer on
+ * its first use (thread-safe; later calls cost one atomic load). */
+kiln_status kc_st_ready(const kc_tensor *t);
+/* kc_st_ready, returning t, or NULL when t is NULL or the copy failed. */
+const kc_tensor *kc_st_ready_or_null(const kc_tensor *t);
+/* Tensor i without making its data ready (names, shapes and dtypes only). */
+const kc_tensor *kc_st_raw_at(const kc_safetensors *s, int i);
 
 /* A fixed-capacity open-addressing map from tensor name to tensor, for one
  * file or a whole checkpoint. Keys are borrowed from the tensors. */

@@ -3,12 +3,16 @@
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "base/arena.h"
 #include "base/file.h"
 #include "base/half.h"
 #include "ckpt/ckpt_int.h"
+
+/* safetensors data is little-endian and kc_tensor.data is used in place. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "kiln reads safetensors in place: little-endian hosts only");
 
 /* Hugging Face's loader refuses larger headers; so do we (and it bounds cJSON's work). */
 #define ST_MAX_HEADER 100000000ull
@@ -20,12 +24,13 @@ struct kc_safetensors {
     ku_map map;        /* the file; zero when parsed from caller memory */
     ku_arena *arena;   /* names, metadata strings, the tensor array */
     const char *what;  /* file name for messages */
-    kc_tensor *tensors;
+    kc_st_entry *tensors;
     int n;
     kc_tmap names;
     const char **meta; /* [n_meta][2]: key, value */
     int n_meta;
-    void **owned;      /* aligned copies of misaligned tensors */
+    pthread_mutex_t lock; /* guards owned and the copies of misaligned tensors */
+    void **owned;      /* [n] aligned copies of misaligned tensors, made on first use */
     int n_owned;
 };
 
@@ -216,12 +221,12 @@ static kiln_status check_tiling(kc_safetensors *s, span *sp, uint64_t data_len) 
         if (sp[i].begin < pos)
             return kiln_error(KILN_EINVAL,
                               "%s: " NM ": data_offsets [%" PRIu64 ", %" PRIu64 "] overlap " NM " [%" PRIu64 ", %" PRIu64 "]",
-                              s->what, s->tensors[sp[i].idx].name, sp[i].begin, sp[i].end,
-                              s->tensors[sp[i - 1].idx].name, sp[i - 1].begin, sp[i - 1].end);
+                              s->what, s->tensors[sp[i].idx].pub.name, sp[i].begin, sp[i].end,
+                              s->tensors[sp[i - 1].idx].pub.name, sp[i - 1].begin, sp[i - 1].end);
         if (sp[i].begin > pos)
             return kiln_error(KILN_EINVAL,
                               "%s: bytes [%" PRIu64 ", %" PRIu64 ") of the data belong to no tensor (before " NM ")",
-                              s->what, pos, sp[i].begin, s->tensors[sp[i].idx].name);
+                              s->what, pos, sp[i].begin, s->tensors[sp[i].idx].pub.name);
         pos = sp[i].end;
     }
     if (pos != data_len)
@@ -230,25 +235,49 @@ static kiln_status check_tiling(kc_safetensors *s, span *sp, uint64_t data_len) 
     return NULL;
 }
 
-/* Points every tensor at its bytes, copying the (rare) misaligned ones. */
-static kiln_status place_data(kc_safetensors *s, const uint8_t *data, const span *sp) {
+/* Points every tensor at its bytes. A tensor whose address is not a multiple
+ * of its element size (MLX's writer does not pad its header, so many
+ * mlx-community files have them) is only marked: kc_st_ready copies it on
+ * first use, so opening never reads weights and unused tensors are never copied. */
+static void place_data(kc_safetensors *s, const uint8_t *data, const span *sp) {
     static const uint64_t empty = 0; /* aligned, for zero-size tensors */
     for (int i = 0; i < s->n; i++) {
-        kc_tensor *t = &s->tensors[sp[i].idx];
-        const uint8_t *p = data + sp[i].begin;
-        size_t es = kc_dtype_size(t->dtype);
-        if (t->nbytes == 0) {
-            t->data = &empty;
-        } else if ((uintptr_t)p % es == 0) {
-            t->data = p;
-        } else {
-            void *copy = malloc(t->nbytes); /* malloc aligns for every dtype */
-            if (!copy) return kiln_error(KILN_ENOMEM, "%s: " NM ": out of memory copying a misaligned tensor", s->what, t->name);
-            memcpy(copy, p, t->nbytes);
+        kc_st_entry *e = &s->tensors[sp[i].idx];
+        e->src = data + sp[i].begin;
+        e->owner = s;
+        int misaligned = e->pub.nbytes && (uintptr_t)e->src % kc_dtype_size(e->pub.dtype) != 0;
+        e->pub.data = e->pub.nbytes == 0 ? (const void *)&empty : misaligned ? NULL : e->src;
+        atomic_init(&e->pending, misaligned);
+    }
+}
+
+kiln_status kc_st_ready(const kc_tensor *t) {
+    kc_st_entry *e = (kc_st_entry *)t; /* every kc_tensor comes from an entry */
+    if (!atomic_load_explicit(&e->pending, memory_order_acquire)) return NULL;
+    kc_safetensors *s = e->owner;
+    kiln_status st = NULL;
+    pthread_mutex_lock(&s->lock);
+    if (atomic_load_explicit(&e->pending, memory_order_relaxed)) {
+        void *copy = malloc(e->pub.nbytes); /* malloc aligns for every dtype */
+        if (copy) {
+            memcpy(copy, e->src, e->pub.nbytes);
             s->owned[s->n_owned++] = copy;
-            t->data = copy;
+            e->pub.data = copy;
+            atomic_store_explicit(&e->pending, 0, memory_order_release);
+        } else {
+            st = kiln_error(KILN_ENOMEM, "%s: " NM ": out of memory for an aligned copy of %zu bytes", s->what,
+                            e->pub.name, e->pub.nbytes);
         }
     }
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
+const kc_tensor *kc_st_ready_or_null(const kc_tensor *t) {
+    if (!t) return NULL;
+    kiln_status st = kc_st_ready(t);
+    if (!st) return t;
+    kiln_status_free(st);
     return NULL;
 }
 
@@ -310,7 +339,7 @@ static kiln_status parse_header(kc_safetensors *s, const uint8_t *bytes, size_t 
             if (st) break;
             continue;
         }
-        kc_tensor *t = &s->tensors[s->n];
+        kc_tensor *t = &s->tensors[s->n].pub;
         uint64_t b = 0, en = 0;
         if ((st = parse_entry(s, e, data_len, t, &b, &en))) break;
         if (kc_tmap_put(&s->names, t)) {
@@ -321,7 +350,7 @@ static kiln_status parse_header(kc_safetensors *s, const uint8_t *bytes, size_t 
         s->n++;
     }
     if (!st) st = check_tiling(s, sp, data_len);
-    if (!st) st = place_data(s, data, sp);
+    if (!st) place_data(s, data, sp);
     free(sp);
 done:
     cJSON_Delete(root);
@@ -336,6 +365,7 @@ static kiln_status st_new(const char *what, kc_safetensors **out) {
         free(s);
         return kiln_error(KILN_ENOMEM, "%s: out of memory", what);
     }
+    pthread_mutex_init(&s->lock, NULL);
     const char *slash = strrchr(what, '/');
     s->what = ku_arena_strdup(s->arena, slash ? slash + 1 : what);
     if (!s->what) {
@@ -380,14 +410,19 @@ void kc_st_close(kc_safetensors *s) {
     kc_tmap_free(&s->names);
     ku_unmap(&s->map);
     ku_arena_destroy(s->arena);
+    pthread_mutex_destroy(&s->lock);
     free(s);
 }
 
 int kc_st_count(const kc_safetensors *s) { return s->n; }
 
-const kc_tensor *kc_st_at(const kc_safetensors *s, int i) { return i >= 0 && i < s->n ? &s->tensors[i] : NULL; }
+const kc_tensor *kc_st_raw_at(const kc_safetensors *s, int i) { return i >= 0 && i < s->n ? &s->tensors[i].pub : NULL; }
 
-const kc_tensor *kc_st_find(const kc_safetensors *s, const char *name) { return kc_tmap_get(&s->names, name); }
+const kc_tensor *kc_st_at(const kc_safetensors *s, int i) { return kc_st_ready_or_null(kc_st_raw_at(s, i)); }
+
+const kc_tensor *kc_st_find(const kc_safetensors *s, const char *name) {
+    return kc_st_ready_or_null(kc_tmap_get(&s->names, name));
+}
 
 const char *kc_st_metadata(const kc_safetensors *s, const char *key) {
     for (int i = 0; i < s->n_meta; i++)

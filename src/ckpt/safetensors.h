@@ -14,9 +14,13 @@
  * hole, no trailing bytes). Zero-size tensors are allowed. Every error names
  * the file and, where there is one, the tensor.
  *
- * Nothing is copied: kc_tensor.data points into the map, except in the rare
- * case where a tensor's offset is not a multiple of its element size; such a
- * tensor is copied once, at open, into an owned aligned buffer.
+ * Nothing is copied at open: kc_tensor.data points into the map. A tensor
+ * whose address is not a multiple of its element size is copied once into an
+ * owned aligned buffer when it is first returned by kc_st_at or kc_st_find
+ * (or kc_find, kc_get_*): not rare, as MLX's writer does not pad its header,
+ * so this keeps opening header-only and leaves unused tensors uncopied. The
+ * copy is thread-safe. Those lookups return NULL if that copy runs out of
+ * memory (kc_get_matrix/kc_get_tensor report it as an error).
  */
 #ifndef KILN_CKPT_SAFETENSORS_H
 #define KILN_CKPT_SAFETENSORS_H
