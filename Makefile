@@ -26,7 +26,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 MAIN_OBJ := $(MAIN_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all test asan check demo deps clean fuzz
+.PHONY: all test asan check demo deps clean fuzz fuzz-safetensors
 all: $(BUILD)/kiln
 
 $(BUILD)/kiln: $(MAIN_OBJ) $(BUILD)/libkiln.a
@@ -71,5 +71,27 @@ demo: deps all
 
 clean:
 	rm -rf build
+
+# libFuzzer harnesses (clang). FUZZ_TIME seconds per run; the corpus grows in
+# fuzz-out/ (ignored), seeded from tests/data/ckpt/fuzz-seeds; crashers go to
+# fuzz-out/ too: copy them to tests/data/ckpt/fuzz-regress/ once fixed.
+FUZZ_CC   ?= clang
+FUZZ_TIME ?= 60
+FUZZ_FLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
+             -fno-sanitize-recover=undefined -Isrc -Wall -Wextra -Wno-unused-parameter
+FUZZ_ST_SRC = fuzz/fuzz_safetensors.c src/ckpt/safetensors.c src/ckpt/tmap.c src/base/arena.c src/base/file.c \
+              src/base/status.c
+
+$(BUILD)/fuzz/fuzz_safetensors: $(FUZZ_ST_SRC) $(wildcard src/ckpt/*.h src/base/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(FUZZ_ST_SRC) -lcjson -lm
+
+fuzz-safetensors: $(BUILD)/fuzz/fuzz_safetensors
+	@mkdir -p fuzz-out/safetensors fuzz-out/safetensors-crashes
+	$(BUILD)/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+	    -dict=fuzz/safetensors.dict -artifact_prefix=fuzz-out/safetensors-crashes/ \
+	    fuzz-out/safetensors tests/data/ckpt/fuzz-seeds
+
+fuzz: fuzz-safetensors
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,547 @@
+#include "ckpt/checkpoint.h"
+
+#include <dirent.h>
+#include <inttypes.h>
+#include <math.h>
+#include <string.h>
+
+#include "base/file.h"
+#include "base/json.h"
+#include "ckpt/affine.h"
+#include "ckpt/ckpt_int.h"
+
+#define INDEX_NAME "model.safetensors.index.json"
+#define NM "%.200s" /* names from files: bound what a message quotes */
+
+struct kc_checkpoint {
+    char *dir;
+    cJSON *root;              /* config.json */
+    cJSON *gen;               /* generation_config.json or NULL */
+    const cJSON *text;        /* text_config or root */
+    const char *model_type;
+    const cJSON *quant;       /* MLX quantization object or NULL */
+    const char *foreign_quant;/* quantization_config.quant_method that is not MLX, or NULL */
+    kc_quant quant_global;
+    kc_safetensors **files;
+    int n_files;
+    const kc_tensor **tensors;/* [n] over all files */
+    int n;
+    kc_tmap names;
+};
+
+/* ---- configuration ------------------------------------------------------ */
+
+/* An int or a list of ints, each in [0, INT32_MAX]; *n = 0 when the key is absent. */
+static kiln_status id_list(const cJSON *obj, const char *key, int32_t *ids, int cap, int *n) {
+    const cJSON *v = ku_json_get(obj, key);
+    *n = 0;
+    if (!v) return NULL;
+    const cJSON *e = v;
+    int single = cJSON_IsNumber(v);
+    if (!single && !cJSON_IsArray(v))
+        return kiln_error(KILN_EINVAL, "\"%s\": expected an integer or a list of integers", key);
+    for (e = single ? v : v->child; e; e = single ? NULL : e->next) {
+        double d = e->valuedouble;
+        if (!cJSON_IsNumber(e) || !(d >= 0 && d <= INT32_MAX) || d != floor(d))
+            return kiln_error(KILN_EINVAL, "\"%s\": %s is not a token id", key, cJSON_IsNumber(e) ? "a value" : "an entry");
+        if (*n >= cap) return kiln_error(KILN_ELIMIT, "\"%s\": more than %d ids", key, cap);
+        ids[(*n)++] = (int32_t)d;
+    }
+    return NULL;
+}
+
+/* The first of generation_config.json, config.json, text_config that has key. */
+static const cJSON *id_source(const kc_checkpoint *c, const char *key, const char **file) {
+    const cJSON *src[3] = {c->gen, c->root, c->text};
+    const char *names[3] = {"generation_config.json", "config.json", "config.json: text_config"};
+    for (int i = 0; i < 3; i++) {
+        if (src[i] && ku_json_get(src[i], key)) {
+            *file = names[i];
+            return src[i];
+        }
+    }
+    return NULL;
+}
+
+kiln_status kc_eos_ids(const kc_checkpoint *c, int32_t *ids, int cap, int *n) {
+    const char *file = NULL;
+    const cJSON *src = id_source(c, "eos_token_id", &file);
+    *n = 0;
+    if (!src) return NULL;
+    KILN_TRYF(id_list(src, "eos_token_id", ids, cap, n), "%s/%s", c->dir, file);
+    return NULL;
+}
+
+int32_t kc_bos_id(const kc_checkpoint *c) {
+    const char *file = NULL;
+    const cJSON *src = id_source(c, "bos_token_id", &file);
+    int32_t ids[8];
+    int n = 0;
+    if (!src) return -1;
+    kiln_status st = id_list(src, "bos_token_id", ids, 8, &n);
+    if (st) {
+        kiln_status_free(st);
+        return -1;
+    }
+    return n > 0 ? ids[0] : -1;
+}
+
+/* One quantization setting: the global one (def NULL) or an override. */
+static kiln_status parse_qsetting(const cJSON *o, const kc_quant *def, kc_quant *q) {
+    int64_t bits, gs;
+    const char *mode;
+    KILN_TRY(ku_json_int(o, "bits", def ? def->bits : -1, &bits));
+    KILN_TRY(ku_json_int(o, "group_size", def ? def->group_size : -1, &gs));
+    KILN_TRY(ku_json_str(o, "mode", def ? def->mode : "affine", &mode));
+    if (bits < 0 || gs < 0) return kiln_error(KILN_EINVAL, "\"bits\" and \"group_size\" are required");
+    if (strcmp(mode, "affine") == 0 && !kc_affine_bits_ok((int)bits))
+        return kiln_error(KILN_EUNSUPPORTED, "\"bits\": %" PRId64 " is not one of 2, 3, 4, 5, 6, 8", bits);
+    if (gs < 1 || gs > (1 << 20)) return kiln_error(KILN_EINVAL, "\"group_size\": %" PRId64 " is out of range", gs);
+    *q = (kc_quant){(int)bits, (int)gs, mode};
+    return NULL;
+}
+
+static kiln_status parse_quant(kc_checkpoint *c) {
+    const cJSON *cfgs[2] = {c->root, c->text};
+    const char *key = NULL;
+    for (int i = 0; i < 2 && !c->quant; i++) {
+        const cJSON *q = ku_json_get(cfgs[i], "quantization");
+        key = "quantization";
+        if (!q) {
+            q = ku_json_get(cfgs[i], "quantization_config");
+            key = "quantization_config";
+            const cJSON *m = ku_json_get(q, "quant_method");
+            if (m) { /* a transformers quantizer (GPTQ, AWQ, FP8, mxfp4...), not MLX */
+                c->foreign_quant = cJSON_IsString(m) ? m->valuestring : "?";
+                q = NULL;
+            }
+        }
+        c->quant = q;
+    }
+    if (!c->quant) return NULL;
+    if (!cJSON_IsObject(c->quant)) return kiln_error(KILN_EINVAL, "\"%s\" is not an object", key);
+    KILN_TRYF(parse_qsetting(c->quant, NULL, &c->quant_global), "\"%s\"", key);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, c->quant) {
+        kc_quant q;
+        if (cJSON_IsObject(e)) KILN_TRYF(parse_qsetting(e, &c->quant_global, &q), "\"%s\": \"" NM "\"", key, e->string);
+    }
+    return NULL;
+}
+
+kc_quant kc_quant_for(const kc_checkpoint *c, const char *module) {
+    kc_quant none = {0, 0, NULL};
+    if (!c->quant) return none;
+    const cJSON *o = ku_json_get(c->quant, module);
+    if (cJSON_IsFalse(o)) return none;
+    kc_quant q = c->quant_global;
+    if (cJSON_IsObject(o)) {
+        kiln_status st = parse_qsetting(o, &c->quant_global, &q); /* validated at open */
+        KILN_ASSERT(st == NULL);
+    }
+    return q;
+}
+
+/* Loads a JSON file as Python's json module writes it: transformers' configs
+ * may hold the bare tokens Infinity, -Infinity and NaN (mamba2's
+ * "time_step_limit": [0.0, Infinity]), which cJSON rejects. Outside strings
+ * they become 1e999 / -1e999 (parsed as +-inf) and null. */
+static kiln_status json_load_py(const char *path, cJSON **out) {
+    char *text, *fixed;
+    size_t len, k = 0;
+    *out = NULL;
+    KILN_TRY(ku_read_file(path, &text, &len));
+    fixed = malloc(len * 2 + 1); /* each rewrite grows its token by at most 1/3 */
+    if (!fixed) {
+        free(text);
+        return kiln_error(KILN_ENOMEM, "%s: out of memory", path);
+    }
+    int in_str = 0;
+    for (size_t i = 0; i < len;) {
+        char ch = text[i];
+        if (in_str) {
+            fixed[k++] = text[i++];
+            if (ch == '\\' && i < len) fixed[k++] = text[i++];
+            else if (ch == '"') in_str = 0;
+            continue;
+        }
+        static const struct { const char *from, *to; } rw[] = {{"-Infinity", "-1e999"}, {"Infinity", "1e999"}, {"NaN", "null"}};
+        int done = 0;
+        for (size_t r = 0; r < 3 && !done; r++) {
+            size_t fl = strlen(rw[r].from);
+            if (len - i >= fl && memcmp(text + i, rw[r].from, fl) == 0) {
+                memcpy(fixed + k, rw[r].to, strlen(rw[r].to));
+                k += strlen(rw[r].to);
+                i += fl;
+                done = 1;
+            }
+        }
+        if (done) continue;
+        in_str = ch == '"';
+        fixed[k++] = text[i++];
+    }
+    free(text);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(fixed, k, &end, 0);
+    size_t off = end ? (size_t)(end - fixed) : 0;
+    free(fixed);
+    if (!j) return kiln_error(KILN_EINVAL, "%s: invalid JSON near byte %zu", path, off);
+    *out = j;
+    return NULL;
+}
+
+static kiln_status load_config(kc_checkpoint *c) {
+    char path[4096];
+    KILN_TRY(ku_path_join(path, sizeof path, c->dir, "config.json"));
+    KILN_TRY(json_load_py(path, &c->root));
+    if (!cJSON_IsObject(c->root)) return kiln_error(KILN_EINVAL, "%s: not a JSON object", path);
+    const cJSON *t = ku_json_get(c->root, "text_config");
+    if (t && !cJSON_IsObject(t)) return kiln_error(KILN_EINVAL, "%s: \"text_config\" is not an object", path);
+    c->text = t ? t : c->root;
+    KILN_TRYF(ku_json_str(c->text, "model_type", NULL, &c->model_type), "%s%s", path, t ? ": text_config" : "");
+    if (!c->model_type) return kiln_error(KILN_EINVAL, "%s: no \"model_type\"%s", path, t ? " in text_config" : "");
+    KILN_TRYF(parse_quant(c), "%s", path);
+
+    KILN_TRY(ku_path_join(path, sizeof path, c->dir, "generation_config.json"));
+    if (ku_file_exists(path)) {
+        KILN_TRY(json_load_py(path, &c->gen));
+        if (!cJSON_IsObject(c->gen)) return kiln_error(KILN_EINVAL, "%s: not a JSON object", path);
+    }
+    return NULL;
+}
+
+/* ---- weights ------------------------------------------------------------ */
+
+static kiln_status add_file(kc_checkpoint *c, const char *name) {
+    char path[4096];
+    KILN_TRY(ku_path_join(path, sizeof path, c->dir, name));
+    kc_safetensors **f = realloc(c->files, (size_t)(c->n_files + 1) * sizeof *f);
+    if (!f) return kiln_error(KILN_ENOMEM, "out of memory");
+    c->files = f;
+    KILN_TRY(kc_st_open(path, &c->files[c->n_files]));
+    c->n_files++;
+    return NULL;
+}
+
+/* Indexes every tensor of every file; names must be unique across files. */
+static kiln_status index_tensors(kc_checkpoint *c) {
+    int64_t total = 0;
+    for (int i = 0; i < c->n_files; i++) total += kc_st_count(c->files[i]);
+    if (total > INT32_MAX / 2) return kiln_error(KILN_ELIMIT, "%" PRId64 " tensors is too many", total);
+    c->tensors = malloc((size_t)(total ? total : 1) * sizeof *c->tensors);
+    if (!c->tensors || !kc_tmap_init(&c->names, total)) return kiln_error(KILN_ENOMEM, "out of memory");
+    for (int i = 0; i < c->n_files; i++) {
+        for (int j = 0; j < kc_st_count(c->files[i]); j++) {
+            const kc_tensor *t = kc_st_raw_at(c->files[i], j), *dup = kc_tmap_put(&c->names, t);
+            if (dup) return kiln_error(KILN_EINVAL, "tensor " NM " is in both %s and %s", t->name, dup->file, t->file);
+            c->tensors[c->n++] = t;
+        }
+    }
+    return NULL;
+}
+
+static int safe_shard_name(const char *s) {
+    return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+static kiln_status load_index(kc_checkpoint *c, const char *path) {
+    cJSON *idx;
+    KILN_TRY(ku_json_load(path, &idx));
+    kiln_status st = NULL;
+    const cJSON *wm = ku_json_get(idx, "weight_map"), *e;
+    if (!cJSON_IsObject(wm)) {
+        st = kiln_error(KILN_EINVAL, INDEX_NAME ": \"weight_map\" missing or not an object");
+        goto done;
+    }
+    /* open each shard once, in order of first mention */
+    cJSON_ArrayForEach(e, wm) {
+        if (!cJSON_IsString(e) || !safe_shard_name(e->valuestring)) {
+            st = kiln_error(KILN_EINVAL, INDEX_NAME ": weight_map: " NM ": not a file name in the folder", e->string);
+            goto done;
+        }
+        int seen = 0;
+        for (int i = c->n_files - 1; i >= 0 && !seen; i--) seen = strcmp(kc_st_name(c->files[i]), e->valuestring) == 0;
+        if (seen) continue;
+        char sp[4096];
+        if ((st = ku_path_join(sp, sizeof sp, c->dir, e->valuestring))) goto done;
+        if (!ku_file_exists(sp)) {
+            st = kiln_error(KILN_ENOTFOUND, INDEX_NAME ": shard " NM " (holding " NM ") does not exist", e->valuestring,
+                            e->string);
+            goto done;
+        }
+        if ((st = add_file(c, e->valuestring))) goto done;
+    }
+    if ((st = index_tensors(c))) goto done;
+    cJSON_ArrayForEach(e, wm) {
+        const kc_tensor *t = kc_tmap_get(&c->names, e->string);
+        if (!t || strcmp(t->file, e->valuestring) != 0) {
+            st = kiln_error(KILN_EINVAL, INDEX_NAME ": " NM " is mapped to %s, which does not contain it%s%s", e->string,
+                            e->valuestring, t ? "; it is in " : "", t ? t->file : "");
+            goto done;
+        }
+    }
+done:
+    cJSON_Delete(idx);
+    return st;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static kiln_status load_glob(kc_checkpoint *c) {
+    DIR *d = opendir(c->dir);
+    if (!d) return kiln_error(KILN_EIO, "cannot list the folder");
+    char **names = NULL;
+    int n = 0, cap = 0;
+    kiln_status st = NULL;
+    struct dirent *de;
+    while (!st && (de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len <= 12 || strcmp(de->d_name + len - 12, ".safetensors") != 0 || de->d_name[0] == '.') continue;
+        char path[4096];
+        if (ku_path_join(path, sizeof path, c->dir, de->d_name) || !ku_file_exists(path)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            char **nn = realloc(names, (size_t)cap * sizeof *nn);
+            if (!nn) st = kiln_error(KILN_ENOMEM, "out of memory");
+            else names = nn;
+        }
+        if (!st && !(names[n++] = strdup(de->d_name))) st = kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    closedir(d);
+    if (!st && n == 0)
+        st = kiln_error(KILN_ENOTFOUND, "no model.safetensors, " INDEX_NAME " or other *.safetensors file");
+    if (!st) qsort(names, (size_t)n, sizeof *names, cmp_str);
+    for (int i = 0; i < n && !st; i++) st = add_file(c, names[i]);
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    if (!st) st = index_tensors(c);
+    return st;
+}
+
+static kiln_status load_weights(kc_checkpoint *c) {
+    char path[4096];
+    KILN_TRY(ku_path_join(path, sizeof path, c->dir, "model.safetensors"));
+    if (ku_file_exists(path)) {
+        KILN_TRY(add_file(c, "model.safetensors"));
+        return index_tensors(c);
+    }
+    KILN_TRY(ku_path_join(path, sizeof path, c->dir, INDEX_NAME));
+    if (ku_file_exists(path)) return load_index(c, path);
+    return load_glob(c);
+}
+
+kiln_status kc_open(const char *dir, kc_checkpoint **out) {
+    *out = NULL;
+    if (!ku_dir_exists(dir)) return kiln_error(KILN_ENOTFOUND, "%s: not a folder", dir);
+    kc_checkpoint *c = calloc(1, sizeof *c);
+    if (c) c->dir = strdup(dir);
+    if (!c || !c->dir) {
+        free(c);
+        return kiln_error(KILN_ENOMEM, "%s: out of memory", dir);
+    }
+    kiln_status st = load_config(c);
+    if (!st) st = kiln_status_wrap(load_weights(c), "%s", dir);
+    if (st) {
+        kc_close(c);
+        return st;
+    }
+    *out = c;
+    return NULL;
+}
+
+void kc_close(kc_checkpoint *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_files; i++) kc_st_close(c->files[i]);
+    free(c->files);
+    free(c->tensors);
+    kc_tmap_free(&c->names);
+    cJSON_Delete(c->root);
+    cJSON_Delete(c->gen);
+    free(c->dir);
+    free(c);
+}
+
+const char *kc_dir(const kc_checkpoint *c) { return c->dir; }
+const cJSON *kc_root_config(const kc_checkpoint *c) { return c->root; }
+const cJSON *kc_config(const kc_checkpoint *c) { return c->text; }
+const char *kc_model_type(const kc_checkpoint *c) { return c->model_type; }
+const cJSON *kc_generation_config(const kc_checkpoint *c) { return c->gen; }
+int kc_tensor_count(const kc_checkpoint *c) { return c->n; }
+const kc_tensor *kc_tensor_at(const kc_checkpoint *c, int i) {
+    return kc_st_ready_or_null(i >= 0 && i < c->n ? c->tensors[i] : NULL);
+}
+const kc_tensor *kc_find(const kc_checkpoint *c, const char *name) {
+    return kc_st_ready_or_null(kc_tmap_get(&c->names, name));
+}
+bool kc_has(const kc_checkpoint *c, const char *name) { return kc_tmap_get(&c->names, name) != NULL; }
+
+/* ---- resolved weights --------------------------------------------------- */
+
+/* "dir/file: tensor: " prefix for a message about t. */
+#define TP "%s/%s: " NM ": "
+#define TA(t) c->dir, (t)->file, (t)->name
+
+/* *out = the tensor, its data ready, or NULL if absent; errors only when a
+ * misaligned tensor cannot be copied. */
+static kiln_status find_opt(const kc_checkpoint *c, const char *name, const kc_tensor **out) {
+    *out = kc_tmap_get(&c->names, name);
+    kiln_status st = *out ? kc_st_ready(*out) : NULL;
+    if (st) *out = NULL;
+    return kiln_status_wrap(st, "%s", c->dir);
+}
+
+static kiln_status find_req(const kc_checkpoint *c, const char *name, const kc_tensor **out) {
+    KILN_TRY(find_opt(c, name, out));
+    if (!*out) return kiln_error(KILN_ENOTFOUND, "%s: tensor " NM " not found", c->dir, name);
+    return NULL;
+}
+
+static kiln_status check_shape(const kc_checkpoint *c, const kc_tensor *t, int rank, const int64_t *want) {
+    int ok = t->rank == rank;
+    for (int i = 0; ok && want && i < rank; i++) ok = want[i] < 0 || want[i] == t->shape[i];
+    if (ok) return NULL;
+    char got[160], w[160];
+    kc_shape_str(got, sizeof got, t->rank, t->shape);
+    if (want) kc_shape_str(w, sizeof w, rank, want);
+    else snprintf(w, sizeof w, "rank %d", rank);
+    return kiln_error(KILN_EINVAL, TP "shape %s, want %s", TA(t), got, w);
+}
+
+static kiln_status check_float(const kc_checkpoint *c, const kc_tensor *t) {
+    if (kc_dtype_is_float(t->dtype)) return NULL;
+    return kiln_error(KILN_EINVAL, TP "dtype %s, want F32, F16 or BF16", TA(t), kc_dtype_name(t->dtype));
+}
+
+kiln_status kc_get_tensor(const kc_checkpoint *c, const char *name, int rank, const int64_t *shape,
+                          const kc_tensor **out) {
+    const kc_tensor *t;
+    *out = NULL;
+    KILN_TRY(find_req(c, name, &t));
+    KILN_TRY(check_float(c, t));
+    KILN_TRY(check_shape(c, t, rank, shape));
+    *out = t;
+    return NULL;
+}
+
+static kiln_status plain_matrix(const kc_checkpoint *c, const kc_tensor *w, int64_t rows, int64_t cols, kc_matrix *m) {
+    if (!kc_dtype_is_float(w->dtype)) {
+        if (c->foreign_quant)
+            return kiln_error(KILN_EUNSUPPORTED, TP "dtype %s: quantization_config.quant_method \"%.40s\" is not supported",
+                              TA(w), kc_dtype_name(w->dtype), c->foreign_quant);
+        return kiln_error(KILN_EINVAL, TP "dtype %s, want F32, F16 or BF16 (or U32 with .scales and .biases)", TA(w),
+                          kc_dtype_name(w->dtype));
+    }
+    int64_t want[2] = {rows, cols};
+    KILN_TRY(check_shape(c, w, 2, want));
+    m->fmt = w->dtype == KC_F32 ? KC_W_F32 : w->dtype == KC_F16 ? KC_W_F16 : KC_W_BF16;
+    m->rows = w->shape[0];
+    m->cols = m->packed_cols = w->shape[1];
+    m->data = w->data;
+    return NULL;
+}
+
+/* Bits and group size of a packed [R, P] weight with [R, G] scales; see the header. */
+static kiln_status affine_params(const kc_checkpoint *c, const kc_tensor *w, const kc_tensor *s, kc_quant q,
+                                 int64_t cols, int *bits, int *gs) {
+    int64_t P = w->shape[1], G = s->shape[1], stream = P * 32; /* P <= 2^53: no overflow */
+    if (q.bits > 0 && stream % q.bits == 0) {
+        int64_t cc = stream / q.bits;
+        if ((cols < 0 || cc == cols) && cc % q.group_size == 0 && cc / q.group_size == G) {
+            *bits = q.bits, *gs = q.group_size;
+            return NULL;
+        }
+    }
+    int64_t cc = cols;
+    if (cc < 0 && q.group_size > 0 && __builtin_mul_overflow(G, (int64_t)q.group_size, &cc)) cc = -1;
+    char ws[160], ss[160];
+    kc_shape_str(ws, sizeof ws, 2, w->shape);
+    kc_shape_str(ss, sizeof ss, 2, s->shape);
+    if (cc <= 0 || G <= 0)
+        return kiln_error(KILN_EINVAL, TP "packed %s with scales %s: cannot derive bits without the column count",
+                          TA(w), ws, ss);
+    /* a derived group size must be one MLX uses (a power of two, 16..1024): a
+     * wrong column count otherwise "fits" with groups like 24 */
+    int64_t b = stream / cc, g = cc / G;
+    int g_ok = cc % G == 0 && g >= 16 && g <= 1024 && (g & (g - 1)) == 0;
+    if (stream % cc || !kc_affine_bits_ok((int)(b > 8 ? 0 : b)) || !g_ok)
+        return kiln_error(KILN_EINVAL,
+                          TP "packed %s with scales %s fits no bits in {2,3,4,5,6,8} and group size in {16,32,...,1024}"
+                             " for %" PRId64 " columns",
+                          TA(w), ws, ss, cc);
+    *bits = (int)b, *gs = (int)g;
+    return NULL;
+}
+
+static kiln_status affine_matrix(const kc_checkpoint *c, const char *module, const kc_tensor *w, const kc_tensor *s,
+                                 int64_t rows, int64_t cols, kc_matrix *m) {
+    kc_quant q = kc_quant_for(c, module);
+    if (q.mode && strcmp(q.mode, "affine") != 0)
+        return kiln_error(KILN_EUNSUPPORTED, TP "quantization mode \"%.40s\" is not supported (only \"affine\")", TA(w),
+                          q.mode);
+    char name[1024];
+    const kc_tensor *b;
+    if (snprintf(name, sizeof name, "%s.biases", module) >= (int)sizeof name)
+        return kiln_error(KILN_EINVAL, "%s: module name too long", c->dir);
+    KILN_TRY(find_opt(c, name, &b));
+    if (!b) return kiln_error(KILN_ENOTFOUND, TP "has .scales but " NM " is missing", TA(w), name);
+    if (w->dtype != KC_U32)
+        return kiln_error(KILN_EINVAL, TP "dtype %s, want U32 (it has .scales: affine quantized)", TA(w),
+                          kc_dtype_name(w->dtype));
+    int64_t want_w[2] = {rows, -1};
+    KILN_TRY(check_shape(c, w, 2, want_w));
+    KILN_TRY(check_float(c, s));
+    int64_t want_s[2] = {w->shape[0], -1};
+    KILN_TRY(check_shape(c, s, 2, want_s));
+    if (b->dtype != s->dtype)
+        return kiln_error(KILN_EINVAL, TP "dtype %s, want %s as its .scales", TA(b), kc_dtype_name(b->dtype),
+                          kc_dtype_name(s->dtype));
+    KILN_TRY(check_shape(c, b, 2, s->shape));
+    int bits = 0, gs = 0;
+    KILN_TRY(affine_params(c, w, s, q, cols, &bits, &gs));
+    *m = (kc_matrix){.fmt = KC_W_AFFINE,
+                     .rows = w->shape[0],
+                     .cols = w->shape[1] * 32 / bits,
+                     .data = w->data,
+                     .packed_cols = w->shape[1],
+                     .bits = bits,
+                     .group_size = gs,
+                     .sb_dtype = s->dtype,
+                     .scales = s->data,
+                     .biases = b->data};
+    return NULL;
+}
+
+kiln_status kc_get_matrix(const kc_checkpoint *c, const char *module, int64_t rows, int64_t cols, kc_matrix *out) {
+    memset(out, 0, sizeof *out);
+    char name[1024];
+    if (snprintf(name, sizeof name, "%s.weight", module) >= (int)sizeof name)
+        return kiln_error(KILN_EINVAL, "%s: module name too long", c->dir);
+    const kc_tensor *w, *s;
+    KILN_TRY(find_req(c, name, &w));
+    snprintf(name, sizeof name, "%s.scales", module);
+    KILN_TRY(find_opt(c, name, &s));
+    kc_matrix m = {0};
+    KILN_TRY(s ? affine_matrix(c, module, w, s, rows, cols, &m) : plain_matrix(c, w, rows, cols, &m));
+    m.name = w->name;
+    m.file = w->file;
+    *out = m;
+    return NULL;
+}
+
+void kc_matrix_rows_f32(const kc_matrix *m, int64_t row0, int64_t n, float *out) {
+    KILN_ASSERT(row0 >= 0 && n >= 0 && row0 + n <= m->rows);
+    for (int64_t r = row0; r < row0 + n; r++, out += m->cols) {
+        switch (m->fmt) {
+        case KC_W_F32: kc_to_f32(KC_F32, (const float *)m->data + r * m->cols, (size_t)m->cols, out); break;
+        case KC_W_F16: kc_to_f32(KC_F16, (const uint16_t *)m->data + r * m->cols, (size_t)m->cols, out); break;
+        case KC_W_BF16: kc_to_f32(KC_BF16, (const uint16_t *)m->data + r * m->cols, (size_t)m->cols, out); break;
+        case KC_W_AFFINE: {
+            int64_t ng = m->cols / m->group_size;
+            size_t off = (size_t)(r * ng) * kc_dtype_size(m->sb_dtype);
+            kc_affine_dequant_row((const uint32_t *)m->data + r * m->packed_cols, (const char *)m->scales + off,
+                                  (const char *)m->biases + off, m->sb_dtype, m->cols, m->bits, m->group_size, out);
+            break;
+        }
+        }
+    }
+}
