@@ -30,27 +30,35 @@ MAIN_OBJ := $(MAIN_SRC:%.c=$(BUILD)/obj/%.o)
 all: $(BUILD)/kiln
 
 $(BUILD)/kiln: $(MAIN_OBJ) $(BUILD)/libkiln.a
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@$(if $(V),,echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/libkiln.a: $(LIB_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(Q)ar rcs $@ $^
 
 # --whole-archive is not needed: tests reference what they test.
 $(BUILD)/kiln-tests: $(TEST_OBJ) $(BUILD)/libkiln.a $(BUILD)/kiln
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libkiln.a $(LDLIBS)
+	@$(if $(V),,echo "  LD      $@")
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libkiln.a $(LDLIBS)
+
+# V=1 shows the full commands
+Q = $(if $(V),,@)
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
+	@$(if $(V),,echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+	@$(if $(V),,echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	@$(if $(V),,echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 test: $(BUILD)/kiln-tests
 	KILN_BIN=$(abspath $(BUILD)/kiln) $(BUILD)/kiln-tests $(T)

@@ -1,8 +1,34 @@
+/* main.c: the kiln command line. */
 #include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"generate", kiln_cmd_generate, "generate from a prompt"},
+    {"validate", kiln_cmd_validate, "check fixture folders against their transformers oracle"},
+    {"info", kiln_cmd_info, "describe a checkpoint: family, shapes, weights, memory"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kiln <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`kiln <command> --help` describes each command.\n");
+}
 
 int main(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "kiln: not yet\n");
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 1 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kiln: unknown command \"%s\"\n\n", argv[1]);
+    usage(stderr);
     return 1;
 }

@@ -111,23 +111,6 @@ static kg_node *rope(kg_graph *g, const kg_node *n) {
 
 /* ---------------------------------------------------------------- attention */
 
-/* Rows of table [N, ...] at idx (any shape, i32): result idx.shape ++ row shape. */
-static kg_node *gather_rows(kg_graph *g, kg_node *table, kg_node *idx) {
-    if (!table || !idx) return NULL;
-    kg_gather_dims d = {0};
-    int ir = idx->shape.rank, tr = table->shape.rank;
-    d.offset_dims.n = tr - 1;
-    for (int i = 0; i < tr - 1; i++) d.offset_dims.v[i] = ir + i;
-    d.collapsed_slice_dims.n = 1;
-    d.collapsed_slice_dims.v[0] = 0;
-    d.start_index_map.n = 1;
-    d.start_index_map.v[0] = 0;
-    d.index_vector_dim = ir;
-    d.slice_sizes[0] = 1;
-    for (int i = 1; i < tr; i++) d.slice_sizes[i] = table->shape.d[i];
-    return kg_gather(g, table, idx, &d);
-}
-
 static kg_node *attention(kg_graph *g, const kg_node *n) {
     kg_node *q = n->in[0], *kc = n->in[1], *vc = n->in[2], *bt = n->in[3], *ts = n->in[4], *tp = n->in[5];
     const kg_attn_attr *at = &n->a.attn;
@@ -136,13 +119,13 @@ static kg_node *attention(kg_graph *g, const kg_node *n) {
     int64_t MB = bt->shape.d[1], bs = at->block_size, C = MB * bs;
 
     /* slot[t, c] = bt[seq[t], c / bs] * bs + c % bs */
-    kg_node *rows = gather_rows(g, bt, ts); /* [T, MB] */
+    kg_node *rows = kg_take_rows(g, bt, ts); /* [T, MB] */
     kg_shape s3 = KG_SHAPE(T, MB, bs);
     kg_node *blk = bcast(g, rows, s3, 0, 1, 0, 0);
     kg_node *slot = add(g, mul(g, blk, scalar_like(g, blk, (double)bs)), kg_iota(g, KG_I32, s3, 2));
     slot = kg_reshape(g, slot, KG_SHAPE(T, C));
-    kg_node *K = gather_rows(g, kg_convert(g, kc, KG_F32), slot); /* [T, C, Hkv, D] */
-    kg_node *V = gather_rows(g, kg_convert(g, vc, KG_F32), slot); /* [T, C, Hkv, Dv] */
+    kg_node *K = kg_take_rows(g, kg_convert(g, kc, KG_F32), slot); /* [T, C, Hkv, D] */
+    kg_node *V = kg_take_rows(g, kg_convert(g, vc, KG_F32), slot); /* [T, C, Hkv, Dv] */
 
     kg_node *q4 = kg_reshape(g, q, KG_SHAPE(T, Hkv, G, D));
     kg_dot_dims qk = {.lhs_batch = {2, {0, 1}}, .rhs_batch = {2, {0, 2}}, .lhs_contract = {1, {3}}, .rhs_contract = {1, {3}}};
@@ -217,7 +200,7 @@ static kg_node *linear(kg_graph *g, const kg_node *n) {
 static kg_node *embed(kg_graph *g, const kg_node *n) {
     bool q = n->a.w.fmt == KG_WF_AFFINE;
     kg_node *table = dequant(g, n->in[0], q ? n->in[1] : NULL, q ? n->in[2] : NULL, &n->a.w);
-    return gather_rows(g, table, n->in[n->n_in - 1]);
+    return kg_take_rows(g, table, n->in[n->n_in - 1]);
 }
 
 kg_node *kg_decompose(kg_graph *g, const kg_node *n) {

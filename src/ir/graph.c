@@ -896,6 +896,21 @@ kg_node *kg_broadcast_like(kg_graph *g, kg_node *b, const kg_node *like) {
     return kg_broadcast_in_dim(g, b, like->shape, dims);
 }
 
+kg_node *kg_take_rows(kg_graph *g, kg_node *table, kg_node *idx) {
+    if (!table || !idx) return fail(g, "take_rows: operand missing");
+    kg_gather_dims d = {0};
+    int ir = idx->shape.rank, tr = table->shape.rank;
+    if (tr < 1 || ir + tr - 1 > KG_MAX_RANK) return fail(g, "take_rows: rank too large");
+    d.offset_dims.n = tr - 1;
+    for (int i = 0; i < tr - 1; i++) d.offset_dims.v[i] = ir + i;
+    d.collapsed_slice_dims = (kg_dims){1, {0}};
+    d.start_index_map = (kg_dims){1, {0}};
+    d.index_vector_dim = ir;
+    d.slice_sizes[0] = 1;
+    for (int i = 1; i < tr; i++) d.slice_sizes[i] = table->shape.d[i];
+    return kg_gather(g, table, idx, &d);
+}
+
 /* a op b with b broadcast to a's shape; callers put the higher rank first. */
 static kg_node *bin_bcast(kg_graph *g, kg_opcode op, kg_node *a, kg_node *b) {
     if (!a || !b) return fail(g, "%s: operand missing", kg_op_name(op));

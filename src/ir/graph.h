@@ -311,6 +311,9 @@ kg_node *kg_fusion_node(kg_graph *g, kg_node *const *inputs, int n_in, kg_shape 
 kg_node *kg_add(kg_graph *g, kg_node *a, kg_node *b); /* broadcasts rank-0 / trailing dims */
 kg_node *kg_mul(kg_graph *g, kg_node *a, kg_node *b);
 kg_node *kg_scale(kg_graph *g, kg_node *x, double s); /* x * s, s rounded to x's dtype */
+/* Rows of table [N, ...] at idx (any shape, integer): result idx.shape ++ row
+ * shape (a gather; indices clamp). */
+kg_node *kg_take_rows(kg_graph *g, kg_node *table, kg_node *idx);
 /* Broadcast b to a's shape when b's shape equals a trailing part of a's (or b is rank 0). */
 kg_node *kg_broadcast_like(kg_graph *g, kg_node *b, const kg_node *like);
 

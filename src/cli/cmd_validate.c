@@ -1,0 +1,102 @@
+/* cmd_validate.c: `kiln validate DIR...` runs the oracle gate on fixture
+ * folders. A folder holding oracle.json is checked; its variant subfolders
+ * (bf16/, q8/, q4/) and, for a folder of fixtures, every child with an
+ * oracle.json are checked too. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/file.h"
+#include "cli/cli.h"
+#include "engine/validate.h"
+
+typedef struct {
+    kv_options o;
+    int pass, fail;
+    bool quiet;
+} run;
+
+static void check(run *r, const char *dir) {
+    kv_result res;
+    kiln_status st = kv_validate(dir, &r->o, &res);
+    if (st) {
+        printf("FAIL %s: %s\n", dir, kiln_status_msg(st));
+        kiln_status_free(st);
+        r->fail++;
+    } else {
+        printf("%s %s: max|diff| prefill %.2e decode %.2e batched %.2e, greedy %d/%d\n", res.pass ? "PASS" : "FAIL", dir,
+               res.diff_prefill, res.diff_decode, res.diff_batched, res.greedy_ok, res.greedy_total);
+        if (res.first_tie < res.greedy_total) printf("      near-tie at step %d\n", res.first_tie);
+        if (!res.pass) printf("      %s\n", res.reason);
+        if (res.pass) r->pass++;
+        else r->fail++;
+    }
+    fflush(stdout);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* dir itself if it is a fixture, then its subfolders that are (recursively, two levels) */
+static void walk(run *r, const char *dir, int depth) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/oracle.json", dir);
+    if (ku_file_exists(p)) check(r, dir);
+    if (depth >= 2) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char *names[512];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 512) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (ku_dir_exists(p)) names[n++] = strdup(p);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], cmp_str);
+    for (int i = 0; i < n; i++) {
+        walk(r, names[i], depth + 1);
+        free(names[i]);
+    }
+}
+
+int kiln_cmd_validate(int argc, char **argv) {
+    run r = {0};
+    int n_dirs = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: kiln validate [--tolerance X] [--threads N] [--decompose] [--no-batched] DIR...\n"
+                   "  Runs the oracle gate (../shared/oracle/README.md) on fixture folders and prints\n"
+                   "  PASS/FAIL with the max logit difference per path.\n"
+                   "  --decompose   run every composite op as its reference decomposition\n");
+            return 0;
+        }
+        if (!strcmp(argv[i], "--tolerance") && i + 1 < argc) r.o.tolerance = atof(argv[++i]);
+        else if ((!strcmp(argv[i], "--threads") || !strcmp(argv[i], "-t")) && i + 1 < argc) r.o.n_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--decompose")) r.o.compile.decompose_all = true;
+        else if (!strcmp(argv[i], "--no-batched")) r.o.skip_batched = true;
+        else if (argv[i][0] == '-') {
+            fprintf(stderr, "kiln validate: unknown option %s\n", argv[i]);
+            return 1;
+        } else {
+            if (!ku_dir_exists(argv[i])) {
+                printf("FAIL %s: not a folder\n", argv[i]);
+                r.fail++;
+            } else {
+                walk(&r, argv[i], 0);
+            }
+            n_dirs++;
+        }
+    }
+    if (!n_dirs) {
+        fprintf(stderr, "usage: kiln validate DIR...\n");
+        return 1;
+    }
+    if (r.pass + r.fail == 0) {
+        fprintf(stderr, "kiln validate: no fixture (a folder with oracle.json) found\n");
+        return 1;
+    }
+    printf("%d passed, %d failed\n", r.pass, r.fail);
+    return r.fail ? 1 : 0;
+}

@@ -1,0 +1,423 @@
+/* engine.c: model loading, the paged KV cache and the decode step. */
+#include "engine/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/blocks.h"
+#include "runtime/exec.h"
+#include "runtime/pool.h"
+
+/* ---------------------------------------------------------------- model */
+
+struct ke_model {
+    kc_checkpoint *ck;
+    const km_family *fam;
+    km_hparams hp;
+};
+
+kiln_status ke_model_load(const char *dir, ke_model **out) {
+    *out = NULL;
+    ke_model *m = calloc(1, sizeof *m);
+    if (!m) return kiln_error(KILN_ENOMEM, "out of memory");
+    kiln_status st = kc_open(dir, &m->ck);
+    if (st) goto fail;
+    const char *mt = kc_model_type(m->ck);
+    m->fam = km_family_find(mt);
+    if (!m->fam) {
+        char list[1024];
+        st = kiln_error(KILN_EUNSUPPORTED, "%s/config.json: model_type \"%s\" is not supported (supported: %s)", dir, mt,
+                        km_supported_list(list, sizeof list));
+        goto fail;
+    }
+    st = km_parse(m->fam, kc_config(m->ck), &m->hp);
+    if (st) {
+        st = kiln_status_wrap(st, "%s", dir);
+        goto fail;
+    }
+    /* build a one-token graph once: every weight is looked up and checked here */
+    kb_shape shape = {1, 1, 1, 1, 16, 16};
+    kg_graph *g;
+    kb_input *inputs;
+    int n_inputs;
+    kb_cache_spec *cache = calloc((size_t)m->hp.n_layers, sizeof *cache);
+    if (!cache) {
+        st = kiln_error(KILN_ENOMEM, "out of memory");
+        goto fail;
+    }
+    st = kb_build(m->fam, &m->hp, m->ck, &shape, &g, &inputs, &n_inputs, cache);
+    free(cache);
+    if (st) {
+        st = kiln_status_wrap(st, "%s", dir);
+        goto fail;
+    }
+    kg_destroy(g);
+    free(inputs);
+    *out = m;
+    return NULL;
+fail:
+    ke_model_free(m);
+    return st;
+}
+
+void ke_model_free(ke_model *m) {
+    if (!m) return;
+    kc_close(m->ck);
+    free(m);
+}
+
+const km_hparams *ke_model_hparams(const ke_model *m) { return &m->hp; }
+const km_family *ke_model_family(const ke_model *m) { return m->fam; }
+const kc_checkpoint *ke_model_checkpoint(const ke_model *m) { return m->ck; }
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct {
+    bool open;
+    int64_t len;     /* tokens in the cache */
+    int32_t *blocks; /* [n_blocks] */
+    int64_t n_blocks, cap_blocks;
+} seq_state;
+
+typedef struct {
+    int64_t T, S, MB, R;
+    kr_exec *exec;
+    kb_input *inputs;
+    int n_inputs;
+    uint64_t last_use;
+} exec_entry;
+
+#define MAX_EXECS 64
+
+struct ke_ctx {
+    const ke_model *m;
+    ke_ctx_params p;
+    int64_t n_blocks, max_blocks_per_seq;
+    int32_t *free_blocks; /* stack */
+    int64_t n_free;
+    kb_cache_spec *cache;
+    float **kcache, **vcache; /* [n_layers], NULL for layers without a cache */
+    seq_state *seqs;
+    int n_seqs, cap_seqs;
+    exec_entry execs[MAX_EXECS];
+    int n_execs;
+    uint64_t tick;
+    kr_pool *pool;
+    /* per-step scratch */
+    int32_t *pos, *tseq, *slot, *rows, *seq_len, *btab;
+    float *cos[KM_MAX_ROPES], *sin[KM_MAX_ROPES];
+    int64_t scratch_T, scratch_bt;
+};
+
+kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out) {
+    *out = NULL;
+    ke_ctx *c = calloc(1, sizeof *c);
+    if (!c) return kiln_error(KILN_ENOMEM, "out of memory");
+    c->m = m;
+    c->p = *p;
+    const km_hparams *hp = &m->hp;
+    if (c->p.block_size <= 0) c->p.block_size = 16;
+    if (c->p.n_ctx <= 0) c->p.n_ctx = hp->max_pos > 0 && hp->max_pos < 4096 ? hp->max_pos : 4096;
+    if (c->p.n_cache <= 0) c->p.n_cache = c->p.n_ctx;
+    int64_t bs = c->p.block_size;
+    c->max_blocks_per_seq = (c->p.n_ctx + bs - 1) / bs;
+    c->n_blocks = (c->p.n_cache + bs - 1) / bs;
+    if (c->n_blocks < c->max_blocks_per_seq) c->n_blocks = c->max_blocks_per_seq;
+    c->free_blocks = malloc(sizeof(int32_t) * (size_t)c->n_blocks);
+    c->cache = calloc((size_t)hp->n_layers, sizeof *c->cache);
+    c->kcache = calloc((size_t)hp->n_layers, sizeof(float *));
+    c->vcache = calloc((size_t)hp->n_layers, sizeof(float *));
+    c->pool = kr_pool_create(c->p.n_threads);
+    if (!c->free_blocks || !c->cache || !c->kcache || !c->vcache || !c->pool) goto oom;
+    for (int64_t i = 0; i < c->n_blocks; i++) c->free_blocks[i] = (int32_t)(c->n_blocks - 1 - i);
+    c->n_free = c->n_blocks;
+    /* the cache layout comes from the model's graph */
+    kb_shape shape = {1, 1, 1, 1, c->n_blocks * bs, (int)bs};
+    kg_graph *g;
+    kb_input *inputs;
+    int n_inputs;
+    kiln_status st = kb_build(m->fam, hp, m->ck, &shape, &g, &inputs, &n_inputs, c->cache);
+    if (st) {
+        ke_ctx_free(c);
+        return st;
+    }
+    kg_destroy(g);
+    free(inputs);
+    int64_t slots = c->n_blocks * bs;
+    for (int64_t l = 0; l < hp->n_layers; l++) {
+        const kb_cache_spec *cs = &c->cache[l];
+        if (!cs->heads) continue;
+        /* zeroed: the reference attention reads every slot (masked to 0 weight) */
+        c->kcache[l] = calloc((size_t)(slots * cs->heads * cs->dk), sizeof(float));
+        c->vcache[l] = calloc((size_t)(slots * cs->heads * cs->dv), sizeof(float));
+        if (!c->kcache[l] || !c->vcache[l]) {
+            ke_ctx_free(c);
+            return kiln_error(KILN_ENOMEM, "cannot allocate the KV cache (%lld tokens): lower --ctx-size",
+                              (long long)slots);
+        }
+    }
+    *out = c;
+    return NULL;
+oom:
+    ke_ctx_free(c);
+    return kiln_error(KILN_ENOMEM, "out of memory");
+}
+
+void ke_ctx_free(ke_ctx *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_execs; i++) {
+        kr_exec_destroy(c->execs[i].exec);
+        free(c->execs[i].inputs);
+    }
+    if (c->kcache)
+        for (int64_t l = 0; l < c->m->hp.n_layers; l++) free(c->kcache[l]), free(c->vcache[l]);
+    free(c->kcache);
+    free(c->vcache);
+    free(c->cache);
+    for (int i = 0; i < c->n_seqs; i++) free(c->seqs[i].blocks);
+    free(c->seqs);
+    free(c->free_blocks);
+    free(c->pos), free(c->tseq), free(c->slot), free(c->rows), free(c->seq_len), free(c->btab);
+    for (int k = 0; k < KM_MAX_ROPES; k++) free(c->cos[k]), free(c->sin[k]);
+    kr_pool_destroy(c->pool);
+    free(c);
+}
+
+int64_t ke_ctx_n_ctx(const ke_ctx *c) { return c->p.n_ctx; }
+int64_t ke_ctx_free_blocks(const ke_ctx *c) { return c->n_free; }
+int ke_ctx_n_executables(const ke_ctx *c) { return c->n_execs; }
+
+kiln_status ke_seq_open(ke_ctx *c, int *seq) {
+    for (int i = 0; i < c->n_seqs; i++)
+        if (!c->seqs[i].open) {
+            c->seqs[i].open = true;
+            c->seqs[i].len = 0;
+            c->seqs[i].n_blocks = 0;
+            *seq = i;
+            return NULL;
+        }
+    if (c->n_seqs == c->cap_seqs) {
+        int nc = c->cap_seqs ? c->cap_seqs * 2 : 8;
+        seq_state *p = realloc(c->seqs, sizeof(seq_state) * (size_t)nc);
+        if (!p) return kiln_error(KILN_ENOMEM, "out of memory");
+        c->seqs = p;
+        c->cap_seqs = nc;
+    }
+    c->seqs[c->n_seqs] = (seq_state){.open = true};
+    *seq = c->n_seqs++;
+    return NULL;
+}
+
+void ke_seq_close(ke_ctx *c, int seq) {
+    if (seq < 0 || seq >= c->n_seqs || !c->seqs[seq].open) return;
+    seq_state *s = &c->seqs[seq];
+    for (int64_t i = 0; i < s->n_blocks; i++) c->free_blocks[c->n_free++] = s->blocks[i];
+    s->n_blocks = 0;
+    s->len = 0;
+    s->open = false;
+}
+
+int64_t ke_seq_len(const ke_ctx *c, int seq) {
+    return seq >= 0 && seq < c->n_seqs && c->seqs[seq].open ? c->seqs[seq].len : -1;
+}
+
+/* ---------------------------------------------------------------- decode */
+
+static int64_t pow2_at_least(int64_t x, int64_t cap) {
+    int64_t p = 1;
+    while (p < x) p *= 2;
+    return p < cap ? p : cap;
+}
+
+static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t R, kiln_status *st) {
+    *st = NULL;
+    c->tick++;
+    for (int i = 0; i < c->n_execs; i++) {
+        exec_entry *e = &c->execs[i];
+        if (e->T == T && e->S == S && e->MB == MB && e->R == R) {
+            e->last_use = c->tick;
+            return e;
+        }
+    }
+    kb_shape shape = {T, S, MB, R, c->n_blocks * c->p.block_size, c->p.block_size};
+    kg_graph *g;
+    kb_input *inputs;
+    int n_inputs;
+    *st = kb_build(c->m->fam, &c->m->hp, c->m->ck, &shape, &g, &inputs, &n_inputs, c->cache);
+    if (*st) return NULL;
+    kr_exec *ex;
+    *st = kr_exec_create(g, &c->p.compile, &ex);
+    if (*st) {
+        free(inputs);
+        return NULL;
+    }
+    exec_entry *e;
+    if (c->n_execs < MAX_EXECS) {
+        e = &c->execs[c->n_execs++];
+    } else { /* evict the least recently used */
+        e = &c->execs[0];
+        for (int i = 1; i < c->n_execs; i++)
+            if (c->execs[i].last_use < e->last_use) e = &c->execs[i];
+        kr_exec_destroy(e->exec);
+        free(e->inputs);
+    }
+    *e = (exec_entry){T, S, MB, R, ex, inputs, n_inputs, c->tick};
+    return e;
+}
+
+static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
+    if (T > c->scratch_T) {
+        size_t n = (size_t)T;
+        int32_t **arr[] = {&c->pos, &c->tseq, &c->slot, &c->rows, &c->seq_len};
+        for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) {
+            int32_t *p = realloc(*arr[i], n * sizeof(int32_t));
+            if (!p) return false;
+            *arr[i] = p;
+        }
+        for (int k = 0; k < KM_MAX_ROPES; k++) {
+            size_t half = KM_ROPE_MAX_HALF;
+            float *a = realloc(c->cos[k], n * half * sizeof(float));
+            if (!a) return false;
+            c->cos[k] = a;
+            float *b = realloc(c->sin[k], n * half * sizeof(float));
+            if (!b) return false;
+            c->sin[k] = b;
+        }
+        c->scratch_T = T;
+    }
+    if (bt > c->scratch_bt) {
+        int32_t *p = realloc(c->btab, (size_t)bt * sizeof(int32_t));
+        if (!p) return false;
+        c->btab = p;
+        c->scratch_bt = bt;
+    }
+    return true;
+}
+
+kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows) {
+    *logits = NULL;
+    *n_rows = 0;
+    const km_hparams *hp = &c->m->hp;
+    int64_t T = b->n, bs = c->p.block_size;
+    if (T <= 0) return kiln_error(KILN_EINVAL, "empty batch");
+    /* validate, and count each sequence's new tokens */
+    int *batch_seqs = malloc(sizeof(int) * (size_t)T); /* distinct sequences, by first appearance */
+    int64_t *added = calloc((size_t)c->n_seqs + 1, sizeof(int64_t));
+    int *row_of = malloc(sizeof(int) * ((size_t)c->n_seqs + 1));
+    kiln_status st = NULL;
+    if (!batch_seqs || !added || !row_of) {
+        st = kiln_error(KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    int S = 0;
+    for (int64_t t = 0; t < T; t++) {
+        int s = b->seq[t];
+        if (s < 0 || s >= c->n_seqs || !c->seqs[s].open) {
+            st = kiln_error(KILN_EINVAL, "token %lld: sequence %d is not open", (long long)t, s);
+            goto done;
+        }
+        if (b->tokens[t] < 0 || b->tokens[t] >= hp->vocab) {
+            st = kiln_error(KILN_EINVAL, "token id %d is out of range (the vocabulary has %lld tokens)", b->tokens[t],
+                            (long long)hp->vocab);
+            goto done;
+        }
+        if (!added[s]) row_of[s] = S, batch_seqs[S++] = s;
+        added[s]++;
+    }
+    int64_t need = 0, maxb = 1;
+    for (int i = 0; i < S; i++) {
+        seq_state *q = &c->seqs[batch_seqs[i]];
+        int64_t len = q->len + added[batch_seqs[i]];
+        if (len > c->p.n_ctx) {
+            st = kiln_error(KILN_ELIMIT, "sequence %d would hold %lld tokens, more than the context size %lld",
+                            batch_seqs[i], (long long)len, (long long)c->p.n_ctx);
+            goto done;
+        }
+        int64_t nb = (len + bs - 1) / bs;
+        if (nb > q->n_blocks) need += nb - q->n_blocks;
+        if (nb > maxb) maxb = nb;
+    }
+    if (need > c->n_free) {
+        st = kiln_error(KILN_ELIMIT, "the KV cache is full (%lld blocks needed, %lld free)", (long long)need,
+                        (long long)c->n_free);
+        goto done;
+    }
+    /* allocate blocks (cannot fail now) */
+    for (int i = 0; i < S; i++) {
+        seq_state *q = &c->seqs[batch_seqs[i]];
+        int64_t nb = (q->len + added[batch_seqs[i]] + bs - 1) / bs;
+        if (nb > q->cap_blocks) {
+            int32_t *p = realloc(q->blocks, sizeof(int32_t) * (size_t)c->max_blocks_per_seq);
+            if (!p) {
+                st = kiln_error(KILN_ENOMEM, "out of memory");
+                goto done;
+            }
+            q->blocks = p;
+            q->cap_blocks = c->max_blocks_per_seq;
+        }
+        while (q->n_blocks < nb) q->blocks[q->n_blocks++] = c->free_blocks[--c->n_free];
+    }
+    int64_t MB = pow2_at_least(maxb, c->max_blocks_per_seq), Sb = S;
+    if (!grow_scratch(c, T, Sb * MB)) {
+        st = kiln_error(KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    /* per-token metadata */
+    int64_t R = 0;
+    for (int i = 0; i < S; i++) added[batch_seqs[i]] = 0; /* reuse as a running count */
+    for (int64_t t = 0; t < T; t++) {
+        int s = b->seq[t];
+        seq_state *q = &c->seqs[s];
+        int64_t p = q->len + added[s]++;
+        c->pos[t] = (int32_t)p;
+        c->tseq[t] = row_of[s];
+        c->slot[t] = (int32_t)(q->blocks[p / bs] * bs + p % bs);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        int s = b->seq[t];
+        c->seq_len[t] = (int32_t)(c->seqs[s].len + added[s]);
+        bool want = b->logits ? b->logits[t] : (c->pos[t] == c->seq_len[t] - 1);
+        if (want) c->rows[R++] = (int32_t)t;
+    }
+    if (R == 0) {
+        /* no logits wanted: still run (fills the cache) with one row */
+        c->rows[0] = (int32_t)(T - 1);
+    }
+    for (int i = 0; i < S; i++) {
+        seq_state *q = &c->seqs[batch_seqs[i]];
+        for (int64_t j = 0; j < MB; j++) c->btab[i * MB + j] = j < q->n_blocks ? q->blocks[j] : 0;
+    }
+    for (int k = 0; k < hp->n_ropes; k++) km_rope_fill(&hp->ropes[k], T, c->pos, c->seq_len, c->cos[k], c->sin[k]);
+    exec_entry *e = get_exec(c, T, Sb, MB, R ? R : 1, &st);
+    if (!e) goto done;
+    void **params = malloc(sizeof(void *) * (size_t)e->n_inputs);
+    if (!params) {
+        st = kiln_error(KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < e->n_inputs; i++) {
+        const kb_input *in = &e->inputs[i];
+        switch (in->role) {
+        case KB_IN_TOKENS: params[i] = (void *)b->tokens; break;
+        case KB_IN_POS: params[i] = c->pos; break;
+        case KB_IN_SEQ: params[i] = c->tseq; break;
+        case KB_IN_SLOT: params[i] = c->slot; break;
+        case KB_IN_BLOCKS: params[i] = c->btab; break;
+        case KB_IN_ROWS: params[i] = c->rows; break;
+        case KB_IN_COS: params[i] = c->cos[in->index]; break;
+        case KB_IN_SIN: params[i] = c->sin[in->index]; break;
+        case KB_IN_KCACHE: params[i] = c->kcache[in->index]; break;
+        case KB_IN_VCACHE: params[i] = c->vcache[in->index]; break;
+        }
+    }
+    kr_exec_run(e->exec, params, c->pool);
+    free(params);
+    for (int i = 0; i < S; i++) c->seqs[batch_seqs[i]].len += added[batch_seqs[i]];
+    *logits = kr_exec_output(e->exec, 0);
+    *n_rows = (int)R;
+done:
+    free(batch_seqs);
+    free(added);
+    free(row_of);
+    return st;
+}

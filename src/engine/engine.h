@@ -1,0 +1,65 @@
+/* engine.h: loaded models and inference contexts (prefix ke_).
+ *
+ * ke_model: a checkpoint recognised by the family registry, its
+ * hyper-parameters, validated weights (mapped, never copied).
+ *
+ * ke_ctx: what running needs: a paged KV cache (fixed-size blocks, a block
+ * table per sequence, a free list), the executables compiled so far (one per
+ * batch shape, reused for every later batch of that shape), and a thread
+ * pool. ke_decode runs one step over a flat batch of tokens from any number
+ * of sequences, each token appended to its sequence: a whole prompt, a
+ * prefill chunk, one decode token per sequence, or a mix.
+ */
+#ifndef KILN_ENGINE_H
+#define KILN_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ckpt/checkpoint.h"
+#include "models/family.h"
+#include "passes/passes.h"
+
+typedef struct ke_model ke_model;
+
+kiln_status ke_model_load(const char *dir, ke_model **out);
+void ke_model_free(ke_model *m);
+const km_hparams *ke_model_hparams(const ke_model *m);
+const km_family *ke_model_family(const ke_model *m);
+const kc_checkpoint *ke_model_checkpoint(const ke_model *m);
+
+typedef struct {
+    int64_t n_ctx;    /* longest sequence; 0: min(max_position_embeddings, 4096) */
+    int64_t n_cache;  /* KV cache tokens shared by all sequences; 0: n_ctx */
+    int n_threads;    /* 0: one per CPU */
+    int block_size;   /* tokens per KV block; 0: 16 */
+    kp_options compile;
+} ke_ctx_params;
+
+typedef struct ke_ctx ke_ctx;
+
+kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out);
+void ke_ctx_free(ke_ctx *c);
+int64_t ke_ctx_n_ctx(const ke_ctx *c);
+int64_t ke_ctx_free_blocks(const ke_ctx *c);
+int ke_ctx_n_executables(const ke_ctx *c);
+
+/* Sequences: ids are small integers, reused after close. */
+kiln_status ke_seq_open(ke_ctx *c, int *seq);
+void ke_seq_close(ke_ctx *c, int seq); /* frees its KV blocks */
+int64_t ke_seq_len(const ke_ctx *c, int seq);
+
+typedef struct {
+    int n;                 /* tokens */
+    const int32_t *tokens; /* [n] */
+    const int *seq;        /* [n] sequence of each token (in order within a sequence) */
+    const bool *logits;    /* [n] want this token's logits; NULL: the last token of each sequence */
+} ke_batch;
+
+/* Runs the batch; on success *logits points to [*n_rows, vocab] floats, one
+ * row per token that wanted logits, in batch order (borrowed until the next
+ * call). Errors (bad token id, unknown sequence, context or cache full)
+ * leave every sequence as it was. */
+kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows);
+
+#endif

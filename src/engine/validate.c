@@ -1,0 +1,235 @@
+/* validate.c: the oracle gate (see validate.h). */
+#include "engine/validate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/file.h"
+#include "base/json.h"
+#include "base/npy.h"
+#include "engine/engine.h"
+
+typedef struct {
+    int32_t *prompt, *gen, *all;
+    int n_prompt, n_gen, n_all;
+    double *gap;
+    int n_gap;
+    float *logits;
+    int64_t rows, cols;
+} oracle;
+
+static void oracle_free(oracle *o) {
+    free(o->prompt), free(o->gen), free(o->all), free(o->gap), free(o->logits);
+}
+
+static kiln_status read_ids(const cJSON *j, const char *key, int32_t **out, int *n) {
+    const cJSON *a = ku_json_get(j, key);
+    if (!a || !cJSON_IsArray(a)) return kiln_error(KILN_EINVAL, "oracle.json: \"%s\" must be a list", key);
+    *n = cJSON_GetArraySize(a);
+    *out = malloc(sizeof(int32_t) * (size_t)(*n + 1));
+    if (!*out) return kiln_error(KILN_ENOMEM, "out of memory");
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        if (!cJSON_IsNumber(e)) return kiln_error(KILN_EINVAL, "oracle.json: \"%s\" must hold numbers", key);
+        (*out)[i++] = (int32_t)e->valuedouble;
+    }
+    return NULL;
+}
+
+static kiln_status oracle_load(const char *dir, oracle *o) {
+    memset(o, 0, sizeof *o);
+    char path[4096];
+    cJSON *j;
+    KILN_TRY(ku_path_join(path, sizeof path, dir, "oracle.json"));
+    KILN_TRY(ku_json_load(path, &j));
+    kiln_status st = read_ids(j, "prompt_ids", &o->prompt, &o->n_prompt);
+    if (!st) st = read_ids(j, "generated_ids", &o->gen, &o->n_gen);
+    if (!st) st = read_ids(j, "all_ids", &o->all, &o->n_all);
+    const cJSON *g = ku_json_get(j, "top1_top2_gap");
+    if (!st && g && cJSON_IsArray(g)) {
+        o->n_gap = cJSON_GetArraySize(g);
+        o->gap = calloc((size_t)o->n_gap + 1, sizeof(double));
+        int i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, g) o->gap[i++] = cJSON_IsNumber(e) ? e->valuedouble : 0;
+    }
+    cJSON_Delete(j);
+    if (st) return kiln_status_wrap(st, "%s", dir);
+    if (o->n_prompt < 1 || o->n_all != o->n_prompt + o->n_gen)
+        return kiln_error(KILN_EINVAL, "%s/oracle.json: all_ids must be prompt_ids followed by generated_ids", dir);
+    KILN_TRY(ku_path_join(path, sizeof path, dir, "logits.npy"));
+    KILN_TRY(ku_npy_read_f32(path, &o->logits, &o->rows, &o->cols));
+    if (o->rows != o->n_gen + 1)
+        return kiln_error(KILN_EINVAL, "%s: logits.npy has %lld rows, want %d", path, (long long)o->rows, o->n_gen + 1);
+    return NULL;
+}
+
+/* max |a - oracle row| over rows [0, n) */
+static double diff_rows(const oracle *o, const float *got, int64_t row0, int64_t n) {
+    double m = 0;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t v = 0; v < o->cols; v++) {
+            double d = fabs((double)got[r * o->cols + v] - o->logits[(row0 + r) * o->cols + v]);
+            if (!(d <= m)) m = d; /* NaN wins */
+        }
+    return m;
+}
+
+static int argmax(const float *x, int64_t n) {
+    int best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = (int)i;
+    return best;
+}
+
+static kiln_status new_ctx(const ke_model *m, const kv_options *vo, int64_t n_cache, ke_ctx **c) {
+    ke_ctx_params p = {.n_ctx = 0, .n_cache = n_cache, .n_threads = vo->n_threads, .compile = vo->compile};
+    return ke_ctx_create(m, &p, c);
+}
+
+/* 1: everything in one prefill, logits at positions prompt-1 .. end */
+static kiln_status path_prefill(const ke_model *m, const kv_options *vo, const oracle *o, double *diff) {
+    ke_ctx *c;
+    KILN_TRY(new_ctx(m, vo, 0, &c));
+    int seq;
+    int *seqs = calloc((size_t)o->n_all, sizeof(int));
+    bool *want = calloc((size_t)o->n_all, sizeof(bool));
+    kiln_status st = seqs && want ? ke_seq_open(c, &seq) : kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st) {
+        for (int i = 0; i < o->n_all; i++) seqs[i] = seq, want[i] = i >= o->n_prompt - 1;
+        const float *lg;
+        int nr;
+        st = ke_decode(c, &(ke_batch){o->n_all, o->all, seqs, want}, &lg, &nr);
+        if (!st) *diff = diff_rows(o, lg, 0, nr);
+    }
+    free(seqs), free(want);
+    ke_ctx_free(c);
+    return st;
+}
+
+/* 2 and 4: prompt prefill, then forced (or greedy) ids one at a time */
+static kiln_status path_decode(const ke_model *m, const kv_options *vo, const oracle *o, bool greedy, double *diff,
+                               int32_t *ids) {
+    ke_ctx *c;
+    KILN_TRY(new_ctx(m, vo, 0, &c));
+    int seq;
+    kiln_status st = ke_seq_open(c, &seq);
+    int *seqs = calloc((size_t)o->n_prompt, sizeof(int));
+    if (!seqs) st = kiln_error(KILN_ENOMEM, "out of memory");
+    *diff = 0;
+    if (!st) {
+        for (int i = 0; i < o->n_prompt; i++) seqs[i] = seq;
+        const float *lg;
+        int nr;
+        st = ke_decode(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, &lg, &nr);
+        for (int step = 0; !st && step <= o->n_gen; step++) {
+            double d = diff_rows(o, lg, step, 1);
+            if (!(d <= *diff)) *diff = d;
+            if (step == o->n_gen) break;
+            int32_t next = greedy ? argmax(lg, o->cols) : o->gen[step];
+            if (ids) ids[step] = next;
+            st = ke_decode(c, &(ke_batch){1, &next, &seq, NULL}, &lg, &nr);
+        }
+    }
+    free(seqs);
+    ke_ctx_free(c);
+    return st;
+}
+
+/* 3: the fixture's sequence in chunks, alongside two other sequences */
+static kiln_status path_batched(const ke_model *m, const kv_options *vo, const oracle *o, double *diff) {
+    ke_ctx *c;
+    int64_t vocab = o->cols;
+    KILN_TRY(new_ctx(m, vo, 4 * 4096, &c));
+    int sa, sb, sc;
+    kiln_status st = ke_seq_open(c, &sa);
+    if (!st) st = ke_seq_open(c, &sb);
+    if (!st) st = ke_seq_open(c, &sc);
+    /* B: a 19-token prompt fed 8 at a time, then decodes; C: 7 tokens at once, then decodes */
+    int32_t other[64];
+    for (int i = 0; i < 64; i++) other[i] = (int32_t)((i * 37 + 11) % vocab);
+    int32_t tok[64];
+    int seqs[64];
+    bool want[64];
+    float *got = calloc((size_t)(o->n_gen + 1) * (size_t)vocab, sizeof(float));
+    if (!got && !st) st = kiln_error(KILN_ENOMEM, "out of memory");
+    int a = 0, b = 0, cc = 0, have = 0;
+    for (int step = 0; !st && a < o->n_all; step++) {
+        int n = 0;
+        for (int k = 0; k < 5 && a < o->n_all; k++, a++) {
+            tok[n] = o->all[a], seqs[n] = sa, want[n] = a >= o->n_prompt - 1;
+            n++;
+        }
+        int nb = b < 19 ? 8 : 1;
+        for (int k = 0; k < nb && b < 40; k++, b++) tok[n] = other[b], seqs[n] = sb, want[n] = true, n++;
+        if (step >= 1 && cc < 30) {
+            int nc = cc == 0 ? 7 : 1;
+            for (int k = 0; k < nc; k++, cc++) tok[n] = other[63 - cc], seqs[n] = sc, want[n] = k == nc - 1, n++;
+        }
+        const float *lg;
+        int nr;
+        st = ke_decode(c, &(ke_batch){n, tok, seqs, want}, &lg, &nr);
+        int r = 0;
+        for (int i = 0; !st && i < n; i++) {
+            if (!want[i]) continue;
+            if (seqs[i] == sa) memcpy(got + (int64_t)have++ * vocab, lg + (int64_t)r * vocab, sizeof(float) * (size_t)vocab);
+            r++;
+        }
+    }
+    if (!st) *diff = diff_rows(o, got, 0, have);
+    if (!st && have != o->n_gen + 1) st = kiln_error(KILN_EINTERNAL, "batched path produced %d rows", have);
+    free(got);
+    ke_ctx_free(c);
+    return st;
+}
+
+kiln_status kv_validate(const char *dir, const kv_options *vo, kv_result *r) {
+    memset(r, 0, sizeof *r);
+    kv_options o = *vo;
+    if (o.tolerance <= 0) o.tolerance = 1e-3;
+    oracle orc;
+    kiln_status st = oracle_load(dir, &orc);
+    ke_model *m = NULL;
+    if (!st) st = ke_model_load(dir, &m);
+    if (!st && ke_model_hparams(m)->vocab != orc.cols)
+        st = kiln_error(KILN_EINVAL, "%s: logits.npy has %lld columns, the model's vocabulary %lld", dir, (long long)orc.cols,
+                        (long long)ke_model_hparams(m)->vocab);
+    int32_t *ids = calloc((size_t)orc.n_gen + 1, sizeof(int32_t));
+    if (!st && !ids) st = kiln_error(KILN_ENOMEM, "out of memory");
+    double dg = 0;
+    if (!st) st = path_prefill(m, &o, &orc, &r->diff_prefill);
+    if (!st) st = path_decode(m, &o, &orc, false, &r->diff_decode, NULL);
+    if (!st && !o.skip_batched) st = path_batched(m, &o, &orc, &r->diff_batched);
+    if (!st) st = path_decode(m, &o, &orc, true, &dg, ids);
+    if (!st) {
+        r->greedy_total = orc.n_gen;
+        r->first_tie = orc.n_gen;
+        for (int i = 0; i < orc.n_gap && i < orc.n_gen; i++)
+            if (orc.gap[i] < o.tolerance) {
+                r->first_tie = i;
+                break;
+            }
+        int i = 0;
+        while (i < orc.n_gen && ids[i] == orc.gen[i]) i++;
+        r->greedy_ok = i;
+        double worst = r->diff_prefill;
+        if (r->diff_decode > worst || r->diff_decode != r->diff_decode) worst = r->diff_decode;
+        if (r->diff_batched > worst || r->diff_batched != r->diff_batched) worst = r->diff_batched;
+        r->pass = true;
+        if (!(worst <= o.tolerance)) {
+            r->pass = false;
+            snprintf(r->reason, sizeof r->reason, "logits differ by %.3g (tolerance %.3g)", worst, o.tolerance);
+        } else if (i < orc.n_gen && i < r->first_tie) {
+            r->pass = false;
+            snprintf(r->reason, sizeof r->reason, "greedy id %d at step %d, oracle %d (no near-tie before it)", ids[i], i,
+                     orc.gen[i]);
+        }
+    }
+    free(ids);
+    ke_model_free(m);
+    oracle_free(&orc);
+    return st;
+}

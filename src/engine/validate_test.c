@@ -1,0 +1,81 @@
+/* The oracle gate over the committed fixtures, and over every fixture in
+ * ../shared/oracle whose model_type kiln supports. */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/file.h"
+#include "base/json.h"
+#include "engine/validate.h"
+#include "kt.h"
+#include "models/family.h"
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Runs the gate on each fixture folder (and its variants) under root whose
+ * model_type is supported; counts into *n, failures into *bad. */
+static void run_tree(const char *root, int depth, int *n, int *bad, bool only_supported) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/oracle.json", root);
+    if (ku_file_exists(p)) {
+        snprintf(p, sizeof p, "%s/config.json", root);
+        cJSON *cfg = NULL;
+        kiln_status st = ku_json_load(p, &cfg);
+        const char *mt = NULL;
+        if (!st) st = ku_json_str(cfg, "model_type", "", &mt);
+        bool supported = !st && km_family_find(mt);
+        kiln_status_free(st);
+        if (supported || !only_supported) {
+            kv_options o = {0};
+            kv_result r;
+            st = kv_validate(root, &o, &r);
+            (*n)++;
+            if (st || !r.pass) {
+                (*bad)++;
+                fprintf(stderr, "  FAIL %s: %s\n", root, st ? kiln_status_msg(st) : r.reason);
+            }
+            kiln_status_free(st);
+        }
+        cJSON_Delete(cfg);
+    }
+    if (depth >= 2) return;
+    DIR *d = opendir(root);
+    if (!d) return;
+    char *names[512];
+    int k = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && k < 512) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        if (ku_dir_exists(p)) names[k++] = strdup(p);
+    }
+    closedir(d);
+    qsort(names, (size_t)k, sizeof names[0], cmp_str);
+    for (int i = 0; i < k; i++) {
+        run_tree(names[i], depth + 1, n, bad, only_supported);
+        free(names[i]);
+    }
+}
+
+KT_TEST(oracle_gate_committed_fixtures) {
+    char root[4096];
+    kt_path(root, sizeof root, "tests/fixtures/oracle");
+    int n = 0, bad = 0;
+    run_tree(root, 0, &n, &bad, false);
+    KT_CHECKF(n >= 48, "only %d committed fixtures found under %s", n, root);
+    KT_CHECKF(bad == 0, "%d of %d committed fixtures fail the gate", bad, n);
+}
+
+KT_TEST(oracle_gate_shared_fixtures) {
+    const char *sh = kt_shared();
+    if (!sh) {
+        kt_skip("../shared is absent");
+        return;
+    }
+    char root[4096];
+    snprintf(root, sizeof root, "%s/oracle/fixtures", sh);
+    int n = 0, bad = 0;
+    run_tree(root, 0, &n, &bad, true);
+    fprintf(stderr, "  %d shared fixtures of supported families checked\n", n);
+    KT_CHECKF(bad == 0, "%d of %d shared fixtures fail the gate", bad, n);
+}

@@ -1,0 +1,108 @@
+/* blocks.h: shared building blocks that family emitters compose (prefix kb_).
+ *
+ * A kb_ctx holds what one graph build needs: the graph, the checkpoint the
+ * weights come from, the hyper-parameters, and the batch shape. Blocks find
+ * weights by tensor role and layer through the family's name table, check
+ * their shapes, and return graph nodes; the first problem (a missing tensor,
+ * a wrong shape) is kept in the context and reported once by kb_build, so
+ * emitters read as straight-line code.
+ *
+ * The batch is a flat list of T tokens from S sequences (prefill chunks and
+ * decode steps mixed). Inputs, all i32 unless said:
+ *   tokens [T], pos [T] (position in its sequence), seq [T] (row of blocks),
+ *   slot [T] (KV cache row this token's keys go to), blocks [S, MB] (block
+ *   table), rows [R] (tokens whose logits are wanted), rope cos/sin [T, R/2]
+ *   f32 per rope config, and per layer a K and V cache [n_slots, Hkv, D] f32,
+ *   updated in place.
+ */
+#ifndef KILN_BLOCKS_H
+#define KILN_BLOCKS_H
+
+#include "ckpt/checkpoint.h"
+#include "ir/graph.h"
+#include "models/family.h"
+
+typedef struct {
+    int64_t T, S, MB, R; /* tokens, sequences, block-table width, logit rows */
+    int64_t n_slots;     /* KV cache rows per layer */
+    int block_size;
+} kb_shape;
+
+typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_IN_ROWS, KB_IN_COS, KB_IN_SIN, KB_IN_KCACHE, KB_IN_VCACHE } kb_role;
+
+typedef struct {
+    kb_role role;
+    int index; /* rope config for COS/SIN, layer for caches */
+} kb_input;
+
+typedef struct {
+    int64_t heads, dk, dv; /* 0 heads: the layer keeps no KV cache */
+} kb_cache_spec;
+
+typedef struct kb_ctx {
+    kg_graph *g;
+    const kc_checkpoint *ck;
+    const km_hparams *hp;
+    const km_family *fam;
+    kb_shape shape;
+    kiln_status err;
+    kg_node *tokens, *pos, *seq, *slot, *blocks, *rows;
+    kg_node *cos[KM_MAX_ROPES], *sin[KM_MAX_ROPES];
+    kb_input *inputs; /* role of graph param i */
+    int n_inputs, cap_inputs;
+    kb_cache_spec *cache; /* [n_layers] */
+} kb_ctx;
+
+/* Builds the forward graph for one batch shape. *inputs (role of each graph
+ * param, malloc'ed) and cache[n_layers] describe what the engine must bind. */
+kiln_status kb_build(const km_family *fam, const km_hparams *hp, const kc_checkpoint *ck, const kb_shape *shape,
+                     kg_graph **g, kb_input **inputs, int *n_inputs, kb_cache_spec *cache);
+
+/* ---- weights ---- */
+/* "model.layers.3.self_attn.q_proj" for (KM_T_ATTN_Q, 3) into buf. */
+const char *kb_name(kb_ctx *b, km_tensor t, int il, char *buf, size_t cap);
+bool kb_has(kb_ctx *b, km_tensor t, int il, const char *suffix);
+/* A 1-D float tensor "<module><suffix>" of n elements, or NULL (error recorded). */
+kg_node *kb_vector(kb_ctx *b, km_tensor t, int il, const char *suffix, int64_t n);
+
+/* ---- blocks ---- */
+/* Token embeddings [T, hidden], times hp->emb_scale when set. */
+kg_node *kb_embed(kb_ctx *b);
+typedef enum { KB_NORM_RMS, KB_NORM_LAYER } kb_norm_kind;
+/* Norm over the last dim with the role's weight (and bias for LayerNorm). */
+kg_node *kb_norm(kb_ctx *b, kg_node *x, km_tensor t, int il, kb_norm_kind kind);
+/* x [..., cols] @ W^T (+ bias when `bias`): rows = output features. */
+kg_node *kb_linear(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, bool bias);
+kg_node *kb_act(kb_ctx *b, kg_node *x, km_act act);
+/* cap * tanh(x / cap) */
+kg_node *kb_softcap(kb_ctx *b, kg_node *x, float cap);
+
+typedef enum { KB_QK_NONE, KB_QK_PER_HEAD, KB_QK_FULL } kb_qk_norm;
+typedef struct {
+    bool qkv_bias, o_bias;
+    int rope;          /* index into hp->ropes, or -1: no rotary (NoPE) */
+    int window;        /* 0: full causal */
+    float scale;       /* 0: head_dim^-0.5 */
+    float softcap;
+    kb_qk_norm qk_norm;
+} kb_attn_opts;
+/* Self-attention block: projections, q/k norms, rope, KV cache update,
+ * attention over the cache, output projection. x [T, hidden]. */
+kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o);
+
+typedef struct {
+    bool gated; /* act(gate(x)) * up(x), else act(up(x)) */
+    km_act act;
+    bool bias;
+} kb_ffn_opts;
+kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o);
+
+/* The rows of x [T, H] whose logits are wanted: [R, H]. */
+kg_node *kb_select_rows(kb_ctx *b, kg_node *x);
+/* Output projection (tied to the embeddings when hp->tie_embeddings), then
+ * the final soft-cap when hp->final_softcap is set. */
+kg_node *kb_lm_head(kb_ctx *b, kg_node *x);
+/* Sliding window of layer il (hp->sliding_window if the layer slides, else 0). */
+int kb_layer_window(const kb_ctx *b, int il);
+
+#endif

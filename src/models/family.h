@@ -1,0 +1,63 @@
+/* family.h: model families (prefix km_).
+ *
+ * A family is one row: the model_type strings it serves, a table from
+ * tensor roles to Hugging Face module names, a parse hook for its config
+ * fields, and an emitter that composes the shared blocks (models/blocks.h)
+ * into a forward graph. Adding a family means writing models/<family>.c and
+ * listing it in models/registry.c; nothing else switches on architecture.
+ */
+#ifndef KILN_FAMILY_H
+#define KILN_FAMILY_H
+
+#include "models/hparams.h"
+
+/* Tensor roles. Module names are printf patterns with the layer index, and
+ * name the module (".weight", ".bias", ".scales" are appended). */
+typedef enum {
+    KM_T_TOK_EMBD,
+    KM_T_OUTPUT_NORM,
+    KM_T_OUTPUT,
+    KM_T_ATTN_NORM,      /* before attention */
+    KM_T_ATTN_Q,
+    KM_T_ATTN_K,
+    KM_T_ATTN_V,
+    KM_T_ATTN_O,
+    KM_T_ATTN_Q_NORM,
+    KM_T_ATTN_K_NORM,
+    KM_T_ATTN_POST_NORM, /* on the attention output, before the residual add */
+    KM_T_FFN_NORM,       /* before the MLP */
+    KM_T_FFN_POST_NORM,  /* on the MLP output, before the residual add */
+    KM_T_FFN_GATE,
+    KM_T_FFN_UP,
+    KM_T_FFN_DOWN,
+    KM_T_COUNT
+} km_tensor;
+
+typedef const char *km_names[KM_T_COUNT];
+
+/* Hugging Face Llama naming, which most families share. */
+extern const km_names km_llama_names;
+
+struct kb_ctx;
+struct kg_node;
+
+typedef struct km_family {
+    const char *name;
+    const char *const *model_types; /* NULL-terminated */
+    const km_names *names;
+    /* After km_hparams_parse: family defaults, extra fields, layer patterns, ropes. */
+    kiln_status (*parse)(const cJSON *cfg, km_hparams *hp);
+    /* The forward pass: returns logits [R, vocab]. */
+    struct kg_node *(*emit)(struct kb_ctx *b);
+} km_family;
+
+/* The family serving model_type, or NULL. */
+const km_family *km_family_find(const char *model_type);
+/* "llama, mistral, qwen2, ..." into buf, for error messages. */
+const char *km_supported_list(char *buf, size_t cap);
+
+/* Parses config into hp with the family's hook, filling defaults shared by
+ * all (a full-width rope when a family sets none). */
+kiln_status km_parse(const km_family *f, const cJSON *cfg, km_hparams *hp);
+
+#endif

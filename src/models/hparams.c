@@ -1,0 +1,90 @@
+#include "models/hparams.h"
+
+#include <string.h>
+
+#include "base/json.h"
+
+kiln_status km_parse_act(const char *name, km_act *out) {
+    static const struct {
+        const char *name;
+        km_act act;
+    } acts[] = {
+        {"silu", KM_ACT_SILU},           {"swish", KM_ACT_SILU},           {"gelu", KM_ACT_GELU},
+        {"gelu_pytorch_tanh", KM_ACT_GELU_TANH}, {"gelu_new", KM_ACT_GELU_TANH}, {"gelu_fast", KM_ACT_GELU_TANH},
+        {"relu", KM_ACT_RELU},           {"relu2", KM_ACT_RELU2},
+    };
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
+        if (!strcmp(name, acts[i].name)) {
+            *out = acts[i].act;
+            return NULL;
+        }
+    return kiln_error(KILN_EUNSUPPORTED, "activation \"%s\" is not supported", name);
+}
+
+static kiln_status req_int(const cJSON *cfg, const char *key, const char *alt, int64_t *out) {
+    KILN_TRY(ku_json_int(cfg, key, -1, out));
+    if (*out < 0 && alt) KILN_TRY(ku_json_int(cfg, alt, -1, out));
+    if (*out <= 0) return kiln_error(KILN_EINVAL, "config.json: \"%s\" is missing or not positive", key);
+    return NULL;
+}
+
+kiln_status km_sliding_layers(const cJSON *cfg, km_hparams *hp, int64_t first, int64_t period) {
+    const cJSON *lt = ku_json_get(cfg, "layer_types");
+    if (!lt) {
+        for (int64_t i = 0; i < hp->n_layers; i++)
+            hp->layer_sliding[i] = hp->sliding_window > 0 && i >= first && (period <= 0 || (i + 1) % period != 0);
+        return NULL;
+    }
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != hp->n_layers)
+        return kiln_error(KILN_EINVAL, "config.json: \"layer_types\" must list %lld layers", (long long)hp->n_layers);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, lt) {
+        if (!cJSON_IsString(e)) return kiln_error(KILN_EINVAL, "config.json: \"layer_types\" must hold strings");
+        if (!strcmp(e->valuestring, "sliding_attention")) hp->layer_sliding[i] = 1;
+        else if (!strcmp(e->valuestring, "full_attention")) hp->layer_sliding[i] = 0;
+        else
+            return kiln_error(KILN_EUNSUPPORTED, "config.json: layer type \"%s\" is not supported here", e->valuestring);
+        i++;
+    }
+    if (hp->sliding_window <= 0) memset(hp->layer_sliding, 0, sizeof hp->layer_sliding);
+    return NULL;
+}
+
+kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
+    memset(hp, 0, sizeof *hp);
+    const char *mt;
+    KILN_TRY(ku_json_str(cfg, "model_type", "", &mt));
+    snprintf(hp->model_type, sizeof hp->model_type, "%s", mt);
+    KILN_TRY(req_int(cfg, "hidden_size", NULL, &hp->hidden));
+    KILN_TRY(req_int(cfg, "num_hidden_layers", NULL, &hp->n_layers));
+    KILN_TRY(req_int(cfg, "num_attention_heads", NULL, &hp->n_heads));
+    KILN_TRY(req_int(cfg, "intermediate_size", NULL, &hp->ffn));
+    KILN_TRY(req_int(cfg, "vocab_size", NULL, &hp->vocab));
+    if (hp->n_layers > KM_MAX_LAYERS)
+        return kiln_error(KILN_EUNSUPPORTED, "config.json: %lld layers (kiln supports up to %d)", (long long)hp->n_layers,
+                          KM_MAX_LAYERS);
+    KILN_TRY(ku_json_int(cfg, "num_key_value_heads", hp->n_heads, &hp->n_kv_heads));
+    if (hp->n_kv_heads <= 0 || hp->n_heads % hp->n_kv_heads)
+        return kiln_error(KILN_EINVAL, "config.json: num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
+                          (long long)hp->n_heads, (long long)hp->n_kv_heads);
+    KILN_TRY(ku_json_int(cfg, "head_dim", hp->hidden / hp->n_heads, &hp->head_dim));
+    if (hp->head_dim <= 0) return kiln_error(KILN_EINVAL, "config.json: \"head_dim\" must be positive");
+    KILN_TRY(ku_json_int(cfg, "max_position_embeddings", 0, &hp->max_pos));
+    KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-6, &hp->norm_eps));
+    KILN_TRY(ku_json_num(cfg, "rope_theta", 10000.0, &hp->rope_theta));
+    KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 1.0, &hp->partial_rotary));
+    hp->rope_scaling = ku_json_get(cfg, "rope_scaling");
+    if (hp->rope_scaling && !cJSON_IsObject(hp->rope_scaling))
+        return kiln_error(KILN_EINVAL, "config.json: \"rope_scaling\" must be an object or null");
+    KILN_TRY(ku_json_bool(cfg, "attention_bias", false, &hp->attn_qkv_bias));
+    hp->attn_o_bias = hp->attn_qkv_bias;
+    KILN_TRY(ku_json_bool(cfg, "mlp_bias", false, &hp->mlp_bias));
+    KILN_TRY(ku_json_int(cfg, "sliding_window", 0, &hp->sliding_window));
+    const char *act = NULL;
+    KILN_TRY(ku_json_str(cfg, "hidden_act", NULL, &act));
+    if (!act) KILN_TRY(ku_json_str(cfg, "hidden_activation", NULL, &act));
+    hp->act = KM_ACT_SILU;
+    if (act) KILN_TRYF(km_parse_act(act, &hp->act), "config.json");
+    return NULL;
+}

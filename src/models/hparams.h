@@ -1,0 +1,60 @@
+/* hparams.h: architecture hyper-parameters (prefix km_).
+ *
+ * One struct for every family, as llama.cpp's llama_hparams: the common
+ * fields are read from config.json by km_hparams_parse, then a family's own
+ * parse hook adjusts defaults and reads what only it has. Per-layer
+ * patterns (sliding-window layers, NoPE layers) are arrays over layers. */
+#ifndef KILN_HPARAMS_H
+#define KILN_HPARAMS_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "models/rope.h"
+
+#define KM_MAX_LAYERS 512
+#define KM_MAX_ROPES 2
+
+typedef enum {
+    KM_ACT_SILU,
+    KM_ACT_GELU,      /* exact, erf */
+    KM_ACT_GELU_TANH, /* tanh approximation */
+    KM_ACT_RELU,
+    KM_ACT_RELU2,     /* relu(x)^2 */
+} km_act;
+
+typedef struct {
+    char model_type[64];
+    int64_t n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, max_pos;
+    double norm_eps;
+    km_act act;
+    bool tie_embeddings;
+    bool attn_qkv_bias, attn_o_bias, mlp_bias;
+    double rope_theta, partial_rotary;
+    const cJSON *rope_scaling; /* borrowed from the config; NULL if none */
+    int64_t sliding_window;    /* 0: none */
+    unsigned char layer_sliding[KM_MAX_LAYERS]; /* 1: this layer attends within the window */
+    /* family specifics (0 = unused) */
+    double rope_local_theta;     /* gemma3: rotary base of sliding layers */
+    float attn_softcap, final_softcap;
+    float query_pre_attn_scalar; /* attention scale = scalar^-0.5 instead of head_dim^-0.5 */
+    float emb_scale;             /* token embeddings multiplied by this */
+    float norm_offset;           /* RMSNorm scale is (w + offset): Gemma 1 */
+    /* rotary configurations the layers use (filled by the family) */
+    km_rope ropes[KM_MAX_ROPES];
+    int n_ropes;
+} km_hparams;
+
+/* Reads the fields every decoder has; errors name the field. Families call
+ * it first, then adjust. */
+kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp);
+/* hidden_act / hidden_activation / activation_function to km_act. */
+kiln_status km_parse_act(const char *name, km_act *out);
+/* Which layers slide: as config.json's "layer_types" lists them when it
+ * does, else layer i slides when i >= first and, with period > 0, when
+ * (i + 1) % period != 0. A window of 0 turns sliding off everywhere. */
+kiln_status km_sliding_layers(const cJSON *cfg, km_hparams *hp, int64_t first, int64_t period);
+
+#endif

@@ -1,0 +1,33 @@
+/* llama.c: Llama and Mistral (LlamaForCausalLM, MistralForCausalLM).
+ * Pre-norm RMSNorm blocks, GQA attention with rotary embeddings (any rope
+ * scaling), SwiGLU MLP; optional attention/MLP biases (attention_bias,
+ * mlp_bias); Mistral slides a window over every layer. */
+#include <string.h>
+
+#include "base/json.h"
+#include "models/blocks.h"
+
+static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
+    KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
+    if (strcmp(hp->model_type, "mistral") != 0) hp->sliding_window = 0; /* Llama never slides */
+    return km_sliding_layers(cfg, hp, 0, 0);
+}
+
+static kg_node *emit(kb_ctx *b) {
+    const km_hparams *hp = b->hp;
+    kg_node *x = kb_embed(b);
+    for (int il = 0; il < hp->n_layers; il++) {
+        kg_node *h = kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS);
+        h = kb_attention(b, h, il,
+                         &(kb_attn_opts){.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .window = kb_layer_window(b, il)});
+        x = kg_add(b->g, x, h);
+        h = kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS);
+        h = kb_ffn(b, h, il, &(kb_ffn_opts){.gated = true, .act = hp->act, .bias = hp->mlp_bias});
+        x = kg_add(b->g, x, h);
+    }
+    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
+    return kb_lm_head(b, x);
+}
+
+static const char *const types[] = {"llama", "mistral", NULL};
+const km_family km_family_llama = {"llama", types, &km_llama_names, parse, emit};

@@ -1,0 +1,41 @@
+/* qwen2.c: Qwen2 (Qwen2ForCausalLM). Llama's block with q/k/v biases and a
+ * sliding window on the layers from max_window_layers on (when
+ * use_sliding_window), or as "layer_types" lists them. */
+#include "base/json.h"
+#include "models/shared.h"
+
+/* Qwen2 and Qwen3: transformers drops the window unless use_sliding_window;
+ * layers from max_window_layers on slide. */
+kiln_status km_qwen_sliding(const cJSON *cfg, km_hparams *hp) {
+    bool use_sw;
+    int64_t mwl;
+    KILN_TRY(ku_json_bool(cfg, "use_sliding_window", false, &use_sw));
+    KILN_TRY(ku_json_int(cfg, "max_window_layers", hp->n_layers, &mwl));
+    if (!use_sw) hp->sliding_window = 0;
+    return km_sliding_layers(cfg, hp, mwl, 0);
+}
+
+static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
+    KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
+    hp->attn_qkv_bias = true;
+    hp->attn_o_bias = false;
+    return km_qwen_sliding(cfg, hp);
+}
+
+static kg_node *emit(kb_ctx *b) {
+    const km_hparams *hp = b->hp;
+    kg_node *x = kb_embed(b);
+    for (int il = 0; il < hp->n_layers; il++) {
+        kg_node *h = kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS);
+        h = kb_attention(b, h, il, &(kb_attn_opts){.qkv_bias = true, .window = kb_layer_window(b, il)});
+        x = kg_add(b->g, x, h);
+        h = kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS);
+        h = kb_ffn(b, h, il, &(kb_ffn_opts){.gated = true, .act = hp->act});
+        x = kg_add(b->g, x, h);
+    }
+    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
+    return kb_lm_head(b, x);
+}
+
+static const char *const types[] = {"qwen2", NULL};
+const km_family km_family_qwen2 = {"qwen2", types, &km_llama_names, parse, emit};

@@ -1,0 +1,191 @@
+/* rope.c: rotary frequency tables (see rope.h). */
+#include "models/rope.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/json.h"
+
+/* 1 / base^(2i/dim) in float32, as torch computes it. */
+static void default_freqs(double base, int dim, float *out) {
+    for (int i = 0; i < dim / 2; i++) {
+        float e = (float)(2 * i) / (float)dim;
+        out[i] = (float)(1.0 / pow(base, (double)e));
+    }
+}
+
+static double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0; }
+
+static kiln_status init_yarn(km_rope *r, const cJSON *rs) {
+    double attn, mscale, mscale_all, beta_fast, beta_slow;
+    int64_t orig;
+    bool truncate;
+    KILN_TRY(ku_json_num(rs, "attention_factor", -1, &attn));
+    KILN_TRY(ku_json_num(rs, "mscale", 0, &mscale));
+    KILN_TRY(ku_json_num(rs, "mscale_all_dim", 0, &mscale_all));
+    KILN_TRY(ku_json_num(rs, "beta_fast", 32, &beta_fast));
+    KILN_TRY(ku_json_num(rs, "beta_slow", 1, &beta_slow));
+    KILN_TRY(ku_json_int(rs, "original_max_position_embeddings", 0, &orig));
+    KILN_TRY(ku_json_bool(rs, "truncate", true, &truncate));
+    if (beta_fast == 0) beta_fast = 32; /* `or 32` in transformers */
+    if (beta_slow == 0) beta_slow = 1;
+    double factor = r->factor;
+    if (orig > 0) {
+        /* transformers derives the factor from the two lengths when both exist */
+        factor = (double)r->max_pos / (double)orig;
+    } else {
+        orig = r->max_pos;
+    }
+    r->orig_max_pos = orig;
+    if (attn < 0) {
+        if (mscale != 0 && mscale_all != 0) attn = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all);
+        else attn = yarn_mscale(factor, 1);
+    }
+    r->attention_factor = (float)attn;
+    int dim = r->dim;
+    double base = r->theta;
+    double lo = (dim * log((double)orig / (beta_fast * 2 * M_PI))) / (2 * log(base));
+    double hi = (dim * log((double)orig / (beta_slow * 2 * M_PI))) / (2 * log(base));
+    if (truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
+    if (lo < 0) lo = 0;
+    if (hi > dim - 1) hi = dim - 1;
+    if (lo == hi) hi += 0.001;
+    for (int i = 0; i < dim / 2; i++) {
+        float pos_freq = (float)pow(base, (double)((float)(2 * i) / (float)dim));
+        float extra = 1.0f / pos_freq, inter = 1.0f / ((float)factor * pos_freq);
+        float ramp = (float)(((double)i - lo) / (hi - lo));
+        if (ramp < 0) ramp = 0;
+        if (ramp > 1) ramp = 1;
+        float ef = 1.0f - ramp; /* extrapolation factor */
+        r->inv_freq[i] = inter * (1.0f - ef) + extra * ef;
+    }
+    return NULL;
+}
+
+static kiln_status init_llama3(km_rope *r, const cJSON *rs) {
+    double lff, hff;
+    int64_t orig;
+    KILN_TRY(ku_json_num(rs, "low_freq_factor", 1, &lff));
+    KILN_TRY(ku_json_num(rs, "high_freq_factor", 4, &hff));
+    KILN_TRY(ku_json_int(rs, "original_max_position_embeddings", 8192, &orig));
+    if (hff == lff) return kiln_error(KILN_EINVAL, "rope_scaling: high_freq_factor must differ from low_freq_factor");
+    r->orig_max_pos = orig;
+    float factor = (float)r->factor;
+    double low_wl = (double)orig / lff, high_wl = (double)orig / hff;
+    for (int i = 0; i < r->dim / 2; i++) {
+        float f = r->inv_freq[i];
+        float wl = (float)(2 * M_PI) / f;
+        float v = wl > low_wl ? f / factor : f;
+        if (!(wl < high_wl) && !(wl > low_wl)) {
+            float smooth = ((float)orig / wl - (float)lff) / (float)(hff - lff);
+            v = (1 - smooth) * v / factor + smooth * v;
+        }
+        r->inv_freq[i] = v;
+    }
+    return NULL;
+}
+
+static kiln_status read_factors(const cJSON *rs, const char *key, int n, float *out) {
+    const cJSON *a = ku_json_get(rs, key);
+    if (!a || !cJSON_IsArray(a) || cJSON_GetArraySize(a) != n)
+        return kiln_error(KILN_EINVAL, "rope_scaling.%s: expected a list of %d numbers", key, n);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        if (!cJSON_IsNumber(e)) return kiln_error(KILN_EINVAL, "rope_scaling.%s: expected numbers", key);
+        out[i++] = (float)e->valuedouble;
+    }
+    return NULL;
+}
+
+static kiln_status init_longrope(km_rope *r, const cJSON *rs, int64_t orig) {
+    float sf[KM_ROPE_MAX_HALF], lf[KM_ROPE_MAX_HALF];
+    int half = r->dim / 2;
+    KILN_TRY(read_factors(rs, "short_factor", half, sf));
+    KILN_TRY(read_factors(rs, "long_factor", half, lf));
+    double attn;
+    KILN_TRY(ku_json_num(rs, "attention_factor", -1, &attn));
+    double factor = r->factor;
+    if (orig > 0) factor = (double)r->max_pos / (double)orig;
+    else orig = r->max_pos;
+    r->orig_max_pos = orig;
+    if (attn < 0) attn = factor <= 1 ? 1.0 : sqrt(1 + log(factor) / log((double)orig));
+    r->attention_factor = r->long_attention_factor = (float)attn;
+    for (int i = 0; i < half; i++) {
+        float base = (float)pow(r->theta, (double)((float)(2 * i) / (float)r->dim));
+        r->inv_freq[i] = 1.0f / (sf[i] * base);
+        r->long_inv_freq[i] = 1.0f / (lf[i] * base);
+    }
+    return NULL;
+}
+
+kiln_status km_rope_init(km_rope *r, const cJSON *rs, double theta, int dim, int64_t max_pos) {
+    memset(r, 0, sizeof *r);
+    if (dim <= 0 || dim % 2 || dim / 2 > KM_ROPE_MAX_HALF) return kiln_error(KILN_EUNSUPPORTED, "rotary dims %d", dim);
+    if (!(theta > 0)) return kiln_error(KILN_EINVAL, "rope_theta must be positive");
+    r->dim = dim;
+    r->theta = theta;
+    r->max_pos = max_pos;
+    r->factor = 1;
+    r->attention_factor = 1;
+    default_freqs(theta, dim, r->inv_freq);
+    if (!rs || !cJSON_IsObject(rs)) return NULL;
+    const char *type = NULL;
+    KILN_TRY(ku_json_str(rs, "rope_type", NULL, &type));
+    if (!type) KILN_TRY(ku_json_str(rs, "type", "default", &type));
+    KILN_TRY(ku_json_num(rs, "factor", 1, &r->factor));
+    int64_t orig;
+    KILN_TRY(ku_json_int(rs, "original_max_position_embeddings", 0, &orig));
+    if (!strcmp(type, "default")) return NULL;
+    if (!(r->factor > 0)) return kiln_error(KILN_EINVAL, "rope_scaling.factor must be positive");
+    if (!strcmp(type, "linear")) {
+        r->type = KM_ROPE_LINEAR;
+        for (int i = 0; i < dim / 2; i++) r->inv_freq[i] /= (float)r->factor;
+        return NULL;
+    }
+    if (!strcmp(type, "dynamic")) {
+        r->type = KM_ROPE_DYNAMIC;
+        return NULL;
+    }
+    if (!strcmp(type, "llama3")) {
+        r->type = KM_ROPE_LLAMA3;
+        return init_llama3(r, rs);
+    }
+    if (!strcmp(type, "yarn")) {
+        r->type = KM_ROPE_YARN;
+        return init_yarn(r, rs);
+    }
+    if (!strcmp(type, "longrope") || !strcmp(type, "su")) {
+        r->type = KM_ROPE_LONGROPE;
+        return init_longrope(r, rs, orig);
+    }
+    return kiln_error(KILN_EUNSUPPORTED, "rope_scaling type \"%s\" is not supported (supported: default, linear, "
+                                         "dynamic, llama3, yarn, longrope)", type);
+}
+
+void km_rope_fill(const km_rope *r, int64_t n, const int32_t *pos, const int32_t *seq_len, float *cos, float *sin) {
+    int half = r->dim / 2;
+    float dyn[KM_ROPE_MAX_HALF];
+    for (int64_t t = 0; t < n; t++) {
+        const float *f = r->inv_freq;
+        float af = r->attention_factor;
+        if (r->type == KM_ROPE_DYNAMIC && seq_len[t] > r->max_pos) {
+            double L = seq_len[t];
+            double base = r->theta * pow(r->factor * L / (double)r->max_pos - (r->factor - 1), (double)r->dim / (r->dim - 2));
+            default_freqs(base, r->dim, dyn);
+            f = dyn;
+        } else if (r->type == KM_ROPE_LONGROPE && seq_len[t] > r->orig_max_pos) {
+            f = r->long_inv_freq;
+            af = r->long_attention_factor;
+        }
+        float p = (float)pos[t];
+        for (int i = 0; i < half; i++) {
+            float a = p * f[i];
+            cos[t * half + i] = cosf(a) * af;
+            sin[t * half + i] = sinf(a) * af;
+        }
+    }
+}

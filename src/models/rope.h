@@ -1,0 +1,43 @@
+/* rope.h: rotary position embedding tables (prefix km_rope_).
+ *
+ * A km_rope holds one rotary configuration, parsed from config.json's
+ * rope_theta / rope_scaling / partial_rotary_factor: default, linear,
+ * dynamic (NTK), llama3, yarn, longrope. The engine fills per-token cos/sin
+ * rows [T, R/2] on the host each step; the graph's kiln.rope composite
+ * applies them. Frequencies follow transformers' modeling_rope_utils.py
+ * (float32 inverse frequencies, angle = float32(pos) * inv_freq, then
+ * cos/sin times the attention factor). */
+#ifndef KILN_ROPE_H
+#define KILN_ROPE_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+typedef enum { KM_ROPE_DEFAULT, KM_ROPE_LINEAR, KM_ROPE_DYNAMIC, KM_ROPE_LLAMA3, KM_ROPE_YARN, KM_ROPE_LONGROPE } km_rope_type;
+
+#define KM_ROPE_MAX_HALF 512
+
+typedef struct {
+    km_rope_type type;
+    int dim;               /* rotary dims R (even), <= head_dim */
+    double theta;
+    double factor;
+    int64_t max_pos;       /* max_position_embeddings */
+    int64_t orig_max_pos;  /* original_max_position_embeddings (llama3, yarn, longrope) */
+    float attention_factor;
+    float inv_freq[KM_ROPE_MAX_HALF];      /* static frequencies (all but dynamic/longrope-long) */
+    float long_inv_freq[KM_ROPE_MAX_HALF]; /* longrope: used when the sequence exceeds orig_max_pos */
+    float long_attention_factor;
+} km_rope;
+
+/* theta: the base to use (families with several rope configs pass their
+ * own); rope_scaling may be NULL. dim = rotary dims. */
+kiln_status km_rope_init(km_rope *r, const cJSON *rope_scaling, double theta, int dim, int64_t max_pos);
+
+/* cos/sin rows [n, dim/2] for tokens at positions pos[i] of sequences whose
+ * length after this step is seq_len[i] (used by dynamic and longrope). */
+void km_rope_fill(const km_rope *r, int64_t n, const int32_t *pos, const int32_t *seq_len, float *cos, float *sin);
+
+#endif
