@@ -9,6 +9,8 @@
 //       renders every DATA/templates/*.jinja with every DATA/inputs/*.json
 //       into DATA/expected/TEMPLATE.json: {input: {"out": text} | {"error": msg}}
 //       (DATA defaults to tests/data/chat)
+//   ... jinja_oracle.mjs snippets [DATA]
+//       renders the engine unit cases of DATA/snippets.json
 //
 // The clock is frozen (strftime_now) at FIXED_NOW, UTC, as kiln's test does.
 import fs from "node:fs";
@@ -122,9 +124,25 @@ function render(data) {
   console.log(`rendered ${ok} pairs, ${err} raised`);
 }
 
+// snippets: DATA/snippets.json is a list of {"t": template, "ctx": {...}};
+// writes DATA/snippets_expected.json, one {"out"} or {"error"} per case.
+function snippets(data) {
+  const cases = JSON.parse(fs.readFileSync(path.join(data, "snippets.json"), "utf8"));
+  const out = cases.map((c) => {
+    try {
+      return { out: new Template(c.t).render(c.ctx || {}) };
+    } catch (e) {
+      return { error: String(e.message || e) };
+    }
+  });
+  fs.writeFileSync(path.join(data, "snippets_expected.json"), JSON.stringify(out, null, 1) + "\n");
+  console.log(`${out.length} snippets, ${out.filter((x) => x.error).length} raised`);
+}
+
 const [cmd, ...rest] = process.argv.slice(2);
 if (cmd === "collect") collect(rest[0], rest.slice(1));
 else if (cmd === "render") render(rest[0] || "tests/data/chat");
+else if (cmd === "snippets") snippets(rest[0] || "tests/data/chat");
 else {
   console.error("usage: jinja_oracle.mjs collect OUT SRC... | render [DATA]");
   process.exit(2);

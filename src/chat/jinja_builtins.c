@@ -36,8 +36,9 @@ static bool no_json(kj_ctx *c, const kj_node *n, kj_val v) {
 
 bool kj_display(kj_ctx *c, const kj_node *n, kj_val v, kj_buf *b, int depth) {
     switch (v.t) {
-    case V_UNDEF: return kj_emit(c, n, b, "undefined", 9);
-    case V_NULL: return kj_emit(c, n, b, "null", 4);
+    case V_UNDEF:
+    case V_NULL: /* NullValue's value is a JavaScript undefined too */
+        return kj_emit(c, n, b, "undefined", 9);
     case V_BOOL: return v.b ? kj_emit(c, n, b, "true", 4) : kj_emit(c, n, b, "false", 5);
     case V_INT: return emit_num(c, n, v.d, b);
     case V_FLOAT: return emit_float(c, n, v.d, b);
@@ -201,6 +202,7 @@ bool kj_strict_eq(kj_val a, kj_val b) {
     if (kj_is_arr(a) && kj_is_arr(b)) return a.a == b.a;
     bool ao = kj_is_obj(a) || a.t == V_NS, bo = kj_is_obj(b) || b.t == V_NS;
     if (ao && bo) return a.o == b.o;
+    if ((a.t == V_NULL || a.t == V_UNDEF) && (b.t == V_NULL || b.t == V_UNDEF)) return true; /* both hold undefined */
     if (a.t != b.t) return false;
     switch (a.t) {
     case V_UNDEF:

@@ -544,6 +544,7 @@ static kj_node *parse_call(parser *P, kj_node *callee) {
     for (;;) {
         kj_node *n = node(P, KN_CALL, P->i);
         if (!n) return NULL;
+        n->pos = callee->pos; /* errors point at the function's name */
         n->a = callee;
         if (!parse_args(P, false, &n->list)) return NULL;
         n = parse_member(P, n);
