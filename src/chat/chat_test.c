@@ -1,6 +1,7 @@
 /* chat_test.c: chat templates against @huggingface/jinja's renders
  * (tests/data/chat, made by tools/jinja_oracle.mjs) and the folder loader. */
 #include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -125,4 +126,96 @@ KT_TEST(chat_oracle_renders) {
     free(in);
     free(tn);
     KT_CHECK_EQ(match, pairs);
+}
+
+static void write_file(const char *dir, const char *name, const char *text) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    fputs(text, f);
+    fclose(f);
+}
+
+static char *make_dir(char *buf, size_t cap) {
+    snprintf(buf, cap, "/tmp/kiln-chat-test-XXXXXX");
+    return mkdtemp(buf);
+}
+
+static void rm_dir(const char *dir) {
+    const char *names[] = {"tokenizer_config.json", "chat_template.jinja", "chat_template.json"};
+    for (size_t i = 0; i < 3; i++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        remove(p);
+    }
+    remove(dir);
+}
+
+KT_TEST(chat_load_finds_templates_and_tokens) {
+    char dir[64];
+    KT_CHECK(make_dir(dir, sizeof dir));
+    kchat_template *t = NULL;
+    KT_CHECK_ERR(kchat_load(dir, &t), "no chat template");
+    write_file(dir, "tokenizer_config.json",
+               "{\"bos_token\": {\"content\": \"<|begin|>\", \"lstrip\": false}, \"eos_token\": \"<|end|>\","
+               " \"chat_template\": [{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ messages[0].content }}{{ eos_token }}\"},"
+               " {\"name\": \"tool_use\", \"template\": \"T{{ tools|length }}{{ enable_thinking }}\"}]}");
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"user\", \"content\": \"hi\"}]");
+    cJSON *tools = cJSON_Parse("[{\"type\": \"function\"}, {\"type\": \"function\"}]");
+    cJSON *extra = cJSON_Parse("{\"enable_thinking\": false}");
+    char *out = NULL;
+    KT_CHECK_OK(kchat_load(dir, &t));
+    KT_CHECK_STR(kchat_special_token(t, "bos_token"), "<|begin|>");
+    kchat_input in = {.messages = msgs, .tools = tools, .extra = extra};
+    KT_CHECK_OK(kchat_render(t, &in, &out));
+    KT_CHECK_STR(out, "D<|begin|>hi<|end|>");
+    free(out);
+    kchat_free(t);
+    KT_CHECK_OK(kchat_load_named(dir, "tool_use", &t));
+    KT_CHECK_OK(kchat_render(t, &in, &out));
+    KT_CHECK_STR(out, "T2false");
+    free(out);
+    kchat_free(t);
+    KT_CHECK_ERR(kchat_load_named(dir, "rag", &t), "have: default, tool_use");
+    /* chat_template.jinja wins over tokenizer_config.json */
+    write_file(dir, "chat_template.jinja", "J{{ bos_token }}{% if add_generation_prompt %}>{% endif %}\n");
+    KT_CHECK_OK(kchat_load(dir, &t));
+    in.add_generation_prompt = true;
+    in.bos_token = "<B>";
+    KT_CHECK_OK(kchat_render(t, &in, &out));
+    KT_CHECK_STR(out, "J<B>>");
+    free(out);
+    kchat_free(t);
+    /* raise_exception comes back as an error with its message */
+    KT_CHECK_OK(kchat_parse("{{ raise_exception('Only user and assistant roles are supported!') }}", &t));
+    KT_CHECK_ERR(kchat_render(t, &in, &out), "Only user and assistant roles are supported!");
+    kchat_free(t);
+    write_file(dir, "chat_template.jinja", "{% if %}");
+    KT_CHECK_ERR(kchat_load(dir, &t), "chat_template.jinja: chat template: line 1");
+    cJSON_Delete(msgs);
+    cJSON_Delete(tools);
+    cJSON_Delete(extra);
+    rm_dir(dir);
+}
+
+KT_TEST(chat_real_tokenizer_configs) {
+    const char *sh = kt_shared();
+    if (!sh) {
+        kt_skip("../shared absent");
+        return;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tokenizers/qwen3", sh);
+    kchat_template *t;
+    KT_CHECK_OK(kchat_load(dir, &t));
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"user\", \"content\": \"Hello\"}]");
+    kchat_input in = {.messages = msgs, .add_generation_prompt = true};
+    char *out;
+    KT_CHECK_OK(kchat_render(t, &in, &out));
+    KT_CHECK_STR(out, "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+    kchat_free(t);
+    snprintf(dir, sizeof dir, "%s/tokenizers/mistral-7b-v0.1", sh);
+    KT_CHECK_ERR(kchat_load(dir, &t), "no chat template");
+    cJSON_Delete(msgs);
 }

@@ -504,7 +504,7 @@ kiln_status kj_lex(ku_arena *a, const char *src, size_t len, kj_toks *out) {
     pb_free(&p2);
     free(L.str.p);
     if (!st) {
-        out->v = ku_arena_memdup(a, L.t, (L.nt ? L.nt : 1) * sizeof *L.t);
+        out->v = L.nt ? ku_arena_memdup(a, L.t, L.nt * sizeof *L.t) : ku_arena_alloc(a, sizeof *L.t);
         if (!out->v) st = kiln_error(KILN_ENOMEM, "out of memory");
         out->n = L.nt;
         out->lines = lines;

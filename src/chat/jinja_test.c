@@ -2,6 +2,7 @@
  * whitespace control, macros, namespaces, errors) against @huggingface/jinja
  * (tests/data/chat/snippets*.json, made by tools/jinja_oracle.mjs), plus
  * error positions, limits and concurrent rendering. */
+#include <dirent.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,4 +149,46 @@ KT_TEST(jinja_concurrent_renders_share_a_template) {
     cJSON_Delete(ctx);
     kjin_free(t);
     KT_CHECK_EQ(bad, 0);
+}
+
+/* Inputs the fuzzer (fuzz/fuzz_jinja.c) once crashed on, replayed with the
+ * harness's context and limits: each must end in output or an error. */
+KT_TEST(jinja_fuzz_regressions) {
+    char dir[4096];
+    kt_path(dir, sizeof dir, "tests/data/chat/fuzz");
+    DIR *d = opendir(dir);
+    KT_CHECKF(d, "no %s", dir);
+    cJSON *ctx = cJSON_Parse("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": 3}");
+    kjin_limits lim = kjin_limits_default();
+    lim.max_steps = 200000;
+    lim.max_output = 1 << 20;
+    lim.max_memory = 64 << 20;
+    lim.max_depth = 50;
+    lim.now = 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        char *src;
+        size_t len;
+        kiln_status st = ku_read_file(p, &src, &len);
+        if (st) {
+            kiln_status_free(st);
+            continue;
+        }
+        kjin_template *t = NULL;
+        char *out = NULL;
+        st = kjin_parse(src, len, &t);
+        if (!st) st = kjin_render(t, ctx, &lim, &out, NULL);
+        kiln_status_free(st);
+        free(out);
+        kjin_free(t);
+        free(src);
+        n++;
+    }
+    closedir(d);
+    cJSON_Delete(ctx);
+    KT_CHECK(n > 0);
 }
