@@ -26,7 +26,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 MAIN_OBJ := $(MAIN_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all test asan check demo deps clean fuzz fuzz-safetensors
+.PHONY: all test asan check demo deps clean fuzz fuzz-safetensors fuzz-jinja
 all: $(BUILD)/kiln
 
 $(BUILD)/kiln: $(MAIN_OBJ) $(BUILD)/libkiln.a
@@ -76,6 +76,14 @@ check: deps
 
 demo: deps all
 	$(BUILD)/kiln generate
+
+# libFuzzer harness of the chat template engine; run e.g.
+#   build/fuzz/fuzz_jinja -max_total_time=300 build/fuzz/corpus tests/data/chat/templates
+FUZZ_JINJA_SRC := fuzz/fuzz_jinja.c $(filter src/chat/jinja%.c src/base/%.c,$(LIB_SRC))
+fuzz-jinja: $(BUILD)/fuzz/fuzz_jinja
+$(BUILD)/fuzz/fuzz_jinja: $(FUZZ_JINJA_SRC) $(wildcard src/chat/*.h src/base/*.h)
+	@mkdir -p $(dir $@) $(BUILD)/fuzz/corpus
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -o $@ $(FUZZ_JINJA_SRC) -lcjson -lutf8proc -lm
 
 clean:
 	rm -rf build

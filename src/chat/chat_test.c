@@ -1,0 +1,221 @@
+/* chat_test.c: chat templates against @huggingface/jinja's renders
+ * (tests/data/chat, made by tools/jinja_oracle.mjs) and the folder loader. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/file.h"
+#include "base/json.h"
+#include "chat/chat.h"
+#include "kt.h"
+
+#define FIXED_NOW 1752582896 /* the oracle's frozen clock, 2025-07-15 12:34:56 UTC */
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Sorted names in dir ending in ext (malloc'ed array of malloc'ed names). */
+static int list_dir(const char *dir, const char *ext, char ***out) {
+    DIR *d = opendir(dir);
+    int n = 0, cap = 0;
+    char **v = NULL;
+    if (!d) return -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name), el = strlen(ext);
+        if (l <= el || strcmp(e->d_name + l - el, ext) != 0) continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            v = realloc(v, (size_t)cap * sizeof *v);
+        }
+        v[n++] = strndup(e->d_name, l - el);
+    }
+    closedir(d);
+    qsort(v, (size_t)n, sizeof *v, cmp_str);
+    *out = v;
+    return n;
+}
+
+static void show_diff(const char *want, const char *got) {
+    size_t i = 0;
+    while (want[i] && want[i] == got[i]) i++;
+    size_t from = i > 40 ? i - 40 : 0;
+    fprintf(stderr, "    first difference at byte %zu\n    want: %.80s\n    got:  %.80s\n", i, want + from, got + from);
+}
+
+KT_TEST(chat_oracle_renders) {
+    char tdir[4096], idir[4096], edir[4096];
+    kt_path(tdir, sizeof tdir, "tests/data/chat/templates");
+    kt_path(idir, sizeof idir, "tests/data/chat/inputs");
+    kt_path(edir, sizeof edir, "tests/data/chat/expected");
+    char **tn = NULL, **in = NULL;
+    int nt = list_dir(tdir, ".jinja", &tn), ni = list_dir(idir, ".json", &in);
+    KT_CHECKF(nt > 0 && ni > 0, "no templates or inputs under tests/data/chat");
+    cJSON **inputs = calloc((size_t)ni, sizeof *inputs);
+    for (int i = 0; i < ni; i++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s.json", idir, in[i]);
+        KT_CHECK_OK(ku_json_load(p, &inputs[i]));
+    }
+    kjin_limits lim = kjin_limits_default();
+    lim.now = FIXED_NOW;
+    int pairs = 0, match = 0, raised = 0, shown = 0, tmpl_ok = 0;
+    for (int t = 0; t < nt; t++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s.jinja", tdir, tn[t]);
+        char *src = NULL;
+        KT_CHECK_OK(ku_read_file(p, &src, NULL));
+        snprintf(p, sizeof p, "%s/%s.json", edir, tn[t]);
+        cJSON *exp = NULL;
+        KT_CHECK_OK(ku_json_load(p, &exp));
+        kchat_template *ct = NULL;
+        kiln_status pst = kchat_parse(src, &ct);
+        int tmatch = 0;
+        for (int i = 0; i < ni; i++) {
+            const cJSON *e = cJSON_GetObjectItemCaseSensitive(exp, in[i]);
+            if (!e) continue;
+            pairs++;
+            const cJSON *want = cJSON_GetObjectItemCaseSensitive(e, "out");
+            char *got = NULL;
+            kiln_status st = pst;
+            if (!pst) {
+                const cJSON *inp = inputs[i];
+                kchat_input ki = {
+                    .messages = cJSON_GetObjectItemCaseSensitive(inp, "messages"),
+                    .tools = cJSON_GetObjectItemCaseSensitive(inp, "tools"),
+                    .documents = cJSON_GetObjectItemCaseSensitive(inp, "documents"),
+                    .extra = cJSON_GetObjectItemCaseSensitive(inp, "kwargs"),
+                    .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(inp, "add_generation_prompt")),
+                    .bos_token = "<s>",
+                    .eos_token = "</s>",
+                    .limits = &lim,
+                };
+                st = kchat_render(ct, &ki, &got);
+            }
+            bool ok;
+            if (want) ok = !st && strcmp(got, want->valuestring) == 0;
+            else ok = st != NULL;
+            if (!want) raised++;
+            if (ok) {
+                match++;
+                tmatch++;
+            } else if (shown++ < 12) {
+                fprintf(stderr, "  mismatch: %s x %s: ", tn[t], in[i]);
+                if (!want) fprintf(stderr, "expected an error (%s), got success\n",
+                                   cJSON_GetObjectItemCaseSensitive(e, "error")->valuestring);
+                else if (st) fprintf(stderr, "error %s\n", kiln_status_msg(st));
+                else {
+                    fputc('\n', stderr);
+                    show_diff(want->valuestring, got);
+                }
+            }
+            if (st != pst) kiln_status_free(st);
+            free(got);
+        }
+        tmpl_ok += tmatch == cJSON_GetArraySize(exp);
+        kiln_status_free(pst);
+        kchat_free(ct);
+        cJSON_Delete(exp);
+        free(src);
+    }
+    fprintf(stderr, "  chat templates: %d/%d (template, input) pairs match @huggingface/jinja (%d of them errors); "
+                    "%d/%d templates fully\n", match, pairs, raised, tmpl_ok, nt);
+    for (int i = 0; i < ni; i++) cJSON_Delete(inputs[i]), free(in[i]);
+    for (int t = 0; t < nt; t++) free(tn[t]);
+    free(inputs);
+    free(in);
+    free(tn);
+    KT_CHECK_EQ(match, pairs);
+}
+
+static void write_file(const char *dir, const char *name, const char *text) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    fputs(text, f);
+    fclose(f);
+}
+
+static char *make_dir(char *buf, size_t cap) {
+    snprintf(buf, cap, "/tmp/kiln-chat-test-XXXXXX");
+    return mkdtemp(buf);
+}
+
+static void rm_dir(const char *dir) {
+    const char *names[] = {"tokenizer_config.json", "chat_template.jinja", "chat_template.json"};
+    for (size_t i = 0; i < 3; i++) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        remove(p);
+    }
+    remove(dir);
+}
+
+KT_TEST(chat_load_finds_templates_and_tokens) {
+    char dir[64];
+    KT_CHECK(make_dir(dir, sizeof dir));
+    kchat_template *t = NULL;
+    KT_CHECK_ERR(kchat_load(dir, &t), "no chat template");
+    write_file(dir, "tokenizer_config.json",
+               "{\"bos_token\": {\"content\": \"<|begin|>\", \"lstrip\": false}, \"eos_token\": \"<|end|>\","
+               " \"chat_template\": [{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ messages[0].content }}{{ eos_token }}\"},"
+               " {\"name\": \"tool_use\", \"template\": \"T{{ tools|length }}{{ enable_thinking }}\"}]}");
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"user\", \"content\": \"hi\"}]");
+    cJSON *tools = cJSON_Parse("[{\"type\": \"function\"}, {\"type\": \"function\"}]");
+    cJSON *extra = cJSON_Parse("{\"enable_thinking\": false}");
+    char *out = NULL;
+    KT_CHECK_OK(kchat_load(dir, &t));
+    KT_CHECK_STR(kchat_special_token(t, "bos_token"), "<|begin|>");
+    kchat_input in = {.messages = msgs, .tools = tools, .extra = extra};
+    KT_CHECK_OK(kchat_render(t, &in, &out));
+    KT_CHECK_STR(out, "D<|begin|>hi<|end|>");
+    free(out);
+    kchat_free(t);
+    KT_CHECK_OK(kchat_load_named(dir, "tool_use", &t));
+    KT_CHECK_OK(kchat_render(t, &in, &out));
+    KT_CHECK_STR(out, "T2false");
+    free(out);
+    kchat_free(t);
+    KT_CHECK_ERR(kchat_load_named(dir, "rag", &t), "have: default, tool_use");
+    /* chat_template.jinja wins over tokenizer_config.json */
+    write_file(dir, "chat_template.jinja", "J{{ bos_token }}{% if add_generation_prompt %}>{% endif %}\n");
+    KT_CHECK_OK(kchat_load(dir, &t));
+    in.add_generation_prompt = true;
+    in.bos_token = "<B>";
+    KT_CHECK_OK(kchat_render(t, &in, &out));
+    KT_CHECK_STR(out, "J<B>>");
+    free(out);
+    kchat_free(t);
+    /* raise_exception comes back as an error with its message */
+    KT_CHECK_OK(kchat_parse("{{ raise_exception('Only user and assistant roles are supported!') }}", &t));
+    KT_CHECK_ERR(kchat_render(t, &in, &out), "Only user and assistant roles are supported!");
+    kchat_free(t);
+    write_file(dir, "chat_template.jinja", "{% if %}");
+    KT_CHECK_ERR(kchat_load(dir, &t), "chat_template.jinja: chat template: line 1");
+    cJSON_Delete(msgs);
+    cJSON_Delete(tools);
+    cJSON_Delete(extra);
+    rm_dir(dir);
+}
+
+KT_TEST(chat_real_tokenizer_configs) {
+    const char *sh = kt_shared();
+    if (!sh) {
+        kt_skip("../shared absent");
+        return;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tokenizers/qwen3", sh);
+    kchat_template *t;
+    KT_CHECK_OK(kchat_load(dir, &t));
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"user\", \"content\": \"Hello\"}]");
+    kchat_input in = {.messages = msgs, .add_generation_prompt = true};
+    char *out;
+    KT_CHECK_OK(kchat_render(t, &in, &out));
+    KT_CHECK_STR(out, "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+    kchat_free(t);
+    snprintf(dir, sizeof dir, "%s/tokenizers/mistral-7b-v0.1", sh);
+    KT_CHECK_ERR(kchat_load(dir, &t), "no chat template");
+    cJSON_Delete(msgs);
+}
