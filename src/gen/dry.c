@@ -126,8 +126,10 @@ static kiln_status tokenize_tail(const kgen_vocab *v, const char *b, int32_t ble
     if (v->tokenize) {
         int32_t tmp[DRY_MAX_SEQ_LEN];
         int k = v->tokenize(v->ud, b + cut, (size_t)(blen - cut), tmp, DRY_MAX_SEQ_LEN);
-        if (k < 0) return kiln_error(KILN_EINVAL, "cannot tokenize the DRY breaker tail \"%.*s\"",
-                                     (int)(blen - cut), b + cut);
+        if (k < 0) { /* untokenizable tail: the head cannot start this breaker */
+            *n = -1;
+            return NULL;
+        }
         *n = k < DRY_MAX_SEQ_LEN ? k : DRY_MAX_SEQ_LEN;
         for (int32_t i = 0; i < *n; i++) {
             if (tmp[i] < 0 || tmp[i] >= v->n_vocab)
