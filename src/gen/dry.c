@@ -67,8 +67,8 @@ static kiln_status finish(kgen_dry *d) {
         bool dup = false;
         for (int32_t j = o - 1; j >= 0 && d->e[j].head == d->e[i].head && !dup; j--)
             dup = d->e[j].len == d->e[i].len &&
-                  memcmp(d->pool + d->e[j].off, d->pool + d->e[i].off,
-                         sizeof *d->pool * (size_t)d->e[i].len) == 0;
+                  (d->e[i].len == 0 || memcmp(d->pool + d->e[j].off, d->pool + d->e[i].off,
+                         sizeof *d->pool * (size_t)d->e[i].len) == 0);
         if (!dup) d->e[o++] = d->e[i];
         if (d->e[i].head > max_head) max_head = d->e[i].head;
     }

@@ -20,6 +20,14 @@ void kgen_select_top(kgen_cand *d, size_t n, size_t m);
 /* The same from a dense logit array x[0..n) (id = index) into out[0..m). */
 void kgen_select_top_dense(const float *x, size_t n, size_t m, kgen_cand *out);
 
+/* Index of the highest x (ties: lowest index); n >= 1. */
+size_t kgen_argmax_dense(const float *x, size_t n);
+/* Sum of exp(x[i] - max) for x[i] <= max (finite max); relative error
+ * below 1e-6. Only for reported log-probabilities: the draw uses expf. */
+double kgen_sum_exp_dense(const float *x, size_t n, float max);
+/* Index of the first NaN in x, or -1. */
+ptrdiff_t kgen_find_nan(const float *x, size_t n);
+
 /* Penalizes one logit as llama.cpp's penalties sampler does. */
 static inline float kgen_penalize(float logit, int32_t count, float repeat, float freq,
                                   float presence) {

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -409,21 +410,16 @@ static const struct {
     {{"--n-probs"}, F_N_PROBS, true, "N  report the top N token probabilities"},
 };
 
-const char *kgen_flags_help(void) {
-    static char buf[4096];
-    if (buf[0]) return buf; /* immutable once built */
-    size_t o = 0;
-    for (size_t i = 0; i < sizeof k_flags / sizeof k_flags[0] && o < sizeof buf; i++) {
+void kgen_print_flags(FILE *out) {
+    for (size_t i = 0; i < sizeof k_flags / sizeof k_flags[0]; i++) {
         char names[64] = "";
         size_t no = 0;
-        for (int j = 0; j < 3 && k_flags[i].names[j]; j++)
-            no += (size_t)snprintf(names + no, sizeof names - no, "%s%s", j ? ", " : "",
-                                   k_flags[i].names[j]);
-        int w = snprintf(buf + o, sizeof buf - o, "  %-34s %s\n", names, k_flags[i].help);
-        if (w < 0) break;
-        o += (size_t)w;
+        for (int j = 0; j < 3 && k_flags[i].names[j] && no < sizeof names; j++) {
+            int w = snprintf(names + no, sizeof names - no, "%s%s", j ? ", " : "", k_flags[i].names[j]);
+            no += w > 0 ? (size_t)w : 0;
+        }
+        fprintf(out, "  %-34s %s\n", names, k_flags[i].help);
     }
-    return buf;
 }
 
 kiln_status kgen_parse_flag(kgen_params *p, int argc, char **argv, int *i, bool *consumed) {

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/status.h"
 
@@ -126,8 +127,8 @@ typedef struct {
  * --dry-sequence-breaker values have \n \t \\ \" \xHH escapes processed.
  * Errors name the flag and the bad value. */
 kiln_status kgen_parse_flag(kgen_params *p, int argc, char **argv, int *i, bool *consumed);
-/* One line per flag, for --help. Static storage. */
-const char *kgen_flags_help(void);
+/* One line per flag, for --help. */
+void kgen_print_flags(FILE *out);
 
 /* llama.cpp's escape processing (\n \r \t \' \" \\ \xHH), in place. */
 void kgen_unescape(char *s);

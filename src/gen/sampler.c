@@ -62,6 +62,10 @@ struct kgen_sampler {
     int32_t *counts; /* [n_vocab] occurrences in pen */
 
     bool use_dry;
+    /* temperature <= 0 and nothing before it that could drop the argmax
+     * (typical, XTC) or act after a truncation: the truncating stages can
+     * be skipped, as they all keep the argmax */
+    bool greedy;
     kgen_dry *dry;
     window dry_hist;
     int32_t *dry_rc;     /* [dry_hist.cap] */
@@ -154,6 +158,21 @@ static kiln_status create(kgen_sampler *s, const kgen_params *p, const kgen_voca
         KILN_TRY(window_init(&s->dry_hist, dry_n));
         if (!(s->dry_rc = malloc(sizeof *s->dry_rc * (size_t)dry_n))) goto oom;
         if (!(s->dry_pens = malloc(sizeof *s->dry_pens * (size_t)dry_n))) goto oom;
+    }
+    bool truncated = false;
+    s->greedy = false;
+    for (int32_t i = 0; i < p->n_samplers; i++) {
+        kgen_sampler_type t = p->samplers[i];
+        if (t == KGEN_SAMPLER_TEMPERATURE) {
+            s->greedy = p->temperature <= 0.0f;
+            break;
+        }
+        bool modifies = (t == KGEN_SAMPLER_PENALTIES && s->use_pen) || (t == KGEN_SAMPLER_DRY && s->use_dry);
+        if ((t == KGEN_SAMPLER_TYPICAL_P && p->typical_p < 1.0f) ||
+            (t == KGEN_SAMPLER_XTC && p->xtc_probability > 0.0f && p->xtc_threshold <= 0.5f) ||
+            (modifies && truncated))
+            break;
+        truncated |= t != KGEN_SAMPLER_PENALTIES && t != KGEN_SAMPLER_DRY;
     }
     if (!(s->work = malloc(sizeof *s->work * (size_t)nv))) goto oom;
     if (!(s->cand = malloc(sizeof *s->cand * (size_t)nv))) goto oom;
@@ -298,9 +317,8 @@ static void stage_min_p(step *t) {
     if (t->dense && p > 0.0f) { /* kgen_min_p's unsorted path, read from the array */
         const float *x = t->src;
         const int32_t nv = t->s->n_vocab;
-        float max = -FLT_MAX;
-        for (int32_t i = 0; i < nv; i++)
-            if (x[i] > max) max = x[i];
+        float max = x[kgen_argmax_dense(x, (size_t)nv)];
+        if (max < -FLT_MAX) max = -FLT_MAX; /* as kgen_min_p's scan from -FLT_MAX */
         const float min_logit = max + logf(p);
         size_t cnt = 0;
         for (int32_t i = 0; i < nv; i++) cnt += x[i] >= min_logit;
@@ -320,9 +338,7 @@ static void stage_min_p(step *t) {
 static void stage_temperature(step *t) {
     const float temp = t->s->p.temperature;
     if (t->dense && temp <= 0.0f) { /* greedy straight from the array */
-        int32_t best = 0;
-        for (int32_t i = 1; i < t->s->n_vocab; i++)
-            if (t->src[i] > t->src[best]) best = i;
+        int32_t best = (int32_t)kgen_argmax_dense(t->src, (size_t)t->s->n_vocab);
         t->s->cand[0] = (kgen_cand){best, t->src[best], 0.0f};
         t->c = (kgen_cands){t->s->cand, 1, true};
         t->dense = false;
@@ -336,6 +352,9 @@ static void run_stage(step *t, kgen_sampler_type type) {
     kgen_sampler *s = t->s;
     const kgen_params *p = &s->p;
     const size_t min_keep = (size_t)p->min_keep;
+    if (s->greedy && type != KGEN_SAMPLER_PENALTIES && type != KGEN_SAMPLER_DRY &&
+        type != KGEN_SAMPLER_TEMPERATURE)
+        return; /* see kgen_sampler.greedy */
     switch (type) {
     case KGEN_SAMPLER_PENALTIES: stage_penalties(t); return;
     case KGEN_SAMPLER_DRY: stage_dry(t); return;
@@ -373,14 +392,12 @@ static void run_stage(step *t, kgen_sampler_type type) {
 /* Log-probabilities of the model's raw logits (llama-server's default). */
 static void logprobs_raw(kgen_sampler *s, const float *logits, int32_t token, kgen_sample *out) {
     const int32_t nv = s->n_vocab;
-    float max = logits[0];
-    for (int32_t i = 1; i < nv; i++)
-        if (logits[i] > max) max = logits[i];
+    const float max = logits[kgen_argmax_dense(logits, (size_t)nv)];
     double sum = 0.0;
     if (isinf(max)) { /* +inf: uniform over those; all -inf: uniform */
         for (int32_t i = 0; i < nv; i++) sum += max < 0 || logits[i] == INFINITY;
     } else {
-        for (int32_t i = 0; i < nv; i++) sum += expf(logits[i] - max);
+        sum = kgen_sum_exp_dense(logits, (size_t)nv, max);
     }
     const double lse = log(sum);
 #define LP(x) (isinf(max) ? ((max < 0 || (x) == INFINITY) ? (float)-lse : -INFINITY) \
@@ -409,9 +426,8 @@ static void logprobs_post(kgen_sampler *s, const kgen_cands *c, size_t sel, kgen
 
 kiln_status kgen_sampler_sample(kgen_sampler *s, const float *logits, kgen_sample *out) {
     memset(out, 0, sizeof *out);
-    for (int32_t i = 0; i < s->n_vocab; i++)
-        if (isnan(logits[i]))
-            return kiln_error(KILN_EINVAL, "sampler: logit of token %d is NaN", (int)i);
+    ptrdiff_t bad = kgen_find_nan(logits, (size_t)s->n_vocab);
+    if (bad >= 0) return kiln_error(KILN_EINVAL, "sampler: logit of token %d is NaN", (int)bad);
     step t = {s, logits, true, {NULL, 0, false}};
     stage_bias(&t);
     for (int32_t i = 0; i < s->p.n_samplers; i++) run_stage(&t, s->p.samplers[i]);

@@ -225,7 +225,7 @@ bool kgen_stop_feed(kgen_stop *s, const char *chunk, size_t len, const char **ou
         return false;
     }
     size_t base = s->len;
-    memcpy(s->buf + s->len, chunk, len);
+    if (len > 0) memcpy(s->buf + s->len, chunk, len);
     s->len += len;
     for (size_t k = 0; k < len; k++) {
         s->state = step(s, s->state, (uint8_t)chunk[k]);

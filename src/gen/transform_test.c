@@ -504,3 +504,22 @@ KT_TEST(gen_transforms_edge_cases) {
     KT_CHECK(c.sorted && c.size > 2000);
     for (size_t i = 1; i < c.size; i++) KT_CHECK(kgen_better(&big[i - 1], &big[i]));
 }
+
+KT_TEST(gen_sum_exp_accuracy) {
+    uint64_t s = 21;
+    static float x[5000];
+    for (int it = 0; it < 50; it++) {
+        size_t n = 1 + lcg(&s) % 5000;
+        float max = -INFINITY;
+        for (size_t i = 0; i < n; i++) {
+            x[i] = (float)(int64_t)(lcg(&s) % 200000) * 0.001f - 150.0f; /* down to exp(-150) */
+            if (lcg(&s) % 50 == 0) x[i] = -INFINITY;
+            if (x[i] > max) max = x[i];
+        }
+        if (max == -INFINITY) continue;
+        double want = 0;
+        for (size_t i = 0; i < n; i++) want += exp((double)x[i] - max);
+        double got = kgen_sum_exp_dense(x, n, max);
+        KT_CHECKF(fabs(got / want - 1.0) < 1e-6, "n %zu: %.9g vs %.9g", n, got, want);
+    }
+}
