@@ -71,9 +71,12 @@ struct kgen_sampler {
     int32_t *dry_rc;     /* [dry_hist.cap] */
     kgen_dry_pen *dry_pens; /* [dry_hist.cap] */
 
+    /* Grown on demand (up to n_vocab), so a chain that never leaves the
+     * fast paths keeps a few hundred bytes instead of megabytes. */
     float *work;        /* [n_vocab] logits once a sparse stage writes */
-    kgen_cand *cand;    /* [n_vocab] */
-    kgen_cand *scratch; /* [n_vocab] */
+    kgen_cand *cand;    /* [cap_cand] */
+    kgen_cand *scratch; /* [cap_scratch] */
+    size_t cap_cand, cap_scratch;
     kgen_logprob *top;  /* [n_probs] */
 };
 
@@ -174,9 +177,6 @@ static kiln_status create(kgen_sampler *s, const kgen_params *p, const kgen_voca
             break;
         truncated |= t != KGEN_SAMPLER_PENALTIES && t != KGEN_SAMPLER_DRY;
     }
-    if (!(s->work = malloc(sizeof *s->work * (size_t)nv))) goto oom;
-    if (!(s->cand = malloc(sizeof *s->cand * (size_t)nv))) goto oom;
-    if (!(s->scratch = malloc(sizeof *s->scratch * (size_t)nv))) goto oom;
     if (p->n_probs > 0 && !(s->top = malloc(sizeof *s->top * (size_t)p->n_probs))) goto oom;
     return NULL;
 oom:
@@ -224,10 +224,37 @@ typedef struct {
     kgen_sampler *s;
     const float *src; /* dense logits: the caller's, or s->work after a write */
     bool dense;
+    bool oom; /* a buffer could not grow: the step fails */
     kgen_cands c;
 } step;
 
+static bool grow(kgen_cand **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    kgen_cand *b = realloc(*buf, sizeof *b * need);
+    if (!b) return false;
+    *buf = b;
+    *cap = need;
+    return true;
+}
+
+/* s->cand with room for n, or NULL (t->oom set). */
+static kgen_cand *cands(step *t, size_t n) {
+    if (grow(&t->s->cand, &t->s->cap_cand, n)) return t->s->cand;
+    t->oom = true;
+    return NULL;
+}
+
+static kgen_cand *scratch(step *t, size_t n) {
+    if (grow(&t->s->scratch, &t->s->cap_scratch, n)) return t->s->scratch;
+    t->oom = true;
+    return NULL;
+}
+
 static float *writable(step *t) {
+    if (!t->s->work && !(t->s->work = malloc(sizeof *t->s->work * (size_t)t->s->n_vocab))) {
+        t->oom = true;
+        return NULL;
+    }
     if (t->src != t->s->work) {
         memcpy(t->s->work, t->src, sizeof *t->s->work * (size_t)t->s->n_vocab);
         t->src = t->s->work;
@@ -236,7 +263,7 @@ static float *writable(step *t) {
 }
 
 static void materialize(step *t) {
-    if (!t->dense) return;
+    if (!t->dense || !cands(t, (size_t)t->s->n_vocab)) return;
     for (int32_t i = 0; i < t->s->n_vocab; i++) t->s->cand[i] = (kgen_cand){i, t->src[i], 0.0f};
     t->c = (kgen_cands){t->s->cand, (size_t)t->s->n_vocab, false};
     t->dense = false;
@@ -247,6 +274,7 @@ static void stage_bias(step *t) {
     bool mask_eos = s->n_generated < s->p.min_tokens && s->n_eos > 0;
     if (s->n_bias == 0 && !mask_eos) return;
     float *w = writable(t); /* always dense here: bias runs first */
+    if (!w) return;
     for (int32_t i = 0; i < s->n_bias; i++) w[s->bias[i].token] += s->bias[i].bias;
     if (mask_eos)
         for (int32_t i = 0; i < s->n_eos; i++) w[s->eos[i]] = -INFINITY;
@@ -263,6 +291,7 @@ static void stage_penalties(step *t) {
     }
     /* Each distinct token of the window once: a negated count marks it done. */
     float *w = writable(t);
+    if (!w) return;
     const int32_t *h = s->pen.buf + s->pen.off;
     for (int32_t i = 0; i < s->pen.len; i++) {
         int32_t id = h[i];
@@ -285,6 +314,7 @@ static void stage_dry(step *t) {
     if (np == 0) return;
     if (t->dense) {
         float *w = writable(t);
+        if (!w) return;
         for (int32_t i = 0; i < np; i++) w[s->dry_pens[i].token] -= s->dry_pens[i].penalty;
         return;
     }
@@ -307,6 +337,7 @@ static void stage_top_k(step *t) {
         return;
     }
     size_t kk = (size_t)k < (size_t)t->s->n_vocab ? (size_t)k : (size_t)t->s->n_vocab;
+    if (!cands(t, kk)) return;
     kgen_select_top_dense(t->src, (size_t)t->s->n_vocab, kk, t->s->cand);
     t->c = (kgen_cands){t->s->cand, kk, true};
     t->dense = false;
@@ -323,6 +354,7 @@ static void stage_min_p(step *t) {
         size_t cnt = 0;
         for (int32_t i = 0; i < nv; i++) cnt += x[i] >= min_logit;
         if (cnt > 0 && cnt >= (size_t)t->s->p.min_keep) {
+            if (!cands(t, cnt)) return;
             size_t o = 0;
             for (int32_t i = 0; i < nv; i++)
                 if (x[i] >= min_logit) t->s->cand[o++] = (kgen_cand){i, x[i], 0.0f};
@@ -339,6 +371,7 @@ static void stage_temperature(step *t) {
     const float temp = t->s->p.temperature;
     if (t->dense && temp <= 0.0f) { /* greedy straight from the array */
         int32_t best = (int32_t)kgen_argmax_dense(t->src, (size_t)t->s->n_vocab);
+        if (!cands(t, 1)) return;
         t->s->cand[0] = (kgen_cand){best, t->src[best], 0.0f};
         t->c = (kgen_cands){t->s->cand, 1, true};
         t->dense = false;
@@ -352,6 +385,7 @@ static void run_stage(step *t, kgen_sampler_type type) {
     kgen_sampler *s = t->s;
     const kgen_params *p = &s->p;
     const size_t min_keep = (size_t)p->min_keep;
+    if (t->oom) return;
     if (s->greedy && type != KGEN_SAMPLER_PENALTIES && type != KGEN_SAMPLER_DRY &&
         type != KGEN_SAMPLER_TEMPERATURE)
         return; /* see kgen_sampler.greedy */
@@ -373,6 +407,7 @@ static void run_stage(step *t, kgen_sampler_type type) {
     case KGEN_SAMPLER_TYPICAL_P:
         if (p->typical_p >= 1.0f) return;
         materialize(t);
+        if (t->oom || !scratch(t, t->c.size)) return;
         kgen_typical(&t->c, p->typical_p, min_keep, s->scratch);
         return;
     case KGEN_SAMPLER_TOP_P:
@@ -390,7 +425,7 @@ static void run_stage(step *t, kgen_sampler_type type) {
 }
 
 /* Log-probabilities of the model's raw logits (llama-server's default). */
-static void logprobs_raw(kgen_sampler *s, const float *logits, int32_t token, kgen_sample *out) {
+static bool logprobs_raw(kgen_sampler *s, const float *logits, int32_t token, kgen_sample *out) {
     const int32_t nv = s->n_vocab;
     const float max = logits[kgen_argmax_dense(logits, (size_t)nv)];
     double sum = 0.0;
@@ -404,41 +439,47 @@ static void logprobs_raw(kgen_sampler *s, const float *logits, int32_t token, kg
                           : (float)((double)((x) - max) - lse))
     out->logprob = LP(logits[token]);
     int32_t n = s->p.n_probs < nv ? s->p.n_probs : nv;
+    if (!grow(&s->scratch, &s->cap_scratch, (size_t)n)) return false;
     if (n > 0) kgen_select_top_dense(logits, (size_t)nv, (size_t)n, s->scratch);
     for (int32_t i = 0; i < n; i++) s->top[i] = (kgen_logprob){s->scratch[i].id, LP(s->scratch[i].logit)};
 #undef LP
     out->top = s->top;
     out->n_top = n;
+    return true;
 }
 
 /* Log-probabilities the draw used (llama-server's post_sampling_probs). */
-static void logprobs_post(kgen_sampler *s, const kgen_cands *c, size_t sel, kgen_sample *out) {
+static bool logprobs_post(kgen_sampler *s, const kgen_cands *c, size_t sel, kgen_sample *out) {
     out->logprob = logf(c->data[sel].p);
     size_t n = (size_t)s->p.n_probs < c->size ? (size_t)s->p.n_probs : c->size;
     if (n > 0) { /* p is monotone in the final logit: rank by logit */
+        if (!grow(&s->scratch, &s->cap_scratch, c->size)) return false;
         memcpy(s->scratch, c->data, sizeof *c->data * c->size);
         kgen_select_top(s->scratch, c->size, n);
     }
     for (size_t i = 0; i < n; i++) s->top[i] = (kgen_logprob){s->scratch[i].id, logf(s->scratch[i].p)};
     out->top = s->top;
     out->n_top = (int32_t)n;
+    return true;
 }
 
 kiln_status kgen_sampler_sample(kgen_sampler *s, const float *logits, kgen_sample *out) {
     memset(out, 0, sizeof *out);
     ptrdiff_t bad = kgen_find_nan(logits, (size_t)s->n_vocab);
     if (bad >= 0) return kiln_error(KILN_EINVAL, "sampler: logit of token %d is NaN", (int)bad);
-    step t = {s, logits, true, {NULL, 0, false}};
+    step t = {s, logits, true, false, {NULL, 0, false}};
     stage_bias(&t);
     for (int32_t i = 0; i < s->p.n_samplers; i++) run_stage(&t, s->p.samplers[i]);
     materialize(&t);
+    if (t.oom || t.c.size == 0)
+        return kiln_error(KILN_ENOMEM, "sampler: out of memory (vocabulary of %d)", (int)s->n_vocab);
     size_t sel = kgen_draw(&t.c, kgen_rng_uniform(&s->rng_dist));
     out->token = t.c.data[sel].id;
-    if (s->p.logprobs) {
-        if (s->p.post_sampling_probs) logprobs_post(s, &t.c, sel, out);
-        else logprobs_raw(s, logits, out->token, out);
-    }
-    return NULL;
+    bool ok = true;
+    if (s->p.logprobs)
+        ok = s->p.post_sampling_probs ? logprobs_post(s, &t.c, sel, out)
+                                      : logprobs_raw(s, logits, out->token, out);
+    return ok ? NULL : kiln_error(KILN_ENOMEM, "sampler: out of memory (logprobs)");
 }
 
 void kgen_sampler_describe(const kgen_sampler *s, char *buf, size_t cap) {
