@@ -295,3 +295,53 @@ KT_TEST(gen_params_json_errors) {
     KT_CHECK(p.top_k == 40 && p.top_p == 0.95f && p.n_logit_bias == 0 && p.stop.n == 0);
     kgen_params_free(&p);
 }
+
+static uint64_t lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+/* Untrusted bodies: every known key with values of every type. Never a
+ * crash; what is accepted validates. */
+KT_TEST(gen_params_json_random_bodies) {
+    static const char *const keys[] = {
+        "temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma", "min_keep",
+        "xtc_probability", "xtc_threshold", "repeat_penalty", "repeat_last_n", "presence_penalty",
+        "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+        "dry_sequence_breakers", "seed", "samplers", "logit_bias", "stop", "max_tokens",
+        "max_completion_tokens", "n_predict", "min_tokens", "ignore_eos", "logprobs", "top_logprobs",
+        "n_probs", "post_sampling_probs",
+    };
+    static const char *const values[] = {
+        "0", "1", "-1", "0.5", "-7.25", "1e9", "1e300", "40", "true", "false", "null", "\"\"",
+        "\"top_k;min_p\"", "\"kpt\"", "\"x\"", "[]", "[1]", "[\"a\", \"b\"]", "[[1, 2]]",
+        "[[\"a\", false]]", "[[1]]", "{}", "{\"5\": 1}", "{\"x\": false}", "{\"1\": \"y\"}",
+        "[\"top_k\", \"temperature\"]", "[null]", "{\"a\": {}}",
+    };
+    uint64_t s = 77;
+    kgen_vocab v = {256, NULL, fake_tokenize, NULL};
+    int accepted = 0;
+    for (int it = 0; it < 3000; it++) {
+        char body[2048];
+        size_t o = 0;
+        o += (size_t)snprintf(body + o, sizeof body - o, "{");
+        int n = 1 + (int)(lcg(&s) % 4);
+        for (int k = 0; k < n; k++)
+            o += (size_t)snprintf(body + o, sizeof body - o, "%s\"%s\": %s", k ? ", " : "",
+                                  keys[lcg(&s) % (sizeof keys / sizeof keys[0])],
+                                  values[lcg(&s) % (sizeof values / sizeof values[0])]);
+        snprintf(body + o, sizeof body - o, "}");
+        kgen_params p;
+        KT_CHECK_OK(kgen_params_init(&p));
+        kiln_status st = from_json(&p, body, it % 2 ? &v : NULL);
+        if (!st) {
+            accepted++;
+            KT_CHECKF(!kgen_params_validate(&p), "accepted but invalid: %s", body);
+        } else {
+            KT_CHECK(strlen(kiln_status_msg(st)) > 0);
+            kiln_status_free(st);
+        }
+        kgen_params_free(&p);
+    }
+    KT_CHECK(accepted > 100);
+}
