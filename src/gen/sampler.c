@@ -147,14 +147,16 @@ static kiln_status create(kgen_sampler *s, const kgen_params *p, const kgen_voca
     kgen_rng_seed(&s->rng_dist, (uint64_t)s->seed);
     kgen_rng_seed(&s->rng_xtc, (uint64_t)s->seed ^ 0x5851f42d4c957f2dull); /* another stream */
 
-    int32_t pen_n = p->repeat_last_n == -1 ? n_ctx : p->repeat_last_n;
+    /* Windows are capped at the context: a sequence holds no more tokens
+     * (and a request cannot make us allocate more). */
+    int32_t pen_n = p->repeat_last_n == -1 || p->repeat_last_n > n_ctx ? n_ctx : p->repeat_last_n;
     s->use_pen = in_chain(p, KGEN_SAMPLER_PENALTIES) && pen_n > 0 &&
                  !(p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f);
     if (s->use_pen) {
         KILN_TRY(window_init(&s->pen, pen_n));
         if (!(s->counts = calloc((size_t)nv, sizeof *s->counts))) goto oom;
     }
-    int32_t dry_n = p->dry_penalty_last_n == -1 ? n_ctx : p->dry_penalty_last_n;
+    int32_t dry_n = p->dry_penalty_last_n == -1 || p->dry_penalty_last_n > n_ctx ? n_ctx : p->dry_penalty_last_n;
     s->use_dry = in_chain(p, KGEN_SAMPLER_DRY) && p->dry_multiplier != 0.0f && p->dry_base >= 1.0f && dry_n > 0;
     if (s->use_dry) {
         KILN_TRYF(kgen_dry_create(v, &p->dry_breakers, &s->dry), "DRY");

@@ -129,8 +129,8 @@ typedef struct {
 } kgen_sample;
 
 /* p is copied (validated first). n_ctx: the sequence's context length (the
- * -1 windows of repeat_last_n and dry_penalty_last_n, and DRY's context
- * size). eos_ids: the model's end-of-generation ids (for ignore_eos and
+ * -1 windows of repeat_last_n and dry_penalty_last_n, DRY's context size,
+ * and a cap on both windows). eos_ids: the model's end-of-generation ids (for ignore_eos and
  * min_tokens). */
 kiln_status kgen_sampler_create(const kgen_params *p, const kgen_vocab *v, int32_t n_ctx,
                                 const int32_t *eos_ids, int32_t n_eos, kgen_sampler **out);

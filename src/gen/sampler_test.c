@@ -475,3 +475,19 @@ KT_TEST(gen_sampler_time_per_token) {
         KT_CHECKF(def < 20000 && pen < 20000, "vocab %d: %.0f us per token", (int)vocabs[k], def);
     }
 }
+
+KT_TEST(gen_sampler_windows_capped_by_context) {
+    kgen_params p = base_params();
+    p.repeat_last_n = 1000000000;
+    p.repeat_penalty = 1.5f;
+    p.dry_penalty_last_n = 1000000000;
+    p.dry_multiplier = 1.0f;
+    p.dry_breakers.n = 0;
+    kgen_sampler *s = make(&p, 10, NULL, 0); /* n_ctx 4096: no 8 GB window */
+    p.dry_breakers.n = 4;
+    kgen_params_free(&p);
+    KT_CHECK(s != NULL);
+    float logits[10] = {0};
+    for (int i = 0; i < 50; i++) next(s, logits);
+    kgen_sampler_destroy(s);
+}
