@@ -1,0 +1,110 @@
+/* session.c: the per-sequence generation loop (see session.h). */
+#include "gen/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct kgen_session {
+    kgen_sampler *smp;
+    kgen_stop *stop;
+    kgen_vocab vocab;
+    int32_t *eos;
+    kgen_limits lim;
+    int32_t n_prompt, n_generated;
+    bool done;
+    char *text; /* the step's text when it joins two pieces */
+    size_t cap;
+};
+
+void kgen_session_destroy(kgen_session *g) {
+    if (!g) return;
+    kgen_sampler_destroy(g->smp);
+    kgen_stop_destroy(g->stop);
+    free(g->eos);
+    free(g->text);
+    free(g);
+}
+
+kiln_status kgen_session_create(const kgen_params *p, const kgen_vocab *v, int32_t n_ctx,
+                                const int32_t *eos_ids, int32_t n_eos, const int32_t *prompt,
+                                int32_t n_prompt, kgen_session **out) {
+    *out = NULL;
+    if (!v || !v->piece) return kiln_error(KILN_EINVAL, "generation: the vocabulary has no token text");
+    if (n_prompt < 0 || (n_prompt > 0 && !prompt)) return kiln_error(KILN_EINVAL, "generation: bad prompt");
+    kgen_session *g = calloc(1, sizeof *g);
+    if (!g) return kiln_error(KILN_ENOMEM, "out of memory");
+    kiln_status st = kgen_sampler_create(p, v, n_ctx, eos_ids, n_eos, &g->smp);
+    if (!st) st = kgen_stop_create(&p->stop, &g->stop);
+    if (!st && n_eos > 0) {
+        g->eos = malloc(sizeof *g->eos * (size_t)n_eos);
+        if (!g->eos) st = kiln_error(KILN_ENOMEM, "out of memory");
+        else memcpy(g->eos, eos_ids, sizeof *g->eos * (size_t)n_eos);
+    }
+    if (st) {
+        kgen_session_destroy(g);
+        return st;
+    }
+    g->vocab = *v;
+    g->lim = (kgen_limits){g->eos, n_eos, p->ignore_eos, p->n_predict, n_ctx};
+    g->n_prompt = n_prompt;
+    kgen_sampler_accept_prompt(g->smp, prompt, n_prompt);
+    *out = g;
+    return NULL;
+}
+
+kgen_finish kgen_session_start(const kgen_session *g) { return kgen_check_start(&g->lim, g->n_prompt); }
+
+static kiln_status append(kgen_session *g, size_t at, const char *t, size_t n) {
+    if (at + n > g->cap) {
+        char *b = realloc(g->text, at + n);
+        if (!b) return kiln_error(KILN_ENOMEM, "out of memory");
+        g->text = b;
+        g->cap = at + n;
+    }
+    if (n > 0) memcpy(g->text + at, t, n);
+    return NULL;
+}
+
+kiln_status kgen_session_step(kgen_session *g, const float *logits, kgen_step *out) {
+    memset(out, 0, sizeof *out);
+    out->text = "";
+    if (g->done || (g->n_generated == 0 && kgen_session_start(g) != KGEN_CONTINUE))
+        return kiln_error(KILN_EINVAL, "generation: step after the end");
+    KILN_TRY(kgen_sampler_sample(g->smp, logits, &out->sample));
+    const int32_t tok = out->token = out->sample.token;
+    kgen_sampler_accept(g->smp, tok);
+    g->n_generated++;
+    out->finish = kgen_check_token(&g->lim, tok, g->n_generated, g->n_prompt + g->n_generated);
+    const char *a = "";
+    size_t na = 0;
+    if (out->finish != KGEN_FINISH_EOS) { /* the EOS token's text is not output */
+        size_t plen = 0;
+        const char *piece = g->vocab.piece(g->vocab.ud, tok, &plen);
+        if (!piece) plen = 0;
+        if (kgen_stop_feed(g->stop, piece ? piece : "", plen, &a, &na))
+            out->finish = KGEN_FINISH_STOP_STRING;
+    }
+    out->text = a;
+    out->text_len = na;
+    if (out->finish == KGEN_CONTINUE) return NULL;
+    g->done = true;
+    if (out->finish == KGEN_FINISH_STOP_STRING) return NULL;
+    /* Another end: add what the matcher held back. Copy first: a points
+     * into the matcher, which the flush rearranges. */
+    KILN_TRY(append(g, 0, a, na));
+    const char *b;
+    size_t nb;
+    kgen_stop_flush(g->stop, &b, &nb);
+    KILN_TRY(append(g, na, b, nb));
+    out->text = g->text ? g->text : "";
+    out->text_len = na + nb;
+    return NULL;
+}
+
+kgen_sampler *kgen_session_sampler(kgen_session *g) { return g->smp; }
+int32_t kgen_session_generated(const kgen_session *g) { return g->n_generated; }
+int32_t kgen_session_stop_index(const kgen_session *g) { return kgen_stop_matched(g->stop); }
+
+const char *kgen_session_describe(const kgen_session *g, kgen_finish f, char *buf, size_t cap) {
+    return kgen_finish_describe(f, &g->lim, g->n_generated, g->n_prompt + g->n_generated, buf, cap);
+}

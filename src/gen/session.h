@@ -1,0 +1,53 @@
+/* session.h: one sequence's generation loop around the sampler, the stop
+ * conditions and the stop-string matcher, so the CLI and the server share
+ * it. Per token the engine calls kgen_session_step with the logits and gets
+ * the token to feed back, the text to show now and whether to stop:
+ *
+ *     kgen_session *g;
+ *     KILN_TRY(kgen_session_create(&params, &vocab, n_ctx, eos, n_eos,
+ *                                  prompt, n_prompt, &g));
+ *     kgen_finish f = kgen_session_start(g);      // n_predict 0, prompt too long
+ *     while (f == KGEN_CONTINUE) {
+ *         const float *logits = forward(...);       // last position
+ *         kgen_step st;
+ *         KILN_TRY(kgen_session_step(g, logits, &st));
+ *         fwrite(st.text, 1, st.text_len, stdout);  // streaming-safe
+ *         f = st.finish;                            // else decode st.token
+ *     }
+ *     // kgen_finish_reason(f): "stop" / "length"
+ */
+#ifndef KILN_GEN_SESSION_H
+#define KILN_GEN_SESSION_H
+
+#include "gen/sampler.h"
+#include "gen/stop.h"
+
+typedef struct kgen_session kgen_session;
+
+typedef struct {
+    int32_t token;     /* the sampled token (not to be decoded when finish != CONTINUE) */
+    const char *text;  /* text to show now; borrowed until the next call */
+    size_t text_len;
+    kgen_finish finish;
+    kgen_sample sample; /* logprobs, when requested */
+} kgen_step;
+
+/* The vocabulary's piece callback gives each token's text (it must be set).
+ * The prompt goes into the penalty/DRY history. */
+kiln_status kgen_session_create(const kgen_params *p, const kgen_vocab *v, int32_t n_ctx,
+                                const int32_t *eos_ids, int32_t n_eos, const int32_t *prompt,
+                                int32_t n_prompt, kgen_session **out);
+void kgen_session_destroy(kgen_session *g);
+/* Whether anything can be generated at all. */
+kgen_finish kgen_session_start(const kgen_session *g);
+/* Samples, accepts and decodes one token; on the last one the text includes
+ * everything held back (except a matched stop string and what follows it). */
+kiln_status kgen_session_step(kgen_session *g, const float *logits, kgen_step *out);
+kgen_sampler *kgen_session_sampler(kgen_session *g);
+int32_t kgen_session_generated(const kgen_session *g);
+/* The stop string that ended generation (index into params.stop), or -1. */
+int32_t kgen_session_stop_index(const kgen_session *g);
+/* A sentence on why generation ended (see kgen_finish_describe). */
+const char *kgen_session_describe(const kgen_session *g, kgen_finish f, char *buf, size_t cap);
+
+#endif
