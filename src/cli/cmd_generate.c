@@ -1,4 +1,5 @@
-/* cmd_generate.c: `kiln generate`. */
+/* cmd_generate.c: `kiln generate`, one sequence through the engine with
+ * the generation library's sampler, limits and stop strings. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,8 @@
 #include "base/npy.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "gen/params.h"
+#include "gen/session.h"
 
 static double now(void) {
     struct timespec t;
@@ -15,157 +18,205 @@ static double now(void) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kiln generate [-m DIR] --prompt-ids IDS [-n N] [options]\n"
+    fprintf(f, "usage: kiln generate [-m DIR] --prompt-ids IDS [options]\n"
                "  -m, --model DIR       checkpoint folder (default: the bundled demo model)\n"
                "  --prompt-ids IDS      prompt token ids, e.g. 1,17,93\n"
-               "  -n, --n-predict N     tokens to generate (default 32)\n"
-               "  --temp T              temperature; 0 = greedy (default 0)\n"
-               "  --ignore-eos          do not stop at end-of-sequence tokens\n"
-               "  --force-ids IDS       teacher forcing: feed these ids instead of choosing\n"
-               "  --logits-out FILE     write the logits rows as float32 .npy [rows, vocab]\n"
+               "  --force-ids IDS       teacher forcing: feed these ids instead of sampling\n"
+               "  --logits-out FILE     write float32 .npy [rows, vocab]: row 0 at the last prompt\n"
+               "                        position, row i after the i-th generated or forced token\n"
                "  -c, --ctx-size N      context size (default: the model's, at most 4096)\n"
                "  -t, --threads N       threads (default: all CPUs)\n"
-               "  --json                print one JSON object with the ids and timings\n");
+               "  --json                print one JSON object with the ids, finish reason and timings\n"
+               "sampling (as llama.cpp):\n");
+    kgen_print_flags(f);
 }
 
-static int argmax(const float *x, int64_t n) {
-    int best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = (int)i;
-    return best;
+/* Until a tokenizer is loaded, tokens have no text. */
+static const char *no_text(void *ud, int32_t id, size_t *len) {
+    (void)ud, (void)id;
+    *len = 0;
+    return NULL;
 }
 
-int kiln_cmd_generate(int argc, char **argv) {
-    const char *dir = NULL, *logits_out = NULL;
-    int32_t *prompt = NULL, *forced = NULL;
-    int n_prompt = 0, n_forced = 0;
-    int64_t n_predict = 32, n_ctx = 0, threads = 0;
-    bool json = false, ignore_eos = false;
-    double temp = 0;
-    kiln_status st = NULL;
-    for (int i = 1; i < argc && !st; i++) {
+typedef struct {
+    const char *dir, *logits_out;
+    int32_t *prompt, *forced;
+    int n_prompt, n_forced;
+    int64_t n_ctx, threads;
+    bool json;
+    kgen_params gp;
+} opts;
+
+static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
+    KILN_TRY(kgen_params_init(&o->gp));
+    for (int i = 1; i < argc;) {
+        bool used;
+        KILN_TRY(kgen_parse_flag(&o->gp, argc, argv, &i, &used));
+        if (used) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!v) st = kiln_error(KILN_EINVAL, "%s needs a folder", a);
-            dir = v, i++;
-        } else if (!strcmp(a, "--prompt-ids")) {
-            if (!v) st = kiln_error(KILN_EINVAL, "%s needs ids", a);
-            else st = kiln_parse_ids(v, &prompt, &n_prompt), i++;
-        } else if (!strcmp(a, "--force-ids")) {
-            if (!v) st = kiln_error(KILN_EINVAL, "%s needs ids", a);
-            else st = kiln_parse_ids(v, &forced, &n_forced), i++;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            st = kiln_parse_int(a, v, -1, 1 << 30, &n_predict), i++;
-        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
-            st = kiln_parse_int(a, v, 0, 1 << 30, &n_ctx), i++;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            st = kiln_parse_int(a, v, 0, 1024, &threads), i++;
-        } else if (!strcmp(a, "--temp")) {
-            if (!v) st = kiln_error(KILN_EINVAL, "--temp needs a value");
-            else temp = atof(v), i++;
-        } else if (!strcmp(a, "--logits-out")) {
-            if (!v) st = kiln_error(KILN_EINVAL, "--logits-out needs a file");
-            logits_out = v, i++;
-        } else if (!strcmp(a, "--json")) {
-            json = true;
-        } else if (!strcmp(a, "--ignore-eos")) {
-            ignore_eos = true;
-        } else {
-            st = kiln_error(KILN_EINVAL, "unknown option %s (see kiln generate --help)", a);
+            *help = true;
+            return NULL;
         }
+        bool takes = strcmp(a, "--json") != 0;
+        if (takes && !v) return kiln_error(KILN_EINVAL, "%s needs a value", a);
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
+        else if (!strcmp(a, "--prompt-ids")) KILN_TRYF(kiln_parse_ids(v, &o->prompt, &o->n_prompt), "--prompt-ids");
+        else if (!strcmp(a, "--force-ids")) KILN_TRYF(kiln_parse_ids(v, &o->forced, &o->n_forced), "--force-ids");
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) KILN_TRY(kiln_parse_int(a, v, 0, 1 << 30, &o->n_ctx));
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) KILN_TRY(kiln_parse_int(a, v, 0, 1024, &o->threads));
+        else if (!strcmp(a, "--logits-out")) o->logits_out = v;
+        else if (!strcmp(a, "--json")) o->json = true;
+        else return kiln_error(KILN_EINVAL, "unknown option %s (see kiln generate --help)", a);
+        i += takes ? 2 : 1;
     }
-    if (!st && temp != 0) st = kiln_error(KILN_EUNSUPPORTED, "--temp: only greedy decoding (--temp 0) is available in this build");
-    if (!st && !prompt) st = kiln_error(KILN_EINVAL, "give a prompt with --prompt-ids (see kiln generate --help)");
-    if (!st && n_prompt == 0) st = kiln_error(KILN_EINVAL, "--prompt-ids: the prompt is empty");
-    if (st) {
-        free(prompt), free(forced);
-        return kiln_fail(st);
-    }
-    if (n_forced) n_predict = n_forced;
-    if (n_predict < 0) n_predict = 1 << 30;
-    if (!dir) dir = kiln_default_model();
+    if (!o->prompt) return kiln_error(KILN_EINVAL, "give a prompt with --prompt-ids (see kiln generate --help)");
+    if (o->n_prompt == 0) return kiln_error(KILN_EINVAL, "--prompt-ids: the prompt is empty");
+    return kgen_params_validate(&o->gp);
+}
 
+typedef struct {
+    int32_t *ids;
+    int64_t n, cap;
+    float *rows;
+    int64_t n_rows, vocab;
+} record;
+
+static kiln_status keep_row(record *r, const float *lg) {
+    if (!r->rows && r->n_rows) return NULL;
+    float *p = realloc(r->rows, sizeof(float) * (size_t)((r->n_rows + 1) * r->vocab));
+    if (!p) return kiln_error(KILN_ENOMEM, "out of memory");
+    r->rows = p;
+    memcpy(p + r->n_rows++ * r->vocab, lg, sizeof(float) * (size_t)r->vocab);
+    return NULL;
+}
+
+static kiln_status keep_id(record *r, int32_t id) {
+    if (r->n == r->cap) {
+        int64_t nc = r->cap ? r->cap * 2 : 64;
+        int32_t *p = realloc(r->ids, sizeof(int32_t) * (size_t)nc);
+        if (!p) return kiln_error(KILN_ENOMEM, "out of memory");
+        r->ids = p;
+        r->cap = nc;
+    }
+    r->ids[r->n++] = id;
+    return NULL;
+}
+
+static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     ke_model *m = NULL;
     ke_ctx *c = NULL;
+    kgen_session *g = NULL;
     double t0 = now();
-    st = ke_model_load(dir, &m);
-    if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = n_ctx, .n_threads = (int)threads}, &c);
-    double t_load = now() - t0;
+    kiln_status st = ke_model_load(o->dir, &m);
+    if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads}, &c);
+    t[0] = now() - t0;
     if (st) goto out;
     const km_hparams *hp = ke_model_hparams(m);
-    int32_t eos[16];
-    int n_eos = 0;
-    if (!ignore_eos) st = kc_eos_ids(ke_model_checkpoint(m), eos, 16, &n_eos);
-    if (st) goto out;
-    int64_t room = ke_ctx_n_ctx(c) - n_prompt;
-    if (room < 0) {
+    rec->vocab = hp->vocab;
+    if (o->n_prompt > ke_ctx_n_ctx(c)) {
         st = kiln_error(KILN_ELIMIT, "the prompt has %d tokens, more than the context size %lld (raise --ctx-size)",
-                        n_prompt, (long long)ke_ctx_n_ctx(c));
+                        o->n_prompt, (long long)ke_ctx_n_ctx(c));
         goto out;
     }
-    const char *finish = "length";
-    if (n_predict > room) n_predict = room;
-    int32_t *gen = malloc(sizeof(int32_t) * (size_t)(n_predict + 1));
-    float *rows = logits_out ? malloc(sizeof(float) * (size_t)(n_predict + 1) * (size_t)hp->vocab) : NULL;
-    if (!gen || (logits_out && !rows)) {
-        free(gen), free(rows);
+    int32_t eos[16];
+    int n_eos = 0;
+    st = kc_eos_ids(ke_model_checkpoint(m), eos, 16, &n_eos);
+    kgen_vocab v = {(int32_t)hp->vocab, no_text, NULL, NULL};
+    if (!st)
+        st = kgen_session_create(&o->gp, &v, (int32_t)ke_ctx_n_ctx(c), eos, n_eos, o->prompt, o->n_prompt, &g);
+    int seq = 0;
+    if (!st) st = ke_seq_open(c, &seq);
+    if (st) goto out;
+    int *seqs = calloc((size_t)o->n_prompt, sizeof(int));
+    if (!seqs) {
         st = kiln_error(KILN_ENOMEM, "out of memory");
         goto out;
     }
-    int seq;
-    st = ke_seq_open(c, &seq);
-    int *seqs = calloc((size_t)n_prompt, sizeof(int));
-    for (int i = 0; seqs && i < n_prompt; i++) seqs[i] = seq;
+    for (int i = 0; i < o->n_prompt; i++) seqs[i] = seq;
     const float *lg;
     int nr;
     double t1 = now();
-    if (!st) st = ke_decode(c, &(ke_batch){n_prompt, prompt, seqs, NULL}, &lg, &nr);
+    st = ke_decode(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, &lg, &nr);
     free(seqs);
-    double t_prompt = now() - t1, t2 = now();
-    int64_t n_gen = 0, n_rows = 0;
+    t[1] = now() - t1;
+    double t2 = now();
+    kgen_finish f = o->n_forced ? KGEN_CONTINUE : kgen_session_start(g);
     while (!st) {
-        if (rows) memcpy(rows + n_rows++ * hp->vocab, lg, sizeof(float) * (size_t)hp->vocab);
-        if (n_gen >= n_predict) break;
-        int32_t next = n_forced ? forced[n_gen] : argmax(lg, hp->vocab);
-        gen[n_gen++] = next;
-        bool stop = false;
-        for (int e = 0; e < n_eos && !n_forced; e++) stop |= next == eos[e];
-        if (!json) {
+        if (o->logits_out) KILN_TRY(keep_row(rec, lg));
+        int32_t next;
+        if (o->n_forced) {
+            if (rec->n == o->n_forced) {
+                f = KGEN_FINISH_LENGTH;
+                break;
+            }
+            next = o->forced[rec->n];
+        } else {
+            if (f != KGEN_CONTINUE) break;
+            kgen_step s;
+            st = kgen_session_step(g, lg, &s);
+            if (st) break;
+            f = s.finish;
+            if (f != KGEN_CONTINUE && f != KGEN_FINISH_EOS && f != KGEN_FINISH_LENGTH) break;
+            next = s.token;
+        }
+        st = keep_id(rec, next);
+        if (!st && !o->json) {
             printf("%d ", next);
             fflush(stdout);
         }
-        if (stop) {
-            finish = "stop";
+        if (st || (f != KGEN_CONTINUE && !o->logits_out)) break;
+        if (ke_seq_len(c, seq) >= ke_ctx_n_ctx(c)) {
+            f = KGEN_FINISH_CONTEXT;
             break;
         }
         st = ke_decode(c, &(ke_batch){1, &next, &seq, NULL}, &lg, &nr);
-    }
-    double t_gen = now() - t2;
-    if (!st && rows) st = ku_npy_write_f32(logits_out, rows, n_rows, hp->vocab);
-    if (!st) {
-        if (json) {
-            printf("{\"model\": \"%s\", \"prompt_ids\": [", dir);
-            for (int i = 0; i < n_prompt; i++) printf("%s%d", i ? ", " : "", prompt[i]);
-            printf("], \"generated_ids\": [");
-            for (int64_t i = 0; i < n_gen; i++) printf("%s%d", i ? ", " : "", gen[i]);
-            printf("], \"finish_reason\": \"%s\", \"timings\": {\"load_s\": %.4f, \"prompt_s\": %.4f, \"generate_s\": %.4f, "
-                   "\"prompt_tok_s\": %.2f, \"generate_tok_s\": %.2f}}\n",
-                   finish, t_load, t_prompt, t_gen, t_prompt > 0 ? n_prompt / t_prompt : 0,
-                   t_gen > 0 && n_gen > 1 ? (double)(n_gen - 1) / t_gen : 0);
-        } else {
-            printf("\n");
-            fprintf(stderr, "kiln: %d prompt tokens in %.3f s (%.1f tok/s), %lld generated in %.3f s (%.1f tok/s), %s\n",
-                    n_prompt, t_prompt, n_prompt / (t_prompt > 0 ? t_prompt : 1), (long long)n_gen, t_gen,
-                    t_gen > 0 ? (double)n_gen / t_gen : 0, finish);
+        if (!st && f != KGEN_CONTINUE && o->logits_out) {
+            KILN_TRY(keep_row(rec, lg)); /* the row after the last token */
+            break;
         }
     }
-    free(gen), free(rows);
+    t[2] = now() - t2;
+    *finish = kgen_finish_reason(f) ? kgen_finish_reason(f) : "length";
 out:
+    kgen_session_destroy(g);
     ke_ctx_free(c);
     ke_model_free(m);
-    free(prompt), free(forced);
+    return st;
+}
+
+int kiln_cmd_generate(int argc, char **argv) {
+    opts o = {0};
+    bool help = false;
+    kiln_status st = parse(&o, argc, argv, &help);
+    if (help) {
+        usage(stdout);
+        kgen_params_free(&o.gp);
+        return 0;
+    }
+    if (!o.dir) o.dir = kiln_default_model();
+    record rec = {0};
+    const char *finish = "length";
+    double t[3] = {0};
+    if (!st) st = run(&o, &rec, &finish, t);
+    if (!st && o.logits_out) st = ku_npy_write_f32(o.logits_out, rec.rows, rec.n_rows, rec.vocab);
+    if (!st) {
+        if (o.json) {
+            printf("{\"model\": \"%s\", \"prompt_ids\": [", o.dir);
+            for (int i = 0; i < o.n_prompt; i++) printf("%s%d", i ? ", " : "", o.prompt[i]);
+            printf("], \"generated_ids\": [");
+            for (int64_t i = 0; i < rec.n; i++) printf("%s%d", i ? ", " : "", rec.ids[i]);
+            printf("], \"finish_reason\": \"%s\", \"timings\": {\"load_s\": %.4f, \"prompt_s\": %.4f, \"generate_s\": %.4f, "
+                   "\"prompt_tok_s\": %.2f, \"generate_tok_s\": %.2f}}\n",
+                   finish, t[0], t[1], t[2], t[1] > 0 ? o.n_prompt / t[1] : 0, t[2] > 0 ? (double)rec.n / t[2] : 0);
+        } else {
+            printf("\n");
+            fprintf(stderr, "kiln: %d prompt tokens in %.3f s (%.1f tok/s), %lld generated in %.3f s (%.1f tok/s), finish: %s\n",
+                    o.n_prompt, t[1], t[1] > 0 ? o.n_prompt / t[1] : 0, (long long)rec.n, t[2],
+                    t[2] > 0 ? (double)rec.n / t[2] : 0, finish);
+        }
+    }
+    free(rec.ids), free(rec.rows), free(o.prompt), free(o.forced);
+    kgen_params_free(&o.gp);
     return st ? kiln_fail(st) : 0;
 }

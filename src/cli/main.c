@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/cmd_template.h"
 
 static const struct {
     const char *name;
@@ -12,6 +13,7 @@ static const struct {
     {"generate", kiln_cmd_generate, "generate from a prompt"},
     {"validate", kiln_cmd_validate, "check fixture folders against their transformers oracle"},
     {"info", kiln_cmd_info, "describe a checkpoint: family, shapes, weights, memory"},
+    {"template", kiln_cmd_template, "render a chat template for a list of messages"},
 };
 
 static void usage(FILE *f) {

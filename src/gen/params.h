@@ -82,7 +82,7 @@ typedef struct {
 
     /* stopping */
     int32_t min_tokens;      /* 0: EOS ids are masked until this many tokens are generated */
-    bool ignore_eos;         /* EOS ids are banned (llama.cpp: logit bias -inf) */
+    bool ignore_eos;         /* EOS does not stop generation (not banned: unlike llama.cpp) */
     int32_t n_predict;       /* -1: no limit; -2: until the context is full */
     kgen_strs stop;          /* stop strings (not part of the returned text) */
 

@@ -51,7 +51,7 @@ struct kgen_sampler {
     int32_t n_vocab, n_ctx;
     int32_t *eos;
     int32_t n_eos;
-    kgen_logit_bias *bias; /* p.logit_bias, then -inf for EOS ids when ignore_eos */
+    kgen_logit_bias *bias; /* p.logit_bias */
     int32_t n_bias;
     kgen_rng rng_dist, rng_xtc;
     uint32_t seed;
@@ -135,13 +135,14 @@ static kiln_status create(kgen_sampler *s, const kgen_params *p, const kgen_voca
         if (!(s->eos = malloc(sizeof *s->eos * (size_t)n_eos))) goto oom;
         memcpy(s->eos, eos_ids, sizeof *s->eos * (size_t)n_eos);
     }
-    int32_t nb = p->n_logit_bias + (p->ignore_eos ? n_eos : 0);
+    /* ignore_eos only stops EOS from ending generation; unlike llama.cpp it
+     * does not ban EOS (that is --logit-bias EOS-inf), so that greedy output
+     * matches transformers' generate() without an EOS stop. */
+    int32_t nb = p->n_logit_bias;
     if (nb > 0) {
         if (!(s->bias = malloc(sizeof *s->bias * (size_t)nb))) goto oom;
-        if (p->n_logit_bias > 0) memcpy(s->bias, p->logit_bias, sizeof *s->bias * (size_t)p->n_logit_bias);
+        memcpy(s->bias, p->logit_bias, sizeof *s->bias * (size_t)p->n_logit_bias);
         s->n_bias = p->n_logit_bias;
-        if (p->ignore_eos) /* llama.cpp: --ignore-eos implies --logit-bias EOS-inf */
-            for (int32_t i = 0; i < n_eos; i++) s->bias[s->n_bias++] = (kgen_logit_bias){eos_ids[i], -INFINITY};
     }
     s->seed = p->seed == KGEN_SEED_RANDOM ? fresh_seed() : p->seed;
     kgen_rng_seed(&s->rng_dist, (uint64_t)s->seed);

@@ -8,8 +8,8 @@
  *    history and the scratch buffers, so a seeded request gives the same
  *    tokens whatever runs beside it. Not thread-safe; use one per thread.
  *
- * The chain is llama.cpp's: logit bias (with the EOS masks of ignore_eos and
- * min_tokens) first, then params.samplers in order (default penalties, dry,
+ * The chain is llama.cpp's: logit bias (with the EOS mask of min_tokens)
+ * first, then params.samplers in order (default penalties, dry,
  * top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature), then the draw.
  * Temperature comes late: truncation sees untempered logits.
  *
@@ -130,7 +130,7 @@ typedef struct {
 
 /* p is copied (validated first). n_ctx: the sequence's context length (the
  * -1 windows of repeat_last_n and dry_penalty_last_n, DRY's context size,
- * and a cap on both windows). eos_ids: the model's end-of-generation ids (for ignore_eos and
+ * and a cap on both windows). eos_ids: the model's end-of-generation ids (for
  * min_tokens). */
 kiln_status kgen_sampler_create(const kgen_params *p, const kgen_vocab *v, int32_t n_ctx,
                                 const int32_t *eos_ids, int32_t n_eos, kgen_sampler **out);

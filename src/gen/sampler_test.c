@@ -215,7 +215,7 @@ static int32_t reference_step(const kgen_params *p, const float *logits, int32_t
     kgen_cands c = {buf, (size_t)nv, false};
     kgen_logit_bias_apply(&c, p->logit_bias, p->n_logit_bias);
     for (int32_t i = 0; i < n_eos; i++)
-        if (p->ignore_eos || n_generated < p->min_tokens) buf[eos[i]].logit = -INFINITY;
+        if (n_generated < p->min_tokens) buf[eos[i]].logit = -INFINITY;
     for (int32_t k = 0; k < p->n_samplers; k++) {
         switch (p->samplers[k]) {
         case KGEN_SAMPLER_PENALTIES: {
@@ -335,12 +335,12 @@ KT_TEST(gen_sampler_eos_masks) {
     KT_CHECK_EQ(next(s, logits), 0); /* reached */
     kgen_sampler_destroy(s);
     p.min_tokens = 0;
-    p.ignore_eos = true;
+    p.ignore_eos = true; /* does not ban EOS: it only keeps EOS from stopping */
     s = make(&p, 4, eos, 1);
-    for (int i = 0; i < 5; i++) KT_CHECK_EQ(next(s, logits), 1);
+    for (int i = 0; i < 5; i++) KT_CHECK_EQ(next(s, logits), 0);
     char desc[256];
     kgen_sampler_describe(s, desc, sizeof desc);
-    KT_CHECK_STR(desc, "logits -> logit-bias -> penalties -> dry -> top-n-sigma -> top-k -> typical "
+    KT_CHECK_STR(desc, "logits -> penalties -> dry -> top-n-sigma -> top-k -> typical "
                        "-> top-p -> min-p -> xtc -> temp-ext -> dist");
     kgen_sampler_destroy(s);
     kgen_params_free(&p);
