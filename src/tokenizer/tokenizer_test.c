@@ -89,3 +89,199 @@ static void vectors(const char *tok_dir, const char *name) {
 KT_TEST(tokenizer_vectors_qwen2) { vectors(DATA "/qwen3", "qwen2"); }
 KT_TEST(tokenizer_vectors_llama_bpe) { vectors(DATA "/llama3", "llama-bpe"); }
 KT_TEST(tokenizer_vectors_gpt2) { vectors(DATA "/gpt2", "gpt-2"); }
+
+/* ---- differential corpus (tools/tokenizer_oracle.mjs) ----------------------- */
+
+static cJSON *load_json_rel(const char *rel) {
+    char p[4096];
+    char *s;
+    size_t n;
+    kiln_status st = ku_read_file(kt_path(p, sizeof p, rel), &s, &n);
+    if (st) {
+        kiln_status_free(st);
+        return NULL;
+    }
+    cJSON *j = cJSON_ParseWithLength(s, n);
+    free(s);
+    return j;
+}
+
+static int hexv(char c) { return c <= '9' ? c - '0' : (c | 32) - 'a' + 10; }
+
+/* The raw bytes of corpus case c (malloc'ed). */
+static char *case_text(const cJSON *c, size_t *n) {
+    const cJSON *t = cJSON_GetObjectItem(c, "text"), *h = cJSON_GetObjectItem(c, "hex");
+    if (cJSON_IsString(t)) {
+        *n = strlen(t->valuestring);
+        char *s = malloc(*n + 1);
+        memcpy(s, t->valuestring, *n + 1);
+        return s;
+    }
+    size_t hl = strlen(h->valuestring);
+    char *s = malloc(hl / 2 + 1);
+    for (size_t i = 0; i < hl / 2; i++) s[i] = (char)(hexv(h->valuestring[2 * i]) * 16 + hexv(h->valuestring[2 * i + 1]));
+    *n = hl / 2;
+    s[*n] = 0;
+    return s;
+}
+
+static bool ids_equal(const int32_t *ids, size_t n, const cJSON *want) {
+    if (!cJSON_IsArray(want) || (size_t)cJSON_GetArraySize(want) != n) return false;
+    size_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, want) if (ids[i++] != (int32_t)e->valuedouble) return false;
+    return true;
+}
+
+static void print_ids(const char *label, const int32_t *ids, size_t n) {
+    fprintf(stderr, "    %s:", label);
+    for (size_t i = 0; i < n && i < 60; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, n > 60 ? " ...\n" : "\n");
+}
+
+/* Pushes ids one at a time; checks each piece is valid UTF-8 and that the
+ * pieces concatenate to the full decode. */
+static bool stream_matches(const ktok *t, const int32_t *ids, size_t n, bool skip, const char *full, size_t full_len) {
+    ktok_stream *s = ktok_stream_create(t, skip);
+    char *acc = malloc(full_len + 1);
+    size_t al = 0;
+    bool ok = s && acc;
+    for (size_t i = 0; i <= n && ok; i++) {
+        char *piece;
+        size_t pl;
+        kiln_status st = i < n ? ktok_stream_push(s, ids[i], &piece, &pl) : ktok_stream_flush(s, &piece, &pl);
+        if (st) {
+            kiln_status_free(st);
+            ok = false;
+            break;
+        }
+        ok = al + pl <= full_len && memcmp(full + al, piece, pl) == 0;
+        /* a piece never ends inside a character */
+        if (ok && pl && i < n) {
+            size_t k = pl;
+            while (k > 0 && ((unsigned char)piece[k - 1] & 0xC0) == 0x80) k--;
+            if (k > 0) {
+                unsigned char lead = (unsigned char)piece[k - 1];
+                size_t need = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+                ok = pl - (k - 1) == need;
+            }
+        }
+        al += ok ? pl : 0;
+        free(piece);
+    }
+    ok = ok && al == full_len;
+    free(acc);
+    ktok_stream_destroy(s);
+    return ok;
+}
+
+static void corpus(const char *name, const char *dir) {
+    char rel[256];
+    snprintf(rel, sizeof rel, DATA "/expected_%s.json", name);
+    cJSON *cj = load_json_rel(DATA "/corpus.json"), *ej = load_json_rel(rel);
+    ktok *t = load_dir(dir);
+    if (!cj || !ej || !t) {
+        cJSON_Delete(cj);
+        cJSON_Delete(ej);
+        ktok_free(t);
+        KT_CHECKF(false, "cannot load the %s corpus", name);
+    }
+    const cJSON *cases = cJSON_GetObjectItem(cj, "cases"), *want = cJSON_GetObjectItem(ej, "ids");
+    const cJSON *want_sp = cJSON_GetObjectItem(ej, "special_ids"), *want_dec = cJSON_GetObjectItem(ej, "decoded");
+    int n_cases = cJSON_GetArraySize(cases), bad_ids = 0, bad_dec = 0, bad_stream = 0, checked = 0;
+    for (int i = 0; i < n_cases; i++) {
+        const cJSON *w = cJSON_GetArrayItem(want, i);
+        if (!cJSON_IsArray(w)) continue; /* a known JS/Rust difference, see the tool */
+        size_t len;
+        char *text = case_text(cJSON_GetArrayItem(cases, i), &len);
+        int32_t *ids;
+        size_t n;
+        kiln_status st = ktok_encode(t, text, len, false, &ids, &n);
+        checked++;
+        if (st) {
+            fprintf(stderr, "  %s case %d: %s\n", name, i, kiln_status_msg(st));
+            kiln_status_free(st);
+            bad_ids++;
+            free(text);
+            continue;
+        }
+        if (!ids_equal(ids, n, w)) {
+            if (bad_ids++ < 5) {
+                int32_t wv[4096];
+                size_t wn = 0, d = 0;
+                const cJSON *e;
+                cJSON_ArrayForEach(e, w) if (wn < 4096) wv[wn++] = (int32_t)e->valuedouble;
+                while (d < n && d < wn && ids[d] == wv[d]) d++;
+                d = d > 3 ? d - 3 : 0;
+                fprintf(stderr, "  %s case %d \"%.80s\" (from id %zu)\n", name, i, text, d);
+                print_ids("got ", ids + d, n - d);
+                print_ids("want", wv + d, wn - d);
+            }
+        }
+        char key[16];
+        snprintf(key, sizeof key, "%d", i);
+        const cJSON *wsp = cJSON_GetObjectItem(want_sp, key);
+        if (wsp) {
+            int32_t *ids2;
+            size_t n2;
+            st = ktok_encode(t, text, len, true, &ids2, &n2);
+            if (st || !ids_equal(ids2, n2, wsp)) {
+                if (bad_ids++ < 5) fprintf(stderr, "  %s case %d: add_special differs\n", name, i);
+            }
+            kiln_status_free(st);
+            free(ids2);
+        }
+        /* decode: the JS decode when it differs from the text, else the text
+         * (with U+FFFD for invalid bytes) */
+        char *dec;
+        size_t dl;
+        st = ktok_decode(t, ids, n, false, &dec, &dl);
+        const cJSON *wd = cJSON_GetObjectItem(want_dec, key);
+        if (!st && n) {
+            char *exp = NULL;
+            size_t el = 0;
+            if (wd) {
+                el = strlen(wd->valuestring);
+                exp = strdup(wd->valuestring);
+            } else {
+                /* lossy copy of the input */
+                exp = malloc(3 * len + 1);
+                for (size_t k = 0; k < len; k++) exp[el++] = text[k];
+                exp[el] = 0;
+                if (cJSON_GetObjectItem(cJSON_GetArrayItem(cases, i), "hex")) {
+                    free(exp);
+                    exp = NULL; /* checked by the stream test only */
+                }
+            }
+            if (exp && (dl != el || memcmp(dec, exp, el) != 0)) {
+                if (bad_dec++ < 5) fprintf(stderr, "  %s case %d decode: got \"%.80s\" want \"%.80s\"\n", name, i, dec, exp);
+            }
+            free(exp);
+            if (!stream_matches(t, ids, n, false, dec, dl) && bad_stream++ < 5)
+                fprintf(stderr, "  %s case %d: streamed pieces differ from the decode\n", name, i);
+            char *dec2;
+            size_t dl2;
+            kiln_status st2 = ktok_decode(t, ids, n, true, &dec2, &dl2);
+            if (!st2 && !stream_matches(t, ids, n, true, dec2, dl2) && bad_stream++ < 5)
+                fprintf(stderr, "  %s case %d: streamed pieces (skip special) differ\n", name, i);
+            kiln_status_free(st2);
+            free(dec2);
+        }
+        kiln_status_free(st);
+        free(dec);
+        free(ids);
+        free(text);
+    }
+    ktok_free(t);
+    cJSON_Delete(cj);
+    cJSON_Delete(ej);
+    KT_CHECKF(checked > 400, "%s: only %d cases", name, checked);
+    KT_CHECKF(bad_ids == 0, "%s: %d of %d cases encode differently", name, bad_ids, checked);
+    KT_CHECKF(bad_dec == 0, "%s: %d of %d cases decode differently", name, bad_dec, checked);
+    KT_CHECKF(bad_stream == 0, "%s: %d streams differ", name, bad_stream);
+}
+
+KT_TEST(tokenizer_corpus_qwen3) { corpus("qwen3", DATA "/qwen3"); }
+KT_TEST(tokenizer_corpus_llama3) { corpus("llama3", DATA "/llama3"); }
+KT_TEST(tokenizer_corpus_mistral) { corpus("mistral", DATA "/mistral"); }
+KT_TEST(tokenizer_corpus_gpt2) { corpus("gpt2", DATA "/gpt2"); }
