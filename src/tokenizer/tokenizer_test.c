@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "base/file.h"
 #include "kt.h"
@@ -14,7 +15,7 @@
 static ktok *load_dir(const char *rel) {
     char p[4096];
     ktok *t = NULL;
-    kiln_status st = ktok_load(kt_path(p, sizeof p, rel), &t);
+    kiln_status st = ktok_load(rel[0] == '/' ? rel : kt_path(p, sizeof p, rel), &t);
     if (st) {
         fprintf(stderr, "  load %s: %s\n", rel, kiln_status_msg(st));
         kiln_status_free(st);
@@ -87,7 +88,22 @@ static void vectors(const char *tok_dir, const char *name) {
 }
 
 KT_TEST(tokenizer_vectors_qwen2) { vectors(DATA "/qwen3", "qwen2"); }
-KT_TEST(tokenizer_vectors_llama_bpe) { vectors(DATA "/llama3", "llama-bpe"); }
+/* Llama-3's tokenizer.json (9 MB) is not committed; it comes from ../shared. */
+static const char *llama3_dir(char *buf, size_t cap) {
+    const char *sh = kt_shared();
+    if (!sh) return NULL;
+    snprintf(buf, cap, "%s/tokenizers/llama3_1", sh);
+    return ku_dir_exists(buf) ? buf : NULL;
+}
+
+KT_TEST(tokenizer_vectors_llama_bpe) {
+    char d[4096];
+    if (!llama3_dir(d, sizeof d)) {
+        kt_skip("../shared/tokenizers/llama3_1 is absent");
+        return;
+    }
+    vectors(d, "llama-bpe");
+}
 KT_TEST(tokenizer_vectors_gpt2) { vectors(DATA "/gpt2", "gpt-2"); }
 
 /* ---- differential corpus (tools/tokenizer_oracle.mjs) ----------------------- */
@@ -123,6 +139,24 @@ static char *case_text(const cJSON *c, size_t *n) {
     *n = hl / 2;
     s[*n] = 0;
     return s;
+}
+
+/* Node knows Unicode 17, utf8proc 15 and PCRE2 14: a case with a code point
+ * assigned after 14.0 is left out (the corpus samples whole blocks). */
+static bool unicode14(const char *s, size_t n) {
+    utf8proc_ssize_t i = 0;
+    while ((size_t)i < n) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)n - i, &cp);
+        if (k <= 0) return true; /* invalid bytes: fine, replaced before anything looks at them */
+        if (utf8proc_category(cp) == UTF8PROC_CATEGORY_CN && !(cp >= 0xFDD0 && cp <= 0xFDEF) && (cp & 0xFFFE) != 0xFFFE)
+            return false;
+        if (cp == 0x0CF3 || cp == 0x0ECE || cp == 0x1F6DC || (cp >= 0x1F774 && cp <= 0x1F77F) || cp == 0x1F7D9 ||
+            (cp >= 0x1FA70 && cp <= 0x1FAFF))
+            return false; /* new in 15.0 */
+        i += k;
+    }
+    return true;
 }
 
 static bool ids_equal(const int32_t *ids, size_t n, const cJSON *want) {
@@ -175,7 +209,31 @@ static bool stream_matches(const ktok *t, const int32_t *ids, size_t n, bool ski
     return ok;
 }
 
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The same pieces in another order: for a Unigram model, two segmentations
+ * with equal pieces have equal scores but for rounding, and the JS lattice
+ * breaks such ties differently from HF's encode_optimized (which kiln copies). */
+static bool same_pieces(const int32_t *ids, size_t n, const cJSON *want) {
+    if ((size_t)cJSON_GetArraySize(want) != n) return false;
+    int32_t *a = malloc((n + 1) * sizeof *a), *b = malloc((n + 1) * sizeof *b);
+    size_t i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, want) b[i++] = (int32_t)e->valuedouble;
+    memcpy(a, ids, n * sizeof *a);
+    qsort(a, n, sizeof *a, cmp_i32);
+    qsort(b, n, sizeof *b, cmp_i32);
+    bool same = memcmp(a, b, n * sizeof *a) == 0;
+    free(a);
+    free(b);
+    return same;
+}
+
 static void corpus(const char *name, const char *dir) {
+    bool unigram_tie = strcmp(name, "unigram") == 0;
     char rel[256];
     snprintf(rel, sizeof rel, DATA "/expected_%s.json", name);
     cJSON *cj = load_json_rel(DATA "/corpus.json"), *ej = load_json_rel(rel);
@@ -194,6 +252,10 @@ static void corpus(const char *name, const char *dir) {
         if (!cJSON_IsArray(w)) continue; /* a known JS/Rust difference, see the tool */
         size_t len;
         char *text = case_text(cJSON_GetArrayItem(cases, i), &len);
+        if (!unicode14(text, len)) {
+            free(text);
+            continue;
+        }
         int32_t *ids;
         size_t n;
         kiln_status st = ktok_encode(t, text, len, false, &ids, &n);
@@ -205,7 +267,7 @@ static void corpus(const char *name, const char *dir) {
             free(text);
             continue;
         }
-        if (!ids_equal(ids, n, w)) {
+        if (!ids_equal(ids, n, w) && !(unigram_tie && same_pieces(ids, n, w))) {
             if (bad_ids++ < 5) {
                 int32_t wv[4096];
                 size_t wn = 0, d = 0;
@@ -282,6 +344,18 @@ static void corpus(const char *name, const char *dir) {
 }
 
 KT_TEST(tokenizer_corpus_qwen3) { corpus("qwen3", DATA "/qwen3"); }
-KT_TEST(tokenizer_corpus_llama3) { corpus("llama3", DATA "/llama3"); }
+KT_TEST(tokenizer_corpus_llama3) {
+    char d[4096];
+    if (!llama3_dir(d, sizeof d)) {
+        kt_skip("../shared/tokenizers/llama3_1 is absent");
+        return;
+    }
+    corpus("llama3", d);
+}
 KT_TEST(tokenizer_corpus_mistral) { corpus("mistral", DATA "/mistral"); }
 KT_TEST(tokenizer_corpus_gpt2) { corpus("gpt2", DATA "/gpt2"); }
+KT_TEST(tokenizer_corpus_gemma3) { corpus("gemma3", DATA "/gemma3"); }
+KT_TEST(tokenizer_corpus_deepseek3) { corpus("deepseek3", DATA "/deepseek3"); }
+KT_TEST(tokenizer_corpus_gptoss) { corpus("gptoss", DATA "/gptoss"); }
+KT_TEST(tokenizer_corpus_unigram) { corpus("unigram", DATA "/unigram"); }
+KT_TEST(tokenizer_corpus_wordpiece) { corpus("wordpiece", DATA "/wordpiece"); }
