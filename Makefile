@@ -26,7 +26,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 MAIN_OBJ := $(MAIN_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all test asan check demo deps clean fuzz
+.PHONY: all test asan check demo deps clean fuzz fuzz-tokenizer
 all: $(BUILD)/kiln
 
 $(BUILD)/kiln: $(MAIN_OBJ) $(BUILD)/libkiln.a
@@ -58,6 +58,14 @@ test: $(BUILD)/kiln-tests
 # Sanitizer build in its own tree; leaks are errors too.
 asan:
 	$(MAKE) BUILD=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" test
+
+# libFuzzer harness for the tokenizer: build/fuzz/fuzz_tokenizer (clang).
+# Run: build/fuzz/fuzz_tokenizer -max_total_time=300 fuzz/corpus_tokenizer
+FUZZ_TOK_SRC := $(filter src/tokenizer/% src/base/%,$(LIB_SRC)) fuzz/fuzz_tokenizer.c
+fuzz-tokenizer:
+	@mkdir -p $(BUILD)/fuzz
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
+	    -Isrc -o $(BUILD)/fuzz/fuzz_tokenizer $(FUZZ_TOK_SRC) $(LDLIBS)
 
 deps:
 	@bash scripts/deps.sh

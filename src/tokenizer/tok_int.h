@@ -336,6 +336,7 @@ struct ktok {
     const char **id_str;
     uint32_t *id_len;
     int32_t n_ids;       /* 1 + largest id */
+    int32_t cap_ids;     /* allocated entries of the id arrays */
     int32_t n_model;     /* ids of the model vocabulary are < n_model... mostly */
     tk_strmap vocab;     /* model vocabulary: string -> id */
     tk_strmap added_map; /* added tokens: content -> id (wins over vocab) */

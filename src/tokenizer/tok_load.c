@@ -437,9 +437,12 @@ static kiln_status load_dec(const cJSON *o, const char *path, tk_dec *d, int dep
 /* ---- vocabulary --------------------------------------------------------------- */
 
 static kiln_status grow_ids(ktok *t, int64_t id) {
-    if (id < t->n_ids) return NULL;
+    if (id < t->cap_ids) {
+        if (id >= t->n_ids) t->n_ids = (int32_t)id + 1;
+        return NULL;
+    }
     if (id >= MAX_ID) return kiln_error(KILN_EINVAL, "token id %lld is too large", (long long)id);
-    int32_t n = t->n_ids ? t->n_ids : 1024;
+    int32_t n = t->cap_ids ? t->cap_ids : 1024;
     while (n <= id) n *= 2;
     const char **s = realloc(t->id_str, (size_t)n * sizeof *s);
     if (s) t->id_str = s;
@@ -450,13 +453,14 @@ static kiln_status grow_ids(ktok *t, int64_t id) {
     uint8_t *ad = realloc(t->is_added, (size_t)n);
     if (ad) t->is_added = ad;
     if (!s || !l || !sp || !ad) return OOM;
-    for (int32_t i = t->n_ids; i < n; i++) {
+    for (int32_t i = t->cap_ids; i < n; i++) {
         t->id_str[i] = NULL;
         t->id_len[i] = 0;
         t->special[i] = 0;
         t->is_added[i] = 0;
     }
-    t->n_ids = n;
+    t->cap_ids = n;
+    t->n_ids = (int32_t)id + 1;
     return NULL;
 }
 

@@ -359,3 +359,272 @@ KT_TEST(tokenizer_corpus_deepseek3) { corpus("deepseek3", DATA "/deepseek3"); }
 KT_TEST(tokenizer_corpus_gptoss) { corpus("gptoss", DATA "/gptoss"); }
 KT_TEST(tokenizer_corpus_unigram) { corpus("unigram", DATA "/unigram"); }
 KT_TEST(tokenizer_corpus_wordpiece) { corpus("wordpiece", DATA "/wordpiece"); }
+
+/* ---- small tokenizers: HF semantics the corpora do not reach ---------------- */
+
+static ktok *from_json(const char *json) {
+    ktok *t = NULL;
+    kiln_status st = ktok_load_json(json, strlen(json), NULL, 0, "test.json", &t);
+    if (st) {
+        fprintf(stderr, "  load: %s\n", kiln_status_msg(st));
+        kiln_status_free(st);
+    }
+    return t;
+}
+
+/* Encodes text and compares with want[0..nw). */
+static bool enc_is(const ktok *t, const char *text, bool special, const int32_t *want, size_t nw) {
+    int32_t *ids;
+    size_t n;
+    kiln_status st = ktok_encode(t, text, strlen(text), special, &ids, &n);
+    if (st) {
+        fprintf(stderr, "  encode \"%s\": %s\n", text, kiln_status_msg(st));
+        kiln_status_free(st);
+        return false;
+    }
+    bool ok = n == nw && (n == 0 || memcmp(ids, want, n * sizeof *ids) == 0);
+    if (!ok) print_ids(text, ids, n);
+    free(ids);
+    return ok;
+}
+
+static bool dec_is(const ktok *t, const int32_t *ids, size_t n, bool skip, const char *want) {
+    char *s;
+    size_t len;
+    kiln_status st = ktok_decode(t, ids, n, skip, &s, &len);
+    if (st) {
+        kiln_status_free(st);
+        return false;
+    }
+    bool ok = len == strlen(want) && memcmp(s, want, len) == 0;
+    if (!ok) fprintf(stderr, "  decode: \"%s\" want \"%s\"\n", s, want);
+    free(s);
+    return ok;
+}
+
+#define IDS(...) ((const int32_t[]){__VA_ARGS__}), sizeof((const int32_t[]){__VA_ARGS__}) / sizeof(int32_t)
+
+KT_TEST(tokenizer_added_single_word) {
+    /* HF's test_single_word_is_correct, through a WordLevel model */
+    ktok *t = from_json("{\"added_tokens\":[{\"id\":5,\"content\":\"<mask>\",\"single_word\":true,\"lstrip\":false,"
+                        "\"rstrip\":false,\"normalized\":true,\"special\":false}],\"normalizer\":{\"type\":\"Lowercase\"},"
+                        "\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"},\"model\":{\"type\":\"WordLevel\",\"unk_token\":"
+                        "\"<unk>\",\"vocab\":{\"<unk>\":0,\"my\":1,\"name\":2,\"a<mask>\":3,\"<mask>ony\":4}}}");
+    KT_CHECK(t != NULL);
+    bool ok = enc_is(t, "<mask> My name <mask> A<mask> <mask>ony <mask>", false, IDS(5, 1, 2, 5, 3, 4, 5));
+    ktok_free(t);
+    KT_CHECK(ok);
+}
+
+#define FMT1 "{\"added_tokens\":[{\"id\":3,\"content\":\"<m>\",\"single_word\":false,\"lstrip\":%s,\"rstrip\":%s,"\
+                      "\"normalized\":false,\"special\":true}],\"model\":{\"type\":\"WordLevel\",\"unk_token\":\"<unk>\","\
+                      "\"vocab\":{\"<unk>\":0,\"a\":1,\"b\":2,\" b\":4,\"a \":5,\"a\\u2003\":6}}}"
+
+KT_TEST(tokenizer_added_lstrip_rstrip) {
+    char json[1024];
+    snprintf(json, sizeof json, FMT1, "true", "true");
+    ktok *t = from_json(json);
+    KT_CHECK(t != NULL);
+    bool ok = enc_is(t, "a <m> b", false, IDS(1, 3, 2)) && enc_is(t, "a\t<m>\xE2\x80\x83 b", false, IDS(1, 3, 2));
+    ktok_free(t);
+    KT_CHECK(ok);
+    snprintf(json, sizeof json, FMT1, "false", "false");
+    t = from_json(json);
+    KT_CHECK(t != NULL);
+    ok = enc_is(t, "a <m> b", false, IDS(5, 3, 4)) && enc_is(t, "a\xE2\x80\x83<m>b", false, IDS(6, 3, 2)) &&
+         dec_is(t, IDS(5, 3, 4), true, "a   b") && dec_is(t, IDS(5, 3, 4), false, "a  <m>  b");
+    ktok_free(t);
+    KT_CHECK(ok);
+}
+
+/* NormalizedString::split's documented example: "the-final--countdown" */
+KT_TEST(tokenizer_split_behaviors) {
+    static const char *beh[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
+    static const int32_t want[5][6] = {{1, 3, 4}, {1, 2, 3, 2, 2, 4}, {5, 6, 2, 4}, {1, 7, 2, 8}, {1, 2, 3, 9, 4}};
+    static const size_t nw[5] = {3, 6, 4, 4, 5};
+    for (int i = 0; i < 5; i++) {
+        char json[1024];
+        snprintf(json, sizeof json,
+                 "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"%s\",\"invert\":false},"
+                 "\"model\":{\"type\":\"WordLevel\",\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>\":0,\"the\":1,\"-\":2,"
+                 "\"final\":3,\"countdown\":4,\"the-\":5,\"final-\":6,\"-final\":7,\"-countdown\":8,\"--\":9}}}",
+                 beh[i]);
+        ktok *t = from_json(json);
+        KT_CHECK(t != NULL);
+        bool ok = enc_is(t, "the-final--countdown", false, want[i], nw[i]);
+        ktok_free(t);
+        KT_CHECKF(ok, "behavior %s", beh[i]);
+    }
+    /* invert: the matches become the non-matches; Removed then keeps only "-" */
+    ktok *t = from_json("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"-\"},\"behavior\":\"Removed\","
+                        "\"invert\":true},\"model\":{\"type\":\"WordLevel\",\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>\":0,"
+                        "\"-\":2}}}");
+    KT_CHECK(t != NULL);
+    bool ok = enc_is(t, "the-final--countdown", false, IDS(2, 2, 2));
+    ktok_free(t);
+    KT_CHECK(ok);
+}
+
+#define FMT2 "{\"added_tokens\":[{\"id\":9,\"content\":\"<x>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,"\
+                      "\"normalized\":false,\"special\":true}],\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":"\
+                      "\"\\u2581\",\"prepend_scheme\":\"%s\",\"split\":true},\"decoder\":{\"type\":\"Metaspace\","\
+                      "\"replacement\":\"\\u2581\",\"prepend_scheme\":\"%s\",\"split\":true},\"model\":{\"type\":\"WordLevel\","\
+                      "\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>\":0,\"\\u2581hello\":1,\"\\u2581\":2,\"world\":3,"\
+                      "\"\\u2581world\":4}}}"
+
+KT_TEST(tokenizer_metaspace_prepend_first) {
+    char json[1024];
+    snprintf(json, sizeof json, FMT2, "first", "first");
+    ktok *t = from_json(json);
+    KT_CHECK(t != NULL);
+    /* the piece after <x> does not start at byte 0: no prefix */
+    bool ok = enc_is(t, "hello <x>world", false, IDS(1, 2, 9, 3)) && enc_is(t, "<x>world", false, IDS(9, 3)) &&
+              dec_is(t, IDS(1, 2, 9, 3), false, "hello <x>world") && dec_is(t, IDS(2, 2, 1), false, "  hello");
+    ktok_free(t);
+    KT_CHECK(ok);
+    snprintf(json, sizeof json, FMT2, "always", "always");
+    t = from_json(json);
+    KT_CHECK(t != NULL);
+    ok = enc_is(t, "hello <x>world", false, IDS(1, 2, 9, 4));
+    ktok_free(t);
+    KT_CHECK(ok);
+}
+
+KT_TEST(tokenizer_unigram_byte_fallback) {
+    ktok *t = from_json("{\"model\":{\"type\":\"Unigram\",\"unk_id\":0,\"byte_fallback\":true,\"vocab\":[[\"<unk>\",0],"
+                        "[\"a\",-1],[\"<0x78>\",-2],[\"<0xC3>\",-2],[\"<0xA9>\",-2],[\"ab\",-1.5],[\"b\",-1]]},"
+                        "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"}]}}");
+    KT_CHECK(t != NULL);
+    /* unknown pieces become their bytes when every byte token exists, else unk */
+    bool ok = enc_is(t, "abx", false, IDS(5, 2)) && enc_is(t, "a\xC3\xA9", false, IDS(1, 3, 4)) &&
+              enc_is(t, "a\xE2\x82\xAC", false, IDS(1, 0)) && dec_is(t, IDS(1, 3, 4), false, "a\xC3\xA9") &&
+              dec_is(t, IDS(3, 1), false, "\xEF\xBF\xBD" "a");
+    ktok_free(t);
+    KT_CHECK(ok);
+}
+
+KT_TEST(tokenizer_bpe_affixes_and_unk) {
+    /* continuing_subword_prefix, end_of_word_suffix, fuse_unk */
+    ktok *t = from_json("{\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"},\"decoder\":{\"type\":\"BPEDecoder\","
+                        "\"suffix\":\"</w>\"},\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"fuse_unk\":true,"
+                        "\"continuing_subword_prefix\":\"##\",\"end_of_word_suffix\":\"</w>\",\"vocab\":{\"<unk>\":0,"
+                        "\"a\":1,\"##b\":2,\"##c</w>\":3,\"ab\":4,\"abc</w>\":5,\"a</w>\":6},\"merges\":[\"a ##b\","
+                        "\"ab ##c</w>\"]}}");
+    KT_CHECK(t != NULL);
+    bool ok = enc_is(t, "abc a", false, IDS(5, 6)) && enc_is(t, "xyz ab", false, IDS(0, 1, 0)) &&
+              enc_is(t, "axxb", false, IDS(1, 0)) && dec_is(t, IDS(5, 6), false, "abc a");
+    ktok_free(t);
+    KT_CHECK(ok);
+}
+
+KT_TEST(tokenizer_decoders_edge) {
+    /* ByteFallback: an invalid run gives one U+FFFD per byte; Strip; Metaspace first token */
+    ktok *t = from_json("{\"model\":{\"type\":\"WordLevel\",\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>\":0,"
+                        "\"<0xE4>\":1,\"<0xB8>\":2,\"<0xAD>\":3,\"\\u2581a\":4,\"\\u2581\\u2581\":5}},\"decoder\":{\"type\":"
+                        "\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":\"\\u2581\"},\"content\":\" \"},"
+                        "{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\",\"content\":\" \",\"start\":1,"
+                        "\"stop\":0}]}}");
+    KT_CHECK(t != NULL);
+    bool ok = dec_is(t, IDS(1, 2, 3, 4), false, "\xE4\xB8\xAD a") &&
+              dec_is(t, IDS(1, 2, 4), false, "\xEF\xBF\xBD\xEF\xBF\xBD a") && dec_is(t, IDS(4, 5), false, "a  ") &&
+              dec_is(t, IDS(5, 4), false, "  a");
+    ktok_free(t);
+    KT_CHECK(ok);
+}
+
+KT_TEST(tokenizer_errors_name_the_field) {
+    static const struct {
+        const char *json, *msg;
+    } cases[] = {
+        {"{}", "model: missing"},
+        {"{\"model\": 3}", "model: expected an object"},
+        {"[1,2]", "expected a JSON object"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":[1,2],\"merges\":[]}}", "model.vocab: expected an object"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2}}}", "model.merges: missing"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a c\"]}}", "model.merges[0]: token \"c\""},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}", "merged token \"ab\""},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"ab\"]}}", "model.merges[0]: expected \"a b\""},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":\"x\"},\"merges\":[]}}", "model.vocab[\"a\"]: expected a token id"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":99999999999},\"merges\":[]}}", "expected a token id"},
+        {"{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\"]]}}", "model.vocab[0]: expected [piece, score]"},
+        {"{\"model\":{\"type\":\"Nope\",\"vocab\":{}}}", "unknown model \"Nope\""},
+        {"{\"normalizer\":{\"type\":\"Foo\"},\"model\":{\"type\":\"WordLevel\",\"vocab\":{}}}",
+         "normalizer.type: unknown normalizer \"Foo\""},
+        {"{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},{\"type\":7}]},\"model\":{\"type\":"
+         "\"WordLevel\",\"vocab\":{}}}",
+         "normalizer.normalizers[1].type: expected a string"},
+        {"{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\"},\"model\":{\"type\":"
+         "\"WordLevel\",\"vocab\":{}}}",
+         "pre_tokenizer.pattern.Regex"},
+        {"{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[a&&b]\"},\"behavior\":\"Isolated\"},\"model\":{"
+         "\"type\":\"WordLevel\",\"vocab\":{}}}",
+         "intersection"},
+        {"{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":\"x\",\"behavior\":\"Isolated\"},\"model\":{\"type\":\"WordLevel\","
+         "\"vocab\":{}}}",
+         "pre_tokenizer.pattern: expected"},
+        {"{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\"x\"},\"behavior\":\"Sideways\"},\"model\":{\"type\":"
+         "\"WordLevel\",\"vocab\":{}}}",
+         "pre_tokenizer.behavior: unknown \"Sideways\""},
+        {"{\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"ab\"},\"model\":{\"type\":\"WordLevel\",\"vocab\":{}}}",
+         "pre_tokenizer.replacement: expected a single character"},
+        {"{\"decoder\":{\"type\":\"Strip\",\"start\":-1},\"model\":{\"type\":\"WordLevel\",\"vocab\":{}}}", "decoder.start"},
+        {"{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}}]},\"model\":{"
+         "\"type\":\"WordLevel\",\"vocab\":{}}}",
+         "special token \"<s>\" is not defined"},
+        {"{\"added_tokens\":[{\"content\":\"x\"}],\"model\":{\"type\":\"WordLevel\",\"vocab\":{}}}", "added_tokens[0].id: missing"},
+        {"{\"added_tokens\":{},\"model\":{\"type\":\"WordLevel\",\"vocab\":{}}}", "added_tokens: expected a list"},
+        {"{\"model\":{\"type\":\"WordPiece\",\"vocab\":{},\"max_input_chars_per_word\":\"x\"}}",
+         "model.max_input_chars_per_word: expected an integer"},
+        {"{\"model\":", "invalid JSON near byte"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ktok *t = NULL;
+        kiln_status st = ktok_load_json(cases[i].json, strlen(cases[i].json), NULL, 0, "tokenizer.json", &t);
+        KT_CHECKF(st != NULL, "case %zu: loaded", i);
+        KT_CHECKF(strstr(kiln_status_msg(st), cases[i].msg) && strstr(kiln_status_msg(st), "tokenizer.json"),
+                  "case %zu: \"%s\" lacks \"%s\"", i, kiln_status_msg(st), cases[i].msg);
+        kiln_status_free(st);
+        KT_CHECK(t == NULL);
+    }
+    /* unk_token missing from the vocabulary: an error when it is needed */
+    ktok *t = from_json("{\"model\":{\"type\":\"WordLevel\",\"unk_token\":\"<unk>\",\"vocab\":{\"a\":0}}}");
+    KT_CHECK(t != NULL);
+    int32_t *ids;
+    size_t n;
+    kiln_status st = ktok_encode(t, "b", 1, false, &ids, &n);
+    ktok_free(t);
+    KT_CHECK_ERR(st, "WordLevel: unk_token");
+    KT_CHECK_ERR(ktok_load("/nonexistent/dir", &t), "no tokenizer.json");
+}
+
+KT_TEST(tokenizer_api_and_invalid_utf8) {
+    ktok *q = load_dir(DATA "/qwen3"), *m = load_dir(DATA "/mistral");
+    KT_CHECK(q && m);
+    KT_CHECK_EQ(ktok_bos_id(q), -1);
+    KT_CHECK_EQ(ktok_eos_id(q), 151645);
+    KT_CHECK_EQ(ktok_token_id(q, "<|im_start|>"), 151644);
+    KT_CHECK(ktok_is_special(q, 151644) && !ktok_is_special(q, 9707));
+    KT_CHECK_STR(ktok_token_str(q, 9707), "Hello");
+    KT_CHECK(ktok_token_str(q, -1) == NULL && ktok_token_str(q, ktok_vocab_size(q)) == NULL);
+    KT_CHECK_EQ(ktok_token_id(q, "no such token at all"), -1);
+    KT_CHECK_EQ(ktok_vocab_size(q), 151669);
+    KT_CHECK_EQ(ktok_bos_id(m), 1);
+    KT_CHECK_EQ(ktok_eos_id(m), 2);
+    bool ok = enc_is(m, "Hi", true, IDS(1, 15359));
+    /* invalid bytes encode as U+FFFD */
+    int32_t *a, *b;
+    size_t na, nb;
+    kiln_status s1 = ktok_encode(q, "x\xff\xe4\xb8y", 5, false, &a, &na);
+    kiln_status s2 = ktok_encode(q, "x\xef\xbf\xbd\xef\xbf\xbdy", 8, false, &b, &nb);
+    ok = ok && !s1 && !s2 && na == nb && memcmp(a, b, na * sizeof *a) == 0;
+    kiln_status_free(s1);
+    kiln_status_free(s2);
+    free(a);
+    free(b);
+    /* decode skips unknown ids */
+    ok = ok && dec_is(q, IDS(9707, -5, 999999999, 1879), false, "Hello world");
+    ok = ok && dec_is(q, IDS(151644, 9707), true, "Hello") && dec_is(q, IDS(151644, 9707), false, "<|im_start|>Hello");
+    ktok_free(q);
+    ktok_free(m);
+    KT_CHECK(ok);
+}
