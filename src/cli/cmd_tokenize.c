@@ -6,10 +6,17 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tokenizer/tokenizer.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int fail(kiln_status st) {
     fprintf(stderr, "kiln: %s\n", kiln_status_msg(st));
@@ -38,12 +45,13 @@ static char *read_stdin(size_t *len) {
 
 int kiln_cmd_tokenize(int argc, char **argv) {
     const char *dir = NULL, *text = NULL;
-    bool add_special = false, json = false;
+    bool add_special = false, json = false, bench = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "-p") && i + 1 < argc) text = argv[++i];
         else if (!strcmp(argv[i], "--add-special")) add_special = true;
         else if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--bench")) bench = true; /* timings on stderr, no ids */
         else {
             fprintf(stderr, "usage: kiln tokenize -m DIR [--add-special] [--json] [-p TEXT | < stdin]\n");
             return 2;
@@ -54,7 +62,9 @@ int kiln_cmd_tokenize(int argc, char **argv) {
         return 2;
     }
     ktok *t;
+    double t0 = now_s();
     kiln_status st = ktok_load(dir, &t);
+    double t_load = now_s() - t0;
     if (st) return fail(st);
     size_t len;
     char *owned = NULL;
@@ -71,7 +81,17 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     }
     int32_t *ids;
     size_t n;
+    t0 = now_s();
     st = ktok_encode(t, text, len, add_special, &ids, &n);
+    double t_enc = now_s() - t0;
+    if (!st && bench) {
+        fprintf(stderr, "load %.1f ms, encode %zu bytes -> %zu ids in %.1f ms: %.2f MB/s\n", 1e3 * t_load, len, n,
+                1e3 * t_enc, (double)len / 1e6 / t_enc);
+        free(owned);
+        free(ids);
+        ktok_free(t);
+        return 0;
+    }
     free(owned);
     ktok_free(t);
     if (st) return fail(st);

@@ -216,19 +216,56 @@ kiln_status tk_added_finish(ktok *t) {
 
 /* ---- encode ---------------------------------------------------------------- */
 
+/* Words repeat: a cache of piece -> ids for the length of one encode call
+ * (HF's BPE keeps one per tokenizer; per call needs no lock). */
+#define CACHE_MAX_WORDS 65536
+#define CACHE_MAX_LEN 256
+
 typedef struct {
     tk_ctx c;
     tk_pieces p, tmp;
     tk_buf norm;
     tk_splits sp1, sp2;
+    tk_strmap cache;   /* piece -> entry */
+    ku_arena *keys;    /* cached piece strings */
+    tk_ids cached;     /* ids of all entries */
+    uint32_t *ent_off, *ent_len;
+    size_t n_ent;
 } enc_state;
+
+static kiln_status tokenize_piece(const ktok *t, enc_state *e, const char *s, size_t n, tk_ids *out) {
+    if (n > CACHE_MAX_LEN) return tk_model_tokenize(t, &e->c, s, n, out);
+    int32_t hit = tk_strmap_get(&e->cache, s, n);
+    if (hit >= 0) {
+        for (uint32_t k = 0; k < e->ent_len[hit]; k++)
+            if (!tk_ids_push(out, e->cached.v[e->ent_off[hit] + k])) return OOM;
+        return NULL;
+    }
+    size_t mark = out->n;
+    KILN_TRY(tk_model_tokenize(t, &e->c, s, n, out));
+    if (e->n_ent >= CACHE_MAX_WORDS) return NULL;
+    if (!e->keys) {
+        e->keys = ku_arena_create();
+        e->ent_off = malloc(CACHE_MAX_WORDS * sizeof *e->ent_off);
+        e->ent_len = malloc(CACHE_MAX_WORDS * sizeof *e->ent_len);
+        if (!e->keys || !e->ent_off || !e->ent_len || !tk_strmap_init(&e->cache, 1024)) return OOM;
+    }
+    char *k = ku_arena_memdup(e->keys, s, n);
+    if (!k) return OOM;
+    e->ent_off[e->n_ent] = (uint32_t)e->cached.n;
+    e->ent_len[e->n_ent] = (uint32_t)(out->n - mark);
+    for (size_t i = mark; i < out->n; i++)
+        if (!tk_ids_push(&e->cached, out->v[i])) return OOM;
+    if (!tk_strmap_put(&e->cache, k, n, (int32_t)e->n_ent)) return OOM;
+    e->n_ent++;
+    return NULL;
+}
 
 static kiln_status encode_section(const ktok *t, enc_state *e, const char *s, size_t n, uint32_t flags, tk_ids *out) {
     tk_pieces_clear(&e->p);
     if (!tk_pieces_add(&e->p, s, n, flags)) return OOM;
     if (t->pretok) KILN_TRY(tk_pretokenize(t->pretok, t, &e->c, &e->p, &e->tmp));
-    for (size_t i = 0; i < e->p.n; i++)
-        KILN_TRY(tk_model_tokenize(t, &e->c, tk_piece_str(&e->p, i), e->p.v[i].len, out));
+    for (size_t i = 0; i < e->p.n; i++) KILN_TRY(tokenize_piece(t, e, tk_piece_str(&e->p, i), e->p.v[i].len, out));
     return NULL;
 }
 
@@ -325,6 +362,11 @@ kiln_status ktok_encode(const ktok *t, const char *text, size_t len, bool add_sp
     tk_buf_free(&e.norm);
     free(e.sp1.v);
     free(e.sp2.v);
+    tk_strmap_free(&e.cache);
+    ku_arena_destroy(e.keys);
+    free(e.cached.v);
+    free(e.ent_off);
+    free(e.ent_len);
     if (st) {
         free(out.v);
         return st;
