@@ -628,3 +628,114 @@ KT_TEST(tokenizer_api_and_invalid_utf8) {
     ktok_free(m);
     KT_CHECK(ok);
 }
+
+/* ---- threads: one ktok, many encoders ----------------------------------------- */
+
+#include <pthread.h>
+
+typedef struct {
+    const ktok *t;
+    const cJSON *cases;
+    uint64_t sum; /* a checksum of every id */
+    int err;
+} thread_job;
+
+static void *encode_all(void *arg) {
+    thread_job *j = arg;
+    int n = cJSON_GetArraySize(j->cases);
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        char *text = case_text(cJSON_GetArrayItem(j->cases, i), &len);
+        int32_t *ids;
+        size_t k;
+        kiln_status st = ktok_encode(j->t, text, len, true, &ids, &k);
+        if (st) {
+            j->err++;
+            kiln_status_free(st);
+        } else {
+            for (size_t m = 0; m < k; m++) j->sum = j->sum * 1000003u + (uint32_t)ids[m];
+            free(ids);
+        }
+        free(text);
+    }
+    return NULL;
+}
+
+KT_TEST(tokenizer_threads_share_one_tokenizer) {
+    ktok *t = load_dir(DATA "/gemma3");
+    cJSON *cj = load_json_rel(DATA "/corpus.json");
+    KT_CHECK(t && cj);
+    const cJSON *cases = cJSON_GetObjectItem(cj, "cases");
+    thread_job one = {t, cases, 0, 0}, jobs[4];
+    encode_all(&one);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (thread_job){t, cases, 0, 0};
+        pthread_create(&th[i], NULL, encode_all, &jobs[i]);
+    }
+    bool same = one.err == 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        same = same && jobs[i].sum == one.sum && jobs[i].err == 0;
+    }
+    cJSON_Delete(cj);
+    ktok_free(t);
+    KT_CHECK(same);
+}
+
+/* ---- fuzz regressions: the files in fuzz/regress_tokenizer (make fuzz-tokenizer) */
+
+#include <dirent.h>
+
+static void replay(const ktok *t, const char *text, size_t n) {
+    int32_t *ids;
+    size_t k;
+    kiln_status st = ktok_encode(t, text, n, true, &ids, &k);
+    if (!st) {
+        char *out;
+        size_t ol;
+        kiln_status_free(ktok_decode(t, ids, k, false, &out, &ol));
+        free(out);
+        free(ids);
+    }
+    kiln_status_free(st);
+}
+
+KT_TEST(tokenizer_fuzz_regressions) {
+    char dir[4096];
+    DIR *d = opendir(kt_path(dir, sizeof dir, "fuzz/regress_tokenizer"));
+    KT_CHECK(d != NULL);
+    ktok *fixed = load_dir(DATA "/gemma3");
+    KT_CHECK(fixed != NULL);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        char *data;
+        size_t size;
+        kiln_status st = ku_read_file(p, &data, &size);
+        if (st) {
+            kiln_status_free(st);
+            continue;
+        }
+        n++;
+        /* the harness's two modes (fuzz/fuzz_tokenizer.c) */
+        if (size && (data[0] & 1)) {
+            replay(fixed, data + 1, size - 1);
+        } else if (size) {
+            const char *sep = memchr(data + 1, 0, size - 1);
+            size_t jl = sep ? (size_t)(sep - data) - 1 : size - 1;
+            ktok *t = NULL;
+            st = ktok_load_json(data + 1, jl, NULL, 0, "fuzz", &t);
+            if (!st && sep) replay(t, sep + 1, size - jl - 2);
+            kiln_status_free(st);
+            ktok_free(t);
+        }
+        free(data);
+    }
+    closedir(d);
+    ktok_free(fixed);
+    fprintf(stderr, "  %d regression inputs replayed\n", n);
+}
