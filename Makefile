@@ -26,7 +26,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 MAIN_OBJ := $(MAIN_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all test asan check demo deps clean fuzz fuzz-safetensors fuzz-jinja
+.PHONY: all test asan check demo deps clean fuzz
 all: $(BUILD)/kiln
 
 $(BUILD)/kiln: $(MAIN_OBJ) $(BUILD)/libkiln.a
@@ -77,37 +77,40 @@ check: deps
 demo: deps all
 	$(BUILD)/kiln generate
 
-# libFuzzer harness of the chat template engine; run e.g.
-#   build/fuzz/fuzz_jinja -max_total_time=300 build/fuzz/corpus tests/data/chat/templates
-FUZZ_JINJA_SRC := fuzz/fuzz_jinja.c $(filter src/chat/jinja%.c src/base/%.c,$(LIB_SRC))
-fuzz-jinja: $(BUILD)/fuzz/fuzz_jinja
-$(BUILD)/fuzz/fuzz_jinja: $(FUZZ_JINJA_SRC) $(wildcard src/chat/*.h src/base/*.h)
-	@mkdir -p $(dir $@) $(BUILD)/fuzz/corpus
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc -o $@ $(FUZZ_JINJA_SRC) -lcjson -lutf8proc -lm
-
 clean:
 	rm -rf build
 
-# libFuzzer harnesses (clang). FUZZ_TIME seconds per run; the corpus grows in
-# fuzz-out/ (ignored), seeded from tests/data/ckpt/fuzz-seeds; crashers go to
-# fuzz-out/ too: copy them to tests/data/ckpt/fuzz-regress/ once fixed.
-FUZZ_CC   ?= clang
-FUZZ_TIME ?= 60
-FUZZ_FLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
-             -fno-sanitize-recover=undefined -Isrc -Wall -Wextra -Wno-unused-parameter
-FUZZ_ST_SRC = fuzz/fuzz_safetensors.c src/ckpt/safetensors.c src/ckpt/tmap.c src/base/arena.c src/base/file.c \
-              src/base/status.c
+# libFuzzer harnesses (clang), one per parser of untrusted bytes:
+#   make fuzz-safetensors | fuzz-tokenizer | fuzz-jinja   [FUZZ_TIME=seconds]
+# Each links fuzz/fuzz_NAME.c with the library sources, runs from the seed
+# corpus FUZZ_SEEDS_NAME and grows fuzz-out/NAME (ignored by git). Crashers
+# land in fuzz-out/NAME-crashes: fix them, then commit them where the unit
+# tests replay them (tests/data/ckpt/fuzz-regress, fuzz/regress_tokenizer,
+# tests/data/chat/fuzz).
+FUZZ_CC    ?= clang
+FUZZ_TIME  ?= 60
+FUZZ_FLAGS  = -std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
+              -fno-sanitize-recover=undefined -Isrc -Wall -Wextra -Wno-unused-parameter
+FUZZ_SEEDS_safetensors = tests/data/ckpt/fuzz-seeds
+FUZZ_ARGS_safetensors  = -max_len=4096 -dict=fuzz/safetensors.dict
+FUZZ_SEEDS_tokenizer   = fuzz/corpus_tokenizer
+FUZZ_SEEDS_jinja       = tests/data/chat/templates
+FUZZ_BUILD = build/fuzz
 
-$(BUILD)/fuzz/fuzz_safetensors: $(FUZZ_ST_SRC) $(wildcard src/ckpt/*.h src/base/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(FUZZ_ST_SRC) -lcjson -lm
+# the library itself, instrumented, in its own tree (ISA-specific files keep their flags)
+$(FUZZ_BUILD)/libkiln.a: $(LIB_SRC)
+	$(MAKE) BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) \
+	    OPT="-O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
+	    $(FUZZ_BUILD)/libkiln.a
 
-fuzz-safetensors: $(BUILD)/fuzz/fuzz_safetensors
-	@mkdir -p fuzz-out/safetensors fuzz-out/safetensors-crashes
-	$(BUILD)/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_TIME) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-	    -dict=fuzz/safetensors.dict -artifact_prefix=fuzz-out/safetensors-crashes/ \
-	    fuzz-out/safetensors tests/data/ckpt/fuzz-seeds
+$(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c $(FUZZ_BUILD)/libkiln.a
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(FUZZ_BUILD)/libkiln.a $(LDLIBS)
 
-fuzz: fuzz-safetensors
+fuzz-%: $(FUZZ_BUILD)/fuzz_%
+	@mkdir -p fuzz-out/$* fuzz-out/$*-crashes
+	$< -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 $(FUZZ_ARGS_$*) \
+	    -artifact_prefix=fuzz-out/$*-crashes/ fuzz-out/$* $(FUZZ_SEEDS_$*)
+
+fuzz: fuzz-safetensors fuzz-tokenizer fuzz-jinja
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
