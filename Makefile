@@ -98,10 +98,12 @@ FUZZ_SEEDS_jinja       = tests/data/chat/templates
 FUZZ_BUILD = build/fuzz
 
 # the library itself, instrumented, in its own tree (ISA-specific files keep their flags)
+ifneq ($(BUILD),$(FUZZ_BUILD))
 $(FUZZ_BUILD)/libkiln.a: $(LIB_SRC)
 	$(MAKE) BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) \
 	    OPT="-O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
 	    $(FUZZ_BUILD)/libkiln.a
+endif
 
 $(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c $(FUZZ_BUILD)/libkiln.a
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(FUZZ_BUILD)/libkiln.a $(LDLIBS)

@@ -11,6 +11,7 @@ static struct {
     char msg[16];
 } oom_status = {KILN_ENOMEM, "out of memory"};
 
+static kiln_status make(kiln_code code, const char *fmt, va_list ap) KILN_PRINTF(2, 0);
 static kiln_status make(kiln_code code, const char *fmt, va_list ap) {
     va_list ap2;
     va_copy(ap2, ap);
