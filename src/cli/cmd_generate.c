@@ -5,9 +5,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/file.h"
 #include "base/npy.h"
+#include "chat/chat.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "engine/textio.h"
 #include "gen/params.h"
 #include "gen/session.h"
 
@@ -18,9 +21,14 @@ static double now(void) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kiln generate [-m DIR] --prompt-ids IDS [options]\n"
+    fprintf(f, "usage: kiln generate [-m DIR] (-p TEXT | -f FILE | --prompt-ids IDS) [options]\n"
                "  -m, --model DIR       checkpoint folder (default: the bundled demo model)\n"
-               "  --prompt-ids IDS      prompt token ids, e.g. 1,17,93\n"
+               "  -p, --prompt TEXT     prompt text (tokenized with the model's tokenizer)\n"
+               "  -f, --file FILE       read the prompt text from FILE\n"
+               "  --chat                apply the model's chat template to the prompt as a user message\n"
+               "  --system TEXT         with --chat: a system message first\n"
+               "  --prompt-ids IDS      prompt token ids instead of text, e.g. 1,17,93\n"
+               "  --no-display-prompt   do not echo the prompt\n"
                "  --force-ids IDS       teacher forcing: feed these ids instead of sampling\n"
                "  --logits-out FILE     write float32 .npy [rows, vocab]: row 0 at the last prompt\n"
                "                        position, row i after the i-th generated or forced token\n"
@@ -31,7 +39,7 @@ static void usage(FILE *f) {
     kgen_print_flags(f);
 }
 
-/* Until a tokenizer is loaded, tokens have no text. */
+/* Without a tokenizer, tokens have no text. */
 static const char *no_text(void *ud, int32_t id, size_t *len) {
     (void)ud, (void)id;
     *len = 0;
@@ -39,12 +47,14 @@ static const char *no_text(void *ud, int32_t id, size_t *len) {
 }
 
 typedef struct {
-    const char *dir, *logits_out;
+    const char *dir, *logits_out, *text, *file, *system;
     int32_t *prompt, *forced;
     int n_prompt, n_forced;
     int64_t n_ctx, threads;
-    bool json;
+    bool json, chat, no_display;
     kgen_params gp;
+    char *out_text; /* everything generated, for --json */
+    size_t out_len, out_cap;
 } opts;
 
 static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
@@ -58,7 +68,7 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
             *help = true;
             return NULL;
         }
-        bool takes = strcmp(a, "--json") != 0;
+        bool takes = strcmp(a, "--json") && strcmp(a, "--chat") && strcmp(a, "--no-display-prompt");
         if (takes && !v) return kiln_error(KILN_EINVAL, "%s needs a value", a);
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
         else if (!strcmp(a, "--prompt-ids")) KILN_TRYF(kiln_parse_ids(v, &o->prompt, &o->n_prompt), "--prompt-ids");
@@ -67,12 +77,92 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) KILN_TRY(kiln_parse_int(a, v, 0, 1024, &o->threads));
         else if (!strcmp(a, "--logits-out")) o->logits_out = v;
         else if (!strcmp(a, "--json")) o->json = true;
+        else if (!strcmp(a, "--chat")) o->chat = true;
+        else if (!strcmp(a, "--no-display-prompt")) o->no_display = true;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->text = v;
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->file = v;
+        else if (!strcmp(a, "--system")) o->system = v;
         else return kiln_error(KILN_EINVAL, "unknown option %s (see kiln generate --help)", a);
         i += takes ? 2 : 1;
     }
-    if (!o->prompt) return kiln_error(KILN_EINVAL, "give a prompt with --prompt-ids (see kiln generate --help)");
-    if (o->n_prompt == 0) return kiln_error(KILN_EINVAL, "--prompt-ids: the prompt is empty");
+    if (!!o->prompt + !!o->text + !!o->file > 1) return kiln_error(KILN_EINVAL, "give one of -p, -f and --prompt-ids");
+    if (o->prompt && o->n_prompt == 0) return kiln_error(KILN_EINVAL, "--prompt-ids: the prompt is empty");
+    if (o->chat && o->prompt) return kiln_error(KILN_EINVAL, "--chat needs a text prompt (-p or -f)");
     return kgen_params_validate(&o->gp);
+}
+
+static kiln_status keep_text(opts *o, const char *t, size_t n) {
+    if (o->out_len + n + 1 > o->out_cap) {
+        size_t nc = (o->out_len + n + 1) * 2;
+        char *p = realloc(o->out_text, nc);
+        if (!p) return kiln_error(KILN_ENOMEM, "out of memory");
+        o->out_text = p;
+        o->out_cap = nc;
+    }
+    memcpy(o->out_text + o->out_len, t, n);
+    o->out_len += n;
+    o->out_text[o->out_len] = 0;
+    return NULL;
+}
+
+/* The prompt as ids: given, or the text (from -p/-f, through the chat
+ * template with --chat) tokenized. Echoes the text unless asked not to. */
+static kiln_status prompt_ids(opts *o, const ktok *tok) {
+    if (o->prompt) return NULL;
+    char *text = NULL;
+    size_t len = 0;
+    if (o->file) KILN_TRY(ku_read_file(o->file, &text, &len));
+    else if (o->text) {
+        text = strdup(o->text);
+        len = strlen(o->text);
+    } else {
+        return kiln_error(KILN_EINVAL, "give a prompt: -p TEXT, -f FILE or --prompt-ids IDS (see kiln generate --help)");
+    }
+    if (!text) return kiln_error(KILN_ENOMEM, "out of memory");
+    if (!tok) {
+        free(text);
+        return kiln_error(KILN_ENOTFOUND, "%s has no tokenizer.json: give the prompt as --prompt-ids", o->dir);
+    }
+    bool add_special = true;
+    kiln_status st = NULL;
+    if (o->chat) {
+        kchat_template *t;
+        st = kchat_load(o->dir, &t);
+        if (st) {
+            free(text);
+            return kiln_status_wrap(st, "--chat");
+        }
+        cJSON *msgs = cJSON_CreateArray();
+        if (o->system) {
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "role", "system");
+            cJSON_AddStringToObject(m, "content", o->system);
+            cJSON_AddItemToArray(msgs, m);
+        }
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "user");
+        cJSON_AddStringToObject(m, "content", text);
+        cJSON_AddItemToArray(msgs, m);
+        free(text);
+        text = NULL;
+        kchat_input in = {.messages = msgs, .add_generation_prompt = true};
+        st = kchat_render(t, &in, &text);
+        cJSON_Delete(msgs);
+        kchat_free(t);
+        if (st) return st;
+        len = strlen(text);
+        add_special = false; /* the template writes its own special tokens */
+    }
+    size_t n;
+    st = ktok_encode(tok, text, len, add_special, &o->prompt, &n);
+    if (!st && n == 0) st = kiln_error(KILN_EINVAL, "the prompt is empty after tokenization");
+    o->n_prompt = (int)n;
+    if (!st && !o->json && !o->no_display && !o->chat) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    free(text);
+    return st;
 }
 
 typedef struct {
@@ -107,8 +197,17 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     ke_model *m = NULL;
     ke_ctx *c = NULL;
     kgen_session *g = NULL;
+    ktok *tok = NULL;
+    ke_text_vocab tv = {0};
+    ke_text_detok td = {0};
     double t0 = now();
     kiln_status st = ke_model_load(o->dir, &m);
+    if (!st) {
+        kiln_status ts = ktok_load(o->dir, &tok);
+        if (ts && kiln_status_code(ts) != KILN_ENOTFOUND) st = ts; /* a broken tokenizer is an error; none is fine */
+        else kiln_status_free(ts);
+    }
+    if (!st) st = prompt_ids(o, tok);
     if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads}, &c);
     t[0] = now() - t0;
     if (st) goto out;
@@ -123,8 +222,19 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     int n_eos = 0;
     st = kc_eos_ids(ke_model_checkpoint(m), eos, 16, &n_eos);
     kgen_vocab v = {(int32_t)hp->vocab, no_text, NULL, NULL};
+    if (tok) {
+        ke_text_vocab_init(&tv, tok, (int32_t)hp->vocab);
+        v = ke_text_vocab_get(&tv);
+    }
     if (!st)
         st = kgen_session_create(&o->gp, &v, (int32_t)ke_ctx_n_ctx(c), eos, n_eos, o->prompt, o->n_prompt, &g);
+    if (!st && tok) {
+        st = ke_text_detok_init(&td, tok, true);
+        if (!st) {
+            kgen_detok d = ke_text_detok_get(&td);
+            kgen_session_set_detok(g, &d);
+        }
+    }
     int seq = 0;
     if (!st) st = ke_seq_open(c, &seq);
     if (st) goto out;
@@ -157,11 +267,15 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
             st = kgen_session_step(g, lg, &s);
             if (st) break;
             f = s.finish;
-            if (f != KGEN_CONTINUE && f != KGEN_FINISH_EOS && f != KGEN_FINISH_LENGTH) break;
+            if (s.text_len) {
+                if (o->json) st = keep_text(o, s.text, s.text_len);
+                else fwrite(s.text, 1, s.text_len, stdout), fflush(stdout);
+            }
+            if (st || (f != KGEN_CONTINUE && f != KGEN_FINISH_EOS && f != KGEN_FINISH_LENGTH)) break;
             next = s.token;
         }
         st = keep_id(rec, next);
-        if (!st && !o->json) {
+        if (!st && !o->json && !tok) {
             printf("%d ", next);
             fflush(stdout);
         }
@@ -180,6 +294,9 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     *finish = kgen_finish_reason(f) ? kgen_finish_reason(f) : "length";
 out:
     kgen_session_destroy(g);
+    ke_text_detok_free(&td);
+    ke_text_vocab_free(&tv);
+    ktok_free(tok);
     ke_ctx_free(c);
     ke_model_free(m);
     return st;
@@ -206,7 +323,15 @@ int kiln_cmd_generate(int argc, char **argv) {
             for (int i = 0; i < o.n_prompt; i++) printf("%s%d", i ? ", " : "", o.prompt[i]);
             printf("], \"generated_ids\": [");
             for (int64_t i = 0; i < rec.n; i++) printf("%s%d", i ? ", " : "", rec.ids[i]);
-            printf("], \"finish_reason\": \"%s\", \"timings\": {\"load_s\": %.4f, \"prompt_s\": %.4f, \"generate_s\": %.4f, "
+            printf("]");
+            if (o.out_text) {
+                cJSON *js = cJSON_CreateString(o.out_text);
+                char *esc = js ? cJSON_PrintUnformatted(js) : NULL;
+                printf(", \"text\": %s", esc ? esc : "null");
+                free(esc);
+                cJSON_Delete(js);
+            }
+            printf(", \"finish_reason\": \"%s\", \"timings\": {\"load_s\": %.4f, \"prompt_s\": %.4f, \"generate_s\": %.4f, "
                    "\"prompt_tok_s\": %.2f, \"generate_tok_s\": %.2f}}\n",
                    finish, t[0], t[1], t[2], t[1] > 0 ? o.n_prompt / t[1] : 0, t[2] > 0 ? (double)rec.n / t[2] : 0);
         } else {
@@ -216,7 +341,7 @@ int kiln_cmd_generate(int argc, char **argv) {
                     t[2] > 0 ? (double)rec.n / t[2] : 0, finish);
         }
     }
-    free(rec.ids), free(rec.rows), free(o.prompt), free(o.forced);
+    free(rec.ids), free(rec.rows), free(o.prompt), free(o.forced), free(o.out_text);
     kgen_params_free(&o.gp);
     return st ? kiln_fail(st) : 0;
 }

@@ -4,6 +4,7 @@
 
 #include "cli/cli.h"
 #include "cli/cmd_template.h"
+#include "cli/cmd_tokenize.h"
 
 static const struct {
     const char *name;
@@ -13,6 +14,8 @@ static const struct {
     {"generate", kiln_cmd_generate, "generate from a prompt"},
     {"validate", kiln_cmd_validate, "check fixture folders against their transformers oracle"},
     {"info", kiln_cmd_info, "describe a checkpoint: family, shapes, weights, memory"},
+    {"tokenize", kiln_cmd_tokenize, "text to token ids with a model's tokenizer"},
+    {"detokenize", kiln_cmd_detokenize, "token ids to text"},
     {"template", kiln_cmd_template, "render a chat template for a list of messages"},
 };
 

@@ -14,6 +14,7 @@ struct kgen_session {
     bool done;
     char *text; /* the step's text when it joins two pieces */
     size_t cap;
+    kgen_detok detok;
 };
 
 void kgen_session_destroy(kgen_session *g) {
@@ -52,6 +53,8 @@ kiln_status kgen_session_create(const kgen_params *p, const kgen_vocab *v, int32
     return NULL;
 }
 
+void kgen_session_set_detok(kgen_session *g, const kgen_detok *d) { g->detok = *d; }
+
 kgen_finish kgen_session_start(const kgen_session *g) { return kgen_check_start(&g->lim, g->n_prompt); }
 
 static kiln_status append(kgen_session *g, size_t at, const char *t, size_t n) {
@@ -79,7 +82,7 @@ kiln_status kgen_session_step(kgen_session *g, const float *logits, kgen_step *o
     size_t na = 0;
     if (out->finish != KGEN_FINISH_EOS) { /* the EOS token's text is not output */
         size_t plen = 0;
-        const char *piece = g->vocab.piece(g->vocab.ud, tok, &plen);
+        const char *piece = g->detok.push ? g->detok.push(g->detok.ud, tok, &plen) : g->vocab.piece(g->vocab.ud, tok, &plen);
         if (!piece) plen = 0;
         if (kgen_stop_feed(g->stop, piece ? piece : "", plen, &a, &na))
             out->finish = KGEN_FINISH_STOP_STRING;
@@ -96,8 +99,11 @@ kiln_status kgen_session_step(kgen_session *g, const float *logits, kgen_step *o
     size_t nb;
     kgen_stop_flush(g->stop, &b, &nb);
     KILN_TRY(append(g, na, b, nb));
+    size_t nf = 0; /* what the detokenizer still holds: an incomplete character */
+    const char *f = g->detok.flush ? g->detok.flush(g->detok.ud, &nf) : NULL;
+    if (f && nf) KILN_TRY(append(g, na + nb, f, nf));
     out->text = g->text ? g->text : "";
-    out->text_len = na + nb;
+    out->text_len = na + nb + (f ? nf : 0);
     return NULL;
 }
 

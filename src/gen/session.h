@@ -38,6 +38,16 @@ kiln_status kgen_session_create(const kgen_params *p, const kgen_vocab *v, int32
                                 const int32_t *eos_ids, int32_t n_eos, const int32_t *prompt,
                                 int32_t n_prompt, kgen_session **out);
 void kgen_session_destroy(kgen_session *g);
+/* A stateful detokenizer for this sequence (e.g. ktok_stream): push gives
+ * the text a token completes (complete UTF-8 only), flush what is left at
+ * the end. When set, it replaces vocab.piece for the output text, so the
+ * streamed text equals decoding all generated ids at once. */
+typedef struct {
+    const char *(*push)(void *ud, int32_t id, size_t *len);
+    const char *(*flush)(void *ud, size_t *len);
+    void *ud;
+} kgen_detok;
+void kgen_session_set_detok(kgen_session *g, const kgen_detok *d);
 /* Whether anything can be generated at all. */
 kgen_finish kgen_session_start(const kgen_session *g);
 /* Samples, accepts and decodes one token; on the last one the text includes
