@@ -135,7 +135,7 @@ static kg_node *attention(kg_graph *g, const kg_node *n) {
         kg_node *cap = scalar_like(g, sc, at->softcap);
         sc = mul(g, kg_unary(g, KG_OP_TANH, divide(g, sc, cap)), cap);
     }
-    /* key position c is visible from pos when c <= pos and c > pos - W */
+    /* key position c is visible from pos when c <= pos, c > pos - W, and c / C == pos / C */
     kg_shape tc = KG_SHAPE(T, C);
     kg_node *cpos = kg_iota(g, KG_I32, tc, 1);
     kg_node *pos = bcast(g, tp, tc, 0, 0, 0, 0);
@@ -144,11 +144,30 @@ static kg_node *attention(kg_graph *g, const kg_node *n) {
         kg_node *lo = sub(g, pos, scalar_like(g, pos, at->window));
         ok = kg_binary(g, KG_OP_AND, ok, kg_compare(g, KG_CMP_GT, cpos, lo));
     }
+    if (at->chunk > 0) {
+        kg_node *cc = scalar_like(g, pos, at->chunk);
+        ok = kg_binary(g, KG_OP_AND, ok, kg_compare(g, KG_CMP_EQ, divide(g, cpos, cc), divide(g, pos, cc)));
+    }
+    int extra = 6;
+    if (at->alibi && sc) {
+        /* slope[h] * (c - pos), h = kvh * G + g */
+        kg_node *slope = kg_reshape(g, n->in[extra++], KG_SHAPE(Hkv, G));
+        kg_node *dist = kg_convert(g, sub(g, cpos, pos), KG_F32); /* [T, C] */
+        sc = add(g, sc, mul(g, bcast(g, slope, sc->shape, 1, 2, 0, 0), bcast(g, dist, sc->shape, 0, 3, 0, 0)));
+    }
     kg_node *okb = sc ? bcast(g, ok, sc->shape, 0, 3, 0, 0) : NULL;
     sc = kg_select(g, okb, sc, scalar_like(g, sc, -INFINITY));
     kg_node *m = reduce_last(g, sc, KG_REDUCE_MAX);
+    kg_node *sink = NULL;
+    if (at->sinks && m) {
+        sink = kg_reshape(g, n->in[extra++], KG_SHAPE(Hkv, G));
+        sink = bcast(g, sink, m->shape, 1, 2, 0, 0); /* [T, Hkv, G] */
+        m = kg_binary(g, KG_OP_MAX, m, sink);
+    }
     kg_node *e = kg_unary(g, KG_OP_EXP, sub(g, sc, expand_last(g, m, sc)));
-    kg_node *p = divide(g, e, expand_last(g, reduce_last(g, e, KG_REDUCE_SUM), e));
+    kg_node *den = reduce_last(g, e, KG_REDUCE_SUM);
+    if (sink) den = add(g, den, kg_unary(g, KG_OP_EXP, sub(g, sink, m)));
+    kg_node *p = divide(g, e, expand_last(g, den, e));
     kg_dot_dims pv = {.lhs_batch = {2, {0, 1}}, .rhs_batch = {2, {0, 2}}, .lhs_contract = {1, {3}}, .rhs_contract = {1, {1}}};
     kg_node *o = kg_dot_general(g, p, V, &pv); /* [T, Hkv, G, Dv] */
     return kg_reshape(g, o, KG_SHAPE(T, Hq, Dv));

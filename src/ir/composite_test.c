@@ -156,6 +156,8 @@ typedef struct {
     int64_t T, Hq, Hkv, D, Dv, S, MB, bs, NB;
     int window;
     float softcap;
+    int chunk;
+    bool alibi, sinks;
 } attn_cfg;
 
 static kg_node *build_attn(kg_graph *g, void *ctx) {
@@ -166,16 +168,23 @@ static kg_node *build_attn(kg_graph *g, void *ctx) {
     kg_node *bt = kg_param(g, KG_I32, KG_SHAPE(c->S, c->MB), "bt");
     kg_node *ts = kg_param(g, KG_I32, KG_SHAPE(c->T), "seq");
     kg_node *tp = kg_param(g, KG_I32, KG_SHAPE(c->T), "pos");
-    kg_attn_attr at = {.scale = 1.0f / sqrtf((float)c->D), .softcap = c->softcap, .window = c->window, .block_size = (int)c->bs};
-    return kg_attention(g, q, kc, vc, bt, ts, tp, &at);
+    kg_node *alibi = c->alibi ? kg_param(g, KG_F32, KG_SHAPE(c->Hq), "alibi") : NULL;
+    kg_node *sinks = c->sinks ? kg_param(g, KG_F32, KG_SHAPE(c->Hq), "sinks") : NULL;
+    kg_attn_attr at = {.scale = 1.0f / sqrtf((float)c->D), .softcap = c->softcap, .window = c->window, .chunk = c->chunk,
+                       .block_size = (int)c->bs};
+    return kg_attention(g, q, kc, vc, bt, ts, tp, alibi, sinks, &at);
 }
 
 KT_TEST(composite_attention_matches_decomposition) {
     attn_cfg cfgs[] = {
-        {6, 4, 2, 16, 16, 2, 3, 4, 8, 0, 0},  /* GQA, two sequences */
-        {5, 4, 1, 8, 8, 1, 4, 4, 4, 3, 0},    /* MQA, sliding window 3 */
-        {4, 2, 2, 16, 8, 3, 2, 8, 6, 0, 5.0f}, /* softcap, Dv != D */
-        {1, 8, 4, 32, 32, 1, 2, 16, 2, 8, 0}, /* decode step, window */
+        {6, 4, 2, 16, 16, 2, 3, 4, 8, 0, 0, 0, false, false},  /* GQA, two sequences */
+        {5, 4, 1, 8, 8, 1, 4, 4, 4, 3, 0, 0, false, false},    /* MQA, sliding window 3 */
+        {4, 2, 2, 16, 8, 3, 2, 8, 6, 0, 5.0f, 0, false, false}, /* softcap, Dv != D */
+        {1, 8, 4, 32, 32, 1, 2, 16, 2, 8, 0, 0, false, false},  /* decode step, window */
+        {6, 4, 2, 16, 16, 2, 3, 4, 8, 0, 0, 0, true, false}, /* ALiBi */
+        {6, 4, 2, 16, 16, 2, 3, 4, 8, 0, 0, 0, false, true}, /* attention sinks */
+        {7, 4, 4, 8, 8, 1, 4, 4, 4, 0, 0, 3, true, true},    /* chunked, ALiBi and sinks */
+        {5, 2, 1, 8, 8, 2, 2, 8, 4, 4, 0, 0, false, true},   /* sliding window with sinks */
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         attn_cfg *c = &cfgs[i];
@@ -192,6 +201,12 @@ KT_TEST(composite_attention_matches_decomposition) {
             tp[t] = (int32_t)((t * 7 + 3) % (c->MB * c->bs));
         }
         in.buf[3] = bt, in.buf[4] = ts, in.buf[5] = tp;
+        if (c->alibi) {
+            float *sl = calloc((size_t)c->Hq, sizeof(float));
+            for (int64_t h = 0; h < c->Hq; h++) sl[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)c->Hq);
+            in.buf[in.n++] = sl;
+        }
+        if (c->sinks) in.buf[in.n++] = rand_buf(KG_F32, c->Hq, 2);
         double mx, d = compare(build_attn, c, &in, &mx);
         free_inputs(&in);
         KT_CHECKF(d <= 1e-5 * (1 + mx), "attention config %zu: max diff %g", i, d);

@@ -563,8 +563,13 @@ static bool infer(kg_graph *g, kg_node *n) {
         if (bt->shape.rank != 2 || bt->dtype != KG_I32 || ts->shape.rank != 1 || ts->shape.d[0] != T ||
             ts->dtype != KG_I32 || tp->shape.rank != 1 || tp->shape.d[0] != T || tp->dtype != KG_I32)
             return fail(g, "attention: bad sequence metadata"), false;
-        if (n->a.attn.block_size <= 0 || kc->shape.d[0] % n->a.attn.block_size || n->a.attn.window < 0)
-            return fail(g, "attention: bad block size or window"), false;
+        if (n->a.attn.block_size <= 0 || kc->shape.d[0] % n->a.attn.block_size || n->a.attn.window < 0 ||
+            n->a.attn.chunk < 0)
+            return fail(g, "attention: bad block size, window or chunk"), false;
+        if (n->n_in != 6 + n->a.attn.alibi + n->a.attn.sinks) return fail(g, "attention: operands do not match attributes"), false;
+        for (int i = 6; i < n->n_in; i++)
+            if (n->in[i]->shape.rank != 1 || n->in[i]->shape.d[0] != Hq || n->in[i]->dtype != KG_F32)
+                return fail(g, "attention: ALiBi slopes and sinks must be f32 [%lld]", (long long)Hq), false;
         n->shape = KG_SHAPE(T, Hq, vc->shape.d[2]);
         n->dtype = KG_F32;
         return true;
@@ -831,10 +836,16 @@ kg_node *kg_rope(kg_graph *g, kg_node *x, kg_node *cos, kg_node *sin, int rotary
 }
 
 kg_node *kg_attention(kg_graph *g, kg_node *q, kg_node *kc, kg_node *vc, kg_node *bt, kg_node *ts, kg_node *tp,
-                      const kg_attn_attr *attr) {
-    kg_node *n = new_node(g, KG_OP_ATTENTION, 6, (kg_node *[]){q, kc, vc, bt, ts, tp});
+                      kg_node *alibi, kg_node *sinks, const kg_attn_attr *attr) {
+    kg_node *in[8] = {q, kc, vc, bt, ts, tp};
+    int n_in = 6;
+    if (alibi) in[n_in++] = alibi;
+    if (sinks) in[n_in++] = sinks;
+    kg_node *n = new_node(g, KG_OP_ATTENTION, n_in, in);
     if (!n) return NULL;
     n->a.attn = *attr;
+    n->a.attn.alibi = alibi != NULL;
+    n->a.attn.sinks = sinks != NULL;
     return finish(g, n);
 }
 

@@ -162,7 +162,10 @@ typedef struct {
     float scale;      /* multiplies q.k */
     float softcap;    /* 0: none; else cap * tanh(s / cap) */
     int window;       /* 0: full causal; W: key positions > pos - W */
+    int chunk;        /* 0: none; C: only keys in the query's chunk, p / C == pos / C */
     int block_size;   /* tokens per KV cache block */
+    bool alibi;       /* operand 6: slopes [Hq]; score += slope * (p - pos) */
+    bool sinks;       /* next operand: sink logits [Hq], one extra softmax term per head */
 } kg_attn_attr;
 
 typedef struct {
@@ -292,10 +295,14 @@ kg_node *kg_rope(kg_graph *g, kg_node *x, kg_node *cos, kg_node *sin, int rotary
 /* q [T, Hq, D]; kcache [N, Hkv, D], vcache [N, Hkv, Dv] (already holding this
  * step's keys); block_table [S, MB] i32; tok_seq [T] i32 (row of block_table);
  * tok_pos [T] i32. Token t attends to the keys of its sequence at positions
- * p with max(0, pos-W+1) <= p <= pos, found at slot block_table[s][p/bs]*bs + p%bs.
- * Result [T, Hq, Dv]. Hq must be a multiple of Hkv (GQA/MQA). */
+ * p <= pos (within the window or chunk, if any), found at slot
+ * block_table[s][p/bs]*bs + p%bs. Scores: (q.k) * scale, then the soft-cap,
+ * then + slope[h] * (p - pos) with ALiBi; softmax over the visible keys and,
+ * with sinks, one more term exp(sink[h]) that takes probability mass but no
+ * value. alibi and sinks [Hq] f32 may be NULL. Result [T, Hq, Dv]. Hq must be
+ * a multiple of Hkv (GQA/MQA). attr->alibi/sinks are set from the operands. */
 kg_node *kg_attention(kg_graph *g, kg_node *q, kg_node *kcache, kg_node *vcache, kg_node *block_table,
-                      kg_node *tok_seq, kg_node *tok_pos, const kg_attn_attr *attr);
+                      kg_node *tok_seq, kg_node *tok_pos, kg_node *alibi, kg_node *sinks, const kg_attn_attr *attr);
 /* x [..., cols] times W^T: result [..., rows]. w is the weight tensor: [rows, cols]
  * f32/f16/bf16, or AFFINE: u32 [rows, cols*bits/32] with scales, biases [rows, cols/gs]. */
 kg_node *kg_linear(kg_graph *g, kg_node *x, kg_node *w, kg_node *scales, kg_node *biases, const kg_wattr *wa);

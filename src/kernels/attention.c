@@ -3,8 +3,9 @@
  * One work item per (token, query head). Scores for the visible keys go to a
  * per-range scratch row (memory linear in the context, never quadratic),
  * then softmax and the weighted sum of values, in the order of the
- * decomposition: scale, soft-cap (divide, tanh, multiply), max, exp(s - max),
- * divide by the sum, weighted sum. */
+ * decomposition: scale, soft-cap (divide, tanh, multiply), ALiBi, max (with
+ * the sink), exp(s - max), divide by the sum (with the sink's term),
+ * weighted sum. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,7 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
     const kg_attn_attr *at = &c->node->a.attn;
     const float *q = c->in[0], *kc = c->in[1], *vc = c->in[2];
     const int32_t *bt = c->in[3], *ts = c->in[4], *tp = c->in[5];
+    const float *alibi = at->alibi ? c->in[6] : NULL, *sinks = at->sinks ? c->in[6 + at->alibi] : NULL;
     float *out = c->out;
     int64_t bs = at->block_size, G = k->Hq / k->Hkv, C = k->MB * bs;
     float *sc = malloc(sizeof(float) * (size_t)(C > 0 ? C : 1));
@@ -41,7 +43,9 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
         int64_t pos = tp[t], seq = ts[t];
         if (pos >= C) pos = C - 1;
         int64_t lo = at->window > 0 ? pos - at->window + 1 : 0;
+        if (at->chunk > 0 && pos / at->chunk * at->chunk > lo) lo = pos / at->chunk * at->chunk;
         if (lo < 0) lo = 0;
+        float slope = alibi ? alibi[h] : 0;
         const float *qi = q + (t * k->Hq + h) * k->D;
         float *oi = out + (t * k->Hq + h) * k->Dv;
         const int32_t *row = bt + seq * k->MB;
@@ -51,15 +55,18 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
             if (slot < 0 || slot >= k->N) slot = 0; /* never read outside the cache */
             float s = dotf(qi, kc + (slot * k->Hkv + kvh) * k->D, k->D) * at->scale;
             if (at->softcap > 0) s = tanhf(s / at->softcap) * at->softcap;
+            if (alibi) s = s + slope * (float)(p - pos);
             sc[p - lo] = s;
             if (s > m) m = s;
         }
+        if (sinks && sinks[h] > m) m = sinks[h];
         float sum = 0;
         for (int64_t p = lo; p <= pos; p++) {
             float e = expf(sc[p - lo] - m);
             sc[p - lo] = e;
             sum += e;
         }
+        if (sinks) sum += expf(sinks[h] - m);
         memset(oi, 0, sizeof(float) * (size_t)k->Dv);
         for (int64_t p = lo; p <= pos; p++) {
             int64_t slot = (int64_t)row[p / bs] * bs + p % bs;

@@ -235,7 +235,7 @@ kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o) {
                        .softcap = o->softcap,
                        .window = o->window,
                        .block_size = b->shape.block_size};
-    kg_node *a = kg_name(kg_attention(g, q, kc, vc, b->blocks, b->seq, b->pos, &at), "attn", il);
+    kg_node *a = kg_name(kg_attention(g, q, kc, vc, b->blocks, b->seq, b->pos, NULL, NULL, &at), "attn", il);
     return kb_linear(b, kg_reshape(g, a, KG_SHAPE(T, H * D)), KM_T_ATTN_O, il, hp->hidden, o->o_bias);
 }
 
