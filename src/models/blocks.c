@@ -198,20 +198,35 @@ static kg_node *cache_write(kb_ctx *b, kg_node *cache, kg_node *rows) {
     return kg_scatter(b->g, cache, b->slot, rows, &d);
 }
 
+static kg_node *clip(kb_ctx *b, kg_node *x, float c) {
+    if (!x || c <= 0) return x;
+    kg_graph *g = b->g;
+    return kg_clamp(g, kg_broadcast_like(g, kg_scalar(g, KG_F32, -c), x), x, kg_broadcast_like(g, kg_scalar(g, KG_F32, c), x));
+}
+
 kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
     int64_t T = b->shape.T, H = hp->n_heads, Hkv = hp->n_kv_heads, D = hp->head_dim;
-    kg_node *q = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_Q, il, H * D, o->qkv_bias), KG_SHAPE(T, H, D));
-    kg_node *k = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_K, il, Hkv * D, o->qkv_bias), KG_SHAPE(T, Hkv, D));
-    kg_node *v = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_V, il, Hkv * D, o->qkv_bias), KG_SHAPE(T, Hkv, D));
+    kg_node *q = kg_reshape(g, clip(b, kb_linear(b, x, KM_T_ATTN_Q, il, H * D, o->qkv_bias), o->clip_qkv), KG_SHAPE(T, H, D));
+    kg_node *k = kg_reshape(g, clip(b, kb_linear(b, x, KM_T_ATTN_K, il, Hkv * D, o->qkv_bias), o->clip_qkv), KG_SHAPE(T, Hkv, D));
+    kg_node *v = kg_reshape(g, clip(b, kb_linear(b, x, KM_T_ATTN_V, il, Hkv * D, o->qkv_bias), o->clip_qkv), KG_SHAPE(T, Hkv, D));
     if (!q || !k || !v) return NULL;
+    return kb_attention_core(b, q, k, v, il, o);
+}
+
+kg_node *kb_attention_core(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    if (!q || !k || !v) return NULL;
+    int64_t T = b->shape.T, H = q->shape.d[1], Hkv = k->shape.d[1], D = q->shape.d[2], Dv = v->shape.d[2];
     if (o->qk_norm == KB_QK_PER_HEAD) {
-        q = kb_norm(b, q, KM_T_ATTN_Q_NORM, il, KB_NORM_RMS);
-        k = kb_norm(b, k, KM_T_ATTN_K_NORM, il, KB_NORM_RMS);
+        q = kb_norm(b, q, KM_T_ATTN_Q_NORM, il, o->qk_norm_kind);
+        k = kb_norm(b, k, KM_T_ATTN_K_NORM, il, o->qk_norm_kind);
     } else if (o->qk_norm == KB_QK_FULL) {
-        q = kg_reshape(g, kb_norm(b, kg_reshape(g, q, KG_SHAPE(T, H * D)), KM_T_ATTN_Q_NORM, il, KB_NORM_RMS), KG_SHAPE(T, H, D));
-        k = kg_reshape(g, kb_norm(b, kg_reshape(g, k, KG_SHAPE(T, Hkv * D)), KM_T_ATTN_K_NORM, il, KB_NORM_RMS),
+        q = kg_reshape(g, kb_norm(b, kg_reshape(g, q, KG_SHAPE(T, H * D)), KM_T_ATTN_Q_NORM, il, o->qk_norm_kind),
+                       KG_SHAPE(T, H, D));
+        k = kg_reshape(g, kb_norm(b, kg_reshape(g, k, KG_SHAPE(T, Hkv * D)), KM_T_ATTN_K_NORM, il, o->qk_norm_kind),
                        KG_SHAPE(T, Hkv, D));
     }
     if (o->rope >= 0) {
@@ -219,24 +234,27 @@ kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o) {
             record(b, kiln_error(KILN_EINTERNAL, "layer %d uses rope %d of %d", il, o->rope, hp->n_ropes));
             return NULL;
         }
-        int R = hp->ropes[o->rope].dim;
+        const km_rope *r = &hp->ropes[o->rope];
         if (!b->cos[o->rope]) {
-            kg_shape cs = KG_SHAPE(T, R / 2);
+            kg_shape cs = KG_SHAPE(T, r->dim / 2);
             b->cos[o->rope] = add_input(b, KG_F32, cs, "rope_cos", KB_IN_COS, o->rope, false);
             b->sin[o->rope] = add_input(b, KG_F32, cs, "rope_sin", KB_IN_SIN, o->rope, false);
         }
-        q = kg_rope(g, q, b->cos[o->rope], b->sin[o->rope], R, false);
-        k = kg_rope(g, k, b->cos[o->rope], b->sin[o->rope], R, false);
+        q = kg_rope(g, q, b->cos[o->rope], b->sin[o->rope], r->dim, r->interleaved);
+        k = kg_rope(g, k, b->cos[o->rope], b->sin[o->rope], r->dim, r->interleaved);
     }
-    b->cache[il] = (kb_cache_spec){Hkv, D, D};
+    b->cache[il] = (kb_cache_spec){Hkv, D, Dv};
     kg_node *kc = cache_write(b, cache_param(b, il, false, Hkv, D), k);
-    kg_node *vc = cache_write(b, cache_param(b, il, true, Hkv, D), v);
+    kg_node *vc = cache_write(b, cache_param(b, il, true, Hkv, Dv), v);
+    kg_node *alibi = o->alibi ? kg_const(g, KG_F32, KG_SHAPE(H), o->alibi) : NULL;
+    kg_node *sinks = o->sinks ? kg_convert(g, kb_vector(b, KM_T_ATTN_SINKS, il, "", H), KG_F32) : NULL;
     kg_attn_attr at = {.scale = o->scale != 0 ? o->scale : (float)(1.0 / sqrt((double)D)),
                        .softcap = o->softcap,
                        .window = o->window,
+                       .chunk = o->chunk,
                        .block_size = b->shape.block_size};
-    kg_node *a = kg_name(kg_attention(g, q, kc, vc, b->blocks, b->seq, b->pos, NULL, NULL, &at), "attn", il);
-    return kb_linear(b, kg_reshape(g, a, KG_SHAPE(T, H * D)), KM_T_ATTN_O, il, hp->hidden, o->o_bias);
+    kg_node *a = kg_name(kg_attention(g, q, kc, vc, b->blocks, b->seq, b->pos, alibi, sinks, &at), "attn", il);
+    return kb_linear(b, kg_reshape(g, a, KG_SHAPE(T, H * Dv)), KM_T_ATTN_O, il, hp->hidden, o->o_bias);
 }
 
 kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o) {

@@ -82,13 +82,22 @@ typedef struct {
     bool qkv_bias, o_bias;
     int rope;          /* index into hp->ropes, or -1: no rotary (NoPE) */
     int window;        /* 0: full causal */
+    int chunk;         /* 0: none; else attend within chunks of this many positions */
     float scale;       /* 0: head_dim^-0.5 */
     float softcap;
+    float clip_qkv;    /* 0: none; else q, k, v clamped to [-clip, clip] after projection */
     kb_qk_norm qk_norm;
+    kb_norm_kind qk_norm_kind; /* RMS (default) or LayerNorm */
+    const float *alibi; /* [n_heads] ALiBi slopes (the family's formula), or NULL */
+    bool sinks;        /* per-head attention sinks from KM_T_ATTN_SINKS */
 } kb_attn_opts;
 /* Self-attention block: projections, q/k norms, rope, KV cache update,
  * attention over the cache, output projection. x [T, hidden]. */
 kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o);
+/* The attention block from already projected q [T, H, D], k [T, Hkv, D],
+ * v [T, Hkv, Dv] (fused or unusual projections): q/k norms, rope, cache,
+ * attention, output projection. */
+kg_node *kb_attention_core(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o);
 
 typedef struct {
     bool gated; /* act(gate(x)) * up(x), else act(up(x)) */

@@ -30,6 +30,7 @@ typedef enum {
     KM_T_FFN_GATE,
     KM_T_FFN_UP,
     KM_T_FFN_DOWN,
+    KM_T_ATTN_SINKS,     /* per-head sink logits [n_heads] (a tensor, not a module) */
     KM_T_COUNT
 } km_tensor;
 

@@ -11,6 +11,7 @@
 #define KILN_ROPE_H
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/status.h"
@@ -22,6 +23,7 @@ typedef enum { KM_ROPE_DEFAULT, KM_ROPE_LINEAR, KM_ROPE_DYNAMIC, KM_ROPE_LLAMA3,
 typedef struct {
     km_rope_type type;
     int dim;               /* rotary dims R (even), <= head_dim */
+    bool interleaved;      /* GPT-J style pairs (2i, 2i+1) instead of halves (i, i + R/2) */
     double theta;
     double factor;
     int64_t max_pos;       /* max_position_embeddings */
