@@ -270,6 +270,17 @@ kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o) {
     return kb_linear(b, h, KM_T_FFN_DOWN, il, b->hp->hidden, o->bias);
 }
 
+kg_node *kb_prenorm_layer(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *ao, const kb_ffn_opts *fo) {
+    kg_node *h = kb_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS), il, ao);
+    x = kg_add(b->g, x, h);
+    h = kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS), il, fo);
+    return kg_add(b->g, x, h);
+}
+
+kg_node *kb_rms_head(kb_ctx *b, kg_node *x) {
+    return kb_lm_head(b, kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS));
+}
+
 kg_node *kb_select_rows(kb_ctx *b, kg_node *x) { return kg_take_rows(b->g, x, b->rows); }
 
 kg_node *kb_lm_head(kb_ctx *b, kg_node *x) {

@@ -106,6 +106,14 @@ typedef struct {
 } kb_ffn_opts;
 kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o);
 
+/* The standard pre-norm decoder layer (Llama, Qwen, Gemma, ...):
+ *   x += attention(norm(x));  x += ffn(norm(x))
+ * with KM_T_ATTN_NORM and KM_T_FFN_NORM RMSNorms. */
+kg_node *kb_prenorm_layer(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *ao, const kb_ffn_opts *fo);
+/* The model's end: rows whose logits are wanted, final RMSNorm
+ * (KM_T_OUTPUT_NORM), output head. */
+kg_node *kb_rms_head(kb_ctx *b, kg_node *x);
+
 /* The rows of x [T, H] whose logits are wanted: [R, H]. */
 kg_node *kb_select_rows(kb_ctx *b, kg_node *x);
 /* Output projection (tied to the embeddings when hp->tie_embeddings), then

@@ -61,8 +61,7 @@ static kg_node *emit(kb_ctx *b) {
                            .scale = scale, .softcap = hp->attn_softcap};
         x = km_gemma2_layer(b, x, il, &ao);
     }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
-    return kb_lm_head(b, x);
+    return kb_rms_head(b, x);
 }
 
 static const char *const types[] = {"gemma2", NULL};

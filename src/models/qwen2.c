@@ -26,15 +26,10 @@ static kg_node *emit(kb_ctx *b) {
     const km_hparams *hp = b->hp;
     kg_node *x = kb_embed(b);
     for (int il = 0; il < hp->n_layers; il++) {
-        kg_node *h = kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS);
-        h = kb_attention(b, h, il, &(kb_attn_opts){.qkv_bias = true, .window = kb_layer_window(b, il)});
-        x = kg_add(b->g, x, h);
-        h = kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS);
-        h = kb_ffn(b, h, il, &(kb_ffn_opts){.gated = true, .act = hp->act});
-        x = kg_add(b->g, x, h);
+        kb_attn_opts ao = {.qkv_bias = true, .window = kb_layer_window(b, il)};
+        x = kb_prenorm_layer(b, x, il, &ao, &(kb_ffn_opts){.gated = true, .act = hp->act});
     }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
-    return kb_lm_head(b, x);
+    return kb_rms_head(b, x);
 }
 
 static const char *const types[] = {"qwen2", NULL};
