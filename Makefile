@@ -26,7 +26,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 MAIN_OBJ := $(MAIN_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all test asan check demo deps clean fuzz fuzz-safetensors
+.PHONY: all test asan check demo deps clean fuzz fuzz-safetensors fuzz-checkpoint
 all: $(BUILD)/kiln
 
 $(BUILD)/kiln: $(MAIN_OBJ) $(BUILD)/libkiln.a
@@ -73,8 +73,9 @@ clean:
 	rm -rf build
 
 # libFuzzer harnesses (clang). FUZZ_TIME seconds per run; the corpus grows in
-# fuzz-out/ (ignored), seeded from tests/data/ckpt/fuzz-seeds; crashers go to
-# fuzz-out/ too: copy them to tests/data/ckpt/fuzz-regress/ once fixed.
+# fuzz-out/ (ignored), seeded from tests/data/ckpt/fuzz-seeds*; crashers go to
+# fuzz-out/ too: copy them to tests/data/ckpt/fuzz-regress*/ once fixed (a
+# unit test replays them).
 FUZZ_CC   ?= clang
 FUZZ_TIME ?= 60
 FUZZ_FLAGS = -std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
@@ -92,6 +93,19 @@ fuzz-safetensors: $(BUILD)/fuzz/fuzz_safetensors
 	    -dict=fuzz/safetensors.dict -artifact_prefix=fuzz-out/safetensors-crashes/ \
 	    fuzz-out/safetensors tests/data/ckpt/fuzz-seeds
 
-fuzz: fuzz-safetensors
+FUZZ_CK_SRC = fuzz/fuzz_checkpoint.c $(filter-out %_test.c,$(wildcard src/ckpt/*.c)) src/base/arena.c src/base/file.c \
+              src/base/json.c src/base/status.c
+
+$(BUILD)/fuzz/fuzz_checkpoint: $(FUZZ_CK_SRC) $(wildcard src/ckpt/*.h src/base/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(FUZZ_CK_SRC) -lcjson -lm -lpthread
+
+fuzz-checkpoint: $(BUILD)/fuzz/fuzz_checkpoint
+	@mkdir -p fuzz-out/checkpoint fuzz-out/checkpoint-crashes
+	$(BUILD)/fuzz/fuzz_checkpoint -max_total_time=$(FUZZ_TIME) -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+	    -dict=fuzz/safetensors.dict -artifact_prefix=fuzz-out/checkpoint-crashes/ \
+	    fuzz-out/checkpoint tests/data/ckpt/fuzz-seeds-checkpoint
+
+fuzz: fuzz-safetensors fuzz-checkpoint
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
