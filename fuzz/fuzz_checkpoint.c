@@ -11,17 +11,9 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/ckpt_test.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static int put(const char *d, const char *name, const uint8_t *p, size_t n) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", d, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    int ok = fwrite(p, 1, n, f) == n;
-    return (fclose(f) == 0) && ok;
-}
 
 static void try_module(const kc_checkpoint *c, const char *module, float *row) {
     kc_matrix m;
@@ -53,7 +45,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
     size_t L = (size_t)data[0] | (size_t)data[1] << 8;
     if (L > size - 2) L = size - 2;
-    if (!put(fz_dir, "config.json", data + 2, L) || !put(fz_dir, "model.safetensors", data + 2 + L, size - 2 - L)) abort();
+    if (!ckt_write(fz_dir, "config.json", data + 2, L) || !ckt_write(fz_dir, "model.safetensors", data + 2 + L, size - 2 - L))
+        abort();
     kc_checkpoint *c = NULL;
     kiln_status st = kc_open(fz_dir, &c);
     if (st) {
