@@ -81,11 +81,11 @@ clean:
 	rm -rf build
 
 # libFuzzer harnesses (clang), one per parser of untrusted bytes:
-#   make fuzz-safetensors | fuzz-tokenizer | fuzz-jinja   [FUZZ_TIME=seconds]
+#   make fuzz-safetensors | fuzz-checkpoint | fuzz-tokenizer | fuzz-jinja   [FUZZ_TIME=seconds]
 # Each links fuzz/fuzz_NAME.c with the library sources, runs from the seed
 # corpus FUZZ_SEEDS_NAME and grows fuzz-out/NAME (ignored by git). Crashers
 # land in fuzz-out/NAME-crashes: fix them, then commit them where the unit
-# tests replay them (tests/data/ckpt/fuzz-regress, fuzz/regress_tokenizer,
+# tests replay them (tests/data/ckpt/fuzz-regress*, fuzz/regress_tokenizer,
 # tests/data/chat/fuzz).
 FUZZ_CC    ?= clang
 FUZZ_TIME  ?= 60
@@ -93,6 +93,8 @@ FUZZ_FLAGS  = -std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fsanitize=f
               -fno-sanitize-recover=undefined -Isrc -Wall -Wextra -Wno-unused-parameter
 FUZZ_SEEDS_safetensors = tests/data/ckpt/fuzz-seeds
 FUZZ_ARGS_safetensors  = -max_len=4096 -dict=fuzz/safetensors.dict
+FUZZ_SEEDS_checkpoint  = tests/data/ckpt/fuzz-seeds-checkpoint
+FUZZ_ARGS_checkpoint   = -max_len=8192 -dict=fuzz/safetensors.dict
 FUZZ_SEEDS_tokenizer   = fuzz/corpus_tokenizer
 FUZZ_SEEDS_jinja       = tests/data/chat/templates
 FUZZ_BUILD = build/fuzz
@@ -113,6 +115,6 @@ fuzz-%: $(FUZZ_BUILD)/fuzz_%
 	$< -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 $(FUZZ_ARGS_$*) \
 	    -artifact_prefix=fuzz-out/$*-crashes/ fuzz-out/$* $(FUZZ_SEEDS_$*)
 
-fuzz: fuzz-safetensors fuzz-tokenizer fuzz-jinja
+fuzz: fuzz-safetensors fuzz-checkpoint fuzz-tokenizer fuzz-jinja
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

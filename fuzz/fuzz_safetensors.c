@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kiln_status_free(st);
         return 0;
     }
-    uint8_t acc = 0;
+    volatile uint8_t acc = 0; /* keeps the reads */
     for (int i = 0; i < kc_st_count(s); i++) {
         const kc_tensor *t = kc_st_at(s, i);
         size_t es = kc_dtype_size(t->dtype);
@@ -26,5 +26,5 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (size_t k = 0; k < t->nbytes; k++) acc ^= ((const uint8_t *)t->data)[k];
     }
     kc_st_close(s);
-    return acc == 0x100; /* never: keeps the reads */
+    return 0;
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of fuzz/fuzz_safetensors.c to tests/data/ckpt/fuzz-seeds/.
-
-Small safetensors files, valid and malformed, that reach every branch of the
-header parser. Run from the repository root; no dependencies."""
+"""Writes the seed corpora of the libFuzzer harnesses:
+  tests/data/ckpt/fuzz-seeds/             fuzz/fuzz_safetensors.c: safetensors files
+  tests/data/ckpt/fuzz-seeds-checkpoint/  fuzz/fuzz_checkpoint.c: 2-byte config length,
+                                          config.json, model.safetensors
+Small inputs, valid and malformed, that reach every branch of the parsers.
+Run from the repository root; no dependencies."""
 import json
 import os
 import struct
@@ -53,8 +55,37 @@ SEEDS = {
     "badlen": b"\xff" * 8 + b"{}",
 }
 
-os.makedirs(OUT, exist_ok=True)
-for name, blob in SEEDS.items():
-    with open(os.path.join(OUT, name + ".safetensors"), "wb") as f:
-        f.write(blob)
-print(f"{len(SEEDS)} seeds in {OUT}")
+
+
+def ckpt(config, blob):
+    c = json.dumps(config).encode() if not isinstance(config, bytes) else config
+    return struct.pack("<H", len(c)) + c + blob
+
+
+Q = {"group_size": 32, "bits": 4}
+QM = [("m.weight", "U32", [2, 4]), ("m.scales", "F16", [2, 1]), ("m.biases", "F16", [2, 1])]
+CKPT_SEEDS = {
+    "plain": ckpt({"model_type": "llama", "eos_token_id": [1, 2], "bos_token_id": 1},
+                  st([("a.weight", "F32", [2, 3]), ("b.weight", "BF16", [3, 2]), ("n.weight", "F16", [4])])),
+    "q4": ckpt({"model_type": "llama", "quantization": Q}, st(QM + [("e.weight", "F32", [2, 2])])),
+    "q3_override": ckpt({"model_type": "qwen3", "quantization": {"group_size": 64, "bits": 4,
+                                                                  "m": {"group_size": 32, "bits": 3}}},
+                        st([("m.weight", "U32", [2, 3]), ("m.scales", "BF16", [2, 1]), ("m.biases", "BF16", [2, 1])])),
+    "derived": ckpt({"model_type": "llama", "quantization": {"group_size": 64, "bits": 4}},
+                    st([("m.weight", "U32", [2, 16]), ("m.scales", "F32", [2, 1]), ("m.biases", "F32", [2, 1])])),
+    "text_config": ckpt(b'{"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "x": [0.0, Infinity],'
+                        b' "eos_token_id": 106}, "quantization_config": {"group_size": 32, "bits": 8}}',
+                        st([("m.weight", "U32", [1, 8]), ("m.scales", "F32", [1, 1]), ("m.biases", "F32", [1, 1])])),
+    "gptq": ckpt({"model_type": "llama", "quantization_config": {"quant_method": "gptq", "bits": 4}},
+                 st([("q.weight", "U8", [2, 2]), ("q.scales", "F16", [2, 1])])),
+    "misaligned": ckpt({"model_type": "llama", "quantization": Q}, st(QM, pad=False)),
+    "mxfp4": ckpt({"model_type": "gpt_oss", "quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}},
+                  st(QM)),
+}
+
+for out, seeds, ext in ((OUT, SEEDS, ".safetensors"), (OUT + "-checkpoint", CKPT_SEEDS, ".bin")):
+    os.makedirs(out, exist_ok=True)
+    for name, blob in seeds.items():
+        with open(os.path.join(out, name + ext), "wb") as f:
+            f.write(blob)
+    print(f"{len(seeds)} seeds in {out}")

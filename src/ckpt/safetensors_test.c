@@ -254,52 +254,6 @@ KT_TEST(st_shape_str_truncates) {
     KT_CHECK_STR(kc_shape_str(big, sizeof big, 0, sh), "[]");
 }
 
-/* Inputs the fuzzer found or that seed it: each must parse or fail cleanly. */
-static void replay_dir(const char *rel, int *count) {
-    char dir[4096];
-    kt_path(dir, sizeof dir, rel);
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.') continue;
-        char p[8192];
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        char *data;
-        size_t len;
-        kiln_status st = ku_read_file(p, &data, &len);
-        if (st) {
-            kiln_status_free(st);
-            continue;
-        }
-        uint8_t *exact = malloc(len ? len : 1);
-        memcpy(exact, data, len);
-        free(data);
-        kc_safetensors *s = NULL;
-        st = kc_st_parse(exact, len, de->d_name, &s);
-        if (!st) {
-            for (int i = 0; i < kc_st_count(s); i++) {
-                const kc_tensor *t = kc_st_at(s, i);
-                volatile uint8_t sink = 0;
-                for (size_t k = 0; k < t->nbytes; k++) sink ^= ((const uint8_t *)t->data)[k];
-                (void)sink;
-            }
-        }
-        kiln_status_free(st);
-        kc_st_close(s);
-        free(exact);
-        (*count)++;
-    }
-    closedir(d);
-}
-
-KT_TEST(st_fuzz_corpus_replays) {
-    int n = 0;
-    replay_dir("tests/data/ckpt/fuzz-seeds", &n);
-    replay_dir("tests/data/ckpt/fuzz-regress", &n);
-    if (n == 0) kt_skip("no fuzz corpus under tests/data/ckpt");
-}
-
 typedef struct {
     const kc_safetensors *s;
     const void *seen[64];
