@@ -70,7 +70,8 @@ asan:
 deps:
 	@bash scripts/deps.sh
 
-check: deps
+check:
+	@bash scripts/deps.sh --test
 	$(MAKE) test
 	$(MAKE) asan
 

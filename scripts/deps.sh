@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Installs kiln's Debian build dependencies when they are missing.
+# Installs kiln's Debian dependencies when they are missing.
+#   scripts/deps.sh          what building kiln needs
+#   scripts/deps.sh --test   plus the tools the tests use when present
+#                            (mlir-opt checks the StableHLO printer)
 set -euo pipefail
 pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev)
+if [ "${1:-}" = "--test" ]; then
+  pkgs+=(mlir-16-tools)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

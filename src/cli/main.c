@@ -17,6 +17,7 @@ static const struct {
     {"tokenize", kiln_cmd_tokenize, "text to token ids with a model's tokenizer"},
     {"detokenize", kiln_cmd_detokenize, "token ids to text"},
     {"template", kiln_cmd_template, "render a chat template for a list of messages"},
+    {"export", kiln_cmd_export, "print a model's graph as StableHLO MLIR"},
 };
 
 static void usage(FILE *f) {

@@ -2,6 +2,7 @@
 #include "ir/print.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,9 +46,14 @@ static void literal(FILE *f, const kg_node *n) {
     for (int64_t i = 0; i < N && i < 64; i++) {
         if (i) fprintf(f, ", ");
         switch (n->dtype) {
-        case KG_F32: fprintf(f, "%.9g", (double)((const float *)n->a.cst.data)[i]); break;
-        case KG_F16: fprintf(f, "%.6g", (double)ku_f16_to_f32(((const uint16_t *)n->a.cst.data)[i])); break;
-        case KG_BF16: fprintf(f, "%.6g", (double)ku_bf16_to_f32(((const uint16_t *)n->a.cst.data)[i])); break;
+        case KG_F32: {
+            float v = ((const float *)n->a.cst.data)[i];
+            if (isfinite(v)) fprintf(f, "%.9e", (double)v);
+            else fprintf(f, "0x%08X", ku_f32_bits(v)); /* MLIR spells inf/nan by their bits */
+            break;
+        }
+        case KG_F16: fprintf(f, "%.6e", (double)ku_f16_to_f32(((const uint16_t *)n->a.cst.data)[i])); break;
+        case KG_BF16: fprintf(f, "%.6e", (double)ku_bf16_to_f32(((const uint16_t *)n->a.cst.data)[i])); break;
         case KG_I32: fprintf(f, "%d", ((const int32_t *)n->a.cst.data)[i]); break;
         case KG_U32: fprintf(f, "%u", ((const uint32_t *)n->a.cst.data)[i]); break;
         case KG_PRED: fprintf(f, "%s", ((const uint8_t *)n->a.cst.data)[i] ? "true" : "false"); break;
@@ -106,13 +112,13 @@ static void attrs(FILE *f, const kg_node *n, int decomp_id) {
             fprintf(f, " {name = \"%s\", composite_attributes = {", kg_op_name(n->op));
             switch (n->op) {
             case KG_OP_RMS_NORM: case KG_OP_LAYER_NORM:
-                fprintf(f, "eps = %.9g : f32, offset = %.9g : f32", (double)n->a.norm.eps, (double)n->a.norm.offset);
+                fprintf(f, "eps = %.9e : f32, offset = %.9e : f32", (double)n->a.norm.eps, (double)n->a.norm.offset);
                 break;
             case KG_OP_ROPE:
                 fprintf(f, "rotary_dim = %d : i64, interleaved = %s", n->a.rope.rotary_dim, n->a.rope.interleaved ? "true" : "false");
                 break;
             case KG_OP_ATTENTION:
-                fprintf(f, "scale = %.9g : f32, softcap = %.9g : f32, window = %d : i64, block_size = %d : i64",
+                fprintf(f, "scale = %.9e : f32, softcap = %.9e : f32, window = %d : i64, block_size = %d : i64",
                         (double)n->a.attn.scale, (double)n->a.attn.softcap, n->a.attn.window, n->a.attn.block_size);
                 break;
             default:
