@@ -152,8 +152,8 @@ kg_node *kb_gate_up_fused(kb_ctx *b, kg_node *x, int il, km_act act, int64_t F, 
 
 /* xIELU (Apertus) with the layer's learned parameters from KM_T_FFN_ACT:
  * x > 0: a_p*x*x + beta*x, else (expm1(min(x, eps)) - x)*a_n + beta*x, with
- * a_p = softplus(alpha_p), a_n = beta + softplus(alpha_n) rounded as
- * transformers' bf16 parameters round them. */
+ * a_p = softplus(alpha_p), a_n = beta + softplus(alpha_n), all in bfloat16
+ * as transformers holds these parameters whatever the checkpoint stores. */
 kg_node *kb_xielu(kb_ctx *b, kg_node *x, int il);
 
 /* Hyper-parameter helper: one rotary configuration over

@@ -102,8 +102,8 @@ kg_node *kb_gate_up_fused(kb_ctx *b, kg_node *x, int il, km_act act, int64_t F, 
     return kg_mul(b->g, kb_act(b, cols(b, gu, 0, F), act), cols(b, gu, F, 2 * F));
 }
 
-/* One float from a tensor of one element ("<module><suffix>"); *dt gets its dtype. */
-static bool scalar_param(kb_ctx *b, km_tensor t, int il, const char *suffix, float *out, kc_dtype *dt) {
+/* One float from a tensor of one element ("<module><suffix>"). */
+static bool scalar_param(kb_ctx *b, km_tensor t, int il, const char *suffix, float *out) {
     char name[256], full[300];
     kb_name(b, t, il, name, sizeof name);
     snprintf(full, sizeof full, "%s%s", name, suffix);
@@ -112,7 +112,6 @@ static bool scalar_param(kb_ctx *b, km_tensor t, int il, const char *suffix, flo
         fail(b, kiln_error(KILN_EINVAL, "%s: %s", full, ct ? "must hold one element" : "missing"));
         return false;
     }
-    *dt = ct->dtype;
     switch (ct->dtype) {
     case KC_F32: memcpy(out, ct->data, 4); return true;
     case KC_BF16: *out = ku_bf16_to_f32(*(const uint16_t *)ct->data); return true;
@@ -124,24 +123,22 @@ static bool scalar_param(kb_ctx *b, km_tensor t, int il, const char *suffix, flo
 /* torch.nn.functional.softplus (threshold 20) in float32. */
 static float softplus(float x) { return x > 20.0f ? x : (float)log1p(exp((double)x)); }
 
-/* A value computed from parameters of dtype dt, rounded as torch stores it. */
-static float round_to(float v, kc_dtype dt) {
-    if (dt == KC_BF16) return ku_bf16_to_f32(ku_f32_to_bf16(v));
-    if (dt == KC_F16) return ku_f16_to_f32(ku_f32_to_f16(v));
-    return v;
-}
+static float bf16(float v) { return ku_bf16_to_f32(ku_f32_to_bf16(v)); }
 
 kg_node *kb_xielu(kb_ctx *b, kg_node *x, int il) {
     if (!x) return NULL;
     kg_graph *g = b->g;
     float ap, an, beta, eps;
-    kc_dtype dp, dn, dt;
-    if (!scalar_param(b, KM_T_FFN_ACT, il, ".alpha_p", &ap, &dp) || !scalar_param(b, KM_T_FFN_ACT, il, ".alpha_n", &an, &dn) ||
-        !scalar_param(b, KM_T_FFN_ACT, il, ".beta", &beta, &dt) || !scalar_param(b, KM_T_FFN_ACT, il, ".eps", &eps, &dt))
+    if (!scalar_param(b, KM_T_FFN_ACT, il, ".alpha_p", &ap) || !scalar_param(b, KM_T_FFN_ACT, il, ".alpha_n", &an) ||
+        !scalar_param(b, KM_T_FFN_ACT, il, ".beta", &beta) || !scalar_param(b, KM_T_FFN_ACT, il, ".eps", &eps))
         return NULL;
-    /* transformers: alpha_p = softplus(alpha_p); alpha_n = beta + softplus(alpha_n), each in the parameters' dtype */
-    ap = round_to(softplus(ap), dp);
-    an = round_to(beta + round_to(softplus(an), dn), dn); /* a 0-d beta does not promote alpha_n's dtype */
+    /* transformers (4.57) keeps these four parameters in bfloat16 whatever
+     * the checkpoint stores, and derives a_p = softplus(alpha_p) and
+     * a_n = beta + softplus(alpha_n) in bfloat16 too */
+    beta = bf16(beta);
+    eps = bf16(eps);
+    ap = bf16(softplus(bf16(ap)));
+    an = bf16(beta + bf16(softplus(bf16(an))));
     kg_node *bx = kg_scale(g, x, beta);
     kg_node *pos = kg_add(g, kg_mul(g, kg_scale(g, x, ap), x), bx);
     kg_node *m = kg_binary(g, KG_OP_MIN, x, kg_broadcast_like(g, kg_scalar(g, KG_F32, eps), x));
