@@ -26,12 +26,12 @@ extern const km_family km_family_llama, km_family_qwen2, km_family_qwen3, km_fam
     km_family_gemma3;
 /* fam-llamalike2 */
 extern const km_family km_family_cohere, km_family_cohere2, km_family_stablelm, km_family_glm, km_family_glm4,
-    km_family_ernie4_5, km_family_apertus, km_family_bitnet;
+    km_family_ernie4_5, km_family_apertus, km_family_bitnet, km_family_nemotron;
 
 static const km_family *const families[] = {
     &km_family_llama, &km_family_qwen2, &km_family_qwen3, &km_family_gemma, &km_family_gemma2, &km_family_gemma3,
     &km_family_cohere, &km_family_cohere2, &km_family_stablelm, &km_family_glm, &km_family_glm4,
-    &km_family_ernie4_5, &km_family_apertus, &km_family_bitnet,
+    &km_family_ernie4_5, &km_family_apertus, &km_family_bitnet, &km_family_nemotron,
 };
 
 const km_family *km_family_find(const char *model_type) {
