@@ -50,6 +50,7 @@ typedef struct {
     float logit_scale; /* logits multiplied by this (Cohere); 0: none */
     bool qk_norm;           /* configurable q/k norms are on (Cohere use_qk_norm, StableLM qk_layernorm) */
     bool parallel_residual; /* x + attn(norm(x)) + mlp(norm(x)) (StableLM use_parallel_residual) */
+    bool mlp_glu;           /* gated MLP where a family makes it optional (OpenELM ffn_with_glu) */
     /* per-layer widths where they vary (OpenELM); 0 entries mean the global
      * n_heads / n_kv_heads / ffn */
     int32_t layer_heads[KM_MAX_LAYERS], layer_kv_heads[KM_MAX_LAYERS], layer_ffn[KM_MAX_LAYERS];

@@ -1,9 +1,12 @@
-/* stablelm.c: StableLM 2 / StableLM-3B (StableLmForCausalLM). LayerNorm
+/* stablelm.c: StableLM 2 / StableLM-3B (StableLmForCausalLM) and Orion
+ * (OrionForCausalLM, checkpoint code). StableLM: LayerNorm
  * with bias, rotary embeddings on the first partial_rotary_factor (0.25)
  * of each head, optional q/k/v biases (use_qkv_bias), optional per-head
  * q/k LayerNorms with one weight per head (qk_layernorm), SwiGLU MLP, and
  * optionally GPT-NeoX's parallel residual (use_parallel_residual: one norm,
- * x + attn(h) + mlp(h)). */
+ * x + attn(h) + mlp(h)). Orion is the same block with full rotary, no
+ * q/k norms, its LayerNorm epsilon under rms_norm_eps, and attention_bias
+ * for the q/k/v/o biases (as vLLM and llama.cpp build it). */
 #include "base/json.h"
 #include "models/blocks.h"
 
@@ -37,9 +40,19 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return km_sliding_layers(cfg, hp, 0, 0);
 }
 
+static kiln_status parse_orion(const cJSON *cfg, km_hparams *hp) {
+    KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
+    KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
+    hp->attn_o_bias = hp->attn_qkv_bias; /* attention_bias */
+    hp->partial_rotary = 1.0;
+    hp->head_dim = hp->hidden / hp->n_heads;
+    hp->sliding_window = 0;
+    return km_sliding_layers(cfg, hp, 0, 0);
+}
+
 static kg_node *emit(kb_ctx *b) {
     const km_hparams *hp = b->hp;
-    kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias, .qk_norm = hp->qk_norm ? KB_QK_HEADWISE : KB_QK_NONE,
+    kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .qk_norm = hp->qk_norm ? KB_QK_HEADWISE : KB_QK_NONE,
                        .qk_norm_kind = KB_NORM_LAYER};
     kb_ffn_opts fo = {.gated = true, .act = hp->act};
     kg_node *x = kb_embed(b);
@@ -58,4 +71,6 @@ static kg_node *emit(kb_ctx *b) {
 }
 
 static const char *const types[] = {"stablelm", NULL};
+static const char *const types_orion[] = {"orion", NULL};
 const km_family km_family_stablelm = {"stablelm", types, &names, parse, emit};
+const km_family km_family_orion = {"orion", types_orion, &names, parse_orion, emit};
