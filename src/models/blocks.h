@@ -156,6 +156,11 @@ kg_node *kb_gate_up_fused(kb_ctx *b, kg_node *x, int il, km_act act, int64_t F, 
  * as transformers holds these parameters whatever the checkpoint stores. */
 kg_node *kb_xielu(kb_ctx *b, kg_node *x, int il);
 
+/* The pre-norm decoder most families share: per layer x += attn(norm(x))
+ * and x += ffn(norm(x)) with these options (the window per layer from
+ * kb_layer_window), then the final norm and the output head: logits. */
+kg_node *kb_prenorm_decoder(kb_ctx *b, kb_norm_kind kind, const kb_attn_opts *ao, const kb_ffn_opts *fo);
+
 /* Hyper-parameter helper: one rotary configuration over
  * head_dim * partial_rotary dims, pairs interleaved (GPT-J / GLM style) or
  * halves. */

@@ -151,6 +151,19 @@ kg_node *kb_xielu(kb_ctx *b, kg_node *x, int il) {
     return kg_name(kg_select(g, gt, pos, neg), "xielu", il);
 }
 
+/* ---------------------------------------------------------------- decoders */
+
+kg_node *kb_prenorm_decoder(kb_ctx *b, kb_norm_kind kind, const kb_attn_opts *ao, const kb_ffn_opts *fo) {
+    kg_node *x = kb_embed(b);
+    for (int il = 0; il < b->hp->n_layers; il++) {
+        kb_attn_opts a = *ao;
+        a.window = kb_layer_window(b, il);
+        x = kg_add(b->g, x, kb_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, kind), il, &a));
+        x = kg_add(b->g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, kind), il, fo));
+    }
+    return kb_lm_head(b, kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, kind));
+}
+
 /* ---------------------------------------------------------------- hparams */
 
 kiln_status km_rope_one(km_hparams *hp, bool interleaved) {

@@ -19,14 +19,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
 static kg_node *emit(kb_ctx *b) {
     const km_hparams *hp = b->hp;
     kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias};
-    kb_ffn_opts fo = {.gated = true, .act = hp->act, .bias = hp->mlp_bias};
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        x = kg_add(b->g, x, kb_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS), il, &ao));
-        x = kg_add(b->g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS), il, &fo));
-    }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
-    return kb_lm_head(b, x);
+    return kb_prenorm_decoder(b, KB_NORM_RMS, &ao, &(kb_ffn_opts){.gated = true, .act = hp->act, .bias = hp->mlp_bias});
 }
 
 static const char *const types[] = {"ernie4_5", NULL};
