@@ -262,6 +262,10 @@ kg_node *kb_attention_core(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il
                        .window = o->window,
                        .chunk = o->chunk,
                        .block_size = b->shape.block_size};
+    if (o->kv_tile && (alibi || sinks)) {
+        record(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: tiled KV sharing with per-head ALiBi slopes or sinks", il));
+        return NULL;
+    }
     if (o->kv_tile) q = kb_heads_tiled_to_grouped(b, q, Hkv);
     kg_node *a = kg_name(kg_attention(g, q, kc, vc, b->blocks, b->seq, b->pos, alibi, sinks, &at), "attn", il);
     if (o->kv_tile) a = kb_heads_grouped_to_tiled(b, a, Hkv);
