@@ -1,4 +1,5 @@
 /* cmd_info.c: `kiln info -m DIR`. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -43,6 +44,15 @@ int kiln_cmd_info(int argc, char **argv) {
     for (int64_t i = 0; i < hp->n_layers; i++) sliding += hp->layer_sliding[i];
     if (sliding) printf("sliding      window %lld on %d of %lld layers\n", (long long)hp->sliding_window, sliding, (long long)hp->n_layers);
     if (hp->attn_softcap > 0 || hp->final_softcap > 0) printf("soft-caps    attention %g, final %g\n", hp->attn_softcap, hp->final_softcap);
+    if (hp->layer_heads[0]) { /* widths that vary per layer (OpenELM) */
+        int32_t lo[3] = {INT32_MAX, INT32_MAX, INT32_MAX}, hi[3] = {0, 0, 0};
+        for (int64_t i = 0; i < hp->n_layers; i++) {
+            const int32_t v[3] = {hp->layer_heads[i], hp->layer_kv_heads[i], hp->layer_ffn[i]};
+            for (int j = 0; j < 3; j++) lo[j] = v[j] < lo[j] ? v[j] : lo[j], hi[j] = v[j] > hi[j] ? v[j] : hi[j];
+        }
+        printf("per layer    heads %d..%d (kv %d..%d), ffn %d..%d\n", lo[0], hi[0], lo[1], hi[1], lo[2], hi[2]);
+    }
+    if (hp->logit_scale != 0) printf("logit scale  %g\n", hp->logit_scale);
     printf("embeddings   %s\n", hp->tie_embeddings ? "tied to the output head" : "separate output head");
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,

@@ -63,16 +63,20 @@ static kg_dtype dtype_of(kc_dtype t) {
 }
 
 kg_node *kb_vector(kb_ctx *b, km_tensor t, int il, const char *suffix, int64_t n) {
+    return kb_tensor(b, t, il, suffix, 1, (int64_t[]){n});
+}
+
+kg_node *kb_tensor(kb_ctx *b, km_tensor t, int il, const char *suffix, int rank, const int64_t *shape) {
     char name[256], full[300];
     kb_name(b, t, il, name, sizeof name);
     snprintf(full, sizeof full, "%s%s", name, suffix);
     const kc_tensor *ct;
-    kiln_status st = kc_get_tensor(b->ck, full, 1, (int64_t[]){n}, &ct);
+    kiln_status st = kc_get_tensor(b->ck, full, rank, shape, &ct);
     if (st) {
         record(b, st);
         return NULL;
     }
-    return kg_weight(b->g, dtype_of(ct->dtype), KG_SHAPE(n), ct->data, ct->name);
+    return kg_weight(b->g, dtype_of(ct->dtype), kg_shape_make(ct->rank, ct->shape), ct->data, ct->name);
 }
 
 /* Weight nodes for a resolved matrix. */
@@ -171,7 +175,9 @@ kg_node *kb_act(kb_ctx *b, kg_node *x, km_act act) {
         kg_node *r = kg_binary(g, KG_OP_MAX, x, kg_broadcast_like(g, kg_scalar(g, KG_F32, 0), x));
         return kg_mul(g, r, r);
     }
+    case KM_ACT_XIELU: break; /* needs the layer's learned parameters: kb_xielu */
     }
+    record(b, kiln_error(KILN_EUNSUPPORTED, "%s: this activation is not supported in this position", b->fam->name));
     return NULL;
 }
 
@@ -223,6 +229,9 @@ kg_node *kb_attention_core(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il
     if (o->qk_norm == KB_QK_PER_HEAD) {
         q = kb_norm(b, q, KM_T_ATTN_Q_NORM, il, o->qk_norm_kind);
         k = kb_norm(b, k, KM_T_ATTN_K_NORM, il, o->qk_norm_kind);
+    } else if (o->qk_norm == KB_QK_HEADWISE) {
+        q = kb_head_norm(b, q, KM_T_ATTN_Q_NORM, il, o->qk_norm_kind);
+        k = kb_head_norm(b, k, KM_T_ATTN_K_NORM, il, o->qk_norm_kind);
     } else if (o->qk_norm == KB_QK_FULL) {
         q = kg_reshape(g, kb_norm(b, kg_reshape(g, q, KG_SHAPE(T, H * D)), KM_T_ATTN_Q_NORM, il, o->qk_norm_kind),
                        KG_SHAPE(T, H, D));
@@ -253,20 +262,32 @@ kg_node *kb_attention_core(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il
                        .window = o->window,
                        .chunk = o->chunk,
                        .block_size = b->shape.block_size};
+    if (o->kv_tile && (alibi || sinks)) {
+        record(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: tiled KV sharing with per-head ALiBi slopes or sinks", il));
+        return NULL;
+    }
+    if (o->kv_tile) q = kb_heads_tiled_to_grouped(b, q, Hkv);
     kg_node *a = kg_name(kg_attention(g, q, kc, vc, b->blocks, b->seq, b->pos, alibi, sinks, &at), "attn", il);
-    return kb_linear(b, kg_reshape(g, a, KG_SHAPE(T, H * Dv)), KM_T_ATTN_O, il, hp->hidden, o->o_bias);
+    if (o->kv_tile) a = kb_heads_grouped_to_tiled(b, a, Hkv);
+    a = kg_reshape(g, a, KG_SHAPE(T, H * Dv));
+    if (o->sub_norm) a = kb_norm(b, a, KM_T_ATTN_SUB_NORM, il, KB_NORM_RMS);
+    return kb_linear(b, a, KM_T_ATTN_O, il, hp->hidden, o->o_bias);
 }
 
 kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o) {
-    int64_t F = b->hp->ffn;
+    int64_t F = o->width > 0 ? o->width : b->hp->ffn;
     kg_node *h;
-    if (o->gated) {
+    if (o->fused) {
+        h = kb_gate_up_fused(b, x, il, o->act, F, o->bias);
+    } else if (o->gated) {
         kg_node *gate = kb_linear(b, x, KM_T_FFN_GATE, il, F, o->bias);
         kg_node *up = kb_linear(b, x, KM_T_FFN_UP, il, F, o->bias);
-        h = kg_mul(b->g, kb_act(b, gate, o->act), up);
+        h = kg_mul(b->g, o->act == KM_ACT_XIELU ? kb_xielu(b, gate, il) : kb_act(b, gate, o->act), up);
     } else {
-        h = kb_act(b, kb_linear(b, x, KM_T_FFN_UP, il, F, o->bias), o->act);
+        kg_node *up = kb_linear(b, x, KM_T_FFN_UP, il, F, o->bias);
+        h = o->act == KM_ACT_XIELU ? kb_xielu(b, up, il) : kb_act(b, up, o->act);
     }
+    if (o->sub_norm) h = kb_norm(b, h, KM_T_FFN_SUB_NORM, il, KB_NORM_RMS);
     return kb_linear(b, h, KM_T_FFN_DOWN, il, b->hp->hidden, o->bias);
 }
 

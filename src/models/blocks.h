@@ -77,7 +77,12 @@ kg_node *kb_act(kb_ctx *b, kg_node *x, km_act act);
 /* cap * tanh(x / cap) */
 kg_node *kb_softcap(kb_ctx *b, kg_node *x, float cap);
 
-typedef enum { KB_QK_NONE, KB_QK_PER_HEAD, KB_QK_FULL } kb_qk_norm;
+typedef enum {
+    KB_QK_NONE,
+    KB_QK_PER_HEAD,
+    KB_QK_FULL,
+    KB_QK_HEADWISE, /* per head with each head's own weight: kb_head_norm */
+} kb_qk_norm;
 typedef struct {
     bool qkv_bias, o_bias;
     int rope;          /* index into hp->ropes, or -1: no rotary (NoPE) */
@@ -90,6 +95,9 @@ typedef struct {
     kb_norm_kind qk_norm_kind; /* RMS (default) or LayerNorm */
     const float *alibi; /* [n_heads] ALiBi slopes (the family's formula), or NULL */
     bool sinks;        /* per-head attention sinks from KM_T_ATTN_SINKS */
+    /* fam-llamalike2 */
+    bool kv_tile;      /* query head h reads KV head h % Hkv (torch.tile), not h / (H / Hkv) */
+    bool sub_norm;     /* RMSNorm (KM_T_ATTN_SUB_NORM) on the attention output before o_proj */
 } kb_attn_opts;
 /* Self-attention block: projections, q/k norms, rope, KV cache update,
  * attention over the cache, output projection. x [T, hidden]. */
@@ -101,8 +109,12 @@ kg_node *kb_attention_core(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il
 
 typedef struct {
     bool gated; /* act(gate(x)) * up(x), else act(up(x)) */
-    km_act act;
+    km_act act; /* KM_ACT_XIELU: kb_xielu with the layer's parameters */
     bool bias;
+    /* fam-llamalike2 */
+    int64_t width; /* inner width F; 0: hp->ffn */
+    bool fused;    /* gated, with gate and up in one [2F, hidden] projection (role KM_T_FFN_UP), gate rows first */
+    bool sub_norm; /* RMSNorm (KM_T_FFN_SUB_NORM) over F before the down projection (BitNet) */
 } kb_ffn_opts;
 kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o);
 
@@ -121,5 +133,45 @@ kg_node *kb_select_rows(kb_ctx *b, kg_node *x);
 kg_node *kb_lm_head(kb_ctx *b, kg_node *x);
 /* Sliding window of layer il (hp->sliding_window if the layer slides, else 0). */
 int kb_layer_window(const kb_ctx *b, int il);
+
+/* ---- fam-llamalike2 (models/blocks_fam-llamalike2.c) ---- */
+/* A float tensor "<module><suffix>" of the given rank and shape (-1 entries
+ * match anything), or NULL (error recorded). (blocks.c, beside kb_vector.) */
+kg_node *kb_tensor(kb_ctx *b, km_tensor t, int il, const char *suffix, int rank, const int64_t *shape);
+/* Norm of each head of x [T, H, D] with that head's own weight: one [H, D]
+ * tensor "<module>.weight" (Cohere), or H tensors "<module>.<h>.weight" of
+ * [D] (a ModuleList of norms: StableLM's q_layernorm.norms). No bias. */
+kg_node *kb_head_norm(kb_ctx *b, kg_node *x, km_tensor t, int il, kb_norm_kind kind);
+/* A norm whose scale is (weight + offset) for either kind, with the role's
+ * bias when present: Nemotron's LayerNorm1P is (LAYER, 1). */
+kg_node *kb_norm_offset(kb_ctx *b, kg_node *x, km_tensor t, int il, kb_norm_kind kind, float offset);
+/* Reorders heads of x [T, H, D] so that a grouped (repeat_interleave) KV
+ * layout serves queries written for a tiled one (head h reads KV head
+ * h % Hkv): head s*Hkv + k moves to k*(H/Hkv) + s. The inverse maps the
+ * attention output back. */
+kg_node *kb_heads_tiled_to_grouped(kb_ctx *b, kg_node *x, int64_t Hkv);
+kg_node *kb_heads_grouped_to_tiled(kb_ctx *b, kg_node *x, int64_t Hkv);
+/* Splits a fused projection qkv [T, (H + 2*Hkv) * D] (q heads, then k, then
+ * v) into q [T, H, D], k and v [T, Hkv, D]. */
+void kb_split_qkv(kb_ctx *b, kg_node *qkv, int64_t H, int64_t Hkv, int64_t D, kg_node **q, kg_node **k, kg_node **v);
+/* act(gate) * up from one fused projection [2F, hidden] (role KM_T_FFN_UP,
+ * gate rows first, as torch's chunk(2)): [T, F]. */
+kg_node *kb_gate_up_fused(kb_ctx *b, kg_node *x, int il, km_act act, int64_t F, bool bias);
+
+/* xIELU (Apertus) with the layer's learned parameters from KM_T_FFN_ACT:
+ * x > 0: a_p*x*x + beta*x, else (expm1(min(x, eps)) - x)*a_n + beta*x, with
+ * a_p = softplus(alpha_p), a_n = beta + softplus(alpha_n), all in bfloat16
+ * as transformers holds these parameters whatever the checkpoint stores. */
+kg_node *kb_xielu(kb_ctx *b, kg_node *x, int il);
+
+/* The pre-norm decoder most families share: per layer x += attn(norm(x))
+ * and x += ffn(norm(x)) with these options (the window per layer from
+ * kb_layer_window), then the final norm and the output head: logits. */
+kg_node *kb_prenorm_decoder(kb_ctx *b, kb_norm_kind kind, const kb_attn_opts *ao, const kb_ffn_opts *fo);
+
+/* Hyper-parameter helper: one rotary configuration over
+ * head_dim * partial_rotary dims, pairs interleaved (GPT-J / GLM style) or
+ * halves. */
+kiln_status km_rope_one(km_hparams *hp, bool interleaved);
 
 #endif

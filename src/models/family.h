@@ -31,6 +31,10 @@ typedef enum {
     KM_T_FFN_UP,
     KM_T_FFN_DOWN,
     KM_T_ATTN_SINKS,     /* per-head sink logits [n_heads] (a tensor, not a module) */
+    /* fam-llamalike2 */
+    KM_T_ATTN_SUB_NORM,  /* on the attention output, before the output projection (BitNet) */
+    KM_T_FFN_SUB_NORM,   /* on the MLP's inner activations, before the down projection (BitNet) */
+    KM_T_FFN_ACT,        /* a learned activation's parameters (xIELU: .alpha_p, .alpha_n, .beta, .eps) */
     KM_T_COUNT
 } km_tensor;
 

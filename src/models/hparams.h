@@ -23,6 +23,7 @@ typedef enum {
     KM_ACT_GELU_TANH, /* tanh approximation */
     KM_ACT_RELU,
     KM_ACT_RELU2,     /* relu(x)^2 */
+    KM_ACT_XIELU,     /* learned per layer: kb_xielu (kb_act rejects it) */
 } km_act;
 
 typedef struct {
@@ -45,6 +46,14 @@ typedef struct {
     /* rotary configurations the layers use (filled by the family) */
     km_rope ropes[KM_MAX_ROPES];
     int n_ropes;
+    /* fam-llamalike2 */
+    float logit_scale; /* logits multiplied by this (Cohere); 0: none */
+    bool qk_norm;           /* configurable q/k norms are on (Cohere use_qk_norm, StableLM qk_layernorm) */
+    bool parallel_residual; /* x + attn(norm(x)) + mlp(norm(x)) (StableLM use_parallel_residual) */
+    bool mlp_glu;           /* gated MLP where a family makes it optional (OpenELM ffn_with_glu) */
+    /* per-layer widths where they vary (OpenELM); 0 entries mean the global
+     * n_heads / n_kv_heads / ffn */
+    int32_t layer_heads[KM_MAX_LAYERS], layer_kv_heads[KM_MAX_LAYERS], layer_ffn[KM_MAX_LAYERS];
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call

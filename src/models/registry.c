@@ -24,10 +24,28 @@ const km_names km_llama_names = {
 
 extern const km_family km_family_llama, km_family_qwen2, km_family_qwen3, km_family_gemma, km_family_gemma2,
     km_family_gemma3;
+/* fam-llamalike2 */
+extern const km_family km_family_cohere, km_family_cohere2, km_family_stablelm, km_family_glm, km_family_glm4,
+    km_family_ernie4_5, km_family_apertus, km_family_bitnet, km_family_nemotron, km_family_xverse, km_family_aquila,
+    km_family_orion, km_family_openelm, km_family_plamo;
 
 static const km_family *const families[] = {
     &km_family_llama, &km_family_qwen2, &km_family_qwen3, &km_family_gemma, &km_family_gemma2, &km_family_gemma3,
+    &km_family_cohere, &km_family_cohere2, &km_family_stablelm, &km_family_glm, &km_family_glm4,
+    &km_family_ernie4_5, &km_family_apertus, &km_family_bitnet, &km_family_nemotron,
+    &km_family_xverse, &km_family_aquila, &km_family_orion, &km_family_openelm, &km_family_plamo,
 };
+
+/* Families whose configs name even the common fields their own way
+ * (OpenELM's model_dim, num_transformer_layers): their parse hook reads
+ * everything, from a zeroed km_hparams. */
+static const km_family *const parse_all[] = {&km_family_openelm};
+
+static bool parses_all(const km_family *f) {
+    for (size_t i = 0; i < sizeof parse_all / sizeof parse_all[0]; i++)
+        if (parse_all[i] == f) return true;
+    return false;
+}
 
 const km_family *km_family_find(const char *model_type) {
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
@@ -49,7 +67,8 @@ const char *km_supported_list(char *buf, size_t cap) {
 }
 
 kiln_status km_parse(const km_family *f, const cJSON *cfg, km_hparams *hp) {
-    KILN_TRY(km_hparams_parse(cfg, hp));
+    if (parses_all(f)) memset(hp, 0, sizeof *hp);
+    else KILN_TRY(km_hparams_parse(cfg, hp));
     KILN_TRY(f->parse(cfg, hp));
     if (hp->n_ropes == 0) {
         int dim = (int)((double)hp->head_dim * hp->partial_rotary);
