@@ -50,6 +50,7 @@ typedef struct {
     float logit_divisor;         /* MiniCPM: the final hidden state divided by this (hidden / dim_model_base) */
     bool residual_post_norm;     /* apply_residual_connection_post_layernorm: the residual is the normed input */
     bool head_l2norm;            /* Baichuan 2 NormHead: output rows L2-normalised */
+    bool alibi;                  /* ALiBi instead of rotary (Baichuan 13B) */
     int64_t logn_len;            /* Qwen-1 use_logn_attn: queries at p >= this scaled by log(p+1)/log(this) */
     int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim; /* multi-head latent attention */
 } km_hparams;
