@@ -26,12 +26,12 @@ extern const km_family km_family_llama, km_family_qwen2, km_family_qwen3, km_fam
     km_family_gemma3;
 /* fam-remote */
 extern const km_family km_family_internlm2, km_family_internlm3, km_family_exaone, km_family_minicpm,
-    km_family_minicpm3, km_family_chatglm, km_family_telechat, km_family_baichuan;
+    km_family_minicpm3, km_family_chatglm, km_family_telechat, km_family_baichuan, km_family_qwen;
 
 static const km_family *const families[] = {
     &km_family_llama, &km_family_qwen2, &km_family_qwen3, &km_family_gemma, &km_family_gemma2, &km_family_gemma3,
     &km_family_internlm2, &km_family_internlm3, &km_family_exaone, &km_family_minicpm, &km_family_minicpm3,
-    &km_family_chatglm, &km_family_telechat, &km_family_baichuan,
+    &km_family_chatglm, &km_family_telechat, &km_family_baichuan, &km_family_qwen,
 };
 
 const km_family *km_family_find(const char *model_type) {
