@@ -424,3 +424,22 @@ KT_TEST(fam_remote_unsupported_configs_name_the_value) {
     KT_CHECK(st && strstr(kiln_status_msg(st), "mish"));
     kiln_status_free(st);
 }
+
+KT_TEST(fam_remote_minicpm_longrope_picks_the_factor_set_once) {
+    /* max_position_embeddings 512 > original 256: long factors everywhere,
+     * tables scaled by sqrt(1 + ln 2 / ln 256) */
+    km_hparams hp;
+    KT_CHECK_OK(parse_config("{\"model_type\": \"minicpm\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                             "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 512, "
+                             "\"max_position_embeddings\": 512, \"rope_scaling\": {\"type\": \"longrope\", "
+                             "\"original_max_position_embeddings\": 256, \"short_factor\": [1, 1, 1, 1, 1, 1, 1, 1], "
+                             "\"long_factor\": [1, 2, 3, 4, 5, 6, 7, 8]}}", &hp));
+    km_rope plain;
+    KT_CHECK_OK(km_rope_init(&plain, NULL, 10000.0, 16, 512));
+    for (int i = 0; i < 8; i++) KT_CHECK_NEAR(hp.ropes[0].inv_freq[i], plain.inv_freq[i] / (float)(i + 1), 1e-9);
+    KT_CHECK_NEAR(hp.ropes[0].attention_factor, sqrt(1 + log(2.0) / log(256.0)), 1e-6);
+    int32_t pos[1] = {3}, len[1] = {2}; /* a short sequence still uses the long set */
+    float c[8], s[8];
+    km_rope_fill(&hp.ropes[0], 1, pos, len, c, s);
+    KT_CHECK_NEAR(c[1], cosf(3.0f * plain.inv_freq[1] / 2.0f) * hp.ropes[0].attention_factor, 1e-6);
+}
