@@ -7,7 +7,9 @@
  * grows stepwise with the length L' = max(L, training_seqlen): alpha =
  * 2^ceil(log2(L'/4096) + 1) - 1, and past training_seqlen the tables are
  * scaled by 0.1 ln(L'/training_seqlen) + 1. Optional RMSNorm on the
- * embeddings (embed_layernorm) where the checkpoint has it. */
+ * embeddings (embed_layernorm) where the checkpoint has it. `logn` changes
+ * nothing: the model code slices its logn table along the batch dimension of
+ * [seq, batch, ...] keys, so the queries are multiplied by log-table entry 1. */
 #include "base/json.h"
 #include "models/blocks.h"
 
