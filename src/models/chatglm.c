@@ -40,9 +40,14 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     int64_t qbits, pre_seq;
     KILN_TRY(ku_json_int(cfg, "quantization_bit", 0, &qbits));
     KILN_TRY(ku_json_int(cfg, "pre_seq_len", 0, &pre_seq));
-    if (qbits) return kiln_error(KILN_EUNSUPPORTED, "config.json: ChatGLM's own quantization_bit %lld checkpoints are not supported", (long long)qbits);
-    if (pre_seq) return kiln_error(KILN_EUNSUPPORTED, "config.json: pre_seq_len %lld (a P-tuning v2 prefix) is not supported", (long long)pre_seq);
-    if (hp->head_dim <= 0 || hp->head_dim % 4) return kiln_error(KILN_EINVAL, "config.json: kv_channels must be a positive multiple of 4");
+    if (qbits)
+        return kiln_error(KILN_EUNSUPPORTED, "config.json: ChatGLM's own quantization_bit %lld checkpoints are not supported",
+                          (long long)qbits);
+    if (pre_seq)
+        return kiln_error(KILN_EUNSUPPORTED, "config.json: pre_seq_len %lld (a P-tuning v2 prefix) is not supported",
+                          (long long)pre_seq);
+    if (hp->head_dim <= 0 || hp->head_dim % 4)
+        return kiln_error(KILN_EINVAL, "config.json: kv_channels must be a positive multiple of 4");
     if (!(rope_ratio > 0)) return kiln_error(KILN_EINVAL, "config.json: rope_ratio must be positive");
     hp->n_kv_heads = mqa ? groups : hp->n_heads;
     if (hp->n_kv_heads <= 0 || hp->n_heads % hp->n_kv_heads)
