@@ -53,6 +53,26 @@ int kiln_cmd_info(int argc, char **argv) {
         printf("per layer    heads %d..%d (kv %d..%d), ffn %d..%d\n", lo[0], hi[0], lo[1], hi[1], lo[2], hi[2]);
     }
     if (hp->logit_scale != 0) printf("logit scale  %g\n", hp->logit_scale);
+    /* fam-remote features */
+    if (hp->kv_lora_rank)
+        printf("attention    multi-head latent: q_lora %lld, kv_lora %lld, per head %lld nope + %lld rope, v %lld\n",
+               (long long)hp->q_lora_rank, (long long)hp->kv_lora_rank, (long long)hp->qk_nope_dim,
+               (long long)hp->qk_rope_dim, (long long)hp->v_head_dim);
+    if (hp->logn_len) printf("attention    logn query scaling from position %lld\n", (long long)hp->logn_len);
+    if (hp->alibi) printf("positions    ALiBi (the rotary line above is unused)\n");
+    if (hp->n_ropes > 0) {
+        const km_rope *r = &hp->ropes[0];
+        const char *parts[3] = {r->interleaved ? "interleaved pairs" : NULL,
+                                r->type == KM_ROPE_NTK_STEP ? "stepwise NTK base" : NULL, r->round_f16 ? "float16 tables" : NULL};
+        char line[128] = "";
+        for (int i = 0; i < 3; i++)
+            if (parts[i]) snprintf(line + strlen(line), sizeof line - strlen(line), "%s%s", line[0] ? ", " : "", parts[i]);
+        if (line[0]) printf("rope         %s\n", line);
+    }
+    if (hp->residual_scale != 0 || hp->logit_divisor != 0)
+        printf("scaling      embeddings x%g, residual branches x%g, final hidden /%g\n", hp->emb_scale ? hp->emb_scale : 1,
+               hp->residual_scale ? hp->residual_scale : 1, hp->logit_divisor ? hp->logit_divisor : 1);
+    if (hp->head_l2norm && !hp->tie_embeddings) printf("output head  rows L2-normalised (NormHead)\n");
     printf("embeddings   %s\n", hp->tie_embeddings ? "tied to the output head" : "separate output head");
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,

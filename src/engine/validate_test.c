@@ -79,3 +79,18 @@ KT_TEST(oracle_gate_shared_fixtures) {
     fprintf(stderr, "  %d shared fixtures of supported families checked\n", n);
     KT_CHECKF(bad == 0, "%d of %d shared fixtures fail the gate", bad, n);
 }
+
+/* fam-remote: the remote-code families' fixtures (../shared/oracle/fixtures-remote). */
+KT_TEST(oracle_gate_shared_remote_fixtures) {
+    const char *sh = kt_shared();
+    if (!sh) {
+        kt_skip("../shared is absent");
+        return;
+    }
+    char root[4096];
+    snprintf(root, sizeof root, "%s/oracle/fixtures-remote", sh);
+    int n = 0, bad = 0;
+    run_tree(root, 0, &n, &bad, true);
+    fprintf(stderr, "  %d shared remote-code fixtures of supported families checked\n", n);
+    KT_CHECKF(bad == 0, "%d of %d shared remote-code fixtures fail the gate", bad, n);
+}

@@ -173,5 +173,42 @@ kg_node *kb_prenorm_decoder(kb_ctx *b, kb_norm_kind kind, const kb_attn_opts *ao
  * head_dim * partial_rotary dims, pairs interleaved (GPT-J / GLM style) or
  * halves. */
 kiln_status km_rope_one(km_hparams *hp, bool interleaved);
+/* ---- fam-remote: fused projections, per-token query scales, row-normalised
+ * heads, multi-head latent attention (models/blocks_fam-remote.c) ---- */
+
+/* Splits a fused projection x [T, groups * S * D], S = sum(parts[0..n)):
+ * each of `groups` groups holds parts[0] heads, then parts[1] heads, ... of
+ * D dims. out[i] [T, groups * parts[i], D] keeps the heads in group order.
+ * [q | k | v] is groups 1, parts {H, Hkv, Hkv}; InternLM2's wqkv is groups
+ * Hkv, parts {H/Hkv, 1, 1}; per-head [q k v] is groups H, parts {1, 1, 1}. */
+void kb_split_heads(kb_ctx *b, kg_node *x, int64_t groups, const int64_t *parts, int n, int64_t D, kg_node **out);
+/* kb_norm with an explicit epsilon (norms whose eps is not the config's). */
+kg_node *kb_norm_eps(kb_ctx *b, kg_node *x, km_tensor t, int il, kb_norm_kind kind, float eps);
+/* act(gate) * up from one projection KM_T_FFN_GATE_UP [2F, hidden] holding
+ * [gate | up] (ChatGLM's dense_h_to_4h), then KM_T_FFN_DOWN. */
+kg_node *kb_ffn_fused(kb_ctx *b, kg_node *x, int il, km_act act, bool bias);
+/* logn attention (Qwen-1): q [T, H, D] times log(p + 1) / log(base_len) for
+ * tokens at 0-based position p >= base_len, computed from the pos input. */
+kg_node *kb_logn_scale(kb_ctx *b, kg_node *q, int64_t base_len);
+/* Output projection through role t whose weight rows are L2-normalised
+ * first, w / max(|w|, 1e-12) (Baichuan 2's NormHead). The norms are taken
+ * on the host when the graph is built, from any weight format. x [R, hidden]. */
+kg_node *kb_lm_head_l2(kb_ctx *b, kg_node *x, km_tensor t);
+
+/* Multi-head latent attention (DeepSeek-V2/V3, MiniCPM3). Queries from
+ * q_b(rms(q_a(x))) or a plain q projection; kv_a(x) = [latent | k_rope]
+ * with one rope key shared by all heads; kv_b(rms(latent)) = per head
+ * [k_nope | v]. Only the rope_dim trailing query/key dims rotate. The KV
+ * cache holds the expanded per-head keys [H, nope + rope] and values [H, v]. */
+typedef struct {
+    int64_t q_lora_rank;           /* 0: queries from KM_T_ATTN_Q */
+    int64_t kv_lora_rank;
+    int64_t nope, rope_dim, v_dim; /* per-head dims */
+    int rope;                      /* index into hp->ropes; its dim must be rope_dim */
+    float scale;                   /* 0: (nope + rope_dim)^-0.5; DeepSeek folds yarn mscale^2 in here */
+    float lora_eps;                /* eps of the q_a / kv_a RMSNorms; 0: 1e-6 as DeepSeek and MiniCPM3 */
+    bool bias;                     /* attention_bias: q_a, kv_a and o projections carry biases */
+} kb_mla_opts;
+kg_node *kb_mla_attention(kb_ctx *b, kg_node *x, int il, const kb_mla_opts *o);
 
 #endif

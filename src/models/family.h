@@ -35,6 +35,17 @@ typedef enum {
     KM_T_ATTN_SUB_NORM,  /* on the attention output, before the output projection (BitNet) */
     KM_T_FFN_SUB_NORM,   /* on the MLP's inner activations, before the down projection (BitNet) */
     KM_T_FFN_ACT,        /* a learned activation's parameters (xIELU: .alpha_p, .alpha_n, .beta, .eps) */
+    /* fam-remote: fused projections and multi-head latent attention */
+    KM_T_ATTN_QKV,       /* fused q/k/v projection (layout chosen by the family, see kb_split_heads) */
+    KM_T_ATTN_KV,        /* fused k/v projection */
+    KM_T_FFN_GATE_UP,    /* fused [gate | up] projection */
+    KM_T_ATTN_Q_A,       /* MLA: query down-projection (q_lora_rank) */
+    KM_T_ATTN_Q_A_NORM,
+    KM_T_ATTN_Q_B,       /* MLA: query up-projection to heads x (nope + rope) */
+    KM_T_ATTN_KV_A,      /* MLA: [latent kv_lora_rank | shared rope key] projection */
+    KM_T_ATTN_KV_A_NORM,
+    KM_T_ATTN_KV_B,      /* MLA: latent up-projection to heads x (nope + v) */
+    KM_T_TOK_EMBD_NORM,  /* norm on the token embeddings */
     KM_T_COUNT
 } km_tensor;
 

@@ -22,9 +22,24 @@ kiln_status km_parse_act(const char *name, km_act *out) {
     return kiln_error(KILN_EUNSUPPORTED, "activation \"%s\" is not supported", name);
 }
 
+/* Other spellings of the required sizes, tried in order when the usual key
+ * is absent (GPT-2/Megatron-style configs of remote-code families: ChatGLM,
+ * Qwen-1, TeleChat, EXAONE). Families whose key means something else (Qwen-1's
+ * ffn_hidden_size is twice its MLP width) adjust in their parse hook. */
+static const char *const key_aliases[][4] = {
+    {"hidden_size", "n_embd", "n_embed", NULL},
+    {"num_hidden_layers", "num_layers", "n_layer", NULL},
+    {"num_attention_heads", "n_head", NULL, NULL},
+    {"intermediate_size", "ffn_hidden_size", NULL, NULL},
+    {"vocab_size", "padded_vocab_size", NULL, NULL},
+};
+
 static kiln_status req_int(const cJSON *cfg, const char *key, const char *alt, int64_t *out) {
     KILN_TRY(ku_json_int(cfg, key, -1, out));
     if (*out < 0 && alt) KILN_TRY(ku_json_int(cfg, alt, -1, out));
+    for (size_t i = 0; *out < 0 && i < sizeof key_aliases / sizeof key_aliases[0]; i++)
+        if (!strcmp(key_aliases[i][0], key))
+            for (int j = 1; *out < 0 && j < 4 && key_aliases[i][j]; j++) KILN_TRY(ku_json_int(cfg, key_aliases[i][j], -1, out));
     if (*out <= 0) return kiln_error(KILN_EINVAL, "config.json: \"%s\" is missing or not positive", key);
     return NULL;
 }

@@ -54,6 +54,14 @@ typedef struct {
     /* per-layer widths where they vary (OpenELM); 0 entries mean the global
      * n_heads / n_kv_heads / ffn */
     int32_t layer_heads[KM_MAX_LAYERS], layer_kv_heads[KM_MAX_LAYERS], layer_ffn[KM_MAX_LAYERS];
+    /* fam-remote (0 = unused) */
+    float residual_scale;        /* MiniCPM: each residual branch times this (scale_depth / sqrt(layers)) */
+    float logit_divisor;         /* MiniCPM: the final hidden state divided by this (hidden / dim_model_base) */
+    bool residual_post_norm;     /* apply_residual_connection_post_layernorm: the residual is the normed input */
+    bool head_l2norm;            /* Baichuan 2 NormHead: output rows L2-normalised */
+    bool alibi;                  /* ALiBi instead of rotary (Baichuan 13B) */
+    int64_t logn_len;            /* Qwen-1 use_logn_attn: queries at p >= this scaled by log(p+1)/log(this) */
+    int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim; /* multi-head latent attention */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call

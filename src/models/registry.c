@@ -22,19 +22,17 @@ const km_names km_llama_names = {
     [KM_T_FFN_DOWN] = "model.layers.%d.mlp.down_proj",
 };
 
-extern const km_family km_family_llama, km_family_qwen2, km_family_qwen3, km_family_gemma, km_family_gemma2,
-    km_family_gemma3;
-/* fam-llamalike2 */
-extern const km_family km_family_cohere, km_family_cohere2, km_family_stablelm, km_family_glm, km_family_glm4,
-    km_family_ernie4_5, km_family_apertus, km_family_bitnet, km_family_nemotron, km_family_xverse, km_family_aquila,
-    km_family_orion, km_family_openelm, km_family_plamo;
+/* One line per family; the first family listing a model_type serves it. */
+#define FAMILIES(X)                                                                                                  \
+    X(llama) X(qwen2) X(qwen3) X(gemma) X(gemma2) X(gemma3)                                                          \
+    X(cohere) X(cohere2) X(stablelm) X(glm) X(glm4) X(ernie4_5) X(apertus) X(bitnet) X(nemotron)                     \
+    X(xverse) X(aquila) X(orion) X(openelm) X(plamo)                                                                 \
+    X(internlm2) X(internlm3) X(exaone) X(minicpm) X(minicpm3) X(chatglm) X(telechat) X(baichuan) X(qwen)
 
-static const km_family *const families[] = {
-    &km_family_llama, &km_family_qwen2, &km_family_qwen3, &km_family_gemma, &km_family_gemma2, &km_family_gemma3,
-    &km_family_cohere, &km_family_cohere2, &km_family_stablelm, &km_family_glm, &km_family_glm4,
-    &km_family_ernie4_5, &km_family_apertus, &km_family_bitnet, &km_family_nemotron,
-    &km_family_xverse, &km_family_aquila, &km_family_orion, &km_family_openelm, &km_family_plamo,
-};
+#define DECLARE(f) extern const km_family km_family_##f;
+FAMILIES(DECLARE)
+#define LIST(f) &km_family_##f,
+static const km_family *const families[] = {FAMILIES(LIST)};
 
 /* Families whose configs name even the common fields their own way
  * (OpenELM's model_dim, num_transformer_layers): their parse hook reads

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "base/half.h"
 #include "base/json.h"
 
 /* 1 / base^(2i/dim) in float32, as torch computes it. */
@@ -166,13 +167,38 @@ kiln_status km_rope_init(km_rope *r, const cJSON *rs, double theta, int dim, int
                                          "dynamic, llama3, yarn, longrope)", type);
 }
 
+void km_rope_ntk_step(km_rope *r, int64_t step_len, int64_t min_len, int64_t mscale_len) {
+    r->type = KM_ROPE_NTK_STEP;
+    r->ntk_step_len = step_len > 0 ? step_len : 1;
+    r->ntk_min_len = min_len;
+    r->ntk_mscale_len = mscale_len;
+}
+
+/* NTK_STEP frequencies and attention factor for a sequence of length L. */
+static void ntk_step(const km_rope *r, int64_t L, float *f, float *af) {
+    double Lp = (double)(L > r->ntk_min_len ? L : r->ntk_min_len);
+    double alpha = pow(2.0, ceil(log2(Lp / (double)r->ntk_step_len) + 1)) - 1;
+    if (alpha < 1) alpha = 1;
+    default_freqs(r->theta * pow(alpha, (double)r->dim / (r->dim - 2)), r->dim, f);
+    *af = r->attention_factor;
+    if (r->ntk_mscale_len > 0 && Lp > (double)r->ntk_mscale_len)
+        *af *= (float)(0.1 * log(Lp / (double)r->ntk_mscale_len) + 1.0);
+}
+
+static float round_f16(float x) { return ku_f16_to_f32(ku_f32_to_f16(x)); }
+
 void km_rope_fill(const km_rope *r, int64_t n, const int32_t *pos, const int32_t *seq_len, float *cos, float *sin) {
     int half = r->dim / 2;
-    float dyn[KM_ROPE_MAX_HALF];
+    float dyn[KM_ROPE_MAX_HALF], step_af = 1;
+    int64_t step_L = -1; /* the length dyn holds NTK_STEP frequencies for */
     for (int64_t t = 0; t < n; t++) {
         const float *f = r->inv_freq;
         float af = r->attention_factor;
-        if (r->type == KM_ROPE_DYNAMIC && seq_len[t] > r->max_pos) {
+        if (r->type == KM_ROPE_NTK_STEP) {
+            if (seq_len[t] != step_L) ntk_step(r, step_L = seq_len[t], dyn, &step_af);
+            f = dyn;
+            af = step_af;
+        } else if (r->type == KM_ROPE_DYNAMIC && seq_len[t] > r->max_pos) {
             double L = seq_len[t];
             double base = r->theta * pow(r->factor * L / (double)r->max_pos - (r->factor - 1), (double)r->dim / (r->dim - 2));
             default_freqs(base, r->dim, dyn);
@@ -182,6 +208,14 @@ void km_rope_fill(const km_rope *r, int64_t n, const int32_t *pos, const int32_t
             af = r->long_attention_factor;
         }
         float p = (float)pos[t];
+        if (r->round_f16) {
+            for (int i = 0; i < half; i++) {
+                float a = p * f[i];
+                cos[t * half + i] = round_f16(round_f16(cosf(a)) * af);
+                sin[t * half + i] = round_f16(round_f16(sinf(a)) * af);
+            }
+            continue;
+        }
         for (int i = 0; i < half; i++) {
             float a = p * f[i];
             cos[t * half + i] = cosf(a) * af;
