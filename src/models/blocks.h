@@ -90,6 +90,7 @@ typedef struct {
     kb_norm_kind qk_norm_kind; /* RMS (default) or LayerNorm */
     const float *alibi; /* [n_heads] ALiBi slopes (the family's formula), or NULL */
     bool sinks;        /* per-head attention sinks from KM_T_ATTN_SINKS */
+    bool qk_norm_after_rope; /* q/k norms on the rotated q, k (HunYuan) instead of before the rotation */
 } kb_attn_opts;
 /* Self-attention block: projections, q/k norms, rope, KV cache update,
  * attention over the cache, output projection. x [T, hidden]. */
@@ -113,5 +114,39 @@ kg_node *kb_select_rows(kb_ctx *b, kg_node *x);
 kg_node *kb_lm_head(kb_ctx *b, kg_node *x);
 /* Sliding window of layer il (hp->sliding_window if the layer slides, else 0). */
 int kb_layer_window(const kb_ctx *b, int il);
+
+/* ---- fam-llamalike (models/blocks_fam-llamalike.c; kb_qkv in blocks.c) ---- */
+/* x [..., cols] through the fused projection of role t, split along the last
+ * dim into n parts of sizes[i] features: out[i] [..., sizes[i]]. */
+void kb_linear_split(kb_ctx *b, kg_node *x, km_tensor t, int il, const int64_t *sizes, int n, bool bias, kg_node **out);
+/* Gated MLP from one fused KM_T_FFN_GATE_UP projection (gate rows first), then down. */
+kg_node *kb_ffn_fused(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o);
+/* Norm without learned weight or bias (OLMo's LayerNorm), eps = hp->norm_eps. */
+kg_node *kb_norm_plain(kb_ctx *b, kg_node *x, kb_norm_kind kind);
+/* q [T, H, D] times 1 + beta * log(1 + floor((pos + offset) / floor_scale)) per
+ * token: Llama 4 / Ministral 3 attention temperature for long positions. */
+kg_node *kb_pos_temperature(kb_ctx *b, kg_node *q, float beta, double floor_scale, int offset);
+/* The projections kb_attention starts with (o->qkv_bias, o->clip_qkv), from
+ * q/k/v or one fused KM_T_ATTN_QKV weight: q [T, H, D], k and v [T, Hkv, D]. */
+void kb_qkv(kb_ctx *b, kg_node *x, int il, bool fused, const kb_attn_opts *o, kg_node **q, kg_node **k, kg_node **v);
+
+typedef struct {
+    kb_attn_opts attn;
+    kb_ffn_opts ffn;
+    kb_norm_kind norm;
+    bool plain_norms;    /* norms without weights (OLMo) */
+    bool post_norms;     /* OLMo 2 style: x + norm(f(x)) instead of x + f(norm(x)) */
+    bool fused_qkv;      /* one KM_T_ATTN_QKV projection (Phi-3) */
+    bool fused_gate_up;  /* one KM_T_FFN_GATE_UP projection, gate first (Phi-3) */
+    bool q_temp;         /* queries scaled by kb_pos_temperature(hp->q_temp_beta, hp->q_temp_floor) */
+} kb_layer_opts;
+/* One sequential decoder layer: attention then MLP, each a residual branch
+ * with its norms; hp->residual_scale scales the branches when set. */
+kg_node *kb_decoder_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o);
+/* The final norm (KM_T_OUTPUT_NORM) on the rows whose logits are wanted, the
+ * output head, and the division by hp->logits_div when set. */
+kg_node *kb_decoder_output(kb_ctx *b, kg_node *x, kb_norm_kind kind, bool plain);
+/* The rotary config a layer uses: -1 when hp->layer_nope marks it, else rope. */
+int kb_layer_rope(const kb_ctx *b, int il, int rope);
 
 #endif

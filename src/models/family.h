@@ -31,6 +31,9 @@ typedef enum {
     KM_T_FFN_UP,
     KM_T_FFN_DOWN,
     KM_T_ATTN_SINKS,     /* per-head sink logits [n_heads] (a tensor, not a module) */
+    /* fam-llamalike */
+    KM_T_ATTN_QKV,       /* fused q | k | v projection (rows: H*D, then Hkv*D, then Hkv*Dv) */
+    KM_T_FFN_GATE_UP,    /* fused gate | up projection (rows: ffn gate, then ffn up) */
     KM_T_COUNT
 } km_tensor;
 

@@ -45,6 +45,14 @@ typedef struct {
     /* rotary configurations the layers use (filled by the family) */
     km_rope ropes[KM_MAX_ROPES];
     int n_ropes;
+    /* fam-llamalike (0 = unused) */
+    unsigned char layer_nope[KM_MAX_LAYERS]; /* 1: this layer applies no rotary embedding (NoPE) */
+    float attn_scale;     /* attention scale used instead of head_dim^-0.5 (granite attention_multiplier) */
+    float residual_scale; /* attention and MLP outputs times this before each residual add (granite) */
+    float logits_div;     /* logits divided by this (granite logits_scaling) */
+    float clip_qkv;       /* q, k, v clamped to [-clip, clip] after projection (olmo) */
+    float q_temp_beta;    /* queries times 1 + beta * log(1 + floor(pos / q_temp_floor)) (ministral3) */
+    int64_t q_temp_floor;
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call
