@@ -148,5 +148,10 @@ kg_node *kb_decoder_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o)
 kg_node *kb_decoder_output(kb_ctx *b, kg_node *x, kb_norm_kind kind, bool plain);
 /* The rotary config a layer uses: -1 when hp->layer_nope marks it, else rope. */
 int kb_layer_rope(const kb_ctx *b, int il, int rope);
+/* A whole decoder-only model: embeddings, hp->n_layers kb_decoder_layer with
+ * the options opts() gives for each layer, then kb_decoder_output with the
+ * layers' norm kind. */
+typedef void (*kb_layer_opts_fn)(const kb_ctx *b, int il, kb_layer_opts *o);
+kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn opts);
 
 #endif

@@ -5,7 +5,17 @@
  * covers pre-norm and post-norm (OLMo 2) sequential blocks. */
 #include <math.h>
 
+#include "base/json.h"
 #include "models/blocks.h"
+
+kiln_status km_json_window(const cJSON *cfg, const char *key, int64_t def, int64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (v && cJSON_IsNull(v)) {
+        *out = 0;
+        return NULL;
+    }
+    return ku_json_int(cfg, key, def, out);
+}
 
 void kb_linear_split(kb_ctx *b, kg_node *x, km_tensor t, int il, const int64_t *sizes, int n, bool bias, kg_node **out) {
     int64_t total = 0;
@@ -97,4 +107,15 @@ kg_node *kb_decoder_output(kb_ctx *b, kg_node *x, kb_norm_kind kind, bool plain)
         logits = kg_name(kg_binary(g, KG_OP_DIV, logits, kg_broadcast_like(g, kg_scalar(g, KG_F32, d), logits)), "logits", -1);
     }
     return logits;
+}
+
+kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn opts) {
+    kb_layer_opts lo = {0};
+    kg_node *x = kb_embed(b);
+    for (int il = 0; il < b->hp->n_layers; il++) {
+        lo = (kb_layer_opts){0};
+        opts(b, il, &lo);
+        x = kb_decoder_layer(b, x, il, &lo);
+    }
+    return kb_decoder_output(b, x, lo.norm, lo.plain_norms);
 }

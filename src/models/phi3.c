@@ -57,23 +57,20 @@ static kiln_status rope(const cJSON *cfg, km_hparams *hp) {
 }
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
+    KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     KILN_TRY(km_sliding_layers(cfg, hp, 0, 0));
     return rope(cfg, hp);
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_layer_opts lo = {.attn = {.window = kb_layer_window(b, il)},
-                            .ffn = {.gated = true, .act = hp->act},
-                            .fused_qkv = true,
-                            .fused_gate_up = true};
-        x = kb_decoder_layer(b, x, il, &lo);
-    }
-    return kb_decoder_output(b, x, KB_NORM_RMS, false);
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    *o = (kb_layer_opts){.attn = {.window = kb_layer_window(b, il)},
+                         .ffn = {.gated = true, .act = b->hp->act},
+                         .fused_qkv = true,
+                         .fused_gate_up = true};
 }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"phi3", NULL};
 const km_family km_family_phi3 = {"phi3", types, &names, parse, emit};
