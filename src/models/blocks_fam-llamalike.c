@@ -8,10 +8,10 @@
 #include "base/json.h"
 #include "models/blocks.h"
 
-kiln_status km_json_window(const cJSON *cfg, const char *key, int64_t def, int64_t *out) {
+kiln_status km_json_int_or_null(const cJSON *cfg, const char *key, int64_t def, int64_t if_null, int64_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
     if (v && cJSON_IsNull(v)) {
-        *out = 0;
+        *out = if_null;
         return NULL;
     }
     return ku_json_int(cfg, key, def, out);

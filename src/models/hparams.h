@@ -66,8 +66,9 @@ kiln_status km_parse_act(const char *name, km_act *out);
 kiln_status km_sliding_layers(const cJSON *cfg, km_hparams *hp, int64_t first, int64_t period);
 
 /* fam-llamalike (models/blocks_fam-llamalike.c) */
-/* A window-like integer: null in config.json means none (0), an absent key
- * the config class's default def (e.g. OLMo 3's sliding_window 4096). */
-kiln_status km_json_window(const cJSON *cfg, const char *key, int64_t def, int64_t *out);
+/* An integer whose null in config.json (Python's None) means something else
+ * than its absence: null gives if_null, absence the config class's default
+ * def (e.g. OLMo 3's sliding_window: null is no window, absent is 4096). */
+kiln_status km_json_int_or_null(const cJSON *cfg, const char *key, int64_t def, int64_t if_null, int64_t *out);
 
 #endif

@@ -6,9 +6,9 @@
  * (or as layer_types says) and applies rope_scaling to the full-attention
  * layers only: sliding layers rotate with plain rope_theta. */
 #include "base/json.h"
-#include "models/blocks.h"
+#include "models/shared.h"
 
-static const km_names names = {
+const km_names km_olmo2_names = {
     [KM_T_TOK_EMBD] = "model.embed_tokens",
     [KM_T_OUTPUT_NORM] = "model.norm",
     [KM_T_OUTPUT] = "lm_head",
@@ -35,7 +35,7 @@ static kiln_status parse_olmo2(const cJSON *cfg, km_hparams *hp) {
 static kiln_status parse_olmo3(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
-    KILN_TRY(km_json_window(cfg, "sliding_window", 4096, &hp->sliding_window));
+    KILN_TRY(km_json_int_or_null(cfg, "sliding_window", 4096, 0, &hp->sliding_window));
     KILN_TRY(km_sliding_layers(cfg, hp, 0, 4));
     /* rope 0: full-attention layers (rope_scaling applies); rope 1: sliding layers (plain) */
     int dim = (int)((double)hp->head_dim * hp->partial_rotary);
@@ -56,6 +56,6 @@ static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types2[] = {"olmo2", NULL};
-const km_family km_family_olmo2 = {"olmo2", types2, &names, parse_olmo2, emit};
+const km_family km_family_olmo2 = {"olmo2", types2, &km_olmo2_names, parse_olmo2, emit};
 static const char *const types3[] = {"olmo3", NULL};
-const km_family km_family_olmo3 = {"olmo3", types3, &names, parse_olmo3, emit};
+const km_family km_family_olmo3 = {"olmo3", types3, &km_olmo2_names, parse_olmo3, emit};
