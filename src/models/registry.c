@@ -26,12 +26,14 @@ extern const km_family km_family_llama, km_family_qwen2, km_family_qwen3, km_fam
     km_family_gemma3;
 /* fam-llamalike */
 extern const km_family km_family_phi3, km_family_granite, km_family_olmo, km_family_olmo2, km_family_olmo3,
-    km_family_smollm3, km_family_exaone4, km_family_helium, km_family_seed_oss, km_family_arcee, km_family_hunyuan;
+    km_family_smollm3, km_family_exaone4, km_family_helium, km_family_seed_oss, km_family_arcee, km_family_hunyuan,
+    km_family_mimo, km_family_ministral, km_family_ministral3;
 
 static const km_family *const families[] = {
     &km_family_llama, &km_family_qwen2, &km_family_qwen3, &km_family_gemma, &km_family_gemma2, &km_family_gemma3,
     &km_family_phi3, &km_family_granite, &km_family_olmo, &km_family_olmo2, &km_family_olmo3,
     &km_family_smollm3, &km_family_exaone4, &km_family_helium, &km_family_seed_oss, &km_family_arcee, &km_family_hunyuan,
+    &km_family_mimo, &km_family_ministral, &km_family_ministral3,
 };
 
 const km_family *km_family_find(const char *model_type) {
