@@ -14,10 +14,8 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    (void)il;
-    const km_hparams *hp = b->hp;
-    *o = (kb_layer_opts){.attn = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias},
-                         .ffn = {.gated = false, .act = hp->act, .bias = hp->mlp_bias}};
+    kb_default_layer_opts(b, il, o);
+    o->ffn.gated = false;
 }
 
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }

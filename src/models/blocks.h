@@ -140,6 +140,10 @@ typedef struct {
     bool fused_gate_up;  /* one KM_T_FFN_GATE_UP projection, gate first (Phi-3) */
     bool q_temp;         /* queries scaled by kb_pos_temperature(hp->q_temp_beta, hp->q_temp_floor) */
 } kb_layer_opts;
+/* Options from the hyper-parameters alone: attention with hp's q/k/v and
+ * o_proj biases, layer window, rope 0 unless hp->layer_nope, hp->attn_scale,
+ * hp->clip_qkv; gated MLP with hp->act and hp->mlp_bias; pre-norm RMSNorm. */
+void kb_default_layer_opts(const kb_ctx *b, int il, kb_layer_opts *o);
 /* One sequential decoder layer: attention then MLP, each a residual branch
  * with its norms; hp->residual_scale scales the branches when set. */
 kg_node *kb_decoder_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o);

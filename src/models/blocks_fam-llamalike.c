@@ -109,6 +109,13 @@ kg_node *kb_decoder_output(kb_ctx *b, kg_node *x, kb_norm_kind kind, bool plain)
     return logits;
 }
 
+void kb_default_layer_opts(const kb_ctx *b, int il, kb_layer_opts *o) {
+    const km_hparams *hp = b->hp;
+    *o = (kb_layer_opts){.attn = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .window = kb_layer_window(b, il),
+                                  .rope = kb_layer_rope(b, il, 0), .scale = hp->attn_scale, .clip_qkv = hp->clip_qkv},
+                         .ffn = {.gated = true, .act = hp->act, .bias = hp->mlp_bias}};
+}
+
 kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn opts) {
     kb_layer_opts lo = {0};
     kg_node *x = kb_embed(b);

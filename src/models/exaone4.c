@@ -29,12 +29,12 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    *o = (kb_layer_opts){.attn = {.window = kb_layer_window(b, il), .qk_norm = KB_QK_PER_HEAD, .rope = kb_layer_rope(b, il, 0)},
-                         .ffn = {.gated = true, .act = b->hp->act},
-                         .post_norms = true};
+    kb_default_layer_opts(b, il, o);
+    o->attn.qk_norm = KB_QK_PER_HEAD;
+    o->post_norms = true;
 }
 
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"exaone4", NULL};
-const km_family km_family_exaone4 = {"exaone4", types, &km_olmo2_names, parse, emit};
+const km_family km_family_exaone4 = {"exaone4", types, &km_gemma2_names, parse, emit};

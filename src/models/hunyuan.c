@@ -49,11 +49,9 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    (void)il;
-    const km_hparams *hp = b->hp;
-    *o = (kb_layer_opts){.attn = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .qk_norm = KB_QK_PER_HEAD,
-                                  .qk_norm_after_rope = true},
-                         .ffn = {.gated = true, .act = hp->act}};
+    kb_default_layer_opts(b, il, o);
+    o->attn.qk_norm = KB_QK_PER_HEAD;
+    o->attn.qk_norm_after_rope = true;
 }
 
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }

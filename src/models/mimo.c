@@ -13,11 +13,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return km_qwen_sliding(cfg, hp);
 }
 
-static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    *o = (kb_layer_opts){.attn = {.qkv_bias = true, .window = kb_layer_window(b, il)}, .ffn = {.gated = true, .act = b->hp->act}};
-}
-
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, kb_default_layer_opts); }
 
 static const char *const types[] = {"mimo", NULL};
 const km_family km_family_mimo = {"mimo", types, &km_llama_names, parse, emit};

@@ -62,9 +62,8 @@ static kiln_status parse_ministral3(const cJSON *cfg, km_hparams *hp) {
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    *o = (kb_layer_opts){.attn = {.window = kb_layer_window(b, il)},
-                         .ffn = {.gated = true, .act = b->hp->act},
-                         .q_temp = b->hp->q_temp_beta != 0};
+    kb_default_layer_opts(b, il, o);
+    o->q_temp = b->hp->q_temp_beta != 0;
 }
 
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }

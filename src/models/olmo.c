@@ -11,17 +11,15 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     if (clip < 0) return kiln_error(KILN_EINVAL, "config.json: olmo clip_qkv must not be negative");
     hp->clip_qkv = (float)clip;
     hp->norm_eps = 1e-5; /* OlmoLayerNorm's, whatever the config says */
+    hp->mlp_bias = false;
     hp->sliding_window = 0;
     return NULL;
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    (void)il;
-    const km_hparams *hp = b->hp;
-    *o = (kb_layer_opts){.attn = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .clip_qkv = hp->clip_qkv},
-                         .ffn = {.gated = true, .act = hp->act},
-                         .norm = KB_NORM_LAYER,
-                         .plain_norms = true};
+    kb_default_layer_opts(b, il, o);
+    o->norm = KB_NORM_LAYER;
+    o->plain_norms = true;
 }
 
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }

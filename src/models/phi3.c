@@ -59,15 +59,15 @@ static kiln_status rope(const cJSON *cfg, km_hparams *hp) {
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
+    hp->attn_qkv_bias = hp->attn_o_bias = hp->mlp_bias = false;
     KILN_TRY(km_sliding_layers(cfg, hp, 0, 0));
     return rope(cfg, hp);
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    *o = (kb_layer_opts){.attn = {.window = kb_layer_window(b, il)},
-                         .ffn = {.gated = true, .act = b->hp->act},
-                         .fused_qkv = true,
-                         .fused_gate_up = true};
+    kb_default_layer_opts(b, il, o);
+    o->fused_qkv = true;
+    o->fused_gate_up = true;
 }
 
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }

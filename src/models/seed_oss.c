@@ -14,14 +14,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    (void)il;
-    const km_hparams *hp = b->hp;
-    *o = (kb_layer_opts){.attn = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias},
-                         .ffn = {.gated = true, .act = hp->act, .bias = hp->mlp_bias}};
-}
-
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, kb_default_layer_opts); }
 
 static const char *const types[] = {"seed_oss", NULL};
 const km_family km_family_seed_oss = {"seed_oss", types, &km_llama_names, parse, emit};

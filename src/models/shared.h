@@ -18,7 +18,4 @@ kiln_status km_gemma_common(const cJSON *cfg, km_hparams *hp);
 extern const km_names km_gemma2_names;
 kg_node *km_gemma2_layer(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *ao);
 
-/* fam-llamalike: OLMo 2 names (post-norms, q/k norms), shared with EXAONE 4. */
-extern const km_names km_olmo2_names;
-
 #endif

@@ -34,14 +34,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    const km_hparams *hp = b->hp;
-    *o = (kb_layer_opts){.attn = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .window = kb_layer_window(b, il),
-                                  .rope = kb_layer_rope(b, il, 0)},
-                         .ffn = {.gated = true, .act = hp->act, .bias = hp->mlp_bias}};
-}
-
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, kb_default_layer_opts); }
 
 static const char *const types[] = {"smollm3", NULL};
 const km_family km_family_smollm3 = {"smollm3", types, &km_llama_names, parse, emit};
