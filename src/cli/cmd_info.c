@@ -73,6 +73,19 @@ int kiln_cmd_info(int argc, char **argv) {
         printf("scaling      embeddings x%g, residual branches x%g, final hidden /%g\n", hp->emb_scale ? hp->emb_scale : 1,
                hp->residual_scale ? hp->residual_scale : 1, hp->logit_divisor ? hp->logit_divisor : 1);
     if (hp->head_l2norm && !hp->tie_embeddings) printf("output head  rows L2-normalised (NormHead)\n");
+    int nope = 0;
+    for (int64_t i = 0; i < hp->n_layers; i++) nope += hp->layer_nope[i];
+    if (nope) printf("NoPE         %d of %lld layers apply no rotary embedding\n", nope, (long long)hp->n_layers);
+    if (hp->attn_scale != 0 || hp->residual_scale != 0 || hp->logits_div != 0)
+        printf("multipliers  embeddings %g, attention scale %g, residual %g, logits divided by %g\n",
+               hp->emb_scale != 0 ? hp->emb_scale : 1.0, hp->attn_scale, hp->residual_scale != 0 ? hp->residual_scale : 1.0,
+               hp->logits_div != 0 ? hp->logits_div : 1.0);
+    if (hp->clip_qkv > 0) printf("clip_qkv     q, k, v clamped to +-%g\n", hp->clip_qkv);
+    if (hp->q_temp_beta != 0)
+        printf("temperature  queries times 1 + %g * log(1 + floor(pos / %lld))\n", hp->q_temp_beta, (long long)hp->q_temp_floor);
+    if (hp->ropes[0].type == KM_ROPE_LONGROPE)
+        printf("longrope     long factors past %lld positions (the sequence is recomputed when it crosses)\n",
+               (long long)hp->ropes[0].orig_max_pos);
     printf("embeddings   %s\n", hp->tie_embeddings ? "tied to the output head" : "separate output head");
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,

@@ -77,6 +77,7 @@ typedef struct {
     int64_t len;     /* tokens in the cache */
     int32_t *blocks; /* [n_blocks] */
     int64_t n_blocks, cap_blocks;
+    int32_t *toks;   /* [n_ctx] the tokens so far; only models with LongRoPE keep them (see ke_decode) */
 } seq_state;
 
 typedef struct {
@@ -174,7 +175,7 @@ void ke_ctx_free(ke_ctx *c) {
     free(c->kcache);
     free(c->vcache);
     free(c->cache);
-    for (int i = 0; i < c->n_seqs; i++) free(c->seqs[i].blocks);
+    for (int i = 0; i < c->n_seqs; i++) free(c->seqs[i].blocks), free(c->seqs[i].toks);
     free(c->seqs);
     free(c->free_blocks);
     free(c->pos), free(c->tseq), free(c->slot), free(c->rows), free(c->seq_len), free(c->btab);
@@ -294,7 +295,7 @@ static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
     return true;
 }
 
-kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows) {
+static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows) {
     *logits = NULL;
     *n_rows = 0;
     const km_hparams *hp = &c->m->hp;
@@ -412,6 +413,10 @@ kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n
     }
     kr_exec_run(e->exec, params, c->pool);
     free(params);
+    for (int64_t t = 0; t < T; t++) {
+        seq_state *q = &c->seqs[b->seq[t]];
+        if (q->toks) q->toks[c->pos[t]] = b->tokens[t];
+    }
     for (int i = 0; i < S; i++) c->seqs[batch_seqs[i]].len += added[batch_seqs[i]];
     *logits = kr_exec_output(e->exec, 0);
     *n_rows = (int)R;
@@ -419,5 +424,77 @@ done:
     free(batch_seqs);
     free(added);
     free(row_of);
+    return st;
+}
+
+/* LongRoPE (Phi-3): a sequence uses the short factors while it fits in
+ * original_max_position_embeddings and the long ones for every position once
+ * it outgrows it. transformers then recomputes the whole cache, since keys
+ * and every later layer depend on the factors; so does kiln: such a sequence's
+ * earlier tokens are fed again, ahead of its new ones, from position 0. */
+static int64_t longrope_limit(const km_hparams *hp) {
+    for (int k = 0; k < hp->n_ropes; k++)
+        if (hp->ropes[k].type == KM_ROPE_LONGROPE) return hp->ropes[k].orig_max_pos;
+    return -1;
+}
+
+kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows) {
+    int64_t lim = longrope_limit(&c->m->hp);
+    if (lim < 0 || b->n <= 0) return decode_step(c, b, logits, n_rows);
+    *logits = NULL;
+    *n_rows = 0;
+    int64_t *added = calloc((size_t)c->n_seqs + 1, sizeof(int64_t));
+    if (!added) return kiln_error(KILN_ENOMEM, "out of memory");
+    int64_t extra = 0;
+    for (int t = 0; t < b->n; t++) {
+        int s = b->seq[t];
+        if (s < 0 || s >= c->n_seqs || !c->seqs[s].open) continue; /* decode_step reports it */
+        if (!c->seqs[s].toks && !(c->seqs[s].toks = malloc(sizeof(int32_t) * (size_t)c->p.n_ctx))) {
+            free(added);
+            return kiln_error(KILN_ENOMEM, "out of memory");
+        }
+        added[s]++;
+    }
+    for (int s = 0; s < c->n_seqs; s++) {
+        int64_t len = c->seqs[s].len;
+        if (added[s] && len > 0 && len <= lim && len + added[s] > lim) extra += len;
+        else added[s] = 0; /* now: 1 if s is fed again from position 0 */
+        if (added[s]) added[s] = 1;
+    }
+    if (!extra) {
+        free(added);
+        return decode_step(c, b, logits, n_rows);
+    }
+    int n2 = b->n + (int)extra;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n2);
+    int *seq = malloc(sizeof(int) * (size_t)n2);
+    bool *want = malloc(sizeof(bool) * (size_t)n2);
+    int64_t *len = malloc(sizeof(int64_t) * ((size_t)c->n_seqs + 1));
+    kiln_status st = NULL;
+    if (!tok || !seq || !want || !len) {
+        st = kiln_error(KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    int k = 0;
+    for (int t = 0; t < b->n; t++) {
+        int s = b->seq[t];
+        if (s >= 0 && s < c->n_seqs && added[s] == 1) { /* first token of a sequence fed again */
+            for (int64_t p = 0; p < c->seqs[s].len; p++) tok[k] = c->seqs[s].toks[p], seq[k] = s, want[k] = false, k++;
+            added[s] = 2;
+        }
+        tok[k] = b->tokens[t], seq[k] = s;
+        want[k] = b->logits ? b->logits[t] : false;
+        k++;
+    }
+    for (int s = 0; s < c->n_seqs; s++) {
+        len[s] = c->seqs[s].len;
+        if (added[s]) c->seqs[s].len = 0;
+    }
+    /* logits == NULL means each sequence's last token, which the inserted tokens never are */
+    st = decode_step(c, &(ke_batch){n2, tok, seq, b->logits ? want : NULL}, logits, n_rows);
+    if (st)
+        for (int s = 0; s < c->n_seqs; s++) c->seqs[s].len = len[s];
+done:
+    free(added), free(tok), free(seq), free(want), free(len);
     return st;
 }

@@ -210,15 +210,46 @@ static kg_node *clip(kb_ctx *b, kg_node *x, float c) {
     return kg_clamp(g, kg_broadcast_like(g, kg_scalar(g, KG_F32, -c), x), x, kg_broadcast_like(g, kg_scalar(g, KG_F32, c), x));
 }
 
-kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o) {
+void kb_qkv(kb_ctx *b, kg_node *x, int il, bool fused, const kb_attn_opts *o, kg_node **q, kg_node **k, kg_node **v) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
     int64_t T = b->shape.T, H = hp->n_heads, Hkv = hp->n_kv_heads, D = hp->head_dim;
-    kg_node *q = kg_reshape(g, clip(b, kb_linear(b, x, KM_T_ATTN_Q, il, H * D, o->qkv_bias), o->clip_qkv), KG_SHAPE(T, H, D));
-    kg_node *k = kg_reshape(g, clip(b, kb_linear(b, x, KM_T_ATTN_K, il, Hkv * D, o->qkv_bias), o->clip_qkv), KG_SHAPE(T, Hkv, D));
-    kg_node *v = kg_reshape(g, clip(b, kb_linear(b, x, KM_T_ATTN_V, il, Hkv * D, o->qkv_bias), o->clip_qkv), KG_SHAPE(T, Hkv, D));
+    kg_node *p[3];
+    if (fused) {
+        kb_linear_split(b, x, KM_T_ATTN_QKV, il, (int64_t[]){H * D, Hkv * D, Hkv * D}, 3, o->qkv_bias, p);
+    } else {
+        p[0] = kb_linear(b, x, KM_T_ATTN_Q, il, H * D, o->qkv_bias);
+        p[1] = kb_linear(b, x, KM_T_ATTN_K, il, Hkv * D, o->qkv_bias);
+        p[2] = kb_linear(b, x, KM_T_ATTN_V, il, Hkv * D, o->qkv_bias);
+    }
+    *q = kg_reshape(g, clip(b, p[0], o->clip_qkv), KG_SHAPE(T, H, D));
+    *k = kg_reshape(g, clip(b, p[1], o->clip_qkv), KG_SHAPE(T, Hkv, D));
+    *v = kg_reshape(g, clip(b, p[2], o->clip_qkv), KG_SHAPE(T, Hkv, D));
+}
+
+kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o) {
+    kg_node *q, *k, *v;
+    kb_qkv(b, x, il, false, o, &q, &k, &v);
     if (!q || !k || !v) return NULL;
     return kb_attention_core(b, q, k, v, il, o);
+}
+
+static void qk_norms(kb_ctx *b, kg_node **q, kg_node **k, int il, const kb_attn_opts *o) {
+    kg_graph *g = b->g;
+    if (!*q || !*k) return;
+    int64_t T = b->shape.T, H = (*q)->shape.d[1], Hkv = (*k)->shape.d[1], D = (*q)->shape.d[2];
+    if (o->qk_norm == KB_QK_PER_HEAD) {
+        *q = kb_norm(b, *q, KM_T_ATTN_Q_NORM, il, o->qk_norm_kind);
+        *k = kb_norm(b, *k, KM_T_ATTN_K_NORM, il, o->qk_norm_kind);
+    } else if (o->qk_norm == KB_QK_HEADWISE) {
+        *q = kb_head_norm(b, *q, KM_T_ATTN_Q_NORM, il, o->qk_norm_kind);
+        *k = kb_head_norm(b, *k, KM_T_ATTN_K_NORM, il, o->qk_norm_kind);
+    } else if (o->qk_norm == KB_QK_FULL) {
+        *q = kg_reshape(g, kb_norm(b, kg_reshape(g, *q, KG_SHAPE(T, H * D)), KM_T_ATTN_Q_NORM, il, o->qk_norm_kind),
+                        KG_SHAPE(T, H, D));
+        *k = kg_reshape(g, kb_norm(b, kg_reshape(g, *k, KG_SHAPE(T, Hkv * D)), KM_T_ATTN_K_NORM, il, o->qk_norm_kind),
+                        KG_SHAPE(T, Hkv, D));
+    }
 }
 
 kg_node *kb_attention_core(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o) {
@@ -226,18 +257,7 @@ kg_node *kb_attention_core(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il
     kg_graph *g = b->g;
     if (!q || !k || !v) return NULL;
     int64_t T = b->shape.T, H = q->shape.d[1], Hkv = k->shape.d[1], D = q->shape.d[2], Dv = v->shape.d[2];
-    if (o->qk_norm == KB_QK_PER_HEAD) {
-        q = kb_norm(b, q, KM_T_ATTN_Q_NORM, il, o->qk_norm_kind);
-        k = kb_norm(b, k, KM_T_ATTN_K_NORM, il, o->qk_norm_kind);
-    } else if (o->qk_norm == KB_QK_HEADWISE) {
-        q = kb_head_norm(b, q, KM_T_ATTN_Q_NORM, il, o->qk_norm_kind);
-        k = kb_head_norm(b, k, KM_T_ATTN_K_NORM, il, o->qk_norm_kind);
-    } else if (o->qk_norm == KB_QK_FULL) {
-        q = kg_reshape(g, kb_norm(b, kg_reshape(g, q, KG_SHAPE(T, H * D)), KM_T_ATTN_Q_NORM, il, o->qk_norm_kind),
-                       KG_SHAPE(T, H, D));
-        k = kg_reshape(g, kb_norm(b, kg_reshape(g, k, KG_SHAPE(T, Hkv * D)), KM_T_ATTN_K_NORM, il, o->qk_norm_kind),
-                       KG_SHAPE(T, Hkv, D));
-    }
+    if (!o->qk_norm_after_rope) qk_norms(b, &q, &k, il, o);
     if (o->rope >= 0) {
         if (o->rope >= hp->n_ropes) {
             record(b, kiln_error(KILN_EINTERNAL, "layer %d uses rope %d of %d", il, o->rope, hp->n_ropes));
@@ -252,6 +272,7 @@ kg_node *kb_attention_core(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il
         q = kg_rope(g, q, b->cos[o->rope], b->sin[o->rope], r->dim, r->interleaved);
         k = kg_rope(g, k, b->cos[o->rope], b->sin[o->rope], r->dim, r->interleaved);
     }
+    if (o->qk_norm_after_rope) qk_norms(b, &q, &k, il, o);
     b->cache[il] = (kb_cache_spec){Hkv, D, Dv};
     kg_node *kc = cache_write(b, cache_param(b, il, false, Hkv, D), k);
     kg_node *vc = cache_write(b, cache_param(b, il, true, Hkv, Dv), v);

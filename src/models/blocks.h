@@ -98,6 +98,7 @@ typedef struct {
     /* fam-llamalike2 */
     bool kv_tile;      /* query head h reads KV head h % Hkv (torch.tile), not h / (H / Hkv) */
     bool sub_norm;     /* RMSNorm (KM_T_ATTN_SUB_NORM) on the attention output before o_proj */
+    bool qk_norm_after_rope; /* q/k norms on the rotated q, k (HunYuan) instead of before the rotation */
 } kb_attn_opts;
 /* Self-attention block: projections, q/k norms, rope, KV cache update,
  * attention over the cache, output projection. x [T, hidden]. */
@@ -184,9 +185,6 @@ kiln_status km_rope_one(km_hparams *hp, bool interleaved);
 void kb_split_heads(kb_ctx *b, kg_node *x, int64_t groups, const int64_t *parts, int n, int64_t D, kg_node **out);
 /* kb_norm with an explicit epsilon (norms whose eps is not the config's). */
 kg_node *kb_norm_eps(kb_ctx *b, kg_node *x, km_tensor t, int il, kb_norm_kind kind, float eps);
-/* act(gate) * up from one projection KM_T_FFN_GATE_UP [2F, hidden] holding
- * [gate | up] (ChatGLM's dense_h_to_4h), then KM_T_FFN_DOWN. */
-kg_node *kb_ffn_fused(kb_ctx *b, kg_node *x, int il, km_act act, bool bias);
 /* logn attention (Qwen-1): q [T, H, D] times log(p + 1) / log(base_len) for
  * tokens at 0-based position p >= base_len, computed from the pos input. */
 kg_node *kb_logn_scale(kb_ctx *b, kg_node *q, int64_t base_len);
@@ -210,5 +208,47 @@ typedef struct {
     bool bias;                     /* attention_bias: q_a, kv_a and o projections carry biases */
 } kb_mla_opts;
 kg_node *kb_mla_attention(kb_ctx *b, kg_node *x, int il, const kb_mla_opts *o);
+/* ---- fam-llamalike (models/blocks_fam-llamalike.c; kb_qkv in blocks.c) ---- */
+/* x [..., cols] through the fused projection of role t, split along the last
+ * dim into n parts of sizes[i] features: out[i] [..., sizes[i]]. */
+void kb_linear_split(kb_ctx *b, kg_node *x, km_tensor t, int il, const int64_t *sizes, int n, bool bias, kg_node **out);
+/* Gated MLP from one fused KM_T_FFN_GATE_UP projection (gate rows first), then down. */
+kg_node *kb_ffn_fused(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o);
+/* Norm without learned weight or bias (OLMo's LayerNorm), eps = hp->norm_eps. */
+kg_node *kb_norm_plain(kb_ctx *b, kg_node *x, kb_norm_kind kind);
+/* q [T, H, D] times 1 + beta * log(1 + floor((pos + offset) / floor_scale)) per
+ * token: Llama 4 / Ministral 3 attention temperature for long positions. */
+kg_node *kb_pos_temperature(kb_ctx *b, kg_node *q, float beta, double floor_scale, int offset);
+/* The projections kb_attention starts with (o->qkv_bias, o->clip_qkv), from
+ * q/k/v or one fused KM_T_ATTN_QKV weight: q [T, H, D], k and v [T, Hkv, D]. */
+void kb_qkv(kb_ctx *b, kg_node *x, int il, bool fused, const kb_attn_opts *o, kg_node **q, kg_node **k, kg_node **v);
+
+typedef struct {
+    kb_attn_opts attn;
+    kb_ffn_opts ffn;
+    kb_norm_kind norm;
+    bool plain_norms;    /* norms without weights (OLMo) */
+    bool post_norms;     /* OLMo 2 style: x + norm(f(x)) instead of x + f(norm(x)) */
+    bool fused_qkv;      /* one KM_T_ATTN_QKV projection (Phi-3) */
+    bool fused_gate_up;  /* one KM_T_FFN_GATE_UP projection, gate first (Phi-3) */
+    bool q_temp;         /* queries scaled by kb_pos_temperature(hp->q_temp_beta, hp->q_temp_floor) */
+} kb_layer_opts;
+/* Options from the hyper-parameters alone: attention with hp's q/k/v and
+ * o_proj biases, layer window, rope 0 unless hp->layer_nope, hp->attn_scale,
+ * hp->clip_qkv; gated MLP with hp->act and hp->mlp_bias; pre-norm RMSNorm. */
+void kb_default_layer_opts(const kb_ctx *b, int il, kb_layer_opts *o);
+/* One sequential decoder layer: attention then MLP, each a residual branch
+ * with its norms; hp->residual_scale scales the branches when set. */
+kg_node *kb_decoder_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o);
+/* The final norm (KM_T_OUTPUT_NORM) on the rows whose logits are wanted, the
+ * output head, and the division by hp->logits_div when set. */
+kg_node *kb_decoder_output(kb_ctx *b, kg_node *x, kb_norm_kind kind, bool plain);
+/* The rotary config a layer uses: -1 when hp->layer_nope marks it, else rope. */
+int kb_layer_rope(const kb_ctx *b, int il, int rope);
+/* A whole decoder-only model: embeddings, hp->n_layers kb_decoder_layer with
+ * the options opts() gives for each layer, then kb_decoder_output with the
+ * layers' norm kind. */
+typedef void (*kb_layer_opts_fn)(const kb_ctx *b, int il, kb_layer_opts *o);
+kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn opts);
 
 #endif

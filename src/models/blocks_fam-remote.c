@@ -48,13 +48,6 @@ kg_node *kb_norm_eps(kb_ctx *b, kg_node *x, km_tensor t, int il, kb_norm_kind ki
     return kg_layer_norm(b->g, x, w, bias, eps);
 }
 
-kg_node *kb_ffn_fused(kb_ctx *b, kg_node *x, int il, km_act act, bool bias) {
-    int64_t F = b->hp->ffn;
-    kg_node *gu = kb_linear(b, x, KM_T_FFN_GATE_UP, il, 2 * F, bias);
-    kg_node *h = kg_mul(b->g, kb_act(b, last_slice(b->g, gu, 0, F), act), last_slice(b->g, gu, F, 2 * F));
-    return kb_linear(b, h, KM_T_FFN_DOWN, il, b->hp->hidden, bias);
-}
-
 kg_node *kb_logn_scale(kb_ctx *b, kg_node *q, int64_t base_len) {
     kg_graph *g = b->g;
     if (!q) return NULL;

@@ -84,7 +84,7 @@ static kg_node *emit(kb_ctx *b) {
         kg_node *a = kb_attention_core(b, qkv[0], qkv[1], qkv[2], il, &(kb_attn_opts){.o_bias = hp->attn_o_bias});
         x = kg_add(g, hp->residual_post_norm ? ln : x, a);
         ln = kb_norm(b, x, KM_T_FFN_NORM, il, norm_kind(b, KM_T_FFN_NORM, il));
-        kg_node *m = kb_ffn_fused(b, ln, il, hp->act, hp->mlp_bias);
+        kg_node *m = kb_ffn_fused(b, ln, il, &(kb_ffn_opts){.gated = true, .act = hp->act, .bias = hp->mlp_bias});
         x = kg_add(g, hp->residual_post_norm ? ln : x, m);
     }
     x = kb_select_rows(b, x);

@@ -46,6 +46,7 @@ typedef enum {
     KM_T_ATTN_KV_A_NORM,
     KM_T_ATTN_KV_B,      /* MLA: latent up-projection to heads x (nope + v) */
     KM_T_TOK_EMBD_NORM,  /* norm on the token embeddings */
+    /* fam-llamalike */
     KM_T_COUNT
 } km_tensor;
 

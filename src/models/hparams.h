@@ -55,13 +55,20 @@ typedef struct {
      * n_heads / n_kv_heads / ffn */
     int32_t layer_heads[KM_MAX_LAYERS], layer_kv_heads[KM_MAX_LAYERS], layer_ffn[KM_MAX_LAYERS];
     /* fam-remote (0 = unused) */
-    float residual_scale;        /* MiniCPM: each residual branch times this (scale_depth / sqrt(layers)) */
+    float residual_scale;        /* each residual branch times this before its add (MiniCPM scale_depth / sqrt(layers), Granite residual_multiplier) */
     float logit_divisor;         /* MiniCPM: the final hidden state divided by this (hidden / dim_model_base) */
     bool residual_post_norm;     /* apply_residual_connection_post_layernorm: the residual is the normed input */
     bool head_l2norm;            /* Baichuan 2 NormHead: output rows L2-normalised */
     bool alibi;                  /* ALiBi instead of rotary (Baichuan 13B) */
     int64_t logn_len;            /* Qwen-1 use_logn_attn: queries at p >= this scaled by log(p+1)/log(this) */
     int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim; /* multi-head latent attention */
+    /* fam-llamalike (0 = unused) */
+    unsigned char layer_nope[KM_MAX_LAYERS]; /* 1: this layer applies no rotary embedding (NoPE) */
+    float attn_scale;     /* attention scale used instead of head_dim^-0.5 (granite attention_multiplier) */
+    float logits_div;     /* logits divided by this (granite logits_scaling) */
+    float clip_qkv;       /* q, k, v clamped to [-clip, clip] after projection (olmo) */
+    float q_temp_beta;    /* queries times 1 + beta * log(1 + floor(pos / q_temp_floor)) (ministral3) */
+    int64_t q_temp_floor;
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call
@@ -73,5 +80,11 @@ kiln_status km_parse_act(const char *name, km_act *out);
  * does, else layer i slides when i >= first and, with period > 0, when
  * (i + 1) % period != 0. A window of 0 turns sliding off everywhere. */
 kiln_status km_sliding_layers(const cJSON *cfg, km_hparams *hp, int64_t first, int64_t period);
+
+/* fam-llamalike (models/blocks_fam-llamalike.c) */
+/* An integer whose null in config.json (Python's None) means something else
+ * than its absence: null gives if_null, absence the config class's default
+ * def (e.g. OLMo 3's sliding_window: null is no window, absent is 4096). */
+kiln_status km_json_int_or_null(const cJSON *cfg, const char *key, int64_t def, int64_t if_null, int64_t *out);
 
 #endif

@@ -27,7 +27,9 @@ const km_names km_llama_names = {
     X(llama) X(qwen2) X(qwen3) X(gemma) X(gemma2) X(gemma3)                                                          \
     X(cohere) X(cohere2) X(stablelm) X(glm) X(glm4) X(ernie4_5) X(apertus) X(bitnet) X(nemotron)                     \
     X(xverse) X(aquila) X(orion) X(openelm) X(plamo)                                                                 \
-    X(internlm2) X(internlm3) X(exaone) X(minicpm) X(minicpm3) X(chatglm) X(telechat) X(baichuan) X(qwen)
+    X(internlm2) X(internlm3) X(exaone) X(minicpm) X(minicpm3) X(chatglm) X(telechat) X(baichuan) X(qwen)         \
+    X(phi3) X(granite) X(olmo) X(olmo2) X(olmo3) X(smollm3) X(exaone4) X(helium) X(seed_oss) X(arcee) X(hunyuan)     \
+    X(mimo) X(ministral) X(ministral3)
 
 #define DECLARE(f) extern const km_family km_family_##f;
 FAMILIES(DECLARE)
