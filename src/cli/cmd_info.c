@@ -44,6 +44,7 @@ int kiln_cmd_info(int argc, char **argv) {
     if (sliding) printf("sliding      window %lld on %d of %lld layers\n", (long long)hp->sliding_window, sliding, (long long)hp->n_layers);
     if (hp->attn_softcap > 0 || hp->final_softcap > 0) printf("soft-caps    attention %g, final %g\n", hp->attn_softcap, hp->final_softcap);
     printf("embeddings   %s\n", hp->tie_embeddings ? "tied to the output head" : "separate output head");
+    if (hp->features[0]) printf("features     %s\n", hp->features);
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,
            (double)bytes / 1048576.0);

@@ -31,6 +31,10 @@ typedef enum {
     KM_T_FFN_UP,
     KM_T_FFN_DOWN,
     KM_T_ATTN_SINKS,     /* per-head sink logits [n_heads] (a tensor, not a module) */
+    /* fam-gpt */
+    KM_T_POS_EMBD,       /* learned absolute positions [n_positions (+ offset), hidden] */
+    KM_T_TOK_EMBD_NORM,  /* LayerNorm on the token embeddings (bloom) */
+    KM_T_ATTN_QKV,       /* fused q/k/v projection (layout: kb_qkv_layout) */
     KM_T_COUNT
 } km_tensor;
 

@@ -28,6 +28,26 @@ static kiln_status req_int(const cJSON *cfg, const char *key, const char *alt, i
     return NULL;
 }
 
+/* Older configs name the common fields as their original code did
+ * (transformers maps them with each config's attribute_map): the first key
+ * of a row present in config.json is used. */
+static const char *const key_aliases[][4] = {
+    {"hidden_size", "n_embd", "d_model", "n_embed"},     /* gpt2, gptj, gpt_bigcode; mpt; bloom */
+    {"num_hidden_layers", "n_layer", "n_layers", NULL},  /* gpt2, gptj, bloom; mpt */
+    {"num_attention_heads", "n_head", "n_heads", NULL},  /* gpt2, gptj, bloom; mpt */
+    {"max_position_embeddings", "n_positions", "max_seq_len", NULL},
+};
+
+/* The key of config.json that holds the field `key` (itself when no alias is present). */
+const char *km_config_key(const cJSON *cfg, const char *key) {
+    for (size_t r = 0; r < sizeof key_aliases / sizeof key_aliases[0]; r++) {
+        if (strcmp(key_aliases[r][0], key) != 0) continue;
+        for (int i = 0; i < 4 && key_aliases[r][i]; i++)
+            if (ku_json_get(cfg, key_aliases[r][i])) return key_aliases[r][i];
+    }
+    return key;
+}
+
 kiln_status km_sliding_layers(const cJSON *cfg, km_hparams *hp, int64_t first, int64_t period) {
     const cJSON *lt = ku_json_get(cfg, "layer_types");
     if (!lt) {
@@ -56,10 +76,11 @@ kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
     const char *mt;
     KILN_TRY(ku_json_str(cfg, "model_type", "", &mt));
     snprintf(hp->model_type, sizeof hp->model_type, "%s", mt);
-    KILN_TRY(req_int(cfg, "hidden_size", NULL, &hp->hidden));
-    KILN_TRY(req_int(cfg, "num_hidden_layers", NULL, &hp->n_layers));
-    KILN_TRY(req_int(cfg, "num_attention_heads", NULL, &hp->n_heads));
-    KILN_TRY(req_int(cfg, "intermediate_size", NULL, &hp->ffn));
+    KILN_TRY(req_int(cfg, km_config_key(cfg, "hidden_size"), NULL, &hp->hidden));
+    KILN_TRY(req_int(cfg, km_config_key(cfg, "num_hidden_layers"), NULL, &hp->n_layers));
+    KILN_TRY(req_int(cfg, km_config_key(cfg, "num_attention_heads"), NULL, &hp->n_heads));
+    /* families whose configs size the MLP otherwise set it in their hook (km_parse checks) */
+    KILN_TRY(ku_json_int(cfg, "intermediate_size", 0, &hp->ffn));
     KILN_TRY(req_int(cfg, "vocab_size", NULL, &hp->vocab));
     if (hp->n_layers > KM_MAX_LAYERS)
         return kiln_error(KILN_EUNSUPPORTED, "config.json: %lld layers (kiln supports up to %d)", (long long)hp->n_layers,
@@ -70,7 +91,7 @@ kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
                           (long long)hp->n_heads, (long long)hp->n_kv_heads);
     KILN_TRY(ku_json_int(cfg, "head_dim", hp->hidden / hp->n_heads, &hp->head_dim));
     if (hp->head_dim <= 0) return kiln_error(KILN_EINVAL, "config.json: \"head_dim\" must be positive");
-    KILN_TRY(ku_json_int(cfg, "max_position_embeddings", 0, &hp->max_pos));
+    KILN_TRY(ku_json_int(cfg, km_config_key(cfg, "max_position_embeddings"), 0, &hp->max_pos));
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-6, &hp->norm_eps));
     KILN_TRY(ku_json_num(cfg, "rope_theta", 10000.0, &hp->rope_theta));
     KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 1.0, &hp->partial_rotary));

@@ -45,6 +45,10 @@ typedef struct {
     /* rotary configurations the layers use (filled by the family) */
     km_rope ropes[KM_MAX_ROPES];
     int n_ropes;
+    /* fam-gpt */
+    bool lm_head_bias;   /* the output projection has a bias (gptj, phi) */
+    bool attn_scale_by_layer; /* attention scale further divided by (layer + 1) (gpt2's scale_attn_by_inverse_layer_idx) */
+    char features[160];  /* what `kiln info` should say beyond the fields above, e.g. "ALiBi, parallel residual" */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call
@@ -56,5 +60,11 @@ kiln_status km_parse_act(const char *name, km_act *out);
  * does, else layer i slides when i >= first and, with period > 0, when
  * (i + 1) % period != 0. A window of 0 turns sliding off everywhere. */
 kiln_status km_sliding_layers(const cJSON *cfg, km_hparams *hp, int64_t first, int64_t period);
+
+/* ---- fam-gpt ---- */
+/* The key config.json uses for the common field `key` ("hidden_size" is
+ * "n_embd" in GPT-2's config, "d_model" in MPT's, ...): the first alias
+ * present, else key itself. km_hparams_parse reads the common fields through it. */
+const char *km_config_key(const cJSON *cfg, const char *key);
 
 #endif

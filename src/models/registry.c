@@ -24,9 +24,11 @@ const km_names km_llama_names = {
 
 extern const km_family km_family_llama, km_family_qwen2, km_family_qwen3, km_family_gemma, km_family_gemma2,
     km_family_gemma3;
+extern const km_family km_family_gpt2, km_family_gpt_bigcode; /* fam-gpt */
 
 static const km_family *const families[] = {
     &km_family_llama, &km_family_qwen2, &km_family_qwen3, &km_family_gemma, &km_family_gemma2, &km_family_gemma3,
+    &km_family_gpt2, &km_family_gpt_bigcode,
 };
 
 const km_family *km_family_find(const char *model_type) {
@@ -51,6 +53,7 @@ const char *km_supported_list(char *buf, size_t cap) {
 kiln_status km_parse(const km_family *f, const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(km_hparams_parse(cfg, hp));
     KILN_TRY(f->parse(cfg, hp));
+    if (hp->ffn <= 0) return kiln_error(KILN_EINVAL, "config.json: \"intermediate_size\" is missing or not positive");
     if (hp->n_ropes == 0) {
         int dim = (int)((double)hp->head_dim * hp->partial_rotary);
         KILN_TRYF(km_rope_init(&hp->ropes[0], hp->rope_scaling, hp->rope_theta, dim, hp->max_pos), "config.json");
