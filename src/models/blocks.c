@@ -301,7 +301,9 @@ kg_node *kb_select_rows(kb_ctx *b, kg_node *x) { return kg_take_rows(b->g, x, b-
 
 kg_node *kb_lm_head(kb_ctx *b, kg_node *x) {
     const km_hparams *hp = b->hp;
-    kg_node *logits = kb_linear(b, x, hp->tie_embeddings ? KM_T_TOK_EMBD : KM_T_OUTPUT, -1, hp->vocab, hp->lm_head_bias);
+    kg_node *logits = kb_linear(b, x, hp->tie_embeddings ? KM_T_TOK_EMBD : KM_T_OUTPUT, -1, hp->vocab, false);
+    if (hp->lm_head_bias) /* the head's own bias, also when its weight is tied */
+        logits = kg_add(b->g, logits, kg_convert(b->g, kb_vector(b, KM_T_OUTPUT, -1, ".bias", hp->vocab), KG_F32));
     if (hp->final_softcap > 0) logits = kb_softcap(b, logits, hp->final_softcap);
     return kg_name(logits, "logits", -1);
 }
