@@ -49,6 +49,8 @@ typedef struct {
     bool lm_head_bias;   /* the output projection has a bias (gptj, phi) */
     bool attn_scale_by_layer; /* attention scale further divided by (layer + 1) (gpt2's scale_attn_by_inverse_layer_idx) */
     bool parallel_residual;   /* x + attn(n1 x) + mlp(n2 x) (gpt_neox's use_parallel_residual, falcon's parallel_attn) */
+    bool shared_norm;         /* parallel blocks whose attention and MLP read one norm (falcon-7b) */
+    bool alibi;               /* ALiBi biases instead of rotary embeddings */
     char features[160];  /* what `kiln info` should say beyond the fields above, e.g. "ALiBi, parallel residual" */
 } km_hparams;
 
