@@ -39,7 +39,7 @@ static kiln_status parse_common(const cJSON *cfg, km_hparams *hp, const char *de
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", true, &hp->tie_embeddings));
     bool scale;
     KILN_TRY(ku_json_bool(cfg, "scale_attn_weights", true, &scale));
-    if (!scale) hp->query_pre_attn_scalar = 1; /* scores unscaled */
+    if (!scale) hp->attn_scale = 1; /* scores unscaled */
     if (hp->hidden % hp->n_heads)
         return kiln_error(KILN_EINVAL, "config.json: n_embd %lld is not a multiple of n_head %lld", (long long)hp->hidden,
                           (long long)hp->n_heads);
@@ -68,7 +68,7 @@ static kg_node *emit(kb_ctx *b, kb_qkv_layout layout) {
     const km_hparams *hp = b->hp;
     kg_node *x = kg_add(b->g, kb_embed(b), kb_pos_embed(b, 0));
     for (int il = 0; il < hp->n_layers; il++) {
-        double scale = 1.0 / sqrt(hp->query_pre_attn_scalar > 0 ? hp->query_pre_attn_scalar : (double)hp->head_dim);
+        double scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0 / sqrt((double)hp->head_dim);
         if (hp->attn_scale_by_layer) scale /= il + 1;
         kb_layer_opts lo = {.norm = KB_NORM_LAYER,
                             .qkv = layout,

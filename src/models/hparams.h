@@ -51,6 +51,8 @@ typedef struct {
     bool parallel_residual;   /* x + attn(n1 x) + mlp(n2 x) (gpt_neox's use_parallel_residual, falcon's parallel_attn) */
     bool shared_norm;         /* parallel blocks whose attention and MLP read one norm (falcon-7b) */
     bool alibi;               /* ALiBi biases instead of rotary embeddings */
+    float attn_scale;         /* multiplies q.k when set (0: head_dim^-0.5) */
+    float clip_qkv;           /* q, k, v clamped to [-clip, clip] after projection (0: none) */
     char features[160];  /* what `kiln info` should say beyond the fields above, e.g. "ALiBi, parallel residual" */
 } km_hparams;
 
