@@ -53,6 +53,7 @@ typedef struct {
     bool alibi;               /* ALiBi biases instead of rotary embeddings */
     float attn_scale;         /* multiplies q.k when set (0: head_dim^-0.5) */
     float clip_qkv;           /* q, k, v clamped to [-clip, clip] after projection (0: none) */
+    bool residual_from_norm;  /* residual branches carry the normed input (bloom's apply_residual_connection_post_layernorm) */
     char features[160];  /* what `kiln info` should say beyond the fields above, e.g. "ALiBi, parallel residual" */
 } km_hparams;
 
