@@ -149,3 +149,50 @@ static void check_converted(const char *fixture, rename_fn rename) {
 
 KT_TEST(gpt2_mlx_linear_layout_matches_oracle) { check_converted("tests/fixtures/oracle/gpt2", gpt2_to_mlx); }
 KT_TEST(gpt2_unprefixed_names_match_oracle) { check_converted("tests/fixtures/oracle/gpt2", gpt2_unprefixed); }
+
+/* OPT with word_embed_proj_dim 2 x hidden: embeddings [E | 0], project_in
+ * [I | 0], project_out [I ; 0], so the tied head still computes E x: the
+ * logits must equal the fixture's. Exercises the projections of OPT-350m. */
+KT_TEST(opt_projected_embeddings_match_oracle) {
+    char from[1024], to[1024], p[4096];
+    kt_path(from, sizeof from, "tests/fixtures/oracle/opt");
+    KT_CHECK(ckt_tmpdir(to, sizeof to) != NULL);
+    kc_checkpoint *ck;
+    KT_CHECK_OK(kc_open(from, &ck));
+    int n = kc_tensor_count(ck);
+    kc_tensor *ts = calloc((size_t)n + 2, sizeof *ts);
+    const kc_tensor *emb = kc_find(ck, "model.decoder.embed_tokens.weight");
+    KT_CHECK(emb && emb->rank == 2 && emb->dtype == KC_F32);
+    int64_t V = emb->shape[0], H = emb->shape[1], W = 2 * H;
+    float *e2 = calloc((size_t)(V * W), sizeof(float)), *pin = calloc((size_t)(H * W), sizeof(float)),
+          *pout = calloc((size_t)(W * H), sizeof(float));
+    for (int64_t v = 0; v < V; v++) memcpy(e2 + v * W, (const float *)emb->data + v * H, sizeof(float) * (size_t)H);
+    for (int64_t i = 0; i < H; i++) pin[i * W + i] = pout[i * H + i] = 1;
+    for (int i = 0; i < n; i++) {
+        ts[i] = *kc_tensor_at(ck, i);
+        if (kc_tensor_at(ck, i) == emb) ts[i].data = e2, ts[i].shape[1] = W;
+    }
+    ts[n] = (kc_tensor){.name = "model.decoder.project_in.weight", .dtype = KC_F32, .rank = 2, .shape = {H, W}, .data = pin};
+    ts[n + 1] = (kc_tensor){.name = "model.decoder.project_out.weight", .dtype = KC_F32, .rank = 2, .shape = {W, H}, .data = pout};
+    snprintf(p, sizeof p, "%s/model.safetensors", to);
+    KT_CHECK_OK(kc_st_write(p, ts, n + 2, NULL));
+    KT_CHECK(copy_fixture_files(from, to));
+    cJSON *cfg;
+    snprintf(p, sizeof p, "%s/config.json", to);
+    KT_CHECK_OK(ku_json_load(p, &cfg));
+    cJSON_ReplaceItemInObject(cfg, "word_embed_proj_dim", cJSON_CreateNumber((double)W));
+    char *text = cJSON_Print(cfg);
+    KT_CHECK(ckt_write_str(to, "config.json", text));
+    free(text);
+    cJSON_Delete(cfg);
+    kv_options o = {.skip_batched = true, .n_threads = 1};
+    kv_result r;
+    KT_CHECK_OK(kv_validate(to, &o, &r));
+    KT_CHECKF(r.pass, "%s", r.reason);
+    free(e2);
+    free(pin);
+    free(pout);
+    free(ts);
+    kc_close(ck);
+    ckt_rmdir(to);
+}

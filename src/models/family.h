@@ -35,6 +35,8 @@ typedef enum {
     KM_T_POS_EMBD,       /* learned absolute positions [n_positions (+ offset), hidden] */
     KM_T_TOK_EMBD_NORM,  /* LayerNorm on the token embeddings (bloom) */
     KM_T_ATTN_QKV,       /* fused q/k/v projection (layout: kb_qkv_layout) */
+    KM_T_EMBD_PROJ_IN,   /* token embeddings [embed_dim] -> hidden (OPT's project_in) */
+    KM_T_OUTPUT_PROJ,    /* hidden -> embed_dim before the head (OPT's project_out) */
     KM_T_COUNT
 } km_tensor;
 

@@ -54,6 +54,9 @@ typedef struct {
     float attn_scale;         /* multiplies q.k when set (0: head_dim^-0.5) */
     float clip_qkv;           /* q, k, v clamped to [-clip, clip] after projection (0: none) */
     bool residual_from_norm;  /* residual branches carry the normed input (bloom's apply_residual_connection_post_layernorm) */
+    bool post_norm;           /* norms after the residual adds (OPT-350m) */
+    bool no_final_norm;       /* no norm before the head (post-norm OPT) */
+    int64_t embed_dim;        /* token embedding width when it differs from hidden (OPT's word_embed_proj_dim); 0: hidden */
     char features[160];  /* what `kiln info` should say beyond the fields above, e.g. "ALiBi, parallel residual" */
 } km_hparams;
 
