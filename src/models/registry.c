@@ -24,11 +24,11 @@ const km_names km_llama_names = {
 
 extern const km_family km_family_llama, km_family_qwen2, km_family_qwen3, km_family_gemma, km_family_gemma2,
     km_family_gemma3;
-extern const km_family km_family_gpt2, km_family_gpt_bigcode, km_family_gpt_neox, km_family_gptj, km_family_falcon, km_family_mpt, km_family_bloom, km_family_opt, km_family_phi; /* fam-gpt */
+extern const km_family km_family_gpt2, km_family_gpt_bigcode, km_family_gpt_neox, km_family_gptj, km_family_falcon, km_family_mpt, km_family_bloom, km_family_opt, km_family_phi, km_family_starcoder2; /* fam-gpt */
 
 static const km_family *const families[] = {
     &km_family_llama, &km_family_qwen2, &km_family_qwen3, &km_family_gemma, &km_family_gemma2, &km_family_gemma3,
-    &km_family_gpt2, &km_family_gpt_bigcode, &km_family_gpt_neox, &km_family_gptj, &km_family_falcon, &km_family_mpt, &km_family_bloom, &km_family_opt, &km_family_phi,
+    &km_family_gpt2, &km_family_gpt_bigcode, &km_family_gpt_neox, &km_family_gptj, &km_family_falcon, &km_family_mpt, &km_family_bloom, &km_family_opt, &km_family_phi, &km_family_starcoder2,
 };
 
 const km_family *km_family_find(const char *model_type) {
