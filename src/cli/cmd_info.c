@@ -37,8 +37,10 @@ int kiln_cmd_info(int argc, char **argv) {
     printf("layers       %lld, hidden %lld, heads %lld (kv %lld), head_dim %lld, ffn %lld, vocab %lld\n",
            (long long)hp->n_layers, (long long)hp->hidden, (long long)hp->n_heads, (long long)hp->n_kv_heads,
            (long long)hp->head_dim, (long long)hp->ffn, (long long)hp->vocab);
-    printf("context      %lld positions; rope theta %g (%d rotary dims)\n", (long long)hp->max_pos, hp->rope_theta,
-           hp->ropes[0].dim);
+    if (hp->max_pos > 0) printf("context      %lld positions", (long long)hp->max_pos);
+    else printf("context      no limit in config.json");
+    if (hp->no_rope) printf("; no rotary embeddings\n");
+    else printf("; rope theta %g (%d rotary dims)\n", hp->rope_theta, hp->ropes[0].dim);
     int sliding = 0;
     for (int64_t i = 0; i < hp->n_layers; i++) sliding += hp->layer_sliding[i];
     if (sliding) printf("sliding      window %lld on %d of %lld layers\n", (long long)hp->sliding_window, sliding, (long long)hp->n_layers);

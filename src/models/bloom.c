@@ -34,6 +34,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->n_kv_heads = hp->n_heads;
     hp->head_dim = hp->hidden / hp->n_heads;
     hp->alibi = true;
+    hp->no_rope = true;
     snprintf(hp->features, sizeof hp->features, "ALiBi, embedding LayerNorm, fused qkv per head%s",
              hp->residual_from_norm ? ", residuals from the normed inputs" : "");
     return NULL;

@@ -57,7 +57,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
                           (long long)hp->n_kv_heads, (long long)hp->n_heads);
     /* the new architecture is always parallel (transformers has no other path for it) */
     hp->parallel_residual = new_arch || parallel;
-    hp->alibi = alibi;
+    hp->alibi = hp->no_rope = alibi;
     hp->shared_norm = hp->parallel_residual && !(new_arch && n_ln == 2);
     snprintf(hp->features, sizeof hp->features, "%s, fused qkv (%s), %s block%s", alibi ? "ALiBi" : "rotary",
              new_arch ? "grouped" : mq ? "multi-query" : "per head", hp->parallel_residual ? "parallel" : "sequential",

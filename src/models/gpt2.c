@@ -50,6 +50,7 @@ static kiln_status parse_gpt2(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(parse_common(cfg, hp, "gelu_new"));
     KILN_TRY(ku_json_bool(cfg, "scale_attn_by_inverse_layer_idx", false, &hp->attn_scale_by_layer));
     hp->n_kv_heads = hp->n_heads;
+    hp->no_rope = true;
     snprintf(hp->features, sizeof hp->features, "learned positions, fused qkv%s",
              hp->attn_scale_by_layer ? ", attention scaled by 1/(layer+1)" : "");
     return NULL;
@@ -60,6 +61,7 @@ static kiln_status parse_bigcode(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(parse_common(cfg, hp, "gelu_pytorch_tanh"));
     KILN_TRY(ku_json_bool(cfg, "multi_query", true, &mq));
     hp->n_kv_heads = mq ? 1 : hp->n_heads;
+    hp->no_rope = true;
     snprintf(hp->features, sizeof hp->features, "learned positions, fused qkv%s", mq ? ", multi-query" : "");
     return NULL;
 }

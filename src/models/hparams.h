@@ -58,6 +58,7 @@ typedef struct {
     bool no_final_norm;       /* no norm before the head (post-norm OPT) */
     int64_t embed_dim;        /* token embedding width when it differs from hidden (OPT's word_embed_proj_dim); 0: hidden */
     bool qk_layernorm;        /* per-head LayerNorms on queries and keys (phi's qk_layernorm) */
+    bool no_rope;             /* no rotary embeddings at all (learned positions, ALiBi) */
     char features[160];  /* what `kiln info` should say beyond the fields above, e.g. "ALiBi, parallel residual" */
 } km_hparams;
 

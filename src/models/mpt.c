@@ -49,6 +49,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->alibi = true;
     KILN_TRY(ku_json_num(cfg, "layer_norm_epsilon", 1e-5, &hp->norm_eps));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", true, &hp->tie_embeddings));
+    hp->no_rope = true;
     snprintf(hp->features, sizeof hp->features, "ALiBi, fused qkv%s, bias-free LayerNorm", clip > 0 ? " clamped" : "");
     return NULL;
 }

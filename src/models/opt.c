@@ -47,6 +47,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->post_norm = !pre_norm;
     hp->no_final_norm = !pre_norm || remove_final;
     hp->embed_dim = wdim == hp->hidden ? 0 : wdim;
+    hp->no_rope = true;
     snprintf(hp->features, sizeof hp->features, "learned positions (offset 2), %s LayerNorm%s", pre_norm ? "pre" : "post",
              wdim != hp->hidden ? ", embeddings projected in and out" : "");
     return NULL;
