@@ -172,5 +172,7 @@ typedef struct {
     kb_ffn_opts ffn;
 } kb_layer_opts;
 kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o);
+/* The end of a decoder: the rows wanted, the final norm KM_T_OUTPUT_NORM, the head. */
+kg_node *kb_output(kb_ctx *b, kg_node *x, kb_norm_kind norm);
 
 #endif

@@ -162,3 +162,7 @@ kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
     kg_node *n2 = kb_norm(b, x, KM_T_FFN_NORM, il, o->norm);
     return kg_add(g, kb_ffn(b, n2, il, &o->ffn), o->residual_from_norm ? n2 : x);
 }
+
+kg_node *kb_output(kb_ctx *b, kg_node *x, kb_norm_kind norm) {
+    return kb_lm_head(b, kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, norm));
+}

@@ -78,8 +78,7 @@ static kg_node *emit(kb_ctx *b, kb_qkv_layout layout) {
                             .ffn = {.act = hp->act, .bias = true}};
         x = kb_layer(b, x, il, &lo);
     }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_LAYER);
-    return kb_lm_head(b, x);
+    return kb_output(b, x, KB_NORM_LAYER);
 }
 
 static kg_node *emit_gpt2(kb_ctx *b) {

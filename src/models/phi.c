@@ -48,8 +48,7 @@ static kg_node *emit(kb_ctx *b) {
                             .ffn = {.act = hp->act, .bias = true}};
         x = kb_layer(b, x, il, &lo);
     }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_LAYER);
-    return kb_lm_head(b, x);
+    return kb_output(b, x, KB_NORM_LAYER);
 }
 
 static const char *const types[] = {"phi", NULL};

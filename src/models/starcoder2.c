@@ -40,8 +40,7 @@ static kg_node *emit(kb_ctx *b) {
                             .ffn = {.act = hp->act, .bias = hp->mlp_bias}};
         x = kb_layer(b, x, il, &lo);
     }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_LAYER);
-    return kb_lm_head(b, x);
+    return kb_output(b, x, KB_NORM_LAYER);
 }
 
 static const char *const types[] = {"starcoder2", NULL};
