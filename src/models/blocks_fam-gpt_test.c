@@ -147,6 +147,25 @@ static void check_converted(const char *fixture, rename_fn rename) {
     ckt_rmdir(to);
 }
 
+/* mlx-lm's names for gpt_neox (model.h.N, model.embed_in, ...) and gptj (model.*). */
+static bool neox_to_mlx(const char *name, char *out, size_t cap) {
+    if (!strncmp(name, "gpt_neox.layers.", 16)) snprintf(out, cap, "model.h.%s", name + 16);
+    else if (!strncmp(name, "gpt_neox.", 9)) snprintf(out, cap, "model.%s", name + 9);
+    else snprintf(out, cap, "model.%s", name);
+    return false;
+}
+
+static bool gptj_to_mlx(const char *name, char *out, size_t cap) {
+    snprintf(out, cap, "%s%s", strncmp(name, "transformer.", 12) ? "" : "model.", strncmp(name, "transformer.", 12) ? name : name + 12);
+    return false;
+}
+
+KT_TEST(mlx_names_match_oracle) {
+    check_converted("tests/fixtures/oracle/gpt_neox", neox_to_mlx);
+    check_converted("tests/fixtures/oracle/gpt_neox/q4", neox_to_mlx);
+    check_converted("tests/fixtures/oracle/gptj", gptj_to_mlx);
+}
+
 KT_TEST(gpt2_mlx_linear_layout_matches_oracle) { check_converted("tests/fixtures/oracle/gpt2", gpt2_to_mlx); }
 KT_TEST(gpt2_unprefixed_names_match_oracle) { check_converted("tests/fixtures/oracle/gpt2", gpt2_unprefixed); }
 

@@ -6,16 +6,18 @@
 #include "base/json.h"
 #include "models/blocks.h"
 
+/* mlx-lm renames gpt_neox.layers.N to model.h.N and the rest to model.* */
+#define L_NAME(s) "gpt_neox.layers.%d." s "|model.h.%d." s
 static const km_names names = {
-    [KM_T_TOK_EMBD] = "gpt_neox.embed_in",
-    [KM_T_OUTPUT_NORM] = "gpt_neox.final_layer_norm",
-    [KM_T_OUTPUT] = "embed_out",
-    [KM_T_ATTN_NORM] = "gpt_neox.layers.%d.input_layernorm",
-    [KM_T_ATTN_QKV] = "gpt_neox.layers.%d.attention.query_key_value",
-    [KM_T_ATTN_O] = "gpt_neox.layers.%d.attention.dense",
-    [KM_T_FFN_NORM] = "gpt_neox.layers.%d.post_attention_layernorm",
-    [KM_T_FFN_UP] = "gpt_neox.layers.%d.mlp.dense_h_to_4h",
-    [KM_T_FFN_DOWN] = "gpt_neox.layers.%d.mlp.dense_4h_to_h",
+    [KM_T_TOK_EMBD] = "gpt_neox.embed_in|model.embed_in",
+    [KM_T_OUTPUT_NORM] = "gpt_neox.final_layer_norm|model.final_layer_norm",
+    [KM_T_OUTPUT] = "embed_out|model.embed_out",
+    [KM_T_ATTN_NORM] = L_NAME("input_layernorm"),
+    [KM_T_ATTN_QKV] = L_NAME("attention.query_key_value"),
+    [KM_T_ATTN_O] = L_NAME("attention.dense"),
+    [KM_T_FFN_NORM] = L_NAME("post_attention_layernorm"),
+    [KM_T_FFN_UP] = L_NAME("mlp.dense_h_to_4h"),
+    [KM_T_FFN_DOWN] = L_NAME("mlp.dense_4h_to_h"),
 };
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {

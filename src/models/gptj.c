@@ -6,17 +6,19 @@
 #include "base/json.h"
 #include "models/blocks.h"
 
+/* mlx-lm saves "model.*" for transformers' "transformer.*" */
+#define J_NAME(s) "transformer." s "|model." s
 static const km_names names = {
-    [KM_T_TOK_EMBD] = "transformer.wte",
-    [KM_T_OUTPUT_NORM] = "transformer.ln_f",
+    [KM_T_TOK_EMBD] = J_NAME("wte"),
+    [KM_T_OUTPUT_NORM] = J_NAME("ln_f"),
     [KM_T_OUTPUT] = "lm_head",
-    [KM_T_ATTN_NORM] = "transformer.h.%d.ln_1",
-    [KM_T_ATTN_Q] = "transformer.h.%d.attn.q_proj",
-    [KM_T_ATTN_K] = "transformer.h.%d.attn.k_proj",
-    [KM_T_ATTN_V] = "transformer.h.%d.attn.v_proj",
-    [KM_T_ATTN_O] = "transformer.h.%d.attn.out_proj",
-    [KM_T_FFN_UP] = "transformer.h.%d.mlp.fc_in",
-    [KM_T_FFN_DOWN] = "transformer.h.%d.mlp.fc_out",
+    [KM_T_ATTN_NORM] = J_NAME("h.%d.ln_1"),
+    [KM_T_ATTN_Q] = J_NAME("h.%d.attn.q_proj"),
+    [KM_T_ATTN_K] = J_NAME("h.%d.attn.k_proj"),
+    [KM_T_ATTN_V] = J_NAME("h.%d.attn.v_proj"),
+    [KM_T_ATTN_O] = J_NAME("h.%d.attn.out_proj"),
+    [KM_T_FFN_UP] = J_NAME("h.%d.mlp.fc_in"),
+    [KM_T_FFN_DOWN] = J_NAME("h.%d.mlp.fc_out"),
 };
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
