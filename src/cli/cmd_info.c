@@ -38,8 +38,10 @@ int kiln_cmd_info(int argc, char **argv) {
     printf("layers       %lld, hidden %lld, heads %lld (kv %lld), head_dim %lld, ffn %lld, vocab %lld\n",
            (long long)hp->n_layers, (long long)hp->hidden, (long long)hp->n_heads, (long long)hp->n_kv_heads,
            (long long)hp->head_dim, (long long)hp->ffn, (long long)hp->vocab);
-    printf("context      %lld positions; rope theta %g (%d rotary dims)\n", (long long)hp->max_pos, hp->rope_theta,
-           hp->ropes[0].dim);
+    if (hp->max_pos > 0) printf("context      %lld positions", (long long)hp->max_pos);
+    else printf("context      no limit in config.json");
+    if (hp->no_rope) printf("; no rotary embeddings\n");
+    else printf("; rope theta %g (%d rotary dims)\n", hp->rope_theta, hp->ropes[0].dim);
     int sliding = 0;
     for (int64_t i = 0; i < hp->n_layers; i++) sliding += hp->layer_sliding[i];
     if (sliding) printf("sliding      window %lld on %d of %lld layers\n", (long long)hp->sliding_window, sliding, (long long)hp->n_layers);
@@ -87,6 +89,7 @@ int kiln_cmd_info(int argc, char **argv) {
         printf("longrope     long factors past %lld positions (the sequence is recomputed when it crosses)\n",
                (long long)hp->ropes[0].orig_max_pos);
     printf("embeddings   %s\n", hp->tie_embeddings ? "tied to the output head" : "separate output head");
+    if (hp->features[0]) printf("features     %s\n", hp->features);
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,
            (double)bytes / 1048576.0);

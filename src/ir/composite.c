@@ -212,7 +212,8 @@ static kg_node *dequant(kg_graph *g, kg_node *w, kg_node *scales, kg_node *biase
 static kg_node *linear(kg_graph *g, const kg_node *n) {
     kg_node *x = n->in[0];
     kg_node *wf = dequant(g, n->in[1], n->n_in > 2 ? n->in[2] : NULL, n->n_in > 3 ? n->in[3] : NULL, &n->a.w);
-    kg_dot_dims dd = {.lhs_contract = {1, {x->shape.rank - 1}}, .rhs_contract = {1, {1}}};
+    /* a transposed weight is [cols, rows]: contract its first dim */
+    kg_dot_dims dd = {.lhs_contract = {1, {x->shape.rank - 1}}, .rhs_contract = {1, {n->a.w.transposed ? 0 : 1}}};
     return kg_dot_general(g, x, wf, &dd);
 }
 

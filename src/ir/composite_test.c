@@ -233,7 +233,7 @@ static kg_node *build_w(kg_graph *g, void *ctx) {
         b = kg_param(g, c->sdt, KG_SHAPE(wa->rows, wa->cols / wa->group_size), "b");
     } else {
         kg_dtype t = wa->fmt == KG_WF_F32 ? KG_F32 : wa->fmt == KG_WF_F16 ? KG_F16 : KG_BF16;
-        w = kg_param(g, t, KG_SHAPE(wa->rows, wa->cols), "w");
+        w = wa->transposed ? kg_param(g, t, KG_SHAPE(wa->cols, wa->rows), "w") : kg_param(g, t, KG_SHAPE(wa->rows, wa->cols), "w");
     }
     if (c->kind == 0) return kg_linear(g, x, w, s, b, wa);
     if (c->kind == 1) return kg_embed(g, w, s, b, kg_param(g, KG_I32, KG_SHAPE(c->M), "ids"), wa);
@@ -245,15 +245,19 @@ KT_TEST(composite_weight_formats_match_decomposition) {
     w_cfg cfgs[64];
     int n = 0;
     for (int kind = 0; kind < 3; kind++) {
-        cfgs[n++] = (w_cfg){{KG_WF_F32, 0, 0, 24, 40}, KG_F32, 3, kind};
-        cfgs[n++] = (w_cfg){{KG_WF_F16, 0, 0, 17, 64}, KG_F32, 1, kind};
-        cfgs[n++] = (w_cfg){{KG_WF_BF16, 0, 0, 9, 32}, KG_F32, 2, kind};
+        cfgs[n++] = (w_cfg){{.fmt = KG_WF_F32, .rows = 24, .cols = 40}, KG_F32, 3, kind};
+        cfgs[n++] = (w_cfg){{.fmt = KG_WF_F16, .rows = 17, .cols = 64}, KG_F32, 1, kind};
+        cfgs[n++] = (w_cfg){{.fmt = KG_WF_BF16, .rows = 9, .cols = 32}, KG_F32, 2, kind};
         for (int b = 0; b < 6; b++) {
             int gs = b % 2 ? 32 : 64;
             kg_dtype sdt = b % 3 == 0 ? KG_F32 : b % 3 == 1 ? KG_BF16 : KG_F16;
-            cfgs[n++] = (w_cfg){{KG_WF_AFFINE, bits[b], gs, 12, 128}, sdt, 1 + kind * 2, kind};
+            cfgs[n++] = (w_cfg){{.fmt = KG_WF_AFFINE, .bits = bits[b], .group_size = gs, .rows = 12, .cols = 128}, sdt, 1 + kind * 2, kind};
         }
     }
+    /* transposed ([in, out]) linear weights, with output blocks of the kernel and a ragged tail */
+    cfgs[n++] = (w_cfg){{.fmt = KG_WF_F32, .rows = 150, .cols = 40, .transposed = true}, KG_F32, 3, 0};
+    cfgs[n++] = (w_cfg){{.fmt = KG_WF_BF16, .rows = 64, .cols = 33, .transposed = true}, KG_F32, 1, 0};
+    cfgs[n++] = (w_cfg){{.fmt = KG_WF_F16, .rows = 7, .cols = 16, .transposed = true}, KG_F32, 5, 0};
     for (int i = 0; i < n; i++) {
         w_cfg *c = &cfgs[i];
         const kg_wattr *wa = &c->wa;

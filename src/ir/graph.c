@@ -261,6 +261,13 @@ static bool check_weight(kg_graph *g, const char *what, const kg_node *w, const 
                          const kg_wattr *wa) {
     char b1[96];
     if (wa->rows <= 0 || wa->cols <= 0) return fail(g, "%s: weight dims must be positive", what), false;
+    if (wa->transposed) {
+        kg_dtype want = wa->fmt == KG_WF_F32 ? KG_F32 : wa->fmt == KG_WF_F16 ? KG_F16 : KG_BF16;
+        if (wa->fmt == KG_WF_AFFINE || s || b)
+            return fail(g, "%s: only a float weight may be stored transposed", what), false;
+        if (w->shape.rank != 2 || w->shape.d[0] != wa->cols || w->shape.d[1] != wa->rows || w->dtype != want) goto bad;
+        return true;
+    }
     if (w->shape.rank != 2 || w->shape.d[0] != wa->rows) goto bad;
     if (wa->fmt == KG_WF_AFFINE) {
         int bits = wa->bits, gs = wa->group_size;
@@ -588,6 +595,7 @@ static bool infer(kg_graph *g, kg_node *n) {
     case KG_OP_EMBED: {
         const kg_wattr *wa = &n->a.w;
         kg_node *ids = n->in[n->n_in - 1];
+        if (wa->transposed) return fail(g, "embed: the table cannot be transposed"), false;
         if (!check_weight(g, "embed", x, n->n_in > 2 ? n->in[1] : NULL, n->n_in > 2 ? n->in[2] : NULL, wa)) return false;
         if (ids->dtype != KG_I32 || ids->shape.rank != 1) return fail(g, "embed: ids must be i32 [T]"), false;
         n->shape = KG_SHAPE(ids->shape.d[0], wa->cols);
@@ -595,6 +603,7 @@ static bool infer(kg_graph *g, kg_node *n) {
         return true;
     }
     case KG_OP_DEQUANT:
+        if (n->a.w.transposed) return fail(g, "dequantize: the weight cannot be transposed"), false;
         if (!check_weight(g, "dequantize", x, n->n_in > 1 ? n->in[1] : NULL, n->n_in > 2 ? n->in[2] : NULL, &n->a.w))
             return false;
         n->shape = KG_SHAPE(n->a.w.rows, n->a.w.cols);

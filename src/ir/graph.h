@@ -172,6 +172,7 @@ typedef struct {
     kg_wfmt fmt;
     int bits, group_size; /* AFFINE */
     int64_t rows, cols;   /* logical weight [rows = out, cols = in] */
+    bool transposed;      /* linear only, float formats: stored [cols, rows] (GPT-2's Conv1D, [in, out]) */
 } kg_wattr;
 
 struct kg_fusion; /* passes/fuse.c */
@@ -304,7 +305,8 @@ kg_node *kg_rope(kg_graph *g, kg_node *x, kg_node *cos, kg_node *sin, int rotary
 kg_node *kg_attention(kg_graph *g, kg_node *q, kg_node *kcache, kg_node *vcache, kg_node *block_table,
                       kg_node *tok_seq, kg_node *tok_pos, kg_node *alibi, kg_node *sinks, const kg_attn_attr *attr);
 /* x [..., cols] times W^T: result [..., rows]. w is the weight tensor: [rows, cols]
- * f32/f16/bf16, or AFFINE: u32 [rows, cols*bits/32] with scales, biases [rows, cols/gs]. */
+ * f32/f16/bf16 ([cols, rows] when wa->transposed), or AFFINE: u32
+ * [rows, cols*bits/32] with scales, biases [rows, cols/gs]. */
 kg_node *kg_linear(kg_graph *g, kg_node *x, kg_node *w, kg_node *scales, kg_node *biases, const kg_wattr *wa);
 /* rows of a table [V, H] (any kg_wfmt) at ids [T] i32: result [T, H] f32 */
 kg_node *kg_embed(kg_graph *g, kg_node *table, kg_node *scales, kg_node *biases, kg_node *ids, const kg_wattr *wa);

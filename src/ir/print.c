@@ -124,6 +124,7 @@ static void attrs(FILE *f, const kg_node *n, int decomp_id) {
             default:
                 fprintf(f, "format = %d : i64, bits = %d : i64, group_size = %d : i64, rows = %" PRId64 " : i64, cols = %" PRId64 " : i64",
                         (int)n->a.w.fmt, n->a.w.bits, n->a.w.group_size, n->a.w.rows, n->a.w.cols);
+                if (n->a.w.transposed) fprintf(f, ", transposed = true");
             }
             fprintf(f, "}, decomposition = @kiln_decomp_%d, version = 1 : i32}", decomp_id);
         }

@@ -53,5 +53,6 @@ void kk_attention(const kk_call *c);
 void kk_linear(const kk_call *c);
 void kk_embed(const kk_call *c);
 void kk_dequant(const kk_call *c);
+void kk_linear_t(const kk_call *c); /* kiln.linear with a transposed ([in, out]) weight */
 
 #endif

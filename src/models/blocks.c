@@ -31,16 +31,42 @@ static kg_node *add_input(kb_ctx *b, kg_dtype t, kg_shape s, const char *name, k
     return n;
 }
 
+/* One pattern of n chars: at most one "%d", the layer index. */
+static void fill_name(const char *pat, int n, int il, char *buf, size_t cap) {
+    const char *d = strstr(pat, "%d");
+    if (d && d - pat < n) snprintf(buf, cap, "%.*s%d%.*s", (int)(d - pat), pat, il, (int)(n - (d - pat) - 2), d + 2);
+    else snprintf(buf, cap, "%.*s", n, pat);
+}
+
+static bool module_present(kb_ctx *b, const char *name) {
+    char full[300];
+    if (kc_has(b->ck, name)) return true;
+    snprintf(full, sizeof full, "%s.weight", name);
+    if (kc_has(b->ck, full)) return true;
+    snprintf(full, sizeof full, "%s.bias", name);
+    return kc_has(b->ck, full);
+}
+
 const char *kb_name(kb_ctx *b, km_tensor t, int il, char *buf, size_t cap) {
     const char *pat = (*b->fam->names)[t];
     if (!pat) {
         snprintf(buf, cap, "(no name for tensor role %d in family %s)", (int)t, b->fam->name);
         return buf;
     }
-    /* patterns hold at most one "%d", the layer index */
-    const char *d = strstr(pat, "%d");
-    if (d) snprintf(buf, cap, "%.*s%d%s", (int)(d - pat), pat, il, d + 2);
-    else snprintf(buf, cap, "%s", pat);
+    /* "a|b": alternative names (checkpoints saved with and without a prefix):
+     * the first present in the checkpoint, else the first (for messages) */
+    const char *bar = strchr(pat, '|');
+    if (bar) {
+        for (const char *p = pat; p;) {
+            const char *e = strchr(p, '|');
+            fill_name(p, e ? (int)(e - p) : (int)strlen(p), il, buf, cap);
+            if (module_present(b, buf)) return buf;
+            p = e ? e + 1 : NULL;
+        }
+        fill_name(pat, (int)(bar - pat), il, buf, cap);
+        return buf;
+    }
+    fill_name(pat, (int)strlen(pat), il, buf, cap);
     return buf;
 }
 
@@ -140,6 +166,7 @@ kg_node *kb_norm(kb_ctx *b, kg_node *x, km_tensor t, int il, kb_norm_kind kind) 
 
 kg_node *kb_linear(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, bool bias) {
     if (!x) return NULL;
+    if ((b->transposed_roles >> t) & 1) return kb_linear_t(b, x, t, il, rows, bias);
     kc_matrix m;
     kg_node *w, *s, *bi;
     kg_wattr wa;
@@ -328,6 +355,8 @@ kg_node *kb_select_rows(kb_ctx *b, kg_node *x) { return kg_take_rows(b->g, x, b-
 kg_node *kb_lm_head(kb_ctx *b, kg_node *x) {
     const km_hparams *hp = b->hp;
     kg_node *logits = kb_linear(b, x, hp->tie_embeddings ? KM_T_TOK_EMBD : KM_T_OUTPUT, -1, hp->vocab, false);
+    if (hp->lm_head_bias) /* the head's own bias, also when its weight is tied */
+        logits = kg_add(b->g, logits, kg_convert(b->g, kb_vector(b, KM_T_OUTPUT, -1, ".bias", hp->vocab), KG_F32));
     if (hp->final_softcap > 0) logits = kb_softcap(b, logits, hp->final_softcap);
     return kg_name(logits, "logits", -1);
 }
@@ -366,4 +395,10 @@ kiln_status kb_build(const km_family *fam, const km_hparams *hp, const kc_checkp
     *inputs = b.inputs;
     *n_inputs = b.n_inputs;
     return NULL;
+}
+
+/* fam-gpt: weight nodes for the blocks of models/blocks_*.c */
+bool kb_matrix(kb_ctx *b, km_tensor t, int il, int64_t rows, int64_t cols, kc_matrix *m, kg_node **w, kg_node **scales,
+               kg_node **biases, kg_wattr *wa) {
+    return get_matrix(b, t, il, rows, cols, m) && matrix_nodes(b, m, w, scales, biases, wa);
 }

@@ -51,6 +51,8 @@ typedef struct kb_ctx {
     kb_input *inputs; /* role of graph param i */
     int n_inputs, cap_inputs;
     kb_cache_spec *cache; /* [n_layers] */
+    /* fam-gpt */
+    uint64_t transposed_roles; /* bit t: role t's 2-D weights are stored [in, out] (GPT-2's Conv1D) */
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -250,5 +252,63 @@ int kb_layer_rope(const kb_ctx *b, int il, int rope);
  * layers' norm kind. */
 typedef void (*kb_layer_opts_fn)(const kb_ctx *b, int il, kb_layer_opts *o);
 kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn opts);
+/* ---- fam-gpt: blocks of the GPT-style families (models/blocks_fam-gpt.c) ---- */
+/* The weight of role t as graph nodes (the affine triple when quantized);
+ * rows or cols -1 accept what the file has. False with the error recorded. */
+bool kb_matrix(kb_ctx *b, km_tensor t, int il, int64_t rows, int64_t cols, kc_matrix *m, kg_node **w, kg_node **scales,
+               kg_node **biases, kg_wattr *wa);
+/* kb_linear for a weight stored [in, out] (cols, rows): float formats only. */
+kg_node *kb_linear_t(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, bool bias);
+/* True when the float weight of role t is stored [in, out] rather than
+ * [out, in]: GPT-2's Conv1D layout (transformers' checkpoints) as opposed to
+ * the Linear layout mlx-lm converts it to. in != out tells them apart. */
+bool kb_weight_is_in_out(kb_ctx *b, km_tensor t, int il, int64_t in, int64_t out);
+
+/* Learned absolute positions: rows pos + offset of the KM_T_POS_EMBD table
+ * [n, hidden] (OPT's table starts 2 rows in). Result [T, hidden]. */
+kg_node *kb_pos_embed(kb_ctx *b, int offset);
+
+/* Layouts of a fused q/k/v projection's output rows, per token (H query
+ * heads, Hkv key/value heads, D head dims). */
+typedef enum {
+    KB_QKV_SEPARATE, /* no fusion: q, k, v modules */
+    KB_QKV_BLOCKS,   /* [Q: H*D | K: Hkv*D | V: Hkv*D] (gpt2, gpt_bigcode MQA, mpt, falcon-7b MQA) */
+    KB_QKV_GROUPED,  /* Hkv groups of [H/Hkv queries, 1 key, 1 value] x D: per head [H][3][D] when
+                      * Hkv == H (gpt_neox, bloom, falcon MHA), falcon-40b's new_decoder_architecture */
+} kb_qkv_layout;
+/* Self-attention whose q/k/v come from KM_T_ATTN_QKV (bias o->qkv_bias,
+ * clamped to o->clip_qkv), split per layout, then kb_attention_core.
+ * KB_QKV_SEPARATE is kb_attention. */
+kg_node *kb_attention_qkv(kb_ctx *b, kg_node *x, int il, kb_qkv_layout layout, const kb_attn_opts *o);
+
+/* ALiBi slopes [n_heads] (kb_attn_opts.alibi) as the reference code computes
+ * them, in float32. BLOOM's build_alibi_tensor (also Falcon's, Baichuan-13B's):
+ * powers of 2^(-8/n) for the largest power of two n <= H, then odd powers of
+ * 2^(-4/n) for the rest. MPT's gen_slopes: 2^-(i * bias_max / n) for the
+ * next power of two n >= H, reordered (odd ones first) when H is not one. */
+void kb_alibi_bloom_slopes(int64_t n_heads, float *out);
+void kb_alibi_mpt_slopes(int64_t n_heads, double bias_max, float *out);
+/* The same, times scale, in the graph's memory. */
+const float *kb_alibi_bloom(kb_ctx *b, float scale);
+const float *kb_alibi_mpt(kb_ctx *b, double bias_max);
+
+/* A transformer layer with LayerNorm-or-RMS norms, one attention and one
+ * MLP, in the residual arrangements of the GPT-style families:
+ *   sequential (pre-norm):  x += attn(n1(x)); x += ffn(n2(x))
+ *   parallel:               x += attn(n1(x)) + ffn(n2(x)), n2 = n1 with shared_norm
+ *   post_norm (OPT-350m):   x = n1(x + attn(x)); x = n2(x + ffn(x))
+ *   residual_from_norm (BLOOM's apply_residual_connection_post_layernorm):
+ *     the residual branch carries the normed input instead of x.
+ * n1 is KM_T_ATTN_NORM, n2 KM_T_FFN_NORM. */
+typedef struct {
+    kb_norm_kind norm;
+    bool parallel, shared_norm, post_norm, residual_from_norm;
+    kb_qkv_layout qkv;
+    kb_attn_opts attn;
+    kb_ffn_opts ffn;
+} kb_gpt_layer_opts;
+kg_node *kb_gpt_layer(kb_ctx *b, kg_node *x, int il, const kb_gpt_layer_opts *o);
+/* The end of a decoder: the rows wanted, the final norm KM_T_OUTPUT_NORM, the head. */
+kg_node *kb_output(kb_ctx *b, kg_node *x, kb_norm_kind norm);
 
 #endif

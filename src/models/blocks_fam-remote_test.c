@@ -337,7 +337,7 @@ KT_TEST(fam_remote_mla_plain_q_interleaved_bias) { mla_case(0, true, true); }
 
 static kg_node *head_emit(kb_ctx *b) {
     kg_node *x = kb_embed(b);
-    x = kg_add(b->g, x, kb_ffn_fused(b, x, 0, KM_ACT_SILU, false));
+    x = kg_add(b->g, x, kb_ffn_fused(b, x, 0, &(kb_ffn_opts){.gated = true, .act = KM_ACT_SILU}));
     return kb_lm_head_l2(b, kb_select_rows(b, x), KM_T_OUTPUT);
 }
 static const km_family head_family = {"test", test_types, &mla_names, no_parse, head_emit};

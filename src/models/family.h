@@ -47,6 +47,10 @@ typedef enum {
     KM_T_ATTN_KV_B,      /* MLA: latent up-projection to heads x (nope + v) */
     KM_T_TOK_EMBD_NORM,  /* norm on the token embeddings */
     /* fam-llamalike */
+    /* fam-gpt */
+    KM_T_POS_EMBD,       /* learned absolute positions [n_positions (+ offset), hidden] */
+    KM_T_EMBD_PROJ_IN,   /* token embeddings [embed_dim] -> hidden (OPT's project_in) */
+    KM_T_OUTPUT_PROJ,    /* hidden -> embed_dim before the head (OPT's project_out) */
     KM_T_COUNT
 } km_tensor;
 

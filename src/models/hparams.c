@@ -22,24 +22,35 @@ kiln_status km_parse_act(const char *name, km_act *out) {
     return kiln_error(KILN_EUNSUPPORTED, "activation \"%s\" is not supported", name);
 }
 
-/* Other spellings of the required sizes, tried in order when the usual key
- * is absent (GPT-2/Megatron-style configs of remote-code families: ChatGLM,
- * Qwen-1, TeleChat, EXAONE). Families whose key means something else (Qwen-1's
- * ffn_hidden_size is twice its MLP width) adjust in their parse hook. */
+/* Other spellings of the common fields, as older or remote-code configs
+ * write them (transformers maps them with each config's attribute_map):
+ * GPT-2, GPT-J, BigCode (n_embd, n_layer, n_head, n_positions), MPT (d_model,
+ * n_layers, n_heads, max_seq_len), BLOOM (n_embed), ChatGLM/EXAONE
+ * (num_layers, ffn_hidden_size, padded_vocab_size), Qwen-1. The first key of
+ * a row present in config.json is used. Families whose key means something
+ * else (Qwen-1's ffn_hidden_size is twice its MLP width) adjust in their
+ * parse hook. */
 static const char *const key_aliases[][4] = {
-    {"hidden_size", "n_embd", "n_embed", NULL},
-    {"num_hidden_layers", "num_layers", "n_layer", NULL},
-    {"num_attention_heads", "n_head", NULL, NULL},
+    {"hidden_size", "n_embd", "d_model", "n_embed"},
+    {"num_hidden_layers", "num_layers", "n_layer", "n_layers"},
+    {"num_attention_heads", "n_head", "n_heads", NULL},
     {"intermediate_size", "ffn_hidden_size", NULL, NULL},
     {"vocab_size", "padded_vocab_size", NULL, NULL},
+    {"max_position_embeddings", "n_positions", "max_seq_len", NULL},
 };
 
-static kiln_status req_int(const cJSON *cfg, const char *key, const char *alt, int64_t *out) {
-    KILN_TRY(ku_json_int(cfg, key, -1, out));
-    if (*out < 0 && alt) KILN_TRY(ku_json_int(cfg, alt, -1, out));
-    for (size_t i = 0; *out < 0 && i < sizeof key_aliases / sizeof key_aliases[0]; i++)
-        if (!strcmp(key_aliases[i][0], key))
-            for (int j = 1; *out < 0 && j < 4 && key_aliases[i][j]; j++) KILN_TRY(ku_json_int(cfg, key_aliases[i][j], -1, out));
+const char *km_config_key(const cJSON *cfg, const char *key) {
+    for (size_t r = 0; r < sizeof key_aliases / sizeof key_aliases[0]; r++) {
+        if (strcmp(key_aliases[r][0], key) != 0) continue;
+        for (int i = 0; i < 4 && key_aliases[r][i]; i++)
+            if (ku_json_get(cfg, key_aliases[r][i])) return key_aliases[r][i];
+    }
+    return key;
+}
+
+/* A required positive integer under key or one of its aliases. */
+static kiln_status req_int(const cJSON *cfg, const char *key, int64_t *out) {
+    KILN_TRY(ku_json_int(cfg, km_config_key(cfg, key), -1, out));
     if (*out <= 0) return kiln_error(KILN_EINVAL, "config.json: \"%s\" is missing or not positive", key);
     return NULL;
 }
@@ -72,11 +83,12 @@ kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
     const char *mt;
     KILN_TRY(ku_json_str(cfg, "model_type", "", &mt));
     snprintf(hp->model_type, sizeof hp->model_type, "%s", mt);
-    KILN_TRY(req_int(cfg, "hidden_size", NULL, &hp->hidden));
-    KILN_TRY(req_int(cfg, "num_hidden_layers", NULL, &hp->n_layers));
-    KILN_TRY(req_int(cfg, "num_attention_heads", NULL, &hp->n_heads));
-    KILN_TRY(req_int(cfg, "intermediate_size", NULL, &hp->ffn));
-    KILN_TRY(req_int(cfg, "vocab_size", NULL, &hp->vocab));
+    KILN_TRY(req_int(cfg, "hidden_size", &hp->hidden));
+    KILN_TRY(req_int(cfg, "num_hidden_layers", &hp->n_layers));
+    KILN_TRY(req_int(cfg, "num_attention_heads", &hp->n_heads));
+    /* families whose configs size the MLP otherwise set it in their hook (km_parse checks) */
+    KILN_TRY(ku_json_int(cfg, km_config_key(cfg, "intermediate_size"), 0, &hp->ffn));
+    KILN_TRY(req_int(cfg, "vocab_size", &hp->vocab));
     if (hp->n_layers > KM_MAX_LAYERS)
         return kiln_error(KILN_EUNSUPPORTED, "config.json: %lld layers (kiln supports up to %d)", (long long)hp->n_layers,
                           KM_MAX_LAYERS);
@@ -86,7 +98,7 @@ kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
                           (long long)hp->n_heads, (long long)hp->n_kv_heads);
     KILN_TRY(ku_json_int(cfg, "head_dim", hp->hidden / hp->n_heads, &hp->head_dim));
     if (hp->head_dim <= 0) return kiln_error(KILN_EINVAL, "config.json: \"head_dim\" must be positive");
-    KILN_TRY(ku_json_int(cfg, "max_position_embeddings", 0, &hp->max_pos));
+    KILN_TRY(ku_json_int(cfg, km_config_key(cfg, "max_position_embeddings"), 0, &hp->max_pos));
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-6, &hp->norm_eps));
     KILN_TRY(ku_json_num(cfg, "rope_theta", 10000.0, &hp->rope_theta));
     KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 1.0, &hp->partial_rotary));

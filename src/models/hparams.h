@@ -69,6 +69,17 @@ typedef struct {
     float clip_qkv;       /* q, k, v clamped to [-clip, clip] after projection (olmo) */
     float q_temp_beta;    /* queries times 1 + beta * log(1 + floor(pos / q_temp_floor)) (ministral3) */
     int64_t q_temp_floor;
+    /* fam-gpt */
+    bool lm_head_bias;   /* the output projection has a bias (gptj, phi) */
+    bool attn_scale_by_layer; /* attention scale further divided by (layer + 1) (gpt2's scale_attn_by_inverse_layer_idx) */
+    bool shared_norm;         /* parallel blocks whose attention and MLP read one norm (falcon-7b) */
+    bool residual_from_norm;  /* residual branches carry the normed input (bloom's apply_residual_connection_post_layernorm) */
+    bool post_norm;           /* norms after the residual adds (OPT-350m) */
+    bool no_final_norm;       /* no norm before the head (post-norm OPT) */
+    int64_t embed_dim;        /* token embedding width when it differs from hidden (OPT's word_embed_proj_dim); 0: hidden */
+    bool qk_layernorm;        /* per-head LayerNorms on queries and keys (phi's qk_layernorm) */
+    bool no_rope;             /* no rotary embeddings at all (learned positions, ALiBi) */
+    char features[160];  /* what `kiln info` should say beyond the fields above, e.g. "ALiBi, parallel residual" */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call
@@ -86,5 +97,10 @@ kiln_status km_sliding_layers(const cJSON *cfg, km_hparams *hp, int64_t first, i
  * than its absence: null gives if_null, absence the config class's default
  * def (e.g. OLMo 3's sliding_window: null is no window, absent is 4096). */
 kiln_status km_json_int_or_null(const cJSON *cfg, const char *key, int64_t def, int64_t if_null, int64_t *out);
+/* ---- fam-gpt ---- */
+/* The key config.json uses for the common field `key` ("hidden_size" is
+ * "n_embd" in GPT-2's config, "d_model" in MPT's, ...): the first alias
+ * present, else key itself. km_hparams_parse reads the common fields through it. */
+const char *km_config_key(const cJSON *cfg, const char *key);
 
 #endif

@@ -222,7 +222,7 @@ KT_TEST(llamalike_config_errors) {
     KT_CHECK_ERR(parse_config("{\"model_type\": \"smollm3\", " BASE ", \"no_rope_layers\": [1, 0]}"), "no_rope_layers");
     KT_CHECK_ERR(parse_config("{\"model_type\": \"granite\", " BASE ", \"logits_scaling\": 0}"), "logits_scaling");
     KT_CHECK_ERR(parse_config("{\"model_type\": \"olmo\", " BASE ", \"clip_qkv\": -1}"), "clip_qkv");
-    KT_CHECK_ERR(parse_config("{\"model_type\": \"arcee\", " BASE ", \"hidden_act\": \"xielu\"}"), "xielu");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"arcee\", " BASE ", \"hidden_act\": \"swoosh\"}"), "swoosh");
     KT_CHECK_ERR(parse_config("{\"model_type\": \"hunyuan_v1_dense\", " BASE ", \"rope_scaling\": {\"type\": \"nope\"}}"),
                  "nope");
     KT_CHECK_ERR(parse_config("{\"model_type\": \"ministral3\", " BASE ", \"rope_parameters\": {\"rope_type\": \"magic\"}}"),

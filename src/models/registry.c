@@ -29,7 +29,8 @@ const km_names km_llama_names = {
     X(xverse) X(aquila) X(orion) X(openelm) X(plamo)                                                                 \
     X(internlm2) X(internlm3) X(exaone) X(minicpm) X(minicpm3) X(chatglm) X(telechat) X(baichuan) X(qwen)         \
     X(phi3) X(granite) X(olmo) X(olmo2) X(olmo3) X(smollm3) X(exaone4) X(helium) X(seed_oss) X(arcee) X(hunyuan)     \
-    X(mimo) X(ministral) X(ministral3)
+    X(mimo) X(ministral) X(ministral3)                                                                               \
+    X(gpt2) X(gpt_bigcode) X(gpt_neox) X(gptj) X(falcon) X(mpt) X(bloom) X(opt) X(phi) X(starcoder2)
 
 #define DECLARE(f) extern const km_family km_family_##f;
 FAMILIES(DECLARE)
@@ -70,6 +71,7 @@ kiln_status km_parse(const km_family *f, const cJSON *cfg, km_hparams *hp) {
     if (parses_all(f)) memset(hp, 0, sizeof *hp);
     else KILN_TRY(km_hparams_parse(cfg, hp));
     KILN_TRY(f->parse(cfg, hp));
+    if (hp->ffn <= 0) return kiln_error(KILN_EINVAL, "config.json: \"intermediate_size\" is missing or not positive");
     if (hp->n_ropes == 0) {
         int dim = (int)((double)hp->head_dim * hp->partial_rotary);
         KILN_TRYF(km_rope_init(&hp->ropes[0], hp->rope_scaling, hp->rope_theta, dim, hp->max_pos), "config.json");
