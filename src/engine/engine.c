@@ -231,6 +231,7 @@ void ke_ctx_free(ke_ctx *c) {
 }
 
 int64_t ke_ctx_n_ctx(const ke_ctx *c) { return c->p.n_ctx; }
+const ke_model *ke_ctx_model(const ke_ctx *c) { return c->m; }
 int64_t ke_ctx_free_blocks(const ke_ctx *c) { return c->n_free + c->n_lru; }
 int ke_ctx_n_executables(const ke_ctx *c) { return c->n_execs; }
 

@@ -41,6 +41,7 @@ typedef struct ke_ctx ke_ctx;
 kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out);
 void ke_ctx_free(ke_ctx *c);
 int64_t ke_ctx_n_ctx(const ke_ctx *c);
+const ke_model *ke_ctx_model(const ke_ctx *c);
 /* Blocks a new sequence could take now: free ones plus cached ones that are
  * not in use (evicted on demand). */
 int64_t ke_ctx_free_blocks(const ke_ctx *c);
