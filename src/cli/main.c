@@ -17,6 +17,8 @@ static const struct {
     {"tokenize", kiln_cmd_tokenize, "text to token ids with a model's tokenizer"},
     {"detokenize", kiln_cmd_detokenize, "token ids to text"},
     {"template", kiln_cmd_template, "render a chat template for a list of messages"},
+    {"serve", kiln_cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
+    {"bench-batch", kiln_cmd_bench_batch, "batched vs one-at-a-time throughput, checking equal outputs"},
 };
 
 static void usage(FILE *f) {
