@@ -6,10 +6,27 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-echo "kiln: installing ${missing[*]}" >&2
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "kiln: installing ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# promtool (Debian's prometheus package) checks /metrics in the server tests.
+# Optional: only its binary is extracted, into build/tools; without it that
+# check is skipped.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$root/build/tools/usr/bin/promtool" ]; then
+  tmp="$(mktemp -d)"
+  if (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1); then
+    mkdir -p "$root/build/tools"
+    dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -C "$root/build/tools" ./usr/bin/promtool \
+      && echo "kiln: promtool extracted to build/tools/usr/bin" >&2
+  else
+    echo "kiln: promtool unavailable (apt-get download prometheus failed): its test is skipped" >&2
+  fi
+  rm -rf "$tmp"
+fi

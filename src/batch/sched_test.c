@@ -147,7 +147,7 @@ static bool run_jobs(const ke_model *m, setup *su, job *jobs, int n, ksch_stats 
     if (ok) drain(s);
     if (ok) ksch_get_stats(s, stats);
     for (int i = 0; ok && i < n; i++) {
-        st = run_alone(m, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, &jobs[i].want);
+        if (!jobs[i].want.ended) st = run_alone(m, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, &jobs[i].want);
         if (st) ok = false;
         else if (jobs[i].got.err) ok = false, st = jobs[i].got.err, jobs[i].got.err = NULL;
         else if (!jobs[i].got.ended || !same(&jobs[i].got, &jobs[i].want)) {

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/json.h"
 #include "server/server_int.h"
@@ -494,6 +495,7 @@ static kiln_status load(ksrv *s) {
 
 static void *load_main(void *arg) {
     ksrv *s = arg;
+    if (s->p.load_delay_ms > 0) usleep((useconds_t)s->p.load_delay_ms * 1000);
     kiln_status st = load(s);
     if (st) st = kiln_status_wrap(st, "loading %s", s->model_dir);
     pthread_mutex_lock(&s->mu);

@@ -44,6 +44,7 @@ typedef struct {
     int max_choices;       /* prompts x n per request; 0: 64 */
     const kgen_params *defaults; /* sampling defaults (NULL: llama.cpp's); copied */
     bool quiet;            /* no access log on stderr */
+    int load_delay_ms;     /* tests: wait this long before loading (to see the loading state) */
 } ksrv_params;
 
 typedef struct ksrv ksrv;

@@ -771,8 +771,24 @@ KT_TEST(server_disconnects_slow_clients_queue_full) {
 }
 
 KT_TEST(server_health_503_while_loading_and_bad_model) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
     fx f = {0};
     KT_CHECK(make_model(&f));
+    ksrv_params lp = default_params(f.dir);
+    lp.load_delay_ms = 300;
+    KT_CHECK_OK(ksrv_start(&lp, &f.s));
+    snprintf(f.base, sizeof f.base, "http://127.0.0.1:%d", ksrv_port(f.s));
+    resp r;
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 503);
+    KT_CHECK(strstr(r.body.p, "Loading model"));
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\"}", NULL, &r), 503);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_OK(ksrv_wait_ready(f.s));
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 200);
+    ksrv_buf_free(&r.body);
+    ksrv_stop(f.s);
+    /* a model that cannot load: 503 with the reason, for good */
     char p2[PATH_MAX * 2];
     snprintf(p2, sizeof p2, "%s/config.json", f.dir);
     FILE *cf = fopen(p2, "w");
@@ -783,12 +799,66 @@ KT_TEST(server_health_503_while_loading_and_bad_model) {
     KT_CHECK_OK(ksrv_start(&p, &f.s));
     snprintf(f.base, sizeof f.base, "http://127.0.0.1:%d", ksrv_port(f.s));
     KT_CHECK_ERR(ksrv_wait_ready(f.s), "not supported");
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    resp r;
     KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 503);
     KT_CHECK(strstr(r.body.p, "not supported"));
     ksrv_buf_free(&r.body);
     KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\"}", NULL, &r), 503);
     ksrv_buf_free(&r.body);
+    finish(&f);
+}
+
+/* Bodies built from every request field with values of every JSON type:
+ * each gets an answer (200 or an OpenAI error with 400/404), streams end
+ * with [DONE], nothing crashes, nothing leaks. */
+KT_TEST(server_random_bodies) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.ctx_size = 64;
+    if (!start(&f, &p)) return;
+    static const char *const fields[] = {
+        "prompt", "messages", "max_tokens", "n", "temperature", "top_p", "top_k", "stop", "seed", "logprobs",
+        "top_logprobs", "echo", "stream", "stream_options", "logit_bias", "min_p", "typical_p", "repeat_penalty",
+        "repeat_last_n", "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length",
+        "dry_penalty_last_n", "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "ignore_eos", "min_tokens",
+        "return_tokens", "model", "user", "n_probs", "samplers", "best_of", "suffix", "max_completion_tokens",
+        "chat_template_kwargs", "tools"};
+    static const char *const values[] = {
+        "0", "1", "-1", "2", "3.5", "1e308", "-1e308", "2147483648", "0.000001", "\"\"", "\"x\"",
+        "\"<|im_start|>\"", "\"\\u0000\"", "[]", "[1, 2, 3]", "[\"a\", \"\"]", "[[1], [2, 3]]", "{}",
+        "{\"1\": 2}", "{\"include_usage\": true}", "null", "true", "false", "[{\"role\": \"user\", \"content\": \"hi\"}]",
+        "[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}]}]", "\"tiny\"", "\"top_k;temperature\""};
+    int nf = (int)(sizeof fields / sizeof fields[0]), nv = (int)(sizeof values / sizeof values[0]);
+    uint64_t rng = 99;
+    int counts[6] = {0};
+    for (int it = 0; it < 300; it++) {
+        ksrv_buf b = {0};
+        /* mostly well-formed prompts first (cJSON takes the first of
+         * repeated keys), so that many requests get to generate */
+        ksrv_buf_str(&b, "{\"max_tokens\": 4");
+        if (it % 3) ksrv_buf_str(&b, it % 2 ? ", \"prompt\": \"hello\"" : ", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]");
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int k = 1 + (int)((rng >> 40) % 3);
+        for (int i = 0; i < k; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            int fi = (int)((rng >> 33) % (uint64_t)nf), vi = (int)((rng >> 13) % (uint64_t)nv);
+            ksrv_buf_printf(&b, ", \"%s\": %s", fields[fi], values[vi]);
+        }
+        ksrv_buf_str(&b, "}");
+        const char *path = it % 2 ? "/v1/completions" : "/v1/chat/completions";
+        resp r;
+        long st = http(&f, "POST", path, b.p, NULL, &r);
+        bool ok = st == 200 || st == 400 || st == 404;
+        if (st == 200 && strstr(b.p, "\"stream\": true") && strncmp(r.body.p, "{", 1))
+            ok = strstr(r.body.p, "data: [DONE]") != NULL;
+        else if (st != 200) ok = ok && strstr(r.body.p, "\"error\"");
+        counts[st == 200 ? 0 : st == 400 ? 1 : st == 404 ? 2 : 3]++;
+        if (!ok) kt_fail(__FILE__, __LINE__, "%s %s: status %ld: %.300s", path, b.p, st, r.body.p);
+        ksrv_buf_free(&r.body);
+        ksrv_buf_free(&b);
+        if (!ok) break;
+    }
+    KT_CHECKF(counts[0] > 20 && counts[1] > 20, "%d answered, %d refused", counts[0], counts[1]);
+    KT_CHECK(wait_idle(&f));
     finish(&f);
 }
