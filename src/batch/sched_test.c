@@ -8,6 +8,7 @@
 #include "base/file.h"
 #include "base/json.h"
 #include "batch/sched.h"
+#include "engine/fixture_test.h"
 #include "kt.h"
 #include "models/family.h"
 
@@ -279,20 +280,8 @@ KT_TEST(sched_matches_single_sequence_and_oracle_every_fixture) {
     KT_CHECKF(checked >= 12, "only %d fixtures checked", checked);
 }
 
-static ke_model *load(const char *fixture) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/tests/fixtures/oracle/%s", kt_root(), fixture);
-    ke_model *m = NULL;
-    kiln_status st = ke_model_load(dir, &m);
-    if (st) {
-        kt_fail(__FILE__, __LINE__, "%s", kiln_status_msg(st));
-        kiln_status_free(st);
-    }
-    return m;
-}
-
 KT_TEST(sched_shared_prefixes_hit_the_cache) {
-    ke_model *m = load("llama");
+    ke_model *m = ke_test_load_fixture("llama");
     if (!m) return;
     int64_t V = ke_model_hparams(m)->vocab;
     int32_t base[64];
@@ -324,7 +313,7 @@ KT_TEST(sched_shared_prefixes_hit_the_cache) {
 }
 
 KT_TEST(sched_sliding_window_long_generation) {
-    ke_model *m = load("mistral"); /* window 8: blocks are released as it goes */
+    ke_model *m = ke_test_load_fixture("mistral"); /* window 8: blocks are released as it goes */
     if (!m) return;
     int64_t V = ke_model_hparams(m)->vocab;
     int32_t base[64];
@@ -359,7 +348,7 @@ static void on_event_cancel(const ksch_event *e) {
 }
 
 KT_TEST(sched_cancel_queue_limit_and_end_at_start) {
-    ke_model *m = load("qwen3");
+    ke_model *m = ke_test_load_fixture("qwen3");
     if (!m) return;
     ke_ctx *c;
     KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 64, .n_cache = 256, .n_threads = 1, .block_size = 4}, &c));

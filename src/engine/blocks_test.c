@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "engine/fixture_test.h"
 #include "kt.h"
 
 static int32_t tok_at(int i) { return (int32_t)((i * 37 + 11) % 500) + 3; }
@@ -22,7 +23,7 @@ static kiln_status feed(ke_ctx *c, int seq, const int32_t *tokens, int n, int ch
     return NULL;
 }
 
-static ke_model *load(const char *fixture) {
+ke_model *ke_test_load_fixture(const char *fixture) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/oracle/%s", kt_root(), fixture);
     ke_model *m = NULL;
@@ -35,7 +36,7 @@ static ke_model *load(const char *fixture) {
 }
 
 KT_TEST(blocks_prefix_reuse_gives_same_logits) {
-    ke_model *m = load("llama");
+    ke_model *m = ke_test_load_fixture("llama");
     if (!m) return;
     int64_t V = ke_model_hparams(m)->vocab;
     ke_ctx *c;
@@ -90,7 +91,7 @@ KT_TEST(blocks_prefix_reuse_gives_same_logits) {
 }
 
 KT_TEST(blocks_cached_blocks_are_evicted_lru) {
-    ke_model *m = load("llama");
+    ke_model *m = ke_test_load_fixture("llama");
     if (!m) return;
     int64_t V = ke_model_hparams(m)->vocab;
     ke_ctx *c; /* 16 blocks of 4 */
@@ -138,9 +139,9 @@ KT_TEST(blocks_cached_blocks_are_evicted_lru) {
 }
 
 KT_TEST(blocks_sliding_window_releases_blocks) {
-    ke_model *m = load("mistral"); /* window 8 on every layer */
+    ke_model *m = ke_test_load_fixture("mistral"); /* window 8 on every layer */
     if (!m) return;
-    ke_model *g = load("gemma2"); /* global and sliding layers */
+    ke_model *g = ke_test_load_fixture("gemma2"); /* global and sliding layers */
     if (!g) return;
     int64_t V = ke_model_hparams(m)->vocab;
     ke_ctx_params p = {.n_ctx = 64, .n_cache = 64, .n_threads = 1, .block_size = 4};
