@@ -60,7 +60,11 @@ struct ksch {
     int32_t *btok;
     int *bseq;
     bool *bwant;
-    seq **brow; /* [n_rows] owner of each logits row */
+    /* Every sequence in the batch gets a logits row (its last token in the
+     * batch), used only when that token is its last: fewer distinct batch
+     * shapes (the engine compiles one executable per shape) for a few
+     * extra rows of the output projection. */
+    seq **brow; /* [n_rows] owner of each logits row, NULL: not sampled */
     int n_rows;
     int64_t bcap;
 };
@@ -328,8 +332,8 @@ static void add_tokens(ksch *s, seq *q, int64_t n, int64_t *T) {
     for (int64_t k = 0; k < n; k++) {
         s->btok[*T] = q->tokens[len + k];
         s->bseq[*T] = q->ke;
-        s->bwant[*T] = len + k == q->n_tokens - 1;
-        if (s->bwant[*T]) s->brow[s->n_rows++] = q;
+        s->bwant[*T] = k == n - 1;
+        if (s->bwant[*T]) s->brow[s->n_rows++] = len + k == q->n_tokens - 1 ? q : NULL;
         (*T)++;
     }
 }
@@ -496,7 +500,8 @@ bool ksch_step(ksch *s) {
             while (ksch_batch_buckets[b] < T) b++;
             s->local.batch_hist[b]++;
             KILN_ASSERT(s->n_rows == nr);
-            for (int r = 0; r < nr; r++) sample_one(s, s->brow[r], lg + (int64_t)r * s->vocab);
+            for (int r = 0; r < nr; r++)
+                if (s->brow[r]) sample_one(s, s->brow[r], lg + (int64_t)r * s->vocab);
             for (int i = 0; i < s->n_running;) {
                 seq *q = s->running[i];
                 if (q->done) {
@@ -517,16 +522,17 @@ bool ksch_step(ksch *s) {
     return s->n_running > 0 || s->n_waiting > 0;
 }
 
+bool ksch_wait(ksch *s) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop && !s->inbox && !s->n_cancels && s->n_running == 0 && s->n_waiting == 0)
+        pthread_cond_wait(&s->cv, &s->mu);
+    bool stop = s->stop;
+    pthread_mutex_unlock(&s->mu);
+    return !stop;
+}
+
 void ksch_run(ksch *s) {
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (!s->stop && !s->inbox && !s->n_cancels && s->n_running == 0 && s->n_waiting == 0)
-            pthread_cond_wait(&s->cv, &s->mu);
-        bool stop = s->stop;
-        pthread_mutex_unlock(&s->mu);
-        if (stop) return;
-        ksch_step(s);
-    }
+    while (ksch_wait(s)) ksch_step(s);
 }
 
 void ksch_stop(ksch *s) {

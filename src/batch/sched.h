@@ -95,6 +95,8 @@ void ksch_cancel(ksch *s, uint64_t id);
 /* One step: queued work is admitted, one batch decoded, events delivered.
  * Returns whether requests remain (running or waiting). */
 bool ksch_step(ksch *s);
+/* Blocks while there is nothing to do; false once ksch_stop was called. */
+bool ksch_wait(ksch *s);
 /* Steps until ksch_stop, sleeping while there is nothing to do. */
 void ksch_run(ksch *s);
 void ksch_stop(ksch *s);

@@ -458,7 +458,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **ptr, enu
 /* ---------------------------------------------------------------- lifecycle */
 
 static void *step_main(void *arg) {
-    ksch_run(((ksrv *)arg)->sch);
+    ksrv *s = arg;
+    while (ksch_wait(s->sch)) {
+        ksch_step(s->sch);
+        if (s->p.step_delay_us > 0) usleep((useconds_t)s->p.step_delay_us);
+    }
     return NULL;
 }
 

@@ -586,6 +586,7 @@ KT_TEST(server_load_64_clients_disconnects_metrics) {
     ksrv_params p = default_params(NULL);
     p.parallel = 8;
     p.kv_tokens = 256; /* 32 blocks of 8 for 8 sequences of up to 123 tokens: preemptions */
+    p.step_delay_us = 500; /* clients that leave do so mid-stream */
     if (!start(&f, &p)) return;
     enum { N = 64 };
     client *cl = calloc(N, sizeof *cl);
@@ -659,8 +660,12 @@ KT_TEST(server_load_64_clients_disconnects_metrics) {
     const char *mt = r.body.p;
     int ok_alone = 0;
     for (int i = 0; i < N; i++) ok_alone += !cl[i].disconnect;
-    KT_CHECK_EQ(metric(mt, "kiln_request_success_total{finished_reason=\"length\"}"), done + ok_alone);
-    KT_CHECK_EQ(metric(mt, "kiln_request_aborted_total"), gone);
+    /* a client's leaving is seen at the next write: its sequence may have
+     * ended meanwhile */
+    int n_len = metric(mt, "kiln_request_success_total{finished_reason=\"length\"}");
+    int n_abort = metric(mt, "kiln_request_aborted_total");
+    KT_CHECK_EQ(n_len + n_abort, done + ok_alone + gone);
+    KT_CHECKF(n_abort >= gone / 2, "%d of %d clients that left had their sequence cancelled", n_abort, gone);
     KT_CHECK_EQ(metric(mt, "kiln_num_requests_running"), 0);
     KT_CHECK_EQ(metric(mt, "kiln_num_requests_waiting"), 0);
     KT_CHECK(strstr(mt, "kiln_kv_cache_usage_ratio 0\n"));
@@ -702,6 +707,7 @@ KT_TEST(server_disconnects_slow_clients_queue_full) {
     p.parallel = 1;
     p.max_queue = 1;
     p.timeout_s = 1;
+    p.step_delay_us = 2000; /* 100 tokens take 200 ms or more */
     if (!start(&f, &p)) return;
     /* a client that sends half a request and stalls does not hold up others */
     int slow = connect_raw(ksrv_port(f.s));
