@@ -144,7 +144,7 @@ static void retire(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status e
 
 kiln_status ksch_submit(ksch *s, const ksch_request *r, uint64_t *id) {
     *id = 0;
-    if (!r->on_event) return kiln_error(KILN_EINVAL, "ksch_submit: no event callback");
+    if (!r->on_event || !r->params) return kiln_error(KILN_EINVAL, "ksch_submit: no event callback or parameters");
     if (r->n_prompt <= 0 || !r->prompt) return kiln_error(KILN_EINVAL, "the prompt is empty");
     for (int32_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= s->vocab)

@@ -592,8 +592,9 @@ static void stream_chunk(ksrv_job *j, int i, const char *text, size_t len, const
         ksrv_buf_json_str(b, text ? text : "", len);
         ksrv_buf_str(b, ", \"logprobs\": ");
         if (ev && ev->has_lp) {
-            comp_lp c = {0};
+            comp_lp c = {.offset = j->ch[i].text_off};
             comp_lp_add(j->srv, &c, ev);
+            j->ch[i].text_off = c.offset;
             comp_lp_write(b, &c);
             comp_lp_free(&c);
         } else {
@@ -620,6 +621,7 @@ void ksrv_job_stream(ksrv_job *j) {
                 size_t len;
                 char *t = prompt_text(j, j->ch[i].prompt, &len);
                 stream_chunk(j, i, t ? t : "", len, NULL, NULL);
+                j->ch[i].text_off = len;
                 free(t);
             } else if (j->chat) {
                 stream_chunk(j, i, "", 0, NULL, NULL);

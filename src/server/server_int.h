@@ -101,6 +101,7 @@ typedef struct {
     double t_arrive, t_last;
     int32_t n_generated, n_cached;
     kgen_finish finish;
+    size_t text_off; /* streaming: logprobs' text_offset of the next token */
 } ksrv_choice;
 
 struct ksrv_job {
