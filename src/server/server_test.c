@@ -764,7 +764,9 @@ KT_TEST(server_disconnects_slow_clients_queue_full) {
         ksrv_buf_free(&rr[i].body);
     }
     curl_multi_cleanup(m);
-    KT_CHECKF(n200 >= 2 && n503 >= 1 && n200 + n503 == NQ, "%d answered, %d refused (503) of %d", n200, n503, NQ);
+    /* (how many get in depends on whether the first was admitted before
+     * the second arrived: the queue counts requests not yet admitted) */
+    KT_CHECKF(n200 >= 1 && n503 >= 1 && n200 + n503 == NQ, "%d answered, %d refused (503) of %d", n200, n503, NQ);
     KT_CHECK(wait_idle(&f));
     /* the slow client was timed out meanwhile: its socket reads EOF */
     char buf[512];
