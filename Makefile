@@ -13,6 +13,8 @@ CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Werror -Wshadow \
               -fno-strict-aliasing -pthread -Isrc -Itests
 CFLAGS  += $(CFLAGS_BASE)
 LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -lpthread
+# the tests' HTTP client (server tests over loopback)
+TEST_LDLIBS = -lcurl
 
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c -mavx2
@@ -40,7 +42,7 @@ $(BUILD)/libkiln.a: $(LIB_OBJ)
 # --whole-archive is not needed: tests reference what they test.
 $(BUILD)/kiln-tests: $(TEST_OBJ) $(BUILD)/libkiln.a $(BUILD)/kiln
 	@$(if $(V),,echo "  LD      $@")
-	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libkiln.a $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libkiln.a $(LDLIBS) $(TEST_LDLIBS)
 
 # V=1 shows the full commands
 Q = $(if $(V),,@)

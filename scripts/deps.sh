@@ -1,21 +1,40 @@
 #!/usr/bin/env bash
 # Installs kiln's Debian dependencies when they are missing.
 #   scripts/deps.sh          what building kiln needs
-#   scripts/deps.sh --test   plus the tools the tests use when present
-#                            (mlir-opt checks the StableHLO printer)
+#   scripts/deps.sh --test   plus what the tests use: libcurl (server tests),
+#                            mlir-opt (checks the StableHLO printer) and
+#                            promtool (checks /metrics; only its binary is
+#                            extracted into build/tools)
 set -euo pipefail
+test_deps=false
+[ "${1:-}" = "--test" ] && test_deps=true
 pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev)
-if [ "${1:-}" = "--test" ]; then
-  pkgs+=(mlir-16-tools)
-fi
+$test_deps && pkgs+=(libcurl4-openssl-dev mlir-16-tools)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-echo "kiln: installing ${missing[*]}" >&2
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "kiln: installing ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+$test_deps || exit 0
+
+# promtool from Debian's prometheus package, without the package's other
+# dependencies; without it the /metrics lint test is skipped.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$root/build/tools/usr/bin/promtool" ]; then
+  tmp="$(mktemp -d)"
+  if (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1); then
+    mkdir -p "$root/build/tools"
+    dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -C "$root/build/tools" ./usr/bin/promtool \
+      && echo "kiln: promtool extracted to build/tools/usr/bin" >&2
+  else
+    echo "kiln: promtool unavailable (apt-get download prometheus failed): its test is skipped" >&2
+  fi
+  rm -rf "$tmp"
+fi

@@ -18,6 +18,8 @@ static const struct {
     {"detokenize", kiln_cmd_detokenize, "token ids to text"},
     {"template", kiln_cmd_template, "render a chat template for a list of messages"},
     {"export", kiln_cmd_export, "print a model's graph as StableHLO MLIR"},
+    {"serve", kiln_cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
+    {"bench-batch", kiln_cmd_bench_batch, "batched vs one-at-a-time throughput, checking equal outputs"},
 };
 
 static void usage(FILE *f) {

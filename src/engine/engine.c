@@ -72,12 +72,21 @@ const kc_checkpoint *ke_model_checkpoint(const ke_model *m) { return m->ck; }
 
 /* ---------------------------------------------------------------- context */
 
+static int64_t pow2_at_least(int64_t x, int64_t cap) {
+    int64_t p = 1;
+    while (p < x) p *= 2;
+    return p < cap ? p : cap;
+}
+
 typedef struct {
     bool open;
     int64_t len;     /* tokens in the cache */
-    int32_t *blocks; /* [n_blocks] */
+    int32_t *blocks; /* [n_blocks]; -1: released (out of the sliding window) */
     int64_t n_blocks, cap_blocks;
     int32_t *toks;   /* [n_ctx] the tokens so far; only models with LongRoPE keep them (see ke_decode) */
+    uint64_t *hash;    /* [cap_blocks] prefix hash of blocks [0, n_hashed) */
+    int64_t n_hashed;  /* blocks hashed (ke_seq_publish, ke_seq_reuse_prefix) */
+    int64_t n_trimmed; /* leading blocks released */
 } seq_state;
 
 typedef struct {
@@ -96,6 +105,20 @@ struct ke_ctx {
     int64_t n_blocks, max_blocks_per_seq;
     int32_t *free_blocks; /* stack */
     int64_t n_free;
+    /* block pool (see engine.h): reference counts, the LRU list of cached
+     * blocks nobody uses (prev/next links, -1 ends), and the prefix table:
+     * hash buckets chaining cached blocks, each with its hash, its parent's
+     * hash and its tokens (compared on lookup, so a hash collision cannot
+     * hand out the wrong keys) */
+    int32_t *ref, *lru_prev, *lru_next, lru_head, lru_tail;
+    int64_t n_lru;
+    int32_t *bucket, *hnext; /* [n_bucket], [n_blocks] */
+    int64_t n_bucket;
+    uint64_t *bhash, *bparent;
+    uint8_t *cached;
+    int32_t *btok; /* [n_blocks, block_size] */
+    int64_t window; /* see ke_ctx_window */
+    int64_t prefix_queries, prefix_hits, evictions;
     kb_cache_spec *cache;
     float **kcache, **vcache; /* [n_layers], NULL for layers without a cache */
     seq_state *seqs;
@@ -125,6 +148,22 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
     c->n_blocks = (c->p.n_cache + bs - 1) / bs;
     if (c->n_blocks < c->max_blocks_per_seq) c->n_blocks = c->max_blocks_per_seq;
     c->free_blocks = malloc(sizeof(int32_t) * (size_t)c->n_blocks);
+    c->n_bucket = pow2_at_least(2 * c->n_blocks, INT64_MAX / 4);
+    size_t nb = (size_t)c->n_blocks;
+    c->ref = calloc(nb, sizeof(int32_t));
+    c->lru_prev = malloc(nb * sizeof(int32_t));
+    c->lru_next = malloc(nb * sizeof(int32_t));
+    c->hnext = malloc(nb * sizeof(int32_t));
+    c->bucket = malloc((size_t)c->n_bucket * sizeof(int32_t));
+    c->bhash = calloc(nb, sizeof(uint64_t));
+    c->bparent = calloc(nb, sizeof(uint64_t));
+    c->cached = calloc(nb, 1);
+    c->btok = malloc(nb * (size_t)bs * sizeof(int32_t));
+    c->lru_head = c->lru_tail = -1;
+    if (!c->ref || !c->lru_prev || !c->lru_next || !c->hnext || !c->bucket || !c->bhash || !c->bparent || !c->cached ||
+        !c->btok)
+        goto oom;
+    for (int64_t i = 0; i < c->n_bucket; i++) c->bucket[i] = -1;
     c->cache = calloc((size_t)hp->n_layers, sizeof *c->cache);
     c->kcache = calloc((size_t)hp->n_layers, sizeof(float *));
     c->vcache = calloc((size_t)hp->n_layers, sizeof(float *));
@@ -144,6 +183,12 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
     }
     kg_destroy(g);
     free(inputs);
+    /* Blocks can be released before a sequence ends only when every layer
+     * with a cache slides (blocks are shared by all layers). This mirrors
+     * kb_layer_window, which every family uses for its attention window. */
+    c->window = hp->sliding_window;
+    for (int64_t l = 0; l < hp->n_layers; l++)
+        if (c->cache[l].heads && !hp->layer_sliding[l]) c->window = 0;
     int64_t slots = c->n_blocks * bs;
     for (int64_t l = 0; l < hp->n_layers; l++) {
         const kb_cache_spec *cs = &c->cache[l];
@@ -175,9 +220,11 @@ void ke_ctx_free(ke_ctx *c) {
     free(c->kcache);
     free(c->vcache);
     free(c->cache);
-    for (int i = 0; i < c->n_seqs; i++) free(c->seqs[i].blocks), free(c->seqs[i].toks);
+    for (int i = 0; i < c->n_seqs; i++) free(c->seqs[i].blocks), free(c->seqs[i].hash), free(c->seqs[i].toks);
     free(c->seqs);
     free(c->free_blocks);
+    free(c->ref), free(c->lru_prev), free(c->lru_next), free(c->hnext), free(c->bucket);
+    free(c->bhash), free(c->bparent), free(c->cached), free(c->btok);
     free(c->pos), free(c->tseq), free(c->slot), free(c->rows), free(c->seq_len), free(c->btab);
     for (int k = 0; k < KM_MAX_ROPES; k++) free(c->cos[k]), free(c->sin[k]);
     kr_pool_destroy(c->pool);
@@ -185,8 +232,181 @@ void ke_ctx_free(ke_ctx *c) {
 }
 
 int64_t ke_ctx_n_ctx(const ke_ctx *c) { return c->p.n_ctx; }
-int64_t ke_ctx_free_blocks(const ke_ctx *c) { return c->n_free; }
+const ke_model *ke_ctx_model(const ke_ctx *c) { return c->m; }
+int64_t ke_ctx_free_blocks(const ke_ctx *c) { return c->n_free + c->n_lru; }
 int ke_ctx_n_executables(const ke_ctx *c) { return c->n_execs; }
+
+/* ---------------------------------------------------------------- block pool */
+
+static void lru_unlink(ke_ctx *c, int32_t b) {
+    int32_t p = c->lru_prev[b], n = c->lru_next[b];
+    if (p >= 0) c->lru_next[p] = n;
+    else c->lru_head = n;
+    if (n >= 0) c->lru_prev[n] = p;
+    else c->lru_tail = p;
+    c->n_lru--;
+}
+
+static void lru_push(ke_ctx *c, int32_t b) {
+    c->lru_prev[b] = c->lru_tail;
+    c->lru_next[b] = -1;
+    if (c->lru_tail >= 0) c->lru_next[c->lru_tail] = b;
+    else c->lru_head = b;
+    c->lru_tail = b;
+    c->n_lru++;
+}
+
+static void unpublish(ke_ctx *c, int32_t b) {
+    int32_t *pp = &c->bucket[c->bhash[b] & (uint64_t)(c->n_bucket - 1)];
+    while (*pp != b) pp = &c->hnext[*pp];
+    *pp = c->hnext[b];
+    c->cached[b] = 0;
+}
+
+/* A block for new tokens (reference count 1): a free one, else the cached
+ * block released longest ago. The caller checked that one exists. */
+static int32_t take_block(ke_ctx *c) {
+    int32_t b;
+    if (c->n_free > 0) {
+        b = c->free_blocks[--c->n_free];
+    } else {
+        KILN_ASSERT(c->lru_head >= 0);
+        b = c->lru_head;
+        lru_unlink(c, b);
+        unpublish(c, b);
+        c->evictions++;
+    }
+    c->ref[b] = 1;
+    return b;
+}
+
+static void drop_block(ke_ctx *c, int32_t b) {
+    KILN_ASSERT(c->ref[b] > 0);
+    if (--c->ref[b] > 0) return;
+    if (c->cached[b]) lru_push(c, b);
+    else c->free_blocks[c->n_free++] = b;
+}
+
+static bool seq_reserve(ke_ctx *c, seq_state *q) {
+    size_t n = (size_t)c->max_blocks_per_seq;
+    int32_t *p = realloc(q->blocks, sizeof(int32_t) * n);
+    if (!p) return false;
+    q->blocks = p;
+    uint64_t *h = realloc(q->hash, sizeof(uint64_t) * n);
+    if (!h) return false;
+    q->hash = h;
+    q->cap_blocks = c->max_blocks_per_seq;
+    return true;
+}
+
+static uint64_t mix64(uint64_t x) { /* splitmix64's finalizer */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+#define HASH_ROOT 0x6b696c6e70726678ull /* the parent of a sequence's first block */
+
+static uint64_t block_hash(uint64_t parent, const int32_t *t, int64_t n) {
+    uint64_t h = mix64(parent ^ 0x9e3779b97f4a7c15ull);
+    for (int64_t i = 0; i < n; i++) h = mix64(h ^ (uint32_t)t[i]);
+    return h;
+}
+
+static int32_t find_cached(const ke_ctx *c, uint64_t h, uint64_t parent, const int32_t *t) {
+    int64_t bs = c->p.block_size;
+    for (int32_t b = c->bucket[h & (uint64_t)(c->n_bucket - 1)]; b >= 0; b = c->hnext[b])
+        if (c->bhash[b] == h && c->bparent[b] == parent && !memcmp(c->btok + b * bs, t, sizeof(int32_t) * (size_t)bs))
+            return b;
+    return -1;
+}
+
+int ke_ctx_block_size(const ke_ctx *c) { return c->p.block_size; }
+int64_t ke_ctx_n_blocks(const ke_ctx *c) { return c->n_blocks; }
+int64_t ke_ctx_window(const ke_ctx *c) { return c->window; }
+
+void ke_ctx_cache_stats(const ke_ctx *c, ke_cache_stats *out) {
+    *out = (ke_cache_stats){.n_blocks = c->n_blocks,
+                            .n_free = c->n_free,
+                            .n_cached = c->n_lru,
+                            .n_used = c->n_blocks - c->n_free - c->n_lru,
+                            .prefix_queries = c->prefix_queries,
+                            .prefix_hits = c->prefix_hits,
+                            .evictions = c->evictions};
+}
+
+static seq_state *open_seq(const ke_ctx *c, int seq) {
+    return seq >= 0 && seq < c->n_seqs && c->seqs[seq].open ? &c->seqs[seq] : NULL;
+}
+
+int64_t ke_seq_blocks_needed(const ke_ctx *c, int seq, int64_t n) {
+    const seq_state *q = open_seq(c, seq);
+    if (!q) return 0;
+    int64_t bs = c->p.block_size, nb = (q->len + n + bs - 1) / bs;
+    return nb > q->n_blocks ? nb - q->n_blocks : 0;
+}
+
+int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
+    seq_state *q = open_seq(c, seq);
+    if (!q || q->len != 0 || q->n_blocks != 0 || n <= 0) return 0;
+    int64_t bs = c->p.block_size, full = (n - 1) / bs;
+    if (full > c->max_blocks_per_seq) full = c->max_blocks_per_seq;
+    c->prefix_queries += n;
+    if (full == 0 || (!q->cap_blocks && !seq_reserve(c, q))) return 0;
+    uint64_t parent = HASH_ROOT;
+    for (int64_t j = 0; j < full; j++) {
+        uint64_t h = block_hash(parent, tokens + j * bs, bs);
+        int32_t b = find_cached(c, h, parent, tokens + j * bs);
+        if (b < 0) break;
+        if (c->ref[b]++ == 0) lru_unlink(c, b);
+        q->blocks[q->n_blocks++] = b;
+        q->hash[j] = h;
+        parent = h;
+    }
+    q->n_hashed = q->n_blocks;
+    q->len = q->n_blocks * bs;
+    c->prefix_hits += q->len;
+    return q->len;
+}
+
+void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
+    seq_state *q = open_seq(c, seq);
+    if (!q) return;
+    int64_t bs = c->p.block_size, full = (n < q->len ? n : q->len) / bs;
+    for (int64_t j = q->n_hashed; j < full; j++) {
+        const int32_t *t = tokens + j * bs;
+        uint64_t parent = j ? q->hash[j - 1] : HASH_ROOT, h = block_hash(parent, t, bs);
+        q->hash[j] = h;
+        int32_t b = q->blocks[j];
+        if (b < 0 || c->cached[b] || find_cached(c, h, parent, t) >= 0) continue;
+        c->cached[b] = 1;
+        c->bhash[b] = h;
+        c->bparent[b] = parent;
+        memcpy(c->btok + b * bs, t, sizeof(int32_t) * (size_t)bs);
+        int32_t *head = &c->bucket[h & (uint64_t)(c->n_bucket - 1)];
+        c->hnext[b] = *head;
+        *head = b;
+    }
+    if (full > q->n_hashed) q->n_hashed = full;
+}
+
+int64_t ke_seq_trim_window(ke_ctx *c, int seq) {
+    seq_state *q = open_seq(c, seq);
+    if (!q || c->window <= 0) return 0;
+    /* the next token, at position len, attends to [len - window + 1, len] */
+    int64_t keep = q->len - c->window + 1, n = keep > 0 ? keep / c->p.block_size : 0, freed = 0;
+    if (n > q->n_blocks) n = q->n_blocks;
+    for (int64_t j = q->n_trimmed; j < n; j++)
+        if (q->blocks[j] >= 0) {
+            drop_block(c, q->blocks[j]);
+            q->blocks[j] = -1;
+            freed++;
+        }
+    if (n > q->n_trimmed) q->n_trimmed = n;
+    return freed;
+}
 
 kiln_status ke_seq_open(ke_ctx *c, int *seq) {
     for (int i = 0; i < c->n_seqs; i++)
@@ -194,6 +414,8 @@ kiln_status ke_seq_open(ke_ctx *c, int *seq) {
             c->seqs[i].open = true;
             c->seqs[i].len = 0;
             c->seqs[i].n_blocks = 0;
+            c->seqs[i].n_hashed = 0;
+            c->seqs[i].n_trimmed = 0;
             *seq = i;
             return NULL;
         }
@@ -212,7 +434,8 @@ kiln_status ke_seq_open(ke_ctx *c, int *seq) {
 void ke_seq_close(ke_ctx *c, int seq) {
     if (seq < 0 || seq >= c->n_seqs || !c->seqs[seq].open) return;
     seq_state *s = &c->seqs[seq];
-    for (int64_t i = 0; i < s->n_blocks; i++) c->free_blocks[c->n_free++] = s->blocks[i];
+    for (int64_t i = 0; i < s->n_blocks; i++)
+        if (s->blocks[i] >= 0) drop_block(c, s->blocks[i]);
     s->n_blocks = 0;
     s->len = 0;
     s->open = false;
@@ -223,12 +446,6 @@ int64_t ke_seq_len(const ke_ctx *c, int seq) {
 }
 
 /* ---------------------------------------------------------------- decode */
-
-static int64_t pow2_at_least(int64_t x, int64_t cap) {
-    int64_t p = 1;
-    while (p < x) p *= 2;
-    return p < cap ? p : cap;
-}
 
 static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t R, kiln_status *st) {
     *st = NULL;
@@ -338,25 +555,20 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
         if (nb > q->n_blocks) need += nb - q->n_blocks;
         if (nb > maxb) maxb = nb;
     }
-    if (need > c->n_free) {
+    if (need > c->n_free + c->n_lru) {
         st = kiln_error(KILN_ELIMIT, "the KV cache is full (%lld blocks needed, %lld free)", (long long)need,
-                        (long long)c->n_free);
+                        (long long)(c->n_free + c->n_lru));
         goto done;
     }
     /* allocate blocks (cannot fail now) */
     for (int i = 0; i < S; i++) {
         seq_state *q = &c->seqs[batch_seqs[i]];
         int64_t nb = (q->len + added[batch_seqs[i]] + bs - 1) / bs;
-        if (nb > q->cap_blocks) {
-            int32_t *p = realloc(q->blocks, sizeof(int32_t) * (size_t)c->max_blocks_per_seq);
-            if (!p) {
-                st = kiln_error(KILN_ENOMEM, "out of memory");
-                goto done;
-            }
-            q->blocks = p;
-            q->cap_blocks = c->max_blocks_per_seq;
+        if (nb > q->cap_blocks && !seq_reserve(c, q)) {
+            st = kiln_error(KILN_ENOMEM, "out of memory");
+            goto done;
         }
-        while (q->n_blocks < nb) q->blocks[q->n_blocks++] = c->free_blocks[--c->n_free];
+        while (q->n_blocks < nb) q->blocks[q->n_blocks++] = take_block(c);
     }
     int64_t MB = pow2_at_least(maxb, c->max_blocks_per_seq), Sb = S;
     if (!grow_scratch(c, T, Sb * MB)) {
@@ -386,7 +598,7 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
     }
     for (int i = 0; i < S; i++) {
         seq_state *q = &c->seqs[batch_seqs[i]];
-        for (int64_t j = 0; j < MB; j++) c->btab[i * MB + j] = j < q->n_blocks ? q->blocks[j] : 0;
+        for (int64_t j = 0; j < MB; j++) c->btab[i * MB + j] = j < q->n_blocks && q->blocks[j] >= 0 ? q->blocks[j] : 0;
     }
     for (int k = 0; k < hp->n_ropes; k++) km_rope_fill(&hp->ropes[k], T, c->pos, c->seq_len, c->cos[k], c->sin[k]);
     exec_entry *e = get_exec(c, T, Sb, MB, R ? R : 1, &st);
@@ -487,13 +699,23 @@ kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n
         k++;
     }
     for (int s = 0; s < c->n_seqs; s++) {
-        len[s] = c->seqs[s].len;
-        if (added[s]) c->seqs[s].len = 0;
+        seq_state *q = &c->seqs[s];
+        len[s] = q->len;
+        if (!added[s]) continue;
+        /* recomputed from position 0 into fresh blocks: its old ones may be
+         * shared with other sequences through the prefix cache */
+        for (int64_t i = 0; i < q->n_blocks; i++)
+            if (q->blocks[i] >= 0) drop_block(c, q->blocks[i]);
+        q->n_blocks = q->n_hashed = q->n_trimmed = 0;
+        q->len = 0;
     }
     /* logits == NULL means each sequence's last token, which the inserted tokens never are */
     st = decode_step(c, &(ke_batch){n2, tok, seq, b->logits ? want : NULL}, logits, n_rows);
+    /* on failure a recomputed sequence is left empty (its old blocks are gone);
+     * the others are as they were */
     if (st)
-        for (int s = 0; s < c->n_seqs; s++) c->seqs[s].len = len[s];
+        for (int s = 0; s < c->n_seqs; s++)
+            if (!added[s]) c->seqs[s].len = len[s];
 done:
     free(added), free(tok), free(seq), free(want), free(len);
     return st;

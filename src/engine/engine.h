@@ -41,6 +41,9 @@ typedef struct ke_ctx ke_ctx;
 kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out);
 void ke_ctx_free(ke_ctx *c);
 int64_t ke_ctx_n_ctx(const ke_ctx *c);
+const ke_model *ke_ctx_model(const ke_ctx *c);
+/* Blocks a new sequence could take now: free ones plus cached ones that are
+ * not in use (evicted on demand). */
 int64_t ke_ctx_free_blocks(const ke_ctx *c);
 int ke_ctx_n_executables(const ke_ctx *c);
 
@@ -61,5 +64,43 @@ typedef struct {
  * call). Errors (bad token id, unknown sequence, context or cache full)
  * leave every sequence as it was. */
 kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows);
+
+/* ---- block management for a scheduler ----
+ * A KV block is in use (referenced by one or more sequences), cached (no
+ * sequence uses it, but it holds a published prefix and may be reused until
+ * evicted, least recently released first), or free. Only full blocks are
+ * shared, and a sequence only writes at positions >= its length, so a shared
+ * block is never written: no copy-on-write is needed. Blocks are batch
+ * invariant (a position's keys and values depend only on the tokens up to
+ * it), so a reused prefix gives the same logits as recomputing it. */
+int ke_ctx_block_size(const ke_ctx *c);
+int64_t ke_ctx_n_blocks(const ke_ctx *c);
+/* The window every cached layer slides within (0: some layer attends to the
+ * whole context, so no block can be released before the sequence ends). */
+int64_t ke_ctx_window(const ke_ctx *c);
+
+typedef struct {
+    int64_t n_blocks, n_free, n_cached, n_used; /* now; free + cached + used = n_blocks */
+    int64_t prefix_queries; /* prompt tokens looked up (ke_seq_reuse_prefix) */
+    int64_t prefix_hits;    /* of which found in the cache */
+    int64_t evictions;      /* cached blocks recycled */
+} ke_cache_stats;
+void ke_ctx_cache_stats(const ke_ctx *c, ke_cache_stats *out);
+
+/* Blocks that appending n tokens to seq would take from the pool. */
+int64_t ke_seq_blocks_needed(const ke_ctx *c, int seq, int64_t n);
+/* Prefix caching. For an empty sequence that will hold tokens[0..n):
+ * attaches the cached blocks holding its longest cached prefix of full
+ * blocks (leaving at least the last token to compute, so that a decode
+ * yields its logits) and returns the number of tokens now in the cache. */
+int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n);
+/* Publishes seq's full blocks for reuse; tokens[0..n) are its tokens (at
+ * least ke_seq_len of them). Blocks stay cached after the sequence closes.
+ * Call after each decode (it only hashes blocks completed since the last
+ * call). */
+void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n);
+/* Releases the blocks that fell out of the sliding window of every layer
+ * (see ke_ctx_window); returns how many. Call between decodes. */
+int64_t ke_seq_trim_window(ke_ctx *c, int seq);
 
 #endif

@@ -1,0 +1,568 @@
+/* sched.c: the continuous-batching scheduler (see sched.h). */
+#include "batch/sched.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/textio.h"
+
+const int64_t ksch_batch_buckets[12] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, INT64_MAX};
+
+/* Text of a token without a tokenizer: none. */
+static const char *no_text(void *ud, int32_t id, size_t *len) {
+    (void)ud, (void)id;
+    *len = 0;
+    return NULL;
+}
+
+typedef struct seq {
+    uint64_t id, after;
+    void *ud;
+    ksch_event_fn fn;
+    int ke;              /* engine sequence, -1 while not in the cache */
+    int32_t *tokens;     /* [n_tokens] prompt then generated; the last generated one is not in the cache yet */
+    int64_t n_tokens, cap;
+    int32_t n_prompt, n_cached, n_preempted;
+    bool admitted_once, prefilled, cancel;
+    bool done;            /* ended in this step's sampling */
+    kgen_finish end_finish;
+    kiln_status end_err;  /* owned */
+    kgen_finish start; /* kgen_session_start: CONTINUE unless it ends before any token */
+    kgen_session *g;
+    ke_text_vocab tv;
+    ke_text_detok td;
+    struct seq *next; /* in the inbox or the waiting list */
+} seq;
+
+struct ksch {
+    ke_ctx *c;
+    ksch_params p;
+    int32_t *eos;
+    int64_t vocab;
+    /* shared with other threads, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    seq *inbox, *inbox_tail;
+    int64_t n_inbox, n_waiting_shared;
+    uint64_t *cancels;
+    int n_cancels, cap_cancels;
+    uint64_t next_id;
+    bool stop;
+    ksch_stats stats;
+    /* the stepping thread's own */
+    seq *waiting;    /* by id (arrival order) */
+    seq **running;   /* [n_running] by admission order */
+    int n_running;
+    int64_t n_waiting;
+    ksch_stats local;
+    /* batch scratch */
+    int32_t *btok;
+    int *bseq;
+    bool *bwant;
+    /* Every sequence in the batch gets a logits row (its last token in the
+     * batch), used only when that token is its last: fewer distinct batch
+     * shapes (the engine compiles one executable per shape) for a few
+     * extra rows of the output projection. */
+    seq **brow; /* [n_rows] owner of each logits row, NULL: not sampled */
+    int n_rows;
+    int64_t bcap;
+};
+
+static void seq_free(seq *q) {
+    if (!q) return;
+    kgen_session_destroy(q->g);
+    ke_text_detok_free(&q->td);
+    ke_text_vocab_free(&q->tv);
+    free(q->tokens);
+    free(q);
+}
+
+kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out) {
+    *out = NULL;
+    ksch *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ENOMEM, "out of memory");
+    s->c = c;
+    s->p = *p;
+    if (s->p.max_running <= 0) s->p.max_running = 8;
+    if (s->p.step_tokens <= 0) s->p.step_tokens = 256;
+    if (s->p.step_tokens < s->p.max_running) s->p.step_tokens = s->p.max_running;
+    s->p.n_eos = p->n_eos > 0 ? p->n_eos : 0;
+    s->eos = malloc(sizeof(int32_t) * (size_t)(s->p.n_eos + 1));
+    s->running = calloc((size_t)s->p.max_running, sizeof(seq *));
+    s->bcap = s->p.step_tokens;
+    s->btok = malloc(sizeof(int32_t) * (size_t)s->bcap);
+    s->bseq = malloc(sizeof(int) * (size_t)s->bcap);
+    s->bwant = malloc(sizeof(bool) * (size_t)s->bcap);
+    s->brow = malloc(sizeof(seq *) * (size_t)s->bcap);
+    if (!s->eos || !s->running || !s->btok || !s->bseq || !s->bwant || !s->brow) {
+        free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow);
+        free(s);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    if (s->p.n_eos) memcpy(s->eos, p->eos_ids, sizeof(int32_t) * (size_t)s->p.n_eos);
+    s->p.eos_ids = s->eos;
+    s->vocab = ke_model_hparams(ke_ctx_model(c))->vocab;
+    s->next_id = 1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    ke_ctx_cache_stats(c, &s->local.cache);
+    s->stats = s->local;
+    *out = s;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- events */
+
+static void emit_end(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status err) {
+    (void)s;
+    ksch_event e = {.kind = KSCH_END,
+                    .id = q->id,
+                    .ud = q->ud,
+                    .finish = f,
+                    .cancelled = cancelled,
+                    .error = err,
+                    .n_prompt = q->n_prompt,
+                    .n_generated = q->g ? kgen_session_generated(q->g) : 0,
+                    .n_cached = q->n_cached,
+                    .n_preempted = q->n_preempted};
+    q->fn(&e);
+}
+
+/* Removes q from the engine (publishing its blocks first) and frees it. */
+static void retire(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status err) {
+    if (q->ke >= 0) {
+        if (s->p.prefix_cache) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);
+        ke_seq_close(s->c, q->ke);
+        q->ke = -1;
+    }
+    emit_end(s, q, f, cancelled, err);
+    seq_free(q);
+}
+
+/* ---------------------------------------------------------------- submit */
+
+kiln_status ksch_submit(ksch *s, const ksch_request *r, uint64_t *id) {
+    *id = 0;
+    if (!r->on_event || !r->params) return kiln_error(KILN_EINVAL, "ksch_submit: no event callback or parameters");
+    if (r->n_prompt <= 0 || !r->prompt) return kiln_error(KILN_EINVAL, "the prompt is empty");
+    for (int32_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= s->vocab)
+            return kiln_error(KILN_EINVAL, "prompt token %d: id %d is out of range (the vocabulary has %lld tokens)", (int)i,
+                              (int)r->prompt[i], (long long)s->vocab);
+    seq *q = calloc(1, sizeof *q);
+    if (!q) return kiln_error(KILN_ENOMEM, "out of memory");
+    q->ke = -1;
+    q->fn = r->on_event;
+    q->ud = r->ud;
+    q->after = r->after;
+    q->n_prompt = r->n_prompt;
+    q->cap = r->n_prompt + 16;
+    q->tokens = malloc(sizeof(int32_t) * (size_t)q->cap);
+    if (!q->tokens) {
+        seq_free(q);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    memcpy(q->tokens, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    q->n_tokens = r->n_prompt;
+    kgen_vocab v = {(int32_t)s->vocab, no_text, NULL, NULL};
+    if (s->p.tok) {
+        ke_text_vocab_init(&q->tv, s->p.tok, (int32_t)s->vocab);
+        v = ke_text_vocab_get(&q->tv);
+    }
+    kiln_status st = kgen_session_create(r->params, &v, (int32_t)ke_ctx_n_ctx(s->c), s->eos, s->p.n_eos, r->prompt,
+                                         r->n_prompt, &q->g);
+    if (!st && s->p.tok) {
+        st = ke_text_detok_init(&q->td, s->p.tok, true);
+        if (!st) {
+            kgen_detok d = ke_text_detok_get(&q->td);
+            kgen_session_set_detok(q->g, &d);
+        }
+    }
+    if (st) {
+        seq_free(q);
+        return st;
+    }
+    q->start = kgen_session_start(q->g);
+    pthread_mutex_lock(&s->mu);
+    if (s->p.max_waiting > 0 && s->n_waiting_shared >= s->p.max_waiting) {
+        pthread_mutex_unlock(&s->mu);
+        seq_free(q);
+        return kiln_error(KILN_ELIMIT, "the queue is full (%d requests waiting)", s->p.max_waiting);
+    }
+    q->id = s->next_id++;
+    if (s->inbox_tail) s->inbox_tail->next = q;
+    else s->inbox = q;
+    s->inbox_tail = q;
+    s->n_inbox++;
+    s->n_waiting_shared++;
+    *id = q->id;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+void ksch_cancel(ksch *s, uint64_t id) {
+    pthread_mutex_lock(&s->mu);
+    if (s->n_cancels == s->cap_cancels) {
+        int nc = s->cap_cancels ? s->cap_cancels * 2 : 16;
+        uint64_t *p = realloc(s->cancels, sizeof(uint64_t) * (size_t)nc);
+        if (!p) { /* cannot record it: the request runs to its end */
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        s->cancels = p;
+        s->cap_cancels = nc;
+    }
+    s->cancels[s->n_cancels++] = id;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---------------------------------------------------------------- lists */
+
+/* Inserts q into the waiting list in arrival (id) order. */
+static void wait_insert(ksch *s, seq *q) {
+    seq **pp = &s->waiting;
+    while (*pp && (*pp)->id < q->id) pp = &(*pp)->next;
+    q->next = *pp;
+    *pp = q;
+    s->n_waiting++;
+}
+
+/* Running sequences stay in arrival order: the last is the youngest. */
+static void run_insert(ksch *s, seq *q) {
+    int i = s->n_running;
+    while (i > 0 && s->running[i - 1]->id > q->id) {
+        s->running[i] = s->running[i - 1];
+        i--;
+    }
+    s->running[i] = q;
+    s->n_running++;
+}
+
+static void run_remove(ksch *s, int i) {
+    memmove(s->running + i, s->running + i + 1, sizeof(seq *) * (size_t)(s->n_running - i - 1));
+    s->n_running--;
+}
+
+static seq *find_live(ksch *s, uint64_t id) {
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i]->id == id) return s->running[i];
+    for (seq *q = s->waiting; q; q = q->next)
+        if (q->id == id) return q;
+    return NULL;
+}
+
+/* Takes the inbox and the cancellations; marks the cancelled. */
+static void drain_inbox(ksch *s) {
+    pthread_mutex_lock(&s->mu);
+    seq *in = s->inbox;
+    s->inbox = s->inbox_tail = NULL;
+    s->n_inbox = 0;
+    int nc = s->n_cancels;
+    uint64_t *cancels = s->cancels;
+    s->cancels = NULL;
+    s->n_cancels = s->cap_cancels = 0;
+    pthread_mutex_unlock(&s->mu);
+    while (in) {
+        seq *q = in;
+        in = in->next;
+        q->next = NULL;
+        wait_insert(s, q);
+    }
+    for (int i = 0; i < nc; i++) {
+        seq *q = find_live(s, cancels[i]);
+        if (q) q->cancel = true;
+    }
+    free(cancels);
+}
+
+/* Ends cancelled requests and those that end before their first token. */
+static void reap(ksch *s) {
+    for (int i = 0; i < s->n_running;) {
+        seq *q = s->running[i];
+        if (q->cancel) {
+            run_remove(s, i);
+            retire(s, q, KGEN_CONTINUE, true, NULL);
+        } else {
+            i++;
+        }
+    }
+    for (seq **pp = &s->waiting; *pp;) {
+        seq *q = *pp;
+        if (q->cancel || q->start != KGEN_CONTINUE) {
+            *pp = q->next;
+            s->n_waiting--;
+            retire(s, q, q->cancel ? KGEN_CONTINUE : q->start, q->cancel, NULL);
+        } else {
+            pp = &q->next;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- step */
+
+static void preempt(ksch *s, int i) {
+    seq *q = s->running[i];
+    run_remove(s, i);
+    if (s->p.prefix_cache) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);
+    ke_seq_close(s->c, q->ke);
+    q->ke = -1;
+    q->n_preempted++;
+    s->local.preemptions++;
+    wait_insert(s, q);
+}
+
+/* The largest chunk <= want whose blocks fit in avail. */
+static int64_t fit_chunk(ksch *s, seq *q, int64_t want, int64_t avail) {
+    int64_t bs = ke_ctx_block_size(s->c);
+    while (want > 0 && ke_seq_blocks_needed(s->c, q->ke, want) > avail) want = want > bs ? want - bs : want - 1;
+    return want;
+}
+
+static bool can_admit(ksch *s, seq *q) {
+    if (!q->after) return true;
+    seq *t = find_live(s, q->after);
+    return !t || t->prefilled;
+}
+
+static void add_tokens(ksch *s, seq *q, int64_t n, int64_t *T) {
+    int64_t len = ke_seq_len(s->c, q->ke);
+    for (int64_t k = 0; k < n; k++) {
+        s->btok[*T] = q->tokens[len + k];
+        s->bseq[*T] = q->ke;
+        s->bwant[*T] = k == n - 1;
+        if (s->bwant[*T]) s->brow[s->n_rows++] = len + k == q->n_tokens - 1 ? q : NULL;
+        (*T)++;
+    }
+}
+
+static kiln_status grow_tokens(seq *q) {
+    if (q->n_tokens < q->cap) return NULL;
+    int64_t nc = q->cap * 2;
+    int32_t *p = realloc(q->tokens, sizeof(int32_t) * (size_t)nc);
+    if (!p) return kiln_error(KILN_ENOMEM, "out of memory");
+    q->tokens = p;
+    q->cap = nc;
+    return NULL;
+}
+
+/* Builds the batch: decodes first, then prefill chunks of running
+ * sequences, then new admissions, within the token budget and the free
+ * blocks. Returns the number of tokens. */
+static int64_t schedule(ksch *s) {
+    ke_ctx *c = s->c;
+    int64_t budget = s->p.step_tokens;
+    /* every decoding sequence must get its block; preempt the youngest until they do */
+    for (;;) {
+        int64_t need = 0;
+        for (int i = 0; i < s->n_running; i++) {
+            seq *q = s->running[i];
+            if (ke_seq_len(c, q->ke) == q->n_tokens - 1) need += ke_seq_blocks_needed(c, q->ke, 1);
+        }
+        if (need <= ke_ctx_free_blocks(c) || s->n_running == 0) break;
+        preempt(s, s->n_running - 1);
+    }
+    /* blocks are taken by ke_decode: count what this batch will take */
+    int64_t T = 0, reserved = 0;
+    s->n_rows = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        seq *q = s->running[i];
+        if (ke_seq_len(c, q->ke) != q->n_tokens - 1) continue;
+        reserved += ke_seq_blocks_needed(c, q->ke, 1);
+        add_tokens(s, q, 1, &T);
+    }
+    budget -= T;
+    for (int i = 0; i < s->n_running && budget > 0; i++) {
+        seq *q = s->running[i];
+        int64_t left = q->n_tokens - ke_seq_len(c, q->ke);
+        if (left <= 1) continue; /* one token left: a decode, added above */
+        int64_t n = fit_chunk(s, q, left < budget ? left : budget, ke_ctx_free_blocks(c) - reserved);
+        if (n <= 0) break;
+        reserved += ke_seq_blocks_needed(c, q->ke, n);
+        add_tokens(s, q, n, &T);
+        budget -= n;
+    }
+    /* admissions, in arrival order; a request that does not fit stops them
+     * (first come, first served), one waiting on another's prompt is skipped */
+    for (seq **pp = &s->waiting; *pp && budget > 0 && s->n_running < s->p.max_running;) {
+        seq *q = *pp;
+        if (!can_admit(s, q)) {
+            pp = &q->next;
+            continue;
+        }
+        kiln_status st = ke_seq_open(c, &q->ke);
+        if (st) {
+            kiln_status_free(st);
+            q->ke = -1;
+            break;
+        }
+        int64_t cached = s->p.prefix_cache ? ke_seq_reuse_prefix(c, q->ke, q->tokens, q->n_tokens) : 0;
+        int64_t left = q->n_tokens - cached;
+        /* keep a block of headroom per running sequence, so that a new
+         * request is not admitted only to be preempted at the next step */
+        int64_t n = fit_chunk(s, q, left < budget ? left : budget, ke_ctx_free_blocks(c) - reserved - s->n_running);
+        if (n <= 0) {
+            ke_seq_close(c, q->ke);
+            q->ke = -1;
+            break;
+        }
+        *pp = q->next;
+        q->next = NULL;
+        s->n_waiting--;
+        if (!q->admitted_once) {
+            q->admitted_once = true;
+            q->n_cached = (int32_t)(cached < q->n_prompt ? cached : q->n_prompt);
+            s->local.prompt_tokens += q->n_prompt;
+        }
+        run_insert(s, q);
+        reserved += ke_seq_blocks_needed(c, q->ke, n);
+        add_tokens(s, q, n, &T);
+        budget -= n;
+    }
+    return T;
+}
+
+/* Samples the next token of q from its logits row; marks q done when it
+ * ends (retired by the caller, after every row is sampled). */
+static void sample_one(ksch *s, seq *q, const float *lg) {
+    kgen_step st;
+    kiln_status err = kgen_session_step(q->g, lg, &st);
+    if (!err) err = grow_tokens(q);
+    if (err) {
+        q->done = true;
+        q->end_finish = KGEN_CONTINUE;
+        q->end_err = err;
+        return;
+    }
+    s->local.generated_tokens++;
+    ksch_event e = {.kind = KSCH_TOKEN,
+                    .id = q->id,
+                    .ud = q->ud,
+                    .token = st.token,
+                    .text = st.text,
+                    .text_len = st.text_len,
+                    .sample = &st.sample,
+                    .finish = st.finish};
+    q->fn(&e);
+    if (st.finish != KGEN_CONTINUE) {
+        q->done = true;
+        q->end_finish = st.finish;
+        return;
+    }
+    q->tokens[q->n_tokens++] = st.token;
+}
+
+static void fail_all(ksch *s, kiln_status err) {
+    while (s->n_running > 0) {
+        seq *q = s->running[--s->n_running];
+        retire(s, q, KGEN_CONTINUE, false, err);
+    }
+}
+
+static void publish_stats(ksch *s) {
+    s->local.running = s->n_running;
+    ke_ctx_cache_stats(s->c, &s->local.cache);
+    pthread_mutex_lock(&s->mu);
+    s->n_waiting_shared = s->n_waiting + s->n_inbox;
+    s->local.waiting = s->n_waiting_shared;
+    s->stats = s->local;
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool ksch_step(ksch *s) {
+    drain_inbox(s);
+    reap(s);
+    int64_t T = schedule(s);
+    /* running sequences that cannot get a block (prefills filling the
+     * cache between them): make room by preempting the youngest */
+    while (T == 0 && s->n_running > 1) {
+        preempt(s, s->n_running - 1);
+        T = schedule(s);
+    }
+    if (T == 0 && s->n_running == 1) { /* cannot happen: one sequence always fits */
+        kiln_status err = kiln_error(KILN_EINTERNAL, "scheduler: a lone sequence does not fit in the KV cache");
+        fail_all(s, err);
+        kiln_status_free(err);
+    }
+    if (T > 0) {
+        const float *lg;
+        int nr;
+        kiln_status err = ke_decode(s->c, &(ke_batch){(int)T, s->btok, s->bseq, s->bwant}, &lg, &nr);
+        if (err) {
+            fail_all(s, err);
+            kiln_status_free(err);
+        } else {
+            s->local.steps++;
+            s->local.batch_tokens += T;
+            int b = 0;
+            while (ksch_batch_buckets[b] < T) b++;
+            s->local.batch_hist[b]++;
+            KILN_ASSERT(s->n_rows == nr);
+            for (int r = 0; r < nr; r++)
+                if (s->brow[r]) sample_one(s, s->brow[r], lg + (int64_t)r * s->vocab);
+            for (int i = 0; i < s->n_running;) {
+                seq *q = s->running[i];
+                if (q->done) {
+                    run_remove(s, i);
+                    kiln_status e = q->end_err;
+                    retire(s, q, q->end_finish, false, e);
+                    kiln_status_free(e);
+                    continue;
+                }
+                if (ke_seq_len(s->c, q->ke) >= q->n_prompt) q->prefilled = true;
+                if (s->p.prefix_cache) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);
+                ke_seq_trim_window(s->c, q->ke);
+                i++;
+            }
+        }
+    }
+    publish_stats(s);
+    return s->n_running > 0 || s->n_waiting > 0;
+}
+
+bool ksch_wait(ksch *s) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop && !s->inbox && !s->n_cancels && s->n_running == 0 && s->n_waiting == 0)
+        pthread_cond_wait(&s->cv, &s->mu);
+    bool stop = s->stop;
+    pthread_mutex_unlock(&s->mu);
+    return !stop;
+}
+
+void ksch_run(ksch *s) {
+    while (ksch_wait(s)) ksch_step(s);
+}
+
+void ksch_stop(ksch *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void ksch_get_stats(ksch *s, ksch_stats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->stats;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void ksch_destroy(ksch *s) {
+    if (!s) return;
+    drain_inbox(s);
+    while (s->n_running > 0) {
+        seq *q = s->running[--s->n_running];
+        retire(s, q, KGEN_CONTINUE, true, NULL);
+    }
+    while (s->waiting) {
+        seq *q = s->waiting;
+        s->waiting = q->next;
+        retire(s, q, KGEN_CONTINUE, true, NULL);
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->cancels);
+    free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow);
+    free(s);
+}

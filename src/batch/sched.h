@@ -1,0 +1,117 @@
+/* sched.h: continuous batching over one engine context (prefix ksch_).
+ *
+ * Requests wait in a queue; each step admits what fits, then runs ONE
+ * ke_decode over a ragged batch: one token for every decoding sequence plus
+ * prompt chunks of the sequences still prefilling (a long prompt is fed over
+ * several steps, so it never stalls the running decodes), up to a token
+ * budget. Each sequence samples with its own kgen_session (its own RNG and
+ * history), and the kernels are batch invariant, so a request yields the
+ * same tokens whatever runs beside it.
+ *
+ * KV blocks: with prefix caching, full prompt blocks are published after
+ * each step and an admitted request starts from the longest cached prefix
+ * of its tokens. When the running sequences need more blocks than are free,
+ * the youngest is preempted: its blocks are released and it waits again,
+ * keeping its sampler state and generated tokens; when readmitted it is
+ * prefilled from prompt + generated tokens, so its output does not change.
+ * Sliding-window models release blocks that left the window of every layer.
+ *
+ * Threads: ksch_submit, ksch_cancel, ksch_stats and ksch_stop may be called
+ * from any thread; ksch_step / ksch_run from one thread only, which also
+ * runs every event callback (with no lock held). */
+#ifndef KILN_BATCH_SCHED_H
+#define KILN_BATCH_SCHED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "gen/session.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct ksch ksch;
+
+typedef struct {
+    int max_running;   /* sequences in the batch at once; 0: 8 */
+    int max_waiting;   /* queued requests beyond which ksch_submit refuses (KILN_ELIMIT); 0: no limit */
+    int step_tokens;   /* tokens per step (decodes + prefill chunks); 0: 256; raised to max_running */
+    bool prefix_cache; /* reuse the KV blocks of common prefixes */
+    const ktok *tok;   /* token text for stop strings and streamed text; NULL: none (ids only) */
+    const int32_t *eos_ids; /* end-of-generation ids (copied) */
+    int n_eos;
+} ksch_params;
+
+kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out);
+/* Ends every request still known (END events with cancelled set). */
+void ksch_destroy(ksch *s);
+
+typedef enum {
+    KSCH_TOKEN, /* a token was generated */
+    KSCH_END,   /* the request is over: always the last event, exactly once */
+} ksch_event_kind;
+
+typedef struct {
+    ksch_event_kind kind;
+    uint64_t id;
+    void *ud;
+    /* KSCH_TOKEN */
+    int32_t token;
+    const char *text; /* text to show now (stop strings held back; borrowed) */
+    size_t text_len;
+    const kgen_sample *sample; /* log-probabilities when requested (borrowed) */
+    /* KSCH_TOKEN (last token) and KSCH_END: why it ended; KGEN_CONTINUE on
+     * a token that is not the last, and on END when cancelled or failed */
+    kgen_finish finish;
+    /* KSCH_END */
+    bool cancelled;
+    kiln_status error;     /* borrowed; a failure (out of memory, engine error) */
+    int32_t n_prompt;      /* prompt tokens */
+    int32_t n_generated;   /* tokens sampled (including a final EOS) */
+    int32_t n_cached;      /* prompt tokens found in the prefix cache at first admission */
+    int32_t n_preempted;   /* times it lost its blocks */
+} ksch_event;
+
+typedef void (*ksch_event_fn)(const ksch_event *e);
+
+typedef struct {
+    const int32_t *prompt; /* copied */
+    int32_t n_prompt;
+    const kgen_params *params; /* copied */
+    /* 0, or the id of a request whose prompt this one repeats (the other
+     * choices of an n > 1 request): admitted once that one's prompt is in
+     * the cache, so that it reuses those blocks instead of recomputing */
+    uint64_t after;
+    ksch_event_fn on_event;
+    void *ud;
+} ksch_request;
+
+/* Queues a request; *id names it (ids start at 1). Fails when the params
+ * are invalid or the queue is full (KILN_ELIMIT). */
+kiln_status ksch_submit(ksch *s, const ksch_request *r, uint64_t *id);
+/* Ends the request at the next step (END with cancelled set); unknown or
+ * finished ids are ignored. */
+void ksch_cancel(ksch *s, uint64_t id);
+
+/* One step: queued work is admitted, one batch decoded, events delivered.
+ * Returns whether requests remain (running or waiting). */
+bool ksch_step(ksch *s);
+/* Blocks while there is nothing to do; false once ksch_stop was called. */
+bool ksch_wait(ksch *s);
+/* Steps until ksch_stop, sleeping while there is nothing to do. */
+void ksch_run(ksch *s);
+void ksch_stop(ksch *s);
+
+typedef struct {
+    int64_t running, waiting;
+    int64_t steps, batch_tokens;   /* steps run, tokens decoded in them */
+    int64_t batch_hist[12];        /* steps by tokens: <= 1, 2, 4, ... 1024, more */
+    int64_t prompt_tokens, generated_tokens; /* computed prompt tokens (admissions), sampled tokens */
+    int64_t preemptions;
+    ke_cache_stats cache;          /* as of the last step */
+} ksch_stats;
+/* A snapshot, consistent as of the end of the last step. */
+void ksch_get_stats(ksch *s, ksch_stats *out);
+/* Upper bounds of batch_hist's buckets (the last is +Inf). */
+extern const int64_t ksch_batch_buckets[12];
+
+#endif

@@ -1,0 +1,400 @@
+/* The scheduler against the single-sequence path and the oracle fixtures:
+ * prompts of different lengths together, chunked prefill, shared prefixes,
+ * preemption forced by a small KV cache, sliding windows, cancellation. */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/file.h"
+#include "base/json.h"
+#include "batch/sched.h"
+#include "engine/fixture_test.h"
+#include "kt.h"
+#include "models/family.h"
+
+#define MAX_GEN 96
+
+typedef struct {
+    int32_t ids[MAX_GEN];
+    int n;
+    bool ended, cancelled;
+    kgen_finish finish;
+    int32_t n_cached, n_preempted;
+    kiln_status err;
+} result;
+
+static void on_event(const ksch_event *e) {
+    result *r = e->ud;
+    if (e->kind == KSCH_TOKEN) {
+        if (r->n < MAX_GEN) r->ids[r->n] = e->token;
+        r->n++;
+        return;
+    }
+    r->ended = true;
+    r->cancelled = e->cancelled;
+    r->finish = e->finish;
+    r->n_cached = e->n_cached;
+    r->n_preempted = e->n_preempted;
+    if (e->error) r->err = kiln_error(kiln_status_code(e->error), "%s", kiln_status_msg(e->error));
+}
+
+static const char *no_text(void *ud, int32_t id, size_t *len) {
+    (void)ud, (void)id;
+    *len = 0;
+    return NULL;
+}
+
+/* The reference: the sequence alone, prefilled at once then decoded one
+ * token per call, in its own context (as kiln generate runs it). */
+static kiln_status run_alone(const ke_model *m, const int32_t *prompt, int n_prompt, const kgen_params *gp, result *r) {
+    memset(r, 0, sizeof *r);
+    ke_ctx *c;
+    KILN_TRY(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 128, .n_threads = 1}, &c));
+    int32_t eos[16];
+    int n_eos = 0;
+    kiln_status st = kc_eos_ids(ke_model_checkpoint(m), eos, 16, &n_eos);
+    kgen_session *g = NULL;
+    kgen_vocab v = {(int32_t)ke_model_hparams(m)->vocab, no_text, NULL, NULL};
+    if (!st) st = kgen_session_create(gp, &v, (int32_t)ke_ctx_n_ctx(c), eos, n_eos, prompt, n_prompt, &g);
+    int seq = 0;
+    if (!st) st = ke_seq_open(c, &seq);
+    int seqs[128];
+    for (int i = 0; i < 128; i++) seqs[i] = seq;
+    const float *lg;
+    int nr;
+    if (!st) st = ke_decode(c, &(ke_batch){n_prompt, prompt, seqs, NULL}, &lg, &nr);
+    kgen_finish f = g ? kgen_session_start(g) : KGEN_CONTINUE;
+    while (!st && f == KGEN_CONTINUE) {
+        kgen_step s;
+        st = kgen_session_step(g, lg, &s);
+        if (st) break;
+        if (r->n < MAX_GEN) r->ids[r->n] = s.token;
+        r->n++;
+        f = s.finish;
+        if (f == KGEN_CONTINUE) st = ke_decode(c, &(ke_batch){1, &s.token, &seq, NULL}, &lg, &nr);
+    }
+    r->finish = f;
+    r->ended = true;
+    kgen_session_destroy(g);
+    ke_ctx_free(c);
+    return st;
+}
+
+static bool same(const result *a, const result *b) {
+    if (a->n != b->n || a->finish != b->finish) return false;
+    for (int i = 0; i < a->n && i < MAX_GEN; i++)
+        if (a->ids[i] != b->ids[i]) return false;
+    return true;
+}
+
+/* Steps until idle (bounded). */
+static int drain(ksch *s) {
+    int steps = 0;
+    while (ksch_step(s) && steps < 100000) steps++;
+    return steps;
+}
+
+typedef struct {
+    int32_t prompt[96];
+    int n_prompt;
+    kgen_params gp;
+    result got, want;
+    uint64_t id, after;
+} job;
+
+static void job_init(job *j, const int32_t *prompt, int n, bool greedy, uint32_t seed, int n_predict) {
+    memset(j, 0, sizeof *j);
+    memcpy(j->prompt, prompt, sizeof(int32_t) * (size_t)n);
+    j->n_prompt = n;
+    kiln_status st = kgen_params_init(&j->gp);
+    KILN_ASSERT(!st);
+    j->gp.ignore_eos = true;
+    j->gp.n_predict = n_predict;
+    if (greedy) j->gp.temperature = 0;
+    j->gp.seed = seed;
+}
+
+typedef struct {
+    int max_running, step_tokens, block_size;
+    int64_t n_cache;
+    bool prefix_cache;
+    int64_t window; /* out: ke_ctx_window */
+} setup;
+
+/* Runs jobs through one scheduler (all submitted at once) and each alone;
+ * fails the test on any difference. Returns the scheduler's stats. */
+static bool run_jobs(const ke_model *m, setup *su, job *jobs, int n, ksch_stats *stats, const char *what) {
+    ke_ctx *c;
+    kiln_status st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 128, .n_cache = su->n_cache, .n_threads = 1, .block_size = su->block_size}, &c);
+    if (st) {
+        kt_fail(__FILE__, __LINE__, "%s: %s", what, kiln_status_msg(st));
+        kiln_status_free(st);
+        return false;
+    }
+    su->window = ke_ctx_window(c);
+    int32_t eos[16];
+    int n_eos = 0;
+    kiln_status_free(kc_eos_ids(ke_model_checkpoint(m), eos, 16, &n_eos));
+    ksch *s;
+    st = ksch_create(c, &(ksch_params){.max_running = su->max_running, .step_tokens = su->step_tokens,
+                                       .prefix_cache = su->prefix_cache, .eos_ids = eos, .n_eos = n_eos}, &s);
+    bool ok = !st;
+    for (int i = 0; ok && i < n; i++) {
+        uint64_t after = jobs[i].after ? jobs[jobs[i].after - 1].id : 0;
+        st = ksch_submit(s, &(ksch_request){jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, after, on_event, &jobs[i].got},
+                         &jobs[i].id);
+        ok = !st;
+    }
+    if (ok) drain(s);
+    if (ok) ksch_get_stats(s, stats);
+    for (int i = 0; ok && i < n; i++) {
+        if (!jobs[i].want.ended) st = run_alone(m, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, &jobs[i].want);
+        if (st) ok = false;
+        else if (jobs[i].got.err) ok = false, st = jobs[i].got.err, jobs[i].got.err = NULL;
+        else if (!jobs[i].got.ended || !same(&jobs[i].got, &jobs[i].want)) {
+            kt_fail(__FILE__, __LINE__, "%s: job %d (prompt %d tokens) differs from its single-sequence run (%d vs %d tokens)",
+                    what, i, jobs[i].n_prompt, jobs[i].got.n, jobs[i].want.n);
+            ok = false;
+            break;
+        }
+    }
+    if (st) {
+        kt_fail(__FILE__, __LINE__, "%s: %s", what, kiln_status_msg(st));
+        kiln_status_free(st);
+    }
+    if (ok && stats->cache.n_used != 0) {
+        kt_fail(__FILE__, __LINE__, "%s: %lld KV blocks still in use", what, (long long)stats->cache.n_used);
+        ok = false;
+    }
+    ksch_destroy(s);
+    ke_ctx_free(c);
+    return ok;
+}
+
+static void jobs_free(job *jobs, int n) {
+    for (int i = 0; i < n; i++) kgen_params_free(&jobs[i].gp);
+}
+
+static int32_t tok_at(int i, int64_t vocab) { return (int32_t)((i * 37 + 11) % (vocab - 3)) + 3; }
+
+/* The oracle's prompt beside prompts of other lengths (one sharing its
+ * first 8 tokens), greedy and seeded; greedy ids must equal the oracle's. */
+static bool check_fixture(const char *dir, bool oracle_greedy, int *n_checked) {
+    cJSON *o = NULL;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/oracle.json", dir);
+    kiln_status st = ku_json_load(p, &o);
+    ke_model *m = NULL;
+    if (!st) st = ke_model_load(dir, &m);
+    if (st) {
+        kt_fail(__FILE__, __LINE__, "%s: %s", dir, kiln_status_msg(st));
+        kiln_status_free(st);
+        cJSON_Delete(o);
+        return false;
+    }
+    int64_t V = ke_model_hparams(m)->vocab;
+    int32_t prompt[64], gen[64];
+    int np = 0, ng = 0, first_tie = 1 << 30;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(o, "prompt_ids")) if (np < 64) prompt[np++] = (int32_t)e->valuedouble;
+    cJSON_ArrayForEach(e, ku_json_get(o, "generated_ids")) if (ng < 64) gen[ng++] = (int32_t)e->valuedouble;
+    int k = 0;
+    cJSON_ArrayForEach(e, ku_json_get(o, "top1_top2_gap")) {
+        if (e->valuedouble < 1e-3 && k < first_tie) first_tie = k;
+        k++;
+    }
+    cJSON_Delete(o);
+    enum { N = 6 };
+    job jobs[N];
+    int32_t other[96];
+    for (int i = 0; i < 96; i++) other[i] = tok_at(i, V);
+    job_init(&jobs[0], prompt, np, true, 0, ng);
+    job_init(&jobs[1], other, 3, true, 0, 30);
+    job_init(&jobs[2], other + 5, 41, false, 7, 20);
+    int32_t shared[40];
+    memcpy(shared, prompt, sizeof(int32_t) * 8);
+    memcpy(shared + 8, other, sizeof(int32_t) * 32);
+    job_init(&jobs[3], shared, 40, true, 0, 12);
+    job_init(&jobs[4], other + 2, 17, false, 1234, 25);
+    job_init(&jobs[5], prompt, np, false, 99, 16);
+    bool ok = true;
+    /* roomy cache, small chunks, prefix cache on */
+    setup a = {.max_running = 4, .step_tokens = 16, .block_size = 4, .n_cache = 1024, .prefix_cache = true};
+    ksch_stats stats;
+    ok = run_jobs(m, &a, jobs, N, &stats, dir);
+    if (ok && oracle_greedy)
+        for (int i = 0; i < ng && i < first_tie; i++)
+            if (jobs[0].got.ids[i] != gen[i]) {
+                kt_fail(__FILE__, __LINE__, "%s: batched greedy id %d at step %d, oracle %d", dir, jobs[0].got.ids[i], i, gen[i]);
+                ok = false;
+                break;
+            }
+    /* a cache of 128 tokens for 6 sequences of up to 65: preemptions */
+    setup b = {.max_running = 6, .step_tokens = 64, .block_size = 4, .n_cache = 128, .prefix_cache = false};
+    for (int i = 0; ok && i < N; i++) memset(&jobs[i].got, 0, sizeof jobs[i].got);
+    if (ok) ok = run_jobs(m, &b, jobs, N, &stats, dir);
+    /* (a model whose every layer slides keeps only its window: it fits) */
+    if (ok && stats.preemptions == 0 && !b.window) {
+        kt_fail(__FILE__, __LINE__, "%s: no preemption with a 128-token cache", dir);
+        ok = false;
+    }
+    jobs_free(jobs, N);
+    ke_model_free(m);
+    (*n_checked)++;
+    return ok;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+KT_TEST(sched_matches_single_sequence_and_oracle_every_fixture) {
+    char root[4096];
+    kt_path(root, sizeof root, "tests/fixtures/oracle");
+    DIR *d = opendir(root);
+    KT_CHECK(d);
+    char *names[256];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 256)
+        if (e->d_name[0] != '.') {
+            char p[8192];
+            snprintf(p, sizeof p, "%s/%s/oracle.json", root, e->d_name);
+            if (ku_file_exists(p)) names[n++] = strdup(e->d_name);
+        }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], cmp_str);
+    int checked = 0, bad = 0;
+    for (int i = 0; i < n; i++) {
+        char dir[8192];
+        snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
+        if (!check_fixture(dir, true, &checked)) bad++;
+        /* the quantized variants: batched equals single (no oracle ids: ties) */
+        const char *variants[] = {"q4"};
+        for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++) {
+            char vd[8300];
+            snprintf(vd, sizeof vd, "%s/%s", dir, variants[k]);
+            if (ku_dir_exists(vd) && !check_fixture(vd, false, &checked)) bad++;
+        }
+        free(names[i]);
+    }
+    KT_CHECKF(bad == 0, "%d fixtures fail", bad);
+    KT_CHECKF(checked >= 12, "only %d fixtures checked", checked);
+}
+
+KT_TEST(sched_shared_prefixes_hit_the_cache) {
+    ke_model *m = ke_test_load_fixture("llama");
+    if (!m) return;
+    int64_t V = ke_model_hparams(m)->vocab;
+    int32_t base[64];
+    for (int i = 0; i < 64; i++) base[i] = tok_at(i * 3, V);
+    enum { N = 5 };
+    job jobs[N];
+    /* three choices of one prompt (the 2nd and 3rd wait for the first's
+     * prefill), and two prompts sharing 32 tokens with it */
+    job_init(&jobs[0], base, 45, false, 1, 10);
+    job_init(&jobs[1], base, 45, false, 2, 10);
+    job_init(&jobs[2], base, 45, false, 3, 10);
+    jobs[1].after = jobs[2].after = 1;
+    int32_t p2[64];
+    memcpy(p2, base, sizeof p2);
+    p2[33] = 7;
+    job_init(&jobs[3], p2, 50, true, 0, 10);
+    job_init(&jobs[4], p2, 38, true, 0, 10);
+    setup su = {.max_running = 8, .step_tokens = 32, .block_size = 4, .n_cache = 1024, .prefix_cache = true};
+    ksch_stats st;
+    bool ok = run_jobs(m, &su, jobs, N, &st, "llama");
+    if (ok) {
+        KT_CHECK_EQ(jobs[1].got.n_cached, 44);
+        KT_CHECK_EQ(jobs[2].got.n_cached, 44);
+        KT_CHECK(st.cache.prefix_hits >= 44 * 2 + 32);
+        KT_CHECK_EQ(st.prompt_tokens, 45 * 3 + 50 + 38);
+    }
+    jobs_free(jobs, N);
+    ke_model_free(m);
+}
+
+KT_TEST(sched_sliding_window_long_generation) {
+    ke_model *m = ke_test_load_fixture("mistral"); /* window 8: blocks are released as it goes */
+    if (!m) return;
+    int64_t V = ke_model_hparams(m)->vocab;
+    int32_t base[64];
+    for (int i = 0; i < 64; i++) base[i] = tok_at(i * 5, V);
+    enum { N = 4 };
+    job jobs[N];
+    job_init(&jobs[0], base, 30, true, 0, 90);
+    job_init(&jobs[1], base + 3, 20, false, 5, 90);
+    job_init(&jobs[2], base + 9, 50, true, 0, 70);
+    job_init(&jobs[3], base, 30, false, 6, 80);
+    /* 32 blocks of 4 tokens: without releasing, four sequences of 110-120
+     * tokens would need 115 blocks */
+    setup su = {.max_running = 4, .step_tokens = 16, .block_size = 4, .n_cache = 128, .prefix_cache = true};
+    ksch_stats st;
+    if (run_jobs(m, &su, jobs, N, &st, "mistral")) KT_CHECK_EQ(st.preemptions, 0);
+    jobs_free(jobs, N);
+    ke_model_free(m);
+}
+
+typedef struct {
+    ksch *s;
+    uint64_t cancel_id;
+    int after_tokens;
+    result r;
+} canceller;
+
+static void on_event_cancel(const ksch_event *e) {
+    canceller *k = e->ud;
+    on_event(&(ksch_event){.kind = e->kind, .token = e->token, .finish = e->finish, .cancelled = e->cancelled,
+                           .error = e->error, .ud = &k->r});
+    if (e->kind == KSCH_TOKEN && k->r.n == k->after_tokens) ksch_cancel(k->s, k->cancel_id);
+}
+
+KT_TEST(sched_cancel_queue_limit_and_end_at_start) {
+    ke_model *m = ke_test_load_fixture("qwen3");
+    if (!m) return;
+    ke_ctx *c;
+    KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 64, .n_cache = 256, .n_threads = 1, .block_size = 4}, &c));
+    ksch *s;
+    KT_CHECK_OK(ksch_create(c, &(ksch_params){.max_running = 2, .max_waiting = 3, .prefix_cache = true}, &s));
+    int32_t prompt[80];
+    for (int i = 0; i < 80; i++) prompt[i] = tok_at(i, 512);
+    kgen_params gp;
+    KT_CHECK_OK(kgen_params_init(&gp));
+    gp.ignore_eos = true;
+    gp.n_predict = 40;
+    canceller k[3] = {{.s = s, .after_tokens = 5}, {.s = s, .after_tokens = -1}, {.s = s, .after_tokens = -1}};
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 10, &gp, 0, on_event_cancel, &k[0]}, &k[0].cancel_id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[1]}, &k[1].cancel_id));
+    gp.n_predict = 0; /* ends before its first token: finish "length" */
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2]}, &k[2].cancel_id));
+    uint64_t id;
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2]}, &id), "queue is full");
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 0, &gp, 0, on_event_cancel, &k[2]}, &id), "empty");
+    prompt[3] = 100000;
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 5, &gp, 0, on_event_cancel, &k[2]}, &id), "out of range");
+    prompt[3] = 5;
+    gp.n_predict = 40;
+    ksch_step(s);
+    ksch_stats st;
+    ksch_get_stats(s, &st);
+    KT_CHECK_EQ(st.running, 2);
+    KT_CHECK_EQ(st.waiting, 0);
+    ksch_cancel(s, k[1].cancel_id); /* cancelled while running, before its 2nd step */
+    ksch_cancel(s, 9999);           /* unknown: ignored */
+    drain(s);
+    KT_CHECK(k[0].r.ended && k[0].r.cancelled);
+    KT_CHECK_EQ(k[0].r.n, 5);
+    KT_CHECK(k[1].r.ended && k[1].r.cancelled);
+    KT_CHECK(k[2].r.ended && !k[2].r.cancelled);
+    KT_CHECK_EQ(k[2].r.finish, KGEN_FINISH_LENGTH);
+    KT_CHECK_EQ(k[2].r.n, 0);
+    ksch_get_stats(s, &st);
+    KT_CHECK_EQ(st.cache.n_used, 0);
+    KT_CHECK_EQ(st.running + st.waiting, 0);
+    /* a request still queued when the scheduler goes away ends cancelled */
+    canceller late = {.s = s, .after_tokens = -1};
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 8, &gp, 0, on_event_cancel, &late}, &id));
+    ksch_destroy(s);
+    KT_CHECK(late.r.ended && late.r.cancelled);
+    kgen_params_free(&gp);
+    ke_ctx_free(c);
+    ke_model_free(m);
+}

@@ -1,0 +1,108 @@
+/* cmd_serve.c: `kiln serve`, the OpenAI-compatible server (server/server.h). */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "gen/params.h"
+#include "server/server.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kiln serve [-m DIR] [options]\n"
+            "  -m, --model DIR        checkpoint folder (default: the bundled demo model)\n"
+            "  --host ADDR            address to listen on (default 127.0.0.1)\n"
+            "  --port N               port (default 8080; 0: any free port)\n"
+            "  -np, --parallel N      sequences decoding at once (default 8)\n"
+            "  -c, --ctx-size N       tokens per sequence (default: the model's, at most 4096)\n"
+            "  --kv-tokens N          KV cache tokens shared by all sequences (default ctx-size x parallel)\n"
+            "  --block-size N         tokens per KV block (default 16)\n"
+            "  -b, --step-tokens N    tokens per engine step: decodes plus prompt chunks (default 256)\n"
+            "  --queue N              requests waiting before 503 (default 256)\n"
+            "  -t, --threads N        engine threads (default: all CPUs)\n"
+            "  --api-key KEY          require \"Authorization: Bearer KEY\" (or set KILN_API_KEY)\n"
+            "  --alias NAME           model id in the API (default: the folder's name)\n"
+            "  --metrics              serve Prometheus metrics at /metrics\n"
+            "  --no-prefix-cache      do not share the KV blocks of common prompt prefixes\n"
+            "  --max-body BYTES       largest request body (default 2097152)\n"
+            "  --timeout S            idle connection timeout in seconds (default 60)\n"
+            "  --quiet                no access log\n"
+            "sampling defaults for requests (as llama.cpp):\n");
+    kgen_print_flags(f);
+}
+
+int kiln_cmd_serve(int argc, char **argv) {
+    ksrv_params p = {.port = 8080};
+    kgen_params gp;
+    kiln_status st = kgen_params_init(&gp);
+    for (int i = 1; !st && i < argc;) {
+        bool used;
+        st = kgen_parse_flag(&gp, argc, argv, &i, &used);
+        if (st || used) continue;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            kgen_params_free(&gp);
+            return 0;
+        }
+        bool flag = !strcmp(a, "--metrics") || !strcmp(a, "--no-prefix-cache") || !strcmp(a, "--quiet");
+        if (!flag && !v) {
+            st = kiln_error(KILN_EINVAL, "%s needs a value", a);
+            break;
+        }
+        int64_t x = 0;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) p.model_dir = v;
+        else if (!strcmp(a, "--host")) p.host = v;
+        else if (!strcmp(a, "--port")) st = kiln_parse_int(a, v, 0, 65535, &x), p.port = (int)x;
+        else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) st = kiln_parse_int(a, v, 1, 4096, &x), p.parallel = (int)x;
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) st = kiln_parse_int(a, v, 0, 1 << 24, &p.ctx_size);
+        else if (!strcmp(a, "--kv-tokens")) st = kiln_parse_int(a, v, 0, 1ll << 32, &p.kv_tokens);
+        else if (!strcmp(a, "--block-size")) st = kiln_parse_int(a, v, 1, 4096, &x), p.block_size = (int)x;
+        else if (!strcmp(a, "-b") || !strcmp(a, "--step-tokens")) st = kiln_parse_int(a, v, 1, 1 << 20, &x), p.step_tokens = (int)x;
+        else if (!strcmp(a, "--queue")) st = kiln_parse_int(a, v, 1, 1 << 20, &x), p.max_queue = (int)x;
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) st = kiln_parse_int(a, v, 0, 1024, &x), p.threads = (int)x;
+        else if (!strcmp(a, "--api-key")) p.api_key = v;
+        else if (!strcmp(a, "--alias")) p.alias = v;
+        else if (!strcmp(a, "--max-body")) st = kiln_parse_int(a, v, 1024, 1ll << 32, &p.max_body);
+        else if (!strcmp(a, "--timeout")) st = kiln_parse_int(a, v, 1, 86400, &x), p.timeout_s = (int)x;
+        else if (!strcmp(a, "--metrics")) p.metrics = true;
+        else if (!strcmp(a, "--no-prefix-cache")) p.no_prefix_cache = true;
+        else if (!strcmp(a, "--quiet")) p.quiet = true;
+        else st = kiln_error(KILN_EINVAL, "unknown option %s (see kiln serve --help)", a);
+        i += flag ? 1 : 2;
+    }
+    if (!st) st = kgen_params_validate(&gp);
+    if (st) {
+        kgen_params_free(&gp);
+        return kiln_fail(st);
+    }
+    if (!p.model_dir) p.model_dir = kiln_default_model();
+    if (!p.api_key && getenv("KILN_API_KEY")) p.api_key = getenv("KILN_API_KEY");
+    p.defaults = &gp;
+    /* every thread inherits the mask: signals arrive only at sigwait below */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    ksrv *s;
+    st = ksrv_start(&p, &s);
+    kgen_params_free(&gp);
+    if (st) return kiln_fail(st);
+    fprintf(stderr, "kiln: listening on http://%s:%d (loading %s)\n", p.host ? p.host : "127.0.0.1", ksrv_port(s),
+            p.model_dir);
+    st = ksrv_wait_ready(s);
+    if (st) {
+        ksrv_stop(s);
+        return kiln_fail(st);
+    }
+    fprintf(stderr, "kiln: ready\n");
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "kiln: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    ksrv_stop(s);
+    return 0;
+}

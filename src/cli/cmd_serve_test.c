@@ -1,0 +1,107 @@
+/* `kiln serve` and `kiln bench-batch` as commands, run in child processes:
+ * flags, the listening line, SIGTERM, and bench-batch's equality check. */
+#include <curl/curl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/file.h"
+#include "cli/cli.h"
+#include "kt.h"
+
+static pid_t spawn(int (*fn)(int, char **), char **argv, int argc, const char *out, const char *err) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen(out, "wb", stdout) || !freopen(err, "wb", stderr)) _exit(99);
+        setvbuf(stderr, NULL, _IONBF, 0); /* a reopened stderr would be buffered */
+        int rc = fn(argc, argv);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(rc);
+    }
+    return pid;
+}
+
+static int wait_rc(pid_t pid) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static size_t sink(char *p, size_t sz, size_t n, void *ud) {
+    (void)p, (void)ud;
+    return sz * n;
+}
+
+KT_TEST(cli_serve_listens_answers_and_stops_on_sigterm) {
+    char dir[4096], out[] = "/tmp/kiln-serve-out-XXXXXX", err[] = "/tmp/kiln-serve-err-XXXXXX";
+    int fo = mkstemp(out), fe = mkstemp(err);
+    KT_CHECK(fo >= 0 && fe >= 0);
+    close(fo), close(fe);
+    kt_path(dir, sizeof dir, "tests/fixtures/oracle/llama");
+    char *argv[] = {"serve", "-m", dir, "--port", "0", "-np", "2", "-c", "64", "-t", "1", "--metrics", "--temp", "0", "--quiet"};
+    pid_t pid = spawn(kiln_cmd_serve, argv, 15, out, err);
+    KT_CHECK(pid > 0);
+    int port = 0;
+    bool ready = false;
+    for (int i = 0; i < 500 && !ready; i++) { /* "listening on http://127.0.0.1:PORT", then "ready" */
+        usleep(10000);
+        char *t = NULL;
+        kiln_status st = ku_read_file(err, &t, NULL);
+        kiln_status_free(st);
+        const char *p = t ? strstr(t, "127.0.0.1:") : NULL;
+        if (p) port = atoi(p + 10);
+        ready = t && strstr(t, "kiln: ready");
+        free(t);
+    }
+    long status = 0;
+    if (ready) {
+        curl_global_init(CURL_GLOBAL_DEFAULT);
+        CURL *c = curl_easy_init();
+        char url[128];
+        snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", port);
+        curl_easy_setopt(c, CURLOPT_URL, url);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{\"prompt\": [1, 2, 3], \"max_tokens\": 3}");
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+        curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
+        if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+        curl_easy_cleanup(c);
+    }
+    kill(pid, SIGTERM);
+    int rc = wait_rc(pid);
+    char *log = NULL;
+    kiln_status_free(ku_read_file(err, &log, NULL));
+    if (!ready) fprintf(stderr, "  kiln serve said: %s\n", log ? log : "");
+    free(log);
+    remove(out), remove(err);
+    KT_CHECKF(ready && port > 0, "kiln serve did not get ready");
+    KT_CHECK_EQ(status, 200);
+    KT_CHECK_EQ(rc, 0);
+    /* a bad flag fails at once */
+    char out2[] = "/tmp/kiln-serve-out-XXXXXX", err2[] = "/tmp/kiln-serve-err-XXXXXX";
+    close(mkstemp(out2)), close(mkstemp(err2));
+    char *bad[] = {"serve", "-m", dir, "--port", "99999"};
+    KT_CHECK_EQ(wait_rc(spawn(kiln_cmd_serve, bad, 5, out2, err2)), 1);
+    char *t = NULL;
+    KT_CHECK_OK(ku_read_file(err2, &t, NULL));
+    KT_CHECK(strstr(t, "--port"));
+    free(t);
+    remove(out2), remove(err2);
+}
+
+KT_TEST(cli_bench_batch_streams_identical) {
+    char dir[4096], out[] = "/tmp/kiln-bench-out-XXXXXX", err[] = "/tmp/kiln-bench-err-XXXXXX";
+    close(mkstemp(out)), close(mkstemp(err));
+    kt_path(dir, sizeof dir, "tests/fixtures/oracle/qwen3");
+    char *argv[] = {"bench-batch", "-m", dir, "--requests", "8", "--concurrency", "4", "--prompt-len", "3,40",
+                    "--gen-len", "5,30", "-t", "1", "--step-tokens", "32"};
+    KT_CHECK_EQ(wait_rc(spawn(kiln_cmd_bench_batch, argv, 15, out, err)), 0);
+    char *t = NULL;
+    KT_CHECK_OK(ku_read_file(out, &t, NULL));
+    KT_CHECKF(strstr(t, "identical (8 of 8 identical)") && strstr(t, "speedup"), "%s", t);
+    free(t);
+    remove(out), remove(err);
+}

@@ -1,0 +1,632 @@
+/* server.c: the HTTP side of `kiln serve` (see server.h): the daemon,
+ * request bodies, routing, authentication, the simple endpoints, model
+ * loading in the background, and the scheduler's thread. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/json.h"
+#include "server/server_int.h"
+
+typedef struct {
+    ksrv *s;
+    struct MHD_Connection *conn;
+    ksrv_buf body;
+    bool too_big, responded;
+    ksrv_job *job; /* a streaming response's job (freed when the request completes) */
+    double t0;
+    char method[16];
+    char url[128];
+} conn_state;
+
+/* ---------------------------------------------------------------- replies */
+
+static void access_log(conn_state *cs, int status) {
+    ksrv_metrics_http(cs->s->met, status);
+    if (cs->s->p.quiet) return;
+    fprintf(stderr, "kiln: %s %s %d %.3fs\n", cs->method, cs->url, status, ksrv_now() - cs->t0);
+}
+
+static enum MHD_Result reply(conn_state *cs, int status, const char *ctype, ksrv_buf *b) {
+    if (b->oom) {
+        ksrv_buf_free(b);
+        status = 500;
+        ctype = "application/json";
+        ksrv_buf_str(b, "{\"error\": {\"message\": \"out of memory\", \"type\": \"server_error\", \"code\": 500}}");
+    }
+    if (!b->p) ksrv_buf_add(b, "", 0);
+    struct MHD_Response *r = MHD_create_response_from_buffer(b->len, b->p, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        ksrv_buf_free(b);
+        return MHD_NO;
+    }
+    *b = (ksrv_buf){0}; /* MHD frees it */
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, strncmp(cs->url, "/v1/models", 10) &&
+                                                                                  strcmp(cs->url, "/health") &&
+                                                                                  strcmp(cs->url, "/metrics")
+                                                                              ? "POST"
+                                                                              : "GET");
+    if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result ret = MHD_queue_response(cs->conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    cs->responded = true;
+    access_log(cs, status);
+    return ret;
+}
+
+static enum MHD_Result reply_json(conn_state *cs, int status, ksrv_buf *b) {
+    return reply(cs, status, "application/json", b);
+}
+
+static enum MHD_Result reply_error(conn_state *cs, int status, const char *type, const char *code, const char *msg) {
+    ksrv_buf b = {0};
+    ksrv_error_json(&b, status, type, code, msg);
+    return reply_json(cs, status, &b);
+}
+
+static enum MHD_Result reply_status(conn_state *cs, kiln_status st, const ksrv_err *e) {
+    enum MHD_Result r = reply_error(cs, e->status, e->type, e->code, kiln_status_msg(st));
+    kiln_status_free(st);
+    return r;
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static int state_of(ksrv *s, kiln_status *err_msg_holder) {
+    pthread_mutex_lock(&s->mu);
+    int st = s->state;
+    (void)err_msg_holder;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+/* The client hung up (the peer closed its side): its request is cancelled. */
+static bool client_gone(conn_state *cs) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(cs->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+    if (p.revents & POLLIN) { /* readable: data (a pipelined request) or end of stream */
+        char c;
+        ssize_t n = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        return n == 0;
+    }
+    return false;
+}
+
+static bool key_ok(ksrv *s, struct MHD_Connection *conn) {
+    if (!s->api_key) return true;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    h += 7;
+    while (*h == ' ') h++;
+    size_t n = strlen(h), k = strlen(s->api_key);
+    unsigned diff = (unsigned)(n ^ k);
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)h[i] ^ (unsigned char)s->api_key[i % (k ? k : 1)];
+    return diff == 0;
+}
+
+static kiln_status parse_json(conn_state *cs, cJSON **out) {
+    const char *end = NULL;
+    *out = cJSON_ParseWithLengthOpts(cs->body.p ? cs->body.p : "", cs->body.len, &end, 0);
+    if (!*out) {
+        size_t off = end && cs->body.p ? (size_t)(end - cs->body.p) : 0;
+        return kiln_error(KILN_EINVAL, "request body: invalid JSON near byte %zu", off);
+    }
+    return NULL;
+}
+
+static const ksrv_err k_bad = {400, "invalid_request_error", NULL};
+
+/* ---------------------------------------------------------------- endpoints */
+
+static enum MHD_Result do_health(conn_state *cs) {
+    ksrv *s = cs->s;
+    pthread_mutex_lock(&s->mu);
+    int st = s->state;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", st == KSRV_FAILED ? kiln_status_msg(s->load_err) : "Loading model");
+    pthread_mutex_unlock(&s->mu);
+    if (st != KSRV_READY) return reply_error(cs, 503, "unavailable_error", NULL, msg);
+    ksrv_buf b = {0};
+    ksrv_buf_str(&b, "{\"status\": \"ok\"}");
+    return reply_json(cs, 200, &b);
+}
+
+static enum MHD_Result do_metrics(conn_state *cs) {
+    ksrv *s = cs->s;
+    ksch_stats st = {0};
+    bool ready = state_of(s, NULL) == KSRV_READY;
+    if (ready) ksch_get_stats(s->sch, &st);
+    ksrv_buf b = {0};
+    ksrv_metrics_render(s->met, &st, ready, &b);
+    return reply(cs, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
+}
+
+static void model_json(ksrv *s, ksrv_buf *b) {
+    ksrv_buf_str(b, "{\"id\": ");
+    ksrv_buf_json_str(b, s->model_id, strlen(s->model_id));
+    ksrv_buf_printf(b, ", \"object\": \"model\", \"created\": %ld, \"owned_by\": \"kiln\", \"max_model_len\": %lld}",
+                    s->created, (long long)ke_ctx_n_ctx(s->c));
+}
+
+static enum MHD_Result do_models(conn_state *cs, const char *id) {
+    ksrv *s = cs->s;
+    ksrv_buf b = {0};
+    if (id) {
+        if (strcmp(id, s->model_id) != 0) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "the model \"%.200s\" does not exist", id);
+            return reply_error(cs, 404, "invalid_request_error", "model_not_found", msg);
+        }
+        model_json(s, &b);
+        return reply_json(cs, 200, &b);
+    }
+    ksrv_buf_str(&b, "{\"object\": \"list\", \"data\": [");
+    model_json(s, &b);
+    ksrv_buf_str(&b, "]}");
+    return reply_json(cs, 200, &b);
+}
+
+static enum MHD_Result do_tokenize(conn_state *cs, const cJSON *body) {
+    ksrv *s = cs->s;
+    const char *text;
+    bool special, special2, pieces;
+    kiln_status st = cJSON_IsObject(body) ? NULL : kiln_error(KILN_EINVAL, "request body: expected a JSON object");
+    if (!st) st = ku_json_str(body, "content", NULL, &text);
+    if (!st && !text) st = ku_json_str(body, "prompt", NULL, &text);
+    if (!st && !text) st = kiln_error(KILN_EINVAL, "\"content\": required (a string)");
+    if (!st) st = ku_json_bool(body, "add_special", false, &special);
+    if (!st) st = ku_json_bool(body, "add_special_tokens", special, &special2);
+    if (!st) st = ku_json_bool(body, "with_pieces", false, &pieces);
+    if (!st && !s->tok) st = kiln_error(KILN_EINVAL, "the model has no tokenizer.json");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!st) st = ktok_encode(s->tok, text, strlen(text), special2, &ids, &n);
+    if (st) return reply_status(cs, st, &k_bad);
+    ksrv_buf b = {0};
+    ksrv_buf_str(&b, "{\"tokens\": [");
+    for (size_t i = 0; i < n; i++) {
+        if (!pieces) {
+            ksrv_buf_printf(&b, "%s%d", i ? ", " : "", (int)ids[i]);
+            continue;
+        }
+        char *t = NULL;
+        size_t len = 0;
+        kiln_status_free(ktok_decode(s->tok, &ids[i], 1, false, &t, &len));
+        ksrv_buf_printf(&b, "%s{\"id\": %d, \"piece\": ", i ? ", " : "", (int)ids[i]);
+        ksrv_buf_json_str(&b, t ? t : "", t ? len : 0);
+        ksrv_buf_str(&b, "}");
+        free(t);
+    }
+    ksrv_buf_printf(&b, "], \"count\": %zu, \"max_model_len\": %lld}", n, (long long)ke_ctx_n_ctx(s->c));
+    free(ids);
+    return reply_json(cs, 200, &b);
+}
+
+static enum MHD_Result do_detokenize(conn_state *cs, const cJSON *body) {
+    ksrv *s = cs->s;
+    const cJSON *t = ku_json_get(body, "tokens");
+    kiln_status st = NULL;
+    if (!cJSON_IsObject(body)) st = kiln_error(KILN_EINVAL, "request body: expected a JSON object");
+    else if (!cJSON_IsArray(t)) st = kiln_error(KILN_EINVAL, "\"tokens\": required (a list of token ids)");
+    else if (!s->tok) st = kiln_error(KILN_EINVAL, "the model has no tokenizer.json");
+    int n = st ? 0 : cJSON_GetArraySize(t), i = 0;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    if (!st && !ids) st = kiln_error(KILN_ENOMEM, "out of memory");
+    const cJSON *e;
+    if (!st)
+        cJSON_ArrayForEach(e, t) {
+            double d = e->valuedouble;
+            if (!cJSON_IsNumber(e) || d != floor(d) || d < 0 || d > INT32_MAX) {
+                st = kiln_error(KILN_EINVAL, "\"tokens\"[%d]: expected a token id", i);
+                break;
+            }
+            ids[i++] = (int32_t)d;
+        }
+    char *text = NULL;
+    size_t len = 0;
+    if (!st) st = ktok_decode(s->tok, ids, (size_t)n, false, &text, &len);
+    free(ids);
+    if (st) return reply_status(cs, st, &k_bad);
+    ksrv_buf b = {0};
+    ksrv_buf_str(&b, "{\"content\": ");
+    ksrv_buf_json_str(&b, text, len);
+    ksrv_buf_str(&b, ", \"prompt\": ");
+    ksrv_buf_json_str(&b, text, len);
+    ksrv_buf_str(&b, "}");
+    free(text);
+    return reply_json(cs, 200, &b);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    conn_state *cs = cls;
+    ksrv_job *j = cs->job;
+    for (;;) {
+        if (j->out_off < j->out.len) {
+            size_t n = j->out.len - j->out_off;
+            if (n > max) n = max;
+            memcpy(buf, j->out.p + j->out_off, n);
+            j->out_off += n;
+            if (j->out_off == j->out.len) j->out.len = j->out_off = 0;
+            return (ssize_t)n;
+        }
+        if (j->done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
+        ksrv_job_stream(j);
+        if (j->out.oom) {
+            ksrv_job_cancel_wait(j);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (j->out.len > 0 || j->done_sent) continue;
+        if (atomic_load(&cs->s->stopping) || client_gone(cs)) {
+            ksrv_job_cancel_wait(j);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        ksrv_job_wait(j, 0.1);
+    }
+}
+
+static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool chat) {
+    ksrv *s = cs->s;
+    ksrv_job *j;
+    ksrv_err e;
+    kiln_status st = ksrv_job_parse(s, body, chat, &j, &e);
+    if (st) return reply_status(cs, st, &e);
+    st = ksrv_job_submit(j, &e);
+    if (st) {
+        ksrv_job_free(j);
+        return reply_status(cs, st, &e);
+    }
+    if (j->stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, cs, NULL);
+        if (!r) {
+            ksrv_job_cancel_wait(j);
+            ksrv_job_free(j);
+            return MHD_NO;
+        }
+        cs->job = j;
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        enum MHD_Result ret = MHD_queue_response(cs->conn, 200, r);
+        MHD_destroy_response(r);
+        cs->responded = true;
+        access_log(cs, 200);
+        return ret;
+    }
+    /* not streaming: wait here (this connection's own thread), watching for
+     * the client leaving */
+    while (!ksrv_job_finished(j)) {
+        if (atomic_load(&s->stopping) || client_gone(cs)) {
+            ksrv_job_cancel_wait(j);
+            ksrv_job_free(j);
+            access_log(cs, 499);
+            return MHD_NO;
+        }
+        ksrv_job_wait(j, 0.1);
+    }
+    ksrv_buf b = {0};
+    int status = ksrv_job_response(j, &b);
+    ksrv_job_free(j);
+    return reply_json(cs, status, &b);
+}
+
+/* ---------------------------------------------------------------- routing */
+
+typedef enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE } route;
+
+static route find_route(const char *url, bool *post) {
+    static const struct {
+        const char *path;
+        route r;
+        bool post;
+    } t[] = {
+        {"/health", R_HEALTH, false},          {"/v1/health", R_HEALTH, false},
+        {"/metrics", R_METRICS, false},        {"/v1/models", R_MODELS, false},
+        {"/models", R_MODELS, false},          {"/v1/completions", R_COMPLETIONS, true},
+        {"/completions", R_COMPLETIONS, true}, {"/v1/chat/completions", R_CHAT, true},
+        {"/chat/completions", R_CHAT, true},   {"/tokenize", R_TOKENIZE, true},
+        {"/detokenize", R_DETOKENIZE, true},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(url, t[i].path)) {
+            *post = t[i].post;
+            return t[i].r;
+        }
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) {
+        *post = false;
+        return R_MODEL;
+    }
+    return R_NONE;
+}
+
+static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *method) {
+    ksrv *s = cs->s;
+    bool post = false;
+    route r = find_route(url, &post);
+    if (r == R_NONE) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "unknown endpoint %.16s %.200s", method, url);
+        return reply_error(cs, 404, "not_found_error", NULL, msg);
+    }
+    if (strcmp(method, post ? "POST" : "GET") != 0 && !(!post && !strcmp(method, "HEAD"))) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%.200s takes %s, not %.16s", url, post ? "POST" : "GET", method);
+        return reply_error(cs, 405, "invalid_request_error", NULL, msg);
+    }
+    if (r == R_HEALTH) return do_health(cs);
+    if (r == R_METRICS) {
+        if (!s->p.metrics)
+            return reply_error(cs, 501, "not_supported_error", NULL,
+                               "this server does not serve metrics: start it with --metrics");
+        return do_metrics(cs);
+    }
+    if (!key_ok(s, cs->conn)) return reply_error(cs, 401, "authentication_error", "invalid_api_key", "invalid API key");
+    if (cs->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %lld bytes", (long long)s->p.max_body);
+        return reply_error(cs, 413, "invalid_request_error", "request_too_large", msg);
+    }
+    if (state_of(s, NULL) != KSRV_READY) return reply_error(cs, 503, "unavailable_error", NULL, "Loading model");
+    if (r == R_MODELS) return do_models(cs, NULL);
+    if (r == R_MODEL) return do_models(cs, url + 11);
+    cJSON *body;
+    kiln_status st = parse_json(cs, &body);
+    if (st) return reply_status(cs, st, &k_bad);
+    enum MHD_Result ret;
+    if (r == R_TOKENIZE) ret = do_tokenize(cs, body);
+    else if (r == R_DETOKENIZE) ret = do_detokenize(cs, body);
+    else ret = do_completion(cs, body, r == R_CHAT);
+    cJSON_Delete(body);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **ptr) {
+    (void)version;
+    ksrv *s = cls;
+    conn_state *cs = *ptr;
+    if (!cs) { /* headers are in; the body (if any) follows */
+        cs = calloc(1, sizeof *cs);
+        if (!cs) return MHD_NO;
+        cs->s = s;
+        cs->conn = conn;
+        cs->t0 = ksrv_now();
+        snprintf(cs->method, sizeof cs->method, "%s", method);
+        snprintf(cs->url, sizeof cs->url, "%s", url);
+        *ptr = cs;
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            errno = 0;
+            char *end;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (errno || end == cl || n > (unsigned long long)s->p.max_body) {
+                cs->too_big = true;
+                bool post = false;
+                if (find_route(url, &post) != R_NONE && key_ok(s, conn)) { /* refuse before reading it */
+                    char msg[128];
+                    snprintf(msg, sizeof msg, "the request body is larger than %lld bytes", (long long)s->p.max_body);
+                    return reply_error(cs, 413, "invalid_request_error", "request_too_large", msg);
+                }
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cs->too_big && !cs->responded) {
+            if (cs->body.len + *upload_size > (size_t)s->p.max_body) {
+                cs->too_big = true;
+                ksrv_buf_free(&cs->body);
+            } else {
+                ksrv_buf_add(&cs->body, upload, *upload_size);
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cs->responded) return MHD_YES;
+    if (cs->body.oom) return reply_error(cs, 500, "server_error", NULL, "out of memory");
+    return dispatch(cs, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **ptr, enum MHD_RequestTerminationCode toe) {
+    (void)cls, (void)conn, (void)toe;
+    conn_state *cs = *ptr;
+    if (!cs) return;
+    if (cs->job) {
+        ksrv_job_cancel_wait(cs->job); /* no-op when it ended */
+        ksrv_job_free(cs->job);
+    }
+    ksrv_buf_free(&cs->body);
+    free(cs);
+    *ptr = NULL;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static void *step_main(void *arg) {
+    ksrv *s = arg;
+    while (ksch_wait(s->sch)) {
+        ksch_step(s->sch);
+        if (s->p.step_delay_us > 0) usleep((useconds_t)s->p.step_delay_us);
+    }
+    return NULL;
+}
+
+static kiln_status load(ksrv *s) {
+    KILN_TRY(ke_model_load(s->model_dir, &s->m));
+    kiln_status st = ktok_load(s->model_dir, &s->tok);
+    if (st && kiln_status_code(st) != KILN_ENOTFOUND) return st; /* a broken tokenizer is an error; none is fine */
+    kiln_status_free(st);
+    if (s->tok) {
+        st = kchat_load(s->model_dir, &s->tmpl);
+        if (st && kiln_status_code(st) != KILN_ENOTFOUND) return st;
+        kiln_status_free(st);
+    }
+    KILN_TRY(kc_eos_ids(ke_model_checkpoint(s->m), s->eos, 16, &s->n_eos));
+    ke_ctx_params cp = {.n_ctx = s->p.ctx_size, .n_threads = s->p.threads, .block_size = s->p.block_size};
+    if (cp.n_ctx <= 0) {
+        int64_t mp = ke_model_hparams(s->m)->max_pos;
+        cp.n_ctx = mp > 0 && mp < 4096 ? mp : 4096;
+    }
+    cp.n_cache = s->p.kv_tokens > 0 ? s->p.kv_tokens : cp.n_ctx * s->p.parallel;
+    KILN_TRY(ke_ctx_create(s->m, &cp, &s->c));
+    ksch_params sp = {.max_running = s->p.parallel,
+                      .max_waiting = s->p.max_queue,
+                      .step_tokens = s->p.step_tokens,
+                      .prefix_cache = !s->p.no_prefix_cache,
+                      .tok = s->tok,
+                      .eos_ids = s->eos,
+                      .n_eos = s->n_eos};
+    KILN_TRY(ksch_create(s->c, &sp, &s->sch));
+    if (pthread_create(&s->stepper, NULL, step_main, s)) return kiln_error(KILN_EIO, "cannot start the scheduler thread");
+    s->stepper_started = true;
+    return NULL;
+}
+
+static void *load_main(void *arg) {
+    ksrv *s = arg;
+    if (s->p.load_delay_ms > 0) usleep((useconds_t)s->p.load_delay_ms * 1000);
+    kiln_status st = load(s);
+    if (st) st = kiln_status_wrap(st, "loading %s", s->model_dir);
+    pthread_mutex_lock(&s->mu);
+    s->state = st ? KSRV_FAILED : KSRV_READY;
+    s->load_err = st;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    ksrv *s = cls;
+    if (s->p.quiet) return;
+    fprintf(stderr, "kiln: http: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
+    *out = NULL;
+    ksrv *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ENOMEM, "out of memory");
+    s->p = *p;
+    if (s->p.parallel <= 0) s->p.parallel = 8;
+    if (s->p.max_queue <= 0) s->p.max_queue = 256;
+    if (s->p.max_body <= 0) s->p.max_body = 2 << 20;
+    if (s->p.timeout_s <= 0) s->p.timeout_s = 60;
+    if (s->p.max_choices <= 0) s->p.max_choices = 64;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->created = (long)time(NULL);
+    s->model_dir = dup_or_null(p->model_dir);
+    s->host = strdup(p->host ? p->host : "127.0.0.1");
+    s->api_key = p->api_key && *p->api_key ? strdup(p->api_key) : NULL;
+    const char *id = p->alias;
+    if (!id && p->model_dir) {
+        const char *slash = strrchr(p->model_dir, '/');
+        id = slash && slash[1] ? slash + 1 : p->model_dir;
+    }
+    s->model_id = dup_or_null(id);
+    s->met = ksrv_metrics_create();
+    kiln_status st = kgen_params_init(&s->defaults);
+    if (!st && p->defaults) {
+        kgen_params_free(&s->defaults);
+        st = kgen_params_copy(&s->defaults, p->defaults);
+    }
+    if (!st && (!s->model_dir || !s->host || !s->model_id || !s->met || (p->api_key && *p->api_key && !s->api_key)))
+        st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (st) {
+        ksrv_stop(s);
+        return st;
+    }
+    /* the address */
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", p->port);
+    int gai = getaddrinfo(s->host, port, &hints, &ai);
+    if (gai || !ai) {
+        st = kiln_error(KILN_EINVAL, "--host %s: %s", s->host, gai ? gai_strerror(gai) : "no address");
+        ksrv_stop(s);
+        return st;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.timeout_s, MHD_OPTION_CONNECTION_LIMIT, 1000u,
+                            MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->d) {
+        st = kiln_error(KILN_EIO, "cannot listen on %s:%d: %s", s->host, p->port, strerror(errno));
+        ksrv_stop(s);
+        return st;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : p->port;
+    if (pthread_create(&s->loader, NULL, load_main, s)) {
+        ksrv_stop(s);
+        return kiln_error(KILN_EIO, "cannot start the loading thread");
+    }
+    s->loader_started = true;
+    *out = s;
+    return NULL;
+}
+
+int ksrv_port(const ksrv *s) { return s->port; }
+
+kiln_status ksrv_wait_ready(ksrv *s) {
+    pthread_mutex_lock(&s->mu);
+    while (s->state == KSRV_LOADING) pthread_cond_wait(&s->cv, &s->mu);
+    kiln_status st = s->state == KSRV_FAILED ? kiln_error(kiln_status_code(s->load_err), "%s", kiln_status_msg(s->load_err))
+                                             : NULL;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void ksrv_load(ksrv *s, int64_t *blocks_used, int64_t *requests) {
+    *blocks_used = *requests = 0;
+    if (state_of(s, NULL) != KSRV_READY) return;
+    ksch_stats st;
+    ksch_get_stats(s->sch, &st);
+    *blocks_used = st.cache.n_used;
+    *requests = st.running + st.waiting;
+}
+
+void ksrv_stop(ksrv *s) {
+    if (!s) return;
+    atomic_store(&s->stopping, true);
+    /* connections first: their requests are cancelled through the
+     * scheduler, which still runs */
+    if (s->d) MHD_stop_daemon(s->d);
+    if (s->loader_started) pthread_join(s->loader, NULL);
+    if (s->stepper_started) {
+        ksch_stop(s->sch);
+        pthread_join(s->stepper, NULL);
+    }
+    ksch_destroy(s->sch);
+    ke_ctx_free(s->c);
+    kchat_free(s->tmpl);
+    ktok_free(s->tok);
+    ke_model_free(s->m);
+    kiln_status_free(s->load_err);
+    kgen_params_free(&s->defaults);
+    ksrv_metrics_destroy(s->met);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->model_dir), free(s->model_id), free(s->host), free(s->api_key);
+    free(s);
+}

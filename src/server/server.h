@@ -1,0 +1,67 @@
+/* server.h: the OpenAI-compatible HTTP server of `kiln serve` (prefix ksrv_).
+ *
+ * libmicrohttpd, one thread per connection; one scheduler thread runs the
+ * continuous batch (batch/sched.h) that every request's sequences join.
+ * Endpoints:
+ *   POST /v1/completions, /v1/chat/completions   (also without /v1)
+ *   GET  /v1/models, /health (503 while the model loads), /metrics
+ *   POST /tokenize, /detokenize
+ * Streaming is SSE (`data: {json}` events, then `data: [DONE]`). Errors are
+ * OpenAI error objects {"error": {message, type, param, code}} with the
+ * HTTP status: 400 bad request (naming the field), 401 missing or wrong API
+ * key, 404 unknown route or model, 405 wrong method, 413 body too large,
+ * 503 loading or queue full. A client that disconnects cancels its
+ * sequences, which frees their KV blocks.
+ *
+ * With an API key, every route but /health and /metrics needs
+ * "Authorization: Bearer KEY". */
+#ifndef KILN_SERVER_H
+#define KILN_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "gen/params.h"
+
+typedef struct {
+    const char *model_dir;
+    const char *alias;     /* model id in responses; NULL: the folder's name */
+    const char *host;      /* NULL: 127.0.0.1 */
+    int port;              /* 0: any free port (see ksrv_port) */
+    int parallel;          /* sequences decoding at once; 0: 8 */
+    int64_t ctx_size;      /* tokens per sequence; 0: the model's, at most 4096 */
+    int64_t kv_tokens;     /* KV cache tokens shared by all sequences; 0: ctx_size * parallel */
+    int block_size;        /* tokens per KV block; 0: 16 */
+    int step_tokens;       /* tokens per engine step; 0: 256 */
+    int max_queue;         /* waiting requests before 503; 0: 256 */
+    int threads;           /* engine threads; 0: all CPUs */
+    const char *api_key;   /* NULL: no key */
+    bool metrics;          /* serve /metrics */
+    bool no_prefix_cache;
+    int64_t max_body;      /* request body bytes; 0: 2 MiB */
+    int timeout_s;         /* idle connection timeout; 0: 60 */
+    int max_choices;       /* prompts x n per request; 0: 64 */
+    const kgen_params *defaults; /* sampling defaults (NULL: llama.cpp's); copied */
+    bool quiet;            /* no access log on stderr */
+    int load_delay_ms;     /* tests: wait this long before loading (to see the loading state) */
+    int step_delay_us;     /* tests: pause after each engine step (slow generations on tiny models) */
+} ksrv_params;
+
+typedef struct ksrv ksrv;
+
+/* Listens at once and loads the model in the background (/health answers
+ * 503 until it is ready). Fails if the address cannot be bound. */
+kiln_status ksrv_start(const ksrv_params *p, ksrv **out);
+/* The port listened on. */
+int ksrv_port(const ksrv *s);
+/* Blocks until the model is loaded (NULL) or failed to load (the error;
+ * the server keeps answering 503). */
+kiln_status ksrv_wait_ready(ksrv *s);
+/* Stops listening, ends every request, frees everything. */
+void ksrv_stop(ksrv *s);
+
+/* KV blocks in use and requests running + waiting, for tests. */
+void ksrv_load(ksrv *s, int64_t *blocks_used, int64_t *requests);
+
+#endif

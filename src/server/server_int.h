@@ -1,0 +1,161 @@
+/* server_int.h: internals shared by the server's files (see server.h). */
+#ifndef KILN_SERVER_INT_H
+#define KILN_SERVER_INT_H
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+
+#include "batch/sched.h"
+#include "chat/chat.h"
+#include "engine/engine.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+/* ---- a growable byte buffer; out of memory sticks in .oom ---- */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} ksrv_buf;
+void ksrv_buf_add(ksrv_buf *b, const char *s, size_t n);
+void ksrv_buf_str(ksrv_buf *b, const char *s);
+void ksrv_buf_printf(ksrv_buf *b, const char *fmt, ...) KILN_PRINTF(2, 3);
+/* s as a JSON string literal (quotes included). */
+void ksrv_buf_json_str(ksrv_buf *b, const char *s, size_t n);
+void ksrv_buf_free(ksrv_buf *b);
+
+/* Length of the longest prefix of s[0..n) that is valid UTF-8. */
+size_t ksrv_utf8_valid_prefix(const char *s, size_t n);
+
+double ksrv_now(void); /* monotonic seconds */
+
+/* ---- metrics (metrics.c) ---- */
+typedef struct ksrv_metrics ksrv_metrics;
+ksrv_metrics *ksrv_metrics_create(void);
+void ksrv_metrics_destroy(ksrv_metrics *m);
+void ksrv_metrics_first_token(ksrv_metrics *m, double ttft);
+void ksrv_metrics_token(ksrv_metrics *m, double itl);
+/* A sequence ended: finish reason ("stop", "length") or NULL when cancelled
+ * (aborted) or failed. */
+void ksrv_metrics_end(ksrv_metrics *m, const char *reason, bool cancelled, double e2e, int32_t n_prompt,
+                      int32_t n_generated);
+void ksrv_metrics_http(ksrv_metrics *m, int status);
+/* The Prometheus text exposition (format 0.0.4). */
+void ksrv_metrics_render(ksrv_metrics *m, const ksch_stats *st, bool ready, ksrv_buf *out);
+
+/* ---- the server ---- */
+enum { KSRV_LOADING, KSRV_READY, KSRV_FAILED };
+
+struct ksrv {
+    ksrv_params p;
+    char *model_dir, *model_id, *host, *api_key;
+    struct MHD_Daemon *d;
+    int port;
+    pthread_t loader, stepper;
+    bool loader_started, stepper_started;
+    pthread_mutex_t mu; /* state, load_err */
+    pthread_cond_t cv;
+    int state;
+    kiln_status load_err;
+    atomic_bool stopping;
+    ke_model *m;
+    ke_ctx *c;
+    ktok *tok;             /* NULL: no tokenizer (token ids only) */
+    kchat_template *tmpl;  /* NULL: no chat template */
+    ksch *sch;
+    int32_t eos[16];
+    int n_eos;
+    kgen_params defaults;
+    ksrv_metrics *met;
+    long created; /* unix time the server started */
+};
+
+/* ---- OpenAI requests (oai.c) ---- */
+
+/* One event of one choice, copied out of the scheduler's callback. */
+typedef struct {
+    int choice;
+    bool end;
+    int32_t token;
+    char *text;
+    size_t len;
+    kgen_finish finish;
+    bool has_lp;
+    float logprob;
+    kgen_logprob *top;
+    int n_top;
+    bool cancelled;
+    char *error;
+    int32_t n_generated, n_cached;
+} ksrv_ev;
+
+typedef struct ksrv_job ksrv_job;
+
+typedef struct {
+    ksrv_job *job;
+    int index, prompt;
+    uint64_t id; /* the scheduler's */
+    bool submitted, ended, got_first, sent_first;
+    double t_arrive, t_last;
+    int32_t n_generated, n_cached;
+    kgen_finish finish;
+    size_t text_off; /* streaming: logprobs' text_offset of the next token */
+} ksrv_choice;
+
+struct ksrv_job {
+    ksrv *srv;
+    bool chat, stream, echo, return_tokens, include_usage, want_logprobs;
+    int n_top;
+    int n_prompts;
+    int32_t **prompts;
+    int32_t *n_prompt;
+    char **prompt_str; /* the prompt as given when it was text (for echo), else NULL */
+    int n_choices;
+    ksrv_choice *ch;
+    kgen_params gp;
+    char id[48];
+    long created;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ksrv_ev *ev; /* [n_ev] produced, [ev_off..n_ev) not yet consumed */
+    int n_ev, cap_ev, ev_off;
+    int n_submitted, n_ended;
+    bool failed; /* an event could not be recorded (out of memory) */
+    /* streaming: what has been written */
+    bool started, done_sent;
+    ksrv_buf out;
+    size_t out_off;
+};
+
+typedef struct {
+    int status;      /* HTTP status of the error */
+    const char *type, *code;
+} ksrv_err;
+
+/* Parses a /v1/completions (chat false) or /v1/chat/completions body into a
+ * job (not yet submitted). On error: the status, the OpenAI error type and
+ * code go to *e and the message to the returned status. */
+kiln_status ksrv_job_parse(ksrv *s, const cJSON *body, bool chat, ksrv_job **out, ksrv_err *e);
+/* Submits every choice. On a full queue the submitted ones are cancelled
+ * and the error's status is 503. */
+kiln_status ksrv_job_submit(ksrv_job *j, ksrv_err *e);
+/* Cancels the choices still running and waits for their ends. */
+void ksrv_job_cancel_wait(ksrv_job *j);
+void ksrv_job_free(ksrv_job *j);
+/* Waits (at most timeout seconds) for events; returns true when all
+ * choices ended and every event was consumed. Call with nothing locked. */
+void ksrv_job_wait(ksrv_job *j, double timeout);
+bool ksrv_job_finished(ksrv_job *j);
+/* Streaming: turns new events into SSE chunks appended to j->out, and the
+ * final usage chunk and [DONE] once every choice ended. */
+void ksrv_job_stream(ksrv_job *j);
+/* Non-streaming: the whole response body (after ksrv_job_finished).
+ * Returns the HTTP status (200, or 500 when a choice failed). */
+int ksrv_job_response(ksrv_job *j, ksrv_buf *out);
+
+/* {"error": {...}} for a status. */
+void ksrv_error_json(ksrv_buf *b, int status, const char *type, const char *code, const char *msg);
+
+#endif

@@ -1,0 +1,872 @@
+/* kiln serve over loopback with libcurl: endpoints, streaming, stop
+ * strings, n > 1 and seeds, errors, authentication, disconnects, a load
+ * test with 64 concurrent streaming clients, metrics (and promtool when it
+ * is installed), slow clients.
+ *
+ * The model is the llama oracle fixture (vocab 512) with a byte-level BPE
+ * tokenizer cut to 512 ids and a ChatML template (tests/data/server/tok512,
+ * see tools/make_test_tokenizer.py), assembled in a temporary folder. */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <curl/curl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/file.h"
+#include "base/json.h"
+#include "kt.h"
+#include "server/server.h"
+#include "server/server_int.h"
+
+/* ---------------------------------------------------------------- fixture */
+
+typedef struct {
+    char dir[PATH_MAX];
+    ksrv *s;
+    char base[64];
+} fx;
+
+static bool copy_file(const char *from, const char *to) {
+    char *t;
+    size_t n;
+    kiln_status st = ku_read_file(from, &t, &n);
+    if (st) {
+        kiln_status_free(st);
+        return false;
+    }
+    FILE *f = fopen(to, "wb");
+    bool ok = f && fwrite(t, 1, n, f) == n;
+    if (f) fclose(f);
+    free(t);
+    return ok;
+}
+
+static const char *k_files[] = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                                "tokenizer_config.json"};
+
+static bool make_model(fx *f) {
+    char root[PATH_MAX];
+    if (!realpath(kt_root(), root)) return false;
+    snprintf(f->dir, sizeof f->dir, "/tmp/kiln-srv-XXXXXX");
+    if (!mkdtemp(f->dir)) return false;
+    char from[PATH_MAX * 2], to[PATH_MAX * 2];
+    for (int i = 0; i < 5; i++) {
+        if (i < 3) snprintf(from, sizeof from, "%s/tests/fixtures/oracle/llama/%s", root, k_files[i]);
+        else snprintf(from, sizeof from, "%s/tests/data/server/tok512/%s", root, k_files[i]);
+        snprintf(to, sizeof to, "%s/%s", f->dir, k_files[i]);
+        if (i == 2 ? symlink(from, to) != 0 : !copy_file(from, to)) return false;
+    }
+    return true;
+}
+
+static void remove_model(fx *f) {
+    char p[PATH_MAX * 2];
+    for (int i = 0; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/%s", f->dir, k_files[i]);
+        unlink(p);
+    }
+    rmdir(f->dir);
+}
+
+static ksrv_params default_params(const char *dir) {
+    return (ksrv_params){.model_dir = dir,
+                         .alias = "tiny",
+                         .port = 0,
+                         .parallel = 4,
+                         .ctx_size = 128,
+                         .kv_tokens = 1024,
+                         .block_size = 8,
+                         .threads = 1,
+                         .metrics = true,
+                         .quiet = true};
+}
+
+static bool start(fx *f, ksrv_params *p) {
+    if (!f->dir[0] && !make_model(f)) {
+        kt_fail(__FILE__, __LINE__, "cannot assemble the test model");
+        return false;
+    }
+    p->model_dir = f->dir;
+    kiln_status st = ksrv_start(p, &f->s);
+    if (!st) st = ksrv_wait_ready(f->s);
+    if (st) {
+        kt_fail(__FILE__, __LINE__, "%s", kiln_status_msg(st));
+        kiln_status_free(st);
+        return false;
+    }
+    snprintf(f->base, sizeof f->base, "http://127.0.0.1:%d", ksrv_port(f->s));
+    return true;
+}
+
+static void finish(fx *f) {
+    ksrv_stop(f->s);
+    f->s = NULL;
+    remove_model(f);
+    f->dir[0] = 0;
+}
+
+/* ---------------------------------------------------------------- http */
+
+typedef struct {
+    ksrv_buf body;
+    long status;
+    size_t abort_after; /* 0: never; else fail the transfer after this many bytes */
+} resp;
+
+static size_t on_data(char *p, size_t sz, size_t n, void *ud) {
+    resp *r = ud;
+    ksrv_buf_add(&r->body, p, sz * n);
+    if (r->abort_after && r->body.len >= r->abort_after) return 0;
+    return sz * n;
+}
+
+static CURL *request(const fx *f, const char *method, const char *path, const char *body, const char *key, resp *r,
+                     struct curl_slist **hdrs) {
+    CURL *c = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "%s%s", f->base, path);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+    *hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+    if (key) {
+        char h[256];
+        snprintf(h, sizeof h, "Authorization: Bearer %s", key);
+        *hdrs = curl_slist_append(*hdrs, h);
+    }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hdrs);
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    }
+    return c;
+}
+
+static long http(const fx *f, const char *method, const char *path, const char *body, const char *key, resp *r) {
+    memset(r, 0, sizeof *r);
+    struct curl_slist *h;
+    CURL *c = request(f, method, path, body, key, r, &h);
+    CURLcode rc = curl_easy_perform(c);
+    if (rc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
+    else r->status = -1;
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    ksrv_buf_add(&r->body, "", 0);
+    return r->status;
+}
+
+static cJSON *post_json(const fx *f, const char *path, const char *body, long want) {
+    resp r;
+    long st = http(f, "POST", path, body, NULL, &r);
+    cJSON *j = cJSON_Parse(r.body.p);
+    if (st != want || !j) {
+        kt_fail(__FILE__, __LINE__, "POST %s %s: status %ld (want %ld): %s", path, body, st, want, r.body.p);
+        cJSON_Delete(j);
+        j = NULL;
+    }
+    ksrv_buf_free(&r.body);
+    return j;
+}
+
+/* The SSE stream of a request: text per choice, tokens, finish reasons. */
+typedef struct {
+    int n_events;
+    bool done, leak;
+    char text[8][4096];
+    int ids[8][256], n_ids[8];
+    char finish[8][16];
+    int usage_completion;
+} sse;
+
+static bool parse_sse(const char *body, const char *stop, sse *out) {
+    memset(out, 0, sizeof *out);
+    out->usage_completion = -1;
+    const char *p = body;
+    while ((p = strstr(p, "data: "))) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        if (!e) return false;
+        if (!strncmp(p, "[DONE]", 6)) {
+            out->done = true;
+            break;
+        }
+        cJSON *j = cJSON_ParseWithLength(p, (size_t)(e - p));
+        if (!j) return false;
+        out->n_events++;
+        const cJSON *ch;
+        cJSON_ArrayForEach(ch, ku_json_get(j, "choices")) {
+            int i = (int)ku_json_get(ch, "index")->valuedouble;
+            if (i < 0 || i >= 8) continue;
+            const cJSON *t = ku_json_get(ch, "text");
+            const cJSON *d = ku_json_get(ch, "delta");
+            if (d) t = ku_json_get(d, "content");
+            if (t && cJSON_IsString(t)) {
+                if (stop && strstr(t->valuestring, stop)) out->leak = true;
+                strncat(out->text[i], t->valuestring, sizeof out->text[i] - strlen(out->text[i]) - 1);
+            }
+            const cJSON *tk;
+            cJSON_ArrayForEach(tk, ku_json_get(ch, "tokens")) if (out->n_ids[i] < 256) out->ids[i][out->n_ids[i]++] =
+                (int)tk->valuedouble;
+            const cJSON *fr = ku_json_get(ch, "finish_reason");
+            if (fr && cJSON_IsString(fr)) snprintf(out->finish[i], sizeof out->finish[i], "%s", fr->valuestring);
+        }
+        const cJSON *u = ku_json_get(j, "usage");
+        if (u) out->usage_completion = (int)ku_json_get(u, "completion_tokens")->valuedouble;
+        cJSON_Delete(j);
+        p = e + 2;
+    }
+    return true;
+}
+
+static const char *choice_text(const cJSON *j, int i, bool chat) {
+    const cJSON *c = cJSON_GetArrayItem(ku_json_get(j, "choices"), i);
+    if (chat) c = ku_json_get(c, "message");
+    const cJSON *t = ku_json_get(c, chat ? "content" : "text");
+    return t && cJSON_IsString(t) ? t->valuestring : NULL;
+}
+
+static const char *choice_finish(const cJSON *j, int i) {
+    const cJSON *t = ku_json_get(cJSON_GetArrayItem(ku_json_get(j, "choices"), i), "finish_reason");
+    return t && cJSON_IsString(t) ? t->valuestring : "";
+}
+
+static int choice_ids(const cJSON *j, int i, int *ids, int cap) {
+    int n = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, ku_json_get(cJSON_GetArrayItem(ku_json_get(j, "choices"), i), "tokens")) if (n < cap) ids[n++] =
+        (int)t->valuedouble;
+    return n;
+}
+
+static bool wait_idle(fx *f) {
+    for (int i = 0; i < 500; i++) {
+        int64_t blocks, reqs;
+        ksrv_load(f->s, &blocks, &reqs);
+        if (blocks == 0 && reqs == 0) return true;
+        usleep(10000);
+    }
+    return false;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+KT_TEST(server_completions_chat_streaming_stop_n_seed) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    if (!start(&f, &p)) return;
+    resp r;
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 200);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "GET", "/v1/models", NULL, NULL, &r), 200);
+    KT_CHECK(strstr(r.body.p, "\"id\": \"tiny\""));
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "GET", "/v1/models/tiny", NULL, NULL, &r), 200);
+    ksrv_buf_free(&r.body);
+
+    /* greedy, not streamed: 40 tokens of text */
+    const char *req = "{\"prompt\": \"The cat sat on the mat. The dog\", \"max_tokens\": 40, \"temperature\": 0, "
+                      "\"ignore_eos\": true, \"return_tokens\": true}";
+    cJSON *a = post_json(&f, "/v1/completions", req, 200);
+    KT_CHECK(a);
+    const char *text = choice_text(a, 0, false);
+    KT_CHECK(text && strlen(text) > 10);
+    int ids[256];
+    KT_CHECK_EQ(choice_ids(a, 0, ids, 256), 40);
+    KT_CHECK_STR(choice_finish(a, 0), "length");
+    const cJSON *u = ku_json_get(a, "usage");
+    KT_CHECK_EQ(ku_json_get(u, "completion_tokens")->valuedouble, 40);
+    int n_prompt = (int)ku_json_get(u, "prompt_tokens")->valuedouble;
+    KT_CHECK(n_prompt > 5);
+    /* streamed: the same text and tokens */
+    char sreq[512];
+    snprintf(sreq, sizeof sreq, "%.*s, \"stream\": true, \"stream_options\": {\"include_usage\": true}}", (int)strlen(req) - 1,
+             req);
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", sreq, NULL, &r), 200);
+    sse s;
+    KT_CHECK(parse_sse(r.body.p, NULL, &s));
+    ksrv_buf_free(&r.body);
+    KT_CHECK(s.done);
+    KT_CHECK_STR(s.text[0], text);
+    KT_CHECK_EQ(s.n_ids[0], 40);
+    KT_CHECK(!memcmp(s.ids[0], ids, sizeof(int) * 40));
+    KT_CHECK_STR(s.finish[0], "length");
+    KT_CHECK_EQ(s.usage_completion, 40);
+
+    /* a stop string from the middle of that text: cut there, never streamed */
+    size_t tl = strlen(text), at = tl / 3;
+    while (at + 3 < tl && !(isalpha((unsigned char)text[at]) && isalpha((unsigned char)text[at + 1]))) at++;
+    KT_CHECK(at + 3 < tl);
+    char stop[8] = {0};
+    memcpy(stop, text + at, 2); /* two letters: a stop string that is whole characters */
+    char *cut = strstr(text, stop);
+    KT_CHECK(cut);
+    size_t want_len = (size_t)(cut - text);
+    cJSON *js = cJSON_CreateString(stop);
+    char *stop_json = cJSON_PrintUnformatted(js);
+    cJSON_Delete(js);
+    char sreq2[768];
+    snprintf(sreq2, sizeof sreq2, "%.*s, \"stop\": [\"zzzq\", %s]}", (int)strlen(req) - 1, req, stop_json);
+    cJSON *b = post_json(&f, "/v1/completions", sreq2, 200);
+    KT_CHECK(b);
+    KT_CHECK_EQ(strlen(choice_text(b, 0, false)), want_len);
+    KT_CHECK(!strncmp(choice_text(b, 0, false), text, want_len));
+    KT_CHECK_STR(choice_finish(b, 0), "stop");
+    cJSON_Delete(b);
+    snprintf(sreq2, sizeof sreq2, "%.*s, \"stop\": %s, \"stream\": true}", (int)strlen(req) - 1, req, stop_json);
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", sreq2, NULL, &r), 200);
+    KT_CHECK(parse_sse(r.body.p, stop, &s));
+    ksrv_buf_free(&r.body);
+    KT_CHECK(!s.leak);
+    KT_CHECK_EQ(strlen(s.text[0]), want_len);
+    KT_CHECK_STR(s.finish[0], "stop");
+    free(stop_json);
+
+    /* n = 3 with a seed: choice k equals a lone request seeded seed + k */
+    const char *nreq = "{\"prompt\": [1, 17, 93, 254, 311, 42, 500, 7, 128, 64, 333, 205, 9, 9, 9, 9, 9, 9, 9], \"max_tokens\": "
+                       "20, \"n\": 3, \"seed\": 100, \"temperature\": 1.0, \"return_tokens\": true, \"ignore_eos\": true}";
+    cJSON *c = post_json(&f, "/v1/completions", nreq, 200);
+    KT_CHECK(c);
+    KT_CHECK_EQ(cJSON_GetArraySize(ku_json_get(c, "choices")), 3);
+    for (int k = 0; k < 3; k++) {
+        char one[512];
+        snprintf(one, sizeof one,
+                 "{\"prompt\": [1, 17, 93, 254, 311, 42, 500, 7, 128, 64, 333, 205, 9, 9, 9, 9, 9, 9, 9], \"max_tokens\": "
+                 "20, \"seed\": %d, \"temperature\": 1.0, \"return_tokens\": true, \"ignore_eos\": true}",
+                 100 + k);
+        cJSON *d = post_json(&f, "/v1/completions", one, 200);
+        KT_CHECK(d);
+        int x[256], y[256];
+        int nx = choice_ids(c, k, x, 256), ny = choice_ids(d, 0, y, 256);
+        KT_CHECK_EQ(nx, 20);
+        KT_CHECK_EQ(nx, ny);
+        KT_CHECK(!memcmp(x, y, sizeof(int) * (size_t)nx));
+        KT_CHECK_EQ(ku_json_get(ku_json_get(ku_json_get(d, "usage"), "prompt_tokens_details"), "cached_tokens")->valuedouble,
+                    16); /* the n = 3 request left its prompt blocks in the cache */
+        cJSON_Delete(d);
+    }
+    KT_CHECK_EQ(ku_json_get(ku_json_get(c, "usage"), "completion_tokens")->valuedouble, 60);
+    cJSON_Delete(c);
+
+    /* chat: not streamed vs streamed; echo; logprobs; several prompts */
+    const char *creq = "{\"model\": \"tiny\", \"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": "
+                       "\"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hello\"}]}], \"max_tokens\": 12, "
+                       "\"temperature\": 0}";
+    cJSON *ch = post_json(&f, "/v1/chat/completions", creq, 200);
+    KT_CHECK(ch);
+    KT_CHECK_STR(ku_json_get(ch, "object")->valuestring, "chat.completion");
+    const char *ct = choice_text(ch, 0, true);
+    KT_CHECK(ct);
+    char csreq[512];
+    snprintf(csreq, sizeof csreq, "%.*s, \"stream\": true}", (int)strlen(creq) - 1, creq);
+    KT_CHECK_EQ(http(&f, "POST", "/v1/chat/completions", csreq, NULL, &r), 200);
+    KT_CHECK(parse_sse(r.body.p, NULL, &s));
+    KT_CHECK(strstr(r.body.p, "\"role\": \"assistant\""));
+    KT_CHECK(strstr(r.body.p, "chat.completion.chunk"));
+    ksrv_buf_free(&r.body);
+    KT_CHECK_STR(s.text[0], ct);
+    KT_CHECK_STR(s.finish[0], choice_finish(ch, 0));
+    cJSON_Delete(ch);
+    cJSON *e = post_json(&f, "/v1/completions",
+                         "{\"prompt\": [\"Once upon\", \"a time\"], \"echo\": true, \"max_tokens\": 3, \"logprobs\": 2}", 200);
+    KT_CHECK(e);
+    KT_CHECK_EQ(cJSON_GetArraySize(ku_json_get(e, "choices")), 2);
+    KT_CHECK(!strncmp(choice_text(e, 0, false), "Once upon", 9));
+    KT_CHECK(!strncmp(choice_text(e, 1, false), "a time", 6));
+    const cJSON *lp = ku_json_get(cJSON_GetArrayItem(ku_json_get(e, "choices"), 1), "logprobs");
+    KT_CHECK_EQ(cJSON_GetArraySize(ku_json_get(lp, "token_logprobs")), 3);
+    KT_CHECK_EQ(cJSON_GetArraySize(cJSON_GetArrayItem(ku_json_get(lp, "top_logprobs"), 0)), 2);
+    cJSON_Delete(e);
+    cJSON *cl = post_json(&f, "/v1/chat/completions",
+                          "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 2, \"logprobs\": true, "
+                          "\"top_logprobs\": 3}",
+                          200);
+    KT_CHECK(cl);
+    const cJSON *content = ku_json_get(ku_json_get(cJSON_GetArrayItem(ku_json_get(cl, "choices"), 0), "logprobs"), "content");
+    KT_CHECK(cJSON_GetArraySize(content) >= 1);
+    KT_CHECK_EQ(cJSON_GetArraySize(ku_json_get(cJSON_GetArrayItem(content, 0), "top_logprobs")), 3);
+    cJSON_Delete(cl);
+
+    /* tokenize / detokenize */
+    cJSON *t = post_json(&f, "/tokenize", "{\"content\": \"The cat sat\", \"with_pieces\": false}", 200);
+    KT_CHECK(t);
+    const cJSON *toks = ku_json_get(t, "tokens");
+    KT_CHECK(cJSON_GetArraySize(toks) >= 2);
+    char *tj = cJSON_PrintUnformatted(toks);
+    char dreq[1024];
+    snprintf(dreq, sizeof dreq, "{\"tokens\": %s}", tj);
+    free(tj);
+    cJSON_Delete(t);
+    cJSON *dt = post_json(&f, "/detokenize", dreq, 200);
+    KT_CHECK(dt);
+    KT_CHECK_STR(ku_json_get(dt, "content")->valuestring, "The cat sat");
+    cJSON_Delete(dt);
+    cJSON_Delete(a);
+    KT_CHECK(wait_idle(&f));
+    finish(&f);
+}
+
+static void check_error(fx *f, const char *method, const char *path, const char *body, const char *key, long want,
+                        const char *substr, int line) {
+    resp r;
+    long st = http(f, method, path, body, key, &r);
+    cJSON *j = cJSON_Parse(r.body.p);
+    const cJSON *err = ku_json_get(j, "error");
+    const cJSON *msg = ku_json_get(err, "message");
+    if (st != want || !err || !cJSON_IsString(msg) || (substr && !strstr(r.body.p, substr)))
+        kt_fail(__FILE__, line, "%s %s %.80s: status %ld (want %ld), body %.300s", method, path, body ? body : "", st,
+                want, r.body.p);
+    cJSON_Delete(j);
+    ksrv_buf_free(&r.body);
+}
+
+#define CHECK_ERROR(m, p, b, k, want, sub) check_error(&f, m, p, b, k, want, sub, __LINE__)
+
+KT_TEST(server_errors_and_auth) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.api_key = "sekrit";
+    p.max_body = 1 << 20;
+    if (!start(&f, &p)) return;
+    const char *K = "sekrit";
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\"}", NULL, 401, "invalid_api_key");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\"}", "wrong", 401, "authentication_error");
+    resp r;
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 200); /* open without a key */
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"unknown_field\": {\"x\": 1}}", K,
+                     &r),
+                200); /* unknown fields are ignored, as llama-server and vLLM do */
+    ksrv_buf_free(&r.body);
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", ", K, 400, "invalid JSON");
+    CHECK_ERROR("POST", "/v1/completions", "[1, 2]", K, 400, "JSON object");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": \"ten\"}", K, 400, "\"param\": \"max_tokens\"");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 1e30}", K, 400, "max_tokens");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"temperature\": \"hot\"}", K, 400, "temperature");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"n\": 100000}", K, 400, "\"param\": \"n\"");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"seed\": -5}", K, 400, "seed");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"stream\": 1}", K, 400, "stream");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"logit_bias\": {\"99999\": 1}}", K, 400, "logit_bias");
+    CHECK_ERROR("POST", "/v1/completions", "{\"max_tokens\": 3}", K, 400, "prompt");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": []}", K, 400, "prompt");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": [1, 2, 512]}", K, 400, "token id");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": [1, 2.5]}", K, 400, "token id");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": [[1, 2], \"x\", 7]}", K, 400, "prompt[2]");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"suffix\": \"x\"}", K, 400, "suffix");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"model\": \"gpt-4\"}", K, 404, "model_not_found");
+    CHECK_ERROR("GET", "/v1/models/gpt-4", NULL, K, 404, "model_not_found");
+    CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": \"hi\"}", K, 400, "messages");
+    CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"content\": \"hi\"}]}", K, 400, "role");
+    CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+                K, 400, "parts");
+    /* a prompt longer than the context (128) */
+    ksrv_buf big = {0};
+    ksrv_buf_str(&big, "{\"prompt\": [");
+    for (int i = 0; i < 200; i++) ksrv_buf_printf(&big, "%s%d", i ? ", " : "", 5 + i % 100);
+    ksrv_buf_str(&big, "]}");
+    CHECK_ERROR("POST", "/v1/completions", big.p, K, 400, "context size");
+    ksrv_buf_free(&big);
+    CHECK_ERROR("GET", "/v1/nothing", NULL, K, 404, "not_found_error");
+    CHECK_ERROR("GET", "/v1/completions", NULL, K, 405, NULL);
+    CHECK_ERROR("POST", "/health", "{}", K, 405, NULL);
+    CHECK_ERROR("POST", "/tokenize", "{\"content\": 5}", K, 400, "content");
+    CHECK_ERROR("POST", "/detokenize", "{\"tokens\": [\"a\"]}", K, 400, "tokens");
+    /* 10 MB: refused before it is read (Content-Length), then with chunked transfer */
+    size_t n = 10u << 20;
+    char *huge = malloc(n + 1);
+    memset(huge, ' ', n);
+    memcpy(huge, "{\"prompt\": \"", 12);
+    memset(huge + 12, 'a', n - 20);
+    memcpy(huge + n - 8, "\"}      ", 8);
+    huge[n] = 0;
+    CHECK_ERROR("POST", "/v1/completions", huge, K, 413, "request_too_large");
+    {
+        memset(&r, 0, sizeof r);
+        struct curl_slist *h;
+        CURL *c = request(&f, "POST", "/v1/completions", NULL, K, &r, &h);
+        h = curl_slist_append(h, "Transfer-Encoding: chunked");
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, huge);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, -1L);
+        CURLcode rc = curl_easy_perform(c);
+        long status = 0;
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+        KT_CHECKF(rc == CURLE_OK && status == 413, "chunked 10 MB: curl %d, status %ld", (int)rc, status);
+        curl_slist_free_all(h);
+        curl_easy_cleanup(c);
+        ksrv_buf_free(&r.body);
+    }
+    free(huge);
+    /* the server still answers */
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2}", K, &r), 200);
+    ksrv_buf_free(&r.body);
+    KT_CHECK(wait_idle(&f));
+    finish(&f);
+    /* metrics off: 501 */
+    p = default_params(NULL);
+    p.metrics = false;
+    if (!start(&f, &p)) return;
+    CHECK_ERROR("GET", "/metrics", NULL, NULL, 501, "--metrics");
+    finish(&f);
+}
+
+/* ---------------------------------------------------------------- load */
+
+typedef struct {
+    int max_tokens, n_prompt;
+    bool disconnect, stream;
+    char body[2048];
+    resp r;
+    CURL *c;
+    struct curl_slist *h;
+} client;
+
+static void client_init(client *cl, int i, uint64_t *rng) {
+    *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t x = *rng >> 33;
+    cl->n_prompt = 4 + (int)(x % 60);
+    cl->max_tokens = 1 + (int)((x >> 8) % 50);
+    cl->disconnect = i % 4 == 3;
+    cl->stream = i % 8 != 1;
+    if (cl->disconnect) cl->max_tokens = 60; /* still running when the client leaves */
+    ksrv_buf b = {0};
+    ksrv_buf_str(&b, "{\"prompt\": [");
+    for (int k = 0; k < cl->n_prompt; k++) ksrv_buf_printf(&b, "%s%d", k ? ", " : "", 3 + (int)((x * (k + 7)) % 500));
+    ksrv_buf_printf(&b, "], \"max_tokens\": %d, \"temperature\": %s, \"seed\": %d, \"ignore_eos\": true, \"return_tokens\": true%s}",
+                    cl->max_tokens, i % 2 ? "0.9" : "0", i, cl->stream ? ", \"stream\": true" : "");
+    snprintf(cl->body, sizeof cl->body, "%s", b.p);
+    ksrv_buf_free(&b);
+}
+
+static int metric(const char *text, const char *name) {
+    const char *p = text;
+    size_t n = strlen(name);
+    while ((p = strstr(p, name))) {
+        if ((p == text || p[-1] == '\n') && p[n] == ' ') return atoi(p + n + 1);
+        p += n;
+    }
+    return -1;
+}
+
+static int run_promtool(const char *text) {
+    char tool[PATH_MAX + 64] = "";
+    char root[PATH_MAX];
+    if (realpath(kt_root(), root)) {
+        snprintf(tool, sizeof tool, "%s/build/tools/usr/bin/promtool", root);
+        if (access(tool, X_OK) != 0) tool[0] = 0;
+    }
+    if (!tool[0] && system("command -v promtool >/dev/null 2>&1") == 0) snprintf(tool, sizeof tool, "promtool");
+    if (!tool[0]) return -1;
+    char path[] = "/tmp/kiln-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return -2;
+    ssize_t w = write(fd, text, strlen(text));
+    close(fd);
+    if (w < 0) return -2;
+    char cmd[PATH_MAX * 2];
+    snprintf(cmd, sizeof cmd, "%s check metrics < %s", tool, path);
+    int rc = system(cmd);
+    unlink(path);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -2;
+}
+
+KT_TEST(server_load_64_clients_disconnects_metrics) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.parallel = 8;
+    p.kv_tokens = 256; /* 32 blocks of 8 for 8 sequences of up to 123 tokens: preemptions */
+    p.step_delay_us = 500; /* clients that leave do so mid-stream */
+    if (!start(&f, &p)) return;
+    enum { N = 64 };
+    client *cl = calloc(N, sizeof *cl);
+    uint64_t rng = 12345;
+    for (int i = 0; i < N; i++) client_init(&cl[i], i, &rng);
+    /* the reference: each request alone, one after the other (not streamed) */
+    int (*want)[64] = calloc(N, sizeof *want);
+    int *n_want = calloc(N, sizeof(int));
+    for (int i = 0; i < N; i++) {
+        if (cl[i].disconnect) continue;
+        char body[2048];
+        snprintf(body, sizeof body, "%s", cl[i].body);
+        char *s = strstr(body, ", \"stream\": true");
+        if (s) memmove(s, s + 16, strlen(s + 16) + 1);
+        cJSON *j = post_json(&f, "/v1/completions", body, 200);
+        KT_CHECK(j);
+        n_want[i] = choice_ids(j, 0, want[i], 64);
+        cJSON_Delete(j);
+    }
+    /* all 64 at once */
+    CURLM *m = curl_multi_init();
+    for (int i = 0; i < N; i++) {
+        cl[i].r.abort_after = cl[i].disconnect ? 600 : 0; /* a few chunks in */
+        cl[i].c = request(&f, "POST", "/v1/completions", cl[i].body, NULL, &cl[i].r, &cl[i].h);
+        curl_multi_add_handle(m, cl[i].c);
+    }
+    double t0 = ksrv_now();
+    int running = 1;
+    while (running && ksrv_now() - t0 < 120) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 100, NULL);
+    }
+    KT_CHECKF(!running, "the load test did not finish in 120 s");
+    int done = 0, gone = 0;
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(m, &left)))
+        for (int i = 0; i < N; i++)
+            if (msg->easy_handle == cl[i].c) {
+                long status = 0;
+                curl_easy_getinfo(cl[i].c, CURLINFO_RESPONSE_CODE, &status);
+                if (cl[i].disconnect) {
+                    KT_CHECKF(msg->data.result == CURLE_WRITE_ERROR, "client %d: curl %d", i, (int)msg->data.result);
+                    gone++;
+                    continue;
+                }
+                KT_CHECKF(msg->data.result == CURLE_OK && status == 200, "client %d: curl %d status %ld", i,
+                          (int)msg->data.result, status);
+                ksrv_buf_add(&cl[i].r.body, "", 0);
+                int got[256], n_got;
+                if (cl[i].stream) {
+                    sse s;
+                    KT_CHECK(parse_sse(cl[i].r.body.p, NULL, &s));
+                    KT_CHECK(s.done);
+                    n_got = s.n_ids[0];
+                    memcpy(got, s.ids[0], sizeof(int) * (size_t)n_got);
+                } else {
+                    cJSON *j = cJSON_Parse(cl[i].r.body.p);
+                    n_got = choice_ids(j, 0, got, 256);
+                    cJSON_Delete(j);
+                }
+                KT_CHECKF(n_got == n_want[i] && n_got == cl[i].max_tokens &&
+                              !memcmp(got, want[i], sizeof(int) * (size_t)n_got),
+                          "client %d: %d tokens, alone %d", i, n_got, n_want[i]);
+                done++;
+            }
+    KT_CHECK_EQ(done + gone, N);
+    KT_CHECK(wait_idle(&f)); /* no KV block leaked, nothing left running */
+    resp r;
+    KT_CHECK_EQ(http(&f, "GET", "/metrics", NULL, NULL, &r), 200);
+    const char *mt = r.body.p;
+    int ok_alone = 0;
+    for (int i = 0; i < N; i++) ok_alone += !cl[i].disconnect;
+    /* a client's leaving is seen at the next write: its sequence may have
+     * ended meanwhile */
+    int n_len = metric(mt, "kiln_request_success_total{finished_reason=\"length\"}");
+    int n_abort = metric(mt, "kiln_request_aborted_total");
+    KT_CHECK_EQ(n_len + n_abort, done + ok_alone + gone);
+    KT_CHECKF(n_abort >= gone / 2, "%d of %d clients that left had their sequence cancelled", n_abort, gone);
+    KT_CHECK_EQ(metric(mt, "kiln_num_requests_running"), 0);
+    KT_CHECK_EQ(metric(mt, "kiln_num_requests_waiting"), 0);
+    KT_CHECK(strstr(mt, "kiln_kv_cache_usage_ratio 0\n"));
+    KT_CHECK(metric(mt, "kiln_num_preemptions_total") > 0);
+    KT_CHECK(metric(mt, "kiln_time_to_first_token_seconds_count") >= N);
+    int gen = 0;
+    for (int i = 0; i < N; i++) gen += cl[i].disconnect ? 0 : 2 * cl[i].max_tokens;
+    KT_CHECK(metric(mt, "kiln_generation_tokens_total") >= gen);
+    int rc = run_promtool(mt);
+    if (rc == -1) fprintf(stderr, "  promtool not found (scripts/deps.sh puts it in build/tools): not run\n");
+    else KT_CHECKF(rc == 0, "promtool check metrics: exit %d on\n%s", rc, mt);
+    ksrv_buf_free(&r.body);
+    for (int i = 0; i < N; i++) {
+        curl_multi_remove_handle(m, cl[i].c);
+        curl_easy_cleanup(cl[i].c);
+        curl_slist_free_all(cl[i].h);
+        ksrv_buf_free(&cl[i].r.body);
+    }
+    curl_multi_cleanup(m);
+    free(cl), free(want), free(n_want);
+    finish(&f);
+}
+
+static int connect_raw(int port) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(s);
+        return -1;
+    }
+    return s;
+}
+
+KT_TEST(server_disconnects_slow_clients_queue_full) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.parallel = 1;
+    p.max_queue = 1;
+    p.timeout_s = 1;
+    p.step_delay_us = 2000; /* 100 tokens take 200 ms or more */
+    if (!start(&f, &p)) return;
+    /* a client that sends half a request and stalls does not hold up others */
+    int slow = connect_raw(ksrv_port(f.s));
+    KT_CHECK(slow >= 0);
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(slow, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const char *part = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prom";
+    KT_CHECK(write(slow, part, strlen(part)) == (ssize_t)strlen(part));
+    resp r;
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 3}", NULL, &r), 200);
+    ksrv_buf_free(&r.body);
+    /* non-streamed request abandoned by its client (timeout) */
+    memset(&r, 0, sizeof r);
+    struct curl_slist *h;
+    CURL *c = request(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 100, \"ignore_eos\": true}", NULL,
+                      &r, &h);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30L);
+    CURLcode rc = curl_easy_perform(c);
+    KT_CHECK_EQ(rc, CURLE_OPERATION_TIMEDOUT);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    ksrv_buf_free(&r.body);
+    KT_CHECK(wait_idle(&f));
+    /* queue full: 16 clients at once for one running and one waiting
+     * place; the others get 503, the server carries on */
+    enum { NQ = 16 };
+    CURLM *m = curl_multi_init();
+    resp rr[NQ];
+    CURL *cc[NQ];
+    struct curl_slist *hh[NQ];
+    memset(rr, 0, sizeof rr);
+    for (int i = 0; i < NQ; i++) {
+        cc[i] = request(&f, "POST", "/v1/completions",
+                        "{\"prompt\": \"hi\", \"max_tokens\": 120, \"ignore_eos\": true, \"stream\": true}", NULL, &rr[i],
+                        &hh[i]);
+        curl_multi_add_handle(m, cc[i]);
+    }
+    int running = 1;
+    double t0 = ksrv_now();
+    while (running && ksrv_now() - t0 < 60) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 10, NULL);
+    }
+    int n200 = 0, n503 = 0;
+    for (int i = 0; i < NQ; i++) {
+        long status = 0;
+        curl_easy_getinfo(cc[i], CURLINFO_RESPONSE_CODE, &status);
+        ksrv_buf_add(&rr[i].body, "", 0);
+        if (status == 200 && strstr(rr[i].body.p, "data: [DONE]")) n200++;
+        if (status == 503 && strstr(rr[i].body.p, "queue_full")) n503++;
+        curl_multi_remove_handle(m, cc[i]);
+        curl_easy_cleanup(cc[i]);
+        curl_slist_free_all(hh[i]);
+        ksrv_buf_free(&rr[i].body);
+    }
+    curl_multi_cleanup(m);
+    /* (how many get in depends on whether the first was admitted before
+     * the second arrived: the queue counts requests not yet admitted) */
+    KT_CHECKF(n200 >= 1 && n503 >= 1 && n200 + n503 == NQ, "%d answered, %d refused (503) of %d", n200, n503, NQ);
+    KT_CHECK(wait_idle(&f));
+    /* the slow client was timed out meanwhile: its socket reads EOF */
+    char buf[512];
+    ssize_t n = read(slow, buf, sizeof buf);
+    KT_CHECK(n >= 0);
+    close(slow);
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 200);
+    ksrv_buf_free(&r.body);
+    finish(&f);
+}
+
+KT_TEST(server_health_503_while_loading_and_bad_model) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    KT_CHECK(make_model(&f));
+    ksrv_params lp = default_params(f.dir);
+    lp.load_delay_ms = 300;
+    KT_CHECK_OK(ksrv_start(&lp, &f.s));
+    snprintf(f.base, sizeof f.base, "http://127.0.0.1:%d", ksrv_port(f.s));
+    resp r;
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 503);
+    KT_CHECK(strstr(r.body.p, "Loading model"));
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\"}", NULL, &r), 503);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_OK(ksrv_wait_ready(f.s));
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 200);
+    ksrv_buf_free(&r.body);
+    ksrv_stop(f.s);
+    /* a model that cannot load: 503 with the reason, for good */
+    char p2[PATH_MAX * 2];
+    snprintf(p2, sizeof p2, "%s/config.json", f.dir);
+    FILE *cf = fopen(p2, "w");
+    KT_CHECK(cf);
+    fputs("{\"model_type\": \"nope\"}", cf);
+    fclose(cf);
+    ksrv_params p = default_params(f.dir);
+    KT_CHECK_OK(ksrv_start(&p, &f.s));
+    snprintf(f.base, sizeof f.base, "http://127.0.0.1:%d", ksrv_port(f.s));
+    KT_CHECK_ERR(ksrv_wait_ready(f.s), "not supported");
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 503);
+    KT_CHECK(strstr(r.body.p, "not supported"));
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\"}", NULL, &r), 503);
+    ksrv_buf_free(&r.body);
+    finish(&f);
+}
+
+/* Bodies built from every request field with values of every JSON type:
+ * each gets an answer (200 or an OpenAI error with 400/404), streams end
+ * with [DONE], nothing crashes, nothing leaks. */
+KT_TEST(server_random_bodies) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.ctx_size = 64;
+    if (!start(&f, &p)) return;
+    static const char *const fields[] = {
+        "prompt", "messages", "max_tokens", "n", "temperature", "top_p", "top_k", "stop", "seed", "logprobs",
+        "top_logprobs", "echo", "stream", "stream_options", "logit_bias", "min_p", "typical_p", "repeat_penalty",
+        "repeat_last_n", "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length",
+        "dry_penalty_last_n", "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "ignore_eos", "min_tokens",
+        "return_tokens", "model", "user", "n_probs", "samplers", "best_of", "suffix", "max_completion_tokens",
+        "chat_template_kwargs", "tools"};
+    static const char *const values[] = {
+        "0", "1", "-1", "2", "3.5", "1e308", "-1e308", "2147483648", "0.000001", "\"\"", "\"x\"",
+        "\"<|im_start|>\"", "\"\\u0000\"", "[]", "[1, 2, 3]", "[\"a\", \"\"]", "[[1], [2, 3]]", "{}",
+        "{\"1\": 2}", "{\"include_usage\": true}", "null", "true", "false", "[{\"role\": \"user\", \"content\": \"hi\"}]",
+        "[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}]}]", "\"tiny\"", "\"top_k;temperature\""};
+    int nf = (int)(sizeof fields / sizeof fields[0]), nv = (int)(sizeof values / sizeof values[0]);
+    uint64_t rng = 99;
+    int counts[6] = {0};
+    for (int it = 0; it < 300; it++) {
+        ksrv_buf b = {0};
+        /* mostly well-formed prompts first (cJSON takes the first of
+         * repeated keys), so that many requests get to generate */
+        ksrv_buf_str(&b, "{\"max_tokens\": 4");
+        if (it % 3) ksrv_buf_str(&b, it % 2 ? ", \"prompt\": \"hello\"" : ", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]");
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int k = 1 + (int)((rng >> 40) % 3);
+        for (int i = 0; i < k; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            int fi = (int)((rng >> 33) % (uint64_t)nf), vi = (int)((rng >> 13) % (uint64_t)nv);
+            ksrv_buf_printf(&b, ", \"%s\": %s", fields[fi], values[vi]);
+        }
+        ksrv_buf_str(&b, "}");
+        const char *path = it % 2 ? "/v1/completions" : "/v1/chat/completions";
+        resp r;
+        long st = http(&f, "POST", path, b.p, NULL, &r);
+        bool ok = st == 200 || st == 400 || st == 404;
+        if (st == 200 && strstr(b.p, "\"stream\": true") && strncmp(r.body.p, "{", 1))
+            ok = strstr(r.body.p, "data: [DONE]") != NULL;
+        else if (st != 200) ok = ok && strstr(r.body.p, "\"error\"");
+        counts[st == 200 ? 0 : st == 400 ? 1 : st == 404 ? 2 : 3]++;
+        if (!ok) kt_fail(__FILE__, __LINE__, "%s %s: status %ld: %.300s", path, b.p, st, r.body.p);
+        ksrv_buf_free(&r.body);
+        ksrv_buf_free(&b);
+        if (!ok) break;
+    }
+    KT_CHECKF(counts[0] > 20 && counts[1] > 20, "%d answered, %d refused", counts[0], counts[1]);
+    KT_CHECK(wait_idle(&f));
+    finish(&f);
+}
