@@ -348,6 +348,8 @@ int64_t ke_seq_blocks_needed(const ke_ctx *c, int seq, int64_t n) {
     return nb > q->n_blocks ? nb - q->n_blocks : 0;
 }
 
+static int64_t longrope_limit(const km_hparams *hp);
+
 int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
     seq_state *q = open_seq(c, seq);
     if (!q || q->len != 0 || q->n_blocks != 0 || n <= 0) return 0;
@@ -367,6 +369,16 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
     }
     q->n_hashed = q->n_blocks;
     q->len = q->n_blocks * bs;
+    if (q->len && longrope_limit(&c->m->hp) >= 0) { /* ke_decode may need to feed them again */
+        if (!q->toks) q->toks = malloc(sizeof(int32_t) * (size_t)c->p.n_ctx);
+        if (!q->toks) { /* cannot keep them: give the blocks back */
+            for (int64_t j = 0; j < q->n_blocks; j++) drop_block(c, q->blocks[j]);
+            q->n_blocks = q->n_hashed = 0;
+            q->len = 0;
+            return 0;
+        }
+        memcpy(q->toks, tokens, sizeof(int32_t) * (size_t)q->len);
+    }
     c->prefix_hits += q->len;
     return q->len;
 }
