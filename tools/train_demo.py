@@ -654,7 +654,6 @@ GENERATION_CONFIG = {
     "pad_token_id": EOT,
     "temperature": 0.8,
     "top_k": 40,
-    "top_p": 0.95,
 }
 
 
@@ -877,6 +876,30 @@ def oracle(model, tok, folder_rel):
             "full_text": tok.decode(long_ids, skip_special=True),
         },
     }, rows
+
+
+@torch.no_grad()
+def check_against_transformers():
+    """Runs this file's forward on ../shared's transformers-made llama fixtures (when
+    present): the logits must match transformers' own within 1e-4 and greedy ids exactly.
+    -> {case: max_abs_diff} or {} without ../shared."""
+    base = os.path.join(ROOT, "..", "shared", "oracle", "fixtures")
+    out = {}
+    for case in ("llama", "llama_head_dim"):
+        d = os.path.join(base, case)
+        if not os.path.isfile(os.path.join(d, "oracle.json")):
+            continue
+        with open(os.path.join(d, "oracle.json")) as f:
+            o = json.load(f)
+        m = load_model(d)
+        rows = m(torch.tensor([o["all_ids"]]))[0, len(o["prompt_ids"]) - 1:].numpy()
+        diff = float(np.abs(rows - np.load(os.path.join(d, "logits.npy"))).max())
+        gen = greedy(m, o["prompt_ids"], len(o["generated_ids"]))[len(o["prompt_ids"]):]
+        if diff > 1e-4 or gen != o["generated_ids"]:
+            sys.exit(f"forward disagrees with transformers on fixture {case}: "
+                     f"max |diff| {diff}, greedy equal {gen == o['generated_ids']}")
+        out[case] = diff
+    return out
 
 
 @torch.no_grad()
@@ -1145,7 +1168,6 @@ def main():
     if not args.reference_only:
         trained, secs, n_params, last_loss, steplog = train(tok, train_stream, held_stream, log)
         write_json(os.path.join(out, "config.json"), hf_config(trained.cfg))
-        write_json(os.path.join(out, "generation_config.json"), GENERATION_CONFIG)
         write_safetensors(os.path.join(out, "model.safetensors"),
                           state_for_checkpoint(trained))
         cpu = "unknown CPU"
@@ -1159,6 +1181,7 @@ def main():
             train_tokens=len(train_stream), cpu=f"{cpu}, {TRAIN_CFG['threads']} threads",
             epochs=TRAIN_CFG["steps"] * TRAIN_CFG["batch_size"] * TRAIN_CFG["seq_len"]
             / len(train_stream), train_cfg=TRAIN_CFG, steplog=steplog))
+    write_json(os.path.join(out, "generation_config.json"), GENERATION_CONFIG)
     with open(info_path) as f:
         info = json.load(f)
     model = load_model(out)
@@ -1168,7 +1191,14 @@ def main():
             assert torch.equal(t, model.state_dict()[name]), name
         del trained
 
+    checked = check_against_transformers()
+    log(f"forward vs transformers fixtures: {checked or 'skipped (no ../shared)'}")
     ref, rows = oracle(model, tok, args.out)
+    if checked:
+        ref["forward_checked_against"] = {
+            "what": "this forward on ../shared/oracle/fixtures (made by transformers "
+                    "LlamaForCausalLM): greedy ids equal, max |logit diff| per case",
+            "max_abs_diff": checked}
     write_json(os.path.join(data, "oracle.json"), ref, indent=1)
     np.save(os.path.join(data, "logits.npy"), rows)
     log(f"oracle: prompt {ref['prompt_ids']} -> {ref['generated_text']!r}, "
