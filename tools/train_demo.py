@@ -816,6 +816,14 @@ def train(tok, train_stream, held_stream, log):
 # 4. Reference data for kiln's tests
 
 
+def until_eos(ids):
+    """The ids before the first <|endoftext|> or <|im_end|>."""
+    for i, t in enumerate(ids):
+        if t in (EOT, IM_END):
+            return ids[:i]
+    return ids
+
+
 @torch.no_grad()
 def greedy(model, ids, n):
     ids = list(ids)
@@ -881,9 +889,11 @@ def oracle(model, tok, folder_rel):
 @torch.no_grad()
 def check_against_transformers():
     """Runs this file's forward on ../shared's transformers-made llama fixtures (when
-    present): the logits must match transformers' own within 1e-4 and greedy ids exactly.
+    present; $KILN_SHARED overrides ../shared as for kiln's tests): the logits must match
+    transformers' own within 1e-4 and greedy ids exactly.
     -> {case: max_abs_diff} or {} without ../shared."""
-    base = os.path.join(ROOT, "..", "shared", "oracle", "fixtures")
+    shared = os.environ.get("KILN_SHARED") or os.path.join(ROOT, "..", "shared")
+    base = os.path.join(shared, "oracle", "fixtures")
     out = {}
     for case in ("llama", "llama_head_dim"):
         d = os.path.join(base, case)
@@ -1029,7 +1039,7 @@ windows of {TRAIN_CFG['seq_len']} tokens ({info['epochs']:.1f} passes over
 clipping {TRAIN_CFG['grad_clip']}; seed {SEED}; torch threads {TRAIN_CFG['threads']}. The
 training forward folds the attention scale into q and shares K/V heads without copies;
 the same weights then run through transformers' exact eager maths for everything below.
-Training took {info['train_secs'] / 60:.1f} minutes ({info['cpu']}).
+Training took {info['train_secs'] / 60:.1f} minutes ({info['cpu']}){info.get('load_note', '')}.
 
 | | loss (nats/token) | perplexity |
 |---|---|---|
@@ -1043,7 +1053,7 @@ chunks of n_ctx, second half of each chunk scored), float32 PyTorch:
 
 ## Samples
 
-Greedy, prompt `{PROMPT_TEXT}`:
+Greedy, prompt `{PROMPT_TEXT}` (BOS prepended), up to the first end-of-text token:
 
 ```
 {info['long_text']}
@@ -1232,7 +1242,7 @@ def main():
         n_heldout=len(held_set), heldout_bytes=len(heldout_text.encode()),
         train_eval_loss=eval_loss(model, train_stream, TRAIN_CFG["seq_len"]),
         heldout_loss=eval_loss(model, held_stream, TRAIN_CFG["seq_len"]),
-        long_text=ref["long_greedy"]["full_text"],
+        long_text=PROMPT_TEXT + tok.decode(until_eos(ref["long_greedy"]["generated_ids"])),
         samples="\n\n".join(samples),
         ppl_lines="\n".join(f"- n_ctx {r['n_ctx']}: PPL = {r['ppl']:.4f} +/- "
                             f"{r['stderr']:.5f} ({r['n_chunks']} chunks)"
