@@ -77,8 +77,11 @@ check:
 	$(MAKE) test
 	$(MAKE) asan
 
+# The main job: the bundled demo model continues a prompt, then answers in chat.
 demo: deps all
-	$(BUILD)/kiln generate
+	$(BUILD)/kiln generate -p "The secret of success is" -n 64 --seed 42
+	@echo
+	$(BUILD)/kiln generate --chat -p "Tell me something wise." -n 64 --seed 7
 
 clean:
 	rm -rf build

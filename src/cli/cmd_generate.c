@@ -336,6 +336,7 @@ int kiln_cmd_generate(int argc, char **argv) {
                    finish, t[0], t[1], t[2], t[1] > 0 ? o.n_prompt / t[1] : 0, t[2] > 0 ? (double)rec.n / t[2] : 0);
         } else {
             printf("\n");
+            fflush(stdout);
             fprintf(stderr, "kiln: %d prompt tokens in %.3f s (%.1f tok/s), %lld generated in %.3f s (%.1f tok/s), finish: %s\n",
                     o.n_prompt, t[1], t[1] > 0 ? o.n_prompt / t[1] : 0, (long long)rec.n, t[2],
                     t[2] > 0 ? (double)rec.n / t[2] : 0, finish);

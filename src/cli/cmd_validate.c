@@ -66,16 +66,18 @@ int kiln_cmd_validate(int argc, char **argv) {
     int n_dirs = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: kiln validate [--tolerance X] [--threads N] [--decompose] [--no-batched] DIR...\n"
+            printf("usage: kiln validate [--tolerance X] [--threads N] [--decompose] [--no-batched] [--oracle DIR] DIR...\n"
                    "  Runs the oracle gate (../shared/oracle/README.md) on fixture folders and prints\n"
                    "  PASS/FAIL with the max logit difference per path.\n"
-                   "  --decompose   run every composite op as its reference decomposition\n");
+                   "  --decompose   run every composite op as its reference decomposition\n"
+                   "  --oracle DIR  read oracle.json and logits.npy from DIR instead of each model folder\n");
             return 0;
         }
         if (!strcmp(argv[i], "--tolerance") && i + 1 < argc) r.o.tolerance = atof(argv[++i]);
         else if ((!strcmp(argv[i], "--threads") || !strcmp(argv[i], "-t")) && i + 1 < argc) r.o.n_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decompose")) r.o.compile.decompose_all = true;
         else if (!strcmp(argv[i], "--no-batched")) r.o.skip_batched = true;
+        else if (!strcmp(argv[i], "--oracle") && i + 1 < argc) r.o.oracle_dir = argv[++i];
         else if (argv[i][0] == '-') {
             fprintf(stderr, "kiln validate: unknown option %s\n", argv[i]);
             return 1;
@@ -83,6 +85,8 @@ int kiln_cmd_validate(int argc, char **argv) {
             if (!ku_dir_exists(argv[i])) {
                 printf("FAIL %s: not a folder\n", argv[i]);
                 r.fail++;
+            } else if (r.o.oracle_dir) {
+                check(&r, argv[i]); /* one model against the given oracle */
             } else {
                 walk(&r, argv[i], 0);
             }

@@ -191,7 +191,7 @@ kiln_status kv_validate(const char *dir, const kv_options *vo, kv_result *r) {
     kv_options o = *vo;
     if (o.tolerance <= 0) o.tolerance = 1e-3;
     oracle orc;
-    kiln_status st = oracle_load(dir, &orc);
+    kiln_status st = oracle_load(o.oracle_dir ? o.oracle_dir : dir, &orc);
     ke_model *m = NULL;
     if (!st) st = ke_model_load(dir, &m);
     if (!st && ke_model_hparams(m)->vocab != orc.cols)

@@ -24,6 +24,7 @@ typedef struct {
     int n_threads;      /* 0: all CPUs */
     kp_options compile; /* e.g. decompose_all to run the reference decompositions */
     bool skip_batched;
+    const char *oracle_dir; /* oracle.json and logits.npy from here (default: the model folder) */
 } kv_options;
 
 typedef struct {
