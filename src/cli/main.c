@@ -17,6 +17,8 @@ static const struct {
     {"tokenize", kiln_cmd_tokenize, "text to token ids with a model's tokenizer"},
     {"detokenize", kiln_cmd_detokenize, "token ids to text"},
     {"template", kiln_cmd_template, "render a chat template for a list of messages"},
+    {"quantize", kiln_cmd_quantize, "write an MLX affine quantized copy of a checkpoint (2-8 bits)"},
+    {"perplexity", kiln_cmd_perplexity, "perplexity of a text file, as llama.cpp's perplexity tool"},
 };
 
 static void usage(FILE *f) {
