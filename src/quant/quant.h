@@ -32,9 +32,9 @@
  * one entry per quantized module under a mixed recipe), keys sorted and
  * indented by 4 as Python's json.dump writes them, "_name_or_path" dropped.
  * Tokenizer files, chat templates, generation_config.json and *.py are
- * copied. Float tensors are cast to config.json's "torch_dtype" first when it
- * names float32/float16/bfloat16, as mlx_lm.convert does; else they keep
- * their dtype. Tensors mlx-lm's models drop on load (rotary inv_freq, the
+ * copied. Float tensors are cast to the --dtype given, else to config.json's
+ * "torch_dtype" when it names float32/float16/bfloat16, as mlx_lm.convert
+ * does; else they keep their dtype. Quantization reads the cast weights. Tensors mlx-lm's models drop on load (rotary inv_freq, the
  * lm_head.weight of a tied model) are dropped.
  *
  * Everything is written into a fresh temporary folder beside the output,
@@ -84,9 +84,12 @@ int kq_recipe_bits(const kq_recipe *r, const char *path, int layer_pos, int64_t 
 /* ---- whole checkpoints --------------------------------------------------- */
 
 typedef struct {
-    int bits;           /* 2, 3, 4, 5, 6 or 8 (with a recipe: the default written to config.json) */
+    int bits;           /* 2, 3, 4, 5, 6 or 8 (with a recipe: the default written to config.json);
+                           0: no quantization, only the dtype cast (mlx_lm.convert without -q) */
     int group_size;     /* 32, 64 or 128 */
     const char *mixed;  /* NULL, or a recipe name (kq_recipe_parse) */
+    const char *dtype;  /* "float32", "float16", "bfloat16": cast float tensors (and scales) to it first, as
+                           mlx_lm.convert --dtype; NULL: config.json's torch_dtype as mlx_lm.convert does */
     int64_t shard_bytes;/* most tensor bytes per file; 0: 5 GiB, as mlx-lm */
     /* Called after each tensor: done/total count parameters. May be NULL. */
     void (*progress)(void *ud, int64_t done, int64_t total, const char *tensor);

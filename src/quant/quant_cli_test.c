@@ -262,3 +262,43 @@ KT_TEST(quant_bad_inputs_leave_nothing) {
     KT_CHECKF(count_entries(parent, "") == 0, "%d entries left in %s", count_entries(parent, ""), parent);
     rmdir(parent);
 }
+
+/* --dtype alone converts (mlx_lm.convert --dtype without -q): bfloat16
+ * equals the fixture's bf16 weights (rounded to nearest even); with --bits
+ * the scales and biases take that dtype. */
+KT_TEST(quant_dtype_conversion) {
+    char src[4096], want[4096], parent[512], out[1024], q[1024];
+    kt_path(src, sizeof src, "tests/fixtures/oracle/llama");
+    kt_path(want, sizeof want, "tests/fixtures/oracle/llama/bf16");
+    KT_CHECK(ckt_tmpdir(parent, sizeof parent) != NULL);
+    FMT(out, "%s/bf16", parent);
+    char *argv[] = {"quantize", "-m", src, "--dtype", "bfloat16", "--out", out};
+    KT_CHECK_EQ(run_quiet(kiln_cmd_quantize, 7, argv), 0);
+    kc_checkpoint *a, *b;
+    KT_CHECK_OK(kc_open(out, &a));
+    KT_CHECK_OK(kc_open(want, &b));
+    KT_CHECK(!ku_json_get(kc_root_config(a), "quantization"));
+    KT_CHECK_EQ(kc_tensor_count(a), kc_tensor_count(b));
+    for (int i = 0; i < kc_tensor_count(b); i++) {
+        const kc_tensor *y = kc_tensor_at(b, i), *x = kc_find(a, y->name);
+        KT_CHECKF(x && x->dtype == KC_BF16 && x->nbytes == y->nbytes && !memcmp(x->data, y->data, y->nbytes), "%s",
+                  y->name);
+    }
+    kc_close(a);
+    kc_close(b);
+    FMT(q, "%s/q4bf16", parent);
+    kq_options o = {.bits = 4, .group_size = 32, .dtype = "bfloat16"};
+    KT_CHECK_OK(kq_quantize(src, q, &o, NULL));
+    KT_CHECK_OK(kc_open(q, &a));
+    const kc_tensor *s = kc_find(a, "model.layers.0.mlp.down_proj.scales");
+    KT_CHECK(s && s->dtype == KC_BF16 && s->shape[1] == 128 / 32);
+    kc_close(a);
+    ke_model *m;
+    KT_CHECK_OK(ke_model_load(q, &m));
+    ke_model_free(m);
+    o = (kq_options){.bits = 4, .group_size = 64, .dtype = "float8"};
+    KT_CHECK_ERR(kq_quantize(src, out, &o, NULL), "--dtype float8");
+    ckt_rmdir(q);
+    ckt_rmdir(out);
+    ckt_rmdir(parent);
+}

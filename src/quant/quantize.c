@@ -94,6 +94,13 @@ static kiln_status add_out(job *j, out_kind kind, const kc_tensor *src, const ch
 
 /* ---- planning ------------------------------------------------------------ */
 
+static int dtype_named(const char *s) {
+    if (!strcmp(s, "float32")) return KC_F32;
+    if (!strcmp(s, "float16")) return KC_F16;
+    if (!strcmp(s, "bfloat16")) return KC_BF16;
+    return -1;
+}
+
 static int target_dtype(const kc_checkpoint *ck) {
     /* mlx_lm.convert: config "torch_dtype", else text_config "dtype" */
     const cJSON *root = kc_root_config(ck), *d = ku_json_get(root, "torch_dtype");
@@ -101,11 +108,7 @@ static int target_dtype(const kc_checkpoint *ck) {
         const cJSON *tc = ku_json_get(root, "text_config");
         d = tc ? ku_json_get(tc, "dtype") : NULL;
     }
-    if (!cJSON_IsString(d)) return -1;
-    if (!strcmp(d->valuestring, "float32")) return KC_F32;
-    if (!strcmp(d->valuestring, "float16")) return KC_F16;
-    if (!strcmp(d->valuestring, "bfloat16")) return KC_BF16;
-    return -1;
+    return cJSON_IsString(d) ? dtype_named(d->valuestring) : -1;
 }
 
 /* Linear and Embedding weights: 2-D float "<module>.weight". */
@@ -164,8 +167,8 @@ static kiln_status plan(job *j) {
         int64_t numel = kc_tensor_numel(t);
         j->total += numel;
         kc_dtype dt = kc_dtype_is_float(t->dtype) && j->cast >= 0 ? (kc_dtype)j->cast : t->dtype;
-        if (!is_matrix(t) || t->shape[1] % gs != 0) {
-            if (is_matrix(t)) {
+        if (!j->o.bits || !is_matrix(t) || t->shape[1] % gs != 0) {
+            if (j->o.bits && is_matrix(t)) {
                 j->r.n_float++;
                 if (!smallest_cols || t->shape[1] < smallest_cols) smallest_cols = t->shape[1];
             }
@@ -195,7 +198,7 @@ static kiln_status plan(job *j) {
         j->r.bits_used[bits]++;
         j->r.n_params += numel;
     }
-    if (j->r.n_quantized == 0) {
+    if (j->r.n_quantized == 0 && j->o.bits) {
         if (j->r.n_float)
             return kiln_error(KILN_EINVAL,
                               "group size %d: no weight can be quantized, no input size is a multiple of it "
@@ -386,7 +389,10 @@ static kiln_status write_config(job *j, const char *dir) {
     cJSON_DeleteItemFromObjectCaseSensitive(c, "vision_config");
     cJSON *q = cJSON_Duplicate(j->qconf, 1), *q2 = cJSON_Duplicate(j->qconf, 1);
     kiln_status st = NULL;
-    if (!q || !q2 || !cJSON_AddItemToObject(c, "quantization", q)) {
+    if (!j->o.bits) { /* cast only: mlx_lm.convert without -q */
+        cJSON_Delete(q);
+        cJSON_Delete(q2);
+    } else if (!q || !q2 || !cJSON_AddItemToObject(c, "quantization", q)) {
         cJSON_Delete(q);
         cJSON_Delete(q2);
         st = kiln_error(KILN_ENOMEM, "out of memory");
@@ -539,7 +545,11 @@ static kiln_status fault(const job *j, int file, const char *dir) {
 }
 
 static kiln_status check_options(const kq_options *o, kq_recipe *rec) {
-    if (!kc_affine_bits_ok(o->bits)) return kiln_error(KILN_EINVAL, "--bits %d: MLX supports 2, 3, 4, 5, 6 and 8", o->bits);
+    if (o->bits && !kc_affine_bits_ok(o->bits))
+        return kiln_error(KILN_EINVAL, "--bits %d: MLX supports 2, 3, 4, 5, 6 and 8", o->bits);
+    if (!o->bits && o->mixed) return kiln_error(KILN_EINVAL, "--mixed needs quantization (--bits)");
+    if (o->dtype && dtype_named(o->dtype) < 0)
+        return kiln_error(KILN_EINVAL, "--dtype %.32s: float32, float16 or bfloat16", o->dtype);
     if (!kq_group_size_ok(o->group_size))
         return kiln_error(KILN_EINVAL, "--group-size %d: MLX supports 32, 64 and 128", o->group_size);
     memset(rec, 0, sizeof *rec);
@@ -560,7 +570,7 @@ static kiln_status open_source(job *j, const char *src) {
                           kc_model_type(j->ck), km_supported_list(list, sizeof list));
     }
     KILN_TRYF(km_parse(f, kc_config(j->ck), &j->hp), "%s/config.json", src);
-    j->cast = target_dtype(j->ck);
+    j->cast = j->o.dtype ? dtype_named(j->o.dtype) : target_dtype(j->ck);
     return NULL;
 }
 
