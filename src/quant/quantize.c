@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/file.h"
@@ -506,7 +507,7 @@ static void remove_tree(const char *dir) {
     rmdir(dir);
 }
 
-/* Checks dst and makes "<parent>/.<name>.kiln-tmp-XXXXXX" beside it. */
+/* Checks dst and makes "<parent>/.<name>.kiln-tmp-<pid>-<n>" beside it. */
 static kiln_status make_temp(const char *dst, char *tmp, size_t cap) {
     struct stat sb;
     if (!*dst) return kiln_error(KILN_EINVAL, "--out: empty path");
@@ -519,10 +520,16 @@ static kiln_status make_temp(const char *dst, char *tmp, size_t cap) {
     while (l > 1 && a[l - 1] == '/') a[--l] = 0, b[l] = 0;
     const char *parent = dirname(a), *base = basename(b);
     if (!ku_dir_exists(parent)) return kiln_error(KILN_ENOTFOUND, "%s: the folder %s does not exist", dst, parent);
-    if (snprintf(tmp, cap, "%s/.%s.kiln-tmp-XXXXXX", parent, base) >= (int)cap)
-        return kiln_error(KILN_EINVAL, "%s: path too long", dst);
-    if (!mkdtemp(tmp)) return kiln_error(KILN_EIO, "%s: cannot create a folder in %s: %s", dst, parent, strerror(errno));
-    return NULL;
+    /* mkdir rather than mkdtemp, whose 0700 would stay on the published folder */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    for (int k = 0; k < 100; k++) {
+        if (snprintf(tmp, cap, "%s/.%s.kiln-tmp-%ld-%ld", parent, base, (long)getpid(), (long)ts.tv_nsec + k) >= (int)cap)
+            return kiln_error(KILN_EINVAL, "%s: path too long", dst);
+        if (mkdir(tmp, 0777) == 0) return NULL;
+        if (errno != EEXIST) break;
+    }
+    return kiln_error(KILN_EIO, "%s: cannot create a folder in %s: %s", dst, parent, strerror(errno));
 }
 
 static kiln_status publish(const char *tmp, const char *dst) {
