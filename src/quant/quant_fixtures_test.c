@@ -72,18 +72,18 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
     if (!st) st = kc_open(src_dir, &src);
     const char *fail = NULL;
     if (st) {
-        snprintf(msg, cap, "%s", kiln_status_msg(st));
+        snprintf(msg, cap, "%.500s", kiln_status_msg(st));
         fail = msg;
     }
     if (!fail && kc_st_count(g) != kc_st_count(w)) {
-        snprintf(msg, cap, "%s: %d tensors, the fixture has %d", got_dir, kc_st_count(g), kc_st_count(w));
+        snprintf(msg, cap, "%.200s: %d tensors, the fixture has %d", got_dir, kc_st_count(g), kc_st_count(w));
         fail = msg;
     }
     for (int i = 0; !fail && i < kc_st_count(w); i++) {
         const kc_tensor *tw = kc_st_at(w, i), *tg = kc_st_find(g, tw->name);
         if (!tg || tg->dtype != tw->dtype || tg->rank != tw->rank ||
             memcmp(tg->shape, tw->shape, sizeof(int64_t) * (size_t)tw->rank)) {
-            snprintf(msg, cap, "%s: %s missing or of another dtype/shape", got_dir, tw->name);
+            snprintf(msg, cap, "%.200s: %.200s missing or of another dtype/shape", got_dir, tw->name);
             fail = msg;
             break;
         }
@@ -102,7 +102,7 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
             const kc_tensor *sc = kc_st_find(w, sname);
             int gs = sc && sc->shape[1] ? (int)(cols / sc->shape[1]) : 0;
             if (!f || !bits || !gs) {
-                snprintf(msg, cap, "%s: cannot relate %s to its float weight", got_dir, tw->name);
+                snprintf(msg, cap, "%.200s: cannot relate %.200s to its float weight", got_dir, tw->name);
                 fail = msg;
                 break;
             }
@@ -134,7 +134,7 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
             }
             free(x);
         } else if (memcmp(tg->data, tw->data, tw->nbytes)) {
-            snprintf(msg, cap, "%s: %s differs from the fixture's", got_dir, tw->name);
+            snprintf(msg, cap, "%.200s: %.200s differs from the fixture's", got_dir, tw->name);
             fail = msg;
         }
     }
