@@ -239,3 +239,46 @@ KT_TEST(perplexity_errors) {
     KT_CHECK_NEAR(ke_ppl_nll_v2(l, 4, 0), want, 1e-5);
     ckt_rmdir(dir);
 }
+
+/* The bundled demo model's held-out perplexity against the figures its
+ * training script computed with PyTorch (tests/data/demo/perplexity.json),
+ * once both are in the tree. */
+KT_TEST(perplexity_demo_matches_pytorch_reference) {
+    char dir[4096], text[4096], ref[4096], p[4096], tmp[512], scratch[1024];
+    kt_path(dir, sizeof dir, "models/kiln-demo");
+    kt_path(ref, sizeof ref, "tests/data/demo/perplexity.json");
+    FMT(p, "%s/model.safetensors", dir);
+    if (!ku_file_exists(p) || !ku_file_exists(ref)) {
+        kt_skip("models/kiln-demo or tests/data/demo/perplexity.json is not in the tree yet");
+        return;
+    }
+    FMT(text, "%s/heldout.txt", dir);
+    cJSON *j = NULL;
+    KT_CHECK_OK(ku_json_load(ref, &j));
+    /* the n_ctx 256 entry (the default context of the 256-position model) */
+    double want = 0, want_se = 0;
+    int64_t want_scored = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(j, "results")) {
+        int64_t ctx = 0;
+        kiln_status st = ku_json_int(e, "n_ctx", 0, &ctx);
+        if (!st && ctx == 256) {
+            st = ku_json_num(e, "ppl", 0, &want);
+            if (!st) st = ku_json_num(e, "stderr", 0, &want_se);
+            if (!st) st = ku_json_int(e, "n_scored", 0, &want_scored);
+        }
+        kiln_status_free(st);
+    }
+    cJSON_Delete(j);
+    KT_CHECK(want > 0);
+    KT_CHECK(ckt_tmpdir(tmp, sizeof tmp) != NULL);
+    FMT(scratch, "%s/out.json", tmp);
+    double got, got_se;
+    int64_t scored;
+    int ok = cli_ppl(dir, text, scratch, "256", "--batch", "1024", &got, &got_se, &scored);
+    ckt_rmdir(tmp);
+    KT_CHECK(ok);
+    KT_CHECK_EQ(scored, want_scored);
+    KT_CHECK_NEAR(got / want, 1.0, 2e-5);
+    KT_CHECK_NEAR(got_se / want_se, 1.0, 2e-4);
+}
