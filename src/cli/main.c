@@ -20,6 +20,8 @@ static const struct {
     {"export", kiln_cmd_export, "print a model's graph as StableHLO MLIR"},
     {"serve", kiln_cmd_serve, "OpenAI-compatible HTTP server with continuous batching"},
     {"bench-batch", kiln_cmd_bench_batch, "batched vs one-at-a-time throughput, checking equal outputs"},
+    {"quantize", kiln_cmd_quantize, "write an MLX affine quantized copy of a checkpoint (2-8 bits)"},
+    {"perplexity", kiln_cmd_perplexity, "perplexity of a text file, as llama.cpp's perplexity tool"},
 };
 
 static void usage(FILE *f) {
