@@ -247,7 +247,7 @@ KT_TEST(quant_bad_inputs_leave_nothing) {
     /* unsupported family */
     char odd[512];
     KT_CHECK(ckt_tmpdir(odd, sizeof odd) != NULL);
-    KT_CHECK(ckt_write_str(odd, "config.json", "{\"model_type\": \"gpt2\"}"));
+    KT_CHECK(ckt_write_str(odd, "config.json", "{\"model_type\": \"nosuchmodel\"}"));
     KT_CHECK(make_indivisible(bad, sizeof bad));
     FMT(p, "%s/model.safetensors", bad);
     KT_CHECK(copy_file(p, odd, "model.safetensors"));

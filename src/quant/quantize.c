@@ -46,6 +46,7 @@ typedef struct {
     kq_recipe recipe;
     kc_checkpoint *ck;
     km_hparams hp;
+    const km_family *fam;
     int cast;             /* dtype float tensors are cast to, or -1 */
     out_tensor *t;
     int n, cap;
@@ -103,8 +104,10 @@ static int dtype_named(const char *s) {
 }
 
 static int target_dtype(const kc_checkpoint *ck) {
-    /* mlx_lm.convert: config "torch_dtype", else text_config "dtype" */
+    /* mlx_lm.convert: config "torch_dtype" (transformers 4.56+ writes "dtype"),
+     * else text_config "dtype" */
     const cJSON *root = kc_root_config(ck), *d = ku_json_get(root, "torch_dtype");
+    if (!cJSON_IsString(d)) d = ku_json_get(root, "dtype");
     if (!cJSON_IsString(d)) {
         const cJSON *tc = ku_json_get(root, "text_config");
         d = tc ? ku_json_get(tc, "dtype") : NULL;
@@ -112,9 +115,15 @@ static int target_dtype(const kc_checkpoint *ck) {
     return cJSON_IsString(d) ? dtype_named(d->valuestring) : -1;
 }
 
-/* Linear and Embedding weights: 2-D float "<module>.weight". */
-static bool is_matrix(const kc_tensor *t) {
-    return t->rank == 2 && kc_dtype_is_float(t->dtype) && ends_with(t->name, ".weight");
+/* Linear and Embedding weights: 2-D float "<module>.weight". A normalised
+ * output head (Baichuan 2's NormHead) is not a Linear layer, and mlx-lm's
+ * class predicate leaves such modules float. */
+static bool is_matrix(const job *j, const kc_tensor *t) {
+    if (t->rank != 2 || !kc_dtype_is_float(t->dtype) || !ends_with(t->name, ".weight")) return false;
+    const char *head = j->fam ? (*j->fam->names)[KM_T_OUTPUT] : NULL;
+    size_t hl = head ? strlen(head) : 0;
+    if (j->hp.head_l2norm && head && !strncmp(t->name, head, hl) && !strcmp(t->name + hl, ".weight")) return false;
+    return true;
 }
 
 static bool dropped(const job *j, const kc_tensor *t) {
@@ -126,7 +135,7 @@ static bool dropped(const job *j, const kc_tensor *t) {
 static kiln_status recipe_layout(job *j) {
     for (int i = 0; i < kc_tensor_count(j->ck); i++) {
         const kc_tensor *t = kc_tensor_at(j->ck, i);
-        if (!is_matrix(t) || !strstr(t->name, "down_proj")) continue;
+        if (!is_matrix(j, t) || !strstr(t->name, "down_proj")) continue;
         int pos = 0;
         for (const char *p = t->name;; pos++) {
             const char *dot = strchr(p, '.');
@@ -168,8 +177,8 @@ static kiln_status plan(job *j) {
         int64_t numel = kc_tensor_numel(t);
         j->total += numel;
         kc_dtype dt = kc_dtype_is_float(t->dtype) && j->cast >= 0 ? (kc_dtype)j->cast : t->dtype;
-        if (!j->o.bits || !is_matrix(t) || t->shape[1] % gs != 0) {
-            if (j->o.bits && is_matrix(t)) {
+        if (!j->o.bits || !is_matrix(j, t) || t->shape[1] % gs != 0) {
+            if (j->o.bits && is_matrix(j, t)) {
                 j->r.n_float++;
                 if (!smallest_cols || t->shape[1] < smallest_cols) smallest_cols = t->shape[1];
             }
@@ -577,6 +586,7 @@ static kiln_status open_source(job *j, const char *src) {
                           kc_model_type(j->ck), km_supported_list(list, sizeof list));
     }
     KILN_TRYF(km_parse(f, kc_config(j->ck), &j->hp), "%s/config.json", src);
+    j->fam = f;
     j->cast = j->o.dtype ? dtype_named(j->o.dtype) : target_dtype(j->ck);
     return NULL;
 }
