@@ -223,6 +223,107 @@ static kg_node *embed(kg_graph *g, const kg_node *n) {
     return kg_take_rows(g, table, n->in[n->n_in - 1]);
 }
 
+/* ---------------------------------------------------------------- routing */
+
+static kg_node *top_k(kg_graph *g, const kg_node *n) {
+    kg_node *x = kg_convert(g, n->in[0], KG_F32);
+    int r = x->shape.rank, last = r - 1, k = n->a.topk;
+    int64_t N = x->shape.d[last];
+    kg_node *iota = kg_iota(g, KG_I32, x->shape, last);
+    kg_shape s1 = x->shape;
+    s1.d[last] = 1;
+    kg_node *cur = x, *acc = NULL;
+    for (int j = 0; j < k; j++) {
+        /* the largest value, then the lowest index holding it */
+        kg_node *m = reduce_last(g, cur, KG_REDUCE_MAX);
+        kg_node *is_m = kg_compare(g, KG_CMP_EQ, cur, expand_last(g, m, cur));
+        kg_node *cand = kg_select(g, is_m, iota, scalar_like(g, iota, (double)N));
+        kg_node *a = reduce_last(g, cand, KG_REDUCE_MIN);
+        kg_node *col = a ? kg_reshape(g, a, s1) : NULL;
+        if (acc) {
+            kg_node *p[2] = {acc, col};
+            acc = kg_concat(g, p, 2, last);
+        } else {
+            acc = col;
+        }
+        kg_node *taken = kg_compare(g, KG_CMP_EQ, iota, expand_last(g, a, iota));
+        cur = kg_select(g, taken, scalar_like(g, cur, -INFINITY), cur);
+    }
+    return acc;
+}
+
+/* Stacked expert weights [E, R, ...] as f32 [E, R, C]. */
+static kg_node *dequant_experts(kg_graph *g, kg_node *w, kg_node *sc, kg_node *bi, const kg_wattr *wa, int64_t E) {
+    if (!w) return NULL;
+    kg_wattr w2 = *wa;
+    w2.rows = E * wa->rows;
+    kg_node *w2d = kg_reshape(g, w, KG_SHAPE(E * w->shape.d[1], w->shape.d[2]));
+    kg_node *s2d = sc ? kg_reshape(g, sc, KG_SHAPE(E * sc->shape.d[1], sc->shape.d[2])) : NULL;
+    kg_node *b2d = bi ? kg_reshape(g, bi, KG_SHAPE(E * bi->shape.d[1], bi->shape.d[2])) : NULL;
+    return kg_reshape(g, dequant(g, w2d, s2d, b2d, &w2), KG_SHAPE(E, wa->rows, wa->cols));
+}
+
+/* Every expert on every token, then the routing weights as a dense [T, E]
+ * matrix (zero for experts not chosen): the reference for kiln.moe. */
+static kg_node *moe(kg_graph *g, const kg_node *n) {
+    const kg_moe_attr *m = n->a.moe;
+    kg_node *x = n->in[0], *idx = n->in[1], *wts = n->in[2];
+    int64_t T = x->shape.d[0], K = idx->shape.d[1], E = m->n_experts, F = m->gate.rows;
+    kg_node *wf[3];
+    const kg_wattr *was[3] = {&m->gate, &m->up, &m->down};
+    int i = 3;
+    for (int r = 0; r < 3; r++) {
+        bool q = was[r]->fmt == KG_WF_AFFINE;
+        wf[r] = dequant_experts(g, n->in[i], q ? n->in[i + 1] : NULL, q ? n->in[i + 2] : NULL, was[r], E);
+        i += q ? 3 : 1;
+    }
+    kg_dot_dims xw = {.lhs_contract = {1, {1}}, .rhs_contract = {1, {2}}};
+    kg_node *gt = kg_dot_general(g, x, wf[0], &xw); /* [T, E, F] */
+    kg_node *up = kg_dot_general(g, x, wf[1], &xw);
+    kg_shape tef = KG_SHAPE(T, E, F);
+    if (m->bias) {
+        gt = add(g, gt, bcast(g, kg_convert(g, n->in[i], KG_F32), tef, 1, 2, 0, 0));
+        up = add(g, up, bcast(g, kg_convert(g, n->in[i + 1], KG_F32), tef, 1, 2, 0, 0));
+    }
+    kg_node *h;
+    switch (m->act) {
+    case KG_MOE_SWIGLU_OAI: {
+        kg_node *lim = scalar_like(g, gt, m->limit);
+        kg_node *gc = kg_binary(g, KG_OP_MIN, gt, lim);
+        kg_node *uc = kg_clamp(g, kg_unary(g, KG_OP_NEG, lim), up, lim);
+        kg_node *glu = mul(g, gc, kg_unary(g, KG_OP_LOGISTIC, mul(g, gc, scalar_like(g, gc, m->alpha))));
+        h = mul(g, add(g, uc, scalar_like(g, uc, 1.0)), glu);
+        break;
+    }
+    case KG_MOE_GELU_TANH: {
+        kg_node *x3 = mul(g, mul(g, gt, gt), gt);
+        kg_node *inner = mul(g, add(g, gt, mul(g, x3, scalar_like(g, x3, 0.044715))),
+                             scalar_like(g, gt, M_SQRT2 * M_2_SQRTPI * 0.5));
+        kg_node *act = mul(g, mul(g, gt, scalar_like(g, gt, 0.5)), add(g, kg_unary(g, KG_OP_TANH, inner), scalar_like(g, gt, 1.0)));
+        h = mul(g, act, up);
+        break;
+    }
+    case KG_MOE_GELU: {
+        kg_node *e = kg_unary(g, KG_OP_ERF, mul(g, gt, scalar_like(g, gt, M_SQRT1_2)));
+        h = mul(g, mul(g, mul(g, gt, scalar_like(g, gt, 0.5)), add(g, e, scalar_like(g, e, 1.0))), up);
+        break;
+    }
+    default:
+        h = mul(g, mul(g, gt, kg_unary(g, KG_OP_LOGISTIC, gt)), up);
+    }
+    kg_dot_dims hd = {.lhs_batch = {1, {1}}, .rhs_batch = {1, {0}}, .lhs_contract = {1, {2}}, .rhs_contract = {1, {2}}};
+    kg_node *y = kg_dot_general(g, h, wf[2], &hd); /* [E, T, H] */
+    if (m->bias && y) y = add(g, y, bcast(g, kg_convert(g, n->in[i + 2], KG_F32), y->shape, 0, 2, 0, 0));
+    /* dense routing weights [T, E]: sum over slots j of wts[t, j] where idx[t, j] == e */
+    kg_shape tke = KG_SHAPE(T, K, E);
+    kg_node *hit = kg_compare(g, KG_CMP_EQ, bcast(g, idx, tke, 0, 1, 0, 0), kg_iota(g, KG_I32, tke, 2));
+    kg_node *wsel = kg_select(g, hit, bcast(g, wts, tke, 0, 1, 0, 0), kg_broadcast_in_dim(g, kg_scalar(g, KG_F32, 0), tke, NULL));
+    int kdim = 1;
+    kg_node *dense = kg_reduce(g, wsel, KG_REDUCE_SUM, &kdim, 1); /* [T, E] */
+    kg_dot_dims comb = {.lhs_batch = {1, {0}}, .rhs_batch = {1, {1}}, .lhs_contract = {1, {1}}, .rhs_contract = {1, {0}}};
+    return kg_dot_general(g, dense, y, &comb); /* [T, H] */
+}
+
 kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
     switch (n->op) {
     case KG_OP_RMS_NORM: return rms_norm(g, n);
@@ -233,6 +334,8 @@ kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
     case KG_OP_EMBED: return embed(g, n);
     case KG_OP_DEQUANT:
         return dequant(g, n->in[0], n->n_in > 1 ? n->in[1] : NULL, n->n_in > 2 ? n->in[2] : NULL, &n->a.w);
+    case KG_OP_TOPK: return top_k(g, n);
+    case KG_OP_MOE: return moe(g, n);
     default: return NULL;
     }
 }

@@ -127,6 +127,8 @@ static const struct {
     [KG_OP_EMBED] = {"kiln.embed", 0, 1},
     [KG_OP_DEQUANT] = {"kiln.dequantize", 0, 1},
     [KG_OP_FUSION] = {"kiln.fusion", 0, 0},
+    [KG_OP_TOPK] = {"kiln.top_k", 0, 1},
+    [KG_OP_MOE] = {"kiln.moe", 0, 1},
 };
 
 const char *kg_op_name(kg_opcode op) { return (unsigned)op < KG_OP_COUNT ? op_info[op].name : "?"; }
@@ -293,6 +295,59 @@ bad:
     return fail(g, "%s: weight %s %s does not match format %d [%lld,%lld]", what, kg_dtype_name(w->dtype),
                 sh(&w->shape, b1), (int)wa->fmt, (long long)wa->rows, (long long)wa->cols),
            false;
+}
+
+/* kiln.moe operands (see kg_moe): stacked expert weights of one role. */
+static bool check_experts(kg_graph *g, const char *what, kg_node *w, kg_node *sc, kg_node *bi, const kg_wattr *wa, int64_t E) {
+    char b1[96];
+    if (!w || w->shape.rank != 3 || w->shape.d[0] != E) return fail(g, "moe: %s weight must be [E=%lld, ...], got %s", what, (long long)E,
+                                                                     w ? sh(&w->shape, b1) : "nothing"), false;
+    /* the same checks as a 2-D weight of E * rows rows */
+    kg_node w2 = *w, s2, b2;
+    w2.shape = KG_SHAPE(E * w->shape.d[1], w->shape.d[2]);
+    kg_wattr wa2 = *wa;
+    wa2.rows = E * wa->rows;
+    if (sc) {
+        if (sc->shape.rank != 3 || !bi || bi->shape.rank != 3) return fail(g, "moe: %s scales/biases must be 3-D", what), false;
+        s2 = *sc, b2 = *bi;
+        s2.shape = KG_SHAPE(E * sc->shape.d[1], sc->shape.d[2]);
+        b2.shape = KG_SHAPE(E * bi->shape.d[1], bi->shape.d[2]);
+        if (sc->shape.d[0] != E || bi->shape.d[0] != E) return fail(g, "moe: %s scales/biases must have E rows", what), false;
+    }
+    return check_weight(g, what, &w2, sc ? &s2 : NULL, bi ? &b2 : NULL, &wa2);
+}
+
+static bool check_moe(kg_graph *g, kg_node *n) {
+    const kg_moe_attr *m = n->a.moe;
+    kg_node *x = n->in[0], *idx = n->in[1], *wts = n->in[2];
+    int64_t E = m->n_experts, H = x->shape.d[1], F = m->gate.rows;
+    if (x->dtype != KG_F32 || x->shape.rank != 2 || idx->dtype != KG_I32 || idx->shape.rank != 2 ||
+        idx->shape.d[0] != x->shape.d[0] || wts->dtype != KG_F32 || !kg_shape_eq(&idx->shape, &wts->shape))
+        return fail(g, "moe: x must be f32 [T, H], idx i32 and weights f32 [T, K]"), false;
+    if (E < 1 || m->gate.cols != H || m->up.rows != F || m->up.cols != H || m->down.rows != H || m->down.cols != F)
+        return fail(g, "moe: expert shapes gate [%lld,%lld] up [%lld,%lld] down [%lld,%lld] do not fit hidden %lld",
+                    (long long)m->gate.rows, (long long)m->gate.cols, (long long)m->up.rows, (long long)m->up.cols,
+                    (long long)m->down.rows, (long long)m->down.cols, (long long)H),
+               false;
+    int i = 3;
+    const kg_wattr *was[3] = {&m->gate, &m->up, &m->down};
+    const char *names[3] = {"gate", "up", "down"};
+    for (int r = 0; r < 3; r++) {
+        bool q = was[r]->fmt == KG_WF_AFFINE;
+        if (!check_experts(g, names[r], n->in[i], q ? n->in[i + 1] : NULL, q ? n->in[i + 2] : NULL, was[r], E)) return false;
+        i += q ? 3 : 1;
+    }
+    if (m->bias) {
+        int64_t bl[3] = {F, F, H};
+        for (int r = 0; r < 3; r++, i++)
+            if (i >= n->n_in || n->in[i]->shape.rank != 2 || n->in[i]->shape.d[0] != E || n->in[i]->shape.d[1] != bl[r] ||
+                !kg_dtype_is_float(n->in[i]->dtype))
+                return fail(g, "moe: %s biases must be float [%lld, %lld]", names[r], (long long)E, (long long)bl[r]), false;
+    }
+    if (i != n->n_in) return fail(g, "moe: %d operands, want %d", n->n_in, i), false;
+    n->shape = x->shape;
+    n->dtype = KG_F32;
+    return true;
 }
 
 /* Derives n->shape and n->dtype from operands and attributes. */
@@ -611,6 +666,16 @@ static bool infer(kg_graph *g, kg_node *n) {
         return true;
     case KG_OP_FUSION:
         return true; /* shape fixed by the fusion pass */
+    case KG_OP_TOPK:
+        if (!kg_dtype_is_float(x->dtype) || x->shape.rank < 1 || n->a.topk < 1 ||
+            n->a.topk > x->shape.d[x->shape.rank - 1])
+            return fail(g, "top_k: k = %d does not fit %s%s", n->a.topk, kg_dtype_name(x->dtype), sh(&x->shape, b1)), false;
+        n->shape = x->shape;
+        n->shape.d[x->shape.rank - 1] = n->a.topk;
+        n->dtype = KG_I32;
+        return true;
+    case KG_OP_MOE:
+        return check_moe(g, n);
     default:
         return fail(g, "unknown op %d", (int)n->op), false;
     }
@@ -894,6 +959,30 @@ kg_node *kg_dequant(kg_graph *g, kg_node *w, kg_node *s, kg_node *b, const kg_wa
     return finish(g, n);
 }
 
+kg_node *kg_top_k(kg_graph *g, kg_node *x, int k) {
+    kg_node *n = new_node(g, KG_OP_TOPK, 1, &x);
+    if (!n) return NULL;
+    n->a.topk = k;
+    return finish(g, n);
+}
+
+kg_node *kg_moe(kg_graph *g, kg_node *x, kg_node *idx, kg_node *wts, kg_node *const w[12], const kg_moe_attr *attr) {
+    kg_node *in[KG_MAX_IN] = {x, idx, wts};
+    int n_in = 3;
+    const kg_wattr *was[3] = {&attr->gate, &attr->up, &attr->down};
+    for (int r = 0; r < 3; r++) {
+        in[n_in++] = w[3 * r];
+        if (was[r]->fmt == KG_WF_AFFINE) in[n_in++] = w[3 * r + 1], in[n_in++] = w[3 * r + 2];
+    }
+    if (attr->bias)
+        for (int r = 0; r < 3; r++) in[n_in++] = w[9 + r];
+    kg_node *n = new_node(g, KG_OP_MOE, n_in, in);
+    if (!n) return NULL;
+    n->a.moe = ku_arena_memdup(g->arena, attr, sizeof *attr);
+    if (!n->a.moe) return fail(g, "out of memory");
+    return finish(g, n);
+}
+
 kg_node *kg_fusion_node(kg_graph *g, kg_node *const *inputs, int n_in, kg_shape shape, struct kg_fusion *f) {
     if (n_in < 0 || n_in > KG_MAX_IN) return fail(g, "fusion: %d inputs", n_in);
     kg_node *n = new_node(g, KG_OP_FUSION, n_in, inputs);
@@ -929,6 +1018,20 @@ kg_node *kg_take_rows(kg_graph *g, kg_node *table, kg_node *idx) {
     d.slice_sizes[0] = 1;
     for (int i = 1; i < tr; i++) d.slice_sizes[i] = table->shape.d[i];
     return kg_gather(g, table, idx, &d);
+}
+
+kg_node *kg_take_along(kg_graph *g, kg_node *x, kg_node *idx) {
+    if (!x || !idx) return fail(g, "take_along: operand missing");
+    if (x->shape.rank != 2 || idx->shape.rank != 2 || idx->shape.d[0] != x->shape.d[0])
+        return fail(g, "take_along: x [T, N] and idx [T, K] expected");
+    int64_t T = idx->shape.d[0], K = idx->shape.d[1];
+    kg_shape s3 = KG_SHAPE(T, K, 1);
+    kg_node *rows = kg_iota(g, KG_I32, s3, 0);
+    kg_node *cols = kg_reshape(g, kg_convert(g, idx, KG_I32), s3);
+    kg_node *both[2] = {rows, cols};
+    kg_gather_dims d = {.offset_dims = {0}, .collapsed_slice_dims = {2, {0, 1}}, .start_index_map = {2, {0, 1}},
+                        .index_vector_dim = 2, .slice_sizes = {1, 1}};
+    return kg_gather(g, x, kg_concat(g, both, 2, 2), &d);
 }
 
 /* a op b with b broadcast to a's shape; callers put the higher rank first. */

@@ -44,7 +44,7 @@ const char *kg_dtype_name(kg_dtype t); /* MLIR spelling: f32, bf16, i32, ui32, i
 bool kg_dtype_is_float(kg_dtype t);
 
 #define KG_MAX_RANK 6
-#define KG_MAX_IN 8
+#define KG_MAX_IN 16
 
 typedef struct {
     int rank;
@@ -120,6 +120,9 @@ typedef enum {
     KG_OP_DEQUANT,
     /* introduced by the compiler */
     KG_OP_FUSION,
+    /* composites, continued (append only) */
+    KG_OP_TOPK,
+    KG_OP_MOE,
     KG_OP_COUNT
 } kg_opcode;
 
@@ -175,6 +178,22 @@ typedef struct {
     bool transposed;      /* linear only, float formats: stored [cols, rows] (GPT-2's Conv1D, [in, out]) */
 } kg_wattr;
 
+/* Mixture-of-experts FFN (kiln.moe). */
+typedef enum {
+    KG_MOE_SILU,      /* down(silu(gate x) * up x) */
+    KG_MOE_GELU_TANH, /* down(gelu_tanh(gate x) * up x) */
+    KG_MOE_GELU,      /* down(gelu(gate x) * up x) */
+    KG_MOE_SWIGLU_OAI /* gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit): down((u + 1) * g * sigmoid(alpha * g)) */
+} kg_moe_act;
+
+typedef struct {
+    int n_experts;
+    kg_moe_act act;
+    float alpha, limit;  /* KG_MOE_SWIGLU_OAI */
+    bool bias;           /* per-expert biases follow the weights */
+    kg_wattr gate, up, down; /* per expert: gate/up [F, H], down [H, F] */
+} kg_moe_attr;
+
 struct kg_fusion; /* passes/fuse.c */
 
 typedef struct kg_node kg_node;
@@ -225,6 +244,8 @@ struct kg_node {
         kg_attn_attr attn;
         kg_wattr w;
         struct kg_fusion *fusion;
+        int topk;
+        kg_moe_attr *moe; /* arena */
     } a;
     /* set by passes */
     kg_node *fwd;     /* replaced by this node (resolved by kg_resolve_forwarding) */
@@ -316,10 +337,27 @@ kg_node *kg_dequant(kg_graph *g, kg_node *w, kg_node *scales, kg_node *biases, c
 /* A kiln.fusion node (built by the fusion pass) computing `f` over inputs. */
 kg_node *kg_fusion_node(kg_graph *g, kg_node *const *inputs, int n_in, kg_shape shape, struct kg_fusion *f);
 
+/* Indices of the k largest values along the last dim of x [..., N]
+ * (largest first; equal values: lower index first, as torch.topk on CPU):
+ * i32 [..., k]. NaN counts as larger than every number. */
+kg_node *kg_top_k(kg_graph *g, kg_node *x, int k);
+/* Mixture of experts: x [T, H]; idx [T, K] i32 (experts chosen per token);
+ * wts [T, K] f32 (their weights); stacked expert weights gate and up
+ * [E, F, H], down [E, H, F] in any kg_wfmt (AFFINE: codes [E, rows, cols*bits/32],
+ * scales/biases [E, rows, cols/gs]; pass NULL scales/biases otherwise);
+ * with attr->bias, expert biases gate_b, up_b [E, F] and down_b [E, H].
+ * out[t] = sum over experts e in increasing order, over the slots j with
+ * idx[t, j] == e, of wts[t, j] * (down_e(act(gate_e x_t + gb_e, up_e x_t + ub_e)) + db_e).
+ * w[i] lists gate, gate scales, gate biases, up, up s, up b, down, down s,
+ * down b, gate_b, up_b, down_b (NULL where absent). */
+kg_node *kg_moe(kg_graph *g, kg_node *x, kg_node *idx, kg_node *wts, kg_node *const w[12], const kg_moe_attr *attr);
+
 /* ---- sugar for emitters ---- */
 kg_node *kg_add(kg_graph *g, kg_node *a, kg_node *b); /* broadcasts rank-0 / trailing dims */
 kg_node *kg_mul(kg_graph *g, kg_node *a, kg_node *b);
 kg_node *kg_scale(kg_graph *g, kg_node *x, double s); /* x * s, s rounded to x's dtype */
+/* x [T, N] at idx [T, K] (integer): result [T, K], x[t, idx[t, j]]. */
+kg_node *kg_take_along(kg_graph *g, kg_node *x, kg_node *idx);
 /* Rows of table [N, ...] at idx (any shape, integer): result idx.shape ++ row
  * shape (a gather; indices clamp). */
 kg_node *kg_take_rows(kg_graph *g, kg_node *table, kg_node *idx);

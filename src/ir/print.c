@@ -117,6 +117,16 @@ static void attrs(FILE *f, const kg_node *n, int decomp_id) {
             case KG_OP_ROPE:
                 fprintf(f, "rotary_dim = %d : i64, interleaved = %s", n->a.rope.rotary_dim, n->a.rope.interleaved ? "true" : "false");
                 break;
+            case KG_OP_TOPK:
+                fprintf(f, "k = %d : i64", n->a.topk);
+                break;
+            case KG_OP_MOE:
+                fprintf(f, "experts = %d : i64, act = %d : i64, bias = %s, alpha = %.9e : f32, limit = %.9e : f32, "
+                           "formats = array<i64: %d, %d, %d>, bits = array<i64: %d, %d, %d>",
+                        n->a.moe->n_experts, (int)n->a.moe->act, n->a.moe->bias ? "true" : "false", (double)n->a.moe->alpha,
+                        (double)n->a.moe->limit, (int)n->a.moe->gate.fmt, (int)n->a.moe->up.fmt, (int)n->a.moe->down.fmt,
+                        n->a.moe->gate.bits, n->a.moe->up.bits, n->a.moe->down.bits);
+                break;
             case KG_OP_ATTENTION:
                 fprintf(f, "scale = %.9e : f32, softcap = %.9e : f32, window = %d : i64, block_size = %d : i64",
                         (double)n->a.attn.scale, (double)n->a.attn.softcap, n->a.attn.window, n->a.attn.block_size);

@@ -53,6 +53,8 @@ void kk_attention(const kk_call *c);
 void kk_linear(const kk_call *c);
 void kk_embed(const kk_call *c);
 void kk_dequant(const kk_call *c);
+void kk_top_k(const kk_call *c);
+void kk_moe(const kk_call *c);
 void kk_linear_t(const kk_call *c); /* kiln.linear with a transposed ([in, out]) weight */
 
 #endif

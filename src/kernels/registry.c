@@ -66,6 +66,8 @@ kk_fn kk_select(const kg_node *n) {
     case KG_OP_LINEAR: return n->a.w.transposed ? kk_linear_t : kk_linear;
     case KG_OP_EMBED: return kk_embed;
     case KG_OP_DEQUANT: return kk_dequant;
+    case KG_OP_TOPK: return kk_top_k;
+    case KG_OP_MOE: return kk_moe;
     case KG_OP_DOT:
         return n->dtype == KG_F32 && f32_or_half(n->in[0]->dtype) ? kk_ref_kernel : NULL;
     default:

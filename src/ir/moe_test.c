@@ -1,0 +1,180 @@
+/* kiln.top_k and kiln.moe kernels against their decompositions. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/half.h"
+#include "ir/composite.h"
+#include "kernels/kernels.h"
+#include "kt.h"
+#include "runtime/exec.h"
+
+static uint64_t rng = 0x1234567u;
+static float frand(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+}
+
+typedef kg_node *(*build_fn)(kg_graph *g, void *ctx);
+
+/* Runs build() with kernels and decomposed; copies both outputs out. */
+static bool run_both(build_fn build, void *ctx, void **bufs, void *res[2], size_t *bytes) {
+    for (int mode = 0; mode < 2; mode++) {
+        kg_graph *g = kg_create();
+        kg_node *out = build(g, ctx);
+        if (!out) {
+            fprintf(stderr, "build: %s\n", kiln_status_msg(kg_error(g)));
+            kg_destroy(g);
+            return false;
+        }
+        kg_add_output(g, out);
+        *bytes = (size_t)kg_shape_numel(&out->shape) * kg_dtype_size(out->dtype);
+        kp_options o = {.decompose_all = mode == 1, .verify = true};
+        kr_exec *e;
+        kiln_status st = kr_exec_create(g, &o, &e);
+        if (st) {
+            fprintf(stderr, "compile: %s\n", kiln_status_msg(st));
+            kiln_status_free(st);
+            return false;
+        }
+        kr_exec_run(e, bufs, NULL);
+        res[mode] = malloc(*bytes);
+        memcpy(res[mode], kr_exec_output(e, 0), *bytes);
+        kr_exec_destroy(e);
+    }
+    return true;
+}
+
+typedef struct {
+    int64_t rows, N;
+    int k;
+} topk_cfg;
+
+static kg_node *build_topk(kg_graph *g, void *ctx) {
+    topk_cfg *c = ctx;
+    return kg_top_k(g, kg_param(g, KG_F32, KG_SHAPE(c->rows, c->N), "x"), c->k);
+}
+
+KT_TEST(topk_matches_decomposition_with_ties) {
+    topk_cfg cfgs[] = {{5, 8, 2}, {3, 16, 4}, {1, 7, 7}, {4, 64, 1}};
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        topk_cfg *c = &cfgs[i];
+        float *x = malloc(sizeof(float) * (size_t)(c->rows * c->N));
+        /* few distinct values: plenty of ties */
+        for (int64_t j = 0; j < c->rows * c->N; j++) x[j] = (float)((int)(frand() * 3));
+        void *bufs[1] = {x}, *res[2];
+        size_t bytes;
+        KT_CHECK(run_both(build_topk, c, bufs, res, &bytes));
+        KT_CHECKF(memcmp(res[0], res[1], bytes) == 0, "top_k config %zu differs", i);
+        /* lowest index first among equals, largest first overall */
+        const int32_t *r = res[0];
+        for (int64_t row = 0; row < c->rows; row++)
+            for (int j = 1; j < c->k; j++) {
+                float a = x[row * c->N + r[row * c->k + j - 1]], b = x[row * c->N + r[row * c->k + j]];
+                KT_CHECK(a > b || (a == b && r[row * c->k + j - 1] < r[row * c->k + j]));
+            }
+        free(res[0]), free(res[1]), free(x);
+    }
+}
+
+typedef struct {
+    int64_t T, H, F, E;
+    int K;
+    kg_wfmt fmt[3];
+    kg_moe_act act;
+    bool bias;
+} moe_cfg;
+
+static kg_node *weight_param(kg_graph *g, kg_wfmt f, int64_t E, int64_t R, int64_t C, kg_node **s, kg_node **b) {
+    *s = *b = NULL;
+    if (f == KG_WF_AFFINE) { /* parameters in the order the test fills them: codes, scales, biases */
+        kg_node *w = kg_param(g, KG_U32, KG_SHAPE(E, R, C * 4 / 32), "w");
+        *s = kg_param(g, KG_BF16, KG_SHAPE(E, R, C / 32), "s");
+        *b = kg_param(g, KG_BF16, KG_SHAPE(E, R, C / 32), "b");
+        return w;
+    }
+    return kg_param(g, f == KG_WF_F32 ? KG_F32 : f == KG_WF_F16 ? KG_F16 : KG_BF16, KG_SHAPE(E, R, C), "w");
+}
+
+static kg_node *build_moe(kg_graph *g, void *ctx) {
+    moe_cfg *c = ctx;
+    kg_node *x = kg_param(g, KG_F32, KG_SHAPE(c->T, c->H), "x");
+    kg_node *idx = kg_param(g, KG_I32, KG_SHAPE(c->T, c->K), "idx");
+    kg_node *wts = kg_param(g, KG_F32, KG_SHAPE(c->T, c->K), "wts");
+    kg_moe_attr a = {.n_experts = (int)c->E, .act = c->act, .alpha = 1.702f, .limit = 0.6f, .bias = c->bias};
+    int64_t R[3] = {c->F, c->F, c->H}, C[3] = {c->H, c->H, c->F};
+    kg_wattr *was[3] = {&a.gate, &a.up, &a.down};
+    kg_node *w[12] = {0};
+    for (int r = 0; r < 3; r++) {
+        *was[r] = (kg_wattr){.fmt = c->fmt[r], .bits = c->fmt[r] == KG_WF_AFFINE ? 4 : 0,
+                             .group_size = c->fmt[r] == KG_WF_AFFINE ? 32 : 0, .rows = R[r], .cols = C[r]};
+        w[3 * r] = weight_param(g, c->fmt[r], c->E, R[r], C[r], &w[3 * r + 1], &w[3 * r + 2]);
+    }
+    if (c->bias) {
+        w[9] = kg_param(g, KG_F32, KG_SHAPE(c->E, c->F), "gb");
+        w[10] = kg_param(g, KG_BF16, KG_SHAPE(c->E, c->F), "ub");
+        w[11] = kg_param(g, KG_F32, KG_SHAPE(c->E, c->H), "db");
+    }
+    return kg_moe(g, x, idx, wts, w, &a);
+}
+
+static void *fill(kg_dtype t, int64_t n, float scale) {
+    void *p = calloc((size_t)(n ? n : 1), kg_dtype_size(t));
+    for (int64_t i = 0; i < n; i++) {
+        if (t == KG_F32) ((float *)p)[i] = frand() * scale;
+        else if (t == KG_BF16) ((uint16_t *)p)[i] = ku_f32_to_bf16(frand() * scale);
+        else if (t == KG_F16) ((uint16_t *)p)[i] = ku_f32_to_f16(frand() * scale);
+        else if (t == KG_U32) ((uint32_t *)p)[i] = (uint32_t)((frand() + 1.0f) * 2147483647.0f) * 2654435761u;
+    }
+    return p;
+}
+
+KT_TEST(moe_matches_decomposition) {
+    moe_cfg cfgs[] = {
+        {5, 64, 32, 4, 2, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU, false},
+        {3, 64, 64, 6, 3, {KG_WF_AFFINE, KG_WF_AFFINE, KG_WF_AFFINE}, KG_MOE_SILU, false},
+        {1, 32, 64, 4, 2, {KG_WF_BF16, KG_WF_F16, KG_WF_AFFINE}, KG_MOE_GELU_TANH, true},
+        {4, 64, 32, 4, 2, {KG_WF_F32, KG_WF_BF16, KG_WF_F32}, KG_MOE_SWIGLU_OAI, true},
+        {6, 32, 32, 8, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_GELU, false},
+    };
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        moe_cfg *c = &cfgs[ci];
+        void *bufs[KG_MAX_IN] = {0};
+        int nb = 0;
+        bufs[nb++] = fill(KG_F32, c->T * c->H, 1);
+        int32_t *idx = malloc(sizeof(int32_t) * (size_t)(c->T * c->K));
+        for (int64_t t = 0; t < c->T; t++)
+            for (int j = 0; j < c->K; j++) idx[t * c->K + j] = (int32_t)((t * 3 + j * 5 + 1) % c->E); /* distinct per row */
+        bufs[nb++] = idx;
+        bufs[nb++] = fill(KG_F32, c->T * c->K, 1);
+        int64_t R[3] = {c->F, c->F, c->H}, C[3] = {c->H, c->H, c->F};
+        for (int r = 0; r < 3; r++) {
+            if (c->fmt[r] == KG_WF_AFFINE) {
+                bufs[nb++] = fill(KG_U32, c->E * R[r] * C[r] * 4 / 32, 1);
+                bufs[nb++] = fill(KG_BF16, c->E * R[r] * C[r] / 32, 0.02f);
+                bufs[nb++] = fill(KG_BF16, c->E * R[r] * C[r] / 32, 0.1f);
+            } else {
+                kg_dtype t = c->fmt[r] == KG_WF_F32 ? KG_F32 : c->fmt[r] == KG_WF_F16 ? KG_F16 : KG_BF16;
+                bufs[nb++] = fill(t, c->E * R[r] * C[r], 0.2f);
+            }
+        }
+        if (c->bias) {
+            bufs[nb++] = fill(KG_F32, c->E * c->F, 0.3f);
+            bufs[nb++] = fill(KG_BF16, c->E * c->F, 0.3f);
+            bufs[nb++] = fill(KG_F32, c->E * c->H, 0.3f);
+        }
+        void *res[2];
+        size_t bytes;
+        KT_CHECK(run_both(build_moe, c, bufs, res, &bytes));
+        const float *a = res[0], *b = res[1];
+        double md = 0, mx = 0;
+        for (size_t i = 0; i < bytes / 4; i++) {
+            double d = fabs((double)a[i] - b[i]);
+            if (!(d <= md)) md = d;
+            if (fabs(b[i]) > mx) mx = fabs(b[i]);
+        }
+        free(res[0]), free(res[1]);
+        for (int i = 0; i < nb; i++) free(bufs[i]);
+        KT_CHECKF(md <= 1e-5 * (1 + mx), "moe config %zu: max diff %g (max |y| %g)", ci, md, mx);
+        KT_CHECKF(mx > 1e-3, "moe config %zu: output is all zeros", ci);
+    }
+}
