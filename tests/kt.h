@@ -7,6 +7,7 @@
 #define KILN_KT_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -20,6 +21,15 @@ void kt_skip(const char *fmt, ...) KILN_PRINTF(1, 2);
 /* Repository root (for committed fixtures) and the shared folder beside it. */
 const char *kt_root(void);
 const char *kt_shared(void); /* NULL when ../shared does not exist */
+/* True in the sanitizer build (make asan), where long numeric checks that
+ * exercise no code the others do not may skip themselves. */
+static inline bool kt_sanitized(void) {
+#if defined(__SANITIZE_ADDRESS__)
+    return true;
+#else
+    return false;
+#endif
+}
 /* Writes "root/rel" into buf and returns buf. */
 const char *kt_path(char *buf, size_t cap, const char *rel);
 
