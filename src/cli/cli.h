@@ -11,6 +11,8 @@
 int kiln_cmd_generate(int argc, char **argv);
 int kiln_cmd_validate(int argc, char **argv);
 int kiln_cmd_info(int argc, char **argv);
+int kiln_cmd_synth(int argc, char **argv);
+int kiln_cmd_bench(int argc, char **argv);
 
 /* The bundled demo model (<binary>/../../models/kiln-demo, or
  * $KILN_DEFAULT_MODEL), used when -m is not given. */

@@ -17,6 +17,8 @@ static const struct {
     {"tokenize", kiln_cmd_tokenize, "text to token ids with a model's tokenizer"},
     {"detokenize", kiln_cmd_detokenize, "token ids to text"},
     {"template", kiln_cmd_template, "render a chat template for a list of messages"},
+    {"synth", kiln_cmd_synth, "write a checkpoint of a real model's shape with random weights"},
+    {"bench", kiln_cmd_bench, "measure prompt and generation speed against the memory roofline"},
 };
 
 static void usage(FILE *f) {

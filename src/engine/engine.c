@@ -186,6 +186,7 @@ void ke_ctx_free(ke_ctx *c) {
 int64_t ke_ctx_n_ctx(const ke_ctx *c) { return c->p.n_ctx; }
 int64_t ke_ctx_free_blocks(const ke_ctx *c) { return c->n_free; }
 int ke_ctx_n_executables(const ke_ctx *c) { return c->n_execs; }
+int ke_ctx_n_threads(const ke_ctx *c) { return kr_pool_size(c->pool); }
 
 kiln_status ke_seq_open(ke_ctx *c, int *seq) {
     for (int i = 0; i < c->n_seqs; i++)

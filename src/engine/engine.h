@@ -43,6 +43,7 @@ void ke_ctx_free(ke_ctx *c);
 int64_t ke_ctx_n_ctx(const ke_ctx *c);
 int64_t ke_ctx_free_blocks(const ke_ctx *c);
 int ke_ctx_n_executables(const ke_ctx *c);
+int ke_ctx_n_threads(const ke_ctx *c);
 
 /* Sequences: ids are small integers, reused after close. */
 kiln_status ke_seq_open(ke_ctx *c, int *seq);
