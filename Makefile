@@ -12,7 +12,7 @@ CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Werror -Wshadow \
               -Wno-unused-parameter -Wvla -Wformat=2 -Wstrict-prototypes \
               -fno-strict-aliasing -pthread -Isrc -Itests
 CFLAGS  += $(CFLAGS_BASE)
-LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -lpthread
+LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lblis -lm -lpthread
 
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c -mavx2
