@@ -84,11 +84,13 @@ def main():
     ap.add_argument("--llama-dir", default=os.path.join(ROOT, "bench", "work", "llama.cpp"))
     ap.add_argument("--bundle")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--kiln", default=os.path.join(ROOT, "build", "kiln"), help="the kiln binary")
+    ap.add_argument("--prepare", action="store_true", help="only write the checkpoints and GGUF files")
     a = ap.parse_args()
-    kiln = os.path.join(ROOT, "build", "kiln")
+    kiln = a.kiln
     if not os.path.exists(kiln):
         sys.exit("compare.py: build kiln first (make)")
-    bench = ensure_llama(a)
+    bench = None if a.prepare else ensure_llama(a)
     os.makedirs(a.work, exist_ok=True)
     pairs = []
     for shape in a.shapes.split(","):
@@ -101,6 +103,8 @@ def main():
                 run([sys.executable, os.path.join(ROOT, "bench", "gguf_synth.py"), "--config",
                      os.path.join(d, "config.json"), "--type", GGUF_TYPE[dt], "--out", g])
             pairs.append((shape, dt, d, g))
+    if a.prepare:
+        return
     # freshly written files: let writeback finish before timing anything
     os.sync()
     time.sleep(10)
@@ -126,6 +130,9 @@ def main():
             row[k] = {"kiln": km, "llama": lm, "ratio": km / lm, "kiln_runs": k_runs[k], "llama_runs": l_runs[k]}
         row["tg"]["roofline_fraction"] = row["tg"]["kiln"] / (bw * 1e9 / kj["weight_bytes_per_token"])
         results.append(row)
+        if a.json:
+            with open(a.json + "l", "a") as f:  # one line per pair as it completes
+                f.write(json.dumps(row) + "\n")
         print(f"{shape:16s} {dt:5s} pp{a.p}: kiln {row['pp']['kiln']:8.2f} llama {row['pp']['llama']:8.2f} "
               f"x{row['pp']['ratio']:.2f} | tg{a.n}: kiln {row['tg']['kiln']:7.2f} llama {row['tg']['llama']:7.2f} "
               f"x{row['tg']['ratio']:.2f}, {100 * row['tg']['roofline_fraction']:.0f}% of roofline", flush=True)

@@ -23,6 +23,7 @@
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "runtime/exec.h"
 #include "runtime/pool.h"
 
 static double now_s(void) {
@@ -95,6 +96,68 @@ static double bandwidth_in_child(int threads, size_t bytes) {
     close(fd[0]);
     waitpid(pid, NULL, 0);
     return bw;
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+/* `--kernels`: the linear kernels alone, one thread, best of many runs (the
+ * best run is the one the shared machine disturbed least): billions of
+ * weights per second for each format, on a cache-resident matrix (compute
+ * bound: what the kernel can do) and on a streamed one (memory bound). */
+static void kernel_bench(int64_t M) {
+    static const struct {
+        const char *name;
+        kg_wfmt fmt;
+        int bits;
+        kg_dtype t;
+    } fmts[] = {{"f32", KG_WF_F32, 0, KG_F32},   {"bf16", KG_WF_BF16, 0, KG_BF16}, {"f16", KG_WF_F16, 0, KG_F16},
+                {"q8", KG_WF_AFFINE, 8, KG_U32}, {"q4", KG_WF_AFFINE, 4, KG_U32}};
+    const int64_t K = 2048, gs = 64;
+    printf("kernel (isa %s, 1 thread, M = %lld)   Gweights/s resident   streamed (1 GiB)\n", kk_isa_name(kk_isa_level()),
+           (long long)M);
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+        printf("  %-5s", fmts[f].name);
+        for (int ni = 0; ni < 2; ni++) {
+            /* 2048 x 1024 (at most 8 MiB: in L2/L3), or 1 GiB of weights (streamed) */
+            double bpw = fmts[f].bits ? fmts[f].bits / 8.0 + 4.0 / gs : (double)kg_dtype_size(fmts[f].t);
+            int64_t N = ni == 0 ? 1024 : (int64_t)((double)(1 << 30) / ((double)K * bpw));
+            kg_wattr wa = {fmts[f].fmt, fmts[f].bits, (int)gs, N, K};
+            kg_graph *g = kg_create();
+            kg_node *x = kg_param(g, KG_F32, KG_SHAPE(M, K), "x"), *w, *sc = NULL, *bi = NULL;
+            int64_t wn = fmts[f].bits ? N * K * fmts[f].bits / 32 : N * K;
+            void *params[4] = {calloc((size_t)(M * K), 4), malloc((size_t)wn * kg_dtype_size(fmts[f].t)), NULL, NULL};
+            for (int64_t i = 0; i < M * K; i++) ((float *)params[0])[i] = (float)(i % 7) * 0.1f;
+            memset(params[1], 0x31, (size_t)wn * kg_dtype_size(fmts[f].t));
+            if (fmts[f].bits) {
+                w = kg_param(g, KG_U32, KG_SHAPE(N, K * fmts[f].bits / 32), "w");
+                sc = kg_param(g, KG_BF16, KG_SHAPE(N, K / gs), "s");
+                bi = kg_param(g, KG_BF16, KG_SHAPE(N, K / gs), "b");
+                params[2] = calloc((size_t)(N * K / gs), 2);
+                params[3] = calloc((size_t)(N * K / gs), 2);
+            } else {
+                w = kg_param(g, fmts[f].t, KG_SHAPE(N, K), "w");
+            }
+            kg_add_output(g, kg_linear(g, x, w, sc, bi, &wa));
+            kr_exec *e;
+            kiln_status st = kr_exec_create(g, NULL, &e);
+            double best = 1e30;
+            if (!st) {
+                int reps = ni == 0 ? 200 : 20;
+                for (int r = 0; r < reps; r++) {
+                    double t0 = now_s();
+                    kr_exec_run(e, params, NULL);
+                    double t = now_s() - t0;
+                    if (t < best) best = t;
+                }
+                kr_exec_destroy(e);
+            } else {
+                kiln_status_free(st);
+            }
+            printf("   %18.2f", (double)(N * K) / best / 1e9);
+            for (int i = 0; i < 4; i++) free(params[i]);
+        }
+        printf("\n");
+    }
 }
 
 /* ---------------------------------------------------------------- runs */
@@ -201,13 +264,14 @@ static void usage(FILE *f) {
                "  --batch B   sequences decoded together (0 or 1: skip)\n"
                "  -r N        measured runs (after one warm-up), reported as median [min, max]\n"
                "  --bw-mib N  buffer for the bandwidth measurement (default 1024)\n"
-               "  --json      one JSON object on stdout\n");
+               "  --json      one JSON object on stdout\n"
+               "  --kernels   only the linear kernels, one thread, on a matrix of each format, M = --batch rows\n");
 }
 
 int kiln_cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
     int64_t P = 512, N = 128, T = 0, B = 8, reps = 3, bw_mib = 1024;
-    bool json = false;
+    bool json = false, kernels = false;
     kiln_status st = NULL;
     for (int i = 1; i < argc && !st; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -217,6 +281,10 @@ int kiln_cmd_bench(int argc, char **argv) {
         }
         if (!strcmp(a, "--json")) {
             json = true;
+            continue;
+        }
+        if (!strcmp(a, "--kernels")) {
+            kernels = true;
             continue;
         }
         if (!v) {
@@ -238,6 +306,10 @@ int kiln_cmd_bench(int argc, char **argv) {
         }
     }
     if (st) return kiln_fail(st);
+    if (kernels) {
+        kernel_bench(B > 0 ? B : 1);
+        return 0;
+    }
     if (!dir) dir = kiln_default_model();
     /* first, before any thread exists (the child forks a quiet process) */
     double bw = bw_mib > 0 ? bandwidth_in_child((int)T, (size_t)bw_mib << 20) : 0;

@@ -40,6 +40,7 @@ typedef struct {
 typedef struct {
     const char *name;
     int q4_chunk; /* see kk_xview.xp; 0 when this table has no 4-bit kernel */
+    bool q4_xsum; /* its 4-bit kernel reads kk_xview.xsum */
     bool (*gemv_ok)(const kk_wview *w);
     /* y[m*ldy + r] = x[m] . W[r] for r in [r0, r1), every m < x->M */
     void (*gemv)(const kk_wview *w, const kk_xview *x, int64_t r0, int64_t r1, float *y, int64_t ldy);

@@ -180,12 +180,13 @@ void kk_linear(const kk_call *c) {
     if (w.fmt == KG_WF_AFFINE) {
         /* per-group sums of x and, for 4-bit codes, x in the order they unpack */
         int64_t M = k.x.M, K = w.K, G = w.G, q4c = w.bits == 4 ? k.ops->q4_chunk : 0;
+        bool sums = w.bits != 4 || !q4c || k.ops->q4_xsum;
         float *buf = kr_scratch(KR_SCRATCH_CALL, sizeof(float) * (size_t)(M * G + (q4c ? M * K : 0)));
         if (!buf) return;
         float *xs = buf, *xp = buf + M * G;
         for (int64_t m = 0; m < M; m++) {
             const float *xm = k.x.x + m * K;
-            for (int64_t g = 0; g < G; g++) {
+            for (int64_t g = 0; g < G && sums; g++) {
                 float s = 0;
                 for (int64_t i = g * w.gs; i < (g + 1) * w.gs; i++) s += xm[i];
                 xs[m * G + g] = s;

@@ -19,6 +19,14 @@
 
 #define MR 4 /* input rows per pass over a weight row */
 
+/* Software prefetch this far ahead of the weights being read (rows are
+ * contiguous, so it runs into the next rows; past the end it is harmless):
+ * the hardware prefetcher alone does not keep a 4-bit stream, much work per
+ * byte, at memory speed, and stops at page boundaries. Measured: +12% on a
+ * streamed q4 matrix. */
+#define PF_BYTES 4096
+#define PREFETCH(p) _mm_prefetch((const char *)(p) + PF_BYTES, _MM_HINT_T0)
+
 /* VL consecutive scales/biases of dtype t as floats */
 static inline vf vsb(const void *p, kg_dtype t, int64_t i) {
     if (t == KG_F32) return vload((const float *)p + i);
@@ -36,6 +44,35 @@ static inline float bias_dot(const kk_wview *w, int64_t r, const float *xsum) {
     return s;
 }
 
+#if KK_VBITS == 512
+/* AVX-512: a group's 16 possible weights q*s + b are one register, and
+ * vpermps looks each code up (it reads only the low 4 bits of each index,
+ * so the low nibble needs no mask): widen, shift, two lookups and two FMAs
+ * per 32 weights, with no per-group scaling and no bias term afterwards. */
+static inline __attribute__((always_inline)) void q4_row(const kk_wview *w, const kk_xview *xv, int64_t r, int64_t m0,
+                                                         int nm, float *y, int64_t ldy) {
+    int64_t K = w->K, G = w->G, gs = w->gs;
+    const uint8_t *q = (const uint8_t *)w->w + r * (K / 2);
+    const float *x[MR];
+    vf acc[MR], acc2[MR];
+    const vf iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K, acc[m] = vzero(), acc2[m] = vzero();
+    for (int64_t g = 0; g < G; g++) {
+        PREFETCH(q + g * gs / 2);
+        vf tab = vfma(iota, vset1(kk_ldf(w->scales, w->sbt, r * G + g)), vset1(kk_ldf(w->biases, w->sbt, r * G + g)));
+        for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
+            __m512i d = vq4raw(q + c / 2);
+            vf lo = _mm512_permutexvar_ps(d, tab), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab);
+            _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
+                acc[m] = vfma(lo, vload(x[m] + c), acc[m]);
+                acc2[m] = vfma(hi, vload(x[m] + c + VL), acc2[m]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(acc[m], acc2[m]));
+}
+#define Q4_NEEDS_XSUM 0
+#else
 static inline __attribute__((always_inline)) void q4_row(const kk_wview *w, const kk_xview *xv, int64_t r, int64_t m0,
                                                          int nm, float *y, int64_t ldy) {
     int64_t K = w->K, G = w->G, gs = w->gs;
@@ -45,6 +82,7 @@ static inline __attribute__((always_inline)) void q4_row(const kk_wview *w, cons
     _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K, acc[m] = vzero();
     for (int64_t g = 0; g < G; g++) {
         vf p[MR];
+        PREFETCH(q + g * gs / 2);
         _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) p[m] = vzero();
         for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
             vq4t d = vq4raw(q + c / 2);
@@ -60,6 +98,9 @@ static inline __attribute__((always_inline)) void q4_row(const kk_wview *w, cons
     _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(acc[m]) + bias_dot(w, r, xv->xsum + (m0 + m) * G);
 }
 
+#define Q4_NEEDS_XSUM 1
+#endif
+
 static inline __attribute__((always_inline)) void q8_row(const kk_wview *w, const kk_xview *xv, int64_t r, int64_t m0,
                                                          int nm, float *y, int64_t ldy) {
     int64_t K = w->K, G = w->G, gs = w->gs;
@@ -71,6 +112,7 @@ static inline __attribute__((always_inline)) void q8_row(const kk_wview *w, cons
         vf p[MR], p2[MR];
         _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) p[m] = vzero(), p2[m] = vzero();
         int64_t c = g * gs, e = (g + 1) * gs;
+        PREFETCH(q + c);
         for (; c + 2 * VL <= e; c += 2 * VL) {
             vf d0 = vq8(q + c), d1 = vq8(q + c + VL);
             _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
@@ -114,6 +156,7 @@ static inline __attribute__((always_inline)) void float_row(kg_wfmt fmt, const k
     _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) x[m] = xv->x + (m0 + m) * K, a0[m] = vzero(), a1[m] = vzero();
     int64_t k = 0;
     for (; k + 2 * VL <= K; k += 2 * VL) {
+        PREFETCH((const char *)row + k * (int64_t)es);
         vf w0 = wload(fmt, row, k), w1 = wload(fmt, row, k + VL);
         _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
             a0[m] = vfma(w0, vload(x[m] + k), a0[m]);
@@ -218,6 +261,7 @@ static void lin_dequant(const kk_wview *w, int64_t r0, int64_t r1, float *out) {
 const kk_lin_ops KK_LIN_TABLE = {
     .name = KK_LIN_NAME,
     .q4_chunk = 2 * VL,
+    .q4_xsum = Q4_NEEDS_XSUM,
     .gemv_ok = lin_gemv_ok,
     .gemv = lin_gemv,
     .dequant_ok = lin_dequant_ok,
