@@ -104,7 +104,7 @@ static double bandwidth_in_child(int threads, size_t bytes) {
  * best run is the one the shared machine disturbed least): billions of
  * weights per second for each format, on a cache-resident matrix (compute
  * bound: what the kernel can do) and on a streamed one (memory bound). */
-static void kernel_bench(int64_t M) {
+static void kernel_bench(int64_t M, bool streamed) {
     static const struct {
         const char *name;
         kg_wfmt fmt;
@@ -117,7 +117,7 @@ static void kernel_bench(int64_t M) {
            (long long)M);
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
         printf("  %-5s", fmts[f].name);
-        for (int ni = 0; ni < 2; ni++) {
+        for (int ni = 0; ni < 1 + streamed; ni++) {
             /* 2048 x 1024 (at most 8 MiB: in L2/L3), or 1 GiB of weights (streamed) */
             double bpw = fmts[f].bits ? fmts[f].bits / 8.0 + 4.0 / gs : (double)kg_dtype_size(fmts[f].t);
             int64_t N = ni == 0 ? 1024 : (int64_t)((double)(1 << 30) / ((double)K * bpw));
@@ -265,13 +265,14 @@ static void usage(FILE *f) {
                "  -r N        measured runs (after one warm-up), reported as median [min, max]\n"
                "  --bw-mib N  buffer for the bandwidth measurement (default 1024)\n"
                "  --json      one JSON object on stdout\n"
-               "  --kernels   only the linear kernels, one thread, on a matrix of each format, M = --batch rows\n");
+               "  --kernels   only the linear kernels, one thread, on a cache-resident matrix of each format,\n"
+               "              M = --batch input rows (--kernels-streamed: also on 1 GiB of weights)\n");
 }
 
 int kiln_cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
     int64_t P = 512, N = 128, T = 0, B = 8, reps = 3, bw_mib = 1024;
-    bool json = false, kernels = false;
+    bool json = false, kernels = false, streamed = false;
     kiln_status st = NULL;
     for (int i = 1; i < argc && !st; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -283,8 +284,9 @@ int kiln_cmd_bench(int argc, char **argv) {
             json = true;
             continue;
         }
-        if (!strcmp(a, "--kernels")) {
+        if (!strcmp(a, "--kernels") || !strcmp(a, "--kernels-streamed")) {
             kernels = true;
+            streamed = !strcmp(a, "--kernels-streamed");
             continue;
         }
         if (!v) {
@@ -307,7 +309,7 @@ int kiln_cmd_bench(int argc, char **argv) {
     }
     if (st) return kiln_fail(st);
     if (kernels) {
-        kernel_bench(B > 0 ? B : 1);
+        kernel_bench(B > 0 ? B : 1, streamed);
         return 0;
     }
     if (!dir) dir = kiln_default_model();

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "base/half.h"
+#include "ir/fusion.h"
 #include "ir/graph.h"
 #include "kernels/kernels.h"
 
@@ -74,5 +75,13 @@ typedef struct {
 } kk_attn_ctx;
 void kk_attn_items_avx2(void *ctx, int64_t i0, int64_t i1);
 void kk_attn_items_avx512(void *ctx, int64_t i0, int64_t i1);
+
+/* kiln.fusion: one instruction over n <= KK_FUSE_CHUNK elements of the
+ * registers (see fusion.c). */
+#define KK_FUSE_CHUNK 256
+typedef void (*kk_fuse_instr_fn)(const kg_fusion_instr *ins, float (*reg)[KK_FUSE_CHUNK], int64_t n, float *dst);
+void kk_fuse_instr_portable(const kg_fusion_instr *ins, float (*reg)[KK_FUSE_CHUNK], int64_t n, float *dst);
+void kk_fuse_instr_avx2(const kg_fusion_instr *ins, float (*reg)[KK_FUSE_CHUNK], int64_t n, float *dst);
+void kk_fuse_instr_avx512(const kg_fusion_instr *ins, float (*reg)[KK_FUSE_CHUNK], int64_t n, float *dst);
 
 #endif

@@ -199,3 +199,28 @@ KT_TEST(kernels_attention_simd_matches_portable) {
     }
     kr_pool_destroy(pool);
 }
+
+KT_TEST(kernels_fusion_simd_matches_portable) {
+    if (kk_isa_level() == KK_ISA_PORTABLE) {
+        kt_skip("no SIMD level on this CPU");
+        return;
+    }
+    static const int64_t inners[] = {64, 300, 7};
+    kr_pool *pool = kr_pool_create(2);
+    for (size_t i = 0; i < sizeof inners / sizeof inners[0]; i++) {
+        int64_t R = 5, D = inners[i];
+        kg_graph *g = kg_create();
+        kg_node *x = kg_param(g, KG_F32, KG_SHAPE(R, D), "x"), *y = kg_param(g, KG_F32, KG_SHAPE(R, D), "y");
+        kg_node *bias = kg_param(g, KG_F32, KG_SHAPE(D), "b");
+        /* SiLU(x) * y + b, then exp of a scaled difference over it, divided */
+        kg_node *h = kg_add(g, kg_mul(g, kg_mul(g, x, kg_unary(g, KG_OP_LOGISTIC, x)), y), bias);
+        kg_node *e = kg_unary(g, KG_OP_EXP, kg_scale(g, kg_binary(g, KG_OP_SUB, h, kg_unary(g, KG_OP_NEG, y)), 0.5));
+        kg_node *out = kg_binary(g, KG_OP_DIV, e, kg_add(g, kg_unary(g, KG_OP_EXP, x), kg_broadcast_like(g, kg_scalar(g, KG_F32, 1), x)));
+        KT_CHECKF(out, "%s", kiln_status_msg(kg_error(g)));
+        void *params[3] = {rand_buf(KG_F32, R * D, 4), rand_buf(KG_F32, R * D, 2), rand_buf(KG_F32, D, 1)};
+        double d = run_levels(g, out, params, pool);
+        for (int j = 0; j < 3; j++) free(params[j]);
+        KT_CHECKF(d <= 2e-6, "fusion inner %lld: relative diff %g", (long long)D, d);
+    }
+    kr_pool_destroy(pool);
+}

@@ -23,7 +23,11 @@
  * panel dequantization and the library's packing cost more than reading
  * the weights once per four rows). */
 #define GEMM_MIN_ROWS 16
-#define PANEL_ROWS 64
+/* Weight rows per GEMM panel, at most: the library packs the whole input
+ * once per call, so narrow panels pay that again and again (64-row panels
+ * spent a third of the time packing at 512 tokens); panels are made as
+ * wide as this allows while giving every thread the same number. */
+#define PANEL_MAX 256
 
 /* ---------------------------------------------------------------- portable */
 
@@ -131,6 +135,7 @@ typedef struct {
     const kk_lin_ops *ops;
     kk_xview x;
     float *y;
+    int64_t panel; /* GEMM: weight rows per panel */
 } lin_ctx;
 
 static void gemv_rows(void *ctx, int64_t r0, int64_t r1) {
@@ -138,14 +143,14 @@ static void gemv_rows(void *ctx, int64_t r0, int64_t r1) {
     k->ops->gemv(k->w, &k->x, r0, r1, k->y, k->w->N);
 }
 
-/* One panel of PANEL_ROWS weight rows per item: widen, then GEMM. */
+/* One panel of k->panel weight rows per item: widen, then GEMM. */
 static void gemm_panels(void *ctx, int64_t p0, int64_t p1) {
     const lin_ctx *k = ctx;
     const kk_wview *w = k->w;
     int64_t K = w->K;
-    float *buf = w->fmt == KG_WF_F32 ? NULL : kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(PANEL_ROWS * K));
+    float *buf = w->fmt == KG_WF_F32 ? NULL : kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(k->panel * K));
     for (int64_t p = p0; p < p1; p++) {
-        int64_t r0 = p * PANEL_ROWS, r1 = r0 + PANEL_ROWS < w->N ? r0 + PANEL_ROWS : w->N;
+        int64_t r0 = p * k->panel, r1 = r0 + k->panel < w->N ? r0 + k->panel : w->N;
         const float *panel = (const float *)w->w + r0 * K;
         if (w->fmt != KG_WF_F32) {
             if (!buf) return;
@@ -173,7 +178,9 @@ void kk_linear(const kk_call *c) {
     if (k.x.M <= 0) return;
     if (k.x.M >= GEMM_MIN_ROWS) {
         k.ops = ops->dequant_ok(&w) ? ops : &kk_lin_portable;
-        kr_parallel_for(c->pool, (w.N + PANEL_ROWS - 1) / PANEL_ROWS, 1, gemm_panels, &k);
+        int64_t nt = kr_pool_size(c->pool), panels = nt * ((w.N + nt * PANEL_MAX - 1) / (nt * PANEL_MAX));
+        k.panel = ((w.N + panels - 1) / panels + 15) / 16 * 16;
+        kr_parallel_for(c->pool, (w.N + k.panel - 1) / k.panel, 1, gemm_panels, &k);
         return;
     }
     k.ops = ops->gemv_ok(&w) ? ops : &kk_lin_portable;

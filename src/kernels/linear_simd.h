@@ -3,8 +3,8 @@
  * KK_LIN_TABLE, then include this).
  *
  * gemv reads every weight once, in its stored format, and dots it with up to
- * four input rows at a time while it is in registers (the row stays in L1 for
- * the next four). Float weights are widened in registers (bf16: a 16-bit
+ * MR input rows at a time while it is in registers (the row stays in L1 for
+ * the next MR). Float weights are widened in registers (bf16: a 16-bit
  * shift; f16: vcvtph2ps). MLX affine weights use
  *   sum_i (q_i*s + b) x_i = s * sum_i q_i x_i + b * sum_i x_i
  * per group: codes are widened to floats and dotted with x, the group's
@@ -17,7 +17,13 @@
 #include "kernels/kernels_int.h"
 #include "kernels/simd.h"
 
-#define MR 4 /* input rows per pass over a weight row */
+/* input rows per pass over a weight row: 8 on AVX-512 (32 registers hold
+ * 16 accumulators), 4 on AVX2 (16 registers) */
+#if KK_VBITS == 512
+#define MR 8
+#else
+#define MR 4
+#endif
 
 /* Software prefetch this far ahead of the weights being read (rows are
  * contiguous, so it runs into the next rows; past the end it is harmless):
@@ -56,20 +62,20 @@ static inline __attribute__((always_inline)) void q4_row(const kk_wview *w, cons
     const float *x[MR];
     vf acc[MR], acc2[MR];
     const vf iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K, acc[m] = vzero(), acc2[m] = vzero();
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K, acc[m] = vzero(), acc2[m] = vzero();
     for (int64_t g = 0; g < G; g++) {
         PREFETCH(q + g * gs / 2);
         vf tab = vfma(iota, vset1(kk_ldf(w->scales, w->sbt, r * G + g)), vset1(kk_ldf(w->biases, w->sbt, r * G + g)));
         for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
             __m512i d = vq4raw(q + c / 2);
             vf lo = _mm512_permutexvar_ps(d, tab), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab);
-            _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
+            _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
                 acc[m] = vfma(lo, vload(x[m] + c), acc[m]);
                 acc2[m] = vfma(hi, vload(x[m] + c + VL), acc2[m]);
             }
         }
     }
-    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(acc[m], acc2[m]));
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(acc[m], acc2[m]));
 }
 #define Q4_NEEDS_XSUM 0
 #else
@@ -79,23 +85,23 @@ static inline __attribute__((always_inline)) void q4_row(const kk_wview *w, cons
     const uint8_t *q = (const uint8_t *)w->w + r * (K / 2);
     const float *x[MR];
     vf acc[MR];
-    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K, acc[m] = vzero();
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K, acc[m] = vzero();
     for (int64_t g = 0; g < G; g++) {
         vf p[MR];
         PREFETCH(q + g * gs / 2);
-        _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) p[m] = vzero();
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) p[m] = vzero();
         for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
             vq4t d = vq4raw(q + c / 2);
             vf lo = vq4lo(d), hi = vq4hi(d);
-            _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
+            _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
                 p[m] = vfma(lo, vload(x[m] + c), p[m]);
                 p[m] = vfma(hi, vload(x[m] + c + VL), p[m]);
             }
         }
         vf s = vset1(kk_ldf(w->scales, w->sbt, r * G + g));
-        _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) acc[m] = vfma(p[m], s, acc[m]);
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) acc[m] = vfma(p[m], s, acc[m]);
     }
-    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(acc[m]) + bias_dot(w, r, xv->xsum + (m0 + m) * G);
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(acc[m]) + bias_dot(w, r, xv->xsum + (m0 + m) * G);
 }
 
 #define Q4_NEEDS_XSUM 1
@@ -107,27 +113,28 @@ static inline __attribute__((always_inline)) void q8_row(const kk_wview *w, cons
     const uint8_t *q = (const uint8_t *)w->w + r * K;
     const float *x[MR];
     vf acc[MR];
-    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) x[m] = xv->x + (m0 + m) * K, acc[m] = vzero();
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->x + (m0 + m) * K, acc[m] = vzero();
     for (int64_t g = 0; g < G; g++) {
         vf p[MR], p2[MR];
-        _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) p[m] = vzero(), p2[m] = vzero();
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) p[m] = vzero(), p2[m] = vzero();
         int64_t c = g * gs, e = (g + 1) * gs;
         PREFETCH(q + c);
-        for (; c + 2 * VL <= e; c += 2 * VL) {
+        /* two chains per input row while registers allow, one beyond */
+        for (; nm <= 4 && c + 2 * VL <= e; c += 2 * VL) {
             vf d0 = vq8(q + c), d1 = vq8(q + c + VL);
-            _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
+            _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
                 p[m] = vfma(d0, vload(x[m] + c), p[m]);
                 p2[m] = vfma(d1, vload(x[m] + c + VL), p2[m]);
             }
         }
         for (; c < e; c += VL) {
             vf d0 = vq8(q + c);
-            _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) p[m] = vfma(d0, vload(x[m] + c), p[m]);
+            _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) p[m] = vfma(d0, vload(x[m] + c), p[m]);
         }
         vf s = vset1(kk_ldf(w->scales, w->sbt, r * G + g));
-        _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) acc[m] = vfma(vadd(p[m], p2[m]), s, acc[m]);
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) acc[m] = vfma(vadd(p[m], p2[m]), s, acc[m]);
     }
-    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(acc[m]) + bias_dot(w, r, xv->xsum + (m0 + m) * G);
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(acc[m]) + bias_dot(w, r, xv->xsum + (m0 + m) * G);
 }
 
 /* VL weights of a float row at column k (fmt is a constant after inlining) */
@@ -153,12 +160,12 @@ static inline __attribute__((always_inline)) void float_row(kg_wfmt fmt, const k
     const void *row = (const char *)w->w + (size_t)r * (size_t)K * es;
     const float *x[MR];
     vf a0[MR], a1[MR];
-    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) x[m] = xv->x + (m0 + m) * K, a0[m] = vzero(), a1[m] = vzero();
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->x + (m0 + m) * K, a0[m] = vzero(), a1[m] = vzero();
     int64_t k = 0;
     for (; k + 2 * VL <= K; k += 2 * VL) {
         PREFETCH((const char *)row + k * (int64_t)es);
         vf w0 = wload(fmt, row, k), w1 = wload(fmt, row, k + VL);
-        _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
             a0[m] = vfma(w0, vload(x[m] + k), a0[m]);
             a1[m] = vfma(w1, vload(x[m] + k + VL), a1[m]);
         }
@@ -166,13 +173,26 @@ static inline __attribute__((always_inline)) void float_row(kg_wfmt fmt, const k
     for (; k < K; k += VL) {
         int n = K - k < VL ? (int)(K - k) : VL;
         vf w0 = n == VL ? wload(fmt, row, k) : wload_n(fmt, row, k, n);
-        _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) a0[m] = vfma(w0, n == VL ? vload(x[m] + k) : vload_n(x[m] + k, n), a0[m]);
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) a0[m] = vfma(w0, n == VL ? vload(x[m] + k) : vload_n(x[m] + k, n), a0[m]);
     }
-    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(a0[m], a1[m]));
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(a0[m], a1[m]));
 }
 
 /* One weight row against input rows [m0, m0 + nm), nm <= MR; the switch
  * makes nm (and the format) compile-time constants in each copy. */
+#if MR == 8
+#define LIN_CASES(call)                                                                                                \
+    switch (nm) {                                                                                                      \
+    case 1: call(1); break;                                                                                            \
+    case 2: call(2); break;                                                                                            \
+    case 3: call(3); break;                                                                                            \
+    case 4: call(4); break;                                                                                            \
+    case 5: call(5); break;                                                                                            \
+    case 6: call(6); break;                                                                                            \
+    case 7: call(7); break;                                                                                            \
+    default: call(8); break;                                                                                           \
+    }
+#else
 #define LIN_CASES(call)                                                                                                \
     switch (nm) {                                                                                                      \
     case 1: call(1); break;                                                                                            \
@@ -180,6 +200,7 @@ static inline __attribute__((always_inline)) void float_row(kg_wfmt fmt, const k
     case 3: call(3); break;                                                                                            \
     default: call(4); break;                                                                                           \
     }
+#endif
 
 static void lin_gemv(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, float *y, int64_t ldy) {
     for (int64_t r = r0; r < r1; r++) {
