@@ -63,9 +63,25 @@ static inline __attribute__((always_inline)) void q4_row(const kk_wview *w, cons
     vf acc[MR], acc2[MR];
     const vf iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K, acc[m] = vzero(), acc2[m] = vzero();
+    /* scales and biases 16 groups at a time; each group's pair is then a
+     * lane broadcast (vpermps) instead of two scalar loads and conversions */
+    vf sv = vzero(), bv = vzero();
     for (int64_t g = 0; g < G; g++) {
+        int lane = (int)(g % VL);
+        if (lane == 0) {
+            if (g + VL <= G) {
+                sv = vsb(w->scales, w->sbt, r * G + g);
+                bv = vsb(w->biases, w->sbt, r * G + g);
+            } else {
+                float st[VL] = {0}, bt[VL] = {0};
+                for (int i = 0; i < G - g; i++)
+                    st[i] = kk_ldf(w->scales, w->sbt, r * G + g + i), bt[i] = kk_ldf(w->biases, w->sbt, r * G + g + i);
+                sv = vload(st), bv = vload(bt);
+            }
+        }
         PREFETCH(q + g * gs / 2);
-        vf tab = vfma(iota, vset1(kk_ldf(w->scales, w->sbt, r * G + g)), vset1(kk_ldf(w->biases, w->sbt, r * G + g)));
+        __m512i li = _mm512_set1_epi32(lane);
+        vf tab = vfma(iota, _mm512_permutexvar_ps(li, sv), _mm512_permutexvar_ps(li, bv));
         for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
             __m512i d = vq4raw(q + c / 2);
             vf lo = _mm512_permutexvar_ps(d, tab), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab);
