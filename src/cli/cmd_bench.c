@@ -112,7 +112,7 @@ static void kernel_bench(int64_t M, bool streamed) {
         kg_dtype t;
     } fmts[] = {{"f32", KG_WF_F32, 0, KG_F32},   {"bf16", KG_WF_BF16, 0, KG_BF16}, {"f16", KG_WF_F16, 0, KG_F16},
                 {"q8", KG_WF_AFFINE, 8, KG_U32}, {"q4", KG_WF_AFFINE, 4, KG_U32}};
-    const int64_t K = 2048, gs = 64;
+    const int64_t K = getenv("KILN_BENCH_K") ? atoll(getenv("KILN_BENCH_K")) : 2048, gs = 64;
     printf("kernel (isa %s, 1 thread, M = %lld)   Gweights/s resident   streamed (1 GiB)\n", kk_isa_name(kk_isa_level()),
            (long long)M);
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {

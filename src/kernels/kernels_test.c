@@ -90,7 +90,8 @@ KT_TEST(kernels_linear_simd_matches_portable) {
         {KG_WF_BF16, 0, 0, KG_F32, 40, 512}, {KG_WF_F16, 0, 0, KG_F32, 23, 104},   {KG_WF_AFFINE, 4, 64, KG_BF16, 37, 256},
         {KG_WF_AFFINE, 4, 32, KG_F16, 21, 96}, {KG_WF_AFFINE, 4, 128, KG_F32, 9, 512}, {KG_WF_AFFINE, 8, 64, KG_BF16, 37, 320},
         {KG_WF_AFFINE, 8, 32, KG_F32, 17, 96}, {KG_WF_AFFINE, 3, 32, KG_BF16, 11, 128}, {KG_WF_AFFINE, 2, 64, KG_F16, 13, 128},
-        {KG_WF_AFFINE, 6, 64, KG_BF16, 9, 128},
+        {KG_WF_AFFINE, 6, 64, KG_BF16, 9, 128}, {KG_WF_AFFINE, 4, 64, KG_BF16, 9, 1088}, /* 17 groups */
+        {KG_WF_AFFINE, 4, 32, KG_F32, 5, 1024}, {KG_WF_AFFINE, 8, 64, KG_F16, 6, 1088},
     };
     static const int64_t Ms[] = {1, 2, 3, 4, 5, 8, 16, 33};
     kr_pool *pool = kr_pool_create(2);
