@@ -89,7 +89,9 @@ static void run_chunks(kr_pool *p, uint32_t job) {
     for (;;) {
         if ((uint32_t)(v >> 32) != job) break;
         int64_t c = (int64_t)(v & 0xffffffffu);
-        if (c >= atomic_load_explicit(&p->n_chunks, memory_order_relaxed)) break;
+        /* acquire: had the caller already begun the next job (n_chunks is
+         * its), the word would no longer be (job, c) and the CAS below fails */
+        if (c >= atomic_load_explicit(&p->n_chunks, memory_order_acquire)) break;
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &v, v + 1, memory_order_acq_rel, memory_order_acquire))
             continue; /* v now holds the current word */
         int64_t b = c * p->grain, e = b + p->grain;
@@ -176,12 +178,15 @@ void kr_parallel_for(kr_pool *p, int64_t n, int64_t grain, kr_range_fn fn, void 
         fn(ctx, 0, n);
         return;
     }
+    uint32_t job = ++p->job;
+    /* First retire the previous job's word: a worker still holding (job - 1,
+     * c) must not claim "chunk c" against this job's n_chunks and fields. */
+    atomic_store_explicit(&p->claim, (uint64_t)job << 32 | 0xffffffffu, memory_order_relaxed);
     p->fn = fn;
     p->ctx = ctx;
     p->n_items = n;
     p->grain = grain;
-    uint32_t job = ++p->job;
-    atomic_store_explicit(&p->n_chunks, chunks, memory_order_relaxed);
+    atomic_store_explicit(&p->n_chunks, chunks, memory_order_release);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     atomic_store_explicit(&p->claim, (uint64_t)job << 32, memory_order_release);
     /* seq_cst against the worker's sleepers++ then gen check: either it sees
