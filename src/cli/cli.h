@@ -16,6 +16,8 @@ int kiln_cmd_serve(int argc, char **argv);
 int kiln_cmd_bench_batch(int argc, char **argv);
 int kiln_cmd_quantize(int argc, char **argv);
 int kiln_cmd_perplexity(int argc, char **argv);
+int kiln_cmd_synth(int argc, char **argv);
+int kiln_cmd_bench(int argc, char **argv);
 
 /* The bundled demo model (<binary>/../../models/kiln-demo, or
  * $KILN_DEFAULT_MODEL), used when -m is not given. */

@@ -22,6 +22,8 @@ static const struct {
     {"bench-batch", kiln_cmd_bench_batch, "batched vs one-at-a-time throughput, checking equal outputs"},
     {"quantize", kiln_cmd_quantize, "write an MLX affine quantized copy of a checkpoint (2-8 bits)"},
     {"perplexity", kiln_cmd_perplexity, "perplexity of a text file, as llama.cpp's perplexity tool"},
+    {"synth", kiln_cmd_synth, "write a checkpoint of a real model's shape with random weights"},
+    {"bench", kiln_cmd_bench, "measure prompt and generation speed against the memory roofline"},
 };
 
 static void usage(FILE *f) {

@@ -128,9 +128,15 @@ struct ke_ctx {
     uint64_t tick;
     kr_pool *pool;
     /* per-step scratch */
-    int32_t *pos, *tseq, *slot, *rows, *seq_len, *btab;
+    int32_t *pos, *tseq, *slot, *rows, *seq_len, *btab, *batch_seqs; /* [scratch_T] but btab */
     float *cos[KM_MAX_ROPES], *sin[KM_MAX_ROPES];
     int64_t scratch_T, scratch_bt;
+    /* per-step bookkeeping, grown on demand: a decode step allocates nothing */
+    int32_t *row_of;          /* [scratch_seqs] */
+    int64_t *added;           /* [scratch_seqs] */
+    int scratch_seqs;
+    void **params;
+    int cap_params;
 };
 
 kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out) {
@@ -226,6 +232,7 @@ void ke_ctx_free(ke_ctx *c) {
     free(c->ref), free(c->lru_prev), free(c->lru_next), free(c->hnext), free(c->bucket);
     free(c->bhash), free(c->bparent), free(c->cached), free(c->btok);
     free(c->pos), free(c->tseq), free(c->slot), free(c->rows), free(c->seq_len), free(c->btab);
+    free(c->batch_seqs), free(c->row_of), free(c->added), free(c->params);
     for (int k = 0; k < KM_MAX_ROPES; k++) free(c->cos[k]), free(c->sin[k]);
     kr_pool_destroy(c->pool);
     free(c);
@@ -235,6 +242,7 @@ int64_t ke_ctx_n_ctx(const ke_ctx *c) { return c->p.n_ctx; }
 const ke_model *ke_ctx_model(const ke_ctx *c) { return c->m; }
 int64_t ke_ctx_free_blocks(const ke_ctx *c) { return c->n_free + c->n_lru; }
 int ke_ctx_n_executables(const ke_ctx *c) { return c->n_execs; }
+int ke_ctx_n_threads(const ke_ctx *c) { return kr_pool_size(c->pool); }
 
 /* ---------------------------------------------------------------- block pool */
 
@@ -495,10 +503,22 @@ static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t
     return e;
 }
 
+static bool grow_seq_scratch(ke_ctx *c) {
+    if (c->n_seqs + 1 <= c->scratch_seqs) return true;
+    int n = c->cap_seqs + 1;
+    int32_t *r = realloc(c->row_of, sizeof(int32_t) * (size_t)n);
+    if (r) c->row_of = r;
+    int64_t *a = realloc(c->added, sizeof(int64_t) * (size_t)n);
+    if (a) c->added = a;
+    if (!r || !a) return false;
+    c->scratch_seqs = n;
+    return true;
+}
+
 static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
     if (T > c->scratch_T) {
         size_t n = (size_t)T;
-        int32_t **arr[] = {&c->pos, &c->tseq, &c->slot, &c->rows, &c->seq_len};
+        int32_t **arr[] = {&c->pos, &c->tseq, &c->slot, &c->rows, &c->seq_len, &c->batch_seqs};
         for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) {
             int32_t *p = realloc(*arr[i], n * sizeof(int32_t));
             if (!p) return false;
@@ -531,14 +551,11 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
     int64_t T = b->n, bs = c->p.block_size;
     if (T <= 0) return kiln_error(KILN_EINVAL, "empty batch");
     /* validate, and count each sequence's new tokens */
-    int *batch_seqs = malloc(sizeof(int) * (size_t)T); /* distinct sequences, by first appearance */
-    int64_t *added = calloc((size_t)c->n_seqs + 1, sizeof(int64_t));
-    int *row_of = malloc(sizeof(int) * ((size_t)c->n_seqs + 1));
     kiln_status st = NULL;
-    if (!batch_seqs || !added || !row_of) {
-        st = kiln_error(KILN_ENOMEM, "out of memory");
-        goto done;
-    }
+    if (!grow_seq_scratch(c) || !grow_scratch(c, T, 0)) return kiln_error(KILN_ENOMEM, "out of memory");
+    int32_t *batch_seqs = c->batch_seqs, *row_of = c->row_of; /* distinct sequences, by first appearance */
+    int64_t *added = c->added;
+    memset(added, 0, sizeof(int64_t) * (size_t)(c->n_seqs + 1));
     int S = 0;
     for (int64_t t = 0; t < T; t++) {
         int s = b->seq[t];
@@ -615,11 +632,16 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
     for (int k = 0; k < hp->n_ropes; k++) km_rope_fill(&hp->ropes[k], T, c->pos, c->seq_len, c->cos[k], c->sin[k]);
     exec_entry *e = get_exec(c, T, Sb, MB, R ? R : 1, &st);
     if (!e) goto done;
-    void **params = malloc(sizeof(void *) * (size_t)e->n_inputs);
-    if (!params) {
-        st = kiln_error(KILN_ENOMEM, "out of memory");
-        goto done;
+    if (e->n_inputs > c->cap_params) {
+        void **np = realloc(c->params, sizeof(void *) * (size_t)e->n_inputs);
+        if (!np) {
+            st = kiln_error(KILN_ENOMEM, "out of memory");
+            goto done;
+        }
+        c->params = np;
+        c->cap_params = e->n_inputs;
     }
+    void **params = c->params;
     for (int i = 0; i < e->n_inputs; i++) {
         const kb_input *in = &e->inputs[i];
         switch (in->role) {
@@ -636,7 +658,6 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
         }
     }
     kr_exec_run(e->exec, params, c->pool);
-    free(params);
     for (int64_t t = 0; t < T; t++) {
         seq_state *q = &c->seqs[b->seq[t]];
         if (q->toks) q->toks[c->pos[t]] = b->tokens[t];
@@ -645,9 +666,6 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
     *logits = kr_exec_output(e->exec, 0);
     *n_rows = (int)R;
 done:
-    free(batch_seqs);
-    free(added);
-    free(row_of);
     return st;
 }
 

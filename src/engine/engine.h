@@ -46,6 +46,7 @@ const ke_model *ke_ctx_model(const ke_ctx *c);
  * not in use (evicted on demand). */
 int64_t ke_ctx_free_blocks(const ke_ctx *c);
 int ke_ctx_n_executables(const ke_ctx *c);
+int ke_ctx_n_threads(const ke_ctx *c);
 
 /* Sequences: ids are small integers, reused after close. */
 kiln_status ke_seq_open(ke_ctx *c, int *seq);

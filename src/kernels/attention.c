@@ -1,6 +1,9 @@
 /* attention.c: the kiln.attention kernel over a paged KV cache.
  *
- * One work item per (token, query head). Scores for the visible keys go to a
+ * On AVX2 and AVX-512 the kernel of attention_simd.h runs (one item per token
+ * and KV head, tiled online softmax). The portable kernel here is the
+ * straightforward one the SIMD ones are tested against: one work item per
+ * (token, query head). Scores for the visible keys go to a
  * per-range scratch row (memory linear in the context, never quadratic),
  * then softmax and the weighted sum of values, in the order of the
  * decomposition: scale, soft-cap (divide, tanh, multiply), ALiBi, max (with
@@ -11,11 +14,9 @@
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/kernels_int.h"
+#include "runtime/pool.h"
 
-typedef struct {
-    const kk_call *c;
-    int64_t Hq, Hkv, D, Dv, MB, N;
-} attn_ctx;
 
 static float dotf(const float *a, const float *b, int64_t n) {
     float acc[8] = {0};
@@ -28,7 +29,7 @@ static float dotf(const float *a, const float *b, int64_t n) {
 }
 
 static void attn_items(void *ctx, int64_t i0, int64_t i1) {
-    const attn_ctx *k = ctx;
+    const kk_attn_ctx *k = ctx;
     const kk_call *c = k->c;
     const kg_attn_attr *at = &c->node->a.attn;
     const float *q = c->in[0], *kc = c->in[1], *vc = c->in[2];
@@ -36,7 +37,7 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
     const float *alibi = at->alibi ? c->in[6] : NULL, *sinks = at->sinks ? c->in[6 + at->alibi] : NULL;
     float *out = c->out;
     int64_t bs = at->block_size, G = k->Hq / k->Hkv, C = k->MB * bs;
-    float *sc = malloc(sizeof(float) * (size_t)(C > 0 ? C : 1));
+    float *sc = kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(C > 0 ? C : 1));
     if (!sc) return;
     for (int64_t it = i0; it < i1; it++) {
         int64_t t = it / k->Hq, h = it % k->Hq, kvh = h / G;
@@ -76,13 +77,18 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
             for (int64_t d = 0; d < k->Dv; d++) oi[d] += w * v[d];
         }
     }
-    free(sc);
 }
 
 void kk_attention(const kk_call *c) {
     const kg_node *n = c->node;
-    attn_ctx k = {c, n->in[0]->shape.d[1], n->in[1]->shape.d[1], n->in[0]->shape.d[2], n->in[2]->shape.d[2],
-                  n->in[3]->shape.d[1], n->in[1]->shape.d[0]};
-    int64_t items = n->in[0]->shape.d[0] * k.Hq;
-    kr_parallel_for(c->pool, items, 4, attn_items, &k);
+    kk_attn_ctx k = {c, n->in[0]->shape.d[1], n->in[1]->shape.d[1], n->in[0]->shape.d[2], n->in[2]->shape.d[2],
+                     n->in[3]->shape.d[1], n->in[1]->shape.d[0], 0};
+    k.G = k.Hq / k.Hkv;
+    int64_t T = n->in[0]->shape.d[0];
+    kk_isa isa = kk_isa_level();
+    if (isa == KK_ISA_PORTABLE) {
+        kr_parallel_for(c->pool, T * k.Hq, 4, attn_items, &k);
+        return;
+    }
+    kr_parallel_for(c->pool, T * k.Hkv, 1, isa == KK_ISA_AVX512 ? kk_attn_items_avx512 : kk_attn_items_avx2, &k);
 }

@@ -1,5 +1,8 @@
 /* fusion.c: the kiln.fusion kernel, an interpreter of fused elementwise
- * programs over float32 vectors.
+ * programs over float32 vectors. Instructions run through
+ * kk_fuse_instr_<isa>: the portable one here, bit-identical to the reference
+ * kernels; the SIMD ones (fusion_simd.h) vectorize the common ops, exactly
+ * for + - * / and negation, and exp/logistic with a 1-ulp polynomial.
  *
  * The output is walked row by row (all dims but the last), in chunks of up
  * to CHUNK elements of the last dim. For each chunk every input is loaded
@@ -10,15 +13,17 @@
 #include "base/half.h"
 #include "ir/fusion.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_int.h"
 #include "kernels/scalar_ops.h"
 
-#define CHUNK 256
+#define CHUNK KK_FUSE_CHUNK
 #define MAX_REGS KG_FUSION_MAX_REGS
 
 typedef struct {
     const kk_call *c;
     const kg_fusion *f;
     int64_t inner, rows;
+    kk_fuse_instr_fn run;
 } fuse_ctx;
 
 static void load_input(const kg_node *in, const void *p, int64_t base, int64_t stride, int64_t n, float *dst) {
@@ -51,7 +56,7 @@ static void load_input(const kg_node *in, const void *p, int64_t base, int64_t s
     }
 }
 
-static void run_instr(const kg_fusion_instr *ins, float (*reg)[CHUNK], int64_t n, float *dst) {
+void kk_fuse_instr_portable(const kg_fusion_instr *ins, float (*reg)[KK_FUSE_CHUNK], int64_t n, float *dst) {
     const float *a = reg[ins->a], *b = ins->b >= 0 ? reg[ins->b] : NULL, *cc = ins->c >= 0 ? reg[ins->c] : NULL;
     switch (ins->op) {
     case KG_OP_ADD: for (int64_t i = 0; i < n; i++) dst[i] = a[i] + b[i]; return;
@@ -85,6 +90,7 @@ static void fuse_rows(void *ctx, int64_t r0, int64_t r1) {
     int rank = n->shape.rank;
     float reg[MAX_REGS][CHUNK];
     float *out = k->c->out;
+    kk_fuse_instr_fn run_instr = k->run;
     for (int64_t r = r0; r < r1; r++) {
         /* multi-index of row r over dims [0, rank-1) */
         int64_t idx[KG_MAX_RANK] = {0}, rem = r;
@@ -113,7 +119,9 @@ static void fuse_rows(void *ctx, int64_t r0, int64_t r1) {
 
 void kk_fusion(const kk_call *c) {
     const kg_node *n = c->node;
-    fuse_ctx k = {c, n->a.fusion, 1, 1};
+    kk_isa isa = kk_isa_level();
+    fuse_ctx k = {c, n->a.fusion, 1, 1,
+                  isa == KK_ISA_AVX512 ? kk_fuse_instr_avx512 : isa == KK_ISA_AVX2 ? kk_fuse_instr_avx2 : kk_fuse_instr_portable};
     k.inner = n->shape.rank ? n->shape.d[n->shape.rank - 1] : 1;
     k.rows = k.inner ? kg_shape_numel(&n->shape) / k.inner : 0;
     int64_t grain = 1 + 8192 / (k.inner + 1);

@@ -1,54 +1,68 @@
 /* linear.c: kiln.linear, kiln.embed and kiln.dequantize kernels.
  *
- * Weights stay in their stored format (f32, f16, bf16, or MLX affine
- * codes + per-group scale and bias) and are widened a few rows at a time
- * into a per-thread float buffer, then dotted with every input row. The
- * dequantization is w = q * scale + bias in float32, as in the
- * decomposition. */
+ * Weights stay in their stored format (f32, f16, bf16, or MLX affine codes +
+ * per-group scale and bias). Two regimes:
+ *   - few input rows (decode, small batches): a matrix-vector kernel reads
+ *     each weight once and dots it with the inputs while it is in registers
+ *     (kk_lin_ops.gemv, per ISA): decode is bound by memory bandwidth, so
+ *     the weights must stream at memory speed and never be written back;
+ *   - many input rows (prefill): threads take panels of weight rows, widen a
+ *     panel to float32 in their scratch (kk_lin_ops.dequant) and multiply it
+ *     with the whole input on the GEMM library (kk_sgemm_nt), which is
+ *     compute-bound code we do not write ourselves.
+ * Activations and accumulation are float32 on every path; the dequantization
+ * is w = q * scale + bias in float32, as in the decomposition. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/half.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_int.h"
+#include "runtime/pool.h"
 
-#define ROW_BLOCK 4
+/* Input rows from which the GEMM path would be used. Disabled: the library's
+ * summation order differs from the matrix-vector kernel's, so a token's
+ * logits would depend on how many other tokens share its step, and the
+ * batched server would not reproduce the single-sequence path exactly.
+ * Every row count takes the matrix-vector kernel (batch invariant) until
+ * the GEMM path computes each output with the same arithmetic. */
+#define GEMM_MIN_ROWS (1 << 30)
+/* Weight rows per GEMM panel, at most: the library packs the whole input
+ * once per call, so narrow panels pay that again and again (64-row panels
+ * spent a third of the time packing at 512 tokens); panels are made as
+ * wide as this allows while giving every thread the same number. */
+#define PANEL_MAX 256
 
-static inline float ld_half(const void *p, kg_dtype t, int64_t i) {
-    if (t == KG_F32) return ((const float *)p)[i];
-    if (t == KG_BF16) return ku_bf16_to_f32(((const uint16_t *)p)[i]);
-    return ku_f16_to_f32(((const uint16_t *)p)[i]);
-}
+/* ---------------------------------------------------------------- portable */
 
-/* Row r of a weight (operands w, scales, biases as in kg_linear) as float32. */
-static void weight_row(const kg_wattr *wa, const kg_node *const *wn, const void *const *wp, int64_t r, float *out) {
-    int64_t K = wa->cols;
-    switch (wa->fmt) {
+/* Row r of a weight as float32. */
+static void weight_row(const kk_wview *w, int64_t r, float *out) {
+    int64_t K = w->K;
+    switch (w->fmt) {
     case KG_WF_F32:
-        memcpy(out, (const float *)wp[0] + r * K, sizeof(float) * (size_t)K);
+        memcpy(out, (const float *)w->w + r * K, sizeof(float) * (size_t)K);
         return;
     case KG_WF_F16: {
-        const uint16_t *w = (const uint16_t *)wp[0] + r * K;
-        for (int64_t i = 0; i < K; i++) out[i] = ku_f16_to_f32(w[i]);
+        const uint16_t *p = (const uint16_t *)w->w + r * K;
+        for (int64_t i = 0; i < K; i++) out[i] = ku_f16_to_f32(p[i]);
         return;
     }
     case KG_WF_BF16: {
-        const uint16_t *w = (const uint16_t *)wp[0] + r * K;
-        for (int64_t i = 0; i < K; i++) out[i] = ku_bf16_to_f32(w[i]);
+        const uint16_t *p = (const uint16_t *)w->w + r * K;
+        for (int64_t i = 0; i < K; i++) out[i] = ku_bf16_to_f32(p[i]);
         return;
     }
     case KG_WF_AFFINE: {
-        int bits = wa->bits, gs = wa->group_size;
-        int64_t words = K * bits / 32, G = K / gs;
-        const uint32_t *w = (const uint32_t *)wp[0] + r * words;
-        kg_dtype st = wn[1]->dtype;
+        int bits = w->bits, gs = w->gs;
+        int64_t words = K * bits / 32, G = w->G;
+        const uint32_t *p = (const uint32_t *)w->w + r * words;
         const uint32_t mask = (1u << bits) - 1;
         for (int64_t g = 0; g < G; g++) {
-            float s = ld_half(wp[1], st, r * G + g), b = ld_half(wp[2], st, r * G + g);
+            float s = kk_ldf(w->scales, w->sbt, r * G + g), b = kk_ldf(w->biases, w->sbt, r * G + g);
             for (int64_t i = g * gs; i < (g + 1) * gs; i++) {
                 int64_t bit = i * bits, wi = bit >> 5;
                 int sh = (int)(bit & 31);
-                uint64_t v = w[wi];
-                if (sh + bits > 32) v |= (uint64_t)w[wi + 1] << 32;
+                uint64_t v = p[wi];
+                if (sh + bits > 32) v |= (uint64_t)p[wi + 1] << 32;
                 float q = (float)((uint32_t)(v >> sh) & mask);
                 out[i] = q * s + b;
             }
@@ -68,73 +82,173 @@ static float dotf(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-typedef struct {
-    const kk_call *c;
-    const kg_wattr *wa;
-    const kg_node *wn[3];
-    const void *wp[3];
-    int64_t M; /* input rows */
-} lin_ctx;
-
-static void linear_rows(void *ctx, int64_t r0, int64_t r1) {
-    const lin_ctx *k = ctx;
-    int64_t K = k->wa->cols, N = k->wa->rows;
-    const float *x = k->c->in[0];
-    float *y = k->c->out;
-    float *buf = malloc(sizeof(float) * (size_t)(K * ROW_BLOCK));
-    if (!buf) return;
-    for (int64_t r = r0; r < r1; r += ROW_BLOCK) {
-        int64_t nb = r1 - r < ROW_BLOCK ? r1 - r : ROW_BLOCK;
-        for (int64_t j = 0; j < nb; j++) weight_row(k->wa, k->wn, k->wp, r + j, buf + j * K);
-        for (int64_t m = 0; m < k->M; m++)
-            for (int64_t j = 0; j < nb; j++) y[m * N + r + j] = dotf(x + m * K, buf + j * K, K);
-    }
-    free(buf);
+static bool always(const kk_wview *w) {
+    (void)w;
+    return true;
 }
 
-static void weight_operands(lin_ctx *k, const kk_call *c, int first) {
-    const kg_node *n = c->node;
-    for (int i = 0; i < 3 && first + i < n->n_in; i++) {
-        k->wn[i] = n->in[first + i];
-        k->wp[i] = c->in[first + i];
+static void portable_gemv(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, float *y, int64_t ldy) {
+    float *buf = kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)w->K);
+    if (!buf) return;
+    for (int64_t r = r0; r < r1; r++) {
+        weight_row(w, r, buf);
+        for (int64_t m = 0; m < xv->M; m++) y[m * ldy + r] = dotf(xv->x + m * w->K, buf, w->K);
     }
+}
+
+static void portable_dequant(const kk_wview *w, int64_t r0, int64_t r1, float *out) {
+    for (int64_t r = r0; r < r1; r++, out += w->K) weight_row(w, r, out);
+}
+
+const kk_lin_ops kk_lin_portable = {
+    .name = "portable",
+    .q4_chunk = 0,
+    .gemv_ok = always,
+    .gemv = portable_gemv,
+    .dequant_ok = always,
+    .dequant = portable_dequant,
+};
+
+/* ---------------------------------------------------------------- dispatch */
+
+static const kk_lin_ops *ops_for_level(void) {
+    switch (kk_isa_level()) {
+    case KK_ISA_AVX512: return &kk_lin_avx512;
+    case KK_ISA_AVX2: return &kk_lin_avx2;
+    default: return &kk_lin_portable;
+    }
+}
+
+static kk_wview wview_of(const kk_call *c, int first) {
+    const kg_node *n = c->node;
+    const kg_wattr *wa = &n->a.w;
+    kk_wview w = {.fmt = wa->fmt, .bits = wa->bits, .gs = wa->group_size, .N = wa->rows, .K = wa->cols,
+                  .w = c->in[first]};
+    if (wa->fmt == KG_WF_AFFINE) {
+        w.G = wa->cols / wa->group_size;
+        w.scales = c->in[first + 1];
+        w.biases = c->in[first + 2];
+        w.sbt = n->in[first + 1]->dtype;
+    }
+    return w;
+}
+
+typedef struct {
+    const kk_wview *w;
+    const kk_lin_ops *ops;
+    kk_xview x;
+    float *y;
+    int64_t panel; /* GEMM: weight rows per panel */
+} lin_ctx;
+
+static void gemv_rows(void *ctx, int64_t r0, int64_t r1) {
+    const lin_ctx *k = ctx;
+    k->ops->gemv(k->w, &k->x, r0, r1, k->y, k->w->N);
+}
+
+/* One panel of k->panel weight rows per item: widen, then GEMM. */
+static void gemm_panels(void *ctx, int64_t p0, int64_t p1) {
+    const lin_ctx *k = ctx;
+    const kk_wview *w = k->w;
+    int64_t K = w->K;
+    float *buf = w->fmt == KG_WF_F32 ? NULL : kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(k->panel * K));
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t r0 = p * k->panel, r1 = r0 + k->panel < w->N ? r0 + k->panel : w->N;
+        const float *panel = (const float *)w->w + r0 * K;
+        if (w->fmt != KG_WF_F32) {
+            if (!buf) return;
+            k->ops->dequant(w, r0, r1, buf);
+            panel = buf;
+        }
+        kk_sgemm_nt(k->x.M, r1 - r0, K, k->x.x, K, panel, K, k->y + r0, w->N);
+    }
+}
+
+/* Grain for a row split: about four chunks per thread, multiples of 8 rows. */
+static int64_t row_grain(kr_pool *pool, int64_t n) {
+    int64_t g = n / (4 * (int64_t)kr_pool_size(pool));
+    g = (g + 7) / 8 * 8;
+    return g < 8 ? 8 : g;
 }
 
 void kk_linear(const kk_call *c) {
     const kg_node *n = c->node;
-    lin_ctx k = {.c = c, .wa = &n->a.w};
-    weight_operands(&k, c, 1);
-    k.M = kg_shape_numel(&n->in[0]->shape) / n->a.w.cols;
-    kr_parallel_for(c->pool, n->a.w.rows, ROW_BLOCK * 4, linear_rows, &k);
+    kk_wview w = wview_of(c, 1);
+    const kk_lin_ops *ops = ops_for_level();
+    lin_ctx k = {.w = &w, .y = c->out};
+    k.x.M = kg_shape_numel(&n->in[0]->shape) / w.K;
+    k.x.x = c->in[0];
+    if (k.x.M <= 0) return;
+    if (k.x.M >= GEMM_MIN_ROWS) {
+        k.ops = ops->dequant_ok(&w) ? ops : &kk_lin_portable;
+        int64_t nt = kr_pool_size(c->pool), panels = nt * ((w.N + nt * PANEL_MAX - 1) / (nt * PANEL_MAX));
+        k.panel = ((w.N + panels - 1) / panels + 15) / 16 * 16;
+        kr_parallel_for(c->pool, (w.N + k.panel - 1) / k.panel, 1, gemm_panels, &k);
+        return;
+    }
+    k.ops = ops->gemv_ok(&w) ? ops : &kk_lin_portable;
+    if (w.fmt == KG_WF_AFFINE) {
+        /* per-group sums of x and, for 4-bit codes, x in the order they unpack */
+        int64_t M = k.x.M, K = w.K, G = w.G, q4c = w.bits == 4 ? k.ops->q4_chunk : 0;
+        bool sums = w.bits != 4 || !q4c || k.ops->q4_xsum;
+        float *buf = kr_scratch(KR_SCRATCH_CALL, sizeof(float) * (size_t)(M * G + (q4c ? M * K : 0)));
+        if (!buf) return;
+        float *xs = buf, *xp = buf + M * G;
+        for (int64_t m = 0; m < M; m++) {
+            const float *xm = k.x.x + m * K;
+            for (int64_t g = 0; g < G && sums; g++) {
+                float s = 0;
+                for (int64_t i = g * w.gs; i < (g + 1) * w.gs; i++) s += xm[i];
+                xs[m * G + g] = s;
+            }
+            if (q4c)
+                for (int64_t c0 = 0; c0 < K; c0 += q4c)
+                    for (int64_t i = 0; i < q4c / 2; i++) {
+                        xp[m * K + c0 + i] = xm[c0 + 2 * i];
+                        xp[m * K + c0 + q4c / 2 + i] = xm[c0 + 2 * i + 1];
+                    }
+        }
+        k.x.xsum = xs;
+        k.x.xp = q4c ? xp : NULL;
+    }
+    kr_parallel_for(c->pool, w.N, row_grain(c->pool, w.N), gemv_rows, &k);
 }
 
+/* ---------------------------------------------------------------- embed, dequantize */
+
+typedef struct {
+    const kk_call *c;
+    const kk_wview *w;
+    const kk_lin_ops *ops;
+} rows_ctx;
+
 static void embed_rows(void *ctx, int64_t t0, int64_t t1) {
-    const lin_ctx *k = ctx;
+    const rows_ctx *k = ctx;
     const kg_node *n = k->c->node;
     const int32_t *ids = k->c->in[n->n_in - 1];
     for (int64_t t = t0; t < t1; t++) {
         int64_t id = ids[t];
         if (id < 0) id = 0; /* gather semantics: indices clamp */
-        if (id >= k->wa->rows) id = k->wa->rows - 1;
-        weight_row(k->wa, k->wn, k->wp, id, (float *)k->c->out + t * k->wa->cols);
+        if (id >= k->w->N) id = k->w->N - 1;
+        k->ops->dequant(k->w, id, id + 1, (float *)k->c->out + t * k->w->K);
     }
 }
 
 void kk_embed(const kk_call *c) {
-    const kg_node *n = c->node;
-    lin_ctx k = {.c = c, .wa = &n->a.w};
-    weight_operands(&k, c, 0);
-    kr_parallel_for(c->pool, n->shape.d[0], 4, embed_rows, &k);
+    kk_wview w = wview_of(c, 0);
+    const kk_lin_ops *ops = ops_for_level();
+    rows_ctx k = {c, &w, ops->dequant_ok(&w) ? ops : &kk_lin_portable};
+    kr_parallel_for(c->pool, c->node->shape.d[0], 16, embed_rows, &k);
 }
 
 static void dequant_rows(void *ctx, int64_t r0, int64_t r1) {
-    const lin_ctx *k = ctx;
-    for (int64_t r = r0; r < r1; r++) weight_row(k->wa, k->wn, k->wp, r, (float *)k->c->out + r * k->wa->cols);
+    const rows_ctx *k = ctx;
+    k->ops->dequant(k->w, r0, r1, (float *)k->c->out + r0 * k->w->K);
 }
 
 void kk_dequant(const kk_call *c) {
-    const kg_node *n = c->node;
-    lin_ctx k = {.c = c, .wa = &n->a.w};
-    weight_operands(&k, c, 0);
-    kr_parallel_for(c->pool, n->a.w.rows, 16, dequant_rows, &k);
+    kk_wview w = wview_of(c, 0);
+    const kk_lin_ops *ops = ops_for_level();
+    rows_ctx k = {c, &w, ops->dequant_ok(&w) ? ops : &kk_lin_portable};
+    kr_parallel_for(c->pool, w.N, 16, dequant_rows, &k);
 }

@@ -1,16 +1,18 @@
 /* registry.c: CPU feature detection and kernel selection. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "kernels/kernels_int.h"
 
+/* The CPU-feature table: the one piece of global state, written once. */
 static kk_cpu cpu;
 static kk_isa isa_level = KK_ISA_PORTABLE;
 static kk_isa isa_max = KK_ISA_PORTABLE;
-static int cpu_ready;
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
-static void detect(void) {
-    if (cpu_ready) return;
+static void detect_once(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     cpu.avx2 = __builtin_cpu_supports("avx2");
@@ -19,6 +21,7 @@ static void detect(void) {
     cpu.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     cpu.avx512_vnni = cpu.avx512 && __builtin_cpu_supports("avx512vnni");
+    cpu.avx512_bf16 = cpu.avx512 && __builtin_cpu_supports("avx512bf16");
 #endif
     isa_max = cpu.avx512 && cpu.fma ? KK_ISA_AVX512 : (cpu.avx2 && cpu.fma ? KK_ISA_AVX2 : KK_ISA_PORTABLE);
     isa_level = isa_max;
@@ -27,8 +30,10 @@ static void detect(void) {
         kk_isa want = !strcmp(env, "portable") ? KK_ISA_PORTABLE : !strcmp(env, "avx2") ? KK_ISA_AVX2 : KK_ISA_AVX512;
         if (want < isa_level) isa_level = want;
     }
-    cpu_ready = 1;
+    kk_blas_setup(cpu.avx512);
 }
+
+static void detect(void) { pthread_once(&cpu_once, detect_once); }
 
 const kk_cpu *kk_cpu_features(void) {
     detect();

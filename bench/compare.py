@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""compare.py: kiln bench against llama-bench, side by side (not run by CI).
+
+    python3 bench/compare.py [--shapes smollm2-135m,qwen2.5-0.5b,...] [--types q4,q8,bf16]
+                             [-t 2] [-p 512] [-n 128] [-r 5] [--work DIR]
+
+For every shape and bit width it writes a kiln checkpoint (`kiln synth`) and a
+GGUF of the same shape (bench/gguf_synth.py: Q4_0 against q4, Q8_0 against
+q8, F16 against bf16/f16), then runs llama-bench and kiln bench alternately,
+one run each per round (the order flips every round), with the same thread
+count, and prints the median tokens/s of each and their ratio. The machines
+here are shared and noisy: read the ratios, never one absolute time.
+
+llama.cpp is built on demand from the git bundle that the npm package
+node-llama-cpp ships (llama/gitRelease.bundle); nothing is downloaded here.
+Give the bundle with --bundle (or LLAMA_BUNDLE), e.g. after
+    npm pack node-llama-cpp@3.22.1 && tar xzf node-llama-cpp-3.22.1.tgz package/llama/gitRelease.bundle
+or an existing build with --llama-dir (a llama.cpp checkout with build/bin/llama-bench).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GGUF_TYPE = {"q4": "q4_0", "q8": "q8_0", "bf16": "f16", "f16": "f16"}
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout
+
+
+def ensure_llama(a):
+    bench = os.path.join(a.llama_dir, "build", "bin", "llama-bench")
+    if os.path.exists(bench):
+        return bench
+    bundle = a.bundle or os.environ.get("LLAMA_BUNDLE")
+    if not bundle:
+        for c in ("node_modules/node-llama-cpp/llama/gitRelease.bundle", "package/llama/gitRelease.bundle"):
+            if os.path.exists(os.path.join(ROOT, c)):
+                bundle = os.path.join(ROOT, c)
+    if not bundle or not os.path.exists(bundle):
+        sys.exit("compare.py: no llama-bench and no node-llama-cpp bundle; run\n"
+                 "  npm pack node-llama-cpp@3.22.1 && tar xzf node-llama-cpp-3.22.1.tgz package/llama/gitRelease.bundle\n"
+                 "and pass --bundle package/llama/gitRelease.bundle (or --llama-dir to an existing build)")
+    if not os.path.exists(a.llama_dir):
+        subprocess.run(["git", "clone", "-q", bundle, a.llama_dir], check=True)
+    print(f"building llama-bench in {a.llama_dir} (about 10 minutes on 2 cores)", file=sys.stderr)
+    subprocess.run(["cmake", "-S", a.llama_dir, "-B", os.path.join(a.llama_dir, "build"), "-G", "Ninja",
+                    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF", "-DGGML_NATIVE=ON"], check=True)
+    subprocess.run(["cmake", "--build", os.path.join(a.llama_dir, "build"), "-j2", "--target", "llama-bench"],
+                   check=True)
+    return bench
+
+
+def llama_run(bench, gguf, a):
+    out = run([bench, "-m", gguf, "-t", str(a.threads), "-p", str(a.p), "-n", str(a.n), "-r", "1", "-o", "json"])
+    res = {}
+    for t in json.loads(out):
+        res["pp" if t["n_gen"] == 0 else "tg"] = t["avg_ts"]
+    return res
+
+
+def kiln_run(kiln, model, a, extra=()):
+    out = run([kiln, "bench", "-m", model, "-t", str(a.threads), "-p", str(a.p), "-n", str(a.n), "--batch", "0",
+               "-r", "1", "--bw-mib", "0", "--json", *extra])
+    j = json.loads(out)
+    return {k: j[k]["tps"] for k in ("pp", "tg") if k in j}, j
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="smollm2-135m,qwen2.5-0.5b,llama-3.2-1b,tinyllama-1.1b")
+    ap.add_argument("--types", default="q4,q8,bf16")
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
+    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-r", "--rounds", type=int, default=5)
+    ap.add_argument("--work", default=os.path.join(ROOT, "bench", "work"), help="models and results (git-ignored)")
+    ap.add_argument("--llama-dir", default=os.path.join(ROOT, "bench", "work", "llama.cpp"))
+    ap.add_argument("--bundle")
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--kiln", default=os.path.join(ROOT, "build", "kiln"), help="the kiln binary")
+    ap.add_argument("--prepare", action="store_true", help="only write the checkpoints and GGUF files")
+    a = ap.parse_args()
+    kiln = a.kiln
+    if not os.path.exists(kiln):
+        sys.exit("compare.py: build kiln first (make)")
+    bench = None if a.prepare else ensure_llama(a)
+    os.makedirs(a.work, exist_ok=True)
+    pairs = []
+    for shape in a.shapes.split(","):
+        for dt in a.types.split(","):
+            d = os.path.join(a.work, f"{shape}-{dt}")
+            g = os.path.join(a.work, f"{shape}-{GGUF_TYPE[dt]}.gguf")
+            if not os.path.exists(os.path.join(d, "model.safetensors")):
+                run([kiln, "synth", "--shape", shape, "--dtype", dt, "--out", d])
+            if not os.path.exists(g):
+                run([sys.executable, os.path.join(ROOT, "bench", "gguf_synth.py"), "--config",
+                     os.path.join(d, "config.json"), "--type", GGUF_TYPE[dt], "--out", g])
+            pairs.append((shape, dt, d, g))
+    if a.prepare:
+        return
+    # freshly written files: let writeback finish before timing anything
+    os.sync()
+    time.sleep(10)
+    bw = json.loads(run([kiln, "bench", "-m", pairs[0][2], "-t", str(a.threads), "-p", "0", "-n", "0",
+                         "--json"]))["bandwidth_gbs"]
+    results = []
+    for shape, dt, d, g in pairs:
+        k_runs, l_runs, kj = {"pp": [], "tg": []}, {"pp": [], "tg": []}, None
+        for r in range(a.rounds):
+            order = ("kiln", "llama") if r % 2 == 0 else ("llama", "kiln")
+            for who in order:
+                if who == "kiln":
+                    res, kj = kiln_run(kiln, d, a)
+                    runs = k_runs
+                else:
+                    res, runs = llama_run(bench, g, a), l_runs
+                for k, v in res.items():
+                    runs[k].append(v)
+        row = {"shape": shape, "dtype": dt, "gguf": GGUF_TYPE[dt], "threads": a.threads,
+               "weight_bytes_per_token": kj["weight_bytes_per_token"], "bandwidth_gbs": bw}
+        for k in ("pp", "tg"):
+            km, lm = statistics.median(k_runs[k]), statistics.median(l_runs[k])
+            row[k] = {"kiln": km, "llama": lm, "ratio": km / lm, "kiln_runs": k_runs[k], "llama_runs": l_runs[k]}
+        row["tg"]["roofline_fraction"] = row["tg"]["kiln"] / (bw * 1e9 / kj["weight_bytes_per_token"])
+        results.append(row)
+        if a.json:
+            with open(a.json + "l", "a") as f:  # one line per pair as it completes
+                f.write(json.dumps(row) + "\n")
+        print(f"{shape:16s} {dt:5s} pp{a.p}: kiln {row['pp']['kiln']:8.2f} llama {row['pp']['llama']:8.2f} "
+              f"x{row['pp']['ratio']:.2f} | tg{a.n}: kiln {row['tg']['kiln']:7.2f} llama {row['tg']['llama']:7.2f} "
+              f"x{row['tg']['ratio']:.2f}, {100 * row['tg']['roofline_fraction']:.0f}% of roofline", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"bandwidth_gbs": bw, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+/* cmd_bench.c: `kiln bench`, in the spirit of llama-bench.
+ *
+ * Measures, on one context with the requested threads:
+ *   pp   prompt processing: one step of P tokens from an empty sequence;
+ *   tg   generation at batch 1: N steps of one token from an empty sequence
+ *        (as llama-bench's tgN);
+ *   bN   batched generation: B sequences, N steps of B tokens (one each);
+ * each repeated (after one warm-up run that also compiles the executables)
+ * and reported as the median with min and max. The memory bandwidth is
+ * measured by the same command (a threaded read of a large buffer), and
+ * decode speed is given as a fraction of the roofline bandwidth / bytes of
+ * weights read per token (every weight once; the embedding table only when
+ * it is also the output head). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "engine/engine.h"
+#include "kernels/kernels.h"
+#include "runtime/exec.h"
+#include "runtime/pool.h"
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------- bandwidth */
+
+typedef struct {
+    const uint64_t *buf;
+    uint64_t sink[64];
+} bw_ctx;
+
+/* XOR of 8 independent lanes: 8-byte loads, no float dependency chain, so
+ * the loop is bound by memory, not by the core */
+static void bw_range(void *ctx, int64_t b, int64_t e) {
+    bw_ctx *k = ctx;
+    const uint64_t *p = k->buf;
+    uint64_t a[8] = {0};
+    for (int64_t i = b * 1024; i < e * 1024; i += 8)
+        for (int j = 0; j < 8; j++) a[j] ^= p[i + j];
+    uint64_t x = 0;
+    for (int j = 0; j < 8; j++) x ^= a[j];
+    k->sink[b & 63] ^= x;
+}
+
+/* Best of `reps` reads of a `bytes` buffer, GB/s. */
+static double measure_bandwidth(kr_pool *pool, size_t bytes, int reps) {
+    size_t n = bytes / 8 / 1024 * 1024;
+    uint64_t *buf = malloc(n * 8);
+    if (!buf) return 0;
+    for (size_t i = 0; i < n; i++) buf[i] = i * 0x9e3779b97f4a7c15ull;
+    bw_ctx k = {buf, {0}};
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        kr_parallel_for(pool, (int64_t)(n / 1024), 256, bw_range, &k);
+        double gbs = (double)(n * 8) / (now_s() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    free(buf);
+    return best;
+}
+
+/* The bandwidth measured in a child process, so that its buffer does not
+ * count in this process's peak memory. */
+static double bandwidth_in_child(int threads, size_t bytes) {
+    int fd[2];
+    if (pipe(fd) != 0) return 0;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]);
+        close(fd[1]);
+        return 0;
+    }
+    if (pid == 0) {
+        close(fd[0]);
+        kr_pool *pool = kr_pool_create(threads);
+        double bw = pool ? measure_bandwidth(pool, bytes, 3) : 0;
+        kr_pool_destroy(pool);
+        ssize_t w = write(fd[1], &bw, sizeof bw);
+        _exit(w == (ssize_t)sizeof bw ? 0 : 1);
+    }
+    close(fd[1]);
+    double bw = 0;
+    if (read(fd[0], &bw, sizeof bw) != (ssize_t)sizeof bw) bw = 0;
+    close(fd[0]);
+    waitpid(pid, NULL, 0);
+    return bw;
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+/* `--kernels`: the linear kernels alone, one thread, best of many runs (the
+ * best run is the one the shared machine disturbed least): billions of
+ * weights per second for each format, on a cache-resident matrix (compute
+ * bound: what the kernel can do) and on a streamed one (memory bound). */
+static void kernel_bench(int64_t M, bool streamed) {
+    static const struct {
+        const char *name;
+        kg_wfmt fmt;
+        int bits;
+        kg_dtype t;
+    } fmts[] = {{"f32", KG_WF_F32, 0, KG_F32},   {"bf16", KG_WF_BF16, 0, KG_BF16}, {"f16", KG_WF_F16, 0, KG_F16},
+                {"q8", KG_WF_AFFINE, 8, KG_U32}, {"q4", KG_WF_AFFINE, 4, KG_U32}};
+    const int64_t K = getenv("KILN_BENCH_K") ? atoll(getenv("KILN_BENCH_K")) : 2048, gs = 64;
+    printf("kernel (isa %s, 1 thread, M = %lld)   Gweights/s resident   streamed (1 GiB)\n", kk_isa_name(kk_isa_level()),
+           (long long)M);
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+        printf("  %-5s", fmts[f].name);
+        for (int ni = 0; ni < 1 + streamed; ni++) {
+            /* 2048 x 1024 (at most 8 MiB: in L2/L3), or 1 GiB of weights (streamed) */
+            double bpw = fmts[f].bits ? fmts[f].bits / 8.0 + 4.0 / gs : (double)kg_dtype_size(fmts[f].t);
+            int64_t N = ni == 0 ? 1024 : (int64_t)((double)(1 << 30) / ((double)K * bpw));
+            kg_wattr wa = {.fmt = fmts[f].fmt, .bits = fmts[f].bits, .group_size = (int)gs, .rows = N, .cols = K};
+            kg_graph *g = kg_create();
+            kg_node *x = kg_param(g, KG_F32, KG_SHAPE(M, K), "x"), *w, *sc = NULL, *bi = NULL;
+            int64_t wn = fmts[f].bits ? N * K * fmts[f].bits / 32 : N * K;
+            void *params[4] = {calloc((size_t)(M * K), 4), malloc((size_t)wn * kg_dtype_size(fmts[f].t)), NULL, NULL};
+            for (int64_t i = 0; i < M * K; i++) ((float *)params[0])[i] = (float)(i % 7) * 0.1f;
+            memset(params[1], 0x31, (size_t)wn * kg_dtype_size(fmts[f].t));
+            if (fmts[f].bits) {
+                w = kg_param(g, KG_U32, KG_SHAPE(N, K * fmts[f].bits / 32), "w");
+                sc = kg_param(g, KG_BF16, KG_SHAPE(N, K / gs), "s");
+                bi = kg_param(g, KG_BF16, KG_SHAPE(N, K / gs), "b");
+                params[2] = calloc((size_t)(N * K / gs), 2);
+                params[3] = calloc((size_t)(N * K / gs), 2);
+            } else {
+                w = kg_param(g, fmts[f].t, KG_SHAPE(N, K), "w");
+            }
+            kg_add_output(g, kg_linear(g, x, w, sc, bi, &wa));
+            kr_exec *e;
+            kiln_status st = kr_exec_create(g, NULL, &e);
+            double best = 1e30;
+            if (!st) {
+                int reps = ni == 0 ? 200 : 20;
+                for (int r = 0; r < reps; r++) {
+                    double t0 = now_s();
+                    kr_exec_run(e, params, NULL);
+                    double t = now_s() - t0;
+                    if (t < best) best = t;
+                }
+                kr_exec_destroy(e);
+            } else {
+                kiln_status_free(st);
+            }
+            printf("   %18.2f", (double)(N * K) / best / 1e9);
+            for (int i = 0; i < 4; i++) free(params[i]);
+        }
+        printf("\n");
+    }
+}
+
+/* ---------------------------------------------------------------- runs */
+
+typedef struct {
+    ke_ctx *ctx;
+    int64_t vocab;
+    uint64_t rng;
+} bench;
+
+static int32_t rand_token(bench *b) {
+    b->rng = b->rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (int32_t)((b->rng >> 33) % (uint64_t)b->vocab);
+}
+
+/* B sequences, `steps` steps of `per_step` tokens each (per sequence);
+ * returns the seconds taken by the steps, or < 0 on error (st set). */
+static double run_steps(bench *b, int B, int steps, int per_step, kiln_status *st) {
+    int n = B * per_step;
+    int *seqs = malloc(sizeof(int) * (size_t)B);
+    int *seq = malloc(sizeof(int) * (size_t)n);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
+    double t = -1;
+    *st = NULL;
+    if (!seqs || !seq || !tok) {
+        *st = kiln_error(KILN_ENOMEM, "out of memory");
+        goto done;
+    }
+    int opened = 0;
+    for (; opened < B && !*st; opened++) *st = ke_seq_open(b->ctx, &seqs[opened]);
+    if (*st) {
+        opened--;
+        goto close;
+    }
+    for (int i = 0; i < n; i++) seq[i] = seqs[i / per_step];
+    double t0 = now_s();
+    for (int s = 0; s < steps && !*st; s++) {
+        for (int i = 0; i < n; i++) tok[i] = rand_token(b);
+        const float *logits;
+        int rows;
+        ke_batch batch = {n, tok, seq, NULL};
+        *st = ke_decode(b->ctx, &batch, &logits, &rows);
+    }
+    if (!*st) t = now_s() - t0;
+close:
+    for (int i = 0; i < opened; i++) ke_seq_close(b->ctx, seqs[i]);
+done:
+    free(seqs);
+    free(seq);
+    free(tok);
+    return t;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct {
+    const char *name;
+    int tokens; /* per run */
+    double med, lo, hi; /* tokens/s */
+    bool done;
+} result;
+
+static kiln_status measure(bench *b, result *r, int reps, int B, int steps, int per_step) {
+    double v[64];
+    kiln_status st;
+    if (run_steps(b, B, steps, per_step, &st) < 0) return st; /* warm-up: compiles the executables */
+    for (int i = 0; i < reps; i++) {
+        double t = run_steps(b, B, steps, per_step, &st);
+        if (t < 0) return st;
+        v[i] = (double)(B * steps * per_step) / t;
+    }
+    qsort(v, (size_t)reps, sizeof v[0], cmp_double);
+    r->tokens = B * steps * per_step;
+    r->med = reps % 2 ? v[reps / 2] : 0.5 * (v[reps / 2 - 1] + v[reps / 2]);
+    r->lo = v[0];
+    r->hi = v[reps - 1];
+    r->done = true;
+    return NULL;
+}
+
+/* Bytes of weights one decode step reads: all tensors, less the embedding
+ * table when it is not also the output head (a lookup reads one row). */
+static int64_t bytes_per_token(const ke_model *m) {
+    const kc_checkpoint *ck = ke_model_checkpoint(m);
+    const km_family *fam = ke_model_family(m);
+    const char *emb = (*fam->names)[KM_T_TOK_EMBD];
+    size_t el = strlen(emb);
+    int64_t total = 0, embed = 0;
+    for (int i = 0; i < kc_tensor_count(ck); i++) {
+        const kc_tensor *t = kc_tensor_at(ck, i);
+        total += (int64_t)t->nbytes;
+        if (!strncmp(t->name, emb, el) && t->name[el] == '.') embed += (int64_t)t->nbytes;
+    }
+    return ke_model_hparams(m)->tie_embeddings ? total : total - embed;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kiln bench [-m DIR] [-p 512] [-n 128] [-t THREADS] [--batch 8] [-r 3] [--json]\n"
+               "  -p N        prompt tokens for prompt processing (0: skip)\n"
+               "  -n N        generated tokens per run, at batch 1 and at --batch (0: skip)\n"
+               "  --batch B   sequences decoded together (0 or 1: skip)\n"
+               "  -r N        measured runs (after one warm-up), reported as median [min, max]\n"
+               "  --bw-mib N  buffer for the bandwidth measurement (default 1024)\n"
+               "  --json      one JSON object on stdout\n"
+               "  --kernels   only the linear kernels, one thread, on a cache-resident matrix of each format,\n"
+               "              M = --batch input rows (--kernels-streamed: also on 1 GiB of weights)\n");
+}
+
+int kiln_cmd_bench(int argc, char **argv) {
+    const char *dir = NULL;
+    int64_t P = 512, N = 128, T = 0, B = 8, reps = 3, bw_mib = 1024;
+    bool json = false, kernels = false, streamed = false;
+    kiln_status st = NULL;
+    for (int i = 1; i < argc && !st; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--json")) {
+            json = true;
+            continue;
+        }
+        if (!strcmp(a, "--kernels") || !strcmp(a, "--kernels-streamed")) {
+            kernels = true;
+            streamed = !strcmp(a, "--kernels-streamed");
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "kiln bench: %s needs a value\n", a);
+            return 1;
+        }
+        i++;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "-p")) st = kiln_parse_int(a, v, 0, 1 << 20, &P);
+        else if (!strcmp(a, "-n")) st = kiln_parse_int(a, v, 0, 1 << 20, &N);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) st = kiln_parse_int(a, v, 0, 1024, &T);
+        else if (!strcmp(a, "--batch")) st = kiln_parse_int(a, v, 0, 4096, &B);
+        else if (!strcmp(a, "-r")) st = kiln_parse_int(a, v, 1, 64, &reps);
+        else if (!strcmp(a, "--bw-mib")) st = kiln_parse_int(a, v, 0, 1 << 16, &bw_mib);
+        else {
+            fprintf(stderr, "kiln bench: unknown option %s\n\n", a);
+            usage(stderr);
+            return 1;
+        }
+    }
+    if (st) return kiln_fail(st);
+    if (kernels) {
+        kernel_bench(B > 0 ? B : 1, streamed);
+        return 0;
+    }
+    if (!dir) dir = kiln_default_model();
+    /* first, before any thread exists (the child forks a quiet process) */
+    double bw = bw_mib > 0 ? bandwidth_in_child((int)T, (size_t)bw_mib << 20) : 0;
+    double t0 = now_s();
+    ke_model *m;
+    st = ke_model_load(dir, &m);
+    if (st) return kiln_fail(st);
+    double load_s = now_s() - t0;
+    const km_hparams *hp = ke_model_hparams(m);
+    int64_t ctx_len = P > N ? P : N;
+    ke_ctx_params cp = {.n_ctx = ctx_len + 16, .n_cache = (ctx_len + 16) * (B > 1 ? B : 1), .n_threads = (int)T};
+    ke_ctx *ctx;
+    st = ke_ctx_create(m, &cp, &ctx);
+    if (st) {
+        ke_model_free(m);
+        return kiln_fail(st);
+    }
+    bench b = {ctx, hp->vocab, 12345};
+    int threads = ke_ctx_n_threads(ctx);
+    result pp = {.name = "pp"}, tg = {.name = "tg"}, bt = {.name = "batch"};
+    if (!st && P > 0) st = measure(&b, &pp, (int)reps, 1, 1, (int)P);
+    if (!st && N > 0) st = measure(&b, &tg, (int)reps, 1, (int)N, 1);
+    if (!st && N > 0 && B > 1) st = measure(&b, &bt, (int)reps, (int)B, (int)N, 1);
+    if (st) {
+        ke_ctx_free(ctx);
+        ke_model_free(m);
+        return kiln_fail(st);
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double peak_mib = (double)ru.ru_maxrss / 1024.0;
+    int64_t wbytes = bytes_per_token(m);
+    double roof = bw > 0 ? bw * 1e9 / (double)wbytes : 0;
+    const char *isa = kk_isa_name(kk_isa_level());
+    if (json) {
+        printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"threads\": %d, \"isa\": \"%s\", \"load_s\": %.3f, "
+               "\"weight_bytes_per_token\": %lld, \"bandwidth_gbs\": %.2f, \"roofline_tps\": %.2f, \"peak_rss_mib\": %.1f",
+               dir, hp->model_type, threads, isa, load_s, (long long)wbytes, bw, roof, peak_mib);
+        const result *rs[] = {&pp, &tg, &bt};
+        for (int i = 0; i < 3; i++)
+            if (rs[i]->done)
+                printf(", \"%s\": {\"tokens\": %d, \"tps\": %.3f, \"min\": %.3f, \"max\": %.3f}", rs[i]->name,
+                       rs[i]->tokens, rs[i]->med, rs[i]->lo, rs[i]->hi);
+        if (bt.done) printf(", \"batch_size\": %lld", (long long)B);
+        if (tg.done && roof > 0) printf(", \"tg_roofline_fraction\": %.4f", tg.med / roof);
+        printf("}\n");
+    } else {
+        printf("model      %s (%s), %lld layers, hidden %lld, vocab %lld\n", dir, hp->model_type, (long long)hp->n_layers,
+               (long long)hp->hidden, (long long)hp->vocab);
+        printf("threads    %d, isa %s, load %.2f s, peak RSS %.0f MiB\n", threads, isa, load_s, peak_mib);
+        printf("bandwidth  %.1f GB/s measured; %.1f MB of weights per token: roofline %.1f tok/s\n", bw,
+               (double)wbytes / 1e6, roof);
+        printf("%-12s %10s %12s %22s\n", "test", "tokens", "tok/s", "[min, max]");
+        if (pp.done) printf("pp%-10lld %10d %12.2f   [%8.2f, %8.2f]\n", (long long)P, pp.tokens, pp.med, pp.lo, pp.hi);
+        if (tg.done)
+            printf("tg%-10lld %10d %12.2f   [%8.2f, %8.2f]  %.0f%% of roofline\n", (long long)N, tg.tokens, tg.med, tg.lo,
+                   tg.hi, roof > 0 ? 100 * tg.med / roof : 0);
+        if (bt.done)
+            printf("tg%lld x%-6lld %10d %12.2f   [%8.2f, %8.2f]  %.2fx batch 1\n", (long long)N, (long long)B, bt.tokens,
+                   bt.med, bt.lo, bt.hi, tg.med > 0 ? bt.med / tg.med : 0);
+    }
+    ke_ctx_free(ctx);
+    ke_model_free(m);
+    return 0;
+}

@@ -1,0 +1,87 @@
+/* kernels_int.h: what the kernel files share (not part of the kk_ API).
+ *
+ * Linear kernels come in one table per ISA (kk_lin_ops): a matrix-vector
+ * product over a range of weight rows that reads each weight in its stored
+ * format once (decode, small batches), and a dequantizer of rows to float32
+ * (GEMM panels for prefill, embeddings, kiln.dequantize). The portable table
+ * serves every format; the SIMD tables say per weight whether they serve it
+ * (gemv_ok) and the dispatcher falls back to the portable one when not.
+ * Attention kernels follow the same scheme (kk_attn_fn per ISA). */
+#ifndef KILN_KERNELS_INT_H
+#define KILN_KERNELS_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/half.h"
+#include "ir/fusion.h"
+#include "ir/graph.h"
+#include "kernels/kernels.h"
+
+/* A weight as the kernels see it: logical [N rows, K cols]. */
+typedef struct {
+    kg_wfmt fmt;
+    int bits, gs;             /* AFFINE */
+    int64_t N, K, G;          /* G = K / gs groups per row (AFFINE) */
+    const void *w;            /* f32/f16/bf16 [N, K] or uint32 codes [N, K*bits/32] */
+    const void *scales, *biases; /* AFFINE: [N, G] of sbt */
+    kg_dtype sbt;
+} kk_wview;
+
+/* Inputs prepared once per call for all row ranges. */
+typedef struct {
+    int64_t M;
+    const float *x;    /* [M, K] */
+    const float *xp;   /* 4-bit AFFINE on a SIMD path: x with every chunk of q4_chunk
+                        * positions reordered evens first, then odds (the order the
+                        * codes unpack in); else NULL */
+    const float *xsum; /* AFFINE: sum of x over each group [M, G]; else NULL */
+} kk_xview;
+
+typedef struct {
+    const char *name;
+    int q4_chunk; /* see kk_xview.xp; 0 when this table has no 4-bit kernel */
+    bool q4_xsum; /* its 4-bit kernel reads kk_xview.xsum */
+    bool (*gemv_ok)(const kk_wview *w);
+    /* y[m*ldy + r] = x[m] . W[r] for r in [r0, r1), every m < x->M */
+    void (*gemv)(const kk_wview *w, const kk_xview *x, int64_t r0, int64_t r1, float *y, int64_t ldy);
+    bool (*dequant_ok)(const kk_wview *w);
+    /* rows [r0, r1) as float32 into out [(r1 - r0), K]; affine: q*scale + bias, two roundings */
+    void (*dequant)(const kk_wview *w, int64_t r0, int64_t r1, float *out);
+} kk_lin_ops;
+
+extern const kk_lin_ops kk_lin_portable, kk_lin_avx2, kk_lin_avx512;
+
+/* Element i of a float vector of dtype t (F32, F16 or BF16). */
+static inline float kk_ldf(const void *p, kg_dtype t, int64_t i) {
+    if (t == KG_F32) return ((const float *)p)[i];
+    if (t == KG_BF16) return ku_bf16_to_f32(((const uint16_t *)p)[i]);
+    return ku_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* C[M, N] (row stride ldc) = A[M, K] (lda) times B[N, K] (ldb) transposed,
+ * single-threaded (callers split N across the pool), on the GEMM library. */
+void kk_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb, float *C,
+                 int64_t ldc);
+/* Prepares the GEMM library for this CPU (called once, before any GEMM). */
+void kk_blas_setup(bool avx512);
+
+/* kiln.attention: the call and its sizes, shared by the portable kernel
+ * (one item per token and query head) and the SIMD ones (one item per token
+ * and KV head: the G query heads of a KV head read each K/V row once). */
+typedef struct {
+    const kk_call *c;
+    int64_t Hq, Hkv, D, Dv, MB, N, G;
+} kk_attn_ctx;
+void kk_attn_items_avx2(void *ctx, int64_t i0, int64_t i1);
+void kk_attn_items_avx512(void *ctx, int64_t i0, int64_t i1);
+
+/* kiln.fusion: one instruction over n <= KK_FUSE_CHUNK elements of the
+ * registers (see fusion.c). */
+#define KK_FUSE_CHUNK 256
+typedef void (*kk_fuse_instr_fn)(const kg_fusion_instr *ins, float (*reg)[KK_FUSE_CHUNK], int64_t n, float *dst);
+void kk_fuse_instr_portable(const kg_fusion_instr *ins, float (*reg)[KK_FUSE_CHUNK], int64_t n, float *dst);
+void kk_fuse_instr_avx2(const kg_fusion_instr *ins, float (*reg)[KK_FUSE_CHUNK], int64_t n, float *dst);
+void kk_fuse_instr_avx512(const kg_fusion_instr *ins, float (*reg)[KK_FUSE_CHUNK], int64_t n, float *dst);
+
+#endif

@@ -1,0 +1,227 @@
+/* Every SIMD path against the portable one: linear (gemv and GEMM regimes,
+ * every weight format, tails), embed, dequantize and attention (several
+ * tiles, GQA, windows, soft-cap, ALiBi, sinks), each run at every ISA level
+ * this CPU has. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/half.h"
+#include "kernels/kernels.h"
+#include "kt.h"
+#include "runtime/exec.h"
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static float frand(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+}
+
+static void *rand_buf(kg_dtype t, int64_t n, float scale) {
+    void *p = calloc((size_t)(n ? n : 1), kg_dtype_size(t));
+    for (int64_t i = 0; i < n; i++) {
+        switch (t) {
+        case KG_F32: ((float *)p)[i] = frand() * scale; break;
+        case KG_F16: ((uint16_t *)p)[i] = ku_f32_to_f16(frand() * scale); break;
+        case KG_BF16: ((uint16_t *)p)[i] = ku_f32_to_bf16(frand() * scale); break;
+        case KG_U32:
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            ((uint32_t *)p)[i] = (uint32_t)(rng >> 32);
+            break;
+        default: break;
+        }
+    }
+    return p;
+}
+
+/* Compiles g (kernels, no decomposition), runs it at each ISA level and
+ * returns the largest |diff| of a SIMD level against the portable one,
+ * relative to 1 + max |portable|. */
+static double run_levels(kg_graph *g, kg_node *out, void **params, kr_pool *pool) {
+    kg_add_output(g, out);
+    int64_t numel = kg_shape_numel(&out->shape);
+    kr_exec *e;
+    kiln_status st = kr_exec_create(g, &(kp_options){.verify = true}, &e);
+    if (st) {
+        fprintf(stderr, "compile: %s\n", kiln_status_msg(st));
+        kiln_status_free(st);
+        return 1e30;
+    }
+    kk_isa top = kk_isa_level();
+    float *ref = malloc(sizeof(float) * (size_t)numel);
+    double worst = 0;
+    for (int lv = KK_ISA_PORTABLE; lv <= (int)top; lv++) {
+        kk_set_isa_level((kk_isa)lv);
+        kr_exec_run(e, params, pool);
+        const float *y = kr_exec_output(e, 0);
+        if (lv == KK_ISA_PORTABLE) {
+            memcpy(ref, y, sizeof(float) * (size_t)numel);
+            continue;
+        }
+        double mx = 0, md = 0;
+        for (int64_t i = 0; i < numel; i++) {
+            double d = fabs((double)y[i] - ref[i]);
+            if (!(d <= md)) md = d;
+            if (fabs(ref[i]) > mx) mx = fabs(ref[i]);
+        }
+        md /= 1 + mx;
+        if (!(md <= worst)) worst = md;
+    }
+    kk_set_isa_level(top);
+    free(ref);
+    kr_exec_destroy(e);
+    return worst;
+}
+
+typedef struct {
+    kg_wfmt fmt;
+    int bits, gs;
+    kg_dtype sdt;
+    int64_t N, K;
+} wcfg;
+
+KT_TEST(kernels_linear_simd_matches_portable) {
+    if (kk_isa_level() == KK_ISA_PORTABLE) {
+        kt_skip("no SIMD level on this CPU");
+        return;
+    }
+    wcfg cfgs[] = {
+        {KG_WF_F32, 0, 0, KG_F32, 37, 72},   {KG_WF_F32, 0, 0, KG_F32, 19, 1024},  {KG_WF_BF16, 0, 0, KG_F32, 37, 40},
+        {KG_WF_BF16, 0, 0, KG_F32, 40, 512}, {KG_WF_F16, 0, 0, KG_F32, 23, 104},   {KG_WF_AFFINE, 4, 64, KG_BF16, 37, 256},
+        {KG_WF_AFFINE, 4, 32, KG_F16, 21, 96}, {KG_WF_AFFINE, 4, 128, KG_F32, 9, 512}, {KG_WF_AFFINE, 8, 64, KG_BF16, 37, 320},
+        {KG_WF_AFFINE, 8, 32, KG_F32, 17, 96}, {KG_WF_AFFINE, 3, 32, KG_BF16, 11, 128}, {KG_WF_AFFINE, 2, 64, KG_F16, 13, 128},
+        {KG_WF_AFFINE, 6, 64, KG_BF16, 9, 128}, {KG_WF_AFFINE, 4, 64, KG_BF16, 9, 1088}, /* 17 groups */
+        {KG_WF_AFFINE, 4, 32, KG_F32, 5, 1024}, {KG_WF_AFFINE, 8, 64, KG_F16, 6, 1088},
+    };
+    static const int64_t Ms[] = {1, 2, 3, 4, 5, 8, 16, 33};
+    kr_pool *pool = kr_pool_create(2);
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        const wcfg *c = &cfgs[i];
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+            for (int kind = 0; kind < 3; kind++) { /* linear, embed, dequant */
+                if (kind && mi) continue;
+                int64_t M = Ms[mi];
+                kg_wattr wa = {.fmt = c->fmt, .bits = c->bits, .group_size = c->gs, .rows = c->N, .cols = c->K};
+                kg_graph *g = kg_create();
+                void *params[5] = {0};
+                int np = 0;
+                kg_node *x = NULL, *w, *s = NULL, *b = NULL;
+                if (kind == 0) {
+                    x = kg_param(g, KG_F32, KG_SHAPE(M, c->K), "x");
+                    params[np++] = rand_buf(KG_F32, M * c->K, 1);
+                }
+                if (c->fmt == KG_WF_AFFINE) {
+                    int64_t G = c->K / c->gs;
+                    w = kg_param(g, KG_U32, KG_SHAPE(c->N, c->K * c->bits / 32), "w");
+                    s = kg_param(g, c->sdt, KG_SHAPE(c->N, G), "s");
+                    b = kg_param(g, c->sdt, KG_SHAPE(c->N, G), "b");
+                    params[np++] = rand_buf(KG_U32, c->N * c->K * c->bits / 32, 1);
+                    params[np++] = rand_buf(c->sdt, c->N * G, 0.05f);
+                    params[np++] = rand_buf(c->sdt, c->N * G, 0.5f);
+                } else {
+                    kg_dtype t = c->fmt == KG_WF_F32 ? KG_F32 : c->fmt == KG_WF_F16 ? KG_F16 : KG_BF16;
+                    w = kg_param(g, t, KG_SHAPE(c->N, c->K), "w");
+                    params[np++] = rand_buf(t, c->N * c->K, 1);
+                }
+                kg_node *out;
+                if (kind == 0) out = kg_linear(g, x, w, s, b, &wa);
+                else if (kind == 1) {
+                    out = kg_embed(g, w, s, b, kg_param(g, KG_I32, KG_SHAPE(7), "ids"), &wa);
+                    int32_t *ids = calloc(7, 4);
+                    for (int t = 0; t < 7; t++) ids[t] = (int32_t)((t * 5 + 2) % c->N);
+                    params[np++] = ids;
+                } else out = kg_dequant(g, w, s, b, &wa);
+                KT_CHECKF(out, "config %zu: %s", i, kiln_status_msg(kg_error(g)));
+                double d = run_levels(g, out, params, pool);
+                for (int p = 0; p < np; p++) free(params[p]);
+                KT_CHECKF(d <= 2e-6, "config %zu (fmt %d bits %d gs %d K %lld) M %lld kind %d: relative diff %g", i,
+                          (int)c->fmt, c->bits, c->gs, (long long)c->K, (long long)M, kind, d);
+            }
+        }
+    }
+    kr_pool_destroy(pool);
+}
+
+typedef struct {
+    int64_t T, Hq, Hkv, D, Dv, S, MB, bs;
+    int window, chunk;
+    float softcap;
+    bool alibi, sinks;
+} acfg;
+
+KT_TEST(kernels_attention_simd_matches_portable) {
+    if (kk_isa_level() == KK_ISA_PORTABLE) {
+        kt_skip("no SIMD level on this CPU");
+        return;
+    }
+    acfg cfgs[] = {
+        {3, 8, 2, 64, 64, 2, 16, 16, 0, 0, 0, false, false},   /* several tiles, GQA 4 */
+        {2, 14, 2, 64, 64, 1, 8, 16, 0, 0, 0, false, false},   /* Qwen2.5-0.5B heads */
+        {4, 4, 4, 40, 24, 2, 8, 16, 50, 0, 0, false, false},   /* odd head dims, window */
+        {2, 4, 2, 32, 32, 2, 16, 8, 0, 0, 30.0f, true, true},  /* soft-cap, ALiBi, sinks */
+        {5, 6, 1, 16, 16, 1, 12, 16, 0, 70, 0, false, true},   /* MQA, chunks, sinks */
+    };
+    kr_pool *pool = kr_pool_create(2);
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        const acfg *c = &cfgs[i];
+        int64_t NB = c->S * c->MB, C = c->MB * c->bs;
+        kg_graph *g = kg_create();
+        kg_node *q = kg_param(g, KG_F32, KG_SHAPE(c->T, c->Hq, c->D), "q");
+        kg_node *kc = kg_param(g, KG_F32, KG_SHAPE(NB * c->bs, c->Hkv, c->D), "k");
+        kg_node *vc = kg_param(g, KG_F32, KG_SHAPE(NB * c->bs, c->Hkv, c->Dv), "v");
+        kg_node *bt = kg_param(g, KG_I32, KG_SHAPE(c->S, c->MB), "bt");
+        kg_node *ts = kg_param(g, KG_I32, KG_SHAPE(c->T), "ts");
+        kg_node *tp = kg_param(g, KG_I32, KG_SHAPE(c->T), "tp");
+        kg_node *al = c->alibi ? kg_param(g, KG_F32, KG_SHAPE(c->Hq), "alibi") : NULL;
+        kg_node *sk = c->sinks ? kg_param(g, KG_F32, KG_SHAPE(c->Hq), "sinks") : NULL;
+        kg_attn_attr at = {.scale = 1.0f / sqrtf((float)c->D), .softcap = c->softcap, .window = c->window,
+                           .chunk = c->chunk, .block_size = (int)c->bs};
+        kg_node *out = kg_attention(g, q, kc, vc, bt, ts, tp, al, sk, &at);
+        KT_CHECKF(out, "config %zu: %s", i, kiln_status_msg(kg_error(g)));
+        void *params[8] = {rand_buf(KG_F32, c->T * c->Hq * c->D, 3), rand_buf(KG_F32, NB * c->bs * c->Hkv * c->D, 3),
+                           rand_buf(KG_F32, NB * c->bs * c->Hkv * c->Dv, 1)};
+        int32_t *b = calloc((size_t)NB, 4), *s = calloc((size_t)c->T, 4), *p = calloc((size_t)c->T, 4);
+        for (int64_t j = 0; j < NB; j++) b[j] = (int32_t)((j * 7 + 3) % NB); /* shuffled, distinct */
+        for (int64_t t = 0; t < c->T; t++) {
+            s[t] = (int32_t)(t % c->S);
+            p[t] = (int32_t)(C - 1 - t * 13 % C);
+        }
+        params[3] = b, params[4] = s, params[5] = p;
+        int np = 6;
+        if (c->alibi) {
+            float *sl = calloc((size_t)c->Hq, sizeof(float));
+            for (int64_t h = 0; h < c->Hq; h++) sl[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)c->Hq);
+            params[np++] = sl;
+        }
+        if (c->sinks) params[np++] = rand_buf(KG_F32, c->Hq, 2);
+        double d = run_levels(g, out, params, pool);
+        for (int j = 0; j < np; j++) free(params[j]);
+        KT_CHECKF(d <= 2e-6, "attention config %zu: relative diff %g", i, d);
+    }
+    kr_pool_destroy(pool);
+}
+
+KT_TEST(kernels_fusion_simd_matches_portable) {
+    if (kk_isa_level() == KK_ISA_PORTABLE) {
+        kt_skip("no SIMD level on this CPU");
+        return;
+    }
+    static const int64_t inners[] = {64, 300, 7};
+    kr_pool *pool = kr_pool_create(2);
+    for (size_t i = 0; i < sizeof inners / sizeof inners[0]; i++) {
+        int64_t R = 5, D = inners[i];
+        kg_graph *g = kg_create();
+        kg_node *x = kg_param(g, KG_F32, KG_SHAPE(R, D), "x"), *y = kg_param(g, KG_F32, KG_SHAPE(R, D), "y");
+        kg_node *bias = kg_param(g, KG_F32, KG_SHAPE(D), "b");
+        /* SiLU(x) * y + b, then exp of a scaled difference over it, divided */
+        kg_node *h = kg_add(g, kg_mul(g, kg_mul(g, x, kg_unary(g, KG_OP_LOGISTIC, x)), y), bias);
+        kg_node *e = kg_unary(g, KG_OP_EXP, kg_scale(g, kg_binary(g, KG_OP_SUB, h, kg_unary(g, KG_OP_NEG, y)), 0.5));
+        kg_node *out = kg_binary(g, KG_OP_DIV, e, kg_add(g, kg_unary(g, KG_OP_EXP, x), kg_broadcast_like(g, kg_scalar(g, KG_F32, 1), x)));
+        KT_CHECKF(out, "%s", kiln_status_msg(kg_error(g)));
+        void *params[3] = {rand_buf(KG_F32, R * D, 4), rand_buf(KG_F32, R * D, 2), rand_buf(KG_F32, D, 1)};
+        double d = run_levels(g, out, params, pool);
+        for (int j = 0; j < 3; j++) free(params[j]);
+        KT_CHECKF(d <= 2e-6, "fusion inner %lld: relative diff %g", (long long)D, d);
+    }
+    kr_pool_destroy(pool);
+}
