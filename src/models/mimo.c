@@ -13,7 +13,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return km_qwen_sliding(cfg, hp);
 }
 
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, kb_default_layer_opts); }
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"mimo", NULL};
 const km_family km_family_mimo = {"mimo", types, &km_llama_names, parse, emit};
