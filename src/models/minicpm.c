@@ -2,7 +2,8 @@
  * Llama's names and block with muP scaling: token embeddings times
  * scale_emb, every residual branch times scale_depth / sqrt(num_hidden_layers),
  * the final hidden state divided by hidden_size / dim_model_base before the
- * (by default tied) lm_head. The rope helpers here also serve MiniCPM3. */
+ * (by default tied) lm_head (kiln scales the logits: the head is linear).
+ * The parse helpers here also serve MiniCPM3. */
 #include <math.h>
 #include <string.h>
 
