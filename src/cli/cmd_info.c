@@ -40,7 +40,9 @@ int kiln_cmd_info(int argc, char **argv) {
            (long long)hp->head_dim, (long long)hp->ffn, (long long)hp->vocab);
     if (hp->max_pos > 0) printf("context      %lld positions", (long long)hp->max_pos);
     else printf("context      no limit in config.json");
-    if (hp->no_rope) printf("; no rotary embeddings\n");
+    int nope = 0;
+    for (int64_t i = 0; i < hp->n_layers; i++) nope += hp->layer_nope[i];
+    if (nope == hp->n_layers) printf("; no rotary embeddings\n");
     else printf("; rope theta %g (%d rotary dims)\n", hp->rope_theta, hp->ropes[0].dim);
     int sliding = 0;
     for (int64_t i = 0; i < hp->n_layers; i++) sliding += hp->layer_sliding[i];
@@ -54,14 +56,12 @@ int kiln_cmd_info(int argc, char **argv) {
         }
         printf("per layer    heads %d..%d (kv %d..%d), ffn %d..%d\n", lo[0], hi[0], lo[1], hi[1], lo[2], hi[2]);
     }
-    if (hp->logit_scale != 0) printf("logit scale  %g\n", hp->logit_scale);
-    /* fam-remote features */
     if (hp->kv_lora_rank)
         printf("attention    multi-head latent: q_lora %lld, kv_lora %lld, per head %lld nope + %lld rope, v %lld\n",
                (long long)hp->q_lora_rank, (long long)hp->kv_lora_rank, (long long)hp->qk_nope_dim,
                (long long)hp->qk_rope_dim, (long long)hp->v_head_dim);
     if (hp->logn_len) printf("attention    logn query scaling from position %lld\n", (long long)hp->logn_len);
-    if (hp->alibi) printf("positions    ALiBi (the rotary line above is unused)\n");
+    if (hp->alibi) printf("positions    ALiBi\n");
     if (hp->n_ropes > 0) {
         const km_rope *r = &hp->ropes[0];
         const char *parts[3] = {r->interleaved ? "interleaved pairs" : NULL,
@@ -71,17 +71,15 @@ int kiln_cmd_info(int argc, char **argv) {
             if (parts[i]) snprintf(line + strlen(line), sizeof line - strlen(line), "%s%s", line[0] ? ", " : "", parts[i]);
         if (line[0]) printf("rope         %s\n", line);
     }
-    if (hp->residual_scale != 0 || hp->logit_divisor != 0)
-        printf("scaling      embeddings x%g, residual branches x%g, final hidden /%g\n", hp->emb_scale ? hp->emb_scale : 1,
-               hp->residual_scale ? hp->residual_scale : 1, hp->logit_divisor ? hp->logit_divisor : 1);
     if (hp->head_l2norm && !hp->tie_embeddings) printf("output head  rows L2-normalised (NormHead)\n");
-    int nope = 0;
-    for (int64_t i = 0; i < hp->n_layers; i++) nope += hp->layer_nope[i];
-    if (nope) printf("NoPE         %d of %lld layers apply no rotary embedding\n", nope, (long long)hp->n_layers);
-    if (hp->attn_scale != 0 || hp->residual_scale != 0 || hp->logits_div != 0)
-        printf("multipliers  embeddings %g, attention scale %g, residual %g, logits divided by %g\n",
-               hp->emb_scale != 0 ? hp->emb_scale : 1.0, hp->attn_scale, hp->residual_scale != 0 ? hp->residual_scale : 1.0,
-               hp->logits_div != 0 ? hp->logits_div : 1.0);
+    if (nope && nope < hp->n_layers) printf("NoPE         %d of %lld layers apply no rotary embedding\n", nope, (long long)hp->n_layers);
+    if (hp->emb_scale != 0 || hp->attn_scale != 0 || hp->residual_scale != 0 || hp->logit_scale != 0) {
+        char scale[32] = "head_dim^-0.5";
+        if (hp->attn_scale != 0) snprintf(scale, sizeof scale, "%g", hp->attn_scale);
+        printf("multipliers  embeddings %g, attention scale %s%s, residual branches %g, logits %g\n",
+               hp->emb_scale != 0 ? hp->emb_scale : 1.0, scale, hp->attn_scale_by_layer ? " / (layer + 1)" : "",
+               hp->residual_scale != 0 ? hp->residual_scale : 1.0, hp->logit_scale != 0 ? hp->logit_scale : 1.0);
+    }
     if (hp->clip_qkv > 0) printf("clip_qkv     q, k, v clamped to +-%g\n", hp->clip_qkv);
     if (hp->q_temp_beta != 0)
         printf("temperature  queries times 1 + %g * log(1 + floor(pos / %lld))\n", hp->q_temp_beta, (long long)hp->q_temp_floor);

@@ -80,7 +80,7 @@ KT_TEST(oracle_gate_shared_fixtures) {
     KT_CHECKF(bad == 0, "%d of %d shared fixtures fail the gate", bad, n);
 }
 
-/* fam-remote: the remote-code families' fixtures (../shared/oracle/fixtures-remote). */
+/* The fixtures of families whose modeling code ships with the checkpoint (../shared/oracle/fixtures-remote). */
 KT_TEST(oracle_gate_shared_remote_fixtures) {
     const char *sh = kt_shared();
     if (!sh) {

@@ -31,6 +31,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "rope_theta", 12000000.0, &hp->rope_theta));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     hp->attn_o_bias = hp->attn_qkv_bias;
+    hp->mlp_bias = false;
     hp->sliding_window = 0;
     KILN_TRY(km_sliding_layers(cfg, hp, 0, 0));
     if (!ku_json_get(cfg, "rope_scaling")) {
@@ -47,11 +48,13 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .qk_norm = KB_QK_PER_HEAD};
-    return kb_prenorm_decoder(b, KB_NORM_RMS, &ao, &(kb_ffn_opts){.act = hp->act});
+/* per-head q/k norms, a non-gated MLP */
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->attn.qk_norm = KB_QK_PER_HEAD;
+    o->ffn.gated = false;
 }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"apertus", NULL};
 const km_family km_family_apertus = {"apertus", types, &names, parse, emit};

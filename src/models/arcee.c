@@ -14,7 +14,6 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    kb_default_layer_opts(b, il, o);
     o->ffn.gated = false;
 }
 

@@ -40,15 +40,14 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
     KILN_TRY(ku_json_num(cfg, "rope_theta", 500000.0, &hp->rope_theta));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
+    hp->mlp_bias = false;
     hp->sliding_window = 0;
     return km_sliding_layers(cfg, hp, 0, 0);
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .sub_norm = true};
-    return kb_prenorm_decoder(b, KB_NORM_RMS, &ao, &(kb_ffn_opts){.gated = true, .act = hp->act, .sub_norm = true});
-}
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) { o->attn.sub_norm = o->ffn.sub_norm = true; }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"bitnet", NULL};
 const km_family km_family_bitnet = {"bitnet", types, &names, parse, emit};

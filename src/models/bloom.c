@@ -33,26 +33,25 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->act = KM_ACT_GELU_TANH; /* bloom_gelu_forward */
     hp->n_kv_heads = hp->n_heads;
     hp->head_dim = hp->hidden / hp->n_heads;
+    hp->attn_qkv_bias = hp->attn_o_bias = hp->mlp_bias = true;
     hp->alibi = true;
-    hp->no_rope = true;
+    km_no_rope(hp);
     snprintf(hp->features, sizeof hp->features, "ALiBi, embedding LayerNorm, fused qkv per head%s",
              hp->residual_from_norm ? ", residuals from the normed inputs" : "");
     return NULL;
 }
 
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = KB_NORM_LAYER;
+    o->attn.qkv = KB_QKV_GROUPED;
+    o->ffn.gated = false;
+}
+
 static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    const float *slopes = kb_alibi_bloom(b, 1.0f);
-    kg_node *x = kb_norm(b, kb_embed(b), KM_T_TOK_EMBD_NORM, -1, KB_NORM_LAYER);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_gpt_layer_opts lo = {.norm = KB_NORM_LAYER,
-                            .residual_from_norm = hp->residual_from_norm,
-                            .qkv = KB_QKV_GROUPED,
-                            .attn = {.qkv_bias = true, .o_bias = true, .rope = -1, .alibi = slopes},
-                            .ffn = {.act = hp->act, .bias = true}};
-        x = kb_gpt_layer(b, x, il, &lo);
-    }
-    return kb_output(b, x, KB_NORM_LAYER);
+    kb_norm_opts norm;
+    b->alibi = kb_alibi(b, KB_ALIBI_F32);
+    kg_node *x = kb_embed(b, &(kb_embed_opts){.norm = true, .norm_kind = KB_NORM_LAYER});
+    return kb_output(b, kb_layers(b, x, layer, &norm), &norm);
 }
 
 static const char *const types[] = {"bloom", NULL};

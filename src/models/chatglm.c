@@ -6,8 +6,8 @@
  * (kv_channels / 2 dims, base 10000 * rope_ratio) applied to interleaved
  * pairs; SwiGLU from the fused dense_h_to_4h = [gate | up]; untied
  * output_layer. apply_residual_connection_post_layernorm takes the residuals
- * from the normed inputs. A LayerNorm is used where the norm has a bias, and
- * the final norm where the checkpoint has one (post_layer_norm). */
+ * from the normed inputs. A LayerNorm is used where the norms have a bias;
+ * post_layer_norm false drops the final norm. */
 #include "base/json.h"
 #include "models/blocks.h"
 
@@ -24,7 +24,7 @@ static const km_names names = {
 };
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
-    bool mqa, post_norm;
+    bool mqa, post_norm, final_norm;
     int64_t groups;
     double rope_ratio;
     KILN_TRY(ku_json_int(cfg, "padded_vocab_size", hp->vocab, &hp->vocab));
@@ -35,6 +35,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_bool(cfg, "add_qkv_bias", false, &hp->attn_qkv_bias));
     KILN_TRY(ku_json_bool(cfg, "add_bias_linear", false, &hp->attn_o_bias));
     KILN_TRY(ku_json_bool(cfg, "apply_residual_connection_post_layernorm", false, &post_norm));
+    KILN_TRY(ku_json_bool(cfg, "post_layer_norm", true, &final_norm));
     KILN_TRY(ku_json_int(cfg, "seq_length", 2048, &hp->max_pos));
     KILN_TRY(ku_json_num(cfg, "rope_ratio", 1, &rope_ratio));
     int64_t qbits, pre_seq;
@@ -54,7 +55,8 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
         return kiln_error(KILN_EINVAL, "config.json: multi_query_group_num %lld does not divide %lld heads",
                           (long long)groups, (long long)hp->n_heads);
     hp->mlp_bias = hp->attn_o_bias;
-    hp->residual_post_norm = post_norm;
+    hp->residual_from_norm = post_norm;
+    hp->no_final_norm = !final_norm;
     hp->act = KM_ACT_SILU;
     hp->tie_embeddings = false; /* the model has no output-embedding hook to tie */
     hp->rope_theta = 10000.0 * rope_ratio;
@@ -66,31 +68,14 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static kb_norm_kind norm_kind(kb_ctx *b, km_tensor t, int il) {
-    return kb_has(b, t, il, ".bias") ? KB_NORM_LAYER : KB_NORM_RMS;
+/* LayerNorm (with bias) unless rmsnorm; multi-query: [q | k groups | v groups] */
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = kb_has(b, KM_T_ATTN_NORM, il, ".bias") ? KB_NORM_LAYER : KB_NORM_RMS;
+    o->attn.qkv = b->hp->n_kv_heads != b->hp->n_heads ? KB_QKV_BLOCKS : KB_QKV_GROUPED;
+    o->ffn.fused = true;
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kg_graph *g = b->g;
-    int64_t H = hp->n_heads, Hkv = hp->n_kv_heads, D = hp->head_dim;
-    bool mqa = Hkv != H;
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kg_node *ln = kb_norm(b, x, KM_T_ATTN_NORM, il, norm_kind(b, KM_T_ATTN_NORM, il));
-        kg_node *qkv[3];
-        kb_split_heads(b, kb_linear(b, ln, KM_T_ATTN_QKV, il, (H + 2 * Hkv) * D, hp->attn_qkv_bias), mqa ? 1 : H,
-                       mqa ? (int64_t[]){H, Hkv, Hkv} : (int64_t[]){1, 1, 1}, 3, D, qkv);
-        kg_node *a = kb_attention_core(b, qkv[0], qkv[1], qkv[2], il, &(kb_attn_opts){.o_bias = hp->attn_o_bias});
-        x = kg_add(g, hp->residual_post_norm ? ln : x, a);
-        ln = kb_norm(b, x, KM_T_FFN_NORM, il, norm_kind(b, KM_T_FFN_NORM, il));
-        kg_node *m = kb_ffn_fused(b, ln, il, &(kb_ffn_opts){.gated = true, .act = hp->act, .bias = hp->mlp_bias});
-        x = kg_add(g, hp->residual_post_norm ? ln : x, m);
-    }
-    x = kb_select_rows(b, x);
-    if (kb_has(b, KM_T_OUTPUT_NORM, -1, ".weight")) x = kb_norm(b, x, KM_T_OUTPUT_NORM, -1, norm_kind(b, KM_T_OUTPUT_NORM, -1));
-    return kb_lm_head(b, x);
-}
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"chatglm", NULL};
 const km_family km_family_chatglm = {"chatglm", types, &names, parse, emit};

@@ -16,11 +16,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return km_rope_one(hp, true);
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias};
-    return kb_prenorm_decoder(b, KB_NORM_RMS, &ao, &(kb_ffn_opts){.gated = true, .act = hp->act, .bias = hp->mlp_bias});
-}
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"ernie4_5", NULL};
 const km_family km_family_ernie4_5 = {"ernie4_5", types, &km_llama_names, parse, emit};

@@ -5,7 +5,7 @@
  * (NoPE) whenever sliding_window is set. Without a window every layer is
  * full and rotates. */
 #include "base/json.h"
-#include "models/shared.h"
+#include "models/blocks.h"
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
@@ -29,12 +29,11 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    kb_default_layer_opts(b, il, o);
+    o->norm_place = KB_NORM_POST;
     o->attn.qk_norm = KB_QK_PER_HEAD;
-    o->post_norms = true;
 }
 
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"exaone4", NULL};
-const km_family km_family_exaone4 = {"exaone4", types, &km_gemma2_names, parse, emit};
+const km_family km_family_exaone4 = {"exaone4", types, &km_sandwich_names, parse, emit};

@@ -57,7 +57,8 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
                           (long long)hp->n_kv_heads, (long long)hp->n_heads);
     /* the new architecture is always parallel (transformers has no other path for it) */
     hp->parallel_residual = new_arch || parallel;
-    hp->alibi = hp->no_rope = alibi;
+    hp->alibi = alibi;
+    if (alibi) km_no_rope(hp);
     hp->shared_norm = hp->parallel_residual && !(new_arch && n_ln == 2);
     snprintf(hp->features, sizeof hp->features, "%s, fused qkv (%s), %s block%s", alibi ? "ALiBi" : "rotary",
              new_arch ? "grouped" : mq ? "multi-query" : "per head", hp->parallel_residual ? "parallel" : "sequential",
@@ -65,33 +66,27 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = KB_NORM_LAYER;
+    o->attn.qkv = KB_QKV_GROUPED;
+    o->ffn.gated = false;
+}
+
 static kg_node *emit(kb_ctx *b) {
     const km_hparams *hp = b->hp;
-    float scale = (float)(1.0 / sqrt((double)hp->head_dim));
     /* Falcon's ALiBi: slopes rounded to bfloat16 (build_alibi_tensor); the
      * eager attention of transformers (the oracle) computes (q.k + alibi) *
      * scale and adds the causal mask, into which FalconModel has also folded
      * alibi * scale: the bias counts twice. (The products slope * position
      * are also rounded to bfloat16 there; exact for slopes that are powers of
      * two, i.e. up to 8 heads, at positions below 256.) */
-    float *slopes = NULL;
     if (hp->alibi) {
-        slopes = (float *)kb_alibi_bloom(b, 1.0f);
+        float scale = (float)(1.0 / sqrt((double)hp->head_dim)), *slopes = kb_alibi(b, KB_ALIBI_F32);
         if (!slopes) return NULL;
         for (int64_t h = 0; h < hp->n_heads; h++) slopes[h] = ku_bf16_to_f32(ku_f32_to_bf16(slopes[h])) * scale * 2;
+        b->alibi = slopes;
     }
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_gpt_layer_opts lo = {.norm = KB_NORM_LAYER,
-                            .parallel = hp->parallel_residual,
-                            .shared_norm = hp->shared_norm,
-                            .qkv = KB_QKV_GROUPED,
-                            .attn = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .rope = hp->alibi ? -1 : 0,
-                                     .scale = scale, .alibi = slopes},
-                            .ffn = {.act = hp->act, .bias = hp->mlp_bias}};
-        x = kb_gpt_layer(b, x, il, &lo);
-    }
-    return kb_output(b, x, KB_NORM_LAYER);
+    return kb_decoder(b, layer);
 }
 
 static const char *const types[] = {"falcon", NULL};

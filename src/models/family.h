@@ -12,45 +12,46 @@
 #include "models/hparams.h"
 
 /* Tensor roles. Module names are printf patterns with the layer index, and
- * name the module (".weight", ".bias", ".scales" are appended). */
+ * name the module (".weight", ".bias", ".scales" are appended). The order is
+ * not stored anywhere (KM_T_COUNT stays under 64: kb_ctx.transposed_roles). */
 typedef enum {
+    /* embeddings and output */
     KM_T_TOK_EMBD,
+    KM_T_TOK_EMBD_NORM,  /* norm on the token embeddings (BLOOM, TeleChat) */
+    KM_T_POS_EMBD,       /* learned absolute positions [n_positions (+ offset), hidden] */
+    KM_T_EMBD_PROJ_IN,   /* token embeddings [embed_dim] -> hidden (OPT's project_in) */
     KM_T_OUTPUT_NORM,
+    KM_T_OUTPUT_PROJ,    /* hidden -> embed_dim before the head (OPT's project_out) */
     KM_T_OUTPUT,
-    KM_T_ATTN_NORM,      /* before attention */
+    /* attention */
+    KM_T_ATTN_NORM,      /* before attention (after the residual add with post-residual norms) */
     KM_T_ATTN_Q,
     KM_T_ATTN_K,
     KM_T_ATTN_V,
-    KM_T_ATTN_O,
+    KM_T_ATTN_QKV,       /* fused q/k/v projection (layout: kb_qkv_layout) */
+    KM_T_ATTN_KV,        /* fused k/v projection */
     KM_T_ATTN_Q_NORM,
     KM_T_ATTN_K_NORM,
+    KM_T_ATTN_SINKS,     /* per-head sink logits [n_heads] (a tensor, not a module) */
+    KM_T_ATTN_SUB_NORM,  /* on the attention output, before the output projection (BitNet) */
+    KM_T_ATTN_O,
     KM_T_ATTN_POST_NORM, /* on the attention output, before the residual add */
-    KM_T_FFN_NORM,       /* before the MLP */
-    KM_T_FFN_POST_NORM,  /* on the MLP output, before the residual add */
+    /* multi-head latent attention */
+    KM_T_ATTN_Q_A,       /* query down-projection (q_lora_rank) */
+    KM_T_ATTN_Q_A_NORM,
+    KM_T_ATTN_Q_B,       /* query up-projection to heads x (nope + rope) */
+    KM_T_ATTN_KV_A,      /* [latent kv_lora_rank | shared rope key] projection */
+    KM_T_ATTN_KV_A_NORM,
+    KM_T_ATTN_KV_B,      /* latent up-projection to heads x (nope + v) */
+    /* MLP */
+    KM_T_FFN_NORM,       /* before the MLP (after the residual add with post-residual norms) */
     KM_T_FFN_GATE,
     KM_T_FFN_UP,
-    KM_T_FFN_DOWN,
-    KM_T_ATTN_SINKS,     /* per-head sink logits [n_heads] (a tensor, not a module) */
-    /* fam-llamalike2 */
-    KM_T_ATTN_SUB_NORM,  /* on the attention output, before the output projection (BitNet) */
-    KM_T_FFN_SUB_NORM,   /* on the MLP's inner activations, before the down projection (BitNet) */
-    KM_T_FFN_ACT,        /* a learned activation's parameters (xIELU: .alpha_p, .alpha_n, .beta, .eps) */
-    /* fam-remote: fused projections and multi-head latent attention */
-    KM_T_ATTN_QKV,       /* fused q/k/v projection (layout chosen by the family, see kb_split_heads) */
-    KM_T_ATTN_KV,        /* fused k/v projection */
     KM_T_FFN_GATE_UP,    /* fused [gate | up] projection */
-    KM_T_ATTN_Q_A,       /* MLA: query down-projection (q_lora_rank) */
-    KM_T_ATTN_Q_A_NORM,
-    KM_T_ATTN_Q_B,       /* MLA: query up-projection to heads x (nope + rope) */
-    KM_T_ATTN_KV_A,      /* MLA: [latent kv_lora_rank | shared rope key] projection */
-    KM_T_ATTN_KV_A_NORM,
-    KM_T_ATTN_KV_B,      /* MLA: latent up-projection to heads x (nope + v) */
-    KM_T_TOK_EMBD_NORM,  /* norm on the token embeddings */
-    /* fam-llamalike */
-    /* fam-gpt */
-    KM_T_POS_EMBD,       /* learned absolute positions [n_positions (+ offset), hidden] */
-    KM_T_EMBD_PROJ_IN,   /* token embeddings [embed_dim] -> hidden (OPT's project_in) */
-    KM_T_OUTPUT_PROJ,    /* hidden -> embed_dim before the head (OPT's project_out) */
+    KM_T_FFN_ACT,        /* a learned activation's parameters (xIELU: .alpha_p, .alpha_n, .beta, .eps) */
+    KM_T_FFN_SUB_NORM,   /* on the MLP's inner activations, before the down projection (BitNet) */
+    KM_T_FFN_DOWN,
+    KM_T_FFN_POST_NORM,  /* on the MLP output, before the residual add */
     KM_T_COUNT
 } km_tensor;
 
@@ -58,6 +59,10 @@ typedef const char *km_names[KM_T_COUNT];
 
 /* Hugging Face Llama naming, which most families share. */
 extern const km_names km_llama_names;
+/* Llama's naming with norms after each branch: post_attention_layernorm on
+ * the attention output, pre_/post_feedforward_layernorm around the MLP
+ * (Gemma 2/3 sandwich norms; OLMo 2/3 and EXAONE 4 use the post-norms only). */
+extern const km_names km_sandwich_names;
 
 struct kb_ctx;
 struct kg_node;

@@ -15,6 +15,7 @@ kiln_status km_gemma_common(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", true, &hp->tie_embeddings));
     hp->emb_scale = (float)sqrt((double)hp->hidden);
     hp->norm_offset = 1.0f;
+    hp->mlp_bias = false;
     return NULL;
 }
 
@@ -24,15 +25,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias};
-        x = kb_prenorm_layer(b, x, il, &ao, &(kb_ffn_opts){.gated = true, .act = hp->act});
-    }
-    return kb_rms_head(b, x);
-}
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"gemma", NULL};
 const km_family km_family_gemma = {"gemma", types, &km_llama_names, parse, emit};

@@ -9,40 +9,34 @@
 #include "models/shared.h"
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
-    double qpas, asc, fsc;
+    double qpas, asc, fsc, local_theta;
     int64_t pattern;
     KILN_TRY(km_gemma_common(cfg, hp));
     KILN_TRY(ku_json_num(cfg, "query_pre_attn_scalar", 256, &qpas));
     KILN_TRY(ku_json_num(cfg, "attn_logit_softcapping", 0, &asc));
     KILN_TRY(ku_json_num(cfg, "final_logit_softcapping", 0, &fsc));
     KILN_TRY(ku_json_int(cfg, "sliding_window", 4096, &hp->sliding_window));
-    KILN_TRY(ku_json_num(cfg, "rope_local_base_freq", 10000.0, &hp->rope_local_theta));
+    KILN_TRY(ku_json_num(cfg, "rope_local_base_freq", 10000.0, &local_theta));
     KILN_TRY(ku_json_int(cfg, "sliding_window_pattern", 6, &pattern));
     KILN_TRY(ku_json_int(cfg, "_sliding_window_pattern", pattern, &pattern));
-    hp->query_pre_attn_scalar = (float)qpas;
+    hp->attn_scale = (float)(1.0 / sqrt((double)(float)qpas));
     hp->attn_softcap = (float)asc;
     hp->final_softcap = (float)fsc;
     KILN_TRY(km_sliding_layers(cfg, hp, 0, pattern));
     /* rope 0: full layers (global, scaled); rope 1: sliding layers (local) */
     int dim = (int)hp->head_dim;
     KILN_TRYF(km_rope_init(&hp->ropes[0], hp->rope_scaling, hp->rope_theta, dim, hp->max_pos), "config.json");
-    KILN_TRYF(km_rope_init(&hp->ropes[1], NULL, hp->rope_local_theta, dim, hp->max_pos), "config.json");
+    KILN_TRYF(km_rope_init(&hp->ropes[1], NULL, local_theta, dim, hp->max_pos), "config.json");
     hp->n_ropes = 2;
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    float scale = (float)(1.0 / sqrt((double)hp->query_pre_attn_scalar));
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        bool local = hp->layer_sliding[il];
-        kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .window = kb_layer_window(b, il),
-                           .scale = scale, .softcap = hp->attn_softcap, .qk_norm = KB_QK_PER_HEAD, .rope = local ? 1 : 0};
-        x = km_gemma2_layer(b, x, il, &ao);
-    }
-    return kb_rms_head(b, x);
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm_place = KB_NORM_SANDWICH;
+    o->attn.qk_norm = KB_QK_PER_HEAD;
 }
 
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
+
 static const char *const types[] = {"gemma3_text", NULL};
-const km_family km_family_gemma3 = {"gemma3", types, &km_gemma2_names, parse, emit};
+const km_family km_family_gemma3 = {"gemma3", types, &km_sandwich_names, parse, emit};

@@ -16,7 +16,7 @@
     [KM_T_ATTN_V] = "model.layers.%d.self_attn.v_proj",                  \
     [KM_T_ATTN_O] = "model.layers.%d.self_attn.o_proj",                  \
     [KM_T_FFN_NORM] = "model.layers.%d.post_attention_layernorm",        \
-    [KM_T_FFN_UP] = "model.layers.%d.mlp.gate_up_proj",                  \
+    [KM_T_FFN_GATE_UP] = "model.layers.%d.mlp.gate_up_proj",                  \
     [KM_T_FFN_DOWN] = "model.layers.%d.mlp.down_proj"
 
 static const km_names glm_names = {GLM_NAMES};
@@ -31,31 +31,21 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 0.5, &hp->partial_rotary));
     KILN_TRY(ku_json_bool(cfg, "attention_bias", true, &hp->attn_qkv_bias));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
-    hp->attn_o_bias = false;
+    hp->attn_o_bias = hp->mlp_bias = false;
     hp->sliding_window = 0;
     KILN_TRY(km_sliding_layers(cfg, hp, 0, 0));
     return km_rope_one(hp, true);
 }
 
-static kg_node *forward(kb_ctx *b, bool sandwich) {
-    const km_hparams *hp = b->hp;
-    kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias};
-    kb_ffn_opts fo = {.fused = true, .act = hp->act};
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kg_node *h = kb_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS), il, &ao);
-        if (sandwich) h = kb_norm(b, h, KM_T_ATTN_POST_NORM, il, KB_NORM_RMS);
-        x = kg_add(b->g, x, h);
-        h = kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS), il, &fo);
-        if (sandwich) h = kb_norm(b, h, KM_T_FFN_POST_NORM, il, KB_NORM_RMS);
-        x = kg_add(b->g, x, h);
-    }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
-    return kb_lm_head(b, x);
+static void layer_glm(const kb_ctx *b, int il, kb_layer_opts *o) { o->ffn.fused = true; }
+
+static void layer_glm4(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->ffn.fused = true;
+    o->norm_place = KB_NORM_SANDWICH;
 }
 
-static kg_node *emit_glm(kb_ctx *b) { return forward(b, false); }
-static kg_node *emit_glm4(kb_ctx *b) { return forward(b, true); }
+static kg_node *emit_glm(kb_ctx *b) { return kb_decoder(b, layer_glm); }
+static kg_node *emit_glm4(kb_ctx *b) { return kb_decoder(b, layer_glm4); }
 
 static const char *const types_glm[] = {"glm", NULL};
 static const char *const types_glm4[] = {"glm4", NULL};

@@ -6,8 +6,6 @@
  * Linear's [out, in]: the layout is read off the fused projection's shape.
  * GPTBigCode uses Linear; with multi_query one key/value head follows the
  * queries ([Q | K | V]), without it the rows are per head [H][3][D]. */
-#include <math.h>
-
 #include "base/json.h"
 #include "models/blocks.h"
 
@@ -40,6 +38,8 @@ static kiln_status parse_common(const cJSON *cfg, km_hparams *hp, const char *de
     bool scale;
     KILN_TRY(ku_json_bool(cfg, "scale_attn_weights", true, &scale));
     if (!scale) hp->attn_scale = 1; /* scores unscaled */
+    hp->attn_qkv_bias = hp->attn_o_bias = hp->mlp_bias = true;
+    km_no_rope(hp); /* learned positions */
     if (hp->hidden % hp->n_heads)
         return kiln_error(KILN_EINVAL, "config.json: n_embd %lld is not a multiple of n_head %lld", (long long)hp->hidden,
                           (long long)hp->n_heads);
@@ -50,7 +50,6 @@ static kiln_status parse_gpt2(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(parse_common(cfg, hp, "gelu_new"));
     KILN_TRY(ku_json_bool(cfg, "scale_attn_by_inverse_layer_idx", false, &hp->attn_scale_by_layer));
     hp->n_kv_heads = hp->n_heads;
-    hp->no_rope = true;
     snprintf(hp->features, sizeof hp->features, "learned positions, fused qkv%s",
              hp->attn_scale_by_layer ? ", attention scaled by 1/(layer+1)" : "");
     return NULL;
@@ -61,35 +60,36 @@ static kiln_status parse_bigcode(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(parse_common(cfg, hp, "gelu_pytorch_tanh"));
     KILN_TRY(ku_json_bool(cfg, "multi_query", true, &mq));
     hp->n_kv_heads = mq ? 1 : hp->n_heads;
-    hp->no_rope = true;
     snprintf(hp->features, sizeof hp->features, "learned positions, fused qkv%s", mq ? ", multi-query" : "");
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b, kb_qkv_layout layout) {
-    const km_hparams *hp = b->hp;
-    kg_node *x = kg_add(b->g, kb_embed(b), kb_pos_embed(b, 0));
-    for (int il = 0; il < hp->n_layers; il++) {
-        double scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0 / sqrt((double)hp->head_dim);
-        if (hp->attn_scale_by_layer) scale /= il + 1;
-        kb_gpt_layer_opts lo = {.norm = KB_NORM_LAYER,
-                            .qkv = layout,
-                            .attn = {.qkv_bias = true, .o_bias = true, .rope = -1, .scale = (float)scale},
-                            .ffn = {.act = hp->act, .bias = true}};
-        x = kb_gpt_layer(b, x, il, &lo);
-    }
-    return kb_output(b, x, KB_NORM_LAYER);
+static void layer_gpt2(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = KB_NORM_LAYER;
+    o->attn.qkv = KB_QKV_BLOCKS;
+    o->ffn.gated = false;
+}
+
+/* multi-query: [Q | K | V] is one group of H queries, a key and a value */
+static void layer_bigcode(const kb_ctx *b, int il, kb_layer_opts *o) {
+    layer_gpt2(b, il, o);
+    o->attn.qkv = KB_QKV_GROUPED;
+}
+
+static kg_node *emit(kb_ctx *b, kb_layer_opts_fn layer) {
+    kb_norm_opts norm;
+    kg_node *x = kb_layers(b, kb_embed(b, &(kb_embed_opts){.positions = true}), layer, &norm);
+    return kb_output(b, x, &norm);
 }
 
 static kg_node *emit_gpt2(kb_ctx *b) {
     int64_t E = b->hp->hidden;
     if (kb_weight_is_in_out(b, KM_T_ATTN_QKV, 0, E, 3 * E))
         b->transposed_roles = 1ull << KM_T_ATTN_QKV | 1ull << KM_T_ATTN_O | 1ull << KM_T_FFN_UP | 1ull << KM_T_FFN_DOWN;
-    return emit(b, KB_QKV_BLOCKS);
+    return emit(b, layer_gpt2);
 }
 
-/* multi-query: [Q | K | V] is one group of H queries, a key and a value */
-static kg_node *emit_bigcode(kb_ctx *b) { return emit(b, KB_QKV_GROUPED); }
+static kg_node *emit_bigcode(kb_ctx *b) { return emit(b, layer_bigcode); }
 
 static const char *const gpt2_types[] = {"gpt2", NULL};
 const km_family km_family_gpt2 = {"gpt2", gpt2_types, &gpt2_names, parse_gpt2, emit_gpt2};

@@ -36,25 +36,20 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     KILN_TRY(ku_json_bool(cfg, "use_parallel_residual", true, &parallel));
     hp->parallel_residual = parallel;
+    hp->mlp_bias = true;
     hp->n_kv_heads = hp->n_heads;
     snprintf(hp->features, sizeof hp->features, "fused qkv per head, %s residual",
              parallel ? "parallel" : "sequential");
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_gpt_layer_opts lo = {.norm = KB_NORM_LAYER,
-                            .parallel = hp->parallel_residual,
-                            .qkv = KB_QKV_GROUPED,
-                            .attn = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias},
-                            .ffn = {.act = hp->act, .bias = true}};
-        x = kb_gpt_layer(b, x, il, &lo);
-    }
-    return kb_output(b, x, KB_NORM_LAYER);
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = KB_NORM_LAYER;
+    o->attn.qkv = KB_QKV_GROUPED;
+    o->ffn.gated = false;
 }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"gpt_neox", NULL};
 const km_family km_family_gpt_neox = {"gpt_neox", types, &names, parse, emit};

@@ -35,6 +35,8 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
         return kiln_error(KILN_EINVAL, "config.json: rotary_dim %lld must be even and at most the head size %lld",
                           (long long)rot, (long long)hp->head_dim);
     hp->n_kv_heads = hp->n_heads;
+    hp->attn_qkv_bias = hp->attn_o_bias = false;
+    hp->mlp_bias = true;
     hp->lm_head_bias = true;
     KILN_TRYF(km_rope_init(&hp->ropes[0], NULL, 10000.0, (int)rot, hp->max_pos), "config.json");
     hp->ropes[0].interleaved = true;
@@ -44,15 +46,14 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_gpt_layer_opts lo = {.norm = KB_NORM_LAYER, .parallel = true, .shared_norm = true, .ffn = {.act = hp->act, .bias = true}};
-        x = kb_gpt_layer(b, x, il, &lo);
-    }
-    return kb_output(b, x, KB_NORM_LAYER);
+/* one LayerNorm feeds attention and the MLP */
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = KB_NORM_LAYER;
+    o->parallel = o->shared_norm = true;
+    o->ffn.gated = false;
 }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"gptj", NULL};
 const km_family km_family_gptj = {"gptj", types, &names, parse, emit};

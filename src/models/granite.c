@@ -17,12 +17,12 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->emb_scale = (float)emb;
     hp->attn_scale = (float)attn;
     hp->residual_scale = (float)res;
-    hp->logits_div = (float)logits;
+    hp->logit_scale = (float)(1.0 / logits);
     hp->sliding_window = 0;
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, kb_default_layer_opts); }
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"granite", NULL};
 const km_family km_family_granite = {"granite", types, &km_llama_names, parse, emit};

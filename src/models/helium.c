@@ -13,14 +13,10 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     hp->attn_o_bias = false;
     hp->sliding_window = 0;
-    int dim = (int)((double)hp->head_dim * hp->partial_rotary);
-    KILN_TRYF(km_rope_init(&hp->ropes[0], hp->rope_scaling, hp->rope_theta, dim, hp->max_pos), "config.json");
-    hp->ropes[0].interleaved = true;
-    hp->n_ropes = 1;
-    return NULL;
+    return km_rope_one(hp, true);
 }
 
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, kb_default_layer_opts); }
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"helium", NULL};
 const km_family km_family_helium = {"helium", types, &km_llama_names, parse, emit};

@@ -116,3 +116,22 @@ kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
     if (act) KILN_TRYF(km_parse_act(act, &hp->act), "config.json");
     return NULL;
 }
+
+kiln_status km_rope_one(km_hparams *hp, bool interleaved) {
+    int dim = (int)((double)hp->head_dim * hp->partial_rotary);
+    KILN_TRYF(km_rope_init(&hp->ropes[0], hp->rope_scaling, hp->rope_theta, dim, hp->max_pos), "config.json");
+    hp->ropes[0].interleaved = interleaved;
+    hp->n_ropes = 1;
+    return NULL;
+}
+
+void km_no_rope(km_hparams *hp) { memset(hp->layer_nope, 1, sizeof hp->layer_nope); }
+
+kiln_status km_json_int_or_null(const cJSON *cfg, const char *key, int64_t def, int64_t if_null, int64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (v && cJSON_IsNull(v)) {
+        *out = if_null;
+        return NULL;
+    }
+    return ku_json_int(cfg, key, def, out);
+}

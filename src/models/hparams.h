@@ -3,7 +3,10 @@
  * One struct for every family, as llama.cpp's llama_hparams: the common
  * fields are read from config.json by km_hparams_parse, then a family's own
  * parse hook adjusts defaults and reads what only it has. Per-layer
- * patterns (sliding-window layers, NoPE layers) are arrays over layers. */
+ * patterns (sliding-window layers, NoPE layers, per-layer widths) are arrays
+ * over layers. Fields a family does not use stay 0; kb_layer_defaults
+ * (models/blocks.h) turns them into block options, so a config switch is
+ * read in one place. */
 #ifndef KILN_HPARAMS_H
 #define KILN_HPARAMS_H
 
@@ -28,58 +31,72 @@ typedef enum {
 
 typedef struct {
     char model_type[64];
+    char features[160]; /* what `kiln info` should say beyond the fields below, e.g. "ALiBi, parallel residual" */
+
+    /* ---- shape ---- */
     int64_t n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, vocab, max_pos;
-    double norm_eps;
-    km_act act;
-    bool tie_embeddings;
-    bool attn_qkv_bias, attn_o_bias, mlp_bias;
-    double rope_theta, partial_rotary;
-    const cJSON *rope_scaling; /* borrowed from the config; NULL if none */
-    int64_t sliding_window;    /* 0: none */
-    unsigned char layer_sliding[KM_MAX_LAYERS]; /* 1: this layer attends within the window */
-    /* family specifics (0 = unused) */
-    double rope_local_theta;     /* gemma3: rotary base of sliding layers */
-    float attn_softcap, final_softcap;
-    float query_pre_attn_scalar; /* attention scale = scalar^-0.5 instead of head_dim^-0.5 */
-    float emb_scale;             /* token embeddings multiplied by this */
-    float norm_offset;           /* RMSNorm scale is (w + offset): Gemma 1 */
-    /* rotary configurations the layers use (filled by the family) */
-    km_rope ropes[KM_MAX_ROPES];
-    int n_ropes;
-    /* fam-llamalike2 */
-    float logit_scale; /* logits multiplied by this (Cohere); 0: none */
-    bool qk_norm;           /* configurable q/k norms are on (Cohere use_qk_norm, StableLM qk_layernorm) */
-    bool parallel_residual; /* x + attn(norm(x)) + mlp(norm(x)) (StableLM use_parallel_residual) */
-    bool mlp_glu;           /* gated MLP where a family makes it optional (OpenELM ffn_with_glu) */
     /* per-layer widths where they vary (OpenELM); 0 entries mean the global
      * n_heads / n_kv_heads / ffn */
     int32_t layer_heads[KM_MAX_LAYERS], layer_kv_heads[KM_MAX_LAYERS], layer_ffn[KM_MAX_LAYERS];
-    /* fam-remote (0 = unused) */
-    float residual_scale;        /* each residual branch times this before its add (MiniCPM scale_depth / sqrt(layers), Granite residual_multiplier) */
-    float logit_divisor;         /* MiniCPM: the final hidden state divided by this (hidden / dim_model_base) */
-    bool residual_post_norm;     /* apply_residual_connection_post_layernorm: the residual is the normed input */
-    bool head_l2norm;            /* Baichuan 2 NormHead: output rows L2-normalised */
-    bool alibi;                  /* ALiBi instead of rotary (Baichuan 13B) */
-    int64_t logn_len;            /* Qwen-1 use_logn_attn: queries at p >= this scaled by log(p+1)/log(this) */
-    int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim; /* multi-head latent attention */
-    /* fam-llamalike (0 = unused) */
-    unsigned char layer_nope[KM_MAX_LAYERS]; /* 1: this layer applies no rotary embedding (NoPE) */
-    float attn_scale;     /* attention scale used instead of head_dim^-0.5 (granite attention_multiplier) */
-    float logits_div;     /* logits divided by this (granite logits_scaling) */
-    float clip_qkv;       /* q, k, v clamped to [-clip, clip] after projection (olmo) */
-    float q_temp_beta;    /* queries times 1 + beta * log(1 + floor(pos / q_temp_floor)) (ministral3) */
+
+    /* ---- embeddings and output head ---- */
+    bool tie_embeddings;
+    float emb_scale;     /* token embeddings times this (Gemma sqrt(hidden), MiniCPM scale_emb, Granite
+                          * embedding_multiplier); 0: none */
+    int64_t embed_dim;   /* token embedding width when it differs from hidden (OPT's word_embed_proj_dim:
+                          * projected in after the lookup and out before the head); 0: hidden */
+    bool no_final_norm;  /* no norm before the head (post-norm OPT, ChatGLM without post_layer_norm) */
+    bool lm_head_bias;   /* the output projection has a bias, also when its weight is tied (GPT-J, Phi) */
+    bool head_l2norm;    /* untied output rows L2-normalised (Baichuan 2 NormHead) */
+    float logit_scale;   /* logits times this (Cohere logit_scale, 1 / Granite logits_scaling, MiniCPM
+                          * dim_model_base / hidden); 0: none */
+    float final_softcap; /* logits soft-capped last: cap * tanh(logits / cap); 0: none */
+
+    /* ---- norms ---- */
+    double norm_eps;
+    float norm_offset;   /* every norm scales by (weight + offset): Gemma's RMSNorm, Nemotron's LayerNorm1P */
+
+    /* ---- layer arrangement (config switches) ---- */
+    bool parallel_residual;  /* x + attn(norm(x)) + mlp(norm'(x)) (use_parallel_residual, parallel_attn) */
+    bool shared_norm;        /* parallel: attention and MLP read one norm (Falcon-7B's single LayerNorm) */
+    bool residual_from_norm; /* apply_residual_connection_post_layernorm: each residual branch adds to
+                              * its normed input instead of x (BLOOM, TeleChat, Qwen-1, ChatGLM) */
+    bool post_norm;          /* norms after the residual adds: x = norm(x + f(x)) (OPT-350m) */
+    float residual_scale;    /* each residual branch times this before its add (MiniCPM
+                              * scale_depth / sqrt(layers), Granite residual_multiplier); 0: none */
+
+    /* ---- attention ---- */
+    bool attn_qkv_bias, attn_o_bias;
+    float attn_scale;         /* score scale instead of head_dim^-0.5 (Granite attention_multiplier, Gemma 2/3
+                               * query_pre_attn_scalar^-0.5, MPT softmax_scale, 1 when unscaled); 0: default */
+    bool attn_scale_by_layer; /* the scale further divided by (layer + 1) (GPT-2 scale_attn_by_inverse_layer_idx) */
+    float attn_softcap;
+    float clip_qkv;           /* q, k, v clamped to [-clip, clip] after projection (OLMo, MPT); 0: none */
+    bool qk_norm;             /* a family's optional q/k norms are on (Cohere use_qk_norm, StableLM and Phi
+                               * qk_layernorm, OpenELM normalize_qk_projections) */
+    int64_t sliding_window;   /* 0: none */
+    unsigned char layer_sliding[KM_MAX_LAYERS]; /* 1: this layer attends within the window */
+    int64_t logn_len;         /* Qwen-1 use_logn_attn: queries at p >= this scaled by log(p+1)/log(this); 0: none */
+    float q_temp_beta;        /* queries times 1 + beta * log(1 + floor(pos / q_temp_floor)) (Ministral 3); 0: none */
     int64_t q_temp_floor;
-    /* fam-gpt */
-    bool lm_head_bias;   /* the output projection has a bias (gptj, phi) */
-    bool attn_scale_by_layer; /* attention scale further divided by (layer + 1) (gpt2's scale_attn_by_inverse_layer_idx) */
-    bool shared_norm;         /* parallel blocks whose attention and MLP read one norm (falcon-7b) */
-    bool residual_from_norm;  /* residual branches carry the normed input (bloom's apply_residual_connection_post_layernorm) */
-    bool post_norm;           /* norms after the residual adds (OPT-350m) */
-    bool no_final_norm;       /* no norm before the head (post-norm OPT) */
-    int64_t embed_dim;        /* token embedding width when it differs from hidden (OPT's word_embed_proj_dim); 0: hidden */
-    bool qk_layernorm;        /* per-head LayerNorms on queries and keys (phi's qk_layernorm) */
-    bool no_rope;             /* no rotary embeddings at all (learned positions, ALiBi) */
-    char features[160];  /* what `kiln info` should say beyond the fields above, e.g. "ALiBi, parallel residual" */
+    /* multi-head latent attention (MiniCPM3); kv_lora_rank 0: none */
+    int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
+
+    /* ---- positions ---- */
+    bool alibi;               /* ALiBi slopes (the family's formula) instead of rotary: every layer is NoPE */
+    unsigned char layer_nope[KM_MAX_LAYERS]; /* 1: this layer applies no rotary embedding (NoPE layers,
+                                              * ALiBi, learned absolute positions) */
+    double rope_theta, partial_rotary;
+    const cJSON *rope_scaling; /* borrowed from the config; NULL if none */
+    /* rotary configurations the layers use (filled by the family): rope 0 for
+     * every rotating layer, or, with two, rope 1 for the sliding ones */
+    km_rope ropes[KM_MAX_ROPES];
+    int n_ropes;
+
+    /* ---- MLP ---- */
+    km_act act;
+    bool mlp_bias;
+    bool mlp_glu;             /* gated MLP where a family makes it optional (OpenELM ffn_with_glu) */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call
@@ -91,13 +108,18 @@ kiln_status km_parse_act(const char *name, km_act *out);
  * does, else layer i slides when i >= first and, with period > 0, when
  * (i + 1) % period != 0. A window of 0 turns sliding off everywhere. */
 kiln_status km_sliding_layers(const cJSON *cfg, km_hparams *hp, int64_t first, int64_t period);
+/* One rotary configuration (rope 0) from rope_theta and rope_scaling over
+ * head_dim * partial_rotary dims, pairs interleaved (GPT-J / GLM style) or
+ * halves. */
+kiln_status km_rope_one(km_hparams *hp, bool interleaved);
+/* Every layer NoPE (ALiBi or learned positions instead of rotary). */
+void km_no_rope(km_hparams *hp);
 
-/* fam-llamalike (models/blocks_fam-llamalike.c) */
+/* ---- config.json keys ---- */
 /* An integer whose null in config.json (Python's None) means something else
  * than its absence: null gives if_null, absence the config class's default
  * def (e.g. OLMo 3's sliding_window: null is no window, absent is 4096). */
 kiln_status km_json_int_or_null(const cJSON *cfg, const char *key, int64_t def, int64_t if_null, int64_t *out);
-/* ---- fam-gpt ---- */
 /* The key config.json uses for the common field `key` ("hidden_size" is
  * "n_embd" in GPT-2's config, "d_model" in MPT's, ...): the first alias
  * present, else key itself. km_hparams_parse reads the common fields through it. */

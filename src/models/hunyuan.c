@@ -49,7 +49,6 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    kb_default_layer_opts(b, il, o);
     o->attn.qk_norm = KB_QK_PER_HEAD;
     o->attn.qk_norm_after_rope = true;
 }

@@ -41,24 +41,9 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return km_sliding_layers(cfg, hp, 0, 0);
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    int64_t H = hp->n_heads, Hkv = hp->n_kv_heads, D = hp->head_dim, G = H / Hkv;
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kg_node *h = kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS);
-        kg_node *qkv[3];
-        kb_split_heads(b, kb_linear(b, h, KM_T_ATTN_QKV, il, (H + 2 * Hkv) * D, hp->attn_qkv_bias), Hkv,
-                       (int64_t[]){G, 1, 1}, 3, D, qkv);
-        h = kb_attention_core(b, qkv[0], qkv[1], qkv[2], il, &(kb_attn_opts){.o_bias = hp->attn_o_bias});
-        x = kg_add(b->g, x, h);
-        h = kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS);
-        h = kb_ffn(b, h, il, &(kb_ffn_opts){.gated = true, .act = hp->act});
-        x = kg_add(b->g, x, h);
-    }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
-    return kb_lm_head(b, x);
-}
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) { o->attn.qkv = KB_QKV_GROUPED; }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"internlm2", NULL};
 const km_family km_family_internlm2 = {"internlm2", types, &names, parse, emit};

@@ -13,16 +13,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return km_sliding_layers(cfg, hp, 0, 0);
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .window = kb_layer_window(b, il)};
-        kb_ffn_opts fo = {.gated = true, .act = hp->act, .bias = hp->mlp_bias};
-        x = kb_prenorm_layer(b, x, il, &ao, &fo);
-    }
-    return kb_rms_head(b, x);
-}
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"llama", "mistral", NULL};
 const km_family km_family_llama = {"llama", types, &km_llama_names, parse, emit};

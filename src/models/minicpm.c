@@ -2,7 +2,8 @@
  * Llama's names and block with muP scaling: token embeddings times
  * scale_emb, every residual branch times scale_depth / sqrt(num_hidden_layers),
  * the final hidden state divided by hidden_size / dim_model_base before the
- * (by default tied) lm_head. The rope helpers here also serve MiniCPM3. */
+ * (by default tied) lm_head (kiln scales the logits: the head is linear).
+ * The parse helpers here also serve MiniCPM3. */
 #include <math.h>
 #include <string.h>
 
@@ -48,7 +49,8 @@ kiln_status km_minicpm_common(const cJSON *cfg, km_hparams *hp, int dim) {
     if (!(dim_model_base > 0)) return kiln_error(KILN_EINVAL, "config.json: \"dim_model_base\" must be positive");
     hp->emb_scale = (float)scale_emb;
     hp->residual_scale = (float)(scale_depth / sqrt((double)hp->n_layers));
-    hp->logit_divisor = (float)((double)hp->hidden / dim_model_base);
+    hp->logit_scale = (float)(dim_model_base / (double)hp->hidden); /* the last hidden state over hidden / dim_model_base */
+    hp->mlp_bias = false;
     hp->sliding_window = 0;
     KILN_TRY(km_sliding_layers(cfg, hp, 0, 0));
     KILN_TRYF(minicpm_rope(&hp->ropes[0], hp->rope_scaling, hp->rope_theta, dim, hp->max_pos), "config.json");
@@ -56,30 +58,9 @@ kiln_status km_minicpm_common(const cJSON *cfg, km_hparams *hp, int dim) {
     return NULL;
 }
 
-kg_node *km_minicpm_forward(kb_ctx *b, kg_node *(*attn)(kb_ctx *b, kg_node *h, int il)) {
-    const km_hparams *hp = b->hp;
-    kg_graph *g = b->g;
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kg_node *h = attn(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS), il);
-        x = kg_add(g, x, kg_scale(g, h, hp->residual_scale));
-        h = kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS);
-        h = kb_ffn(b, h, il, &(kb_ffn_opts){.gated = true, .act = hp->act});
-        x = kg_add(g, x, kg_scale(g, h, hp->residual_scale));
-    }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
-    x = kg_binary(g, KG_OP_DIV, x, kg_broadcast_like(g, kg_scalar(g, KG_F32, hp->logit_divisor), x));
-    return kb_lm_head(b, x);
-}
-
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) { return km_minicpm_common(cfg, hp, (int)hp->head_dim); }
 
-static kg_node *attention(kb_ctx *b, kg_node *h, int il) {
-    const km_hparams *hp = b->hp;
-    return kb_attention(b, h, il, &(kb_attn_opts){.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias});
-}
-
-static kg_node *emit(kb_ctx *b) { return km_minicpm_forward(b, attention); }
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"minicpm", NULL};
 const km_family km_family_minicpm = {"minicpm", types, &km_llama_names, parse, emit};

@@ -40,14 +40,8 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return km_minicpm_common(cfg, hp, (int)hp->qk_rope_dim);
 }
 
-static kg_node *attention(kb_ctx *b, kg_node *h, int il) {
-    const km_hparams *hp = b->hp;
-    kb_mla_opts o = {.q_lora_rank = hp->q_lora_rank, .kv_lora_rank = hp->kv_lora_rank, .nope = hp->qk_nope_dim,
-                     .rope_dim = hp->qk_rope_dim, .v_dim = hp->v_head_dim, .bias = hp->attn_qkv_bias};
-    return kb_mla_attention(b, h, il, &o);
-}
-
-static kg_node *emit(kb_ctx *b) { return km_minicpm_forward(b, attention); }
+/* multi-head latent attention comes with the defaults (hp->kv_lora_rank) */
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"minicpm3", NULL};
 const km_family km_family_minicpm3 = {"minicpm3", types, &names, parse, emit};

@@ -61,12 +61,8 @@ static kiln_status parse_ministral3(const cJSON *cfg, km_hparams *hp) {
     return st ? kiln_status_wrap(st, "config.json") : NULL;
 }
 
-static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    kb_default_layer_opts(b, il, o);
-    o->q_temp = b->hp->q_temp_beta != 0;
-}
-
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
+/* the query temperature (hp->q_temp_beta) comes with the defaults */
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"ministral", NULL};
 const km_family km_family_ministral = {"ministral", types, &km_llama_names, parse_ministral, emit};

@@ -44,28 +44,26 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->ffn = 4 * hp->hidden;
     hp->act = KM_ACT_GELU;
     hp->n_kv_heads = hp->n_heads;
+    hp->attn_qkv_bias = hp->attn_o_bias = hp->mlp_bias = false;
     hp->clip_qkv = (float)clip;
     hp->attn_scale = (float)scale;
     hp->alibi = true;
     KILN_TRY(ku_json_num(cfg, "layer_norm_epsilon", 1e-5, &hp->norm_eps));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", true, &hp->tie_embeddings));
-    hp->no_rope = true;
+    km_no_rope(hp);
     snprintf(hp->features, sizeof hp->features, "ALiBi, fused qkv%s, bias-free LayerNorm", clip > 0 ? " clamped" : "");
     return NULL;
 }
 
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = KB_NORM_LAYER;
+    o->attn.qkv = KB_QKV_BLOCKS;
+    o->ffn.gated = false;
+}
+
 static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    const float *slopes = kb_alibi_mpt(b, 8.0);
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_gpt_layer_opts lo = {.norm = KB_NORM_LAYER,
-                            .qkv = KB_QKV_BLOCKS,
-                            .attn = {.rope = -1, .scale = hp->attn_scale, .clip_qkv = hp->clip_qkv, .alibi = slopes},
-                            .ffn = {.act = hp->act}};
-        x = kb_gpt_layer(b, x, il, &lo);
-    }
-    return kb_output(b, x, KB_NORM_LAYER);
+    b->alibi = kb_alibi(b, KB_ALIBI_MPT);
+    return kb_decoder(b, layer);
 }
 
 static const char *const types[] = {"mpt", NULL};

@@ -12,22 +12,18 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "norm_eps", 1e-5, &hp->norm_eps));
     KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 0.5, &hp->partial_rotary));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
+    hp->norm_offset = 1; /* LayerNorm1P */
     hp->sliding_window = 0;
     return km_sliding_layers(cfg, hp, 0, 0);
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias};
-    kb_ffn_opts fo = {.act = hp->act, .bias = hp->mlp_bias};
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        x = kg_add(b->g, x, kb_attention(b, kb_norm_offset(b, x, KM_T_ATTN_NORM, il, KB_NORM_LAYER, 1), il, &ao));
-        x = kg_add(b->g, x, kb_ffn(b, kb_norm_offset(b, x, KM_T_FFN_NORM, il, KB_NORM_LAYER, 1), il, &fo));
-    }
-    x = kb_norm_offset(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_LAYER, 1);
-    return kb_lm_head(b, x);
+/* LayerNorm1P everywhere, a non-gated MLP */
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = KB_NORM_LAYER;
+    o->ffn.gated = false;
 }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"nemotron", NULL};
 const km_family km_family_nemotron = {"nemotron", types, &km_llama_names, parse, emit};

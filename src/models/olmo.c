@@ -17,9 +17,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    kb_default_layer_opts(b, il, o);
-    o->norm = KB_NORM_LAYER;
-    o->plain_norms = true;
+    o->norm = (kb_norm_opts){.kind = KB_NORM_LAYER, .plain = true};
 }
 
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }

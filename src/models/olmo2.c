@@ -8,7 +8,7 @@
  * Gemma 2's (post_attention_layernorm and post_feedforward_layernorm are
  * the post-norms; the pre-norm names are never asked for). */
 #include "base/json.h"
-#include "models/shared.h"
+#include "models/blocks.h"
 
 static kiln_status parse_olmo2(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
@@ -31,15 +31,13 @@ static kiln_status parse_olmo3(const cJSON *cfg, km_hparams *hp) {
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    kb_default_layer_opts(b, il, o);
+    o->norm_place = KB_NORM_POST;
     o->attn.qk_norm = KB_QK_FULL;
-    o->attn.rope = b->hp->n_ropes > 1 && b->hp->layer_sliding[il] ? 1 : 0;
-    o->post_norms = true;
 }
 
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types2[] = {"olmo2", NULL};
-const km_family km_family_olmo2 = {"olmo2", types2, &km_gemma2_names, parse_olmo2, emit};
+const km_family km_family_olmo2 = {"olmo2", types2, &km_sandwich_names, parse_olmo2, emit};
 static const char *const types3[] = {"olmo3", NULL};
-const km_family km_family_olmo3 = {"olmo3", types3, &km_gemma2_names, parse_olmo3, emit};
+const km_family km_family_olmo3 = {"olmo3", types3, &km_sandwich_names, parse_olmo3, emit};

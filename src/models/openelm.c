@@ -21,12 +21,13 @@ static const km_names names = {
     [KM_T_OUTPUT_NORM] = "transformer.norm",
     [KM_T_OUTPUT] = "lm_head",
     [KM_T_ATTN_NORM] = "transformer.layers.%d.attn_norm",
-    [KM_T_ATTN_Q] = "transformer.layers.%d.attn.qkv_proj", /* fused q|k|v */
+    [KM_T_ATTN_QKV] = "transformer.layers.%d.attn.qkv_proj",
     [KM_T_ATTN_O] = "transformer.layers.%d.attn.out_proj",
     [KM_T_ATTN_Q_NORM] = "transformer.layers.%d.attn.q_norm",
     [KM_T_ATTN_K_NORM] = "transformer.layers.%d.attn.k_norm",
     [KM_T_FFN_NORM] = "transformer.layers.%d.ffn_norm",
-    [KM_T_FFN_UP] = "transformer.layers.%d.ffn.proj_1", /* fused gate|up with ffn_with_glu */
+    [KM_T_FFN_GATE_UP] = "transformer.layers.%d.ffn.proj_1", /* ffn_with_glu */
+    [KM_T_FFN_UP] = "transformer.layers.%d.ffn.proj_1",      /* without */
     [KM_T_FFN_DOWN] = "transformer.layers.%d.ffn.proj_2",
 };
 
@@ -143,22 +144,15 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    int64_t D = hp->head_dim;
-    kb_attn_opts ao = {.qk_norm = hp->qk_norm ? KB_QK_PER_HEAD : KB_QK_NONE};
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        int64_t H = hp->layer_heads[il], Hkv = hp->layer_kv_heads[il];
-        kg_node *q, *k, *v, *h = kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS);
-        kb_split_qkv(b, kb_linear(b, h, KM_T_ATTN_Q, il, (H + 2 * Hkv) * D, false), H, Hkv, D, &q, &k, &v);
-        x = kg_add(b->g, x, kb_attention_core(b, q, k, v, il, &ao));
-        kb_ffn_opts fo = {.fused = hp->mlp_glu, .act = hp->act, .width = hp->layer_ffn[il]};
-        x = kg_add(b->g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS), il, &fo));
-    }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
-    return kb_lm_head(b, x);
+/* per-layer widths come with the defaults */
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->attn.qkv = KB_QKV_BLOCKS;
+    o->attn.qk_norm = b->hp->qk_norm ? KB_QK_PER_HEAD : KB_QK_NONE;
+    o->ffn.fused = b->hp->mlp_glu;
+    o->ffn.gated = b->hp->mlp_glu;
 }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"openelm", NULL};
 const km_family km_family_openelm = {"openelm", types, &names, parse, emit};

@@ -47,34 +47,21 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->post_norm = !pre_norm;
     hp->no_final_norm = !pre_norm || remove_final;
     hp->embed_dim = wdim == hp->hidden ? 0 : wdim;
-    hp->no_rope = true;
+    km_no_rope(hp); /* learned positions */
     snprintf(hp->features, sizeof hp->features, "learned positions (offset 2), %s LayerNorm%s", pre_norm ? "pre" : "post",
              wdim != hp->hidden ? ", embeddings projected in and out" : "");
     return NULL;
 }
 
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = KB_NORM_LAYER;
+    o->ffn.gated = false;
+}
+
 static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    bool proj = hp->embed_dim > 0;
-    int64_t E = proj ? hp->embed_dim : hp->hidden;
-    kc_matrix m;
-    kg_node *w, *s, *bi;
-    kg_wattr wa;
-    if (!kb_matrix(b, KM_T_TOK_EMBD, -1, hp->vocab, E, &m, &w, &s, &bi, &wa)) return NULL;
-    kg_node *x = kg_embed(b->g, w, s, bi, b->tokens, &wa);
-    if (proj) x = kb_linear(b, x, KM_T_EMBD_PROJ_IN, -1, hp->hidden, false);
-    x = kg_add(b->g, x, kb_pos_embed(b, 2));
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_gpt_layer_opts lo = {.norm = KB_NORM_LAYER,
-                            .post_norm = hp->post_norm,
-                            .attn = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .rope = -1},
-                            .ffn = {.act = hp->act, .bias = hp->mlp_bias}};
-        x = kb_gpt_layer(b, x, il, &lo);
-    }
-    x = kb_select_rows(b, x);
-    if (!hp->no_final_norm) x = kb_norm(b, x, KM_T_OUTPUT_NORM, -1, KB_NORM_LAYER);
-    if (proj) x = kb_linear(b, x, KM_T_OUTPUT_PROJ, -1, E, false);
-    return kb_lm_head(b, x);
+    kb_norm_opts norm;
+    kg_node *x = kb_layers(b, kb_embed(b, &(kb_embed_opts){.positions = true, .pos_offset = 2}), layer, &norm);
+    return kb_output(b, x, &norm);
 }
 
 static const char *const types[] = {"opt", NULL};

@@ -29,27 +29,24 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_str(cfg, "hidden_act", "gelu_new", &act));
     KILN_TRYF(km_parse_act(act, &hp->act), "config.json: hidden_act");
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
-    KILN_TRY(ku_json_bool(cfg, "qk_layernorm", false, &hp->qk_layernorm));
+    KILN_TRY(ku_json_bool(cfg, "qk_layernorm", false, &hp->qk_norm));
+    hp->attn_qkv_bias = hp->attn_o_bias = hp->mlp_bias = true;
     hp->lm_head_bias = true;
     snprintf(hp->features, sizeof hp->features, "parallel attention/MLP, partial rotary %g%s, head bias", hp->partial_rotary,
-             hp->qk_layernorm ? ", q/k LayerNorm" : "");
+             hp->qk_norm ? ", q/k LayerNorm" : "");
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_gpt_layer_opts lo = {.norm = KB_NORM_LAYER,
-                            .parallel = true,
-                            .shared_norm = true,
-                            .attn = {.qkv_bias = true, .o_bias = true,
-                                     .qk_norm = hp->qk_layernorm ? KB_QK_PER_HEAD : KB_QK_NONE, .qk_norm_kind = KB_NORM_LAYER},
-                            .ffn = {.act = hp->act, .bias = true}};
-        x = kb_gpt_layer(b, x, il, &lo);
-    }
-    return kb_output(b, x, KB_NORM_LAYER);
+/* one LayerNorm feeds attention and the MLP */
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = KB_NORM_LAYER;
+    o->parallel = o->shared_norm = true;
+    o->attn.qk_norm = b->hp->qk_norm ? KB_QK_PER_HEAD : KB_QK_NONE;
+    o->attn.qk_norm_kind = KB_NORM_LAYER;
+    o->ffn.gated = false;
 }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"phi", NULL};
 const km_family km_family_phi = {"phi", types, &names, parse, emit};

@@ -65,9 +65,8 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
-    kb_default_layer_opts(b, il, o);
-    o->fused_qkv = true;
-    o->fused_gate_up = true;
+    o->attn.qkv = KB_QKV_BLOCKS;
+    o->ffn.fused = true;
 }
 
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }

@@ -41,18 +41,13 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return km_rope_one(hp, trad);
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kb_attn_opts ao = {.kv_tile = true};
-    kb_ffn_opts fo = {.gated = true, .act = hp->act};
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kg_node *h = kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS);
-        x = kg_add(b->g, kg_add(b->g, x, kb_attention(b, h, il, &ao)), kb_ffn(b, h, il, &fo));
-    }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
-    return kb_lm_head(b, x);
+/* one norm feeds attention and the MLP; queries share KV heads by tiling */
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->parallel = o->shared_norm = true;
+    o->attn.kv_tile = true;
 }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"plamo", NULL};
 const km_family km_family_plamo = {"plamo", types, &names, parse, emit};

@@ -9,8 +9,6 @@
  * use_dynamic_ntk grows the rotary base stepwise with the sequence length
  * (alpha = 2^ceil(log2(L / seq_length) + 1) - 1); the model code fixes alpha
  * at the prompt's length for the whole generation, kiln follows the length. */
-#include <math.h>
-
 #include "base/json.h"
 #include "models/blocks.h"
 
@@ -37,7 +35,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_bool(cfg, "use_logn_attn", false, &logn));
     KILN_TRY(ku_json_bool(cfg, "use_dynamic_ntk", false, &ntk));
     KILN_TRY(ku_json_bool(cfg, "scale_attn_weights", true, &scale_attn));
-    KILN_TRY(ku_json_bool(cfg, "apply_residual_connection_post_layernorm", false, &hp->residual_post_norm));
+    KILN_TRY(ku_json_bool(cfg, "apply_residual_connection_post_layernorm", false, &hp->residual_from_norm));
     KILN_TRY(ku_json_int(cfg, "seq_length", 2048, &seq_len));
     KILN_TRY(ku_json_int(cfg, "n_positions", seq_len, &hp->max_pos));
     KILN_TRY(ku_json_int(cfg, "max_position_embeddings", hp->max_pos, &hp->max_pos));
@@ -52,7 +50,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->attn_o_bias = hp->mlp_bias = !no_bias;
     hp->act = KM_ACT_SILU;
     hp->logn_len = logn ? seq_len : 0;
-    hp->query_pre_attn_scalar = scale_attn ? 0 : 1; /* unscaled: scores times 1^-0.5 */
+    hp->attn_scale = scale_attn ? 0 : 1; /* unscaled: scores times 1 */
     hp->rope_theta = base;
     hp->sliding_window = 0;
     KILN_TRY(km_sliding_layers(cfg, hp, 0, 0));
@@ -63,26 +61,9 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kg_graph *g = b->g;
-    int64_t H = hp->n_heads, D = hp->head_dim;
-    float scale = hp->query_pre_attn_scalar > 0 ? 1.0f / sqrtf(hp->query_pre_attn_scalar) : 0;
-    kb_attn_opts ao = {.o_bias = hp->attn_o_bias, .scale = scale};
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kg_node *ln = kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS);
-        kg_node *qkv[3];
-        kb_split_heads(b, kb_linear(b, ln, KM_T_ATTN_QKV, il, 3 * H * D, true), 1, (int64_t[]){H, H, H}, 3, D, qkv);
-        if (hp->logn_len) qkv[0] = kb_logn_scale(b, qkv[0], hp->logn_len);
-        x = kg_add(g, hp->residual_post_norm ? ln : x, kb_attention_core(b, qkv[0], qkv[1], qkv[2], il, &ao));
-        ln = kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS);
-        kg_node *m = kb_ffn(b, ln, il, &(kb_ffn_opts){.gated = true, .act = hp->act, .bias = hp->mlp_bias});
-        x = kg_add(g, hp->residual_post_norm ? ln : x, m);
-    }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
-    return kb_lm_head(b, x);
-}
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) { o->attn.qkv = KB_QKV_BLOCKS; }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"qwen", NULL};
 const km_family km_family_qwen = {"qwen", types, &names, parse, emit};

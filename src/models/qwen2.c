@@ -18,19 +18,11 @@ kiln_status km_qwen_sliding(const cJSON *cfg, km_hparams *hp) {
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     hp->attn_qkv_bias = true;
-    hp->attn_o_bias = false;
+    hp->attn_o_bias = hp->mlp_bias = false;
     return km_qwen_sliding(cfg, hp);
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_attn_opts ao = {.qkv_bias = true, .window = kb_layer_window(b, il)};
-        x = kb_prenorm_layer(b, x, il, &ao, &(kb_ffn_opts){.gated = true, .act = hp->act});
-    }
-    return kb_rms_head(b, x);
-}
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"qwen2", NULL};
 const km_family km_family_qwen2 = {"qwen2", types, &km_llama_names, parse, emit};

@@ -23,7 +23,7 @@ typedef enum {
     KM_ROPE_LLAMA3,
     KM_ROPE_YARN,
     KM_ROPE_LONGROPE,
-    KM_ROPE_NTK_STEP, /* fam-remote: stepwise NTK base (see km_rope_ntk_step) */
+    KM_ROPE_NTK_STEP, /* stepwise NTK base (see km_rope_ntk_step) */
 } km_rope_type;
 
 #define KM_ROPE_MAX_HALF 512
@@ -40,7 +40,6 @@ typedef struct {
     float inv_freq[KM_ROPE_MAX_HALF];      /* static frequencies (all but dynamic/longrope-long) */
     float long_inv_freq[KM_ROPE_MAX_HALF]; /* longrope: used when the sequence exceeds orig_max_pos */
     float long_attention_factor;
-    /* fam-remote */
     bool round_f16;          /* cos/sin rounded to float16 (and scaled in float16), as TeleChat's .half() tables */
     int64_t ntk_step_len;    /* NTK_STEP: the length each doubling of alpha is measured against */
     int64_t ntk_min_len;     /* NTK_STEP: sequence lengths below this count as this */
@@ -55,7 +54,7 @@ kiln_status km_rope_init(km_rope *r, const cJSON *rope_scaling, double theta, in
  * length after this step is seq_len[i] (used by dynamic and longrope). */
 void km_rope_fill(const km_rope *r, int64_t n, const int32_t *pos, const int32_t *seq_len, float *cos, float *sin);
 
-/* fam-remote: makes r a stepwise NTK rope (Qwen-1's use_dynamic_ntk, TeleChat):
+/* Makes r a stepwise NTK rope (Qwen-1's use_dynamic_ntk, TeleChat):
  * for a sequence of length L, with L' = max(L, min_len),
  * alpha = max(2^ceil(log2(L' / step_len) + 1) - 1, 1) and the rotary base is
  * theta * alpha^(dim / (dim - 2)); with mscale_len > 0 and L' > mscale_len,

@@ -1,6 +1,8 @@
 /* Rotary tables against transformers' formulas (tools/rope_oracle.py). */
+#include <math.h>
 #include <stdlib.h>
 
+#include "base/half.h"
 #include "base/json.h"
 #include "kt.h"
 #include "models/rope.h"
@@ -51,4 +53,39 @@ KT_TEST(rope_unknown_type_is_a_clear_error) {
     rs = cJSON_Parse("{\"rope_type\": \"longrope\", \"short_factor\": [1, 2]}");
     KT_CHECK_ERR(km_rope_init(&r, rs, 10000, 16, 256), "short_factor");
     cJSON_Delete(rs);
+}
+
+/* TeleChat's float16 tables; the stepwise NTK base of Qwen-1 and TeleChat */
+KT_TEST(rope_f16_tables_and_ntk_step) {
+    km_rope r, ref;
+    KT_CHECK_OK(km_rope_init(&r, NULL, 10000.0, 8, 4096));
+    r.round_f16 = true;
+    int32_t pos[2] = {5, 77}, len[2] = {100, 100};
+    float c[8], s[8], rc[8], rs[8];
+    km_rope_fill(&r, 2, pos, len, c, s);
+    KT_CHECK_OK(km_rope_init(&ref, NULL, 10000.0, 8, 4096));
+    km_rope_fill(&ref, 2, pos, len, rc, rs);
+    for (int i = 0; i < 8; i++) {
+        KT_CHECK(c[i] == ku_f16_to_f32(ku_f32_to_f16(rc[i])));
+        KT_CHECK(s[i] == ku_f16_to_f32(ku_f32_to_f16(rs[i])));
+    }
+    /* stepwise NTK: alpha 1 up to the step length, then 3 (base * 3^(d/(d-2))),
+     * and with a scale length the tables grow by 0.1 ln(L/len) + 1 past it */
+    km_rope_ntk_step(&ref, 64, 0, 0);
+    int32_t p1[1] = {40}, l1[1] = {64}, l2[1] = {65};
+    km_rope_fill(&ref, 1, p1, l1, c, s);
+    km_rope r2;
+    KT_CHECK_OK(km_rope_init(&r2, NULL, 10000.0, 8, 4096));
+    km_rope_fill(&r2, 1, p1, l1, rc, rs);
+    for (int i = 0; i < 4; i++) KT_CHECK(c[i] == rc[i]);
+    km_rope_fill(&ref, 1, p1, l2, c, s);
+    KT_CHECK_OK(km_rope_init(&r2, NULL, 10000.0 * pow(3.0, 8.0 / 6.0), 8, 4096));
+    km_rope_fill(&r2, 1, p1, l2, rc, rs);
+    for (int i = 0; i < 4; i++) KT_CHECK_NEAR(c[i], rc[i], 1e-6);
+    km_rope_ntk_step(&ref, 4096, 32, 32);
+    km_rope_fill(&ref, 1, p1, l2, c, s);
+    KT_CHECK_OK(km_rope_init(&r2, NULL, 10000.0, 8, 4096));
+    km_rope_fill(&r2, 1, p1, l2, rc, rs);
+    double m = 0.1 * log(65.0 / 32.0) + 1.0;
+    for (int i = 0; i < 4; i++) KT_CHECK_NEAR(c[i], rc[i] * m, 1e-6);
 }

@@ -14,7 +14,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, kb_default_layer_opts); }
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"seed_oss", NULL};
 const km_family km_family_seed_oss = {"seed_oss", types, &km_llama_names, parse, emit};

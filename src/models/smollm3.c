@@ -34,7 +34,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, kb_default_layer_opts); }
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
 
 static const char *const types[] = {"smollm3", NULL};
 const km_family km_family_smollm3 = {"smollm3", types, &km_llama_names, parse, emit};

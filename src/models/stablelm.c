@@ -34,7 +34,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_bool(cfg, "qk_layernorm", false, &hp->qk_norm));
     KILN_TRY(ku_json_bool(cfg, "use_parallel_residual", false, &hp->parallel_residual));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
-    hp->attn_o_bias = false;
+    hp->attn_o_bias = hp->mlp_bias = false;
     hp->head_dim = hp->hidden / hp->n_heads; /* transformers ignores any head_dim */
     hp->sliding_window = 0;
     return km_sliding_layers(cfg, hp, 0, 0);
@@ -44,31 +44,21 @@ static kiln_status parse_orion(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     hp->attn_o_bias = hp->attn_qkv_bias; /* attention_bias */
+    hp->mlp_bias = false;
     hp->partial_rotary = 1.0;
     hp->head_dim = hp->hidden / hp->n_heads;
     hp->sliding_window = 0;
     return km_sliding_layers(cfg, hp, 0, 0);
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kb_attn_opts ao = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .qk_norm = hp->qk_norm ? KB_QK_HEADWISE : KB_QK_NONE,
-                       .qk_norm_kind = KB_NORM_LAYER};
-    kb_ffn_opts fo = {.gated = true, .act = hp->act};
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kg_node *h = kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_LAYER);
-        kg_node *a = kb_attention(b, h, il, &ao);
-        if (hp->parallel_residual) {
-            x = kg_add(b->g, kg_add(b->g, x, a), kb_ffn(b, h, il, &fo));
-        } else {
-            x = kg_add(b->g, x, a);
-            x = kg_add(b->g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_LAYER), il, &fo));
-        }
-    }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_LAYER);
-    return kb_lm_head(b, x);
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = KB_NORM_LAYER;
+    o->shared_norm = true; /* the parallel residual: one norm feeds both branches */
+    o->attn.qk_norm = b->hp->qk_norm ? KB_QK_HEADWISE : KB_QK_NONE;
+    o->attn.qk_norm_kind = KB_NORM_LAYER;
 }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"stablelm", NULL};
 static const char *const types_orion[] = {"orion", NULL};

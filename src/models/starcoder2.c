@@ -31,17 +31,12 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return km_sliding_layers(cfg, hp, 0, 0);
 }
 
-static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kg_node *x = kb_embed(b);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kb_gpt_layer_opts lo = {.norm = KB_NORM_LAYER,
-                            .attn = {.qkv_bias = hp->attn_qkv_bias, .o_bias = hp->attn_o_bias, .window = kb_layer_window(b, il)},
-                            .ffn = {.act = hp->act, .bias = hp->mlp_bias}};
-        x = kb_gpt_layer(b, x, il, &lo);
-    }
-    return kb_output(b, x, KB_NORM_LAYER);
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->norm.kind = KB_NORM_LAYER;
+    o->ffn.gated = false;
 }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"starcoder2", NULL};
 const km_family km_family_starcoder2 = {"starcoder2", types, &names, parse, emit};

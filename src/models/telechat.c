@@ -33,7 +33,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_int(cfg, "ffn_hidden_size", hp->ffn, &hp->ffn));
     KILN_TRY(ku_json_num(cfg, "layer_norm_epsilon", 1e-5, &hp->norm_eps));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", true, &hp->tie_embeddings));
-    KILN_TRY(ku_json_bool(cfg, "apply_residual_connection_post_layernorm", false, &hp->residual_post_norm));
+    KILN_TRY(ku_json_bool(cfg, "apply_residual_connection_post_layernorm", false, &hp->residual_from_norm));
     KILN_TRY(ku_json_int(cfg, "training_seqlen", 8192, &tsl));
     KILN_TRY(ku_json_int(cfg, "max_position_embeddings", tsl, &maxp));
     KILN_TRY(ku_json_int(cfg, "seq_length", maxp, &hp->max_pos));
@@ -41,6 +41,8 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->n_kv_heads = hp->n_heads;
     hp->head_dim = hp->hidden / hp->n_heads;
     hp->act = KM_ACT_SILU;
+    hp->attn_qkv_bias = hp->mlp_bias = false;
+    hp->attn_o_bias = true;
     hp->sliding_window = 0;
     KILN_TRY(km_sliding_layers(cfg, hp, 0, 0));
     KILN_TRYF(km_rope_init(&hp->ropes[0], NULL, 10000.0, (int)hp->head_dim, hp->max_pos), "config.json");
@@ -50,26 +52,17 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
+/* query, then per-head [key | value]; only the MLP's down projection is biased */
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    o->attn.qkv = KB_QKV_Q_KV;
+    o->ffn.down_bias = true;
+}
+
 static kg_node *emit(kb_ctx *b) {
-    const km_hparams *hp = b->hp;
-    kg_graph *g = b->g;
-    int64_t T = b->shape.T, H = hp->n_heads, D = hp->head_dim;
-    kg_node *x = kb_embed(b);
-    if (kb_has(b, KM_T_TOK_EMBD_NORM, -1, ".weight")) x = kb_norm(b, x, KM_T_TOK_EMBD_NORM, -1, KB_NORM_RMS);
-    for (int il = 0; il < hp->n_layers; il++) {
-        kg_node *ln = kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS);
-        kg_node *q = kg_reshape(g, kb_linear(b, ln, KM_T_ATTN_Q, il, H * D, false), KG_SHAPE(T, H, D));
-        kg_node *kv[2];
-        kb_split_heads(b, kb_linear(b, ln, KM_T_ATTN_KV, il, 2 * H * D, false), H, (int64_t[]){1, 1}, 2, D, kv);
-        kg_node *a = kb_attention_core(b, q, kv[0], kv[1], il, &(kb_attn_opts){.o_bias = true});
-        x = kg_add(g, hp->residual_post_norm ? ln : x, a);
-        ln = kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS);
-        kg_node *h = kg_mul(g, kb_act(b, kb_linear(b, ln, KM_T_FFN_GATE, il, hp->ffn, false), hp->act),
-                            kb_linear(b, ln, KM_T_FFN_UP, il, hp->ffn, false));
-        x = kg_add(g, hp->residual_post_norm ? ln : x, kb_linear(b, h, KM_T_FFN_DOWN, il, hp->hidden, true));
-    }
-    x = kb_norm(b, kb_select_rows(b, x), KM_T_OUTPUT_NORM, -1, KB_NORM_RMS);
-    return kb_lm_head(b, x);
+    kb_norm_opts norm;
+    kb_embed_opts eo = {.norm = kb_has(b, KM_T_TOK_EMBD_NORM, -1, ".weight")};
+    kg_node *x = kb_layers(b, kb_embed(b, &eo), layer, &norm);
+    return kb_output(b, x, &norm);
 }
 
 static const char *const types[] = {"telechat", NULL};

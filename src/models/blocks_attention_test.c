@@ -1,0 +1,260 @@
+/* The attention blocks: head layouts and the fused-projection splitter,
+ * per-token query scales, ALiBi slopes, and multi-head latent attention
+ * through a whole (one-layer) graph against a scalar reference. */
+#include "kt.h"
+#include "models/models_test.h"
+
+static const char *const test_types[] = {"test", NULL};
+static const km_names no_names;
+static const km_family no_weights = {"test", test_types, &no_names, NULL, NULL};
+static const km_hparams no_hp;
+
+/* ---------------------------------------------------------------- head layouts */
+
+enum { T = 3 };
+
+static kg_node *to_grouped(kb_ctx *b, kg_node *x) { return kb_heads_tiled_to_grouped(b, x, 2); }
+static kg_node *round_trip(kb_ctx *b, kg_node *x) { return kb_heads_grouped_to_tiled(b, kb_heads_tiled_to_grouped(b, x, 2), 2); }
+
+KT_TEST(blocks_tiled_heads) {
+    enum { HH = 6, DD = 2 }; /* 6 query heads over 2 KV heads: 3 per group */
+    float x[T * HH * DD], ref[T * HH * DD];
+    for (int i = 0; i < T * HH * DD; i++) x[i] = (float)i;
+    /* tiled head h = s*2 + k reads KV head k; grouped head k*3 + s reads KV head k */
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < HH; h++)
+            for (int d = 0; d < DD; d++) ref[(t * HH + (h % 2) * 3 + h / 2) * DD + d] = x[(t * HH + h) * DD + d];
+    KT_CHECK(mt_block_error(&no_weights, &no_hp, NULL, T, to_grouped, KG_SHAPE(T, HH, DD), x, ref, T * HH * DD) == 0);
+    KT_CHECK(mt_block_error(&no_weights, &no_hp, NULL, T, round_trip, KG_SHAPE(T, HH, DD), x, x, T * HH * DD) == 0);
+}
+
+/* [q | k | v] (groups 1, parts {2, 1, 1}, D = 4): out k, v, then q's 2 heads */
+static kg_node *split_blocks(kb_ctx *b, kg_node *x) {
+    kg_node *o[3];
+    kb_split_heads(b, x, 1, (int64_t[]){2, 1, 1}, 3, 4, o);
+    return kg_concat(b->g, (kg_node *const[]){o[1], o[2], o[0]}, 3, 1);
+}
+
+/* InternLM2's grouped layout: 2 KV groups of [3 q heads, k, v], D = 2; out q, k, v */
+static kg_node *split_grouped(kb_ctx *b, kg_node *x) {
+    kg_node *o[3];
+    kb_split_heads(b, x, 2, (int64_t[]){3, 1, 1}, 3, 2, o);
+    return kg_concat(b->g, (kg_node *const[]){o[0], o[1], o[2]}, 3, 1);
+}
+
+KT_TEST(blocks_split_heads_layouts) {
+    float qkv[T * 20], r1[T * 16], r2[T * 20];
+    for (int i = 0; i < T * 20; i++) qkv[i] = (float)i;
+    for (int t = 0; t < T; t++) {
+        memcpy(r1 + t * 16, qkv + t * 16 + 8, sizeof(float) * 8); /* k, v */
+        memcpy(r1 + t * 16 + 8, qkv + t * 16, sizeof(float) * 8); /* q */
+    }
+    KT_CHECK(mt_block_error(&no_weights, &no_hp, NULL, T, split_blocks, KG_SHAPE(T, 16), qkv, r1, T * 16) == 0);
+    const int G = 2, S = 5, D = 2;
+    for (int t = 0; t < T; t++)
+        for (int gi = 0; gi < G; gi++)
+            for (int d = 0; d < D; d++) {
+                for (int j = 0; j < 3; j++) r2[(t * 10 + gi * 3 + j) * D + d] = qkv[t * 20 + (gi * S + j) * D + d];
+                r2[(t * 10 + 6 + gi) * D + d] = qkv[t * 20 + (gi * S + 3) * D + d];
+                r2[(t * 10 + 8 + gi) * D + d] = qkv[t * 20 + (gi * S + 4) * D + d];
+            }
+    KT_CHECK(mt_block_error(&no_weights, &no_hp, NULL, T, split_grouped, KG_SHAPE(T, 20), qkv, r2, T * 20) == 0);
+}
+
+/* ---------------------------------------------------------------- per-token query scales */
+
+static kg_node *logn(kb_ctx *b, kg_node *q) { return kb_logn_scale(b, q, 4); }
+
+KT_TEST(blocks_logn_scale) {
+    enum { NT = 31, H = 2, D = 3 };
+    float q[NT * H * D], ref[NT * H * D];
+    for (int i = 0; i < NT * H * D; i++) q[i] = 1.0f + (float)(i % 37);
+    for (int t = 0; t < NT; t++) {
+        double s = t + 1 > 4 ? log(t + 1.0) / log(4.0) : 1.0;
+        for (int i = 0; i < H * D; i++) ref[t * H * D + i] = (float)(q[t * H * D + i] * s);
+    }
+    KT_CHECK(mt_block_error(&no_weights, &no_hp, NULL, NT, logn, KG_SHAPE(NT, H, D), q, ref, NT * H * D) < 1e-4);
+}
+
+static int temp_offset;
+static kg_node *temperature(kb_ctx *b, kg_node *q) { return kb_pos_temperature(b, q, 0.1f, 8.0, temp_offset); }
+
+KT_TEST(blocks_pos_temperature) {
+    enum { NT = 41, H = 2, D = 3 };
+    float q[NT * H * D], ref[NT * H * D];
+    for (int i = 0; i < NT * H * D; i++) q[i] = (float)(i % 7) - 2.5f;
+    for (temp_offset = 0; temp_offset <= 1; temp_offset++) {
+        for (int t = 0; t < NT; t++) {
+            float s = 1.0f + 0.1f * logf(1.0f + floorf((float)(t + temp_offset) / 8.0f));
+            for (int i = 0; i < H * D; i++) ref[t * H * D + i] = q[t * H * D + i] * s;
+        }
+        KT_CHECK(mt_block_error(&no_weights, &no_hp, NULL, NT, temperature, KG_SHAPE(NT, H, D), q, ref, NT * H * D) < 1e-5);
+    }
+}
+
+/* ---------------------------------------------------------------- ALiBi */
+
+KT_TEST(blocks_alibi_slopes) {
+    /* BLOOM's build_alibi_tensor: 4 heads are powers of 2^-2; 6 heads add
+     * odd powers of 2^-1; 12 heads: powers of 2^-1 for 8, then 2^-0.5^(1,3,5,7) */
+    float s[16];
+    kb_alibi_slopes(KB_ALIBI_F32, 4, s);
+    const float want4[] = {0.25f, 0.0625f, 0.015625f, 0.00390625f};
+    for (int i = 0; i < 4; i++) KT_CHECK_NEAR(s[i], want4[i], 0);
+    kb_alibi_slopes(KB_ALIBI_F32, 6, s);
+    const float want6[] = {0.25f, 0.0625f, 0.015625f, 0.00390625f, 0.5f, 0.125f};
+    for (int i = 0; i < 6; i++) KT_CHECK_NEAR(s[i], want6[i], 0);
+    kb_alibi_slopes(KB_ALIBI_F32, 12, s);
+    for (int i = 0; i < 8; i++) KT_CHECK_NEAR(s[i], ldexpf(1.0f, -(i + 1)), 0);
+    for (int i = 0; i < 4; i++) KT_CHECK_NEAR(s[8 + i], powf(2.0f, -0.5f * (float)(2 * i + 1)), 1e-7);
+    /* Baichuan's: the same slopes rounded once from double */
+    kb_alibi_slopes(KB_ALIBI_F64, 12, s);
+    for (int i = 0; i < 8; i++) KT_CHECK_NEAR(s[i], ldexpf(1.0f, -(i + 1)), 0);
+    for (int i = 0; i < 4; i++) KT_CHECK(s[8 + i] == (float)pow(2.0, -0.5 * (2 * i + 1)));
+}
+
+KT_TEST(blocks_alibi_mpt_slopes) {
+    /* MPT's gen_slopes: 2^-(i * 8 / n) for n = 4; for 6 heads n = 8, odd
+     * entries (2^-2, 2^-4, ...) first, then even ones (2^-1, 2^-3) */
+    float s[16];
+    kb_alibi_slopes(KB_ALIBI_MPT, 4, s);
+    for (int i = 0; i < 4; i++) KT_CHECK_NEAR(s[i], ldexpf(1.0f, -2 * (i + 1)), 0);
+    kb_alibi_slopes(KB_ALIBI_MPT, 6, s);
+    const float want6[] = {0.25f, 0.0625f, 0.015625f, 0.00390625f, 0.5f, 0.125f};
+    for (int i = 0; i < 6; i++) KT_CHECK_NEAR(s[i], want6[i], 0);
+    kb_alibi_slopes(KB_ALIBI_MPT, 1, s);
+    KT_CHECK_NEAR(s[0], 1.0f / 256.0f, 0);
+}
+
+
+/* ---------------------------------------------------------------- multi-head latent attention */
+
+static uint64_t seed = 0x5eed1234abcdull;
+static float *rnd(int64_t n, float scale) {
+    float *p = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) p[i] = ckt_uniform(&seed) * scale;
+    return p;
+}
+
+enum { V = 16, E = 8, NH = 2, NOPE = 4, RD = 4, VD = 6, QL = 6, KVL = 5, DQ = NOPE + RD, TT = 5 };
+
+static const km_names mla_names = {
+    [KM_T_TOK_EMBD] = "emb",     [KM_T_ATTN_Q] = "q",         [KM_T_ATTN_Q_A] = "qa",   [KM_T_ATTN_Q_A_NORM] = "qan",
+    [KM_T_ATTN_Q_B] = "qb",      [KM_T_ATTN_KV_A] = "kva",    [KM_T_ATTN_KV_A_NORM] = "kvan",
+    [KM_T_ATTN_KV_B] = "kvb",    [KM_T_ATTN_O] = "o",         [KM_T_OUTPUT] = "head",
+    [KM_T_FFN_GATE_UP] = "gu",   [KM_T_FFN_DOWN] = "down",
+};
+
+static kb_attn_opts mla_opts;
+static kg_node *mla_emit(kb_ctx *b) {
+    kg_node *x = kb_embed(b, NULL);
+    x = kg_add(b->g, x, kb_attention(b, x, 0, &mla_opts));
+    return kb_output(b, x, NULL);
+}
+static const km_family mla_family = {"test", test_types, &mla_names, NULL, mla_emit};
+
+typedef struct {
+    float *emb, *q, *qa, *qan, *qb, *kva, *kvan, *kvb, *o, *bqa, *bkva, *bo;
+} mla_w;
+
+/* The reference: logits[t] = emb (x_t + MLA(x)_t). */
+static void mla_reference(const mla_w *w, const kb_attn_opts *op, const km_rope *r, const int32_t *tok, float *logits) {
+    float K[TT][NH][DQ], Vv[TT][NH][VD], Q[TT][NH][DQ], X[TT][E];
+    int32_t pos[TT], len[TT];
+    float cs[TT * RD / 2], sn[TT * RD / 2];
+    for (int t = 0; t < TT; t++) pos[t] = t, len[t] = TT;
+    km_rope_fill(r, TT, pos, len, cs, sn);
+    for (int t = 0; t < TT; t++) {
+        memcpy(X[t], w->emb + tok[t] * E, sizeof X[t]);
+        float q[NH * DQ], a[QL], kva[KVL + RD], kv[NH * (NOPE + VD)];
+        if (op->mla.q_lora_rank) {
+            mt_matvec(w->qa, op->qkv_bias ? w->bqa : NULL, X[t], QL, E, a);
+            mt_rms(a, QL, w->qan, 1e-6f);
+            mt_matvec(w->qb, NULL, a, NH * DQ, QL, q);
+        } else {
+            mt_matvec(w->q, NULL, X[t], NH * DQ, E, q);
+        }
+        mt_matvec(w->kva, op->qkv_bias ? w->bkva : NULL, X[t], KVL + RD, E, kva);
+        mt_rms(kva, KVL, w->kvan, 1e-6f);
+        mt_matvec(w->kvb, NULL, kva, NH * (NOPE + VD), KVL, kv);
+        mt_rotate(kva + KVL, RD, cs + t * RD / 2, sn + t * RD / 2, r->interleaved);
+        for (int h = 0; h < NH; h++) {
+            memcpy(Q[t][h], q + h * DQ, sizeof(float) * DQ);
+            mt_rotate(Q[t][h] + NOPE, RD, cs + t * RD / 2, sn + t * RD / 2, r->interleaved);
+            memcpy(K[t][h], kv + h * (NOPE + VD), sizeof(float) * NOPE);
+            memcpy(K[t][h] + NOPE, kva + KVL, sizeof(float) * RD);
+            memcpy(Vv[t][h], kv + h * (NOPE + VD) + NOPE, sizeof(float) * VD);
+        }
+    }
+    double scale = 1.0 / sqrt((double)DQ);
+    for (int t = 0; t < TT; t++) {
+        float att[NH * VD], o[E];
+        for (int h = 0; h < NH; h++) {
+            double sc[TT], mx = -1e30, z = 0;
+            for (int p = 0; p <= t; p++) {
+                double d = 0;
+                for (int i = 0; i < DQ; i++) d += (double)Q[t][h][i] * K[p][h][i];
+                sc[p] = d * scale;
+                if (sc[p] > mx) mx = sc[p];
+            }
+            for (int p = 0; p <= t; p++) z += sc[p] = exp(sc[p] - mx);
+            for (int i = 0; i < VD; i++) {
+                double acc = 0;
+                for (int p = 0; p <= t; p++) acc += sc[p] / z * Vv[p][h][i];
+                att[h * VD + i] = (float)acc;
+            }
+        }
+        mt_matvec(w->o, op->o_bias ? w->bo : NULL, att, E, NH * VD, o);
+        for (int i = 0; i < E; i++) o[i] += X[t][i];
+        mt_matvec(w->emb, NULL, o, V, E, logits + t * V);
+    }
+}
+
+static void mla_case(int64_t q_lora, bool interleaved, bool bias) {
+    mla_w w = {rnd(V * E, 1), rnd(NH * DQ * E, 0.5f), rnd(QL * E, 0.5f), rnd(QL, 1), rnd(NH * DQ * QL, 0.5f),
+               rnd((KVL + RD) * E, 0.5f), rnd(KVL, 1), rnd(NH * (NOPE + VD) * KVL, 0.5f), rnd(E * NH * VD, 0.5f),
+               rnd(QL, 0.3f), rnd(KVL + RD, 0.3f), rnd(E, 0.3f)};
+    for (int i = 0; i < QL; i++) w.qan[i] += 1.5f;
+    for (int i = 0; i < KVL; i++) w.kvan[i] += 1.5f;
+    const struct {
+        const char *name;
+        const float *data;
+        int64_t d0, d1;
+    } ts[] = {
+        {"emb.weight", w.emb, V, E},           {"q.weight", w.q, NH * DQ, E},
+        {"qa.weight", w.qa, QL, E},            {"qan.weight", w.qan, QL, 0},
+        {"qb.weight", w.qb, NH * DQ, QL},      {"kva.weight", w.kva, KVL + RD, E},
+        {"kvan.weight", w.kvan, KVL, 0},       {"kvb.weight", w.kvb, NH * (NOPE + VD), KVL},
+        {"o.weight", w.o, E, NH * VD},         {"qa.bias", w.bqa, QL, 0},
+        {"kva.bias", w.bkva, KVL + RD, 0},     {"o.bias", w.bo, E, 0},
+    };
+    mt_set s = {0};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) mt_put(&s, ts[i].name, ts[i].data, ts[i].d0, ts[i].d1);
+    char dir[512];
+    kc_checkpoint *ck = mt_open(&s, dir, sizeof dir);
+    mt_free(&s);
+    km_hparams hp = {.n_layers = 1, .hidden = E, .n_heads = NH, .n_kv_heads = NH, .head_dim = DQ, .vocab = V,
+                     .norm_eps = 1e-5, .tie_embeddings = true, .no_final_norm = true, .n_ropes = 1};
+    bool ok = ck && !km_rope_init(&hp.ropes[0], NULL, 10000.0, RD, 64);
+    hp.ropes[0].interleaved = interleaved;
+    mla_opts = (kb_attn_opts){.qkv_bias = bias, .o_bias = bias,
+                              .mla = {.q_lora_rank = q_lora, .kv_lora_rank = KVL, .nope = NOPE, .rope_dim = RD, .v_dim = VD}};
+    int32_t tok[TT] = {3, 15, 0, 7, 7};
+    float *got = ok ? mt_prefill(&mla_family, &hp, ck, TT, tok) : NULL, want[TT * V];
+    double md = 1e30;
+    if (got) {
+        mla_reference(&w, &mla_opts, &hp.ropes[0], tok, want);
+        md = 0;
+        for (int i = 0; i < TT * V; i++) md = fmax(md, fabs(got[i] - want[i]));
+    }
+    free(got);
+    kc_close(ck);
+    ckt_rmdir(dir);
+    float **fs = (float **)&w;
+    for (size_t i = 0; i < sizeof w / sizeof(float *); i++) free(fs[i]);
+    KT_CHECKF(md < 1e-4, "MLA (q_lora %lld, interleaved %d, bias %d): max |diff| %g", (long long)q_lora, interleaved,
+              bias, md);
+}
+
+KT_TEST(blocks_mla_q_lora_half_rope) { mla_case(QL, false, false); }
+KT_TEST(blocks_mla_plain_q_interleaved_bias) { mla_case(0, true, true); }

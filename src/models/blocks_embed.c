@@ -1,0 +1,28 @@
+/* blocks_embed.c: token embeddings, learned absolute positions and the
+ * embedding norm (see blocks.h). */
+#include "models/blocks.h"
+
+/* Rows ids [T] of the table of role t [n, width] (-1 rows: any). */
+static kg_node *lookup(kb_ctx *b, km_tensor t, int64_t rows, int64_t width, kg_node *ids) {
+    kc_matrix m;
+    kg_node *w, *s, *bi;
+    kg_wattr wa;
+    if (!kb_matrix(b, t, -1, rows, width, &m, &w, &s, &bi, &wa)) return NULL;
+    return kg_embed(b->g, w, s, bi, ids, &wa);
+}
+
+kg_node *kb_embed(kb_ctx *b, const kb_embed_opts *o) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    int64_t E = hp->embed_dim > 0 ? hp->embed_dim : hp->hidden;
+    kg_node *x = kg_name(lookup(b, KM_T_TOK_EMBD, hp->vocab, E, b->tokens), "tok_embd", -1);
+    if (hp->emb_scale != 0) x = kg_name(kg_scale(g, x, hp->emb_scale), "emb_scaled", -1);
+    if (hp->embed_dim > 0) x = kb_linear(b, x, KM_T_EMBD_PROJ_IN, -1, hp->hidden, false);
+    if (!o) return x;
+    if (o->positions) {
+        kg_node *ids = o->pos_offset ? kg_add(g, b->pos, kg_scalar(g, KG_I32, o->pos_offset)) : b->pos;
+        x = kg_add(g, x, kg_name(lookup(b, KM_T_POS_EMBD, -1, hp->hidden, ids), "pos_embd", -1));
+    }
+    if (o->norm) x = kb_norm(b, x, KM_T_TOK_EMBD_NORM, -1, o->norm_kind);
+    return x;
+}

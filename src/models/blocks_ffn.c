@@ -1,0 +1,77 @@
+/* blocks_ffn.c: the MLP block (see blocks.h): gated or not, gate and up
+ * fused or not, and xIELU's learned activation. */
+#include <math.h>
+#include <string.h>
+
+#include "base/half.h"
+#include "models/blocks.h"
+
+/* One float from a tensor of one element ("<module><suffix>"). */
+static bool scalar_param(kb_ctx *b, km_tensor t, int il, const char *suffix, float *out) {
+    char name[256], full[300];
+    kb_name(b, t, il, name, sizeof name);
+    snprintf(full, sizeof full, "%s%s", name, suffix);
+    const kc_tensor *ct = kc_find(b->ck, full);
+    if (!ct || kc_tensor_numel(ct) != 1 || ct->rank > 1) {
+        kb_fail(b, kiln_error(KILN_EINVAL, "%s: %s", full, ct ? "must hold one element" : "missing"));
+        return false;
+    }
+    switch (ct->dtype) {
+    case KC_F32: memcpy(out, ct->data, 4); return true;
+    case KC_BF16: *out = ku_bf16_to_f32(*(const uint16_t *)ct->data); return true;
+    case KC_F16: *out = ku_f16_to_f32(*(const uint16_t *)ct->data); return true;
+    default: kb_fail(b, kiln_error(KILN_EINVAL, "%s: not a float tensor", full)); return false;
+    }
+}
+
+/* torch.nn.functional.softplus (threshold 20) in float32. */
+static float softplus(float x) { return x > 20.0f ? x : (float)log1p(exp((double)x)); }
+
+static float bf16(float v) { return ku_bf16_to_f32(ku_f32_to_bf16(v)); }
+
+kg_node *kb_xielu(kb_ctx *b, kg_node *x, int il) {
+    if (!x) return NULL;
+    kg_graph *g = b->g;
+    float ap, an, beta, eps;
+    if (!scalar_param(b, KM_T_FFN_ACT, il, ".alpha_p", &ap) || !scalar_param(b, KM_T_FFN_ACT, il, ".alpha_n", &an) ||
+        !scalar_param(b, KM_T_FFN_ACT, il, ".beta", &beta) || !scalar_param(b, KM_T_FFN_ACT, il, ".eps", &eps))
+        return NULL;
+    /* transformers (4.57) keeps these four parameters in bfloat16 whatever
+     * the checkpoint stores, and derives a_p = softplus(alpha_p) and
+     * a_n = beta + softplus(alpha_n) in bfloat16 too */
+    beta = bf16(beta);
+    eps = bf16(eps);
+    ap = bf16(softplus(bf16(ap)));
+    an = bf16(beta + bf16(softplus(bf16(an))));
+    kg_node *bx = kg_scale(g, x, beta);
+    kg_node *pos = kg_add(g, kg_mul(g, kg_scale(g, x, ap), x), bx);
+    kg_node *m = kg_binary(g, KG_OP_MIN, x, kg_broadcast_like(g, kg_scalar(g, KG_F32, eps), x));
+    /* expm1(m) = 2t / (1 - t) with t = tanh(m / 2): exact near 0, where exp(m) - 1 would cancel */
+    kg_node *t = kg_unary(g, KG_OP_TANH, kg_scale(g, m, 0.5));
+    kg_node *one = kg_broadcast_like(g, kg_scalar(g, KG_F32, 1.0), x);
+    kg_node *em1 = kg_binary(g, KG_OP_DIV, kg_scale(g, t, 2.0), kg_binary(g, KG_OP_SUB, one, t));
+    kg_node *neg = kg_add(g, kg_scale(g, kg_binary(g, KG_OP_SUB, em1, x), an), bx);
+    kg_node *gt = kg_compare(g, KG_CMP_GT, x, kg_broadcast_like(g, kg_scalar(g, KG_F32, 0), x));
+    return kg_name(kg_select(g, gt, pos, neg), "xielu", il);
+}
+
+static kg_node *act(kb_ctx *b, kg_node *x, int il, km_act a) {
+    return a == KM_ACT_XIELU ? kb_xielu(b, x, il) : kb_act(b, x, a);
+}
+
+kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o) {
+    int64_t F = o->width > 0 ? o->width : b->hp->ffn;
+    kg_node *h;
+    if (o->fused) {
+        kg_node *gu = kb_linear(b, x, KM_T_FFN_GATE_UP, il, 2 * F, o->bias);
+        h = kg_mul(b->g, act(b, kb_slice_last(b, gu, 0, F), il, o->act), kb_slice_last(b, gu, F, 2 * F));
+    } else if (o->gated) {
+        kg_node *gate = kb_linear(b, x, KM_T_FFN_GATE, il, F, o->bias);
+        kg_node *up = kb_linear(b, x, KM_T_FFN_UP, il, F, o->bias);
+        h = kg_mul(b->g, act(b, gate, il, o->act), up);
+    } else {
+        h = act(b, kb_linear(b, x, KM_T_FFN_UP, il, F, o->bias), il, o->act);
+    }
+    if (o->sub_norm) h = kb_norm(b, h, KM_T_FFN_SUB_NORM, il, KB_NORM_RMS);
+    return kb_linear(b, h, KM_T_FFN_DOWN, il, b->hp->hidden, o->bias || o->down_bias);
+}

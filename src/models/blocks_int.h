@@ -1,0 +1,15 @@
+/* blocks_int.h: what the blocks_*.c files share beyond blocks.h: the graph
+ * inputs a block creates on first use (blocks.c). */
+#ifndef KILN_BLOCKS_INT_H
+#define KILN_BLOCKS_INT_H
+
+#include "models/blocks.h"
+
+/* The cos/sin inputs [T, dim/2] of rotary config `rope`, made on first use.
+ * False with the error recorded. */
+bool kb_rope_inputs(kb_ctx *b, int rope, kg_node **cos, kg_node **sin);
+/* Layer il's K (or V, with v) cache [n_slots, H, D] with rows [T, H, D]
+ * written at the tokens' slots (in place: the cache param is donated). */
+kg_node *kb_cache_write(kb_ctx *b, int il, bool v, kg_node *rows);
+
+#endif

@@ -1,0 +1,131 @@
+/* blocks_layer.c: the decoder layer in its residual arrangements, the layer
+ * loop, and the output head (see blocks.h). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "models/blocks.h"
+
+void kb_layer_defaults(const kb_ctx *b, int il, kb_layer_opts *o) {
+    const km_hparams *hp = b->hp;
+    double scale = hp->attn_scale;
+    if (hp->attn_scale_by_layer) scale = (scale > 0 ? scale : 1.0 / sqrt((double)hp->head_dim)) / (il + 1);
+    int rope = hp->layer_nope[il] ? -1 : hp->n_ropes > 1 && hp->layer_sliding[il] ? 1 : 0;
+    *o = (kb_layer_opts){
+        .norm_place = hp->post_norm ? KB_NORM_RESIDUAL : KB_NORM_PRE,
+        .parallel = hp->parallel_residual,
+        .shared_norm = hp->shared_norm,
+        .residual_from_norm = hp->residual_from_norm,
+        .residual_scale = hp->residual_scale,
+        .attn = {.heads = hp->layer_heads[il],
+                 .kv_heads = hp->layer_kv_heads[il],
+                 .qkv_bias = hp->attn_qkv_bias,
+                 .o_bias = hp->attn_o_bias,
+                 .clip_qkv = hp->clip_qkv,
+                 .mla = {.q_lora_rank = hp->q_lora_rank, .kv_lora_rank = hp->kv_lora_rank, .nope = hp->qk_nope_dim,
+                         .rope_dim = hp->qk_rope_dim, .v_dim = hp->v_head_dim},
+                 .logn_len = hp->logn_len,
+                 .temp_beta = hp->q_temp_beta,
+                 .temp_floor = hp->q_temp_floor,
+                 .rope = rope,
+                 .scale = (float)scale,
+                 .softcap = hp->attn_softcap,
+                 .window = kb_layer_window(b, il),
+                 .alibi = b->alibi},
+        .ffn = {.gated = true, .act = hp->act, .bias = hp->mlp_bias, .width = hp->layer_ffn[il]},
+    };
+}
+
+/* res + h, h scaled by the layer's residual scale. */
+static kg_node *add_branch(kb_ctx *b, kg_node *res, kg_node *h, const kb_layer_opts *o) {
+    if (!h) return NULL;
+    if (o->residual_scale != 0) h = kg_scale(b->g, h, o->residual_scale);
+    return kg_add(b->g, res, h);
+}
+
+kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
+    kg_graph *g = b->g;
+    const kb_norm_opts *n = &o->norm;
+    if (!x) return NULL;
+    if ((o->parallel || o->residual_from_norm) && o->norm_place != KB_NORM_PRE)
+        return kb_fail(b, kiln_error(KILN_EINTERNAL, "%s: a parallel block or residuals from the norms need pre-norms",
+                                     b->fam->name));
+    if (o->norm_place == KB_NORM_RESIDUAL) {
+        x = kb_norm_ex(b, add_branch(b, x, kg_name(kb_attention(b, x, il, &o->attn), "attn_out", il), o), KM_T_ATTN_NORM, il, n);
+        return kb_norm_ex(b, add_branch(b, x, kg_name(kb_ffn(b, x, il, &o->ffn), "ffn_out", il), o), KM_T_FFN_NORM, il, n);
+    }
+    bool pre = o->norm_place != KB_NORM_POST, post = o->norm_place != KB_NORM_PRE;
+    kg_node *n1 = pre ? kb_norm_ex(b, x, KM_T_ATTN_NORM, il, n) : x;
+    kg_node *a = kg_name(kb_attention(b, n1, il, &o->attn), "attn_out", il);
+    if (post) a = kb_norm_ex(b, a, KM_T_ATTN_POST_NORM, il, n);
+    if (o->parallel) {
+        kg_node *n2 = o->shared_norm ? n1 : kb_norm_ex(b, x, KM_T_FFN_NORM, il, n);
+        kg_node *f = kg_name(kb_ffn(b, n2, il, &o->ffn), "ffn_out", il);
+        return add_branch(b, o->residual_from_norm ? n1 : x, kg_add(g, a, f), o);
+    }
+    x = add_branch(b, o->residual_from_norm ? n1 : x, a, o);
+    kg_node *n2 = pre ? kb_norm_ex(b, x, KM_T_FFN_NORM, il, n) : x;
+    kg_node *f = kg_name(kb_ffn(b, n2, il, &o->ffn), "ffn_out", il);
+    if (post) f = kb_norm_ex(b, f, KM_T_FFN_POST_NORM, il, n);
+    return add_branch(b, o->residual_from_norm ? n2 : x, f, o);
+}
+
+kg_node *kb_layers(kb_ctx *b, kg_node *x, kb_layer_opts_fn family, kb_norm_opts *last_norm) {
+    kb_layer_opts o = {0};
+    for (int il = 0; il < b->hp->n_layers; il++) {
+        kb_layer_defaults(b, il, &o);
+        if (family) family(b, il, &o);
+        x = kb_layer(b, x, il, &o);
+    }
+    if (last_norm) *last_norm = o.norm;
+    return x;
+}
+
+/* ---------------------------------------------------------------- output */
+
+/* 1 / max(|row|, 1e-12) for each row of the output weight of role t [vocab,
+ * cols], taken on the host when the graph is built, from any weight format
+ * (Baichuan 2's NormHead normalises the rows before use). */
+static kg_node *inverse_row_norms(kb_ctx *b, km_tensor t, int64_t cols) {
+    char name[256];
+    kc_matrix m;
+    kiln_status st = kc_get_matrix(b->ck, kb_name(b, t, -1, name, sizeof name), b->hp->vocab, cols, &m);
+    if (st) return kb_fail(b, st);
+    float *row = malloc(sizeof(float) * (size_t)m.cols), *inv = malloc(sizeof(float) * (size_t)m.rows);
+    if (!row || !inv) {
+        free(row), free(inv);
+        return kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory"));
+    }
+    for (int64_t v = 0; v < m.rows; v++) {
+        kc_matrix_row_f32(&m, v, row);
+        double ss = 0;
+        for (int64_t j = 0; j < m.cols; j++) ss += (double)row[j] * row[j];
+        double nrm = sqrt(ss);
+        inv[v] = (float)(1.0 / (nrm > 1e-12 ? nrm : 1e-12));
+    }
+    kg_node *scale = kg_const(b->g, KG_F32, KG_SHAPE(m.rows), inv);
+    free(row), free(inv);
+    return scale;
+}
+
+kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    x = kg_take_rows(g, x, b->rows);
+    if (!hp->no_final_norm) x = kb_norm_ex(b, x, KM_T_OUTPUT_NORM, -1, norm ? norm : &(kb_norm_opts){0});
+    if (hp->embed_dim > 0) x = kb_linear(b, x, KM_T_OUTPUT_PROJ, -1, hp->embed_dim, false);
+    km_tensor head = hp->tie_embeddings ? KM_T_TOK_EMBD : KM_T_OUTPUT;
+    kg_node *logits = kb_linear(b, x, head, -1, hp->vocab, false);
+    if (!logits) return NULL;
+    if (hp->head_l2norm && !hp->tie_embeddings) logits = kg_mul(g, logits, inverse_row_norms(b, head, x->shape.d[1]));
+    if (hp->lm_head_bias) /* the head's own bias, also when its weight is tied */
+        logits = kg_add(g, logits, kg_convert(g, kb_vector(b, KM_T_OUTPUT, -1, ".bias", hp->vocab), KG_F32));
+    if (hp->logit_scale != 0) logits = kg_scale(g, logits, hp->logit_scale);
+    if (hp->final_softcap > 0) logits = kb_softcap(b, logits, hp->final_softcap);
+    return kg_name(logits, "logits", -1);
+}
+
+kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn family) {
+    kb_norm_opts norm;
+    kg_node *x = kb_layers(b, kb_embed(b, NULL), family, &norm);
+    return kb_output(b, x, &norm);
+}

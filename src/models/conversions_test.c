@@ -1,0 +1,495 @@
+/* Conversion tests: families (and layouts) without an oracle fixture of
+ * their own, proven by rewriting a committed fixture into their names,
+ * weight layout and config in a temporary folder: the oracle gate must
+ * still pass against the original family's transformers outputs, with
+ * logits within 1e-4 of them. Where no such rewrite is exact, the variant's
+ * logits are compared with kiln's own for the covered family on the same
+ * weights (orion, plamo). tests/fixtures/oracle/README.md lists what each
+ * proves. */
+#include <cjson/cJSON.h>
+#include <math.h>
+
+#include "kt.h"
+#include "models/models_test.h"
+
+/* ---------------------------------------------------------------- rewriting a fixture */
+
+typedef struct {
+    const char *fixture;        /* case under tests/fixtures/oracle */
+    const char *family;         /* the family that must serve the result */
+    const char *config_patch;   /* mt_patched_config's JSON object, or NULL */
+    void (*edit_config)(cJSON *cfg);
+    /* each tensor's new name into out[256]; true: a float32 2-D weight to
+     * transpose (stored [in, out] <-> [out, in]). NULL: names kept. */
+    bool (*rename)(const char *name, char *out, size_t cap);
+    /* a malloc'ed replacement for t's data (t's shape updated), or NULL to keep it */
+    void *(*edit_tensor)(const cJSON *cfg, kc_tensor *t);
+    const char *copy_layer0_as; /* layer 0's tensors ("model.layers.0.*") also stored under this prefix */
+    bool mlx;                   /* the safetensors metadata mlx-lm writes */
+} conversion;
+
+static float *transposed(const kc_tensor *t) {
+    int64_t R = t->shape[0], C = t->shape[1];
+    float *o = malloc(sizeof(float) * (size_t)(R * C));
+    const float *s = t->data;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < C; c++) o[c * R + r] = s[r * C + c];
+    return o;
+}
+
+/* Writes the converted checkpoint of fixture folder `from` into `to`. */
+static int write_conversion(const conversion *c, const char *from, const char *to) {
+    char *text = mt_patched_config(from, c->config_patch ? c->config_patch : "{}");
+    cJSON *cfg = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    if (!cfg) return 0;
+    if (c->edit_config) c->edit_config(cfg);
+    text = cJSON_Print(cfg);
+    int ok = text && ckt_write_str(to, "config.json", text);
+    free(text);
+    kc_checkpoint *ck = NULL;
+    kiln_status st = ok ? kc_open(from, &ck) : NULL;
+    if (st) fprintf(stderr, "  %s\n", kiln_status_msg(st)), kiln_status_free(st), ok = 0;
+    int n = ck ? kc_tensor_count(ck) : 0, m = 0;
+    kc_tensor *ts = calloc((size_t)n * 2 + 1, sizeof *ts);
+    char(*names)[256] = calloc((size_t)n * 2 + 1, 256);
+    void **owned = calloc((size_t)n + 1, sizeof *owned);
+    const char *l0 = "model.layers.0.";
+    for (int i = 0; ok && i < n; i++) {
+        kc_tensor *t = &ts[m];
+        *t = *kc_tensor_at(ck, i);
+        if (c->rename) {
+            bool tr = c->rename(t->name, names[m], 256);
+            t->name = names[m];
+            if (tr && t->rank == 2 && t->dtype == KC_F32) {
+                owned[i] = transposed(t);
+                int64_t r = t->shape[0];
+                t->shape[0] = t->shape[1], t->shape[1] = r;
+            }
+        }
+        if (!owned[i] && c->edit_tensor) owned[i] = c->edit_tensor(cfg, t);
+        if (owned[i]) t->data = owned[i];
+        m++;
+        if (c->copy_layer0_as && !strncmp(t->name, l0, strlen(l0))) {
+            ts[m] = *t;
+            snprintf(names[m], 256, "%s%s", c->copy_layer0_as, t->name + strlen(l0));
+            ts[m].name = names[m];
+            m++;
+        }
+    }
+    char p[4096];
+    snprintf(p, sizeof p, "%s/model.safetensors", to);
+    if (ok && (st = kc_st_write(p, ts, m, c->mlx ? (const char *const[]){"format", "mlx", NULL} : NULL)))
+        fprintf(stderr, "  %s\n", kiln_status_msg(st)), kiln_status_free(st), ok = 0;
+    for (int i = 0; i < n; i++) free(owned[i]);
+    free(owned), free(names), free(ts);
+    kc_close(ck);
+    cJSON_Delete(cfg);
+    return ok && mt_copy_oracle(from, to);
+}
+
+static void check_conversion(const conversion *c) {
+    char rel[512], from[1024], to[1024];
+    snprintf(rel, sizeof rel, "tests/fixtures/oracle/%s", c->fixture);
+    kt_path(from, sizeof from, rel);
+    KT_CHECK(ckt_tmpdir(to, sizeof to));
+    int ok = write_conversion(c, from, to);
+    ke_model *m = NULL;
+    kiln_status st = ok ? ke_model_load(to, &m) : NULL;
+    KT_CHECK_OK(st);
+    if (m) KT_CHECK_STR(ke_model_family(m)->name, c->family);
+    ke_model_free(m);
+    ok = ok && mt_gate(to, &(kv_options){.n_threads = 1}, 1e-4);
+    ckt_rmdir(to);
+    KT_CHECKF(ok, "%s converted for %s fails its oracle", c->fixture, c->family);
+}
+
+/* ---------------------------------------------------------------- Llama-like variants */
+
+/* MiMo is Qwen 2 plus multi-token-prediction layers that generation ignores */
+KT_TEST(variant_mimo_from_qwen2) {
+    check_conversion(&(conversion){.fixture = "qwen2", .family = "mimo",
+                                   .config_patch = "{\"model_type\": \"mimo\", \"architectures\": [\"MiMoForCausalLM\"], "
+                                   "\"num_nextn_predict_layers\": 1}",
+                                   .copy_layer0_as = "model.mtp_layers.0."});
+}
+
+KT_TEST(variant_ministral_from_mistral) {
+    check_conversion(&(conversion){.fixture = "mistral", .family = "ministral",
+                                   .config_patch = "{\"model_type\": \"ministral\", \"architectures\": [\"MinistralForCausalLM\"], "
+                                   "\"layer_types\": [\"sliding_attention\", \"sliding_attention\"]}"});
+}
+
+/* no window: every layer full, as Llama */
+KT_TEST(variant_ministral_from_llama) {
+    check_conversion(&(conversion){.fixture = "llama", .family = "ministral",
+                                   .config_patch = "{\"model_type\": \"ministral\", \"sliding_window\": null}"});
+}
+
+/* rope_parameters in transformers 5 style; the query temperature is 1 below
+ * original_max_position_embeddings (64), which the fixture's 36 positions
+ * never reach */
+KT_TEST(variant_ministral3_from_llama_yarn) {
+    check_conversion(&(conversion){.fixture = "llama_rope_yarn", .family = "ministral3",
+                                   .config_patch = "{\"model_type\": \"ministral3\", \"architectures\": [\"Ministral3ForCausalLM\"], "
+                                   "\"rope_scaling\": null, \"rope_theta\": null, \"sliding_window\": null, "
+                                   "\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0, "
+                                   "\"original_max_position_embeddings\": 64, \"llama_4_scaling_beta\": 0.1}}"});
+}
+
+/* neutral multipliers and attention_multiplier = head_dim^-0.5 (head_dim 16) */
+KT_TEST(variant_granite_from_llama) {
+    check_conversion(&(conversion){.fixture = "llama", .family = "granite",
+                                   .config_patch = "{\"model_type\": \"granite\", \"embedding_multiplier\": 1.0, "
+                                   "\"attention_multiplier\": 0.25, \"residual_multiplier\": 1.0, \"logits_scaling\": 1.0}"});
+}
+
+/* every layer rotates */
+KT_TEST(variant_smollm3_from_llama) {
+    check_conversion(&(conversion){.fixture = "llama", .family = "smollm3",
+                                   .config_patch = "{\"model_type\": \"smollm3\", \"no_rope_layers\": [1, 1], \"rope_theta\": 10000.0, "
+                                   "\"tie_word_embeddings\": false}"});
+}
+
+/* copies of Llama's modeling code under other names */
+KT_TEST(variant_xverse_is_llama) {
+    check_conversion(&(conversion){.fixture = "llama", .family = "xverse", .config_patch = "{\"model_type\": \"xverse\"}"});
+}
+KT_TEST(variant_aquila_is_llama) {
+    check_conversion(&(conversion){.fixture = "llama", .family = "aquila", .config_patch = "{\"model_type\": \"aquila\"}"});
+}
+
+/* ---------------------------------------------------------------- GPT-style names and layouts */
+
+/* GPT-2 as mlx-lm saves it: "model." instead of "transformer.", the four
+ * Conv1D weights transposed to Linear's [out, in]. */
+static bool gpt2_to_mlx(const char *name, char *out, size_t cap) {
+    const char *rest = strncmp(name, "transformer.", 12) ? name : name + 12;
+    snprintf(out, cap, "model.%s", rest);
+    size_t n = strlen(out);
+    return n > 7 && !strcmp(out + n - 7, ".weight") && (strstr(out, ".c_attn.") || strstr(out, ".c_proj.") || strstr(out, ".c_fc."));
+}
+
+/* The original OpenAI checkpoints: no prefix, Conv1D kept. */
+static bool gpt2_unprefixed(const char *name, char *out, size_t cap) {
+    snprintf(out, cap, "%s", strncmp(name, "transformer.", 12) ? name : name + 12);
+    return false;
+}
+
+/* mlx-lm's names for gpt_neox (model.h.N, model.embed_in, ...) and gptj (model.*) */
+static bool neox_to_mlx(const char *name, char *out, size_t cap) {
+    if (!strncmp(name, "gpt_neox.layers.", 16)) snprintf(out, cap, "model.h.%s", name + 16);
+    else if (!strncmp(name, "gpt_neox.", 9)) snprintf(out, cap, "model.%s", name + 9);
+    else snprintf(out, cap, "model.%s", name);
+    return false;
+}
+
+static bool gptj_to_mlx(const char *name, char *out, size_t cap) {
+    snprintf(out, cap, "%s%s", strncmp(name, "transformer.", 12) ? "" : "model.", strncmp(name, "transformer.", 12) ? name : name + 12);
+    return false;
+}
+
+KT_TEST(variant_gpt2_mlx_linear_layout) {
+    check_conversion(&(conversion){.fixture = "gpt2", .family = "gpt2", .rename = gpt2_to_mlx, .mlx = true});
+}
+KT_TEST(variant_gpt2_unprefixed_names) {
+    check_conversion(&(conversion){.fixture = "gpt2", .family = "gpt2", .rename = gpt2_unprefixed});
+}
+
+KT_TEST(variant_gpt_neox_gptj_mlx_names) {
+    check_conversion(&(conversion){.fixture = "gpt_neox", .family = "gpt_neox", .rename = neox_to_mlx, .mlx = true});
+    check_conversion(&(conversion){.fixture = "gpt_neox/q4", .family = "gpt_neox", .rename = neox_to_mlx, .mlx = true});
+    check_conversion(&(conversion){.fixture = "gptj", .family = "gptj", .rename = gptj_to_mlx, .mlx = true});
+}
+
+/* OPT with word_embed_proj_dim 2 x hidden: embeddings [E | 0], project_in
+ * [I | 0], project_out [I ; 0], so the tied head still computes E x: the
+ * logits must equal the fixture's. Exercises the projections of OPT-350m. */
+KT_TEST(variant_opt_projected_embeddings) {
+    char from[1024], to[1024];
+    kt_path(from, sizeof from, "tests/fixtures/oracle/opt");
+    kc_checkpoint *ck;
+    KT_CHECK_OK(kc_open(from, &ck));
+    const char *emb_name = "model.decoder.embed_tokens.weight";
+    const kc_tensor *emb = kc_find(ck, emb_name);
+    KT_CHECK(emb && emb->rank == 2);
+    int64_t V = emb->shape[0], H = emb->shape[1], W = 2 * H;
+    mt_set s = {0};
+    int ok = 1;
+    for (int i = 0; ok && i < kc_tensor_count(ck); i++)
+        if (kc_tensor_at(ck, i) != emb) ok = mt_copy(&s, ck, kc_tensor_at(ck, i)->name, kc_tensor_at(ck, i)->name) != NULL;
+    mt_set tmp = {0};
+    const float *e = mt_copy(&tmp, ck, emb_name, emb_name);
+    float *e2 = mt_f32(&s, emb_name, 2, (int64_t[]){V, W}), *pin = mt_f32(&s, "model.decoder.project_in.weight", 2, (int64_t[]){H, W}),
+          *pout = mt_f32(&s, "model.decoder.project_out.weight", 2, (int64_t[]){W, H});
+    ok = ok && e && e2 && pin && pout;
+    for (int64_t v = 0; ok && v < V; v++) memcpy(e2 + v * W, e + v * H, sizeof(float) * (size_t)H);
+    for (int64_t i = 0; ok && i < H; i++) pin[i * W + i] = pout[i * H + i] = 1;
+    char patch[64];
+    snprintf(patch, sizeof patch, "{\"word_embed_proj_dim\": %lld}", (long long)W);
+    char *cfg = mt_patched_config(from, patch);
+    KT_CHECK(cfg && ckt_tmpdir(to, sizeof to));
+    ok = ok && mt_write(&s, to, cfg) && mt_copy_oracle(from, to) && mt_gate(to, &(kv_options){.n_threads = 1}, 1e-4);
+    free(cfg);
+    mt_free(&s);
+    mt_free(&tmp);
+    kc_close(ck);
+    ckt_rmdir(to);
+    KT_CHECKF(ok, "opt with projected embeddings fails opt's oracle");
+}
+
+/* ---------------------------------------------------------------- remote-code layouts */
+
+/* ChatGLM without multi_query_attention: query_key_value holds per head
+ * [q k v] (the MQA fixture's key/value groups repeated per head). */
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+static void *chatglm_mha_qkv(const cJSON *cfg, kc_tensor *t) {
+    bool w = ends_with(t->name, "query_key_value.weight"), b = ends_with(t->name, "query_key_value.bias");
+    if ((!w && !b) || t->dtype != KC_F32) return NULL;
+    int64_t H, G, D, cols = w ? t->shape[1] : 1;
+    if (ku_json_int(cfg, "num_attention_heads", 0, &H) || ku_json_int(cfg, "multi_query_group_num", 1, &G) ||
+        ku_json_int(cfg, "kv_channels", 0, &D) || H <= 0 || G <= 0 || D <= 0 || t->shape[0] != (H + 2 * G) * D)
+        return NULL;
+    const float *in = t->data;
+    float *out = malloc(sizeof(float) * (size_t)(3 * H * D * cols));
+    size_t row = sizeof(float) * (size_t)(D * cols);
+    for (int64_t h = 0; h < H; h++) {
+        int64_t g = h / (H / G);
+        memcpy(out + (3 * h + 0) * D * cols, in + h * D * cols, row);
+        memcpy(out + (3 * h + 1) * D * cols, in + (H + g) * D * cols, row);
+        memcpy(out + (3 * h + 2) * D * cols, in + (H + G + g) * D * cols, row);
+    }
+    t->shape[0] = 3 * H * D;
+    t->nbytes = sizeof(float) * (size_t)(3 * H * D * cols);
+    return out;
+}
+
+KT_TEST(variant_chatglm_mha_from_mqa) {
+    check_conversion(&(conversion){.fixture = "chatglm", .family = "chatglm", .config_patch = "{\"multi_query_attention\": false}",
+                                   .edit_tensor = chatglm_mha_qkv});
+}
+
+/* Qwen-1 under its later config names */
+static void rename_key(cJSON *cfg, const char *from, const char *to) {
+    cJSON *v = cJSON_DetachItemFromObject(cfg, from);
+    if (v) cJSON_AddItemToObject(cfg, to, v);
+}
+
+static void qwen_later_names(cJSON *cfg) {
+    rename_key(cfg, "n_embd", "hidden_size");
+    rename_key(cfg, "n_head", "num_attention_heads");
+    rename_key(cfg, "n_layer", "num_hidden_layers");
+    rename_key(cfg, "ffn_hidden_size", "intermediate_size");
+    rename_key(cfg, "n_positions", "max_position_embeddings");
+}
+
+KT_TEST(variant_qwen_later_config_names) {
+    check_conversion(&(conversion){.fixture = "qwen", .family = "qwen", .edit_config = qwen_later_names});
+}
+
+/* ---------------------------------------------------------------- checkpoint-code families */
+
+/* Rows of the named 2-D tensors of ck stacked into one tensor dst. */
+static float *stack_rows(mt_set *s, const kc_checkpoint *ck, const char *dst, const char *const *srcs, int n) {
+    int64_t rows = 0, cols = -1;
+    for (int i = 0; i < n; i++) {
+        const kc_tensor *t = kc_find(ck, srcs[i]);
+        if (!t || t->rank != 2 || (cols >= 0 && t->shape[1] != cols)) return NULL;
+        rows += t->shape[0];
+        cols = t->shape[1];
+    }
+    float *d = mt_f32(s, dst, 2, (int64_t[]){rows, cols});
+    for (int i = 0, r = 0; d && i < n; i++) {
+        const kc_tensor *t = kc_find(ck, srcs[i]);
+        kc_to_f32(t->dtype, t->data, (size_t)kc_tensor_numel(t), d + r * cols);
+        r += (int)t->shape[0];
+    }
+    return d;
+}
+
+/* OpenELM's layout of the qwen3 fixture (q/k norms per head, tied, GQA 4/2,
+ * head_dim 32): fused qkv_proj and proj_1, widths from lists or multipliers. */
+static int write_openelm(const char *fix, const char *dir, const char *heads) {
+    kc_checkpoint *ck;
+    kiln_status st = kc_open(fix, &ck);
+    if (st) {
+        kiln_status_free(st);
+        return 0;
+    }
+    mt_set s = {0};
+    int ok = mt_copy(&s, ck, "model.embed_tokens.weight", "transformer.token_embeddings.weight") &&
+             mt_copy(&s, ck, "model.norm.weight", "transformer.norm.weight") != NULL;
+    for (int l = 0; ok && l < 2; l++) {
+        char a[128], b[128], c[128], o[128];
+#define L(buf, fmt) (snprintf(buf, sizeof buf, fmt, l), buf)
+        ok = mt_copy(&s, ck, L(a, "model.layers.%d.input_layernorm.weight"), L(o, "transformer.layers.%d.attn_norm.weight")) &&
+             mt_copy(&s, ck, L(a, "model.layers.%d.self_attn.q_norm.weight"), L(o, "transformer.layers.%d.attn.q_norm.weight")) &&
+             mt_copy(&s, ck, L(a, "model.layers.%d.self_attn.k_norm.weight"), L(o, "transformer.layers.%d.attn.k_norm.weight")) &&
+             mt_copy(&s, ck, L(a, "model.layers.%d.self_attn.o_proj.weight"), L(o, "transformer.layers.%d.attn.out_proj.weight")) &&
+             mt_copy(&s, ck, L(a, "model.layers.%d.post_attention_layernorm.weight"), L(o, "transformer.layers.%d.ffn_norm.weight")) &&
+             mt_copy(&s, ck, L(a, "model.layers.%d.mlp.down_proj.weight"), L(o, "transformer.layers.%d.ffn.proj_2.weight"));
+        ok = ok && stack_rows(&s, ck, L(o, "transformer.layers.%d.attn.qkv_proj.weight"),
+                              (const char *const[]){L(a, "model.layers.%d.self_attn.q_proj.weight"),
+                                                    L(b, "model.layers.%d.self_attn.k_proj.weight"),
+                                                    L(c, "model.layers.%d.self_attn.v_proj.weight")},
+                              3);
+        ok = ok && stack_rows(&s, ck, L(o, "transformer.layers.%d.ffn.proj_1.weight"),
+                              (const char *const[]){L(a, "model.layers.%d.mlp.gate_proj.weight"),
+                                                    L(b, "model.layers.%d.mlp.up_proj.weight")},
+                              2);
+#undef L
+    }
+    char cfg[2048];
+    snprintf(cfg, sizeof cfg,
+             "{\"model_type\": \"openelm\", \"num_transformer_layers\": 2, \"model_dim\": 64, \"head_dim\": 32,"
+             " \"vocab_size\": 512, %s, \"ffn_multipliers\": [2.0, 2.0], \"ffn_dim_divisor\": 64,"
+             " \"ffn_with_glu\": true, \"normalize_qk_projections\": true, \"share_input_output_layers\": true,"
+             " \"rope_freq_constant\": 1000000, \"rope_max_length\": 256, \"max_context_length\": 256,"
+             " \"activation_fn_name\": \"swish\", \"normalization_layer_name\": \"rms_norm\","
+             " \"bos_token_id\": 1, \"eos_token_id\": 2}",
+             heads);
+    ok = ok && mt_write(&s, dir, cfg) && mt_copy_oracle(fix, dir);
+    mt_free(&s);
+    kc_close(ck);
+    return ok;
+}
+
+KT_TEST(variant_openelm_from_qwen3) {
+    static const char *const heads[] = {
+        "\"num_query_heads\": [4, 4], \"num_kv_heads\": [2, 2], \"num_gqa_groups\": 2",
+        "\"qkv_multipliers\": [2.0, 2.0], \"num_gqa_groups\": 2", /* derived: 64*2 -> 128 dims -> 4 heads */
+    };
+    char fix[1024], dir[1024];
+    kt_path(fix, sizeof fix, "tests/fixtures/oracle/qwen3");
+    for (int i = 0; i < 2; i++) {
+        KT_CHECK(ckt_tmpdir(dir, sizeof dir));
+        int ok = write_openelm(fix, dir, heads[i]) && mt_gate(dir, &(kv_options){.n_threads = 1}, 1e-4);
+        ckt_rmdir(dir);
+        KT_CHECKF(ok, "openelm converted from qwen3 (%s) fails qwen3's oracle", heads[i]);
+    }
+}
+
+/* ---------------------------------------------------------------- kiln vs kiln */
+
+/* Logits of the same ids through two checkpoints agree within tol. */
+static int same_logits(const char *d1, const char *d2, float tol) {
+    int32_t ids[30];
+    for (int i = 0; i < 30; i++) ids[i] = (int32_t)((i * 97 + 13) % 512);
+    int64_t v1 = 0, v2 = 0;
+    float *a = mt_logits(d1, ids, 30, &v1), *b = mt_logits(d2, ids, 30, &v2);
+    int ok = a && b && v1 == v2;
+    if (ok) {
+        double d = mt_max_diff(a, b, 30 * v1);
+        if (!(d <= tol)) fprintf(stderr, "  logits differ by %g\n", d);
+        ok = d <= tol;
+    }
+    free(a);
+    free(b);
+    return ok;
+}
+
+KT_TEST(variant_orion_is_stablelm_config) {
+    char fix[1024], d1[1024], d2[1024];
+    kt_path(fix, sizeof fix, "tests/fixtures/oracle/stablelm");
+    kc_checkpoint *ck;
+    KT_CHECK_OK(kc_open(fix, &ck));
+    mt_set s = {0};
+    int ok = 1;
+    /* every tensor but the q/k LayerNorms and the q/k/v biases */
+    for (int i = 0; ok && i < kc_tensor_count(ck); i++) {
+        const char *n = kc_tensor_at(ck, i)->name;
+        if (strstr(n, "layernorm.norms") || (strstr(n, "_proj.bias") && strstr(n, "self_attn"))) continue;
+        ok = mt_copy(&s, ck, n, n) != NULL;
+    }
+    kc_close(ck);
+    char *cfg_s = mt_patched_config(fix, "{\"qk_layernorm\": false, \"use_qkv_bias\": false, \"partial_rotary_factor\": 1.0}");
+    const char *cfg_o = "{\"model_type\": \"orion\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                        " \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"intermediate_size\": 128,"
+                        " \"vocab_size\": 512, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0,"
+                        " \"max_position_embeddings\": 256, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false}";
+    KT_CHECK(cfg_s && ckt_tmpdir(d1, sizeof d1) && ckt_tmpdir(d2, sizeof d2));
+    ok = ok && mt_write(&s, d1, cfg_s) && mt_write(&s, d2, cfg_o) && same_logits(d1, d2, 0);
+    mt_free(&s);
+    free(cfg_s);
+    ckt_rmdir(d1);
+    ckt_rmdir(d2);
+    KT_CHECKF(ok, "orion's logits differ from stablelm's on the same weights");
+}
+
+/* Subtracts the mean over rows of each column of w [rows, cols]: w @ a is
+ * then zero-mean for any a. With dim = 1, the mean of each row instead. */
+static void center(float *w, int64_t rows, int64_t cols, int dim) {
+    int64_t outer = dim ? rows : cols, inner = dim ? cols : rows;
+    for (int64_t o = 0; o < outer; o++) {
+        double m = 0;
+        for (int64_t i = 0; i < inner; i++) m += w[dim ? o * cols + i : i * cols + o];
+        m /= (double)inner;
+        for (int64_t i = 0; i < inner; i++) w[dim ? o * cols + i : i * cols + o] -= (float)m;
+    }
+}
+
+KT_TEST(variant_plamo_is_cohere_on_centered_weights) {
+    enum { V = 512, HD = 64, H = 4, HKV = 2, D = 16, R = H / HKV, F = 128 };
+    char fix[1024], d1[1024], d2[1024], a[160], o[160];
+    kt_path(fix, sizeof fix, "tests/fixtures/oracle/cohere");
+    kc_checkpoint *ck;
+    KT_CHECK_OK(kc_open(fix, &ck));
+    mt_set c = {0}, p = {0};
+    float *emb = mt_copy(&c, ck, "model.embed_tokens.weight", "model.embed_tokens.weight");
+    int ok = emb != NULL;
+    if (ok) center(emb, V, HD, 1);
+    ok = ok && mt_copy(&c, ck, "model.norm.weight", "model.norm.weight");
+    float *pe = ok ? mt_f32(&p, "model.embed_tokens.weight", 2, (int64_t[]){V, HD}) : NULL;
+    float *ph = ok ? mt_f32(&p, "lm_head.weight", 2, (int64_t[]){V, HD}) : NULL;
+    ok = ok && pe && ph && mt_copy(&p, ck, "model.norm.weight", "model.norm.weight");
+    if (ok) memcpy(pe, emb, sizeof(float) * V * HD), memcpy(ph, emb, sizeof(float) * V * HD);
+    static const char *const same[][2] = {{"input_layernorm", "norm"}, {"self_attn.v_proj", "self_attn.v_proj"},
+                                          {"mlp.gate_proj", "mlp.gate_proj"}, {"mlp.up_proj", "mlp.up_proj"}};
+    for (int l = 0; ok && l < 2; l++) {
+#define N(buf, fmt, s) (snprintf(buf, sizeof buf, fmt, l, s), buf)
+        for (int i = 0; ok && i < 4; i++)
+            ok = mt_copy(&c, ck, N(a, "model.layers.%d.%s.weight", same[i][0]), a) &&
+                 mt_copy(&p, ck, a, N(o, "model.layers.layers.%d.%s.weight", same[i][1]));
+        float *q = ok ? mt_copy(&c, ck, N(a, "model.layers.%d.%s.weight", "self_attn.q_proj"), a) : NULL;
+        float *k = q ? mt_copy(&c, ck, N(a, "model.layers.%d.%s.weight", "self_attn.k_proj"), a) : NULL;
+        float *ow = k ? mt_copy(&c, ck, N(a, "model.layers.%d.%s.weight", "self_attn.o_proj"), a) : NULL;
+        float *dn = ow ? mt_copy(&c, ck, N(a, "model.layers.%d.%s.weight", "mlp.down_proj"), a) : NULL;
+        ok = dn != NULL;
+        if (!ok) break;
+        center(ow, HD, H * D, 0);
+        center(dn, HD, F, 0);
+        float *pq = mt_f32(&p, N(o, "model.layers.layers.%d.%s.weight", "self_attn.q_proj"), 2, (int64_t[]){H * D, HD});
+        float *pk = mt_f32(&p, N(o, "model.layers.layers.%d.%s.weight", "self_attn.k_proj"), 2, (int64_t[]){HKV * D, HD});
+        float *po = mt_f32(&p, N(o, "model.layers.layers.%d.%s.weight", "self_attn.o_proj"), 2, (int64_t[]){HD, H * D});
+        float *pd = mt_f32(&p, N(o, "model.layers.layers.%d.%s.weight", "mlp.down_proj"), 2, (int64_t[]){HD, F});
+        memcpy(pd, dn, sizeof(float) * HD * F);
+        for (int h = 0; h < H; h++) {
+            int j = (h % HKV) * R + h / HKV; /* cohere head read by plamo's tiled head h */
+            for (int d = 0; d < D; d++) {
+                int e = d < D / 2 ? 2 * d : 2 * (d - D / 2) + 1; /* half pair lane <- interleaved lane */
+                memcpy(pq + (h * D + d) * HD, q + (j * D + e) * HD, sizeof(float) * HD);
+                if (h < HKV) memcpy(pk + (h * D + d) * HD, k + (h * D + e) * HD, sizeof(float) * HD);
+                for (int r = 0; r < HD; r++) po[r * H * D + h * D + d] = ow[r * H * D + j * D + d];
+            }
+        }
+#undef N
+    }
+    kc_close(ck);
+    char *cfg_c = mt_patched_config(fix, "{\"use_qk_norm\": false, \"logit_scale\": 1.0}");
+    const char *cfg_p = "{\"model_type\": \"plamo\", \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                        " \"num_attention_heads\": 4, \"n_shared_head\": 2, \"intermediate_size\": 128,"
+                        " \"vocab_size\": 512, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0,"
+                        " \"max_position_embeddings\": 256, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false}";
+    KT_CHECK(cfg_c && ckt_tmpdir(d1, sizeof d1) && ckt_tmpdir(d2, sizeof d2));
+    ok = ok && mt_write(&c, d1, cfg_c) && mt_write(&p, d2, cfg_p) && same_logits(d1, d2, 1e-4f);
+    mt_free(&c);
+    mt_free(&p);
+    free(cfg_c);
+    ckt_rmdir(d1);
+    ckt_rmdir(d2);
+    KT_CHECKF(ok, "plamo's logits differ from cohere's on the same (centered, permuted) weights");
+}

@@ -1,0 +1,182 @@
+/* Config parsing: the common fields and their aliases, each family's
+ * defaults and layer patterns, and errors that must name what is
+ * unsupported. */
+#include <math.h>
+#include <string.h>
+
+#include "base/json.h"
+#include "kt.h"
+#include "models/family.h"
+
+/* km_parse of a config.json text with the family its model_type names. */
+static kiln_status parse_config(const char *json, km_hparams *hp) {
+    cJSON *cfg = cJSON_Parse(json);
+    if (!cfg) return kiln_error(KILN_EINVAL, "bad test JSON");
+    const char *mt = NULL;
+    kiln_status st = ku_json_str(cfg, "model_type", "", &mt);
+    const km_family *f = st ? NULL : km_family_find(mt);
+    if (!st) st = f ? km_parse(f, cfg, hp) : kiln_error(KILN_EUNSUPPORTED, "no family %s", mt);
+    cJSON_Delete(cfg);
+    return st;
+}
+
+KT_TEST(config_key_aliases) {
+    cJSON *c = cJSON_Parse("{\"n_embd\": 64, \"d_model\": 32, \"n_layer\": 2, \"num_attention_heads\": 4, \"n_head\": 8}");
+    KT_CHECK_STR(km_config_key(c, "hidden_size"), "n_embd");
+    KT_CHECK_STR(km_config_key(c, "num_hidden_layers"), "n_layer");
+    KT_CHECK_STR(km_config_key(c, "num_attention_heads"), "num_attention_heads"); /* the common name wins */
+    KT_CHECK_STR(km_config_key(c, "max_position_embeddings"), "max_position_embeddings"); /* none present */
+    KT_CHECK_STR(km_config_key(c, "vocab_size"), "vocab_size");
+    cJSON_Delete(c);
+}
+
+KT_TEST(config_remote_code_aliases) {
+    km_hparams hp;
+    KT_CHECK_OK(parse_config("{\"model_type\": \"qwen\", \"n_embd\": 64, \"n_layer\": 3, \"n_head\": 4, "
+                             "\"ffn_hidden_size\": 256, \"vocab_size\": 512, \"seq_length\": 16}", &hp));
+    KT_CHECK_EQ(hp.hidden, 64);
+    KT_CHECK_EQ(hp.n_layers, 3);
+    KT_CHECK_EQ(hp.n_heads, 4);
+    KT_CHECK_EQ(hp.ffn, 128); /* Qwen-1's MLP is half of ffn_hidden_size */
+    KT_CHECK_OK(parse_config("{\"model_type\": \"chatglm\", \"hidden_size\": 64, \"num_layers\": 2, "
+                             "\"num_attention_heads\": 4, \"ffn_hidden_size\": 128, \"padded_vocab_size\": 520, "
+                             "\"kv_channels\": 16, \"multi_query_attention\": true, \"multi_query_group_num\": 2, "
+                             "\"rope_ratio\": 500}", &hp));
+    KT_CHECK_EQ(hp.vocab, 520);
+    KT_CHECK_EQ(hp.n_kv_heads, 2);
+    KT_CHECK_EQ(hp.ropes[0].dim, 8);
+    KT_CHECK(hp.ropes[0].interleaved);
+    KT_CHECK_NEAR(hp.ropes[0].theta, 5e6, 1e-3);
+}
+
+KT_TEST(config_remote_code_errors_name_the_value) {
+    km_hparams hp;
+    kiln_status st = parse_config("{\"model_type\": \"internlm2\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                                  "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 512, "
+                                  "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2}}", &hp);
+    KT_CHECK(st && strstr(kiln_status_msg(st), "yarn"));
+    kiln_status_free(st);
+    st = parse_config("{\"model_type\": \"minicpm\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                      "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 512, "
+                      "\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 2}}", &hp);
+    KT_CHECK(st && strstr(kiln_status_msg(st), "llama3"));
+    kiln_status_free(st);
+    st = parse_config("{\"model_type\": \"exaone\", \"hidden_size\": 64, \"num_layers\": 2, "
+                      "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 512, "
+                      "\"activation_function\": \"mish\"}", &hp);
+    KT_CHECK(st && strstr(kiln_status_msg(st), "mish"));
+    kiln_status_free(st);
+}
+
+KT_TEST(config_minicpm_longrope_picks_the_factor_set_once) {
+    /* max_position_embeddings 512 > original 256: long factors everywhere,
+     * tables scaled by sqrt(1 + ln 2 / ln 256) */
+    km_hparams hp;
+    KT_CHECK_OK(parse_config("{\"model_type\": \"minicpm\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                             "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 512, "
+                             "\"max_position_embeddings\": 512, \"rope_scaling\": {\"type\": \"longrope\", "
+                             "\"original_max_position_embeddings\": 256, \"short_factor\": [1, 1, 1, 1, 1, 1, 1, 1], "
+                             "\"long_factor\": [1, 2, 3, 4, 5, 6, 7, 8]}}", &hp));
+    km_rope plain;
+    KT_CHECK_OK(km_rope_init(&plain, NULL, 10000.0, 16, 512));
+    for (int i = 0; i < 8; i++) KT_CHECK_NEAR(hp.ropes[0].inv_freq[i], plain.inv_freq[i] / (float)(i + 1), 1e-9);
+    KT_CHECK_NEAR(hp.ropes[0].attention_factor, sqrt(1 + log(2.0) / log(256.0)), 1e-6);
+    int32_t pos[1] = {3}, len[1] = {2}; /* a short sequence still uses the long set */
+    float c[8], s[8];
+    km_rope_fill(&hp.ropes[0], 1, pos, len, c, s);
+    KT_CHECK_NEAR(c[1], cosf(3.0f * plain.inv_freq[1] / 2.0f) * hp.ropes[0].attention_factor, 1e-6);
+}
+
+#define BASE "\"hidden_size\": 64, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"intermediate_size\": 128, " \
+             "\"vocab_size\": 512, \"max_position_embeddings\": 256"
+
+KT_TEST(config_errors_name_the_value) {
+    km_hparams hp;
+    KT_CHECK_OK(parse_config("{\"model_type\": \"phi3\", " BASE "}", &hp));
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"phi3\", " BASE ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}", &hp),
+                 "phi3 rope_scaling type \"linear\"");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"phi3\", " BASE ", \"rope_scaling\": {\"type\": \"longrope\", "
+                              "\"short_factor\": [1.0], \"long_factor\": [1.0]}}",
+                              &hp),
+                 "short_factor");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"exaone4\", " BASE ", \"sliding_window_pattern\": \"LLLG\"}", &hp),
+                 "sliding_window_pattern");
+    KT_CHECK_OK(parse_config("{\"model_type\": \"exaone4\", " BASE ", \"sliding_window_pattern\": \"LLLG\", "
+                             "\"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"sliding_attention\", "
+                             "\"full_attention\"]}",
+                             &hp));
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"smollm3\", " BASE ", \"no_rope_layers\": [1, 0]}", &hp), "no_rope_layers");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"granite\", " BASE ", \"logits_scaling\": 0}", &hp), "logits_scaling");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"olmo\", " BASE ", \"clip_qkv\": -1}", &hp), "clip_qkv");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"arcee\", " BASE ", \"hidden_act\": \"swoosh\"}", &hp), "swoosh");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"hunyuan_v1_dense\", " BASE ", \"rope_scaling\": {\"type\": \"nope\"}}", &hp),
+                 "nope");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"ministral3\", " BASE ", \"rope_parameters\": {\"rope_type\": \"magic\"}}", &hp),
+                 "magic");
+}
+
+KT_TEST(config_layer_patterns) {
+    km_hparams hp;
+    KT_CHECK_OK(parse_config("{\"model_type\": \"exaone4\", " BASE ", \"sliding_window\": 8}", &hp));
+    /* three sliding layers that rotate, then a full one that does not */
+    for (int i = 0; i < 4; i++) {
+        KT_CHECK_EQ(hp.layer_sliding[i], i != 3);
+        KT_CHECK_EQ(hp.layer_nope[i], i == 3);
+    }
+    KT_CHECK_OK(parse_config("{\"model_type\": \"exaone4\", " BASE ", \"sliding_window\": null}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK(!hp.layer_sliding[i] && !hp.layer_nope[i]);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"smollm3\", " BASE ", \"no_rope_layer_interval\": 2, "
+                             "\"use_sliding_window\": true, \"sliding_window\": 8}",
+                             &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK(hp.layer_nope[i] == (i % 2 == 1) && hp.layer_sliding[i] == hp.layer_nope[i]);
+    KT_CHECK(hp.tie_embeddings);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"hunyuan_v1_dense\", " BASE ", \"rope_theta\": 10000.0, "
+                             "\"rope_scaling\": {\"type\": \"dynamic\", \"alpha\": 1000.0, \"factor\": 1.0}}",
+                             &hp));
+    double base = 10000.0 * pow(1000.0, 16.0 / 14.0);
+    KT_CHECK_NEAR(hp.ropes[0].inv_freq[1], 1.0 / pow(base, 2.0 / 16.0), 1e-7);
+    KT_CHECK_NEAR(hp.ropes[0].attention_factor, 1.0, 0);
+}
+
+/* One field per idea: NoPE layers for ALiBi and learned positions, one logit
+ * scale for Cohere / Granite / MiniCPM, one norm offset for Gemma's RMSNorm
+ * and Nemotron's LayerNorm1P, one flag for residuals from the normed inputs. */
+KT_TEST(config_shared_fields) {
+    km_hparams hp;
+    static const char *const no_rope[] = {"gpt2", "gpt_bigcode", "opt", "mpt", "bloom"};
+    for (int f = 0; f < 5; f++) {
+        char cfg[512];
+        snprintf(cfg, sizeof cfg, "{\"model_type\": \"%s\", " BASE "}", no_rope[f]);
+        KT_CHECK_OK(parse_config(cfg, &hp));
+        for (int i = 0; i < 4; i++) KT_CHECKF(hp.layer_nope[i], "%s layer %d rotates", no_rope[f], i);
+    }
+    KT_CHECK(hp.alibi); /* bloom */
+    KT_CHECK_OK(parse_config("{\"model_type\": \"falcon\", " BASE ", \"alibi\": true}", &hp));
+    KT_CHECK(hp.alibi && hp.layer_nope[0] && hp.layer_nope[3]);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"falcon\", " BASE "}", &hp));
+    KT_CHECK(!hp.alibi && !hp.layer_nope[0]);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"granite\", " BASE ", \"logits_scaling\": 8}", &hp));
+    KT_CHECK_NEAR(hp.logit_scale, 0.125, 0);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"cohere\", " BASE ", \"logit_scale\": 0.25}", &hp));
+    KT_CHECK_NEAR(hp.logit_scale, 0.25, 0);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"minicpm\", " BASE ", \"dim_model_base\": 16}", &hp));
+    KT_CHECK_NEAR(hp.logit_scale, 0.25, 0); /* the hidden state over 64 / 16 */
+    KT_CHECK_OK(parse_config("{\"model_type\": \"nemotron\", " BASE "}", &hp));
+    KT_CHECK_NEAR(hp.norm_offset, 1, 0);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"gemma\", " BASE "}", &hp));
+    KT_CHECK_NEAR(hp.norm_offset, 1, 0);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"gemma2\", " BASE ", \"query_pre_attn_scalar\": 64}", &hp));
+    KT_CHECK_NEAR(hp.attn_scale, 0.125, 0);
+    static const char *const from_norm[] = {"bloom", "telechat", "qwen"};
+    for (int f = 0; f < 3; f++) {
+        char cfg[512];
+        snprintf(cfg, sizeof cfg, "{\"model_type\": \"%s\", " BASE ", \"apply_residual_connection_post_layernorm\": true}",
+                 from_norm[f]);
+        KT_CHECK_OK(parse_config(cfg, &hp));
+        KT_CHECKF(hp.residual_from_norm, "%s", from_norm[f]);
+    }
+    KT_CHECK_OK(parse_config("{\"model_type\": \"phi\", " BASE ", \"qk_layernorm\": true}", &hp));
+    KT_CHECK(hp.qk_norm);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"chatglm\", " BASE ", \"kv_channels\": 16, \"post_layer_norm\": false}", &hp));
+    KT_CHECK(hp.no_final_norm);
+}
