@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "base/file.h"
@@ -27,6 +28,14 @@ struct kc_checkpoint {
     const kc_tensor **tensors;/* [n] over all files */
     int n;
     kc_tmap names;
+    /* expert stacks copied from per-expert tensors (kc_get_experts) */
+    pthread_mutex_t stacks_lock;
+    struct stack {
+        char *pattern;
+        kc_experts e;
+        void *data, *scales, *biases;
+    } *stacks;
+    int n_stacks, cap_stacks;
 };
 
 /* ---- configuration ------------------------------------------------------ */
@@ -334,6 +343,7 @@ kiln_status kc_open(const char *dir, kc_checkpoint **out) {
     *out = NULL;
     if (!ku_dir_exists(dir)) return kiln_error(KILN_ENOTFOUND, "%s: not a folder", dir);
     kc_checkpoint *c = calloc(1, sizeof *c);
+    if (c) pthread_mutex_init(&c->stacks_lock, NULL);
     if (c) c->dir = strdup(dir);
     if (!c || !c->dir) {
         free(c);
@@ -351,6 +361,12 @@ kiln_status kc_open(const char *dir, kc_checkpoint **out) {
 
 void kc_close(kc_checkpoint *c) {
     if (!c) return;
+    for (int i = 0; i < c->n_stacks; i++) {
+        free(c->stacks[i].pattern);
+        free(c->stacks[i].data), free(c->stacks[i].scales), free(c->stacks[i].biases);
+    }
+    free(c->stacks);
+    pthread_mutex_destroy(&c->stacks_lock);
     for (int i = 0; i < c->n_files; i++) kc_st_close(c->files[i]);
     free(c->files);
     free(c->tensors);
@@ -544,4 +560,151 @@ void kc_matrix_rows_f32(const kc_matrix *m, int64_t row0, int64_t n, float *out)
         }
         }
     }
+}
+
+/* ---- expert stacks ------------------------------------------------------ */
+
+/* pattern with "%e" replaced by e into buf */
+static bool expert_name(char *buf, size_t cap, const char *pattern, int64_t e) {
+    const char *p = strstr(pattern, "%e");
+    int n = p ? snprintf(buf, cap, "%.*s%" PRId64 "%s", (int)(p - pattern), pattern, e, p + 2) : snprintf(buf, cap, "%s", pattern);
+    return n >= 0 && (size_t)n < cap;
+}
+
+static bool same_layout(const kc_matrix *a, const kc_matrix *b) {
+    return a->fmt == b->fmt && a->rows == b->rows && a->cols == b->cols && a->packed_cols == b->packed_cols &&
+           a->bits == b->bits && a->group_size == b->group_size && a->sb_dtype == b->sb_dtype;
+}
+
+static size_t weight_elem_size(const kc_matrix *m) {
+    return m->fmt == KC_W_AFFINE ? 4 : m->fmt == KC_W_F32 ? 4 : 2;
+}
+
+/* One stacked module: "<module>.weight" [n, rows, cols|packed] (+ 3-D scales/biases). */
+static kiln_status stacked_experts(const kc_checkpoint *c, const char *module, int64_t n, int64_t rows, int64_t cols,
+                                   kc_experts *out) {
+    char name[1024];
+    if (snprintf(name, sizeof name, "%s.weight", module) >= (int)sizeof name)
+        return kiln_error(KILN_EINVAL, "%s: module name too long", c->dir);
+    const kc_tensor *w, *s, *b = NULL;
+    KILN_TRY(find_req(c, name, &w));
+    snprintf(name, sizeof name, "%s.scales", module);
+    KILN_TRY(find_opt(c, name, &s));
+    int64_t want[3] = {n, rows, s ? -1 : cols};
+    KILN_TRY(check_shape(c, w, 3, want));
+    kc_matrix m = {.rows = w->shape[1], .name = w->name, .file = w->file, .data = w->data};
+    if (!s) {
+        KILN_TRY(check_float(c, w));
+        m.fmt = w->dtype == KC_F32 ? KC_W_F32 : w->dtype == KC_F16 ? KC_W_F16 : KC_W_BF16;
+        m.cols = m.packed_cols = w->shape[2];
+    } else {
+        snprintf(name, sizeof name, "%s.biases", module);
+        KILN_TRY(find_opt(c, name, &b));
+        if (!b) return kiln_error(KILN_ENOTFOUND, TP "has .scales but " NM " is missing", TA(w), name);
+        if (w->dtype != KC_U32)
+            return kiln_error(KILN_EINVAL, TP "dtype %s, want U32 (it has .scales: affine quantized)", TA(w), kc_dtype_name(w->dtype));
+        KILN_TRY(check_float(c, s));
+        int64_t want_s[3] = {n, w->shape[1], -1};
+        KILN_TRY(check_shape(c, s, 3, want_s));
+        KILN_TRY(check_shape(c, b, 3, s->shape));
+        if (b->dtype != s->dtype)
+            return kiln_error(KILN_EINVAL, TP "dtype %s, want %s as its .scales", TA(b), kc_dtype_name(b->dtype),
+                              kc_dtype_name(s->dtype));
+        /* bits and group size as for one expert's 2-D matrix */
+        kc_tensor w2 = *w, s2 = *s;
+        w2.rank = s2.rank = 2;
+        w2.shape[0] = w->shape[1], w2.shape[1] = w->shape[2];
+        s2.shape[0] = s->shape[1], s2.shape[1] = s->shape[2];
+        int bits = 0, gs = 0;
+        KILN_TRY(affine_params(c, &w2, &s2, kc_quant_for(c, module), cols, &bits, &gs));
+        m.fmt = KC_W_AFFINE;
+        m.packed_cols = w->shape[2];
+        m.cols = w->shape[2] * 32 / bits;
+        m.bits = bits;
+        m.group_size = gs;
+        m.sb_dtype = s->dtype;
+        m.scales = s->data;
+        m.biases = b->data;
+    }
+    *out = (kc_experts){m, n};
+    return NULL;
+}
+
+kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t n, int64_t rows, int64_t cols,
+                           kc_experts *out) {
+    memset(out, 0, sizeof *out);
+    if (n <= 0) return kiln_error(KILN_EINVAL, "%s: %s: %" PRId64 " experts", c->dir, pattern, n);
+    if (!strstr(pattern, "%e")) return stacked_experts(c, pattern, n, rows, cols, out);
+    kc_checkpoint *mc = (kc_checkpoint *)c; /* the stack cache is internal state */
+    pthread_mutex_lock(&mc->stacks_lock);
+    kiln_status st = NULL;
+    for (int i = 0; i < c->n_stacks; i++)
+        if (!strcmp(c->stacks[i].pattern, pattern) && c->stacks[i].e.n == n &&
+            (rows < 0 || rows == c->stacks[i].e.m.rows) && (cols < 0 || cols == c->stacks[i].e.m.cols)) {
+            *out = c->stacks[i].e;
+            goto done;
+        }
+    char name[1024];
+    kc_matrix first = {0};
+    bool contiguous = true;
+    for (int64_t e = 0; e < n && !st; e++) {
+        kc_matrix m;
+        if (!expert_name(name, sizeof name, pattern, e)) {
+            st = kiln_error(KILN_EINVAL, "%s: %s: module name too long", c->dir, pattern);
+            break;
+        }
+        st = kc_get_matrix(c, name, rows, cols, &m);
+        if (st) break;
+        if (e == 0) {
+            first = m;
+            continue;
+        }
+        if (!same_layout(&first, &m)) {
+            st = kiln_error(KILN_EINVAL, "%s: %s: expert %" PRId64 " is stored unlike expert 0 (format, shape or bits)",
+                            c->dir, m.name, e);
+            break;
+        }
+        size_t wbytes = (size_t)(m.rows * m.packed_cols) * weight_elem_size(&m);
+        size_t sbytes = m.fmt == KC_W_AFFINE ? (size_t)(m.rows * (m.cols / m.group_size)) * kc_dtype_size(m.sb_dtype) : 0;
+        if ((const char *)m.data != (const char *)first.data + (size_t)e * wbytes ||
+            (sbytes && ((const char *)m.scales != (const char *)first.scales + (size_t)e * sbytes ||
+                        (const char *)m.biases != (const char *)first.biases + (size_t)e * sbytes)))
+            contiguous = false;
+    }
+    if (st) goto done;
+    if (contiguous) {
+        *out = (kc_experts){first, n};
+        goto done;
+    }
+    /* copy them into one stack */
+    size_t wbytes = (size_t)(first.rows * first.packed_cols) * weight_elem_size(&first);
+    size_t sbytes = first.fmt == KC_W_AFFINE ? (size_t)(first.rows * (first.cols / first.group_size)) * kc_dtype_size(first.sb_dtype) : 0;
+    struct stack sk = {.pattern = strdup(pattern)};
+    sk.data = malloc(wbytes * (size_t)n);
+    if (sbytes) sk.scales = malloc(sbytes * (size_t)n), sk.biases = malloc(sbytes * (size_t)n);
+    if (!sk.pattern || !sk.data || (sbytes && (!sk.scales || !sk.biases)) ||
+        (mc->n_stacks == mc->cap_stacks && !(mc->stacks = realloc(mc->stacks, sizeof *mc->stacks * (size_t)(mc->cap_stacks = mc->cap_stacks ? 2 * mc->cap_stacks : 16))))) {
+        free(sk.pattern), free(sk.data), free(sk.scales), free(sk.biases);
+        st = kiln_error(KILN_ENOMEM, "%s: out of memory stacking %s", c->dir, pattern);
+        goto done;
+    }
+    for (int64_t e = 0; e < n; e++) {
+        kc_matrix m;
+        expert_name(name, sizeof name, pattern, e);
+        kiln_status_free(kc_get_matrix(c, name, rows, cols, &m)); /* succeeded above */
+        memcpy((char *)sk.data + (size_t)e * wbytes, m.data, wbytes);
+        if (sbytes) {
+            memcpy((char *)sk.scales + (size_t)e * sbytes, m.scales, sbytes);
+            memcpy((char *)sk.biases + (size_t)e * sbytes, m.biases, sbytes);
+        }
+    }
+    sk.e = (kc_experts){first, n};
+    sk.e.m.data = sk.data;
+    sk.e.m.scales = sk.scales;
+    sk.e.m.biases = sk.biases;
+    mc->stacks[mc->n_stacks++] = sk;
+    *out = sk.e;
+done:
+    pthread_mutex_unlock(&mc->stacks_lock);
+    return st;
 }

@@ -111,6 +111,27 @@ static inline void kc_matrix_row_f32(const kc_matrix *m, int64_t row, float *out
     kc_matrix_rows_f32(m, row, 1, out);
 }
 
+/* ---- expert stacks (mixture-of-experts layers) --------------------------
+ * n matrices of one role, one per expert, in one format, contiguous: expert
+ * e's rows start at e * rows * packed_cols elements of m.data, its scales and
+ * biases at e * rows * (cols / group_size). m.rows and m.cols are per expert.
+ *
+ * `pattern` names the modules: with "%e" (the expert index, e.g.
+ * "model.layers.3.mlp.experts.%e.gate_proj", as transformers stores them)
+ * every expert's matrix is resolved as kc_get_matrix does, and when they do
+ * not already lie back to back in the file, they are copied once into a
+ * stack the checkpoint keeps until kc_close (later calls return the same
+ * stack). Without "%e" it names one stacked module (mlx-lm's
+ * "model.layers.3.mlp.switch_mlp.gate_proj": "<module>.weight" [n, rows,
+ * cols] or, quantized, codes [n, rows, packed] with scales/biases [n, rows,
+ * groups]). rows/cols -1 accept what the file has. Thread-safe. */
+typedef struct {
+    kc_matrix m;
+    int64_t n;
+} kc_experts;
+kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t n, int64_t rows, int64_t cols,
+                           kc_experts *out);
+
 /* A plain float tensor (F32, F16 or BF16) of the given rank and shape (-1
  * entries match anything; shape may be NULL to check the rank only). Errors
  * if it is missing, of another rank or shape, or not float. */

@@ -666,3 +666,60 @@ KT_TEST(affine_misaligned_mlx_file) {
     qmod_free(&q);
     ckt_rmdir(dir);
 }
+
+/* ---- expert stacks -------------------------------------------------------- */
+
+/* expert e's matrix, row r: rows [e * rows + r] of the stack viewed as one matrix */
+static float stack_at(const kc_experts *x, int64_t e, int64_t r, int64_t col) {
+    kc_matrix all = x->m;
+    all.rows = x->n * x->m.rows;
+    float row[8];
+    kc_matrix_rows_f32(&all, e * x->m.rows + r, 1, row);
+    return row[col];
+}
+
+KT_TEST(ckpt_expert_stacks_per_expert_and_stacked) {
+    char dir[256];
+    KT_CHECK(ckt_tmpdir(dir, sizeof dir));
+    KT_CHECK(ckt_write_str(dir, "config.json", CFG_LLAMA));
+    /* three experts' gate [2,4] and up [2,4] interleaved (so no role is
+     * contiguous in the file), one stacked module [3,2,4], a misfit */
+    float g[3][8], u[3][8], s[3][2][4], bad[6];
+    for (int e = 0; e < 3; e++)
+        for (int i = 0; i < 8; i++) g[e][i] = (float)(100 * e + i), u[e][i] = -(float)(100 * e + i), s[e][i / 4][i % 4] = (float)(1000 * e + i);
+    for (int i = 0; i < 6; i++) bad[i] = (float)i;
+    kc_tensor ts[] = {
+        {.name = "l.experts.0.gate.weight", .dtype = KC_F32, .rank = 2, .shape = {2, 4}, .data = g[0]},
+        {.name = "l.experts.0.up.weight", .dtype = KC_F32, .rank = 2, .shape = {2, 4}, .data = u[0]},
+        {.name = "l.experts.1.gate.weight", .dtype = KC_F32, .rank = 2, .shape = {2, 4}, .data = g[1]},
+        {.name = "l.experts.1.up.weight", .dtype = KC_F32, .rank = 2, .shape = {2, 4}, .data = u[1]},
+        {.name = "l.experts.2.gate.weight", .dtype = KC_F32, .rank = 2, .shape = {2, 4}, .data = g[2]},
+        {.name = "l.experts.2.up.weight", .dtype = KC_F32, .rank = 2, .shape = {2, 4}, .data = u[2]},
+        {.name = "l.switch.gate.weight", .dtype = KC_F32, .rank = 3, .shape = {3, 2, 4}, .data = s},
+        {.name = "m.experts.0.gate.weight", .dtype = KC_F32, .rank = 2, .shape = {2, 4}, .data = g[0]},
+        {.name = "m.experts.1.gate.weight", .dtype = KC_F32, .rank = 2, .shape = {3, 2}, .data = bad},
+    };
+    KT_CHECK(write_st(dir, "model.safetensors", ts, 9));
+    kc_checkpoint *c;
+    KT_CHECK_OK(kc_open(dir, &c));
+    kc_experts gx, ux, again, sx;
+    KT_CHECK_OK(kc_get_experts(c, "l.experts.%e.gate", 3, 2, 4, &gx));
+    KT_CHECK_OK(kc_get_experts(c, "l.experts.%e.up", 3, -1, -1, &ux));
+    KT_CHECK(gx.n == 3 && gx.m.rows == 2 && gx.m.cols == 4 && gx.m.fmt == KC_W_F32);
+    for (int e = 0; e < 3; e++)
+        for (int r = 0; r < 2; r++)
+            for (int col = 0; col < 4; col++) {
+                KT_CHECK(stack_at(&gx, e, r, col) == g[e][r * 4 + col]);
+                KT_CHECK(stack_at(&ux, e, r, col) == u[e][r * 4 + col]);
+            }
+    KT_CHECK_OK(kc_get_experts(c, "l.experts.%e.gate", 3, 2, 4, &again));
+    KT_CHECK(again.m.data == gx.m.data); /* built once */
+    KT_CHECK_OK(kc_get_experts(c, "l.switch.gate", 3, 2, 4, &sx));
+    KT_CHECK(sx.m.rows == 2 && sx.m.cols == 4 && stack_at(&sx, 2, 1, 3) == 2007);
+    KT_CHECK_ERR(kc_get_experts(c, "l.switch.gate", 4, 2, 4, &sx), "l.switch.gate.weight: shape [3,2,4], want [4,2,4]");
+    KT_CHECK_ERR(kc_get_experts(c, "l.experts.%e.gate", 4, 2, 4, &sx), "tensor l.experts.3.gate.weight not found");
+    KT_CHECK_ERR(kc_get_experts(c, "m.experts.%e.gate", 2, -1, -1, &sx), "m.experts.1.gate.weight: expert 1 is stored unlike expert 0");
+    KT_CHECK_ERR(kc_get_experts(c, "l.experts.%e.gate", 0, 2, 4, &sx), "0 experts");
+    kc_close(c);
+    ckt_rmdir(dir);
+}
