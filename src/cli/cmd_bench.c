@@ -23,6 +23,7 @@
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_int.h"
 #include "runtime/exec.h"
 #include "runtime/pool.h"
 
@@ -125,7 +126,9 @@ static void kernel_bench(int64_t M, bool streamed) {
             kg_graph *g = kg_create();
             kg_node *x = kg_param(g, KG_F32, KG_SHAPE(M, K), "x"), *w, *sc = NULL, *bi = NULL;
             int64_t wn = fmts[f].bits ? N * K * fmts[f].bits / 32 : N * K;
-            void *params[4] = {calloc((size_t)(M * K), 4), malloc((size_t)wn * kg_dtype_size(fmts[f].t)), NULL, NULL};
+            /* 64-byte aligned, as the runtime's arena and the mmap'd weights are */
+            void *params[4] = {aligned_alloc(64, (size_t)(M * K * 4 + 63) / 64 * 64),
+                               aligned_alloc(64, ((size_t)wn * kg_dtype_size(fmts[f].t) + 63) / 64 * 64), NULL, NULL};
             for (int64_t i = 0; i < M * K; i++) ((float *)params[0])[i] = (float)(i % 7) * 0.1f;
             memset(params[1], 0x31, (size_t)wn * kg_dtype_size(fmts[f].t));
             if (fmts[f].bits) {
@@ -157,6 +160,26 @@ static void kernel_bench(int64_t M, bool streamed) {
             for (int i = 0; i < 4; i++) free(params[i]);
         }
         printf("\n");
+    }
+    /* the GEMM library on the same float32 product, for comparison (not used
+     * by kiln: its summation order depends on the matrix sizes) */
+    if (M >= 2) {
+        int64_t N = 1024;
+        float *x = aligned_alloc(64, (size_t)(M * K) * 4), *w = aligned_alloc(64, (size_t)(N * K) * 4),
+              *y = aligned_alloc(64, (size_t)(M * N) * 4);
+        if (x && w && y) {
+            for (int64_t i = 0; i < M * K; i++) x[i] = (float)(i % 7) * 0.1f;
+            for (int64_t i = 0; i < N * K; i++) w[i] = (float)(i % 5) * 0.01f;
+            double best = 1e30;
+            for (int r = 0; r < 50; r++) {
+                double t0 = now_s();
+                kk_sgemm_nt(M, N, K, x, K, w, K, y, N);
+                double t = now_s() - t0;
+                if (t < best) best = t;
+            }
+            printf("  %-5s   %18.2f   (BLIS sgemm, for comparison)\n", "f32", (double)(N * K) / best / 1e9);
+        }
+        free(x), free(w), free(y);
     }
 }
 

@@ -35,16 +35,18 @@ typedef struct {
     const float *xp;   /* 4-bit AFFINE on a SIMD path: x with every chunk of q4_chunk
                         * positions reordered evens first, then odds (the order the
                         * codes unpack in); else NULL */
-    const float *xsum; /* AFFINE: sum of x over each group [M, G]; else NULL */
 } kk_xview;
 
 typedef struct {
     const char *name;
     int q4_chunk; /* see kk_xview.xp; 0 when this table has no 4-bit kernel */
-    bool q4_xsum; /* its 4-bit kernel reads kk_xview.xsum */
     bool (*gemv_ok)(const kk_wview *w);
     /* y[m*ldy + r] = x[m] . W[r] for r in [r0, r1), every m < x->M */
     void (*gemv)(const kk_wview *w, const kk_xview *x, int64_t r0, int64_t r1, float *y, int64_t ldy);
+    /* the same results as gemv, for many rows of x: rows [r0, r1) are one
+     * panel (widened to float32 in the caller's thread scratch); NULL: gemv */
+    bool (*gemm_ok)(const kk_wview *w);
+    void (*gemm)(const kk_wview *w, const kk_xview *x, int64_t r0, int64_t r1, float *y, int64_t ldy);
     bool (*dequant_ok)(const kk_wview *w);
     /* rows [r0, r1) as float32 into out [(r1 - r0), K]; affine: q*scale + bias, two roundings */
     void (*dequant)(const kk_wview *w, int64_t r0, int64_t r1, float *out);

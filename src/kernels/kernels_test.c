@@ -142,6 +142,84 @@ KT_TEST(kernels_linear_simd_matches_portable) {
     kr_pool_destroy(pool);
 }
 
+/* y = x W^T for the first M rows of x, at ISA level lv; NULL on error. */
+static float *linear_at(const wcfg *c, int64_t M, void *const *wp, const float *x, kr_pool *pool, kk_isa lv) {
+    kg_wattr wa = {.fmt = c->fmt, .bits = c->bits, .group_size = c->gs, .rows = c->N, .cols = c->K};
+    kg_graph *g = kg_create();
+    kg_node *xn = kg_param(g, KG_F32, KG_SHAPE(M, c->K), "x"), *w, *s = NULL, *b = NULL;
+    if (c->fmt == KG_WF_AFFINE) {
+        w = kg_param(g, KG_U32, KG_SHAPE(c->N, c->K * c->bits / 32), "w");
+        s = kg_param(g, c->sdt, KG_SHAPE(c->N, c->K / c->gs), "s");
+        b = kg_param(g, c->sdt, KG_SHAPE(c->N, c->K / c->gs), "b");
+    } else {
+        w = kg_param(g, c->fmt == KG_WF_F32 ? KG_F32 : c->fmt == KG_WF_F16 ? KG_F16 : KG_BF16, KG_SHAPE(c->N, c->K), "w");
+    }
+    kg_add_output(g, kg_linear(g, xn, w, s, b, &wa));
+    kr_exec *e;
+    kiln_status st = kr_exec_create(g, NULL, &e);
+    if (st) {
+        kiln_status_free(st);
+        return NULL;
+    }
+    void *params[4] = {(void *)x, wp[0], wp[1], wp[2]};
+    kk_isa top = kk_isa_level();
+    kk_set_isa_level(lv);
+    kr_exec_run(e, params, pool);
+    kk_set_isa_level(top);
+    float *y = malloc(sizeof(float) * (size_t)(M * c->N));
+    memcpy(y, kr_exec_output(e, 0), sizeof(float) * (size_t)(M * c->N));
+    kr_exec_destroy(e);
+    return y;
+}
+
+/* A row's result does not depend on how many rows share the call (matrix-
+ * vector regime, any grouping into register blocks, GEMM regime): bit for
+ * bit, at every ISA level. This is what makes the batched server reproduce
+ * the single-sequence path exactly. */
+KT_TEST(kernels_linear_batch_invariant) {
+    wcfg cfgs[] = {
+        {KG_WF_F32, 0, 0, KG_F32, 37, 72},      {KG_WF_BF16, 0, 0, KG_F32, 40, 200},  {KG_WF_F16, 0, 0, KG_F32, 23, 104},
+        {KG_WF_AFFINE, 4, 64, KG_BF16, 37, 256}, {KG_WF_AFFINE, 4, 32, KG_F16, 21, 96}, {KG_WF_AFFINE, 8, 64, KG_BF16, 29, 320},
+        {KG_WF_AFFINE, 8, 32, KG_F32, 17, 96},   {KG_WF_AFFINE, 3, 32, KG_BF16, 11, 128},
+    };
+    static const int64_t Ms[] = {2, 5, 8, 9, 16, 17, 40};
+    kr_pool *pool = kr_pool_create(2);
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        const wcfg *c = &cfgs[i];
+        void *wp[3] = {0};
+        if (c->fmt == KG_WF_AFFINE) {
+            wp[0] = rand_buf(KG_U32, c->N * c->K * c->bits / 32, 1);
+            wp[1] = rand_buf(c->sdt, c->N * c->K / c->gs, 0.05f);
+            wp[2] = rand_buf(c->sdt, c->N * c->K / c->gs, 0.5f);
+        } else {
+            wp[0] = rand_buf(c->fmt == KG_WF_F32 ? KG_F32 : c->fmt == KG_WF_F16 ? KG_F16 : KG_BF16, c->N * c->K, 1);
+        }
+        float *x = rand_buf(KG_F32, 40 * c->K, 1);
+        for (int lv = KK_ISA_PORTABLE; lv <= (int)kk_isa_level(); lv++) {
+            float *one = malloc(sizeof(float) * (size_t)(40 * c->N));
+            for (int64_t m = 0; m < 40; m++) {
+                float *y = linear_at(c, 1, wp, x + m * c->K, pool, (kk_isa)lv);
+                KT_CHECK(y);
+                if (y) memcpy(one + m * c->N, y, sizeof(float) * (size_t)c->N);
+                free(y);
+            }
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                float *y = linear_at(c, Ms[mi], wp, x, pool, (kk_isa)lv);
+                KT_CHECK(y);
+                if (y)
+                    KT_CHECKF(!memcmp(y, one, sizeof(float) * (size_t)(Ms[mi] * c->N)),
+                              "config %zu (fmt %d bits %d) at %s: %lld rows differ from one row at a time", i, (int)c->fmt,
+                              c->bits, kk_isa_name((kk_isa)lv), (long long)Ms[mi]);
+                free(y);
+            }
+            free(one);
+        }
+        free(x);
+        for (int p = 0; p < 3; p++) free(wp[p]);
+    }
+    kr_pool_destroy(pool);
+}
+
 typedef struct {
     int64_t T, Hq, Hkv, D, Dv, S, MB, bs;
     int window, chunk;

@@ -1,17 +1,20 @@
 /* linear.c: kiln.linear, kiln.embed and kiln.dequantize kernels.
  *
  * Weights stay in their stored format (f32, f16, bf16, or MLX affine codes +
- * per-group scale and bias). Two regimes:
+ * per-group scale and bias). Two regimes, one arithmetic (linear_simd.h):
  *   - few input rows (decode, small batches): a matrix-vector kernel reads
  *     each weight once and dots it with the inputs while it is in registers
  *     (kk_lin_ops.gemv, per ISA): decode is bound by memory bandwidth, so
  *     the weights must stream at memory speed and never be written back;
  *   - many input rows (prefill): threads take panels of weight rows, widen a
- *     panel to float32 in their scratch (kk_lin_ops.dequant) and multiply it
- *     with the whole input on the GEMM library (kk_sgemm_nt), which is
- *     compute-bound code we do not write ourselves.
- * Activations and accumulation are float32 on every path; the dequantization
- * is w = q * scale + bias in float32, as in the decomposition. */
+ *     panel to float32 in their scratch and run a register-tiled product
+ *     over it (kk_lin_ops.gemm), compute bound.
+ * Both compute every output with the same operations in the same order, so
+ * results do not depend on the number of rows in a call: batching sequences
+ * together never changes their logits. (A GEMM library cannot promise that:
+ * BLIS, measured against in `kiln bench --kernels`, sums in another order
+ * whose blocking depends on the matrix sizes.)
+ * Activations and accumulation are float32 on every path. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,18 +22,12 @@
 #include "kernels/kernels_int.h"
 #include "runtime/pool.h"
 
-/* Input rows from which the GEMM path would be used. Disabled: the library's
- * summation order differs from the matrix-vector kernel's, so a token's
- * logits would depend on how many other tokens share its step, and the
- * batched server would not reproduce the single-sequence path exactly.
- * Every row count takes the matrix-vector kernel (batch invariant) until
- * the GEMM path computes each output with the same arithmetic. */
-#define GEMM_MIN_ROWS (1 << 30)
-/* Weight rows per GEMM panel, at most: the library packs the whole input
- * once per call, so narrow panels pay that again and again (64-row panels
- * spent a third of the time packing at 512 tokens); panels are made as
- * wide as this allows while giving every thread the same number. */
-#define PANEL_MAX 256
+/* Input rows from which the GEMM path is used: below, the matrix-vector
+ * kernel's single pass over the weights wins over widening a panel. */
+#define GEMM_MIN_ROWS 16
+/* Float32 bytes of a widened weight panel, at most: it is read once per MC
+ * input rows, so it should stay in L2 next to those rows. */
+#define PANEL_BYTES (256 << 10)
 
 /* ---------------------------------------------------------------- portable */
 
@@ -146,21 +143,12 @@ static void gemv_rows(void *ctx, int64_t r0, int64_t r1) {
     k->ops->gemv(k->w, &k->x, r0, r1, k->y, k->w->N);
 }
 
-/* One panel of k->panel weight rows per item: widen, then GEMM. */
+/* One panel of k->panel weight rows per item. */
 static void gemm_panels(void *ctx, int64_t p0, int64_t p1) {
     const lin_ctx *k = ctx;
-    const kk_wview *w = k->w;
-    int64_t K = w->K;
-    float *buf = w->fmt == KG_WF_F32 ? NULL : kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(k->panel * K));
     for (int64_t p = p0; p < p1; p++) {
-        int64_t r0 = p * k->panel, r1 = r0 + k->panel < w->N ? r0 + k->panel : w->N;
-        const float *panel = (const float *)w->w + r0 * K;
-        if (w->fmt != KG_WF_F32) {
-            if (!buf) return;
-            k->ops->dequant(w, r0, r1, buf);
-            panel = buf;
-        }
-        kk_sgemm_nt(k->x.M, r1 - r0, K, k->x.x, K, panel, K, k->y + r0, w->N);
+        int64_t r0 = p * k->panel, r1 = r0 + k->panel < k->w->N ? r0 + k->panel : k->w->N;
+        k->ops->gemm(k->w, &k->x, r0, r1, k->y, k->w->N);
     }
 }
 
@@ -179,37 +167,32 @@ void kk_linear(const kk_call *c) {
     k.x.M = kg_shape_numel(&n->in[0]->shape) / w.K;
     k.x.x = c->in[0];
     if (k.x.M <= 0) return;
-    if (k.x.M >= GEMM_MIN_ROWS) {
-        k.ops = ops->dequant_ok(&w) ? ops : &kk_lin_portable;
-        int64_t nt = kr_pool_size(c->pool), panels = nt * ((w.N + nt * PANEL_MAX - 1) / (nt * PANEL_MAX));
-        k.panel = ((w.N + panels - 1) / panels + 15) / 16 * 16;
-        kr_parallel_for(c->pool, (w.N + k.panel - 1) / k.panel, 1, gemm_panels, &k);
-        return;
-    }
     k.ops = ops->gemv_ok(&w) ? ops : &kk_lin_portable;
-    if (w.fmt == KG_WF_AFFINE) {
-        /* per-group sums of x and, for 4-bit codes, x in the order they unpack */
-        int64_t M = k.x.M, K = w.K, G = w.G, q4c = w.bits == 4 ? k.ops->q4_chunk : 0;
-        bool sums = w.bits != 4 || !q4c || k.ops->q4_xsum;
-        float *buf = kr_scratch(KR_SCRATCH_CALL, sizeof(float) * (size_t)(M * G + (q4c ? M * K : 0)));
-        if (!buf) return;
-        float *xs = buf, *xp = buf + M * G;
+    int64_t q4c = w.fmt == KG_WF_AFFINE && w.bits == 4 ? k.ops->q4_chunk : 0;
+    if (q4c) {
+        /* x in the order 4-bit codes unpack: per chunk, evens then odds */
+        int64_t M = k.x.M, K = w.K;
+        float *xp = kr_scratch(KR_SCRATCH_CALL, sizeof(float) * (size_t)(M * K));
+        if (!xp) return;
         for (int64_t m = 0; m < M; m++) {
             const float *xm = k.x.x + m * K;
-            for (int64_t g = 0; g < G && sums; g++) {
-                float s = 0;
-                for (int64_t i = g * w.gs; i < (g + 1) * w.gs; i++) s += xm[i];
-                xs[m * G + g] = s;
-            }
-            if (q4c)
-                for (int64_t c0 = 0; c0 < K; c0 += q4c)
-                    for (int64_t i = 0; i < q4c / 2; i++) {
-                        xp[m * K + c0 + i] = xm[c0 + 2 * i];
-                        xp[m * K + c0 + q4c / 2 + i] = xm[c0 + 2 * i + 1];
-                    }
+            for (int64_t c0 = 0; c0 < K; c0 += q4c)
+                for (int64_t i = 0; i < q4c / 2; i++) {
+                    xp[m * K + c0 + i] = xm[c0 + 2 * i];
+                    xp[m * K + c0 + q4c / 2 + i] = xm[c0 + 2 * i + 1];
+                }
         }
-        k.x.xsum = xs;
-        k.x.xp = q4c ? xp : NULL;
+        k.x.xp = xp;
+    }
+    if (k.x.M >= GEMM_MIN_ROWS && k.ops->gemm && k.ops->gemm_ok(&w)) {
+        /* panels as wide as L2 allows, at least two per thread */
+        int64_t nt = kr_pool_size(c->pool), rows = PANEL_BYTES / (4 * w.K);
+        int64_t panels = (w.N + rows - 1) / (rows > 0 ? rows : 1);
+        if (panels < 2 * nt) panels = 2 * nt;
+        k.panel = (w.N + panels - 1) / panels;
+        k.panel = (k.panel + 11) / 12 * 12; /* whole register tiles on every ISA */
+        kr_parallel_for(c->pool, (w.N + k.panel - 1) / k.panel, 1, gemm_panels, &k);
+        return;
     }
     kr_parallel_for(c->pool, w.N, row_grain(c->pool, w.N), gemv_rows, &k);
 }

@@ -2,20 +2,32 @@
  * and compiled per ISA (linear_avx512.c, linear_avx2.c define KK_VBITS and
  * KK_LIN_TABLE, then include this).
  *
+ * One arithmetic for every kernel and every batch size. Each output is
+ *   y[m, r] = vsum(a0 + a1),  a0 += W[r, k..k+VL) * X[m, k..k+VL),
+ *                             a1 += W[r, k+VL..k+2VL) * X[m, k+VL..k+2VL)
+ * for k = 0, 2VL, 4VL, ... (a last chunk of at most VL columns, zero-padded,
+ * goes to a0), where W is the weight row in float32 (bf16/f16 widened
+ * exactly; MLX affine codes dequantized as fma(q, scale, bias)) and X the
+ * input row. 4-bit codes unpack low nibbles (even columns) then high nibbles
+ * (odd columns) for every 2 VL columns, so for them W and X are both in that
+ * order (the caller reorders x once: kk_xview.xp). Because the arithmetic
+ * of y[m, r] depends on nothing but row m and row r, a token's result does
+ * not depend on how many other tokens share its step: the batched server
+ * reproduces the single-sequence path bit for bit.
+ *
  * gemv reads every weight once, in its stored format, and dots it with up to
- * MR input rows at a time while it is in registers (the row stays in L1 for
- * the next MR). Float weights are widened in registers (bf16: a 16-bit
- * shift; f16: vcvtph2ps). MLX affine weights use
- *   sum_i (q_i*s + b) x_i = s * sum_i q_i x_i + b * sum_i x_i
- * per group: codes are widened to floats and dotted with x, the group's
- * partial sum is scaled once, and the bias term comes from the per-group
- * sums of x prepared by the caller. 4-bit codes are unpacked low nibbles
- * (even codes) then high nibbles (odd codes), so the caller also reorders x
- * to match (kk_xview.xp) instead of the kernel shuffling every weight.
- * Accumulation is float32 throughout; only the summation order differs from
- * the decomposition. */
+ * MR input rows at a time while it is in registers (decode: memory bound).
+ * On AVX-512 a 4-bit group's 16 possible weights fma(q, s, b) are one
+ * register and vpermps looks each code up.
+ *
+ * gemm (many input rows: prefill, compute bound) dequantizes a panel of
+ * weight rows into float32 once (kernel order), then runs a register tile of
+ * NR weight rows x MC input rows, 2 * NR * MC accumulators, over the panel:
+ * the same per-output arithmetic, with each weight and input load shared by
+ * MC or NR outputs. */
 #include "kernels/kernels_int.h"
 #include "kernels/simd.h"
+#include "runtime/pool.h"
 
 /* input rows per pass over a weight row: 8 on AVX-512 (32 registers hold
  * 16 accumulators), 4 on AVX2 (16 registers) */
@@ -38,16 +50,6 @@ static inline vf vsb(const void *p, kg_dtype t, int64_t i) {
     if (t == KG_F32) return vload((const float *)p + i);
     if (t == KG_BF16) return vbf16((const uint16_t *)p + i);
     return vf16((const uint16_t *)p + i);
-}
-
-/* sum_g b[g] * xsum[g] over one row's groups */
-static inline float bias_dot(const kk_wview *w, int64_t r, const float *xsum) {
-    int64_t G = w->G, g = 0;
-    vf acc = vzero();
-    for (; g + VL <= G; g += VL) acc = vfma(vsb(w->biases, w->sbt, r * G + g), vload(xsum + g), acc);
-    float s = vsum(acc);
-    for (; g < G; g++) s += kk_ldf(w->biases, w->sbt, r * G + g) * xsum[g];
-    return s;
 }
 
 #if KK_VBITS == 512
@@ -100,64 +102,53 @@ static inline __attribute__((always_inline)) void q4_row(const kk_wview *w, cons
     }
     _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(acc[m], acc2[m]));
 }
-#define Q4_NEEDS_XSUM 0
 #else
+/* AVX2: each weight is widened and dequantized, fma(q, s, b), as the
+ * AVX-512 lookup table holds it */
 static inline __attribute__((always_inline)) void q4_row(const kk_wview *w, const kk_xview *xv, int64_t r, int64_t m0,
                                                          int nm, float *y, int64_t ldy) {
     int64_t K = w->K, G = w->G, gs = w->gs;
     const uint8_t *q = (const uint8_t *)w->w + r * (K / 2);
     const float *x[MR];
-    vf acc[MR];
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K, acc[m] = vzero();
+    vf acc[MR], acc2[MR];
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K, acc[m] = vzero(), acc2[m] = vzero();
     for (int64_t g = 0; g < G; g++) {
-        vf p[MR];
         PREFETCH(q + g * gs / 2);
-        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) p[m] = vzero();
+        vf s = vset1(kk_ldf(w->scales, w->sbt, r * G + g)), b = vset1(kk_ldf(w->biases, w->sbt, r * G + g));
         for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
             vq4t d = vq4raw(q + c / 2);
-            vf lo = vq4lo(d), hi = vq4hi(d);
+            vf lo = vfma(vq4lo(d), s, b), hi = vfma(vq4hi(d), s, b);
             _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
-                p[m] = vfma(lo, vload(x[m] + c), p[m]);
-                p[m] = vfma(hi, vload(x[m] + c + VL), p[m]);
+                acc[m] = vfma(lo, vload(x[m] + c), acc[m]);
+                acc2[m] = vfma(hi, vload(x[m] + c + VL), acc2[m]);
             }
         }
-        vf s = vset1(kk_ldf(w->scales, w->sbt, r * G + g));
-        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) acc[m] = vfma(p[m], s, acc[m]);
     }
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(acc[m]) + bias_dot(w, r, xv->xsum + (m0 + m) * G);
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(acc[m], acc2[m]));
 }
-
-#define Q4_NEEDS_XSUM 1
 #endif
 
+/* 8-bit codes: each weight dequantized, fma(q, s, b), then as float_row
+ * (two chains, every 2 VL columns); gs is a multiple of 2 VL */
 static inline __attribute__((always_inline)) void q8_row(const kk_wview *w, const kk_xview *xv, int64_t r, int64_t m0,
                                                          int nm, float *y, int64_t ldy) {
     int64_t K = w->K, G = w->G, gs = w->gs;
     const uint8_t *q = (const uint8_t *)w->w + r * K;
     const float *x[MR];
-    vf acc[MR];
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->x + (m0 + m) * K, acc[m] = vzero();
+    vf a0[MR], a1[MR];
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->x + (m0 + m) * K, a0[m] = vzero(), a1[m] = vzero();
     for (int64_t g = 0; g < G; g++) {
-        vf p[MR], p2[MR];
-        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) p[m] = vzero(), p2[m] = vzero();
-        int64_t c = g * gs, e = (g + 1) * gs;
-        PREFETCH(q + c);
-        /* two chains per input row while registers allow, one beyond */
-        for (; nm <= 4 && c + 2 * VL <= e; c += 2 * VL) {
-            vf d0 = vq8(q + c), d1 = vq8(q + c + VL);
+        vf s = vset1(kk_ldf(w->scales, w->sbt, r * G + g)), b = vset1(kk_ldf(w->biases, w->sbt, r * G + g));
+        PREFETCH(q + g * gs);
+        for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
+            vf d0 = vfma(vq8(q + c), s, b), d1 = vfma(vq8(q + c + VL), s, b);
             _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
-                p[m] = vfma(d0, vload(x[m] + c), p[m]);
-                p2[m] = vfma(d1, vload(x[m] + c + VL), p2[m]);
+                a0[m] = vfma(d0, vload(x[m] + c), a0[m]);
+                a1[m] = vfma(d1, vload(x[m] + c + VL), a1[m]);
             }
         }
-        for (; c < e; c += VL) {
-            vf d0 = vq8(q + c);
-            _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) p[m] = vfma(d0, vload(x[m] + c), p[m]);
-        }
-        vf s = vset1(kk_ldf(w->scales, w->sbt, r * G + g));
-        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) acc[m] = vfma(vadd(p[m], p2[m]), s, acc[m]);
     }
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(acc[m]) + bias_dot(w, r, xv->xsum + (m0 + m) * G);
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(a0[m], a1[m]));
 }
 
 /* VL weights of a float row at column k (fmt is a constant after inlining) */
@@ -259,9 +250,131 @@ static void lin_gemv(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t 
 static bool lin_gemv_ok(const kk_wview *w) {
     if (w->fmt != KG_WF_AFFINE) return true;
     if (w->bits == 4) return w->gs % (2 * VL) == 0;
-    if (w->bits == 8) return w->gs % VL == 0;
+    if (w->bits == 8) return w->gs % (2 * VL) == 0;
     return false;
 }
+
+
+/* ---------------------------------------------------------------- gemm */
+
+#if KK_VBITS == 512
+#define NR 3
+#define MC 4
+#else
+#define NR 2
+#define MC 3
+#endif
+
+/* Weight rows [r0, r1) in float32, kernel order, into out [r1 - r0, K]. */
+static void lin_widen(const kk_wview *w, int64_t r0, int64_t r1, float *out) {
+    int64_t K = w->K, G = w->G, gs = w->gs;
+    for (int64_t r = r0; r < r1; r++, out += K) {
+        if (w->fmt == KG_WF_BF16 || w->fmt == KG_WF_F16) {
+            const uint16_t *row = (const uint16_t *)w->w + r * K;
+            int64_t k = 0;
+            for (; k + VL <= K; k += VL) vstore(out + k, w->fmt == KG_WF_BF16 ? vbf16(row + k) : vf16(row + k));
+            for (; k < K; k++) out[k] = w->fmt == KG_WF_BF16 ? ku_bf16_to_f32(row[k]) : ku_f16_to_f32(row[k]);
+            continue;
+        }
+        for (int64_t g = 0; g < G; g++) { /* AFFINE, 4 or 8 bits */
+            vf s = vset1(kk_ldf(w->scales, w->sbt, r * G + g)), b = vset1(kk_ldf(w->biases, w->sbt, r * G + g));
+            if (w->bits == 8) {
+                const uint8_t *q = (const uint8_t *)w->w + r * K;
+                for (int64_t c = g * gs; c < (g + 1) * gs; c += VL) vstore(out + c, vfma(vq8(q + c), s, b));
+            } else {
+                const uint8_t *q = (const uint8_t *)w->w + r * (K / 2);
+                for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
+                    vq4t d = vq4raw(q + c / 2);
+                    vstore(out + c, vfma(vq4lo(d), s, b));
+                    vstore(out + c + VL, vfma(vq4hi(d), s, b));
+                }
+            }
+        }
+    }
+}
+
+/* Keeps v in a register: the compiler would otherwise fold the load into
+ * each of the nr FMAs that use it, one load per FMA, and the tile would be
+ * bound by loads instead of FMAs (measured: 25% slower). */
+#define IN_REGISTER(v) __asm__("" : "+v"(v))
+
+/* y[m, r] for nr weight rows W (stride ldw) and nm input rows X (stride K) */
+static inline __attribute__((always_inline)) void gemm_tile(const float *W, int64_t ldw, const float *X, int64_t K, int nr,
+                                                            int nm, float *y, int64_t ldy) {
+    vf a0[NR][MC], a1[NR][MC], wv[NR];
+    _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) a0[i][m] = vzero(), a1[i][m] = vzero();
+    int64_t k = 0;
+    for (; k + 2 * VL <= K; k += 2 * VL) {
+        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) wv[i] = vload(W + i * ldw + k);
+        _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
+            vf xv = vload(X + m * K + k);
+            IN_REGISTER(xv);
+            _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) a0[i][m] = vfma(wv[i], xv, a0[i][m]);
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) wv[i] = vload(W + i * ldw + k + VL);
+        _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
+            vf xv = vload(X + m * K + k + VL);
+            IN_REGISTER(xv);
+            _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) a1[i][m] = vfma(wv[i], xv, a1[i][m]);
+        }
+    }
+    for (; k < K; k += VL) {
+        int n = K - k < VL ? (int)(K - k) : VL;
+        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) wv[i] = vload_n(W + i * ldw + k, n);
+        _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
+            vf xv = vload_n(X + m * K + k, n);
+            _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) a0[i][m] = vfma(wv[i], xv, a0[i][m]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) y[m * ldy + i] = vsum(vadd(a0[i][m], a1[i][m]));
+}
+
+#if NR == 3
+#define TILE_NR(nm)                                                                                                    \
+    switch (nr) {                                                                                                      \
+    case 1: gemm_tile(W, ldw, X, K, 1, nm, yy, ldy); break;                                                            \
+    case 2: gemm_tile(W, ldw, X, K, 2, nm, yy, ldy); break;                                                            \
+    default: gemm_tile(W, ldw, X, K, 3, nm, yy, ldy); break;                                                           \
+    }
+#else
+#define TILE_NR(nm)                                                                                                    \
+    switch (nr) {                                                                                                      \
+    case 1: gemm_tile(W, ldw, X, K, 1, nm, yy, ldy); break;                                                            \
+    default: gemm_tile(W, ldw, X, K, 2, nm, yy, ldy); break;                                                           \
+    }
+#endif
+
+static void lin_gemm(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, float *y, int64_t ldy) {
+    int64_t K = w->K, ldw = K;
+    const float *panel = (const float *)w->w + r0 * K, *xs = w->fmt == KG_WF_AFFINE && w->bits == 4 ? xv->xp : xv->x;
+    if (w->fmt != KG_WF_F32) {
+        float *buf = kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)((r1 - r0) * K));
+        if (!buf) return;
+        lin_widen(w, r0, r1, buf);
+        panel = buf;
+    }
+    for (int64_t m0 = 0; m0 < xv->M; m0 += MC) {
+        int nm = xv->M - m0 < MC ? (int)(xv->M - m0) : MC;
+        const float *X = xs + m0 * K;
+        for (int64_t r = r0; r < r1; r += NR) {
+            int nr = r1 - r < NR ? (int)(r1 - r) : NR;
+            const float *W = panel + (r - r0) * ldw;
+            float *yy = y + m0 * ldy + r;
+            switch (nm) {
+            case 1: TILE_NR(1); break;
+            case 2: TILE_NR(2); break;
+#if MC == 4
+            case 3: TILE_NR(3); break;
+            default: TILE_NR(4); break;
+#else
+            default: TILE_NR(3); break;
+#endif
+            }
+        }
+    }
+}
+
+static bool lin_gemm_ok(const kk_wview *w) { return lin_gemv_ok(w); }
 
 static bool lin_dequant_ok(const kk_wview *w) { return lin_gemv_ok(w); }
 
@@ -305,9 +418,10 @@ static void lin_dequant(const kk_wview *w, int64_t r0, int64_t r1, float *out) {
 const kk_lin_ops KK_LIN_TABLE = {
     .name = KK_LIN_NAME,
     .q4_chunk = 2 * VL,
-    .q4_xsum = Q4_NEEDS_XSUM,
     .gemv_ok = lin_gemv_ok,
     .gemv = lin_gemv,
+    .gemm_ok = lin_gemm_ok,
+    .gemm = lin_gemm,
     .dequant_ok = lin_dequant_ok,
     .dequant = lin_dequant,
 };
