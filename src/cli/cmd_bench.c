@@ -114,7 +114,8 @@ static void kernel_bench(int64_t M, bool streamed) {
     } fmts[] = {{"f32", KG_WF_F32, 0, KG_F32},   {"bf16", KG_WF_BF16, 0, KG_BF16}, {"f16", KG_WF_F16, 0, KG_F16},
                 {"q8", KG_WF_AFFINE, 8, KG_U32}, {"q4", KG_WF_AFFINE, 4, KG_U32}};
     const int64_t K = getenv("KILN_BENCH_K") ? atoll(getenv("KILN_BENCH_K")) : 2048, gs = 64;
-    printf("kernel (isa %s, 1 thread, M = %lld)   Gweights/s resident   streamed (1 GiB)\n", kk_isa_name(kk_isa_level()),
+    printf("kernel (isa %s%s, 1 thread, M = %lld)   Gweights/s resident   streamed (1 GiB)\n", kk_isa_name(kk_isa_level()),
+           kk_act_int8() ? "+int8" : "",
            (long long)M);
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
         printf("  %-5s", fmts[f].name);
@@ -368,7 +369,7 @@ int kiln_cmd_bench(int argc, char **argv) {
     double peak_mib = (double)ru.ru_maxrss / 1024.0;
     int64_t wbytes = bytes_per_token(m);
     double roof = bw > 0 ? bw * 1e9 / (double)wbytes : 0;
-    const char *isa = kk_isa_name(kk_isa_level());
+    const char *isa = kk_act_int8() ? (kk_isa_level() == KK_ISA_AVX512 ? "avx512+int8" : "int8") : kk_isa_name(kk_isa_level());
     if (json) {
         printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"threads\": %d, \"isa\": \"%s\", \"load_s\": %.3f, "
                "\"weight_bytes_per_token\": %lld, \"bandwidth_gbs\": %.2f, \"roofline_tps\": %.2f, \"peak_rss_mib\": %.1f",

@@ -5,6 +5,7 @@
 #include "cli/cli.h"
 #include "cli/cmd_template.h"
 #include "cli/cmd_tokenize.h"
+#include "kernels/kernels.h"
 
 static const struct {
     const char *name;
@@ -30,13 +31,35 @@ static void usage(FILE *f) {
     fprintf(f, "usage: kiln <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "\n`kiln <command> --help` describes each command.\n");
+    fprintf(f, "\n`kiln <command> --help` describes each command.\n"
+               "\noptions for every command that runs a model:\n"
+               "  --int8-act   int8 activations for 4/8-bit weights (AVX-512 VNNI): faster, slightly less\n"
+               "               exact (docs/performance.md gives the measured error); default float32\n"
+               "               (also KILN_INT8_ACT=1)\n");
 }
 
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 1 : 0;
+    }
+    /* options of every command: taken out before the command parses */
+    int n = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--int8-act")) {
+            if (!kk_set_act_int8(true)) {
+                fprintf(stderr, "kiln: --int8-act needs a CPU with AVX-512 VNNI; this one has none (leave the option out)\n");
+                return 1;
+            }
+            continue;
+        }
+        argv[n++] = argv[i];
+    }
+    argc = n;
+    argv[argc] = NULL;
+    if (argc < 2) {
+        usage(stderr);
+        return 1;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);

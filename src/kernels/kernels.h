@@ -36,6 +36,13 @@ typedef enum { KK_ISA_PORTABLE, KK_ISA_AVX2, KK_ISA_AVX512 } kk_isa;
 kk_isa kk_isa_level(void);
 void kk_set_isa_level(kk_isa level); /* for tests; clamps to what the CPU has */
 const char *kk_isa_name(kk_isa level);
+/* Opt-in int8 activations for MLX affine 4/8-bit weights on AVX-512 VNNI
+ * (faster, less exact: see linear_int8_avx512.c). Off unless
+ * KILN_INT8_ACT=1 or set here (before compiling executables: the choice is
+ * read when a linear runs, so set it once at start-up). Returns whether it
+ * is on (false where the CPU lacks VNNI). */
+bool kk_set_act_int8(bool on);
+bool kk_act_int8(void);
 
 /* The kernel for n, or NULL when there is none (composites are then
  * decomposed; a primitive without a kernel is an error). */

@@ -71,6 +71,19 @@ void kk_blas_setup(bool avx512);
 /* kiln.attention: the call and its sizes, shared by the portable kernel
  * (one item per token and query head) and the SIMD ones (one item per token
  * and KV head: the G query heads of a KV head read each K/V row once). */
+/* The opt-in int8-activation path (linear_int8_avx512.c; AVX-512 VNNI):
+ * inputs quantized once per call, then rows [r0, r1) of W. */
+typedef struct {
+    int64_t M;
+    const int8_t *xq;   /* [M, K], 4-bit: per 64 columns evens then odds */
+    const float *d;     /* [M, K/64, 16] block scales as lanes */
+    const float *xsum;  /* [M, G] exact group sums of x */
+} kk_x8view;
+bool kk_int8_ok(const kk_wview *w);
+size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M);
+void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8view *out);
+void kk_int8_rows(const kk_wview *w, const kk_x8view *xv, int64_t r0, int64_t r1, float *y, int64_t ldy);
+
 typedef struct {
     const kk_call *c;
     int64_t Hq, Hkv, D, Dv, MB, N, G;

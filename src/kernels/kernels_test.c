@@ -180,7 +180,7 @@ KT_TEST(kernels_linear_batch_invariant) {
     wcfg cfgs[] = {
         {KG_WF_F32, 0, 0, KG_F32, 37, 72},      {KG_WF_BF16, 0, 0, KG_F32, 40, 200},  {KG_WF_F16, 0, 0, KG_F32, 23, 104},
         {KG_WF_AFFINE, 4, 64, KG_BF16, 37, 256}, {KG_WF_AFFINE, 4, 32, KG_F16, 21, 96}, {KG_WF_AFFINE, 8, 64, KG_BF16, 29, 320},
-        {KG_WF_AFFINE, 8, 32, KG_F32, 17, 96},   {KG_WF_AFFINE, 3, 32, KG_BF16, 11, 128},
+        {KG_WF_AFFINE, 8, 32, KG_F32, 17, 96},   {KG_WF_AFFINE, 3, 32, KG_BF16, 11, 128}, {KG_WF_AFFINE, 4, 128, KG_F16, 13, 384},
     };
     static const int64_t Ms[] = {2, 5, 8, 9, 16, 17, 40};
     kr_pool *pool = kr_pool_create(2);
@@ -195,7 +195,11 @@ KT_TEST(kernels_linear_batch_invariant) {
             wp[0] = rand_buf(c->fmt == KG_WF_F32 ? KG_F32 : c->fmt == KG_WF_F16 ? KG_F16 : KG_BF16, c->N * c->K, 1);
         }
         float *x = rand_buf(KG_F32, 40 * c->K, 1);
-        for (int lv = KK_ISA_PORTABLE; lv <= (int)kk_isa_level(); lv++) {
+        for (int lv = KK_ISA_PORTABLE; lv <= (int)kk_isa_level() + 1; lv++) {
+            /* one level past the top: the top level with int8 activations */
+            bool i8 = lv > (int)kk_isa_level();
+            if (i8 && !kk_set_act_int8(true)) break;
+            if (i8) lv = (int)kk_isa_level();
             float *one = malloc(sizeof(float) * (size_t)(40 * c->N));
             for (int64_t m = 0; m < 40; m++) {
                 float *y = linear_at(c, 1, wp, x + m * c->K, pool, (kk_isa)lv);
@@ -208,13 +212,83 @@ KT_TEST(kernels_linear_batch_invariant) {
                 KT_CHECK(y);
                 if (y)
                     KT_CHECKF(!memcmp(y, one, sizeof(float) * (size_t)(Ms[mi] * c->N)),
-                              "config %zu (fmt %d bits %d) at %s: %lld rows differ from one row at a time", i, (int)c->fmt,
-                              c->bits, kk_isa_name((kk_isa)lv), (long long)Ms[mi]);
+                              "config %zu (fmt %d bits %d) at %s%s: %lld rows differ from one row at a time", i, (int)c->fmt,
+                              c->bits, kk_isa_name((kk_isa)lv), i8 ? " int8" : "", (long long)Ms[mi]);
                 free(y);
             }
             free(one);
+            if (i8) {
+                kk_set_act_int8(false);
+                break;
+            }
         }
         free(x);
+        for (int p = 0; p < 3; p++) free(wp[p]);
+    }
+    kr_pool_destroy(pool);
+}
+
+/* The opt-in int8-activation path: each output within the bound that
+ * quantizing x in blocks of 32 allows, |x - d xq| <= d / 2 per element
+ * (d = max|x| / 127 of its block), so |y8 - y| <= sum_i |w_i| d_blk(i) / 2,
+ * plus float32 rounding. Blocks are those of the kernel: for 4-bit codes
+ * the evens, then the odds, of each 64 columns. */
+KT_TEST(kernels_linear_int8_within_quantization_bound) {
+    if (!kk_set_act_int8(true)) {
+        kt_skip("no AVX-512 VNNI on this CPU");
+        return;
+    }
+    kk_set_act_int8(false);
+    wcfg cfgs[] = {{KG_WF_AFFINE, 4, 64, KG_BF16, 37, 256}, {KG_WF_AFFINE, 8, 64, KG_F16, 29, 320},
+                   {KG_WF_AFFINE, 4, 128, KG_F32, 13, 512}, {KG_WF_AFFINE, 8, 128, KG_BF16, 11, 1024}};
+    kr_pool *pool = kr_pool_create(2);
+    const int64_t M = 5;
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        const wcfg *c = &cfgs[i];
+        void *wp[3] = {rand_buf(KG_U32, c->N * c->K * c->bits / 32, 1), rand_buf(c->sdt, c->N * c->K / c->gs, 0.05f),
+                       rand_buf(c->sdt, c->N * c->K / c->gs, 0.5f)};
+        float *x = rand_buf(KG_F32, M * c->K, 1);
+        for (int64_t j = 0; j < M * c->K; j += 97) x[j] *= 30; /* outliers widen some blocks */
+        float *ref = linear_at(c, M, wp, x, pool, KK_ISA_PORTABLE);
+        kk_set_act_int8(true);
+        float *y8 = linear_at(c, M, wp, x, pool, kk_isa_level());
+        kk_set_act_int8(false);
+        /* dequantized weights, for the bound */
+        kg_wattr wa = {.fmt = c->fmt, .bits = c->bits, .group_size = c->gs, .rows = c->N, .cols = c->K};
+        kg_graph *g = kg_create();
+        kg_node *w = kg_param(g, KG_U32, KG_SHAPE(c->N, c->K * c->bits / 32), "w");
+        kg_node *sn = kg_param(g, c->sdt, KG_SHAPE(c->N, c->K / c->gs), "s"), *bn = kg_param(g, c->sdt, KG_SHAPE(c->N, c->K / c->gs), "b");
+        kg_add_output(g, kg_dequant(g, w, sn, bn, &wa));
+        kr_exec *e;
+        KT_CHECK_OK(kr_exec_create(g, NULL, &e));
+        kr_exec_run(e, wp, pool);
+        const float *W = kr_exec_output(e, 0);
+        KT_CHECK(ref && y8);
+        int close_to_bound = 0;
+        for (int64_t m = 0; m < M && ref && y8; m++) {
+            const float *xm = x + m * c->K;
+            for (int64_t r = 0; r < c->N; r++) {
+                double bound = 0, mag = 0;
+                for (int64_t c0 = 0; c0 < c->K; c0 += 64)
+                    for (int blk = 0; blk < 2; blk++) {
+                        double amax = 0, wsum = 0;
+                        for (int t = 0; t < 32; t++) {
+                            int64_t col = c->bits == 4 ? c0 + 2 * t + blk : c0 + 32 * blk + t;
+                            amax = fmax(amax, fabs(xm[col]));
+                            wsum += fabs(W[r * c->K + col]);
+                            mag += fabs(W[r * c->K + col] * xm[col]);
+                        }
+                        bound += wsum * amax / 127 / 2;
+                    }
+                double err = fabs((double)y8[m * c->N + r] - ref[m * c->N + r]);
+                KT_CHECKF(err <= bound + 1e-5 * mag, "config %zu: row %lld out %lld: |int8 - f32| %g > bound %g", i,
+                          (long long)m, (long long)r, err, bound);
+                if (err > bound / 20) close_to_bound++;
+            }
+        }
+        KT_CHECK(close_to_bound > 0); /* the path really quantizes */
+        kr_exec_destroy(e);
+        free(ref), free(y8), free(x);
         for (int p = 0; p < 3; p++) free(wp[p]);
     }
     kr_pool_destroy(pool);

@@ -136,7 +136,13 @@ typedef struct {
     kk_xview x;
     float *y;
     int64_t panel; /* GEMM: weight rows per panel */
+    kk_x8view x8;  /* int8 activations */
 } lin_ctx;
+
+static void int8_rows(void *ctx, int64_t r0, int64_t r1) {
+    const lin_ctx *k = ctx;
+    kk_int8_rows(k->w, &k->x8, r0, r1, k->y, k->w->N);
+}
 
 static void gemv_rows(void *ctx, int64_t r0, int64_t r1) {
     const lin_ctx *k = ctx;
@@ -168,6 +174,13 @@ void kk_linear(const kk_call *c) {
     k.x.x = c->in[0];
     if (k.x.M <= 0) return;
     k.ops = ops->gemv_ok(&w) ? ops : &kk_lin_portable;
+    if (kk_act_int8() && kk_int8_ok(&w)) {
+        void *buf = kr_scratch(KR_SCRATCH_CALL, kk_int8_prep_bytes(&w, k.x.M));
+        if (!buf) return;
+        kk_int8_prep(&w, k.x.x, k.x.M, buf, &k.x8);
+        kr_parallel_for(c->pool, w.N, row_grain(c->pool, w.N), int8_rows, &k);
+        return;
+    }
     int64_t q4c = w.fmt == KG_WF_AFFINE && w.bits == 4 ? k.ops->q4_chunk : 0;
     if (q4c) {
         /* x in the order 4-bit codes unpack: per chunk, evens then odds */

@@ -10,6 +10,7 @@
 static kk_cpu cpu;
 static kk_isa isa_level = KK_ISA_PORTABLE;
 static kk_isa isa_max = KK_ISA_PORTABLE;
+static bool act_int8 = false;
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 static void detect_once(void) {
@@ -25,6 +26,8 @@ static void detect_once(void) {
 #endif
     isa_max = cpu.avx512 && cpu.fma ? KK_ISA_AVX512 : (cpu.avx2 && cpu.fma ? KK_ISA_AVX2 : KK_ISA_PORTABLE);
     isa_level = isa_max;
+    const char *i8 = getenv("KILN_INT8_ACT");
+    act_int8 = i8 && *i8 && strcmp(i8, "0") && cpu.avx512_vnni;
     const char *env = getenv("KILN_ISA");
     if (env) {
         kk_isa want = !strcmp(env, "portable") ? KK_ISA_PORTABLE : !strcmp(env, "avx2") ? KK_ISA_AVX2 : KK_ISA_AVX512;
@@ -48,6 +51,17 @@ kk_isa kk_isa_level(void) {
 void kk_set_isa_level(kk_isa level) {
     detect();
     isa_level = level > isa_max ? isa_max : level;
+}
+
+bool kk_set_act_int8(bool on) {
+    detect();
+    act_int8 = on && cpu.avx512_vnni;
+    return act_int8;
+}
+
+bool kk_act_int8(void) {
+    detect();
+    return act_int8 && isa_level == KK_ISA_AVX512;
 }
 
 const char *kk_isa_name(kk_isa level) {
