@@ -116,8 +116,8 @@ typedef struct {
     float moe_scale;          /* the chosen weights times this (routed_scaling_factor); 0: 1 */
     int64_t moe_n_group, moe_topk_group; /* group-limited routing: experts in n_group groups, only the
                                           * topk_group best groups eligible; n_group <= 1: none */
-    bool moe_router_bias;     /* a per-expert bias added to the scores for the choice only, not to the
-                               * weights (DeepSeek-V3 e_score_correction_bias) */
+    bool moe_router_bias;     /* a per-expert bias added to the sigmoid scores before the choice
+                               * (DeepSeek-V3 e_score_correction_bias; see kb_moe_opts.choice_bias) */
     unsigned char layer_moe[KM_MAX_LAYERS]; /* 1: this layer's MLP is a mixture of experts */
 } km_hparams;
 

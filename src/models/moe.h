@@ -27,4 +27,16 @@
     [KM_T_MOE_SHARED_GATE] = shared ".gate_proj", [KM_T_MOE_SHARED_UP] = shared ".up_proj",                           \
     [KM_T_MOE_SHARED_DOWN] = shared ".down_proj"
 
+/* DeepSeek's MoE modules: router "<mlp>.gate" with its choice bias, routed
+ * experts, shared experts "<mlp>.shared_experts" (also dots1, GLM-4-MoE). */
+#define KM_MOE_DEEPSEEK_NAMES(mlp)                                                                                   \
+    KM_MOE_EXPERT_NAMES(mlp, "gate_proj", "up_proj", "down_proj"), KM_MOE_SHARED_NAMES(mlp ".shared_experts"),        \
+    [KM_T_MOE_ROUTER] = mlp ".gate", [KM_T_MOE_ROUTER_BIAS] = mlp ".gate.e_score_correction_bias"
+
+/* DeepSeek's MoE settings (deepseek.c): experts from first_k_dense_replace
+ * on, n_shared_experts shared experts; V2's softmax router, or with v3
+ * DeepSeek-V3's sigmoid router with a choice bias and renormalised weights
+ * (norm_topk_prob), groups n_group/topk_group, routed_scaling_factor. */
+kiln_status km_deepseek_moe(const cJSON *cfg, km_hparams *hp, bool v3);
+
 #endif
