@@ -7,7 +7,7 @@
 #include "models/moe.h"
 
 #define MLP "model.layers.%d.mlp"
-static const km_names names = {KM_MOE_LLAMA_NAMES(MLP), KM_MOE_DEEPSEEK_NAMES(MLP)};
+static const km_names names = {KM_MOE_LLAMA_NAMES(MLP), KM_MOE_QK_NORM_NAMES, KM_MOE_DEEPSEEK_NAMES(MLP)};
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));

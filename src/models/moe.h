@@ -10,10 +10,13 @@
     [KM_T_TOK_EMBD] = "model.embed_tokens", [KM_T_OUTPUT_NORM] = "model.norm", [KM_T_OUTPUT] = "lm_head",               \
     [KM_T_ATTN_NORM] = "model.layers.%d.input_layernorm", [KM_T_ATTN_Q] = "model.layers.%d.self_attn.q_proj",           \
     [KM_T_ATTN_K] = "model.layers.%d.self_attn.k_proj", [KM_T_ATTN_V] = "model.layers.%d.self_attn.v_proj",             \
-    [KM_T_ATTN_O] = "model.layers.%d.self_attn.o_proj", [KM_T_ATTN_Q_NORM] = "model.layers.%d.self_attn.q_norm",       \
-    [KM_T_ATTN_K_NORM] = "model.layers.%d.self_attn.k_norm",                                                          \
+    [KM_T_ATTN_O] = "model.layers.%d.self_attn.o_proj",                                                               \
     [KM_T_FFN_NORM] = "model.layers.%d.post_attention_layernorm", [KM_T_FFN_GATE] = mlp ".gate_proj",                  \
     [KM_T_FFN_UP] = mlp ".up_proj", [KM_T_FFN_DOWN] = mlp ".down_proj"
+
+/* Llama-style per-head q/k norms (Qwen3, OLMoE's full-width ones). */
+#define KM_MOE_QK_NORM_NAMES                                                                                         \
+    [KM_T_ATTN_Q_NORM] = "model.layers.%d.self_attn.q_norm", [KM_T_ATTN_K_NORM] = "model.layers.%d.self_attn.k_norm"
 
 /* Routed experts "<moe>.experts.%e.<gate>" as transformers names them, or
  * mlx-lm's stacked "<moe>.switch_mlp.gate_proj" (up_proj, down_proj). */

@@ -7,7 +7,7 @@
 
 #define MLP "model.layers.%d.mlp"
 static const km_names names = {
-    KM_MOE_LLAMA_NAMES(MLP),
+    KM_MOE_LLAMA_NAMES(MLP), KM_MOE_QK_NORM_NAMES,
     KM_MOE_EXPERT_NAMES(MLP, "gate_proj", "up_proj", "down_proj"),
     [KM_T_MOE_ROUTER] = MLP ".gate",
 };
