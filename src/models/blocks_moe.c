@@ -14,9 +14,11 @@ void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o) {
         .width = hp->expert_ffn,
         .score = hp->moe_score,
         .choice_bias = hp->moe_router_bias,
+        .bias_in_weights = hp->moe_bias_in_weights,
         .n_group = hp->moe_n_group,
         .topk_group = hp->moe_topk_group,
         .norm_topk = hp->moe_norm_topk,
+        .norm_min = hp->moe_norm_min,
         .scale = hp->moe_scale,
         .act = hp->act,
         .shared_width = hp->shared_ffn,
@@ -66,18 +68,14 @@ static void route(kb_ctx *b, kg_node *logits, int il, const kb_moe_opts *o, kg_n
                                               : logits;
     kg_node *choice = p;
     if (o->choice_bias && p) {
-        /* The weights come from the biased scores too: the oracle fixtures
-         * (transformers 4.57 as they ran it, for deepseek_v3, dots1 and
-         * glm4_moe alike) match this and not unbiased weights, which
-         * transformers' source reads as router_logits.gather(...). */
-        /* [E] or [1, E] (ERNIE's moe_statics) */
         char name[256];
         kb_name(b, KM_T_MOE_ROUTER_BIAS, il, name, sizeof name);
         const kc_tensor *t = kc_find(b->ck, name);
         kg_node *bias = t && t->rank == 2 ? kb_tensor(b, KM_T_MOE_ROUTER_BIAS, il, "", 2, (int64_t[]){1, o->experts})
                                           : kb_tensor(b, KM_T_MOE_ROUTER_BIAS, il, "", 1, (int64_t[]){o->experts});
         if (bias) bias = kg_reshape(g, kg_convert(g, bias, KG_F32), KG_SHAPE(o->experts));
-        p = choice = kg_add(g, p, bias);
+        choice = kg_add(g, p, bias);
+        if (o->bias_in_weights) p = choice;
     }
     if (o->n_group > 1 && choice) choice = group_limit(b, choice, o);
     *idx = kg_top_k(g, choice, K);

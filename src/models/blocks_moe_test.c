@@ -85,7 +85,10 @@ static void reference(const float *x, float *out) {
     for (int e = 0; e < E; e++) sum += exp(logit[e] - mx);
     for (int e = 0; e < E; e++)
         p[e] = opts.score == KM_MOE_SOFTMAX ? exp(logit[e] - mx) / sum : opts.score == KM_MOE_SIGMOID ? 1 / (1 + exp(-logit[e])) : logit[e];
-    for (int e = 0; e < E; e++) choice[e] = p[e] = p[e] + (opts.choice_bias ? cbias[e] : 0);
+    for (int e = 0; e < E; e++) {
+        choice[e] = p[e] + (opts.choice_bias ? cbias[e] : 0);
+        if (opts.bias_in_weights) p[e] = choice[e];
+    }
     if (opts.n_group > 1) { /* two groups of two, the best pair sum wins */
         int best = choice[0] + choice[1] >= choice[2] + choice[3] ? 0 : 1;
         for (int e = 0; e < E; e++)
@@ -103,7 +106,7 @@ static void reference(const float *x, float *out) {
         for (int j = 0; j < K; j++) w[j] = exp(w[j] - w0) / s;
     }
     if (opts.norm_topk) {
-        double s = w[0] + w[1];
+        double s = fmax(w[0] + w[1], opts.norm_min);
         for (int j = 0; j < K; j++) w[j] /= s;
     }
     for (int j = 0; j < K; j++) {
@@ -129,13 +132,14 @@ KT_TEST(blocks_moe_routings_match_reference) {
     kb_moe_opts base = {.experts = E, .top_k = K, .width = F, .act = KM_ACT_SILU};
     kb_moe_opts cases[] = {
         base, /* Qwen2-MoE without renorm */
-        base, base, base, base,
+        base, base, base, base, base,
     };
     cases[1].norm_topk = true; /* Mixtral */
     cases[2].score = KM_MOE_TOPK_SOFTMAX; /* GraniteMoE */
-    cases[3].score = KM_MOE_SIGMOID, cases[3].choice_bias = true, cases[3].norm_topk = true, cases[3].scale = 2.5f,
+    cases[3].score = KM_MOE_SIGMOID, cases[3].choice_bias = cases[3].bias_in_weights = true, cases[3].norm_topk = true, cases[3].scale = 2.5f,
     cases[3].n_group = 2, cases[3].topk_group = 1; /* DeepSeek-V3 */
     cases[4].shared_width = FS, cases[4].shared_scale = true; /* Qwen2-MoE's shared expert */
+    cases[5].choice_bias = cases[5].norm_topk = true, cases[5].norm_min = 0.5f; /* ERNIE 4.5 */
     float x[T * H], ref[T * H];
     fill(x, T * H, 1);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

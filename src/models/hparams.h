@@ -113,11 +113,15 @@ typedef struct {
     int64_t shared_ffn;       /* inner width of the shared expert(s) together; 0: none */
     km_moe_score moe_score;   /* how router logits become weights (km_moe_score) */
     bool moe_norm_topk;       /* the chosen weights renormalised to sum 1 (norm_topk_prob) */
+    float moe_norm_min;       /* the renormalising sum clamped to at least this (ERNIE moe_norm_min); 0: none */
     float moe_scale;          /* the chosen weights times this (routed_scaling_factor); 0: 1 */
     int64_t moe_n_group, moe_topk_group; /* group-limited routing: experts in n_group groups, only the
                                           * topk_group best groups eligible; n_group <= 1: none */
-    bool moe_router_bias;     /* a per-expert bias added to the sigmoid scores before the choice
-                               * (DeepSeek-V3 e_score_correction_bias; see kb_moe_opts.choice_bias) */
+    bool moe_router_bias;     /* a per-expert bias added to the scores for the choice of experts
+                               * (DeepSeek-V3 e_score_correction_bias, ERNIE moe_statics) */
+    bool moe_bias_in_weights; /* the weights are the biased scores too: the oracle fixtures of deepseek_v3,
+                               * dots1 and glm4_moe (transformers 4.57 as they ran it) match this and not
+                               * the unbiased weights transformers' source reads (router_logits.gather) */
     unsigned char layer_moe[KM_MAX_LAYERS]; /* 1: this layer's MLP is a mixture of experts */
 } km_hparams;
 

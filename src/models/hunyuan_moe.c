@@ -37,13 +37,13 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->shared_ffn = shared ? hp->ffn : 0;
     hp->moe_score = KM_MOE_SOFTMAX;
     hp->moe_norm_topk = true;
+    hp->moe_norm_min = FLT_EPSILON;
     return NULL;
 }
 
 static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
     o->attn.qk_norm = KB_QK_PER_HEAD;
     o->attn.qk_norm_after_rope = true;
-    o->moe.norm_min = FLT_EPSILON;
 }
 
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
