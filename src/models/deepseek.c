@@ -79,7 +79,10 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, NULL); }
+/* V2's group-limited greedy scores a group by its best expert */
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) { o->moe.group_by_max = !strcmp(b->hp->model_type, "deepseek_v2"); }
+
+static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"deepseek_v2", "deepseek_v3", NULL};
 const km_family km_family_deepseek = {"deepseek", types, &names, parse, emit};

@@ -123,7 +123,11 @@ static bool is_matrix(const job *j, const kc_tensor *t) {
     const char *head = j->fam ? (*j->fam->names)[KM_T_OUTPUT] : NULL;
     size_t hl = head ? strlen(head) : 0;
     if (j->hp.head_l2norm && head && !strncmp(t->name, head, hl) && !strcmp(t->name + hl, ".weight")) return false;
-    return true;
+    /* a MoE router with a choice bias (DeepSeek-V3's gate) is mlx-lm's MoEGate
+     * module holding a plain weight, not a Linear layer */
+    char bias[512];
+    snprintf(bias, sizeof bias, "%.*s.e_score_correction_bias", (int)(strlen(t->name) - strlen(".weight")), t->name);
+    return !kc_has(j->ck, bias);
 }
 
 static bool dropped(const job *j, const kc_tensor *t) {
