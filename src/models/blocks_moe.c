@@ -22,6 +22,9 @@ void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o) {
         .scale = hp->moe_scale,
         .act = hp->act,
         .shared_width = hp->shared_ffn,
+        .swiglu_oai = hp->moe_swiglu_limit > 0,
+        .alpha = 1.702f, /* gpt-oss's constant */
+        .limit = hp->moe_swiglu_limit,
     };
 }
 

@@ -122,6 +122,7 @@ typedef struct {
     bool moe_bias_in_weights; /* the weights are the biased scores too: the oracle fixtures of deepseek_v3,
                                * dots1 and glm4_moe (transformers 4.57 as they ran it) match this and not
                                * the unbiased weights transformers' source reads (router_logits.gather) */
+    float moe_swiglu_limit;   /* experts use gpt-oss's clamped SwiGLU (alpha 1.702) with this limit; 0: act */
     unsigned char layer_moe[KM_MAX_LAYERS]; /* 1: this layer's MLP is a mixture of experts */
 } km_hparams;
 
