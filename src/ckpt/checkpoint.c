@@ -708,3 +708,64 @@ done:
     pthread_mutex_unlock(&mc->stacks_lock);
     return st;
 }
+
+/* A cached stack by key, or NULL; call with stacks_lock held. */
+static const kc_experts *cached_stack(const kc_checkpoint *c, const char *key) {
+    for (int i = 0; i < c->n_stacks; i++)
+        if (!strcmp(c->stacks[i].pattern, key)) return &c->stacks[i].e;
+    return NULL;
+}
+
+kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_t n, const kc_expert_part *p, kc_experts *out) {
+    memset(out, 0, sizeof *out);
+    const kc_tensor *t;
+    KILN_TRY(find_req(c, name, &t));
+    KILN_TRY(check_float(c, t));
+    if (t->rank != 3 && t->rank != 2) return kiln_error(KILN_EINVAL, TP "rank %d, want 3 (experts, rows, cols) or 2 (biases)", TA(t), t->rank);
+    if (t->shape[0] != n) return kiln_error(KILN_EINVAL, TP "%" PRId64 " experts, want %" PRId64, TA(t), t->shape[0], n);
+    /* per expert: stored [A, B]; out features O, in features I */
+    int64_t A = t->shape[1], B = t->rank == 3 ? t->shape[2] : 1;
+    bool in_out = p->in_out && t->rank == 3;
+    int64_t O = in_out ? B : A, I = in_out ? A : B;
+    if (p->parts < 1 || p->part < 0 || p->part >= p->parts || O % p->parts)
+        return kiln_error(KILN_EINVAL, TP "%" PRId64 " output features do not split into %d parts", TA(t), O, p->parts);
+    int64_t R = O / p->parts;
+    kc_matrix m = {.fmt = t->dtype == KC_F32 ? KC_W_F32 : t->dtype == KC_F16 ? KC_W_F16 : KC_W_BF16,
+                   .rows = R, .cols = I, .packed_cols = I, .name = t->name, .file = t->file, .data = t->data};
+    if (!in_out && p->parts == 1) return (*out = (kc_experts){m, n}), NULL; /* already [n, rows, cols] */
+    char key[1100];
+    snprintf(key, sizeof key, "%s#%d/%d%s%s", name, p->part, p->parts, in_out ? "t" : "", p->interleaved ? "i" : "");
+    kc_checkpoint *mc = (kc_checkpoint *)c;
+    kiln_status st = NULL;
+    pthread_mutex_lock(&mc->stacks_lock);
+    const kc_experts *hit = cached_stack(c, key);
+    if (hit) {
+        *out = *hit;
+        goto done;
+    }
+    size_t es = kc_dtype_size(t->dtype);
+    struct stack sk = {.pattern = strdup(key), .data = malloc(es * (size_t)(n * R * I))};
+    if (!sk.pattern || !sk.data ||
+        (mc->n_stacks == mc->cap_stacks && !(mc->stacks = realloc(mc->stacks, sizeof *mc->stacks * (size_t)(mc->cap_stacks = mc->cap_stacks ? 2 * mc->cap_stacks : 16))))) {
+        free(sk.pattern), free(sk.data);
+        st = kiln_error(KILN_ENOMEM, "%s: out of memory splitting %s", c->dir, name);
+        goto done;
+    }
+    const char *src = t->data;
+    char *dst = sk.data;
+    for (int64_t e = 0; e < n; e++)
+        for (int64_t r = 0; r < R; r++) {
+            int64_t o = p->interleaved ? r * p->parts + p->part : p->part * R + r; /* stored out feature */
+            for (int64_t i = 0; i < I; i++) {
+                int64_t at = e * A * B + (in_out ? i * B + o : o * B + i);
+                memcpy(dst + es * (size_t)((e * R + r) * I + i), src + es * (size_t)at, es);
+            }
+        }
+    m.data = sk.data;
+    sk.e = (kc_experts){m, n};
+    mc->stacks[mc->n_stacks++] = sk;
+    *out = sk.e;
+done:
+    pthread_mutex_unlock(&mc->stacks_lock);
+    return st;
+}

@@ -132,6 +132,21 @@ typedef struct {
 kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t n, int64_t rows, int64_t cols,
                            kc_experts *out);
 
+/* Expert stacks out of one fused float tensor of a layer (transformers' 3-D
+ * expert parameters): `name` is [n, A, B], or [n, A] (per-expert biases,
+ * read as B = 1). Each expert's matrix is stored [out, in], or [in, out]
+ * with in_out (gpt-oss and Llama 4 keep x @ W). The out features split into
+ * `parts` equal parts, contiguous (part p: features [p*R, (p+1)*R)) or
+ * interleaved (features p, p + parts, ...: gpt-oss's gate_up_proj). *out is
+ * part `part` as a stack [n, R, in] in the tensor's dtype: the tensor itself
+ * when it already is one, else a copy made once and kept until kc_close.
+ * Quantized fused tensors are not supported (mlx-lm splits them). */
+typedef struct {
+    bool in_out, interleaved;
+    int parts, part;
+} kc_expert_part;
+kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_t n, const kc_expert_part *p, kc_experts *out);
+
 /* A plain float tensor (F32, F16 or BF16) of the given rank and shape (-1
  * entries match anything; shape may be NULL to check the rank only). Errors
  * if it is missing, of another rank or shape, or not float. */

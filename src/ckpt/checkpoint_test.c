@@ -723,3 +723,46 @@ KT_TEST(ckpt_expert_stacks_per_expert_and_stacked) {
     kc_close(c);
     ckt_rmdir(dir);
 }
+
+KT_TEST(ckpt_expert_parts_of_fused_tensors) {
+    char dir[256];
+    KT_CHECK(ckt_tmpdir(dir, sizeof dir));
+    KT_CHECK(ckt_write_str(dir, "config.json", CFG_LLAMA));
+    /* 2 experts: fused [in=3, out=4] (x @ W), [out=4, in=3], biases [2, 4] */
+    float io[2][3][4], oi[2][4][3], bias[2][4];
+    for (int e = 0; e < 2; e++)
+        for (int o = 0; o < 4; o++) {
+            bias[e][o] = (float)(10 * e + o);
+            for (int i = 0; i < 3; i++) io[e][i][o] = oi[e][o][i] = (float)(100 * e + 10 * o + i);
+        }
+    kc_tensor ts[] = {
+        {.name = "gate_up_proj", .dtype = KC_F32, .rank = 3, .shape = {2, 3, 4}, .data = io},
+        {.name = "input_linear.weight", .dtype = KC_F32, .rank = 3, .shape = {2, 4, 3}, .data = oi},
+        {.name = "gate_up_proj_bias", .dtype = KC_F32, .rank = 2, .shape = {2, 4}, .data = bias},
+    };
+    KT_CHECK(write_st(dir, "model.safetensors", ts, 3));
+    kc_checkpoint *c;
+    KT_CHECK_OK(kc_open(dir, &c));
+    kc_experts x, again;
+    /* out features 1, 3 (interleaved part 1 of 2) of the [in, out] tensor */
+    KT_CHECK_OK(kc_get_experts_part(c, "gate_up_proj", 2, &(kc_expert_part){.in_out = true, .interleaved = true, .parts = 2, .part = 1}, &x));
+    KT_CHECK(x.m.rows == 2 && x.m.cols == 3);
+    for (int e = 0; e < 2; e++)
+        for (int r = 0; r < 2; r++)
+            for (int i = 0; i < 3; i++) KT_CHECK(stack_at(&x, e, r, i) == oi[e][2 * r + 1][i]);
+    KT_CHECK_OK(kc_get_experts_part(c, "gate_up_proj", 2, &(kc_expert_part){.in_out = true, .interleaved = true, .parts = 2, .part = 1}, &again));
+    KT_CHECK(again.m.data == x.m.data); /* copied once */
+    /* the upper half (contiguous part 1 of 2) of the [out, in] tensor */
+    KT_CHECK_OK(kc_get_experts_part(c, "input_linear.weight", 2, &(kc_expert_part){.parts = 2, .part = 1}, &x));
+    KT_CHECK(x.m.rows == 2 && x.m.cols == 3 && stack_at(&x, 1, 1, 2) == oi[1][3][2]);
+    /* the whole [out, in] tensor is its own stack */
+    KT_CHECK_OK(kc_get_experts_part(c, "input_linear.weight", 2, &(kc_expert_part){.parts = 1}, &x));
+    KT_CHECK(x.m.data == kc_find(c, "input_linear.weight")->data && x.m.rows == 4);
+    /* biases: even features */
+    KT_CHECK_OK(kc_get_experts_part(c, "gate_up_proj_bias", 2, &(kc_expert_part){.interleaved = true, .parts = 2}, &x));
+    KT_CHECK(x.m.rows == 2 && x.m.cols == 1 && stack_at(&x, 1, 1, 0) == bias[1][2]);
+    KT_CHECK_ERR(kc_get_experts_part(c, "gate_up_proj", 3, &(kc_expert_part){.parts = 2}, &x), "2 experts, want 3");
+    KT_CHECK_ERR(kc_get_experts_part(c, "gate_up_proj", 2, &(kc_expert_part){.in_out = true, .parts = 3}, &x), "do not split into 3 parts");
+    kc_close(c);
+    ckt_rmdir(dir);
+}

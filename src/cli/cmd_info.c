@@ -60,6 +60,18 @@ int kiln_cmd_info(int argc, char **argv) {
         printf("attention    multi-head latent: q_lora %lld, kv_lora %lld, per head %lld nope + %lld rope, v %lld\n",
                (long long)hp->q_lora_rank, (long long)hp->kv_lora_rank, (long long)hp->qk_nope_dim,
                (long long)hp->qk_rope_dim, (long long)hp->v_head_dim);
+    if (hp->n_experts) {
+        int moe = 0;
+        for (int64_t i = 0; i < hp->n_layers; i++) moe += hp->layer_moe[i];
+        static const char *const score[] = {"softmax, top-k", "top-k, softmax", "sigmoid, top-k"};
+        printf("experts      %lld of %lld per token (width %lld) on %d of %lld layers; router %s%s%s", (long long)hp->n_experts_used,
+               (long long)hp->n_experts, (long long)hp->expert_ffn, moe, (long long)hp->n_layers, score[hp->moe_score],
+               hp->moe_router_bias ? " with choice bias" : "", hp->moe_norm_topk ? ", renormalised" : "");
+        if (hp->moe_n_group > 1) printf(", %lld of %lld groups", (long long)hp->moe_topk_group, (long long)hp->moe_n_group);
+        if (hp->moe_scale != 0 && hp->moe_scale != 1) printf(", scaled %g", hp->moe_scale);
+        if (hp->shared_ffn) printf("; shared expert width %lld", (long long)hp->shared_ffn);
+        printf("\n");
+    }
     if (hp->logn_len) printf("attention    logn query scaling from position %lld\n", (long long)hp->logn_len);
     if (hp->alibi) printf("positions    ALiBi\n");
     if (hp->n_ropes > 0) {

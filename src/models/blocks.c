@@ -47,6 +47,11 @@ static void fill_name(const char *pat, int n, int il, char *buf, size_t cap) {
 
 static bool module_present(const kb_ctx *b, const char *name) {
     char full[300];
+    const char *e = strstr(name, "%e"); /* per-expert modules: the first expert's */
+    if (e) {
+        snprintf(full, sizeof full, "%.*s0%s", (int)(e - name), name, e + 2);
+        return module_present(b, full);
+    }
     if (kc_has(b->ck, name)) return true;
     snprintf(full, sizeof full, "%s.weight", name);
     if (kc_has(b->ck, full)) return true;

@@ -246,6 +246,53 @@ typedef struct {
 } kb_embed_opts;
 kg_node *kb_embed(kb_ctx *b, const kb_embed_opts *o); /* o NULL: token embeddings only */
 
+/* ================================================================ mixture of experts (blocks_moe.c) */
+/* (before the layers: kb_layer_opts holds these options) */
+
+/* How a layer stores its routed experts' gate and up projections when the
+ * KM_T_MOE_GATE modules are absent (transformers' fused 3-D float tensors;
+ * mlx-lm splits them into gate/up/down stacks, which are used when present). */
+typedef enum {
+    KB_MOE_SEPARATE,       /* KM_T_MOE_GATE, _UP, _DOWN modules (per expert with "%e", or stacked) */
+    KB_MOE_HALVES,         /* KM_T_MOE_GATE_UP "<module>.weight" [E, 2F, H]: gate rows first (GraniteMoE,
+                            * JetMoE); KM_T_MOE_DOWN a stacked module [E, H, F] */
+    KB_MOE_IN_OUT_HALVES,  /* KM_T_MOE_GATE_UP a tensor [E, H, 2F] (x @ W), gate columns first; KM_T_MOE_DOWN a
+                            * tensor [E, F, H] (Llama 4) */
+    KB_MOE_IN_OUT_INTERLEAVED, /* as the last, gate and up columns alternating (gpt-oss) */
+} kb_moe_layout;
+
+/* A mixture-of-experts MLP: router logits (KM_T_MOE_ROUTER) -> scores ->
+ * top-k experts and their weights -> the chosen experts' gated MLPs (kg_moe),
+ * weighted and summed, plus an optional shared expert. Routing is float32
+ * with torch.topk's order (lower index first among equals). */
+typedef struct {
+    int64_t experts;      /* routed experts; 0: not a mixture (kb_layer runs kb_ffn) */
+    int64_t top_k;        /* experts per token */
+    int64_t width;        /* each expert's inner width F */
+    km_moe_score score;
+    bool router_bias;     /* the router projection has a bias (gpt-oss) */
+    bool choice_bias;     /* KM_T_MOE_ROUTER_BIAS added to the scores for the choice (group limits, top-k) */
+    bool bias_in_weights; /* ... and the weights taken from the biased scores (see km_hparams.moe_bias_in_weights) */
+    int64_t n_group, topk_group; /* group-limited choice (n_group > 1): only experts of the topk_group
+                                  * groups with the best group scores compete; the others score 0 */
+    bool group_by_max;    /* a group's score is its best expert score (DeepSeek-V2), not the sum of its best two */
+    bool norm_topk;       /* weights divided by their sum (+ norm_eps, at least norm_min) */
+    float norm_eps, norm_min;
+    float scale;          /* weights times this (routed_scaling_factor); 0: 1 */
+    kb_moe_layout layout;
+    km_act act;           /* SiLU, GELU (erf) or GELU-tanh */
+    bool swiglu_oai;      /* gpt-oss's clamped SwiGLU (alpha, limit) instead of act */
+    float alpha, limit;
+    bool expert_bias;     /* per-expert biases on gate/up/down ("<module>.bias", or the fused tensor's "_bias") */
+    int64_t shared_width; /* the shared expert's inner width; 0: none */
+    bool shared_fused;    /* the shared expert's gate and up in KM_T_MOE_SHARED_UP [2F, H], gate rows first */
+    bool shared_scale;    /* its output times sigmoid(KM_T_MOE_SHARED_SCALE x) (Qwen2-MoE) */
+} kb_moe_opts;
+/* x [T, hidden] -> [T, hidden]. */
+kg_node *kb_moe(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o);
+/* Layer il's MoE options from hp (experts 0 when the layer is dense). */
+void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o);
+
 /* ================================================================ layers (blocks_layer.c) */
 
 /* Where a layer's norms sit around each branch f (attention, then MLP):
@@ -266,6 +313,7 @@ typedef struct {
     float residual_scale;    /* branches times this before their add; 0: 1 */
     kb_attn_opts attn;
     kb_ffn_opts ffn;
+    kb_moe_opts moe;         /* moe.experts > 0: the MLP branch is kb_moe instead of kb_ffn */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
  * hp->post_norm) RMSNorm layers with hp's arrangement switches
@@ -274,7 +322,8 @@ typedef struct {
  * scale (attn_scale, by layer with attn_scale_by_layer), soft-cap, window,
  * logn and temperature query scales, b->alibi, and rope -1 for NoPE layers,
  * 1 for sliding layers when there are two rope configs, else 0; a gated MLP
- * with hp->act, hp->mlp_bias and the layer's width. */
+ * with hp->act, hp->mlp_bias and the layer's width, or a mixture of experts
+ * on hp->layer_moe layers (kb_moe_defaults). */
 void kb_layer_defaults(const kb_ctx *b, int il, kb_layer_opts *o);
 kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o);
 

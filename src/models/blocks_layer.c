@@ -33,6 +33,7 @@ void kb_layer_defaults(const kb_ctx *b, int il, kb_layer_opts *o) {
                  .alibi = b->alibi},
         .ffn = {.gated = true, .act = hp->act, .bias = hp->mlp_bias, .width = hp->layer_ffn[il]},
     };
+    kb_moe_defaults(b, il, &o->moe);
 }
 
 /* res + h, h scaled by the layer's residual scale. */
@@ -40,6 +41,11 @@ static kg_node *add_branch(kb_ctx *b, kg_node *res, kg_node *h, const kb_layer_o
     if (!h) return NULL;
     if (o->residual_scale != 0) h = kg_scale(b->g, h, o->residual_scale);
     return kg_add(b->g, res, h);
+}
+
+/* The MLP branch: a mixture of experts or a dense MLP. */
+static kg_node *mlp(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
+    return kg_name(o->moe.experts > 0 ? kb_moe(b, x, il, &o->moe) : kb_ffn(b, x, il, &o->ffn), "ffn_out", il);
 }
 
 kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
@@ -51,7 +57,7 @@ kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
                                      b->fam->name));
     if (o->norm_place == KB_NORM_RESIDUAL) {
         x = kb_norm_ex(b, add_branch(b, x, kg_name(kb_attention(b, x, il, &o->attn), "attn_out", il), o), KM_T_ATTN_NORM, il, n);
-        return kb_norm_ex(b, add_branch(b, x, kg_name(kb_ffn(b, x, il, &o->ffn), "ffn_out", il), o), KM_T_FFN_NORM, il, n);
+        return kb_norm_ex(b, add_branch(b, x, mlp(b, x, il, o), o), KM_T_FFN_NORM, il, n);
     }
     bool pre = o->norm_place != KB_NORM_POST, post = o->norm_place != KB_NORM_PRE;
     kg_node *n1 = pre ? kb_norm_ex(b, x, KM_T_ATTN_NORM, il, n) : x;
@@ -59,12 +65,12 @@ kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
     if (post) a = kb_norm_ex(b, a, KM_T_ATTN_POST_NORM, il, n);
     if (o->parallel) {
         kg_node *n2 = o->shared_norm ? n1 : kb_norm_ex(b, x, KM_T_FFN_NORM, il, n);
-        kg_node *f = kg_name(kb_ffn(b, n2, il, &o->ffn), "ffn_out", il);
+        kg_node *f = mlp(b, n2, il, o);
         return add_branch(b, o->residual_from_norm ? n1 : x, kg_add(g, a, f), o);
     }
     x = add_branch(b, o->residual_from_norm ? n1 : x, a, o);
     kg_node *n2 = pre ? kb_norm_ex(b, x, KM_T_FFN_NORM, il, n) : x;
-    kg_node *f = kg_name(kb_ffn(b, n2, il, &o->ffn), "ffn_out", il);
+    kg_node *f = mlp(b, n2, il, o);
     if (post) f = kb_norm_ex(b, f, KM_T_FFN_POST_NORM, il, n);
     return add_branch(b, o->residual_from_norm ? n2 : x, f, o);
 }

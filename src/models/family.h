@@ -52,6 +52,19 @@ typedef enum {
     KM_T_FFN_SUB_NORM,   /* on the MLP's inner activations, before the down projection (BitNet) */
     KM_T_FFN_DOWN,
     KM_T_FFN_POST_NORM,  /* on the MLP output, before the residual add */
+    /* mixture of experts: patterns name each expert's module with "%e" after
+     * the layer's "%d" (per-expert modules), or one stacked module without it
+     * (mlx-lm's switch_mlp: weights [E, rows, cols]) */
+    KM_T_MOE_ROUTER,     /* router logits [E, hidden] */
+    KM_T_MOE_ROUTER_BIAS,/* a tensor [E] (or [1, E]) added to the scores for the choice only */
+    KM_T_MOE_GATE,
+    KM_T_MOE_UP,
+    KM_T_MOE_DOWN,
+    KM_T_MOE_GATE_UP,    /* one float tensor per layer holding gate and up of every expert (kb_moe_opts.fused) */
+    KM_T_MOE_SHARED_GATE,/* the shared expert's gated MLP (KM_T_MOE_SHARED_UP may be the fused [gate | up]) */
+    KM_T_MOE_SHARED_UP,
+    KM_T_MOE_SHARED_DOWN,
+    KM_T_MOE_SHARED_SCALE, /* the shared expert's output times sigmoid(this [1, hidden] projection) (Qwen2-MoE) */
     KM_T_COUNT
 } km_tensor;
 

@@ -29,6 +29,14 @@ typedef enum {
     KM_ACT_XIELU,     /* learned per layer: kb_xielu (kb_act rejects it) */
 } km_act;
 
+/* How a mixture-of-experts router turns logits into the chosen experts and
+ * their weights (all in float32, as transformers computes them). */
+typedef enum {
+    KM_MOE_SOFTMAX,       /* softmax over every expert, then top-k (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2) */
+    KM_MOE_TOPK_SOFTMAX,  /* top-k of the logits, softmax over those k (GraniteMoE, JetMoE, gpt-oss) */
+    KM_MOE_SIGMOID,       /* sigmoid of every logit, then top-k (DeepSeek-V3, dots1, GLM-4-MoE) */
+} km_moe_score;
+
 typedef struct {
     char model_type[64];
     char features[160]; /* what `kiln info` should say beyond the fields below, e.g. "ALiBi, parallel residual" */
@@ -97,6 +105,25 @@ typedef struct {
     km_act act;
     bool mlp_bias;
     bool mlp_glu;             /* gated MLP where a family makes it optional (OpenELM ffn_with_glu) */
+
+    /* ---- mixture of experts ---- */
+    int64_t n_experts;        /* routed experts per MoE layer; 0: every layer is dense */
+    int64_t n_experts_used;   /* experts per token (top-k) */
+    int64_t expert_ffn;       /* inner width of each routed expert */
+    int64_t shared_ffn;       /* inner width of the shared expert(s) together; 0: none */
+    km_moe_score moe_score;   /* how router logits become weights (km_moe_score) */
+    bool moe_norm_topk;       /* the chosen weights renormalised to sum 1 (norm_topk_prob) */
+    float moe_norm_min;       /* the renormalising sum clamped to at least this (ERNIE moe_norm_min); 0: none */
+    float moe_scale;          /* the chosen weights times this (routed_scaling_factor); 0: 1 */
+    int64_t moe_n_group, moe_topk_group; /* group-limited routing: experts in n_group groups, only the
+                                          * topk_group best groups eligible; n_group <= 1: none */
+    bool moe_router_bias;     /* a per-expert bias added to the scores for the choice of experts
+                               * (DeepSeek-V3 e_score_correction_bias, ERNIE moe_statics) */
+    bool moe_bias_in_weights; /* the weights are the biased scores too: the oracle fixtures of deepseek_v3,
+                               * dots1 and glm4_moe (transformers 4.57 as they ran it) match this and not
+                               * the unbiased weights transformers' source reads (router_logits.gather) */
+    float moe_swiglu_limit;   /* experts use gpt-oss's clamped SwiGLU (alpha 1.702) with this limit; 0: act */
+    unsigned char layer_moe[KM_MAX_LAYERS]; /* 1: this layer's MLP is a mixture of experts */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call
@@ -114,6 +141,24 @@ kiln_status km_sliding_layers(const cJSON *cfg, km_hparams *hp, int64_t first, i
 kiln_status km_rope_one(km_hparams *hp, bool interleaved);
 /* Every layer NoPE (ALiBi or learned positions instead of rotary). */
 void km_no_rope(km_hparams *hp);
+
+/* Config keys a family's mixture-of-experts settings are read from (NULL:
+ * the family has no such key). */
+typedef struct {
+    const char *experts, *top_k, *expert_ffn; /* routed experts, experts per token, their width */
+    const char *shared_ffn;  /* the shared expert's whole width (Qwen2-MoE shared_expert_intermediate_size) */
+    const char *n_shared;    /* a number of shared experts, expert_ffn wide each (DeepSeek n_shared_experts) */
+    const char *first_dense; /* layers before this one are dense (first_k_dense_replace) */
+    const char *step;        /* with step s, layer i is MoE when (i + 1) % s == 0 (Qwen2-MoE decoder_sparse_step) */
+    const char *freq;        /* with freq f, layer i is MoE when i % f == 0 (DeepSeek moe_layer_freq) */
+    const char *dense_list;  /* a list of dense layers (Qwen2-MoE mlp_only_layers) */
+    bool norm_topk;          /* norm_topk_prob's default (the key is read when present) */
+    int64_t top_k_def;       /* top_k's default; 0: the key is required */
+} km_moe_keys;
+/* Reads the MoE fields named by k (plus routed_scaling_factor, n_group and
+ * topk_group when present) and marks which layers are MoE; a config without
+ * the experts key (or with 0) leaves every layer dense. */
+kiln_status km_moe_parse(const cJSON *cfg, km_hparams *hp, const km_moe_keys *k);
 
 /* ---- config.json keys ---- */
 /* An integer whose null in config.json (Python's None) means something else

@@ -1,0 +1,280 @@
+/* blocks_moe.c: the mixture-of-experts MLP (see blocks.h): routing in the
+ * graph's primitives, the experts in one kiln.moe node, the shared expert. */
+#include <string.h>
+
+#include "models/blocks.h"
+
+void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o) {
+    const km_hparams *hp = b->hp;
+    memset(o, 0, sizeof *o);
+    if (hp->n_experts <= 0 || il < 0 || il >= hp->n_layers || !hp->layer_moe[il]) return;
+    *o = (kb_moe_opts){
+        .experts = hp->n_experts,
+        .top_k = hp->n_experts_used,
+        .width = hp->expert_ffn,
+        .score = hp->moe_score,
+        .choice_bias = hp->moe_router_bias,
+        .bias_in_weights = hp->moe_bias_in_weights,
+        .n_group = hp->moe_n_group,
+        .topk_group = hp->moe_topk_group,
+        .norm_topk = hp->moe_norm_topk,
+        .norm_min = hp->moe_norm_min,
+        .scale = hp->moe_scale,
+        .act = hp->act,
+        .shared_width = hp->shared_ffn,
+        .swiglu_oai = hp->moe_swiglu_limit > 0,
+        .alpha = 1.702f, /* gpt-oss's constant */
+        .limit = hp->moe_swiglu_limit,
+    };
+}
+
+/* ---------------------------------------------------------------- routing */
+
+/* softmax over the last dim of x [T, N], as torch: exp(x - max) / sum. */
+static kg_node *softmax(kg_graph *g, kg_node *x) {
+    if (!x) return NULL;
+    int last = x->shape.rank - 1, keep[KG_MAX_RANK];
+    for (int i = 0; i < last; i++) keep[i] = i;
+    kg_node *m = kg_broadcast_in_dim(g, kg_reduce(g, x, KG_REDUCE_MAX, &last, 1), x->shape, keep);
+    kg_node *e = kg_unary(g, KG_OP_EXP, kg_binary(g, KG_OP_SUB, x, m));
+    kg_node *s = kg_broadcast_in_dim(g, kg_reduce(g, e, KG_REDUCE_SUM, &last, 1), x->shape, keep);
+    return kg_binary(g, KG_OP_DIV, e, s);
+}
+
+/* scores [T, E] with the experts outside the topk_group best groups set to
+ * 0 (DeepSeek's masked_fill(~mask, 0.0)). */
+static kg_node *group_limit(kb_ctx *b, kg_node *s, const kb_moe_opts *o) {
+    kg_graph *g = b->g;
+    int64_t T = s->shape.d[0], G = o->n_group, per = o->experts / G, tg = o->topk_group;
+    kg_node *grouped = kg_reshape(g, s, KG_SHAPE(T * G, per));
+    int one = 1;
+    kg_node *gs;
+    if (o->group_by_max || per < 2) gs = kg_reduce(g, grouped, KG_REDUCE_MAX, &one, 1);
+    else gs = kg_reduce(g, kg_take_along(g, grouped, kg_top_k(g, grouped, 2)), KG_REDUCE_SUM, &one, 1);
+    kg_node *best = kg_top_k(g, kg_reshape(g, gs, KG_SHAPE(T, G)), (int)tg); /* [T, tg] */
+    /* keep[t, gi] = any_j best[t, j] == gi */
+    kg_node *hit = kg_compare(g, KG_CMP_EQ, kg_broadcast_in_dim(g, best, KG_SHAPE(T, tg, G), (int[]){0, 1}),
+                              kg_iota(g, KG_I32, KG_SHAPE(T, tg, G), 2));
+    kg_node *keep = kg_reduce(g, kg_convert(g, hit, KG_F32), KG_REDUCE_MAX, &one, 1); /* [T, G] */
+    keep = kg_reshape(g, kg_broadcast_in_dim(g, keep, KG_SHAPE(T, G, per), (int[]){0, 1}), KG_SHAPE(T, o->experts));
+    kg_node *zero = kg_broadcast_like(g, kg_scalar(g, KG_F32, 0), s);
+    return kg_select(g, kg_compare(g, KG_CMP_GT, keep, zero), s, zero);
+}
+
+/* The chosen experts idx [T, K] i32 and their weights wts [T, K] f32 from
+ * router logits [T, E]. */
+static void route(kb_ctx *b, kg_node *logits, int il, const kb_moe_opts *o, kg_node **idx, kg_node **wts) {
+    kg_graph *g = b->g;
+    int K = (int)o->top_k;
+    kg_node *p = o->score == KM_MOE_SOFTMAX   ? softmax(g, logits)
+                 : o->score == KM_MOE_SIGMOID ? kg_unary(g, KG_OP_LOGISTIC, logits)
+                                              : logits;
+    kg_node *choice = p;
+    if (o->choice_bias && p) {
+        char name[256];
+        kb_name(b, KM_T_MOE_ROUTER_BIAS, il, name, sizeof name);
+        const kc_tensor *t = kc_find(b->ck, name);
+        kg_node *bias = t && t->rank == 2 ? kb_tensor(b, KM_T_MOE_ROUTER_BIAS, il, "", 2, (int64_t[]){1, o->experts})
+                                          : kb_tensor(b, KM_T_MOE_ROUTER_BIAS, il, "", 1, (int64_t[]){o->experts});
+        if (bias) bias = kg_reshape(g, kg_convert(g, bias, KG_F32), KG_SHAPE(o->experts));
+        choice = kg_add(g, p, bias);
+        if (o->bias_in_weights) p = choice;
+    }
+    if (o->n_group > 1 && choice) choice = group_limit(b, choice, o);
+    *idx = kg_top_k(g, choice, K);
+    kg_node *w = kg_take_along(g, p, *idx);
+    if (o->score == KM_MOE_TOPK_SOFTMAX) w = softmax(g, w);
+    if (o->norm_topk && w) {
+        int last = 1;
+        kg_node *sum = kg_reduce(g, w, KG_REDUCE_SUM, &last, 1);
+        if (o->norm_eps != 0) sum = kg_add(g, sum, kg_scalar(g, KG_F32, o->norm_eps));
+        if (o->norm_min != 0) sum = kg_binary(g, KG_OP_MAX, sum, kg_broadcast_like(g, kg_scalar(g, KG_F32, o->norm_min), sum));
+        w = kg_binary(g, KG_OP_DIV, w, kg_broadcast_in_dim(g, sum, w->shape, (int[]){0}));
+    }
+    if (o->scale != 0 && o->scale != 1) w = kg_scale(g, w, o->scale);
+    *wts = w;
+}
+
+/* ---------------------------------------------------------------- experts */
+
+static kg_dtype dtype_of(kc_dtype t) { return t == KC_F32 ? KG_F32 : t == KC_F16 ? KG_F16 : t == KC_BF16 ? KG_BF16 : KG_U32; }
+
+/* Graph nodes w[0..3) (weights, scales, biases) and the attribute of a stack. */
+static void stack_nodes(kb_ctx *b, const kc_experts *x, kg_node **w, kg_wattr *wa) {
+    const kc_matrix *m = &x->m;
+    *wa = (kg_wattr){.rows = m->rows, .cols = m->cols};
+    w[1] = w[2] = NULL;
+    switch (m->fmt) {
+    case KC_W_F32: wa->fmt = KG_WF_F32; break;
+    case KC_W_F16: wa->fmt = KG_WF_F16; break;
+    case KC_W_BF16: wa->fmt = KG_WF_BF16; break;
+    case KC_W_AFFINE: wa->fmt = KG_WF_AFFINE; break;
+    }
+    if (m->fmt != KC_W_AFFINE) {
+        w[0] = kg_weight(b->g, dtype_of(m->fmt == KC_W_F32 ? KC_F32 : m->fmt == KC_W_F16 ? KC_F16 : KC_BF16),
+                         KG_SHAPE(x->n, m->rows, m->cols), m->data, m->name);
+        return;
+    }
+    wa->bits = m->bits;
+    wa->group_size = m->group_size;
+    kg_shape ss = KG_SHAPE(x->n, m->rows, m->cols / m->group_size);
+    w[0] = kg_weight(b->g, KG_U32, KG_SHAPE(x->n, m->rows, m->packed_cols), m->data, m->name);
+    w[1] = kg_weight(b->g, dtype_of(m->sb_dtype), ss, m->scales, m->name);
+    w[2] = kg_weight(b->g, dtype_of(m->sb_dtype), ss, m->biases, m->name);
+}
+
+static bool take(kb_ctx *b, kiln_status st) {
+    if (st) kb_fail(b, st);
+    return !st;
+}
+
+/* Role t of layer il as a stack of n experts [n, rows, cols] (per-expert or
+ * stacked modules). */
+static bool experts(kb_ctx *b, km_tensor t, int il, int64_t n, int64_t rows, int64_t cols, kg_node **w, kg_wattr *wa) {
+    char name[256];
+    kc_experts x;
+    if (!take(b, kc_get_experts(b->ck, kb_name(b, t, il, name, sizeof name), n, rows, cols, &x))) return false;
+    stack_nodes(b, &x, w, wa);
+    return w[0] != NULL;
+}
+
+/* Part `part` of the fused float tensor `name` (kc_get_experts_part). */
+static bool experts_part(kb_ctx *b, const char *name, int64_t n, const kc_expert_part *p, int64_t rows, int64_t cols, kg_node **w,
+                         kg_wattr *wa) {
+    kc_experts x;
+    if (!take(b, kc_get_experts_part(b->ck, name, n, p, &x))) return false;
+    if ((rows >= 0 && x.m.rows != rows) || (cols >= 0 && x.m.cols != cols))
+        return take(b, kiln_error(KILN_EINVAL, "%s: experts of [%lld, %lld], want [%lld, %lld]", name, (long long)x.m.rows,
+                                  (long long)x.m.cols, (long long)rows, (long long)cols));
+    stack_nodes(b, &x, w, wa);
+    return w[0] != NULL;
+}
+
+/* "<pattern of t><suffix>" with layer il, expert e (when the pattern has "%e"). */
+static const char *expert_tensor(const kb_ctx *b, km_tensor t, int il, int e, const char *suffix, char *buf, size_t cap) {
+    char name[256];
+    kb_name(b, t, il, name, sizeof name);
+    const char *p = strstr(name, "%e");
+    if (p) snprintf(buf, cap, "%.*s%d%s%s", (int)(p - name), name, e, p + 2, suffix);
+    else snprintf(buf, cap, "%s%s", name, suffix);
+    return buf;
+}
+
+/* Whether role t names a module with a weight (the first expert's when per expert). */
+static bool has_module(const kb_ctx *b, km_tensor t, int il) {
+    char name[300];
+    return (*b->fam->names)[t] && kc_has(b->ck, expert_tensor(b, t, il, 0, ".weight", name, sizeof name));
+}
+
+/* Per-expert bias [E, n] of role t: "<module>.bias" of every expert or of
+ * the stacked module. */
+static kg_node *expert_bias(kb_ctx *b, km_tensor t, int il, int64_t E, int64_t n) {
+    char name[300];
+    kb_name(b, t, il, name, sizeof name);
+    if (!strstr(name, "%e")) return kb_tensor(b, t, il, ".bias", 2, (int64_t[]){E, n});
+    kg_node **rows = kg_alloc(b->g, sizeof(kg_node *) * (size_t)E);
+    if (!rows) return kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory"));
+    for (int e = 0; e < E; e++) {
+        const kc_tensor *ct;
+        if (!take(b, kc_get_tensor(b->ck, expert_tensor(b, t, il, e, ".bias", name, sizeof name), 1, (int64_t[]){n}, &ct)))
+            return NULL;
+        rows[e] = kg_reshape(b->g, kg_convert(b->g, kg_weight(b->g, dtype_of(ct->dtype), KG_SHAPE(n), ct->data, ct->name), KG_F32),
+                             KG_SHAPE(1, n));
+    }
+    return kg_concat(b->g, rows, (int)E, 0);
+}
+
+static bool moe_act(kb_ctx *b, const kb_moe_opts *o, kg_moe_attr *a) {
+    if (o->swiglu_oai) {
+        a->act = KG_MOE_SWIGLU_OAI, a->alpha = o->alpha, a->limit = o->limit;
+        return true;
+    }
+    switch (o->act) {
+    case KM_ACT_SILU: a->act = KG_MOE_SILU; return true;
+    case KM_ACT_GELU: a->act = KG_MOE_GELU; return true;
+    case KM_ACT_GELU_TANH: a->act = KG_MOE_GELU_TANH; return true;
+    default: return take(b, kiln_error(KILN_EUNSUPPORTED, "%s: experts with this activation are not supported", b->fam->name));
+    }
+}
+
+/* The routed experts on x [T, H]. */
+static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il, const kb_moe_opts *o) {
+    int64_t E = o->experts, H = x->shape.d[1], F = o->width;
+    kg_moe_attr a = {.n_experts = (int)E, .bias = o->expert_bias};
+    kg_node *w[12] = {0};
+    if (!moe_act(b, o, &a)) return NULL;
+    bool separate = o->layout == KB_MOE_SEPARATE || has_module(b, KM_T_MOE_GATE, il);
+    char name[300], full[320];
+    if (separate) {
+        if (!experts(b, KM_T_MOE_GATE, il, E, F, H, w, &a.gate) || !experts(b, KM_T_MOE_UP, il, E, F, H, w + 3, &a.up)) return NULL;
+        if (o->expert_bias) {
+            w[9] = expert_bias(b, KM_T_MOE_GATE, il, E, F);
+            w[10] = expert_bias(b, KM_T_MOE_UP, il, E, F);
+        }
+    } else {
+        bool in_out = o->layout != KB_MOE_HALVES, inter = o->layout == KB_MOE_IN_OUT_INTERLEAVED;
+        kb_name(b, KM_T_MOE_GATE_UP, il, name, sizeof name);
+        snprintf(full, sizeof full, "%s%s", name, in_out ? "" : ".weight");
+        for (int part = 0; part < 2; part++) {
+            kc_expert_part p = {.in_out = in_out, .interleaved = inter, .parts = 2, .part = part};
+            if (!experts_part(b, full, E, &p, F, H, w + 3 * part, part ? &a.up : &a.gate)) return NULL;
+            if (o->expert_bias) {
+                kg_node *bw[3];
+                kg_wattr bwa;
+                snprintf(full, sizeof full, "%s_bias", name);
+                p.in_out = false;
+                if (!experts_part(b, full, E, &p, F, 1, bw, &bwa)) return NULL;
+                w[9 + part] = kg_reshape(b->g, bw[0], KG_SHAPE(E, F));
+                snprintf(full, sizeof full, "%s%s", name, in_out ? "" : ".weight");
+            }
+        }
+    }
+    /* down: per-expert or stacked modules, else (in/out layouts) one tensor [E, F, H] */
+    kb_name(b, KM_T_MOE_DOWN, il, name, sizeof name);
+    if (separate || o->layout == KB_MOE_HALVES || has_module(b, KM_T_MOE_DOWN, il)) {
+        if (!experts(b, KM_T_MOE_DOWN, il, E, H, F, w + 6, &a.down)) return NULL;
+        if (o->expert_bias) w[11] = expert_bias(b, KM_T_MOE_DOWN, il, E, H);
+    } else {
+        if (!experts_part(b, name, E, &(kc_expert_part){.in_out = true, .parts = 1}, H, F, w + 6, &a.down)) return NULL;
+        if (o->expert_bias) w[11] = kb_tensor(b, KM_T_MOE_DOWN, il, "_bias", 2, (int64_t[]){E, H});
+    }
+    if (o->expert_bias && (!w[9] || !w[10] || !w[11])) return NULL;
+    return kg_moe(b->g, x, idx, wts, w, &a);
+}
+
+/* The shared expert on x [T, H] (gate/up/down of width o->shared_width). */
+static kg_node *shared(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o) {
+    kg_graph *g = b->g;
+    int64_t F = o->shared_width, H = x->shape.d[1];
+    kg_node *gate, *up;
+    if (o->shared_fused) {
+        kg_node *gu = kb_linear(b, x, KM_T_MOE_SHARED_UP, il, 2 * F, false);
+        gate = kb_slice_last(b, gu, 0, F);
+        up = kb_slice_last(b, gu, F, 2 * F);
+    } else {
+        gate = kb_linear(b, x, KM_T_MOE_SHARED_GATE, il, F, false);
+        up = kb_linear(b, x, KM_T_MOE_SHARED_UP, il, F, false);
+    }
+    kg_node *h = kb_linear(b, kg_mul(g, kb_act(b, gate, o->act), up), KM_T_MOE_SHARED_DOWN, il, H, false);
+    if (o->shared_scale && h) {
+        kg_node *s = kg_unary(g, KG_OP_LOGISTIC, kb_linear(b, x, KM_T_MOE_SHARED_SCALE, il, 1, false)); /* [T, 1] */
+        h = kg_mul(g, h, kg_broadcast_in_dim(g, kg_reshape(g, s, KG_SHAPE(x->shape.d[0])), h->shape, (int[]){0}));
+    }
+    return h;
+}
+
+kg_node *kb_moe(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o) {
+    if (!x) return NULL;
+    if (o->experts < 1 || o->top_k < 1 || o->top_k > o->experts || o->width < 1)
+        return kb_fail(b, kiln_error(KILN_EINVAL, "%s: layer %d: %lld of %lld experts of width %lld", b->fam->name, il,
+                                     (long long)o->top_k, (long long)o->experts, (long long)o->width));
+    if (o->n_group > 1 && (o->experts % o->n_group || o->topk_group < 1 || o->topk_group > o->n_group))
+        return kb_fail(b, kiln_error(KILN_EINVAL, "%s: %lld experts do not form %lld groups (%lld chosen)", b->fam->name,
+                                     (long long)o->experts, (long long)o->n_group, (long long)o->topk_group));
+    kg_node *logits = kb_linear(b, x, KM_T_MOE_ROUTER, il, o->experts, o->router_bias), *idx = NULL, *wts = NULL;
+    if (!logits) return NULL;
+    route(b, logits, il, o, &idx, &wts);
+    kg_node *y = routed(b, x, kg_name(idx, "moe_idx", il), kg_name(wts, "moe_wts", il), il, o);
+    if (o->shared_width > 0 && y) y = kg_add(b->g, y, shared(b, x, il, o));
+    return y;
+}

@@ -1,0 +1,234 @@
+/* kb_moe on small made-up weights against a scalar reference of each routing
+ * (softmax then top-k with renormalisation, top-k then softmax, sigmoid with
+ * a choice bias, group limits and scaling; a shared expert with its sigmoid
+ * scale), with kernels and fully decomposed; and mlx-lm's stacked
+ * switch_mlp checkpoints against the per-expert ones they come from. */
+#include "kt.h"
+#include "models/models_test.h"
+
+static const km_names names = {
+    [KM_T_MOE_ROUTER] = "router",
+    [KM_T_MOE_ROUTER_BIAS] = "router.bias_for_choice",
+    [KM_T_MOE_GATE] = "experts.%e.gate",
+    [KM_T_MOE_UP] = "experts.%e.up",
+    [KM_T_MOE_DOWN] = "experts.%e.down",
+    [KM_T_MOE_SHARED_GATE] = "shared.gate",
+    [KM_T_MOE_SHARED_UP] = "shared.up",
+    [KM_T_MOE_SHARED_DOWN] = "shared.down",
+    [KM_T_MOE_SHARED_SCALE] = "shared_scale",
+};
+static const char *const types[] = {"test", NULL};
+static const km_family fam = {"test", types, &names, NULL, NULL};
+
+enum { T = 5, H = 8, F = 6, E = 4, K = 2, FS = 5 };
+
+static uint64_t seed = 23;
+static void fill(float *p, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) p[i] = ckt_uniform(&seed) * scale;
+}
+
+static float router[E * H], cbias[E], gate[E][F * H], up[E][F * H], down[E][H * F];
+static float sg[FS * H], su[FS * H], sd[H * FS], sscale[H];
+
+static kc_checkpoint *weights(char *dir, size_t cap) {
+    mt_set s = {0};
+    char name[64];
+    fill(router, E * H, 1.5f);
+    fill(cbias, E, 0.3f);
+    mt_put(&s, "router.weight", router, E, H);
+    mt_put(&s, "router.bias_for_choice", cbias, E, 0);
+    for (int e = 0; e < E; e++) {
+        fill(gate[e], F * H, 0.5f), fill(up[e], F * H, 0.5f), fill(down[e], H * F, 0.5f);
+        snprintf(name, sizeof name, "experts.%d.gate.weight", e), mt_put(&s, name, gate[e], F, H);
+        snprintf(name, sizeof name, "experts.%d.up.weight", e), mt_put(&s, name, up[e], F, H);
+        snprintf(name, sizeof name, "experts.%d.down.weight", e), mt_put(&s, name, down[e], H, F);
+    }
+    fill(sg, FS * H, 0.5f), fill(su, FS * H, 0.5f), fill(sd, H * FS, 0.5f), fill(sscale, H, 0.5f);
+    mt_put(&s, "shared.gate.weight", sg, FS, H);
+    mt_put(&s, "shared.up.weight", su, FS, H);
+    mt_put(&s, "shared.down.weight", sd, H, FS);
+    mt_put(&s, "shared_scale.weight", sscale, 1, H);
+    kc_checkpoint *ck = mt_open(&s, dir, cap);
+    mt_free(&s);
+    return ck;
+}
+
+static double silu(double v) { return v / (1 + exp(-v)); }
+
+/* down(silu(gate x) * up x) for weights [f, H], [f, H], [H, f] */
+static void mlp(const float *g, const float *u, const float *d, int f, const float *x, double *out) {
+    double h[8];
+    for (int i = 0; i < f; i++) {
+        double a = 0, b = 0;
+        for (int c = 0; c < H; c++) a += (double)g[i * H + c] * x[c], b += (double)u[i * H + c] * x[c];
+        h[i] = silu(a) * b;
+    }
+    for (int o = 0; o < H; o++) {
+        double v = 0;
+        for (int i = 0; i < f; i++) v += (double)d[o * f + i] * h[i];
+        out[o] = v;
+    }
+}
+
+static kb_moe_opts opts;
+
+/* The reference of kb_moe with `opts` on token x. */
+static void reference(const float *x, float *out) {
+    double logit[E], p[E], choice[E], w[K], y[H] = {0}, m[H];
+    int idx[K];
+    for (int e = 0; e < E; e++) {
+        logit[e] = 0;
+        for (int c = 0; c < H; c++) logit[e] += (double)router[e * H + c] * x[c];
+    }
+    double mx = logit[0], sum = 0;
+    for (int e = 1; e < E; e++) mx = fmax(mx, logit[e]);
+    for (int e = 0; e < E; e++) sum += exp(logit[e] - mx);
+    for (int e = 0; e < E; e++)
+        p[e] = opts.score == KM_MOE_SOFTMAX ? exp(logit[e] - mx) / sum : opts.score == KM_MOE_SIGMOID ? 1 / (1 + exp(-logit[e])) : logit[e];
+    for (int e = 0; e < E; e++) {
+        choice[e] = p[e] + (opts.choice_bias ? cbias[e] : 0);
+        if (opts.bias_in_weights) p[e] = choice[e];
+    }
+    if (opts.n_group > 1) { /* two groups of two, the best pair sum wins */
+        int best = choice[0] + choice[1] >= choice[2] + choice[3] ? 0 : 1;
+        for (int e = 0; e < E; e++)
+            if (e / 2 != best) choice[e] = 0;
+    }
+    bool taken[E] = {0};
+    for (int j = 0; j < K; j++) {
+        int b = -1;
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (b < 0 || choice[e] > choice[b])) b = e;
+        taken[b] = true, idx[j] = b, w[j] = p[b];
+    }
+    if (opts.score == KM_MOE_TOPK_SOFTMAX) {
+        double s = exp(w[0] - w[0]) + exp(w[1] - w[0]), w0 = w[0];
+        for (int j = 0; j < K; j++) w[j] = exp(w[j] - w0) / s;
+    }
+    if (opts.norm_topk) {
+        double s = fmax(w[0] + w[1], opts.norm_min);
+        for (int j = 0; j < K; j++) w[j] /= s;
+    }
+    for (int j = 0; j < K; j++) {
+        mlp(gate[idx[j]], up[idx[j]], down[idx[j]], F, x, m);
+        for (int o = 0; o < H; o++) y[o] += w[j] * (opts.scale != 0 ? opts.scale : 1) * m[o];
+    }
+    if (opts.shared_width) {
+        double sc = 0;
+        mlp(sg, su, sd, FS, x, m);
+        for (int c = 0; c < H; c++) sc += (double)sscale[c] * x[c];
+        for (int o = 0; o < H; o++) y[o] += m[o] * (opts.shared_scale ? 1 / (1 + exp(-sc)) : 1);
+    }
+    for (int o = 0; o < H; o++) out[o] = (float)y[o];
+}
+
+static kg_node *moe(kb_ctx *b, kg_node *x) { return kb_moe(b, x, 0, &opts); }
+
+KT_TEST(blocks_moe_routings_match_reference) {
+    char dir[1024];
+    kc_checkpoint *ck = weights(dir, sizeof dir);
+    KT_CHECK(ck);
+    km_hparams hp = {.hidden = H, .ffn = F, .n_layers = 1};
+    kb_moe_opts base = {.experts = E, .top_k = K, .width = F, .act = KM_ACT_SILU};
+    kb_moe_opts cases[] = {
+        base, /* Qwen2-MoE without renorm */
+        base, base, base, base, base,
+    };
+    cases[1].norm_topk = true; /* Mixtral */
+    cases[2].score = KM_MOE_TOPK_SOFTMAX; /* GraniteMoE */
+    cases[3].score = KM_MOE_SIGMOID, cases[3].choice_bias = cases[3].bias_in_weights = true, cases[3].norm_topk = true, cases[3].scale = 2.5f,
+    cases[3].n_group = 2, cases[3].topk_group = 1; /* DeepSeek-V3 */
+    cases[4].shared_width = FS, cases[4].shared_scale = true; /* Qwen2-MoE's shared expert */
+    cases[5].choice_bias = cases[5].norm_topk = true, cases[5].norm_min = 0.5f; /* ERNIE 4.5 */
+    float x[T * H], ref[T * H];
+    fill(x, T * H, 1);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        opts = cases[c];
+        for (int t = 0; t < T; t++) reference(x + t * H, ref + t * H);
+        double err = mt_block_error(&fam, &hp, ck, T, moe, KG_SHAPE(T, H), x, ref, T * H);
+        KT_CHECKF(err <= 1e-5, "routing case %zu: max error %g", c, err);
+    }
+    opts = base;
+    opts.width = F + 1;
+    KT_CHECK(!mt_run_block(&fam, &hp, ck, T, moe, KG_SHAPE(T, H), x, 0, ref, T * H)); /* expert shape mismatch */
+    kc_close(ck);
+    ckt_rmdir(dir);
+}
+
+/* ---------------------------------------------------------------- mlx-lm stacks */
+
+/* fix's checkpoint rewritten with mlx-lm's stacked names: every
+ * "<p>.experts.<e>.<role>.<suffix>" of one layer becomes one tensor
+ * "<p>.switch_mlp.<role>.<suffix>" [E, ...], bytes as stored (float or
+ * affine codes, scales and biases). */
+static int write_stacked(const char *fix, const char *dir) {
+    kc_checkpoint *ck;
+    kiln_status st = kc_open(fix, &ck);
+    if (st) return kiln_status_free(st), 0;
+    mt_set s = {0};
+    int ok = 1;
+    for (int i = 0; i < kc_tensor_count(ck) && ok; i++) {
+        const kc_tensor *t = kc_tensor_at(ck, i);
+        const char *ex = strstr(t->name, ".experts.");
+        if (!ex) {
+            ok = s.n < MT_MAX;
+            if (!ok) break;
+            kc_tensor *d = &s.t[s.n++];
+            *d = *t;
+            d->name = strdup(t->name);
+            d->data = malloc(t->nbytes);
+            memcpy((void *)d->data, t->data, t->nbytes);
+            continue;
+        }
+        const char *rest = strchr(ex + 9, '.'); /* ".<role>.<suffix>" */
+        if (strncmp(ex + 9, "0.", 2) || !rest) continue; /* stacked once, at expert 0 */
+        char pat[512], name[512];
+        snprintf(name, sizeof name, "%.*s.switch_mlp%s", (int)(ex - t->name), t->name, rest);
+        int n = 0;
+        for (;; n++) {
+            snprintf(pat, sizeof pat, "%.*s.experts.%d%s", (int)(ex - t->name), t->name, n, rest);
+            if (!kc_find(ck, pat)) break;
+        }
+        kc_tensor *d = &s.t[s.n++];
+        *d = *t;
+        d->rank = t->rank + 1;
+        d->shape[0] = n;
+        for (int r = 0; r < t->rank; r++) d->shape[r + 1] = t->shape[r];
+        d->name = strdup(name);
+        d->data = malloc(t->nbytes * (size_t)n);
+        for (int e = 0; e < n; e++) {
+            snprintf(pat, sizeof pat, "%.*s.experts.%d%s", (int)(ex - t->name), t->name, e, rest);
+            memcpy((char *)d->data + t->nbytes * (size_t)e, kc_find(ck, pat)->data, t->nbytes);
+        }
+    }
+    char cfg[4096];
+    ok = ok && mt_copy_file(fix, dir, "config.json") && mt_copy_oracle(fix, dir);
+    if (ok) {
+        snprintf(cfg, sizeof cfg, "%s/model.safetensors", dir);
+        st = kc_st_write(cfg, s.t, s.n, NULL);
+        if (st) kiln_status_free(st), ok = 0;
+    }
+    mt_free(&s);
+    kc_close(ck);
+    return ok;
+}
+
+KT_TEST(moe_mlx_stacked_experts_match_per_expert) {
+    static const char *const cases[] = {"qwen2_moe", "qwen2_moe/q4"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char fix[1024], rel[256], dir[1024];
+        snprintf(rel, sizeof rel, "tests/fixtures/oracle/%s", cases[i]);
+        kt_path(fix, sizeof fix, rel);
+        KT_CHECK(ckt_tmpdir(dir, sizeof dir));
+        int ok = write_stacked(fix, dir);
+        kc_checkpoint *ck = NULL;
+        kiln_status st = ok ? kc_open(dir, &ck) : NULL;
+        if (ok) ok = !st && kc_find(ck, "model.layers.1.mlp.switch_mlp.down_proj.weight") &&
+                     !kc_find(ck, "model.layers.1.mlp.experts.0.down_proj.weight");
+        kiln_status_free(st);
+        if (ck) kc_close(ck);
+        ok = ok && mt_gate(dir, &(kv_options){.n_threads = 1, .skip_batched = true}, 1e-5);
+        ckt_rmdir(dir);
+        KT_CHECKF(ok, "%s with switch_mlp stacks fails its oracle", cases[i]);
+    }
+}
