@@ -85,6 +85,8 @@ def main():
     ap.add_argument("--bundle")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--kiln", default=os.path.join(ROOT, "build", "kiln"), help="the kiln binary")
+    ap.add_argument("--kiln-arg", action="append", default=[],
+                    help="an extra argument for kiln bench, e.g. --kiln-arg=--int8-act (repeatable)")
     ap.add_argument("--prepare", action="store_true", help="only write the checkpoints and GGUF files")
     a = ap.parse_args()
     kiln = a.kiln
@@ -117,7 +119,7 @@ def main():
             order = ("kiln", "llama") if r % 2 == 0 else ("llama", "kiln")
             for who in order:
                 if who == "kiln":
-                    res, kj = kiln_run(kiln, d, a)
+                    res, kj = kiln_run(kiln, d, a, a.kiln_arg)
                     runs = k_runs
                 else:
                     res, runs = llama_run(bench, g, a), l_runs

@@ -189,6 +189,8 @@ int kiln_cmd_bench_batch(int argc, char **argv) {
     fprintf(stderr, "kiln: %lld requests, one at a time...\n", (long long)n);
     st = run(s, rs, (int)n, 1, 0, &t_alone);
     if (st) goto out;
+    ksch_stats ks0;
+    ksch_get_stats(s, &ks0); /* the steps below are the batched run's */
     fprintf(stderr, "kiln: %lld requests, %lld at a time...\n", (long long)n, (long long)conc);
     st = run(s, rs, (int)n, (int)conc, 1, &t_batch);
     if (st) goto out;
@@ -209,6 +211,9 @@ int kiln_cmd_bench_batch(int argc, char **argv) {
     }
     ksch_stats ks;
     ksch_get_stats(s, &ks);
+    ks.steps -= ks0.steps;
+    ks.batch_tokens -= ks0.batch_tokens;
+    ks.preemptions -= ks0.preemptions;
     printf("model              %s\n", dir);
     printf("requests           %lld (%lld prompt tokens, %lld generated; half greedy, half seeded)\n", (long long)n,
            (long long)tot_prompt, (long long)tot_gen);
@@ -219,7 +224,7 @@ int kiln_cmd_bench_batch(int argc, char **argv) {
     printf("speedup            %.2fx\n", t_alone / t_batch);
     printf("streams            %s (%lld of %lld identical)\n", bad ? "DIFFER" : "identical", (long long)(n - bad),
            (long long)n);
-    printf("steps              %lld (%.1f tokens per step on average), %lld preemptions\n", (long long)ks.steps,
+    printf("batched steps      %lld (%.1f tokens per step on average), %lld preemptions\n", (long long)ks.steps,
            ks.steps ? (double)ks.batch_tokens / (double)ks.steps : 0.0, (long long)ks.preemptions);
     if (bad) st = kiln_error(KILN_EINTERNAL, "%d of %lld batched token streams differ from their one-at-a-time streams",
                              bad, (long long)n);
