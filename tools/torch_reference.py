@@ -1,0 +1,367 @@
+#!/usr/bin/python3
+"""torch_reference.py: a second, independent float32 reference for the core
+families (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text), written
+from transformers' semantics in plain PyTorch (Debian's python3-torch; not run
+by CI).
+
+It exists to make oracle fixtures of shapes the shared fixtures do not have
+(other widths, 1 KV head, more layers, 40-token prompts with 40 new tokens,
+longer than every sliding window), in the layout of ../shared/oracle:
+
+    /usr/bin/python3 tools/torch_reference.py check ../shared/oracle/fixtures/gemma2
+        runs the reference on a transformers fixture and prints the max |logit
+        diff| against its logits.npy (proves the reference itself)
+    /usr/bin/python3 tools/torch_reference.py make --family gemma2 --out DIR [--seed N]
+        writes config.json, generation_config.json, model.safetensors (bf16),
+        oracle.json and logits.npy for a new random model
+
+The weights are stored in bfloat16 (half the bytes in the repository); the
+reference computes in float32 from those rounded weights, as the shared
+fixtures' bf16/ variants do.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+
+torch.set_grad_enabled(False)
+
+
+# ---------------------------------------------------------------- safetensors
+
+def st_read(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = meta["data_offsets"]
+        raw = np.frombuffer(data[base + a:base + b], dtype=np.uint8)
+        if meta["dtype"] == "F32":
+            arr = raw.view(np.float32).astype(np.float32)
+        elif meta["dtype"] == "BF16":
+            arr = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif meta["dtype"] == "F16":
+            arr = raw.view(np.float16).astype(np.float32)
+        else:
+            raise SystemExit(f"{path}: {name}: dtype {meta['dtype']} not handled")
+        out[name] = torch.from_numpy(arr.reshape(meta["shape"]).copy())
+    return out
+
+
+def bf16_bits(t):
+    """float32 tensor -> uint16 numpy array of its bfloat16 rounding (nearest even)"""
+    u = t.contiguous().numpy().astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype(np.uint16)
+
+
+def st_write(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        b = bf16_bits(tensors[name]).tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(tensors[name].shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def npy_write(path, arr):
+    np.save(path, np.ascontiguousarray(arr, dtype=np.float32))
+
+
+# ---------------------------------------------------------------- the model
+
+GEMMA = ("gemma", "gemma2", "gemma3_text")
+
+
+class Model:
+    def __init__(self, cfg, w):
+        self.c, self.w = cfg, w
+        c = cfg
+        self.mt = c["model_type"]
+        self.H = c["hidden_size"]
+        self.nh = c["num_attention_heads"]
+        self.nkv = c.get("num_key_value_heads", self.nh)
+        self.hd = c.get("head_dim") or self.H // self.nh
+        self.L = c["num_hidden_layers"]
+        self.eps = c.get("rms_norm_eps", 1e-6)
+        self.layer_types = self._layer_types()
+
+    def _layer_types(self):
+        c, L = self.c, self.c["num_hidden_layers"]
+        if c.get("layer_types"):
+            return c["layer_types"]
+        W = c.get("sliding_window")
+        if self.mt == "mistral":
+            return ["sliding_attention" if W else "full_attention"] * L
+        if self.mt in ("qwen2", "qwen3"):
+            use = c.get("use_sliding_window", False)
+            mwl = c.get("max_window_layers", L)
+            return ["sliding_attention" if use and W and i >= mwl else "full_attention" for i in range(L)]
+        if self.mt == "gemma2":
+            return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
+        if self.mt == "gemma3_text":
+            p = c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6))
+            return ["sliding_attention" if (i + 1) % p else "full_attention" for i in range(L)]
+        return ["full_attention"] * L
+
+    def norm(self, x, w, eps=None):
+        eps = self.eps if eps is None else eps
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return y * (1.0 + w) if self.mt in GEMMA else y * w
+
+    def rope(self, x, pos, sliding):
+        c = self.c
+        theta = c.get("rope_theta", 10000.0)
+        scaling = c.get("rope_scaling")
+        if self.mt == "gemma3_text" and sliding:
+            theta, scaling = c.get("rope_local_base_freq", 10000.0), None
+        D = self.hd
+        inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+        if scaling:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            if kind != "linear":
+                raise SystemExit(f"rope_type {kind} not in this reference")
+            inv = inv / scaling["factor"]
+        f = pos.float()[:, None] * inv[None, :]
+        emb = torch.cat([f, f], -1)
+        cos, sin = emb.cos(), emb.sin()
+        x1, x2 = x[..., : D // 2], x[..., D // 2:]
+        rot = torch.cat([-x2, x1], -1)
+        return x * cos[:, None, :] + rot * sin[:, None, :]
+
+    def lin(self, x, name, bias=False):
+        y = x @ self.w[name + ".weight"].t()
+        if bias:
+            y = y + self.w[name + ".bias"]
+        return y
+
+    def attention(self, x, i, pos):
+        c, T = self.c, x.shape[0]
+        p = f"model.layers.{i}.self_attn."
+        qkv_bias = self.mt == "qwen2" or c.get("attention_bias", False)
+        q = self.lin(x, p + "q_proj", qkv_bias).view(T, self.nh, self.hd)
+        k = self.lin(x, p + "k_proj", qkv_bias).view(T, self.nkv, self.hd)
+        v = self.lin(x, p + "v_proj", qkv_bias).view(T, self.nkv, self.hd)
+        if self.mt in ("qwen3", "gemma3_text"):
+            q = self.norm(q, self.w[p + "q_norm.weight"])
+            k = self.norm(k, self.w[p + "k_norm.weight"])
+        sliding = self.layer_types[i] == "sliding_attention"
+        q, k = self.rope(q, pos, sliding), self.rope(k, pos, sliding)
+        g = self.nh // self.nkv
+        k = k.repeat_interleave(g, dim=1)
+        v = v.repeat_interleave(g, dim=1)
+        scale = c["query_pre_attn_scalar"] ** -0.5 if self.mt in ("gemma2", "gemma3_text") else self.hd ** -0.5
+        s = torch.einsum("qhd,khd->hqk", q, k) * scale
+        cap = c.get("attn_logit_softcapping") if self.mt in ("gemma2", "gemma3_text") else None
+        if cap:
+            s = torch.tanh(s / cap) * cap
+        qi, ki = pos[:, None], pos[None, :]
+        allowed = ki <= qi
+        if sliding:
+            allowed &= ki > qi - c["sliding_window"]
+        s = s.masked_fill(~allowed[None], float("-inf"))
+        a = torch.softmax(s, dim=-1)
+        o = torch.einsum("hqk,khd->qhd", a, v).reshape(T, self.nh * self.hd)
+        return self.lin(o, p + "o_proj", c.get("attention_bias", False))
+
+    def mlp(self, x, i):
+        p, b = f"model.layers.{i}.mlp.", self.c.get("mlp_bias", False)
+        g = self.lin(x, p + "gate_proj", b)
+        if self.mt in GEMMA:
+            g = torch.nn.functional.gelu(g, approximate="tanh")
+        else:
+            g = torch.nn.functional.silu(g)
+        return self.lin(g * self.lin(x, p + "up_proj", b), p + "down_proj", b)
+
+    def forward(self, ids):
+        """logits [T, vocab] for every position of ids"""
+        ids = torch.tensor(ids, dtype=torch.int64)
+        pos = torch.arange(len(ids))
+        h = self.w["model.embed_tokens.weight"][ids]
+        if self.mt in GEMMA:
+            h = h * torch.tensor(self.H ** 0.5, dtype=torch.float32)
+        sandwich = self.mt in ("gemma2", "gemma3_text")
+        for i in range(self.L):
+            p = f"model.layers.{i}."
+            a = self.attention(self.norm(h, self.w[p + "input_layernorm.weight"]), i, pos)
+            if sandwich:
+                a = self.norm(a, self.w[p + "post_attention_layernorm.weight"])
+                h = h + a
+                m = self.mlp(self.norm(h, self.w[p + "pre_feedforward_layernorm.weight"]), i)
+                h = h + self.norm(m, self.w[p + "post_feedforward_layernorm.weight"])
+            else:
+                h = h + a
+                h = h + self.mlp(self.norm(h, self.w[p + "post_attention_layernorm.weight"]), i)
+        h = self.norm(h, self.w["model.norm.weight"])
+        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+        logits = h @ head.t()
+        cap = self.c.get("final_logit_softcapping") if self.mt in ("gemma2", "gemma3_text") else None
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+def oracle(model, prompt, n_new):
+    ids = list(prompt)
+    for _ in range(n_new):
+        ids.append(int(model.forward(ids)[-1].argmax()))
+    logits = model.forward(ids)[len(prompt) - 1:]
+    gaps = []
+    for r in logits[:-1]:
+        top = torch.topk(r, 2).values
+        gaps.append(round(float(top[0] - top[1]), 6))
+    return ids, logits.numpy(), gaps
+
+
+# ---------------------------------------------------------------- shapes
+
+# Untied heads for gemma2/gemma3: with a tied head, their sandwich norms and
+# scaled embeddings make a random model repeat one token forever.
+BASE = {
+    "llama": dict(hidden_size=128, intermediate_size=256, num_attention_heads=8, num_key_value_heads=1,
+                  num_hidden_layers=3, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
+    "mistral": dict(hidden_size=128, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2,
+                    num_hidden_layers=3, head_dim=48, rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=8,
+                    tie_word_embeddings=False),
+    "qwen2": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=1,
+                  num_hidden_layers=4, rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=True,
+                  sliding_window=8, max_window_layers=2, tie_word_embeddings=True),
+    "qwen3": dict(hidden_size=96, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  num_hidden_layers=3, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True),
+    "gemma": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                  num_hidden_layers=3, rms_norm_eps=1e-6, rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh",
+                  tie_word_embeddings=True),
+    "gemma2": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                   num_hidden_layers=3, rms_norm_eps=1e-6, rope_theta=10000.0, hidden_activation="gelu_pytorch_tanh",
+                   query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0, tie_word_embeddings=False),
+    "gemma3_text": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=1,
+                        head_dim=32, num_hidden_layers=7, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                        rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 4.0},
+                        hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=32, sliding_window=8,
+                        attn_logit_softcapping=None, final_logit_softcapping=None, tie_word_embeddings=False),
+}
+ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+        "gemma3_text": "Gemma3ForCausalLM"}
+
+
+def random_weights(cfg, gen, init):
+    H, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or H // nh
+    mt = cfg["model_type"]
+
+    def mat(*shape):
+        return torch.randn(*shape, generator=gen) * init
+
+    def vec(n, base):
+        return base + torch.randn(n, generator=gen) * 0.1
+
+    nb = 0.0 if mt in GEMMA else 1.0  # gemma norms are 1 + w
+    w = {"model.embed_tokens.weight": mat(V, H), "model.norm.weight": vec(H, nb)}
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = mat(V, H)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = vec(H, nb)
+        w[p + "post_attention_layernorm.weight"] = vec(H, nb)
+        if mt in ("gemma2", "gemma3_text"):
+            w[p + "pre_feedforward_layernorm.weight"] = vec(H, nb)
+            w[p + "post_feedforward_layernorm.weight"] = vec(H, nb)
+        a = p + "self_attn."
+        w[a + "q_proj.weight"], w[a + "k_proj.weight"] = mat(nh * hd, H), mat(nkv * hd, H)
+        w[a + "v_proj.weight"], w[a + "o_proj.weight"] = mat(nkv * hd, H), mat(H, nh * hd)
+        if mt == "qwen2":
+            for n, r in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+                w[a + n + ".bias"] = vec(r, 0.0)
+        if mt in ("qwen3", "gemma3_text"):
+            w[a + "q_norm.weight"], w[a + "k_norm.weight"] = vec(hd, nb), vec(hd, nb)
+        m = p + "mlp."
+        w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"] = mat(F, H), mat(F, H), mat(H, F)
+    return w
+
+
+def make(family, out, seed, prompt_len, n_new, vocab):
+    cfg = {"architectures": [ARCH[family]], "model_type": family, "vocab_size": vocab, "bos_token_id": 1,
+           "eos_token_id": 2, "pad_token_id": 0, "max_position_embeddings": 256, "dtype": "bfloat16",
+           **BASE[family]}
+    best = None
+    for s in range(seed, seed + 8):  # the seed whose greedy path has the widest top-1/top-2 gaps
+        gen = torch.Generator().manual_seed(s)
+        w = random_weights(cfg, gen, 0.15)
+        w = {k: torch.from_numpy((bf16_bits(v).astype(np.uint32) << 16).view(np.float32).reshape(v.shape))
+             for k, v in w.items()}  # the rounded weights are the model
+        prompt = [int(x) for x in torch.randint(3, vocab, (prompt_len,), generator=gen)]
+        ids, logits, gaps = oracle(Model(cfg, w), prompt, n_new)
+        gen_ids = ids[prompt_len:]
+        score = (min(gaps), len(set(gen_ids)))
+        if len(set(gen_ids)) >= 3 and (best is None or score > best[0]):
+            best = (score, s, w, prompt, ids, logits, gaps)
+    if best is None:
+        raise SystemExit(f"{family}: no seed gave a varied greedy path")
+    _, s, w, prompt, ids, logits, gaps = best
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, f, indent=2)
+    st_write(os.path.join(out, "model.safetensors"), w)
+    npy_write(os.path.join(out, "logits.npy"), logits)
+    with open(os.path.join(out, "oracle.json"), "w") as f:
+        json.dump({"fixture": os.path.basename(out), "model_type": family,
+                   "made_by": "tools/torch_reference.py (kiln's own float32 PyTorch reference, checked against "
+                              "the transformers fixtures of ../shared/oracle), torch " + torch.__version__,
+                   "seed": s, "prompt_ids": prompt, "generated_ids": ids[len(prompt):], "all_ids": ids,
+                   "logits_file": "logits.npy", "logits_shape": list(logits.shape),
+                   "top1_top2_gap": gaps, "min_gap_greedy_steps": min(gaps), "weights_dtype": "bfloat16"}, f)
+    print(f"{out}: seed {s}, {len(prompt)} + {len(ids) - len(prompt)} tokens, min gap {min(gaps):.4f}, "
+          f"{len(set(ids[len(prompt):]))} distinct")
+
+
+def check(d):
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    w = st_read(os.path.join(d, "model.safetensors"))
+    o = json.load(open(os.path.join(d, "oracle.json")))
+    ref = np.load(os.path.join(d, "logits.npy"))
+    logits = Model(cfg, w).forward(o["all_ids"])[len(o["prompt_ids"]) - 1:].numpy()
+    diff = float(np.abs(logits - ref).max())
+    print(f"{d}: max |logit diff| {diff:.3g} against its oracle")
+    return diff
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check")
+    c.add_argument("dirs", nargs="+")
+    m = sub.add_parser("make")
+    m.add_argument("--family", required=True, choices=sorted(BASE))
+    m.add_argument("--out", required=True)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--prompt-len", type=int, default=40)
+    m.add_argument("--new", type=int, default=40)
+    m.add_argument("--vocab", type=int, default=640)
+    a = ap.parse_args()
+    if a.cmd == "check":
+        worst = max(check(d) for d in a.dirs)
+        sys.exit(0 if worst < 1e-3 else 1)
+    make(a.family, a.out, a.seed, a.prompt_len, a.new, a.vocab)
+
+
+if __name__ == "__main__":
+    main()
