@@ -22,6 +22,7 @@
 
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "gen/sampler.h"
 #include "kernels/kernels.h"
 #include "kernels/kernels_int.h"
 #include "runtime/exec.h"
@@ -184,6 +185,104 @@ static void kernel_bench(int64_t M, bool streamed) {
     }
 }
 
+/* ---------------------------------------------------------------- sampler */
+
+static uint64_t lcg_next(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+/* Token text for DRY's sequence breakers: "t<id>", and a newline at 3. */
+static const char *bench_piece(void *ud, int32_t id, size_t *len) {
+    char *buf = ud;
+    if (id == 3) {
+        *len = 1;
+        return "\n";
+    }
+    int n = snprintf(buf, 16, "t%d", (int)id);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* Microseconds per token of one sampler configuration. Logits: a noise
+ * floor with a few strong tokens, as an LM head gives, the strong ones
+ * moving every step; 64 prompt tokens in the penalty window. */
+static double sampler_us(int32_t nv, const kgen_params *p, int iters) {
+    float *logits = malloc(sizeof *logits * (size_t)nv);
+    uint64_t s = 17;
+    char piece[16];
+    kgen_vocab v = {nv, bench_piece, NULL, piece};
+    kgen_sampler *smp = NULL;
+    double total = -1;
+    kiln_status st = logits ? kgen_sampler_create(p, &v, 8192, NULL, 0, &smp) : kiln_error(KILN_ENOMEM, "out of memory");
+    if (st) {
+        fprintf(stderr, "kiln bench: %s\n", kiln_status_msg(st));
+        kiln_status_free(st);
+        free(logits);
+        return -1;
+    }
+    for (int32_t i = 0; i < nv; i++) logits[i] = (float)(lcg_next(&s) % 1000) * 0.008f - 4.0f;
+    int32_t prompt[64], peaks[20] = {0};
+    for (int i = 0; i < 64; i++) prompt[i] = (int32_t)(lcg_next(&s) % (uint64_t)nv);
+    kgen_sampler_accept_prompt(smp, prompt, 64);
+    total = 0;
+    for (int it = -5; it < iters; it++) { /* 5 warm-up steps */
+        for (int i = 0; i < 20; i++) {
+            logits[peaks[i]] = (float)(lcg_next(&s) % 1000) * 0.008f - 4.0f;
+            peaks[i] = (int32_t)(lcg_next(&s) % (uint64_t)nv);
+            logits[peaks[i]] += 8.0f + (float)i * 0.3f;
+        }
+        double t0 = now_s();
+        kgen_sample out;
+        st = kgen_sampler_sample(smp, logits, &out);
+        if (st) break;
+        kgen_sampler_accept(smp, out.token);
+        if (it >= 0) total += (now_s() - t0) * 1e6;
+    }
+    if (st) {
+        fprintf(stderr, "kiln bench: %s\n", kiln_status_msg(st));
+        kiln_status_free(st);
+        total = -iters;
+    }
+    kgen_sampler_destroy(smp);
+    free(logits);
+    return total / iters;
+}
+
+/* `--sampler`: the sampler chain's cost per token at two vocabulary sizes. */
+static int sampler_bench(void) {
+    static const int32_t vocabs[2] = {32000, 151936};
+    printf("sampler, microseconds per token (one thread)\n");
+    printf("%8s %14s %16s %14s %10s %8s\n", "vocab", "default chain", "+penalties+DRY", "+logprobs(5)", "top_k=0",
+           "greedy");
+    for (int k = 0; k < 2; k++) {
+        kgen_params p;
+        kiln_status st = kgen_params_init(&p);
+        if (st) {
+            fprintf(stderr, "kiln bench: %s\n", kiln_status_msg(st));
+            kiln_status_free(st);
+            return 1;
+        }
+        p.seed = 1;
+        double def = sampler_us(vocabs[k], &p, 200);
+        p.repeat_penalty = 1.1f;
+        p.frequency_penalty = 0.2f;
+        p.dry_multiplier = 0.8f;
+        double pen = sampler_us(vocabs[k], &p, 200);
+        p.logprobs = true;
+        p.n_probs = 5;
+        double lp = sampler_us(vocabs[k], &p, 50);
+        p.logprobs = false;
+        p.top_k = 0;
+        double full = sampler_us(vocabs[k], &p, 20);
+        p.temperature = 0.0f;
+        double greedy = sampler_us(vocabs[k], &p, 100);
+        kgen_params_free(&p);
+        printf("%8d %14.1f %16.1f %14.1f %10.1f %8.1f\n", (int)vocabs[k], def, pen, lp, full, greedy);
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- runs */
 
 typedef struct {
@@ -289,6 +388,7 @@ static void usage(FILE *f) {
                "  -r N        measured runs (after one warm-up), reported as median [min, max]\n"
                "  --bw-mib N  buffer for the bandwidth measurement (default 1024)\n"
                "  --json      one JSON object on stdout\n"
+               "  --sampler   only the sampler chain: microseconds per token (32k and 152k vocabularies)\n"
                "  --kernels   only the linear kernels, one thread, on a cache-resident matrix of each format,\n"
                "              M = --batch input rows (--kernels-streamed: also on 1 GiB of weights)\n");
 }
@@ -308,6 +408,7 @@ int kiln_cmd_bench(int argc, char **argv) {
             json = true;
             continue;
         }
+        if (!strcmp(a, "--sampler")) return sampler_bench();
         if (!strcmp(a, "--kernels") || !strcmp(a, "--kernels-streamed")) {
             kernels = true;
             streamed = !strcmp(a, "--kernels-streamed");

@@ -1,8 +1,8 @@
 /* sampler_test.c: the per-sequence sampler: sampled distributions
  * (chi-square), seeded reproducibility, its fast paths against the pure
- * transforms, EOS masks, logprobs, errors and time per token. */
+ * transforms, EOS masks, logprobs and errors (time per token: `kiln bench
+ * --sampler`). */
 #include <stdlib.h>
-#include <time.h>
 
 #include "gen/gen_int.h"
 #include "kt.h"
@@ -414,67 +414,6 @@ KT_TEST(gen_sampler_errors) {
     kgen_params_free(&p);
 }
 
-/* Time per token. Logits: a noise floor with a few strong tokens, as an LM
- * head gives, the strong ones moving every step; 64 prompt tokens in the
- * penalty window. */
-static double time_per_token(int32_t nv, kgen_params *p, int iters) {
-    float *logits = malloc(sizeof *logits * (size_t)nv);
-    uint64_t s = 17;
-    for (int32_t i = 0; i < nv; i++) logits[i] = (float)(lcg(&s) % 1000) * 0.008f - 4.0f;
-    kgen_vocab v = {nv, vpiece, NULL, NULL};
-    kgen_sampler *smp = NULL;
-    kiln_status st = kgen_sampler_create(p, &v, 8192, NULL, 0, &smp);
-    KILN_ASSERT(!st);
-    int32_t prompt[64], peaks[20] = {0};
-    for (int i = 0; i < 64; i++) prompt[i] = (int32_t)(lcg(&s) % (uint64_t)nv);
-    kgen_sampler_accept_prompt(smp, prompt, 64);
-    double total = 0;
-    for (int it = -5; it < iters; it++) { /* 5 warm-up steps */
-        for (int i = 0; i < 20; i++) {
-            logits[peaks[i]] = (float)(lcg(&s) % 1000) * 0.008f - 4.0f;
-            peaks[i] = (int32_t)(lcg(&s) % (uint64_t)nv);
-            logits[peaks[i]] += 8.0f + (float)i * 0.3f;
-        }
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        kgen_sample out;
-        st = kgen_sampler_sample(smp, logits, &out);
-        kgen_sampler_accept(smp, out.token);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        KILN_ASSERT(!st);
-        if (it >= 0) total += (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
-    }
-    kgen_sampler_destroy(smp);
-    free(logits);
-    return total / iters;
-}
-
-KT_TEST(gen_sampler_time_per_token) {
-    static const int32_t vocabs[2] = {32000, 151936};
-    for (int k = 0; k < 2; k++) {
-        kgen_params p = base_params();
-        p.seed = 1;
-        double def = time_per_token(vocabs[k], &p, 100);
-        p.repeat_penalty = 1.1f;
-        p.frequency_penalty = 0.2f;
-        p.dry_multiplier = 0.8f;
-        double pen = time_per_token(vocabs[k], &p, 100);
-        p.logprobs = true;
-        p.n_probs = 5;
-        double lp = time_per_token(vocabs[k], &p, 20);
-        p.logprobs = false;
-        p.top_k = 0;
-        double full = time_per_token(vocabs[k], &p, 10);
-        p.temperature = 0.0f;
-        double greedy = time_per_token(vocabs[k], &p, 50);
-        kgen_params_free(&p);
-        printf("     vocab %6d: %6.1f us default chain, %6.1f us +penalties+DRY, %6.1f us +logprobs(5), "
-               "%6.1f us top_k=0, %6.1f us greedy\n",
-               (int)vocabs[k], def, pen, lp, full, greedy);
-        /* loose: catches a regression to sorting the vocabulary, not noise */
-        KT_CHECKF(def < 20000 && pen < 20000, "vocab %d: %.0f us per token", (int)vocabs[k], def);
-    }
-}
 
 KT_TEST(gen_sampler_windows_capped_by_context) {
     kgen_params p = base_params();
