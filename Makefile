@@ -62,7 +62,7 @@ $(BUILD)/obj/%.o: %.c
 	@$(if $(V),,echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-test: $(BUILD)/kiln-tests
+test: $(BUILD)/kiln-tests $(BUILD)/kiln
 	KILN_BIN=$(abspath $(BUILD)/kiln) $(BUILD)/kiln-tests $(T)
 
 # Sanitizer build in its own tree; leaks are errors too.

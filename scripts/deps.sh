@@ -4,7 +4,8 @@
 #   scripts/deps.sh --test   plus what the tests use: libcurl (server tests),
 #                            mlir-opt (checks the StableHLO printer) and
 #                            promtool (checks /metrics; only its binary is
-#                            extracted into build/tools)
+#                            extracted into build/tools) and, when npm is
+#                            there, the official openai client (build/tools/npm)
 set -euo pipefail
 test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
@@ -37,4 +38,14 @@ if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$root/build/tools/usr/bin/pr
     echo "kiln: promtool unavailable (apt-get download prometheus failed): its test is skipped" >&2
   fi
   rm -rf "$tmp"
+fi
+
+# The official openai client for the end-to-end server test, when npm is
+# there; without it that test is skipped.
+if command -v npm >/dev/null 2>&1 && [ ! -d "$root/build/tools/npm/node_modules/openai" ]; then
+  if timeout 300 npm install --prefix "$root/build/tools/npm" --no-audit --no-fund --silent openai@7.59.0 >/dev/null 2>&1; then
+    echo "kiln: openai npm client installed in build/tools/npm" >&2
+  else
+    echo "kiln: npm install openai failed: the openai client test is skipped" >&2
+  fi
 fi

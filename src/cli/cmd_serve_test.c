@@ -105,3 +105,26 @@ KT_TEST(cli_bench_batch_streams_identical) {
     free(t);
     remove(out), remove(err);
 }
+
+/* The official `openai` npm client against `kiln serve` (completions and
+ * chat, streaming and not, n > 1, stop strings, seeds, usage, logprobs,
+ * typed errors): tests/e2e/run_openai_client.sh. Skipped when node or the
+ * client (scripts/deps.sh --test installs it) is missing. */
+KT_TEST(cli_serve_official_openai_client) {
+    char script[4096], cmd[8192], out[] = "/tmp/kiln-oai-XXXXXX";
+    close(mkstemp(out));
+    kt_path(script, sizeof script, "tests/e2e/run_openai_client.sh");
+    snprintf(cmd, sizeof cmd, "bash '%s' >'%s' 2>&1", script, out);
+    int status = system(cmd);
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    char *t = NULL;
+    kiln_status_free(ku_read_file(out, &t, NULL));
+    remove(out);
+    if (rc == 77) {
+        kt_skip("%s", t ? t : "node or the openai client is missing");
+        free(t);
+        return;
+    }
+    KT_CHECKF(rc == 0 && t && strstr(t, "all checks passed"), "openai client: rc %d\n%s", rc, t ? t : "");
+    free(t);
+}
