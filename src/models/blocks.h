@@ -178,6 +178,9 @@ typedef struct {
     bool kv_tile;            /* query head h reads KV head h % Hkv (torch.tile), not h / (H / Hkv) */
     /* output */
     bool sub_norm;           /* RMSNorm (KM_T_ATTN_SUB_NORM) on the attention output before o_proj (BitNet) */
+    /* (Llama 4) */
+    bool qk_norm_plain;      /* the q/k norms have no weight (Llama 4's L2Norm: an RMSNorm without weight) */
+    int temp_offset;         /* kb_pos_temperature's position offset (Llama 4: 1) */
 } kb_attn_opts;
 /* Self-attention block: projections, q/k norms, query scales, rope, KV
  * cache update, attention over the cache, output projection. x [T, hidden]. */
@@ -287,6 +290,9 @@ typedef struct {
     int64_t shared_width; /* the shared expert's inner width; 0: none */
     bool shared_fused;    /* the shared expert's gate and up in KM_T_MOE_SHARED_UP [2F, H], gate rows first */
     bool shared_scale;    /* its output times sigmoid(KM_T_MOE_SHARED_SCALE x) (Qwen2-MoE) */
+    bool scale_input;     /* the weights scale the chosen experts' inputs, not their outputs (Llama 4) */
+    float jitter_eps;     /* KM_MOE_SPARSEMIXER: experts whose logit is within a relative 2 * jitter_eps of
+                           * the round's best share its softmax */
 } kb_moe_opts;
 /* x [T, hidden] -> [T, hidden]. */
 kg_node *kb_moe(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o);
@@ -320,7 +326,7 @@ typedef struct {
  * (parallel_residual, shared_norm, residual_from_norm, residual_scale);
  * attention with hp's biases, per-layer heads, clip_qkv, MLA ranks, score
  * scale (attn_scale, by layer with attn_scale_by_layer), soft-cap, window,
- * logn and temperature query scales, b->alibi, and rope -1 for NoPE layers,
+ * chunk, logn and temperature query scales, b->alibi, and rope -1 for NoPE layers,
  * 1 for sliding layers when there are two rope configs, else 0; a gated MLP
  * with hp->act, hp->mlp_bias and the layer's width, or a mixture of experts
  * on hp->layer_moe layers (kb_moe_defaults). */

@@ -154,7 +154,7 @@ static void project_qkv(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o, in
 static void qk_norms(kb_ctx *b, kg_node **q, kg_node **k, int il, const kb_attn_opts *o) {
     kg_graph *g = b->g;
     if (!*q || !*k || o->qk_norm == KB_QK_NONE) return;
-    kb_norm_opts no = {.kind = o->qk_norm_kind, .per_head = o->qk_norm == KB_QK_HEADWISE};
+    kb_norm_opts no = {.kind = o->qk_norm_kind, .plain = o->qk_norm_plain, .per_head = o->qk_norm == KB_QK_HEADWISE};
     if (o->qk_norm != KB_QK_FULL) {
         *q = kb_norm_ex(b, *q, KM_T_ATTN_Q_NORM, il, &no);
         *k = kb_norm_ex(b, *k, KM_T_ATTN_K_NORM, il, &no);
@@ -175,7 +175,7 @@ static kg_node *attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, co
     if (!o->qk_norm_after_rope) qk_norms(b, &q, &k, il, o);
     /* per-token scales commute with the rotation */
     if (o->logn_len) q = kb_logn_scale(b, q, o->logn_len);
-    if (o->temp_beta != 0) q = kb_pos_temperature(b, q, o->temp_beta, (double)o->temp_floor, 0);
+    if (o->temp_beta != 0) q = kb_pos_temperature(b, q, o->temp_beta, (double)o->temp_floor, o->temp_offset);
     if (o->rope >= 0) {
         kg_node *cos, *sin;
         if (!kb_rope_inputs(b, o->rope, &cos, &sin)) return NULL;

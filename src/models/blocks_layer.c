@@ -30,6 +30,7 @@ void kb_layer_defaults(const kb_ctx *b, int il, kb_layer_opts *o) {
                  .scale = (float)scale,
                  .softcap = hp->attn_softcap,
                  .window = kb_layer_window(b, il),
+                 .chunk = hp->layer_chunked[il] ? (int)hp->attn_chunk : 0,
                  .alibi = b->alibi},
         .ffn = {.gated = true, .act = hp->act, .bias = hp->mlp_bias, .width = hp->layer_ffn[il]},
     };

@@ -1,5 +1,6 @@
 /* blocks_moe.c: the mixture-of-experts MLP (see blocks.h): routing in the
  * graph's primitives, the experts in one kiln.moe node, the shared expert. */
+#include <math.h>
 #include <string.h>
 
 #include "models/blocks.h"
@@ -25,6 +26,7 @@ void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o) {
         .swiglu_oai = hp->moe_swiglu_limit > 0,
         .alpha = 1.702f, /* gpt-oss's constant */
         .limit = hp->moe_swiglu_limit,
+        .jitter_eps = hp->moe_jitter_eps,
     };
 }
 
@@ -61,11 +63,47 @@ static kg_node *group_limit(kb_ctx *b, kg_node *s, const kb_moe_opts *o) {
     return kg_select(g, kg_compare(g, KG_CMP_GT, keep, zero), s, zero);
 }
 
+/* One round of PhiMoE's sparsemixer on logits s [T, E], where ms is s with
+ * the experts of earlier rounds at -inf: the best expert of ms (*idx [T, 1])
+ * and its weight (*w [T, 1]), the softmax over ms with every expert e whose
+ * (max - s_e) / max(|s_e|, max) exceeds 2 eps at -inf. */
+static void mixer_round(kg_graph *g, kg_node *s, kg_node *ms, float eps, kg_node **idx, kg_node **w) {
+    int last = 1;
+    kg_node *m = kg_broadcast_in_dim(g, kg_reduce(g, ms, KG_REDUCE_MAX, &last, 1), s->shape, (int[]){0});
+    kg_node *factor = kg_binary(g, KG_OP_MAX, kg_unary(g, KG_OP_ABS, s), m);
+    kg_node *rel = kg_binary(g, KG_OP_DIV, kg_binary(g, KG_OP_SUB, m, s), factor);
+    kg_node *far = kg_compare(g, KG_CMP_GT, rel, kg_broadcast_like(g, kg_scalar(g, KG_F32, 2 * eps), rel));
+    kg_node *gated = kg_select(g, far, kg_broadcast_like(g, kg_scalar(g, KG_F32, -INFINITY), ms), ms);
+    *idx = kg_top_k(g, ms, 1);
+    *w = kg_take_along(g, softmax(g, gated), *idx);
+}
+
+/* PhiMoE's sparsemixer at inference: two mixer rounds, the second with the
+ * first's expert masked out. idx, wts [T, 2]. */
+static void sparsemixer(kb_ctx *b, kg_node *s, const kb_moe_opts *o, kg_node **idx, kg_node **wts) {
+    kg_graph *g = b->g;
+    kg_node *i[2], *w[2];
+    if (o->top_k != 2) {
+        kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "%s: sparsemixer routing needs 2 experts per token, not %lld", b->fam->name,
+                              (long long)o->top_k));
+        *idx = *wts = NULL;
+        return;
+    }
+    mixer_round(g, s, s, o->jitter_eps, &i[0], &w[0]);
+    kg_node *first = kg_compare(g, KG_CMP_EQ, kg_broadcast_in_dim(g, kg_reshape(g, i[0], KG_SHAPE(s->shape.d[0])), s->shape, (int[]){0}),
+                                kg_iota(g, KG_I32, s->shape, 1));
+    kg_node *ms = kg_select(g, first, kg_broadcast_like(g, kg_scalar(g, KG_F32, -INFINITY), s), s);
+    mixer_round(g, s, ms, o->jitter_eps, &i[1], &w[1]);
+    *idx = kg_concat(g, i, 2, 1);
+    *wts = kg_concat(g, w, 2, 1);
+}
+
 /* The chosen experts idx [T, K] i32 and their weights wts [T, K] f32 from
  * router logits [T, E]. */
 static void route(kb_ctx *b, kg_node *logits, int il, const kb_moe_opts *o, kg_node **idx, kg_node **wts) {
     kg_graph *g = b->g;
     int K = (int)o->top_k;
+    if (o->score == KM_MOE_SPARSEMIXER) return sparsemixer(b, logits, o, idx, wts);
     kg_node *p = o->score == KM_MOE_SOFTMAX   ? softmax(g, logits)
                  : o->score == KM_MOE_SIGMOID ? kg_unary(g, KG_OP_LOGISTIC, logits)
                                               : logits;
@@ -84,6 +122,7 @@ static void route(kb_ctx *b, kg_node *logits, int il, const kb_moe_opts *o, kg_n
     *idx = kg_top_k(g, choice, K);
     kg_node *w = kg_take_along(g, p, *idx);
     if (o->score == KM_MOE_TOPK_SOFTMAX) w = softmax(g, w);
+    if (o->score == KM_MOE_TOPK_SIGMOID) w = kg_unary(g, KG_OP_LOGISTIC, w);
     if (o->norm_topk && w) {
         int last = 1;
         kg_node *sum = kg_reduce(g, w, KG_REDUCE_SUM, &last, 1);
@@ -200,7 +239,7 @@ static bool moe_act(kb_ctx *b, const kb_moe_opts *o, kg_moe_attr *a) {
 /* The routed experts on x [T, H]. */
 static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il, const kb_moe_opts *o) {
     int64_t E = o->experts, H = x->shape.d[1], F = o->width;
-    kg_moe_attr a = {.n_experts = (int)E, .bias = o->expert_bias};
+    kg_moe_attr a = {.n_experts = (int)E, .bias = o->expert_bias, .scale_input = o->scale_input};
     kg_node *w[12] = {0};
     if (!moe_act(b, o, &a)) return NULL;
     bool separate = o->layout == KB_MOE_SEPARATE || has_module(b, KM_T_MOE_GATE, il);

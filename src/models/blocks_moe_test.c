@@ -1,7 +1,8 @@
 /* kb_moe on small made-up weights against a scalar reference of each routing
  * (softmax then top-k with renormalisation, top-k then softmax, sigmoid with
  * a choice bias, group limits and scaling; a shared expert with its sigmoid
- * scale), with kernels and fully decomposed; and mlx-lm's stacked
+ * scale; Llama 4's top-k sigmoid on the experts' inputs; PhiMoE's
+ * sparsemixer), with kernels and fully decomposed; and mlx-lm's stacked
  * switch_mlp checkpoints against the per-expert ones they come from. */
 #include "kt.h"
 #include "models/models_test.h"
@@ -94,6 +95,23 @@ static void reference(const float *x, float *out) {
         for (int e = 0; e < E; e++)
             if (e / 2 != best) choice[e] = 0;
     }
+    if (opts.score == KM_MOE_SPARSEMIXER) { /* transformers' sparsemixer, eval branch */
+        double ms[E];
+        for (int e = 0; e < E; e++) ms[e] = logit[e];
+        for (int j = 0; j < K; j++) {
+            int b = 0;
+            for (int e = 1; e < E; e++)
+                if (ms[e] > ms[b]) b = e;
+            double thr = ms[b], z = 0;
+            for (int e = 0; e < E; e++) {
+                bool far = (thr - logit[e]) / fmax(fabs(logit[e]), thr) > 2 * (double)(float)opts.jitter_eps;
+                p[e] = far || isinf(ms[e]) ? 0 : exp(ms[e] - thr);
+                z += p[e];
+            }
+            idx[j] = b, w[j] = p[b] / z, ms[b] = -INFINITY;
+        }
+        goto experts;
+    }
     bool taken[E] = {0};
     for (int j = 0; j < K; j++) {
         int b = -1;
@@ -101,6 +119,8 @@ static void reference(const float *x, float *out) {
             if (!taken[e] && (b < 0 || choice[e] > choice[b])) b = e;
         taken[b] = true, idx[j] = b, w[j] = p[b];
     }
+    if (opts.score == KM_MOE_TOPK_SIGMOID)
+        for (int j = 0; j < K; j++) w[j] = 1 / (1 + exp(-w[j]));
     if (opts.score == KM_MOE_TOPK_SOFTMAX) {
         double s = exp(w[0] - w[0]) + exp(w[1] - w[0]), w0 = w[0];
         for (int j = 0; j < K; j++) w[j] = exp(w[j] - w0) / s;
@@ -109,9 +129,12 @@ static void reference(const float *x, float *out) {
         double s = fmax(w[0] + w[1], opts.norm_min);
         for (int j = 0; j < K; j++) w[j] /= s;
     }
+experts:
     for (int j = 0; j < K; j++) {
-        mlp(gate[idx[j]], up[idx[j]], down[idx[j]], F, x, m);
-        for (int o = 0; o < H; o++) y[o] += w[j] * (opts.scale != 0 ? opts.scale : 1) * m[o];
+        float xs[H];
+        for (int c = 0; c < H; c++) xs[c] = opts.scale_input ? (float)(x[c] * w[j]) : x[c];
+        mlp(gate[idx[j]], up[idx[j]], down[idx[j]], F, xs, m);
+        for (int o = 0; o < H; o++) y[o] += (opts.scale_input ? 1 : w[j] * (opts.scale != 0 ? opts.scale : 1)) * m[o];
     }
     if (opts.shared_width) {
         double sc = 0;
@@ -132,7 +155,7 @@ KT_TEST(blocks_moe_routings_match_reference) {
     kb_moe_opts base = {.experts = E, .top_k = K, .width = F, .act = KM_ACT_SILU};
     kb_moe_opts cases[] = {
         base, /* Qwen2-MoE without renorm */
-        base, base, base, base, base,
+        base, base, base, base, base, base, base, base,
     };
     cases[1].norm_topk = true; /* Mixtral */
     cases[2].score = KM_MOE_TOPK_SOFTMAX; /* GraniteMoE */
@@ -140,6 +163,9 @@ KT_TEST(blocks_moe_routings_match_reference) {
     cases[3].n_group = 2, cases[3].topk_group = 1; /* DeepSeek-V3 */
     cases[4].shared_width = FS, cases[4].shared_scale = true; /* Qwen2-MoE's shared expert */
     cases[5].choice_bias = cases[5].norm_topk = true, cases[5].norm_min = 0.5f; /* ERNIE 4.5 */
+    cases[6].score = KM_MOE_TOPK_SIGMOID, cases[6].scale_input = true, cases[6].shared_width = FS; /* Llama 4 */
+    cases[7].score = KM_MOE_SPARSEMIXER, cases[7].jitter_eps = 0.01f; /* PhiMoE */
+    cases[8].score = KM_MOE_SPARSEMIXER, cases[8].jitter_eps = 0.2f;
     float x[T * H], ref[T * H];
     fill(x, T * H, 1);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
