@@ -293,11 +293,24 @@ typedef struct {
     bool scale_input;     /* the weights scale the chosen experts' inputs, not their outputs (Llama 4) */
     float jitter_eps;     /* KM_MOE_SPARSEMIXER: experts whose logit is within a relative 2 * jitter_eps of
                            * the round's best share its softmax */
+    bool out_bias;        /* KM_T_MOE_OUT_BIAS [hidden] added after the routed experts (JetMoE) */
 } kb_moe_opts;
 /* x [T, hidden] -> [T, hidden]. */
 kg_node *kb_moe(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o);
 /* Layer il's MoE options from hp (experts 0 when the layer is dense). */
 void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o);
+/* Mixture of attention heads (JetMoE's MoA) on x [T, hidden]: a router
+ * (KM_T_MOA_ROUTER, routed as kb_moe with m's score, top_k, ...) picks
+ * m->top_k of m->experts attention experts per token; the k-th chosen
+ * expert's query projection (KM_T_MOA_Q) gives query heads k*Hkv ..
+ * (k+1)*Hkv - 1; keys and values come from KM_T_ATTN_KV as [K | V] blocks of
+ * Hkv heads (query head h reads KV head h / top_k, or h % Hkv with
+ * a->kv_tile); each
+ * slot's attention output goes through its expert's output projection
+ * (KM_T_MOA_O) times its routing weight; the sum plus KM_T_MOA_BIAS.
+ * Attention options a as kb_attention (norms, rope, scale, window, ...);
+ * head_dim D = hp->head_dim, Hkv = a->kv_heads or hp->n_kv_heads. */
+kg_node *kb_moa(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *a, const kb_moe_opts *m);
 
 /* ================================================================ layers (blocks_layer.c) */
 
@@ -320,6 +333,7 @@ typedef struct {
     kb_attn_opts attn;
     kb_ffn_opts ffn;
     kb_moe_opts moe;         /* moe.experts > 0: the MLP branch is kb_moe instead of kb_ffn */
+    kb_moe_opts moa;         /* moa.experts > 0: the attention branch is kb_moa(attn, moa) instead of kb_attention */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
  * hp->post_norm) RMSNorm layers with hp's arrangement switches

@@ -1,9 +1,13 @@
 /* blocks_moe.c: the mixture-of-experts MLP (see blocks.h): routing in the
- * graph's primitives, the experts in one kiln.moe node, the shared expert. */
+ * graph's primitives, the experts in one kiln.moe node, the shared expert;
+ * the mixture of attention heads (kb_moa).
+ * TODO(perf): kb_moa projects queries and outputs through every expert
+ * (dense one-hot mixing), E / top_k times the work of the chosen ones. */
 #include <math.h>
 #include <string.h>
 
 #include "models/blocks.h"
+#include "models/blocks_int.h"
 
 void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o) {
     const km_hparams *hp = b->hp;
@@ -314,6 +318,55 @@ kg_node *kb_moe(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o) {
     if (!logits) return NULL;
     route(b, logits, il, o, &idx, &wts);
     kg_node *y = routed(b, x, kg_name(idx, "moe_idx", il), kg_name(wts, "moe_wts", il), il, o);
+    if (o->out_bias && y) y = kg_add(b->g, y, kg_convert(b->g, kb_vector(b, KM_T_MOE_OUT_BIAS, il, "", x->shape.d[1]), KG_F32));
     if (o->shared_width > 0 && y) y = kg_add(b->g, y, shared(b, x, il, o));
     return y;
+}
+
+/* ---------------------------------------------------------------- mixture of attention heads */
+
+/* One-hot [T, K, E] f32 of the chosen experts idx [T, K]. */
+static kg_node *one_hot(kg_graph *g, kg_node *idx, int64_t E) {
+    if (!idx) return NULL;
+    kg_shape s = KG_SHAPE(idx->shape.d[0], idx->shape.d[1], E);
+    kg_node *hit = kg_compare(g, KG_CMP_EQ, kg_broadcast_in_dim(g, idx, s, (int[]){0, 1}), kg_iota(g, KG_I32, s, 2));
+    return kg_select(g, hit, kg_broadcast_in_dim(g, kg_scalar(g, KG_F32, 1), s, NULL),
+                     kg_broadcast_in_dim(g, kg_scalar(g, KG_F32, 0), s, NULL));
+}
+
+kg_node *kb_moa(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *a, const kb_moe_opts *m) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    if (!x) return NULL;
+    int64_t T = b->shape.T, Hd = hp->hidden, E = m->experts, K = m->top_k, D = hp->head_dim;
+    int64_t Hkv = a->kv_heads > 0 ? a->kv_heads : hp->n_kv_heads, HD = Hkv * D;
+    if (E < 1 || K < 1 || K > E)
+        return kb_fail(b, kiln_error(KILN_EINVAL, "%s: layer %d: %lld of %lld attention experts", b->fam->name, il, (long long)K,
+                                     (long long)E));
+    if (a->qkv != KB_QKV_SEPARATE || a->mla.kv_lora_rank > 0 || a->alibi || a->sinks)
+        return kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "%s: attention experts with fused queries, MLA, ALiBi or sinks", b->fam->name));
+    kg_node *logits = kb_linear(b, x, KM_T_MOA_ROUTER, il, E, false), *idx = NULL, *wts = NULL;
+    if (!logits) return NULL;
+    route(b, logits, il, m, &idx, &wts);
+    kg_node *oh = one_hot(g, kg_name(idx, "moa_idx", il), E); /* [T, K, E] */
+    /* every expert's queries [T, E, HD], then the chosen ones [T, K, HD]
+     * (one-hot sums copy them exactly) */
+    kg_node *wq = kg_convert(g, kb_tensor(b, KM_T_MOA_Q, il, ".weight", 3, (int64_t[]){E, HD, Hd}), KG_F32);
+    kg_node *wo = kg_convert(g, kb_tensor(b, KM_T_MOA_O, il, ".weight", 3, (int64_t[]){E, Hd, HD}), KG_F32);
+    if (!oh || !wq || !wo || !wts) return NULL;
+    kg_node *qall = kg_dot_general(g, x, wq, &(kg_dot_dims){.lhs_contract = {1, {1}}, .rhs_contract = {1, {2}}});
+    kg_dot_dims pick = {.lhs_batch = {1, {0}}, .rhs_batch = {1, {0}}, .lhs_contract = {1, {2}}, .rhs_contract = {1, {1}}};
+    kg_node *q = kg_reshape(g, kg_dot_general(g, oh, qall, &pick), KG_SHAPE(T, K * Hkv, D));
+    kg_node *kv = kb_linear(b, x, KM_T_ATTN_KV, il, 2 * HD, false);
+    kg_node *k = kg_reshape(g, kb_slice_last(b, kv, 0, HD), KG_SHAPE(T, Hkv, D));
+    kg_node *v = kg_reshape(g, kb_slice_last(b, kv, HD, 2 * HD), KG_SHAPE(T, Hkv, D));
+    kg_node *att = kb_attend(b, q, k, v, il, a); /* [T, K * Hkv, D] */
+    if (!att) return NULL;
+    /* slot k's output, weighted, in its expert's place [T, E, HD], through
+     * every expert's output projection at once */
+    kg_node *gw = kg_mul(g, oh, kg_broadcast_in_dim(g, wts, oh->shape, (int[]){0, 1}));
+    kg_dot_dims place = {.lhs_batch = {1, {0}}, .rhs_batch = {1, {0}}, .lhs_contract = {1, {1}}, .rhs_contract = {1, {1}}};
+    kg_node *dense = kg_dot_general(g, gw, kg_reshape(g, att, KG_SHAPE(T, K, HD)), &place);
+    kg_node *y = kg_dot_general(g, dense, wo, &(kg_dot_dims){.lhs_contract = {2, {1, 2}}, .rhs_contract = {2, {0, 2}}});
+    return kg_add(g, y, kg_convert(g, kb_vector(b, KM_T_MOA_BIAS, il, "", Hd), KG_F32));
 }
