@@ -63,7 +63,8 @@ int kiln_cmd_info(int argc, char **argv) {
     if (hp->n_experts) {
         int moe = 0;
         for (int64_t i = 0; i < hp->n_layers; i++) moe += hp->layer_moe[i];
-        static const char *const score[] = {"softmax, top-k", "top-k, softmax", "sigmoid, top-k"};
+        static const char *const score[] = {"softmax, top-k", "top-k, softmax", "sigmoid, top-k", "top-k, sigmoid",
+                                            "sparsemixer"};
         printf("experts      %lld of %lld per token (width %lld) on %d of %lld layers; router %s%s%s", (long long)hp->n_experts_used,
                (long long)hp->n_experts, (long long)hp->expert_ffn, moe, (long long)hp->n_layers, score[hp->moe_score],
                hp->moe_router_bias ? " with choice bias" : "", hp->moe_norm_topk ? ", renormalised" : "");
@@ -71,6 +72,13 @@ int kiln_cmd_info(int argc, char **argv) {
         if (hp->moe_scale != 0 && hp->moe_scale != 1) printf(", scaled %g", hp->moe_scale);
         if (hp->shared_ffn) printf("; shared expert width %lld", (long long)hp->shared_ffn);
         printf("\n");
+    }
+    if (hp->attn_chunk > 0) {
+        int chunked = 0;
+        for (int64_t i = 0; i < hp->n_layers; i++) chunked += hp->layer_chunked[i];
+        if (chunked)
+            printf("attention    chunks of %lld positions on %d of %lld layers\n", (long long)hp->attn_chunk, chunked,
+                   (long long)hp->n_layers);
     }
     if (hp->logn_len) printf("attention    logn query scaling from position %lld\n", (long long)hp->logn_len);
     if (hp->alibi) printf("positions    ALiBi\n");

@@ -277,10 +277,26 @@ static kg_node *moe(kg_graph *g, const kg_node *n) {
         wf[r] = dequant_experts(g, n->in[i], q ? n->in[i + 1] : NULL, q ? n->in[i + 2] : NULL, was[r], E);
         i += q ? 3 : 1;
     }
+    /* dense routing weights [T, E]: sum over slots j of wts[t, j] where idx[t, j] == e */
+    kg_shape tke = KG_SHAPE(T, K, E);
+    kg_node *hit = kg_compare(g, KG_CMP_EQ, bcast(g, idx, tke, 0, 1, 0, 0), kg_iota(g, KG_I32, tke, 2));
+    kg_node *zero = kg_broadcast_in_dim(g, kg_scalar(g, KG_F32, 0), tke, NULL);
+    kg_node *wsel = kg_select(g, hit, bcast(g, wts, tke, 0, 1, 0, 0), zero);
+    int kdim = 1;
+    kg_node *dense = kg_reduce(g, wsel, KG_REDUCE_SUM, &kdim, 1); /* [T, E] */
     kg_dot_dims xw = {.lhs_contract = {1, {1}}, .rhs_contract = {1, {2}}};
     kg_node *gt = kg_dot_general(g, x, wf[0], &xw); /* [T, E, F] */
     kg_node *up = kg_dot_general(g, x, wf[1], &xw);
     kg_shape tef = KG_SHAPE(T, E, F);
+    if (m->scale_input) {
+        /* gate_e(w x) = w gate_e(x): the weights scale the projections, and
+         * each chosen expert's output counts once */
+        kg_node *d = bcast(g, dense, tef, 0, 1, 0, 0);
+        gt = mul(g, gt, d);
+        up = mul(g, up, d);
+        kg_node *one = kg_broadcast_in_dim(g, kg_scalar(g, KG_F32, 1), tke, NULL);
+        dense = kg_reduce(g, kg_select(g, hit, one, zero), KG_REDUCE_SUM, &kdim, 1);
+    }
     if (m->bias) {
         gt = add(g, gt, bcast(g, kg_convert(g, n->in[i], KG_F32), tef, 1, 2, 0, 0));
         up = add(g, up, bcast(g, kg_convert(g, n->in[i + 1], KG_F32), tef, 1, 2, 0, 0));
@@ -314,12 +330,6 @@ static kg_node *moe(kg_graph *g, const kg_node *n) {
     kg_dot_dims hd = {.lhs_batch = {1, {1}}, .rhs_batch = {1, {0}}, .lhs_contract = {1, {2}}, .rhs_contract = {1, {2}}};
     kg_node *y = kg_dot_general(g, h, wf[2], &hd); /* [E, T, H] */
     if (m->bias && y) y = add(g, y, bcast(g, kg_convert(g, n->in[i + 2], KG_F32), y->shape, 0, 2, 0, 0));
-    /* dense routing weights [T, E]: sum over slots j of wts[t, j] where idx[t, j] == e */
-    kg_shape tke = KG_SHAPE(T, K, E);
-    kg_node *hit = kg_compare(g, KG_CMP_EQ, bcast(g, idx, tke, 0, 1, 0, 0), kg_iota(g, KG_I32, tke, 2));
-    kg_node *wsel = kg_select(g, hit, bcast(g, wts, tke, 0, 1, 0, 0), kg_broadcast_in_dim(g, kg_scalar(g, KG_F32, 0), tke, NULL));
-    int kdim = 1;
-    kg_node *dense = kg_reduce(g, wsel, KG_REDUCE_SUM, &kdim, 1); /* [T, E] */
     kg_dot_dims comb = {.lhs_batch = {1, {0}}, .rhs_batch = {1, {1}}, .lhs_contract = {1, {1}}, .rhs_contract = {1, {0}}};
     return kg_dot_general(g, dense, y, &comb); /* [T, H] */
 }

@@ -192,6 +192,8 @@ typedef struct {
     float alpha, limit;  /* KG_MOE_SWIGLU_OAI */
     bool bias;           /* per-expert biases follow the weights */
     kg_wattr gate, up, down; /* per expert: gate/up [F, H], down [H, F] */
+    bool scale_input;    /* the weights scale each chosen expert's input, not its output (Llama 4):
+                          * out[t] = sum of down_e(act(gate_e (w x_t) + gb_e, up_e (w x_t) + ub_e)) + db_e */
 } kg_moe_attr;
 
 struct kg_fusion; /* passes/fuse.c */
@@ -349,7 +351,8 @@ kg_node *kg_top_k(kg_graph *g, kg_node *x, int k);
  * out[t] = sum over experts e in increasing order, over the slots j with
  * idx[t, j] == e, of wts[t, j] * (down_e(act(gate_e x_t + gb_e, up_e x_t + ub_e)) + db_e).
  * w[i] lists gate, gate scales, gate biases, up, up s, up b, down, down s,
- * down b, gate_b, up_b, down_b (NULL where absent). */
+ * down b, gate_b, up_b, down_b (NULL where absent). With attr->scale_input,
+ * w = wts[t, j] multiplies x_t before the expert instead (see kg_moe_attr). */
 kg_node *kg_moe(kg_graph *g, kg_node *x, kg_node *idx, kg_node *wts, kg_node *const w[12], const kg_moe_attr *attr);
 
 /* ---- sugar for emitters ---- */

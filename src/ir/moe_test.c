@@ -82,6 +82,7 @@ typedef struct {
     kg_wfmt fmt[3];
     kg_moe_act act;
     bool bias;
+    bool scale_input;
 } moe_cfg;
 
 static kg_node *weight_param(kg_graph *g, kg_wfmt f, int64_t E, int64_t R, int64_t C, kg_node **s, kg_node **b) {
@@ -100,7 +101,8 @@ static kg_node *build_moe(kg_graph *g, void *ctx) {
     kg_node *x = kg_param(g, KG_F32, KG_SHAPE(c->T, c->H), "x");
     kg_node *idx = kg_param(g, KG_I32, KG_SHAPE(c->T, c->K), "idx");
     kg_node *wts = kg_param(g, KG_F32, KG_SHAPE(c->T, c->K), "wts");
-    kg_moe_attr a = {.n_experts = (int)c->E, .act = c->act, .alpha = 1.702f, .limit = 0.6f, .bias = c->bias};
+    kg_moe_attr a = {.n_experts = (int)c->E, .act = c->act, .alpha = 1.702f, .limit = 0.6f, .bias = c->bias,
+                     .scale_input = c->scale_input};
     int64_t R[3] = {c->F, c->F, c->H}, C[3] = {c->H, c->H, c->F};
     kg_wattr *was[3] = {&a.gate, &a.up, &a.down};
     kg_node *w[12] = {0};
@@ -130,11 +132,13 @@ static void *fill(kg_dtype t, int64_t n, float scale) {
 
 KT_TEST(moe_matches_decomposition) {
     moe_cfg cfgs[] = {
-        {5, 64, 32, 4, 2, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU, false},
-        {3, 64, 64, 6, 3, {KG_WF_AFFINE, KG_WF_AFFINE, KG_WF_AFFINE}, KG_MOE_SILU, false},
-        {1, 32, 64, 4, 2, {KG_WF_BF16, KG_WF_F16, KG_WF_AFFINE}, KG_MOE_GELU_TANH, true},
-        {4, 64, 32, 4, 2, {KG_WF_F32, KG_WF_BF16, KG_WF_F32}, KG_MOE_SWIGLU_OAI, true},
-        {6, 32, 32, 8, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_GELU, false},
+        {5, 64, 32, 4, 2, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU, false, false},
+        {3, 64, 64, 6, 3, {KG_WF_AFFINE, KG_WF_AFFINE, KG_WF_AFFINE}, KG_MOE_SILU, false, false},
+        {1, 32, 64, 4, 2, {KG_WF_BF16, KG_WF_F16, KG_WF_AFFINE}, KG_MOE_GELU_TANH, true, false},
+        {4, 64, 32, 4, 2, {KG_WF_F32, KG_WF_BF16, KG_WF_F32}, KG_MOE_SWIGLU_OAI, true, false},
+        {6, 32, 32, 8, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_GELU, false, false},
+        {5, 64, 32, 4, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU, false, true},      /* Llama 4 */
+        {4, 64, 32, 6, 2, {KG_WF_AFFINE, KG_WF_BF16, KG_WF_F32}, KG_MOE_SILU, true, true},
     };
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         moe_cfg *c = &cfgs[ci];

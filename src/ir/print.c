@@ -122,10 +122,10 @@ static void attrs(FILE *f, const kg_node *n, int decomp_id) {
                 break;
             case KG_OP_MOE:
                 fprintf(f, "experts = %d : i64, act = %d : i64, bias = %s, alpha = %.9e : f32, limit = %.9e : f32, "
-                           "formats = array<i64: %d, %d, %d>, bits = array<i64: %d, %d, %d>",
+                           "formats = array<i64: %d, %d, %d>, bits = array<i64: %d, %d, %d>, scale_input = %s",
                         n->a.moe->n_experts, (int)n->a.moe->act, n->a.moe->bias ? "true" : "false", (double)n->a.moe->alpha,
                         (double)n->a.moe->limit, (int)n->a.moe->gate.fmt, (int)n->a.moe->up.fmt, (int)n->a.moe->down.fmt,
-                        n->a.moe->gate.bits, n->a.moe->up.bits, n->a.moe->down.bits);
+                        n->a.moe->gate.bits, n->a.moe->up.bits, n->a.moe->down.bits, n->a.moe->scale_input ? "true" : "false");
                 break;
             case KG_OP_ATTENTION:
                 fprintf(f, "scale = %.9e : f32, softcap = %.9e : f32, window = %d : i64, block_size = %d : i64",

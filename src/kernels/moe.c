@@ -156,6 +156,10 @@ void kk_moe(const kk_call *c) {
             tok[ne] = t;
             tw[ne] = wsum;
             memcpy(xs + ne * H, x + t * H, sizeof(float) * (size_t)H);
+            if (m->scale_input) { /* the weight on the input (x * w as torch rounds it), the output added once */
+                for (int64_t h = 0; h < H; h++) xs[ne * H + h] *= wsum;
+                tw[ne] = 1.0f;
+            }
             ne++;
         }
         if (!ne) continue;
@@ -190,7 +194,7 @@ void kk_moe(const kk_call *c) {
         p = (proj_ctx){m, &d, gt, y, ne, bn[2], bp[2], e};
         project(c->pool, &p);
         for (int64_t q = 0; q < ne; q++)
-            for (int64_t h = 0; h < H; h++) out[tok[q] * H + h] += tw[q] * y[q * H + h];
+            for (int64_t h = 0; h < H; h++) out[tok[q] * H + h] += m->scale_input ? y[q * H + h] : tw[q] * y[q * H + h];
     }
 done:
     free(tok), free(tw), free(xs), free(gt), free(up), free(y);

@@ -178,6 +178,9 @@ typedef struct {
     bool kv_tile;            /* query head h reads KV head h % Hkv (torch.tile), not h / (H / Hkv) */
     /* output */
     bool sub_norm;           /* RMSNorm (KM_T_ATTN_SUB_NORM) on the attention output before o_proj (BitNet) */
+    /* (Llama 4) */
+    bool qk_norm_plain;      /* the q/k norms have no weight (Llama 4's L2Norm: an RMSNorm without weight) */
+    int temp_offset;         /* kb_pos_temperature's position offset (Llama 4: 1) */
 } kb_attn_opts;
 /* Self-attention block: projections, q/k norms, query scales, rope, KV
  * cache update, attention over the cache, output projection. x [T, hidden]. */
@@ -287,11 +290,27 @@ typedef struct {
     int64_t shared_width; /* the shared expert's inner width; 0: none */
     bool shared_fused;    /* the shared expert's gate and up in KM_T_MOE_SHARED_UP [2F, H], gate rows first */
     bool shared_scale;    /* its output times sigmoid(KM_T_MOE_SHARED_SCALE x) (Qwen2-MoE) */
+    bool scale_input;     /* the weights scale the chosen experts' inputs, not their outputs (Llama 4) */
+    float jitter_eps;     /* KM_MOE_SPARSEMIXER: experts whose logit is within a relative 2 * jitter_eps of
+                           * the round's best share its softmax */
+    bool out_bias;        /* KM_T_MOE_OUT_BIAS [hidden] added after the routed experts (JetMoE) */
 } kb_moe_opts;
 /* x [T, hidden] -> [T, hidden]. */
 kg_node *kb_moe(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o);
 /* Layer il's MoE options from hp (experts 0 when the layer is dense). */
 void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o);
+/* Mixture of attention heads (JetMoE's MoA) on x [T, hidden]: a router
+ * (KM_T_MOA_ROUTER, routed as kb_moe with m's score, top_k, ...) picks
+ * m->top_k of m->experts attention experts per token; the k-th chosen
+ * expert's query projection (KM_T_MOA_Q) gives query heads k*Hkv ..
+ * (k+1)*Hkv - 1; keys and values come from KM_T_ATTN_KV as [K | V] blocks of
+ * Hkv heads (query head h reads KV head h / top_k, or h % Hkv with
+ * a->kv_tile); each
+ * slot's attention output goes through its expert's output projection
+ * (KM_T_MOA_O) times its routing weight; the sum plus KM_T_MOA_BIAS.
+ * Attention options a as kb_attention (norms, rope, scale, window, ...);
+ * head_dim D = hp->head_dim, Hkv = a->kv_heads or hp->n_kv_heads. */
+kg_node *kb_moa(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *a, const kb_moe_opts *m);
 
 /* ================================================================ layers (blocks_layer.c) */
 
@@ -314,13 +333,14 @@ typedef struct {
     kb_attn_opts attn;
     kb_ffn_opts ffn;
     kb_moe_opts moe;         /* moe.experts > 0: the MLP branch is kb_moe instead of kb_ffn */
+    kb_moe_opts moa;         /* moa.experts > 0: the attention branch is kb_moa(attn, moa) instead of kb_attention */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
  * hp->post_norm) RMSNorm layers with hp's arrangement switches
  * (parallel_residual, shared_norm, residual_from_norm, residual_scale);
  * attention with hp's biases, per-layer heads, clip_qkv, MLA ranks, score
  * scale (attn_scale, by layer with attn_scale_by_layer), soft-cap, window,
- * logn and temperature query scales, b->alibi, and rope -1 for NoPE layers,
+ * chunk, logn and temperature query scales, b->alibi, and rope -1 for NoPE layers,
  * 1 for sliding layers when there are two rope configs, else 0; a gated MLP
  * with hp->act, hp->mlp_bias and the layer's width, or a mixture of experts
  * on hp->layer_moe layers (kb_moe_defaults). */

@@ -154,7 +154,7 @@ static void project_qkv(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o, in
 static void qk_norms(kb_ctx *b, kg_node **q, kg_node **k, int il, const kb_attn_opts *o) {
     kg_graph *g = b->g;
     if (!*q || !*k || o->qk_norm == KB_QK_NONE) return;
-    kb_norm_opts no = {.kind = o->qk_norm_kind, .per_head = o->qk_norm == KB_QK_HEADWISE};
+    kb_norm_opts no = {.kind = o->qk_norm_kind, .plain = o->qk_norm_plain, .per_head = o->qk_norm == KB_QK_HEADWISE};
     if (o->qk_norm != KB_QK_FULL) {
         *q = kb_norm_ex(b, *q, KM_T_ATTN_Q_NORM, il, &no);
         *k = kb_norm_ex(b, *k, KM_T_ATTN_K_NORM, il, &no);
@@ -165,17 +165,15 @@ static void qk_norms(kb_ctx *b, kg_node **q, kg_node **k, int il, const kb_attn_
     *k = kg_reshape(g, kb_norm_ex(b, kg_reshape(g, *k, KG_SHAPE(T, Hkv * D)), KM_T_ATTN_K_NORM, il, &no), KG_SHAPE(T, Hkv, D));
 }
 
-/* From projected q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv]: q/k norms,
- * query scales, rope, cache, attention, output projection. */
-static kg_node *attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o) {
+kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
     if (!q || !k || !v) return NULL;
-    int64_t T = b->shape.T, H = q->shape.d[1], Hkv = k->shape.d[1], D = q->shape.d[2], Dv = v->shape.d[2];
+    int64_t H = q->shape.d[1], Hkv = k->shape.d[1], D = q->shape.d[2], Dv = v->shape.d[2];
     if (!o->qk_norm_after_rope) qk_norms(b, &q, &k, il, o);
     /* per-token scales commute with the rotation */
     if (o->logn_len) q = kb_logn_scale(b, q, o->logn_len);
-    if (o->temp_beta != 0) q = kb_pos_temperature(b, q, o->temp_beta, (double)o->temp_floor, 0);
+    if (o->temp_beta != 0) q = kb_pos_temperature(b, q, o->temp_beta, (double)o->temp_floor, o->temp_offset);
     if (o->rope >= 0) {
         kg_node *cos, *sin;
         if (!kb_rope_inputs(b, o->rope, &cos, &sin)) return NULL;
@@ -199,9 +197,18 @@ static kg_node *attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, co
     if (o->kv_tile) q = kb_heads_tiled_to_grouped(b, q, Hkv);
     kg_node *a = kg_name(kg_attention(g, q, kc, vc, b->blocks, b->seq, b->pos, alibi, sinks, &at), "attn", il);
     if (o->kv_tile) a = kb_heads_grouped_to_tiled(b, a, Hkv);
-    a = kg_reshape(g, a, KG_SHAPE(T, H * Dv));
+    return a;
+}
+
+/* From projected q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv]: kb_attend,
+ * then the output projection. */
+static kg_node *attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o) {
+    kg_node *a = kb_attend(b, q, k, v, il, o);
+    if (!a) return NULL;
+    int64_t T = b->shape.T, H = a->shape.d[1], Dv = a->shape.d[2];
+    a = kg_reshape(b->g, a, KG_SHAPE(T, H * Dv));
     if (o->sub_norm) a = kb_norm(b, a, KM_T_ATTN_SUB_NORM, il, KB_NORM_RMS);
-    return kb_linear(b, a, KM_T_ATTN_O, il, hp->hidden, o->o_bias);
+    return kb_linear(b, a, KM_T_ATTN_O, il, b->hp->hidden, o->o_bias);
 }
 
 /* Multi-head latent attention: the queries, keys and values of attend(). */

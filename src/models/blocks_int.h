@@ -12,4 +12,9 @@ bool kb_rope_inputs(kb_ctx *b, int rope, kg_node **cos, kg_node **sin);
  * written at the tokens' slots (in place: the cache param is donated). */
 kg_node *kb_cache_write(kb_ctx *b, int il, bool v, kg_node *rows);
 
+/* Attention on projected q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv] as
+ * kb_attention runs it (q/k norms, query scales, rope, KV cache, scores, kv
+ * sharing), before the output projection: [T, H, Dv]. */
+kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o);
+
 #endif

@@ -30,6 +30,7 @@ void kb_layer_defaults(const kb_ctx *b, int il, kb_layer_opts *o) {
                  .scale = (float)scale,
                  .softcap = hp->attn_softcap,
                  .window = kb_layer_window(b, il),
+                 .chunk = hp->layer_chunked[il] ? (int)hp->attn_chunk : 0,
                  .alibi = b->alibi},
         .ffn = {.gated = true, .act = hp->act, .bias = hp->mlp_bias, .width = hp->layer_ffn[il]},
     };
@@ -41,6 +42,11 @@ static kg_node *add_branch(kb_ctx *b, kg_node *res, kg_node *h, const kb_layer_o
     if (!h) return NULL;
     if (o->residual_scale != 0) h = kg_scale(b->g, h, o->residual_scale);
     return kg_add(b->g, res, h);
+}
+
+/* The attention branch: a mixture of attention heads or self-attention. */
+static kg_node *attention(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
+    return kg_name(o->moa.experts > 0 ? kb_moa(b, x, il, &o->attn, &o->moa) : kb_attention(b, x, il, &o->attn), "attn_out", il);
 }
 
 /* The MLP branch: a mixture of experts or a dense MLP. */
@@ -56,12 +62,12 @@ kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
         return kb_fail(b, kiln_error(KILN_EINTERNAL, "%s: a parallel block or residuals from the norms need pre-norms",
                                      b->fam->name));
     if (o->norm_place == KB_NORM_RESIDUAL) {
-        x = kb_norm_ex(b, add_branch(b, x, kg_name(kb_attention(b, x, il, &o->attn), "attn_out", il), o), KM_T_ATTN_NORM, il, n);
+        x = kb_norm_ex(b, add_branch(b, x, attention(b, x, il, o), o), KM_T_ATTN_NORM, il, n);
         return kb_norm_ex(b, add_branch(b, x, mlp(b, x, il, o), o), KM_T_FFN_NORM, il, n);
     }
     bool pre = o->norm_place != KB_NORM_POST, post = o->norm_place != KB_NORM_PRE;
     kg_node *n1 = pre ? kb_norm_ex(b, x, KM_T_ATTN_NORM, il, n) : x;
-    kg_node *a = kg_name(kb_attention(b, n1, il, &o->attn), "attn_out", il);
+    kg_node *a = attention(b, n1, il, o);
     if (post) a = kb_norm_ex(b, a, KM_T_ATTN_POST_NORM, il, n);
     if (o->parallel) {
         kg_node *n2 = o->shared_norm ? n1 : kb_norm_ex(b, x, KM_T_FFN_NORM, il, n);

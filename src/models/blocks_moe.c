@@ -1,8 +1,13 @@
 /* blocks_moe.c: the mixture-of-experts MLP (see blocks.h): routing in the
- * graph's primitives, the experts in one kiln.moe node, the shared expert. */
+ * graph's primitives, the experts in one kiln.moe node, the shared expert;
+ * the mixture of attention heads (kb_moa).
+ * TODO(perf): kb_moa projects queries and outputs through every expert
+ * (dense one-hot mixing), E / top_k times the work of the chosen ones. */
+#include <math.h>
 #include <string.h>
 
 #include "models/blocks.h"
+#include "models/blocks_int.h"
 
 void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o) {
     const km_hparams *hp = b->hp;
@@ -25,6 +30,7 @@ void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o) {
         .swiglu_oai = hp->moe_swiglu_limit > 0,
         .alpha = 1.702f, /* gpt-oss's constant */
         .limit = hp->moe_swiglu_limit,
+        .jitter_eps = hp->moe_jitter_eps,
     };
 }
 
@@ -61,11 +67,47 @@ static kg_node *group_limit(kb_ctx *b, kg_node *s, const kb_moe_opts *o) {
     return kg_select(g, kg_compare(g, KG_CMP_GT, keep, zero), s, zero);
 }
 
+/* One round of PhiMoE's sparsemixer on logits s [T, E], where ms is s with
+ * the experts of earlier rounds at -inf: the best expert of ms (*idx [T, 1])
+ * and its weight (*w [T, 1]), the softmax over ms with every expert e whose
+ * (max - s_e) / max(|s_e|, max) exceeds 2 eps at -inf. */
+static void mixer_round(kg_graph *g, kg_node *s, kg_node *ms, float eps, kg_node **idx, kg_node **w) {
+    int last = 1;
+    kg_node *m = kg_broadcast_in_dim(g, kg_reduce(g, ms, KG_REDUCE_MAX, &last, 1), s->shape, (int[]){0});
+    kg_node *factor = kg_binary(g, KG_OP_MAX, kg_unary(g, KG_OP_ABS, s), m);
+    kg_node *rel = kg_binary(g, KG_OP_DIV, kg_binary(g, KG_OP_SUB, m, s), factor);
+    kg_node *far = kg_compare(g, KG_CMP_GT, rel, kg_broadcast_like(g, kg_scalar(g, KG_F32, 2 * eps), rel));
+    kg_node *gated = kg_select(g, far, kg_broadcast_like(g, kg_scalar(g, KG_F32, -INFINITY), ms), ms);
+    *idx = kg_top_k(g, ms, 1);
+    *w = kg_take_along(g, softmax(g, gated), *idx);
+}
+
+/* PhiMoE's sparsemixer at inference: two mixer rounds, the second with the
+ * first's expert masked out. idx, wts [T, 2]. */
+static void sparsemixer(kb_ctx *b, kg_node *s, const kb_moe_opts *o, kg_node **idx, kg_node **wts) {
+    kg_graph *g = b->g;
+    kg_node *i[2], *w[2];
+    if (o->top_k != 2) {
+        kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "%s: sparsemixer routing needs 2 experts per token, not %lld", b->fam->name,
+                              (long long)o->top_k));
+        *idx = *wts = NULL;
+        return;
+    }
+    mixer_round(g, s, s, o->jitter_eps, &i[0], &w[0]);
+    kg_node *first = kg_compare(g, KG_CMP_EQ, kg_broadcast_in_dim(g, kg_reshape(g, i[0], KG_SHAPE(s->shape.d[0])), s->shape, (int[]){0}),
+                                kg_iota(g, KG_I32, s->shape, 1));
+    kg_node *ms = kg_select(g, first, kg_broadcast_like(g, kg_scalar(g, KG_F32, -INFINITY), s), s);
+    mixer_round(g, s, ms, o->jitter_eps, &i[1], &w[1]);
+    *idx = kg_concat(g, i, 2, 1);
+    *wts = kg_concat(g, w, 2, 1);
+}
+
 /* The chosen experts idx [T, K] i32 and their weights wts [T, K] f32 from
  * router logits [T, E]. */
 static void route(kb_ctx *b, kg_node *logits, int il, const kb_moe_opts *o, kg_node **idx, kg_node **wts) {
     kg_graph *g = b->g;
     int K = (int)o->top_k;
+    if (o->score == KM_MOE_SPARSEMIXER) return sparsemixer(b, logits, o, idx, wts);
     kg_node *p = o->score == KM_MOE_SOFTMAX   ? softmax(g, logits)
                  : o->score == KM_MOE_SIGMOID ? kg_unary(g, KG_OP_LOGISTIC, logits)
                                               : logits;
@@ -84,6 +126,7 @@ static void route(kb_ctx *b, kg_node *logits, int il, const kb_moe_opts *o, kg_n
     *idx = kg_top_k(g, choice, K);
     kg_node *w = kg_take_along(g, p, *idx);
     if (o->score == KM_MOE_TOPK_SOFTMAX) w = softmax(g, w);
+    if (o->score == KM_MOE_TOPK_SIGMOID) w = kg_unary(g, KG_OP_LOGISTIC, w);
     if (o->norm_topk && w) {
         int last = 1;
         kg_node *sum = kg_reduce(g, w, KG_REDUCE_SUM, &last, 1);
@@ -200,7 +243,7 @@ static bool moe_act(kb_ctx *b, const kb_moe_opts *o, kg_moe_attr *a) {
 /* The routed experts on x [T, H]. */
 static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il, const kb_moe_opts *o) {
     int64_t E = o->experts, H = x->shape.d[1], F = o->width;
-    kg_moe_attr a = {.n_experts = (int)E, .bias = o->expert_bias};
+    kg_moe_attr a = {.n_experts = (int)E, .bias = o->expert_bias, .scale_input = o->scale_input};
     kg_node *w[12] = {0};
     if (!moe_act(b, o, &a)) return NULL;
     bool separate = o->layout == KB_MOE_SEPARATE || has_module(b, KM_T_MOE_GATE, il);
@@ -275,6 +318,55 @@ kg_node *kb_moe(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o) {
     if (!logits) return NULL;
     route(b, logits, il, o, &idx, &wts);
     kg_node *y = routed(b, x, kg_name(idx, "moe_idx", il), kg_name(wts, "moe_wts", il), il, o);
+    if (o->out_bias && y) y = kg_add(b->g, y, kg_convert(b->g, kb_vector(b, KM_T_MOE_OUT_BIAS, il, "", x->shape.d[1]), KG_F32));
     if (o->shared_width > 0 && y) y = kg_add(b->g, y, shared(b, x, il, o));
     return y;
+}
+
+/* ---------------------------------------------------------------- mixture of attention heads */
+
+/* One-hot [T, K, E] f32 of the chosen experts idx [T, K]. */
+static kg_node *one_hot(kg_graph *g, kg_node *idx, int64_t E) {
+    if (!idx) return NULL;
+    kg_shape s = KG_SHAPE(idx->shape.d[0], idx->shape.d[1], E);
+    kg_node *hit = kg_compare(g, KG_CMP_EQ, kg_broadcast_in_dim(g, idx, s, (int[]){0, 1}), kg_iota(g, KG_I32, s, 2));
+    return kg_select(g, hit, kg_broadcast_in_dim(g, kg_scalar(g, KG_F32, 1), s, NULL),
+                     kg_broadcast_in_dim(g, kg_scalar(g, KG_F32, 0), s, NULL));
+}
+
+kg_node *kb_moa(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *a, const kb_moe_opts *m) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    if (!x) return NULL;
+    int64_t T = b->shape.T, Hd = hp->hidden, E = m->experts, K = m->top_k, D = hp->head_dim;
+    int64_t Hkv = a->kv_heads > 0 ? a->kv_heads : hp->n_kv_heads, HD = Hkv * D;
+    if (E < 1 || K < 1 || K > E)
+        return kb_fail(b, kiln_error(KILN_EINVAL, "%s: layer %d: %lld of %lld attention experts", b->fam->name, il, (long long)K,
+                                     (long long)E));
+    if (a->qkv != KB_QKV_SEPARATE || a->mla.kv_lora_rank > 0 || a->alibi || a->sinks)
+        return kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "%s: attention experts with fused queries, MLA, ALiBi or sinks", b->fam->name));
+    kg_node *logits = kb_linear(b, x, KM_T_MOA_ROUTER, il, E, false), *idx = NULL, *wts = NULL;
+    if (!logits) return NULL;
+    route(b, logits, il, m, &idx, &wts);
+    kg_node *oh = one_hot(g, kg_name(idx, "moa_idx", il), E); /* [T, K, E] */
+    /* every expert's queries [T, E, HD], then the chosen ones [T, K, HD]
+     * (one-hot sums copy them exactly) */
+    kg_node *wq = kg_convert(g, kb_tensor(b, KM_T_MOA_Q, il, ".weight", 3, (int64_t[]){E, HD, Hd}), KG_F32);
+    kg_node *wo = kg_convert(g, kb_tensor(b, KM_T_MOA_O, il, ".weight", 3, (int64_t[]){E, Hd, HD}), KG_F32);
+    if (!oh || !wq || !wo || !wts) return NULL;
+    kg_node *qall = kg_dot_general(g, x, wq, &(kg_dot_dims){.lhs_contract = {1, {1}}, .rhs_contract = {1, {2}}});
+    kg_dot_dims pick = {.lhs_batch = {1, {0}}, .rhs_batch = {1, {0}}, .lhs_contract = {1, {2}}, .rhs_contract = {1, {1}}};
+    kg_node *q = kg_reshape(g, kg_dot_general(g, oh, qall, &pick), KG_SHAPE(T, K * Hkv, D));
+    kg_node *kv = kb_linear(b, x, KM_T_ATTN_KV, il, 2 * HD, false);
+    kg_node *k = kg_reshape(g, kb_slice_last(b, kv, 0, HD), KG_SHAPE(T, Hkv, D));
+    kg_node *v = kg_reshape(g, kb_slice_last(b, kv, HD, 2 * HD), KG_SHAPE(T, Hkv, D));
+    kg_node *att = kb_attend(b, q, k, v, il, a); /* [T, K * Hkv, D] */
+    if (!att) return NULL;
+    /* slot k's output, weighted, in its expert's place [T, E, HD], through
+     * every expert's output projection at once */
+    kg_node *gw = kg_mul(g, oh, kg_broadcast_in_dim(g, wts, oh->shape, (int[]){0, 1}));
+    kg_dot_dims place = {.lhs_batch = {1, {0}}, .rhs_batch = {1, {0}}, .lhs_contract = {1, {1}}, .rhs_contract = {1, {1}}};
+    kg_node *dense = kg_dot_general(g, gw, kg_reshape(g, att, KG_SHAPE(T, K, HD)), &place);
+    kg_node *y = kg_dot_general(g, dense, wo, &(kg_dot_dims){.lhs_contract = {2, {1, 2}}, .rhs_contract = {2, {0, 2}}});
+    return kg_add(g, y, kg_convert(g, kb_vector(b, KM_T_MOA_BIAS, il, "", Hd), KG_F32));
 }

@@ -1,8 +1,10 @@
 /* kb_moe on small made-up weights against a scalar reference of each routing
  * (softmax then top-k with renormalisation, top-k then softmax, sigmoid with
  * a choice bias, group limits and scaling; a shared expert with its sigmoid
- * scale), with kernels and fully decomposed; and mlx-lm's stacked
- * switch_mlp checkpoints against the per-expert ones they come from. */
+ * scale; Llama 4's top-k sigmoid on the experts' inputs; PhiMoE's
+ * sparsemixer), with kernels and fully decomposed; mlx-lm's stacked
+ * switch_mlp checkpoints against the per-expert ones they come from; and the
+ * mixture of attention heads (kb_moa) against a scalar JetMoE. */
 #include "kt.h"
 #include "models/models_test.h"
 
@@ -94,6 +96,23 @@ static void reference(const float *x, float *out) {
         for (int e = 0; e < E; e++)
             if (e / 2 != best) choice[e] = 0;
     }
+    if (opts.score == KM_MOE_SPARSEMIXER) { /* transformers' sparsemixer, eval branch */
+        double ms[E];
+        for (int e = 0; e < E; e++) ms[e] = logit[e];
+        for (int j = 0; j < K; j++) {
+            int b = 0;
+            for (int e = 1; e < E; e++)
+                if (ms[e] > ms[b]) b = e;
+            double thr = ms[b], z = 0;
+            for (int e = 0; e < E; e++) {
+                bool far = (thr - logit[e]) / fmax(fabs(logit[e]), thr) > 2 * (double)(float)opts.jitter_eps;
+                p[e] = far || isinf(ms[e]) ? 0 : exp(ms[e] - thr);
+                z += p[e];
+            }
+            idx[j] = b, w[j] = p[b] / z, ms[b] = -INFINITY;
+        }
+        goto experts;
+    }
     bool taken[E] = {0};
     for (int j = 0; j < K; j++) {
         int b = -1;
@@ -101,6 +120,8 @@ static void reference(const float *x, float *out) {
             if (!taken[e] && (b < 0 || choice[e] > choice[b])) b = e;
         taken[b] = true, idx[j] = b, w[j] = p[b];
     }
+    if (opts.score == KM_MOE_TOPK_SIGMOID)
+        for (int j = 0; j < K; j++) w[j] = 1 / (1 + exp(-w[j]));
     if (opts.score == KM_MOE_TOPK_SOFTMAX) {
         double s = exp(w[0] - w[0]) + exp(w[1] - w[0]), w0 = w[0];
         for (int j = 0; j < K; j++) w[j] = exp(w[j] - w0) / s;
@@ -109,9 +130,12 @@ static void reference(const float *x, float *out) {
         double s = fmax(w[0] + w[1], opts.norm_min);
         for (int j = 0; j < K; j++) w[j] /= s;
     }
+experts:
     for (int j = 0; j < K; j++) {
-        mlp(gate[idx[j]], up[idx[j]], down[idx[j]], F, x, m);
-        for (int o = 0; o < H; o++) y[o] += w[j] * (opts.scale != 0 ? opts.scale : 1) * m[o];
+        float xs[H];
+        for (int c = 0; c < H; c++) xs[c] = opts.scale_input ? (float)(x[c] * w[j]) : x[c];
+        mlp(gate[idx[j]], up[idx[j]], down[idx[j]], F, xs, m);
+        for (int o = 0; o < H; o++) y[o] += (opts.scale_input ? 1 : w[j] * (opts.scale != 0 ? opts.scale : 1)) * m[o];
     }
     if (opts.shared_width) {
         double sc = 0;
@@ -132,7 +156,7 @@ KT_TEST(blocks_moe_routings_match_reference) {
     kb_moe_opts base = {.experts = E, .top_k = K, .width = F, .act = KM_ACT_SILU};
     kb_moe_opts cases[] = {
         base, /* Qwen2-MoE without renorm */
-        base, base, base, base, base,
+        base, base, base, base, base, base, base, base,
     };
     cases[1].norm_topk = true; /* Mixtral */
     cases[2].score = KM_MOE_TOPK_SOFTMAX; /* GraniteMoE */
@@ -140,6 +164,9 @@ KT_TEST(blocks_moe_routings_match_reference) {
     cases[3].n_group = 2, cases[3].topk_group = 1; /* DeepSeek-V3 */
     cases[4].shared_width = FS, cases[4].shared_scale = true; /* Qwen2-MoE's shared expert */
     cases[5].choice_bias = cases[5].norm_topk = true, cases[5].norm_min = 0.5f; /* ERNIE 4.5 */
+    cases[6].score = KM_MOE_TOPK_SIGMOID, cases[6].scale_input = true, cases[6].shared_width = FS; /* Llama 4 */
+    cases[7].score = KM_MOE_SPARSEMIXER, cases[7].jitter_eps = 0.01f; /* PhiMoE */
+    cases[8].score = KM_MOE_SPARSEMIXER, cases[8].jitter_eps = 0.2f;
     float x[T * H], ref[T * H];
     fill(x, T * H, 1);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -231,4 +258,103 @@ KT_TEST(moe_mlx_stacked_experts_match_per_expert) {
         ckt_rmdir(dir);
         KT_CHECKF(ok, "%s with switch_mlp stacks fails its oracle", cases[i]);
     }
+}
+
+/* ---------------------------------------------------------------- mixture of attention heads */
+
+enum { AV = 16, AH = 8, AE = 4, AK = 2, AKV = 2, AD = 3, AHD = AKV * AD, AT = 5 };
+
+static const km_names moa_names = {
+    [KM_T_TOK_EMBD] = "emb", [KM_T_ATTN_KV] = "kv", [KM_T_MOA_ROUTER] = "router",
+    [KM_T_MOA_Q] = "wq",     [KM_T_MOA_O] = "wo",   [KM_T_MOA_BIAS] = "bias",
+};
+static kb_attn_opts moa_attn;
+static kg_node *moa_emit(kb_ctx *b) {
+    kg_node *x = kb_embed(b, NULL);
+    kb_moe_opts m = {.experts = AE, .top_k = AK, .score = KM_MOE_TOPK_SOFTMAX};
+    return kb_output(b, kg_add(b->g, x, kb_moa(b, x, 0, &moa_attn, &m)), NULL);
+}
+static const km_family moa_family = {"test", types, &moa_names, NULL, moa_emit};
+
+/* logits[t] = emb (x_t + MoA(x)_t), NoPE, as JetMoE computes it. */
+static void moa_reference(const float *emb, const float *arouter, const float *wkv, const float *wq, const float *wo,
+                          const float *bias, const int32_t *tok, bool tile, float *logits) {
+    static float X[AT][AH], Q[AT][AK * AKV][AD], Kc[AT][AKV][AD], Vc[AT][AKV][AD], W[AT][AK];
+    static int I[AT][AK];
+    for (int t = 0; t < AT; t++) {
+        float r[AE], kv[2 * AHD], q[AHD];
+        memcpy(X[t], emb + tok[t] * AH, sizeof X[t]);
+        mt_matvec(arouter, NULL, X[t], AE, AH, r);
+        bool taken[AE] = {0};
+        for (int j = 0; j < AK; j++) {
+            int b = -1;
+            for (int e = 0; e < AE; e++)
+                if (!taken[e] && (b < 0 || r[e] > r[b])) b = e;
+            taken[b] = true, I[t][j] = b;
+        }
+        double z = 0;
+        for (int j = 0; j < AK; j++) z += exp((double)r[I[t][j]] - r[I[t][0]]);
+        for (int j = 0; j < AK; j++) W[t][j] = (float)(exp((double)r[I[t][j]] - r[I[t][0]]) / z);
+        for (int j = 0; j < AK; j++) {
+            mt_matvec(wq + I[t][j] * AHD * AH, NULL, X[t], AHD, AH, q);
+            for (int h = 0; h < AKV; h++) memcpy(Q[t][j * AKV + h], q + h * AD, sizeof Q[t][0]);
+        }
+        mt_matvec(wkv, NULL, X[t], 2 * AHD, AH, kv);
+        for (int h = 0; h < AKV; h++) memcpy(Kc[t][h], kv + h * AD, sizeof Kc[t][h]), memcpy(Vc[t][h], kv + AHD + h * AD, sizeof Vc[t][h]);
+    }
+    for (int t = 0; t < AT; t++) {
+        float att[AK * AKV][AD], y[AH], o[AH];
+        for (int h = 0; h < AK * AKV; h++) {
+            int kh = tile ? h % AKV : h / AK;
+            double sc[AT], mx = -1e30, z = 0;
+            for (int p = 0; p <= t; p++) {
+                double d = 0;
+                for (int i = 0; i < AD; i++) d += (double)Q[t][h][i] * Kc[p][kh][i];
+                sc[p] = d / sqrt((double)AD);
+                mx = fmax(mx, sc[p]);
+            }
+            for (int p = 0; p <= t; p++) z += sc[p] = exp(sc[p] - mx);
+            for (int i = 0; i < AD; i++) {
+                double acc = 0;
+                for (int p = 0; p <= t; p++) acc += sc[p] / z * Vc[p][kh][i];
+                att[h][i] = (float)acc;
+            }
+        }
+        for (int i = 0; i < AH; i++) y[i] = X[t][i] + bias[i];
+        for (int j = 0; j < AK; j++) {
+            mt_matvec(wo + I[t][j] * AH * AHD, NULL, att[j * AKV], AH, AHD, o);
+            for (int i = 0; i < AH; i++) y[i] += W[t][j] * o[i];
+        }
+        mt_matvec(emb, NULL, y, AV, AH, logits + t * AV);
+    }
+}
+
+KT_TEST(blocks_moa_matches_reference) {
+    static float emb[AV * AH], arouter[AE * AH], wkv[2 * AHD * AH], wq[AE * AHD * AH], wo[AE * AH * AHD], bias[AH];
+    fill(emb, AV * AH, 1), fill(arouter, AE * AH, 1.5f), fill(wkv, 2 * AHD * AH, 0.6f), fill(wq, AE * AHD * AH, 0.6f);
+    fill(wo, AE * AH * AHD, 0.5f), fill(bias, AH, 0.3f);
+    mt_set s = {0};
+    mt_put(&s, "emb.weight", emb, AV, AH), mt_put(&s, "router.weight", arouter, AE, AH), mt_put(&s, "kv.weight", wkv, 2 * AHD, AH);
+    mt_put(&s, "bias", bias, AH, 0);
+    memcpy(mt_f32(&s, "wq.weight", 3, (int64_t[]){AE, AHD, AH}), wq, sizeof wq);
+    memcpy(mt_f32(&s, "wo.weight", 3, (int64_t[]){AE, AH, AHD}), wo, sizeof wo);
+    char dir[512];
+    kc_checkpoint *ck = mt_open(&s, dir, sizeof dir);
+    mt_free(&s);
+    KT_CHECK(ck);
+    km_hparams hp = {.n_layers = 1, .hidden = AH, .n_heads = AK * AKV, .n_kv_heads = AKV, .head_dim = AD, .vocab = AV,
+                     .norm_eps = 1e-5, .tie_embeddings = true, .no_final_norm = true};
+    int32_t tok[AT] = {3, 15, 0, 7, 7};
+    for (int tile = 0; tile < 2; tile++) {
+        moa_attn = (kb_attn_opts){.rope = -1, .kv_tile = tile};
+        float *got = mt_prefill(&moa_family, &hp, ck, AT, tok), want[AT * AV];
+        KT_CHECK(got);
+        if (!got) break;
+        moa_reference(emb, arouter, wkv, wq, wo, bias, tok, tile, want);
+        double md = mt_max_diff(got, want, AT * AV);
+        free(got);
+        KT_CHECKF(md < 1e-4, "MoA (kv_tile %d): max |diff| %g", tile, md);
+    }
+    kc_close(ck);
+    ckt_rmdir(dir);
 }

@@ -65,6 +65,12 @@ typedef enum {
     KM_T_MOE_SHARED_UP,
     KM_T_MOE_SHARED_DOWN,
     KM_T_MOE_SHARED_SCALE, /* the shared expert's output times sigmoid(this [1, hidden] projection) (Qwen2-MoE) */
+    /* mixture of experts, continued: an output bias; mixture of attention heads (kb_moa, JetMoE) */
+    KM_T_MOE_OUT_BIAS,   /* a tensor [hidden] added to the experts' sum (kb_moe_opts.out_bias) */
+    KM_T_MOA_ROUTER,     /* attention experts' router logits [E, hidden] */
+    KM_T_MOA_Q,          /* stacked query projections [E, Hkv * D, hidden] */
+    KM_T_MOA_O,          /* stacked output projections [E, hidden, Hkv * D] */
+    KM_T_MOA_BIAS,       /* a tensor [hidden] added to the attention experts' sum */
     KM_T_COUNT
 } km_tensor;
 

@@ -35,6 +35,10 @@ typedef enum {
     KM_MOE_SOFTMAX,       /* softmax over every expert, then top-k (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2) */
     KM_MOE_TOPK_SOFTMAX,  /* top-k of the logits, softmax over those k (GraniteMoE, JetMoE, gpt-oss) */
     KM_MOE_SIGMOID,       /* sigmoid of every logit, then top-k (DeepSeek-V3, dots1, GLM-4-MoE) */
+    KM_MOE_TOPK_SIGMOID,  /* top-k of the logits, sigmoid of those k (Llama 4) */
+    KM_MOE_SPARSEMIXER,   /* PhiMoE's sparsemixer (inference): two rounds, each the best remaining expert
+                           * weighted by its softmax over the experts within a relative jitter threshold
+                           * (kb_moe_opts.jitter_eps); top-k must be 2 */
 } km_moe_score;
 
 typedef struct {
@@ -124,6 +128,13 @@ typedef struct {
                                * the unbiased weights transformers' source reads (router_logits.gather) */
     float moe_swiglu_limit;   /* experts use gpt-oss's clamped SwiGLU (alpha 1.702) with this limit; 0: act */
     unsigned char layer_moe[KM_MAX_LAYERS]; /* 1: this layer's MLP is a mixture of experts */
+
+    /* ---- mixture of experts: sparsemixer (hparams_moe.c) */
+    float moe_jitter_eps;     /* KM_MOE_SPARSEMIXER's jitter (PhiMoE router_jitter_noise) */
+
+    /* ---- chunked attention (Llama 4) */
+    int64_t attn_chunk;       /* chunked layers attend only within chunks of this many positions */
+    unsigned char layer_chunked[KM_MAX_LAYERS]; /* 1: this layer's attention is chunked */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call
