@@ -123,6 +123,8 @@ typedef enum {
     /* composites, continued (append only) */
     KG_OP_TOPK,
     KG_OP_MOE,
+    KG_OP_CONV1D,   /* kiln.causal_conv1d */
+    KG_OP_SSM_SCAN, /* kiln.ssm_scan */
     KG_OP_COUNT
 } kg_opcode;
 
@@ -246,6 +248,9 @@ struct kg_node {
         struct kg_fusion *fusion;
         int topk;
         kg_moe_attr *moe; /* arena */
+        struct {
+            bool final_state; /* recurrent composites: the result is the sequences' final state, not y */
+        } rec;
     } a;
     /* set by passes */
     kg_node *fwd;     /* replaced by this node (resolved by kg_resolve_forwarding) */
@@ -351,6 +356,31 @@ kg_node *kg_top_k(kg_graph *g, kg_node *x, int k);
  * w[i] lists gate, gate scales, gate biases, up, up s, up b, down, down s,
  * down b, gate_b, up_b, down_b (NULL where absent). */
 kg_node *kg_moe(kg_graph *g, kg_node *x, kg_node *idx, kg_node *wts, kg_node *const w[12], const kg_moe_attr *attr);
+
+/* ---- recurrent composites ----
+ * A step holds T tokens from S sequences; seq [T] i32 gives each token's
+ * sequence (a row of state, 0 <= seq < S), and a sequence's tokens come in
+ * position order. state [S, ...] f32 is each sequence's state before the
+ * step (zeros for a sequence starting at position 0). Each op is a pure
+ * function with two results, chosen by `final_state`: the per-token output
+ * y, or every sequence's state after its last token in the step (a sequence
+ * without tokens keeps its state). The decompositions unroll over T. */
+/* Causal depthwise conv1d with carried inputs: x [T, C] f32, w [C, K] float
+ * (K >= 2), state [S, K-1, C] f32 (each sequence's previous K-1 inputs,
+ * oldest first). For token t of sequence s, win = the K-1 inputs of s before
+ * t (from the state, then s's earlier tokens of the step) followed by x[t]:
+ * y[t, c] = sum_k w[c, k] * win[k][c], summed in increasing k from 0 (no
+ * bias, no activation). Final state: the last K-1 inputs of each sequence. */
+kg_node *kg_causal_conv1d(kg_graph *g, kg_node *x, kg_node *w, kg_node *state, kg_node *seq, bool final_state);
+/* Selective scan (Mamba-1; Mamba-2's SSD recurrence token by token): x [T, H, P],
+ * dt [T, H], A [H, N], B and C [T, G, N] (head h reads group h / (H/G)),
+ * state [S, H, P, N], all f32. Per token, in order, with s = seq[t]:
+ *   h[s,h,p,n] = exp(dt[t,h] * A[h,n]) * h[s,h,p,n] + (dt[t,h] * B[t,g,n]) * x[t,h,p]
+ *   y[t,h,p]   = sum over n, increasing, of h[s,h,p,n] * C[t,g,n]
+ * (no D skip, no gate: the caller adds them). Mamba-1 is H = channels,
+ * P = 1, G = 1; Mamba-2 broadcasts its per-head A over N. */
+kg_node *kg_ssm_scan(kg_graph *g, kg_node *x, kg_node *dt, kg_node *A, kg_node *B, kg_node *C, kg_node *state,
+                     kg_node *seq, bool final_state);
 
 /* ---- sugar for emitters ---- */
 kg_node *kg_add(kg_graph *g, kg_node *a, kg_node *b); /* broadcasts rank-0 / trailing dims */
