@@ -33,17 +33,26 @@ typedef struct {
     int64_t T, S, MB, R; /* tokens, sequences, block-table width, logit rows */
     int64_t n_slots;     /* KV cache rows per layer */
     int block_size;
+    int64_t n_state_slots; /* recurrent state rows per state tensor (sequences open at once); 0: 1 */
 } kb_shape;
 
-typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_IN_ROWS, KB_IN_COS, KB_IN_SIN, KB_IN_KCACHE, KB_IN_VCACHE } kb_role;
+typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_IN_ROWS, KB_IN_COS, KB_IN_SIN, KB_IN_KCACHE, KB_IN_VCACHE,
+               KB_IN_STATE_SLOT, /* [S] i32: each sequence's row in the recurrent state tensors */
+               KB_IN_STATE       /* [n_state_slots, ...] f32 recurrent state `sub` of layer `index`, donated */
+} kb_role;
 
 typedef struct {
     kb_role role;
-    int index; /* rope config for COS/SIN, layer for caches */
+    int index; /* rope config for COS/SIN, layer for caches and states */
+    int sub;   /* STATE: which state of the layer */
 } kb_input;
+
+#define KB_MAX_STATES 4
 
 typedef struct {
     int64_t heads, dk, dv; /* 0 heads: the layer keeps no KV cache */
+    int n_states;          /* recurrent state tensors of the layer (kb_state) */
+    int64_t state_numel[KB_MAX_STATES]; /* floats per sequence of each */
 } kb_cache_spec;
 
 typedef struct kb_ctx {
@@ -61,6 +70,10 @@ typedef struct kb_ctx {
     /* set by the emitter before it builds the layers */
     uint64_t transposed_roles; /* bit t: role t's 2-D weights are stored [in, out] (GPT-2's Conv1D) */
     const float *alibi;        /* [n_heads] ALiBi slopes kb_layer_defaults gives every layer (kb_alibi), or NULL */
+    /* recurrent state (blocks_ssm.c) */
+    kg_node *state_slot;       /* [S] i32, made by the first kb_state */
+    kg_node **state_writes;    /* in-place state updates, kept live as graph outputs after the logits */
+    int n_state_writes, cap_state_writes;
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -266,6 +279,10 @@ typedef struct {
     float residual_scale;    /* branches times this before their add; 0: 1 */
     kb_attn_opts attn;
     kb_ffn_opts ffn;
+    /* recurrent layers (blocks_ssm.c) */
+    struct kg_node *(*mixer)(struct kb_ctx *b, struct kg_node *x, int il); /* in place of attention (kb_mamba,
+                              * kb_mamba2, ...); NULL: attention */
+    bool no_ffn;             /* the layer is its first branch only (Mamba's blocks) */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
  * hp->post_norm) RMSNorm layers with hp's arrangement switches
@@ -295,5 +312,43 @@ kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm);
 /* A whole decoder: kb_embed (tokens only), kb_layers, kb_output with the
  * layers' norm. */
 kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn family);
+
+/* ================================================================ recurrent state and SSM mixers (blocks_ssm.c) */
+
+/* Recurrent state lives next to the KV cache: per layer, state tensors
+ * [n_state_slots, dims...] f32 are donated graph params (KB_IN_STATE), and
+ * the KB_IN_STATE_SLOT input [S] gives each batch sequence its row. A layer
+ * reads its sequences' rows (a gather), runs its recurrence (which takes the
+ * token's sequence row, b->seq) and writes the final rows back in place (a
+ * scatter kept live as an extra graph output). The engine hands a sequence
+ * a zeroed row when it opens, so a sequence at position 0 starts from zero. */
+typedef struct {
+    kg_node *param; /* [n_state_slots, dims...] */
+    kg_node *rows;  /* [S, dims...]: the batch sequences' states before the step */
+    int il, k;
+} kb_state;
+/* State k (< KB_MAX_STATES) of layer il, of the given per-sequence shape. */
+kb_state kb_state_read(kb_ctx *b, int il, int k, int rank, const int64_t *dims);
+/* Writes rows [S, dims...] (the states after the step) back. */
+void kb_state_write(kb_ctx *b, const kb_state *st, kg_node *rows);
+
+/* torch's softplus (threshold 20): x > 20 ? x : log(1 + exp(x)). */
+kg_node *kb_softplus(kb_ctx *b, kg_node *x);
+/* Causal depthwise conv with its state: x [T, C] through KM_T_SSM_CONV of
+ * layer il (weight [C, 1, K], its bias with `bias`), state k of the layer
+ * holding the last K-1 inputs. No activation. */
+kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias);
+/* RMSNorm of x * silu(gate) within `groups` groups of the last dim, times
+ * the weight of role t (Mamba-2's MambaRMSNormGated). */
+kg_node *kb_gated_rms_norm(kb_ctx *b, kg_node *x, kg_node *gate, km_tensor t, int il, int64_t groups, float eps);
+
+/* A Mamba-1 mixer (Mamba, Falcon-Mamba: hp->ssm_bcdt_eps) on x [T, hidden]:
+ * in_proj, conv + SiLU, x_proj, dt_proj + softplus, selective scan, D
+ * skip, SiLU gate, out_proj. States 0 (conv) and 1 (SSM). */
+kg_node *kb_mamba(kb_ctx *b, kg_node *x, int il);
+/* A Mamba-2 mixer: in_proj to [gate | x B C | dt], conv + SiLU over x B C,
+ * softplus(dt + dt_bias) clamped to hp's limits, the SSD recurrence, D
+ * skip, gated RMSNorm, out_proj. States 0 (conv) and 1 (SSM). */
+kg_node *kb_mamba2(kb_ctx *b, kg_node *x, int il);
 
 #endif

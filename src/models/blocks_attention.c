@@ -184,7 +184,7 @@ static kg_node *attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, co
         k = kg_rope(g, k, cos, sin, r->dim, r->interleaved);
     }
     if (o->qk_norm_after_rope) qk_norms(b, &q, &k, il, o);
-    b->cache[il] = (kb_cache_spec){Hkv, D, Dv};
+    b->cache[il].heads = Hkv, b->cache[il].dk = D, b->cache[il].dv = Dv; /* a hybrid layer may also keep states */
     kg_node *kc = kb_cache_write(b, il, false, k);
     kg_node *vc = kb_cache_write(b, il, true, v);
     kg_node *alibi = o->alibi ? kg_const(g, KG_F32, KG_SHAPE(H), o->alibi) : NULL;

@@ -12,4 +12,8 @@ bool kb_rope_inputs(kb_ctx *b, int rope, kg_node **cos, kg_node **sin);
  * written at the tokens' slots (in place: the cache param is donated). */
 kg_node *kb_cache_write(kb_ctx *b, int il, bool v, kg_node *rows);
 
+/* A graph input of the given role (add_input of blocks.c with kb_input.sub). */
+kg_node *kb_input_param(kb_ctx *b, kg_dtype t, kg_shape s, const char *name, kb_role role, int index, int sub,
+                        bool donated);
+
 #endif

@@ -55,8 +55,9 @@ kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
     }
     bool pre = o->norm_place != KB_NORM_POST, post = o->norm_place != KB_NORM_PRE;
     kg_node *n1 = pre ? kb_norm_ex(b, x, KM_T_ATTN_NORM, il, n) : x;
-    kg_node *a = kg_name(kb_attention(b, n1, il, &o->attn), "attn_out", il);
+    kg_node *a = kg_name(o->mixer ? o->mixer(b, n1, il) : kb_attention(b, n1, il, &o->attn), "attn_out", il);
     if (post) a = kb_norm_ex(b, a, KM_T_ATTN_POST_NORM, il, n);
+    if (o->no_ffn) return add_branch(b, o->residual_from_norm ? n1 : x, a, o);
     if (o->parallel) {
         kg_node *n2 = o->shared_norm ? n1 : kb_norm_ex(b, x, KM_T_FFN_NORM, il, n);
         kg_node *f = kg_name(kb_ffn(b, n2, il, &o->ffn), "ffn_out", il);

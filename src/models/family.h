@@ -52,6 +52,14 @@ typedef enum {
     KM_T_FFN_SUB_NORM,   /* on the MLP's inner activations, before the down projection (BitNet) */
     KM_T_FFN_DOWN,
     KM_T_FFN_POST_NORM,  /* on the MLP output, before the residual add */
+    /* ==== recurrent layers (blocks_ssm.c) */
+    KM_T_SSM,            /* the mixer module, for its bare tensors: .A_log, .D, .dt_bias */
+    KM_T_SSM_IN,         /* in_proj */
+    KM_T_SSM_CONV,       /* depthwise conv1d, weight [C, 1, K] (+ bias) */
+    KM_T_SSM_X,          /* x_proj (Mamba-1: dt_rank + 2 * state) */
+    KM_T_SSM_DT,         /* dt_proj (Mamba-1) */
+    KM_T_SSM_NORM,       /* gated RMSNorm before out_proj (Mamba-2) */
+    KM_T_SSM_OUT,        /* out_proj */
     KM_T_COUNT
 } km_tensor;
 

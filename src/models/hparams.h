@@ -97,6 +97,18 @@ typedef struct {
     km_act act;
     bool mlp_bias;
     bool mlp_glu;             /* gated MLP where a family makes it optional (OpenELM ffn_with_glu) */
+
+    /* ---- recurrent layers (blocks_ssm.c) ---- */
+    unsigned char layer_recurrent[KM_MAX_LAYERS]; /* 1: layer il mixes with a recurrence (SSM, short conv), not attention */
+    int64_t ssm_inner;        /* d_inner: the mixer's width (Mamba intermediate_size, expand * hidden) */
+    int64_t ssm_state;        /* state_size N */
+    int64_t ssm_conv;         /* conv_kernel K */
+    int64_t ssm_dt_rank;      /* Mamba-1 time_step_rank */
+    int64_t ssm_heads, ssm_head_dim, ssm_groups; /* Mamba-2: heads of head_dim channels, groups of B/C */
+    int64_t ssm_norm_groups;  /* Mamba-2 gated RMSNorm normalises within this many groups; 0: 1 */
+    bool ssm_bias, ssm_conv_bias; /* in/out projection biases, conv bias */
+    double ssm_dt_min, ssm_dt_max; /* dt clamped to [min, max] after softplus (time_step_limit); max 0: no clamp */
+    double ssm_bcdt_eps;      /* Falcon-Mamba: weightless RMS norms on B, C and dt with this eps; 0: none */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call

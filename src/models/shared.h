@@ -24,4 +24,12 @@ kiln_status km_gemma_common(const cJSON *cfg, km_hparams *hp);
  * sqrt(1 + ln(max/orig) / ln(orig)). dim: rotary dims. (minicpm.c) */
 kiln_status km_minicpm_common(const cJSON *cfg, km_hparams *hp, int dim);
 
+/* Mamba-1 and Mamba-2: the fields of their configs (hidden, layers, vocab,
+ * layer_norm_epsilon, expand, state_size, conv_kernel, use_bias,
+ * use_conv_bias, hidden_act), every layer recurrent, no rope; these configs
+ * have no attention heads, so the families parse everything. (mamba.c) */
+kiln_status km_mamba_common(const cJSON *cfg, km_hparams *hp, bool tie_default);
+/* time_step_limit [min, max] into ssm_dt_min/max (default (0, inf)). (mamba2.c) */
+kiln_status km_ssm_dt_limit(const cJSON *cfg, km_hparams *hp);
+
 #endif

@@ -1,0 +1,163 @@
+/* blocks_ssm.c: recurrent state beside the KV cache, and the state-space
+ * mixers built on it (Mamba-1, Mamba-2), composed from kiln.causal_conv1d
+ * and kiln.ssm_scan. Float order follows transformers' torch paths
+ * (MambaMixer.slow_forward, Mamba2Mixer.torch_forward). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "models/blocks_int.h"
+
+/* ---------------------------------------------------------------- state */
+
+kb_state kb_state_read(kb_ctx *b, int il, int k, int rank, const int64_t *dims) {
+    kb_state st = {NULL, NULL, il, k};
+    kb_cache_spec *cs = &b->cache[il];
+    if (k < 0 || k >= KB_MAX_STATES || rank + 1 > KG_MAX_RANK) {
+        kb_fail(b, kiln_error(KILN_EINTERNAL, "layer %d: recurrent state %d of rank %d", il, k, rank));
+        return st;
+    }
+    if (!b->state_slot) b->state_slot = kb_input_param(b, KG_I32, KG_SHAPE(b->shape.S), "state_slot", KB_IN_STATE_SLOT, 0, 0, false);
+    kg_shape s = {rank + 1, {b->shape.n_state_slots > 0 ? b->shape.n_state_slots : 1}};
+    int64_t numel = 1;
+    for (int i = 0; i < rank; i++) s.d[i + 1] = dims[i], numel *= dims[i];
+    st.param = kb_input_param(b, KG_F32, s, "state", KB_IN_STATE, il, k, true);
+    if (k >= cs->n_states) cs->n_states = k + 1;
+    cs->state_numel[k] = numel;
+    st.rows = st.param && b->state_slot ? kg_take_rows(b->g, st.param, b->state_slot) : NULL;
+    return st;
+}
+
+void kb_state_write(kb_ctx *b, const kb_state *st, kg_node *rows) {
+    if (!st->param || !rows) return;
+    if (b->n_state_writes == b->cap_state_writes) {
+        int nc = b->cap_state_writes ? 2 * b->cap_state_writes : 16;
+        kg_node **p = realloc(b->state_writes, sizeof(kg_node *) * (size_t)nc);
+        if (!p) {
+            kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory"));
+            return;
+        }
+        b->state_writes = p;
+        b->cap_state_writes = nc;
+    }
+    /* rows [S, dims...] at state_slot[S], in place: the param is donated and
+     * its only other reader (the gather in kb_state_read) runs before */
+    int r = st->param->shape.rank;
+    kg_gather_dims d = {.collapsed_slice_dims = {1, {0}}, .start_index_map = {1, {0}}, .index_vector_dim = 1};
+    d.offset_dims.n = r - 1;
+    for (int i = 0; i < r - 1; i++) d.offset_dims.v[i] = i + 1;
+    kg_node *w = kg_scatter(b->g, st->param, b->state_slot, rows, &d);
+    if (w) b->state_writes[b->n_state_writes++] = kg_name(w, "state_write", st->il);
+}
+
+/* ---------------------------------------------------------------- pieces */
+
+kg_node *kb_softplus(kb_ctx *b, kg_node *x) {
+    kg_graph *g = b->g;
+    if (!x) return NULL;
+    kg_node *thr = kg_broadcast_like(g, kg_scalar(g, KG_F32, 20.0), x);
+    kg_node *sp = kg_unary(g, KG_OP_LOG, kg_add(g, kg_unary(g, KG_OP_EXP, x), kg_scalar(g, KG_F32, 1.0)));
+    return kg_select(g, kg_compare(g, KG_CMP_GT, x, thr), x, sp);
+}
+
+static kg_node *to_f32(kb_ctx *b, kg_node *x) { return x ? kg_convert(b->g, x, KG_F32) : NULL; }
+
+kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias) {
+    if (!x) return NULL;
+    kg_graph *g = b->g;
+    int64_t C = x->shape.d[1], K = b->hp->ssm_conv;
+    kg_node *w = kb_tensor(b, KM_T_SSM_CONV, il, ".weight", 3, (int64_t[]){C, 1, K});
+    if (!w) return NULL;
+    w = kg_reshape(g, w, KG_SHAPE(C, K));
+    kb_state st = kb_state_read(b, il, k, 2, (int64_t[]){K - 1, C});
+    kg_node *y = kg_causal_conv1d(g, x, w, st.rows, b->seq, false);
+    kb_state_write(b, &st, kg_causal_conv1d(g, x, w, st.rows, b->seq, true));
+    if (bias) y = kg_add(g, y, to_f32(b, kb_vector(b, KM_T_SSM_CONV, il, ".bias", C)));
+    return kg_name(y, "short_conv", il);
+}
+
+kg_node *kb_gated_rms_norm(kb_ctx *b, kg_node *x, kg_node *gate, km_tensor t, int il, int64_t groups, float eps) {
+    if (!x || !gate) return NULL;
+    kg_graph *g = b->g;
+    int64_t T = x->shape.d[0], D = x->shape.d[1];
+    if (groups < 1 || D % groups)
+        return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: %lld channels do not split into %lld norm groups", il,
+                                     (long long)D, (long long)groups));
+    kg_node *h = kg_mul(g, x, kb_act(b, gate, KM_ACT_SILU));
+    h = kg_reshape(g, kg_rms_norm(g, kg_reshape(g, h, KG_SHAPE(T, groups, D / groups)), NULL, eps, 0), KG_SHAPE(T, D));
+    return kg_mul(g, h, to_f32(b, kb_vector(b, t, il, ".weight", D)));
+}
+
+/* A = -exp(A_log) [rows, cols] f32. */
+static kg_node *neg_exp_a(kb_ctx *b, int il, int rank, const int64_t *shape) {
+    kg_node *a = to_f32(b, kb_tensor(b, KM_T_SSM, il, ".A_log", rank, shape));
+    return a ? kg_unary(b->g, KG_OP_NEG, kg_unary(b->g, KG_OP_EXP, a)) : NULL;
+}
+
+/* weightless RMS norm (Falcon-Mamba's rms_forward) */
+static kg_node *plain_rms(kb_ctx *b, kg_node *x, double eps) { return x ? kg_rms_norm(b->g, x, NULL, (float)eps, 0) : NULL; }
+
+/* ---------------------------------------------------------------- Mamba-1 */
+
+kg_node *kb_mamba(kb_ctx *b, kg_node *x, int il) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    int64_t T = b->shape.T, Di = hp->ssm_inner, N = hp->ssm_state, R = hp->ssm_dt_rank;
+    kg_node *xz = kb_linear(b, x, KM_T_SSM_IN, il, 2 * Di, hp->ssm_bias);
+    if (!xz) return NULL;
+    kg_node *xs = kb_act(b, kb_short_conv(b, kb_slice_last(b, xz, 0, Di), il, 0, hp->ssm_conv_bias), hp->act);
+    kg_node *z = kb_slice_last(b, xz, Di, 2 * Di);
+    kg_node *p = kb_linear(b, xs, KM_T_SSM_X, il, R + 2 * N, false);
+    kg_node *dt = kb_slice_last(b, p, 0, R), *B = kb_slice_last(b, p, R, R + N), *C = kb_slice_last(b, p, R + N, R + 2 * N);
+    if (hp->ssm_bcdt_eps > 0) {
+        B = plain_rms(b, B, hp->ssm_bcdt_eps);
+        C = plain_rms(b, C, hp->ssm_bcdt_eps);
+        dt = plain_rms(b, dt, hp->ssm_bcdt_eps);
+    }
+    dt = kb_softplus(b, kb_linear(b, dt, KM_T_SSM_DT, il, Di, true));
+    kg_node *A = neg_exp_a(b, il, 2, (int64_t[]){Di, N});
+    kb_state st = kb_state_read(b, il, 1, 3, (int64_t[]){Di, 1, N});
+    kg_node *x3 = kg_reshape(g, xs, KG_SHAPE(T, Di, 1));
+    B = kg_reshape(g, B, KG_SHAPE(T, 1, N));
+    C = kg_reshape(g, C, KG_SHAPE(T, 1, N));
+    kg_node *y = kg_reshape(g, kg_ssm_scan(g, x3, dt, A, B, C, st.rows, b->seq, false), KG_SHAPE(T, Di));
+    kb_state_write(b, &st, kg_ssm_scan(g, x3, dt, A, B, C, st.rows, b->seq, true));
+    y = kg_add(g, y, kg_mul(g, xs, to_f32(b, kb_vector(b, KM_T_SSM, il, ".D", Di))));
+    y = kg_mul(g, y, kb_act(b, z, hp->act));
+    return kg_name(kb_linear(b, y, KM_T_SSM_OUT, il, hp->hidden, hp->ssm_bias), "mamba", il);
+}
+
+/* ---------------------------------------------------------------- Mamba-2 */
+
+kg_node *kb_mamba2(kb_ctx *b, kg_node *x, int il) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    int64_t T = b->shape.T, Di = hp->ssm_inner, N = hp->ssm_state, H = hp->ssm_heads, P = hp->ssm_head_dim;
+    int64_t G = hp->ssm_groups, conv_dim = Di + 2 * G * N;
+    if (H * P != Di)
+        return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: %lld heads of %lld do not make the mixer width %lld", il,
+                                     (long long)H, (long long)P, (long long)Di));
+    kg_node *zxd = kb_linear(b, x, KM_T_SSM_IN, il, Di + conv_dim + H, hp->ssm_bias);
+    if (!zxd) return NULL;
+    kg_node *z = kb_slice_last(b, zxd, 0, Di);
+    kg_node *xbc = kb_act(b, kb_short_conv(b, kb_slice_last(b, zxd, Di, Di + conv_dim), il, 0, hp->ssm_conv_bias), hp->act);
+    kg_node *xs = kb_slice_last(b, xbc, 0, Di);
+    kg_node *B = kg_reshape(g, kb_slice_last(b, xbc, Di, Di + G * N), KG_SHAPE(T, G, N));
+    kg_node *C = kg_reshape(g, kb_slice_last(b, xbc, Di + G * N, conv_dim), KG_SHAPE(T, G, N));
+    kg_node *dt = kg_add(g, kb_slice_last(b, zxd, Di + conv_dim, Di + conv_dim + H), to_f32(b, kb_vector(b, KM_T_SSM, il, ".dt_bias", H)));
+    dt = kb_softplus(b, dt);
+    if (hp->ssm_dt_min > 0) dt = kg_binary(g, KG_OP_MAX, dt, kg_broadcast_like(g, kg_scalar(g, KG_F32, hp->ssm_dt_min), dt));
+    if (hp->ssm_dt_max > 0 && isfinite(hp->ssm_dt_max))
+        dt = kg_binary(g, KG_OP_MIN, dt, kg_broadcast_like(g, kg_scalar(g, KG_F32, hp->ssm_dt_max), dt));
+    kg_node *A = neg_exp_a(b, il, 1, (int64_t[]){H});
+    A = A ? kg_broadcast_in_dim(g, A, KG_SHAPE(H, N), (int[]){0}) : NULL;
+    kb_state st = kb_state_read(b, il, 1, 3, (int64_t[]){H, P, N});
+    kg_node *x3 = kg_reshape(g, xs, KG_SHAPE(T, H, P));
+    kg_node *y = kg_ssm_scan(g, x3, dt, A, B, C, st.rows, b->seq, false);
+    kb_state_write(b, &st, kg_ssm_scan(g, x3, dt, A, B, C, st.rows, b->seq, true));
+    kg_node *D = to_f32(b, kb_vector(b, KM_T_SSM, il, ".D", H));
+    D = D ? kg_broadcast_in_dim(g, D, KG_SHAPE(T, H, P), (int[]){1}) : NULL;
+    y = kg_reshape(g, kg_add(g, y, kg_mul(g, x3, D)), KG_SHAPE(T, Di));
+    int64_t ng = hp->ssm_norm_groups > 0 ? hp->ssm_norm_groups : 1;
+    y = kb_gated_rms_norm(b, y, z, KM_T_SSM_NORM, il, ng, (float)hp->norm_eps);
+    return kg_name(kb_linear(b, y, KM_T_SSM_OUT, il, hp->hidden, hp->ssm_bias), "mamba2", il);
+}
