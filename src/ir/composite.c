@@ -352,6 +352,19 @@ static kg_node *update_row(kg_graph *g, kg_node *cur, kg_node *row, kg_node *s) 
     return kg_dynamic_update_slice(g, cur, row, starts);
 }
 
+/* concatenate of any number of parts (an op takes at most KG_MAX_IN). */
+static kg_node *concat_many(kg_graph *g, kg_node **xs, int64_t n, int dim) {
+    while (n > 1) {
+        int64_t m = 0;
+        for (int64_t i = 0; i < n; i += KG_MAX_IN) {
+            int k = (int)(n - i < KG_MAX_IN ? n - i : KG_MAX_IN);
+            xs[m++] = k == 1 ? xs[i] : kg_concat(g, xs + i, k, dim);
+        }
+        n = m;
+    }
+    return xs[0];
+}
+
 static kg_node *causal_conv1d(kg_graph *g, const kg_node *n) {
     kg_node *x = n->in[0], *cur = n->in[2], *seq = n->in[3];
     int64_t T = x->shape.d[0], C = x->shape.d[1], K = n->in[1]->shape.d[1];
@@ -368,7 +381,7 @@ static kg_node *causal_conv1d(kg_graph *g, const kg_node *n) {
         int64_t st[3] = {0, 1, 0}, li[3] = {1, K, C}, sd[3] = {1, 1, 1};
         cur = update_row(g, cur, kg_slice(g, win, st, li, sd), s);
     }
-    return n->a.rec.final_state ? cur : kg_concat(g, ys, (int)T, 0);
+    return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
 }
 
 static kg_node *ssm_scan(kg_graph *g, const kg_node *n) {
@@ -392,7 +405,7 @@ static kg_node *ssm_scan(kg_graph *g, const kg_node *n) {
         ys[t] = kg_reduce(g, mul(g, h, bcast(g, Ch, hpn, 0, 1, 3, 0)), KG_REDUCE_SUM, &d, 1); /* [1, H, P] */
         cur = update_row(g, cur, h, s);
     }
-    return n->a.rec.final_state ? cur : kg_concat(g, ys, (int)T, 0);
+    return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
 }
 
 kg_node *kg_decompose(kg_graph *g, const kg_node *n) {

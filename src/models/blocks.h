@@ -350,5 +350,8 @@ kg_node *kb_mamba(kb_ctx *b, kg_node *x, int il);
  * softplus(dt + dt_bias) clamped to hp's limits, the SSD recurrence, D
  * skip, gated RMSNorm, out_proj. States 0 (conv) and 1 (SSM). */
 kg_node *kb_mamba2(kb_ctx *b, kg_node *x, int il);
+/* LFM2's gated short conv: in_proj to [B | C | x], out_proj(C * conv(B * x))
+ * with the conv's state 0 (biases: hp->ssm_bias, hp->ssm_conv_bias). */
+kg_node *kb_gated_short_conv(kb_ctx *b, kg_node *x, int il);
 
 #endif

@@ -161,3 +161,16 @@ kg_node *kb_mamba2(kb_ctx *b, kg_node *x, int il) {
     y = kb_gated_rms_norm(b, y, z, KM_T_SSM_NORM, il, ng, (float)hp->norm_eps);
     return kg_name(kb_linear(b, y, KM_T_SSM_OUT, il, hp->hidden, hp->ssm_bias), "mamba2", il);
 }
+
+/* ---------------------------------------------------------------- gated short conv */
+
+kg_node *kb_gated_short_conv(kb_ctx *b, kg_node *x, int il) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    int64_t D = hp->hidden;
+    kg_node *bcx = kb_linear(b, x, KM_T_SSM_IN, il, 3 * D, hp->ssm_bias);
+    if (!bcx) return NULL;
+    kg_node *bx = kg_mul(g, kb_slice_last(b, bcx, 0, D), kb_slice_last(b, bcx, 2 * D, 3 * D));
+    kg_node *y = kg_mul(g, kb_slice_last(b, bcx, D, 2 * D), kb_short_conv(b, bx, il, 0, hp->ssm_conv_bias));
+    return kg_name(kb_linear(b, y, KM_T_SSM_OUT, il, D, hp->ssm_bias), "short_conv_mixer", il);
+}

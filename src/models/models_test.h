@@ -238,6 +238,11 @@ static inline float *mt_prefill(const km_family *fam, const km_hparams *hp, cons
             caches[i] = calloc((size_t)(shape.n_slots * c->heads * (in[i].role == KB_IN_KCACHE ? c->dk : c->dv)), sizeof(float));
             params[i] = caches[i];
             break;
+        case KB_IN_STATE_SLOT: params[i] = seq; break; /* zeros: the one sequence uses state row 0 */
+        case KB_IN_STATE:
+            caches[i] = calloc((size_t)c->state_numel[in[i].sub], sizeof(float));
+            params[i] = caches[i];
+            break;
         }
     }
     kr_exec_run(ex, params, NULL);
