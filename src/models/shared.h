@@ -31,5 +31,9 @@ kiln_status km_minicpm_common(const cJSON *cfg, km_hparams *hp, int dim);
 kiln_status km_mamba_common(const cJSON *cfg, km_hparams *hp, bool tie_default);
 /* time_step_limit [min, max] into ssm_dt_min/max (default (0, inf)). (mamba2.c) */
 kiln_status km_ssm_dt_limit(const cJSON *cfg, km_hparams *hp);
+/* The Mamba-2 mixer of a hybrid config from <prefix>expand, d_state, d_conv,
+ * n_heads, d_head ("auto": inner / heads), n_groups, proj_bias, conv_bias,
+ * and time_step_limit. (bamba.c) */
+kiln_status km_mamba2_hybrid(const cJSON *cfg, km_hparams *hp, const char *prefix);
 
 #endif
