@@ -28,6 +28,7 @@ kiln_status km_mamba2_hybrid(const cJSON *cfg, km_hparams *hp, const char *prefi
     KILN_TRY(ku_json_int(cfg, KEY("n_heads"), 128, &hp->ssm_heads));
     KILN_TRY(ku_json_int(cfg, KEY("n_groups"), 1, &hp->ssm_groups));
     KILN_TRY(ku_json_bool(cfg, KEY("proj_bias"), false, &hp->ssm_bias));
+    hp->ssm_out_bias = hp->ssm_bias;
     KILN_TRY(ku_json_bool(cfg, KEY("conv_bias"), true, &hp->ssm_conv_bias));
     hp->ssm_inner = (int64_t)(expand * (double)hp->hidden);
     const cJSON *dh = ku_json_get(cfg, KEY("d_head"));

@@ -238,6 +238,8 @@ typedef struct {
     bool down_bias; /* a bias on the down projection alone (TeleChat) */
     int64_t width;  /* inner width F; 0: hp->ffn */
     bool sub_norm;  /* RMSNorm (KM_T_FFN_SUB_NORM) over F before the down projection (BitNet) */
+    float gate_scale, down_scale; /* gated, not fused: gate(x) times gate_scale before the activation, the
+                                   * output times down_scale (Falcon-H1 mlp_multipliers); 0: none */
 } kb_ffn_opts;
 kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o);
 /* xIELU (Apertus) with the layer's learned parameters from KM_T_FFN_ACT:
@@ -338,8 +340,8 @@ kg_node *kb_softplus(kb_ctx *b, kg_node *x);
  * layer il (weight [C, 1, K], its bias with `bias`), state k of the layer
  * holding the last K-1 inputs. No activation. */
 kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias);
-/* RMSNorm of x * silu(gate) within `groups` groups of the last dim, times
- * the weight of role t (Mamba-2's MambaRMSNormGated). */
+/* RMSNorm of x * silu(gate) (x alone with gate NULL) within `groups` groups
+ * of the last dim, times the weight of role t (Mamba-2's MambaRMSNormGated). */
 kg_node *kb_gated_rms_norm(kb_ctx *b, kg_node *x, kg_node *gate, km_tensor t, int il, int64_t groups, float eps);
 
 /* A Mamba-1 mixer (Mamba, Falcon-Mamba: hp->ssm_bcdt_eps) on x [T, hidden]:

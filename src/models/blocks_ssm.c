@@ -76,13 +76,13 @@ kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias) {
 }
 
 kg_node *kb_gated_rms_norm(kb_ctx *b, kg_node *x, kg_node *gate, km_tensor t, int il, int64_t groups, float eps) {
-    if (!x || !gate) return NULL;
+    if (!x) return NULL;
     kg_graph *g = b->g;
     int64_t T = x->shape.d[0], D = x->shape.d[1];
     if (groups < 1 || D % groups)
         return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: %lld channels do not split into %lld norm groups", il,
                                      (long long)D, (long long)groups));
-    kg_node *h = kg_mul(g, x, kb_act(b, gate, KM_ACT_SILU));
+    kg_node *h = gate ? kg_mul(g, x, kb_act(b, gate, KM_ACT_SILU)) : x;
     h = kg_reshape(g, kg_rms_norm(g, kg_reshape(g, h, KG_SHAPE(T, groups, D / groups)), NULL, eps, 0), KG_SHAPE(T, D));
     return kg_mul(g, h, to_f32(b, kb_vector(b, t, il, ".weight", D)));
 }
@@ -123,10 +123,28 @@ kg_node *kb_mamba(kb_ctx *b, kg_node *x, int il) {
     kb_state_write(b, &st, kg_ssm_scan(g, x3, dt, A, B, C, st.rows, b->seq, true));
     y = kg_add(g, y, kg_mul(g, xs, to_f32(b, kb_vector(b, KM_T_SSM, il, ".D", Di))));
     y = kg_mul(g, y, kb_act(b, z, hp->act));
-    return kg_name(kb_linear(b, y, KM_T_SSM_OUT, il, hp->hidden, hp->ssm_bias), "mamba", il);
+    return kg_name(kb_linear(b, y, KM_T_SSM_OUT, il, hp->hidden, hp->ssm_out_bias), "mamba", il);
 }
 
 /* ---------------------------------------------------------------- Mamba-2 */
+
+/* x [T, sum(seg)] times hp->ssm_mup[i] over segment i (Falcon-H1's mup_vector); x when all are 1. */
+static kg_node *mup_scale(kb_ctx *b, kg_node *x, const int64_t seg[5]) {
+    const float *m = b->hp->ssm_mup;
+    bool any = false;
+    for (int i = 0; i < 5; i++) any |= m[i] != 0 && m[i] != 1;
+    if (!any) return x;
+    int64_t n = 0;
+    for (int i = 0; i < 5; i++) n += seg[i];
+    if (n != x->shape.d[1]) return kb_fail(b, kiln_error(KILN_EINTERNAL, "ssm_multipliers: width %lld", (long long)n));
+    float *v = malloc(sizeof(float) * (size_t)n);
+    if (!v) return kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory"));
+    for (int i = 0, o = 0; i < 5; i++)
+        for (int64_t j = 0; j < seg[i]; j++) v[o++] = m[i] != 0 ? m[i] : 1.0f;
+    kg_node *c = kg_const(b->g, KG_F32, KG_SHAPE(n), v);
+    free(v);
+    return kg_mul(b->g, x, c);
+}
 
 kg_node *kb_mamba2(kb_ctx *b, kg_node *x, int il) {
     const km_hparams *hp = b->hp;
@@ -136,8 +154,10 @@ kg_node *kb_mamba2(kb_ctx *b, kg_node *x, int il) {
     if (H * P != Di)
         return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: %lld heads of %lld do not make the mixer width %lld", il,
                                      (long long)H, (long long)P, (long long)Di));
+    if (hp->ssm_in_scale != 0 && x) x = kg_scale(g, x, hp->ssm_in_scale);
     kg_node *zxd = kb_linear(b, x, KM_T_SSM_IN, il, Di + conv_dim + H, hp->ssm_bias);
     if (!zxd) return NULL;
+    zxd = mup_scale(b, zxd, (int64_t[]){Di, Di, G * N, G * N, H});
     kg_node *z = kb_slice_last(b, zxd, 0, Di);
     kg_node *xbc = kb_act(b, kb_short_conv(b, kb_slice_last(b, zxd, Di, Di + conv_dim), il, 0, hp->ssm_conv_bias), hp->act);
     kg_node *xs = kb_slice_last(b, xbc, 0, Di);
@@ -158,8 +178,11 @@ kg_node *kb_mamba2(kb_ctx *b, kg_node *x, int il) {
     D = D ? kg_broadcast_in_dim(g, D, KG_SHAPE(T, H, P), (int[]){1}) : NULL;
     y = kg_reshape(g, kg_add(g, y, kg_mul(g, x3, D)), KG_SHAPE(T, Di));
     int64_t ng = hp->ssm_norm_groups > 0 ? hp->ssm_norm_groups : 1;
-    y = kb_gated_rms_norm(b, y, z, KM_T_SSM_NORM, il, ng, (float)hp->norm_eps);
-    return kg_name(kb_linear(b, y, KM_T_SSM_OUT, il, hp->hidden, hp->ssm_bias), "mamba2", il);
+    if (hp->ssm_gate_only) y = kg_mul(g, y, kb_act(b, z, KM_ACT_SILU));
+    else if (hp->ssm_norm_before_gate)
+        y = kg_mul(g, kb_gated_rms_norm(b, y, NULL, KM_T_SSM_NORM, il, ng, (float)hp->norm_eps), kb_act(b, z, KM_ACT_SILU));
+    else y = kb_gated_rms_norm(b, y, z, KM_T_SSM_NORM, il, ng, (float)hp->norm_eps);
+    return kg_name(kb_linear(b, y, KM_T_SSM_OUT, il, hp->hidden, hp->ssm_out_bias), "mamba2", il);
 }
 
 /* ---------------------------------------------------------------- gated short conv */

@@ -109,6 +109,13 @@ typedef struct {
     bool ssm_bias, ssm_conv_bias; /* in/out projection biases, conv bias */
     double ssm_dt_min, ssm_dt_max; /* dt clamped to [min, max] after softplus (time_step_limit); max 0: no clamp */
     double ssm_bcdt_eps;      /* Falcon-Mamba: weightless RMS norms on B, C and dt with this eps; 0: none */
+    bool ssm_out_bias;        /* out_proj bias (Falcon-H1 projectors_bias; else ssm_bias) */
+    bool ssm_norm_before_gate; /* Mamba-2 gated norm: rms(y) * w * silu(z) instead of rms(y * silu(z)) * w */
+    bool ssm_gate_only;       /* Mamba-2: y * silu(z), no norm (Falcon-H1 mamba_rms_norm false) */
+    float ssm_in_scale;       /* Mamba-2 input times this (Falcon-H1 ssm_in_multiplier); 0: none */
+    float ssm_mup[5];         /* in_proj output segments [z | x | B | C | dt] times these (ssm_multipliers); 0: 1 */
+    /* Falcon-H1's muP multipliers: keys, attention in/out, Mamba-2 out, MLP gate/down */
+    float fh1_key, fh1_attn_in, fh1_attn_out, fh1_ssm_out, fh1_mlp_gate, fh1_mlp_down;
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call

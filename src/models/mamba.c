@@ -32,6 +32,7 @@ kiln_status km_mamba_common(const cJSON *cfg, km_hparams *hp, bool tie_default) 
     KILN_TRY(ku_json_int(cfg, "state_size", 16, &hp->ssm_state));
     KILN_TRY(ku_json_int(cfg, "conv_kernel", 4, &hp->ssm_conv));
     KILN_TRY(ku_json_bool(cfg, "use_bias", false, &hp->ssm_bias));
+    hp->ssm_out_bias = hp->ssm_bias;
     KILN_TRY(ku_json_bool(cfg, "use_conv_bias", true, &hp->ssm_conv_bias));
     hp->ssm_inner = (int64_t)(expand * (double)hp->hidden);
     if (hp->ssm_state <= 0 || hp->ssm_conv < 2)
