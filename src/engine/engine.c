@@ -460,16 +460,16 @@ int64_t ke_seq_trim_window(ke_ctx *c, int seq) {
     return freed;
 }
 
-/* A zeroed row of recurrent state, or -1 with none left. Zeroing here (not
- * in the kernels at position 0) keeps the composites free of positions. */
+/* A fresh row of recurrent state (zeros or the layer's initial values,
+ * kb_state_init), or -1 for a model without state. Resetting here (not in
+ * the kernels at position 0) keeps the composites free of positions. */
 static int32_t take_state(ke_ctx *c) {
     if (!c->recurrent) return -1;
     int32_t r = c->free_state[--c->n_free_state];
     const km_hparams *hp = &c->m->hp;
     for (int64_t l = 0; l < hp->n_layers; l++)
         for (int k = 0; k < c->cache[l].n_states; k++) {
-            int64_t n = c->cache[l].state_numel[k];
-            memset(c->state[l * KB_MAX_STATES + k] + r * n, 0, sizeof(float) * (size_t)n);
+            kb_state_fill_row(&c->cache[l], k, c->state[l * KB_MAX_STATES + k] + r * c->cache[l].state_numel[k]);
         }
     return r;
 }

@@ -408,6 +408,38 @@ static kg_node *ssm_scan(kg_graph *g, const kg_node *n) {
     return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
 }
 
+static kg_node *wkv4(kg_graph *g, const kg_node *n) {
+    kg_node *k = n->in[0], *v = n->in[1], *w = n->in[2], *u = n->in[3], *cur = n->in[4], *seq = n->in[5];
+    int64_t T = k->shape.d[0], C = k->shape.d[1];
+    kg_shape c1 = KG_SHAPE(1, C);
+    kg_node *wb = kg_reshape(g, w, c1), *ub = kg_reshape(g, u, c1);
+    kg_node **ys = kg_alloc(g, sizeof(kg_node *) * (size_t)T);
+    if (!ys) return NULL;
+    for (int64_t t = 0; t < T; t++) {
+        kg_node *idx, *s = seq_at(g, seq, t, &idx);
+        kg_node *st = kg_take_rows(g, cur, idx); /* [1, 3, C] */
+        int64_t one[3] = {1, 1, 1};
+        kg_node *ab[3];
+        for (int j = 0; j < 3; j++) {
+            int64_t lo[3] = {0, j, 0}, hi[3] = {1, j + 1, C};
+            ab[j] = kg_reshape(g, kg_slice(g, st, lo, hi, one), c1);
+        }
+        kg_node *a = ab[0], *b = ab[1], *p = ab[2], *kt = row_at(g, k, t), *vt = row_at(g, v, t);
+        kg_node *ku = add(g, kt, ub);
+        kg_node *q = kg_binary(g, KG_OP_MAX, p, ku);
+        kg_node *e1 = kg_unary(g, KG_OP_EXP, sub(g, p, q)), *e2 = kg_unary(g, KG_OP_EXP, sub(g, ku, q));
+        ys[t] = divide(g, add(g, mul(g, e1, a), mul(g, e2, vt)), add(g, mul(g, e1, b), e2));
+        kg_node *pw = add(g, p, wb);
+        kg_node *q2 = kg_binary(g, KG_OP_MAX, pw, kt);
+        e1 = kg_unary(g, KG_OP_EXP, sub(g, pw, q2));
+        e2 = kg_unary(g, KG_OP_EXP, sub(g, kt, q2));
+        kg_node *rows[3] = {add(g, mul(g, e1, a), mul(g, e2, vt)), add(g, mul(g, e1, b), e2), q2};
+        for (int j = 0; j < 3; j++) rows[j] = kg_reshape(g, rows[j], KG_SHAPE(1, 1, C));
+        cur = update_row(g, cur, kg_concat(g, rows, 3, 1), s);
+    }
+    return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
+}
+
 kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
     switch (n->op) {
     case KG_OP_RMS_NORM: return rms_norm(g, n);
@@ -422,6 +454,7 @@ kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
     case KG_OP_MOE: return moe(g, n);
     case KG_OP_CONV1D: return causal_conv1d(g, n);
     case KG_OP_SSM_SCAN: return ssm_scan(g, n);
+    case KG_OP_WKV4: return wkv4(g, n);
     default: return NULL;
     }
 }

@@ -131,6 +131,7 @@ static const struct {
     [KG_OP_MOE] = {"kiln.moe", 0, 1},
     [KG_OP_CONV1D] = {"kiln.causal_conv1d", 0, 1},
     [KG_OP_SSM_SCAN] = {"kiln.ssm_scan", 0, 1},
+    [KG_OP_WKV4] = {"kiln.wkv4", 0, 1},
 };
 
 const char *kg_op_name(kg_opcode op) { return (unsigned)op < KG_OP_COUNT ? op_info[op].name : "?"; }
@@ -391,6 +392,15 @@ static bool check_ssm_scan(kg_graph *g, kg_node *n) {
                        "state [S, H, P, N]"),
                false;
     return rec_result(g, n, "ssm_scan", st, n->in[6], T, x->shape);
+}
+
+static bool check_wkv4(kg_graph *g, kg_node *n) {
+    const kg_node *k = n->in[0], *v = n->in[1], *w = n->in[2], *u = n->in[3], *st = n->in[4];
+    bool ok = is_f32(k, 2) && kg_shape_eq(&k->shape, &v->shape) && v->dtype == KG_F32 && is_f32(w, 1) && is_f32(u, 1) &&
+              w->shape.d[0] == k->shape.d[1] && u->shape.d[0] == k->shape.d[1] && is_f32(st, 3) && st->shape.d[1] == 3 &&
+              st->shape.d[2] == k->shape.d[1];
+    if (!ok) return fail(g, "wkv4: want f32 k, v [T, C], w, u [C], state [S, 3, C]"), false;
+    return rec_result(g, n, "wkv4", st, n->in[5], k->shape.d[0], k->shape);
 }
 
 /* Derives n->shape and n->dtype from operands and attributes. */
@@ -723,6 +733,8 @@ static bool infer(kg_graph *g, kg_node *n) {
         return check_conv1d(g, n);
     case KG_OP_SSM_SCAN:
         return check_ssm_scan(g, n);
+    case KG_OP_WKV4:
+        return check_wkv4(g, n);
     default:
         return fail(g, "unknown op %d", (int)n->op), false;
     }
@@ -1046,6 +1058,11 @@ kg_node *kg_ssm_scan(kg_graph *g, kg_node *x, kg_node *dt, kg_node *A, kg_node *
                      kg_node *seq, bool final_state) {
     kg_node *in[7] = {x, dt, A, B, C, state, seq};
     return recurrent(g, KG_OP_SSM_SCAN, in, 7, final_state);
+}
+
+kg_node *kg_wkv4(kg_graph *g, kg_node *k, kg_node *v, kg_node *w, kg_node *u, kg_node *state, kg_node *seq, bool final_state) {
+    kg_node *in[6] = {k, v, w, u, state, seq};
+    return recurrent(g, KG_OP_WKV4, in, 6, final_state);
 }
 
 kg_node *kg_fusion_node(kg_graph *g, kg_node *const *inputs, int n_in, kg_shape shape, struct kg_fusion *f) {

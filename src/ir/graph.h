@@ -125,6 +125,7 @@ typedef enum {
     KG_OP_MOE,
     KG_OP_CONV1D,   /* kiln.causal_conv1d */
     KG_OP_SSM_SCAN, /* kiln.ssm_scan */
+    KG_OP_WKV4,     /* kiln.wkv4 */
     KG_OP_COUNT
 } kg_opcode;
 
@@ -381,6 +382,17 @@ kg_node *kg_causal_conv1d(kg_graph *g, kg_node *x, kg_node *w, kg_node *state, k
  * P = 1, G = 1; Mamba-2 broadcasts its per-head A over N. */
 kg_node *kg_ssm_scan(kg_graph *g, kg_node *x, kg_node *dt, kg_node *A, kg_node *B, kg_node *C, kg_node *state,
                      kg_node *seq, bool final_state);
+
+/* RWKV-4's WKV with its exponent-normalised state: k, v [T, C], w, u [C]
+ * (w = -exp(time_decay), u = time_first), state [S, 3, C] = (num, den, max),
+ * all f32. Per token, in order, with s = seq[t] and (a, b, p) its state:
+ *   q = max(p, k + u); e1 = exp(p - q); e2 = exp(k + u - q)
+ *   y[t] = (e1 * a + e2 * v) / (e1 * b + e2)
+ *   q' = max(p + w, k); e1 = exp(p + w - q'); e2 = exp(k - q')
+ *   a = e1 * a + e2 * v; b = e1 * b + e2; p = q'
+ * (transformers' rwkv_linear_attention_cpu; a new sequence starts from
+ * (0, 0, -1e38)). */
+kg_node *kg_wkv4(kg_graph *g, kg_node *k, kg_node *v, kg_node *w, kg_node *u, kg_node *state, kg_node *seq, bool final_state);
 
 /* ---- sugar for emitters ---- */
 kg_node *kg_add(kg_graph *g, kg_node *a, kg_node *b); /* broadcasts rank-0 / trailing dims */

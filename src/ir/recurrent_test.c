@@ -143,6 +143,42 @@ KT_TEST(ssm_scan_matches_decomposition) {
     }
 }
 
+typedef struct {
+    int64_t T, C, S;
+} wkv_cfg;
+
+static kg_node *build_wkv(kg_graph *g, void *vc, bool fin) {
+    wkv_cfg *c = vc;
+    kg_node *k = kg_param(g, KG_F32, KG_SHAPE(c->T, c->C), "k");
+    kg_node *v = kg_param(g, KG_F32, KG_SHAPE(c->T, c->C), "v");
+    kg_node *w = kg_param(g, KG_F32, KG_SHAPE(c->C), "w");
+    kg_node *u = kg_param(g, KG_F32, KG_SHAPE(c->C), "u");
+    kg_node *st = kg_param(g, KG_F32, KG_SHAPE(c->S, 3, c->C), "state");
+    return kg_wkv4(g, k, v, w, u, st, kg_param(g, KG_I32, KG_SHAPE(c->T), "seq"), fin);
+}
+
+KT_TEST(wkv4_matches_decomposition) {
+    wkv_cfg cfgs[] = {{20, 70, 4}, {1, 8, 4}};
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        wkv_cfg *c = &cfgs[i];
+        float *k = rand_buf(c->T * c->C, 4), *v = rand_buf(c->T * c->C, 1), *w = rand_buf(c->C, 1), *u = rand_buf(c->C, 1);
+        float *st = rand_buf(c->S * 3 * c->C, 1);
+        for (int64_t j = 0; j < c->C; j++) w[j] = -expf(w[j]);
+        for (int64_t s = 0; s < c->S; s++) /* sequence 3 starts fresh: (0, 0, -1e38) */
+            for (int64_t j = 0; j < c->C; j++) {
+                float *row = st + s * 3 * c->C;
+                row[c->C + j] = fabsf(row[c->C + j]) + 0.5f;
+                if (s == 3) row[j] = row[c->C + j] = 0, row[2 * c->C + j] = -1e38f;
+            }
+        void *bufs[6] = {k, v, w, u, st, (void *)seq9};
+        for (int fin = 0; fin < 2; fin++) {
+            double mx, md = run_both(build_wkv, c, fin, bufs, &mx);
+            KT_CHECKF(md <= 1e-5 * (1 + mx), "wkv4 config %zu final_state %d: max diff %g", i, fin, md);
+        }
+        free(k), free(v), free(w), free(u), free(st);
+    }
+}
+
 KT_TEST(recurrent_ops_reject_bad_shapes) {
     kg_graph *g = kg_create();
     kg_node *x = kg_param(g, KG_F32, KG_SHAPE(3, 8), "x");

@@ -1,5 +1,5 @@
 /* recurrent.c: kernels of the recurrent composites (kiln.causal_conv1d,
- * kiln.ssm_scan), in the float order of their decompositions.
+ * kiln.ssm_scan, kiln.wkv4), in the float order of their decompositions.
  *
  * Channels (conv) or (head, p) rows (scan) are independent, so threads split
  * them; each walks the step's tokens in order and carries every sequence's
@@ -100,4 +100,44 @@ void kk_ssm_scan(const kk_call *c) {
                   n->in[3]->shape.d[1], n->in[5]->shape.d[0]};
     if (n->a.rec.final_state) memcpy(c->out, c->in[5], sizeof(float) * (size_t)kg_shape_numel(&n->shape));
     kr_parallel_for(c->pool, k.H * k.P, 16, scan_range, &k);
+}
+
+/* ---------------------------------------------------------------- RWKV-4 WKV */
+
+typedef struct {
+    const kk_call *c;
+    int64_t T, C, S;
+} wkv_ctx;
+
+static void wkv_range(void *vctx, int64_t c0, int64_t c1) {
+    const wkv_ctx *k = vctx;
+    const kk_call *c = k->c;
+    const float *key = c->in[0], *val = c->in[1], *w = c->in[2], *u = c->in[3], *st0 = c->in[4];
+    const int32_t *seq = c->in[5];
+    int64_t T = k->T, C = k->C, S = k->S;
+    bool fin = c->node->a.rec.final_state;
+    /* state [S, 3, C]: rows in place in the result (fin), else a scratch copy of the whole tensor */
+    float *st = fin ? c->out : kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(S * 3 * C));
+    float *y = fin ? NULL : c->out;
+    if (!st) return;
+    for (int64_t r = 0; r < S * 3; r++) memcpy(st + r * C + c0, st0 + r * C + c0, sizeof(float) * (size_t)(c1 - c0));
+    for (int64_t t = 0; t < T; t++) {
+        float *a = st + seq[t] * 3 * C, *b = a + C, *p = b + C;
+        for (int64_t ch = c0; ch < c1; ch++) {
+            float kt = key[t * C + ch], vt = val[t * C + ch], ku = kt + u[ch];
+            float q = fmaxf(p[ch], ku), e1 = expf(p[ch] - q), e2 = expf(ku - q);
+            if (y) y[t * C + ch] = (e1 * a[ch] + e2 * vt) / (e1 * b[ch] + e2);
+            float pw = p[ch] + w[ch], q2 = fmaxf(pw, kt);
+            e1 = expf(pw - q2), e2 = expf(kt - q2);
+            a[ch] = e1 * a[ch] + e2 * vt;
+            b[ch] = e1 * b[ch] + e2;
+            p[ch] = q2;
+        }
+    }
+}
+
+void kk_wkv4(const kk_call *c) {
+    const kg_node *n = c->node;
+    wkv_ctx k = {c, n->in[0]->shape.d[0], n->in[0]->shape.d[1], n->in[4]->shape.d[0]};
+    kr_parallel_for(c->pool, k.C, 64, wkv_range, &k);
 }

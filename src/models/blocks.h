@@ -53,6 +53,10 @@ typedef struct {
     int64_t heads, dk, dv; /* 0 heads: the layer keeps no KV cache */
     int n_states;          /* recurrent state tensors of the layer (kb_state) */
     int64_t state_numel[KB_MAX_STATES]; /* floats per sequence of each */
+    /* a new sequence's row: state_parts[k] equal consecutive parts, part i
+     * filled with state_fill[k][i] (0 parts: zeros) */
+    int state_parts[KB_MAX_STATES];
+    float state_fill[KB_MAX_STATES][4];
 } kb_cache_spec;
 
 typedef struct kb_ctx {
@@ -323,7 +327,8 @@ kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn family);
  * reads its sequences' rows (a gather), runs its recurrence (which takes the
  * token's sequence row, b->seq) and writes the final rows back in place (a
  * scatter kept live as an extra graph output). The engine hands a sequence
- * a zeroed row when it opens, so a sequence at position 0 starts from zero. */
+ * a fresh row when it opens (zeros, or kb_state_init's values), so a
+ * sequence at position 0 starts from its initial state. */
 typedef struct {
     kg_node *param; /* [n_state_slots, dims...] */
     kg_node *rows;  /* [S, dims...]: the batch sequences' states before the step */
@@ -331,6 +336,12 @@ typedef struct {
 } kb_state;
 /* State k (< KB_MAX_STATES) of layer il, of the given per-sequence shape. */
 kb_state kb_state_read(kb_ctx *b, int il, int k, int rank, const int64_t *dims);
+/* A new sequence starts state k of layer il not from zeros but from
+ * n <= 4 equal consecutive parts filled with fill[0..n) (RWKV-4's
+ * (num, den, max) rows start at (0, 0, -1e38)). */
+void kb_state_init(kb_ctx *b, int il, int k, int n, const float *fill);
+/* A new sequence's row of state k of a layer (kb_state_init, else zeros). */
+void kb_state_fill_row(const kb_cache_spec *cs, int k, float *row);
 /* Writes rows [S, dims...] (the states after the step) back. */
 void kb_state_write(kb_ctx *b, const kb_state *st, kg_node *rows);
 
@@ -355,5 +366,19 @@ kg_node *kb_mamba2(kb_ctx *b, kg_node *x, int il);
 /* LFM2's gated short conv: in_proj to [B | C | x], out_proj(C * conv(B * x))
  * with the conv's state 0 (biases: hp->ssm_bias, hp->ssm_conv_bias). */
 kg_node *kb_gated_short_conv(kb_ctx *b, kg_node *x, int il);
+
+/* x [T, C] shifted one token back within each sequence (the previous
+ * token's x; the state k of layer il carries it across steps; zeros before
+ * a sequence's first token): RWKV's time_shift. */
+kg_node *kb_token_shift(kb_ctx *b, kg_node *x, int il, int k);
+/* RWKV-4 time mix on x [T, hidden] (states 0: shift, 1: WKV): key, value,
+ * receptance from x mixed with its shifted self by time_mix_* of KM_T_SSM,
+ * WKV (kiln.wkv4) with -exp(time_decay) and time_first, output(sigmoid(r) * wkv)
+ * through KM_T_ATTN_K / _V / _Q (receptance) / _O. */
+kg_node *kb_rwkv4_time_mix(kb_ctx *b, kg_node *x, int il);
+/* RWKV-4 channel mix (state 2: shift): sigmoid(receptance(xr)) *
+ * value(relu(key(xk))^2), time_mix_* of KM_T_CMIX, key/value/receptance
+ * through KM_T_FFN_UP / _DOWN / _GATE. */
+kg_node *kb_rwkv4_channel_mix(kb_ctx *b, kg_node *x, int il);
 
 #endif

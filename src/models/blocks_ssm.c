@@ -4,6 +4,7 @@
  * (MambaMixer.slow_forward, Mamba2Mixer.torch_forward). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "models/blocks_int.h"
 
@@ -25,6 +26,25 @@ kb_state kb_state_read(kb_ctx *b, int il, int k, int rank, const int64_t *dims) 
     cs->state_numel[k] = numel;
     st.rows = st.param && b->state_slot ? kg_take_rows(b->g, st.param, b->state_slot) : NULL;
     return st;
+}
+
+void kb_state_init(kb_ctx *b, int il, int k, int n, const float *fill) {
+    if (k < 0 || k >= KB_MAX_STATES || n < 0 || n > 4) {
+        kb_fail(b, kiln_error(KILN_EINTERNAL, "layer %d: state %d initial value in %d parts", il, k, n));
+        return;
+    }
+    b->cache[il].state_parts[k] = n;
+    for (int i = 0; i < n; i++) b->cache[il].state_fill[k][i] = fill[i];
+}
+
+void kb_state_fill_row(const kb_cache_spec *cs, int k, float *row) {
+    int64_t n = cs->state_numel[k];
+    int parts = cs->state_parts[k];
+    if (parts <= 0) {
+        memset(row, 0, sizeof(float) * (size_t)n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) row[i] = cs->state_fill[k][i / (n / parts)];
 }
 
 void kb_state_write(kb_ctx *b, const kb_state *st, kg_node *rows) {
@@ -196,4 +216,62 @@ kg_node *kb_gated_short_conv(kb_ctx *b, kg_node *x, int il) {
     kg_node *bx = kg_mul(g, kb_slice_last(b, bcx, 0, D), kb_slice_last(b, bcx, 2 * D, 3 * D));
     kg_node *y = kg_mul(g, kb_slice_last(b, bcx, D, 2 * D), kb_short_conv(b, bx, il, 0, hp->ssm_conv_bias));
     return kg_name(kb_linear(b, y, KM_T_SSM_OUT, il, D, hp->ssm_bias), "short_conv_mixer", il);
+}
+
+/* ---------------------------------------------------------------- RWKV-4 */
+
+kg_node *kb_token_shift(kb_ctx *b, kg_node *x, int il, int k) {
+    if (!x) return NULL;
+    kg_graph *g = b->g;
+    int64_t C = x->shape.d[1];
+    /* a width-2 causal conv with taps (1, 0): y[t] = x[t-1] exactly */
+    float *w = kg_alloc(g, sizeof(float) * (size_t)(2 * C));
+    if (!w) return kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory"));
+    for (int64_t c = 0; c < C; c++) w[2 * c] = 1.0f, w[2 * c + 1] = 0.0f;
+    kg_node *wn = kg_const(g, KG_F32, KG_SHAPE(C, 2), w);
+    kb_state st = kb_state_read(b, il, k, 2, (int64_t[]){1, C});
+    kb_state_write(b, &st, kg_causal_conv1d(g, x, wn, st.rows, b->seq, true));
+    return kg_causal_conv1d(g, x, wn, st.rows, b->seq, false);
+}
+
+/* x * mix + shifted * (1 - mix), mix = <t's module>.<name> [1, 1, C] */
+static kg_node *time_mix(kb_ctx *b, kg_node *x, kg_node *shifted, km_tensor t, int il, const char *name) {
+    kg_graph *g = b->g;
+    int64_t C = x->shape.d[1];
+    kg_node *m = to_f32(b, kb_tensor(b, t, il, name, 3, (int64_t[]){1, 1, C}));
+    if (!m) return NULL;
+    m = kg_reshape(g, m, KG_SHAPE(C));
+    kg_node *one_minus = kg_binary(g, KG_OP_SUB, kg_broadcast_like(g, kg_scalar(g, KG_F32, 1.0), m), m);
+    return kg_add(g, kg_mul(g, x, m), kg_mul(g, shifted, one_minus));
+}
+
+kg_node *kb_rwkv4_time_mix(kb_ctx *b, kg_node *x, int il) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    int64_t A = hp->ssm_inner > 0 ? hp->ssm_inner : hp->hidden;
+    kg_node *sh = kb_token_shift(b, x, il, 0);
+    if (!sh) return NULL;
+    kg_node *k = kb_linear(b, time_mix(b, x, sh, KM_T_SSM, il, ".time_mix_key"), KM_T_ATTN_K, il, A, false);
+    kg_node *v = kb_linear(b, time_mix(b, x, sh, KM_T_SSM, il, ".time_mix_value"), KM_T_ATTN_V, il, A, false);
+    kg_node *r = kb_linear(b, time_mix(b, x, sh, KM_T_SSM, il, ".time_mix_receptance"), KM_T_ATTN_Q, il, A, false);
+    kg_node *w = to_f32(b, kb_vector(b, KM_T_SSM, il, ".time_decay", A));
+    kg_node *u = to_f32(b, kb_vector(b, KM_T_SSM, il, ".time_first", A));
+    if (!k || !v || !r || !w || !u) return NULL;
+    w = kg_unary(g, KG_OP_NEG, kg_unary(g, KG_OP_EXP, w));
+    kb_state st = kb_state_read(b, il, 1, 2, (int64_t[]){3, A});
+    kb_state_init(b, il, 1, 3, (const float[]){0.0f, 0.0f, -1e38f});
+    kb_state_write(b, &st, kg_wkv4(g, k, v, w, u, st.rows, b->seq, true));
+    kg_node *y = kg_mul(g, kg_unary(g, KG_OP_LOGISTIC, r), kg_wkv4(g, k, v, w, u, st.rows, b->seq, false));
+    return kg_name(kb_linear(b, y, KM_T_ATTN_O, il, hp->hidden, false), "time_mix", il);
+}
+
+kg_node *kb_rwkv4_channel_mix(kb_ctx *b, kg_node *x, int il) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    kg_node *sh = kb_token_shift(b, x, il, 2);
+    if (!sh) return NULL;
+    kg_node *k = kb_linear(b, time_mix(b, x, sh, KM_T_CMIX, il, ".time_mix_key"), KM_T_FFN_UP, il, hp->ffn, false);
+    kg_node *r = kb_linear(b, time_mix(b, x, sh, KM_T_CMIX, il, ".time_mix_receptance"), KM_T_FFN_GATE, il, hp->hidden, false);
+    kg_node *v = kb_linear(b, kb_act(b, k, KM_ACT_RELU2), KM_T_FFN_DOWN, il, hp->hidden, false);
+    return v ? kg_name(kg_mul(g, kg_unary(g, KG_OP_LOGISTIC, r), v), "channel_mix", il) : NULL;
 }

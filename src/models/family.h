@@ -60,6 +60,7 @@ typedef enum {
     KM_T_SSM_DT,         /* dt_proj (Mamba-1) */
     KM_T_SSM_NORM,       /* gated RMSNorm before out_proj (Mamba-2) */
     KM_T_SSM_OUT,        /* out_proj */
+    KM_T_CMIX,           /* RWKV channel-mix module, for its bare tensors (.time_mix_key, ...) */
     KM_T_COUNT
 } km_tensor;
 

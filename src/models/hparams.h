@@ -116,6 +116,7 @@ typedef struct {
     float ssm_mup[5];         /* in_proj output segments [z | x | B | C | dt] times these (ssm_multipliers); 0: 1 */
     /* Falcon-H1's muP multipliers: keys, attention in/out, Mamba-2 out, MLP gate/down */
     float fh1_key, fh1_attn_in, fh1_attn_out, fh1_ssm_out, fh1_mlp_gate, fh1_mlp_down;
+    int64_t rwkv_rescale_every; /* RWKV: the hidden state halves after every this many blocks; 0: never */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call

@@ -241,6 +241,7 @@ static inline float *mt_prefill(const km_family *fam, const km_hparams *hp, cons
         case KB_IN_STATE_SLOT: params[i] = seq; break; /* zeros: the one sequence uses state row 0 */
         case KB_IN_STATE:
             caches[i] = calloc((size_t)c->state_numel[in[i].sub], sizeof(float));
+            kb_state_fill_row(c, in[i].sub, caches[i]);
             params[i] = caches[i];
             break;
         }
