@@ -160,8 +160,13 @@ static kg_node *attention(kg_graph *g, const kg_node *n) {
     kg_node *m = reduce_last(g, sc, KG_REDUCE_MAX);
     kg_node *sink = NULL;
     if (at->sinks && m) {
-        sink = kg_reshape(g, n->in[extra++], KG_SHAPE(Hkv, G));
-        sink = bcast(g, sink, m->shape, 1, 2, 0, 0); /* [T, Hkv, G] */
+        kg_node *sk = n->in[extra++];
+        if (sk->shape.rank == 2) { /* per token */
+            sink = kg_reshape(g, sk, m->shape);
+        } else {
+            sink = kg_reshape(g, sk, KG_SHAPE(Hkv, G));
+            sink = bcast(g, sink, m->shape, 1, 2, 0, 0); /* [T, Hkv, G] */
+        }
         m = kg_binary(g, KG_OP_MAX, m, sink);
     }
     kg_node *e = kg_unary(g, KG_OP_EXP, sub(g, sc, expand_last(g, m, sc)));
@@ -440,6 +445,19 @@ static kg_node *wkv4(kg_graph *g, const kg_node *n) {
     return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
 }
 
+static kg_node *linear_scan(kg_graph *g, const kg_node *n) {
+    kg_node *x = n->in[0], *a = n->in[1], *cur = n->in[2], *seq = n->in[3];
+    int64_t T = x->shape.d[0];
+    kg_node **ys = kg_alloc(g, sizeof(kg_node *) * (size_t)T);
+    if (!ys) return NULL;
+    for (int64_t t = 0; t < T; t++) {
+        kg_node *idx, *s = seq_at(g, seq, t, &idx);
+        ys[t] = add(g, mul(g, row_at(g, a, t), kg_take_rows(g, cur, idx)), row_at(g, x, t)); /* [1, C] */
+        cur = update_row(g, cur, ys[t], s);
+    }
+    return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
+}
+
 kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
     switch (n->op) {
     case KG_OP_RMS_NORM: return rms_norm(g, n);
@@ -455,6 +473,7 @@ kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
     case KG_OP_CONV1D: return causal_conv1d(g, n);
     case KG_OP_SSM_SCAN: return ssm_scan(g, n);
     case KG_OP_WKV4: return wkv4(g, n);
+    case KG_OP_LINEAR_SCAN: return linear_scan(g, n);
     default: return NULL;
     }
 }

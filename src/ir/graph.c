@@ -132,6 +132,7 @@ static const struct {
     [KG_OP_CONV1D] = {"kiln.causal_conv1d", 0, 1},
     [KG_OP_SSM_SCAN] = {"kiln.ssm_scan", 0, 1},
     [KG_OP_WKV4] = {"kiln.wkv4", 0, 1},
+    [KG_OP_LINEAR_SCAN] = {"kiln.linear_scan", 0, 1},
 };
 
 const char *kg_op_name(kg_opcode op) { return (unsigned)op < KG_OP_COUNT ? op_info[op].name : "?"; }
@@ -682,9 +683,14 @@ static bool infer(kg_graph *g, kg_node *n) {
             n->a.attn.chunk < 0)
             return fail(g, "attention: bad block size, window or chunk"), false;
         if (n->n_in != 6 + n->a.attn.alibi + n->a.attn.sinks) return fail(g, "attention: operands do not match attributes"), false;
-        for (int i = 6; i < n->n_in; i++)
-            if (n->in[i]->shape.rank != 1 || n->in[i]->shape.d[0] != Hq || n->in[i]->dtype != KG_F32)
-                return fail(g, "attention: ALiBi slopes and sinks must be f32 [%lld]", (long long)Hq), false;
+        for (int i = 6; i < n->n_in; i++) {
+            const kg_node *e = n->in[i];
+            bool tok_sinks = n->a.attn.sinks && i == n->n_in - 1 && e->shape.rank == 2 && e->shape.d[0] == T &&
+                             e->shape.d[1] == Hq; /* per-token sinks */
+            if (!tok_sinks && (e->shape.rank != 1 || e->shape.d[0] != Hq || e->dtype != KG_F32))
+                return fail(g, "attention: ALiBi slopes and sinks must be f32 [%lld] (sinks also [T, Hq])", (long long)Hq), false;
+            if (e->dtype != KG_F32) return fail(g, "attention: sinks must be f32"), false;
+        }
         n->shape = KG_SHAPE(T, Hq, vc->shape.d[2]);
         n->dtype = KG_F32;
         return true;
@@ -735,6 +741,13 @@ static bool infer(kg_graph *g, kg_node *n) {
         return check_ssm_scan(g, n);
     case KG_OP_WKV4:
         return check_wkv4(g, n);
+    case KG_OP_LINEAR_SCAN: {
+        const kg_node *lx = n->in[0], *la = n->in[1], *ls = n->in[2];
+        if (!is_f32(lx, 2) || la->dtype != KG_F32 || !kg_shape_eq(&lx->shape, &la->shape) || !is_f32(ls, 2) ||
+            ls->shape.d[1] != lx->shape.d[1])
+            return fail(g, "linear_scan: want f32 x, a [T, C], state [S, C]"), false;
+        return rec_result(g, n, "linear_scan", ls, n->in[3], lx->shape.d[0], lx->shape);
+    }
     default:
         return fail(g, "unknown op %d", (int)n->op), false;
     }
@@ -1063,6 +1076,11 @@ kg_node *kg_ssm_scan(kg_graph *g, kg_node *x, kg_node *dt, kg_node *A, kg_node *
 kg_node *kg_wkv4(kg_graph *g, kg_node *k, kg_node *v, kg_node *w, kg_node *u, kg_node *state, kg_node *seq, bool final_state) {
     kg_node *in[6] = {k, v, w, u, state, seq};
     return recurrent(g, KG_OP_WKV4, in, 6, final_state);
+}
+
+kg_node *kg_linear_scan(kg_graph *g, kg_node *x, kg_node *a, kg_node *state, kg_node *seq, bool final_state) {
+    kg_node *in[4] = {x, a, state, seq};
+    return recurrent(g, KG_OP_LINEAR_SCAN, in, 4, final_state);
 }
 
 kg_node *kg_fusion_node(kg_graph *g, kg_node *const *inputs, int n_in, kg_shape shape, struct kg_fusion *f) {

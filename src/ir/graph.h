@@ -126,6 +126,7 @@ typedef enum {
     KG_OP_CONV1D,   /* kiln.causal_conv1d */
     KG_OP_SSM_SCAN, /* kiln.ssm_scan */
     KG_OP_WKV4,     /* kiln.wkv4 */
+    KG_OP_LINEAR_SCAN, /* kiln.linear_scan */
     KG_OP_COUNT
 } kg_opcode;
 
@@ -171,7 +172,7 @@ typedef struct {
     int chunk;        /* 0: none; C: only keys in the query's chunk, p / C == pos / C */
     int block_size;   /* tokens per KV cache block */
     bool alibi;       /* operand 6: slopes [Hq]; score += slope * (p - pos) */
-    bool sinks;       /* next operand: sink logits [Hq], one extra softmax term per head */
+    bool sinks;       /* next operand: sink logits [Hq] (or [T, Hq], per token), one extra softmax term per head */
 } kg_attn_attr;
 
 typedef struct {
@@ -327,7 +328,8 @@ kg_node *kg_rope(kg_graph *g, kg_node *x, kg_node *cos, kg_node *sin, int rotary
  * block_table[s][p/bs]*bs + p%bs. Scores: (q.k) * scale, then the soft-cap,
  * then + slope[h] * (p - pos) with ALiBi; softmax over the visible keys and,
  * with sinks, one more term exp(sink[h]) that takes probability mass but no
- * value. alibi and sinks [Hq] f32 may be NULL. Result [T, Hq, Dv]. Hq must be
+ * value. alibi and sinks [Hq] f32 may be NULL; sinks may also be [T, Hq],
+ * a logit per token and head (-inf: no sink). Result [T, Hq, Dv]. Hq must be
  * a multiple of Hkv (GQA/MQA). attr->alibi/sinks are set from the operands. */
 kg_node *kg_attention(kg_graph *g, kg_node *q, kg_node *kcache, kg_node *vcache, kg_node *block_table,
                       kg_node *tok_seq, kg_node *tok_pos, kg_node *alibi, kg_node *sinks, const kg_attn_attr *attr);
@@ -393,6 +395,11 @@ kg_node *kg_ssm_scan(kg_graph *g, kg_node *x, kg_node *dt, kg_node *A, kg_node *
  * (transformers' rwkv_linear_attention_cpu; a new sequence starts from
  * (0, 0, -1e38)). */
 kg_node *kg_wkv4(kg_graph *g, kg_node *k, kg_node *v, kg_node *w, kg_node *u, kg_node *state, kg_node *seq, bool final_state);
+
+/* Diagonal linear recurrence (RecurrentGemma's RG-LRU scan): x, a [T, C],
+ * state [S, C], f32. Per token, in order, with s = seq[t]:
+ *   h[s] = a[t] * h[s] + x[t];  y[t] = h[s]. */
+kg_node *kg_linear_scan(kg_graph *g, kg_node *x, kg_node *a, kg_node *state, kg_node *seq, bool final_state);
 
 /* ---- sugar for emitters ---- */
 kg_node *kg_add(kg_graph *g, kg_node *a, kg_node *b); /* broadcasts rank-0 / trailing dims */

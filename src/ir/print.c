@@ -130,6 +130,7 @@ static void attrs(FILE *f, const kg_node *n, int decomp_id) {
             case KG_OP_CONV1D:
             case KG_OP_SSM_SCAN:
             case KG_OP_WKV4:
+            case KG_OP_LINEAR_SCAN:
                 fprintf(f, "final_state = %s", n->a.rec.final_state ? "true" : "false");
                 break;
             case KG_OP_ATTENTION:

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ir/composite.h"
+#include "kernels/kernels.h"
 #include "kt.h"
 #include "runtime/exec.h"
 
@@ -177,6 +178,60 @@ KT_TEST(wkv4_matches_decomposition) {
         }
         free(k), free(v), free(w), free(u), free(st);
     }
+}
+
+static kg_node *build_lscan(kg_graph *g, void *vc, bool fin) {
+    wkv_cfg *c = vc;
+    kg_node *x = kg_param(g, KG_F32, KG_SHAPE(c->T, c->C), "x");
+    kg_node *a = kg_param(g, KG_F32, KG_SHAPE(c->T, c->C), "a");
+    kg_node *st = kg_param(g, KG_F32, KG_SHAPE(c->S, c->C), "state");
+    return kg_linear_scan(g, x, a, st, kg_param(g, KG_I32, KG_SHAPE(c->T), "seq"), fin);
+}
+
+KT_TEST(linear_scan_matches_decomposition) {
+    wkv_cfg cfgs[] = {{20, 70, 4}, {1, 8, 4}};
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        wkv_cfg *c = &cfgs[i];
+        float *x = rand_buf(c->T * c->C, 1), *a = rand_buf(c->T * c->C, 1), *st = rand_buf(c->S * c->C, 1);
+        void *bufs[4] = {x, a, st, (void *)seq9};
+        for (int fin = 0; fin < 2; fin++) {
+            double mx, md = run_both(build_lscan, c, fin, bufs, &mx);
+            KT_CHECKF(md <= 1e-6 * (1 + mx), "linear_scan config %zu final_state %d: max diff %g", i, fin, md);
+        }
+        free(x), free(a), free(st);
+    }
+}
+
+/* kiln.attention with per-token sinks [T, Hq] (RecurrentGemma's zero key
+ * from some position on; -inf: none), at every ISA level, against the
+ * decomposition. */
+static kg_node *build_tok_sinks(kg_graph *g, void *vc, bool fin) {
+    (void)vc, (void)fin;
+    kg_node *q = kg_param(g, KG_F32, KG_SHAPE(6, 4, 16), "q");
+    kg_node *kc = kg_param(g, KG_F32, KG_SHAPE(32, 2, 16), "k");
+    kg_node *vc_ = kg_param(g, KG_F32, KG_SHAPE(32, 2, 16), "v");
+    kg_node *bt = kg_param(g, KG_I32, KG_SHAPE(2, 4), "bt");
+    kg_node *ts = kg_param(g, KG_I32, KG_SHAPE(6), "ts");
+    kg_node *tp = kg_param(g, KG_I32, KG_SHAPE(6), "tp");
+    kg_node *sk = kg_param(g, KG_F32, KG_SHAPE(6, 4), "sinks");
+    kg_attn_attr at = {.scale = 0.25f, .window = 5, .block_size = 4};
+    return kg_attention(g, q, kc, vc_, bt, ts, tp, NULL, sk, &at);
+}
+
+KT_TEST(attention_per_token_sinks_match_decomposition) {
+    float *q = rand_buf(6 * 4 * 16, 2), *k = rand_buf(32 * 2 * 16, 2), *v = rand_buf(32 * 2 * 16, 1), sinks[24];
+    int32_t bt[8] = {3, 0, 5, 1, 2, 7, 4, 6}, ts[6] = {0, 1, 0, 1, 0, 1}, tp[6] = {3, 9, 4, 10, 5, 15};
+    for (int t = 0; t < 6; t++)
+        for (int h = 0; h < 4; h++) sinks[t * 4 + h] = tp[t] >= 5 ? 0.0f : -INFINITY;
+    void *bufs[7] = {q, k, v, bt, ts, tp, sinks};
+    kk_isa top = kk_isa_level();
+    for (int lvl = 0; lvl < 2; lvl++) {
+        kk_set_isa_level(lvl ? top : KK_ISA_PORTABLE);
+        double mx, md = run_both(build_tok_sinks, NULL, false, bufs, &mx);
+        KT_CHECKF(md <= 1e-5 * (1 + mx), "level %d: max diff %g", lvl, md);
+    }
+    kk_set_isa_level(top);
+    free(q), free(k), free(v);
 }
 
 KT_TEST(recurrent_ops_reject_bad_shapes) {

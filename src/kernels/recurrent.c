@@ -1,5 +1,5 @@
 /* recurrent.c: kernels of the recurrent composites (kiln.causal_conv1d,
- * kiln.ssm_scan, kiln.wkv4), in the float order of their decompositions.
+ * kiln.ssm_scan, kiln.wkv4, kiln.linear_scan), in the float order of their decompositions.
  *
  * Channels (conv) or (head, p) rows (scan) are independent, so threads split
  * them; each walks the step's tokens in order and carries every sequence's
@@ -140,4 +140,32 @@ void kk_wkv4(const kk_call *c) {
     const kg_node *n = c->node;
     wkv_ctx k = {c, n->in[0]->shape.d[0], n->in[0]->shape.d[1], n->in[4]->shape.d[0]};
     kr_parallel_for(c->pool, k.C, 64, wkv_range, &k);
+}
+
+/* ---------------------------------------------------------------- linear scan */
+
+static void lscan_range(void *vctx, int64_t c0, int64_t c1) {
+    const wkv_ctx *k = vctx; /* same shape fields: T, C, S */
+    const kk_call *c = k->c;
+    const float *x = c->in[0], *a = c->in[1], *st0 = c->in[2];
+    const int32_t *seq = c->in[3];
+    int64_t T = k->T, C = k->C, S = k->S;
+    bool fin = c->node->a.rec.final_state;
+    float *h = fin ? c->out : kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(S * C));
+    float *y = fin ? NULL : c->out;
+    if (!h) return;
+    for (int64_t s = 0; s < S; s++) memcpy(h + s * C + c0, st0 + s * C + c0, sizeof(float) * (size_t)(c1 - c0));
+    for (int64_t t = 0; t < T; t++) {
+        float *hr = h + seq[t] * C;
+        for (int64_t ch = c0; ch < c1; ch++) {
+            hr[ch] = a[t * C + ch] * hr[ch] + x[t * C + ch];
+            if (y) y[t * C + ch] = hr[ch];
+        }
+    }
+}
+
+void kk_linear_scan(const kk_call *c) {
+    const kg_node *n = c->node;
+    wkv_ctx k = {c, n->in[0]->shape.d[0], n->in[0]->shape.d[1], n->in[2]->shape.d[0]};
+    kr_parallel_for(c->pool, k.C, 64, lscan_range, &k);
 }

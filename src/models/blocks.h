@@ -195,6 +195,7 @@ typedef struct {
     bool kv_tile;            /* query head h reads KV head h % Hkv (torch.tile), not h / (H / Hkv) */
     /* output */
     bool sub_norm;           /* RMSNorm (KM_T_ATTN_SUB_NORM) on the attention output before o_proj (BitNet) */
+    struct kg_node *token_sinks; /* [T, H] f32 sink logits per token (-inf: none) in place of `sinks`, or NULL */
 } kb_attn_opts;
 /* Self-attention block: projections, q/k norms, query scales, rope, KV
  * cache update, attention over the cache, output projection. x [T, hidden]. */
@@ -380,5 +381,13 @@ kg_node *kb_rwkv4_time_mix(kb_ctx *b, kg_node *x, int il);
  * value(relu(key(xk))^2), time_mix_* of KM_T_CMIX, key/value/receptance
  * through KM_T_FFN_UP / _DOWN / _GATE. */
 kg_node *kb_rwkv4_channel_mix(kb_ctx *b, kg_node *x, int il);
+
+/* RecurrentGemma's recurrent block on x [T, hidden]: act(KM_T_SSM_X(x)) (the
+ * gate branch) times the RG-LRU of the conv'ed (state 0) KM_T_SSM_IN(x),
+ * through KM_T_SSM_OUT. The RG-LRU (tensors of KM_T_SSM, hp->n_heads
+ * block-diagonal gates over hp->ssm_inner channels): a = exp(-8 * r *
+ * softplus(recurrent_param)), h = a * h + sqrt(1 - a^2) * (x * i) (state 1),
+ * with a = 0 and no sqrt factor at position 0. */
+kg_node *kb_rglru_block(kb_ctx *b, kg_node *x, int il);
 
 #endif

@@ -188,7 +188,9 @@ static kg_node *attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, co
     kg_node *kc = kb_cache_write(b, il, false, k);
     kg_node *vc = kb_cache_write(b, il, true, v);
     kg_node *alibi = o->alibi ? kg_const(g, KG_F32, KG_SHAPE(H), o->alibi) : NULL;
-    kg_node *sinks = o->sinks ? kg_convert(g, kb_vector(b, KM_T_ATTN_SINKS, il, "", H), KG_F32) : NULL;
+    kg_node *sinks = o->token_sinks ? o->token_sinks
+                     : o->sinks   ? kg_convert(g, kb_vector(b, KM_T_ATTN_SINKS, il, "", H), KG_F32)
+                                  : NULL;
     kg_attn_attr at = {.scale = o->scale != 0 ? o->scale : (float)(1.0 / sqrt((double)D)),
                        .softcap = o->softcap,
                        .window = o->window,

@@ -275,3 +275,47 @@ kg_node *kb_rwkv4_channel_mix(kb_ctx *b, kg_node *x, int il) {
     kg_node *v = kb_linear(b, kb_act(b, k, KM_ACT_RELU2), KM_T_FFN_DOWN, il, hp->hidden, false);
     return v ? kg_name(kg_mul(g, kg_unary(g, KG_OP_LOGISTIC, r), v), "channel_mix", il) : NULL;
 }
+
+/* ---------------------------------------------------------------- RG-LRU */
+
+/* sigmoid(bias + x @ W) per head: x [T, H * bw], W [H, bw, bw] (in, out), bias [H, bw] of KM_T_SSM */
+static kg_node *block_gate(kb_ctx *b, kg_node *x, int il, const char *w_name, const char *b_name, int64_t H, int64_t bw) {
+    kg_graph *g = b->g;
+    int64_t T = x->shape.d[0];
+    kg_node *w = to_f32(b, kb_tensor(b, KM_T_SSM, il, w_name, 3, (int64_t[]){H, bw, bw}));
+    kg_node *bias = to_f32(b, kb_tensor(b, KM_T_SSM, il, b_name, 2, (int64_t[]){H, bw}));
+    if (!w || !bias) return NULL;
+    kg_dot_dims d = {.lhs_batch = {1, {1}}, .rhs_batch = {1, {0}}, .lhs_contract = {1, {2}}, .rhs_contract = {1, {1}}};
+    kg_node *r = kg_dot_general(g, kg_reshape(g, x, KG_SHAPE(T, H, bw)), w, &d); /* [H, T, bw] */
+    r = kg_reshape(g, kg_transpose(g, r, (int[]){1, 0, 2}), KG_SHAPE(T, H * bw));
+    return kg_unary(g, KG_OP_LOGISTIC, kg_add(g, r, kg_reshape(g, bias, KG_SHAPE(H * bw))));
+}
+
+kg_node *kb_rglru_block(kb_ctx *b, kg_node *x, int il) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    int64_t W = hp->ssm_inner, H = hp->n_heads, T = b->shape.T;
+    if (H <= 0 || W % H)
+        return kb_fail(b, kiln_error(KILN_EINVAL, "lru_width %lld is not a multiple of %lld heads", (long long)W, (long long)H));
+    kg_node *y = kb_act(b, kb_linear(b, x, KM_T_SSM_X, il, W, true), hp->act);
+    kg_node *xb = kb_short_conv(b, kb_linear(b, x, KM_T_SSM_IN, il, W, true), il, 0, true);
+    if (!xb || !y) return NULL;
+    kg_node *gx = block_gate(b, xb, il, ".input_gate_weight", ".input_gate_bias", H, W / H);
+    kg_node *ga = block_gate(b, xb, il, ".recurrent_gate_weight", ".recurrent_gate_bias", H, W / H);
+    kg_node *sp = kb_softplus(b, to_f32(b, kb_vector(b, KM_T_SSM, il, ".recurrent_param", W)));
+    if (!gx || !ga || !sp) return NULL;
+    kg_node *log_a = kg_mul(g, kg_scale(g, ga, -8.0), sp);
+    kg_node *a = kg_unary(g, KG_OP_EXP, log_a), *a2 = kg_unary(g, KG_OP_EXP, kg_scale(g, log_a, 2.0));
+    kg_node *one = kg_broadcast_like(g, kg_scalar(g, KG_F32, 1.0), a), *zero = kg_broadcast_like(g, kg_scalar(g, KG_F32, 0.0), a);
+    kg_node *mult = kg_unary(g, KG_OP_SQRT, kg_binary(g, KG_OP_SUB, one, a2));
+    /* position 0 resets: no decay of the (zero) state, no normalisation */
+    kg_node *reset = kg_compare(g, KG_CMP_EQ, kg_broadcast_in_dim(g, b->pos, KG_SHAPE(T, W), (int[]){0}),
+                                kg_broadcast_in_dim(g, kg_scalar(g, KG_I32, 0), KG_SHAPE(T, W), NULL));
+    mult = kg_select(g, reset, one, mult);
+    a = kg_select(g, reset, zero, a);
+    kg_node *nx = kg_mul(g, kg_mul(g, xb, gx), mult);
+    kb_state st = kb_state_read(b, il, 1, 1, (int64_t[]){W});
+    kb_state_write(b, &st, kg_linear_scan(g, nx, a, st.rows, b->seq, true));
+    kg_node *h = kg_linear_scan(g, nx, a, st.rows, b->seq, false);
+    return kg_name(kb_linear(b, kg_mul(g, h, y), KM_T_SSM_OUT, il, hp->hidden, true), "rglru_block", il);
+}

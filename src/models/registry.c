@@ -35,7 +35,7 @@ const km_names km_sandwich_names = {
     X(phi3) X(granite) X(olmo) X(olmo2) X(olmo3) X(smollm3) X(exaone4) X(helium) X(seed_oss) X(arcee) X(hunyuan)     \
     X(mimo) X(ministral) X(ministral3)                                                                               \
     X(gpt2) X(gpt_bigcode) X(gpt_neox) X(gptj) X(falcon) X(mpt) X(bloom) X(opt) X(phi) X(starcoder2)              \
-    X(mamba) X(mamba2) X(lfm2) X(bamba) X(falcon_h1) X(rwkv)
+    X(mamba) X(mamba2) X(lfm2) X(bamba) X(falcon_h1) X(rwkv) X(recurrent_gemma)
 
 #define DECLARE(f) extern const km_family km_family_##f;
 FAMILIES(DECLARE)
