@@ -18,7 +18,7 @@ static const char *mlir_opt(void) {
 }
 
 KT_TEST(print_models_as_stablehlo) {
-    static const char *cases[] = {"qwen3", "gemma2/q4", "gemma3_text/bf16"};
+    static const char *cases[] = {"qwen3", "gemma2/q4", "gemma3_text/bf16", "falcon_h1", "recurrent_gemma/q4"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char dir[4096], rel[256];
         snprintf(rel, sizeof rel, "tests/fixtures/oracle/%s", cases[i]);

@@ -6,7 +6,8 @@
 #include "base/json.h"
 #include "models/shared.h"
 
-static const km_names names = {
+/* also Falcon-H1's (falcon_h1.c) */
+const km_names km_bamba_names = {
     [KM_T_TOK_EMBD] = "model.embed_tokens", [KM_T_OUTPUT_NORM] = "model.final_layernorm", [KM_T_OUTPUT] = "lm_head",
     [KM_T_ATTN_NORM] = "model.layers.%d.input_layernorm", [KM_T_FFN_NORM] = "model.layers.%d.pre_ff_layernorm",
     [KM_T_ATTN_Q] = "model.layers.%d.self_attn.q_proj", [KM_T_ATTN_K] = "model.layers.%d.self_attn.k_proj",
@@ -17,6 +18,12 @@ static const km_names names = {
     [KM_T_SSM_CONV] = "model.layers.%d.mamba.conv1d", [KM_T_SSM_NORM] = "model.layers.%d.mamba.norm",
     [KM_T_SSM_OUT] = "model.layers.%d.mamba.out_proj",
 };
+
+void km_mamba2_features(km_hparams *hp, const char *more) {
+    snprintf(hp->features, sizeof hp->features, "Mamba-2 mixers (SSD): %lld heads of %lld, state %lld, %lld groups, conv %lld%s%s",
+             (long long)hp->ssm_heads, (long long)hp->ssm_head_dim, (long long)hp->ssm_state, (long long)hp->ssm_groups,
+             (long long)hp->ssm_conv, *more ? "; " : "", more);
+}
 
 kiln_status km_mamba2_hybrid(const cJSON *cfg, km_hparams *hp, const char *prefix) {
     char k[64];
@@ -58,7 +65,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
             hp->layer_recurrent[(int)e->valuedouble] = 0;
         }
     }
-    snprintf(hp->features, sizeof hp->features, "Mamba-2 layers beside attention (hybrid)");
+    km_mamba2_features(hp, "beside attention layers");
     return NULL;
 }
 
@@ -69,4 +76,4 @@ static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"bamba", NULL};
-const km_family km_family_bamba = {"bamba", types, &names, parse, emit};
+const km_family km_family_bamba = {"bamba", types, &km_bamba_names, parse, emit};

@@ -18,7 +18,8 @@
  *   slot [T] (KV cache row this token's keys go to), blocks [S, MB] (block
  *   table), rows [R] (tokens whose logits are wanted), rope cos/sin [T, R/2]
  *   f32 per rope config, and per layer a K and V cache [n_slots, Hkv, D] f32,
- *   updated in place.
+ *   updated in place; recurrent layers add state tensors [n_state_slots, ...]
+ *   f32 (updated in place) and state_slot [S] (blocks_ssm.c).
  */
 #ifndef KILN_BLOCKS_H
 #define KILN_BLOCKS_H

@@ -10,18 +10,6 @@
 #include "base/json.h"
 #include "models/shared.h"
 
-static const km_names names = {
-    [KM_T_TOK_EMBD] = "model.embed_tokens", [KM_T_OUTPUT_NORM] = "model.final_layernorm", [KM_T_OUTPUT] = "lm_head",
-    [KM_T_ATTN_NORM] = "model.layers.%d.input_layernorm", [KM_T_FFN_NORM] = "model.layers.%d.pre_ff_layernorm",
-    [KM_T_ATTN_Q] = "model.layers.%d.self_attn.q_proj", [KM_T_ATTN_K] = "model.layers.%d.self_attn.k_proj",
-    [KM_T_ATTN_V] = "model.layers.%d.self_attn.v_proj", [KM_T_ATTN_O] = "model.layers.%d.self_attn.o_proj",
-    [KM_T_FFN_GATE] = "model.layers.%d.feed_forward.gate_proj", [KM_T_FFN_UP] = "model.layers.%d.feed_forward.up_proj",
-    [KM_T_FFN_DOWN] = "model.layers.%d.feed_forward.down_proj",
-    [KM_T_SSM] = "model.layers.%d.mamba", [KM_T_SSM_IN] = "model.layers.%d.mamba.in_proj",
-    [KM_T_SSM_CONV] = "model.layers.%d.mamba.conv1d", [KM_T_SSM_NORM] = "model.layers.%d.mamba.norm",
-    [KM_T_SSM_OUT] = "model.layers.%d.mamba.out_proj",
-};
-
 /* A float list of exactly n numbers (absent or null: all 1). */
 static kiln_status floats(const cJSON *cfg, const char *key, float *out, int n) {
     const cJSON *a = ku_json_get(cfg, key);
@@ -78,7 +66,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->logit_scale = head;
     hp->fh1_key = km, hp->fh1_attn_in = ain, hp->fh1_attn_out = aout, hp->fh1_ssm_out = sout;
     hp->fh1_mlp_gate = mlp[0], hp->fh1_mlp_down = mlp[1];
-    snprintf(hp->features, sizeof hp->features, "attention and Mamba-2 in parallel in every layer, muP multipliers");
+    km_mamba2_features(hp, "in parallel with attention in every layer, muP multipliers");
     return NULL;
 }
 
@@ -104,4 +92,4 @@ static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"falcon_h1", NULL};
-const km_family km_family_falcon_h1 = {"falcon_h1", types, &names, parse, emit};
+const km_family km_family_falcon_h1 = {"falcon_h1", types, &km_bamba_names, parse, emit};

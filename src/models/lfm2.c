@@ -72,7 +72,10 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     }
     hp->ffn = ff;
     KILN_TRY(layer_kinds(cfg, hp));
-    snprintf(hp->features, sizeof hp->features, "gated short-conv layers beside attention (hybrid)");
+    int n_conv = 0;
+    for (int64_t i = 0; i < hp->n_layers; i++) n_conv += hp->layer_recurrent[i];
+    snprintf(hp->features, sizeof hp->features, "%d gated short-conv layers (width %lld) beside attention", n_conv,
+             (long long)hp->ssm_conv);
     return NULL;
 }
 

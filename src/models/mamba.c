@@ -7,7 +7,8 @@
 #include "base/json.h"
 #include "models/shared.h"
 
-static const km_names names = {
+/* also Mamba-2's (mamba2.c) */
+const km_names km_mamba_names = {
     [KM_T_TOK_EMBD] = "backbone.embeddings", [KM_T_OUTPUT_NORM] = "backbone.norm_f", [KM_T_OUTPUT] = "lm_head",
     [KM_T_ATTN_NORM] = "backbone.layers.%d.norm", [KM_T_SSM] = "backbone.layers.%d.mixer",
     [KM_T_SSM_IN] = "backbone.layers.%d.mixer.in_proj", [KM_T_SSM_CONV] = "backbone.layers.%d.mixer.conv1d",
@@ -59,10 +60,10 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     else return kiln_error(KILN_EINVAL, "config.json: \"time_step_rank\" must be \"auto\" or a positive integer");
     if (!strcmp(hp->model_type, "falcon_mamba")) {
         KILN_TRY(ku_json_num(cfg, "mixer_rms_eps", 1e-6, &hp->ssm_bcdt_eps));
-        snprintf(hp->features, sizeof hp->features, "Mamba-1 mixers, RMS norms on B, C, dt");
-    } else {
-        snprintf(hp->features, sizeof hp->features, "Mamba-1 mixers (selective scan)");
     }
+    snprintf(hp->features, sizeof hp->features, "Mamba-1 mixers (selective scan) of %lld channels, state %lld, conv %lld, dt rank %lld%s",
+             (long long)hp->ssm_inner, (long long)hp->ssm_state, (long long)hp->ssm_conv, (long long)hp->ssm_dt_rank,
+             hp->ssm_bcdt_eps > 0 ? ", RMS norms on B, C, dt" : "");
     return NULL;
 }
 
@@ -75,4 +76,4 @@ static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"mamba", "falcon_mamba", NULL};
-const km_family km_family_mamba = {"mamba", types, &names, parse, emit};
+const km_family km_family_mamba = {"mamba", types, &km_mamba_names, parse, emit};

@@ -6,13 +6,6 @@
 #include "base/json.h"
 #include "models/shared.h"
 
-static const km_names names = {
-    [KM_T_TOK_EMBD] = "backbone.embeddings", [KM_T_OUTPUT_NORM] = "backbone.norm_f", [KM_T_OUTPUT] = "lm_head",
-    [KM_T_ATTN_NORM] = "backbone.layers.%d.norm", [KM_T_SSM] = "backbone.layers.%d.mixer",
-    [KM_T_SSM_IN] = "backbone.layers.%d.mixer.in_proj", [KM_T_SSM_CONV] = "backbone.layers.%d.mixer.conv1d",
-    [KM_T_SSM_NORM] = "backbone.layers.%d.mixer.norm", [KM_T_SSM_OUT] = "backbone.layers.%d.mixer.out_proj",
-};
-
 /* time_step_limit [min, max] (default (0, inf)). */
 kiln_status km_ssm_dt_limit(const cJSON *cfg, km_hparams *hp) {
     hp->ssm_dt_min = 0, hp->ssm_dt_max = INFINITY;
@@ -35,7 +28,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     if (hp->ssm_heads <= 0 || hp->ssm_groups <= 0 || hp->ssm_heads % hp->ssm_groups)
         return kiln_error(KILN_EINVAL, "config.json: num_heads must be a positive multiple of n_groups");
     KILN_TRY(km_ssm_dt_limit(cfg, hp));
-    snprintf(hp->features, sizeof hp->features, "Mamba-2 mixers (SSD), gated RMSNorm");
+    km_mamba2_features(hp, "");
     return NULL;
 }
 
@@ -48,4 +41,4 @@ static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
 static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
 
 static const char *const types[] = {"mamba2", NULL};
-const km_family km_family_mamba2 = {"mamba2", types, &names, parse, emit};
+const km_family km_family_mamba2 = {"mamba2", types, &km_mamba_names, parse, emit};

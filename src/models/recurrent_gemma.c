@@ -56,7 +56,8 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
         else if (cJSON_IsString(e) && !strcmp(e->valuestring, "attention")) hp->layer_sliding[i] = 1;
         else return kiln_error(KILN_EUNSUPPORTED, "config.json: block type must be \"recurrent\" or \"attention\"");
     }
-    snprintf(hp->features, sizeof hp->features, "RG-LRU recurrent blocks beside local attention (Griffin)");
+    snprintf(hp->features, sizeof hp->features, "RG-LRU recurrent blocks (width %lld, conv %lld) beside local attention",
+             (long long)hp->ssm_inner, (long long)hp->ssm_conv);
     return NULL;
 }
 

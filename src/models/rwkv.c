@@ -45,7 +45,8 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->partial_rotary = 1, hp->rope_theta = 10000;
     km_no_rope(hp);
     memset(hp->layer_recurrent, 1, sizeof hp->layer_recurrent);
-    snprintf(hp->features, sizeof hp->features, "RWKV-4 time mix (WKV) and channel mix, token shift");
+    snprintf(hp->features, sizeof hp->features, "RWKV-4 time mix (WKV over %lld channels) and channel mix, token shift%s",
+             (long long)hp->ssm_inner, hp->rwkv_rescale_every ? ", rescaled every few blocks" : "");
     return NULL;
 }
 
