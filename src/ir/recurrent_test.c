@@ -234,6 +234,36 @@ KT_TEST(attention_per_token_sinks_match_decomposition) {
     free(q), free(k), free(v);
 }
 
+/* A recurrent state update: rows gathered from a donated param, changed,
+ * scattered back; the planner must write the scatter over the param (its
+ * other reader, the gather, runs first), so the caller's buffer holds the
+ * new state after the run. */
+KT_TEST(state_write_updates_the_donated_param_in_place) {
+    kg_graph *g = kg_create();
+    kg_node *st = kg_param_donated(g, KG_F32, KG_SHAPE(4, 3), "state");
+    kg_node *slot = kg_param(g, KG_I32, KG_SHAPE(2), "slot");
+    kg_node *rows = kg_take_rows(g, st, slot);
+    kg_node *upd = kg_add(g, rows, kg_broadcast_like(g, kg_scalar(g, KG_F32, 10.0), rows));
+    kg_gather_dims d = {.offset_dims = {1, {1}}, .collapsed_slice_dims = {1, {0}}, .start_index_map = {1, {0}},
+                        .index_vector_dim = 1};
+    kg_add_output(g, kg_scale(g, rows, 2.0));
+    kg_add_output(g, kg_scatter(g, st, slot, upd, &d));
+    kr_exec *e;
+    kp_options o = {.verify = true};
+    KT_CHECK_OK(kr_exec_create(g, &o, &e));
+    const kg_node *w = kr_exec_output_node(e, 1);
+    while (w->alias) w = w->alias;
+    KT_CHECK(w->op == KG_OP_PARAM && w->a.param.donated);
+    float state[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    int32_t sl[2] = {2, 0};
+    void *bufs[2] = {state, sl};
+    kr_exec_run(e, bufs, NULL);
+    const float *y = kr_exec_output(e, 0);
+    KT_CHECK(y[0] == 12 && y[3] == 0); /* the old rows 2 and 0, doubled */
+    KT_CHECK(state[6] == 16 && state[0] == 10 && state[3] == 3); /* rows 2 and 0 updated in place, row 1 kept */
+    kr_exec_destroy(e);
+}
+
 KT_TEST(recurrent_ops_reject_bad_shapes) {
     kg_graph *g = kg_create();
     kg_node *x = kg_param(g, KG_F32, KG_SHAPE(3, 8), "x");
