@@ -119,13 +119,15 @@ typedef struct {
     int64_t n_cache;
     bool prefix_cache;
     int64_t window; /* out: ke_ctx_window */
+    int n_seq_max;  /* recurrent state rows; 0: the engine's default */
 } setup;
 
 /* Runs jobs through one scheduler (all submitted at once) and each alone;
  * fails the test on any difference. Returns the scheduler's stats. */
 static bool run_jobs(const ke_model *m, setup *su, job *jobs, int n, ksch_stats *stats, const char *what) {
     ke_ctx *c;
-    kiln_status st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 128, .n_cache = su->n_cache, .n_threads = 1, .block_size = su->block_size}, &c);
+    kiln_status st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 128, .n_cache = su->n_cache, .n_threads = 1, .block_size = su->block_size,
+                                                        .n_seq_max = su->n_seq_max}, &c);
     if (st) {
         kt_fail(__FILE__, __LINE__, "%s: %s", what, kiln_status_msg(st));
         kiln_status_free(st);
@@ -278,6 +280,34 @@ KT_TEST(sched_matches_single_sequence_and_oracle_every_fixture) {
     }
     KT_CHECKF(bad == 0, "%d fixtures fail", bad);
     KT_CHECKF(checked >= 12, "only %d fixtures checked", checked);
+}
+
+/* Mamba (recurrent state rows): more requests than rows wait for one, and
+ * prefix caching, asked for, reuses nothing (a state is not per block). */
+KT_TEST(sched_recurrent_state_rows) {
+    ke_model *m = ke_test_load_fixture("mamba");
+    if (!m) return;
+    enum { N = 5 };
+    job jobs[N];
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = tok_at(i, ke_model_hparams(m)->vocab);
+    for (int i = 0; i < N; i++) job_init(&jobs[i], toks + (i % 2) * 4, 20, i % 2 == 0, (uint32_t)i, 10 + i);
+    setup su = {.max_running = 4, .step_tokens = 8, .block_size = 4, .n_cache = 512, .prefix_cache = true, .n_seq_max = 2};
+    ksch_stats stats;
+    KT_CHECK(run_jobs(m, &su, jobs, N, &stats, "mamba, 2 state rows"));
+    KT_CHECK_EQ(stats.cache.prefix_hits, 0);
+    jobs_free(jobs, N);
+    ke_ctx *c;
+    KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 64, .n_threads = 1, .n_seq_max = 1}, &c));
+    int a, b;
+    KT_CHECK(ke_ctx_recurrent(c));
+    KT_CHECK_OK(ke_seq_open(c, &a));
+    KT_CHECK_ERR(ke_seq_open(c, &b), "recurrent state rows");
+    KT_CHECK_EQ(ke_seq_reuse_prefix(c, a, toks, 40), 0);
+    ke_seq_close(c, a);
+    KT_CHECK_OK(ke_seq_open(c, &b));
+    ke_ctx_free(c);
+    ke_model_free(m);
 }
 
 KT_TEST(sched_shared_prefixes_hit_the_cache) {

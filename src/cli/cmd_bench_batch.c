@@ -153,7 +153,8 @@ int kiln_cmd_bench_batch(int argc, char **argv) {
     int64_t ctx = ke_ctx_n_ctx(c);
     ke_ctx_free(c);
     c = NULL;
-    st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = ctx, .n_cache = ctx * conc, .n_threads = (int)threads}, &c);
+    st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = ctx, .n_cache = ctx * conc, .n_threads = (int)threads, .n_seq_max = (int)conc},
+                       &c);
     int32_t eos[16];
     int n_eos = 0;
     if (!st) st = kc_eos_ids(ke_model_checkpoint(m), eos, 16, &n_eos);

@@ -36,7 +36,7 @@ kiln_status ke_model_load(const char *dir, ke_model **out) {
         goto fail;
     }
     /* build a one-token graph once: every weight is looked up and checked here */
-    kb_shape shape = {1, 1, 1, 1, 16, 16};
+    kb_shape shape = {1, 1, 1, 1, 16, 16, 1};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -87,6 +87,7 @@ typedef struct {
     uint64_t *hash;    /* [cap_blocks] prefix hash of blocks [0, n_hashed) */
     int64_t n_hashed;  /* blocks hashed (ke_seq_publish, ke_seq_reuse_prefix) */
     int64_t n_trimmed; /* leading blocks released */
+    int32_t state_slot; /* row of the recurrent state tensors; -1: none */
 } seq_state;
 
 typedef struct {
@@ -121,6 +122,13 @@ struct ke_ctx {
     int64_t prefix_queries, prefix_hits, evictions;
     kb_cache_spec *cache;
     float **kcache, **vcache; /* [n_layers], NULL for layers without a cache */
+    /* recurrent state: per layer l and state k, state[l * KB_MAX_STATES + k]
+     * [n_state_slots, numel] f32; a free list of rows (see ke_seq_open) */
+    float **state;
+    bool recurrent;
+    int64_t n_state_slots;
+    int32_t *free_state;
+    int64_t n_free_state;
     seq_state *seqs;
     int n_seqs, cap_seqs;
     exec_entry execs[MAX_EXECS];
@@ -128,7 +136,7 @@ struct ke_ctx {
     uint64_t tick;
     kr_pool *pool;
     /* per-step scratch */
-    int32_t *pos, *tseq, *slot, *rows, *seq_len, *btab, *batch_seqs; /* [scratch_T] but btab */
+    int32_t *pos, *tseq, *slot, *rows, *seq_len, *btab, *batch_seqs, *sslot; /* [scratch_T] but btab */
     float *cos[KM_MAX_ROPES], *sin[KM_MAX_ROPES];
     int64_t scratch_T, scratch_bt;
     /* per-step bookkeeping, grown on demand: a decode step allocates nothing */
@@ -178,7 +186,7 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
     for (int64_t i = 0; i < c->n_blocks; i++) c->free_blocks[i] = (int32_t)(c->n_blocks - 1 - i);
     c->n_free = c->n_blocks;
     /* the cache layout comes from the model's graph */
-    kb_shape shape = {1, 1, 1, 1, c->n_blocks * bs, (int)bs};
+    kb_shape shape = {1, 1, 1, 1, c->n_blocks * bs, (int)bs, 1};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -195,6 +203,26 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
     c->window = hp->sliding_window;
     for (int64_t l = 0; l < hp->n_layers; l++)
         if (c->cache[l].heads && !hp->layer_sliding[l]) c->window = 0;
+    for (int64_t l = 0; l < hp->n_layers; l++)
+        if (c->cache[l].n_states) c->recurrent = true;
+    if (c->recurrent) {
+        c->n_state_slots = c->p.n_seq_max > 0 ? c->p.n_seq_max : 32;
+        c->state = calloc((size_t)(hp->n_layers * KB_MAX_STATES), sizeof(float *));
+        c->free_state = malloc(sizeof(int32_t) * (size_t)c->n_state_slots);
+        if (!c->state || !c->free_state) goto oom;
+        for (int64_t i = 0; i < c->n_state_slots; i++) c->free_state[i] = (int32_t)(c->n_state_slots - 1 - i);
+        c->n_free_state = c->n_state_slots;
+        for (int64_t l = 0; l < hp->n_layers; l++)
+            for (int k = 0; k < c->cache[l].n_states; k++) {
+                float **sp = &c->state[l * KB_MAX_STATES + k];
+                *sp = calloc((size_t)(c->n_state_slots * c->cache[l].state_numel[k]), sizeof(float));
+                if (!*sp) {
+                    ke_ctx_free(c);
+                    return kiln_error(KILN_ENOMEM, "cannot allocate the recurrent state of %lld sequences",
+                                      (long long)c->n_state_slots);
+                }
+            }
+    }
     int64_t slots = c->n_blocks * bs;
     for (int64_t l = 0; l < hp->n_layers; l++) {
         const kb_cache_spec *cs = &c->cache[l];
@@ -223,6 +251,9 @@ void ke_ctx_free(ke_ctx *c) {
     }
     if (c->kcache)
         for (int64_t l = 0; l < c->m->hp.n_layers; l++) free(c->kcache[l]), free(c->vcache[l]);
+    if (c->state)
+        for (int64_t i = 0; i < c->m->hp.n_layers * KB_MAX_STATES; i++) free(c->state[i]);
+    free(c->state), free(c->free_state), free(c->sslot);
     free(c->kcache);
     free(c->vcache);
     free(c->cache);
@@ -243,6 +274,7 @@ const ke_model *ke_ctx_model(const ke_ctx *c) { return c->m; }
 int64_t ke_ctx_free_blocks(const ke_ctx *c) { return c->n_free + c->n_lru; }
 int ke_ctx_n_executables(const ke_ctx *c) { return c->n_execs; }
 int ke_ctx_n_threads(const ke_ctx *c) { return kr_pool_size(c->pool); }
+bool ke_ctx_recurrent(const ke_ctx *c) { return c->recurrent; }
 
 /* ---------------------------------------------------------------- block pool */
 
@@ -360,7 +392,7 @@ static int64_t longrope_limit(const km_hparams *hp);
 
 int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
     seq_state *q = open_seq(c, seq);
-    if (!q || q->len != 0 || q->n_blocks != 0 || n <= 0) return 0;
+    if (!q || q->len != 0 || q->n_blocks != 0 || n <= 0 || c->recurrent) return 0;
     int64_t bs = c->p.block_size, full = (n - 1) / bs;
     if (full > c->max_blocks_per_seq) full = c->max_blocks_per_seq;
     c->prefix_queries += n;
@@ -428,7 +460,24 @@ int64_t ke_seq_trim_window(ke_ctx *c, int seq) {
     return freed;
 }
 
+/* A fresh row of recurrent state (zeros or the layer's initial values,
+ * kb_state_init), or -1 for a model without state. Resetting here (not in
+ * the kernels at position 0) keeps the composites free of positions. */
+static int32_t take_state(ke_ctx *c) {
+    if (!c->recurrent) return -1;
+    int32_t r = c->free_state[--c->n_free_state];
+    const km_hparams *hp = &c->m->hp;
+    for (int64_t l = 0; l < hp->n_layers; l++)
+        for (int k = 0; k < c->cache[l].n_states; k++) {
+            kb_state_fill_row(&c->cache[l], k, c->state[l * KB_MAX_STATES + k] + r * c->cache[l].state_numel[k]);
+        }
+    return r;
+}
+
 kiln_status ke_seq_open(ke_ctx *c, int *seq) {
+    if (c->recurrent && c->n_free_state == 0)
+        return kiln_error(KILN_ELIMIT, "all %lld recurrent state rows are in use (sequences open at once)",
+                          (long long)c->n_state_slots);
     for (int i = 0; i < c->n_seqs; i++)
         if (!c->seqs[i].open) {
             c->seqs[i].open = true;
@@ -436,6 +485,7 @@ kiln_status ke_seq_open(ke_ctx *c, int *seq) {
             c->seqs[i].n_blocks = 0;
             c->seqs[i].n_hashed = 0;
             c->seqs[i].n_trimmed = 0;
+            c->seqs[i].state_slot = take_state(c);
             *seq = i;
             return NULL;
         }
@@ -446,7 +496,7 @@ kiln_status ke_seq_open(ke_ctx *c, int *seq) {
         c->seqs = p;
         c->cap_seqs = nc;
     }
-    c->seqs[c->n_seqs] = (seq_state){.open = true};
+    c->seqs[c->n_seqs] = (seq_state){.open = true, .state_slot = take_state(c)};
     *seq = c->n_seqs++;
     return NULL;
 }
@@ -459,6 +509,8 @@ void ke_seq_close(ke_ctx *c, int seq) {
     s->n_blocks = 0;
     s->len = 0;
     s->open = false;
+    if (s->state_slot >= 0) c->free_state[c->n_free_state++] = s->state_slot;
+    s->state_slot = -1;
 }
 
 int64_t ke_seq_len(const ke_ctx *c, int seq) {
@@ -477,7 +529,7 @@ static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t
             return e;
         }
     }
-    kb_shape shape = {T, S, MB, R, c->n_blocks * c->p.block_size, c->p.block_size};
+    kb_shape shape = {T, S, MB, R, c->n_blocks * c->p.block_size, c->p.block_size, c->n_state_slots};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -518,7 +570,7 @@ static bool grow_seq_scratch(ke_ctx *c) {
 static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
     if (T > c->scratch_T) {
         size_t n = (size_t)T;
-        int32_t **arr[] = {&c->pos, &c->tseq, &c->slot, &c->rows, &c->seq_len, &c->batch_seqs};
+        int32_t **arr[] = {&c->pos, &c->tseq, &c->slot, &c->rows, &c->seq_len, &c->batch_seqs, &c->sslot};
         for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) {
             int32_t *p = realloc(*arr[i], n * sizeof(int32_t));
             if (!p) return false;
@@ -604,7 +656,9 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
         st = kiln_error(KILN_ENOMEM, "out of memory");
         goto done;
     }
-    /* per-token metadata */
+    /* per-token metadata. Positions follow batch order within a sequence,
+     * so a sequence's tokens are in position order: the recurrent
+     * composites rely on it (they run each sequence's tokens in batch order). */
     int64_t R = 0;
     for (int i = 0; i < S; i++) added[batch_seqs[i]] = 0; /* reuse as a running count */
     for (int64_t t = 0; t < T; t++) {
@@ -625,6 +679,7 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
         /* no logits wanted: still run (fills the cache) with one row */
         c->rows[0] = (int32_t)(T - 1);
     }
+    for (int i = 0; i < S; i++) c->sslot[i] = c->seqs[batch_seqs[i]].state_slot;
     for (int i = 0; i < S; i++) {
         seq_state *q = &c->seqs[batch_seqs[i]];
         for (int64_t j = 0; j < MB; j++) c->btab[i * MB + j] = j < q->n_blocks && q->blocks[j] >= 0 ? q->blocks[j] : 0;
@@ -655,6 +710,8 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
         case KB_IN_SIN: params[i] = c->sin[in->index]; break;
         case KB_IN_KCACHE: params[i] = c->kcache[in->index]; break;
         case KB_IN_VCACHE: params[i] = c->vcache[in->index]; break;
+        case KB_IN_STATE_SLOT: params[i] = c->sslot; break;
+        case KB_IN_STATE: params[i] = c->state[in->index * KB_MAX_STATES + in->sub]; break;
         }
     }
     kr_exec_run(e->exec, params, c->pool);

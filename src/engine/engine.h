@@ -34,6 +34,8 @@ typedef struct {
     int n_threads;    /* 0: one per CPU */
     int block_size;   /* tokens per KV block; 0: 16 */
     kp_options compile;
+    int n_seq_max;    /* models with recurrent layers: sequences open at once (each holds a row of
+                       * recurrent state, see ke_seq_open); 0: 32. Others: unused (no limit). */
 } ke_ctx_params;
 
 typedef struct ke_ctx ke_ctx;
@@ -48,9 +50,14 @@ int64_t ke_ctx_free_blocks(const ke_ctx *c);
 int ke_ctx_n_executables(const ke_ctx *c);
 int ke_ctx_n_threads(const ke_ctx *c);
 
-/* Sequences: ids are small integers, reused after close. */
+/* Sequences: ids are small integers, reused after close. A model with
+ * recurrent layers (SSM, short conv: state that is not per token) keeps a
+ * row of state per open sequence, zeroed when the sequence opens: opening
+ * fails with KILN_ELIMIT while n_seq_max sequences are open. */
 kiln_status ke_seq_open(ke_ctx *c, int *seq);
-void ke_seq_close(ke_ctx *c, int seq); /* frees its KV blocks */
+void ke_seq_close(ke_ctx *c, int seq); /* frees its KV blocks and state row */
+/* True when the model keeps recurrent state (prefix caching is then off). */
+bool ke_ctx_recurrent(const ke_ctx *c);
 int64_t ke_seq_len(const ke_ctx *c, int seq);
 
 typedef struct {
@@ -90,7 +97,8 @@ void ke_ctx_cache_stats(const ke_ctx *c, ke_cache_stats *out);
 
 /* Blocks that appending n tokens to seq would take from the pool. */
 int64_t ke_seq_blocks_needed(const ke_ctx *c, int seq, int64_t n);
-/* Prefix caching. For an empty sequence that will hold tokens[0..n):
+/* Prefix caching (never for models with recurrent state, whose state after
+ * a prefix is not kept per block: returns 0). For an empty sequence that will hold tokens[0..n):
  * attaches the cached blocks holding its longest cached prefix of full
  * blocks (leaving at least the last token to compute, so that a decode
  * yields its logits) and returns the number of tokens now in the cache. */

@@ -160,8 +160,13 @@ static kg_node *attention(kg_graph *g, const kg_node *n) {
     kg_node *m = reduce_last(g, sc, KG_REDUCE_MAX);
     kg_node *sink = NULL;
     if (at->sinks && m) {
-        sink = kg_reshape(g, n->in[extra++], KG_SHAPE(Hkv, G));
-        sink = bcast(g, sink, m->shape, 1, 2, 0, 0); /* [T, Hkv, G] */
+        kg_node *sk = n->in[extra++];
+        if (sk->shape.rank == 2) { /* per token */
+            sink = kg_reshape(g, sk, m->shape);
+        } else {
+            sink = kg_reshape(g, sk, KG_SHAPE(Hkv, G));
+            sink = bcast(g, sink, m->shape, 1, 2, 0, 0); /* [T, Hkv, G] */
+        }
         m = kg_binary(g, KG_OP_MAX, m, sink);
     }
     kg_node *e = kg_unary(g, KG_OP_EXP, sub(g, sc, expand_last(g, m, sc)));
@@ -334,6 +339,135 @@ static kg_node *moe(kg_graph *g, const kg_node *n) {
     return kg_dot_general(g, dense, y, &comb); /* [T, H] */
 }
 
+/* ---------------------------------------------------------------- recurrences */
+
+/* Unrolled over the T tokens: each reads its sequence's state row (a
+ * gather at seq[t]), computes, and writes the row back
+ * (dynamic_update_slice), in token order. */
+
+/* seq[t] as a rank-0 i32, and as a [1] index for take_rows. */
+static kg_node *seq_at(kg_graph *g, kg_node *seq, int64_t t, kg_node **row_idx) {
+    int64_t st[1] = {t}, li[1] = {t + 1}, sd[1] = {1};
+    *row_idx = kg_slice(g, seq, st, li, sd);
+    return kg_reshape(g, *row_idx, (kg_shape){0, {0}});
+}
+
+/* x[t:t+1] along dim 0. */
+static kg_node *row_at(kg_graph *g, kg_node *x, int64_t t) {
+    int64_t st[KG_MAX_RANK] = {0}, li[KG_MAX_RANK], sd[KG_MAX_RANK];
+    for (int i = 0; i < x->shape.rank; i++) li[i] = x->shape.d[i], sd[i] = 1;
+    st[0] = t;
+    li[0] = t + 1;
+    return kg_slice(g, x, st, li, sd);
+}
+
+static kg_node *update_row(kg_graph *g, kg_node *cur, kg_node *row, kg_node *s) {
+    kg_node *starts[KG_MAX_RANK] = {s};
+    for (int i = 1; i < cur->shape.rank; i++) starts[i] = kg_scalar(g, KG_I32, 0);
+    return kg_dynamic_update_slice(g, cur, row, starts);
+}
+
+/* concatenate of any number of parts (an op takes at most KG_MAX_IN). */
+static kg_node *concat_many(kg_graph *g, kg_node **xs, int64_t n, int dim) {
+    while (n > 1) {
+        int64_t m = 0;
+        for (int64_t i = 0; i < n; i += KG_MAX_IN) {
+            int k = (int)(n - i < KG_MAX_IN ? n - i : KG_MAX_IN);
+            xs[m++] = k == 1 ? xs[i] : kg_concat(g, xs + i, k, dim);
+        }
+        n = m;
+    }
+    return xs[0];
+}
+
+static kg_node *causal_conv1d(kg_graph *g, const kg_node *n) {
+    kg_node *x = n->in[0], *cur = n->in[2], *seq = n->in[3];
+    int64_t T = x->shape.d[0], C = x->shape.d[1], K = n->in[1]->shape.d[1];
+    int perm[2] = {1, 0};
+    kg_node *wt = kg_reshape(g, kg_transpose(g, kg_convert(g, n->in[1], KG_F32), perm), KG_SHAPE(1, K, C));
+    kg_node **ys = kg_alloc(g, sizeof(kg_node *) * (size_t)T);
+    if (!ys) return NULL;
+    for (int64_t t = 0; t < T; t++) {
+        kg_node *idx, *s = seq_at(g, seq, t, &idx);
+        kg_node *parts[2] = {kg_take_rows(g, cur, idx), kg_reshape(g, row_at(g, x, t), KG_SHAPE(1, 1, C))};
+        kg_node *win = kg_concat(g, parts, 2, 1); /* [1, K, C] */
+        int d = 1;
+        ys[t] = kg_reduce(g, mul(g, win, wt), KG_REDUCE_SUM, &d, 1); /* [1, C] */
+        int64_t st[3] = {0, 1, 0}, li[3] = {1, K, C}, sd[3] = {1, 1, 1};
+        cur = update_row(g, cur, kg_slice(g, win, st, li, sd), s);
+    }
+    return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
+}
+
+static kg_node *ssm_scan(kg_graph *g, const kg_node *n) {
+    kg_node *x = n->in[0], *dt = n->in[1], *A = n->in[2], *B = n->in[3], *C = n->in[4], *cur = n->in[5], *seq = n->in[6];
+    int64_t T = x->shape.d[0], H = x->shape.d[1], P = x->shape.d[2], N = A->shape.d[1], G = B->shape.d[1];
+    kg_shape hn = KG_SHAPE(1, H, N), hpn = KG_SHAPE(1, H, P, N);
+    kg_node *Ab = bcast(g, A, hn, 1, 2, 0, 0);
+    kg_node **ys = kg_alloc(g, sizeof(kg_node *) * (size_t)T);
+    if (!ys) return NULL;
+    for (int64_t t = 0; t < T; t++) {
+        kg_node *idx, *s = seq_at(g, seq, t, &idx);
+        kg_node *h = kg_take_rows(g, cur, idx); /* [1, H, P, N] */
+        kg_node *dtt = bcast(g, row_at(g, dt, t), hn, 0, 1, 0, 0);
+        kg_node *dA = bcast(g, kg_unary(g, KG_OP_EXP, mul(g, dtt, Ab)), hpn, 0, 1, 3, 0);
+        /* group rows to heads: [1, G, N] -> [1, G, H/G, N] -> [1, H, N] */
+        kg_node *Bh = kg_reshape(g, bcast(g, row_at(g, B, t), KG_SHAPE(1, G, H / G, N), 0, 1, 3, 0), hn);
+        kg_node *Ch = kg_reshape(g, bcast(g, row_at(g, C, t), KG_SHAPE(1, G, H / G, N), 0, 1, 3, 0), hn);
+        kg_node *dBx = mul(g, bcast(g, mul(g, dtt, Bh), hpn, 0, 1, 3, 0), bcast(g, row_at(g, x, t), hpn, 0, 1, 2, 0));
+        h = add(g, mul(g, dA, h), dBx);
+        int d = 3;
+        ys[t] = kg_reduce(g, mul(g, h, bcast(g, Ch, hpn, 0, 1, 3, 0)), KG_REDUCE_SUM, &d, 1); /* [1, H, P] */
+        cur = update_row(g, cur, h, s);
+    }
+    return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
+}
+
+static kg_node *wkv4(kg_graph *g, const kg_node *n) {
+    kg_node *k = n->in[0], *v = n->in[1], *w = n->in[2], *u = n->in[3], *cur = n->in[4], *seq = n->in[5];
+    int64_t T = k->shape.d[0], C = k->shape.d[1];
+    kg_shape c1 = KG_SHAPE(1, C);
+    kg_node *wb = kg_reshape(g, w, c1), *ub = kg_reshape(g, u, c1);
+    kg_node **ys = kg_alloc(g, sizeof(kg_node *) * (size_t)T);
+    if (!ys) return NULL;
+    for (int64_t t = 0; t < T; t++) {
+        kg_node *idx, *s = seq_at(g, seq, t, &idx);
+        kg_node *st = kg_take_rows(g, cur, idx); /* [1, 3, C] */
+        int64_t one[3] = {1, 1, 1};
+        kg_node *ab[3];
+        for (int j = 0; j < 3; j++) {
+            int64_t lo[3] = {0, j, 0}, hi[3] = {1, j + 1, C};
+            ab[j] = kg_reshape(g, kg_slice(g, st, lo, hi, one), c1);
+        }
+        kg_node *a = ab[0], *b = ab[1], *p = ab[2], *kt = row_at(g, k, t), *vt = row_at(g, v, t);
+        kg_node *ku = add(g, kt, ub);
+        kg_node *q = kg_binary(g, KG_OP_MAX, p, ku);
+        kg_node *e1 = kg_unary(g, KG_OP_EXP, sub(g, p, q)), *e2 = kg_unary(g, KG_OP_EXP, sub(g, ku, q));
+        ys[t] = divide(g, add(g, mul(g, e1, a), mul(g, e2, vt)), add(g, mul(g, e1, b), e2));
+        kg_node *pw = add(g, p, wb);
+        kg_node *q2 = kg_binary(g, KG_OP_MAX, pw, kt);
+        e1 = kg_unary(g, KG_OP_EXP, sub(g, pw, q2));
+        e2 = kg_unary(g, KG_OP_EXP, sub(g, kt, q2));
+        kg_node *rows[3] = {add(g, mul(g, e1, a), mul(g, e2, vt)), add(g, mul(g, e1, b), e2), q2};
+        for (int j = 0; j < 3; j++) rows[j] = kg_reshape(g, rows[j], KG_SHAPE(1, 1, C));
+        cur = update_row(g, cur, kg_concat(g, rows, 3, 1), s);
+    }
+    return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
+}
+
+static kg_node *linear_scan(kg_graph *g, const kg_node *n) {
+    kg_node *x = n->in[0], *a = n->in[1], *cur = n->in[2], *seq = n->in[3];
+    int64_t T = x->shape.d[0];
+    kg_node **ys = kg_alloc(g, sizeof(kg_node *) * (size_t)T);
+    if (!ys) return NULL;
+    for (int64_t t = 0; t < T; t++) {
+        kg_node *idx, *s = seq_at(g, seq, t, &idx);
+        ys[t] = add(g, mul(g, row_at(g, a, t), kg_take_rows(g, cur, idx)), row_at(g, x, t)); /* [1, C] */
+        cur = update_row(g, cur, ys[t], s);
+    }
+    return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
+}
+
 kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
     switch (n->op) {
     case KG_OP_RMS_NORM: return rms_norm(g, n);
@@ -346,6 +480,10 @@ kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
         return dequant(g, n->in[0], n->n_in > 1 ? n->in[1] : NULL, n->n_in > 2 ? n->in[2] : NULL, &n->a.w);
     case KG_OP_TOPK: return top_k(g, n);
     case KG_OP_MOE: return moe(g, n);
+    case KG_OP_CONV1D: return causal_conv1d(g, n);
+    case KG_OP_SSM_SCAN: return ssm_scan(g, n);
+    case KG_OP_WKV4: return wkv4(g, n);
+    case KG_OP_LINEAR_SCAN: return linear_scan(g, n);
     default: return NULL;
     }
 }

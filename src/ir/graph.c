@@ -129,6 +129,10 @@ static const struct {
     [KG_OP_FUSION] = {"kiln.fusion", 0, 0},
     [KG_OP_TOPK] = {"kiln.top_k", 0, 1},
     [KG_OP_MOE] = {"kiln.moe", 0, 1},
+    [KG_OP_CONV1D] = {"kiln.causal_conv1d", 0, 1},
+    [KG_OP_SSM_SCAN] = {"kiln.ssm_scan", 0, 1},
+    [KG_OP_WKV4] = {"kiln.wkv4", 0, 1},
+    [KG_OP_LINEAR_SCAN] = {"kiln.linear_scan", 0, 1},
 };
 
 const char *kg_op_name(kg_opcode op) { return (unsigned)op < KG_OP_COUNT ? op_info[op].name : "?"; }
@@ -348,6 +352,56 @@ static bool check_moe(kg_graph *g, kg_node *n) {
     n->shape = x->shape;
     n->dtype = KG_F32;
     return true;
+}
+
+/* ---- recurrent composites (see graph.h) ---- */
+
+static bool is_f32(const kg_node *x, int rank) { return x->dtype == KG_F32 && x->shape.rank == rank; }
+
+/* seq [T] i32 and state [S, ...] f32 of the given rank; sets the result of a recurrent op. */
+static bool rec_result(kg_graph *g, kg_node *n, const char *what, const kg_node *state, const kg_node *seq, int64_t T,
+                       kg_shape y) {
+    if (seq->dtype != KG_I32 || seq->shape.rank != 1 || seq->shape.d[0] != T)
+        return fail(g, "%s: seq must be i32 [%lld]", what, (long long)T), false;
+    if (state->dtype != KG_F32 || state->shape.d[0] < 1) return fail(g, "%s: state must be f32 [S >= 1, ...]", what), false;
+    n->shape = n->a.rec.final_state ? state->shape : y;
+    n->dtype = KG_F32;
+    return true;
+}
+
+static bool check_conv1d(kg_graph *g, kg_node *n) {
+    char b1[96], b2[96], b3[96];
+    const kg_node *x = n->in[0], *w = n->in[1], *st = n->in[2];
+    if (!is_f32(x, 2) || !kg_dtype_is_float(w->dtype) || w->shape.rank != 2 || w->shape.d[0] != x->shape.d[1] ||
+        w->shape.d[1] < 2 || !is_f32(st, 3) || st->shape.d[1] != w->shape.d[1] - 1 || st->shape.d[2] != x->shape.d[1])
+        return fail(g, "causal_conv1d: want x f32 [T, C], w [C, K >= 2], state f32 [S, K-1, C]; got %s %s %s",
+                    sh(&x->shape, b1), sh(&w->shape, b2), sh(&st->shape, b3)),
+               false;
+    return rec_result(g, n, "causal_conv1d", st, n->in[3], x->shape.d[0], x->shape);
+}
+
+static bool check_ssm_scan(kg_graph *g, kg_node *n) {
+    const kg_node *x = n->in[0], *dt = n->in[1], *A = n->in[2], *B = n->in[3], *C = n->in[4], *st = n->in[5];
+    bool ok = is_f32(x, 3) && is_f32(dt, 2) && is_f32(A, 2) && is_f32(B, 3) && is_f32(C, 3) && is_f32(st, 4);
+    int64_t T = ok ? x->shape.d[0] : 0, H = ok ? x->shape.d[1] : 0, P = ok ? x->shape.d[2] : 0, N = ok ? A->shape.d[1] : 0;
+    int64_t G = ok ? B->shape.d[1] : 0;
+    ok = ok && dt->shape.d[0] == T && dt->shape.d[1] == H && A->shape.d[0] == H && G >= 1 && H % G == 0 &&
+         B->shape.d[0] == T && B->shape.d[2] == N && kg_shape_eq(&B->shape, &C->shape) && st->shape.d[1] == H &&
+         st->shape.d[2] == P && st->shape.d[3] == N;
+    if (!ok)
+        return fail(g, "ssm_scan: want f32 x [T, H, P], dt [T, H], A [H, N], B, C [T, G, N] (G divides H), "
+                       "state [S, H, P, N]"),
+               false;
+    return rec_result(g, n, "ssm_scan", st, n->in[6], T, x->shape);
+}
+
+static bool check_wkv4(kg_graph *g, kg_node *n) {
+    const kg_node *k = n->in[0], *v = n->in[1], *w = n->in[2], *u = n->in[3], *st = n->in[4];
+    bool ok = is_f32(k, 2) && kg_shape_eq(&k->shape, &v->shape) && v->dtype == KG_F32 && is_f32(w, 1) && is_f32(u, 1) &&
+              w->shape.d[0] == k->shape.d[1] && u->shape.d[0] == k->shape.d[1] && is_f32(st, 3) && st->shape.d[1] == 3 &&
+              st->shape.d[2] == k->shape.d[1];
+    if (!ok) return fail(g, "wkv4: want f32 k, v [T, C], w, u [C], state [S, 3, C]"), false;
+    return rec_result(g, n, "wkv4", st, n->in[5], k->shape.d[0], k->shape);
 }
 
 /* Derives n->shape and n->dtype from operands and attributes. */
@@ -629,9 +683,14 @@ static bool infer(kg_graph *g, kg_node *n) {
             n->a.attn.chunk < 0)
             return fail(g, "attention: bad block size, window or chunk"), false;
         if (n->n_in != 6 + n->a.attn.alibi + n->a.attn.sinks) return fail(g, "attention: operands do not match attributes"), false;
-        for (int i = 6; i < n->n_in; i++)
-            if (n->in[i]->shape.rank != 1 || n->in[i]->shape.d[0] != Hq || n->in[i]->dtype != KG_F32)
-                return fail(g, "attention: ALiBi slopes and sinks must be f32 [%lld]", (long long)Hq), false;
+        for (int i = 6; i < n->n_in; i++) {
+            const kg_node *e = n->in[i];
+            bool tok_sinks = n->a.attn.sinks && i == n->n_in - 1 && e->shape.rank == 2 && e->shape.d[0] == T &&
+                             e->shape.d[1] == Hq; /* per-token sinks */
+            if (!tok_sinks && (e->shape.rank != 1 || e->shape.d[0] != Hq || e->dtype != KG_F32))
+                return fail(g, "attention: ALiBi slopes and sinks must be f32 [%lld] (sinks also [T, Hq])", (long long)Hq), false;
+            if (e->dtype != KG_F32) return fail(g, "attention: sinks must be f32"), false;
+        }
         n->shape = KG_SHAPE(T, Hq, vc->shape.d[2]);
         n->dtype = KG_F32;
         return true;
@@ -676,6 +735,19 @@ static bool infer(kg_graph *g, kg_node *n) {
         return true;
     case KG_OP_MOE:
         return check_moe(g, n);
+    case KG_OP_CONV1D:
+        return check_conv1d(g, n);
+    case KG_OP_SSM_SCAN:
+        return check_ssm_scan(g, n);
+    case KG_OP_WKV4:
+        return check_wkv4(g, n);
+    case KG_OP_LINEAR_SCAN: {
+        const kg_node *lx = n->in[0], *la = n->in[1], *ls = n->in[2];
+        if (!is_f32(lx, 2) || la->dtype != KG_F32 || !kg_shape_eq(&lx->shape, &la->shape) || !is_f32(ls, 2) ||
+            ls->shape.d[1] != lx->shape.d[1])
+            return fail(g, "linear_scan: want f32 x, a [T, C], state [S, C]"), false;
+        return rec_result(g, n, "linear_scan", ls, n->in[3], lx->shape.d[0], lx->shape);
+    }
     default:
         return fail(g, "unknown op %d", (int)n->op), false;
     }
@@ -981,6 +1053,34 @@ kg_node *kg_moe(kg_graph *g, kg_node *x, kg_node *idx, kg_node *wts, kg_node *co
     n->a.moe = ku_arena_memdup(g->arena, attr, sizeof *attr);
     if (!n->a.moe) return fail(g, "out of memory");
     return finish(g, n);
+}
+
+static kg_node *recurrent(kg_graph *g, kg_opcode op, kg_node *const *in, int n_in, bool final_state) {
+    kg_node *n = new_node(g, op, n_in, in);
+    if (!n) return NULL;
+    n->a.rec.final_state = final_state;
+    return finish(g, n);
+}
+
+kg_node *kg_causal_conv1d(kg_graph *g, kg_node *x, kg_node *w, kg_node *state, kg_node *seq, bool final_state) {
+    kg_node *in[4] = {x, w, state, seq};
+    return recurrent(g, KG_OP_CONV1D, in, 4, final_state);
+}
+
+kg_node *kg_ssm_scan(kg_graph *g, kg_node *x, kg_node *dt, kg_node *A, kg_node *B, kg_node *C, kg_node *state,
+                     kg_node *seq, bool final_state) {
+    kg_node *in[7] = {x, dt, A, B, C, state, seq};
+    return recurrent(g, KG_OP_SSM_SCAN, in, 7, final_state);
+}
+
+kg_node *kg_wkv4(kg_graph *g, kg_node *k, kg_node *v, kg_node *w, kg_node *u, kg_node *state, kg_node *seq, bool final_state) {
+    kg_node *in[6] = {k, v, w, u, state, seq};
+    return recurrent(g, KG_OP_WKV4, in, 6, final_state);
+}
+
+kg_node *kg_linear_scan(kg_graph *g, kg_node *x, kg_node *a, kg_node *state, kg_node *seq, bool final_state) {
+    kg_node *in[4] = {x, a, state, seq};
+    return recurrent(g, KG_OP_LINEAR_SCAN, in, 4, final_state);
 }
 
 kg_node *kg_fusion_node(kg_graph *g, kg_node *const *inputs, int n_in, kg_shape shape, struct kg_fusion *f) {

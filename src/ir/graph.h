@@ -123,6 +123,10 @@ typedef enum {
     /* composites, continued (append only) */
     KG_OP_TOPK,
     KG_OP_MOE,
+    KG_OP_CONV1D,   /* kiln.causal_conv1d */
+    KG_OP_SSM_SCAN, /* kiln.ssm_scan */
+    KG_OP_WKV4,     /* kiln.wkv4 */
+    KG_OP_LINEAR_SCAN, /* kiln.linear_scan */
     KG_OP_COUNT
 } kg_opcode;
 
@@ -168,7 +172,7 @@ typedef struct {
     int chunk;        /* 0: none; C: only keys in the query's chunk, p / C == pos / C */
     int block_size;   /* tokens per KV cache block */
     bool alibi;       /* operand 6: slopes [Hq]; score += slope * (p - pos) */
-    bool sinks;       /* next operand: sink logits [Hq], one extra softmax term per head */
+    bool sinks;       /* next operand: sink logits [Hq] (or [T, Hq], per token), one extra softmax term per head */
 } kg_attn_attr;
 
 typedef struct {
@@ -248,6 +252,9 @@ struct kg_node {
         struct kg_fusion *fusion;
         int topk;
         kg_moe_attr *moe; /* arena */
+        struct {
+            bool final_state; /* recurrent composites: the result is the sequences' final state, not y */
+        } rec;
     } a;
     /* set by passes */
     kg_node *fwd;     /* replaced by this node (resolved by kg_resolve_forwarding) */
@@ -323,7 +330,8 @@ kg_node *kg_rope(kg_graph *g, kg_node *x, kg_node *cos, kg_node *sin, int rotary
  * block_table[s][p/bs]*bs + p%bs. Scores: (q.k) * scale, then the soft-cap,
  * then + slope[h] * (p - pos) with ALiBi; softmax over the visible keys and,
  * with sinks, one more term exp(sink[h]) that takes probability mass but no
- * value. alibi and sinks [Hq] f32 may be NULL. Result [T, Hq, Dv]. Hq must be
+ * value. alibi and sinks [Hq] f32 may be NULL; sinks may also be [T, Hq],
+ * a logit per token and head (-inf: no sink). Result [T, Hq, Dv]. Hq must be
  * a multiple of Hkv (GQA/MQA). attr->alibi/sinks are set from the operands. */
 kg_node *kg_attention(kg_graph *g, kg_node *q, kg_node *kcache, kg_node *vcache, kg_node *block_table,
                       kg_node *tok_seq, kg_node *tok_pos, kg_node *alibi, kg_node *sinks, const kg_attn_attr *attr);
@@ -354,6 +362,47 @@ kg_node *kg_top_k(kg_graph *g, kg_node *x, int k);
  * down b, gate_b, up_b, down_b (NULL where absent). With attr->scale_input,
  * w = wts[t, j] multiplies x_t before the expert instead (see kg_moe_attr). */
 kg_node *kg_moe(kg_graph *g, kg_node *x, kg_node *idx, kg_node *wts, kg_node *const w[12], const kg_moe_attr *attr);
+
+/* ---- recurrent composites ----
+ * A step holds T tokens from S sequences; seq [T] i32 gives each token's
+ * sequence (a row of state, 0 <= seq < S), and a sequence's tokens come in
+ * position order. state [S, ...] f32 is each sequence's state before the
+ * step (zeros for a sequence starting at position 0). Each op is a pure
+ * function with two results, chosen by `final_state`: the per-token output
+ * y, or every sequence's state after its last token in the step (a sequence
+ * without tokens keeps its state). The decompositions unroll over T. */
+/* Causal depthwise conv1d with carried inputs: x [T, C] f32, w [C, K] float
+ * (K >= 2), state [S, K-1, C] f32 (each sequence's previous K-1 inputs,
+ * oldest first). For token t of sequence s, win = the K-1 inputs of s before
+ * t (from the state, then s's earlier tokens of the step) followed by x[t]:
+ * y[t, c] = sum_k w[c, k] * win[k][c], summed in increasing k from 0 (no
+ * bias, no activation). Final state: the last K-1 inputs of each sequence. */
+kg_node *kg_causal_conv1d(kg_graph *g, kg_node *x, kg_node *w, kg_node *state, kg_node *seq, bool final_state);
+/* Selective scan (Mamba-1; Mamba-2's SSD recurrence token by token): x [T, H, P],
+ * dt [T, H], A [H, N], B and C [T, G, N] (head h reads group h / (H/G)),
+ * state [S, H, P, N], all f32. Per token, in order, with s = seq[t]:
+ *   h[s,h,p,n] = exp(dt[t,h] * A[h,n]) * h[s,h,p,n] + (dt[t,h] * B[t,g,n]) * x[t,h,p]
+ *   y[t,h,p]   = sum over n, increasing, of h[s,h,p,n] * C[t,g,n]
+ * (no D skip, no gate: the caller adds them). Mamba-1 is H = channels,
+ * P = 1, G = 1; Mamba-2 broadcasts its per-head A over N. */
+kg_node *kg_ssm_scan(kg_graph *g, kg_node *x, kg_node *dt, kg_node *A, kg_node *B, kg_node *C, kg_node *state,
+                     kg_node *seq, bool final_state);
+
+/* RWKV-4's WKV with its exponent-normalised state: k, v [T, C], w, u [C]
+ * (w = -exp(time_decay), u = time_first), state [S, 3, C] = (num, den, max),
+ * all f32. Per token, in order, with s = seq[t] and (a, b, p) its state:
+ *   q = max(p, k + u); e1 = exp(p - q); e2 = exp(k + u - q)
+ *   y[t] = (e1 * a + e2 * v) / (e1 * b + e2)
+ *   q' = max(p + w, k); e1 = exp(p + w - q'); e2 = exp(k - q')
+ *   a = e1 * a + e2 * v; b = e1 * b + e2; p = q'
+ * (transformers' rwkv_linear_attention_cpu; a new sequence starts from
+ * (0, 0, -1e38)). */
+kg_node *kg_wkv4(kg_graph *g, kg_node *k, kg_node *v, kg_node *w, kg_node *u, kg_node *state, kg_node *seq, bool final_state);
+
+/* Diagonal linear recurrence (RecurrentGemma's RG-LRU scan): x, a [T, C],
+ * state [S, C], f32. Per token, in order, with s = seq[t]:
+ *   h[s] = a[t] * h[s] + x[t];  y[t] = h[s]. */
+kg_node *kg_linear_scan(kg_graph *g, kg_node *x, kg_node *a, kg_node *state, kg_node *seq, bool final_state);
 
 /* ---- sugar for emitters ---- */
 kg_node *kg_add(kg_graph *g, kg_node *a, kg_node *b); /* broadcasts rank-0 / trailing dims */

@@ -127,6 +127,12 @@ static void attrs(FILE *f, const kg_node *n, int decomp_id) {
                         (double)n->a.moe->limit, (int)n->a.moe->gate.fmt, (int)n->a.moe->up.fmt, (int)n->a.moe->down.fmt,
                         n->a.moe->gate.bits, n->a.moe->up.bits, n->a.moe->down.bits, n->a.moe->scale_input ? "true" : "false");
                 break;
+            case KG_OP_CONV1D:
+            case KG_OP_SSM_SCAN:
+            case KG_OP_WKV4:
+            case KG_OP_LINEAR_SCAN:
+                fprintf(f, "final_state = %s", n->a.rec.final_state ? "true" : "false");
+                break;
             case KG_OP_ATTENTION:
                 fprintf(f, "scale = %.9e : f32, softcap = %.9e : f32, window = %d : i64, block_size = %d : i64",
                         (double)n->a.attn.scale, (double)n->a.attn.softcap, n->a.attn.window, n->a.attn.block_size);

@@ -18,14 +18,14 @@ static const char *mlir_opt(void) {
 }
 
 KT_TEST(print_models_as_stablehlo) {
-    static const char *cases[] = {"qwen3", "gemma2/q4", "gemma3_text/bf16"};
+    static const char *cases[] = {"qwen3", "gemma2/q4", "gemma3_text/bf16", "falcon_h1", "recurrent_gemma/q4"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char dir[4096], rel[256];
         snprintf(rel, sizeof rel, "tests/fixtures/oracle/%s", cases[i]);
         ke_model *m;
         KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, rel), &m));
         const km_hparams *hp = ke_model_hparams(m);
-        kb_shape shape = {3, 1, 1, 1, 16, 16};
+        kb_shape shape = {3, 1, 1, 1, 16, 16, 1};
         kg_graph *g;
         kb_input *in;
         int n_in;

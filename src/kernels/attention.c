@@ -47,6 +47,7 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
         if (at->chunk > 0 && pos / at->chunk * at->chunk > lo) lo = pos / at->chunk * at->chunk;
         if (lo < 0) lo = 0;
         float slope = alibi ? alibi[h] : 0;
+        const float *sk = sinks ? sinks + (k->sink_rows ? t * k->Hq : 0) : NULL; /* [Hq] of this token */
         const float *qi = q + (t * k->Hq + h) * k->D;
         float *oi = out + (t * k->Hq + h) * k->Dv;
         const int32_t *row = bt + seq * k->MB;
@@ -60,14 +61,14 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
             sc[p - lo] = s;
             if (s > m) m = s;
         }
-        if (sinks && sinks[h] > m) m = sinks[h];
+        if (sk && sk[h] > m) m = sk[h];
         float sum = 0;
         for (int64_t p = lo; p <= pos; p++) {
             float e = expf(sc[p - lo] - m);
             sc[p - lo] = e;
             sum += e;
         }
-        if (sinks) sum += expf(sinks[h] - m);
+        if (sk) sum += expf(sk[h] - m);
         memset(oi, 0, sizeof(float) * (size_t)k->Dv);
         for (int64_t p = lo; p <= pos; p++) {
             int64_t slot = (int64_t)row[p / bs] * bs + p % bs;
@@ -82,8 +83,9 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
 void kk_attention(const kk_call *c) {
     const kg_node *n = c->node;
     kk_attn_ctx k = {c, n->in[0]->shape.d[1], n->in[1]->shape.d[1], n->in[0]->shape.d[2], n->in[2]->shape.d[2],
-                     n->in[3]->shape.d[1], n->in[1]->shape.d[0], 0};
+                     n->in[3]->shape.d[1], n->in[1]->shape.d[0], 0, false};
     k.G = k.Hq / k.Hkv;
+    k.sink_rows = n->a.attn.sinks && n->in[n->n_in - 1]->shape.rank == 2;
     int64_t T = n->in[0]->shape.d[0];
     kk_isa isa = kk_isa_level();
     if (isa == KK_ISA_PORTABLE) {

@@ -66,7 +66,7 @@ void KK_ATTN_ITEMS(void *ctx, int64_t i0, int64_t i1) {
         const int32_t *row = bt + seq * k->MB;
         const float *qt = q + (t * k->Hq + h0) * D;
         for (int64_t g = 0; g < G; g++) {
-            mx[g] = sinks ? sinks[h0 + g] : -INFINITY;
+            mx[g] = sinks ? sinks[(k->sink_rows ? t * k->Hq : 0) + h0 + g] : -INFINITY;
             den[g] = sinks ? 1.0f : 0.0f;
         }
         memset(o, 0, sizeof(float) * (size_t)(G * Dv));

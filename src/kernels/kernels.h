@@ -62,6 +62,10 @@ void kk_embed(const kk_call *c);
 void kk_dequant(const kk_call *c);
 void kk_top_k(const kk_call *c);
 void kk_moe(const kk_call *c);
+void kk_causal_conv1d(const kk_call *c);
+void kk_ssm_scan(const kk_call *c);
+void kk_wkv4(const kk_call *c);
+void kk_linear_scan(const kk_call *c);
 void kk_linear_t(const kk_call *c); /* kiln.linear with a transposed ([in, out]) weight */
 
 #endif

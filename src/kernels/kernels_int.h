@@ -87,6 +87,7 @@ void kk_int8_rows(const kk_wview *w, const kk_x8view *xv, int64_t r0, int64_t r1
 typedef struct {
     const kk_call *c;
     int64_t Hq, Hkv, D, Dv, MB, N, G;
+    bool sink_rows; /* sinks are [T, Hq] (per token), not [Hq] */
 } kk_attn_ctx;
 void kk_attn_items_avx2(void *ctx, int64_t i0, int64_t i1);
 void kk_attn_items_avx512(void *ctx, int64_t i0, int64_t i1);

@@ -34,7 +34,7 @@ static kg_node *add_input(kb_ctx *b, kg_dtype t, kg_shape s, const char *name, k
     kg_node *n = donated ? kg_param_donated(b->g, t, s, name) : kg_param(b->g, t, s, name);
     if (!n) return NULL;
     KILN_ASSERT(n->a.param.index == b->n_inputs);
-    b->inputs[b->n_inputs++] = (kb_input){role, index};
+    b->inputs[b->n_inputs++] = (kb_input){role, index, 0};
     return n;
 }
 
@@ -242,6 +242,13 @@ kg_node *kb_softcap(kb_ctx *b, kg_node *x, float cap) {
 
 /* ---------------------------------------------------------------- graph inputs (blocks_int.h) */
 
+kg_node *kb_input_param(kb_ctx *b, kg_dtype t, kg_shape s, const char *name, kb_role role, int index, int sub,
+                        bool donated) {
+    kg_node *n = add_input(b, t, s, name, role, index, donated);
+    if (n) b->inputs[b->n_inputs - 1].sub = sub;
+    return n;
+}
+
 bool kb_rope_inputs(kb_ctx *b, int rope, kg_node **cos, kg_node **sin) {
     const km_hparams *hp = b->hp;
     if (rope < 0 || rope >= hp->n_ropes) {
@@ -295,9 +302,12 @@ kiln_status kb_build(const km_family *fam, const km_hparams *hp, const kc_checkp
     if (st) {
         kg_destroy(b.g);
         free(b.inputs);
+        free(b.state_writes);
         return st;
     }
     kg_add_output(b.g, out);
+    for (int i = 0; i < b.n_state_writes; i++) kg_add_output(b.g, b.state_writes[i]);
+    free(b.state_writes);
     *gout = b.g;
     *inputs = b.inputs;
     *n_inputs = b.n_inputs;

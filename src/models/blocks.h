@@ -18,7 +18,8 @@
  *   slot [T] (KV cache row this token's keys go to), blocks [S, MB] (block
  *   table), rows [R] (tokens whose logits are wanted), rope cos/sin [T, R/2]
  *   f32 per rope config, and per layer a K and V cache [n_slots, Hkv, D] f32,
- *   updated in place.
+ *   updated in place; recurrent layers add state tensors [n_state_slots, ...]
+ *   f32 (updated in place) and state_slot [S] (blocks_ssm.c).
  */
 #ifndef KILN_BLOCKS_H
 #define KILN_BLOCKS_H
@@ -33,17 +34,30 @@ typedef struct {
     int64_t T, S, MB, R; /* tokens, sequences, block-table width, logit rows */
     int64_t n_slots;     /* KV cache rows per layer */
     int block_size;
+    int64_t n_state_slots; /* recurrent state rows per state tensor (sequences open at once); 0: 1 */
 } kb_shape;
 
-typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_IN_ROWS, KB_IN_COS, KB_IN_SIN, KB_IN_KCACHE, KB_IN_VCACHE } kb_role;
+typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_IN_ROWS, KB_IN_COS, KB_IN_SIN, KB_IN_KCACHE, KB_IN_VCACHE,
+               KB_IN_STATE_SLOT, /* [S] i32: each sequence's row in the recurrent state tensors */
+               KB_IN_STATE       /* [n_state_slots, ...] f32 recurrent state `sub` of layer `index`, donated */
+} kb_role;
 
 typedef struct {
     kb_role role;
-    int index; /* rope config for COS/SIN, layer for caches */
+    int index; /* rope config for COS/SIN, layer for caches and states */
+    int sub;   /* STATE: which state of the layer */
 } kb_input;
+
+#define KB_MAX_STATES 4
 
 typedef struct {
     int64_t heads, dk, dv; /* 0 heads: the layer keeps no KV cache */
+    int n_states;          /* recurrent state tensors of the layer (kb_state) */
+    int64_t state_numel[KB_MAX_STATES]; /* floats per sequence of each */
+    /* a new sequence's row: state_parts[k] equal consecutive parts, part i
+     * filled with state_fill[k][i] (0 parts: zeros) */
+    int state_parts[KB_MAX_STATES];
+    float state_fill[KB_MAX_STATES][4];
 } kb_cache_spec;
 
 typedef struct kb_ctx {
@@ -61,6 +75,10 @@ typedef struct kb_ctx {
     /* set by the emitter before it builds the layers */
     uint64_t transposed_roles; /* bit t: role t's 2-D weights are stored [in, out] (GPT-2's Conv1D) */
     const float *alibi;        /* [n_heads] ALiBi slopes kb_layer_defaults gives every layer (kb_alibi), or NULL */
+    /* recurrent state (blocks_ssm.c) */
+    kg_node *state_slot;       /* [S] i32, made by the first kb_state */
+    kg_node **state_writes;    /* in-place state updates, kept live as graph outputs after the logits */
+    int n_state_writes, cap_state_writes;
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -181,6 +199,7 @@ typedef struct {
     /* (Llama 4) */
     bool qk_norm_plain;      /* the q/k norms have no weight (Llama 4's L2Norm: an RMSNorm without weight) */
     int temp_offset;         /* kb_pos_temperature's position offset (Llama 4: 1) */
+    struct kg_node *token_sinks; /* [T, H] f32 sink logits per token (-inf: none) in place of `sinks`, or NULL */
 } kb_attn_opts;
 /* Self-attention block: projections, q/k norms, query scales, rope, KV
  * cache update, attention over the cache, output projection. x [T, hidden]. */
@@ -228,6 +247,8 @@ typedef struct {
     bool down_bias; /* a bias on the down projection alone (TeleChat) */
     int64_t width;  /* inner width F; 0: hp->ffn */
     bool sub_norm;  /* RMSNorm (KM_T_FFN_SUB_NORM) over F before the down projection (BitNet) */
+    float gate_scale, down_scale; /* gated, not fused: gate(x) times gate_scale before the activation, the
+                                   * output times down_scale (Falcon-H1 mlp_multipliers); 0: none */
 } kb_ffn_opts;
 kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o);
 /* xIELU (Apertus) with the layer's learned parameters from KM_T_FFN_ACT:
@@ -334,6 +355,10 @@ typedef struct {
     kb_ffn_opts ffn;
     kb_moe_opts moe;         /* moe.experts > 0: the MLP branch is kb_moe instead of kb_ffn */
     kb_moe_opts moa;         /* moa.experts > 0: the attention branch is kb_moa(attn, moa) instead of kb_attention */
+    /* recurrent layers (blocks_ssm.c) */
+    struct kg_node *(*mixer)(struct kb_ctx *b, struct kg_node *x, int il); /* in place of attention (kb_mamba,
+                              * kb_mamba2, ...); NULL: attention */
+    bool no_ffn;             /* the layer is its first branch only (Mamba's blocks) */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
  * hp->post_norm) RMSNorm layers with hp's arrangement switches
@@ -364,5 +389,75 @@ kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm);
 /* A whole decoder: kb_embed (tokens only), kb_layers, kb_output with the
  * layers' norm. */
 kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn family);
+
+/* ================================================================ recurrent state and SSM mixers (blocks_ssm.c) */
+
+/* Recurrent state lives next to the KV cache: per layer, state tensors
+ * [n_state_slots, dims...] f32 are donated graph params (KB_IN_STATE), and
+ * the KB_IN_STATE_SLOT input [S] gives each batch sequence its row. A layer
+ * reads its sequences' rows (a gather), runs its recurrence (which takes the
+ * token's sequence row, b->seq) and writes the final rows back in place (a
+ * scatter kept live as an extra graph output). The engine hands a sequence
+ * a fresh row when it opens (zeros, or kb_state_init's values), so a
+ * sequence at position 0 starts from its initial state. */
+typedef struct {
+    kg_node *param; /* [n_state_slots, dims...] */
+    kg_node *rows;  /* [S, dims...]: the batch sequences' states before the step */
+    int il, k;
+} kb_state;
+/* State k (< KB_MAX_STATES) of layer il, of the given per-sequence shape. */
+kb_state kb_state_read(kb_ctx *b, int il, int k, int rank, const int64_t *dims);
+/* A new sequence starts state k of layer il not from zeros but from
+ * n <= 4 equal consecutive parts filled with fill[0..n) (RWKV-4's
+ * (num, den, max) rows start at (0, 0, -1e38)). */
+void kb_state_init(kb_ctx *b, int il, int k, int n, const float *fill);
+/* A new sequence's row of state k of a layer (kb_state_init, else zeros). */
+void kb_state_fill_row(const kb_cache_spec *cs, int k, float *row);
+/* Writes rows [S, dims...] (the states after the step) back. */
+void kb_state_write(kb_ctx *b, const kb_state *st, kg_node *rows);
+
+/* torch's softplus (threshold 20): x > 20 ? x : log(1 + exp(x)). */
+kg_node *kb_softplus(kb_ctx *b, kg_node *x);
+/* Causal depthwise conv with its state: x [T, C] through KM_T_SSM_CONV of
+ * layer il (weight [C, 1, K], its bias with `bias`), state k of the layer
+ * holding the last K-1 inputs. No activation. */
+kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias);
+/* RMSNorm of x * silu(gate) (x alone with gate NULL) within `groups` groups
+ * of the last dim, times the weight of role t (Mamba-2's MambaRMSNormGated). */
+kg_node *kb_gated_rms_norm(kb_ctx *b, kg_node *x, kg_node *gate, km_tensor t, int il, int64_t groups, float eps);
+
+/* A Mamba-1 mixer (Mamba, Falcon-Mamba: hp->ssm_bcdt_eps) on x [T, hidden]:
+ * in_proj, conv + SiLU, x_proj, dt_proj + softplus, selective scan, D
+ * skip, SiLU gate, out_proj. States 0 (conv) and 1 (SSM). */
+kg_node *kb_mamba(kb_ctx *b, kg_node *x, int il);
+/* A Mamba-2 mixer: in_proj to [gate | x B C | dt], conv + SiLU over x B C,
+ * softplus(dt + dt_bias) clamped to hp's limits, the SSD recurrence, D
+ * skip, gated RMSNorm, out_proj. States 0 (conv) and 1 (SSM). */
+kg_node *kb_mamba2(kb_ctx *b, kg_node *x, int il);
+/* LFM2's gated short conv: in_proj to [B | C | x], out_proj(C * conv(B * x))
+ * with the conv's state 0 (biases: hp->ssm_bias, hp->ssm_conv_bias). */
+kg_node *kb_gated_short_conv(kb_ctx *b, kg_node *x, int il);
+
+/* x [T, C] shifted one token back within each sequence (the previous
+ * token's x; the state k of layer il carries it across steps; zeros before
+ * a sequence's first token): RWKV's time_shift. */
+kg_node *kb_token_shift(kb_ctx *b, kg_node *x, int il, int k);
+/* RWKV-4 time mix on x [T, hidden] (states 0: shift, 1: WKV): key, value,
+ * receptance from x mixed with its shifted self by time_mix_* of KM_T_SSM,
+ * WKV (kiln.wkv4) with -exp(time_decay) and time_first, output(sigmoid(r) * wkv)
+ * through KM_T_ATTN_K / _V / _Q (receptance) / _O. */
+kg_node *kb_rwkv4_time_mix(kb_ctx *b, kg_node *x, int il);
+/* RWKV-4 channel mix (state 2: shift): sigmoid(receptance(xr)) *
+ * value(relu(key(xk))^2), time_mix_* of KM_T_CMIX, key/value/receptance
+ * through KM_T_FFN_UP / _DOWN / _GATE. */
+kg_node *kb_rwkv4_channel_mix(kb_ctx *b, kg_node *x, int il);
+
+/* RecurrentGemma's recurrent block on x [T, hidden]: act(KM_T_SSM_X(x)) (the
+ * gate branch) times the RG-LRU of the conv'ed (state 0) KM_T_SSM_IN(x),
+ * through KM_T_SSM_OUT. The RG-LRU (tensors of KM_T_SSM, hp->n_heads
+ * block-diagonal gates over hp->ssm_inner channels): a = exp(-8 * r *
+ * softplus(recurrent_param)), h = a * h + sqrt(1 - a^2) * (x * i) (state 1),
+ * with a = 0 and no sqrt factor at position 0. */
+kg_node *kb_rglru_block(kb_ctx *b, kg_node *x, int il);
 
 #endif

@@ -182,11 +182,13 @@ kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const 
         k = kg_rope(g, k, cos, sin, r->dim, r->interleaved);
     }
     if (o->qk_norm_after_rope) qk_norms(b, &q, &k, il, o);
-    b->cache[il] = (kb_cache_spec){Hkv, D, Dv};
+    b->cache[il].heads = Hkv, b->cache[il].dk = D, b->cache[il].dv = Dv; /* a hybrid layer may also keep states */
     kg_node *kc = kb_cache_write(b, il, false, k);
     kg_node *vc = kb_cache_write(b, il, true, v);
     kg_node *alibi = o->alibi ? kg_const(g, KG_F32, KG_SHAPE(H), o->alibi) : NULL;
-    kg_node *sinks = o->sinks ? kg_convert(g, kb_vector(b, KM_T_ATTN_SINKS, il, "", H), KG_F32) : NULL;
+    kg_node *sinks = o->token_sinks ? o->token_sinks
+                     : o->sinks   ? kg_convert(g, kb_vector(b, KM_T_ATTN_SINKS, il, "", H), KG_F32)
+                                  : NULL;
     kg_attn_attr at = {.scale = o->scale != 0 ? o->scale : (float)(1.0 / sqrt((double)D)),
                        .softcap = o->softcap,
                        .window = o->window,

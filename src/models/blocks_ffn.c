@@ -67,11 +67,13 @@ kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o) {
         h = kg_mul(b->g, act(b, kb_slice_last(b, gu, 0, F), il, o->act), kb_slice_last(b, gu, F, 2 * F));
     } else if (o->gated) {
         kg_node *gate = kb_linear(b, x, KM_T_FFN_GATE, il, F, o->bias);
+        if (o->gate_scale != 0) gate = kg_scale(b->g, gate, o->gate_scale);
         kg_node *up = kb_linear(b, x, KM_T_FFN_UP, il, F, o->bias);
         h = kg_mul(b->g, act(b, gate, il, o->act), up);
     } else {
         h = act(b, kb_linear(b, x, KM_T_FFN_UP, il, F, o->bias), il, o->act);
     }
     if (o->sub_norm) h = kb_norm(b, h, KM_T_FFN_SUB_NORM, il, KB_NORM_RMS);
-    return kb_linear(b, h, KM_T_FFN_DOWN, il, b->hp->hidden, o->bias || o->down_bias);
+    kg_node *y = kb_linear(b, h, KM_T_FFN_DOWN, il, b->hp->hidden, o->bias || o->down_bias);
+    return o->down_scale != 0 && y ? kg_scale(b->g, y, o->down_scale) : y;
 }

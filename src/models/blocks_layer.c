@@ -46,7 +46,10 @@ static kg_node *add_branch(kb_ctx *b, kg_node *res, kg_node *h, const kb_layer_o
 
 /* The attention branch: a mixture of attention heads or self-attention. */
 static kg_node *attention(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
-    return kg_name(o->moa.experts > 0 ? kb_moa(b, x, il, &o->attn, &o->moa) : kb_attention(b, x, il, &o->attn), "attn_out", il);
+    kg_node *a = o->mixer             ? o->mixer(b, x, il)
+                 : o->moa.experts > 0 ? kb_moa(b, x, il, &o->attn, &o->moa)
+                                      : kb_attention(b, x, il, &o->attn);
+    return kg_name(a, "attn_out", il);
 }
 
 /* The MLP branch: a mixture of experts or a dense MLP. */
@@ -69,6 +72,7 @@ kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
     kg_node *n1 = pre ? kb_norm_ex(b, x, KM_T_ATTN_NORM, il, n) : x;
     kg_node *a = attention(b, n1, il, o);
     if (post) a = kb_norm_ex(b, a, KM_T_ATTN_POST_NORM, il, n);
+    if (o->no_ffn) return add_branch(b, o->residual_from_norm ? n1 : x, a, o);
     if (o->parallel) {
         kg_node *n2 = o->shared_norm ? n1 : kb_norm_ex(b, x, KM_T_FFN_NORM, il, n);
         kg_node *f = mlp(b, n2, il, o);

@@ -71,6 +71,15 @@ typedef enum {
     KM_T_MOA_Q,          /* stacked query projections [E, Hkv * D, hidden] */
     KM_T_MOA_O,          /* stacked output projections [E, hidden, Hkv * D] */
     KM_T_MOA_BIAS,       /* a tensor [hidden] added to the attention experts' sum */
+    /* ==== recurrent layers (blocks_ssm.c) */
+    KM_T_SSM,            /* the mixer module, for its bare tensors: .A_log, .D, .dt_bias */
+    KM_T_SSM_IN,         /* in_proj */
+    KM_T_SSM_CONV,       /* depthwise conv1d, weight [C, 1, K] (+ bias) */
+    KM_T_SSM_X,          /* x_proj (Mamba-1: dt_rank + 2 * state) */
+    KM_T_SSM_DT,         /* dt_proj (Mamba-1) */
+    KM_T_SSM_NORM,       /* gated RMSNorm before out_proj (Mamba-2) */
+    KM_T_SSM_OUT,        /* out_proj */
+    KM_T_CMIX,           /* RWKV channel-mix module, for its bare tensors (.time_mix_key, ...) */
     KM_T_COUNT
 } km_tensor;
 

@@ -135,6 +135,25 @@ typedef struct {
     /* ---- chunked attention (Llama 4) */
     int64_t attn_chunk;       /* chunked layers attend only within chunks of this many positions */
     unsigned char layer_chunked[KM_MAX_LAYERS]; /* 1: this layer's attention is chunked */
+    /* ---- recurrent layers (blocks_ssm.c) ---- */
+    unsigned char layer_recurrent[KM_MAX_LAYERS]; /* 1: layer il mixes with a recurrence (SSM, short conv), not attention */
+    int64_t ssm_inner;        /* d_inner: the mixer's width (Mamba intermediate_size, expand * hidden) */
+    int64_t ssm_state;        /* state_size N */
+    int64_t ssm_conv;         /* conv_kernel K */
+    int64_t ssm_dt_rank;      /* Mamba-1 time_step_rank */
+    int64_t ssm_heads, ssm_head_dim, ssm_groups; /* Mamba-2: heads of head_dim channels, groups of B/C */
+    int64_t ssm_norm_groups;  /* Mamba-2 gated RMSNorm normalises within this many groups; 0: 1 */
+    bool ssm_bias, ssm_conv_bias; /* in/out projection biases, conv bias */
+    double ssm_dt_min, ssm_dt_max; /* dt clamped to [min, max] after softplus (time_step_limit); max 0: no clamp */
+    double ssm_bcdt_eps;      /* Falcon-Mamba: weightless RMS norms on B, C and dt with this eps; 0: none */
+    bool ssm_out_bias;        /* out_proj bias (Falcon-H1 projectors_bias; else ssm_bias) */
+    bool ssm_norm_before_gate; /* Mamba-2 gated norm: rms(y) * w * silu(z) instead of rms(y * silu(z)) * w */
+    bool ssm_gate_only;       /* Mamba-2: y * silu(z), no norm (Falcon-H1 mamba_rms_norm false) */
+    float ssm_in_scale;       /* Mamba-2 input times this (Falcon-H1 ssm_in_multiplier); 0: none */
+    float ssm_mup[5];         /* in_proj output segments [z | x | B | C | dt] times these (ssm_multipliers); 0: 1 */
+    /* Falcon-H1's muP multipliers: keys, attention in/out, Mamba-2 out, MLP gate/down */
+    float fh1_key, fh1_attn_in, fh1_attn_out, fh1_ssm_out, fh1_mlp_gate, fh1_mlp_down;
+    int64_t rwkv_rescale_every; /* RWKV: the hidden state halves after every this many blocks; 0: never */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call

@@ -197,7 +197,7 @@ static inline float *mt_logits(const char *dir, const int32_t *ids, int n, int64
 static inline float *mt_prefill(const km_family *fam, const km_hparams *hp, const kc_checkpoint *ck, int T, const int32_t *tok) {
     const int bs = 16;
     int MB = (T + bs - 1) / bs;
-    kb_shape shape = {T, 1, MB, T, (int64_t)MB * bs, bs};
+    kb_shape shape = {T, 1, MB, T, (int64_t)MB * bs, bs, 1};
     kb_cache_spec *cache = calloc((size_t)hp->n_layers, sizeof *cache);
     kg_graph *g;
     kb_input *in;
@@ -236,6 +236,12 @@ static inline float *mt_prefill(const km_family *fam, const km_hparams *hp, cons
         case KB_IN_KCACHE:
         case KB_IN_VCACHE:
             caches[i] = calloc((size_t)(shape.n_slots * c->heads * (in[i].role == KB_IN_KCACHE ? c->dk : c->dv)), sizeof(float));
+            params[i] = caches[i];
+            break;
+        case KB_IN_STATE_SLOT: params[i] = seq; break; /* zeros: the one sequence uses state row 0 */
+        case KB_IN_STATE:
+            caches[i] = calloc((size_t)c->state_numel[in[i].sub], sizeof(float));
+            kb_state_fill_row(c, in[i].sub, caches[i]);
             params[i] = caches[i];
             break;
         }

@@ -36,7 +36,8 @@ const km_names km_sandwich_names = {
     X(mimo) X(ministral) X(ministral3)                                                                               \
     X(gpt2) X(gpt_bigcode) X(gpt_neox) X(gptj) X(falcon) X(mpt) X(bloom) X(opt) X(phi) X(starcoder2)             \
     X(qwen2_moe) X(qwen3_moe) X(mixtral) X(olmoe) X(deepseek) X(dots1) X(glm4_moe) X(granitemoe) X(hunyuan_moe) X(ernie4_5_moe) X(gpt_oss) \
-    X(llama4_text) X(phimoe) X(jetmoe)
+    X(llama4_text) X(phimoe) X(jetmoe) \
+    X(mamba) X(mamba2) X(lfm2) X(bamba) X(falcon_h1) X(rwkv) X(recurrent_gemma)
 
 #define DECLARE(f) extern const km_family km_family_##f;
 FAMILIES(DECLARE)
@@ -46,7 +47,7 @@ static const km_family *const families[] = {FAMILIES(LIST)};
 /* Families whose configs name even the common fields their own way
  * (OpenELM's model_dim, num_transformer_layers): their parse hook reads
  * everything, from a zeroed km_hparams. */
-static const km_family *const parse_all[] = {&km_family_openelm};
+static const km_family *const parse_all[] = {&km_family_openelm, &km_family_mamba, &km_family_mamba2, &km_family_rwkv};
 
 static bool parses_all(const km_family *f) {
     for (size_t i = 0; i < sizeof parse_all / sizeof parse_all[0]; i++)

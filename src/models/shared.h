@@ -24,4 +24,21 @@ kiln_status km_gemma_common(const cJSON *cfg, km_hparams *hp);
  * sqrt(1 + ln(max/orig) / ln(orig)). dim: rotary dims. (minicpm.c) */
 kiln_status km_minicpm_common(const cJSON *cfg, km_hparams *hp, int dim);
 
+/* Mamba-1 and Mamba-2: the fields of their configs (hidden, layers, vocab,
+ * layer_norm_epsilon, expand, state_size, conv_kernel, use_bias,
+ * use_conv_bias, hidden_act), every layer recurrent, no rope; these configs
+ * have no attention heads, so the families parse everything. (mamba.c) */
+kiln_status km_mamba_common(const cJSON *cfg, km_hparams *hp, bool tie_default);
+/* The backbone.* names of Mamba and Mamba-2 (mamba.c), and the model.layers.%d.mamba /
+ * self_attn / feed_forward names Bamba and Falcon-H1 share (bamba.c). */
+extern const km_names km_mamba_names, km_bamba_names;
+/* time_step_limit [min, max] into ssm_dt_min/max (default (0, inf)). (mamba2.c) */
+kiln_status km_ssm_dt_limit(const cJSON *cfg, km_hparams *hp);
+/* The Mamba-2 mixer of a hybrid config from <prefix>expand, d_state, d_conv,
+ * n_heads, d_head ("auto": inner / heads), n_groups, proj_bias, conv_bias,
+ * and time_step_limit. (bamba.c) */
+kiln_status km_mamba2_hybrid(const cJSON *cfg, km_hparams *hp, const char *prefix);
+/* hp->features for `kiln info`: the Mamba-2 shape, then `more`. (bamba.c) */
+void km_mamba2_features(km_hparams *hp, const char *more);
+
 #endif

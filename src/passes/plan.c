@@ -64,6 +64,19 @@ static bool is_leaf(const kg_node *x) {
     return x->op == KG_OP_PARAM || x->op == KG_OP_WEIGHT || x->op == KG_OP_CONST;
 }
 
+/* True when no node after po[i] reads src (directly or through a reshape):
+ * po[i] may then update the donated param src in place, its other readers
+ * having run (recurrent state: a gather reads it, a scatter that depends on
+ * that gather writes it back). */
+static bool last_reader(kg_node **po, int n, int i, const kg_node *src) {
+    for (int j = i + 1; j < n; j++)
+        for (int k = 0; k < po[j]->n_in; k++)
+            if (po[j]->in[k] == src) return false;
+    for (int j = 0; j < i; j++)
+        if (po[j]->op == KG_OP_RESHAPE && po[j]->in[0] == src) return false;
+    return true;
+}
+
 kiln_status kp_plan_buffers(kg_graph *g, kp_plan *plan) {
     memset(plan, 0, sizeof *plan);
     kg_count_uses(g);
@@ -83,6 +96,9 @@ kiln_status kp_plan_buffers(kg_graph *g, kp_plan *plan) {
             kg_node *src = x->in[0];
             bool donated = src->op == KG_OP_PARAM && src->a.param.donated;
             if (donated || (!is_leaf(src) && !src->alias)) x->alias = src;
+        } else if (kk_in_place_ok(x) && x->in[0]->op == KG_OP_PARAM && x->in[0]->a.param.donated &&
+                   last_reader(po, n, i, x->in[0])) {
+            x->alias = x->in[0];
         }
     }
     /* lifetimes of buffer roots */
