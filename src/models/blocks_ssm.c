@@ -118,6 +118,14 @@ static kg_node *plain_rms(kb_ctx *b, kg_node *x, double eps) { return x ? kg_rms
 
 /* ---------------------------------------------------------------- Mamba-1 */
 
+/* Mamba-1's RMS norm on dt, B or C: weightless (Falcon-Mamba), or with the
+ * mixer's `name` weight of n (Jamba's dt/b/c_layernorm) */
+static kg_node *bcdt_rms(kb_ctx *b, kg_node *x, int il, const char *name, int64_t n) {
+    if (!b->hp->ssm_bcdt_weighted) return plain_rms(b, x, b->hp->ssm_bcdt_eps);
+    kg_node *w = to_f32(b, kb_vector(b, KM_T_SSM, il, name, n));
+    return x && w ? kg_rms_norm(b->g, x, w, (float)b->hp->ssm_bcdt_eps, 0) : NULL;
+}
+
 kg_node *kb_mamba(kb_ctx *b, kg_node *x, int il) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
@@ -129,9 +137,9 @@ kg_node *kb_mamba(kb_ctx *b, kg_node *x, int il) {
     kg_node *p = kb_linear(b, xs, KM_T_SSM_X, il, R + 2 * N, false);
     kg_node *dt = kb_slice_last(b, p, 0, R), *B = kb_slice_last(b, p, R, R + N), *C = kb_slice_last(b, p, R + N, R + 2 * N);
     if (hp->ssm_bcdt_eps > 0) {
-        B = plain_rms(b, B, hp->ssm_bcdt_eps);
-        C = plain_rms(b, C, hp->ssm_bcdt_eps);
-        dt = plain_rms(b, dt, hp->ssm_bcdt_eps);
+        B = bcdt_rms(b, B, il, ".b_layernorm.weight", N);
+        C = bcdt_rms(b, C, il, ".c_layernorm.weight", N);
+        dt = bcdt_rms(b, dt, il, ".dt_layernorm.weight", R);
     }
     dt = kb_softplus(b, kb_linear(b, dt, KM_T_SSM_DT, il, Di, true));
     kg_node *A = neg_exp_a(b, il, 2, (int64_t[]){Di, N});

@@ -154,6 +154,9 @@ typedef struct {
     /* Falcon-H1's muP multipliers: keys, attention in/out, Mamba-2 out, MLP gate/down */
     float fh1_key, fh1_attn_in, fh1_attn_out, fh1_ssm_out, fh1_mlp_gate, fh1_mlp_down;
     int64_t rwkv_rescale_every; /* RWKV: the hidden state halves after every this many blocks; 0: never */
+    /* ---- hybrid recurrent + MoE families */
+    bool ssm_bcdt_weighted;   /* Mamba-1: the dt/B/C RMS norms (ssm_bcdt_eps) carry weights "<KM_T_SSM>.dt_layernorm"
+                               * (b_layernorm, c_layernorm) (Jamba) */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call
