@@ -157,6 +157,8 @@ typedef struct {
     /* ---- hybrid recurrent + MoE families */
     bool ssm_bcdt_weighted;   /* Mamba-1: the dt/B/C RMS norms (ssm_bcdt_eps) carry weights "<KM_T_SSM>.dt_layernorm"
                                * (b_layernorm, c_layernorm) (Jamba) */
+    /* gated DeltaNet (Qwen3-Next linear_attention layers) */
+    int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim;
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call
