@@ -88,11 +88,16 @@ kg_node *kb_lightning_attention(kb_ctx *b, kg_node *x, int il) {
     kg_graph *g = b->g;
     int64_t T = b->shape.T, H = hp->n_heads, D = hp->head_dim;
     kg_node *qkv = kb_act(b, kb_linear(b, x, KM_T_ATTN_QKV, il, 3 * H * D, false), KM_ACT_SILU);
-    kg_node *slope = to_f32(b, kb_tensor(b, KM_T_SSM, il, ".slope_rate", 3, (int64_t[]){H, 1, 1}));
-    if (!qkv || !slope) return NULL;
+    /* MiniMaxLightningAttention.get_slope_rate, in float32 as torch computes it: the
+     * checkpoints' slope_rate buffer may be rounded (bfloat16) and is not read */
+    float *sl = kg_alloc(g, sizeof(float) * (size_t)H);
+    if (!qkv || !sl) return qkv ? kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory")) : NULL;
+    double base = 1.0 / pow(2.0, 8.0 / (double)H), factor = 1.0 - il / ((double)hp->n_layers - 1 + 1e-5) + 1e-5;
+    for (int64_t h = 0; h < H; h++) sl[h] = powf((float)base, (float)(h + 1)) * (float)factor;
+    kg_node *slope = kg_const(g, KG_F32, KG_SHAPE(H), sl);
     qkv = kg_reshape(g, qkv, KG_SHAPE(T, H, 3 * D));
     kg_node *q = kb_slice_last(b, qkv, 0, D), *k = kb_slice_last(b, qkv, D, 2 * D), *v = kb_slice_last(b, qkv, 2 * D, 3 * D);
-    kg_node *gt = kg_broadcast_in_dim(g, kg_unary(g, KG_OP_NEG, kg_reshape(g, slope, KG_SHAPE(H))), KG_SHAPE(T, H), (int[]){1});
+    kg_node *gt = kg_broadcast_in_dim(g, kg_unary(g, KG_OP_NEG, slope), KG_SHAPE(T, H), (int[]){1});
     kg_node *one = kg_broadcast_like(g, kg_scalar(g, KG_F32, 1.0), gt);
     kb_state st = kb_state_read(b, il, 0, 3, (int64_t[]){H, D, D});
     kg_node *y = kg_delta_scan(g, q, k, v, gt, one, st.rows, b->seq, false, false);

@@ -159,6 +159,9 @@ typedef struct {
                                * (b_layernorm, c_layernorm) (Jamba) */
     /* gated DeltaNet (Qwen3-Next linear_attention layers) */
     int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim;
+    /* MiniMax: a layer's residual is its normed input times alpha, its branch times beta:
+     * [0] full attention, [1] linear attention, [2] MLP */
+    float mm_alpha[3], mm_beta[3];
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call
