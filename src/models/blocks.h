@@ -483,4 +483,15 @@ kg_node *kb_gated_deltanet(kb_ctx *b, kg_node *x, int il);
  * times sigmoid(KM_T_LIN_GATE(x)); KM_T_ATTN_O. */
 kg_node *kb_lightning_attention(kb_ctx *b, kg_node *x, int il);
 
+/* ================================================================ weight-tied blocks (blocks.c, blocks_tied.c) */
+
+/* x @ W^T for the module named `module` (no bias): weights whose names carry
+ * more than a layer index (Zamba2's per-use LoRA adapters). */
+kg_node *kb_linear_module(kb_ctx *b, kg_node *x, const char *module, int64_t rows);
+/* Self-attention whose q/k/v/o weights are layer wl's (a block several
+ * layers share) while the KV cache is layer il's; add[i] (NULL: none)
+ * [T, heads * D] are added to the q, k, v projections (per-use adapters).
+ * Separate projections without biases; norms, rope, scores as o says. */
+kg_node *kb_tied_attention(kb_ctx *b, kg_node *x, int il, int wl, kg_node *const add[3], const kb_attn_opts *o);
+
 #endif
