@@ -28,6 +28,11 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->attn_o_bias = hp->attn_qkv_bias; /* attention_bias on q, k, v and o */
     hp->mlp_bias = false;
     hp->norm_offset = 1.0f;
+    /* Qwen3NextConfig's defaults differ from the common ones */
+    KILN_TRY(ku_json_int(cfg, "head_dim", 256, &hp->head_dim));
+    KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 0.25, &hp->partial_rotary));
+    if (hp->head_dim < 2 || !(hp->partial_rotary > 0 && hp->partial_rotary <= 1))
+        return kiln_error(KILN_EINVAL, "config.json: bad head_dim or partial_rotary_factor");
     KILN_TRY(km_moe_parse(cfg, hp,
                           &(km_moe_keys){.experts = "num_experts", .top_k = "num_experts_per_tok", .expert_ffn = "moe_intermediate_size",
                                          .shared_ffn = "shared_expert_intermediate_size", .step = "decoder_sparse_step",
