@@ -12,6 +12,25 @@
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* Shared fixtures whose oracle no chunking-independent engine can match on
+ * every path (tests/fixtures/oracle/README.md says why); their failures are
+ * reported, not counted. */
+static const char *const known_defects[] = {
+    "/oracle/fixtures/minimax/bf16", /* bf16-rounded decay buffers in the block form: transformers' own
+                                      * cached and uncached paths differ by 1.43e-3 */
+    "/oracle/fixtures/zamba2",       /* the torch_forward chunked-SSD bug (kilnref_zamba2 is the correct oracle) */
+};
+
+/* root is a listed folder or one of its variants */
+static bool known_defect(const char *root) {
+    for (size_t i = 0; i < sizeof known_defects / sizeof known_defects[0]; i++) {
+        const char *at = strstr(root, known_defects[i]);
+        char next = at ? at[strlen(known_defects[i])] : 'x';
+        if (next == 0 || next == '/') return true;
+    }
+    return false;
+}
+
 /* Runs the gate on each fixture folder (and its variants) under root whose
  * model_type is supported; counts into *n, failures into *bad. */
 static void run_tree(const char *root, int depth, int *n, int *bad, bool only_supported) {
@@ -31,8 +50,10 @@ static void run_tree(const char *root, int depth, int *n, int *bad, bool only_su
             st = kv_validate(root, &o, &r);
             (*n)++;
             if (st || !r.pass) {
-                (*bad)++;
-                fprintf(stderr, "  FAIL %s: %s\n", root, st ? kiln_status_msg(st) : r.reason);
+                bool known = only_supported && known_defect(root);
+                if (!known) (*bad)++;
+                fprintf(stderr, "  %s %s: %s\n", known ? "KNOWN (oracle defect)" : "FAIL", root,
+                        st ? kiln_status_msg(st) : r.reason);
             }
             kiln_status_free(st);
         }

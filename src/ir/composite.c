@@ -468,6 +468,28 @@ static kg_node *linear_scan(kg_graph *g, const kg_node *n) {
     return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
 }
 
+static kg_node *delta_scan(kg_graph *g, const kg_node *n) {
+    kg_node *q = n->in[0], *k = n->in[1], *v = n->in[2], *gt = n->in[3], *beta = n->in[4], *cur = n->in[5], *seq = n->in[6];
+    int64_t T = q->shape.d[0], H = q->shape.d[1], Dk = q->shape.d[2], Dv = v->shape.d[2];
+    kg_shape hkv = KG_SHAPE(1, H, Dk, Dv);
+    kg_node **ys = kg_alloc(g, sizeof(kg_node *) * (size_t)T);
+    if (!ys) return NULL;
+    int dk = 2;
+    for (int64_t t = 0; t < T; t++) {
+        kg_node *idx, *s = seq_at(g, seq, t, &idx);
+        kg_node *m = kg_take_rows(g, cur, idx); /* [1, H, Dk, Dv] */
+        m = mul(g, bcast(g, kg_unary(g, KG_OP_EXP, row_at(g, gt, t)), hkv, 0, 1, 0, 0), m);
+        kg_node *kb = bcast(g, row_at(g, k, t), hkv, 0, 1, 2, 0); /* k[i] over j */
+        kg_node *u = row_at(g, v, t);                                /* [1, H, Dv] */
+        if (n->a.rec.delta) u = sub(g, u, kg_reduce(g, mul(g, m, kb), KG_REDUCE_SUM, &dk, 1));
+        u = mul(g, u, bcast(g, row_at(g, beta, t), KG_SHAPE(1, H, Dv), 0, 1, 0, 0));
+        m = add(g, m, mul(g, kb, bcast(g, u, hkv, 0, 1, 3, 0)));
+        ys[t] = kg_reduce(g, mul(g, m, bcast(g, row_at(g, q, t), hkv, 0, 1, 2, 0)), KG_REDUCE_SUM, &dk, 1); /* [1, H, Dv] */
+        cur = update_row(g, cur, m, s);
+    }
+    return n->a.rec.final_state ? cur : concat_many(g, ys, T, 0);
+}
+
 kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
     switch (n->op) {
     case KG_OP_RMS_NORM: return rms_norm(g, n);
@@ -484,6 +506,7 @@ kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
     case KG_OP_SSM_SCAN: return ssm_scan(g, n);
     case KG_OP_WKV4: return wkv4(g, n);
     case KG_OP_LINEAR_SCAN: return linear_scan(g, n);
+    case KG_OP_DELTA_SCAN: return delta_scan(g, n);
     default: return NULL;
     }
 }

@@ -133,6 +133,7 @@ static const struct {
     [KG_OP_SSM_SCAN] = {"kiln.ssm_scan", 0, 1},
     [KG_OP_WKV4] = {"kiln.wkv4", 0, 1},
     [KG_OP_LINEAR_SCAN] = {"kiln.linear_scan", 0, 1},
+    [KG_OP_DELTA_SCAN] = {"kiln.delta_scan", 0, 1},
 };
 
 const char *kg_op_name(kg_opcode op) { return (unsigned)op < KG_OP_COUNT ? op_info[op].name : "?"; }
@@ -393,6 +394,18 @@ static bool check_ssm_scan(kg_graph *g, kg_node *n) {
                        "state [S, H, P, N]"),
                false;
     return rec_result(g, n, "ssm_scan", st, n->in[6], T, x->shape);
+}
+
+static bool check_delta_scan(kg_graph *g, kg_node *n) {
+    const kg_node *q = n->in[0], *k = n->in[1], *v = n->in[2], *gt = n->in[3], *beta = n->in[4], *st = n->in[5];
+    bool ok = is_f32(q, 3) && is_f32(k, 3) && kg_shape_eq(&q->shape, &k->shape) && is_f32(v, 3) && is_f32(gt, 2) &&
+              is_f32(beta, 2) && kg_shape_eq(&gt->shape, &beta->shape) && is_f32(st, 4);
+    int64_t T = ok ? q->shape.d[0] : 0, H = ok ? q->shape.d[1] : 0;
+    ok = ok && v->shape.d[0] == T && v->shape.d[1] == H && gt->shape.d[0] == T && gt->shape.d[1] == H &&
+         st->shape.d[1] == H && st->shape.d[2] == q->shape.d[2] && st->shape.d[3] == v->shape.d[2];
+    if (!ok)
+        return fail(g, "delta_scan: want f32 q, k [T, H, Dk], v [T, H, Dv], g, beta [T, H], state [S, H, Dk, Dv]"), false;
+    return rec_result(g, n, "delta_scan", st, n->in[6], T, v->shape);
 }
 
 static bool check_wkv4(kg_graph *g, kg_node *n) {
@@ -748,6 +761,8 @@ static bool infer(kg_graph *g, kg_node *n) {
             return fail(g, "linear_scan: want f32 x, a [T, C], state [S, C]"), false;
         return rec_result(g, n, "linear_scan", ls, n->in[3], lx->shape.d[0], lx->shape);
     }
+    case KG_OP_DELTA_SCAN:
+        return check_delta_scan(g, n);
     default:
         return fail(g, "unknown op %d", (int)n->op), false;
     }
@@ -1081,6 +1096,16 @@ kg_node *kg_wkv4(kg_graph *g, kg_node *k, kg_node *v, kg_node *w, kg_node *u, kg
 kg_node *kg_linear_scan(kg_graph *g, kg_node *x, kg_node *a, kg_node *state, kg_node *seq, bool final_state) {
     kg_node *in[4] = {x, a, state, seq};
     return recurrent(g, KG_OP_LINEAR_SCAN, in, 4, final_state);
+}
+
+kg_node *kg_delta_scan(kg_graph *g, kg_node *q, kg_node *k, kg_node *v, kg_node *gate, kg_node *beta, kg_node *state,
+                       kg_node *seq, bool delta, bool final_state) {
+    kg_node *in[7] = {q, k, v, gate, beta, state, seq};
+    kg_node *n = new_node(g, KG_OP_DELTA_SCAN, 7, in);
+    if (!n) return NULL;
+    n->a.rec.final_state = final_state;
+    n->a.rec.delta = delta;
+    return finish(g, n);
 }
 
 kg_node *kg_fusion_node(kg_graph *g, kg_node *const *inputs, int n_in, kg_shape shape, struct kg_fusion *f) {

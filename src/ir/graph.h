@@ -127,6 +127,7 @@ typedef enum {
     KG_OP_SSM_SCAN, /* kiln.ssm_scan */
     KG_OP_WKV4,     /* kiln.wkv4 */
     KG_OP_LINEAR_SCAN, /* kiln.linear_scan */
+    KG_OP_DELTA_SCAN,  /* kiln.delta_scan */
     KG_OP_COUNT
 } kg_opcode;
 
@@ -254,6 +255,7 @@ struct kg_node {
         kg_moe_attr *moe; /* arena */
         struct {
             bool final_state; /* recurrent composites: the result is the sequences' final state, not y */
+            bool delta;       /* kiln.delta_scan: the delta rule (else plain gated linear attention) */
         } rec;
     } a;
     /* set by passes */
@@ -403,6 +405,18 @@ kg_node *kg_wkv4(kg_graph *g, kg_node *k, kg_node *v, kg_node *w, kg_node *u, kg
  * state [S, C], f32. Per token, in order, with s = seq[t]:
  *   h[s] = a[t] * h[s] + x[t];  y[t] = h[s]. */
 kg_node *kg_linear_scan(kg_graph *g, kg_node *x, kg_node *a, kg_node *state, kg_node *seq, bool final_state);
+
+/* Gated linear attention with a matrix state per head (Qwen3-Next's gated
+ * DeltaNet with `delta`, MiniMax's lightning attention without): q, k
+ * [T, H, Dk], v [T, H, Dv], g and beta [T, H], state [S, H, Dk, Dv], all f32.
+ * Per token, in order, with s = seq[t] and M = state[s, h]:
+ *   M = exp(g[t,h]) * M
+ *   u[j] = beta[t,h] * (v[t,h,j] - (delta ? sum over i, increasing, of M[i,j] * k[t,h,i] : 0))
+ *   M[i,j] += k[t,h,i] * u[j]
+ *   y[t,h,j] = sum over i, increasing, of M[i,j] * q[t,h,i]
+ * (q/k normalisation and the query scale are the caller's). */
+kg_node *kg_delta_scan(kg_graph *g, kg_node *q, kg_node *k, kg_node *v, kg_node *gate, kg_node *beta, kg_node *state,
+                       kg_node *seq, bool delta, bool final_state);
 
 /* ---- sugar for emitters ---- */
 kg_node *kg_add(kg_graph *g, kg_node *a, kg_node *b); /* broadcasts rank-0 / trailing dims */

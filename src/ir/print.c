@@ -133,6 +133,10 @@ static void attrs(FILE *f, const kg_node *n, int decomp_id) {
             case KG_OP_LINEAR_SCAN:
                 fprintf(f, "final_state = %s", n->a.rec.final_state ? "true" : "false");
                 break;
+            case KG_OP_DELTA_SCAN:
+                fprintf(f, "final_state = %s, delta = %s", n->a.rec.final_state ? "true" : "false",
+                        n->a.rec.delta ? "true" : "false");
+                break;
             case KG_OP_ATTENTION:
                 fprintf(f, "scale = %.9e : f32, softcap = %.9e : f32, window = %d : i64, block_size = %d : i64",
                         (double)n->a.attn.scale, (double)n->a.attn.softcap, n->a.attn.window, n->a.attn.block_size);

@@ -18,7 +18,7 @@ static const char *mlir_opt(void) {
 }
 
 KT_TEST(print_models_as_stablehlo) {
-    static const char *cases[] = {"qwen3", "gemma2/q4", "gemma3_text/bf16", "falcon_h1", "recurrent_gemma/q4"};
+    static const char *cases[] = {"qwen3", "gemma2/q4", "gemma3_text/bf16", "falcon_h1", "recurrent_gemma/q4", "qwen3_next/q4"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char dir[4096], rel[256];
         snprintf(rel, sizeof rel, "tests/fixtures/oracle/%s", cases[i]);
@@ -43,6 +43,7 @@ KT_TEST(print_models_as_stablehlo) {
         KT_CHECK(strstr(text, "name = \"kiln.attention\""));
         KT_CHECK(strstr(text, "\"stablehlo.dot_general\""));       /* inside decompositions */
         KT_CHECK(strstr(text, "func.func @kiln_decomp_0("));
+        if (strstr(cases[i], "qwen3_next")) KT_CHECK(strstr(text, "name = \"kiln.delta_scan\"") && strstr(text, "delta = true"));
         free(text);
         const char *opt = mlir_opt();
         if (opt) {

@@ -272,3 +272,46 @@ KT_TEST(recurrent_ops_reject_bad_shapes) {
     KT_CHECK(strstr(kiln_status_msg(kg_error(g)), "causal_conv1d"));
     kg_destroy(g);
 }
+
+typedef struct {
+    int64_t T, H, Dk, Dv, S;
+    bool delta;
+} delta_cfg;
+
+static kg_node *build_delta(kg_graph *g, void *vc, bool fin) {
+    delta_cfg *c = vc;
+    kg_node *q = kg_param(g, KG_F32, KG_SHAPE(c->T, c->H, c->Dk), "q");
+    kg_node *k = kg_param(g, KG_F32, KG_SHAPE(c->T, c->H, c->Dk), "k");
+    kg_node *v = kg_param(g, KG_F32, KG_SHAPE(c->T, c->H, c->Dv), "v");
+    kg_node *gt = kg_param(g, KG_F32, KG_SHAPE(c->T, c->H), "g");
+    kg_node *beta = kg_param(g, KG_F32, KG_SHAPE(c->T, c->H), "beta");
+    kg_node *st = kg_param(g, KG_F32, KG_SHAPE(c->S, c->H, c->Dk, c->Dv), "state");
+    return kg_delta_scan(g, q, k, v, gt, beta, st, kg_param(g, KG_I32, KG_SHAPE(c->T), "seq"), c->delta, fin);
+}
+
+KT_TEST(delta_scan_matches_decomposition) {
+    delta_cfg cfgs[] = {{20, 3, 8, 6, 4, true}, {20, 2, 5, 7, 4, false}, {1, 2, 4, 4, 4, true}};
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        delta_cfg *c = &cfgs[i];
+        int64_t TH = c->T * c->H;
+        float *q = rand_buf(TH * c->Dk, 1), *k = rand_buf(TH * c->Dk, 0.5f), *v = rand_buf(TH * c->Dv, 1);
+        float *gt = rand_buf(TH, 1), *beta = rand_buf(TH, 1), *st = rand_buf(c->S * c->H * c->Dk * c->Dv, 1);
+        for (int64_t j = 0; j < TH; j++) gt[j] = -fabsf(gt[j]), beta[j] = fabsf(beta[j]);
+        void *bufs[7] = {q, k, v, gt, beta, st, (void *)seq9};
+        for (int fin = 0; fin < 2; fin++) {
+            double mx, md = run_both(build_delta, c, fin, bufs, &mx);
+            KT_CHECKF(md <= 1e-5 * (1 + mx), "delta_scan config %zu final_state %d: max diff %g", i, fin, md);
+        }
+        free(q), free(k), free(v), free(gt), free(beta), free(st);
+    }
+}
+
+KT_TEST(delta_scan_rejects_bad_shapes) {
+    kg_graph *g = kg_create();
+    kg_node *q = kg_param(g, KG_F32, KG_SHAPE(3, 2, 4), "q");
+    KT_CHECK(!kg_delta_scan(g, q, q, kg_param(g, KG_F32, KG_SHAPE(3, 2, 5), "v"), kg_param(g, KG_F32, KG_SHAPE(3, 2), "g"),
+                            kg_param(g, KG_F32, KG_SHAPE(3, 2), "b"), kg_param(g, KG_F32, KG_SHAPE(2, 2, 4, 4), "st"),
+                            kg_param(g, KG_I32, KG_SHAPE(3), "seq"), true, false));
+    KT_CHECK(strstr(kiln_status_msg(kg_error(g)), "delta_scan"));
+    kg_destroy(g);
+}

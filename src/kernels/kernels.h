@@ -66,6 +66,7 @@ void kk_causal_conv1d(const kk_call *c);
 void kk_ssm_scan(const kk_call *c);
 void kk_wkv4(const kk_call *c);
 void kk_linear_scan(const kk_call *c);
+void kk_delta_scan(const kk_call *c);
 void kk_linear_t(const kk_call *c); /* kiln.linear with a transposed ([in, out]) weight */
 
 #endif

@@ -1,5 +1,5 @@
 /* recurrent.c: kernels of the recurrent composites (kiln.causal_conv1d,
- * kiln.ssm_scan, kiln.wkv4, kiln.linear_scan), in the float order of their decompositions.
+ * kiln.ssm_scan, kiln.wkv4, kiln.linear_scan, kiln.delta_scan), in the float order of their decompositions.
  *
  * Channels (conv) or (head, p) rows (scan) are independent, so threads split
  * them; each walks the step's tokens in order and carries every sequence's
@@ -168,4 +168,57 @@ void kk_linear_scan(const kk_call *c) {
     const kg_node *n = c->node;
     wkv_ctx k = {c, n->in[0]->shape.d[0], n->in[0]->shape.d[1], n->in[2]->shape.d[0]};
     kr_parallel_for(c->pool, k.C, 64, lscan_range, &k);
+}
+
+/* ---------------------------------------------------------------- delta scan */
+
+typedef struct {
+    const kk_call *c;
+    int64_t T, H, Dk, Dv, S;
+} delta_ctx;
+
+static void delta_range(void *vctx, int64_t h0, int64_t h1) {
+    const delta_ctx *k = vctx;
+    const kk_call *c = k->c;
+    const float *q = c->in[0], *key = c->in[1], *v = c->in[2], *gt = c->in[3], *beta = c->in[4], *st0 = c->in[5];
+    const int32_t *seq = c->in[6];
+    int64_t T = k->T, H = k->H, Dk = k->Dk, Dv = k->Dv, S = k->S, M = Dk * Dv;
+    bool fin = c->node->a.rec.final_state, delta = c->node->a.rec.delta;
+    float *st = fin ? c->out : kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(S * H * M + Dv));
+    float *y = fin ? NULL : c->out;
+    if (!st) return;
+    float *u = fin ? kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)Dv) : st + S * H * M;
+    if (!u) return;
+    if (!fin)
+        for (int64_t s = 0; s < S; s++) memcpy(st + (s * H + h0) * M, st0 + (s * H + h0) * M, sizeof(float) * (size_t)((h1 - h0) * M));
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t h = h0; h < h1; h++) {
+            float *m = st + ((int64_t)seq[t] * H + h) * M; /* [Dk, Dv] */
+            const float *kt = key + (t * H + h) * Dk, *qt = q + (t * H + h) * Dk, *vt = v + (t * H + h) * Dv;
+            float decay = expf(gt[t * H + h]), b = beta[t * H + h];
+            for (int64_t i = 0; i < M; i++) m[i] = decay * m[i];
+            for (int64_t j = 0; j < Dv; j++) {
+                float acc = 0;
+                if (delta)
+                    for (int64_t i = 0; i < Dk; i++) acc += m[i * Dv + j] * kt[i];
+                u[j] = (vt[j] - acc) * b;
+            }
+            for (int64_t i = 0; i < Dk; i++)
+                for (int64_t j = 0; j < Dv; j++) m[i * Dv + j] = m[i * Dv + j] + kt[i] * u[j];
+            if (y)
+                for (int64_t j = 0; j < Dv; j++) {
+                    float acc = 0;
+                    for (int64_t i = 0; i < Dk; i++) acc += m[i * Dv + j] * qt[i];
+                    y[(t * H + h) * Dv + j] = acc;
+                }
+        }
+    }
+}
+
+void kk_delta_scan(const kk_call *c) {
+    const kg_node *n = c->node;
+    delta_ctx k = {c, n->in[0]->shape.d[0], n->in[0]->shape.d[1], n->in[0]->shape.d[2], n->in[2]->shape.d[2],
+                   n->in[5]->shape.d[0]};
+    if (n->a.rec.final_state) memcpy(c->out, c->in[5], sizeof(float) * (size_t)kg_shape_numel(&n->shape));
+    kr_parallel_for(c->pool, k.H, 1, delta_range, &k);
 }

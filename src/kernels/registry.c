@@ -91,6 +91,7 @@ kk_fn kk_select(const kg_node *n) {
     case KG_OP_SSM_SCAN: return kk_ssm_scan;
     case KG_OP_WKV4: return kk_wkv4;
     case KG_OP_LINEAR_SCAN: return kk_linear_scan;
+    case KG_OP_DELTA_SCAN: return kk_delta_scan;
     case KG_OP_DOT:
         return n->dtype == KG_F32 && f32_or_half(n->in[0]->dtype) ? kk_ref_kernel : NULL;
     default:

@@ -314,3 +314,14 @@ kiln_status kb_build(const km_family *fam, const km_hparams *hp, const kc_checkp
     return NULL;
 }
 
+/* ---------------------------------------------------------------- weights by name */
+
+kg_node *kb_linear_module(kb_ctx *b, kg_node *x, const char *module, int64_t rows) {
+    if (!x) return NULL;
+    kc_matrix m;
+    kg_node *w, *s, *bi;
+    kg_wattr wa;
+    kiln_status st = kc_get_matrix(b->ck, module, rows, x->shape.d[x->shape.rank - 1], &m);
+    if (st) return kb_fail(b, st);
+    return matrix_nodes(b, &m, &w, &s, &bi, &wa) ? kg_linear(b->g, x, w, s, bi, &wa) : NULL;
+}

@@ -460,4 +460,38 @@ kg_node *kb_rwkv4_channel_mix(kb_ctx *b, kg_node *x, int il);
  * with a = 0 and no sqrt factor at position 0. */
 kg_node *kb_rglru_block(kb_ctx *b, kg_node *x, int il);
 
+/* ================================================================ linear attention (blocks_linattn.c) */
+
+/* x * rsqrt(sum(x^2) + eps) over the last dim (FLA's l2norm). */
+kg_node *kb_l2_norm(kb_ctx *b, kg_node *x, float eps);
+/* Attention with an output gate (Qwen3-Next full_attention): KM_T_ATTN_Q
+ * gives per head [query D | gate D]; kb_attend (q/k norms, rope, cache) as
+ * o says, its output times sigmoid(gate), then KM_T_ATTN_O. x [T, hidden]. */
+kg_node *kb_gated_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o);
+/* Qwen3-Next's gated DeltaNet on x [T, hidden]: KM_T_SSM_IN gives per key
+ * head [q Dk | k Dk | v r*Dv | z r*Dv] (r = lin_v_heads / lin_k_heads),
+ * KM_T_LIN_BA [b r | a r]; q k v through the causal conv (state 0, no bias)
+ * and SiLU; q, k repeated to the value heads, L2-normalised, q times
+ * Dk^-0.5; beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias);
+ * the delta rule (kiln.delta_scan, state 1 [Hv, Dk, Dv]); per-head RMSNorm
+ * (KM_T_SSM_NORM [Dv]) times silu(z); KM_T_SSM_OUT. */
+kg_node *kb_gated_deltanet(kb_ctx *b, kg_node *x, int il);
+/* MiniMax's lightning attention on x [T, hidden]: silu(KM_T_ATTN_QKV(x)) as
+ * per head [q | k | v] of head_dim; state 0 [H, D, D] decays by
+ * exp(-slope_rate[h]) (KM_T_SSM "<module>.slope_rate" [H, 1, 1]) per token
+ * before adding k^T v; y = q S; RMSNorm over all heads (KM_T_ATTN_SUB_NORM, eps 1e-6)
+ * times sigmoid(KM_T_LIN_GATE(x)); KM_T_ATTN_O. */
+kg_node *kb_lightning_attention(kb_ctx *b, kg_node *x, int il);
+
+/* ================================================================ weight-tied blocks (blocks.c, blocks_tied.c) */
+
+/* x @ W^T for the module named `module` (no bias): weights whose names carry
+ * more than a layer index (Zamba2's per-use LoRA adapters). */
+kg_node *kb_linear_module(kb_ctx *b, kg_node *x, const char *module, int64_t rows);
+/* Self-attention whose q/k/v/o weights are layer wl's (a block several
+ * layers share) while the KV cache is layer il's; add[i] (NULL: none)
+ * [T, heads * D] are added to the q, k, v projections (per-use adapters).
+ * Separate projections without biases; norms, rope, scores as o says. */
+kg_node *kb_tied_attention(kb_ctx *b, kg_node *x, int il, int wl, kg_node *const add[3], const kb_attn_opts *o);
+
 #endif

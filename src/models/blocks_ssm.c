@@ -118,6 +118,14 @@ static kg_node *plain_rms(kb_ctx *b, kg_node *x, double eps) { return x ? kg_rms
 
 /* ---------------------------------------------------------------- Mamba-1 */
 
+/* Mamba-1's RMS norm on dt, B or C: weightless (Falcon-Mamba), or with the
+ * mixer's `name` weight of n (Jamba's dt/b/c_layernorm) */
+static kg_node *bcdt_rms(kb_ctx *b, kg_node *x, int il, const char *name, int64_t n) {
+    if (!b->hp->ssm_bcdt_weighted) return plain_rms(b, x, b->hp->ssm_bcdt_eps);
+    kg_node *w = to_f32(b, kb_vector(b, KM_T_SSM, il, name, n));
+    return x && w ? kg_rms_norm(b->g, x, w, (float)b->hp->ssm_bcdt_eps, 0) : NULL;
+}
+
 kg_node *kb_mamba(kb_ctx *b, kg_node *x, int il) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
@@ -129,9 +137,9 @@ kg_node *kb_mamba(kb_ctx *b, kg_node *x, int il) {
     kg_node *p = kb_linear(b, xs, KM_T_SSM_X, il, R + 2 * N, false);
     kg_node *dt = kb_slice_last(b, p, 0, R), *B = kb_slice_last(b, p, R, R + N), *C = kb_slice_last(b, p, R + N, R + 2 * N);
     if (hp->ssm_bcdt_eps > 0) {
-        B = plain_rms(b, B, hp->ssm_bcdt_eps);
-        C = plain_rms(b, C, hp->ssm_bcdt_eps);
-        dt = plain_rms(b, dt, hp->ssm_bcdt_eps);
+        B = bcdt_rms(b, B, il, ".b_layernorm.weight", N);
+        C = bcdt_rms(b, C, il, ".c_layernorm.weight", N);
+        dt = bcdt_rms(b, dt, il, ".dt_layernorm.weight", R);
     }
     dt = kb_softplus(b, kb_linear(b, dt, KM_T_SSM_DT, il, Di, true));
     kg_node *A = neg_exp_a(b, il, 2, (int64_t[]){Di, N});
@@ -179,7 +187,8 @@ kg_node *kb_mamba2(kb_ctx *b, kg_node *x, int il) {
     if (!zxd) return NULL;
     zxd = mup_scale(b, zxd, (int64_t[]){Di, Di, G * N, G * N, H});
     kg_node *z = kb_slice_last(b, zxd, 0, Di);
-    kg_node *xbc = kb_act(b, kb_short_conv(b, kb_slice_last(b, zxd, Di, Di + conv_dim), il, 0, hp->ssm_conv_bias), hp->act);
+    km_act act = hp->ssm_silu ? KM_ACT_SILU : hp->act;
+    kg_node *xbc = kb_act(b, kb_short_conv(b, kb_slice_last(b, zxd, Di, Di + conv_dim), il, 0, hp->ssm_conv_bias), act);
     kg_node *xs = kb_slice_last(b, xbc, 0, Di);
     kg_node *B = kg_reshape(g, kb_slice_last(b, xbc, Di, Di + G * N), KG_SHAPE(T, G, N));
     kg_node *C = kg_reshape(g, kb_slice_last(b, xbc, Di + G * N, conv_dim), KG_SHAPE(T, G, N));
@@ -198,10 +207,11 @@ kg_node *kb_mamba2(kb_ctx *b, kg_node *x, int il) {
     D = D ? kg_broadcast_in_dim(g, D, KG_SHAPE(T, H, P), (int[]){1}) : NULL;
     y = kg_reshape(g, kg_add(g, y, kg_mul(g, x3, D)), KG_SHAPE(T, Di));
     int64_t ng = hp->ssm_norm_groups > 0 ? hp->ssm_norm_groups : 1;
+    float eps = (float)(hp->ssm_norm_eps > 0 ? hp->ssm_norm_eps : hp->norm_eps);
     if (hp->ssm_gate_only) y = kg_mul(g, y, kb_act(b, z, KM_ACT_SILU));
     else if (hp->ssm_norm_before_gate)
-        y = kg_mul(g, kb_gated_rms_norm(b, y, NULL, KM_T_SSM_NORM, il, ng, (float)hp->norm_eps), kb_act(b, z, KM_ACT_SILU));
-    else y = kb_gated_rms_norm(b, y, z, KM_T_SSM_NORM, il, ng, (float)hp->norm_eps);
+        y = kg_mul(g, kb_gated_rms_norm(b, y, NULL, KM_T_SSM_NORM, il, ng, eps), kb_act(b, z, KM_ACT_SILU));
+    else y = kb_gated_rms_norm(b, y, z, KM_T_SSM_NORM, il, ng, eps);
     return kg_name(kb_linear(b, y, KM_T_SSM_OUT, il, hp->hidden, hp->ssm_out_bias), "mamba2", il);
 }
 

@@ -80,6 +80,9 @@ typedef enum {
     KM_T_SSM_NORM,       /* gated RMSNorm before out_proj (Mamba-2) */
     KM_T_SSM_OUT,        /* out_proj */
     KM_T_CMIX,           /* RWKV channel-mix module, for its bare tensors (.time_mix_key, ...) */
+    /* ==== linear attention (blocks_linattn.c) */
+    KM_T_LIN_BA,         /* gated DeltaNet's [beta | a] projection per key-head group (Qwen3-Next in_proj_ba) */
+    KM_T_LIN_GATE,       /* lightning attention's output gate projection (MiniMax output_gate) */
     KM_T_COUNT
 } km_tensor;
 

@@ -154,6 +154,20 @@ typedef struct {
     /* Falcon-H1's muP multipliers: keys, attention in/out, Mamba-2 out, MLP gate/down */
     float fh1_key, fh1_attn_in, fh1_attn_out, fh1_ssm_out, fh1_mlp_gate, fh1_mlp_down;
     int64_t rwkv_rescale_every; /* RWKV: the hidden state halves after every this many blocks; 0: never */
+    /* ---- hybrid recurrent + MoE families */
+    bool ssm_bcdt_weighted;   /* Mamba-1: the dt/B/C RMS norms (ssm_bcdt_eps) carry weights "<KM_T_SSM>.dt_layernorm"
+                               * (b_layernorm, c_layernorm) (Jamba) */
+    /* gated DeltaNet (Qwen3-Next linear_attention layers) */
+    int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim;
+    /* MiniMax: a layer's residual is its normed input times alpha, its branch times beta:
+     * [0] full attention, [1] linear attention, [2] MLP */
+    float mm_alpha[3], mm_beta[3];
+    /* Zamba2 */
+    bool ssm_silu;            /* Mamba-2 mixers use SiLU whatever hp->act (Zamba2's hidden_act is its MLP's) */
+    double ssm_norm_eps;      /* eps of the Mamba-2 gated norm; 0: norm_eps (Zamba2 fixes 1e-5) */
+    unsigned char zamba_hybrid[KM_MAX_LAYERS]; /* 1: the shared transformer block runs before this layer's Mamba-2 */
+    int64_t zamba_mem_blocks, zamba_adapter_rank; /* shared blocks used in turn; LoRA rank of the per-use adapters */
+    bool zamba_attn_adapter;  /* adapters on q, k, v too (the MLP's gate/up always has one) */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call
