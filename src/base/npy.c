@@ -29,6 +29,10 @@ kiln_status ku_npy_write_f32(const char *path, const float *data, int64_t rows, 
 }
 
 kiln_status ku_npy_read_f32(const char *path, float **data, int64_t *rows, int64_t *cols) {
+    return ku_npy_read_f32_nd(path, data, NULL, NULL, rows, cols);
+}
+
+kiln_status ku_npy_read_f32_nd(const char *path, float **data, int *rank, int64_t *shape, int64_t *rows, int64_t *cols) {
     *data = NULL;
     char *buf;
     size_t len;
@@ -53,13 +57,32 @@ kiln_status ku_npy_read_f32(const char *path, float **data, int64_t *rows, int64
         goto out;
     }
     const char *sp = strstr(h, "'shape': (");
-    long long r = 0, c = 1;
-    int got = sp ? sscanf(sp + 10, "%lld, %lld", &r, &c) : 0;
-    if (got < 1 || r < 0 || c < 0) {
+    long long r = 0, c = 1, d[KU_NPY_MAX_RANK];
+    int got = 0;
+    for (const char *q = sp ? sp + 10 : NULL; q && *q && *q != ')';) {
+        char *e;
+        long long v = strtoll(q, &e, 10);
+        if (e == q || v < 0 || v > (1LL << 40) || got == KU_NPY_MAX_RANK) {
+            got = -1;
+            break;
+        }
+        d[got++] = v;
+        q = e;
+        while (*q == ',' || *q == ' ') q++;
+    }
+    if (got < 1 || (!shape && got > 2)) {
         st = kiln_error(KILN_EINVAL, "%s: bad shape", path);
         goto out;
     }
-    if (got == 1) c = r, r = 1;
+    /* rows: the leading dims, cols: the last (rank 1 reads as one row) */
+    c = d[got - 1], r = 1;
+    for (int i = 0; i + 1 < got; i++) r *= d[i];
+    if (c && r > (1LL << 40) / c) {
+        st = kiln_error(KILN_EINVAL, "%s: bad shape", path);
+        goto out;
+    }
+    if (rank) *rank = got;
+    if (shape) memcpy(shape, d, sizeof(int64_t) * (size_t)got);
     size_t bytes = (size_t)r * (size_t)c * 4;
     if (off + hl + bytes > len) {
         st = kiln_error(KILN_EINVAL, "%s: data shorter than its shape", path);

@@ -36,6 +36,11 @@ struct kc_checkpoint {
         void *data, *scales, *biases;
     } *stacks;
     int n_stacks, cap_stacks;
+    /* Vision-language wrappers keep the text model under a prefix
+     * ("language_model.model.", "model.language_model.", "model.text_model.");
+     * names the families ask for ("model.layers.0...", "lm_head") that are
+     * absent are looked up again under text_prefix / head_prefix. */
+    char text_prefix[64], head_prefix[64];
 };
 
 /* ---- configuration ------------------------------------------------------ */
@@ -232,6 +237,38 @@ static kiln_status add_file(kc_checkpoint *c, const char *name) {
     return NULL;
 }
 
+/* A wrapper (config with text_config) whose embedding table is not
+ * "model.embed_tokens.weight": its prefix P ("<P>embed_tokens.weight") stands
+ * for "model.", and the head sits beside P's last ".model." when P ends so. */
+static void find_text_prefix(kc_checkpoint *c) {
+    static const char want[] = "embed_tokens.weight";
+    if (c->text == c->root || kc_tmap_get(&c->names, "model.embed_tokens.weight")) return;
+    for (int i = 0; i < c->n; i++) {
+        const char *nm = c->tensors[i]->name;
+        size_t len = strlen(nm), wl = sizeof want - 1;
+        if (len <= wl || len - wl >= sizeof c->text_prefix || strcmp(nm + len - wl, want) != 0) continue;
+        size_t pl = len - wl;
+        memcpy(c->text_prefix, nm, pl);
+        c->text_prefix[pl] = 0;
+        if (pl >= 7 && strcmp(c->text_prefix + pl - 7, ".model.") == 0) {
+            memcpy(c->head_prefix, nm, pl - 6);
+            c->head_prefix[pl - 6] = 0;
+        }
+        return;
+    }
+}
+
+/* The tensor `name`, or under the wrapper's text prefixes (see above). */
+static const kc_tensor *lookup(const kc_checkpoint *c, const char *name) {
+    const kc_tensor *t = kc_tmap_get(&c->names, name);
+    if (t || !c->text_prefix[0]) return t;
+    char buf[1024];
+    int n = -1;
+    if (strncmp(name, "model.", 6) == 0) n = snprintf(buf, sizeof buf, "%s%s", c->text_prefix, name + 6);
+    else if (strncmp(name, "lm_head", 7) == 0) n = snprintf(buf, sizeof buf, "%s%s", c->head_prefix, name);
+    return n > 0 && n < (int)sizeof buf ? kc_tmap_get(&c->names, buf) : NULL;
+}
+
 /* Indexes every tensor of every file; names must be unique across files. */
 static kiln_status index_tensors(kc_checkpoint *c) {
     int64_t total = 0;
@@ -246,6 +283,7 @@ static kiln_status index_tensors(kc_checkpoint *c) {
             c->tensors[c->n++] = t;
         }
     }
+    find_text_prefix(c);
     return NULL;
 }
 
@@ -387,9 +425,9 @@ const kc_tensor *kc_tensor_at(const kc_checkpoint *c, int i) {
     return kc_st_ready_or_null(i >= 0 && i < c->n ? c->tensors[i] : NULL);
 }
 const kc_tensor *kc_find(const kc_checkpoint *c, const char *name) {
-    return kc_st_ready_or_null(kc_tmap_get(&c->names, name));
+    return kc_st_ready_or_null(lookup(c, name));
 }
-bool kc_has(const kc_checkpoint *c, const char *name) { return kc_tmap_get(&c->names, name) != NULL; }
+bool kc_has(const kc_checkpoint *c, const char *name) { return lookup(c, name) != NULL; }
 
 /* ---- resolved weights --------------------------------------------------- */
 
@@ -400,7 +438,7 @@ bool kc_has(const kc_checkpoint *c, const char *name) { return kc_tmap_get(&c->n
 /* *out = the tensor, its data ready, or NULL if absent; errors only when a
  * misaligned tensor cannot be copied. */
 static kiln_status find_opt(const kc_checkpoint *c, const char *name, const kc_tensor **out) {
-    *out = kc_tmap_get(&c->names, name);
+    *out = lookup(c, name);
     kiln_status st = *out ? kc_st_ready(*out) : NULL;
     if (st) *out = NULL;
     return kiln_status_wrap(st, "%s", c->dir);

@@ -7,6 +7,7 @@
 #include "models/blocks.h"
 #include "runtime/exec.h"
 #include "runtime/pool.h"
+#include "vision/vision.h"
 
 /* ---------------------------------------------------------------- model */
 
@@ -14,6 +15,7 @@ struct ke_model {
     kc_checkpoint *ck;
     const km_family *fam;
     km_hparams hp;
+    kvis_model *vision; /* NULL: a text model */
 };
 
 kiln_status ke_model_load(const char *dir, ke_model **out) {
@@ -31,6 +33,7 @@ kiln_status ke_model_load(const char *dir, ke_model **out) {
         goto fail;
     }
     st = km_parse(m->fam, kc_config(m->ck), &m->hp);
+    if (!st) st = kvis_load(m->ck, &m->hp, &m->vision);
     if (st) {
         st = kiln_status_wrap(st, "%s", dir);
         goto fail;
@@ -62,6 +65,7 @@ fail:
 
 void ke_model_free(ke_model *m) {
     if (!m) return;
+    kvis_free(m->vision);
     kc_close(m->ck);
     free(m);
 }
@@ -69,6 +73,7 @@ void ke_model_free(ke_model *m) {
 const km_hparams *ke_model_hparams(const ke_model *m) { return &m->hp; }
 const km_family *ke_model_family(const ke_model *m) { return m->fam; }
 const kc_checkpoint *ke_model_checkpoint(const ke_model *m) { return m->ck; }
+kvis_model *ke_model_vision(const ke_model *m) { return m->vision; }
 
 /* ---------------------------------------------------------------- context */
 
@@ -137,6 +142,9 @@ struct ke_ctx {
     kr_pool *pool;
     /* per-step scratch */
     int32_t *pos, *tseq, *slot, *rows, *seq_len, *btab, *batch_seqs, *sslot; /* [scratch_T] but btab */
+    int32_t *embd_mask; /* [scratch_T] vision-language models: 1 where embd holds the token's row */
+    int32_t *span;      /* [scratch_T, 2] bidirectional spans (hp.attn_span) */
+    float *embd;        /* [scratch_T, hidden] */
     float *cos[KM_MAX_ROPES], *sin[KM_MAX_ROPES];
     int64_t scratch_T, scratch_bt;
     /* per-step bookkeeping, grown on demand: a decode step allocates nothing */
@@ -263,6 +271,7 @@ void ke_ctx_free(ke_ctx *c) {
     free(c->ref), free(c->lru_prev), free(c->lru_next), free(c->hnext), free(c->bucket);
     free(c->bhash), free(c->bparent), free(c->cached), free(c->btok);
     free(c->pos), free(c->tseq), free(c->slot), free(c->rows), free(c->seq_len), free(c->btab);
+    free(c->embd), free(c->embd_mask), free(c->span);
     free(c->batch_seqs), free(c->row_of), free(c->added), free(c->params);
     for (int k = 0; k < KM_MAX_ROPES; k++) free(c->cos[k]), free(c->sin[k]);
     kr_pool_destroy(c->pool);
@@ -570,7 +579,7 @@ static bool grow_seq_scratch(ke_ctx *c) {
 static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
     if (T > c->scratch_T) {
         size_t n = (size_t)T;
-        int32_t **arr[] = {&c->pos, &c->tseq, &c->slot, &c->rows, &c->seq_len, &c->batch_seqs, &c->sslot};
+        int32_t **arr[] = {&c->pos, &c->tseq, &c->slot, &c->rows, &c->seq_len, &c->batch_seqs, &c->sslot, &c->embd_mask};
         for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) {
             int32_t *p = realloc(*arr[i], n * sizeof(int32_t));
             if (!p) return false;
@@ -585,6 +594,14 @@ static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
             if (!b) return false;
             c->sin[k] = b;
         }
+        if (c->m->vision) {
+            float *e = realloc(c->embd, n * (size_t)c->m->hp.hidden * sizeof(float));
+            if (!e) return false;
+            c->embd = e;
+            int32_t *sp = realloc(c->span, n * 2 * sizeof(int32_t));
+            if (!sp) return false;
+            c->span = sp;
+        }
         c->scratch_T = T;
     }
     if (bt > c->scratch_bt) {
@@ -596,7 +613,7 @@ static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
     return true;
 }
 
-static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows) {
+static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
     *logits = NULL;
     *n_rows = 0;
     const km_hparams *hp = &c->m->hp;
@@ -622,6 +639,15 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
         }
         if (!added[s]) row_of[s] = S, batch_seqs[S++] = s;
         added[s]++;
+    }
+    for (int64_t t = 0; x && x->span && t < T; t++) {
+        int s = b->seq[t];
+        int32_t lo = x->span[2 * t], hi = x->span[2 * t + 1];
+        if (lo <= hi && (lo < 0 || hi >= c->seqs[s].len + added[s])) {
+            st = kiln_error(KILN_EINVAL, "token %lld: span [%d, %d] reaches past sequence %d's %lld tokens", (long long)t, lo, hi, s,
+                            (long long)(c->seqs[s].len + added[s]));
+            goto done;
+        }
     }
     int64_t need = 0, maxb = 1;
     for (int i = 0; i < S; i++) {
@@ -684,6 +710,14 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
         seq_state *q = &c->seqs[batch_seqs[i]];
         for (int64_t j = 0; j < MB; j++) c->btab[i * MB + j] = j < q->n_blocks && q->blocks[j] >= 0 ? q->blocks[j] : 0;
     }
+    if (c->m->vision)
+        for (int64_t t = 0; t < T; t++) {
+            const float *row = x && x->embd ? x->embd[t] : NULL;
+            c->embd_mask[t] = row != NULL;
+            if (row) memcpy(c->embd + t * hp->hidden, row, sizeof(float) * (size_t)hp->hidden);
+            c->span[2 * t] = x && x->span ? x->span[2 * t] : 1;
+            c->span[2 * t + 1] = x && x->span ? x->span[2 * t + 1] : 0;
+        }
     for (int k = 0; k < hp->n_ropes; k++) km_rope_fill(&hp->ropes[k], T, c->pos, c->seq_len, c->cos[k], c->sin[k]);
     exec_entry *e = get_exec(c, T, Sb, MB, R ? R : 1, &st);
     if (!e) goto done;
@@ -712,6 +746,9 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const float **logit
         case KB_IN_VCACHE: params[i] = c->vcache[in->index]; break;
         case KB_IN_STATE_SLOT: params[i] = c->sslot; break;
         case KB_IN_STATE: params[i] = c->state[in->index * KB_MAX_STATES + in->sub]; break;
+        case KB_IN_EMBD: params[i] = c->embd; break;
+        case KB_IN_EMBD_MASK: params[i] = c->embd_mask; break;
+        case KB_IN_SPAN: params[i] = c->span; break;
         }
     }
     kr_exec_run(e->exec, params, c->pool);
@@ -737,9 +774,14 @@ static int64_t longrope_limit(const km_hparams *hp) {
     return -1;
 }
 
+kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
+    if (x && longrope_limit(&c->m->hp) >= 0) return kiln_error(KILN_EUNSUPPORTED, "per-token inputs with LongRoPE are not supported");
+    return x ? decode_step(c, b, x, logits, n_rows) : ke_decode(c, b, logits, n_rows);
+}
+
 kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows) {
     int64_t lim = longrope_limit(&c->m->hp);
-    if (lim < 0 || b->n <= 0) return decode_step(c, b, logits, n_rows);
+    if (lim < 0 || b->n <= 0) return decode_step(c, b, NULL, logits, n_rows);
     *logits = NULL;
     *n_rows = 0;
     int64_t *added = calloc((size_t)c->n_seqs + 1, sizeof(int64_t));
@@ -762,7 +804,7 @@ kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n
     }
     if (!extra) {
         free(added);
-        return decode_step(c, b, logits, n_rows);
+        return decode_step(c, b, NULL, logits, n_rows);
     }
     int n2 = b->n + (int)extra;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)n2);
@@ -797,7 +839,7 @@ kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n
         q->len = 0;
     }
     /* logits == NULL means each sequence's last token, which the inserted tokens never are */
-    st = decode_step(c, &(ke_batch){n2, tok, seq, b->logits ? want : NULL}, logits, n_rows);
+    st = decode_step(c, &(ke_batch){n2, tok, seq, b->logits ? want : NULL}, NULL, logits, n_rows);
     /* on failure a recomputed sequence is left empty (its old blocks are gone);
      * the others are as they were */
     if (st)

@@ -27,6 +27,10 @@ void ke_model_free(ke_model *m);
 const km_hparams *ke_model_hparams(const ke_model *m);
 const km_family *ke_model_family(const ke_model *m);
 const kc_checkpoint *ke_model_checkpoint(const ke_model *m);
+/* The vision tower of a vision-language checkpoint (config.json with a
+ * vision_config), loaded with the model; NULL for text models. */
+struct kvis_model;
+struct kvis_model *ke_model_vision(const ke_model *m);
 
 typedef struct {
     int64_t n_ctx;    /* longest sequence; 0: min(max_position_embeddings, 4096) */
@@ -72,6 +76,20 @@ typedef struct {
  * call). Errors (bad token id, unknown sequence, context or cache full)
  * leave every sequence as it was. */
 kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows);
+/* Per-token inputs beyond ids, for vision-language models (ke_model_vision).
+ * Every field may be NULL. */
+typedef struct {
+    /* [n] per token NULL (its token's embedding) or ke_model_hparams()->hidden
+     * floats that replace it (a row of image features); copied */
+    const float *const *embd;
+    /* [n, 2] positions (lo, hi) of its sequence the token also attends to,
+     * before or after its own (lo > hi: none): a bidirectional image block or
+     * prefix. Only models with ke_model_hparams()->attn_span use it; the keys
+     * must be in the cache after this call, so such a block comes in one call
+     * (a prompt may be split anywhere else). NULL: causal only. */
+    const int32_t *span;
+} ke_inputs;
+kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows);
 
 /* ---- block management for a scheduler ----
  * A KV block is in use (referenced by one or more sequences), cached (no

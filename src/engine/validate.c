@@ -10,6 +10,7 @@
 #include "base/json.h"
 #include "base/npy.h"
 #include "engine/engine.h"
+#include "vision/vision.h"
 
 typedef struct {
     int32_t *prompt, *gen, *all;
@@ -18,10 +19,17 @@ typedef struct {
     int n_gap;
     float *logits;
     int64_t rows, cols;
+    /* vision-language fixtures */
+    int32_t *img_pos;           /* image_token_positions */
+    int n_img;
+    float *feat;                /* kiln's image features [n_img, hidden] */
+    const float **embd;         /* [n_all] the feature row of each position of all_ids, or NULL */
+    int32_t *span;              /* [n_all, 2] bidirectional spans (models with attn_span), or NULL */
 } oracle;
 
 static void oracle_free(oracle *o) {
     free(o->prompt), free(o->gen), free(o->all), free(o->gap), free(o->logits);
+    free(o->img_pos), free(o->feat), free(o->embd), free(o->span);
 }
 
 static kiln_status read_ids(const cJSON *j, const char *key, int32_t **out, int *n) {
@@ -56,6 +64,7 @@ static kiln_status oracle_load(const char *dir, oracle *o) {
         const cJSON *e;
         cJSON_ArrayForEach(e, g) o->gap[i++] = cJSON_IsNumber(e) ? e->valuedouble : 0;
     }
+    if (!st && ku_json_get(j, "image_token_positions")) st = read_ids(j, "image_token_positions", &o->img_pos, &o->n_img);
     cJSON_Delete(j);
     if (st) return kiln_status_wrap(st, "%s", dir);
     if (o->n_prompt < 1 || o->n_all != o->n_prompt + o->n_gen)
@@ -102,7 +111,7 @@ static kiln_status path_prefill(const ke_model *m, const kv_options *vo, const o
         for (int i = 0; i < o->n_all; i++) seqs[i] = seq, want[i] = i >= o->n_prompt - 1;
         const float *lg;
         int nr;
-        st = ke_decode(c, &(ke_batch){o->n_all, o->all, seqs, want}, &lg, &nr);
+        st = ke_decode_ex(c, &(ke_batch){o->n_all, o->all, seqs, want}, &(ke_inputs){o->embd, o->span}, &lg, &nr);
         if (!st) *diff = diff_rows(o, lg, 0, nr);
     }
     free(seqs), free(want);
@@ -124,7 +133,7 @@ static kiln_status path_decode(const ke_model *m, const kv_options *vo, const or
         for (int i = 0; i < o->n_prompt; i++) seqs[i] = seq;
         const float *lg;
         int nr;
-        st = ke_decode(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, &lg, &nr);
+        st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, &(ke_inputs){o->embd, o->span}, &lg, &nr);
         for (int step = 0; !st && step <= o->n_gen; step++) {
             double d = diff_rows(o, lg, step, 1);
             if (!(d <= *diff)) *diff = d;
@@ -151,27 +160,33 @@ static kiln_status path_batched(const ke_model *m, const kv_options *vo, const o
     /* B: a 19-token prompt fed 8 at a time, then decodes; C: 7 tokens at once, then decodes */
     int32_t other[64];
     for (int i = 0; i < 64; i++) other[i] = (int32_t)((i * 37 + 11) % vocab);
-    int32_t tok[64];
-    int seqs[64];
-    bool want[64];
+    int32_t tok[256], span[512];
+    int seqs[256];
+    bool want[256];
+    const float *embd[256];
     float *got = calloc((size_t)(o->n_gen + 1) * (size_t)vocab, sizeof(float));
     if (!got && !st) st = kiln_error(KILN_ENOMEM, "out of memory");
     int a = 0, b = 0, cc = 0, have = 0;
     for (int step = 0; !st && a < o->n_all; step++) {
         int n = 0;
-        for (int k = 0; k < 5 && a < o->n_all; k++, a++) {
+        /* chunks of 5, longer where a bidirectional span would be cut */
+        for (int k = 0; a < o->n_all && n < 200 && (k < 5 || (o->span && o->span[2 * a - 2] <= o->span[2 * a - 1] && o->span[2 * a - 1] >= a)); k++, a++) {
             tok[n] = o->all[a], seqs[n] = sa, want[n] = a >= o->n_prompt - 1;
+            embd[n] = o->embd ? o->embd[a] : NULL;
+            span[2 * n] = o->span ? o->span[2 * a] : 1, span[2 * n + 1] = o->span ? o->span[2 * a + 1] : 0;
             n++;
         }
         int nb = b < 19 ? 8 : 1;
-        for (int k = 0; k < nb && b < 40; k++, b++) tok[n] = other[b], seqs[n] = sb, want[n] = true, n++;
+        for (int k = 0; k < nb && b < 40; k++, b++)
+            tok[n] = other[b], seqs[n] = sb, want[n] = true, embd[n] = NULL, span[2 * n] = 1, span[2 * n + 1] = 0, n++;
         if (step >= 1 && cc < 30) {
             int nc = cc == 0 ? 7 : 1;
-            for (int k = 0; k < nc; k++, cc++) tok[n] = other[63 - cc], seqs[n] = sc, want[n] = k == nc - 1, n++;
+            for (int k = 0; k < nc; k++, cc++)
+                tok[n] = other[63 - cc], seqs[n] = sc, want[n] = k == nc - 1, embd[n] = NULL, span[2 * n] = 1, span[2 * n + 1] = 0, n++;
         }
         const float *lg;
         int nr;
-        st = ke_decode(c, &(ke_batch){n, tok, seqs, want}, &lg, &nr);
+        st = ke_decode_ex(c, &(ke_batch){n, tok, seqs, want}, o->embd ? &(ke_inputs){embd, o->span ? span : NULL} : NULL, &lg, &nr);
         int r = 0;
         for (int i = 0; !st && i < n; i++) {
             if (!want[i]) continue;
@@ -183,6 +198,81 @@ static kiln_status path_batched(const ke_model *m, const kv_options *vo, const o
     if (!st && have != o->n_gen + 1) st = kiln_error(KILN_EINTERNAL, "batched path produced %d rows", have);
     free(got);
     ke_ctx_free(c);
+    return st;
+}
+
+/* An array file of the fixture: in dir, else in its parent (a q4/ variant
+ * shares its parent's image and pixel values). */
+static kiln_status fixture_file(const char *dir, const char *name, char *path, size_t cap) {
+    KILN_TRY(ku_path_join(path, cap, dir, name));
+    if (ku_file_exists(path)) return NULL;
+    char parent[4096];
+    KILN_TRY(ku_path_join(parent, sizeof parent, dir, ".."));
+    KILN_TRY(ku_path_join(path, cap, parent, name));
+    if (ku_file_exists(path)) return NULL;
+    return kiln_error(KILN_ENOTFOUND, "%s: no %s (nor in its parent folder)", dir, name);
+}
+
+static double max_diff(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m)) m = d;
+    }
+    return m;
+}
+
+/* The vision stages: preprocessing image.png against pixel_values.npy, the
+ * tower on pixel_values.npy against image_features.npy; then the feature rows
+ * for the image positions of all_ids. */
+static kiln_status vision_stages(const char *dir, const char *odir, const ke_model *m, const kv_options *vo, oracle *o,
+                                 kv_result *r) {
+    kvis_model *vm = ke_model_vision(m);
+    char path[4096];
+    float *pv = NULL, *ref = NULL;
+    int rank;
+    int64_t shape[KU_NPY_MAX_RANK], rows, cols;
+    KILN_TRY(fixture_file(dir, "pixel_values.npy", path, sizeof path));
+    KILN_TRY(ku_npy_read_f32_nd(path, &pv, &rank, shape, &rows, &cols));
+    kiln_status st = NULL;
+    kvis_pixels px = {pv, 3, rank >= 3 ? shape[rank - 2] : 0, shape[rank - 1]};
+    if (rank < 3 || shape[rank - 3] != 3 || rows * cols != 3 * px.h * px.w)
+        st = kiln_error(KILN_EUNSUPPORTED, "%s: pixel_values of %d dims (one image [.., 3, H, W] expected)", path, rank);
+    /* 1: preprocessing */
+    r->diff_pixels = -1;
+    kimg_image im = {0};
+    if (!st && !fixture_file(dir, "image.png", path, sizeof path)) {
+        kvis_pixels mine;
+        st = kimg_load_png(path, &im);
+        if (!st) st = kvis_pixels_from_image(vm, &im, &mine);
+        if (!st) {
+            r->diff_pixels = mine.h == px.h && mine.w == px.w ? max_diff(mine.data, pv, 3 * px.h * px.w) : INFINITY;
+            kvis_pixels_free(&mine);
+        }
+        kimg_free(&im);
+    }
+    /* 2: tower + projector */
+    int64_t n_tok = 0, E = ke_model_hparams(m)->hidden;
+    if (!st) st = kvis_encode(vm, &px, vo->n_threads, &o->feat, &n_tok);
+    if (!st) st = ku_path_join(path, sizeof path, odir, "image_features.npy");
+    if (!st) st = ku_npy_read_f32(path, &ref, &rows, &cols);
+    if (!st && (rows != n_tok || cols != E))
+        st = kiln_error(KILN_EINVAL, "%s: [%lld, %lld], kiln's features [%lld, %lld]", path, (long long)rows, (long long)cols,
+                        (long long)n_tok, (long long)E);
+    if (!st) r->diff_features = max_diff(o->feat, ref, n_tok * E);
+    if (!st && n_tok != o->n_img)
+        st = kiln_error(KILN_EINVAL, "%s: %d image positions for %lld feature rows", odir, o->n_img, (long long)n_tok);
+    /* 3: the rows that replace the placeholders */
+    if (!st && !(o->embd = calloc((size_t)o->n_all, sizeof *o->embd))) st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st && ke_model_hparams(m)->attn_span) {
+        if (!(o->span = malloc(sizeof(int32_t) * 2 * (size_t)o->n_all))) st = kiln_error(KILN_ENOMEM, "out of memory");
+        else kvis_spans(vm, o->all, o->n_prompt, o->n_all, o->span);
+    }
+    for (int i = 0; !st && i < o->n_img; i++) {
+        if (o->img_pos[i] < 0 || o->img_pos[i] >= o->n_prompt) st = kiln_error(KILN_EINVAL, "%s: image position %d", odir, o->img_pos[i]);
+        else o->embd[o->img_pos[i]] = o->feat + (int64_t)i * E;
+    }
+    free(pv), free(ref);
     return st;
 }
 
@@ -200,6 +290,8 @@ kiln_status kv_validate(const char *dir, const kv_options *vo, kv_result *r) {
     int32_t *ids = calloc((size_t)orc.n_gen + 1, sizeof(int32_t));
     if (!st && !ids) st = kiln_error(KILN_ENOMEM, "out of memory");
     double dg = 0;
+    r->vision = !st && ke_model_vision(m) != NULL;
+    if (r->vision) st = vision_stages(dir, o.oracle_dir ? o.oracle_dir : dir, m, &o, &orc, r);
     if (!st) st = path_prefill(m, &o, &orc, &r->diff_prefill);
     if (!st) st = path_decode(m, &o, &orc, false, &r->diff_decode, NULL);
     if (!st && !o.skip_batched) st = path_batched(m, &o, &orc, &r->diff_batched);
@@ -219,7 +311,13 @@ kiln_status kv_validate(const char *dir, const kv_options *vo, kv_result *r) {
         if (r->diff_decode > worst || r->diff_decode != r->diff_decode) worst = r->diff_decode;
         if (r->diff_batched > worst || r->diff_batched != r->diff_batched) worst = r->diff_batched;
         r->pass = true;
-        if (!(worst <= o.tolerance)) {
+        if (r->vision && !(r->diff_pixels <= 1e-5)) { /* -1: no image.png to check */
+            r->pass = false;
+            snprintf(r->reason, sizeof r->reason, "preprocessed pixels differ by %.3g (tolerance 1e-5)", r->diff_pixels);
+        } else if (r->vision && !(r->diff_features <= 1e-4)) {
+            r->pass = false;
+            snprintf(r->reason, sizeof r->reason, "image features differ by %.3g (tolerance 1e-4)", r->diff_features);
+        } else if (!(worst <= o.tolerance)) {
             r->pass = false;
             snprintf(r->reason, sizeof r->reason, "logits differ by %.3g (tolerance %.3g)", worst, o.tolerance);
         } else if (i < orc.n_gen && i < r->first_tie) {

@@ -33,6 +33,10 @@ typedef struct {
     int greedy_ok, greedy_total;                    /* ids checked equal / generated */
     int first_tie;                                  /* first near-tie step, or greedy_total */
     char reason[512];                               /* why it failed */
+    /* vision-language fixtures (a vision_config): the stages before the text */
+    bool vision;
+    double diff_pixels;   /* image.png preprocessed vs pixel_values.npy; -1: no image.png */
+    double diff_features; /* tower + projector on pixel_values.npy vs image_features.npy */
 } kv_result;
 
 /* Runs the gate on dir. An error status means the fixture could not be

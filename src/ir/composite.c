@@ -148,6 +148,13 @@ static kg_node *attention(kg_graph *g, const kg_node *n) {
         kg_node *cc = scalar_like(g, pos, at->chunk);
         ok = kg_binary(g, KG_OP_AND, ok, kg_compare(g, KG_CMP_EQ, divide(g, cpos, cc), divide(g, pos, cc)));
     }
+    if (at->span) { /* or lo <= c <= hi */
+        kg_node *sp = n->in[n->n_in - 1];
+        kg_node *lo = bcast(g, kg_reshape(g, kg_slice(g, sp, (int64_t[]){0, 0}, (int64_t[]){T, 1}, NULL), KG_SHAPE(T)), tc, 0, 0, 0, 0);
+        kg_node *hi = bcast(g, kg_reshape(g, kg_slice(g, sp, (int64_t[]){0, 1}, (int64_t[]){T, 2}, NULL), KG_SHAPE(T)), tc, 0, 0, 0, 0);
+        kg_node *in = kg_binary(g, KG_OP_AND, kg_compare(g, KG_CMP_GE, cpos, lo), kg_compare(g, KG_CMP_LE, cpos, hi));
+        ok = kg_binary(g, KG_OP_OR, ok, in);
+    }
     int extra = 6;
     if (at->alibi && sc) {
         /* slope[h] * (c - pos), h = kvh * G + g */

@@ -695,10 +695,16 @@ static bool infer(kg_graph *g, kg_node *n) {
         if (n->a.attn.block_size <= 0 || kc->shape.d[0] % n->a.attn.block_size || n->a.attn.window < 0 ||
             n->a.attn.chunk < 0)
             return fail(g, "attention: bad block size, window or chunk"), false;
-        if (n->n_in != 6 + n->a.attn.alibi + n->a.attn.sinks) return fail(g, "attention: operands do not match attributes"), false;
-        for (int i = 6; i < n->n_in; i++) {
+        if (n->n_in != 6 + n->a.attn.alibi + n->a.attn.sinks + n->a.attn.span)
+            return fail(g, "attention: operands do not match attributes"), false;
+        if (n->a.attn.span) {
+            const kg_node *e = n->in[n->n_in - 1];
+            if (e->shape.rank != 2 || e->shape.d[0] != T || e->shape.d[1] != 2 || e->dtype != KG_I32)
+                return fail(g, "attention: span must be i32 [T, 2]"), false;
+        }
+        for (int i = 6; i < n->n_in - n->a.attn.span; i++) {
             const kg_node *e = n->in[i];
-            bool tok_sinks = n->a.attn.sinks && i == n->n_in - 1 && e->shape.rank == 2 && e->shape.d[0] == T &&
+            bool tok_sinks = n->a.attn.sinks && i == n->n_in - 1 - n->a.attn.span && e->shape.rank == 2 && e->shape.d[0] == T &&
                              e->shape.d[1] == Hq; /* per-token sinks */
             if (!tok_sinks && (e->shape.rank != 1 || e->shape.d[0] != Hq || e->dtype != KG_F32))
                 return fail(g, "attention: ALiBi slopes and sinks must be f32 [%lld] (sinks also [T, Hq])", (long long)Hq), false;
@@ -998,15 +1004,22 @@ kg_node *kg_rope(kg_graph *g, kg_node *x, kg_node *cos, kg_node *sin, int rotary
 
 kg_node *kg_attention(kg_graph *g, kg_node *q, kg_node *kc, kg_node *vc, kg_node *bt, kg_node *ts, kg_node *tp,
                       kg_node *alibi, kg_node *sinks, const kg_attn_attr *attr) {
-    kg_node *in[8] = {q, kc, vc, bt, ts, tp};
+    return kg_attention_span(g, q, kc, vc, bt, ts, tp, alibi, sinks, NULL, attr);
+}
+
+kg_node *kg_attention_span(kg_graph *g, kg_node *q, kg_node *kc, kg_node *vc, kg_node *bt, kg_node *ts, kg_node *tp,
+                           kg_node *alibi, kg_node *sinks, kg_node *span, const kg_attn_attr *attr) {
+    kg_node *in[9] = {q, kc, vc, bt, ts, tp};
     int n_in = 6;
     if (alibi) in[n_in++] = alibi;
     if (sinks) in[n_in++] = sinks;
+    if (span) in[n_in++] = span;
     kg_node *n = new_node(g, KG_OP_ATTENTION, n_in, in);
     if (!n) return NULL;
     n->a.attn = *attr;
     n->a.attn.alibi = alibi != NULL;
     n->a.attn.sinks = sinks != NULL;
+    n->a.attn.span = span != NULL;
     return finish(g, n);
 }
 

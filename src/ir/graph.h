@@ -174,6 +174,8 @@ typedef struct {
     int block_size;   /* tokens per KV cache block */
     bool alibi;       /* operand 6: slopes [Hq]; score += slope * (p - pos) */
     bool sinks;       /* next operand: sink logits [Hq] (or [T, Hq], per token), one extra softmax term per head */
+    bool span;        /* last operand: span [T, 2] i32 (lo, hi): keys at positions lo <= p <= hi are visible too,
+                       * past the causal limit and the window (bidirectional image blocks, prefix-LM); lo > hi: none */
 } kg_attn_attr;
 
 typedef struct {
@@ -337,6 +339,13 @@ kg_node *kg_rope(kg_graph *g, kg_node *x, kg_node *cos, kg_node *sin, int rotary
  * a multiple of Hkv (GQA/MQA). attr->alibi/sinks are set from the operands. */
 kg_node *kg_attention(kg_graph *g, kg_node *q, kg_node *kcache, kg_node *vcache, kg_node *block_table,
                       kg_node *tok_seq, kg_node *tok_pos, kg_node *alibi, kg_node *sinks, const kg_attn_attr *attr);
+/* kg_attention with a non-causal span per token (span [T, 2] i32, or NULL):
+ * token t also sees its sequence's keys at positions span[t][0] ..
+ * span[t][1] (which must be in the cache), whatever its own position and
+ * window: the bidirectional blocks of Gemma 3's images and PaliGemma's prefix. */
+kg_node *kg_attention_span(kg_graph *g, kg_node *q, kg_node *kcache, kg_node *vcache, kg_node *block_table,
+                           kg_node *tok_seq, kg_node *tok_pos, kg_node *alibi, kg_node *sinks, kg_node *span,
+                           const kg_attn_attr *attr);
 /* x [..., cols] times W^T: result [..., rows]. w is the weight tensor: [rows, cols]
  * f32/f16/bf16 ([cols, rows] when wa->transposed), or AFFINE: u32
  * [rows, cols*bits/32] with scales, biases [rows, cols/gs]. */

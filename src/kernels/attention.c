@@ -35,6 +35,7 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
     const float *q = c->in[0], *kc = c->in[1], *vc = c->in[2];
     const int32_t *bt = c->in[3], *ts = c->in[4], *tp = c->in[5];
     const float *alibi = at->alibi ? c->in[6] : NULL, *sinks = at->sinks ? c->in[6 + at->alibi] : NULL;
+    const int32_t *span = at->span ? c->in[6 + at->alibi + at->sinks] : NULL;
     float *out = c->out;
     int64_t bs = at->block_size, G = k->Hq / k->Hkv, C = k->MB * bs;
     float *sc = kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(C > 0 ? C : 1));
@@ -46,34 +47,46 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
         int64_t lo = at->window > 0 ? pos - at->window + 1 : 0;
         if (at->chunk > 0 && pos / at->chunk * at->chunk > lo) lo = pos / at->chunk * at->chunk;
         if (lo < 0) lo = 0;
+        /* keys [first, last]; with a span, those outside both ranges are skipped */
+        int64_t first = lo, last = pos, slo = span ? span[2 * t] : 0, shi = span ? span[2 * t + 1] : -1;
+        if (slo < 0) slo = 0;
+        if (shi >= C) shi = C - 1;
+        if (slo <= shi) {
+            if (slo < first) first = slo;
+            if (shi > last) last = shi;
+        }
+#define VISIBLE(p) (((p) >= lo && (p) <= pos) || ((p) >= slo && (p) <= shi))
         float slope = alibi ? alibi[h] : 0;
         const float *sk = sinks ? sinks + (k->sink_rows ? t * k->Hq : 0) : NULL; /* [Hq] of this token */
         const float *qi = q + (t * k->Hq + h) * k->D;
         float *oi = out + (t * k->Hq + h) * k->Dv;
         const int32_t *row = bt + seq * k->MB;
         float m = -INFINITY;
-        for (int64_t p = lo; p <= pos; p++) {
+        for (int64_t p = first; p <= last; p++) {
+            if (!VISIBLE(p)) continue;
             int64_t slot = (int64_t)row[p / bs] * bs + p % bs;
             if (slot < 0 || slot >= k->N) slot = 0; /* never read outside the cache */
             float s = dotf(qi, kc + (slot * k->Hkv + kvh) * k->D, k->D) * at->scale;
             if (at->softcap > 0) s = tanhf(s / at->softcap) * at->softcap;
             if (alibi) s = s + slope * (float)(p - pos);
-            sc[p - lo] = s;
+            sc[p - first] = s;
             if (s > m) m = s;
         }
         if (sk && sk[h] > m) m = sk[h];
         float sum = 0;
-        for (int64_t p = lo; p <= pos; p++) {
-            float e = expf(sc[p - lo] - m);
-            sc[p - lo] = e;
+        for (int64_t p = first; p <= last; p++) {
+            if (!VISIBLE(p)) continue;
+            float e = expf(sc[p - first] - m);
+            sc[p - first] = e;
             sum += e;
         }
         if (sk) sum += expf(sk[h] - m);
         memset(oi, 0, sizeof(float) * (size_t)k->Dv);
-        for (int64_t p = lo; p <= pos; p++) {
+        for (int64_t p = first; p <= last; p++) {
+            if (!VISIBLE(p)) continue;
             int64_t slot = (int64_t)row[p / bs] * bs + p % bs;
             if (slot < 0 || slot >= k->N) slot = 0;
-            float w = sc[p - lo] / sum;
+            float w = sc[p - first] / sum;
             const float *v = vc + (slot * k->Hkv + kvh) * k->Dv;
             for (int64_t d = 0; d < k->Dv; d++) oi[d] += w * v[d];
         }
@@ -85,10 +98,10 @@ void kk_attention(const kk_call *c) {
     kk_attn_ctx k = {c, n->in[0]->shape.d[1], n->in[1]->shape.d[1], n->in[0]->shape.d[2], n->in[2]->shape.d[2],
                      n->in[3]->shape.d[1], n->in[1]->shape.d[0], 0, false};
     k.G = k.Hq / k.Hkv;
-    k.sink_rows = n->a.attn.sinks && n->in[n->n_in - 1]->shape.rank == 2;
+    k.sink_rows = n->a.attn.sinks && n->in[n->n_in - 1 - n->a.attn.span]->shape.rank == 2;
     int64_t T = n->in[0]->shape.d[0];
     kk_isa isa = kk_isa_level();
-    if (isa == KK_ISA_PORTABLE) {
+    if (isa == KK_ISA_PORTABLE || n->a.attn.span) { /* spans: the portable kernel only */
         kr_parallel_for(c->pool, T * k.Hq, 4, attn_items, &k);
         return;
     }

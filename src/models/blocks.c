@@ -222,6 +222,7 @@ kg_node *kb_act(kb_ctx *b, kg_node *x, km_act act) {
         kg_node *e = kg_unary(g, KG_OP_ERF, kg_scale(g, x, M_SQRT1_2));
         return kg_mul(g, kg_scale(g, x, 0.5), kg_add(g, e, kg_scalar(g, KG_F32, 1.0)));
     }
+    case KM_ACT_QUICK_GELU: return kg_mul(g, x, kg_unary(g, KG_OP_LOGISTIC, kg_scale(g, x, 1.702)));
     case KM_ACT_RELU: return kg_binary(g, KG_OP_MAX, x, kg_broadcast_like(g, kg_scalar(g, KG_F32, 0), x));
     case KM_ACT_RELU2: {
         kg_node *r = kg_binary(g, KG_OP_MAX, x, kg_broadcast_like(g, kg_scalar(g, KG_F32, 0), x));

@@ -39,7 +39,11 @@ typedef struct {
 
 typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_IN_ROWS, KB_IN_COS, KB_IN_SIN, KB_IN_KCACHE, KB_IN_VCACHE,
                KB_IN_STATE_SLOT, /* [S] i32: each sequence's row in the recurrent state tensors */
-               KB_IN_STATE       /* [n_state_slots, ...] f32 recurrent state `sub` of layer `index`, donated */
+               KB_IN_STATE,      /* [n_state_slots, ...] f32 recurrent state `sub` of layer `index`, donated */
+               /* ==== embeddings given by the caller (vision-language models, km_hparams.embd_in) */
+               KB_IN_EMBD,       /* [T, hidden] f32: rows replacing the token embeddings where EMBD_MASK is set */
+               KB_IN_EMBD_MASK,  /* [T] i32: 1 where the token's embedding is the EMBD row (image features) */
+               KB_IN_SPAN        /* [T, 2] i32: positions (lo, hi) each token also attends to (kg_attention_span) */
 } kb_role;
 
 typedef struct {
@@ -79,6 +83,8 @@ typedef struct kb_ctx {
     kg_node *state_slot;       /* [S] i32, made by the first kb_state */
     kg_node **state_writes;    /* in-place state updates, kept live as graph outputs after the logits */
     int n_state_writes, cap_state_writes;
+    /* vision-language models */
+    kg_node *span;             /* [T, 2] i32 bidirectional span per token (hp->attn_span), made by the first attention */
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -260,7 +266,9 @@ kg_node *kb_xielu(kb_ctx *b, kg_node *x, int il);
 /* ================================================================ embeddings (blocks_embed.c) */
 
 /* Token embeddings [T, hidden]: rows of KM_T_TOK_EMBD times hp->emb_scale
- * when set; with hp->embed_dim, rows of that width projected to hidden by
+ * when set, with hp->embd_in the tokens flagged by KB_IN_EMBD_MASK
+ * taking their KB_IN_EMBD row instead (after the scale, or before it with
+ * hp->embd_in_unscaled); with hp->embed_dim, rows of that width projected to hidden by
  * KM_T_EMBD_PROJ_IN (OPT). Then, as the options say: */
 typedef struct {
     bool positions;         /* + learned absolute positions: row pos + pos_offset of KM_T_POS_EMBD */

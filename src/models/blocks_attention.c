@@ -197,7 +197,12 @@ kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const 
     if (o->kv_tile && (alibi || sinks))
         return kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: tiled KV sharing with per-head ALiBi slopes or sinks", il));
     if (o->kv_tile) q = kb_heads_tiled_to_grouped(b, q, Hkv);
-    kg_node *a = kg_name(kg_attention(g, q, kc, vc, b->blocks, b->seq, b->pos, alibi, sinks, &at), "attn", il);
+    kg_node *span = NULL;
+    if (b->hp->attn_span) { /* bidirectional spans given per token (image blocks, prefix-LM) */
+        if (!b->span) b->span = kb_input_param(b, KG_I32, KG_SHAPE(b->shape.T, 2), "span", KB_IN_SPAN, 0, 0, false);
+        span = b->span;
+    }
+    kg_node *a = kg_name(kg_attention_span(g, q, kc, vc, b->blocks, b->seq, b->pos, alibi, sinks, span, &at), "attn", il);
     if (o->kv_tile) a = kb_heads_grouped_to_tiled(b, a, Hkv);
     return a;
 }

@@ -1,6 +1,6 @@
 /* blocks_embed.c: token embeddings, learned absolute positions and the
  * embedding norm (see blocks.h). */
-#include "models/blocks.h"
+#include "models/blocks_int.h"
 
 /* Rows ids [T] of the table of role t [n, width] (-1 rows: any). */
 static kg_node *lookup(kb_ctx *b, km_tensor t, int64_t rows, int64_t width, kg_node *ids) {
@@ -11,12 +11,27 @@ static kg_node *lookup(kb_ctx *b, km_tensor t, int64_t rows, int64_t width, kg_n
     return kg_embed(b->g, w, s, bi, ids, &wa);
 }
 
+/* x [T, E] with the rows flagged by the KB_IN_EMBD_MASK input replaced by
+ * those of the KB_IN_EMBD input (image features). */
+static kg_node *given_rows(kb_ctx *b, kg_node *x) {
+    if (!x) return NULL;
+    kg_graph *g = b->g;
+    int64_t T = b->shape.T, E = x->shape.d[1];
+    kg_node *e = kb_input_param(b, KG_F32, KG_SHAPE(T, E), "embd", KB_IN_EMBD, 0, 0, false);
+    kg_node *m = kb_input_param(b, KG_I32, KG_SHAPE(T), "embd_mask", KB_IN_EMBD_MASK, 0, 0, false);
+    kg_node *on = kg_compare(g, KG_CMP_NE, m, kg_broadcast_like(g, kg_scalar(g, KG_I32, 0), m));
+    on = kg_broadcast_in_dim(g, on, KG_SHAPE(T, E), (int[]){0});
+    return kg_name(kg_select(g, on, e, x), "embd_merged", -1);
+}
+
 kg_node *kb_embed(kb_ctx *b, const kb_embed_opts *o) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
     int64_t E = hp->embed_dim > 0 ? hp->embed_dim : hp->hidden;
     kg_node *x = kg_name(lookup(b, KM_T_TOK_EMBD, hp->vocab, E, b->tokens), "tok_embd", -1);
+    if (hp->embd_in && hp->embd_in_unscaled) x = given_rows(b, x);
     if (hp->emb_scale != 0) x = kg_name(kg_scale(g, x, hp->emb_scale), "emb_scaled", -1);
+    if (hp->embd_in && !hp->embd_in_unscaled) x = given_rows(b, x);
     if (hp->embed_dim > 0) x = kb_linear(b, x, KM_T_EMBD_PROJ_IN, -1, hp->hidden, false);
     if (!o) return x;
     if (o->positions) {

@@ -12,7 +12,7 @@ kiln_status km_parse_act(const char *name, km_act *out) {
         {"silu", KM_ACT_SILU},           {"swish", KM_ACT_SILU},           {"gelu", KM_ACT_GELU},
         {"gelu_pytorch_tanh", KM_ACT_GELU_TANH}, {"gelu_new", KM_ACT_GELU_TANH}, {"gelu_fast", KM_ACT_GELU_TANH},
         {"relu", KM_ACT_RELU},           {"relu2", KM_ACT_RELU2},
-        {"xielu", KM_ACT_XIELU},
+        {"xielu", KM_ACT_XIELU},         {"quick_gelu", KM_ACT_QUICK_GELU},
     };
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
         if (!strcmp(name, acts[i].name)) {

@@ -27,6 +27,7 @@ typedef enum {
     KM_ACT_RELU,
     KM_ACT_RELU2,     /* relu(x)^2 */
     KM_ACT_XIELU,     /* learned per layer: kb_xielu (kb_act rejects it) */
+    KM_ACT_QUICK_GELU,/* x * sigmoid(1.702 x) (CLIP) */
 } km_act;
 
 /* How a mixture-of-experts router turns logits into the chosen experts and
@@ -168,6 +169,11 @@ typedef struct {
     unsigned char zamba_hybrid[KM_MAX_LAYERS]; /* 1: the shared transformer block runs before this layer's Mamba-2 */
     int64_t zamba_mem_blocks, zamba_adapter_rank; /* shared blocks used in turn; LoRA rank of the per-use adapters */
     bool zamba_attn_adapter;  /* adapters on q, k, v too (the MLP's gate/up always has one) */
+    /* ==== vision-language models (src/vision) */
+    bool embd_in;             /* kb_embed takes KB_IN_EMBD / KB_IN_EMBD_MASK: rows (image features) replacing token rows */
+    bool attn_span;           /* attention takes per-token bidirectional spans (KB_IN_SPAN): Gemma 3 image blocks,
+                               * PaliGemma's prefix */
+    bool embd_in_unscaled;    /* given embeddings replace the token rows before emb_scale (PaliGemma), not after */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call

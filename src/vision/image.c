@@ -1,0 +1,198 @@
+/* image.c: PNG decoding and image-processor preprocessing (see image.h). */
+#include "vision/image.h"
+
+#include <math.h>
+#include <png.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/json.h"
+
+kiln_status kimg_from_rgb(const uint8_t *rgb, int64_t h, int64_t w, kimg_image *out) {
+    memset(out, 0, sizeof *out);
+    if (h <= 0 || w <= 0 || h > 65536 || w > 65536) return kiln_error(KILN_EINVAL, "image size %lldx%lld", (long long)h, (long long)w);
+    out->rgb = malloc((size_t)(h * w * 3));
+    if (!out->rgb) return kiln_error(KILN_ENOMEM, "out of memory");
+    memcpy(out->rgb, rgb, (size_t)(h * w * 3));
+    out->h = h, out->w = w;
+    return NULL;
+}
+
+kiln_status kimg_load_png(const char *path, kimg_image *out) {
+    memset(out, 0, sizeof *out);
+    png_image im;
+    memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&im, path)) return kiln_error(KILN_EINVAL, "%s: not a readable PNG (%s)", path, im.message);
+    if (im.width == 0 || im.height == 0 || im.width > 16384 || im.height > 16384) {
+        png_image_free(&im);
+        return kiln_error(KILN_ELIMIT, "%s: image size %ux%u is not supported", path, im.width, im.height);
+    }
+    /* 8-bit sRGB values as stored: no gamma conversion for 8-bit images
+     * (libpng converts only linear 16-bit data, which PIL would truncate) */
+    im.format = PNG_FORMAT_RGB;
+    size_t n = PNG_IMAGE_SIZE(im);
+    out->rgb = malloc(n);
+    if (!out->rgb) {
+        png_image_free(&im);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    if (!png_image_finish_read(&im, NULL, out->rgb, 0, NULL)) {
+        kiln_status st = kiln_error(KILN_EINVAL, "%s: PNG decoding failed (%s)", path, im.message);
+        kimg_free(out);
+        png_image_free(&im);
+        return st;
+    }
+    out->h = im.height, out->w = im.width;
+    png_image_free(&im);
+    return NULL;
+}
+
+void kimg_free(kimg_image *im) {
+    if (!im) return;
+    free(im->rgb);
+    memset(im, 0, sizeof *im);
+}
+
+/* ---------------------------------------------------------------- processor config */
+
+static kiln_status float3(const cJSON *j, const char *key, const float *def, float *out) {
+    const cJSON *a = ku_json_get(j, key);
+    memcpy(out, def, 3 * sizeof(float));
+    if (!a || cJSON_IsNull(a)) return NULL;
+    if (cJSON_IsNumber(a)) {
+        out[0] = out[1] = out[2] = (float)a->valuedouble;
+        return NULL;
+    }
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 3)
+        return kiln_error(KILN_EINVAL, "preprocessor_config.json: \"%s\" must be 3 numbers", key);
+    for (int i = 0; i < 3; i++) {
+        const cJSON *e = cJSON_GetArrayItem(a, i);
+        if (!cJSON_IsNumber(e)) return kiln_error(KILN_EINVAL, "preprocessor_config.json: \"%s\" must be 3 numbers", key);
+        out[i] = (float)e->valuedouble;
+    }
+    return NULL;
+}
+
+kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
+    memset(p, 0, sizeof *p);
+    static const float half[3] = {0.5f, 0.5f, 0.5f};
+    const char *type;
+    KILN_TRY(ku_json_str(j, "image_processor_type", "", &type));
+    snprintf(p->type, sizeof p->type, "%s", type);
+    KILN_TRY(ku_json_bool(j, "do_resize", true, &p->do_resize));
+    KILN_TRY(ku_json_bool(j, "do_center_crop", false, &p->do_crop));
+    KILN_TRY(ku_json_bool(j, "do_rescale", true, &p->do_rescale));
+    KILN_TRY(ku_json_bool(j, "do_normalize", true, &p->do_normalize));
+    KILN_TRY(ku_json_num(j, "rescale_factor", 1.0 / 255, &p->rescale));
+    KILN_TRY(float3(j, "image_mean", half, p->mean));
+    KILN_TRY(float3(j, "image_std", half, p->std));
+    int64_t r;
+    KILN_TRY(ku_json_int(j, "resample", 3, &r));
+    p->resample = (int)r;
+    KILN_TRY(ku_json_int(j, "patch_size", 0, &p->patch));
+    KILN_TRY(ku_json_int(j, "temporal_patch_size", 0, &p->temporal_patch));
+    KILN_TRY(ku_json_int(j, "merge_size", 0, &p->merge));
+    KILN_TRY(ku_json_int(j, "min_pixels", 0, &p->min_pixels));
+    KILN_TRY(ku_json_int(j, "max_pixels", 0, &p->max_pixels));
+    const cJSON *s = ku_json_get(j, "size");
+    if (cJSON_IsObject(s)) {
+        if (ku_json_get(s, "height")) {
+            p->size_kind = KIMG_SIZE_FIXED;
+            KILN_TRY(ku_json_int(s, "height", 0, &p->size_h));
+            KILN_TRY(ku_json_int(s, "width", 0, &p->size_w));
+        } else if (ku_json_get(s, "shortest_edge") && !ku_json_get(s, "longest_edge")) {
+            p->size_kind = KIMG_SIZE_SHORTEST;
+            KILN_TRY(ku_json_int(s, "shortest_edge", 0, &p->edge));
+        } else if (ku_json_get(s, "longest_edge")) {
+            p->size_kind = KIMG_SIZE_LONGEST;
+            KILN_TRY(ku_json_int(s, "longest_edge", 0, &p->edge));
+            if (!p->min_pixels) KILN_TRY(ku_json_int(s, "shortest_edge", 0, &p->min_pixels));
+            if (!p->max_pixels) p->max_pixels = p->edge;
+        }
+    }
+    const cJSON *c = ku_json_get(j, "crop_size");
+    if (cJSON_IsObject(c)) {
+        KILN_TRY(ku_json_int(c, "height", 0, &p->crop_h));
+        KILN_TRY(ku_json_int(c, "width", 0, &p->crop_w));
+    } else if (cJSON_IsNumber(c)) {
+        p->crop_h = p->crop_w = (int64_t)c->valuedouble;
+    }
+    for (int i = 0; i < 3; i++)
+        if (p->do_normalize && !(p->std[i] != 0)) return kiln_error(KILN_EINVAL, "preprocessor_config.json: image_std is 0");
+    return NULL;
+}
+
+/* Qwen2-VL's smart_resize: both sides multiples of `factor`, the area within
+ * [min_pixels, max_pixels], the aspect ratio kept as well as it can be. */
+static void smart_resize(int64_t h, int64_t w, int64_t factor, int64_t lo, int64_t hi, int64_t *oh, int64_t *ow) {
+    double hb = round((double)h / (double)factor) * (double)factor, wb = round((double)w / (double)factor) * (double)factor;
+    if (hb * wb > (double)hi) {
+        double beta = sqrt((double)h * (double)w / (double)hi);
+        hb = fmax((double)factor, floor((double)h / beta / (double)factor) * (double)factor);
+        wb = fmax((double)factor, floor((double)w / beta / (double)factor) * (double)factor);
+    } else if (hb * wb < (double)lo) {
+        double beta = sqrt((double)lo / ((double)h * (double)w));
+        hb = ceil((double)h * beta / (double)factor) * (double)factor;
+        wb = ceil((double)w * beta / (double)factor) * (double)factor;
+    }
+    *oh = (int64_t)hb, *ow = (int64_t)wb;
+}
+
+kiln_status kimg_target_size(const kimg_proc *p, int64_t h, int64_t w, int64_t *oh, int64_t *ow) {
+    *oh = h, *ow = w;
+    if (p->temporal_patch > 0 && p->patch > 0) { /* Qwen-VL */
+        int64_t f = p->patch * (p->merge > 0 ? p->merge : 1);
+        if (p->do_resize) smart_resize(h, w, f, p->min_pixels > 0 ? p->min_pixels : 56 * 56,
+                                       p->max_pixels > 0 ? p->max_pixels : 28 * 28 * 1280, oh, ow);
+        return NULL;
+    }
+    if (!p->do_resize) return NULL;
+    switch (p->size_kind) {
+    case KIMG_SIZE_NONE: break;
+    case KIMG_SIZE_FIXED: *oh = p->size_h, *ow = p->size_w; break;
+    case KIMG_SIZE_SHORTEST: { /* transformers' get_resize_output_image_size(default_to_square=False) */
+        int64_t s = h < w ? h : w, l = h < w ? w : h;
+        int64_t ns = p->edge, nl = (int64_t)((double)p->edge * (double)l / (double)s);
+        *oh = h <= w ? ns : nl, *ow = h <= w ? nl : ns;
+        break;
+    }
+    case KIMG_SIZE_LONGEST: /* aspect kept, the longest side at edge (Idefics3 / SmolVLM without splitting) */
+        if (h >= w) *oh = p->edge, *ow = (int64_t)((double)w * (double)p->edge / (double)h);
+        else *ow = p->edge, *oh = (int64_t)((double)h * (double)p->edge / (double)w);
+        break;
+    }
+    if (*oh <= 0 || *ow <= 0) return kiln_error(KILN_EINVAL, "preprocessor_config.json: resize to %lldx%lld", (long long)*oh, (long long)*ow);
+    return NULL;
+}
+
+kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im, float **chw, int64_t *ohp, int64_t *owp) {
+    *chw = NULL;
+    int64_t rh, rw;
+    KILN_TRY(kimg_target_size(p, im->h, im->w, &rh, &rw));
+    if (rh != im->h || rw != im->w)
+        return kiln_error(KILN_EUNSUPPORTED,
+                          "image %lldx%lld: %s resizes it to %lldx%lld; resampling is not implemented yet (give an image of that size)",
+                          (long long)im->h, (long long)im->w, p->type, (long long)rh, (long long)rw);
+    int64_t top = 0, left = 0, oh = rh, ow = rw;
+    if (p->do_crop && p->crop_h > 0 && p->crop_w > 0) {
+        if (p->crop_h > rh || p->crop_w > rw)
+            return kiln_error(KILN_EUNSUPPORTED, "image %lldx%lld is smaller than the crop %lldx%lld (padding is not supported)",
+                              (long long)rh, (long long)rw, (long long)p->crop_h, (long long)p->crop_w);
+        top = (rh - p->crop_h) / 2, left = (rw - p->crop_w) / 2; /* transformers' center_crop */
+        oh = p->crop_h, ow = p->crop_w;
+    }
+    float *out = malloc(sizeof(float) * (size_t)(3 * oh * ow));
+    if (!out) return kiln_error(KILN_ENOMEM, "out of memory");
+    for (int c = 0; c < 3; c++)
+        for (int64_t y = 0; y < oh; y++)
+            for (int64_t x = 0; x < ow; x++) {
+                uint8_t v = im->rgb[((y + top) * im->w + (x + left)) * 3 + c];
+                /* rescale in float64, then float32 (NumPy's astype), normalize in float32 */
+                float f = p->do_rescale ? (float)((double)v * p->rescale) : (float)v;
+                if (p->do_normalize) f = (f - p->mean[c]) / p->std[c];
+                out[(c * oh + y) * ow + x] = f;
+            }
+    *chw = out, *ohp = oh, *owp = ow;
+    return NULL;
+}

@@ -1,0 +1,55 @@
+/* image.h: images in, processor tensors out (prefix kimg_).
+ *
+ * kimg_load_png decodes a PNG (libpng) to 8-bit RGB [h, w, 3]: palette,
+ * gray and 16-bit images are expanded/reduced, alpha is dropped (as PIL's
+ * convert("RGB") does), no gamma correction.
+ *
+ * kimg_proc is a Hugging Face image processor's preprocessor_config.json:
+ * resize (to a fixed size, a shortest or longest edge), center crop,
+ * rescale and normalize as transformers' slow (PIL/NumPy) processors do
+ * them. Resizing is only done when the size changes; PIL's resampling
+ * filters are not reproduced yet, so a resize that changes the size is an
+ * error naming the sizes (the caller gives images of the processor's size).
+ */
+#ifndef KILN_IMAGE_H
+#define KILN_IMAGE_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+typedef struct {
+    int64_t h, w;
+    uint8_t *rgb; /* [h, w, 3], malloc'ed */
+} kimg_image;
+
+kiln_status kimg_load_png(const char *path, kimg_image *out);
+/* From a caller's buffer [h, w, 3] (copied). */
+kiln_status kimg_from_rgb(const uint8_t *rgb, int64_t h, int64_t w, kimg_image *out);
+void kimg_free(kimg_image *im);
+
+typedef enum { KIMG_SIZE_NONE, KIMG_SIZE_FIXED, KIMG_SIZE_SHORTEST, KIMG_SIZE_LONGEST } kimg_size_kind;
+
+typedef struct {
+    bool do_resize, do_crop, do_rescale, do_normalize;
+    kimg_size_kind size_kind;
+    int64_t size_h, size_w, edge; /* FIXED: h, w; SHORTEST/LONGEST: edge */
+    int64_t crop_h, crop_w;
+    double rescale;               /* rescale_factor */
+    float mean[3], std[3];
+    int resample;                 /* PIL filter id (2 bilinear, 3 bicubic) */
+    int64_t patch, temporal_patch, merge; /* Qwen-style patches (0: none) */
+    int64_t min_pixels, max_pixels;       /* Qwen smart_resize bounds */
+    char type[64];                /* image_processor_type */
+} kimg_proc;
+
+/* preprocessor_config.json as a kimg_proc (defaults as transformers'). */
+kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p);
+/* The processor's output size for an image of h x w (before any crop). */
+kiln_status kimg_target_size(const kimg_proc *p, int64_t h, int64_t w, int64_t *oh, int64_t *ow);
+/* Resize, crop, rescale, normalize: *chw [3, *oh, *ow] f32 (malloc'ed). */
+kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im, float **chw, int64_t *oh, int64_t *ow);
+
+#endif

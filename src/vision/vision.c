@@ -1,0 +1,443 @@
+/* vision.c: vision towers and projectors as graphs (see vision.h).
+ *
+ * The tower is built with the shared blocks (models/blocks.h) through a
+ * kb_ctx whose name table points at the tower's modules: LayerNorms
+ * (kb_norm), q/k/v/o projections (kb_linear), the MLP (kb_ffn). What only
+ * towers need (patch embedding, bidirectional attention over one image,
+ * pixel shuffle, pooling) lives here as small builders on the IR. */
+#include "vision/vision.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/file.h"
+#include "base/json.h"
+#include "models/blocks.h"
+#include "runtime/exec.h"
+#include "runtime/pool.h"
+
+typedef enum {
+    KVIS_LLAVA,     /* CLIP, features of vision_feature_layer, GELU 2-layer projector */
+    KVIS_PALIGEMMA, /* SigLIP, linear projector, / sqrt(text hidden) */
+    KVIS_GEMMA3,    /* SigLIP, avg pool, soft-embedding RMSNorm, projection */
+    KVIS_SMOLVLM,   /* SigLIP, pixel shuffle, connector linear */
+} kvis_kind;
+
+struct kvis_model {
+    const kc_checkpoint *ck;
+    kvis_kind kind;
+    char model_type[48], tower_type[48];
+    km_hparams vhp;          /* the tower: hidden, n_heads, ffn, n_layers, norm_eps, act */
+    km_family fam;           /* name table only */
+    km_names names;
+    char name_store[KM_T_COUNT][200];
+    char tower[128], proj[128]; /* module prefixes: "...vision_model.", "...multi_modal_projector." */
+    int64_t patch, image_size, text_hidden;
+    int32_t image_token, boi_token, eoi_token, global_token, fake_token;
+    bool cls;                /* CLIP: a class token first (dropped from the features) */
+    int run_layers;          /* encoder layers whose output is used */
+    bool post_norm;          /* post_layernorm on the output */
+    km_act proj_act;
+    int64_t tokens_per_image;/* gemma3: mm_tokens_per_image */
+    int64_t scale_factor;    /* smolvlm pixel shuffle */
+    kimg_proc proc;
+    bool have_proc;
+};
+
+int32_t kvis_image_token(const kvis_model *m) { return m->image_token; }
+
+/* prefix of the first tensor named "<prefix><suffix>", into out */
+static bool find_prefix(const kc_checkpoint *ck, const char *suffix, char *out, size_t cap) {
+    size_t sl = strlen(suffix);
+    for (int i = 0; i < kc_tensor_count(ck); i++) {
+        const char *nm = kc_tensor_at(ck, i)->name;
+        size_t len = strlen(nm);
+        if (len >= sl && strcmp(nm + len - sl, suffix) == 0 && len - sl < cap) {
+            memcpy(out, nm, len - sl);
+            out[len - sl] = 0;
+            return true;
+        }
+    }
+    return false;
+}
+
+static void set_name(kvis_model *m, km_tensor t, const char *fmt) {
+    snprintf(m->name_store[t], sizeof m->name_store[t], "%s%s", m->tower, fmt);
+    m->names[t] = m->name_store[t];
+}
+
+static kiln_status int_field(const cJSON *j, const char *key, int64_t def, int32_t *out) {
+    int64_t v;
+    KILN_TRY(ku_json_int(j, key, def, &v));
+    *out = (int32_t)v;
+    return NULL;
+}
+
+kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out) {
+    *out = NULL;
+    const cJSON *root = kc_root_config(ck), *vc = ku_json_get(root, "vision_config");
+    if (!vc) return NULL;
+    const char *mt, *vt;
+    KILN_TRY(ku_json_str(root, "model_type", "", &mt));
+    KILN_TRY(ku_json_str(vc, "model_type", "", &vt));
+    kvis_model *m = calloc(1, sizeof *m);
+    if (!m) return kiln_error(KILN_ENOMEM, "out of memory");
+    m->ck = ck;
+    snprintf(m->model_type, sizeof m->model_type, "%s", mt);
+    snprintf(m->tower_type, sizeof m->tower_type, "%s", vt);
+    kiln_status st = NULL;
+    if (!strcmp(mt, "llava")) m->kind = KVIS_LLAVA;
+    else if (!strcmp(mt, "paligemma")) m->kind = KVIS_PALIGEMMA;
+    else if (!strcmp(mt, "gemma3")) m->kind = KVIS_GEMMA3;
+    else if (!strcmp(mt, "smolvlm") || !strcmp(mt, "idefics3")) m->kind = KVIS_SMOLVLM;
+    else {
+        st = kiln_error(KILN_EUNSUPPORTED, "config.json: vision-language model_type \"%s\" (vision tower \"%s\") is not supported "
+                                           "(supported: llava, paligemma, gemma3, smolvlm)", mt, vt);
+        goto fail;
+    }
+    const char *act;
+    int64_t nl;
+    km_hparams *v = &m->vhp;
+    if ((st = ku_json_int(vc, "hidden_size", 768, &v->hidden)) || (st = ku_json_int(vc, "num_attention_heads", 12, &v->n_heads)) ||
+        (st = ku_json_int(vc, "intermediate_size", 3072, &v->ffn)) || (st = ku_json_int(vc, "num_hidden_layers", 12, &nl)) ||
+        (st = ku_json_int(vc, "patch_size", 14, &m->patch)) || (st = ku_json_int(vc, "image_size", 224, &m->image_size)) ||
+        (st = ku_json_num(vc, "layer_norm_eps", m->kind == KVIS_LLAVA ? 1e-5 : 1e-6, &v->norm_eps)) ||
+        (st = ku_json_str(vc, "hidden_act", m->kind == KVIS_LLAVA ? "quick_gelu" : "gelu_pytorch_tanh", &act)) ||
+        (st = km_parse_act(act, &v->act)))
+        goto fail;
+    if (v->n_heads <= 0 || v->hidden % v->n_heads || nl <= 0 || nl > KM_MAX_LAYERS || m->patch <= 0 || m->image_size <= 0) {
+        st = kiln_error(KILN_EINVAL, "config.json: vision_config: bad shape (hidden %lld, heads %lld, layers %lld, patch %lld)",
+                        (long long)v->hidden, (long long)v->n_heads, (long long)nl, (long long)m->patch);
+        goto fail;
+    }
+    v->n_layers = nl, v->n_kv_heads = v->n_heads, v->head_dim = v->hidden / v->n_heads;
+    snprintf(v->model_type, sizeof v->model_type, "%s", vt);
+    m->text_hidden = hp->hidden;
+    hp->embd_in = true;
+    m->run_layers = (int)nl;
+    m->post_norm = true;
+    m->boi_token = m->eoi_token = m->global_token = m->fake_token = -1;
+    if (!find_prefix(ck, "embeddings.patch_embedding.weight", m->tower, sizeof m->tower)) {
+        st = kiln_error(KILN_ENOTFOUND, "no vision tower tensor \"*embeddings.patch_embedding.weight\"");
+        goto fail;
+    }
+    if (!find_prefix(ck, m->kind == KVIS_SMOLVLM ? "modality_projection.proj.weight" : m->kind == KVIS_GEMMA3 ? "mm_input_projection_weight"
+                         : m->kind == KVIS_PALIGEMMA ? "linear.weight" : "linear_1.weight",
+                     m->proj, sizeof m->proj)) {
+        st = kiln_error(KILN_ENOTFOUND, "no multi-modal projector tensors");
+        goto fail;
+    }
+    switch (m->kind) {
+    case KVIS_LLAVA: {
+        int64_t fl;
+        const char *strat, *pact;
+        const cJSON *fj = ku_json_get(root, "vision_feature_layer");
+        if (fj && !cJSON_IsNumber(fj)) {
+            st = kiln_error(KILN_EUNSUPPORTED, "config.json: vision_feature_layer as a list is not supported");
+            goto fail;
+        }
+        if ((st = ku_json_int(root, "vision_feature_layer", -2, &fl)) ||
+            (st = ku_json_str(root, "vision_feature_select_strategy", "default", &strat)) ||
+            (st = ku_json_str(root, "projector_hidden_act", "gelu", &pact)) || (st = km_parse_act(pact, &m->proj_act)) ||
+            (st = int_field(root, "image_token_index", 32000, &m->image_token)))
+            goto fail;
+        int idx = fl < 0 ? (int)(nl + 1 + fl) : (int)fl; /* index into hidden_states (0: embeddings) */
+        if (idx < 0 || idx > nl) {
+            st = kiln_error(KILN_EINVAL, "config.json: vision_feature_layer %lld out of range", (long long)fl);
+            goto fail;
+        }
+        if (strcmp(strat, "default") != 0) {
+            st = kiln_error(KILN_EUNSUPPORTED, "config.json: vision_feature_select_strategy \"%s\" is not supported", strat);
+            goto fail;
+        }
+        m->run_layers = idx;
+        m->cls = true;
+        m->post_norm = false; /* hidden_states never include post_layernorm */
+        set_name(m, KM_T_TOK_EMBD_NORM, "pre_layrnorm");
+        break;
+    }
+    case KVIS_PALIGEMMA:
+        if ((st = int_field(root, "image_token_index", 256000, &m->image_token))) goto fail;
+        hp->embd_in_unscaled = true; /* features / sqrt(hidden) are scaled back with the token rows */
+        hp->attn_span = true;        /* the prompt is a bidirectional prefix */
+        break;
+    case KVIS_GEMMA3:
+        if ((st = int_field(root, "image_token_index", 262144, &m->image_token)) ||
+            (st = int_field(root, "boi_token_index", 255999, &m->boi_token)) ||
+            (st = int_field(root, "eoi_token_index", 256000, &m->eoi_token)) ||
+            (st = ku_json_int(root, "mm_tokens_per_image", 256, &m->tokens_per_image)))
+            goto fail;
+        hp->attn_span = true; /* bidirectional within each image block */
+        break;
+    case KVIS_SMOLVLM:
+        if ((st = int_field(root, "image_token_id", 49190, &m->image_token)) ||
+            (st = ku_json_int(root, "scale_factor", 2, &m->scale_factor)))
+            goto fail;
+        break;
+    }
+    set_name(m, KM_T_POS_EMBD, "embeddings.position_embedding");
+    set_name(m, KM_T_ATTN_NORM, "encoder.layers.%d.layer_norm1");
+    set_name(m, KM_T_FFN_NORM, "encoder.layers.%d.layer_norm2");
+    set_name(m, KM_T_ATTN_Q, "encoder.layers.%d.self_attn.q_proj");
+    set_name(m, KM_T_ATTN_K, "encoder.layers.%d.self_attn.k_proj");
+    set_name(m, KM_T_ATTN_V, "encoder.layers.%d.self_attn.v_proj");
+    set_name(m, KM_T_ATTN_O, "encoder.layers.%d.self_attn.out_proj");
+    set_name(m, KM_T_FFN_UP, "encoder.layers.%d.mlp.fc1");
+    set_name(m, KM_T_FFN_DOWN, "encoder.layers.%d.mlp.fc2");
+    set_name(m, KM_T_OUTPUT_NORM, "post_layernorm");
+    m->fam.name = m->tower_type;
+    m->fam.names = &m->names;
+    /* the processor, when the folder has one (only image input needs it) */
+    char path[4096];
+    cJSON *pj = NULL;
+    if (!ku_path_join(path, sizeof path, kc_dir(ck), "preprocessor_config.json") && !ku_json_load(path, &pj)) {
+        st = kimg_proc_parse(pj, &m->proc);
+        cJSON_Delete(pj);
+        if (st) goto fail;
+        m->have_proc = true;
+    }
+    *out = m;
+    return NULL;
+fail:
+    free(m);
+    return kiln_status_wrap(st, "%s", kc_dir(ck));
+}
+
+void kvis_free(kvis_model *m) { free(m); }
+
+const char *kvis_describe(const kvis_model *m, char *buf, size_t cap) {
+    static const char *proj[] = {"GELU 2-layer projector", "linear projector", "avg pool + soft-emb norm + projection",
+                                 "pixel shuffle + connector"};
+    snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, image %lld; %s; image token %d",
+             m->model_type, m->tower_type, (long long)m->vhp.n_layers, m->run_layers, (long long)m->vhp.hidden,
+             (long long)m->vhp.n_heads, (long long)m->patch, (long long)m->image_size, proj[m->kind], m->image_token);
+    return buf;
+}
+
+/* ---------------------------------------------------------------- graph pieces */
+
+/* A float tensor "<prefix><name>" of the given shape, as f32 with the shape `as` (same numel). */
+static kg_node *tensor_as(kb_ctx *b, const char *prefix, const char *name, int rank, const int64_t *shape, kg_shape as) {
+    char full[300];
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    const kc_tensor *ct;
+    kiln_status st = kc_get_tensor(b->ck, full, rank, shape, &ct);
+    if (st) return kb_fail(b, st);
+    kg_dtype t = ct->dtype == KC_BF16 ? KG_BF16 : ct->dtype == KC_F16 ? KG_F16 : KG_F32;
+    kg_node *w = kg_weight(b->g, t, as, ct->data, ct->name);
+    return t == KG_F32 ? w : kg_convert(b->g, w, KG_F32);
+}
+
+/* x [..., in] through "<prefix><module>" (+ its bias). */
+static kg_node *linear_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *module, int64_t rows, bool bias) {
+    char name[300];
+    snprintf(name, sizeof name, "%s%s", prefix, module);
+    kg_node *y = kb_linear_module(b, x, name, rows);
+    if (bias && y) y = kg_add(b->g, y, tensor_as(b, name, ".bias", 1, (int64_t[]){rows}, KG_SHAPE(rows)));
+    return y;
+}
+
+/* pixels [C, H, W] -> patches [gh * gw, C * P * P] (row-major over the grid, each patch C, y, x as the conv weight) */
+static kg_node *patchify(kb_ctx *b, kg_node *px, int64_t P) {
+    int64_t C = px->shape.d[0], gh = px->shape.d[1] / P, gw = px->shape.d[2] / P;
+    kg_node *x = kg_reshape(b->g, px, KG_SHAPE(C, gh, P, gw, P));
+    x = kg_transpose(b->g, x, (int[]){1, 3, 0, 2, 4});
+    return kg_reshape(b->g, x, KG_SHAPE(gh * gw, C * P * P));
+}
+
+/* Bidirectional multi-head attention over all N rows of x [N, D] (one image). */
+static kg_node *self_attention(kb_ctx *b, kg_node *x, int il) {
+    kg_graph *g = b->g;
+    int64_t N = x->shape.d[0], D = b->hp->hidden, H = b->hp->n_heads, hd = D / H;
+    kg_node *q = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_Q, il, D, true), KG_SHAPE(N, H, hd));
+    kg_node *k = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_K, il, D, true), KG_SHAPE(N, H, hd));
+    kg_node *v = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_V, il, D, true), KG_SHAPE(N, H, hd));
+    kg_dot_dims qk = {{1, {1}}, {1, {1}}, {1, {2}}, {1, {2}}}; /* [H, N, N] */
+    kg_node *s = kg_scale(g, kg_dot_general(g, q, k, &qk), 1.0 / sqrt((double)hd));
+    kg_node *mx = kg_broadcast_in_dim(g, kg_reduce(g, s, KG_REDUCE_MAX, (int[]){2}, 1), KG_SHAPE(H, N, N), (int[]){0, 1});
+    kg_node *e = kg_unary(g, KG_OP_EXP, kg_binary(g, KG_OP_SUB, s, mx));
+    kg_node *sum = kg_broadcast_in_dim(g, kg_reduce(g, e, KG_REDUCE_SUM, (int[]){2}, 1), KG_SHAPE(H, N, N), (int[]){0, 1});
+    kg_node *p = kg_binary(g, KG_OP_DIV, e, sum);
+    kg_dot_dims pv = {{1, {0}}, {1, {1}}, {1, {2}}, {1, {0}}}; /* [H, N, hd] */
+    kg_node *o = kg_transpose(g, kg_dot_general(g, p, v, &pv), (int[]){1, 0, 2});
+    return kb_linear(b, kg_reshape(g, o, KG_SHAPE(N, D)), KM_T_ATTN_O, il, D, true);
+}
+
+/* CLIP / SigLIP encoder on pixels [C, H, W]: [N (+1 with CLS), D]. */
+static kg_node *clip_tower(kb_ctx *b, const kvis_model *m, kg_node *px) {
+    kg_graph *g = b->g;
+    int64_t D = m->vhp.hidden, P = m->patch, C = px->shape.d[0];
+    int64_t gh = px->shape.d[1] / P, gw = px->shape.d[2] / P, N = gh * gw;
+    kg_node *w = tensor_as(b, m->tower, "embeddings.patch_embedding.weight", 4, (int64_t[]){D, C, P, P}, KG_SHAPE(D, C * P * P));
+    if (!w) return NULL;
+    kg_dot_dims pd = {{0, {0}}, {0, {0}}, {1, {1}}, {1, {1}}};
+    kg_node *x = kg_dot_general(g, patchify(b, px, P), w, &pd); /* [N, D] */
+    char bias[200];
+    snprintf(bias, sizeof bias, "%sembeddings.patch_embedding.bias", m->tower);
+    if (kc_has(b->ck, bias)) x = kg_add(g, x, tensor_as(b, m->tower, "embeddings.patch_embedding.bias", 1, (int64_t[]){D}, KG_SHAPE(D)));
+    int64_t rows = N;
+    if (m->cls) {
+        kg_node *cls = tensor_as(b, m->tower, "embeddings.class_embedding", 1, (int64_t[]){D}, KG_SHAPE(1, D));
+        x = kg_concat(g, (kg_node *[]){cls, x}, 2, 0);
+        rows = N + 1;
+    }
+    kg_node *pos = tensor_as(b, m->tower, "embeddings.position_embedding.weight", 2, (int64_t[]){rows, D}, KG_SHAPE(rows, D));
+    x = kg_add(g, x, pos);
+    if (m->kind == KVIS_LLAVA) x = kb_norm(b, x, KM_T_TOK_EMBD_NORM, -1, KB_NORM_LAYER);
+    kb_ffn_opts ffn = {.gated = false, .act = m->vhp.act, .bias = true};
+    for (int il = 0; il < m->run_layers && x; il++) {
+        x = kg_add(g, x, self_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_LAYER), il));
+        x = kg_add(g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_LAYER), il, &ffn));
+    }
+    if (m->post_norm) x = kb_norm(b, x, KM_T_OUTPUT_NORM, -1, KB_NORM_LAYER);
+    return x;
+}
+
+/* x [h*w, D] -> [h*w/s^2, D*s^2] as Idefics3 / SmolVLM's pixel_shuffle. */
+static kg_node *pixel_shuffle(kb_ctx *b, kg_node *x, int64_t h, int64_t w, int64_t s) {
+    kg_graph *g = b->g;
+    int64_t D = x->shape.d[1];
+    x = kg_reshape(g, x, KG_SHAPE(h, w / s, D * s));
+    x = kg_reshape(g, kg_transpose(g, x, (int[]){1, 0, 2}), KG_SHAPE(w / s, h / s, D * s * s));
+    x = kg_transpose(g, x, (int[]){1, 0, 2});
+    return kg_reshape(g, x, KG_SHAPE(h * w / (s * s), D * s * s));
+}
+
+/* x [h*w, D] -> [(h/k)*(w/k), D]: mean over k x k blocks (avg_pool2d). */
+static kg_node *avg_pool(kb_ctx *b, kg_node *x, int64_t h, int64_t w, int64_t k) {
+    kg_graph *g = b->g;
+    int64_t D = x->shape.d[1];
+    kg_node *y = kg_reshape(g, x, KG_SHAPE(h / k, k, w / k, k, D));
+    y = kg_reduce(g, y, KG_REDUCE_SUM, (int[]){1, 3}, 2);
+    return kg_scale(g, kg_reshape(g, y, KG_SHAPE((h / k) * (w / k), D)), 1.0 / (double)(k * k));
+}
+
+static kg_node *emit(kb_ctx *b, const kvis_model *m, kg_node *px) {
+    kg_graph *g = b->g;
+    int64_t P = m->patch, gh = px->shape.d[1] / P, gw = px->shape.d[2] / P, E = m->text_hidden, D = m->vhp.hidden;
+    kg_node *x = clip_tower(b, m, px);
+    if (!x) return NULL;
+    switch (m->kind) {
+    case KVIS_LLAVA: {
+        x = kg_slice(g, x, (int64_t[]){1, 0}, (int64_t[]){gh * gw + 1, D}, NULL); /* drop CLS */
+        x = kb_act(b, linear_mod(b, x, m->proj, "linear_1", E, true), m->proj_act);
+        return linear_mod(b, x, m->proj, "linear_2", E, true);
+    }
+    case KVIS_PALIGEMMA:
+        return kg_scale(g, linear_mod(b, x, m->proj, "linear", E, true), 1.0 / sqrt((double)E));
+    case KVIS_GEMMA3: {
+        int64_t side = (int64_t)llround(sqrt((double)m->tokens_per_image));
+        if (side <= 0 || gh != gw || gh % side) return kb_fail(b, kiln_error(KILN_EINVAL, "gemma3: %lldx%lld patches do not pool to %lld tokens", (long long)gh, (long long)gw, (long long)m->tokens_per_image));
+        x = avg_pool(b, x, gh, gw, gh / side);
+        kg_node *nw = tensor_as(b, m->proj, "mm_soft_emb_norm.weight", 1, (int64_t[]){D}, KG_SHAPE(D));
+        x = kg_rms_norm(g, x, nw, (float)m->vhp.norm_eps, 1.0f);
+        kg_node *pw = tensor_as(b, m->proj, "mm_input_projection_weight", 2, (int64_t[]){D, E}, KG_SHAPE(D, E));
+        kg_dot_dims dd = {{0, {0}}, {0, {0}}, {1, {1}}, {1, {0}}};
+        return kg_dot_general(g, x, pw, &dd);
+    }
+    case KVIS_SMOLVLM: {
+        int64_t s = m->scale_factor;
+        if (s <= 0 || gh % s || gw % s) return kb_fail(b, kiln_error(KILN_EINVAL, "smolvlm: %lldx%lld patches do not shuffle by %lld", (long long)gh, (long long)gw, (long long)s));
+        x = pixel_shuffle(b, x, gh, gw, s);
+        return linear_mod(b, x, m->proj, "modality_projection.proj", E, false);
+    }
+    }
+    return NULL;
+}
+
+kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_threads, float **features, int64_t *n_tokens) {
+    *features = NULL;
+    *n_tokens = 0;
+    if (px->c != 3 || px->h % m->patch || px->w % m->patch || px->h <= 0 || px->w <= 0)
+        return kiln_error(KILN_EINVAL, "pixels [%lld, %lld, %lld] are not 3 channels of whole %lld-pixel patches", (long long)px->c,
+                          (long long)px->h, (long long)px->w, (long long)m->patch);
+    kb_ctx b = {.ck = m->ck, .hp = &m->vhp, .fam = &m->fam};
+    b.g = kg_create();
+    if (!b.g) return kiln_error(KILN_ENOMEM, "out of memory");
+    kg_node *in = kg_param(b.g, KG_F32, KG_SHAPE(px->c, px->h, px->w), "pixel_values");
+    kg_node *out = emit(&b, m, in);
+    kiln_status st = b.err;
+    if (!st) st = kg_take_error(b.g);
+    if (!st && (!out || out->shape.rank != 2 || out->shape.d[1] != m->text_hidden))
+        st = kiln_error(KILN_EINTERNAL, "%s: the vision emitter's output is not [tokens, %lld]", m->model_type, (long long)m->text_hidden);
+    free(b.inputs);
+    if (st) {
+        kg_destroy(b.g);
+        return kiln_status_wrap(st, "%s: vision tower", kc_dir(m->ck));
+    }
+    kg_add_output(b.g, out);
+    int64_t n = out->shape.d[0], E = m->text_hidden;
+    kr_exec *ex;
+    kp_options po = {0};
+    KILN_TRY(kr_exec_create(b.g, &po, &ex));
+    kr_pool *pool = kr_pool_create(n_threads);
+    float *f = malloc(sizeof(float) * (size_t)(n * E));
+    if (!pool || !f) {
+        kr_exec_destroy(ex);
+        kr_pool_destroy(pool);
+        free(f);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    void *params[1] = {px->data};
+    kr_exec_run(ex, params, pool);
+    memcpy(f, kr_exec_output(ex, 0), sizeof(float) * (size_t)(n * E));
+    kr_exec_destroy(ex);
+    kr_pool_destroy(pool);
+    *features = f;
+    *n_tokens = n;
+    return NULL;
+}
+
+kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kvis_pixels *out) {
+    memset(out, 0, sizeof *out);
+    if (!m->have_proc) return kiln_error(KILN_ENOTFOUND, "%s: no preprocessor_config.json", kc_dir(m->ck));
+    KILN_TRY(kimg_preprocess(&m->proc, im, &out->data, &out->h, &out->w));
+    out->c = 3;
+    return NULL;
+}
+
+void kvis_pixels_free(kvis_pixels *p) {
+    if (!p) return;
+    free(p->data);
+    memset(p, 0, sizeof *p);
+}
+
+kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_t *ids, int cap, int *n) {
+    *n = 0;
+    int64_t gh = px->h / m->patch, gw = px->w / m->patch, k;
+    switch (m->kind) {
+    case KVIS_LLAVA:
+    case KVIS_PALIGEMMA: k = gh * gw; break;
+    case KVIS_GEMMA3: k = m->tokens_per_image; break;
+    case KVIS_SMOLVLM: k = gh * gw / (m->scale_factor * m->scale_factor); break;
+    default: k = 0;
+    }
+    int32_t pre[4], post[4];
+    int np = 0, nq = 0;
+    if (m->kind == KVIS_GEMMA3) pre[np++] = m->boi_token, post[nq++] = m->eoi_token;
+    if (m->kind == KVIS_SMOLVLM) {
+        /* <fake_token_around_image><global-img> ... <fake_token_around_image>: ids from the checkpoint's
+         * tokenizer; the fixture convention uses image_token + 1 / + 2 */
+        pre[np++] = m->image_token + 1, pre[np++] = m->image_token + 2, post[nq++] = m->image_token + 1;
+    }
+    if (np + k + nq > cap) return kiln_error(KILN_ELIMIT, "image block of %lld tokens", (long long)(np + k + nq));
+    for (int i = 0; i < np; i++) ids[(*n)++] = pre[i];
+    for (int64_t i = 0; i < k; i++) ids[(*n)++] = m->image_token;
+    for (int i = 0; i < nq; i++) ids[(*n)++] = post[i];
+    return NULL;
+}
+
+void kvis_spans(const kvis_model *m, const int32_t *ids, int n_prompt, int n, int32_t *span) {
+    for (int i = 0; i < n; i++) span[2 * i] = 1, span[2 * i + 1] = 0;
+    if (m->kind == KVIS_PALIGEMMA)
+        for (int i = 0; i < n_prompt && i < n; i++) span[2 * i] = 0, span[2 * i + 1] = n_prompt - 1;
+    if (m->kind == KVIS_GEMMA3)
+        for (int i = 0; i < n;) {
+            int j = i;
+            while (j < n && ids[j] == m->image_token) j++;
+            for (int k = i; k < j; k++) span[2 * k] = i, span[2 * k + 1] = j - 1;
+            i = j > i ? j : i + 1;
+        }
+}

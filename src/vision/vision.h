@@ -1,0 +1,57 @@
+/* vision.h: vision towers of vision-language checkpoints (prefix kvis_).
+ *
+ * A checkpoint whose config.json has a vision_config (LLaVA, PaliGemma,
+ * Gemma 3, SmolVLM, ...) carries, beside its text decoder, a vision tower
+ * and a projector. kvis_load reads them; kvis_encode builds the tower as a
+ * graph on kiln's IR (patch embedding as a linear over patches, positions,
+ * bidirectional attention, norms, MLPs, then the family's projector),
+ * compiles it for the image's shape and runs it, giving the rows that
+ * replace the text embeddings at the image placeholder tokens (ke_batch.embd).
+ *
+ * Image -> tower input: kvis_pixels_from_image runs the processor of
+ * preprocessor_config.json (vision/image.h); kvis_image_tokens expands one
+ * image into the family's placeholder block of token ids.
+ */
+#ifndef KILN_VISION_H
+#define KILN_VISION_H
+
+#include <stdint.h>
+
+#include "ckpt/checkpoint.h"
+#include "models/hparams.h"
+#include "vision/image.h"
+
+typedef struct kvis_model kvis_model;
+
+/* *out NULL when config.json has no vision_config. Sets the text
+ * hyper-parameters the merge needs (hp->embd_in_unscaled). An unknown
+ * vision model_type is KILN_EUNSUPPORTED naming it. */
+kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out);
+void kvis_free(kvis_model *m);
+/* One line for `kiln info`: tower, size, projector. */
+const char *kvis_describe(const kvis_model *m, char *buf, size_t cap);
+/* The token id whose embeddings the features replace. */
+int32_t kvis_image_token(const kvis_model *m);
+
+/* The tower's input for one image, as the processor writes pixel_values:
+ * [3, h, w] f32 (CLIP / SigLIP towers). */
+typedef struct {
+    float *data; /* malloc'ed */
+    int64_t c, h, w;
+} kvis_pixels;
+kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kvis_pixels *out);
+void kvis_pixels_free(kvis_pixels *p);
+/* Image features [*n_tokens, text hidden] (malloc'ed) for pixels. */
+kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_threads, float **features, int64_t *n_tokens);
+/* The placeholder block of one image's tokens (image tokens and the
+ * family's markers around them) as the processor expands it: up to cap ids
+ * into ids, *n the count; *n_image the image tokens among them. */
+kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_t *ids, int cap, int *n);
+
+/* The bidirectional spans the family's text model attends within
+ * (ke_inputs.span) for a sequence whose first n_prompt of n ids are the
+ * prompt: Gemma 3's runs of image tokens, PaliGemma's whole prompt (prefix-LM);
+ * (1, 0) (none) elsewhere and for every other family. span [n, 2]. */
+void kvis_spans(const kvis_model *m, const int32_t *ids, int n_prompt, int n, int32_t *span);
+
+#endif
