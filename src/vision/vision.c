@@ -265,6 +265,29 @@ static kg_node *self_attention(kb_ctx *b, kg_node *x, int il) {
     return kb_linear(b, kg_reshape(g, o, KG_SHAPE(N, D)), KM_T_ATTN_O, il, D, true);
 }
 
+/* Idefics3 / SmolVLM position ids of a gh x gw patch grid in a table of
+ * side x side positions: fractional coordinates i / n * (1 - 1e-6) (float32)
+ * bucketed by the boundaries k / side (torch.bucketize, right=True). The
+ * factor puts coordinate i / n just below boundary i / n, so a full grid
+ * reads rows 0, 0, 1, 2, ... as transformers does. i32 [gh * gw]. */
+static kg_node *navit_positions(kb_ctx *b, int64_t gh, int64_t gw, int64_t side) {
+    int32_t *ids = kg_alloc(b->g, sizeof(int32_t) * (size_t)(gh * gw));
+    int64_t bh[2] = {gh, gw};
+    int32_t bucket[2][4096];
+    if (!ids || gh > 4096 || gw > 4096) return kb_fail(b, kiln_error(KILN_ELIMIT, "%lldx%lld patches", (long long)gh, (long long)gw));
+    for (int a = 0; a < 2; a++)
+        for (int64_t i = 0; i < bh[a]; i++) {
+            float f = (float)i / (float)bh[a] * (float)(1 - 1e-6);
+            int32_t k = 0;
+            for (int64_t j = 1; j < side; j++) /* boundaries j / side, computed in double then rounded as torch.arange */
+                if ((float)((double)j / (double)side) <= f) k++;
+            bucket[a][i] = k;
+        }
+    for (int64_t y = 0; y < gh; y++)
+        for (int64_t x = 0; x < gw; x++) ids[y * gw + x] = (int32_t)(bucket[0][y] * side + bucket[1][x]);
+    return kg_const(b->g, KG_I32, KG_SHAPE(gh * gw), ids);
+}
+
 /* CLIP / SigLIP encoder on pixels [C, H, W]: [N (+1 with CLS), D]. */
 static kg_node *clip_tower(kb_ctx *b, const kvis_model *m, kg_node *px) {
     kg_graph *g = b->g;
@@ -283,7 +306,9 @@ static kg_node *clip_tower(kb_ctx *b, const kvis_model *m, kg_node *px) {
         x = kg_concat(g, (kg_node *[]){cls, x}, 2, 0);
         rows = N + 1;
     }
-    kg_node *pos = tensor_as(b, m->tower, "embeddings.position_embedding.weight", 2, (int64_t[]){rows, D}, KG_SHAPE(rows, D));
+    int64_t side = m->image_size / P, n_pos = m->kind == KVIS_SMOLVLM ? side * side : rows;
+    kg_node *pos = tensor_as(b, m->tower, "embeddings.position_embedding.weight", 2, (int64_t[]){n_pos, D}, KG_SHAPE(n_pos, D));
+    if (m->kind == KVIS_SMOLVLM) pos = kg_take_rows(g, pos, navit_positions(b, gh, gw, side));
     x = kg_add(g, x, pos);
     if (m->kind == KVIS_LLAVA) x = kb_norm(b, x, KM_T_TOK_EMBD_NORM, -1, KB_NORM_LAYER);
     kb_ffn_opts ffn = {.gated = false, .act = m->vhp.act, .bias = true};
