@@ -775,6 +775,7 @@ static int64_t longrope_limit(const km_hparams *hp) {
 }
 
 kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
+    if (x && !x->embd && !x->span) x = NULL;
     if (x && longrope_limit(&c->m->hp) >= 0) return kiln_error(KILN_EUNSUPPORTED, "per-token inputs with LongRoPE are not supported");
     return x ? decode_step(c, b, x, logits, n_rows) : ke_decode(c, b, logits, n_rows);
 }

@@ -9,6 +9,7 @@
 #include "engine/validate.h"
 #include "kt.h"
 #include "models/family.h"
+#include "vision/vision.h"
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
@@ -40,9 +41,12 @@ static void run_tree(const char *root, int depth, int *n, int *bad, bool only_su
         snprintf(p, sizeof p, "%s/config.json", root);
         cJSON *cfg = NULL;
         kiln_status st = ku_json_load(p, &cfg);
-        const char *mt = NULL;
+        const char *mt = NULL, *tmt = NULL;
         if (!st) st = ku_json_str(cfg, "model_type", "", &mt);
         bool supported = !st && km_family_find(mt);
+        const cJSON *tc = ku_json_get(cfg, "text_config");
+        if (!st && ku_json_get(cfg, "vision_config") && tc && !ku_json_str(tc, "model_type", "", &tmt))
+            supported = kvis_supported(mt) && km_family_find(tmt); /* a vision-language wrapper */
         kiln_status_free(st);
         if (supported || !only_supported) {
             kv_options o = {0};
@@ -114,4 +118,28 @@ KT_TEST(oracle_gate_shared_remote_fixtures) {
     run_tree(root, 0, &n, &bad, true);
     fprintf(stderr, "  %d shared remote-code fixtures of supported families checked\n", n);
     KT_CHECKF(bad == 0, "%d of %d shared remote-code fixtures fail the gate", bad, n);
+}
+
+/* Vision-language fixtures: preprocessing, tower + projector, merged decoding. */
+KT_TEST(oracle_gate_committed_vlm_fixtures) {
+    char root[4096];
+    kt_path(root, sizeof root, "tests/fixtures/vlm");
+    int n = 0, bad = 0;
+    run_tree(root, 0, &n, &bad, false);
+    KT_CHECKF(n >= 4, "only %d committed vision-language fixtures found under %s", n, root);
+    KT_CHECKF(bad == 0, "%d of %d committed vision-language fixtures fail the gate", bad, n);
+}
+
+KT_TEST(oracle_gate_shared_vlm_fixtures) {
+    const char *sh = kt_shared();
+    if (!sh) {
+        kt_skip("../shared is absent");
+        return;
+    }
+    char root[4096];
+    snprintf(root, sizeof root, "%s/oracle/fixtures-vlm", sh);
+    int n = 0, bad = 0;
+    run_tree(root, 0, &n, &bad, true);
+    fprintf(stderr, "  %d shared vision-language fixtures of supported families checked\n", n);
+    KT_CHECKF(bad == 0, "%d of %d shared vision-language fixtures fail the gate", bad, n);
 }

@@ -213,6 +213,52 @@ KT_TEST(composite_attention_matches_decomposition) {
     }
 }
 
+/* Bidirectional spans (kg_attention_span): each token also sees keys lo..hi,
+ * before or past its own position and window; some tokens have none. */
+static kg_node *build_attn_span(kg_graph *g, void *ctx) {
+    attn_cfg *c = ctx;
+    kg_node *q = kg_param(g, KG_F32, KG_SHAPE(c->T, c->Hq, c->D), "q");
+    kg_node *kc = kg_param(g, KG_F32, KG_SHAPE(c->NB * c->bs, c->Hkv, c->D), "kc");
+    kg_node *vc = kg_param(g, KG_F32, KG_SHAPE(c->NB * c->bs, c->Hkv, c->Dv), "vc");
+    kg_node *bt = kg_param(g, KG_I32, KG_SHAPE(c->S, c->MB), "bt");
+    kg_node *ts = kg_param(g, KG_I32, KG_SHAPE(c->T), "seq");
+    kg_node *tp = kg_param(g, KG_I32, KG_SHAPE(c->T), "pos");
+    kg_node *sinks = c->sinks ? kg_param(g, KG_F32, KG_SHAPE(c->Hq), "sinks") : NULL;
+    kg_node *span = kg_param(g, KG_I32, KG_SHAPE(c->T, 2), "span");
+    kg_attn_attr at = {.scale = 1.0f / sqrtf((float)c->D), .softcap = c->softcap, .window = c->window, .block_size = (int)c->bs};
+    return kg_attention_span(g, q, kc, vc, bt, ts, tp, NULL, sinks, span, &at);
+}
+
+KT_TEST(composite_attention_span_matches_decomposition) {
+    attn_cfg cfgs[] = {
+        {6, 4, 2, 16, 16, 2, 3, 4, 8, 0, 0, 0, false, false}, /* GQA, two sequences */
+        {5, 4, 1, 8, 8, 1, 4, 4, 4, 3, 0, 0, false, true},    /* sliding window 3 (spans reach past it), sinks */
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        attn_cfg *c = &cfgs[i];
+        inputs in = {.n = 6};
+        in.buf[0] = rand_buf(KG_F32, c->T * c->Hq * c->D, 2);
+        in.buf[1] = rand_buf(KG_F32, c->NB * c->bs * c->Hkv * c->D, 2);
+        in.buf[2] = rand_buf(KG_F32, c->NB * c->bs * c->Hkv * c->Dv, 2);
+        int32_t *bt = calloc((size_t)(c->S * c->MB), 4), *ts = calloc((size_t)c->T, 4), *tp = calloc((size_t)c->T, 4);
+        int32_t *sp = calloc((size_t)(2 * c->T), 4);
+        int64_t C = c->MB * c->bs;
+        for (int64_t s = 0; s < c->S; s++)
+            for (int64_t b = 0; b < c->MB; b++) bt[s * c->MB + b] = (int32_t)((s * c->MB + b) * 5 % c->NB);
+        for (int64_t t = 0; t < c->T; t++) {
+            ts[t] = (int32_t)(t % c->S);
+            tp[t] = (int32_t)((t * 7 + 3) % C);
+            sp[2 * t] = (int32_t)((t * 3) % C), sp[2 * t + 1] = (int32_t)((t * 3 + 5) % C); /* some lo > hi: none */
+        }
+        in.buf[3] = bt, in.buf[4] = ts, in.buf[5] = tp;
+        if (c->sinks) in.buf[in.n++] = rand_buf(KG_F32, c->Hq, 2);
+        in.buf[in.n++] = sp;
+        double mx, d = compare(build_attn_span, c, &in, &mx);
+        free_inputs(&in);
+        KT_CHECKF(d <= 1e-5 * (1 + mx), "attention span config %zu: max diff %g", i, d);
+    }
+}
+
 /* ---------------------------------------------------------------- weights */
 
 typedef struct {

@@ -244,6 +244,9 @@ static inline float *mt_prefill(const km_family *fam, const km_hparams *hp, cons
             kb_state_fill_row(c, in[i].sub, caches[i]);
             params[i] = caches[i];
             break;
+        case KB_IN_EMBD:
+        case KB_IN_EMBD_MASK:
+        case KB_IN_SPAN: break; /* text models never take them */
         }
     }
     kr_exec_run(ex, params, NULL);

@@ -48,6 +48,14 @@ struct kvis_model {
 
 int32_t kvis_image_token(const kvis_model *m) { return m->image_token; }
 
+static const char *const supported[] = {"llava", "paligemma", "gemma3", "smolvlm", "idefics3"};
+
+bool kvis_supported(const char *model_type) {
+    for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
+        if (!strcmp(model_type, supported[i])) return true;
+    return false;
+}
+
 /* prefix of the first tensor named "<prefix><suffix>", into out */
 static bool find_prefix(const kc_checkpoint *ck, const char *suffix, char *out, size_t cap) {
     size_t sl = strlen(suffix);

@@ -27,6 +27,8 @@ typedef struct kvis_model kvis_model;
  * hyper-parameters the merge needs (hp->embd_in_unscaled). An unknown
  * vision model_type is KILN_EUNSUPPORTED naming it. */
 kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out);
+/* True when the vision-language model_type (config.json's top level) is supported. */
+bool kvis_supported(const char *model_type);
 void kvis_free(kvis_model *m);
 /* One line for `kiln info`: tower, size, projector. */
 const char *kvis_describe(const kvis_model *m, char *buf, size_t cap);
