@@ -10,6 +10,7 @@
 #include "chat/chat.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "vision/vision.h"
 #include "engine/textio.h"
 #include "gen/params.h"
 #include "gen/session.h"
@@ -28,6 +29,7 @@ static void usage(FILE *f) {
                "  --chat                apply the model's chat template to the prompt as a user message\n"
                "  --system TEXT         with --chat: a system message first\n"
                "  --prompt-ids IDS      prompt token ids instead of text, e.g. 1,17,93\n"
+               "  --image FILE.png      vision-language models: an image, at the prompt's image token (else first)\n"
                "  --no-display-prompt   do not echo the prompt\n"
                "  --force-ids IDS       teacher forcing: feed these ids instead of sampling\n"
                "  --logits-out FILE     write float32 .npy [rows, vocab]: row 0 at the last prompt\n"
@@ -47,7 +49,7 @@ static const char *no_text(void *ud, int32_t id, size_t *len) {
 }
 
 typedef struct {
-    const char *dir, *logits_out, *text, *file, *system;
+    const char *dir, *logits_out, *text, *file, *system, *image;
     int32_t *prompt, *forced;
     int n_prompt, n_forced;
     int64_t n_ctx, threads;
@@ -82,6 +84,7 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->text = v;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->file = v;
         else if (!strcmp(a, "--system")) o->system = v;
+        else if (!strcmp(a, "--image")) o->image = v;
         else return kiln_error(KILN_EINVAL, "unknown option %s (see kiln generate --help)", a);
         i += takes ? 2 : 1;
     }
@@ -193,6 +196,41 @@ static kiln_status keep_id(record *r, int32_t id) {
     return NULL;
 }
 
+/* --image: the image's features, the prompt with its placeholder block, and
+ * per prompt token its feature row (embd) and bidirectional span. */
+typedef struct {
+    float *feat;
+    const float **embd;
+    int32_t *span;
+} image_input;
+
+static kiln_status add_image(opts *o, const ke_model *m, image_input *im) {
+    kvis_model *vm = ke_model_vision(m);
+    if (!vm) return kiln_error(KILN_EUNSUPPORTED, "--image: %s is not a vision-language model (no vision_config)", o->dir);
+    kimg_image img;
+    kvis_pixels px = {0};
+    KILN_TRYF(kimg_load_png(o->image, &img), "--image");
+    kiln_status st = kvis_pixels_from_image(vm, &img, &px);
+    kimg_free(&img);
+    int64_t n_feat = 0, E = ke_model_hparams(m)->hidden;
+    if (!st) st = kvis_encode(vm, &px, (int)o->threads, &im->feat, &n_feat);
+    int32_t *ids = NULL;
+    int n = 0;
+    if (!st) st = kvis_expand_prompt(vm, &px, o->prompt, o->n_prompt, kc_bos_id(ke_model_checkpoint(m)), &ids, &n);
+    kvis_pixels_free(&px);
+    if (st) return kiln_status_wrap(st, "--image %s", o->image);
+    free(o->prompt);
+    o->prompt = ids, o->n_prompt = n;
+    im->embd = calloc((size_t)n, sizeof *im->embd);
+    im->span = malloc(sizeof(int32_t) * 2 * (size_t)n);
+    if (!im->embd || !im->span) return kiln_error(KILN_ENOMEM, "out of memory");
+    int64_t r = 0;
+    for (int i = 0; i < n && r < n_feat; i++)
+        if (ids[i] == kvis_image_token(vm)) im->embd[i] = im->feat + r++ * E;
+    kvis_spans(vm, ids, n, n, im->span);
+    return NULL;
+}
+
 static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     ke_model *m = NULL;
     ke_ctx *c = NULL;
@@ -208,6 +246,8 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
         else kiln_status_free(ts);
     }
     if (!st) st = prompt_ids(o, tok);
+    image_input img = {0};
+    if (!st && o->image) st = add_image(o, m, &img);
     if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads}, &c);
     t[0] = now() - t0;
     if (st) goto out;
@@ -247,7 +287,8 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     const float *lg;
     int nr;
     double t1 = now();
-    st = ke_decode(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, &lg, &nr);
+    st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->image ? &(ke_inputs){img.embd, img.span} : NULL,
+                      &lg, &nr);
     free(seqs);
     t[1] = now() - t1;
     double t2 = now();
@@ -293,6 +334,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     t[2] = now() - t2;
     *finish = kgen_finish_reason(f) ? kgen_finish_reason(f) : "length";
 out:
+    free(img.feat), free(img.embd), free(img.span);
     kgen_session_destroy(g);
     ke_text_detok_free(&td);
     ke_text_vocab_free(&tv);

@@ -5,6 +5,7 @@
 
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "vision/vision.h"
 
 int kiln_cmd_info(int argc, char **argv) {
     const char *dir = NULL;
@@ -79,6 +80,11 @@ int kiln_cmd_info(int argc, char **argv) {
         if (chunked)
             printf("attention    chunks of %lld positions on %d of %lld layers\n", (long long)hp->attn_chunk, chunked,
                    (long long)hp->n_layers);
+    }
+    if (ke_model_vision(m)) {
+        char vb[512];
+        printf("vision       %s\n", kvis_describe(ke_model_vision(m), vb, sizeof vb));
+        if (hp->attn_span) printf("attention    bidirectional within image blocks / the prompt prefix\n");
     }
     if (hp->logn_len) printf("attention    logn query scaling from position %lld\n", (long long)hp->logn_len);
     if (hp->alibi) printf("positions    ALiBi\n");

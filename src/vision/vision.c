@@ -474,3 +474,28 @@ void kvis_spans(const kvis_model *m, const int32_t *ids, int n_prompt, int n, in
             i = j > i ? j : i + 1;
         }
 }
+
+kiln_status kvis_expand_prompt(const kvis_model *m, const kvis_pixels *px, const int32_t *ids, int n, int32_t bos,
+                               int32_t **out, int *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    int cap = 1 << 16, k;
+    int32_t *blk = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!blk) return kiln_error(KILN_ENOMEM, "out of memory");
+    kiln_status st = kvis_image_tokens(m, px, blk, cap, &k);
+    int at = 0, skip = 0; /* the block goes at `at`, replacing `skip` ids */
+    for (at = 0; at < n && ids[at] != m->image_token; at++) {}
+    if (at < n) skip = 1;
+    else at = m->kind != KVIS_PALIGEMMA && n > 0 && ids[0] == bos ? 1 : 0;
+    int32_t *o = st ? NULL : malloc(sizeof(int32_t) * (size_t)(n - skip + k + 1));
+    if (!st && !o) st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st) {
+        memcpy(o, ids, sizeof(int32_t) * (size_t)at);
+        memcpy(o + at, blk, sizeof(int32_t) * (size_t)k);
+        memcpy(o + at + k, ids + at + skip, sizeof(int32_t) * (size_t)(n - at - skip));
+        *out = o;
+        *n_out = n - skip + k;
+    }
+    free(blk);
+    return st;
+}

@@ -50,6 +50,14 @@ kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_thread
  * into ids, *n the count; *n_image the image tokens among them. */
 kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_t *ids, int cap, int *n);
 
+/* The prompt ids[n] with one image's placeholder block in place: the first
+ * image token of ids is expanded to the block (kvis_image_tokens), or
+ * without one the block goes first (after a leading bos for every family
+ * but PaliGemma, whose prompt starts with the image). *out (malloc'ed),
+ * *n_out. */
+kiln_status kvis_expand_prompt(const kvis_model *m, const kvis_pixels *px, const int32_t *ids, int n, int32_t bos,
+                               int32_t **out, int *n_out);
+
 /* The bidirectional spans the family's text model attends within
  * (ke_inputs.span) for a sequence whose first n_prompt of n ids are the
  * prompt: Gemma 3's runs of image tokens, PaliGemma's whole prompt (prefix-LM);
