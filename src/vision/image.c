@@ -90,7 +90,9 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
     int64_t r;
     KILN_TRY(ku_json_int(j, "resample", 3, &r));
     p->resample = (int)r;
-    KILN_TRY(ku_json_int(j, "patch_size", 0, &p->patch));
+    const cJSON *ps = ku_json_get(j, "patch_size");
+    if (cJSON_IsObject(ps)) KILN_TRY(ku_json_int(ps, "height", 0, &p->patch)); /* Pixtral: {"height", "width"} */
+    else KILN_TRY(ku_json_int(j, "patch_size", 0, &p->patch));
     KILN_TRY(ku_json_int(j, "temporal_patch_size", 0, &p->temporal_patch));
     KILN_TRY(ku_json_int(j, "merge_size", 0, &p->merge));
     KILN_TRY(ku_json_int(j, "min_pixels", 0, &p->min_pixels));

@@ -23,6 +23,7 @@ typedef enum {
     KVIS_PALIGEMMA, /* SigLIP, linear projector, / sqrt(text hidden) */
     KVIS_GEMMA3,    /* SigLIP, avg pool, soft-embedding RMSNorm, projection */
     KVIS_SMOLVLM,   /* SigLIP, pixel shuffle, connector linear */
+    KVIS_MISTRAL3,  /* Pixtral (RMSNorm, 2-D rope, gated MLP), RMSNorm + 2x2 patch merger + GELU 2-layer projector */
 } kvis_kind;
 
 struct kvis_model {
@@ -41,14 +42,17 @@ struct kvis_model {
     bool post_norm;          /* post_layernorm on the output */
     km_act proj_act;
     int64_t tokens_per_image;/* gemma3: mm_tokens_per_image */
-    int64_t scale_factor;    /* smolvlm pixel shuffle */
+    int64_t scale_factor;    /* smolvlm pixel shuffle; mistral3 spatial merge */
+    double rope_theta;       /* pixtral */
+    double proj_eps;         /* mistral3: the projector's RMSNorm */
+    bool proj_bias;
     kimg_proc proc;
     bool have_proc;
 };
 
 int32_t kvis_image_token(const kvis_model *m) { return m->image_token; }
 
-static const char *const supported[] = {"llava", "paligemma", "gemma3", "smolvlm", "idefics3"};
+static const char *const supported[] = {"llava", "paligemma", "gemma3", "smolvlm", "idefics3", "mistral3"};
 
 bool kvis_supported(const char *model_type) {
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
@@ -100,9 +104,10 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
     else if (!strcmp(mt, "paligemma")) m->kind = KVIS_PALIGEMMA;
     else if (!strcmp(mt, "gemma3")) m->kind = KVIS_GEMMA3;
     else if (!strcmp(mt, "smolvlm") || !strcmp(mt, "idefics3")) m->kind = KVIS_SMOLVLM;
+    else if (!strcmp(mt, "mistral3")) m->kind = KVIS_MISTRAL3;
     else {
         st = kiln_error(KILN_EUNSUPPORTED, "config.json: vision-language model_type \"%s\" (vision tower \"%s\") is not supported "
-                                           "(supported: llava, paligemma, gemma3, smolvlm)", mt, vt);
+                                           "(supported: llava, paligemma, gemma3, smolvlm, mistral3)", mt, vt);
         goto fail;
     }
     const char *act;
@@ -111,7 +116,7 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
     if ((st = ku_json_int(vc, "hidden_size", 768, &v->hidden)) || (st = ku_json_int(vc, "num_attention_heads", 12, &v->n_heads)) ||
         (st = ku_json_int(vc, "intermediate_size", 3072, &v->ffn)) || (st = ku_json_int(vc, "num_hidden_layers", 12, &nl)) ||
         (st = ku_json_int(vc, "patch_size", 14, &m->patch)) || (st = ku_json_int(vc, "image_size", 224, &m->image_size)) ||
-        (st = ku_json_num(vc, "layer_norm_eps", m->kind == KVIS_LLAVA ? 1e-5 : 1e-6, &v->norm_eps)) ||
+        (st = ku_json_num(vc, "layer_norm_eps", m->kind == KVIS_LLAVA || m->kind == KVIS_MISTRAL3 ? 1e-5 : 1e-6, &v->norm_eps)) ||
         (st = ku_json_str(vc, "hidden_act", m->kind == KVIS_LLAVA ? "quick_gelu" : "gelu_pytorch_tanh", &act)) ||
         (st = km_parse_act(act, &v->act)))
         goto fail;
@@ -127,12 +132,12 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
     m->run_layers = (int)nl;
     m->post_norm = true;
     m->boi_token = m->eoi_token = m->global_token = m->fake_token = -1;
-    if (!find_prefix(ck, "embeddings.patch_embedding.weight", m->tower, sizeof m->tower)) {
+    if (!find_prefix(ck, m->kind == KVIS_MISTRAL3 ? "patch_conv.weight" : "embeddings.patch_embedding.weight", m->tower, sizeof m->tower)) {
         st = kiln_error(KILN_ENOTFOUND, "no vision tower tensor \"*embeddings.patch_embedding.weight\"");
         goto fail;
     }
     if (!find_prefix(ck, m->kind == KVIS_SMOLVLM ? "modality_projection.proj.weight" : m->kind == KVIS_GEMMA3 ? "mm_input_projection_weight"
-                         : m->kind == KVIS_PALIGEMMA ? "linear.weight" : "linear_1.weight",
+                         : m->kind == KVIS_PALIGEMMA ? "linear.weight" : m->kind == KVIS_MISTRAL3 ? "patch_merger.merging_layer.weight" : "linear_1.weight",
                      m->proj, sizeof m->proj)) {
         st = kiln_error(KILN_ENOTFOUND, "no multi-modal projector tensors");
         goto fail;
@@ -184,17 +189,48 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
             (st = ku_json_int(root, "scale_factor", 2, &m->scale_factor)))
             goto fail;
         break;
+    case KVIS_MISTRAL3: {
+        int64_t fl;
+        const char *pact;
+        const cJSON *fj = ku_json_get(root, "vision_feature_layer");
+        if ((fj && !cJSON_IsNumber(fj)) || (st = ku_json_int(root, "vision_feature_layer", -1, &fl)) || fl != -1) {
+            if (!st) st = kiln_error(KILN_EUNSUPPORTED, "config.json: mistral3 vision_feature_layer other than -1 is not supported");
+            goto fail;
+        }
+        if ((st = int_field(root, "image_token_index", 10, &m->image_token)) ||
+            (st = ku_json_int(root, "spatial_merge_size", 2, &m->scale_factor)) ||
+            (st = ku_json_str(root, "projector_hidden_act", "gelu", &pact)) || (st = km_parse_act(pact, &m->proj_act)) ||
+            (st = ku_json_bool(root, "multimodal_projector_bias", false, &m->proj_bias)) ||
+            (st = ku_json_num(vc, "rope_theta", 10000.0, &m->rope_theta)) ||
+            (st = ku_json_num(kc_config(ck), "rms_norm_eps", 1e-6, &m->proj_eps)) ||
+            (st = ku_json_int(vc, "head_dim", v->head_dim, &v->head_dim)))
+            goto fail;
+        m->post_norm = false;
+        set_name(m, KM_T_TOK_EMBD_NORM, "ln_pre");
+        set_name(m, KM_T_ATTN_NORM, "transformer.layers.%d.attention_norm");
+        set_name(m, KM_T_FFN_NORM, "transformer.layers.%d.ffn_norm");
+        set_name(m, KM_T_ATTN_Q, "transformer.layers.%d.attention.q_proj");
+        set_name(m, KM_T_ATTN_K, "transformer.layers.%d.attention.k_proj");
+        set_name(m, KM_T_ATTN_V, "transformer.layers.%d.attention.v_proj");
+        set_name(m, KM_T_ATTN_O, "transformer.layers.%d.attention.o_proj");
+        set_name(m, KM_T_FFN_GATE, "transformer.layers.%d.feed_forward.gate_proj");
+        set_name(m, KM_T_FFN_UP, "transformer.layers.%d.feed_forward.up_proj");
+        set_name(m, KM_T_FFN_DOWN, "transformer.layers.%d.feed_forward.down_proj");
+        break;
     }
-    set_name(m, KM_T_POS_EMBD, "embeddings.position_embedding");
-    set_name(m, KM_T_ATTN_NORM, "encoder.layers.%d.layer_norm1");
-    set_name(m, KM_T_FFN_NORM, "encoder.layers.%d.layer_norm2");
-    set_name(m, KM_T_ATTN_Q, "encoder.layers.%d.self_attn.q_proj");
-    set_name(m, KM_T_ATTN_K, "encoder.layers.%d.self_attn.k_proj");
-    set_name(m, KM_T_ATTN_V, "encoder.layers.%d.self_attn.v_proj");
-    set_name(m, KM_T_ATTN_O, "encoder.layers.%d.self_attn.out_proj");
-    set_name(m, KM_T_FFN_UP, "encoder.layers.%d.mlp.fc1");
-    set_name(m, KM_T_FFN_DOWN, "encoder.layers.%d.mlp.fc2");
-    set_name(m, KM_T_OUTPUT_NORM, "post_layernorm");
+    }
+    if (m->kind != KVIS_MISTRAL3) { /* CLIP / SigLIP naming */
+        set_name(m, KM_T_POS_EMBD, "embeddings.position_embedding");
+        set_name(m, KM_T_ATTN_NORM, "encoder.layers.%d.layer_norm1");
+        set_name(m, KM_T_FFN_NORM, "encoder.layers.%d.layer_norm2");
+        set_name(m, KM_T_ATTN_Q, "encoder.layers.%d.self_attn.q_proj");
+        set_name(m, KM_T_ATTN_K, "encoder.layers.%d.self_attn.k_proj");
+        set_name(m, KM_T_ATTN_V, "encoder.layers.%d.self_attn.v_proj");
+        set_name(m, KM_T_ATTN_O, "encoder.layers.%d.self_attn.out_proj");
+        set_name(m, KM_T_FFN_UP, "encoder.layers.%d.mlp.fc1");
+        set_name(m, KM_T_FFN_DOWN, "encoder.layers.%d.mlp.fc2");
+        set_name(m, KM_T_OUTPUT_NORM, "post_layernorm");
+    }
     m->fam.name = m->tower_type;
     m->fam.names = &m->names;
     /* the processor, when the folder has one (only image input needs it) */
@@ -217,7 +253,7 @@ void kvis_free(kvis_model *m) { free(m); }
 
 const char *kvis_describe(const kvis_model *m, char *buf, size_t cap) {
     static const char *proj[] = {"GELU 2-layer projector", "linear projector", "avg pool + soft-emb norm + projection",
-                                 "pixel shuffle + connector"};
+                                 "pixel shuffle + connector", "RMSNorm + 2x2 patch merger + 2-layer projector"};
     snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, image %lld; %s; image token %d",
              m->model_type, m->tower_type, (long long)m->vhp.n_layers, m->run_layers, (long long)m->vhp.hidden,
              (long long)m->vhp.n_heads, (long long)m->patch, (long long)m->image_size, proj[m->kind], m->image_token);
@@ -255,13 +291,15 @@ static kg_node *patchify(kb_ctx *b, kg_node *px, int64_t P) {
     return kg_reshape(b->g, x, KG_SHAPE(gh * gw, C * P * P));
 }
 
-/* Bidirectional multi-head attention over all N rows of x [N, D] (one image). */
-static kg_node *self_attention(kb_ctx *b, kg_node *x, int il) {
+/* Bidirectional multi-head attention over all N rows of x [N, D] (one image);
+ * with cos/sin [N, hd/2], q and k rotate (rotate-half) first. */
+static kg_node *self_attention(kb_ctx *b, kg_node *x, int il, bool bias, kg_node *cos, kg_node *sin) {
     kg_graph *g = b->g;
-    int64_t N = x->shape.d[0], D = b->hp->hidden, H = b->hp->n_heads, hd = D / H;
-    kg_node *q = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_Q, il, D, true), KG_SHAPE(N, H, hd));
-    kg_node *k = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_K, il, D, true), KG_SHAPE(N, H, hd));
-    kg_node *v = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_V, il, D, true), KG_SHAPE(N, H, hd));
+    int64_t N = x->shape.d[0], D = b->hp->hidden, H = b->hp->n_heads, hd = b->hp->head_dim;
+    kg_node *q = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_Q, il, H * hd, bias), KG_SHAPE(N, H, hd));
+    kg_node *k = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_K, il, H * hd, bias), KG_SHAPE(N, H, hd));
+    kg_node *v = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_V, il, H * hd, bias), KG_SHAPE(N, H, hd));
+    if (cos) q = kg_rope(g, q, cos, sin, (int)hd, false), k = kg_rope(g, k, cos, sin, (int)hd, false);
     kg_dot_dims qk = {{1, {1}}, {1, {1}}, {1, {2}}, {1, {2}}}; /* [H, N, N] */
     kg_node *s = kg_scale(g, kg_dot_general(g, q, k, &qk), 1.0 / sqrt((double)hd));
     kg_node *mx = kg_broadcast_in_dim(g, kg_reduce(g, s, KG_REDUCE_MAX, (int[]){2}, 1), KG_SHAPE(H, N, N), (int[]){0, 1});
@@ -270,7 +308,7 @@ static kg_node *self_attention(kb_ctx *b, kg_node *x, int il) {
     kg_node *p = kg_binary(g, KG_OP_DIV, e, sum);
     kg_dot_dims pv = {{1, {0}}, {1, {1}}, {1, {2}}, {1, {0}}}; /* [H, N, hd] */
     kg_node *o = kg_transpose(g, kg_dot_general(g, p, v, &pv), (int[]){1, 0, 2});
-    return kb_linear(b, kg_reshape(g, o, KG_SHAPE(N, D)), KM_T_ATTN_O, il, D, true);
+    return kb_linear(b, kg_reshape(g, o, KG_SHAPE(N, H * hd)), KM_T_ATTN_O, il, D, bias);
 }
 
 /* Idefics3 / SmolVLM position ids of a gh x gw patch grid in a table of
@@ -321,7 +359,7 @@ static kg_node *clip_tower(kb_ctx *b, const kvis_model *m, kg_node *px) {
     if (m->kind == KVIS_LLAVA) x = kb_norm(b, x, KM_T_TOK_EMBD_NORM, -1, KB_NORM_LAYER);
     kb_ffn_opts ffn = {.gated = false, .act = m->vhp.act, .bias = true};
     for (int il = 0; il < m->run_layers && x; il++) {
-        x = kg_add(g, x, self_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_LAYER), il));
+        x = kg_add(g, x, self_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_LAYER), il, true, NULL, NULL));
         x = kg_add(g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_LAYER), il, &ffn));
     }
     if (m->post_norm) x = kb_norm(b, x, KM_T_OUTPUT_NORM, -1, KB_NORM_LAYER);
@@ -347,9 +385,70 @@ static kg_node *avg_pool(kb_ctx *b, kg_node *x, int64_t h, int64_t w, int64_t k)
     return kg_scale(g, kg_reshape(g, y, KG_SHAPE((h / k) * (w / k), D)), 1.0 / (double)(k * k));
 }
 
+/* Pixtral's 2-D rotary tables for a gh x gw grid: per patch (i, j) the
+ * angles i * f[0], j * f[1], i * f[2], ... split as transformers'
+ * PixtralRotaryEmbedding: the first half of the hd/2 frequencies from the
+ * even inverse frequencies times the row, the second from the odd ones times
+ * the column. cos/sin [gh * gw, hd/2] (float32 as torch computes them). */
+static void pixtral_rope(kb_ctx *b, const kvis_model *m, int64_t gh, int64_t gw, kg_node **cos, kg_node **sin) {
+    int64_t hd = m->vhp.head_dim, half = hd / 2, N = gh * gw;
+    float *c = kg_alloc(b->g, sizeof(float) * (size_t)(N * half)), *s = kg_alloc(b->g, sizeof(float) * (size_t)(N * half));
+    if (!c || !s) return;
+    for (int64_t y = 0; y < gh; y++)
+        for (int64_t x = 0; x < gw; x++)
+            for (int64_t k = 0; k < half; k++) {
+                /* inv_freq[i] = 1 / theta^(2i / hd), i < hd/2: rows use i = 2k, columns i = 2(k - half/2) + 1 */
+                int64_t i = k < half / 2 ? 2 * k : 2 * (k - half / 2) + 1;
+                float f = (float)(1.0 / pow(m->rope_theta, (double)(2 * i) / (double)hd));
+                float a = (float)(k < half / 2 ? y : x) * f;
+                c[(y * gw + x) * half + k] = cosf(a), s[(y * gw + x) * half + k] = sinf(a);
+            }
+    *cos = kg_const(b->g, KG_F32, KG_SHAPE(N, half), c);
+    *sin = kg_const(b->g, KG_F32, KG_SHAPE(N, half), s);
+}
+
+/* Pixtral on pixels [C, H, W]: [N, D]. */
+static kg_node *pixtral_tower(kb_ctx *b, const kvis_model *m, kg_node *px) {
+    kg_graph *g = b->g;
+    int64_t D = m->vhp.hidden, P = m->patch, C = px->shape.d[0];
+    int64_t gh = px->shape.d[1] / P, gw = px->shape.d[2] / P;
+    kg_node *w = tensor_as(b, m->tower, "patch_conv.weight", 4, (int64_t[]){D, C, P, P}, KG_SHAPE(D, C * P * P));
+    if (!w) return NULL;
+    kg_dot_dims pd = {{0, {0}}, {0, {0}}, {1, {1}}, {1, {1}}};
+    kg_node *x = kg_dot_general(g, patchify(b, px, P), w, &pd);
+    x = kb_norm(b, x, KM_T_TOK_EMBD_NORM, -1, KB_NORM_RMS);
+    kg_node *cos = NULL, *sin = NULL;
+    pixtral_rope(b, m, gh, gw, &cos, &sin);
+    kb_ffn_opts ffn = {.gated = true, .act = m->vhp.act};
+    for (int il = 0; il < m->run_layers && x; il++) {
+        x = kg_add(g, x, self_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS), il, false, cos, sin));
+        x = kg_add(g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS), il, &ffn));
+    }
+    return x;
+}
+
+/* x [h*w, D] -> [(h/s)*(w/s), D*s*s]: each s x s block as torch's unfold
+ * orders it (channel-major: c * s*s + ki * s + kj), Mistral 3's patch merger input. */
+static kg_node *unfold_blocks(kb_ctx *b, kg_node *x, int64_t h, int64_t w, int64_t s) {
+    kg_graph *g = b->g;
+    int64_t D = x->shape.d[1];
+    x = kg_reshape(g, x, KG_SHAPE(h / s, s, w / s, s, D));
+    x = kg_transpose(g, x, (int[]){0, 2, 4, 1, 3});
+    return kg_reshape(g, x, KG_SHAPE((h / s) * (w / s), D * s * s));
+}
+
 static kg_node *emit(kb_ctx *b, const kvis_model *m, kg_node *px) {
     kg_graph *g = b->g;
     int64_t P = m->patch, gh = px->shape.d[1] / P, gw = px->shape.d[2] / P, E = m->text_hidden, D = m->vhp.hidden;
+    if (m->kind == KVIS_MISTRAL3) {
+        int64_t s = m->scale_factor;
+        if (s <= 0 || gh % s || gw % s) return kb_fail(b, kiln_error(KILN_EINVAL, "mistral3: %lldx%lld patches do not merge by %lld", (long long)gh, (long long)gw, (long long)s));
+        kg_node *x = pixtral_tower(b, m, px);
+        x = kg_rms_norm(g, x, tensor_as(b, m->proj, "norm.weight", 1, (int64_t[]){D}, KG_SHAPE(D)), (float)m->proj_eps, 0);
+        x = linear_mod(b, unfold_blocks(b, x, gh, gw, s), m->proj, "patch_merger.merging_layer", D, false);
+        x = kb_act(b, linear_mod(b, x, m->proj, "linear_1", E, m->proj_bias), m->proj_act);
+        return linear_mod(b, x, m->proj, "linear_2", E, m->proj_bias);
+    }
     kg_node *x = clip_tower(b, m, px);
     if (!x) return NULL;
     switch (m->kind) {
@@ -376,6 +475,7 @@ static kg_node *emit(kb_ctx *b, const kvis_model *m, kg_node *px) {
         x = pixel_shuffle(b, x, gh, gw, s);
         return linear_mod(b, x, m->proj, "modality_projection.proj", E, false);
     }
+    case KVIS_MISTRAL3: break; /* above */
     }
     return NULL;
 }
@@ -445,6 +545,16 @@ kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_
     case KVIS_PALIGEMMA: k = gh * gw; break;
     case KVIS_GEMMA3: k = m->tokens_per_image; break;
     case KVIS_SMOLVLM: k = gh * gw / (m->scale_factor * m->scale_factor); break;
+    case KVIS_MISTRAL3: { /* rows of image tokens each ended by [IMG_BREAK], the last by [IMG_END]; their ids
+                           * live in the tokenizer: the fixture convention image + 1 / + 2 */
+        int64_t r = gh / m->scale_factor, c = gw / m->scale_factor;
+        if (r * (c + 1) > cap) return kiln_error(KILN_ELIMIT, "image block of %lld tokens", (long long)(r * (c + 1)));
+        for (int64_t y = 0; y < r; y++) {
+            for (int64_t x = 0; x < c; x++) ids[(*n)++] = m->image_token;
+            ids[(*n)++] = y == r - 1 ? m->image_token + 2 : m->image_token + 1;
+        }
+        return NULL;
+    }
     default: k = 0;
     }
     int32_t pre[4], post[4];
