@@ -92,14 +92,15 @@ typedef struct {
     const uint8_t *data;   /* [P, G] blocks, 64-byte aligned */
 } kk_i8w;
 /* Inputs prepared once per call for all panels, in tiles of KK_I8_MC rows
- * (the last one padded) interleaved so that a kernel tile reads them through
- * one pointer: row m = t * MC + l is lane l of tile t. */
+ * (the last one n = M % MC rows when M is not a multiple) interleaved so
+ * that a kernel tile reads them through one pointer: row m = t * MC + l is
+ * lane l of tile t, which starts at row t * MC of each array. */
 #define KK_I8_MC 8
 typedef struct {
     int64_t M;
-    const int8_t *xq;   /* [tiles, K / 4, MC, 4]: x / d per block of 32, rounded */
-    const float *d;     /* [tiles, K / 32, MC] block scales, max|x| / 127 */
-    const float *xsum;  /* [tiles, G, MC] float32 group sums of x (the bias term) */
+    const int8_t *xq;   /* per tile [K / 4, n, 4]: x / d per block of 32, rounded */
+    const float *d;     /* per tile [K / 32, n] block scales, max|x| / 127 */
+    const float *xsum;  /* per tile [G, n] float32 group sums of x (the bias term) */
 } kk_x8view;
 bool kk_int8_ok(const kk_wview *w);
 /* the repacked weight: one 64-byte aligned allocation (free()), NULL when

@@ -182,7 +182,8 @@ void kk_linear(const kk_call *c) {
          * parameters, or int8 turned on later) for this call only */
         const kk_i8w *pw = c->prep;
         kk_i8w *own = NULL;
-        if (!pw || pw->src != w.w) pw = own = kk_int8_pack(&w);
+        if (!pw || pw->src != w.w || pw->N != w.N || pw->K != w.K || pw->bits != w.bits || pw->gs != w.gs)
+            pw = own = kk_int8_pack(&w);
         void *buf = pw ? kr_scratch(KR_SCRATCH_CALL, kk_int8_prep_bytes(&w, k.x.M)) : NULL;
         if (buf) {
             kk_int8_prep(&w, k.x.x, k.x.M, buf, &k.x8, c->pool);

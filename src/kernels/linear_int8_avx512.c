@@ -34,22 +34,22 @@
 #define MC KK_I8_MC /* input rows per tile: 3 MC float/int accumulators + codes fit in 32 registers */
 
 size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M) {
-    int64_t K = w->K, Mp = (M + MC - 1) / MC * MC;
-    /* d [Mp, K/32] f32, xsum [Mp, G] f32, xq [Mp, K] int8, alignment slack */
-    return sizeof(float) * (size_t)(Mp * (K / 32) + Mp * w->G) + (size_t)(Mp * K) + 64;
+    int64_t K = w->K;
+    /* d [M, K/32] f32, xsum [M, G] f32, xq [M, K] int8, alignment slack */
+    return sizeof(float) * (size_t)(M * (K / 32) + M * w->G) + (size_t)(M * K) + 64;
 }
 
-/* 16 int32 as int8 (|v| <= 127), 4 at a time to dst, dst + 32, .. (the
- * tile layout: 4 bytes of each of MC rows) */
-static inline void store_q(int8_t *dst, __m512i v) {
+/* 16 int32 as int8 (|v| <= 127), 4 at a time to dst, dst + 4 n, .. (the
+ * tile layout: 4 bytes of each of the tile's n rows) */
+static inline void store_q(int8_t *dst, __m512i v, int n) {
     int32_t t[4];
     _mm_storeu_si128((__m128i *)t, _mm512_cvtsepi32_epi8(v));
-    for (int i = 0; i < 4; i++) memcpy(dst + 4 * MC * i, &t[i], 4);
+    for (int i = 0; i < 4; i++) memcpy(dst + 4 * n * i, &t[i], 4);
 }
 
 /* One row of x quantized (32 columns per block, two vectors each) into
- * lane l of its tile: xq + 4 l, d + l, xsum + l, stride MC. */
-static void prep_row(const kk_wview *w, const float *x, int8_t *xq, float *d, float *xsum) {
+ * lane l of its tile of n rows: xq + 4 l, d + l, xsum + l, stride n. */
+static void prep_row(const kk_wview *w, const float *x, int8_t *xq, float *d, float *xsum, int n) {
     int64_t gs = w->gs;
     const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     for (int64_t g = 0, b = 0; g < w->G; g++) {
@@ -59,20 +59,21 @@ static void prep_row(const kk_wview *w, const float *x, int8_t *xq, float *d, fl
             s = _mm512_add_ps(s, _mm512_add_ps(v0, v1));
             float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign)));
             float inv = amax > 0 ? 127.0f / amax : 0.0f;
-            d[b * MC] = amax / 127.0f;
+            d[b * n] = amax / 127.0f;
             __m512 iv = _mm512_set1_ps(inv);
             /* round to nearest even (MXCSR default), |v * inv| <= 127 */
             __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, iv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, iv));
-            store_q(xq + k * MC, q0);
-            store_q(xq + (k + 16) * MC, q1);
+            store_q(xq + k * n, q0, n);
+            store_q(xq + (k + 16) * n, q1, n);
         }
-        xsum[g * MC] = _mm512_reduce_add_ps(s);
+        xsum[g * n] = _mm512_reduce_add_ps(s);
     }
 }
 
 typedef struct {
     const kk_wview *w;
     const float *x;
+    int64_t M;
     int8_t *xq;
     float *d, *xsum;
 } prep_ctx;
@@ -82,16 +83,17 @@ static void prep_rows(void *ctx, int64_t m0, int64_t m1) {
     int64_t K = p->w->K, G = p->w->G;
     for (int64_t m = m0; m < m1; m++) {
         int64_t t = m / MC, l = m % MC;
-        prep_row(p->w, p->x + m * K, p->xq + t * MC * K + 4 * l, p->d + t * MC * (K / 32) + l, p->xsum + t * MC * G + l);
+        int n = p->M - t * MC < MC ? (int)(p->M - t * MC) : MC; /* the last tile may be narrower */
+        prep_row(p->w, p->x + m * K, p->xq + t * MC * K + 4 * l, p->d + t * MC * (K / 32) + l, p->xsum + t * MC * G + l, n);
     }
 }
 
 void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8view *out, kr_pool *pool) {
-    int64_t K = w->K, Mp = (M + MC - 1) / MC * MC;
+    int64_t K = w->K;
     float *d = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
-    float *xsum = d + Mp * (K / 32);
-    int8_t *xq = (int8_t *)(xsum + Mp * w->G);
-    prep_ctx p = {w, x, xq, d, xsum};
+    float *xsum = d + M * (K / 32);
+    int8_t *xq = (int8_t *)(xsum + M * w->G);
+    prep_ctx p = {w, x, M, xq, d, xsum};
     kr_parallel_for(pool, M, 16, prep_rows, &p);
     out->M = M;
     out->xq = xq;
@@ -143,7 +145,7 @@ static inline __attribute__((always_inline)) void tile(const kk_i8w *pw, const k
                 _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) {
                     __m512i wv = _mm512_load_si512((const void *)(q + s * 64));
                     _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
-                        __m512i xb = bcast4(xq + (k0 + 4 * s) * MC + 4 * m);
+                        __m512i xb = bcast4(xq + (k0 + 4 * s) * nm + 4 * m);
                         if (two && (s & 1)) ib[m] = _mm512_dpbusd_epi32(ib[m], wv, xb);
                         else ia[m] = _mm512_dpbusd_epi32(ia[m], wv, xb);
                     }
@@ -154,23 +156,23 @@ static inline __attribute__((always_inline)) void tile(const kk_i8w *pw, const k
                     __m512i wv = _mm512_load_si512((const void *)(q + s * 64));
                     __m512i lo = _mm512_and_si512(wv, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), lo4);
                     _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
-                        const int8_t *xp = xq + (k0 + 8 * s) * MC + 4 * m;
+                        const int8_t *xp = xq + (k0 + 8 * s) * nm + 4 * m;
                         ia[m] = _mm512_dpbusd_epi32(ia[m], lo, bcast4(xp));
-                        if (two) ib[m] = _mm512_dpbusd_epi32(ib[m], hi, bcast4(xp + 4 * MC));
-                        else ia[m] = _mm512_dpbusd_epi32(ia[m], hi, bcast4(xp + 4 * MC));
+                        if (two) ib[m] = _mm512_dpbusd_epi32(ib[m], hi, bcast4(xp + 4 * nm));
+                        else ia[m] = _mm512_dpbusd_epi32(ia[m], hi, bcast4(xp + 4 * nm));
                     }
                 }
                 q += 256;
             }
             _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
                 __m512i is = two ? _mm512_add_epi32(ia[m], ib[m]) : ia[m];
-                part[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(d[(g * nb + b) * MC + m]), part[m]);
+                part[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(d[(g * nb + b) * nm + m]), part[m]);
             }
         }
         __m512 sv = sb16(gp + cb, pw->sbt), bv = sb16(gp + cb + KK_I8_PANEL * es, pw->sbt);
         _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
             acc[m] = _mm512_fmadd_ps(part[m], sv, acc[m]);
-            acc[m] = _mm512_fmadd_ps(bv, _mm512_set1_ps(xs[g * MC + m]), acc[m]);
+            acc[m] = _mm512_fmadd_ps(bv, _mm512_set1_ps(xs[g * nm + m]), acc[m]);
         }
     }
     int64_t r0 = p * KK_I8_PANEL, nr = pw->N - r0 < KK_I8_PANEL ? pw->N - r0 : KK_I8_PANEL;
