@@ -31,6 +31,7 @@
 
 #include <immintrin.h>
 
+#define PF_BYTES 2048
 #define MC KK_I8_MC /* input rows per tile: 3 MC float/int accumulators + codes fit in 32 registers */
 
 size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M) {
@@ -137,8 +138,9 @@ static inline __attribute__((always_inline)) void tile(const kk_i8w *pw, const k
         _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) part[m] = _mm512_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const int64_t k0 = g * gs + b * 32;
-            _mm_prefetch((const char *)q + 2048, _MM_HINT_T0);
-            _mm_prefetch((const char *)q + 2048 + 64 * (bits / 2), _MM_HINT_T0);
+            /* every line of the block PF_BYTES ahead (the hardware
+             * prefetcher alone stops at page boundaries) */
+            _Pragma("GCC unroll 8") for (int l = 0; l < bits; l++) _mm_prefetch((const char *)q + PF_BYTES + 64 * l, _MM_HINT_T0);
             __m512i ia[MC], ib[MC];
             _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) ia[m] = ib[m] = _mm512_setzero_si512();
             if (bits == 8) {
