@@ -295,6 +295,56 @@ KT_TEST(kernels_linear_int8_within_quantization_bound) {
     kr_pool_destroy(pool);
 }
 
+/* Weights that are constants of the graph are repacked once, when the
+ * executable is made, and shared by executables (runtime/exec.c): the
+ * results equal those of a per-call repack (weights as parameters), and the
+ * copy is freed with the last executable that uses it. */
+KT_TEST(kernels_linear_int8_prepared_weights_shared) {
+    if (!kk_set_act_int8(true)) {
+        kt_skip("no AVX-512 VNNI on this CPU");
+        return;
+    }
+    wcfg c = {KG_WF_AFFINE, 4, 64, KG_BF16, 37, 256};
+    int64_t M = 9, G = c.K / c.gs;
+    void *wp[3] = {rand_buf(KG_U32, c.N * c.K / 8, 1), rand_buf(c.sdt, c.N * G, 0.05f), rand_buf(c.sdt, c.N * G, 0.5f)};
+    float *x = rand_buf(KG_F32, M * c.K, 1);
+    kr_pool *pool = kr_pool_create(2);
+    float *ref = linear_at(&c, M, wp, x, pool, kk_isa_level());
+    double s0;
+    int64_t b0;
+    kr_prep_stats(&s0, &b0);
+    kr_exec *e[2] = {0};
+    for (int i = 0; i < 2; i++) {
+        kg_wattr wa = {.fmt = c.fmt, .bits = c.bits, .group_size = c.gs, .rows = c.N, .cols = c.K};
+        kg_graph *g = kg_create();
+        kg_node *xn = kg_param(g, KG_F32, KG_SHAPE(M, c.K), "x");
+        kg_node *w = kg_weight(g, KG_U32, KG_SHAPE(c.N, c.K / 8), wp[0], "w");
+        kg_node *sn = kg_weight(g, c.sdt, KG_SHAPE(c.N, G), wp[1], "s"), *bn = kg_weight(g, c.sdt, KG_SHAPE(c.N, G), wp[2], "b");
+        kg_add_output(g, kg_linear(g, xn, w, sn, bn, &wa));
+        KT_CHECK_OK(kr_exec_create(g, NULL, &e[i]));
+        double s;
+        int64_t b;
+        kr_prep_stats(&s, &b);
+        KT_CHECK(b > b0);
+        if (i == 1) KT_CHECK_EQ(b, b0 + (int64_t)((c.N + 15) / 16 * G) * (int64_t)(16 * c.gs / 2 + 2 * 16 * 2)); /* one copy */
+    }
+    for (int i = 0; i < 2 && ref && e[i]; i++) {
+        void *params[1] = {x};
+        kr_exec_run(e[i], params, pool);
+        KT_CHECK(!memcmp(kr_exec_output(e[i], 0), ref, sizeof(float) * (size_t)(M * c.N)));
+    }
+    kr_exec_destroy(e[0]);
+    kr_exec_destroy(e[1]);
+    double s;
+    int64_t b;
+    kr_prep_stats(&s, &b);
+    KT_CHECK_EQ(b, b0);
+    kk_set_act_int8(false);
+    kr_pool_destroy(pool);
+    free(ref), free(x);
+    for (int p = 0; p < 3; p++) free(wp[p]);
+}
+
 /* The int8 path's repacked layout holds every code, scale and bias of the
  * weight: unpacking each panel gives the source back (odd N: a padded last
  * panel of zeros; several groups; group sizes 32, 64, 128). */

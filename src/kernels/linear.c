@@ -14,7 +14,9 @@
  * together never changes their logits. (A GEMM library cannot promise that:
  * BLIS, measured against in `kiln bench --kernels`, sums in another order
  * whose blocking depends on the matrix sizes.)
- * Activations and accumulation are float32 on every path. */
+ * Activations and accumulation are float32 on every path but the opt-in
+ * int8 one (linear_int8_avx512.c), which runs on weights repacked when the
+ * executable is made (kk_prepare below). */
 #include <stdlib.h>
 #include <string.h>
 
