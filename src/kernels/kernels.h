@@ -19,6 +19,7 @@ typedef struct {
     void *out;
     const void *in[KG_MAX_IN];
     kr_pool *pool;
+    const void *prep; /* kk_prepare's result for this node, or NULL */
 } kk_call;
 
 typedef void (*kk_fn)(const kk_call *c);
@@ -38,11 +39,26 @@ void kk_set_isa_level(kk_isa level); /* for tests; clamps to what the CPU has */
 const char *kk_isa_name(kk_isa level);
 /* Opt-in int8 activations for MLX affine 4/8-bit weights on AVX-512 VNNI
  * (faster, less exact: see linear_int8_avx512.c). Off unless
- * KILN_INT8_ACT=1 or set here (before compiling executables: the choice is
- * read when a linear runs, so set it once at start-up). Returns whether it
+ * KILN_INT8_ACT=1 or set here, once at start-up, before compiling
+ * executables: weights are repacked for it when an executable is created
+ * (an executable made with it off runs the int8 path, if turned on later,
+ * by repacking at every call). Returns whether it
  * is on (false where the CPU lacks VNNI). */
 bool kk_set_act_int8(bool on);
 bool kk_act_int8(void);
+
+/* Prepared weights: a kernel may want a weight in another layout, made once
+ * when an executable is created rather than at every call (the int8 path
+ * repacks MLX affine weights). in[] are n's operands, known only when they
+ * are weights (fixed for the executable's life). kk_prep_key: NULL when n
+ * wants nothing prepared, else the key that identifies the prepared copy
+ * (the weight's data pointer), so that executables of one model share it
+ * (runtime/exec.c keeps them). kk_prepare: the copy (free with
+ * kk_prep_free), NULL when out of memory; its kernel then works without
+ * (slower). */
+const void *kk_prep_key(const kg_node *n, const void *const *in);
+void *kk_prepare(const kg_node *n, const void *const *in, size_t *bytes);
+void kk_prep_free(void *p);
 
 /* The kernel for n, or NULL when there is none (composites are then
  * decomposed; a primitive without a kernel is an error). */

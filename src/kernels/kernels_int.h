@@ -17,6 +17,7 @@
 #include "ir/fusion.h"
 #include "ir/graph.h"
 #include "kernels/kernels.h"
+#include "runtime/pool.h"
 
 /* A weight as the kernels see it: logical [N rows, K cols]. */
 typedef struct {
@@ -68,22 +69,54 @@ void kk_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, c
 /* Prepares the GEMM library for this CPU (called once, before any GEMM). */
 void kk_blas_setup(bool avx512);
 
+/* The opt-in int8-activation path (linear_int8.c: weight repacking;
+ * linear_int8_avx512.c: kernels, AVX-512 VNNI). See linear_int8_avx512.c.
+ *
+ * A weight repacked into panels of KK_I8_PANEL output rows. Panel p, group
+ * g is one block of gbytes at data + (p * G + g) * gbytes:
+ *   codes: 8-bit: gs / 4 units of 64 bytes, unit j = 16 rows x 4 consecutive
+ *          k (byte 4 i + t = code[row i, k0 + 4 j + t]), the layout vpdpbusd
+ *          wants (lane i = row i);
+ *          4-bit: gs / 8 units of 64 bytes, unit j = 16 rows x 8 k, byte
+ *          4 i + t = code[i, k0 + 8 j + t] | code[i, k0 + 8 j + 4 + t] << 4
+ *          (nibbles kept: no growth);
+ *   then the 16 rows' scales, then their biases, in the source dtype (sbt).
+ * Rows past N in the last panel are zero codes with zero scales and biases. */
+#define KK_I8_PANEL 16
+typedef struct {
+    int bits, gs;
+    int64_t N, K, G, P;    /* P = ceil(N / 16) panels */
+    kg_dtype sbt;          /* F32, F16 or BF16 */
+    size_t gbytes;         /* one (panel, group) block */
+    const void *src;       /* the codes it was made from (a check for the kernel) */
+    const uint8_t *data;   /* [P, G] blocks, 64-byte aligned */
+} kk_i8w;
+/* Inputs prepared once per call for all panels, in tiles of KK_I8_MC rows
+ * (the last one n = M % MC rows when M is not a multiple) interleaved so
+ * that a kernel tile reads them through one pointer: row m = t * MC + l is
+ * lane l of tile t, which starts at row t * MC of each array. */
+#define KK_I8_MC 8
+typedef struct {
+    int64_t M;
+    const int8_t *xq;   /* per tile [K / 4, n, 4]: x / d per block of 32, rounded */
+    const float *d;     /* per tile [K / 32, n] block scales, max|x| / 127 */
+    const float *xsum;  /* per tile [G, n] float32 group sums of x (the bias term) */
+} kk_x8view;
+bool kk_int8_ok(const kk_wview *w);
+/* the repacked weight: one 64-byte aligned allocation (free()), NULL when
+ * out of memory */
+kk_i8w *kk_int8_pack(const kk_wview *w);
+/* panel p back to codes [16, K] and scales, biases [16, G] as float32 */
+void kk_int8_unpack(const kk_i8w *pw, int64_t p, uint8_t *codes, float *scales, float *biases);
+size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M);
+/* x [M, K] quantized into buf (kk_int8_prep_bytes), rows split on pool */
+void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8view *out, kr_pool *pool);
+/* y[m * ldy + r] for the rows r of panels [p0, p1), every m < xv->M */
+void kk_int8_panels(const kk_i8w *pw, const kk_x8view *xv, int64_t p0, int64_t p1, float *y, int64_t ldy);
+
 /* kiln.attention: the call and its sizes, shared by the portable kernel
  * (one item per token and query head) and the SIMD ones (one item per token
  * and KV head: the G query heads of a KV head read each K/V row once). */
-/* The opt-in int8-activation path (linear_int8_avx512.c; AVX-512 VNNI):
- * inputs quantized once per call, then rows [r0, r1) of W. */
-typedef struct {
-    int64_t M;
-    const int8_t *xq;   /* [M, K], 4-bit: per 64 columns evens then odds */
-    const float *d;     /* [M, K/64, 16] block scales as lanes */
-    const float *xsum;  /* [M, G] exact group sums of x */
-} kk_x8view;
-bool kk_int8_ok(const kk_wview *w);
-size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M);
-void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8view *out);
-void kk_int8_rows(const kk_wview *w, const kk_x8view *xv, int64_t r0, int64_t r1, float *y, int64_t ldy);
-
 typedef struct {
     const kk_call *c;
     int64_t Hq, Hkv, D, Dv, MB, N, G;

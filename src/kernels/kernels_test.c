@@ -8,6 +8,7 @@
 
 #include "base/half.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_int.h"
 #include "kt.h"
 #include "runtime/exec.h"
 
@@ -231,8 +232,7 @@ KT_TEST(kernels_linear_batch_invariant) {
 /* The opt-in int8-activation path: each output within the bound that
  * quantizing x in blocks of 32 allows, |x - d xq| <= d / 2 per element
  * (d = max|x| / 127 of its block), so |y8 - y| <= sum_i |w_i| d_blk(i) / 2,
- * plus float32 rounding. Blocks are those of the kernel: for 4-bit codes
- * the evens, then the odds, of each 64 columns. */
+ * plus float32 rounding. Blocks are 32 consecutive columns. */
 KT_TEST(kernels_linear_int8_within_quantization_bound) {
     if (!kk_set_act_int8(true)) {
         kt_skip("no AVX-512 VNNI on this CPU");
@@ -240,7 +240,8 @@ KT_TEST(kernels_linear_int8_within_quantization_bound) {
     }
     kk_set_act_int8(false);
     wcfg cfgs[] = {{KG_WF_AFFINE, 4, 64, KG_BF16, 37, 256}, {KG_WF_AFFINE, 8, 64, KG_F16, 29, 320},
-                   {KG_WF_AFFINE, 4, 128, KG_F32, 13, 512}, {KG_WF_AFFINE, 8, 128, KG_BF16, 11, 1024}};
+                   {KG_WF_AFFINE, 4, 128, KG_F32, 13, 512}, {KG_WF_AFFINE, 8, 128, KG_BF16, 11, 1024},
+                   {KG_WF_AFFINE, 4, 32, KG_F16, 21, 96},   {KG_WF_AFFINE, 8, 32, KG_F32, 17, 160}};
     kr_pool *pool = kr_pool_create(2);
     const int64_t M = 5;
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
@@ -269,11 +270,11 @@ KT_TEST(kernels_linear_int8_within_quantization_bound) {
             const float *xm = x + m * c->K;
             for (int64_t r = 0; r < c->N; r++) {
                 double bound = 0, mag = 0;
-                for (int64_t c0 = 0; c0 < c->K; c0 += 64)
-                    for (int blk = 0; blk < 2; blk++) {
+                for (int64_t c0 = 0; c0 < c->K; c0 += 32)
+                    for (int blk = 0; blk < 1; blk++) {
                         double amax = 0, wsum = 0;
                         for (int t = 0; t < 32; t++) {
-                            int64_t col = c->bits == 4 ? c0 + 2 * t + blk : c0 + 32 * blk + t;
+                            int64_t col = c0 + t;
                             amax = fmax(amax, fabs(xm[col]));
                             wsum += fabs(W[r * c->K + col]);
                             mag += fabs(W[r * c->K + col] * xm[col]);
@@ -292,6 +293,102 @@ KT_TEST(kernels_linear_int8_within_quantization_bound) {
         for (int p = 0; p < 3; p++) free(wp[p]);
     }
     kr_pool_destroy(pool);
+}
+
+/* Weights that are constants of the graph are repacked once, when the
+ * executable is made, and shared by executables (runtime/exec.c): the
+ * results equal those of a per-call repack (weights as parameters), and the
+ * copy is freed with the last executable that uses it. */
+KT_TEST(kernels_linear_int8_prepared_weights_shared) {
+    if (!kk_set_act_int8(true)) {
+        kt_skip("no AVX-512 VNNI on this CPU");
+        return;
+    }
+    wcfg c = {KG_WF_AFFINE, 4, 64, KG_BF16, 37, 256};
+    int64_t M = 9, G = c.K / c.gs;
+    void *wp[3] = {rand_buf(KG_U32, c.N * c.K / 8, 1), rand_buf(c.sdt, c.N * G, 0.05f), rand_buf(c.sdt, c.N * G, 0.5f)};
+    float *x = rand_buf(KG_F32, M * c.K, 1);
+    kr_pool *pool = kr_pool_create(2);
+    float *ref = linear_at(&c, M, wp, x, pool, kk_isa_level());
+    double s0;
+    int64_t b0;
+    kr_prep_stats(&s0, &b0);
+    kr_exec *e[2] = {0};
+    for (int i = 0; i < 2; i++) {
+        kg_wattr wa = {.fmt = c.fmt, .bits = c.bits, .group_size = c.gs, .rows = c.N, .cols = c.K};
+        kg_graph *g = kg_create();
+        kg_node *xn = kg_param(g, KG_F32, KG_SHAPE(M, c.K), "x");
+        kg_node *w = kg_weight(g, KG_U32, KG_SHAPE(c.N, c.K / 8), wp[0], "w");
+        kg_node *sn = kg_weight(g, c.sdt, KG_SHAPE(c.N, G), wp[1], "s"), *bn = kg_weight(g, c.sdt, KG_SHAPE(c.N, G), wp[2], "b");
+        kg_add_output(g, kg_linear(g, xn, w, sn, bn, &wa));
+        KT_CHECK_OK(kr_exec_create(g, NULL, &e[i]));
+        double s;
+        int64_t b;
+        kr_prep_stats(&s, &b);
+        KT_CHECK(b > b0);
+        if (i == 1) KT_CHECK_EQ(b, b0 + (int64_t)((c.N + 15) / 16 * G) * (int64_t)(16 * c.gs / 2 + 2 * 16 * 2)); /* one copy */
+    }
+    for (int i = 0; i < 2 && ref && e[i]; i++) {
+        void *params[1] = {x};
+        kr_exec_run(e[i], params, pool);
+        KT_CHECK(!memcmp(kr_exec_output(e[i], 0), ref, sizeof(float) * (size_t)(M * c.N)));
+    }
+    kr_exec_destroy(e[0]);
+    kr_exec_destroy(e[1]);
+    double s;
+    int64_t b;
+    kr_prep_stats(&s, &b);
+    KT_CHECK_EQ(b, b0);
+    kk_set_act_int8(false);
+    kr_pool_destroy(pool);
+    free(ref), free(x);
+    for (int p = 0; p < 3; p++) free(wp[p]);
+}
+
+/* The int8 path's repacked layout holds every code, scale and bias of the
+ * weight: unpacking each panel gives the source back (odd N: a padded last
+ * panel of zeros; several groups; group sizes 32, 64, 128). */
+KT_TEST(kernels_linear_int8_repack_round_trips) {
+    wcfg cfgs[] = {{KG_WF_AFFINE, 4, 32, KG_BF16, 37, 256}, {KG_WF_AFFINE, 4, 64, KG_F16, 16, 192},
+                   {KG_WF_AFFINE, 4, 128, KG_F32, 5, 512},  {KG_WF_AFFINE, 8, 32, KG_F32, 33, 96},
+                   {KG_WF_AFFINE, 8, 64, KG_BF16, 19, 320}, {KG_WF_AFFINE, 8, 128, KG_F16, 47, 384}};
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        const wcfg *c = &cfgs[i];
+        int64_t G = c->K / c->gs;
+        kk_wview w = {.fmt = c->fmt, .bits = c->bits, .gs = c->gs, .N = c->N, .K = c->K, .G = G, .sbt = c->sdt};
+        void *codes = rand_buf(KG_U32, c->N * c->K * c->bits / 32, 1);
+        void *sc = rand_buf(c->sdt, c->N * G, 0.05f), *bi = rand_buf(c->sdt, c->N * G, 0.5f);
+        w.w = codes, w.scales = sc, w.biases = bi;
+        KT_CHECK(kk_int8_ok(&w));
+        kk_i8w *pw = kk_int8_pack(&w);
+        KT_CHECK(pw);
+        if (!pw) continue;
+        KT_CHECK_EQ(pw->P, (c->N + 15) / 16);
+        uint8_t *q = malloc((size_t)(16 * c->K));
+        float *s = malloc(sizeof(float) * (size_t)(16 * G)), *b = malloc(sizeof(float) * (size_t)(16 * G));
+        int bad = 0;
+        for (int64_t p = 0; p < pw->P; p++) {
+            kk_int8_unpack(pw, p, q, s, b);
+            for (int r = 0; r < 16; r++) {
+                int64_t row = p * 16 + r;
+                for (int64_t k = 0; k < c->K; k++) {
+                    int want = 0;
+                    if (row < c->N) {
+                        int64_t bit = (row * c->K + k) * c->bits;
+                        want = (int)((((const uint32_t *)codes)[bit >> 5] >> (bit & 31)) & ((1u << c->bits) - 1));
+                    }
+                    bad += q[r * c->K + k] != want;
+                }
+                for (int64_t g = 0; g < G; g++) {
+                    float ws = row < c->N ? kk_ldf(sc, c->sdt, row * G + g) : 0, wb = row < c->N ? kk_ldf(bi, c->sdt, row * G + g) : 0;
+                    bad += s[r * G + g] != ws || b[r * G + g] != wb;
+                }
+            }
+        }
+        KT_CHECKF(!bad, "config %zu (bits %d gs %d N %lld K %lld): %d values differ", i, c->bits, c->gs, (long long)c->N,
+                  (long long)c->K, bad);
+        free(q), free(s), free(b), free(pw), free(codes), free(sc), free(bi);
+    }
 }
 
 typedef struct {

@@ -14,7 +14,9 @@
  * together never changes their logits. (A GEMM library cannot promise that:
  * BLIS, measured against in `kiln bench --kernels`, sums in another order
  * whose blocking depends on the matrix sizes.)
- * Activations and accumulation are float32 on every path. */
+ * Activations and accumulation are float32 on every path but the opt-in
+ * int8 one (linear_int8_avx512.c), which runs on weights repacked when the
+ * executable is made (kk_prepare below). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,11 +141,12 @@ typedef struct {
     float *y;
     int64_t panel; /* GEMM: weight rows per panel */
     kk_x8view x8;  /* int8 activations */
+    const kk_i8w *w8; /* int8: the repacked weight */
 } lin_ctx;
 
-static void int8_rows(void *ctx, int64_t r0, int64_t r1) {
+static void int8_panels(void *ctx, int64_t p0, int64_t p1) {
     const lin_ctx *k = ctx;
-    kk_int8_rows(k->w, &k->x8, r0, r1, k->y, k->w->N);
+    kk_int8_panels(k->w8, &k->x8, p0, p1, k->y, k->w->N);
 }
 
 static void gemv_rows(void *ctx, int64_t r0, int64_t r1) {
@@ -177,11 +180,23 @@ void kk_linear(const kk_call *c) {
     if (k.x.M <= 0) return;
     k.ops = ops->gemv_ok(&w) ? ops : &kk_lin_portable;
     if (kk_act_int8() && kk_int8_ok(&w)) {
-        void *buf = kr_scratch(KR_SCRATCH_CALL, kk_int8_prep_bytes(&w, k.x.M));
-        if (!buf) return;
-        kk_int8_prep(&w, k.x.x, k.x.M, buf, &k.x8);
-        kr_parallel_for(c->pool, w.N, row_grain(c->pool, w.N), int8_rows, &k);
-        return;
+        /* repacked when the executable was made; else (weights passed as
+         * parameters, or int8 turned on later) for this call only */
+        const kk_i8w *pw = c->prep;
+        kk_i8w *own = NULL;
+        if (!pw || pw->src != w.w || pw->N != w.N || pw->K != w.K || pw->bits != w.bits || pw->gs != w.gs)
+            pw = own = kk_int8_pack(&w);
+        void *buf = pw ? kr_scratch(KR_SCRATCH_CALL, kk_int8_prep_bytes(&w, k.x.M)) : NULL;
+        if (buf) {
+            kk_int8_prep(&w, k.x.x, k.x.M, buf, &k.x8, c->pool);
+            k.w8 = pw;
+            /* panels split across threads, about four chunks each */
+            int64_t nt = kr_pool_size(c->pool), grain = (pw->P + 4 * nt - 1) / (4 * nt);
+            kr_parallel_for(c->pool, pw->P, grain, int8_panels, &k);
+            free(own);
+            return;
+        }
+        free(own); /* out of memory: the float32 path needs none */
     }
     int64_t q4c = w.fmt == KG_WF_AFFINE && w.bits == 4 ? k.ops->q4_chunk : 0;
     if (q4c) {
@@ -211,6 +226,29 @@ void kk_linear(const kk_call *c) {
     }
     kr_parallel_for(c->pool, w.N, row_grain(c->pool, w.N), gemv_rows, &k);
 }
+
+/* ---------------------------------------------------------------- prepared weights */
+
+const void *kk_prep_key(const kg_node *n, const void *const *in) {
+    if (n->op != KG_OP_LINEAR || n->a.w.transposed || n->a.w.fmt != KG_WF_AFFINE || !kk_act_int8()) return NULL;
+    kk_call c = {.node = n};
+    for (int j = 0; j < n->n_in; j++) c.in[j] = in[j];
+    kk_wview w = wview_of(&c, 1);
+    return kk_int8_ok(&w) ? in[1] : NULL;
+}
+
+void *kk_prepare(const kg_node *n, const void *const *in, size_t *bytes) {
+    *bytes = 0;
+    if (!kk_prep_key(n, in)) return NULL;
+    kk_call c = {.node = n};
+    for (int j = 0; j < n->n_in; j++) c.in[j] = in[j];
+    kk_wview w = wview_of(&c, 1);
+    kk_i8w *pw = kk_int8_pack(&w);
+    if (pw) *bytes = (size_t)(pw->P * pw->G) * pw->gbytes;
+    return pw;
+}
+
+void kk_prep_free(void *p) { free(p); }
 
 /* ---------------------------------------------------------------- embed, dequantize */
 

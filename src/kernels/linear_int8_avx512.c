@@ -4,20 +4,25 @@
  *
  * The default path keeps activations in float32. This one quantizes each
  * input row to int8 in blocks of 32 (d = max|x| / 127, x ~ d * xq, as
- * llama.cpp's Q8_0 activations), multiplies the unsigned codes with the
- * signed activations four byte pairs at a time (vpdpbusd), and restores
- * scales in float32:
+ * llama.cpp's Q8_0 activations) and multiplies them with the weight codes
+ * four byte pairs at a time (vpdpbusd, unsigned codes x signed xq), with
+ * the scales restored in float32:
  *   y = sum_g s_g * sum_{i in g} q_i x_i + b_g * sum_{i in g} x_i
- *     ~ sum_g s_g * sum_{blocks} d_blk * (q . xq)_blk + b_g * xsum_g
- * with the group sums of x (the bias term) kept exact. A 4-bit row needs no
- * shuffles: 32 bytes of codes are broadcast to both halves of a register,
- * the low half keeps low nibbles (even columns), the high half high
- * nibbles (odd columns), and x is quantized in that order (per 64 columns:
- * evens then odds), so each 32-lane half is one activation block.
+ *     ~ sum_g s_g * sum_{blocks b of g} d_b * (q . xq)_b + b_g * xsum_g
+ * with the group sums of x (the bias term) in float32.
  *
- * Every row count runs this kernel, each input row on its own, so the
- * results stay batch invariant as the default path's are. The error it adds
- * is measured in docs/performance.md. */
+ * Outer-product form over repacked weights (kk_i8w: linear_int8.c): the 16
+ * lanes of a register are 16 output rows of a panel, and each vpdpbusd
+ * multiplies 4 consecutive k of those 16 rows by the same 4 bytes of one
+ * input row (broadcast), so no horizontal reduction is ever needed. Per
+ * output (r, m), in this order whatever the number of input rows M:
+ *   part = 0; for each block b of group g: part = fma(float(isum_b), d_b, part)
+ *   acc = fma(part, s_g, acc); acc = fma(b_g, xsum_g, acc)     (g in order)
+ * where isum_b is the exact int32 dot product of block b (integer sums are
+ * exact, so how its vpdpbusd steps are split across registers does not
+ * matter). A tile is one panel x up to MC input rows; decode (M < MC) and
+ * prefill (tiles of MC rows, the panel staying in L1 across them) run the
+ * same tile code, so results are bit-identical for any batch size. */
 #include <math.h>
 #include <string.h>
 
@@ -26,140 +31,176 @@
 
 #include <immintrin.h>
 
-#define MR 8 /* input rows per pass over a weight row */
-#define KK_INT8_MAX_GROUPS 2048
-
-bool kk_int8_ok(const kk_wview *w) {
-    return w->fmt == KG_WF_AFFINE && (w->bits == 4 || w->bits == 8) && w->gs % 64 == 0 && w->K % 64 == 0 &&
-           w->G <= KK_INT8_MAX_GROUPS;
-}
+#define PF_BYTES 2048
+#define MC KK_I8_MC /* input rows per tile: 3 MC float/int accumulators + codes fit in 32 registers */
 
 size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M) {
     int64_t K = w->K;
-    /* xq [M, K] int8, d [M, K/64, 16] f32 (lanes 0-7 the first block's
-     * scale, 8-15 the second's), xsum [M, G] f32 */
-    return (size_t)(M * K) + sizeof(float) * (size_t)(M * (K / 64) * 16 + M * w->G) + 64;
+    /* d [M, K/32] f32, xsum [M, G] f32, xq [M, K] int8, alignment slack */
+    return sizeof(float) * (size_t)(M * (K / 32) + M * w->G) + (size_t)(M * K) + 64;
 }
 
-static inline float clamp127(float v) { return v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v; }
+/* 16 int32 as int8 (|v| <= 127), 4 at a time to dst, dst + 4 n, .. (the
+ * tile layout: 4 bytes of each of the tile's n rows) */
+static inline void store_q(int8_t *dst, __m512i v, int n) {
+    int32_t t[4];
+    _mm_storeu_si128((__m128i *)t, _mm512_cvtsepi32_epi8(v));
+    for (int i = 0; i < 4; i++) memcpy(dst + 4 * n * i, &t[i], 4);
+}
 
-void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8view *out) {
-    int64_t K = w->K, G = w->G, C = K / 64;
-    float *d = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
-    float *xsum = d + M * C * 16;
-    int8_t *xq = (int8_t *)(xsum + M * G);
-    for (int64_t m = 0; m < M; m++) {
-        const float *xm = x + m * K;
-        for (int64_t g = 0; g < G; g++) {
-            float s = 0;
-            for (int64_t i = g * w->gs; i < (g + 1) * w->gs; i++) s += xm[i];
-            xsum[m * G + g] = s;
+/* One row of x quantized (32 columns per block, two vectors each) into
+ * lane l of its tile of n rows: xq + 4 l, d + l, xsum + l, stride n. */
+static void prep_row(const kk_wview *w, const float *x, int8_t *xq, float *d, float *xsum, int n) {
+    int64_t gs = w->gs;
+    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t g = 0, b = 0; g < w->G; g++) {
+        __m512 s = _mm512_setzero_ps();
+        for (int64_t k = g * gs; k < (g + 1) * gs; k += 32, b++) {
+            __m512 v0 = _mm512_loadu_ps(x + k), v1 = _mm512_loadu_ps(x + k + 16);
+            s = _mm512_add_ps(s, _mm512_add_ps(v0, v1));
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign)));
+            float inv = amax > 0 ? 127.0f / amax : 0.0f;
+            d[b * n] = amax / 127.0f;
+            __m512 iv = _mm512_set1_ps(inv);
+            /* round to nearest even (MXCSR default), |v * inv| <= 127 */
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, iv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, iv));
+            store_q(xq + k * n, q0, n);
+            store_q(xq + (k + 16) * n, q1, n);
         }
-        for (int64_t c = 0; c < C; c++) {
-            float v[64];
-            for (int i = 0; i < 64; i++) /* kernel order: 4-bit evens then odds */
-                v[i] = w->bits == 4 ? xm[c * 64 + (i < 32 ? 2 * i : 2 * (i - 32) + 1)] : xm[c * 64 + i];
-            for (int blk = 0; blk < 2; blk++) {
-                float amax = 0;
-                for (int i = 0; i < 32; i++) {
-                    float a = fabsf(v[blk * 32 + i]);
-                    amax = a > amax ? a : amax;
-                }
-                float dd = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
-                for (int i = 0; i < 32; i++) xq[m * K + c * 64 + blk * 32 + i] = (int8_t)clamp127(rintf(v[blk * 32 + i] * inv));
-                for (int l = 0; l < 8; l++) d[(m * C + c) * 16 + blk * 8 + l] = dd;
-            }
-        }
+        xsum[g * n] = _mm512_reduce_add_ps(s);
     }
+}
+
+typedef struct {
+    const kk_wview *w;
+    const float *x;
+    int64_t M;
+    int8_t *xq;
+    float *d, *xsum;
+} prep_ctx;
+
+static void prep_rows(void *ctx, int64_t m0, int64_t m1) {
+    const prep_ctx *p = ctx;
+    int64_t K = p->w->K, G = p->w->G;
+    for (int64_t m = m0; m < m1; m++) {
+        int64_t t = m / MC, l = m % MC;
+        int n = p->M - t * MC < MC ? (int)(p->M - t * MC) : MC; /* the last tile may be narrower */
+        prep_row(p->w, p->x + m * K, p->xq + t * MC * K + 4 * l, p->d + t * MC * (K / 32) + l, p->xsum + t * MC * G + l, n);
+    }
+}
+
+void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8view *out, kr_pool *pool) {
+    int64_t K = w->K;
+    float *d = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    float *xsum = d + M * (K / 32);
+    int8_t *xq = (int8_t *)(xsum + M * w->G);
+    prep_ctx p = {w, x, M, xq, d, xsum};
+    kr_parallel_for(pool, M, 16, prep_rows, &p);
     out->M = M;
     out->xq = xq;
     out->d = d;
     out->xsum = xsum;
 }
 
-/* n scales or biases of dtype t from p + i as float32 into out (n <= 16) */
-static inline __m512 sb16(const void *p, kg_dtype t, int64_t i, int n) {
-    __mmask16 k = (__mmask16)((1u << n) - 1);
-    if (t == KG_F32) return _mm512_maskz_loadu_ps(k, (const float *)p + i);
-    __m256i h = _mm256_maskz_loadu_epi16(k, (const uint16_t *)p + i);
+/* 16 scales or biases of dtype t as float32 */
+static inline __m512 sb16(const uint8_t *p, kg_dtype t) {
+    if (t == KG_F32) return _mm512_loadu_ps((const float *)p);
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
     if (t == KG_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     return _mm512_cvtph_ps(h);
 }
 
-/* 64 codes of chunk c of a 4-bit row, in kernel order, one byte each */
-static inline __m512i codes4(const uint8_t *q, int64_t c) {
-    __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + c * 32)));
-    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    return _mm512_and_si512(_mm512_srlv_epi16(v, shift), _mm512_set1_epi8(15));
+static inline __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
 }
 
-static inline __attribute__((always_inline)) void int8_row(const kk_wview *w, const kk_x8view *xv, int bits, int64_t r,
-                                                           int64_t m0, int nm, float *y, int64_t ldy) {
-    int64_t K = w->K, G = w->G, C = K / 64, cpg = w->gs / 64;
-    const uint8_t *q = (const uint8_t *)w->w + r * (K * bits / 8);
-    /* the row's scales as float32 (one broadcast load per group below), and
-     * the bias term sum_g b_g * xsum_g of each input row, 16 groups a time */
-    float sf[KK_INT8_MAX_GROUPS];
-    __m512 bacc[MR];
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) bacc[m] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g += 16) {
-        int n = G - g < 16 ? (int)(G - g) : 16;
-        _mm512_mask_storeu_ps(sf + g, (__mmask16)((1u << n) - 1), sb16(w->scales, w->sbt, r * G + g, n));
-        __m512 bv = sb16(w->biases, w->sbt, r * G + g, n);
-        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++)
-            bacc[m] = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), xv->xsum + (m0 + m) * G + g), bacc[m]);
-    }
-    __m512 acc[MR];
-    const int8_t *xq[MR];
-    const float *d[MR];
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
-        acc[m] = _mm512_setzero_ps();
-        xq[m] = xv->xq + (m0 + m) * K;
-        d[m] = xv->d + (m0 + m) * C * 16;
-    }
-    for (int64_t g = 0, c = 0; g < G; g++) {
-        __m512 part[MR];
+/* Panel p against input rows [m0, m0 + nm): bits and nm are constants in
+ * each copy. With few rows one vpdpbusd chain per row would wait on its
+ * latency, so rows up to 4 use two integer accumulators (even and odd
+ * steps), summed exactly before conversion. */
+static inline __attribute__((always_inline)) void tile(const kk_i8w *pw, const kk_x8view *xv, int bits, int64_t p,
+                                                       int64_t m0, int nm, float *y, int64_t ldy) {
+    const int64_t K = pw->K, G = pw->G, gs = pw->gs, nb = gs / 32, KB = K / 32;
+    const size_t es = pw->sbt == KG_F32 ? 4 : 2, cb = (size_t)(KK_I8_PANEL * gs * bits / 8);
+    const bool two = nm <= 4;
+    const uint8_t *gp = pw->data + (size_t)(p * G) * pw->gbytes;
+    /* the tile's rows interleaved (kk_x8view): one pointer for all of them */
+    const int8_t *xq = xv->xq + m0 * K;
+    const float *d = xv->d + m0 * KB, *xs = xv->xsum + m0 * G;
+    __m512 acc[MC];
+    const __m512i lo4 = _mm512_set1_epi8(15);
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++, gp += pw->gbytes) {
+        const uint8_t *q = gp;
+        __m512 part[MC];
         _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) part[m] = _mm512_setzero_ps();
-        for (int64_t e = c + cpg; c < e; c++) {
-            _mm_prefetch((const char *)q + c * (bits * 8) + 4096, _MM_HINT_T0);
-            __m512i codes = bits == 4 ? codes4(q, c) : _mm512_loadu_si512((const void *)(q + c * 64));
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t k0 = g * gs + b * 32;
+            /* every line of the block PF_BYTES ahead (the hardware
+             * prefetcher alone stops at page boundaries) */
+            _Pragma("GCC unroll 8") for (int l = 0; l < bits; l++) _mm_prefetch((const char *)q + PF_BYTES + 64 * l, _MM_HINT_T0);
+            __m512i ia[MC], ib[MC];
+            _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) ia[m] = ib[m] = _mm512_setzero_si512();
+            if (bits == 8) {
+                _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) {
+                    __m512i wv = _mm512_load_si512((const void *)(q + s * 64));
+                    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
+                        __m512i xb = bcast4(xq + (k0 + 4 * s) * nm + 4 * m);
+                        if (two && (s & 1)) ib[m] = _mm512_dpbusd_epi32(ib[m], wv, xb);
+                        else ia[m] = _mm512_dpbusd_epi32(ia[m], wv, xb);
+                    }
+                }
+                q += 512;
+            } else {
+                _Pragma("GCC unroll 4") for (int s = 0; s < 4; s++) {
+                    __m512i wv = _mm512_load_si512((const void *)(q + s * 64));
+                    __m512i lo = _mm512_and_si512(wv, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), lo4);
+                    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
+                        const int8_t *xp = xq + (k0 + 8 * s) * nm + 4 * m;
+                        ia[m] = _mm512_dpbusd_epi32(ia[m], lo, bcast4(xp));
+                        if (two) ib[m] = _mm512_dpbusd_epi32(ib[m], hi, bcast4(xp + 4 * nm));
+                        else ia[m] = _mm512_dpbusd_epi32(ia[m], hi, bcast4(xp + 4 * nm));
+                    }
+                }
+                q += 256;
+            }
             _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
-                __m512i ia = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512((const void *)(xq[m] + c * 64)));
-                part[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_load_ps(d[m] + c * 16), part[m]);
+                __m512i is = two ? _mm512_add_epi32(ia[m], ib[m]) : ia[m];
+                part[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_set1_ps(d[(g * nb + b) * nm + m]), part[m]);
             }
         }
-        /* odd groups into bacc (which holds the bias term so far): two
-         * chains, as the FMA latency, not the arithmetic, bounds short rows */
-        __m512 s = _mm512_set1_ps(sf[g]);
-        if (g & 1) {
-            _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) bacc[m] = _mm512_fmadd_ps(part[m], s, bacc[m]);
-        } else {
-            _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) acc[m] = _mm512_fmadd_ps(part[m], s, acc[m]);
+        __m512 sv = sb16(gp + cb, pw->sbt), bv = sb16(gp + cb + KK_I8_PANEL * es, pw->sbt);
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
+            acc[m] = _mm512_fmadd_ps(part[m], sv, acc[m]);
+            acc[m] = _mm512_fmadd_ps(bv, _mm512_set1_ps(xs[g * nm + m]), acc[m]);
         }
     }
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++)
-        y[(m0 + m) * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m], bacc[m]));
+    int64_t r0 = p * KK_I8_PANEL, nr = pw->N - r0 < KK_I8_PANEL ? pw->N - r0 : KK_I8_PANEL;
+    __mmask16 mask = (__mmask16)((1u << nr) - 1);
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) _mm512_mask_storeu_ps(y + (m0 + m) * ldy + r0, mask, acc[m]);
 }
 
-#define ROWS(nm)                                                                                                       \
+#define TILE(n)                                                                                                        \
     do {                                                                                                               \
-        if (w->bits == 4) int8_row(w, xv, 4, r, m0, nm, y, ldy);                                                       \
-        else int8_row(w, xv, 8, r, m0, nm, y, ldy);                                                                    \
+        if (pw->bits == 4) tile(pw, xv, 4, p, m0, n, y, ldy);                                                          \
+        else tile(pw, xv, 8, p, m0, n, y, ldy);                                                                        \
     } while (0)
 
-void kk_int8_rows(const kk_wview *w, const kk_x8view *xv, int64_t r0, int64_t r1, float *y, int64_t ldy) {
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t m0 = 0; m0 < xv->M; m0 += MR) {
-            int nm = xv->M - m0 < MR ? (int)(xv->M - m0) : MR;
+void kk_int8_panels(const kk_i8w *pw, const kk_x8view *xv, int64_t p0, int64_t p1, float *y, int64_t ldy) {
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t m0 = 0; m0 < xv->M; m0 += MC) {
+            int nm = xv->M - m0 < MC ? (int)(xv->M - m0) : MC;
             switch (nm) { /* nm and bits constants in each copy */
-            case 1: ROWS(1); break;
-            case 2: ROWS(2); break;
-            case 3: ROWS(3); break;
-            case 4: ROWS(4); break;
-            case 5: ROWS(5); break;
-            case 6: ROWS(6); break;
-            case 7: ROWS(7); break;
-            default: ROWS(8); break;
+            case 1: TILE(1); break;
+            case 2: TILE(2); break;
+            case 3: TILE(3); break;
+            case 4: TILE(4); break;
+            case 5: TILE(5); break;
+            case 6: TILE(6); break;
+            case 7: TILE(7); break;
+            default: TILE(8); break;
             }
         }
 }

@@ -1,7 +1,9 @@
 #include "runtime/exec.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/kernels.h"
 
@@ -13,11 +15,95 @@ typedef struct {
     const void *ptr; /* LOC_FIXED */
 } loc;
 
+/* ---------------------------------------------------------------- prepared weights
+ *
+ * Weights a kernel wants in another layout (kk_prepare) are made once and
+ * shared by every executable that uses them: one process-wide table keyed
+ * by the weight's data pointer, reference-counted by executables. An
+ * executable borrows its weights from the model, so it dies before the
+ * model does, and the copies are freed with the model's last executable
+ * (engine: ke_ctx_free). Executables are made one after another (the
+ * engine makes a new one before it evicts an old one), so a copy lives
+ * for the whole life of a context rather than being made again. The table
+ * is the one piece of mutable state shared between executables: guarded by
+ * a mutex, as contexts of one model may be created on different threads. */
+typedef struct prep_entry {
+    struct prep_entry *next;
+    const void *key;
+    void *data;
+    size_t bytes;
+    int refs;
+} prep_entry;
+
+static pthread_mutex_t prep_lock = PTHREAD_MUTEX_INITIALIZER;
+static prep_entry *prep_list;
+static double prep_seconds; /* spent making copies, all time */
+static int64_t prep_bytes;  /* held now */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The prepared copy for n's operands in[], made if no executable has it;
+ * NULL when n wants none or out of memory (the kernel then works without). */
+static prep_entry *prep_acquire(const kg_node *n, const void *const *in) {
+    const void *key = kk_prep_key(n, in);
+    if (!key) return NULL;
+    pthread_mutex_lock(&prep_lock);
+    prep_entry *e = prep_list;
+    while (e && e->key != key) e = e->next;
+    if (e) {
+        e->refs++;
+    } else if ((e = calloc(1, sizeof *e))) {
+        double t0 = now_s();
+        e->data = kk_prepare(n, in, &e->bytes);
+        if (e->data) {
+            e->key = key;
+            e->refs = 1;
+            e->next = prep_list;
+            prep_list = e;
+            prep_seconds += now_s() - t0;
+            prep_bytes += (int64_t)e->bytes;
+        } else {
+            free(e);
+            e = NULL;
+        }
+    }
+    pthread_mutex_unlock(&prep_lock);
+    return e;
+}
+
+static void prep_release(prep_entry *e) {
+    if (!e) return;
+    pthread_mutex_lock(&prep_lock);
+    if (--e->refs == 0) {
+        prep_entry **pp = &prep_list;
+        while (*pp != e) pp = &(*pp)->next;
+        *pp = e->next;
+        prep_bytes -= (int64_t)e->bytes;
+        kk_prep_free(e->data);
+        free(e);
+    }
+    pthread_mutex_unlock(&prep_lock);
+}
+
+void kr_prep_stats(double *seconds, int64_t *bytes) {
+    pthread_mutex_lock(&prep_lock);
+    *seconds = prep_seconds;
+    *bytes = prep_bytes;
+    pthread_mutex_unlock(&prep_lock);
+}
+
+/* ---------------------------------------------------------------- executables */
+
 typedef struct {
     kk_fn fn;
     const kg_node *node;
     loc out;
     loc in[KG_MAX_IN];
+    prep_entry *prep; /* shared, or NULL */
 } step;
 
 struct kr_exec {
@@ -82,7 +168,15 @@ kiln_status kr_exec_create(kg_graph *g, const kp_options *o, kr_exec **out) {
         s->fn = (kk_fn)x->kernel;
         s->node = x;
         s->out = loc_of(x);
-        for (int j = 0; j < x->n_in; j++) s->in[j] = loc_of(x->in[j]);
+        bool fixed = true;
+        const void *in[KG_MAX_IN] = {0};
+        for (int j = 0; j < x->n_in; j++) {
+            s->in[j] = loc_of(x->in[j]);
+            in[j] = s->in[j].ptr;
+            if (j > 0 && s->in[j].kind != LOC_FIXED) fixed = false;
+        }
+        /* weights only (operand 0 is the input): parameters change per run */
+        if (fixed) s->prep = prep_acquire(x, in);
     }
     for (int i = 0; i < e->n_outs; i++) e->outs[i] = loc_of(kg_output(g, i));
     *out = e;
@@ -91,6 +185,8 @@ kiln_status kr_exec_create(kg_graph *g, const kp_options *o, kr_exec **out) {
 
 void kr_exec_destroy(kr_exec *e) {
     if (!e) return;
+    if (e->steps)
+        for (int i = 0; i < e->n_steps; i++) prep_release(e->steps[i].prep);
     kg_destroy(e->g);
     free(e->steps);
     free(e->outs);
@@ -102,7 +198,7 @@ void kr_exec_run(kr_exec *e, void *const *params, kr_pool *pool) {
     e->params = params;
     for (int i = 0; i < e->n_steps; i++) {
         const step *s = &e->steps[i];
-        kk_call c = {.node = s->node, .out = resolve(e, s->out), .pool = pool};
+        kk_call c = {.node = s->node, .out = resolve(e, s->out), .pool = pool, .prep = s->prep ? s->prep->data : NULL};
         for (int j = 0; j < s->node->n_in; j++) c.in[j] = resolve(e, s->in[j]);
         s->fn(&c);
     }

@@ -27,5 +27,10 @@ const kg_node *kr_exec_output_node(const kr_exec *e, int i);
 int64_t kr_exec_arena_bytes(const kr_exec *e);
 int kr_exec_n_steps(const kr_exec *e);
 kg_graph *kr_exec_graph(const kr_exec *e);
+/* Weights prepared for kernels (kk_prepare: the int8 path's repacked
+ * weights), shared by all executables and freed with the last one that
+ * uses them: seconds spent making them so far in this process, and bytes
+ * held now. */
+void kr_prep_stats(double *seconds, int64_t *bytes);
 
 #endif
