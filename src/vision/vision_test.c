@@ -1,0 +1,63 @@
+/* Vision-language helpers: M-RoPE positions against transformers'
+ * get_rope_index, Qwen patch order, placeholder expansion. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "kt.h"
+#include "vision/vision.h"
+
+/* Two images (2x3 and 3x1 merged units) in one hand-made prompt; expected
+ * rows worked out with get_rope_index's rules: text at max + 1 onwards in
+ * all three components, an image block at (s, s + row, s + col) with s one
+ * past the largest position before it, the next text one past the block's
+ * largest component. */
+KT_TEST(vision_qwen_mrope_positions_follow_get_rope_index) {
+    char dir[4096];
+    ke_model *m;
+    KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/qwen2_vl"), &m));
+    kvis_model *vm = ke_model_vision(m);
+    KT_CHECK(vm && kvis_mrope(vm));
+    /* patch 8, merge 2: 32x48 pixels -> 2x3 units, 48x16 -> 3x1 */
+    kvis_pixels px[2] = {{NULL, 3, 32, 48}, {NULL, 3, 48, 16}};
+    const int32_t ids[] = {1, 2, 514, 512, 512, 512, 512, 512, 512, 515, 7, 514, 512, 512, 512, 515, 9};
+    const int32_t want[][3] = {{0, 0, 0}, {1, 1, 1}, {2, 2, 2},                                  /* text */
+                               {3, 3, 3}, {3, 3, 4}, {3, 3, 5}, {3, 4, 3}, {3, 4, 4}, {3, 4, 5}, /* image 1 */
+                               {6, 6, 6}, {7, 7, 7}, {8, 8, 8},                                  /* text */
+                               {9, 9, 9}, {9, 10, 9}, {9, 11, 9},                                /* image 2 */
+                               {12, 12, 12}, {13, 13, 13}};
+    int n = (int)(sizeof ids / sizeof ids[0]);
+    int32_t pos[17 * 3];
+    KT_CHECK_OK(kvis_positions(vm, px, 2, ids, n, pos));
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 3; k++) KT_CHECKF(pos[3 * i + k] == want[i][k], "token %d component %d: %d, want %d", i, k, pos[3 * i + k], want[i][k]);
+    /* get_rope_index's delta: max + 1 - len = 14 - 17; the engine's: the last token's max - its index */
+    KT_CHECK_EQ(pos[3 * (n - 1)] - (n - 1), 14 - 17);
+    /* a block the images do not cover */
+    KT_CHECK_ERR(kvis_positions(vm, px, 1, ids, n, pos), "only 1 image");
+    KT_CHECK_ERR(kvis_positions(vm, px, 2, ids, 6, pos), "do not fit");
+    ke_model_free(m);
+}
+
+/* The chat template's <|vision_start|><|image_pad|><|vision_end|> expands to
+ * the pads alone; without a pad the whole block goes after bos. */
+KT_TEST(vision_qwen_prompt_expansion) {
+    char dir[4096];
+    ke_model *m;
+    KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/qwen2_vl"), &m));
+    kvis_model *vm = ke_model_vision(m);
+    kvis_pixels px = {NULL, 3, 32, 32}; /* 2x2 units */
+    int32_t *out;
+    int n;
+    const int32_t a[] = {1, 514, 512, 515, 9};
+    KT_CHECK_OK(kvis_expand_prompt(vm, &px, a, 5, 1, &out, &n));
+    const int32_t wa[] = {1, 514, 512, 512, 512, 512, 515, 9};
+    KT_CHECK(n == 8 && !memcmp(out, wa, sizeof wa));
+    free(out);
+    const int32_t b[] = {1, 9};
+    KT_CHECK_OK(kvis_expand_prompt(vm, &px, b, 2, 1, &out, &n));
+    const int32_t wb[] = {1, 514, 512, 512, 512, 512, 515, 9};
+    KT_CHECK(n == 8 && !memcmp(out, wb, sizeof wb));
+    free(out);
+    ke_model_free(m);
+}
