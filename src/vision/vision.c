@@ -352,6 +352,7 @@ processor:
         st = kimg_proc_parse(pj, &m->proc);
         cJSON_Delete(pj);
         if (st) goto fail;
+        if (m->kind == KVIS_MISTRAL3) m->proc.merge = m->scale_factor; /* Mistral3Processor calls it with patch * merge */
         m->have_proc = true;
     }
     *out = m;
