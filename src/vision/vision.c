@@ -42,6 +42,9 @@ struct kvis_model {
     char tower[128], proj[128]; /* module prefixes: "...vision_model.", "...multi_modal_projector." */
     int64_t patch, image_size, text_hidden;
     int32_t image_token, boi_token, eoi_token, global_token, fake_token;
+    int32_t img_break, img_end; /* mistral3: [IMG_BREAK], [IMG_END] */
+    bool markers_guessed;       /* no tokenizer.json: marker ids taken as image id + 1 / + 2 (the fixtures' layout) */
+    char missing_marker[48];    /* a marker tokenizer.json lacks (an error once an image is expanded) */
     bool cls;                /* CLIP: a class token first (dropped from the features) */
     int run_layers;          /* encoder layers whose output is used */
     bool post_norm;          /* post_layernorm on the output */
@@ -94,6 +97,49 @@ static kiln_status int_field(const cJSON *j, const char *key, int64_t def, int32
     int64_t v;
     KILN_TRY(ku_json_int(j, key, def, &v));
     *out = (int32_t)v;
+    return NULL;
+}
+
+/* The ids of added tokens by their text in tokenizer.json's "added_tokens"
+ * (-1: absent); false when the folder has no tokenizer.json. */
+static bool added_token_ids(const kc_checkpoint *ck, const char *const *text, int n, int32_t *ids, kiln_status *err) {
+    char path[4096];
+    cJSON *j;
+    *err = NULL;
+    for (int i = 0; i < n; i++) ids[i] = -1;
+    if (ku_path_join(path, sizeof path, kc_dir(ck), "tokenizer.json") || !ku_file_exists(path)) return false;
+    if ((*err = ku_json_load(path, &j))) return true;
+    const cJSON *a = ku_json_get(j, "added_tokens"), *e;
+    if (!cJSON_IsArray(a)) a = NULL;
+    cJSON_ArrayForEach(e, a) {
+        const cJSON *c = ku_json_get(e, "content"), *id = ku_json_get(e, "id");
+        if (!cJSON_IsString(c) || !cJSON_IsNumber(id)) continue;
+        for (int i = 0; i < n; i++)
+            if (!strcmp(c->valuestring, text[i])) ids[i] = (int32_t)id->valuedouble;
+    }
+    cJSON_Delete(j);
+    return true;
+}
+
+/* The markers around SmolVLM's and Mistral 3's image tokens, by their text
+ * in the tokenizer's added tokens, as their processors look them up; without
+ * a tokenizer.json, image id + 1 / + 2 (the oracle fixtures' layout, which
+ * ship no tokenizer), which kvis_describe reports. */
+static kiln_status marker_tokens(kvis_model *m) {
+    static const char *const smol[2] = {"<fake_token_around_image>", "<global-img>"};
+    static const char *const mis[2] = {"[IMG_BREAK]", "[IMG_END]"};
+    const char *const *text = m->kind == KVIS_SMOLVLM ? smol : mis;
+    int32_t ids[2];
+    kiln_status st;
+    if (!added_token_ids(m->ck, text, 2, ids, &st)) {
+        ids[0] = m->image_token + 1, ids[1] = m->image_token + 2;
+        m->markers_guessed = true;
+    }
+    if (st) return st;
+    for (int i = 0; i < 2; i++)
+        if (ids[i] < 0 && !m->missing_marker[0]) snprintf(m->missing_marker, sizeof m->missing_marker, "%s", text[i]);
+    if (m->kind == KVIS_SMOLVLM) m->fake_token = ids[0], m->global_token = ids[1];
+    else m->img_break = ids[0], m->img_end = ids[1];
     return NULL;
 }
 
@@ -342,6 +388,8 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
         set_name(m, KM_T_FFN_DOWN, "encoder.layers.%d.mlp.fc2");
         set_name(m, KM_T_OUTPUT_NORM, "post_layernorm");
     }
+    if (m->kind == KVIS_SMOLVLM || m->kind == KVIS_MISTRAL3)
+        if ((st = marker_tokens(m))) goto fail;
 processor:
     m->fam.name = m->tower_type;
     m->fam.names = &m->names;
@@ -369,9 +417,10 @@ const char *kvis_describe(const kvis_model *m, char *buf, size_t cap) {
                                  "pixel shuffle + connector", "RMSNorm + 2x2 patch merger + 2-layer projector",
                                  "2x2 merger (LayerNorm + GELU MLP)", "window attention, 2x2 merger (RMSNorm + GELU MLP)",
                                  "interpolated positions, 2x2 merger + deepstack mergers"};
-    snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, image %lld; %s; image token %d",
+    snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, image %lld; %s; image token %d%s",
              m->model_type, m->tower_type, (long long)m->vhp.n_layers, m->run_layers, (long long)m->vhp.hidden,
-             (long long)m->vhp.n_heads, (long long)m->patch, (long long)m->image_size, proj[m->kind], m->image_token);
+             (long long)m->vhp.n_heads, (long long)m->patch, (long long)m->image_size, proj[m->kind], m->image_token,
+             m->markers_guessed ? " (no tokenizer.json: marker ids taken as image token + 1 / + 2)" : "");
     return buf;
 }
 
@@ -877,6 +926,9 @@ void kvis_pixels_free(kvis_pixels *p) {
 
 kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_t *ids, int cap, int *n) {
     *n = 0;
+    if (m->missing_marker[0])
+        return kiln_error(KILN_ENOTFOUND, "%s/tokenizer.json: no added token \"%s\" (the %s image block needs it)", kc_dir(m->ck),
+                          m->missing_marker, m->model_type);
     int64_t gh = px->h / m->patch, gw = px->w / m->patch, k;
     switch (m->kind) {
     case KVIS_LLAVA:
@@ -886,13 +938,12 @@ kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_
     case KVIS_QWEN25VL:
     case KVIS_QWEN3VL: k = gh * gw / (m->scale_factor * m->scale_factor); break;
     case KVIS_SMOLVLM: k = gh * gw / (m->scale_factor * m->scale_factor); break;
-    case KVIS_MISTRAL3: { /* rows of image tokens each ended by [IMG_BREAK], the last by [IMG_END]; their ids
-                           * live in the tokenizer: the fixture convention image + 1 / + 2 */
+    case KVIS_MISTRAL3: { /* rows of image tokens each ended by [IMG_BREAK], the last by [IMG_END] */
         int64_t r = gh / m->scale_factor, c = gw / m->scale_factor;
         if (r * (c + 1) > cap) return kiln_error(KILN_ELIMIT, "image block of %lld tokens", (long long)(r * (c + 1)));
         for (int64_t y = 0; y < r; y++) {
             for (int64_t x = 0; x < c; x++) ids[(*n)++] = m->image_token;
-            ids[(*n)++] = y == r - 1 ? m->image_token + 2 : m->image_token + 1;
+            ids[(*n)++] = y == r - 1 ? m->img_end : m->img_break;
         }
         return NULL;
     }
@@ -902,11 +953,8 @@ kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_
     int np = 0, nq = 0;
     if (m->kind == KVIS_GEMMA3) pre[np++] = m->boi_token, post[nq++] = m->eoi_token;
     if (KVIS_IS_QWEN(m->kind)) pre[np++] = m->vision_start, post[nq++] = m->vision_end;
-    if (m->kind == KVIS_SMOLVLM) {
-        /* <fake_token_around_image><global-img> ... <fake_token_around_image>: ids from the checkpoint's
-         * tokenizer; the fixture convention uses image_token + 1 / + 2 */
-        pre[np++] = m->image_token + 1, pre[np++] = m->image_token + 2, post[nq++] = m->image_token + 1;
-    }
+    if (m->kind == KVIS_SMOLVLM) /* <fake_token_around_image><global-img> ... <fake_token_around_image> */
+        pre[np++] = m->fake_token, pre[np++] = m->global_token, post[nq++] = m->fake_token;
     if (np + k + nq > cap) return kiln_error(KILN_ELIMIT, "image block of %lld tokens", (long long)(np + k + nq));
     for (int i = 0; i < np; i++) ids[(*n)++] = pre[i];
     for (int64_t i = 0; i < k; i++) ids[(*n)++] = m->image_token;

@@ -1,7 +1,10 @@
 /* Vision-language helpers: M-RoPE positions against transformers'
  * get_rope_index, Qwen patch order, placeholder expansion. */
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "kt.h"
@@ -59,5 +62,79 @@ KT_TEST(vision_qwen_prompt_expansion) {
     const int32_t wb[] = {1, 514, 512, 512, 512, 512, 515, 9};
     KT_CHECK(n == 8 && !memcmp(out, wb, sizeof wb));
     free(out);
+    ke_model_free(m);
+}
+
+/* A copy of a committed fixture (symlinks) with the given tokenizer.json in dir. */
+static void fixture_with_tokenizer(const char *fixture, const char *tok_json, char *dir, size_t cap) {
+    snprintf(dir, cap, "/tmp/kiln_vis_XXXXXX");
+    KT_CHECK(mkdtemp(dir) != NULL);
+    const char *files[] = {"config.json", "model.safetensors", "preprocessor_config.json", "generation_config.json"};
+    char src[4096], dst[4096], rel[256];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s/%s", fixture, files[i]);
+        char abs[PATH_MAX];
+        KT_CHECK(realpath(kt_path(src, sizeof src, rel), abs) != NULL);
+        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+        KT_CHECK(symlink(abs, dst) == 0);
+    }
+    snprintf(dst, sizeof dst, "%s/tokenizer.json", dir);
+    FILE *f = fopen(dst, "w");
+    KT_CHECK(f != NULL);
+    fputs(tok_json, f);
+    fclose(f);
+}
+
+static void remove_fixture_copy(const char *dir) {
+    const char *files[] = {"config.json", "model.safetensors", "preprocessor_config.json", "generation_config.json", "tokenizer.json"};
+    char p[4096];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+/* Marker ids come from tokenizer.json's added tokens by their text (here
+ * other ids than the fixtures' image + 1 / + 2 layout); a missing one is an
+ * error naming it once an image is expanded. */
+KT_TEST(vision_marker_tokens_from_tokenizer_added_tokens) {
+    char dir[256];
+    ke_model *m;
+    int32_t ids[64];
+    int n;
+    fixture_with_tokenizer("mistral3",
+                           "{\"added_tokens\": [{\"id\": 7, \"content\": \"[IMG_END]\"}, {\"id\": 5, \"content\": \"[IMG_BREAK]\"}]}", dir,
+                           sizeof dir);
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    kvis_pixels px = {NULL, 3, 32, 48}; /* 2 rows of 3 merged patches */
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n));
+    const int32_t want[] = {512, 512, 512, 5, 512, 512, 512, 7};
+    KT_CHECK(n == 8 && !memcmp(ids, want, sizeof want));
+    char buf[512];
+    KT_CHECK(strstr(kvis_describe(ke_model_vision(m), buf, sizeof buf), "no tokenizer.json") == NULL);
+    ke_model_free(m);
+    remove_fixture_copy(dir);
+
+    fixture_with_tokenizer("smolvlm", "{\"added_tokens\": [{\"id\": 3, \"content\": \"<global-img>\"}, {\"id\": 4, \"content\": \"<fake_token_around_image>\"}]}",
+                           dir, sizeof dir);
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    kvis_pixels sp = {NULL, 3, 64, 64}; /* 64 patches, shuffled by 2: 16 tokens */
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &sp, ids, 64, &n));
+    KT_CHECK(n == 19 && ids[0] == 4 && ids[1] == 3 && ids[2] == 512 && ids[17] == 512 && ids[18] == 4);
+    ke_model_free(m);
+    remove_fixture_copy(dir);
+
+    fixture_with_tokenizer("mistral3", "{\"added_tokens\": [{\"id\": 5, \"content\": \"[IMG_BREAK]\"}]}", dir, sizeof dir);
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    KT_CHECK_ERR(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n), "[IMG_END]");
+    ke_model_free(m);
+    remove_fixture_copy(dir);
+
+    /* the committed fixtures ship no tokenizer: the image + 1 / + 2 layout, reported */
+    KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/mistral3"), &m));
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n));
+    KT_CHECK(n == 8 && ids[3] == 513 && ids[7] == 514);
+    KT_CHECK(strstr(kvis_describe(ke_model_vision(m), buf, sizeof buf), "no tokenizer.json") != NULL);
     ke_model_free(m);
 }
