@@ -401,6 +401,11 @@ processor:
         cJSON_Delete(pj);
         if (st) goto fail;
         if (m->kind == KVIS_MISTRAL3) m->proc.merge = m->scale_factor; /* Mistral3Processor calls it with patch * merge */
+        if (KVIS_IS_QWEN(m->kind)) { /* Qwen2VLImageProcessor's defaults are the tower's shape */
+            if (!m->proc.patch) m->proc.patch = m->patch;
+            if (!m->proc.temporal_patch) m->proc.temporal_patch = m->temporal_patch;
+            if (!m->proc.merge) m->proc.merge = m->scale_factor;
+        }
         m->have_proc = true;
     }
     *out = m;
@@ -417,9 +422,12 @@ const char *kvis_describe(const kvis_model *m, char *buf, size_t cap) {
                                  "pixel shuffle + connector", "RMSNorm + 2x2 patch merger + 2-layer projector",
                                  "2x2 merger (LayerNorm + GELU MLP)", "window attention, 2x2 merger (RMSNorm + GELU MLP)",
                                  "interpolated positions, 2x2 merger + deepstack mergers"};
-    snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, image %lld; %s; image token %d%s",
+    char size[64];
+    if (KVIS_IS_QWEN(m->kind)) snprintf(size, sizeof size, "any image size (smart_resize)");
+    else snprintf(size, sizeof size, "image %lld", (long long)m->image_size);
+    snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, %s; %s; image token %d%s",
              m->model_type, m->tower_type, (long long)m->vhp.n_layers, m->run_layers, (long long)m->vhp.hidden,
-             (long long)m->vhp.n_heads, (long long)m->patch, (long long)m->image_size, proj[m->kind], m->image_token,
+             (long long)m->vhp.n_heads, (long long)m->patch, size, proj[m->kind], m->image_token,
              m->markers_guessed ? " (no tokenizer.json: marker ids taken as image token + 1 / + 2)" : "");
     return buf;
 }
@@ -890,6 +898,12 @@ kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kv
     KILN_TRY(kimg_preprocess(&m->proc, im, &out->data, &out->h, &out->w));
     out->c = 3;
     if (!KVIS_IS_QWEN(m->kind)) return NULL;
+    if (m->proc.patch != m->patch || m->proc.temporal_patch != m->temporal_patch || m->proc.merge != m->scale_factor) {
+        kvis_pixels_free(out);
+        return kiln_error(KILN_EINVAL, "%s: preprocessor_config.json's patch %lld / temporal %lld / merge %lld differ from the tower's %lld / %lld / %lld",
+                          kc_dir(m->ck), (long long)m->proc.patch, (long long)m->proc.temporal_patch, (long long)m->proc.merge,
+                          (long long)m->patch, (long long)m->temporal_patch, (long long)m->scale_factor);
+    }
     /* Qwen-VL: the still image repeated over temporal_patch_size frames, cut
      * into patches [C, T, P, P] in the processor's (merged block) order */
     int64_t P = m->patch, T = m->temporal_patch, s = m->scale_factor, H = out->h, W = out->w;
