@@ -52,6 +52,24 @@ for h, w, factor, lo, hi in [(48, 64, 16, 256, 16384), (40, 56, 16, 256, 16384),
                              (72, 88, 16, 256, 4096), (7, 9, 14, 3136, 12845056)]:
     oh, ow = smart_resize(h, w, factor, lo, hi)
     smart.append({"h": h, "w": w, "factor": factor, "min_pixels": lo, "max_pixels": hi, "oh": oh, "ow": ow})
+# Qwen2-VL's slow processor end to end on an image that needs resizing, as
+# Qwen2VLImageProcessor._preprocess does it with the committed qwen2_vl
+# fixture's preprocessor_config.json: smart_resize, PIL resize of the uint8
+# image, rescale in float64 then float32, normalize in float32, the still
+# image repeated over temporal_patch_size, patches in merged-block order.
+cfg = json.load(open("tests/fixtures/vlm/qwen2_vl/preprocessor_config.json"))
+P, T, M = cfg["patch_size"], cfg["temporal_patch_size"], cfg["merge_size"]
+img = rng.integers(0, 256, size=(23, 29, 3), dtype=np.uint8)
+rh, rw = smart_resize(23, 29, P * M, cfg["min_pixels"], cfg["max_pixels"])
+x = np.asarray(Image.fromarray(img).resize((rw, rh), resample=cfg["resample"]))
+x = (x.astype(np.float64) * cfg["rescale_factor"]).astype(np.float32)
+x = (x - np.array(cfg["image_mean"], dtype=np.float32)) / np.array(cfg["image_std"], dtype=np.float32)
+x = x.transpose(2, 0, 1)[None].repeat(T, axis=0)  # [T, C, H, W]
+gh, gw = rh // P, rw // P
+x = x.reshape(1, T, 3, gh // M, M, P, gw // M, M, P).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+qwen = {"h": 23, "w": 29, "image": img.reshape(-1).tolist(), "oh": rh, "ow": rw,
+        "patches": [float(v) for v in x.reshape(gh * gw, 3 * T * P * P).reshape(-1)]}
 with open("tests/data/vision/resize.json", "w") as fp:
-    json.dump({"pil_version": PIL.__version__, "resize": cases, "smart_resize": smart}, fp, separators=(",", ":"))
+    json.dump({"pil_version": PIL.__version__, "resize": cases, "smart_resize": smart, "qwen2_vl_preprocess": qwen}, fp,
+              separators=(",", ":"))
 print(len(cases), "resize cases,", len(smart), "smart_resize cases; PIL", PIL.__version__)

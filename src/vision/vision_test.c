@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/json.h"
 #include "engine/engine.h"
 #include "kt.h"
 #include "vision/vision.h"
@@ -137,4 +138,37 @@ KT_TEST(vision_marker_tokens_from_tokenizer_added_tokens) {
     KT_CHECK(n == 8 && ids[3] == 513 && ids[7] == 514);
     KT_CHECK(strstr(kvis_describe(ke_model_vision(m), buf, sizeof buf), "no tokenizer.json") != NULL);
     ke_model_free(m);
+}
+
+/* Qwen2-VL's processor end to end on an image that needs resizing (23x29 ->
+ * smart_resize 16x32, PIL bicubic, rescale, normalize, temporal repeat,
+ * merged-block patch order), against tools/pil_resize_reference.py's NumPy
+ * rendering of Qwen2VLImageProcessor._preprocess. */
+KT_TEST(vision_qwen_preprocess_resizes_like_the_processor) {
+    char path[4096], dir[4096];
+    cJSON *j;
+    KT_CHECK_OK(ku_json_load(kt_path(path, sizeof path, "tests/data/vision/resize.json"), &j));
+    const cJSON *q = ku_json_get(j, "qwen2_vl_preprocess");
+    int h = cJSON_GetObjectItem(q, "h")->valueint, w = cJSON_GetObjectItem(q, "w")->valueint;
+    const cJSON *img = cJSON_GetObjectItem(q, "image"), *want = cJSON_GetObjectItem(q, "patches");
+    uint8_t *rgb = malloc((size_t)(h * w * 3));
+    for (int i = 0; i < h * w * 3; i++) rgb[i] = (uint8_t)cJSON_GetArrayItem(img, i)->valueint;
+    ke_model *m;
+    KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/qwen2_vl"), &m));
+    kimg_image im;
+    kvis_pixels px;
+    KT_CHECK_OK(kimg_from_rgb(rgb, h, w, &im));
+    KT_CHECK_OK(kvis_pixels_from_image(ke_model_vision(m), &im, &px));
+    KT_CHECK(px.h == cJSON_GetObjectItem(q, "oh")->valueint && px.w == cJSON_GetObjectItem(q, "ow")->valueint);
+    int n = cJSON_GetArraySize(want), bad = -1;
+    KT_CHECK_EQ(n, (int)(px.h * px.w * 2 * 3));
+    for (int i = 0; i < n && bad < 0; i++)
+        if (px.data[i] != (float)cJSON_GetArrayItem(want, i)->valuedouble) bad = i;
+    KT_CHECKF(bad < 0, "patch value %d: %g, the processor %g", bad, bad >= 0 ? px.data[bad] : 0.0,
+              bad >= 0 ? cJSON_GetArrayItem(want, bad)->valuedouble : 0.0);
+    kvis_pixels_free(&px);
+    kimg_free(&im);
+    free(rgb);
+    ke_model_free(m);
+    cJSON_Delete(j);
 }
