@@ -1,6 +1,7 @@
 #include "base/npy.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,8 +53,9 @@ kiln_status ku_npy_read_f32_nd(const char *path, float **data, int *rank, int64_
     }
     char h[512];
     snprintf(h, sizeof h, "%.*s", (int)(hl < 511 ? hl : 511), buf + off);
-    if (!strstr(h, "'<f4'") || strstr(h, "'fortran_order': True")) {
-        st = kiln_error(KILN_EINVAL, "%s: expected little-endian float32 in C order", path);
+    bool i64 = strstr(h, "'<i8'") != NULL; /* int64 arrays (grids, sizes) read as float32 */
+    if ((!strstr(h, "'<f4'") && !i64) || strstr(h, "'fortran_order': True")) {
+        st = kiln_error(KILN_EINVAL, "%s: expected little-endian float32 (or int64) in C order", path);
         goto out;
     }
     const char *sp = strstr(h, "'shape': (");
@@ -84,7 +86,7 @@ kiln_status ku_npy_read_f32_nd(const char *path, float **data, int *rank, int64_
     if (rank) *rank = got;
     if (shape) memcpy(shape, d, sizeof(int64_t) * (size_t)got);
     size_t bytes = (size_t)r * (size_t)c * 4;
-    if (off + hl + bytes > len) {
+    if (off + hl + (i64 ? 2 * bytes : bytes) > len) {
         st = kiln_error(KILN_EINVAL, "%s: data shorter than its shape", path);
         goto out;
     }
@@ -93,7 +95,13 @@ kiln_status ku_npy_read_f32_nd(const char *path, float **data, int *rank, int64_
         st = kiln_error(KILN_ENOMEM, "out of memory");
         goto out;
     }
-    memcpy(*data, buf + off + hl, bytes);
+    if (i64)
+        for (size_t i = 0; i < bytes / 4; i++) {
+            int64_t v;
+            memcpy(&v, buf + off + hl + 8 * i, 8);
+            (*data)[i] = (float)v;
+        }
+    else memcpy(*data, buf + off + hl, bytes);
     *rows = r;
     *cols = c;
 out:

@@ -44,6 +44,9 @@ int kiln_cmd_info(int argc, char **argv) {
     int nope = 0;
     for (int64_t i = 0; i < hp->n_layers; i++) nope += hp->layer_nope[i];
     if (nope == hp->n_layers) printf("; no rotary embeddings\n");
+    else if (km_rope_is_mrope(&hp->ropes[0]))
+        printf("; rope theta %g (%d rotary dims), M-RoPE t/h/w pairs %d/%d/%d%s\n", hp->rope_theta, hp->ropes[0].dim, hp->ropes[0].mrope[0],
+               hp->ropes[0].mrope[1], hp->ropes[0].mrope[2], hp->ropes[0].mrope_interleaved ? " interleaved" : "");
     else printf("; rope theta %g (%d rotary dims)\n", hp->rope_theta, hp->ropes[0].dim);
     int sliding = 0;
     for (int64_t i = 0; i < hp->n_layers; i++) sliding += hp->layer_sliding[i];

@@ -93,6 +93,7 @@ typedef struct {
     int64_t n_hashed;  /* blocks hashed (ke_seq_publish, ke_seq_reuse_prefix) */
     int64_t n_trimmed; /* leading blocks released */
     int32_t state_slot; /* row of the recurrent state tensors; -1: none */
+    int64_t rope_delta; /* M-RoPE models: a token given no positions sits at (i, i, i) + this, i its index */
 } seq_state;
 
 typedef struct {
@@ -145,11 +146,14 @@ struct ke_ctx {
     int32_t *embd_mask; /* [scratch_T] vision-language models: 1 where embd holds the token's row */
     int32_t *span;      /* [scratch_T, 2] bidirectional spans (hp.attn_span) */
     float *embd;        /* [scratch_T, hidden] */
+    int32_t *mpos;      /* [scratch_T, 3] M-RoPE positions (t, h, w) */
+    float *embd_add;    /* [scratch_T, embd_add_layers * hidden] rows added to the first layers' outputs */
     float *cos[KM_MAX_ROPES], *sin[KM_MAX_ROPES];
     int64_t scratch_T, scratch_bt;
     /* per-step bookkeeping, grown on demand: a decode step allocates nothing */
     int32_t *row_of;          /* [scratch_seqs] */
     int64_t *added;           /* [scratch_seqs] */
+    int64_t *run_delta;       /* [scratch_seqs] M-RoPE deltas as the step's tokens move them */
     int scratch_seqs;
     void **params;
     int cap_params;
@@ -271,7 +275,7 @@ void ke_ctx_free(ke_ctx *c) {
     free(c->ref), free(c->lru_prev), free(c->lru_next), free(c->hnext), free(c->bucket);
     free(c->bhash), free(c->bparent), free(c->cached), free(c->btok);
     free(c->pos), free(c->tseq), free(c->slot), free(c->rows), free(c->seq_len), free(c->btab);
-    free(c->embd), free(c->embd_mask), free(c->span);
+    free(c->embd), free(c->embd_mask), free(c->span), free(c->mpos), free(c->embd_add), free(c->run_delta);
     free(c->batch_seqs), free(c->row_of), free(c->added), free(c->params);
     for (int k = 0; k < KM_MAX_ROPES; k++) free(c->cos[k]), free(c->sin[k]);
     kr_pool_destroy(c->pool);
@@ -495,6 +499,7 @@ kiln_status ke_seq_open(ke_ctx *c, int *seq) {
             c->seqs[i].n_hashed = 0;
             c->seqs[i].n_trimmed = 0;
             c->seqs[i].state_slot = take_state(c);
+            c->seqs[i].rope_delta = 0;
             *seq = i;
             return NULL;
         }
@@ -571,7 +576,9 @@ static bool grow_seq_scratch(ke_ctx *c) {
     if (r) c->row_of = r;
     int64_t *a = realloc(c->added, sizeof(int64_t) * (size_t)n);
     if (a) c->added = a;
-    if (!r || !a) return false;
+    int64_t *d = realloc(c->run_delta, sizeof(int64_t) * (size_t)n);
+    if (d) c->run_delta = d;
+    if (!r || !a || !d) return false;
     c->scratch_seqs = n;
     return true;
 }
@@ -585,6 +592,9 @@ static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
             if (!p) return false;
             *arr[i] = p;
         }
+        int32_t *mp = realloc(c->mpos, n * 3 * sizeof(int32_t));
+        if (!mp) return false;
+        c->mpos = mp;
         for (int k = 0; k < KM_MAX_ROPES; k++) {
             size_t half = KM_ROPE_MAX_HALF;
             float *a = realloc(c->cos[k], n * half * sizeof(float));
@@ -601,6 +611,11 @@ static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
             int32_t *sp = realloc(c->span, n * 2 * sizeof(int32_t));
             if (!sp) return false;
             c->span = sp;
+            if (c->m->hp.embd_add_layers > 0) {
+                float *ea = realloc(c->embd_add, n * (size_t)(c->m->hp.embd_add_layers * c->m->hp.hidden) * sizeof(float));
+                if (!ea) return false;
+                c->embd_add = ea;
+            }
         }
         c->scratch_T = T;
     }
@@ -717,8 +732,32 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
             if (row) memcpy(c->embd + t * hp->hidden, row, sizeof(float) * (size_t)hp->hidden);
             c->span[2 * t] = x && x->span ? x->span[2 * t] : 1;
             c->span[2 * t + 1] = x && x->span ? x->span[2 * t + 1] : 0;
+            int64_t L = hp->embd_add_layers * hp->hidden;
+            const float *add = x && x->embd_add ? x->embd_add[t] : NULL;
+            if (L > 0 && add) memcpy(c->embd_add + t * L, add, sizeof(float) * (size_t)L);
+            else if (L > 0) memset(c->embd_add + t * L, 0, sizeof(float) * (size_t)L);
         }
-    for (int k = 0; k < hp->n_ropes; k++) km_rope_fill(&hp->ropes[k], T, c->pos, c->seq_len, c->cos[k], c->sin[k]);
+    bool mrope = false;
+    for (int k = 0; k < hp->n_ropes; k++) mrope |= km_rope_is_mrope(&hp->ropes[k]);
+    if (mrope) {
+        /* given positions move the sequence's delta: later tokens continue from their largest component */
+        for (int i = 0; i < S; i++) c->run_delta[batch_seqs[i]] = c->seqs[batch_seqs[i]].rope_delta;
+        for (int64_t t = 0; t < T; t++) {
+            int s = b->seq[t];
+            int32_t *mp = c->mpos + 3 * t;
+            if (x && x->positions && x->positions[3 * t] >= 0) {
+                memcpy(mp, x->positions + 3 * t, 3 * sizeof(int32_t));
+                int32_t mx = mp[0] > mp[1] ? mp[0] : mp[1];
+                c->run_delta[s] = (mx > mp[2] ? mx : mp[2]) - (int64_t)c->pos[t];
+            } else {
+                mp[0] = mp[1] = mp[2] = (int32_t)(c->pos[t] + c->run_delta[s]);
+            }
+        }
+    }
+    for (int k = 0; k < hp->n_ropes; k++) {
+        if (km_rope_is_mrope(&hp->ropes[k])) km_rope_fill_mrope(&hp->ropes[k], T, c->mpos, c->cos[k], c->sin[k]);
+        else km_rope_fill(&hp->ropes[k], T, c->pos, c->seq_len, c->cos[k], c->sin[k]);
+    }
     exec_entry *e = get_exec(c, T, Sb, MB, R ? R : 1, &st);
     if (!e) goto done;
     if (e->n_inputs > c->cap_params) {
@@ -749,6 +788,7 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
         case KB_IN_EMBD: params[i] = c->embd; break;
         case KB_IN_EMBD_MASK: params[i] = c->embd_mask; break;
         case KB_IN_SPAN: params[i] = c->span; break;
+        case KB_IN_EMBD_ADD: params[i] = c->embd_add; break;
         }
     }
     kr_exec_run(e->exec, params, c->pool);
@@ -757,6 +797,8 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
         if (q->toks) q->toks[c->pos[t]] = b->tokens[t];
     }
     for (int i = 0; i < S; i++) c->seqs[batch_seqs[i]].len += added[batch_seqs[i]];
+    if (mrope)
+        for (int i = 0; i < S; i++) c->seqs[batch_seqs[i]].rope_delta = c->run_delta[batch_seqs[i]];
     *logits = kr_exec_output(e->exec, 0);
     *n_rows = (int)R;
 done:
@@ -775,7 +817,7 @@ static int64_t longrope_limit(const km_hparams *hp) {
 }
 
 kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
-    if (x && !x->embd && !x->span) x = NULL;
+    if (x && !x->embd && !x->span && !x->positions && !x->embd_add) x = NULL;
     if (x && longrope_limit(&c->m->hp) >= 0) return kiln_error(KILN_EUNSUPPORTED, "per-token inputs with LongRoPE are not supported");
     return x ? decode_step(c, b, x, logits, n_rows) : ke_decode(c, b, logits, n_rows);
 }

@@ -88,6 +88,18 @@ typedef struct {
      * must be in the cache after this call, so such a block comes in one call
      * (a prompt may be split anywhere else). NULL: causal only. */
     const int32_t *span;
+    /* [n, 3] M-RoPE positions (t, h, w) of each token (models whose rope is
+     * M-RoPE: Qwen2-VL and later; ignored by others), as transformers'
+     * get_rope_index gives them (kvis_positions). A token given positions
+     * sets its sequence's rope delta to max(t, h, w) - its index; tokens
+     * given none (NULL, a row with t < 0, or later calls) sit at index +
+     * delta in all three components, so a prompt's positions carry over to
+     * decoding and to later chunks, per sequence. */
+    const int32_t *positions;
+    /* [n] per token NULL or ke_model_hparams()->embd_add_layers * hidden
+     * floats: row l is added to the output of text layer l (Qwen3-VL's
+     * deepstack features at image positions); copied. NULL: none. */
+    const float *const *embd_add;
 } ke_inputs;
 kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows);
 

@@ -25,11 +25,14 @@ typedef struct {
     float *feat;                /* kiln's image features [n_img, hidden] */
     const float **embd;         /* [n_all] the feature row of each position of all_ids, or NULL */
     int32_t *span;              /* [n_all, 2] bidirectional spans (models with attn_span), or NULL */
+    int32_t *pos3;              /* [n_all, 3] M-RoPE positions (kvis_mrope), or NULL */
+    float *deep;                /* kiln's deepstack rows [n_img, L * hidden], or NULL */
+    const float **embd_add;     /* [n_all] the deepstack row of each position, or NULL */
 } oracle;
 
 static void oracle_free(oracle *o) {
     free(o->prompt), free(o->gen), free(o->all), free(o->gap), free(o->logits);
-    free(o->img_pos), free(o->feat), free(o->embd), free(o->span);
+    free(o->img_pos), free(o->feat), free(o->embd), free(o->span), free(o->pos3), free(o->deep), free(o->embd_add);
 }
 
 static kiln_status read_ids(const cJSON *j, const char *key, int32_t **out, int *n) {
@@ -111,7 +114,7 @@ static kiln_status path_prefill(const ke_model *m, const kv_options *vo, const o
         for (int i = 0; i < o->n_all; i++) seqs[i] = seq, want[i] = i >= o->n_prompt - 1;
         const float *lg;
         int nr;
-        st = ke_decode_ex(c, &(ke_batch){o->n_all, o->all, seqs, want}, &(ke_inputs){o->embd, o->span}, &lg, &nr);
+        st = ke_decode_ex(c, &(ke_batch){o->n_all, o->all, seqs, want}, &(ke_inputs){o->embd, o->span, o->pos3, o->embd_add}, &lg, &nr);
         if (!st) *diff = diff_rows(o, lg, 0, nr);
     }
     free(seqs), free(want);
@@ -133,7 +136,9 @@ static kiln_status path_decode(const ke_model *m, const kv_options *vo, const or
         for (int i = 0; i < o->n_prompt; i++) seqs[i] = seq;
         const float *lg;
         int nr;
-        st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, &(ke_inputs){o->embd, o->span}, &lg, &nr);
+        /* the prompt's positions only: decoded tokens continue from the rope delta */
+        st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, &(ke_inputs){o->embd, o->span, o->pos3, o->embd_add}, &lg,
+                          &nr);
         for (int step = 0; !st && step <= o->n_gen; step++) {
             double d = diff_rows(o, lg, step, 1);
             if (!(d <= *diff)) *diff = d;
@@ -160,10 +165,10 @@ static kiln_status path_batched(const ke_model *m, const kv_options *vo, const o
     /* B: a 19-token prompt fed 8 at a time, then decodes; C: 7 tokens at once, then decodes */
     int32_t other[64];
     for (int i = 0; i < 64; i++) other[i] = (int32_t)((i * 37 + 11) % vocab);
-    int32_t tok[256], span[512];
+    int32_t tok[256], span[512], pos3[768];
     int seqs[256];
     bool want[256];
-    const float *embd[256];
+    const float *embd[256], *add[256];
     float *got = calloc((size_t)(o->n_gen + 1) * (size_t)vocab, sizeof(float));
     if (!got && !st) st = kiln_error(KILN_ENOMEM, "out of memory");
     int a = 0, b = 0, cc = 0, have = 0;
@@ -173,20 +178,27 @@ static kiln_status path_batched(const ke_model *m, const kv_options *vo, const o
         for (int k = 0; a < o->n_all && n < 200 && (k < 5 || (o->span && o->span[2 * a - 2] <= o->span[2 * a - 1] && o->span[2 * a - 1] >= a)); k++, a++) {
             tok[n] = o->all[a], seqs[n] = sa, want[n] = a >= o->n_prompt - 1;
             embd[n] = o->embd ? o->embd[a] : NULL;
+            add[n] = o->embd_add ? o->embd_add[a] : NULL;
             span[2 * n] = o->span ? o->span[2 * a] : 1, span[2 * n + 1] = o->span ? o->span[2 * a + 1] : 0;
+            /* M-RoPE: the prompt's positions given, the generated tokens' left to the rope delta */
+            pos3[3 * n] = o->pos3 && a < o->n_prompt ? o->pos3[3 * a] : -1;
+            pos3[3 * n + 1] = o->pos3 && a < o->n_prompt ? o->pos3[3 * a + 1] : -1;
+            pos3[3 * n + 2] = o->pos3 && a < o->n_prompt ? o->pos3[3 * a + 2] : -1;
             n++;
         }
+        int n_a = n;
         int nb = b < 19 ? 8 : 1;
-        for (int k = 0; k < nb && b < 40; k++, b++)
-            tok[n] = other[b], seqs[n] = sb, want[n] = true, embd[n] = NULL, span[2 * n] = 1, span[2 * n + 1] = 0, n++;
+        for (int k = 0; k < nb && b < 40; k++, b++) tok[n] = other[b], seqs[n] = sb, want[n] = true, n++;
         if (step >= 1 && cc < 30) {
             int nc = cc == 0 ? 7 : 1;
-            for (int k = 0; k < nc; k++, cc++)
-                tok[n] = other[63 - cc], seqs[n] = sc, want[n] = k == nc - 1, embd[n] = NULL, span[2 * n] = 1, span[2 * n + 1] = 0, n++;
+            for (int k = 0; k < nc; k++, cc++) tok[n] = other[63 - cc], seqs[n] = sc, want[n] = k == nc - 1, n++;
         }
+        for (int i = n_a; i < n; i++) embd[i] = add[i] = NULL, span[2 * i] = 1, span[2 * i + 1] = 0, pos3[3 * i] = -1;
         const float *lg;
         int nr;
-        st = ke_decode_ex(c, &(ke_batch){n, tok, seqs, want}, o->embd ? &(ke_inputs){embd, o->span ? span : NULL} : NULL, &lg, &nr);
+        st = ke_decode_ex(c, &(ke_batch){n, tok, seqs, want},
+                          o->embd ? &(ke_inputs){embd, o->span ? span : NULL, o->pos3 ? pos3 : NULL, o->embd_add ? add : NULL} : NULL, &lg,
+                          &nr);
         int r = 0;
         for (int i = 0; !st && i < n; i++) {
             if (!want[i]) continue;
@@ -236,7 +248,21 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
     KILN_TRY(ku_npy_read_f32_nd(path, &pv, &rank, shape, &rows, &cols));
     kiln_status st = NULL;
     kvis_pixels px = {pv, 3, rank >= 3 ? shape[rank - 2] : 0, shape[rank - 1]};
-    if (rank < 3 || shape[rank - 3] != 3 || rows * cols != 3 * px.h * px.w)
+    if (kvis_mrope(vm)) { /* Qwen-VL: flattened patches [N, 3 * T * P * P], the image's size from image_grid_thw */
+        float *grid = NULL;
+        int64_t gr, gc, P = 0;
+        st = fixture_file(dir, "image_grid_thw.npy", path, sizeof path);
+        if (!st) st = ku_npy_read_f32(path, &grid, &gr, &gc);
+        if (!st && (gr != 1 || gc != 3 || grid[0] != 1))
+            st = kiln_error(KILN_EUNSUPPORTED, "%s: one still image (grid t = 1) expected", path);
+        if (!st) {
+            for (P = 1; P * P * 6 < cols; P++) {}
+            px.h = (int64_t)grid[1] * P, px.w = (int64_t)grid[2] * P;
+            if (rank != 2 || (int64_t)grid[1] * (int64_t)grid[2] != rows)
+                st = kiln_error(KILN_EINVAL, "%s: pixel_values [%lld, %lld] for grid %gx%g", path, (long long)rows, (long long)cols, grid[1], grid[2]);
+        }
+        free(grid);
+    } else if (rank < 3 || shape[rank - 3] != 3 || rows * cols != 3 * px.h * px.w)
         st = kiln_error(KILN_EUNSUPPORTED, "%s: pixel_values of %d dims (one image [.., 3, H, W] expected)", path, rank);
     /* 1: preprocessing */
     r->diff_pixels = -1;
@@ -246,20 +272,36 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
         st = kimg_load_png(path, &im);
         if (!st) st = kvis_pixels_from_image(vm, &im, &mine);
         if (!st) {
-            r->diff_pixels = mine.h == px.h && mine.w == px.w ? max_diff(mine.data, pv, 3 * px.h * px.w) : INFINITY;
+            r->diff_pixels = mine.h == px.h && mine.w == px.w ? max_diff(mine.data, pv, rows * cols) : INFINITY;
             kvis_pixels_free(&mine);
         }
         kimg_free(&im);
     }
     /* 2: tower + projector */
     int64_t n_tok = 0, E = ke_model_hparams(m)->hidden;
-    if (!st) st = kvis_encode(vm, &px, vo->n_threads, &o->feat, &n_tok);
+    int64_t L = kvis_deepstack_layers(vm);
+    if (!st) st = kvis_encode(vm, &px, vo->n_threads, &o->feat, &o->deep, &n_tok);
     if (!st) st = ku_path_join(path, sizeof path, odir, "image_features.npy");
     if (!st) st = ku_npy_read_f32(path, &ref, &rows, &cols);
     if (!st && (rows != n_tok || cols != E))
         st = kiln_error(KILN_EINVAL, "%s: [%lld, %lld], kiln's features [%lld, %lld]", path, (long long)rows, (long long)cols,
                         (long long)n_tok, (long long)E);
     if (!st) r->diff_features = max_diff(o->feat, ref, n_tok * E);
+    if (!st && L > 0) { /* deepstack_features.npy [L, n_tok, E]; kiln's rows [n_tok, L * E] */
+        float *dref = NULL;
+        int drank;
+        int64_t dshape[KU_NPY_MAX_RANK], dr, dc;
+        st = fixture_file(odir, "deepstack_features.npy", path, sizeof path);
+        if (!st) st = ku_npy_read_f32_nd(path, &dref, &drank, dshape, &dr, &dc);
+        if (!st && (dr != L * n_tok || dc != E))
+            st = kiln_error(KILN_EINVAL, "%s: not %lld layers of [%lld, %lld]", path, (long long)L, (long long)n_tok, (long long)E);
+        for (int64_t l = 0; !st && l < L; l++)
+            for (int64_t t = 0; t < n_tok; t++) {
+                double d = max_diff(o->deep + (t * L + l) * E, dref + (l * n_tok + t) * E, E);
+                if (!(d <= r->diff_features)) r->diff_features = d;
+            }
+        free(dref);
+    }
     if (!st && n_tok != o->n_img)
         st = kiln_error(KILN_EINVAL, "%s: %d image positions for %lld feature rows", odir, o->n_img, (long long)n_tok);
     /* 3: the rows that replace the placeholders */
@@ -268,9 +310,15 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
         if (!(o->span = malloc(sizeof(int32_t) * 2 * (size_t)o->n_all))) st = kiln_error(KILN_ENOMEM, "out of memory");
         else kvis_spans(vm, o->all, o->n_prompt, o->n_all, o->span);
     }
+    if (!st && L > 0 && !(o->embd_add = calloc((size_t)o->n_all, sizeof *o->embd_add))) st = kiln_error(KILN_ENOMEM, "out of memory");
     for (int i = 0; !st && i < o->n_img; i++) {
         if (o->img_pos[i] < 0 || o->img_pos[i] >= o->n_prompt) st = kiln_error(KILN_EINVAL, "%s: image position %d", odir, o->img_pos[i]);
         else o->embd[o->img_pos[i]] = o->feat + (int64_t)i * E;
+        if (!st && L > 0) o->embd_add[o->img_pos[i]] = o->deep + (int64_t)i * L * E;
+    }
+    if (!st && kvis_mrope(vm)) { /* positions of all_ids as get_rope_index gives them */
+        if (!(o->pos3 = malloc(sizeof(int32_t) * 3 * (size_t)o->n_all))) st = kiln_error(KILN_ENOMEM, "out of memory");
+        else st = kvis_positions(vm, &px, 1, o->all, o->n_all, o->pos3);
     }
     free(pv), free(ref);
     return st;

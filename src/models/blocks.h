@@ -43,7 +43,8 @@ typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_
                /* ==== embeddings given by the caller (vision-language models, km_hparams.embd_in) */
                KB_IN_EMBD,       /* [T, hidden] f32: rows replacing the token embeddings where EMBD_MASK is set */
                KB_IN_EMBD_MASK,  /* [T] i32: 1 where the token's embedding is the EMBD row (image features) */
-               KB_IN_SPAN        /* [T, 2] i32: positions (lo, hi) each token also attends to (kg_attention_span) */
+               KB_IN_SPAN,       /* [T, 2] i32: positions (lo, hi) each token also attends to (kg_attention_span) */
+               KB_IN_EMBD_ADD    /* [T, embd_add_layers * hidden] f32: rows added to the first layers' outputs (deepstack) */
 } kb_role;
 
 typedef struct {
@@ -85,6 +86,7 @@ typedef struct kb_ctx {
     int n_state_writes, cap_state_writes;
     /* vision-language models */
     kg_node *span;             /* [T, 2] i32 bidirectional span per token (hp->attn_span), made by the first attention */
+    kg_node *embd_add;         /* [T, embd_add_layers * hidden] KB_IN_EMBD_ADD, made by the first kb_embd_add */
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -501,5 +503,12 @@ kg_node *kb_linear_module(kb_ctx *b, kg_node *x, const char *module, int64_t row
  * [T, heads * D] are added to the q, k, v projections (per-use adapters).
  * Separate projections without biases; norms, rope, scores as o says. */
 kg_node *kb_tied_attention(kb_ctx *b, kg_node *x, int il, int wl, kg_node *const add[3], const kb_attn_opts *o);
+
+/* ==== given rows added between layers (blocks_embed.c) */
+
+/* x [T, hidden] after layer il: plus the KB_IN_EMBD_ADD row il of each
+ * token (zeros where none) while il < hp->embd_add_layers, else x
+ * unchanged (Qwen3-VL's deepstack features at the image positions). */
+kg_node *kb_embd_add(kb_ctx *b, kg_node *x, int il);
 
 #endif

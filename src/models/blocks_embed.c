@@ -41,3 +41,13 @@ kg_node *kb_embed(kb_ctx *b, const kb_embed_opts *o) {
     if (o->norm) x = kb_norm(b, x, KM_T_TOK_EMBD_NORM, -1, o->norm_kind);
     return x;
 }
+
+kg_node *kb_embd_add(kb_ctx *b, kg_node *x, int il) {
+    const km_hparams *hp = b->hp;
+    if (!x || il >= hp->embd_add_layers) return x;
+    int64_t T = b->shape.T, E = hp->hidden;
+    if (!b->embd_add)
+        b->embd_add = kb_input_param(b, KG_F32, KG_SHAPE(T, hp->embd_add_layers * E), "embd_add", KB_IN_EMBD_ADD, 0, 0, false);
+    kg_node *r = kg_slice(b->g, b->embd_add, (int64_t[]){0, il * E}, (int64_t[]){T, (il + 1) * E}, NULL);
+    return kg_name(kg_add(b->g, x, r), "embd_added", il);
+}

@@ -174,6 +174,7 @@ typedef struct {
     bool attn_span;           /* attention takes per-token bidirectional spans (KB_IN_SPAN): Gemma 3 image blocks,
                                * PaliGemma's prefix */
     bool embd_in_unscaled;    /* given embeddings replace the token rows before emb_scale (PaliGemma), not after */
+    int64_t embd_add_layers;  /* KB_IN_EMBD_ADD rows added to the outputs of this many first layers (Qwen3-VL deepstack) */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call

@@ -246,7 +246,8 @@ static inline float *mt_prefill(const km_family *fam, const km_hparams *hp, cons
             break;
         case KB_IN_EMBD:
         case KB_IN_EMBD_MASK:
-        case KB_IN_SPAN: break; /* text models never take them */
+        case KB_IN_SPAN:
+        case KB_IN_EMBD_ADD: break; /* text models never take them */
         }
     }
     kr_exec_run(ex, params, NULL);

@@ -140,7 +140,7 @@ kiln_status km_rope_init(km_rope *r, const cJSON *rs, double theta, int dim, int
     KILN_TRY(ku_json_num(rs, "factor", 1, &r->factor));
     int64_t orig;
     KILN_TRY(ku_json_int(rs, "original_max_position_embeddings", 0, &orig));
-    if (!strcmp(type, "default")) return NULL;
+    if (!strcmp(type, "default") || !strcmp(type, "mrope")) return NULL; /* Qwen2-VL's "mrope": default frequencies */
     if (!(r->factor > 0)) return kiln_error(KILN_EINVAL, "rope_scaling.factor must be positive");
     if (!strcmp(type, "linear")) {
         r->type = KM_ROPE_LINEAR;
@@ -222,4 +222,47 @@ void km_rope_fill(const km_rope *r, int64_t n, const int32_t *pos, const int32_t
             sin[t * half + i] = sinf(a) * af;
         }
     }
+}
+
+/* ---------------------------------------------------------------- M-RoPE */
+
+kiln_status km_rope_mrope(km_rope *r, const cJSON *rs) {
+    const cJSON *sec = rs ? ku_json_get(rs, "mrope_section") : NULL;
+    if (!sec || cJSON_IsNull(sec)) return NULL;
+    if (!cJSON_IsArray(sec) || cJSON_GetArraySize(sec) != 3)
+        return kiln_error(KILN_EUNSUPPORTED, "rope_scaling.mrope_section must be 3 counts (t, h, w)");
+    int sum = 0;
+    for (int i = 0; i < 3; i++) {
+        const cJSON *e = cJSON_GetArrayItem(sec, i);
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > KM_ROPE_MAX_HALF)
+            return kiln_error(KILN_EINVAL, "rope_scaling.mrope_section[%d] must be a count", i);
+        r->mrope[i] = (int)e->valuedouble;
+        sum += r->mrope[i];
+    }
+    KILN_TRY(ku_json_bool(rs, "mrope_interleaved", false, &r->mrope_interleaved));
+    if (sum != r->dim / 2)
+        return kiln_error(KILN_EINVAL, "rope_scaling.mrope_section sums to %d, the rotary pairs are %d", sum, r->dim / 2);
+    if (r->type != KM_ROPE_DEFAULT && r->type != KM_ROPE_LINEAR)
+        return kiln_error(KILN_EUNSUPPORTED, "M-RoPE with a rope_scaling type other than default or linear");
+    return NULL;
+}
+
+/* The position component (0 t, 1 h, 2 w) rotary pair i follows. */
+static int mrope_component(const km_rope *r, int i) {
+    if (r->mrope_interleaved) {
+        if (i % 3 == 1 && i < 3 * r->mrope[1]) return 1;
+        if (i % 3 == 2 && i < 3 * r->mrope[2]) return 2;
+        return 0;
+    }
+    return i < r->mrope[0] ? 0 : i < r->mrope[0] + r->mrope[1] ? 1 : 2;
+}
+
+void km_rope_fill_mrope(const km_rope *r, int64_t n, const int32_t *pos3, float *cos, float *sin) {
+    int half = r->dim / 2;
+    for (int64_t t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            float a = (float)pos3[3 * t + mrope_component(r, i)] * r->inv_freq[i];
+            cos[t * half + i] = cosf(a) * r->attention_factor;
+            sin[t * half + i] = sinf(a) * r->attention_factor;
+        }
 }

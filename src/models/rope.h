@@ -44,6 +44,10 @@ typedef struct {
     int64_t ntk_step_len;    /* NTK_STEP: the length each doubling of alpha is measured against */
     int64_t ntk_min_len;     /* NTK_STEP: sequence lengths below this count as this */
     int64_t ntk_mscale_len;  /* NTK_STEP: 0, or cos/sin scaled by 0.1 ln(L / this) + 1 above it */
+    /* ==== M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL; km_rope_mrope) */
+    int mrope[3];            /* rotary pairs (of dim/2) driven by the t, h, w position components; all 0: not M-RoPE */
+    bool mrope_interleaved;  /* Qwen3-VL: pair i takes component h when i % 3 == 1 and i < 3 mrope[1], w when
+                              * i % 3 == 2 and i < 3 mrope[2], else t; otherwise consecutive sections t, h, w */
 } km_rope;
 
 /* theta: the base to use (families with several rope configs pass their
@@ -60,5 +64,18 @@ void km_rope_fill(const km_rope *r, int64_t n, const int32_t *pos, const int32_t
  * theta * alpha^(dim / (dim - 2)); with mscale_len > 0 and L' > mscale_len,
  * cos/sin are also multiplied by 0.1 ln(L' / mscale_len) + 1. */
 void km_rope_ntk_step(km_rope *r, int64_t step_len, int64_t min_len, int64_t mscale_len);
+
+/* ==== M-RoPE (multimodal rotary positions) */
+
+/* Makes r an M-RoPE from rope_scaling's "mrope_section" (3 counts of
+ * rotary pairs summing to dim/2) and "mrope_interleaved"; without
+ * mrope_section r is unchanged. */
+kiln_status km_rope_mrope(km_rope *r, const cJSON *rope_scaling);
+/* cos/sin rows [n, dim/2] for tokens at 3-component positions pos3 [n, 3]
+ * (t, h, w): pair i rotates by the component its section names, as
+ * transformers' apply_multimodal_rotary_pos_emb / apply_interleaved_mrope
+ * select it (default frequencies only). */
+static inline bool km_rope_is_mrope(const km_rope *r) { return r->mrope[0] + r->mrope[1] + r->mrope[2] > 0; }
+void km_rope_fill_mrope(const km_rope *r, int64_t n, const int32_t *pos3, float *cos, float *sin);
 
 #endif

@@ -89,3 +89,33 @@ KT_TEST(rope_f16_tables_and_ntk_step) {
     double m = 0.1 * log(65.0 / 32.0) + 1.0;
     for (int i = 0; i < 4; i++) KT_CHECK_NEAR(c[i], rc[i] * m, 1e-6);
 }
+
+/* M-RoPE: which position component drives each rotary pair, in sections
+ * (Qwen2-VL's apply_multimodal_rotary_pos_emb) or interleaved (Qwen3-VL's
+ * apply_interleaved_mrope), for mrope_section [2, 3, 3] over 8 pairs. */
+KT_TEST(rope_mrope_sections_pick_components) {
+    const char *cfg[2] = {"{\"rope_type\": \"default\", \"mrope_section\": [2, 3, 3]}",
+                          "{\"rope_type\": \"default\", \"mrope_section\": [2, 3, 3], \"mrope_interleaved\": true}"};
+    const int want[2][8] = {{0, 0, 1, 1, 1, 2, 2, 2}, {0, 1, 2, 0, 1, 2, 0, 1}};
+    for (int v = 0; v < 2; v++) {
+        cJSON *rs = cJSON_Parse(cfg[v]);
+        km_rope r;
+        KT_CHECK_OK(km_rope_init(&r, rs, 10000.0, 16, 256));
+        KT_CHECK_OK(km_rope_mrope(&r, rs));
+        KT_CHECK(km_rope_is_mrope(&r) && r.mrope_interleaved == (v == 1));
+        const int32_t pos3[3] = {5, 11, 17};
+        float cs[8], sn[8];
+        km_rope_fill_mrope(&r, 1, pos3, cs, sn);
+        for (int i = 0; i < 8; i++) {
+            float a = (float)pos3[want[v][i]] * r.inv_freq[i];
+            KT_CHECKF(cs[i] == cosf(a) && sn[i] == sinf(a), "variant %d pair %d: not component %d", v, i, want[v][i]);
+        }
+        cJSON_Delete(rs);
+    }
+    /* sections that do not cover the pairs */
+    cJSON *bad = cJSON_Parse("{\"mrope_section\": [2, 3, 4]}");
+    km_rope r;
+    KT_CHECK_OK(km_rope_init(&r, bad, 10000.0, 16, 256));
+    KT_CHECK_ERR(km_rope_mrope(&r, bad), "sums to 9");
+    cJSON_Delete(bad);
+}

@@ -128,7 +128,8 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
 /* Qwen2-VL's smart_resize: both sides multiples of `factor`, the area within
  * [min_pixels, max_pixels], the aspect ratio kept as well as it can be. */
 static void smart_resize(int64_t h, int64_t w, int64_t factor, int64_t lo, int64_t hi, int64_t *oh, int64_t *ow) {
-    double hb = round((double)h / (double)factor) * (double)factor, wb = round((double)w / (double)factor) * (double)factor;
+    /* Python's round: half to even (nearbyint in the default rounding mode) */
+    double hb = nearbyint((double)h / (double)factor) * (double)factor, wb = nearbyint((double)w / (double)factor) * (double)factor;
     if (hb * wb > (double)hi) {
         double beta = sqrt((double)h * (double)w / (double)hi);
         hb = fmax((double)factor, floor((double)h / beta / (double)factor) * (double)factor);
@@ -145,11 +146,24 @@ kiln_status kimg_target_size(const kimg_proc *p, int64_t h, int64_t w, int64_t *
     *oh = h, *ow = w;
     if (p->temporal_patch > 0 && p->patch > 0) { /* Qwen-VL */
         int64_t f = p->patch * (p->merge > 0 ? p->merge : 1);
+        if ((h > w ? h : w) > 200 * (h < w ? h : w))
+            return kiln_error(KILN_EINVAL, "image %lldx%lld: the aspect ratio must be below 200", (long long)h, (long long)w);
         if (p->do_resize) smart_resize(h, w, f, p->min_pixels > 0 ? p->min_pixels : 56 * 56,
                                        p->max_pixels > 0 ? p->max_pixels : 28 * 28 * 1280, oh, ow);
         return NULL;
     }
     if (!p->do_resize) return NULL;
+    if (!strncmp(p->type, "Pixtral", 7) && p->size_kind == KIMG_SIZE_LONGEST && p->patch > 0) {
+        /* PixtralImageProcessor: scaled down (floor) to fit the longest edge, never up, then each
+         * side rounded up to whole patches (the processor is called with patch * merge) */
+        int64_t P = p->patch * (p->merge > 0 ? p->merge : 1);
+        double ratio = fmax((double)h / (double)p->edge, (double)w / (double)p->edge);
+        int64_t th = h, tw = w;
+        if (ratio > 1) th = (int64_t)floor((double)h / ratio), tw = (int64_t)floor((double)w / ratio);
+        *oh = ((th - 1) / P + 1) * P, *ow = ((tw - 1) / P + 1) * P;
+        if (th <= 0 || tw <= 0) return kiln_error(KILN_EINVAL, "image %lldx%lld is too thin to resize", (long long)h, (long long)w);
+        return NULL;
+    }
     switch (p->size_kind) {
     case KIMG_SIZE_NONE: break;
     case KIMG_SIZE_FIXED: *oh = p->size_h, *ow = p->size_w; break;
@@ -168,24 +182,35 @@ kiln_status kimg_target_size(const kimg_proc *p, int64_t h, int64_t w, int64_t *
     return NULL;
 }
 
-kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im, float **chw, int64_t *ohp, int64_t *owp) {
+kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im0, float **chw, int64_t *ohp, int64_t *owp) {
     *chw = NULL;
     int64_t rh, rw;
-    KILN_TRY(kimg_target_size(p, im->h, im->w, &rh, &rw));
-    if (rh != im->h || rw != im->w)
-        return kiln_error(KILN_EUNSUPPORTED,
-                          "image %lldx%lld: %s resizes it to %lldx%lld; resampling is not implemented yet (give an image of that size)",
-                          (long long)im->h, (long long)im->w, p->type, (long long)rh, (long long)rw);
+    KILN_TRY(kimg_target_size(p, im0->h, im0->w, &rh, &rw));
+    kimg_image resized = {0};
+    const kimg_image *im = im0;
+    if (rh != im0->h || rw != im0->w) {
+        if (!strncmp(p->type, "Idefics3", 8) || !strncmp(p->type, "SmolVLM", 7))
+            return kiln_error(KILN_EUNSUPPORTED, "image %lldx%lld: %s's resize / split flow is not reproduced (give a %lldx%lld image)",
+                              (long long)im0->h, (long long)im0->w, p->type, (long long)rh, (long long)rw);
+        KILN_TRYF(kimg_resize(im0, rh, rw, p->resample, &resized), "%s: resize %lldx%lld to %lldx%lld", p->type, (long long)im0->h,
+                  (long long)im0->w, (long long)rh, (long long)rw);
+        im = &resized;
+    }
     int64_t top = 0, left = 0, oh = rh, ow = rw;
     if (p->do_crop && p->crop_h > 0 && p->crop_w > 0) {
-        if (p->crop_h > rh || p->crop_w > rw)
+        if (p->crop_h > rh || p->crop_w > rw) {
+            kimg_free(&resized);
             return kiln_error(KILN_EUNSUPPORTED, "image %lldx%lld is smaller than the crop %lldx%lld (padding is not supported)",
                               (long long)rh, (long long)rw, (long long)p->crop_h, (long long)p->crop_w);
+        }
         top = (rh - p->crop_h) / 2, left = (rw - p->crop_w) / 2; /* transformers' center_crop */
         oh = p->crop_h, ow = p->crop_w;
     }
     float *out = malloc(sizeof(float) * (size_t)(3 * oh * ow));
-    if (!out) return kiln_error(KILN_ENOMEM, "out of memory");
+    if (!out) {
+        kimg_free(&resized);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
     for (int c = 0; c < 3; c++)
         for (int64_t y = 0; y < oh; y++)
             for (int64_t x = 0; x < ow; x++) {
@@ -195,6 +220,7 @@ kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im, float **ch
                 if (p->do_normalize) f = (f - p->mean[c]) / p->std[c];
                 out[(c * oh + y) * ow + x] = f;
             }
+    kimg_free(&resized);
     *chw = out, *ohp = oh, *owp = ow;
     return NULL;
 }

@@ -7,9 +7,10 @@
  * kimg_proc is a Hugging Face image processor's preprocessor_config.json:
  * resize (to a fixed size, a shortest or longest edge), center crop,
  * rescale and normalize as transformers' slow (PIL/NumPy) processors do
- * them. Resizing is only done when the size changes; PIL's resampling
- * filters are not reproduced yet, so a resize that changes the size is an
- * error naming the sizes (the caller gives images of the processor's size).
+ * them. Resizing is PIL's (kimg_resize), on the 8-bit image, to the size
+ * the processor computes (Qwen2-VL's smart_resize, Pixtral's patch-rounded
+ * longest edge, shortest edge, fixed). Idefics3 / SmolVLM's resize-and-split
+ * flow is not reproduced: their images must have the processor's size.
  */
 #ifndef KILN_IMAGE_H
 #define KILN_IMAGE_H
@@ -51,5 +52,13 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p);
 kiln_status kimg_target_size(const kimg_proc *p, int64_t h, int64_t w, int64_t *oh, int64_t *ow);
 /* Resize, crop, rescale, normalize: *chw [3, *oh, *ow] f32 (malloc'ed). */
 kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im, float **chw, int64_t *oh, int64_t *ow);
+
+/* PIL's Image.resize((ow, oh), resample) of an 8-bit RGB image, bit for
+ * bit (Pillow's ImagingResample: separable passes, horizontal first, with
+ * the filter's support scaled by the downscale factor, fixed-point taps and
+ * rounding to uint8 after each pass). resample: PIL's filter id, 1 LANCZOS,
+ * 2 BILINEAR, 3 BICUBIC, 4 BOX, 5 HAMMING (0 NEAREST is an error). *out
+ * malloc'ed (kimg_free). */
+kiln_status kimg_resize(const kimg_image *in, int64_t oh, int64_t ow, int resample, kimg_image *out);
 
 #endif

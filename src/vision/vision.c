@@ -24,7 +24,12 @@ typedef enum {
     KVIS_GEMMA3,    /* SigLIP, avg pool, soft-embedding RMSNorm, projection */
     KVIS_SMOLVLM,   /* SigLIP, pixel shuffle, connector linear */
     KVIS_MISTRAL3,  /* Pixtral (RMSNorm, 2-D rope, gated MLP), RMSNorm + 2x2 patch merger + GELU 2-layer projector */
+    KVIS_QWEN2VL,   /* Qwen2-VL: flattened patches, 2-D rope, LayerNorm + QuickGELU MLP blocks, 2x2 merger */
+    KVIS_QWEN25VL,  /* Qwen2.5-VL: + window attention (reordered), RMSNorm + SwiGLU blocks */
+    KVIS_QWEN3VL,   /* Qwen3-VL: + interpolated learned positions, deepstack mergers */
 } kvis_kind;
+
+#define KVIS_IS_QWEN(k) ((k) == KVIS_QWEN2VL || (k) == KVIS_QWEN25VL || (k) == KVIS_QWEN3VL)
 
 struct kvis_model {
     const kc_checkpoint *ck;
@@ -37,6 +42,9 @@ struct kvis_model {
     char tower[128], proj[128]; /* module prefixes: "...vision_model.", "...multi_modal_projector." */
     int64_t patch, image_size, text_hidden;
     int32_t image_token, boi_token, eoi_token, global_token, fake_token;
+    int32_t img_break, img_end; /* mistral3: [IMG_BREAK], [IMG_END] */
+    bool markers_guessed;       /* no tokenizer.json: marker ids taken as image id + 1 / + 2 (the fixtures' layout) */
+    char missing_marker[48];    /* a marker tokenizer.json lacks (an error once an image is expanded) */
     bool cls;                /* CLIP: a class token first (dropped from the features) */
     int run_layers;          /* encoder layers whose output is used */
     bool post_norm;          /* post_layernorm on the output */
@@ -48,11 +56,16 @@ struct kvis_model {
     bool proj_bias;
     kimg_proc proc;
     bool have_proc;
+    /* Qwen-VL */
+    int64_t temporal_patch, window, n_pos_side; /* temporal_patch_size; window_size (2.5); sqrt(num_position_embeddings) (3) */
+    int32_t vision_start, vision_end;
+    unsigned char full_attn[KM_MAX_LAYERS];   /* 2.5: fullatt_block_indexes (others attend within windows) */
+    int deepstack[KM_MAX_LAYERS], n_deepstack; /* 3: tower layers whose output feeds a deepstack merger */
 };
 
 int32_t kvis_image_token(const kvis_model *m) { return m->image_token; }
 
-static const char *const supported[] = {"llava", "paligemma", "gemma3", "smolvlm", "idefics3", "mistral3"};
+static const char *const supported[] = {"llava", "paligemma", "gemma3", "smolvlm", "idefics3", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"};
 
 bool kvis_supported(const char *model_type) {
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++)
@@ -87,6 +100,140 @@ static kiln_status int_field(const cJSON *j, const char *key, int64_t def, int32
     return NULL;
 }
 
+/* The ids of added tokens by their text in tokenizer.json's "added_tokens"
+ * (-1: absent); false when the folder has no tokenizer.json. */
+static bool added_token_ids(const kc_checkpoint *ck, const char *const *text, int n, int32_t *ids, kiln_status *err) {
+    char path[4096];
+    cJSON *j;
+    *err = NULL;
+    for (int i = 0; i < n; i++) ids[i] = -1;
+    if (ku_path_join(path, sizeof path, kc_dir(ck), "tokenizer.json") || !ku_file_exists(path)) return false;
+    if ((*err = ku_json_load(path, &j))) return true;
+    const cJSON *a = ku_json_get(j, "added_tokens"), *e;
+    if (!cJSON_IsArray(a)) a = NULL;
+    cJSON_ArrayForEach(e, a) {
+        const cJSON *c = ku_json_get(e, "content"), *id = ku_json_get(e, "id");
+        if (!cJSON_IsString(c) || !cJSON_IsNumber(id)) continue;
+        for (int i = 0; i < n; i++)
+            if (!strcmp(c->valuestring, text[i])) ids[i] = (int32_t)id->valuedouble;
+    }
+    cJSON_Delete(j);
+    return true;
+}
+
+/* The markers around SmolVLM's and Mistral 3's image tokens, by their text
+ * in the tokenizer's added tokens, as their processors look them up; without
+ * a tokenizer.json, image id + 1 / + 2 (the oracle fixtures' layout, which
+ * ship no tokenizer), which kvis_describe reports. */
+static kiln_status marker_tokens(kvis_model *m) {
+    static const char *const smol[2] = {"<fake_token_around_image>", "<global-img>"};
+    static const char *const mis[2] = {"[IMG_BREAK]", "[IMG_END]"};
+    const char *const *text = m->kind == KVIS_SMOLVLM ? smol : mis;
+    int32_t ids[2];
+    kiln_status st;
+    if (!added_token_ids(m->ck, text, 2, ids, &st)) {
+        ids[0] = m->image_token + 1, ids[1] = m->image_token + 2;
+        m->markers_guessed = true;
+    }
+    if (st) return st;
+    for (int i = 0; i < 2; i++)
+        if (ids[i] < 0 && !m->missing_marker[0]) snprintf(m->missing_marker, sizeof m->missing_marker, "%s", text[i]);
+    if (m->kind == KVIS_SMOLVLM) m->fake_token = ids[0], m->global_token = ids[1];
+    else m->img_break = ids[0], m->img_end = ids[1];
+    return NULL;
+}
+
+/* A list of layer indexes (config key) as flags / a list; absent: def[0..n_def). */
+static kiln_status layer_list(const cJSON *vc, const char *key, const int *def, int n_def, int64_t n_layers, int *out, int *n) {
+    const cJSON *a = ku_json_get(vc, key);
+    *n = 0;
+    if (a && !cJSON_IsArray(a)) return kiln_error(KILN_EINVAL, "config.json: vision_config.%s must be a list", key);
+    int cnt = a ? cJSON_GetArraySize(a) : n_def;
+    for (int i = 0; i < cnt; i++) {
+        const cJSON *e = a ? cJSON_GetArrayItem(a, i) : NULL;
+        if (e && !cJSON_IsNumber(e)) return kiln_error(KILN_EINVAL, "config.json: vision_config.%s[%d] must be a number", key, i);
+        int v = e ? (int)e->valuedouble : def[i];
+        if (v < 0 || v >= n_layers) continue; /* transformers never reaches a layer past the depth */
+        out[(*n)++] = v;
+    }
+    return NULL;
+}
+
+/* Qwen2-VL, Qwen2.5-VL, Qwen3-VL: vision_config as their configuration
+ * classes read it (defaults of Qwen2VLVisionConfig, Qwen2_5_VLVisionConfig,
+ * Qwen3VLVisionConfig), the special ids, the tower's module names. */
+static kiln_status load_qwen(kvis_model *m, const cJSON *root, const cJSON *vc, km_hparams *hp) {
+    km_hparams *v = &m->vhp;
+    bool q2 = m->kind == KVIS_QWEN2VL, q25 = m->kind == KVIS_QWEN25VL, q3 = m->kind == KVIS_QWEN3VL;
+    int64_t depth, ratio, out_hidden, n_pos;
+    const char *act;
+    KILN_TRY(ku_json_int(vc, "depth", q3 ? 27 : 32, &depth));
+    KILN_TRY(ku_json_int(vc, "num_heads", 16, &v->n_heads));
+    KILN_TRY(ku_json_int(vc, "patch_size", q3 ? 16 : 14, &m->patch));
+    KILN_TRY(ku_json_int(vc, "temporal_patch_size", 2, &m->temporal_patch));
+    KILN_TRY(ku_json_int(vc, "spatial_merge_size", 2, &m->scale_factor));
+    KILN_TRY(ku_json_str(vc, "hidden_act", q2 ? "quick_gelu" : q25 ? "silu" : "gelu_pytorch_tanh", &act));
+    KILN_TRY(km_parse_act(act, &v->act));
+    if (q2) { /* embed_dim is the tower's width, hidden_size the text model's */
+        KILN_TRY(ku_json_int(vc, "embed_dim", 1280, &v->hidden));
+        KILN_TRY(ku_json_int(vc, "mlp_ratio", 4, &ratio));
+        KILN_TRY(ku_json_int(vc, "hidden_size", 3584, &out_hidden));
+        v->ffn = v->hidden * ratio;
+    } else {
+        KILN_TRY(ku_json_int(vc, "hidden_size", q3 ? 1152 : 3584, &v->hidden));
+        KILN_TRY(ku_json_int(vc, "intermediate_size", q3 ? 4304 : 3420, &v->ffn));
+        KILN_TRY(ku_json_int(vc, "out_hidden_size", 3584, &out_hidden));
+    }
+    if (v->n_heads <= 0 || v->hidden % v->n_heads || depth <= 0 || depth > KM_MAX_LAYERS || m->patch <= 0 || m->temporal_patch <= 0 ||
+        m->scale_factor <= 0 || (v->hidden / v->n_heads) % 4)
+        return kiln_error(KILN_EINVAL, "config.json: vision_config: bad shape (width %lld, heads %lld, depth %lld, patch %lld)",
+                          (long long)v->hidden, (long long)v->n_heads, (long long)depth, (long long)m->patch);
+    if (out_hidden != hp->hidden)
+        return kiln_error(KILN_EINVAL, "config.json: vision_config's output width %lld is not the text model's %lld", (long long)out_hidden,
+                          (long long)hp->hidden);
+    if (q25) {
+        static const int def[] = {7, 15, 23, 31};
+        int idx[KM_MAX_LAYERS], n;
+        KILN_TRY(ku_json_int(vc, "window_size", 112, &m->window));
+        KILN_TRY(layer_list(vc, "fullatt_block_indexes", def, 4, depth, idx, &n));
+        for (int i = 0; i < n; i++) m->full_attn[idx[i]] = 1;
+        if (m->window < m->patch * m->scale_factor)
+            return kiln_error(KILN_EINVAL, "config.json: vision_config.window_size %lld is smaller than a merged patch", (long long)m->window);
+    }
+    if (q3) {
+        static const int def[] = {8, 16, 24};
+        KILN_TRY(ku_json_int(vc, "num_position_embeddings", 2304, &n_pos));
+        KILN_TRY(layer_list(vc, "deepstack_visual_indexes", def, 3, depth, m->deepstack, &m->n_deepstack));
+        m->n_pos_side = (int64_t)llround(sqrt((double)n_pos));
+        if (m->n_pos_side < 1 || m->n_pos_side * m->n_pos_side != n_pos)
+            return kiln_error(KILN_EINVAL, "config.json: vision_config.num_position_embeddings %lld is not a square", (long long)n_pos);
+        hp->embd_add_layers = m->n_deepstack;
+    }
+    KILN_TRY(int_field(root, "image_token_id", 151655, &m->image_token));
+    KILN_TRY(int_field(root, "vision_start_token_id", 151652, &m->vision_start));
+    KILN_TRY(int_field(root, "vision_end_token_id", 151653, &m->vision_end));
+    v->n_layers = depth, v->n_kv_heads = v->n_heads, v->head_dim = v->hidden / v->n_heads, v->norm_eps = 1e-6;
+    snprintf(v->model_type, sizeof v->model_type, "%s", m->tower_type);
+    m->run_layers = (int)depth;
+    m->text_hidden = hp->hidden;
+    m->rope_theta = 10000.0;
+    m->boi_token = m->eoi_token = m->global_token = m->fake_token = -1;
+    hp->embd_in = true;
+    if (!find_prefix(m->ck, "patch_embed.proj.weight", m->tower, sizeof m->tower))
+        return kiln_error(KILN_ENOTFOUND, "no vision tower tensor \"*patch_embed.proj.weight\"");
+    snprintf(m->proj, sizeof m->proj, "%s", m->tower); /* the mergers live in the tower */
+    set_name(m, KM_T_ATTN_NORM, "blocks.%d.norm1");
+    set_name(m, KM_T_FFN_NORM, "blocks.%d.norm2");
+    set_name(m, KM_T_ATTN_QKV, "blocks.%d.attn.qkv");
+    set_name(m, KM_T_ATTN_O, "blocks.%d.attn.proj");
+    set_name(m, KM_T_FFN_GATE, "blocks.%d.mlp.gate_proj");
+    set_name(m, KM_T_FFN_UP, q2 ? "blocks.%d.mlp.fc1" : q25 ? "blocks.%d.mlp.up_proj" : "blocks.%d.mlp.linear_fc1");
+    set_name(m, KM_T_FFN_DOWN, q2 ? "blocks.%d.mlp.fc2" : q25 ? "blocks.%d.mlp.down_proj" : "blocks.%d.mlp.linear_fc2");
+    set_name(m, KM_T_OUTPUT_NORM, q3 ? "merger.norm" : "merger.ln_q");
+    set_name(m, KM_T_ATTN_POST_NORM, "deepstack_merger_list.%d.norm");
+    return NULL;
+}
+
 kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out) {
     *out = NULL;
     const cJSON *root = kc_root_config(ck), *vc = ku_json_get(root, "vision_config");
@@ -105,10 +252,17 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
     else if (!strcmp(mt, "gemma3")) m->kind = KVIS_GEMMA3;
     else if (!strcmp(mt, "smolvlm") || !strcmp(mt, "idefics3")) m->kind = KVIS_SMOLVLM;
     else if (!strcmp(mt, "mistral3")) m->kind = KVIS_MISTRAL3;
+    else if (!strcmp(mt, "qwen2_vl")) m->kind = KVIS_QWEN2VL;
+    else if (!strcmp(mt, "qwen2_5_vl")) m->kind = KVIS_QWEN25VL;
+    else if (!strcmp(mt, "qwen3_vl")) m->kind = KVIS_QWEN3VL;
     else {
         st = kiln_error(KILN_EUNSUPPORTED, "config.json: vision-language model_type \"%s\" (vision tower \"%s\") is not supported "
-                                           "(supported: llava, paligemma, gemma3, smolvlm, mistral3)", mt, vt);
+                                           "(supported: llava, paligemma, gemma3, smolvlm, mistral3, qwen2_vl, qwen2_5_vl, qwen3_vl)", mt, vt);
         goto fail;
+    }
+    if (KVIS_IS_QWEN(m->kind)) {
+        if ((st = load_qwen(m, root, vc, hp))) goto fail;
+        goto processor;
     }
     const char *act;
     int64_t nl;
@@ -218,6 +372,9 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
         set_name(m, KM_T_FFN_DOWN, "transformer.layers.%d.feed_forward.down_proj");
         break;
     }
+    case KVIS_QWEN2VL: /* load_qwen */
+    case KVIS_QWEN25VL:
+    case KVIS_QWEN3VL: break;
     }
     if (m->kind != KVIS_MISTRAL3) { /* CLIP / SigLIP naming */
         set_name(m, KM_T_POS_EMBD, "embeddings.position_embedding");
@@ -231,6 +388,9 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
         set_name(m, KM_T_FFN_DOWN, "encoder.layers.%d.mlp.fc2");
         set_name(m, KM_T_OUTPUT_NORM, "post_layernorm");
     }
+    if (m->kind == KVIS_SMOLVLM || m->kind == KVIS_MISTRAL3)
+        if ((st = marker_tokens(m))) goto fail;
+processor:
     m->fam.name = m->tower_type;
     m->fam.names = &m->names;
     /* the processor, when the folder has one (only image input needs it) */
@@ -240,6 +400,12 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
         st = kimg_proc_parse(pj, &m->proc);
         cJSON_Delete(pj);
         if (st) goto fail;
+        if (m->kind == KVIS_MISTRAL3) m->proc.merge = m->scale_factor; /* Mistral3Processor calls it with patch * merge */
+        if (KVIS_IS_QWEN(m->kind)) { /* Qwen2VLImageProcessor's defaults are the tower's shape */
+            if (!m->proc.patch) m->proc.patch = m->patch;
+            if (!m->proc.temporal_patch) m->proc.temporal_patch = m->temporal_patch;
+            if (!m->proc.merge) m->proc.merge = m->scale_factor;
+        }
         m->have_proc = true;
     }
     *out = m;
@@ -253,10 +419,16 @@ void kvis_free(kvis_model *m) { free(m); }
 
 const char *kvis_describe(const kvis_model *m, char *buf, size_t cap) {
     static const char *proj[] = {"GELU 2-layer projector", "linear projector", "avg pool + soft-emb norm + projection",
-                                 "pixel shuffle + connector", "RMSNorm + 2x2 patch merger + 2-layer projector"};
-    snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, image %lld; %s; image token %d",
+                                 "pixel shuffle + connector", "RMSNorm + 2x2 patch merger + 2-layer projector",
+                                 "2x2 merger (LayerNorm + GELU MLP)", "window attention, 2x2 merger (RMSNorm + GELU MLP)",
+                                 "interpolated positions, 2x2 merger + deepstack mergers"};
+    char size[64];
+    if (KVIS_IS_QWEN(m->kind)) snprintf(size, sizeof size, "any image size (smart_resize)");
+    else snprintf(size, sizeof size, "image %lld", (long long)m->image_size);
+    snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, %s; %s; image token %d%s",
              m->model_type, m->tower_type, (long long)m->vhp.n_layers, m->run_layers, (long long)m->vhp.hidden,
-             (long long)m->vhp.n_heads, (long long)m->patch, (long long)m->image_size, proj[m->kind], m->image_token);
+             (long long)m->vhp.n_heads, (long long)m->patch, size, proj[m->kind], m->image_token,
+             m->markers_guessed ? " (no tokenizer.json: marker ids taken as image token + 1 / + 2)" : "");
     return buf;
 }
 
@@ -291,6 +463,25 @@ static kg_node *patchify(kb_ctx *b, kg_node *px, int64_t P) {
     return kg_reshape(b->g, x, KG_SHAPE(gh * gw, C * P * P));
 }
 
+/* Attention of q, k, v [N, H, hd] among all N rows (one image), rotated
+ * (rotate-half) by cos/sin [N, hd/2] when given; mask [N, N] (NULL: none)
+ * is added to the scores (0 or -inf: Qwen2.5-VL's windows). [N, H * hd]. */
+static kg_node *attend_rows(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, kg_node *cos, kg_node *sin, kg_node *mask) {
+    kg_graph *g = b->g;
+    int64_t N = q->shape.d[0], H = q->shape.d[1], hd = q->shape.d[2];
+    if (cos) q = kg_rope(g, q, cos, sin, (int)hd, false), k = kg_rope(g, k, cos, sin, (int)hd, false);
+    kg_dot_dims qk = {{1, {1}}, {1, {1}}, {1, {2}}, {1, {2}}}; /* [H, N, N] */
+    kg_node *s = kg_scale(g, kg_dot_general(g, q, k, &qk), 1.0 / sqrt((double)hd));
+    if (mask) s = kg_add(g, s, kg_broadcast_in_dim(g, mask, KG_SHAPE(H, N, N), (int[]){1, 2}));
+    kg_node *mx = kg_broadcast_in_dim(g, kg_reduce(g, s, KG_REDUCE_MAX, (int[]){2}, 1), KG_SHAPE(H, N, N), (int[]){0, 1});
+    kg_node *e = kg_unary(g, KG_OP_EXP, kg_binary(g, KG_OP_SUB, s, mx));
+    kg_node *sum = kg_broadcast_in_dim(g, kg_reduce(g, e, KG_REDUCE_SUM, (int[]){2}, 1), KG_SHAPE(H, N, N), (int[]){0, 1});
+    kg_node *p = kg_binary(g, KG_OP_DIV, e, sum);
+    kg_dot_dims pv = {{1, {0}}, {1, {1}}, {1, {2}}, {1, {0}}}; /* [H, N, hd] */
+    kg_node *o = kg_transpose(g, kg_dot_general(g, p, v, &pv), (int[]){1, 0, 2});
+    return kg_reshape(g, o, KG_SHAPE(N, H * hd));
+}
+
 /* Bidirectional multi-head attention over all N rows of x [N, D] (one image);
  * with cos/sin [N, hd/2], q and k rotate (rotate-half) first. */
 static kg_node *self_attention(kb_ctx *b, kg_node *x, int il, bool bias, kg_node *cos, kg_node *sin) {
@@ -299,16 +490,7 @@ static kg_node *self_attention(kb_ctx *b, kg_node *x, int il, bool bias, kg_node
     kg_node *q = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_Q, il, H * hd, bias), KG_SHAPE(N, H, hd));
     kg_node *k = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_K, il, H * hd, bias), KG_SHAPE(N, H, hd));
     kg_node *v = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_V, il, H * hd, bias), KG_SHAPE(N, H, hd));
-    if (cos) q = kg_rope(g, q, cos, sin, (int)hd, false), k = kg_rope(g, k, cos, sin, (int)hd, false);
-    kg_dot_dims qk = {{1, {1}}, {1, {1}}, {1, {2}}, {1, {2}}}; /* [H, N, N] */
-    kg_node *s = kg_scale(g, kg_dot_general(g, q, k, &qk), 1.0 / sqrt((double)hd));
-    kg_node *mx = kg_broadcast_in_dim(g, kg_reduce(g, s, KG_REDUCE_MAX, (int[]){2}, 1), KG_SHAPE(H, N, N), (int[]){0, 1});
-    kg_node *e = kg_unary(g, KG_OP_EXP, kg_binary(g, KG_OP_SUB, s, mx));
-    kg_node *sum = kg_broadcast_in_dim(g, kg_reduce(g, e, KG_REDUCE_SUM, (int[]){2}, 1), KG_SHAPE(H, N, N), (int[]){0, 1});
-    kg_node *p = kg_binary(g, KG_OP_DIV, e, sum);
-    kg_dot_dims pv = {{1, {0}}, {1, {1}}, {1, {2}}, {1, {0}}}; /* [H, N, hd] */
-    kg_node *o = kg_transpose(g, kg_dot_general(g, p, v, &pv), (int[]){1, 0, 2});
-    return kb_linear(b, kg_reshape(g, o, KG_SHAPE(N, H * hd)), KM_T_ATTN_O, il, D, bias);
+    return kb_linear(b, attend_rows(b, q, k, v, cos, sin, NULL), KM_T_ATTN_O, il, D, bias);
 }
 
 /* Idefics3 / SmolVLM position ids of a gh x gw patch grid in a table of
@@ -437,6 +619,172 @@ static kg_node *unfold_blocks(kb_ctx *b, kg_node *x, int64_t h, int64_t w, int64
     return kg_reshape(g, x, KG_SHAPE((h / s) * (w / s), D * s * s));
 }
 
+/* ---------------------------------------------------------------- Qwen-VL towers */
+
+/* The processor orders patches by merged s x s blocks (row-major), each
+ * block's patches row-major: patch i's grid cell (row, col) in a gw-wide grid. */
+static void qwen_cell(int64_t i, int64_t gw, int64_t s, int64_t *r, int64_t *c) {
+    int64_t blk = i / (s * s), in = i % (s * s), bw = gw / s;
+    *r = (blk / bw) * s + in / s, *c = (blk % bw) * s + in % s;
+}
+
+/* Qwen2.5-VL's window order (get_window_index): merged units of the
+ * (gh/s) x (gw/s) grid taken window by window (vws x vws units, windows
+ * row-major, cut at the grid's edge), each window's units row-major.
+ * order[j] = the unit at reordered place j, win[j] its window. */
+static void qwen_windows(int64_t lh, int64_t lw, int64_t vws, int32_t *order, int32_t *win) {
+    int64_t j = 0, w = 0;
+    for (int64_t wy = 0; wy * vws < lh; wy++)
+        for (int64_t wx = 0; wx * vws < lw; wx++, w++)
+            for (int64_t y = wy * vws; y < (wy + 1) * vws && y < lh; y++)
+                for (int64_t x = wx * vws; x < (wx + 1) * vws && x < lw; x++) order[j] = (int32_t)(y * lw + x), win[j++] = (int32_t)w;
+}
+
+/* The vision 2-D rope (VisionRotaryEmbedding(head_dim / 2)): per patch
+ * (r, c) the first hd/4 angles r * f[k], the rest c * f[k], f[k] =
+ * 1 / theta^(2k / (hd/2)) in float32; row p of the tables is the patch at
+ * place unit[p / s^2] * s^2 + p % s^2 (unit NULL: p). cos/sin [N, hd/2]. */
+static void qwen_rope(kb_ctx *b, const kvis_model *m, int64_t gh, int64_t gw, const int32_t *unit, kg_node **cos, kg_node **sin) {
+    int64_t hd = m->vhp.head_dim, half = hd / 2, q = half / 2, N = gh * gw, s = m->scale_factor, s2 = s * s;
+    float *c = kg_alloc(b->g, sizeof(float) * (size_t)(N * half)), *sn = kg_alloc(b->g, sizeof(float) * (size_t)(N * half));
+    if (!c || !sn) return;
+    for (int64_t p = 0; p < N; p++) {
+        int64_t i = unit ? (int64_t)unit[p / s2] * s2 + p % s2 : p, r, col;
+        qwen_cell(i, gw, s, &r, &col);
+        for (int64_t k = 0; k < half; k++) {
+            int64_t j = k < q ? k : k - q;
+            float f = 1.0f / powf((float)m->rope_theta, (float)(2 * j) / (float)half);
+            float a = (float)(k < q ? r : col) * f;
+            c[p * half + k] = cosf(a), sn[p * half + k] = sinf(a);
+        }
+    }
+    *cos = kg_const(b->g, KG_F32, KG_SHAPE(N, half), c);
+    *sin = kg_const(b->g, KG_F32, KG_SHAPE(N, half), sn);
+}
+
+/* torch.linspace(0, end, n) in float32 as ATen computes it. */
+static float linspace_at(float end, int64_t n, int64_t i) {
+    if (n <= 1) return 0.0f;
+    float step = end / (float)(n - 1);
+    return i < n / 2 ? step * (float)i : end - step * (float)(n - i - 1);
+}
+
+/* Qwen3-VL's learned positions (fast_pos_embed_interpolate): the side x
+ * side table bilinearly interpolated to the gh x gw grid (align-corners
+ * sample points linspace(0, side-1, n)), the four corner terms summed in
+ * order, rows in the processor's patch order. [N, D]. */
+static kg_node *qwen3_positions(kb_ctx *b, const kvis_model *m, int64_t gh, int64_t gw) {
+    kg_graph *g = b->g;
+    int64_t side = m->n_pos_side, D = m->vhp.hidden, N = gh * gw;
+    kg_node *tab = tensor_as(b, m->tower, "pos_embed.weight", 2, (int64_t[]){side * side, D}, KG_SHAPE(side * side, D));
+    int32_t *idx[4];
+    float *wt[4];
+    for (int k = 0; k < 4; k++) {
+        idx[k] = kg_alloc(g, sizeof(int32_t) * (size_t)N), wt[k] = kg_alloc(g, sizeof(float) * (size_t)N);
+        if (!idx[k] || !wt[k]) return kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory"));
+    }
+    for (int64_t i = 0; i < N; i++) {
+        int64_t r, c;
+        qwen_cell(i, gw, m->scale_factor, &r, &c);
+        float hy = linspace_at((float)(side - 1), gh, r), wx = linspace_at((float)(side - 1), gw, c);
+        int32_t y0 = (int32_t)hy, x0 = (int32_t)wx;
+        int32_t y1 = y0 + 1 < side ? y0 + 1 : (int32_t)side - 1, x1 = x0 + 1 < side ? x0 + 1 : (int32_t)side - 1;
+        float dy = hy - (float)y0, dx = wx - (float)x0;
+        idx[0][i] = (int32_t)(y0 * side + x0), wt[0][i] = (1.0f - dy) * (1.0f - dx);
+        idx[1][i] = (int32_t)(y0 * side + x1), wt[1][i] = (1.0f - dy) * dx;
+        idx[2][i] = (int32_t)(y1 * side + x0), wt[2][i] = dy * (1.0f - dx);
+        idx[3][i] = (int32_t)(y1 * side + x1), wt[3][i] = dy * dx;
+    }
+    kg_node *sum = NULL;
+    for (int k = 0; k < 4 && tab; k++) {
+        kg_node *rows = kg_take_rows(g, tab, kg_const(g, KG_I32, KG_SHAPE(N), idx[k]));
+        kg_node *w = kg_broadcast_in_dim(g, kg_const(g, KG_F32, KG_SHAPE(N), wt[k]), KG_SHAPE(N, D), (int[]){0});
+        kg_node *t = kg_mul(g, rows, w);
+        sum = sum ? kg_add(g, sum, t) : t;
+    }
+    return sum;
+}
+
+/* A patch merger on x [N, D] (patch order): the norm of role t (layer il)
+ * over D, then s^2 consecutive rows concatenated (or concatenated first,
+ * then the norm over D s^2: Qwen3-VL's deepstack mergers), then
+ * fc2(GELU(fc1)). [N / s^2, E]. */
+static kg_node *qwen_merger(kb_ctx *b, const kvis_model *m, kg_node *x, km_tensor t, int il, bool deepstack) {
+    int64_t N = x->shape.d[0], D = x->shape.d[1], s2 = m->scale_factor * m->scale_factor;
+    kb_norm_kind nk = m->kind == KVIS_QWEN25VL ? KB_NORM_RMS : KB_NORM_LAYER;
+    if (!deepstack) x = kb_norm(b, x, t, il, nk);
+    x = kg_reshape(b->g, x, KG_SHAPE(N / s2, D * s2));
+    if (deepstack) x = kb_norm(b, x, t, il, nk);
+    char n1[128], n2[128];
+    if (deepstack) {
+        snprintf(n1, sizeof n1, "deepstack_merger_list.%d.linear_fc1", il);
+        snprintf(n2, sizeof n2, "deepstack_merger_list.%d.linear_fc2", il);
+    } else {
+        bool q3 = m->kind == KVIS_QWEN3VL;
+        snprintf(n1, sizeof n1, "%s", q3 ? "merger.linear_fc1" : "merger.mlp.0");
+        snprintf(n2, sizeof n2, "%s", q3 ? "merger.linear_fc2" : "merger.mlp.2");
+    }
+    x = kb_act(b, linear_mod(b, x, m->proj, n1, D * s2, true), KM_ACT_GELU);
+    return linear_mod(b, x, m->proj, n2, m->text_hidden, true);
+}
+
+/* Qwen-VL tower + merger on patches [gh * gw, 3 * T * P * P] (processor
+ * order): [gh * gw / s^2, E]; *deep (Qwen3-VL with deepstack layers) the
+ * deepstack mergers' outputs side by side [gh * gw / s^2, n_deepstack * E]. */
+static kg_node *qwen_tower(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, int64_t gw, kg_node **deep) {
+    kg_graph *g = b->g;
+    int64_t D = m->vhp.hidden, P = m->patch, T = m->temporal_patch, s = m->scale_factor, N = gh * gw, K = 3 * T * P * P;
+    int64_t lh = gh / s, lw = gw / s, U = lh * lw;
+    bool q25 = m->kind == KVIS_QWEN25VL, q3 = m->kind == KVIS_QWEN3VL;
+    kg_node *w = tensor_as(b, m->tower, "patch_embed.proj.weight", 5, (int64_t[]){D, 3, T, P, P}, KG_SHAPE(D, K));
+    if (!w) return NULL;
+    kg_dot_dims pd = {{0, {0}}, {0, {0}}, {1, {1}}, {1, {1}}};
+    kg_node *x = kg_dot_general(g, px, w, &pd); /* [N, D] */
+    if (q3) {
+        x = kg_add(g, x, tensor_as(b, m->tower, "patch_embed.proj.bias", 1, (int64_t[]){D}, KG_SHAPE(D)));
+        x = kg_add(g, x, qwen3_positions(b, m, gh, gw));
+    }
+    int32_t *order = NULL, *inverse = NULL;
+    kg_node *mask = NULL;
+    if (q25) { /* rows go window by window; windowed layers attend within their window */
+        int32_t *win = kg_alloc(g, sizeof(int32_t) * (size_t)U);
+        float *mk = kg_alloc(g, sizeof(float) * (size_t)(N * N));
+        order = kg_alloc(g, sizeof(int32_t) * (size_t)U), inverse = kg_alloc(g, sizeof(int32_t) * (size_t)U);
+        if (!win || !mk || !order || !inverse) return kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory"));
+        qwen_windows(lh, lw, m->window / s / P, order, win);
+        for (int64_t j = 0; j < U; j++) inverse[order[j]] = (int32_t)j;
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t j = 0; j < N; j++) mk[i * N + j] = win[i / (s * s)] == win[j / (s * s)] ? 0.0f : -INFINITY;
+        mask = kg_const(g, KG_F32, KG_SHAPE(N, N), mk);
+        kg_node *units = kg_reshape(g, x, KG_SHAPE(U, s * s * D));
+        x = kg_reshape(g, kg_take_rows(g, units, kg_const(g, KG_I32, KG_SHAPE(U), order)), KG_SHAPE(N, D));
+    }
+    kg_node *cos = NULL, *sin = NULL;
+    qwen_rope(b, m, gh, gw, order, &cos, &sin);
+    kb_norm_kind nk = q25 ? KB_NORM_RMS : KB_NORM_LAYER;
+    kb_ffn_opts ffn = {.gated = q25, .act = m->vhp.act, .bias = true};
+    int64_t H = m->vhp.n_heads, hd = m->vhp.head_dim;
+    kg_node *deeps[KM_MAX_LAYERS];
+    int nd = 0;
+    for (int il = 0; il < m->run_layers && x; il++) {
+        kg_node *qkv = kg_reshape(g, kb_linear(b, kb_norm(b, x, KM_T_ATTN_NORM, il, nk), KM_T_ATTN_QKV, il, 3 * D, true), KG_SHAPE(N, 3, H, hd));
+        kg_node *part[3];
+        for (int j = 0; j < 3; j++)
+            part[j] = kg_reshape(g, kg_slice(g, qkv, (int64_t[]){0, j, 0, 0}, (int64_t[]){N, j + 1, H, hd}, NULL), KG_SHAPE(N, H, hd));
+        kg_node *a = attend_rows(b, part[0], part[1], part[2], cos, sin, q25 && !m->full_attn[il] ? mask : NULL);
+        x = kg_add(g, x, kb_linear(b, a, KM_T_ATTN_O, il, D, true));
+        x = kg_add(g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, nk), il, &ffn));
+        for (int k = 0; q3 && k < m->n_deepstack; k++)
+            if (m->deepstack[k] == il)
+                deeps[nd++] = qwen_merger(b, m, x, KM_T_ATTN_POST_NORM, k, true);
+    }
+    if (!x) return NULL;
+    x = qwen_merger(b, m, x, KM_T_OUTPUT_NORM, -1, false);
+    if (q25 && x) x = kg_take_rows(g, x, kg_const(g, KG_I32, KG_SHAPE(U), inverse));
+    if (deep && nd > 0) *deep = nd == 1 ? deeps[0] : kg_concat(g, deeps, nd, 1);
+    return x;
+}
+
 static kg_node *emit(kb_ctx *b, const kvis_model *m, kg_node *px) {
     kg_graph *g = b->g;
     int64_t P = m->patch, gh = px->shape.d[1] / P, gw = px->shape.d[2] / P, E = m->text_hidden, D = m->vhp.hidden;
@@ -475,50 +823,71 @@ static kg_node *emit(kb_ctx *b, const kvis_model *m, kg_node *px) {
         x = pixel_shuffle(b, x, gh, gw, s);
         return linear_mod(b, x, m->proj, "modality_projection.proj", E, false);
     }
-    case KVIS_MISTRAL3: break; /* above */
+    case KVIS_MISTRAL3: /* above */
+    case KVIS_QWEN2VL:  /* qwen_tower */
+    case KVIS_QWEN25VL:
+    case KVIS_QWEN3VL: break;
     }
     return NULL;
 }
 
-kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_threads, float **features, int64_t *n_tokens) {
+int64_t kvis_deepstack_layers(const kvis_model *m) { return m->kind == KVIS_QWEN3VL ? m->n_deepstack : 0; }
+
+kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_threads, float **features, float **deepstack,
+                        int64_t *n_tokens) {
     *features = NULL;
+    if (deepstack) *deepstack = NULL;
     *n_tokens = 0;
-    if (px->c != 3 || px->h % m->patch || px->w % m->patch || px->h <= 0 || px->w <= 0)
+    int64_t unit = KVIS_IS_QWEN(m->kind) ? m->patch * m->scale_factor : m->patch;
+    if (px->c != 3 || px->h % unit || px->w % unit || px->h <= 0 || px->w <= 0)
         return kiln_error(KILN_EINVAL, "pixels [%lld, %lld, %lld] are not 3 channels of whole %lld-pixel patches", (long long)px->c,
-                          (long long)px->h, (long long)px->w, (long long)m->patch);
+                          (long long)px->h, (long long)px->w, (long long)unit);
     kb_ctx b = {.ck = m->ck, .hp = &m->vhp, .fam = &m->fam};
     b.g = kg_create();
     if (!b.g) return kiln_error(KILN_ENOMEM, "out of memory");
-    kg_node *in = kg_param(b.g, KG_F32, KG_SHAPE(px->c, px->h, px->w), "pixel_values");
-    kg_node *out = emit(&b, m, in);
+    kg_node *in, *out, *deep = NULL;
+    if (KVIS_IS_QWEN(m->kind)) {
+        int64_t gh = px->h / m->patch, gw = px->w / m->patch;
+        in = kg_param(b.g, KG_F32, KG_SHAPE(gh * gw, 3 * m->temporal_patch * m->patch * m->patch), "pixel_values");
+        out = qwen_tower(&b, m, in, gh, gw, &deep);
+    } else {
+        in = kg_param(b.g, KG_F32, KG_SHAPE(px->c, px->h, px->w), "pixel_values");
+        out = emit(&b, m, in);
+    }
+    int64_t L = kvis_deepstack_layers(m);
     kiln_status st = b.err;
     if (!st) st = kg_take_error(b.g);
     if (!st && (!out || out->shape.rank != 2 || out->shape.d[1] != m->text_hidden))
         st = kiln_error(KILN_EINTERNAL, "%s: the vision emitter's output is not [tokens, %lld]", m->model_type, (long long)m->text_hidden);
+    if (!st && L > 0 && (!deep || deep->shape.d[0] != out->shape.d[0] || deep->shape.d[1] != L * m->text_hidden))
+        st = kiln_error(KILN_EINTERNAL, "%s: the deepstack output is not [tokens, %lld]", m->model_type, (long long)(L * m->text_hidden));
     free(b.inputs);
     if (st) {
         kg_destroy(b.g);
         return kiln_status_wrap(st, "%s: vision tower", kc_dir(m->ck));
     }
     kg_add_output(b.g, out);
+    if (L > 0) kg_add_output(b.g, deep);
     int64_t n = out->shape.d[0], E = m->text_hidden;
     kr_exec *ex;
     kp_options po = {0};
     KILN_TRY(kr_exec_create(b.g, &po, &ex));
     kr_pool *pool = kr_pool_create(n_threads);
-    float *f = malloc(sizeof(float) * (size_t)(n * E));
-    if (!pool || !f) {
+    float *f = malloc(sizeof(float) * (size_t)(n * E)), *d = L > 0 && deepstack ? malloc(sizeof(float) * (size_t)(n * L * E)) : NULL;
+    if (!pool || !f || (L > 0 && deepstack && !d)) {
         kr_exec_destroy(ex);
         kr_pool_destroy(pool);
-        free(f);
+        free(f), free(d);
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
     void *params[1] = {px->data};
     kr_exec_run(ex, params, pool);
     memcpy(f, kr_exec_output(ex, 0), sizeof(float) * (size_t)(n * E));
+    if (d) memcpy(d, kr_exec_output(ex, 1), sizeof(float) * (size_t)(n * L * E));
     kr_exec_destroy(ex);
     kr_pool_destroy(pool);
     *features = f;
+    if (deepstack) *deepstack = d;
     *n_tokens = n;
     return NULL;
 }
@@ -528,6 +897,38 @@ kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kv
     if (!m->have_proc) return kiln_error(KILN_ENOTFOUND, "%s: no preprocessor_config.json", kc_dir(m->ck));
     KILN_TRY(kimg_preprocess(&m->proc, im, &out->data, &out->h, &out->w));
     out->c = 3;
+    if (!KVIS_IS_QWEN(m->kind)) return NULL;
+    if (m->proc.patch != m->patch || m->proc.temporal_patch != m->temporal_patch || m->proc.merge != m->scale_factor) {
+        kvis_pixels_free(out);
+        return kiln_error(KILN_EINVAL, "%s: preprocessor_config.json's patch %lld / temporal %lld / merge %lld differ from the tower's %lld / %lld / %lld",
+                          kc_dir(m->ck), (long long)m->proc.patch, (long long)m->proc.temporal_patch, (long long)m->proc.merge,
+                          (long long)m->patch, (long long)m->temporal_patch, (long long)m->scale_factor);
+    }
+    /* Qwen-VL: the still image repeated over temporal_patch_size frames, cut
+     * into patches [C, T, P, P] in the processor's (merged block) order */
+    int64_t P = m->patch, T = m->temporal_patch, s = m->scale_factor, H = out->h, W = out->w;
+    if (H % (P * s) || W % (P * s)) {
+        kvis_pixels_free(out);
+        return kiln_error(KILN_EINVAL, "image %lldx%lld is not made of whole %lld-pixel merged patches", (long long)H, (long long)W,
+                          (long long)(P * s));
+    }
+    int64_t gw = W / P, N = (H / P) * gw, K = 3 * T * P * P;
+    float *pt = malloc(sizeof(float) * (size_t)(N * K));
+    if (!pt) {
+        kvis_pixels_free(out);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    for (int64_t i = 0; i < N; i++) {
+        int64_t r, c;
+        qwen_cell(i, gw, s, &r, &c);
+        for (int64_t ch = 0; ch < 3; ch++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t y = 0; y < P; y++)
+                    for (int64_t x = 0; x < P; x++)
+                        pt[i * K + ((ch * T + t) * P + y) * P + x] = out->data[(ch * H + r * P + y) * W + c * P + x];
+    }
+    free(out->data);
+    out->data = pt;
     return NULL;
 }
 
@@ -539,19 +940,24 @@ void kvis_pixels_free(kvis_pixels *p) {
 
 kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_t *ids, int cap, int *n) {
     *n = 0;
+    if (m->missing_marker[0])
+        return kiln_error(KILN_ENOTFOUND, "%s/tokenizer.json: no added token \"%s\" (the %s image block needs it)", kc_dir(m->ck),
+                          m->missing_marker, m->model_type);
     int64_t gh = px->h / m->patch, gw = px->w / m->patch, k;
     switch (m->kind) {
     case KVIS_LLAVA:
     case KVIS_PALIGEMMA: k = gh * gw; break;
     case KVIS_GEMMA3: k = m->tokens_per_image; break;
+    case KVIS_QWEN2VL:
+    case KVIS_QWEN25VL:
+    case KVIS_QWEN3VL: k = gh * gw / (m->scale_factor * m->scale_factor); break;
     case KVIS_SMOLVLM: k = gh * gw / (m->scale_factor * m->scale_factor); break;
-    case KVIS_MISTRAL3: { /* rows of image tokens each ended by [IMG_BREAK], the last by [IMG_END]; their ids
-                           * live in the tokenizer: the fixture convention image + 1 / + 2 */
+    case KVIS_MISTRAL3: { /* rows of image tokens each ended by [IMG_BREAK], the last by [IMG_END] */
         int64_t r = gh / m->scale_factor, c = gw / m->scale_factor;
         if (r * (c + 1) > cap) return kiln_error(KILN_ELIMIT, "image block of %lld tokens", (long long)(r * (c + 1)));
         for (int64_t y = 0; y < r; y++) {
             for (int64_t x = 0; x < c; x++) ids[(*n)++] = m->image_token;
-            ids[(*n)++] = y == r - 1 ? m->image_token + 2 : m->image_token + 1;
+            ids[(*n)++] = y == r - 1 ? m->img_end : m->img_break;
         }
         return NULL;
     }
@@ -560,11 +966,9 @@ kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_
     int32_t pre[4], post[4];
     int np = 0, nq = 0;
     if (m->kind == KVIS_GEMMA3) pre[np++] = m->boi_token, post[nq++] = m->eoi_token;
-    if (m->kind == KVIS_SMOLVLM) {
-        /* <fake_token_around_image><global-img> ... <fake_token_around_image>: ids from the checkpoint's
-         * tokenizer; the fixture convention uses image_token + 1 / + 2 */
-        pre[np++] = m->image_token + 1, pre[np++] = m->image_token + 2, post[nq++] = m->image_token + 1;
-    }
+    if (KVIS_IS_QWEN(m->kind)) pre[np++] = m->vision_start, post[nq++] = m->vision_end;
+    if (m->kind == KVIS_SMOLVLM) /* <fake_token_around_image><global-img> ... <fake_token_around_image> */
+        pre[np++] = m->fake_token, pre[np++] = m->global_token, post[nq++] = m->fake_token;
     if (np + k + nq > cap) return kiln_error(KILN_ELIMIT, "image block of %lld tokens", (long long)(np + k + nq));
     for (int i = 0; i < np; i++) ids[(*n)++] = pre[i];
     for (int64_t i = 0; i < k; i++) ids[(*n)++] = m->image_token;
@@ -597,15 +1001,45 @@ kiln_status kvis_expand_prompt(const kvis_model *m, const kvis_pixels *px, const
     for (at = 0; at < n && ids[at] != m->image_token; at++) {}
     if (at < n) skip = 1;
     else at = m->kind != KVIS_PALIGEMMA && n > 0 && ids[0] == bos ? 1 : 0;
+    int32_t *b0 = blk;
+    if (!st && KVIS_IS_QWEN(m->kind) && skip && at > 0 && ids[at - 1] == m->vision_start && at + 1 < n && ids[at + 1] == m->vision_end)
+        b0++, k -= 2; /* the chat template's <|vision_start|><|image_pad|><|vision_end|>: only the pad expands */
     int32_t *o = st ? NULL : malloc(sizeof(int32_t) * (size_t)(n - skip + k + 1));
     if (!st && !o) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (!st) {
         memcpy(o, ids, sizeof(int32_t) * (size_t)at);
-        memcpy(o + at, blk, sizeof(int32_t) * (size_t)k);
+        memcpy(o + at, b0, sizeof(int32_t) * (size_t)k);
         memcpy(o + at + k, ids + at + skip, sizeof(int32_t) * (size_t)(n - at - skip));
         *out = o;
         *n_out = n - skip + k;
     }
     free(blk);
     return st;
+}
+
+bool kvis_mrope(const kvis_model *m) { return KVIS_IS_QWEN(m->kind); }
+
+kiln_status kvis_positions(const kvis_model *m, const kvis_pixels *px, int n_images, const int32_t *ids, int n, int32_t *pos3) {
+    if (!KVIS_IS_QWEN(m->kind)) return kiln_error(KILN_EUNSUPPORTED, "%s has no M-RoPE positions", m->model_type);
+    int64_t s = m->scale_factor, next = 0; /* next: the position after the largest so far */
+    int st = 0, img = 0;
+    for (;;) {
+        int ed = st;
+        while (ed < n && ids[ed] != m->image_token) ed++;
+        for (int i = st; i < ed; i++) pos3[3 * i] = pos3[3 * i + 1] = pos3[3 * i + 2] = (int32_t)(next + (i - st));
+        if (ed > st) next += ed - st;
+        if (ed >= n) return NULL;
+        if (img >= n_images)
+            return kiln_error(KILN_EINVAL, "image tokens at position %d, but only %d image(s) given", ed, n_images);
+        int64_t lh = px[img].h / (m->patch * s), lw = px[img].w / (m->patch * s);
+        if (lh <= 0 || lw <= 0 || ed + lh * lw > n)
+            return kiln_error(KILN_EINVAL, "image %d's %lldx%lld tokens do not fit at position %d of %d", img, (long long)lh, (long long)lw, ed, n);
+        for (int64_t j = 0; j < lh * lw; j++) {
+            int32_t *p = pos3 + 3 * (ed + j);
+            p[0] = (int32_t)next, p[1] = (int32_t)(next + j / lw), p[2] = (int32_t)(next + j % lw);
+        }
+        next += (lh > lw ? lh : lw);
+        st = ed + (int)(lh * lw);
+        img++;
+    }
 }

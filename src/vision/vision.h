@@ -36,15 +36,33 @@ const char *kvis_describe(const kvis_model *m, char *buf, size_t cap);
 int32_t kvis_image_token(const kvis_model *m);
 
 /* The tower's input for one image, as the processor writes pixel_values:
- * [3, h, w] f32 (CLIP / SigLIP towers). */
+ * [3, h, w] f32 (CLIP / SigLIP / Pixtral towers); Qwen-VL: the processor's
+ * flattened patches [(h/P) * (w/P), 3 * T * P * P] (T = temporal_patch_size)
+ * of the h x w image, merged 2x2 blocks first (c, h, w describe the image). */
 typedef struct {
     float *data; /* malloc'ed */
     int64_t c, h, w;
 } kvis_pixels;
 kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kvis_pixels *out);
 void kvis_pixels_free(kvis_pixels *p);
-/* Image features [*n_tokens, text hidden] (malloc'ed) for pixels. */
-kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_threads, float **features, int64_t *n_tokens);
+/* Image features [*n_tokens, text hidden] (malloc'ed) for pixels; with
+ * deepstack (may be NULL) the rows added to the first text layers' outputs
+ * [*n_tokens, kvis_deepstack_layers * hidden] (malloc'ed; NULL when none),
+ * ke_inputs.embd_add. */
+kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_threads, float **features, float **deepstack,
+                        int64_t *n_tokens);
+/* Text layers that take deepstack rows (Qwen3-VL; 0 for others). */
+int64_t kvis_deepstack_layers(const kvis_model *m);
+
+/* True when the text model takes M-RoPE positions (Qwen-VL): ke_inputs.positions. */
+bool kvis_mrope(const kvis_model *m);
+/* transformers' get_rope_index for ids[n] holding the placeholder blocks
+ * of images px[0..n_images) in order: text tokens at (p, p, p), p one past
+ * the largest position so far; an image's (h/P/s) x (w/P/s) block at
+ * (p, p + row, p + col), after which p advances by the larger side. The
+ * positions of later tokens (decoding) continue at index + max + 1 - n
+ * (the engine's rope delta). pos3 [n, 3]. */
+kiln_status kvis_positions(const kvis_model *m, const kvis_pixels *px, int n_images, const int32_t *ids, int n, int32_t *pos3);
 /* The placeholder block of one image's tokens (image tokens and the
  * family's markers around them) as the processor expands it: up to cap ids
  * into ids, *n the count; *n_image the image tokens among them. */

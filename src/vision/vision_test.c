@@ -1,0 +1,174 @@
+/* Vision-language helpers: M-RoPE positions against transformers'
+ * get_rope_index, Qwen patch order, placeholder expansion. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/json.h"
+#include "engine/engine.h"
+#include "kt.h"
+#include "vision/vision.h"
+
+/* Two images (2x3 and 3x1 merged units) in one hand-made prompt; expected
+ * rows worked out with get_rope_index's rules: text at max + 1 onwards in
+ * all three components, an image block at (s, s + row, s + col) with s one
+ * past the largest position before it, the next text one past the block's
+ * largest component. */
+KT_TEST(vision_qwen_mrope_positions_follow_get_rope_index) {
+    char dir[4096];
+    ke_model *m;
+    KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/qwen2_vl"), &m));
+    kvis_model *vm = ke_model_vision(m);
+    KT_CHECK(vm && kvis_mrope(vm));
+    /* patch 8, merge 2: 32x48 pixels -> 2x3 units, 48x16 -> 3x1 */
+    kvis_pixels px[2] = {{NULL, 3, 32, 48}, {NULL, 3, 48, 16}};
+    const int32_t ids[] = {1, 2, 514, 512, 512, 512, 512, 512, 512, 515, 7, 514, 512, 512, 512, 515, 9};
+    const int32_t want[][3] = {{0, 0, 0}, {1, 1, 1}, {2, 2, 2},                                  /* text */
+                               {3, 3, 3}, {3, 3, 4}, {3, 3, 5}, {3, 4, 3}, {3, 4, 4}, {3, 4, 5}, /* image 1 */
+                               {6, 6, 6}, {7, 7, 7}, {8, 8, 8},                                  /* text */
+                               {9, 9, 9}, {9, 10, 9}, {9, 11, 9},                                /* image 2 */
+                               {12, 12, 12}, {13, 13, 13}};
+    int n = (int)(sizeof ids / sizeof ids[0]);
+    int32_t pos[17 * 3];
+    KT_CHECK_OK(kvis_positions(vm, px, 2, ids, n, pos));
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 3; k++) KT_CHECKF(pos[3 * i + k] == want[i][k], "token %d component %d: %d, want %d", i, k, pos[3 * i + k], want[i][k]);
+    /* get_rope_index's delta: max + 1 - len = 14 - 17; the engine's: the last token's max - its index */
+    KT_CHECK_EQ(pos[3 * (n - 1)] - (n - 1), 14 - 17);
+    /* a block the images do not cover */
+    KT_CHECK_ERR(kvis_positions(vm, px, 1, ids, n, pos), "only 1 image");
+    KT_CHECK_ERR(kvis_positions(vm, px, 2, ids, 6, pos), "do not fit");
+    ke_model_free(m);
+}
+
+/* The chat template's <|vision_start|><|image_pad|><|vision_end|> expands to
+ * the pads alone; without a pad the whole block goes after bos. */
+KT_TEST(vision_qwen_prompt_expansion) {
+    char dir[4096];
+    ke_model *m;
+    KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/qwen2_vl"), &m));
+    kvis_model *vm = ke_model_vision(m);
+    kvis_pixels px = {NULL, 3, 32, 32}; /* 2x2 units */
+    int32_t *out;
+    int n;
+    const int32_t a[] = {1, 514, 512, 515, 9};
+    KT_CHECK_OK(kvis_expand_prompt(vm, &px, a, 5, 1, &out, &n));
+    const int32_t wa[] = {1, 514, 512, 512, 512, 512, 515, 9};
+    KT_CHECK(n == 8 && !memcmp(out, wa, sizeof wa));
+    free(out);
+    const int32_t b[] = {1, 9};
+    KT_CHECK_OK(kvis_expand_prompt(vm, &px, b, 2, 1, &out, &n));
+    const int32_t wb[] = {1, 514, 512, 512, 512, 512, 515, 9};
+    KT_CHECK(n == 8 && !memcmp(out, wb, sizeof wb));
+    free(out);
+    ke_model_free(m);
+}
+
+/* A copy of a committed fixture (symlinks) with the given tokenizer.json in dir. */
+static void fixture_with_tokenizer(const char *fixture, const char *tok_json, char *dir, size_t cap) {
+    snprintf(dir, cap, "/tmp/kiln_vis_XXXXXX");
+    KT_CHECK(mkdtemp(dir) != NULL);
+    const char *files[] = {"config.json", "model.safetensors", "preprocessor_config.json", "generation_config.json"};
+    char src[4096], dst[4096], rel[256];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s/%s", fixture, files[i]);
+        char abs[PATH_MAX];
+        KT_CHECK(realpath(kt_path(src, sizeof src, rel), abs) != NULL);
+        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+        KT_CHECK(symlink(abs, dst) == 0);
+    }
+    snprintf(dst, sizeof dst, "%s/tokenizer.json", dir);
+    FILE *f = fopen(dst, "w");
+    KT_CHECK(f != NULL);
+    fputs(tok_json, f);
+    fclose(f);
+}
+
+static void remove_fixture_copy(const char *dir) {
+    const char *files[] = {"config.json", "model.safetensors", "preprocessor_config.json", "generation_config.json", "tokenizer.json"};
+    char p[4096];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+/* Marker ids come from tokenizer.json's added tokens by their text (here
+ * other ids than the fixtures' image + 1 / + 2 layout); a missing one is an
+ * error naming it once an image is expanded. */
+KT_TEST(vision_marker_tokens_from_tokenizer_added_tokens) {
+    char dir[256];
+    ke_model *m;
+    int32_t ids[64];
+    int n;
+    fixture_with_tokenizer("mistral3",
+                           "{\"added_tokens\": [{\"id\": 7, \"content\": \"[IMG_END]\"}, {\"id\": 5, \"content\": \"[IMG_BREAK]\"}]}", dir,
+                           sizeof dir);
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    kvis_pixels px = {NULL, 3, 32, 48}; /* 2 rows of 3 merged patches */
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n));
+    const int32_t want[] = {512, 512, 512, 5, 512, 512, 512, 7};
+    KT_CHECK(n == 8 && !memcmp(ids, want, sizeof want));
+    char buf[512];
+    KT_CHECK(strstr(kvis_describe(ke_model_vision(m), buf, sizeof buf), "no tokenizer.json") == NULL);
+    ke_model_free(m);
+    remove_fixture_copy(dir);
+
+    fixture_with_tokenizer("smolvlm", "{\"added_tokens\": [{\"id\": 3, \"content\": \"<global-img>\"}, {\"id\": 4, \"content\": \"<fake_token_around_image>\"}]}",
+                           dir, sizeof dir);
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    kvis_pixels sp = {NULL, 3, 64, 64}; /* 64 patches, shuffled by 2: 16 tokens */
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &sp, ids, 64, &n));
+    KT_CHECK(n == 19 && ids[0] == 4 && ids[1] == 3 && ids[2] == 512 && ids[17] == 512 && ids[18] == 4);
+    ke_model_free(m);
+    remove_fixture_copy(dir);
+
+    fixture_with_tokenizer("mistral3", "{\"added_tokens\": [{\"id\": 5, \"content\": \"[IMG_BREAK]\"}]}", dir, sizeof dir);
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    KT_CHECK_ERR(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n), "[IMG_END]");
+    ke_model_free(m);
+    remove_fixture_copy(dir);
+
+    /* the committed fixtures ship no tokenizer: the image + 1 / + 2 layout, reported */
+    KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/mistral3"), &m));
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n));
+    KT_CHECK(n == 8 && ids[3] == 513 && ids[7] == 514);
+    KT_CHECK(strstr(kvis_describe(ke_model_vision(m), buf, sizeof buf), "no tokenizer.json") != NULL);
+    ke_model_free(m);
+}
+
+/* Qwen2-VL's processor end to end on an image that needs resizing (23x29 ->
+ * smart_resize 16x32, PIL bicubic, rescale, normalize, temporal repeat,
+ * merged-block patch order), against tools/pil_resize_reference.py's NumPy
+ * rendering of Qwen2VLImageProcessor._preprocess. */
+KT_TEST(vision_qwen_preprocess_resizes_like_the_processor) {
+    char path[4096], dir[4096];
+    cJSON *j;
+    KT_CHECK_OK(ku_json_load(kt_path(path, sizeof path, "tests/data/vision/resize.json"), &j));
+    const cJSON *q = ku_json_get(j, "qwen2_vl_preprocess");
+    int h = cJSON_GetObjectItem(q, "h")->valueint, w = cJSON_GetObjectItem(q, "w")->valueint;
+    const cJSON *img = cJSON_GetObjectItem(q, "image"), *want = cJSON_GetObjectItem(q, "patches");
+    uint8_t *rgb = malloc((size_t)(h * w * 3));
+    for (int i = 0; i < h * w * 3; i++) rgb[i] = (uint8_t)cJSON_GetArrayItem(img, i)->valueint;
+    ke_model *m;
+    KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/qwen2_vl"), &m));
+    kimg_image im;
+    kvis_pixels px;
+    KT_CHECK_OK(kimg_from_rgb(rgb, h, w, &im));
+    KT_CHECK_OK(kvis_pixels_from_image(ke_model_vision(m), &im, &px));
+    KT_CHECK(px.h == cJSON_GetObjectItem(q, "oh")->valueint && px.w == cJSON_GetObjectItem(q, "ow")->valueint);
+    int n = cJSON_GetArraySize(want), bad = -1;
+    KT_CHECK_EQ(n, (int)(px.h * px.w * 2 * 3));
+    for (int i = 0; i < n && bad < 0; i++)
+        if (px.data[i] != (float)cJSON_GetArrayItem(want, i)->valuedouble) bad = i;
+    KT_CHECKF(bad < 0, "patch value %d: %g, the processor %g", bad, bad >= 0 ? px.data[bad] : 0.0,
+              bad >= 0 ? cJSON_GetArrayItem(want, bad)->valuedouble : 0.0);
+    kvis_pixels_free(&px);
+    kimg_free(&im);
+    free(rgb);
+    ke_model_free(m);
+    cJSON_Delete(j);
+}
