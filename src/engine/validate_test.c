@@ -91,34 +91,27 @@ KT_TEST(oracle_gate_committed_fixtures) {
     KT_CHECKF(bad == 0, "%d of %d committed fixtures fail the gate", bad, n);
 }
 
-KT_TEST(oracle_gate_shared_fixtures) {
+/* Every fixture of ../shared/oracle/<sub> whose model type kiln supports. */
+static void shared_tree(const char *sub, const char *what) {
     const char *sh = kt_shared();
     if (!sh) {
         kt_skip("../shared is absent");
         return;
     }
     char root[4096];
-    snprintf(root, sizeof root, "%s/oracle/fixtures", sh);
+    snprintf(root, sizeof root, "%s/oracle/%s", sh, sub);
     int n = 0, bad = 0;
     run_tree(root, 0, &n, &bad, true);
-    fprintf(stderr, "  %d shared fixtures of supported families checked\n", n);
-    KT_CHECKF(bad == 0, "%d of %d shared fixtures fail the gate", bad, n);
+    fprintf(stderr, "  %d shared %s of supported families checked\n", n, what);
+    KT_CHECKF(bad == 0, "%d of %d shared %s fail the gate", bad, n, what);
 }
 
-/* The fixtures of families whose modeling code ships with the checkpoint (../shared/oracle/fixtures-remote). */
-KT_TEST(oracle_gate_shared_remote_fixtures) {
-    const char *sh = kt_shared();
-    if (!sh) {
-        kt_skip("../shared is absent");
-        return;
-    }
-    char root[4096];
-    snprintf(root, sizeof root, "%s/oracle/fixtures-remote", sh);
-    int n = 0, bad = 0;
-    run_tree(root, 0, &n, &bad, true);
-    fprintf(stderr, "  %d shared remote-code fixtures of supported families checked\n", n);
-    KT_CHECKF(bad == 0, "%d of %d shared remote-code fixtures fail the gate", bad, n);
-}
+KT_TEST(oracle_gate_shared_fixtures) { shared_tree("fixtures", "fixtures"); }
+
+/* The fixtures of families whose modeling code ships with the checkpoint. */
+KT_TEST(oracle_gate_shared_remote_fixtures) { shared_tree("fixtures-remote", "remote-code fixtures"); }
+
+KT_TEST(oracle_gate_shared_vlm_fixtures) { shared_tree("fixtures-vlm", "vision-language fixtures"); }
 
 /* Vision-language fixtures: preprocessing, tower + projector, merged decoding. */
 KT_TEST(oracle_gate_committed_vlm_fixtures) {
@@ -130,16 +123,3 @@ KT_TEST(oracle_gate_committed_vlm_fixtures) {
     KT_CHECKF(bad == 0, "%d of %d committed vision-language fixtures fail the gate", bad, n);
 }
 
-KT_TEST(oracle_gate_shared_vlm_fixtures) {
-    const char *sh = kt_shared();
-    if (!sh) {
-        kt_skip("../shared is absent");
-        return;
-    }
-    char root[4096];
-    snprintf(root, sizeof root, "%s/oracle/fixtures-vlm", sh);
-    int n = 0, bad = 0;
-    run_tree(root, 0, &n, &bad, true);
-    fprintf(stderr, "  %d shared vision-language fixtures of supported families checked\n", n);
-    KT_CHECKF(bad == 0, "%d of %d shared vision-language fixtures fail the gate", bad, n);
-}
