@@ -14,8 +14,10 @@
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* Shared fixtures whose oracle no chunking-independent engine can match on
- * every path (tests/fixtures/oracle/README.md says why); their failures are
- * reported, not counted. */
+ * every path (tests/fixtures/oracle/README.md says why). They must still
+ * pass a looser gate, KNOWN_DEFECT_TOL with every greedy id equal, so that
+ * a real regression on them is caught. */
+#define KNOWN_DEFECT_TOL 2e-2
 static const char *const known_defects[] = {
     "/oracle/fixtures/minimax/bf16", /* bf16-rounded decay buffers in the block form: transformers' own
                                       * cached and uncached paths differ by 1.43e-3 */
@@ -54,7 +56,9 @@ static void run_tree(const char *root, int depth, int *n, int *bad, bool only_su
             st = kv_validate(root, &o, &r);
             (*n)++;
             if (st || !r.pass) {
-                bool known = only_supported && known_defect(root);
+                bool known = only_supported && known_defect(root) && !st && r.greedy_ok == r.greedy_total &&
+                             r.diff_prefill <= KNOWN_DEFECT_TOL && r.diff_decode <= KNOWN_DEFECT_TOL &&
+                             r.diff_batched <= KNOWN_DEFECT_TOL;
                 if (!known) (*bad)++;
                 fprintf(stderr, "  %s %s: %s\n", known ? "KNOWN (oracle defect)" : "FAIL", root,
                         st ? kiln_status_msg(st) : r.reason);
