@@ -357,7 +357,7 @@ kiln_status ksrv_job_submit(ksrv_job *j, ksrv_err *e) {
         }
         uint64_t after = i % n && !s->p.no_prefix_cache ? j->ch[i - i % n].id : 0;
         c->t_arrive = now;
-        ksch_request r = {j->prompts[c->prompt], j->n_prompt[c->prompt], &gp, after, on_event, c};
+        ksch_request r = {j->prompts[c->prompt], j->n_prompt[c->prompt], &gp, after, on_event, c, NULL};
         pthread_mutex_lock(&j->mu);
         j->n_submitted++; /* before: the END may come before ksch_submit returns */
         pthread_mutex_unlock(&j->mu);
