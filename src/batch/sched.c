@@ -101,7 +101,7 @@ kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out) {
     s->p.n_eos = p->n_eos > 0 ? p->n_eos : 0;
     s->eos = malloc(sizeof(int32_t) * (size_t)(s->p.n_eos + 1));
     s->running = calloc((size_t)s->p.max_running, sizeof(seq *));
-    s->bcap = s->p.step_tokens;
+    s->bcap = 2 * (int64_t)s->p.step_tokens; /* a step may exceed the budget by a bidirectional block (span_cut) */
     s->btok = malloc(sizeof(int32_t) * (size_t)s->bcap);
     s->bseq = malloc(sizeof(int) * (size_t)s->bcap);
     s->bwant = malloc(sizeof(bool) * (size_t)s->bcap);
@@ -383,9 +383,13 @@ static int64_t fit_chunk(ksch *s, seq *q, int64_t want, int64_t avail) {
 
 /* A prefill chunk of n tokens from len, shortened so that it does not end
  * inside a bidirectional span (whose keys must all be in the cache by the
- * end of the step, ke_inputs.span): it stops before the block instead. */
-static int64_t span_cut(const seq *q, int64_t len, int64_t n) {
-    if (!q->span) return n;
+ * end of the step, ke_inputs.span): it stops before the block instead. A
+ * chunk that would start with the block takes it whole when its KV blocks
+ * fit in avail, beyond the step's token budget if need be (a block is at
+ * most step_tokens long, so a step stays under twice the budget): waiting
+ * for a step with room for it would starve it while decodes run. */
+static int64_t span_cut(ksch *s, const seq *q, int64_t len, int64_t n, int64_t avail) {
+    if (!q->span || len >= q->n_prompt) return n;
     for (int64_t i = len + n - 1; i >= len && n > 0; i--) {
         if (i >= q->n_prompt) continue;
         int32_t lo = q->span[2 * i], hi = q->span[2 * i + 1];
@@ -394,6 +398,8 @@ static int64_t span_cut(const seq *q, int64_t len, int64_t n) {
             i = len + n; /* rescan the shorter chunk */
         }
     }
+    int32_t lo = q->span[2 * len], hi = q->span[2 * len + 1];
+    if (n == 0 && lo == len && lo <= hi && ke_seq_blocks_needed(s->c, q->ke, hi - lo + 1) <= avail) n = hi - lo + 1;
     return n;
 }
 
@@ -466,7 +472,7 @@ static int64_t schedule(ksch *s) {
         int64_t left = q->n_tokens - ke_seq_len(c, q->ke);
         if (left <= 1) continue; /* one token left: a decode, added above */
         int64_t n = fit_chunk(s, q, left < budget ? left : budget, ke_ctx_free_blocks(c) - reserved);
-        n = span_cut(q, ke_seq_len(c, q->ke), n);
+        n = span_cut(s, q, ke_seq_len(c, q->ke), n, ke_ctx_free_blocks(c) - reserved);
         if (n <= 0) break;
         reserved += ke_seq_blocks_needed(c, q->ke, n);
         add_tokens(s, q, n, &T);
@@ -491,7 +497,7 @@ static int64_t schedule(ksch *s) {
         /* keep a block of headroom per running sequence, so that a new
          * request is not admitted only to be preempted at the next step */
         int64_t n = fit_chunk(s, q, left < budget ? left : budget, ke_ctx_free_blocks(c) - reserved - s->n_running);
-        n = span_cut(q, cached, n);
+        n = span_cut(s, q, cached, n, ke_ctx_free_blocks(c) - reserved - s->n_running);
         if (n <= 0) {
             ke_seq_close(c, q->ke);
             q->ke = -1;
