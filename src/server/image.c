@@ -106,28 +106,27 @@ static kiln_status expand(ksrv *s, ksrv_images *im, const int32_t *ids, int32_t 
     }
     if (k != im->n)
         return kiln_error(KILN_EINVAL, "\"messages\": the prompt has %d image placeholder tokens for %d images", k, im->n);
+    /* image k's part of the prompt: from one token before its placeholder
+     * (Qwen's <|vision_start|>, which kvis_expand_prompt looks at) to the
+     * start of the next part */
+    int32_t starts[KSRV_MAX_IMAGES + 1], prev = -1;
+    for (int img = 0, i = 0; img < im->n; img++, i++) {
+        while (ids[i] != tok) i++;
+        starts[img] = img == 0 ? 0 : i - 1 > prev ? i - 1 : i;
+        prev = i;
+    }
+    starts[im->n] = n;
     ksrv_buf b = {0};
-    int32_t prev = -1; /* the previous placeholder */
     for (int img = 0; img < im->n; img++) {
-        int32_t at = prev + 1, next = n;
-        while (ids[at] != tok) at++;
-        for (int32_t i = at + 1; i < n; i++)
-            if (ids[i] == tok) {
-                next = i;
-                break;
-            }
-        /* the part from after the previous placeholder to before the next one */
-        int32_t lo = prev + 1, hi = img == im->n - 1 ? n : next;
         int32_t *e = NULL;
         int ne = 0;
-        kiln_status st = kvis_expand_prompt(vm, &im->px[img], ids + lo, hi - lo, bos, &e, &ne);
+        kiln_status st = kvis_expand_prompt(vm, &im->px[img], ids + starts[img], starts[img + 1] - starts[img], bos, &e, &ne);
         if (st) {
             ksrv_buf_free(&b);
             return st;
         }
         ksrv_buf_add(&b, (const char *)e, sizeof(int32_t) * (size_t)ne);
         free(e);
-        prev = at;
     }
     if (b.oom) {
         ksrv_buf_free(&b);

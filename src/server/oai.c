@@ -202,6 +202,26 @@ static kiln_status flatten_messages(ksrv *s, const cJSON *msgs, cJSON **out, ksr
     return NULL;
 }
 
+/* Content part lists back to strings (their text parts joined), for a
+ * template that does not iterate over parts. */
+static kiln_status join_parts(cJSON *msgs) {
+    cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content"), *part;
+        if (!cJSON_IsArray(c)) continue;
+        ksrv_buf t = {0};
+        cJSON_ArrayForEach(part, c) {
+            const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (cJSON_IsString(text)) ksrv_buf_str(&t, text->valuestring);
+        }
+        cJSON *str = t.oom ? NULL : cJSON_CreateString(t.p ? t.p : "");
+        ksrv_buf_free(&t);
+        if (!str) return kiln_error(KILN_ENOMEM, "out of memory");
+        cJSON_ReplaceItemInObjectCaseSensitive(m, "content", str);
+    }
+    return NULL;
+}
+
 static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     if (!s->tmpl) return kiln_error(KILN_EINVAL, "\"messages\": the model has no chat template: use /v1/completions");
     cJSON *msgs;
@@ -215,6 +235,15 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     kchat_input in = {.messages = msgs, .tools = cJSON_IsArray(tools) ? tools : NULL, .extra = kw, .add_generation_prompt = true};
     char *text = NULL;
     kiln_status st = kchat_render(s->tmpl, &in, &text);
+    /* A template written for string content prints a list of parts as the
+     * list itself (where Python's jinja would fail): render the joined text
+     * instead, and the image goes where kiln generate puts it. */
+    if (!st && j->images && strstr(text, "{\"type\": \"image\"}")) {
+        free(text);
+        text = NULL;
+        st = join_parts(msgs);
+        if (!st) st = kchat_render(s->tmpl, &in, &text);
+    }
     cJSON_Delete(msgs);
     if (st) return kiln_status_wrap(st, "\"messages\": the chat template failed");
     int32_t *ids = NULL, n = 0;

@@ -32,6 +32,7 @@ typedef struct {
     char base[64];
     const char *fixture; /* tests/fixtures/oracle/<fixture>; NULL: llama */
     const char *vlm;     /* else tests/fixtures/vlm/<vlm> with tests/data/server/vlm_qwen's tokenizer */
+    const char *tok;     /* tests/data/server/<tok> instead of the default tokenizer */
 } fx;
 
 static bool copy_file(const char *from, const char *to) {
@@ -62,7 +63,7 @@ static bool make_model(fx *f) {
         if (f->vlm && (i < 3 || i == 5)) snprintf(from, sizeof from, "%s/tests/fixtures/vlm/%s/%s", root, f->vlm, k_files[i]);
         else if (i < 3)
             snprintf(from, sizeof from, "%s/tests/fixtures/oracle/%s/%s", root, f->fixture ? f->fixture : "llama", k_files[i]);
-        else snprintf(from, sizeof from, "%s/tests/data/server/%s/%s", root, f->vlm ? "vlm_qwen" : "tok512", k_files[i]);
+        else snprintf(from, sizeof from, "%s/tests/data/server/%s/%s", root, f->tok ? f->tok : f->vlm ? "vlm_qwen" : "tok512", k_files[i]);
         snprintf(to, sizeof to, "%s/%s", f->dir, k_files[i]);
         if (i == 2 ? symlink(from, to) != 0 : !copy_file(from, to)) return false;
     }
@@ -1056,6 +1057,16 @@ KT_TEST(server_chat_images) {
     }
     for (int i = 0; i < 4; i++) cJSON_Delete(j[i]), ksrv_buf_free(&r[i].body);
     for (int i = 1; i < 4; i++) free(bodies[i]);
+    /* two images: two placeholder blocks of 1 + 12 + 1 tokens */
+    ksrv_buf two = {0};
+    ksrv_buf_printf(&two, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}, "
+                          "{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}, {\"type\": \"text\", \"text\": \"Describe this.\"}]}], %s}",
+                    url.p, url.p, greedy);
+    cJSON *j2 = post_json(&f, "/v1/chat/completions", two.p, 200);
+    KT_CHECK(j2);
+    KT_CHECK_EQ((int)ku_json_get(ku_json_get(j2, "usage"), "prompt_tokens")->valuedouble, n_prompt + 14);
+    cJSON_Delete(j2);
+    ksrv_buf_free(&two);
     KT_CHECK(wait_idle(&f));
     ksch_stats st;
     ksch_get_stats(f.s->sch, &st);
@@ -1080,4 +1091,45 @@ KT_TEST(server_chat_images) {
     free(a);
     ksrv_buf_free(&url);
     finish(&g);
+}
+
+/* A template written for string content (tok512's ChatML) on the LLaVA
+ * fixture: the text parts are joined and the image block goes first, as
+ * kiln generate --image puts it; the tokens equal kiln generate's. */
+KT_TEST(server_chat_image_string_template) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.vlm = "llava", .tok = "tok512"};
+    ksrv_params p = default_params(NULL);
+    if (!start(&f, &p)) return;
+    char png[PATH_MAX];
+    kt_path(png, sizeof png, "tests/fixtures/vlm/llava/image.png");
+    char *raw;
+    size_t n_raw;
+    KT_CHECK_OK(ku_read_file(png, &raw, &n_raw));
+    ksrv_buf url = {0};
+    ksrv_buf_str(&url, "data:image/png;base64,");
+    b64(&url, (const unsigned char *)raw, n_raw);
+    free(raw);
+    char *a = image_body(url.p, "Describe this.", "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true");
+    cJSON *ja = post_json(&f, "/v1/chat/completions", a, 200);
+    free(a);
+    ksrv_buf_free(&url);
+    KT_CHECK(ja);
+    int ids[64], ref[64], tids[128], nt = 0;
+    KT_CHECK_EQ(choice_ids(ja, 0, ids, 64), 8);
+    int n_prompt = (int)ku_json_get(ku_json_get(ja, "usage"), "prompt_tokens")->valuedouble;
+    cJSON_Delete(ja);
+    cJSON *jt = post_json(&f, "/tokenize",
+                          "{\"content\": \"<|endoftext|><|im_start|>user\\nDescribe this.<|im_end|>\\n<|im_start|>assistant\\n\"}", 200);
+    KT_CHECK(jt);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(jt, "tokens")) if (nt < 128) tids[nt++] = (int)e->valuedouble;
+    cJSON_Delete(jt);
+    KT_CHECK_EQ(n_prompt, nt + 36);
+    int nr = cli_ids(f.dir, png, tids, nt, 8, ref, 64);
+    if (nr >= 0) {
+        KT_CHECK_EQ(nr, 8);
+        KT_CHECK(!memcmp(ids, ref, sizeof(int) * 8));
+    }
+    finish(&f);
 }
