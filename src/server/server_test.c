@@ -473,7 +473,9 @@ KT_TEST(server_errors_and_auth) {
     CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": \"hi\"}", K, 400, "messages");
     CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"content\": \"hi\"}]}", K, 400, "role");
     CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
-                K, 400, "parts");
+                K, 400, "takes text only");
+    CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"audio\"}]}]}",
+                K, 400, "parts are supported");
     /* a prompt longer than the context (128) */
     ksrv_buf big = {0};
     ksrv_buf_str(&big, "{\"prompt\": [");
