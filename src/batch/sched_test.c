@@ -445,7 +445,7 @@ typedef struct {
 
 static kiln_status vlm_input_load(const char *dir, const ke_model *m, vlm_input *v) {
     memset(v, 0, sizeof *v);
-    char p[4096];
+    char p[4200];
     cJSON *o;
     snprintf(p, sizeof p, "%s/oracle.json", dir);
     KILN_TRY(ku_json_load(p, &o));
