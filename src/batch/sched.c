@@ -32,6 +32,11 @@ typedef struct seq {
     kgen_session *g;
     ke_text_vocab tv;
     ke_text_detok td;
+    /* ksch_request.inputs of the prompt (copied); all NULL when none */
+    bool has_inputs;
+    float *rows;               /* the embd rows, then the embd_add rows */
+    const float **embd, **add; /* [n_prompt] into rows, NULL entries: none */
+    int32_t *span, *pos3;      /* [n_prompt, 2], [n_prompt, 3] */
     struct seq *next; /* in the inbox or the waiting list */
 } seq;
 
@@ -60,6 +65,11 @@ struct ksch {
     int32_t *btok;
     int *bseq;
     bool *bwant;
+    /* per-token inputs of the batch (ke_inputs), used when a sequence in it
+     * has that field */
+    const float **bembd, **badd;
+    int32_t *bspan, *bpos;
+    bool use_embd, use_add, use_span, use_pos;
     /* Every sequence in the batch gets a logits row (its last token in the
      * batch), used only when that token is its last: fewer distinct batch
      * shapes (the engine compiles one executable per shape) for a few
@@ -75,6 +85,7 @@ static void seq_free(seq *q) {
     ke_text_detok_free(&q->td);
     ke_text_vocab_free(&q->tv);
     free(q->tokens);
+    free(q->rows), free(q->embd), free(q->add), free(q->span), free(q->pos3);
     free(q);
 }
 
@@ -90,13 +101,19 @@ kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out) {
     s->p.n_eos = p->n_eos > 0 ? p->n_eos : 0;
     s->eos = malloc(sizeof(int32_t) * (size_t)(s->p.n_eos + 1));
     s->running = calloc((size_t)s->p.max_running, sizeof(seq *));
-    s->bcap = s->p.step_tokens;
+    s->bcap = 2 * (int64_t)s->p.step_tokens; /* a step may exceed the budget by a bidirectional block (span_cut) */
     s->btok = malloc(sizeof(int32_t) * (size_t)s->bcap);
     s->bseq = malloc(sizeof(int) * (size_t)s->bcap);
     s->bwant = malloc(sizeof(bool) * (size_t)s->bcap);
     s->brow = malloc(sizeof(seq *) * (size_t)s->bcap);
-    if (!s->eos || !s->running || !s->btok || !s->bseq || !s->bwant || !s->brow) {
+    s->bembd = malloc(sizeof(float *) * (size_t)s->bcap);
+    s->badd = malloc(sizeof(float *) * (size_t)s->bcap);
+    s->bspan = malloc(sizeof(int32_t) * 2 * (size_t)s->bcap);
+    s->bpos = malloc(sizeof(int32_t) * 3 * (size_t)s->bcap);
+    if (!s->eos || !s->running || !s->btok || !s->bseq || !s->bwant || !s->brow || !s->bembd || !s->badd || !s->bspan ||
+        !s->bpos) {
         free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow);
+        free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos);
         free(s);
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
@@ -129,10 +146,14 @@ static void emit_end(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status
     q->fn(&e);
 }
 
+/* Whether q takes part in prefix caching: not with per-token inputs (the
+ * cache keys blocks by token ids, and every image's tokens repeat one id). */
+static bool caches(const ksch *s, const seq *q) { return s->p.prefix_cache && !q->has_inputs; }
+
 /* Removes q from the engine (publishing its blocks first) and frees it. */
 static void retire(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status err) {
     if (q->ke >= 0) {
-        if (s->p.prefix_cache) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);
+        if (caches(s, q)) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);
         ke_seq_close(s->c, q->ke);
         q->ke = -1;
     }
@@ -141,6 +162,44 @@ static void retire(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status e
 }
 
 /* ---------------------------------------------------------------- submit */
+
+/* Copies the prompt's per-token inputs into q (see ksch_request.inputs). */
+static kiln_status copy_inputs(ksch *s, seq *q, const ke_inputs *x) {
+    const km_hparams *hp = ke_model_hparams(ke_ctx_model(s->c));
+    int64_t n = q->n_prompt, E = hp->hidden, A = hp->embd_add_layers * hp->hidden, ne = 0, na = 0;
+    if (x->embd_add && A <= 0) return kiln_error(KILN_EINVAL, "inputs: the model takes no embd_add rows");
+    for (int64_t i = 0; i < n; i++) ne += x->embd && x->embd[i], na += x->embd_add && x->embd_add[i];
+    if (x->span)
+        for (int64_t i = 0; i < n; i++) {
+            int32_t lo = x->span[2 * i], hi = x->span[2 * i + 1];
+            if (lo > hi) continue;
+            if (lo < 0 || hi >= n)
+                return kiln_error(KILN_EINVAL, "inputs: token %lld's span (%d, %d) is outside the prompt of %lld tokens",
+                                  (long long)i, (int)lo, (int)hi, (long long)n);
+            if (hi - lo + 1 > s->p.step_tokens)
+                return kiln_error(KILN_EINVAL, "a bidirectional block of %d tokens (an image) is longer than the step budget of %d tokens",
+                                  (int)(hi - lo + 1), s->p.step_tokens);
+        }
+    q->has_inputs = true;
+    size_t nf = (size_t)(ne * E + na * A);
+    if (nf && !(q->rows = malloc(sizeof(float) * nf))) return kiln_error(KILN_ENOMEM, "out of memory");
+    float *r = q->rows;
+    if (x->embd && !(q->embd = calloc((size_t)n, sizeof *q->embd))) return kiln_error(KILN_ENOMEM, "out of memory");
+    if (x->embd_add && !(q->add = calloc((size_t)n, sizeof *q->add))) return kiln_error(KILN_ENOMEM, "out of memory");
+    for (int64_t i = 0; i < n; i++) {
+        if (x->embd && x->embd[i]) memcpy(r, x->embd[i], sizeof(float) * (size_t)E), q->embd[i] = r, r += E;
+        if (x->embd_add && x->embd_add[i]) memcpy(r, x->embd_add[i], sizeof(float) * (size_t)A), q->add[i] = r, r += A;
+    }
+    if (x->span) {
+        if (!(q->span = malloc(sizeof(int32_t) * 2 * (size_t)n))) return kiln_error(KILN_ENOMEM, "out of memory");
+        memcpy(q->span, x->span, sizeof(int32_t) * 2 * (size_t)n);
+    }
+    if (x->positions) {
+        if (!(q->pos3 = malloc(sizeof(int32_t) * 3 * (size_t)n))) return kiln_error(KILN_ENOMEM, "out of memory");
+        memcpy(q->pos3, x->positions, sizeof(int32_t) * 3 * (size_t)n);
+    }
+    return NULL;
+}
 
 kiln_status ksch_submit(ksch *s, const ksch_request *r, uint64_t *id) {
     *id = 0;
@@ -170,7 +229,8 @@ kiln_status ksch_submit(ksch *s, const ksch_request *r, uint64_t *id) {
         ke_text_vocab_init(&q->tv, s->p.tok, (int32_t)s->vocab);
         v = ke_text_vocab_get(&q->tv);
     }
-    kiln_status st = kgen_session_create(r->params, &v, (int32_t)ke_ctx_n_ctx(s->c), s->eos, s->p.n_eos, r->prompt,
+    kiln_status st = r->inputs ? copy_inputs(s, q, r->inputs) : NULL;
+    if (!st) st = kgen_session_create(r->params, &v, (int32_t)ke_ctx_n_ctx(s->c), s->eos, s->p.n_eos, r->prompt,
                                          r->n_prompt, &q->g);
     if (!st && s->p.tok) {
         st = ke_text_detok_init(&q->td, s->p.tok, true);
@@ -306,7 +366,7 @@ static void reap(ksch *s) {
 static void preempt(ksch *s, int i) {
     seq *q = s->running[i];
     run_remove(s, i);
-    if (s->p.prefix_cache) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);
+    if (caches(s, q)) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);
     ke_seq_close(s->c, q->ke);
     q->ke = -1;
     q->n_preempted++;
@@ -321,6 +381,28 @@ static int64_t fit_chunk(ksch *s, seq *q, int64_t want, int64_t avail) {
     return want;
 }
 
+/* A prefill chunk of n tokens from len, shortened so that it does not end
+ * inside a bidirectional span (whose keys must all be in the cache by the
+ * end of the step, ke_inputs.span): it stops before the block instead. A
+ * chunk that would start with the block takes it whole when its KV blocks
+ * fit in avail, beyond the step's token budget if need be (a block is at
+ * most step_tokens long, so a step stays under twice the budget): waiting
+ * for a step with room for it would starve it while decodes run. */
+static int64_t span_cut(ksch *s, const seq *q, int64_t len, int64_t n, int64_t avail) {
+    if (!q->span || len >= q->n_prompt) return n;
+    for (int64_t i = len + n - 1; i >= len && n > 0; i--) {
+        if (i >= q->n_prompt) continue;
+        int32_t lo = q->span[2 * i], hi = q->span[2 * i + 1];
+        if (lo <= hi && hi >= len + n) {
+            n = lo > len ? lo - len : 0;
+            i = len + n; /* rescan the shorter chunk */
+        }
+    }
+    int32_t lo = q->span[2 * len], hi = q->span[2 * len + 1];
+    if (n == 0 && lo == len && lo <= hi && ke_seq_blocks_needed(s->c, q->ke, hi - lo + 1) <= avail) n = hi - lo + 1;
+    return n;
+}
+
 static bool can_admit(ksch *s, seq *q) {
     if (!q->after) return true;
     seq *t = find_live(s, q->after);
@@ -329,11 +411,21 @@ static bool can_admit(ksch *s, seq *q) {
 
 static void add_tokens(ksch *s, seq *q, int64_t n, int64_t *T) {
     int64_t len = ke_seq_len(s->c, q->ke);
+    s->use_embd |= q->embd != NULL, s->use_add |= q->add != NULL;
+    s->use_span |= q->span != NULL, s->use_pos |= q->pos3 != NULL;
     for (int64_t k = 0; k < n; k++) {
         s->btok[*T] = q->tokens[len + k];
         s->bseq[*T] = q->ke;
         s->bwant[*T] = k == n - 1;
         if (s->bwant[*T]) s->brow[s->n_rows++] = len + k == q->n_tokens - 1 ? q : NULL;
+        /* per-token inputs: the prompt's; generated tokens have none */
+        int64_t i = len + k, t = *T;
+        bool in = i < q->n_prompt;
+        s->bembd[t] = in && q->embd ? q->embd[i] : NULL;
+        s->badd[t] = in && q->add ? q->add[i] : NULL;
+        s->bspan[2 * t] = in && q->span ? q->span[2 * i] : 1;
+        s->bspan[2 * t + 1] = in && q->span ? q->span[2 * i + 1] : 0;
+        for (int d = 0; d < 3; d++) s->bpos[3 * t + d] = in && q->pos3 ? q->pos3[3 * i + d] : -1;
         (*T)++;
     }
 }
@@ -367,6 +459,7 @@ static int64_t schedule(ksch *s) {
     /* blocks are taken by ke_decode: count what this batch will take */
     int64_t T = 0, reserved = 0;
     s->n_rows = 0;
+    s->use_embd = s->use_add = s->use_span = s->use_pos = false;
     for (int i = 0; i < s->n_running; i++) {
         seq *q = s->running[i];
         if (ke_seq_len(c, q->ke) != q->n_tokens - 1) continue;
@@ -379,6 +472,7 @@ static int64_t schedule(ksch *s) {
         int64_t left = q->n_tokens - ke_seq_len(c, q->ke);
         if (left <= 1) continue; /* one token left: a decode, added above */
         int64_t n = fit_chunk(s, q, left < budget ? left : budget, ke_ctx_free_blocks(c) - reserved);
+        n = span_cut(s, q, ke_seq_len(c, q->ke), n, ke_ctx_free_blocks(c) - reserved);
         if (n <= 0) break;
         reserved += ke_seq_blocks_needed(c, q->ke, n);
         add_tokens(s, q, n, &T);
@@ -398,11 +492,12 @@ static int64_t schedule(ksch *s) {
             q->ke = -1;
             break;
         }
-        int64_t cached = s->p.prefix_cache ? ke_seq_reuse_prefix(c, q->ke, q->tokens, q->n_tokens) : 0;
+        int64_t cached = caches(s, q) ? ke_seq_reuse_prefix(c, q->ke, q->tokens, q->n_tokens) : 0;
         int64_t left = q->n_tokens - cached;
         /* keep a block of headroom per running sequence, so that a new
          * request is not admitted only to be preempted at the next step */
         int64_t n = fit_chunk(s, q, left < budget ? left : budget, ke_ctx_free_blocks(c) - reserved - s->n_running);
+        n = span_cut(s, q, cached, n, ke_ctx_free_blocks(c) - reserved - s->n_running);
         if (n <= 0) {
             ke_seq_close(c, q->ke);
             q->ke = -1;
@@ -489,7 +584,10 @@ bool ksch_step(ksch *s) {
     if (T > 0) {
         const float *lg;
         int nr;
-        kiln_status err = ke_decode(s->c, &(ke_batch){(int)T, s->btok, s->bseq, s->bwant}, &lg, &nr);
+        ke_inputs x = {s->use_embd ? s->bembd : NULL, s->use_span ? s->bspan : NULL, s->use_pos ? s->bpos : NULL,
+                       s->use_add ? s->badd : NULL};
+        bool any = s->use_embd || s->use_span || s->use_pos || s->use_add;
+        kiln_status err = ke_decode_ex(s->c, &(ke_batch){(int)T, s->btok, s->bseq, s->bwant}, any ? &x : NULL, &lg, &nr);
         if (err) {
             fail_all(s, err);
             kiln_status_free(err);
@@ -512,7 +610,7 @@ bool ksch_step(ksch *s) {
                     continue;
                 }
                 if (ke_seq_len(s->c, q->ke) >= q->n_prompt) q->prefilled = true;
-                if (s->p.prefix_cache) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);
+                if (caches(s, q)) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);
                 ke_seq_trim_window(s->c, q->ke);
                 i++;
             }
@@ -564,5 +662,6 @@ void ksch_destroy(ksch *s) {
     pthread_cond_destroy(&s->cv);
     free(s->cancels);
     free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow);
+    free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos);
     free(s);
 }

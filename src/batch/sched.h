@@ -83,6 +83,15 @@ typedef struct {
     uint64_t after;
     ksch_event_fn on_event;
     void *ud;
+    /* NULL, or per-token inputs of the prompt beyond its ids (vision-language
+     * models: image feature rows, bidirectional spans, M-RoPE positions,
+     * deepstack rows; see ke_inputs), each field NULL or [n_prompt] rows;
+     * copied. Given again at every re-prefill after a preemption; generated
+     * tokens get none. A span block is never split across steps, so it must
+     * fit in step_tokens (else ksch_submit fails with KILN_EINVAL). A request
+     * with inputs neither reuses nor publishes cached prefix blocks: the
+     * cache keys blocks by token ids, and image tokens repeat one id. */
+    const ke_inputs *inputs;
 } ksch_request;
 
 /* Queues a request; *id names it (ids start at 1). Fails when the params

@@ -11,6 +11,7 @@
 #include "engine/fixture_test.h"
 #include "kt.h"
 #include "models/family.h"
+#include "vision/vision.h"
 
 #define MAX_GEN 96
 
@@ -46,7 +47,8 @@ static const char *no_text(void *ud, int32_t id, size_t *len) {
 
 /* The reference: the sequence alone, prefilled at once then decoded one
  * token per call, in its own context (as kiln generate runs it). */
-static kiln_status run_alone(const ke_model *m, const int32_t *prompt, int n_prompt, const kgen_params *gp, result *r) {
+static kiln_status run_alone(const ke_model *m, const int32_t *prompt, int n_prompt, const kgen_params *gp, const ke_inputs *x,
+                             result *r) {
     memset(r, 0, sizeof *r);
     ke_ctx *c;
     KILN_TRY(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 128, .n_threads = 1}, &c));
@@ -62,7 +64,7 @@ static kiln_status run_alone(const ke_model *m, const int32_t *prompt, int n_pro
     for (int i = 0; i < 128; i++) seqs[i] = seq;
     const float *lg;
     int nr;
-    if (!st) st = ke_decode(c, &(ke_batch){n_prompt, prompt, seqs, NULL}, &lg, &nr);
+    if (!st) st = ke_decode_ex(c, &(ke_batch){n_prompt, prompt, seqs, NULL}, x, &lg, &nr);
     kgen_finish f = g ? kgen_session_start(g) : KGEN_CONTINUE;
     while (!st && f == KGEN_CONTINUE) {
         kgen_step s;
@@ -100,6 +102,7 @@ typedef struct {
     kgen_params gp;
     result got, want;
     uint64_t id, after;
+    const ke_inputs *x; /* the prompt's per-token inputs (image requests), NULL: none */
 } job;
 
 static void job_init(job *j, const int32_t *prompt, int n, bool greedy, uint32_t seed, int n_predict) {
@@ -143,14 +146,14 @@ static bool run_jobs(const ke_model *m, setup *su, job *jobs, int n, ksch_stats 
     bool ok = !st;
     for (int i = 0; ok && i < n; i++) {
         uint64_t after = jobs[i].after ? jobs[jobs[i].after - 1].id : 0;
-        st = ksch_submit(s, &(ksch_request){jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, after, on_event, &jobs[i].got},
+        st = ksch_submit(s, &(ksch_request){jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, after, on_event, &jobs[i].got, jobs[i].x},
                          &jobs[i].id);
         ok = !st;
     }
     if (ok) drain(s);
     if (ok) ksch_get_stats(s, stats);
     for (int i = 0; ok && i < n; i++) {
-        if (!jobs[i].want.ended) st = run_alone(m, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, &jobs[i].want);
+        if (!jobs[i].want.ended) st = run_alone(m, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, jobs[i].x, &jobs[i].want);
         if (st) ok = false;
         else if (jobs[i].got.err) ok = false, st = jobs[i].got.err, jobs[i].got.err = NULL;
         else if (!jobs[i].got.ended || !same(&jobs[i].got, &jobs[i].want)) {
@@ -391,15 +394,15 @@ KT_TEST(sched_cancel_queue_limit_and_end_at_start) {
     gp.ignore_eos = true;
     gp.n_predict = 40;
     canceller k[3] = {{.s = s, .after_tokens = 5}, {.s = s, .after_tokens = -1}, {.s = s, .after_tokens = -1}};
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 10, &gp, 0, on_event_cancel, &k[0]}, &k[0].cancel_id));
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[1]}, &k[1].cancel_id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 10, &gp, 0, on_event_cancel, &k[0], NULL}, &k[0].cancel_id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[1], NULL}, &k[1].cancel_id));
     gp.n_predict = 0; /* ends before its first token: finish "length" */
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2]}, &k[2].cancel_id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2], NULL}, &k[2].cancel_id));
     uint64_t id;
-    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2]}, &id), "queue is full");
-    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 0, &gp, 0, on_event_cancel, &k[2]}, &id), "empty");
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2], NULL}, &id), "queue is full");
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 0, &gp, 0, on_event_cancel, &k[2], NULL}, &id), "empty");
     prompt[3] = 100000;
-    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 5, &gp, 0, on_event_cancel, &k[2]}, &id), "out of range");
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 5, &gp, 0, on_event_cancel, &k[2], NULL}, &id), "out of range");
     prompt[3] = 5;
     gp.n_predict = 40;
     ksch_step(s);
@@ -421,10 +424,102 @@ KT_TEST(sched_cancel_queue_limit_and_end_at_start) {
     KT_CHECK_EQ(st.running + st.waiting, 0);
     /* a request still queued when the scheduler goes away ends cancelled */
     canceller late = {.s = s, .after_tokens = -1};
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 8, &gp, 0, on_event_cancel, &late}, &id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 8, &gp, 0, on_event_cancel, &late, NULL}, &id));
     ksch_destroy(s);
     KT_CHECK(late.r.ended && late.r.cancelled);
     kgen_params_free(&gp);
     ke_ctx_free(c);
     ke_model_free(m);
+}
+
+/* An image request's per-token inputs as kiln generate builds them: the
+ * oracle's prompt (image tokens in place) and the fixture's image.png. */
+typedef struct {
+    int32_t prompt[64];
+    int n;
+    float *feat, *deep;
+    kvis_inputs vx;
+    ke_inputs x;
+    int max_span; /* longest bidirectional block */
+} vlm_input;
+
+static kiln_status vlm_input_load(const char *dir, const ke_model *m, vlm_input *v) {
+    memset(v, 0, sizeof *v);
+    char p[4200];
+    cJSON *o;
+    snprintf(p, sizeof p, "%s/oracle.json", dir);
+    KILN_TRY(ku_json_load(p, &o));
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(o, "prompt_ids")) if (v->n < 64) v->prompt[v->n++] = (int32_t)e->valuedouble;
+    cJSON_Delete(o);
+    const kvis_model *vm = ke_model_vision(m);
+    if (!vm) return kiln_error(KILN_EINVAL, "%s: no vision tower", dir);
+    kimg_image img;
+    kvis_pixels px = {0};
+    snprintf(p, sizeof p, "%s/image.png", dir);
+    KILN_TRY(kimg_load_png(p, &img));
+    kiln_status st = kvis_pixels_from_image(vm, &img, &px);
+    kimg_free(&img);
+    int64_t n_feat = 0;
+    if (!st) st = kvis_encode(vm, &px, 1, &v->feat, &v->deep, &n_feat);
+    if (!st) st = kvis_inputs_build(vm, &px, 1, v->feat, v->deep, n_feat, ke_model_hparams(m)->hidden, v->prompt, v->n, &v->vx);
+    kvis_pixels_free(&px);
+    v->x = (ke_inputs){v->vx.embd, v->vx.span, v->vx.pos3, v->vx.embd_add};
+    for (int i = 0; !st && i < v->n; i++)
+        if (v->vx.span[2 * i + 1] - v->vx.span[2 * i] + 1 > v->max_span) v->max_span = v->vx.span[2 * i + 1] - v->vx.span[2 * i] + 1;
+    return st;
+}
+
+static void vlm_input_free(vlm_input *v) {
+    free(v->feat), free(v->deep);
+    kvis_inputs_free(&v->vx);
+}
+
+/* Image requests (the VLM oracle fixtures) batched with text-only ones and
+ * each other, in small chunks, as n > 1 seeded choices, and preempted: each
+ * equals its single-sequence run (the oracle's greedy ids too), and no
+ * prefix block is shared from or with an image prompt. */
+KT_TEST(sched_image_requests_every_vlm_fixture) {
+    const char *names[] = {"llava", "paligemma", "gemma3", "smolvlm", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"};
+    for (size_t f = 0; f < sizeof names / sizeof names[0]; f++) {
+        char dir[4096];
+        kt_path(dir, sizeof dir, "tests/fixtures/vlm");
+        size_t l = strlen(dir);
+        snprintf(dir + l, sizeof dir - l, "/%s", names[f]);
+        ke_model *m = NULL;
+        vlm_input v;
+        kiln_status st = ke_model_load(dir, &m);
+        if (!st) st = vlm_input_load(dir, m, &v);
+        if (st) {
+            kt_fail(__FILE__, __LINE__, "%s: %s", dir, kiln_status_msg(st));
+            kiln_status_free(st);
+            ke_model_free(m);
+            continue;
+        }
+        enum { N = 5 };
+        job jobs[N];
+        int32_t other[40];
+        for (int i = 0; i < 40; i++) other[i] = tok_at(i, 500);
+        job_init(&jobs[0], v.prompt, v.n, true, 0, 20);
+        job_init(&jobs[1], other, 5, true, 0, 16);
+        job_init(&jobs[2], v.prompt, v.n, false, 5, 20);
+        job_init(&jobs[3], v.prompt, v.n, false, 6, 20);
+        job_init(&jobs[4], v.prompt, 9, true, 0, 8); /* the image prompt's text start, as text (no inputs) */
+        jobs[0].x = jobs[2].x = jobs[3].x = &v.x;
+        jobs[3].after = 3; /* as the second choice of an n = 2 request */
+        /* small chunks (a bidirectional block whole), prefix cache on */
+        int step = v.max_span > 8 ? v.max_span : 8;
+        setup a = {.max_running = 4, .step_tokens = step, .block_size = 4, .n_cache = 512, .prefix_cache = true};
+        ksch_stats stats;
+        bool ok = run_jobs(m, &a, jobs, N, &stats, dir);
+        KT_CHECKF(!ok || stats.cache.prefix_hits == 0, "%s: %lld prefix hits", names[f], (long long)stats.cache.prefix_hits);
+        /* a cache too small for all: preemptions, re-prefill with the same inputs */
+        setup b = {.max_running = 5, .step_tokens = 64, .block_size = 4, .n_cache = (v.n + 24 + 3) / 4 * 4, .prefix_cache = true};
+        for (int i = 0; ok && i < N; i++) memset(&jobs[i].got, 0, sizeof jobs[i].got);
+        if (ok) ok = run_jobs(m, &b, jobs, N, &stats, dir);
+        KT_CHECKF(!ok || stats.preemptions > 0 || b.window, "%s: no preemption", names[f]);
+        jobs_free(jobs, N);
+        vlm_input_free(&v);
+        ke_model_free(m);
+    }
 }

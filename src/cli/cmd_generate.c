@@ -197,11 +197,10 @@ static kiln_status keep_id(record *r, int32_t id) {
 }
 
 /* --image: the image's features, the prompt with its placeholder block, and
- * per prompt token its feature row (embd) and bidirectional span. */
+ * per prompt token its inputs (feature row, span, M-RoPE positions). */
 typedef struct {
     float *feat, *deep;
-    const float **embd, **embd_add;
-    int32_t *span, *pos3;
+    kvis_inputs x;
 } image_input;
 
 static kiln_status add_image(opts *o, const ke_model *m, image_input *im) {
@@ -212,31 +211,16 @@ static kiln_status add_image(opts *o, const ke_model *m, image_input *im) {
     KILN_TRYF(kimg_load_png(o->image, &img), "--image");
     kiln_status st = kvis_pixels_from_image(vm, &img, &px);
     kimg_free(&img);
-    int64_t n_feat = 0, E = ke_model_hparams(m)->hidden;
+    int64_t n_feat = 0;
     if (!st) st = kvis_encode(vm, &px, (int)o->threads, &im->feat, &im->deep, &n_feat);
     int32_t *ids = NULL;
     int n = 0;
     if (!st) st = kvis_expand_prompt(vm, &px, o->prompt, o->n_prompt, kc_bos_id(ke_model_checkpoint(m)), &ids, &n);
-    if (!st && kvis_mrope(vm)) {
-        if (!(im->pos3 = malloc(sizeof(int32_t) * 3 * (size_t)n))) st = kiln_error(KILN_ENOMEM, "out of memory");
-        else st = kvis_positions(vm, &px, 1, ids, n, im->pos3);
-    }
+    if (!st) st = kvis_inputs_build(vm, &px, 1, im->feat, im->deep, n_feat, ke_model_hparams(m)->hidden, ids, n, &im->x);
     kvis_pixels_free(&px);
     free(o->prompt);
     o->prompt = ids, o->n_prompt = ids ? n : 0;
     if (st) return kiln_status_wrap(st, "--image %s", o->image);
-    int64_t L = kvis_deepstack_layers(vm);
-    im->embd = calloc((size_t)n, sizeof *im->embd);
-    im->embd_add = L > 0 ? calloc((size_t)n, sizeof *im->embd_add) : NULL;
-    im->span = malloc(sizeof(int32_t) * 2 * (size_t)n);
-    if (!im->embd || !im->span || (L > 0 && !im->embd_add)) return kiln_error(KILN_ENOMEM, "out of memory");
-    int64_t r = 0;
-    for (int i = 0; i < n && r < n_feat; i++)
-        if (ids[i] == kvis_image_token(vm)) {
-            if (L > 0) im->embd_add[i] = im->deep + r * L * E;
-            im->embd[i] = im->feat + r++ * E;
-        }
-    kvis_spans(vm, ids, n, n, im->span);
     return NULL;
 }
 
@@ -296,7 +280,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     const float *lg;
     int nr;
     double t1 = now();
-    st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->image ? &(ke_inputs){img.embd, img.span, img.pos3, img.embd_add} : NULL,
+    st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->image ? &(ke_inputs){img.x.embd, img.x.span, img.x.pos3, img.x.embd_add} : NULL,
                       &lg, &nr);
     free(seqs);
     t[1] = now() - t1;
@@ -343,7 +327,8 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     t[2] = now() - t2;
     *finish = kgen_finish_reason(f) ? kgen_finish_reason(f) : "length";
 out:
-    free(img.feat), free(img.embd), free(img.span), free(img.deep), free(img.embd_add), free(img.pos3);
+    free(img.feat), free(img.deep);
+    kvis_inputs_free(&img.x);
     kgen_session_destroy(g);
     ke_text_detok_free(&td);
     ke_text_vocab_free(&tv);

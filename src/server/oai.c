@@ -115,9 +115,63 @@ static kiln_status parse_prompt(ksrv *s, ksrv_job *j, const cJSON *body) {
     return NULL;
 }
 
-/* Message content as the templates expect it: a string (a list of text
- * parts is joined; other parts are not supported). */
-static kiln_status flatten_messages(const cJSON *msgs, cJSON **out) {
+/* Message content as the templates expect it: a string, or, when a part
+ * is an image, the list of parts as transformers passes them to templates
+ * ({"type": "text", "text": ...} and {"type": "image"}), the images going
+ * to *images (calloc'ed; NULL when none). Without images a list of text
+ * parts is joined into a string. */
+static kiln_status content_parts(ksrv *s, cJSON *m, int i, ksrv_images **images) {
+    cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+    ksrv_buf t = {0};
+    cJSON *parts = cJSON_CreateArray();
+    if (!parts) return kiln_error(KILN_ENOMEM, "out of memory");
+    bool has_image = false;
+    const cJSON *part;
+    int k = 0;
+    kiln_status st = NULL;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        char what[64];
+        snprintf(what, sizeof what, "\"messages\"[%d].content[%d]", i, k++);
+        cJSON *np = cJSON_CreateObject();
+        if (!np) {
+            st = kiln_error(KILN_ENOMEM, "out of memory");
+            break;
+        }
+        cJSON_AddItemToArray(parts, np);
+        if (cJSON_IsString(type) && !strcmp(type->valuestring, "text") && cJSON_IsString(text)) {
+            ksrv_buf_str(&t, text->valuestring);
+            cJSON_AddStringToObject(np, "type", "text");
+            cJSON_AddStringToObject(np, "text", text->valuestring);
+        } else if (cJSON_IsString(type) && !strcmp(type->valuestring, "image_url")) {
+            if (!*images && !(*images = calloc(1, sizeof **images))) {
+                st = kiln_error(KILN_ENOMEM, "out of memory");
+                break;
+            }
+            if ((st = ksrv_images_add(s, *images, part, what))) break;
+            cJSON_AddStringToObject(np, "type", "image");
+            has_image = true;
+        } else {
+            st = kiln_error(KILN_EINVAL, "%s: only {\"type\": \"text\", \"text\": ...} and {\"type\": \"image_url\", \"image_url\": {\"url\": ...}} parts are supported",
+                            what);
+            break;
+        }
+    }
+    cJSON *str = st || has_image ? NULL : cJSON_CreateString(t.p ? t.p : "");
+    ksrv_buf_free(&t);
+    if (st) {
+        cJSON_Delete(parts);
+        return st;
+    }
+    if (!has_image) cJSON_Delete(parts);
+    cJSON *rep = has_image ? parts : str;
+    if (!rep) return kiln_error(KILN_ENOMEM, "out of memory");
+    cJSON_ReplaceItemInObjectCaseSensitive(m, "content", rep);
+    return NULL;
+}
+
+static kiln_status flatten_messages(ksrv *s, const cJSON *msgs, cJSON **out, ksrv_images **images) {
     *out = NULL;
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
         return kiln_error(KILN_EINVAL, "\"messages\": expected a non-empty list of messages");
@@ -133,28 +187,11 @@ static kiln_status flatten_messages(const cJSON *msgs, cJSON **out) {
         }
         cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (cJSON_IsArray(c)) {
-            ksrv_buf t = {0};
-            const cJSON *part;
-            int k = 0;
-            cJSON_ArrayForEach(part, c) {
-                const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
-                const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
-                if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(text)) {
-                    ksrv_buf_free(&t);
-                    cJSON_Delete(copy);
-                    return kiln_error(KILN_EINVAL, "\"messages\"[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported",
-                                      i, k);
-                }
-                ksrv_buf_str(&t, text->valuestring);
-                k++;
-            }
-            cJSON *str = cJSON_CreateString(t.p ? t.p : "");
-            ksrv_buf_free(&t);
-            if (!str) {
+            kiln_status st = content_parts(s, m, i, images);
+            if (st) {
                 cJSON_Delete(copy);
-                return kiln_error(KILN_ENOMEM, "out of memory");
+                return st;
             }
-            cJSON_ReplaceItemInObjectCaseSensitive(m, "content", str);
         } else if (c && !cJSON_IsString(c) && !cJSON_IsNull(c)) {
             cJSON_Delete(copy);
             return kiln_error(KILN_EINVAL, "\"messages\"[%d].content: expected a string or a list of parts", i);
@@ -165,10 +202,30 @@ static kiln_status flatten_messages(const cJSON *msgs, cJSON **out) {
     return NULL;
 }
 
+/* Content part lists back to strings (their text parts joined), for a
+ * template that does not iterate over parts. */
+static kiln_status join_parts(cJSON *msgs) {
+    cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content"), *part;
+        if (!cJSON_IsArray(c)) continue;
+        ksrv_buf t = {0};
+        cJSON_ArrayForEach(part, c) {
+            const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (cJSON_IsString(text)) ksrv_buf_str(&t, text->valuestring);
+        }
+        cJSON *str = t.oom ? NULL : cJSON_CreateString(t.p ? t.p : "");
+        ksrv_buf_free(&t);
+        if (!str) return kiln_error(KILN_ENOMEM, "out of memory");
+        cJSON_ReplaceItemInObjectCaseSensitive(m, "content", str);
+    }
+    return NULL;
+}
+
 static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     if (!s->tmpl) return kiln_error(KILN_EINVAL, "\"messages\": the model has no chat template: use /v1/completions");
     cJSON *msgs;
-    KILN_TRY(flatten_messages(ku_json_get(body, "messages"), &msgs));
+    KILN_TRY(flatten_messages(s, ku_json_get(body, "messages"), &msgs, &j->images));
     const cJSON *kw = ku_json_get(body, "chat_template_kwargs");
     if (kw && !cJSON_IsObject(kw)) {
         cJSON_Delete(msgs);
@@ -178,11 +235,21 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     kchat_input in = {.messages = msgs, .tools = cJSON_IsArray(tools) ? tools : NULL, .extra = kw, .add_generation_prompt = true};
     char *text = NULL;
     kiln_status st = kchat_render(s->tmpl, &in, &text);
+    /* A template written for string content prints a list of parts as the
+     * list itself (where Python's jinja would fail): render the joined text
+     * instead, and the image goes where kiln generate puts it. */
+    if (!st && j->images && strstr(text, "{\"type\": \"image\"}")) {
+        free(text);
+        text = NULL;
+        st = join_parts(msgs);
+        if (!st) st = kchat_render(s->tmpl, &in, &text);
+    }
     cJSON_Delete(msgs);
     if (st) return kiln_status_wrap(st, "\"messages\": the chat template failed");
     int32_t *ids = NULL, n = 0;
     st = encode(s, "messages", text, false, &ids, &n); /* the template writes its own special tokens */
     free(text);
+    if (!st && j->images) st = ksrv_images_apply(s, j->images, &ids, &n);
     if (!st) st = add_prompt(j, ids, n, NULL);
     if (st) free(ids);
     return st;
@@ -355,9 +422,10 @@ kiln_status ksrv_job_submit(ksrv_job *j, ksrv_err *e) {
             gp.seed = j->gp.seed + (uint32_t)(i % n);
             if (gp.seed == KGEN_SEED_RANDOM) gp.seed = 0;
         }
-        uint64_t after = i % n && !s->p.no_prefix_cache ? j->ch[i - i % n].id : 0;
+        /* (image prompts are never cached: nothing to wait for) */
+        uint64_t after = i % n && !s->p.no_prefix_cache && !j->images ? j->ch[i - i % n].id : 0;
         c->t_arrive = now;
-        ksch_request r = {j->prompts[c->prompt], j->n_prompt[c->prompt], &gp, after, on_event, c};
+        ksch_request r = {j->prompts[c->prompt], j->n_prompt[c->prompt], &gp, after, on_event, c, j->images ? &j->images->x : NULL};
         pthread_mutex_lock(&j->mu);
         j->n_submitted++; /* before: the END may come before ksch_submit returns */
         pthread_mutex_unlock(&j->mu);
@@ -372,8 +440,9 @@ kiln_status ksrv_job_submit(ksrv_job *j, ksrv_err *e) {
     }
     kgen_params_free(&gp);
     if (st) {
-        *e = kiln_status_code(st) == KILN_ELIMIT ? (ksrv_err){503, "unavailable_error", "queue_full"}
-                                                  : (ksrv_err){500, "server_error", NULL};
+        *e = kiln_status_code(st) == KILN_ELIMIT   ? (ksrv_err){503, "unavailable_error", "queue_full"}
+             : kiln_status_code(st) == KILN_EINVAL ? (ksrv_err){400, "invalid_request_error", NULL}
+                                                   : (ksrv_err){500, "server_error", NULL};
         ksrv_job_cancel_wait(j);
     }
     return st;
@@ -413,6 +482,7 @@ void ksrv_job_free(ksrv_job *j) {
     free(j->prompts);
     free(j->prompt_str);
     free(j->n_prompt);
+    ksrv_images_free(j->images);
     free(j->ch);
     kgen_params_free(&j->gp);
     ksrv_buf_free(&j->out);

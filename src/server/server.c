@@ -531,6 +531,7 @@ kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
     if (s->p.timeout_s <= 0) s->p.timeout_s = 60;
     if (s->p.max_choices <= 0) s->p.max_choices = 64;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->vis_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->created = (long)time(NULL);
     s->model_dir = dup_or_null(p->model_dir);
@@ -627,6 +628,7 @@ void ksrv_stop(ksrv *s) {
     kgen_params_free(&s->defaults);
     ksrv_metrics_destroy(s->met);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->vis_mu);
     pthread_cond_destroy(&s->cv);
     free(s->model_dir), free(s->model_id), free(s->host), free(s->api_key);
     free(s);

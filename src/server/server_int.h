@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
+#include "vision/vision.h"
 
 /* ---- a growable byte buffer; out of memory sticks in .oom ---- */
 typedef struct {
@@ -56,6 +57,7 @@ struct ksrv {
     pthread_t loader, stepper;
     bool loader_started, stepper_started;
     pthread_mutex_t mu; /* state, load_err */
+    pthread_mutex_t vis_mu; /* one vision tower run at a time */
     pthread_cond_t cv;
     int state;
     kiln_status load_err;
@@ -71,6 +73,25 @@ struct ksrv {
     ksrv_metrics *met;
     long created; /* unix time the server started */
 };
+
+/* ---- images in chat messages (image.c) ---- */
+enum { KSRV_MAX_IMAGES = 16 };
+typedef struct {
+    int n;
+    kvis_pixels px[KSRV_MAX_IMAGES];
+    float *feat, *deep; /* the towers' rows, concatenated */
+    kvis_inputs vx;
+    ke_inputs x; /* the prompt's per-token inputs (ksch_request.inputs) */
+} ksrv_images;
+/* RFC 4648 base64 ('-' '_' too; whitespace ignored). *out malloc'ed. */
+kiln_status ksrv_base64_decode(const char *s, size_t n, uint8_t **out, size_t *n_out);
+/* An {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}
+ * part (what names it in errors): decoded and preprocessed into im. */
+kiln_status ksrv_images_add(ksrv *s, ksrv_images *im, const cJSON *part, const char *what);
+/* The rendered prompt *ids[*n] (replaced): placeholders expanded, the
+ * vision tower run per image, im->x filled. */
+kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, int32_t **ids, int32_t *n);
+void ksrv_images_free(ksrv_images *im); /* and im itself (calloc'ed) */
 
 /* ---- OpenAI requests (oai.c) ---- */
 
@@ -112,6 +133,7 @@ struct ksrv_job {
     int32_t **prompts;
     int32_t *n_prompt;
     char **prompt_str; /* the prompt as given when it was text (for echo), else NULL */
+    ksrv_images *images; /* chat with images: the prompt's per-token inputs; NULL: none */
     int n_choices;
     ksrv_choice *ch;
     kgen_params gp;

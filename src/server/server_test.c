@@ -31,6 +31,8 @@ typedef struct {
     ksrv *s;
     char base[64];
     const char *fixture; /* tests/fixtures/oracle/<fixture>; NULL: llama */
+    const char *vlm;     /* else tests/fixtures/vlm/<vlm> with tests/data/server/vlm_qwen's tokenizer */
+    const char *tok;     /* tests/data/server/<tok> instead of the default tokenizer */
 } fx;
 
 static bool copy_file(const char *from, const char *to) {
@@ -49,7 +51,7 @@ static bool copy_file(const char *from, const char *to) {
 }
 
 static const char *k_files[] = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                                "tokenizer_config.json"};
+                                "tokenizer_config.json", "preprocessor_config.json"};
 
 static bool make_model(fx *f) {
     char root[PATH_MAX];
@@ -57,10 +59,11 @@ static bool make_model(fx *f) {
     snprintf(f->dir, sizeof f->dir, "/tmp/kiln-srv-XXXXXX");
     if (!mkdtemp(f->dir)) return false;
     char from[PATH_MAX * 2], to[PATH_MAX * 2];
-    for (int i = 0; i < 5; i++) {
-        if (i < 3)
+    for (int i = 0; i < (f->vlm ? 6 : 5); i++) {
+        if (f->vlm && (i < 3 || i == 5)) snprintf(from, sizeof from, "%s/tests/fixtures/vlm/%s/%s", root, f->vlm, k_files[i]);
+        else if (i < 3)
             snprintf(from, sizeof from, "%s/tests/fixtures/oracle/%s/%s", root, f->fixture ? f->fixture : "llama", k_files[i]);
-        else snprintf(from, sizeof from, "%s/tests/data/server/tok512/%s", root, k_files[i]);
+        else snprintf(from, sizeof from, "%s/tests/data/server/%s/%s", root, f->tok ? f->tok : f->vlm ? "vlm_qwen" : "tok512", k_files[i]);
         snprintf(to, sizeof to, "%s/%s", f->dir, k_files[i]);
         if (i == 2 ? symlink(from, to) != 0 : !copy_file(from, to)) return false;
     }
@@ -69,7 +72,7 @@ static bool make_model(fx *f) {
 
 static void remove_model(fx *f) {
     char p[PATH_MAX * 2];
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         snprintf(p, sizeof p, "%s/%s", f->dir, k_files[i]);
         unlink(p);
     }
@@ -470,7 +473,9 @@ KT_TEST(server_errors_and_auth) {
     CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": \"hi\"}", K, 400, "messages");
     CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"content\": \"hi\"}]}", K, 400, "role");
     CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
-                K, 400, "parts");
+                K, 400, "takes text only");
+    CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"audio\"}]}]}",
+                K, 400, "parts are supported");
     /* a prompt longer than the context (128) */
     ksrv_buf big = {0};
     ksrv_buf_str(&big, "{\"prompt\": [");
@@ -908,5 +913,225 @@ KT_TEST(server_recurrent_model) {
         KT_CHECK(n1 == n2 && !memcmp(ids, ids2, sizeof(int) * (size_t)n1));
     }
     cJSON_Delete(b1), cJSON_Delete(b2);
+    finish(&f);
+}
+
+/* ---------------------------------------------------------------- images */
+
+static void b64(ksrv_buf *b, const unsigned char *p, size_t n) {
+    static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+        char q[4] = {A[v >> 18 & 63], A[v >> 12 & 63], i + 1 < n ? A[v >> 6 & 63] : '=', i + 2 < n ? A[v & 63] : '='};
+        ksrv_buf_add(b, q, 4);
+    }
+}
+
+/* A chat body with one user message: an image part (url) then a text part. */
+static char *image_body(const char *url, const char *text, const char *extra) {
+    ksrv_buf b = {0};
+    ksrv_buf_printf(&b, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}, "
+                        "{\"type\": \"text\", \"text\": \"%s\"}]}], \"return_tokens\": true, %s}",
+                    url, text, extra);
+    return b.p;
+}
+
+/* POSTs the bodies at once (curl multi); r[i] gets each response. */
+static void post_all(const fx *f, const char *path, char **bodies, int n, resp *r) {
+    CURLM *m = curl_multi_init();
+    CURL *c[8];
+    struct curl_slist *h[8];
+    for (int i = 0; i < n; i++) {
+        memset(&r[i], 0, sizeof r[i]);
+        c[i] = request(f, "POST", path, bodies[i], NULL, &r[i], &h[i]);
+        curl_multi_add_handle(m, c[i]);
+    }
+    int running = 1;
+    while (running) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 100, NULL);
+    }
+    for (int i = 0; i < n; i++) {
+        curl_easy_getinfo(c[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        ksrv_buf_add(&r[i].body, "", 0);
+        curl_multi_remove_handle(m, c[i]);
+        curl_easy_cleanup(c[i]);
+        curl_slist_free_all(h[i]);
+    }
+    curl_multi_cleanup(m);
+}
+
+/* kiln generate's greedy ids for prompt ids + an image (the reference). */
+static int cli_ids(const char *dir, const char *png, const int *prompt, int n_prompt, int n_predict, int *out, int cap) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin) return -1;
+    ksrv_buf cmd = {0};
+    ksrv_buf_printf(&cmd, "%s generate -m %s --image %s --temp 0 --ignore-eos -n %d -t 1 --json --prompt-ids ", bin, dir, png, n_predict);
+    for (int i = 0; i < n_prompt; i++) ksrv_buf_printf(&cmd, "%s%d", i ? "," : "", prompt[i]);
+    FILE *p = popen(cmd.p, "r");
+    ksrv_buf_free(&cmd);
+    if (!p) return -1;
+    char line[65536];
+    size_t len = fread(line, 1, sizeof line - 1, p);
+    line[len] = 0;
+    pclose(p);
+    cJSON *j = cJSON_Parse(line);
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(j, "generated_ids")) if (n < cap) out[n++] = (int)e->valuedouble;
+    cJSON_Delete(j);
+    return n;
+}
+
+/* Images in chat messages on the Qwen2-VL fixture (M-RoPE), prefilled in
+ * chunks of 8 tokens: the greedy tokens equal kiln generate's for the same
+ * prompt ids and image, alone and beside a text request, another image
+ * request and n = 2 seeded choices (reproducible); usage counts the image
+ * tokens; no prefix block is reused; bad images are 400s naming the field. */
+KT_TEST(server_chat_images) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.vlm = "qwen2_vl"};
+    ksrv_params p = default_params(NULL);
+    p.step_tokens = 8;
+    if (!start(&f, &p)) return;
+    char png[PATH_MAX];
+    kt_path(png, sizeof png, "tests/fixtures/vlm/qwen2_vl/image.png");
+    char *raw;
+    size_t n_raw;
+    KT_CHECK_OK(ku_read_file(png, &raw, &n_raw));
+    ksrv_buf url = {0};
+    ksrv_buf_str(&url, "data:image/png;base64,");
+    b64(&url, (const unsigned char *)raw, n_raw);
+    free(raw);
+    const char *greedy = "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true";
+    char *a = image_body(url.p, "Describe this.", greedy);
+    cJSON *ja = post_json(&f, "/v1/chat/completions", a, 200);
+    KT_CHECK(ja);
+    int ids[64], ref[64];
+    KT_CHECK_EQ(choice_ids(ja, 0, ids, 64), 8);
+    int n_prompt = (int)ku_json_get(ku_json_get(ja, "usage"), "prompt_tokens")->valuedouble;
+    cJSON_Delete(ja);
+    /* the template's text, tokenized: one <|image_pad|> that expands to 12 image tokens */
+    cJSON *jt = post_json(&f, "/tokenize",
+                          "{\"content\": \"<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n"
+                          "<|vision_start|><|image_pad|><|vision_end|>Describe this.<|im_end|>\\n<|im_start|>assistant\\n\"}",
+                          200);
+    KT_CHECK(jt);
+    int tids[128], nt = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(jt, "tokens")) if (nt < 128) tids[nt++] = (int)e->valuedouble;
+    cJSON_Delete(jt);
+    KT_CHECK_EQ(n_prompt, nt + 11);
+    int nr = cli_ids(f.dir, png, tids, nt, 8, ref, 64);
+    if (nr >= 0) {
+        KT_CHECK_EQ(nr, 8);
+        KT_CHECK(!memcmp(ids, ref, sizeof(int) * 8));
+    }
+    /* together: the same request, a text one, another image request, n = 2 seeded choices */
+    char *bodies[4] = {a, strdup("{\"messages\": [{\"role\": \"user\", \"content\": \"Tell me a story about a cat.\"}], "
+                                 "\"max_tokens\": 12, \"temperature\": 0, \"ignore_eos\": true, \"return_tokens\": true}"),
+                       image_body(url.p, "What is in the picture? Answer in detail.", greedy),
+                       image_body(url.p, "Describe this.", "\"max_tokens\": 8, \"n\": 2, \"seed\": 3, \"ignore_eos\": true")};
+    resp r[4], r2[4];
+    post_all(&f, "/v1/chat/completions", bodies, 4, r);
+    cJSON *j[4];
+    for (int i = 0; i < 4; i++) {
+        KT_CHECKF(r[i].status == 200, "request %d: %ld %s", i, r[i].status, r[i].body.p);
+        j[i] = cJSON_Parse(r[i].body.p);
+    }
+    int got[64];
+    KT_CHECK_EQ(choice_ids(j[0], 0, got, 64), 8);
+    KT_CHECK(!memcmp(ids, got, sizeof(int) * 8));
+    /* the image requests alone give the same tokens as beside the others */
+    char *alone[2] = {bodies[2], bodies[3]};
+    post_all(&f, "/v1/chat/completions", alone, 1, r2);
+    post_all(&f, "/v1/chat/completions", alone + 1, 1, r2 + 1);
+    for (int i = 0; i < 2; i++) {
+        cJSON *k = cJSON_Parse(r2[i].body.p);
+        KT_CHECKF(r2[i].status == 200 && k, "alone %d: %s", i, r2[i].body.p);
+        for (int c = 0; c < (i ? 2 : 1); c++) {
+            int x[64], y[64];
+            int nx = choice_ids(j[i + 2], c, x, 64), ny = choice_ids(k, c, y, 64);
+            KT_CHECKF(nx > 0 && nx == ny && !memcmp(x, y, sizeof(int) * (size_t)nx), "request %d choice %d differs alone", i + 2, c);
+        }
+        cJSON_Delete(k);
+        ksrv_buf_free(&r2[i].body);
+    }
+    for (int i = 0; i < 4; i++) cJSON_Delete(j[i]), ksrv_buf_free(&r[i].body);
+    for (int i = 1; i < 4; i++) free(bodies[i]);
+    /* two images: two placeholder blocks of 1 + 12 + 1 tokens */
+    ksrv_buf two = {0};
+    ksrv_buf_printf(&two, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}, "
+                          "{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}, {\"type\": \"text\", \"text\": \"Describe this.\"}]}], %s}",
+                    url.p, url.p, greedy);
+    cJSON *j2 = post_json(&f, "/v1/chat/completions", two.p, 200);
+    KT_CHECK(j2);
+    KT_CHECK_EQ((int)ku_json_get(ku_json_get(j2, "usage"), "prompt_tokens")->valuedouble, n_prompt + 14);
+    cJSON_Delete(j2);
+    ksrv_buf_free(&two);
+    KT_CHECK(wait_idle(&f));
+    ksch_stats st;
+    ksch_get_stats(f.s->sch, &st);
+    KT_CHECK_EQ(st.cache.prefix_hits, 0);
+    /* errors name the field */
+    char *bad[] = {image_body("https://example.com/cat.png", "x", greedy), image_body("data:image/jpeg;base64,/9j/4AAQ", "x", greedy),
+                   image_body("data:image/png;base64,iVBOR!!", "x", greedy), image_body("data:image/png;base64,aGVsbG8=", "x", greedy)};
+    const char *want[] = {"only data URLs", "only PNG", "base64", "not a readable PNG"};
+    for (int i = 0; i < 4; i++) {
+        CHECK_ERROR("POST", "/v1/chat/completions", bad[i], NULL, 400, "messages\\\"[0].content[0].image_url.url");
+        CHECK_ERROR("POST", "/v1/chat/completions", bad[i], NULL, 400, want[i]);
+        free(bad[i]);
+    }
+    finish(&f);
+    /* a text-only model: 400 */
+    fx g = {0};
+    ksrv_params q = default_params(NULL);
+    if (!start(&g, &q)) return;
+    char *t = image_body(url.p, "x", greedy);
+    check_error(&g, "POST", "/v1/chat/completions", t, NULL, 400, "takes text only", __LINE__);
+    free(t);
+    free(a);
+    ksrv_buf_free(&url);
+    finish(&g);
+}
+
+/* A template written for string content (tok512's ChatML) on the LLaVA
+ * fixture: the text parts are joined and the image block goes first, as
+ * kiln generate --image puts it; the tokens equal kiln generate's. */
+KT_TEST(server_chat_image_string_template) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.vlm = "llava", .tok = "tok512"};
+    ksrv_params p = default_params(NULL);
+    if (!start(&f, &p)) return;
+    char png[PATH_MAX];
+    kt_path(png, sizeof png, "tests/fixtures/vlm/llava/image.png");
+    char *raw;
+    size_t n_raw;
+    KT_CHECK_OK(ku_read_file(png, &raw, &n_raw));
+    ksrv_buf url = {0};
+    ksrv_buf_str(&url, "data:image/png;base64,");
+    b64(&url, (const unsigned char *)raw, n_raw);
+    free(raw);
+    char *a = image_body(url.p, "Describe this.", "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true");
+    cJSON *ja = post_json(&f, "/v1/chat/completions", a, 200);
+    free(a);
+    ksrv_buf_free(&url);
+    KT_CHECK(ja);
+    int ids[64], ref[64], tids[128], nt = 0;
+    KT_CHECK_EQ(choice_ids(ja, 0, ids, 64), 8);
+    int n_prompt = (int)ku_json_get(ku_json_get(ja, "usage"), "prompt_tokens")->valuedouble;
+    cJSON_Delete(ja);
+    cJSON *jt = post_json(&f, "/tokenize",
+                          "{\"content\": \"<|endoftext|><|im_start|>user\\nDescribe this.<|im_end|>\\n<|im_start|>assistant\\n\"}", 200);
+    KT_CHECK(jt);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(jt, "tokens")) if (nt < 128) tids[nt++] = (int)e->valuedouble;
+    cJSON_Delete(jt);
+    KT_CHECK_EQ(n_prompt, nt + 36);
+    int nr = cli_ids(f.dir, png, tids, nt, 8, ref, 64);
+    if (nr >= 0) {
+        KT_CHECK_EQ(nr, 8);
+        KT_CHECK(!memcmp(ids, ref, sizeof(int) * 8));
+    }
     finish(&f);
 }

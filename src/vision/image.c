@@ -18,34 +18,49 @@ kiln_status kimg_from_rgb(const uint8_t *rgb, int64_t h, int64_t w, kimg_image *
     return NULL;
 }
 
+/* The rest of a read begun by png_image_begin_read_*: RGB, 8 bits. */
+static kiln_status finish_png(png_image *im, const char *what, kimg_image *out) {
+    if (im->width == 0 || im->height == 0 || im->width > 16384 || im->height > 16384) {
+        png_image_free(im);
+        return kiln_error(KILN_ELIMIT, "%s: image size %ux%u is not supported", what, im->width, im->height);
+    }
+    /* 8-bit sRGB values as stored: no gamma conversion for 8-bit images
+     * (libpng converts only linear 16-bit data, which PIL would truncate) */
+    im->format = PNG_FORMAT_RGB;
+    size_t n = PNG_IMAGE_SIZE(*im);
+    out->rgb = malloc(n);
+    if (!out->rgb) {
+        png_image_free(im);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    if (!png_image_finish_read(im, NULL, out->rgb, 0, NULL)) {
+        kiln_status st = kiln_error(KILN_EINVAL, "%s: PNG decoding failed (%s)", what, im->message);
+        kimg_free(out);
+        png_image_free(im);
+        return st;
+    }
+    out->h = im->height, out->w = im->width;
+    png_image_free(im);
+    return NULL;
+}
+
 kiln_status kimg_load_png(const char *path, kimg_image *out) {
     memset(out, 0, sizeof *out);
     png_image im;
     memset(&im, 0, sizeof im);
     im.version = PNG_IMAGE_VERSION;
     if (!png_image_begin_read_from_file(&im, path)) return kiln_error(KILN_EINVAL, "%s: not a readable PNG (%s)", path, im.message);
-    if (im.width == 0 || im.height == 0 || im.width > 16384 || im.height > 16384) {
-        png_image_free(&im);
-        return kiln_error(KILN_ELIMIT, "%s: image size %ux%u is not supported", path, im.width, im.height);
-    }
-    /* 8-bit sRGB values as stored: no gamma conversion for 8-bit images
-     * (libpng converts only linear 16-bit data, which PIL would truncate) */
-    im.format = PNG_FORMAT_RGB;
-    size_t n = PNG_IMAGE_SIZE(im);
-    out->rgb = malloc(n);
-    if (!out->rgb) {
-        png_image_free(&im);
-        return kiln_error(KILN_ENOMEM, "out of memory");
-    }
-    if (!png_image_finish_read(&im, NULL, out->rgb, 0, NULL)) {
-        kiln_status st = kiln_error(KILN_EINVAL, "%s: PNG decoding failed (%s)", path, im.message);
-        kimg_free(out);
-        png_image_free(&im);
-        return st;
-    }
-    out->h = im.height, out->w = im.width;
-    png_image_free(&im);
-    return NULL;
+    return finish_png(&im, path, out);
+}
+
+kiln_status kimg_decode_png(const void *data, size_t n, const char *what, kimg_image *out) {
+    memset(out, 0, sizeof *out);
+    png_image im;
+    memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    if (!data || n == 0 || !png_image_begin_read_from_memory(&im, data, n))
+        return kiln_error(KILN_EINVAL, "%s: not a readable PNG (%s)", what, n ? im.message : "no data");
+    return finish_png(&im, what, out);
 }
 
 void kimg_free(kimg_image *im) {

@@ -17,6 +17,7 @@
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/status.h"
@@ -27,6 +28,9 @@ typedef struct {
 } kimg_image;
 
 kiln_status kimg_load_png(const char *path, kimg_image *out);
+/* The same from n bytes in memory (untrusted: any bytes give an image or an
+ * error naming `what`). */
+kiln_status kimg_decode_png(const void *data, size_t n, const char *what, kimg_image *out);
 /* From a caller's buffer [h, w, 3] (copied). */
 kiln_status kimg_from_rgb(const uint8_t *rgb, int64_t h, int64_t w, kimg_image *out);
 void kimg_free(kimg_image *im);

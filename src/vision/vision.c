@@ -1017,6 +1017,38 @@ kiln_status kvis_expand_prompt(const kvis_model *m, const kvis_pixels *px, const
     return st;
 }
 
+kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_images, const float *feat, const float *deep,
+                              int64_t n_feat, int64_t hidden, const int32_t *ids, int n, kvis_inputs *out) {
+    memset(out, 0, sizeof *out);
+    int64_t L = kvis_deepstack_layers(m), k = 0;
+    for (int i = 0; i < n; i++) k += ids[i] == m->image_token;
+    if (k != n_feat)
+        return kiln_error(KILN_EINVAL, "the prompt has %lld image tokens for %lld image feature rows", (long long)k, (long long)n_feat);
+    out->embd = calloc((size_t)n, sizeof *out->embd);
+    out->embd_add = deep && L > 0 ? calloc((size_t)n, sizeof *out->embd_add) : NULL;
+    out->span = malloc(sizeof(int32_t) * 2 * (size_t)n);
+    out->pos3 = KVIS_IS_QWEN(m->kind) ? malloc(sizeof(int32_t) * 3 * (size_t)n) : NULL;
+    if (!out->embd || !out->span || (deep && L > 0 && !out->embd_add) || (KVIS_IS_QWEN(m->kind) && !out->pos3)) {
+        kvis_inputs_free(out);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    for (int i = 0, r = 0; i < n; i++)
+        if (ids[i] == m->image_token) {
+            if (out->embd_add) out->embd_add[i] = deep + (int64_t)r * L * hidden;
+            out->embd[i] = feat + (int64_t)r++ * hidden;
+        }
+    kvis_spans(m, ids, n, n, out->span);
+    kiln_status st = out->pos3 ? kvis_positions(m, px, n_images, ids, n, out->pos3) : NULL;
+    if (st) kvis_inputs_free(out);
+    return st;
+}
+
+void kvis_inputs_free(kvis_inputs *x) {
+    if (!x) return;
+    free(x->embd), free(x->embd_add), free(x->span), free(x->pos3);
+    memset(x, 0, sizeof *x);
+}
+
 bool kvis_mrope(const kvis_model *m) { return KVIS_IS_QWEN(m->kind); }
 
 kiln_status kvis_positions(const kvis_model *m, const kvis_pixels *px, int n_images, const int32_t *ids, int n, int32_t *pos3) {

@@ -82,4 +82,19 @@ kiln_status kvis_expand_prompt(const kvis_model *m, const kvis_pixels *px, const
  * (1, 0) (none) elsewhere and for every other family. span [n, 2]. */
 void kvis_spans(const kvis_model *m, const int32_t *ids, int n_prompt, int n, int32_t *span);
 
+/* The per-token inputs (engine.h's ke_inputs) of a prompt ids[n] whose
+ * image tokens hold images px[0..n_images) in order: feat [n_feat, hidden]
+ * the images' features concatenated (kvis_encode), deep their deepstack
+ * rows [n_feat, kvis_deepstack_layers * hidden] or NULL. The k-th image
+ * token takes feature row k (an error unless there are exactly n_feat). */
+typedef struct {
+    const float **embd;     /* [n] into feat, NULL: a text token */
+    const float **embd_add; /* [n] into deep; NULL when deep is */
+    int32_t *span;          /* [n, 2] (kvis_spans) */
+    int32_t *pos3;          /* [n, 3] M-RoPE positions (kvis_positions); NULL unless kvis_mrope */
+} kvis_inputs;
+kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_images, const float *feat, const float *deep,
+                              int64_t n_feat, int64_t hidden, const int32_t *ids, int n, kvis_inputs *out);
+void kvis_inputs_free(kvis_inputs *x);
+
 #endif

@@ -1,0 +1,180 @@
+/* image.c: images in chat messages (OpenAI image_url content parts with
+ * data:image/png;base64 URLs) for vision-language models: decoding, the
+ * processor, placeholder expansion, the vision tower, and the prompt's
+ * per-token inputs (see server_int.h, ksrv_images). */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "server/server_int.h"
+
+/* RFC 4648 base64 (whitespace ignored, padding optional). *out malloc'ed. */
+kiln_status ksrv_base64_decode(const char *s, size_t n, uint8_t **out, size_t *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    uint8_t *o = malloc(n / 4 * 3 + 3);
+    if (!o) return kiln_error(KILN_ENOMEM, "out of memory");
+    uint32_t acc = 0;
+    int bits = 0;
+    size_t k = 0, pad = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        int v;
+        if (c >= 'A' && c <= 'Z') v = c - 'A';
+        else if (c >= 'a' && c <= 'z') v = c - 'a' + 26;
+        else if (c >= '0' && c <= '9') v = c - '0' + 52;
+        else if (c == '+' || c == '-') v = 62;
+        else if (c == '/' || c == '_') v = 63;
+        else if (c == '=') {
+            pad++;
+            continue;
+        } else if (c == ' ' || c == '\n' || c == '\r' || c == '\t') {
+            continue;
+        } else {
+            free(o);
+            return kiln_error(KILN_EINVAL, "invalid base64 character at offset %zu", i);
+        }
+        if (pad) {
+            free(o);
+            return kiln_error(KILN_EINVAL, "base64 data after '=' padding at offset %zu", i);
+        }
+        acc = acc << 6 | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            o[k++] = (uint8_t)(acc >> bits);
+        }
+    }
+    if (bits >= 6 || pad > 2) { /* a lone trailing character */
+        free(o);
+        return kiln_error(KILN_EINVAL, "truncated base64 data");
+    }
+    *out = o;
+    *n_out = k;
+    return NULL;
+}
+
+kiln_status ksrv_images_add(ksrv *s, ksrv_images *im, const cJSON *part, const char *what) {
+    const kvis_model *vm = ke_model_vision(s->m);
+    if (!vm) return kiln_error(KILN_EUNSUPPORTED, "%s: the model \"%s\" takes text only (no vision tower)", what, s->model_id);
+    const cJSON *iu = cJSON_GetObjectItemCaseSensitive(part, "image_url");
+    const cJSON *url = cJSON_IsObject(iu) ? cJSON_GetObjectItemCaseSensitive(iu, "url") : iu;
+    if (!cJSON_IsString(url)) return kiln_error(KILN_EINVAL, "%s.image_url.url: expected a string", what);
+    const char *u = url->valuestring;
+    if (strncasecmp(u, "data:", 5) != 0)
+        return kiln_error(KILN_EUNSUPPORTED, "%s.image_url.url: only data URLs (data:image/png;base64,...) are supported", what);
+    const char *comma = strchr(u, ',');
+    size_t head = comma ? (size_t)(comma - u) : 0;
+    if (!comma || head < 5 + 9 || strncasecmp(u + 5, "image/png", 9) != 0 || (u[14] != ';' && u[14] != ','))
+        return kiln_error(KILN_EUNSUPPORTED, "%s.image_url.url: only PNG images (data:image/png;base64,...) are supported", what);
+    if (head < 7 || strncasecmp(comma - 7, ";base64", 7) != 0)
+        return kiln_error(KILN_EUNSUPPORTED, "%s.image_url.url: only base64 data URLs are supported", what);
+    if (im->n >= KSRV_MAX_IMAGES) return kiln_error(KILN_ELIMIT, "%s: more than %d images", what, KSRV_MAX_IMAGES);
+    uint8_t *png;
+    size_t n_png;
+    kiln_status st = ksrv_base64_decode(comma + 1, strlen(comma + 1), &png, &n_png);
+    if (st) return kiln_status_wrap(st, "%s.image_url.url", what);
+    char w[96];
+    snprintf(w, sizeof w, "%s.image_url.url", what);
+    kimg_image img;
+    st = kimg_decode_png(png, n_png, w, &img);
+    free(png);
+    if (st) return st;
+    st = kvis_pixels_from_image(vm, &img, &im->px[im->n]);
+    kimg_free(&img);
+    if (st) return kiln_status_wrap(st, "%s", what);
+    im->n++;
+    return NULL;
+}
+
+/* ids[0..n) with the placeholder of each image expanded to its block, as
+ * kiln generate does (kvis_expand_prompt, image by image); a template
+ * that wrote no placeholder gets the block first (one image only). */
+static kiln_status expand(ksrv *s, ksrv_images *im, const int32_t *ids, int32_t n, int32_t **out, int32_t *n_out) {
+    const kvis_model *vm = ke_model_vision(s->m);
+    int32_t tok = kvis_image_token(vm);
+    int k = 0;
+    for (int32_t i = 0; i < n; i++) k += ids[i] == tok;
+    int32_t bos = kc_bos_id(ke_model_checkpoint(s->m));
+    if (k == 0) {
+        if (im->n > 1)
+            return kiln_error(KILN_EUNSUPPORTED, "\"messages\": the chat template writes no image placeholder, so only one image can be placed");
+        int no;
+        KILN_TRY(kvis_expand_prompt(vm, &im->px[0], ids, n, bos, out, &no));
+        *n_out = no;
+        return NULL;
+    }
+    if (k != im->n)
+        return kiln_error(KILN_EINVAL, "\"messages\": the prompt has %d image placeholder tokens for %d images", k, im->n);
+    /* image k's part of the prompt: from one token before its placeholder
+     * (Qwen's <|vision_start|>, which kvis_expand_prompt looks at) to the
+     * start of the next part */
+    int32_t starts[KSRV_MAX_IMAGES + 1], prev = -1;
+    for (int img = 0, i = 0; img < im->n; img++, i++) {
+        while (ids[i] != tok) i++;
+        starts[img] = img == 0 ? 0 : i - 1 > prev ? i - 1 : i;
+        prev = i;
+    }
+    starts[im->n] = n;
+    ksrv_buf b = {0};
+    for (int img = 0; img < im->n; img++) {
+        int32_t *e = NULL;
+        int ne = 0;
+        kiln_status st = kvis_expand_prompt(vm, &im->px[img], ids + starts[img], starts[img + 1] - starts[img], bos, &e, &ne);
+        if (st) {
+            ksrv_buf_free(&b);
+            return st;
+        }
+        ksrv_buf_add(&b, (const char *)e, sizeof(int32_t) * (size_t)ne);
+        free(e);
+    }
+    if (b.oom) {
+        ksrv_buf_free(&b);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    *out = (int32_t *)(void *)b.p;
+    *n_out = (int32_t)(b.len / sizeof(int32_t));
+    return NULL;
+}
+
+kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, int32_t **ids, int32_t *n) {
+    const kvis_model *vm = ke_model_vision(s->m);
+    int32_t *e = NULL, ne = 0;
+    KILN_TRY(expand(s, im, *ids, *n, &e, &ne));
+    free(*ids);
+    *ids = e, *n = ne;
+    /* the towers, one image at a time (one request at a time: they use
+     * every thread), their rows concatenated */
+    int64_t E = ke_model_hparams(s->m)->hidden, L = kvis_deepstack_layers(vm), total = 0;
+    kiln_status st = NULL;
+    pthread_mutex_lock(&s->vis_mu);
+    for (int i = 0; i < im->n && !st; i++) {
+        float *f = NULL, *d = NULL;
+        int64_t nf = 0;
+        st = kvis_encode(vm, &im->px[i], s->p.threads, &f, &d, &nf);
+        float *nfeat = st ? NULL : realloc(im->feat, sizeof(float) * (size_t)((total + nf) * E));
+        float *ndeep = st || !d ? NULL : realloc(im->deep, sizeof(float) * (size_t)((total + nf) * L * E));
+        if (nfeat) im->feat = nfeat;
+        if (ndeep) im->deep = ndeep;
+        if (!st && (!nfeat || (d && !ndeep))) st = kiln_error(KILN_ENOMEM, "out of memory");
+        if (!st) {
+            memcpy(im->feat + total * E, f, sizeof(float) * (size_t)(nf * E));
+            if (d) memcpy(im->deep + total * L * E, d, sizeof(float) * (size_t)(nf * L * E));
+            total += nf;
+        }
+        free(f), free(d);
+    }
+    pthread_mutex_unlock(&s->vis_mu);
+    if (!st) st = kvis_inputs_build(vm, im->px, im->n, im->feat, im->deep, total, E, *ids, *n, &im->vx);
+    if (st) return kiln_status_wrap(st, "\"messages\": images");
+    im->x = (ke_inputs){im->vx.embd, im->vx.span, im->vx.pos3, im->vx.embd_add};
+    return NULL;
+}
+
+void ksrv_images_free(ksrv_images *im) {
+    if (!im) return;
+    for (int i = 0; i < im->n; i++) kvis_pixels_free(&im->px[i]);
+    free(im->feat), free(im->deep);
+    kvis_inputs_free(&im->vx);
+    free(im);
+}
