@@ -4,7 +4,8 @@
 (Image.open(f).convert("RGB"), no EXIF transpose) as NAME.rgb, plus
 index.json (name, h, w, sha256 of the RGB bytes). kimg_decode_jpeg must
 match every byte. Also writes a few truncated/corrupt cases with whether
-Pillow refuses them.
+Pillow refuses them, and the server test's JPEG (qwen2_vl_image.jpg) with
+the PNG of its decoded pixels.
 
 Run with /usr/bin/python3 (python3-pil, python3-numpy) from the repository root:
     /usr/bin/python3 tools/pil_jpeg_reference.py
@@ -78,6 +79,13 @@ def main():
         except Exception as e:  # noqa: BLE001
             refused = str(e)
         index.append({"name": name, "pil_refuses": refused})
+    # the server test's image: the Qwen2-VL fixture's picture as a JPEG, and
+    # the pixels Pillow decodes from it as a PNG (the same request twice)
+    src = Image.open("tests/fixtures/vlm/qwen2_vl/image.png").convert("RGB")
+    data = save(src, quality=80)
+    with open(f"{OUT}/qwen2_vl_image.jpg", "wb") as f:
+        f.write(data)
+    Image.open(io.BytesIO(data)).convert("RGB").save(f"{OUT}/qwen2_vl_image_decoded.png")
     with open(f"{OUT}/index.json", "w") as f:
         json.dump({"pil": PIL.__version__, "cases": index}, f, indent=1)
         f.write("\n")
