@@ -51,7 +51,7 @@ static void on_error(j_common_ptr c) {
 static void on_message(j_common_ptr c, int level) {
     if (level < 0 && c->err->msg_code == JWRN_JPEG_EOF) {
         jpeg_err *e = (jpeg_err *)(void *)c->err;
-        snprintf(e->msg, sizeof e->msg, "truncated JPEG data (it ends before the image does)");
+        snprintf(e->msg, sizeof e->msg, "truncated: the data ends before the image does");
         longjmp(e->jmp, 1);
     }
 }
