@@ -12,7 +12,7 @@ CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Werror -Wshadow \
               -Wno-unused-parameter -Wvla -Wformat=2 -Wstrict-prototypes \
               -fno-strict-aliasing -pthread -Isrc -Itests
 CFLAGS  += $(CFLAGS_BASE)
-LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lblis -lpng -lm -lpthread
+LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lblis -lpng -ljpeg -lm -lpthread
 # the tests' HTTP client (server tests over loopback)
 TEST_LDLIBS = -lcurl
 
@@ -87,7 +87,7 @@ clean:
 	rm -rf build
 
 # libFuzzer harnesses (clang), one per parser of untrusted bytes:
-#   make fuzz-safetensors | fuzz-checkpoint | fuzz-tokenizer | fuzz-jinja   [FUZZ_TIME=seconds]
+#   make fuzz-safetensors | fuzz-checkpoint | fuzz-tokenizer | fuzz-jinja | fuzz-image   [FUZZ_TIME=seconds]
 # Each links fuzz/fuzz_NAME.c with the library sources, runs from the seed
 # corpus FUZZ_SEEDS_NAME and grows fuzz-out/NAME (ignored by git). Crashers
 # land in fuzz-out/NAME-crashes: fix them, then commit them where the unit
@@ -103,6 +103,8 @@ FUZZ_SEEDS_checkpoint  = tests/data/ckpt/fuzz-seeds-checkpoint
 FUZZ_ARGS_checkpoint   = -max_len=8192 -dict=fuzz/safetensors.dict
 FUZZ_SEEDS_tokenizer   = fuzz/corpus_tokenizer
 FUZZ_SEEDS_jinja       = tests/data/chat/templates
+FUZZ_SEEDS_image       = tests/data/vision/jpeg
+FUZZ_ARGS_image        = -max_len=65536
 FUZZ_BUILD = build/fuzz
 
 # the library itself, instrumented, in its own tree (ISA-specific files keep their flags)
@@ -121,6 +123,6 @@ fuzz-%: $(FUZZ_BUILD)/fuzz_%
 	$< -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 $(FUZZ_ARGS_$*) \
 	    -artifact_prefix=fuzz-out/$*-crashes/ fuzz-out/$* $(FUZZ_SEEDS_$*)
 
-fuzz: fuzz-safetensors fuzz-checkpoint fuzz-tokenizer fuzz-jinja
+fuzz: fuzz-safetensors fuzz-checkpoint fuzz-tokenizer fuzz-jinja fuzz-image
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -29,7 +29,7 @@ static void usage(FILE *f) {
                "  --chat                apply the model's chat template to the prompt as a user message\n"
                "  --system TEXT         with --chat: a system message first\n"
                "  --prompt-ids IDS      prompt token ids instead of text, e.g. 1,17,93\n"
-               "  --image FILE.png      vision-language models: an image, at the prompt's image token (else first)\n"
+               "  --image FILE         vision-language models: a PNG or JPEG image, at the prompt's image token (else first)\n"
                "  --no-display-prompt   do not echo the prompt\n"
                "  --force-ids IDS       teacher forcing: feed these ids instead of sampling\n"
                "  --logits-out FILE     write float32 .npy [rows, vocab]: row 0 at the last prompt\n"
@@ -208,7 +208,7 @@ static kiln_status add_image(opts *o, const ke_model *m, image_input *im) {
     if (!vm) return kiln_error(KILN_EUNSUPPORTED, "--image: %s is not a vision-language model (no vision_config)", o->dir);
     kimg_image img;
     kvis_pixels px = {0};
-    KILN_TRYF(kimg_load_png(o->image, &img), "--image");
+    KILN_TRYF(kimg_load(o->image, &img), "--image");
     kiln_status st = kvis_pixels_from_image(vm, &img, &px);
     kimg_free(&img);
     int64_t n_feat = 0;

@@ -1,5 +1,5 @@
 /* image.c: images in chat messages (OpenAI image_url content parts with
- * data:image/png;base64 URLs) for vision-language models: decoding, the
+ * data:image/png and data:image/jpeg base64 URLs) for vision-language models: decoding, the
  * processor, placeholder expansion, the vision tower, and the prompt's
  * per-token inputs (see server_int.h, ksrv_images). */
 #include <stdlib.h>
@@ -65,20 +65,28 @@ kiln_status ksrv_images_add(ksrv *s, ksrv_images *im, const cJSON *part, const c
         return kiln_error(KILN_EUNSUPPORTED, "%s.image_url.url: only data URLs (data:image/png;base64,...) are supported", what);
     const char *comma = strchr(u, ',');
     size_t head = comma ? (size_t)(comma - u) : 0;
-    if (!comma || head < 5 + 9 || strncasecmp(u + 5, "image/png", 9) != 0 || (u[14] != ';' && u[14] != ','))
-        return kiln_error(KILN_EUNSUPPORTED, "%s.image_url.url: only PNG images (data:image/png;base64,...) are supported", what);
+    /* the media type names PNG or JPEG; the bytes decide which decoder
+     * reads them (kimg_decode sniffs), as browsers do */
+    static const char *const types[] = {"image/png", "image/jpeg", "image/jpg"};
+    bool typed = false;
+    for (size_t i = 0; comma && i < sizeof types / sizeof types[0] && !typed; i++) {
+        size_t l = strlen(types[i]);
+        typed = head >= 5 + l && strncasecmp(u + 5, types[i], l) == 0 && (u[5 + l] == ';' || u[5 + l] == ',');
+    }
+    if (!typed)
+        return kiln_error(KILN_EUNSUPPORTED, "%s.image_url.url: only PNG and JPEG images (data:image/png;base64,... or data:image/jpeg;base64,...) are supported", what);
     if (head < 7 || strncasecmp(comma - 7, ";base64", 7) != 0)
         return kiln_error(KILN_EUNSUPPORTED, "%s.image_url.url: only base64 data URLs are supported", what);
     if (im->n >= KSRV_MAX_IMAGES) return kiln_error(KILN_ELIMIT, "%s: more than %d images", what, KSRV_MAX_IMAGES);
-    uint8_t *png;
-    size_t n_png;
-    kiln_status st = ksrv_base64_decode(comma + 1, strlen(comma + 1), &png, &n_png);
+    uint8_t *bytes;
+    size_t n_bytes;
+    kiln_status st = ksrv_base64_decode(comma + 1, strlen(comma + 1), &bytes, &n_bytes);
     if (st) return kiln_status_wrap(st, "%s.image_url.url", what);
     char w[96];
     snprintf(w, sizeof w, "%s.image_url.url", what);
     kimg_image img;
-    st = kimg_decode_png(png, n_png, w, &img);
-    free(png);
+    st = kimg_decode(bytes, n_bytes, w, &img);
+    free(bytes);
     if (st) return st;
     st = kvis_pixels_from_image(vm, &img, &im->px[im->n]);
     kimg_free(&img);

@@ -513,7 +513,8 @@ static void *load_main(void *arg) {
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap) {
+/* the format attribute: clang's -Wformat-nonliteral (make fuzz) */
+__attribute__((format(printf, 2, 0))) static void mhd_log(void *cls, const char *fmt, va_list ap) {
     ksrv *s = cls;
     if (s->p.quiet) return;
     fprintf(stderr, "kiln: http: ");

@@ -1075,9 +1075,10 @@ KT_TEST(server_chat_images) {
     KT_CHECK_EQ(st.cache.prefix_hits, 0);
     /* errors name the field */
     char *bad[] = {image_body("https://example.com/cat.png", "x", greedy), image_body("data:image/jpeg;base64,/9j/4AAQ", "x", greedy),
-                   image_body("data:image/png;base64,iVBOR!!", "x", greedy), image_body("data:image/png;base64,aGVsbG8=", "x", greedy)};
-    const char *want[] = {"only data URLs", "only PNG", "base64", "not a readable PNG"};
-    for (int i = 0; i < 4; i++) {
+                   image_body("data:image/png;base64,iVBOR!!", "x", greedy), image_body("data:image/png;base64,aGVsbG8=", "x", greedy),
+                   image_body("data:image/gif;base64,R0lGODlh", "x", greedy), image_body("data:image/png;base64,R0lGODlh", "x", greedy)};
+    const char *want[] = {"only data URLs", "JPEG decoding failed", "base64", "not a PNG or JPEG", "only PNG and JPEG", "a GIF file"};
+    for (int i = 0; i < 6; i++) {
         CHECK_ERROR("POST", "/v1/chat/completions", bad[i], NULL, 400, "messages\\\"[0].content[0].image_url.url");
         CHECK_ERROR("POST", "/v1/chat/completions", bad[i], NULL, 400, want[i]);
         free(bad[i]);
@@ -1093,6 +1094,70 @@ KT_TEST(server_chat_images) {
     free(a);
     ksrv_buf_free(&url);
     finish(&g);
+}
+
+/* A data URL of bytes as a base64 data URL of the given media type. */
+static void data_url(ksrv_buf *url, const char *type, const char *rel) {
+    char path[PATH_MAX];
+    char *raw = NULL;
+    size_t n_raw = 0;
+    KT_CHECK_OK(ku_read_file(kt_path(path, sizeof path, rel), &raw, &n_raw));
+    ksrv_buf_printf(url, "data:%s;base64,", type);
+    b64(url, (const unsigned char *)raw, n_raw);
+    free(raw);
+}
+
+/* A JPEG image on the Qwen2-VL fixture: data:image/jpeg and image/jpg give
+ * the tokens and logprobs of the same request with the PNG of the pixels
+ * Pillow decodes from that JPEG (tools/pil_jpeg_reference.py), and the
+ * tokens of kiln generate --image on the JPEG file. */
+KT_TEST(server_chat_image_jpeg) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.vlm = "qwen2_vl"};
+    ksrv_params p = default_params(NULL);
+    if (!start(&f, &p)) return;
+    const char *opts = "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true, \"logprobs\": true, \"top_logprobs\": 3";
+    ksrv_buf u[3] = {{0}};
+    data_url(&u[0], "image/png", "tests/data/vision/jpeg/qwen2_vl_image_decoded.png");
+    data_url(&u[1], "image/jpeg", "tests/data/vision/jpeg/qwen2_vl_image.jpg");
+    data_url(&u[2], "image/jpg", "tests/data/vision/jpeg/qwen2_vl_image.jpg");
+    int ids[3][64], n_prompt[3];
+    char *lp[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        char *body = image_body(u[i].p, "Describe this.", opts);
+        cJSON *j = post_json(&f, "/v1/chat/completions", body, 200);
+        free(body);
+        ksrv_buf_free(&u[i]);
+        KT_CHECK(j);
+        if (!j) continue;
+        KT_CHECK_EQ(choice_ids(j, 0, ids[i], 64), 8);
+        n_prompt[i] = (int)ku_json_get(ku_json_get(j, "usage"), "prompt_tokens")->valuedouble;
+        lp[i] = cJSON_PrintUnformatted(ku_json_get(cJSON_GetArrayItem(ku_json_get(j, "choices"), 0), "logprobs"));
+        cJSON_Delete(j);
+    }
+    for (int i = 1; i < 3; i++) {
+        KT_CHECK(!memcmp(ids[i], ids[0], sizeof(int) * 8));
+        KT_CHECK_EQ(n_prompt[i], n_prompt[0]);
+        KT_CHECKF(lp[i] && lp[0] && !strcmp(lp[i], lp[0]), "logprobs of request %d differ from the PNG's", i);
+    }
+    for (int i = 0; i < 3; i++) free(lp[i]);
+    cJSON *jt = post_json(&f, "/tokenize",
+                          "{\"content\": \"<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n"
+                          "<|vision_start|><|image_pad|><|vision_end|>Describe this.<|im_end|>\\n<|im_start|>assistant\\n\"}",
+                          200);
+    KT_CHECK(jt);
+    int tids[128], nt = 0, ref[64];
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(jt, "tokens")) if (nt < 128) tids[nt++] = (int)e->valuedouble;
+    cJSON_Delete(jt);
+    char jpg[PATH_MAX];
+    kt_path(jpg, sizeof jpg, "tests/data/vision/jpeg/qwen2_vl_image.jpg");
+    int nr = cli_ids(f.dir, jpg, tids, nt, 8, ref, 64);
+    if (nr >= 0) {
+        KT_CHECK_EQ(nr, 8);
+        KT_CHECK(!memcmp(ids[1], ref, sizeof(int) * 8));
+    }
+    finish(&f);
 }
 
 /* A template written for string content (tok512's ChatML) on the LLaVA

@@ -1,6 +1,6 @@
 /* image.h: images in, processor tensors out (prefix kimg_).
  *
- * kimg_load_png decodes a PNG (libpng) to 8-bit RGB [h, w, 3]: palette,
+ * kimg_load decodes a PNG or a JPEG; kimg_load_png decodes a PNG (libpng) to 8-bit RGB [h, w, 3]: palette,
  * gray and 16-bit images are expanded/reduced, alpha is dropped (as PIL's
  * convert("RGB") does), no gamma correction.
  *
@@ -31,6 +31,19 @@ kiln_status kimg_load_png(const char *path, kimg_image *out);
 /* The same from n bytes in memory (untrusted: any bytes give an image or an
  * error naming `what`). */
 kiln_status kimg_decode_png(const void *data, size_t n, const char *what, kimg_image *out);
+/* JPEG (libjpeg-turbo) to 8-bit RGB as Pillow's Image.open(..).convert("RGB")
+ * gives it: libjpeg's default IDCT and fancy upsampling, gray replicated,
+ * CMYK (Adobe-inverted, as Pillow assumes) mapped with Pillow's cmyk2rgb, no
+ * EXIF rotation. Corrupt entropy data decodes as libjpeg repairs it (as in
+ * Pillow); a truncated file, 2 components or another precision is an error.
+ * Untrusted bytes as for PNG. */
+kiln_status kimg_load_jpeg(const char *path, kimg_image *out);
+kiln_status kimg_decode_jpeg(const void *data, size_t n, const char *what, kimg_image *out);
+/* PNG or JPEG, sniffed from the first bytes; anything else is an
+ * EUNSUPPORTED error naming what was found (GIF, WebP, ...) or its first
+ * bytes. */
+kiln_status kimg_load(const char *path, kimg_image *out);
+kiln_status kimg_decode(const void *data, size_t n, const char *what, kimg_image *out);
 /* From a caller's buffer [h, w, 3] (copied). */
 kiln_status kimg_from_rgb(const uint8_t *rgb, int64_t h, int64_t w, kimg_image *out);
 void kimg_free(kimg_image *im);
