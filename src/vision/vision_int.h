@@ -1,0 +1,128 @@
+/* vision_int.h: what the vision families share (internal to src/vision).
+ *
+ * A vision-language family is one kvis_family descriptor in its own file
+ * (llava.c, paligemma.c, gemma3.c, smolvlm.c, mistral3.c, qwen_vl.c) plus
+ * one line in KVIS_FAMILIES (vision.c). Its hooks say what differs: how
+ * its config is read, the tower + projector graph, the image's block of
+ * placeholder ids; its flags say how the text model takes the features.
+ * The tower building blocks (CLIP / SigLIP, Pixtral, pixel shuffle, ...)
+ * are in towers.c. */
+#ifndef KILN_VISION_INT_H
+#define KILN_VISION_INT_H
+
+#include <cjson/cJSON.h>
+
+#include "models/blocks.h"
+#include "vision/vision.h"
+
+typedef struct kvis_family kvis_family;
+
+struct kvis_model {
+    const kc_checkpoint *ck;
+    const kvis_family *family;
+    char model_type[48], tower_type[48];
+    km_hparams vhp;          /* the tower: hidden, n_heads, ffn, n_layers, norm_eps, act */
+    km_family fam;           /* name table only */
+    km_names names;
+    char name_store[KM_T_COUNT][200];
+    char tower[128], proj[128]; /* module prefixes: "...vision_model.", "...multi_modal_projector." */
+    int64_t patch, image_size, text_hidden;
+    int32_t image_token, boi_token, eoi_token, global_token, fake_token;
+    int32_t img_break, img_end; /* mistral3: [IMG_BREAK], [IMG_END] */
+    bool markers_guessed;       /* no tokenizer.json: marker ids taken as image id + 1 / + 2 (the fixtures' layout) */
+    char missing_marker[48];    /* a marker tokenizer.json lacks (an error once an image is expanded) */
+    bool cls;                /* CLIP: a class token first (dropped from the features) */
+    bool pre_norm;           /* CLIP (LLaVA): pre_layrnorm after the embeddings */
+    bool navit_pos;          /* SigLIP (SmolVLM): positions bucketed from a side x side table (any grid) */
+    int run_layers;          /* encoder layers whose output is used */
+    bool post_norm;          /* post_layernorm on the output */
+    km_act proj_act;
+    int64_t tokens_per_image;/* gemma3: mm_tokens_per_image */
+    int64_t scale_factor;    /* smolvlm pixel shuffle; mistral3 spatial merge; Qwen-VL spatial_merge_size */
+    double rope_theta;       /* pixtral, Qwen-VL */
+    double proj_eps;         /* mistral3: the projector's RMSNorm */
+    bool proj_bias;
+    kimg_proc proc;
+    bool have_proc;
+    /* Qwen-VL */
+    int64_t temporal_patch, window, n_pos_side; /* temporal_patch_size; window_size (2.5); sqrt(num_position_embeddings) (3) */
+    int32_t vision_start, vision_end;
+    unsigned char full_attn[KM_MAX_LAYERS];   /* 2.5: fullatt_block_indexes (others attend within windows) */
+    int deepstack[KM_MAX_LAYERS], n_deepstack; /* 3: tower layers whose output feeds a deepstack merger */
+};
+
+enum {
+    KVIS_F_PATCHES = 1 << 0,      /* the tower takes the processor's flattened patches of any image size (Qwen-VL) */
+    KVIS_F_MROPE = 1 << 1,        /* the text model takes M-RoPE positions (kvis_positions) */
+    KVIS_F_DEEPSTACK = 1 << 2,    /* deepstack rows for the first text layers (m->n_deepstack) */
+    KVIS_F_PREFIX_SPAN = 1 << 3,  /* the whole prompt is a bidirectional prefix (PaliGemma) */
+    KVIS_F_IMAGE_SPAN = 1 << 4,   /* bidirectional within each run of image tokens (Gemma 3) */
+    KVIS_F_IMAGE_FIRST = 1 << 5,  /* without an image token the block opens the prompt, before bos (PaliGemma) */
+    KVIS_F_MARKED_PAD = 1 << 6,   /* a chat template writes the block's first and last ids around one image token (Qwen-VL) */
+};
+
+struct kvis_family {
+    const char *model_types[3]; /* config.json's top-level model_type; the first is the one error messages list */
+    const char *projector;      /* kvis_describe's words */
+    /* The CLIP / SigLIP / Pixtral vision_config fields (hidden_size,
+     * num_attention_heads, ..., image_size) kvis_load reads before the
+     * hook, with these defaults, and the tensors (suffixes) whose names give
+     * the tower's and the projector's prefixes. tower_key NULL: the hook
+     * reads vision_config itself (Qwen-VL names its fields otherwise). */
+    const char *tower_key, *proj_key;
+    double eps_default;
+    const char *act_default;
+    unsigned flags; /* KVIS_F_* */
+    int variant;    /* what the family's file tells its members apart by (Qwen-VL: 2, 25, 3) */
+    /* The rest of the config: the family's fields, special ids, name table;
+     * hp takes what the text model needs (embd_in_unscaled, attn_span, ...). */
+    kiln_status (*parse)(kvis_model *m, const cJSON *root, const cJSON *vc, km_hparams *hp);
+    /* Fixes to the parsed processor (NULL: none). */
+    void (*fix_proc)(kvis_model *m);
+    /* The processor's pixels [3, H, W] -> the tower's input in place, freeing px on an error (NULL: as they are). */
+    kiln_status (*pixels)(const kvis_model *m, kvis_pixels *px);
+    /* Tower + projector on px ([3, H, W], or [gh * gw, K] with
+     * KVIS_F_PATCHES) of a gh x gw patch grid: [tokens, text hidden];
+     * *deep the deepstack rows (KVIS_F_DEEPSTACK). Errors through b. */
+    kg_node *(*emit)(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, int64_t gw, kg_node **deep);
+    /* One image's placeholder block for a gh x gw patch grid into ids[cap],
+     * *n (NULL: an image token per patch, no markers). */
+    kiln_status (*image_tokens)(const kvis_model *m, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n);
+};
+
+/* ---- config helpers (vision.c) */
+/* prefix of the first tensor named "<prefix><suffix>", into out */
+bool kvis_find_prefix(const kc_checkpoint *ck, const char *suffix, char *out, size_t cap);
+/* names[t] = "<tower prefix><fmt>" */
+void kvis_set_name(kvis_model *m, km_tensor t, const char *fmt);
+kiln_status kvis_int_field(const cJSON *j, const char *key, int64_t def, int32_t *out);
+/* The two marker ids around the image tokens by their text in tokenizer.json's
+ * added tokens, as the processors look them up; without a tokenizer.json,
+ * image id + 1 / + 2 (the oracle fixtures' layout), which kvis_describe reports. */
+kiln_status kvis_marker_tokens(kvis_model *m, const char *const text[2], int32_t *a, int32_t *b);
+/* CLIP / SigLIP module names of the tower */
+void kvis_clip_names(kvis_model *m);
+/* The block pre[np], k image tokens, post[nq] into ids[cap], *n. */
+kiln_status kvis_block(const kvis_model *m, const int32_t *pre, int np, int64_t k, const int32_t *post, int nq, int32_t *ids, int cap,
+                       int *n);
+
+/* ---- graph blocks (towers.c) */
+/* A float tensor "<prefix><name>" of the given shape, as f32 with the shape `as` (same numel). */
+kg_node *kvis_tensor_as(kb_ctx *b, const char *prefix, const char *name, int rank, const int64_t *shape, kg_shape as);
+/* x [..., in] through "<prefix><module>" (+ its bias). */
+kg_node *kvis_linear_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *module, int64_t rows, bool bias);
+/* Attention of q, k, v [N, H, hd] among all N rows (one image), rotated by
+ * cos/sin [N, hd/2] when given; mask [N, N] (NULL: none) added to the scores. [N, H * hd]. */
+kg_node *kvis_attend_rows(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, kg_node *cos, kg_node *sin, kg_node *mask);
+/* CLIP / SigLIP encoder on pixels [C, H, W]: [N (+1 with CLS), D]. */
+kg_node *kvis_clip_tower(kb_ctx *b, const kvis_model *m, kg_node *px);
+/* Pixtral on pixels [C, H, W]: [N, D]. */
+kg_node *kvis_pixtral_tower(kb_ctx *b, const kvis_model *m, kg_node *px);
+/* x [h*w, D] -> [h*w/s^2, D*s^2] as Idefics3 / SmolVLM's pixel_shuffle. */
+kg_node *kvis_pixel_shuffle(kb_ctx *b, kg_node *x, int64_t h, int64_t w, int64_t s);
+/* x [h*w, D] -> [(h/k)*(w/k), D]: mean over k x k blocks (avg_pool2d). */
+kg_node *kvis_avg_pool(kb_ctx *b, kg_node *x, int64_t h, int64_t w, int64_t k);
+/* x [h*w, D] -> [(h/s)*(w/s), D*s*s], each s x s block as torch's unfold orders it. */
+kg_node *kvis_unfold_blocks(kb_ctx *b, kg_node *x, int64_t h, int64_t w, int64_t s);
+
+#endif
