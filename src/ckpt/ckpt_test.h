@@ -44,6 +44,29 @@ static inline int ckt_write(const char *dir, const char *name, const void *data,
     return (fclose(f) == 0) && ok;
 }
 
+/* Copies the file at path `from` to dir/name; 1 on success. */
+static inline int ckt_copy(const char *from, const char *dir, const char *name) {
+    FILE *f = fopen(from, "rb");
+    if (!f) return 0;
+    char *data = NULL;
+    size_t len = 0, cap = 0, n;
+    char buf[65536];
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        if (len + n > cap) {
+            char *d = realloc(data, cap = 2 * (len + n));
+            if (!d) {
+                free(data), fclose(f);
+                return 0;
+            }
+            data = d;
+        }
+        memcpy(data + len, buf, n), len += n;
+    }
+    int ok = !ferror(f) && ckt_write(dir, name, data ? data : "", len);
+    fclose(f), free(data);
+    return ok;
+}
+
 static inline int ckt_write_str(const char *dir, const char *name, const char *text) {
     return ckt_write(dir, name, text, strlen(text));
 }

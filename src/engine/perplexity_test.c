@@ -64,19 +64,6 @@ static int write_tokenizer(const char *dir) {
     return ok;
 }
 
-static int copy_in(const char *from, const char *dir, const char *name) {
-    char *data;
-    size_t len;
-    kiln_status st = ku_read_file(from, &data, &len);
-    if (st) {
-        kiln_status_free(st);
-        return 0;
-    }
-    int ok = ckt_write(dir, name, data, len);
-    free(data);
-    return ok;
-}
-
 /* 64 bytes: 65 tokens with BOS, 4 chunks of 16 */
 static const char TEXT[] = "The quick brown fox jumps over the lazy dog; all that glitters!!";
 
@@ -85,9 +72,9 @@ static int setup(char *dir, size_t cap, char *text_path, size_t tcap) {
     if (!ckt_tmpdir(dir, cap)) return 0;
     char p[4096];
     kt_path(p, sizeof p, "tests/fixtures/oracle/llama/config.json");
-    if (!copy_in(p, dir, "config.json")) return 0;
+    if (!ckt_copy(p, dir, "config.json")) return 0;
     kt_path(p, sizeof p, "tests/fixtures/oracle/llama/model.safetensors");
-    if (!copy_in(p, dir, "model.safetensors")) return 0;
+    if (!ckt_copy(p, dir, "model.safetensors")) return 0;
     if (!write_tokenizer(dir) || !ckt_write_str(dir, "text.txt", TEXT)) return 0;
     return snprintf(text_path, tcap, "%s/text.txt", dir) < (int)tcap;
 }

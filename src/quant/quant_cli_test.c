@@ -31,29 +31,16 @@ static int run_quiet(int (*cmd)(int, char **), int argc, char **argv) {
     return rc;
 }
 
-static int copy_file(const char *from, const char *to_dir, const char *name) {
-    char *data;
-    size_t len;
-    kiln_status st = ku_read_file(from, &data, &len);
-    if (st) {
-        kiln_status_free(st);
-        return 0;
-    }
-    int ok = ckt_write(to_dir, name, data, len);
-    free(data);
-    return ok;
-}
-
 /* A source folder: the llama fixture plus tokenizer-side files and others. */
 static int make_source(char *dir, size_t cap) {
     if (!ckt_tmpdir(dir, cap)) return 0;
     char p[4096];
     kt_path(p, sizeof p, "tests/fixtures/oracle/llama/config.json");
-    if (!copy_file(p, dir, "config.json")) return 0;
+    if (!ckt_copy(p, dir, "config.json")) return 0;
     kt_path(p, sizeof p, "tests/fixtures/oracle/llama/model.safetensors");
-    if (!copy_file(p, dir, "model.safetensors")) return 0;
+    if (!ckt_copy(p, dir, "model.safetensors")) return 0;
     kt_path(p, sizeof p, "tests/fixtures/oracle/llama/generation_config.json");
-    if (!copy_file(p, dir, "generation_config.json")) return 0;
+    if (!ckt_copy(p, dir, "generation_config.json")) return 0;
     return ckt_write_str(dir, "tokenizer.json", "{\"model\": {}}") &&
            ckt_write_str(dir, "tokenizer_config.json", "{\"bos_token\": \"<s>\"}") &&
            ckt_write_str(dir, "special_tokens_map.json", "{}") && ckt_write_str(dir, "chat_template.jinja", "{{ x }}") &&
@@ -250,7 +237,7 @@ KT_TEST(quant_bad_inputs_leave_nothing) {
     KT_CHECK(ckt_write_str(odd, "config.json", "{\"model_type\": \"nosuchmodel\"}"));
     KT_CHECK(make_indivisible(bad, sizeof bad));
     FMT(p, "%s/model.safetensors", bad);
-    KT_CHECK(copy_file(p, odd, "model.safetensors"));
+    KT_CHECK(ckt_copy(p, odd, "model.safetensors"));
     ckt_rmdir(bad);
     KT_CHECK_ERR(kq_quantize(odd, out, &o, NULL), "not supported");
     ckt_rmdir(odd);

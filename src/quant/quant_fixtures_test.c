@@ -192,22 +192,6 @@ KT_TEST(quant_fixture_q4_q8_equal_mlx) {
     KT_CHECKF(bad == 0, "%d of %d fixtures differ from kiln quantize beyond .5 ties", bad, es.fixtures);
 }
 
-/* Copies name from one folder to another. */
-static int copy_into(const char *from_dir, const char *to_dir, const char *name) {
-    char p[4096];
-    FMT(p, "%s/%s", from_dir, name);
-    char *data;
-    size_t len;
-    kiln_status st = ku_read_file(p, &data, &len);
-    if (st) {
-        kiln_status_free(st);
-        return 0;
-    }
-    int ok = ckt_write(to_dir, name, data, len);
-    free(data);
-    return ok;
-}
-
 /* kiln quantize's output, with the fixture's q4/q8 oracle.json and
  * logits.npy copied beside it, passes the gate. */
 KT_TEST(quant_fixture_output_passes_gate) {
@@ -225,7 +209,11 @@ KT_TEST(quant_fixture_output_passes_gate) {
         FMT(out, "%s/q", tmp);
         kq_options o = {.bits = bits, .group_size = 64};
         KT_CHECK_OK(kq_quantize(src, out, &o, NULL));
-        KT_CHECK(copy_into(want, out, "oracle.json") && copy_into(want, out, "logits.npy"));
+        char from[4096];
+        FMT(from, "%s/oracle.json", want);
+        KT_CHECK(ckt_copy(from, out, "oracle.json"));
+        FMT(from, "%s/logits.npy", want);
+        KT_CHECK(ckt_copy(from, out, "logits.npy"));
         kv_options vo = {0};
         kv_result r;
         kiln_status st = kv_validate(out, &vo, &r);
