@@ -983,6 +983,17 @@ static int cli_ids(const char *dir, const char *png, const int *prompt, int n_pr
     return n;
 }
 
+/* The file at rel (from the repository root) as a base64 data URL of the given media type. */
+static void data_url(ksrv_buf *url, const char *type, const char *rel) {
+    char path[PATH_MAX];
+    char *raw = NULL;
+    size_t n_raw = 0;
+    KT_CHECK_OK(ku_read_file(kt_path(path, sizeof path, rel), &raw, &n_raw));
+    ksrv_buf_printf(url, "data:%s;base64,", type);
+    b64(url, (const unsigned char *)raw, n_raw);
+    free(raw);
+}
+
 /* Images in chat messages on the Qwen2-VL fixture (M-RoPE), prefilled in
  * chunks of 8 tokens: the greedy tokens equal kiln generate's for the same
  * prompt ids and image, alone and beside a text request, another image
@@ -996,13 +1007,8 @@ KT_TEST(server_chat_images) {
     if (!start(&f, &p)) return;
     char png[PATH_MAX];
     kt_path(png, sizeof png, "tests/fixtures/vlm/qwen2_vl/image.png");
-    char *raw;
-    size_t n_raw;
-    KT_CHECK_OK(ku_read_file(png, &raw, &n_raw));
     ksrv_buf url = {0};
-    ksrv_buf_str(&url, "data:image/png;base64,");
-    b64(&url, (const unsigned char *)raw, n_raw);
-    free(raw);
+    data_url(&url, "image/png", "tests/fixtures/vlm/qwen2_vl/image.png");
     const char *greedy = "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true";
     char *a = image_body(url.p, "Describe this.", greedy);
     cJSON *ja = post_json(&f, "/v1/chat/completions", a, 200);
@@ -1096,17 +1102,6 @@ KT_TEST(server_chat_images) {
     finish(&g);
 }
 
-/* A data URL of bytes as a base64 data URL of the given media type. */
-static void data_url(ksrv_buf *url, const char *type, const char *rel) {
-    char path[PATH_MAX];
-    char *raw = NULL;
-    size_t n_raw = 0;
-    KT_CHECK_OK(ku_read_file(kt_path(path, sizeof path, rel), &raw, &n_raw));
-    ksrv_buf_printf(url, "data:%s;base64,", type);
-    b64(url, (const unsigned char *)raw, n_raw);
-    free(raw);
-}
-
 /* A JPEG image on the Qwen2-VL fixture: data:image/jpeg and image/jpg give
  * the tokens and logprobs of the same request with the PNG of the pixels
  * Pillow decodes from that JPEG (tools/pil_jpeg_reference.py), and the
@@ -1170,13 +1165,8 @@ KT_TEST(server_chat_image_string_template) {
     if (!start(&f, &p)) return;
     char png[PATH_MAX];
     kt_path(png, sizeof png, "tests/fixtures/vlm/llava/image.png");
-    char *raw;
-    size_t n_raw;
-    KT_CHECK_OK(ku_read_file(png, &raw, &n_raw));
     ksrv_buf url = {0};
-    ksrv_buf_str(&url, "data:image/png;base64,");
-    b64(&url, (const unsigned char *)raw, n_raw);
-    free(raw);
+    data_url(&url, "image/png", "tests/fixtures/vlm/llava/image.png");
     char *a = image_body(url.p, "Describe this.", "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true");
     cJSON *ja = post_json(&f, "/v1/chat/completions", a, 200);
     free(a);
