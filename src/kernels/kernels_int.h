@@ -55,6 +55,14 @@ typedef struct {
 
 extern const kk_lin_ops kk_lin_portable, kk_lin_avx2, kk_lin_avx512;
 
+/* y [M, w->N] = x [M, w->K] times w transposed, as kiln.linear computes it
+ * (same kernels, same per-output arithmetic, threads of pool); prep: the
+ * int8 path's repacked weight or NULL; allow_int8: the opt-in int8 path may
+ * be used (callers whose weights change per call, as MoE experts, pass
+ * false rather than repack every call). */
+void kk_linear_run(kr_pool *pool, const kk_wview *w, const float *x, int64_t M, float *y, const void *prep,
+                   bool allow_int8);
+
 /* Element i of a float vector of dtype t (F32, F16 or BF16). */
 static inline float kk_ldf(const void *p, kg_dtype t, int64_t i) {
     if (t == KG_F32) return ((const float *)p)[i];

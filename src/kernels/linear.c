@@ -170,29 +170,29 @@ static int64_t row_grain(kr_pool *pool, int64_t n) {
     return g < 8 ? 8 : g;
 }
 
-void kk_linear(const kk_call *c) {
-    const kg_node *n = c->node;
-    kk_wview w = wview_of(c, 1);
+void kk_linear_run(kr_pool *pool, const kk_wview *wv, const float *x, int64_t M, float *y, const void *prep,
+                   bool allow_int8) {
+    kk_wview w = *wv;
     const kk_lin_ops *ops = ops_for_level();
-    lin_ctx k = {.w = &w, .y = c->out};
-    k.x.M = kg_shape_numel(&n->in[0]->shape) / w.K;
-    k.x.x = c->in[0];
+    lin_ctx k = {.w = &w, .y = y};
+    k.x.M = M;
+    k.x.x = x;
     if (k.x.M <= 0) return;
     k.ops = ops->gemv_ok(&w) ? ops : &kk_lin_portable;
-    if (kk_act_int8() && kk_int8_ok(&w)) {
+    if (allow_int8 && kk_act_int8() && kk_int8_ok(&w)) {
         /* repacked when the executable was made; else (weights passed as
          * parameters, or int8 turned on later) for this call only */
-        const kk_i8w *pw = c->prep;
+        const kk_i8w *pw = prep;
         kk_i8w *own = NULL;
         if (!pw || pw->src != w.w || pw->N != w.N || pw->K != w.K || pw->bits != w.bits || pw->gs != w.gs)
             pw = own = kk_int8_pack(&w);
         void *buf = pw ? kr_scratch(KR_SCRATCH_CALL, kk_int8_prep_bytes(&w, k.x.M)) : NULL;
         if (buf) {
-            kk_int8_prep(&w, k.x.x, k.x.M, buf, &k.x8, c->pool);
+            kk_int8_prep(&w, k.x.x, k.x.M, buf, &k.x8, pool);
             k.w8 = pw;
             /* panels split across threads, about four chunks each */
-            int64_t nt = kr_pool_size(c->pool), grain = (pw->P + 4 * nt - 1) / (4 * nt);
-            kr_parallel_for(c->pool, pw->P, grain, int8_panels, &k);
+            int64_t nt = kr_pool_size(pool), grain = (pw->P + 4 * nt - 1) / (4 * nt);
+            kr_parallel_for(pool, pw->P, grain, int8_panels, &k);
             free(own);
             return;
         }
@@ -201,7 +201,7 @@ void kk_linear(const kk_call *c) {
     int64_t q4c = w.fmt == KG_WF_AFFINE && w.bits == 4 ? k.ops->q4_chunk : 0;
     if (q4c) {
         /* x in the order 4-bit codes unpack: per chunk, evens then odds */
-        int64_t M = k.x.M, K = w.K;
+        int64_t K = w.K;
         float *xp = kr_scratch(KR_SCRATCH_CALL, sizeof(float) * (size_t)(M * K));
         if (!xp) return;
         for (int64_t m = 0; m < M; m++) {
@@ -216,15 +216,15 @@ void kk_linear(const kk_call *c) {
     }
     if (k.x.M >= GEMM_MIN_ROWS && k.ops->gemm && k.ops->gemm_ok(&w)) {
         /* panels as wide as L2 allows, at least two per thread */
-        int64_t nt = kr_pool_size(c->pool), rows = PANEL_BYTES / (4 * w.K);
+        int64_t nt = kr_pool_size(pool), rows = PANEL_BYTES / (4 * w.K);
         int64_t panels = (w.N + rows - 1) / (rows > 0 ? rows : 1);
         if (panels < 2 * nt) panels = 2 * nt;
         k.panel = (w.N + panels - 1) / panels;
         k.panel = (k.panel + 11) / 12 * 12; /* whole register tiles on every ISA */
-        kr_parallel_for(c->pool, (w.N + k.panel - 1) / k.panel, 1, gemm_panels, &k);
+        kr_parallel_for(pool, (w.N + k.panel - 1) / k.panel, 1, gemm_panels, &k);
         return;
     }
-    kr_parallel_for(c->pool, w.N, row_grain(c->pool, w.N), gemv_rows, &k);
+    kr_parallel_for(pool, w.N, row_grain(pool, w.N), gemv_rows, &k);
 }
 
 /* ---------------------------------------------------------------- prepared weights */
@@ -249,6 +249,11 @@ void *kk_prepare(const kg_node *n, const void *const *in, size_t *bytes) {
 }
 
 void kk_prep_free(void *p) { free(p); }
+
+void kk_linear(const kk_call *c) {
+    kk_wview w = wview_of(c, 1);
+    kk_linear_run(c->pool, &w, c->in[0], kg_shape_numel(&c->node->in[0]->shape) / w.K, c->out, c->prep, true);
+}
 
 /* ---------------------------------------------------------------- embed, dequantize */
 

@@ -1,12 +1,13 @@
 /* moe.c: kiln.top_k and kiln.moe kernels.
  *
  * kiln.moe runs each expert on the tokens routed to it: their rows of x are
- * gathered, the expert's gate/up rows are widened to float32 once and dotted
- * with every gathered row, the activation applied, then the down projection;
- * results are added to the output in increasing expert order, as the
- * decomposition's dense combination sums them. Rows of one expert's
- * projections are split across threads.
- * TODO(perf): use the SIMD matrix-vector kernels of linear.c. */
+ * gathered and multiplied with the expert's gate and up projections by
+ * kiln.linear's own kernels (kk_linear_run: the same per-output arithmetic
+ * for any number of rows, so a token's result does not depend on which
+ * other tokens chose the same expert), the activation applied, then the down
+ * projection; results are added to the output in increasing expert order,
+ * as the decomposition's dense combination sums them. Expert weights stay in
+ * their stored format; only the chosen experts' weights are read. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "base/half.h"
 #include "ckpt/checkpoint.h"
 #include "kernels/kernels.h"
+#include "kernels/kernels_int.h"
 
 /* ---------------------------------------------------------------- top_k */
 
@@ -45,42 +47,21 @@ void kk_top_k(const kk_call *c) {
 
 /* ---------------------------------------------------------------- moe */
 
-static kc_dtype kc_of(kg_dtype t) { return t == KG_F32 ? KC_F32 : t == KG_F16 ? KC_F16 : KC_BF16; }
-
-/* Expert e of a stacked weight as a 2-D matrix view [rows, cols]. */
-static kc_matrix expert_view(const kg_wattr *wa, const kg_node *const *wn, const void *const *wp, int64_t e) {
-    kc_matrix m = {.rows = wa->rows, .cols = wa->cols};
-    switch (wa->fmt) {
-    case KG_WF_F32: m.fmt = KC_W_F32; break;
-    case KG_WF_F16: m.fmt = KC_W_F16; break;
-    case KG_WF_BF16: m.fmt = KC_W_BF16; break;
-    case KG_WF_AFFINE: m.fmt = KC_W_AFFINE; break;
-    }
+/* Expert e of a stacked weight as a kernel weight view [rows, cols]. */
+static kk_wview expert_view(const kg_wattr *wa, const kg_node *const *wn, const void *const *wp, int64_t e) {
+    kk_wview w = {.fmt = wa->fmt, .bits = wa->bits, .gs = wa->group_size, .N = wa->rows, .K = wa->cols};
     if (wa->fmt == KG_WF_AFFINE) {
         int64_t P = wa->cols * wa->bits / 32, G = wa->cols / wa->group_size;
         size_t ss = kg_dtype_size(wn[1]->dtype);
-        m.bits = wa->bits;
-        m.group_size = wa->group_size;
-        m.packed_cols = P;
-        m.sb_dtype = kc_of(wn[1]->dtype);
-        m.data = (const uint32_t *)wp[0] + e * wa->rows * P;
-        m.scales = (const char *)wp[1] + (size_t)(e * wa->rows * G) * ss;
-        m.biases = (const char *)wp[2] + (size_t)(e * wa->rows * G) * ss;
+        w.G = G;
+        w.sbt = wn[1]->dtype;
+        w.w = (const uint32_t *)wp[0] + e * wa->rows * P;
+        w.scales = (const char *)wp[1] + (size_t)(e * wa->rows * G) * ss;
+        w.biases = (const char *)wp[2] + (size_t)(e * wa->rows * G) * ss;
     } else {
-        m.packed_cols = wa->cols;
-        m.data = (const char *)wp[0] + (size_t)(e * wa->rows * wa->cols) * kg_dtype_size(wn[0]->dtype);
+        w.w = (const char *)wp[0] + (size_t)(e * wa->rows * wa->cols) * kg_dtype_size(wn[0]->dtype);
     }
-    return m;
-}
-
-static float dotf(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+    return w;
 }
 
 static float bias_at(const kg_node *bn, const void *bp, int64_t i) {
@@ -90,31 +71,14 @@ static float bias_at(const kg_node *bn, const void *bp, int64_t i) {
     return ku_f16_to_f32(((const uint16_t *)bp)[i]);
 }
 
-typedef struct {
-    const kg_moe_attr *m;
-    const kc_matrix *wm;   /* the projection being computed */
-    const float *in;       /* [n, cols] */
-    float *out;            /* [n, rows] */
-    int64_t n;
-    const kg_node *bn;     /* bias of this projection, or NULL */
-    const void *bp;
-    int64_t e;
-} proj_ctx;
-
-static void proj_rows(void *ctx, int64_t r0, int64_t r1) {
-    const proj_ctx *p = ctx;
-    int64_t C = p->wm->cols, R = p->wm->rows;
-    float *w = malloc(sizeof(float) * (size_t)C);
-    if (!w) return;
-    for (int64_t r = r0; r < r1; r++) {
-        kc_matrix_rows_f32(p->wm, r, 1, w);
-        float b = bias_at(p->bn, p->bp, p->e * R + r);
-        for (int64_t t = 0; t < p->n; t++) p->out[t * R + r] = dotf(p->in + t * C, w, C) + (p->bn ? b : 0.0f);
-    }
-    free(w);
+/* out [n, w->N] = in [n, w->K] times expert weight w, plus its bias row */
+static void project(kr_pool *pool, const kk_wview *w, const float *in, int64_t n, float *out, const kg_node *bn,
+                    const void *bp, int64_t e) {
+    kk_linear_run(pool, w, in, n, out, NULL, false);
+    if (bn)
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t r = 0; r < w->N; r++) out[t * w->N + r] += bias_at(bn, bp, e * w->N + r);
 }
-
-static void project(kr_pool *pool, proj_ctx *p) { kr_parallel_for(pool, p->wm->rows, 8, proj_rows, p); }
 
 void kk_moe(const kk_call *c) {
     const kg_node *n = c->node;
@@ -163,12 +127,10 @@ void kk_moe(const kk_call *c) {
             ne++;
         }
         if (!ne) continue;
-        kc_matrix g = expert_view(was[0], wn[0], wp[0], e), u = expert_view(was[1], wn[1], wp[1], e),
-                  d = expert_view(was[2], wn[2], wp[2], e);
-        proj_ctx p = {m, &g, xs, gt, ne, bn[0], bp[0], e};
-        project(c->pool, &p);
-        p = (proj_ctx){m, &u, xs, up, ne, bn[1], bp[1], e};
-        project(c->pool, &p);
+        kk_wview g = expert_view(was[0], wn[0], wp[0], e), u = expert_view(was[1], wn[1], wp[1], e),
+                 d = expert_view(was[2], wn[2], wp[2], e);
+        project(c->pool, &g, xs, ne, gt, bn[0], bp[0], e);
+        project(c->pool, &u, xs, ne, up, bn[1], bp[1], e);
         for (int64_t q = 0; q < ne * F; q++) {
             float a = gt[q], b = up[q];
             switch (m->act) {
@@ -191,8 +153,7 @@ void kk_moe(const kk_call *c) {
                 gt[q] = (a * (1.0f / (1.0f + expf(-a)))) * b;
             }
         }
-        p = (proj_ctx){m, &d, gt, y, ne, bn[2], bp[2], e};
-        project(c->pool, &p);
+        project(c->pool, &d, gt, ne, y, bn[2], bp[2], e);
         for (int64_t q = 0; q < ne; q++)
             for (int64_t h = 0; h < H; h++) out[tok[q] * H + h] += m->scale_input ? y[q * H + h] : tw[q] * y[q * H + h];
     }
