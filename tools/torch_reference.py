@@ -2,7 +2,12 @@
 """torch_reference.py: a second, independent float32 reference for the core
 families (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text), written
 from transformers' semantics in plain PyTorch (Debian's python3-torch; not run
-by CI).
+by CI), and the dense families phi3 (fused qkv and gate_up, partial rotary),
+starcoder2 (LayerNorm with bias, biases, GELU MLP), olmo2 (post-norms, q/k
+RMSNorm over the full width), granite (embedding, residual, attention and
+logit multipliers), stablelm (partial rotary, LayerNorm, per-head q/k
+LayerNorm, optional parallel residual) and cohere (parallel block, LayerNorm
+without bias, per-head q/k LayerNorm, interleaved rotary, logit scale).
 
 It exists to make oracle fixtures of shapes the shared fixtures do not have
 (other widths, 1 KV head, more layers, 40-token prompts with 40 new tokens,
@@ -85,6 +90,7 @@ def npy_write(path, arr):
 # ---------------------------------------------------------------- the model
 
 GEMMA = ("gemma", "gemma2", "gemma3_text")
+LAYERNORM = ("starcoder2", "stablelm", "cohere")  # nn.LayerNorm (cohere: no bias) instead of RMSNorm
 
 
 class Model:
@@ -97,7 +103,8 @@ class Model:
         self.nkv = c.get("num_key_value_heads", self.nh)
         self.hd = c.get("head_dim") or self.H // self.nh
         self.L = c["num_hidden_layers"]
-        self.eps = c.get("rms_norm_eps", 1e-6)
+        self.eps = c.get("rms_norm_eps", c.get("norm_epsilon", c.get("layer_norm_eps", 1e-6)))
+        self.rot = int(self.hd * c.get("partial_rotary_factor", 1.0)) if self.mt in ("phi3", "stablelm") else self.hd
         self.layer_types = self._layer_types()
 
     def _layer_types(self):
@@ -105,7 +112,7 @@ class Model:
         if c.get("layer_types"):
             return c["layer_types"]
         W = c.get("sliding_window")
-        if self.mt == "mistral":
+        if self.mt in ("mistral", "starcoder2", "phi3"):
             return ["sliding_attention" if W else "full_attention"] * L
         if self.mt in ("qwen2", "qwen3"):
             use = c.get("use_sliding_window", False)
@@ -123,13 +130,20 @@ class Model:
         y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
         return y * (1.0 + w) if self.mt in GEMMA else y * w
 
+    def lnorm(self, x, name):
+        """the family's norm of x by the weights (and bias) called name"""
+        if self.mt in LAYERNORM:
+            w = self.w[name + ".weight"]
+            return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, self.w.get(name + ".bias"), self.eps)
+        return self.norm(x, self.w[name + ".weight"])
+
     def rope(self, x, pos, sliding):
         c = self.c
         theta = c.get("rope_theta", 10000.0)
         scaling = c.get("rope_scaling")
         if self.mt == "gemma3_text" and sliding:
             theta, scaling = c.get("rope_local_base_freq", 10000.0), None
-        D = self.hd
+        D = self.rot
         inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
         if scaling:
             kind = scaling.get("rope_type", scaling.get("type"))
@@ -137,11 +151,15 @@ class Model:
                 raise SystemExit(f"rope_type {kind} not in this reference")
             inv = inv / scaling["factor"]
         f = pos.float()[:, None] * inv[None, :]
-        emb = torch.cat([f, f], -1)
+        xr, xp = x[..., :D], x[..., D:]
+        if self.mt == "cohere":  # pairs (2i, 2i+1) rotate together
+            emb = f.repeat_interleave(2, dim=-1)
+            rot = torch.stack([-xr[..., 1::2], xr[..., ::2]], -1).flatten(-2)
+        else:
+            emb = torch.cat([f, f], -1)
+            rot = torch.cat([-xr[..., D // 2:], xr[..., : D // 2]], -1)
         cos, sin = emb.cos(), emb.sin()
-        x1, x2 = x[..., : D // 2], x[..., D // 2:]
-        rot = torch.cat([-x2, x1], -1)
-        return x * cos[:, None, :] + rot * sin[:, None, :]
+        return torch.cat([xr * cos[:, None, :] + rot * sin[:, None, :], xp], -1)
 
     def lin(self, x, name, bias=False):
         y = x @ self.w[name + ".weight"].t()
@@ -152,19 +170,37 @@ class Model:
     def attention(self, x, i, pos):
         c, T = self.c, x.shape[0]
         p = f"model.layers.{i}.self_attn."
-        qkv_bias = self.mt == "qwen2" or c.get("attention_bias", False)
-        q = self.lin(x, p + "q_proj", qkv_bias).view(T, self.nh, self.hd)
-        k = self.lin(x, p + "k_proj", qkv_bias).view(T, self.nkv, self.hd)
-        v = self.lin(x, p + "v_proj", qkv_bias).view(T, self.nkv, self.hd)
+        qkv_bias = (self.mt == "qwen2" or c.get("attention_bias", False) or
+                    (self.mt == "starcoder2" and c.get("use_bias", True)) or
+                    (self.mt == "stablelm" and c.get("use_qkv_bias", False)))
+        o_bias = c.get("attention_bias", False) or (self.mt == "starcoder2" and c.get("use_bias", True))
+        nq, nk = self.nh * self.hd, self.nkv * self.hd
+        if self.mt == "phi3":
+            q, k, v = self.lin(x, p + "qkv_proj").split([nq, nk, nk], -1)
+        else:
+            q, k, v = (self.lin(x, p + n, qkv_bias) for n in ("q_proj", "k_proj", "v_proj"))
+        if self.mt == "olmo2":  # RMSNorm over all heads together
+            q, k = self.norm(q, self.w[p + "q_norm.weight"]), self.norm(k, self.w[p + "k_norm.weight"])
+        q, k, v = q.view(T, self.nh, self.hd), k.view(T, self.nkv, self.hd), v.view(T, self.nkv, self.hd)
         if self.mt in ("qwen3", "gemma3_text"):
             q = self.norm(q, self.w[p + "q_norm.weight"])
             k = self.norm(k, self.w[p + "k_norm.weight"])
+        if (self.mt == "stablelm" and c.get("qk_layernorm")) or (self.mt == "cohere" and c.get("use_qk_norm")):
+            def per_head(t, n, heads):
+                if self.mt == "stablelm":
+                    w = torch.stack([self.w[f"{p}{n}_layernorm.norms.{j}.weight"] for j in range(heads)])
+                else:
+                    w = self.w[f"{p}{n}_norm.weight"]
+                return torch.nn.functional.layer_norm(t, (self.hd,), None, None, self.eps) * w
+            q, k = per_head(q, "q", self.nh), per_head(k, "k", self.nkv)
         sliding = self.layer_types[i] == "sliding_attention"
         q, k = self.rope(q, pos, sliding), self.rope(k, pos, sliding)
         g = self.nh // self.nkv
         k = k.repeat_interleave(g, dim=1)
         v = v.repeat_interleave(g, dim=1)
         scale = c["query_pre_attn_scalar"] ** -0.5 if self.mt in ("gemma2", "gemma3_text") else self.hd ** -0.5
+        if self.mt == "granite":
+            scale = c["attention_multiplier"]
         s = torch.einsum("qhd,khd->hqk", q, k) * scale
         cap = c.get("attn_logit_softcapping") if self.mt in ("gemma2", "gemma3_text") else None
         if cap:
@@ -176,16 +212,25 @@ class Model:
         s = s.masked_fill(~allowed[None], float("-inf"))
         a = torch.softmax(s, dim=-1)
         o = torch.einsum("hqk,khd->qhd", a, v).reshape(T, self.nh * self.hd)
-        return self.lin(o, p + "o_proj", c.get("attention_bias", False))
+        return self.lin(o, p + "o_proj", o_bias)
 
     def mlp(self, x, i):
         p, b = f"model.layers.{i}.mlp.", self.c.get("mlp_bias", False)
-        g = self.lin(x, p + "gate_proj", b)
-        if self.mt in GEMMA:
-            g = torch.nn.functional.gelu(g, approximate="tanh")
+        act = self.c.get("hidden_act", self.c.get("hidden_activation", "silu"))
+        if self.mt in GEMMA or act in ("gelu_pytorch_tanh", "gelu_tanh"):
+            act = lambda t: torch.nn.functional.gelu(t, approximate="tanh")
+        elif act == "silu":
+            act = torch.nn.functional.silu
         else:
-            g = torch.nn.functional.silu(g)
-        return self.lin(g * self.lin(x, p + "up_proj", b), p + "down_proj", b)
+            raise SystemExit(f"hidden_act {act} not in this reference")
+        if self.mt == "starcoder2":  # not gated
+            b = self.c.get("use_bias", True)
+            return self.lin(act(self.lin(x, p + "c_fc", b)), p + "c_proj", b)
+        if self.mt == "phi3":
+            g, u = self.lin(x, p + "gate_up_proj").chunk(2, -1)
+        else:
+            g, u = self.lin(x, p + "gate_proj", b), self.lin(x, p + "up_proj", b)
+        return self.lin(act(g) * u, p + "down_proj", b)
 
     def forward(self, ids):
         """logits [T, vocab] for every position of ids"""
@@ -194,24 +239,39 @@ class Model:
         h = self.w["model.embed_tokens.weight"][ids]
         if self.mt in GEMMA:
             h = h * torch.tensor(self.H ** 0.5, dtype=torch.float32)
+        if self.mt == "granite":
+            h = h * self.c["embedding_multiplier"]
+        rm = self.c["residual_multiplier"] if self.mt == "granite" else 1.0
         sandwich = self.mt in ("gemma2", "gemma3_text")
+        parallel = self.mt == "cohere" or (self.mt == "stablelm" and self.c.get("use_parallel_residual"))
         for i in range(self.L):
             p = f"model.layers.{i}."
-            a = self.attention(self.norm(h, self.w[p + "input_layernorm.weight"]), i, pos)
-            if sandwich:
+            if self.mt == "olmo2":  # no pre-norms: each branch's output is normed
+                h = h + self.lnorm(self.attention(h, i, pos), p + "post_attention_layernorm")
+                h = h + self.lnorm(self.mlp(h, i), p + "post_feedforward_layernorm")
+                continue
+            x = self.lnorm(h, p + "input_layernorm")
+            a = self.attention(x, i, pos)
+            if parallel:
+                h = h + a + self.mlp(x, i)
+            elif sandwich:
                 a = self.norm(a, self.w[p + "post_attention_layernorm.weight"])
                 h = h + a
                 m = self.mlp(self.norm(h, self.w[p + "pre_feedforward_layernorm.weight"]), i)
                 h = h + self.norm(m, self.w[p + "post_feedforward_layernorm.weight"])
             else:
-                h = h + a
-                h = h + self.mlp(self.norm(h, self.w[p + "post_attention_layernorm.weight"]), i)
-        h = self.norm(h, self.w["model.norm.weight"])
+                h = h + a * rm
+                h = h + self.mlp(self.lnorm(h, p + "post_attention_layernorm"), i) * rm
+        h = self.lnorm(h, "model.norm")
         head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
         logits = h @ head.t()
         cap = self.c.get("final_logit_softcapping") if self.mt in ("gemma2", "gemma3_text") else None
         if cap:
             logits = torch.tanh(logits / cap) * cap
+        if self.mt == "granite":
+            logits = logits / self.c["logits_scaling"]
+        if self.mt == "cohere":
+            logits = logits * self.c["logit_scale"]
         return logits
 
 
@@ -229,8 +289,8 @@ def oracle(model, prompt, n_new):
 
 # ---------------------------------------------------------------- shapes
 
-# Untied heads for gemma2/gemma3: with a tied head, their sandwich norms and
-# scaled embeddings make a random model repeat one token forever.
+# Untied heads for gemma2/gemma3/granite: with a tied head, their sandwich norms
+# and scaled embeddings make a random model repeat one token forever.
 BASE = {
     "llama": dict(hidden_size=128, intermediate_size=256, num_attention_heads=8, num_key_value_heads=1,
                   num_hidden_layers=3, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
@@ -254,10 +314,33 @@ BASE = {
                         rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 4.0},
                         hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=32, sliding_window=8,
                         attn_logit_softcapping=None, final_logit_softcapping=None, tie_word_embeddings=False),
+    "phi3": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=1,
+                 num_hidden_layers=3, rms_norm_eps=1e-5, rope_theta=10000.0, partial_rotary_factor=0.75,
+                 original_max_position_embeddings=4096, rope_scaling=None, sliding_window=None, hidden_act="silu",
+                 tie_word_embeddings=False),
+    "starcoder2": dict(hidden_size=96, intermediate_size=256, num_attention_heads=6, num_key_value_heads=2,
+                       num_hidden_layers=4, norm_epsilon=1e-5, rope_theta=100000.0, sliding_window=8, use_bias=True,
+                       hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True),
+    "olmo2": dict(hidden_size=128, intermediate_size=256, num_attention_heads=8, num_key_value_heads=1,
+                  num_hidden_layers=5, rms_norm_eps=1e-6, rope_theta=500000.0, attention_bias=False,
+                  hidden_act="silu", tie_word_embeddings=False),
+    "granite": dict(hidden_size=96, intermediate_size=256, num_attention_heads=3, num_key_value_heads=1,
+                    num_hidden_layers=4, rms_norm_eps=1e-5, rope_theta=10000.0, embedding_multiplier=12.0,
+                    residual_multiplier=0.22, attention_multiplier=0.03125, logits_scaling=4.0,
+                    attention_bias=False, mlp_bias=False, hidden_act="silu", tie_word_embeddings=False),
+    "stablelm": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                     num_hidden_layers=3, layer_norm_eps=1e-5, rope_theta=10000.0, partial_rotary_factor=0.25,
+                     qk_layernorm=True, use_qkv_bias=True, use_parallel_residual=False, hidden_act="silu",
+                     tie_word_embeddings=False),
+    "cohere": dict(hidden_size=96, intermediate_size=256, num_attention_heads=6, num_key_value_heads=2,
+                   num_hidden_layers=4, layer_norm_eps=1e-5, rope_theta=10000.0, use_qk_norm=True,
+                   logit_scale=0.25, attention_bias=False, hidden_act="silu", tie_word_embeddings=True),
 }
 ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
         "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-        "gemma3_text": "Gemma3ForCausalLM"}
+        "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
+        "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM", "stablelm": "StableLmForCausalLM",
+        "cohere": "CohereForCausalLM"}
 
 
 def random_weights(cfg, gen, init):
@@ -276,23 +359,52 @@ def random_weights(cfg, gen, init):
     w = {"model.embed_tokens.weight": mat(V, H), "model.norm.weight": vec(H, nb)}
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = mat(V, H)
+    if mt in ("starcoder2", "stablelm"):
+        w["model.norm.bias"] = vec(H, 0.0)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = vec(H, nb)
-        w[p + "post_attention_layernorm.weight"] = vec(H, nb)
+        norms = {"olmo2": ("post_attention_layernorm", "post_feedforward_layernorm"), "cohere": ("input_layernorm",)}
+        for n in norms.get(mt, ("input_layernorm", "post_attention_layernorm")):
+            if n == "post_attention_layernorm" and mt == "stablelm" and cfg["use_parallel_residual"]:
+                continue
+            w[p + n + ".weight"] = vec(H, nb)
+            if mt in ("starcoder2", "stablelm"):
+                w[p + n + ".bias"] = vec(H, 0.0)
         if mt in ("gemma2", "gemma3_text"):
             w[p + "pre_feedforward_layernorm.weight"] = vec(H, nb)
             w[p + "post_feedforward_layernorm.weight"] = vec(H, nb)
         a = p + "self_attn."
-        w[a + "q_proj.weight"], w[a + "k_proj.weight"] = mat(nh * hd, H), mat(nkv * hd, H)
-        w[a + "v_proj.weight"], w[a + "o_proj.weight"] = mat(nkv * hd, H), mat(H, nh * hd)
-        if mt == "qwen2":
+        if mt == "phi3":
+            w[a + "qkv_proj.weight"] = mat((nh + 2 * nkv) * hd, H)
+        else:
+            w[a + "q_proj.weight"], w[a + "k_proj.weight"] = mat(nh * hd, H), mat(nkv * hd, H)
+            w[a + "v_proj.weight"] = mat(nkv * hd, H)
+        w[a + "o_proj.weight"] = mat(H, nh * hd)
+        if mt in ("qwen2", "starcoder2") or (mt == "stablelm" and cfg["use_qkv_bias"]):
             for n, r in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
                 w[a + n + ".bias"] = vec(r, 0.0)
+        if mt == "starcoder2":
+            w[a + "o_proj.bias"] = vec(H, 0.0)
         if mt in ("qwen3", "gemma3_text"):
             w[a + "q_norm.weight"], w[a + "k_norm.weight"] = vec(hd, nb), vec(hd, nb)
+        if mt == "olmo2":
+            w[a + "q_norm.weight"], w[a + "k_norm.weight"] = vec(nh * hd, 1.0), vec(nkv * hd, 1.0)
+        if mt == "cohere":
+            w[a + "q_norm.weight"] = vec(nh * hd, 1.0).view(nh, hd)
+            w[a + "k_norm.weight"] = vec(nkv * hd, 1.0).view(nkv, hd)
+        if mt == "stablelm" and cfg["qk_layernorm"]:
+            for n, heads in (("q", nh), ("k", nkv)):
+                for j in range(heads):
+                    w[f"{a}{n}_layernorm.norms.{j}.weight"] = vec(hd, 1.0)
         m = p + "mlp."
-        w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"] = mat(F, H), mat(F, H), mat(H, F)
+        if mt == "starcoder2":
+            w[m + "c_fc.weight"], w[m + "c_fc.bias"] = mat(F, H), vec(F, 0.0)
+            w[m + "c_proj.weight"], w[m + "c_proj.bias"] = mat(H, F), vec(H, 0.0)
+        elif mt == "phi3":
+            w[m + "gate_up_proj.weight"], w[m + "down_proj.weight"] = mat(2 * F, H), mat(H, F)
+        else:
+            w[m + "gate_proj.weight"], w[m + "up_proj.weight"] = mat(F, H), mat(F, H)
+            w[m + "down_proj.weight"] = mat(H, F)
     return w
 
 
