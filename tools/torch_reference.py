@@ -132,6 +132,8 @@ class Model:
 
     def lnorm(self, x, name):
         """the family's norm of x by the weights (and bias) called name"""
+        if self.mt == "olmo":  # OlmoLayerNorm: no weight, no bias, eps 1e-5
+            return torch.nn.functional.layer_norm(x, (x.shape[-1],), None, None, 1e-5)
         if self.mt in LAYERNORM:
             w = self.w[name + ".weight"]
             return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, self.w.get(name + ".bias"), self.eps)
@@ -179,6 +181,8 @@ class Model:
             q, k, v = self.lin(x, p + "qkv_proj").split([nq, nk, nk], -1)
         else:
             q, k, v = (self.lin(x, p + n, qkv_bias) for n in ("q_proj", "k_proj", "v_proj"))
+        if self.mt == "olmo" and c.get("clip_qkv"):
+            q, k, v = (t.clamp(-c["clip_qkv"], c["clip_qkv"]) for t in (q, k, v))
         if self.mt == "olmo2":  # RMSNorm over all heads together
             q, k = self.norm(q, self.w[p + "q_norm.weight"]), self.norm(k, self.w[p + "k_norm.weight"])
         q, k, v = q.view(T, self.nh, self.hd), k.view(T, self.nkv, self.hd), v.view(T, self.nkv, self.hd)
@@ -275,6 +279,175 @@ class Model:
         return logits
 
 
+# ---------------------------------------------------------------- older layouts
+# gpt_neox, gpt2, falcon, bloom, mpt: their own weight names, fused qkv
+# layouts, LayerNorms with bias (mpt: without), learned positions or ALiBi.
+
+LEGACY = ("gpt_neox", "gpt2", "falcon", "bloom", "mpt")
+
+
+def rotate(x, pos, D, theta):
+    """rotate_half rotary on the first D dims of x [T, heads, hd]"""
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    f = pos.float()[:, None] * inv[None, :]
+    emb = torch.cat([f, f], -1)
+    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+    xr, xp = x[..., :D], x[..., D:]
+    rot = torch.cat([-xr[..., D // 2:], xr[..., : D // 2]], -1)
+    return torch.cat([xr * cos + rot * sin, xp], -1)
+
+
+def bloom_slopes(n):
+    p2 = 2 ** math.floor(math.log2(n))
+    base = torch.tensor(2 ** (-(2 ** -(math.log2(p2) - 3))), dtype=torch.float32)
+    slopes = torch.pow(base, torch.arange(1, 1 + p2, dtype=torch.int32))
+    if p2 != n:
+        extra = torch.tensor(2 ** (-(2 ** -(math.log2(2 * p2) - 3))), dtype=torch.float32)
+        k = min(p2, n - p2)
+        slopes = torch.cat([slopes, torch.pow(extra, torch.arange(1, 1 + 2 * k, 2, dtype=torch.int32))])
+    return slopes
+
+
+def mpt_slopes(n, bias_max=8):
+    p2 = 2 ** math.ceil(math.log2(n))
+    base = torch.arange(1, p2 + 1, dtype=torch.int64).float() * (bias_max / p2)
+    slopes = 1.0 / torch.pow(2, base)
+    if p2 != n:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:n]
+    return slopes
+
+
+class Legacy:
+    def __init__(self, cfg, w):
+        c, self.c, self.w = cfg, cfg, w
+        self.mt = c["model_type"]
+        self.H = c.get("hidden_size", c.get("n_embd", c.get("d_model")))
+        self.nh = c.get("num_attention_heads", c.get("n_head", c.get("n_heads")))
+        self.L = c.get("num_hidden_layers", c.get("n_layer", c.get("n_layers")))
+        self.hd = self.H // self.nh
+        self.eps = c.get("layer_norm_eps", c.get("layer_norm_epsilon", 1e-5))
+        self.nkv = self.nh
+        if self.mt == "falcon":
+            if c.get("new_decoder_architecture"):
+                self.nkv = c["num_kv_heads"]
+            elif c.get("multi_query", True):
+                self.nkv = 1
+
+    def ln(self, x, name):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), self.w[name + ".weight"],
+                                              self.w.get(name + ".bias"), self.eps)
+
+    def lin(self, x, name):
+        y = x @ self.w[name + ".weight"].t()
+        b = self.w.get(name + ".bias")
+        return y if b is None else y + b
+
+    def attend(self, q, k, v, bias=None):
+        """q [T, nh, hd], k/v [T, nkv, hd], bias [nh, T, T] added to the scaled scores"""
+        T = q.shape[0]
+        g = self.nh // k.shape[1]
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q, k) * self.hd ** -0.5
+        if bias is not None:
+            s = s + bias
+        allowed = torch.ones(T, T, dtype=torch.bool).tril()
+        s = s.masked_fill(~allowed[None], float("-inf"))
+        return torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), v).reshape(T, self.nh * self.hd)
+
+    def layer(self, h, i, pos):
+        c, T, nh, hd = self.c, h.shape[0], self.nh, self.hd
+        gelu = torch.nn.functional.gelu
+        tanh_gelu = lambda t: gelu(t, approximate="tanh")
+        kpos = pos.float()
+        if self.mt == "gpt_neox":
+            p = f"gpt_neox.layers.{i}."
+            x = self.ln(h, p + "input_layernorm")
+            q, k, v = self.lin(x, p + "attention.query_key_value").view(T, nh, 3 * hd).split(hd, -1)
+            D = int(hd * c.get("partial_rotary_factor", c.get("rotary_pct", 0.25)))
+            theta = c.get("rope_theta", c.get("rotary_emb_base", 10000.0))
+            q, k = rotate(q, pos, D, theta), rotate(k, pos, D, theta)
+            a = self.lin(self.attend(q, k, v), p + "attention.dense")
+            act = tanh_gelu if c.get("hidden_act") in ("gelu_new", "gelu_pytorch_tanh") else gelu
+            mlp = lambda y: self.lin(act(self.lin(y, p + "mlp.dense_h_to_4h")), p + "mlp.dense_4h_to_h")
+            if c.get("use_parallel_residual", True):
+                return h + a + mlp(self.ln(h, p + "post_attention_layernorm"))
+            h = h + a
+            return h + mlp(self.ln(h, p + "post_attention_layernorm"))
+        if self.mt == "gpt2":
+            p = f"transformer.h.{i}."
+            x = self.ln(h, p + "ln_1")
+            cl = lambda y, n: y @ self.w[n + ".weight"] + self.w[n + ".bias"]  # Conv1D: weight [in, out]
+            q, k, v = cl(x, p + "attn.c_attn").split(self.H, -1)
+            o = self.attend(q.view(T, nh, hd), k.view(T, nh, hd), v.view(T, nh, hd))
+            h = h + cl(o, p + "attn.c_proj")
+            x = self.ln(h, p + "ln_2")
+            return h + cl(tanh_gelu(cl(x, p + "mlp.c_fc")), p + "mlp.c_proj")
+        if self.mt == "falcon":
+            p = f"transformer.h.{i}."
+            new = c.get("new_decoder_architecture", False)
+            two = new and c.get("num_ln_in_parallel_attn", 2) == 2
+            x = self.ln(h, p + ("ln_attn" if two else "input_layernorm"))
+            qkv = self.lin(x, p + "self_attention.query_key_value")
+            if new:
+                g = qkv.view(T, self.nkv, nh // self.nkv + 2, hd)
+                q, k, v = g[:, :, :-2].reshape(T, nh, hd), g[:, :, -2], g[:, :, -1]
+            elif self.nkv == 1:
+                q, k, v = qkv.split([nh * hd, hd, hd], -1)
+                q, k, v = q.view(T, nh, hd), k.view(T, 1, hd), v.view(T, 1, hd)
+            else:
+                q, k, v = qkv.view(T, nh, 3, hd).unbind(2)
+            theta = c.get("rope_theta", 10000.0)
+            q, k = rotate(q, pos, hd, theta), rotate(k, pos, hd, theta)
+            a = self.lin(self.attend(q, k, v), p + "self_attention.dense")
+            xm = self.ln(h, p + "ln_mlp") if two else x
+            m = self.lin(gelu(self.lin(xm, p + "mlp.dense_h_to_4h")), p + "mlp.dense_4h_to_h")
+            return h + a + m
+        if self.mt == "bloom":
+            p = f"transformer.h.{i}."
+            x = self.ln(h, p + "input_layernorm")
+            q, k, v = self.lin(x, p + "self_attention.query_key_value").view(T, nh, 3, hd).unbind(2)
+            bias = (bloom_slopes(nh)[:, None] * kpos[None, :])[:, None, :]
+            res = x if c.get("apply_residual_connection_post_layernorm") else h
+            h = res + self.lin(self.attend(q, k, v, bias), p + "self_attention.dense")
+            x = self.ln(h, p + "post_attention_layernorm")
+            res = x if c.get("apply_residual_connection_post_layernorm") else h
+            bloom_gelu = lambda t: t * 0.5 * (1.0 + torch.tanh(0.79788456 * t * (1 + 0.044715 * t * t)))
+            return res + self.lin(bloom_gelu(self.lin(x, p + "mlp.dense_h_to_4h")), p + "mlp.dense_4h_to_h")
+        if self.mt == "mpt":
+            p = f"transformer.blocks.{i}."
+            x = self.ln(h, p + "norm_1")
+            qkv = self.lin(x, p + "attn.Wqkv")
+            clip = c["attn_config"].get("clip_qkv")
+            if clip:
+                qkv = qkv.clamp(-clip, clip)
+            q, k, v = (t.reshape(T, nh, hd) for t in qkv.chunk(3, -1))
+            bias = (mpt_slopes(nh)[:, None] * (kpos - (T - 1))[None, :])[:, None, :]
+            h = h + self.lin(self.attend(q, k, v, bias), p + "attn.out_proj")
+            x = self.ln(h, p + "norm_2")
+            return h + self.lin(gelu(self.lin(x, p + "ffn.up_proj")), p + "ffn.down_proj")
+        raise SystemExit(f"{self.mt}: not in this reference")
+
+    def forward(self, ids):
+        ids = torch.tensor(ids, dtype=torch.int64)
+        pos = torch.arange(len(ids))
+        emb, norm, head = {
+            "gpt_neox": ("gpt_neox.embed_in", "gpt_neox.final_layer_norm", "embed_out"),
+            "gpt2": ("transformer.wte", "transformer.ln_f", "lm_head"),
+            "falcon": ("transformer.word_embeddings", "transformer.ln_f", "lm_head"),
+            "bloom": ("transformer.word_embeddings", "transformer.ln_f", "lm_head"),
+            "mpt": ("transformer.wte", "transformer.norm_f", "lm_head"),
+        }[self.mt]
+        h = self.w[emb + ".weight"][ids]
+        if self.mt == "gpt2":
+            h = h + self.w["transformer.wpe.weight"][pos]
+        if self.mt == "bloom":
+            h = self.ln(h, "transformer.word_embeddings_layernorm")
+        for i in range(self.L):
+            h = self.layer(h, i, pos)
+        h = self.ln(h, norm)
+        return h @ self.w.get(head + ".weight", self.w[emb + ".weight"]).t()
+
+
 def oracle(model, prompt, n_new):
     ids = list(prompt)
     for _ in range(n_new):
@@ -361,9 +534,12 @@ def random_weights(cfg, gen, init):
         w["lm_head.weight"] = mat(V, H)
     if mt in ("starcoder2", "stablelm"):
         w["model.norm.bias"] = vec(H, 0.0)
+    if mt == "olmo":  # weightless LayerNorms
+        del w["model.norm.weight"]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        norms = {"olmo2": ("post_attention_layernorm", "post_feedforward_layernorm"), "cohere": ("input_layernorm",)}
+        norms = {"olmo2": ("post_attention_layernorm", "post_feedforward_layernorm"), "cohere": ("input_layernorm",),
+                 "olmo": ()}
         for n in norms.get(mt, ("input_layernorm", "post_attention_layernorm")):
             if n == "post_attention_layernorm" and mt == "stablelm" and cfg["use_parallel_residual"]:
                 continue
@@ -408,6 +584,101 @@ def random_weights(cfg, gen, init):
     return w
 
 
+BASE.update({
+    "gpt_neox": dict(hidden_size=128, intermediate_size=256, num_attention_heads=8, num_hidden_layers=3,
+                     layer_norm_eps=1e-5, rope_theta=10000.0, rotary_emb_base=10000.0, partial_rotary_factor=0.5,
+                     rotary_pct=0.5, use_parallel_residual=True, attention_bias=True, hidden_act="gelu",
+                     tie_word_embeddings=False),
+    "gpt2": dict(n_embd=96, n_head=3, n_layer=4, n_positions=128, n_inner=None, activation_function="gelu_new",
+                 layer_norm_epsilon=1e-5, scale_attn_weights=True, tie_word_embeddings=True),
+    "falcon": dict(hidden_size=128, num_attention_heads=8, num_kv_heads=2, num_hidden_layers=3,
+                   ffn_hidden_size=256, new_decoder_architecture=True, multi_query=True, num_ln_in_parallel_attn=2,
+                   parallel_attn=True, alibi=False, bias=False, activation="gelu", layer_norm_epsilon=1e-5,
+                   rope_theta=10000.0, tie_word_embeddings=True),
+    "bloom": dict(hidden_size=96, n_head=6, n_layer=3, layer_norm_epsilon=1e-5,
+                  apply_residual_connection_post_layernorm=False, pretraining_tp=1, tie_word_embeddings=True),
+    "mpt": dict(d_model=96, n_heads=6, n_layers=3, expansion_ratio=4, max_seq_len=256, layer_norm_epsilon=1e-5,
+                no_bias=True, norm_type="low_precision_layernorm", learned_pos_emb=True, logit_scale=None,
+                attn_config={"alibi": True, "alibi_bias_max": 8, "attn_type": "multihead_attention",
+                             "clip_qkv": 0.3, "qk_ln": False, "softmax_scale": None, "prefix_lm": False,
+                             "attn_uses_sequence_id": False, "attn_impl": "torch"},
+                tie_word_embeddings=True),
+    "olmo": dict(hidden_size=96, intermediate_size=256, num_attention_heads=6, num_key_value_heads=2,
+                 num_hidden_layers=4, rope_theta=10000.0, clip_qkv=0.5, attention_bias=False, hidden_act="silu",
+                 tie_word_embeddings=False),
+})
+ARCH.update({"gpt_neox": "GPTNeoXForCausalLM", "gpt2": "GPT2LMHeadModel", "falcon": "FalconForCausalLM",
+             "bloom": "BloomForCausalLM", "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM"})
+
+
+def legacy_weights(cfg, gen, init):
+    m = Legacy(cfg, {})
+    H, V, L, nh, nkv, hd, mt = m.H, cfg["vocab_size"], m.L, m.nh, m.nkv, m.hd, m.mt
+
+    def mat(*shape):
+        return torch.randn(*shape, generator=gen) * init
+
+    def vec(n, base):
+        return base + torch.randn(n, generator=gen) * 0.1
+
+    def ln(name, bias=True):
+        w[name + ".weight"] = vec(H, 1.0)
+        if bias:
+            w[name + ".bias"] = vec(H, 0.0)
+
+    def linear(name, o, i, bias=True):
+        w[name + ".weight"] = mat(o, i)
+        if bias:
+            w[name + ".bias"] = vec(o, 0.0)
+
+    w = {}
+    if mt == "gpt_neox":
+        F = cfg["intermediate_size"]
+        w["gpt_neox.embed_in.weight"], w["embed_out.weight"] = mat(V, H), mat(V, H)
+        ln("gpt_neox.final_layer_norm")
+        for i in range(L):
+            p = f"gpt_neox.layers.{i}."
+            ln(p + "input_layernorm"), ln(p + "post_attention_layernorm")
+            linear(p + "attention.query_key_value", 3 * H, H), linear(p + "attention.dense", H, H)
+            linear(p + "mlp.dense_h_to_4h", F, H), linear(p + "mlp.dense_4h_to_h", H, F)
+    elif mt == "gpt2":
+        w["transformer.wte.weight"], w["transformer.wpe.weight"] = mat(V, H), mat(cfg["n_positions"], H)
+        ln("transformer.ln_f")
+        for i in range(L):
+            p = f"transformer.h.{i}."
+            ln(p + "ln_1"), ln(p + "ln_2")
+            for n, a, b in (("attn.c_attn", H, 3 * H), ("attn.c_proj", H, H), ("mlp.c_fc", H, 4 * H),
+                            ("mlp.c_proj", 4 * H, H)):
+                w[p + n + ".weight"], w[p + n + ".bias"] = mat(a, b), vec(b, 0.0)  # Conv1D: [in, out]
+    elif mt == "falcon":
+        F = cfg["ffn_hidden_size"]
+        w["transformer.word_embeddings.weight"] = mat(V, H)
+        ln("transformer.ln_f")
+        for i in range(L):
+            p = f"transformer.h.{i}."
+            ln(p + "ln_attn"), ln(p + "ln_mlp")
+            linear(p + "self_attention.query_key_value", (nh + 2 * nkv) * hd, H, False)
+            linear(p + "self_attention.dense", H, H, False)
+            linear(p + "mlp.dense_h_to_4h", F, H, False), linear(p + "mlp.dense_4h_to_h", H, F, False)
+    elif mt == "bloom":
+        w["transformer.word_embeddings.weight"] = mat(V, H)
+        ln("transformer.word_embeddings_layernorm"), ln("transformer.ln_f")
+        for i in range(L):
+            p = f"transformer.h.{i}."
+            ln(p + "input_layernorm"), ln(p + "post_attention_layernorm")
+            linear(p + "self_attention.query_key_value", 3 * H, H), linear(p + "self_attention.dense", H, H)
+            linear(p + "mlp.dense_h_to_4h", 4 * H, H), linear(p + "mlp.dense_4h_to_h", H, 4 * H)
+    elif mt == "mpt":
+        w["transformer.wte.weight"] = mat(V, H)
+        ln("transformer.norm_f", False)
+        for i in range(L):
+            p = f"transformer.blocks.{i}."
+            ln(p + "norm_1", False), ln(p + "norm_2", False)
+            linear(p + "attn.Wqkv", 3 * H, H, False), linear(p + "attn.out_proj", H, H, False)
+            linear(p + "ffn.up_proj", 4 * H, H, False), linear(p + "ffn.down_proj", H, 4 * H, False)
+    return w
+
+
 def make(family, out, seed, prompt_len, n_new, vocab):
     cfg = {"architectures": [ARCH[family]], "model_type": family, "vocab_size": vocab, "bos_token_id": 1,
            "eos_token_id": 2, "pad_token_id": 0, "max_position_embeddings": 256, "dtype": "bfloat16",
@@ -415,11 +686,11 @@ def make(family, out, seed, prompt_len, n_new, vocab):
     best = None
     for s in range(seed, seed + 8):  # the seed whose greedy path has the widest top-1/top-2 gaps
         gen = torch.Generator().manual_seed(s)
-        w = random_weights(cfg, gen, 0.15)
+        w = (legacy_weights if family in LEGACY else random_weights)(cfg, gen, 0.15)
         w = {k: torch.from_numpy((bf16_bits(v).astype(np.uint32) << 16).view(np.float32).reshape(v.shape))
              for k, v in w.items()}  # the rounded weights are the model
         prompt = [int(x) for x in torch.randint(3, vocab, (prompt_len,), generator=gen)]
-        ids, logits, gaps = oracle(Model(cfg, w), prompt, n_new)
+        ids, logits, gaps = oracle((Legacy if family in LEGACY else Model)(cfg, w), prompt, n_new)
         gen_ids = ids[prompt_len:]
         score = (min(gaps), len(set(gen_ids)))
         if len(set(gen_ids)) >= 3 and (best is None or score > best[0]):
@@ -450,7 +721,7 @@ def check(d):
     w = st_read(os.path.join(d, "model.safetensors"))
     o = json.load(open(os.path.join(d, "oracle.json")))
     ref = np.load(os.path.join(d, "logits.npy"))
-    logits = Model(cfg, w).forward(o["all_ids"])[len(o["prompt_ids"]) - 1:].numpy()
+    logits = (Legacy if cfg["model_type"] in LEGACY else Model)(cfg, w).forward(o["all_ids"])[len(o["prompt_ids"]) - 1:].numpy()
     diff = float(np.abs(logits - ref).max())
     print(f"{d}: max |logit diff| {diff:.3g} against its oracle")
     return diff
