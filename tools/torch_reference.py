@@ -7,7 +7,11 @@ starcoder2 (LayerNorm with bias, biases, GELU MLP), olmo2 (post-norms, q/k
 RMSNorm over the full width), granite (embedding, residual, attention and
 logit multipliers), stablelm (partial rotary, LayerNorm, per-head q/k
 LayerNorm, optional parallel residual) and cohere (parallel block, LayerNorm
-without bias, per-head q/k LayerNorm, interleaved rotary, logit scale).
+without bias, per-head q/k LayerNorm, interleaved rotary, logit scale), olmo
+(weightless LayerNorms, clip_qkv), and, in class Legacy with their own weight
+names, gpt_neox (parallel residual, partial rotary, per-head fused qkv), gpt2
+(Conv1D weights, learned positions), falcon (multi-query, grouped new decoder
+architecture), bloom and mpt (ALiBi with their own slopes; mpt clip_qkv).
 
 It exists to make oracle fixtures of shapes the shared fixtures do not have
 (other widths, 1 KV head, more layers, 40-token prompts with 40 new tokens,
@@ -596,15 +600,15 @@ BASE.update({
                    parallel_attn=True, alibi=False, bias=False, activation="gelu", layer_norm_epsilon=1e-5,
                    rope_theta=10000.0, tie_word_embeddings=True),
     "bloom": dict(hidden_size=96, n_head=6, n_layer=3, layer_norm_epsilon=1e-5,
-                  apply_residual_connection_post_layernorm=False, pretraining_tp=1, tie_word_embeddings=True),
+                  apply_residual_connection_post_layernorm=False, pretraining_tp=1, tie_word_embeddings=False),
     "mpt": dict(d_model=96, n_heads=6, n_layers=3, expansion_ratio=4, max_seq_len=256, layer_norm_epsilon=1e-5,
                 no_bias=True, norm_type="low_precision_layernorm", learned_pos_emb=True, logit_scale=None,
                 attn_config={"alibi": True, "alibi_bias_max": 8, "attn_type": "multihead_attention",
-                             "clip_qkv": 0.3, "qk_ln": False, "softmax_scale": None, "prefix_lm": False,
+                             "clip_qkv": 2.0, "qk_ln": False, "softmax_scale": None, "prefix_lm": False,
                              "attn_uses_sequence_id": False, "attn_impl": "torch"},
-                tie_word_embeddings=True),
+                tie_word_embeddings=False),
     "olmo": dict(hidden_size=96, intermediate_size=256, num_attention_heads=6, num_key_value_heads=2,
-                 num_hidden_layers=4, rope_theta=10000.0, clip_qkv=0.5, attention_bias=False, hidden_act="silu",
+                 num_hidden_layers=4, rope_theta=10000.0, clip_qkv=2.0, attention_bias=False, hidden_act="silu",
                  tie_word_embeddings=False),
 })
 ARCH.update({"gpt_neox": "GPTNeoXForCausalLM", "gpt2": "GPT2LMHeadModel", "falcon": "FalconForCausalLM",
@@ -632,6 +636,8 @@ def legacy_weights(cfg, gen, init):
             w[name + ".bias"] = vec(o, 0.0)
 
     w = {}
+    if mt in ("bloom", "mpt") and not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = mat(V, H)
     if mt == "gpt_neox":
         F = cfg["intermediate_size"]
         w["gpt_neox.embed_in.weight"], w["embed_out.weight"] = mat(V, H), mat(V, H)
