@@ -160,19 +160,42 @@ typedef struct {
     bool alibi, sinks;
 } attn_cfg;
 
+/* q, K cache, V cache, block table, sequence and position params (p[0..5]) */
+static void attn_params(kg_graph *g, const attn_cfg *c, kg_node **p) {
+    p[0] = kg_param(g, KG_F32, KG_SHAPE(c->T, c->Hq, c->D), "q");
+    p[1] = kg_param(g, KG_F32, KG_SHAPE(c->NB * c->bs, c->Hkv, c->D), "kc");
+    p[2] = kg_param(g, KG_F32, KG_SHAPE(c->NB * c->bs, c->Hkv, c->Dv), "vc");
+    p[3] = kg_param(g, KG_I32, KG_SHAPE(c->S, c->MB), "bt");
+    p[4] = kg_param(g, KG_I32, KG_SHAPE(c->T), "seq");
+    p[5] = kg_param(g, KG_I32, KG_SHAPE(c->T), "pos");
+}
+
+/* Their buffers: random q/K/V, distinct blocks per sequence in a shuffled
+ * order, tokens of the sequences interleaved at scattered positions. */
+static void attn_inputs(const attn_cfg *c, inputs *in) {
+    in->n = 6;
+    in->buf[0] = rand_buf(KG_F32, c->T * c->Hq * c->D, 2);
+    in->buf[1] = rand_buf(KG_F32, c->NB * c->bs * c->Hkv * c->D, 2);
+    in->buf[2] = rand_buf(KG_F32, c->NB * c->bs * c->Hkv * c->Dv, 2);
+    int32_t *bt = calloc((size_t)(c->S * c->MB), 4), *ts = calloc((size_t)c->T, 4), *tp = calloc((size_t)c->T, 4);
+    for (int64_t s = 0; s < c->S; s++)
+        for (int64_t b = 0; b < c->MB; b++) bt[s * c->MB + b] = (int32_t)((s * c->MB + b) * 5 % c->NB);
+    for (int64_t t = 0; t < c->T; t++) {
+        ts[t] = (int32_t)(t % c->S);
+        tp[t] = (int32_t)((t * 7 + 3) % (c->MB * c->bs));
+    }
+    in->buf[3] = bt, in->buf[4] = ts, in->buf[5] = tp;
+}
+
 static kg_node *build_attn(kg_graph *g, void *ctx) {
     attn_cfg *c = ctx;
-    kg_node *q = kg_param(g, KG_F32, KG_SHAPE(c->T, c->Hq, c->D), "q");
-    kg_node *kc = kg_param(g, KG_F32, KG_SHAPE(c->NB * c->bs, c->Hkv, c->D), "kc");
-    kg_node *vc = kg_param(g, KG_F32, KG_SHAPE(c->NB * c->bs, c->Hkv, c->Dv), "vc");
-    kg_node *bt = kg_param(g, KG_I32, KG_SHAPE(c->S, c->MB), "bt");
-    kg_node *ts = kg_param(g, KG_I32, KG_SHAPE(c->T), "seq");
-    kg_node *tp = kg_param(g, KG_I32, KG_SHAPE(c->T), "pos");
+    kg_node *p[6];
+    attn_params(g, c, p);
     kg_node *alibi = c->alibi ? kg_param(g, KG_F32, KG_SHAPE(c->Hq), "alibi") : NULL;
     kg_node *sinks = c->sinks ? kg_param(g, KG_F32, KG_SHAPE(c->Hq), "sinks") : NULL;
     kg_attn_attr at = {.scale = 1.0f / sqrtf((float)c->D), .softcap = c->softcap, .window = c->window, .chunk = c->chunk,
                        .block_size = (int)c->bs};
-    return kg_attention(g, q, kc, vc, bt, ts, tp, alibi, sinks, &at);
+    return kg_attention(g, p[0], p[1], p[2], p[3], p[4], p[5], alibi, sinks, &at);
 }
 
 KT_TEST(composite_attention_matches_decomposition) {
@@ -188,19 +211,8 @@ KT_TEST(composite_attention_matches_decomposition) {
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         attn_cfg *c = &cfgs[i];
-        inputs in = {.n = 6};
-        in.buf[0] = rand_buf(KG_F32, c->T * c->Hq * c->D, 2);
-        in.buf[1] = rand_buf(KG_F32, c->NB * c->bs * c->Hkv * c->D, 2);
-        in.buf[2] = rand_buf(KG_F32, c->NB * c->bs * c->Hkv * c->Dv, 2);
-        /* distinct blocks per sequence, in a shuffled order */
-        int32_t *bt = calloc((size_t)(c->S * c->MB), 4), *ts = calloc((size_t)c->T, 4), *tp = calloc((size_t)c->T, 4);
-        for (int64_t s = 0; s < c->S; s++)
-            for (int64_t b = 0; b < c->MB; b++) bt[s * c->MB + b] = (int32_t)((s * c->MB + b) * 5 % c->NB);
-        for (int64_t t = 0; t < c->T; t++) {
-            ts[t] = (int32_t)(t % c->S);
-            tp[t] = (int32_t)((t * 7 + 3) % (c->MB * c->bs));
-        }
-        in.buf[3] = bt, in.buf[4] = ts, in.buf[5] = tp;
+        inputs in;
+        attn_inputs(c, &in);
         if (c->alibi) {
             float *sl = calloc((size_t)c->Hq, sizeof(float));
             for (int64_t h = 0; h < c->Hq; h++) sl[h] = powf(2.0f, -8.0f * (float)(h + 1) / (float)c->Hq);
@@ -217,16 +229,12 @@ KT_TEST(composite_attention_matches_decomposition) {
  * before or past its own position and window; some tokens have none. */
 static kg_node *build_attn_span(kg_graph *g, void *ctx) {
     attn_cfg *c = ctx;
-    kg_node *q = kg_param(g, KG_F32, KG_SHAPE(c->T, c->Hq, c->D), "q");
-    kg_node *kc = kg_param(g, KG_F32, KG_SHAPE(c->NB * c->bs, c->Hkv, c->D), "kc");
-    kg_node *vc = kg_param(g, KG_F32, KG_SHAPE(c->NB * c->bs, c->Hkv, c->Dv), "vc");
-    kg_node *bt = kg_param(g, KG_I32, KG_SHAPE(c->S, c->MB), "bt");
-    kg_node *ts = kg_param(g, KG_I32, KG_SHAPE(c->T), "seq");
-    kg_node *tp = kg_param(g, KG_I32, KG_SHAPE(c->T), "pos");
+    kg_node *p[6];
+    attn_params(g, c, p);
     kg_node *sinks = c->sinks ? kg_param(g, KG_F32, KG_SHAPE(c->Hq), "sinks") : NULL;
     kg_node *span = kg_param(g, KG_I32, KG_SHAPE(c->T, 2), "span");
     kg_attn_attr at = {.scale = 1.0f / sqrtf((float)c->D), .softcap = c->softcap, .window = c->window, .block_size = (int)c->bs};
-    return kg_attention_span(g, q, kc, vc, bt, ts, tp, NULL, sinks, span, &at);
+    return kg_attention_span(g, p[0], p[1], p[2], p[3], p[4], p[5], NULL, sinks, span, &at);
 }
 
 KT_TEST(composite_attention_span_matches_decomposition) {
@@ -236,21 +244,12 @@ KT_TEST(composite_attention_span_matches_decomposition) {
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         attn_cfg *c = &cfgs[i];
-        inputs in = {.n = 6};
-        in.buf[0] = rand_buf(KG_F32, c->T * c->Hq * c->D, 2);
-        in.buf[1] = rand_buf(KG_F32, c->NB * c->bs * c->Hkv * c->D, 2);
-        in.buf[2] = rand_buf(KG_F32, c->NB * c->bs * c->Hkv * c->Dv, 2);
-        int32_t *bt = calloc((size_t)(c->S * c->MB), 4), *ts = calloc((size_t)c->T, 4), *tp = calloc((size_t)c->T, 4);
+        inputs in;
+        attn_inputs(c, &in);
         int32_t *sp = calloc((size_t)(2 * c->T), 4);
         int64_t C = c->MB * c->bs;
-        for (int64_t s = 0; s < c->S; s++)
-            for (int64_t b = 0; b < c->MB; b++) bt[s * c->MB + b] = (int32_t)((s * c->MB + b) * 5 % c->NB);
-        for (int64_t t = 0; t < c->T; t++) {
-            ts[t] = (int32_t)(t % c->S);
-            tp[t] = (int32_t)((t * 7 + 3) % C);
-            sp[2 * t] = (int32_t)((t * 3) % C), sp[2 * t + 1] = (int32_t)((t * 3 + 5) % C); /* some lo > hi: none */
-        }
-        in.buf[3] = bt, in.buf[4] = ts, in.buf[5] = tp;
+        for (int64_t t = 0; t < c->T; t++) /* some lo > hi: no span */
+            sp[2 * t] = (int32_t)((t * 3) % C), sp[2 * t + 1] = (int32_t)((t * 3 + 5) % C);
         if (c->sinks) in.buf[in.n++] = rand_buf(KG_F32, c->Hq, 2);
         in.buf[in.n++] = sp;
         double mx, d = compare(build_attn_span, c, &in, &mx);
