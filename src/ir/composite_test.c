@@ -6,6 +6,7 @@
 #include "base/half.h"
 #include "ir/composite.h"
 #include "kernels/kernels.h"
+#include "ir/ir_test.h"
 #include "kt.h"
 #include "runtime/exec.h"
 
@@ -39,45 +40,11 @@ static void *rand_buf(kg_dtype t, int64_t n, float scale) {
     return p;
 }
 
-typedef kg_node *(*build_fn)(kg_graph *g, void *ctx);
+typedef irt_build_fn build_fn;
 
 /* Runs build() compiled with kernels and fully decomposed; returns max |diff|. */
 static double compare(build_fn build, void *ctx, inputs *in, double *max_abs) {
-    float *res[2] = {0};
-    int64_t numel = 0;
-    for (int mode = 0; mode < 2; mode++) {
-        kg_graph *g = kg_create();
-        kg_node *out = build(g, ctx);
-        if (!out) {
-            fprintf(stderr, "build: %s\n", kiln_status_msg(kg_error(g)));
-            kg_destroy(g);
-            return 1e30;
-        }
-        kg_add_output(g, out);
-        numel = kg_shape_numel(&out->shape);
-        kp_options o = {.decompose_all = mode == 1, .verify = true};
-        kr_exec *e;
-        kiln_status st = kr_exec_create(g, &o, &e);
-        if (st) {
-            fprintf(stderr, "compile: %s\n", kiln_status_msg(st));
-            kiln_status_free(st);
-            return 1e30;
-        }
-        kr_exec_run(e, in->buf, NULL);
-        res[mode] = malloc(sizeof(float) * (size_t)numel);
-        memcpy(res[mode], kr_exec_output(e, 0), sizeof(float) * (size_t)numel);
-        kr_exec_destroy(e);
-    }
-    double md = 0;
-    *max_abs = 0;
-    for (int64_t i = 0; i < numel; i++) {
-        double d = fabs((double)res[0][i] - res[1][i]);
-        if (!(d <= md)) md = d; /* NaN counts as a difference */
-        if (fabs(res[1][i]) > *max_abs) *max_abs = fabs(res[1][i]);
-    }
-    free(res[0]);
-    free(res[1]);
-    return md;
+    return irt_compare(build, ctx, in->buf, max_abs);
 }
 
 static void free_inputs(inputs *in) {

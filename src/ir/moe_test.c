@@ -5,6 +5,7 @@
 #include "base/half.h"
 #include "ir/composite.h"
 #include "kernels/kernels.h"
+#include "ir/ir_test.h"
 #include "kt.h"
 #include "runtime/exec.h"
 
@@ -12,36 +13,6 @@ static uint64_t rng = 0x1234567u;
 static float frand(void) {
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((rng >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
-}
-
-typedef kg_node *(*build_fn)(kg_graph *g, void *ctx);
-
-/* Runs build() with kernels and decomposed; copies both outputs out. */
-static bool run_both(build_fn build, void *ctx, void **bufs, void *res[2], size_t *bytes) {
-    for (int mode = 0; mode < 2; mode++) {
-        kg_graph *g = kg_create();
-        kg_node *out = build(g, ctx);
-        if (!out) {
-            fprintf(stderr, "build: %s\n", kiln_status_msg(kg_error(g)));
-            kg_destroy(g);
-            return false;
-        }
-        kg_add_output(g, out);
-        *bytes = (size_t)kg_shape_numel(&out->shape) * kg_dtype_size(out->dtype);
-        kp_options o = {.decompose_all = mode == 1, .verify = true};
-        kr_exec *e;
-        kiln_status st = kr_exec_create(g, &o, &e);
-        if (st) {
-            fprintf(stderr, "compile: %s\n", kiln_status_msg(st));
-            kiln_status_free(st);
-            return false;
-        }
-        kr_exec_run(e, bufs, NULL);
-        res[mode] = malloc(*bytes);
-        memcpy(res[mode], kr_exec_output(e, 0), *bytes);
-        kr_exec_destroy(e);
-    }
-    return true;
 }
 
 typedef struct {
@@ -63,7 +34,7 @@ KT_TEST(topk_matches_decomposition_with_ties) {
         for (int64_t j = 0; j < c->rows * c->N; j++) x[j] = (float)((int)(frand() * 3));
         void *bufs[1] = {x}, *res[2];
         size_t bytes;
-        KT_CHECK(run_both(build_topk, c, bufs, res, &bytes));
+        KT_CHECK(irt_run_both(build_topk, c, bufs, res, &bytes));
         KT_CHECKF(memcmp(res[0], res[1], bytes) == 0, "top_k config %zu differs", i);
         /* lowest index first among equals, largest first overall */
         const int32_t *r = res[0];
@@ -168,7 +139,7 @@ KT_TEST(moe_matches_decomposition) {
         }
         void *res[2];
         size_t bytes;
-        KT_CHECK(run_both(build_moe, c, bufs, res, &bytes));
+        KT_CHECK(irt_run_both(build_moe, c, bufs, res, &bytes));
         const float *a = res[0], *b = res[1];
         double md = 0, mx = 0;
         for (size_t i = 0; i < bytes / 4; i++) {

@@ -6,6 +6,7 @@
 
 #include "ir/composite.h"
 #include "kernels/kernels.h"
+#include "ir/ir_test.h"
 #include "kt.h"
 #include "runtime/exec.h"
 
@@ -23,42 +24,22 @@ static float *rand_buf(int64_t n, float scale) {
 
 typedef kg_node *(*build_fn)(kg_graph *g, void *ctx, bool final_state);
 
+typedef struct {
+    build_fn build;
+    void *ctx;
+    bool final_state;
+} rec_build;
+
+static kg_node *rec_thunk(kg_graph *g, void *p) {
+    const rec_build *r = p;
+    return r->build(g, r->ctx, r->final_state);
+}
+
 /* Max |kernel - decomposition| of build()'s result, for y and final state. */
 static double run_both(build_fn build, void *ctx, bool final_state, void **bufs, double *max_abs) {
-    float *res[2] = {0};
-    size_t bytes = 0;
-    for (int mode = 0; mode < 2; mode++) {
-        kg_graph *g = kg_create();
-        kg_node *out = build(g, ctx, final_state);
-        if (!out) {
-            fprintf(stderr, "build: %s\n", kiln_status_msg(kg_error(g)));
-            kg_destroy(g);
-            return INFINITY;
-        }
-        kg_add_output(g, out);
-        bytes = (size_t)kg_shape_numel(&out->shape) * sizeof(float);
-        kp_options o = {.decompose_all = mode == 1, .verify = true};
-        kr_exec *e;
-        kiln_status st = kr_exec_create(g, &o, &e);
-        if (st) {
-            fprintf(stderr, "compile: %s\n", kiln_status_msg(st));
-            kiln_status_free(st);
-            return INFINITY;
-        }
-        kr_exec_run(e, bufs, NULL);
-        res[mode] = malloc(bytes);
-        memcpy(res[mode], kr_exec_output(e, 0), bytes);
-        kr_exec_destroy(e);
-    }
-    double md = 0, mx = 0;
-    for (size_t i = 0; i < bytes / sizeof(float); i++) {
-        double d = fabs((double)res[0][i] - res[1][i]);
-        if (d > md) md = d;
-        if (fabs(res[1][i]) > mx) mx = fabs(res[1][i]);
-    }
-    free(res[0]), free(res[1]);
-    *max_abs = mx;
-    return md;
+    rec_build r = {build, ctx, final_state};
+    double md = irt_compare(rec_thunk, &r, bufs, max_abs);
+    return md >= 1e30 ? INFINITY : md;
 }
 
 /* Tokens of sequences 0, 1, 3 (2 has none), interleaved in position order. */
