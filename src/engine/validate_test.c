@@ -86,14 +86,17 @@ static void run_tree(const char *root, int depth, int *n, int *bad, bool only_su
     }
 }
 
-KT_TEST(oracle_gate_committed_fixtures) {
+/* Every fixture committed under rel (at least min of them). */
+static void committed_tree(const char *rel, int min, const char *what) {
     char root[4096];
-    kt_path(root, sizeof root, "tests/fixtures/oracle");
+    kt_path(root, sizeof root, rel);
     int n = 0, bad = 0;
     run_tree(root, 0, &n, &bad, false);
-    KT_CHECKF(n >= 48, "only %d committed fixtures found under %s", n, root);
-    KT_CHECKF(bad == 0, "%d of %d committed fixtures fail the gate", bad, n);
+    KT_CHECKF(n >= min, "only %d committed %s found under %s", n, what, root);
+    KT_CHECKF(bad == 0, "%d of %d committed %s fail the gate", bad, n, what);
 }
+
+KT_TEST(oracle_gate_committed_fixtures) { committed_tree("tests/fixtures/oracle", 48, "fixtures"); }
 
 /* Every fixture of ../shared/oracle/<sub> whose model type kiln supports. */
 static void shared_tree(const char *sub, const char *what) {
@@ -119,11 +122,6 @@ KT_TEST(oracle_gate_shared_vlm_fixtures) { shared_tree("fixtures-vlm", "vision-l
 
 /* Vision-language fixtures: preprocessing, tower + projector, merged decoding. */
 KT_TEST(oracle_gate_committed_vlm_fixtures) {
-    char root[4096];
-    kt_path(root, sizeof root, "tests/fixtures/vlm");
-    int n = 0, bad = 0;
-    run_tree(root, 0, &n, &bad, false);
-    KT_CHECKF(n >= 4, "only %d committed vision-language fixtures found under %s", n, root);
-    KT_CHECKF(bad == 0, "%d of %d committed vision-language fixtures fail the gate", bad, n);
+    committed_tree("tests/fixtures/vlm", 4, "vision-language fixtures");
 }
 
