@@ -163,15 +163,19 @@ kiln_status kimg_decode_jpeg(const void *data, size_t n, const char *what, kimg_
     return st;
 }
 
-kiln_status kimg_load_jpeg(const char *path, kimg_image *out) {
+/* The file at path through decode (the file's bytes are freed after). */
+static kiln_status load_file(const char *path, kiln_status (*decode)(const void *, size_t, const char *, kimg_image *),
+                             kimg_image *out) {
     memset(out, 0, sizeof *out);
     char *buf;
     size_t n;
     KILN_TRY(ku_read_file(path, &buf, &n));
-    kiln_status st = kimg_decode_jpeg(buf, n, path, out);
+    kiln_status st = decode(buf, n, path, out);
     free(buf);
     return st;
 }
+
+kiln_status kimg_load_jpeg(const char *path, kimg_image *out) { return load_file(path, kimg_decode_jpeg, out); }
 
 /* ---------------------------------------------------------------- any format */
 
@@ -198,12 +202,4 @@ kiln_status kimg_decode(const void *data, size_t n, const char *what, kimg_image
     return kiln_error(KILN_EUNSUPPORTED, "%s: not a PNG or JPEG (it starts with bytes %s)", what, hex);
 }
 
-kiln_status kimg_load(const char *path, kimg_image *out) {
-    memset(out, 0, sizeof *out);
-    char *buf;
-    size_t n;
-    KILN_TRY(ku_read_file(path, &buf, &n));
-    kiln_status st = kimg_decode(buf, n, path, out);
-    free(buf);
-    return st;
-}
+kiln_status kimg_load(const char *path, kimg_image *out) { return load_file(path, kimg_decode, out); }
