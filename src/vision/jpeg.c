@@ -163,14 +163,14 @@ kiln_status kimg_decode_jpeg(const void *data, size_t n, const char *what, kimg_
     return st;
 }
 
-/* The file at path through decode (the file's bytes are freed after). */
-static kiln_status load_file(const char *path, kiln_status (*decode)(const void *, size_t, const char *, kimg_image *),
+/* The file at path through dec (the file's bytes are freed after). */
+static kiln_status load_file(const char *path, kiln_status (*dec)(const void *, size_t, const char *, kimg_image *),
                              kimg_image *out) {
     memset(out, 0, sizeof *out);
     char *buf;
     size_t n;
     KILN_TRY(ku_read_file(path, &buf, &n));
-    kiln_status st = decode(buf, n, path, out);
+    kiln_status st = dec(buf, n, path, out);
     free(buf);
     return st;
 }
