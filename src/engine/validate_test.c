@@ -21,7 +21,6 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 static const char *const known_defects[] = {
     "/oracle/fixtures/minimax/bf16", /* bf16-rounded decay buffers in the block form: transformers' own
                                       * cached and uncached paths differ by 1.43e-3 */
-    "/oracle/fixtures/zamba2",       /* the torch_forward chunked-SSD bug (kilnref_zamba2 is the correct oracle) */
 };
 
 /* root is a listed folder or one of its variants */

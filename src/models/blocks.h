@@ -306,7 +306,6 @@ typedef struct {
     km_moe_score score;
     bool router_bias;     /* the router projection has a bias (gpt-oss) */
     bool choice_bias;     /* KM_T_MOE_ROUTER_BIAS added to the scores for the choice (group limits, top-k) */
-    bool bias_in_weights; /* ... and the weights taken from the biased scores (see km_hparams.moe_bias_in_weights) */
     int64_t n_group, topk_group; /* group-limited choice (n_group > 1): only experts of the topk_group
                                   * groups with the best group scores compete; the others score 0 */
     bool group_by_max;    /* a group's score is its best expert score (DeepSeek-V2), not the sum of its best two */

@@ -19,7 +19,6 @@ void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o) {
         .width = hp->expert_ffn,
         .score = hp->moe_score,
         .choice_bias = hp->moe_router_bias,
-        .bias_in_weights = hp->moe_bias_in_weights,
         .n_group = hp->moe_n_group,
         .topk_group = hp->moe_topk_group,
         .norm_topk = hp->moe_norm_topk,
@@ -120,7 +119,6 @@ static void route(kb_ctx *b, kg_node *logits, int il, const kb_moe_opts *o, kg_n
                                           : kb_tensor(b, KM_T_MOE_ROUTER_BIAS, il, "", 1, (int64_t[]){o->experts});
         if (bias) bias = kg_reshape(g, kg_convert(g, bias, KG_F32), KG_SHAPE(o->experts));
         choice = kg_add(g, p, bias);
-        if (o->bias_in_weights) p = choice;
     }
     if (o->n_group > 1 && choice) choice = group_limit(b, choice, o);
     *idx = kg_top_k(g, choice, K);

@@ -89,7 +89,6 @@ static void reference(const float *x, float *out) {
         p[e] = opts.score == KM_MOE_SOFTMAX ? exp(logit[e] - mx) / sum : opts.score == KM_MOE_SIGMOID ? 1 / (1 + exp(-logit[e])) : logit[e];
     for (int e = 0; e < E; e++) {
         choice[e] = p[e] + (opts.choice_bias ? cbias[e] : 0);
-        if (opts.bias_in_weights) p[e] = choice[e];
     }
     if (opts.n_group > 1) { /* two groups of two, the best pair sum wins */
         int best = choice[0] + choice[1] >= choice[2] + choice[3] ? 0 : 1;
@@ -160,7 +159,7 @@ KT_TEST(blocks_moe_routings_match_reference) {
     };
     cases[1].norm_topk = true; /* Mixtral */
     cases[2].score = KM_MOE_TOPK_SOFTMAX; /* GraniteMoE */
-    cases[3].score = KM_MOE_SIGMOID, cases[3].choice_bias = cases[3].bias_in_weights = true, cases[3].norm_topk = true, cases[3].scale = 2.5f,
+    cases[3].score = KM_MOE_SIGMOID, cases[3].choice_bias = true, cases[3].norm_topk = true, cases[3].scale = 2.5f,
     cases[3].n_group = 2, cases[3].topk_group = 1; /* DeepSeek-V3 */
     cases[4].shared_width = FS, cases[4].shared_scale = true; /* Qwen2-MoE's shared expert */
     cases[5].choice_bias = cases[5].norm_topk = true, cases[5].norm_min = 0.5f; /* ERNIE 4.5 */

@@ -5,8 +5,9 @@
  * first_k_dense_replace on, with n_shared_experts shared experts.
  * V2 routes by softmax, greedy or group-limited by each group's best score,
  * weights times routed_scaling_factor without renormalisation; V3 by sigmoid,
- * with e_score_correction_bias added to the scores (weights included, as the
- * oracle fixtures compute them: km_hparams.moe_bias_in_weights), groups scored by their
+ * with e_score_correction_bias added to the scores for the choice of experts
+ * only (the weights are the unbiased sigmoid scores, as transformers 5's
+ * DeepseekV3MoE.route_tokens_to_experts gathers them), groups scored by their
  * best two, weights renormalised (norm_topk_prob) then scaled. A yarn
  * rope_scaling with mscale_all_dim also scales the attention scores by
  * mscale(factor, mscale_all_dim)^2. */
@@ -35,7 +36,7 @@ kiln_status km_deepseek_moe(const cJSON *cfg, km_hparams *hp, bool v3) {
                                          .n_shared = "n_shared_experts", .first_dense = "first_k_dense_replace",
                                          .freq = "moe_layer_freq", .norm_topk = v3, .top_k_def = 8}));
     hp->moe_score = v3 ? KM_MOE_SIGMOID : KM_MOE_SOFTMAX;
-    hp->moe_router_bias = hp->moe_bias_in_weights = v3;
+    hp->moe_router_bias = v3;
     return NULL;
 }
 

@@ -33,9 +33,9 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     if (interval < 1) return kiln_error(KILN_EINVAL, "config.json: \"moe_layer_interval\" must be positive");
     if (end < 0) end = hp->n_layers - 1;
     for (int64_t i = 0; i < hp->n_layers; i++) hp->layer_moe[i] = hp->n_experts > 0 && (i + 1) % interval == 0 && i >= start && i <= end;
-    /* transformers 4.57 (and so the fixtures) sizes the routed experts by
-     * intermediate_size, the shared ones by moe_intermediate_size each */
-    hp->expert_ffn = hp->ffn;
+    /* routed experts and each shared one are moe_intermediate_size wide, as
+     * in the published ERNIE 4.5 code and transformers 5 (4.57 sized the
+     * routed ones by intermediate_size, a bug) */
     hp->moe_score = KM_MOE_SOFTMAX;
     hp->moe_norm_topk = true;
     hp->moe_router_bias = true;

@@ -78,6 +78,39 @@ kiln_status km_sliding_layers(const cJSON *cfg, km_hparams *hp, int64_t first, i
     return NULL;
 }
 
+const cJSON *km_rope_params(const km_hparams *hp, const char *layer_type) {
+    const cJSON *rp = hp->rope_parameters;
+    if (!rp) return NULL;
+    if (ku_json_get(rp, "rope_theta") || ku_json_get(rp, "rope_type")) return rp;
+    const cJSON *t = ku_json_get(rp, layer_type);
+    return cJSON_IsObject(t) ? t : NULL;
+}
+
+/* transformers 5 writes "rope_parameters" instead of rope_theta + rope_scaling:
+ * one object holding rope_theta, rope_type, partial_rotary_factor and the
+ * scaling's fields, or one such object per layer type ("full_attention",
+ * "sliding_attention"; families with several read them with km_rope_params).
+ * A flat one takes precedence over the older keys, as transformers 5 reads it. */
+static kiln_status rope_parameters(const cJSON *cfg, km_hparams *hp) {
+    const cJSON *rp = ku_json_get(cfg, "rope_parameters");
+    if (!rp || cJSON_IsNull(rp)) return NULL;
+    if (!cJSON_IsObject(rp)) return kiln_error(KILN_EINVAL, "config.json: \"rope_parameters\" must be an object or null");
+    hp->rope_parameters = rp;
+    const cJSON *e;
+    bool flat = ku_json_get(rp, "rope_theta") || ku_json_get(rp, "rope_type");
+    cJSON_ArrayForEach(e, rp) if (!flat && !cJSON_IsObject(e))
+        return kiln_error(KILN_EINVAL, "config.json: rope_parameters.%s must be an object (or rope_parameters one "
+                                       "object with rope_theta)", e->string);
+    if (!flat) return NULL;
+    KILN_TRYF(ku_json_num(rp, "rope_theta", hp->rope_theta, &hp->rope_theta), "config.json: rope_parameters");
+    KILN_TRYF(ku_json_num(rp, "partial_rotary_factor", hp->partial_rotary, &hp->partial_rotary),
+              "config.json: rope_parameters");
+    const char *type;
+    KILN_TRYF(ku_json_str(rp, "rope_type", "default", &type), "config.json: rope_parameters");
+    hp->rope_scaling = strcmp(type, "default") ? rp : NULL;
+    return NULL;
+}
+
 kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
     memset(hp, 0, sizeof *hp);
     const char *mt;
@@ -103,8 +136,10 @@ kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "rope_theta", 10000.0, &hp->rope_theta));
     KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 1.0, &hp->partial_rotary));
     hp->rope_scaling = ku_json_get(cfg, "rope_scaling");
+    if (hp->rope_scaling && cJSON_IsNull(hp->rope_scaling)) hp->rope_scaling = NULL;
     if (hp->rope_scaling && !cJSON_IsObject(hp->rope_scaling))
         return kiln_error(KILN_EINVAL, "config.json: \"rope_scaling\" must be an object or null");
+    KILN_TRY(rope_parameters(cfg, hp));
     KILN_TRY(ku_json_bool(cfg, "attention_bias", false, &hp->attn_qkv_bias));
     hp->attn_o_bias = hp->attn_qkv_bias;
     KILN_TRY(ku_json_bool(cfg, "mlp_bias", false, &hp->mlp_bias));

@@ -100,7 +100,8 @@ typedef struct {
     unsigned char layer_nope[KM_MAX_LAYERS]; /* 1: this layer applies no rotary embedding (NoPE layers,
                                               * ALiBi, learned absolute positions) */
     double rope_theta, partial_rotary;
-    const cJSON *rope_scaling; /* borrowed from the config; NULL if none */
+    const cJSON *rope_scaling; /* borrowed from the config; NULL if none (or rope_parameters' flat object) */
+    const cJSON *rope_parameters; /* transformers 5's "rope_parameters", borrowed; NULL if none (km_rope_params) */
     /* rotary configurations the layers use (filled by the family): rope 0 for
      * every rotating layer, or, with two, rope 1 for the sliding ones */
     km_rope ropes[KM_MAX_ROPES];
@@ -124,9 +125,6 @@ typedef struct {
                                           * topk_group best groups eligible; n_group <= 1: none */
     bool moe_router_bias;     /* a per-expert bias added to the scores for the choice of experts
                                * (DeepSeek-V3 e_score_correction_bias, ERNIE moe_statics) */
-    bool moe_bias_in_weights; /* the weights are the biased scores too: the oracle fixtures of deepseek_v3,
-                               * dots1 and glm4_moe (transformers 4.57 as they ran it) match this and not
-                               * the unbiased weights transformers' source reads (router_logits.gather) */
     float moe_swiglu_limit;   /* experts use gpt-oss's clamped SwiGLU (alpha 1.702) with this limit; 0: act */
     unsigned char layer_moe[KM_MAX_LAYERS]; /* 1: this layer's MLP is a mixture of experts */
 
@@ -190,6 +188,10 @@ kiln_status km_sliding_layers(const cJSON *cfg, km_hparams *hp, int64_t first, i
  * head_dim * partial_rotary dims, pairs interleaved (GPT-J / GLM style) or
  * halves. */
 kiln_status km_rope_one(km_hparams *hp, bool interleaved);
+/* transformers 5's rope_parameters for a layer type ("full_attention",
+ * "sliding_attention", or a family's own key): the flat object whatever the
+ * type, the type's object when there is one per type, else NULL. */
+const cJSON *km_rope_params(const km_hparams *hp, const char *layer_type);
 /* Every layer NoPE (ALiBi or learned positions instead of rotary). */
 void km_no_rope(km_hparams *hp);
 

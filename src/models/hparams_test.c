@@ -180,3 +180,36 @@ KT_TEST(config_shared_fields) {
     KT_CHECK_OK(parse_config("{\"model_type\": \"chatglm\", " BASE ", \"kv_channels\": 16, \"post_layer_norm\": false}", &hp));
     KT_CHECK(hp.no_final_norm);
 }
+
+/* transformers 5 configs: rope_parameters instead of rope_theta + rope_scaling,
+ * flat or one object per layer type. */
+KT_TEST(config_rope_parameters_transformers5) {
+    km_hparams hp;
+    KT_CHECK_OK(parse_config("{\"model_type\": \"llama\", " BASE ", \"rope_theta\": 10000.0, \"rope_parameters\": "
+                             "{\"rope_type\": \"llama3\", \"rope_theta\": 500000.0, \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                             "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 32}}", &hp));
+    KT_CHECK_NEAR(hp.ropes[0].theta, 5e5, 1e-6);
+    KT_CHECK_EQ(hp.ropes[0].type, KM_ROPE_LLAMA3);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"rope_type\": \"default\", "
+                             "\"rope_theta\": 20000.0, \"partial_rotary_factor\": 0.5}}", &hp));
+    KT_CHECK_NEAR(hp.ropes[0].theta, 2e4, 1e-6);
+    KT_CHECK_EQ(hp.ropes[0].type, KM_ROPE_DEFAULT);
+    KT_CHECK_NEAR(hp.partial_rotary, 0.5, 0);
+    cJSON *cfg = cJSON_Parse("{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"full_attention\": "
+                             "{\"rope_type\": \"default\", \"rope_theta\": 1e6}, \"sliding_attention\": {\"rope_theta\": 1e4}}}");
+    KT_CHECK(cfg);
+    kiln_status st = km_parse(km_family_find("llama"), cfg, &hp);
+    double full = 0, sliding = 0;
+    if (!st) st = ku_json_num(km_rope_params(&hp, "full_attention"), "rope_theta", 0, &full);
+    if (!st) st = ku_json_num(km_rope_params(&hp, "sliding_attention"), "rope_theta", 0, &sliding);
+    bool none = km_rope_params(&hp, "chunked_attention") == NULL;
+    cJSON_Delete(cfg);
+    KT_CHECK_OK(st);
+    KT_CHECK_NEAR(full, 1e6, 0);
+    KT_CHECK_NEAR(sliding, 1e4, 0);
+    KT_CHECK(none);
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"full_attention\": 3}}", &hp),
+                 "rope_parameters.full_attention");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"rope_type\": \"magic\"}}", &hp),
+                 "magic");
+}

@@ -3,9 +3,10 @@
  * of the logits with a softmax over those k. Attention (kb_moa): each chosen
  * expert projects num_key_value_heads query heads of kv_channels dims
  * (experts.input_linear [E, Hkv*D, H]) reading the keys and values of
- * kv_proj ([K | V]) as grouped-query attention shares them (query head h,
- * of expert slot h / Hkv, reads KV head h / top_k: the 4.57 fixture's
- * repeat_kv; older transformers tiled them with .repeat); each slot's output goes
+ * kv_proj ([K | V]) tiled over the top_k slots (query head h, of expert
+ * slot h / Hkv, reads KV head h % Hkv: transformers 5's modeling_jetmoe.py
+ * and the original JetMoE code repeat them with .repeat(1, top_k, 1, 1);
+ * 4.57's repeat_kv interleaved them, a bug); each slot's output goes
  * through its expert's experts.output_linear [E, H, Hkv*D], weighted; plus
  * experts.bias. MLP: input_linear [E, 2F, H] (gate rows first),
  * output_linear [E, H, F], plus mlp.bias. num_attention_heads is
@@ -58,6 +59,7 @@ static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
     o->norm.eps = 1e-6f;
     o->moe.layout = KB_MOE_HALVES;
     o->moe.out_bias = true;
+    o->attn.kv_tile = true;
     o->moa = (kb_moe_opts){.experts = b->hp->n_experts, .top_k = b->hp->n_experts_used, .score = KM_MOE_TOPK_SOFTMAX};
 }
 

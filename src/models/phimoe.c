@@ -1,6 +1,8 @@
 /* phimoe.c: Phi-3.5-MoE (PhimoeForCausalLM). Mixtral's layout (a sliding
- * window on every layer when set, block_sparse_moe experts w1/w3/w2, RMSNorm
- * in the layers) with a final LayerNorm with bias, optional attention and
+ * window on every layer when set, block_sparse_moe experts w1/w3/w2) with
+ * LayerNorms with bias in the layers and before the head (transformers 5's
+ * modeling_phimoe.py: input_layernorm / post_attention_layernorm are
+ * nn.LayerNorm; 4.57 built them as RMSNorm), optional attention and
  * lm_head biases, and sparsemixer routing: two rounds, each taking the best
  * remaining expert weighted by its softmax over the experts within the
  * relative threshold 2 * router_jitter_noise (kb_moe KM_MOE_SPARSEMIXER).
@@ -54,13 +56,14 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->moe_score = KM_MOE_SPARSEMIXER;
     hp->moe_jitter_eps = (float)jitter;
     KILN_TRY(rope(hp));
-    snprintf(hp->features, sizeof hp->features, "final LayerNorm with bias, sparsemixer routing (jitter %g)", jitter);
+    snprintf(hp->features, sizeof hp->features, "LayerNorms with bias, sparsemixer routing (jitter %g)", jitter);
     return km_sliding_layers(cfg, hp, 0, 0);
 }
 
-/* Mixtral's RMSNorm layers, then a LayerNorm with bias before the head */
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) { o->norm.kind = KB_NORM_LAYER; }
+
 static kg_node *emit(kb_ctx *b) {
-    kg_node *x = kb_layers(b, kb_embed(b, NULL), NULL, NULL);
+    kg_node *x = kb_layers(b, kb_embed(b, NULL), layer, NULL);
     return kb_output(b, x, &(kb_norm_opts){.kind = KB_NORM_LAYER});
 }
 
