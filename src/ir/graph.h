@@ -358,9 +358,12 @@ kg_node *kg_dequant(kg_graph *g, kg_node *w, kg_node *scales, kg_node *biases, c
 /* A kiln.fusion node (built by the fusion pass) computing `f` over inputs. */
 kg_node *kg_fusion_node(kg_graph *g, kg_node *const *inputs, int n_in, kg_shape shape, struct kg_fusion *f);
 
-/* Indices of the k largest values along the last dim of x [..., N]
- * (largest first; equal values: lower index first, as torch.topk on CPU):
- * i32 [..., k]. NaN counts as larger than every number. */
+/* Indices of the k largest values along the last dim of x [..., N],
+ * largest first, i32 [..., k]; NaN counts as larger than every number.
+ * Among equal values the kernel keeps those torch.topk on CPU keeps (its
+ * libstdc++ selection, kk_top_k_select); the decomposition takes the lowest
+ * indices. The two agree on the values and, unless the k-th largest value
+ * also occurs outside the top k, on the set of indices. */
 kg_node *kg_top_k(kg_graph *g, kg_node *x, int k);
 /* Mixture of experts: x [T, H]; idx [T, K] i32 (experts chosen per token);
  * wts [T, K] f32 (their weights); stacked expert weights gate and up

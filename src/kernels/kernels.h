@@ -77,6 +77,9 @@ void kk_linear(const kk_call *c);
 void kk_embed(const kk_call *c);
 void kk_dequant(const kk_call *c);
 void kk_top_k(const kk_call *c);
+/* The k largest of x[0..n) as torch.topk on CPU selects them (kernels/moe.c;
+ * ties included), into out[0..k); scratch holds n (float, int32) pairs. */
+void kk_top_k_select(const float *x, int64_t n, int k, void *scratch, int32_t *out);
 void kk_moe(const kk_call *c);
 void kk_causal_conv1d(const kk_call *c);
 void kk_ssm_scan(const kk_call *c);

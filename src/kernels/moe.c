@@ -9,6 +9,8 @@
  * as the decomposition's dense combination sums them. Expert weights stay in
  * their stored format; only the chosen experts' weights are read. */
 #include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,30 +21,206 @@
 
 /* ---------------------------------------------------------------- top_k */
 
+/* torch.topk on CPU (aten's topk_impl_loop, sorted=True, largest=True)
+ * selects with libstdc++'s algorithms over (value, index) pairs ordered by
+ * "NaN first, then larger first": std::partial_sort of the first k when
+ * k * 64 <= n, else std::nth_element at k - 1 followed by std::sort of the
+ * first k - 1. Which of several equal values it keeps is a property of
+ * those algorithms (all-equal router scores occur in real and test
+ * checkpoints, e.g. a zero-initialised router), so they are transcribed here
+ * step for step as GCC's libstdc++ implements them (bits/stl_algo.h,
+ * bits/stl_heap.h). */
+typedef struct {
+    float v;
+    int32_t i;
+} tk_elem;
+
+static inline bool tk_before(const tk_elem *a, const tk_elem *b) {
+    return (isnan(a->v) && !isnan(b->v)) || a->v > b->v;
+}
+static inline void tk_swap(tk_elem *a, tk_elem *b) {
+    tk_elem t = *a;
+    *a = *b, *b = t;
+}
+
+static void tk_push_heap(tk_elem *f, ptrdiff_t hole, ptrdiff_t top, tk_elem v) {
+    ptrdiff_t parent = (hole - 1) / 2;
+    while (hole > top && tk_before(&f[parent], &v)) {
+        f[hole] = f[parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    f[hole] = v;
+}
+
+static void tk_adjust_heap(tk_elem *f, ptrdiff_t hole, ptrdiff_t len, tk_elem v) {
+    ptrdiff_t top = hole, child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (tk_before(&f[child], &f[child - 1])) child--;
+        f[hole] = f[child];
+        hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        f[hole] = f[child - 1];
+        hole = child - 1;
+    }
+    tk_push_heap(f, hole, top, v);
+}
+
+static void tk_make_heap(tk_elem *f, ptrdiff_t len) {
+    if (len < 2) return;
+    for (ptrdiff_t parent = (len - 2) / 2;; parent--) {
+        tk_adjust_heap(f, parent, len, f[parent]);
+        if (parent == 0) return;
+    }
+}
+
+static void tk_pop_heap(tk_elem *f, ptrdiff_t len, tk_elem *result) {
+    tk_elem v = *result;
+    *result = f[0];
+    tk_adjust_heap(f, 0, len, v);
+}
+
+static void tk_heap_select(tk_elem *f, ptrdiff_t mid, ptrdiff_t last) {
+    tk_make_heap(f, mid);
+    for (ptrdiff_t i = mid; i < last; i++)
+        if (tk_before(&f[i], &f[0])) tk_pop_heap(f, mid, &f[i]);
+}
+
+static void tk_sort_heap(tk_elem *f, ptrdiff_t len) {
+    while (len > 1) {
+        len--;
+        tk_pop_heap(f, len, &f[len]);
+    }
+}
+
+static void tk_linear_insert(tk_elem *last) {
+    tk_elem v = *last, *next = last - 1;
+    while (tk_before(&v, next)) {
+        *last = *next;
+        last = next--;
+    }
+    *last = v;
+}
+
+static void tk_insertion_sort(tk_elem *f, ptrdiff_t len) {
+    for (ptrdiff_t i = 1; i < len; i++) {
+        if (tk_before(&f[i], &f[0])) {
+            tk_elem v = f[i];
+            memmove(f + 1, f, sizeof *f * (size_t)i);
+            f[0] = v;
+        } else {
+            tk_linear_insert(&f[i]);
+        }
+    }
+}
+
+static void tk_median_to_first(tk_elem *r, tk_elem *a, tk_elem *b, tk_elem *c) {
+    if (tk_before(a, b)) {
+        if (tk_before(b, c)) tk_swap(r, b);
+        else if (tk_before(a, c)) tk_swap(r, c);
+        else tk_swap(r, a);
+    } else if (tk_before(a, c)) tk_swap(r, a);
+    else if (tk_before(b, c)) tk_swap(r, c);
+    else tk_swap(r, b);
+}
+
+/* __unguarded_partition_pivot over [f, f + len) */
+static ptrdiff_t tk_partition_pivot(tk_elem *f, ptrdiff_t len) {
+    tk_median_to_first(f, f + 1, f + len / 2, f + len - 1);
+    ptrdiff_t lo = 1, hi = len;
+    for (;;) {
+        while (tk_before(&f[lo], &f[0])) lo++;
+        hi--;
+        while (tk_before(&f[0], &f[hi])) hi--;
+        if (!(lo < hi)) return lo;
+        tk_swap(&f[lo], &f[hi]);
+        lo++;
+    }
+}
+
+static int tk_lg(ptrdiff_t n) {
+    int l = 0;
+    while (n > 1) n >>= 1, l++;
+    return l;
+}
+
+static void tk_introsort_loop(tk_elem *f, ptrdiff_t len, int depth) {
+    while (len > 16) {
+        if (depth == 0) { /* std::__partial_sort(first, last, last) */
+            tk_heap_select(f, len, len);
+            tk_sort_heap(f, len);
+            return;
+        }
+        depth--;
+        ptrdiff_t cut = tk_partition_pivot(f, len);
+        tk_introsort_loop(f + cut, len - cut, depth);
+        len = cut;
+    }
+}
+
+static void tk_sort(tk_elem *f, ptrdiff_t len) {
+    if (len <= 0) return;
+    tk_introsort_loop(f, len, 2 * tk_lg(len));
+    if (len > 16) {
+        tk_insertion_sort(f, 16);
+        for (ptrdiff_t i = 16; i < len; i++) tk_linear_insert(&f[i]);
+    } else {
+        tk_insertion_sort(f, len);
+    }
+}
+
+static void tk_nth_element(tk_elem *f, ptrdiff_t nth, ptrdiff_t len) {
+    if (len == 0 || nth == len) return;
+    ptrdiff_t lo = 0, hi = len;
+    int depth = 2 * tk_lg(len);
+    while (hi - lo > 3) {
+        if (depth == 0) {
+            tk_heap_select(f + lo, nth + 1 - lo, hi - lo);
+            tk_swap(&f[lo], &f[nth]);
+            return;
+        }
+        depth--;
+        ptrdiff_t cut = lo + tk_partition_pivot(f + lo, hi - lo);
+        if (cut <= nth) lo = cut;
+        else hi = cut;
+    }
+    tk_insertion_sort(f + lo, hi - lo);
+}
+
+void kk_top_k_select(const float *x, int64_t n, int k, void *scratch, int32_t *out) {
+    tk_elem *q = scratch;
+    for (int64_t i = 0; i < n; i++) q[i] = (tk_elem){x[i], (int32_t)i};
+    if ((int64_t)k * 64 <= n) {
+        tk_heap_select(q, k, n);
+        tk_sort_heap(q, k);
+    } else {
+        tk_nth_element(q, k - 1, n);
+        tk_sort(q, k - 1);
+    }
+    for (int j = 0; j < k; j++) out[j] = q[j].i;
+}
+
 void kk_top_k(const kk_call *c) {
     const kg_node *n = c->node, *x = n->in[0];
     int64_t N = x->shape.d[x->shape.rank - 1], rows = kg_shape_numel(&x->shape) / (N ? N : 1);
     int k = n->a.topk;
     int32_t *out = c->out;
-    unsigned char *taken = calloc((size_t)(N ? N : 1), 1);
-    if (!taken) return;
-    for (int64_t r = 0; r < rows; r++) {
-        memset(taken, 0, (size_t)N);
-        for (int j = 0; j < k; j++) {
-            int64_t best = -1;
-            float bv = 0;
-            for (int64_t i = 0; i < N; i++) {
-                if (taken[i]) continue;
-                float v = x->dtype == KG_F32 ? ((const float *)c->in[0])[r * N + i]
-                          : x->dtype == KG_BF16 ? ku_bf16_to_f32(((const uint16_t *)c->in[0])[r * N + i])
-                                                : ku_f16_to_f32(((const uint16_t *)c->in[0])[r * N + i]);
-                if (best < 0 || v > bv) best = i, bv = v; /* strict: the lowest index wins ties */
-            }
-            taken[best] = 1;
-            out[r * k + j] = (int32_t)best;
+    size_t cap = (size_t)(N ? N : 1);
+    float *row = malloc(sizeof(float) * cap);
+    tk_elem *q = malloc(sizeof(tk_elem) * cap);
+    if (row && q)
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t i = 0; i < N; i++)
+                row[i] = x->dtype == KG_F32    ? ((const float *)c->in[0])[r * N + i]
+                         : x->dtype == KG_BF16 ? ku_bf16_to_f32(((const uint16_t *)c->in[0])[r * N + i])
+                                               : ku_f16_to_f32(((const uint16_t *)c->in[0])[r * N + i]);
+            kk_top_k_select(row, N, k, q, out + r * k);
         }
-    }
-    free(taken);
+    free(row);
+    free(q);
 }
 
 /* ---------------------------------------------------------------- moe */

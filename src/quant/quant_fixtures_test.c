@@ -57,6 +57,33 @@ typedef struct {
     int64_t codes, ties, ties_away; /* .5 ties; those that rounding half away from zero would change */
 } eq_stats;
 
+/* Modules that kiln quantizes as mlx-lm's converter does (its predicate:
+ * Linear and Embedding layers whose input size is a multiple of the group
+ * size) but that a fixture's generator left float. The comparison follows
+ * mlx-lm's rule: kiln's output holds them quantized, the fixture float. */
+static const struct {
+    const char *model_type, *suffix;
+} float_in_fixture[] = {
+    /* transformers 5 builds Ernie4_5_MoeTopKRouter's weight as a bare
+     * Parameter, so the fixture generator (quantizing Linear layers) kept it
+     * float; mlx-lm's ernie4_5_moe.py makes the router an nn.Linear, which
+     * mlx_lm.convert quantizes */
+    {"ernie4_5_moe", ".mlp.gate"},
+};
+
+/* want's module of tensor name (".weight" stripped) is one of those above */
+static bool fixture_keeps_float(const char *model_type, const char *name) {
+    size_t len = strlen(name);
+    if (len < 7 || strcmp(name + len - 7, ".weight")) return false;
+    for (size_t i = 0; i < sizeof float_in_fixture / sizeof float_in_fixture[0]; i++) {
+        size_t sl = strlen(float_in_fixture[i].suffix);
+        if (!strcmp(model_type, float_in_fixture[i].model_type) && len - 7 >= sl &&
+            !strncmp(name + len - 7 - sl, float_in_fixture[i].suffix, sl))
+            return true;
+    }
+    return false;
+}
+
 /* Compares got (kiln's) with want (the fixture's) tensor by tensor. Codes may
  * differ only on exact .5 ties (recomputed from src's float weights); all
  * else must be bit-identical. Returns a message on failure, NULL when equal. */
@@ -75,12 +102,34 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
         snprintf(msg, cap, "%.500s", kiln_status_msg(st));
         fail = msg;
     }
-    if (!fail && kc_st_count(g) != kc_st_count(w)) {
-        snprintf(msg, cap, "%.200s: %d tensors, the fixture has %d", got_dir, kc_st_count(g), kc_st_count(w));
+    char cfgp[4096];
+    cJSON *cfg = NULL;
+    const char *mt = "";
+    FMT(cfgp, "%s/config.json", src_dir);
+    if (!fail && (st = ku_json_load(cfgp, &cfg)) == NULL) st = ku_json_str(cfg, "model_type", "", &mt);
+    if (!fail && st) {
+        snprintf(msg, cap, "%.500s", kiln_status_msg(st));
         fail = msg;
     }
+    int kept_float = 0; /* modules the fixture keeps float and kiln quantizes (float_in_fixture) */
     for (int i = 0; !fail && i < kc_st_count(w); i++) {
         const kc_tensor *tw = kc_st_at(w, i), *tg = kc_st_find(g, tw->name);
+        if (tg && tw->dtype != KC_U32 && tg->dtype == KC_U32 && fixture_keeps_float(mt, tw->name)) {
+            /* the fixture's float weight is the source's; kiln's has its scales and biases */
+            char mod[512], sn[600], bn[600];
+            FMT(mod, "%.*s", (int)(strlen(tw->name) - 7), tw->name);
+            FMT(sn, "%s.scales", mod);
+            FMT(bn, "%s.biases", mod);
+            const kc_tensor *f = kc_find(src, tw->name);
+            if (!f || f->nbytes != tw->nbytes || memcmp(f->data, tw->data, tw->nbytes) || !kc_st_find(g, sn) ||
+                !kc_st_find(g, bn)) {
+                snprintf(msg, cap, "%.200s: %.200s: kept float by the fixture, not quantized as mlx-lm does by kiln",
+                         got_dir, tw->name);
+                fail = msg;
+            }
+            kept_float++;
+            continue;
+        }
         if (!tg || tg->dtype != tw->dtype || tg->rank != tw->rank ||
             memcmp(tg->shape, tw->shape, sizeof(int64_t) * (size_t)tw->rank)) {
             snprintf(msg, cap, "%.200s: %.200s missing or of another dtype/shape", got_dir, tw->name);
@@ -138,6 +187,12 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
             fail = msg;
         }
     }
+    if (!fail && kc_st_count(g) != kc_st_count(w) + 2 * kept_float) {
+        snprintf(msg, cap, "%.200s: %d tensors, the fixture has %d (%d modules kept float)", got_dir, kc_st_count(g),
+                 kc_st_count(w), kept_float);
+        fail = msg;
+    }
+    cJSON_Delete(cfg);
     kiln_status_free(st);
     kc_st_close(g);
     kc_st_close(w);
