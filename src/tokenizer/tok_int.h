@@ -55,7 +55,9 @@ bool tk_pieces_add(tk_pieces *p, const char *s, size_t n, uint32_t flags); /* co
 bool tk_pieces_add_ref(tk_pieces *p, size_t off, size_t n, uint32_t flags);
 void tk_pieces_clear(tk_pieces *p);
 void tk_pieces_free(tk_pieces *p);
-static inline const char *tk_piece_str(const tk_pieces *p, size_t i) { return p->text.p + p->v[i].off; }
+/* "" when every piece so far is empty (the text buffer is still NULL: no
+ * offset may be added to it) */
+static inline const char *tk_piece_str(const tk_pieces *p, size_t i) { return p->text.p ? p->text.p + p->v[i].off : ""; }
 
 /* ---- int32 vectors -------------------------------------------------------- */
 

@@ -739,3 +739,21 @@ KT_TEST(tokenizer_fuzz_regressions) {
     ktok_free(fixed);
     fprintf(stderr, "  %d regression inputs replayed\n", n);
 }
+
+/* A Unigram vocabulary of empty strings decoded through Metaspace: no
+ * pointer arithmetic on the empty text buffer (UBSan found it), and the
+ * decoded text is empty. */
+KT_TEST(tokenizer_empty_pieces_decode) {
+    static const char json[] = "{\"model\": {\"type\": \"Unigram\", \"unk_id\": 0, \"vocab\": [[\"\", 0.0], [\"\", -1.0]]},"
+                               " \"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": \"always\"}}";
+    ktok *t = NULL;
+    KT_CHECK_OK(ktok_load_json(json, sizeof json - 1, NULL, 0, "empty", &t));
+    int32_t ids[] = {0, 1, 1};
+    char *out = NULL;
+    size_t n = 99;
+    kiln_status st = ktok_decode(t, ids, 3, false, &out, &n);
+    ktok_free(t);
+    KT_CHECK_OK(st);
+    KT_CHECK_EQ(n, 0);
+    free(out);
+}
