@@ -4,6 +4,9 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/file.h"
@@ -226,9 +229,38 @@ static kiln_status load_config(kc_checkpoint *c) {
 
 /* ---- weights ------------------------------------------------------------ */
 
+/* p (resolved) lies within dir (resolved) */
+static bool path_within(const char *p, const char *dir) {
+    size_t n = strlen(dir);
+    return !strncmp(p, dir, n) && (p[n] == '/' || p[n] == 0 || (n && dir[n - 1] == '/'));
+}
+
+/* A weights file must resolve inside the model folder: a symbolic link out
+ * of it is refused, except the Hugging Face cache's own layout, where
+ * <repo>/snapshots/<revision>/<file> links to <repo>/blobs/<hash>. */
+static kiln_status check_within(const char *dir, const char *path, const char *name) {
+    char rd[PATH_MAX], rp[PATH_MAX], blobs[PATH_MAX + 8];
+    if (!realpath(dir, rd) || !realpath(path, rp))
+        return kiln_error(KILN_ENOTFOUND, "%s: cannot resolve the path (%s)", name, strerror(errno));
+    if (path_within(rp, rd)) return NULL;
+    char *slash = strrchr(rd, '/');
+    if (slash) {
+        *slash = 0; /* <repo>/snapshots */
+        char *s2 = strrchr(rd, '/');
+        if (s2 && !strcmp(s2, "/snapshots")) {
+            *s2 = 0;
+            snprintf(blobs, sizeof blobs, "%s/blobs", rd);
+            if (path_within(rp, blobs)) return NULL;
+        }
+    }
+    return kiln_error(KILN_EINVAL, "%s is a symbolic link out of the model folder (to %s): refused; copy the file "
+                                   "into the folder", name, rp);
+}
+
 static kiln_status add_file(kc_checkpoint *c, const char *name) {
     char path[4096];
     KILN_TRY(ku_path_join(path, sizeof path, c->dir, name));
+    KILN_TRY(check_within(c->dir, path, name));
     kc_safetensors **f = realloc(c->files, (size_t)(c->n_files + 1) * sizeof *f);
     if (!f) return kiln_error(KILN_ENOMEM, "out of memory");
     c->files = f;

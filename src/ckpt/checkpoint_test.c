@@ -202,6 +202,45 @@ KT_TEST(ckpt_shards_without_index_are_all_loaded) {
     ckt_rmdir(dir);
 }
 
+/* A weights file linked out of the model folder is refused, except the
+ * Hugging Face cache layout: snapshots/<rev>/<file> -> ../../blobs/<hash>. */
+KT_TEST(ckpt_symlinks_stay_in_the_folder) {
+    char top[256], p[512], q[1024];
+    KT_CHECK(ckt_tmpdir(top, sizeof top));
+    float a[2] = {1, 2};
+    kc_tensor t1 = {.name = "a", .dtype = KC_F32, .rank = 1, .shape = {2}, .data = a};
+    /* top/blobs/h1 (weights), top/snapshots/r1/{config.json, model.safetensors -> ../../blobs/h1} */
+    snprintf(p, sizeof p, "%s/blobs", top);
+    KT_CHECK(mkdir(p, 0700) == 0);
+    KT_CHECK(write_st(p, "h1", &t1, 1));
+    snprintf(p, sizeof p, "%s/snapshots", top);
+    KT_CHECK(mkdir(p, 0700) == 0);
+    snprintf(p, sizeof p, "%s/snapshots/r1", top);
+    KT_CHECK(mkdir(p, 0700) == 0);
+    KT_CHECK(ckt_write_str(p, "config.json", CFG_LLAMA));
+    snprintf(q, sizeof q, "%s/model.safetensors", p);
+    KT_CHECK(symlink("../../blobs/h1", q) == 0);
+    kc_checkpoint *c;
+    KT_CHECK_OK(kc_open(p, &c));
+    KT_CHECK_EQ(kc_tensor_count(c), 1);
+    kc_close(c);
+    /* top/other/{config.json, model.safetensors -> ../blobs/h1}: out of the folder */
+    snprintf(p, sizeof p, "%s/other", top);
+    KT_CHECK(mkdir(p, 0700) == 0);
+    KT_CHECK(ckt_write_str(p, "config.json", CFG_LLAMA));
+    snprintf(q, sizeof q, "%s/model.safetensors", p);
+    KT_CHECK(symlink("../blobs/h1", q) == 0);
+    KT_CHECK_ERR(kc_open(p, &c), "symbolic link out of the model folder");
+    ckt_rmdir(p);
+    snprintf(p, sizeof p, "%s/snapshots/r1", top);
+    ckt_rmdir(p);
+    snprintf(p, sizeof p, "%s/snapshots", top);
+    ckt_rmdir(p);
+    snprintf(p, sizeof p, "%s/blobs", top);
+    ckt_rmdir(p);
+    ckt_rmdir(top);
+}
+
 /* ---- plain matrices and tensors ----------------------------------------- */
 
 KT_TEST(ckpt_float_matrices_and_tensors) {
