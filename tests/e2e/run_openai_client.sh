@@ -13,7 +13,7 @@ command -v node >/dev/null 2>&1 || { echo "node not found" >&2; exit 77; }
 dir="$(mktemp -d)"
 trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
 cp "$root"/tests/fixtures/oracle/llama/{config.json,generation_config.json} "$dir"/
-ln -s "$root/tests/fixtures/oracle/llama/model.safetensors" "$dir/model.safetensors"
+cp "$root/tests/fixtures/oracle/llama/model.safetensors" "$dir/model.safetensors"
 cp "$root"/tests/data/server/tok512/{tokenizer.json,tokenizer_config.json} "$dir"/
 "$kiln" serve -m "$dir" --alias tiny --port 0 -np 4 -c 128 -t 1 2>"$dir/err" >/dev/null &
 pid=$!
