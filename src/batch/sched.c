@@ -374,10 +374,18 @@ static void preempt(ksch *s, int i) {
     wait_insert(s, q);
 }
 
-/* The largest chunk <= want whose blocks fit in avail. */
+/* The largest chunk <= want whose blocks fit in avail. With recurrent state
+ * and prefix caching, a chunk that would end inside a block past a boundary
+ * stops at the boundary instead (the rest follows in the next step): the
+ * state there is kept for later prompts sharing the prefix (ke_seq_publish),
+ * the prompt's last full block included. */
 static int64_t fit_chunk(ksch *s, seq *q, int64_t want, int64_t avail) {
     int64_t bs = ke_ctx_block_size(s->c);
     while (want > 0 && ke_seq_blocks_needed(s->c, q->ke, want) > avail) want = want > bs ? want - bs : want - 1;
+    if (want > 0 && caches(s, q) && ke_ctx_recurrent(s->c)) {
+        int64_t len = ke_seq_len(s->c, q->ke), end = len + want, edge = end / bs * bs;
+        if (end % bs && edge > len) want = edge - len;
+    }
     return want;
 }
 

@@ -286,7 +286,8 @@ KT_TEST(sched_matches_single_sequence_and_oracle_every_fixture) {
 }
 
 /* Mamba (recurrent state rows): more requests than rows wait for one, and
- * prefix caching, asked for, reuses nothing (a state is not per block). */
+ * prefix caching resumes from state snapshots at block boundaries with the
+ * single-sequence outputs (run_jobs compares them). */
 KT_TEST(sched_recurrent_state_rows) {
     ke_model *m = ke_test_load_fixture("mamba");
     if (!m) return;
@@ -298,7 +299,7 @@ KT_TEST(sched_recurrent_state_rows) {
     setup su = {.max_running = 4, .step_tokens = 8, .block_size = 4, .n_cache = 512, .prefix_cache = true, .n_seq_max = 2};
     ksch_stats stats;
     KT_CHECK(run_jobs(m, &su, jobs, N, &stats, "mamba, 2 state rows"));
-    KT_CHECK_EQ(stats.cache.prefix_hits, 0);
+    KT_CHECK(stats.cache.prefix_hits > 0);
     jobs_free(jobs, N);
     ke_ctx *c;
     KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 64, .n_threads = 1, .n_seq_max = 1}, &c));
@@ -522,4 +523,81 @@ KT_TEST(sched_image_requests_every_vlm_fixture) {
         vlm_input_free(&v);
         ke_model_free(m);
     }
+}
+
+/* A chat's second turn (the first turn's prompt and reply, then more) on
+ * every committed model with recurrent state: it resumes from the state
+ * kept at the last block boundary of what it shares, and its tokens equal a
+ * cold single-sequence run; with no room for snapshots nothing is reused. */
+static bool two_turns(const ke_model *m, int64_t state_bytes, const char *dir, int32_t *n_cached) {
+    ke_ctx *c;
+    kiln_status st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 128, .n_threads = 1, .block_size = 4, .state_cache_bytes = state_bytes}, &c);
+    ksch *s = NULL;
+    if (!st) st = ksch_create(c, &(ksch_params){.max_running = 2, .step_tokens = 16, .prefix_cache = true}, &s);
+    int64_t V = ke_model_hparams(m)->vocab;
+    job a, b;
+    int32_t p1[96];
+    for (int i = 0; i < 96; i++) p1[i] = tok_at(i * 5 + 1, V);
+    job_init(&a, p1, 23, true, 0, 14);
+    uint64_t id;
+    if (!st) st = ksch_submit(s, &(ksch_request){a.prompt, a.n_prompt, &a.gp, 0, on_event, &a.got, NULL}, &id);
+    if (!st) drain(s);
+    /* turn 2: prompt 1, its reply, 6 more tokens */
+    int n2 = 23 + a.got.n;
+    memcpy(p1 + 23, a.got.ids, sizeof(int32_t) * (size_t)a.got.n);
+    for (int i = 0; i < 6; i++) p1[n2 + i] = tok_at(i + 50, V);
+    job_init(&b, p1, n2 + 6, false, 5, 12);
+    if (!st) st = ksch_submit(s, &(ksch_request){b.prompt, b.n_prompt, &b.gp, 0, on_event, &b.got, NULL}, &id);
+    if (!st) drain(s);
+    if (!st) st = run_alone(m, b.prompt, b.n_prompt, &b.gp, NULL, &b.want);
+    bool ok = !st && b.got.ended && !b.got.err && same(&b.got, &b.want);
+    if (st) kt_fail(__FILE__, __LINE__, "%s: %s", dir, kiln_status_msg(st));
+    else if (!ok) kt_fail(__FILE__, __LINE__, "%s: the second turn differs from a cold run", dir);
+    *n_cached = b.got.n_cached;
+    kiln_status_free(st);
+    kiln_status_free(b.got.err);
+    jobs_free(&a, 1);
+    jobs_free(&b, 1);
+    ksch_destroy(s);
+    ke_ctx_free(c);
+    return ok;
+}
+
+KT_TEST(sched_recurrent_prefix_cache_second_turn_exact) {
+    char root[4096];
+    kt_path(root, sizeof root, "tests/fixtures/oracle");
+    DIR *d = opendir(root);
+    KT_CHECK(d);
+    struct dirent *e;
+    int checked = 0, bad = 0;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char dir[8192];
+        snprintf(dir, sizeof dir, "%s/%s", root, e->d_name);
+        ke_model *m = NULL;
+        kiln_status st = ke_model_load(dir, &m);
+        if (st) {
+            kiln_status_free(st);
+            continue;
+        }
+        ke_ctx *c = NULL;
+        st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 32, .n_threads = 1}, &c);
+        bool rec = !st && ke_ctx_recurrent(c);
+        kiln_status_free(st);
+        ke_ctx_free(c);
+        if (rec) {
+            int32_t hit = 0, none = 0;
+            if (!two_turns(m, 0, dir, &hit) || !two_turns(m, -1, dir, &none)) bad++;
+            else if (hit < 20 || none != 0) {
+                kt_fail(__FILE__, __LINE__, "%s: %d cached tokens with snapshots (want >= 20), %d without", dir, hit, none);
+                bad++;
+            }
+            fprintf(stderr, "  %s: second turn resumed at %d tokens\n", e->d_name, hit);
+            checked++;
+        }
+        ke_model_free(m);
+    }
+    closedir(d);
+    KT_CHECKF(bad == 0, "%d of %d recurrent fixtures fail", bad, checked);
+    KT_CHECKF(checked >= 10, "only %d fixtures with recurrent state", checked);
 }

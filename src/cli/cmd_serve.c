@@ -19,6 +19,8 @@ static void usage(FILE *f) {
             "  -c, --ctx-size N       tokens per sequence (default: the model's, at most 4096)\n"
             "  --kv-tokens N          KV cache tokens shared by all sequences (default ctx-size x parallel)\n"
             "  --block-size N         tokens per KV block (default 16)\n"
+            "  --cache-ram MIB        models with recurrent state (Mamba, hybrids): memory for the state\n"
+            "                         snapshots prefix caching resumes from (default 256; 0: none)\n"
             "  -b, --step-tokens N    tokens per engine step: decodes plus prompt chunks (default 256)\n"
             "  --queue N              requests waiting before 503 (default 256)\n"
             "  -t, --threads N        engine threads (default: all CPUs)\n"
@@ -59,6 +61,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) st = kiln_parse_int(a, v, 1, 4096, &x), p.parallel = (int)x;
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) st = kiln_parse_int(a, v, 0, 1 << 24, &p.ctx_size);
         else if (!strcmp(a, "--kv-tokens")) st = kiln_parse_int(a, v, 0, 1ll << 32, &p.kv_tokens);
+        else if (!strcmp(a, "--cache-ram")) st = kiln_parse_int(a, v, 0, 1ll << 30, &x), p.state_cache_bytes = x ? x << 20 : -1;
         else if (!strcmp(a, "--block-size")) st = kiln_parse_int(a, v, 1, 4096, &x), p.block_size = (int)x;
         else if (!strcmp(a, "-b") || !strcmp(a, "--step-tokens")) st = kiln_parse_int(a, v, 1, 1 << 20, &x), p.step_tokens = (int)x;
         else if (!strcmp(a, "--queue")) st = kiln_parse_int(a, v, 1, 1 << 20, &x), p.max_queue = (int)x;

@@ -135,6 +135,13 @@ struct ke_ctx {
     int64_t n_state_slots;
     int32_t *free_state;
     int64_t n_free_state;
+    /* recurrent state snapshots for prefix caching (see ke_seq_publish): the
+     * state of every layer right after a cached block's last token, one
+     * buffer of snap_numel floats per block that has one, within snap_budget
+     * bytes (least recently used dropped first) */
+    float **snap;         /* [n_blocks]; NULL: none */
+    uint64_t *snap_used;  /* [n_blocks] tick of last use */
+    int64_t snap_numel, n_snaps, max_snaps;
     seq_state *seqs;
     int n_seqs, cap_seqs;
     exec_entry execs[MAX_EXECS];
@@ -233,7 +240,17 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
                     return kiln_error(KILN_ENOMEM, "cannot allocate the recurrent state of %lld sequences",
                                       (long long)c->n_state_slots);
                 }
+                c->snap_numel += c->cache[l].state_numel[k];
             }
+        int64_t budget = c->p.state_cache_bytes;
+        if (budget == 0) budget = (int64_t)256 << 20;
+        c->max_snaps = budget > 0 && c->snap_numel > 0 ? budget / (c->snap_numel * (int64_t)sizeof(float)) : 0;
+        if (c->max_snaps > c->n_blocks) c->max_snaps = c->n_blocks;
+        if (c->max_snaps > 0) {
+            c->snap = calloc(nb, sizeof(float *));
+            c->snap_used = calloc(nb, sizeof(uint64_t));
+            if (!c->snap || !c->snap_used) goto oom;
+        }
     }
     int64_t slots = c->n_blocks * bs;
     for (int64_t l = 0; l < hp->n_layers; l++) {
@@ -266,6 +283,9 @@ void ke_ctx_free(ke_ctx *c) {
     if (c->state)
         for (int64_t i = 0; i < c->m->hp.n_layers * KB_MAX_STATES; i++) free(c->state[i]);
     free(c->state), free(c->free_state), free(c->sslot);
+    if (c->snap)
+        for (int64_t b = 0; b < c->n_blocks; b++) free(c->snap[b]);
+    free(c->snap), free(c->snap_used);
     free(c->kcache);
     free(c->vcache);
     free(c->cache);
@@ -314,6 +334,46 @@ static void unpublish(ke_ctx *c, int32_t b) {
     while (*pp != b) pp = &c->hnext[*pp];
     *pp = c->hnext[b];
     c->cached[b] = 0;
+    if (c->snap && c->snap[b]) {
+        free(c->snap[b]);
+        c->snap[b] = NULL;
+        c->n_snaps--;
+    }
+}
+
+/* Copies the recurrent state row `slot` into buf (to_row false) or buf into
+ * the row (to_row true): every layer's states, in layer order. */
+static void state_copy(ke_ctx *c, int32_t slot, float *buf, bool to_row) {
+    const km_hparams *hp = &c->m->hp;
+    for (int64_t l = 0; l < hp->n_layers; l++)
+        for (int k = 0; k < c->cache[l].n_states; k++) {
+            int64_t n = c->cache[l].state_numel[k];
+            float *row = c->state[l * KB_MAX_STATES + k] + slot * n;
+            if (to_row) memcpy(row, buf, sizeof(float) * (size_t)n);
+            else memcpy(buf, row, sizeof(float) * (size_t)n);
+            buf += n;
+        }
+}
+
+/* Keeps seq q's state (after its first len tokens, len a multiple of the
+ * block size) with the cached block b holding its last tokens, dropping the
+ * least recently used snapshot when the budget is full. */
+static void snapshot(ke_ctx *c, const seq_state *q, int32_t b) {
+    if (!c->snap || c->snap[b] || q->state_slot < 0) return;
+    if (c->n_snaps >= c->max_snaps) {
+        int64_t old = -1;
+        for (int64_t i = 0; i < c->n_blocks; i++)
+            if (c->snap[i] && (old < 0 || c->snap_used[i] < c->snap_used[old])) old = i;
+        if (old < 0) return;
+        c->snap[b] = c->snap[old]; /* reuse its buffer */
+        c->snap[old] = NULL;
+    } else {
+        c->snap[b] = malloc(sizeof(float) * (size_t)c->snap_numel);
+        if (!c->snap[b]) return;
+        c->n_snaps++;
+    }
+    state_copy(c, q->state_slot, c->snap[b], false);
+    c->snap_used[b] = ++c->tick;
 }
 
 /* A block for new tokens (reference count 1): a free one, else the cached
@@ -405,20 +465,31 @@ static int64_t longrope_limit(const km_hparams *hp);
 
 int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
     seq_state *q = open_seq(c, seq);
-    if (!q || q->len != 0 || q->n_blocks != 0 || n <= 0 || c->recurrent) return 0;
+    if (!q || q->len != 0 || q->n_blocks != 0 || n <= 0 || (c->recurrent && !c->snap)) return 0;
     int64_t bs = c->p.block_size, full = (n - 1) / bs;
     if (full > c->max_blocks_per_seq) full = c->max_blocks_per_seq;
     c->prefix_queries += n;
     if (full == 0 || (!q->cap_blocks && !seq_reserve(c, q))) return 0;
     uint64_t parent = HASH_ROOT;
+    int64_t usable = 0; /* blocks that can be attached: all, or up to the last with a state snapshot */
     for (int64_t j = 0; j < full; j++) {
         uint64_t h = block_hash(parent, tokens + j * bs, bs);
         int32_t b = find_cached(c, h, parent, tokens + j * bs);
         if (b < 0) break;
-        if (c->ref[b]++ == 0) lru_unlink(c, b);
-        q->blocks[q->n_blocks++] = b;
+        q->blocks[j] = b;
         q->hash[j] = h;
         parent = h;
+        if (!c->recurrent || c->snap[b]) usable = j + 1;
+    }
+    for (int64_t j = 0; j < usable; j++) {
+        int32_t b = q->blocks[j];
+        if (c->ref[b]++ == 0) lru_unlink(c, b);
+    }
+    q->n_blocks = usable;
+    if (c->recurrent && usable) {
+        int32_t b = q->blocks[usable - 1];
+        state_copy(c, q->state_slot, c->snap[b], true);
+        c->snap_used[b] = ++c->tick;
     }
     q->n_hashed = q->n_blocks;
     q->len = q->n_blocks * bs;
@@ -455,6 +526,15 @@ void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
         *head = b;
     }
     if (full > q->n_hashed) q->n_hashed = full;
+    /* the state row holds the state after q->len tokens: keep it with the
+     * block it completes */
+    if (c->snap && q->len > 0 && q->len % bs == 0 && q->len / bs <= full) {
+        int64_t j = q->len / bs - 1;
+        int32_t b = q->blocks[j];
+        /* a block found already cached under another sequence: the snapshot goes with that one */
+        if (b < 0 || !c->cached[b]) b = find_cached(c, q->hash[j], j ? q->hash[j - 1] : HASH_ROOT, tokens + j * bs);
+        if (b >= 0) snapshot(c, q, b);
+    }
 }
 
 int64_t ke_seq_trim_window(ke_ctx *c, int seq) {

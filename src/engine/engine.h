@@ -40,6 +40,8 @@ typedef struct {
     kp_options compile;
     int n_seq_max;    /* models with recurrent layers: sequences open at once (each holds a row of
                        * recurrent state, see ke_seq_open); 0: 32. Others: unused (no limit). */
+    int64_t state_cache_bytes; /* models with recurrent layers: memory for the state snapshots that let
+                                * prefix caching resume them (ke_seq_publish); 0: 256 MiB, < 0: none */
 } ke_ctx_params;
 
 typedef struct ke_ctx ke_ctx;
@@ -60,7 +62,7 @@ int ke_ctx_n_threads(const ke_ctx *c);
  * fails with KILN_ELIMIT while n_seq_max sequences are open. */
 kiln_status ke_seq_open(ke_ctx *c, int *seq);
 void ke_seq_close(ke_ctx *c, int seq); /* frees its KV blocks and state row */
-/* True when the model keeps recurrent state (prefix caching is then off). */
+/* True when the model keeps recurrent state (prefix caching then needs state snapshots). */
 bool ke_ctx_recurrent(const ke_ctx *c);
 int64_t ke_seq_len(const ke_ctx *c, int seq);
 
@@ -127,16 +129,23 @@ void ke_ctx_cache_stats(const ke_ctx *c, ke_cache_stats *out);
 
 /* Blocks that appending n tokens to seq would take from the pool. */
 int64_t ke_seq_blocks_needed(const ke_ctx *c, int seq, int64_t n);
-/* Prefix caching (never for models with recurrent state, whose state after
- * a prefix is not kept per block: returns 0). For an empty sequence that will hold tokens[0..n):
+/* Prefix caching. For an empty sequence that will hold tokens[0..n):
  * attaches the cached blocks holding its longest cached prefix of full
  * blocks (leaving at least the last token to compute, so that a decode
- * yields its logits) and returns the number of tokens now in the cache. */
+ * yields its logits) and returns the number of tokens now in the cache.
+ * Models with recurrent state resume only where a state snapshot was kept
+ * (the longest such prefix), restoring the sequence's state row from it. */
 int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n);
 /* Publishes seq's full blocks for reuse; tokens[0..n) are its tokens (at
  * least ke_seq_len of them). Blocks stay cached after the sequence closes.
  * Call after each decode (it only hashes blocks completed since the last
- * call). */
+ * call). For a model with recurrent state, when the sequence's length is a
+ * multiple of the block size the state row is copied beside the block it
+ * completes (a snapshot, within ke_ctx_params.state_cache_bytes; a scheduler
+ * ends prefill chunks at block boundaries to get them). The state after a
+ * prefix does not depend on how its tokens were split into steps (the
+ * kernels are batch invariant), so a resumed sequence computes what a cold
+ * one does, bit for bit. */
 void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n);
 /* Releases the blocks that fell out of the sliding window of every layer
  * (see ke_ctx_window); returns how many. Call between decodes. */

@@ -484,6 +484,7 @@ static kiln_status load(ksrv *s) {
     }
     cp.n_cache = s->p.kv_tokens > 0 ? s->p.kv_tokens : cp.n_ctx * s->p.parallel;
     cp.n_seq_max = s->p.parallel; /* recurrent state rows: one per running sequence */
+    cp.state_cache_bytes = s->p.state_cache_bytes;
     KILN_TRY(ke_ctx_create(s->m, &cp, &s->c));
     ksch_params sp = {.max_running = s->p.parallel,
                       .max_waiting = s->p.max_queue,

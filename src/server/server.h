@@ -32,6 +32,7 @@ typedef struct {
     int parallel;          /* sequences decoding at once; 0: 8 */
     int64_t ctx_size;      /* tokens per sequence; 0: the model's, at most 4096 */
     int64_t kv_tokens;     /* KV cache tokens shared by all sequences; 0: ctx_size * parallel */
+    int64_t state_cache_bytes; /* recurrent-state snapshots for prefix caching (ke_ctx_params); 0: default, < 0: none */
     int block_size;        /* tokens per KV block; 0: 16 */
     int step_tokens;       /* tokens per engine step; 0: 256 */
     int max_queue;         /* waiting requests before 503; 0: 256 */
