@@ -152,6 +152,11 @@ kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
+void km_rope_theta_default(const cJSON *cfg, km_hparams *hp, double theta) {
+    const cJSON *rp = km_rope_params(hp, "full_attention");
+    if (!ku_json_get(cfg, "rope_theta") && !(rp && ku_json_get(rp, "rope_theta"))) hp->rope_theta = theta;
+}
+
 kiln_status km_rope_one(km_hparams *hp, bool interleaved) {
     int dim = (int)((double)hp->head_dim * hp->partial_rotary);
     KILN_TRYF(km_rope_init(&hp->ropes[0], hp->rope_scaling, hp->rope_theta, dim, hp->max_pos), "config.json");

@@ -192,6 +192,11 @@ kiln_status km_rope_one(km_hparams *hp, bool interleaved);
  * "sliding_attention", or a family's own key): the flat object whatever the
  * type, the type's object when there is one per type, else NULL. */
 const cJSON *km_rope_params(const km_hparams *hp, const char *layer_type);
+/* A family's default rope_theta, for configs that name it nowhere: neither
+ * "rope_theta" nor a rope_parameters object (flat, or full_attention's)
+ * holding one. Parse hooks call this instead of re-reading "rope_theta",
+ * which would override a transformers-5 config's rope_parameters. */
+void km_rope_theta_default(const cJSON *cfg, km_hparams *hp, double theta);
 /* Every layer NoPE (ALiBi or learned positions instead of rotary). */
 void km_no_rope(km_hparams *hp);
 
