@@ -370,7 +370,7 @@ typedef struct {
     bool no_ffn;             /* the layer is its first branch only (Mamba's blocks) */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
- * hp->post_norm) RMSNorm layers with hp's arrangement switches
+ * hp->post_norm, SANDWICH with hp->sandwich_norm) RMSNorm layers with hp's arrangement switches
  * (parallel_residual, shared_norm, residual_from_norm, residual_scale);
  * attention with hp's biases, per-layer heads, clip_qkv, MLA ranks, score
  * scale (attn_scale, by layer with attn_scale_by_layer), soft-cap, window,

@@ -75,6 +75,8 @@ typedef struct {
     bool residual_from_norm; /* apply_residual_connection_post_layernorm: each residual branch adds to
                               * its normed input instead of x (BLOOM, TeleChat, Qwen-1, ChatGLM) */
     bool post_norm;          /* norms after the residual adds: x = norm(x + f(x)) (OPT-350m) */
+    bool sandwich_norm;      /* norms on each branch's input and output: x + p(f(n(x))) (Peri-LN:
+                              * HyperCLOVA X use_post_norm) */
     float residual_scale;    /* each residual branch times this before its add (MiniCPM
                               * scale_depth / sqrt(layers), Granite residual_multiplier); 0: none */
 
