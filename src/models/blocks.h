@@ -497,11 +497,20 @@ kg_node *kb_lightning_attention(kb_ctx *b, kg_node *x, int il);
 /* x @ W^T for the module named `module` (no bias): weights whose names carry
  * more than a layer index (Zamba2's per-use LoRA adapters). */
 kg_node *kb_linear_module(kb_ctx *b, kg_node *x, const char *module, int64_t rows);
+/* The float tensor called `name` of the given rank and shape (-1 entries
+ * match anything), or NULL (error recorded): tensors outside any role
+ * (HRM's learned initial state model.z_L_init). */
+kg_node *kb_tensor_named(kb_ctx *b, const char *name, int rank, const int64_t *shape);
 /* Self-attention whose q/k/v/o weights are layer wl's (a block several
  * layers share) while the KV cache is layer il's; add[i] (NULL: none)
  * [T, heads * D] are added to the q, k, v projections (per-use adapters).
  * Separate projections without biases; norms, rope, scores as o says. */
 kg_node *kb_tied_attention(kb_ctx *b, kg_node *x, int il, int wl, kg_node *const add[3], const kb_attn_opts *o);
+/* Multi-head attention with weights of layer wl and layer il's KV cache
+ * whose one KM_T_ATTN_QKV projection gives [gate | q | k | v], H * D rows
+ * each (HRM's gqkv_proj, no biases); the attention output times
+ * sigmoid(gate), then KM_T_ATTN_O. Norms, rope, scores as o says. */
+kg_node *kb_tied_gated_attention(kb_ctx *b, kg_node *x, int il, int wl, const kb_attn_opts *o);
 
 /* ==== given rows added between layers (blocks_embed.c) */
 

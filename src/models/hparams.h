@@ -169,6 +169,10 @@ typedef struct {
     unsigned char zamba_hybrid[KM_MAX_LAYERS]; /* 1: the shared transformer block runs before this layer's Mamba-2 */
     int64_t zamba_mem_blocks, zamba_adapter_rank; /* shared blocks used in turn; LoRA rank of the per-use adapters */
     bool zamba_attn_adapter;  /* adapters on q, k, v too (the MLP's gate/up always has one) */
+    /* HRM (hierarchical reasoning model): an L and an H stack of hrm_stack_layers layers each, run as
+     * hrm_h_cycles x (hrm_l_cycles L passes + 1 H pass); n_layers counts the attention invocations
+     * (each its own KV cache) */
+    int64_t hrm_h_cycles, hrm_l_cycles, hrm_stack_layers;
     /* ==== vision-language models (src/vision) */
     bool embd_in;             /* kb_embed takes KB_IN_EMBD / KB_IN_EMBD_MASK: rows (image features) replacing token rows */
     bool attn_span;           /* attention takes per-token bidirectional spans (KB_IN_SPAN): Gemma 3 image blocks,
