@@ -293,6 +293,8 @@ typedef enum {
     KB_MOE_IN_OUT_HALVES,  /* KM_T_MOE_GATE_UP a tensor [E, H, 2F] (x @ W), gate columns first; KM_T_MOE_DOWN a
                             * tensor [E, F, H] (Llama 4) */
     KB_MOE_IN_OUT_INTERLEAVED, /* as the last, gate and up columns alternating (gpt-oss) */
+    KB_MOE_FLAT,           /* KM_T_MOE_GATE, _UP and _DOWN bare 2-D tensors [E * F, H], every expert's [F, H]
+                            * back to back; gate and up stored [out, in], down read x @ W (DBRX's w1, v1, w2) */
 } kb_moe_layout;
 
 /* A mixture-of-experts MLP: router logits (KM_T_MOE_ROUTER) -> scores ->

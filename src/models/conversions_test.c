@@ -493,3 +493,93 @@ KT_TEST(variant_plamo_is_cohere_on_centered_weights) {
     ckt_rmdir(d2);
     KT_CHECKF(ok, "plamo's logits differ from cohere's on the same (centered, permuted) weights");
 }
+
+/* DBRX (no transformers oracle: its DBRX experts apply w1/v1/w2 transposed)
+ * on the mixtral fixture's weights, made zero-mean along the residual
+ * stream so that DBRX's bias-free LayerNorms equal Mixtral's RMSNorms
+ * (same eps 1e-5): Wqkv = [q; k; v], experts w1 (gate), v1 (up) stacked
+ * [E * F, H], and w2 stacked from each expert's down projection
+ * transposed ([F, H], applied as x @ W, the reference's
+ * intermediate.matmul(expert_w2)); also in mlx-lm's per-expert layout
+ * (experts.<e>.w1.weight, w2 transposed back to [H, F]). Logits must equal
+ * kiln's mixtral (oracle-proven) on the same centered weights. */
+KT_TEST(variant_dbrx_is_mixtral_on_centered_weights) {
+    enum { V = 512, HD = 64, F = 64, E = 4 };
+    char fix[1024], d1[1024], d2[1024], d3[1024], a[200], o[200];
+    kt_path(fix, sizeof fix, "tests/fixtures/oracle/mixtral");
+    kc_checkpoint *ck;
+    KT_CHECK_OK(kc_open(fix, &ck));
+    mt_set m = {0}, d = {0}, x = {0}; /* mixtral, DBRX, DBRX as mlx-lm splits it */
+    float *emb = mt_copy(&m, ck, "model.embed_tokens.weight", "model.embed_tokens.weight");
+    int ok = emb != NULL;
+    if (ok) center(emb, V, HD, 1);
+    static const char *const top[][2] = {{"model.embed_tokens.weight", "transformer.wte.weight"},
+                                         {"model.norm.weight", "transformer.norm_f.weight"},
+                                         {"lm_head.weight", "lm_head.weight"}};
+    for (int i = 0; ok && i < 3; i++) {
+        if (i) ok = mt_copy(&m, ck, top[i][0], top[i][0]) != NULL;
+        ok = ok && mt_put(&d, top[i][1], i ? kc_find(ck, top[i][0])->data : emb, i == 1 ? HD : V, i == 1 ? 0 : HD) &&
+             mt_put(&x, top[i][1], i ? kc_find(ck, top[i][0])->data : emb, i == 1 ? HD : V, i == 1 ? 0 : HD);
+    }
+    for (int l = 0; ok && l < 2; l++) {
+#define M(buf, s) (snprintf(buf, sizeof buf, "model.layers.%d.%s.weight", l, s), buf)
+#define D(buf, s) (snprintf(buf, sizeof buf, "transformer.blocks.%d.%s", l, s), buf)
+        static const char *const same[][2] = {{"input_layernorm", "norm_attn_norm.norm_1.weight"},
+                                              {"post_attention_layernorm", "norm_attn_norm.norm_2.weight"},
+                                              {"block_sparse_moe.gate", "ffn.router.layer.weight"}};
+        for (int i = 0; ok && i < 3; i++)
+            ok = mt_copy(&m, ck, M(a, same[i][0]), a) && mt_copy(&d, ck, a, D(o, same[i][1])) && mt_copy(&x, ck, a, o);
+        for (int i = 0; ok && i < 3; i++) ok = mt_copy(&m, ck, M(a, i == 0 ? "self_attn.q_proj" : i == 1 ? "self_attn.k_proj" : "self_attn.v_proj"), a) != NULL;
+        char q[200], k[200], v[200];
+        const char *qkv[3] = {M(q, "self_attn.q_proj"), M(k, "self_attn.k_proj"), M(v, "self_attn.v_proj")};
+        ok = ok && stack_rows(&d, ck, D(o, "norm_attn_norm.attn.Wqkv.weight"), qkv, 3) && stack_rows(&x, ck, o, qkv, 3);
+        float *ow = ok ? mt_copy(&m, ck, M(a, "self_attn.o_proj"), a) : NULL;
+        ok = ow != NULL;
+        if (!ok) break;
+        center(ow, HD, HD, 0);
+        ok = mt_put(&d, D(o, "norm_attn_norm.attn.out_proj.weight"), ow, HD, HD) && mt_put(&x, o, ow, HD, HD);
+        float *w1 = ok ? mt_f32(&d, D(o, "ffn.experts.mlp.w1"), 2, (int64_t[]){E * F, HD}) : NULL;
+        float *v1 = w1 ? mt_f32(&d, D(o, "ffn.experts.mlp.v1"), 2, (int64_t[]){E * F, HD}) : NULL;
+        float *w2 = v1 ? mt_f32(&d, D(o, "ffn.experts.mlp.w2"), 2, (int64_t[]){E * F, HD}) : NULL;
+        ok = w2 != NULL;
+        for (int e = 0; ok && e < E; e++) {
+            char en[120];
+            snprintf(en, sizeof en, "block_sparse_moe.experts.%d.w1", e);
+            float *g = mt_copy(&m, ck, M(a, en), a);
+            ok = g && mt_put(&x, (snprintf(o, sizeof o, "transformer.blocks.%d.ffn.experts.%d.w1.weight", l, e), o), g, F, HD);
+            snprintf(en, sizeof en, "block_sparse_moe.experts.%d.w3", e);
+            float *u = ok ? mt_copy(&m, ck, M(a, en), a) : NULL;
+            ok = u && mt_put(&x, (snprintf(o, sizeof o, "transformer.blocks.%d.ffn.experts.%d.v1.weight", l, e), o), u, F, HD);
+            snprintf(en, sizeof en, "block_sparse_moe.experts.%d.w2", e);
+            float *dn = ok ? mt_copy(&m, ck, M(a, en), a) : NULL; /* [HD, F] */
+            ok = dn != NULL;
+            if (!ok) break;
+            center(dn, HD, F, 0);
+            ok = mt_put(&x, (snprintf(o, sizeof o, "transformer.blocks.%d.ffn.experts.%d.w2.weight", l, e), o), dn, HD, F) != NULL;
+            memcpy(w1 + e * F * HD, g, sizeof(float) * F * HD);
+            memcpy(v1 + e * F * HD, u, sizeof(float) * F * HD);
+            for (int f = 0; f < F; f++)
+                for (int h = 0; h < HD; h++) w2[(e * F + f) * HD + h] = dn[h * F + f];
+        }
+#undef M
+#undef D
+    }
+    kc_close(ck);
+    char *cfg_m = mt_patched_config(fix, "{}");
+    const char *cfg_d = "{\"model_type\": \"dbrx\", \"d_model\": 64, \"n_layers\": 2, \"n_heads\": 4, \"max_seq_len\": 256,"
+                        " \"vocab_size\": 512, \"tie_word_embeddings\": false,"
+                        " \"attn_config\": {\"kv_n_heads\": 2, \"clip_qkv\": 1000.0, \"rope_theta\": 1000000.0},"
+                        " \"ffn_config\": {\"ffn_hidden_size\": 64, \"moe_num_experts\": 4, \"moe_top_k\": 2,"
+                        " \"moe_normalize_expert_weights\": 1, \"ffn_act_fn\": {\"name\": \"silu\"}}}";
+    KT_CHECK(cfg_m && ckt_tmpdir(d1, sizeof d1) && ckt_tmpdir(d2, sizeof d2) && ckt_tmpdir(d3, sizeof d3));
+    ok = ok && mt_write(&m, d1, cfg_m) && mt_write(&d, d2, cfg_d) && mt_write(&x, d3, cfg_d);
+    ke_model *km = NULL;
+    KT_CHECK_OK(ok ? ke_model_load(d2, &km) : NULL);
+    if (km) KT_CHECK_STR(ke_model_family(km)->name, "dbrx");
+    ke_model_free(km);
+    KT_CHECKF(ok && same_logits(d1, d2, 1e-4f), "dbrx's logits differ from mixtral's on the same (centered) weights");
+    KT_CHECKF(ok && same_logits(d1, d3, 1e-4f), "dbrx in mlx-lm's per-expert layout differs from mixtral");
+    mt_free(&m), mt_free(&d), mt_free(&x);
+    free(cfg_m);
+    ckt_rmdir(d1), ckt_rmdir(d2), ckt_rmdir(d3);
+}
