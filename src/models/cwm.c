@@ -8,7 +8,7 @@
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
-    km_rope_theta_default(cfg, hp, 1000000.0);
+    KILN_TRY(km_rope_default(cfg, hp, "rope_theta", 1000000.0, &hp->rope_theta));
     KILN_TRY(km_json_int_or_null(cfg, "sliding_window", 8192, 0, &hp->sliding_window));
     hp->attn_qkv_bias = hp->attn_o_bias = false;
     if (ku_json_get(cfg, "layer_types")) return km_sliding_layers(cfg, hp, 0, 0);

@@ -198,11 +198,16 @@ kiln_status km_rope_one(km_hparams *hp, bool interleaved);
  * "sliding_attention", or a family's own key): the flat object whatever the
  * type, the type's object when there is one per type, else NULL. */
 const cJSON *km_rope_params(const km_hparams *hp, const char *layer_type);
-/* A family's default rope_theta, for configs that name it nowhere: neither
- * "rope_theta" nor a rope_parameters object (flat, or full_attention's)
- * holding one. Parse hooks call this instead of re-reading "rope_theta",
- * which would override a transformers-5 config's rope_parameters. */
-void km_rope_theta_default(const cJSON *cfg, km_hparams *hp, double theta);
+/* A family's default for a rope field (rope_theta, partial_rotary_factor)
+ * that config.json names nowhere: *out = def unless the key is at the top
+ * level or in rope_parameters (flat, or full_attention's). Parse hooks call
+ * this instead of re-reading the key, which would override a transformers-5
+ * config's rope_parameters (km_hparams_parse has read both layouts). */
+kiln_status km_rope_default(const cJSON *cfg, const km_hparams *hp, const char *key, double def, double *out);
+/* Rope r over dim dims for the layers of layer_type: from that type's own
+ * object in a per-type rope_parameters when there is one, else from the
+ * older keys' scaling (may be NULL) and theta. */
+kiln_status km_rope_for(const km_hparams *hp, const char *layer_type, const cJSON *scaling, double theta, int dim, km_rope *r);
 /* Every layer NoPE (ALiBi or learned positions instead of rotary). */
 void km_no_rope(km_hparams *hp);
 

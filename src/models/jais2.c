@@ -15,7 +15,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->attn_o_bias = hp->attn_qkv_bias;
     KILN_TRY(ku_json_bool(cfg, "mlp_bias", true, &hp->mlp_bias));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
-    km_rope_theta_default(cfg, hp, 500000.0);
+    KILN_TRY(km_rope_default(cfg, hp, "rope_theta", 500000.0, &hp->rope_theta));
     hp->sliding_window = 0;
     return NULL;
 }
