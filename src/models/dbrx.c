@@ -32,25 +32,20 @@ static const km_names names = {
     [KM_T_MOE_DOWN] = EXPERT("w2"),
 };
 
-/* An optional number of obj: absent or null gives def. */
-static kiln_status num(const cJSON *obj, const char *key, double def, double *out) {
-    const cJSON *v = obj ? ku_json_get(obj, key) : NULL;
-    return ku_json_num(v && !cJSON_IsNull(v) ? obj : NULL, key, def, out);
-}
-
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     const cJSON *attn = ku_json_get(cfg, "attn_config"), *ffn = ku_json_get(cfg, "ffn_config");
     if ((attn && !cJSON_IsObject(attn)) || (ffn && !cJSON_IsObject(ffn)))
         return kiln_error(KILN_EINVAL, "config.json: \"attn_config\" and \"ffn_config\" must be objects");
     double kv, clip, theta, width, experts, top_k, p;
-    KILN_TRY(num(attn, "kv_n_heads", 1, &kv));
-    KILN_TRY(num(attn, "clip_qkv", 0, &clip));
-    KILN_TRY(num(attn, "rope_theta", 10000.0, &theta));
-    KILN_TRY(num(ffn, "ffn_hidden_size", 3584, &width));
-    KILN_TRY(num(ffn, "moe_num_experts", 4, &experts));
-    KILN_TRY(num(ffn, "moe_top_k", 1, &top_k));
-    const cJSON *norm = ffn ? ku_json_get(ffn, "moe_normalize_expert_weights") : NULL;
-    KILN_TRY(num(ffn, "moe_normalize_expert_weights", 1, &p));
+    KILN_TRY(ku_json_num(attn, "kv_n_heads", 1, &kv));
+    KILN_TRY(ku_json_num(attn, "clip_qkv", 0, &clip));
+    KILN_TRY(ku_json_num(attn, "rope_theta", 10000.0, &theta));
+    KILN_TRY(ku_json_num(ffn, "ffn_hidden_size", 3584, &width));
+    KILN_TRY(ku_json_num(ffn, "moe_num_experts", 4, &experts));
+    KILN_TRY(ku_json_num(ffn, "moe_top_k", 1, &top_k));
+    /* null (no renormalisation) is not absence (1) here */
+    const cJSON *norm = ffn ? cJSON_GetObjectItemCaseSensitive(ffn, "moe_normalize_expert_weights") : NULL;
+    KILN_TRY(ku_json_num(ffn, "moe_normalize_expert_weights", 1, &p));
     const cJSON *act = ffn ? ku_json_get(ffn, "ffn_act_fn") : NULL, *an = act ? ku_json_get(act, "name") : NULL;
     hp->act = KM_ACT_SILU;
     if (an && cJSON_IsString(an)) KILN_TRYF(km_parse_act(an->valuestring, &hp->act), "config.json: ffn_config.ffn_act_fn");

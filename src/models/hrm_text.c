@@ -38,18 +38,16 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_int(cfg, "L_cycles", 3, &hp->hrm_l_cycles));
     if (hp->hrm_h_cycles < 1 || hp->hrm_l_cycles < 1)
         return kiln_error(KILN_EINVAL, "config.json: \"H_cycles\" and \"L_cycles\" must be positive");
-    const cJSON *nl = ku_json_get(cfg, "num_layers_per_stack");
     int64_t uses = hp->hrm_h_cycles * (hp->hrm_l_cycles + 1);
-    KILN_TRY(ku_json_int(nl && !cJSON_IsNull(nl) ? cfg : NULL, "num_layers_per_stack", hp->n_layers, &per_stack));
-    if (!nl || cJSON_IsNull(nl)) hp->n_layers = per_stack * uses;
+    KILN_TRY(ku_json_int(cfg, "num_layers_per_stack", hp->n_layers, &per_stack));
+    if (!ku_json_get(cfg, "num_layers_per_stack")) hp->n_layers = per_stack * uses; /* absent or null */
     if (per_stack < 1 || hp->n_layers != per_stack * uses || hp->n_layers > KM_MAX_LAYERS)
         return kiln_error(KILN_EINVAL,
                           "config.json: num_hidden_layers %lld is not num_layers_per_stack %lld x H_cycles x (L_cycles + 1) "
                           "(at most %d)", (long long)hp->n_layers, (long long)per_stack, KM_MAX_LAYERS);
     hp->hrm_stack_layers = per_stack;
     KILN_TRY(ku_json_num(cfg, "initializer_range", 0.02, &init_range));
-    const cJSON *es = ku_json_get(cfg, "embedding_scale");
-    KILN_TRY(ku_json_num(es && !cJSON_IsNull(es) ? cfg : NULL, "embedding_scale", 1.0 / init_range, &scale));
+    KILN_TRY(ku_json_num(cfg, "embedding_scale", 1.0 / init_range, &scale)); /* null: 1 / initializer_range */
     if (!isfinite(scale)) return kiln_error(KILN_EINVAL, "config.json: \"embedding_scale\" (or 1 / initializer_range) is not finite");
     hp->emb_scale = (float)scale;
     hp->n_kv_heads = hp->n_heads; /* multi-head attention: the config class has no num_key_value_heads */

@@ -25,20 +25,13 @@ static const km_names names = {
     [KM_T_FFN_POST_NORM] = "model.layers.%d.post_norm2",
 };
 
-/* A multiplier: absent or null gives def. */
-static kiln_status multiplier(const cJSON *cfg, const char *key, double def, double *out) {
-    const cJSON *v = ku_json_get(cfg, key);
-    if (v && cJSON_IsNull(v)) v = NULL;
-    return ku_json_num(v ? cfg : NULL, key, def, out);
-}
-
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     double emb, attn, res, logits;
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
-    KILN_TRY(multiplier(cfg, "embedding_multiplier", 1.0, &emb));
-    KILN_TRY(multiplier(cfg, "attention_multiplier", 0.0, &attn));
-    KILN_TRY(multiplier(cfg, "residual_multiplier", 1.0, &res));
-    KILN_TRY(multiplier(cfg, "logits_scaling", 1.0, &logits));
+    KILN_TRY(ku_json_num(cfg, "embedding_multiplier", 1.0, &emb));
+    KILN_TRY(ku_json_num(cfg, "attention_multiplier", 0.0, &attn));
+    KILN_TRY(ku_json_num(cfg, "residual_multiplier", 1.0, &res));
+    KILN_TRY(ku_json_num(cfg, "logits_scaling", 1.0, &logits));
     KILN_TRY(ku_json_bool(cfg, "use_post_norm", false, &hp->sandwich_norm));
     if (attn < 0) return kiln_error(KILN_EINVAL, "config.json: hyperclovax attention_multiplier must be positive");
     hp->emb_scale = (float)emb;

@@ -25,8 +25,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_str(cfg, "hidden_act", "relu2", &act));
     KILN_TRYF(km_parse_act(act, &hp->act), "config.json");
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
-    const cJSON *c = ku_json_get(cfg, "final_logit_softcapping");
-    KILN_TRY(ku_json_num(c && !cJSON_IsNull(c) ? cfg : NULL, "final_logit_softcapping", 0, &cap));
+    KILN_TRY(ku_json_num(cfg, "final_logit_softcapping", 0, &cap)); /* null: none */
     if (cap < 0) return kiln_error(KILN_EINVAL, "config.json: \"final_logit_softcapping\" must be positive or null");
     hp->final_softcap = (float)cap;
     hp->mlp_bias = false;
