@@ -792,10 +792,13 @@ kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_
     KILN_TRY(find_req(c, name, &t));
     KILN_TRY(check_float(c, t));
     if (t->rank != 3 && t->rank != 2) return kiln_error(KILN_EINVAL, TP "rank %d, want 3 (experts, rows, cols) or 2 (biases)", TA(t), t->rank);
-    if (t->shape[0] != n) return kiln_error(KILN_EINVAL, TP "%" PRId64 " experts, want %" PRId64, TA(t), t->shape[0], n);
+    bool flat = p->flat && t->rank == 2;
+    if (flat && (n < 1 || t->shape[0] % n))
+        return kiln_error(KILN_EINVAL, TP "%" PRId64 " rows do not split into %" PRId64 " experts", TA(t), t->shape[0], n);
+    if (!flat && t->shape[0] != n) return kiln_error(KILN_EINVAL, TP "%" PRId64 " experts, want %" PRId64, TA(t), t->shape[0], n);
     /* per expert: stored [A, B]; out features O, in features I */
-    int64_t A = t->shape[1], B = t->rank == 3 ? t->shape[2] : 1;
-    bool in_out = p->in_out && t->rank == 3;
+    int64_t A = flat ? t->shape[0] / n : t->shape[1], B = flat || t->rank == 3 ? t->shape[t->rank - 1] : 1;
+    bool in_out = p->in_out && (t->rank == 3 || flat);
     int64_t O = in_out ? B : A, I = in_out ? A : B;
     if (p->parts < 1 || p->part < 0 || p->part >= p->parts || O % p->parts)
         return kiln_error(KILN_EINVAL, TP "%" PRId64 " output features do not split into %d parts", TA(t), O, p->parts);

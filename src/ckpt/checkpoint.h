@@ -143,6 +143,7 @@ kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t 
  * Quantized fused tensors are not supported (mlx-lm splits them). */
 typedef struct {
     bool in_out, interleaved;
+    bool flat; /* a 2-D tensor [n * A, B]: the n experts' [A, B] back to back (DBRX's w1, v1, w2) */
     int parts, part;
 } kc_expert_part;
 kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_t n, const kc_expert_part *p, kc_experts *out);

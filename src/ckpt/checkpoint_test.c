@@ -805,3 +805,31 @@ KT_TEST(ckpt_expert_parts_of_fused_tensors) {
     kc_close(c);
     ckt_rmdir(dir);
 }
+
+/* DBRX's experts: 2-D [E * F, H] tensors, each expert's [F, H] read as
+ * [out, in] (w1, v1) or as x @ W (w2: [in = F, out = H]) */
+KT_TEST(ckpt_expert_parts_of_flat_tensors) {
+    char dir[256];
+    KT_CHECK(ckt_tmpdir(dir, sizeof dir));
+    KT_CHECK(ckt_write_str(dir, "config.json", CFG_LLAMA));
+    float w[2 * 4][3]; /* 2 experts of [F = 4, H = 3] */
+    for (int r = 0; r < 8; r++)
+        for (int i = 0; i < 3; i++) w[r][i] = (float)(10 * r + i);
+    kc_tensor ts[] = {{.name = "experts.mlp.w1", .dtype = KC_F32, .rank = 2, .shape = {8, 3}, .data = w}};
+    KT_CHECK(write_st(dir, "model.safetensors", ts, 1));
+    kc_checkpoint *c;
+    KT_CHECK_OK(kc_open(dir, &c));
+    kc_experts x;
+    KT_CHECK_OK(kc_get_experts_part(c, "experts.mlp.w1", 2, &(kc_expert_part){.flat = true, .parts = 1}, &x));
+    KT_CHECK(x.n == 2 && x.m.rows == 4 && x.m.cols == 3 && x.m.data == kc_find(c, "experts.mlp.w1")->data);
+    KT_CHECK_OK(kc_get_experts_part(c, "experts.mlp.w1", 2, &(kc_expert_part){.flat = true, .in_out = true, .parts = 1}, &x));
+    KT_CHECK(x.m.rows == 3 && x.m.cols == 4);
+    for (int e = 0; e < 2; e++)
+        for (int o = 0; o < 3; o++)
+            for (int i = 0; i < 4; i++) KT_CHECK(stack_at(&x, e, o, i) == w[e * 4 + i][o]);
+    KT_CHECK_ERR(kc_get_experts_part(c, "experts.mlp.w1", 3, &(kc_expert_part){.flat = true, .parts = 1}, &x),
+                 "8 rows do not split into 3 experts");
+    KT_CHECK_ERR(kc_get_experts_part(c, "experts.mlp.w1", 2, &(kc_expert_part){.parts = 1}, &x), "8 experts, want 2");
+    kc_close(c);
+    ckt_rmdir(dir);
+}

@@ -28,13 +28,13 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_str(cfg, "hidden_act", "xielu", &act));
     KILN_TRYF(km_parse_act(act, &hp->act), "config.json");
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
-    KILN_TRY(ku_json_num(cfg, "rope_theta", 12000000.0, &hp->rope_theta));
+    KILN_TRY(km_rope_default(cfg, hp, "rope_theta", 12000000.0, &hp->rope_theta));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     hp->attn_o_bias = hp->attn_qkv_bias;
     hp->mlp_bias = false;
     hp->sliding_window = 0;
     KILN_TRY(km_sliding_layers(cfg, hp, 0, 0));
-    if (!ku_json_get(cfg, "rope_scaling")) {
+    if (!ku_json_get(cfg, "rope_scaling") && !hp->rope_parameters) {
         /* transformers' default: llama3 scaling (factor 8 over 8192 positions) */
         static const char dflt[] = "{\"rope_type\":\"llama3\",\"factor\":8.0,\"original_max_position_embeddings\":8192,"
                                    "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0}";

@@ -38,7 +38,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_str(cfg, "hidden_act", "relu2", &act));
     KILN_TRYF(km_parse_act(act, &hp->act), "config.json");
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
-    KILN_TRY(ku_json_num(cfg, "rope_theta", 500000.0, &hp->rope_theta));
+    KILN_TRY(km_rope_default(cfg, hp, "rope_theta", 500000.0, &hp->rope_theta));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     hp->mlp_bias = false;
     hp->sliding_window = 0;

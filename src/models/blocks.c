@@ -108,13 +108,7 @@ kg_node *kb_tensor(kb_ctx *b, km_tensor t, int il, const char *suffix, int rank,
     char name[256], full[300];
     kb_name(b, t, il, name, sizeof name);
     snprintf(full, sizeof full, "%s%s", name, suffix);
-    const kc_tensor *ct;
-    kiln_status st = kc_get_tensor(b->ck, full, rank, shape, &ct);
-    if (st) {
-        record(b, st);
-        return NULL;
-    }
-    return kg_weight(b->g, dtype_of(ct->dtype), kg_shape_make(ct->rank, ct->shape), ct->data, ct->name);
+    return kb_tensor_named(b, full, rank, shape);
 }
 
 /* Weight nodes for a resolved matrix. */
@@ -316,6 +310,13 @@ kiln_status kb_build(const km_family *fam, const km_hparams *hp, const kc_checkp
 }
 
 /* ---------------------------------------------------------------- weights by name */
+
+kg_node *kb_tensor_named(kb_ctx *b, const char *name, int rank, const int64_t *shape) {
+    const kc_tensor *ct;
+    kiln_status st = kc_get_tensor(b->ck, name, rank, shape, &ct);
+    if (st) return kb_fail(b, st);
+    return kg_weight(b->g, dtype_of(ct->dtype), kg_shape_make(ct->rank, ct->shape), ct->data, ct->name);
+}
 
 kg_node *kb_linear_module(kb_ctx *b, kg_node *x, const char *module, int64_t rows) {
     if (!x) return NULL;

@@ -293,6 +293,8 @@ typedef enum {
     KB_MOE_IN_OUT_HALVES,  /* KM_T_MOE_GATE_UP a tensor [E, H, 2F] (x @ W), gate columns first; KM_T_MOE_DOWN a
                             * tensor [E, F, H] (Llama 4) */
     KB_MOE_IN_OUT_INTERLEAVED, /* as the last, gate and up columns alternating (gpt-oss) */
+    KB_MOE_FLAT,           /* KM_T_MOE_GATE, _UP and _DOWN bare 2-D tensors [E * F, H], every expert's [F, H]
+                            * back to back; gate and up stored [out, in], down read x @ W (DBRX's w1, v1, w2) */
 } kb_moe_layout;
 
 /* A mixture-of-experts MLP: router logits (KM_T_MOE_ROUTER) -> scores ->
@@ -370,7 +372,7 @@ typedef struct {
     bool no_ffn;             /* the layer is its first branch only (Mamba's blocks) */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
- * hp->post_norm) RMSNorm layers with hp's arrangement switches
+ * hp->post_norm, SANDWICH with hp->sandwich_norm) RMSNorm layers with hp's arrangement switches
  * (parallel_residual, shared_norm, residual_from_norm, residual_scale);
  * attention with hp's biases, per-layer heads, clip_qkv, MLA ranks, score
  * scale (attn_scale, by layer with attn_scale_by_layer), soft-cap, window,
@@ -497,11 +499,20 @@ kg_node *kb_lightning_attention(kb_ctx *b, kg_node *x, int il);
 /* x @ W^T for the module named `module` (no bias): weights whose names carry
  * more than a layer index (Zamba2's per-use LoRA adapters). */
 kg_node *kb_linear_module(kb_ctx *b, kg_node *x, const char *module, int64_t rows);
+/* The float tensor called `name` of the given rank and shape (-1 entries
+ * match anything), or NULL (error recorded): tensors outside any role
+ * (HRM's learned initial state model.z_L_init). */
+kg_node *kb_tensor_named(kb_ctx *b, const char *name, int rank, const int64_t *shape);
 /* Self-attention whose q/k/v/o weights are layer wl's (a block several
  * layers share) while the KV cache is layer il's; add[i] (NULL: none)
  * [T, heads * D] are added to the q, k, v projections (per-use adapters).
  * Separate projections without biases; norms, rope, scores as o says. */
 kg_node *kb_tied_attention(kb_ctx *b, kg_node *x, int il, int wl, kg_node *const add[3], const kb_attn_opts *o);
+/* Multi-head attention with weights of layer wl and layer il's KV cache
+ * whose one KM_T_ATTN_QKV projection gives [gate | q | k | v], H * D rows
+ * each (HRM's gqkv_proj, no biases); the attention output times
+ * sigmoid(gate), then KM_T_ATTN_O. Norms, rope, scores as o says. */
+kg_node *kb_tied_gated_attention(kb_ctx *b, kg_node *x, int il, int wl, const kb_attn_opts *o);
 
 /* ==== given rows added between layers (blocks_embed.c) */
 

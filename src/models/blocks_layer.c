@@ -11,7 +11,7 @@ void kb_layer_defaults(const kb_ctx *b, int il, kb_layer_opts *o) {
     if (hp->attn_scale_by_layer) scale = (scale > 0 ? scale : 1.0 / sqrt((double)hp->head_dim)) / (il + 1);
     int rope = hp->layer_nope[il] ? -1 : hp->n_ropes > 1 && hp->layer_sliding[il] ? 1 : 0;
     *o = (kb_layer_opts){
-        .norm_place = hp->post_norm ? KB_NORM_RESIDUAL : KB_NORM_PRE,
+        .norm_place = hp->post_norm ? KB_NORM_RESIDUAL : hp->sandwich_norm ? KB_NORM_SANDWICH : KB_NORM_PRE,
         .parallel = hp->parallel_residual,
         .shared_norm = hp->shared_norm,
         .residual_from_norm = hp->residual_from_norm,

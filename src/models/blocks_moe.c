@@ -252,6 +252,12 @@ static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il
             w[9] = expert_bias(b, KM_T_MOE_GATE, il, E, F);
             w[10] = expert_bias(b, KM_T_MOE_UP, il, E, F);
         }
+    } else if (o->layout == KB_MOE_FLAT) {
+        kc_expert_part p = {.flat = true, .parts = 1};
+        if (o->expert_bias) return kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: flat expert tensors with biases", il));
+        if (!experts_part(b, kb_name(b, KM_T_MOE_GATE, il, name, sizeof name), E, &p, F, H, w, &a.gate) ||
+            !experts_part(b, kb_name(b, KM_T_MOE_UP, il, name, sizeof name), E, &p, F, H, w + 3, &a.up))
+            return NULL;
     } else {
         bool in_out = o->layout != KB_MOE_HALVES, inter = o->layout == KB_MOE_IN_OUT_INTERLEAVED;
         kb_name(b, KM_T_MOE_GATE_UP, il, name, sizeof name);
@@ -276,7 +282,8 @@ static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il
         if (!experts(b, KM_T_MOE_DOWN, il, E, H, F, w + 6, &a.down)) return NULL;
         if (o->expert_bias) w[11] = expert_bias(b, KM_T_MOE_DOWN, il, E, H);
     } else {
-        if (!experts_part(b, name, E, &(kc_expert_part){.in_out = true, .parts = 1}, H, F, w + 6, &a.down)) return NULL;
+        kc_expert_part p = {.in_out = true, .flat = o->layout == KB_MOE_FLAT, .parts = 1};
+        if (!experts_part(b, name, E, &p, H, F, w + 6, &a.down)) return NULL;
         if (o->expert_bias) w[11] = kb_tensor(b, KM_T_MOE_DOWN, il, "_bias", 2, (int64_t[]){E, H});
     }
     if (o->expert_bias && (!w[9] || !w[10] || !w[11])) return NULL;

@@ -22,3 +22,18 @@ kg_node *kb_tied_attention(kb_ctx *b, kg_node *x, int il, int wl, kg_node *const
     a = kg_reshape(b->g, a, KG_SHAPE(b->shape.T, H * D));
     return kg_name(kb_linear(b, a, KM_T_ATTN_O, wl, hp->hidden, false), "tied_attn", il);
 }
+
+kg_node *kb_tied_gated_attention(kb_ctx *b, kg_node *x, int il, int wl, const kb_attn_opts *o) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    if (!x) return NULL;
+    int64_t T = b->shape.T, H = o->heads > 0 ? o->heads : hp->n_heads, D = hp->head_dim, HD = H * D;
+    kg_node *gqkv = kb_linear(b, x, KM_T_ATTN_QKV, wl, 4 * HD, false);
+    if (!gqkv) return NULL;
+    kg_node *qkv[3];
+    for (int i = 0; i < 3; i++) qkv[i] = kg_reshape(g, kb_slice_last(b, gqkv, (i + 1) * HD, (i + 2) * HD), KG_SHAPE(T, H, D));
+    kg_node *a = kb_attend(b, qkv[0], qkv[1], qkv[2], il, o);
+    if (!a) return NULL;
+    a = kg_mul(g, kg_reshape(g, a, KG_SHAPE(T, HD)), kg_unary(g, KG_OP_LOGISTIC, kb_slice_last(b, gqkv, 0, HD)));
+    return kg_name(kb_linear(b, a, KM_T_ATTN_O, wl, hp->hidden, false), "tied_gated_attn", il);
+}

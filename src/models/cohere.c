@@ -33,7 +33,11 @@ static kiln_status parse_cohere2(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_int(cfg, "_sliding_window_pattern", pattern, &pattern));
     KILN_TRY(km_sliding_layers(cfg, hp, 0, pattern));
     for (int64_t i = 0; i < hp->n_layers; i++) hp->layer_nope[i] = !hp->layer_sliding[i];
-    return parse_common(cfg, hp);
+    KILN_TRY(parse_common(cfg, hp));
+    /* only the sliding layers rotate: with one rope_parameters per layer type, sliding_attention's */
+    KILN_TRY(km_rope_for(hp, "sliding_attention", hp->rope_scaling, hp->rope_theta, hp->ropes[0].dim, &hp->ropes[0]));
+    hp->ropes[0].interleaved = true;
+    return NULL;
 }
 
 /* one bias-free LayerNorm feeds attention and the MLP */

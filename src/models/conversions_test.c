@@ -7,7 +7,9 @@
  * weights (orion, plamo). tests/fixtures/oracle/README.md lists what each
  * proves. */
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "kt.h"
 #include "models/models_test.h"
@@ -492,4 +494,245 @@ KT_TEST(variant_plamo_is_cohere_on_centered_weights) {
     ckt_rmdir(d1);
     ckt_rmdir(d2);
     KT_CHECKF(ok, "plamo's logits differ from cohere's on the same (centered, permuted) weights");
+}
+
+/* DBRX (no transformers oracle: its DBRX experts apply w1/v1/w2 transposed)
+ * on the mixtral fixture's weights, made zero-mean along the residual
+ * stream so that DBRX's bias-free LayerNorms equal Mixtral's RMSNorms
+ * (same eps 1e-5): Wqkv = [q; k; v], experts w1 (gate), v1 (up) stacked
+ * [E * F, H], and w2 stacked from each expert's down projection
+ * transposed ([F, H], applied as x @ W, the reference's
+ * intermediate.matmul(expert_w2)); also in mlx-lm's per-expert layout
+ * (experts.<e>.w1.weight, w2 transposed back to [H, F]). Logits must equal
+ * kiln's mixtral (oracle-proven) on the same centered weights. */
+KT_TEST(variant_dbrx_is_mixtral_on_centered_weights) {
+    enum { V = 512, HD = 64, F = 64, E = 4 };
+    char fix[1024], d1[1024], d2[1024], d3[1024], a[200], o[200];
+    kt_path(fix, sizeof fix, "tests/fixtures/oracle/mixtral");
+    kc_checkpoint *ck;
+    KT_CHECK_OK(kc_open(fix, &ck));
+    mt_set m = {0}, d = {0}, x = {0}; /* mixtral, DBRX, DBRX as mlx-lm splits it */
+    float *emb = mt_copy(&m, ck, "model.embed_tokens.weight", "model.embed_tokens.weight");
+    int ok = emb != NULL;
+    if (ok) center(emb, V, HD, 1);
+    static const char *const top[][2] = {{"model.embed_tokens.weight", "transformer.wte.weight"},
+                                         {"model.norm.weight", "transformer.norm_f.weight"},
+                                         {"lm_head.weight", "lm_head.weight"}};
+    for (int i = 0; ok && i < 3; i++) {
+        if (i) ok = mt_copy(&m, ck, top[i][0], top[i][0]) != NULL;
+        ok = ok && mt_put(&d, top[i][1], i ? kc_find(ck, top[i][0])->data : emb, i == 1 ? HD : V, i == 1 ? 0 : HD) &&
+             mt_put(&x, top[i][1], i ? kc_find(ck, top[i][0])->data : emb, i == 1 ? HD : V, i == 1 ? 0 : HD);
+    }
+    for (int l = 0; ok && l < 2; l++) {
+#define M(buf, s) (snprintf(buf, sizeof buf, "model.layers.%d.%s.weight", l, s), buf)
+#define D(buf, s) (snprintf(buf, sizeof buf, "transformer.blocks.%d.%s", l, s), buf)
+        static const char *const same[][2] = {{"input_layernorm", "norm_attn_norm.norm_1.weight"},
+                                              {"post_attention_layernorm", "norm_attn_norm.norm_2.weight"},
+                                              {"block_sparse_moe.gate", "ffn.router.layer.weight"}};
+        for (int i = 0; ok && i < 3; i++)
+            ok = mt_copy(&m, ck, M(a, same[i][0]), a) && mt_copy(&d, ck, a, D(o, same[i][1])) && mt_copy(&x, ck, a, o);
+        for (int i = 0; ok && i < 3; i++) ok = mt_copy(&m, ck, M(a, i == 0 ? "self_attn.q_proj" : i == 1 ? "self_attn.k_proj" : "self_attn.v_proj"), a) != NULL;
+        char q[200], k[200], v[200];
+        const char *qkv[3] = {M(q, "self_attn.q_proj"), M(k, "self_attn.k_proj"), M(v, "self_attn.v_proj")};
+        ok = ok && stack_rows(&d, ck, D(o, "norm_attn_norm.attn.Wqkv.weight"), qkv, 3) && stack_rows(&x, ck, o, qkv, 3);
+        float *ow = ok ? mt_copy(&m, ck, M(a, "self_attn.o_proj"), a) : NULL;
+        ok = ow != NULL;
+        if (!ok) break;
+        center(ow, HD, HD, 0);
+        ok = mt_put(&d, D(o, "norm_attn_norm.attn.out_proj.weight"), ow, HD, HD) && mt_put(&x, o, ow, HD, HD);
+        float *w1 = ok ? mt_f32(&d, D(o, "ffn.experts.mlp.w1"), 2, (int64_t[]){E * F, HD}) : NULL;
+        float *v1 = w1 ? mt_f32(&d, D(o, "ffn.experts.mlp.v1"), 2, (int64_t[]){E * F, HD}) : NULL;
+        float *w2 = v1 ? mt_f32(&d, D(o, "ffn.experts.mlp.w2"), 2, (int64_t[]){E * F, HD}) : NULL;
+        ok = w2 != NULL;
+        for (int e = 0; ok && e < E; e++) {
+            char en[120];
+            snprintf(en, sizeof en, "block_sparse_moe.experts.%d.w1", e);
+            float *g = mt_copy(&m, ck, M(a, en), a);
+            ok = g && mt_put(&x, (snprintf(o, sizeof o, "transformer.blocks.%d.ffn.experts.%d.w1.weight", l, e), o), g, F, HD);
+            snprintf(en, sizeof en, "block_sparse_moe.experts.%d.w3", e);
+            float *u = ok ? mt_copy(&m, ck, M(a, en), a) : NULL;
+            ok = u && mt_put(&x, (snprintf(o, sizeof o, "transformer.blocks.%d.ffn.experts.%d.v1.weight", l, e), o), u, F, HD);
+            snprintf(en, sizeof en, "block_sparse_moe.experts.%d.w2", e);
+            float *dn = ok ? mt_copy(&m, ck, M(a, en), a) : NULL; /* [HD, F] */
+            ok = dn != NULL;
+            if (!ok) break;
+            center(dn, HD, F, 0);
+            ok = mt_put(&x, (snprintf(o, sizeof o, "transformer.blocks.%d.ffn.experts.%d.w2.weight", l, e), o), dn, HD, F) != NULL;
+            memcpy(w1 + e * F * HD, g, sizeof(float) * F * HD);
+            memcpy(v1 + e * F * HD, u, sizeof(float) * F * HD);
+            for (int f = 0; f < F; f++)
+                for (int h = 0; h < HD; h++) w2[(e * F + f) * HD + h] = dn[h * F + f];
+        }
+#undef M
+#undef D
+    }
+    kc_close(ck);
+    char *cfg_m = mt_patched_config(fix, "{}");
+    const char *cfg_d = "{\"model_type\": \"dbrx\", \"d_model\": 64, \"n_layers\": 2, \"n_heads\": 4, \"max_seq_len\": 256,"
+                        " \"vocab_size\": 512, \"tie_word_embeddings\": false,"
+                        " \"attn_config\": {\"kv_n_heads\": 2, \"clip_qkv\": 1000.0, \"rope_theta\": 1000000.0},"
+                        " \"ffn_config\": {\"ffn_hidden_size\": 64, \"moe_num_experts\": 4, \"moe_top_k\": 2,"
+                        " \"moe_normalize_expert_weights\": 1, \"ffn_act_fn\": {\"name\": \"silu\"}}}";
+    KT_CHECK(cfg_m && ckt_tmpdir(d1, sizeof d1) && ckt_tmpdir(d2, sizeof d2) && ckt_tmpdir(d3, sizeof d3));
+    ok = ok && mt_write(&m, d1, cfg_m) && mt_write(&d, d2, cfg_d) && mt_write(&x, d3, cfg_d);
+    ke_model *km = NULL;
+    KT_CHECK_OK(ok ? ke_model_load(d2, &km) : NULL);
+    if (km) KT_CHECK_STR(ke_model_family(km)->name, "dbrx");
+    ke_model_free(km);
+    KT_CHECKF(ok && same_logits(d1, d2, 1e-4f), "dbrx's logits differ from mixtral's on the same (centered) weights");
+    KT_CHECKF(ok && same_logits(d1, d3, 1e-4f), "dbrx in mlx-lm's per-expert layout differs from mixtral");
+    mt_free(&m), mt_free(&d), mt_free(&x);
+    free(cfg_m);
+    ckt_rmdir(d1), ckt_rmdir(d2), ckt_rmdir(d3);
+}
+
+/* ---------------------------------------------------------------- transformers-5 rope_parameters */
+
+/* Families whose transformers-5 configs hold one rope_parameters object per
+ * layer type (local/global ropes, or rope on the sliding layers only). */
+static bool rope_per_type(const char *model_type) {
+    static const char *const per_type[] = {"gemma3_text", "olmo3", "cohere2", "exaone4"};
+    for (size_t i = 0; i < sizeof per_type / sizeof per_type[0]; i++)
+        if (!strcmp(model_type, per_type[i])) return true;
+    return false;
+}
+
+/* cfg rewritten as transformers 5 writes it: rope_theta, rope_scaling and
+ * partial_rotary_factor (and Gemma 3's rope_local_base_freq) moved into
+ * rope_parameters, one flat object or, with per_type, full_attention's and
+ * sliding_attention's (the latter unscaled, with the local base when there
+ * is one). False (cfg unchanged) when cfg has no rope_theta. */
+static bool to_rope_parameters(cJSON *cfg, bool per_type) {
+    const cJSON *th = cJSON_GetObjectItem(cfg, "rope_theta");
+    if (!cJSON_IsNumber(th)) return false;
+    double theta = th->valuedouble;
+    cJSON *full = cJSON_CreateObject(), *rs = cJSON_DetachItemFromObject(cfg, "rope_scaling"), *e;
+    char type[64] = "default";
+    cJSON *items = cJSON_IsObject(rs) ? rs : NULL;
+    cJSON_ArrayForEach(e, items) {
+        if ((!strcmp(e->string, "type") || !strcmp(e->string, "rope_type")) && cJSON_IsString(e))
+            snprintf(type, sizeof type, "%s", e->valuestring);
+        else cJSON_AddItemToObject(full, e->string, cJSON_Duplicate(e, true));
+    }
+    cJSON_Delete(rs);
+    cJSON_AddStringToObject(full, "rope_type", type);
+    cJSON_AddNumberToObject(full, "rope_theta", theta);
+    cJSON_DeleteItemFromObject(cfg, "rope_theta");
+    cJSON *partial = cJSON_DetachItemFromObject(cfg, "partial_rotary_factor");
+    cJSON *local = per_type ? cJSON_DetachItemFromObject(cfg, "rope_local_base_freq") : NULL;
+    if (cJSON_IsNumber(partial)) cJSON_AddNumberToObject(full, "partial_rotary_factor", partial->valuedouble);
+    cJSON *rp = full;
+    if (per_type) {
+        cJSON *sliding = cJSON_CreateObject();
+        cJSON_AddStringToObject(sliding, "rope_type", "default");
+        cJSON_AddNumberToObject(sliding, "rope_theta", cJSON_IsNumber(local) ? local->valuedouble : theta);
+        if (cJSON_IsNumber(partial)) cJSON_AddNumberToObject(sliding, "partial_rotary_factor", partial->valuedouble);
+        rp = cJSON_CreateObject();
+        cJSON_AddItemToObject(rp, "full_attention", full);
+        cJSON_AddItemToObject(rp, "sliding_attention", sliding);
+    }
+    cJSON_Delete(partial);
+    cJSON_Delete(local);
+    cJSON_AddItemToObject(cfg, "rope_parameters", rp);
+    return true;
+}
+
+static void rope_flat(cJSON *cfg) { to_rope_parameters(cfg, false); }
+static void rope_by_type(cJSON *cfg) { to_rope_parameters(cfg, true); }
+
+/* Whether two parses gave the same rotary settings. */
+static bool same_ropes(const km_hparams *a, const km_hparams *b, const char *what) {
+    bool ok = a->n_ropes == b->n_ropes && a->partial_rotary == b->partial_rotary &&
+              !memcmp(a->layer_nope, b->layer_nope, sizeof a->layer_nope) &&
+              !memcmp(a->layer_sliding, b->layer_sliding, sizeof a->layer_sliding);
+    for (int i = 0; ok && i < a->n_ropes; i++) {
+        const km_rope *x = &a->ropes[i], *y = &b->ropes[i];
+        ok = x->type == y->type && x->dim == y->dim && x->interleaved == y->interleaved && x->theta == y->theta &&
+             x->factor == y->factor && x->orig_max_pos == y->orig_max_pos && x->attention_factor == y->attention_factor &&
+             x->long_attention_factor == y->long_attention_factor &&
+             !memcmp(x->inv_freq, y->inv_freq, sizeof(float) * (size_t)(x->dim / 2)) &&
+             !memcmp(x->long_inv_freq, y->long_inv_freq, sizeof(float) * (size_t)(x->dim / 2));
+        if (!ok)
+            fprintf(stderr, "  %s: rope %d: theta %g / %g, dim %d / %d, type %d / %d\n", what, i, x->theta, y->theta, x->dim,
+                    y->dim, (int)x->type, (int)y->type);
+    }
+    if (!ok && a->n_ropes == b->n_ropes)
+        fprintf(stderr, "  %s: %d ropes, partial %g / %g\n", what, a->n_ropes, a->partial_rotary, b->partial_rotary);
+    return ok;
+}
+
+/* Every committed fixture whose config has rope_theta, rewritten into
+ * rope_parameters (flat, and per layer type for the local/global
+ * families), gives the same rotary settings as its older layout; also with
+ * rope_theta (and the local base) scaled and partial_rotary_factor changed,
+ * so that no family default can stand in for the value it should read. */
+KT_TEST(rope_parameters_layout_of_committed_fixtures) {
+    static km_hparams ho, hn;
+    char root[1024], path[2048], what[512];
+    kt_path(root, sizeof root, "tests/fixtures/oracle");
+    DIR *d = opendir(root);
+    KT_CHECK(d);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s/config.json", root, e->d_name);
+        cJSON *cfg = NULL;
+        if (access(path, R_OK) || ku_json_load(path, &cfg)) continue;
+        const cJSON *mt = cJSON_GetObjectItem(cfg, "model_type");
+        const km_family *f = cJSON_IsString(mt) ? km_family_find(mt->valuestring) : NULL;
+        for (int v = 0; f && cJSON_IsNumber(cJSON_GetObjectItem(cfg, "rope_theta")) && v < 4; v++) {
+            bool per_type = v & 1, changed = v & 2;
+            if (per_type && !rope_per_type(mt->valuestring)) continue;
+            cJSON *old = cJSON_Duplicate(cfg, true), *nw;
+            if (changed) {
+                cJSON *t = cJSON_GetObjectItem(old, "rope_theta"), *l = cJSON_GetObjectItem(old, "rope_local_base_freq"),
+                      *p = cJSON_GetObjectItem(old, "partial_rotary_factor");
+                cJSON_SetNumberValue(t, 3 * t->valuedouble);
+                if (cJSON_IsNumber(l)) cJSON_SetNumberValue(l, 5 * l->valuedouble);
+                if (cJSON_IsNumber(p) && !cJSON_IsObject(cJSON_GetObjectItem(old, "rope_scaling"))) /* (LongRoPE's factor lists fit the dims) */
+                    cJSON_SetNumberValue(p, p->valuedouble == 0.5 ? 0.25 : 0.5);
+            }
+            nw = cJSON_Duplicate(old, true);
+            to_rope_parameters(nw, per_type);
+            snprintf(what, sizeof what, "%s (%s%s)", e->d_name, per_type ? "per layer type" : "flat", changed ? ", changed" : "");
+            kiln_status so = km_parse(f, old, &ho), sn = km_parse(f, nw, &hn);
+            KT_CHECKF(!so && !sn, "%s: %s", what, kiln_status_msg(so ? so : sn));
+            if (!so && !sn) KT_CHECKF(same_ropes(&ho, &hn, what), "%s: rotary settings differ between the layouts", what);
+            kiln_status_free(so), kiln_status_free(sn);
+            cJSON_Delete(old), cJSON_Delete(nw);
+            n++;
+        }
+        cJSON_Delete(cfg);
+    }
+    if (d) closedir(d);
+    KT_CHECKF(n >= 150, "only %d configs compared", n);
+}
+
+/* The name of the family serving committed fixture `fixture` into buf. */
+static const char *family_of(const char *fixture, char *buf, size_t cap) {
+    char rel[512], path[1024];
+    snprintf(rel, sizeof rel, "tests/fixtures/oracle/%s/config.json", fixture);
+    cJSON *cfg = NULL;
+    kiln_status st = ku_json_load(kt_path(path, sizeof path, rel), &cfg);
+    const cJSON *mt = cfg ? cJSON_GetObjectItem(cfg, "model_type") : NULL;
+    const km_family *f = cJSON_IsString(mt) ? km_family_find(mt->valuestring) : NULL;
+    snprintf(buf, cap, "%s", f ? f->name : "?");
+    kiln_status_free(st);
+    cJSON_Delete(cfg);
+    return buf;
+}
+
+/* and the gate still passes on a few of them, converted */
+KT_TEST(rope_parameters_converted_fixtures_pass) {
+    static const char *const flat[] = {"llama_rope_yarn", "llama_rope_llama3", "phi3_longrope", "deepseek_v3", "gpt_oss",
+                                       "smollm3", "stablelm", "apertus", "minicpm3", "bitnet"};
+    static const char *const by_type[] = {"gemma3_text", "kilnref_gemma3_text", "olmo3", "cohere2", "exaone4"};
+    for (size_t i = 0; i < sizeof flat / sizeof flat[0]; i++) {
+        char fam[64] = "";
+        check_conversion(&(conversion){.fixture = flat[i], .family = family_of(flat[i], fam, sizeof fam), .edit_config = rope_flat});
+    }
+    for (size_t i = 0; i < sizeof by_type / sizeof by_type[0]; i++) {
+        char fam[64] = "";
+        check_conversion(&(conversion){.fixture = by_type[i], .family = family_of(by_type[i], fam, sizeof fam), .edit_config = rope_by_type});
+    }
 }

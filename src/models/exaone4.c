@@ -25,6 +25,10 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
         KILN_TRY(km_sliding_layers(cfg, hp, 0, period));
     }
     for (int64_t i = 0; i < hp->n_layers; i++) hp->layer_nope[i] = hp->sliding_window > 0 && !hp->layer_sliding[i];
+    KILN_TRY(km_rope_one(hp, false));
+    /* with a window only the sliding layers rotate: with one rope_parameters per layer type, sliding_attention's */
+    if (hp->sliding_window > 0)
+        KILN_TRY(km_rope_for(hp, "sliding_attention", hp->rope_scaling, hp->rope_theta, hp->ropes[0].dim, &hp->ropes[0]));
     return NULL;
 }
 

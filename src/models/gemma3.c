@@ -2,7 +2,8 @@
  * attention soft-capping (unless configured), with per-head (1 + w) RMSNorm
  * on queries and keys, five sliding layers per full one by default, and two
  * rotary configurations: rope_local_base_freq on sliding layers, rope_theta
- * with rope_scaling on full ones. */
+ * with rope_scaling on full ones (transformers 5: rope_parameters'
+ * sliding_attention and full_attention). */
 #include <math.h>
 
 #include "base/json.h"
@@ -26,7 +27,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     /* rope 0: full layers (global, scaled); rope 1: sliding layers (local) */
     int dim = (int)hp->head_dim;
     KILN_TRYF(km_rope_init(&hp->ropes[0], hp->rope_scaling, hp->rope_theta, dim, hp->max_pos), "config.json");
-    KILN_TRYF(km_rope_init(&hp->ropes[1], NULL, local_theta, dim, hp->max_pos), "config.json");
+    KILN_TRY(km_rope_for(hp, "sliding_attention", NULL, local_theta, dim, &hp->ropes[1]));
     hp->n_ropes = 2;
     return NULL;
 }

@@ -28,7 +28,7 @@ static const km_names glm4_names = {
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1.5625e-07, &hp->norm_eps));
-    KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 0.5, &hp->partial_rotary));
+    KILN_TRY(km_rope_default(cfg, hp, "partial_rotary_factor", 0.5, &hp->partial_rotary));
     KILN_TRY(ku_json_bool(cfg, "attention_bias", true, &hp->attn_qkv_bias));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     hp->attn_o_bias = hp->mlp_bias = false;

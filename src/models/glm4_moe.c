@@ -10,7 +10,7 @@ static const km_names names = {KM_MOE_LLAMA_NAMES(MLP), KM_MOE_QK_NORM_NAMES, KM
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
-    KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 0.5, &hp->partial_rotary));
+    KILN_TRY(km_rope_default(cfg, hp, "partial_rotary_factor", 0.5, &hp->partial_rotary));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     KILN_TRY(ku_json_bool(cfg, "use_qk_norm", false, &hp->qk_norm));
     hp->attn_o_bias = hp->mlp_bias = false;

@@ -25,7 +25,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     const char *act;
     /* transformers 4.57 sets partial_rotary_factor and rope_theta from
      * rotary_pct and rotary_emb_base, which older configs alone carry */
-    KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 0.25, &hp->partial_rotary));
+    KILN_TRY(km_rope_default(cfg, hp, "partial_rotary_factor", 0.25, &hp->partial_rotary));
     KILN_TRY(ku_json_num(cfg, "rotary_pct", hp->partial_rotary, &hp->partial_rotary));
     KILN_TRY(ku_json_num(cfg, "rotary_emb_base", hp->rope_theta, &hp->rope_theta));
     KILN_TRY(ku_json_num(cfg, "layer_norm_eps", 1e-5, &hp->norm_eps));

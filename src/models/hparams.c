@@ -86,11 +86,24 @@ const cJSON *km_rope_params(const km_hparams *hp, const char *layer_type) {
     return cJSON_IsObject(t) ? t : NULL;
 }
 
+/* theta, partial_rotary_factor and the scaling of one rope_parameters object
+ * into the common fields. */
+static kiln_status read_rope_object(const cJSON *rp, const char *where, km_hparams *hp) {
+    KILN_TRYF(ku_json_num(rp, "rope_theta", hp->rope_theta, &hp->rope_theta), "config.json: %s", where);
+    KILN_TRYF(ku_json_num(rp, "partial_rotary_factor", hp->partial_rotary, &hp->partial_rotary), "config.json: %s", where);
+    const char *type;
+    KILN_TRYF(ku_json_str(rp, "rope_type", "default", &type), "config.json: %s", where);
+    hp->rope_scaling = strcmp(type, "default") ? rp : NULL;
+    return NULL;
+}
+
 /* transformers 5 writes "rope_parameters" instead of rope_theta + rope_scaling:
  * one object holding rope_theta, rope_type, partial_rotary_factor and the
  * scaling's fields, or one such object per layer type ("full_attention",
- * "sliding_attention"; families with several read them with km_rope_params).
- * A flat one takes precedence over the older keys, as transformers 5 reads it. */
+ * "sliding_attention"). Either takes precedence over the older keys, as
+ * transformers 5 reads it; with one per type, full_attention's (rope 0's,
+ * which every rotating layer uses unless a family has a second rope) fills
+ * the common fields, and families read the others with km_rope_params. */
 static kiln_status rope_parameters(const cJSON *cfg, km_hparams *hp) {
     const cJSON *rp = ku_json_get(cfg, "rope_parameters");
     if (!rp || cJSON_IsNull(rp)) return NULL;
@@ -101,14 +114,9 @@ static kiln_status rope_parameters(const cJSON *cfg, km_hparams *hp) {
     cJSON_ArrayForEach(e, rp) if (!flat && !cJSON_IsObject(e))
         return kiln_error(KILN_EINVAL, "config.json: rope_parameters.%s must be an object (or rope_parameters one "
                                        "object with rope_theta)", e->string);
-    if (!flat) return NULL;
-    KILN_TRYF(ku_json_num(rp, "rope_theta", hp->rope_theta, &hp->rope_theta), "config.json: rope_parameters");
-    KILN_TRYF(ku_json_num(rp, "partial_rotary_factor", hp->partial_rotary, &hp->partial_rotary),
-              "config.json: rope_parameters");
-    const char *type;
-    KILN_TRYF(ku_json_str(rp, "rope_type", "default", &type), "config.json: rope_parameters");
-    hp->rope_scaling = strcmp(type, "default") ? rp : NULL;
-    return NULL;
+    if (flat) return read_rope_object(rp, "rope_parameters", hp);
+    const cJSON *full = ku_json_get(rp, "full_attention");
+    return full ? read_rope_object(full, "rope_parameters.full_attention", hp) : NULL;
 }
 
 kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
@@ -149,6 +157,25 @@ kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
     if (!act) KILN_TRY(ku_json_str(cfg, "hidden_activation", NULL, &act));
     hp->act = KM_ACT_SILU;
     if (act) KILN_TRYF(km_parse_act(act, &hp->act), "config.json");
+    return NULL;
+}
+
+kiln_status km_rope_default(const cJSON *cfg, const km_hparams *hp, const char *key, double def, double *out) {
+    const cJSON *rp = km_rope_params(hp, "full_attention");
+    if (ku_json_get(cfg, key) || (rp && ku_json_get(rp, key))) return NULL;
+    *out = def;
+    return NULL;
+}
+
+kiln_status km_rope_for(const km_hparams *hp, const char *layer_type, const cJSON *scaling, double theta, int dim, km_rope *r) {
+    const cJSON *rp = km_rope_params(hp, layer_type);
+    if (rp && rp != hp->rope_parameters) { /* the type's own object, not a flat one */
+        const char *type;
+        KILN_TRYF(ku_json_num(rp, "rope_theta", theta, &theta), "config.json: rope_parameters.%s", layer_type);
+        KILN_TRYF(ku_json_str(rp, "rope_type", "default", &type), "config.json: rope_parameters.%s", layer_type);
+        scaling = strcmp(type, "default") ? rp : NULL;
+    }
+    KILN_TRYF(km_rope_init(r, scaling, theta, dim, hp->max_pos), "config.json");
     return NULL;
 }
 

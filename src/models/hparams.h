@@ -75,6 +75,8 @@ typedef struct {
     bool residual_from_norm; /* apply_residual_connection_post_layernorm: each residual branch adds to
                               * its normed input instead of x (BLOOM, TeleChat, Qwen-1, ChatGLM) */
     bool post_norm;          /* norms after the residual adds: x = norm(x + f(x)) (OPT-350m) */
+    bool sandwich_norm;      /* norms on each branch's input and output: x + p(f(n(x))) (Peri-LN:
+                              * HyperCLOVA X use_post_norm) */
     float residual_scale;    /* each residual branch times this before its add (MiniCPM
                               * scale_depth / sqrt(layers), Granite residual_multiplier); 0: none */
 
@@ -167,6 +169,10 @@ typedef struct {
     unsigned char zamba_hybrid[KM_MAX_LAYERS]; /* 1: the shared transformer block runs before this layer's Mamba-2 */
     int64_t zamba_mem_blocks, zamba_adapter_rank; /* shared blocks used in turn; LoRA rank of the per-use adapters */
     bool zamba_attn_adapter;  /* adapters on q, k, v too (the MLP's gate/up always has one) */
+    /* HRM (hierarchical reasoning model): an L and an H stack of hrm_stack_layers layers each, run as
+     * hrm_h_cycles x (hrm_l_cycles L passes + 1 H pass); n_layers counts the attention invocations
+     * (each its own KV cache) */
+    int64_t hrm_h_cycles, hrm_l_cycles, hrm_stack_layers;
     /* ==== vision-language models (src/vision) */
     bool embd_in;             /* kb_embed takes KB_IN_EMBD / KB_IN_EMBD_MASK: rows (image features) replacing token rows */
     bool attn_span;           /* attention takes per-token bidirectional spans (KB_IN_SPAN): Gemma 3 image blocks,
@@ -192,6 +198,16 @@ kiln_status km_rope_one(km_hparams *hp, bool interleaved);
  * "sliding_attention", or a family's own key): the flat object whatever the
  * type, the type's object when there is one per type, else NULL. */
 const cJSON *km_rope_params(const km_hparams *hp, const char *layer_type);
+/* A family's default for a rope field (rope_theta, partial_rotary_factor)
+ * that config.json names nowhere: *out = def unless the key is at the top
+ * level or in rope_parameters (flat, or full_attention's). Parse hooks call
+ * this instead of re-reading the key, which would override a transformers-5
+ * config's rope_parameters (km_hparams_parse has read both layouts). */
+kiln_status km_rope_default(const cJSON *cfg, const km_hparams *hp, const char *key, double def, double *out);
+/* Rope r over dim dims for the layers of layer_type: from that type's own
+ * object in a per-type rope_parameters when there is one, else from the
+ * older keys' scaling (may be NULL) and theta. */
+kiln_status km_rope_for(const km_hparams *hp, const char *layer_type, const cJSON *scaling, double theta, int dim, km_rope *r);
 /* Every layer NoPE (ALiBi or learned positions instead of rotary). */
 void km_no_rope(km_hparams *hp);
 

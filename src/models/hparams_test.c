@@ -213,3 +213,45 @@ KT_TEST(config_rope_parameters_transformers5) {
     KT_CHECK_ERR(parse_config("{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"rope_type\": \"magic\"}}", &hp),
                  "magic");
 }
+
+/* The new families' own config fields: HRM's attention passes, null muP
+ * multipliers, DBRX's nested configs. */
+KT_TEST(config_hrm_hyperclovax_dbrx_fields) {
+    km_hparams hp;
+    /* a first construction: num_hidden_layers is the per-stack count */
+    KT_CHECK_OK(parse_config("{\"model_type\": \"hrm_text\", " BASE ", \"H_cycles\": 2, \"L_cycles\": 3, \"initializer_range\": 0.25}", &hp));
+    KT_CHECK_EQ(hp.n_layers, 32);
+    KT_CHECK_EQ(hp.hrm_stack_layers, 4);
+    KT_CHECK_NEAR(hp.emb_scale, 4.0, 1e-6);
+    KT_CHECK_EQ(hp.n_kv_heads, hp.n_heads);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"hrm_text\", " BASE ", \"H_cycles\": 1, \"L_cycles\": 1, \"num_layers_per_stack\": 2, "
+                             "\"embedding_scale\": 3.0}", &hp));
+    KT_CHECK_EQ(hp.n_layers, 4);
+    KT_CHECK_EQ(hp.hrm_stack_layers, 2);
+    KT_CHECK_NEAR(hp.emb_scale, 3.0, 0);
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"hrm_text\", " BASE ", \"num_layers_per_stack\": 1}", &hp),
+                 "num_hidden_layers 4 is not num_layers_per_stack 1 x H_cycles x (L_cycles + 1)");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"hrm_text\", " BASE ", \"L_cycles\": 0}", &hp), "\"L_cycles\" must be positive");
+    KT_CHECK_OK(parse_config("{\"model_type\": \"hyperclovax\", " BASE ", \"attention_multiplier\": null, \"logits_scaling\": 0.5, "
+                             "\"use_post_norm\": true}", &hp));
+    KT_CHECK_NEAR(hp.attn_scale, 0, 0); /* head_dim^-0.5 */
+    KT_CHECK_NEAR(hp.logit_scale, 0.5, 0);
+    KT_CHECK(hp.sandwich_norm);
+#define DBRX(extra)                                                                                                    \
+    "{\"model_type\": \"dbrx\", \"d_model\": 64, \"n_layers\": 2, \"n_heads\": 4, \"max_seq_len\": 256, "                \
+    "\"vocab_size\": 512, \"attn_config\": {\"kv_n_heads\": 2, \"clip_qkv\": 8, \"rope_theta\": 500000}, "                  \
+    "\"ffn_config\": {\"ffn_hidden_size\": 96, \"moe_num_experts\": 4, \"moe_top_k\": 2" extra "}}"
+    KT_CHECK_OK(parse_config(DBRX(""), &hp));
+    KT_CHECK_EQ(hp.n_kv_heads, 2);
+    KT_CHECK_EQ(hp.expert_ffn, 96);
+    KT_CHECK_NEAR(hp.clip_qkv, 8, 0);
+    KT_CHECK_NEAR(hp.ropes[0].theta, 5e5, 0);
+    KT_CHECK(hp.moe_norm_topk && hp.layer_moe[1]);
+    KT_CHECK_OK(parse_config(DBRX(", \"moe_normalize_expert_weights\": null"), &hp));
+    KT_CHECK(!hp.moe_norm_topk);
+    KT_CHECK_ERR(parse_config(DBRX(", \"moe_normalize_expert_weights\": 2"), &hp), "moe_normalize_expert_weights 2");
+    KT_CHECK_ERR(parse_config(DBRX(", \"ffn_act_fn\": {\"name\": \"swoosh\"}"), &hp), "activation \"swoosh\"");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"dbrx\", \"d_model\": 64, \"n_layers\": 2, \"n_heads\": 4, \"vocab_size\": 512, "
+                              "\"attn_config\": {\"kv_n_heads\": 3}}", &hp), "bad DBRX shape (kv_n_heads 3");
+#undef DBRX
+}

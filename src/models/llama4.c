@@ -92,7 +92,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     double attn_scale;
     int64_t floor_scale;
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
-    KILN_TRY(ku_json_num(cfg, "rope_theta", 500000.0, &hp->rope_theta));
+    KILN_TRY(km_rope_default(cfg, hp, "rope_theta", 500000.0, &hp->rope_theta));
     KILN_TRY(km_json_int_or_null(cfg, "head_dim", 128, hp->hidden / hp->n_heads, &hp->head_dim));
     if (hp->head_dim <= 0) return kiln_error(KILN_EINVAL, "config.json: \"head_dim\" must be positive");
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));

@@ -10,7 +10,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_str(cfg, "hidden_act", "relu2", &act));
     KILN_TRYF(km_parse_act(act, &hp->act), "config.json");
     KILN_TRY(ku_json_num(cfg, "norm_eps", 1e-5, &hp->norm_eps));
-    KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 0.5, &hp->partial_rotary));
+    KILN_TRY(km_rope_default(cfg, hp, "partial_rotary_factor", 0.5, &hp->partial_rotary));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     hp->norm_offset = 1; /* LayerNorm1P */
     hp->sliding_window = 0;

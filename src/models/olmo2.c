@@ -25,7 +25,7 @@ static kiln_status parse_olmo3(const cJSON *cfg, km_hparams *hp) {
     /* rope 0: full-attention layers (rope_scaling applies); rope 1: sliding layers (plain) */
     int dim = (int)((double)hp->head_dim * hp->partial_rotary);
     KILN_TRYF(km_rope_init(&hp->ropes[0], hp->rope_scaling, hp->rope_theta, dim, hp->max_pos), "config.json");
-    KILN_TRYF(km_rope_init(&hp->ropes[1], NULL, hp->rope_theta, dim, hp->max_pos), "config.json");
+    KILN_TRY(km_rope_for(hp, "sliding_attention", NULL, hp->rope_theta, dim, &hp->ropes[1]));
     hp->n_ropes = 2;
     return NULL;
 }

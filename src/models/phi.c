@@ -24,7 +24,7 @@ static const km_names names = {
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     const char *act;
-    KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 0.5, &hp->partial_rotary));
+    KILN_TRY(km_rope_default(cfg, hp, "partial_rotary_factor", 0.5, &hp->partial_rotary));
     KILN_TRY(ku_json_num(cfg, "layer_norm_eps", 1e-5, &hp->norm_eps));
     KILN_TRY(ku_json_str(cfg, "hidden_act", "gelu_new", &act));
     KILN_TRYF(km_parse_act(act, &hp->act), "config.json: hidden_act");

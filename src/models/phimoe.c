@@ -43,7 +43,7 @@ static kiln_status rope(km_hparams *hp) {
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     double jitter;
     KILN_TRY(ku_json_num(cfg, "rms_norm_eps", 1e-5, &hp->norm_eps));
-    KILN_TRY(ku_json_num(cfg, "rope_theta", 1e6, &hp->rope_theta));
+    KILN_TRY(km_rope_default(cfg, hp, "rope_theta", 1e6, &hp->rope_theta));
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
     KILN_TRY(ku_json_bool(cfg, "lm_head_bias", false, &hp->lm_head_bias));
     KILN_TRY(ku_json_num(cfg, "router_jitter_noise", 0.01, &jitter));

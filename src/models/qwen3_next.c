@@ -30,7 +30,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->norm_offset = 1.0f;
     /* Qwen3NextConfig's defaults differ from the common ones */
     KILN_TRY(ku_json_int(cfg, "head_dim", 256, &hp->head_dim));
-    KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 0.25, &hp->partial_rotary));
+    KILN_TRY(km_rope_default(cfg, hp, "partial_rotary_factor", 0.25, &hp->partial_rotary));
     if (hp->head_dim < 2 || !(hp->partial_rotary > 0 && hp->partial_rotary <= 1))
         return kiln_error(KILN_EINVAL, "config.json: bad head_dim or partial_rotary_factor");
     KILN_TRY(km_moe_parse(cfg, hp,

@@ -33,7 +33,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     double cap;
     KILN_TRY(ku_json_num(cfg, "logits_soft_cap", 30.0, &cap));
     hp->final_softcap = (float)cap;
-    if (!ku_json_get(cfg, "partial_rotary_factor")) hp->partial_rotary = 0.5;
+    KILN_TRY(km_rope_default(cfg, hp, "partial_rotary_factor", 0.5, &hp->partial_rotary));
     if (!ku_json_get(cfg, "hidden_activation") && !ku_json_get(cfg, "hidden_act")) hp->act = KM_ACT_GELU_TANH;
     if (hp->ssm_conv < 2 || hp->sliding_window < 2)
         return kiln_error(KILN_EINVAL, "config.json: conv1d_width and attention_window_size must be at least 2");

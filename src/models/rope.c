@@ -222,6 +222,8 @@ void km_rope_fill(const km_rope *r, int64_t n, const int32_t *pos, const int32_t
             sin[t * half + i] = sinf(a) * af;
         }
     }
+    if (r->reversed)
+        for (int64_t i = 0; i < n * half; i++) sin[i] = -sin[i];
 }
 
 /* ---------------------------------------------------------------- M-RoPE */

@@ -40,6 +40,7 @@ typedef struct {
     float inv_freq[KM_ROPE_MAX_HALF];      /* static frequencies (all but dynamic/longrope-long) */
     float long_inv_freq[KM_ROPE_MAX_HALF]; /* longrope: used when the sequence exceeds orig_max_pos */
     float long_attention_factor;
+    bool reversed;           /* rotate by -angle (sin negated): nanochat's rotate_half [x2, -x1] */
     bool round_f16;          /* cos/sin rounded to float16 (and scaled in float16), as TeleChat's .half() tables */
     int64_t ntk_step_len;    /* NTK_STEP: the length each doubling of alpha is measured against */
     int64_t ntk_min_len;     /* NTK_STEP: sequence lengths below this count as this */

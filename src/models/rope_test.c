@@ -119,3 +119,21 @@ KT_TEST(rope_mrope_sections_pick_components) {
     KT_CHECK_ERR(km_rope_mrope(&r, bad), "sums to 9");
     cJSON_Delete(bad);
 }
+
+/* A reversed rope (nanochat: q cos + [x2, -x1] sin, i.e. Llama's
+ * q cos + [-x2, x1] (-sin)) has the same cos and the negated sin. */
+KT_TEST(rope_reversed_negates_sin) {
+    km_rope r, ref;
+    KT_CHECK_OK(km_rope_init(&ref, NULL, 10000, 16, 256));
+    r = ref;
+    r.reversed = true;
+    int32_t pos[2] = {0, 5}, len[2] = {1, 6};
+    float c[16], s[16], rc[16], rs[16];
+    km_rope_fill(&r, 2, pos, len, c, s);
+    km_rope_fill(&ref, 2, pos, len, rc, rs);
+    for (int i = 0; i < 16; i++) {
+        KT_CHECK(c[i] == rc[i]);
+        KT_CHECK(s[i] == -rs[i]);
+    }
+    KT_CHECK(rs[8 + 1] != 0);
+}

@@ -26,7 +26,7 @@ static kiln_status nope_layers(const cJSON *cfg, km_hparams *hp) {
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     bool use_sw;
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", true, &hp->tie_embeddings));
-    KILN_TRY(ku_json_num(cfg, "rope_theta", 2000000.0, &hp->rope_theta));
+    KILN_TRY(km_rope_default(cfg, hp, "rope_theta", 2000000.0, &hp->rope_theta));
     KILN_TRY(nope_layers(cfg, hp));
     KILN_TRY(ku_json_bool(cfg, "use_sliding_window", false, &use_sw));
     if (ku_json_get(cfg, "layer_types")) return km_sliding_layers(cfg, hp, 0, 0);

@@ -29,7 +29,7 @@ static const km_names names = {
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "layer_norm_eps", 1e-5, &hp->norm_eps));
-    KILN_TRY(ku_json_num(cfg, "partial_rotary_factor", 0.25, &hp->partial_rotary));
+    KILN_TRY(km_rope_default(cfg, hp, "partial_rotary_factor", 0.25, &hp->partial_rotary));
     KILN_TRY(ku_json_bool(cfg, "use_qkv_bias", false, &hp->attn_qkv_bias));
     KILN_TRY(ku_json_bool(cfg, "qk_layernorm", false, &hp->qk_norm));
     KILN_TRY(ku_json_bool(cfg, "use_parallel_residual", false, &hp->parallel_residual));
