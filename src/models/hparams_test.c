@@ -213,3 +213,20 @@ KT_TEST(config_rope_parameters_transformers5) {
     KT_CHECK_ERR(parse_config("{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"rope_type\": \"magic\"}}", &hp),
                  "magic");
 }
+
+/* mlp_layer_types ("dense" / "sparse" per layer) alone says which layers are
+ * mixtures of experts; without it the family's default holds; anything else
+ * is an error naming the key. */
+KT_TEST(config_moe_mlp_layer_types) {
+    km_hparams hp;
+#define HY "{\"model_type\": \"hy_v3\", " BASE ", \"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32"
+    KT_CHECK_OK(parse_config(HY ", \"mlp_layer_types\": [\"sparse\", \"dense\", \"sparse\", \"dense\"]}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECKF(hp.layer_moe[i] == (i % 2 == 0), "layer %d", i);
+    KT_CHECK_OK(parse_config(HY "}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECKF(hp.layer_moe[i] == (i > 0), "default, layer %d", i);
+    KT_CHECK(hp.moe_norm_topk && hp.moe_router_bias && hp.moe_score == KM_MOE_SIGMOID);
+    KT_CHECK_NEAR(hp.moe_scale, 2.826, 1e-6);
+    KT_CHECK_ERR(parse_config(HY ", \"mlp_layer_types\": [\"sparse\", \"dense\"]}", &hp), "mlp_layer_types");
+    KT_CHECK_ERR(parse_config(HY ", \"mlp_layer_types\": [\"sparse\", \"moe\", \"dense\", \"dense\"]}", &hp), "mlp_layer_types\"[1]");
+#undef HY
+}
