@@ -127,6 +127,9 @@ typedef struct {
                                * (DeepSeek-V3 e_score_correction_bias, ERNIE moe_statics) */
     float moe_swiglu_limit;   /* experts use gpt-oss's clamped SwiGLU (alpha 1.702) with this limit; 0: act */
     unsigned char layer_moe[KM_MAX_LAYERS]; /* 1: this layer's MLP is a mixture of experts */
+    int moe_router_bits;      /* how mlx-lm's converter stores the KM_T_MOE_ROUTER weight: 0 as any Linear
+                               * layer; -1 float (a plain weight of its gate module, mlx-lm's MoEGate);
+                               * > 0 quantized with these bits whatever the rest (the model's quant_predicate) */
 
     /* ---- mixture of experts: sparsemixer (hparams_moe.c) */
     float moe_jitter_eps;     /* KM_MOE_SPARSEMIXER's jitter (PhiMoE router_jitter_noise) */

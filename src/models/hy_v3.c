@@ -31,6 +31,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_num(cfg, "router_scaling_factor", 2.826, &scale));
     hp->moe_score = KM_MOE_SIGMOID;
     hp->moe_router_bias = true;
+    hp->moe_router_bits = 8; /* mlx-lm's quant_predicate: "mlp.router.gate" at 8 bits */
     hp->moe_norm_topk = true; /* always, whatever norm_topk_prob */
     hp->moe_scale = (float)scale;
     return km_rope_one(hp, false);

@@ -54,12 +54,30 @@ static int list_fixtures(const char *root, char **out, int cap) {
 
 typedef struct {
     int fixtures, tensors, differing_codes;
+    int rule_float; /* modules an mlx-lm quant_predicate quantizes that the fixture keeps float */
     int64_t codes, ties, ties_away; /* .5 ties; those that rounding half away from zero would change */
 } eq_stats;
 
+/* Whether kiln quantized module X (a tensor name "X.weight") with a per-module
+ * entry in its config's "quantization" object while the fixture keeps
+ * X.weight float: a module the family's mlx-lm quant_predicate quantizes
+ * with its own bits (MiniMax-M2's and Hy3's routers at 8 bits; the fixture
+ * generator left every router float), which kiln follows. */
+static bool rule_quantized(const kc_safetensors *g, const cJSON *qconf, const kc_tensor *tw) {
+    size_t len = strlen(tw->name);
+    if (tw->dtype == KC_U32 || len < 8 || strcmp(tw->name + len - 7, ".weight")) return false;
+    char mod[512], sc[520];
+    FMT(mod, "%.*s", (int)(len - 7), tw->name);
+    FMT(sc, "%s.scales", mod);
+    return kc_st_find(g, sc) && cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(qconf, mod));
+}
+
 /* Compares got (kiln's) with want (the fixture's) tensor by tensor. Codes may
  * differ only on exact .5 ties (recomputed from src's float weights); all
- * else must be bit-identical. Returns a message on failure, NULL when equal. */
+ * else must be bit-identical, but for modules kiln quantizes by an mlx-lm
+ * quant_predicate that the fixture keeps float (rule_quantized: the
+ * fixture's float must then equal the source's). Returns a message on
+ * failure, NULL when equal. */
 static const char *compare(const char *src_dir, const char *got_dir, const char *want_dir, eq_stats *es, char *msg,
                            size_t cap) {
     char pg[4096], pw[4096];
@@ -71,16 +89,33 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
     if (!st) st = kc_st_open(pw, &w);
     if (!st) st = kc_open(src_dir, &src);
     const char *fail = NULL;
+    cJSON *gcfg = NULL;
+    char pc[4096];
+    FMT(pc, "%s/config.json", got_dir);
+    if (!st) st = ku_json_load(pc, &gcfg);
+    const cJSON *qconf = gcfg ? cJSON_GetObjectItemCaseSensitive(gcfg, "quantization") : NULL;
     if (st) {
         snprintf(msg, cap, "%.500s", kiln_status_msg(st));
         fail = msg;
     }
-    if (!fail && kc_st_count(g) != kc_st_count(w)) {
-        snprintf(msg, cap, "%.200s: %d tensors, the fixture has %d", got_dir, kc_st_count(g), kc_st_count(w));
+    int rule = 0;
+    for (int i = 0; !fail && i < kc_st_count(w); i++) rule += rule_quantized(g, qconf, kc_st_at(w, i));
+    if (!fail && kc_st_count(g) != kc_st_count(w) + 2 * rule) {
+        snprintf(msg, cap, "%.200s: %d tensors, the fixture has %d (%d modules quantized by mlx-lm's rule)", got_dir,
+                 kc_st_count(g), kc_st_count(w), rule);
         fail = msg;
     }
+    es->rule_float += rule;
     for (int i = 0; !fail && i < kc_st_count(w); i++) {
         const kc_tensor *tw = kc_st_at(w, i), *tg = kc_st_find(g, tw->name);
+        if (rule_quantized(g, qconf, tw)) {
+            const kc_tensor *f = kc_find(src, tw->name);
+            if (!f || f->dtype != tw->dtype || f->nbytes != tw->nbytes || memcmp(f->data, tw->data, tw->nbytes)) {
+                snprintf(msg, cap, "%.200s: %.200s: the fixture's float weight is not the source's", want_dir, tw->name);
+                fail = msg;
+            }
+            continue;
+        }
         if (!tg || tg->dtype != tw->dtype || tg->rank != tw->rank ||
             memcmp(tg->shape, tw->shape, sizeof(int64_t) * (size_t)tw->rank)) {
             snprintf(msg, cap, "%.200s: %.200s missing or of another dtype/shape", got_dir, tw->name);
@@ -139,6 +174,7 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
         }
     }
     kiln_status_free(st);
+    cJSON_Delete(gcfg);
     kc_st_close(g);
     kc_st_close(w);
     kc_close(src);
@@ -185,9 +221,10 @@ KT_TEST(quant_fixture_q4_q8_equal_mlx) {
     }
     fprintf(stderr,
             "  %d q4/q8 fixtures (%d committed), %d tensors: %d codes differ; %lld of %lld codes are exact .5 ties, "
-            "%lld of which half-away-from-zero rounding would change\n",
+            "%lld of which half-away-from-zero rounding would change; %d modules quantized by an mlx-lm quant_predicate "
+            "kept float by the fixture\n",
             es.fixtures, committed, es.tensors, es.differing_codes, (long long)es.ties, (long long)es.codes,
-            (long long)es.ties_away);
+            (long long)es.ties_away, es.rule_float);
     KT_CHECKF(committed >= 24, "only %d committed q4/q8 fixtures", committed);
     KT_CHECKF(bad == 0, "%d of %d fixtures differ from kiln quantize beyond .5 ties", bad, es.fixtures);
 }
