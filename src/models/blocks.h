@@ -320,6 +320,7 @@ typedef struct {
     int64_t shared_width; /* the shared expert's inner width; 0: none */
     bool shared_fused;    /* the shared expert's gate and up in KM_T_MOE_SHARED_UP [2F, H], gate rows first */
     bool shared_scale;    /* its output times sigmoid(KM_T_MOE_SHARED_SCALE x) (Qwen2-MoE) */
+    bool shared_average;  /* (routed + shared) / 2 instead of their sum (Cohere2-MoE's "average" strategy) */
     bool scale_input;     /* the weights scale the chosen experts' inputs, not their outputs (Llama 4) */
     float jitter_eps;     /* KM_MOE_SPARSEMIXER: experts whose logit is within a relative 2 * jitter_eps of
                            * the round's best share its softmax */

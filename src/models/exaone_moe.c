@@ -13,9 +13,7 @@
 static const km_names names = {
     KM_MOE_LLAMA_NAMES(MLP),
     KM_MOE_QK_NORM_NAMES,
-    KM_MOE_EXPERT_NAMES(MLP, "gate_proj", "up_proj", "down_proj"),
-    KM_MOE_SHARED_NAMES(MLP ".shared_experts"),
-    [KM_T_MOE_ROUTER] = MLP ".gate",
+    KM_MOE_GATE_NAMES(MLP),
     [KM_T_MOE_ROUTER_BIAS] = MLP ".e_score_correction_bias|" MLP ".gate.e_score_correction_bias",
 };
 

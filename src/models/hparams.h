@@ -68,6 +68,8 @@ typedef struct {
     /* ---- norms ---- */
     double norm_eps;
     float norm_offset;   /* every norm scales by (weight + offset): Gemma's RMSNorm, Nemotron's LayerNorm1P */
+    bool layer_norm;     /* the decoder's norms are LayerNorms, not RMSNorms, where the config chooses the kind
+                          * (Cohere2-MoE without rms_norm_eps; read by that family's layer hook) */
 
     /* ---- layer arrangement (config switches) ---- */
     bool parallel_residual;  /* x + attn(norm(x)) + mlp(norm'(x)) (use_parallel_residual, parallel_attn) */
@@ -127,6 +129,7 @@ typedef struct {
                                * (DeepSeek-V3 e_score_correction_bias, ERNIE moe_statics) */
     float moe_swiglu_limit;   /* experts use gpt-oss's clamped SwiGLU (alpha 1.702) with this limit; 0: act */
     unsigned char layer_moe[KM_MAX_LAYERS]; /* 1: this layer's MLP is a mixture of experts */
+    bool moe_shared_average; /* (routed + shared expert) / 2 (Cohere2-MoE "average"; kb_moe_opts.shared_average) */
     int moe_router_bits;      /* how mlx-lm's converter stores the KM_T_MOE_ROUTER weight: 0 as any Linear
                                * layer; -1 float (a plain weight of its gate module, mlx-lm's MoEGate);
                                * > 0 quantized with these bits whatever the rest (the model's quant_predicate) */
