@@ -198,6 +198,11 @@ kiln_status km_rope_one(km_hparams *hp, bool interleaved);
  * "sliding_attention", or a family's own key): the flat object whatever the
  * type, the type's object when there is one per type, else NULL. */
 const cJSON *km_rope_params(const km_hparams *hp, const char *layer_type);
+/* Rope config i (0: full layers, 1: sliding ones) from the layer type's
+ * rope_parameters object (rope_theta, partial_rotary_factor, rope_type and
+ * its scaling fields; km_rope_params), each defaulting to the top-level
+ * fields; n_ropes grows to i + 1. */
+kiln_status km_rope_for_type(km_hparams *hp, int i, const char *layer_type, bool interleaved);
 /* Every layer NoPE (ALiBi or learned positions instead of rotary). */
 void km_no_rope(km_hparams *hp);
 
