@@ -179,6 +179,14 @@ typedef struct {
     float lora_eps;                /* eps of the q_a / kv_a RMSNorms; 0: 1e-6 as DeepSeek and MiniCPM3 */
 } kb_mla_opts;
 
+/* An output gate on the attention heads before the output projection,
+ * from KM_T_ATTN_GATE(x) (no bias). */
+typedef enum {
+    KB_GATE_NONE,
+    KB_GATE_SIGMOID,       /* output [T, H * Dv] times sigmoid(gate [T, H * Dv]) (AFMoE) */
+    KB_GATE_SOFTPLUS_HEAD, /* head h's output times softplus(gate [T, H])[h] (Laguna) */
+} kb_out_gate;
+
 typedef struct {
     /* projections */
     kb_qkv_layout qkv;
@@ -204,6 +212,7 @@ typedef struct {
     bool kv_tile;            /* query head h reads KV head h % Hkv (torch.tile), not h / (H / Hkv) */
     /* output */
     bool sub_norm;           /* RMSNorm (KM_T_ATTN_SUB_NORM) on the attention output before o_proj (BitNet) */
+    kb_out_gate out_gate;    /* gate on the attention output before o_proj */
     /* (Llama 4) */
     bool qk_norm_plain;      /* the q/k norms have no weight (Llama 4's L2Norm: an RMSNorm without weight) */
     int temp_offset;         /* kb_pos_temperature's position offset (Llama 4: 1) */
@@ -305,6 +314,7 @@ typedef struct {
     int64_t width;        /* each expert's inner width F */
     km_moe_score score;
     bool router_bias;     /* the router projection has a bias (gpt-oss) */
+    float router_softcap; /* router logits soft-capped first: cap * tanh(logits / cap) (Laguna); 0: none */
     bool choice_bias;     /* KM_T_MOE_ROUTER_BIAS added to the scores for the choice (group limits, top-k) */
     int64_t n_group, topk_group; /* group-limited choice (n_group > 1): only experts of the topk_group
                                   * groups with the best group scores compete; the others score 0 */

@@ -129,6 +129,7 @@ typedef struct {
                                * (DeepSeek-V3 e_score_correction_bias, ERNIE moe_statics) */
     float moe_swiglu_limit;   /* experts use gpt-oss's clamped SwiGLU (alpha 1.702) with this limit; 0: act */
     unsigned char layer_moe[KM_MAX_LAYERS]; /* 1: this layer's MLP is a mixture of experts */
+    float moe_router_softcap; /* router logits soft-capped before scoring (Laguna moe_router_logit_softcapping); 0: none */
     bool moe_shared_average; /* (routed + shared expert) / 2 (Cohere2-MoE "average"; kb_moe_opts.shared_average) */
     int moe_router_bits;      /* how mlx-lm's converter stores the KM_T_MOE_ROUTER weight: 0 as any Linear
                                * layer; -1 float (a plain weight of its gate module, mlx-lm's MoEGate);
