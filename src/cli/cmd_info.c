@@ -3,8 +3,10 @@
 #include <stdio.h>
 #include <string.h>
 
+
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "models/blocks.h"
 #include "vision/vision.h"
 
 int kiln_cmd_info(int argc, char **argv) {
@@ -122,6 +124,12 @@ int kiln_cmd_info(int argc, char **argv) {
                (long long)hp->ropes[0].orig_max_pos);
     printf("embeddings   %s\n", hp->tie_embeddings ? "tied to the output head" : "separate output head");
     if (hp->features[0]) printf("features     %s\n", hp->features);
+    int mtp_layers;
+    const char *mtp_first;
+    int mtp = kb_mtp_tensors(ck, hp->n_layers, &mtp_layers, &mtp_first);
+    if (mtp)
+        printf("mtp          %d multi-token prediction layer%s (%d tensors, e.g. %s): kept in the checkpoint, not used for "
+               "generation\n", mtp_layers, mtp_layers == 1 ? "" : "s", mtp, mtp_first);
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,
            (double)bytes / 1048576.0);

@@ -119,6 +119,14 @@ kg_node *kb_linear(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, boo
  * the Linear layout mlx-lm converts it to. in != out tells them apart. */
 bool kb_weight_is_in_out(const kb_ctx *b, km_tensor t, int il, int64_t in, int64_t out);
 
+/* Multi-token prediction layers ck carries beside its n_layers decoder
+ * layers, which generation does not use: "model.layers.<n>.*" for n >=
+ * n_layers (DeepSeek-V3, GLM, Hy3), "mtp.*" / "model.mtp.*" (EXAONE-MoE,
+ * Qwen3.5), "model.mtp_layers.*" (MiMo). Returns their tensor count; *layers
+ * is config.json's num_nextn_predict_layers, else the layers counted; *first
+ * one of their names (NULL when none). */
+int kb_mtp_tensors(const kc_checkpoint *ck, int64_t n_layers, int *layers, const char **first);
+
 /* ================================================================ elementwise (blocks.c) */
 
 /* x[..., lo:hi) along the last dim. */
