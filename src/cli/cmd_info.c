@@ -3,8 +3,10 @@
 #include <stdio.h>
 #include <string.h>
 
+
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "models/blocks.h"
 #include "vision/vision.h"
 
 int kiln_cmd_info(int argc, char **argv) {
@@ -47,7 +49,10 @@ int kiln_cmd_info(int argc, char **argv) {
     else if (km_rope_is_mrope(&hp->ropes[0]))
         printf("; rope theta %g (%d rotary dims), M-RoPE t/h/w pairs %d/%d/%d%s\n", hp->rope_theta, hp->ropes[0].dim, hp->ropes[0].mrope[0],
                hp->ropes[0].mrope[1], hp->ropes[0].mrope[2], hp->ropes[0].mrope_interleaved ? " interleaved" : "");
-    else printf("; rope theta %g (%d rotary dims)\n", hp->rope_theta, hp->ropes[0].dim);
+    else if (hp->n_ropes > 1) /* full layers rope 0, sliding ones rope 1 */
+        printf("; rope theta %g (%d rotary dims), on sliding layers theta %g (%d rotary dims)\n", hp->ropes[0].theta,
+               hp->ropes[0].dim, hp->ropes[1].theta, hp->ropes[1].dim);
+    else printf("; rope theta %g (%d rotary dims)\n", hp->ropes[0].theta, hp->ropes[0].dim);
     int sliding = 0;
     for (int64_t i = 0; i < hp->n_layers; i++) sliding += hp->layer_sliding[i];
     if (sliding) printf("sliding      window %lld on %d of %lld layers\n", (long long)hp->sliding_window, sliding, (long long)hp->n_layers);
@@ -55,7 +60,9 @@ int kiln_cmd_info(int argc, char **argv) {
     if (hp->layer_heads[0]) { /* widths that vary per layer (OpenELM) */
         int32_t lo[3] = {INT32_MAX, INT32_MAX, INT32_MAX}, hi[3] = {0, 0, 0};
         for (int64_t i = 0; i < hp->n_layers; i++) {
-            const int32_t v[3] = {hp->layer_heads[i], hp->layer_kv_heads[i], hp->layer_ffn[i]};
+            const int32_t v[3] = {hp->layer_heads[i] ? hp->layer_heads[i] : (int32_t)hp->n_heads,
+                                  hp->layer_kv_heads[i] ? hp->layer_kv_heads[i] : (int32_t)hp->n_kv_heads,
+                                  hp->layer_ffn[i] ? hp->layer_ffn[i] : (int32_t)hp->ffn}; /* 0: the global width */
             for (int j = 0; j < 3; j++) lo[j] = v[j] < lo[j] ? v[j] : lo[j], hi[j] = v[j] > hi[j] ? v[j] : hi[j];
         }
         printf("per layer    heads %d..%d (kv %d..%d), ffn %d..%d\n", lo[0], hi[0], lo[1], hi[1], lo[2], hi[2]);
@@ -117,6 +124,12 @@ int kiln_cmd_info(int argc, char **argv) {
                (long long)hp->ropes[0].orig_max_pos);
     printf("embeddings   %s\n", hp->tie_embeddings ? "tied to the output head" : "separate output head");
     if (hp->features[0]) printf("features     %s\n", hp->features);
+    int mtp_layers;
+    const char *mtp_first;
+    int mtp = kb_mtp_tensors(ck, hp->n_layers, &mtp_layers, &mtp_first);
+    if (mtp)
+        printf("mtp          %d multi-token prediction layer%s (%d tensors, e.g. %s): kept in the checkpoint, not used for "
+               "generation\n", mtp_layers, mtp_layers == 1 ? "" : "s", mtp, mtp_first);
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,
            (double)bytes / 1048576.0);

@@ -119,6 +119,14 @@ kg_node *kb_linear(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, boo
  * the Linear layout mlx-lm converts it to. in != out tells them apart. */
 bool kb_weight_is_in_out(const kb_ctx *b, km_tensor t, int il, int64_t in, int64_t out);
 
+/* Multi-token prediction layers ck carries beside its n_layers decoder
+ * layers, which generation does not use: "model.layers.<n>.*" for n >=
+ * n_layers (DeepSeek-V3, GLM, Hy3), "mtp.*" / "model.mtp.*" (EXAONE-MoE,
+ * Qwen3.5), "model.mtp_layers.*" (MiMo). Returns their tensor count; *layers
+ * is config.json's num_nextn_predict_layers, else the layers counted; *first
+ * one of their names (NULL when none). */
+int kb_mtp_tensors(const kc_checkpoint *ck, int64_t n_layers, int *layers, const char **first);
+
 /* ================================================================ elementwise (blocks.c) */
 
 /* x[..., lo:hi) along the last dim. */
@@ -179,6 +187,14 @@ typedef struct {
     float lora_eps;                /* eps of the q_a / kv_a RMSNorms; 0: 1e-6 as DeepSeek and MiniCPM3 */
 } kb_mla_opts;
 
+/* An output gate on the attention heads before the output projection,
+ * from KM_T_ATTN_GATE(x) (no bias). */
+typedef enum {
+    KB_GATE_NONE,
+    KB_GATE_SIGMOID,       /* output [T, H * Dv] times sigmoid(gate [T, H * Dv]) (AFMoE) */
+    KB_GATE_SOFTPLUS_HEAD, /* head h's output times softplus(gate [T, H])[h] (Laguna) */
+} kb_out_gate;
+
 typedef struct {
     /* projections */
     kb_qkv_layout qkv;
@@ -204,6 +220,7 @@ typedef struct {
     bool kv_tile;            /* query head h reads KV head h % Hkv (torch.tile), not h / (H / Hkv) */
     /* output */
     bool sub_norm;           /* RMSNorm (KM_T_ATTN_SUB_NORM) on the attention output before o_proj (BitNet) */
+    kb_out_gate out_gate;    /* gate on the attention output before o_proj */
     /* (Llama 4) */
     bool qk_norm_plain;      /* the q/k norms have no weight (Llama 4's L2Norm: an RMSNorm without weight) */
     int temp_offset;         /* kb_pos_temperature's position offset (Llama 4: 1) */
@@ -307,6 +324,7 @@ typedef struct {
     int64_t width;        /* each expert's inner width F */
     km_moe_score score;
     bool router_bias;     /* the router projection has a bias (gpt-oss) */
+    float router_softcap; /* router logits soft-capped first: cap * tanh(logits / cap) (Laguna); 0: none */
     bool choice_bias;     /* KM_T_MOE_ROUTER_BIAS added to the scores for the choice (group limits, top-k) */
     int64_t n_group, topk_group; /* group-limited choice (n_group > 1): only experts of the topk_group
                                   * groups with the best group scores compete; the others score 0 */
@@ -322,6 +340,7 @@ typedef struct {
     int64_t shared_width; /* the shared expert's inner width; 0: none */
     bool shared_fused;    /* the shared expert's gate and up in KM_T_MOE_SHARED_UP [2F, H], gate rows first */
     bool shared_scale;    /* its output times sigmoid(KM_T_MOE_SHARED_SCALE x) (Qwen2-MoE) */
+    bool shared_average;  /* (routed + shared) / 2 instead of their sum (Cohere2-MoE's "average" strategy) */
     bool scale_input;     /* the weights scale the chosen experts' inputs, not their outputs (Llama 4) */
     float jitter_eps;     /* KM_MOE_SPARSEMIXER: experts whose logit is within a relative 2 * jitter_eps of
                            * the round's best share its softmax */

@@ -207,10 +207,24 @@ kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const 
     return a;
 }
 
-/* From projected q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv]: kb_attend,
- * then the output projection. */
-static kg_node *attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o) {
-    kg_node *a = kb_attend(b, q, k, v, il, o);
+/* The attention output a [T, H, Dv] times the output gate of x (o->out_gate). */
+static kg_node *out_gate(kb_ctx *b, kg_node *x, kg_node *a, int il, const kb_attn_opts *o) {
+    kg_graph *g = b->g;
+    if (!a || o->out_gate == KB_GATE_NONE) return a;
+    int64_t T = b->shape.T, H = a->shape.d[1], Dv = a->shape.d[2];
+    if (o->out_gate == KB_GATE_SIGMOID) {
+        kg_node *gate = kg_unary(g, KG_OP_LOGISTIC, kb_linear(b, x, KM_T_ATTN_GATE, il, H * Dv, false));
+        return kg_reshape(g, kg_mul(g, kg_reshape(g, a, KG_SHAPE(T, H * Dv)), gate), a->shape);
+    }
+    kg_node *gate = kb_softplus(b, kb_linear(b, x, KM_T_ATTN_GATE, il, H, false)); /* [T, H] */
+    return gate ? kg_mul(g, a, kg_broadcast_in_dim(g, gate, a->shape, (int[]){0, 1})) : NULL;
+}
+
+/* From projected q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv] (x: the layer
+ * input, for the output gate): kb_attend, the gate, then the output
+ * projection. */
+static kg_node *attend(kb_ctx *b, kg_node *x, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o) {
+    kg_node *a = out_gate(b, x, kb_attend(b, q, k, v, il, o), il, o);
     if (!a) return NULL;
     int64_t T = b->shape.T, H = a->shape.d[1], Dv = a->shape.d[2];
     a = kg_reshape(b->g, a, KG_SHAPE(T, H * Dv));
@@ -247,7 +261,7 @@ static kg_node *latent_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_op
      * rotation applies */
     kg_node *qr = kg_concat(g, (kg_node *[]){kb_slice_last(b, q, nope, Dq), kb_slice_last(b, q, 0, nope)}, 2, 2);
     kg_node *kr = kg_concat(g, (kg_node *[]){k_pe, kb_slice_last(b, kv, 0, nope)}, 2, 2);
-    return attend(b, qr, kr, kb_slice_last(b, kv, nope, nope + m->v_dim), il, o);
+    return attend(b, x, qr, kr, kb_slice_last(b, kv, nope, nope + m->v_dim), il, o);
 }
 
 kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o) {
@@ -257,5 +271,5 @@ kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o) {
     if (o->mla.kv_lora_rank > 0) return latent_attention(b, x, il, o, H);
     kg_node *qkv[3];
     project_qkv(b, x, il, o, H, Hkv, hp->head_dim, qkv);
-    return attend(b, qkv[0], qkv[1], qkv[2], il, o);
+    return attend(b, x, qkv[0], qkv[1], qkv[2], il, o);
 }

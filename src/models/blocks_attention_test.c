@@ -145,13 +145,14 @@ static const km_names mla_names = {
     [KM_T_FFN_GATE_UP] = "gu",   [KM_T_FFN_DOWN] = "down",
 };
 
-static kb_attn_opts mla_opts;
-static kg_node *mla_emit(kb_ctx *b) {
+/* one attention layer with a residual between embeddings and a tied head */
+static kb_attn_opts attn_opts;
+static kg_node *attn_emit(kb_ctx *b) {
     kg_node *x = kb_embed(b, NULL);
-    x = kg_add(b->g, x, kb_attention(b, x, 0, &mla_opts));
+    x = kg_add(b->g, x, kb_attention(b, x, 0, &attn_opts));
     return kb_output(b, x, NULL);
 }
-static const km_family mla_family = {"test", test_types, &mla_names, NULL, mla_emit};
+static const km_family mla_family = {"test", test_types, &mla_names, NULL, attn_emit};
 
 typedef struct {
     float *emb, *q, *qa, *qan, *qb, *kva, *kvan, *kvb, *o, *bqa, *bkva, *bo;
@@ -237,13 +238,13 @@ static void mla_case(int64_t q_lora, bool interleaved, bool bias) {
                      .norm_eps = 1e-5, .tie_embeddings = true, .no_final_norm = true, .n_ropes = 1};
     bool ok = ck && !km_rope_init(&hp.ropes[0], NULL, 10000.0, RD, 64);
     hp.ropes[0].interleaved = interleaved;
-    mla_opts = (kb_attn_opts){.qkv_bias = bias, .o_bias = bias,
+    attn_opts = (kb_attn_opts){.qkv_bias = bias, .o_bias = bias,
                               .mla = {.q_lora_rank = q_lora, .kv_lora_rank = KVL, .nope = NOPE, .rope_dim = RD, .v_dim = VD}};
     int32_t tok[TT] = {3, 15, 0, 7, 7};
     float *got = ok ? mt_prefill(&mla_family, &hp, ck, TT, tok) : NULL, want[TT * V];
     double md = 1e30;
     if (got) {
-        mla_reference(&w, &mla_opts, &hp.ropes[0], tok, want);
+        mla_reference(&w, &attn_opts, &hp.ropes[0], tok, want);
         md = 0;
         for (int i = 0; i < TT * V; i++) md = fmax(md, fabs(got[i] - want[i]));
     }
@@ -258,3 +259,78 @@ static void mla_case(int64_t q_lora, bool interleaved, bool bias) {
 
 KT_TEST(blocks_mla_q_lora_half_rope) { mla_case(QL, false, false); }
 KT_TEST(blocks_mla_plain_q_interleaved_bias) { mla_case(0, true, true); }
+
+/* ---------------------------------------------------------------- output gates */
+
+enum { GH = 2, GD = 4 };
+static const km_names gate_names = {[KM_T_TOK_EMBD] = "emb", [KM_T_ATTN_Q] = "q", [KM_T_ATTN_K] = "k", [KM_T_ATTN_V] = "v",
+                                    [KM_T_ATTN_O] = "o", [KM_T_ATTN_GATE] = "g"};
+static const km_family gate_family = {"test", test_types, &gate_names, NULL, attn_emit};
+
+/* logits[t] = emb (x_t + o(gated causal attention of x, no rope)) */
+static void gate_reference(float *const w[6], kb_out_gate kind, const int32_t *tok, float *logits) {
+    float X[TT][E], Q[TT][GH * GD], K[TT][GH * GD], Vv[TT][GH * GD];
+    for (int t = 0; t < TT; t++) {
+        memcpy(X[t], w[0] + tok[t] * E, sizeof X[t]);
+        mt_matvec(w[1], NULL, X[t], GH * GD, E, Q[t]);
+        mt_matvec(w[2], NULL, X[t], GH * GD, E, K[t]);
+        mt_matvec(w[3], NULL, X[t], GH * GD, E, Vv[t]);
+    }
+    for (int t = 0; t < TT; t++) {
+        float att[GH * GD], g[GH * GD], o[E];
+        mt_matvec(w[5], NULL, X[t], kind == KB_GATE_SIGMOID ? GH * GD : GH, E, g);
+        for (int h = 0; h < GH; h++) {
+            double sc[TT], mx = -1e30, z = 0;
+            for (int p = 0; p <= t; p++) {
+                double d = 0;
+                for (int i = 0; i < GD; i++) d += (double)Q[t][h * GD + i] * K[p][h * GD + i];
+                sc[p] = d / sqrt((double)GD);
+                mx = fmax(mx, sc[p]);
+            }
+            for (int p = 0; p <= t; p++) z += sc[p] = exp(sc[p] - mx);
+            for (int i = 0; i < GD; i++) {
+                double acc = 0;
+                for (int p = 0; p <= t; p++) acc += sc[p] / z * Vv[p][h * GD + i];
+                double gv = kind == KB_GATE_SIGMOID ? 1 / (1 + exp(-(double)g[h * GD + i])) : log1p(exp((double)g[h]));
+                att[h * GD + i] = (float)(acc * (kind == KB_GATE_NONE ? 1 : gv));
+            }
+        }
+        mt_matvec(w[4], NULL, att, E, GH * GD, o);
+        for (int i = 0; i < E; i++) o[i] += X[t][i];
+        mt_matvec(w[0], NULL, o, V, E, logits + t * V);
+    }
+}
+
+/* kb_attn_opts.out_gate: AFMoE's sigmoid gate over every head dim, Laguna's
+ * softplus gate per head, on the attention output before o_proj. */
+KT_TEST(blocks_attention_output_gates) {
+    static const kb_out_gate kinds[] = {KB_GATE_NONE, KB_GATE_SIGMOID, KB_GATE_SOFTPLUS_HEAD};
+    for (int c = 0; c < 3; c++) {
+        int64_t gr = kinds[c] == KB_GATE_SIGMOID ? GH * GD : GH;
+        float *w[6] = {rnd(V * E, 1), rnd(GH * GD * E, 0.7f), rnd(GH * GD * E, 0.7f), rnd(GH * GD * E, 0.7f),
+                       rnd(E * GH * GD, 0.7f), rnd(gr * E, 1.5f)};
+        static const char *const names[6] = {"emb.weight", "q.weight", "k.weight", "v.weight", "o.weight", "g.weight"};
+        const int64_t rows[6] = {V, GH * GD, GH * GD, GH * GD, E, gr}, cols[6] = {E, E, E, E, GH * GD, E};
+        mt_set s = {0};
+        for (int i = 0; i < 6; i++) mt_put(&s, names[i], w[i], rows[i], cols[i]);
+        char dir[512];
+        kc_checkpoint *ck = mt_open(&s, dir, sizeof dir);
+        mt_free(&s);
+        km_hparams hp = {.n_layers = 1, .hidden = E, .n_heads = GH, .n_kv_heads = GH, .head_dim = GD, .vocab = V,
+                         .norm_eps = 1e-5, .tie_embeddings = true, .no_final_norm = true, .n_ropes = 1};
+        bool ok = ck && !km_rope_init(&hp.ropes[0], NULL, 10000.0, GD, 64);
+        attn_opts = (kb_attn_opts){.rope = -1, .out_gate = kinds[c]};
+        int32_t tok[TT] = {3, 15, 0, 7, 7};
+        float *got = ok ? mt_prefill(&gate_family, &hp, ck, TT, tok) : NULL, want[TT * V];
+        double md = 1e30;
+        if (got) {
+            gate_reference(w, kinds[c], tok, want);
+            md = mt_max_diff(got, want, TT * V);
+        }
+        free(got);
+        kc_close(ck);
+        ckt_rmdir(dir);
+        for (int i = 0; i < 6; i++) free(w[i]);
+        KT_CHECKF(md < 1e-4, "output gate %d: max |diff| %g", (int)kinds[c], md);
+    }
+}

@@ -26,6 +26,8 @@ void kb_moe_defaults(const kb_ctx *b, int il, kb_moe_opts *o) {
         .scale = hp->moe_scale,
         .act = hp->act,
         .shared_width = hp->shared_ffn,
+        .shared_average = hp->moe_shared_average,
+        .router_softcap = hp->moe_router_softcap,
         .swiglu_oai = hp->moe_swiglu_limit > 0,
         .alpha = 1.702f, /* gpt-oss's constant */
         .limit = hp->moe_swiglu_limit,
@@ -321,10 +323,14 @@ kg_node *kb_moe(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o) {
                                      (long long)o->experts, (long long)o->n_group, (long long)o->topk_group));
     kg_node *logits = kb_linear(b, x, KM_T_MOE_ROUTER, il, o->experts, o->router_bias), *idx = NULL, *wts = NULL;
     if (!logits) return NULL;
+    if (o->router_softcap > 0) logits = kb_softcap(b, logits, o->router_softcap);
     route(b, logits, il, o, &idx, &wts);
     kg_node *y = routed(b, x, kg_name(idx, "moe_idx", il), kg_name(wts, "moe_wts", il), il, o);
     if (o->out_bias && y) y = kg_add(b->g, y, kg_convert(b->g, kb_vector(b, KM_T_MOE_OUT_BIAS, il, "", x->shape.d[1]), KG_F32));
-    if (o->shared_width > 0 && y) y = kg_add(b->g, y, shared(b, x, il, o));
+    if (o->shared_width > 0 && y) {
+        y = kg_add(b->g, y, shared(b, x, il, o));
+        if (o->shared_average) y = kg_scale(b->g, y, 0.5f);
+    }
     return y;
 }
 

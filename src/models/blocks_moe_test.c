@@ -81,6 +81,7 @@ static void reference(const float *x, float *out) {
     for (int e = 0; e < E; e++) {
         logit[e] = 0;
         for (int c = 0; c < H; c++) logit[e] += (double)router[e * H + c] * x[c];
+        if (opts.router_softcap > 0) logit[e] = opts.router_softcap * tanh(logit[e] / opts.router_softcap);
     }
     double mx = logit[0], sum = 0;
     for (int e = 1; e < E; e++) mx = fmax(mx, logit[e]);
@@ -141,6 +142,8 @@ experts:
         mlp(sg, su, sd, FS, x, m);
         for (int c = 0; c < H; c++) sc += (double)sscale[c] * x[c];
         for (int o = 0; o < H; o++) y[o] += m[o] * (opts.shared_scale ? 1 / (1 + exp(-sc)) : 1);
+        if (opts.shared_average)
+            for (int o = 0; o < H; o++) y[o] /= 2;
     }
     for (int o = 0; o < H; o++) out[o] = (float)y[o];
 }
@@ -155,7 +158,7 @@ KT_TEST(blocks_moe_routings_match_reference) {
     kb_moe_opts base = {.experts = E, .top_k = K, .width = F, .act = KM_ACT_SILU};
     kb_moe_opts cases[] = {
         base, /* Qwen2-MoE without renorm */
-        base, base, base, base, base, base, base, base,
+        base, base, base, base, base, base, base, base, base, base, base,
     };
     cases[1].norm_topk = true; /* Mixtral */
     cases[2].score = KM_MOE_TOPK_SOFTMAX; /* GraniteMoE */
@@ -166,6 +169,10 @@ KT_TEST(blocks_moe_routings_match_reference) {
     cases[6].score = KM_MOE_TOPK_SIGMOID, cases[6].scale_input = true, cases[6].shared_width = FS; /* Llama 4 */
     cases[7].score = KM_MOE_SPARSEMIXER, cases[7].jitter_eps = 0.01f; /* PhiMoE */
     cases[8].score = KM_MOE_SPARSEMIXER, cases[8].jitter_eps = 0.2f;
+    cases[9].score = KM_MOE_TOPK_SOFTMAX, cases[9].shared_width = FS, cases[9].shared_average = true; /* Cohere2-MoE */
+    cases[10].score = KM_MOE_TOPK_SIGMOID, cases[10].norm_topk = true; /* Cohere2-MoE's sigmoid selection */
+    cases[11].score = KM_MOE_SIGMOID, cases[11].choice_bias = cases[11].norm_topk = true, cases[11].router_softcap = 0.5f,
+    cases[11].scale = 2; /* Laguna (a cap small enough to bend these logits) */
     float x[T * H], ref[T * H];
     fill(x, T * H, 1);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

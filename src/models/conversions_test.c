@@ -28,6 +28,7 @@ typedef struct {
     void *(*edit_tensor)(const cJSON *cfg, kc_tensor *t);
     const char *copy_layer0_as; /* layer 0's tensors ("model.layers.0.*") also stored under this prefix */
     bool mlx;                   /* the safetensors metadata mlx-lm writes */
+    int mtp_layers;             /* > 0: kb_mtp_tensors reports this many multi-token prediction layers */
 } conversion;
 
 static float *transposed(const kc_tensor *t) {
@@ -100,6 +101,12 @@ static void check_conversion(const conversion *c) {
     kiln_status st = ok ? ke_model_load(to, &m) : NULL;
     KT_CHECK_OK(st);
     if (m) KT_CHECK_STR(ke_model_family(m)->name, c->family);
+    if (m && c->mtp_layers) { /* the copied layer is reported as multi-token prediction, and generation ignores it */
+        int layers = 0;
+        const char *first;
+        KT_CHECK(kb_mtp_tensors(ke_model_checkpoint(m), ke_model_hparams(m)->n_layers, &layers, &first) > 0);
+        KT_CHECK_EQ(layers, c->mtp_layers);
+    }
     ke_model_free(m);
     ok = ok && mt_gate(to, &(kv_options){.n_threads = 1}, 1e-4);
     ckt_rmdir(to);
@@ -113,7 +120,13 @@ KT_TEST(variant_mimo_from_qwen2) {
     check_conversion(&(conversion){.fixture = "qwen2", .family = "mimo",
                                    .config_patch = "{\"model_type\": \"mimo\", \"architectures\": [\"MiMoForCausalLM\"], "
                                    "\"num_nextn_predict_layers\": 1}",
-                                   .copy_layer0_as = "model.mtp_layers.0."});
+                                   .copy_layer0_as = "model.mtp_layers.0.", .mtp_layers = 1});
+}
+
+/* Hy3's checkpoints hold the MTP layer as model.layers.<num_hidden_layers> */
+KT_TEST(variant_hy_v3_with_mtp_layer) {
+    check_conversion(&(conversion){.fixture = "hy_v3", .family = "hy_v3", .config_patch = "{\"num_nextn_predict_layers\": 1}",
+                                   .copy_layer0_as = "model.layers.2.", .mtp_layers = 1});
 }
 
 KT_TEST(variant_ministral_from_mistral) {

@@ -83,6 +83,8 @@ typedef enum {
     /* ==== linear attention (blocks_linattn.c) */
     KM_T_LIN_BA,         /* gated DeltaNet's [beta | a] projection per key-head group (Qwen3-Next in_proj_ba) */
     KM_T_LIN_GATE,       /* lightning attention's output gate projection (MiniMax output_gate) */
+    /* ==== attention output gate (kb_attn_opts.out_gate) */
+    KM_T_ATTN_GATE,      /* [H * D, hidden] (AFMoE gate_proj) or [H, hidden] (Laguna g_proj) */
     KM_T_COUNT
 } km_tensor;
 

@@ -68,6 +68,8 @@ typedef struct {
     /* ---- norms ---- */
     double norm_eps;
     float norm_offset;   /* every norm scales by (weight + offset): Gemma's RMSNorm, Nemotron's LayerNorm1P */
+    bool layer_norm;     /* the decoder's norms are LayerNorms, not RMSNorms, where the config chooses the kind
+                          * (Cohere2-MoE without rms_norm_eps; read by that family's layer hook) */
 
     /* ---- layer arrangement (config switches) ---- */
     bool parallel_residual;  /* x + attn(norm(x)) + mlp(norm'(x)) (use_parallel_residual, parallel_attn) */
@@ -129,6 +131,11 @@ typedef struct {
                                * (DeepSeek-V3 e_score_correction_bias, ERNIE moe_statics) */
     float moe_swiglu_limit;   /* experts use gpt-oss's clamped SwiGLU (alpha 1.702) with this limit; 0: act */
     unsigned char layer_moe[KM_MAX_LAYERS]; /* 1: this layer's MLP is a mixture of experts */
+    float moe_router_softcap; /* router logits soft-capped before scoring (Laguna moe_router_logit_softcapping); 0: none */
+    bool moe_shared_average; /* (routed + shared expert) / 2 (Cohere2-MoE "average"; kb_moe_opts.shared_average) */
+    int moe_router_bits;      /* how mlx-lm's converter stores the KM_T_MOE_ROUTER weight: 0 as any Linear
+                               * layer; -1 float (a plain weight of its gate module, mlx-lm's MoEGate);
+                               * > 0 quantized with these bits whatever the rest (the model's quant_predicate) */
 
     /* ---- mixture of experts: sparsemixer (hparams_moe.c) */
     float moe_jitter_eps;     /* KM_MOE_SPARSEMIXER's jitter (PhiMoE router_jitter_noise) */
@@ -208,6 +215,11 @@ kiln_status km_rope_default(const cJSON *cfg, const km_hparams *hp, const char *
  * object in a per-type rope_parameters when there is one, else from the
  * older keys' scaling (may be NULL) and theta. */
 kiln_status km_rope_for(const km_hparams *hp, const char *layer_type, const cJSON *scaling, double theta, int dim, km_rope *r);
+/* Rope config i (0: full layers, 1: sliding ones) from the layer type's
+ * rope_parameters object (rope_theta, partial_rotary_factor, rope_type and
+ * its scaling fields; km_rope_params), each defaulting to the top-level
+ * fields; n_ropes grows to i + 1. */
+kiln_status km_rope_for_type(km_hparams *hp, int i, const char *layer_type, bool interleaved);
 /* Every layer NoPE (ALiBi or learned positions instead of rotary). */
 void km_no_rope(km_hparams *hp);
 
@@ -221,6 +233,8 @@ typedef struct {
     const char *step;        /* with step s, layer i is MoE when (i + 1) % s == 0 (Qwen2-MoE decoder_sparse_step) */
     const char *freq;        /* with freq f, layer i is MoE when i % f == 0 (DeepSeek moe_layer_freq) */
     const char *dense_list;  /* a list of dense layers (Qwen2-MoE mlp_only_layers) */
+    const char *kinds;       /* a list of "dense" / "sparse" per layer (mlp_layer_types): when present, it alone
+                              * says which layers are MoE */
     bool norm_topk;          /* norm_topk_prob's default (the key is read when present) */
     int64_t top_k_def;       /* top_k's default; 0: the key is required */
 } km_moe_keys;

@@ -255,3 +255,45 @@ KT_TEST(config_hrm_hyperclovax_dbrx_fields) {
                               "\"attn_config\": {\"kv_n_heads\": 3}}", &hp), "bad DBRX shape (kv_n_heads 3");
 #undef DBRX
 }
+
+/* mlp_layer_types ("dense" / "sparse" per layer) alone says which layers are
+ * mixtures of experts; without it the family's default holds; anything else
+ * is an error naming the key. */
+KT_TEST(config_moe_mlp_layer_types) {
+    km_hparams hp;
+#define HY "{\"model_type\": \"hy_v3\", " BASE ", \"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32"
+    KT_CHECK_OK(parse_config(HY ", \"mlp_layer_types\": [\"sparse\", \"dense\", \"sparse\", \"dense\"]}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECKF(hp.layer_moe[i] == (i % 2 == 0), "layer %d", i);
+    KT_CHECK_OK(parse_config(HY "}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECKF(hp.layer_moe[i] == (i > 0), "default, layer %d", i);
+    KT_CHECK(hp.moe_norm_topk && hp.moe_router_bias && hp.moe_score == KM_MOE_SIGMOID);
+    KT_CHECK_NEAR(hp.moe_scale, 2.826, 1e-6);
+    KT_CHECK_ERR(parse_config(HY ", \"mlp_layer_types\": [\"sparse\", \"dense\"]}", &hp), "mlp_layer_types");
+    KT_CHECK_ERR(parse_config(HY ", \"mlp_layer_types\": [\"sparse\", \"moe\", \"dense\", \"dense\"]}", &hp), "mlp_layer_types\"[1]");
+#undef HY
+}
+
+/* One rope config per layer type from rope_parameters (km_rope_for_type):
+ * full layers rope 0, sliding ones rope 1, each with its own theta and
+ * partial rotary; the config class's defaults without the object. */
+KT_TEST(config_rope_per_layer_type) {
+    km_hparams hp;
+#define MELLUM "{\"model_type\": \"mellum\", " BASE ", \"head_dim\": 16, \"num_experts\": 8, \"num_experts_per_tok\": 2, " \
+               "\"moe_intermediate_size\": 32, \"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", " \
+               "\"full_attention\", \"sliding_attention\", \"full_attention\"]"
+    KT_CHECK_OK(parse_config(MELLUM ", \"rope_parameters\": {\"full_attention\": {\"rope_theta\": 5e5, \"partial_rotary_factor\": 0.5}, "
+                             "\"sliding_attention\": {\"rope_theta\": 1e4}}}", &hp));
+    KT_CHECK_EQ(hp.n_ropes, 2);
+    KT_CHECK_NEAR(hp.ropes[0].theta, 5e5, 0);
+    KT_CHECK_EQ(hp.ropes[0].dim, 8);
+    KT_CHECK_NEAR(hp.ropes[1].theta, 1e4, 0);
+    KT_CHECK_EQ(hp.ropes[1].dim, 16);
+    KT_CHECK_NEAR(hp.ropes[1].inv_freq[1], pow(1e4, -2.0 / 16), 1e-7);
+    KT_CHECK(hp.layer_sliding[0] && !hp.layer_sliding[1] && hp.layer_moe[0] && hp.layer_moe[3]);
+    KT_CHECK_OK(parse_config(MELLUM "}", &hp));
+    KT_CHECK(hp.n_ropes == 2 && hp.ropes[0].theta == 5e5 && hp.ropes[1].theta == 1e4);
+    KT_CHECK_ERR(parse_config(MELLUM ", \"rope_parameters\": {\"full_attention\": {\"rope_theta\": 5e5, \"partial_rotary_factor\": 2}, "
+                              "\"sliding_attention\": {\"rope_theta\": 1e4}}}", &hp),
+                 "rope_parameters.full_attention");
+#undef MELLUM
+}

@@ -30,11 +30,16 @@
     [KM_T_MOE_SHARED_GATE] = shared ".gate_proj", [KM_T_MOE_SHARED_UP] = shared ".up_proj",                           \
     [KM_T_MOE_SHARED_DOWN] = shared ".down_proj"
 
-/* DeepSeek's MoE modules: router "<mlp>.gate" with its choice bias, routed
- * experts, shared experts "<mlp>.shared_experts" (also dots1, GLM-4-MoE). */
-#define KM_MOE_DEEPSEEK_NAMES(mlp)                                                                                   \
+/* The common MoE modules: router "<mlp>.gate", routed experts
+ * "<mlp>.experts.%e.gate_proj" (up_proj, down_proj), shared experts
+ * "<mlp>.shared_experts". */
+#define KM_MOE_GATE_NAMES(mlp)                                                                                       \
     KM_MOE_EXPERT_NAMES(mlp, "gate_proj", "up_proj", "down_proj"), KM_MOE_SHARED_NAMES(mlp ".shared_experts"),        \
-    [KM_T_MOE_ROUTER] = mlp ".gate", [KM_T_MOE_ROUTER_BIAS] = mlp ".gate.e_score_correction_bias"
+    [KM_T_MOE_ROUTER] = mlp ".gate"
+
+/* DeepSeek's MoE modules: KM_MOE_GATE_NAMES with the router's choice bias
+ * (also dots1, GLM-4-MoE). */
+#define KM_MOE_DEEPSEEK_NAMES(mlp) KM_MOE_GATE_NAMES(mlp), [KM_T_MOE_ROUTER_BIAS] = mlp ".gate.e_score_correction_bias"
 
 /* DeepSeek's MoE settings (deepseek.c): experts from first_k_dense_replace
  * on, n_shared_experts shared experts; V2's softmax router, or with v3

@@ -54,39 +54,64 @@ static int list_fixtures(const char *root, char **out, int cap) {
 
 typedef struct {
     int fixtures, tensors, differing_codes;
+    int rule_float; /* modules an mlx-lm quant_predicate quantizes otherwise than the fixture */
     int64_t codes, ties, ties_away; /* .5 ties; those that rounding half away from zero would change */
 } eq_stats;
 
-/* Modules that kiln quantizes as mlx-lm's converter does (its predicate:
- * Linear and Embedding layers whose input size is a multiple of the group
- * size) but that a fixture's generator left float. The comparison follows
- * mlx-lm's rule: kiln's output holds them quantized, the fixture float. */
-static const struct {
-    const char *model_type, *suffix;
-} float_in_fixture[] = {
-    /* transformers 5 builds Ernie4_5_MoeTopKRouter's weight as a bare
-     * Parameter, so the fixture generator (quantizing Linear layers) kept it
-     * float; mlx-lm's ernie4_5_moe.py makes the router an nn.Linear, which
-     * mlx_lm.convert quantizes */
-    {"ernie4_5_moe", ".mlp.gate"},
-};
+/* Whether kiln quantized module X (a tensor name "X.weight") with a per-module
+ * entry in its config's "quantization" object while the fixture keeps
+ * X.weight float: a module the family's mlx-lm quant_predicate quantizes
+ * with its own bits (MiniMax-M2's and Hy3's routers at 8 bits; the fixture
+ * generator left every router float), which kiln follows. */
+/* Modules mlx-lm quantizes with the model's bits (no per-module entry) that a
+ * fixture's generator left float: transformers 5 builds ERNIE-4.5-MoE's
+ * router (Ernie4_5_MoeTopKRouter) as a bare Parameter, not a Linear, while
+ * mlx-lm's ernie4_5_moe.py makes it an nn.Linear that mlx_lm.convert
+ * quantizes. */
+static const char *const float_in_fixture[] = {".mlp.gate"};
+static const char *const float_in_fixture_types[] = {"ernie4_5_moe"};
 
-/* want's module of tensor name (".weight" stripped) is one of those above */
-static bool fixture_keeps_float(const char *model_type, const char *name) {
-    size_t len = strlen(name);
-    if (len < 7 || strcmp(name + len - 7, ".weight")) return false;
+static bool listed_float(const char *model_type, const char *mod) {
+    size_t ml = strlen(mod);
     for (size_t i = 0; i < sizeof float_in_fixture / sizeof float_in_fixture[0]; i++) {
-        size_t sl = strlen(float_in_fixture[i].suffix);
-        if (!strcmp(model_type, float_in_fixture[i].model_type) && len - 7 >= sl &&
-            !strncmp(name + len - 7 - sl, float_in_fixture[i].suffix, sl))
+        size_t sl = strlen(float_in_fixture[i]);
+        if (!strcmp(model_type, float_in_fixture_types[i]) && ml >= sl && !strcmp(mod + ml - sl, float_in_fixture[i]))
             return true;
     }
     return false;
 }
 
+static bool rule_quantized(const kc_safetensors *g, const cJSON *qconf, const char *model_type, const kc_tensor *tw) {
+    size_t len = strlen(tw->name);
+    if (tw->dtype == KC_U32 || len < 8 || strcmp(tw->name + len - 7, ".weight")) return false;
+    char mod[512], sc[520];
+    FMT(mod, "%.*s", (int)(len - 7), tw->name);
+    FMT(sc, "%s.scales", mod);
+    return kc_st_find(g, sc) && (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(qconf, mod)) || listed_float(model_type, mod));
+}
+
+/* Whether tensor tw of a module the fixture quantized with the model's bits
+ * belongs to one kiln quantized with other bits by a per-module entry of
+ * its config (AFMoE's router at 8 bits in the q4 fixture's 4): the fixture
+ * applied the generic rule, kiln mlx-lm's quant_predicate. */
+static bool rule_rebits(const kc_safetensors *g, const cJSON *qconf, const kc_tensor *tw) {
+    const char *dot = strrchr(tw->name, '.');
+    if (!dot) return false;
+    char mod[512], wn[520];
+    FMT(mod, "%.*s", (int)(dot - tw->name), tw->name);
+    FMT(wn, "%s.weight", mod);
+    const kc_tensor *kw = kc_st_find(g, wn);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(qconf, mod), *b = cJSON_GetObjectItemCaseSensitive(e, "bits");
+    const cJSON *gb = cJSON_GetObjectItemCaseSensitive(qconf, "bits");
+    return kw && kw->dtype == KC_U32 && cJSON_IsNumber(b) && cJSON_IsNumber(gb) && b->valueint != gb->valueint;
+}
+
 /* Compares got (kiln's) with want (the fixture's) tensor by tensor. Codes may
  * differ only on exact .5 ties (recomputed from src's float weights); all
- * else must be bit-identical. Returns a message on failure, NULL when equal. */
+ * else must be bit-identical, but for modules kiln quantizes by an mlx-lm
+ * quant_predicate that the fixture keeps float (rule_quantized: the
+ * fixture's float must then equal the source's). Returns a message on
+ * failure, NULL when equal. */
 static const char *compare(const char *src_dir, const char *got_dir, const char *want_dir, eq_stats *es, char *msg,
                            size_t cap) {
     char pg[4096], pw[4096];
@@ -98,36 +123,38 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
     if (!st) st = kc_st_open(pw, &w);
     if (!st) st = kc_open(src_dir, &src);
     const char *fail = NULL;
+    cJSON *gcfg = NULL;
+    char pc[4096];
+    FMT(pc, "%s/config.json", got_dir);
+    if (!st) st = ku_json_load(pc, &gcfg);
+    const cJSON *qconf = gcfg ? cJSON_GetObjectItemCaseSensitive(gcfg, "quantization") : NULL;
+    const cJSON *mtj = gcfg ? cJSON_GetObjectItemCaseSensitive(gcfg, "model_type") : NULL;
+    const char *mt = cJSON_IsString(mtj) ? mtj->valuestring : "";
     if (st) {
         snprintf(msg, cap, "%.500s", kiln_status_msg(st));
         fail = msg;
     }
-    char cfgp[4096];
-    cJSON *cfg = NULL;
-    const char *mt = "";
-    FMT(cfgp, "%s/config.json", src_dir);
-    if (!fail && (st = ku_json_load(cfgp, &cfg)) == NULL) st = ku_json_str(cfg, "model_type", "", &mt);
-    if (!fail && st) {
-        snprintf(msg, cap, "%.500s", kiln_status_msg(st));
+    int rule = 0;
+    for (int i = 0; !fail && i < kc_st_count(w); i++) rule += rule_quantized(g, qconf, mt, kc_st_at(w, i));
+    if (!fail && kc_st_count(g) != kc_st_count(w) + 2 * rule) {
+        snprintf(msg, cap, "%.200s: %d tensors, the fixture has %d (%d modules quantized by mlx-lm's rule)", got_dir,
+                 kc_st_count(g), kc_st_count(w), rule);
         fail = msg;
     }
-    int kept_float = 0; /* modules the fixture keeps float and kiln quantizes (float_in_fixture) */
+    es->rule_float += rule;
     for (int i = 0; !fail && i < kc_st_count(w); i++) {
         const kc_tensor *tw = kc_st_at(w, i), *tg = kc_st_find(g, tw->name);
-        if (tg && tw->dtype != KC_U32 && tg->dtype == KC_U32 && fixture_keeps_float(mt, tw->name)) {
-            /* the fixture's float weight is the source's; kiln's has its scales and biases */
-            char mod[512], sn[600], bn[600];
-            FMT(mod, "%.*s", (int)(strlen(tw->name) - 7), tw->name);
-            FMT(sn, "%s.scales", mod);
-            FMT(bn, "%s.biases", mod);
+        if (rule_quantized(g, qconf, mt, tw)) {
             const kc_tensor *f = kc_find(src, tw->name);
-            if (!f || f->nbytes != tw->nbytes || memcmp(f->data, tw->data, tw->nbytes) || !kc_st_find(g, sn) ||
-                !kc_st_find(g, bn)) {
-                snprintf(msg, cap, "%.200s: %.200s: kept float by the fixture, not quantized as mlx-lm does by kiln",
-                         got_dir, tw->name);
+            if (!f || f->dtype != tw->dtype || f->nbytes != tw->nbytes || memcmp(f->data, tw->data, tw->nbytes)) {
+                snprintf(msg, cap, "%.200s: %.200s: the fixture's float weight is not the source's", want_dir, tw->name);
                 fail = msg;
             }
-            kept_float++;
+            continue;
+        }
+        if (rule_rebits(g, qconf, tw)) {
+            size_t n = strlen(tw->name);
+            es->rule_float += n > 7 && !strcmp(tw->name + n - 7, ".weight");
             continue;
         }
         if (!tg || tg->dtype != tw->dtype || tg->rank != tw->rank ||
@@ -187,13 +214,8 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
             fail = msg;
         }
     }
-    if (!fail && kc_st_count(g) != kc_st_count(w) + 2 * kept_float) {
-        snprintf(msg, cap, "%.200s: %d tensors, the fixture has %d (%d modules kept float)", got_dir, kc_st_count(g),
-                 kc_st_count(w), kept_float);
-        fail = msg;
-    }
-    cJSON_Delete(cfg);
     kiln_status_free(st);
+    cJSON_Delete(gcfg);
     kc_st_close(g);
     kc_st_close(w);
     kc_close(src);
@@ -240,9 +262,10 @@ KT_TEST(quant_fixture_q4_q8_equal_mlx) {
     }
     fprintf(stderr,
             "  %d q4/q8 fixtures (%d committed), %d tensors: %d codes differ; %lld of %lld codes are exact .5 ties, "
-            "%lld of which half-away-from-zero rounding would change\n",
+            "%lld of which half-away-from-zero rounding would change; %d modules quantized by an mlx-lm quant_predicate "
+            "otherwise than the fixture\n",
             es.fixtures, committed, es.tensors, es.differing_codes, (long long)es.ties, (long long)es.codes,
-            (long long)es.ties_away);
+            (long long)es.ties_away, es.rule_float);
     KT_CHECKF(committed >= 24, "only %d committed q4/q8 fixtures", committed);
     KT_CHECKF(bad == 0, "%d of %d fixtures differ from kiln quantize beyond .5 ties", bad, es.fixtures);
 }

@@ -115,6 +115,24 @@ static int target_dtype(const kc_checkpoint *ck) {
     return cJSON_IsString(d) ? dtype_named(d->valuestring) : -1;
 }
 
+/* Whether module (a name without ".weight") is a MoE router of the family:
+ * its KM_T_MOE_ROUTER pattern (alternatives "a|b") with a layer number. */
+static bool is_router(const job *j, const char *module, size_t len) {
+    const char *pat = j->fam ? (*j->fam->names)[KM_T_MOE_ROUTER] : NULL;
+    while (pat && *pat) {
+        const char *bar = strchr(pat, '|'), *end = bar ? bar : pat + strlen(pat), *d = strstr(pat, "%d");
+        if (d && d < end) {
+            size_t pre = (size_t)(d - pat), suf = (size_t)(end - d - 2), k = pre;
+            if (len > pre + suf && !strncmp(module, pat, pre) && !strncmp(module + len - suf, d + 2, suf)) {
+                while (k < len - suf && module[k] >= '0' && module[k] <= '9') k++;
+                if (k > pre && k == len - suf) return true;
+            }
+        }
+        pat = bar ? bar + 1 : NULL;
+    }
+    return false;
+}
+
 /* Linear and Embedding weights: 2-D float "<module>.weight". A normalised
  * output head (Baichuan 2's NormHead) is not a Linear layer, and mlx-lm's
  * class predicate leaves such modules float. */
@@ -128,6 +146,7 @@ static bool is_matrix(const job *j, const kc_tensor *t) {
      * (gpt-oss) stays float too, as the oracle's MLX fixtures keep it */
     char bias[512];
     int ml = (int)(strlen(t->name) - strlen(".weight"));
+    if (j->hp.moe_router_bits < 0 && is_router(j, t->name, (size_t)ml)) return false;
     snprintf(bias, sizeof bias, "%.*s.e_score_correction_bias", ml, t->name);
     if (kc_has(j->ck, bias)) return false;
     snprintf(bias, sizeof bias, "%.*s.bias", ml, t->name);
@@ -199,7 +218,10 @@ static kiln_status plan(job *j) {
         memcpy(name, t->name, ml);
         name[ml] = 0;
         int bits = j->o.bits;
-        if (j->recipe.low_bits) {
+        if (j->hp.moe_router_bits > 0 && is_router(j, name, ml)) {
+            bits = j->hp.moe_router_bits;
+            KILN_TRY(add_layer_override(j, name, bits));
+        } else if (j->recipe.low_bits) {
             bits = kq_recipe_bits(&j->recipe, name, j->layer_pos, j->hp.n_layers);
             KILN_TRY(add_layer_override(j, name, bits));
         }
