@@ -493,3 +493,39 @@ KT_TEST(variant_plamo_is_cohere_on_centered_weights) {
     ckt_rmdir(d2);
     KT_CHECKF(ok, "plamo's logits differ from cohere's on the same (centered, permuted) weights");
 }
+
+/* ---------------------------------------------------------------- Gemma 4 multimodal wrappers */
+
+/* The text part of a gemma4 (or gemma4_unified_text) checkpoint: the text
+ * config under "text_config", the tensors under model.language_model. */
+static bool gemma4_wrapped(const char *name, char *out, size_t cap) {
+    snprintf(out, cap, "%s%s", strncmp(name, "model.", 6) ? "" : "model.language_model.", strncmp(name, "model.", 6) ? name : name + 6);
+    return false;
+}
+
+/* wrapper_type[0] outside, wrapper_type[1] as the text_config's model_type;
+ * quantization stays at the top, as mlx-lm writes it. */
+static const char *wrapper_type[2];
+static void gemma4_wrap_config(cJSON *cfg) {
+    cJSON *text = cJSON_Duplicate(cfg, true), *q = cJSON_DetachItemFromObject(text, "quantization");
+    for (cJSON *e = cfg->child; e;) {
+        cJSON *next = e->next;
+        cJSON_Delete(cJSON_DetachItemViaPointer(cfg, e));
+        e = next;
+    }
+    cJSON_ReplaceItemInObject(text, "model_type", cJSON_CreateString(wrapper_type[1]));
+    cJSON_AddItemToObject(cfg, "model_type", cJSON_CreateString(wrapper_type[0]));
+    cJSON_AddItemToObject(cfg, "text_config", text);
+    if (q) cJSON_AddItemToObject(cfg, "quantization", q);
+}
+
+KT_TEST(variant_gemma4_multimodal_wrappers) {
+    const char *types[2][2] = {{"gemma4", "gemma4_text"}, {"gemma4_unified", "gemma4_unified_text"}};
+    for (int i = 0; i < 2; i++) {
+        wrapper_type[0] = types[i][0], wrapper_type[1] = types[i][1];
+        check_conversion(&(conversion){.fixture = "gemma4_text", .family = "gemma4", .edit_config = gemma4_wrap_config,
+                                       .rename = gemma4_wrapped});
+        check_conversion(&(conversion){.fixture = "gemma4_text_moe/q4", .family = "gemma4", .edit_config = gemma4_wrap_config,
+                                       .rename = gemma4_wrapped});
+    }
+}
