@@ -267,6 +267,8 @@ typedef struct {
     bool sub_norm;  /* RMSNorm (KM_T_FFN_SUB_NORM) over F before the down projection (BitNet) */
     float gate_scale, down_scale; /* gated, not fused: gate(x) times gate_scale before the activation, the
                                    * output times down_scale (Falcon-H1 mlp_multipliers); 0: none */
+    float act_sparsity;   /* gated, not fused: Gemma 3n's gaussian top-k, gate = relu(gate - (mean + std *
+                           * Phi^-1(act_sparsity))) over F (population std) before the activation; 0: none */
 } kb_ffn_opts;
 kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o);
 /* xIELU (Apertus) with the layer's learned parameters from KM_T_FFN_ACT:
@@ -540,6 +542,28 @@ kg_node *kb_per_layer_inputs(kb_ctx *b, kg_node *x);
 /* x + KM_T_PLE_POST_NORM(KM_T_PLE_OUT(act(KM_T_PLE_GATE(x)) * ple[:, il])),
  * act = hp->act: layer il's per-layer input mixed in. */
 kg_node *kb_per_layer_add(kb_ctx *b, kg_node *x, int il, kg_node *ple);
+/* The branch kb_per_layer_add adds to x, without the add (Gemma 3n adds it to other AltUp streams). */
+kg_node *kb_per_layer_branch(kb_ctx *b, kg_node *x, int il, kg_node *ple);
+
+/* ==== AltUp and LAuReL (blocks_altup.c; Gemma 3n) */
+
+#define KB_ALTUP_MAX 8
+/* The n AltUp streams of x [T, hidden]: s[0] = x, s[i] = KM_T_ALTUP_PROJ(i - 1)(x) rescaled to x's RMS
+ * (times rms(x) / sqrt(max(mean(s[i]^2), 1e-5))). */
+void kb_altup_streams(kb_ctx *b, kg_node *x, int n, kg_node **s);
+/* The streams back to one [T, hidden]: the mean of s[0] and KM_T_ALTUP_UNEMBED(i - 1)(s[i]) rescaled to
+ * s[0]'s RMS as kb_altup_streams does. */
+kg_node *kb_altup_merge(kb_ctx *b, kg_node *const *s, int n);
+/* Layer il's prediction of the streams: with the modalities m = tanh(KM_T_ALTUP_ROUTER(
+ * KM_T_ALTUP_ROUTER_NORM(s[active]) / hidden)) [T, n] and c = KM_T_ALTUP_PREDICT(m) [T, n*n],
+ * p[j] = s[j] + sum_i c[:, j*n + i] s[i]. */
+void kb_altup_predict(kb_ctx *b, kg_node *const *s, int n, int active, int il, kg_node **p);
+/* Layer il's correction from the active stream's output y: with m the modalities of y and
+ * c = KM_T_ALTUP_CORRECT(m) (weights clamped to [-clip, clip] when clip > 0) [T, n],
+ * out[j] = p[j] + (y - p[active]) * (1 + c[:, j]). */
+void kb_altup_correct(kb_ctx *b, kg_node *const *p, kg_node *y, int n, int active, int il, float clip, kg_node **out);
+/* LAuReL: x + KM_T_LAUREL_NORM(KM_T_LAUREL_RIGHT(KM_T_LAUREL_LEFT(x))), rank hp->laurel_rank. */
+kg_node *kb_laurel(kb_ctx *b, kg_node *x, int il);
 
 /* ==== given rows added between layers (blocks_embed.c) */
 

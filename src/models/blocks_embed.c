@@ -71,13 +71,17 @@ kg_node *kb_per_layer_inputs(kb_ctx *b, kg_node *x) {
     return b->ple = kg_name(kg_scale(g, kg_add(g, p, kg_reshape(g, e, KG_SHAPE(T, L, P))), 1.0 / sqrt(2.0)), "per_layer_inputs", -1);
 }
 
-kg_node *kb_per_layer_add(kb_ctx *b, kg_node *x, int il, kg_node *ple) {
+kg_node *kb_per_layer_branch(kb_ctx *b, kg_node *x, int il, kg_node *ple) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
     if (!x || !ple) return NULL;
     int64_t T = b->shape.T, P = ple->shape.d[2];
     kg_node *pi = kg_reshape(g, kg_slice(g, ple, (int64_t[]){0, il, 0}, (int64_t[]){T, il + 1, P}, NULL), KG_SHAPE(T, P));
     kg_node *h = kg_mul(g, kb_act(b, kb_linear(b, x, KM_T_PLE_GATE, il, P, false), hp->act), pi);
-    h = kb_norm(b, kb_linear(b, h, KM_T_PLE_OUT, il, hp->hidden, false), KM_T_PLE_POST_NORM, il, KB_NORM_RMS);
-    return kg_name(kg_add(g, x, h), "per_layer_added", il);
+    return kb_norm(b, kb_linear(b, h, KM_T_PLE_OUT, il, hp->hidden, false), KM_T_PLE_POST_NORM, il, KB_NORM_RMS);
+}
+
+kg_node *kb_per_layer_add(kb_ctx *b, kg_node *x, int il, kg_node *ple) {
+    kg_node *h = kb_per_layer_branch(b, x, il, ple);
+    return h ? kg_name(kg_add(b->g, x, h), "per_layer_added", il) : NULL;
 }

@@ -37,7 +37,8 @@ void kb_layer_defaults(const kb_ctx *b, int il, kb_layer_opts *o) {
                  .kv_reuse = hp->layer_kv_from[il] > 0,
                  .kv_layer = hp->layer_kv_from[il] - 1},
         .ple = b->ple,
-        .ffn = {.gated = true, .act = hp->act, .bias = hp->mlp_bias, .width = hp->layer_ffn[il]},
+        .ffn = {.gated = true, .act = hp->act, .bias = hp->mlp_bias, .width = hp->layer_ffn[il],
+                .act_sparsity = hp->layer_act_sparsity[il]},
     };
     kb_moe_defaults(b, il, &o->moe);
 }

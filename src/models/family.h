@@ -96,6 +96,17 @@ typedef enum {
     KM_T_MOE_NORM,       /* before the experts */
     KM_T_MOE_POST_NORM,  /* on the experts' output */
     KM_T_MOE_ROUTER_PARAMS, /* the router module, for its bare tensors (.scale, .per_expert_scale) */
+    /* ==== AltUp and LAuReL (blocks_altup.c; Gemma 3n): model-level modules take the stream index - 1 for "%d" */
+    KM_T_ALTUP_PROJ,     /* hidden -> hidden projection making stream i from the embeddings */
+    KM_T_ALTUP_UNEMBED,  /* hidden -> hidden projection of stream i before the streams are averaged */
+    KM_T_ALTUP_ROUTER_NORM, /* a layer's RMSNorm before the modality router */
+    KM_T_ALTUP_ROUTER,   /* hidden -> streams modality router */
+    KM_T_ALTUP_PREDICT,  /* streams -> streams^2 prediction coefficients */
+    KM_T_ALTUP_CORRECT,  /* streams -> streams correction coefficients */
+    KM_T_ALTUP_SCALE,    /* a tensor [hidden]: the corrected active stream's scale */
+    KM_T_LAUREL_LEFT,    /* hidden -> rank */
+    KM_T_LAUREL_RIGHT,   /* rank -> hidden */
+    KM_T_LAUREL_NORM,    /* RMSNorm on LAuReL's output */
     KM_T_COUNT
 } km_tensor;
 

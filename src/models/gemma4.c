@@ -59,15 +59,31 @@ static const km_names names = {
     [KM_T_LAYER_SCALE] = "model.layers.%d.layer_scalar",
 };
 
+kiln_status km_gemma_kv_sharing(km_hparams *hp, int64_t n_shared) {
+    if (n_shared < 0 || n_shared >= hp->n_layers)
+        return kiln_error(KILN_EINVAL, "config.json: num_kv_shared_layers %lld of %lld layers", (long long)n_shared,
+                          (long long)hp->n_layers);
+    int64_t first = hp->n_layers - n_shared;
+    for (int64_t il = first; il < hp->n_layers; il++) {
+        int64_t src = first - 1;
+        while (src >= 0 && hp->layer_sliding[src] != hp->layer_sliding[il]) src--;
+        if (src < 0)
+            return kiln_error(KILN_EINVAL, "config.json: KV-shared layer %lld has no earlier %s layer", (long long)il,
+                              hp->layer_sliding[il] ? "sliding" : "full");
+        hp->layer_kv_from[il] = (int32_t)src + 1;
+    }
+    return NULL;
+}
+
 /* A number whose null means `if_null`. */
-static kiln_status num_or_null(const cJSON *cfg, const char *key, double def, double if_null, double *out) {
+kiln_status km_num_or_null(const cJSON *cfg, const char *key, double def, double if_null, double *out) {
     const cJSON *v = ku_json_get(cfg, key);
     if (v && cJSON_IsNull(v)) return (*out = if_null), NULL;
     return ku_json_num(cfg, key, def, out);
 }
 
 /* The rope of one layer type over heads of `dim` dims. */
-static kiln_status type_rope(km_hparams *hp, const char *type, int64_t dim, km_rope *r) {
+kiln_status km_gemma_type_rope(km_hparams *hp, const char *type, int64_t dim, km_rope *r) {
     const cJSON *rp = km_rope_params(hp, type);
     double theta = hp->rope_theta, prf = 1.0;
     const char *rt = "default";
@@ -82,17 +98,21 @@ static kiln_status type_rope(km_hparams *hp, const char *type, int64_t dim, km_r
     return NULL;
 }
 
-static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
+kiln_status km_gemma4_common(const cJSON *cfg, km_hparams *hp, double softcap_def, int64_t period) {
     double fsc;
-    int64_t gdim, gkv, n_shared;
-    bool k_eq_v, wide, moe;
     KILN_TRY(km_gemma_common(cfg, hp));
-    hp->norm_offset = 0; /* Gemma4RMSNorm scales by w */
+    hp->norm_offset = 0; /* Gemma3nRMSNorm and Gemma4RMSNorm scale by w */
     hp->attn_scale = 1.0f;
-    KILN_TRY(num_or_null(cfg, "final_logit_softcapping", 0, 0, &fsc));
+    KILN_TRY(km_num_or_null(cfg, "final_logit_softcapping", softcap_def, 0, &fsc));
     hp->final_softcap = (float)fsc;
     KILN_TRY(km_json_int_or_null(cfg, "sliding_window", 512, 0, &hp->sliding_window));
-    KILN_TRY(km_sliding_layers(cfg, hp, 0, 6));
+    return km_sliding_layers(cfg, hp, 0, period);
+}
+
+static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
+    int64_t gdim, gkv, n_shared;
+    bool k_eq_v, wide, moe;
+    KILN_TRY(km_gemma4_common(cfg, hp, 0, 6));
     KILN_TRY(km_json_int_or_null(cfg, "global_head_dim", hp->head_dim, hp->head_dim, &gdim));
     KILN_TRY(ku_json_bool(cfg, "attention_k_eq_v", false, &k_eq_v));
     KILN_TRY(km_json_int_or_null(cfg, "num_global_key_value_heads", hp->n_kv_heads, hp->n_kv_heads, &gkv));
@@ -107,24 +127,13 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     if (gdim <= 0 || gkv <= 0 || hp->n_heads % gkv)
         return kiln_error(KILN_EINVAL, "config.json: global_head_dim %lld / num_global_key_value_heads %lld", (long long)gdim,
                           (long long)gkv);
-    if (n_shared < 0 || n_shared >= hp->n_layers)
-        return kiln_error(KILN_EINVAL, "config.json: num_kv_shared_layers %lld of %lld layers", (long long)n_shared,
-                          (long long)hp->n_layers);
-    int64_t first_shared = hp->n_layers - n_shared;
     for (int64_t il = 0; il < hp->n_layers; il++) {
-        bool full = !hp->layer_sliding[il];
-        if (full) hp->layer_head_dim[il] = (int32_t)gdim;
-        if (full && k_eq_v) hp->layer_k_eq_v[il] = 1, hp->layer_kv_heads[il] = (int32_t)gkv;
-        if (il < first_shared) continue;
-        /* the last layer of the same type before the shared ones */
-        int64_t src = first_shared - 1;
-        while (src >= 0 && hp->layer_sliding[src] != hp->layer_sliding[il]) src--;
-        if (src < 0)
-            return kiln_error(KILN_EINVAL, "config.json: KV-shared layer %lld has no earlier %s layer", (long long)il,
-                              full ? "full" : "sliding");
-        hp->layer_kv_from[il] = (int32_t)src + 1;
-        if (wide && first_shared > 0) hp->layer_ffn[il] = (int32_t)(2 * hp->ffn);
+        if (hp->layer_sliding[il]) continue;
+        hp->layer_head_dim[il] = (int32_t)gdim;
+        if (k_eq_v) hp->layer_k_eq_v[il] = 1, hp->layer_kv_heads[il] = (int32_t)gkv;
     }
+    KILN_TRY(km_gemma_kv_sharing(hp, n_shared));
+    for (int64_t il = hp->n_layers - n_shared; wide && il < hp->n_layers; il++) hp->layer_ffn[il] = (int32_t)(2 * hp->ffn);
     if (moe) {
         const km_moe_keys keys = {.experts = "num_experts", .top_k = "top_k_experts", .expert_ffn = "moe_intermediate_size",
                                   .norm_topk = true};
@@ -134,8 +143,8 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
         if (hp->n_experts <= 0) return kiln_error(KILN_EINVAL, "config.json: enable_moe_block without num_experts");
     }
     /* rope 0: full layers; rope 1: sliding ones */
-    KILN_TRY(type_rope(hp, "full_attention", gdim, &hp->ropes[0]));
-    KILN_TRY(type_rope(hp, "sliding_attention", hp->head_dim, &hp->ropes[1]));
+    KILN_TRY(km_gemma_type_rope(hp, "full_attention", gdim, &hp->ropes[0]));
+    KILN_TRY(km_gemma_type_rope(hp, "sliding_attention", hp->head_dim, &hp->ropes[1]));
     hp->n_ropes = 2;
     hp->rope_theta = hp->ropes[0].theta; /* what `kiln info` shows with rope 0's dims */
     snprintf(hp->features, sizeof hp->features, "global heads %d dims%s, local theta %g, %d KV-shared layers%s%s%s",
@@ -144,10 +153,14 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
-static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+void km_gemma4_attention(kb_layer_opts *o) {
     o->norm_place = KB_NORM_SANDWICH;
     o->attn.qk_norm = KB_QK_PER_HEAD;
     o->attn.v_norm = true;
+}
+
+static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
+    km_gemma4_attention(o);
     o->layer_scale = true;
     if (o->moe.experts > 0) {
         o->ffn_and_moe = true;

@@ -180,6 +180,12 @@ typedef struct {
     int32_t layer_head_dim[KM_MAX_LAYERS];  /* 0: head_dim */
     int32_t layer_kv_from[KM_MAX_LAYERS];   /* 1 + the earlier layer whose KV cache this one attends over; 0: its own */
     unsigned char layer_k_eq_v[KM_MAX_LAYERS]; /* 1: no value projection, the values are the keys' (attention_k_eq_v) */
+    /* ==== Gemma 3n: AltUp, LAuReL, activation sparsity (blocks_altup.c, kb_ffn_opts.act_sparsity) */
+    int altup_inputs, altup_active; /* AltUp streams (0: none) and the one the layers compute on */
+    float altup_coef_clip;    /* correction coefficients clamped to [-clip, clip]; 0: none */
+    bool altup_correct_scale; /* the corrected active stream times correct_output_scale before the per-layer input */
+    int64_t laurel_rank;      /* LAuReL's low rank; 0: none */
+    float layer_act_sparsity[KM_MAX_LAYERS]; /* gaussian top-k target sparsity of layer il's MLP gate; 0: none */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call

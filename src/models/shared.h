@@ -15,6 +15,22 @@ kiln_status km_qwen_sliding(const cJSON *cfg, km_hparams *hp);
  * biases. (gemma.c) */
 kiln_status km_gemma_common(const cJSON *cfg, km_hparams *hp);
 
+/* Gemma 3n and 4 (gemma4.c): km_gemma_common with w-scaled norms, unscaled
+ * scores, final_logit_softcapping (softcap_def when absent, none when null),
+ * sliding_window and the sliding layers (layer_types, else every period-th
+ * layer full). */
+kiln_status km_gemma4_common(const cJSON *cfg, km_hparams *hp, double softcap_def, int64_t period);
+/* Gemma 3n and 4: the last n_shared layers attend over the KV
+ * cache of the last earlier layer of their type (hp->layer_kv_from). */
+kiln_status km_gemma_kv_sharing(km_hparams *hp, int64_t n_shared);
+/* The rope of layer type `type` ("full_attention", "sliding_attention") over
+ * heads of dim dims from rope_parameters (proportional: the whole head). */
+kiln_status km_gemma_type_rope(km_hparams *hp, const char *type, int64_t dim, km_rope *r);
+/* A config number whose null means if_null. */
+kiln_status km_num_or_null(const cJSON *cfg, const char *key, double def, double if_null, double *out);
+/* Gemma 3n/4 attention: sandwich norms, per-head q/k norms, weightless value norms. */
+void km_gemma4_attention(kb_layer_opts *o);
+
 /* MiniCPM 1 and 3: the muP scales (embeddings times scale_emb, residual
  * branches times scale_depth / sqrt(layers), logits times dim_model_base /
  * hidden), tied embeddings by default, and the rope: none, linear, dynamic,
