@@ -529,3 +529,32 @@ KT_TEST(variant_gemma4_multimodal_wrappers) {
                                        .rename = gemma4_wrapped});
     }
 }
+
+/* Bad Gemma 3n/4 configs are errors naming the field. */
+static void config_fails(const char *fixture, const char *patch, const char *want) {
+    char rel[512], from[1024], to[1024];
+    snprintf(rel, sizeof rel, "tests/fixtures/oracle/%s", fixture);
+    kt_path(from, sizeof from, rel);
+    KT_CHECK(ckt_tmpdir(to, sizeof to));
+    char *text = mt_patched_config(from, patch);
+    int ok = text && ckt_write_str(to, "config.json", text) && mt_copy_file(from, to, "model.safetensors");
+    free(text);
+    KT_CHECK(ok);
+    ke_model *m = NULL;
+    if (ok) KT_CHECK_ERR(ke_model_load(to, &m), want);
+    ke_model_free(m);
+    ckt_rmdir(to);
+}
+
+KT_TEST(variant_gemma_bad_configs_are_clear_errors) {
+    config_fails("gemma4_text", "{\"num_kv_shared_layers\": 4}", "num_kv_shared_layers 4 of 4 layers");
+    config_fails("gemma4_text", "{\"layer_types\": [\"full_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"]}",
+                 "KV-shared layer 2 has no earlier sliding layer");
+    config_fails("gemma4_text", "{\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"proportional\", \"rope_theta\": 1e6, "
+                 "\"partial_rotary_factor\": 2}, \"sliding_attention\": {\"rope_theta\": 1e4}}}", "partial_rotary_factor");
+    config_fails("gemma4_text", "{\"use_bidirectional_attention\": \"vision\"}", "use_bidirectional_attention");
+    config_fails("gemma4_text_moe", "{\"num_experts\": null}", "enable_moe_block without num_experts");
+    config_fails("gemma3n_text", "{\"intermediate_size\": [64, 64]}", "\"intermediate_size\" must list 4 layers");
+    config_fails("gemma3n_text", "{\"activation_sparsity_pattern\": [1, 0, 0, 0]}", "activation_sparsity_pattern");
+    config_fails("gemma3n_text", "{\"altup_num_inputs\": 9}", "altup_num_inputs 9");
+}
