@@ -496,8 +496,8 @@ KT_TEST(variant_plamo_is_cohere_on_centered_weights) {
 
 /* ---------------------------------------------------------------- Gemma 4 multimodal wrappers */
 
-/* The text part of a gemma4 (or gemma4_unified_text) checkpoint: the text
- * config under "text_config", the tensors under model.language_model. */
+/* The text part of a gemma4 (or gemma4_unified_text, gemma3n) checkpoint:
+ * the text config under "text_config", the tensors under model.language_model. */
 static bool gemma4_wrapped(const char *name, char *out, size_t cap) {
     snprintf(out, cap, "%s%s", strncmp(name, "model.", 6) ? "" : "model.language_model.", strncmp(name, "model.", 6) ? name : name + 6);
     return false;
@@ -528,6 +528,10 @@ KT_TEST(variant_gemma4_multimodal_wrappers) {
         check_conversion(&(conversion){.fixture = "gemma4_text_moe/q4", .family = "gemma4", .edit_config = gemma4_wrap_config,
                                        .rename = gemma4_wrapped});
     }
+    /* Gemma 3n's multimodal checkpoints wrap gemma3n_text the same way */
+    wrapper_type[0] = "gemma3n", wrapper_type[1] = "gemma3n_text";
+    check_conversion(&(conversion){.fixture = "gemma3n_text/q4", .family = "gemma3n", .edit_config = gemma4_wrap_config,
+                                   .rename = gemma4_wrapped});
 }
 
 /* Bad Gemma 3n/4 configs are errors naming the field. */
