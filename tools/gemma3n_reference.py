@@ -13,16 +13,14 @@ Not run by CI.
         a new random model of a shape the shared fixture does not have (see
         SHAPE), 40-token prompt and 40 new tokens, bf16 weights, float64 oracle
 """
-import json
 import math
 import os
 import random
 import statistics
-import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemma4_reference import act, bf16_bits, inv_freq, matvec, npy_read, npy_write, rms, rope, st_read, st_write  # noqa: E402
+from gemma4_reference import act, attend, cli, inv_freq, matvec, rms, rope, write_fixture  # noqa: E402
 
 
 class Model:
@@ -92,15 +90,7 @@ class Model:
                                           for i in range(kv)])
                 self.cache[il][1].append([rms(v[i * D:(i + 1) * D], None, eps) for i in range(kv)])
                 K, V = self.cache[il]
-            lo = 0 if full else max(0, pos - c["sliding_window"] + 1)
-            att = []
-            for hq in range(nh):
-                hk = hq // (nh // len(K[0]))
-                sc = [sum(u * v for u, v in zip(qs[hq], K[t][hk])) for t in range(lo, pos + 1)]
-                mx = max(sc)
-                e = [math.exp(v - mx) for v in sc]
-                z = sum(e)
-                att += [sum(e[j] / z * V[lo + j][hk][d] for j in range(len(e))) for d in range(D)]
+            att = attend(qs, K, V, 0 if full else max(0, pos - c["sliding_window"] + 1), pos)
             at = rms(matvec(g(p + "self_attn.o_proj.weight"), att), g(p + "post_attention_layernorm.weight"), eps)
             h = [(u + v + w) / math.sqrt(2) for u, v, w in zip(a, at, lr)]
             n2 = rms(h, g(p + "pre_feedforward_layernorm.weight"), eps)
@@ -133,17 +123,6 @@ class Model:
         lg = matvec(g("embed_tokens.weight"), hN)
         cap = c.get("final_logit_softcapping")
         return [cap * math.tanh(v / cap) for v in lg] if cap else lg
-
-
-def check(d):
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    orc = json.load(open(os.path.join(d, "oracle.json")))
-    ref = npy_read(os.path.join(d, "logits.npy"))
-    m = Model(cfg, st_read(os.path.join(d, "model.safetensors")))
-    lg = [m.step(pos, tok) for pos, tok in enumerate(orc["all_ids"])]
-    rows = lg[len(orc["prompt_ids"]) - 1:]
-    md = max(abs(a - b) for r1, r2 in zip(rows, ref) for a, b in zip(r1, r2))
-    print(f"{d}: max |logit diff| {md:.3g} over {len(ref)} rows")
 
 
 # 3 AltUp streams with the middle one active, LAuReL rank 4, per-layer MLP widths and sparsities,
@@ -207,42 +186,12 @@ def make(out, seed):
         mat(p + "laurel.linear_right.weight", H, cfg["laurel_rank"], 0.1)
         mat(p + "per_layer_input_gate.weight", P, H, 0.1)
         mat(p + "per_layer_projection.weight", H, P, 0.1)
-    rounded = {k: (sh, [struct.unpack("<f", struct.pack("<I", bf16_bits(v) << 16))[0] for v in vals]) for k, (sh, vals) in w.items()}
-    prompt = [1] + [rng.randrange(3, V) for _ in range(39)]
-    model = Model(cfg, rounded)
-    for pos, tok in enumerate(prompt):
-        lg = model.step(pos, tok)
-    ids, gaps, rows = list(prompt), [], [lg]
-    for _ in range(40):
-        order = sorted(range(V), key=lambda i: -lg[i])
-        gaps.append(lg[order[0]] - lg[order[1]])
-        ids.append(order[0])
-        lg = model.step(len(ids) - 1, order[0])
-        rows.append(lg)
-    os.makedirs(out, exist_ok=True)
-    st_write(os.path.join(out, "model.safetensors"), w)
-    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
-    json.dump({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, open(os.path.join(out, "generation_config.json"), "w"))
-    npy_write(os.path.join(out, "logits.npy"), rows)
-    orc = {"fixture": os.path.basename(out.rstrip("/")), "model_type": "gemma3n_text",
-           "exercises": "Gemma 3n of an unseen shape (see tools/gemma3n_reference.py SHAPE)",
-           "reference": f"tools/gemma3n_reference.py make --seed {seed}", "compute_dtype": "float64", "prompt_ids": prompt,
-           "generated_ids": ids[len(prompt):], "all_ids": ids, "top1_top2_gap": gaps, "min_gap": min(gaps)}
-    json.dump(orc, open(os.path.join(out, "oracle.json"), "w"), indent=1)
-    print(f"{out}: min top1-top2 gap {min(gaps):.3g}")
+    write_fixture(out, cfg, w, Model, "Gemma 3n of an unseen shape (see tools/gemma3n_reference.py SHAPE)",
+                  f"tools/gemma3n_reference.py make --seed {seed}", rng)
 
 
 def main():
-    a = sys.argv[1:]
-    if len(a) >= 2 and a[0] == "check":
-        for d in a[1:]:
-            check(d)
-        return
-    if a and a[0] == "make":
-        opts = dict(zip(a[1::2], a[2::2]))
-        make(opts["--out"], int(opts.get("--seed", 1)))
-        return
-    raise SystemExit(__doc__)
+    cli(Model, lambda o: make(o["--out"], int(o.get("--seed", 1))), __doc__)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,19 @@ def rope(x, inv, pos):
     return out
 
 
+def attend(qs, K, V, lo, pos):
+    """unscaled softmax attention of the query heads qs over cached positions lo..pos (grouped KV heads)"""
+    att = []
+    for hq in range(len(qs)):
+        hk = hq // (len(qs) // len(K[0]))
+        sc = [sum(a * b for a, b in zip(qs[hq], K[t][hk])) for t in range(lo, pos + 1)]
+        mx = max(sc)
+        e = [math.exp(v - mx) for v in sc]
+        z = sum(e)
+        att += [sum(e[j] / z * V[lo + j][hk][d] for j in range(len(e))) for d in range(len(qs[hq]))]
+    return att
+
+
 def inv_freq(params, dim):
     theta = params.get("rope_theta", 10000.0)
     if params.get("rope_type", "default") == "proportional":
@@ -183,11 +196,6 @@ class Model:
             self.memo[name] = self.m(name)
         return self.memo[name]
 
-    def run(self, ids):
-        """logits of every position, token by token with KV caches"""
-        self.cache = [([], []) for _ in range(self.L)]
-        return [self.step(pos, tok) for pos, tok in enumerate(ids)]
-
     def step(self, pos, tok):
         """the logits after token tok at position pos (the caches hold 0 .. pos-1)"""
         c = self.c
@@ -222,15 +230,7 @@ class Model:
                                          for i in range(kv)])
                     cache[il][1].append([rms(v[i * D:(i + 1) * D], None, eps) for i in range(kv)])
                     K, V = cache[il]
-                lo = 0 if full else max(0, pos - c["sliding_window"] + 1)
-                att = []
-                for hq in range(nh):
-                    hk = hq // (nh // len(K[0]))
-                    sc = [sum(a * b for a, b in zip(qs[hq], K[t][hk])) for t in range(lo, pos + 1)]
-                    mx = max(sc)
-                    e = [math.exp(s - mx) for s in sc]
-                    z = sum(e)
-                    att += [sum(e[j] / z * V[lo + j][hk][d] for j in range(len(e))) for d in range(D)]
+                att = attend(qs, K, V, 0 if full else max(0, pos - c["sliding_window"] + 1), pos)
                 a = matvec(g(p + "self_attn.o_proj.weight"), att)
                 x = [r + v for r, v in zip(res, rms(a, g(p + "post_attention_layernorm.weight"), eps))]
                 res = x
@@ -280,18 +280,6 @@ class Model:
 
 
 # ---------------------------------------------------------------- commands
-
-
-def check(d):
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    orc = json.load(open(os.path.join(d, "oracle.json")))
-    ref = npy_read(os.path.join(d, "logits.npy"))
-    lg = Model(cfg, st_read(os.path.join(d, "model.safetensors"))).run(orc["all_ids"])
-    n = len(orc["prompt_ids"])
-    rows = lg[n - 1:]
-    md = max(abs(a - b) for r1, r2 in zip(rows, ref) for a, b in zip(r1, r2))
-    print(f"{d}: max |logit diff| {md:.3g} over {len(ref)} rows")
-    return md
 
 
 CASES = {
@@ -377,15 +365,19 @@ def make(case, out, seed):
             vec(p + "router.per_expert_scale", E)
             w[p + "experts.gate_up_proj"] = ([E, 2 * FE, H], [rng.gauss(0, 0.1) for _ in range(E * 2 * FE * H)])
             w[p + "experts.down_proj"] = ([E, H, FE], [rng.gauss(0, 0.1) for _ in range(E * H * FE)])
-    # the oracle computes with the bf16-rounded weights
+    write_fixture(out, cfg, w, Model, f"Gemma 4 {case} of an unseen shape", f"tools/gemma4_reference.py make --case {case} --seed {seed}", rng)
+
+
+def write_fixture(out, cfg, w, model_class, exercises, reference, rng):
+    """greedy 40 tokens after a 40-token prompt on the bf16-rounded weights w; writes the fixture folder"""
+    V = cfg["vocab_size"]
     rounded = {k: (sh, [struct.unpack("<f", struct.pack("<I", bf16_bits(v) << 16))[0] for v in vals]) for k, (sh, vals) in w.items()}
     prompt = [1] + [rng.randrange(3, V) for _ in range(39)]
-    model = Model(cfg, rounded)
-    ids = list(prompt)
+    model = model_class(cfg, rounded)
     for pos, tok in enumerate(prompt):
         lg = model.step(pos, tok)
-    gaps, rows = [], [lg]
-    for step in range(40):
+    ids, gaps, rows = list(prompt), [], [lg]
+    for _ in range(40):
         order = sorted(range(V), key=lambda i: -lg[i])
         gaps.append(lg[order[0]] - lg[order[1]])
         ids.append(order[0])
@@ -396,25 +388,40 @@ def make(case, out, seed):
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
     json.dump({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, open(os.path.join(out, "generation_config.json"), "w"))
     npy_write(os.path.join(out, "logits.npy"), rows)
-    orc = {"fixture": os.path.basename(out.rstrip("/")), "model_type": "gemma4_text",
-           "exercises": f"Gemma 4 {case} of an unseen shape", "reference": f"tools/gemma4_reference.py make --case {case} --seed {seed}",
-           "compute_dtype": "float64", "prompt_ids": prompt, "generated_ids": ids[len(prompt):], "all_ids": ids,
-           "top1_top2_gap": gaps, "min_gap": min(gaps)}
+    orc = {"fixture": os.path.basename(out.rstrip("/")), "model_type": cfg["model_type"], "exercises": exercises,
+           "reference": reference, "compute_dtype": "float64", "prompt_ids": prompt, "generated_ids": ids[len(prompt):],
+           "all_ids": ids, "top1_top2_gap": gaps, "min_gap": min(gaps)}
     json.dump(orc, open(os.path.join(out, "oracle.json"), "w"), indent=1)
     print(f"{out}: min top1-top2 gap {min(gaps):.3g}")
 
 
-def main():
+def check_with(model_class, d):
+    """the max |logit diff| of model_class against the transformers fixture d"""
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    orc = json.load(open(os.path.join(d, "oracle.json")))
+    ref = npy_read(os.path.join(d, "logits.npy"))
+    m = model_class(cfg, st_read(os.path.join(d, "model.safetensors")))
+    lg = [m.step(pos, tok) for pos, tok in enumerate(orc["all_ids"])]
+    rows = lg[len(orc["prompt_ids"]) - 1:]
+    md = max(abs(a - b) for r1, r2 in zip(rows, ref) for a, b in zip(r1, r2))
+    print(f"{d}: max |logit diff| {md:.3g} over {len(ref)} rows")
+    return md
+
+
+def cli(model_class, make_fn, doc):
     a = sys.argv[1:]
     if len(a) >= 2 and a[0] == "check":
         for d in a[1:]:
-            check(d)
+            check_with(model_class, d)
         return
     if a and a[0] == "make":
-        opts = dict(zip(a[1::2], a[2::2]))
-        make(opts["--case"], opts["--out"], int(opts.get("--seed", 1)))
+        make_fn(dict(zip(a[1::2], a[2::2])))
         return
-    raise SystemExit(__doc__)
+    raise SystemExit(doc)
+
+
+def main():
+    cli(Model, lambda o: make(o["--case"], o["--out"], int(o.get("--seed", 1))), __doc__)
 
 
 if __name__ == "__main__":

@@ -24,22 +24,7 @@
 #include "models/shared.h"
 
 static const km_names names = {
-    [KM_T_TOK_EMBD] = "model.embed_tokens",
-    [KM_T_OUTPUT_NORM] = "model.norm",
-    [KM_T_OUTPUT] = "lm_head",
-    [KM_T_ATTN_NORM] = "model.layers.%d.input_layernorm",
-    [KM_T_ATTN_Q] = "model.layers.%d.self_attn.q_proj",
-    [KM_T_ATTN_K] = "model.layers.%d.self_attn.k_proj",
-    [KM_T_ATTN_V] = "model.layers.%d.self_attn.v_proj",
-    [KM_T_ATTN_O] = "model.layers.%d.self_attn.o_proj",
-    [KM_T_ATTN_Q_NORM] = "model.layers.%d.self_attn.q_norm",
-    [KM_T_ATTN_K_NORM] = "model.layers.%d.self_attn.k_norm",
-    [KM_T_ATTN_POST_NORM] = "model.layers.%d.post_attention_layernorm",
-    [KM_T_FFN_NORM] = "model.layers.%d.pre_feedforward_layernorm",
-    [KM_T_FFN_GATE] = "model.layers.%d.mlp.gate_proj",
-    [KM_T_FFN_UP] = "model.layers.%d.mlp.up_proj",
-    [KM_T_FFN_DOWN] = "model.layers.%d.mlp.down_proj",
-    [KM_T_FFN_POST_NORM] = "model.layers.%d.post_feedforward_layernorm",
+    KM_GEMMA4_NAMES,
     [KM_T_FFN_POST_NORM_DENSE] = "model.layers.%d.post_feedforward_layernorm_1",
     [KM_T_MOE_NORM] = "model.layers.%d.pre_feedforward_layernorm_2",
     [KM_T_MOE_POST_NORM] = "model.layers.%d.post_feedforward_layernorm_2",
@@ -50,12 +35,6 @@ static const km_names names = {
     /* mlx-lm's split experts */
     [KM_T_MOE_GATE] = "model.layers.%d.experts.switch_glu.gate_proj",
     [KM_T_MOE_UP] = "model.layers.%d.experts.switch_glu.up_proj",
-    [KM_T_PLE_EMBD] = "model.embed_tokens_per_layer",
-    [KM_T_PLE_PROJ] = "model.per_layer_model_projection",
-    [KM_T_PLE_NORM] = "model.per_layer_projection_norm",
-    [KM_T_PLE_GATE] = "model.layers.%d.per_layer_input_gate",
-    [KM_T_PLE_OUT] = "model.layers.%d.per_layer_projection",
-    [KM_T_PLE_POST_NORM] = "model.layers.%d.post_per_layer_input_norm",
     [KM_T_LAYER_SCALE] = "model.layers.%d.layer_scalar",
 };
 
