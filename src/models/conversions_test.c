@@ -530,6 +530,9 @@ KT_TEST(variant_gemma4_multimodal_wrappers) {
     }
     /* Gemma 3n's multimodal checkpoints wrap gemma3n_text the same way */
     wrapper_type[0] = "gemma3n", wrapper_type[1] = "gemma3n_text";
+    /* text inside an image-bidirectional model ("vision") stays causal */
+    check_conversion(&(conversion){.fixture = "gemma4_text", .family = "gemma4",
+                                   .config_patch = "{\"use_bidirectional_attention\": \"vision\"}"});
     check_conversion(&(conversion){.fixture = "gemma3n_text/q4", .family = "gemma3n", .edit_config = gemma4_wrap_config,
                                    .rename = gemma4_wrapped});
 }
@@ -556,7 +559,7 @@ KT_TEST(variant_gemma_bad_configs_are_clear_errors) {
                  "KV-shared layer 2 has no earlier sliding layer");
     config_fails("gemma4_text", "{\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"proportional\", \"rope_theta\": 1e6, "
                  "\"partial_rotary_factor\": 2}, \"sliding_attention\": {\"rope_theta\": 1e4}}}", "partial_rotary_factor");
-    config_fails("gemma4_text", "{\"use_bidirectional_attention\": \"vision\"}", "use_bidirectional_attention");
+    config_fails("gemma4_text", "{\"use_bidirectional_attention\": \"all\"}", "use_bidirectional_attention");
     config_fails("gemma4_text_moe", "{\"num_experts\": null}", "enable_moe_block without num_experts");
     config_fails("gemma3n_text", "{\"intermediate_size\": [64, 64]}", "\"intermediate_size\" must list 4 layers");
     config_fails("gemma3n_text", "{\"activation_sparsity_pattern\": [1, 0, 0, 0]}", "activation_sparsity_pattern");

@@ -100,9 +100,11 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(km_json_int_or_null(cfg, "hidden_size_per_layer_input", 0, 0, &hp->ple_dim));
     KILN_TRY(km_json_int_or_null(cfg, "vocab_size_per_layer_input", hp->vocab, hp->vocab, &hp->ple_vocab));
     KILN_TRY(ku_json_bool(cfg, "enable_moe_block", false, &moe));
+    /* "vision" makes image blocks bidirectional, which leaves text causal; "all" is an encoder */
     const cJSON *bidi = ku_json_get(cfg, "use_bidirectional_attention");
-    if (bidi && !cJSON_IsNull(bidi) && !cJSON_IsFalse(bidi))
-        return kiln_error(KILN_EUNSUPPORTED, "config.json: use_bidirectional_attention is not supported (causal text only)");
+    if (bidi && !cJSON_IsNull(bidi) && !cJSON_IsFalse(bidi) && !(cJSON_IsString(bidi) && !strcmp(bidi->valuestring, "vision")))
+        return kiln_error(KILN_EUNSUPPORTED, "config.json: use_bidirectional_attention other than \"vision\" is not supported "
+                                             "(causal text)");
     if (gdim <= 0 || gkv <= 0 || hp->n_heads % gkv)
         return kiln_error(KILN_EINVAL, "config.json: global_head_dim %lld / num_global_key_value_heads %lld", (long long)gdim,
                           (long long)gkv);
