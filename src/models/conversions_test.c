@@ -553,6 +553,19 @@ static void config_fails(const char *fixture, const char *patch, const char *wan
     ckt_rmdir(to);
 }
 
+/* Other config layouts of the same models: newer transformers' per_layer_config
+ * for the full layers' heads; configs without rope_parameters (Gemma4TextConfig's
+ * defaults; Gemma 3n's transformers-4 rope_theta + rope_local_base_freq). */
+KT_TEST(variant_gemma_config_layouts) {
+    check_conversion(&(conversion){.fixture = "gemma4_text_moe", .family = "gemma4",
+                                   .config_patch = "{\"global_head_dim\": null, \"num_global_key_value_heads\": null, "
+                                                   "\"per_layer_config\": {\"3\": {\"head_dim\": 32, \"num_key_value_heads\": 1}}}"});
+    check_conversion(&(conversion){.fixture = "gemma4_text", .family = "gemma4", .config_patch = "{\"rope_parameters\": null}"});
+    check_conversion(&(conversion){.fixture = "gemma3n_text", .family = "gemma3n",
+                                   .config_patch = "{\"rope_parameters\": null, \"rope_theta\": 1000000.0, "
+                                                   "\"rope_local_base_freq\": 10000.0}"});
+}
+
 KT_TEST(variant_gemma_bad_configs_are_clear_errors) {
     config_fails("gemma4_text", "{\"num_kv_shared_layers\": 4}", "num_kv_shared_layers 4 of 4 layers");
     config_fails("gemma4_text", "{\"layer_types\": [\"full_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"]}",
@@ -560,6 +573,7 @@ KT_TEST(variant_gemma_bad_configs_are_clear_errors) {
     config_fails("gemma4_text", "{\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"proportional\", \"rope_theta\": 1e6, "
                  "\"partial_rotary_factor\": 2}, \"sliding_attention\": {\"rope_theta\": 1e4}}}", "partial_rotary_factor");
     config_fails("gemma4_text", "{\"use_bidirectional_attention\": \"all\"}", "use_bidirectional_attention");
+    config_fails("gemma4_text", "{\"per_layer_config\": {\"7\": {\"head_dim\": 32}}}", "per_layer_config.7");
     config_fails("gemma4_text_moe", "{\"num_experts\": null}", "enable_moe_block without num_experts");
     config_fails("gemma3n_text", "{\"intermediate_size\": [64, 64]}", "\"intermediate_size\" must list 4 layers");
     config_fails("gemma3n_text", "{\"activation_sparsity_pattern\": [1, 0, 0, 0]}", "activation_sparsity_pattern");

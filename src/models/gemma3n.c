@@ -79,8 +79,14 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
                           (long long)n_in, (long long)active, KB_ALTUP_MAX);
     hp->altup_inputs = (int)n_in, hp->altup_active = (int)active, hp->altup_coef_clip = (float)clip;
     /* rope 0: full layers; rope 1: sliding ones */
-    KILN_TRY(km_gemma_type_rope(hp, "full_attention", hp->head_dim, &hp->ropes[0]));
-    KILN_TRY(km_gemma_type_rope(hp, "sliding_attention", hp->head_dim, &hp->ropes[1]));
+    /* without rope_parameters (transformers 4 configs): rope_theta and rope_scaling on full layers,
+     * rope_local_base_freq on sliding ones */
+    double local;
+    char local_rope[96];
+    KILN_TRY(ku_json_num(cfg, "rope_local_base_freq", 10000.0, &local));
+    snprintf(local_rope, sizeof local_rope, "{\"rope_type\": \"default\", \"rope_theta\": %.17g}", local);
+    KILN_TRY(km_gemma_type_rope(hp, "full_attention", hp->head_dim, NULL, &hp->ropes[0]));
+    KILN_TRY(km_gemma_type_rope(hp, "sliding_attention", hp->head_dim, local_rope, &hp->ropes[1]));
     hp->n_ropes = 2;
     hp->rope_theta = hp->ropes[0].theta;
     snprintf(hp->features, sizeof hp->features, "AltUp %d streams, LAuReL rank %d, PLE %d, %d KV-shared layers, local theta %g",

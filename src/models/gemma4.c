@@ -18,6 +18,7 @@
  *     beside the dense MLP;
  *   - the logits soft-capped (final_logit_softcapping). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/json.h"
@@ -61,20 +62,21 @@ kiln_status km_num_or_null(const cJSON *cfg, const char *key, double def, double
     return ku_json_num(cfg, key, def, out);
 }
 
-/* The rope of one layer type over heads of `dim` dims. */
-kiln_status km_gemma_type_rope(km_hparams *hp, const char *type, int64_t dim, km_rope *r) {
+kiln_status km_gemma_type_rope(km_hparams *hp, const char *type, int64_t dim, const char *fallback, km_rope *r) {
+    cJSON *fb = NULL;
     const cJSON *rp = km_rope_params(hp, type);
+    if (!rp && fallback) rp = fb = cJSON_Parse(fallback);
     double theta = hp->rope_theta, prf = 1.0;
     const char *rt = "default";
-    if (rp) {
-        KILN_TRYF(ku_json_num(rp, "rope_theta", theta, &theta), "config.json: rope_parameters.%s", type);
-        KILN_TRYF(ku_json_num(rp, "partial_rotary_factor", 1.0, &prf), "config.json: rope_parameters.%s", type);
-        KILN_TRYF(ku_json_str(rp, "rope_type", "default", &rt), "config.json: rope_parameters.%s", type);
-    }
+    kiln_status st = NULL;
+    if (rp && !st) st = ku_json_num(rp, "rope_theta", theta, &theta);
+    if (rp && !st) st = ku_json_num(rp, "partial_rotary_factor", 1.0, &prf);
+    if (rp && !st) st = ku_json_str(rp, "rope_type", "default", &rt);
     /* proportional ropes span the whole head (the pairs past the factor do not turn) */
     int rd = strcmp(rt, "proportional") ? (int)((double)dim * prf) : (int)dim;
-    KILN_TRYF(km_rope_init(r, rp ? rp : hp->rope_scaling, theta, rd, hp->max_pos), "config.json: rope_parameters.%s", type);
-    return NULL;
+    if (!st) st = km_rope_init(r, rp ? rp : hp->rope_scaling, theta, rd, hp->max_pos);
+    cJSON_Delete(fb);
+    return st ? kiln_status_wrap(st, "config.json: rope_parameters.%s", type) : NULL;
 }
 
 kiln_status km_gemma4_common(const cJSON *cfg, km_hparams *hp, double softcap_def, int64_t period) {
@@ -88,10 +90,37 @@ kiln_status km_gemma4_common(const cJSON *cfg, km_hparams *hp, double softcap_de
     return km_sliding_layers(cfg, hp, 0, period);
 }
 
+/* Newer transformers write the full layers' head_dim / num_key_value_heads
+ * as "per_layer_config": {"<layer>": {...}} instead of global_head_dim and
+ * num_global_key_value_heads; *gdim becomes the full layers' head dim. */
+static kiln_status per_layer_config(const cJSON *cfg, km_hparams *hp, int64_t *gdim) {
+    const cJSON *plc = ku_json_get(cfg, "per_layer_config"), *e;
+    if (!plc || cJSON_IsNull(plc)) return NULL;
+    if (!cJSON_IsObject(plc)) return kiln_error(KILN_EINVAL, "config.json: \"per_layer_config\" must be an object");
+    cJSON_ArrayForEach(e, plc) {
+        char *end;
+        long il = strtol(e->string, &end, 10);
+        if (*end || end == e->string || il < 0 || il >= hp->n_layers || !cJSON_IsObject(e))
+            return kiln_error(KILN_EINVAL, "config.json: per_layer_config.%s: not a layer's settings", e->string);
+        int64_t hd, kv;
+        KILN_TRYF(ku_json_int(e, "head_dim", hp->layer_head_dim[il] ? hp->layer_head_dim[il] : hp->head_dim, &hd),
+                  "config.json: per_layer_config.%s", e->string);
+        KILN_TRYF(ku_json_int(e, "num_key_value_heads", hp->layer_kv_heads[il] ? hp->layer_kv_heads[il] : hp->n_kv_heads, &kv),
+                  "config.json: per_layer_config.%s", e->string);
+        if (hd <= 0 || kv <= 0 || hp->n_heads % kv)
+            return kiln_error(KILN_EINVAL, "config.json: per_layer_config.%s: head_dim %lld, %lld KV heads", e->string,
+                              (long long)hd, (long long)kv);
+        hp->layer_head_dim[il] = (int32_t)hd, hp->layer_kv_heads[il] = (int32_t)kv;
+        if (!hp->layer_sliding[il]) *gdim = hd;
+    }
+    return NULL;
+}
+
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     int64_t gdim, gkv, n_shared;
     bool k_eq_v, wide, moe;
     KILN_TRY(km_gemma4_common(cfg, hp, 0, 6));
+    if (hp->n_layers > 0 && hp->layer_sliding[hp->n_layers - 1]) hp->layer_sliding[hp->n_layers - 1] = 0; /* as Gemma4TextConfig forces */
     KILN_TRY(km_json_int_or_null(cfg, "global_head_dim", hp->head_dim, hp->head_dim, &gdim));
     KILN_TRY(ku_json_bool(cfg, "attention_k_eq_v", false, &k_eq_v));
     KILN_TRY(km_json_int_or_null(cfg, "num_global_key_value_heads", hp->n_kv_heads, hp->n_kv_heads, &gkv));
@@ -113,6 +142,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
         hp->layer_head_dim[il] = (int32_t)gdim;
         if (k_eq_v) hp->layer_k_eq_v[il] = 1, hp->layer_kv_heads[il] = (int32_t)gkv;
     }
+    KILN_TRY(per_layer_config(cfg, hp, &gdim));
     KILN_TRY(km_gemma_kv_sharing(hp, n_shared));
     for (int64_t il = hp->n_layers - n_shared; wide && il < hp->n_layers; il++) hp->layer_ffn[il] = (int32_t)(2 * hp->ffn);
     if (moe) {
@@ -124,8 +154,12 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
         if (hp->n_experts <= 0) return kiln_error(KILN_EINVAL, "config.json: enable_moe_block without num_experts");
     }
     /* rope 0: full layers; rope 1: sliding ones */
-    KILN_TRY(km_gemma_type_rope(hp, "full_attention", gdim, &hp->ropes[0]));
-    KILN_TRY(km_gemma_type_rope(hp, "sliding_attention", hp->head_dim, &hp->ropes[1]));
+    /* Gemma4TextConfig's default rope_parameters where the config has none */
+    KILN_TRY(km_gemma_type_rope(hp, "full_attention", gdim,
+                                "{\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25, \"rope_theta\": 1e6}",
+                                &hp->ropes[0]));
+    KILN_TRY(km_gemma_type_rope(hp, "sliding_attention", hp->head_dim, "{\"rope_type\": \"default\", \"rope_theta\": 1e4}",
+                                &hp->ropes[1]));
     hp->n_ropes = 2;
     hp->rope_theta = hp->ropes[0].theta; /* what `kiln info` shows with rope 0's dims */
     snprintf(hp->features, sizeof hp->features, "global heads %d dims%s, local theta %g, %d KV-shared layers%s%s%s",

@@ -41,8 +41,10 @@ kiln_status km_gemma4_common(const cJSON *cfg, km_hparams *hp, double softcap_de
  * cache of the last earlier layer of their type (hp->layer_kv_from). */
 kiln_status km_gemma_kv_sharing(km_hparams *hp, int64_t n_shared);
 /* The rope of layer type `type` ("full_attention", "sliding_attention") over
- * heads of dim dims from rope_parameters (proportional: the whole head). */
-kiln_status km_gemma_type_rope(km_hparams *hp, const char *type, int64_t dim, km_rope *r);
+ * heads of dim dims from rope_parameters (proportional: the whole head); a
+ * config without that type's object uses the JSON object `fallback`, or
+ * with fallback NULL rope_theta and rope_scaling. */
+kiln_status km_gemma_type_rope(km_hparams *hp, const char *type, int64_t dim, const char *fallback, km_rope *r);
 /* A config number whose null means if_null. */
 kiln_status km_num_or_null(const cJSON *cfg, const char *key, double def, double if_null, double *out);
 /* Gemma 3n/4 attention: sandwich norms, per-head q/k norms, weightless value norms. */
