@@ -177,7 +177,7 @@ static kg_node *linear_in_out(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_
 kg_node *kb_linear(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, bool bias) {
     if (!x) return NULL;
     kg_node *y;
-    if ((b->transposed_roles >> t) & 1) {
+    if (t < 64 && (b->transposed_roles >> t) & 1) {
         y = linear_in_out(b, x, t, il, rows);
     } else {
         kc_matrix m;

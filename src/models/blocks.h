@@ -78,7 +78,7 @@ typedef struct kb_ctx {
     int n_inputs, cap_inputs;
     kb_cache_spec *cache; /* [n_layers] */
     /* set by the emitter before it builds the layers */
-    uint64_t transposed_roles; /* bit t: role t's 2-D weights are stored [in, out] (GPT-2's Conv1D) */
+    uint64_t transposed_roles; /* bit t (< 64): role t's 2-D weights are stored [in, out] (GPT-2's Conv1D) */
     const float *alibi;        /* [n_heads] ALiBi slopes kb_layer_defaults gives every layer (kb_alibi), or NULL */
     /* recurrent state (blocks_ssm.c) */
     kg_node *state_slot;       /* [S] i32, made by the first kb_state */
@@ -87,6 +87,9 @@ typedef struct kb_ctx {
     /* vision-language models */
     kg_node *span;             /* [T, 2] i32 bidirectional span per token (hp->attn_span), made by the first attention */
     kg_node *embd_add;         /* [T, embd_add_layers * hidden] KB_IN_EMBD_ADD, made by the first kb_embd_add */
+    /* KV sharing (kb_attn_opts.kv_reuse) */
+    kg_node **kv_written;      /* [2 * n_layers]: each layer's K and V cache after its write, made by the first attention */
+    kg_node *ple;              /* [T, layers, P] per-layer inputs, set by kb_per_layer_inputs */
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -225,6 +228,13 @@ typedef struct {
     bool qk_norm_plain;      /* the q/k norms have no weight (Llama 4's L2Norm: an RMSNorm without weight) */
     int temp_offset;         /* kb_pos_temperature's position offset (Llama 4: 1) */
     struct kg_node *token_sinks; /* [T, H] f32 sink logits per token (-inf: none) in place of `sinks`, or NULL */
+    /* (Gemma 3n, Gemma 4) */
+    int64_t head_dim;        /* this layer's head dim (Gemma 4's global_head_dim on full layers); 0: hp->head_dim */
+    bool v_norm;             /* a weightless RMSNorm on each value head */
+    bool k_eq_v;             /* no value projection: the values are the keys' projection, before k norm and rope */
+    bool kv_reuse;           /* KV sharing: no keys and values of its own (nor a cache); the queries attend over
+                              * the cache layer kv_layer (< il) wrote in this step, with this layer's window */
+    int kv_layer;
 } kb_attn_opts;
 /* Self-attention block: projections, q/k norms, query scales, rope, KV
  * cache update, attention over the cache, output projection. x [T, hidden]. */
@@ -274,6 +284,8 @@ typedef struct {
     bool sub_norm;  /* RMSNorm (KM_T_FFN_SUB_NORM) over F before the down projection (BitNet) */
     float gate_scale, down_scale; /* gated, not fused: gate(x) times gate_scale before the activation, the
                                    * output times down_scale (Falcon-H1 mlp_multipliers); 0: none */
+    float act_sparsity;   /* gated, not fused: Gemma 3n's gaussian top-k, gate = relu(gate - (mean + std *
+                           * Phi^-1(act_sparsity))) over F (population std) before the activation; 0: none */
 } kb_ffn_opts;
 kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o);
 /* xIELU (Apertus) with the layer's learned parameters from KM_T_FFN_ACT:
@@ -306,7 +318,8 @@ kg_node *kb_embed(kb_ctx *b, const kb_embed_opts *o); /* o NULL: token embedding
 typedef enum {
     KB_MOE_SEPARATE,       /* KM_T_MOE_GATE, _UP, _DOWN modules (per expert with "%e", or stacked) */
     KB_MOE_HALVES,         /* KM_T_MOE_GATE_UP "<module>.weight" [E, 2F, H]: gate rows first (GraniteMoE,
-                            * JetMoE); KM_T_MOE_DOWN a stacked module [E, H, F] */
+                            * JetMoE); KM_T_MOE_DOWN a stacked module [E, H, F]; either may be a bare tensor
+                            * of the module's name (Gemma 4's experts.gate_up_proj, experts.down_proj) */
     KB_MOE_IN_OUT_HALVES,  /* KM_T_MOE_GATE_UP a tensor [E, H, 2F] (x @ W), gate columns first; KM_T_MOE_DOWN a
                             * tensor [E, F, H] (Llama 4) */
     KB_MOE_IN_OUT_INTERLEAVED, /* as the last, gate and up columns alternating (gpt-oss) */
@@ -345,6 +358,12 @@ typedef struct {
     float jitter_eps;     /* KM_MOE_SPARSEMIXER: experts whose logit is within a relative 2 * jitter_eps of
                            * the round's best share its softmax */
     bool out_bias;        /* KM_T_MOE_OUT_BIAS [hidden] added after the routed experts (JetMoE) */
+    /* (Gemma 4) */
+    struct kg_node *router_in; /* [T, hidden] the router reads instead of x, or NULL */
+    bool router_norm;     /* the router's input through a weightless RMSNorm, times KM_T_MOE_ROUTER_PARAMS
+                           * ".scale" [hidden] and hidden^-0.5 */
+    bool expert_scale;    /* the chosen weights (after norm_topk) times KM_T_MOE_ROUTER_PARAMS ".per_expert_scale" [E]
+                           * of their experts */
 } kb_moe_opts;
 /* x [T, hidden] -> [T, hidden]. */
 kg_node *kb_moe(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o);
@@ -389,14 +408,22 @@ typedef struct {
     struct kg_node *(*mixer)(struct kb_ctx *b, struct kg_node *x, int il); /* in place of attention (kb_mamba,
                               * kb_mamba2, ...); NULL: attention */
     bool no_ffn;             /* the layer is its first branch only (Mamba's blocks) */
+    /* (Gemma 3n, Gemma 4) */
+    bool ffn_and_moe;        /* SANDWICH with moe.experts > 0: the MLP branch is the dense MLP through
+                              * KM_T_FFN_POST_NORM_DENSE plus the experts on KM_T_MOE_NORM(x) through
+                              * KM_T_MOE_POST_NORM, the router reading the branch's input x (Gemma 4) */
+    struct kg_node *ple;     /* [T, layers, P] per-layer inputs (kb_per_layer_inputs): kb_per_layer_add after the
+                              * branches, or NULL */
+    bool layer_scale;        /* the layer's output times KM_T_LAYER_SCALE [1] */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
  * hp->post_norm, SANDWICH with hp->sandwich_norm) RMSNorm layers with hp's arrangement switches
  * (parallel_residual, shared_norm, residual_from_norm, residual_scale);
  * attention with hp's biases, per-layer heads, clip_qkv, MLA ranks, score
  * scale (attn_scale, by layer with attn_scale_by_layer), soft-cap, window,
- * chunk, logn and temperature query scales, b->alibi, and rope -1 for NoPE layers,
- * 1 for sliding layers when there are two rope configs, else 0; a gated MLP
+ * chunk, logn and temperature query scales, b->alibi, per-layer head dims, KV
+ * sharing and K=V, and rope -1 for NoPE layers,
+ * 1 for sliding layers when there are two rope configs, else 0; b->ple; a gated MLP
  * with hp->act, hp->mlp_bias and the layer's width, or a mixture of experts
  * on hp->layer_moe layers (kb_moe_defaults). */
 void kb_layer_defaults(const kb_ctx *b, int il, kb_layer_opts *o);
@@ -532,6 +559,41 @@ kg_node *kb_tied_attention(kb_ctx *b, kg_node *x, int il, int wl, kg_node *const
  * each (HRM's gqkv_proj, no biases); the attention output times
  * sigmoid(gate), then KM_T_ATTN_O. Norms, rope, scores as o says. */
 kg_node *kb_tied_gated_attention(kb_ctx *b, kg_node *x, int il, int wl, const kb_attn_opts *o);
+
+/* ==== per-layer inputs (blocks_embed.c; Gemma 3n, Gemma 4) */
+
+/* The per-layer inputs [T, L, P] (L = hp->n_layers, P = hp->ple_dim) from
+ * the token embeddings x [T, hidden] (after their scale): rows of
+ * KM_T_PLE_EMBD [hp->ple_vocab, L * P] times sqrt(P) (token ids past
+ * ple_vocab read row 0), plus KM_T_PLE_NORM(KM_T_PLE_PROJ(x) * hidden^-0.5)
+ * per layer, the sum times 2^-0.5. Also kept in b->ple, which
+ * kb_layer_defaults gives every layer. */
+kg_node *kb_per_layer_inputs(kb_ctx *b, kg_node *x);
+/* x + KM_T_PLE_POST_NORM(KM_T_PLE_OUT(act(KM_T_PLE_GATE(x)) * ple[:, il])),
+ * act = hp->act: layer il's per-layer input mixed in. */
+kg_node *kb_per_layer_add(kb_ctx *b, kg_node *x, int il, kg_node *ple);
+/* The branch kb_per_layer_add adds to x, without the add (Gemma 3n adds it to other AltUp streams). */
+kg_node *kb_per_layer_branch(kb_ctx *b, kg_node *x, int il, kg_node *ple);
+
+/* ==== AltUp and LAuReL (blocks_altup.c; Gemma 3n) */
+
+#define KB_ALTUP_MAX 8
+/* The n AltUp streams of x [T, hidden]: s[0] = x, s[i] = KM_T_ALTUP_PROJ(i - 1)(x) rescaled to x's RMS
+ * (times rms(x) / sqrt(max(mean(s[i]^2), 1e-5))). */
+void kb_altup_streams(kb_ctx *b, kg_node *x, int n, kg_node **s);
+/* The streams back to one [T, hidden]: the mean of s[0] and KM_T_ALTUP_UNEMBED(i - 1)(s[i]) rescaled to
+ * s[0]'s RMS as kb_altup_streams does. */
+kg_node *kb_altup_merge(kb_ctx *b, kg_node *const *s, int n);
+/* Layer il's prediction of the streams: with the modalities m = tanh(KM_T_ALTUP_ROUTER(
+ * KM_T_ALTUP_ROUTER_NORM(s[active]) / hidden)) [T, n] and c = KM_T_ALTUP_PREDICT(m) [T, n*n],
+ * p[j] = s[j] + sum_i c[:, j*n + i] s[i]. */
+void kb_altup_predict(kb_ctx *b, kg_node *const *s, int n, int active, int il, kg_node **p);
+/* Layer il's correction from the active stream's output y: with m the modalities of y and
+ * c = KM_T_ALTUP_CORRECT(m) (weights clamped to [-clip, clip] when clip > 0) [T, n],
+ * out[j] = p[j] + (y - p[active]) * (1 + c[:, j]). */
+void kb_altup_correct(kb_ctx *b, kg_node *const *p, kg_node *y, int n, int active, int il, float clip, kg_node **out);
+/* LAuReL: x + KM_T_LAUREL_NORM(KM_T_LAUREL_RIGHT(KM_T_LAUREL_LEFT(x))), rank hp->laurel_rank. */
+kg_node *kb_laurel(kb_ctx *b, kg_node *x, int il);
 
 /* ==== given rows added between layers (blocks_embed.c) */
 

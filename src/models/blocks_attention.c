@@ -2,6 +2,7 @@
  * every fused layout, multi-head latent attention, q/k norms, per-token
  * query scales (logn, temperature), rotary, the KV cache, ALiBi slopes. */
 #include <math.h>
+#include <string.h>
 
 #include "models/blocks.h"
 #include "models/blocks_int.h"
@@ -151,13 +152,18 @@ static void project_qkv(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o, in
     qkv[0] = qkv[1] = qkv[2] = NULL;
 }
 
+/* The q/k norms; k NULL (a layer reusing another's keys): the query norm only. */
 static void qk_norms(kb_ctx *b, kg_node **q, kg_node **k, int il, const kb_attn_opts *o) {
     kg_graph *g = b->g;
-    if (!*q || !*k || o->qk_norm == KB_QK_NONE) return;
+    if (!*q || (k && !*k) || o->qk_norm == KB_QK_NONE) return;
     kb_norm_opts no = {.kind = o->qk_norm_kind, .plain = o->qk_norm_plain, .per_head = o->qk_norm == KB_QK_HEADWISE};
     if (o->qk_norm != KB_QK_FULL) {
         *q = kb_norm_ex(b, *q, KM_T_ATTN_Q_NORM, il, &no);
-        *k = kb_norm_ex(b, *k, KM_T_ATTN_K_NORM, il, &no);
+        if (k) *k = kb_norm_ex(b, *k, KM_T_ATTN_K_NORM, il, &no);
+        return;
+    }
+    if (!k) {
+        kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: KV sharing with q/k norms over all heads", il));
         return;
     }
     int64_t T = b->shape.T, H = (*q)->shape.d[1], Hkv = (*k)->shape.d[1], D = (*q)->shape.d[2];
@@ -165,12 +171,37 @@ static void qk_norms(kb_ctx *b, kg_node **q, kg_node **k, int il, const kb_attn_
     *k = kg_reshape(g, kb_norm_ex(b, kg_reshape(g, *k, KG_SHAPE(T, Hkv * D)), KM_T_ATTN_K_NORM, il, &no), KG_SHAPE(T, Hkv, D));
 }
 
+/* The K and V caches layer il attends over: its own after writing k and v
+ * (recorded for the layers that reuse them), or with o->kv_reuse the ones
+ * layer o->kv_layer wrote. */
+static bool caches(kb_ctx *b, kg_node *k, kg_node *v, int il, const kb_attn_opts *o, kg_node **kc, kg_node **vc) {
+    int64_t L = b->hp->n_layers;
+    if (!b->kv_written) {
+        b->kv_written = kg_alloc(b->g, sizeof(kg_node *) * (size_t)(2 * L));
+        if (!b->kv_written) return kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory")), false;
+        memset(b->kv_written, 0, sizeof(kg_node *) * (size_t)(2 * L));
+    }
+    if (o->kv_reuse) {
+        int src = o->kv_layer;
+        if (src < 0 || src >= il || !b->kv_written[2 * src])
+            return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: reuses the KV cache of layer %d, which keeps none before it",
+                                         il, src)), false;
+        *kc = b->kv_written[2 * src], *vc = b->kv_written[2 * src + 1];
+        return true;
+    }
+    b->cache[il].heads = k->shape.d[1], b->cache[il].dk = k->shape.d[2], b->cache[il].dv = v->shape.d[2]; /* a hybrid layer may also keep states */
+    *kc = b->kv_written[2 * il] = kb_cache_write(b, il, false, k);
+    *vc = b->kv_written[2 * il + 1] = kb_cache_write(b, il, true, v);
+    return *kc && *vc;
+}
+
 kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
-    if (!q || !k || !v) return NULL;
-    int64_t H = q->shape.d[1], Hkv = k->shape.d[1], D = q->shape.d[2], Dv = v->shape.d[2];
-    if (!o->qk_norm_after_rope) qk_norms(b, &q, &k, il, o);
+    bool own = !o->kv_reuse; /* the layer has keys and values of its own */
+    if (!q || (own && (!k || !v))) return NULL;
+    if (!o->qk_norm_after_rope) qk_norms(b, &q, own ? &k : NULL, il, o);
+    if (own && o->v_norm) v = kg_rms_norm(g, v, NULL, (float)hp->norm_eps, 0);
     /* per-token scales commute with the rotation */
     if (o->logn_len) q = kb_logn_scale(b, q, o->logn_len);
     if (o->temp_beta != 0) q = kb_pos_temperature(b, q, o->temp_beta, (double)o->temp_floor, o->temp_offset);
@@ -179,12 +210,15 @@ kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const 
         if (!kb_rope_inputs(b, o->rope, &cos, &sin)) return NULL;
         const km_rope *r = &hp->ropes[o->rope];
         q = kg_rope(g, q, cos, sin, r->dim, r->interleaved);
-        k = kg_rope(g, k, cos, sin, r->dim, r->interleaved);
+        if (own) k = kg_rope(g, k, cos, sin, r->dim, r->interleaved);
     }
-    if (o->qk_norm_after_rope) qk_norms(b, &q, &k, il, o);
-    b->cache[il].heads = Hkv, b->cache[il].dk = D, b->cache[il].dv = Dv; /* a hybrid layer may also keep states */
-    kg_node *kc = kb_cache_write(b, il, false, k);
-    kg_node *vc = kb_cache_write(b, il, true, v);
+    if (o->qk_norm_after_rope) qk_norms(b, &q, own ? &k : NULL, il, o);
+    kg_node *kc, *vc;
+    if (!q || (own && !k) || !caches(b, k, v, il, o, &kc, &vc)) return NULL;
+    int64_t H = q->shape.d[1], Hkv = kc->shape.d[1], D = q->shape.d[2];
+    if (kc->shape.d[2] != D)
+        return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: queries of %lld dims over keys of %lld", il, (long long)D,
+                                     (long long)kc->shape.d[2]));
     kg_node *alibi = o->alibi ? kg_const(g, KG_F32, KG_SHAPE(H), o->alibi) : NULL;
     kg_node *sinks = o->token_sinks ? o->token_sinks
                      : o->sinks   ? kg_convert(g, kb_vector(b, KM_T_ATTN_SINKS, il, "", H), KG_F32)
@@ -268,8 +302,15 @@ kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o) {
     const km_hparams *hp = b->hp;
     if (!x) return NULL;
     int64_t H = o->heads > 0 ? o->heads : hp->n_heads, Hkv = o->kv_heads > 0 ? o->kv_heads : hp->n_kv_heads;
+    int64_t D = o->head_dim > 0 ? o->head_dim : hp->head_dim;
     if (o->mla.kv_lora_rank > 0) return latent_attention(b, x, il, o, H);
-    kg_node *qkv[3];
-    project_qkv(b, x, il, o, H, Hkv, hp->head_dim, qkv);
+    if ((o->kv_reuse || o->k_eq_v) && o->qkv != KB_QKV_SEPARATE)
+        return kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: KV sharing or K=V with fused projections", il));
+    kg_node *qkv[3] = {0};
+    if (o->kv_reuse) qkv[0] = project(b, x, KM_T_ATTN_Q, il, H, D, o);
+    else if (o->k_eq_v) {
+        qkv[0] = project(b, x, KM_T_ATTN_Q, il, H, D, o);
+        qkv[1] = qkv[2] = project(b, x, KM_T_ATTN_K, il, Hkv, D, o);
+    } else project_qkv(b, x, il, o, H, Hkv, D, qkv);
     return attend(b, x, qkv[0], qkv[1], qkv[2], il, o);
 }

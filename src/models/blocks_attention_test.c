@@ -334,3 +334,127 @@ KT_TEST(blocks_attention_output_gates) {
         KT_CHECKF(md < 1e-4, "output gate %d: max |diff| %g", (int)kinds[c], md);
     }
 }
+
+/* ---------------------------------------------------------------- KV sharing, K=V, value norms (Gemma 3n/4) */
+
+enum { KS_H = 2, KS_D = 4, KS_T = 6 };
+
+static const km_names ks_names = {
+    [KM_T_TOK_EMBD] = "emb", [KM_T_ATTN_Q] = "layers.%d.q", [KM_T_ATTN_K] = "layers.%d.k", [KM_T_ATTN_O] = "layers.%d.o",
+};
+
+/* Both layers read the embeddings x: layer 0 with keys k(x) that are also
+ * its values (v-normed), layer 1 over layer 0's cache with queries of its
+ * own; logits = emb (x + a0 + a1). */
+static kg_node *ks_emit(kb_ctx *b) {
+    kg_node *x = kb_embed(b, NULL);
+    kb_attn_opts o0 = {.rope = -1, .scale = 1, .k_eq_v = true, .v_norm = true, .kv_heads = 1, .head_dim = KS_D};
+    kb_attn_opts o1 = {.rope = -1, .scale = 1, .kv_reuse = true, .kv_layer = 0, .window = 3, .head_dim = KS_D};
+    kg_node *a0 = kb_attention(b, x, 0, &o0), *a1 = kb_attention(b, x, 1, &o1);
+    return kb_output(b, kg_add(b->g, x, kg_add(b->g, a0, a1)), NULL);
+}
+static const km_family ks_family = {"test", test_types, &ks_names, NULL, ks_emit};
+
+/* One layer's attention output for token t: queries wq x_t over keys
+ * K[0..t] (within the window when > 0) and values Vv, unscaled. */
+static void ks_attend(const float *wq, const float *wo, const float (*X)[E], const float (*Kc)[KS_D], const float (*Vc)[KS_D],
+                      int t, int window, float *out) {
+    float q[KS_H * KS_D], att[KS_H * KS_D];
+    mt_matvec(wq, NULL, X[t], KS_H * KS_D, E, q);
+    for (int h = 0; h < KS_H; h++) {
+        double sc[KS_T], mx = -1e30, z = 0;
+        int lo = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+        for (int p = lo; p <= t; p++) {
+            double d = 0;
+            for (int i = 0; i < KS_D; i++) d += (double)q[h * KS_D + i] * Kc[p][i];
+            sc[p] = d;
+            if (d > mx) mx = d;
+        }
+        for (int p = lo; p <= t; p++) z += sc[p] = exp(sc[p] - mx);
+        for (int i = 0; i < KS_D; i++) {
+            double acc = 0;
+            for (int p = lo; p <= t; p++) acc += sc[p] / z * Vc[p][i];
+            att[h * KS_D + i] = (float)acc;
+        }
+    }
+    mt_matvec(wo, NULL, att, E, KS_H * KS_D, out);
+}
+
+KT_TEST(blocks_attention_kv_sharing_and_k_eq_v) {
+    float *emb = rnd(V * E, 1), *q0 = rnd(KS_H * KS_D * E, 0.7f), *k0 = rnd(KS_D * E, 0.7f), *o0 = rnd(E * KS_H * KS_D, 0.5f);
+    float *q1 = rnd(KS_H * KS_D * E, 0.7f), *o1 = rnd(E * KS_H * KS_D, 0.5f);
+    mt_set s = {0};
+    mt_put(&s, "emb.weight", emb, V, E);
+    mt_put(&s, "layers.0.q.weight", q0, KS_H * KS_D, E);
+    mt_put(&s, "layers.0.k.weight", k0, KS_D, E);
+    mt_put(&s, "layers.0.o.weight", o0, E, KS_H * KS_D);
+    mt_put(&s, "layers.1.q.weight", q1, KS_H * KS_D, E);
+    mt_put(&s, "layers.1.o.weight", o1, E, KS_H * KS_D);
+    char dir[512];
+    kc_checkpoint *ck = mt_open(&s, dir, sizeof dir);
+    mt_free(&s);
+    km_hparams hp = {.n_layers = 2, .hidden = E, .n_heads = KS_H, .n_kv_heads = 1, .head_dim = 8, .vocab = V,
+                     .norm_eps = 1e-6, .tie_embeddings = true, .no_final_norm = true};
+    int32_t tok[KS_T] = {3, 15, 0, 7, 7, 9};
+    float *got = ck ? mt_prefill(&ks_family, &hp, ck, KS_T, tok) : NULL, want[KS_T * V];
+    float X[KS_T][E], Kc[KS_T][KS_D], Vc[KS_T][KS_D];
+    for (int t = 0; t < KS_T; t++) {
+        memcpy(X[t], emb + tok[t] * E, sizeof X[t]);
+        mt_matvec(k0, NULL, X[t], KS_D, E, Kc[t]);
+        memcpy(Vc[t], Kc[t], sizeof Vc[t]);
+        mt_rms(Vc[t], KS_D, NULL, 1e-6f);
+    }
+    for (int t = 0; t < KS_T; t++) {
+        float a0[E], a1[E], y[E];
+        ks_attend(q0, o0, (const float(*)[E])X, (const float(*)[KS_D])Kc, (const float(*)[KS_D])Vc, t, 0, a0);
+        ks_attend(q1, o1, (const float(*)[E])X, (const float(*)[KS_D])Kc, (const float(*)[KS_D])Vc, t, 3, a1);
+        for (int i = 0; i < E; i++) y[i] = X[t][i] + a0[i] + a1[i];
+        mt_matvec(emb, NULL, y, V, E, want + t * V);
+    }
+    double md = got ? mt_max_diff(got, want, KS_T * V) : INFINITY;
+    KT_CHECKF(md < 1e-4, "KV sharing: max |diff| %g", md);
+    free(got);
+    /* the sharing layer keeps no cache; one reusing a later layer is an error */
+    kb_shape shape = {KS_T, 1, 1, KS_T, 16, 16, 1};
+    kb_cache_spec cache[2];
+    kg_graph *g = NULL;
+    kb_input *in = NULL;
+    int n_in;
+    if (ck) {
+        KT_CHECK_OK(kb_build(&ks_family, &hp, ck, &shape, &g, &in, &n_in, cache));
+        KT_CHECK(cache[0].heads == 1 && cache[0].dk == KS_D && cache[1].heads == 0);
+        kg_destroy(g), free(in);
+    }
+    kc_close(ck);
+    ckt_rmdir(dir);
+    free(emb), free(q0), free(k0), free(o0), free(q1), free(o1);
+}
+
+static kg_node *ks_bad_emit(kb_ctx *b) {
+    kg_node *x = kb_embed(b, NULL);
+    kb_attn_opts o = {.rope = -1, .kv_reuse = true, .kv_layer = 1, .head_dim = KS_D};
+    return kb_output(b, kg_add(b->g, x, kb_attention(b, x, 0, &o)), NULL);
+}
+
+KT_TEST(blocks_attention_kv_reuse_of_a_later_layer_is_an_error) {
+    static const km_family bad = {"test", test_types, &ks_names, NULL, ks_bad_emit};
+    float *emb = rnd(V * E, 1), *q0 = rnd(KS_H * KS_D * E, 0.7f);
+    mt_set s = {0};
+    mt_put(&s, "emb.weight", emb, V, E);
+    mt_put(&s, "layers.0.q.weight", q0, KS_H * KS_D, E);
+    char dir[512];
+    kc_checkpoint *ck = mt_open(&s, dir, sizeof dir);
+    mt_free(&s);
+    KT_CHECK(ck);
+    km_hparams hp = {.n_layers = 2, .hidden = E, .n_heads = KS_H, .n_kv_heads = 1, .head_dim = KS_D, .vocab = V,
+                     .norm_eps = 1e-6, .tie_embeddings = true, .no_final_norm = true};
+    kb_shape shape = {KS_T, 1, 1, KS_T, 16, 16, 1};
+    kb_cache_spec cache[2];
+    kg_graph *g = NULL;
+    kb_input *in = NULL;
+    int n_in;
+    if (ck) KT_CHECK_ERR(kb_build(&bad, &hp, ck, &shape, &g, &in, &n_in, cache), "reuses the KV cache of layer 1");
+    kc_close(ck);
+    ckt_rmdir(dir);
+    free(emb), free(q0);
+}

@@ -1,5 +1,7 @@
 /* blocks_embed.c: token embeddings, learned absolute positions and the
  * embedding norm (see blocks.h). */
+#include <math.h>
+
 #include "models/blocks_int.h"
 
 /* Rows ids [T] of the table of role t [n, width] (-1 rows: any). */
@@ -50,4 +52,36 @@ kg_node *kb_embd_add(kb_ctx *b, kg_node *x, int il) {
         b->embd_add = kb_input_param(b, KG_F32, KG_SHAPE(T, hp->embd_add_layers * E), "embd_add", KB_IN_EMBD_ADD, 0, 0, false);
     kg_node *r = kg_slice(b->g, b->embd_add, (int64_t[]){0, il * E}, (int64_t[]){T, (il + 1) * E}, NULL);
     return kg_name(kg_add(b->g, x, r), "embd_added", il);
+}
+
+kg_node *kb_per_layer_inputs(kb_ctx *b, kg_node *x) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    if (!x) return NULL;
+    int64_t T = b->shape.T, L = hp->n_layers, P = hp->ple_dim, V = hp->ple_vocab;
+    if (P <= 0 || V <= 0) return kb_fail(b, kiln_error(KILN_EINVAL, "%s: per-layer inputs of %lld dims over %lld tokens",
+                                                       b->fam->name, (long long)P, (long long)V));
+    /* ids outside the per-layer vocabulary read row 0 (Gemma 3n's mask) */
+    kg_node *in = kg_compare(g, KG_CMP_LT, b->tokens, kg_broadcast_like(g, kg_scalar(g, KG_I32, (double)V), b->tokens));
+    kg_node *ids = kg_select(g, in, b->tokens, kg_broadcast_like(g, kg_scalar(g, KG_I32, 0), b->tokens));
+    kg_node *e = kg_scale(g, lookup(b, KM_T_PLE_EMBD, V, L * P, ids), sqrt((double)P));
+    kg_node *p = kg_scale(g, kb_linear(b, x, KM_T_PLE_PROJ, -1, L * P, false), 1.0 / sqrt((double)hp->hidden));
+    p = kb_norm(b, kg_reshape(g, p, KG_SHAPE(T, L, P)), KM_T_PLE_NORM, -1, KB_NORM_RMS);
+    if (!e || !p) return NULL;
+    return b->ple = kg_name(kg_scale(g, kg_add(g, p, kg_reshape(g, e, KG_SHAPE(T, L, P))), 1.0 / sqrt(2.0)), "per_layer_inputs", -1);
+}
+
+kg_node *kb_per_layer_branch(kb_ctx *b, kg_node *x, int il, kg_node *ple) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    if (!x || !ple) return NULL;
+    int64_t T = b->shape.T, P = ple->shape.d[2];
+    kg_node *pi = kg_reshape(g, kg_slice(g, ple, (int64_t[]){0, il, 0}, (int64_t[]){T, il + 1, P}, NULL), KG_SHAPE(T, P));
+    kg_node *h = kg_mul(g, kb_act(b, kb_linear(b, x, KM_T_PLE_GATE, il, P, false), hp->act), pi);
+    return kb_norm(b, kb_linear(b, h, KM_T_PLE_OUT, il, hp->hidden, false), KM_T_PLE_POST_NORM, il, KB_NORM_RMS);
+}
+
+kg_node *kb_per_layer_add(kb_ctx *b, kg_node *x, int il, kg_node *ple) {
+    kg_node *h = kb_per_layer_branch(b, x, il, ple);
+    return h ? kg_name(kg_add(b->g, x, h), "per_layer_added", il) : NULL;
 }

@@ -55,6 +55,37 @@ kg_node *kb_xielu(kb_ctx *b, kg_node *x, int il) {
     return kg_name(kg_select(g, gt, pos, neg), "xielu", il);
 }
 
+/* erf^-1(y) for |y| < 1 by Newton's method on erf (double). */
+static double erfinv(double y) {
+    double x = 0;
+    for (int i = 0; i < 100; i++) {
+        double d = (erf(x) - y) / (2.0 / sqrt(M_PI) * exp(-x * x));
+        x -= d;
+        if (fabs(d) < 1e-16 * (1 + fabs(x))) break;
+    }
+    return x;
+}
+
+/* Gemma 3n's _gaussian_topk on x [T, F]: relu(x - (mean + std * Phi^-1(p)))
+ * over the last dim, the population std, Phi^-1(p) = sqrt(2) erfinv(2p - 1)
+ * rounded to float32 as torch's Normal.icdf on a float32 p. */
+static kg_node *gaussian_topk(kb_ctx *b, kg_node *x, float p) {
+    kg_graph *g = b->g;
+    if (!x) return NULL;
+    if (!(p > 0 && p < 1)) return kb_fail(b, kiln_error(KILN_EINVAL, "activation sparsity %g is not in (0, 1)", (double)p));
+    int64_t F = x->shape.d[x->shape.rank - 1];
+    int last = x->shape.rank - 1, keep[KG_MAX_RANK];
+    for (int i = 0; i < last; i++) keep[i] = i;
+    float mult = (float)(sqrt(2.0) * erfinv(2.0 * (double)(float)p - 1.0));
+    kg_node *mean = kg_broadcast_in_dim(g, kg_scale(g, kg_reduce(g, x, KG_REDUCE_SUM, &last, 1), 1.0 / (double)F), x->shape, keep);
+    kg_node *dev = kg_binary(g, KG_OP_SUB, x, mean);
+    kg_node *var = kg_scale(g, kg_reduce(g, kg_mul(g, dev, dev), KG_REDUCE_SUM, &last, 1), 1.0 / (double)F);
+    kg_node *std = kg_broadcast_in_dim(g, kg_unary(g, KG_OP_SQRT, var), x->shape, keep);
+    kg_node *cut = kg_add(g, mean, kg_scale(g, std, mult));
+    kg_node *y = kg_binary(g, KG_OP_SUB, x, cut);
+    return kg_name(kg_binary(g, KG_OP_MAX, y, kg_broadcast_like(g, kg_scalar(g, KG_F32, 0), y)), "gaussian_topk", -1);
+}
+
 static kg_node *act(kb_ctx *b, kg_node *x, int il, km_act a) {
     return a == KM_ACT_XIELU ? kb_xielu(b, x, il) : kb_act(b, x, a);
 }
@@ -68,6 +99,7 @@ kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o) {
     } else if (o->gated) {
         kg_node *gate = kb_linear(b, x, KM_T_FFN_GATE, il, F, o->bias);
         if (o->gate_scale != 0) gate = kg_scale(b->g, gate, o->gate_scale);
+        if (o->act_sparsity > 0) gate = gaussian_topk(b, gate, o->act_sparsity);
         kg_node *up = kb_linear(b, x, KM_T_FFN_UP, il, F, o->bias);
         h = kg_mul(b->g, act(b, gate, il, o->act), up);
     } else {

@@ -31,8 +31,14 @@ void kb_layer_defaults(const kb_ctx *b, int il, kb_layer_opts *o) {
                  .softcap = hp->attn_softcap,
                  .window = kb_layer_window(b, il),
                  .chunk = hp->layer_chunked[il] ? (int)hp->attn_chunk : 0,
-                 .alibi = b->alibi},
-        .ffn = {.gated = true, .act = hp->act, .bias = hp->mlp_bias, .width = hp->layer_ffn[il]},
+                 .alibi = b->alibi,
+                 .head_dim = hp->layer_head_dim[il],
+                 .k_eq_v = hp->layer_k_eq_v[il],
+                 .kv_reuse = hp->layer_kv_from[il] > 0,
+                 .kv_layer = hp->layer_kv_from[il] - 1},
+        .ple = b->ple,
+        .ffn = {.gated = true, .act = hp->act, .bias = hp->mlp_bias, .width = hp->layer_ffn[il],
+                .act_sparsity = hp->layer_act_sparsity[il]},
     };
     kb_moe_defaults(b, il, &o->moe);
 }
@@ -57,7 +63,36 @@ static kg_node *mlp(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
     return kg_name(o->moe.experts > 0 ? kb_moe(b, x, il, &o->moe) : kb_ffn(b, x, il, &o->ffn), "ffn_out", il);
 }
 
+/* Gemma 4's MLP branch on the residual x (sandwich norms): the dense MLP
+ * on n2 = KM_T_FFN_NORM(x) plus the experts on KM_T_MOE_NORM(x), each
+ * through its own post-norm, the router reading x. */
+static kg_node *ffn_and_moe(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
+    const kb_norm_opts *n = &o->norm;
+    kg_node *d = kb_norm_ex(b, kb_ffn(b, kb_norm_ex(b, x, KM_T_FFN_NORM, il, n), il, &o->ffn), KM_T_FFN_POST_NORM_DENSE, il, n);
+    kb_moe_opts mo = o->moe;
+    mo.router_in = x;
+    kg_node *e = kb_norm_ex(b, kb_moe(b, kb_norm_ex(b, x, KM_T_MOE_NORM, il, n), il, &mo), KM_T_MOE_POST_NORM, il, n);
+    return d && e ? kg_name(kg_add(b->g, d, e), "ffn_out", il) : NULL;
+}
+
+/* The layer's ends after both branches: per-layer inputs, the layer scale. */
+static kg_node *layer_end(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
+    if (o->ple) x = kb_per_layer_add(b, x, il, o->ple);
+    if (o->layer_scale && x) x = kg_mul(b->g, x, kg_convert(b->g, kb_vector(b, KM_T_LAYER_SCALE, il, "", 1), KG_F32));
+    return x;
+}
+
+static kg_node *layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o);
+
 kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
+    if (o->ffn_and_moe && (o->norm_place != KB_NORM_SANDWICH || o->parallel || o->residual_from_norm || o->no_ffn ||
+                           o->moe.experts <= 0))
+        return kb_fail(b, kiln_error(KILN_EINTERNAL, "%s: a dense MLP beside the experts needs sandwich norms and experts",
+                                     b->fam->name));
+    return layer_end(b, layer(b, x, il, o), il, o);
+}
+
+static kg_node *layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
     kg_graph *g = b->g;
     const kb_norm_opts *n = &o->norm;
     if (!x) return NULL;
@@ -79,6 +114,7 @@ kg_node *kb_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
         return add_branch(b, o->residual_from_norm ? n1 : x, kg_add(g, a, f), o);
     }
     x = add_branch(b, o->residual_from_norm ? n1 : x, a, o);
+    if (o->ffn_and_moe) return add_branch(b, x, kb_norm_ex(b, ffn_and_moe(b, x, il, o), KM_T_FFN_POST_NORM, il, n), o);
     kg_node *n2 = pre ? kb_norm_ex(b, x, KM_T_FFN_NORM, il, n) : x;
     kg_node *f = mlp(b, n2, il, o);
     if (post) f = kb_norm_ex(b, f, KM_T_FFN_POST_NORM, il, n);

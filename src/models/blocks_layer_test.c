@@ -13,6 +13,10 @@ static const km_names names = {
     [KM_T_ATTN_K] = "k",       [KM_T_ATTN_V] = "v",     [KM_T_ATTN_O] = "o",       [KM_T_ATTN_POST_NORM] = "p1",
     [KM_T_FFN_NORM] = "n2",    [KM_T_FFN_GATE] = "gate", [KM_T_FFN_UP] = "up",     [KM_T_FFN_DOWN] = "down",
     [KM_T_FFN_POST_NORM] = "p2", [KM_T_FFN_GATE_UP] = "gu",
+    /* Gemma 4's experts beside the MLP */
+    [KM_T_FFN_POST_NORM_DENSE] = "pd", [KM_T_MOE_NORM] = "nm", [KM_T_MOE_POST_NORM] = "pm", [KM_T_MOE_ROUTER] = "router",
+    [KM_T_MOE_ROUTER_PARAMS] = "router", [KM_T_MOE_GATE_UP] = "experts.gate_up", [KM_T_MOE_DOWN] = "experts.down",
+    [KM_T_LAYER_SCALE] = "scalar",
 };
 
 static uint64_t seed = 0x1a7e5;
@@ -171,6 +175,86 @@ KT_TEST(blocks_layer_arrangements) {
     kc_close(ck);
     ckt_rmdir(dir);
     free_weights(&w);
+}
+
+/* ---------------------------------------------------------------- experts beside the MLP (Gemma 4) */
+
+enum { NE = 2 };
+
+/* Sandwich norms; the MLP branch pd(ffn(n2(x1))) + pm(moe(nm(x1))) with
+ * the router on x1 (weightless RMS times router.scale / sqrt(C), softmax,
+ * top-1 renormalised to 1, times per_expert_scale); the output times the
+ * layer scalar. */
+KT_TEST(blocks_layer_experts_beside_the_mlp) {
+    weights w;
+    char dir[512];
+    kc_checkpoint *base = write_weights(&w, dir, sizeof dir);
+    KT_CHECK(base);
+    kc_close(base);
+    ckt_rmdir(dir);
+    /* the same weights plus the experts' */
+    mt_set s = {0};
+    float *pd = rnd(C, 0.3f, 1), *nm = rnd(C, 0.3f, 1), *pm = rnd(C, 0.3f, 1), *router = rnd(NE * C, 2, 0), *rs = rnd(C, 0.3f, 1);
+    float *pes = rnd(NE, 0.3f, 1), *gu = rnd(NE * 2 * F * C, 0.5f, 0), *dn = rnd(NE * C * F, 0.5f, 0), scalar = 0.625f;
+    const struct {
+        const char *name;
+        const float *d;
+        int64_t d0, d1;
+    } ts[] = {{"emb.weight", w.emb, V, C}, {"v.weight", w.v, C, C}, {"o.weight", w.o, C, C}, {"q.weight", w.q, C, C},
+              {"k.weight", w.k, C, C}, {"gate.weight", w.gate, F, C}, {"up.weight", w.up, F, C}, {"down.weight", w.down, C, F},
+              {"n1.weight", w.n[0], C, 0}, {"p1.weight", w.n[1], C, 0}, {"n2.weight", w.n[2], C, 0}, {"p2.weight", w.n[3], C, 0},
+              {"pd.weight", pd, C, 0}, {"nm.weight", nm, C, 0}, {"pm.weight", pm, C, 0}, {"router.weight", router, NE, C},
+              {"router.scale", rs, C, 0}, {"router.per_expert_scale", pes, NE, 0}, {"scalar", &scalar, 1, 0}};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) mt_put(&s, ts[i].name, ts[i].d, ts[i].d0, ts[i].d1);
+    memcpy(mt_f32(&s, "experts.gate_up", 3, (int64_t[]){NE, 2 * F, C}), gu, sizeof(float) * NE * 2 * F * C);
+    memcpy(mt_f32(&s, "experts.down", 3, (int64_t[]){NE, C, F}), dn, sizeof(float) * NE * C * F);
+    kc_checkpoint *ck = mt_open(&s, dir, sizeof dir);
+    mt_free(&s);
+    KT_CHECK(ck);
+    W = &w;
+    km_hparams hp = one_layer();
+    hp.n_experts = NE, hp.n_experts_used = 1, hp.expert_ffn = F, hp.layer_moe[0] = 1, hp.act = KM_ACT_SILU;
+    hp.moe_norm_topk = true;
+    int32_t tok = 5;
+    kb_ctx dummy = {.hp = &hp};
+    kb_layer_defaults(&dummy, 0, &layer_opts);
+    layer_opts.norm_place = KB_NORM_SANDWICH, layer_opts.attn.rope = -1, layer_opts.layer_scale = true;
+    layer_opts.ffn_and_moe = true, layer_opts.moe.layout = KB_MOE_HALVES, layer_opts.moe.router_norm = true;
+    layer_opts.moe.expert_scale = true;
+    float *got = ck ? mt_prefill(&layer_family, &hp, ck, 1, &tok) : NULL, want[V];
+    /* the reference */
+    const float *x = w.emb + tok * C;
+    float n1[C], t[C], a[C], x1[C], n2[C], d[C], e[C], y[C], r[C], lg[NE];
+    norm(x, 0, n1), attn(n1, t), norm(t, 1, a);
+    for (int i = 0; i < C; i++) x1[i] = x[i] + a[i];
+    norm(x1, 2, n2), ffn(n2, t);
+    memcpy(d, t, sizeof d), mt_rms(d, C, pd, 1e-5f);
+    memcpy(r, x1, sizeof r), mt_rms(r, C, rs, 1e-5f);
+    for (int i = 0; i < C; i++) r[i] /= sqrtf((float)C);
+    mt_matvec(router, NULL, r, NE, C, lg);
+    int ex = lg[1] > lg[0];
+    float xe[C], g[F], u[F];
+    memcpy(xe, x1, sizeof xe), mt_rms(xe, C, nm, 1e-5f);
+    mt_matvec(gu + ex * 2 * F * C, NULL, xe, F, C, g);
+    mt_matvec(gu + ex * 2 * F * C + F * C, NULL, xe, F, C, u);
+    for (int i = 0; i < F; i++) g[i] = g[i] / (1 + expf(-g[i])) * u[i];
+    mt_matvec(dn + ex * C * F, NULL, g, C, F, e);
+    for (int i = 0; i < C; i++) e[i] *= pes[ex];
+    mt_rms(e, C, pm, 1e-5f);
+    for (int i = 0; i < C; i++) t[i] = d[i] + e[i];
+    mt_rms(t, C, w.n[3], 1e-5f);
+    for (int i = 0; i < C; i++) y[i] = (x1[i] + t[i]) * scalar;
+    mt_matvec(w.emb, NULL, y, V, C, want);
+    double md = got ? mt_max_diff(got, want, V) : INFINITY;
+    KT_CHECKF(md < 1e-5, "experts beside the MLP: max |diff| %g", md);
+    free(got);
+    /* they need sandwich norms */
+    layer_opts.norm_place = KB_NORM_PRE;
+    KT_CHECK(!mt_prefill(&layer_family, &hp, ck, 1, &tok));
+    kc_close(ck);
+    ckt_rmdir(dir);
+    free_weights(&w);
+    free(pd), free(nm), free(pm), free(router), free(rs), free(pes), free(gu), free(dn);
 }
 
 /* ---------------------------------------------------------------- output head */

@@ -135,6 +135,11 @@ static void route(kb_ctx *b, kg_node *logits, int il, const kb_moe_opts *o, kg_n
         w = kg_binary(g, KG_OP_DIV, w, kg_broadcast_in_dim(g, sum, w->shape, (int[]){0}));
     }
     if (o->scale != 0 && o->scale != 1) w = kg_scale(g, w, o->scale);
+    if (o->expert_scale && w) {
+        kg_node *es = kg_convert(g, kb_vector(b, KM_T_MOE_ROUTER_PARAMS, il, ".per_expert_scale", o->experts), KG_F32);
+        if (es) w = kg_mul(g, w, kg_take_along(g, kg_broadcast_in_dim(g, es, logits->shape, (int[]){1}), *idx));
+        else w = NULL;
+    }
     *wts = w;
 }
 
@@ -263,7 +268,8 @@ static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il
     } else {
         bool in_out = o->layout != KB_MOE_HALVES, inter = o->layout == KB_MOE_IN_OUT_INTERLEAVED;
         kb_name(b, KM_T_MOE_GATE_UP, il, name, sizeof name);
-        snprintf(full, sizeof full, "%s%s", name, in_out ? "" : ".weight");
+        bool bare = in_out || !kc_has(b->ck, (snprintf(full, sizeof full, "%s.weight", name), full));
+        snprintf(full, sizeof full, "%s%s", name, bare ? "" : ".weight");
         for (int part = 0; part < 2; part++) {
             kc_expert_part p = {.in_out = in_out, .interleaved = inter, .parts = 2, .part = part};
             if (!experts_part(b, full, E, &p, F, H, w + 3 * part, part ? &a.up : &a.gate)) return NULL;
@@ -274,13 +280,16 @@ static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il
                 p.in_out = false;
                 if (!experts_part(b, full, E, &p, F, 1, bw, &bwa)) return NULL;
                 w[9 + part] = kg_reshape(b->g, bw[0], KG_SHAPE(E, F));
-                snprintf(full, sizeof full, "%s%s", name, in_out ? "" : ".weight");
+                snprintf(full, sizeof full, "%s%s", name, bare ? "" : ".weight");
             }
         }
     }
     /* down: per-expert or stacked modules, else (in/out layouts) one tensor [E, F, H] */
     kb_name(b, KM_T_MOE_DOWN, il, name, sizeof name);
-    if (separate || o->layout == KB_MOE_HALVES || has_module(b, KM_T_MOE_DOWN, il)) {
+    if (!separate && o->layout == KB_MOE_HALVES && !has_module(b, KM_T_MOE_DOWN, il)) {
+        if (o->expert_bias) return take(b, kiln_error(KILN_EUNSUPPORTED, "%s: biases on bare expert tensors", name)), NULL;
+        if (!experts_part(b, name, E, &(kc_expert_part){.parts = 1}, H, F, w + 6, &a.down)) return NULL;
+    } else if (separate || o->layout == KB_MOE_HALVES || has_module(b, KM_T_MOE_DOWN, il)) {
         if (!experts(b, KM_T_MOE_DOWN, il, E, H, F, w + 6, &a.down)) return NULL;
         if (o->expert_bias) w[11] = expert_bias(b, KM_T_MOE_DOWN, il, E, H);
     } else {
@@ -321,7 +330,15 @@ kg_node *kb_moe(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o) {
     if (o->n_group > 1 && (o->experts % o->n_group || o->topk_group < 1 || o->topk_group > o->n_group))
         return kb_fail(b, kiln_error(KILN_EINVAL, "%s: %lld experts do not form %lld groups (%lld chosen)", b->fam->name,
                                      (long long)o->experts, (long long)o->n_group, (long long)o->topk_group));
-    kg_node *logits = kb_linear(b, x, KM_T_MOE_ROUTER, il, o->experts, o->router_bias), *idx = NULL, *wts = NULL;
+    kg_node *r = o->router_in ? o->router_in : x;
+    if (o->router_norm && r) {
+        kg_graph *g = b->g;
+        int64_t H = r->shape.d[1];
+        kg_node *sc = kg_convert(g, kb_vector(b, KM_T_MOE_ROUTER_PARAMS, il, ".scale", H), KG_F32);
+        r = kg_mul(g, kg_rms_norm(g, r, NULL, (float)b->hp->norm_eps, 0), sc);
+        r = kg_scale(g, r, (float)(1.0 / sqrt((double)H)));
+    }
+    kg_node *logits = kb_linear(b, r, KM_T_MOE_ROUTER, il, o->experts, o->router_bias), *idx = NULL, *wts = NULL;
     if (!logits) return NULL;
     if (o->router_softcap > 0) logits = kb_softcap(b, logits, o->router_softcap);
     route(b, logits, il, o, &idx, &wts);

@@ -364,3 +364,77 @@ KT_TEST(blocks_moa_matches_reference) {
     kc_close(ck);
     ckt_rmdir(dir);
 }
+
+/* ---------------------------------------------------------------- Gemma 4 */
+
+/* The router on its own input (here -2x), through a weightless RMSNorm
+ * times router.scale and H^-0.5; softmax, top-k renormalised, times
+ * per_expert_scale; the experts in bare fused tensors [E, 2F, H] (gate rows
+ * first) and [E, H, F]. */
+static const km_names g4_names = {
+    [KM_T_MOE_ROUTER] = "router", [KM_T_MOE_ROUTER_PARAMS] = "router",
+    [KM_T_MOE_GATE_UP] = "experts.gate_up_proj", [KM_T_MOE_DOWN] = "experts.down_proj",
+};
+static const km_family g4_fam = {"test", types, &g4_names, NULL, NULL};
+static float rscale[H], pes[E];
+
+static kg_node *g4_moe(kb_ctx *b, kg_node *x) {
+    kb_moe_opts o = {.experts = E, .top_k = K, .width = F, .act = KM_ACT_SILU, .norm_topk = true, .layout = KB_MOE_HALVES,
+                     .router_norm = true, .expert_scale = true, .router_in = kg_scale(b->g, x, -2.0)};
+    return kb_moe(b, x, 0, &o);
+}
+
+static void g4_reference(const float *x, float *out) {
+    double r[H], ss = 0, logit[E], mx = -1e30, z = 0, y[H] = {0}, m[H];
+    for (int c = 0; c < H; c++) r[c] = -2.0 * x[c], ss += r[c] * r[c];
+    for (int c = 0; c < H; c++) r[c] = r[c] / sqrt(ss / H + 1e-6) * rscale[c] / sqrt((double)H);
+    for (int e = 0; e < E; e++) {
+        logit[e] = 0;
+        for (int c = 0; c < H; c++) logit[e] += (double)router[e * H + c] * r[c];
+        mx = fmax(mx, logit[e]);
+    }
+    for (int e = 0; e < E; e++) z += exp(logit[e] - mx);
+    int idx[K];
+    double w[K], ws = 0;
+    bool taken[E] = {0};
+    for (int j = 0; j < K; j++) {
+        int bst = -1;
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (bst < 0 || logit[e] > logit[bst])) bst = e;
+        taken[bst] = true, idx[j] = bst, w[j] = exp(logit[bst] - mx) / z, ws += w[j];
+    }
+    for (int j = 0; j < K; j++) {
+        mlp(gate[idx[j]], up[idx[j]], down[idx[j]], F, x, m);
+        for (int o = 0; o < H; o++) y[o] += w[j] / ws * pes[idx[j]] * m[o];
+    }
+    for (int o = 0; o < H; o++) out[o] = (float)y[o];
+}
+
+KT_TEST(blocks_moe_gemma4_router_and_bare_fused_experts) {
+    mt_set s = {0};
+    fill(router, E * H, 1.5f), fill(rscale, H, 1.0f), fill(pes, E, 1.0f);
+    for (int c = 0; c < H; c++) rscale[c] += 1.2f;
+    mt_put(&s, "router.weight", router, E, H);
+    mt_put(&s, "router.scale", rscale, H, 0);
+    mt_put(&s, "router.per_expert_scale", pes, E, 0);
+    float *gu = mt_f32(&s, "experts.gate_up_proj", 3, (int64_t[]){E, 2 * F, H});
+    float *dn = mt_f32(&s, "experts.down_proj", 3, (int64_t[]){E, H, F});
+    for (int e = 0; e < E; e++) {
+        fill(gate[e], F * H, 0.5f), fill(up[e], F * H, 0.5f), fill(down[e], H * F, 0.5f);
+        memcpy(gu + e * 2 * F * H, gate[e], sizeof gate[e]);
+        memcpy(gu + e * 2 * F * H + F * H, up[e], sizeof up[e]);
+        memcpy(dn + e * H * F, down[e], sizeof down[e]);
+    }
+    char dir[1024];
+    kc_checkpoint *ck = mt_open(&s, dir, sizeof dir);
+    mt_free(&s);
+    KT_CHECK(ck);
+    km_hparams hp = {.hidden = H, .ffn = F, .n_layers = 1, .norm_eps = 1e-6};
+    float x[T * H], ref[T * H];
+    fill(x, T * H, 1);
+    for (int t = 0; t < T; t++) g4_reference(x + t * H, ref + t * H);
+    double err = ck ? mt_block_error(&g4_fam, &hp, ck, T, g4_moe, KG_SHAPE(T, H), x, ref, T * H) : INFINITY;
+    KT_CHECKF(err <= 1e-5, "Gemma 4 routing: max error %g", err);
+    kc_close(ck);
+    ckt_rmdir(dir);
+}

@@ -749,3 +749,89 @@ KT_TEST(rope_parameters_converted_fixtures_pass) {
         check_conversion(&(conversion){.fixture = by_type[i], .family = family_of(by_type[i], fam, sizeof fam), .edit_config = rope_by_type});
     }
 }
+
+/* ---------------------------------------------------------------- Gemma 4 multimodal wrappers */
+
+/* The text part of a gemma4 (or gemma4_unified_text, gemma3n) checkpoint:
+ * the text config under "text_config", the tensors under model.language_model. */
+static bool gemma4_wrapped(const char *name, char *out, size_t cap) {
+    snprintf(out, cap, "%s%s", strncmp(name, "model.", 6) ? "" : "model.language_model.", strncmp(name, "model.", 6) ? name : name + 6);
+    return false;
+}
+
+/* wrapper_type[0] outside, wrapper_type[1] as the text_config's model_type;
+ * quantization stays at the top, as mlx-lm writes it. */
+static const char *wrapper_type[2];
+static void gemma4_wrap_config(cJSON *cfg) {
+    cJSON *text = cJSON_Duplicate(cfg, true), *q = cJSON_DetachItemFromObject(text, "quantization");
+    for (cJSON *e = cfg->child; e;) {
+        cJSON *next = e->next;
+        cJSON_Delete(cJSON_DetachItemViaPointer(cfg, e));
+        e = next;
+    }
+    cJSON_ReplaceItemInObject(text, "model_type", cJSON_CreateString(wrapper_type[1]));
+    cJSON_AddItemToObject(cfg, "model_type", cJSON_CreateString(wrapper_type[0]));
+    cJSON_AddItemToObject(cfg, "text_config", text);
+    if (q) cJSON_AddItemToObject(cfg, "quantization", q);
+}
+
+KT_TEST(variant_gemma4_multimodal_wrappers) {
+    const char *types[2][2] = {{"gemma4", "gemma4_text"}, {"gemma4_unified", "gemma4_unified_text"}};
+    for (int i = 0; i < 2; i++) {
+        wrapper_type[0] = types[i][0], wrapper_type[1] = types[i][1];
+        check_conversion(&(conversion){.fixture = "gemma4_text", .family = "gemma4", .edit_config = gemma4_wrap_config,
+                                       .rename = gemma4_wrapped});
+        check_conversion(&(conversion){.fixture = "gemma4_text_moe/q4", .family = "gemma4", .edit_config = gemma4_wrap_config,
+                                       .rename = gemma4_wrapped});
+    }
+    /* Gemma 3n's multimodal checkpoints wrap gemma3n_text the same way */
+    wrapper_type[0] = "gemma3n", wrapper_type[1] = "gemma3n_text";
+    /* text inside an image-bidirectional model ("vision") stays causal */
+    check_conversion(&(conversion){.fixture = "gemma4_text", .family = "gemma4",
+                                   .config_patch = "{\"use_bidirectional_attention\": \"vision\"}"});
+    check_conversion(&(conversion){.fixture = "gemma3n_text/q4", .family = "gemma3n", .edit_config = gemma4_wrap_config,
+                                   .rename = gemma4_wrapped});
+}
+
+/* Bad Gemma 3n/4 configs are errors naming the field. */
+static void config_fails(const char *fixture, const char *patch, const char *want) {
+    char rel[512], from[1024], to[1024];
+    snprintf(rel, sizeof rel, "tests/fixtures/oracle/%s", fixture);
+    kt_path(from, sizeof from, rel);
+    KT_CHECK(ckt_tmpdir(to, sizeof to));
+    char *text = mt_patched_config(from, patch);
+    int ok = text && ckt_write_str(to, "config.json", text) && mt_copy_file(from, to, "model.safetensors");
+    free(text);
+    KT_CHECK(ok);
+    ke_model *m = NULL;
+    if (ok) KT_CHECK_ERR(ke_model_load(to, &m), want);
+    ke_model_free(m);
+    ckt_rmdir(to);
+}
+
+/* Other config layouts of the same models: newer transformers' per_layer_config
+ * for the full layers' heads; configs without rope_parameters (Gemma4TextConfig's
+ * defaults; Gemma 3n's transformers-4 rope_theta + rope_local_base_freq). */
+KT_TEST(variant_gemma_config_layouts) {
+    check_conversion(&(conversion){.fixture = "gemma4_text_moe", .family = "gemma4",
+                                   .config_patch = "{\"global_head_dim\": null, \"num_global_key_value_heads\": null, "
+                                                   "\"per_layer_config\": {\"3\": {\"head_dim\": 32, \"num_key_value_heads\": 1}}}"});
+    check_conversion(&(conversion){.fixture = "gemma4_text", .family = "gemma4", .config_patch = "{\"rope_parameters\": null}"});
+    check_conversion(&(conversion){.fixture = "gemma3n_text", .family = "gemma3n",
+                                   .config_patch = "{\"rope_parameters\": null, \"rope_theta\": 1000000.0, "
+                                                   "\"rope_local_base_freq\": 10000.0}"});
+}
+
+KT_TEST(variant_gemma_bad_configs_are_clear_errors) {
+    config_fails("gemma4_text", "{\"num_kv_shared_layers\": 4}", "num_kv_shared_layers 4 of 4 layers");
+    config_fails("gemma4_text", "{\"layer_types\": [\"full_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"]}",
+                 "KV-shared layer 2 has no earlier sliding layer");
+    config_fails("gemma4_text", "{\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"proportional\", \"rope_theta\": 1e6, "
+                 "\"partial_rotary_factor\": 2}, \"sliding_attention\": {\"rope_theta\": 1e4}}}", "partial_rotary_factor");
+    config_fails("gemma4_text", "{\"use_bidirectional_attention\": \"all\"}", "use_bidirectional_attention");
+    config_fails("gemma4_text", "{\"per_layer_config\": {\"7\": {\"head_dim\": 32}}}", "per_layer_config.7");
+    config_fails("gemma4_text_moe", "{\"num_experts\": null}", "enable_moe_block without num_experts");
+    config_fails("gemma3n_text", "{\"intermediate_size\": [64, 64]}", "\"intermediate_size\" must list 4 layers");
+    config_fails("gemma3n_text", "{\"activation_sparsity_pattern\": [1, 0, 0, 0]}", "activation_sparsity_pattern");
+    config_fails("gemma3n_text", "{\"altup_num_inputs\": 9}", "altup_num_inputs 9");
+}

@@ -13,7 +13,7 @@
 
 /* Tensor roles. Module names are printf patterns with the layer index, and
  * name the module (".weight", ".bias", ".scales" are appended). The order is
- * not stored anywhere (KM_T_COUNT stays under 64: kb_ctx.transposed_roles). */
+ * not stored anywhere (only the first 64 can be flagged in kb_ctx.transposed_roles). */
 typedef enum {
     /* embeddings and output */
     KM_T_TOK_EMBD,
@@ -85,6 +85,30 @@ typedef enum {
     KM_T_LIN_GATE,       /* lightning attention's output gate projection (MiniMax output_gate) */
     /* ==== attention output gate (kb_attn_opts.out_gate) */
     KM_T_ATTN_GATE,      /* [H * D, hidden] (AFMoE gate_proj) or [H, hidden] (Laguna g_proj) */
+    /* ==== per-layer inputs (blocks_embed.c: kb_per_layer_inputs, kb_per_layer_add; Gemma 3n, Gemma 4) */
+    KM_T_PLE_EMBD,       /* per-layer token embeddings [vocab_per_layer, layers * P] */
+    KM_T_PLE_PROJ,       /* hidden -> layers * P projection of the token embeddings */
+    KM_T_PLE_NORM,       /* RMSNorm [P] on that projection */
+    KM_T_PLE_GATE,       /* a layer's hidden -> P gate */
+    KM_T_PLE_OUT,        /* a layer's P -> hidden projection */
+    KM_T_PLE_POST_NORM,  /* a layer's norm on that projection */
+    KM_T_LAYER_SCALE,    /* a tensor [1] the layer's output is multiplied by (kb_layer_opts.layer_scale) */
+    /* ==== a dense MLP beside the experts (kb_layer_opts.ffn_and_moe; Gemma 4) */
+    KM_T_FFN_POST_NORM_DENSE, /* on the dense MLP's output */
+    KM_T_MOE_NORM,       /* before the experts */
+    KM_T_MOE_POST_NORM,  /* on the experts' output */
+    KM_T_MOE_ROUTER_PARAMS, /* the router module, for its bare tensors (.scale, .per_expert_scale) */
+    /* ==== AltUp and LAuReL (blocks_altup.c; Gemma 3n): model-level modules take the stream index - 1 for "%d" */
+    KM_T_ALTUP_PROJ,     /* hidden -> hidden projection making stream i from the embeddings */
+    KM_T_ALTUP_UNEMBED,  /* hidden -> hidden projection of stream i before the streams are averaged */
+    KM_T_ALTUP_ROUTER_NORM, /* a layer's RMSNorm before the modality router */
+    KM_T_ALTUP_ROUTER,   /* hidden -> streams modality router */
+    KM_T_ALTUP_PREDICT,  /* streams -> streams^2 prediction coefficients */
+    KM_T_ALTUP_CORRECT,  /* streams -> streams correction coefficients */
+    KM_T_ALTUP_SCALE,    /* a tensor [hidden]: the corrected active stream's scale */
+    KM_T_LAUREL_LEFT,    /* hidden -> rank */
+    KM_T_LAUREL_RIGHT,   /* rank -> hidden */
+    KM_T_LAUREL_NORM,    /* RMSNorm on LAuReL's output */
     KM_T_COUNT
 } km_tensor;
 

@@ -128,7 +128,9 @@ kiln_status km_hparams_parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(req_int(cfg, "num_hidden_layers", &hp->n_layers));
     KILN_TRY(req_int(cfg, "num_attention_heads", &hp->n_heads));
     /* families whose configs size the MLP otherwise set it in their hook (km_parse checks) */
-    KILN_TRY(ku_json_int(cfg, km_config_key(cfg, "intermediate_size"), 0, &hp->ffn));
+    const char *ffn_key = km_config_key(cfg, "intermediate_size");
+    if (!cJSON_IsArray(ku_json_get(cfg, ffn_key))) /* a list per layer (Gemma 3n) is the family's to read */
+        KILN_TRY(ku_json_int(cfg, ffn_key, 0, &hp->ffn));
     KILN_TRY(req_int(cfg, "vocab_size", &hp->vocab));
     if (hp->n_layers > KM_MAX_LAYERS)
         return kiln_error(KILN_EUNSUPPORTED, "config.json: %lld layers (kiln supports up to %d)", (long long)hp->n_layers,

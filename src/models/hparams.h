@@ -186,6 +186,19 @@ typedef struct {
                                * PaliGemma's prefix */
     bool embd_in_unscaled;    /* given embeddings replace the token rows before emb_scale (PaliGemma), not after */
     int64_t embd_add_layers;  /* KB_IN_EMBD_ADD rows added to the outputs of this many first layers (Qwen3-VL deepstack) */
+    /* ==== per-layer inputs (Gemma 3n, Gemma 4: kb_per_layer_inputs) */
+    int64_t ple_dim;          /* hidden_size_per_layer_input P; 0: none */
+    int64_t ple_vocab;        /* vocab_size_per_layer_input */
+    /* ==== per-layer attention shapes and KV sharing (Gemma 3n, Gemma 4) */
+    int32_t layer_head_dim[KM_MAX_LAYERS];  /* 0: head_dim */
+    int32_t layer_kv_from[KM_MAX_LAYERS];   /* 1 + the earlier layer whose KV cache this one attends over; 0: its own */
+    unsigned char layer_k_eq_v[KM_MAX_LAYERS]; /* 1: no value projection, the values are the keys' (attention_k_eq_v) */
+    /* ==== Gemma 3n: AltUp, LAuReL, activation sparsity (blocks_altup.c, kb_ffn_opts.act_sparsity) */
+    int altup_inputs, altup_active; /* AltUp streams (0: none) and the one the layers compute on */
+    float altup_coef_clip;    /* correction coefficients clamped to [-clip, clip]; 0: none */
+    bool altup_correct_scale; /* the corrected active stream times correct_output_scale before the per-layer input */
+    int64_t laurel_rank;      /* LAuReL's low rank; 0: none */
+    float layer_act_sparsity[KM_MAX_LAYERS]; /* gaussian top-k target sparsity of layer il's MLP gate; 0: none */
 } km_hparams;
 
 /* Reads the fields every decoder has; errors name the field. Families call

@@ -159,12 +159,23 @@ kiln_status km_rope_init(km_rope *r, const cJSON *rs, double theta, int dim, int
         r->type = KM_ROPE_YARN;
         return init_yarn(r, rs);
     }
+    if (!strcmp(type, "proportional")) {
+        /* _compute_proportional_rope_parameters: exponents over the whole
+         * dim, int(partial_rotary_factor * dim // 2) rotating pairs */
+        double prf;
+        KILN_TRY(ku_json_num(rs, "partial_rotary_factor", 1.0, &prf));
+        if (!(prf >= 0 && prf <= 1)) return kiln_error(KILN_EINVAL, "rope_parameters.partial_rotary_factor must be in [0, 1]");
+        r->type = KM_ROPE_PROPORTIONAL;
+        int angles = (int)floor(prf * dim / 2);
+        for (int i = 0; i < dim / 2; i++) r->inv_freq[i] = i < angles ? r->inv_freq[i] / (float)r->factor : 0.0f;
+        return NULL;
+    }
     if (!strcmp(type, "longrope") || !strcmp(type, "su")) {
         r->type = KM_ROPE_LONGROPE;
         return init_longrope(r, rs, orig);
     }
     return kiln_error(KILN_EUNSUPPORTED, "rope_scaling type \"%s\" is not supported (supported: default, linear, "
-                                         "dynamic, llama3, yarn, longrope)", type);
+                                         "dynamic, llama3, yarn, longrope, proportional)", type);
 }
 
 void km_rope_ntk_step(km_rope *r, int64_t step_len, int64_t min_len, int64_t mscale_len) {

@@ -2,7 +2,7 @@
  *
  * A km_rope holds one rotary configuration, parsed from config.json's
  * rope_theta / rope_scaling / partial_rotary_factor: default, linear,
- * dynamic (NTK), llama3, yarn, longrope. The engine fills per-token cos/sin
+ * dynamic (NTK), llama3, yarn, longrope, proportional. The engine fills per-token cos/sin
  * rows [T, R/2] on the host each step; the graph's kiln.rope composite
  * applies them. Frequencies follow transformers' modeling_rope_utils.py
  * (float32 inverse frequencies, angle = float32(pos) * inv_freq, then
@@ -24,6 +24,8 @@ typedef enum {
     KM_ROPE_YARN,
     KM_ROPE_LONGROPE,
     KM_ROPE_NTK_STEP, /* stepwise NTK base (see km_rope_ntk_step) */
+    KM_ROPE_PROPORTIONAL, /* Gemma 4: the first partial_rotary_factor * dim / 2 pairs at 1 / base^(2i/dim), the
+                           * rest unrotated (frequency 0), all divided by factor */
 } km_rope_type;
 
 #define KM_ROPE_MAX_HALF 512

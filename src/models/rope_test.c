@@ -137,3 +137,25 @@ KT_TEST(rope_reversed_negates_sin) {
     }
     KT_CHECK(rs[8 + 1] != 0);
 }
+
+/* Gemma 4's proportional rope: exponents over the whole head dim, only the
+ * first partial_rotary_factor share of the pairs rotating */
+KT_TEST(rope_proportional_rotates_the_leading_pairs) {
+    cJSON *rs = cJSON_Parse("{\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25, \"rope_theta\": 1e6}");
+    km_rope r;
+    KT_CHECK_OK(km_rope_init(&r, rs, 1e6, 32, 256));
+    KT_CHECK_EQ(r.dim, 32);
+    int32_t pos[1] = {7}, len[1] = {8};
+    float c[16], s[16];
+    km_rope_fill(&r, 1, pos, len, c, s);
+    for (int i = 0; i < 16; i++) {
+        float f = i < 4 ? (float)(1.0 / pow(1e6, (double)((float)(2 * i) / 32.0f))) : 0.0f;
+        KT_CHECK_NEAR(c[i], cosf(7.0f * f), 1e-6);
+        KT_CHECK_NEAR(s[i], sinf(7.0f * f), 1e-6);
+    }
+    KT_CHECK(s[3] != 0 && s[4] == 0 && c[15] == 1);
+    cJSON_Delete(rs);
+    rs = cJSON_Parse("{\"rope_type\": \"proportional\", \"partial_rotary_factor\": 1.5}");
+    KT_CHECK_ERR(km_rope_init(&r, rs, 1e6, 32, 256), "partial_rotary_factor");
+    cJSON_Delete(rs);
+}

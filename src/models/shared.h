@@ -15,6 +15,41 @@ kiln_status km_qwen_sliding(const cJSON *cfg, km_hparams *hp);
  * biases. (gemma.c) */
 kiln_status km_gemma_common(const cJSON *cfg, km_hparams *hp);
 
+/* The module names Gemma 3n and Gemma 4 share: sandwich-normed layers with
+ * q/k norms, and the per-layer inputs. */
+#define KM_GEMMA4_NAMES                                                                                              \
+    [KM_T_TOK_EMBD] = "model.embed_tokens", [KM_T_OUTPUT_NORM] = "model.norm", [KM_T_OUTPUT] = "lm_head",               \
+    [KM_T_ATTN_NORM] = "model.layers.%d.input_layernorm", [KM_T_ATTN_Q] = "model.layers.%d.self_attn.q_proj",           \
+    [KM_T_ATTN_K] = "model.layers.%d.self_attn.k_proj", [KM_T_ATTN_V] = "model.layers.%d.self_attn.v_proj",             \
+    [KM_T_ATTN_O] = "model.layers.%d.self_attn.o_proj", [KM_T_ATTN_Q_NORM] = "model.layers.%d.self_attn.q_norm",       \
+    [KM_T_ATTN_K_NORM] = "model.layers.%d.self_attn.k_norm",                                                           \
+    [KM_T_ATTN_POST_NORM] = "model.layers.%d.post_attention_layernorm",                                                \
+    [KM_T_FFN_NORM] = "model.layers.%d.pre_feedforward_layernorm", [KM_T_FFN_GATE] = "model.layers.%d.mlp.gate_proj",  \
+    [KM_T_FFN_UP] = "model.layers.%d.mlp.up_proj", [KM_T_FFN_DOWN] = "model.layers.%d.mlp.down_proj",                  \
+    [KM_T_FFN_POST_NORM] = "model.layers.%d.post_feedforward_layernorm",                                               \
+    [KM_T_PLE_EMBD] = "model.embed_tokens_per_layer", [KM_T_PLE_PROJ] = "model.per_layer_model_projection",            \
+    [KM_T_PLE_NORM] = "model.per_layer_projection_norm", [KM_T_PLE_GATE] = "model.layers.%d.per_layer_input_gate",     \
+    [KM_T_PLE_OUT] = "model.layers.%d.per_layer_projection",                                                           \
+    [KM_T_PLE_POST_NORM] = "model.layers.%d.post_per_layer_input_norm"
+
+/* Gemma 3n and 4 (gemma4.c): km_gemma_common with w-scaled norms, unscaled
+ * scores, final_logit_softcapping (softcap_def when absent, none when null),
+ * sliding_window and the sliding layers (layer_types, else every period-th
+ * layer full). */
+kiln_status km_gemma4_common(const cJSON *cfg, km_hparams *hp, double softcap_def, int64_t period);
+/* Gemma 3n and 4: the last n_shared layers attend over the KV
+ * cache of the last earlier layer of their type (hp->layer_kv_from). */
+kiln_status km_gemma_kv_sharing(km_hparams *hp, int64_t n_shared);
+/* The rope of layer type `type` ("full_attention", "sliding_attention") over
+ * heads of dim dims from rope_parameters (proportional: the whole head); a
+ * config without that type's object uses the JSON object `fallback`, or
+ * with fallback NULL rope_theta and rope_scaling. */
+kiln_status km_gemma_type_rope(km_hparams *hp, const char *type, int64_t dim, const char *fallback, km_rope *r);
+/* A config number whose null means if_null. */
+kiln_status km_num_or_null(const cJSON *cfg, const char *key, double def, double if_null, double *out);
+/* Gemma 3n/4 attention: sandwich norms, per-head q/k norms, weightless value norms. */
+void km_gemma4_attention(kb_layer_opts *o);
+
 /* MiniCPM 1 and 3: the muP scales (embeddings times scale_emb, residual
  * branches times scale_depth / sqrt(layers), logits times dim_model_base /
  * hidden), tied embeddings by default, and the rope: none, linear, dynamic,
