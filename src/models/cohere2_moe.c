@@ -69,9 +69,10 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     if (strcmp(comb, "average") && strcmp(comb, "sum"))
         return kiln_error(KILN_EUNSUPPORTED, "config.json: cohere2_moe shared_expert_combination_strategy \"%s\" is not supported", comb);
     hp->moe_shared_average = !strcmp(comb, "average");
-    /* mlx-lm's quant_predicate keeps ".mlp.gate" float (it also keeps self_attn float, which kiln
-     * quantize does not follow yet: the oracle's q4/q8 fixtures quantize the attention) */
+    /* mlx-lm's quant_predicate (cohere2_moe.py) keeps ".mlp.gate" and every ".self_attn." layer float
+     * (the oracle's q4/q8 fixtures quantize the attention) */
     hp->moe_router_bits = -1;
+    hp->quant_float = ".self_attn.";
     hp->partial_rotary = 1.0;
     return km_rope_one(hp, true);
 }

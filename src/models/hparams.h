@@ -133,6 +133,8 @@ typedef struct {
     unsigned char layer_moe[KM_MAX_LAYERS]; /* 1: this layer's MLP is a mixture of experts */
     float moe_router_softcap; /* router logits soft-capped before scoring (Laguna moe_router_logit_softcapping); 0: none */
     bool moe_shared_average; /* (routed + shared expert) / 2 (Cohere2-MoE "average"; kb_moe_opts.shared_average) */
+    const char *quant_float;  /* mlx-lm's converter keeps the Linear layers whose path contains this float (a
+                               * quant_predicate: Cohere2-MoE's ".self_attn."); NULL: none */
     int moe_router_bits;      /* how mlx-lm's converter stores the KM_T_MOE_ROUTER weight: 0 as any Linear
                                * layer; -1 float (a plain weight of its gate module, mlx-lm's MoEGate);
                                * > 0 quantized with these bits whatever the rest (the model's quant_predicate) */

@@ -106,12 +106,26 @@ static bool rule_rebits(const kc_safetensors *g, const cJSON *qconf, const kc_te
     return kw && kw->dtype == KC_U32 && cJSON_IsNumber(b) && cJSON_IsNumber(gb) && b->valueint != gb->valueint;
 }
 
+/* Whether tensor tw (of the fixture) belongs to a module the fixture
+ * quantized that kiln keeps float, as the family's mlx-lm quant_predicate
+ * does (km_hparams.quant_float: Cohere2-MoE's attention). */
+static bool rule_kept_float(const kc_safetensors *g, const km_hparams *hp, const kc_tensor *tw) {
+    const char *dot = strrchr(tw->name, '.');
+    if (!hp->quant_float || !dot || !strstr(tw->name, hp->quant_float)) return false;
+    char wn[520];
+    FMT(wn, "%.*s.weight", (int)(dot - tw->name), tw->name);
+    const kc_tensor *kw = kc_st_find(g, wn);
+    return kw && kw->dtype != KC_U32 && (strcmp(dot, ".weight") || tw->dtype == KC_U32);
+}
+
 /* Compares got (kiln's) with want (the fixture's) tensor by tensor. Codes may
  * differ only on exact .5 ties (recomputed from src's float weights); all
- * else must be bit-identical, but for modules kiln quantizes by an mlx-lm
- * quant_predicate that the fixture keeps float (rule_quantized: the
- * fixture's float must then equal the source's). Returns a message on
- * failure, NULL when equal. */
+ * else must be bit-identical, but for modules the family's mlx-lm
+ * quant_predicate treats otherwise than the fixture: quantized by kiln, float
+ * in the fixture (rule_quantized: the fixture's float must equal the
+ * source's), quantized with other bits (rule_rebits), float in kiln
+ * (rule_kept_float: kiln's float must equal the source's). Returns a message
+ * on failure, NULL when equal. */
 static const char *compare(const char *src_dir, const char *got_dir, const char *want_dir, eq_stats *es, char *msg,
                            size_t cap) {
     char pg[4096], pw[4096];
@@ -134,9 +148,22 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
         snprintf(msg, cap, "%.500s", kiln_status_msg(st));
         fail = msg;
     }
-    int rule = 0;
-    for (int i = 0; !fail && i < kc_st_count(w); i++) rule += rule_quantized(g, qconf, mt, kc_st_at(w, i));
-    if (!fail && kc_st_count(g) != kc_st_count(w) + 2 * rule) {
+    km_hparams *hp = calloc(1, sizeof *hp);
+    const km_family *fam = src ? km_family_find(kc_model_type(src)) : NULL;
+    kiln_status pst = fam && hp ? km_parse(fam, kc_config(src), hp) : NULL;
+    if (!fail && (!fam || !hp || pst)) {
+        snprintf(msg, cap, "%.200s: cannot parse its config", src_dir);
+        fail = msg;
+    }
+    kiln_status_free(pst);
+    int rule = 0, kept = 0;
+    for (int i = 0; !fail && i < kc_st_count(w); i++) {
+        const kc_tensor *tw = kc_st_at(w, i);
+        size_t n = strlen(tw->name);
+        rule += rule_quantized(g, qconf, mt, tw);
+        kept += rule_kept_float(g, hp, tw) && n > 7 && !strcmp(tw->name + n - 7, ".weight");
+    }
+    if (!fail && kc_st_count(g) != kc_st_count(w) + 2 * rule - 2 * kept) {
         snprintf(msg, cap, "%.200s: %d tensors, the fixture has %d (%d modules quantized by mlx-lm's rule)", got_dir,
                  kc_st_count(g), kc_st_count(w), rule);
         fail = msg;
@@ -149,6 +176,18 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
             if (!f || f->dtype != tw->dtype || f->nbytes != tw->nbytes || memcmp(f->data, tw->data, tw->nbytes)) {
                 snprintf(msg, cap, "%.200s: %.200s: the fixture's float weight is not the source's", want_dir, tw->name);
                 fail = msg;
+            }
+            continue;
+        }
+        if (rule_kept_float(g, hp, tw)) {
+            size_t n = strlen(tw->name);
+            if (n > 7 && !strcmp(tw->name + n - 7, ".weight")) {
+                const kc_tensor *f = kc_find(src, tw->name);
+                es->rule_float++;
+                if (!f || !tg || f->dtype != tg->dtype || f->nbytes != tg->nbytes || memcmp(f->data, tg->data, f->nbytes)) {
+                    snprintf(msg, cap, "%.200s: %.200s: kept float, but not the source's weight", got_dir, tw->name);
+                    fail = msg;
+                }
             }
             continue;
         }
@@ -215,6 +254,7 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
         }
     }
     kiln_status_free(st);
+    free(hp);
     cJSON_Delete(gcfg);
     kc_st_close(g);
     kc_st_close(w);

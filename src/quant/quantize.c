@@ -147,6 +147,7 @@ static bool is_matrix(const job *j, const kc_tensor *t) {
     char bias[512];
     int ml = (int)(strlen(t->name) - strlen(".weight"));
     if (j->hp.moe_router_bits < 0 && is_router(j, t->name, (size_t)ml)) return false;
+    if (j->hp.quant_float && strstr(t->name, j->hp.quant_float)) return false;
     snprintf(bias, sizeof bias, "%.*s.e_score_correction_bias", ml, t->name);
     if (kc_has(j->ck, bias)) return false;
     snprintf(bias, sizeof bias, "%.*s.bias", ml, t->name);
