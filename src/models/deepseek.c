@@ -12,6 +12,7 @@
  * rope_scaling with mscale_all_dim also scales the attention scores by
  * mscale(factor, mscale_all_dim)^2. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/json.h"
@@ -29,7 +30,7 @@ kiln_status km_deepseek_moe(const cJSON *cfg, km_hparams *hp, bool v3) {
     KILN_TRY(km_moe_parse(cfg, hp,
                           &(km_moe_keys){.experts = "n_routed_experts", .top_k = "num_experts_per_tok", .expert_ffn = "moe_intermediate_size",
                                          .n_shared = "n_shared_experts", .first_dense = "first_k_dense_replace",
-                                         .freq = "moe_layer_freq", .norm_topk = v3, .top_k_def = 8}));
+                                         .freq = "moe_layer_freq", .type_list = "mlp_layer_types", .norm_topk = v3, .top_k_def = 8}));
     hp->moe_score = v3 ? KM_MOE_SIGMOID : KM_MOE_SOFTMAX;
     hp->moe_router_bias = v3;
     return NULL;
@@ -62,6 +63,17 @@ kiln_status km_deepseek_mla(const cJSON *cfg, km_hparams *hp, bool interleave) {
     return NULL;
 }
 
+kiln_status km_deepseek_mtp(const cJSON *cfg, km_hparams *hp) {
+    int64_t n;
+    KILN_TRY(ku_json_int(cfg, "num_nextn_predict_layers", 0, &n));
+    if (n < 0) return kiln_error(KILN_EINVAL, "config.json: num_nextn_predict_layers must not be negative");
+    size_t o = strlen(hp->features);
+    if (n > 0)
+        snprintf(hp->features + o, sizeof hp->features - o, "%s%lld multi-token prediction layer%s (model.layers.%lld%s, not loaded)",
+                 o ? "; " : "", (long long)n, n > 1 ? "s" : "", (long long)hp->n_layers, n > 1 ? "..." : "");
+    return NULL;
+}
+
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     bool v3 = !strcmp(hp->model_type, "deepseek_v3");
     KILN_TRY(ku_json_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings));
@@ -78,7 +90,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     double scale;
     KILN_TRY(ku_json_num(cfg, "routed_scaling_factor", v3 ? 2.5 : 1.0, &scale));
     hp->moe_scale = (float)scale;
-    return NULL;
+    return km_deepseek_mtp(cfg, hp);
 }
 
 /* V2's group-limited greedy scores a group by its best expert */

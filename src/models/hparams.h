@@ -205,6 +205,8 @@ typedef struct {
     const char *step;        /* with step s, layer i is MoE when (i + 1) % s == 0 (Qwen2-MoE decoder_sparse_step) */
     const char *freq;        /* with freq f, layer i is MoE when i % f == 0 (DeepSeek moe_layer_freq) */
     const char *dense_list;  /* a list of dense layers (Qwen2-MoE mlp_only_layers) */
+    const char *type_list;   /* one MLP kind per layer, "dense" or a mixture of experts ("sparse", "moe",
+                              * "hash_moe"), replacing the rules above (GLM-4.7-Flash mlp_layer_types) */
     bool norm_topk;          /* norm_topk_prob's default (the key is read when present) */
     int64_t top_k_def;       /* top_k's default; 0: the key is required */
 } km_moe_keys;

@@ -49,5 +49,15 @@ kiln_status km_moe_parse(const cJSON *cfg, km_hparams *hp, const km_moe_keys *k)
         if (!cJSON_IsNumber(e)) return kiln_error(KILN_EINVAL, "config.json: \"%s\" must list layer numbers", k->dense_list);
         if (e->valueint >= 0 && e->valueint < hp->n_layers) hp->layer_moe[e->valueint] = 0;
     }
+    const cJSON *types = k->type_list ? ku_json_get(cfg, k->type_list) : NULL;
+    if (!types || cJSON_IsNull(types)) return NULL;
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != hp->n_layers)
+        return kiln_error(KILN_EINVAL, "config.json: \"%s\" must list one MLP kind per layer (%lld)", k->type_list,
+                          (long long)hp->n_layers);
+    int i = 0;
+    cJSON_ArrayForEach(e, types) {
+        if (!cJSON_IsString(e)) return kiln_error(KILN_EINVAL, "config.json: \"%s\" must list strings", k->type_list);
+        hp->layer_moe[i++] = strcmp(e->valuestring, "dense") != 0;
+    }
     return NULL;
 }

@@ -213,3 +213,26 @@ KT_TEST(config_rope_parameters_transformers5) {
     KT_CHECK_ERR(parse_config("{\"model_type\": \"llama\", " BASE ", \"rope_parameters\": {\"rope_type\": \"magic\"}}", &hp),
                  "magic");
 }
+
+/* mlp_layer_types marks each layer dense or MoE (GLM-4.7-Flash); without it
+ * glm4_moe_lite keeps its first layer dense; num_nextn_predict_layers is
+ * reported in the features. */
+KT_TEST(config_mlp_layer_types_and_mtp) {
+    km_hparams hp;
+#define MLA_MOE BASE ", \"kv_lora_rank\": 16, \"q_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, " \
+                "\"v_head_dim\": 8, \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16"
+    KT_CHECK_OK(parse_config("{\"model_type\": \"glm4_moe_lite\", " MLA_MOE ", "
+                             "\"mlp_layer_types\": [\"sparse\", \"dense\", \"sparse\", \"dense\"]}",
+                             &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK_EQ(hp.layer_moe[i], i % 2 == 0);
+    KT_CHECK(!hp.features[0]);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"glm4_moe_lite\", " MLA_MOE ", \"num_nextn_predict_layers\": 1}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK_EQ(hp.layer_moe[i], i > 0);
+    KT_CHECK(strstr(hp.features, "1 multi-token prediction layer (model.layers.4, not loaded)"));
+    KT_CHECK_NEAR(hp.moe_scale, 1.8, 1e-6);
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"glm4_moe_lite\", " MLA_MOE ", \"mlp_layer_types\": [\"dense\"]}", &hp),
+                 "one MLP kind per layer");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"glm4_moe_lite\", " MLA_MOE ", \"num_nextn_predict_layers\": -1}", &hp),
+                 "num_nextn_predict_layers");
+#undef MLA_MOE
+}

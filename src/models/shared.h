@@ -47,6 +47,10 @@ void km_mamba2_features(km_hparams *hp, const char *more);
  * or rope_interleave, and a yarn mscale_all_dim folded into the score
  * scale; every head has its own keys (n_kv_heads = n_heads). (deepseek.c) */
 kiln_status km_deepseek_mla(const cJSON *cfg, km_hparams *hp, bool interleave);
+/* num_nextn_predict_layers: the multi-token prediction layers stored after
+ * the decoder (model.layers.<n_layers>...) serve speculative decoding and are
+ * not loaded; hp->features says how many there are. (deepseek.c) */
+kiln_status km_deepseek_mtp(const cJSON *cfg, km_hparams *hp);
 /* Its projections under "<attn>.q_a_proj" etc. (o_proj, and q_proj without q_lora, are Llama's). */
 #define KM_DEEPSEEK_MLA_NAMES(attn)                                                                                  \
     [KM_T_ATTN_Q_A] = attn ".q_a_proj", [KM_T_ATTN_Q_A_NORM] = attn ".q_a_layernorm",                                 \
