@@ -87,6 +87,8 @@ typedef struct kb_ctx {
     /* vision-language models */
     kg_node *span;             /* [T, 2] i32 bidirectional span per token (hp->attn_span), made by the first attention */
     kg_node *embd_add;         /* [T, embd_add_layers * hidden] KB_IN_EMBD_ADD, made by the first kb_embd_add */
+    /* sparse attention (blocks_sparse.c): the last indexer's choice, [T, topk] i32 slots and their validity */
+    kg_node *dsa_slots, *dsa_valid;
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -179,6 +181,23 @@ typedef struct {
     float lora_eps;                /* eps of the q_a / kv_a RMSNorms; 0: 1e-6 as DeepSeek and MiniCPM3 */
 } kb_mla_opts;
 
+/* DeepSeek sparse attention (DeepSeek-V3.2's DSA, GLM-5) on multi-head
+ * latent attention with q_lora (blocks_sparse.c). The lightning indexer:
+ * queries iq = KM_T_IDX_Q_B(q_resid) [T, heads, dim] (q_resid: the normed
+ * q_a output), one key ik = LayerNorm(KM_T_IDX_K(x)) [dim] per token (eps
+ * 1e-6, with bias), both rotated on their first rope_dim dims; the index
+ * score of query t and key s is sum_h w[t,h] * relu(iq[t,h] . ik[s] *
+ * dim^-0.5), w = KM_T_IDX_W(x) * heads^-0.5. Each query attends only to the
+ * topk keys of its sequence (positions <= its own) with the best scores,
+ * all of them while it has no more. The layer's cache row holds the
+ * per-head keys [H * (nope + rope) | ik] and the values [H * v]. */
+typedef struct {
+    int64_t topk;     /* 0: dense attention */
+    int64_t heads, dim;
+    bool interleaved; /* the indexer's rotary pairs */
+    bool shared;      /* no indexer: the choice of the previous DSA layer (GLM-5 indexer_types "shared") */
+} kb_dsa_opts;
+
 typedef struct {
     /* projections */
     kb_qkv_layout qkv;
@@ -186,6 +205,7 @@ typedef struct {
     bool qkv_bias, o_bias;
     float clip_qkv;          /* 0: none; else q, k, v clamped to [-clip, clip] after projection */
     kb_mla_opts mla;
+    kb_dsa_opts dsa;         /* with mla: sparse attention */
     /* queries and keys, in this order: q/k norms, per-token query scales, rotary */
     kb_qk_norm qk_norm;
     kb_norm_kind qk_norm_kind;

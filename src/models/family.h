@@ -83,6 +83,11 @@ typedef enum {
     /* ==== linear attention (blocks_linattn.c) */
     KM_T_LIN_BA,         /* gated DeltaNet's [beta | a] projection per key-head group (Qwen3-Next in_proj_ba) */
     KM_T_LIN_GATE,       /* lightning attention's output gate projection (MiniMax output_gate) */
+    /* ==== the lightning indexer of DeepSeek sparse attention (blocks_sparse.c) */
+    KM_T_IDX_Q_B,        /* indexer queries [heads * dim, q_lora_rank] from the normed q_a output (wq_b) */
+    KM_T_IDX_K,          /* the indexer key [dim, hidden] (wk) */
+    KM_T_IDX_K_NORM,     /* LayerNorm with bias on that key (k_norm) */
+    KM_T_IDX_W,          /* per-head weights of the index score [heads, hidden] (weights_proj) */
     KM_T_COUNT
 } km_tensor;
 

@@ -94,6 +94,12 @@ typedef struct {
     int64_t q_temp_floor;
     /* multi-head latent attention (MiniCPM3); kv_lora_rank 0: none */
     int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
+    /* DeepSeek sparse attention on MLA layers (GLM-5): a lightning indexer of dsa_heads heads of dsa_dim
+     * dims picks each query's dsa_topk keys; 0: dense attention. layer_dsa_shared: the layer reuses the
+     * previous indexer layer's choice (indexer_types "shared") */
+    int64_t dsa_topk, dsa_heads, dsa_dim;
+    bool dsa_interleaved; /* the indexer's rotary pairs are interleaved (GLM-5), not halves (DeepSeek-V3.2) */
+    unsigned char layer_dsa_shared[KM_MAX_LAYERS];
 
     /* ---- positions ---- */
     bool alibi;               /* ALiBi slopes (the family's formula) instead of rotary: every layer is NoPE */

@@ -236,3 +236,27 @@ KT_TEST(config_mlp_layer_types_and_mtp) {
                  "num_nextn_predict_layers");
 #undef MLA_MOE
 }
+
+/* GLM-5's indexer settings: indexer_types, index_topk_pattern, or the
+ * index_topk_freq / index_skip_topk_offset schedule; errors name the key. */
+KT_TEST(config_glm_moe_dsa_indexer_types) {
+    km_hparams hp;
+#define DSA BASE ", \"kv_lora_rank\": 16, \"q_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, " \
+            "\"v_head_dim\": 8, \"index_topk\": 4, \"index_n_heads\": 2"
+    KT_CHECK_OK(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 8, "
+                             "\"indexer_types\": [\"full\", \"shared\", \"full\", \"shared\"]}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK_EQ(hp.layer_dsa_shared[i], i % 2);
+    KT_CHECK(hp.dsa_topk == 4 && hp.dsa_heads == 2 && hp.dsa_dim == 8 && hp.dsa_interleaved);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 8, \"index_topk_pattern\": \"FSSF\"}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK_EQ(hp.layer_dsa_shared[i], i == 1 || i == 2);
+    /* offset 2, freq 2: layers 0, 1 full, then max(i - 1, 0) % 2: 2 shared, 3 full */
+    KT_CHECK_OK(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 8, \"index_topk_freq\": 2}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK_EQ(hp.layer_dsa_shared[i], i == 2);
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 8, "
+                              "\"indexer_types\": [\"shared\", \"full\", \"full\", \"full\"]}", &hp),
+                 "first layer");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 8, \"indexer_types\": [\"full\"]}", &hp),
+                 "indexer_types");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 2}", &hp), "index_head_dim");
+#undef DSA
+}
