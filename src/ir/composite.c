@@ -244,11 +244,13 @@ static kg_node *top_k(kg_graph *g, const kg_node *n) {
     kg_node *iota = kg_iota(g, KG_I32, x->shape, last);
     kg_shape s1 = x->shape;
     s1.d[last] = 1;
-    kg_node *cur = x, *acc = NULL;
+    kg_node *cur = x, *acc = NULL, *avail = NULL;
     for (int j = 0; j < k; j++) {
-        /* the largest value, then the lowest index holding it */
+        /* the largest value, then the lowest index holding it among those not
+         * taken yet (taken ones read -inf, which an -inf input also holds) */
         kg_node *m = reduce_last(g, cur, KG_REDUCE_MAX);
         kg_node *is_m = kg_compare(g, KG_CMP_EQ, cur, expand_last(g, m, cur));
+        if (avail) is_m = kg_binary(g, KG_OP_AND, is_m, avail);
         kg_node *cand = kg_select(g, is_m, iota, scalar_like(g, iota, (double)N));
         kg_node *a = reduce_last(g, cand, KG_REDUCE_MIN);
         kg_node *col = a ? kg_reshape(g, a, s1) : NULL;
@@ -260,6 +262,8 @@ static kg_node *top_k(kg_graph *g, const kg_node *n) {
         }
         kg_node *taken = kg_compare(g, KG_CMP_EQ, iota, expand_last(g, a, iota));
         cur = kg_select(g, taken, scalar_like(g, cur, -INFINITY), cur);
+        kg_node *left = kg_unary(g, KG_OP_NOT, taken);
+        avail = avail ? kg_binary(g, KG_OP_AND, avail, left) : left;
     }
     return acc;
 }

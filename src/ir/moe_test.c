@@ -25,6 +25,22 @@ static kg_node *build_topk(kg_graph *g, void *ctx) {
     return kg_top_k(g, kg_param(g, KG_F32, KG_SHAPE(c->rows, c->N), "x"), c->k);
 }
 
+/* -inf entries (masked candidates) are taken in index order once the finite
+ * ones run out, each once (the sparse attention's padding picks). */
+KT_TEST(topk_takes_minus_infinity_entries_once) {
+    topk_cfg c = {2, 5, 4};
+    float x[10] = {0.5f, -INFINITY, 2.0f, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, 1.0f, -INFINITY};
+    const int32_t want[8] = {2, 0, 1, 3, 3, 0, 1, 2};
+    void *bufs[1] = {x}, *res[2];
+    size_t bytes;
+    KT_CHECK(irt_run_both(build_topk, &c, bufs, res, &bytes));
+    KT_CHECK(bytes == sizeof want);
+    KT_CHECK(memcmp(res[0], want, sizeof want) == 0); /* the kernel */
+    KT_CHECK(memcmp(res[1], want, sizeof want) == 0); /* the decomposition */
+    free(res[0]);
+    free(res[1]);
+}
+
 KT_TEST(topk_matches_decomposition_with_ties) {
     topk_cfg cfgs[] = {{5, 8, 2}, {3, 16, 4}, {1, 7, 7}, {4, 64, 1}};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {

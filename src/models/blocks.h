@@ -229,6 +229,15 @@ typedef struct {
     int temp_offset;         /* kb_pos_temperature's position offset (Llama 4: 1) */
     struct kg_node *token_sinks; /* [T, H] f32 sink logits per token (-inf: none) in place of `sinks`, or NULL */
 } kb_attn_opts;
+/* The lightning indexer's choice (DSA; blocks_sparse.c): for queries iq
+ * [T, Hi, Di] (rotated), their head weights w [T, Hi] and each token's
+ * candidate keys [T, L, Di] of which visible [T, L] (pred) may be chosen, the
+ * top-k candidates by sum_h w[t,h] Hi^-0.5 relu(iq[t,h] . key Di^-0.5),
+ * best first (lower index among equals): i32 [T, min(topk, L)], and *valid
+ * [T, K] i32, 1 where the candidate is visible (0: a query with fewer
+ * visible keys than topk got padding). Shared by any key source (a
+ * sequence's index keys, or compressed blocks). */
+kg_node *kb_indexer_top_k(kb_ctx *b, kg_node *iq, kg_node *w, kg_node *keys, kg_node *visible, int64_t topk, kg_node **valid);
 /* Self-attention block: projections, q/k norms, query scales, rope, KV
  * cache update, attention over the cache, output projection. x [T, hidden]. */
 kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o);

@@ -35,31 +35,41 @@ static kg_node *softmax_last(kg_graph *g, kg_node *x) {
     return kg_binary(g, KG_OP_DIV, e, kg_broadcast_in_dim(g, kg_reduce(g, e, KG_REDUCE_SUM, &last, 1), x->shape, keep));
 }
 
-/* The indexer's choice for each token: b->dsa_slots [T, K] (cache slots,
- * best first) and b->dsa_valid [T, K] (the position is visible). keys [N, dim]
- * is the layer's index-key table with this step's keys written. */
+kg_node *kb_indexer_top_k(kb_ctx *b, kg_node *iq, kg_node *w, kg_node *keys, kg_node *visible, int64_t topk, kg_node **valid) {
+    kg_graph *g = b->g;
+    *valid = NULL;
+    if (!iq || !w || !keys || !visible) return NULL;
+    int64_t Hi = iq->shape.d[1], Di = iq->shape.d[2], L = keys->shape.d[1];
+    kg_node *s = kg_dot_general(g, iq, keys, &(kg_dot_dims){.lhs_batch = {1, {0}}, .rhs_batch = {1, {0}},
+                                                             .lhs_contract = {1, {2}}, .rhs_contract = {1, {2}}}); /* [T, Hi, L] */
+    s = kg_scale(g, s, 1.0 / sqrt((double)Di));
+    s = kg_binary(g, KG_OP_MAX, s, kg_broadcast_like(g, kg_scalar(g, KG_F32, 0.0), s));
+    w = kg_scale(g, w, 1.0 / sqrt((double)Hi));
+    kg_node *score = kg_dot_general(g, w, s, &(kg_dot_dims){.lhs_batch = {1, {0}}, .rhs_batch = {1, {0}},
+                                                             .lhs_contract = {1, {1}}, .rhs_contract = {1, {1}}}); /* [T, L] */
+    score = kg_select(g, visible, score, kg_broadcast_like(g, kg_scalar(g, KG_F32, -INFINITY), score));
+    kg_node *top = kg_top_k(g, score, (int)(topk < L ? topk : L)); /* [T, K] */
+    *valid = kg_take_along(g, kg_convert(g, visible, KG_I32), top);
+    return top;
+}
+
+/* The indexer's choice for each token over its sequence's positions:
+ * b->dsa_slots [T, K] (cache slots, best first) and b->dsa_valid [T, K].
+ * keys [N, dim] is the layer's index-key table with this step's keys written. */
 static void indexer_choose(kb_ctx *b, kg_node *x, kg_node *q_resid, kg_node *keys, int il, const kb_attn_opts *o) {
     kg_graph *g = b->g;
     const kb_dsa_opts *d = &o->dsa;
-    int64_t T = b->shape.T, Hi = d->heads, Di = d->dim, L = b->shape.MB * b->shape.block_size;
+    int64_t T = b->shape.T, Hi = d->heads, Di = d->dim;
     kg_node *visible, *slots = seq_slots(b, &visible);
     kg_node *iq = kg_reshape(g, kb_linear(b, q_resid, KM_T_IDX_Q_B, il, Hi * Di, false), KG_SHAPE(T, Hi, Di));
     kg_node *cos, *sin;
     if (!iq || !kb_rope_inputs(b, o->rope, &cos, &sin)) return;
     iq = kg_rope(g, iq, cos, sin, (int)o->mla.rope_dim, d->interleaved);
-    kg_node *k = kg_take_rows(g, keys, slots); /* [T, L, Di] */
-    kg_node *s = kg_dot_general(g, iq, k, &(kg_dot_dims){.lhs_batch = {1, {0}}, .rhs_batch = {1, {0}},
-                                                          .lhs_contract = {1, {2}}, .rhs_contract = {1, {2}}}); /* [T, Hi, L] */
-    s = kg_scale(g, s, 1.0 / sqrt((double)Di));
-    s = kg_binary(g, KG_OP_MAX, s, kg_broadcast_like(g, kg_scalar(g, KG_F32, 0.0), s));
-    kg_node *w = kg_scale(g, kb_linear(b, x, KM_T_IDX_W, il, Hi, false), 1.0 / sqrt((double)Hi)); /* [T, Hi] */
-    if (!w) return;
-    kg_node *score = kg_dot_general(g, w, s, &(kg_dot_dims){.lhs_batch = {1, {0}}, .rhs_batch = {1, {0}},
-                                                             .lhs_contract = {1, {1}}, .rhs_contract = {1, {1}}}); /* [T, L] */
-    score = kg_select(g, visible, score, kg_broadcast_like(g, kg_scalar(g, KG_F32, -INFINITY), score));
-    kg_node *top = kg_name(kg_top_k(g, score, (int)(d->topk < L ? d->topk : L)), "dsa_topk", il); /* [T, K] */
-    b->dsa_slots = kg_take_along(g, slots, top);
-    b->dsa_valid = kg_take_along(g, kg_convert(g, visible, KG_I32), top);
+    kg_node *valid, *top = kb_indexer_top_k(b, iq, kb_linear(b, x, KM_T_IDX_W, il, Hi, false), kg_take_rows(g, keys, slots),
+                                             visible, d->topk, &valid);
+    if (!top) return;
+    b->dsa_slots = kg_take_along(g, slots, kg_name(top, "dsa_topk", il));
+    b->dsa_valid = valid;
 }
 
 kg_node *kb_sparse_attend(kb_ctx *b, kg_node *x, kg_node *q_resid, kg_node *q, kg_node *k, kg_node *v, int il,

@@ -192,3 +192,51 @@ KT_TEST(blocks_dsa_shared_layer_reuses_the_choice) {
     KT_CHECKF(md < 1e-4, "top-2, shared second layer: max |diff| %g", md);
     KT_CHECK(sparse);
 }
+
+/* kb_indexer_top_k alone: x per token [iq 2x2 | w 2 | keys 4x2 | visible 4 (> 0)];
+ * out [top 2 | valid 2] as floats. */
+enum { XI = 2 * 2 + 2 + 4 * 2 + 4 };
+static const km_names no_names;
+static const km_family no_weights = {"test", test_types, &no_names, NULL, NULL};
+static const km_hparams no_hp_dsa;
+static kg_node *indexer_block(kb_ctx *b, kg_node *x) {
+    kg_graph *g = b->g;
+    int64_t T = b->shape.T;
+    kg_node *iq = kg_reshape(g, kb_slice_last(b, x, 0, 4), KG_SHAPE(T, 2, 2));
+    kg_node *keys = kg_reshape(g, kb_slice_last(b, x, 6, 14), KG_SHAPE(T, 4, 2));
+    kg_node *vis = kb_slice_last(b, x, 14, 18);
+    vis = kg_compare(g, KG_CMP_GT, vis, kg_broadcast_like(g, kg_scalar(g, KG_F32, 0), vis));
+    kg_node *valid, *top = kb_indexer_top_k(b, iq, kb_slice_last(b, x, 4, 6), keys, vis, 2, &valid);
+    if (!top) return NULL;
+    return kg_concat(g, (kg_node *[]){kg_convert(g, top, KG_F32), kg_convert(g, valid, KG_F32)}, 2, 1);
+}
+
+KT_TEST(blocks_dsa_indexer_top_k) {
+    enum { NT = 3 };
+    float x[NT * XI], ref[NT * 4];
+    for (int i = 0; i < NT * XI; i++) x[i] = ckt_uniform(&seed) * 2;
+    for (int t = 0; t < NT; t++) {
+        float *r = x + t * XI;
+        for (int l = 0; l < 4; l++) r[14 + l] = l <= t ? 1.0f : -1.0f; /* token t sees candidates 0..t */
+        double sc[4];
+        for (int l = 0; l < 4; l++) {
+            sc[l] = 0;
+            for (int h = 0; h < 2; h++) {
+                double d = r[h * 2] * r[6 + l * 2] + r[h * 2 + 1] * r[6 + l * 2 + 1];
+                sc[l] += r[4 + h] / sqrt(2.0) * fmax(d / sqrt(2.0), 0);
+            }
+            if (l > t) sc[l] = -INFINITY;
+        }
+        bool used[4] = {0};
+        for (int j = 0; j < 2; j++) {
+            int best = -1;
+            for (int l = 0; l < 4; l++)
+                if (!used[l] && (best < 0 || sc[l] > sc[best])) best = l;
+            used[best] = true;
+            ref[t * 4 + j] = (float)best;
+            ref[t * 4 + 2 + j] = best <= t;
+        }
+    }
+    KT_CHECK(mt_block_error(&no_weights, &no_hp_dsa, NULL, NT, indexer_block, KG_SHAPE(NT, XI), x, ref, NT * 4) == 0);
+    KT_CHECK(ref[2] == 1 && ref[3] == 0); /* token 0: one visible candidate, one padding */
+}
