@@ -3,7 +3,10 @@
  * of the query's sequence (its index keys live beside the per-head keys in
  * the layer's cache row), kg_top_k picks the best, and attention runs over
  * the gathered keys and values of those positions alone. Per token, so a
- * batch computes what each sequence alone would. */
+ * batch computes what each sequence alone would. The indexer reads T x L x
+ * dim floats per layer (L: the block table's width in positions), so long
+ * prompts want prefill in chunks; a fused kernel would read the keys in
+ * place. */
 #include <math.h>
 
 #include "models/blocks.h"
