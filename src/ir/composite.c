@@ -327,6 +327,12 @@ static kg_node *moe(kg_graph *g, const kg_node *n) {
         h = mul(g, add(g, uc, scalar_like(g, uc, 1.0)), glu);
         break;
     }
+    case KG_MOE_SILU_CLAMP: {
+        kg_node *lim = scalar_like(g, gt, m->limit);
+        kg_node *gc = kg_binary(g, KG_OP_MIN, gt, lim);
+        h = mul(g, mul(g, gc, kg_unary(g, KG_OP_LOGISTIC, gc)), kg_clamp(g, kg_unary(g, KG_OP_NEG, lim), up, lim));
+        break;
+    }
     case KG_MOE_GELU_TANH: {
         kg_node *x3 = mul(g, mul(g, gt, gt), gt);
         kg_node *inner = mul(g, add(g, gt, mul(g, x3, scalar_like(g, x3, 0.044715))),

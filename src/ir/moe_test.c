@@ -123,6 +123,7 @@ KT_TEST(moe_matches_decomposition) {
         {3, 64, 64, 6, 3, {KG_WF_AFFINE, KG_WF_AFFINE, KG_WF_AFFINE}, KG_MOE_SILU, false, false},
         {1, 32, 64, 4, 2, {KG_WF_BF16, KG_WF_F16, KG_WF_AFFINE}, KG_MOE_GELU_TANH, true, false},
         {4, 64, 32, 4, 2, {KG_WF_F32, KG_WF_BF16, KG_WF_F32}, KG_MOE_SWIGLU_OAI, true, false},
+        {4, 64, 32, 4, 2, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU_CLAMP, false, false},
         {6, 32, 32, 8, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_GELU, false, false},
         {5, 64, 32, 4, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU, false, true},      /* Llama 4 */
         {4, 64, 32, 6, 2, {KG_WF_AFFINE, KG_WF_BF16, KG_WF_F32}, KG_MOE_SILU, true, true},

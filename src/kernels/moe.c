@@ -140,6 +140,12 @@ void kk_moe(const kk_call *c) {
                 gt[q] = (uc + 1.0f) * (gc * (1.0f / (1.0f + expf(-(gc * m->alpha)))));
                 break;
             }
+            case KG_MOE_SILU_CLAMP: {
+                float gc = a < m->limit ? a : m->limit;
+                float uc = b < -m->limit ? -m->limit : b > m->limit ? m->limit : b;
+                gt[q] = (gc * (1.0f / (1.0f + expf(-gc)))) * uc;
+                break;
+            }
             case KG_MOE_GELU_TANH: {
                 float x3 = (a * a) * a;
                 float inner = (a + x3 * 0.044715f) * (float)(M_SQRT2 * M_2_SQRTPI * 0.5);

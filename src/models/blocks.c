@@ -117,6 +117,17 @@ kg_node *kb_tensor(kb_ctx *b, km_tensor t, int il, const char *suffix, int rank,
     return kg_weight(b->g, dtype_of(ct->dtype), kg_shape_make(ct->rank, ct->shape), ct->data, ct->name);
 }
 
+kg_node *kb_tensor_named(kb_ctx *b, const char *name, int rank, const int64_t *shape) {
+    const kc_tensor *ct;
+    kiln_status st = kc_get_tensor(b->ck, name, rank, shape, &ct);
+    if (st) {
+        record(b, st);
+        return NULL;
+    }
+    kg_node *w = kg_weight(b->g, dtype_of(ct->dtype), kg_shape_make(ct->rank, ct->shape), ct->data, ct->name);
+    return w->dtype == KG_F32 ? w : kg_convert(b->g, w, KG_F32);
+}
+
 /* Weight nodes for a resolved matrix. */
 static bool matrix_nodes(kb_ctx *b, const kc_matrix *m, kg_node **w, kg_node **s, kg_node **bi, kg_wattr *wa) {
     *s = *bi = NULL;

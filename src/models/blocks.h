@@ -344,6 +344,10 @@ typedef struct {
     kb_moe_layout layout;
     km_act act;           /* SiLU, GELU (erf) or GELU-tanh */
     bool swiglu_oai;      /* gpt-oss's clamped SwiGLU (alpha, limit) instead of act */
+    bool silu_clamp;      /* DeepSeek-V4's SwiGLU: silu(min(gate, limit)) * clamp(up, -limit, limit), on the
+                           * routed and the shared experts */
+    struct kg_node *hash_idx; /* [T, top_k] i32 experts chosen by token id (DeepSeek-V4 tid2eid), weighted by
+                               * their scores; NULL: the router chooses */
     float alpha, limit;
     bool expert_bias;     /* per-expert biases on gate/up/down ("<module>.bias", or the fused tensor's "_bias") */
     int64_t shared_width; /* the shared expert's inner width; 0: none */
@@ -520,6 +524,52 @@ kg_node *kb_gated_deltanet(kb_ctx *b, kg_node *x, int il);
  * before adding k^T v; y = q S; RMSNorm over all heads (KM_T_ATTN_SUB_NORM, eps 1e-6)
  * times sigmoid(KM_T_LIN_GATE(x)); KM_T_ATTN_O. */
 kg_node *kb_lightning_attention(kb_ctx *b, kg_node *x, int il);
+
+/* ================================================================ DeepSeek-V4 (blocks_hc.c, blocks_compress.c) */
+
+/* A float tensor by its full name, as f32 (rank and shape checked; -1 matches anything). */
+kg_node *kb_tensor_named(kb_ctx *b, const char *name, int rank, const int64_t *shape);
+
+/* Manifold-constrained hyper-connections (mHC): the residual is hc streams
+ * X [T, hc, hidden]. From the flattened streams, RMS-normed without weight
+ * (hp->norm_eps), times "<module>.fn" [(2 + hc) * hc, hc * hidden], with
+ * "<module>.base" and the three ".scale" factors: pre = sigmoid + eps, post
+ * = 2 sigmoid, comb = softmax over its rows + eps made doubly stochastic by
+ * `iters` Sinkhorn normalisations (columns first). Returns the block input
+ * sum_n pre[n] X[n] [T, hidden]; *post [T, hc], *comb [T, hc, hc]. */
+kg_node *kb_hc_collapse(kb_ctx *b, kg_node *X, const char *module, int iters, float eps, kg_node **post, kg_node **comb);
+/* The streams after a block with output y [T, hidden]: post[n] y + sum_j comb[j][n] X[j]. */
+kg_node *kb_hc_expand(kb_ctx *b, kg_node *X, kg_node *y, kg_node *post, kg_node *comb);
+/* The last collapse (hc_head): sum_n (sigmoid(mix[n] * hc_scale + hc_base[n]) + eps) X[n], mix from
+ * "<module>.hc_fn" [hc, hc * hidden] on the normed flattened streams. */
+kg_node *kb_hc_head(kb_ctx *b, kg_node *X, const char *module, float eps);
+
+/* DeepSeek-V4 attention (blocks_compress.c) on x [T, hidden], module names
+ * under `module` ("model.layers.N.self_attn"). Queries q_b(rms(q_a(x)))
+ * RMS-normed per head without weight; one shared key = value head
+ * rms(kv_proj(x)); both rotated on their trailing rope_dim dims (interleaved
+ * pairs, hp->ropes[rope]). Each query sees the keys of the last `window`
+ * positions and, with compress m > 0, compressed entries: entry w pools the
+ * compressor's kv_proj rows of positions w*m .. w*m+m-1 by a softmax over
+ * gate_proj + position_bias (per dim), RMS-normed (kv_norm) and rotated at
+ * position w*m, visible once its window is complete; with `overlap` (CSA)
+ * the projections are twice as wide and entry w pools the first halves of
+ * window w-1 with the second halves of window w, and only the index_topk
+ * entries the indexer picks (its own compressor of index_dim, queries from
+ * q_b's latent, kb_indexer_top_k) are seen. Softmax with a per-head sink
+ * logit (".sinks"); the output un-rotated at the query position, then the
+ * grouped low-rank projection (o_groups blocks of o_a_proj, then o_b_proj).
+ * The cache row keeps the key and the compressors' projections per token. */
+typedef struct {
+    const char *module;
+    int64_t heads, head_dim, rope_dim, q_lora_rank, o_groups, o_lora_rank;
+    int rope;               /* hp->ropes index */
+    int window;             /* sliding window (positions) */
+    int64_t compress;       /* m; 0: sliding window only */
+    bool overlap;           /* CSA: overlapping windows and the indexer */
+    int64_t index_heads, index_dim, index_topk;
+} kb_v4_attn_opts;
+kg_node *kb_v4_attention(kb_ctx *b, kg_node *x, int il, const kb_v4_attn_opts *o);
 
 /* ================================================================ weight-tied blocks (blocks.c, blocks_tied.c) */
 

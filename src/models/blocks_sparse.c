@@ -12,9 +12,7 @@
 #include "models/blocks.h"
 #include "models/blocks_int.h"
 
-/* The cache slots [T, L] of positions 0 .. L-1 (L = MB * block_size) of
- * each token's sequence, and which of them it may see (p <= pos) [T, L]. */
-static kg_node *seq_slots(kb_ctx *b, kg_node **visible) {
+kg_node *kb_seq_slots(kb_ctx *b, kg_node **visible) {
     kg_graph *g = b->g;
     int64_t T = b->shape.T, MB = b->shape.MB, bs = b->shape.block_size, L = MB * bs;
     kg_node *row = kg_take_rows(g, b->blocks, b->seq); /* [T, MB] */
@@ -63,7 +61,7 @@ static void indexer_choose(kb_ctx *b, kg_node *x, kg_node *q_resid, kg_node *key
     kg_graph *g = b->g;
     const kb_dsa_opts *d = &o->dsa;
     int64_t T = b->shape.T, Hi = d->heads, Di = d->dim;
-    kg_node *visible, *slots = seq_slots(b, &visible);
+    kg_node *visible, *slots = kb_seq_slots(b, &visible);
     kg_node *iq = kg_reshape(g, kb_linear(b, q_resid, KM_T_IDX_Q_B, il, Hi * Di, false), KG_SHAPE(T, Hi, Di));
     kg_node *cos, *sin;
     if (!iq || !kb_rope_inputs(b, o->rope, &cos, &sin)) return;

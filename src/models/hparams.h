@@ -40,6 +40,7 @@ typedef enum {
     KM_MOE_SPARSEMIXER,   /* PhiMoE's sparsemixer (inference): two rounds, each the best remaining expert
                            * weighted by its softmax over the experts within a relative jitter threshold
                            * (kb_moe_opts.jitter_eps); top-k must be 2 */
+    KM_MOE_SQRT_SOFTPLUS, /* sqrt(softplus(logit)) of every expert, then top-k (DeepSeek-V4 sqrtsoftplus) */
 } km_moe_score;
 
 typedef struct {
@@ -100,6 +101,12 @@ typedef struct {
     int64_t dsa_topk, dsa_heads, dsa_dim;
     bool dsa_interleaved; /* the indexer's rotary pairs are interleaved (GLM-5), not halves (DeepSeek-V3.2) */
     unsigned char layer_dsa_shared[KM_MAX_LAYERS];
+    /* DeepSeek-V4 (deepseek_v4.c; the indexer takes dsa_topk/heads/dim): hyper-connection streams, the
+     * grouped output projection, each layer's compress rate (0: sliding window only), overlapping
+     * windows with the indexer (CSA), experts chosen by token id (hash routing) */
+    int64_t hc_mult, hc_iters, o_groups, o_lora_rank;
+    float hc_eps;
+    unsigned char layer_compress[KM_MAX_LAYERS], layer_csa[KM_MAX_LAYERS], layer_hash[KM_MAX_LAYERS];
 
     /* ---- positions ---- */
     bool alibi;               /* ALiBi slopes (the family's formula) instead of rotary: every layer is NoPE */
