@@ -115,9 +115,6 @@ kg_node *kb_v4_attention(kb_ctx *b, kg_node *x, int il, const kb_v4_attn_opts *o
     float eps = (float)hp->norm_eps;
     if (o->rope < 0 || o->rope >= hp->n_ropes || hp->ropes[o->rope].dim != rd || rd % 2 || rd > Dh || (o->overlap && rd > Di))
         return kb_fail(b, kiln_error(KILN_EINTERNAL, "layer %d: the rope does not rotate %lld dims", il, (long long)rd));
-    if (m > 0 && b->shape.block_size % m)
-        return kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: compress rate %lld does not divide the KV block size %d", il,
-                                     (long long)m, b->shape.block_size));
     if (o->o_groups < 1 || (H * Dh) % o->o_groups)
         return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: %lld o_groups do not split %lld heads", il, (long long)o->o_groups,
                                      (long long)H));
@@ -152,6 +149,13 @@ kg_node *kb_v4_attention(kb_ctx *b, kg_node *x, int il, const kb_v4_attn_opts *o
     kg_node *kc = kb_cache_write(b, il, false, kg_reshape(g, row, KG_SHAPE(T, 1, R)));
     if (!kc) return NULL;
     kg_node *visible, *slots = kb_seq_slots(b, &visible);
+    if (m > 0 && L % m) { /* whole windows: positions past the block table, never seen, read position 0 */
+        int64_t pad = m - L % m;
+        kg_shape ps = KG_SHAPE(T, pad);
+        slots = kg_concat(g, (kg_node *[]){slots, kg_broadcast_in_dim(g, kb_slice_last(b, slots, 0, 1), ps, (int[]){0, 1})}, 2, 1);
+        visible = kg_concat(g, (kg_node *[]){visible, kg_compare(g, KG_CMP_LT, kg_iota(g, KG_I32, ps, 1), kg_broadcast_in_dim(g, kg_scalar(g, KG_I32, 0), ps, NULL))}, 2, 1);
+        L += pad;
+    }
     kg_node *G = kg_reshape(g, kg_take_rows(g, kc, slots), KG_SHAPE(T, L, R));
     /* the sliding window's keys */
     kg_node *keys = kg_slice(g, G, (int64_t[]){0, 0, 0}, (int64_t[]){T, L, Dh}, NULL);
