@@ -260,3 +260,40 @@ KT_TEST(config_glm_moe_dsa_indexer_types) {
     KT_CHECK_ERR(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 2}", &hp), "index_head_dim");
 #undef DSA
 }
+
+/* DeepSeek-V4: layer_types give each layer's compress rate (CSA with the
+ * indexer, HCA, or a sliding window only), mlp_layer_types the hash-routed
+ * layers; the rest of its settings, and errors naming the key. */
+KT_TEST(config_deepseek_v4_layer_types) {
+    km_hparams hp;
+#define V4 BASE ", \"head_dim\": 16, \"q_lora_rank\": 8, \"qk_rope_head_dim\": 4, \"o_groups\": 2, \"o_lora_rank\": 4, " \
+           "\"index_head_dim\": 8, \"index_n_heads\": 2, \"index_topk\": 2, \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, " \
+           "\"moe_intermediate_size\": 8, \"n_shared_experts\": 1, \"compress_rates\": {\"compressed_sparse_attention\": 4, " \
+           "\"heavily_compressed_attention\": 16}, \"sliding_window\": 8"
+#define V4_LAYERS "\"layer_types\": [\"sliding_attention\", \"compressed_sparse_attention\", \"heavily_compressed_attention\", " \
+                  "\"compressed_sparse_attention\"]"
+    KT_CHECK_OK(parse_config("{\"model_type\": \"deepseek_v4\", " V4 ", " V4_LAYERS ", "
+                             "\"mlp_layer_types\": [\"hash_moe\", \"hash_moe\", \"moe\", \"moe\"]}", &hp));
+    static const int rate[4] = {0, 4, 16, 4};
+    for (int i = 0; i < 4; i++) {
+        KT_CHECK_EQ(hp.layer_compress[i], rate[i]);
+        KT_CHECK_EQ(hp.layer_csa[i], i % 2 == 1);
+        KT_CHECK_EQ(hp.layer_hash[i], i < 2);
+        KT_CHECK(hp.layer_moe[i]);
+    }
+    KT_CHECK(hp.moe_score == KM_MOE_SQRT_SOFTPLUS && hp.moe_swiglu_limit == 10.0f && hp.expert_ffn == 8 && hp.shared_ffn == 8);
+    KT_CHECK(hp.n_ropes == 2 && hp.ropes[0].dim == 4 && hp.ropes[0].theta == 10000.0 && hp.ropes[1].theta == 160000.0);
+    KT_CHECK(hp.hc_mult == 4 && hp.hc_iters == 20);
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"deepseek_v4\", " V4 ", \"layer_types\": [\"full_attention\", \"sliding_attention\", "
+                              "\"sliding_attention\", \"sliding_attention\"], "
+                              "\"mlp_layer_types\": [\"moe\", \"moe\", \"moe\", \"moe\"]}", &hp),
+                 "full_attention");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"deepseek_v4\", " V4 ", " V4_LAYERS ", "
+                              "\"mlp_layer_types\": [\"dense\", \"moe\", \"moe\", \"moe\"]}", &hp),
+                 "mlp_layer_types[0]");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"deepseek_v4\", " V4 ", " V4_LAYERS ", \"scoring_func\": \"softmax\", "
+                              "\"mlp_layer_types\": [\"moe\", \"moe\", \"moe\", \"moe\"]}", &hp),
+                 "scoring_func");
+#undef V4
+#undef V4_LAYERS
+}
