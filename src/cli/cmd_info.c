@@ -75,7 +75,7 @@ int kiln_cmd_info(int argc, char **argv) {
         int moe = 0;
         for (int64_t i = 0; i < hp->n_layers; i++) moe += hp->layer_moe[i];
         static const char *const score[] = {"softmax, top-k", "top-k, softmax", "sigmoid, top-k", "top-k, sigmoid",
-                                            "sparsemixer"};
+                                            "sparsemixer", "sqrt-softplus, top-k"};
         printf("experts      %lld of %lld per token (width %lld) on %d of %lld layers; router %s%s%s", (long long)hp->n_experts_used,
                (long long)hp->n_experts, (long long)hp->expert_ffn, moe, (long long)hp->n_layers, score[hp->moe_score],
                hp->moe_router_bias ? " with choice bias" : "", hp->moe_norm_topk ? ", renormalised" : "");

@@ -239,16 +239,18 @@ static kg_node *embed(kg_graph *g, const kg_node *n) {
 
 static kg_node *top_k(kg_graph *g, const kg_node *n) {
     kg_node *x = kg_convert(g, n->in[0], KG_F32);
-    int r = x->shape.rank, last = r - 1, k = n->a.topk;
+    int r = x->shape.rank, last = r - 1, k = n->a.topk.k;
     int64_t N = x->shape.d[last];
     kg_node *iota = kg_iota(g, KG_I32, x->shape, last);
     kg_shape s1 = x->shape;
     s1.d[last] = 1;
-    kg_node *cur = x, *acc = NULL;
+    kg_node *cur = x, *acc = NULL, *avail = NULL;
     for (int j = 0; j < k; j++) {
-        /* the largest value, then the lowest index holding it */
+        /* the largest value, then the lowest index holding it among those not
+         * taken yet (taken ones read -inf, which an -inf input also holds) */
         kg_node *m = reduce_last(g, cur, KG_REDUCE_MAX);
         kg_node *is_m = kg_compare(g, KG_CMP_EQ, cur, expand_last(g, m, cur));
+        if (avail) is_m = kg_binary(g, KG_OP_AND, is_m, avail);
         kg_node *cand = kg_select(g, is_m, iota, scalar_like(g, iota, (double)N));
         kg_node *a = reduce_last(g, cand, KG_REDUCE_MIN);
         kg_node *col = a ? kg_reshape(g, a, s1) : NULL;
@@ -260,6 +262,8 @@ static kg_node *top_k(kg_graph *g, const kg_node *n) {
         }
         kg_node *taken = kg_compare(g, KG_CMP_EQ, iota, expand_last(g, a, iota));
         cur = kg_select(g, taken, scalar_like(g, cur, -INFINITY), cur);
+        kg_node *left = kg_unary(g, KG_OP_NOT, taken);
+        avail = avail ? kg_binary(g, KG_OP_AND, avail, left) : left;
     }
     return acc;
 }
@@ -321,6 +325,12 @@ static kg_node *moe(kg_graph *g, const kg_node *n) {
         kg_node *uc = kg_clamp(g, kg_unary(g, KG_OP_NEG, lim), up, lim);
         kg_node *glu = mul(g, gc, kg_unary(g, KG_OP_LOGISTIC, mul(g, gc, scalar_like(g, gc, m->alpha))));
         h = mul(g, add(g, uc, scalar_like(g, uc, 1.0)), glu);
+        break;
+    }
+    case KG_MOE_SILU_CLAMP: {
+        kg_node *lim = scalar_like(g, gt, m->limit);
+        kg_node *gc = kg_binary(g, KG_OP_MIN, gt, lim);
+        h = mul(g, mul(g, gc, kg_unary(g, KG_OP_LOGISTIC, gc)), kg_clamp(g, kg_unary(g, KG_OP_NEG, lim), up, lim));
         break;
     }
     case KG_MOE_GELU_TANH: {

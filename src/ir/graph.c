@@ -745,11 +745,11 @@ static bool infer(kg_graph *g, kg_node *n) {
     case KG_OP_FUSION:
         return true; /* shape fixed by the fusion pass */
     case KG_OP_TOPK:
-        if (!kg_dtype_is_float(x->dtype) || x->shape.rank < 1 || n->a.topk < 1 ||
-            n->a.topk > x->shape.d[x->shape.rank - 1])
-            return fail(g, "top_k: k = %d does not fit %s%s", n->a.topk, kg_dtype_name(x->dtype), sh(&x->shape, b1)), false;
+        if (!kg_dtype_is_float(x->dtype) || x->shape.rank < 1 || n->a.topk.k < 1 ||
+            n->a.topk.k > x->shape.d[x->shape.rank - 1])
+            return fail(g, "top_k: k = %d does not fit %s%s", n->a.topk.k, kg_dtype_name(x->dtype), sh(&x->shape, b1)), false;
         n->shape = x->shape;
-        n->shape.d[x->shape.rank - 1] = n->a.topk;
+        n->shape.d[x->shape.rank - 1] = n->a.topk.k;
         n->dtype = KG_I32;
         return true;
     case KG_OP_MOE:
@@ -1059,12 +1059,16 @@ kg_node *kg_dequant(kg_graph *g, kg_node *w, kg_node *s, kg_node *b, const kg_wa
     return finish(g, n);
 }
 
-kg_node *kg_top_k(kg_graph *g, kg_node *x, int k) {
+static kg_node *top_k(kg_graph *g, kg_node *x, int k, bool torch_ties) {
     kg_node *n = new_node(g, KG_OP_TOPK, 1, &x);
     if (!n) return NULL;
-    n->a.topk = k;
+    n->a.topk.k = k;
+    n->a.topk.torch_ties = torch_ties;
     return finish(g, n);
 }
+
+kg_node *kg_top_k(kg_graph *g, kg_node *x, int k) { return top_k(g, x, k, false); }
+kg_node *kg_top_k_torch(kg_graph *g, kg_node *x, int k) { return top_k(g, x, k, true); }
 
 kg_node *kg_moe(kg_graph *g, kg_node *x, kg_node *idx, kg_node *wts, kg_node *const w[12], const kg_moe_attr *attr) {
     kg_node *in[KG_MAX_IN] = {x, idx, wts};

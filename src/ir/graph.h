@@ -190,7 +190,8 @@ typedef enum {
     KG_MOE_SILU,      /* down(silu(gate x) * up x) */
     KG_MOE_GELU_TANH, /* down(gelu_tanh(gate x) * up x) */
     KG_MOE_GELU,      /* down(gelu(gate x) * up x) */
-    KG_MOE_SWIGLU_OAI /* gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit): down((u + 1) * g * sigmoid(alpha * g)) */
+    KG_MOE_SWIGLU_OAI, /* gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit): down((u + 1) * g * sigmoid(alpha * g)) */
+    KG_MOE_SILU_CLAMP  /* DeepSeek-V4: g = min(gate, limit), u = clamp(up, -limit, limit): down(silu(g) * u) */
 } kg_moe_act;
 
 typedef struct {
@@ -253,7 +254,10 @@ struct kg_node {
         kg_attn_attr attn;
         kg_wattr w;
         struct kg_fusion *fusion;
-        int topk;
+        struct {
+            int k;
+            bool torch_ties; /* kg_top_k_torch */
+        } topk;
         kg_moe_attr *moe; /* arena */
         struct {
             bool final_state; /* recurrent composites: the result is the sequences' final state, not y */
@@ -359,12 +363,16 @@ kg_node *kg_dequant(kg_graph *g, kg_node *w, kg_node *scales, kg_node *biases, c
 kg_node *kg_fusion_node(kg_graph *g, kg_node *const *inputs, int n_in, kg_shape shape, struct kg_fusion *f);
 
 /* Indices of the k largest values along the last dim of x [..., N],
- * largest first, i32 [..., k]; NaN counts as larger than every number.
- * Among equal values the kernel keeps those torch.topk on CPU keeps (its
- * libstdc++ selection, kk_top_k_select); the decomposition takes the lowest
- * indices. The two agree on the values and, unless the k-th largest value
- * also occurs outside the top k, on the set of indices. */
+ * largest first, i32 [..., k]; NaN counts as larger than every number;
+ * equal values: lower index first (kernel and decomposition alike). */
 kg_node *kg_top_k(kg_graph *g, kg_node *x, int k);
+/* The same, but the kernel keeps among equal values those torch.topk on CPU
+ * keeps (its libstdc++ selection, kk_top_k_select), in its order: for
+ * routers, whose all-equal scores (a zero-initialised router) transformers
+ * resolves that way; the decomposition still takes the lowest indices. The
+ * two agree on the values and, unless the k-th largest value also occurs
+ * outside the top k, on the set of indices. */
+kg_node *kg_top_k_torch(kg_graph *g, kg_node *x, int k);
 /* Mixture of experts: x [T, H]; idx [T, K] i32 (experts chosen per token);
  * wts [T, K] f32 (their weights); stacked expert weights gate and up
  * [E, F, H], down [E, H, F] in any kg_wfmt (AFFINE: codes [E, rows, cols*bits/32],

@@ -18,18 +18,58 @@ static float frand(void) {
 typedef struct {
     int64_t rows, N;
     int k;
+    bool torch_ties;
 } topk_cfg;
 
 static kg_node *build_topk(kg_graph *g, void *ctx) {
     topk_cfg *c = ctx;
-    return kg_top_k(g, kg_param(g, KG_F32, KG_SHAPE(c->rows, c->N), "x"), c->k);
+    kg_node *x = kg_param(g, KG_F32, KG_SHAPE(c->rows, c->N), "x");
+    return c->torch_ties ? kg_top_k_torch(g, x, c->k) : kg_top_k(g, x, c->k);
 }
 
-/* The kernel keeps, among equal values, those torch.topk keeps; the
- * decomposition the lowest indices. Both give the same values in the same
- * order, and the same set of indices unless the k-th value is tied outside. */
+/* -inf entries (masked candidates) are taken in index order once the finite
+ * ones run out, each once (the sparse attention's padding picks). */
+KT_TEST(topk_takes_minus_infinity_entries_once) {
+    topk_cfg c = {2, 5, 4, false};
+    float x[10] = {0.5f, -INFINITY, 2.0f, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, 1.0f, -INFINITY};
+    const int32_t want[8] = {2, 0, 1, 3, 3, 0, 1, 2};
+    void *bufs[1] = {x}, *res[2];
+    size_t bytes;
+    KT_CHECK(irt_run_both(build_topk, &c, bufs, res, &bytes));
+    KT_CHECK(bytes == sizeof want);
+    KT_CHECK(memcmp(res[0], want, sizeof want) == 0); /* the kernel */
+    KT_CHECK(memcmp(res[1], want, sizeof want) == 0); /* the decomposition */
+    free(res[0]);
+    free(res[1]);
+}
+
+/* kg_top_k: lower index first among equals, kernel and decomposition alike. */
 KT_TEST(topk_matches_decomposition_with_ties) {
-    topk_cfg cfgs[] = {{5, 8, 2}, {3, 16, 4}, {1, 7, 7}, {4, 64, 1}, {6, 4, 2}, {2, 130, 2}};
+    topk_cfg cfgs[] = {{5, 8, 2, false}, {3, 16, 4, false}, {1, 7, 7, false}, {4, 64, 1, false}, {2, 130, 3, false}};
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        topk_cfg *c = &cfgs[i];
+        float *x = malloc(sizeof(float) * (size_t)(c->rows * c->N));
+        for (int64_t j = 0; j < c->rows * c->N; j++) x[j] = (float)((int)(frand() * 3)); /* plenty of ties */
+        void *bufs[1] = {x}, *res[2];
+        size_t bytes;
+        KT_CHECK(irt_run_both(build_topk, c, bufs, res, &bytes));
+        KT_CHECKF(memcmp(res[0], res[1], bytes) == 0, "top_k config %zu differs", i);
+        const int32_t *r = res[0];
+        for (int64_t row = 0; row < c->rows; row++)
+            for (int j = 1; j < c->k; j++) {
+                float a = x[row * c->N + r[row * c->k + j - 1]], b = x[row * c->N + r[row * c->k + j]];
+                KT_CHECK(a > b || (a == b && r[row * c->k + j - 1] < r[row * c->k + j]));
+            }
+        free(res[0]), free(res[1]), free(x);
+    }
+}
+
+/* kg_top_k_torch: the kernel keeps, among equal values, those torch.topk
+ * keeps; the decomposition the lowest indices. Both give the same values in
+ * the same order, and the same set of indices unless the k-th value is tied
+ * outside. */
+KT_TEST(topk_torch_ties_match_decomposition_values) {
+    topk_cfg cfgs[] = {{5, 8, 2, true}, {3, 16, 4, true}, {1, 7, 7, true}, {4, 64, 1, true}, {6, 4, 2, true}, {2, 130, 2, true}};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         topk_cfg *c = &cfgs[i];
         float *x = malloc(sizeof(float) * (size_t)(c->rows * c->N));
@@ -157,6 +197,7 @@ KT_TEST(moe_matches_decomposition) {
         {3, 64, 64, 6, 3, {KG_WF_AFFINE, KG_WF_AFFINE, KG_WF_AFFINE}, KG_MOE_SILU, false, false},
         {1, 32, 64, 4, 2, {KG_WF_BF16, KG_WF_F16, KG_WF_AFFINE}, KG_MOE_GELU_TANH, true, false},
         {4, 64, 32, 4, 2, {KG_WF_F32, KG_WF_BF16, KG_WF_F32}, KG_MOE_SWIGLU_OAI, true, false},
+        {4, 64, 32, 4, 2, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU_CLAMP, false, false},
         {6, 32, 32, 8, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_GELU, false, false},
         {5, 64, 32, 4, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU, false, true},      /* Llama 4 */
         {4, 64, 32, 6, 2, {KG_WF_AFFINE, KG_WF_BF16, KG_WF_F32}, KG_MOE_SILU, true, true},

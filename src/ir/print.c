@@ -118,7 +118,7 @@ static void attrs(FILE *f, const kg_node *n, int decomp_id) {
                 fprintf(f, "rotary_dim = %d : i64, interleaved = %s", n->a.rope.rotary_dim, n->a.rope.interleaved ? "true" : "false");
                 break;
             case KG_OP_TOPK:
-                fprintf(f, "k = %d : i64", n->a.topk);
+                fprintf(f, "k = %d : i64%s", n->a.topk.k, n->a.topk.torch_ties ? ", torch_ties = true" : "");
                 break;
             case KG_OP_MOE:
                 fprintf(f, "experts = %d : i64, act = %d : i64, bias = %s, alpha = %.9e : f32, limit = %.9e : f32, "

@@ -203,10 +203,22 @@ void kk_top_k_select(const float *x, int64_t n, int k, void *scratch, int32_t *o
     for (int j = 0; j < k; j++) out[j] = q[j].i;
 }
 
+/* The k largest, lower index first among equals (the decomposition's order). */
+static void stable_select(const float *x, int64_t n, int k, tk_elem *q, int32_t *out) {
+    for (int64_t i = 0; i < n; i++) q[i] = (tk_elem){x[i], (int32_t)i};
+    for (int j = 0; j < k; j++) {
+        int64_t best = j;
+        for (int64_t i = j + 1; i < n; i++)
+            if (tk_before(&q[i], &q[best]) || (!tk_before(&q[best], &q[i]) && q[i].i < q[best].i)) best = i;
+        tk_swap(&q[j], &q[best]);
+        out[j] = q[j].i;
+    }
+}
+
 void kk_top_k(const kk_call *c) {
     const kg_node *n = c->node, *x = n->in[0];
     int64_t N = x->shape.d[x->shape.rank - 1], rows = kg_shape_numel(&x->shape) / (N ? N : 1);
-    int k = n->a.topk;
+    int k = n->a.topk.k;
     int32_t *out = c->out;
     size_t cap = (size_t)(N ? N : 1);
     float *row = malloc(sizeof(float) * cap);
@@ -217,7 +229,8 @@ void kk_top_k(const kk_call *c) {
                 row[i] = x->dtype == KG_F32    ? ((const float *)c->in[0])[r * N + i]
                          : x->dtype == KG_BF16 ? ku_bf16_to_f32(((const uint16_t *)c->in[0])[r * N + i])
                                                : ku_f16_to_f32(((const uint16_t *)c->in[0])[r * N + i]);
-            kk_top_k_select(row, N, k, q, out + r * k);
+            if (n->a.topk.torch_ties) kk_top_k_select(row, N, k, q, out + r * k);
+            else stable_select(row, N, k, q, out + r * k);
         }
     free(row);
     free(q);
@@ -316,6 +329,12 @@ void kk_moe(const kk_call *c) {
                 float gc = a < m->limit ? a : m->limit;
                 float uc = b < -m->limit ? -m->limit : b > m->limit ? m->limit : b;
                 gt[q] = (uc + 1.0f) * (gc * (1.0f / (1.0f + expf(-(gc * m->alpha)))));
+                break;
+            }
+            case KG_MOE_SILU_CLAMP: {
+                float gc = a < m->limit ? a : m->limit;
+                float uc = b < -m->limit ? -m->limit : b > m->limit ? m->limit : b;
+                gt[q] = (gc * (1.0f / (1.0f + expf(-gc)))) * uc;
                 break;
             }
             case KG_MOE_GELU_TANH: {

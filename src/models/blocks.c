@@ -114,6 +114,17 @@ kg_node *kb_tensor(kb_ctx *b, km_tensor t, int il, const char *suffix, int rank,
     return kb_tensor_named(b, full, rank, shape);
 }
 
+kg_node *kb_tensor_named(kb_ctx *b, const char *name, int rank, const int64_t *shape) {
+    const kc_tensor *ct;
+    kiln_status st = kc_get_tensor(b->ck, name, rank, shape, &ct);
+    if (st) {
+        record(b, st);
+        return NULL;
+    }
+    kg_node *w = kg_weight(b->g, dtype_of(ct->dtype), kg_shape_make(ct->rank, ct->shape), ct->data, ct->name);
+    return w->dtype == KG_F32 || !kg_dtype_is_float(w->dtype) ? w : kg_convert(b->g, w, KG_F32); /* integer tables stay */
+}
+
 /* Weight nodes for a resolved matrix. */
 static bool matrix_nodes(kb_ctx *b, const kc_matrix *m, kg_node **w, kg_node **s, kg_node **bi, kg_wattr *wa) {
     *s = *bi = NULL;
@@ -313,13 +324,6 @@ kiln_status kb_build(const km_family *fam, const km_hparams *hp, const kc_checkp
 }
 
 /* ---------------------------------------------------------------- weights by name */
-
-kg_node *kb_tensor_named(kb_ctx *b, const char *name, int rank, const int64_t *shape) {
-    const kc_tensor *ct;
-    kiln_status st = kc_get_tensor(b->ck, name, rank, shape, &ct);
-    if (st) return kb_fail(b, st);
-    return kg_weight(b->g, dtype_of(ct->dtype), kg_shape_make(ct->rank, ct->shape), ct->data, ct->name);
-}
 
 kg_node *kb_linear_module(kb_ctx *b, kg_node *x, const char *module, int64_t rows) {
     if (!x) return NULL;

@@ -90,6 +90,8 @@ typedef struct kb_ctx {
     /* KV sharing (kb_attn_opts.kv_reuse) */
     kg_node **kv_written;      /* [2 * n_layers]: each layer's K and V cache after its write, made by the first attention */
     kg_node *ple;              /* [T, layers, P] per-layer inputs, set by kb_per_layer_inputs */
+    /* sparse attention (blocks_sparse.c): the last indexer's choice, [T, topk] i32 slots and their validity */
+    kg_node *dsa_slots, *dsa_valid;
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -197,6 +199,22 @@ typedef enum {
     KB_GATE_SIGMOID,       /* output [T, H * Dv] times sigmoid(gate [T, H * Dv]) (AFMoE) */
     KB_GATE_SOFTPLUS_HEAD, /* head h's output times softplus(gate [T, H])[h] (Laguna) */
 } kb_out_gate;
+/* DeepSeek sparse attention (DeepSeek-V3.2's DSA, GLM-5) on multi-head
+ * latent attention with q_lora (blocks_sparse.c). The lightning indexer:
+ * queries iq = KM_T_IDX_Q_B(q_resid) [T, heads, dim] (q_resid: the normed
+ * q_a output), one key ik = LayerNorm(KM_T_IDX_K(x)) [dim] per token (eps
+ * 1e-6, with bias), both rotated on their first rope_dim dims; the index
+ * score of query t and key s is sum_h w[t,h] * relu(iq[t,h] . ik[s] *
+ * dim^-0.5), w = KM_T_IDX_W(x) * heads^-0.5. Each query attends only to the
+ * topk keys of its sequence (positions <= its own) with the best scores,
+ * all of them while it has no more. The layer's cache row holds the
+ * per-head keys [H * (nope + rope) | ik] and the values [H * v]. */
+typedef struct {
+    int64_t topk;     /* 0: dense attention */
+    int64_t heads, dim;
+    bool interleaved; /* the indexer's rotary pairs */
+    bool shared;      /* no indexer: the choice of the previous DSA layer (GLM-5 indexer_types "shared") */
+} kb_dsa_opts;
 
 typedef struct {
     /* projections */
@@ -205,6 +223,7 @@ typedef struct {
     bool qkv_bias, o_bias;
     float clip_qkv;          /* 0: none; else q, k, v clamped to [-clip, clip] after projection */
     kb_mla_opts mla;
+    kb_dsa_opts dsa;         /* with mla: sparse attention */
     /* queries and keys, in this order: q/k norms, per-token query scales, rotary */
     kb_qk_norm qk_norm;
     kb_norm_kind qk_norm_kind;
@@ -236,6 +255,15 @@ typedef struct {
                               * the cache layer kv_layer (< il) wrote in this step, with this layer's window */
     int kv_layer;
 } kb_attn_opts;
+/* The lightning indexer's choice (DSA; blocks_sparse.c): for queries iq
+ * [T, Hi, Di] (rotated), their head weights w [T, Hi] and each token's
+ * candidate keys [T, L, Di] of which visible [T, L] (pred) may be chosen, the
+ * top-k candidates by sum_h w[t,h] Hi^-0.5 relu(iq[t,h] . key Di^-0.5),
+ * best first (lower index among equals): i32 [T, min(topk, L)], and *valid
+ * [T, K] i32, 1 where the candidate is visible (0: a query with fewer
+ * visible keys than topk got padding). Shared by any key source (a
+ * sequence's index keys, or compressed blocks). */
+kg_node *kb_indexer_top_k(kb_ctx *b, kg_node *iq, kg_node *w, kg_node *keys, kg_node *visible, int64_t topk, kg_node **valid);
 /* Self-attention block: projections, q/k norms, query scales, rope, KV
  * cache update, attention over the cache, output projection. x [T, hidden]. */
 kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o);
@@ -348,6 +376,10 @@ typedef struct {
     kb_moe_layout layout;
     km_act act;           /* SiLU, GELU (erf) or GELU-tanh */
     bool swiglu_oai;      /* gpt-oss's clamped SwiGLU (alpha, limit) instead of act */
+    bool silu_clamp;      /* DeepSeek-V4's SwiGLU: silu(min(gate, limit)) * clamp(up, -limit, limit), on the
+                           * routed and the shared experts */
+    struct kg_node *hash_idx; /* [T, top_k] i32 experts chosen by token id (DeepSeek-V4 tid2eid), weighted by
+                               * their scores; NULL: the router chooses */
     float alpha, limit;
     bool expert_bias;     /* per-expert biases on gate/up/down ("<module>.bias", or the fused tensor's "_bias") */
     int64_t shared_width; /* the shared expert's inner width; 0: none */
@@ -539,6 +571,50 @@ kg_node *kb_gated_deltanet(kb_ctx *b, kg_node *x, int il);
  * before adding k^T v; y = q S; RMSNorm over all heads (KM_T_ATTN_SUB_NORM, eps 1e-6)
  * times sigmoid(KM_T_LIN_GATE(x)); KM_T_ATTN_O. */
 kg_node *kb_lightning_attention(kb_ctx *b, kg_node *x, int il);
+
+/* ================================================================ DeepSeek-V4 (blocks_hc.c, blocks_compress.c) */
+
+
+/* Manifold-constrained hyper-connections (mHC): the residual is hc streams
+ * X [T, hc, hidden]. From the flattened streams, RMS-normed without weight
+ * (hp->norm_eps), times "<module>.fn" [(2 + hc) * hc, hc * hidden], with
+ * "<module>.base" and the three ".scale" factors: pre = sigmoid + eps, post
+ * = 2 sigmoid, comb = softmax over its rows + eps made doubly stochastic by
+ * `iters` Sinkhorn normalisations (columns first). Returns the block input
+ * sum_n pre[n] X[n] [T, hidden]; *post [T, hc], *comb [T, hc, hc]. */
+kg_node *kb_hc_collapse(kb_ctx *b, kg_node *X, const char *module, int iters, float eps, kg_node **post, kg_node **comb);
+/* The streams after a block with output y [T, hidden]: post[n] y + sum_j comb[j][n] X[j]. */
+kg_node *kb_hc_expand(kb_ctx *b, kg_node *X, kg_node *y, kg_node *post, kg_node *comb);
+/* The last collapse (hc_head): sum_n (sigmoid(mix[n] * hc_scale + hc_base[n]) + eps) X[n], mix from
+ * "<module>.hc_fn" [hc, hc * hidden] on the normed flattened streams. */
+kg_node *kb_hc_head(kb_ctx *b, kg_node *X, const char *module, float eps);
+
+/* DeepSeek-V4 attention (blocks_compress.c) on x [T, hidden], module names
+ * under `module` ("model.layers.N.self_attn"). Queries q_b(rms(q_a(x)))
+ * RMS-normed per head without weight; one shared key = value head
+ * rms(kv_proj(x)); both rotated on their trailing rope_dim dims (interleaved
+ * pairs, hp->ropes[rope]). Each query sees the keys of the last `window`
+ * positions and, with compress m > 0, compressed entries: entry w pools the
+ * compressor's kv_proj rows of positions w*m .. w*m+m-1 by a softmax over
+ * gate_proj + position_bias (per dim), RMS-normed (kv_norm) and rotated at
+ * position w*m, visible once its window is complete; with `overlap` (CSA)
+ * the projections are twice as wide and entry w pools the first halves of
+ * window w-1 with the second halves of window w, and only the index_topk
+ * entries the indexer picks (its own compressor of index_dim, queries from
+ * q_b's latent, kb_indexer_top_k) are seen. Softmax with a per-head sink
+ * logit (".sinks"); the output un-rotated at the query position, then the
+ * grouped low-rank projection (o_groups blocks of o_a_proj, then o_b_proj).
+ * The cache row keeps the key and the compressors' projections per token. */
+typedef struct {
+    const char *module;
+    int64_t heads, head_dim, rope_dim, q_lora_rank, o_groups, o_lora_rank;
+    int rope;               /* hp->ropes index */
+    int window;             /* sliding window (positions) */
+    int64_t compress;       /* m; 0: sliding window only */
+    bool overlap;           /* CSA: overlapping windows and the indexer */
+    int64_t index_heads, index_dim, index_topk;
+} kb_v4_attn_opts;
+kg_node *kb_v4_attention(kb_ctx *b, kg_node *x, int il, const kb_v4_attn_opts *o);
 
 /* ================================================================ weight-tied blocks (blocks.c, blocks_tied.c) */
 

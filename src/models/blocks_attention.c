@@ -254,16 +254,20 @@ static kg_node *out_gate(kb_ctx *b, kg_node *x, kg_node *a, int il, const kb_att
     return gate ? kg_mul(g, a, kg_broadcast_in_dim(g, gate, a->shape, (int[]){0, 1})) : NULL;
 }
 
-/* From projected q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv] (x: the layer
- * input, for the output gate): kb_attend, the gate, then the output
- * projection. */
-static kg_node *attend(kb_ctx *b, kg_node *x, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o) {
-    kg_node *a = out_gate(b, x, kb_attend(b, q, k, v, il, o), il, o);
+/* The output projection of a [T, H, Dv]. */
+static kg_node *out_proj(kb_ctx *b, kg_node *a, int il, const kb_attn_opts *o) {
     if (!a) return NULL;
     int64_t T = b->shape.T, H = a->shape.d[1], Dv = a->shape.d[2];
     a = kg_reshape(b->g, a, KG_SHAPE(T, H * Dv));
     if (o->sub_norm) a = kb_norm(b, a, KM_T_ATTN_SUB_NORM, il, KB_NORM_RMS);
     return kb_linear(b, a, KM_T_ATTN_O, il, b->hp->hidden, o->o_bias);
+}
+
+/* From projected q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv] (x: the layer
+ * input, for the output gate): kb_attend, the gate, then the output
+ * projection. */
+static kg_node *attend(kb_ctx *b, kg_node *x, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o) {
+    return out_proj(b, out_gate(b, x, kb_attend(b, q, k, v, il, o), il, o), il, o);
 }
 
 /* Multi-head latent attention: the queries, keys and values of attend(). */
@@ -275,10 +279,12 @@ static kg_node *latent_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_op
     kb_norm_opts lora = {.kind = KB_NORM_RMS, .eps = m->lora_eps > 0 ? m->lora_eps : 1e-6f};
     if (o->rope < 0 || o->rope >= hp->n_ropes || hp->ropes[o->rope].dim != rd)
         return kb_fail(b, kiln_error(KILN_EINTERNAL, "MLA layer %d: rope %d does not rotate %lld dims", il, o->rope, (long long)rd));
-    kg_node *q;
+    kg_node *q, *q_resid = NULL;
+    if (o->dsa.topk > 0 && m->q_lora_rank <= 0)
+        return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: sparse attention needs q_lora_rank", il));
     if (m->q_lora_rank > 0) {
         q = kb_linear(b, x, KM_T_ATTN_Q_A, il, m->q_lora_rank, o->qkv_bias);
-        q = kb_norm_ex(b, q, KM_T_ATTN_Q_A_NORM, il, &lora);
+        q = q_resid = kb_norm_ex(b, q, KM_T_ATTN_Q_A_NORM, il, &lora);
         q = kb_linear(b, q, KM_T_ATTN_Q_B, il, H * Dq, false);
     } else {
         q = kb_linear(b, x, KM_T_ATTN_Q, il, H * Dq, false);
@@ -295,7 +301,9 @@ static kg_node *latent_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_op
      * rotation applies */
     kg_node *qr = kg_concat(g, (kg_node *[]){kb_slice_last(b, q, nope, Dq), kb_slice_last(b, q, 0, nope)}, 2, 2);
     kg_node *kr = kg_concat(g, (kg_node *[]){k_pe, kb_slice_last(b, kv, 0, nope)}, 2, 2);
-    return attend(b, x, qr, kr, kb_slice_last(b, kv, nope, nope + m->v_dim), il, o);
+    kg_node *v = kb_slice_last(b, kv, nope, nope + m->v_dim);
+    if (o->dsa.topk > 0) return out_proj(b, kb_sparse_attend(b, x, q_resid, qr, kr, v, il, o), il, o);
+    return attend(b, x, qr, kr, v, il, o);
 }
 
 kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o) {

@@ -16,6 +16,15 @@ kg_node *kb_cache_write(kb_ctx *b, int il, bool v, kg_node *rows);
  * kb_attention runs it (q/k norms, query scales, rope, KV cache, scores, kv
  * sharing), before the output projection: [T, H, Dv]. */
 kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const kb_attn_opts *o);
+/* kb_attend's work for sparse attention (o->dsa, blocks_sparse.c): from
+ * MLA's q [T, H, D] and k [T, H, D] (rope dims first), v [T, H, Dv], the
+ * layer input x and q_resid [T, q_lora_rank]: [T, H, Dv]. */
+kg_node *kb_sparse_attend(kb_ctx *b, kg_node *x, kg_node *q_resid, kg_node *q, kg_node *k, kg_node *v, int il,
+                          const kb_attn_opts *o);
+/* The cache slots [T, L] of positions 0 .. L-1 (L = MB * block_size) of
+ * each token's sequence, and which of them it may see (p <= pos) [T, L]
+ * pred; slots past the sequence's blocks read its position 0. (blocks_sparse.c) */
+kg_node *kb_seq_slots(kb_ctx *b, kg_node **visible);
 /* A graph input of the given role (add_input of blocks.c with kb_input.sub). */
 kg_node *kb_input_param(kb_ctx *b, kg_dtype t, kg_shape s, const char *name, kb_role role, int index, int sub,
                         bool donated);

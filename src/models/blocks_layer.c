@@ -23,6 +23,8 @@ void kb_layer_defaults(const kb_ctx *b, int il, kb_layer_opts *o) {
                  .clip_qkv = hp->clip_qkv,
                  .mla = {.q_lora_rank = hp->q_lora_rank, .kv_lora_rank = hp->kv_lora_rank, .nope = hp->qk_nope_dim,
                          .rope_dim = hp->qk_rope_dim, .v_dim = hp->v_head_dim},
+                 .dsa = {.topk = hp->dsa_topk, .heads = hp->dsa_heads, .dim = hp->dsa_dim,
+                         .interleaved = hp->dsa_interleaved, .shared = hp->layer_dsa_shared[il]},
                  .logn_len = hp->logn_len,
                  .temp_beta = hp->q_temp_beta,
                  .temp_floor = hp->q_temp_floor,

@@ -57,8 +57,8 @@ static kg_node *group_limit(kb_ctx *b, kg_node *s, const kb_moe_opts *o) {
     int one = 1;
     kg_node *gs;
     if (o->group_by_max || per < 2) gs = kg_reduce(g, grouped, KG_REDUCE_MAX, &one, 1);
-    else gs = kg_reduce(g, kg_take_along(g, grouped, kg_top_k(g, grouped, 2)), KG_REDUCE_SUM, &one, 1);
-    kg_node *best = kg_top_k(g, kg_reshape(g, gs, KG_SHAPE(T, G)), (int)tg); /* [T, tg] */
+    else gs = kg_reduce(g, kg_take_along(g, grouped, kg_top_k_torch(g, grouped, 2)), KG_REDUCE_SUM, &one, 1);
+    kg_node *best = kg_top_k_torch(g, kg_reshape(g, gs, KG_SHAPE(T, G)), (int)tg); /* [T, tg] */
     /* keep[t, gi] = any_j best[t, j] == gi */
     kg_node *hit = kg_compare(g, KG_CMP_EQ, kg_broadcast_in_dim(g, best, KG_SHAPE(T, tg, G), (int[]){0, 1}),
                               kg_iota(g, KG_I32, KG_SHAPE(T, tg, G), 2));
@@ -109,9 +109,10 @@ static void route(kb_ctx *b, kg_node *logits, int il, const kb_moe_opts *o, kg_n
     kg_graph *g = b->g;
     int K = (int)o->top_k;
     if (o->score == KM_MOE_SPARSEMIXER) return sparsemixer(b, logits, o, idx, wts);
-    kg_node *p = o->score == KM_MOE_SOFTMAX   ? softmax(g, logits)
-                 : o->score == KM_MOE_SIGMOID ? kg_unary(g, KG_OP_LOGISTIC, logits)
-                                              : logits;
+    kg_node *p = o->score == KM_MOE_SOFTMAX         ? softmax(g, logits)
+                 : o->score == KM_MOE_SIGMOID       ? kg_unary(g, KG_OP_LOGISTIC, logits)
+                 : o->score == KM_MOE_SQRT_SOFTPLUS ? kg_unary(g, KG_OP_SQRT, kb_softplus(b, logits))
+                                                    : logits;
     kg_node *choice = p;
     if (o->choice_bias && p) {
         char name[256];
@@ -123,7 +124,7 @@ static void route(kb_ctx *b, kg_node *logits, int il, const kb_moe_opts *o, kg_n
         choice = kg_add(g, p, bias);
     }
     if (o->n_group > 1 && choice) choice = group_limit(b, choice, o);
-    *idx = kg_top_k(g, choice, K);
+    *idx = o->hash_idx ? o->hash_idx : kg_top_k_torch(g, choice, K);
     kg_node *w = kg_take_along(g, p, *idx);
     if (o->score == KM_MOE_TOPK_SOFTMAX) w = softmax(g, w);
     if (o->score == KM_MOE_TOPK_SIGMOID) w = kg_unary(g, KG_OP_LOGISTIC, w);
@@ -237,6 +238,10 @@ static bool moe_act(kb_ctx *b, const kb_moe_opts *o, kg_moe_attr *a) {
         a->act = KG_MOE_SWIGLU_OAI, a->alpha = o->alpha, a->limit = o->limit;
         return true;
     }
+    if (o->silu_clamp) {
+        a->act = KG_MOE_SILU_CLAMP, a->limit = o->limit;
+        return true;
+    }
     switch (o->act) {
     case KM_ACT_SILU: a->act = KG_MOE_SILU; return true;
     case KM_ACT_GELU: a->act = KG_MOE_GELU; return true;
@@ -314,7 +319,12 @@ static kg_node *shared(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o) {
         gate = kb_linear(b, x, KM_T_MOE_SHARED_GATE, il, F, false);
         up = kb_linear(b, x, KM_T_MOE_SHARED_UP, il, F, false);
     }
-    kg_node *h = kb_linear(b, kg_mul(g, kb_act(b, gate, o->act), up), KM_T_MOE_SHARED_DOWN, il, H, false);
+    if (o->silu_clamp && gate && up) {
+        kg_node *lim = kg_broadcast_like(g, kg_scalar(g, KG_F32, o->limit), gate);
+        gate = kg_binary(g, KG_OP_MIN, gate, lim);
+        up = kg_clamp(g, kg_unary(g, KG_OP_NEG, lim), up, lim);
+    }
+    kg_node *h = kb_linear(b, kg_mul(g, kb_act(b, gate, o->silu_clamp ? KM_ACT_SILU : o->act), up), KM_T_MOE_SHARED_DOWN, il, H, false);
     if (o->shared_scale && h) {
         kg_node *s = kg_unary(g, KG_OP_LOGISTIC, kb_linear(b, x, KM_T_MOE_SHARED_SCALE, il, 1, false)); /* [T, 1] */
         h = kg_mul(g, h, kg_broadcast_in_dim(g, kg_reshape(g, s, KG_SHAPE(x->shape.d[0])), h->shape, (int[]){0}));

@@ -2,7 +2,8 @@
  * (softmax then top-k with renormalisation, top-k then softmax, sigmoid with
  * a choice bias, group limits and scaling; a shared expert with its sigmoid
  * scale; Llama 4's top-k sigmoid on the experts' inputs; PhiMoE's
- * sparsemixer), with kernels and fully decomposed; mlx-lm's stacked
+ * sparsemixer; DeepSeek-V4's sqrt-softplus scores, token-id (hash) routing
+ * and clamped SwiGLU), with kernels and fully decomposed; mlx-lm's stacked
  * switch_mlp checkpoints against the per-expert ones they come from; and the
  * mixture of attention heads (kb_moa) against a scalar JetMoE. */
 #include "kt.h"
@@ -56,6 +57,7 @@ static kc_checkpoint *weights(char *dir, size_t cap) {
 }
 
 static double silu(double v) { return v / (1 + exp(-v)); }
+static double clamp_limit; /* > 0: DeepSeek-V4's silu(min(gate, l)) * clamp(up, -l, l) */
 
 /* down(silu(gate x) * up x) for weights [f, H], [f, H], [H, f] */
 static void mlp(const float *g, const float *u, const float *d, int f, const float *x, double *out) {
@@ -63,6 +65,7 @@ static void mlp(const float *g, const float *u, const float *d, int f, const flo
     for (int i = 0; i < f; i++) {
         double a = 0, b = 0;
         for (int c = 0; c < H; c++) a += (double)g[i * H + c] * x[c], b += (double)u[i * H + c] * x[c];
+        if (clamp_limit > 0) a = fmin(a, clamp_limit), b = fmax(-clamp_limit, fmin(b, clamp_limit));
         h[i] = silu(a) * b;
     }
     for (int o = 0; o < H; o++) {
@@ -73,6 +76,9 @@ static void mlp(const float *g, const float *u, const float *d, int f, const flo
 }
 
 static kb_moe_opts opts;
+static bool hash_case; /* the experts come from hash_table by token (row) */
+static const int32_t hash_table[T * K] = {3, 0, 1, 2, 2, 1, 0, 3, 3, 1};
+static int hash_row;
 
 /* The reference of kb_moe with `opts` on token x. */
 static void reference(const float *x, float *out) {
@@ -87,7 +93,10 @@ static void reference(const float *x, float *out) {
     for (int e = 1; e < E; e++) mx = fmax(mx, logit[e]);
     for (int e = 0; e < E; e++) sum += exp(logit[e] - mx);
     for (int e = 0; e < E; e++)
-        p[e] = opts.score == KM_MOE_SOFTMAX ? exp(logit[e] - mx) / sum : opts.score == KM_MOE_SIGMOID ? 1 / (1 + exp(-logit[e])) : logit[e];
+        p[e] = opts.score == KM_MOE_SOFTMAX        ? exp(logit[e] - mx) / sum
+               : opts.score == KM_MOE_SIGMOID      ? 1 / (1 + exp(-logit[e]))
+               : opts.score == KM_MOE_SQRT_SOFTPLUS ? sqrt(logit[e] > 20 ? logit[e] : log1p(exp(logit[e])))
+                                                   : logit[e];
     for (int e = 0; e < E; e++) {
         choice[e] = p[e] + (opts.choice_bias ? cbias[e] : 0);
     }
@@ -118,6 +127,7 @@ static void reference(const float *x, float *out) {
         int b = -1;
         for (int e = 0; e < E; e++)
             if (!taken[e] && (b < 0 || choice[e] > choice[b])) b = e;
+        if (hash_case) b = hash_table[hash_row * K + j];
         taken[b] = true, idx[j] = b, w[j] = p[b];
     }
     if (opts.score == KM_MOE_TOPK_SIGMOID)
@@ -148,7 +158,11 @@ experts:
     for (int o = 0; o < H; o++) out[o] = (float)y[o];
 }
 
-static kg_node *moe(kb_ctx *b, kg_node *x) { return kb_moe(b, x, 0, &opts); }
+static kg_node *moe(kb_ctx *b, kg_node *x) {
+    kb_moe_opts o = opts;
+    if (hash_case) o.hash_idx = kg_const(b->g, KG_I32, KG_SHAPE(T, K), hash_table);
+    return kb_moe(b, x, 0, &o);
+}
 
 KT_TEST(blocks_moe_routings_match_reference) {
     char dir[1024];
@@ -158,7 +172,7 @@ KT_TEST(blocks_moe_routings_match_reference) {
     kb_moe_opts base = {.experts = E, .top_k = K, .width = F, .act = KM_ACT_SILU};
     kb_moe_opts cases[] = {
         base, /* Qwen2-MoE without renorm */
-        base, base, base, base, base, base, base, base, base, base, base,
+        base, base, base, base, base, base, base, base, base, base, base, base, base,
     };
     cases[1].norm_topk = true; /* Mixtral */
     cases[2].score = KM_MOE_TOPK_SOFTMAX; /* GraniteMoE */
@@ -173,14 +187,20 @@ KT_TEST(blocks_moe_routings_match_reference) {
     cases[10].score = KM_MOE_TOPK_SIGMOID, cases[10].norm_topk = true; /* Cohere2-MoE's sigmoid selection */
     cases[11].score = KM_MOE_SIGMOID, cases[11].choice_bias = cases[11].norm_topk = true, cases[11].router_softcap = 0.5f,
     cases[11].scale = 2; /* Laguna (a cap small enough to bend these logits) */
+    cases[12].score = KM_MOE_SQRT_SOFTPLUS, cases[12].choice_bias = cases[12].norm_topk = true, cases[12].scale = 1.5f,
+    cases[12].silu_clamp = true, cases[12].limit = 0.7f, cases[12].shared_width = FS; /* DeepSeek-V4 */
+    cases[13] = cases[12], cases[13].choice_bias = false; /* DeepSeek-V4's hash-routed layers */
     float x[T * H], ref[T * H];
     fill(x, T * H, 1);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         opts = cases[c];
-        for (int t = 0; t < T; t++) reference(x + t * H, ref + t * H);
+        hash_case = c == 10;
+        clamp_limit = opts.silu_clamp ? opts.limit : 0;
+        for (int t = 0; t < T; t++) hash_row = t, reference(x + t * H, ref + t * H);
         double err = mt_block_error(&fam, &hp, ck, T, moe, KG_SHAPE(T, H), x, ref, T * H);
         KT_CHECKF(err <= 1e-5, "routing case %zu: max error %g", c, err);
     }
+    hash_case = false, clamp_limit = 0;
     opts = base;
     opts.width = F + 1;
     KT_CHECK(!mt_run_block(&fam, &hp, ck, T, moe, KG_SHAPE(T, H), x, 0, ref, T * H)); /* expert shape mismatch */

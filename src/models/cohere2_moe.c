@@ -36,7 +36,7 @@ static kiln_status layer_kinds(const cJSON *cfg, km_hparams *hp, int64_t *prefix
             hp->layer_sliding[i] = hp->sliding_window > 0 && (i < first ? (i + 1) % *prefix_pattern : (i - first + 1) % pattern) != 0;
     KILN_TRY(km_moe_parse(cfg, hp,
                           &(km_moe_keys){.experts = "num_experts", .top_k = "num_experts_per_tok", .n_shared = "num_shared_experts",
-                                         .first_dense = "first_k_dense_replace", .kinds = "mlp_layer_types", .norm_topk = true,
+                                         .first_dense = "first_k_dense_replace", .type_list = "mlp_layer_types", .norm_topk = true,
                                          .top_k_def = 2}));
     return NULL;
 }

@@ -36,7 +36,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(km_moe_parse(cfg, hp,
                           &(km_moe_keys){.experts = "num_experts", .top_k = "num_experts_per_tok", .expert_ffn = "moe_intermediate_size",
                                          .n_shared = "num_shared_experts", .first_dense = "first_k_dense_replace",
-                                         .kinds = "mlp_layer_types", .norm_topk = true, .top_k_def = 8}));
+                                         .type_list = "mlp_layer_types", .norm_topk = true, .top_k_def = 8}));
     if (!ku_json_get(cfg, "first_k_dense_replace") && !ku_json_get(cfg, "mlp_layer_types") && hp->n_experts > 0)
         hp->layer_moe[0] = 0; /* first_k_dense_replace defaults to 1 */
     double scale;

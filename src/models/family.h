@@ -109,6 +109,11 @@ typedef enum {
     KM_T_LAUREL_LEFT,    /* hidden -> rank */
     KM_T_LAUREL_RIGHT,   /* rank -> hidden */
     KM_T_LAUREL_NORM,    /* RMSNorm on LAuReL's output */
+    /* ==== the lightning indexer of DeepSeek sparse attention (blocks_sparse.c) */
+    KM_T_IDX_Q_B,        /* indexer queries [heads * dim, q_lora_rank] from the normed q_a output (wq_b) */
+    KM_T_IDX_K,          /* the indexer key [dim, hidden] (wk) */
+    KM_T_IDX_K_NORM,     /* LayerNorm with bias on that key (k_norm) */
+    KM_T_IDX_W,          /* per-head weights of the index score [heads, hidden] (weights_proj) */
     KM_T_COUNT
 } km_tensor;
 

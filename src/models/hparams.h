@@ -40,6 +40,7 @@ typedef enum {
     KM_MOE_SPARSEMIXER,   /* PhiMoE's sparsemixer (inference): two rounds, each the best remaining expert
                            * weighted by its softmax over the experts within a relative jitter threshold
                            * (kb_moe_opts.jitter_eps); top-k must be 2 */
+    KM_MOE_SQRT_SOFTPLUS, /* sqrt(softplus(logit)) of every expert, then top-k (DeepSeek-V4 sqrtsoftplus) */
 } km_moe_score;
 
 typedef struct {
@@ -98,6 +99,18 @@ typedef struct {
     int64_t q_temp_floor;
     /* multi-head latent attention (MiniCPM3); kv_lora_rank 0: none */
     int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
+    /* DeepSeek sparse attention on MLA layers (GLM-5): a lightning indexer of dsa_heads heads of dsa_dim
+     * dims picks each query's dsa_topk keys; 0: dense attention. layer_dsa_shared: the layer reuses the
+     * previous indexer layer's choice (indexer_types "shared") */
+    int64_t dsa_topk, dsa_heads, dsa_dim;
+    bool dsa_interleaved; /* the indexer's rotary pairs are interleaved (GLM-5), not halves (DeepSeek-V3.2) */
+    unsigned char layer_dsa_shared[KM_MAX_LAYERS];
+    /* DeepSeek-V4 (deepseek_v4.c; the indexer takes dsa_topk/heads/dim): hyper-connection streams, the
+     * grouped output projection, each layer's compress rate (0: sliding window only), overlapping
+     * windows with the indexer (CSA), experts chosen by token id (hash routing) */
+    int64_t hc_mult, hc_iters, o_groups, o_lora_rank;
+    float hc_eps;
+    unsigned char layer_compress[KM_MAX_LAYERS], layer_csa[KM_MAX_LAYERS], layer_hash[KM_MAX_LAYERS];
 
     /* ---- positions ---- */
     bool alibi;               /* ALiBi slopes (the family's formula) instead of rotary: every layer is NoPE */
@@ -248,8 +261,8 @@ typedef struct {
     const char *step;        /* with step s, layer i is MoE when (i + 1) % s == 0 (Qwen2-MoE decoder_sparse_step) */
     const char *freq;        /* with freq f, layer i is MoE when i % f == 0 (DeepSeek moe_layer_freq) */
     const char *dense_list;  /* a list of dense layers (Qwen2-MoE mlp_only_layers) */
-    const char *kinds;       /* a list of "dense" / "sparse" per layer (mlp_layer_types): when present, it alone
-                              * says which layers are MoE */
+    const char *type_list;   /* one MLP kind per layer, "dense" or a mixture of experts ("sparse", "moe",
+                              * "hash_moe"), replacing the rules above (GLM-4.7-Flash mlp_layer_types) */
     bool norm_topk;          /* norm_topk_prob's default (the key is read when present) */
     int64_t top_k_def;       /* top_k's default; 0: the key is required */
 } km_moe_keys;

@@ -49,17 +49,18 @@ kiln_status km_moe_parse(const cJSON *cfg, km_hparams *hp, const km_moe_keys *k)
         if (!cJSON_IsNumber(e)) return kiln_error(KILN_EINVAL, "config.json: \"%s\" must list layer numbers", k->dense_list);
         if (e->valueint >= 0 && e->valueint < hp->n_layers) hp->layer_moe[e->valueint] = 0;
     }
-    const cJSON *kinds = k->kinds ? ku_json_get(cfg, k->kinds) : NULL;
-    if (!kinds || cJSON_IsNull(kinds)) return NULL;
-    if (!cJSON_IsArray(kinds) || cJSON_GetArraySize(kinds) != hp->n_layers)
-        return kiln_error(KILN_EINVAL, "config.json: \"%s\" must list \"dense\" or \"sparse\" for each of the %lld layers", k->kinds,
+    const cJSON *types = k->type_list ? ku_json_get(cfg, k->type_list) : NULL;
+    if (!types || cJSON_IsNull(types)) return NULL;
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != hp->n_layers)
+        return kiln_error(KILN_EINVAL, "config.json: \"%s\" must list one MLP kind per layer (%lld)", k->type_list,
                           (long long)hp->n_layers);
     int i = 0;
-    cJSON_ArrayForEach(e, kinds) {
+    cJSON_ArrayForEach(e, types) {
         const char *s = cJSON_GetStringValue(e);
-        if (!s || (strcmp(s, "dense") && strcmp(s, "sparse")))
-            return kiln_error(KILN_EINVAL, "config.json: \"%s\"[%d] is not \"dense\" or \"sparse\"", k->kinds, i);
-        hp->layer_moe[i++] = !strcmp(s, "sparse");
+        if (!s || (strcmp(s, "dense") && strcmp(s, "sparse") && strcmp(s, "moe") && strcmp(s, "hash_moe")))
+            return kiln_error(KILN_EINVAL, "config.json: \"%s\"[%d] is not \"dense\" or \"sparse\" (\"moe\", \"hash_moe\")",
+                              k->type_list, i);
+        hp->layer_moe[i++] = strcmp(s, "dense") != 0;
     }
     return NULL;
 }

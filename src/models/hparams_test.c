@@ -269,7 +269,7 @@ KT_TEST(config_moe_mlp_layer_types) {
     KT_CHECK(hp.moe_norm_topk && hp.moe_router_bias && hp.moe_score == KM_MOE_SIGMOID);
     KT_CHECK_NEAR(hp.moe_scale, 2.826, 1e-6);
     KT_CHECK_ERR(parse_config(HY ", \"mlp_layer_types\": [\"sparse\", \"dense\"]}", &hp), "mlp_layer_types");
-    KT_CHECK_ERR(parse_config(HY ", \"mlp_layer_types\": [\"sparse\", \"moe\", \"dense\", \"dense\"]}", &hp), "mlp_layer_types\"[1]");
+    KT_CHECK_ERR(parse_config(HY ", \"mlp_layer_types\": [\"sparse\", \"expert\", \"dense\", \"dense\"]}", &hp), "mlp_layer_types\"[1]");
 #undef HY
 }
 
@@ -296,4 +296,88 @@ KT_TEST(config_rope_per_layer_type) {
                               "\"sliding_attention\": {\"rope_theta\": 1e4}}}", &hp),
                  "rope_parameters.full_attention");
 #undef MELLUM
+}
+
+/* mlp_layer_types marks each layer dense or MoE (GLM-4.7-Flash); without it
+ * glm4_moe_lite keeps its first layer dense; num_nextn_predict_layers is
+ * reported in the features. */
+KT_TEST(config_mlp_layer_types_and_mtp) {
+    km_hparams hp;
+#define MLA_MOE BASE ", \"kv_lora_rank\": 16, \"q_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, " \
+                "\"v_head_dim\": 8, \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16"
+    KT_CHECK_OK(parse_config("{\"model_type\": \"glm4_moe_lite\", " MLA_MOE ", "
+                             "\"mlp_layer_types\": [\"sparse\", \"dense\", \"sparse\", \"dense\"]}",
+                             &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK_EQ(hp.layer_moe[i], i % 2 == 0);
+    KT_CHECK(!hp.features[0]);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"glm4_moe_lite\", " MLA_MOE ", \"num_nextn_predict_layers\": 1}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK_EQ(hp.layer_moe[i], i > 0);
+    KT_CHECK(strstr(hp.features, "1 multi-token prediction layer (model.layers.4, not loaded)"));
+    KT_CHECK_NEAR(hp.moe_scale, 1.8, 1e-6);
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"glm4_moe_lite\", " MLA_MOE ", \"mlp_layer_types\": [\"dense\"]}", &hp),
+                 "one MLP kind per layer");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"glm4_moe_lite\", " MLA_MOE ", \"num_nextn_predict_layers\": -1}", &hp),
+                 "num_nextn_predict_layers");
+#undef MLA_MOE
+}
+
+/* GLM-5's indexer settings: indexer_types, index_topk_pattern, or the
+ * index_topk_freq / index_skip_topk_offset schedule; errors name the key. */
+KT_TEST(config_glm_moe_dsa_indexer_types) {
+    km_hparams hp;
+#define DSA BASE ", \"kv_lora_rank\": 16, \"q_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, " \
+            "\"v_head_dim\": 8, \"index_topk\": 4, \"index_n_heads\": 2"
+    KT_CHECK_OK(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 8, "
+                             "\"indexer_types\": [\"full\", \"shared\", \"full\", \"shared\"]}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK_EQ(hp.layer_dsa_shared[i], i % 2);
+    KT_CHECK(hp.dsa_topk == 4 && hp.dsa_heads == 2 && hp.dsa_dim == 8 && hp.dsa_interleaved);
+    KT_CHECK_OK(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 8, \"index_topk_pattern\": \"FSSF\"}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK_EQ(hp.layer_dsa_shared[i], i == 1 || i == 2);
+    /* offset 2, freq 2: layers 0, 1 full, then max(i - 1, 0) % 2: 2 shared, 3 full */
+    KT_CHECK_OK(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 8, \"index_topk_freq\": 2}", &hp));
+    for (int i = 0; i < 4; i++) KT_CHECK_EQ(hp.layer_dsa_shared[i], i == 2);
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 8, "
+                              "\"indexer_types\": [\"shared\", \"full\", \"full\", \"full\"]}", &hp),
+                 "first layer");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 8, \"indexer_types\": [\"full\"]}", &hp),
+                 "indexer_types");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"glm_moe_dsa\", " DSA ", \"index_head_dim\": 2}", &hp), "index_head_dim");
+#undef DSA
+}
+
+/* DeepSeek-V4: layer_types give each layer's compress rate (CSA with the
+ * indexer, HCA, or a sliding window only), mlp_layer_types the hash-routed
+ * layers; the rest of its settings, and errors naming the key. */
+KT_TEST(config_deepseek_v4_layer_types) {
+    km_hparams hp;
+#define V4 BASE ", \"head_dim\": 16, \"q_lora_rank\": 8, \"qk_rope_head_dim\": 4, \"o_groups\": 2, \"o_lora_rank\": 4, " \
+           "\"index_head_dim\": 8, \"index_n_heads\": 2, \"index_topk\": 2, \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, " \
+           "\"moe_intermediate_size\": 8, \"n_shared_experts\": 1, \"compress_rates\": {\"compressed_sparse_attention\": 4, " \
+           "\"heavily_compressed_attention\": 16}, \"sliding_window\": 8"
+#define V4_LAYERS "\"layer_types\": [\"sliding_attention\", \"compressed_sparse_attention\", \"heavily_compressed_attention\", " \
+                  "\"compressed_sparse_attention\"]"
+    KT_CHECK_OK(parse_config("{\"model_type\": \"deepseek_v4\", " V4 ", " V4_LAYERS ", "
+                             "\"mlp_layer_types\": [\"hash_moe\", \"hash_moe\", \"moe\", \"moe\"]}", &hp));
+    static const int rate[4] = {0, 4, 16, 4};
+    for (int i = 0; i < 4; i++) {
+        KT_CHECK_EQ(hp.layer_compress[i], rate[i]);
+        KT_CHECK_EQ(hp.layer_csa[i], i % 2 == 1);
+        KT_CHECK_EQ(hp.layer_hash[i], i < 2);
+        KT_CHECK(hp.layer_moe[i]);
+    }
+    KT_CHECK(hp.moe_score == KM_MOE_SQRT_SOFTPLUS && hp.moe_swiglu_limit == 10.0f && hp.expert_ffn == 8 && hp.shared_ffn == 8);
+    KT_CHECK(hp.n_ropes == 2 && hp.ropes[0].dim == 4 && hp.ropes[0].theta == 10000.0 && hp.ropes[1].theta == 160000.0);
+    KT_CHECK(hp.hc_mult == 4 && hp.hc_iters == 20);
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"deepseek_v4\", " V4 ", \"layer_types\": [\"full_attention\", \"sliding_attention\", "
+                              "\"sliding_attention\", \"sliding_attention\"], "
+                              "\"mlp_layer_types\": [\"moe\", \"moe\", \"moe\", \"moe\"]}", &hp),
+                 "full_attention");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"deepseek_v4\", " V4 ", " V4_LAYERS ", "
+                              "\"mlp_layer_types\": [\"dense\", \"moe\", \"moe\", \"moe\"]}", &hp),
+                 "mlp_layer_types[0]");
+    KT_CHECK_ERR(parse_config("{\"model_type\": \"deepseek_v4\", " V4 ", " V4_LAYERS ", \"scoring_func\": \"softmax\", "
+                              "\"mlp_layer_types\": [\"moe\", \"moe\", \"moe\", \"moe\"]}", &hp),
+                 "scoring_func");
+#undef V4
+#undef V4_LAYERS
 }

@@ -25,7 +25,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->sliding_window = 0;
     KILN_TRY(km_moe_parse(cfg, hp,
                           &(km_moe_keys){.experts = "num_experts", .top_k = "num_experts_per_tok", .expert_ffn = "moe_intermediate_size",
-                                         .n_shared = "num_shared_experts", .kinds = "mlp_layer_types", .top_k_def = 8}));
+                                         .n_shared = "num_shared_experts", .type_list = "mlp_layer_types", .top_k_def = 8}));
     if (hp->n_experts > 0 && !ku_json_get(cfg, "mlp_layer_types")) hp->layer_moe[0] = 0; /* the config's default */
     double scale;
     KILN_TRY(ku_json_num(cfg, "router_scaling_factor", 2.826, &scale));

@@ -43,7 +43,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     }
     KILN_TRY(km_moe_parse(cfg, hp,
                           &(km_moe_keys){.experts = "num_experts", .top_k = "num_experts_per_tok", .expert_ffn = "moe_intermediate_size",
-                                         .shared_ffn = "shared_expert_intermediate_size", .kinds = "mlp_layer_types", .top_k_def = 8}));
+                                         .shared_ffn = "shared_expert_intermediate_size", .type_list = "mlp_layer_types", .top_k_def = 8}));
     if (hp->n_experts > 0 && !ku_json_get(cfg, "mlp_layer_types")) hp->layer_moe[0] = 0; /* the config's default */
     KILN_TRY(ku_json_num(cfg, "moe_routed_scaling_factor", 1.0, &scale));
     KILN_TRY(ku_json_num(cfg, "moe_router_logit_softcapping", 0.0, &cap));

@@ -32,7 +32,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     const char *experts = ku_json_get(cfg, "num_experts") ? "num_experts" : "num_local_experts"; /* attribute_map */
     KILN_TRY(km_moe_parse(cfg, hp,
                           &(km_moe_keys){.experts = experts, .top_k = "num_experts_per_tok",
-                                         .expert_ffn = "moe_intermediate_size", .kinds = "mlp_layer_types", .norm_topk = true,
+                                         .expert_ffn = "moe_intermediate_size", .type_list = "mlp_layer_types", .norm_topk = true,
                                          .top_k_def = 8}));
     hp->moe_score = KM_MOE_SOFTMAX;
     hp->moe_router_bits = 8; /* mlx-lm's quant_predicate (mellum.py): "mlp.gate" at 8 bits */

@@ -42,7 +42,8 @@ const km_names km_sandwich_names = {
     X(qwen2_vl_text) X(qwen3_vl_text) \
     X(cwm) X(jais2) X(hyperclovax) X(nanochat) X(hrm_text) X(dbrx) \
     X(solar_open) X(hy_v3) X(exaone_moe) X(minimax_m2) X(cohere2_moe) X(mellum) X(afmoe) X(laguna) \
-    X(gemma4) X(gemma3n)
+    X(gemma4) X(gemma3n) \
+    X(youtu) X(glm4_moe_lite) X(glm_moe_dsa) X(deepseek_v4)
 
 #define DECLARE(f) extern const km_family km_family_##f;
 FAMILIES(DECLARE)

@@ -76,4 +76,20 @@ kiln_status km_mamba2_hybrid(const cJSON *cfg, km_hparams *hp, const char *prefi
 /* hp->features for `kiln info`: the Mamba-2 shape, then `more`. (bamba.c) */
 void km_mamba2_features(km_hparams *hp, const char *more);
 
+/* DeepSeek's multi-head latent attention (also Youtu, GLM-4.7-Flash, GLM-5):
+ * q_lora_rank (null: a plain q_proj), kv_lora_rank, qk_nope/qk_rope/v head
+ * dims, one rope on the qk_rope_head_dim dims, interleaved when interleave
+ * or rope_interleave, and a yarn mscale_all_dim folded into the score
+ * scale; every head has its own keys (n_kv_heads = n_heads). (deepseek.c) */
+kiln_status km_deepseek_mla(const cJSON *cfg, km_hparams *hp, bool interleave);
+/* num_nextn_predict_layers: the multi-token prediction layers stored after
+ * the decoder (model.layers.<n_layers>...) serve speculative decoding and are
+ * not loaded; hp->features says how many there are. (deepseek.c) */
+kiln_status km_deepseek_mtp(const cJSON *cfg, km_hparams *hp);
+/* Its projections under "<attn>.q_a_proj" etc. (o_proj, and q_proj without q_lora, are Llama's). */
+#define KM_DEEPSEEK_MLA_NAMES(attn)                                                                                  \
+    [KM_T_ATTN_Q_A] = attn ".q_a_proj", [KM_T_ATTN_Q_A_NORM] = attn ".q_a_layernorm",                                 \
+    [KM_T_ATTN_Q_B] = attn ".q_b_proj", [KM_T_ATTN_KV_A] = attn ".kv_a_proj_with_mqa",                                \
+    [KM_T_ATTN_KV_A_NORM] = attn ".kv_a_layernorm", [KM_T_ATTN_KV_B] = attn ".kv_b_proj"
+
 #endif

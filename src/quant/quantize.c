@@ -142,13 +142,17 @@ static bool is_matrix(const job *j, const kc_tensor *t) {
     size_t hl = head ? strlen(head) : 0;
     if (j->hp.head_l2norm && head && !strncmp(t->name, head, hl) && !strcmp(t->name + hl, ".weight")) return false;
     /* a MoE router with a choice bias (DeepSeek-V3's gate) is mlx-lm's MoEGate
-     * module holding a plain weight, not a Linear layer; a biased ".router"
+     * module holding a plain weight, not a Linear layer, and so is one with a
+     * token-id table (DeepSeek-V4's hash-routed gate, whose reference Gate holds
+     * a plain weight too, as the oracle's MLX fixtures keep it); a biased ".router"
      * (gpt-oss) stays float too, as the oracle's MLX fixtures keep it */
     char bias[512];
     int ml = (int)(strlen(t->name) - strlen(".weight"));
     if (j->hp.moe_router_bits < 0 && is_router(j, t->name, (size_t)ml)) return false;
     if (j->hp.quant_float && strstr(t->name, j->hp.quant_float)) return false;
     snprintf(bias, sizeof bias, "%.*s.e_score_correction_bias", ml, t->name);
+    if (kc_has(j->ck, bias)) return false;
+    snprintf(bias, sizeof bias, "%.*s.tid2eid", ml, t->name);
     if (kc_has(j->ck, bias)) return false;
     snprintf(bias, sizeof bias, "%.*s.bias", ml, t->name);
     return !(ends_with(t->name, ".router.weight") && kc_has(j->ck, bias));
