@@ -431,6 +431,8 @@ kg_node *kb_softplus(kb_ctx *b, kg_node *x);
  * layer il (weight [C, 1, K], its bias with `bias`), state k of the layer
  * holding the last K-1 inputs. No activation. */
 kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias);
+/* The same with the weight given: w [C, K] (no bias). */
+kg_node *kb_short_conv_w(kb_ctx *b, kg_node *x, kg_node *w, int il, int k);
 /* RMSNorm of x * silu(gate) (x alone with gate NULL) within `groups` groups
  * of the last dim, times the weight of role t (Mamba-2's MambaRMSNormGated). */
 kg_node *kb_gated_rms_norm(kb_ctx *b, kg_node *x, kg_node *gate, km_tensor t, int il, int64_t groups, float eps);
@@ -485,6 +487,19 @@ kg_node *kb_gated_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o
  * the delta rule (kiln.delta_scan, state 1 [Hv, Dk, Dv]); per-head RMSNorm
  * (KM_T_SSM_NORM [Dv]) times silu(z); KM_T_SSM_OUT. */
 kg_node *kb_gated_deltanet(kb_ctx *b, kg_node *x, int il);
+/* How a gated DeltaNet stores its projections:
+ *   QKVZ:     as above (Qwen3-Next)
+ *   QKV_Z:    KM_T_SSM_IN [q Kd | k Kd | v Vd] (Kd = Hk Dk, Vd = Hv Dv), KM_T_SSM_X
+ *             the gate z [Vd], KM_T_LIN_BA beta's b [Hv], KM_T_SSM_DT a [Hv] (Qwen3.5)
+ *   SEPARATE: q/k/v as "<KM_T_SSM>.q_proj" / ".k_proj" / ".v_proj", each with its own
+ *             depthwise conv "<KM_T_SSM>.q_conv1d" ...; z, b, a as QKV_Z (OLMo-Hybrid) */
+typedef enum { KB_DN_QKVZ, KB_DN_QKV_Z, KB_DN_SEPARATE } kb_deltanet_proj;
+typedef struct {
+    kb_deltanet_proj proj;
+    float beta_scale; /* beta = this * sigmoid(b); 0: 1 (2: negative eigenvalues allowed, OLMo-Hybrid) */
+    float norm_eps;   /* the gated output norm's eps; 0: hp->norm_eps */
+} kb_deltanet_opts;
+kg_node *kb_gated_deltanet_ex(kb_ctx *b, kg_node *x, int il, const kb_deltanet_opts *o);
 /* MiniMax's lightning attention on x [T, hidden]: silu(KM_T_ATTN_QKV(x)) as
  * per head [q | k | v] of head_dim; state 0 [H, D, D] decays by
  * exp(-slope_rate[h]) (KM_T_SSM "<module>.slope_rate" [H, 1, 1]) per token

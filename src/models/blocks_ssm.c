@@ -81,18 +81,23 @@ kg_node *kb_softplus(kb_ctx *b, kg_node *x) {
 
 static kg_node *to_f32(kb_ctx *b, kg_node *x) { return x ? kg_convert(b->g, x, KG_F32) : NULL; }
 
-kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias) {
-    if (!x) return NULL;
+kg_node *kb_short_conv_w(kb_ctx *b, kg_node *x, kg_node *w, int il, int k) {
+    if (!x || !w) return NULL;
     kg_graph *g = b->g;
-    int64_t C = x->shape.d[1], K = b->hp->ssm_conv;
-    kg_node *w = kb_tensor(b, KM_T_SSM_CONV, il, ".weight", 3, (int64_t[]){C, 1, K});
-    if (!w) return NULL;
-    w = kg_reshape(g, w, KG_SHAPE(C, K));
+    int64_t C = x->shape.d[1], K = w->shape.d[1];
     kb_state st = kb_state_read(b, il, k, 2, (int64_t[]){K - 1, C});
     kg_node *y = kg_causal_conv1d(g, x, w, st.rows, b->seq, false);
     kb_state_write(b, &st, kg_causal_conv1d(g, x, w, st.rows, b->seq, true));
-    if (bias) y = kg_add(g, y, to_f32(b, kb_vector(b, KM_T_SSM_CONV, il, ".bias", C)));
     return kg_name(y, "short_conv", il);
+}
+
+kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias) {
+    if (!x) return NULL;
+    int64_t C = x->shape.d[1], K = b->hp->ssm_conv;
+    kg_node *w = kb_tensor(b, KM_T_SSM_CONV, il, ".weight", 3, (int64_t[]){C, 1, K});
+    kg_node *y = kb_short_conv_w(b, x, w ? kg_reshape(b->g, w, KG_SHAPE(C, K)) : NULL, il, k);
+    if (y && bias) y = kg_add(b->g, y, to_f32(b, kb_vector(b, KM_T_SSM_CONV, il, ".bias", C)));
+    return y;
 }
 
 kg_node *kb_gated_rms_norm(kb_ctx *b, kg_node *x, kg_node *gate, km_tensor t, int il, int64_t groups, float eps) {

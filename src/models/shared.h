@@ -41,4 +41,19 @@ kiln_status km_mamba2_hybrid(const cJSON *cfg, km_hparams *hp, const char *prefi
 /* hp->features for `kiln info`: the Mamba-2 shape, then `more`. (bamba.c) */
 void km_mamba2_features(km_hparams *hp, const char *more);
 
+/* Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5, OLMo-Hybrid): the linear
+ * heads from linear_num_key_heads, linear_num_value_heads,
+ * linear_key_head_dim, linear_value_head_dim (defaults def[0..3]),
+ * linear_conv_kernel_dim, and the layer pattern from layer_types
+ * ("linear_attention" / "full_attention"), else every full_attention_interval-th
+ * layer (default 4) full; hp->features. (qwen3_next.c) */
+kiln_status km_deltanet_common(const cJSON *cfg, km_hparams *hp, const int64_t def[4]);
+/* Qwen3-Next's and Qwen3.5's settings: tied embeddings off by default,
+ * rms_norm_eps, attention_bias on q/k/v/o, no MLP bias, (1 + w) RMSNorms,
+ * head_dim 256 and partial rotary 0.25 by default. (qwen3_next.c) */
+kiln_status km_qwen_next_common(const cJSON *cfg, km_hparams *hp);
+/* Qwen3-Next's and Qwen3.5's full-attention layer: kb_gated_attention with
+ * the layer's defaults and per-head q/k norms. (qwen3_next.c) */
+kg_node *km_qwen_gated_attention(kb_ctx *b, kg_node *x, int il);
+
 #endif
