@@ -158,6 +158,7 @@ typedef struct {
                                * (b_layernorm, c_layernorm) (Jamba) */
     /* gated DeltaNet (Qwen3-Next linear_attention layers) */
     int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim;
+    float lin_beta_scale;     /* beta = this * sigmoid(b) (OLMo-Hybrid's negative eigenvalues: 2); 0: 1 */
     /* MiniMax: a layer's residual is its normed input times alpha, its branch times beta:
      * [0] full attention, [1] linear attention, [2] MLP */
     float mm_alpha[3], mm_beta[3];
