@@ -313,7 +313,9 @@ typedef struct {
     float norm_eps, norm_min;
     float scale;          /* weights times this (routed_scaling_factor); 0: 1 */
     kb_moe_layout layout;
-    km_act act;           /* SiLU, GELU (erf) or GELU-tanh */
+    km_act act;           /* SiLU, GELU (erf) or GELU-tanh; relu^2 with ungated */
+    bool ungated;         /* experts and shared expert are down(act(up x)): KM_T_MOE_UP / _DOWN and
+                           * KM_T_MOE_SHARED_UP / _DOWN only (Nemotron-H) */
     bool swiglu_oai;      /* gpt-oss's clamped SwiGLU (alpha, limit) instead of act */
     float alpha, limit;
     bool expert_bias;     /* per-expert biases on gate/up/down ("<module>.bias", or the fused tensor's "_bias") */
@@ -368,6 +370,7 @@ typedef struct {
     struct kg_node *(*mixer)(struct kb_ctx *b, struct kg_node *x, int il); /* in place of attention (kb_mamba,
                               * kb_mamba2, ...); NULL: attention */
     bool no_ffn;             /* the layer is its first branch only (Mamba's blocks) */
+    bool no_mixer;           /* the layer is its MLP branch only, x + mlp(n2(x)) (Nemotron-H's mlp / moe blocks) */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
  * hp->post_norm) RMSNorm layers with hp's arrangement switches

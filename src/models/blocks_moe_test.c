@@ -2,7 +2,7 @@
  * (softmax then top-k with renormalisation, top-k then softmax, sigmoid with
  * a choice bias, group limits and scaling; a shared expert with its sigmoid
  * scale; Llama 4's top-k sigmoid on the experts' inputs; PhiMoE's
- * sparsemixer), with kernels and fully decomposed; mlx-lm's stacked
+ * sparsemixer; Nemotron-H's non-gated relu^2 experts), with kernels and fully decomposed; mlx-lm's stacked
  * switch_mlp checkpoints against the per-expert ones they come from; and the
  * mixture of attention heads (kb_moa) against a scalar JetMoE. */
 #include "kt.h"
@@ -57,13 +57,16 @@ static kc_checkpoint *weights(char *dir, size_t cap) {
 
 static double silu(double v) { return v / (1 + exp(-v)); }
 
-/* down(silu(gate x) * up x) for weights [f, H], [f, H], [H, f] */
+static kb_moe_opts opts;
+
+/* down(silu(gate x) * up x) for weights [f, H], [f, H], [H, f]; with
+ * opts.ungated down(relu(up x)^2) */
 static void mlp(const float *g, const float *u, const float *d, int f, const float *x, double *out) {
     double h[8];
     for (int i = 0; i < f; i++) {
         double a = 0, b = 0;
         for (int c = 0; c < H; c++) a += (double)g[i * H + c] * x[c], b += (double)u[i * H + c] * x[c];
-        h[i] = silu(a) * b;
+        h[i] = opts.ungated ? (b > 0 ? b * b : 0) : silu(a) * b;
     }
     for (int o = 0; o < H; o++) {
         double v = 0;
@@ -71,8 +74,6 @@ static void mlp(const float *g, const float *u, const float *d, int f, const flo
         out[o] = v;
     }
 }
-
-static kb_moe_opts opts;
 
 /* The reference of kb_moe with `opts` on token x. */
 static void reference(const float *x, float *out) {
@@ -155,7 +156,7 @@ KT_TEST(blocks_moe_routings_match_reference) {
     kb_moe_opts base = {.experts = E, .top_k = K, .width = F, .act = KM_ACT_SILU};
     kb_moe_opts cases[] = {
         base, /* Qwen2-MoE without renorm */
-        base, base, base, base, base, base, base, base,
+        base, base, base, base, base, base, base, base, base,
     };
     cases[1].norm_topk = true; /* Mixtral */
     cases[2].score = KM_MOE_TOPK_SOFTMAX; /* GraniteMoE */
@@ -166,6 +167,8 @@ KT_TEST(blocks_moe_routings_match_reference) {
     cases[6].score = KM_MOE_TOPK_SIGMOID, cases[6].scale_input = true, cases[6].shared_width = FS; /* Llama 4 */
     cases[7].score = KM_MOE_SPARSEMIXER, cases[7].jitter_eps = 0.01f; /* PhiMoE */
     cases[8].score = KM_MOE_SPARSEMIXER, cases[8].jitter_eps = 0.2f;
+    cases[9].score = KM_MOE_SIGMOID, cases[9].choice_bias = cases[9].norm_topk = true, cases[9].scale = 2.5f,
+    cases[9].ungated = true, cases[9].act = KM_ACT_RELU2, cases[9].shared_width = FS; /* Nemotron-H */
     float x[T * H], ref[T * H];
     fill(x, T * H, 1);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

@@ -136,6 +136,8 @@ typedef struct {
     unsigned char layer_chunked[KM_MAX_LAYERS]; /* 1: this layer's attention is chunked */
     /* ---- recurrent layers (blocks_ssm.c) ---- */
     unsigned char layer_recurrent[KM_MAX_LAYERS]; /* 1: layer il mixes with a recurrence (SSM, short conv), not attention */
+    unsigned char layer_ffn_only[KM_MAX_LAYERS];  /* 1: layer il is its MLP (or MoE) branch alone, no token mixer
+                                                   * (Nemotron-H's mlp / moe blocks) */
     int64_t ssm_inner;        /* d_inner: the mixer's width (Mamba intermediate_size, expand * hidden) */
     int64_t ssm_state;        /* state_size N */
     int64_t ssm_conv;         /* conv_kernel K */

@@ -40,7 +40,7 @@ const km_names km_sandwich_names = {
     X(mamba) X(mamba2) X(lfm2) X(bamba) X(falcon_h1) X(rwkv) X(recurrent_gemma) \
     X(jamba) X(granitemoehybrid) X(qwen3_next) X(minimax) X(zamba2) \
     X(qwen2_vl_text) X(qwen3_vl_text) \
-    X(qwen3_5_text) X(qwen3_5_moe_text) X(olmo_hybrid)
+    X(qwen3_5_text) X(qwen3_5_moe_text) X(olmo_hybrid) X(nemotron_h)
 
 #define DECLARE(f) extern const km_family km_family_##f;
 FAMILIES(DECLARE)
@@ -50,7 +50,8 @@ static const km_family *const families[] = {FAMILIES(LIST)};
 /* Families whose configs name even the common fields their own way
  * (OpenELM's model_dim, num_transformer_layers): their parse hook reads
  * everything, from a zeroed km_hparams. */
-static const km_family *const parse_all[] = {&km_family_openelm, &km_family_mamba, &km_family_mamba2, &km_family_rwkv};
+static const km_family *const parse_all[] = {&km_family_openelm, &km_family_mamba, &km_family_mamba2, &km_family_rwkv,
+                                             &km_family_nemotron_h};
 
 static bool parses_all(const km_family *f) {
     for (size_t i = 0; i < sizeof parse_all / sizeof parse_all[0]; i++)
