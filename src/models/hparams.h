@@ -42,6 +42,14 @@ typedef enum {
                            * (kb_moe_opts.jitter_eps); top-k must be 2 */
 } km_moe_score;
 
+/* One rule of a model's quant_predicate in mlx-lm: a weight module whose
+ * path ends with `suffix` is quantized with these bits and group size
+ * (bits 0: left float). Arrays of rules end with a NULL suffix. */
+typedef struct km_quant_rule {
+    const char *suffix;
+    int bits, group_size;
+} km_quant_rule;
+
 typedef struct {
     char model_type[64];
     char features[160]; /* what `kiln info` should say beyond the fields below, e.g. "ALiBi, parallel residual" */
@@ -160,6 +168,9 @@ typedef struct {
                                * (b_layernorm, c_layernorm) (Jamba) */
     /* gated DeltaNet (Qwen3-Next linear_attention layers) */
     int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim;
+    /* mlx-lm's per-model quant_predicate, which `kiln quantize` follows (set by
+     * the family's parse hook; NULL: none, every Linear at the global bits) */
+    const struct km_quant_rule *quant_rules;
     float lin_beta_scale;     /* beta = this * sigmoid(b) (OLMo-Hybrid's negative eigenvalues: 2); 0: 1 */
     /* MiniMax: a layer's residual is its normed input times alpha, its branch times beta:
      * [0] full attention, [1] linear attention, [2] MLP */

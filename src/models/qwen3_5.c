@@ -49,6 +49,10 @@ static kiln_status parse_common(const cJSON *cfg, km_hparams *hp) {
 
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) { return parse_common(cfg, hp); }
 
+/* mlx-lm's quant_predicate (qwen3_next.py, qwen3_5.py): the router and the
+ * shared expert's gate at 8 bits */
+static const km_quant_rule quant_rules[] = {{"mlp.gate", 8, 64}, {"shared_expert_gate", 8, 64}, {NULL, 0, 0}};
+
 static kiln_status parse_moe(const cJSON *cfg, km_hparams *hp) {
     /* every layer is a mixture (Qwen3_5MoeTextConfig has no decoder_sparse_step / mlp_only_layers) */
     KILN_TRY(km_moe_parse(cfg, hp,
@@ -56,6 +60,7 @@ static kiln_status parse_moe(const cJSON *cfg, km_hparams *hp) {
                                          .shared_ffn = "shared_expert_intermediate_size", .norm_topk = true, .top_k_def = 8}));
     hp->moe_score = KM_MOE_SOFTMAX;
     if (hp->ffn <= 0) hp->ffn = hp->expert_ffn; /* no dense MLP: intermediate_size is absent */
+    hp->quant_rules = quant_rules;
     return parse_common(cfg, hp);
 }
 

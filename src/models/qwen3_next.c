@@ -39,6 +39,10 @@ kiln_status km_qwen_next_common(const cJSON *cfg, km_hparams *hp) {
     return NULL;
 }
 
+/* mlx-lm's quant_predicate (qwen3_next.py, qwen3_5.py): the router and the
+ * shared expert's gate at 8 bits */
+static const km_quant_rule quant_rules[] = {{"mlp.gate", 8, 64}, {"shared_expert_gate", 8, 64}, {NULL, 0, 0}};
+
 static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(km_qwen_next_common(cfg, hp));
     KILN_TRY(km_moe_parse(cfg, hp,
@@ -46,6 +50,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
                                          .shared_ffn = "shared_expert_intermediate_size", .step = "decoder_sparse_step",
                                          .dense_list = "mlp_only_layers", .norm_topk = true, .top_k_def = 10}));
     hp->moe_score = KM_MOE_SOFTMAX;
+    if (hp->n_experts) hp->quant_rules = quant_rules;
     return km_deltanet_common(cfg, hp, (const int64_t[4]){16, 32, 128, 128});
 }
 

@@ -52,6 +52,38 @@ static int list_fixtures(const char *root, char **out, int cap) {
     return n;
 }
 
+/* Modules whose quantization in the fixtures differs from mlx-lm's
+ * converter, which kiln quantize follows: the fixture generator quantized
+ * every nn.Linear that transformers 5 builds at the global bits, without
+ * mlx-lm's per-model quant_predicate, and left float what transformers 5
+ * does not build as nn.Linear. For these modules kiln's tensors are checked
+ * against mlx-lm's rule instead of the fixture's:
+ * - the model's quant_predicate (km_hparams.quant_rules): Qwen3-Next's and
+ *   Qwen3.5-MoE's mlp.gate and shared_expert_gate at 8 bits, group 64
+ *   (mlx-lm models/qwen3_next.py, qwen3_5.py);
+ * - routers that transformers 5 keeps as a bare parameter (ERNIE-4.5-MoE's
+ *   and Qwen3.5-MoE's mlp.gate: float in the fixtures), which mlx-lm's
+ *   models hold as nn.Linear and quantize at the global bits (issue 24). */
+static const char *const fixture_float[][2] = {{"ernie4_5_moe", "mlp.gate"}, {"qwen3_5_moe_text", "mlp.gate"}};
+
+static bool ends_with(const char *s, size_t n, const char *suffix) {
+    size_t b = strlen(suffix);
+    return n >= b && !strncmp(s + n - b, suffix, b);
+}
+
+/* The bits mlx-lm gives tensor `name`'s module where the fixture differs
+ * from mlx-lm (above), with its group size in *gs; -1 elsewhere. */
+static int mlx_rule_bits(const km_hparams *hp, const char *name, int bits, int *gs) {
+    const char *dot = strrchr(name, '.');
+    size_t n = dot ? (size_t)(dot - name) : strlen(name);
+    *gs = 64;
+    for (const km_quant_rule *r = hp->quant_rules; r && r->suffix; r++)
+        if (ends_with(name, n, r->suffix)) return *gs = r->group_size ? r->group_size : 64, r->bits;
+    for (size_t i = 0; i < sizeof fixture_float / sizeof fixture_float[0]; i++)
+        if (!strcmp(hp->model_type, fixture_float[i][0]) && ends_with(name, n, fixture_float[i][1])) return bits;
+    return -1;
+}
+
 typedef struct {
     int fixtures, tensors, differing_codes;
     int64_t codes, ties, ties_away; /* .5 ties; those that rounding half away from zero would change */
@@ -60,8 +92,8 @@ typedef struct {
 /* Compares got (kiln's) with want (the fixture's) tensor by tensor. Codes may
  * differ only on exact .5 ties (recomputed from src's float weights); all
  * else must be bit-identical. Returns a message on failure, NULL when equal. */
-static const char *compare(const char *src_dir, const char *got_dir, const char *want_dir, eq_stats *es, char *msg,
-                           size_t cap) {
+static const char *compare(const char *src_dir, const char *got_dir, const char *want_dir, int gbits, eq_stats *es,
+                           char *msg, size_t cap) {
     char pg[4096], pw[4096];
     FMT(pg, "%s/model.safetensors", got_dir);
     FMT(pw, "%s/model.safetensors", want_dir);
@@ -75,12 +107,42 @@ static const char *compare(const char *src_dir, const char *got_dir, const char 
         snprintf(msg, cap, "%.500s", kiln_status_msg(st));
         fail = msg;
     }
-    if (!fail && kc_st_count(g) != kc_st_count(w)) {
-        snprintf(msg, cap, "%.200s: %d tensors, the fixture has %d", got_dir, kc_st_count(g), kc_st_count(w));
+    km_hparams hp = {0};
+    const km_family *fam = src ? km_family_find(kc_model_type(src)) : NULL;
+    if (!fail && (!fam || (st = km_parse(fam, kc_config(src), &hp)))) {
+        snprintf(msg, cap, "%.200s: %.300s", src_dir, st ? kiln_status_msg(st) : "no family");
         fail = msg;
+    }
+    int rb, rgs, ng = 0, nw = 0;
+    for (int i = 0; !fail && i < kc_st_count(g); i++) ng += mlx_rule_bits(&hp, kc_st_at(g, i)->name, gbits, &rgs) < 0;
+    for (int i = 0; !fail && i < kc_st_count(w); i++) nw += mlx_rule_bits(&hp, kc_st_at(w, i)->name, gbits, &rgs) < 0;
+    if (!fail && ng != nw) {
+        snprintf(msg, cap, "%.200s: %d tensors, the fixture has %d (beside mlx-lm's rules)", got_dir, ng, nw);
+        fail = msg;
+    }
+    /* the modules mlx-lm quantizes otherwise than the fixture: kiln's as mlx-lm's rule says */
+    for (int i = 0; !fail && i < kc_st_count(g); i++) {
+        const kc_tensor *tg = kc_st_at(g, i);
+        size_t len = strlen(tg->name);
+        if ((rb = mlx_rule_bits(&hp, tg->name, gbits, &rgs)) < 0 || !ends_with(tg->name, len, ".weight")) continue;
+        const kc_tensor *f = kc_find(src, tg->name);
+        char sname[512];
+        FMT(sname, "%.*s.scales", (int)(len - 7), tg->name);
+        const kc_tensor *sc = kc_st_find(g, sname);
+        bool ok = f && f->rank == 2 && tg->rank == 2 && tg->shape[0] == f->shape[0];
+        if (ok && rb == 0) ok = tg->dtype == f->dtype && !sc;
+        else if (ok) ok = tg->dtype == KC_U32 && tg->shape[1] * 32 == f->shape[1] * rb && sc && sc->rank == 2 &&
+                         sc->shape[1] * rgs == f->shape[1];
+        if (!ok) {
+            snprintf(msg, cap, "%.200s: %.200s is not quantized as mlx-lm's rule says (%d bits, group %d)", got_dir, tg->name,
+                     rb, rgs);
+            fail = msg;
+        }
+        es->tensors++;
     }
     for (int i = 0; !fail && i < kc_st_count(w); i++) {
         const kc_tensor *tw = kc_st_at(w, i), *tg = kc_st_find(g, tw->name);
+        if (mlx_rule_bits(&hp, tw->name, gbits, &rgs) >= 0) continue;
         if (!tg || tg->dtype != tw->dtype || tg->rank != tw->rank ||
             memcmp(tg->shape, tw->shape, sizeof(int64_t) * (size_t)tw->rank)) {
             snprintf(msg, cap, "%.200s: %.200s missing or of another dtype/shape", got_dir, tw->name);
@@ -157,7 +219,7 @@ static void run_equality(const char *root, eq_stats *es, int *bad) {
             FMT(out, "%s/q", tmp);
             kq_options o = {.bits = bits, .group_size = 64};
             kiln_status st = kq_quantize(dirs[i], out, &o, NULL);
-            const char *fail = st ? kiln_status_msg(st) : compare(dirs[i], out, want, es, msg, sizeof msg);
+            const char *fail = st ? kiln_status_msg(st) : compare(dirs[i], out, want, bits, es, msg, sizeof msg);
             if (fail) {
                 (*bad)++;
                 fprintf(stderr, "  FAIL %s: %s\n", want, fail);
