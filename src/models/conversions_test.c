@@ -493,3 +493,30 @@ KT_TEST(variant_plamo_is_cohere_on_centered_weights) {
     ckt_rmdir(d2);
     KT_CHECKF(ok, "plamo's logits differ from cohere's on the same (centered, permuted) weights");
 }
+
+/* ---------------------------------------------------------------- vision-language wrappers */
+
+/* Qwen3.5(-MoE) as its vision-language checkpoints hold the text model: a
+ * "qwen3_5_moe" config with the text model's fields under text_config, the
+ * weights under model.language_model.* (lm_head kept). */
+static void wrap_text_config(cJSON *cfg) {
+    cJSON *text = cJSON_CreateObject();
+    while (cfg->child) {
+        cJSON *it = cJSON_DetachItemViaPointer(cfg, cfg->child);
+        char *key = strdup(it->string);
+        cJSON_AddItemToObject(text, key, it);
+        free(key);
+    }
+    cJSON_AddStringToObject(cfg, "model_type", "qwen3_5_moe");
+    cJSON_AddItemToObject(cfg, "text_config", text);
+}
+
+static bool to_language_model(const char *name, char *out, size_t cap) {
+    snprintf(out, cap, "%s%s", strncmp(name, "model.", 6) ? "" : "model.language_model.", strncmp(name, "model.", 6) ? name : name + 6);
+    return false;
+}
+
+KT_TEST(variant_qwen3_5_moe_wrapper) {
+    check_conversion(&(conversion){.fixture = "qwen3_5_moe_text", .family = "qwen3_5_moe_text",
+                                   .edit_config = wrap_text_config, .rename = to_language_model});
+}
