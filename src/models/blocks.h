@@ -87,6 +87,9 @@ typedef struct kb_ctx {
     /* vision-language models */
     kg_node *span;             /* [T, 2] i32 bidirectional span per token (hp->attn_span), made by the first attention */
     kg_node *embd_add;         /* [T, embd_add_layers * hidden] KB_IN_EMBD_ADD, made by the first kb_embd_add */
+    /* set by an emitter whose checkpoint stores its norm weights with hp->norm_offset
+     * already added (mlx-lm's Qwen3-Next / Qwen3.5 conversions): kb_norm_ex adds none */
+    bool norm_offset_stored;
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -436,6 +439,11 @@ kg_node *kb_softplus(kb_ctx *b, kg_node *x);
 kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias);
 /* The same with the weight given: w [C, K] (no bias). */
 kg_node *kb_short_conv_w(kb_ctx *b, kg_node *x, kg_node *w, int il, int k);
+/* A depthwise conv weight "<module of t><suffix>" as [C, K]: stored [C, 1, K]
+ * (PyTorch's Conv1d) or [C, K, 1] (mlx-lm's conversions, which move the axis). */
+kg_node *kb_conv_weight(kb_ctx *b, km_tensor t, int il, const char *suffix, int64_t C, int64_t K);
+/* Whether that weight is stored in mlx-lm's [C, K, 1] layout (K > 1). */
+bool kb_conv_mlx_layout(const kb_ctx *b, km_tensor t, int il, const char *suffix);
 /* RMSNorm of x * silu(gate) (x alone with gate NULL) within `groups` groups
  * of the last dim, times the weight of role t (Mamba-2's MambaRMSNormGated). */
 kg_node *kb_gated_rms_norm(kb_ctx *b, kg_node *x, kg_node *gate, km_tensor t, int il, int64_t groups, float eps);

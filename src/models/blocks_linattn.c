@@ -99,8 +99,7 @@ static kg_node *deltanet_conv(kb_ctx *b, kg_node *qkv, int il, const kb_deltanet
     kg_node *w[3];
     for (int i = 0; i < 3; i++) {
         int64_t C = i < 2 ? Kd : Vd;
-        if (!(w[i] = to_f32(b, kb_tensor(b, KM_T_SSM, il, conv[i], 3, (int64_t[]){C, 1, K})))) return NULL;
-        w[i] = kg_reshape(b->g, w[i], KG_SHAPE(C, K));
+        if (!(w[i] = to_f32(b, kb_conv_weight(b, KM_T_SSM, il, conv[i], C, K)))) return NULL;
     }
     return kb_short_conv_w(b, qkv, kg_concat(b->g, w, 3, 0), il, 0);
 }

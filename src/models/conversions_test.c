@@ -520,3 +520,36 @@ KT_TEST(variant_qwen3_5_moe_wrapper) {
     check_conversion(&(conversion){.fixture = "qwen3_5_moe_text", .family = "qwen3_5_moe_text",
                                    .edit_config = wrap_text_config, .rename = to_language_model});
 }
+
+/* ---------------------------------------------------------------- mlx-lm's Qwen3-Next / Qwen3.5 conversions */
+
+/* mlx-lm's sanitize (qwen3_next.py, qwen3_5.py): conv weights [C, 1, K] ->
+ * [C, K, 1] (moveaxis(2, 1)), and 1 added to the (1 + w) RMSNorm weights its
+ * plain RMSNorm then uses; the DeltaNet's gated norm is kept. */
+static void *mlx_lm_sanitized(const cJSON *cfg, kc_tensor *t) {
+    (void)cfg;
+    static const char *const shifted[] = {".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                                          ".q_norm.weight", ".k_norm.weight"};
+    if (t->dtype != KC_F32) return NULL;
+    if (strstr(t->name, "conv1d.weight") && t->rank == 3 && t->shape[1] == 1) {
+        int64_t C = t->shape[0], K = t->shape[2];
+        const float *in = t->data;
+        float *out = malloc(sizeof(float) * (size_t)(C * K));
+        memcpy(out, in, sizeof(float) * (size_t)(C * K)); /* [C, 1, K] and [C, K, 1]: the same bytes */
+        t->shape[1] = K, t->shape[2] = 1;
+        return out;
+    }
+    for (size_t i = 0; i < sizeof shifted / sizeof shifted[0]; i++)
+        if (t->rank == 1 && ends_with(t->name, shifted[i])) {
+            const float *in = t->data;
+            float *out = malloc(sizeof(float) * (size_t)t->shape[0]);
+            for (int64_t j = 0; j < t->shape[0]; j++) out[j] = in[j] + 1.0f;
+            return out;
+        }
+    return NULL;
+}
+
+KT_TEST(variant_qwen3_next_qwen3_5_mlx_lm_layout) {
+    check_conversion(&(conversion){.fixture = "qwen3_5_text", .family = "qwen3_5_text", .edit_tensor = mlx_lm_sanitized, .mlx = true});
+    check_conversion(&(conversion){.fixture = "qwen3_next", .family = "qwen3_next", .edit_tensor = mlx_lm_sanitized, .mlx = true});
+}

@@ -9,6 +9,7 @@
  * positions every component is the token's position, so it is the plain
  * rope), and a dense MLP or, for the MoE model, Qwen2-MoE's softmax top-k
  * experts (norm_topk_prob) with a sigmoid-gated shared expert on every layer.
+ * Checkpoints converted by mlx-lm are read as converted (km_qwen_next_mlx_norms).
  * The multi-token prediction layers of the released checkpoints (mtp.*,
  * mtp_num_hidden_layers) are not used for decoding; kiln info reports them. */
 #include <string.h>
@@ -73,7 +74,10 @@ static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
     o->moe.shared_scale = true;
 }
 
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
+static kg_node *emit(kb_ctx *b) {
+    km_qwen_next_mlx_norms(b);
+    return kb_decoder(b, layer);
+}
 
 static const char *const types[] = {"qwen3_5_text", "qwen3_5", NULL};
 const km_family km_family_qwen3_5_text = {"qwen3_5_text", types, &names, parse, emit};

@@ -101,7 +101,18 @@ static void layer(const kb_ctx *b, int il, kb_layer_opts *o) {
     o->moe.shared_scale = true;
 }
 
-static kg_node *emit(kb_ctx *b) { return kb_decoder(b, layer); }
+void km_qwen_next_mlx_norms(kb_ctx *b) {
+    for (int il = 0; il < b->hp->n_layers; il++)
+        if (b->hp->layer_recurrent[il]) {
+            b->norm_offset_stored = kb_conv_mlx_layout(b, KM_T_SSM_CONV, il, ".weight");
+            return;
+        }
+}
+
+static kg_node *emit(kb_ctx *b) {
+    km_qwen_next_mlx_norms(b);
+    return kb_decoder(b, layer);
+}
 
 static const char *const types[] = {"qwen3_next", NULL};
 const km_family km_family_qwen3_next = {"qwen3_next", types, &names, parse, emit};

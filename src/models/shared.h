@@ -55,5 +55,13 @@ kiln_status km_qwen_next_common(const cJSON *cfg, km_hparams *hp);
 /* Qwen3-Next's and Qwen3.5's full-attention layer: kb_gated_attention with
  * the layer's defaults and per-head q/k norms. (qwen3_next.c) */
 kg_node *km_qwen_gated_attention(kb_ctx *b, kg_node *x, int il);
+/* mlx-lm's conversions of Qwen3-Next and Qwen3.5 (sanitize in its
+ * qwen3_next.py / qwen3_5.py) move the convs' axis to [C, K, 1] and, in the
+ * same step, add 1 to the (1 + w) RMSNorm weights (input, post-attention,
+ * final, q/k norms; not the DeltaNet's gated norm), which its plain RMSNorm
+ * then uses as they are: a conv in that layout marks such a checkpoint, whose
+ * norms get no offset (b->norm_offset_stored). Call before the layers.
+ * (qwen3_next.c) */
+void km_qwen_next_mlx_norms(kb_ctx *b);
 
 #endif
