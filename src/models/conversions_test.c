@@ -553,3 +553,24 @@ KT_TEST(variant_qwen3_next_qwen3_5_mlx_lm_layout) {
     check_conversion(&(conversion){.fixture = "qwen3_5_text", .family = "qwen3_5_text", .edit_tensor = mlx_lm_sanitized, .mlx = true});
     check_conversion(&(conversion){.fixture = "qwen3_next", .family = "qwen3_next", .edit_tensor = mlx_lm_sanitized, .mlx = true});
 }
+
+/* ---------------------------------------------------------------- Nemotron-H's config forms */
+
+/* The released configs' hybrid_override_pattern (M mamba, E moe, * attention,
+ * - mlp) with num_hidden_layers, and transformers' newer layer_types names. */
+static void nemotron_pattern(cJSON *cfg) {
+    cJSON_DeleteItemFromObject(cfg, "layers_block_type");
+    cJSON_AddStringToObject(cfg, "hybrid_override_pattern", "ME*-");
+    cJSON_AddNumberToObject(cfg, "num_hidden_layers", 4);
+}
+
+static void nemotron_layer_types(cJSON *cfg) {
+    cJSON_DeleteItemFromObject(cfg, "layers_block_type");
+    const char *const t[] = {"linear_attention", "moe", "full_attention", "mlp"};
+    cJSON_AddItemToObject(cfg, "layer_types", cJSON_CreateStringArray(t, 4));
+}
+
+KT_TEST(variant_nemotron_h_config_forms) {
+    check_conversion(&(conversion){.fixture = "nemotron_h", .family = "nemotron_h", .edit_config = nemotron_pattern});
+    check_conversion(&(conversion){.fixture = "nemotron_h", .family = "nemotron_h", .edit_config = nemotron_layer_types});
+}

@@ -36,15 +36,20 @@ enum { MAMBA, ATTENTION, MLP, MOE };
 
 /* The layer types from layers_block_type or hybrid_override_pattern into kind[], their count into *n. */
 static kiln_status pattern(const cJSON *cfg, unsigned char *kind, int64_t *n) {
-    static const char *const words[4] = {"mamba", "attention", "mlp", "moe"};
+    /* the legacy names, then transformers' newer ones (remap_legacy_layer_types) */
+    static const char *const words[6] = {"mamba", "attention", "mlp", "moe", "linear_attention", "full_attention"};
     static const char chars[5] = "M*-E";
     const cJSON *lt = ku_json_get(cfg, "layers_block_type"), *p = ku_json_get(cfg, "hybrid_override_pattern"), *e;
+    if (!lt || cJSON_IsNull(lt)) lt = ku_json_get(cfg, "layer_types"); /* its attribute_map alias */
     *n = 0;
     if (lt && cJSON_IsArray(lt)) {
         cJSON_ArrayForEach(e, lt) {
             int k = 0;
-            while (k < 4 && !(cJSON_IsString(e) && !strcmp(e->valuestring, words[k]))) k++;
-            if (k == 4) return kiln_error(KILN_EINVAL, "config.json: layers_block_type[%lld] must be mamba, attention, mlp or moe", (long long)*n);
+            while (k < 6 && !(cJSON_IsString(e) && !strcmp(e->valuestring, words[k]))) k++;
+            if (k == 6)
+                return kiln_error(KILN_EINVAL, "config.json: layers_block_type[%lld] must be mamba (linear_attention), "
+                                  "attention (full_attention), mlp or moe", (long long)*n);
+            if (k >= 4) k -= 4;
             if (*n >= KM_MAX_LAYERS) return kiln_error(KILN_EUNSUPPORTED, "config.json: more than %d layers", KM_MAX_LAYERS);
             kind[(*n)++] = (unsigned char)k;
         }
@@ -91,13 +96,21 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(act_named(cfg, "mamba_hidden_act", "silu", &mact));
     if (mact != KM_ACT_SILU) return kiln_error(KILN_EUNSUPPORTED, "config.json: mamba_hidden_act other than silu");
     /* the Mamba-2 mixer */
+    /* the released configs' older names as NemotronHConfig accepts them:
+     * mamba_n_groups, mamba_d_conv, mamba_conv_bias, mamba_dt_min; attention_head_dim */
+    if (!ku_json_get(cfg, "head_dim") && ku_json_get(cfg, "attention_head_dim"))
+        KILN_TRY(ku_json_int(cfg, "attention_head_dim", hp->head_dim, &hp->head_dim));
+    if (hp->head_dim <= 0) return kiln_error(KILN_EINVAL, "config.json: \"head_dim\" must be positive");
     KILN_TRY(ku_json_int(cfg, "mamba_num_heads", 128, &hp->ssm_heads));
     KILN_TRY(ku_json_int(cfg, "mamba_head_dim", 64, &hp->ssm_head_dim));
     KILN_TRY(ku_json_int(cfg, "ssm_state_size", 128, &hp->ssm_state));
     KILN_TRY(ku_json_int(cfg, "n_groups", 8, &hp->ssm_groups));
+    KILN_TRY(ku_json_int(cfg, "mamba_n_groups", hp->ssm_groups, &hp->ssm_groups));
     KILN_TRY(ku_json_int(cfg, "conv_kernel", 4, &hp->ssm_conv));
+    KILN_TRY(ku_json_int(cfg, "mamba_d_conv", hp->ssm_conv, &hp->ssm_conv));
     KILN_TRY(ku_json_bool(cfg, "use_bias", false, &hp->ssm_bias));
     KILN_TRY(ku_json_bool(cfg, "use_conv_bias", true, &hp->ssm_conv_bias));
+    KILN_TRY(ku_json_bool(cfg, "mamba_conv_bias", hp->ssm_conv_bias, &hp->ssm_conv_bias));
     hp->ssm_out_bias = hp->ssm_bias;
     hp->ssm_inner = hp->ssm_heads * hp->ssm_head_dim;
     hp->ssm_silu = true;
@@ -114,6 +127,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
      * follows the torch path, the oracle's. time_step_limit is still checked. */
     KILN_TRY(km_ssm_dt_limit(cfg, hp));
     KILN_TRY(ku_json_num(cfg, "time_step_min", 0.001, &hp->ssm_dt_min));
+    KILN_TRY(ku_json_num(cfg, "mamba_dt_min", hp->ssm_dt_min, &hp->ssm_dt_min));
     hp->ssm_dt_max = INFINITY;
     /* the experts */
     KILN_TRY(km_moe_parse(cfg, hp,
