@@ -341,6 +341,11 @@ static kg_node *moe(kg_graph *g, const kg_node *n) {
         h = mul(g, act, up);
         break;
     }
+    case KG_MOE_RELU2: {
+        kg_node *r = kg_binary(g, KG_OP_MAX, up, scalar_like(g, up, 0.0));
+        h = mul(g, r, r);
+        break;
+    }
     case KG_MOE_GELU: {
         kg_node *e = kg_unary(g, KG_OP_ERF, mul(g, gt, scalar_like(g, gt, M_SQRT1_2)));
         h = mul(g, mul(g, mul(g, gt, scalar_like(g, gt, 0.5)), add(g, e, scalar_like(g, e, 1.0))), up);

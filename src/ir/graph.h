@@ -191,7 +191,8 @@ typedef enum {
     KG_MOE_GELU_TANH, /* down(gelu_tanh(gate x) * up x) */
     KG_MOE_GELU,      /* down(gelu(gate x) * up x) */
     KG_MOE_SWIGLU_OAI, /* gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit): down((u + 1) * g * sigmoid(alpha * g)) */
-    KG_MOE_SILU_CLAMP  /* DeepSeek-V4: g = min(gate, limit), u = clamp(up, -limit, limit): down(silu(g) * u) */
+    KG_MOE_SILU_CLAMP, /* DeepSeek-V4: g = min(gate, limit), u = clamp(up, -limit, limit): down(silu(g) * u) */
+    KG_MOE_RELU2       /* not gated: down(relu(up x)^2); the gate weights are not read (Nemotron-H) */
 } kg_moe_act;
 
 typedef struct {

@@ -201,6 +201,7 @@ KT_TEST(moe_matches_decomposition) {
         {6, 32, 32, 8, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_GELU, false, false},
         {5, 64, 32, 4, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU, false, true},      /* Llama 4 */
         {4, 64, 32, 6, 2, {KG_WF_AFFINE, KG_WF_BF16, KG_WF_F32}, KG_MOE_SILU, true, true},
+        {5, 64, 32, 4, 2, {KG_WF_F32, KG_WF_AFFINE, KG_WF_BF16}, KG_MOE_RELU2, false, false}, /* Nemotron-H */
     };
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         moe_cfg *c = &cfgs[ci];

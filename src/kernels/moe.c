@@ -6,7 +6,8 @@
  * for any number of rows, so a token's result does not depend on which
  * other tokens chose the same expert), the activation applied, then the down
  * projection; results are added to the output in increasing expert order,
- * as the decomposition's dense combination sums them. Expert weights stay in
+ * as the decomposition's dense combination sums them (the non-gated
+ * KG_MOE_RELU2 skips the gate projection). Expert weights stay in
  * their stored format; only the chosen experts' weights are read. */
 #include <math.h>
 #include <stdbool.h>
@@ -320,7 +321,7 @@ void kk_moe(const kk_call *c) {
         if (!ne) continue;
         kk_wview g = expert_view(was[0], wn[0], wp[0], e), u = expert_view(was[1], wn[1], wp[1], e),
                  d = expert_view(was[2], wn[2], wp[2], e);
-        project(c->pool, &g, xs, ne, gt, bn[0], bp[0], e);
+        if (m->act != KG_MOE_RELU2) project(c->pool, &g, xs, ne, gt, bn[0], bp[0], e);
         project(c->pool, &u, xs, ne, up, bn[1], bp[1], e);
         for (int64_t q = 0; q < ne * F; q++) {
             float a = gt[q], b = up[q];
@@ -341,6 +342,11 @@ void kk_moe(const kk_call *c) {
                 float x3 = (a * a) * a;
                 float inner = (a + x3 * 0.044715f) * (float)(M_SQRT2 * M_2_SQRTPI * 0.5);
                 gt[q] = ((a * 0.5f) * (tanhf(inner) + 1.0f)) * b;
+                break;
+            }
+            case KG_MOE_RELU2: {
+                float r = b > 0.0f ? b : 0.0f;
+                gt[q] = r * r;
                 break;
             }
             case KG_MOE_GELU:

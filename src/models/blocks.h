@@ -92,6 +92,9 @@ typedef struct kb_ctx {
     kg_node *ple;              /* [T, layers, P] per-layer inputs, set by kb_per_layer_inputs */
     /* sparse attention (blocks_sparse.c): the last indexer's choice, [T, topk] i32 slots and their validity */
     kg_node *dsa_slots, *dsa_valid;
+    /* set by an emitter whose checkpoint stores its norm weights with hp->norm_offset
+     * already added (mlx-lm's Qwen3-Next / Qwen3.5 conversions): kb_norm_ex adds none */
+    bool norm_offset_stored;
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -374,7 +377,9 @@ typedef struct {
     float norm_eps, norm_min;
     float scale;          /* weights times this (routed_scaling_factor); 0: 1 */
     kb_moe_layout layout;
-    km_act act;           /* SiLU, GELU (erf) or GELU-tanh */
+    km_act act;           /* SiLU, GELU (erf) or GELU-tanh; relu^2 with ungated */
+    bool ungated;         /* experts and shared expert are down(act(up x)): KM_T_MOE_UP / _DOWN and
+                           * KM_T_MOE_SHARED_UP / _DOWN only (Nemotron-H) */
     bool swiglu_oai;      /* gpt-oss's clamped SwiGLU (alpha, limit) instead of act */
     bool silu_clamp;      /* DeepSeek-V4's SwiGLU: silu(min(gate, limit)) * clamp(up, -limit, limit), on the
                            * routed and the shared experts */
@@ -447,6 +452,7 @@ typedef struct {
     struct kg_node *ple;     /* [T, layers, P] per-layer inputs (kb_per_layer_inputs): kb_per_layer_add after the
                               * branches, or NULL */
     bool layer_scale;        /* the layer's output times KM_T_LAYER_SCALE [1] */
+    bool no_mixer;           /* the layer is its MLP branch only, x + mlp(n2(x)) (Nemotron-H's mlp / moe blocks) */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
  * hp->post_norm, SANDWICH with hp->sandwich_norm) RMSNorm layers with hp's arrangement switches
@@ -511,6 +517,13 @@ kg_node *kb_softplus(kb_ctx *b, kg_node *x);
  * layer il (weight [C, 1, K], its bias with `bias`), state k of the layer
  * holding the last K-1 inputs. No activation. */
 kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias);
+/* The same with the weight given: w [C, K] (no bias). */
+kg_node *kb_short_conv_w(kb_ctx *b, kg_node *x, kg_node *w, int il, int k);
+/* A depthwise conv weight "<module of t><suffix>" as [C, K]: stored [C, 1, K]
+ * (PyTorch's Conv1d) or [C, K, 1] (mlx-lm's conversions, which move the axis). */
+kg_node *kb_conv_weight(kb_ctx *b, km_tensor t, int il, const char *suffix, int64_t C, int64_t K);
+/* Whether that weight is stored in mlx-lm's [C, K, 1] layout (K > 1). */
+bool kb_conv_mlx_layout(const kb_ctx *b, km_tensor t, int il, const char *suffix);
 /* RMSNorm of x * silu(gate) (x alone with gate NULL) within `groups` groups
  * of the last dim, times the weight of role t (Mamba-2's MambaRMSNormGated). */
 kg_node *kb_gated_rms_norm(kb_ctx *b, kg_node *x, kg_node *gate, km_tensor t, int il, int64_t groups, float eps);
@@ -565,6 +578,19 @@ kg_node *kb_gated_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o
  * the delta rule (kiln.delta_scan, state 1 [Hv, Dk, Dv]); per-head RMSNorm
  * (KM_T_SSM_NORM [Dv]) times silu(z); KM_T_SSM_OUT. */
 kg_node *kb_gated_deltanet(kb_ctx *b, kg_node *x, int il);
+/* How a gated DeltaNet stores its projections:
+ *   QKVZ:     as above (Qwen3-Next)
+ *   QKV_Z:    KM_T_SSM_IN [q Kd | k Kd | v Vd] (Kd = Hk Dk, Vd = Hv Dv), KM_T_SSM_X
+ *             the gate z [Vd], KM_T_LIN_BA beta's b [Hv], KM_T_SSM_DT a [Hv] (Qwen3.5)
+ *   SEPARATE: q/k/v as "<KM_T_SSM>.q_proj" / ".k_proj" / ".v_proj", each with its own
+ *             depthwise conv "<KM_T_SSM>.q_conv1d" ...; z, b, a as QKV_Z (OLMo-Hybrid) */
+typedef enum { KB_DN_QKVZ, KB_DN_QKV_Z, KB_DN_SEPARATE } kb_deltanet_proj;
+typedef struct {
+    kb_deltanet_proj proj;
+    float beta_scale; /* beta = this * sigmoid(b); 0: 1 (2: negative eigenvalues allowed, OLMo-Hybrid) */
+    float norm_eps;   /* the gated output norm's eps; 0: hp->norm_eps */
+} kb_deltanet_opts;
+kg_node *kb_gated_deltanet_ex(kb_ctx *b, kg_node *x, int il, const kb_deltanet_opts *o);
 /* MiniMax's lightning attention on x [T, hidden]: silu(KM_T_ATTN_QKV(x)) as
  * per head [q | k | v] of head_dim; state 0 [H, D, D] decays by
  * exp(-slope_rate[h]) (KM_T_SSM "<module>.slope_rate" [H, 1, 1]) per token

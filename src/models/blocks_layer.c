@@ -101,6 +101,11 @@ static kg_node *layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
     if ((o->parallel || o->residual_from_norm) && o->norm_place != KB_NORM_PRE)
         return kb_fail(b, kiln_error(KILN_EINTERNAL, "%s: a parallel block or residuals from the norms need pre-norms",
                                      b->fam->name));
+    if (o->no_mixer) {
+        if (o->norm_place != KB_NORM_PRE || o->parallel)
+            return kb_fail(b, kiln_error(KILN_EINTERNAL, "%s: an MLP-only layer needs pre-norms", b->fam->name));
+        return add_branch(b, x, mlp(b, kb_norm_ex(b, x, KM_T_FFN_NORM, il, n), il, o), o);
+    }
     if (o->norm_place == KB_NORM_RESIDUAL) {
         x = kb_norm_ex(b, add_branch(b, x, attention(b, x, il, o), o), KM_T_ATTN_NORM, il, n);
         return kb_norm_ex(b, add_branch(b, x, mlp(b, x, il, o), o), KM_T_FFN_NORM, il, n);

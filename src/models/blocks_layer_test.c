@@ -83,6 +83,13 @@ static void ffn(const float *h, float *out) {
 static void reference(const kb_layer_opts *o, const float *x, float *y) {
     float n1[C], a[C], x1[C], n2[C], f[C], t[C];
     float s = o->residual_scale != 0 ? o->residual_scale : 1;
+    if (o->no_mixer || o->no_ffn) { /* one branch: x + f(n(x)) */
+        norm(x, o->no_mixer ? 2 : 0, n1);
+        if (o->no_mixer) ffn(n1, a);
+        else attn(n1, a);
+        for (int i = 0; i < C; i++) y[i] = x[i] + s * a[i];
+        return;
+    }
     switch (o->norm_place) {
     case KB_NORM_PRE:
         norm(x, 0, n1);
@@ -155,6 +162,9 @@ KT_TEST(blocks_layer_arrangements) {
         {"parallel, residual from the norm", {.parallel = true, .residual_from_norm = true}},
         {"scaled residual", {.residual_scale = 0.375f}},
         {"scaled sandwich", {.norm_place = KB_NORM_SANDWICH, .residual_scale = 1.5f}},
+        {"mixer only", {.no_ffn = true}},
+        {"MLP only", {.no_mixer = true}},
+        {"scaled MLP only", {.no_mixer = true, .residual_scale = 0.5f}},
     };
     km_hparams hp = one_layer();
     int32_t tok = 5;
@@ -171,6 +181,9 @@ KT_TEST(blocks_layer_arrangements) {
     }
     /* a parallel block needs pre-norms */
     layer_opts = (kb_layer_opts){.norm_place = KB_NORM_POST, .parallel = true, .attn.rope = -1};
+    KT_CHECK(!mt_prefill(&layer_family, &hp, ck, 1, &tok));
+    /* so does an MLP-only layer */
+    layer_opts = (kb_layer_opts){.norm_place = KB_NORM_POST, .no_mixer = true, .attn.rope = -1};
     KT_CHECK(!mt_prefill(&layer_family, &hp, ck, 1, &tok));
     kc_close(ck);
     ckt_rmdir(dir);

@@ -43,26 +43,80 @@ static kg_node *repeat_heads(kb_ctx *b, kg_node *x, int64_t r) {
     return kg_reshape(b->g, kg_broadcast_in_dim(b->g, x, KG_SHAPE(T, G, r, n), (int[]){0, 1, 3}), KG_SHAPE(T, G * r, n));
 }
 
-kg_node *kb_gated_deltanet(kb_ctx *b, kg_node *x, int il) {
+/* The mixer's projections as o->proj lays them out: qkv [T, 2 Kd + Vd]
+ * (q | k | v, the conv's channel order), z [T, Hv, Dv], b and a [T, Hv]. */
+static bool deltanet_proj(kb_ctx *b, kg_node *x, int il, const kb_deltanet_opts *o, kg_node **qkv, kg_node **z,
+                          kg_node **bb, kg_node **a) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    int64_t T = b->shape.T, Hk = hp->lin_k_heads, Hv = hp->lin_v_heads, Dk = hp->lin_k_dim, Dv = hp->lin_v_dim;
+    int64_t r = Hv / Hk, Kd = Hk * Dk, Vd = Hv * Dv;
+    if (o->proj == KB_DN_QKVZ) {
+        int64_t per = 2 * Dk + 2 * r * Dv;
+        kg_node *qkvz = kb_linear(b, x, KM_T_SSM_IN, il, Hk * per, false);
+        kg_node *ba = kb_linear(b, x, KM_T_LIN_BA, il, 2 * Hv, false);
+        if (!qkvz || !ba) return false;
+        qkvz = kg_reshape(g, qkvz, KG_SHAPE(T, Hk, per));
+        ba = kg_reshape(g, ba, KG_SHAPE(T, Hk, 2 * r));
+        kg_node *parts[3] = {kg_reshape(g, kb_slice_last(b, qkvz, 0, Dk), KG_SHAPE(T, Kd)),
+                             kg_reshape(g, kb_slice_last(b, qkvz, Dk, 2 * Dk), KG_SHAPE(T, Kd)),
+                             kg_reshape(g, kb_slice_last(b, qkvz, 2 * Dk, 2 * Dk + r * Dv), KG_SHAPE(T, Vd))};
+        *qkv = kg_concat(g, parts, 3, 1);
+        *z = kg_reshape(g, kb_slice_last(b, qkvz, 2 * Dk + r * Dv, per), KG_SHAPE(T, Hv, Dv));
+        *bb = kg_reshape(g, kb_slice_last(b, ba, 0, r), KG_SHAPE(T, Hv));
+        *a = kg_reshape(g, kb_slice_last(b, ba, r, 2 * r), KG_SHAPE(T, Hv));
+        return true;
+    }
+    if (o->proj == KB_DN_QKV_Z) *qkv = kb_linear(b, x, KM_T_SSM_IN, il, 2 * Kd + Vd, false);
+    else {
+        char m[256], sub[300];
+        kb_name(b, KM_T_SSM, il, m, sizeof m);
+        static const char *const proj[3] = {".q_proj", ".k_proj", ".v_proj"};
+        kg_node *parts[3];
+        for (int i = 0; i < 3; i++) {
+            snprintf(sub, sizeof sub, "%s%s", m, proj[i]);
+            if (!(parts[i] = kb_linear_module(b, x, sub, i < 2 ? Kd : Vd))) return false;
+        }
+        *qkv = kg_concat(g, parts, 3, 1);
+    }
+    kg_node *zz = kb_linear(b, x, KM_T_SSM_X, il, Vd, false);
+    *bb = kb_linear(b, x, KM_T_LIN_BA, il, Hv, false);
+    *a = kb_linear(b, x, KM_T_SSM_DT, il, Hv, false);
+    if (!*qkv || !zz || !*bb || !*a) return false;
+    *z = kg_reshape(g, zz, KG_SHAPE(T, Hv, Dv));
+    return true;
+}
+
+/* The causal conv of the mixer: KM_T_SSM_CONV's weight, or with
+ * KB_DN_SEPARATE the q, k and v convs of KM_T_SSM side by side (depthwise:
+ * the same as one conv over the concatenated channels). */
+static kg_node *deltanet_conv(kb_ctx *b, kg_node *qkv, int il, const kb_deltanet_opts *o) {
+    if (!qkv) return NULL;
+    if (o->proj != KB_DN_SEPARATE) return kb_short_conv(b, qkv, il, 0, false);
+    const km_hparams *hp = b->hp;
+    int64_t K = hp->ssm_conv, Kd = hp->lin_k_heads * hp->lin_k_dim, Vd = hp->lin_v_heads * hp->lin_v_dim;
+    static const char *const conv[3] = {".q_conv1d.weight", ".k_conv1d.weight", ".v_conv1d.weight"};
+    kg_node *w[3];
+    for (int i = 0; i < 3; i++) {
+        int64_t C = i < 2 ? Kd : Vd;
+        if (!(w[i] = to_f32(b, kb_conv_weight(b, KM_T_SSM, il, conv[i], C, K)))) return NULL;
+    }
+    return kb_short_conv_w(b, qkv, kg_concat(b->g, w, 3, 0), il, 0);
+}
+
+kg_node *kb_gated_deltanet_ex(kb_ctx *b, kg_node *x, int il, const kb_deltanet_opts *o) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
     int64_t T = b->shape.T, Hk = hp->lin_k_heads, Hv = hp->lin_v_heads, Dk = hp->lin_k_dim, Dv = hp->lin_v_dim;
     if (Hk < 1 || Hv < Hk || Hv % Hk || Dk < 1 || Dv < 1)
         return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: %lld value heads do not group over %lld key heads", il,
                                      (long long)Hv, (long long)Hk));
-    int64_t r = Hv / Hk, per = 2 * Dk + 2 * r * Dv, Kd = Hk * Dk, Vd = Hv * Dv;
-    kg_node *qkvz = kb_linear(b, x, KM_T_SSM_IN, il, Hk * per, false);
-    kg_node *ba = kb_linear(b, x, KM_T_LIN_BA, il, 2 * Hv, false);
-    if (!qkvz || !ba) return NULL;
-    qkvz = kg_reshape(g, qkvz, KG_SHAPE(T, Hk, per));
-    ba = kg_reshape(g, ba, KG_SHAPE(T, Hk, 2 * r));
-    kg_node *parts[3] = {kg_reshape(g, kb_slice_last(b, qkvz, 0, Dk), KG_SHAPE(T, Kd)),
-                         kg_reshape(g, kb_slice_last(b, qkvz, Dk, 2 * Dk), KG_SHAPE(T, Kd)),
-                         kg_reshape(g, kb_slice_last(b, qkvz, 2 * Dk, 2 * Dk + r * Dv), KG_SHAPE(T, Vd))};
-    kg_node *z = kg_reshape(g, kb_slice_last(b, qkvz, 2 * Dk + r * Dv, per), KG_SHAPE(T, Hv, Dv));
-    kg_node *beta = kg_unary(g, KG_OP_LOGISTIC, kg_reshape(g, kb_slice_last(b, ba, 0, r), KG_SHAPE(T, Hv)));
-    kg_node *a = kg_reshape(g, kb_slice_last(b, ba, r, 2 * r), KG_SHAPE(T, Hv));
-    kg_node *qkv = kb_act(b, kb_short_conv(b, kg_concat(g, parts, 3, 1), il, 0, false), KM_ACT_SILU);
+    int64_t r = Hv / Hk, Kd = Hk * Dk, Vd = Hv * Dv;
+    kg_node *qkv, *z, *bb, *a;
+    if (!deltanet_proj(b, x, il, o, &qkv, &z, &bb, &a)) return NULL;
+    kg_node *beta = kg_unary(g, KG_OP_LOGISTIC, bb);
+    if (o->beta_scale != 0) beta = kg_scale(g, beta, o->beta_scale);
+    qkv = kb_act(b, deltanet_conv(b, qkv, il, o), KM_ACT_SILU);
     if (!qkv) return NULL;
     kg_node *q = repeat_heads(b, kg_reshape(g, kb_slice_last(b, qkv, 0, Kd), KG_SHAPE(T, Hk, Dk)), r);
     kg_node *k = repeat_heads(b, kg_reshape(g, kb_slice_last(b, qkv, Kd, 2 * Kd), KG_SHAPE(T, Hk, Dk)), r);
@@ -79,8 +133,13 @@ kg_node *kb_gated_deltanet(kb_ctx *b, kg_node *x, int il) {
     kb_state_write(b, &st, kg_delta_scan(g, q, k, v, gt, beta, st.rows, b->seq, true, true));
     kg_node *w = to_f32(b, kb_vector(b, KM_T_SSM_NORM, il, ".weight", Dv));
     if (!y || !w) return NULL;
-    y = kg_mul(g, kg_rms_norm(g, y, w, (float)hp->norm_eps, 0), kb_act(b, z, KM_ACT_SILU));
+    float eps = o->norm_eps > 0 ? o->norm_eps : (float)hp->norm_eps;
+    y = kg_mul(g, kg_rms_norm(g, y, w, eps, 0), kb_act(b, z, KM_ACT_SILU));
     return kg_name(kb_linear(b, kg_reshape(g, y, KG_SHAPE(T, Vd)), KM_T_SSM_OUT, il, hp->hidden, false), "gated_deltanet", il);
+}
+
+kg_node *kb_gated_deltanet(kb_ctx *b, kg_node *x, int il) {
+    return kb_gated_deltanet_ex(b, x, il, &(kb_deltanet_opts){.proj = KB_DN_QKVZ});
 }
 
 kg_node *kb_lightning_attention(kb_ctx *b, kg_node *x, int il) {

@@ -234,6 +234,12 @@ static kg_node *expert_bias(kb_ctx *b, km_tensor t, int il, int64_t E, int64_t n
 }
 
 static bool moe_act(kb_ctx *b, const kb_moe_opts *o, kg_moe_attr *a) {
+    if (o->ungated) {
+        if (o->act != KM_ACT_RELU2 || o->expert_bias || o->swiglu_oai)
+            return take(b, kiln_error(KILN_EUNSUPPORTED, "%s: non-gated experts need relu^2 and no biases", b->fam->name));
+        a->act = KG_MOE_RELU2;
+        return true;
+    }
     if (o->swiglu_oai) {
         a->act = KG_MOE_SWIGLU_OAI, a->alpha = o->alpha, a->limit = o->limit;
         return true;
@@ -258,7 +264,11 @@ static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il
     if (!moe_act(b, o, &a)) return NULL;
     bool separate = o->layout == KB_MOE_SEPARATE || has_module(b, KM_T_MOE_GATE, il);
     char name[300], full[320];
-    if (separate) {
+    if (o->ungated) { /* kiln.moe reads up's weights only; they stand in for the gate's */
+        if (!experts(b, KM_T_MOE_UP, il, E, F, H, w + 3, &a.up)) return NULL;
+        memcpy(w, w + 3, sizeof w[0] * 3);
+        a.gate = a.up;
+    } else if (separate) {
         if (!experts(b, KM_T_MOE_GATE, il, E, F, H, w, &a.gate) || !experts(b, KM_T_MOE_UP, il, E, F, H, w + 3, &a.up)) return NULL;
         if (o->expert_bias) {
             w[9] = expert_bias(b, KM_T_MOE_GATE, il, E, F);
@@ -311,6 +321,10 @@ static kg_node *shared(kb_ctx *b, kg_node *x, int il, const kb_moe_opts *o) {
     kg_graph *g = b->g;
     int64_t F = o->shared_width, H = x->shape.d[1];
     kg_node *gate, *up;
+    if (o->ungated) {
+        kg_node *h = kb_act(b, kb_linear(b, x, KM_T_MOE_SHARED_UP, il, F, false), o->act);
+        return kb_linear(b, h, KM_T_MOE_SHARED_DOWN, il, H, false);
+    }
     if (o->shared_fused) {
         kg_node *gu = kb_linear(b, x, KM_T_MOE_SHARED_UP, il, 2 * F, false);
         gate = kb_slice_last(b, gu, 0, F);

@@ -3,7 +3,7 @@
  * a choice bias, group limits and scaling; a shared expert with its sigmoid
  * scale; Llama 4's top-k sigmoid on the experts' inputs; PhiMoE's
  * sparsemixer; DeepSeek-V4's sqrt-softplus scores, token-id (hash) routing
- * and clamped SwiGLU), with kernels and fully decomposed; mlx-lm's stacked
+ * and clamped SwiGLU; Nemotron-H's non-gated relu^2 experts), with kernels and fully decomposed; mlx-lm's stacked
  * switch_mlp checkpoints against the per-expert ones they come from; and the
  * mixture of attention heads (kb_moa) against a scalar JetMoE. */
 #include "kt.h"
@@ -59,14 +59,17 @@ static kc_checkpoint *weights(char *dir, size_t cap) {
 static double silu(double v) { return v / (1 + exp(-v)); }
 static double clamp_limit; /* > 0: DeepSeek-V4's silu(min(gate, l)) * clamp(up, -l, l) */
 
-/* down(silu(gate x) * up x) for weights [f, H], [f, H], [H, f] */
+static kb_moe_opts opts;
+
+/* down(silu(gate x) * up x) for weights [f, H], [f, H], [H, f]; with
+ * opts.ungated down(relu(up x)^2) */
 static void mlp(const float *g, const float *u, const float *d, int f, const float *x, double *out) {
     double h[8];
     for (int i = 0; i < f; i++) {
         double a = 0, b = 0;
         for (int c = 0; c < H; c++) a += (double)g[i * H + c] * x[c], b += (double)u[i * H + c] * x[c];
         if (clamp_limit > 0) a = fmin(a, clamp_limit), b = fmax(-clamp_limit, fmin(b, clamp_limit));
-        h[i] = silu(a) * b;
+        h[i] = opts.ungated ? (b > 0 ? b * b : 0) : silu(a) * b;
     }
     for (int o = 0; o < H; o++) {
         double v = 0;
@@ -172,7 +175,7 @@ KT_TEST(blocks_moe_routings_match_reference) {
     kb_moe_opts base = {.experts = E, .top_k = K, .width = F, .act = KM_ACT_SILU};
     kb_moe_opts cases[] = {
         base, /* Qwen2-MoE without renorm */
-        base, base, base, base, base, base, base, base, base, base, base, base, base,
+        base, base, base, base, base, base, base, base, base, base, base, base, base, base,
     };
     cases[1].norm_topk = true; /* Mixtral */
     cases[2].score = KM_MOE_TOPK_SOFTMAX; /* GraniteMoE */
@@ -190,6 +193,8 @@ KT_TEST(blocks_moe_routings_match_reference) {
     cases[12].score = KM_MOE_SQRT_SOFTPLUS, cases[12].choice_bias = cases[12].norm_topk = true, cases[12].scale = 1.5f,
     cases[12].silu_clamp = true, cases[12].limit = 0.7f, cases[12].shared_width = FS; /* DeepSeek-V4 */
     cases[13] = cases[12], cases[13].choice_bias = false; /* DeepSeek-V4's hash-routed layers */
+    cases[14].score = KM_MOE_SIGMOID, cases[14].choice_bias = cases[14].norm_topk = true, cases[14].scale = 2.5f,
+    cases[14].ungated = true, cases[14].act = KM_ACT_RELU2, cases[14].shared_width = FS; /* Nemotron-H */
     float x[T * H], ref[T * H];
     fill(x, T * H, 1);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

@@ -21,7 +21,8 @@ static kg_node *head_weights(kb_ctx *b, km_tensor t, int il, int64_t H, int64_t 
 kg_node *kb_norm_ex(kb_ctx *b, kg_node *x, km_tensor t, int il, const kb_norm_opts *o) {
     kg_graph *g = b->g;
     if (!x) return NULL;
-    float eps = o->eps > 0 ? o->eps : (float)b->hp->norm_eps, offset = b->hp->norm_offset;
+    float eps = o->eps > 0 ? o->eps : (float)b->hp->norm_eps;
+    float offset = b->norm_offset_stored ? 0.0f : b->hp->norm_offset;
     if (o->plain) return o->kind == KB_NORM_RMS ? kg_rms_norm(g, x, NULL, eps, 0) : kg_layer_norm(g, x, NULL, NULL, eps);
     if (o->per_head) {
         /* normalise each head without weight, then scale by its own */

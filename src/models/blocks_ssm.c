@@ -81,18 +81,36 @@ kg_node *kb_softplus(kb_ctx *b, kg_node *x) {
 
 static kg_node *to_f32(kb_ctx *b, kg_node *x) { return x ? kg_convert(b->g, x, KG_F32) : NULL; }
 
-kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias) {
-    if (!x) return NULL;
+kg_node *kb_short_conv_w(kb_ctx *b, kg_node *x, kg_node *w, int il, int k) {
+    if (!x || !w) return NULL;
     kg_graph *g = b->g;
-    int64_t C = x->shape.d[1], K = b->hp->ssm_conv;
-    kg_node *w = kb_tensor(b, KM_T_SSM_CONV, il, ".weight", 3, (int64_t[]){C, 1, K});
-    if (!w) return NULL;
-    w = kg_reshape(g, w, KG_SHAPE(C, K));
+    int64_t C = x->shape.d[1], K = w->shape.d[1];
     kb_state st = kb_state_read(b, il, k, 2, (int64_t[]){K - 1, C});
     kg_node *y = kg_causal_conv1d(g, x, w, st.rows, b->seq, false);
     kb_state_write(b, &st, kg_causal_conv1d(g, x, w, st.rows, b->seq, true));
-    if (bias) y = kg_add(g, y, to_f32(b, kb_vector(b, KM_T_SSM_CONV, il, ".bias", C)));
     return kg_name(y, "short_conv", il);
+}
+
+bool kb_conv_mlx_layout(const kb_ctx *b, km_tensor t, int il, const char *suffix) {
+    char name[256], full[300];
+    kb_name(b, t, il, name, sizeof name);
+    snprintf(full, sizeof full, "%s%s", name, suffix);
+    const kc_tensor *ct = kc_find(b->ck, full);
+    return ct && ct->rank == 3 && ct->shape[1] > 1 && ct->shape[2] == 1;
+}
+
+kg_node *kb_conv_weight(kb_ctx *b, km_tensor t, int il, const char *suffix, int64_t C, int64_t K) {
+    bool mlx = K > 1 && kb_conv_mlx_layout(b, t, il, suffix);
+    kg_node *w = kb_tensor(b, t, il, suffix, 3, mlx ? (int64_t[]){C, K, 1} : (int64_t[]){C, 1, K});
+    return w ? kg_reshape(b->g, w, KG_SHAPE(C, K)) : NULL; /* [C, 1, K] and [C, K, 1]: the same bytes */
+}
+
+kg_node *kb_short_conv(kb_ctx *b, kg_node *x, int il, int k, bool bias) {
+    if (!x) return NULL;
+    int64_t C = x->shape.d[1], K = b->hp->ssm_conv;
+    kg_node *y = kb_short_conv_w(b, x, kb_conv_weight(b, KM_T_SSM_CONV, il, ".weight", C, K), il, k);
+    if (y && bias) y = kg_add(b->g, y, to_f32(b, kb_vector(b, KM_T_SSM_CONV, il, ".bias", C)));
+    return y;
 }
 
 kg_node *kb_gated_rms_norm(kb_ctx *b, kg_node *x, kg_node *gate, km_tensor t, int il, int64_t groups, float eps) {

@@ -765,6 +765,28 @@ static bool gemma4_wrapped(const char *name, char *out, size_t cap) {
     return false;
 }
 
+/* ---------------------------------------------------------------- vision-language wrappers */
+
+/* Qwen3.5(-MoE) as its vision-language checkpoints hold the text model: a
+ * "qwen3_5_moe" config with the text model's fields under text_config, the
+ * weights under model.language_model.* (lm_head kept). */
+static void wrap_text_config(cJSON *cfg) {
+    cJSON *text = cJSON_CreateObject();
+    while (cfg->child) {
+        cJSON *it = cJSON_DetachItemViaPointer(cfg, cfg->child);
+        char *key = strdup(it->string);
+        cJSON_AddItemToObject(text, key, it);
+        free(key);
+    }
+    cJSON_AddStringToObject(cfg, "model_type", "qwen3_5_moe");
+    cJSON_AddItemToObject(cfg, "text_config", text);
+}
+
+static bool to_language_model(const char *name, char *out, size_t cap) {
+    snprintf(out, cap, "%s%s", strncmp(name, "model.", 6) ? "" : "model.language_model.", strncmp(name, "model.", 6) ? name : name + 6);
+    return false;
+}
+
 /* wrapper_type[0] outside, wrapper_type[1] as the text_config's model_type;
  * quantization stays at the top, as mlx-lm writes it. */
 static const char *wrapper_type[2];
@@ -840,4 +862,63 @@ KT_TEST(variant_gemma_bad_configs_are_clear_errors) {
     config_fails("gemma3n_text", "{\"intermediate_size\": [64, 64]}", "\"intermediate_size\" must list 4 layers");
     config_fails("gemma3n_text", "{\"activation_sparsity_pattern\": [1, 0, 0, 0]}", "activation_sparsity_pattern");
     config_fails("gemma3n_text", "{\"altup_num_inputs\": 9}", "altup_num_inputs 9");
+}
+
+KT_TEST(variant_qwen3_5_moe_wrapper) {
+    check_conversion(&(conversion){.fixture = "qwen3_5_moe_text", .family = "qwen3_5_moe_text",
+                                   .edit_config = wrap_text_config, .rename = to_language_model});
+}
+
+/* ---------------------------------------------------------------- mlx-lm's Qwen3-Next / Qwen3.5 conversions */
+
+/* mlx-lm's sanitize (qwen3_next.py, qwen3_5.py): conv weights [C, 1, K] ->
+ * [C, K, 1] (moveaxis(2, 1)), and 1 added to the (1 + w) RMSNorm weights its
+ * plain RMSNorm then uses; the DeltaNet's gated norm is kept. */
+static void *mlx_lm_sanitized(const cJSON *cfg, kc_tensor *t) {
+    (void)cfg;
+    static const char *const shifted[] = {".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                                          ".q_norm.weight", ".k_norm.weight"};
+    if (t->dtype != KC_F32) return NULL;
+    if (strstr(t->name, "conv1d.weight") && t->rank == 3 && t->shape[1] == 1) {
+        int64_t C = t->shape[0], K = t->shape[2];
+        const float *in = t->data;
+        float *out = malloc(sizeof(float) * (size_t)(C * K));
+        memcpy(out, in, sizeof(float) * (size_t)(C * K)); /* [C, 1, K] and [C, K, 1]: the same bytes */
+        t->shape[1] = K, t->shape[2] = 1;
+        return out;
+    }
+    for (size_t i = 0; i < sizeof shifted / sizeof shifted[0]; i++)
+        if (t->rank == 1 && ends_with(t->name, shifted[i])) {
+            const float *in = t->data;
+            float *out = malloc(sizeof(float) * (size_t)t->shape[0]);
+            for (int64_t j = 0; j < t->shape[0]; j++) out[j] = in[j] + 1.0f;
+            return out;
+        }
+    return NULL;
+}
+
+KT_TEST(variant_qwen3_next_qwen3_5_mlx_lm_layout) {
+    check_conversion(&(conversion){.fixture = "qwen3_5_text", .family = "qwen3_5_text", .edit_tensor = mlx_lm_sanitized, .mlx = true});
+    check_conversion(&(conversion){.fixture = "qwen3_next", .family = "qwen3_next", .edit_tensor = mlx_lm_sanitized, .mlx = true});
+}
+
+/* ---------------------------------------------------------------- Nemotron-H's config forms */
+
+/* The released configs' hybrid_override_pattern (M mamba, E moe, * attention,
+ * - mlp) with num_hidden_layers, and transformers' newer layer_types names. */
+static void nemotron_pattern(cJSON *cfg) {
+    cJSON_DeleteItemFromObject(cfg, "layers_block_type");
+    cJSON_AddStringToObject(cfg, "hybrid_override_pattern", "ME*-");
+    cJSON_AddNumberToObject(cfg, "num_hidden_layers", 4);
+}
+
+static void nemotron_layer_types(cJSON *cfg) {
+    cJSON_DeleteItemFromObject(cfg, "layers_block_type");
+    const char *const t[] = {"linear_attention", "moe", "full_attention", "mlp"};
+    cJSON_AddItemToObject(cfg, "layer_types", cJSON_CreateStringArray(t, 4));
+}
+
+KT_TEST(variant_nemotron_h_config_forms) {
+    check_conversion(&(conversion){.fixture = "nemotron_h", .family = "nemotron_h", .edit_config = nemotron_pattern});
+    check_conversion(&(conversion){.fixture = "nemotron_h", .family = "nemotron_h", .edit_config = nemotron_layer_types});
 }

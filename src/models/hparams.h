@@ -43,6 +43,14 @@ typedef enum {
     KM_MOE_SQRT_SOFTPLUS, /* sqrt(softplus(logit)) of every expert, then top-k (DeepSeek-V4 sqrtsoftplus) */
 } km_moe_score;
 
+/* One rule of a model's quant_predicate in mlx-lm: a weight module whose
+ * path ends with `suffix` is quantized with these bits and group size
+ * (bits 0: left float). Arrays of rules end with a NULL suffix. */
+typedef struct km_quant_rule {
+    const char *suffix;
+    int bits, group_size;
+} km_quant_rule;
+
 typedef struct {
     char model_type[64];
     char features[160]; /* what `kiln info` should say beyond the fields below, e.g. "ALiBi, parallel residual" */
@@ -160,6 +168,8 @@ typedef struct {
     unsigned char layer_chunked[KM_MAX_LAYERS]; /* 1: this layer's attention is chunked */
     /* ---- recurrent layers (blocks_ssm.c) ---- */
     unsigned char layer_recurrent[KM_MAX_LAYERS]; /* 1: layer il mixes with a recurrence (SSM, short conv), not attention */
+    unsigned char layer_ffn_only[KM_MAX_LAYERS];  /* 1: layer il is its MLP (or MoE) branch alone, no token mixer
+                                                   * (Nemotron-H's mlp / moe blocks) */
     int64_t ssm_inner;        /* d_inner: the mixer's width (Mamba intermediate_size, expand * hidden) */
     int64_t ssm_state;        /* state_size N */
     int64_t ssm_conv;         /* conv_kernel K */
@@ -182,6 +192,10 @@ typedef struct {
                                * (b_layernorm, c_layernorm) (Jamba) */
     /* gated DeltaNet (Qwen3-Next linear_attention layers) */
     int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim;
+    /* mlx-lm's per-model quant_predicate, which `kiln quantize` follows (set by
+     * the family's parse hook; NULL: none, every Linear at the global bits) */
+    const struct km_quant_rule *quant_rules;
+    float lin_beta_scale;     /* beta = this * sigmoid(b) (OLMo-Hybrid's negative eigenvalues: 2); 0: 1 */
     /* MiniMax: a layer's residual is its normed input times alpha, its branch times beta:
      * [0] full attention, [1] linear attention, [2] MLP */
     float mm_alpha[3], mm_beta[3];

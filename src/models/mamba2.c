@@ -2,20 +2,32 @@
  * Mamba-2 mixers (kb_mamba2: the SSD recurrence token by token, which
  * differs from transformers' chunked form only in summation order). */
 #include <math.h>
+#include <string.h>
 
 #include "base/json.h"
 #include "models/shared.h"
+
+/* A number, or transformers 5's encoding of a non-finite float in JSON:
+ * {"__float__": "Infinity" | "-Infinity" | "NaN"}. */
+static bool json_float(const cJSON *v, double *out) {
+    if (cJSON_IsNumber(v)) return (*out = v->valuedouble), true;
+    const cJSON *f = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "__float__") : NULL;
+    if (!cJSON_IsString(f)) return false;
+    if (!strcmp(f->valuestring, "Infinity")) *out = INFINITY;
+    else if (!strcmp(f->valuestring, "-Infinity")) *out = -INFINITY;
+    else if (!strcmp(f->valuestring, "NaN")) *out = NAN;
+    else return false;
+    return true;
+}
 
 /* time_step_limit [min, max] (default (0, inf)). */
 kiln_status km_ssm_dt_limit(const cJSON *cfg, km_hparams *hp) {
     hp->ssm_dt_min = 0, hp->ssm_dt_max = INFINITY;
     const cJSON *l = ku_json_get(cfg, "time_step_limit");
     if (!l || cJSON_IsNull(l)) return NULL;
-    if (!cJSON_IsArray(l) || cJSON_GetArraySize(l) != 2 || !cJSON_IsNumber(cJSON_GetArrayItem(l, 0)) ||
-        !cJSON_IsNumber(cJSON_GetArrayItem(l, 1)))
+    if (!cJSON_IsArray(l) || cJSON_GetArraySize(l) != 2 || !json_float(cJSON_GetArrayItem(l, 0), &hp->ssm_dt_min) ||
+        !json_float(cJSON_GetArrayItem(l, 1), &hp->ssm_dt_max) || isnan(hp->ssm_dt_min) || isnan(hp->ssm_dt_max))
         return kiln_error(KILN_EINVAL, "config.json: \"time_step_limit\" must be [min, max]");
-    hp->ssm_dt_min = cJSON_GetArrayItem(l, 0)->valuedouble;
-    hp->ssm_dt_max = cJSON_GetArrayItem(l, 1)->valuedouble;
     return NULL;
 }
 

@@ -43,7 +43,8 @@ const km_names km_sandwich_names = {
     X(cwm) X(jais2) X(hyperclovax) X(nanochat) X(hrm_text) X(dbrx) \
     X(solar_open) X(hy_v3) X(exaone_moe) X(minimax_m2) X(cohere2_moe) X(mellum) X(afmoe) X(laguna) \
     X(gemma4) X(gemma3n) \
-    X(youtu) X(glm4_moe_lite) X(glm_moe_dsa) X(deepseek_v4)
+    X(youtu) X(glm4_moe_lite) X(glm_moe_dsa) X(deepseek_v4) \
+    X(qwen3_5_text) X(qwen3_5_moe_text) X(olmo_hybrid) X(nemotron_h) X(lfm2_moe)
 
 #define DECLARE(f) extern const km_family km_family_##f;
 FAMILIES(DECLARE)
@@ -53,7 +54,8 @@ static const km_family *const families[] = {FAMILIES(LIST)};
 /* Families whose configs name even the common fields their own way
  * (OpenELM's model_dim, num_transformer_layers): their parse hook reads
  * everything, from a zeroed km_hparams. */
-static const km_family *const parse_all[] = {&km_family_openelm, &km_family_mamba, &km_family_mamba2, &km_family_rwkv};
+static const km_family *const parse_all[] = {&km_family_openelm, &km_family_mamba, &km_family_mamba2, &km_family_rwkv,
+                                             &km_family_nemotron_h};
 
 static bool parses_all(const km_family *f) {
     for (size_t i = 0; i < sizeof parse_all / sizeof parse_all[0]; i++)

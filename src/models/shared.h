@@ -91,5 +91,27 @@ kiln_status km_deepseek_mtp(const cJSON *cfg, km_hparams *hp);
     [KM_T_ATTN_Q_A] = attn ".q_a_proj", [KM_T_ATTN_Q_A_NORM] = attn ".q_a_layernorm",                                 \
     [KM_T_ATTN_Q_B] = attn ".q_b_proj", [KM_T_ATTN_KV_A] = attn ".kv_a_proj_with_mqa",                                \
     [KM_T_ATTN_KV_A_NORM] = attn ".kv_a_layernorm", [KM_T_ATTN_KV_B] = attn ".kv_b_proj"
+/* Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5, OLMo-Hybrid): the linear
+ * heads from linear_num_key_heads, linear_num_value_heads,
+ * linear_key_head_dim, linear_value_head_dim (defaults def[0..3]),
+ * linear_conv_kernel_dim, and the layer pattern from layer_types
+ * ("linear_attention" / "full_attention"), else every full_attention_interval-th
+ * layer (default 4) full; hp->features. (qwen3_next.c) */
+kiln_status km_deltanet_common(const cJSON *cfg, km_hparams *hp, const int64_t def[4]);
+/* Qwen3-Next's and Qwen3.5's settings: tied embeddings off by default,
+ * rms_norm_eps, attention_bias on q/k/v/o, no MLP bias, (1 + w) RMSNorms,
+ * head_dim 256 and partial rotary 0.25 by default. (qwen3_next.c) */
+kiln_status km_qwen_next_common(const cJSON *cfg, km_hparams *hp);
+/* Qwen3-Next's and Qwen3.5's full-attention layer: kb_gated_attention with
+ * the layer's defaults and per-head q/k norms. (qwen3_next.c) */
+kg_node *km_qwen_gated_attention(kb_ctx *b, kg_node *x, int il);
+/* mlx-lm's conversions of Qwen3-Next and Qwen3.5 (sanitize in its
+ * qwen3_next.py / qwen3_5.py) move the convs' axis to [C, K, 1] and, in the
+ * same step, add 1 to the (1 + w) RMSNorm weights (input, post-attention,
+ * final, q/k norms; not the DeltaNet's gated norm), which its plain RMSNorm
+ * then uses as they are: a conv in that layout marks such a checkpoint, whose
+ * norms get no offset (b->norm_offset_stored). Call before the layers.
+ * (qwen3_next.c) */
+void km_qwen_next_mlx_norms(kb_ctx *b);
 
 #endif

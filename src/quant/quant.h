@@ -20,7 +20,11 @@
  * Which weights (mlx-lm's quantize_model with nn.quantize's predicate):
  * every nn.Linear and nn.Embedding, i.e. every 2-D "<module>.weight" of a
  * supported family, whose input size (last dimension) is a multiple of the
- * group size; the others stay float under their plain names. A tied head has
+ * group size; the others stay float under their plain names. A model's own
+ * quant_predicate in mlx-lm (km_hparams.quant_rules, e.g. Qwen3-Next's 8-bit
+ * routers) sets the bits and group size of the modules it names, recorded
+ * per module in "quantization", unless a --mixed recipe replaces it, as
+ * mlx_lm.convert's --quant-predicate does. A tied head has
  * no tensor of its own and reuses the quantized embedding.
  *
  * The output folder (see kq_quantize) is what mlx_lm.convert writes:

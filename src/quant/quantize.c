@@ -37,7 +37,7 @@ typedef struct {
     int rank;
     int64_t shape[KC_MAX_RANK];
     size_t nbytes;
-    int bits;             /* quantized module */
+    int bits, gs;         /* quantized module */
     int shard;
 } out_tensor;
 
@@ -184,9 +184,18 @@ static kiln_status recipe_layout(job *j) {
     return kiln_error(KILN_EUNSUPPORTED, "--mixed: the model has no down_proj layers, which the recipes key on");
 }
 
-static kiln_status add_layer_override(job *j, const char *module, int bits) {
+/* The family's quant rule for module (mlx-lm's model quant_predicate, which
+ * a --mixed recipe replaces, as mlx_lm.convert's --quant-predicate does), or NULL. */
+static const km_quant_rule *family_rule(const job *j, const char *module) {
+    if (j->recipe.low_bits || !j->hp.quant_rules) return NULL;
+    for (const km_quant_rule *r = j->hp.quant_rules; r->suffix; r++)
+        if (ends_with(module, r->suffix)) return r;
+    return NULL;
+}
+
+static kiln_status add_layer_override(job *j, const char *module, int bits, int gs) {
     cJSON *e = cJSON_CreateObject();
-    if (!e || !cJSON_AddNumberToObject(e, "group_size", j->o.group_size) || !cJSON_AddNumberToObject(e, "bits", bits) ||
+    if (!e || !cJSON_AddNumberToObject(e, "group_size", gs) || !cJSON_AddNumberToObject(e, "bits", bits) ||
         !cJSON_AddStringToObject(e, "mode", "affine") || !cJSON_AddItemToObject(j->qconf, module, e)) {
         cJSON_Delete(e);
         return kiln_error(KILN_ENOMEM, "out of memory");
@@ -209,7 +218,14 @@ static kiln_status plan(job *j) {
         int64_t numel = kc_tensor_numel(t);
         j->total += numel;
         kc_dtype dt = kc_dtype_is_float(t->dtype) && j->cast >= 0 ? (kc_dtype)j->cast : t->dtype;
-        if (!j->o.bits || !is_matrix(j, t) || t->shape[1] % gs != 0) {
+        const km_quant_rule *rule = NULL;
+        size_t ml = strlen(t->name) - (ends_with(t->name, ".weight") ? strlen(".weight") : 0);
+        if (ml >= sizeof name - 16) return kiln_error(KILN_EINVAL, "%s: tensor name too long", t->name);
+        memcpy(name, t->name, ml);
+        name[ml] = 0;
+        if (j->o.bits && is_matrix(j, t)) rule = family_rule(j, name);
+        int mgs = rule && rule->group_size ? rule->group_size : gs;
+        if (!j->o.bits || !is_matrix(j, t) || t->shape[1] % mgs != 0 || (rule && !rule->bits)) {
             if (j->o.bits && is_matrix(j, t)) {
                 j->r.n_float++;
                 if (!smallest_cols || t->shape[1] < smallest_cols) smallest_cols = t->shape[1];
@@ -218,23 +234,23 @@ static kiln_status plan(job *j) {
             j->r.n_params += numel;
             continue;
         }
-        size_t ml = strlen(t->name) - strlen(".weight");
-        if (ml >= sizeof name - 16) return kiln_error(KILN_EINVAL, "%s: tensor name too long", t->name);
-        memcpy(name, t->name, ml);
-        name[ml] = 0;
         int bits = j->o.bits;
         if (j->hp.moe_router_bits > 0 && is_router(j, name, ml)) {
             bits = j->hp.moe_router_bits;
-            KILN_TRY(add_layer_override(j, name, bits));
+            KILN_TRY(add_layer_override(j, name, bits, gs));
         } else if (j->recipe.low_bits) {
             bits = kq_recipe_bits(&j->recipe, name, j->layer_pos, j->hp.n_layers);
-            KILN_TRY(add_layer_override(j, name, bits));
+            KILN_TRY(add_layer_override(j, name, bits, gs));
+        } else if (rule) {
+            bits = rule->bits;
+            KILN_TRY(add_layer_override(j, name, bits, mgs));
         }
         int64_t rows = t->shape[0], cols = t->shape[1];
-        int64_t wshape[2] = {rows, cols * bits / 32}, sshape[2] = {rows, cols / gs};
+        int64_t wshape[2] = {rows, cols * bits / 32}, sshape[2] = {rows, cols / mgs};
         kc_dtype sb = kc_dtype_is_float(dt) ? dt : KC_F32;
         strcpy(name + ml, ".weight");
         KILN_TRY(add_out(j, OUT_QWEIGHT, t, name, KC_U32, 2, wshape, bits));
+        j->t[j->n - 1].gs = mgs;
         strcpy(name + ml, ".scales");
         KILN_TRY(add_out(j, OUT_QSCALES, t, name, sb, 2, sshape, bits));
         strcpy(name + ml, ".biases");
@@ -308,7 +324,7 @@ static void quantize_rows(void *ctx, int64_t r0, int64_t r1) {
 /* Fills the data of out tensors [i, i+3) (weight, scales, biases of one module). */
 static kiln_status quantize_module(job *j, int i, void **data, int64_t *ties) {
     const out_tensor *w = &j->t[i];
-    qjob q = {.src = w->src, .cast = j->cast, .bits = w->bits, .gs = j->o.group_size, .sb = j->t[i + 1].dtype};
+    qjob q = {.src = w->src, .cast = j->cast, .bits = w->bits, .gs = w->gs, .sb = j->t[i + 1].dtype};
     for (int k = 0; k < 3; k++) {
         data[k] = malloc(j->t[i + k].nbytes ? j->t[i + k].nbytes : 1);
         if (!data[k]) return kiln_error(KILN_ENOMEM, "%s: out of memory for %zu bytes", j->t[i + k].name, j->t[i + k].nbytes);
