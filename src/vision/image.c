@@ -112,6 +112,12 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
     KILN_TRY(ku_json_int(j, "merge_size", 0, &p->merge));
     KILN_TRY(ku_json_int(j, "min_pixels", 0, &p->min_pixels));
     KILN_TRY(ku_json_int(j, "max_pixels", 0, &p->max_pixels));
+    bool idefics = !strncmp(p->type, "Idefics3", 8) || !strncmp(p->type, "SmolVLM", 7);
+    KILN_TRY(ku_json_bool(j, "do_image_splitting", idefics, &p->split));
+    const cJSON *mx = ku_json_get(j, "max_image_size");
+    if (cJSON_IsObject(mx)) KILN_TRY(ku_json_int(mx, "longest_edge", 0, &p->max_edge));
+    else if (idefics) p->max_edge = 364;
+    if (idefics && p->max_edge <= 0) return kiln_error(KILN_EINVAL, "preprocessor_config.json: max_image_size.longest_edge must be positive");
     const cJSON *s = ku_json_get(j, "size");
     if (cJSON_IsObject(s)) {
         if (ku_json_get(s, "height")) {
@@ -197,6 +203,74 @@ kiln_status kimg_target_size(const kimg_proc *p, int64_t h, int64_t w, int64_t *
     return NULL;
 }
 
+/* Rescale and normalize the oh x ow window at (top, left) of im into out [3, oh, ow]. */
+static void normalize_window(const kimg_proc *p, const kimg_image *im, int64_t top, int64_t left, int64_t oh, int64_t ow, float *out) {
+    for (int c = 0; c < 3; c++)
+        for (int64_t y = 0; y < oh; y++)
+            for (int64_t x = 0; x < ow; x++) {
+                uint8_t v = im->rgb[((y + top) * im->w + (x + left)) * 3 + c];
+                /* rescale in float64, then float32 (NumPy's astype), normalize in float32 */
+                float f = p->do_rescale ? (float)((double)v * p->rescale) : (float)v;
+                if (p->do_normalize) f = (f - p->mean[c]) / p->std[c];
+                out[(c * oh + y) * ow + x] = f;
+            }
+}
+
+/* *im resized to oh x ow in place by PIL (as Pillow, a copy when the size is unchanged). */
+static kiln_status resize_in_place(const kimg_proc *p, kimg_image *im, int64_t oh, int64_t ow) {
+    if (oh == im->h && ow == im->w) return NULL;
+    kimg_image r;
+    KILN_TRYF(kimg_resize(im, oh, ow, p->resample, &r), "%s: resize %lldx%lld to %lldx%lld", p->type, (long long)im->h,
+              (long long)im->w, (long long)oh, (long long)ow);
+    kimg_free(im);
+    *im = r;
+    return NULL;
+}
+
+kiln_status kimg_preprocess_split(const kimg_proc *p, const kimg_image *im0, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                  int64_t *side) {
+    *crops = NULL, *n = *rows = *cols = 0;
+    int64_t M = p->max_edge, h = im0->h, w = im0->w;
+    if (M <= 0) return kiln_error(KILN_EINVAL, "%s: no max_image_size", p->type);
+    kimg_image im;
+    KILN_TRY(kimg_from_rgb(im0->rgb, h, w, &im));
+    kiln_status st = NULL;
+    if (p->do_resize && p->size_kind == KIMG_SIZE_LONGEST) {
+        /* _resize_output_size_rescale_to_max_len, then _scale_below_upper_bound(4096); Python's int() truncates */
+        double ar = (double)w / (double)h;
+        if (w >= h) w = p->edge, h = (int64_t)((double)w / ar), h += h % 2;
+        else h = p->edge, w = (int64_t)((double)h * ar), w += w % 2;
+        h = h < 1 ? 1 : h, w = w < 1 ? 1 : w;
+        ar = (double)w / (double)h;
+        if (w >= h && w > 4096) w = 4096, h = (int64_t)((double)w / ar);
+        else if (h > w && h > 4096) h = 4096, w = (int64_t)((double)h * ar);
+        h = h < 1 ? 1 : h, w = w < 1 ? 1 : w;
+        st = resize_in_place(p, &im, h, w);
+    }
+    int64_t nh = 0, nw = 0;
+    if (!st && p->split) { /* resize_for_vision_encoder: both sides to multiples of M, aspect kept as the processor does */
+        double ar = (double)w / (double)h;
+        if (w >= h) w = (w + M - 1) / M * M, h = (int64_t)((double)w / ar), h = (h + M - 1) / M * M;
+        else h = (h + M - 1) / M * M, w = (int64_t)((double)h * ar), w = (w + M - 1) / M * M;
+        st = resize_in_place(p, &im, h, w);
+        if (!st && (h > M || w > M)) nh = h / M, nw = w / M; /* split_image: ceil(h / M) tiles of ceil(h / nh) = M */
+    }
+    int64_t k = nh * nw + 1;
+    float *out = st ? NULL : malloc(sizeof(float) * (size_t)(k * 3 * M * M));
+    if (!st && !out) st = kiln_error(KILN_ENOMEM, "out of memory");
+    for (int64_t r = 0; !st && r < nh; r++)
+        for (int64_t c = 0; c < nw; c++) normalize_window(p, &im, r * M, c * M, M, M, out + (r * nw + c) * 3 * M * M);
+    if (!st) st = resize_in_place(p, &im, M, M); /* the global image (or the only one) */
+    if (!st) normalize_window(p, &im, 0, 0, M, M, out + (k - 1) * 3 * M * M);
+    kimg_free(&im);
+    if (st) {
+        free(out);
+        return st;
+    }
+    *crops = out, *n = k, *rows = nh, *cols = nw, *side = M;
+    return NULL;
+}
+
 kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im0, float **chw, int64_t *ohp, int64_t *owp) {
     *chw = NULL;
     int64_t rh, rw;
@@ -204,9 +278,6 @@ kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im0, float **c
     kimg_image resized = {0};
     const kimg_image *im = im0;
     if (rh != im0->h || rw != im0->w) {
-        if (!strncmp(p->type, "Idefics3", 8) || !strncmp(p->type, "SmolVLM", 7))
-            return kiln_error(KILN_EUNSUPPORTED, "image %lldx%lld: %s's resize / split flow is not reproduced (give a %lldx%lld image)",
-                              (long long)im0->h, (long long)im0->w, p->type, (long long)rh, (long long)rw);
         KILN_TRYF(kimg_resize(im0, rh, rw, p->resample, &resized), "%s: resize %lldx%lld to %lldx%lld", p->type, (long long)im0->h,
                   (long long)im0->w, (long long)rh, (long long)rw);
         im = &resized;
@@ -226,15 +297,7 @@ kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im0, float **c
         kimg_free(&resized);
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
-    for (int c = 0; c < 3; c++)
-        for (int64_t y = 0; y < oh; y++)
-            for (int64_t x = 0; x < ow; x++) {
-                uint8_t v = im->rgb[((y + top) * im->w + (x + left)) * 3 + c];
-                /* rescale in float64, then float32 (NumPy's astype), normalize in float32 */
-                float f = p->do_rescale ? (float)((double)v * p->rescale) : (float)v;
-                if (p->do_normalize) f = (f - p->mean[c]) / p->std[c];
-                out[(c * oh + y) * ow + x] = f;
-            }
+    normalize_window(p, im, top, left, oh, ow, out);
     kimg_free(&resized);
     *chw = out, *ohp = oh, *owp = ow;
     return NULL;

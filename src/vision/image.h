@@ -9,8 +9,8 @@
  * rescale and normalize as transformers' slow (PIL/NumPy) processors do
  * them. Resizing is PIL's (kimg_resize), on the 8-bit image, to the size
  * the processor computes (Qwen2-VL's smart_resize, Pixtral's patch-rounded
- * longest edge, shortest edge, fixed). Idefics3 / SmolVLM's resize-and-split
- * flow is not reproduced: their images must have the processor's size.
+ * longest edge, shortest edge, fixed). kimg_preprocess_split is Idefics3 /
+ * SmolVLM's resize-and-split flow.
  */
 #ifndef KILN_IMAGE_H
 #define KILN_IMAGE_H
@@ -60,6 +60,8 @@ typedef struct {
     int resample;                 /* PIL filter id (2 bilinear, 3 bicubic) */
     int64_t patch, temporal_patch, merge; /* Qwen-style patches (0: none) */
     int64_t min_pixels, max_pixels;       /* Qwen smart_resize bounds */
+    bool split;                   /* Idefics3 / SmolVLM: do_image_splitting */
+    int64_t max_edge;             /* Idefics3 / SmolVLM: max_image_size.longest_edge (the crops' side) */
     char type[64];                /* image_processor_type */
 } kimg_proc;
 
@@ -69,6 +71,16 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p);
 kiln_status kimg_target_size(const kimg_proc *p, int64_t h, int64_t w, int64_t *oh, int64_t *ow);
 /* Resize, crop, rescale, normalize: *chw [3, *oh, *ow] f32 (malloc'ed). */
 kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im, float **chw, int64_t *oh, int64_t *ow);
+
+/* Idefics3 / SmolVLM's image processor on one image: the longest edge
+ * resized to size.longest_edge (the other side even, aspect kept, at most
+ * 4096); with splitting, both sides rounded up to multiples of max_edge,
+ * cut into rows x cols tiles of max_edge (no resampling), then the whole
+ * image resized to max_edge x max_edge last (the global image); without,
+ * only that square. All resizes are PIL's with the processor's filter.
+ * *crops [n, 3, side, side] (malloc'ed); *rows = *cols = 0 when unsplit. */
+kiln_status kimg_preprocess_split(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                  int64_t *side);
 
 /* PIL's Image.resize((ow, oh), resample) of an 8-bit RGB image, bit for
  * bit (Pillow's ImagingResample: separable passes, horizontal first, with

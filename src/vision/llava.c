@@ -20,6 +20,7 @@ static kiln_status parse(kvis_model *m, const cJSON *root, const cJSON *vc, km_h
     if (idx < 0 || idx > nl) return kiln_error(KILN_EINVAL, "config.json: vision_feature_layer %lld out of range", (long long)fl);
     if (strcmp(strat, "default") != 0)
         return kiln_error(KILN_EUNSUPPORTED, "config.json: vision_feature_select_strategy \"%s\" is not supported", strat);
+    m->proj_bias = true;
     m->run_layers = idx;
     m->cls = true;
     m->pre_norm = true;
@@ -30,12 +31,11 @@ static kiln_status parse(kvis_model *m, const cJSON *root, const cJSON *vc, km_h
 }
 
 static kg_node *emit(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, int64_t gw, kg_node **deep) {
-    int64_t E = m->text_hidden, D = m->vhp.hidden;
+    int64_t D = m->vhp.hidden;
     kg_node *x = kvis_clip_tower(b, m, px);
     if (!x) return NULL;
     x = kg_slice(b->g, x, (int64_t[]){1, 0}, (int64_t[]){gh * gw + 1, D}, NULL); /* drop CLS */
-    x = kb_act(b, kvis_linear_mod(b, x, m->proj, "linear_1", E, true), m->proj_act);
-    return kvis_linear_mod(b, x, m->proj, "linear_2", E, true);
+    return kvis_mlp_projector(b, m, x);
 }
 
 const kvis_family kvis_family_llava = {

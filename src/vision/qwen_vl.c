@@ -316,7 +316,7 @@ static kiln_status flatten_patches(const kvis_model *m, kvis_pixels *out) {
     return NULL;
 }
 
-static kiln_status image_tokens(const kvis_model *m, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n) {
+static kiln_status image_tokens(const kvis_model *m, const kvis_pixels *px, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n) {
     int32_t pre = m->vision_start, post = m->vision_end;
     return kvis_block(m, &pre, 1, gh * gw / (m->scale_factor * m->scale_factor), &post, 1, ids, cap, n);
 }

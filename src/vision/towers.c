@@ -8,6 +8,8 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "base/json.h"
+
 #include "vision/vision_int.h"
 
 
@@ -196,3 +198,28 @@ kg_node *kvis_unfold_blocks(kb_ctx *b, kg_node *x, int64_t h, int64_t w, int64_t
     return kg_reshape(g, x, KG_SHAPE((h / s) * (w / s), D * s * s));
 }
 
+
+/* (vision_int.h) */
+kiln_status kvis_pixtral_config(kvis_model *m, const cJSON *vc) {
+    KILN_TRY(ku_json_num(vc, "rope_theta", 10000.0, &m->rope_theta));
+    KILN_TRY(ku_json_int(vc, "head_dim", m->vhp.head_dim, &m->vhp.head_dim));
+    m->post_norm = false;
+    kvis_set_name(m, KM_T_TOK_EMBD_NORM, "ln_pre");
+    kvis_set_name(m, KM_T_ATTN_NORM, "transformer.layers.%d.attention_norm");
+    kvis_set_name(m, KM_T_FFN_NORM, "transformer.layers.%d.ffn_norm");
+    kvis_set_name(m, KM_T_ATTN_Q, "transformer.layers.%d.attention.q_proj");
+    kvis_set_name(m, KM_T_ATTN_K, "transformer.layers.%d.attention.k_proj");
+    kvis_set_name(m, KM_T_ATTN_V, "transformer.layers.%d.attention.v_proj");
+    kvis_set_name(m, KM_T_ATTN_O, "transformer.layers.%d.attention.o_proj");
+    kvis_set_name(m, KM_T_FFN_GATE, "transformer.layers.%d.feed_forward.gate_proj");
+    kvis_set_name(m, KM_T_FFN_UP, "transformer.layers.%d.feed_forward.up_proj");
+    kvis_set_name(m, KM_T_FFN_DOWN, "transformer.layers.%d.feed_forward.down_proj");
+    return NULL;
+}
+
+/* (vision_int.h) */
+kg_node *kvis_mlp_projector(kb_ctx *b, const kvis_model *m, kg_node *x) {
+    int64_t E = m->text_hidden;
+    x = kb_act(b, kvis_linear_mod(b, x, m->proj, "linear_1", E, m->proj_bias), m->proj_act);
+    return kvis_linear_mod(b, x, m->proj, "linear_2", E, m->proj_bias);
+}

@@ -36,16 +36,21 @@ const char *kvis_describe(const kvis_model *m, char *buf, size_t cap);
 int32_t kvis_image_token(const kvis_model *m);
 
 /* The tower's input for one image, as the processor writes pixel_values:
- * [3, h, w] f32 (CLIP / SigLIP / Pixtral towers); Qwen-VL: the processor's
+ * [n, 3, h, w] f32, n crops of one size (CLIP / SigLIP / Pixtral towers;
+ * n 0 or 1: the image itself; Idefics3 / SmolVLM's split image: rows x cols
+ * tiles in row-major order, then the global image); Qwen-VL: the processor's
  * flattened patches [(h/P) * (w/P), 3 * T * P * P] (T = temporal_patch_size)
  * of the h x w image, merged 2x2 blocks first (c, h, w describe the image). */
 typedef struct {
     float *data; /* malloc'ed */
     int64_t c, h, w;
+    int64_t n;          /* crops (0: 1) */
+    int64_t rows, cols; /* the tile grid of a split image (0: not split) */
 } kvis_pixels;
 kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kvis_pixels *out);
 void kvis_pixels_free(kvis_pixels *p);
-/* Image features [*n_tokens, text hidden] (malloc'ed) for pixels; with
+/* Image features [*n_tokens, text hidden] (malloc'ed) for pixels (each
+ * crop through the tower in turn, the rows concatenated in crop order); with
  * deepstack (may be NULL) the rows added to the first text layers' outputs
  * [*n_tokens, kvis_deepstack_layers * hidden] (malloc'ed; NULL when none),
  * ke_inputs.embd_add. */

@@ -1,7 +1,7 @@
 /* vision_int.h: what the vision families share (internal to src/vision).
  *
  * A vision-language family is one kvis_family descriptor in its own file
- * (llava.c, paligemma.c, gemma3.c, smolvlm.c, mistral3.c, qwen_vl.c) plus
+ * (llava.c, pixtral.c, paligemma.c, gemma3.c, smolvlm.c, mistral3.c, qwen_vl.c) plus
  * one line in KVIS_FAMILIES (vision.c). Its hooks say what differs: how
  * its config is read, the tower + projector graph, the image's block of
  * placeholder ids; its flags say how the text model takes the features.
@@ -17,6 +17,8 @@
 
 typedef struct kvis_family kvis_family;
 
+#define KVIS_MAX_TILES 8 /* rows and columns of a split image's tag table */
+
 struct kvis_model {
     const kc_checkpoint *ck;
     const kvis_family *family;
@@ -29,6 +31,8 @@ struct kvis_model {
     int64_t patch, image_size, text_hidden;
     int32_t image_token, boi_token, eoi_token, global_token, fake_token;
     int32_t img_break, img_end; /* mistral3: [IMG_BREAK], [IMG_END] */
+    int32_t tile_tag[KVIS_MAX_TILES][KVIS_MAX_TILES]; /* Idefics3 / SmolVLM: <row_r_col_c> (r, c from 1) */
+    int32_t newline[2];         /* Idefics3 / SmolVLM: the ids of "\n" and "\n\n" (-1: two "\n") */
     bool markers_guessed;       /* no tokenizer.json: marker ids taken as image id + 1 / + 2 (the fixtures' layout) */
     char missing_marker[48];    /* a marker tokenizer.json lacks (an error once an image is expanded) */
     bool cls;                /* CLIP: a class token first (dropped from the features) */
@@ -59,10 +63,12 @@ enum {
     KVIS_F_IMAGE_SPAN = 1 << 4,   /* bidirectional within each run of image tokens (Gemma 3) */
     KVIS_F_IMAGE_FIRST = 1 << 5,  /* without an image token the block opens the prompt, before bos (PaliGemma) */
     KVIS_F_MARKED_PAD = 1 << 6,   /* a chat template writes the block's first and last ids around one image token (Qwen-VL) */
+    KVIS_F_SPLIT = 1 << 7,        /* the processor splits the image into crops (Idefics3 / SmolVLM: kimg_preprocess_split) */
 };
 
 struct kvis_family {
     const char *model_types[3]; /* config.json's top-level model_type; the first is the one error messages list */
+    const char *tower_types[2]; /* vision_config's model_type, when the family is told apart by it (NULL: any) */
     const char *projector;      /* kvis_describe's words */
     /* The CLIP / SigLIP / Pixtral vision_config fields (hidden_size,
      * num_attention_heads, ..., image_size) kvis_load reads before the
@@ -85,9 +91,9 @@ struct kvis_family {
      * KVIS_F_PATCHES) of a gh x gw patch grid: [tokens, text hidden];
      * *deep the deepstack rows (KVIS_F_DEEPSTACK). Errors through b. */
     kg_node *(*emit)(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, int64_t gw, kg_node **deep);
-    /* One image's placeholder block for a gh x gw patch grid into ids[cap],
-     * *n (NULL: an image token per patch, no markers). */
-    kiln_status (*image_tokens)(const kvis_model *m, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n);
+    /* One image's placeholder block for px, a gh x gw patch grid per crop,
+     * into ids[cap], *n (NULL: an image token per patch, no markers). */
+    kiln_status (*image_tokens)(const kvis_model *m, const kvis_pixels *px, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n);
 };
 
 /* ---- config helpers (vision.c) */
@@ -96,6 +102,9 @@ bool kvis_find_prefix(const kc_checkpoint *ck, const char *suffix, char *out, si
 /* names[t] = "<tower prefix><fmt>" */
 void kvis_set_name(kvis_model *m, km_tensor t, const char *fmt);
 kiln_status kvis_int_field(const cJSON *j, const char *key, int64_t def, int32_t *out);
+/* The ids of tokens by their text in tokenizer.json's "added_tokens", else
+ * its model.vocab (-1: absent); false when the folder has no tokenizer.json. */
+bool kvis_token_ids(const kc_checkpoint *ck, const char *const *text, int n, int32_t *ids, kiln_status *err);
 /* The two marker ids around the image tokens by their text in tokenizer.json's
  * added tokens, as the processors look them up; without a tokenizer.json,
  * image id + 1 / + 2 (the oracle fixtures' layout), which kvis_describe reports. */
@@ -105,8 +114,15 @@ void kvis_clip_names(kvis_model *m);
 /* The block pre[np], k image tokens, post[nq] into ids[cap], *n. */
 kiln_status kvis_block(const kvis_model *m, const int32_t *pre, int np, int64_t k, const int32_t *post, int nq, int32_t *ids, int cap,
                        int *n);
+/* Pixtral's block (image_tokens hook): rows of (gh / s) x (gw / s) image
+ * tokens (s = scale_factor), each row ended by [IMG_BREAK], the last by [IMG_END]. */
+kiln_status kvis_break_rows(const kvis_model *m, const kvis_pixels *px, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n);
 
 /* ---- graph blocks (towers.c) */
+/* A Pixtral tower's vision_config fields (rope_theta, head_dim) and module names. */
+kiln_status kvis_pixtral_config(kvis_model *m, const cJSON *vc);
+/* LLaVA's projector: linear_1 (+ bias when m->proj_bias), m->proj_act, linear_2: x [N, D] -> [N, text hidden]. */
+kg_node *kvis_mlp_projector(kb_ctx *b, const kvis_model *m, kg_node *x);
 /* A float tensor "<prefix><name>" of the given shape, as f32 with the shape `as` (same numel). */
 kg_node *kvis_tensor_as(kb_ctx *b, const char *prefix, const char *name, int rank, const int64_t *shape, kg_shape as);
 /* x [..., in] through "<prefix><module>" (+ its bias). */

@@ -23,7 +23,7 @@ KT_TEST(vision_qwen_mrope_positions_follow_get_rope_index) {
     kvis_model *vm = ke_model_vision(m);
     KT_CHECK(vm && kvis_mrope(vm));
     /* patch 8, merge 2: 32x48 pixels -> 2x3 units, 48x16 -> 3x1 */
-    kvis_pixels px[2] = {{NULL, 3, 32, 48}, {NULL, 3, 48, 16}};
+    kvis_pixels px[2] = {{.c = 3, .h = 32, .w = 48}, {.c = 3, .h = 48, .w = 16}};
     const int32_t ids[] = {1, 2, 514, 512, 512, 512, 512, 512, 512, 515, 7, 514, 512, 512, 512, 515, 9};
     const int32_t want[][3] = {{0, 0, 0}, {1, 1, 1}, {2, 2, 2},                                  /* text */
                                {3, 3, 3}, {3, 3, 4}, {3, 3, 5}, {3, 4, 3}, {3, 4, 4}, {3, 4, 5}, /* image 1 */
@@ -50,7 +50,7 @@ KT_TEST(vision_qwen_prompt_expansion) {
     ke_model *m;
     KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/qwen2_vl"), &m));
     kvis_model *vm = ke_model_vision(m);
-    kvis_pixels px = {NULL, 3, 32, 32}; /* 2x2 units */
+    kvis_pixels px = {.c = 3, .h = 32, .w = 32}; /* 2x2 units */
     int32_t *out;
     int n;
     const int32_t a[] = {1, 514, 512, 515, 9};
@@ -108,7 +108,7 @@ KT_TEST(vision_marker_tokens_from_tokenizer_added_tokens) {
                            "{\"added_tokens\": [{\"id\": 7, \"content\": \"[IMG_END]\"}, {\"id\": 5, \"content\": \"[IMG_BREAK]\"}]}", dir,
                            sizeof dir);
     KT_CHECK_OK(ke_model_load(dir, &m));
-    kvis_pixels px = {NULL, 3, 32, 48}; /* 2 rows of 3 merged patches */
+    kvis_pixels px = {.c = 3, .h = 32, .w = 48}; /* 2 rows of 3 merged patches */
     KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n));
     const int32_t want[] = {512, 512, 512, 5, 512, 512, 512, 7};
     KT_CHECK(n == 8 && !memcmp(ids, want, sizeof want));
@@ -120,7 +120,7 @@ KT_TEST(vision_marker_tokens_from_tokenizer_added_tokens) {
     fixture_with_tokenizer("smolvlm", "{\"added_tokens\": [{\"id\": 3, \"content\": \"<global-img>\"}, {\"id\": 4, \"content\": \"<fake_token_around_image>\"}]}",
                            dir, sizeof dir);
     KT_CHECK_OK(ke_model_load(dir, &m));
-    kvis_pixels sp = {NULL, 3, 64, 64}; /* 64 patches, shuffled by 2: 16 tokens */
+    kvis_pixels sp = {.c = 3, .h = 64, .w = 64}; /* 64 patches, shuffled by 2: 16 tokens */
     KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &sp, ids, 64, &n));
     KT_CHECK(n == 19 && ids[0] == 4 && ids[1] == 3 && ids[2] == 512 && ids[17] == 512 && ids[18] == 4);
     ke_model_free(m);
@@ -138,6 +138,34 @@ KT_TEST(vision_marker_tokens_from_tokenizer_added_tokens) {
     KT_CHECK(n == 8 && ids[3] == 513 && ids[7] == 514);
     KT_CHECK(strstr(kvis_describe(ke_model_vision(m), buf, sizeof buf), "no tokenizer.json") != NULL);
     ke_model_free(m);
+}
+
+/* Idefics3's block for a 1x2 split image with a tokenizer: the tags and
+ * newlines by their text (added tokens, then the byte-level vocabulary's
+ * "\n" = "Ċ" and "\n\n" = "ĊĊ"): a row's "\n" and the one before the global
+ * image are one "ĊĊ" token, as the BPE merges the processor's text. */
+KT_TEST(vision_idefics3_split_block_tags_and_newlines) {
+    char dir[256];
+    ke_model *m;
+    int32_t ids[64];
+    int n;
+    fixture_with_tokenizer("idefics3",
+                           "{\"added_tokens\": [{\"id\": 3, \"content\": \"<global-img>\"}, {\"id\": 4, \"content\": \"<fake_token_around_image>\"},"
+                           " {\"id\": 20, \"content\": \"<row_1_col_1>\"}, {\"id\": 21, \"content\": \"<row_1_col_2>\"}],"
+                           " \"model\": {\"vocab\": {\"\u010a\": 30, \"\u010a\u010a\": 31}}}",
+                           dir, sizeof dir);
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    kvis_pixels px = {.c = 3, .h = 32, .w = 32, .n = 3, .rows = 1, .cols = 2}; /* 16 patches a crop, shuffled by 2: 4 tokens */
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n));
+    const int32_t want[] = {4, 20, 512, 512, 512, 512, 4, 21, 512, 512, 512, 512, 31, 4, 3, 512, 512, 512, 512, 4};
+    KT_CHECK(n == 20 && !memcmp(ids, want, sizeof want));
+    px.cols = 3; /* a tag the tokenizer lacks */
+    px.n = 4;
+    KT_CHECK_ERR(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n), "<row_1_col_3>");
+    px.n = 2; /* crops that do not fit the grid */
+    KT_CHECK_ERR(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n), "2 crops");
+    ke_model_free(m);
+    remove_fixture_copy(dir);
 }
 
 /* Qwen2-VL's processor end to end on an image that needs resizing (23x29 ->
