@@ -200,3 +200,38 @@ KT_TEST(vision_qwen_preprocess_resizes_like_the_processor) {
     ke_model_free(m);
     cJSON_Delete(j);
 }
+
+/* kiln generate --image on the raw prompt (the image placeholder once, as
+ * the processor's input text has it) expands the block itself and gives
+ * the oracle's greedy ids, for the families whose processor expanded the
+ * fixture's prompt (oracle.json's prompt_text). */
+KT_TEST(vision_cli_generate_image_matches_the_oracle) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin) {
+        kt_skip("KILN_BIN is not set (make test sets it)");
+        return;
+    }
+    const char *names[] = {"idefics3", "pixtral"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char dir[4096], rel[128], cmd[16384], path[4200];
+        snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s", names[k]);
+        kt_path(dir, sizeof dir, rel);
+        snprintf(cmd, sizeof cmd, "%s generate -m %s --image %s/image.png --temp 0 --ignore-eos -n 16 -t 1 --json "
+                 "--prompt-ids 1,17,93,512,254,311,42,500,7,128", bin, dir, dir);
+        FILE *p = popen(cmd, "r");
+        KT_CHECK(p != NULL);
+        if (!p) continue;
+        static char out[1 << 16];
+        size_t len = fread(out, 1, sizeof out - 1, p);
+        out[len] = 0;
+        pclose(p);
+        cJSON *j = cJSON_Parse(out), *o;
+        snprintf(path, sizeof path, "%s/oracle.json", dir);
+        KT_CHECK_OK(ku_json_load(path, &o));
+        const cJSON *got = ku_json_get(j, "generated_ids"), *want = ku_json_get(o, "generated_ids");
+        KT_CHECKF(got && cJSON_GetArraySize(got) == 16, "%s: %s", names[k], out);
+        for (int i = 0; got && i < 16; i++)
+            KT_CHECKF(cJSON_GetArrayItem(got, i)->valueint == cJSON_GetArrayItem(want, i)->valueint, "%s: step %d", names[k], i);
+        cJSON_Delete(j), cJSON_Delete(o);
+    }
+}
