@@ -321,6 +321,13 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
         st = kiln_error(KILN_EUNSUPPORTED, "%s: pixel_values of %d dims (one image's crops [.., 3, H, W] expected)", path, rank);
     else
         px.n = rows * cols / (3 * px.h * px.w); /* [1, crops, 3, H, W], [crops, 3, H, W] or [1, 3, H, W] */
+    if (!st && !fixture_file(dir, "image_sizes.npy", path, sizeof path)) { /* the image's size: LLaVA-NeXT's tile grid and unpadding */
+        float *sz = NULL;
+        int64_t sr, sc;
+        st = ku_npy_read_f32(path, &sz, &sr, &sc);
+        if (!st && sr * sc == 2) st = kvis_pixels_layout(vm, (int64_t)sz[0], (int64_t)sz[1], &px);
+        free(sz);
+    }
     /* 1: preprocessing (and the prompt expansion of that image) */
     r->diff_pixels = -1;
     r->prompt_diff_at = -1;

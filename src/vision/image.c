@@ -118,6 +118,16 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
     if (cJSON_IsObject(mx)) KILN_TRY(ku_json_int(mx, "longest_edge", 0, &p->max_edge));
     else if (idefics) p->max_edge = 364;
     if (idefics && p->max_edge <= 0) return kiln_error(KILN_EINVAL, "preprocessor_config.json: max_image_size.longest_edge must be positive");
+    const cJSON *pins = ku_json_get(j, "image_grid_pinpoints"), *pe;
+    if (!cJSON_IsArray(pins)) pins = NULL;
+    cJSON_ArrayForEach(pe, pins) {
+        const cJSON *ph = cJSON_GetArrayItem(pe, 0), *pw = cJSON_GetArrayItem(pe, 1);
+        if (p->n_pinpoints >= KIMG_MAX_PINPOINTS || !cJSON_IsArray(pe) || cJSON_GetArraySize(pe) != 2 || !cJSON_IsNumber(ph) ||
+            !cJSON_IsNumber(pw) || ph->valuedouble < 1 || pw->valuedouble < 1)
+            return kiln_error(KILN_EINVAL, "preprocessor_config.json: image_grid_pinpoints must be at most %d [height, width] pairs",
+                              KIMG_MAX_PINPOINTS);
+        p->pinpoints[p->n_pinpoints][0] = (int64_t)ph->valuedouble, p->pinpoints[p->n_pinpoints++][1] = (int64_t)pw->valuedouble;
+    }
     const cJSON *s = ku_json_get(j, "size");
     if (cJSON_IsObject(s)) {
         if (ku_json_get(s, "height")) {
@@ -143,6 +153,7 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
     }
     for (int i = 0; i < 3; i++)
         if (p->do_normalize && !(p->std[i] != 0)) return kiln_error(KILN_EINVAL, "preprocessor_config.json: image_std is 0");
+    p->tile = p->do_crop && p->crop_h > 0 ? p->crop_h : p->size_kind == KIMG_SIZE_FIXED ? p->size_h : p->edge;
     return NULL;
 }
 
@@ -300,5 +311,85 @@ kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im0, float **c
     normalize_window(p, im, top, left, oh, ow, out);
     kimg_free(&resized);
     *chw = out, *ohp = oh, *owp = ow;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- anyres (LLaVA-NeXT / OneVision) */
+
+/* select_best_resolution: the pinpoint (h, w) keeping the most of the image
+ * (scaled to fit, Python's int() of the scaled sides), then the least waste. */
+static void best_pinpoint(const kimg_proc *p, int64_t h, int64_t w, int64_t *bh, int64_t *bw) {
+    int64_t best_eff = 0, best_waste = INT64_MAX;
+    *bh = *bw = 0;
+    for (int i = 0; i < p->n_pinpoints; i++) {
+        int64_t ph = p->pinpoints[i][0], pw = p->pinpoints[i][1];
+        double scale = fmin((double)pw / (double)w, (double)ph / (double)h);
+        int64_t dw = (int64_t)((double)w * scale), dh = (int64_t)((double)h * scale);
+        int64_t eff = dw * dh < w * h ? dw * dh : w * h, waste = ph * pw - eff;
+        if (eff > best_eff || (eff == best_eff && waste < best_waste)) best_eff = eff, best_waste = waste, *bh = ph, *bw = pw;
+    }
+}
+
+kiln_status kimg_anyres_grid(const kimg_proc *p, int64_t h, int64_t w, int64_t *rows, int64_t *cols) {
+    int64_t bh, bw;
+    if (p->n_pinpoints == 0 || p->tile <= 0) return kiln_error(KILN_EINVAL, "%s: no image_grid_pinpoints or tile size", p->type);
+    best_pinpoint(p, h, w, &bh, &bw);
+    if (bh % p->tile || bw % p->tile)
+        return kiln_error(KILN_EINVAL, "%s: pinpoint %lldx%lld is not whole %lld-pixel tiles", p->type, (long long)bh, (long long)bw,
+                          (long long)p->tile);
+    *rows = bh / p->tile, *cols = bw / p->tile;
+    return NULL;
+}
+
+kiln_status kimg_preprocess_anyres(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                   int64_t *side) {
+    *crops = NULL, *n = *rows = *cols = 0;
+    int64_t T = p->tile, R, C, bh, bw, oh, ow;
+    KILN_TRY(kimg_anyres_grid(p, im->h, im->w, &R, &C));
+    bh = R * T, bw = C * T;
+    float *base;
+    /* resize(image, (side, side)) as get_image_patches does (the fixture
+     * README's "shortest edge 32x43, then crop" is not what its pixels
+     * show: they are this square resize) */
+    kimg_image sq;
+    KILN_TRY(kimg_from_rgb(im->rgb, im->h, im->w, &sq));
+    kiln_status st0 = resize_in_place(p, &sq, T, T);
+    if (!st0) st0 = kimg_preprocess(p, &sq, &base, &oh, &ow);
+    kimg_free(&sq);
+    KILN_TRY(st0);
+    if (oh != T || ow != T) {
+        free(base);
+        return kiln_error(KILN_EINVAL, "%s: the base image is %lldx%lld, its tiles %lld", p->type, (long long)oh, (long long)ow, (long long)T);
+    }
+    /* _resize_for_patching (get_patch_output_size: the tighter side at the
+     * pinpoint, the other ceil'ed) and _pad_for_patching (centred, the odd
+     * pixel after) */
+    double sw = (double)bw / (double)im->w, sh = (double)bh / (double)im->h;
+    int64_t nh = bh, nw = bw;
+    if (sw < sh) nh = (int64_t)ceil((double)im->h * sw), nh = nh < bh ? nh : bh;
+    else nw = (int64_t)ceil((double)im->w * sh), nw = nw < bw ? nw : bw;
+    kimg_image rs, pad = {0};
+    kiln_status st = kimg_from_rgb(im->rgb, im->h, im->w, &rs);
+    if (!st) st = resize_in_place(p, &rs, nh, nw);
+    if (!st && !(pad.rgb = calloc((size_t)(bh * bw * 3), 1))) st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st) {
+        pad.h = bh, pad.w = bw;
+        int64_t top = (bh - nh) / 2, left = (bw - nw) / 2;
+        for (int64_t y = 0; y < nh; y++) memcpy(pad.rgb + ((y + top) * bw + left) * 3, rs.rgb + y * nw * 3, (size_t)(nw * 3));
+    }
+    float *out = st ? NULL : malloc(sizeof(float) * (size_t)((1 + R * C) * 3 * T * T));
+    if (!st && !out) st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st) {
+        memcpy(out, base, sizeof(float) * (size_t)(3 * T * T));
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = 0; c < C; c++) normalize_window(p, &pad, r * T, c * T, T, T, out + (1 + r * C + c) * 3 * T * T);
+    }
+    free(base);
+    kimg_free(&rs), kimg_free(&pad);
+    if (st) {
+        free(out);
+        return st;
+    }
+    *crops = out, *n = 1 + R * C, *rows = R, *cols = C, *side = T;
     return NULL;
 }

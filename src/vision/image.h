@@ -48,6 +48,8 @@ kiln_status kimg_decode(const void *data, size_t n, const char *what, kimg_image
 kiln_status kimg_from_rgb(const uint8_t *rgb, int64_t h, int64_t w, kimg_image *out);
 void kimg_free(kimg_image *im);
 
+#define KIMG_MAX_PINPOINTS 64
+
 typedef enum { KIMG_SIZE_NONE, KIMG_SIZE_FIXED, KIMG_SIZE_SHORTEST, KIMG_SIZE_LONGEST } kimg_size_kind;
 
 typedef struct {
@@ -62,6 +64,9 @@ typedef struct {
     int64_t min_pixels, max_pixels;       /* Qwen smart_resize bounds */
     bool split;                   /* Idefics3 / SmolVLM: do_image_splitting */
     int64_t max_edge;             /* Idefics3 / SmolVLM: max_image_size.longest_edge (the crops' side) */
+    int64_t pinpoints[KIMG_MAX_PINPOINTS][2]; /* LLaVA-NeXT / OneVision: image_grid_pinpoints (h, w) */
+    int n_pinpoints;
+    int64_t tile;                 /* their tiles' side: crop_size.height, else size.height / shortest_edge */
     char type[64];                /* image_processor_type */
 } kimg_proc;
 
@@ -81,6 +86,19 @@ kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im, float **ch
  * *crops [n, 3, side, side] (malloc'ed); *rows = *cols = 0 when unsplit. */
 kiln_status kimg_preprocess_split(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
                                   int64_t *side);
+
+/* LLaVA-NeXT's anyres tiling: select_best_resolution among the pinpoints
+ * for an h x w image (the most effective pixels, then the least waste):
+ * *rows x *cols tiles of p->tile. */
+kiln_status kimg_anyres_grid(const kimg_proc *p, int64_t h, int64_t w, int64_t *rows, int64_t *cols);
+/* LLaVA-NeXT / OneVision's image processor on one image (get_image_patches
+ * + _preprocess): the base image resized (PIL) to side x side, then through
+ * kimg_preprocess (its resize and crop are no-ops at that size), then the
+ * image resized (PIL, aspect kept) into the best pinpoint, centred on black
+ * padding and cut into rows x cols tiles in row-major order.
+ * *crops [1 + rows * cols, 3, side, side]. */
+kiln_status kimg_preprocess_anyres(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                   int64_t *side);
 
 /* PIL's Image.resize((ow, oh), resample) of an 8-bit RGB image, bit for
  * bit (Pillow's ImagingResample: separable passes, horizontal first, with

@@ -148,3 +148,36 @@ KT_TEST(image_idefics3_split_resizes_then_tiles) {
     free(px);
     cJSON_Delete(cfg);
 }
+
+/* LLaVA-NeXT's anyres tiling: select_best_resolution keeps the most of the
+ * image, then wastes the least (20x70: 32x64 and 64x64 keep as much, 32x64
+ * wastes less); a 48x64 image in 64x64 sits on 8 black rows above and
+ * below, cut into 2x2 tiles after the base image. */
+KT_TEST(image_anyres_picks_the_pinpoint_and_pads) {
+    cJSON *cfg = cJSON_Parse("{\"image_processor_type\": \"LlavaNextImageProcessor\", \"size\": {\"shortest_edge\": 32},"
+                             " \"crop_size\": {\"height\": 32, \"width\": 32}, \"do_center_crop\": true, \"image_mean\": 0.5,"
+                             " \"image_std\": 0.5, \"image_grid_pinpoints\": [[32, 64], [64, 32], [64, 64]]}");
+    kimg_proc p;
+    KT_CHECK_OK(kimg_proc_parse(cfg, &p));
+    KT_CHECK(p.n_pinpoints == 3 && p.tile == 32);
+    int64_t r, c, n, side;
+    KT_CHECK_OK(kimg_anyres_grid(&p, 20, 70, &r, &c));
+    KT_CHECK(r == 1 && c == 2);
+    KT_CHECK_OK(kimg_anyres_grid(&p, 70, 20, &r, &c));
+    KT_CHECK(r == 2 && c == 1);
+    uint8_t *px = malloc(48 * 64 * 3);
+    memset(px, 255, 48 * 64 * 3);
+    kimg_image im;
+    KT_CHECK_OK(kimg_from_rgb(px, 48, 64, &im));
+    float *crops;
+    KT_CHECK_OK(kimg_preprocess_anyres(&p, &im, &crops, &n, &r, &c, &side));
+    KT_CHECK(n == 5 && r == 2 && c == 2 && side == 32);
+    /* tile 0 (top left): rows 0..7 padding (0 -> -1), then the white image (1) */
+    const float *t0 = crops + 1 * 3 * 32 * 32, *t2 = crops + 3 * 3 * 32 * 32;
+    KT_CHECK(t0[0] == -1.0f && t0[7 * 32] == -1.0f && t0[8 * 32] == 1.0f && t2[23 * 32] == 1.0f && t2[24 * 32] == -1.0f);
+    KT_CHECK(crops[0] == 1.0f); /* the base image: all white */
+    free(crops);
+    kimg_free(&im);
+    free(px);
+    cJSON_Delete(cfg);
+}

@@ -15,7 +15,7 @@
 
 /* One line per family; a new vision-language family is a file beside
  * llava.c defining kvis_family_<name>, plus its name here. */
-#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl)
+#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl)
 
 #define DECLARE(f) extern const kvis_family kvis_family_##f;
 KVIS_FAMILIES(DECLARE)
@@ -292,9 +292,20 @@ kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_thread
     if (d) memcpy(d, kr_exec_output(ex, 1), sizeof(float) * (size_t)(n * L * E));
     kr_exec_destroy(ex);
     kr_pool_destroy(pool);
+    int64_t total = crops * n;
+    if (m->family->pack) {
+        float *packed;
+        kiln_status pst = m->family->pack(m, px, f, n, &packed, &total);
+        free(f);
+        if (pst) {
+            free(d);
+            return kiln_status_wrap(pst, "%s", kc_dir(m->ck));
+        }
+        f = packed;
+    }
     *features = f;
     if (deepstack) *deepstack = d;
-    *n_tokens = crops * n;
+    *n_tokens = total;
     return NULL;
 }
 
@@ -302,14 +313,25 @@ kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kv
     memset(out, 0, sizeof *out);
     if (!m->have_proc) return kiln_error(KILN_ENOTFOUND, "%s: no preprocessor_config.json", kc_dir(m->ck));
     out->c = 3;
+    out->orig_h = im->h, out->orig_w = im->w;
     if (has(m, KVIS_F_SPLIT)) {
         KILN_TRY(kimg_preprocess_split(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
+        out->w = out->h;
+    } else if (has(m, KVIS_F_ANYRES)) {
+        KILN_TRY(kimg_preprocess_anyres(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
         out->w = out->h;
     } else {
         KILN_TRY(kimg_preprocess(&m->proc, im, &out->data, &out->h, &out->w));
     }
     return m->family->pixels ? m->family->pixels(m, out) : NULL;
 }
+kiln_status kvis_pixels_layout(const kvis_model *m, int64_t h, int64_t w, kvis_pixels *px) {
+    px->orig_h = h, px->orig_w = w;
+    if (!has(m, KVIS_F_ANYRES)) return NULL;
+    if (!m->have_proc) return kiln_error(KILN_ENOTFOUND, "%s: no preprocessor_config.json", kc_dir(m->ck));
+    return kimg_anyres_grid(&m->proc, h, w, &px->rows, &px->cols);
+}
+
 void kvis_pixels_free(kvis_pixels *p) {
     if (!p) return;
     free(p->data);

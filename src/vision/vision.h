@@ -45,10 +45,15 @@ typedef struct {
     float *data; /* malloc'ed */
     int64_t c, h, w;
     int64_t n;          /* crops (0: 1) */
-    int64_t rows, cols; /* the tile grid of a split image (0: not split) */
+    int64_t rows, cols; /* the tile grid of a split / tiled image (0: not split) */
+    int64_t orig_h, orig_w; /* the image's size before preprocessing (LLaVA-NeXT's unpadding) */
 } kvis_pixels;
 kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kvis_pixels *out);
 void kvis_pixels_free(kvis_pixels *p);
+/* The layout fields of px (orig_h, orig_w and, for tiling families, the
+ * tile grid) for an image of h x w, as kvis_pixels_from_image sets them:
+ * for pixels that come from elsewhere (the oracle's pixel_values.npy). */
+kiln_status kvis_pixels_layout(const kvis_model *m, int64_t h, int64_t w, kvis_pixels *px);
 /* Image features [*n_tokens, text hidden] (malloc'ed) for pixels (each
  * crop through the tower in turn, the rows concatenated in crop order); with
  * deepstack (may be NULL) the rows added to the first text layers' outputs

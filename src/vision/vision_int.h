@@ -46,6 +46,9 @@ struct kvis_model {
     double rope_theta;       /* pixtral, Qwen-VL */
     double proj_eps;         /* mistral3: the projector's RMSNorm */
     bool proj_bias;
+    bool feature_full;       /* LLaVA vision_feature_select_strategy "full": the class token's row stays */
+    const kc_tensor *image_newline; /* LLaVA-NeXT: [text hidden], after each row of tile features */
+    int64_t max_tiles;       /* LLaVA-OneVision anyres_max_N: features downscaled beyond N tiles' worth (0: never) */
     kimg_proc proc;
     bool have_proc;
     /* Qwen-VL */
@@ -64,6 +67,7 @@ enum {
     KVIS_F_IMAGE_FIRST = 1 << 5,  /* without an image token the block opens the prompt, before bos (PaliGemma) */
     KVIS_F_MARKED_PAD = 1 << 6,   /* a chat template writes the block's first and last ids around one image token (Qwen-VL) */
     KVIS_F_SPLIT = 1 << 7,        /* the processor splits the image into crops (Idefics3 / SmolVLM: kimg_preprocess_split) */
+    KVIS_F_ANYRES = 1 << 8,       /* the processor tiles the image into a pinpoint (LLaVA-NeXT: kimg_preprocess_anyres) */
 };
 
 struct kvis_family {
@@ -91,6 +95,10 @@ struct kvis_family {
      * KVIS_F_PATCHES) of a gh x gw patch grid: [tokens, text hidden];
      * *deep the deepstack rows (KVIS_F_DEEPSTACK). Errors through b. */
     kg_node *(*emit)(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, int64_t gw, kg_node **deep);
+    /* The rows of all crops' features feat [crops * per_crop, text hidden]
+     * -> the image's rows *out [*n_out, text hidden] (malloc'ed), on the
+     * host (NULL: as they are). */
+    kiln_status (*pack)(const kvis_model *m, const kvis_pixels *px, const float *feat, int64_t per_crop, float **out, int64_t *n_out);
     /* One image's placeholder block for px, a gh x gw patch grid per crop,
      * into ids[cap], *n (NULL: an image token per patch, no markers). */
     kiln_status (*image_tokens)(const kvis_model *m, const kvis_pixels *px, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n);
@@ -117,6 +125,15 @@ kiln_status kvis_block(const kvis_model *m, const int32_t *pre, int np, int64_t 
 /* Pixtral's block (image_tokens hook): rows of (gh / s) x (gw / s) image
  * tokens (s = scale_factor), each row ended by [IMG_BREAK], the last by [IMG_END]. */
 kiln_status kvis_break_rows(const kvis_model *m, const kvis_pixels *px, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n);
+
+/* LLaVA's config (llava.c): vision_feature_layer (def_layer when absent),
+ * the select strategy, the projector, the image token; the CLIP / SigLIP
+ * tower's class token and pre-norm by their tensors. */
+kiln_status kvis_llava_parse(kvis_model *m, const cJSON *root, int64_t def_layer);
+/* The feature rows of one gh x gw crop (the class token's kept with "full", the first dropped with "default"). */
+int64_t kvis_llava_rows(const kvis_model *m, int64_t gh, int64_t gw);
+/* LLaVA's tower + projector (emit hook). */
+kg_node *kvis_llava_emit(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, int64_t gw, kg_node **deep);
 
 /* ---- graph blocks (towers.c) */
 /* A Pixtral tower's vision_config fields (rope_theta, head_dim) and module names. */

@@ -211,7 +211,7 @@ KT_TEST(vision_cli_generate_image_matches_the_oracle) {
         kt_skip("KILN_BIN is not set (make test sets it)");
         return;
     }
-    const char *names[] = {"idefics3", "pixtral"};
+    const char *names[] = {"idefics3", "pixtral", "llava_next", "llava_onevision"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         char dir[4096], rel[128], cmd[16384], path[4200];
         snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s", names[k]);
@@ -234,4 +234,26 @@ KT_TEST(vision_cli_generate_image_matches_the_oracle) {
             KT_CHECKF(cJSON_GetArrayItem(got, i)->valueint == cJSON_GetArrayItem(want, i)->valueint, "%s: step %d", names[k], i);
         cJSON_Delete(j), cJSON_Delete(o);
     }
+}
+
+/* LLaVA-NeXT's block for a tall image: 64x48 fits the 64x64 pinpoint (2x2
+ * tiles, an 8x8 feature grid) with a column of padding features either
+ * side, so 8 rows of 6 + image_newline after the base image's 16: 72. */
+KT_TEST(vision_llava_next_unpads_columns) {
+    char dir[4096];
+    ke_model *m;
+    int32_t ids[128];
+    int n;
+    KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/llava_next"), &m));
+    kvis_pixels px = {.c = 3, .h = 32, .w = 32, .n = 5};
+    KT_CHECK_OK(kvis_pixels_layout(ke_model_vision(m), 64, 48, &px));
+    KT_CHECK(px.rows == 2 && px.cols == 2);
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 128, &n));
+    KT_CHECK_EQ(n, 16 + 8 * 7);
+    KT_CHECK_OK(kvis_pixels_layout(ke_model_vision(m), 48, 64, &px)); /* the fixture's: 6 rows of 8 */
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 128, &n));
+    KT_CHECK_EQ(n, 16 + 6 * 9);
+    px.n = 3; /* crops that are not the grid's */
+    KT_CHECK_ERR(kvis_image_tokens(ke_model_vision(m), &px, ids, 128, &n), "3 crops");
+    ke_model_free(m);
 }
