@@ -112,6 +112,9 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
     KILN_TRY(ku_json_int(j, "merge_size", 0, &p->merge));
     KILN_TRY(ku_json_int(j, "min_pixels", 0, &p->min_pixels));
     KILN_TRY(ku_json_int(j, "max_pixels", 0, &p->max_pixels));
+    KILN_TRY(ku_json_bool(j, "crop_to_patches", false, &p->crop_to_patches));
+    KILN_TRY(ku_json_int(j, "min_patches", 1, &p->min_patches));
+    KILN_TRY(ku_json_int(j, "max_patches", 12, &p->max_patches));
     bool idefics = !strncmp(p->type, "Idefics3", 8) || !strncmp(p->type, "SmolVLM", 7);
     KILN_TRY(ku_json_bool(j, "do_image_splitting", idefics, &p->split));
     const cJSON *mx = ku_json_get(j, "max_image_size");
@@ -391,5 +394,52 @@ kiln_status kimg_preprocess_anyres(const kimg_proc *p, const kimg_image *im, flo
         return st;
     }
     *crops = out, *n = 1 + R * C, *rows = R, *cols = C, *side = T;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- GotOcr2 tiling (InternVL, Aya Vision) */
+
+/* get_optimal_tiled_canvas: (cols, rows) of the closest aspect ratio; the
+ * candidates (w, h) in Python's order (w, then h, stably sorted by w * h). */
+static void tiled_canvas(const kimg_proc *p, int64_t h, int64_t w, int64_t T, int64_t *cols, int64_t *rows) {
+    double ar = (double)w / (double)h, area = (double)(w * h), best = INFINITY;
+    *cols = *rows = 1;
+    for (int64_t prod = p->min_patches; prod <= p->max_patches; prod++)
+        for (int64_t gw = 1; gw <= p->max_patches; gw++)
+            for (int64_t gh = 1; gh <= p->max_patches; gh++) {
+                if (gw * gh != prod) continue;
+                double d = fabs(ar - (double)gw / (double)gh);
+                if (d < best) best = d, *cols = gw, *rows = gh;
+                else if (d == best && area > 0.5 * (double)(T * T) * (double)(gw * gh)) *cols = gw, *rows = gh;
+            }
+}
+
+kiln_status kimg_preprocess_tiles(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                  int64_t *side) {
+    *crops = NULL, *n = *rows = *cols = 0;
+    int64_t T = p->size_h, R = 0, C = 0;
+    if (p->size_kind != KIMG_SIZE_FIXED || T <= 0 || p->size_w != T)
+        return kiln_error(KILN_EUNSUPPORTED, "%s: tiling needs a square size {height, width}", p->type);
+    if (p->crop_to_patches && p->max_patches > 1) tiled_canvas(p, im->h, im->w, T, &C, &R);
+    int64_t k = R * C > 1 ? R * C + 1 : 1;
+    kimg_image rs, th;
+    KILN_TRY(kimg_from_rgb(im->rgb, im->h, im->w, &rs));
+    KILN_TRY(kimg_from_rgb(im->rgb, im->h, im->w, &th));
+    /* crop_image_to_patches resizes with its own default, BICUBIC */
+    kimg_proc bic = *p;
+    bic.resample = 3;
+    kiln_status st = k > 1 ? resize_in_place(&bic, &rs, R * T, C * T) : NULL;
+    if (!st) st = resize_in_place(k > 1 ? &bic : p, &th, T, T);
+    float *out = st ? NULL : malloc(sizeof(float) * (size_t)(k * 3 * T * T));
+    if (!st && !out) st = kiln_error(KILN_ENOMEM, "out of memory");
+    for (int64_t r = 0; !st && k > 1 && r < R; r++)
+        for (int64_t c = 0; c < C; c++) normalize_window(p, &rs, r * T, c * T, T, T, out + (r * C + c) * 3 * T * T);
+    if (!st) normalize_window(p, &th, 0, 0, T, T, out + (k - 1) * 3 * T * T);
+    kimg_free(&rs), kimg_free(&th);
+    if (st) {
+        free(out);
+        return st;
+    }
+    *crops = out, *n = k, *rows = k > 1 ? R : 0, *cols = k > 1 ? C : 0, *side = T;
     return NULL;
 }

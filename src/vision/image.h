@@ -67,6 +67,8 @@ typedef struct {
     int64_t pinpoints[KIMG_MAX_PINPOINTS][2]; /* LLaVA-NeXT / OneVision: image_grid_pinpoints (h, w) */
     int n_pinpoints;
     int64_t tile;                 /* their tiles' side: crop_size.height, else size.height / shortest_edge */
+    bool crop_to_patches;         /* GotOcr2 (InternVL, Aya Vision): tiling on */
+    int64_t min_patches, max_patches;
     char type[64];                /* image_processor_type */
 } kimg_proc;
 
@@ -99,6 +101,16 @@ kiln_status kimg_anyres_grid(const kimg_proc *p, int64_t h, int64_t w, int64_t *
  * *crops [1 + rows * cols, 3, side, side]. */
 kiln_status kimg_preprocess_anyres(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
                                    int64_t *side);
+
+/* GotOcr2's image processor on one image (InternVL, Aya Vision): with
+ * crop_to_patches, the grid of the closest aspect ratio among those of
+ * min..max_patches tiles (ties: more tiles while the image's area exceeds
+ * half theirs), the image resized (PIL BICUBIC) to it and cut into rows x
+ * cols tiles of size.height, then, for more than one tile, the whole image
+ * resized to one tile last (the thumbnail); without, the image at size.
+ * *crops [n, 3, side, side]. */
+kiln_status kimg_preprocess_tiles(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                  int64_t *side);
 
 /* PIL's Image.resize((ow, oh), resample) of an 8-bit RGB image, bit for
  * bit (Pillow's ImagingResample: separable passes, horizontal first, with

@@ -181,3 +181,33 @@ KT_TEST(image_anyres_picks_the_pinpoint_and_pads) {
     free(px);
     cJSON_Delete(cfg);
 }
+
+/* GotOcr2's tiling: 48x64 (4:3) -> 3 rows of 4 tiles + a thumbnail; 30x100
+ * -> 1x3 (6 tiles tie on the aspect ratio but the image is too small for
+ * them); 64x64 -> 2x2 (ties with 1x1 and 3x3: more tiles while the image's
+ * area exceeds half of theirs). The thumbnail is the image resized
+ * (BICUBIC) to one tile. */
+KT_TEST(image_gotocr2_tiles_closest_aspect_ratio) {
+    cJSON *cfg = cJSON_Parse("{\"image_processor_type\": \"GotOcr2ImageProcessor\", \"size\": {\"height\": 32, \"width\": 32},"
+                             " \"crop_to_patches\": true, \"max_patches\": 12, \"resample\": 3, \"image_mean\": 0.5, \"image_std\": 0.5}");
+    kimg_proc p;
+    KT_CHECK_OK(kimg_proc_parse(cfg, &p));
+    const int64_t sizes[3][2] = {{48, 64}, {30, 100}, {64, 64}}, want[3][3] = {{13, 3, 4}, {4, 1, 3}, {5, 2, 2}};
+    uint8_t *px = malloc(100 * 100 * 3);
+    for (int i = 0; i < 100 * 100 * 3; i++) px[i] = (uint8_t)(i * 29 % 253);
+    for (int t = 0; t < 3; t++) {
+        kimg_image im, th;
+        float *crops;
+        int64_t n, r, c, side;
+        KT_CHECK_OK(kimg_from_rgb(px, sizes[t][0], sizes[t][1], &im));
+        KT_CHECK_OK(kimg_preprocess_tiles(&p, &im, &crops, &n, &r, &c, &side));
+        KT_CHECKF(n == want[t][0] && r == want[t][1] && c == want[t][2], "%lldx%lld: %lld crops, %lldx%lld", (long long)sizes[t][0],
+                  (long long)sizes[t][1], (long long)n, (long long)r, (long long)c);
+        KT_CHECK_OK(kimg_resize(&im, 32, 32, 3, &th));
+        KT_CHECK(window_is(&th, 0, 0, 32, 32, crops + (n - 1) * 3 * 32 * 32));
+        free(crops);
+        kimg_free(&im), kimg_free(&th);
+    }
+    free(px);
+    cJSON_Delete(cfg);
+}

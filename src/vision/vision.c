@@ -15,7 +15,7 @@
 
 /* One line per family; a new vision-language family is a file beside
  * llava.c defining kvis_family_<name>, plus its name here. */
-#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl)
+#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(internvl) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl)
 
 #define DECLARE(f) extern const kvis_family kvis_family_##f;
 KVIS_FAMILIES(DECLARE)
@@ -147,6 +147,17 @@ kiln_status kvis_break_rows(const kvis_model *m, const kvis_pixels *px, int64_t 
     return NULL;
 }
 
+/* An int field, or the first of a [h, w] list (InternViT's patch_size, image_size). */
+static kiln_status int_or_first(const cJSON *j, const char *key, int64_t def, int64_t *out) {
+    const cJSON *a = ku_json_get(j, key);
+    if (!cJSON_IsArray(a)) return ku_json_int(j, key, def, out);
+    const cJSON *h = cJSON_GetArrayItem(a, 0), *w = cJSON_GetArrayItem(a, 1);
+    if (cJSON_GetArraySize(a) != 2 || !cJSON_IsNumber(h) || !cJSON_IsNumber(w) || h->valuedouble != w->valuedouble)
+        return kiln_error(KILN_EUNSUPPORTED, "config.json: vision_config.%s must be one number or a square [h, w]", key);
+    *out = (int64_t)h->valuedouble;
+    return NULL;
+}
+
 /* The vision_config fields of CLIP / SigLIP / Pixtral towers, the module prefixes. */
 static kiln_status load_tower(kvis_model *m, const cJSON *vc, km_hparams *hp) {
     const kvis_family *f = m->family;
@@ -157,8 +168,8 @@ static kiln_status load_tower(kvis_model *m, const cJSON *vc, km_hparams *hp) {
     KILN_TRY(ku_json_int(vc, "num_attention_heads", 12, &v->n_heads));
     KILN_TRY(ku_json_int(vc, "intermediate_size", 3072, &v->ffn));
     KILN_TRY(ku_json_int(vc, "num_hidden_layers", 12, &nl));
-    KILN_TRY(ku_json_int(vc, "patch_size", 14, &m->patch));
-    KILN_TRY(ku_json_int(vc, "image_size", 224, &m->image_size));
+    KILN_TRY(int_or_first(vc, "patch_size", 14, &m->patch));
+    KILN_TRY(int_or_first(vc, "image_size", 224, &m->image_size));
     KILN_TRY(ku_json_num(vc, "layer_norm_eps", f->eps_default, &v->norm_eps));
     KILN_TRY(ku_json_str(vc, "hidden_act", f->act_default, &act));
     KILN_TRY(km_parse_act(act, &v->act));
@@ -316,6 +327,9 @@ kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kv
     out->orig_h = im->h, out->orig_w = im->w;
     if (has(m, KVIS_F_SPLIT)) {
         KILN_TRY(kimg_preprocess_split(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
+        out->w = out->h;
+    } else if (has(m, KVIS_F_TILES)) {
+        KILN_TRY(kimg_preprocess_tiles(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
         out->w = out->h;
     } else if (has(m, KVIS_F_ANYRES)) {
         KILN_TRY(kimg_preprocess_anyres(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));

@@ -46,6 +46,7 @@ struct kvis_model {
     double rope_theta;       /* pixtral, Qwen-VL */
     double proj_eps;         /* mistral3: the projector's RMSNorm */
     bool proj_bias;
+    bool attn_bias;          /* InternViT: attention_bias (q, k, v) */
     bool feature_full;       /* LLaVA vision_feature_select_strategy "full": the class token's row stays */
     const kc_tensor *image_newline; /* LLaVA-NeXT: [text hidden], after each row of tile features */
     int64_t max_tiles;       /* LLaVA-OneVision anyres_max_N: features downscaled beyond N tiles' worth (0: never) */
@@ -68,6 +69,7 @@ enum {
     KVIS_F_MARKED_PAD = 1 << 6,   /* a chat template writes the block's first and last ids around one image token (Qwen-VL) */
     KVIS_F_SPLIT = 1 << 7,        /* the processor splits the image into crops (Idefics3 / SmolVLM: kimg_preprocess_split) */
     KVIS_F_ANYRES = 1 << 8,       /* the processor tiles the image into a pinpoint (LLaVA-NeXT: kimg_preprocess_anyres) */
+    KVIS_F_TILES = 1 << 9,        /* GotOcr2's tiling: tiles of the closest aspect ratio, then a thumbnail (kimg_preprocess_tiles) */
 };
 
 struct kvis_family {
@@ -149,6 +151,8 @@ kg_node *kvis_linear_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *
 kg_node *kvis_attend_rows(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, kg_node *cos, kg_node *sin, kg_node *mask);
 /* CLIP / SigLIP encoder on pixels [C, H, W]: [N (+1 with CLS), D]. */
 kg_node *kvis_clip_tower(kb_ctx *b, const kvis_model *m, kg_node *px);
+/* InternViT (InternVL) on pixels [C, H, W]: [N + 1, D], the CLS row first. */
+kg_node *kvis_internvit_tower(kb_ctx *b, const kvis_model *m, kg_node *px);
 /* Pixtral on pixels [C, H, W]: [N, D]. */
 kg_node *kvis_pixtral_tower(kb_ctx *b, const kvis_model *m, kg_node *px);
 /* x [h*w, D] -> [h*w/s^2, D*s^2] as Idefics3 / SmolVLM's pixel_shuffle. */
