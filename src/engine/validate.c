@@ -258,7 +258,14 @@ static kiln_status expansion_check(const kvis_model *vm, const kvis_pixels *px, 
     KILN_TRY(ku_path_join(path, sizeof path, odir, "oracle.json"));
     KILN_TRY(ku_json_load(path, &j));
     const cJSON *pt = ku_json_get(j, "prompt_text");
-    cJSON *sp = special_tokens(j);
+    cJSON *sp = special_tokens(j), *pc = NULL;
+    /* the processor's placeholder text (processor_config.json's image_token)
+     * is the id kiln expands: the folders have no tokenizer.json to say */
+    const char *ph = NULL;
+    if (!ku_path_join(path, sizeof path, odir, "processor_config.json") && ku_file_exists(path) && !ku_json_load(path, &pc)) {
+        const cJSON *it = ku_json_get(pc, "image_token");
+        if (cJSON_IsString(it)) ph = it->valuestring;
+    }
     kiln_status st = NULL;
     int n = 0, n_out = 0;
     int32_t *ids = NULL, *out = NULL;
@@ -267,6 +274,10 @@ static kiln_status expansion_check(const kvis_model *vm, const kvis_pixels *px, 
         int id, len = 0;
         if (sscanf(c, "<t%d>%n", &id, &len) == 1 && len > 0) {
             ids[n++] = id, c += len;
+            continue;
+        }
+        if (ph && ph[0] && !strncmp(c, ph, strlen(ph))) {
+            ids[n++] = kvis_placeholder_token(vm), c += strlen(ph);
             continue;
         }
         const cJSON *e, *best = NULL;
@@ -284,7 +295,7 @@ static kiln_status expansion_check(const kvis_model *vm, const kvis_pixels *px, 
         if (i < n_out || i < o->n_prompt) r->prompt_diff_at = i;
     }
     free(ids), free(out);
-    cJSON_Delete(sp);
+    cJSON_Delete(sp), cJSON_Delete(pc);
     cJSON_Delete(j);
     return st;
 }

@@ -15,7 +15,7 @@
 
 /* One line per family; a new vision-language family is a file beside
  * llava.c defining kvis_family_<name>, plus its name here. */
-#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(internvl) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl)
+#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(internvl) X(aya_vision) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl)
 
 #define DECLARE(f) extern const kvis_family kvis_family_##f;
 KVIS_FAMILIES(DECLARE)
@@ -44,6 +44,8 @@ static const kvis_family *find_family(const char *model_type, const char *tower_
 static bool has(const kvis_model *m, unsigned flag) { return (m->family->flags & flag) != 0; }
 
 int32_t kvis_image_token(const kvis_model *m) { return m->image_token; }
+
+int32_t kvis_placeholder_token(const kvis_model *m) { return m->placeholder >= 0 ? m->placeholder : m->image_token; }
 
 bool kvis_supported(const char *model_type) { return find_family(model_type, NULL) != NULL; }
 
@@ -199,6 +201,7 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
     kvis_model *m = calloc(1, sizeof *m);
     if (!m) return kiln_error(KILN_ENOMEM, "out of memory");
     m->ck = ck;
+    m->placeholder = -1;
     snprintf(m->model_type, sizeof m->model_type, "%s", mt);
     snprintf(m->tower_type, sizeof m->tower_type, "%s", vt);
     kiln_status st = NULL;
@@ -384,7 +387,8 @@ kiln_status kvis_expand_prompt(const kvis_model *m, const kvis_pixels *px, const
     if (!blk) return kiln_error(KILN_ENOMEM, "out of memory");
     kiln_status st = kvis_image_tokens(m, px, blk, cap, &k);
     int at = 0, skip = 0; /* the block goes at `at`, replacing `skip` ids */
-    for (at = 0; at < n && ids[at] != m->image_token; at++) {}
+    int32_t ph = kvis_placeholder_token(m);
+    for (at = 0; at < n && ids[at] != ph; at++) {}
     if (at < n) skip = 1;
     else at = !has(m, KVIS_F_IMAGE_FIRST) && n > 0 && ids[0] == bos ? 1 : 0;
     int32_t *b0 = blk;

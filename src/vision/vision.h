@@ -34,6 +34,10 @@ void kvis_free(kvis_model *m);
 const char *kvis_describe(const kvis_model *m, char *buf, size_t cap);
 /* The token id whose embeddings the features replace. */
 int32_t kvis_image_token(const kvis_model *m);
+/* The token id that marks an image in the prompt's text, which
+ * kvis_expand_prompt expands to the image's block: the image token, but
+ * for Aya Vision ("<image>", by tokenizer.json; the image token without one). */
+int32_t kvis_placeholder_token(const kvis_model *m);
 
 /* The tower's input for one image, as the processor writes pixel_values:
  * [n, 3, h, w] f32, n crops of one size (CLIP / SigLIP / Pixtral towers;
@@ -79,7 +83,7 @@ kiln_status kvis_positions(const kvis_model *m, const kvis_pixels *px, int n_ima
 kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_t *ids, int cap, int *n);
 
 /* The prompt ids[n] with one image's placeholder block in place: the first
- * image token of ids is expanded to the block (kvis_image_tokens), or
+ * placeholder token (kvis_placeholder_token) of ids is expanded to the block (kvis_image_tokens), or
  * without one the block goes first (after a leading bos for every family
  * but PaliGemma, whose prompt starts with the image). *out (malloc'ed),
  * *n_out. */

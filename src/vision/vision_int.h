@@ -18,6 +18,8 @@
 typedef struct kvis_family kvis_family;
 
 #define KVIS_MAX_TILES 8 /* rows and columns of a split image's tag table */
+#define KVIS_MAX_TAGS 64 /* Aya Vision: TILE_1 .. TILE_64 */
+#define KVIS_TAG_LEN 8   /* ids of one tag's text */
 
 struct kvis_model {
     const kc_checkpoint *ck;
@@ -29,9 +31,12 @@ struct kvis_model {
     char name_store[KM_T_COUNT][200];
     char tower[128], proj[128]; /* module prefixes: "...vision_model.", "...multi_modal_projector." */
     int64_t patch, image_size, text_hidden;
+    int32_t placeholder;     /* kvis_placeholder_token (-1: the image token) */
     int32_t image_token, boi_token, eoi_token, global_token, fake_token;
     int32_t img_break, img_end; /* mistral3: [IMG_BREAK], [IMG_END] */
     int32_t tile_tag[KVIS_MAX_TILES][KVIS_MAX_TILES]; /* Idefics3 / SmolVLM: <row_r_col_c> (r, c from 1) */
+    int32_t tags[KVIS_MAX_TAGS + 1][KVIS_TAG_LEN]; /* Aya Vision: [0] TILE_GLOBAL, [k] TILE_k, as tokenized text */
+    int tag_len[KVIS_MAX_TAGS + 1];
     int32_t newline[2];         /* Idefics3 / SmolVLM: the ids of "\n" and "\n\n" (-1: two "\n") */
     bool markers_guessed;       /* no tokenizer.json: marker ids taken as image id + 1 / + 2 (the fixtures' layout) */
     char missing_marker[48];    /* a marker tokenizer.json lacks (an error once an image is expanded) */

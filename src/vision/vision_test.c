@@ -211,7 +211,7 @@ KT_TEST(vision_cli_generate_image_matches_the_oracle) {
         kt_skip("KILN_BIN is not set (make test sets it)");
         return;
     }
-    const char *names[] = {"idefics3", "pixtral", "llava_next", "llava_onevision", "internvl"};
+    const char *names[] = {"idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         char dir[4096], rel[128], cmd[16384], path[4200];
         snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s", names[k]);
