@@ -75,18 +75,13 @@ static kg_node *emit(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, in
     kg_graph *g = b->g;
     int64_t s = m->scale_factor, Ds = m->vhp.hidden * s * s, N = gh * gw / (s * s);
     if (gh % s || gw % s) return kb_fail(b, kiln_error(KILN_EINVAL, "aya_vision: %lldx%lld patches do not shuffle by %lld", (long long)gh, (long long)gw, (long long)s));
-    char name[300];
-    snprintf(name, sizeof name, "%slinear_1.weight", m->proj);
-    const kc_tensor *l1;
-    kiln_status st = kc_get_tensor(m->ck, name, 2, (int64_t[]){-1, Ds}, &l1);
-    if (st) return kb_fail(b, st);
-    int64_t I = l1->shape[0];
-    if (I % 2) return kb_fail(b, kiln_error(KILN_EINVAL, "%s: %lld rows do not split in halves", name, (long long)I));
+    int64_t I = kvis_module_rows(b, m->proj, "linear_1", Ds);
+    if (I < 0) return NULL;
+    if (I % 2) return kb_fail(b, kiln_error(KILN_EINVAL, "%slinear_1: %lld rows do not split in halves", m->proj, (long long)I));
     kg_node *x = kvis_clip_tower(b, m, px);
     if (!x) return NULL;
     x = kvis_pixel_shuffle(b, x, gh, gw, s);
-    x = kg_layer_norm(g, x, kvis_tensor_as(b, m->proj, "layernorm.weight", 1, (int64_t[]){Ds}, KG_SHAPE(Ds)),
-                      kvis_tensor_as(b, m->proj, "layernorm.bias", 1, (int64_t[]){Ds}, KG_SHAPE(Ds)), (float)m->proj_eps);
+    x = kvis_layer_norm_mod(b, x, m->proj, "layernorm", (float)m->proj_eps);
     x = kvis_linear_mod(b, x, m->proj, "linear_1", I, true);
     kg_node *a = kg_slice(g, x, (int64_t[]){0, 0}, (int64_t[]){N, I / 2}, NULL), *gate = kg_slice(g, x, (int64_t[]){0, I / 2}, (int64_t[]){N, I}, NULL);
     x = kg_mul(g, kb_act(b, gate, KM_ACT_SILU), a);

@@ -162,15 +162,15 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
 
 /* Qwen2-VL's smart_resize: both sides multiples of `factor`, the area within
  * [min_pixels, max_pixels], the aspect ratio kept as well as it can be. */
-static void smart_resize(int64_t h, int64_t w, int64_t factor, int64_t lo, int64_t hi, int64_t *oh, int64_t *ow) {
+static void smart_resize(int64_t h, int64_t w, int64_t factor, double lo, double hi, int64_t *oh, int64_t *ow) {
     /* Python's round: half to even (nearbyint in the default rounding mode) */
     double hb = nearbyint((double)h / (double)factor) * (double)factor, wb = nearbyint((double)w / (double)factor) * (double)factor;
-    if (hb * wb > (double)hi) {
-        double beta = sqrt((double)h * (double)w / (double)hi);
+    if (hb * wb > hi) {
+        double beta = sqrt((double)h * (double)w / hi);
         hb = fmax((double)factor, floor((double)h / beta / (double)factor) * (double)factor);
         wb = fmax((double)factor, floor((double)w / beta / (double)factor) * (double)factor);
-    } else if (hb * wb < (double)lo) {
-        double beta = sqrt((double)lo / ((double)h * (double)w));
+    } else if (hb * wb < lo) {
+        double beta = sqrt(lo / ((double)h * (double)w));
         hb = ceil((double)h * beta / (double)factor) * (double)factor;
         wb = ceil((double)w * beta / (double)factor) * (double)factor;
     }
@@ -183,8 +183,10 @@ kiln_status kimg_target_size(const kimg_proc *p, int64_t h, int64_t w, int64_t *
         int64_t f = p->patch * (p->merge > 0 ? p->merge : 1);
         if ((h > w ? h : w) > 200 * (h < w ? h : w))
             return kiln_error(KILN_EINVAL, "image %lldx%lld: the aspect ratio must be below 200", (long long)h, (long long)w);
-        if (p->do_resize) smart_resize(h, w, f, p->min_pixels > 0 ? p->min_pixels : 56 * 56,
-                                       p->max_pixels > 0 ? p->max_pixels : 28 * 28 * 1280, oh, ow);
+        /* Glm4vImageProcessor bounds t * h * w with t the temporal patch (a still image is that many frames) */
+        double t = !strncmp(p->type, "Glm4v", 5) ? (double)p->temporal_patch : 1.0;
+        if (p->do_resize) smart_resize(h, w, f, (double)(p->min_pixels > 0 ? p->min_pixels : 56 * 56) / t,
+                                       (double)(p->max_pixels > 0 ? p->max_pixels : 28 * 28 * 1280) / t, oh, ow);
         return NULL;
     }
     if (!p->do_resize) return NULL;

@@ -46,15 +46,13 @@ static kiln_status parse(kvis_model *m, const cJSON *root, const cJSON *vc, km_h
 }
 
 static kg_node *emit(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, int64_t gw, kg_node **deep) {
-    int64_t D = m->vhp.hidden, s = m->scale_factor, Ds = D * s * s;
+    int64_t D = m->vhp.hidden, s = m->scale_factor;
     if (gh % s || gw % s) return kb_fail(b, kiln_error(KILN_EINVAL, "internvl: %lldx%lld patches do not shuffle by %lld", (long long)gh, (long long)gw, (long long)s));
     kg_node *x = kvis_internvit_tower(b, m, px);
     if (!x) return NULL;
     x = kg_slice(b->g, x, (int64_t[]){1, 0}, (int64_t[]){gh * gw + 1, D}, NULL); /* drop CLS */
     x = kvis_pixel_shuffle(b, x, gh, gw, s);
-    kg_node *w = kvis_tensor_as(b, m->proj, "layer_norm.weight", 1, (int64_t[]){Ds}, KG_SHAPE(Ds));
-    kg_node *bias = kvis_tensor_as(b, m->proj, "layer_norm.bias", 1, (int64_t[]){Ds}, KG_SHAPE(Ds));
-    x = kg_layer_norm(b->g, x, w, bias, 1e-5f); /* nn.LayerNorm's default eps */
+    x = kvis_layer_norm_mod(b, x, m->proj, "layer_norm", 1e-5f); /* nn.LayerNorm's default eps */
     return kvis_mlp_projector(b, m, x);
 }
 

@@ -34,6 +34,28 @@ kg_node *kvis_linear_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *
     return y;
 }
 
+/* (vision_int.h) */
+int64_t kvis_module_rows(kb_ctx *b, const char *prefix, const char *module, int64_t cols) {
+    char name[300];
+    snprintf(name, sizeof name, "%s%s.weight", prefix, module);
+    const kc_tensor *t;
+    kiln_status st = kc_get_tensor(b->ck, name, 2, (int64_t[]){-1, cols}, &t);
+    if (st) {
+        kb_fail(b, st);
+        return -1;
+    }
+    return t->shape[0];
+}
+
+/* (vision_int.h) */
+kg_node *kvis_layer_norm_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *module, float eps) {
+    int64_t D = x ? x->shape.d[x->shape.rank - 1] : 0;
+    char w[200], bias[200];
+    snprintf(w, sizeof w, "%s.weight", module), snprintf(bias, sizeof bias, "%s.bias", module);
+    return kg_layer_norm(b->g, x, kvis_tensor_as(b, prefix, w, 1, (int64_t[]){D}, KG_SHAPE(D)),
+                         kvis_tensor_as(b, prefix, bias, 1, (int64_t[]){D}, KG_SHAPE(D)), eps);
+}
+
 /* pixels [C, H, W] -> patches [gh * gw, C * P * P] (row-major over the grid, each patch C, y, x as the conv weight) */
 static kg_node *patchify(kb_ctx *b, kg_node *px, int64_t P) {
     int64_t C = px->shape.d[0], gh = px->shape.d[1] / P, gw = px->shape.d[2] / P;

@@ -149,6 +149,10 @@ kiln_status kvis_pixtral_config(kvis_model *m, const cJSON *vc);
 kg_node *kvis_mlp_projector(kb_ctx *b, const kvis_model *m, kg_node *x);
 /* A float tensor "<prefix><name>" of the given shape, as f32 with the shape `as` (same numel). */
 kg_node *kvis_tensor_as(kb_ctx *b, const char *prefix, const char *name, int rank, const int64_t *shape, kg_shape as);
+/* The rows of "<prefix><module>.weight" [rows, cols] (-1: an error through b). */
+int64_t kvis_module_rows(kb_ctx *b, const char *prefix, const char *module, int64_t cols);
+/* LayerNorm of x [..., D] with "<prefix><module>.weight" / ".bias" [D]. */
+kg_node *kvis_layer_norm_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *module, float eps);
 /* x [..., in] through "<prefix><module>" (+ its bias). */
 kg_node *kvis_linear_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *module, int64_t rows, bool bias);
 /* Attention of q, k, v [N, H, hd] among all N rows (one image), rotated by

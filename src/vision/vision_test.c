@@ -211,13 +211,14 @@ KT_TEST(vision_cli_generate_image_matches_the_oracle) {
         kt_skip("KILN_BIN is not set (make test sets it)");
         return;
     }
-    const char *names[] = {"idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision"};
+    const char *names[] = {"idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         char dir[4096], rel[128], cmd[16384], path[4200];
         snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s", names[k]);
         kt_path(dir, sizeof dir, rel);
+        /* GLM-4V's template writes <|begin_of_image|><|image|><|end_of_image|>, as its processor's input has it */
         snprintf(cmd, sizeof cmd, "%s generate -m %s --image %s/image.png --temp 0 --ignore-eos -n 16 -t 1 --json "
-                 "--prompt-ids 1,17,93,512,254,311,42,500,7,128", bin, dir, dir);
+                 "--prompt-ids %s", bin, dir, dir, strcmp(names[k], "glm4v") ? "1,17,93,512,254,311,42,500,7,128" : "1,17,93,514,512,515,254,311,42,500,7,128");
         FILE *p = popen(cmd, "r");
         KT_CHECK(p != NULL);
         if (!p) continue;
