@@ -480,7 +480,7 @@ static void vlm_input_free(vlm_input *v) {
  * equals its single-sequence run (the oracle's greedy ids too), and no
  * prefix block is shared from or with an image prompt. */
 KT_TEST(sched_image_requests_every_vlm_fixture) {
-    const char *names[] = {"llava", "paligemma", "gemma3", "smolvlm", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v"};
+    const char *names[] = {"llava", "paligemma", "gemma3", "smolvlm", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni"};
     for (size_t f = 0; f < sizeof names / sizeof names[0]; f++) {
         char dir[4096];
         kt_path(dir, sizeof dir, "tests/fixtures/vlm");

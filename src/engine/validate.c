@@ -391,6 +391,9 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
     if (!st && L > 0 && !(o->embd_add = calloc((size_t)o->n_all, sizeof *o->embd_add))) st = kiln_error(KILN_ENOMEM, "out of memory");
     for (int i = 0; !st && i < o->n_img; i++) {
         if (o->img_pos[i] < 0 || o->img_pos[i] >= o->n_prompt) st = kiln_error(KILN_EINVAL, "%s: image position %d", odir, o->img_pos[i]);
+        else if (o->all[o->img_pos[i]] != kvis_image_token(vm)) /* kiln's positions and spans find the image by its token */
+            st = kiln_error(KILN_EINVAL, "%s: the prompt has id %d at image position %d, kiln's image token is %d", odir,
+                            o->all[o->img_pos[i]], o->img_pos[i], kvis_image_token(vm));
         else o->embd[o->img_pos[i]] = o->feat + (int64_t)i * E;
         if (!st && L > 0) o->embd_add[o->img_pos[i]] = o->deep + (int64_t)i * L * E;
     }

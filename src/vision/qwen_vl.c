@@ -96,8 +96,8 @@ static kiln_status load_qwen(kvis_model *m, const cJSON *root, const cJSON *vc, 
         KILN_TRY(kvis_int_field(root, "image_token_id", 151343, &m->image_token));
         KILN_TRY(kvis_int_field(root, "image_start_token_id", 151339, &m->vision_start));
         KILN_TRY(kvis_int_field(root, "image_end_token_id", 151340, &m->vision_end));
-    } else {
-        KILN_TRY(kvis_int_field(root, "image_token_id", 151655, &m->image_token));
+    } else { /* Qwen2.5-Omni's thinker names it image_token_index */
+        KILN_TRY(kvis_int_field(root, ku_json_get(root, "image_token_id") ? "image_token_id" : "image_token_index", 151655, &m->image_token));
         KILN_TRY(kvis_int_field(root, "vision_start_token_id", 151652, &m->vision_start));
         KILN_TRY(kvis_int_field(root, "vision_end_token_id", 151653, &m->vision_end));
     }
@@ -114,6 +114,12 @@ static kiln_status load_qwen(kvis_model *m, const cJSON *root, const cJSON *vc, 
     kvis_set_name(m, KM_T_ATTN_NORM, "blocks.%d.norm1");
     kvis_set_name(m, KM_T_FFN_NORM, "blocks.%d.norm2");
     kvis_set_name(m, KM_T_ATTN_QKV, "blocks.%d.attn.qkv");
+    kvis_set_name(m, KM_T_ATTN_Q, "blocks.%d.attn.q"); /* Qwen2.5-Omni's encoder: q, k, v apart */
+    kvis_set_name(m, KM_T_ATTN_K, "blocks.%d.attn.k");
+    kvis_set_name(m, KM_T_ATTN_V, "blocks.%d.attn.v");
+    char qn[300];
+    snprintf(qn, sizeof qn, "%sblocks.0.attn.q.weight", m->tower);
+    m->split_qkv = kc_has(m->ck, qn);
     kvis_set_name(m, KM_T_ATTN_O, "blocks.%d.attn.proj");
     kvis_set_name(m, KM_T_FFN_GATE, "blocks.%d.mlp.gate_proj");
     kvis_set_name(m, KM_T_FFN_UP, q2 ? "blocks.%d.mlp.fc1" : q25 || glm ? "blocks.%d.mlp.up_proj" : "blocks.%d.mlp.linear_fc1");
@@ -340,11 +346,16 @@ static kg_node *qwen_tower(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t 
     kg_node *deeps[KM_MAX_LAYERS];
     int nd = 0;
     for (int il = 0; il < m->run_layers && x; il++) {
-        kg_node *qkv = kg_reshape(g, kb_linear(b, kb_norm(b, x, KM_T_ATTN_NORM, il, nk), KM_T_ATTN_QKV, il, 3 * D, !glm || m->attn_bias),
-                                  KG_SHAPE(N, 3, H, hd));
-        kg_node *part[3];
-        for (int j = 0; j < 3; j++)
-            part[j] = kg_reshape(g, kg_slice(g, qkv, (int64_t[]){0, j, 0, 0}, (int64_t[]){N, j + 1, H, hd}, NULL), KG_SHAPE(N, H, hd));
+        kg_node *h = kb_norm(b, x, KM_T_ATTN_NORM, il, nk), *part[3];
+        bool qkv_bias = !glm || m->attn_bias;
+        if (m->split_qkv) {
+            static const km_tensor t[3] = {KM_T_ATTN_Q, KM_T_ATTN_K, KM_T_ATTN_V};
+            for (int j = 0; j < 3; j++) part[j] = kg_reshape(g, kb_linear(b, h, t[j], il, D, qkv_bias), KG_SHAPE(N, H, hd));
+        } else {
+            kg_node *qkv = kg_reshape(g, kb_linear(b, h, KM_T_ATTN_QKV, il, 3 * D, qkv_bias), KG_SHAPE(N, 3, H, hd));
+            for (int j = 0; j < 3; j++)
+                part[j] = kg_reshape(g, kg_slice(g, qkv, (int64_t[]){0, j, 0, 0}, (int64_t[]){N, j + 1, H, hd}, NULL), KG_SHAPE(N, H, hd));
+        }
         kg_node *a = kvis_attend_rows(b, part[0], part[1], part[2], cos, sin, q25 && !m->full_attn[il] ? mask : NULL);
         x = kg_add(g, x, kb_linear(b, a, KM_T_ATTN_O, il, D, !glm));
         x = kg_add(g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, nk), il, &ffn));
@@ -420,3 +431,5 @@ QWEN_VL(qwen2_vl, "qwen2_vl", "2x2 merger (LayerNorm + GELU MLP)", 2)
 QWEN_VL(qwen2_5_vl, "qwen2_5_vl", "window attention, 2x2 merger (RMSNorm + GELU MLP)", 25)
 QWEN_VL(qwen3_vl, "qwen3_vl", "interpolated positions, 2x2 merger + deepstack mergers", 3)
 QWEN_VL(glm4v, "glm4v", "resampled positions, Conv2d downsample + gated merger", 4)
+/* Qwen2.5-Omni's thinker (model_type qwen2_5_omni_thinker): Qwen2.5-VL's encoder with q, k, v apart; its audio tower is not used */
+QWEN_VL(qwen2_5_omni, "qwen2_5_omni_thinker", "window attention, 2x2 merger (RMSNorm + GELU MLP)", 25)

@@ -15,7 +15,7 @@
 
 /* One line per family; a new vision-language family is a file beside
  * llava.c defining kvis_family_<name>, plus its name here. */
-#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(internvl) X(aya_vision) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl) X(glm4v)
+#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(internvl) X(aya_vision) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl) X(glm4v) X(qwen2_5_omni)
 
 #define DECLARE(f) extern const kvis_family kvis_family_##f;
 KVIS_FAMILIES(DECLARE)

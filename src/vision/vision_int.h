@@ -52,6 +52,7 @@ struct kvis_model {
     double proj_eps;         /* mistral3: the projector's RMSNorm */
     bool proj_bias;
     bool attn_bias;          /* InternViT: attention_bias (q, k, v) */
+    bool split_qkv;          /* Qwen2.5-Omni: q, k, v projections apart (attn.q / .k / .v) */
     bool feature_full;       /* LLaVA vision_feature_select_strategy "full": the class token's row stays */
     const kc_tensor *image_newline; /* LLaVA-NeXT: [text hidden], after each row of tile features */
     int64_t max_tiles;       /* LLaVA-OneVision anyres_max_N: features downscaled beyond N tiles' worth (0: never) */

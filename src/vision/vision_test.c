@@ -203,22 +203,24 @@ KT_TEST(vision_qwen_preprocess_resizes_like_the_processor) {
 
 /* kiln generate --image on the raw prompt (the image placeholder once, as
  * the processor's input text has it) expands the block itself and gives
- * the oracle's greedy ids, for the families whose processor expanded the
- * fixture's prompt (oracle.json's prompt_text). */
+ * the oracle's greedy ids, for the families added with issue 12. */
 KT_TEST(vision_cli_generate_image_matches_the_oracle) {
     const char *bin = getenv("KILN_BIN");
     if (!bin) {
         kt_skip("KILN_BIN is not set (make test sets it)");
         return;
     }
-    const char *names[] = {"idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v"};
+    const char *names[] = {"idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         char dir[4096], rel[128], cmd[16384], path[4200];
         snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s", names[k]);
         kt_path(dir, sizeof dir, rel);
-        /* GLM-4V's template writes <|begin_of_image|><|image|><|end_of_image|>, as its processor's input has it */
-        snprintf(cmd, sizeof cmd, "%s generate -m %s --image %s/image.png --temp 0 --ignore-eos -n 16 -t 1 --json "
-                 "--prompt-ids %s", bin, dir, dir, strcmp(names[k], "glm4v") ? "1,17,93,512,254,311,42,500,7,128" : "1,17,93,514,512,515,254,311,42,500,7,128");
+        /* GLM-4V's and Qwen2.5-Omni's templates write the begin / image / end markers, as their processors' input has them */
+        const char *ids = !strcmp(names[k], "glm4v")          ? "1,17,93,514,512,515,254,311,42,500,7,128"
+                          : !strcmp(names[k], "qwen2_5_omni") ? "1,17,93,516,512,517,254,311,42,500,7,128"
+                                                              : "1,17,93,512,254,311,42,500,7,128";
+        snprintf(cmd, sizeof cmd, "%s generate -m %s --image %s/image.png --temp 0 --ignore-eos -n 16 -t 1 --json --prompt-ids %s", bin,
+                 dir, dir, ids);
         FILE *p = popen(cmd, "r");
         KT_CHECK(p != NULL);
         if (!p) continue;
