@@ -9,8 +9,11 @@
  * rescale and normalize as transformers' slow (PIL/NumPy) processors do
  * them. Resizing is PIL's (kimg_resize), on the 8-bit image, to the size
  * the processor computes (Qwen2-VL's smart_resize, Pixtral's patch-rounded
- * longest edge, shortest edge, fixed). kimg_preprocess_split is Idefics3 /
- * SmolVLM's resize-and-split flow.
+ * longest edge, shortest edge, fixed). Processors that cut an image into
+ * crops have their own entry points: Idefics3 / SmolVLM's resize-and-split
+ * (kimg_preprocess_split), LLaVA-NeXT / OneVision's anyres tiling
+ * (kimg_preprocess_anyres), GotOcr2's tiling with a thumbnail
+ * (kimg_preprocess_tiles).
  */
 #ifndef KILN_IMAGE_H
 #define KILN_IMAGE_H
