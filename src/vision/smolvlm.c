@@ -16,7 +16,7 @@
  * rows of 6 (after <end_of_utterance>), "\n" = 10 (its byte). */
 static kiln_status tile_tokens(kvis_model *m) {
     enum { T = KVIS_MAX_TILES * KVIS_MAX_TILES };
-    char store[T + 3][24];
+    char store[T + 3][40];
     const char *text[T + 3];
     int32_t ids[T + 3];
     for (int r = 0; r < KVIS_MAX_TILES; r++)
