@@ -332,7 +332,10 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
         st = kiln_error(KILN_EUNSUPPORTED, "%s: pixel_values of %d dims (one image's crops [.., 3, H, W] expected)", path, rank);
     else
         px.n = rows * cols / (3 * px.h * px.w); /* [1, crops, 3, H, W], [crops, 3, H, W] or [1, 3, H, W] */
-    if (!st && !fixture_file(dir, "image_sizes.npy", path, sizeof path)) { /* the image's size: LLaVA-NeXT's tile grid and unpadding */
+    kiln_status absent = st ? NULL : fixture_file(dir, "image_sizes.npy", path, sizeof path);
+    bool have = !st && !absent;
+    kiln_status_free(absent);
+    if (have) { /* the image's size: LLaVA-NeXT's tile grid and unpadding */
         float *sz = NULL;
         int64_t sr, sc;
         st = ku_npy_read_f32(path, &sz, &sr, &sc);
@@ -343,7 +346,10 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
     r->diff_pixels = -1;
     r->prompt_diff_at = -1;
     kimg_image im = {0};
-    if (!st && !fixture_file(dir, "image.png", path, sizeof path)) {
+    absent = st ? NULL : fixture_file(dir, "image.png", path, sizeof path);
+    have = !st && !absent;
+    kiln_status_free(absent);
+    if (have) {
         kvis_pixels mine;
         st = kimg_load_png(path, &im);
         if (!st) st = kvis_pixels_from_image(vm, &im, &mine);
