@@ -23,6 +23,7 @@ static kiln_status tag_tokens(kvis_model *m) {
     KILN_TRY(ku_path_join(path, sizeof path, kc_dir(m->ck), "tokenizer.json"));
     if (!ku_file_exists(path)) {
         for (int k = 0; k <= KVIS_MAX_TAGS; k++) m->tags[k][0] = m->image_token + 5 + k, m->tag_len[k] = 1;
+        m->markers_guessed = true;
         return NULL;
     }
     ktok *t;

@@ -31,6 +31,7 @@ static kiln_status tile_tokens(kvis_model *m) {
         for (int r = 0; r < KVIS_MAX_TILES; r++)
             for (int c = 0; c < KVIS_MAX_TILES; c++) m->tile_tag[r][c] = r < 6 && c < 6 ? m->global_token + 2 + 6 * r + c : -1;
         m->newline[0] = 10, m->newline[1] = -1;
+        m->markers_guessed = true;
         return NULL;
     }
     if (st) return st;

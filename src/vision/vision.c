@@ -245,7 +245,7 @@ const char *kvis_describe(const kvis_model *m, char *buf, size_t cap) {
     snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, %s; %s; image token %d%s",
              m->model_type, m->tower_type, (long long)m->vhp.n_layers, m->run_layers, (long long)m->vhp.hidden,
              (long long)m->vhp.n_heads, (long long)m->patch, size, m->family->projector, m->image_token,
-             m->markers_guessed ? " (no tokenizer.json: marker ids taken as image token + 1 / + 2)" : "");
+             m->markers_guessed ? " (no tokenizer.json: marker ids taken in the oracle fixtures' layout, image token + 1 / + 2 and on)" : "");
     return buf;
 }
 
