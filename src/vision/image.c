@@ -358,7 +358,11 @@ kiln_status kimg_preprocess_anyres(const kimg_proc *p, const kimg_image *im, flo
      * show: they are this square resize) */
     kimg_image sq;
     KILN_TRY(kimg_from_rgb(im->rgb, im->h, im->w, &sq));
-    kiln_status st0 = resize_in_place(p, &sq, T, T);
+    /* get_image_patches' size: (shortest_edge, shortest_edge), or the smaller side of {height, width} */
+    int64_t bs = p->size_kind == KIMG_SIZE_SHORTEST ? p->edge
+                 : p->size_kind == KIMG_SIZE_FIXED  ? (p->size_h < p->size_w ? p->size_h : p->size_w)
+                                                    : T;
+    kiln_status st0 = bs > 0 ? resize_in_place(p, &sq, bs, bs) : kiln_error(KILN_EINVAL, "%s: no base image size", p->type);
     if (!st0) st0 = kimg_preprocess(p, &sq, &base, &oh, &ow);
     kimg_free(&sq);
     KILN_TRY(st0);
