@@ -59,7 +59,9 @@ void kvis_pixels_free(kvis_pixels *p);
  * for pixels that come from elsewhere (the oracle's pixel_values.npy). */
 kiln_status kvis_pixels_layout(const kvis_model *m, int64_t h, int64_t w, kvis_pixels *px);
 /* Image features [*n_tokens, text hidden] (malloc'ed) for pixels (each
- * crop through the tower in turn, the rows concatenated in crop order); with
+ * crop through the tower in turn, the rows concatenated in crop order, then
+ * rearranged where the family packs them: LLaVA-NeXT's unpadded grid with
+ * image_newline rows); with
  * deepstack (may be NULL) the rows added to the first text layers' outputs
  * [*n_tokens, kvis_deepstack_layers * hidden] (malloc'ed; NULL when none),
  * ke_inputs.embd_add. */
