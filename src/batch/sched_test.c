@@ -436,7 +436,7 @@ KT_TEST(sched_cancel_queue_limit_and_end_at_start) {
 /* An image request's per-token inputs as kiln generate builds them: the
  * oracle's prompt (image tokens in place) and the fixture's image.png. */
 typedef struct {
-    int32_t prompt[64];
+    int32_t prompt[128];
     int n;
     float *feat, *deep;
     kvis_inputs vx;
@@ -451,7 +451,7 @@ static kiln_status vlm_input_load(const char *dir, const ke_model *m, vlm_input 
     snprintf(p, sizeof p, "%s/oracle.json", dir);
     KILN_TRY(ku_json_load(p, &o));
     const cJSON *e;
-    cJSON_ArrayForEach(e, ku_json_get(o, "prompt_ids")) if (v->n < 64) v->prompt[v->n++] = (int32_t)e->valuedouble;
+    cJSON_ArrayForEach(e, ku_json_get(o, "prompt_ids")) if (v->n < 128) v->prompt[v->n++] = (int32_t)e->valuedouble;
     cJSON_Delete(o);
     const kvis_model *vm = ke_model_vision(m);
     if (!vm) return kiln_error(KILN_EINVAL, "%s: no vision tower", dir);
@@ -481,7 +481,7 @@ static void vlm_input_free(vlm_input *v) {
  * equals its single-sequence run (the oracle's greedy ids too), and no
  * prefix block is shared from or with an image prompt. */
 KT_TEST(sched_image_requests_every_vlm_fixture) {
-    const char *names[] = {"llava", "paligemma", "gemma3", "smolvlm", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"};
+    const char *names[] = {"llava", "paligemma", "gemma3", "smolvlm", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni"};
     for (size_t f = 0; f < sizeof names / sizeof names[0]; f++) {
         char dir[4096];
         kt_path(dir, sizeof dir, "tests/fixtures/vlm");

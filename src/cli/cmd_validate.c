@@ -27,8 +27,9 @@ static void check(run *r, const char *dir) {
     } else {
         printf("%s %s: max|diff| prefill %.2e decode %.2e batched %.2e, greedy %d/%d\n", res.pass ? "PASS" : "FAIL", dir,
                res.diff_prefill, res.diff_decode, res.diff_batched, res.greedy_ok, res.greedy_total);
-        if (res.vision) printf("      vision: pixels %.2e%s, features %.2e\n", res.diff_pixels < 0 ? 0 : res.diff_pixels,
-                               res.diff_pixels < 0 ? " (no image.png)" : "", res.diff_features);
+        if (res.vision) printf("      vision: pixels %.2e%s, features %.2e%s\n", res.diff_pixels < 0 ? 0 : res.diff_pixels,
+                               res.diff_pixels < 0 ? " (no image.png)" : "", res.diff_features,
+                               !res.prompt_checked ? "" : res.prompt_diff_at < 0 ? ", prompt expansion = prompt_ids" : ", prompt expansion differs");
         if (res.first_tie < res.greedy_total) printf("      near-tie at step %d\n", res.first_tie);
         if (!res.pass) printf("      %s\n", res.reason);
         if (res.pass) r->pass++;

@@ -234,6 +234,72 @@ static double max_diff(const float *a, const float *b, int64_t n) {
     return m;
 }
 
+/* oracle.json's special_tokens: an object, or its Python repr as a string. */
+static cJSON *special_tokens(const cJSON *j) {
+    const cJSON *sp = ku_json_get(j, "special_tokens");
+    if (cJSON_IsObject(sp)) return cJSON_Duplicate(sp, 1);
+    if (!cJSON_IsString(sp)) return NULL;
+    char *t = strdup(sp->valuestring);
+    if (!t) return NULL;
+    for (char *c = t; *c; c++)
+        if (*c == '\'') *c = '"';
+    cJSON *o = cJSON_Parse(t);
+    free(t);
+    return o;
+}
+
+/* prompt_text (<tN> for id N, special strings by special_tokens) with the
+ * image placeholder expanded by kiln (px: kiln's own preprocessing of
+ * image.png) against prompt_ids, as the family's processor expanded it. */
+static kiln_status expansion_check(const kvis_model *vm, const kvis_pixels *px, const char *odir, int32_t bos, const oracle *o,
+                                   kv_result *r) {
+    char path[4096];
+    cJSON *j;
+    KILN_TRY(ku_path_join(path, sizeof path, odir, "oracle.json"));
+    KILN_TRY(ku_json_load(path, &j));
+    const cJSON *pt = ku_json_get(j, "prompt_text");
+    cJSON *sp = special_tokens(j), *pc = NULL;
+    /* the processor's placeholder text (processor_config.json's image_token)
+     * is the id kiln expands: the folders have no tokenizer.json to say */
+    const char *ph = NULL;
+    if (!ku_path_join(path, sizeof path, odir, "processor_config.json") && ku_file_exists(path) && !ku_json_load(path, &pc)) {
+        const cJSON *it = ku_json_get(pc, "image_token");
+        if (cJSON_IsString(it)) ph = it->valuestring;
+    }
+    kiln_status st = NULL;
+    int n = 0, n_out = 0;
+    int32_t *ids = NULL, *out = NULL;
+    if (cJSON_IsString(pt) && !(ids = malloc(sizeof(int32_t) * (strlen(pt->valuestring) + 1)))) st = kiln_error(KILN_ENOMEM, "out of memory");
+    for (const char *c = ids ? pt->valuestring : ""; !st && *c;) {
+        int id, len = 0;
+        if (sscanf(c, "<t%d>%n", &id, &len) == 1 && len > 0) {
+            ids[n++] = id, c += len;
+            continue;
+        }
+        if (ph && ph[0] && !strncmp(c, ph, strlen(ph))) {
+            ids[n++] = kvis_placeholder_token(vm), c += strlen(ph);
+            continue;
+        }
+        const cJSON *e, *best = NULL;
+        cJSON_ArrayForEach(e, sp) /* the longest special string here */
+            if (cJSON_IsNumber(e) && !strncmp(c, e->string, strlen(e->string)) && (!best || strlen(e->string) > strlen(best->string))) best = e;
+        if (!best) st = kiln_error(KILN_EINVAL, "%s: prompt_text: no special token at \"%.20s\"", path, c);
+        else ids[n++] = (int32_t)best->valuedouble, c += strlen(best->string);
+    }
+    r->prompt_diff_at = -1;
+    if (!st && ids) st = kvis_expand_prompt(vm, px, ids, n, bos, &out, &n_out);
+    if (!st && ids) {
+        r->prompt_checked = true;
+        int i = 0;
+        while (i < n_out && i < o->n_prompt && out[i] == o->prompt[i]) i++;
+        if (i < n_out || i < o->n_prompt) r->prompt_diff_at = i;
+    }
+    free(ids), free(out);
+    cJSON_Delete(sp), cJSON_Delete(pc);
+    cJSON_Delete(j);
+    return st;
+}
+
 /* The vision stages: preprocessing image.png against pixel_values.npy, the
  * tower on pixel_values.npy against image_features.npy; then the feature rows
  * for the image positions of all_ids. */
@@ -247,7 +313,7 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
     KILN_TRY(fixture_file(dir, "pixel_values.npy", path, sizeof path));
     KILN_TRY(ku_npy_read_f32_nd(path, &pv, &rank, shape, &rows, &cols));
     kiln_status st = NULL;
-    kvis_pixels px = {pv, 3, rank >= 3 ? shape[rank - 2] : 0, shape[rank - 1]};
+    kvis_pixels px = {.data = pv, .c = 3, .h = rank >= 3 ? shape[rank - 2] : 0, .w = shape[rank - 1], .n = 1};
     if (kvis_mrope(vm)) { /* Qwen-VL: flattened patches [N, 3 * T * P * P], the image's size from image_grid_thw */
         float *grid = NULL;
         int64_t gr, gc, P = 0;
@@ -262,17 +328,35 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
                 st = kiln_error(KILN_EINVAL, "%s: pixel_values [%lld, %lld] for grid %gx%g", path, (long long)rows, (long long)cols, grid[1], grid[2]);
         }
         free(grid);
-    } else if (rank < 3 || shape[rank - 3] != 3 || rows * cols != 3 * px.h * px.w)
-        st = kiln_error(KILN_EUNSUPPORTED, "%s: pixel_values of %d dims (one image [.., 3, H, W] expected)", path, rank);
-    /* 1: preprocessing */
+    } else if (rank < 3 || shape[rank - 3] != 3 || (rows * cols) % (3 * px.h * px.w))
+        st = kiln_error(KILN_EUNSUPPORTED, "%s: pixel_values of %d dims (one image's crops [.., 3, H, W] expected)", path, rank);
+    else
+        px.n = rows * cols / (3 * px.h * px.w); /* [1, crops, 3, H, W], [crops, 3, H, W] or [1, 3, H, W] */
+    kiln_status absent = st ? NULL : fixture_file(dir, "image_sizes.npy", path, sizeof path);
+    bool have = !st && !absent;
+    kiln_status_free(absent);
+    if (have) { /* the image's size: LLaVA-NeXT's tile grid and unpadding */
+        float *sz = NULL;
+        int64_t sr, sc;
+        st = ku_npy_read_f32(path, &sz, &sr, &sc);
+        if (!st && sr * sc == 2) st = kvis_pixels_layout(vm, (int64_t)sz[0], (int64_t)sz[1], &px);
+        free(sz);
+    }
+    /* 1: preprocessing (and the prompt expansion of that image) */
     r->diff_pixels = -1;
+    r->prompt_diff_at = -1;
     kimg_image im = {0};
-    if (!st && !fixture_file(dir, "image.png", path, sizeof path)) {
+    absent = st ? NULL : fixture_file(dir, "image.png", path, sizeof path);
+    have = !st && !absent;
+    kiln_status_free(absent);
+    if (have) {
         kvis_pixels mine;
         st = kimg_load_png(path, &im);
         if (!st) st = kvis_pixels_from_image(vm, &im, &mine);
         if (!st) {
-            r->diff_pixels = mine.h == px.h && mine.w == px.w ? max_diff(mine.data, pv, rows * cols) : INFINITY;
+            bool same = mine.h == px.h && mine.w == px.w && (mine.n > 0 ? mine.n : 1) == px.n;
+            r->diff_pixels = same ? max_diff(mine.data, pv, rows * cols) : INFINITY;
+            st = expansion_check(vm, &mine, odir, kc_bos_id(ke_model_checkpoint(m)), o, r);
             kvis_pixels_free(&mine);
         }
         kimg_free(&im);
@@ -313,6 +397,9 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
     if (!st && L > 0 && !(o->embd_add = calloc((size_t)o->n_all, sizeof *o->embd_add))) st = kiln_error(KILN_ENOMEM, "out of memory");
     for (int i = 0; !st && i < o->n_img; i++) {
         if (o->img_pos[i] < 0 || o->img_pos[i] >= o->n_prompt) st = kiln_error(KILN_EINVAL, "%s: image position %d", odir, o->img_pos[i]);
+        else if (o->all[o->img_pos[i]] != kvis_image_token(vm)) /* kiln's positions and spans find the image by its token */
+            st = kiln_error(KILN_EINVAL, "%s: the prompt has id %d at image position %d, kiln's image token is %d", odir,
+                            o->all[o->img_pos[i]], o->img_pos[i], kvis_image_token(vm));
         else o->embd[o->img_pos[i]] = o->feat + (int64_t)i * E;
         if (!st && L > 0) o->embd_add[o->img_pos[i]] = o->deep + (int64_t)i * L * E;
     }
@@ -362,6 +449,9 @@ kiln_status kv_validate(const char *dir, const kv_options *vo, kv_result *r) {
         if (r->vision && !(r->diff_pixels <= 1e-5)) { /* -1: no image.png to check */
             r->pass = false;
             snprintf(r->reason, sizeof r->reason, "preprocessed pixels differ by %.3g (tolerance 1e-5)", r->diff_pixels);
+        } else if (r->vision && r->prompt_diff_at >= 0) {
+            r->pass = false;
+            snprintf(r->reason, sizeof r->reason, "kiln's prompt expansion differs from prompt_ids at position %d", r->prompt_diff_at);
         } else if (r->vision && !(r->diff_features <= 1e-4)) {
             r->pass = false;
             snprintf(r->reason, sizeof r->reason, "image features differ by %.3g (tolerance 1e-4)", r->diff_features);

@@ -37,6 +37,10 @@ typedef struct {
     bool vision;
     double diff_pixels;   /* image.png preprocessed vs pixel_values.npy; -1: no image.png */
     double diff_features; /* tower + projector on pixel_values.npy vs image_features.npy */
+    int prompt_diff_at;   /* oracle.json's prompt_text with kiln's image block (kvis_expand_prompt of the
+                           * preprocessed image.png) vs prompt_ids: the first position that differs; -1:
+                           * equal or nothing to check (no prompt_text) */
+    bool prompt_checked;  /* prompt_text was expanded and compared */
 } kv_result;
 
 /* Runs the gate on dir. An error status means the fixture could not be

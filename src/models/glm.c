@@ -47,7 +47,17 @@ static void layer_glm4(const kb_ctx *b, int il, kb_layer_opts *o) {
 static kg_node *emit_glm(kb_ctx *b) { return kb_decoder(b, layer_glm); }
 static kg_node *emit_glm4(kb_ctx *b) { return kb_decoder(b, layer_glm4); }
 
+/* GLM-4.1V / 4.5V's text model: GLM-4-0414 with M-RoPE (rope_scaling's
+ * mrope_section over the rotary pairs, consecutive sections; the engine is
+ * given (t, h, w) positions per token). */
+static kiln_status parse_v(const cJSON *cfg, km_hparams *hp) {
+    KILN_TRY(parse(cfg, hp));
+    return kiln_status_wrap(km_rope_mrope(&hp->ropes[0], hp->rope_scaling), "config.json");
+}
+
 static const char *const types_glm[] = {"glm", NULL};
 static const char *const types_glm4[] = {"glm4", NULL};
 const km_family km_family_glm = {"glm", types_glm, &glm_names, parse, emit_glm};
 const km_family km_family_glm4 = {"glm4", types_glm4, &glm4_names, parse, emit_glm4};
+static const char *const types_glm4v[] = {"glm4v_text", NULL};
+const km_family km_family_glm4v_text = {"glm4v_text", types_glm4v, &glm4_names, parse_v, emit_glm4};

@@ -1,4 +1,4 @@
-/* qwen_vl.c: the text models of Qwen2-VL, Qwen2.5-VL (Qwen2's layout) and
+/* qwen_vl.c: the text models of Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni's thinker (Qwen2's layout) and
  * Qwen3-VL (Qwen3's, with deepstack), all with M-RoPE: rope_scaling's
  * mrope_section splits the rotary pairs among the (t, h, w) position
  * components the engine is given per token (ke_inputs.positions), as
@@ -39,7 +39,7 @@ static kg_node *emit3(kb_ctx *b) {
     return kb_output(b, x, &o.norm);
 }
 
-static const char *const types2[] = {"qwen2_vl_text", "qwen2_5_vl_text", NULL};
+static const char *const types2[] = {"qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text", NULL};
 const km_family km_family_qwen2_vl_text = {"qwen2_vl_text", types2, &km_llama_names, parse2, emit2};
 static const char *const types3[] = {"qwen3_vl_text", NULL};
 const km_family km_family_qwen3_vl_text = {"qwen3_vl_text", types3, &km_llama_names, parse3, emit3};

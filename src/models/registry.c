@@ -39,7 +39,7 @@ const km_names km_sandwich_names = {
     X(llama4_text) X(phimoe) X(jetmoe) \
     X(mamba) X(mamba2) X(lfm2) X(bamba) X(falcon_h1) X(rwkv) X(recurrent_gemma) \
     X(jamba) X(granitemoehybrid) X(qwen3_next) X(minimax) X(zamba2) \
-    X(qwen2_vl_text) X(qwen3_vl_text) \
+    X(qwen2_vl_text) X(qwen3_vl_text) X(glm4v_text) \
     X(cwm) X(jais2) X(hyperclovax) X(nanochat) X(hrm_text) X(dbrx) \
     X(solar_open) X(hy_v3) X(exaone_moe) X(minimax_m2) X(cohere2_moe) X(mellum) X(afmoe) X(laguna) \
     X(gemma4) X(gemma3n) \

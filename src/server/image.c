@@ -100,7 +100,7 @@ kiln_status ksrv_images_add(ksrv *s, ksrv_images *im, const cJSON *part, const c
  * that wrote no placeholder gets the block first (one image only). */
 static kiln_status expand(ksrv *s, ksrv_images *im, const int32_t *ids, int32_t n, int32_t **out, int32_t *n_out) {
     const kvis_model *vm = ke_model_vision(s->m);
-    int32_t tok = kvis_image_token(vm);
+    int32_t tok = kvis_placeholder_token(vm);
     int k = 0;
     for (int32_t i = 0; i < n; i++) k += ids[i] == tok;
     int32_t bos = kc_bos_id(ke_model_checkpoint(s->m));

@@ -1155,38 +1155,99 @@ KT_TEST(server_chat_image_jpeg) {
     finish(&f);
 }
 
-/* A template written for string content (tok512's ChatML) on the LLaVA
- * fixture: the text parts are joined and the image block goes first, as
- * kiln generate --image puts it; the tokens equal kiln generate's. */
+/* tok512's tokenizer.json in f->dir with the fixture's special tokens
+ * (oracle.json's special_tokens: an object or its Python repr) added at
+ * their ids, so that the family's markers are found by their text. */
+static bool add_fixture_tokens(const fx *f) {
+    char path[PATH_MAX * 2], tp[PATH_MAX * 2];
+    cJSON *o = NULL, *t = NULL;
+    kt_path(path, sizeof path, "tests/fixtures/vlm");
+    size_t l = strlen(path);
+    snprintf(path + l, sizeof path - l, "/%s/oracle.json", f->vlm);
+    snprintf(tp, sizeof tp, "%s/tokenizer.json", f->dir);
+    kiln_status st = ku_json_load(path, &o);
+    if (!st) st = ku_json_load(tp, &t);
+    bool ok = !st;
+    kiln_status_free(st);
+    const cJSON *sp = ok ? ku_json_get(o, "special_tokens") : NULL;
+    cJSON *parsed = NULL;
+    if (cJSON_IsString(sp)) {
+        char *c = strdup(sp->valuestring);
+        for (char *q = c; *q; q++)
+            if (*q == '\'') *q = '"';
+        sp = parsed = cJSON_Parse(c);
+        free(c);
+    }
+    cJSON *added = ok ? cJSON_GetObjectItemCaseSensitive(t, "added_tokens") : NULL;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, sp) {
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddNumberToObject(a, "id", e->valuedouble);
+        cJSON_AddStringToObject(a, "content", e->string);
+        cJSON_AddBoolToObject(a, "special", 1);
+        cJSON_AddItemToArray(added, a);
+    }
+    if (ok && !sp) { /* none to add */
+        cJSON_Delete(o), cJSON_Delete(t);
+        return true;
+    }
+    char *text = ok ? cJSON_PrintUnformatted(t) : NULL;
+    FILE *fo = text ? fopen(tp, "w") : NULL;
+    ok = fo && fputs(text, fo) >= 0;
+    if (fo) fclose(fo);
+    free(text);
+    cJSON_Delete(parsed), cJSON_Delete(o), cJSON_Delete(t);
+    return ok;
+}
+
+/* A template written for string content (tok512's ChatML, with the
+ * fixture's special tokens) on LLaVA and on the families whose processors
+ * split, tile or lay rows out (Idefics3's tiles with tags and newlines,
+ * Pixtral's row breaks, LLaVA-NeXT / OneVision's unpadded tile rows, InternVL's
+ * tiles, Aya Vision's tile tags, tokenized as text): the text parts are joined and the image block goes
+ * first, as kiln generate --image puts it; the greedy tokens equal kiln
+ * generate's for the same prompt ids, and usage counts the whole block. */
 KT_TEST(server_chat_image_string_template) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    fx f = {.vlm = "llava", .tok = "tok512"};
-    ksrv_params p = default_params(NULL);
-    if (!start(&f, &p)) return;
-    char png[PATH_MAX];
-    kt_path(png, sizeof png, "tests/fixtures/vlm/llava/image.png");
-    ksrv_buf url = {0};
-    data_url(&url, "image/png", "tests/fixtures/vlm/llava/image.png");
-    char *a = image_body(url.p, "Describe this.", "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true");
-    cJSON *ja = post_json(&f, "/v1/chat/completions", a, 200);
-    free(a);
-    ksrv_buf_free(&url);
-    KT_CHECK(ja);
-    int ids[64], ref[64], tids[128], nt = 0;
-    KT_CHECK_EQ(choice_ids(ja, 0, ids, 64), 8);
-    int n_prompt = (int)ku_json_get(ku_json_get(ja, "usage"), "prompt_tokens")->valuedouble;
-    cJSON_Delete(ja);
-    cJSON *jt = post_json(&f, "/tokenize",
-                          "{\"content\": \"<|endoftext|><|im_start|>user\\nDescribe this.<|im_end|>\\n<|im_start|>assistant\\n\"}", 200);
-    KT_CHECK(jt);
-    const cJSON *e;
-    cJSON_ArrayForEach(e, ku_json_get(jt, "tokens")) if (nt < 128) tids[nt++] = (int)e->valuedouble;
-    cJSON_Delete(jt);
-    KT_CHECK_EQ(n_prompt, nt + 36);
-    int nr = cli_ids(f.dir, png, tids, nt, 8, ref, 64);
-    if (nr >= 0) {
-        KT_CHECK_EQ(nr, 8);
-        KT_CHECK(!memcmp(ids, ref, sizeof(int) * 8));
+    const char *names[] = {"llava", "idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni"};
+    /* 36 patches; 7 crops x (4 + 2 markers) + 1 + 3 newlines; 6 rows of 8 + 6 breaks; 16 base + 6 unpadded rows of 8 +
+     * newline; <img> 13 crops x 4 </img>; start, 13 x (tile tag + 4), end; begin, 12, end (M-RoPE) */
+    const int block[] = {36, 46, 54, 70, 70, 54, 67, 14, 14};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        fx f = {.vlm = names[k], .tok = "tok512"};
+        ksrv_params p = default_params(NULL);
+        if (!make_model(&f) || !add_fixture_tokens(&f)) {
+            kt_fail(__FILE__, __LINE__, "%s: cannot assemble the test model", names[k]);
+            continue;
+        }
+        if (!start(&f, &p)) return;
+        char png[PATH_MAX], rel[128];
+        snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s/image.png", names[k]);
+        kt_path(png, sizeof png, rel);
+        ksrv_buf url = {0};
+        data_url(&url, "image/png", rel);
+        char *a = image_body(url.p, "Describe this.", "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true");
+        cJSON *ja = post_json(&f, "/v1/chat/completions", a, 200);
+        free(a);
+        ksrv_buf_free(&url);
+        KT_CHECKF(ja != NULL, "%s", names[k]);
+        int ids[64], ref[64], tids[128], nt = 0;
+        KT_CHECK_EQ(choice_ids(ja, 0, ids, 64), 8);
+        int n_prompt = ja ? (int)ku_json_get(ku_json_get(ja, "usage"), "prompt_tokens")->valuedouble : 0;
+        cJSON_Delete(ja);
+        cJSON *jt = post_json(&f, "/tokenize",
+                              "{\"content\": \"<|endoftext|><|im_start|>user\\nDescribe this.<|im_end|>\\n<|im_start|>assistant\\n\"}", 200);
+        KT_CHECK(jt);
+        const cJSON *e;
+        cJSON_ArrayForEach(e, ku_json_get(jt, "tokens")) if (nt < 128) tids[nt++] = (int)e->valuedouble;
+        cJSON_Delete(jt);
+        KT_CHECKF(n_prompt == nt + block[k], "%s: %d prompt tokens, want %d + %d", names[k], n_prompt, nt, block[k]);
+        int nr = cli_ids(f.dir, png, tids, nt, 8, ref, 64);
+        if (nr >= 0) {
+            KT_CHECK_EQ(nr, 8);
+            KT_CHECKF(!memcmp(ids, ref, sizeof(int) * 8), "%s: the server's tokens differ from kiln generate's", names[k]);
+        }
+        finish(&f);
     }
-    finish(&f);
 }
+

@@ -32,7 +32,7 @@ static kg_node *emit(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, in
     return kg_dot_general(g, x, pw, &dd);
 }
 
-static kiln_status image_tokens(const kvis_model *m, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n) {
+static kiln_status image_tokens(const kvis_model *m, const kvis_pixels *px, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n) {
     return kvis_block(m, &m->boi_token, 1, m->tokens_per_image, &m->eoi_token, 1, ids, cap, n);
 }
 

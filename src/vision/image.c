@@ -112,6 +112,25 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
     KILN_TRY(ku_json_int(j, "merge_size", 0, &p->merge));
     KILN_TRY(ku_json_int(j, "min_pixels", 0, &p->min_pixels));
     KILN_TRY(ku_json_int(j, "max_pixels", 0, &p->max_pixels));
+    KILN_TRY(ku_json_bool(j, "crop_to_patches", false, &p->crop_to_patches));
+    KILN_TRY(ku_json_int(j, "min_patches", 1, &p->min_patches));
+    KILN_TRY(ku_json_int(j, "max_patches", 12, &p->max_patches));
+    bool idefics = !strncmp(p->type, "Idefics3", 8) || !strncmp(p->type, "SmolVLM", 7);
+    KILN_TRY(ku_json_bool(j, "do_image_splitting", idefics, &p->split));
+    const cJSON *mx = ku_json_get(j, "max_image_size");
+    if (cJSON_IsObject(mx)) KILN_TRY(ku_json_int(mx, "longest_edge", 0, &p->max_edge));
+    else if (idefics) p->max_edge = 364;
+    if (idefics && p->max_edge <= 0) return kiln_error(KILN_EINVAL, "preprocessor_config.json: max_image_size.longest_edge must be positive");
+    const cJSON *pins = ku_json_get(j, "image_grid_pinpoints"), *pe;
+    if (!cJSON_IsArray(pins)) pins = NULL;
+    cJSON_ArrayForEach(pe, pins) {
+        const cJSON *ph = cJSON_GetArrayItem(pe, 0), *pw = cJSON_GetArrayItem(pe, 1);
+        if (p->n_pinpoints >= KIMG_MAX_PINPOINTS || !cJSON_IsArray(pe) || cJSON_GetArraySize(pe) != 2 || !cJSON_IsNumber(ph) ||
+            !cJSON_IsNumber(pw) || ph->valuedouble < 1 || pw->valuedouble < 1)
+            return kiln_error(KILN_EINVAL, "preprocessor_config.json: image_grid_pinpoints must be at most %d [height, width] pairs",
+                              KIMG_MAX_PINPOINTS);
+        p->pinpoints[p->n_pinpoints][0] = (int64_t)ph->valuedouble, p->pinpoints[p->n_pinpoints++][1] = (int64_t)pw->valuedouble;
+    }
     const cJSON *s = ku_json_get(j, "size");
     if (cJSON_IsObject(s)) {
         if (ku_json_get(s, "height")) {
@@ -137,20 +156,21 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
     }
     for (int i = 0; i < 3; i++)
         if (p->do_normalize && !(p->std[i] != 0)) return kiln_error(KILN_EINVAL, "preprocessor_config.json: image_std is 0");
+    p->tile = p->do_crop && p->crop_h > 0 ? p->crop_h : p->size_kind == KIMG_SIZE_FIXED ? p->size_h : p->edge;
     return NULL;
 }
 
 /* Qwen2-VL's smart_resize: both sides multiples of `factor`, the area within
  * [min_pixels, max_pixels], the aspect ratio kept as well as it can be. */
-static void smart_resize(int64_t h, int64_t w, int64_t factor, int64_t lo, int64_t hi, int64_t *oh, int64_t *ow) {
+static void smart_resize(int64_t h, int64_t w, int64_t factor, double lo, double hi, int64_t *oh, int64_t *ow) {
     /* Python's round: half to even (nearbyint in the default rounding mode) */
     double hb = nearbyint((double)h / (double)factor) * (double)factor, wb = nearbyint((double)w / (double)factor) * (double)factor;
-    if (hb * wb > (double)hi) {
-        double beta = sqrt((double)h * (double)w / (double)hi);
+    if (hb * wb > hi) {
+        double beta = sqrt((double)h * (double)w / hi);
         hb = fmax((double)factor, floor((double)h / beta / (double)factor) * (double)factor);
         wb = fmax((double)factor, floor((double)w / beta / (double)factor) * (double)factor);
-    } else if (hb * wb < (double)lo) {
-        double beta = sqrt((double)lo / ((double)h * (double)w));
+    } else if (hb * wb < lo) {
+        double beta = sqrt(lo / ((double)h * (double)w));
         hb = ceil((double)h * beta / (double)factor) * (double)factor;
         wb = ceil((double)w * beta / (double)factor) * (double)factor;
     }
@@ -163,8 +183,10 @@ kiln_status kimg_target_size(const kimg_proc *p, int64_t h, int64_t w, int64_t *
         int64_t f = p->patch * (p->merge > 0 ? p->merge : 1);
         if ((h > w ? h : w) > 200 * (h < w ? h : w))
             return kiln_error(KILN_EINVAL, "image %lldx%lld: the aspect ratio must be below 200", (long long)h, (long long)w);
-        if (p->do_resize) smart_resize(h, w, f, p->min_pixels > 0 ? p->min_pixels : 56 * 56,
-                                       p->max_pixels > 0 ? p->max_pixels : 28 * 28 * 1280, oh, ow);
+        /* Glm4vImageProcessor bounds t * h * w with t the temporal patch (a still image is that many frames) */
+        double t = !strncmp(p->type, "Glm4v", 5) ? (double)p->temporal_patch : 1.0;
+        if (p->do_resize) smart_resize(h, w, f, (double)(p->min_pixels > 0 ? p->min_pixels : 56 * 56) / t,
+                                       (double)(p->max_pixels > 0 ? p->max_pixels : 28 * 28 * 1280) / t, oh, ow);
         return NULL;
     }
     if (!p->do_resize) return NULL;
@@ -197,6 +219,74 @@ kiln_status kimg_target_size(const kimg_proc *p, int64_t h, int64_t w, int64_t *
     return NULL;
 }
 
+/* Rescale and normalize the oh x ow window at (top, left) of im into out [3, oh, ow]. */
+static void normalize_window(const kimg_proc *p, const kimg_image *im, int64_t top, int64_t left, int64_t oh, int64_t ow, float *out) {
+    for (int c = 0; c < 3; c++)
+        for (int64_t y = 0; y < oh; y++)
+            for (int64_t x = 0; x < ow; x++) {
+                uint8_t v = im->rgb[((y + top) * im->w + (x + left)) * 3 + c];
+                /* rescale in float64, then float32 (NumPy's astype), normalize in float32 */
+                float f = p->do_rescale ? (float)((double)v * p->rescale) : (float)v;
+                if (p->do_normalize) f = (f - p->mean[c]) / p->std[c];
+                out[(c * oh + y) * ow + x] = f;
+            }
+}
+
+/* *im resized to oh x ow in place by PIL (as Pillow, a copy when the size is unchanged). */
+static kiln_status resize_in_place(const kimg_proc *p, kimg_image *im, int64_t oh, int64_t ow) {
+    if (oh == im->h && ow == im->w) return NULL;
+    kimg_image r;
+    KILN_TRYF(kimg_resize(im, oh, ow, p->resample, &r), "%s: resize %lldx%lld to %lldx%lld", p->type, (long long)im->h,
+              (long long)im->w, (long long)oh, (long long)ow);
+    kimg_free(im);
+    *im = r;
+    return NULL;
+}
+
+kiln_status kimg_preprocess_split(const kimg_proc *p, const kimg_image *im0, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                  int64_t *side) {
+    *crops = NULL, *n = *rows = *cols = 0;
+    int64_t M = p->max_edge, h = im0->h, w = im0->w;
+    if (M <= 0) return kiln_error(KILN_EINVAL, "%s: no max_image_size", p->type);
+    kimg_image im;
+    KILN_TRY(kimg_from_rgb(im0->rgb, h, w, &im));
+    kiln_status st = NULL;
+    if (p->do_resize && p->size_kind == KIMG_SIZE_LONGEST) {
+        /* _resize_output_size_rescale_to_max_len, then _scale_below_upper_bound(4096); Python's int() truncates */
+        double ar = (double)w / (double)h;
+        if (w >= h) w = p->edge, h = (int64_t)((double)w / ar), h += h % 2;
+        else h = p->edge, w = (int64_t)((double)h * ar), w += w % 2;
+        h = h < 1 ? 1 : h, w = w < 1 ? 1 : w;
+        ar = (double)w / (double)h;
+        if (w >= h && w > 4096) w = 4096, h = (int64_t)((double)w / ar);
+        else if (h > w && h > 4096) h = 4096, w = (int64_t)((double)h * ar);
+        h = h < 1 ? 1 : h, w = w < 1 ? 1 : w;
+        st = resize_in_place(p, &im, h, w);
+    }
+    int64_t nh = 0, nw = 0;
+    if (!st && p->split) { /* resize_for_vision_encoder: both sides to multiples of M, aspect kept as the processor does */
+        double ar = (double)w / (double)h;
+        if (w >= h) w = (w + M - 1) / M * M, h = (int64_t)((double)w / ar), h = (h + M - 1) / M * M;
+        else h = (h + M - 1) / M * M, w = (int64_t)((double)h * ar), w = (w + M - 1) / M * M;
+        st = resize_in_place(p, &im, h, w);
+        if (!st && (h > M || w > M)) nh = h / M, nw = w / M; /* split_image: ceil(h / M) tiles of ceil(h / nh) = M */
+    }
+    int64_t k = nh * nw + 1;
+    float *out = st ? NULL : malloc(sizeof(float) * (size_t)(k * 3 * M * M));
+    if (!st && !out) st = kiln_error(KILN_ENOMEM, "out of memory");
+    for (int64_t r = 0; !st && r < nh; r++)
+        for (int64_t c = 0; c < nw; c++) normalize_window(p, &im, r * M, c * M, M, M, out + (r * nw + c) * 3 * M * M);
+    if (!st) st = resize_in_place(p, &im, M, M); /* the global image (or the only one) */
+    if (!st) normalize_window(p, &im, 0, 0, M, M, out + (k - 1) * 3 * M * M);
+    kimg_free(&im);
+    if (st) {
+        free(out);
+        return st;
+    }
+    *crops = out, *n = k, *rows = nh, *cols = nw, *side = M;
+    return NULL;
+}
+
 kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im0, float **chw, int64_t *ohp, int64_t *owp) {
     *chw = NULL;
     int64_t rh, rw;
@@ -204,9 +294,6 @@ kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im0, float **c
     kimg_image resized = {0};
     const kimg_image *im = im0;
     if (rh != im0->h || rw != im0->w) {
-        if (!strncmp(p->type, "Idefics3", 8) || !strncmp(p->type, "SmolVLM", 7))
-            return kiln_error(KILN_EUNSUPPORTED, "image %lldx%lld: %s's resize / split flow is not reproduced (give a %lldx%lld image)",
-                              (long long)im0->h, (long long)im0->w, p->type, (long long)rh, (long long)rw);
         KILN_TRYF(kimg_resize(im0, rh, rw, p->resample, &resized), "%s: resize %lldx%lld to %lldx%lld", p->type, (long long)im0->h,
                   (long long)im0->w, (long long)rh, (long long)rw);
         im = &resized;
@@ -226,16 +313,139 @@ kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im0, float **c
         kimg_free(&resized);
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
-    for (int c = 0; c < 3; c++)
-        for (int64_t y = 0; y < oh; y++)
-            for (int64_t x = 0; x < ow; x++) {
-                uint8_t v = im->rgb[((y + top) * im->w + (x + left)) * 3 + c];
-                /* rescale in float64, then float32 (NumPy's astype), normalize in float32 */
-                float f = p->do_rescale ? (float)((double)v * p->rescale) : (float)v;
-                if (p->do_normalize) f = (f - p->mean[c]) / p->std[c];
-                out[(c * oh + y) * ow + x] = f;
-            }
+    normalize_window(p, im, top, left, oh, ow, out);
     kimg_free(&resized);
     *chw = out, *ohp = oh, *owp = ow;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- anyres (LLaVA-NeXT / OneVision) */
+
+/* select_best_resolution: the pinpoint (h, w) keeping the most of the image
+ * (scaled to fit, Python's int() of the scaled sides), then the least waste. */
+static void best_pinpoint(const kimg_proc *p, int64_t h, int64_t w, int64_t *bh, int64_t *bw) {
+    int64_t best_eff = 0, best_waste = INT64_MAX;
+    *bh = *bw = 0;
+    for (int i = 0; i < p->n_pinpoints; i++) {
+        int64_t ph = p->pinpoints[i][0], pw = p->pinpoints[i][1];
+        double scale = fmin((double)pw / (double)w, (double)ph / (double)h);
+        int64_t dw = (int64_t)((double)w * scale), dh = (int64_t)((double)h * scale);
+        int64_t eff = dw * dh < w * h ? dw * dh : w * h, waste = ph * pw - eff;
+        if (eff > best_eff || (eff == best_eff && waste < best_waste)) best_eff = eff, best_waste = waste, *bh = ph, *bw = pw;
+    }
+}
+
+kiln_status kimg_anyres_grid(const kimg_proc *p, int64_t h, int64_t w, int64_t *rows, int64_t *cols) {
+    int64_t bh, bw;
+    if (p->n_pinpoints == 0 || p->tile <= 0) return kiln_error(KILN_EINVAL, "%s: no image_grid_pinpoints or tile size", p->type);
+    best_pinpoint(p, h, w, &bh, &bw);
+    if (bh % p->tile || bw % p->tile)
+        return kiln_error(KILN_EINVAL, "%s: pinpoint %lldx%lld is not whole %lld-pixel tiles", p->type, (long long)bh, (long long)bw,
+                          (long long)p->tile);
+    *rows = bh / p->tile, *cols = bw / p->tile;
+    return NULL;
+}
+
+kiln_status kimg_preprocess_anyres(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                   int64_t *side) {
+    *crops = NULL, *n = *rows = *cols = 0;
+    int64_t T = p->tile, R, C, bh, bw, oh, ow;
+    KILN_TRY(kimg_anyres_grid(p, im->h, im->w, &R, &C));
+    bh = R * T, bw = C * T;
+    float *base;
+    /* resize(image, (side, side)) as get_image_patches does (the fixture
+     * README's "shortest edge 32x43, then crop" is not what its pixels
+     * show: they are this square resize) */
+    kimg_image sq;
+    KILN_TRY(kimg_from_rgb(im->rgb, im->h, im->w, &sq));
+    /* get_image_patches' size: (shortest_edge, shortest_edge), or the smaller side of {height, width} */
+    int64_t bs = p->size_kind == KIMG_SIZE_SHORTEST ? p->edge
+                 : p->size_kind == KIMG_SIZE_FIXED  ? (p->size_h < p->size_w ? p->size_h : p->size_w)
+                                                    : T;
+    kiln_status st0 = bs > 0 ? resize_in_place(p, &sq, bs, bs) : kiln_error(KILN_EINVAL, "%s: no base image size", p->type);
+    if (!st0) st0 = kimg_preprocess(p, &sq, &base, &oh, &ow);
+    kimg_free(&sq);
+    KILN_TRY(st0);
+    if (oh != T || ow != T) {
+        free(base);
+        return kiln_error(KILN_EINVAL, "%s: the base image is %lldx%lld, its tiles %lld", p->type, (long long)oh, (long long)ow, (long long)T);
+    }
+    /* _resize_for_patching (get_patch_output_size: the tighter side at the
+     * pinpoint, the other ceil'ed) and _pad_for_patching (centred, the odd
+     * pixel after) */
+    double sw = (double)bw / (double)im->w, sh = (double)bh / (double)im->h;
+    int64_t nh = bh, nw = bw;
+    if (sw < sh) nh = (int64_t)ceil((double)im->h * sw), nh = nh < bh ? nh : bh;
+    else nw = (int64_t)ceil((double)im->w * sh), nw = nw < bw ? nw : bw;
+    kimg_image rs, pad = {0};
+    kiln_status st = kimg_from_rgb(im->rgb, im->h, im->w, &rs);
+    if (!st) st = resize_in_place(p, &rs, nh, nw);
+    if (!st && !(pad.rgb = calloc((size_t)(bh * bw * 3), 1))) st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st) {
+        pad.h = bh, pad.w = bw;
+        int64_t top = (bh - nh) / 2, left = (bw - nw) / 2;
+        for (int64_t y = 0; y < nh; y++) memcpy(pad.rgb + ((y + top) * bw + left) * 3, rs.rgb + y * nw * 3, (size_t)(nw * 3));
+    }
+    float *out = st ? NULL : malloc(sizeof(float) * (size_t)((1 + R * C) * 3 * T * T));
+    if (!st && !out) st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st) {
+        memcpy(out, base, sizeof(float) * (size_t)(3 * T * T));
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = 0; c < C; c++) normalize_window(p, &pad, r * T, c * T, T, T, out + (1 + r * C + c) * 3 * T * T);
+    }
+    free(base);
+    kimg_free(&rs), kimg_free(&pad);
+    if (st) {
+        free(out);
+        return st;
+    }
+    *crops = out, *n = 1 + R * C, *rows = R, *cols = C, *side = T;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- GotOcr2 tiling (InternVL, Aya Vision) */
+
+/* get_optimal_tiled_canvas: (cols, rows) of the closest aspect ratio; the
+ * candidates (w, h) in Python's order (w, then h, stably sorted by w * h). */
+static void tiled_canvas(const kimg_proc *p, int64_t h, int64_t w, int64_t T, int64_t *cols, int64_t *rows) {
+    double ar = (double)w / (double)h, area = (double)(w * h), best = INFINITY;
+    *cols = *rows = 1;
+    for (int64_t prod = p->min_patches; prod <= p->max_patches; prod++)
+        for (int64_t gw = 1; gw <= p->max_patches; gw++)
+            for (int64_t gh = 1; gh <= p->max_patches; gh++) {
+                if (gw * gh != prod) continue;
+                double d = fabs(ar - (double)gw / (double)gh);
+                if (d < best) best = d, *cols = gw, *rows = gh;
+                else if (d == best && area > 0.5 * (double)(T * T) * (double)(gw * gh)) *cols = gw, *rows = gh;
+            }
+}
+
+kiln_status kimg_preprocess_tiles(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                  int64_t *side) {
+    *crops = NULL, *n = *rows = *cols = 0;
+    int64_t T = p->size_h, R = 0, C = 0;
+    if (p->size_kind != KIMG_SIZE_FIXED || T <= 0 || p->size_w != T)
+        return kiln_error(KILN_EUNSUPPORTED, "%s: tiling needs a square size {height, width}", p->type);
+    if (p->crop_to_patches && p->max_patches > 1) tiled_canvas(p, im->h, im->w, T, &C, &R);
+    int64_t k = R * C > 1 ? R * C + 1 : 1;
+    kimg_image rs, th;
+    KILN_TRY(kimg_from_rgb(im->rgb, im->h, im->w, &rs));
+    KILN_TRY(kimg_from_rgb(im->rgb, im->h, im->w, &th));
+    /* crop_image_to_patches resizes with its own default, BICUBIC */
+    kimg_proc bic = *p;
+    bic.resample = 3;
+    kiln_status st = k > 1 ? resize_in_place(&bic, &rs, R * T, C * T) : NULL;
+    if (!st) st = resize_in_place(k > 1 ? &bic : p, &th, T, T);
+    float *out = st ? NULL : malloc(sizeof(float) * (size_t)(k * 3 * T * T));
+    if (!st && !out) st = kiln_error(KILN_ENOMEM, "out of memory");
+    for (int64_t r = 0; !st && k > 1 && r < R; r++)
+        for (int64_t c = 0; c < C; c++) normalize_window(p, &rs, r * T, c * T, T, T, out + (r * C + c) * 3 * T * T);
+    if (!st) normalize_window(p, &th, 0, 0, T, T, out + (k - 1) * 3 * T * T);
+    kimg_free(&rs), kimg_free(&th);
+    if (st) {
+        free(out);
+        return st;
+    }
+    *crops = out, *n = k, *rows = k > 1 ? R : 0, *cols = k > 1 ? C : 0, *side = T;
     return NULL;
 }

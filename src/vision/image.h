@@ -9,8 +9,11 @@
  * rescale and normalize as transformers' slow (PIL/NumPy) processors do
  * them. Resizing is PIL's (kimg_resize), on the 8-bit image, to the size
  * the processor computes (Qwen2-VL's smart_resize, Pixtral's patch-rounded
- * longest edge, shortest edge, fixed). Idefics3 / SmolVLM's resize-and-split
- * flow is not reproduced: their images must have the processor's size.
+ * longest edge, shortest edge, fixed). Processors that cut an image into
+ * crops have their own entry points: Idefics3 / SmolVLM's resize-and-split
+ * (kimg_preprocess_split), LLaVA-NeXT / OneVision's anyres tiling
+ * (kimg_preprocess_anyres), GotOcr2's tiling with a thumbnail
+ * (kimg_preprocess_tiles).
  */
 #ifndef KILN_IMAGE_H
 #define KILN_IMAGE_H
@@ -48,6 +51,8 @@ kiln_status kimg_decode(const void *data, size_t n, const char *what, kimg_image
 kiln_status kimg_from_rgb(const uint8_t *rgb, int64_t h, int64_t w, kimg_image *out);
 void kimg_free(kimg_image *im);
 
+#define KIMG_MAX_PINPOINTS 64
+
 typedef enum { KIMG_SIZE_NONE, KIMG_SIZE_FIXED, KIMG_SIZE_SHORTEST, KIMG_SIZE_LONGEST } kimg_size_kind;
 
 typedef struct {
@@ -60,6 +65,13 @@ typedef struct {
     int resample;                 /* PIL filter id (2 bilinear, 3 bicubic) */
     int64_t patch, temporal_patch, merge; /* Qwen-style patches (0: none) */
     int64_t min_pixels, max_pixels;       /* Qwen smart_resize bounds */
+    bool split;                   /* Idefics3 / SmolVLM: do_image_splitting */
+    int64_t max_edge;             /* Idefics3 / SmolVLM: max_image_size.longest_edge (the crops' side) */
+    int64_t pinpoints[KIMG_MAX_PINPOINTS][2]; /* LLaVA-NeXT / OneVision: image_grid_pinpoints (h, w) */
+    int n_pinpoints;
+    int64_t tile;                 /* their tiles' side: crop_size.height, else size.height / shortest_edge */
+    bool crop_to_patches;         /* GotOcr2 (InternVL, Aya Vision): tiling on */
+    int64_t min_patches, max_patches;
     char type[64];                /* image_processor_type */
 } kimg_proc;
 
@@ -69,6 +81,39 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p);
 kiln_status kimg_target_size(const kimg_proc *p, int64_t h, int64_t w, int64_t *oh, int64_t *ow);
 /* Resize, crop, rescale, normalize: *chw [3, *oh, *ow] f32 (malloc'ed). */
 kiln_status kimg_preprocess(const kimg_proc *p, const kimg_image *im, float **chw, int64_t *oh, int64_t *ow);
+
+/* Idefics3 / SmolVLM's image processor on one image: the longest edge
+ * resized to size.longest_edge (the other side even, aspect kept, at most
+ * 4096); with splitting, both sides rounded up to multiples of max_edge,
+ * cut into rows x cols tiles of max_edge (no resampling), then the whole
+ * image resized to max_edge x max_edge last (the global image); without,
+ * only that square. All resizes are PIL's with the processor's filter.
+ * *crops [n, 3, side, side] (malloc'ed); *rows = *cols = 0 when unsplit. */
+kiln_status kimg_preprocess_split(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                  int64_t *side);
+
+/* LLaVA-NeXT's anyres tiling: select_best_resolution among the pinpoints
+ * for an h x w image (the most effective pixels, then the least waste):
+ * *rows x *cols tiles of p->tile. */
+kiln_status kimg_anyres_grid(const kimg_proc *p, int64_t h, int64_t w, int64_t *rows, int64_t *cols);
+/* LLaVA-NeXT / OneVision's image processor on one image (get_image_patches
+ * + _preprocess): the base image resized (PIL) to side x side, then through
+ * kimg_preprocess (its resize and crop are no-ops at that size), then the
+ * image resized (PIL, aspect kept) into the best pinpoint, centred on black
+ * padding and cut into rows x cols tiles in row-major order.
+ * *crops [1 + rows * cols, 3, side, side]. */
+kiln_status kimg_preprocess_anyres(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                   int64_t *side);
+
+/* GotOcr2's image processor on one image (InternVL, Aya Vision): with
+ * crop_to_patches, the grid of the closest aspect ratio among those of
+ * min..max_patches tiles (ties: more tiles while the image's area exceeds
+ * half theirs), the image resized (PIL BICUBIC) to it and cut into rows x
+ * cols tiles of size.height, then, for more than one tile, the whole image
+ * resized to one tile last (the thumbnail); without, the image at size.
+ * *crops [n, 3, side, side]. */
+kiln_status kimg_preprocess_tiles(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                  int64_t *side);
 
 /* PIL's Image.resize((ow, oh), resample) of an 8-bit RGB image, bit for
  * bit (Pillow's ImagingResample: separable passes, horizontal first, with

@@ -92,12 +92,122 @@ KT_TEST(image_preprocess_resizes_before_normalizing) {
         }
     free(chw);
     kimg_free(&im), kimg_free(&r);
-    /* SmolVLM's flow is not reproduced: still an error when the size changes */
-    cJSON *smol = cJSON_Parse("{\"image_processor_type\": \"SmolVLMImageProcessor\", \"size\": {\"longest_edge\": 4}}");
-    KT_CHECK_OK(kimg_proc_parse(smol, &p));
-    KT_CHECK_OK(kimg_from_rgb(px, 9, 6, &im));
-    KT_CHECK_ERR(kimg_preprocess(&p, &im, &chw, &oh, &ow), "not reproduced");
+    cJSON_Delete(cfg);
+}
+
+/* rgb [3, n] of im's oh x ow window at (top, left), normalized with mean = std = 0.5, equals chw. */
+static bool window_is(const kimg_image *im, int64_t top, int64_t left, int64_t oh, int64_t ow, const float *chw) {
+    for (int c = 0; c < 3; c++)
+        for (int64_t y = 0; y < oh; y++)
+            for (int64_t x = 0; x < ow; x++) {
+                float want = ((float)((double)im->rgb[((y + top) * im->w + x + left) * 3 + c] * (1.0 / 255)) - 0.5f) / 0.5f;
+                if (chw[(c * oh + y) * ow + x] != want) return false;
+            }
+    return true;
+}
+
+/* Idefics3's flow on a 40x70 image (longest edge 96, crops of 32): the
+ * longest edge to 96 (40x70 -> 54x96, the other side even), both sides up
+ * to multiples of 32 (-> 64x96), 2x3 tiles cut from that without
+ * resampling, then the whole 64x96 resized to 32x32 last; each resize is
+ * PIL's LANCZOS. A tall image splits 3x2; without splitting only the
+ * 32x32 square. */
+KT_TEST(image_idefics3_split_resizes_then_tiles) {
+    cJSON *cfg = cJSON_Parse("{\"image_processor_type\": \"Idefics3ImageProcessor\", \"size\": {\"longest_edge\": 96},"
+                             " \"max_image_size\": {\"longest_edge\": 32}, \"resample\": 1, \"image_mean\": 0.5, \"image_std\": 0.5}");
+    kimg_proc p;
+    KT_CHECK_OK(kimg_proc_parse(cfg, &p));
+    KT_CHECK(p.split && p.max_edge == 32);
+    uint8_t *px = malloc(40 * 70 * 3);
+    for (int i = 0; i < 40 * 70 * 3; i++) px[i] = (uint8_t)(i * 37 % 251);
+    kimg_image im, a, b, g;
+    KT_CHECK_OK(kimg_from_rgb(px, 40, 70, &im));
+    KT_CHECK_OK(kimg_resize(&im, 54, 96, 1, &a));
+    KT_CHECK_OK(kimg_resize(&a, 64, 96, 1, &b));
+    KT_CHECK_OK(kimg_resize(&b, 32, 32, 1, &g));
+    float *crops;
+    int64_t n, rows, cols, side;
+    KT_CHECK_OK(kimg_preprocess_split(&p, &im, &crops, &n, &rows, &cols, &side));
+    KT_CHECK(n == 7 && rows == 2 && cols == 3 && side == 32);
+    for (int64_t r = 0; r < 2; r++)
+        for (int64_t c = 0; c < 3; c++) KT_CHECKF(window_is(&b, 32 * r, 32 * c, 32, 32, crops + (r * 3 + c) * 3 * 32 * 32), "tile %lld,%lld", (long long)r, (long long)c);
+    KT_CHECK(window_is(&g, 0, 0, 32, 32, crops + 6 * 3 * 32 * 32));
+    free(crops);
     kimg_free(&im);
-    cJSON_Delete(smol);
+    /* tall: 70x40 -> 96x54 -> 96x64, 3 rows of 2 */
+    KT_CHECK_OK(kimg_from_rgb(px, 70, 40, &im));
+    KT_CHECK_OK(kimg_preprocess_split(&p, &im, &crops, &n, &rows, &cols, &side));
+    KT_CHECK(n == 7 && rows == 3 && cols == 2);
+    free(crops);
+    /* SmolVLM without splitting: the 32x32 square alone */
+    p.split = false;
+    KT_CHECK_OK(kimg_preprocess_split(&p, &im, &crops, &n, &rows, &cols, &side));
+    KT_CHECK(n == 1 && rows == 0 && cols == 0 && side == 32);
+    free(crops);
+    kimg_free(&im), kimg_free(&a), kimg_free(&b), kimg_free(&g);
+    free(px);
+    cJSON_Delete(cfg);
+}
+
+/* LLaVA-NeXT's anyres tiling: select_best_resolution keeps the most of the
+ * image, then wastes the least (20x70: 32x64 and 64x64 keep as much, 32x64
+ * wastes less); a 48x64 image in 64x64 sits on 8 black rows above and
+ * below, cut into 2x2 tiles after the base image. */
+KT_TEST(image_anyres_picks_the_pinpoint_and_pads) {
+    cJSON *cfg = cJSON_Parse("{\"image_processor_type\": \"LlavaNextImageProcessor\", \"size\": {\"shortest_edge\": 32},"
+                             " \"crop_size\": {\"height\": 32, \"width\": 32}, \"do_center_crop\": true, \"image_mean\": 0.5,"
+                             " \"image_std\": 0.5, \"image_grid_pinpoints\": [[32, 64], [64, 32], [64, 64]]}");
+    kimg_proc p;
+    KT_CHECK_OK(kimg_proc_parse(cfg, &p));
+    KT_CHECK(p.n_pinpoints == 3 && p.tile == 32);
+    int64_t r, c, n, side;
+    KT_CHECK_OK(kimg_anyres_grid(&p, 20, 70, &r, &c));
+    KT_CHECK(r == 1 && c == 2);
+    KT_CHECK_OK(kimg_anyres_grid(&p, 70, 20, &r, &c));
+    KT_CHECK(r == 2 && c == 1);
+    uint8_t *px = malloc(48 * 64 * 3);
+    memset(px, 255, 48 * 64 * 3);
+    kimg_image im;
+    KT_CHECK_OK(kimg_from_rgb(px, 48, 64, &im));
+    float *crops;
+    KT_CHECK_OK(kimg_preprocess_anyres(&p, &im, &crops, &n, &r, &c, &side));
+    KT_CHECK(n == 5 && r == 2 && c == 2 && side == 32);
+    /* tile 0 (top left): rows 0..7 padding (0 -> -1), then the white image (1) */
+    const float *t0 = crops + 1 * 3 * 32 * 32, *t2 = crops + 3 * 3 * 32 * 32;
+    KT_CHECK(t0[0] == -1.0f && t0[7 * 32] == -1.0f && t0[8 * 32] == 1.0f && t2[23 * 32] == 1.0f && t2[24 * 32] == -1.0f);
+    KT_CHECK(crops[0] == 1.0f); /* the base image: all white */
+    free(crops);
+    kimg_free(&im);
+    free(px);
+    cJSON_Delete(cfg);
+}
+
+/* GotOcr2's tiling: 48x64 (4:3) -> 3 rows of 4 tiles + a thumbnail; 30x100
+ * -> 1x3 (6 tiles tie on the aspect ratio but the image is too small for
+ * them); 64x64 -> 2x2 (ties with 1x1 and 3x3: more tiles while the image's
+ * area exceeds half of theirs). The thumbnail is the image resized
+ * (BICUBIC) to one tile. */
+KT_TEST(image_gotocr2_tiles_closest_aspect_ratio) {
+    cJSON *cfg = cJSON_Parse("{\"image_processor_type\": \"GotOcr2ImageProcessor\", \"size\": {\"height\": 32, \"width\": 32},"
+                             " \"crop_to_patches\": true, \"max_patches\": 12, \"resample\": 3, \"image_mean\": 0.5, \"image_std\": 0.5}");
+    kimg_proc p;
+    KT_CHECK_OK(kimg_proc_parse(cfg, &p));
+    const int64_t sizes[3][2] = {{48, 64}, {30, 100}, {64, 64}}, want[3][3] = {{13, 3, 4}, {4, 1, 3}, {5, 2, 2}};
+    uint8_t *px = malloc(100 * 100 * 3);
+    for (int i = 0; i < 100 * 100 * 3; i++) px[i] = (uint8_t)(i * 29 % 253);
+    for (int t = 0; t < 3; t++) {
+        kimg_image im, th;
+        float *crops;
+        int64_t n, r, c, side;
+        KT_CHECK_OK(kimg_from_rgb(px, sizes[t][0], sizes[t][1], &im));
+        KT_CHECK_OK(kimg_preprocess_tiles(&p, &im, &crops, &n, &r, &c, &side));
+        KT_CHECKF(n == want[t][0] && r == want[t][1] && c == want[t][2], "%lldx%lld: %lld crops, %lldx%lld", (long long)sizes[t][0],
+                  (long long)sizes[t][1], (long long)n, (long long)r, (long long)c);
+        KT_CHECK_OK(kimg_resize(&im, 32, 32, 3, &th));
+        KT_CHECK(window_is(&th, 0, 0, 32, 32, crops + (n - 1) * 3 * 32 * 32));
+        free(crops);
+        kimg_free(&im), kimg_free(&th);
+    }
+    free(px);
     cJSON_Delete(cfg);
 }

@@ -7,7 +7,6 @@
 
 static kiln_status parse(kvis_model *m, const cJSON *root, const cJSON *vc, km_hparams *hp) {
     static const char *const markers[2] = {"[IMG_BREAK]", "[IMG_END]"};
-    km_hparams *v = &m->vhp;
     int64_t fl;
     const char *pact;
     kiln_status st = NULL;
@@ -19,20 +18,8 @@ static kiln_status parse(kvis_model *m, const cJSON *root, const cJSON *vc, km_h
     KILN_TRY(ku_json_str(root, "projector_hidden_act", "gelu", &pact));
     KILN_TRY(km_parse_act(pact, &m->proj_act));
     KILN_TRY(ku_json_bool(root, "multimodal_projector_bias", false, &m->proj_bias));
-    KILN_TRY(ku_json_num(vc, "rope_theta", 10000.0, &m->rope_theta));
     KILN_TRY(ku_json_num(kc_config(m->ck), "rms_norm_eps", 1e-6, &m->proj_eps));
-    KILN_TRY(ku_json_int(vc, "head_dim", v->head_dim, &v->head_dim));
-    m->post_norm = false;
-    kvis_set_name(m, KM_T_TOK_EMBD_NORM, "ln_pre");
-    kvis_set_name(m, KM_T_ATTN_NORM, "transformer.layers.%d.attention_norm");
-    kvis_set_name(m, KM_T_FFN_NORM, "transformer.layers.%d.ffn_norm");
-    kvis_set_name(m, KM_T_ATTN_Q, "transformer.layers.%d.attention.q_proj");
-    kvis_set_name(m, KM_T_ATTN_K, "transformer.layers.%d.attention.k_proj");
-    kvis_set_name(m, KM_T_ATTN_V, "transformer.layers.%d.attention.v_proj");
-    kvis_set_name(m, KM_T_ATTN_O, "transformer.layers.%d.attention.o_proj");
-    kvis_set_name(m, KM_T_FFN_GATE, "transformer.layers.%d.feed_forward.gate_proj");
-    kvis_set_name(m, KM_T_FFN_UP, "transformer.layers.%d.feed_forward.up_proj");
-    kvis_set_name(m, KM_T_FFN_DOWN, "transformer.layers.%d.feed_forward.down_proj");
+    KILN_TRY(kvis_pixtral_config(m, vc));
     return kvis_marker_tokens(m, markers, &m->img_break, &m->img_end);
 }
 
@@ -40,23 +27,12 @@ static kiln_status parse(kvis_model *m, const cJSON *root, const cJSON *vc, km_h
 static void fix_proc(kvis_model *m) { m->proc.merge = m->scale_factor; }
 
 static kg_node *emit(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, int64_t gw, kg_node **deep) {
-    int64_t E = m->text_hidden, D = m->vhp.hidden, s = m->scale_factor;
+    int64_t D = m->vhp.hidden, s = m->scale_factor;
     if (s <= 0 || gh % s || gw % s) return kb_fail(b, kiln_error(KILN_EINVAL, "mistral3: %lldx%lld patches do not merge by %lld", (long long)gh, (long long)gw, (long long)s));
     kg_node *x = kvis_pixtral_tower(b, m, px);
     x = kg_rms_norm(b->g, x, kvis_tensor_as(b, m->proj, "norm.weight", 1, (int64_t[]){D}, KG_SHAPE(D)), (float)m->proj_eps, 0);
     x = kvis_linear_mod(b, kvis_unfold_blocks(b, x, gh, gw, s), m->proj, "patch_merger.merging_layer", D, false);
-    x = kb_act(b, kvis_linear_mod(b, x, m->proj, "linear_1", E, m->proj_bias), m->proj_act);
-    return kvis_linear_mod(b, x, m->proj, "linear_2", E, m->proj_bias);
-}
-
-static kiln_status image_tokens(const kvis_model *m, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n) {
-    int64_t r = gh / m->scale_factor, c = gw / m->scale_factor;
-    if (r * (c + 1) > cap) return kiln_error(KILN_ELIMIT, "image block of %lld tokens", (long long)(r * (c + 1)));
-    for (int64_t y = 0; y < r; y++) {
-        for (int64_t x = 0; x < c; x++) ids[(*n)++] = m->image_token;
-        ids[(*n)++] = y == r - 1 ? m->img_end : m->img_break;
-    }
-    return NULL;
+    return kvis_mlp_projector(b, m, x);
 }
 
 const kvis_family kvis_family_mistral3 = {
@@ -69,5 +45,5 @@ const kvis_family kvis_family_mistral3 = {
     .parse = parse,
     .fix_proc = fix_proc,
     .emit = emit,
-    .image_tokens = image_tokens,
+    .image_tokens = kvis_break_rows,
 };

@@ -13,7 +13,9 @@
 #include "base/json.h"
 #include "vision/vision_int.h"
 
-/* The version the model's descriptor serves: 2, 25 or 3. */
+/* The version the model's descriptor serves: 2, 25, 3, or 4 (GLM-4.1V / 4.5V:
+ * Qwen2-VL's patches and vision rope, RMSNorm + SwiGLU blocks, a bicubic
+ * resampled position table, a Conv2d 2x2 downsample and a gated merger). */
 static int version(const kvis_model *m) { return m->family->variant; }
 
 
@@ -38,7 +40,7 @@ static kiln_status layer_list(const cJSON *vc, const char *key, const int *def, 
  * Qwen3VLVisionConfig), the special ids, the tower's module names. */
 static kiln_status load_qwen(kvis_model *m, const cJSON *root, const cJSON *vc, km_hparams *hp) {
     km_hparams *v = &m->vhp;
-    bool q2 = version(m) == 2, q25 = version(m) == 25, q3 = version(m) == 3;
+    bool q2 = version(m) == 2, q25 = version(m) == 25, q3 = version(m) == 3, glm = version(m) == 4;
     int64_t depth, ratio, out_hidden, n_pos;
     const char *act;
     KILN_TRY(ku_json_int(vc, "depth", q3 ? 27 : 32, &depth));
@@ -83,10 +85,23 @@ static kiln_status load_qwen(kvis_model *m, const cJSON *root, const cJSON *vc, 
             return kiln_error(KILN_EINVAL, "config.json: vision_config.num_position_embeddings %lld is not a square", (long long)n_pos);
         hp->embd_add_layers = m->n_deepstack;
     }
-    KILN_TRY(kvis_int_field(root, "image_token_id", 151655, &m->image_token));
-    KILN_TRY(kvis_int_field(root, "vision_start_token_id", 151652, &m->vision_start));
-    KILN_TRY(kvis_int_field(root, "vision_end_token_id", 151653, &m->vision_end));
-    v->n_layers = depth, v->n_kv_heads = v->n_heads, v->head_dim = v->hidden / v->n_heads, v->norm_eps = 1e-6;
+    v->norm_eps = 1e-6;
+    if (glm) { /* Glm4vVisionConfig: the position table covers image_size / patch_size a side */
+        int64_t isz;
+        KILN_TRY(ku_json_int(vc, "image_size", 336, &isz));
+        KILN_TRY(ku_json_num(vc, "rms_norm_eps", 1e-5, &v->norm_eps));
+        KILN_TRY(ku_json_bool(vc, "attention_bias", false, &m->attn_bias));
+        m->n_pos_side = isz / m->patch;
+        if (m->n_pos_side < 1) return kiln_error(KILN_EINVAL, "config.json: vision_config.image_size %lld is below a patch", (long long)isz);
+        KILN_TRY(kvis_int_field(root, "image_token_id", 151343, &m->image_token));
+        KILN_TRY(kvis_int_field(root, "image_start_token_id", 151339, &m->vision_start));
+        KILN_TRY(kvis_int_field(root, "image_end_token_id", 151340, &m->vision_end));
+    } else { /* Qwen2.5-Omni's thinker names it image_token_index */
+        KILN_TRY(kvis_int_field(root, ku_json_get(root, "image_token_id") ? "image_token_id" : "image_token_index", 151655, &m->image_token));
+        KILN_TRY(kvis_int_field(root, "vision_start_token_id", 151652, &m->vision_start));
+        KILN_TRY(kvis_int_field(root, "vision_end_token_id", 151653, &m->vision_end));
+    }
+    v->n_layers = depth, v->n_kv_heads = v->n_heads, v->head_dim = v->hidden / v->n_heads;
     snprintf(v->model_type, sizeof v->model_type, "%s", m->tower_type);
     m->run_layers = (int)depth;
     m->text_hidden = hp->hidden;
@@ -99,10 +114,16 @@ static kiln_status load_qwen(kvis_model *m, const cJSON *root, const cJSON *vc, 
     kvis_set_name(m, KM_T_ATTN_NORM, "blocks.%d.norm1");
     kvis_set_name(m, KM_T_FFN_NORM, "blocks.%d.norm2");
     kvis_set_name(m, KM_T_ATTN_QKV, "blocks.%d.attn.qkv");
+    kvis_set_name(m, KM_T_ATTN_Q, "blocks.%d.attn.q"); /* Qwen2.5-Omni's encoder: q, k, v apart */
+    kvis_set_name(m, KM_T_ATTN_K, "blocks.%d.attn.k");
+    kvis_set_name(m, KM_T_ATTN_V, "blocks.%d.attn.v");
+    char qn[300];
+    snprintf(qn, sizeof qn, "%sblocks.0.attn.q.weight", m->tower);
+    m->split_qkv = kc_has(m->ck, qn);
     kvis_set_name(m, KM_T_ATTN_O, "blocks.%d.attn.proj");
     kvis_set_name(m, KM_T_FFN_GATE, "blocks.%d.mlp.gate_proj");
-    kvis_set_name(m, KM_T_FFN_UP, q2 ? "blocks.%d.mlp.fc1" : q25 ? "blocks.%d.mlp.up_proj" : "blocks.%d.mlp.linear_fc1");
-    kvis_set_name(m, KM_T_FFN_DOWN, q2 ? "blocks.%d.mlp.fc2" : q25 ? "blocks.%d.mlp.down_proj" : "blocks.%d.mlp.linear_fc2");
+    kvis_set_name(m, KM_T_FFN_UP, q2 ? "blocks.%d.mlp.fc1" : q25 || glm ? "blocks.%d.mlp.up_proj" : "blocks.%d.mlp.linear_fc1");
+    kvis_set_name(m, KM_T_FFN_DOWN, q2 ? "blocks.%d.mlp.fc2" : q25 || glm ? "blocks.%d.mlp.down_proj" : "blocks.%d.mlp.linear_fc2");
     kvis_set_name(m, KM_T_OUTPUT_NORM, q3 ? "merger.norm" : "merger.ln_q");
     kvis_set_name(m, KM_T_ATTN_POST_NORM, "deepstack_merger_list.%d.norm");
     return NULL;
@@ -193,6 +214,74 @@ static kg_node *qwen3_positions(kb_ctx *b, const kvis_model *m, int64_t gh, int6
     return sum;
 }
 
+/* torch's bicubic convolution weights (A = -0.75) for fraction t: taps at -1, 0, 1, 2. */
+static void cubic_weights(float t, float *w) {
+    const float A = -0.75f;
+    float x1 = t + 1.0f, x2 = 1.0f - t, x3 = 2.0f - t;
+    w[0] = ((A * x1 - 5 * A) * x1 + 8 * A) * x1 - 4 * A;
+    w[1] = ((A + 2) * t - (A + 3)) * t * t + 1;
+    w[2] = ((A + 2) * x2 - (A + 3)) * x2 * x2 + 1;
+    w[3] = ((A * x3 - 5 * A) * x3 + 8 * A) * x3 - 4 * A;
+}
+
+/* GLM-4V's learned positions (Glm4vVisionEmbeddings): the side x side
+ * table sampled at each patch's centre ((r + 0.5) / gh, (c + 0.5) / gw) by
+ * grid_sample (bicubic, align_corners False, border padding: taps clamped
+ * to the table), rows in the processor's patch order. [N, D]. */
+static kg_node *glm_positions(kb_ctx *b, const kvis_model *m, int64_t gh, int64_t gw) {
+    kg_graph *g = b->g;
+    int64_t side = m->n_pos_side, D = m->vhp.hidden, N = gh * gw;
+    kg_node *tab = kvis_tensor_as(b, m->tower, "embeddings.position_embedding.weight", 2, (int64_t[]){side * side, D},
+                                  KG_SHAPE(side * side, D));
+    int32_t *idx[16];
+    float *wt[16];
+    for (int k = 0; k < 16; k++) {
+        idx[k] = kg_alloc(g, sizeof(int32_t) * (size_t)N), wt[k] = kg_alloc(g, sizeof(float) * (size_t)N);
+        if (!idx[k] || !wt[k]) return kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory"));
+    }
+    for (int64_t i = 0; i < N; i++) {
+        int64_t r, c;
+        qwen_cell(i, gw, m->scale_factor, &r, &c);
+        float ny = ((float)r + 0.5f) / (float)gh * 2 - 1, nx = ((float)c + 0.5f) / (float)gw * 2 - 1;
+        float iy = ((ny + 1) * (float)side - 1) / 2, ix = ((nx + 1) * (float)side - 1) / 2; /* grid_sampler_unnormalize */
+        float fy = floorf(iy), fx = floorf(ix), wy[4], wx[4];
+        cubic_weights(iy - fy, wy), cubic_weights(ix - fx, wx);
+        for (int a = 0; a < 4; a++)
+            for (int bb = 0; bb < 4; bb++) {
+                int64_t y = (int64_t)fy - 1 + a, x = (int64_t)fx - 1 + bb;
+                y = y < 0 ? 0 : y >= side ? side - 1 : y, x = x < 0 ? 0 : x >= side ? side - 1 : x;
+                idx[a * 4 + bb][i] = (int32_t)(y * side + x), wt[a * 4 + bb][i] = wy[a] * wx[bb];
+            }
+    }
+    kg_node *sum = NULL;
+    for (int k = 0; k < 16 && tab; k++) {
+        kg_node *rows = kg_take_rows(g, tab, kg_const(g, KG_I32, KG_SHAPE(N), idx[k]));
+        kg_node *t = kg_mul(g, rows, kg_broadcast_in_dim(g, kg_const(g, KG_F32, KG_SHAPE(N), wt[k]), KG_SHAPE(N, D), (int[]){0}));
+        sum = sum ? kg_add(g, sum, t) : t;
+    }
+    return sum;
+}
+
+/* GLM-4V's merger on x [N, D] (patch order, post_layernorm applied): each
+ * s x s block through the Conv2d downsample (a dot over the block's D x s x s
+ * values, channel-major as the conv weight), then proj, LayerNorm, GELU and
+ * a SiLU-gated MLP. [N / s^2, E]. */
+static kg_node *glm_merger(kb_ctx *b, const kvis_model *m, kg_node *x) {
+    kg_graph *g = b->g;
+    int64_t N = x->shape.d[0], D = x->shape.d[1], s = m->scale_factor, s2 = s * s, E = m->text_hidden, U = N / s2;
+    kg_node *w = kvis_tensor_as(b, m->tower, "downsample.weight", 4, (int64_t[]){E, D, s, s}, KG_SHAPE(E, D * s2));
+    x = kg_reshape(g, kg_transpose(g, kg_reshape(g, x, KG_SHAPE(U, s2, D)), (int[]){0, 2, 1}), KG_SHAPE(U, D * s2));
+    kg_dot_dims dd = {{0, {0}}, {0, {0}}, {1, {1}}, {1, {1}}};
+    x = kg_add(g, kg_dot_general(g, x, w, &dd), kvis_tensor_as(b, m->tower, "downsample.bias", 1, (int64_t[]){E}, KG_SHAPE(E)));
+    x = kvis_linear_mod(b, x, m->tower, "merger.proj", E, false);
+    x = kb_act(b, kvis_layer_norm_mod(b, x, m->tower, "merger.post_projection_norm", 1e-5f), KM_ACT_GELU);
+    int64_t I = kvis_module_rows(b, m->tower, "merger.gate_proj", E);
+    if (I < 0) return NULL;
+    kg_node *gate = kb_act(b, kvis_linear_mod(b, x, m->tower, "merger.gate_proj", I, false), m->vhp.act);
+    x = kg_mul(g, gate, kvis_linear_mod(b, x, m->tower, "merger.up_proj", I, false));
+    return kvis_linear_mod(b, x, m->tower, "merger.down_proj", E, false);
+}
+
 /* A patch merger on x [N, D] (patch order): the norm of role t (layer il)
  * over D, then s^2 consecutive rows concatenated (or concatenated first,
  * then the norm over D s^2: Qwen3-VL's deepstack mergers), then
@@ -223,14 +312,16 @@ static kg_node *qwen_tower(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t 
     kg_graph *g = b->g;
     int64_t D = m->vhp.hidden, P = m->patch, T = m->temporal_patch, s = m->scale_factor, N = gh * gw, K = 3 * T * P * P;
     int64_t lh = gh / s, lw = gw / s, U = lh * lw;
-    bool q25 = version(m) == 25, q3 = version(m) == 3;
+    bool q25 = version(m) == 25, q3 = version(m) == 3, glm = version(m) == 4;
     kg_node *w = kvis_tensor_as(b, m->tower, "patch_embed.proj.weight", 5, (int64_t[]){D, 3, T, P, P}, KG_SHAPE(D, K));
     if (!w) return NULL;
     kg_dot_dims pd = {{0, {0}}, {0, {0}}, {1, {1}}, {1, {1}}};
     kg_node *x = kg_dot_general(g, px, w, &pd); /* [N, D] */
-    if (q3) {
-        x = kg_add(g, x, kvis_tensor_as(b, m->tower, "patch_embed.proj.bias", 1, (int64_t[]){D}, KG_SHAPE(D)));
-        x = kg_add(g, x, qwen3_positions(b, m, gh, gw));
+    if (q3 || glm) x = kg_add(g, x, kvis_tensor_as(b, m->tower, "patch_embed.proj.bias", 1, (int64_t[]){D}, KG_SHAPE(D)));
+    if (q3) x = kg_add(g, x, qwen3_positions(b, m, gh, gw));
+    if (glm) { /* post_conv_layernorm, then the resampled positions */
+        x = kg_rms_norm(g, x, kvis_tensor_as(b, m->tower, "post_conv_layernorm.weight", 1, (int64_t[]){D}, KG_SHAPE(D)), (float)m->vhp.norm_eps, 0);
+        x = kg_add(g, x, glm_positions(b, m, gh, gw));
     }
     int32_t *order = NULL, *inverse = NULL;
     kg_node *mask = NULL;
@@ -249,24 +340,33 @@ static kg_node *qwen_tower(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t 
     }
     kg_node *cos = NULL, *sin = NULL;
     qwen_rope(b, m, gh, gw, order, &cos, &sin);
-    kb_norm_kind nk = q25 ? KB_NORM_RMS : KB_NORM_LAYER;
-    kb_ffn_opts ffn = {.gated = q25, .act = m->vhp.act, .bias = true};
+    kb_norm_kind nk = q25 || glm ? KB_NORM_RMS : KB_NORM_LAYER;
+    kb_ffn_opts ffn = {.gated = q25 || glm, .act = m->vhp.act, .bias = !glm};
     int64_t H = m->vhp.n_heads, hd = m->vhp.head_dim;
     kg_node *deeps[KM_MAX_LAYERS];
     int nd = 0;
     for (int il = 0; il < m->run_layers && x; il++) {
-        kg_node *qkv = kg_reshape(g, kb_linear(b, kb_norm(b, x, KM_T_ATTN_NORM, il, nk), KM_T_ATTN_QKV, il, 3 * D, true), KG_SHAPE(N, 3, H, hd));
-        kg_node *part[3];
-        for (int j = 0; j < 3; j++)
-            part[j] = kg_reshape(g, kg_slice(g, qkv, (int64_t[]){0, j, 0, 0}, (int64_t[]){N, j + 1, H, hd}, NULL), KG_SHAPE(N, H, hd));
+        kg_node *h = kb_norm(b, x, KM_T_ATTN_NORM, il, nk), *part[3];
+        bool qkv_bias = !glm || m->attn_bias;
+        if (m->split_qkv) {
+            static const km_tensor t[3] = {KM_T_ATTN_Q, KM_T_ATTN_K, KM_T_ATTN_V};
+            for (int j = 0; j < 3; j++) part[j] = kg_reshape(g, kb_linear(b, h, t[j], il, D, qkv_bias), KG_SHAPE(N, H, hd));
+        } else {
+            kg_node *qkv = kg_reshape(g, kb_linear(b, h, KM_T_ATTN_QKV, il, 3 * D, qkv_bias), KG_SHAPE(N, 3, H, hd));
+            for (int j = 0; j < 3; j++)
+                part[j] = kg_reshape(g, kg_slice(g, qkv, (int64_t[]){0, j, 0, 0}, (int64_t[]){N, j + 1, H, hd}, NULL), KG_SHAPE(N, H, hd));
+        }
         kg_node *a = kvis_attend_rows(b, part[0], part[1], part[2], cos, sin, q25 && !m->full_attn[il] ? mask : NULL);
-        x = kg_add(g, x, kb_linear(b, a, KM_T_ATTN_O, il, D, true));
+        x = kg_add(g, x, kb_linear(b, a, KM_T_ATTN_O, il, D, !glm));
         x = kg_add(g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, nk), il, &ffn));
         for (int k = 0; q3 && k < m->n_deepstack; k++)
             if (m->deepstack[k] == il)
                 deeps[nd++] = qwen_merger(b, m, x, KM_T_ATTN_POST_NORM, k, true);
     }
     if (!x) return NULL;
+    if (glm)
+        return glm_merger(b, m, kg_rms_norm(g, x, kvis_tensor_as(b, m->tower, "post_layernorm.weight", 1, (int64_t[]){D}, KG_SHAPE(D)),
+                                            (float)m->vhp.norm_eps, 0));
     x = qwen_merger(b, m, x, KM_T_OUTPUT_NORM, -1, false);
     if (q25 && x) x = kg_take_rows(g, x, kg_const(g, KG_I32, KG_SHAPE(U), inverse));
     if (deep && nd > 0) *deep = nd == 1 ? deeps[0] : kg_concat(g, deeps, nd, 1);
@@ -316,7 +416,7 @@ static kiln_status flatten_patches(const kvis_model *m, kvis_pixels *out) {
     return NULL;
 }
 
-static kiln_status image_tokens(const kvis_model *m, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n) {
+static kiln_status image_tokens(const kvis_model *m, const kvis_pixels *px, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n) {
     int32_t pre = m->vision_start, post = m->vision_end;
     return kvis_block(m, &pre, 1, gh * gw / (m->scale_factor * m->scale_factor), &post, 1, ids, cap, n);
 }
@@ -330,3 +430,6 @@ static kiln_status image_tokens(const kvis_model *m, int64_t gh, int64_t gw, int
 QWEN_VL(qwen2_vl, "qwen2_vl", "2x2 merger (LayerNorm + GELU MLP)", 2)
 QWEN_VL(qwen2_5_vl, "qwen2_5_vl", "window attention, 2x2 merger (RMSNorm + GELU MLP)", 25)
 QWEN_VL(qwen3_vl, "qwen3_vl", "interpolated positions, 2x2 merger + deepstack mergers", 3)
+QWEN_VL(glm4v, "glm4v", "resampled positions, Conv2d downsample + gated merger", 4)
+/* Qwen2.5-Omni's thinker (model_type qwen2_5_omni_thinker): Qwen2.5-VL's encoder with q, k, v apart; its audio tower is not used */
+QWEN_VL(qwen2_5_omni, "qwen2_5_omni_thinker", "window attention, 2x2 merger (RMSNorm + GELU MLP)", 25)

@@ -8,6 +8,8 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "base/json.h"
+
 #include "vision/vision_int.h"
 
 
@@ -30,6 +32,28 @@ kg_node *kvis_linear_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *
     kg_node *y = kb_linear_module(b, x, name, rows);
     if (bias && y) y = kg_add(b->g, y, kvis_tensor_as(b, name, ".bias", 1, (int64_t[]){rows}, KG_SHAPE(rows)));
     return y;
+}
+
+/* (vision_int.h) */
+int64_t kvis_module_rows(kb_ctx *b, const char *prefix, const char *module, int64_t cols) {
+    char name[300];
+    snprintf(name, sizeof name, "%s%s.weight", prefix, module);
+    const kc_tensor *t;
+    kiln_status st = kc_get_tensor(b->ck, name, 2, (int64_t[]){-1, cols}, &t);
+    if (st) {
+        kb_fail(b, st);
+        return -1;
+    }
+    return t->shape[0];
+}
+
+/* (vision_int.h) */
+kg_node *kvis_layer_norm_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *module, float eps) {
+    int64_t D = x ? x->shape.d[x->shape.rank - 1] : 0;
+    char w[200], bias[200];
+    snprintf(w, sizeof w, "%s.weight", module), snprintf(bias, sizeof bias, "%s.bias", module);
+    return kg_layer_norm(b->g, x, kvis_tensor_as(b, prefix, w, 1, (int64_t[]){D}, KG_SHAPE(D)),
+                         kvis_tensor_as(b, prefix, bias, 1, (int64_t[]){D}, KG_SHAPE(D)), eps);
 }
 
 /* pixels [C, H, W] -> patches [gh * gw, C * P * P] (row-major over the grid, each patch C, y, x as the conv weight) */
@@ -61,13 +85,32 @@ kg_node *kvis_attend_rows(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, kg_node
 
 /* Bidirectional multi-head attention over all N rows of x [N, D] (one image);
  * with cos/sin [N, hd/2], q and k rotate (rotate-half) first. */
-static kg_node *self_attention(kb_ctx *b, kg_node *x, int il, bool bias, kg_node *cos, kg_node *sin) {
+static kg_node *self_attention(kb_ctx *b, kg_node *x, int il, bool qkv_bias, bool o_bias, kg_node *cos, kg_node *sin) {
     kg_graph *g = b->g;
     int64_t N = x->shape.d[0], D = b->hp->hidden, H = b->hp->n_heads, hd = b->hp->head_dim;
-    kg_node *q = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_Q, il, H * hd, bias), KG_SHAPE(N, H, hd));
-    kg_node *k = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_K, il, H * hd, bias), KG_SHAPE(N, H, hd));
-    kg_node *v = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_V, il, H * hd, bias), KG_SHAPE(N, H, hd));
-    return kb_linear(b, kvis_attend_rows(b, q, k, v, cos, sin, NULL), KM_T_ATTN_O, il, D, bias);
+    kg_node *q = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_Q, il, H * hd, qkv_bias), KG_SHAPE(N, H, hd));
+    kg_node *k = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_K, il, H * hd, qkv_bias), KG_SHAPE(N, H, hd));
+    kg_node *v = kg_reshape(g, kb_linear(b, x, KM_T_ATTN_V, il, H * hd, qkv_bias), KG_SHAPE(N, H, hd));
+    return kb_linear(b, kvis_attend_rows(b, q, k, v, cos, sin, NULL), KM_T_ATTN_O, il, D, o_bias);
+}
+
+/* m->run_layers pre-LayerNorm encoder layers on x [N, D]; with layer_scale
+ * (InternViT) each branch is scaled by the layer's "<tower>encoder.layer.<il>.lambda_1 / _2" [D]. */
+static kg_node *encoder_layers(kb_ctx *b, const kvis_model *m, kg_node *x, bool qkv_bias, bool layer_scale) {
+    kg_graph *g = b->g;
+    int64_t D = m->vhp.hidden;
+    kb_ffn_opts ffn = {.gated = false, .act = m->vhp.act, .bias = true};
+    for (int il = 0; il < m->run_layers && x; il++) {
+        kg_node *a = self_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_LAYER), il, qkv_bias, true, NULL, NULL);
+        char l1[64], l2[64];
+        snprintf(l1, sizeof l1, "encoder.layer.%d.lambda_1", il), snprintf(l2, sizeof l2, "encoder.layer.%d.lambda_2", il);
+        if (layer_scale) a = kg_mul(g, a, kvis_tensor_as(b, m->tower, l1, 1, (int64_t[]){D}, KG_SHAPE(D)));
+        x = kg_add(g, x, a);
+        kg_node *f = kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_LAYER), il, &ffn);
+        if (layer_scale) f = kg_mul(g, f, kvis_tensor_as(b, m->tower, l2, 1, (int64_t[]){D}, KG_SHAPE(D)));
+        x = kg_add(g, x, f);
+    }
+    return x;
 }
 
 /* Idefics3 / SmolVLM position ids of a gh x gw patch grid in a table of
@@ -116,13 +159,28 @@ kg_node *kvis_clip_tower(kb_ctx *b, const kvis_model *m, kg_node *px) {
     if (m->navit_pos) pos = kg_take_rows(g, pos, navit_positions(b, gh, gw, side));
     x = kg_add(g, x, pos);
     if (m->pre_norm) x = kb_norm(b, x, KM_T_TOK_EMBD_NORM, -1, KB_NORM_LAYER);
-    kb_ffn_opts ffn = {.gated = false, .act = m->vhp.act, .bias = true};
-    for (int il = 0; il < m->run_layers && x; il++) {
-        x = kg_add(g, x, self_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_LAYER), il, true, NULL, NULL));
-        x = kg_add(g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_LAYER), il, &ffn));
-    }
+    x = encoder_layers(b, m, x, true, false);
     if (m->post_norm) x = kb_norm(b, x, KM_T_OUTPUT_NORM, -1, KB_NORM_LAYER);
     return x;
+}
+
+/* InternViT on pixels [C, H, W]: patch projection (+ bias), the CLS token
+ * first, learned positions (the table must be the grid's: no
+ * interpolation), then pre-LayerNorm layers with layer scale; no final
+ * norm (use_mean_pooling). [N + 1, D]. */
+kg_node *kvis_internvit_tower(kb_ctx *b, const kvis_model *m, kg_node *px) {
+    kg_graph *g = b->g;
+    int64_t D = m->vhp.hidden, P = m->patch, C = px->shape.d[0];
+    int64_t N = (px->shape.d[1] / P) * (px->shape.d[2] / P);
+    kg_node *w = kvis_tensor_as(b, m->tower, "embeddings.patch_embeddings.projection.weight", 4, (int64_t[]){D, C, P, P}, KG_SHAPE(D, C * P * P));
+    if (!w) return NULL;
+    kg_dot_dims pd = {{0, {0}}, {0, {0}}, {1, {1}}, {1, {1}}};
+    kg_node *x = kg_dot_general(g, patchify(b, px, P), w, &pd);
+    x = kg_add(g, x, kvis_tensor_as(b, m->tower, "embeddings.patch_embeddings.projection.bias", 1, (int64_t[]){D}, KG_SHAPE(D)));
+    kg_node *cls = kvis_tensor_as(b, m->tower, "embeddings.cls_token", 3, (int64_t[]){1, 1, D}, KG_SHAPE(1, D));
+    x = kg_concat(g, (kg_node *[]){cls, x}, 2, 0);
+    x = kg_add(g, x, kvis_tensor_as(b, m->tower, "embeddings.position_embeddings", 3, (int64_t[]){1, N + 1, D}, KG_SHAPE(N + 1, D)));
+    return encoder_layers(b, m, x, m->attn_bias, true);
 }
 
 /* x [h*w, D] -> [h*w/s^2, D*s^2] as Idefics3 / SmolVLM's pixel_shuffle. */
@@ -180,7 +238,7 @@ kg_node *kvis_pixtral_tower(kb_ctx *b, const kvis_model *m, kg_node *px) {
     pixtral_rope(b, m, gh, gw, &cos, &sin);
     kb_ffn_opts ffn = {.gated = true, .act = m->vhp.act};
     for (int il = 0; il < m->run_layers && x; il++) {
-        x = kg_add(g, x, self_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS), il, false, cos, sin));
+        x = kg_add(g, x, self_attention(b, kb_norm(b, x, KM_T_ATTN_NORM, il, KB_NORM_RMS), il, false, false, cos, sin));
         x = kg_add(g, x, kb_ffn(b, kb_norm(b, x, KM_T_FFN_NORM, il, KB_NORM_RMS), il, &ffn));
     }
     return x;
@@ -196,3 +254,28 @@ kg_node *kvis_unfold_blocks(kb_ctx *b, kg_node *x, int64_t h, int64_t w, int64_t
     return kg_reshape(g, x, KG_SHAPE((h / s) * (w / s), D * s * s));
 }
 
+
+/* (vision_int.h) */
+kiln_status kvis_pixtral_config(kvis_model *m, const cJSON *vc) {
+    KILN_TRY(ku_json_num(vc, "rope_theta", 10000.0, &m->rope_theta));
+    KILN_TRY(ku_json_int(vc, "head_dim", m->vhp.head_dim, &m->vhp.head_dim));
+    m->post_norm = false;
+    kvis_set_name(m, KM_T_TOK_EMBD_NORM, "ln_pre");
+    kvis_set_name(m, KM_T_ATTN_NORM, "transformer.layers.%d.attention_norm");
+    kvis_set_name(m, KM_T_FFN_NORM, "transformer.layers.%d.ffn_norm");
+    kvis_set_name(m, KM_T_ATTN_Q, "transformer.layers.%d.attention.q_proj");
+    kvis_set_name(m, KM_T_ATTN_K, "transformer.layers.%d.attention.k_proj");
+    kvis_set_name(m, KM_T_ATTN_V, "transformer.layers.%d.attention.v_proj");
+    kvis_set_name(m, KM_T_ATTN_O, "transformer.layers.%d.attention.o_proj");
+    kvis_set_name(m, KM_T_FFN_GATE, "transformer.layers.%d.feed_forward.gate_proj");
+    kvis_set_name(m, KM_T_FFN_UP, "transformer.layers.%d.feed_forward.up_proj");
+    kvis_set_name(m, KM_T_FFN_DOWN, "transformer.layers.%d.feed_forward.down_proj");
+    return NULL;
+}
+
+/* (vision_int.h) */
+kg_node *kvis_mlp_projector(kb_ctx *b, const kvis_model *m, kg_node *x) {
+    int64_t E = m->text_hidden;
+    x = kb_act(b, kvis_linear_mod(b, x, m->proj, "linear_1", E, m->proj_bias), m->proj_act);
+    return kvis_linear_mod(b, x, m->proj, "linear_2", E, m->proj_bias);
+}

@@ -15,7 +15,7 @@
 
 /* One line per family; a new vision-language family is a file beside
  * llava.c defining kvis_family_<name>, plus its name here. */
-#define KVIS_FAMILIES(X) X(llava) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl)
+#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(internvl) X(aya_vision) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl) X(glm4v) X(qwen2_5_omni)
 
 #define DECLARE(f) extern const kvis_family kvis_family_##f;
 KVIS_FAMILIES(DECLARE)
@@ -23,10 +23,21 @@ KVIS_FAMILIES(DECLARE)
 static const kvis_family *const families[] = {KVIS_FAMILIES(LIST)};
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
-static const kvis_family *find_family(const char *model_type) {
-    for (size_t i = 0; i < N_FAMILIES; i++)
-        for (int j = 0; j < 3 && families[i]->model_types[j]; j++)
-            if (!strcmp(model_type, families[i]->model_types[j])) return families[i];
+static bool listed(const char *const *list, int n, const char *s) {
+    for (int j = 0; j < n && list[j]; j++)
+        if (!strcmp(s, list[j])) return true;
+    return false;
+}
+
+/* The first family listing model_type whose tower_types (when it has any)
+ * list tower_type (NULL: any tower); the table's order puts those told
+ * apart by their tower (pixtral) before the wrapper's default (llava). */
+static const kvis_family *find_family(const char *model_type, const char *tower_type) {
+    for (size_t i = 0; i < N_FAMILIES; i++) {
+        const kvis_family *f = families[i];
+        if (listed(f->model_types, 3, model_type) && (!f->tower_types[0] || (tower_type && listed(f->tower_types, 2, tower_type))))
+            return f;
+    }
     return NULL;
 }
 
@@ -34,7 +45,9 @@ static bool has(const kvis_model *m, unsigned flag) { return (m->family->flags &
 
 int32_t kvis_image_token(const kvis_model *m) { return m->image_token; }
 
-bool kvis_supported(const char *model_type) { return find_family(model_type) != NULL; }
+int32_t kvis_placeholder_token(const kvis_model *m) { return m->placeholder >= 0 ? m->placeholder : m->image_token; }
+
+bool kvis_supported(const char *model_type) { return find_family(model_type, NULL) != NULL; }
 
 /* prefix of the first tensor named "<prefix><suffix>", into out */
 bool kvis_find_prefix(const kc_checkpoint *ck, const char *suffix, char *out, size_t cap) {
@@ -63,9 +76,8 @@ kiln_status kvis_int_field(const cJSON *j, const char *key, int64_t def, int32_t
     return NULL;
 }
 
-/* The ids of added tokens by their text in tokenizer.json's "added_tokens"
- * (-1: absent); false when the folder has no tokenizer.json. */
-static bool added_token_ids(const kc_checkpoint *ck, const char *const *text, int n, int32_t *ids, kiln_status *err) {
+/* (vision_int.h) */
+bool kvis_token_ids(const kc_checkpoint *ck, const char *const *text, int n, int32_t *ids, kiln_status *err) {
     char path[4096];
     cJSON *j;
     *err = NULL;
@@ -80,6 +92,11 @@ static bool added_token_ids(const kc_checkpoint *ck, const char *const *text, in
         for (int i = 0; i < n; i++)
             if (!strcmp(c->valuestring, text[i])) ids[i] = (int32_t)id->valuedouble;
     }
+    const cJSON *v = ku_json_get(ku_json_get(j, "model"), "vocab");
+    for (int i = 0; cJSON_IsObject(v) && i < n; i++) {
+        const cJSON *id = ids[i] < 0 ? cJSON_GetObjectItemCaseSensitive(v, text[i]) : NULL;
+        if (cJSON_IsNumber(id)) ids[i] = (int32_t)id->valuedouble;
+    }
     cJSON_Delete(j);
     return true;
 }
@@ -88,7 +105,7 @@ static bool added_token_ids(const kc_checkpoint *ck, const char *const *text, in
 kiln_status kvis_marker_tokens(kvis_model *m, const char *const text[2], int32_t *a, int32_t *b) {
     int32_t ids[2];
     kiln_status st;
-    if (!added_token_ids(m->ck, text, 2, ids, &st)) {
+    if (!kvis_token_ids(m->ck, text, 2, ids, &st)) {
         ids[0] = m->image_token + 1, ids[1] = m->image_token + 2;
         m->markers_guessed = true;
     }
@@ -121,6 +138,28 @@ kiln_status kvis_block(const kvis_model *m, const int32_t *pre, int np, int64_t 
     return NULL;
 }
 
+/* (vision_int.h) */
+kiln_status kvis_break_rows(const kvis_model *m, const kvis_pixels *px, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n) {
+    int64_t s = m->scale_factor > 0 ? m->scale_factor : 1, r = gh / s, c = gw / s;
+    if (r * (c + 1) > cap) return kiln_error(KILN_ELIMIT, "image block of %lld tokens", (long long)(r * (c + 1)));
+    for (int64_t y = 0; y < r; y++) {
+        for (int64_t x = 0; x < c; x++) ids[(*n)++] = m->image_token;
+        ids[(*n)++] = y == r - 1 ? m->img_end : m->img_break;
+    }
+    return NULL;
+}
+
+/* An int field, or the first of a [h, w] list (InternViT's patch_size, image_size). */
+static kiln_status int_or_first(const cJSON *j, const char *key, int64_t def, int64_t *out) {
+    const cJSON *a = ku_json_get(j, key);
+    if (!cJSON_IsArray(a)) return ku_json_int(j, key, def, out);
+    const cJSON *h = cJSON_GetArrayItem(a, 0), *w = cJSON_GetArrayItem(a, 1);
+    if (cJSON_GetArraySize(a) != 2 || !cJSON_IsNumber(h) || !cJSON_IsNumber(w) || h->valuedouble != w->valuedouble)
+        return kiln_error(KILN_EUNSUPPORTED, "config.json: vision_config.%s must be one number or a square [h, w]", key);
+    *out = (int64_t)h->valuedouble;
+    return NULL;
+}
+
 /* The vision_config fields of CLIP / SigLIP / Pixtral towers, the module prefixes. */
 static kiln_status load_tower(kvis_model *m, const cJSON *vc, km_hparams *hp) {
     const kvis_family *f = m->family;
@@ -131,8 +170,8 @@ static kiln_status load_tower(kvis_model *m, const cJSON *vc, km_hparams *hp) {
     KILN_TRY(ku_json_int(vc, "num_attention_heads", 12, &v->n_heads));
     KILN_TRY(ku_json_int(vc, "intermediate_size", 3072, &v->ffn));
     KILN_TRY(ku_json_int(vc, "num_hidden_layers", 12, &nl));
-    KILN_TRY(ku_json_int(vc, "patch_size", 14, &m->patch));
-    KILN_TRY(ku_json_int(vc, "image_size", 224, &m->image_size));
+    KILN_TRY(int_or_first(vc, "patch_size", 14, &m->patch));
+    KILN_TRY(int_or_first(vc, "image_size", 224, &m->image_size));
     KILN_TRY(ku_json_num(vc, "layer_norm_eps", f->eps_default, &v->norm_eps));
     KILN_TRY(ku_json_str(vc, "hidden_act", f->act_default, &act));
     KILN_TRY(km_parse_act(act, &v->act));
@@ -147,7 +186,7 @@ static kiln_status load_tower(kvis_model *m, const cJSON *vc, km_hparams *hp) {
     m->post_norm = true;
     m->boi_token = m->eoi_token = m->global_token = m->fake_token = -1;
     if (!kvis_find_prefix(m->ck, f->tower_key, m->tower, sizeof m->tower))
-        return kiln_error(KILN_ENOTFOUND, "no vision tower tensor \"*embeddings.patch_embedding.weight\"");
+        return kiln_error(KILN_ENOTFOUND, "no vision tower tensor \"*%s\"", f->tower_key);
     if (!kvis_find_prefix(m->ck, f->proj_key, m->proj, sizeof m->proj)) return kiln_error(KILN_ENOTFOUND, "no multi-modal projector tensors");
     return NULL;
 }
@@ -162,10 +201,11 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
     kvis_model *m = calloc(1, sizeof *m);
     if (!m) return kiln_error(KILN_ENOMEM, "out of memory");
     m->ck = ck;
+    m->placeholder = -1;
     snprintf(m->model_type, sizeof m->model_type, "%s", mt);
     snprintf(m->tower_type, sizeof m->tower_type, "%s", vt);
     kiln_status st = NULL;
-    m->family = find_family(mt);
+    m->family = find_family(mt, vt);
     if (!m->family) {
         char list[512];
         size_t len = 0;
@@ -205,7 +245,7 @@ const char *kvis_describe(const kvis_model *m, char *buf, size_t cap) {
     snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, %s; %s; image token %d%s",
              m->model_type, m->tower_type, (long long)m->vhp.n_layers, m->run_layers, (long long)m->vhp.hidden,
              (long long)m->vhp.n_heads, (long long)m->patch, size, m->family->projector, m->image_token,
-             m->markers_guessed ? " (no tokenizer.json: marker ids taken as image token + 1 / + 2)" : "");
+             m->markers_guessed ? " (no tokenizer.json: marker ids taken in the oracle fixtures' layout, image token + 1 / + 2 and on)" : "");
     return buf;
 }
 
@@ -216,10 +256,12 @@ kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_thread
     *features = NULL;
     if (deepstack) *deepstack = NULL;
     *n_tokens = 0;
-    int64_t unit = has(m, KVIS_F_PATCHES) ? m->patch * m->scale_factor : m->patch;
+    int64_t unit = has(m, KVIS_F_PATCHES) ? m->patch * m->scale_factor : m->patch, crops = px->n > 0 ? px->n : 1;
     if (px->c != 3 || px->h % unit || px->w % unit || px->h <= 0 || px->w <= 0)
         return kiln_error(KILN_EINVAL, "pixels [%lld, %lld, %lld] are not 3 channels of whole %lld-pixel patches", (long long)px->c,
                           (long long)px->h, (long long)px->w, (long long)unit);
+    if (crops > 1 && (has(m, KVIS_F_PATCHES) || kvis_deepstack_layers(m) > 0))
+        return kiln_error(KILN_EUNSUPPORTED, "%s: %lld crops of one image (its tower takes one)", m->model_type, (long long)crops);
     kb_ctx b = {.ck = m->ck, .hp = &m->vhp, .fam = &m->fam};
     b.g = kg_create();
     if (!b.g) return kiln_error(KILN_ENOMEM, "out of memory");
@@ -244,37 +286,69 @@ kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_thread
     }
     kg_add_output(b.g, out);
     if (L > 0) kg_add_output(b.g, deep);
-    int64_t n = out->shape.d[0], E = m->text_hidden;
+    int64_t n = out->shape.d[0], E = m->text_hidden, crop = px->c * px->h * px->w;
     kr_exec *ex;
     kp_options po = {0};
     KILN_TRY(kr_exec_create(b.g, &po, &ex));
     kr_pool *pool = kr_pool_create(n_threads);
-    float *f = malloc(sizeof(float) * (size_t)(n * E)), *d = L > 0 && deepstack ? malloc(sizeof(float) * (size_t)(n * L * E)) : NULL;
+    float *f = malloc(sizeof(float) * (size_t)(crops * n * E)), *d = L > 0 && deepstack ? malloc(sizeof(float) * (size_t)(n * L * E)) : NULL;
     if (!pool || !f || (L > 0 && deepstack && !d)) {
         kr_exec_destroy(ex);
         kr_pool_destroy(pool);
         free(f), free(d);
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
-    void *params[1] = {px->data};
-    kr_exec_run(ex, params, pool);
-    memcpy(f, kr_exec_output(ex, 0), sizeof(float) * (size_t)(n * E));
+    for (int64_t i = 0; i < crops; i++) { /* one compiled tower, run crop by crop */
+        void *params[1] = {px->data + i * crop};
+        kr_exec_run(ex, params, pool);
+        memcpy(f + i * n * E, kr_exec_output(ex, 0), sizeof(float) * (size_t)(n * E));
+    }
     if (d) memcpy(d, kr_exec_output(ex, 1), sizeof(float) * (size_t)(n * L * E));
     kr_exec_destroy(ex);
     kr_pool_destroy(pool);
+    int64_t total = crops * n;
+    if (m->family->pack) {
+        float *packed;
+        kiln_status pst = m->family->pack(m, px, f, n, &packed, &total);
+        free(f);
+        if (pst) {
+            free(d);
+            return kiln_status_wrap(pst, "%s", kc_dir(m->ck));
+        }
+        f = packed;
+    }
     *features = f;
     if (deepstack) *deepstack = d;
-    *n_tokens = n;
+    *n_tokens = total;
     return NULL;
 }
 
 kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kvis_pixels *out) {
     memset(out, 0, sizeof *out);
     if (!m->have_proc) return kiln_error(KILN_ENOTFOUND, "%s: no preprocessor_config.json", kc_dir(m->ck));
-    KILN_TRY(kimg_preprocess(&m->proc, im, &out->data, &out->h, &out->w));
     out->c = 3;
+    out->orig_h = im->h, out->orig_w = im->w;
+    if (has(m, KVIS_F_SPLIT)) {
+        KILN_TRY(kimg_preprocess_split(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
+        out->w = out->h;
+    } else if (has(m, KVIS_F_TILES)) {
+        KILN_TRY(kimg_preprocess_tiles(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
+        out->w = out->h;
+    } else if (has(m, KVIS_F_ANYRES)) {
+        KILN_TRY(kimg_preprocess_anyres(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
+        out->w = out->h;
+    } else {
+        KILN_TRY(kimg_preprocess(&m->proc, im, &out->data, &out->h, &out->w));
+    }
     return m->family->pixels ? m->family->pixels(m, out) : NULL;
 }
+kiln_status kvis_pixels_layout(const kvis_model *m, int64_t h, int64_t w, kvis_pixels *px) {
+    px->orig_h = h, px->orig_w = w;
+    if (!has(m, KVIS_F_ANYRES)) return NULL;
+    if (!m->have_proc) return kiln_error(KILN_ENOTFOUND, "%s: no preprocessor_config.json", kc_dir(m->ck));
+    return kimg_anyres_grid(&m->proc, h, w, &px->rows, &px->cols);
+}
+
 void kvis_pixels_free(kvis_pixels *p) {
     if (!p) return;
     free(p->data);
@@ -287,7 +361,7 @@ kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_
         return kiln_error(KILN_ENOTFOUND, "%s/tokenizer.json: no added token \"%s\" (the %s image block needs it)", kc_dir(m->ck),
                           m->missing_marker, m->model_type);
     int64_t gh = px->h / m->patch, gw = px->w / m->patch;
-    if (m->family->image_tokens) return m->family->image_tokens(m, gh, gw, ids, cap, n);
+    if (m->family->image_tokens) return m->family->image_tokens(m, px, gh, gw, ids, cap, n);
     return kvis_block(m, NULL, 0, gh * gw, NULL, 0, ids, cap, n);
 }
 
@@ -313,7 +387,8 @@ kiln_status kvis_expand_prompt(const kvis_model *m, const kvis_pixels *px, const
     if (!blk) return kiln_error(KILN_ENOMEM, "out of memory");
     kiln_status st = kvis_image_tokens(m, px, blk, cap, &k);
     int at = 0, skip = 0; /* the block goes at `at`, replacing `skip` ids */
-    for (at = 0; at < n && ids[at] != m->image_token; at++) {}
+    int32_t ph = kvis_placeholder_token(m);
+    for (at = 0; at < n && ids[at] != ph; at++) {}
     if (at < n) skip = 1;
     else at = !has(m, KVIS_F_IMAGE_FIRST) && n > 0 && ids[0] == bos ? 1 : 0;
     int32_t *b0 = blk;

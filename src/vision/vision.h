@@ -34,18 +34,34 @@ void kvis_free(kvis_model *m);
 const char *kvis_describe(const kvis_model *m, char *buf, size_t cap);
 /* The token id whose embeddings the features replace. */
 int32_t kvis_image_token(const kvis_model *m);
+/* The token id that marks an image in the prompt's text, which
+ * kvis_expand_prompt expands to the image's block: the image token, but
+ * for Aya Vision ("<image>", by tokenizer.json; the image token without one). */
+int32_t kvis_placeholder_token(const kvis_model *m);
 
 /* The tower's input for one image, as the processor writes pixel_values:
- * [3, h, w] f32 (CLIP / SigLIP / Pixtral towers); Qwen-VL: the processor's
+ * [n, 3, h, w] f32, n crops of one size (CLIP / SigLIP / Pixtral towers;
+ * n 0 or 1: the image itself; Idefics3 / SmolVLM's split image: rows x cols
+ * tiles in row-major order, then the global image); Qwen-VL: the processor's
  * flattened patches [(h/P) * (w/P), 3 * T * P * P] (T = temporal_patch_size)
  * of the h x w image, merged 2x2 blocks first (c, h, w describe the image). */
 typedef struct {
     float *data; /* malloc'ed */
     int64_t c, h, w;
+    int64_t n;          /* crops (0: 1) */
+    int64_t rows, cols; /* the tile grid of a split / tiled image (0: not split) */
+    int64_t orig_h, orig_w; /* the image's size before preprocessing (LLaVA-NeXT's unpadding) */
 } kvis_pixels;
 kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kvis_pixels *out);
 void kvis_pixels_free(kvis_pixels *p);
-/* Image features [*n_tokens, text hidden] (malloc'ed) for pixels; with
+/* The layout fields of px (orig_h, orig_w and, for tiling families, the
+ * tile grid) for an image of h x w, as kvis_pixels_from_image sets them:
+ * for pixels that come from elsewhere (the oracle's pixel_values.npy). */
+kiln_status kvis_pixels_layout(const kvis_model *m, int64_t h, int64_t w, kvis_pixels *px);
+/* Image features [*n_tokens, text hidden] (malloc'ed) for pixels (each
+ * crop through the tower in turn, the rows concatenated in crop order, then
+ * rearranged where the family packs them: LLaVA-NeXT's unpadded grid with
+ * image_newline rows); with
  * deepstack (may be NULL) the rows added to the first text layers' outputs
  * [*n_tokens, kvis_deepstack_layers * hidden] (malloc'ed; NULL when none),
  * ke_inputs.embd_add. */
@@ -69,7 +85,7 @@ kiln_status kvis_positions(const kvis_model *m, const kvis_pixels *px, int n_ima
 kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_t *ids, int cap, int *n);
 
 /* The prompt ids[n] with one image's placeholder block in place: the first
- * image token of ids is expanded to the block (kvis_image_tokens), or
+ * placeholder token (kvis_placeholder_token) of ids is expanded to the block (kvis_image_tokens), or
  * without one the block goes first (after a leading bos for every family
  * but PaliGemma, whose prompt starts with the image). *out (malloc'ed),
  * *n_out. */

@@ -1,7 +1,7 @@
 /* vision_int.h: what the vision families share (internal to src/vision).
  *
  * A vision-language family is one kvis_family descriptor in its own file
- * (llava.c, paligemma.c, gemma3.c, smolvlm.c, mistral3.c, qwen_vl.c) plus
+ * (llava.c, pixtral.c, paligemma.c, gemma3.c, smolvlm.c, mistral3.c, qwen_vl.c) plus
  * one line in KVIS_FAMILIES (vision.c). Its hooks say what differs: how
  * its config is read, the tower + projector graph, the image's block of
  * placeholder ids; its flags say how the text model takes the features.
@@ -17,6 +17,10 @@
 
 typedef struct kvis_family kvis_family;
 
+#define KVIS_MAX_TILES 8 /* rows and columns of a split image's tag table */
+#define KVIS_MAX_TAGS 64 /* Aya Vision: TILE_1 .. TILE_64 */
+#define KVIS_TAG_LEN 8   /* ids of one tag's text */
+
 struct kvis_model {
     const kc_checkpoint *ck;
     const kvis_family *family;
@@ -27,8 +31,13 @@ struct kvis_model {
     char name_store[KM_T_COUNT][200];
     char tower[128], proj[128]; /* module prefixes: "...vision_model.", "...multi_modal_projector." */
     int64_t patch, image_size, text_hidden;
+    int32_t placeholder;     /* kvis_placeholder_token (-1: the image token) */
     int32_t image_token, boi_token, eoi_token, global_token, fake_token;
     int32_t img_break, img_end; /* mistral3: [IMG_BREAK], [IMG_END] */
+    int32_t tile_tag[KVIS_MAX_TILES][KVIS_MAX_TILES]; /* Idefics3 / SmolVLM: <row_r_col_c> (r, c from 1) */
+    int32_t tags[KVIS_MAX_TAGS + 1][KVIS_TAG_LEN]; /* Aya Vision: [0] TILE_GLOBAL, [k] TILE_k, as tokenized text */
+    int tag_len[KVIS_MAX_TAGS + 1];
+    int32_t newline[2];         /* Idefics3 / SmolVLM: the ids of "\n" and "\n\n" (-1: two "\n") */
     bool markers_guessed;       /* no tokenizer.json: marker ids taken as image id + 1 / + 2 (the fixtures' layout) */
     char missing_marker[48];    /* a marker tokenizer.json lacks (an error once an image is expanded) */
     bool cls;                /* CLIP: a class token first (dropped from the features) */
@@ -42,6 +51,11 @@ struct kvis_model {
     double rope_theta;       /* pixtral, Qwen-VL */
     double proj_eps;         /* mistral3: the projector's RMSNorm */
     bool proj_bias;
+    bool attn_bias;          /* InternViT: attention_bias (q, k, v) */
+    bool split_qkv;          /* Qwen2.5-Omni: q, k, v projections apart (attn.q / .k / .v) */
+    bool feature_full;       /* LLaVA vision_feature_select_strategy "full": the class token's row stays */
+    const kc_tensor *image_newline; /* LLaVA-NeXT: [text hidden], after each row of tile features */
+    int64_t max_tiles;       /* LLaVA-OneVision anyres_max_N: features downscaled beyond N tiles' worth (0: never) */
     kimg_proc proc;
     bool have_proc;
     /* Qwen-VL */
@@ -59,10 +73,14 @@ enum {
     KVIS_F_IMAGE_SPAN = 1 << 4,   /* bidirectional within each run of image tokens (Gemma 3) */
     KVIS_F_IMAGE_FIRST = 1 << 5,  /* without an image token the block opens the prompt, before bos (PaliGemma) */
     KVIS_F_MARKED_PAD = 1 << 6,   /* a chat template writes the block's first and last ids around one image token (Qwen-VL) */
+    KVIS_F_SPLIT = 1 << 7,        /* the processor splits the image into crops (Idefics3 / SmolVLM: kimg_preprocess_split) */
+    KVIS_F_ANYRES = 1 << 8,       /* the processor tiles the image into a pinpoint (LLaVA-NeXT: kimg_preprocess_anyres) */
+    KVIS_F_TILES = 1 << 9,        /* GotOcr2's tiling: tiles of the closest aspect ratio, then a thumbnail (kimg_preprocess_tiles) */
 };
 
 struct kvis_family {
     const char *model_types[3]; /* config.json's top-level model_type; the first is the one error messages list */
+    const char *tower_types[2]; /* vision_config's model_type, when the family is told apart by it (NULL: any) */
     const char *projector;      /* kvis_describe's words */
     /* The CLIP / SigLIP / Pixtral vision_config fields (hidden_size,
      * num_attention_heads, ..., image_size) kvis_load reads before the
@@ -85,9 +103,13 @@ struct kvis_family {
      * KVIS_F_PATCHES) of a gh x gw patch grid: [tokens, text hidden];
      * *deep the deepstack rows (KVIS_F_DEEPSTACK). Errors through b. */
     kg_node *(*emit)(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, int64_t gw, kg_node **deep);
-    /* One image's placeholder block for a gh x gw patch grid into ids[cap],
-     * *n (NULL: an image token per patch, no markers). */
-    kiln_status (*image_tokens)(const kvis_model *m, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n);
+    /* The rows of all crops' features feat [crops * per_crop, text hidden]
+     * -> the image's rows *out [*n_out, text hidden] (malloc'ed), on the
+     * host (NULL: as they are). */
+    kiln_status (*pack)(const kvis_model *m, const kvis_pixels *px, const float *feat, int64_t per_crop, float **out, int64_t *n_out);
+    /* One image's placeholder block for px, a gh x gw patch grid per crop,
+     * into ids[cap], *n (NULL: an image token per patch, no markers). */
+    kiln_status (*image_tokens)(const kvis_model *m, const kvis_pixels *px, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n);
 };
 
 /* ---- config helpers (vision.c) */
@@ -96,6 +118,9 @@ bool kvis_find_prefix(const kc_checkpoint *ck, const char *suffix, char *out, si
 /* names[t] = "<tower prefix><fmt>" */
 void kvis_set_name(kvis_model *m, km_tensor t, const char *fmt);
 kiln_status kvis_int_field(const cJSON *j, const char *key, int64_t def, int32_t *out);
+/* The ids of tokens by their text in tokenizer.json's "added_tokens", else
+ * its model.vocab (-1: absent); false when the folder has no tokenizer.json. */
+bool kvis_token_ids(const kc_checkpoint *ck, const char *const *text, int n, int32_t *ids, kiln_status *err);
 /* The two marker ids around the image tokens by their text in tokenizer.json's
  * added tokens, as the processors look them up; without a tokenizer.json,
  * image id + 1 / + 2 (the oracle fixtures' layout), which kvis_describe reports. */
@@ -105,10 +130,30 @@ void kvis_clip_names(kvis_model *m);
 /* The block pre[np], k image tokens, post[nq] into ids[cap], *n. */
 kiln_status kvis_block(const kvis_model *m, const int32_t *pre, int np, int64_t k, const int32_t *post, int nq, int32_t *ids, int cap,
                        int *n);
+/* Pixtral's block (image_tokens hook): rows of (gh / s) x (gw / s) image
+ * tokens (s = scale_factor), each row ended by [IMG_BREAK], the last by [IMG_END]. */
+kiln_status kvis_break_rows(const kvis_model *m, const kvis_pixels *px, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n);
+
+/* LLaVA's config (llava.c): vision_feature_layer (def_layer when absent),
+ * the select strategy, the projector, the image token; the CLIP / SigLIP
+ * tower's class token and pre-norm by their tensors. */
+kiln_status kvis_llava_parse(kvis_model *m, const cJSON *root, int64_t def_layer);
+/* The feature rows of one gh x gw crop (the class token's kept with "full", the first dropped with "default"). */
+int64_t kvis_llava_rows(const kvis_model *m, int64_t gh, int64_t gw);
+/* LLaVA's tower + projector (emit hook). */
+kg_node *kvis_llava_emit(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, int64_t gw, kg_node **deep);
 
 /* ---- graph blocks (towers.c) */
+/* A Pixtral tower's vision_config fields (rope_theta, head_dim) and module names. */
+kiln_status kvis_pixtral_config(kvis_model *m, const cJSON *vc);
+/* LLaVA's projector: linear_1 (+ bias when m->proj_bias), m->proj_act, linear_2: x [N, D] -> [N, text hidden]. */
+kg_node *kvis_mlp_projector(kb_ctx *b, const kvis_model *m, kg_node *x);
 /* A float tensor "<prefix><name>" of the given shape, as f32 with the shape `as` (same numel). */
 kg_node *kvis_tensor_as(kb_ctx *b, const char *prefix, const char *name, int rank, const int64_t *shape, kg_shape as);
+/* The rows of "<prefix><module>.weight" [rows, cols] (-1: an error through b). */
+int64_t kvis_module_rows(kb_ctx *b, const char *prefix, const char *module, int64_t cols);
+/* LayerNorm of x [..., D] with "<prefix><module>.weight" / ".bias" [D]. */
+kg_node *kvis_layer_norm_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *module, float eps);
 /* x [..., in] through "<prefix><module>" (+ its bias). */
 kg_node *kvis_linear_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *module, int64_t rows, bool bias);
 /* Attention of q, k, v [N, H, hd] among all N rows (one image), rotated by
@@ -116,6 +161,8 @@ kg_node *kvis_linear_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *
 kg_node *kvis_attend_rows(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, kg_node *cos, kg_node *sin, kg_node *mask);
 /* CLIP / SigLIP encoder on pixels [C, H, W]: [N (+1 with CLS), D]. */
 kg_node *kvis_clip_tower(kb_ctx *b, const kvis_model *m, kg_node *px);
+/* InternViT (InternVL) on pixels [C, H, W]: [N + 1, D], the CLS row first. */
+kg_node *kvis_internvit_tower(kb_ctx *b, const kvis_model *m, kg_node *px);
 /* Pixtral on pixels [C, H, W]: [N, D]. */
 kg_node *kvis_pixtral_tower(kb_ctx *b, const kvis_model *m, kg_node *px);
 /* x [h*w, D] -> [h*w/s^2, D*s^2] as Idefics3 / SmolVLM's pixel_shuffle. */

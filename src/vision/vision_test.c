@@ -24,7 +24,7 @@ KT_TEST(vision_qwen_mrope_positions_follow_get_rope_index) {
     kvis_model *vm = ke_model_vision(m);
     KT_CHECK(vm && kvis_mrope(vm));
     /* patch 8, merge 2: 32x48 pixels -> 2x3 units, 48x16 -> 3x1 */
-    kvis_pixels px[2] = {{NULL, 3, 32, 48}, {NULL, 3, 48, 16}};
+    kvis_pixels px[2] = {{.c = 3, .h = 32, .w = 48}, {.c = 3, .h = 48, .w = 16}};
     const int32_t ids[] = {1, 2, 514, 512, 512, 512, 512, 512, 512, 515, 7, 514, 512, 512, 512, 515, 9};
     const int32_t want[][3] = {{0, 0, 0}, {1, 1, 1}, {2, 2, 2},                                  /* text */
                                {3, 3, 3}, {3, 3, 4}, {3, 3, 5}, {3, 4, 3}, {3, 4, 4}, {3, 4, 5}, /* image 1 */
@@ -51,7 +51,7 @@ KT_TEST(vision_qwen_prompt_expansion) {
     ke_model *m;
     KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/qwen2_vl"), &m));
     kvis_model *vm = ke_model_vision(m);
-    kvis_pixels px = {NULL, 3, 32, 32}; /* 2x2 units */
+    kvis_pixels px = {.c = 3, .h = 32, .w = 32}; /* 2x2 units */
     int32_t *out;
     int n;
     const int32_t a[] = {1, 514, 512, 515, 9};
@@ -106,7 +106,7 @@ KT_TEST(vision_marker_tokens_from_tokenizer_added_tokens) {
                            "{\"added_tokens\": [{\"id\": 7, \"content\": \"[IMG_END]\"}, {\"id\": 5, \"content\": \"[IMG_BREAK]\"}]}", dir,
                            sizeof dir);
     KT_CHECK_OK(ke_model_load(dir, &m));
-    kvis_pixels px = {NULL, 3, 32, 48}; /* 2 rows of 3 merged patches */
+    kvis_pixels px = {.c = 3, .h = 32, .w = 48}; /* 2 rows of 3 merged patches */
     KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n));
     const int32_t want[] = {512, 512, 512, 5, 512, 512, 512, 7};
     KT_CHECK(n == 8 && !memcmp(ids, want, sizeof want));
@@ -118,7 +118,7 @@ KT_TEST(vision_marker_tokens_from_tokenizer_added_tokens) {
     fixture_with_tokenizer("smolvlm", "{\"added_tokens\": [{\"id\": 3, \"content\": \"<global-img>\"}, {\"id\": 4, \"content\": \"<fake_token_around_image>\"}]}",
                            dir, sizeof dir);
     KT_CHECK_OK(ke_model_load(dir, &m));
-    kvis_pixels sp = {NULL, 3, 64, 64}; /* 64 patches, shuffled by 2: 16 tokens */
+    kvis_pixels sp = {.c = 3, .h = 64, .w = 64}; /* 64 patches, shuffled by 2: 16 tokens */
     KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &sp, ids, 64, &n));
     KT_CHECK(n == 19 && ids[0] == 4 && ids[1] == 3 && ids[2] == 512 && ids[17] == 512 && ids[18] == 4);
     ke_model_free(m);
@@ -136,6 +136,34 @@ KT_TEST(vision_marker_tokens_from_tokenizer_added_tokens) {
     KT_CHECK(n == 8 && ids[3] == 513 && ids[7] == 514);
     KT_CHECK(strstr(kvis_describe(ke_model_vision(m), buf, sizeof buf), "no tokenizer.json") != NULL);
     ke_model_free(m);
+}
+
+/* Idefics3's block for a 1x2 split image with a tokenizer: the tags and
+ * newlines by their text (added tokens, then the byte-level vocabulary's
+ * "\n" = "Ċ" and "\n\n" = "ĊĊ"): a row's "\n" and the one before the global
+ * image are one "ĊĊ" token, as the BPE merges the processor's text. */
+KT_TEST(vision_idefics3_split_block_tags_and_newlines) {
+    char dir[256];
+    ke_model *m;
+    int32_t ids[64];
+    int n;
+    fixture_with_tokenizer("idefics3",
+                           "{\"added_tokens\": [{\"id\": 3, \"content\": \"<global-img>\"}, {\"id\": 4, \"content\": \"<fake_token_around_image>\"},"
+                           " {\"id\": 20, \"content\": \"<row_1_col_1>\"}, {\"id\": 21, \"content\": \"<row_1_col_2>\"}],"
+                           " \"model\": {\"vocab\": {\"\u010a\": 30, \"\u010a\u010a\": 31}}}",
+                           dir, sizeof dir);
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    kvis_pixels px = {.c = 3, .h = 32, .w = 32, .n = 3, .rows = 1, .cols = 2}; /* 16 patches a crop, shuffled by 2: 4 tokens */
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n));
+    const int32_t want[] = {4, 20, 512, 512, 512, 512, 4, 21, 512, 512, 512, 512, 31, 4, 3, 512, 512, 512, 512, 4};
+    KT_CHECK(n == 20 && !memcmp(ids, want, sizeof want));
+    px.cols = 3; /* a tag the tokenizer lacks */
+    px.n = 4;
+    KT_CHECK_ERR(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n), "<row_1_col_3>");
+    px.n = 2; /* crops that do not fit the grid */
+    KT_CHECK_ERR(kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n), "2 crops");
+    ke_model_free(m);
+    remove_fixture_copy(dir);
 }
 
 /* Qwen2-VL's processor end to end on an image that needs resizing (23x29 ->
@@ -169,4 +197,64 @@ KT_TEST(vision_qwen_preprocess_resizes_like_the_processor) {
     free(rgb);
     ke_model_free(m);
     cJSON_Delete(j);
+}
+
+/* kiln generate --image on the raw prompt (the image placeholder once, as
+ * the processor's input text has it) expands the block itself and gives
+ * the oracle's greedy ids, for the families added with issue 12. */
+KT_TEST(vision_cli_generate_image_matches_the_oracle) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin) {
+        kt_skip("KILN_BIN is not set (make test sets it)");
+        return;
+    }
+    const char *names[] = {"idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char dir[4096], rel[128], cmd[16384], path[4200];
+        snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s", names[k]);
+        kt_path(dir, sizeof dir, rel);
+        /* GLM-4V's and Qwen2.5-Omni's templates write the begin / image / end markers, as their processors' input has them */
+        const char *ids = !strcmp(names[k], "glm4v")          ? "1,17,93,514,512,515,254,311,42,500,7,128"
+                          : !strcmp(names[k], "qwen2_5_omni") ? "1,17,93,516,512,517,254,311,42,500,7,128"
+                                                              : "1,17,93,512,254,311,42,500,7,128";
+        snprintf(cmd, sizeof cmd, "%s generate -m %s --image %s/image.png --temp 0 --ignore-eos -n 16 -t 1 --json --prompt-ids %s", bin,
+                 dir, dir, ids);
+        FILE *p = popen(cmd, "r");
+        KT_CHECK(p != NULL);
+        if (!p) continue;
+        static char out[1 << 16];
+        size_t len = fread(out, 1, sizeof out - 1, p);
+        out[len] = 0;
+        pclose(p);
+        cJSON *j = cJSON_Parse(out), *o;
+        snprintf(path, sizeof path, "%s/oracle.json", dir);
+        KT_CHECK_OK(ku_json_load(path, &o));
+        const cJSON *got = ku_json_get(j, "generated_ids"), *want = ku_json_get(o, "generated_ids");
+        KT_CHECKF(got && cJSON_GetArraySize(got) == 16, "%s: %s", names[k], out);
+        for (int i = 0; got && i < 16; i++)
+            KT_CHECKF(cJSON_GetArrayItem(got, i)->valueint == cJSON_GetArrayItem(want, i)->valueint, "%s: step %d", names[k], i);
+        cJSON_Delete(j), cJSON_Delete(o);
+    }
+}
+
+/* LLaVA-NeXT's block for a tall image: 64x48 fits the 64x64 pinpoint (2x2
+ * tiles, an 8x8 feature grid) with a column of padding features either
+ * side, so 8 rows of 6 + image_newline after the base image's 16: 72. */
+KT_TEST(vision_llava_next_unpads_columns) {
+    char dir[4096];
+    ke_model *m;
+    int32_t ids[128];
+    int n;
+    KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "tests/fixtures/vlm/llava_next"), &m));
+    kvis_pixels px = {.c = 3, .h = 32, .w = 32, .n = 5};
+    KT_CHECK_OK(kvis_pixels_layout(ke_model_vision(m), 64, 48, &px));
+    KT_CHECK(px.rows == 2 && px.cols == 2);
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 128, &n));
+    KT_CHECK_EQ(n, 16 + 8 * 7);
+    KT_CHECK_OK(kvis_pixels_layout(ke_model_vision(m), 48, 64, &px)); /* the fixture's: 6 rows of 8 */
+    KT_CHECK_OK(kvis_image_tokens(ke_model_vision(m), &px, ids, 128, &n));
+    KT_CHECK_EQ(n, 16 + 6 * 9);
+    px.n = 3; /* crops that are not the grid's */
+    KT_CHECK_ERR(kvis_image_tokens(ke_model_vision(m), &px, ids, 128, &n), "3 crops");
+    ke_model_free(m);
 }
