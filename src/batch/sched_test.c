@@ -146,7 +146,7 @@ static bool run_jobs(const ke_model *m, setup *su, job *jobs, int n, ksch_stats 
     bool ok = !st;
     for (int i = 0; ok && i < n; i++) {
         uint64_t after = jobs[i].after ? jobs[jobs[i].after - 1].id : 0;
-        st = ksch_submit(s, &(ksch_request){jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, after, on_event, &jobs[i].got, jobs[i].x},
+        st = ksch_submit(s, &(ksch_request){jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, after, on_event, &jobs[i].got, jobs[i].x, false},
                          &jobs[i].id);
         ok = !st;
     }
@@ -394,15 +394,15 @@ KT_TEST(sched_cancel_queue_limit_and_end_at_start) {
     gp.ignore_eos = true;
     gp.n_predict = 40;
     canceller k[3] = {{.s = s, .after_tokens = 5}, {.s = s, .after_tokens = -1}, {.s = s, .after_tokens = -1}};
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 10, &gp, 0, on_event_cancel, &k[0], NULL}, &k[0].cancel_id));
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[1], NULL}, &k[1].cancel_id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 10, &gp, 0, on_event_cancel, &k[0], NULL, false}, &k[0].cancel_id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[1], NULL, false}, &k[1].cancel_id));
     gp.n_predict = 0; /* ends before its first token: finish "length" */
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2], NULL}, &k[2].cancel_id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2], NULL, false}, &k[2].cancel_id));
     uint64_t id;
-    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2], NULL}, &id), "queue is full");
-    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 0, &gp, 0, on_event_cancel, &k[2], NULL}, &id), "empty");
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2], NULL, false}, &id), "queue is full");
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 0, &gp, 0, on_event_cancel, &k[2], NULL, false}, &id), "empty");
     prompt[3] = 100000;
-    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 5, &gp, 0, on_event_cancel, &k[2], NULL}, &id), "out of range");
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 5, &gp, 0, on_event_cancel, &k[2], NULL, false}, &id), "out of range");
     prompt[3] = 5;
     gp.n_predict = 40;
     ksch_step(s);
@@ -424,7 +424,7 @@ KT_TEST(sched_cancel_queue_limit_and_end_at_start) {
     KT_CHECK_EQ(st.running + st.waiting, 0);
     /* a request still queued when the scheduler goes away ends cancelled */
     canceller late = {.s = s, .after_tokens = -1};
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 8, &gp, 0, on_event_cancel, &late, NULL}, &id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 8, &gp, 0, on_event_cancel, &late, NULL, false}, &id));
     ksch_destroy(s);
     KT_CHECK(late.r.ended && late.r.cancelled);
     kgen_params_free(&gp);

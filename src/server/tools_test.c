@@ -1,0 +1,344 @@
+/* tools_test.c: function calling and reasoning in /v1/chat/completions.
+ *
+ * The output side with model outputs written by hand (a random-weight model
+ * does not write tool calls; constrained generation will, once the grammar
+ * engine lands): a job's events turned into OpenAI's SSE chunks and into
+ * the non-streamed message, for real templates (Qwen2.5 Hermes, Qwen3 with
+ * thinking, gpt-oss Harmony, Mistral Small 3.2), the chunks reassembled as
+ * the openai client does and equal to the message. The request side end
+ * to end over loopback: tools rendered through the template, a whole tool
+ * round trip (call, tool result) accepted, and the errors. */
+#include <curl/curl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/file.h"
+#include "base/json.h"
+#include "kt.h"
+#include "server/server.h"
+#include "server/server_int.h"
+
+static const char *k_tools_json =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather of a city\", "
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"a city\"}}, "
+    "\"required\": [\"city\"]}}}]";
+
+static char *template_text(const char *name) {
+    char rel[256], path[PATH_MAX];
+    snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", name);
+    char *t = NULL;
+    kiln_status st = ku_read_file(kt_path(path, sizeof path, rel), &t, NULL);
+    kiln_status_free(st);
+    return t;
+}
+
+/* ---------------------------------------------------------------- the output side */
+
+typedef struct {
+    char content[2048], reasoning[2048], name[4][64], args[4][1024], id[4][16], finish[16];
+    int n_calls, n_chunks;
+    bool bad; /* a chunk that does not parse, or a call delta out of order */
+} assembled;
+
+/* Reassembles the SSE chunks as the openai client's ChatCompletionStream does. */
+static void assemble(const char *sse, assembled *a) {
+    memset(a, 0, sizeof *a);
+    for (const char *p = sse; (p = strstr(p, "data: "));) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        if (!e || !strncmp(p, "[DONE]", 6)) break;
+        cJSON *j = cJSON_ParseWithLength(p, (size_t)(e - p));
+        p = e;
+        if (!j) {
+            a->bad = true;
+            continue;
+        }
+        a->n_chunks++;
+        const cJSON *ch = cJSON_GetArrayItem(ku_json_get(j, "choices"), 0), *d = ku_json_get(ch, "delta");
+        const cJSON *c = ku_json_get(d, "content"), *r = ku_json_get(d, "reasoning_content"), *f = ku_json_get(ch, "finish_reason");
+        if (cJSON_IsString(c)) strncat(a->content, c->valuestring, sizeof a->content - strlen(a->content) - 1);
+        if (cJSON_IsString(r)) strncat(a->reasoning, r->valuestring, sizeof a->reasoning - strlen(a->reasoning) - 1);
+        if (cJSON_IsString(f)) snprintf(a->finish, sizeof a->finish, "%s", f->valuestring);
+        const cJSON *tc;
+        cJSON_ArrayForEach(tc, ku_json_get(d, "tool_calls")) {
+            int i = (int)ku_json_get(tc, "index")->valuedouble;
+            const cJSON *id = ku_json_get(tc, "id"), *fn = ku_json_get(tc, "function");
+            const cJSON *nm = ku_json_get(fn, "name"), *ar = ku_json_get(fn, "arguments");
+            if (id) { /* a new call: id, type, name first */
+                if (i != a->n_calls || i >= 4 || !cJSON_IsString(nm)) {
+                    a->bad = true;
+                    continue;
+                }
+                snprintf(a->id[i], sizeof a->id[i], "%s", id->valuestring);
+                snprintf(a->name[i], sizeof a->name[i], "%s", nm->valuestring);
+                a->n_calls++;
+            } else if (i >= a->n_calls || nm) {
+                a->bad = true;
+                continue;
+            }
+            if (cJSON_IsString(ar)) strncat(a->args[i], ar->valuestring, sizeof a->args[i] - strlen(a->args[i]) - 1);
+        }
+        cJSON_Delete(j);
+    }
+}
+
+typedef struct {
+    const char *tmpl;
+    const char *extra; /* more request fields */
+    const char *pieces[12]; /* the model's output, as the scheduler's text events */
+    const char *content, *reasoning;
+    const char *name, *args; /* the one call, or NULL */
+} out_case;
+
+static const out_case k_out[] = {
+    {"Qwen-Qwen2.5-7B-Instruct", "",
+     {"Let me look.", "\n<tool", "_call>\n{\"name\": \"get_", "weather\", \"arguments\": {\"ci", "ty\": \"Par", "is\"}}\n</tool_call>"},
+     "Let me look.", "", "get_weather", "{\"city\": \"Paris\"}"},
+    {"Qwen-Qwen3-0.6B", "",
+     {"<thi", "nk>\nThe user asks.", "\n</think>\n\n", "<tool_call>\n{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": \"Oslo\"}}", "\n</tool_call>"},
+     "", "The user asks.", "get_weather", "{\"city\": \"Oslo\"}"},
+    {"Qwen-Qwen3-0.6B", ", \"reasoning_format\": \"none\"", {"<think>\nhm\n</think>\n\nHello"}, "<think>\nhm\n</think>\n\nHello", "",
+     NULL, NULL},
+    {"Qwen-Qwen3-0.6B", ", \"tool_choice\": \"none\"", {"<think>x</think>Plain <tool_call>"}, "Plain <tool_call>", "x", NULL, NULL},
+    {"openai-gpt-oss-120b", ", \"reasoning_effort\": \"low\"",
+     {"<|channel|>analysis<|message|>Need weather.", "<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather ",
+      "<|constrain|>json<|message|>{\"city\":", " \"Rome\"}"},
+     "", "Need weather.", "get_weather", "{\"city\": \"Rome\"}"},
+    {"Mistral-Small-3.2-24B-Instruct-2506", "", {"[TOOL_CALLS]get_", "weather[ARGS]{\"city\": ", "\"Lima\"}"}, "", "", "get_weather",
+     "{\"city\": \"Lima\"}"},
+};
+
+static ksrv *fake_server(const char *tmpl_src) {
+    ksrv *s = calloc(1, sizeof *s);
+    s->model_id = strdup("m");
+    kiln_status st = kchat_parse(tmpl_src, &s->tmpl);
+    kiln_status_free(st);
+    return s;
+}
+
+static void free_fake(ksrv *s) {
+    kchat_free(s->tmpl);
+    free(s->model_id);
+    free(s);
+}
+
+/* A job of one choice with the request's tools; *err: the parse error. */
+static ksrv_job *fake_job(ksrv *s, const char *extra, kiln_status *err) {
+    char body[2048];
+    snprintf(body, sizeof body, "{\"messages\": [], \"tools\": %s%s}", k_tools_json, extra);
+    cJSON *b = cJSON_Parse(body);
+    ksrv_job *j = calloc(1, sizeof *j);
+    j->srv = s;
+    j->chat = j->stream = true;
+    j->n_choices = 1;
+    j->ch = calloc(1, sizeof *j->ch);
+    snprintf(j->id, sizeof j->id, "chatcmpl-test");
+    const cJSON *tools;
+    cJSON *kw = NULL;
+    *err = ksrv_tools_parse(s, b, &j->tools, &tools, &kw);
+    cJSON_Delete(kw);
+    cJSON_Delete(b);
+    return j;
+}
+
+static void free_job(ksrv_job *j) {
+    ksrv_tools_free(j->tools);
+    ksrv_buf_free(&j->out);
+    free(j->ch);
+    free(j);
+}
+
+KT_TEST(server_tools_output_streamed_and_not) {
+    for (size_t c = 0; c < sizeof k_out / sizeof k_out[0]; c++) {
+        const out_case *oc = &k_out[c];
+        char *src = template_text(oc->tmpl);
+        KT_CHECKF(src, "%s: no template", oc->tmpl);
+        ksrv *s = fake_server(src);
+        free(src);
+        kiln_status st;
+        ksrv_job *j = fake_job(s, oc->extra, &st);
+        KT_CHECKF(!st && j->tools, "case %zu: %s", c, kiln_status_msg(st));
+        ksrv_tools_set_prompt(j->tools, "<|im_start|>assistant\n");
+        /* streamed: the events, the last one with the finish reason */
+        ksrv_buf all = {0};
+        int n = 0;
+        while (n < 12 && oc->pieces[n]) n++;
+        for (int k = 0; k < n; k++) {
+            ksrv_ev ev = {.choice = 0, .text = (char *)oc->pieces[k], .len = strlen(oc->pieces[k]),
+                          .finish = k == n - 1 ? KGEN_FINISH_EOS : KGEN_CONTINUE};
+            ksrv_tools_stream_event(j, &ev, k == n - 1 ? "stop" : NULL);
+            ksrv_buf_str(&all, oc->pieces[k]);
+        }
+        KT_CHECK(!j->out.oom);
+        assembled a;
+        assemble(j->out.p ? j->out.p : "", &a);
+        KT_CHECKF(!a.bad, "case %zu: malformed chunks:\n%s", c, j->out.p);
+        KT_CHECKF(!strcmp(a.content, oc->content), "case %zu: streamed content [%s]", c, a.content);
+        KT_CHECKF(!strcmp(a.reasoning, oc->reasoning), "case %zu: streamed reasoning [%s]", c, a.reasoning);
+        KT_CHECKF(a.n_calls == (oc->name ? 1 : 0), "case %zu: %d calls:\n%s", c, a.n_calls, j->out.p);
+        KT_CHECKF(!strcmp(a.finish, oc->name ? "tool_calls" : "stop"), "case %zu: finish %s", c, a.finish);
+        if (oc->name) {
+            cJSON *x = cJSON_Parse(a.args[0]), *y = cJSON_Parse(oc->args);
+            bool eq = x && cJSON_Compare(x, y, true);
+            cJSON_Delete(x), cJSON_Delete(y);
+            KT_CHECKF(!strcmp(a.name[0], oc->name) && eq && strlen(a.id[0]) == 9, "case %zu: %s %s(%s)", c, a.id[0], a.name[0],
+                      a.args[0]);
+        }
+        /* not streamed: the same message */
+        j->ch[0].finish = KGEN_FINISH_EOS;
+        ksrv_buf b = {0};
+        ksrv_buf_str(&b, "{");
+        const char *fin = "stop";
+        ksrv_tools_message(j, 0, all.p, all.len, &b, &fin);
+        ksrv_buf_str(&b, "}");
+        cJSON *m = cJSON_Parse(b.p);
+        KT_CHECKF(m, "case %zu: %s", c, b.p);
+        const cJSON *msg = ku_json_get(m, "message"), *tc = cJSON_GetArrayItem(ku_json_get(msg, "tool_calls"), 0);
+        const cJSON *content = ku_json_get(msg, "content"), *rc = ku_json_get(msg, "reasoning_content");
+        KT_CHECKF(!strcmp(content ? content->valuestring : "", a.content), "case %zu: content %s", c, b.p);
+        KT_CHECKF(!strcmp(rc ? rc->valuestring : "", a.reasoning), "case %zu: reasoning %s", c, b.p);
+        KT_CHECKF(oc->name ? tc && !strcmp(ku_json_get(ku_json_get(tc, "function"), "arguments")->valuestring, a.args[0]) &&
+                                 !strcmp(ku_json_get(tc, "id")->valuestring, a.id[0]) && !strcmp(fin, "tool_calls")
+                           : !tc && !strcmp(fin, "stop"),
+                  "case %zu: %s", c, b.p);
+        KT_CHECKF(!oc->name || *oc->content || !content, "case %zu: content should be null beside a call: %s", c, b.p);
+        cJSON_Delete(m);
+        ksrv_buf_free(&b), ksrv_buf_free(&all);
+        free_job(j);
+        free_fake(s);
+    }
+}
+
+KT_TEST(server_tools_request_errors) {
+    static const struct {
+        const char *tmpl, *extra, *want;
+    } k_err[] = {
+        {"llama3", "", "no format kiln knows"}, /* a template without tool calls */
+        {"Qwen-Qwen2.5-7B-Instruct", ", \"tool_choice\": \"sometimes\"", "\"tool_choice\": \"sometimes\""},
+        {"Qwen-Qwen2.5-7B-Instruct", ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"nope\"}}",
+         "\"nope\" is not in \"tools\""},
+        {"Qwen-Qwen2.5-7B-Instruct", ", \"reasoning_format\": \"loud\"", "\"reasoning_format\""},
+        {"Qwen-Qwen2.5-7B-Instruct", ", \"parallel_tool_calls\": 3", "parallel_tool_calls"},
+    };
+    for (size_t c = 0; c < sizeof k_err / sizeof k_err[0]; c++) {
+        char *src = template_text(k_err[c].tmpl);
+        KT_CHECKF(src, "%s: no template", k_err[c].tmpl);
+        ksrv *s = fake_server(src);
+        free(src);
+        kiln_status st;
+        ksrv_job *j = fake_job(s, k_err[c].extra, &st);
+        KT_CHECKF(st && strstr(kiln_status_msg(st), k_err[c].want), "case %zu: %s", c, kiln_status_msg(st));
+        kiln_status_free(st);
+        free_job(j);
+        free_fake(s);
+    }
+    /* bad tools and messages */
+    cJSON *b = cJSON_Parse("{\"tools\": [{\"type\": \"function\", \"function\": {}}]}");
+    ksrv *s = fake_server("{{ messages }}");
+    ksrv_tools *t = NULL;
+    const cJSON *tt;
+    cJSON *kw = NULL;
+    kiln_status st = ksrv_tools_parse(s, b, &t, &tt, &kw);
+    KT_CHECKF(st && strstr(kiln_status_msg(st), "\"tools\"[0].function.name"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    cJSON_Delete(b);
+    free_fake(s);
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"arguments\": \"{}\"}}]}]");
+    st = ksrv_tools_fix_messages(msgs);
+    KT_CHECKF(st && strstr(kiln_status_msg(st), "tool_calls[0].function.name"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    cJSON_Delete(msgs);
+    /* arguments strings become objects, null content "", reasoning copied for gpt-oss */
+    msgs = cJSON_Parse("[{\"role\": \"assistant\", \"content\": null, \"reasoning_content\": \"r\", \"tool_calls\": [{\"function\": "
+                       "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}}]}]");
+    KT_CHECK_OK(ksrv_tools_fix_messages(msgs));
+    const cJSON *m0 = cJSON_GetArrayItem(msgs, 0);
+    const cJSON *args = ku_json_get(ku_json_get(cJSON_GetArrayItem(ku_json_get(m0, "tool_calls"), 0), "function"), "arguments");
+    KT_CHECK(cJSON_IsObject(args) && ku_json_get(args, "a")->valuedouble == 1);
+    KT_CHECK_STR(ku_json_get(m0, "content")->valuestring, "");
+    KT_CHECK_STR(ku_json_get(m0, "thinking")->valuestring, "r");
+    cJSON_Delete(msgs);
+}
+
+/* ---------------------------------------------------------------- end to end */
+
+static size_t sink(char *p, size_t sz, size_t n, void *ud) {
+    ksrv_buf_add(ud, p, sz * n);
+    return sz * n;
+}
+
+static long post(int port, const char *body, ksrv_buf *out) {
+    char url[96];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", port);
+    CURL *c = curl_easy_init();
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+    long status = -1;
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    ksrv_buf_add(out, "", 0);
+    return status;
+}
+
+static int prompt_tokens(const char *body) {
+    cJSON *j = cJSON_Parse(body);
+    const cJSON *u = ku_json_get(ku_json_get(j, "usage"), "prompt_tokens");
+    int n = u ? (int)u->valuedouble : -1;
+    cJSON_Delete(j);
+    return n;
+}
+
+/* The llama oracle fixture, the 512-id tokenizer, and Qwen2.5's template
+ * (chat_template.jinja comes before tokenizer_config.json's). */
+KT_TEST(server_tools_end_to_end) {
+    char dir[] = "/tmp/kiln-tools-XXXXXX", root[PATH_MAX], from[PATH_MAX * 2], to[PATH_MAX * 2];
+    KT_CHECK(mkdtemp(dir) && realpath(kt_root(), root));
+    static const char *files[][2] = {{"tests/fixtures/oracle/llama/config.json", "config.json"},
+                                     {"tests/fixtures/oracle/llama/model.safetensors", "model.safetensors"},
+                                     {"tests/data/server/tok512/tokenizer.json", "tokenizer.json"},
+                                     {"tests/data/server/tok512/tokenizer_config.json", "tokenizer_config.json"},
+                                     {"tests/data/chat/templates/Qwen-Qwen2.5-7B-Instruct.jinja", "chat_template.jinja"}};
+    for (int i = 0; i < 5; i++) {
+        snprintf(from, sizeof from, "%s/%s", root, files[i][0]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i][1]);
+        KT_CHECK(symlink(from, to) == 0);
+    }
+    ksrv_params p = {.model_dir = dir, .alias = "tiny", .parallel = 2, .ctx_size = 1024, .threads = 1, .quiet = true};
+    ksrv *s;
+    KT_CHECK_OK(ksrv_start(&p, &s));
+    KT_CHECK_OK(ksrv_wait_ready(s));
+    int port = ksrv_port(s);
+    char body[4096];
+    ksrv_buf r0 = {0}, r1 = {0}, r2 = {0}, r3 = {0};
+    long st0 = post(port, "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}], \"max_tokens\": 4}", &r0);
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}], \"tools\": %s, \"max_tokens\": 4}",
+             k_tools_json);
+    long st1 = post(port, body, &r1);
+    /* a whole round trip: the call (arguments as a string, content null) and its result */
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", \"content\": "
+             "null, \"tool_calls\": [{\"id\": \"abcdefghi\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+             "\"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"abcdefghi\", "
+             "\"content\": \"sunny\"}], \"tools\": %s, \"max_tokens\": 4, \"stream\": true}",
+             k_tools_json);
+    long st2 = post(port, body, &r2);
+    long st3 = post(port, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": 3}", &r3);
+    ksrv_stop(s);
+    for (int i = 0; i < 5; i++) {
+        snprintf(to, sizeof to, "%s/%s", dir, files[i][1]);
+        unlink(to);
+    }
+    rmdir(dir);
+    KT_CHECKF(st0 == 200 && st1 == 200, "%ld %s / %ld %s", st0, r0.p, st1, r1.p);
+    /* the tools are in the prompt */
+    KT_CHECKF(prompt_tokens(r1.p) > prompt_tokens(r0.p) + 20, "%s vs %s", r1.p, r0.p);
+    KT_CHECKF(st2 == 200 && strstr(r2.p, "data: [DONE]"), "%ld %s", st2, r2.p);
+    KT_CHECKF(st3 == 400 && strstr(r3.p, "expected a list of tools"), "%ld %s", st3, r3.p);
+    ksrv_buf_free(&r0), ksrv_buf_free(&r1), ksrv_buf_free(&r2), ksrv_buf_free(&r3);
+}
