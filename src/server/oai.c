@@ -494,6 +494,7 @@ void ksrv_job_free(ksrv_job *j) {
     free(j->n_prompt);
     ksrv_images_free(j->images);
     ksrv_tools_free(j->tools);
+    ksrv_agent_free(j->agent);
     free(j->ch);
     kgen_params_free(&j->gp);
     ksrv_buf_free(&j->out);
@@ -693,8 +694,30 @@ static void stream_chunk(ksrv_job *j, int i, const char *text, size_t len, const
     ksrv_buf_str(b, "}\n\n");
 }
 
+bool ksrv_job_take(ksrv_job *j, int *from, int *to) {
+    pthread_mutex_lock(&j->mu);
+    *from = j->ev_off, *to = j->n_ev;
+    bool all = j->n_ended == j->n_submitted;
+    j->ev_off = *to;
+    pthread_mutex_unlock(&j->mu);
+    return all;
+}
+
+ksrv_ev ksrv_job_ev(ksrv_job *j, int k) {
+    /* events below n_ev are not moved by the producer (it only appends,
+     * possibly reallocating: take the array under the lock per item) */
+    pthread_mutex_lock(&j->mu);
+    ksrv_ev ev = j->ev[k];
+    pthread_mutex_unlock(&j->mu);
+    return ev;
+}
+
 void ksrv_job_stream(ksrv_job *j) {
     if (j->done_sent) return;
+    if (j->agent) {
+        ksrv_agent_stream(j);
+        return;
+    }
     /* the first call: chat's role, or completions' echoed prompt */
     if (!j->started)
         for (int i = 0; i < j->n_choices; i++) {
@@ -709,17 +732,10 @@ void ksrv_job_stream(ksrv_job *j) {
             }
         }
     j->started = true;
-    pthread_mutex_lock(&j->mu);
-    int from = j->ev_off, to = j->n_ev;
-    bool all = j->n_ended == j->n_submitted;
-    j->ev_off = to;
-    pthread_mutex_unlock(&j->mu);
-    /* events below n_ev are not moved by the producer (it only appends,
-     * possibly reallocating: take the array under the lock per item) */
+    int from, to;
+    bool all = ksrv_job_take(j, &from, &to);
     for (int k = from; k < to; k++) {
-        pthread_mutex_lock(&j->mu);
-        ksrv_ev ev = j->ev[k];
-        pthread_mutex_unlock(&j->mu);
+        ksrv_ev ev = ksrv_job_ev(j, k);
         if (!ev.end) {
             const char *fin = ev.finish != KGEN_CONTINUE ? finish_str(ev.finish) : NULL;
             if (j->tools) {
@@ -750,6 +766,7 @@ void ksrv_job_stream(ksrv_job *j) {
 }
 
 int ksrv_job_response(ksrv_job *j, ksrv_buf *b) {
+    if (j->agent) return ksrv_agent_response(j, b);
     for (int k = 0; k < j->n_ev; k++)
         if (j->ev[k].end && j->ev[k].error) {
             ksrv_error_json(b, 500, "server_error", NULL, j->ev[k].error);

@@ -115,6 +115,7 @@ typedef struct {
 
 typedef struct ksrv_job ksrv_job;
 typedef struct ksrv_tools ksrv_tools;
+typedef struct ksrv_agent ksrv_agent;
 
 typedef struct {
     ksrv_job *job;
@@ -137,6 +138,7 @@ struct ksrv_job {
     char **prompt_str; /* the prompt as given when it was text (for echo), else NULL */
     ksrv_images *images; /* chat with images: the prompt's per-token inputs; NULL: none */
     ksrv_tools *tools;   /* chat whose output is parsed (tool calls, reasoning); NULL: plain text */
+    ksrv_agent *agent;   /* a /v1/responses or /v1/messages request (agent.c); NULL: OpenAI chat/completions */
     int n_choices;
     ksrv_choice *ch;
     kgen_params gp;
@@ -180,6 +182,10 @@ void ksrv_job_stream(ksrv_job *j);
  * Returns the HTTP status (200, or 500 when a choice failed). */
 int ksrv_job_response(ksrv_job *j, ksrv_buf *out);
 
+/* Streaming: takes the events not yet consumed, [*from, *to); returns
+ * whether every choice had ended. ksrv_job_ev: a copy of event k (< *to). */
+bool ksrv_job_take(ksrv_job *j, int *from, int *to);
+ksrv_ev ksrv_job_ev(ksrv_job *j, int k);
 /* "data: {id, object, created, model, "choices": [" of a streamed chunk. */
 void ksrv_chunk_head(ksrv_job *j, ksrv_buf *b);
 
@@ -202,6 +208,24 @@ void ksrv_tools_stream_event(ksrv_job *j, const ksrv_ev *ev, const char *fin);
 /* Not streaming: choice i's "message": {...} from its text, and its finish reason. */
 void ksrv_tools_message(ksrv_job *j, int i, const char *text, size_t len, ksrv_buf *b, const char **finish);
 void ksrv_tools_free(ksrv_tools *t);
+/* The output's syntax (NULL t: plain text). */
+ktc_syntax ksrv_tools_syntax(const ksrv_tools *t);
+/* Call k of choice i's id: 9 alphanumerics. */
+void ksrv_tools_call_id(const ksrv_tools *t, int i, int k, char out[10]);
+
+/* ---- the agent APIs: OpenAI Responses and Anthropic Messages (agent.c,
+ * responses.c, anthropic.c) ---- */
+typedef enum { KSRV_API_RESPONSES = 1, KSRV_API_ANTHROPIC } ksrv_api;
+/* A /v1/responses or /v1/messages body as a job (not yet submitted), by way
+ * of the equivalent chat body. count_only: /v1/messages/count_tokens. */
+kiln_status ksrv_agent_parse(ksrv *s, const cJSON *body, ksrv_api api, ksrv_job **out, ksrv_err *e);
+void ksrv_agent_stream(ksrv_job *j);
+int ksrv_agent_response(ksrv_job *j, ksrv_buf *b);
+void ksrv_agent_free(ksrv_agent *a);
+/* A request body as a chat completions body (*out: a new object). */
+kiln_status ksrv_agent_to_chat(ksrv_api api, const cJSON *body, cJSON **out);
+/* Anthropic's error object {"type": "error", "error": {type, message}}. */
+void ksrv_anthropic_error(ksrv_buf *b, int status, const char *msg);
 
 /* {"error": {...}} for a status. */
 void ksrv_error_json(ksrv_buf *b, int status, const char *type, const char *code, const char *msg);

@@ -188,10 +188,12 @@ bool ksrv_tools_keep_special(const ksrv_tools *t) { return t && ktc_needs_specia
 
 /* ---------------------------------------------------------------- output */
 
+ktc_syntax ksrv_tools_syntax(const ksrv_tools *t) { return t ? t->syn : (ktc_syntax){0}; }
+
 /* Call k of choice i: 9 alphanumerics (Mistral's templates refuse other ids). */
-static void call_id(const ksrv_tools *t, int i, int k, char out[10]) {
+void ksrv_tools_call_id(const ksrv_tools *t, int i, int k, char out[10]) {
     static const char a[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    uint64_t x = t->id_base + (uint64_t)i * 1000003u + (uint64_t)k * 7919u;
+    uint64_t x = (t ? t->id_base : 0) + (uint64_t)i * 1000003u + (uint64_t)k * 7919u;
     x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33;
     for (int c = 0; c < 9; c++) out[c] = a[x % 62], x /= 62;
     out[9] = 0;
@@ -226,7 +228,7 @@ void ksrv_tools_message(ksrv_job *j, int i, const char *text, size_t len, ksrv_b
         ksrv_buf_str(b, ", \"tool_calls\": [");
         for (int k = 0; k < nc; k++) {
             char id[10];
-            call_id(t, i, k, id);
+            ksrv_tools_call_id(t, i, k, id);
             ksrv_buf_printf(b, "%s{\"id\": \"%s\", \"type\": \"function\", \"function\": {\"name\": ", k ? ", " : "", id);
             ksrv_buf_json_str(b, m.calls[k].name, strlen(m.calls[k].name));
             ksrv_buf_str(b, ", \"arguments\": ");
@@ -270,7 +272,7 @@ static kiln_status on_delta(void *ud, const ktc_delta *d) {
         break;
     case KTC_D_CALL: {
         char id[10];
-        call_id(t, c->choice, d->index, id);
+        ksrv_tools_call_id(t, c->choice, d->index, id);
         ksrv_buf_printf(b, "\"tool_calls\": [{\"index\": %d, \"id\": \"%s\", \"type\": \"function\", \"function\": {\"name\": ",
                         d->index, id);
         ksrv_buf_json_str(b, d->text, d->len);
