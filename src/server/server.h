@@ -5,6 +5,9 @@
  * Endpoints:
  *   POST /v1/completions, /v1/chat/completions   (also without /v1; chat with
  *        tools and reasoning: tools.c)
+ *   POST /v1/responses (responses.c), /v1/messages and
+ *        /v1/messages/count_tokens (anthropic.c; Anthropic's error shape,
+ *        x-api-key accepted)
  *   GET  /v1/models, /health (503 while the model loads), /metrics
  *   POST /tokenize, /detokenize
  * Streaming is SSE (`data: {json}` events, then `data: [DONE]`). Errors are
