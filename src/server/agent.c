@@ -55,10 +55,58 @@ void ksrv_agent_chat_call(cJSON *calls, const char *id, const char *name, cJSON 
     cJSON_AddItemToObject(f, "arguments", args);
 }
 
+/* A message's text: its string content, or its text parts joined. */
+static void message_text(const cJSON *m, ksrv_buf *t) {
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content"), *p;
+    if (cJSON_IsString(c)) ksrv_buf_str(t, c->valuestring);
+    if (!cJSON_IsArray(c)) return;
+    cJSON_ArrayForEach(p, c) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (cJSON_IsString(x)) ksrv_buf_str(t, x->valuestring);
+    }
+}
+
+/* System (and developer) messages after the conversation began are folded
+ * into the leading one: many templates only read messages[0] as the
+ * system prompt and would drop (or refuse) the others. */
+kiln_status ksrv_agent_fold_system(cJSON *msgs) {
+    bool late = false, talk = false;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, "role");
+        bool sys = cJSON_IsString(r) && !strcmp(r->valuestring, "system");
+        if (sys && talk) late = true;
+        if (!sys) talk = true;
+    }
+    if (!late) return NULL;
+    ksrv_buf t = {0};
+    for (cJSON *x = msgs->child, *next; x; x = next) {
+        next = x->next;
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(x, "role");
+        if (!cJSON_IsString(r) || strcmp(r->valuestring, "system")) continue;
+        if (t.len) ksrv_buf_str(&t, "\n\n");
+        message_text(x, &t);
+        cJSON_Delete(cJSON_DetachItemViaPointer(msgs, x));
+    }
+    cJSON *sys = cJSON_CreateObject();
+    if (sys) {
+        cJSON_AddStringToObject(sys, "role", "system");
+        cJSON_AddStringToObject(sys, "content", t.p ? t.p : "");
+    }
+    bool oom = !sys || t.oom;
+    ksrv_buf_free(&t);
+    if (oom || !cJSON_InsertItemInArray(msgs, 0, sys)) {
+        cJSON_Delete(sys);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    return NULL;
+}
+
 kiln_status ksrv_agent_to_chat(ksrv_api api, const cJSON *body, cJSON **out) {
     *out = cJSON_CreateObject();
     if (!*out) return kiln_error(KILN_ENOMEM, "out of memory");
     kiln_status st = api == KSRV_API_RESPONSES ? ksrv_responses_fill(body, *out) : ksrv_anthropic_fill(body, *out);
+    if (!st) st = ksrv_agent_fold_system(cJSON_GetObjectItemCaseSensitive(*out, "messages"));
     if (st) {
         cJSON_Delete(*out);
         *out = NULL;

@@ -60,6 +60,10 @@ kiln_status ksrv_agent_chat_tool(cJSON *tools, const cJSON *t, const char *schem
  * chat message's tool_calls (args taken: an object or a JSON string). */
 void ksrv_agent_chat_call(cJSON *calls, const char *id, const char *name, cJSON *args);
 
+/* System messages after the first other message folded into one leading
+ * system message (their text joined by blank lines). */
+kiln_status ksrv_agent_fold_system(cJSON *msgs);
+
 /* Prompt and generated tokens of the job's choice. */
 void ksrv_agent_usage(const ksrv_job *j, int64_t *in, int64_t *out);
 

@@ -147,6 +147,14 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, ksrv_tools **out, const
     if (strcmp(rf, "none") && strcmp(rf, "auto") && strcmp(rf, "deepseek"))
         return kiln_error(KILN_EINVAL, "\"reasoning_format\": \"%s\": expected \"none\", \"auto\" or \"deepseek\"", rf);
     KILN_TRY(ku_json_str(body, "reasoning_effort", NULL, &effort));
+    int64_t budget;
+    KILN_TRY(ku_json_int(body, "reasoning_budget", s->p.no_thinking ? 0 : -1, &budget));
+    if (budget != 0 && budget != -1)
+        return kiln_error(KILN_EUNSUPPORTED, "\"reasoning_budget\": only -1 (unrestricted) and 0 (no thinking) are supported");
+    if (budget == 0) { /* as llama.cpp: the template's switch */
+        if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");
+        if (!cJSON_GetObjectItemCaseSensitive(*extra, "enable_thinking")) cJSON_AddFalseToObject(*extra, "enable_thinking");
+    }
     if (effort) { /* gpt-oss's template reads it */
         if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");
         if (!cJSON_GetObjectItemCaseSensitive(*extra, "reasoning_effort"))

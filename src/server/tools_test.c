@@ -221,6 +221,7 @@ KT_TEST(server_tools_request_errors) {
          "\"nope\" is not in \"tools\""},
         {"Qwen-Qwen2.5-7B-Instruct", ", \"reasoning_format\": \"loud\"", "\"reasoning_format\""},
         {"Qwen-Qwen2.5-7B-Instruct", ", \"parallel_tool_calls\": 3", "parallel_tool_calls"},
+        {"Qwen-Qwen3-0.6B", ", \"reasoning_budget\": 100", "only -1 (unrestricted) and 0"},
     };
     for (size_t c = 0; c < sizeof k_err / sizeof k_err[0]; c++) {
         char *src = template_text(k_err[c].tmpl);
@@ -233,6 +234,21 @@ KT_TEST(server_tools_request_errors) {
         kiln_status_free(st);
         free_job(j);
         free_fake(s);
+    }
+    /* reasoning_budget 0: the template's enable_thinking false */
+    {
+        cJSON *rb = cJSON_Parse("{\"reasoning_budget\": 0}");
+        char *src = template_text("Qwen-Qwen3-0.6B");
+        ksrv *q = fake_server(src);
+        free(src);
+        ksrv_tools *t = NULL;
+        const cJSON *tt;
+        cJSON *kw = NULL;
+        KT_CHECK_OK(ksrv_tools_parse(q, rb, &t, &tt, &kw));
+        KT_CHECK(cJSON_IsFalse(ku_json_get(kw, "enable_thinking")));
+        ksrv_tools_free(t);
+        cJSON_Delete(kw), cJSON_Delete(rb);
+        free_fake(q);
     }
     /* bad tools and messages */
     cJSON *b = cJSON_Parse("{\"tools\": [{\"type\": \"function\", \"function\": {}}]}");
@@ -583,6 +599,16 @@ KT_TEST(server_agent_requests_to_chat) {
                   strstr(t, "\"arguments\":{\"a\":1}") && strstr(t, "{\"role\":\"tool\",\"tool_call_id\":\"t1\",\"content\":\"done\"}") &&
                   strstr(t, "\"parameters\":{\"type\":\"object\"}") && strstr(t, "\"tool_choice\":\"required\"") &&
                   strstr(t, "\"enable_thinking\":false") && strstr(t, "\"stop\":[\"END\"]"),
+              "%s", t);
+    free(t);
+    cJSON_Delete(c), cJSON_Delete(b);
+    /* a developer message in the middle joins the leading system message */
+    b = cJSON_Parse("{\"instructions\": \"A\", \"input\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"developer\", "
+                    "\"content\": [{\"type\": \"input_text\", \"text\": \"B\"}]}, {\"role\": \"user\", \"content\": \"Go\"}]}");
+    KT_CHECK_OK(ksrv_agent_to_chat(KSRV_API_RESPONSES, b, &c));
+    t = cJSON_PrintUnformatted(ku_json_get(c, "messages"));
+    KT_CHECKF(!strcmp(t, "[{\"role\":\"system\",\"content\":\"A\\n\\nB\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+                         "{\"role\":\"user\",\"content\":\"Go\"}]"),
               "%s", t);
     free(t);
     cJSON_Delete(c), cJSON_Delete(b);

@@ -502,12 +502,13 @@ typedef struct {
 } section_fmt;
 
 static void fmt_section(P *p, size_t i, const section_fmt *f) {
-    const char *const m[] = {f->begin};
+    const char *const m[] = {f->begin, f->call_begin}; /* (models also drop the section markers) */
     for (;;) {
-        size_t k = find(p, i, m[0]);
-        if (k == NPOS) return plain_rest(p, i, m, 1);
+        int w = 0;
+        size_t k = find_first(p, i, m, 2, &w);
+        if (k == NPOS) return plain_rest(p, i, m, 2);
         plain(p, i, k);
-        size_t j = k + strlen(m[0]);
+        size_t j = w == 0 ? k + strlen(m[0]) : k;
         for (;;) {
             j = skip_ws(p, j);
             if (at(p, j, f->end)) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/file.h"
+#include "base/json.h"
 #include "chat/chat.h"
 #include "kt.h"
 #include "tools/toolcall.h"
@@ -350,4 +351,44 @@ KT_TEST(toolcall_detect_formats) {
     KT_CHECK(!ktc_prompt_opens_think(KTC_THINK_TAGS, "<|im_start|>assistant\n<think>\n\n</think>\n\n"));
     KT_CHECK_STR(ktc_trigger(KTC_HERMES), "<tool_call>");
     KT_CHECK(ktc_needs_special(KTC_HARMONY) && !ktc_needs_special(KTC_HERMES));
+}
+
+/* llama.cpp's test-chat.cpp cases (tests/data/tools/llama_cpp_cases.json),
+ * whole and streamed at every split point. */
+KT_TEST(toolcall_llama_cpp_cases) {
+    char path[4096];
+    cJSON *d;
+    KT_CHECK_OK(ku_json_load(kt_path(path, sizeof path, "tests/data/tools/llama_cpp_cases.json"), &d));
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(d, "tools"), *c;
+    int n = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(d, "cases")) {
+        const char *src = cJSON_GetObjectItemCaseSensitive(c, "source")->valuestring;
+        const char *fmt = cJSON_GetObjectItemCaseSensitive(c, "format")->valuestring;
+        const char *text = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
+        ktc_syntax syn = {KTC_NONE, strcmp(cJSON_GetObjectItemCaseSensitive(c, "reasoning")->valuestring, "tags") ? KTC_THINK_NONE : KTC_THINK_TAGS,
+                          cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "think_open")), tools};
+        for (int f = 0; f < KTC_N_FORMATS; f++)
+            if (!strcmp(ktc_format_name((ktc_format)f), fmt)) syn.format = (ktc_format)f;
+        KT_CHECKF(syn.format != KTC_NONE, "%s: format %s", src, fmt);
+        ktc_msg m;
+        KT_CHECK_OK(ktc_parse(&syn, text, strlen(text), false, &m));
+        KT_CHECKF(!strcmp(m.content, cJSON_GetObjectItemCaseSensitive(c, "content")->valuestring), "case %d (%s): content [%s]", n, src,
+                  m.content);
+        KT_CHECKF(!strcmp(m.reasoning, cJSON_GetObjectItemCaseSensitive(c, "reasoning_content")->valuestring),
+                  "case %d (%s): reasoning [%s]", n, src, m.reasoning);
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(c, "calls");
+        KT_CHECKF(m.n_calls == cJSON_GetArraySize(calls), "case %d (%s): %d calls", n, src, m.n_calls);
+        for (int i = 0; i < m.n_calls; i++) {
+            const cJSON *w = cJSON_GetArrayItem(calls, i);
+            KT_CHECKF(!strcmp(m.calls[i].name, cJSON_GetArrayItem(w, 0)->valuestring) && args_equal(m.calls[i].arguments, cJSON_GetArrayItem(w, 1)),
+                      "case %d (%s): call %d is %s(%s)", n, src, i, m.calls[i].name, m.calls[i].arguments);
+        }
+        ktc_msg_free(&m);
+        char why[512];
+        const char *r = stream_all_splits(&syn, text, why, sizeof why);
+        KT_CHECKF(!r, "case %d (%s): streaming: %s", n, src, r);
+        n++;
+    }
+    KT_CHECK(n >= 25);
+    cJSON_Delete(d);
 }
