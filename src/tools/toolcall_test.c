@@ -365,7 +365,8 @@ KT_TEST(toolcall_llama_cpp_cases) {
         const char *src = cJSON_GetObjectItemCaseSensitive(c, "source")->valuestring;
         const char *fmt = cJSON_GetObjectItemCaseSensitive(c, "format")->valuestring;
         const char *text = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
-        ktc_syntax syn = {KTC_NONE, strcmp(cJSON_GetObjectItemCaseSensitive(c, "reasoning")->valuestring, "tags") ? KTC_THINK_NONE : KTC_THINK_TAGS,
+        const char *think = cJSON_GetObjectItemCaseSensitive(c, "reasoning")->valuestring;
+        ktc_syntax syn = {KTC_NONE, !strcmp(think, "tags") ? KTC_THINK_TAGS : !strcmp(think, "mistral") ? KTC_THINK_MISTRAL : KTC_THINK_NONE,
                           cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "think_open")), tools};
         for (int f = 0; f < KTC_N_FORMATS; f++)
             if (!strcmp(ktc_format_name((ktc_format)f), fmt)) syn.format = (ktc_format)f;
@@ -389,6 +390,6 @@ KT_TEST(toolcall_llama_cpp_cases) {
         KT_CHECKF(!r, "case %d (%s): streaming: %s", n, src, r);
         n++;
     }
-    KT_CHECK(n >= 25);
+    KT_CHECK(n >= 35);
     cJSON_Delete(d);
 }
