@@ -20,7 +20,7 @@
 /* ---------------------------------------------------------------- names */
 
 static const char *const k_names[KTC_N_FORMATS] = {
-    "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2",
+    "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r",
 };
 
 const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
@@ -31,6 +31,7 @@ ktc_format ktc_detect(const char *s) {
     if (strstr(s, "<|channel|>") && strstr(s, "functions.")) return KTC_HARMONY;
     if (strstr(s, "<｜tool▁calls▁begin｜>")) return KTC_DEEPSEEK;
     if (strstr(s, "<|tool_calls_section_begin|>")) return KTC_KIMI_K2;
+    if (strstr(s, "<|START_ACTION|>")) return KTC_COMMAND_R;
     if (strstr(s, "<arg_key>")) return KTC_GLM45;
     if (strstr(s, "<function=") && strstr(s, "<parameter=")) return KTC_QWEN3_CODER;
     if (strstr(s, "[TOOL_CALLS]")) return strstr(s, "[ARGS]") ? KTC_MISTRAL_V11 : KTC_MISTRAL;
@@ -44,12 +45,13 @@ ktc_reasoning ktc_detect_reasoning(const char *s) {
     if (!s) return KTC_THINK_NONE;
     if (strstr(s, "<think>") || strstr(s, "</think>")) return KTC_THINK_TAGS;
     if (strstr(s, "[THINK]")) return KTC_THINK_MISTRAL;
+    if (strstr(s, "<|START_THINKING|>")) return KTC_THINK_COHERE;
     return KTC_THINK_NONE;
 }
 
 bool ktc_needs_special(ktc_format f) {
     return f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_MISTRAL_V11 || f == KTC_HARMONY || f == KTC_DEEPSEEK ||
-           f == KTC_KIMI_K2;
+           f == KTC_KIMI_K2 || f == KTC_COMMAND_R;
 }
 
 const char *ktc_trigger(ktc_format f) {
@@ -60,12 +62,17 @@ const char *ktc_trigger(ktc_format f) {
     case KTC_HARMONY: return " to=functions.";
     case KTC_DEEPSEEK: return "<｜tool▁calls▁begin｜>";
     case KTC_KIMI_K2: return "<|tool_calls_section_begin|>";
+    case KTC_COMMAND_R: return "<|START_ACTION|>";
     default: return NULL;
     }
 }
 
-static const char *think_open(ktc_reasoning r) { return r == KTC_THINK_MISTRAL ? "[THINK]" : "<think>"; }
-static const char *think_close(ktc_reasoning r) { return r == KTC_THINK_MISTRAL ? "[/THINK]" : "</think>"; }
+static const char *think_open(ktc_reasoning r) {
+    return r == KTC_THINK_MISTRAL ? "[THINK]" : r == KTC_THINK_COHERE ? "<|START_THINKING|>" : "<think>";
+}
+static const char *think_close(ktc_reasoning r) {
+    return r == KTC_THINK_MISTRAL ? "[/THINK]" : r == KTC_THINK_COHERE ? "<|END_THINKING|>" : "</think>";
+}
 
 static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
@@ -302,8 +309,11 @@ static int json_call(P *p, size_t i, jcall *c) {
         int r = json_value(p, i, &ks, &ke);
         if (r < 0 || p->t[ks] != '"') goto bad;
         if (r == 0) return 0; /* the key is being written */
-        bool is_name = key_is(p, ks, ke, "name"), is_args = key_is(p, ks, ke, "arguments") || key_is(p, ks, ke, "parameters");
-        if (first && !is_name && !is_args && !key_is(p, ks, ke, "type") && !key_is(p, ks, ke, "id")) goto bad;
+        bool is_name = key_is(p, ks, ke, "name") || key_is(p, ks, ke, "tool_name"),
+             is_args = key_is(p, ks, ke, "arguments") || key_is(p, ks, ke, "parameters");
+        if (first && !is_name && !is_args && !key_is(p, ks, ke, "type") && !key_is(p, ks, ke, "id") &&
+            !key_is(p, ks, ke, "tool_call_id"))
+            goto bad;
         first = false;
         i = skip_ws(p, ke);
         if (i >= p->n) return 0;
@@ -433,6 +443,52 @@ static void fmt_llama3(P *p, size_t i) {
     }
 }
 
+/* A JSON list (or a lone object) of call objects at j, reported: the index
+ * after it, or NPOS (stop: a call still being written). */
+static size_t json_call_list(P *p, size_t j) {
+    bool list = p->t[j] == '[';
+    if (list) j++;
+    for (;;) {
+        jcall c;
+        int r = json_call(p, j, &c);
+        if (r == 0) {
+            report_jcall(p, &c, false);
+            return NPOS;
+        }
+        if (r < 0 || !report_jcall(p, &c, true)) break;
+        j = skip_ws(p, c.end);
+        if (!list) break;
+        if (j < p->n && p->t[j] == ',') {
+            j++;
+            continue;
+        }
+        if (j < p->n && p->t[j] == ']') j++;
+        break;
+    }
+    return j;
+}
+
+/* Command R7B / A: <|START_ACTION|>[{"tool_call_id": .., "tool_name": ..,
+ * "parameters": {..}}, ..]<|END_ACTION|>; the answer between
+ * <|START_RESPONSE|> and <|END_RESPONSE|> (markers dropped). */
+static void fmt_command_r(P *p, size_t i) {
+    static const char *const m[] = {"<|START_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"};
+    for (;;) {
+        int w = 0;
+        size_t k = find_first(p, i, m, 3, &w);
+        if (k == NPOS) return plain_rest(p, i, m, 3);
+        plain(p, i, k);
+        i = k + strlen(m[w]);
+        if (w) continue;
+        size_t j = skip_ws(p, i);
+        if (j >= p->n) return;
+        if ((i = json_call_list(p, j)) == NPOS) return;
+        i = skip_ws(p, i);
+        if (at(p, i, "<|END_ACTION|>")) i += strlen("<|END_ACTION|>");
+        else if (may_become(p, i, "<|END_ACTION|>")) return;
+    }
+}
+
 /* Mistral: [TOOL_CALLS] then a JSON list (or object) of calls (v3), or
  * NAME[CALL_ID]ID[ARGS]{json} (v11), repeated. */
 static void fmt_mistral(P *p, size_t i) {
@@ -444,26 +500,7 @@ static void fmt_mistral(P *p, size_t i) {
         size_t j = skip_ws(p, k + strlen(m[0]));
         if (j >= p->n) return;
         if (p->t[j] == '[' || p->t[j] == '{') { /* v3: a list of objects */
-            bool list = p->t[j] == '[';
-            if (list) j++;
-            for (;;) {
-                jcall c;
-                int r = json_call(p, j, &c);
-                if (r == 0) {
-                    report_jcall(p, &c, false);
-                    return;
-                }
-                if (r < 0 || !report_jcall(p, &c, true)) break;
-                j = skip_ws(p, c.end);
-                if (!list) break;
-                if (j < p->n && p->t[j] == ',') {
-                    j++;
-                    continue;
-                }
-                if (j < p->n && p->t[j] == ']') j++;
-                break;
-            }
-            i = j;
+            if ((i = json_call_list(p, j)) == NPOS) return;
             continue;
         }
         /* v11: the name runs to [CALL_ID] or [ARGS] */
@@ -824,6 +861,7 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         case KTC_QWEN3_CODER: fmt_xml(&p, i, &k_qwen3_coder); break;
         case KTC_GLM45: fmt_xml(&p, i, &k_glm45); break;
         case KTC_HARMONY: fmt_harmony(&p, i); break;
+        case KTC_COMMAND_R: fmt_command_r(&p, i); break;
         default: plain(&p, i, n); break;
         }
     }

@@ -40,6 +40,7 @@ typedef enum {
     KTC_DEEPSEEK,     /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁sep｜>... (R1 and V3.1 layouts) */
     KTC_GLM45,        /* <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call> */
     KTC_KIMI_K2,      /* <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{..} */
+    KTC_COMMAND_R,    /* <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]<|END_ACTION|> (Command R7B / A) */
     KTC_N_FORMATS
 } ktc_format;
 
@@ -47,6 +48,7 @@ typedef enum {
     KTC_THINK_NONE,    /* no thinking blocks: everything is content */
     KTC_THINK_TAGS,    /* <think>...</think> (Qwen3, DeepSeek-R1, GLM, Kimi, ...) */
     KTC_THINK_MISTRAL, /* [THINK]...[/THINK] */
+    KTC_THINK_COHERE,  /* <|START_THINKING|>...<|END_THINKING|> */
     /* Harmony's analysis channel is reasoning whenever the format is KTC_HARMONY */
 } ktc_reasoning;
 

@@ -138,6 +138,7 @@ static const rt_case k_rt[] = {
     {"GLM-4.6", KTC_GLM45, NULL, 2, true}, /* the turn ends at the next <|user|> */
     /* (Kimi-K2-Instruct.jinja calls list.append, which kiln's Jinja lacks) */
     {"moonshotai-Kimi-K2", KTC_KIMI_K2, "<|im_end|>", 2, false},
+    {"CohereForAI-c4ai-command-r7b-12-2024-tool_use", KTC_COMMAND_R, "<|END_OF_TURN_TOKEN|>", 2, true},
 };
 
 static const char *k_call_args[2] = {"{\"city\": \"Paris\", \"days\": 3}", "{\"zone\": \"Asia/Tokyo\"}"};
@@ -366,7 +367,8 @@ KT_TEST(toolcall_llama_cpp_cases) {
         const char *fmt = cJSON_GetObjectItemCaseSensitive(c, "format")->valuestring;
         const char *text = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
         const char *think = cJSON_GetObjectItemCaseSensitive(c, "reasoning")->valuestring;
-        ktc_syntax syn = {KTC_NONE, !strcmp(think, "tags") ? KTC_THINK_TAGS : !strcmp(think, "mistral") ? KTC_THINK_MISTRAL : KTC_THINK_NONE,
+        ktc_syntax syn = {KTC_NONE, !strcmp(think, "tags") ? KTC_THINK_TAGS : !strcmp(think, "mistral") ? KTC_THINK_MISTRAL
+                                                  : !strcmp(think, "cohere") ? KTC_THINK_COHERE : KTC_THINK_NONE,
                           cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "think_open")), tools};
         for (int f = 0; f < KTC_N_FORMATS; f++)
             if (!strcmp(ktc_format_name((ktc_format)f), fmt)) syn.format = (ktc_format)f;
