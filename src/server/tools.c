@@ -167,7 +167,7 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, ksrv_tools **out, const
     if (use_tools && f == KTC_NONE)
         return kiln_error(KILN_EUNSUPPORTED,
                           "\"tools\": the model's chat template writes tool calls in no format kiln knows "
-                          "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, Command R7B)");
+                          "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, Command R7B, Granite)");
     if (use_tools) *tmpl_tools = tools;
     /* Harmony's channels are parsed even without tools (their markers would
      * otherwise be dropped as special tokens and run together) */

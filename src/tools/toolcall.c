@@ -20,7 +20,7 @@
 /* ---------------------------------------------------------------- names */
 
 static const char *const k_names[KTC_N_FORMATS] = {
-    "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r",
+    "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r", "granite",
 };
 
 const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
@@ -32,6 +32,7 @@ ktc_format ktc_detect(const char *s) {
     if (strstr(s, "<｜tool▁calls▁begin｜>")) return KTC_DEEPSEEK;
     if (strstr(s, "<|tool_calls_section_begin|>")) return KTC_KIMI_K2;
     if (strstr(s, "<|START_ACTION|>")) return KTC_COMMAND_R;
+    if (strstr(s, "<|tool_call|>")) return KTC_GRANITE;
     if (strstr(s, "<arg_key>")) return KTC_GLM45;
     if (strstr(s, "<function=") && strstr(s, "<parameter=")) return KTC_QWEN3_CODER;
     if (strstr(s, "[TOOL_CALLS]")) return strstr(s, "[ARGS]") ? KTC_MISTRAL_V11 : KTC_MISTRAL;
@@ -51,7 +52,7 @@ ktc_reasoning ktc_detect_reasoning(const char *s) {
 
 bool ktc_needs_special(ktc_format f) {
     return f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_MISTRAL_V11 || f == KTC_HARMONY || f == KTC_DEEPSEEK ||
-           f == KTC_KIMI_K2 || f == KTC_COMMAND_R;
+           f == KTC_KIMI_K2 || f == KTC_COMMAND_R || f == KTC_GRANITE;
 }
 
 const char *ktc_trigger(ktc_format f) {
@@ -63,6 +64,7 @@ const char *ktc_trigger(ktc_format f) {
     case KTC_DEEPSEEK: return "<｜tool▁calls▁begin｜>";
     case KTC_KIMI_K2: return "<|tool_calls_section_begin|>";
     case KTC_COMMAND_R: return "<|START_ACTION|>";
+    case KTC_GRANITE: return "<|tool_call|>";
     default: return NULL;
     }
 }
@@ -468,6 +470,24 @@ static size_t json_call_list(P *p, size_t j) {
     return j;
 }
 
+/* Granite 3.x: <|tool_call|> then a JSON list of {"name", "arguments"}. */
+static void fmt_granite(P *p, size_t i) {
+    static const char *const m[] = {"<|tool_call|>"};
+    for (;;) {
+        size_t k = find(p, i, m[0]);
+        if (k == NPOS) return plain_rest(p, i, m, 1);
+        plain(p, i, k);
+        size_t j = skip_ws(p, k + strlen(m[0]));
+        if (j >= p->n) return;
+        if (p->t[j] == '[' || p->t[j] == '{') {
+            if ((i = json_call_list(p, j)) == NPOS) return;
+        } else { /* not a call: the text stays */
+            plain(p, k, j);
+            i = j;
+        }
+    }
+}
+
 /* Command R7B / A: <|START_ACTION|>[{"tool_call_id": .., "tool_name": ..,
  * "parameters": {..}}, ..]<|END_ACTION|>; the answer between
  * <|START_RESPONSE|> and <|END_RESPONSE|> (markers dropped). */
@@ -862,6 +882,7 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         case KTC_GLM45: fmt_xml(&p, i, &k_glm45); break;
         case KTC_HARMONY: fmt_harmony(&p, i); break;
         case KTC_COMMAND_R: fmt_command_r(&p, i); break;
+        case KTC_GRANITE: fmt_granite(&p, i); break;
         default: plain(&p, i, n); break;
         }
     }

@@ -290,6 +290,10 @@ static const hw_case k_hw[] = {
     {KTC_KIMI_K2, KTC_THINK_TAGS, false,
      "<think>k</think>A<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{\"zone\": \"UTC\"}<|tool_call_end|><|tool_calls_section_end|>",
      "A", "k", "[[\"get_time\", {\"zone\": \"UTC\"}]]"},
+    /* Granite 3.3 (its template renders no past calls: no round trip) */
+    {KTC_GRANITE, KTC_THINK_TAGS, false,
+     "<think>Need it.</think>Sure.<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, {\"name\": \"get_time\", \"arguments\": {}}]",
+     "Sure.", "Need it.", "[[\"get_weather\", {\"city\": \"Rome\"}], [\"get_time\", {}]]"},
     /* no format: everything is content */
     {KTC_NONE, KTC_THINK_TAGS, false, "<think>r</think><tool_call>{}</tool_call>", "<tool_call>{}</tool_call>", "r", "[]"},
 };
@@ -351,6 +355,10 @@ KT_TEST(toolcall_detect_formats) {
     KT_CHECK(ktc_prompt_opens_think(KTC_THINK_TAGS, "<｜Assistant｜><think>\n"));
     KT_CHECK(!ktc_prompt_opens_think(KTC_THINK_TAGS, "<|im_start|>assistant\n<think>\n\n</think>\n\n"));
     KT_CHECK_STR(ktc_trigger(KTC_HERMES), "<tool_call>");
+    char *src = NULL, path[4096];
+    KT_CHECK_OK(ku_read_file(kt_path(path, sizeof path, "tests/data/chat/templates/ibm-granite-granite-3.3-2B-Instruct.jinja"), &src, NULL));
+    KT_CHECK_EQ(ktc_detect(src), KTC_GRANITE);
+    free(src);
     KT_CHECK(ktc_needs_special(KTC_HARMONY) && !ktc_needs_special(KTC_HERMES));
 }
 
