@@ -470,24 +470,6 @@ static size_t json_call_list(P *p, size_t j) {
     return j;
 }
 
-/* Granite 3.x: <|tool_call|> then a JSON list of {"name", "arguments"}. */
-static void fmt_granite(P *p, size_t i) {
-    static const char *const m[] = {"<|tool_call|>"};
-    for (;;) {
-        size_t k = find(p, i, m[0]);
-        if (k == NPOS) return plain_rest(p, i, m, 1);
-        plain(p, i, k);
-        size_t j = skip_ws(p, k + strlen(m[0]));
-        if (j >= p->n) return;
-        if (p->t[j] == '[' || p->t[j] == '{') {
-            if ((i = json_call_list(p, j)) == NPOS) return;
-        } else { /* not a call: the text stays */
-            plain(p, k, j);
-            i = j;
-        }
-    }
-}
-
 /* Command R7B / A: <|START_ACTION|>[{"tool_call_id": .., "tool_name": ..,
  * "parameters": {..}}, ..]<|END_ACTION|>; the answer between
  * <|START_RESPONSE|> and <|END_RESPONSE|> (markers dropped). */
@@ -510,9 +492,10 @@ static void fmt_command_r(P *p, size_t i) {
 }
 
 /* Mistral: [TOOL_CALLS] then a JSON list (or object) of calls (v3), or
- * NAME[CALL_ID]ID[ARGS]{json} (v11), repeated. */
-static void fmt_mistral(P *p, size_t i) {
-    static const char *const m[] = {"[TOOL_CALLS]"};
+ * NAME[CALL_ID]ID[ARGS]{json} (v11), repeated. Granite 3.x: <|tool_call|>
+ * then a JSON list (named false: no v11 form). */
+static void fmt_marker_list(P *p, size_t i, const char *marker, bool named) {
+    const char *const m[] = {marker};
     for (;;) {
         size_t k = find(p, i, m[0]);
         if (k == NPOS) return plain_rest(p, i, m, 1);
@@ -521,6 +504,11 @@ static void fmt_mistral(P *p, size_t i) {
         if (j >= p->n) return;
         if (p->t[j] == '[' || p->t[j] == '{') { /* v3: a list of objects */
             if ((i = json_call_list(p, j)) == NPOS) return;
+            continue;
+        }
+        if (!named) { /* not a call: the text stays */
+            plain(p, k, j);
+            i = j;
             continue;
         }
         /* v11: the name runs to [CALL_ID] or [ARGS] */
@@ -875,14 +863,14 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         switch (s->format) {
         case KTC_HERMES: fmt_hermes(&p, i); break;
         case KTC_LLAMA3: fmt_llama3(&p, i); break;
-        case KTC_MISTRAL: case KTC_MISTRAL_V11: fmt_mistral(&p, i); break;
+        case KTC_MISTRAL: case KTC_MISTRAL_V11: fmt_marker_list(&p, i, "[TOOL_CALLS]", true); break;
         case KTC_DEEPSEEK: fmt_section(&p, i, &k_deepseek); break;
         case KTC_KIMI_K2: fmt_section(&p, i, &k_kimi); break;
         case KTC_QWEN3_CODER: fmt_xml(&p, i, &k_qwen3_coder); break;
         case KTC_GLM45: fmt_xml(&p, i, &k_glm45); break;
         case KTC_HARMONY: fmt_harmony(&p, i); break;
         case KTC_COMMAND_R: fmt_command_r(&p, i); break;
-        case KTC_GRANITE: fmt_granite(&p, i); break;
+        case KTC_GRANITE: fmt_marker_list(&p, i, "<|tool_call|>", false); break;
         default: plain(&p, i, n); break;
         }
     }
