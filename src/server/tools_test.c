@@ -28,6 +28,7 @@ static const char *k_tools_json =
 static char *template_text(const char *name) {
     char rel[256], path[PATH_MAX];
     snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", name);
+    if (access(kt_path(path, sizeof path, rel), R_OK) != 0) snprintf(rel, sizeof rel, "tests/data/tools/templates/%s.jinja", name);
     char *t = NULL;
     kiln_status st = ku_read_file(kt_path(path, sizeof path, rel), &t, NULL);
     kiln_status_free(st);

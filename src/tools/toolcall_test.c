@@ -1,10 +1,11 @@
 /* toolcall_test.c: round trips through the real chat templates
- * (tests/data/chat/templates: an assistant turn with tool calls rendered by
+ * (tests/data/chat/templates and tests/data/tools/templates: an assistant turn with tool calls rendered by
  * kiln's Jinja engine, then parsed back to the same calls), streaming at
  * every split point equal to the whole parse, and hand-written outputs in
  * the cases of llama.cpp's tests/test-chat.cpp. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/file.h"
 #include "base/json.h"
@@ -170,9 +171,11 @@ static cJSON *conversation(int n_calls, bool with_assistant) {
     return msgs;
 }
 
+/* tests/data/chat/templates (the Jinja oracle's), then tests/data/tools/templates. */
 static kiln_status load_template(const char *name, kchat_template **t, char **src) {
     char rel[256], path[4096];
     snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", name);
+    if (access(kt_path(path, sizeof path, rel), R_OK) != 0) snprintf(rel, sizeof rel, "tests/data/tools/templates/%s.jinja", name);
     KILN_TRY(ku_read_file(kt_path(path, sizeof path, rel), src, NULL));
     return kchat_parse(*src, t);
 }

@@ -18,6 +18,6 @@ dir="$(mktemp -d)"
 pid=""
 trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
 tiny_model "$dir"
-cp "$root/tests/data/chat/templates/Qwen-Qwen3-0.6B.jinja" "$dir/chat_template.jinja"
+cp "$root/tests/data/tools/templates/Qwen-Qwen3-0.6B.jinja" "$dir/chat_template.jinja"
 start_serve "$dir" --alias tiny -np 4 -c 1024 -t 1 --api-key sekrit
 KILN_API_KEY=sekrit NODE_PATH="$mods" timeout 120 node "$root/tests/e2e/agent_clients.mjs" "http://127.0.0.1:$port" tiny
