@@ -5,7 +5,8 @@
 #                            mlir-opt (checks the StableHLO printer) and
 #                            promtool (checks /metrics; only its binary is
 #                            extracted into build/tools) and, when npm is
-#                            there, the official openai client (build/tools/npm)
+#                            there, the official openai and @anthropic-ai/sdk
+#                            clients (build/tools/npm)
 set -euo pipefail
 test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
@@ -40,12 +41,14 @@ if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$root/build/tools/usr/bin/pr
   rm -rf "$tmp"
 fi
 
-# The official openai client for the end-to-end server test, when npm is
-# there; without it that test is skipped.
-if command -v npm >/dev/null 2>&1 && [ ! -d "$root/build/tools/npm/node_modules/openai" ]; then
-  if timeout 300 npm install --prefix "$root/build/tools/npm" --no-audit --no-fund --silent openai@7.59.0 >/dev/null 2>&1; then
-    echo "kiln: openai npm client installed in build/tools/npm" >&2
+# The official openai and Anthropic clients for the end-to-end server
+# tests (pinned; both run on Node 20), when npm is there; without them those
+# tests are skipped.
+npm_dir="$root/build/tools/npm/node_modules"
+if command -v npm >/dev/null 2>&1 && { [ ! -d "$npm_dir/openai" ] || [ ! -d "$npm_dir/@anthropic-ai/sdk" ]; }; then
+  if timeout 300 npm install --prefix "$root/build/tools/npm" --no-audit --no-fund --silent openai@7.59.0 @anthropic-ai/sdk@1.15.0 >/dev/null 2>&1; then
+    echo "kiln: openai and @anthropic-ai/sdk npm clients installed in build/tools/npm" >&2
   else
-    echo "kiln: npm install openai failed: the openai client test is skipped" >&2
+    echo "kiln: npm install openai @anthropic-ai/sdk failed: the official client tests are skipped" >&2
   fi
 fi

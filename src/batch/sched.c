@@ -233,7 +233,7 @@ kiln_status ksch_submit(ksch *s, const ksch_request *r, uint64_t *id) {
     if (!st) st = kgen_session_create(r->params, &v, (int32_t)ke_ctx_n_ctx(s->c), s->eos, s->p.n_eos, r->prompt,
                                          r->n_prompt, &q->g);
     if (!st && s->p.tok) {
-        st = ke_text_detok_init(&q->td, s->p.tok, true);
+        st = ke_text_detok_init(&q->td, s->p.tok, !r->keep_special);
         if (!st) {
             kgen_detok d = ke_text_detok_get(&q->td);
             kgen_session_set_detok(q->g, &d);

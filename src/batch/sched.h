@@ -92,6 +92,9 @@ typedef struct {
      * with inputs neither reuses nor publishes cached prefix blocks: the
      * cache keys blocks by token ids, and image tokens repeat one id. */
     const ke_inputs *inputs;
+    /* the streamed text shows special tokens (tool-call and channel markers
+     * that a parser reads: src/tools/toolcall.h); false: skipped */
+    bool keep_special;
 } ksch_request;
 
 /* Queues a request; *id names it (ids start at 1). Fails when the params

@@ -13,12 +13,14 @@ static const char *const SPECIAL[N_SPECIAL] = {"bos_token", "eos_token", "unk_to
 
 struct kchat_template {
     kjin_template *tpl;
+    char *src; /* the template's text (kchat_source) */
     char *special[N_SPECIAL];
 };
 
 void kchat_free(kchat_template *t) {
     if (!t) return;
     kjin_free(t->tpl);
+    free(t->src);
     for (int i = 0; i < N_SPECIAL; i++) free(t->special[i]);
     free(t);
 }
@@ -29,12 +31,16 @@ const char *kchat_special_token(const kchat_template *t, const char *key) {
     return NULL;
 }
 
+const char *kchat_source(const kchat_template *t) { return t->src; }
+
 kiln_status kchat_parse(const char *source, kchat_template **out) {
     *out = NULL;
     kchat_template *t = calloc(1, sizeof *t);
     if (!t) return kiln_error(KILN_ENOMEM, "out of memory");
     kiln_status st = kjin_parse(source, strlen(source), &t->tpl);
+    if (!st && !(t->src = strdup(source))) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (st) {
+        kjin_free(t->tpl);
         free(t);
         return st;
     }
@@ -122,6 +128,7 @@ kiln_status kchat_load_named(const char *dir, const char *name, kchat_template *
     if (!st) {
         const char *s = text ? text : src;
         st = kiln_status_wrap(kjin_parse(s, strlen(s), &t->tpl), "%s: chat template", where);
+        if (!st && !(t->src = strdup(s))) st = kiln_error(KILN_ENOMEM, "out of memory");
     }
     for (int i = 0; !st && cfg && i < N_SPECIAL; i++) {
         const char *v = token_string(cJSON_GetObjectItemCaseSensitive(cfg, SPECIAL[i]));

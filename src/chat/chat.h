@@ -27,6 +27,9 @@ kiln_status kchat_load_named(const char *dir, const char *name, kchat_template *
 kiln_status kchat_parse(const char *source, kchat_template **out);
 void kchat_free(kchat_template *t);
 
+/* The template's text (borrowed): what tool-call formats are detected from. */
+const char *kchat_source(const kchat_template *t);
+
 /* The special token strings from tokenizer_config.json (borrowed; NULL if
  * absent). key: "bos_token", "eos_token", "unk_token", "pad_token", ... */
 const char *kchat_special_token(const kchat_template *t, const char *key);

@@ -31,6 +31,8 @@ static void usage(FILE *f) {
             "  --max-body BYTES       largest request body (default 2097152)\n"
             "  --timeout S            idle connection timeout in seconds (default 60)\n"
             "  --quiet                no access log\n"
+            "  --reasoning-format F   auto: thinking blocks go to reasoning_content; none: left in content\n"
+            "  --reasoning-budget N   -1: unrestricted thinking (default); 0: thinking off (enable_thinking false)\n"
             "sampling defaults for requests (as llama.cpp):\n");
     kgen_print_flags(f);
 }
@@ -73,6 +75,14 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--metrics")) p.metrics = true;
         else if (!strcmp(a, "--no-prefix-cache")) p.no_prefix_cache = true;
         else if (!strcmp(a, "--quiet")) p.quiet = true;
+        else if (!strcmp(a, "--reasoning-budget")) {
+            st = kiln_parse_int(a, v, -1, 0, &x);
+            p.no_thinking = x == 0;
+        } else if (!strcmp(a, "--reasoning-format")) {
+            if (!strcmp(v, "none")) p.reasoning_none = true;
+            else if (strcmp(v, "auto") && strcmp(v, "deepseek"))
+                st = kiln_error(KILN_EINVAL, "--reasoning-format: \"%s\": expected none, auto or deepseek", v);
+        }
         else st = kiln_error(KILN_EINVAL, "unknown option %s (see kiln serve --help)", a);
         i += flag ? 1 : 2;
     }

@@ -106,14 +106,11 @@ KT_TEST(cli_bench_batch_streams_identical) {
     remove(out), remove(err);
 }
 
-/* The official `openai` npm client against `kiln serve` (completions and
- * chat, streaming and not, n > 1, stop strings, seeds, usage, logprobs,
- * typed errors): tests/e2e/run_openai_client.sh. Skipped when node or the
- * client (scripts/deps.sh --test installs it) is missing. */
-KT_TEST(cli_serve_official_openai_client) {
+/* Runs a tests/e2e runner script; exit 77 skips (node or a client missing). */
+static void run_client_script(const char *rel, const char *what) {
     char script[4096], cmd[8192], out[] = "/tmp/kiln-oai-XXXXXX";
     close(mkstemp(out));
-    kt_path(script, sizeof script, "tests/e2e/run_openai_client.sh");
+    kt_path(script, sizeof script, rel);
     snprintf(cmd, sizeof cmd, "bash '%s' >'%s' 2>&1", script, out);
     int status = system(cmd);
     int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -121,10 +118,23 @@ KT_TEST(cli_serve_official_openai_client) {
     kiln_status_free(ku_read_file(out, &t, NULL));
     remove(out);
     if (rc == 77) {
-        kt_skip("%s", t ? t : "node or the openai client is missing");
+        kt_skip("%s", t ? t : "node or a client is missing");
         free(t);
         return;
     }
-    KT_CHECKF(rc == 0 && t && strstr(t, "all checks passed"), "openai client: rc %d\n%s", rc, t ? t : "");
+    KT_CHECKF(rc == 0 && t && strstr(t, "all checks passed"), "%s: rc %d\n%s", what, rc, t ? t : "");
     free(t);
 }
+
+/* The official `openai` npm client against `kiln serve` (completions and
+ * chat, streaming and not, n > 1, stop strings, seeds, usage, logprobs,
+ * typed errors): tests/e2e/run_openai_client.sh. Skipped when node or the
+ * client (scripts/deps.sh --test installs it) is missing. */
+KT_TEST(cli_serve_official_openai_client) { run_client_script("tests/e2e/run_openai_client.sh", "openai client"); }
+
+/* The official `openai` and `@anthropic-ai/sdk` clients on the agent
+ * surfaces: chat with tools (the client's stream helper), a tool round
+ * trip, responses.create (streamed, a function_call_output turn),
+ * messages.create (streamed, a tool_result turn, countTokens), typed
+ * errors: tests/e2e/run_agent_clients.sh. Skipped as above. */
+KT_TEST(cli_serve_official_agent_clients) { run_client_script("tests/e2e/run_agent_clients.sh", "agent clients"); }

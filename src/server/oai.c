@@ -231,10 +231,17 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
         cJSON_Delete(msgs);
         return kiln_error(KILN_EINVAL, "\"chat_template_kwargs\": expected an object");
     }
-    const cJSON *tools = ku_json_get(body, "tools");
-    kchat_input in = {.messages = msgs, .tools = cJSON_IsArray(tools) ? tools : NULL, .extra = kw, .add_generation_prompt = true};
+    const cJSON *tools = NULL;
+    cJSON *extra = kw ? cJSON_Duplicate(kw, true) : NULL;
+    kiln_status st = kw && !extra ? kiln_error(KILN_ENOMEM, "out of memory") : ksrv_tools_fix_messages(msgs);
+    if (!st) st = ksrv_tools_parse(s, body, &j->tools, &tools, &extra);
+    if (st) {
+        cJSON_Delete(msgs), cJSON_Delete(extra);
+        return st;
+    }
+    kchat_input in = {.messages = msgs, .tools = tools, .extra = extra, .add_generation_prompt = true};
     char *text = NULL;
-    kiln_status st = kchat_render(s->tmpl, &in, &text);
+    st = kchat_render(s->tmpl, &in, &text);
     /* A template written for string content prints a list of parts as the
      * list itself (where Python's jinja would fail): render the joined text
      * instead, and the image goes where kiln generate puts it. */
@@ -245,7 +252,9 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
         if (!st) st = kchat_render(s->tmpl, &in, &text);
     }
     cJSON_Delete(msgs);
+    cJSON_Delete(extra);
     if (st) return kiln_status_wrap(st, "\"messages\": the chat template failed");
+    if (j->tools) ksrv_tools_set_prompt(j->tools, text);
     int32_t *ids = NULL, n = 0;
     st = encode(s, "messages", text, false, &ids, &n); /* the template writes its own special tokens */
     free(text);
@@ -425,7 +434,8 @@ kiln_status ksrv_job_submit(ksrv_job *j, ksrv_err *e) {
         /* (image prompts are never cached: nothing to wait for) */
         uint64_t after = i % n && !s->p.no_prefix_cache && !j->images ? j->ch[i - i % n].id : 0;
         c->t_arrive = now;
-        ksch_request r = {j->prompts[c->prompt], j->n_prompt[c->prompt], &gp, after, on_event, c, j->images ? &j->images->x : NULL};
+        ksch_request r = {j->prompts[c->prompt], j->n_prompt[c->prompt], &gp, after, on_event, c,
+                          j->images ? &j->images->x : NULL, ksrv_tools_keep_special(j->tools)};
         pthread_mutex_lock(&j->mu);
         j->n_submitted++; /* before: the END may come before ksch_submit returns */
         pthread_mutex_unlock(&j->mu);
@@ -483,6 +493,8 @@ void ksrv_job_free(ksrv_job *j) {
     free(j->prompt_str);
     free(j->n_prompt);
     ksrv_images_free(j->images);
+    ksrv_tools_free(j->tools);
+    ksrv_agent_free(j->agent);
     free(j->ch);
     kgen_params_free(&j->gp);
     ksrv_buf_free(&j->out);
@@ -629,7 +641,7 @@ static void usage_json(ksrv_job *j, ksrv_buf *b) {
                     (long long)prompt, (long long)gen, (long long)(prompt + gen), (long long)cached);
 }
 
-static void chunk_head(ksrv_job *j, ksrv_buf *b) {
+void ksrv_chunk_head(ksrv_job *j, ksrv_buf *b) {
     ksrv_buf_printf(b, "data: {\"id\": \"%s\", \"object\": \"%s\", \"created\": %ld, \"model\": ", j->id,
                     j->chat ? "chat.completion.chunk" : "text_completion", j->created);
     ksrv_buf_json_str(b, j->srv->model_id, strlen(j->srv->model_id));
@@ -640,7 +652,7 @@ static void chunk_head(ksrv_job *j, ksrv_buf *b) {
  * finish reason when fin. */
 static void stream_chunk(ksrv_job *j, int i, const char *text, size_t len, const ksrv_ev *ev, const char *fin) {
     ksrv_buf *b = &j->out;
-    chunk_head(j, b);
+    ksrv_chunk_head(j, b);
     ksrv_buf_printf(b, "{\"index\": %d, ", i);
     if (j->chat) {
         ksrv_buf_str(b, "\"delta\": {");
@@ -682,8 +694,30 @@ static void stream_chunk(ksrv_job *j, int i, const char *text, size_t len, const
     ksrv_buf_str(b, "}\n\n");
 }
 
+bool ksrv_job_take(ksrv_job *j, int *from, int *to) {
+    pthread_mutex_lock(&j->mu);
+    *from = j->ev_off, *to = j->n_ev;
+    bool all = j->n_ended == j->n_submitted;
+    j->ev_off = *to;
+    pthread_mutex_unlock(&j->mu);
+    return all;
+}
+
+ksrv_ev ksrv_job_ev(ksrv_job *j, int k) {
+    /* events below n_ev are not moved by the producer (it only appends,
+     * possibly reallocating: take the array under the lock per item) */
+    pthread_mutex_lock(&j->mu);
+    ksrv_ev ev = j->ev[k];
+    pthread_mutex_unlock(&j->mu);
+    return ev;
+}
+
 void ksrv_job_stream(ksrv_job *j) {
     if (j->done_sent) return;
+    if (j->agent) {
+        ksrv_agent_stream(j);
+        return;
+    }
     /* the first call: chat's role, or completions' echoed prompt */
     if (!j->started)
         for (int i = 0; i < j->n_choices; i++) {
@@ -698,19 +732,16 @@ void ksrv_job_stream(ksrv_job *j) {
             }
         }
     j->started = true;
-    pthread_mutex_lock(&j->mu);
-    int from = j->ev_off, to = j->n_ev;
-    bool all = j->n_ended == j->n_submitted;
-    j->ev_off = to;
-    pthread_mutex_unlock(&j->mu);
-    /* events below n_ev are not moved by the producer (it only appends,
-     * possibly reallocating: take the array under the lock per item) */
+    int from, to;
+    bool all = ksrv_job_take(j, &from, &to);
     for (int k = from; k < to; k++) {
-        pthread_mutex_lock(&j->mu);
-        ksrv_ev ev = j->ev[k];
-        pthread_mutex_unlock(&j->mu);
+        ksrv_ev ev = ksrv_job_ev(j, k);
         if (!ev.end) {
             const char *fin = ev.finish != KGEN_CONTINUE ? finish_str(ev.finish) : NULL;
+            if (j->tools) {
+                ksrv_tools_stream_event(j, &ev, fin);
+                continue;
+            }
             if (ev.len || ev.has_lp || fin || j->return_tokens) stream_chunk(j, ev.choice, ev.text, ev.len, &ev, fin);
             continue;
         }
@@ -724,7 +755,7 @@ void ksrv_job_stream(ksrv_job *j) {
     }
     if (all && to == j->n_ev) {
         if (j->include_usage) {
-            chunk_head(j, &j->out);
+            ksrv_chunk_head(j, &j->out);
             ksrv_buf_str(&j->out, "], \"usage\": ");
             usage_json(j, &j->out);
             ksrv_buf_str(&j->out, "}\n\n");
@@ -735,6 +766,7 @@ void ksrv_job_stream(ksrv_job *j) {
 }
 
 int ksrv_job_response(ksrv_job *j, ksrv_buf *b) {
+    if (j->agent) return ksrv_agent_response(j, b);
     for (int k = 0; k < j->n_ev; k++)
         if (j->ev[k].end && j->ev[k].error) {
             ksrv_error_json(b, 500, "server_error", NULL, j->ev[k].error);
@@ -774,10 +806,16 @@ int ksrv_job_response(ksrv_job *j, ksrv_buf *b) {
             }
         }
         ksrv_buf_printf(b, "%s{\"index\": %d, ", i ? ", " : "", i);
+        const char *fin = finish_str(j->ch[i].finish);
         if (j->chat) {
-            ksrv_buf_str(b, "\"message\": {\"role\": \"assistant\", \"content\": ");
-            ksrv_buf_json_str(b, text.p ? text.p : "", text.len);
-            ksrv_buf_str(b, "}, \"logprobs\": ");
+            if (j->tools) {
+                ksrv_tools_message(j, i, text.p, text.len, b, &fin);
+            } else {
+                ksrv_buf_str(b, "\"message\": {\"role\": \"assistant\", \"content\": ");
+                ksrv_buf_json_str(b, text.p ? text.p : "", text.len);
+                ksrv_buf_str(b, "}");
+            }
+            ksrv_buf_str(b, ", \"logprobs\": ");
             if (j->want_logprobs) {
                 ksrv_buf_str(b, "{\"content\": [");
                 if (chat_lp.p) ksrv_buf_str(b, chat_lp.p);
@@ -793,7 +831,7 @@ int ksrv_job_response(ksrv_job *j, ksrv_buf *b) {
             else ksrv_buf_str(b, "null");
         }
         if (j->return_tokens) ksrv_buf_printf(b, ", \"tokens\": [%s]", toks.p ? toks.p : "");
-        ksrv_buf_printf(b, ", \"finish_reason\": \"%s\"}", finish_str(j->ch[i].finish));
+        ksrv_buf_printf(b, ", \"finish_reason\": \"%s\"}", fin);
         ksrv_buf_free(&text), ksrv_buf_free(&toks), ksrv_buf_free(&chat_lp);
         comp_lp_free(&lp);
     }

@@ -69,9 +69,13 @@ static enum MHD_Result reply_json(conn_state *cs, int status, ksrv_buf *b) {
     return reply(cs, status, "application/json", b);
 }
 
+/* /v1/messages answers errors in Anthropic's shape */
+static bool anthropic_url(const conn_state *cs) { return !strncmp(cs->url, "/v1/messages", 12); }
+
 static enum MHD_Result reply_error(conn_state *cs, int status, const char *type, const char *code, const char *msg) {
     ksrv_buf b = {0};
-    ksrv_error_json(&b, status, type, code, msg);
+    if (anthropic_url(cs)) ksrv_anthropic_error(&b, status, msg);
+    else ksrv_error_json(&b, status, type, code, msg);
     return reply_json(cs, status, &b);
 }
 
@@ -109,9 +113,12 @@ static bool client_gone(conn_state *cs) {
 static bool key_ok(ksrv *s, struct MHD_Connection *conn) {
     if (!s->api_key) return true;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
-    h += 7;
-    while (*h == ' ') h++;
+    if (h && strncasecmp(h, "Bearer ", 7) == 0) {
+        h += 7;
+        while (*h == ' ') h++;
+    } else if (!(h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key"))) { /* Anthropic's header */
+        return false;
+    }
     size_t n = strlen(h), k = strlen(s->api_key);
     unsigned diff = (unsigned)(n ^ k);
     for (size_t i = 0; i < n; i++) diff |= (unsigned char)h[i] ^ (unsigned char)s->api_key[i % (k ? k : 1)];
@@ -279,11 +286,29 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     }
 }
 
-static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool chat) {
+/* /v1/messages/count_tokens: the prompt's tokens, nothing generated. */
+static enum MHD_Result do_count_tokens(conn_state *cs, const cJSON *body) {
+    cJSON *b = cJSON_IsObject(body) ? cJSON_Duplicate(body, true) : NULL;
+    if (b && !cJSON_GetObjectItemCaseSensitive(b, "max_tokens")) cJSON_AddNumberToObject(b, "max_tokens", 1);
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "stream");
+    ksrv_job *j = NULL;
+    ksrv_err e = k_bad;
+    kiln_status st = b ? ksrv_agent_parse(cs->s, b, KSRV_API_ANTHROPIC, &j, &e)
+                       : kiln_error(KILN_EINVAL, "request body: expected a JSON object");
+    cJSON_Delete(b);
+    if (st) return reply_status(cs, st, &e);
+    ksrv_buf out = {0};
+    ksrv_buf_printf(&out, "{\"input_tokens\": %d}", (int)j->n_prompt[0]);
+    ksrv_job_free(j);
+    return reply_json(cs, 200, &out);
+}
+
+/* api 0: OpenAI completions (chat false) or chat; else an agent API. */
+static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool chat, ksrv_api api) {
     ksrv *s = cs->s;
     ksrv_job *j;
     ksrv_err e;
-    kiln_status st = ksrv_job_parse(s, body, chat, &j, &e);
+    kiln_status st = api ? ksrv_agent_parse(s, body, api, &j, &e) : ksrv_job_parse(s, body, chat, &j, &e);
     if (st) return reply_status(cs, st, &e);
     st = ksrv_job_submit(j, &e);
     if (st) {
@@ -326,7 +351,10 @@ static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool cha
 
 /* ---------------------------------------------------------------- routing */
 
-typedef enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE } route;
+typedef enum {
+    R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
+    R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS
+} route;
 
 static route find_route(const char *url, bool *post) {
     static const struct {
@@ -339,7 +367,9 @@ static route find_route(const char *url, bool *post) {
         {"/models", R_MODELS, false},          {"/v1/completions", R_COMPLETIONS, true},
         {"/completions", R_COMPLETIONS, true}, {"/v1/chat/completions", R_CHAT, true},
         {"/chat/completions", R_CHAT, true},   {"/tokenize", R_TOKENIZE, true},
-        {"/detokenize", R_DETOKENIZE, true},
+        {"/detokenize", R_DETOKENIZE, true},   {"/v1/responses", R_RESPONSES, true},
+        {"/responses", R_RESPONSES, true},     {"/v1/messages", R_MESSAGES, true},
+        {"/v1/messages/count_tokens", R_COUNT_TOKENS, true},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(url, t[i].path)) {
@@ -389,7 +419,10 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
     enum MHD_Result ret;
     if (r == R_TOKENIZE) ret = do_tokenize(cs, body);
     else if (r == R_DETOKENIZE) ret = do_detokenize(cs, body);
-    else ret = do_completion(cs, body, r == R_CHAT);
+    else if (r == R_COUNT_TOKENS) ret = do_count_tokens(cs, body);
+    else if (r == R_RESPONSES) ret = do_completion(cs, body, true, KSRV_API_RESPONSES);
+    else if (r == R_MESSAGES) ret = do_completion(cs, body, true, KSRV_API_ANTHROPIC);
+    else ret = do_completion(cs, body, r == R_CHAT, 0);
     cJSON_Delete(body);
     return ret;
 }

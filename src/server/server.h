@@ -3,7 +3,11 @@
  * libmicrohttpd, one thread per connection; one scheduler thread runs the
  * continuous batch (batch/sched.h) that every request's sequences join.
  * Endpoints:
- *   POST /v1/completions, /v1/chat/completions   (also without /v1)
+ *   POST /v1/completions, /v1/chat/completions   (also without /v1; chat with
+ *        tools and reasoning: tools.c)
+ *   POST /v1/responses (responses.c), /v1/messages and
+ *        /v1/messages/count_tokens (anthropic.c; Anthropic's error shape,
+ *        x-api-key accepted)
  *   GET  /v1/models, /health (503 while the model loads), /metrics
  *   POST /tokenize, /detokenize
  * Streaming is SSE (`data: {json}` events, then `data: [DONE]`). Errors are
@@ -45,6 +49,8 @@ typedef struct {
     int max_choices;       /* prompts x n per request; 0: 64 */
     const kgen_params *defaults; /* sampling defaults (NULL: llama.cpp's); copied */
     bool quiet;            /* no access log on stderr */
+    bool reasoning_none;   /* --reasoning-format none: thinking blocks stay in content */
+    bool no_thinking;      /* --reasoning-budget 0: templates get enable_thinking false */
     int load_delay_ms;     /* tests: wait this long before loading (to see the loading state) */
     int step_delay_us;     /* tests: pause after each engine step (slow generations on tiny models) */
 } ksrv_params;

@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
+#include "tools/toolcall.h"
 #include "vision/vision.h"
 
 /* ---- a growable byte buffer; out of memory sticks in .oom ---- */
@@ -113,6 +114,8 @@ typedef struct {
 } ksrv_ev;
 
 typedef struct ksrv_job ksrv_job;
+typedef struct ksrv_tools ksrv_tools;
+typedef struct ksrv_agent ksrv_agent;
 
 typedef struct {
     ksrv_job *job;
@@ -134,6 +137,8 @@ struct ksrv_job {
     int32_t *n_prompt;
     char **prompt_str; /* the prompt as given when it was text (for echo), else NULL */
     ksrv_images *images; /* chat with images: the prompt's per-token inputs; NULL: none */
+    ksrv_tools *tools;   /* chat whose output is parsed (tool calls, reasoning); NULL: plain text */
+    ksrv_agent *agent;   /* a /v1/responses or /v1/messages request (agent.c); NULL: OpenAI chat/completions */
     int n_choices;
     ksrv_choice *ch;
     kgen_params gp;
@@ -176,6 +181,51 @@ void ksrv_job_stream(ksrv_job *j);
 /* Non-streaming: the whole response body (after ksrv_job_finished).
  * Returns the HTTP status (200, or 500 when a choice failed). */
 int ksrv_job_response(ksrv_job *j, ksrv_buf *out);
+
+/* Streaming: takes the events not yet consumed, [*from, *to); returns
+ * whether every choice had ended. ksrv_job_ev: a copy of event k (< *to). */
+bool ksrv_job_take(ksrv_job *j, int *from, int *to);
+ksrv_ev ksrv_job_ev(ksrv_job *j, int k);
+/* "data: {id, object, created, model, "choices": [" of a streamed chunk. */
+void ksrv_chunk_head(ksrv_job *j, ksrv_buf *b);
+
+/* ---- tool calls and reasoning in chat (tools.c) ---- */
+/* Assistant tool_calls' arguments to objects, reasoning_content copied to
+ * "thinking", for the templates (msgs modified). */
+kiln_status ksrv_tools_fix_messages(cJSON *msgs);
+/* tools, tool_choice, parallel_tool_calls, reasoning_format,
+ * reasoning_effort of a chat body: *out (NULL when the output is plain
+ * text), the tools to render (*tmpl_tools, borrowed from body; NULL: none),
+ * reasoning_effort added to *extra (the template's kwargs, created if NULL).
+ * A template without a known tool-call format and tools: KILN_EUNSUPPORTED. */
+kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, ksrv_tools **out, const cJSON **tmpl_tools, cJSON **extra);
+/* The rendered prompt (does it open the thinking block?). */
+void ksrv_tools_set_prompt(ksrv_tools *t, const char *prompt);
+bool ksrv_tools_keep_special(const ksrv_tools *t);
+/* Streaming: a token event of a choice (fin: its finish reason, on the last)
+ * as content / reasoning_content / tool_calls delta chunks in j->out. */
+void ksrv_tools_stream_event(ksrv_job *j, const ksrv_ev *ev, const char *fin);
+/* Not streaming: choice i's "message": {...} from its text, and its finish reason. */
+void ksrv_tools_message(ksrv_job *j, int i, const char *text, size_t len, ksrv_buf *b, const char **finish);
+void ksrv_tools_free(ksrv_tools *t);
+/* The output's syntax (NULL t: plain text). */
+ktc_syntax ksrv_tools_syntax(const ksrv_tools *t);
+/* Call k of choice i's id: 9 alphanumerics. */
+void ksrv_tools_call_id(const ksrv_tools *t, int i, int k, char out[10]);
+
+/* ---- the agent APIs: OpenAI Responses and Anthropic Messages (agent.c,
+ * responses.c, anthropic.c) ---- */
+typedef enum { KSRV_API_RESPONSES = 1, KSRV_API_ANTHROPIC } ksrv_api;
+/* A /v1/responses or /v1/messages body as a job (not yet submitted), by way
+ * of the equivalent chat body. count_only: /v1/messages/count_tokens. */
+kiln_status ksrv_agent_parse(ksrv *s, const cJSON *body, ksrv_api api, ksrv_job **out, ksrv_err *e);
+void ksrv_agent_stream(ksrv_job *j);
+int ksrv_agent_response(ksrv_job *j, ksrv_buf *b);
+void ksrv_agent_free(ksrv_agent *a);
+/* A request body as a chat completions body (*out: a new object). */
+kiln_status ksrv_agent_to_chat(ksrv_api api, const cJSON *body, cJSON **out);
+/* Anthropic's error object {"type": "error", "error": {type, message}}. */
+void ksrv_anthropic_error(ksrv_buf *b, int status, const char *msg);
 
 /* {"error": {...}} for a status. */
 void ksrv_error_json(ksrv_buf *b, int status, const char *type, const char *code, const char *msg);

@@ -1,0 +1,327 @@
+/* tools.c: function calling and reasoning in /v1/chat/completions: the
+ * request's tools, tool_choice, parallel_tool_calls, reasoning_format and
+ * reasoning_effort; assistant tool_calls and tool messages made ready for
+ * the chat template; and the output split by the template's tool-call
+ * format (src/tools/toolcall.h) into content, reasoning_content and
+ * tool_calls, streamed as OpenAI streams them (a call's id and name first,
+ * then its argument fragments).
+ *
+ * Constrained arguments (tool_choice required / a named function / strict)
+ * need the grammar engine: ksrv_tools.syn and ktc_trigger() are what it
+ * will take (the schemas, and where a lazy grammar switches on). Until it
+ * lands, generation is unconstrained and the parse is best effort. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/json.h"
+#include "server/server_int.h"
+
+struct ksrv_tools {
+    ktc_syntax syn;
+    cJSON *tools;       /* the request's tools (a copy; NULL: none) */
+    bool parallel;      /* parallel_tool_calls */
+    int n_choices;
+    ktc_stream **st;    /* per choice (streaming), made at the first event */
+    uint64_t id_base;   /* tool call ids */
+};
+
+/* ---------------------------------------------------------------- the request */
+
+static kiln_status check_tools(const cJSON *tools) {
+    if (!cJSON_IsArray(tools)) return kiln_error(KILN_EINVAL, "\"tools\": expected a list of tools");
+    int i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsObject(t) || !cJSON_IsString(ty) || strcmp(ty->valuestring, "function"))
+            return kiln_error(KILN_EUNSUPPORTED, "\"tools\"[%d]: only {\"type\": \"function\", \"function\": {...}} tools are supported", i);
+        if (!cJSON_IsObject(f) || !cJSON_IsString(n) || !*n->valuestring)
+            return kiln_error(KILN_EINVAL, "\"tools\"[%d].function.name: required (a string)", i);
+        const cJSON *pa = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+        if (pa && !cJSON_IsObject(pa) && !cJSON_IsNull(pa))
+            return kiln_error(KILN_EINVAL, "\"tools\"[%d].function.parameters: expected a JSON schema object", i);
+        i++;
+    }
+    return NULL;
+}
+
+static bool has_tool(const cJSON *tools, const char *name) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, name)) return true;
+    }
+    return false;
+}
+
+/* tool_choice: "auto", "none", "required", or {"type": "function",
+ * "function": {"name": ..}}. *none: the tools are dropped. */
+static kiln_status check_choice(const cJSON *body, const cJSON *tools, bool *none) {
+    const cJSON *c = ku_json_get(body, "tool_choice");
+    *none = false;
+    if (!c) return NULL;
+    if (cJSON_IsString(c)) {
+        const char *v = c->valuestring;
+        if (!strcmp(v, "none")) *none = true;
+        else if (strcmp(v, "auto") && strcmp(v, "required"))
+            return kiln_error(KILN_EINVAL, "\"tool_choice\": \"%s\": expected \"auto\", \"none\", \"required\" or a function", v);
+        if (!strcmp(v, "required") && !tools) return kiln_error(KILN_EINVAL, "\"tool_choice\": \"required\" needs \"tools\"");
+        return NULL;
+    }
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "function"), "name");
+    if (!cJSON_IsObject(c) || !cJSON_IsString(n))
+        return kiln_error(KILN_EINVAL, "\"tool_choice\": expected a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    if (!tools || !has_tool(tools, n->valuestring))
+        return kiln_error(KILN_EINVAL, "\"tool_choice\": the function \"%s\" is not in \"tools\"", n->valuestring);
+    return NULL;
+}
+
+kiln_status ksrv_tools_fix_messages(cJSON *msgs) {
+    cJSON *m;
+    int i = 0;
+    cJSON_ArrayForEach(m, msgs) {
+        cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (tc && !cJSON_IsArray(tc) && !cJSON_IsNull(tc))
+            return kiln_error(KILN_EINVAL, "\"messages\"[%d].tool_calls: expected a list", i);
+        /* templates test or split the content of a tool-call turn (Qwen3:
+         * '</think>' in message.content): null as "" */
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (cJSON_GetArraySize(tc) > 0 && (!content || cJSON_IsNull(content))) {
+            cJSON *e = cJSON_CreateString("");
+            if (!e) return kiln_error(KILN_ENOMEM, "out of memory");
+            if (content) cJSON_ReplaceItemInObjectCaseSensitive(m, "content", e);
+            else cJSON_AddItemToObject(m, "content", e);
+        }
+        int k = 0;
+        cJSON *c;
+        cJSON_ArrayForEach(c, tc) {
+            cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+            const cJSON *n = cJSON_GetObjectItemCaseSensitive(f, "name");
+            if (!cJSON_IsObject(f) || !cJSON_IsString(n))
+                return kiln_error(KILN_EINVAL, "\"messages\"[%d].tool_calls[%d].function.name: required (a string)", i, k);
+            /* templates want the arguments as an object (as vLLM passes them) */
+            cJSON *a = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+            if (cJSON_IsString(a)) {
+                cJSON *o = cJSON_Parse(a->valuestring);
+                if (cJSON_IsObject(o)) cJSON_ReplaceItemInObjectCaseSensitive(f, "arguments", o);
+                else cJSON_Delete(o);
+            } else if (!a) {
+                cJSON_AddItemToObject(f, "arguments", cJSON_CreateObject());
+            }
+            k++;
+        }
+        /* gpt-oss's template reads a turn's reasoning from "thinking" */
+        const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "reasoning_content");
+        if (cJSON_IsString(rc) && !cJSON_GetObjectItemCaseSensitive(m, "thinking"))
+            cJSON_AddStringToObject(m, "thinking", rc->valuestring);
+        i++;
+    }
+    return NULL;
+}
+
+void ksrv_tools_free(ksrv_tools *t) {
+    if (!t) return;
+    for (int i = 0; t->st && i < t->n_choices; i++) ktc_stream_destroy(t->st[i]);
+    free(t->st);
+    cJSON_Delete(t->tools);
+    free(t);
+}
+
+kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, ksrv_tools **out, const cJSON **tmpl_tools, cJSON **extra) {
+    *out = NULL;
+    *tmpl_tools = NULL;
+    const cJSON *tools = ku_json_get(body, "tools");
+    if (tools) KILN_TRY(check_tools(tools));
+    if (tools && cJSON_GetArraySize(tools) == 0) tools = NULL;
+    bool none;
+    KILN_TRY(check_choice(body, tools, &none));
+    bool parallel;
+    KILN_TRY(ku_json_bool(body, "parallel_tool_calls", true, &parallel));
+    const char *rf, *effort;
+    KILN_TRY(ku_json_str(body, "reasoning_format", s->p.reasoning_none ? "none" : "auto", &rf));
+    if (strcmp(rf, "none") && strcmp(rf, "auto") && strcmp(rf, "deepseek"))
+        return kiln_error(KILN_EINVAL, "\"reasoning_format\": \"%s\": expected \"none\", \"auto\" or \"deepseek\"", rf);
+    KILN_TRY(ku_json_str(body, "reasoning_effort", NULL, &effort));
+    int64_t budget;
+    KILN_TRY(ku_json_int(body, "reasoning_budget", s->p.no_thinking ? 0 : -1, &budget));
+    if (budget != 0 && budget != -1)
+        return kiln_error(KILN_EUNSUPPORTED, "\"reasoning_budget\": only -1 (unrestricted) and 0 (no thinking) are supported");
+    if (budget == 0) { /* as llama.cpp: the template's switch */
+        if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");
+        if (!cJSON_GetObjectItemCaseSensitive(*extra, "enable_thinking")) cJSON_AddFalseToObject(*extra, "enable_thinking");
+    }
+    if (effort) { /* gpt-oss's template reads it */
+        if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");
+        if (!cJSON_GetObjectItemCaseSensitive(*extra, "reasoning_effort"))
+            cJSON_AddStringToObject(*extra, "reasoning_effort", effort);
+    }
+    const char *src = kchat_source(s->tmpl);
+    ktc_format f = ktc_detect(src);
+    ktc_reasoning r = strcmp(rf, "none") ? ktc_detect_reasoning(src) : KTC_THINK_NONE;
+    bool use_tools = tools && !none;
+    if (use_tools && f == KTC_NONE)
+        return kiln_error(KILN_EUNSUPPORTED,
+                          "\"tools\": the model's chat template writes tool calls in no format kiln knows "
+                          "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, Command R7B, Granite)");
+    if (use_tools) *tmpl_tools = tools;
+    /* Harmony's channels are parsed even without tools (their markers would
+     * otherwise be dropped as special tokens and run together) */
+    if (!use_tools && f != KTC_HARMONY) f = KTC_NONE;
+    if (f == KTC_NONE && r == KTC_THINK_NONE) return NULL;
+    ksrv_tools *t = calloc(1, sizeof *t);
+    if (!t) return kiln_error(KILN_ENOMEM, "out of memory");
+    t->tools = use_tools ? cJSON_Duplicate(tools, true) : NULL;
+    if (use_tools && !t->tools) {
+        free(t);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    t->syn = (ktc_syntax){.format = f, .reasoning = r, .tools = t->tools};
+    t->parallel = parallel;
+    static atomic_ulong counter;
+    t->id_base = ((uint64_t)time(NULL) << 20) ^ ((uint64_t)atomic_fetch_add(&counter, 1) * 0x9E3779B97F4A7C15ull);
+    *out = t;
+    return NULL;
+}
+
+void ksrv_tools_set_prompt(ksrv_tools *t, const char *prompt) {
+    t->syn.think_open = ktc_prompt_opens_think(t->syn.reasoning, prompt);
+}
+
+bool ksrv_tools_keep_special(const ksrv_tools *t) { return t && ktc_needs_special(t->syn.format); }
+
+/* ---------------------------------------------------------------- output */
+
+ktc_syntax ksrv_tools_syntax(const ksrv_tools *t) { return t ? t->syn : (ktc_syntax){0}; }
+
+/* Call k of choice i: 9 alphanumerics (Mistral's templates refuse other ids). */
+void ksrv_tools_call_id(const ksrv_tools *t, int i, int k, char out[10]) {
+    static const char a[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    uint64_t x = (t ? t->id_base : 0) + (uint64_t)i * 1000003u + (uint64_t)k * 7919u;
+    x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33;
+    for (int c = 0; c < 9; c++) out[c] = a[x % 62], x /= 62;
+    out[9] = 0;
+}
+
+static const char *finish_of(const ksrv_tools *t, int n_calls, kgen_finish f) {
+    const char *r = kgen_finish_reason(f);
+    if (!r) r = "length";
+    return n_calls > 0 && strcmp(r, "length") ? "tool_calls" : r;
+}
+
+static int visible_calls(const ksrv_tools *t, int n) { return !t->parallel && n > 1 ? 1 : n; }
+
+void ksrv_tools_message(ksrv_job *j, int i, const char *text, size_t len, ksrv_buf *b, const char **finish) {
+    ksrv_tools *t = j->tools;
+    ktc_msg m;
+    kiln_status st = ktc_parse(&t->syn, text ? text : "", len, false, &m);
+    if (st) {
+        kiln_status_free(st);
+        b->oom = true;
+        return;
+    }
+    int nc = visible_calls(t, m.n_calls);
+    ksrv_buf_str(b, "\"message\": {\"role\": \"assistant\", \"content\": ");
+    if (nc && !m.n_content) ksrv_buf_str(b, "null");
+    else ksrv_buf_json_str(b, m.content, m.n_content);
+    if (m.n_reasoning) {
+        ksrv_buf_str(b, ", \"reasoning_content\": ");
+        ksrv_buf_json_str(b, m.reasoning, m.n_reasoning);
+    }
+    if (nc) {
+        ksrv_buf_str(b, ", \"tool_calls\": [");
+        for (int k = 0; k < nc; k++) {
+            char id[10];
+            ksrv_tools_call_id(t, i, k, id);
+            ksrv_buf_printf(b, "%s{\"id\": \"%s\", \"type\": \"function\", \"function\": {\"name\": ", k ? ", " : "", id);
+            ksrv_buf_json_str(b, m.calls[k].name, strlen(m.calls[k].name));
+            ksrv_buf_str(b, ", \"arguments\": ");
+            ksrv_buf_json_str(b, m.calls[k].arguments, strlen(m.calls[k].arguments));
+            ksrv_buf_str(b, "}}");
+        }
+        ksrv_buf_str(b, "]");
+    }
+    ksrv_buf_str(b, "}");
+    *finish = finish_of(t, nc, j->ch[i].finish);
+    ktc_msg_free(&m);
+}
+
+typedef struct {
+    ksrv_job *j;
+    int choice;
+} delta_ctx;
+
+static void chunk_tail(ksrv_job *j, const char *fin) {
+    ksrv_buf *b = &j->out;
+    ksrv_buf_str(b, "}, \"logprobs\": null, ");
+    if (fin) ksrv_buf_printf(b, "\"finish_reason\": \"%s\"}]", fin);
+    else ksrv_buf_str(b, "\"finish_reason\": null}]");
+    if (j->include_usage) ksrv_buf_str(b, ", \"usage\": null");
+    ksrv_buf_str(b, "}\n\n");
+}
+
+static kiln_status on_delta(void *ud, const ktc_delta *d) {
+    delta_ctx *c = ud;
+    ksrv_job *j = c->j;
+    ksrv_tools *t = j->tools;
+    if ((d->kind == KTC_D_CALL || d->kind == KTC_D_ARGS) && !t->parallel && d->index > 0) return NULL;
+    ksrv_buf *b = &j->out;
+    ksrv_chunk_head(j, b);
+    ksrv_buf_printf(b, "{\"index\": %d, \"delta\": {", c->choice);
+    switch (d->kind) {
+    case KTC_D_CONTENT:
+    case KTC_D_REASONING:
+        ksrv_buf_str(b, d->kind == KTC_D_CONTENT ? "\"content\": " : "\"reasoning_content\": ");
+        ksrv_buf_json_str(b, d->text, d->len);
+        break;
+    case KTC_D_CALL: {
+        char id[10];
+        ksrv_tools_call_id(t, c->choice, d->index, id);
+        ksrv_buf_printf(b, "\"tool_calls\": [{\"index\": %d, \"id\": \"%s\", \"type\": \"function\", \"function\": {\"name\": ",
+                        d->index, id);
+        ksrv_buf_json_str(b, d->text, d->len);
+        ksrv_buf_str(b, ", \"arguments\": \"\"}}]");
+        break;
+    }
+    case KTC_D_ARGS:
+        ksrv_buf_printf(b, "\"tool_calls\": [{\"index\": %d, \"function\": {\"arguments\": ", d->index);
+        ksrv_buf_json_str(b, d->text, d->len);
+        ksrv_buf_str(b, "}}]");
+        break;
+    }
+    chunk_tail(j, NULL);
+    return NULL;
+}
+
+void ksrv_tools_stream_event(ksrv_job *j, const ksrv_ev *ev, const char *fin) {
+    ksrv_tools *t = j->tools;
+    if (!t->st) {
+        t->n_choices = j->n_choices;
+        t->st = calloc((size_t)j->n_choices, sizeof *t->st);
+        if (!t->st) {
+            j->out.oom = true;
+            return;
+        }
+    }
+    int i = ev->choice;
+    if (!t->st[i] && !(t->st[i] = ktc_stream_create(&t->syn))) {
+        j->out.oom = true;
+        return;
+    }
+    delta_ctx c = {j, i};
+    kiln_status st = ktc_stream_feed(t->st[i], ev->text ? ev->text : "", ev->len, fin != NULL, on_delta, &c);
+    if (st) {
+        kiln_status_free(st);
+        j->out.oom = true;
+        return;
+    }
+    if (!fin) return;
+    const ktc_msg *m = ktc_stream_msg(t->st[i]);
+    ksrv_chunk_head(j, &j->out);
+    ksrv_buf_printf(&j->out, "{\"index\": %d, \"delta\": {", i);
+    chunk_tail(j, finish_of(t, visible_calls(t, m->n_calls), ev->finish));
+}

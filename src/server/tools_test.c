@@ -1,0 +1,631 @@
+/* tools_test.c: function calling and reasoning in /v1/chat/completions.
+ *
+ * The output side with model outputs written by hand (a random-weight model
+ * does not write tool calls; constrained generation will, once the grammar
+ * engine lands): a job's events turned into OpenAI's SSE chunks and into
+ * the non-streamed message, for real templates (Qwen2.5 Hermes, Qwen3 with
+ * thinking, gpt-oss Harmony, Mistral Small 3.2), the chunks reassembled as
+ * the openai client does and equal to the message. The request side end
+ * to end over loopback: tools rendered through the template, a whole tool
+ * round trip (call, tool result) accepted, and the errors. */
+#include <curl/curl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/file.h"
+#include "base/json.h"
+#include "ckpt/ckpt_test.h"
+#include "kt.h"
+#include "server/server.h"
+#include "server/server_int.h"
+
+static const char *k_tools_json =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather of a city\", "
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"a city\"}}, "
+    "\"required\": [\"city\"]}}}]";
+
+static char *template_text(const char *name) {
+    char rel[256], path[PATH_MAX];
+    snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", name);
+    if (access(kt_path(path, sizeof path, rel), R_OK) != 0) snprintf(rel, sizeof rel, "tests/data/tools/templates/%s.jinja", name);
+    char *t = NULL;
+    kiln_status st = ku_read_file(kt_path(path, sizeof path, rel), &t, NULL);
+    kiln_status_free(st);
+    return t;
+}
+
+/* ---------------------------------------------------------------- the output side */
+
+typedef struct {
+    char content[2048], reasoning[2048], name[4][64], args[4][1024], id[4][16], finish[16];
+    int n_calls, n_chunks;
+    bool bad; /* a chunk that does not parse, or a call delta out of order */
+} assembled;
+
+/* Reassembles the SSE chunks as the openai client's ChatCompletionStream does. */
+static void assemble(const char *sse, assembled *a) {
+    memset(a, 0, sizeof *a);
+    for (const char *p = sse; (p = strstr(p, "data: "));) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        if (!e || !strncmp(p, "[DONE]", 6)) break;
+        cJSON *j = cJSON_ParseWithLength(p, (size_t)(e - p));
+        p = e;
+        if (!j) {
+            a->bad = true;
+            continue;
+        }
+        a->n_chunks++;
+        const cJSON *ch = cJSON_GetArrayItem(ku_json_get(j, "choices"), 0), *d = ku_json_get(ch, "delta");
+        const cJSON *c = ku_json_get(d, "content"), *r = ku_json_get(d, "reasoning_content"), *f = ku_json_get(ch, "finish_reason");
+        if (cJSON_IsString(c)) strncat(a->content, c->valuestring, sizeof a->content - strlen(a->content) - 1);
+        if (cJSON_IsString(r)) strncat(a->reasoning, r->valuestring, sizeof a->reasoning - strlen(a->reasoning) - 1);
+        if (cJSON_IsString(f)) snprintf(a->finish, sizeof a->finish, "%s", f->valuestring);
+        const cJSON *tc;
+        cJSON_ArrayForEach(tc, ku_json_get(d, "tool_calls")) {
+            int i = (int)ku_json_get(tc, "index")->valuedouble;
+            const cJSON *id = ku_json_get(tc, "id"), *fn = ku_json_get(tc, "function");
+            const cJSON *nm = ku_json_get(fn, "name"), *ar = ku_json_get(fn, "arguments");
+            if (id) { /* a new call: id, type, name first */
+                if (i != a->n_calls || i >= 4 || !cJSON_IsString(nm)) {
+                    a->bad = true;
+                    continue;
+                }
+                snprintf(a->id[i], sizeof a->id[i], "%s", id->valuestring);
+                snprintf(a->name[i], sizeof a->name[i], "%s", nm->valuestring);
+                a->n_calls++;
+            } else if (i >= a->n_calls || nm) {
+                a->bad = true;
+                continue;
+            }
+            if (cJSON_IsString(ar)) strncat(a->args[i], ar->valuestring, sizeof a->args[i] - strlen(a->args[i]) - 1);
+        }
+        cJSON_Delete(j);
+    }
+}
+
+typedef struct {
+    const char *tmpl;
+    const char *extra; /* more request fields */
+    const char *pieces[12]; /* the model's output, as the scheduler's text events */
+    const char *content, *reasoning;
+    const char *name, *args; /* the one call, or NULL */
+} out_case;
+
+static const out_case k_out[] = {
+    {"Qwen-Qwen2.5-7B-Instruct", "",
+     {"Let me look.", "\n<tool", "_call>\n{\"name\": \"get_", "weather\", \"arguments\": {\"ci", "ty\": \"Par", "is\"}}\n</tool_call>"},
+     "Let me look.", "", "get_weather", "{\"city\": \"Paris\"}"},
+    {"Qwen-Qwen3-0.6B", "",
+     {"<thi", "nk>\nThe user asks.", "\n</think>\n\n", "<tool_call>\n{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": \"Oslo\"}}", "\n</tool_call>"},
+     "", "The user asks.", "get_weather", "{\"city\": \"Oslo\"}"},
+    {"Qwen-Qwen3-0.6B", ", \"reasoning_format\": \"none\"", {"<think>\nhm\n</think>\n\nHello"}, "<think>\nhm\n</think>\n\nHello", "",
+     NULL, NULL},
+    {"Qwen-Qwen3-0.6B", ", \"tool_choice\": \"none\"", {"<think>x</think>Plain <tool_call>"}, "Plain <tool_call>", "x", NULL, NULL},
+    {"openai-gpt-oss-120b", ", \"reasoning_effort\": \"low\"",
+     {"<|channel|>analysis<|message|>Need weather.", "<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather ",
+      "<|constrain|>json<|message|>{\"city\":", " \"Rome\"}"},
+     "", "Need weather.", "get_weather", "{\"city\": \"Rome\"}"},
+    {"Mistral-Small-3.2-24B-Instruct-2506", "", {"[TOOL_CALLS]get_", "weather[ARGS]{\"city\": ", "\"Lima\"}"}, "", "", "get_weather",
+     "{\"city\": \"Lima\"}"},
+};
+
+static ksrv *fake_server(const char *tmpl_src) {
+    ksrv *s = calloc(1, sizeof *s);
+    s->model_id = strdup("m");
+    kiln_status st = kchat_parse(tmpl_src, &s->tmpl);
+    kiln_status_free(st);
+    return s;
+}
+
+static void free_fake(ksrv *s) {
+    kchat_free(s->tmpl);
+    free(s->model_id);
+    free(s);
+}
+
+/* A job of one choice with the request's tools; *err: the parse error. */
+static ksrv_job *fake_job(ksrv *s, const char *extra, kiln_status *err) {
+    char body[2048];
+    snprintf(body, sizeof body, "{\"messages\": [], \"tools\": %s%s}", k_tools_json, extra);
+    cJSON *b = cJSON_Parse(body);
+    ksrv_job *j = calloc(1, sizeof *j);
+    j->srv = s;
+    j->chat = j->stream = true;
+    j->n_choices = 1;
+    j->ch = calloc(1, sizeof *j->ch);
+    snprintf(j->id, sizeof j->id, "chatcmpl-test");
+    const cJSON *tools;
+    cJSON *kw = NULL;
+    *err = ksrv_tools_parse(s, b, &j->tools, &tools, &kw);
+    cJSON_Delete(kw);
+    cJSON_Delete(b);
+    return j;
+}
+
+static void free_job(ksrv_job *j) {
+    ksrv_tools_free(j->tools);
+    ksrv_buf_free(&j->out);
+    free(j->ch);
+    free(j);
+}
+
+KT_TEST(server_tools_output_streamed_and_not) {
+    for (size_t c = 0; c < sizeof k_out / sizeof k_out[0]; c++) {
+        const out_case *oc = &k_out[c];
+        char *src = template_text(oc->tmpl);
+        KT_CHECKF(src, "%s: no template", oc->tmpl);
+        ksrv *s = fake_server(src);
+        free(src);
+        kiln_status st;
+        ksrv_job *j = fake_job(s, oc->extra, &st);
+        KT_CHECKF(!st && j->tools, "case %zu: %s", c, kiln_status_msg(st));
+        ksrv_tools_set_prompt(j->tools, "<|im_start|>assistant\n");
+        /* streamed: the events, the last one with the finish reason */
+        ksrv_buf all = {0};
+        int n = 0;
+        while (n < 12 && oc->pieces[n]) n++;
+        for (int k = 0; k < n; k++) {
+            ksrv_ev ev = {.choice = 0, .text = (char *)oc->pieces[k], .len = strlen(oc->pieces[k]),
+                          .finish = k == n - 1 ? KGEN_FINISH_EOS : KGEN_CONTINUE};
+            ksrv_tools_stream_event(j, &ev, k == n - 1 ? "stop" : NULL);
+            ksrv_buf_str(&all, oc->pieces[k]);
+        }
+        KT_CHECK(!j->out.oom);
+        assembled a;
+        assemble(j->out.p ? j->out.p : "", &a);
+        KT_CHECKF(!a.bad, "case %zu: malformed chunks:\n%s", c, j->out.p);
+        KT_CHECKF(!strcmp(a.content, oc->content), "case %zu: streamed content [%s]", c, a.content);
+        KT_CHECKF(!strcmp(a.reasoning, oc->reasoning), "case %zu: streamed reasoning [%s]", c, a.reasoning);
+        KT_CHECKF(a.n_calls == (oc->name ? 1 : 0), "case %zu: %d calls:\n%s", c, a.n_calls, j->out.p);
+        KT_CHECKF(!strcmp(a.finish, oc->name ? "tool_calls" : "stop"), "case %zu: finish %s", c, a.finish);
+        if (oc->name) {
+            cJSON *x = cJSON_Parse(a.args[0]), *y = cJSON_Parse(oc->args);
+            bool eq = x && cJSON_Compare(x, y, true);
+            cJSON_Delete(x), cJSON_Delete(y);
+            KT_CHECKF(!strcmp(a.name[0], oc->name) && eq && strlen(a.id[0]) == 9, "case %zu: %s %s(%s)", c, a.id[0], a.name[0],
+                      a.args[0]);
+        }
+        /* not streamed: the same message */
+        j->ch[0].finish = KGEN_FINISH_EOS;
+        ksrv_buf b = {0};
+        ksrv_buf_str(&b, "{");
+        const char *fin = "stop";
+        ksrv_tools_message(j, 0, all.p, all.len, &b, &fin);
+        ksrv_buf_str(&b, "}");
+        cJSON *m = cJSON_Parse(b.p);
+        KT_CHECKF(m, "case %zu: %s", c, b.p);
+        const cJSON *msg = ku_json_get(m, "message"), *tc = cJSON_GetArrayItem(ku_json_get(msg, "tool_calls"), 0);
+        const cJSON *content = ku_json_get(msg, "content"), *rc = ku_json_get(msg, "reasoning_content");
+        KT_CHECKF(!strcmp(content ? content->valuestring : "", a.content), "case %zu: content %s", c, b.p);
+        KT_CHECKF(!strcmp(rc ? rc->valuestring : "", a.reasoning), "case %zu: reasoning %s", c, b.p);
+        KT_CHECKF(oc->name ? tc && !strcmp(ku_json_get(ku_json_get(tc, "function"), "arguments")->valuestring, a.args[0]) &&
+                                 !strcmp(ku_json_get(tc, "id")->valuestring, a.id[0]) && !strcmp(fin, "tool_calls")
+                           : !tc && !strcmp(fin, "stop"),
+                  "case %zu: %s", c, b.p);
+        KT_CHECKF(!oc->name || *oc->content || !content, "case %zu: content should be null beside a call: %s", c, b.p);
+        cJSON_Delete(m);
+        ksrv_buf_free(&b), ksrv_buf_free(&all);
+        free_job(j);
+        free_fake(s);
+    }
+}
+
+KT_TEST(server_tools_request_errors) {
+    static const struct {
+        const char *tmpl, *extra, *want;
+    } k_err[] = {
+        {"llama3", "", "no format kiln knows"}, /* a template without tool calls */
+        {"Qwen-Qwen2.5-7B-Instruct", ", \"tool_choice\": \"sometimes\"", "\"tool_choice\": \"sometimes\""},
+        {"Qwen-Qwen2.5-7B-Instruct", ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"nope\"}}",
+         "\"nope\" is not in \"tools\""},
+        {"Qwen-Qwen2.5-7B-Instruct", ", \"reasoning_format\": \"loud\"", "\"reasoning_format\""},
+        {"Qwen-Qwen2.5-7B-Instruct", ", \"parallel_tool_calls\": 3", "parallel_tool_calls"},
+        {"Qwen-Qwen3-0.6B", ", \"reasoning_budget\": 100", "only -1 (unrestricted) and 0"},
+    };
+    for (size_t c = 0; c < sizeof k_err / sizeof k_err[0]; c++) {
+        char *src = template_text(k_err[c].tmpl);
+        KT_CHECKF(src, "%s: no template", k_err[c].tmpl);
+        ksrv *s = fake_server(src);
+        free(src);
+        kiln_status st;
+        ksrv_job *j = fake_job(s, k_err[c].extra, &st);
+        KT_CHECKF(st && strstr(kiln_status_msg(st), k_err[c].want), "case %zu: %s", c, kiln_status_msg(st));
+        kiln_status_free(st);
+        free_job(j);
+        free_fake(s);
+    }
+    /* reasoning_budget 0: the template's enable_thinking false */
+    {
+        cJSON *rb = cJSON_Parse("{\"reasoning_budget\": 0}");
+        char *src = template_text("Qwen-Qwen3-0.6B");
+        ksrv *q = fake_server(src);
+        free(src);
+        ksrv_tools *t = NULL;
+        const cJSON *tt;
+        cJSON *kw = NULL;
+        KT_CHECK_OK(ksrv_tools_parse(q, rb, &t, &tt, &kw));
+        KT_CHECK(cJSON_IsFalse(ku_json_get(kw, "enable_thinking")));
+        ksrv_tools_free(t);
+        cJSON_Delete(kw), cJSON_Delete(rb);
+        free_fake(q);
+    }
+    /* bad tools and messages */
+    cJSON *b = cJSON_Parse("{\"tools\": [{\"type\": \"function\", \"function\": {}}]}");
+    ksrv *s = fake_server("{{ messages }}");
+    ksrv_tools *t = NULL;
+    const cJSON *tt;
+    cJSON *kw = NULL;
+    kiln_status st = ksrv_tools_parse(s, b, &t, &tt, &kw);
+    KT_CHECKF(st && strstr(kiln_status_msg(st), "\"tools\"[0].function.name"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    cJSON_Delete(b);
+    free_fake(s);
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"arguments\": \"{}\"}}]}]");
+    st = ksrv_tools_fix_messages(msgs);
+    KT_CHECKF(st && strstr(kiln_status_msg(st), "tool_calls[0].function.name"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    cJSON_Delete(msgs);
+    /* arguments strings become objects, null content "", reasoning copied for gpt-oss */
+    msgs = cJSON_Parse("[{\"role\": \"assistant\", \"content\": null, \"reasoning_content\": \"r\", \"tool_calls\": [{\"function\": "
+                       "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}}]}]");
+    KT_CHECK_OK(ksrv_tools_fix_messages(msgs));
+    const cJSON *m0 = cJSON_GetArrayItem(msgs, 0);
+    const cJSON *args = ku_json_get(ku_json_get(cJSON_GetArrayItem(ku_json_get(m0, "tool_calls"), 0), "function"), "arguments");
+    KT_CHECK(cJSON_IsObject(args) && ku_json_get(args, "a")->valuedouble == 1);
+    KT_CHECK_STR(ku_json_get(m0, "content")->valuestring, "");
+    KT_CHECK_STR(ku_json_get(m0, "thinking")->valuestring, "r");
+    cJSON_Delete(msgs);
+}
+
+/* ---------------------------------------------------------------- end to end */
+
+static size_t sink(char *p, size_t sz, size_t n, void *ud) {
+    ksrv_buf_add(ud, p, sz * n);
+    return sz * n;
+}
+
+static long post_to(int port, const char *path, const char *hdr, const char *body, ksrv_buf *out) {
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    CURL *c = curl_easy_init();
+    struct curl_slist *h = curl_slist_append(NULL, hdr ? hdr : "Authorization: Bearer k");
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+    long status = -1;
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    curl_slist_free_all(h);
+    ksrv_buf_add(out, "", 0);
+    return status;
+}
+
+static long post(int port, const char *body, ksrv_buf *out) { return post_to(port, "/v1/chat/completions", NULL, body, out); }
+
+static int prompt_tokens(const char *body) {
+    cJSON *j = cJSON_Parse(body);
+    const cJSON *u = ku_json_get(ku_json_get(j, "usage"), "prompt_tokens");
+    int n = u ? (int)u->valuedouble : -1;
+    cJSON_Delete(j);
+    return n;
+}
+
+/* The llama oracle fixture, the 512-id tokenizer, and Qwen2.5's template
+ * (chat_template.jinja comes before tokenizer_config.json's). */
+KT_TEST(server_tools_end_to_end) {
+    char dir[] = "/tmp/kiln-tools-XXXXXX", root[PATH_MAX], from[PATH_MAX * 2];
+    KT_CHECK(mkdtemp(dir) && realpath(kt_root(), root));
+    static const char *files[][2] = {{"tests/fixtures/oracle/llama/config.json", "config.json"},
+                                     {"tests/fixtures/oracle/llama/model.safetensors", "model.safetensors"},
+                                     {"tests/data/server/tok512/tokenizer.json", "tokenizer.json"},
+                                     {"tests/data/server/tok512/tokenizer_config.json", "tokenizer_config.json"},
+                                     {"tests/data/chat/templates/Qwen-Qwen2.5-7B-Instruct.jinja", "chat_template.jinja"}};
+    for (int i = 0; i < 5; i++) {
+        snprintf(from, sizeof from, "%s/%s", root, files[i][0]);
+        KT_CHECK(ckt_copy(from, dir, files[i][1])); /* weights must lie in the folder */
+    }
+    ksrv_params p = {.model_dir = dir, .alias = "tiny", .parallel = 2, .ctx_size = 1024, .threads = 1, .quiet = true, .api_key = "k"};
+    ksrv *s;
+    KT_CHECK_OK(ksrv_start(&p, &s));
+    KT_CHECK_OK(ksrv_wait_ready(s));
+    int port = ksrv_port(s);
+    char body[4096];
+    ksrv_buf r0 = {0}, r1 = {0}, r2 = {0}, r3 = {0};
+    long st0 = post(port, "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}], \"max_tokens\": 4}", &r0);
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}], \"tools\": %s, \"max_tokens\": 4}",
+             k_tools_json);
+    long st1 = post(port, body, &r1);
+    /* a whole round trip: the call (arguments as a string, content null) and its result */
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", \"content\": "
+             "null, \"tool_calls\": [{\"id\": \"abcdefghi\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+             "\"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"abcdefghi\", "
+             "\"content\": \"sunny\"}], \"tools\": %s, \"max_tokens\": 4, \"stream\": true}",
+             k_tools_json);
+    long st2 = post(port, body, &r2);
+    long st3 = post(port, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": 3}", &r3);
+    /* the agent APIs: Responses, Anthropic Messages (x-api-key), count_tokens, Anthropic's errors */
+    ksrv_buf r4 = {0}, r5 = {0}, r6 = {0}, r7 = {0}, r8 = {0}, r9 = {0};
+    snprintf(body, sizeof body,
+             "{\"input\": [{\"role\": \"user\", \"content\": \"Weather?\"}, {\"type\": \"function_call\", \"call_id\": "
+             "\"abcdefghi\", \"name\": \"get_weather\", \"arguments\": \"{}\"}, {\"type\": \"function_call_output\", \"call_id\": "
+             "\"abcdefghi\", \"output\": \"sunny\"}], \"tools\": [{\"type\": \"function\", \"name\": \"get_weather\", "
+             "\"parameters\": {\"type\": \"object\"}}], \"max_output_tokens\": 3, \"stream\": true}");
+    long st4 = post_to(port, "/v1/responses", NULL, body, &r4);
+    const char *msg = "{\"max_tokens\": 3, \"system\": \"Be brief\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}";
+    long st5 = post_to(port, "/v1/messages", "x-api-key: k", msg, &r5);
+    long st6 = post_to(port, "/v1/messages/count_tokens", "x-api-key: k", msg, &r6);
+    long st7 = post_to(port, "/v1/messages", "x-api-key: k", "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}", &r7);
+    long st8 = post_to(port, "/v1/messages", "x-api-key: wrong", msg, &r8);
+    long st9 = post_to(port, "/v1/responses", NULL, "{\"input\": \"Hi\", \"max_output_tokens\": 2}", &r9);
+    ksrv_stop(s);
+    ckt_rmdir(dir);
+    KT_CHECKF(st0 == 200 && st1 == 200, "%ld %s / %ld %s", st0, r0.p, st1, r1.p);
+    /* the tools are in the prompt */
+    KT_CHECKF(prompt_tokens(r1.p) > prompt_tokens(r0.p) + 20, "%s vs %s", r1.p, r0.p);
+    KT_CHECKF(st2 == 200 && strstr(r2.p, "data: [DONE]"), "%ld %s", st2, r2.p);
+    KT_CHECKF(st3 == 400 && strstr(r3.p, "expected a list of tools"), "%ld %s", st3, r3.p);
+    KT_CHECKF(st4 == 200 && strstr(r4.p, "event: response.created\n") && strstr(r4.p, "event: response.incomplete\n"), "%ld %s", st4, r4.p);
+    KT_CHECKF(st5 == 200 && strstr(r5.p, "\"type\": \"message\"") && strstr(r5.p, "\"stop_reason\": \"max_tokens\""), "%ld %s", st5, r5.p);
+    KT_CHECKF(st6 == 200 && prompt_tokens(r5.p) < 0 && strstr(r6.p, "\"input_tokens\": "), "%ld %s", st6, r6.p);
+    KT_CHECKF(st7 == 400 && strstr(r7.p, "{\"type\": \"error\", \"error\": {\"type\": \"invalid_request_error\""), "%ld %s", st7, r7.p);
+    KT_CHECKF(st8 == 401 && strstr(r8.p, "authentication_error"), "%ld %s", st8, r8.p);
+    KT_CHECKF(st9 == 200 && strstr(r9.p, "\"object\": \"response\""), "%ld %s", st9, r9.p);
+    ksrv_buf_free(&r0), ksrv_buf_free(&r1), ksrv_buf_free(&r2), ksrv_buf_free(&r3);
+    ksrv_buf_free(&r4), ksrv_buf_free(&r5), ksrv_buf_free(&r6), ksrv_buf_free(&r7), ksrv_buf_free(&r8), ksrv_buf_free(&r9);
+}
+
+/* ---------------------------------------------------------------- the agent APIs */
+
+#include "server/agent.h"
+
+/* A Responses or Messages job of one choice over the fake server, its
+ * events already produced (all ended). */
+static ksrv_job *agent_job(ksrv *s, ksrv_api api, bool stream, const char *const *pieces, kgen_finish fin) {
+    kiln_status st;
+    ksrv_job *j = fake_job(s, "", &st);
+    kiln_status_free(st);
+    j->stream = stream;
+    pthread_mutex_init(&j->mu, NULL);
+    ksrv_agent *a = calloc(1, sizeof *a);
+    a->api = api;
+    a->fn = api == KSRV_API_RESPONSES ? &ksrv_responses_api : &ksrv_anthropic_api;
+    a->open = -1;
+    a->req = cJSON_Parse(k_tools_json);
+    ktc_syntax syn = ksrv_tools_syntax(j->tools);
+    a->st = ktc_stream_create(&syn);
+    snprintf(a->id, sizeof a->id, "%s", api == KSRV_API_RESPONSES ? "resp_x" : "msg_x");
+    j->agent = a;
+    int n = 0;
+    while (pieces[n]) n++;
+    j->ev = calloc((size_t)n + 1, sizeof *j->ev);
+    for (int k = 0; k < n; k++)
+        j->ev[k] = (ksrv_ev){.text = (char *)pieces[k], .len = strlen(pieces[k]), .finish = k == n - 1 ? fin : KGEN_CONTINUE};
+    j->ev[n] = (ksrv_ev){.end = true, .n_generated = 7};
+    j->n_ev = n + 1;
+    j->n_submitted = j->n_ended = 1;
+    j->ch[0] = (ksrv_choice){.job = j, .finish = fin, .n_generated = 7};
+    j->n_prompts = 1;
+    j->n_prompt = calloc(1, sizeof *j->n_prompt);
+    j->n_prompt[0] = 11;
+    return j;
+}
+
+static void free_agent_job(ksrv_job *j) {
+    ksrv_agent_free(j->agent);
+    free(j->ev);
+    free(j->n_prompt);
+    pthread_mutex_destroy(&j->mu);
+    free_job(j);
+}
+
+/* The data of the stream's events named type, in order (cJSON array). */
+static cJSON *events(const char *sse, const char *type) {
+    cJSON *out = cJSON_CreateArray();
+    char want[96];
+    snprintf(want, sizeof want, "event: %s\ndata: ", type);
+    for (const char *p = sse; (p = strstr(p, want));) {
+        p += strlen(want);
+        const char *e = strstr(p, "\n\n");
+        cJSON_AddItemToArray(out, cJSON_ParseWithLength(p, (size_t)(e - p)));
+        p = e;
+    }
+    return out;
+}
+
+/* The same output streamed (js) and whole (jn, its body in *body). */
+static bool both_ways(ksrv *s, ksrv_api api, ksrv_job **js, ksrv_job **jn, ksrv_buf *body);
+
+static const char *k_agent_out[] = {"<think>Plan", " it.</think>\n\nChecking.", "\n<tool_call>\n{\"name\": \"get_weather\", ",
+                                    "\"arguments\": {\"city\": ", "\"Paris\"}}\n</tool_call>", NULL};
+
+static bool both_ways(ksrv *s, ksrv_api api, ksrv_job **js, ksrv_job **jn, ksrv_buf *body) {
+    *js = agent_job(s, api, true, k_agent_out, KGEN_FINISH_EOS);
+    ksrv_agent_stream(*js);
+    *jn = agent_job(s, api, false, k_agent_out, KGEN_FINISH_EOS);
+    *body = (ksrv_buf){0};
+    return (*js)->done_sent && !(*js)->out.oom && ksrv_agent_response(*jn, body) == 200;
+}
+
+static ksrv *qwen3_server(void) {
+    char *src = template_text("Qwen-Qwen3-0.6B");
+    ksrv *s = fake_server(src ? src : "");
+    free(src);
+    return s;
+}
+
+KT_TEST(server_responses_output_items_and_events) {
+    ksrv *s = qwen3_server();
+    ksrv_job *js, *jn;
+    ksrv_buf body;
+    KT_CHECK(both_ways(s, KSRV_API_RESPONSES, &js, &jn, &body));
+    cJSON *whole = cJSON_Parse(body.p), *done = events(js->out.p, "response.completed");
+    KT_CHECKF(whole && cJSON_GetArraySize(done) == 1, "%s", js->out.p);
+    const cJSON *streamed = ku_json_get(cJSON_GetArrayItem(done, 0), "response");
+    /* the items: reasoning, message, function_call; the same streamed or not */
+    const cJSON *out = ku_json_get(whole, "output");
+    KT_CHECKF(cJSON_GetArraySize(out) == 3, "%s", body.p);
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(out, 0), "type")->valuestring, "reasoning");
+    const cJSON *msg = cJSON_GetArrayItem(out, 1), *fc = cJSON_GetArrayItem(out, 2);
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(ku_json_get(msg, "content"), 0), "text")->valuestring, "Checking.");
+    KT_CHECK_STR(ku_json_get(fc, "name")->valuestring, "get_weather");
+    KT_CHECK_STR(ku_json_get(fc, "arguments")->valuestring, "{\"city\": \"Paris\"}");
+    const cJSON *sout = ku_json_get(streamed, "output");
+    KT_CHECK(strlen(ku_json_get(fc, "call_id")->valuestring) == 9); /* (each job draws its own ids) */
+    cJSON_DeleteItemFromObject(cJSON_GetArrayItem(out, 2), "call_id");
+    cJSON_DeleteItemFromObject(cJSON_GetArrayItem(sout, 2), "call_id");
+    KT_CHECKF(cJSON_Compare(out, sout, true), "%s\n%s", body.p, js->out.p);
+    KT_CHECK_STR(ku_json_get(whole, "status")->valuestring, "completed");
+    KT_CHECK_EQ(ku_json_get(ku_json_get(whole, "usage"), "input_tokens")->valuedouble, 11);
+    /* the typed events: sequence numbers 0, 1, ...; deltas add up */
+    int seq = 0;
+    for (const char *p = js->out.p; (p = strstr(p, "\"sequence_number\": "));) {
+        p += 19;
+        KT_CHECKF(atoi(p) == seq, "sequence number %d, want %d", atoi(p), seq);
+        seq++;
+    }
+    KT_CHECKF(seq > 10, "%d events", seq);
+    static const char *const order[] = {"response.created", "response.in_progress", "response.output_item.added",
+                                        "response.reasoning_text.delta", "response.output_item.done", "response.content_part.added",
+                                        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+                                        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                                        "response.completed"};
+    const char *at = js->out.p;
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+        char ev[96];
+        snprintf(ev, sizeof ev, "event: %s\n", order[i]);
+        const char *f = strstr(at, ev);
+        KT_CHECKF(f, "no %s after the earlier events:\n%s", order[i], js->out.p);
+        at = f;
+    }
+    cJSON *ad = events(js->out.p, "response.function_call_arguments.delta");
+    ksrv_buf args = {0};
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ad) ksrv_buf_str(&args, ku_json_get(e, "delta")->valuestring);
+    KT_CHECK_STR(args.p, "{\"city\": \"Paris\"}");
+    ksrv_buf_free(&args);
+    cJSON_Delete(ad), cJSON_Delete(whole), cJSON_Delete(done);
+    ksrv_buf_free(&body);
+    free_agent_job(js), free_agent_job(jn);
+    /* cut short: incomplete, max_output_tokens */
+    static const char *const cut[] = {"Hello", NULL};
+    jn = agent_job(s, KSRV_API_RESPONSES, false, cut, KGEN_FINISH_LENGTH);
+    KT_CHECK_EQ(ksrv_agent_response(jn, &body), 200);
+    KT_CHECKF(strstr(body.p, "\"status\": \"incomplete\"") && strstr(body.p, "max_output_tokens"), "%s", body.p);
+    ksrv_buf_free(&body);
+    free_agent_job(jn);
+    free_fake(s);
+}
+
+KT_TEST(server_anthropic_content_blocks_and_events) {
+    ksrv *s = qwen3_server();
+    ksrv_job *js, *jn;
+    ksrv_buf body;
+    KT_CHECK(both_ways(s, KSRV_API_ANTHROPIC, &js, &jn, &body));
+    cJSON *whole = cJSON_Parse(body.p);
+    const cJSON *content = ku_json_get(whole, "content");
+    KT_CHECKF(cJSON_GetArraySize(content) == 3, "%s", body.p);
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(content, 0), "thinking")->valuestring, "Plan it.");
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(content, 1), "text")->valuestring, "Checking.");
+    const cJSON *tu = cJSON_GetArrayItem(content, 2);
+    KT_CHECK_STR(ku_json_get(tu, "type")->valuestring, "tool_use");
+    KT_CHECK_STR(ku_json_get(ku_json_get(tu, "input"), "city")->valuestring, "Paris");
+    KT_CHECK_STR(ku_json_get(whole, "stop_reason")->valuestring, "tool_use");
+    /* the stream's blocks rebuilt from its deltas equal the whole message */
+    cJSON *starts = events(js->out.p, "content_block_start"), *deltas = events(js->out.p, "content_block_delta");
+    KT_CHECK_EQ(cJSON_GetArraySize(starts), 3);
+    ksrv_buf acc[3] = {{0}};
+    const cJSON *e;
+    cJSON_ArrayForEach(e, deltas) {
+        int i = (int)ku_json_get(e, "index")->valuedouble;
+        const cJSON *d = ku_json_get(e, "delta");
+        const char *ty = ku_json_get(d, "type")->valuestring;
+        const cJSON *v = ku_json_get(d, !strcmp(ty, "text_delta") ? "text" : !strcmp(ty, "thinking_delta") ? "thinking" : "partial_json");
+        if (v && i >= 0 && i < 3) ksrv_buf_str(&acc[i], v->valuestring);
+    }
+    KT_CHECK_STR(acc[0].p, "Plan it.");
+    KT_CHECK_STR(acc[1].p, "Checking.");
+    cJSON *in = cJSON_Parse(acc[2].p);
+    KT_CHECK(cJSON_Compare(in, ku_json_get(tu, "input"), true));
+    KT_CHECK_STR(ku_json_get(ku_json_get(cJSON_GetArrayItem(starts, 2), "content_block"), "id")->valuestring,
+                 ku_json_get(tu, "id")->valuestring);
+    cJSON *md = events(js->out.p, "message_delta");
+    KT_CHECK_STR(ku_json_get(ku_json_get(cJSON_GetArrayItem(md, 0), "delta"), "stop_reason")->valuestring, "tool_use");
+    KT_CHECK(strstr(js->out.p, "event: message_start\n") == js->out.p && strstr(js->out.p, "event: message_stop\n"));
+    cJSON_Delete(in), cJSON_Delete(md), cJSON_Delete(starts), cJSON_Delete(deltas), cJSON_Delete(whole);
+    for (int i = 0; i < 3; i++) ksrv_buf_free(&acc[i]);
+    ksrv_buf_free(&body);
+    free_agent_job(js), free_agent_job(jn);
+    free_fake(s);
+}
+
+/* The requests as chat bodies. */
+KT_TEST(server_agent_requests_to_chat) {
+    cJSON *b = cJSON_Parse(
+        "{\"instructions\": \"Be brief\", \"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_text\", \"text\": \"Hi\"}]}, "
+        "{\"type\": \"function_call\", \"call_id\": \"c1\", \"name\": \"f\", \"arguments\": \"{}\"}, {\"type\": \"function_call_output\", "
+        "\"call_id\": \"c1\", \"output\": \"ok\"}], \"tools\": [{\"type\": \"function\", \"name\": \"f\", \"parameters\": {}}], "
+        "\"tool_choice\": {\"type\": \"function\", \"name\": \"f\"}, \"max_output_tokens\": 9, \"reasoning\": {\"effort\": \"low\"}}");
+    cJSON *c;
+    KT_CHECK_OK(ksrv_agent_to_chat(KSRV_API_RESPONSES, b, &c));
+    char *t = cJSON_PrintUnformatted(c);
+    KT_CHECKF(strstr(t, "{\"role\":\"system\",\"content\":\"Be brief\"}") && strstr(t, "\"tool_calls\":[{\"id\":\"c1\"") &&
+                  strstr(t, "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}") &&
+                  strstr(t, "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"") && strstr(t, "\"max_tokens\":9") &&
+                  strstr(t, "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}") &&
+                  strstr(t, "\"reasoning_effort\":\"low\""),
+              "%s", t);
+    free(t);
+    cJSON_Delete(c), cJSON_Delete(b);
+    b = cJSON_Parse("{\"max_tokens\": 5, \"system\": [{\"type\": \"text\", \"text\": \"S\"}], \"messages\": [{\"role\": \"user\", \"content\": "
+                    "\"Hi\"}, {\"role\": \"assistant\", \"content\": [{\"type\": \"thinking\", \"thinking\": \"hm\"}, {\"type\": \"tool_use\", "
+                    "\"id\": \"t1\", \"name\": \"f\", \"input\": {\"a\": 1}}]}, {\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", "
+                    "\"tool_use_id\": \"t1\", \"content\": [{\"type\": \"text\", \"text\": \"done\"}]}]}], \"tools\": [{\"name\": \"f\", "
+                    "\"input_schema\": {\"type\": \"object\"}}], \"tool_choice\": {\"type\": \"any\"}, \"thinking\": {\"type\": \"disabled\"}, "
+                    "\"stop_sequences\": [\"END\"]}");
+    KT_CHECK_OK(ksrv_agent_to_chat(KSRV_API_ANTHROPIC, b, &c));
+    t = cJSON_PrintUnformatted(c);
+    KT_CHECKF(strstr(t, "{\"role\":\"system\",\"content\":\"S\"}") && strstr(t, "\"reasoning_content\":\"hm\"") &&
+                  strstr(t, "\"arguments\":{\"a\":1}") && strstr(t, "{\"role\":\"tool\",\"tool_call_id\":\"t1\",\"content\":\"done\"}") &&
+                  strstr(t, "\"parameters\":{\"type\":\"object\"}") && strstr(t, "\"tool_choice\":\"required\"") &&
+                  strstr(t, "\"enable_thinking\":false") && strstr(t, "\"stop\":[\"END\"]"),
+              "%s", t);
+    free(t);
+    cJSON_Delete(c), cJSON_Delete(b);
+    /* a developer message in the middle joins the leading system message */
+    b = cJSON_Parse("{\"instructions\": \"A\", \"input\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"developer\", "
+                    "\"content\": [{\"type\": \"input_text\", \"text\": \"B\"}]}, {\"role\": \"user\", \"content\": \"Go\"}]}");
+    KT_CHECK_OK(ksrv_agent_to_chat(KSRV_API_RESPONSES, b, &c));
+    t = cJSON_PrintUnformatted(ku_json_get(c, "messages"));
+    KT_CHECKF(!strcmp(t, "[{\"role\":\"system\",\"content\":\"A\\n\\nB\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+                         "{\"role\":\"user\",\"content\":\"Go\"}]"),
+              "%s", t);
+    free(t);
+    cJSON_Delete(c), cJSON_Delete(b);
+    /* errors */
+    static const char *const bad[][2] = {
+        {"{\"input\": \"x\", \"previous_response_id\": \"r\"}", "does not store responses"},
+        {"{\"input\": [{\"type\": \"web_search_call\"}]}", "not supported"},
+        {"{\"input\": \"x\", \"tools\": [{\"type\": \"web_search\"}]}", "only function tools"},
+        {"{}", "\"input\": required"},
+    };
+    for (size_t i = 0; i < 4; i++) {
+        b = cJSON_Parse(bad[i][0]);
+        kiln_status st = ksrv_agent_to_chat(KSRV_API_RESPONSES, b, &c);
+        KT_CHECKF(st && strstr(kiln_status_msg(st), bad[i][1]), "%s: %s", bad[i][0], kiln_status_msg(st));
+        kiln_status_free(st);
+        cJSON_Delete(b);
+    }
+    b = cJSON_Parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}");
+    kiln_status st = ksrv_agent_to_chat(KSRV_API_ANTHROPIC, b, &c);
+    KT_CHECKF(st && strstr(kiln_status_msg(st), "\"max_tokens\": required"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    cJSON_Delete(b);
+}

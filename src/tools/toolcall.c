@@ -1,0 +1,951 @@
+/* toolcall.c: format detection, the parsers of each tool-call format, the
+ * thinking-block split, and the streaming differ (see toolcall.h).
+ *
+ * Every parser walks the text once, left to right, and works the same on a
+ * prefix (partial) as on the whole: what could still turn into markup is
+ * held back, a call is reported once its name is complete, and arguments
+ * written as JSON are reported as the model's own text (its raw slice), so
+ * the streamed fragments add up to the final string. Formats that write
+ * arguments as XML-ish parameters (Qwen3-Coder, GLM-4.5) build the JSON
+ * object when the call closes, typed by the tool's schema as their
+ * reference parsers do (vLLM's qwen3coder / glm4_moe tool parsers). */
+#include "tools/toolcall.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NPOS ((size_t)-1)
+
+/* ---------------------------------------------------------------- names */
+
+static const char *const k_names[KTC_N_FORMATS] = {
+    "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r", "granite",
+};
+
+const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
+
+ktc_format ktc_detect(const char *s) {
+    if (!s) return KTC_NONE;
+    /* the specific markers first: several formats also write <tool_call> */
+    if (strstr(s, "<|channel|>") && strstr(s, "functions.")) return KTC_HARMONY;
+    if (strstr(s, "<｜tool▁calls▁begin｜>")) return KTC_DEEPSEEK;
+    if (strstr(s, "<|tool_calls_section_begin|>")) return KTC_KIMI_K2;
+    if (strstr(s, "<|START_ACTION|>")) return KTC_COMMAND_R;
+    if (strstr(s, "<|tool_call|>")) return KTC_GRANITE;
+    if (strstr(s, "<arg_key>")) return KTC_GLM45;
+    if (strstr(s, "<function=") && strstr(s, "<parameter=")) return KTC_QWEN3_CODER;
+    if (strstr(s, "[TOOL_CALLS]")) return strstr(s, "[ARGS]") ? KTC_MISTRAL_V11 : KTC_MISTRAL;
+    if (strstr(s, "<tool_call>")) return KTC_HERMES;
+    if (strstr(s, "<|python_tag|>") || (strstr(s, "<|start_header_id|>") && strstr(s, "\"parameters\": ")))
+        return KTC_LLAMA3;
+    return KTC_NONE;
+}
+
+ktc_reasoning ktc_detect_reasoning(const char *s) {
+    if (!s) return KTC_THINK_NONE;
+    if (strstr(s, "<think>") || strstr(s, "</think>")) return KTC_THINK_TAGS;
+    if (strstr(s, "[THINK]")) return KTC_THINK_MISTRAL;
+    if (strstr(s, "<|START_THINKING|>")) return KTC_THINK_COHERE;
+    return KTC_THINK_NONE;
+}
+
+bool ktc_needs_special(ktc_format f) {
+    return f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_MISTRAL_V11 || f == KTC_HARMONY || f == KTC_DEEPSEEK ||
+           f == KTC_KIMI_K2 || f == KTC_COMMAND_R || f == KTC_GRANITE;
+}
+
+const char *ktc_trigger(ktc_format f) {
+    switch (f) {
+    case KTC_HERMES: case KTC_QWEN3_CODER: case KTC_GLM45: return "<tool_call>";
+    case KTC_LLAMA3: return "{\"name\"";
+    case KTC_MISTRAL: case KTC_MISTRAL_V11: return "[TOOL_CALLS]";
+    case KTC_HARMONY: return " to=functions.";
+    case KTC_DEEPSEEK: return "<｜tool▁calls▁begin｜>";
+    case KTC_KIMI_K2: return "<|tool_calls_section_begin|>";
+    case KTC_COMMAND_R: return "<|START_ACTION|>";
+    case KTC_GRANITE: return "<|tool_call|>";
+    default: return NULL;
+    }
+}
+
+static const char *think_open(ktc_reasoning r) {
+    return r == KTC_THINK_MISTRAL ? "[THINK]" : r == KTC_THINK_COHERE ? "<|START_THINKING|>" : "<think>";
+}
+static const char *think_close(ktc_reasoning r) {
+    return r == KTC_THINK_MISTRAL ? "[/THINK]" : r == KTC_THINK_COHERE ? "<|END_THINKING|>" : "</think>";
+}
+
+static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+bool ktc_prompt_opens_think(ktc_reasoning r, const char *prompt) {
+    if (r == KTC_THINK_NONE || !prompt) return false;
+    size_t n = strlen(prompt);
+    while (n && is_ws(prompt[n - 1])) n--;
+    const char *o = think_open(r);
+    size_t k = strlen(o);
+    return n >= k && !memcmp(prompt + n - k, o, k);
+}
+
+/* ---------------------------------------------------------------- the parse state */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} buf;
+
+typedef struct {
+    const ktc_syntax *syn;
+    const char *t;
+    size_t n;
+    bool partial;
+    buf content, reasoning;
+    ktc_call *calls;
+    int n_calls, cap_calls;
+    bool oom;
+} P;
+
+/* false: out of memory */
+static bool buf_grow_add(buf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 64;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) return false;
+        b->p = q;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return true;
+}
+
+static void buf_add(P *p, buf *b, const char *s, size_t n) {
+    if (!p->oom && n && !buf_grow_add(b, s, n)) p->oom = true;
+}
+
+static void plain(P *p, size_t from, size_t to) {
+    if (to > from) buf_add(p, &p->content, p->t + from, to - from);
+}
+
+static char *dup_n(P *p, const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (!d) {
+        p->oom = true;
+        return NULL;
+    }
+    memcpy(d, s, n);
+    d[n] = 0;
+    return d;
+}
+
+/* Takes name and args (malloc'ed). */
+static void add_call(P *p, char *name, char *args) {
+    if (p->oom || !name || !args) {
+        free(name), free(args);
+        p->oom = true;
+        return;
+    }
+    if (p->n_calls == p->cap_calls) {
+        int cap = p->cap_calls ? p->cap_calls * 2 : 4;
+        ktc_call *c = realloc(p->calls, sizeof *c * (size_t)cap);
+        if (!c) {
+            free(name), free(args);
+            p->oom = true;
+            return;
+        }
+        p->calls = c;
+        p->cap_calls = cap;
+    }
+    p->calls[p->n_calls++] = (ktc_call){name, args};
+}
+
+/* Name and arguments as slices of the text (arguments right-trimmed: a
+ * partial value's trailing whitespace is held back). */
+static void add_call_slices(P *p, const char *name, size_t nn, size_t a0, size_t a1) {
+    while (nn && is_ws(name[nn - 1])) nn--;
+    while (nn && is_ws(*name)) name++, nn--;
+    while (a1 > a0 && is_ws(p->t[a1 - 1])) a1--;
+    add_call(p, dup_n(p, name, nn), dup_n(p, p->t + a0, a1 - a0));
+}
+
+static size_t find(const P *p, size_t from, const char *m) {
+    if (from >= p->n) return NPOS;
+    const char *r = memmem(p->t + from, p->n - from, m, strlen(m));
+    return r ? (size_t)(r - p->t) : NPOS;
+}
+
+static bool at(const P *p, size_t i, const char *m) {
+    size_t k = strlen(m);
+    return i + k <= p->n && !memcmp(p->t + i, m, k);
+}
+
+/* partial, and t[i..n) is a proper prefix of m (it may still become m) */
+static bool may_become(const P *p, size_t i, const char *m) {
+    size_t k = strlen(m), r = p->n - i;
+    return p->partial && r < k && !memcmp(p->t + i, m, r);
+}
+
+/* Partial: the length of the longest end of t[from..n) that begins m. */
+static size_t held(const P *p, size_t from, const char *m) {
+    if (!p->partial) return 0;
+    size_t k = strlen(m);
+    for (size_t l = k - 1; l > 0; l--)
+        if (l <= p->n - from && !memcmp(p->t + p->n - l, m, l)) return l;
+    return 0;
+}
+
+static size_t skip_ws(const P *p, size_t i) {
+    while (i < p->n && is_ws(p->t[i])) i++;
+    return i;
+}
+
+/* The earliest of markers m[0..k) at or after from: its index (*which), or NPOS. */
+static size_t find_first(const P *p, size_t from, const char *const *m, int k, int *which) {
+    size_t best = NPOS;
+    for (int i = 0; i < k; i++) {
+        size_t f = find(p, from, m[i]);
+        if (f < best) best = f, *which = i;
+    }
+    return best;
+}
+
+/* Content from `from` to the end, holding back a partial marker. */
+static void plain_rest(P *p, size_t from, const char *const *m, int k) {
+    size_t h = 0;
+    for (int i = 0; i < k; i++) {
+        size_t x = held(p, from, m[i]);
+        if (x > h) h = x;
+    }
+    plain(p, from, p->n - h);
+}
+
+/* ---------------------------------------------------------------- JSON extents */
+
+/* The extent of the JSON value at i (after whitespace): [*s, *e). Returns
+ * 1 complete, 0 the text ends inside it, -1 not a JSON value. Validation is
+ * cJSON's, later; this only finds where the value ends. */
+static int json_value(const P *p, size_t i, size_t *s, size_t *e) {
+    i = skip_ws(p, i);
+    *s = *e = i;
+    if (i >= p->n) return 0;
+    const char *t = p->t;
+    char c = t[i];
+    if (c == '{' || c == '[' || c == '"') {
+        int depth = 0;
+        bool str = false, esc = false;
+        for (size_t j = i; j < p->n; j++) {
+            char d = t[j];
+            if (str) {
+                if (esc) esc = false;
+                else if (d == '\\') esc = true;
+                else if (d == '"') {
+                    str = false;
+                    if (depth == 0) {
+                        *e = j + 1;
+                        return 1;
+                    }
+                }
+                continue;
+            }
+            if (d == '"') str = true;
+            else if (d == '{' || d == '[') depth++;
+            else if (d == '}' || d == ']') {
+                if (--depth == 0) {
+                    *e = j + 1;
+                    return 1;
+                }
+            }
+        }
+        *e = p->n;
+        return 0;
+    }
+    if (c == '-' || (c >= '0' && c <= '9') || c == 't' || c == 'f' || c == 'n') {
+        size_t j = i;
+        while (j < p->n && (strchr("+-.eE", t[j]) || (t[j] >= '0' && t[j] <= '9') || (t[j] >= 'a' && t[j] <= 'z'))) j++;
+        *e = j;
+        return j < p->n || !p->partial ? 1 : 0;
+    }
+    return -1;
+}
+
+/* A complete JSON slice: parsed (NULL: invalid). */
+static cJSON *json_parse(const P *p, size_t s, size_t e) { return cJSON_ParseWithLength(p->t + s, e - s); }
+
+typedef struct {
+    bool has_name;
+    char *name;       /* decoded (malloc'ed) */
+    int args;         /* -1 none yet, 0 partial, 1 complete */
+    size_t a0, a1;    /* the arguments' slice */
+    size_t end;       /* after the object's '}' */
+} jcall;
+
+static bool key_is(const P *p, size_t s, size_t e, const char *k) {
+    size_t n = strlen(k);
+    return e - s == n + 2 && !memcmp(p->t + s + 1, k, n);
+}
+
+/* A {"name": "..", "arguments"|"parameters": {..}} object at i (other keys,
+ * e.g. "id" or "type", ignored). Returns 1 complete, 0 incomplete, -1 not a
+ * call object (its first key is none of the call's). */
+static int json_call(P *p, size_t i, jcall *c) {
+    *c = (jcall){.args = -1};
+    i = skip_ws(p, i);
+    if (i >= p->n) return 0;
+    if (p->t[i] != '{') return -1;
+    i++;
+    bool first = true;
+    for (;;) {
+        i = skip_ws(p, i);
+        if (i >= p->n) return 0;
+        if (p->t[i] == '}') {
+            c->end = i + 1;
+            return 1;
+        }
+        if (p->t[i] == ',') {
+            i++;
+            continue;
+        }
+        size_t ks, ke, vs, ve;
+        int r = json_value(p, i, &ks, &ke);
+        if (r < 0 || p->t[ks] != '"') goto bad;
+        if (r == 0) return 0; /* the key is being written */
+        bool is_name = key_is(p, ks, ke, "name") || key_is(p, ks, ke, "tool_name"),
+             is_args = key_is(p, ks, ke, "arguments") || key_is(p, ks, ke, "parameters");
+        if (first && !is_name && !is_args && !key_is(p, ks, ke, "type") && !key_is(p, ks, ke, "id") &&
+            !key_is(p, ks, ke, "tool_call_id"))
+            goto bad;
+        first = false;
+        i = skip_ws(p, ke);
+        if (i >= p->n) return 0;
+        if (p->t[i] != ':') goto bad;
+        r = json_value(p, i + 1, &vs, &ve);
+        if (r < 0) goto bad;
+        if (is_args) {
+            c->args = r;
+            c->a0 = vs, c->a1 = ve;
+        }
+        if (r == 0) return 0;
+        if (is_name && p->t[vs] == '"' && !c->has_name) {
+            cJSON *v = json_parse(p, vs, ve);
+            if (!cJSON_IsString(v)) {
+                cJSON_Delete(v);
+                goto bad;
+            }
+            c->name = strdup(v->valuestring);
+            cJSON_Delete(v);
+            if (!c->name) p->oom = true;
+            c->has_name = true;
+        }
+        i = ve;
+    }
+bad:
+    free(c->name);
+    c->name = NULL;
+    c->has_name = false;
+    return -1;
+}
+
+/* Reports a call of a walked object: complete ones with checked arguments
+ * (a string holding JSON is taken as that JSON), incomplete ones once the
+ * name is known. Returns false (nothing added) when a complete object is
+ * not a valid call. Consumes c->name. */
+static bool report_jcall(P *p, jcall *c, bool complete) {
+    if (!c->has_name) {
+        free(c->name);
+        return !complete;
+    }
+    if (!complete) {
+        if (c->args < 0) add_call(p, c->name, dup_n(p, "", 0));
+        else add_call_slices(p, c->name, strlen(c->name), c->a0, c->a1), free(c->name);
+        return true;
+    }
+    if (c->args < 0) {
+        add_call(p, c->name, dup_n(p, "{}", 2));
+        return true;
+    }
+    cJSON *v = json_parse(p, c->a0, c->a1);
+    if (cJSON_IsString(v)) { /* arguments as a JSON string */
+        cJSON *in = cJSON_Parse(v->valuestring);
+        bool ok = cJSON_IsObject(in);
+        cJSON_Delete(in);
+        if (ok) add_call(p, c->name, dup_n(p, v->valuestring, strlen(v->valuestring)));
+        else free(c->name);
+        cJSON_Delete(v);
+        return ok;
+    }
+    bool ok = cJSON_IsObject(v);
+    cJSON_Delete(v);
+    if (ok) add_call_slices(p, c->name, strlen(c->name), c->a0, c->a1);
+    free(c->name);
+    return ok;
+}
+
+/* ---------------------------------------------------------------- formats */
+
+/* Hermes: <tool_call>{json}</tool_call>, repeated. */
+static void fmt_hermes(P *p, size_t i) {
+    static const char *const m[] = {"<tool_call>"};
+    for (;;) {
+        size_t k = find(p, i, m[0]);
+        if (k == NPOS) return plain_rest(p, i, m, 1);
+        plain(p, i, k);
+        size_t j = k + strlen(m[0]);
+        jcall c;
+        int r = json_call(p, j, &c);
+        if (r == 0) {
+            report_jcall(p, &c, false);
+            return;
+        }
+        if (r < 0 || !report_jcall(p, &c, true)) { /* not a call: the text stays */
+            plain(p, k, j);
+            i = j;
+            continue;
+        }
+        i = skip_ws(p, c.end);
+        if (at(p, i, "</tool_call>")) i += strlen("</tool_call>");
+        else if (may_become(p, i, "</tool_call>")) return;
+    }
+}
+
+/* Llama 3.x: a {"name": .., "parameters": ..} object opening the output
+ * (more after ';' or whitespace), or after <|python_tag|>. */
+static void fmt_llama3(P *p, size_t i) {
+    static const char *const m[] = {"<|python_tag|>"};
+    bool expect = true; /* where a bare JSON call may start */
+    for (;;) {
+        size_t j = skip_ws(p, i);
+        if (at(p, j, m[0])) j = skip_ws(p, j + strlen(m[0])), expect = true;
+        else if (may_become(p, j, m[0])) return;
+        if (expect && j < p->n && p->t[j] == '{') {
+            jcall c;
+            int r = json_call(p, j, &c);
+            if (r == 0 && p->partial) {
+                report_jcall(p, &c, false);
+                return;
+            }
+            if (r == 0 && c.has_name) {
+                report_jcall(p, &c, false);
+                return;
+            }
+            if (r > 0 && report_jcall(p, &c, true)) {
+                i = skip_ws(p, c.end);
+                if (i < p->n && p->t[i] == ';') i++;
+                continue;
+            }
+        } else if (expect && j == p->n && p->partial) {
+            return;
+        }
+        expect = false;
+        size_t k = find(p, j, m[0]);
+        if (k == NPOS) return plain_rest(p, i, m, 1);
+        plain(p, i, k);
+        i = k;
+    }
+}
+
+/* A JSON list (or a lone object) of call objects at j, reported: the index
+ * after it, or NPOS (stop: a call still being written). */
+static size_t json_call_list(P *p, size_t j) {
+    bool list = p->t[j] == '[';
+    if (list) j++;
+    for (;;) {
+        jcall c;
+        int r = json_call(p, j, &c);
+        if (r == 0) {
+            report_jcall(p, &c, false);
+            return NPOS;
+        }
+        if (r < 0 || !report_jcall(p, &c, true)) break;
+        j = skip_ws(p, c.end);
+        if (!list) break;
+        if (j < p->n && p->t[j] == ',') {
+            j++;
+            continue;
+        }
+        if (j < p->n && p->t[j] == ']') j++;
+        break;
+    }
+    return j;
+}
+
+/* Command R7B / A: <|START_ACTION|>[{"tool_call_id": .., "tool_name": ..,
+ * "parameters": {..}}, ..]<|END_ACTION|>; the answer between
+ * <|START_RESPONSE|> and <|END_RESPONSE|> (markers dropped). */
+static void fmt_command_r(P *p, size_t i) {
+    static const char *const m[] = {"<|START_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"};
+    for (;;) {
+        int w = 0;
+        size_t k = find_first(p, i, m, 3, &w);
+        if (k == NPOS) return plain_rest(p, i, m, 3);
+        plain(p, i, k);
+        i = k + strlen(m[w]);
+        if (w) continue;
+        size_t j = skip_ws(p, i);
+        if (j >= p->n) return;
+        if ((i = json_call_list(p, j)) == NPOS) return;
+        i = skip_ws(p, i);
+        if (at(p, i, "<|END_ACTION|>")) i += strlen("<|END_ACTION|>");
+        else if (may_become(p, i, "<|END_ACTION|>")) return;
+    }
+}
+
+/* Mistral: [TOOL_CALLS] then a JSON list (or object) of calls (v3), or
+ * NAME[CALL_ID]ID[ARGS]{json} (v11), repeated. Granite 3.x: <|tool_call|>
+ * then a JSON list (named false: no v11 form). */
+static void fmt_marker_list(P *p, size_t i, const char *marker, bool named) {
+    const char *const m[] = {marker};
+    for (;;) {
+        size_t k = find(p, i, m[0]);
+        if (k == NPOS) return plain_rest(p, i, m, 1);
+        plain(p, i, k);
+        size_t j = skip_ws(p, k + strlen(m[0]));
+        if (j >= p->n) return;
+        if (p->t[j] == '[' || p->t[j] == '{') { /* v3: a list of objects */
+            if ((i = json_call_list(p, j)) == NPOS) return;
+            continue;
+        }
+        if (!named) { /* not a call: the text stays */
+            plain(p, k, j);
+            i = j;
+            continue;
+        }
+        /* v11: the name runs to [CALL_ID] or [ARGS] */
+        static const char *const sep[] = {"[ARGS]", "[CALL_ID]"};
+        int w = 0;
+        size_t e = find_first(p, j, sep, 2, &w);
+        if (e == NPOS) return; /* the name is not complete */
+        size_t a = e + strlen(sep[w]);
+        if (w == 1) {
+            size_t e2 = find(p, a, "[ARGS]");
+            if (e2 == NPOS) {
+                if (p->partial) return;
+                e2 = p->n;
+            }
+            a = e2 + strlen("[ARGS]");
+        }
+        size_t vs, ve;
+        int r = json_value(p, a, &vs, &ve);
+        if (r <= 0) {
+            if (r == 0) add_call_slices(p, p->t + j, e - j, vs, ve);
+            return;
+        }
+        add_call_slices(p, p->t + j, e - j, vs, ve);
+        i = ve;
+    }
+}
+
+/* Formats that wrap calls in a section: BEGIN (CALL_BEGIN call)* END, each
+ * call parsed by .call from after CALL_BEGIN: the index after it (its end
+ * marker too), NPOS (stop: partial or reported incomplete), or NOT_CALL. */
+#define NOT_CALL (NPOS - 1)
+
+typedef struct {
+    const char *begin, *call_begin, *end;
+    size_t (*call)(P *p, size_t j);
+} section_fmt;
+
+static void fmt_section(P *p, size_t i, const section_fmt *f) {
+    const char *const m[] = {f->begin, f->call_begin}; /* (models also drop the section markers) */
+    for (;;) {
+        int w = 0;
+        size_t k = find_first(p, i, m, 2, &w);
+        if (k == NPOS) return plain_rest(p, i, m, 2);
+        plain(p, i, k);
+        size_t j = w == 0 ? k + strlen(m[0]) : k;
+        for (;;) {
+            j = skip_ws(p, j);
+            if (at(p, j, f->end)) {
+                j += strlen(f->end);
+                break;
+            }
+            if (j >= p->n || may_become(p, j, f->end) || may_become(p, j, f->call_begin)) return;
+            if (!at(p, j, f->call_begin)) break; /* stray text: content again */
+            size_t e = f->call(p, j + strlen(f->call_begin));
+            if (e == NPOS) return;
+            if (e == NOT_CALL) break;
+            j = e;
+        }
+        i = j;
+    }
+}
+
+/* A call's JSON arguments at a, then its end marker (after an optional
+ * closing fence). */
+static size_t json_args_then(P *p, const char *name, size_t nn, size_t a, const char *fence, const char *end) {
+    size_t vs, ve;
+    int r = json_value(p, a, &vs, &ve);
+    if (r < 0) return NOT_CALL;
+    add_call_slices(p, name, nn, vs, ve);
+    if (r == 0) return NPOS;
+    size_t j = skip_ws(p, ve);
+    if (fence && at(p, j, fence)) j = skip_ws(p, j + strlen(fence));
+    if (at(p, j, end)) return j + strlen(end);
+    if (may_become(p, j, end) || (fence && may_become(p, j, fence))) return NPOS;
+    return j;
+}
+
+/* DeepSeek: <｜tool▁calls▁begin｜> (<｜tool▁call▁begin｜>X<｜tool▁sep｜>Y<｜tool▁call▁end｜>)*
+ * <｜tool▁calls▁end｜>: V3.1 writes NAME<sep>{json}; R1 writes
+ * function<sep>NAME\n```json\n{json}\n```. */
+static size_t deepseek_call(P *p, size_t j) {
+    const char *sep = "<｜tool▁sep｜>";
+    size_t s = find(p, j, sep);
+    if (s == NPOS) return NPOS;
+    size_t y = skip_ws(p, s + strlen(sep));
+    if (y >= p->n) return NPOS;
+    const char *name = p->t + j;
+    size_t nn = s - j, a = y;
+    if (p->t[y] != '{') { /* R1: the name on its own line, then a ```json block */
+        size_t nl = find(p, y, "\n");
+        if (nl == NPOS) return NPOS;
+        name = p->t + y, nn = nl - y;
+        a = skip_ws(p, nl);
+        if (at(p, a, "```json")) a += 7;
+        else if (may_become(p, a, "```json")) return NPOS;
+    }
+    return json_args_then(p, name, nn, a, "```", "<｜tool▁call▁end｜>");
+}
+
+static const section_fmt k_deepseek = {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁calls▁end｜>", deepseek_call};
+
+/* Kimi K2: <|tool_calls_section_begin|> (<|tool_call_begin|>functions.NAME:I
+ * <|tool_call_argument_begin|>{json}<|tool_call_end|>)* <|tool_calls_section_end|>. */
+static size_t kimi_call(P *p, size_t j) {
+    const char *ab = "<|tool_call_argument_begin|>";
+    size_t s = find(p, j, ab);
+    if (s == NPOS) return NPOS;
+    /* the id: functions.NAME:INDEX */
+    size_t n0 = skip_ws(p, j), n1 = s;
+    while (n1 > n0 && is_ws(p->t[n1 - 1])) n1--;
+    if (n1 - n0 > 10 && !memcmp(p->t + n0, "functions.", 10)) n0 += 10;
+    for (size_t q = n1; q > n0; q--)
+        if (p->t[q - 1] == ':') {
+            n1 = q - 1;
+            break;
+        }
+    return json_args_then(p, p->t + n0, n1 - n0, s + strlen(ab), NULL, "<|tool_call_end|>");
+}
+
+static const section_fmt k_kimi = {"<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_calls_section_end|>", kimi_call};
+
+/* The type a tool's schema gives parameter key of function name ("string",
+ * "integer", ...; NULL when unknown). */
+static const char *param_type(const cJSON *tools, const char *name, const char *key) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (!f) f = t;
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsString(n) || strcmp(n->valuestring, name)) continue;
+        const cJSON *props = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(f, "parameters"), "properties");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(props, key), "type");
+        return cJSON_IsString(ty) ? ty->valuestring : NULL;
+    }
+    return NULL;
+}
+
+/* One parameter value written as text: a string when the schema says so
+ * (or the text is not JSON), else the JSON value it spells. */
+static cJSON *param_value(const P *p, const char *fn, const char *key, const char *v, size_t n) {
+    const char *ty = param_type(p->syn->tools, fn, key);
+    char *s = strndup(v, n);
+    if (!s) return NULL;
+    cJSON *r = NULL;
+    if (!ty || strcmp(ty, "string")) r = cJSON_Parse(s);
+    if (!r) r = cJSON_CreateString(s);
+    free(s);
+    return r;
+}
+
+/* Qwen3-Coder and GLM-4.5: parameters as tagged text, the object built when
+ * the call closes. */
+typedef struct {
+    const char *call_open, *call_close; /* <tool_call> ... </tool_call> */
+    const char *name_open, *name_close; /* Qwen3-Coder: <function= ... >; GLM: the text up to a newline or <arg_key> */
+    const char *key_open, *key_close;   /* <parameter= ... >, <arg_key> ... </arg_key> */
+    const char *val_open, *val_close;   /* "" ... </parameter>, <arg_value> ... </arg_value> */
+    const char *fn_close;               /* </function>, or NULL */
+} xml_fmt;
+
+static const xml_fmt k_qwen3_coder = {"<tool_call>", "</tool_call>", "<function=", ">", "<parameter=", ">", "", "</parameter>",
+                                      "</function>"};
+static const xml_fmt k_glm45 = {"<tool_call>", "</tool_call>", "", NULL, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", NULL};
+
+static void strip_nl(const char **s, size_t *n) {
+    if (*n && **s == '\n') (*s)++, (*n)--;
+    if (*n && (*s)[*n - 1] == '\n') (*n)--;
+}
+
+/* Returns the index after the call, NPOS (stop: partial, or reported), or
+ * NOT_CALL. */
+static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
+    j = skip_ws(p, j);
+    size_t n0, n1;
+    if (f->name_close) { /* <function=NAME> */
+        if (!at(p, j, f->name_open)) return may_become(p, j, f->name_open) || j >= p->n ? NPOS : NOT_CALL;
+        n0 = j + strlen(f->name_open);
+        n1 = find(p, n0, f->name_close);
+        if (n1 == NPOS) return NPOS;
+        j = n1 + strlen(f->name_close);
+    } else { /* GLM: NAME up to a newline, <arg_key> or the close */
+        static const char *const ends[] = {"\n", "<arg_key>", "</tool_call>"};
+        int w;
+        n0 = j;
+        n1 = find_first(p, j, ends, 3, &w);
+        if (n1 == NPOS) return NPOS;
+        j = n1;
+    }
+    char *name = dup_n(p, p->t + n0, n1 - n0);
+    if (!name) return NPOS;
+    cJSON *obj = cJSON_CreateObject();
+    for (;;) {
+        j = skip_ws(p, j);
+        const char *close = f->fn_close ? f->fn_close : f->call_close;
+        if (at(p, j, close) || (!p->partial && j >= p->n)) { /* the call is complete */
+            if (at(p, j, close)) j += strlen(close);
+            if (f->fn_close) {
+                j = skip_ws(p, j);
+                if (at(p, j, f->call_close)) j += strlen(f->call_close);
+                else if (may_become(p, j, f->call_close)) j = p->n;
+            }
+            char *args = cJSON_PrintUnformatted(obj);
+            cJSON_Delete(obj);
+            if (!args) p->oom = true;
+            size_t nn = strlen(name);
+            char *nm = name;
+            while (nn && is_ws(nm[nn - 1])) nm[--nn] = 0;
+            add_call(p, name, args);
+            return j;
+        }
+        if (!at(p, j, f->key_open)) break; /* incomplete (or malformed): the name only */
+        size_t k0 = j + strlen(f->key_open), k1 = find(p, k0, f->key_close);
+        if (k1 == NPOS) break;
+        size_t v0 = k1 + strlen(f->key_close);
+        v0 = *f->val_open ? skip_ws(p, v0) : v0;
+        if (*f->val_open) {
+            if (!at(p, v0, f->val_open)) break;
+            v0 += strlen(f->val_open);
+        }
+        size_t v1 = find(p, v0, f->val_close);
+        if (v1 == NPOS) break;
+        char *key = dup_n(p, p->t + k0, k1 - k0);
+        const char *v = p->t + v0;
+        size_t vn = v1 - v0;
+        strip_nl(&v, &vn);
+        cJSON *val = key ? param_value(p, name, key, v, vn) : NULL;
+        if (!val || !obj) p->oom = true;
+        else cJSON_AddItemToObject(obj, key, val);
+        free(key);
+        j = v1 + strlen(f->val_close);
+    }
+    cJSON_Delete(obj);
+    add_call(p, name, dup_n(p, "", 0)); /* still being written */
+    return NPOS;
+}
+
+static void fmt_xml(P *p, size_t i, const xml_fmt *f) {
+    const char *const m[] = {f->call_open, f->name_close ? f->name_open : f->call_open};
+    for (;;) {
+        int w = 0;
+        size_t k = find_first(p, i, m, 2, &w);
+        if (k == NPOS) return plain_rest(p, i, m, 2);
+        plain(p, i, k);
+        size_t j = w == 0 ? k + strlen(m[0]) : k; /* a bare <function=...> too */
+        size_t e = xml_call(p, f, j);
+        if (e == NPOS) return;
+        if (e == NOT_CALL) {
+            plain(p, k, j);
+            i = j;
+            continue;
+        }
+        i = e;
+    }
+}
+
+/* gpt-oss Harmony: messages [<|start|>ROLE]HEADER<|message|>BODY<|end|>;
+ * the header names the channel (<|channel|>analysis|commentary|final) and
+ * a call's recipient (to=functions.NAME). <|call|> and <|return|> end the
+ * generation (EOS: not in the text). */
+static void fmt_harmony(P *p, size_t i) {
+    static const char *const ends[] = {"<|end|>", "<|call|>", "<|return|>", "<|start|>"};
+    while (i < p->n) {
+        size_t h = i;
+        if (at(p, h, "<|start|>")) h += strlen("<|start|>");
+        else if (may_become(p, h, "<|start|>")) return;
+        size_t mm = find(p, h, "<|message|>");
+        bool header = mm != NPOS && mm - h < 512;
+        if (header) {
+            const char *ht = p->t + h;
+            size_t hn = mm - h;
+            header = memmem(ht, hn, "<|channel|>", 11) || memmem(ht, hn, "to=", 3);
+        }
+        if (!header) {
+            static const char *const starts[] = {"<|channel|>", " to=", "to=", "assistant"};
+            bool begun = p->partial && h == p->n;
+            for (int q = 0; q < 4; q++) begun = begun || at(p, h, starts[q]) || may_become(p, h, starts[q]);
+            if (mm == NPOS && p->partial && begun) return; /* a header being written */
+            /* plain text (no channel): content up to the next message */
+            size_t s = find(p, h, "<|start|>");
+            if (s == NPOS) return plain_rest(p, h, ends + 3, 1);
+            plain(p, h, s);
+            i = s;
+            continue;
+        }
+        const char *ht = p->t + h;
+        size_t hn = mm - h;
+        const char *to = memmem(ht, hn, "to=", 3);
+        const char *ch = memmem(ht, hn, "<|channel|>", 11);
+        size_t b0 = mm + strlen("<|message|>");
+        int w = 0;
+        size_t b1 = find_first(p, b0, ends, 4, &w);
+        bool closed = b1 != NPOS;
+        if (!closed) {
+            b1 = p->n;
+            for (int q = 0; q < 4; q++) {
+                size_t x = held(p, b0, ends[q]);
+                if (p->n - x < b1) b1 = p->n - x;
+            }
+        }
+        if (to && (size_t)(ht + hn - to) > 3 + 10 && !memcmp(to + 3, "functions.", 10)) {
+            const char *n0 = to + 13, *n1 = n0;
+            while (n1 < ht + hn && !is_ws(*n1) && *n1 != '<') n1++;
+            add_call_slices(p, n0, (size_t)(n1 - n0), b0, b1);
+        } else if (ch && (size_t)(ht + hn - ch) >= 11 + 8 && !memcmp(ch + 11, "analysis", 8)) {
+            if (b1 > b0) buf_add(p, &p->reasoning, p->t + b0, b1 - b0);
+        } else {
+            plain(p, b0, b1);
+        }
+        if (!closed) return;
+        i = b1 + (w == 3 ? 0 : strlen(ends[w]));
+    }
+}
+
+/* ---------------------------------------------------------------- the parse */
+
+static void trim(buf *b) {
+    size_t s = 0;
+    while (s < b->n && is_ws(b->p[s])) s++;
+    size_t e = b->n;
+    while (e > s && is_ws(b->p[e - 1])) e--;
+    if (b->p) {
+        memmove(b->p, b->p + s, e - s);
+        b->p[e - s] = 0;
+    }
+    b->n = e - s;
+}
+
+kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool partial, ktc_msg *m) {
+    memset(m, 0, sizeof *m);
+    P p = {.syn = s, .t = text, .n = n, .partial = partial};
+    size_t i = 0;
+    bool go = true;
+    /* the thinking block first (Harmony's analysis channel is the format's) */
+    if (s->reasoning != KTC_THINK_NONE && s->format != KTC_HARMONY) {
+        const char *o = think_open(s->reasoning), *c = think_close(s->reasoning);
+        bool in = s->think_open;
+        size_t j = skip_ws(&p, 0);
+        if (!in && at(&p, j, o)) in = true, i = j + strlen(o);
+        else if (!in && (may_become(&p, j, o) || (partial && j == n))) go = false;
+        if (in && go) {
+            size_t e = find(&p, i, c);
+            if (e == NPOS) {
+                buf_add(&p, &p.reasoning, text + i, n - i - held(&p, i, c));
+                go = false;
+            } else {
+                buf_add(&p, &p.reasoning, text + i, e - i);
+                i = e + strlen(c);
+            }
+        }
+    }
+    if (go) {
+        switch (s->format) {
+        case KTC_HERMES: fmt_hermes(&p, i); break;
+        case KTC_LLAMA3: fmt_llama3(&p, i); break;
+        case KTC_MISTRAL: case KTC_MISTRAL_V11: fmt_marker_list(&p, i, "[TOOL_CALLS]", true); break;
+        case KTC_DEEPSEEK: fmt_section(&p, i, &k_deepseek); break;
+        case KTC_KIMI_K2: fmt_section(&p, i, &k_kimi); break;
+        case KTC_QWEN3_CODER: fmt_xml(&p, i, &k_qwen3_coder); break;
+        case KTC_GLM45: fmt_xml(&p, i, &k_glm45); break;
+        case KTC_HARMONY: fmt_harmony(&p, i); break;
+        case KTC_COMMAND_R: fmt_command_r(&p, i); break;
+        case KTC_GRANITE: fmt_marker_list(&p, i, "<|tool_call|>", false); break;
+        default: plain(&p, i, n); break;
+        }
+    }
+    trim(&p.content);
+    trim(&p.reasoning);
+    m->content = p.content.p ? p.content.p : calloc(1, 1);
+    m->reasoning = p.reasoning.p ? p.reasoning.p : calloc(1, 1);
+    m->n_content = p.content.n;
+    m->n_reasoning = p.reasoning.n;
+    m->calls = p.calls;
+    m->n_calls = p.n_calls;
+    if (p.oom || !m->content || !m->reasoning) {
+        ktc_msg_free(m);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    return NULL;
+}
+
+void ktc_msg_free(ktc_msg *m) {
+    if (!m) return;
+    free(m->content);
+    free(m->reasoning);
+    for (int i = 0; i < m->n_calls; i++) free(m->calls[i].name), free(m->calls[i].arguments);
+    free(m->calls);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---------------------------------------------------------------- streaming */
+
+struct ktc_stream {
+    ktc_syntax syn;
+    buf text;    /* everything fed */
+    ktc_msg msg; /* the last parse */
+};
+
+ktc_stream *ktc_stream_create(const ktc_syntax *s) {
+    ktc_stream *st = calloc(1, sizeof *st);
+    if (st) st->syn = *s;
+    return st;
+}
+
+void ktc_stream_destroy(ktc_stream *st) {
+    if (!st) return;
+    free(st->text.p);
+    ktc_msg_free(&st->msg);
+    free(st);
+}
+
+const ktc_msg *ktc_stream_msg(const ktc_stream *st) { return &st->msg; }
+
+static kiln_status emit(ktc_delta_fn fn, void *ud, ktc_delta_kind k, int index, const char *t, size_t n) {
+    if (n == 0 && k != KTC_D_CALL) return NULL;
+    ktc_delta d = {k, index, t, n};
+    return fn(ud, &d);
+}
+
+kiln_status ktc_stream_feed(ktc_stream *st, const char *text, size_t n, bool final, ktc_delta_fn fn, void *ud) {
+    if (!buf_grow_add(&st->text, text, n)) return kiln_error(KILN_ENOMEM, "out of memory");
+    ktc_msg m;
+    KILN_TRY(ktc_parse(&st->syn, st->text.p, st->text.n, !final, &m));
+    ktc_msg *o = &st->msg;
+    kiln_status err = NULL;
+    /* what grew since the last parse (a parse never takes back what it showed) */
+    if (m.n_reasoning > o->n_reasoning)
+        err = emit(fn, ud, KTC_D_REASONING, 0, m.reasoning + o->n_reasoning, m.n_reasoning - o->n_reasoning);
+    if (!err && m.n_content > o->n_content)
+        err = emit(fn, ud, KTC_D_CONTENT, 0, m.content + o->n_content, m.n_content - o->n_content);
+    for (int i = 0; !err && i < m.n_calls; i++) {
+        size_t had = 0;
+        if (i < o->n_calls) had = strlen(o->calls[i].arguments);
+        else err = emit(fn, ud, KTC_D_CALL, i, m.calls[i].name, strlen(m.calls[i].name));
+        size_t now = strlen(m.calls[i].arguments);
+        if (!err && now > had) err = emit(fn, ud, KTC_D_ARGS, i, m.calls[i].arguments + had, now - had);
+    }
+    ktc_msg_free(o);
+    *o = m;
+    return err;
+}

@@ -1,0 +1,120 @@
+/* toolcall.h: tool calls and reasoning in model output (prefix ktc_).
+ *
+ * A model writes its tool calls and thinking blocks as text in a format of
+ * its own (Hermes <tool_call>{json}</tool_call>, Llama 3 JSON, Mistral
+ * [TOOL_CALLS], gpt-oss Harmony channels, DeepSeek's <｜tool▁calls▁begin｜>,
+ * ...). The format is chosen from the chat template's text, not from the
+ * model's name (ktc_detect), as the template is what taught the model the
+ * format. ktc_parse splits a whole output, or the prefix generated so far,
+ * into content, reasoning and calls; ktc_stream turns the growing output
+ * into deltas (content, reasoning, a call's name, its argument fragments)
+ * whose concatenation equals the final parse, whatever the split points.
+ *
+ * Partial parses are prefix-stable: content and reasoning of a prefix are
+ * prefixes of those of the whole; a call appears once its name is complete,
+ * and its arguments text only grows. Text that may still become markup (a
+ * partial "<tool_" at the end) is held back, so markup never reaches content.
+ *
+ * Constrained generation hook: ktc_trigger() gives the text at which a
+ * format's call starts (and ktc_syntax.tools the schemas); a grammar engine
+ * plugs in there, switched on at the trigger (lazily, tool_choice auto) or
+ * from the start (tool_choice required / a named function / strict). This
+ * module only parses; it constrains nothing. */
+#ifndef KILN_TOOLCALL_H
+#define KILN_TOOLCALL_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/status.h"
+
+typedef enum {
+    KTC_NONE,         /* no known tool-call format */
+    KTC_HERMES,       /* <tool_call>{"name": .., "arguments": {..}}</tool_call> (Qwen2.5/3, Hermes, ...) */
+    KTC_QWEN3_CODER,  /* <tool_call><function=NAME><parameter=K>V</parameter></function></tool_call> */
+    KTC_LLAMA3,       /* {"name": .., "parameters": {..}}, <|python_tag|>{..} (Llama 3.1-3.3) */
+    KTC_MISTRAL,      /* [TOOL_CALLS][{"name": .., "arguments": {..}}, ..] (Mistral v3, Nemo) */
+    KTC_MISTRAL_V11,  /* [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{..} (Mistral Small 3.2, Devstral, Ministral 3) */
+    KTC_HARMONY,      /* gpt-oss: <|channel|>commentary to=functions.NAME ... <|message|>{..}<|call|> */
+    KTC_DEEPSEEK,     /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>...<｜tool▁sep｜>... (R1 and V3.1 layouts) */
+    KTC_GLM45,        /* <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call> */
+    KTC_KIMI_K2,      /* <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{..} */
+    KTC_COMMAND_R,    /* <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]<|END_ACTION|> (Command R7B / A) */
+    KTC_GRANITE,      /* <|tool_call|>[{"name": .., "arguments": {..}}, ..] (Granite 3.x) */
+    KTC_N_FORMATS
+} ktc_format;
+
+typedef enum {
+    KTC_THINK_NONE,    /* no thinking blocks: everything is content */
+    KTC_THINK_TAGS,    /* <think>...</think> (Qwen3, DeepSeek-R1, GLM, Kimi, ...) */
+    KTC_THINK_MISTRAL, /* [THINK]...[/THINK] */
+    KTC_THINK_COHERE,  /* <|START_THINKING|>...<|END_THINKING|> */
+    /* Harmony's analysis channel is reasoning whenever the format is KTC_HARMONY */
+} ktc_reasoning;
+
+const char *ktc_format_name(ktc_format f); /* "hermes", ...; "none" */
+/* The format and thinking markers a chat template teaches. */
+ktc_format ktc_detect(const char *template_source);
+ktc_reasoning ktc_detect_reasoning(const char *template_source);
+/* Whether the format's markers are special tokens (the detokenizer must
+ * keep special tokens for the parser to see them). */
+bool ktc_needs_special(ktc_format f);
+/* Where a call starts: the grammar engine's trigger (see above). */
+const char *ktc_trigger(ktc_format f);
+
+typedef struct {
+    ktc_format format;       /* KTC_NONE: no tool calls parsed */
+    ktc_reasoning reasoning; /* KTC_THINK_NONE: thinking stays in content */
+    bool think_open;         /* the prompt already opened the thinking block */
+    const cJSON *tools;      /* OpenAI tools (borrowed; NULL): argument types for XML formats */
+} ktc_syntax;
+
+/* Whether a rendered prompt ends inside an opened thinking block ("<think>"
+ * and whitespace at its end, as DeepSeek-R1's and Qwen3's templates write). */
+bool ktc_prompt_opens_think(ktc_reasoning r, const char *prompt);
+
+typedef struct {
+    char *name;
+    char *arguments; /* JSON text of an object (a prefix of it while partial) */
+} ktc_call;
+
+typedef struct {
+    char *content, *reasoning; /* NUL-terminated, never NULL after a parse */
+    size_t n_content, n_reasoning;
+    ktc_call *calls;
+    int n_calls;
+} ktc_msg;
+
+/* Parses out[0..n) (partial: a prefix of the output still growing).
+ * Only out of memory fails. *m is overwritten (free it with ktc_msg_free). */
+kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool partial, ktc_msg *m);
+void ktc_msg_free(ktc_msg *m);
+
+/* ---- streaming ---- */
+typedef enum {
+    KTC_D_CONTENT,   /* text: a content fragment */
+    KTC_D_REASONING, /* text: a reasoning fragment */
+    KTC_D_CALL,      /* a new call number index; text: its name */
+    KTC_D_ARGS,      /* text: a fragment of call index's arguments */
+} ktc_delta_kind;
+
+typedef struct {
+    ktc_delta_kind kind;
+    int index;
+    const char *text;
+    size_t len;
+} ktc_delta;
+
+typedef kiln_status (*ktc_delta_fn)(void *ud, const ktc_delta *d);
+
+typedef struct ktc_stream ktc_stream;
+ktc_stream *ktc_stream_create(const ktc_syntax *s); /* NULL: out of memory; s copied */
+void ktc_stream_destroy(ktc_stream *st);
+/* Appends text; fn gets the deltas it makes visible. final: the output is
+ * complete (held-back text is resolved). */
+kiln_status ktc_stream_feed(ktc_stream *st, const char *text, size_t n, bool final, ktc_delta_fn fn, void *ud);
+/* The parse of everything fed so far (borrowed). */
+const ktc_msg *ktc_stream_msg(const ktc_stream *st);
+
+#endif

@@ -1,0 +1,408 @@
+/* toolcall_test.c: round trips through the real chat templates
+ * (tests/data/chat/templates and tests/data/tools/templates: an assistant turn with tool calls rendered by
+ * kiln's Jinja engine, then parsed back to the same calls), streaming at
+ * every split point equal to the whole parse, and hand-written outputs in
+ * the cases of llama.cpp's tests/test-chat.cpp. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/file.h"
+#include "base/json.h"
+#include "chat/chat.h"
+#include "kt.h"
+#include "tools/toolcall.h"
+
+static const char *k_tools =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather of a city\", "
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"a city\"}, "
+    "\"days\": {\"type\": \"integer\", \"description\": \"how many days\"}}, \"required\": [\"city\"]}}}, "
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_time\", \"description\": \"Local time\", "
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"zone\": {\"type\": \"string\", \"description\": \"a time zone\"}}}}}]";
+
+/* ---- streaming: the deltas, gathered ---- */
+typedef struct {
+    char content[4096], reasoning[4096];
+    char name[8][64], args[8][1024];
+    int n_calls;
+    bool order_bad; /* a delta for a call not announced yet */
+} gathered;
+
+static void cat(char *dst, size_t cap, const char *s, size_t n) {
+    size_t l = strlen(dst);
+    if (l + n + 1 > cap) n = cap - l - 1;
+    memcpy(dst + l, s, n);
+    dst[l + n] = 0;
+}
+
+static kiln_status on_delta(void *ud, const ktc_delta *d) {
+    gathered *g = ud;
+    switch (d->kind) {
+    case KTC_D_CONTENT: cat(g->content, sizeof g->content, d->text, d->len); break;
+    case KTC_D_REASONING: cat(g->reasoning, sizeof g->reasoning, d->text, d->len); break;
+    case KTC_D_CALL:
+        if (d->index != g->n_calls || d->index >= 8) g->order_bad = true;
+        else {
+            snprintf(g->name[d->index], sizeof g->name[0], "%.*s", (int)d->len, d->text);
+            g->n_calls++;
+        }
+        break;
+    case KTC_D_ARGS:
+        if (d->index >= g->n_calls) g->order_bad = true;
+        else cat(g->args[d->index], sizeof g->args[0], d->text, d->len);
+        break;
+    }
+    return NULL;
+}
+
+/* The deltas of text fed in the pieces cut at cuts[0..k) equal the parse of
+ * the whole; returns a message naming the first difference, or NULL. */
+static const char *stream_matches(const ktc_syntax *syn, const char *text, const size_t *cuts, int k, const ktc_msg *want,
+                                  char *why, size_t cap) {
+    ktc_stream *st = ktc_stream_create(syn);
+    gathered *g = calloc(1, sizeof *g);
+    size_t at = 0, n = strlen(text);
+    kiln_status err = NULL;
+    for (int i = 0; i <= k && !err; i++) {
+        size_t to = i < k ? cuts[i] : n;
+        err = ktc_stream_feed(st, text + at, to - at, i == k, on_delta, g);
+        at = to;
+    }
+    const char *r = NULL;
+    if (err) snprintf(why, cap, "feed: %s", kiln_status_msg(err)), r = why;
+    else if (g->order_bad) snprintf(why, cap, "deltas out of order"), r = why;
+    else if (strcmp(g->content, want->content)) snprintf(why, cap, "content %.200s != %.200s", g->content, want->content), r = why;
+    else if (strcmp(g->reasoning, want->reasoning))
+        snprintf(why, cap, "reasoning %.200s != %.200s", g->reasoning, want->reasoning), r = why;
+    else if (g->n_calls != want->n_calls) snprintf(why, cap, "%d calls != %d", g->n_calls, want->n_calls), r = why;
+    for (int i = 0; !r && i < g->n_calls; i++)
+        if (strcmp(g->name[i], want->calls[i].name) || strcmp(g->args[i], want->calls[i].arguments))
+            snprintf(why, cap, "call %d: %.60s(%.100s) != %.60s(%.100s)", i, g->name[i], g->args[i], want->calls[i].name,
+                     want->calls[i].arguments),
+                r = why;
+    kiln_status_free(err);
+    free(g);
+    ktc_stream_destroy(st);
+    return r;
+}
+
+/* Streaming at every single split point, and one character at a time. */
+static const char *stream_all_splits(const ktc_syntax *syn, const char *text, char *why, size_t cap) {
+    ktc_msg want;
+    kiln_status st = ktc_parse(syn, text, strlen(text), false, &want);
+    if (st) {
+        kiln_status_free(st);
+        return "parse failed";
+    }
+    size_t n = strlen(text);
+    const char *r = NULL;
+    for (size_t c = 0; c <= n && !r; c++) r = stream_matches(syn, text, &c, 1, &want, why, cap);
+    size_t *cuts = malloc(sizeof *cuts * (n + 1));
+    for (size_t c = 0; c < n; c++) cuts[c] = c + 1;
+    if (!r) r = stream_matches(syn, text, cuts, (int)n, &want, why, cap);
+    free(cuts);
+    ktc_msg_free(&want);
+    return r;
+}
+
+static bool args_equal(const char *a, const cJSON *b) {
+    cJSON *x = cJSON_Parse(a);
+    bool eq = x && cJSON_Compare(x, b, true);
+    cJSON_Delete(x);
+    return eq;
+}
+
+/* ---- round trips through the templates ---- */
+typedef struct {
+    const char *file;
+    ktc_format format;
+    const char *end; /* what ends the assistant turn (an EOS: not in the output) */
+    int n_calls;     /* the template renders 1 (Llama 3.1, gpt-oss) or more */
+    bool reasoning;  /* the template renders the turn's reasoning */
+} rt_case;
+
+static const rt_case k_rt[] = {
+    {"Qwen-Qwen3-0.6B", KTC_HERMES, "<|im_end|>", 2, true},
+    {"Qwen-Qwen2.5-7B-Instruct", KTC_HERMES, "<|im_end|>", 2, false},
+    {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use", KTC_HERMES, "<|im_end|>", 2, false},
+    {"Qwen3-Coder", KTC_QWEN3_CODER, "<|im_end|>", 2, false},
+    {"meta-llama-Llama-3.1-8B-Instruct", KTC_LLAMA3, "<|eot_id|>", 1, false},
+    {"meta-llama-Llama-3.2-3B-Instruct", KTC_LLAMA3, "<|eot_id|>", 1, false},
+    {"meta-llama-Llama-3.3-70B-Instruct", KTC_LLAMA3, "<|eot_id|>", 1, false},
+    {"mistralai-Mistral-Nemo-Instruct-2407", KTC_MISTRAL, "</s>", 2, false},
+    {"Mistral-Small-3.2-24B-Instruct-2506", KTC_MISTRAL_V11, "</s>", 2, false},
+    {"unsloth-mistral-Devstral-Small-2507", KTC_MISTRAL_V11, "</s>", 2, false},
+    {"mistralai-Ministral-3-14B-Reasoning-2512", KTC_MISTRAL_V11, "</s>", 2, false},
+    {"openai-gpt-oss-120b", KTC_HARMONY, "<|call|>", 1, true},
+    {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", KTC_DEEPSEEK, "<｜end▁of▁sentence｜>", 2, false},
+    {"deepseek-ai-DeepSeek-V3.1", KTC_DEEPSEEK, "<｜end▁of▁sentence｜>", 2, false},
+    {"GLM-4.6", KTC_GLM45, NULL, 2, true}, /* the turn ends at the next <|user|> */
+    /* (Kimi-K2-Instruct.jinja calls list.append, which kiln's Jinja lacks) */
+    {"moonshotai-Kimi-K2", KTC_KIMI_K2, "<|im_end|>", 2, false},
+    {"CohereForAI-c4ai-command-r7b-12-2024-tool_use", KTC_COMMAND_R, "<|END_OF_TURN_TOKEN|>", 2, true},
+};
+
+static const char *k_call_args[2] = {"{\"city\": \"Paris\", \"days\": 3}", "{\"zone\": \"Asia/Tokyo\"}"};
+static const char *k_call_names[2] = {"get_weather", "get_time"};
+
+static cJSON *conversation(int n_calls, bool with_assistant) {
+    cJSON *msgs = cJSON_CreateArray();
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddStringToObject(u, "role", "user");
+    cJSON_AddStringToObject(u, "content", "What is the weather in Paris, and the time in Tokyo?");
+    cJSON_AddItemToArray(msgs, u);
+    if (!with_assistant) return msgs;
+    cJSON *a = cJSON_CreateObject();
+    cJSON_AddStringToObject(a, "role", "assistant");
+    cJSON_AddStringToObject(a, "content", "");
+    cJSON_AddStringToObject(a, "reasoning_content", "The user wants two tools.");
+    cJSON_AddStringToObject(a, "thinking", "The user wants two tools.");
+    cJSON *tc = cJSON_AddArrayToObject(a, "tool_calls");
+    for (int i = 0; i < n_calls; i++) {
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddStringToObject(c, "id", i ? "call00002" : "call00001"); /* Mistral wants 9 characters */
+        cJSON_AddStringToObject(c, "type", "function");
+        cJSON *f = cJSON_AddObjectToObject(c, "function");
+        cJSON_AddStringToObject(f, "name", k_call_names[i]);
+        cJSON_AddItemToObject(f, "arguments", cJSON_Parse(k_call_args[i]));
+        cJSON_AddItemToArray(tc, c);
+    }
+    cJSON_AddItemToArray(msgs, a);
+    return msgs;
+}
+
+/* tests/data/chat/templates (the Jinja oracle's), then tests/data/tools/templates. */
+static kiln_status load_template(const char *name, kchat_template **t, char **src) {
+    char rel[256], path[4096];
+    snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", name);
+    if (access(kt_path(path, sizeof path, rel), R_OK) != 0) snprintf(rel, sizeof rel, "tests/data/tools/templates/%s.jinja", name);
+    KILN_TRY(ku_read_file(kt_path(path, sizeof path, rel), src, NULL));
+    return kchat_parse(*src, t);
+}
+
+KT_TEST(toolcall_round_trip_real_templates) {
+    cJSON *tools = cJSON_Parse(k_tools);
+    for (size_t c = 0; c < sizeof k_rt / sizeof k_rt[0]; c++) {
+        const rt_case *rc = &k_rt[c];
+        kchat_template *t = NULL;
+        char *src = NULL;
+        KT_CHECK_OK(load_template(rc->file, &t, &src));
+        KT_CHECKF(ktc_detect(src) == rc->format, "%s: detected %s, want %s", rc->file, ktc_format_name(ktc_detect(src)),
+                  ktc_format_name(rc->format));
+        cJSON *m0 = conversation(rc->n_calls, false), *m1 = conversation(rc->n_calls, true);
+        char *prompt = NULL, *full = NULL;
+        kchat_input in0 = {.messages = m0, .tools = tools, .add_generation_prompt = true, .bos_token = "<s>", .eos_token = "</s>"};
+        kchat_input in1 = {.messages = m1, .tools = tools, .add_generation_prompt = false, .bos_token = "<s>", .eos_token = "</s>"};
+        kiln_status st = kchat_render(t, &in0, &prompt);
+        if (!st) st = kchat_render(t, &in1, &full);
+        KT_CHECKF(!st, "%s: %s", rc->file, kiln_status_msg(st));
+        /* the output: what the full conversation adds to the prompt (the
+         * common prefix: R1 opens <think> in the prompt, dropped from past turns) */
+        size_t k = 0;
+        while (prompt[k] && prompt[k] == full[k]) k++;
+        if (prompt[k])
+            while (k > 0 && full[k - 1] != '>') k--; /* back to the end of the last tag */
+        char *out = strdup(full + k);
+        char *e = rc->end ? strstr(out, rc->end) : out + strlen(out);
+        KT_CHECKF(e, "%s: no %s in %s", rc->file, rc->end, out);
+        *e = 0;
+        prompt[k] = 0;
+        ktc_syntax syn = {rc->format, ktc_detect_reasoning(src), false, tools};
+        syn.think_open = ktc_prompt_opens_think(syn.reasoning, prompt);
+        ktc_msg m;
+        KT_CHECK_OK(ktc_parse(&syn, out, strlen(out), false, &m));
+        KT_CHECKF(m.n_calls == rc->n_calls, "%s: %d calls from %s", rc->file, m.n_calls, out);
+        for (int i = 0; i < m.n_calls; i++) {
+            cJSON *want = cJSON_Parse(k_call_args[i]);
+            bool ok = !strcmp(m.calls[i].name, k_call_names[i]) && args_equal(m.calls[i].arguments, want);
+            cJSON_Delete(want);
+            KT_CHECKF(ok, "%s: call %d is %s(%s), from %s", rc->file, i, m.calls[i].name, m.calls[i].arguments, out);
+        }
+        KT_CHECKF(m.n_content == 0, "%s: content %s", rc->file, m.content);
+        if (rc->reasoning)
+            KT_CHECKF(!strcmp(m.reasoning, "The user wants two tools."), "%s: reasoning %s from %s", rc->file, m.reasoning, out);
+        char why[512];
+        const char *r = stream_all_splits(&syn, out, why, sizeof why);
+        KT_CHECKF(!r, "%s: streaming %s: %s", rc->file, out, r);
+        ktc_msg_free(&m);
+        free(out), free(prompt), free(full), free(src);
+        cJSON_Delete(m0), cJSON_Delete(m1);
+        kchat_free(t);
+    }
+    cJSON_Delete(tools);
+}
+
+/* ---- hand-written outputs (llama.cpp's test-chat.cpp cases, as data) ---- */
+typedef struct {
+    ktc_format format;
+    ktc_reasoning reasoning;
+    bool think_open;
+    const char *text;
+    const char *content, *reasoning_text;
+    const char *calls; /* JSON: [[name, {args}], ...] */
+} hw_case;
+
+static const hw_case k_hw[] = {
+    /* Hermes / Qwen: content before the call, a thinking block */
+    {KTC_HERMES, KTC_THINK_TAGS, false, "<think>I'm\nthinking</think>Hello, world!\nWhat's up?", "Hello, world!\nWhat's up?",
+     "I'm\nthinking", "[]"},
+    {KTC_HERMES, KTC_THINK_TAGS, false,
+     "<think>Plan.</think>\n\nSure.\n<tool_call>\n{\"name\": \"special_function\", \"arguments\": {\"arg1\": 1}}\n</tool_call>",
+     "Sure.", "Plan.", "[[\"special_function\", {\"arg1\": 1}]]"},
+    {KTC_HERMES, KTC_THINK_NONE, false,
+     "<tool_call>{\"arguments\": {\"a\": [1, {\"b\": \"}\"}]}, \"name\": \"f\"}</tool_call><tool_call>{\"name\": \"g\"}</tool_call>",
+     "", "", "[[\"f\", {\"a\": [1, {\"b\": \"}\"}]}], [\"g\", {}]]"},
+    /* without thinking markers, <think> stays in content */
+    {KTC_HERMES, KTC_THINK_NONE, false, "<think>x</think>y", "<think>x</think>y", "", "[]"},
+    /* not a call: the text stays */
+    {KTC_HERMES, KTC_THINK_NONE, false, "a <tool_call>not json</tool_call>", "a <tool_call>not json</tool_call>", "", "[]"},
+    /* DeepSeek R1: the prompt opened the thinking block */
+    {KTC_DEEPSEEK, KTC_THINK_TAGS, true,
+     "I need the weather.</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+     "", "I need the weather.", "[[\"get_weather\", {\"city\": \"Paris\"}]]"},
+    {KTC_DEEPSEEK, KTC_THINK_TAGS, false,
+     "<think></think>Hi<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"x\": \"y\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+     "Hi", "", "[[\"f\", {\"x\": \"y\"}]]"},
+    /* Llama 3.x: bare JSON, python_tag, and plain text that is not a call */
+    {KTC_LLAMA3, KTC_THINK_NONE, false, "{\"name\": \"special_function\", \"parameters\": {\"arg1\": 1}}", "", "",
+     "[[\"special_function\", {\"arg1\": 1}]]"},
+    {KTC_LLAMA3, KTC_THINK_NONE, false, "<|python_tag|>{\"type\": \"function\", \"name\": \"f\", \"parameters\": {}}", "", "",
+     "[[\"f\", {}]]"},
+    {KTC_LLAMA3, KTC_THINK_NONE, false, "{\"answer\": 42} is JSON", "{\"answer\": 42} is JSON", "", "[]"},
+    /* Mistral v3 and v11 */
+    {KTC_MISTRAL, KTC_THINK_NONE, false, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"id\": \"123456789\"}]", "",
+     "", "[[\"f\", {\"a\": 1}]]"},
+    {KTC_MISTRAL_V11, KTC_THINK_MISTRAL, false, "[THINK]hmm[/THINK]ok[TOOL_CALLS]f[ARGS]{\"a\": 1}[TOOL_CALLS]g[ARGS]{}", "ok",
+     "hmm", "[[\"f\", {\"a\": 1}], [\"g\", {}]]"},
+    /* gpt-oss: analysis, a preamble-less call, a final answer */
+    {KTC_HARMONY, KTC_THINK_NONE, false,
+     "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+     "<|constrain|>json<|message|>{\"city\": \"Tokyo\"}",
+     "", "Think.", "[[\"get_weather\", {\"city\": \"Tokyo\"}]]"},
+    {KTC_HARMONY, KTC_THINK_NONE, false,
+     "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Hello!", "Hello!", "Easy.", "[]"},
+    /* Qwen3-Coder: typed by the schema (city is a string even when it looks like a number) */
+    {KTC_QWEN3_CODER, KTC_THINK_NONE, false,
+     "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n1984\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+     "Let me check.", "", "[[\"get_weather\", {\"city\": \"1984\", \"days\": 2}]]"},
+    /* GLM-4.5 */
+    {KTC_GLM45, KTC_THINK_TAGS, false,
+     "<think>w</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>", "", "w",
+     "[[\"get_weather\", {\"city\": \"Paris\"}]]"},
+    /* Kimi K2 */
+    {KTC_KIMI_K2, KTC_THINK_TAGS, false,
+     "<think>k</think>A<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{\"zone\": \"UTC\"}<|tool_call_end|><|tool_calls_section_end|>",
+     "A", "k", "[[\"get_time\", {\"zone\": \"UTC\"}]]"},
+    /* Granite 3.3 (its template renders no past calls: no round trip) */
+    {KTC_GRANITE, KTC_THINK_TAGS, false,
+     "<think>Need it.</think>Sure.<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, {\"name\": \"get_time\", \"arguments\": {}}]",
+     "Sure.", "Need it.", "[[\"get_weather\", {\"city\": \"Rome\"}], [\"get_time\", {}]]"},
+    /* no format: everything is content */
+    {KTC_NONE, KTC_THINK_TAGS, false, "<think>r</think><tool_call>{}</tool_call>", "<tool_call>{}</tool_call>", "r", "[]"},
+};
+
+KT_TEST(toolcall_parses_model_outputs) {
+    cJSON *tools = cJSON_Parse(k_tools);
+    for (size_t c = 0; c < sizeof k_hw / sizeof k_hw[0]; c++) {
+        const hw_case *h = &k_hw[c];
+        ktc_syntax syn = {h->format, h->reasoning, h->think_open, tools};
+        ktc_msg m;
+        KT_CHECK_OK(ktc_parse(&syn, h->text, strlen(h->text), false, &m));
+        KT_CHECKF(!strcmp(m.content, h->content), "case %zu: content [%s], want [%s]", c, m.content, h->content);
+        KT_CHECKF(!strcmp(m.reasoning, h->reasoning_text), "case %zu: reasoning [%s], want [%s]", c, m.reasoning,
+                  h->reasoning_text);
+        cJSON *want = cJSON_Parse(h->calls);
+        KT_CHECKF(m.n_calls == cJSON_GetArraySize(want), "case %zu: %d calls", c, m.n_calls);
+        for (int i = 0; i < m.n_calls; i++) {
+            cJSON *w = cJSON_GetArrayItem(want, i);
+            KT_CHECKF(!strcmp(m.calls[i].name, cJSON_GetArrayItem(w, 0)->valuestring) &&
+                          args_equal(m.calls[i].arguments, cJSON_GetArrayItem(w, 1)),
+                      "case %zu: call %d is %s(%s)", c, i, m.calls[i].name, m.calls[i].arguments);
+        }
+        cJSON_Delete(want);
+        ktc_msg_free(&m);
+        char why[512];
+        const char *r = stream_all_splits(&syn, h->text, why, sizeof why);
+        KT_CHECKF(!r, "case %zu: streaming: %s", c, r);
+    }
+    cJSON_Delete(tools);
+}
+
+/* A call cut short (max_tokens) is reported with the arguments written so
+ * far; streaming holds back a partial marker and never shows it. */
+KT_TEST(toolcall_partial_output) {
+    ktc_syntax syn = {KTC_HERMES, KTC_THINK_TAGS, false, NULL};
+    ktc_msg m;
+    const char *t = "Hi <tool_";
+    KT_CHECK_OK(ktc_parse(&syn, t, strlen(t), true, &m));
+    KT_CHECK_STR(m.content, "Hi");
+    ktc_msg_free(&m);
+    t = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, 2";
+    KT_CHECK_OK(ktc_parse(&syn, t, strlen(t), false, &m));
+    KT_CHECK_EQ(m.n_calls, 1);
+    KT_CHECK_STR(m.calls[0].arguments, "{\"a\": [1, 2");
+    KT_CHECK_STR(m.content, "");
+    ktc_msg_free(&m);
+    t = "<think>still thinking</th";
+    KT_CHECK_OK(ktc_parse(&syn, t, strlen(t), true, &m));
+    KT_CHECK_STR(m.reasoning, "still thinking");
+    KT_CHECK_STR(m.content, "");
+    ktc_msg_free(&m);
+}
+
+/* Every committed template: detection names a format or none, never a
+ * wrong one for the families above (a smoke check that nothing crashes). */
+KT_TEST(toolcall_detect_formats) {
+    KT_CHECK_EQ(ktc_detect("{{ messages }}"), KTC_NONE);
+    KT_CHECK_EQ(ktc_detect(NULL), KTC_NONE);
+    KT_CHECK(ktc_prompt_opens_think(KTC_THINK_TAGS, "<｜Assistant｜><think>\n"));
+    KT_CHECK(!ktc_prompt_opens_think(KTC_THINK_TAGS, "<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    KT_CHECK_STR(ktc_trigger(KTC_HERMES), "<tool_call>");
+    char *src = NULL, path[4096];
+    KT_CHECK_OK(ku_read_file(kt_path(path, sizeof path, "tests/data/chat/templates/ibm-granite-granite-3.3-2B-Instruct.jinja"), &src, NULL));
+    KT_CHECK_EQ(ktc_detect(src), KTC_GRANITE);
+    free(src);
+    KT_CHECK(ktc_needs_special(KTC_HARMONY) && !ktc_needs_special(KTC_HERMES));
+}
+
+/* llama.cpp's test-chat.cpp cases (tests/data/tools/llama_cpp_cases.json),
+ * whole and streamed at every split point. */
+KT_TEST(toolcall_llama_cpp_cases) {
+    char path[4096];
+    cJSON *d;
+    KT_CHECK_OK(ku_json_load(kt_path(path, sizeof path, "tests/data/tools/llama_cpp_cases.json"), &d));
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(d, "tools"), *c;
+    int n = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(d, "cases")) {
+        const char *src = cJSON_GetObjectItemCaseSensitive(c, "source")->valuestring;
+        const char *fmt = cJSON_GetObjectItemCaseSensitive(c, "format")->valuestring;
+        const char *text = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
+        const char *think = cJSON_GetObjectItemCaseSensitive(c, "reasoning")->valuestring;
+        ktc_syntax syn = {KTC_NONE, !strcmp(think, "tags") ? KTC_THINK_TAGS : !strcmp(think, "mistral") ? KTC_THINK_MISTRAL
+                                                  : !strcmp(think, "cohere") ? KTC_THINK_COHERE : KTC_THINK_NONE,
+                          cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "think_open")), tools};
+        for (int f = 0; f < KTC_N_FORMATS; f++)
+            if (!strcmp(ktc_format_name((ktc_format)f), fmt)) syn.format = (ktc_format)f;
+        KT_CHECKF(syn.format != KTC_NONE, "%s: format %s", src, fmt);
+        ktc_msg m;
+        KT_CHECK_OK(ktc_parse(&syn, text, strlen(text), false, &m));
+        KT_CHECKF(!strcmp(m.content, cJSON_GetObjectItemCaseSensitive(c, "content")->valuestring), "case %d (%s): content [%s]", n, src,
+                  m.content);
+        KT_CHECKF(!strcmp(m.reasoning, cJSON_GetObjectItemCaseSensitive(c, "reasoning_content")->valuestring),
+                  "case %d (%s): reasoning [%s]", n, src, m.reasoning);
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(c, "calls");
+        KT_CHECKF(m.n_calls == cJSON_GetArraySize(calls), "case %d (%s): %d calls", n, src, m.n_calls);
+        for (int i = 0; i < m.n_calls; i++) {
+            const cJSON *w = cJSON_GetArrayItem(calls, i);
+            KT_CHECKF(!strcmp(m.calls[i].name, cJSON_GetArrayItem(w, 0)->valuestring) && args_equal(m.calls[i].arguments, cJSON_GetArrayItem(w, 1)),
+                      "case %d (%s): call %d is %s(%s)", n, src, i, m.calls[i].name, m.calls[i].arguments);
+        }
+        ktc_msg_free(&m);
+        char why[512];
+        const char *r = stream_all_splits(&syn, text, why, sizeof why);
+        KT_CHECKF(!r, "case %d (%s): streaming: %s", n, src, r);
+        n++;
+    }
+    KT_CHECK(n >= 35);
+    cJSON_Delete(d);
+}
