@@ -190,23 +190,17 @@ kiln_status km_rope_one(km_hparams *hp, bool interleaved) {
 }
 
 kiln_status km_rope_for_type(km_hparams *hp, int i, const char *layer_type, bool interleaved) {
-    const cJSON *rp = km_rope_params(hp, layer_type), *scaling = hp->rope_scaling;
-    double theta = hp->rope_theta, partial = hp->partial_rotary;
+    const cJSON *rp = km_rope_params(hp, layer_type);
+    double partial = hp->partial_rotary;
     if (i < 0 || i >= KM_MAX_ROPES) return kiln_error(KILN_EINVAL, "rope config %d of %d", i, KM_MAX_ROPES);
-    if (rp) {
-        const char *type;
-        /* a layer type's own object stands alone: full rotation unless it says otherwise (the common
-         * fields hold full_attention's) */
-        if (rp != hp->rope_parameters) partial = 1.0;
-        KILN_TRYF(ku_json_num(rp, "rope_theta", theta, &theta), "config.json: rope_parameters.%s", layer_type);
-        KILN_TRYF(ku_json_num(rp, "partial_rotary_factor", partial, &partial), "config.json: rope_parameters.%s", layer_type);
-        KILN_TRYF(ku_json_str(rp, "rope_type", "default", &type), "config.json: rope_parameters.%s", layer_type);
-        scaling = strcmp(type, "default") ? rp : NULL;
-    }
+    /* a layer type's own object stands alone: full rotation unless it says otherwise (the common
+     * fields hold full_attention's) */
+    if (rp && rp != hp->rope_parameters) partial = 1.0;
+    if (rp) KILN_TRYF(ku_json_num(rp, "partial_rotary_factor", partial, &partial), "config.json: rope_parameters.%s", layer_type);
     if (partial <= 0 || partial > 1)
         return kiln_error(KILN_EINVAL, "config.json: rope_parameters.%s: partial_rotary_factor %g is not in (0, 1]", layer_type, partial);
-    int dim = (int)((double)hp->head_dim * partial);
-    KILN_TRYF(km_rope_init(&hp->ropes[i], scaling, theta, dim, hp->max_pos), "config.json: rope_parameters.%s", layer_type);
+    KILN_TRYF(km_rope_for(hp, layer_type, hp->rope_scaling, hp->rope_theta, (int)((double)hp->head_dim * partial), &hp->ropes[i]),
+              "rope_parameters.%s", layer_type);
     hp->ropes[i].interleaved = interleaved;
     if (hp->n_ropes < i + 1) hp->n_ropes = i + 1;
     return NULL;
