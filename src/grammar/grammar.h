@@ -36,6 +36,8 @@ typedef struct kgr_grammar kgr_grammar;
 typedef struct {
     int32_t max_ws;       /* JSON: whitespace bytes allowed in a row (default 4); 0: none */
     bool compact;         /* JSON: no whitespace at all between tokens (overrides max_ws) */
+    bool additional_properties; /* JSON Schema: an object without additionalProperties takes
+                                 * unlisted keys (the spec's default: true) */
 } kgr_opts;
 void kgr_opts_default(kgr_opts *o);
 
@@ -51,7 +53,9 @@ kiln_status kgr_from_regex(const char *re, kgr_grammar **out);
 kiln_status kgr_from_choices(const char *const *v, int32_t n, kgr_grammar **out);
 /* JSON Schema (drafts 4 to 2020-12). A keyword it cannot honour is an error
  * naming the keyword and its JSON pointer ("unsupported keyword
- * 'uniqueItems' at #/properties/tags"). json_object: pass "{\"type\":\"object\"}". */
+ * 'uniqueItems' at #/properties/tags"); so is a format it does not know.
+ * Properties must come in the schema's order. json_object: pass
+ * {"type":"object","additionalProperties":true}. */
 kiln_status kgr_from_json_schema(const char *text, size_t len, const kgr_opts *o, kgr_grammar **out);
 kiln_status kgr_from_schema(const cJSON *schema, const kgr_opts *o, kgr_grammar **out);
 /* The GBNF the schema compiles to (malloc'ed), for tools that embed a
@@ -98,5 +102,27 @@ bool kgr_matcher_accept_bytes(kgr_matcher *m, const char *s, size_t n);
 bool kgr_matcher_can_end(const kgr_matcher *m); /* the text so far is complete */
 /* Nothing more is possible: complete and no byte may follow, or EOS seen. */
 bool kgr_matcher_done(const kgr_matcher *m);
+
+/* ---- MaskBench (../shared/maskbench/README.md) ---- */
+/* v as Python's json.dumps(v, ensure_ascii=False) writes it (malloc'ed). */
+char *kgr_json_dumps(const cJSON *v);
+
+typedef enum { KGR_PASS, KGR_COMPILE_ERROR, KGR_VALIDATION_ERROR, KGR_INVALIDATION_ERROR } kgr_outcome;
+const char *kgr_outcome_name(kgr_outcome o); /* "pass", "compile_error", ... */
+
+typedef struct {
+    kgr_outcome outcome;    /* the first failure (invalidation before validation) */
+    int32_t tests, validation_errors, invalidation_errors;
+    double ttfm_us;          /* compile + first mask */
+    double *tbm_us;          /* [n_tbm] malloc'ed: every later mask */
+    int64_t n_tbm, tokens;
+    char error[256];         /* the compile error, or the first failing test */
+} kgr_bench_result;
+
+/* Runs one MaskBench file (JSON text): compile the schema, then walk every
+ * test's tokens (tok: no special tokens) checking the mask before each. */
+kiln_status kgr_bench_file(const char *json, size_t len, const ktok *tok, const kgr_vocab *v,
+                           kgr_bench_result *r);
+void kgr_bench_result_free(kgr_bench_result *r);
 
 #endif
