@@ -636,6 +636,8 @@ struct kgr_matcher {
     kgr_index *ix;
     int32_t state;
     bool ended; /* EOS accepted */
+    kgr_grammar *own_g; /* kgr_matcher_create_owned: freed with the matcher */
+    kgr_index *own_ix;
 };
 
 kiln_status kgr_matcher_create(kgr_index *ix, kgr_matcher **out) {
@@ -646,7 +648,31 @@ kiln_status kgr_matcher_create(kgr_index *ix, kgr_matcher **out) {
     return NULL;
 }
 
-void kgr_matcher_free(kgr_matcher *m) { free(m); }
+kiln_status kgr_matcher_create_owned(kgr_grammar *g, const kgr_vocab *v, kgr_matcher **out) {
+    *out = NULL;
+    kgr_index *ix;
+    kiln_status st = kgr_index_create(g, v, &ix);
+    if (st) {
+        kgr_grammar_free(g);
+        return st;
+    }
+    st = kgr_matcher_create(ix, out);
+    if (st) {
+        kgr_index_free(ix);
+        kgr_grammar_free(g);
+        return st;
+    }
+    (*out)->own_g = g;
+    (*out)->own_ix = ix;
+    return NULL;
+}
+
+void kgr_matcher_free(kgr_matcher *m) {
+    if (!m) return;
+    kgr_index_free(m->own_ix);
+    kgr_grammar_free(m->own_g);
+    free(m);
+}
 
 kiln_status kgr_matcher_mask(kgr_matcher *m, uint32_t *bits) {
     kgr_index *ix = m->ix;

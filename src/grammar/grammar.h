@@ -88,6 +88,9 @@ void kgr_index_free(kgr_index *ix);
 /* ---- matcher: one sequence's position in the grammar ---- */
 typedef struct kgr_matcher kgr_matcher;
 kiln_status kgr_matcher_create(kgr_index *ix, kgr_matcher **out);
+/* A matcher with its own index over g (taken over: freed with the matcher);
+ * for one sequence that owns its grammar. */
+kiln_status kgr_matcher_create_owned(kgr_grammar *g, const kgr_vocab *v, kgr_matcher **out);
 void kgr_matcher_free(kgr_matcher *m);
 /* Allowed tokens as bits: bits[id / 32] >> (id % 32) & 1, words =
  * ceil(n_vocab / 32). EOS ids are set only where the grammar may end.
