@@ -239,6 +239,7 @@ struct kgr_index {
     int32_t *tops, n_tops, cap_tops;
     uint64_t *seen; /* (pos, parent) keys visited, open addressing */
     uint32_t seen_cap, n_seen;
+    uint32_t *seen_slots; /* [seen_cap / 2]: the slots in use, to clear only those */
     bool accept;
     int32_t *walk; /* [max_depth + 1] */
     size_t mask_bytes;
@@ -323,7 +324,7 @@ static int32_t node_get(kgr_index *ix, int32_t pos, int32_t parent) {
 }
 
 static void seen_clear(kgr_index *ix) {
-    memset(ix->seen, 0xff, sizeof *ix->seen * ix->seen_cap);
+    for (uint32_t i = 0; i < ix->n_seen; i++) ix->seen[ix->seen_slots[i]] = UINT64_MAX;
     ix->n_seen = 0;
 }
 
@@ -332,19 +333,25 @@ static bool seen_add(kgr_index *ix, int32_t pos, int32_t parent) {
     if ((ix->n_seen + 1) * 2 > ix->seen_cap) {
         uint32_t nc = ix->seen_cap * 2;
         uint64_t *t = malloc(sizeof *t * nc);
-        if (!t) {
+        uint32_t *sl = malloc(sizeof *sl * (nc / 2 + 1));
+        if (!t || !sl) {
+            free(t);
+            free(sl);
             set_err(ix, OOM);
             return false;
         }
         memset(t, 0xff, sizeof *t * nc);
-        for (uint32_t i = 0; i < ix->seen_cap; i++)
-            if (ix->seen[i] != UINT64_MAX) {
-                uint32_t j = mix(ix->seen[i]) & (nc - 1);
-                while (t[j] != UINT64_MAX) j = (j + 1) & (nc - 1);
-                t[j] = ix->seen[i];
-            }
+        for (uint32_t i = 0; i < ix->n_seen; i++) {
+            uint64_t k = ix->seen[ix->seen_slots[i]];
+            uint32_t j = mix(k) & (nc - 1);
+            while (t[j] != UINT64_MAX) j = (j + 1) & (nc - 1);
+            t[j] = k;
+            sl[i] = j;
+        }
         free(ix->seen);
+        free(ix->seen_slots);
         ix->seen = t;
+        ix->seen_slots = sl;
         ix->seen_cap = nc;
     }
     uint64_t key = (uint64_t)(uint32_t)pos << 32 | (uint32_t)parent;
@@ -354,7 +361,7 @@ static bool seen_add(kgr_index *ix, int32_t pos, int32_t parent) {
         if (ix->seen[h] == UINT64_MAX) break;
     }
     ix->seen[h] = key;
-    ix->n_seen++;
+    ix->seen_slots[ix->n_seen++] = h;
     return true;
 }
 
@@ -533,6 +540,7 @@ void kgr_index_free(kgr_index *ix) {
     free(ix->work);
     free(ix->tops);
     free(ix->seen);
+    free(ix->seen_slots);
     free(ix->walk);
     kiln_status_free(ix->err);
     pthread_mutex_destroy(&ix->mu);
@@ -553,13 +561,15 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     ix->node_ht = malloc(sizeof *ix->node_ht * ix->node_ht_cap);
     ix->st_ht = malloc(sizeof *ix->st_ht * ix->st_ht_cap);
     ix->seen = malloc(sizeof *ix->seen * ix->seen_cap);
+    ix->seen_slots = malloc(sizeof *ix->seen_slots * (ix->seen_cap / 2 + 1));
     ix->walk = malloc(sizeof *ix->walk * (size_t)(v->max_depth + 2));
-    if (!ix->node_ht || !ix->st_ht || !ix->seen || !ix->walk) {
+    if (!ix->node_ht || !ix->st_ht || !ix->seen || !ix->seen_slots || !ix->walk) {
         kgr_index_free(ix);
         return OOM;
     }
     memset(ix->node_ht, 0xff, sizeof *ix->node_ht * ix->node_ht_cap);
     memset(ix->st_ht, 0xff, sizeof *ix->st_ht * ix->st_ht_cap);
+    memset(ix->seen, 0xff, sizeof *ix->seen * ix->seen_cap);
     node_get(ix, -1, -1); /* node 0: the bottom of every stack */
     step_begin(ix);       /* state 0: dead */
     int32_t dead = state_intern(ix);
