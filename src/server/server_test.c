@@ -1235,6 +1235,26 @@ KT_TEST(server_structured_outputs) {
         cJSON_Delete(a);
     }
     KT_CHECKF(stops >= 4, "only %d of 8 constrained answers finished", stops);
+    /* batched: a seeded constrained request gives the same text beside
+     * unconstrained and other constrained ones as alone */
+    char *bodies[4] = {
+        "{\"prompt\": \"hi\", \"max_tokens\": 40, \"temperature\": 1, \"seed\": 7, \"return_tokens\": true, "
+        "\"response_format\": {\"type\": \"json_object\"}}",
+        "{\"prompt\": \"The cat\", \"max_tokens\": 30, \"temperature\": 1, \"seed\": 3}",
+        "{\"prompt\": \"x\", \"max_tokens\": 30, \"temperature\": 1, \"seed\": 4, \"guided_regex\": \"[a-z ]+\\\\.\"}",
+        "{\"prompt\": \"The dog\", \"max_tokens\": 25, \"temperature\": 0.7, \"seed\": 5}",
+    };
+    cJSON *alone = post_json(&f, "/v1/completions", bodies[0], 200);
+    KT_CHECK(alone);
+    resp rs[4];
+    post_all(&f, "/v1/completions", bodies, 4, rs);
+    for (int i = 0; i < 4; i++) KT_CHECKF(rs[i].status == 200, "%ld: %s", rs[i].status, rs[i].body.p);
+    cJSON *together = cJSON_Parse(rs[0].body.p);
+    KT_CHECK(together);
+    KT_CHECK_STR(choice_text(together, 0, false), choice_text(alone, 0, false));
+    cJSON_Delete(together);
+    cJSON_Delete(alone);
+    for (int i = 0; i < 4; i++) ksrv_buf_free(&rs[i].body);
     cJSON *a = post_json(&f, "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 8, \"grammar\": \"root ::= [0-9]+\"}", 200);
     KT_CHECK(a);
     const char *text = choice_text(a, 0, false);
