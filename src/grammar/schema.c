@@ -467,15 +467,25 @@ static bool get_bound(sc *c, const cJSON *s, const char *ptr, bool is_min, bool 
     return true;
 }
 
-static bool gen_integer(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
-    bool hl, hh, el, eh;
-    double lo = 0, hi = 0;
-    if (!get_bound(c, s, ptr, true, &hl, &lo, &el) || !get_bound(c, s, ptr, false, &hh, &hi, &eh)) return false;
-    if (!hl && !hh) {
+/* Both bounds of s; without any, emits the unbounded primitive and sets *done. */
+static bool bounds(sc *c, const cJSON *s, const char *ptr, int unbounded, kgr_buf *b, bool *hl, double *lo, bool *el,
+                   bool *hh, double *hi, bool *eh, bool *done) {
+    *lo = *hi = 0;
+    *done = false;
+    if (!get_bound(c, s, ptr, true, hl, lo, el) || !get_bound(c, s, ptr, false, hh, hi, eh)) return false;
+    if (!*hl && !*hh) {
         char n[48];
-        kgr_buf_puts(b, prim(c, P_INTEGER, n));
-        return true;
+        kgr_buf_puts(b, prim(c, unbounded, n));
+        *done = true;
     }
+    return true;
+}
+
+static bool gen_integer(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
+    bool hl, hh, el, eh, done;
+    double lo, hi;
+    if (!bounds(c, s, ptr, P_INTEGER, b, &hl, &lo, &el, &hh, &hi, &eh, &done)) return false;
+    if (done) return true;
     if ((hl && fabs(lo) > 1e17) || (hh && fabs(hi) > 1e17)) {
         /* beyond exact doubles: treat as unbounded on that side only when it cannot bind */
         if (hl && lo < -1e17) hl = false;
@@ -525,14 +535,10 @@ static void unum_range(kgr_buf *b, long long a, bool ea, bool hb, long long hi, 
 }
 
 static bool gen_number(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
-    bool hl, hh, el, eh;
-    double lo = 0, hi = 0;
-    if (!get_bound(c, s, ptr, true, &hl, &lo, &el) || !get_bound(c, s, ptr, false, &hh, &hi, &eh)) return false;
-    if (!hl && !hh) {
-        char n[48];
-        kgr_buf_puts(b, prim(c, P_NUMBER, n));
-        return true;
-    }
+    bool hl, hh, el, eh, done;
+    double lo, hi;
+    if (!bounds(c, s, ptr, P_NUMBER, b, &hl, &lo, &el, &hh, &hi, &eh, &done)) return false;
+    if (done) return true;
     if ((hl && (lo != floor(lo) || fabs(lo) > 1e15)) || (hh && (hi != floor(hi) || fabs(hi) > 1e15)))
         return fail(c, ptr, "number bounds that are not integers ('%s')", hl && lo != floor(lo) ? "minimum" : "maximum");
     long long l = (long long)lo, h = (long long)hi;
