@@ -564,13 +564,15 @@ static bool gen_number(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
 }
 
 /* ---- strings ---- */
+/* Dates are calendar dates (days per month, February 29 in leap years), as
+ * Python's date.fromisoformat checks them. */
 static const char *format_body(const char *f) {
     static const struct {
         const char *name, *body;
     } fm[] = {
-        {"date", "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01])"},
+        {"date", "([0-9]{4} \"-\" ((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | (\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | \"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])) | ([0-9] [0-9] (\"0\" [48] | [2468] [048] | [13579] [26]) | (\"0\" [48] | [2468] [048] | [13579] [26]) \"00\") \"-02-29\")"},
         {"time", "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" ([0-5] [0-9] | \"60\") (\".\" [0-9]+)? ([Zz] | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
-        {"date-time", "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) [Tt] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" ([0-5] [0-9] | \"60\") (\".\" [0-9]+)? ([Zz] | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
+        {"date-time", "([0-9]{4} \"-\" ((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | (\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | \"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])) | ([0-9] [0-9] (\"0\" [48] | [2468] [048] | [13579] [26]) | (\"0\" [48] | [2468] [048] | [13579] [26]) \"00\") \"-02-29\") [Tt] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" ([0-5] [0-9] | \"60\") (\".\" [0-9]+)? ([Zz] | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
         {"uuid", "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}"},
         {"ipv4", "(\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]) (\".\" (\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9])){3}"},
         {"hostname", "[a-zA-Z0-9] ([a-zA-Z0-9-]{0,61} [a-zA-Z0-9])? (\".\" [a-zA-Z0-9] ([a-zA-Z0-9-]{0,61} [a-zA-Z0-9])?)*"},
@@ -955,6 +957,106 @@ static bool gen_typed(sc *c, const cJSON *s, const char *ptr, int t, kgr_buf *b)
     return false;
 }
 
+/* ---- oneOf: exactly one branch ---- */
+
+static const cJSON *deref(sc *c, const cJSON *s) {
+    for (int i = 0; i < 8 && cJSON_IsObject(s); i++) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+        if (!cJSON_IsString(r) || r->valuestring[0] != '#') break;
+        const cJSON *t = c->root;
+        /* resolve quietly: a bad $ref is reported when the branch compiles */
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", r->valuestring);
+        char *save = NULL;
+        for (char *tok = strtok_r(buf + 1, "/", &save); tok && t; tok = strtok_r(NULL, "/", &save))
+            t = cJSON_IsObject(t) ? cJSON_GetObjectItemCaseSensitive(t, tok) : NULL;
+        if (!t) break;
+        s = t;
+    }
+    return s;
+}
+
+static int value_kind(const cJSON *v) {
+    if (cJSON_IsObject(v)) return T_OBJECT;
+    if (cJSON_IsArray(v)) return T_ARRAY;
+    if (cJSON_IsString(v)) return T_STRING;
+    if (cJSON_IsBool(v)) return T_BOOL;
+    if (cJSON_IsNull(v)) return T_NULL;
+    return v->valuedouble == floor(v->valuedouble) ? T_INTEGER | T_NUMBER : T_NUMBER;
+}
+
+/* the types a schema can accept (T_ALL when it cannot tell) */
+static int kinds(const cJSON *s) {
+    if (!cJSON_IsObject(s)) return cJSON_IsFalse(s) ? 0 : T_ALL;
+    const cJSON *cst = cJSON_GetObjectItemCaseSensitive(s, "const"), *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    if (cst) return value_kind(cst);
+    if (cJSON_IsArray(en)) {
+        int k = 0;
+        for (const cJSON *e = en->child; e; e = e->next) k |= value_kind(e);
+        return k;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(s, "anyOf") || cJSON_GetObjectItemCaseSensitive(s, "oneOf") ||
+        cJSON_GetObjectItemCaseSensitive(s, "allOf") || cJSON_GetObjectItemCaseSensitive(s, "$ref"))
+        return T_ALL;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(s, "type");
+    int k = 0;
+    if (cJSON_IsString(ty)) k = type_bit(ty->valuestring);
+    else if (cJSON_IsArray(ty))
+        for (const cJSON *e = ty->child; e; e = e->next) k |= cJSON_IsString(e) ? type_bit(e->valuestring) : 0;
+    else return T_ALL;
+    if (k & T_NUMBER) k |= T_INTEGER;
+    if (k & T_INTEGER) k |= T_NUMBER; /* 1 is both */
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable"))) k |= T_NULL;
+    return k;
+}
+
+/* the const/enum values of s as a list (NULL: any) */
+static bool values_disjoint(const cJSON *a, const cJSON *b) {
+    const cJSON *ca = cJSON_GetObjectItemCaseSensitive(a, "const"), *cb = cJSON_GetObjectItemCaseSensitive(b, "const");
+    const cJSON *ea = cJSON_GetObjectItemCaseSensitive(a, "enum"), *eb = cJSON_GetObjectItemCaseSensitive(b, "enum");
+    if (!(ca || cJSON_IsArray(ea)) || !(cb || cJSON_IsArray(eb))) return false;
+    for (const cJSON *x = ca ? ca : ea->child; x; x = ca ? NULL : x->next)
+        for (const cJSON *y = cb ? cb : eb->child; y; y = cb ? NULL : y->next)
+            if (cJSON_Compare(x, y, true)) return false;
+    return true;
+}
+
+static bool has_str(const cJSON *list, const char *k) {
+    for (const cJSON *e = cJSON_IsArray(list) ? list->child : NULL; e; e = e->next)
+        if (cJSON_IsString(e) && !strcmp(e->valuestring, k)) return true;
+    return false;
+}
+
+/* an instance of a always has a key that b forbids */
+static bool key_excludes(const cJSON *a, const cJSON *b) {
+    if (!cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(b, "additionalProperties"))) return false;
+    const cJSON *pb = cJSON_GetObjectItemCaseSensitive(b, "properties");
+    for (const cJSON *r = cJSON_GetObjectItemCaseSensitive(a, "required") ? cJSON_GetObjectItemCaseSensitive(a, "required")->child : NULL; r;
+         r = r->next)
+        if (cJSON_IsString(r) && !cJSON_GetObjectItemCaseSensitive(pb, r->valuestring)) return true;
+    return false;
+}
+
+/* Conservative: true only when no value can match both. */
+static bool disjoint(sc *c, const cJSON *a, const cJSON *b) {
+    a = deref(c, a);
+    b = deref(c, b);
+    int ka = kinds(a), kb = kinds(b);
+    if (!(ka & kb)) return true;
+    if (!cJSON_IsObject(a) || !cJSON_IsObject(b)) return false;
+    if (values_disjoint(a, b)) return true;
+    if ((ka & kb) != T_OBJECT) return false; /* other shared types could match both */
+    /* objects: a required property both define with disjoint values */
+    const cJSON *pa = cJSON_GetObjectItemCaseSensitive(a, "properties"), *pb = cJSON_GetObjectItemCaseSensitive(b, "properties");
+    for (const cJSON *p = cJSON_IsObject(pa) ? pa->child : NULL; p; p = p->next) {
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(pb, p->string);
+        if (q && has_str(cJSON_GetObjectItemCaseSensitive(a, "required"), p->string) &&
+            has_str(cJSON_GetObjectItemCaseSensitive(b, "required"), p->string) && disjoint(c, p, q))
+            return true;
+    }
+    return key_excludes(a, b) || key_excludes(b, a);
+}
+
 static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     char n[48], tmp[512];
     if (cJSON_IsTrue(s) || (cJSON_IsObject(s) && !s->child)) {
@@ -1006,6 +1108,10 @@ static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         for (const cJSON *k = s->child; k; k = k->next)
             if (k != alts && in_list(handled, k->string) && strcmp(k->string, "$defs") && strcmp(k->string, "definitions"))
                 siblings = true;
+        if (one) /* anyOf's grammar is exact for oneOf only when no value matches two branches */
+            for (const cJSON *x = alts->child; x; x = x->next)
+                for (const cJSON *y = x->next; y; y = y->next)
+                    if (!disjoint(c, x, y)) return fail(c, ptr, "'%s' whose branches may overlap (it would act as anyOf)", "oneOf");
         kgr_buf_puts(b, "(");
         int i = 0;
         for (const cJSON *e = alts->child; e; e = e->next, i++) {

@@ -99,6 +99,11 @@ KT_TEST(schema_values) {
     OK("{\"const\":{\"a\":[1,2]}}", "{\"a\": [1, 2]}");
     OK("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}]}", "\"x\"");
     NOT("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}]}", "true");
+    /* disjoint by a required discriminator */
+    const char *tagged = "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"a\"}},\"required\":[\"t\"]},"
+                         "{\"type\":\"object\",\"properties\":{\"t\":{\"const\":\"b\"},\"n\":{\"type\":\"integer\"}},\"required\":[\"t\"]}]}";
+    OK(tagged, "{\"t\": \"b\", \"n\": 1}");
+    NOT(tagged, "{\"t\": \"c\"}");
     const char *all = "{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
                       "{\"properties\":{\"b\":{\"type\":\"string\"}}}],\"additionalProperties\":false}";
     OK(all, "{\"a\": 1, \"b\": \"x\"}");
@@ -117,6 +122,12 @@ KT_TEST(schema_strings_numbers) {
     NOT("{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d+$\"}", "\"AB-\"");
     OK("{\"type\":\"string\",\"format\":\"date\"}", "\"2024-02-29\"");
     NOT("{\"type\":\"string\",\"format\":\"date\"}", "\"2024-13-01\"");
+    NOT("{\"type\":\"string\",\"format\":\"date\"}", "\"2022-02-31\"");
+    NOT("{\"type\":\"string\",\"format\":\"date\"}", "\"2023-02-29\"");
+    NOT("{\"type\":\"string\",\"format\":\"date\"}", "\"1900-02-29\"");
+    OK("{\"type\":\"string\",\"format\":\"date\"}", "\"2000-02-29\"");
+    OK("{\"type\":\"string\",\"format\":\"date\"}", "\"2023-04-30\"");
+    NOT("{\"type\":\"string\",\"format\":\"date\"}", "\"2023-04-31\"");
     OK("{\"type\":\"string\",\"format\":\"uuid\"}", "\"123e4567-e89b-12d3-a456-426614174000\"");
     OK("{\"type\":\"string\",\"format\":\"ipv4\"}", "\"192.168.0.255\"");
     NOT("{\"type\":\"string\",\"format\":\"ipv4\"}", "\"256.1.1.1\"");
@@ -152,6 +163,7 @@ KT_TEST(schema_errors) {
         {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreferences"},
         {"{\"type\":\"number\",\"minimum\":0.5}", "not integers"},
         {"{\"type\":\"strin\"}", "unknown type"},
+        {"{\"oneOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}", "'oneOf' whose branches may overlap"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         kgr_grammar *g = NULL;
