@@ -431,7 +431,7 @@ static uint32_t state_hash(const int32_t *t, int32_t n, bool acc) {
 /* Interns ix->tops/accept as a state (sorting tops); -1 on error. */
 static int32_t state_intern(kgr_index *ix) {
     if (ix->err) return -1;
-    qsort(ix->tops, (size_t)ix->n_tops, sizeof *ix->tops, cmp_i32);
+    if (ix->n_tops > 1) qsort(ix->tops, (size_t)ix->n_tops, sizeof *ix->tops, cmp_i32);
     int32_t n = 0; /* unique (seen_add already dedups, but keep it safe) */
     for (int32_t i = 0; i < ix->n_tops; i++)
         if (!n || ix->tops[n - 1] != ix->tops[i]) ix->tops[n++] = ix->tops[i];
@@ -563,7 +563,9 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     ix->seen = malloc(sizeof *ix->seen * ix->seen_cap);
     ix->seen_slots = malloc(sizeof *ix->seen_slots * (ix->seen_cap / 2 + 1));
     ix->walk = malloc(sizeof *ix->walk * (size_t)(v->max_depth + 2));
-    if (!ix->node_ht || !ix->st_ht || !ix->seen || !ix->seen_slots || !ix->walk) {
+    ix->cap_tops = 64;
+    ix->tops = malloc(sizeof *ix->tops * (size_t)ix->cap_tops); /* never NULL: memcmp/memcpy of 0 tops */
+    if (!ix->tops || !ix->node_ht || !ix->st_ht || !ix->seen || !ix->seen_slots || !ix->walk) {
         kgr_index_free(ix);
         return OOM;
     }

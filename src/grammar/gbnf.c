@@ -84,6 +84,8 @@ typedef struct {
     kgr_set *sets;
     int32_t n_sets, cap_sets;
     int64_t n_elems;
+    int32_t *names; /* open addressing: named rules by name */
+    uint32_t names_cap, n_names;
     kiln_status err;
 } parser;
 
@@ -147,12 +149,40 @@ static int32_t new_rule(parser *p, const char *name, size_t nl, bool helper) {
     return p->n_rules++;
 }
 
+static uint32_t name_hash(const char *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
+}
+
 static int32_t find_rule(parser *p, const char *name, size_t nl) {
-    /* rule names are few and looked up once per reference: linear is fine
-     * below a few thousand; a schema's grammar can have more, so hash */
-    for (int32_t i = 0; i < p->n_rules; i++)
-        if (!p->r[i].helper && strlen(p->r[i].name) == nl && memcmp(p->r[i].name, name, nl) == 0) return i;
-    return new_rule(p, name, nl, false);
+    if ((p->n_names + 1) * 2 > p->names_cap) { /* grow and rehash */
+        uint32_t nc = p->names_cap ? p->names_cap * 2 : 256;
+        int32_t *t = malloc(sizeof *t * nc);
+        if (!t) return perr(p, "out of memory"), -1;
+        memset(t, 0xff, sizeof *t * nc);
+        for (uint32_t i = 0; i < p->names_cap; i++)
+            if (p->names[i] >= 0) {
+                const char *q = p->r[p->names[i]].name;
+                uint32_t j = name_hash(q, strlen(q)) & (nc - 1);
+                while (t[j] >= 0) j = (j + 1) & (nc - 1);
+                t[j] = p->names[i];
+            }
+        free(p->names);
+        p->names = t;
+        p->names_cap = nc;
+    }
+    uint32_t m = p->names_cap - 1, h = name_hash(name, nl) & m;
+    for (; p->names[h] >= 0; h = (h + 1) & m) {
+        const char *q = p->r[p->names[h]].name;
+        if (strlen(q) == nl && !memcmp(q, name, nl)) return p->names[h];
+    }
+    int32_t r = new_rule(p, name, nl, false);
+    if (r >= 0) {
+        p->names[h] = r;
+        p->n_names++;
+    }
+    return r;
 }
 
 static int32_t helper(parser *p, int32_t parent) {
@@ -726,6 +756,7 @@ kiln_status kgr_from_gbnf(const char *text, size_t len, kgr_grammar **out) {
     }
     free(p.r);
     free(p.sets);
+    free(p.names);
     if (p.err) {
         kgr_grammar_free(g);
         return p.err;
