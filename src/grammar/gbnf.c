@@ -14,7 +14,7 @@
 
 /* ---- strings ---- */
 void kgr_buf_put(kgr_buf *b, const char *s, size_t n) {
-    if (b->oom) return;
+    if (b->oom || (!n && b->p)) return;
     if (b->n + n + 1 > b->cap) {
         size_t c = b->cap ? b->cap : 64;
         while (c < b->n + n + 1) c *= 2;
@@ -26,7 +26,7 @@ void kgr_buf_put(kgr_buf *b, const char *s, size_t n) {
         b->p = q;
         b->cap = c;
     }
-    memcpy(b->p + b->n, s, n);
+    if (n) memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
 }
@@ -261,7 +261,7 @@ static int cmp_range(const void *a, const void *b) {
 
 /* Sorts and merges; with neg, complements over the Unicode scalar values. */
 int32_t kgr_ranges_normalize(cprange *v, int32_t n, bool neg, cprange *out) {
-    qsort(v, (size_t)n, sizeof *v, cmp_range);
+    if (n > 1) qsort(v, (size_t)n, sizeof *v, cmp_range);
     int32_t m = 0;
     for (int32_t i = 0; i < n; i++) {
         if (m && v[i].lo <= out[m - 1].hi + 1) {
