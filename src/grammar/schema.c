@@ -19,7 +19,7 @@
 #include "grammar/gr_int.h"
 
 #define MAX_DEPTH 128
-#define MAX_REPEAT 10000
+#define MAX_REPEAT 100000
 
 typedef struct memo {
     const cJSON *node;
@@ -649,7 +649,7 @@ static bool gen_string(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     }
     if ((mn && !cJSON_IsNumber(mn)) || (mx && !cJSON_IsNumber(mx))) return fail(c, ptr, "'%s' is not a number", "minLength");
     double lo = mn ? mn->valuedouble : 0, hi = mx ? mx->valuedouble : -1;
-    if (lo > MAX_REPEAT || hi > MAX_REPEAT) return fail(c, ptr, "'%s' over 10000", lo > MAX_REPEAT ? "minLength" : "maxLength");
+    if (lo > MAX_REPEAT || hi > MAX_REPEAT) return fail(c, ptr, "'%s' over 100000", lo > MAX_REPEAT ? "minLength" : "maxLength");
     if (hi >= 0 && hi < lo) kgr_buf_puts(b, "[^\\U00000000-\\U0010FFFF]");
     else if (hi < 0) kgr_buf_printf(b, "\"\\\"\" %s{%d,} \"\\\"\"", ch, (int)lo);
     else kgr_buf_printf(b, "\"\\\"\" %s{%d,%d} \"\\\"\"", ch, (int)lo, (int)hi);
@@ -876,7 +876,7 @@ static bool gen_array(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     } else if (prefix && !cJSON_IsArray(prefix)) return fail(c, ptr, "'%s' is not an array", "prefixItems");
     int32_t k = prefix ? cJSON_GetArraySize(prefix) : 0;
     long lo = cJSON_IsNumber(mn) ? (long)mn->valuedouble : 0, hi = cJSON_IsNumber(mx) ? (long)mx->valuedouble : -1;
-    if (lo > MAX_REPEAT || hi > MAX_REPEAT) return fail(c, ptr, "'%s' over 10000", lo > MAX_REPEAT ? "minItems" : "maxItems");
+    if (lo > MAX_REPEAT || hi > MAX_REPEAT) return fail(c, ptr, "'%s' over 100000", lo > MAX_REPEAT ? "minItems" : "maxItems");
     bool rest_ok = !cJSON_IsFalse(rest);
     if (!rest_ok && (hi < 0 || hi > k)) hi = k;
     if (hi >= 0 && hi < lo) {
