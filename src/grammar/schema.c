@@ -238,12 +238,32 @@ static bool in_list(const char *const *l, const char *k) {
     return false;
 }
 
+/* patternProperties where representable: one pattern, no listed properties,
+ * and either additionalProperties false (keys must match the pattern) or a
+ * pattern every key matches (then it is additionalProperties). 1: yes, with
+ * *pat and *val set; *all: the pattern matches every key. */
+static bool pattern_props(const cJSON *s, const char **pat, const cJSON **val, bool *all) {
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(s, "patternProperties");
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(s, "properties");
+    const cJSON *add = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+    if (!cJSON_IsObject(pp) || !pp->child || pp->child->next || (pr && pr->child)) return false;
+    *pat = pp->child->string;
+    *val = pp->child;
+    *all = !strcmp(*pat, "") || !strcmp(*pat, ".*") || !strcmp(*pat, "^.*$") || !strcmp(*pat, "^.*") || !strcmp(*pat, "(.*)");
+    if (cJSON_IsFalse(add)) return true;
+    return *all && (!add || cJSON_IsTrue(add));
+}
+
 static bool check_keywords(sc *c, const cJSON *s, const char *ptr) {
     for (const cJSON *k = s->child; k; k = k->next) {
         if (!in_list(refused, k->string)) continue;
         /* harmless values */
         if (!strcmp(k->string, "uniqueItems") && cJSON_IsFalse(k)) continue;
         if (!strcmp(k->string, "patternProperties") && cJSON_IsObject(k) && !k->child) continue;
+        const char *pat;
+        const cJSON *val;
+        bool all;
+        if (!strcmp(k->string, "patternProperties") && pattern_props(s, &pat, &val, &all)) continue;
         if ((!strcmp(k->string, "minProperties") && cJSON_IsNumber(k) && k->valuedouble <= 0) ||
             (!strcmp(k->string, "minContains") && cJSON_IsNumber(k) && k->valuedouble <= 0))
             continue;
@@ -780,7 +800,34 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     n = k;
     /* additional properties */
     char akv[48] = "";
-    if (ok && (cJSON_IsObject(add) || cJSON_IsTrue(add) || (!add && c->o.additional_properties))) {
+    const char *pat = NULL;
+    const cJSON *pval = NULL;
+    bool pall = false;
+    if (ok && pattern_props(s, &pat, &pval, &pall)) { /* keys the pattern matches, values its schema */
+        char vn[48], kn[48];
+        child_ptr(tmp, ptr, "patternProperties", pat);
+        ok = gen(c, pval, tmp, vn);
+        char *kb = NULL;
+        if (ok && !pall) {
+            kiln_status rst = kgr_regex_to_gbnf(pat, true, &kb);
+            if (rst) {
+                ok = fail(c, tmp, "'patternProperties' %s", kiln_status_msg(rst));
+                kiln_status_free(rst);
+            }
+        }
+        if (ok) {
+            if (kb) {
+                fresh(c, kn);
+                rule(c, kn, kb);
+            } else prim(c, P_STRING, kn);
+            fresh(c, akv);
+            kgr_buf body = {0};
+            kgr_buf_printf(&body, "%s %s \":\" %s %s %s", kn, ws, ws, vn, ws);
+            rule(c, akv, body.p);
+            free(body.p);
+        }
+        free(kb);
+    } else if (ok && (cJSON_IsObject(add) || cJSON_IsTrue(add) || (!add && c->o.additional_properties))) {
         char vn[48], kn[48];
         if (cJSON_IsObject(add)) {
             child_ptr(tmp, ptr, "additionalProperties", NULL);

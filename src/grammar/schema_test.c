@@ -76,6 +76,12 @@ KT_TEST(schema_objects) {
     OK(open, "{\"a\": 1, \"zz\": [true]}");
     NOT(open, "{\"a\": 1, \"a\": \"x\"}"); /* an extra key may not repeat a listed one */
     OK("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "{\"x\": 1, \"y\": 2}");
+    const char *pp = "{\"type\":\"object\",\"patternProperties\":{\"^x-[a-z]+$\":{\"type\":\"integer\"}},\"additionalProperties\":false}";
+    OK(pp, "{\"x-ab\": 1, \"x-c\": 2}");
+    NOT(pp, "{\"y\": 1}");
+    NOT(pp, "{\"x-ab\": \"1\"}");
+    OK("{\"patternProperties\":{\".*\":{\"type\":\"string\"}}}", "{\"k\": \"v\"}");
+    NOT("{\"patternProperties\":{\".*\":{\"type\":\"string\"}}}", "{\"k\": 1}");
     NOT("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "{\"x\": \"1\"}");
 }
 
@@ -163,6 +169,7 @@ KT_TEST(schema_errors) {
         {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreferences"},
         {"{\"type\":\"number\",\"minimum\":0.5}", "not integers"},
         {"{\"type\":\"strin\"}", "unknown type"},
+        {"{\"patternProperties\":{\"^a\":{}}}", "'patternProperties'"},
         {"{\"oneOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}", "'oneOf' whose branches may overlap"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
