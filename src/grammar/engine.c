@@ -22,7 +22,7 @@
 #define OOM kiln_error(KILN_ENOMEM, "out of memory")
 #define MAX_TOPS 100000          /* stacks in one state */
 #define MAX_NODES (1 << 24)      /* stack nodes of one index */
-#define MAX_STATES (1 << 22)     /* states of one index */
+#define MAX_STATES (1 << 19)     /* states of one index (the transition table is states x byte classes) */
 #define MAX_MASK_BYTES (512u << 20) /* cached masks of one index */
 
 /* ---- vocabulary ---- */
