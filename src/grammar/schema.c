@@ -731,6 +731,15 @@ static bool other_key(sc *c, const char **keys, int32_t n, int32_t depth, char *
     return true;
 }
 
+/* name ::= "key" ws ":" ws value ws (key: the key's JSON text) */
+static void member(sc *c, const char *name, const kgr_buf *key, const char *ws, const char *vn) {
+    kgr_buf body = {0};
+    kgr_buf_literal(&body, key->p, key->n);
+    kgr_buf_printf(&body, " %s \":\" %s %s %s", ws, ws, vn, ws);
+    rule(c, name, body.p);
+    free(body.p);
+}
+
 static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
     const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
@@ -760,11 +769,7 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
             py_string(&t, p->string);
             keytext[k] = t.p;
             fresh(c, kv[k]);
-            kgr_buf body = {0};
-            kgr_buf_literal(&body, t.p, t.n);
-            kgr_buf_printf(&body, " %s \":\" %s %s %s", ws, ws, vn, ws);
-            rule(c, kv[k], body.p);
-            free(body.p);
+            member(c, kv[k], &t, ws, vn);
         }
         k++;
     }
@@ -782,19 +787,22 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         keytext[k] = t.p;
         fresh(c, kv[k]);
         char vn[48];
-        if (cJSON_IsObject(add)) { /* an unlisted property takes additionalProperties' schema */
+        const char *pt;
+        const cJSON *pv;
+        bool pa;
+        if (pattern_props(s, &pt, &pv, &pa)) { /* the pattern's schema, when it surely applies */
+            if (!pa) ok = fail(c, ptr, "required property '%s' beside patternProperties", r->valuestring);
+            else {
+                child_ptr(tmp, ptr, "patternProperties", pt);
+                ok = gen(c, pv, tmp, vn);
+            }
+        } else if (cJSON_IsObject(add)) { /* an unlisted property takes additionalProperties' schema */
             child_ptr(tmp, ptr, "additionalProperties", NULL);
             ok = gen(c, add, tmp, vn);
         } else if (cJSON_IsFalse(add) || (!add && !c->o.additional_properties)) {
             ok = fail(c, ptr, "required property '%s' that additionalProperties forbids", r->valuestring);
         } else prim(c, P_VALUE, vn);
-        if (ok) {
-            kgr_buf body = {0};
-            kgr_buf_literal(&body, t.p, t.n);
-            kgr_buf_printf(&body, " %s \":\" %s %s %s", ws, ws, vn, ws);
-            rule(c, kv[k], body.p);
-            free(body.p);
-        }
+        if (ok) member(c, kv[k], &t, ws, vn);
         k++;
     }
     n = k;

@@ -82,6 +82,10 @@ KT_TEST(schema_objects) {
     NOT(pp, "{\"x-ab\": \"1\"}");
     OK("{\"patternProperties\":{\".*\":{\"type\":\"string\"}}}", "{\"k\": \"v\"}");
     NOT("{\"patternProperties\":{\".*\":{\"type\":\"string\"}}}", "{\"k\": 1}");
+    const char *preq = "{\"type\":\"object\",\"patternProperties\":{\".*\":{\"type\":\"integer\"}},\"required\":[\"a\"]}";
+    OK(preq, "{\"a\": 1}");
+    NOT(preq, "{\"a\": \"x\"}");
+    NOT(preq, "{}");
     NOT("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "{\"x\": \"1\"}");
 }
 
