@@ -87,7 +87,7 @@ clean:
 	rm -rf build
 
 # libFuzzer harnesses (clang), one per parser of untrusted bytes:
-#   make fuzz-safetensors | fuzz-checkpoint | fuzz-tokenizer | fuzz-jinja | fuzz-image   [FUZZ_TIME=seconds]
+#   make fuzz-safetensors | fuzz-checkpoint | fuzz-tokenizer | fuzz-jinja | fuzz-image | fuzz-grammar   [FUZZ_TIME=seconds]
 # Each links fuzz/fuzz_NAME.c with the library sources, runs from the seed
 # corpus FUZZ_SEEDS_NAME and grows fuzz-out/NAME (ignored by git). Crashers
 # land in fuzz-out/NAME-crashes: fix them, then commit them where the unit
@@ -104,6 +104,8 @@ FUZZ_ARGS_checkpoint   = -max_len=8192 -dict=fuzz/safetensors.dict
 FUZZ_SEEDS_tokenizer   = fuzz/corpus_tokenizer
 FUZZ_SEEDS_jinja       = tests/data/chat/templates
 FUZZ_SEEDS_image       = tests/data/vision/jpeg
+FUZZ_SEEDS_grammar     = fuzz/corpus_grammar
+FUZZ_ARGS_grammar      = -max_len=4096
 FUZZ_ARGS_image        = -max_len=65536
 FUZZ_BUILD = build/fuzz
 
@@ -123,6 +125,6 @@ fuzz-%: $(FUZZ_BUILD)/fuzz_%
 	$< -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 $(FUZZ_ARGS_$*) \
 	    -artifact_prefix=fuzz-out/$*-crashes/ fuzz-out/$* $(FUZZ_SEEDS_$*)
 
-fuzz: fuzz-safetensors fuzz-checkpoint fuzz-tokenizer fuzz-jinja fuzz-image
+fuzz: fuzz-safetensors fuzz-checkpoint fuzz-tokenizer fuzz-jinja fuzz-image fuzz-grammar
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

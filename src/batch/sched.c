@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine/textio.h"
+#include "grammar/grammar.h"
 
 const int64_t ksch_batch_buckets[12] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, INT64_MAX};
 
@@ -47,6 +48,7 @@ struct ksch {
     int64_t vocab;
     /* shared with other threads, under mu */
     pthread_mutex_t mu;
+    kgr_vocab *gvocab; /* the tokens' bytes for grammars: built by the first request with one */
     pthread_cond_t cv;
     seq *inbox, *inbox_tail;
     int64_t n_inbox, n_waiting_shared;
@@ -224,12 +226,18 @@ kiln_status ksch_submit(ksch *s, const ksch_request *r, uint64_t *id) {
     }
     memcpy(q->tokens, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
     q->n_tokens = r->n_prompt;
-    kgen_vocab v = {(int32_t)s->vocab, no_text, NULL, NULL};
+    kgen_vocab v = {(int32_t)s->vocab, no_text, NULL, NULL, NULL};
     if (s->p.tok) {
         ke_text_vocab_init(&q->tv, s->p.tok, (int32_t)s->vocab);
         v = ke_text_vocab_get(&q->tv);
     }
     kiln_status st = r->inputs ? copy_inputs(s, q, r->inputs) : NULL;
+    if (!st && s->p.tok && r->params->grammar) {
+        pthread_mutex_lock(&s->mu);
+        if (!s->gvocab) st = kgr_vocab_create(s->p.tok, (int32_t)s->vocab, s->eos, s->p.n_eos, &s->gvocab);
+        v.grammar = s->gvocab;
+        pthread_mutex_unlock(&s->mu);
+    }
     if (!st) st = kgen_session_create(r->params, &v, (int32_t)ke_ctx_n_ctx(s->c), s->eos, s->p.n_eos, r->prompt,
                                          r->n_prompt, &q->g);
     if (!st && s->p.tok) {
@@ -668,6 +676,7 @@ void ksch_destroy(ksch *s) {
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    kgr_vocab_free(s->gvocab);
     free(s->cancels);
     free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow);
     free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos);

@@ -56,7 +56,7 @@ static kiln_status run_alone(const ke_model *m, const int32_t *prompt, int n_pro
     int n_eos = 0;
     kiln_status st = kc_eos_ids(ke_model_checkpoint(m), eos, 16, &n_eos);
     kgen_session *g = NULL;
-    kgen_vocab v = {(int32_t)ke_model_hparams(m)->vocab, no_text, NULL, NULL};
+    kgen_vocab v = {(int32_t)ke_model_hparams(m)->vocab, no_text, NULL, NULL, NULL};
     if (!st) st = kgen_session_create(gp, &v, (int32_t)ke_ctx_n_ctx(c), eos, n_eos, prompt, n_prompt, &g);
     int seq = 0;
     if (!st) st = ke_seq_open(c, &seq);

@@ -213,7 +213,7 @@ static double sampler_us(int32_t nv, const kgen_params *p, int iters) {
     float *logits = malloc(sizeof *logits * (size_t)nv);
     uint64_t s = 17;
     char piece[16];
-    kgen_vocab v = {nv, bench_piece, NULL, piece};
+    kgen_vocab v = {nv, bench_piece, NULL, piece, NULL};
     kgen_sampler *smp = NULL;
     double total = -1;
     kiln_status st = logits ? kgen_sampler_create(p, &v, 8192, NULL, 0, &smp) : kiln_error(KILN_ENOMEM, "out of memory");

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "grammar/grammar.h"
 #include "base/file.h"
 #include "base/npy.h"
 #include "chat/chat.h"
@@ -231,6 +232,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     ktok *tok = NULL;
     ke_text_vocab tv = {0};
     ke_text_detok td = {0};
+    kgr_vocab *gv = NULL;
     double t0 = now();
     kiln_status st = ke_model_load(o->dir, &m);
     if (!st) {
@@ -254,10 +256,14 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     int32_t eos[16];
     int n_eos = 0;
     st = kc_eos_ids(ke_model_checkpoint(m), eos, 16, &n_eos);
-    kgen_vocab v = {(int32_t)hp->vocab, no_text, NULL, NULL};
+    kgen_vocab v = {(int32_t)hp->vocab, no_text, NULL, NULL, NULL};
     if (tok) {
         ke_text_vocab_init(&tv, tok, (int32_t)hp->vocab);
         v = ke_text_vocab_get(&tv);
+    }
+    if (!st && tok && o->gp.grammar) {
+        st = kgr_vocab_create(tok, (int32_t)hp->vocab, eos, n_eos, &gv);
+        v.grammar = gv;
     }
     if (!st)
         st = kgen_session_create(&o->gp, &v, (int32_t)ke_ctx_n_ctx(c), eos, n_eos, o->prompt, o->n_prompt, &g);
@@ -305,7 +311,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
                 if (o->json) st = keep_text(o, s.text, s.text_len);
                 else fwrite(s.text, 1, s.text_len, stdout), fflush(stdout);
             }
-            if (st || (f != KGEN_CONTINUE && f != KGEN_FINISH_EOS && f != KGEN_FINISH_LENGTH)) break;
+            if (st || (f != KGEN_CONTINUE && f != KGEN_FINISH_EOS && f != KGEN_FINISH_LENGTH && f != KGEN_FINISH_GRAMMAR)) break;
             next = s.token;
         }
         st = keep_id(rec, next);
@@ -332,6 +338,7 @@ out:
     kgen_session_destroy(g);
     ke_text_detok_free(&td);
     ke_text_vocab_free(&tv);
+    kgr_vocab_free(gv);
     ktok_free(tok);
     ke_ctx_free(c);
     ke_model_free(m);

@@ -25,6 +25,7 @@ static const struct {
     {"perplexity", kiln_cmd_perplexity, "perplexity of a text file, as llama.cpp's perplexity tool"},
     {"synth", kiln_cmd_synth, "write a checkpoint of a real model's shape with random weights"},
     {"bench", kiln_cmd_bench, "measure prompt and generation speed against the memory roofline"},
+    {"grammar-bench", kiln_cmd_grammar_bench, "MaskBench files through the grammar engine (JSON Schema masks)"},
 };
 
 static void usage(FILE *f) {

@@ -34,7 +34,7 @@ void ke_text_vocab_init(ke_text_vocab *v, const ktok *tok, int32_t n_vocab) {
     *v = (ke_text_vocab){.tok = tok, .n_vocab = n_vocab};
 }
 
-kgen_vocab ke_text_vocab_get(ke_text_vocab *v) { return (kgen_vocab){v->n_vocab, piece, tokenize, v}; }
+kgen_vocab ke_text_vocab_get(ke_text_vocab *v) { return (kgen_vocab){v->n_vocab, piece, tokenize, v, NULL}; }
 
 void ke_text_vocab_free(ke_text_vocab *v) {
     free(v->buf);

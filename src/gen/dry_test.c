@@ -42,7 +42,7 @@ static int tokenize(void *ud, const char *text, size_t len, int32_t *out, int ca
 }
 
 static kgen_vocab vocab(bool with_tokenizer) {
-    return (kgen_vocab){NV, piece, with_tokenizer ? tokenize : NULL, NULL};
+    return (kgen_vocab){NV, piece, with_tokenizer ? tokenize : NULL, NULL, NULL};
 }
 
 static kgen_dry *dry_from(const char *const *breakers, int n, bool with_tokenizer) {
@@ -246,7 +246,7 @@ KT_TEST(gen_dry_breakers_from_vocab) {
     KT_CHECK(dl != NULL);
     kgen_dry_destroy(dl);
     /* breakers without token text are an error */
-    kgen_vocab nopiece = {NV, NULL, NULL, NULL};
+    kgen_vocab nopiece = {NV, NULL, NULL, NULL, NULL};
     char *v[1] = {(char *)":"};
     kgen_strs s = {v, 1};
     kgen_dry *d = NULL;

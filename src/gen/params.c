@@ -159,6 +159,8 @@ void kgen_params_free(kgen_params *p) {
     free(p->logit_bias);
     p->logit_bias = NULL;
     p->n_logit_bias = 0;
+    free(p->grammar);
+    p->grammar = NULL;
 }
 
 kiln_status kgen_params_copy(kgen_params *dst, const kgen_params *src) {
@@ -167,7 +169,9 @@ kiln_status kgen_params_copy(kgen_params *dst, const kgen_params *src) {
     dst->stop = (kgen_strs){0};
     dst->logit_bias = NULL;
     dst->n_logit_bias = 0;
+    dst->grammar = NULL;
     kiln_status st = strs_copy(&dst->dry_breakers, &src->dry_breakers);
+    if (!st && src->grammar && !(dst->grammar = strdup(src->grammar))) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (!st) st = strs_copy(&dst->stop, &src->stop);
     if (!st && src->n_logit_bias > 0) {
         dst->logit_bias = malloc(sizeof *dst->logit_bias * (size_t)src->n_logit_bias);
@@ -420,11 +424,14 @@ void kgen_print_flags(FILE *out) {
         }
         fprintf(out, "  %-34s %s\n", names, k_flags[i].help);
     }
+    kgen_grammar_print_flags(out);
 }
 
 kiln_status kgen_parse_flag(kgen_params *p, int argc, char **argv, int *i, bool *consumed) {
     *consumed = false;
     if (*i < 0 || *i >= argc || !argv[*i]) return NULL;
+    KILN_TRY(kgen_grammar_flag(p, argc, argv, i, consumed));
+    if (*consumed) return NULL;
     const char *arg = argv[*i];
     int id = -1;
     bool takes_value = false;
@@ -740,7 +747,7 @@ static kiln_status json_apply(kgen_params *p, const cJSON *b, const kgen_vocab *
     } else if (tlp) {
         return kiln_error(KILN_EINVAL, "\"top_logprobs\": requires \"logprobs\": true");
     }
-    return NULL;
+    return kgen_grammar_from_json(p, b);
 }
 
 kiln_status kgen_params_from_json(kgen_params *p, const cJSON *body, const kgen_vocab *vocab) {

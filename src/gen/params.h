@@ -90,6 +90,11 @@ typedef struct {
     bool logprobs;           /* report the chosen token's log-probability */
     int32_t n_probs;         /* and this many top alternatives */
     bool post_sampling_probs; /* llama-server's switch: report after the chain */
+
+    /* constrained decoding (gen/constrain.c): GBNF that every flag and
+     * request field (grammar, JSON Schema, regex, choices) compiles to;
+     * NULL: none. Owned. */
+    char *grammar;
 } kgen_params;
 
 /* Fills p with the defaults. On error p is left freeable. */
@@ -105,6 +110,7 @@ kiln_status kgen_params_validate(const kgen_params *p);
  * that the tokenizer provides. */
 typedef const char *(*kgen_piece_fn)(void *ud, int32_t id, size_t *len);
 typedef int (*kgen_tokenize_fn)(void *ud, const char *text, size_t len, int32_t *out, int cap);
+struct kgr_vocab;
 typedef struct {
     int32_t n_vocab;
     /* Text of one token: bytes (not NUL-terminated), special tokens rendered
@@ -118,7 +124,19 @@ typedef struct {
      * Without it, a breaker's tail is tokenized greedily (longest piece). */
     kgen_tokenize_fn tokenize;
     void *ud;
+    /* The tokens' bytes as grammar/grammar.h's trie (borrowed); needed when
+     * params.grammar is set. */
+    const struct kgr_vocab *grammar;
 } kgen_vocab;
+
+/* Constraint flags (--grammar, --grammar-file, --json-schema,
+ * --json-schema-file, --regex) and request fields (response_format,
+ * json_schema, grammar, structured_outputs, guided_json / guided_regex /
+ * guided_choice / guided_grammar) to p->grammar; errors start with the
+ * field's name in quotes (the server's "param"). */
+kiln_status kgen_grammar_flag(kgen_params *p, int argc, char **argv, int *i, bool *consumed);
+kiln_status kgen_grammar_from_json(kgen_params *p, const cJSON *body);
+void kgen_grammar_print_flags(FILE *out);
 
 /* CLI: if argv[*i] is one of our flags, applies it (and its value) to p,
  * advances *i past what it used and sets *consumed; otherwise leaves *i and

@@ -253,7 +253,7 @@ KT_TEST(gen_params_json) {
 
     /* text keys need a tokenizer; ids are range-checked against the vocabulary */
     KT_CHECK_ERR(from_json(&p, "{\"logit_bias\": {\"hi\": 1}}", NULL), "needs a tokenizer");
-    kgen_vocab v = {256, NULL, fake_tokenize, NULL};
+    kgen_vocab v = {256, NULL, fake_tokenize, NULL, NULL};
     KT_CHECK_OK(from_json(&p, "{\"logit_bias\": {\"hi\": 1}}", &v));
     KT_CHECK(p.n_logit_bias == 2 && p.logit_bias[0].token == 'h' && p.logit_bias[1].token == 'i');
     KT_CHECK_OK(from_json(&p, "{\"logit_bias\": [[\"a\", 2]]}", &v));
@@ -319,7 +319,7 @@ KT_TEST(gen_params_json_random_bodies) {
         "[\"top_k\", \"temperature\"]", "[null]", "{\"a\": {}}",
     };
     uint64_t s = 77;
-    kgen_vocab v = {256, NULL, fake_tokenize, NULL};
+    kgen_vocab v = {256, NULL, fake_tokenize, NULL, NULL};
     int accepted = 0;
     for (int it = 0; it < 3000; it++) {
         char body[2048];

@@ -15,7 +15,7 @@ static kgen_params base_params(void) {
 }
 
 static kgen_sampler *make(const kgen_params *p, int32_t n_vocab, const int32_t *eos, int32_t n_eos) {
-    kgen_vocab v = {n_vocab, NULL, NULL, NULL};
+    kgen_vocab v = {n_vocab, NULL, NULL, NULL, NULL};
     kgen_sampler *s = NULL;
     kiln_status st = kgen_sampler_create(p, &v, 4096, eos, n_eos, &s);
     if (st) {
@@ -294,7 +294,7 @@ KT_TEST(gen_sampler_matches_reference_chain) {
             }
         }
         p.xtc_probability = 0.0f; /* its own stream: covered elsewhere */
-        kgen_vocab v = {NV, vpiece, NULL, NULL};
+        kgen_vocab v = {NV, vpiece, NULL, NULL, NULL};
         kgen_sampler *smp = NULL;
         KT_CHECK_OK(kgen_sampler_create(&p, &v, 4096, eos, 2, &smp));
         kgen_dry *dry = NULL;
@@ -388,7 +388,7 @@ KT_TEST(gen_sampler_logprobs) {
 
 KT_TEST(gen_sampler_errors) {
     kgen_params p = base_params();
-    kgen_vocab v = {10, NULL, NULL, NULL};
+    kgen_vocab v = {10, NULL, NULL, NULL, NULL};
     kgen_sampler *s = NULL;
     KT_CHECK_ERR(kgen_sampler_create(&p, &v, 0, NULL, 0, &s), "n_ctx");
     const int32_t bad_eos[1] = {10};

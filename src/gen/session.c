@@ -1,8 +1,11 @@
 /* session.c: the per-sequence generation loop (see session.h). */
 #include "gen/session.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "grammar/grammar.h"
 
 struct kgen_session {
     kgen_sampler *smp;
@@ -15,6 +18,10 @@ struct kgen_session {
     char *text; /* the step's text when it joins two pieces */
     size_t cap;
     kgen_detok detok;
+    /* params.grammar: the sequence's own matcher, its mask and masked logits */
+    kgr_matcher *gm;
+    uint32_t *gbits;  /* [ceil(n_vocab / 32)] */
+    float *glogits;   /* [n_vocab] */
 };
 
 void kgen_session_destroy(kgen_session *g) {
@@ -23,6 +30,9 @@ void kgen_session_destroy(kgen_session *g) {
     kgen_stop_destroy(g->stop);
     free(g->eos);
     free(g->text);
+    kgr_matcher_free(g->gm);
+    free(g->gbits);
+    free(g->glogits);
     free(g);
 }
 
@@ -40,6 +50,17 @@ kiln_status kgen_session_create(const kgen_params *p, const kgen_vocab *v, int32
         g->eos = malloc(sizeof *g->eos * (size_t)n_eos);
         if (!g->eos) st = kiln_error(KILN_ENOMEM, "out of memory");
         else memcpy(g->eos, eos_ids, sizeof *g->eos * (size_t)n_eos);
+    }
+    if (!st && p->grammar) {
+        kgr_grammar *gr = NULL;
+        if (!v->grammar) st = kiln_error(KILN_EUNSUPPORTED, "generation: a grammar needs the model's tokenizer");
+        else st = kgr_from_gbnf(p->grammar, strlen(p->grammar), &gr);
+        if (!st) st = kgr_matcher_create_owned(gr, v->grammar, &g->gm);
+        if (!st) {
+            g->gbits = malloc(((size_t)v->n_vocab + 31) / 32 * 4);
+            g->glogits = malloc(sizeof *g->glogits * (size_t)v->n_vocab);
+            if (!g->gbits || !g->glogits) st = kiln_error(KILN_ENOMEM, "out of memory");
+        }
     }
     if (st) {
         kgen_session_destroy(g);
@@ -73,11 +94,24 @@ kiln_status kgen_session_step(kgen_session *g, const float *logits, kgen_step *o
     out->text = "";
     if (g->done || (g->n_generated == 0 && kgen_session_start(g) != KGEN_CONTINUE))
         return kiln_error(KILN_EINVAL, "generation: step after the end");
+    if (g->gm) { /* the grammar's mask before the chain: forbidden tokens get -inf */
+        KILN_TRY(kgr_matcher_mask(g->gm, g->gbits));
+        int32_t allowed = 0;
+        for (int32_t i = 0; i < g->vocab.n_vocab; i++) {
+            bool ok = (g->gbits[i >> 5] >> (i & 31)) & 1;
+            g->glogits[i] = ok ? logits[i] : -INFINITY;
+            allowed += ok;
+        }
+        if (!allowed) return kiln_error(KILN_EINVAL, "grammar: no token can continue the text");
+        logits = g->glogits;
+    }
     KILN_TRY(kgen_sampler_sample(g->smp, logits, &out->sample));
     const int32_t tok = out->token = out->sample.token;
     kgen_sampler_accept(g->smp, tok);
     g->n_generated++;
+    if (g->gm) KILN_TRY(kgr_matcher_accept(g->gm, tok));
     out->finish = kgen_check_token(&g->lim, tok, g->n_generated, g->n_prompt + g->n_generated);
+    if (out->finish == KGEN_CONTINUE && g->gm && kgr_matcher_done(g->gm)) out->finish = KGEN_FINISH_GRAMMAR;
     const char *a = "";
     size_t na = 0;
     if (out->finish != KGEN_FINISH_EOS) { /* the EOS token's text is not output */

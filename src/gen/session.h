@@ -53,6 +53,10 @@ kgen_finish kgen_session_start(const kgen_session *g);
 /* Samples, accepts and decodes one token; on the last one the text includes
  * everything held back (except a matched stop string and what follows it). */
 kiln_status kgen_session_step(kgen_session *g, const float *logits, kgen_step *out);
+/* With params.grammar (vocab.grammar must be set), the sequence owns a
+ * grammar matcher: its mask is applied to the logits before the sampler
+ * chain (EOS only where the grammar may end), and generation ends with
+ * KGEN_FINISH_GRAMMAR once the grammar is complete and nothing may follow. */
 kgen_sampler *kgen_session_sampler(kgen_session *g);
 int32_t kgen_session_generated(const kgen_session *g);
 /* The stop string that ended generation (index into params.stop), or -1. */

@@ -30,7 +30,7 @@ static kiln_status run(const char *stop, int32_t n_predict, int32_t n_ctx, const
     char *stops[1] = {(char *)stop};
     kgen_strs saved = p.stop;
     if (stop) p.stop = (kgen_strs){stops, 1};
-    kgen_vocab v = {NV, piece, NULL, NULL};
+    kgen_vocab v = {NV, piece, NULL, NULL, NULL};
     const int32_t eos[1] = {EOS}, prompt[2] = {HELLO, COMMA};
     kgen_session *g = NULL;
     kiln_status st = kgen_session_create(&p, &v, n_ctx, eos, 1, prompt, 2, &g);
@@ -92,7 +92,7 @@ KT_TEST(gen_session_loop) {
 
     kgen_params p;
     KT_CHECK_OK(kgen_params_init(&p));
-    kgen_vocab nopiece = {NV, NULL, NULL, NULL};
+    kgen_vocab nopiece = {NV, NULL, NULL, NULL, NULL};
     kgen_session *g = NULL;
     KT_CHECK_ERR(kgen_session_create(&p, &nopiece, 10, NULL, 0, NULL, 0, &g), "no token text");
     kgen_params_free(&p);

@@ -18,7 +18,8 @@
 const char *kgen_finish_reason(kgen_finish f) {
     switch (f) {
     case KGEN_FINISH_EOS:
-    case KGEN_FINISH_STOP_STRING: return "stop";
+    case KGEN_FINISH_STOP_STRING:
+    case KGEN_FINISH_GRAMMAR: return "stop";
     case KGEN_FINISH_LENGTH:
     case KGEN_FINISH_CONTEXT: return "length";
     default: return NULL;
@@ -48,6 +49,7 @@ const char *kgen_finish_describe(kgen_finish f, const kgen_limits *l, int32_t n_
     case KGEN_CONTINUE: snprintf(buf, cap, "not finished"); break;
     case KGEN_FINISH_EOS: snprintf(buf, cap, "end-of-generation token after %d tokens", (int)n_generated); break;
     case KGEN_FINISH_STOP_STRING: snprintf(buf, cap, "stop string after %d tokens", (int)n_generated); break;
+    case KGEN_FINISH_GRAMMAR: snprintf(buf, cap, "grammar complete after %d tokens", (int)n_generated); break;
     case KGEN_FINISH_LENGTH:
         snprintf(buf, cap, "length limit: %d tokens generated (n_predict = %d)", (int)n_generated,
                  (int)l->n_predict);

@@ -25,6 +25,7 @@ typedef enum {
     KGEN_FINISH_STOP_STRING, /* a stop string matched: "stop" */
     KGEN_FINISH_LENGTH,      /* n_predict tokens generated: "length" */
     KGEN_FINISH_CONTEXT,     /* the context is full: "length" */
+    KGEN_FINISH_GRAMMAR,     /* the grammar is complete and nothing may follow: "stop" */
 } kgen_finish;
 
 /* OpenAI finish_reason: "stop" or "length"; NULL for KGEN_CONTINUE. */

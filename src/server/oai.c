@@ -299,7 +299,7 @@ static kiln_status parse_body(ksrv *s, ksrv_job *j, const cJSON *body, bool chat
      * need the tokenizer) */
     ke_text_vocab tv;
     int64_t vocab = ke_model_hparams(s->m)->vocab;
-    kgen_vocab v = {(int32_t)vocab, NULL, NULL, NULL};
+    kgen_vocab v = {(int32_t)vocab, NULL, NULL, NULL, NULL};
     if (s->tok) {
         ke_text_vocab_init(&tv, s->tok, (int32_t)vocab);
         v = ke_text_vocab_get(&tv);

@@ -1251,3 +1251,81 @@ KT_TEST(server_chat_image_string_template) {
     }
 }
 
+/* Constrained decoding through the endpoints: response_format (json_schema,
+ * json_object), vLLM's guided_choice and llama.cpp's grammar; sampled at
+ * temperature 1 from a random-weight model, the output obeys whenever the
+ * finish reason is "stop"; bad constraints are 400s naming the field. */
+KT_TEST(server_structured_outputs) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    if (!start(&f, &p)) return;
+    int stops = 0;
+    for (int seed = 1; seed <= 8; seed++) {
+        char body[1024];
+        snprintf(body, sizeof body,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 60, \"temperature\": 1, "
+                 "\"seed\": %d, \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"t\", \"strict\": true, "
+                 "\"schema\": {\"type\": \"object\", \"properties\": {\"k\": {\"enum\": [\"x\", \"y\"]}, \"n\": {\"type\": \"integer\", "
+                 "\"minimum\": 0, \"maximum\": 99}}, \"required\": [\"k\", \"n\"], \"additionalProperties\": false}}}}",
+                 seed);
+        cJSON *a = post_json(&f, "/v1/chat/completions", body, 200);
+        KT_CHECK(a);
+        const char *text = choice_text(a, 0, true);
+        KT_CHECK(text);
+        if (!strcmp(choice_finish(a, 0), "stop")) {
+            stops++;
+            cJSON *j = cJSON_Parse(text);
+            KT_CHECKF(j, "not JSON: %s", text);
+            const cJSON *k = cJSON_GetObjectItem(j, "k"), *n = cJSON_GetObjectItem(j, "n");
+            KT_CHECKF(cJSON_IsString(k) && (!strcmp(k->valuestring, "x") || !strcmp(k->valuestring, "y")), "%s", text);
+            KT_CHECKF(cJSON_IsNumber(n) && n->valuedouble >= 0 && n->valuedouble <= 99, "%s", text);
+            KT_CHECK_EQ(cJSON_GetArraySize(j), 2);
+            cJSON_Delete(j);
+        }
+        cJSON_Delete(a);
+        snprintf(body, sizeof body,
+                 "{\"prompt\": \"hi\", \"max_tokens\": 20, \"temperature\": 1, \"seed\": %d, \"guided_choice\": [\"alpha\", \"beta\"]}",
+                 seed);
+        a = post_json(&f, "/v1/completions", body, 200);
+        KT_CHECK(a);
+        text = choice_text(a, 0, false);
+        KT_CHECKF(text && (!strcmp(text, "alpha") || !strcmp(text, "beta")), "%s", text ? text : "(none)");
+        KT_CHECK_STR(choice_finish(a, 0), "stop");
+        cJSON_Delete(a);
+    }
+    KT_CHECKF(stops >= 4, "only %d of 8 constrained answers finished", stops);
+    /* batched: a seeded constrained request gives the same text beside
+     * unconstrained and other constrained ones as alone */
+    char *bodies[4] = {
+        "{\"prompt\": \"hi\", \"max_tokens\": 40, \"temperature\": 1, \"seed\": 7, \"return_tokens\": true, "
+        "\"response_format\": {\"type\": \"json_object\"}}",
+        "{\"prompt\": \"The cat\", \"max_tokens\": 30, \"temperature\": 1, \"seed\": 3}",
+        "{\"prompt\": \"x\", \"max_tokens\": 30, \"temperature\": 1, \"seed\": 4, \"guided_regex\": \"[a-z ]+\\\\.\"}",
+        "{\"prompt\": \"The dog\", \"max_tokens\": 25, \"temperature\": 0.7, \"seed\": 5}",
+    };
+    cJSON *alone = post_json(&f, "/v1/completions", bodies[0], 200);
+    KT_CHECK(alone);
+    resp rs[4];
+    post_all(&f, "/v1/completions", bodies, 4, rs);
+    for (int i = 0; i < 4; i++) KT_CHECKF(rs[i].status == 200, "%ld: %s", rs[i].status, rs[i].body.p);
+    cJSON *together = cJSON_Parse(rs[0].body.p);
+    KT_CHECK(together);
+    KT_CHECK_STR(choice_text(together, 0, false), choice_text(alone, 0, false));
+    cJSON_Delete(together);
+    cJSON_Delete(alone);
+    for (int i = 0; i < 4; i++) ksrv_buf_free(&rs[i].body);
+    cJSON *a = post_json(&f, "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 8, \"grammar\": \"root ::= [0-9]+\"}", 200);
+    KT_CHECK(a);
+    const char *text = choice_text(a, 0, false);
+    KT_CHECK(text && strlen(text) > 0 && strspn(text, "0123456789") == strlen(text));
+    cJSON_Delete(a);
+    CHECK_ERROR("POST", "/v1/chat/completions",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": {\"type\": \"json_schema\", "
+                "\"json_schema\": {\"schema\": {\"type\": \"array\", \"uniqueItems\": true}}}}",
+                NULL, 400, "\"param\": \"response_format\"");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"grammar\": \"root ::= x\"}", NULL, 400, "\"param\": \"grammar\"");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"structured_outputs\": {\"regex\": \"(\"}}", NULL, 400,
+                "\"param\": \"structured_outputs\"");
+    finish(&f);
+}

@@ -507,6 +507,56 @@ kiln_status ktok_stream_flush(ktok_stream *s, char **piece, size_t *len) {
 
 /* ---- accessors ------------------------------------------------------------- */
 
+static bool has_dec(const tk_dec *d, td_type ty) {
+    if (!d) return false;
+    if (d->type == ty) return true;
+    for (int i = 0; i < d->n_subs; i++)
+        if (d->subs[i].type == ty) return true;
+    return false;
+}
+
+static int hex1(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+int32_t ktok_token_bytes(const ktok *t, int32_t id, char *buf, int32_t cap) {
+    if (id < 0 || id >= t->n_ids || !t->id_str[id]) return -1;
+    const char *s = t->id_str[id];
+    size_t n = t->id_len[id];
+    int32_t k = 0;
+#define PUT(c) do { if (k < cap) buf[k] = (char)(c); k++; } while (0)
+    if (t->special[id]) {
+        for (size_t i = 0; i < n; i++) PUT(s[i]);
+        return k;
+    }
+    if (has_dec(t->dec, TD_BYTELEVEL)) {
+        uint32_t cp;
+        for (size_t j = 0; j < n;) {
+            j += (size_t)tk_utf8_dec(s + j, n - j, &cp);
+            int b = tk_char_byte(cp);
+            if (b < 0) { /* outside the byte map: the token passes as is */
+                k = 0;
+                for (size_t i = 0; i < n; i++) PUT(s[i]);
+                return k;
+            }
+            PUT(b);
+        }
+        return k;
+    }
+    if (n == 6 && memcmp(s, "<0x", 3) == 0 && s[5] == '>' && hex1(s[3]) >= 0 && hex1(s[4]) >= 0) {
+        PUT(hex1(s[3]) * 16 + hex1(s[4]));
+        return k;
+    }
+    for (size_t i = 0; i < n; i++) { /* SentencePiece: U+2581 is a space */
+        if (i + 3 <= n && memcmp(s + i, "\xE2\x96\x81", 3) == 0) {
+            PUT(' ');
+            i += 2;
+        } else PUT(s[i]);
+    }
+#undef PUT
+    return k;
+}
+
 int32_t ktok_vocab_size(const ktok *t) { return t->n_ids; }
 
 const char *ktok_token_str(const ktok *t, int32_t id) {

@@ -45,6 +45,11 @@ int32_t ktok_vocab_size(const ktok *t);            /* 1 + the largest id */
 const char *ktok_token_str(const ktok *t, int32_t id); /* raw vocab string; NULL if none; borrowed */
 int32_t ktok_token_id(const ktok *t, const char *s);   /* -1 if absent */
 bool ktok_is_special(const ktok *t, int32_t id);
+/* The bytes a token stands for in the middle of a text (byte-level BPE's
+ * char map undone, SentencePiece's U+2581 as a space, <0xAB> byte tokens);
+ * special tokens give their text. Writes at most cap bytes to buf and returns
+ * the full length, or -1 for an unknown id. */
+int32_t ktok_token_bytes(const ktok *t, int32_t id, char *buf, int32_t cap);
 int32_t ktok_bos_id(const ktok *t); /* -1 if none */
 int32_t ktok_eos_id(const ktok *t); /* -1 if none */
 

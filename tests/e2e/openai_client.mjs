@@ -112,6 +112,31 @@ if (cstop) {
 const lp = await client.chat.completions.create({ model, messages, max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2 });
 check("chat logprobs", lp.choices[0].logprobs.content.length > 0 && lp.choices[0].logprobs.content[0].top_logprobs.length === 2);
 
+// structured output: response_format json_schema obeyed whenever the answer finishes
+const schema = { type: "object", properties: { k: { enum: ["x", "y"] }, n: { type: "integer", minimum: 0, maximum: 99 } },
+                 required: ["k", "n"], additionalProperties: false };
+let stops = 0, obeyed = true;
+for (let seed = 1; seed <= 6; seed++) {
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 60, temperature: 1, seed,
+                                                   response_format: { type: "json_schema", json_schema: { name: "t", strict: true, schema } } });
+  if (r.choices[0].finish_reason !== "stop") continue;
+  stops++;
+  try {
+    const v = JSON.parse(r.choices[0].message.content);
+    obeyed &&= (v.k === "x" || v.k === "y") && Number.isInteger(v.n) && v.n >= 0 && v.n <= 99 && Object.keys(v).length === 2;
+  } catch {
+    obeyed = false;
+  }
+}
+check("response_format json_schema", stops > 0 && obeyed, `${stops} of 6 finished`);
+try {
+  await client.chat.completions.create({ model, messages, max_tokens: 4,
+                                         response_format: { type: "json_schema", json_schema: { name: "t", schema: { type: "array", uniqueItems: true } } } });
+  check("400 for an unsupported schema keyword", false);
+} catch (e) {
+  check("400 for an unsupported schema keyword", e.status === 400 && /uniqueItems/.test(e.message), `${e.constructor.name}: ${e.message}`);
+}
+
 // errors come back as the client's typed errors
 try {
   await client.completions.create({ model: "no-such-model", prompt, max_tokens: 2 });

@@ -1,0 +1,143 @@
+/* bench.c: one MaskBench file, scored as jsonschemabench scores an engine
+ * (see ../shared/maskbench/README.md): compile, then for each test walk the
+ * json.dumps text's tokens, timing the mask before each token. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "grammar/grammar.h"
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+const char *kgr_outcome_name(kgr_outcome o) {
+    static const char *n[] = {"pass", "compile_error", "validation_error", "invalidation_error"};
+    return (unsigned)o < 4 ? n[o] : "?";
+}
+
+void kgr_bench_result_free(kgr_bench_result *r) {
+    free(r->tbm_us);
+    r->tbm_us = NULL;
+}
+
+static bool push_tbm(kgr_bench_result *r, int64_t *cap, double us) {
+    if (r->n_tbm == *cap) {
+        int64_t c = *cap ? *cap * 2 : 256;
+        double *q = realloc(r->tbm_us, sizeof *q * (size_t)c);
+        if (!q) return false;
+        r->tbm_us = q;
+        *cap = c;
+    }
+    r->tbm_us[r->n_tbm++] = us;
+    return true;
+}
+
+/* true: accepted whole */
+static kiln_status walk(kgr_index *ix, const int32_t *ids, size_t n, uint32_t *bits, int32_t eos,
+                        kgr_bench_result *r, int64_t *cap, bool *accepted) {
+    kgr_matcher *m;
+    KILN_TRY(kgr_matcher_create(ix, &m));
+    *accepted = true;
+    kiln_status st = NULL;
+    for (size_t i = 0; i <= n && *accepted; i++) {
+        double t0 = now_us();
+        st = kgr_matcher_mask(m, bits);
+        double dt = now_us() - t0;
+        if (st) break;
+        if (!push_tbm(r, cap, dt)) {
+            st = kiln_error(KILN_ENOMEM, "out of memory");
+            break;
+        }
+        if (i == n) { /* the end: EOS must be allowed (or, without one, the grammar complete) */
+            *accepted = eos >= 0 ? (bits[eos >> 5] >> (eos & 31)) & 1 : kgr_matcher_can_end(m);
+            break;
+        }
+        int32_t t = ids[i];
+        if (!((bits[t >> 5] >> (t & 31)) & 1)) {
+            *accepted = false;
+            break;
+        }
+        kiln_status e = kgr_matcher_accept(m, t);
+        if (e) { /* the mask allowed it: the walk must agree */
+            st = kiln_status_wrap(e, "mask and matcher disagree on token %d", t);
+            break;
+        }
+        r->tokens++;
+    }
+    kgr_matcher_free(m);
+    return st;
+}
+
+kiln_status kgr_bench_file(const char *json, size_t len, const ktok *tok, const kgr_vocab *v, kgr_bench_result *r) {
+    memset(r, 0, sizeof *r);
+    cJSON *j = cJSON_ParseWithLength(json, len);
+    if (!j) return kiln_error(KILN_EINVAL, "not valid JSON");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(j, "schema");
+    const cJSON *tests = cJSON_GetObjectItemCaseSensitive(j, "tests");
+    if (!schema) {
+        cJSON_Delete(j);
+        return kiln_error(KILN_EINVAL, "no \"schema\"");
+    }
+    int32_t nv = kgr_vocab_size(v);
+    uint32_t *bits = malloc(((size_t)nv + 31) / 32 * 4);
+    if (!bits) {
+        cJSON_Delete(j);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    int32_t eos = ktok_eos_id(tok);
+    kgr_grammar *g = NULL;
+    kgr_index *ix = NULL;
+    kgr_matcher *m = NULL;
+    kiln_status st = NULL;
+    double t0 = now_us();
+    kiln_status ce = kgr_from_schema(schema, NULL, &g);
+    if (!ce) ce = kgr_index_create(g, v, &ix);
+    if (!ce) ce = kgr_matcher_create(ix, &m);
+    if (!ce) ce = kgr_matcher_mask(m, bits);
+    r->ttfm_us = now_us() - t0;
+    kgr_matcher_free(m);
+    if (ce) {
+        r->outcome = KGR_COMPILE_ERROR;
+        snprintf(r->error, sizeof r->error, "%s", kiln_status_msg(ce));
+        kiln_status_free(ce);
+        goto done;
+    }
+    int64_t cap = 0;
+    int k = 0;
+    for (const cJSON *t = cJSON_IsArray(tests) ? tests->child : NULL; t && !st; t = t->next, k++) {
+        bool valid = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(t, "valid"));
+        char *text = kgr_json_dumps(cJSON_GetObjectItemCaseSensitive(t, "data"));
+        if (!text) {
+            st = kiln_error(KILN_ENOMEM, "out of memory");
+            break;
+        }
+        int32_t *ids = NULL;
+        size_t n = 0;
+        st = ktok_encode(tok, text, strlen(text), false, &ids, &n);
+        bool acc = false;
+        if (!st) st = walk(ix, ids, n, bits, eos, r, &cap, &acc);
+        free(ids);
+        if (!st) {
+            r->tests++;
+            if (valid && !acc) {
+                if (!r->validation_errors++ && !r->invalidation_errors)
+                    snprintf(r->error, sizeof r->error, "test %d (valid) rejected: %.200s", k, text);
+            } else if (!valid && acc) {
+                if (!r->invalidation_errors++)
+                    snprintf(r->error, sizeof r->error, "test %d (invalid) accepted: %.200s", k, text);
+            }
+        }
+        free(text);
+    }
+    r->outcome = r->invalidation_errors ? KGR_INVALIDATION_ERROR : r->validation_errors ? KGR_VALIDATION_ERROR : KGR_PASS;
+done:
+    kgr_index_free(ix);
+    kgr_grammar_free(g);
+    free(bits);
+    cJSON_Delete(j);
+    if (st) kgr_bench_result_free(r);
+    return st;
+}

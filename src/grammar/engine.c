@@ -1,0 +1,750 @@
+/* engine.c: the vocabulary trie, the lazily determinized recognizer and the
+ * token masks (see grammar.h).
+ *
+ * Recognizer: llama.cpp's pushdown design (llama-grammar.cpp: a parse is a
+ * set of stacks whose tops are byte-set elements), with three changes:
+ *  - stacks are hash-consed nodes (pos, parent), so equal stacks are one id
+ *    and a set of stacks is a sorted id array, interned as a state;
+ *  - a return into the end of an alternative is a tail call (no frame), so
+ *    x* and right recursion do not grow the stacks;
+ *  - the expansion of one step visits each (pos, parent) once, so ambiguous
+ *    grammars stay polynomial per step.
+ * A state's transition on each byte class is computed once and kept in a
+ * table (a DFA built on demand), and a state's mask once: a walk of the
+ * token trie in preorder, skipping a subtree where the state dies, as
+ * llguidance's toktrie does. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/gr_int.h"
+
+#define OOM kiln_error(KILN_ENOMEM, "out of memory")
+#define MAX_TOPS 100000          /* stacks in one state */
+#define MAX_NODES (1 << 24)      /* stack nodes of one index */
+#define MAX_STATES (1 << 19)     /* states of one index (the transition table is states x byte classes) */
+#define MAX_MASK_BYTES (512u << 20) /* cached masks of one index */
+
+/* ---- vocabulary ---- */
+struct kgr_vocab {
+    int32_t n_vocab;
+    char *bytes;          /* all tokens' bytes */
+    int64_t *off;         /* [n_vocab + 1]: token i is bytes[off[i], off[i+1]); empty: never allowed */
+    int32_t *eos;
+    int32_t n_eos;
+    /* the trie in preorder (the root excluded) */
+    int32_t n_nodes, max_depth;
+    uint8_t *byte;
+    int32_t *depth;   /* 1 for the root's children */
+    int32_t *next;    /* the node after this one's subtree */
+    int32_t *tok_head; /* a token ending here, -1 if none */
+    int32_t *tok_next; /* [n_vocab]: the next token with the same bytes */
+};
+
+void kgr_vocab_free(kgr_vocab *v) {
+    if (!v) return;
+    free(v->bytes);
+    free(v->off);
+    free(v->eos);
+    free(v->byte);
+    free(v->depth);
+    free(v->next);
+    free(v->tok_head);
+    free(v->tok_next);
+    free(v);
+}
+
+int32_t kgr_vocab_size(const kgr_vocab *v) { return v->n_vocab; }
+
+static const kgr_vocab *sort_vocab; /* qsort has no context argument; guarded by sort_mu */
+static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int cmp_tok(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    const kgr_vocab *v = sort_vocab;
+    int64_t nx = v->off[x + 1] - v->off[x], ny = v->off[y + 1] - v->off[y];
+    int c = memcmp(v->bytes + v->off[x], v->bytes + v->off[y], (size_t)(nx < ny ? nx : ny));
+    if (c) return c;
+    if (nx != ny) return nx < ny ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+/* Builds the trie from off/bytes (already filled). */
+static kiln_status build_trie(kgr_vocab *v) {
+    int32_t n = v->n_vocab, m = 0;
+    int32_t *ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
+    if (!ids) return OOM;
+    for (int32_t i = 0; i < n; i++)
+        if (v->off[i + 1] > v->off[i]) ids[m++] = i;
+    pthread_mutex_lock(&sort_mu);
+    sort_vocab = v;
+    qsort(ids, (size_t)m, sizeof *ids, cmp_tok);
+    pthread_mutex_unlock(&sort_mu);
+    int64_t total = v->off[n];
+    v->byte = malloc((size_t)total + 1);
+    v->depth = malloc(sizeof *v->depth * (size_t)(total + 1));
+    v->next = malloc(sizeof *v->next * (size_t)(total + 1));
+    v->tok_head = malloc(sizeof *v->tok_head * (size_t)(total + 1));
+    v->tok_next = malloc(sizeof *v->tok_next * (size_t)(n ? n : 1));
+    int32_t maxlen = 0;
+    for (int32_t i = 0; i < m; i++) {
+        int64_t l = v->off[ids[i] + 1] - v->off[ids[i]];
+        if (l > maxlen) maxlen = (int32_t)l;
+    }
+    int32_t *path = malloc(sizeof *path * (size_t)(maxlen + 2)); /* node at each depth on the current path */
+    if (!v->byte || !v->depth || !v->next || !v->tok_head || !v->tok_next || !path) {
+        free(ids);
+        free(path);
+        return OOM;
+    }
+    for (int32_t i = 0; i < n; i++) v->tok_next[i] = -1;
+    int32_t nn = 0, plen = 0; /* plen: depth of the path */
+    const char *prev = NULL;
+    int64_t prevn = 0;
+    for (int32_t k = 0; k < m; k++) {
+        int32_t id = ids[k];
+        const char *s = v->bytes + v->off[id];
+        int64_t l = v->off[id + 1] - v->off[id];
+        int64_t lcp = 0;
+        while (prev && lcp < l && lcp < prevn && s[lcp] == prev[lcp]) lcp++;
+        /* close the subtrees deeper than lcp */
+        for (; plen > lcp; plen--) v->next[path[plen]] = nn;
+        for (int64_t d = lcp; d < l; d++) {
+            v->byte[nn] = (uint8_t)s[d];
+            v->depth[nn] = (int32_t)d + 1;
+            v->tok_head[nn] = -1;
+            path[++plen] = nn++;
+        }
+        /* same bytes as the previous token: chain it */
+        int32_t at = path[l];
+        v->tok_next[id] = v->tok_head[at];
+        v->tok_head[at] = id;
+        prev = s;
+        prevn = l;
+    }
+    for (; plen > 0; plen--) v->next[path[plen]] = nn;
+    v->n_nodes = nn;
+    v->max_depth = maxlen;
+    free(path);
+    free(ids);
+    return NULL;
+}
+
+static kiln_status vocab_finish(kgr_vocab *v, const int32_t *eos, int32_t n_eos) {
+    if (n_eos > 0) {
+        v->eos = malloc(sizeof *v->eos * (size_t)n_eos);
+        if (!v->eos) return OOM;
+        memcpy(v->eos, eos, sizeof *eos * (size_t)n_eos);
+        v->n_eos = n_eos;
+    }
+    return build_trie(v);
+}
+
+kiln_status kgr_vocab_create(const ktok *tok, int32_t n_vocab, const int32_t *eos, int32_t n_eos, kgr_vocab **out) {
+    *out = NULL;
+    kgr_vocab *v = calloc(1, sizeof *v);
+    if (!v) return OOM;
+    v->n_vocab = n_vocab;
+    v->off = calloc((size_t)n_vocab + 1, sizeof *v->off);
+    if (!v->off) {
+        kgr_vocab_free(v);
+        return OOM;
+    }
+    int32_t nt = ktok_vocab_size(tok);
+    int64_t total = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        int32_t l = i < nt && !ktok_is_special(tok, i) ? ktok_token_bytes(tok, i, NULL, 0) : 0;
+        total += l > 0 ? l : 0;
+        v->off[i + 1] = total;
+    }
+    v->bytes = malloc((size_t)total + 1);
+    if (!v->bytes) {
+        kgr_vocab_free(v);
+        return OOM;
+    }
+    for (int32_t i = 0; i < n_vocab; i++)
+        if (v->off[i + 1] > v->off[i])
+            ktok_token_bytes(tok, i, v->bytes + v->off[i], (int32_t)(v->off[i + 1] - v->off[i]));
+    kiln_status st = vocab_finish(v, eos, n_eos);
+    if (st) {
+        kgr_vocab_free(v);
+        return st;
+    }
+    *out = v;
+    return NULL;
+}
+
+kiln_status kgr_vocab_from_strings(const char *const *tokens, const int32_t *lens, int32_t n, int32_t eos,
+                                   kgr_vocab **out) {
+    *out = NULL;
+    kgr_vocab *v = calloc(1, sizeof *v);
+    if (!v) return OOM;
+    v->n_vocab = n;
+    v->off = calloc((size_t)n + 1, sizeof *v->off);
+    int64_t total = 0;
+    for (int32_t i = 0; i < n; i++) total += i == eos ? 0 : lens[i];
+    v->bytes = malloc((size_t)total + 1);
+    if (!v->off || !v->bytes) {
+        kgr_vocab_free(v);
+        return OOM;
+    }
+    total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (i != eos) {
+            memcpy(v->bytes + total, tokens[i], (size_t)lens[i]);
+            total += lens[i];
+        }
+        v->off[i + 1] = total;
+    }
+    kiln_status st = vocab_finish(v, &eos, eos >= 0 ? 1 : 0);
+    if (st) {
+        kgr_vocab_free(v);
+        return st;
+    }
+    *out = v;
+    return NULL;
+}
+
+/* ---- index ---- */
+typedef struct {
+    int32_t pos, parent;
+} snode;
+
+typedef struct {
+    int32_t *tops; /* sorted node ids */
+    int32_t n;
+    bool accept;
+    uint32_t *mask;
+} gstate;
+
+struct kgr_index {
+    const kgr_grammar *g;
+    const kgr_vocab *v;
+    pthread_mutex_t mu;
+    uint8_t cls[256], rep[256];
+    int32_t n_cls;
+    /* stack nodes, interned */
+    snode *nodes;
+    int32_t n_nodes, cap_nodes;
+    int32_t *node_ht;
+    uint32_t node_ht_cap;
+    /* states, interned */
+    gstate *st;
+    int32_t n_st, cap_st;
+    int32_t *st_ht;
+    uint32_t st_ht_cap;
+    int32_t *trans; /* [n_st * n_cls]; -1: not computed */
+    /* scratch of one step */
+    int32_t *work, n_work, cap_work;
+    int32_t *tops, n_tops, cap_tops;
+    uint64_t *seen; /* (pos, parent) keys visited, open addressing */
+    uint32_t seen_cap, n_seen;
+    uint32_t *seen_slots; /* [seen_cap / 2]: the slots in use, to clear only those */
+    bool accept;
+    int32_t *walk; /* [max_depth + 1] */
+    size_t mask_bytes;
+    kiln_status err; /* sticky: a limit was passed */
+    int32_t init;
+};
+
+static inline uint32_t mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return (uint32_t)x;
+}
+
+static bool grow(void **p, int32_t *cap, int32_t need, size_t elem) {
+    if (need <= *cap) return true;
+    int64_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, elem * (size_t)c);
+    if (!q) return false;
+    *p = q;
+    *cap = (int32_t)c;
+    return true;
+}
+
+static void set_err(kgr_index *ix, kiln_status st) {
+    if (!ix->err) ix->err = st;
+    else kiln_status_free(st);
+}
+
+static uint32_t state_hash(const int32_t *t, int32_t n, bool acc);
+static uint32_t node_hash(const kgr_index *ix, int32_t i) {
+    return mix((uint64_t)(uint32_t)ix->nodes[i].pos << 32 | (uint32_t)ix->nodes[i].parent);
+}
+static uint32_t st_hash(const kgr_index *ix, int32_t i) {
+    return state_hash(ix->st[i].tops, ix->st[i].n, ix->st[i].accept);
+}
+
+/* Doubles an open-addressing table of ids 0..n-1 (kept as is when out of memory). */
+static void rehash(kgr_index *ix, int32_t **ht, uint32_t *cap, int32_t n, uint32_t (*hash)(const kgr_index *, int32_t)) {
+    uint32_t nc = *cap * 2;
+    int32_t *t = malloc(sizeof *t * nc);
+    if (!t) {
+        set_err(ix, OOM);
+        return;
+    }
+    memset(t, 0xff, sizeof *t * nc);
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t j = hash(ix, i) & (nc - 1);
+        while (t[j] >= 0) j = (j + 1) & (nc - 1);
+        t[j] = i;
+    }
+    free(*ht);
+    *ht = t;
+    *cap = nc;
+}
+
+/* the node (pos, parent); -1 on a limit */
+static int32_t node_get(kgr_index *ix, int32_t pos, int32_t parent) {
+    uint64_t key = (uint64_t)(uint32_t)pos << 32 | (uint32_t)parent;
+    uint32_t mask = ix->node_ht_cap - 1, h = mix(key) & mask;
+    for (;; h = (h + 1) & mask) {
+        int32_t id = ix->node_ht[h];
+        if (id < 0) break;
+        if (ix->nodes[id].pos == pos && ix->nodes[id].parent == parent) return id;
+    }
+    if (ix->n_nodes >= MAX_NODES) {
+        set_err(ix, kiln_error(KILN_ELIMIT, "grammar: over %d parser stacks (the grammar is too ambiguous)", MAX_NODES));
+        return -1;
+    }
+    if (!grow((void **)&ix->nodes, &ix->cap_nodes, ix->n_nodes + 1, sizeof *ix->nodes)) {
+        set_err(ix, OOM);
+        return -1;
+    }
+    int32_t id = ix->n_nodes++;
+    ix->nodes[id] = (snode){pos, parent};
+    ix->node_ht[h] = id;
+    if ((uint32_t)ix->n_nodes * 2 > ix->node_ht_cap) rehash(ix, &ix->node_ht, &ix->node_ht_cap, ix->n_nodes, node_hash);
+    return id;
+}
+
+static void seen_clear(kgr_index *ix) {
+    for (uint32_t i = 0; i < ix->n_seen; i++) ix->seen[ix->seen_slots[i]] = UINT64_MAX;
+    ix->n_seen = 0;
+}
+
+/* true when (pos, parent) was not visited in this step (and marks it) */
+static bool seen_add(kgr_index *ix, int32_t pos, int32_t parent) {
+    if ((ix->n_seen + 1) * 2 > ix->seen_cap) {
+        uint32_t nc = ix->seen_cap * 2;
+        uint64_t *t = malloc(sizeof *t * nc);
+        uint32_t *sl = malloc(sizeof *sl * (nc / 2 + 1));
+        if (!t || !sl) {
+            free(t);
+            free(sl);
+            set_err(ix, OOM);
+            return false;
+        }
+        memset(t, 0xff, sizeof *t * nc);
+        for (uint32_t i = 0; i < ix->n_seen; i++) {
+            uint64_t k = ix->seen[ix->seen_slots[i]];
+            uint32_t j = mix(k) & (nc - 1);
+            while (t[j] != UINT64_MAX) j = (j + 1) & (nc - 1);
+            t[j] = k;
+            sl[i] = j;
+        }
+        free(ix->seen);
+        free(ix->seen_slots);
+        ix->seen = t;
+        ix->seen_slots = sl;
+        ix->seen_cap = nc;
+    }
+    uint64_t key = (uint64_t)(uint32_t)pos << 32 | (uint32_t)parent;
+    uint32_t m = ix->seen_cap - 1, h = mix(key) & m;
+    for (;; h = (h + 1) & m) {
+        if (ix->seen[h] == key) return false;
+        if (ix->seen[h] == UINT64_MAX) break;
+    }
+    ix->seen[h] = key;
+    ix->seen_slots[ix->n_seen++] = h;
+    return true;
+}
+
+static void work_push(kgr_index *ix, int32_t pos, int32_t parent) {
+    if (!grow((void **)&ix->work, &ix->cap_work, ix->n_work + 2, sizeof *ix->work)) {
+        set_err(ix, OOM);
+        return;
+    }
+    ix->work[ix->n_work++] = pos;
+    ix->work[ix->n_work++] = parent;
+}
+
+/* Expands the work list into ix->tops (stacks whose top is a byte set) and
+ * ix->accept (the root rule can complete). */
+static void expand(kgr_index *ix) {
+    const kgr_elem *el = ix->g->el;
+    while (ix->n_work && !ix->err) {
+        int32_t parent = ix->work[--ix->n_work], pos = ix->work[--ix->n_work];
+        if (!seen_add(ix, pos, parent)) continue;
+        const kgr_elem *e = &el[pos];
+        switch (e->type) {
+        case KE_END:
+        case KE_ALT:
+            if (parent == 0) ix->accept = true;
+            else work_push(ix, ix->nodes[parent].pos, ix->nodes[parent].parent);
+            break;
+        case KE_BYTES: {
+            int32_t id = node_get(ix, pos, parent);
+            if (id < 0) return;
+            if (ix->n_tops >= MAX_TOPS) {
+                set_err(ix, kiln_error(KILN_ELIMIT, "grammar: over %d parses at once (the grammar is too ambiguous)", MAX_TOPS));
+                return;
+            }
+            if (!grow((void **)&ix->tops, &ix->cap_tops, ix->n_tops + 1, sizeof *ix->tops)) {
+                set_err(ix, OOM);
+                return;
+            }
+            ix->tops[ix->n_tops++] = id;
+            break;
+        }
+        case KE_REF: {
+            int32_t nt = el[pos + 1].type;
+            int32_t ret = nt == KE_END || nt == KE_ALT ? parent : node_get(ix, pos + 1, parent);
+            if (ret < 0) return;
+            /* alternatives pushed last-first so they expand in order (order does not matter for the set) */
+            int32_t s = ix->g->start[e->val];
+            work_push(ix, s, ret);
+            for (int32_t i = s; el[i].type != KE_END; i++)
+                if (el[i].type == KE_ALT) work_push(ix, i + 1, ret);
+            break;
+        }
+        }
+    }
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static uint32_t state_hash(const int32_t *t, int32_t n, bool acc) {
+    uint64_t h = acc ? 0x9e3779b97f4a7c15ull : 0x12345;
+    for (int32_t i = 0; i < n; i++) h = (h ^ (uint64_t)(uint32_t)t[i]) * 0x100000001b3ull + (h >> 29);
+    return mix(h);
+}
+
+/* Interns ix->tops/accept as a state (sorting tops); -1 on error. */
+static int32_t state_intern(kgr_index *ix) {
+    if (ix->err) return -1;
+    if (ix->n_tops > 1) qsort(ix->tops, (size_t)ix->n_tops, sizeof *ix->tops, cmp_i32);
+    int32_t n = 0; /* unique (seen_add already dedups, but keep it safe) */
+    for (int32_t i = 0; i < ix->n_tops; i++)
+        if (!n || ix->tops[n - 1] != ix->tops[i]) ix->tops[n++] = ix->tops[i];
+    ix->n_tops = n;
+    uint32_t m = ix->st_ht_cap - 1, h = state_hash(ix->tops, n, ix->accept) & m;
+    for (;; h = (h + 1) & m) {
+        int32_t id = ix->st_ht[h];
+        if (id < 0) break;
+        const gstate *s = &ix->st[id];
+        if (s->n == n && s->accept == ix->accept && !memcmp(s->tops, ix->tops, sizeof *s->tops * (size_t)n)) return id;
+    }
+    if (ix->n_st >= MAX_STATES) {
+        set_err(ix, kiln_error(KILN_ELIMIT, "grammar: over %d parser states", MAX_STATES));
+        return -1;
+    }
+    int32_t cap = ix->cap_st;
+    if (!grow((void **)&ix->st, &ix->cap_st, ix->n_st + 1, sizeof *ix->st)) {
+        set_err(ix, OOM);
+        return -1;
+    }
+    if (ix->cap_st != cap) {
+        int32_t *t = realloc(ix->trans, sizeof *t * (size_t)ix->cap_st * (size_t)ix->n_cls);
+        if (!t) {
+            set_err(ix, OOM);
+            return -1;
+        }
+        ix->trans = t;
+    }
+    int32_t id = ix->n_st++;
+    gstate *s = &ix->st[id];
+    s->n = n;
+    s->accept = ix->accept;
+    s->mask = NULL;
+    s->tops = malloc(sizeof *s->tops * (size_t)(n ? n : 1));
+    if (!s->tops) {
+        ix->n_st--;
+        set_err(ix, OOM);
+        return -1;
+    }
+    memcpy(s->tops, ix->tops, sizeof *s->tops * (size_t)n);
+    for (int32_t c = 0; c < ix->n_cls; c++) ix->trans[(size_t)id * (size_t)ix->n_cls + (size_t)c] = -1;
+    ix->st_ht[h] = id;
+    if ((uint32_t)ix->n_st * 2 > ix->st_ht_cap) rehash(ix, &ix->st_ht, &ix->st_ht_cap, ix->n_st, st_hash);
+    return id;
+}
+
+static void step_begin(kgr_index *ix) {
+    ix->n_work = ix->n_tops = 0;
+    ix->accept = false;
+    seen_clear(ix);
+}
+
+/* the state after byte class c from state s (0: dead); -1 on error */
+static int32_t compute(kgr_index *ix, int32_t s, int32_t c) {
+    step_begin(ix);
+    unsigned b = ix->rep[c];
+    const gstate *gs = &ix->st[s];
+    for (int32_t i = 0; i < gs->n; i++) {
+        const snode *nd = &ix->nodes[gs->tops[i]];
+        if (kgr_set_has(&ix->g->sets[ix->g->el[nd->pos].val], b)) work_push(ix, nd->pos + 1, nd->parent);
+    }
+    expand(ix);
+    int32_t t = state_intern(ix);
+    if (t >= 0) ix->trans[(size_t)s * (size_t)ix->n_cls + (size_t)c] = t;
+    return t;
+}
+
+static inline int32_t next_state(kgr_index *ix, int32_t s, uint8_t byte) {
+    int32_t c = ix->cls[byte];
+    int32_t t = ix->trans[(size_t)s * (size_t)ix->n_cls + (size_t)c];
+    return t >= 0 ? t : compute(ix, s, c);
+}
+
+/* Byte classes: bytes no set tells apart share a class (and a column of the
+ * transition table). */
+static void byte_classes(kgr_index *ix) {
+    memset(ix->cls, 0, sizeof ix->cls);
+    int32_t n = 1;
+    int32_t map[512];
+    for (int32_t k = 0; k < ix->g->n_sets; k++) {
+        for (int32_t i = 0; i < 2 * n; i++) map[i] = -1;
+        int32_t m = 0;
+        for (int b = 0; b < 256; b++) {
+            int32_t key = ix->cls[b] * 2 + kgr_set_has(&ix->g->sets[k], (unsigned)b);
+            if (map[key] < 0) map[key] = m++;
+            ix->cls[b] = (uint8_t)map[key];
+        }
+        n = m;
+        if (n >= 256) break;
+    }
+    ix->n_cls = n;
+    for (int b = 255; b >= 0; b--) ix->rep[ix->cls[b]] = (uint8_t)b;
+}
+
+void kgr_index_free(kgr_index *ix) {
+    if (!ix) return;
+    for (int32_t i = 0; i < ix->n_st; i++) {
+        free(ix->st[i].tops);
+        free(ix->st[i].mask);
+    }
+    free(ix->st);
+    free(ix->st_ht);
+    free(ix->trans);
+    free(ix->nodes);
+    free(ix->node_ht);
+    free(ix->work);
+    free(ix->tops);
+    free(ix->seen);
+    free(ix->seen_slots);
+    free(ix->walk);
+    kiln_status_free(ix->err);
+    pthread_mutex_destroy(&ix->mu);
+    free(ix);
+}
+
+kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index **out) {
+    *out = NULL;
+    kgr_index *ix = calloc(1, sizeof *ix);
+    if (!ix) return OOM;
+    pthread_mutex_init(&ix->mu, NULL);
+    ix->g = g;
+    ix->v = v;
+    byte_classes(ix);
+    ix->node_ht_cap = 1024;
+    ix->st_ht_cap = 256;
+    ix->seen_cap = 256;
+    ix->node_ht = malloc(sizeof *ix->node_ht * ix->node_ht_cap);
+    ix->st_ht = malloc(sizeof *ix->st_ht * ix->st_ht_cap);
+    ix->seen = malloc(sizeof *ix->seen * ix->seen_cap);
+    ix->seen_slots = malloc(sizeof *ix->seen_slots * (ix->seen_cap / 2 + 1));
+    ix->walk = malloc(sizeof *ix->walk * (size_t)(v->max_depth + 2));
+    ix->cap_tops = 64;
+    ix->tops = malloc(sizeof *ix->tops * (size_t)ix->cap_tops); /* never NULL: memcmp/memcpy of 0 tops */
+    if (!ix->tops || !ix->node_ht || !ix->st_ht || !ix->seen || !ix->seen_slots || !ix->walk) {
+        kgr_index_free(ix);
+        return OOM;
+    }
+    memset(ix->node_ht, 0xff, sizeof *ix->node_ht * ix->node_ht_cap);
+    memset(ix->st_ht, 0xff, sizeof *ix->st_ht * ix->st_ht_cap);
+    memset(ix->seen, 0xff, sizeof *ix->seen * ix->seen_cap);
+    node_get(ix, -1, -1); /* node 0: the bottom of every stack */
+    step_begin(ix);       /* state 0: dead */
+    int32_t dead = state_intern(ix);
+    step_begin(ix);
+    work_push(ix, g->start[g->root], 0);
+    for (int32_t i = g->start[g->root]; g->el[i].type != KE_END; i++)
+        if (g->el[i].type == KE_ALT) work_push(ix, i + 1, 0);
+    expand(ix);
+    ix->init = state_intern(ix);
+    if (ix->err || dead != 0) {
+        kiln_status st = ix->err ? ix->err : kiln_error(KILN_EINTERNAL, "grammar: dead state is not 0");
+        ix->err = NULL;
+        kgr_index_free(ix);
+        return st;
+    }
+    if (ix->init == 0) {
+        kgr_index_free(ix);
+        return kiln_error(KILN_EINVAL, "grammar: it matches nothing");
+    }
+    *out = ix;
+    return NULL;
+}
+
+/* mask of state s into bits (ix->mu held) */
+static kiln_status state_mask(kgr_index *ix, int32_t s, uint32_t *bits) {
+    const kgr_vocab *v = ix->v;
+    size_t words = ((size_t)v->n_vocab + 31) / 32;
+    if (ix->st[s].mask) {
+        memcpy(bits, ix->st[s].mask, words * 4);
+        return NULL;
+    }
+    memset(bits, 0, words * 4);
+    if (ix->err) return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
+    int32_t *stk = ix->walk;
+    stk[0] = s;
+    const uint8_t *byte = v->byte;
+    const int32_t *depth = v->depth, *next = v->next, *head = v->tok_head;
+    const int32_t ncls = ix->n_cls;
+    for (int32_t i = 0; i < v->n_nodes;) {
+        int32_t ps = stk[depth[i] - 1];
+        int32_t c = ix->cls[byte[i]];
+        int32_t t = ix->trans[(size_t)ps * (size_t)ncls + (size_t)c];
+        if (t < 0) {
+            t = compute(ix, ps, c);
+            if (t < 0) {
+                memset(bits, 0, words * 4);
+                return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
+            }
+        }
+        if (t == 0) {
+            i = next[i];
+            continue;
+        }
+        stk[depth[i]] = t;
+        for (int32_t k = head[i]; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
+        i++;
+    }
+    if (ix->st[s].accept)
+        for (int32_t k = 0; k < v->n_eos; k++)
+            if (v->eos[k] >= 0 && v->eos[k] < v->n_vocab) bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31);
+    if (ix->mask_bytes + words * 4 <= MAX_MASK_BYTES) {
+        uint32_t *c = malloc(words * 4);
+        if (c) {
+            memcpy(c, bits, words * 4);
+            ix->st[s].mask = c;
+            ix->mask_bytes += words * 4;
+        }
+    }
+    return NULL;
+}
+
+/* ---- matcher ---- */
+struct kgr_matcher {
+    kgr_index *ix;
+    int32_t state;
+    bool ended; /* EOS accepted */
+    kgr_grammar *own_g; /* kgr_matcher_create_owned: freed with the matcher */
+    kgr_index *own_ix;
+};
+
+kiln_status kgr_matcher_create(kgr_index *ix, kgr_matcher **out) {
+    *out = calloc(1, sizeof **out);
+    if (!*out) return OOM;
+    (*out)->ix = ix;
+    (*out)->state = ix->init;
+    return NULL;
+}
+
+kiln_status kgr_matcher_create_owned(kgr_grammar *g, const kgr_vocab *v, kgr_matcher **out) {
+    *out = NULL;
+    kgr_index *ix;
+    kiln_status st = kgr_index_create(g, v, &ix);
+    if (st) {
+        kgr_grammar_free(g);
+        return st;
+    }
+    st = kgr_matcher_create(ix, out);
+    if (st) {
+        kgr_index_free(ix);
+        kgr_grammar_free(g);
+        return st;
+    }
+    (*out)->own_g = g;
+    (*out)->own_ix = ix;
+    return NULL;
+}
+
+void kgr_matcher_free(kgr_matcher *m) {
+    if (!m) return;
+    kgr_index_free(m->own_ix);
+    kgr_grammar_free(m->own_g);
+    free(m);
+}
+
+kiln_status kgr_matcher_mask(kgr_matcher *m, uint32_t *bits) {
+    kgr_index *ix = m->ix;
+    if (m->ended) {
+        memset(bits, 0, ((size_t)ix->v->n_vocab + 31) / 32 * 4);
+        return NULL;
+    }
+    pthread_mutex_lock(&ix->mu);
+    kiln_status st = state_mask(ix, m->state, bits);
+    pthread_mutex_unlock(&ix->mu);
+    return st;
+}
+
+static bool is_eos(const kgr_vocab *v, int32_t tok) {
+    for (int32_t k = 0; k < v->n_eos; k++)
+        if (v->eos[k] == tok) return true;
+    return false;
+}
+
+/* the state after bytes s from state at (0: dead, -1: error); mu held */
+static int32_t walk_bytes(kgr_index *ix, int32_t at, const char *s, size_t n) {
+    for (size_t i = 0; i < n && at > 0; i++) at = next_state(ix, at, (uint8_t)s[i]);
+    return at;
+}
+
+kiln_status kgr_matcher_accept(kgr_matcher *m, int32_t tok) {
+    kgr_index *ix = m->ix;
+    const kgr_vocab *v = ix->v;
+    if (m->ended) return kiln_error(KILN_EINVAL, "grammar: token %d after the end", tok);
+    if (tok < 0 || tok >= v->n_vocab) return kiln_error(KILN_EINVAL, "grammar: token %d is out of range", tok);
+    pthread_mutex_lock(&ix->mu);
+    kiln_status st = NULL;
+    if (is_eos(v, tok)) {
+        if (ix->st[m->state].accept) m->ended = true;
+        else st = kiln_error(KILN_EINVAL, "grammar: end of text where the grammar cannot end");
+    } else if (v->off[tok + 1] == v->off[tok]) {
+        st = kiln_error(KILN_EINVAL, "grammar: token %d has no text the grammar can match", tok);
+    } else {
+        int32_t t = walk_bytes(ix, m->state, v->bytes + v->off[tok], (size_t)(v->off[tok + 1] - v->off[tok]));
+        if (t < 0) st = kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
+        else if (t == 0) st = kiln_error(KILN_EINVAL, "grammar: token %d is not allowed here", tok);
+        else m->state = t;
+    }
+    pthread_mutex_unlock(&ix->mu);
+    return st;
+}
+
+bool kgr_matcher_accept_bytes(kgr_matcher *m, const char *s, size_t n) {
+    if (m->ended) return n == 0;
+    kgr_index *ix = m->ix;
+    pthread_mutex_lock(&ix->mu);
+    int32_t t = walk_bytes(ix, m->state, s, n);
+    pthread_mutex_unlock(&ix->mu);
+    if (t <= 0) return false;
+    m->state = t;
+    return true;
+}
+
+bool kgr_matcher_can_end(const kgr_matcher *m) { return m->ended || m->ix->st[m->state].accept; }
+
+bool kgr_matcher_done(const kgr_matcher *m) {
+    return m->ended || (m->ix->st[m->state].accept && m->ix->st[m->state].n == 0);
+}

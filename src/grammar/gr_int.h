@@ -1,0 +1,56 @@
+/* gr_int.h: the grammar module's internals.
+ *
+ * A compiled grammar is llama.cpp's flat layout over bytes: rule r's
+ * elements start at el[start[r]]: sequences of KE_BYTES (a 256-bit set) and
+ * KE_REF (a rule) separated by KE_ALT and closed by KE_END. Code points are
+ * lowered to UTF-8 byte sequences at parse time. */
+#ifndef KILN_GR_INT_H
+#define KILN_GR_INT_H
+
+#include "grammar/grammar.h"
+
+enum { KE_END, KE_ALT, KE_REF, KE_BYTES };
+
+typedef struct {
+    int32_t type;
+    int32_t val; /* KE_REF: rule; KE_BYTES: set index */
+} kgr_elem;
+
+typedef struct {
+    uint64_t w[4];
+} kgr_set;
+
+static inline bool kgr_set_has(const kgr_set *s, unsigned b) { return (s->w[b >> 6] >> (b & 63)) & 1; }
+
+struct kgr_grammar {
+    kgr_elem *el;
+    int32_t n_el;
+    int32_t *start; /* [n_rules] */
+    char **name;    /* [n_rules] */
+    int32_t n_rules;
+    kgr_set *sets;
+    int32_t n_sets;
+    int32_t root;
+};
+
+/* code point ranges [lo, hi] */
+typedef struct {
+    uint32_t lo, hi;
+} cprange;
+/* Sorts and merges v (n ranges) into out (room for 2n + 4), complemented
+ * over U+0000..U+10FFFF with neg, surrogates removed; -1: out of memory. */
+int32_t kgr_ranges_normalize(cprange *v, int32_t n, bool neg, cprange *out);
+
+/* a growable string */
+typedef struct {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} kgr_buf;
+void kgr_buf_put(kgr_buf *b, const char *s, size_t n);
+void kgr_buf_puts(kgr_buf *b, const char *s);
+void kgr_buf_printf(kgr_buf *b, const char *fmt, ...) KILN_PRINTF(2, 3);
+/* s as a GBNF literal, quotes included */
+void kgr_buf_literal(kgr_buf *b, const char *s, size_t n);
+
+#endif

@@ -1,0 +1,192 @@
+/* grammar_test.c: GBNF, regex and choices over a byte vocabulary (strings
+ * accepted or rejected whole), masks over a real tokenizer. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar/grammar.h"
+#include "grammar/gr_int.h"
+#include "kt.h"
+
+/* 256 one-byte tokens and EOS (256) */
+static kgr_vocab *byte_vocab(void) {
+    static char b[256];
+    const char *t[257];
+    int32_t l[257];
+    for (int i = 0; i < 256; i++) {
+        b[i] = (char)i;
+        t[i] = &b[i];
+        l[i] = 1;
+    }
+    t[256] = "";
+    l[256] = 0;
+    kgr_vocab *v = NULL;
+    kiln_status st = kgr_vocab_from_strings(t, l, 257, 256, &v);
+    if (st) kiln_status_free(st);
+    return v;
+}
+
+/* 1 accepted, 0 rejected, -1 grammar error */
+static int match_g(kgr_grammar *g, const char *s) {
+    kgr_vocab *v = byte_vocab();
+    kgr_index *ix = NULL;
+    kgr_matcher *m = NULL;
+    int r = -1;
+    kiln_status st = kgr_index_create(g, v, &ix);
+    if (!st) st = kgr_matcher_create(ix, &m);
+    if (!st) {
+        r = 1;
+        uint32_t bits[9];
+        for (size_t i = 0; s[i] && r; i++) {
+            /* the mask and the byte walk agree */
+            if (kgr_matcher_mask(m, bits)) r = -1;
+            else {
+                unsigned char c = (unsigned char)s[i];
+                bool allowed = (bits[c >> 5] >> (c & 31)) & 1;
+                kiln_status e = kgr_matcher_accept(m, c);
+                if (allowed != !e) r = -2;
+                else if (e) r = 0;
+                kiln_status_free(e);
+            }
+        }
+        if (r == 1 && !kgr_matcher_can_end(m)) r = 0;
+        if (r == 1 && !kgr_matcher_mask(m, bits) && !((bits[8] & 1))) r = -3; /* EOS where it may end */
+    }
+    kiln_status_free(st);
+    kgr_matcher_free(m);
+    kgr_index_free(ix);
+    kgr_vocab_free(v);
+    return r;
+}
+
+/* compiles with f, then matches (-1: it does not compile) */
+static int match_with(kiln_status (*f)(const char *, kgr_grammar **), const char *src, const char *s) {
+    kgr_grammar *g;
+    kiln_status st = f(src, &g);
+    if (st) {
+        fprintf(stderr, "  %s\n", kiln_status_msg(st));
+        kiln_status_free(st);
+        return -1;
+    }
+    int r = match_g(g, s);
+    kgr_grammar_free(g);
+    return r;
+}
+static kiln_status gbnf(const char *s, kgr_grammar **g) { return kgr_from_gbnf(s, strlen(s), g); }
+static int match(const char *g, const char *s) { return match_with(gbnf, g, s); }
+static int match_re(const char *r, const char *s) { return match_with(kgr_from_regex, r, s); }
+
+#define YES(g, s) KT_CHECKF(match(g, s) == 1, "%s should accept '%s' (got %d)", g, s, match(g, s))
+#define NO(g, s) KT_CHECKF(match(g, s) == 0, "%s should reject '%s' (got %d)", g, s, match(g, s))
+#define BAD(g) KT_CHECKF(match(g, "") == -1, "%s should not compile", g)
+
+KT_TEST(grammar_gbnf_basics) {
+    YES("root ::= \"abc\"", "abc");
+    NO("root ::= \"abc\"", "ab");
+    NO("root ::= \"abc\"", "abcd");
+    YES("root ::= \"a\" | \"b\"", "b");
+    YES("root ::= [a-c]+ \"x\"", "abcabx");
+    NO("root ::= [a-c]+ \"x\"", "x");
+    YES("root ::= [^a-c]*", "xyz");
+    NO("root ::= [^a-c]*", "xaz");
+    YES("root ::= x y\nx ::= \"1\"\ny ::= \"2\" # comment\n", "12");
+    YES("root ::= (\"ab\" | \"c\")* \"!\"", "abcab!");
+    YES("root ::= \"a\"{2,3}", "aaa");
+    NO("root ::= \"a\"{2,3}", "a");
+    NO("root ::= \"a\"{2,3}", "aaaa");
+    YES("root ::= \"a\"{2,}", "aaaaa");
+    YES("root ::= \"a\"{2}", "aa");
+    YES("root ::= \"a\"? \"b\"", "b");
+    YES("root ::= .+", "h\xC3\xA9llo \xF0\x9F\x98\x80");
+    NO("root ::= .+", "\xC3");
+    YES("root ::= [\\u00e0-\\u00ff]", "\xC3\xA9");
+    NO("root ::= [\\u00e0-\\u00ff]", "\xC3\x9F");
+    YES("root ::= [^\\x00-\\x7f]", "\xE4\xB8\xAD");
+    YES("root ::= \"\\x41\\n\\\"\"", "A\n\"");
+    /* nested and right recursion */
+    YES("root ::= \"(\" root \")\" | \"\"", "((()))");
+    NO("root ::= \"(\" root \")\" | \"\"", "(()");
+    /* ambiguity */
+    YES("root ::= [a]* [a]* \"b\"", "aaaab");
+    YES("root ::= (x | y)+\nx ::= \"a\"\ny ::= \"a\" \"a\"?", "aaaaaaaaaaaaa");
+}
+
+KT_TEST(grammar_gbnf_errors) {
+    BAD("root ::= \"abc");
+    BAD("root ::= [abc");
+    BAD("root ::= x");             /* undefined */
+    BAD("x ::= \"a\"");            /* no root */
+    BAD("root ::= root \"a\"");    /* left recursion */
+    BAD("root ::= x\nx ::= \"\"? root"); /* through a nullable prefix */
+    BAD("root ::= \"a\" | * \"b\"");
+    BAD("root ::= \"a\"{3,2}");
+    BAD("root ::= \"a\"\nroot ::= \"b\"");
+    BAD("root ::= \"\\q\"");
+    BAD("root ::= <[100]>");
+    kgr_grammar *g;
+    kiln_status st = kgr_from_gbnf("root ::= \"a\"\n  x ::= [", 22, &g);
+    KT_CHECK(st != NULL);
+    KT_CHECKF(strstr(kiln_status_msg(st), "line 2") != NULL, "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+}
+
+#define RYES(r, s) KT_CHECKF(match_re(r, s) == 1, "/%s/ should accept '%s' (got %d)", r, s, match_re(r, s))
+#define RNO(r, s) KT_CHECKF(match_re(r, s) == 0, "/%s/ should reject '%s' (got %d)", r, s, match_re(r, s))
+#define RBAD(r) KT_CHECKF(match_re(r, "") == -1, "/%s/ should not compile", r)
+
+KT_TEST(grammar_regex) {
+    RYES("\\d{3}-\\d{4}", "555-1234");
+    RNO("\\d{3}-\\d{4}", "555-123");
+    RYES("^[A-Z][a-z]+$", "Hello");
+    RNO("^[A-Z][a-z]+$", "hello");
+    RYES("(cat|dog)s?", "dogs");
+    RNO("(cat|dog)s?", "cow");
+    RYES("a.c", "abc");
+    RNO("a.c", "a\nc");
+    RYES("[\\w.-]+@[\\w-]+\\.[a-z]{2,}", "john.doe@mail.com");
+    RYES("\\s*x", "  \tx");
+    RNO("[^\\d]", "5");
+    RYES("(?:ab)+", "abab");
+    RYES("(?<y>\\d\\d)", "42");
+    RYES("a{2}b*?", "aab");
+    RYES("x|", "");
+    RBAD("(a)\\1");
+    RBAD("(?=a)a");
+    RBAD("\\bword");
+    RBAD("(ab");
+    RBAD("ab)");
+    RBAD("*a");
+}
+
+KT_TEST(grammar_regex_json_string) {
+    char *b;
+    KT_CHECK(kgr_regex_to_gbnf("^a\"b$", true, &b) == NULL);
+    char g[4096];
+    snprintf(g, sizeof g, "root ::= %s", b);
+    free(b);
+    YES(g, "\"a\\\"b\"");
+    NO(g, "\"a\"b\"");
+    KT_CHECK(kgr_regex_to_gbnf("\\d+", true, &b) == NULL); /* unanchored: a search */
+    snprintf(g, sizeof g, "root ::= %s", b);
+    free(b);
+    YES(g, "\"abc 123 def\"");
+    NO(g, "\"abc def\"");
+    KT_CHECK(kgr_regex_to_gbnf("^[^x]$", true, &b) == NULL);
+    snprintf(g, sizeof g, "root ::= %s", b);
+    free(b);
+    YES(g, "\"\\n\"");
+    YES(g, "\"\\u0001\"");
+    NO(g, "\"\n\"");
+}
+
+KT_TEST(grammar_choices) {
+    const char *c[] = {"yes", "no", "maybe \"so\""};
+    kgr_grammar *g;
+    KT_CHECK(kgr_from_choices(c, 3, &g) == NULL);
+    KT_CHECK(match_g(g, "no") == 1);
+    KT_CHECK(match_g(g, "maybe \"so\"") == 1);
+    KT_CHECK(match_g(g, "n") == 0);
+    kgr_grammar_free(g);
+    kiln_status st = kgr_from_choices(c, 0, &g);
+    KT_CHECK(st != NULL);
+    kiln_status_free(st);
+}
