@@ -32,13 +32,19 @@ struct kgr_vocab {
     int64_t *off;         /* [n_vocab + 1]: token i is bytes[off[i], off[i+1]); empty: never allowed */
     int32_t *eos;
     int32_t n_eos;
-    /* the trie in preorder (the root excluded) */
+    /* the trie in preorder (the root excluded); the arrays below are the
+     * build's, freed once packed into node[] */
     int32_t n_nodes, max_depth;
     uint8_t *byte;
     int32_t *depth;   /* 1 for the root's children */
     int32_t *next;    /* the node after this one's subtree */
     int32_t *tok_head; /* a token ending here, -1 if none */
     int32_t *tok_next; /* [n_vocab]: the next token with the same bytes */
+    struct tnode {       /* the same, packed for the mask walk */
+        int32_t next, tok;
+        uint16_t depth;
+        uint8_t byte;
+    } *node;
 };
 
 void kgr_vocab_free(kgr_vocab *v) {
@@ -51,6 +57,7 @@ void kgr_vocab_free(kgr_vocab *v) {
     free(v->next);
     free(v->tok_head);
     free(v->tok_next);
+    free(v->node);
     free(v);
 }
 
@@ -127,6 +134,12 @@ static kiln_status build_trie(kgr_vocab *v) {
     v->max_depth = maxlen;
     free(path);
     free(ids);
+    if (maxlen >= 65535) return kiln_error(KILN_EUNSUPPORTED, "grammar: a token of %d bytes (at most 65534)", maxlen);
+    if (!(v->node = malloc(sizeof *v->node * (size_t)(nn ? nn : 1)))) return OOM;
+    for (int32_t i = 0; i < nn; i++) v->node[i] = (struct tnode){v->next[i], v->tok_head[i], (uint16_t)v->depth[i], v->byte[i]};
+    /* the walk reads only the packed nodes */
+    free(v->byte), free(v->depth), free(v->next), free(v->tok_head);
+    v->byte = NULL, v->depth = v->next = v->tok_head = NULL;
     return NULL;
 }
 
@@ -607,27 +620,26 @@ static kiln_status state_mask(kgr_index *ix, int32_t s, uint32_t *bits) {
     if (ix->err) return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
     int32_t *stk = ix->walk;
     stk[0] = s;
-    const uint8_t *byte = v->byte;
-    const int32_t *depth = v->depth, *next = v->next, *head = v->tok_head;
     const int32_t ncls = ix->n_cls;
-    for (int32_t i = 0; i < v->n_nodes;) {
-        int32_t ps = stk[depth[i] - 1];
-        int32_t c = ix->cls[byte[i]];
-        int32_t t = ix->trans[(size_t)ps * (size_t)ncls + (size_t)c];
-        if (t < 0) {
-            t = compute(ix, ps, c);
-            if (t < 0) {
+    {
+        const struct tnode *nd = v->node;
+        for (int32_t i = 0; i < v->n_nodes;) {
+            const struct tnode *x = &nd[i];
+            int32_t ps = stk[x->depth - 1];
+            int32_t c = ix->cls[x->byte];
+            int32_t t = ix->trans[(size_t)ps * (size_t)ncls + (size_t)c];
+            if (t < 0 && (t = compute(ix, ps, c)) < 0) {
                 memset(bits, 0, words * 4);
                 return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
             }
+            if (t == 0) {
+                i = x->next;
+                continue;
+            }
+            stk[x->depth] = t;
+            for (int32_t k = x->tok; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
+            i++;
         }
-        if (t == 0) {
-            i = next[i];
-            continue;
-        }
-        stk[depth[i]] = t;
-        for (int32_t k = head[i]; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
-        i++;
     }
     if (ix->st[s].accept)
         for (int32_t k = 0; k < v->n_eos; k++)
