@@ -738,10 +738,12 @@ static kiln_status json_apply(kgen_params *p, const cJSON *b, const kgen_vocab *
         if (tlp && !p->logprobs)
             return kiln_error(KILN_EINVAL, "\"top_logprobs\": requires \"logprobs\": true");
         if (tlp) KILN_TRY(json_i32(b, "top_logprobs", &p->n_probs));
+        if (p->n_probs < 0 || p->n_probs > 20) /* OpenAI's range (llama.cpp's n_probs allows more) */
+            return kiln_error(KILN_EINVAL, "\"top_logprobs\": %d is out of range [0, 20]", (int)p->n_probs);
     } else if (lp) {
         int32_t n = 0;
         KILN_TRY(json_i32(b, "logprobs", &n));
-        if (n < 0) return kiln_error(KILN_EINVAL, "\"logprobs\": %d must be >= 0", (int)n);
+        if (n < 0 || n > 20) return kiln_error(KILN_EINVAL, "\"logprobs\": %d is out of range [0, 20]", (int)n);
         p->logprobs = true;
         p->n_probs = n;
     } else if (tlp) {

@@ -320,6 +320,18 @@ static kiln_status parse_body(ksrv *s, ksrv_job *j, const cJSON *body, bool chat
         return kiln_error(KILN_EINVAL, "\"n\": %d prompts x n = %lld choices, more than %d", j->n_prompts,
                           (long long)j->n_prompts * n, s->p.max_choices);
     j->n_choices = j->n_prompts * (int)n;
+    /* a non-streamed response is built in memory: bound its log-probability
+     * entries (choices x tokens x (1 + alternatives)), so that a small
+     * request cannot ask for gigabytes of JSON */
+    if (!j->stream && j->want_logprobs) {
+        int64_t toks = j->gp.n_predict > 0 && j->gp.n_predict < n_ctx ? j->gp.n_predict : n_ctx;
+        int64_t entries = (int64_t)j->n_choices * toks * (1 + (int64_t)j->n_top);
+        if (entries > KSRV_MAX_LOGPROB_ENTRIES)
+            return kiln_error(KILN_ELIMIT, "\"%s\": %d choices x %lld tokens x %d alternatives is %lld log-probabilities in one "
+                                           "response (at most %d): lower n, max_tokens or the alternatives, or stream it",
+                              ku_json_get(body, "n_probs") ? "n_probs" : chat ? "top_logprobs" : "logprobs", j->n_choices,
+                              (long long)toks, 1 + j->n_top, (long long)entries, KSRV_MAX_LOGPROB_ENTRIES);
+    }
     j->ch = calloc((size_t)j->n_choices, sizeof *j->ch);
     if (!j->ch) return kiln_error(KILN_ENOMEM, "out of memory");
     for (int i = 0; i < j->n_choices; i++)

@@ -15,6 +15,10 @@
 #include "tools/toolcall.h"
 #include "vision/vision.h"
 
+/* log-probability entries a non-streamed response may hold (choices x tokens x
+ * (1 + alternatives)): ~100 bytes of JSON each */
+#define KSRV_MAX_LOGPROB_ENTRIES (1 << 20)
+
 /* ---- a growable byte buffer; out of memory sticks in .oom ---- */
 typedef struct {
     char *p;

@@ -461,6 +461,12 @@ KT_TEST(server_errors_and_auth) {
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"n\": 100000}", K, 400, "\"param\": \"n\"");
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"seed\": -5}", K, 400, "seed");
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"stream\": 1}", K, 400, "stream");
+    /* response amplification (issue 20.4): OpenAI's logprob ranges, and a bound on the entries of one response */
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": 21}", K, 400, "\"param\": \"logprobs\"");
+    CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, "
+                "\"top_logprobs\": 1024}", K, 400, "\"param\": \"top_logprobs\"");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"n\": 64, \"n_probs\": 1024, \"max_tokens\": 100}", K, 400,
+                "log-probabilities in one response");
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"logit_bias\": {\"99999\": 1}}", K, 400, "logit_bias");
     CHECK_ERROR("POST", "/v1/completions", "{\"max_tokens\": 3}", K, 400, "prompt");
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": []}", K, 400, "prompt");
