@@ -30,6 +30,9 @@ static kiln_status layer_list(const cJSON *vc, const char *key, const int *def, 
         if (e && !cJSON_IsNumber(e)) return kiln_error(KILN_EINVAL, "config.json: vision_config.%s[%d] must be a number", key, i);
         int v = e ? (int)e->valuedouble : def[i];
         if (v < 0 || v >= n_layers) continue; /* transformers never reaches a layer past the depth */
+        /* distinct layers below n_layers <= KM_MAX_LAYERS: out (KM_MAX_LAYERS entries) cannot overflow */
+        for (int k = 0; k < *n; k++)
+            if (out[k] == v) return kiln_error(KILN_EINVAL, "config.json: vision_config.%s lists layer %d twice", key, v);
         out[(*n)++] = v;
     }
     return NULL;

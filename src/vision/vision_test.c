@@ -258,3 +258,37 @@ KT_TEST(vision_llava_next_unpads_columns) {
     KT_CHECK_ERR(kvis_image_tokens(ke_model_vision(m), &px, ids, 128, &n), "3 crops");
     ke_model_free(m);
 }
+
+/* A config's layer lists are bounded by the tower (issue 20.1: 600 entries of
+ * fullatt_block_indexes or deepstack_visual_indexes overflowed a fixed
+ * buffer): a repeated layer is an error naming the field. */
+KT_TEST(vision_layer_lists_are_bounded) {
+    static const char *const cases[][2] = {{"qwen2_5_vl", "fullatt_block_indexes"}, {"qwen3_vl", "deepstack_visual_indexes"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char dir[] = "/tmp/kiln_vis_lists_XXXXXX", src[4096], rel[256];
+        KT_CHECK(mkdtemp(dir) != NULL);
+        const char *files[] = {"model.safetensors", "preprocessor_config.json", "generation_config.json"};
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+            snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s/%s", cases[c][0], files[i]);
+            KT_CHECK(ckt_copy(kt_path(src, sizeof src, rel), dir, files[i]));
+        }
+        snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s/config.json", cases[c][0]);
+        cJSON *cfg = NULL;
+        KT_CHECK_OK(ku_json_load(kt_path(src, sizeof src, rel), &cfg));
+        cJSON *list = cJSON_CreateArray();
+        for (int i = 0; i < 600; i++) cJSON_AddItemToArray(list, cJSON_CreateNumber(0));
+        cJSON *vc = cJSON_GetObjectItemCaseSensitive(cfg, "vision_config");
+        cJSON_DeleteItemFromObjectCaseSensitive(vc, cases[c][1]);
+        cJSON_AddItemToObject(vc, cases[c][1], list);
+        char *text = cJSON_Print(cfg);
+        cJSON_Delete(cfg);
+        KT_CHECK(text && ckt_write(dir, "config.json", text, strlen(text)));
+        free(text);
+        ke_model *m = NULL;
+        kiln_status st = ke_model_load(dir, &m);
+        ke_model_free(m);
+        ckt_rmdir(dir);
+        KT_CHECKF(st && strstr(kiln_status_msg(st), cases[c][1]), "%s: %s", cases[c][0], st ? kiln_status_msg(st) : "loaded");
+        kiln_status_free(st);
+    }
+}
