@@ -119,6 +119,15 @@ typedef enum {
 
 typedef const char *km_names[KM_T_COUNT];
 
+/* The names Llama's layout shares with its sandwich-norm descendants. */
+#define KM_LLAMA_NAMES                                                                                                    \
+    [KM_T_TOK_EMBD] = "model.embed_tokens", [KM_T_OUTPUT_NORM] = "model.norm", [KM_T_OUTPUT] = "lm_head",               \
+    [KM_T_ATTN_NORM] = "model.layers.%d.input_layernorm", [KM_T_ATTN_Q] = "model.layers.%d.self_attn.q_proj",           \
+    [KM_T_ATTN_K] = "model.layers.%d.self_attn.k_proj", [KM_T_ATTN_V] = "model.layers.%d.self_attn.v_proj",             \
+    [KM_T_ATTN_O] = "model.layers.%d.self_attn.o_proj", [KM_T_ATTN_Q_NORM] = "model.layers.%d.self_attn.q_norm",       \
+    [KM_T_ATTN_K_NORM] = "model.layers.%d.self_attn.k_norm", [KM_T_FFN_GATE] = "model.layers.%d.mlp.gate_proj",        \
+    [KM_T_FFN_UP] = "model.layers.%d.mlp.up_proj", [KM_T_FFN_DOWN] = "model.layers.%d.mlp.down_proj"
+
 /* Hugging Face Llama naming, which most families share. */
 extern const km_names km_llama_names;
 /* Llama's naming with norms after each branch: post_attention_layernorm on

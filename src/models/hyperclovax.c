@@ -9,19 +9,9 @@
 #include "models/blocks.h"
 
 static const km_names names = {
-    [KM_T_TOK_EMBD] = "model.embed_tokens",
-    [KM_T_OUTPUT_NORM] = "model.norm",
-    [KM_T_OUTPUT] = "lm_head",
-    [KM_T_ATTN_NORM] = "model.layers.%d.input_layernorm",
-    [KM_T_ATTN_Q] = "model.layers.%d.self_attn.q_proj",
-    [KM_T_ATTN_K] = "model.layers.%d.self_attn.k_proj",
-    [KM_T_ATTN_V] = "model.layers.%d.self_attn.v_proj",
-    [KM_T_ATTN_O] = "model.layers.%d.self_attn.o_proj",
+    KM_LLAMA_NAMES,
     [KM_T_ATTN_POST_NORM] = "model.layers.%d.post_norm1",
     [KM_T_FFN_NORM] = "model.layers.%d.post_attention_layernorm",
-    [KM_T_FFN_GATE] = "model.layers.%d.mlp.gate_proj",
-    [KM_T_FFN_UP] = "model.layers.%d.mlp.up_proj",
-    [KM_T_FFN_DOWN] = "model.layers.%d.mlp.down_proj",
     [KM_T_FFN_POST_NORM] = "model.layers.%d.post_norm2",
 };
 
