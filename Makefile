@@ -28,7 +28,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 MAIN_OBJ := $(MAIN_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all test asan check demo deps clean fuzz
+.PHONY: all test asan check demo deps clean fuzz install
 all: $(BUILD)/kiln
 
 $(BUILD)/kiln: $(MAIN_OBJ) $(BUILD)/libkiln.a
@@ -43,6 +43,10 @@ $(BUILD)/libkiln.a: $(LIB_OBJ)
 $(BUILD)/kiln-tests: $(TEST_OBJ) $(BUILD)/libkiln.a $(BUILD)/kiln
 	@$(if $(V),,echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libkiln.a $(LDLIBS) $(TEST_LDLIBS)
+
+# kiln --version names the commit it was built from
+KILN_COMMIT := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+$(BUILD)/obj/src/cli/main.o: CFLAGS += -DKILN_COMMIT='"$(KILN_COMMIT)"'
 
 # V=1 shows the full commands
 Q = $(if $(V),,@)
@@ -68,6 +72,15 @@ test: $(BUILD)/kiln-tests $(BUILD)/kiln
 # Sanitizer build in its own tree; leaks are errors too.
 asan:
 	$(MAKE) BUILD=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" test
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: the binary, the demo model
+# (found from the installed binary) and a man page made of every command's --help
+PREFIX ?= /usr/local
+install: $(BUILD)/kiln
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/kiln/models/kiln-demo $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 755 $(BUILD)/kiln $(DESTDIR)$(PREFIX)/bin/kiln
+	install -m 644 models/kiln-demo/* $(DESTDIR)$(PREFIX)/share/kiln/models/kiln-demo/
+	bash scripts/manpage.sh $(BUILD)/kiln > $(DESTDIR)$(PREFIX)/share/man/man1/kiln.1
 
 deps:
 	@bash scripts/deps.sh

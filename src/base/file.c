@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -46,6 +47,22 @@ int ku_file_exists(const char *path) {
 int ku_dir_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+kiln_status ku_check_model_dir(const char *dir) {
+    struct stat st;
+    if (!dir || !*dir) return kiln_error(KILN_EINVAL, "no model folder given (-m DIR)");
+    if (stat(dir, &st) != 0)
+        return kiln_error(KILN_ENOTFOUND, "%s: no such folder (%s); give the folder that holds the model's config.json, "
+                          "*.safetensors and tokenizer files", dir, strerror(errno));
+    if (S_ISDIR(st.st_mode)) return NULL;
+    size_t n = strlen(dir);
+    if (n >= 5 && !strcasecmp(dir + n - 5, ".gguf"))
+        return kiln_error(KILN_ENOTFOUND, "%s is a GGUF file: kiln reads Hugging Face model folders (config.json, "
+                          "*.safetensors, tokenizer.json); download the original (or an MLX) repository of the model "
+                          "and give its folder", dir);
+    return kiln_error(KILN_ENOTFOUND, "%s is a file, not a folder: give the folder that holds the model's config.json, "
+                      "*.safetensors and tokenizer files (if this file is one of them, its folder)", dir);
 }
 
 kiln_status ku_map_file(const char *path, ku_map *m) {

@@ -20,6 +20,12 @@ typedef struct {
 kiln_status ku_map_file(const char *path, ku_map *m);
 void ku_unmap(ku_map *m);
 
+/* A model folder given on the command line or in a request: NULL when dir
+ * is a folder; otherwise a KILN_ENOTFOUND error that tells a missing path,
+ * a GGUF file (kiln reads Hugging Face folders, not GGUF) and any other file
+ * (give its folder) apart, each saying what to do. */
+kiln_status ku_check_model_dir(const char *dir);
+
 /* "dir/name" into buf; an error if it does not fit. */
 kiln_status ku_path_join(char *buf, size_t cap, const char *dir, const char *name);
 

@@ -91,6 +91,7 @@ kiln_status kchat_load_named(const char *dir, const char *name, kchat_template *
     *out = NULL;
     char path[4096];
     cJSON *cfg = NULL;
+    KILN_TRY(ku_check_model_dir(dir));
     KILN_TRY(ku_path_join(path, sizeof path, dir, "tokenizer_config.json"));
     if (ku_file_exists(path)) KILN_TRY(ku_json_load(path, &cfg));
 

@@ -411,7 +411,7 @@ static kiln_status load_weights(kc_checkpoint *c) {
 
 kiln_status kc_open(const char *dir, kc_checkpoint **out) {
     *out = NULL;
-    if (!ku_dir_exists(dir)) return kiln_error(KILN_ENOTFOUND, "%s: not a folder", dir);
+    KILN_TRY(ku_check_model_dir(dir));
     kc_checkpoint *c = calloc(1, sizeof *c);
     if (c) pthread_mutex_init(&c->stacks_lock, NULL);
     if (c) c->dir = strdup(dir);

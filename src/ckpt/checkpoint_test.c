@@ -118,7 +118,7 @@ KT_TEST(ckpt_text_config_of_a_vlm_wrapper) {
     KT_CHECK_ERR(kc_open(dir, &c), "config.json");
     KT_CHECK(c == NULL);
     ckt_rmdir(dir);
-    KT_CHECK_ERR(kc_open(dir, &c), "not a folder");
+    KT_CHECK_ERR(kc_open(dir, &c), "no such folder");
 }
 
 /* ---- files: single, sharded, glob -------------------------------------- */

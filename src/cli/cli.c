@@ -1,5 +1,7 @@
 #include "cli/cli.h"
 
+#include "base/file.h"
+
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -14,6 +16,19 @@ int kiln_fail(kiln_status st) {
     return 1;
 }
 
+bool kiln_flag_in(const char *a, const char *const *names) {
+    for (; *names; names++)
+        if (!strcmp(a, *names)) return true;
+    return false;
+}
+
+kiln_status kiln_option(const char *cmd, const char *a, const char *v, const char *const *valued,
+                        const char *const *flags) {
+    if (kiln_flag_in(a, valued)) return v ? NULL : kiln_error(KILN_EINVAL, "%s needs a value", a);
+    if (flags && kiln_flag_in(a, flags)) return NULL;
+    return kiln_error(KILN_EINVAL, "unknown option %s (see kiln %s --help)", a, cmd);
+}
+
 const char *kiln_default_model(void) {
     static char path[PATH_MAX];
     const char *env = getenv("KILN_DEFAULT_MODEL");
@@ -22,9 +37,19 @@ const char *kiln_default_model(void) {
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) return "models/kiln-demo";
     exe[n] = 0;
-    /* build/kiln -> <repo>/models/kiln-demo */
-    char *d = dirname(exe);
-    snprintf(path, sizeof path, "%s/../models/kiln-demo", d);
+    const char *d = dirname(exe);
+    /* installed (PREFIX/bin/kiln, PREFIX/share/kiln/models), copied beside
+     * the binary, or in the source tree (build/kiln, build/asan/kiln) */
+    static const char *const rel[] = {"/../share/kiln/models/kiln-demo", "/models/kiln-demo", "/../models/kiln-demo",
+                                      "/../../models/kiln-demo"};
+    char cand[PATH_MAX + 64];
+    for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+        snprintf(cand, sizeof cand, "%s%s", d, rel[i]);
+        if (ku_dir_exists(cand) && realpath(cand, path)) return path;
+    }
+    fprintf(stderr, "kiln: the bundled demo model is neither installed beside %s/ (../share/kiln/models/kiln-demo) nor in its "
+                    "source tree: give -m DIR or set KILN_DEFAULT_MODEL\n", exe);
+    snprintf(path, sizeof path, "%s/../share/kiln/models/kiln-demo", d);
     return path;
 }
 
@@ -35,9 +60,22 @@ kiln_status kiln_parse_ids(const char *s, int32_t **ids, int *n) {
     int32_t *v = malloc(cap * sizeof *v);
     if (!v) return kiln_error(KILN_ENOMEM, "out of memory");
     const char *p = s;
+    /* ids separated by one comma (with optional blanks around it) or by
+     * blanks: "1,,2", ",1" and "1," are errors, not a skipped id */
+    bool need_id = true;
     while (*p) {
-        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n') p++;
+        while (*p == ' ' || *p == '\t' || *p == '\n') p++;
         if (!*p) break;
+        if (*p == ',') {
+            if (need_id) {
+                free(v);
+                *n = 0;
+                return kiln_error(KILN_EINVAL, "\"%s\": an empty entry in the list of token ids (e.g. 1,17,93)", s);
+            }
+            need_id = true;
+            p++;
+            continue;
+        }
         char *end;
         errno = 0;
         long long x = strtoll(p, &end, 10);
@@ -54,9 +92,26 @@ kiln_status kiln_parse_ids(const char *s, int32_t **ids, int *n) {
             v = nv;
         }
         v[(*n)++] = (int32_t)x;
+        need_id = false;
         p = end;
     }
+    if (need_id && *n > 0) {
+        free(v);
+        *n = 0;
+        return kiln_error(KILN_EINVAL, "\"%s\": the list of token ids ends with a comma", s);
+    }
     *ids = v;
+    return NULL;
+}
+
+kiln_status kiln_parse_double(const char *flag, const char *v, double lo, double hi, double *out) {
+    if (!v) return kiln_error(KILN_EINVAL, "%s needs a value", flag);
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || errno || !(x >= lo && x <= hi))
+        return kiln_error(KILN_EINVAL, "%s: \"%s\" is not a number in [%g, %g]", flag, v, lo, hi);
+    *out = x;
     return NULL;
 }
 

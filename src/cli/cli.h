@@ -20,14 +20,28 @@ int kiln_cmd_synth(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
 int kiln_cmd_grammar_bench(int argc, char **argv);
 
-/* The bundled demo model (<binary>/../../models/kiln-demo, or
- * $KILN_DEFAULT_MODEL), used when -m is not given. */
+/* The bundled demo model, used when -m is not given: $KILN_DEFAULT_MODEL,
+ * else the first folder that exists of <bin>/../share/kiln/models/kiln-demo
+ * (make install), <bin>/models/kiln-demo (copied beside the binary),
+ * <bin>/../models/kiln-demo and <bin>/../../models/kiln-demo (the source
+ * tree's build/kiln and build/asan/kiln), where <bin> is the binary's
+ * folder; when none exists it says so on stderr. */
 const char *kiln_default_model(void);
 
 /* "1,17,93" or "1 17 93" into a malloc'ed array. */
 kiln_status kiln_parse_ids(const char *s, int32_t **ids, int *n);
 /* Strict integer / float parsing of a flag value; errors name the flag. */
 kiln_status kiln_parse_int(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out);
+kiln_status kiln_parse_double(const char *flag, const char *v, double lo, double hi, double *out);
+
+/* A command's option a with the following argument v (NULL at the end):
+ * an error when a is not an option of the command (valued: the options that
+ * take a value, flags: those that take none; NULL-terminated) or when it
+ * takes a value and v is NULL. cmd names the command for the message. */
+kiln_status kiln_option(const char *cmd, const char *a, const char *v, const char *const *valued,
+                        const char *const *flags);
+/* Whether a is one of the NULL-terminated names. */
+bool kiln_flag_in(const char *a, const char *const *names);
 
 /* Prints "kiln: <msg>" to stderr, frees st, returns 1. */
 int kiln_fail(kiln_status st);

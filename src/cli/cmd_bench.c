@@ -416,10 +416,9 @@ int kiln_cmd_bench(int argc, char **argv) {
             streamed = !strcmp(a, "--kernels-streamed");
             continue;
         }
-        if (!v) {
-            fprintf(stderr, "kiln bench: %s needs a value\n", a);
-            return 1;
-        }
+        static const char *const valued[] = {"-m", "--model", "-p", "-n", "-t", "--threads", "--batch", "-r",
+                                             "--bw-mib", NULL};
+        if ((st = kiln_option("bench", a, v, valued, NULL))) break;
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "-p")) st = kiln_parse_int(a, v, 0, 1 << 20, &P);

@@ -128,7 +128,10 @@ int kiln_cmd_bench_batch(int argc, char **argv) {
             usage(stdout);
             return 0;
         }
-        if (!v) st = kiln_error(KILN_EINVAL, "%s needs a value", a);
+        static const char *const valued[] = {"-m", "--model", "--requests", "--concurrency", "--prompt-len", "--gen-len",
+                                             "--step-tokens", "-c", "--ctx-size", "-t", "--threads", "--seed", NULL};
+        st = kiln_option("bench-batch", a, v, valued, NULL);
+        if (st) break;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--requests")) st = kiln_parse_int(a, v, 1, 100000, &n);
         else if (!strcmp(a, "--concurrency")) st = kiln_parse_int(a, v, 1, 4096, &conc);

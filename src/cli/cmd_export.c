@@ -17,19 +17,26 @@ int kiln_cmd_export(int argc, char **argv) {
     for (int i = 1; i < argc && !st; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: kiln export [-m DIR] [--tokens T] [--stage decompose|simplify|fuse|kernels] [-o FILE]\n"
+            printf("usage: kiln export [-m DIR] [--tokens T] [--stage decompose|simplify|fuse|kernels|all] [-o FILE]\n"
                    "  Prints the forward graph for a batch of T tokens (default 1) as StableHLO MLIR (generic\n"
                    "  op syntax; kiln.* composites as stablehlo.composite with decomposition functions).\n"
-                   "  --stage prints the graph after that compiler pass instead.\n");
+                   "  -m, --model DIR    checkpoint folder (default: the bundled demo model)\n"
+                   "  --stage NAME       print the graph after that compiler pass instead (all: after each)\n"
+                   "  -o, --output FILE  write to FILE instead of standard output\n");
             return 0;
         }
-        if (!v) st = kiln_error(KILN_EINVAL, "%s needs a value", a);
+        static const char *const valued[] = {"-m", "--model", "-o", "--output", "--stage", "--tokens", NULL};
+        st = kiln_option("export", a, v, valued, NULL);
+        if (st) break;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v, i++;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v, i++;
         else if (!strcmp(a, "--stage")) stage = v, i++;
         else if (!strcmp(a, "--tokens")) st = kiln_parse_int(a, v, 1, 1 << 20, &T), i++;
         else st = kiln_error(KILN_EINVAL, "unknown option %s (see kiln export --help)", a);
     }
+    if (!st && stage && strcmp(stage, "decompose") && strcmp(stage, "simplify") && strcmp(stage, "fuse") &&
+        strcmp(stage, "kernels") && strcmp(stage, "all"))
+        st = kiln_error(KILN_EINVAL, "--stage %s: not a compiler stage (decompose, simplify, fuse, kernels or all)", stage);
     if (st) return kiln_fail(st);
     if (!dir) dir = kiln_default_model();
     ke_model *m;

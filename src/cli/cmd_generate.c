@@ -1,5 +1,6 @@
 /* cmd_generate.c: `kiln generate`, one sequence through the engine with
  * the generation library's sampler, limits and stop strings. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ static void usage(FILE *f) {
                "  -c, --ctx-size N      context size (default: the model's, at most 4096)\n"
                "  -t, --threads N       threads (default: all CPUs)\n"
                "  --json                print one JSON object with the ids, finish reason and timings\n"
+               "                        (with --n-probs N: each generated token's log-probability and its top N)\n"
                "sampling (as llama.cpp):\n");
     kgen_print_flags(f);
 }
@@ -71,8 +73,12 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
             *help = true;
             return NULL;
         }
-        bool takes = strcmp(a, "--json") && strcmp(a, "--chat") && strcmp(a, "--no-display-prompt");
-        if (takes && !v) return kiln_error(KILN_EINVAL, "%s needs a value", a);
+        static const char *const flags[] = {"--json", "--chat", "--no-display-prompt", NULL};
+        static const char *const valued[] = {"-m", "--model", "--prompt-ids", "--force-ids", "-c", "--ctx-size", "-t",
+                                             "--threads", "--logits-out", "-p", "--prompt", "-f", "--file", "--system",
+                                             "--image", NULL};
+        KILN_TRY(kiln_option("generate", a, v, valued, flags));
+        bool takes = kiln_flag_in(a, valued);
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
         else if (!strcmp(a, "--prompt-ids")) KILN_TRYF(kiln_parse_ids(v, &o->prompt, &o->n_prompt), "--prompt-ids");
         else if (!strcmp(a, "--force-ids")) KILN_TRYF(kiln_parse_ids(v, &o->forced, &o->n_forced), "--force-ids");
@@ -86,12 +92,14 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->file = v;
         else if (!strcmp(a, "--system")) o->system = v;
         else if (!strcmp(a, "--image")) o->image = v;
-        else return kiln_error(KILN_EINVAL, "unknown option %s (see kiln generate --help)", a);
         i += takes ? 2 : 1;
     }
     if (!!o->prompt + !!o->text + !!o->file > 1) return kiln_error(KILN_EINVAL, "give one of -p, -f and --prompt-ids");
     if (o->prompt && o->n_prompt == 0) return kiln_error(KILN_EINVAL, "--prompt-ids: the prompt is empty");
     if (o->chat && o->prompt) return kiln_error(KILN_EINVAL, "--chat needs a text prompt (-p or -f)");
+    if (o->system && !o->chat) return kiln_error(KILN_EINVAL, "--system needs --chat");
+    if (o->gp.n_probs > 0 && !o->json) return kiln_error(KILN_EINVAL, "--n-probs reports in the --json output: add --json");
+    if (o->gp.n_probs > 0 && o->n_forced) return kiln_error(KILN_EINVAL, "--n-probs does not apply to --force-ids (nothing is sampled)");
     return kgen_params_validate(&o->gp);
 }
 
@@ -174,7 +182,29 @@ typedef struct {
     int64_t n, cap;
     float *rows;
     int64_t n_rows, vocab;
+    cJSON *probs; /* --n-probs: per generated token {id, logprob, top: [{id, logprob}]} */
 } record;
+
+static kiln_status keep_probs(record *r, const kgen_sample *s) {
+    if (!r->probs && !(r->probs = cJSON_CreateArray())) return kiln_error(KILN_ENOMEM, "out of memory");
+    cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
+    if (!e || !top) {
+        cJSON_Delete(e), cJSON_Delete(top);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    cJSON_AddItemToArray(r->probs, e);
+    cJSON_AddNumberToObject(e, "id", s->token);
+    cJSON_AddNumberToObject(e, "logprob", isfinite(s->logprob) ? s->logprob : -1e30);
+    cJSON_AddItemToObject(e, "top", top);
+    for (int32_t i = 0; i < s->n_top; i++) {
+        cJSON *t = cJSON_CreateObject();
+        if (!t) return kiln_error(KILN_ENOMEM, "out of memory");
+        cJSON_AddItemToArray(top, t);
+        cJSON_AddNumberToObject(t, "id", s->top[i].id);
+        cJSON_AddNumberToObject(t, "logprob", isfinite(s->top[i].logprob) ? s->top[i].logprob : -1e30);
+    }
+    return NULL;
+}
 
 static kiln_status keep_row(record *r, const float *lg) {
     if (!r->rows && r->n_rows) return NULL;
@@ -313,6 +343,8 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
             }
             if (st || (f != KGEN_CONTINUE && f != KGEN_FINISH_EOS && f != KGEN_FINISH_LENGTH && f != KGEN_FINISH_GRAMMAR)) break;
             next = s.token;
+            if (o->gp.n_probs > 0) st = keep_probs(rec, &s.sample); /* one entry per generated id */
+            if (st) break;
         }
         st = keep_id(rec, next);
         if (!st && !o->json && !tok) {
@@ -367,6 +399,11 @@ int kiln_cmd_generate(int argc, char **argv) {
             printf("], \"generated_ids\": [");
             for (int64_t i = 0; i < rec.n; i++) printf("%s%d", i ? ", " : "", rec.ids[i]);
             printf("]");
+            if (rec.probs) {
+                char *pj = cJSON_PrintUnformatted(rec.probs);
+                printf(", \"probs\": %s", pj ? pj : "null");
+                free(pj);
+            }
             if (o.out_text) {
                 cJSON *js = cJSON_CreateString(o.out_text);
                 char *esc = js ? cJSON_PrintUnformatted(js) : NULL;
@@ -385,6 +422,7 @@ int kiln_cmd_generate(int argc, char **argv) {
                     t[2] > 0 ? (double)rec.n / t[2] : 0, finish);
         }
     }
+    cJSON_Delete(rec.probs);
     free(rec.ids), free(rec.rows), free(o.prompt), free(o.forced), free(o.out_text);
     kgen_params_free(&o.gp);
     return st ? kiln_fail(st) : 0;

@@ -55,7 +55,9 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
                    "  -v prints each file's outcome\n");
             return 0;
         }
-        if ((!strcmp(a, "-m") || !strcmp(a, "--json")) && i + 1 < argc) {
+        if ((!strcmp(a, "-m") || !strcmp(a, "--json")) && i + 1 >= argc)
+            return kiln_fail(kiln_error(KILN_EINVAL, "%s needs a value", a));
+        if (!strcmp(a, "-m") || !strcmp(a, "--json")) {
             if (a[1] == 'm') tokdir = argv[++i];
             else json = argv[++i];
             continue;

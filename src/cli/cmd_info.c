@@ -12,14 +12,14 @@
 int kiln_cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     for (int i = 1; i < argc; i++) {
-        if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc) dir = argv[++i];
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: kiln info [-m DIR]\n");
             return 0;
-        } else {
-            fprintf(stderr, "kiln info: unknown option %s\n", argv[i]);
-            return 1;
         }
+        static const char *const valued[] = {"-m", "--model", NULL};
+        kiln_status ost = kiln_option("info", argv[i], i + 1 < argc ? argv[i + 1] : NULL, valued, NULL);
+        if (ost) return kiln_fail(ost);
+        dir = argv[++i];
     }
     if (!dir) dir = kiln_default_model();
     ke_model *m;

@@ -83,11 +83,10 @@ int kiln_cmd_perplexity(int argc, char **argv) {
         } else if (!strcmp(a, "--json")) {
             json = true;
             continue;
-        } else if (!v) {
-            fprintf(stderr, "kiln perplexity: %s needs a value (or is unknown)\n\n", a);
-            usage(stderr);
-            return 1;
         }
+        static const char *const valued[] = {"-m", "--model", "-f", "--file", "-c", "--ctx", "--stride", "-b",
+                                             "--batch", "--chunks", "-t", "--threads", NULL};
+        if ((st = kiln_option("perplexity", a, v, valued, NULL))) return kiln_fail(st);
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) file = v;

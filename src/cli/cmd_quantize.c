@@ -37,11 +37,10 @@ int kiln_cmd_quantize(int argc, char **argv) {
             return 0;
         }
         int64_t x;
-        if (!v) {
-            fprintf(stderr, "kiln quantize: %s needs a value (or is unknown)\n\n", a);
-            usage(stderr);
-            return 1;
-        }
+        static const char *const valued[] = {"-m", "--model", "-o", "--out", "--mixed", "--dtype", "-b", "--bits",
+                                             "-g", "--group-size", NULL};
+        kiln_status ost = kiln_option("quantize", a, v, valued, NULL);
+        if (ost) return kiln_fail(ost);
         i++;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "-o") || !strcmp(a, "--out")) out = v;

@@ -28,10 +28,9 @@ int kiln_cmd_synth(int argc, char **argv) {
             usage(stdout);
             return 0;
         }
-        if (!v) {
-            fprintf(stderr, "kiln synth: %s needs a value\n", a);
-            return 1;
-        }
+        static const char *const valued[] = {"--shape", "--config", "--out", "-o", "--dtype", "--arch", "--seed",
+                                             "--layers", NULL};
+        if ((st = kiln_option("synth", a, v, valued, NULL))) break;
         i++;
         if (!strcmp(a, "--shape")) shape = v;
         else if (!strcmp(a, "--config")) config = v;

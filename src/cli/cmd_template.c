@@ -9,12 +9,19 @@
 
 #include "base/json.h"
 #include "chat/chat.h"
+#include "cli/cli.h"
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: kiln template -m DIR --messages FILE.json [--add-generation-prompt]\n"
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kiln template [-m DIR] --messages FILE.json [--add-generation-prompt]\n"
             "                     [--tools FILE.json] [--documents FILE.json] [--kwargs JSON]\n"
-            "                     [--template-name NAME]\n");
+            "                     [--template-name NAME]\n"
+            "  -m, --model DIR          the model's folder (its chat template; default: the bundled demo model)\n"
+            "  --messages FILE.json     [{\"role\": ..., \"content\": ...}, ...] or {\"messages\": [...]}\n"
+            "  --add-generation-prompt  end with the assistant's turn opening\n"
+            "  --tools, --documents     JSON files passed to the template as tools / documents\n"
+            "  --kwargs JSON            extra template variables, a JSON object\n"
+            "  --template-name NAME     one of the tokenizer's named templates (e.g. tool_use)\n");
 }
 
 int kiln_cmd_template(int argc, char **argv) {
@@ -37,18 +44,20 @@ int kiln_cmd_template(int argc, char **argv) {
         } else if (!strcmp(a, "--add-generation-prompt")) {
             agp = true;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
+            usage(stdout);
             return 0;
         } else {
-            fprintf(stderr, "kiln template: unknown argument %s\n", a);
-            usage();
+            fprintf(stderr, "kiln template: unknown option %s\n", a);
+            usage(stderr);
             return 2;
         }
     }
-    if (!dir || !msgs) {
-        usage();
+    if (!msgs) {
+        fprintf(stderr, "kiln template: --messages FILE.json is required\n");
+        usage(stderr);
         return 2;
     }
+    if (!dir) dir = kiln_default_model();
     cJSON *jm = NULL, *jt = NULL, *jd = NULL, *jk = NULL;
     kchat_template *t = NULL;
     char *out = NULL;

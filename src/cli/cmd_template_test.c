@@ -47,8 +47,8 @@ KT_TEST(cli_template_renders_a_folder) {
     free(text);
     char *bad[] = {"template", "-m", "/nonexistent-kiln-dir", "--messages", msgs};
     KT_CHECK_EQ(run_cmd(bad, 5, out), 1);
-    char *usage[] = {"template", "--messages", msgs};
-    KT_CHECK_EQ(run_cmd(usage, 3, out), 2);
+    char *usage[] = {"template", "-m", dir};
+    KT_CHECK_EQ(run_cmd(usage, 3, out), 2); /* no --messages */
     remove(cfg);
     remove(msgs);
     remove(out);

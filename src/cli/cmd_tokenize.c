@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli.h"
 #include "tokenizer/tokenizer.h"
 
 static double now_s(void) {
@@ -43,24 +44,38 @@ static char *read_stdin(size_t *len) {
     return buf;
 }
 
+static const char tokenize_usage[] =
+    "usage: kiln tokenize [-m DIR] [--add-special] [--json] [-p TEXT | < stdin]\n"
+    "  -m, --model DIR   the model's folder (tokenizer.json; default: the bundled demo model)\n"
+    "  -p, --prompt TEXT the text (default: all of standard input)\n"
+    "  --add-special     add the model's BOS/EOS as its tokenizer does for a prompt\n"
+    "  --json            print {\"ids\": [...]}\n"
+    "  --bench           print the load and encode times on stderr instead of the ids\n";
+
 int kiln_cmd_tokenize(int argc, char **argv) {
     const char *dir = NULL, *text = NULL;
     bool add_special = false, json = false, bench = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) dir = argv[++i];
-        else if (!strcmp(argv[i], "-p") && i + 1 < argc) text = argv[++i];
-        else if (!strcmp(argv[i], "--add-special")) add_special = true;
-        else if (!strcmp(argv[i], "--json")) json = true;
-        else if (!strcmp(argv[i], "--bench")) bench = true; /* timings on stderr, no ids */
+        const char *a = argv[i];
+        bool model = !strcmp(a, "-m") || !strcmp(a, "--model"), prompt = !strcmp(a, "-p") || !strcmp(a, "--prompt");
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(tokenize_usage, stdout);
+            return 0;
+        } else if (model || prompt) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kiln tokenize: %s needs a value\n", a);
+                return 2;
+            }
+            *(model ? &dir : &text) = argv[++i];
+        } else if (!strcmp(a, "--add-special")) add_special = true;
+        else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--bench")) bench = true;
         else {
-            fprintf(stderr, "usage: kiln tokenize -m DIR [--add-special] [--json] [-p TEXT | < stdin]\n");
+            fprintf(stderr, "kiln tokenize: unknown option %s\n%s", a, tokenize_usage);
             return 2;
         }
     }
-    if (!dir) {
-        fprintf(stderr, "kiln tokenize: -m DIR is required\n");
-        return 2;
-    }
+    if (!dir) dir = kiln_default_model();
     ktok *t;
     double t0 = now_s();
     kiln_status st = ktok_load(dir, &t);
@@ -102,57 +117,67 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     return 0;
 }
 
+static const char detokenize_usage[] =
+    "usage: kiln detokenize [-m DIR] [--skip-special] IDS...\n"
+    "  IDS               token ids, as arguments and/or comma-separated (1,17,93 or 1 17 93)\n"
+    "  -m, --model DIR   the model's folder (tokenizer.json; default: the bundled demo model)\n"
+    "  --skip-special    leave special tokens out of the text\n";
+
 int kiln_cmd_detokenize(int argc, char **argv) {
     const char *dir = NULL;
     bool skip = false;
-    int32_t *ids = malloc((size_t)argc * sizeof *ids + 1);
-    size_t n = 0, cap = (size_t)argc;
-    if (!ids) return 1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) {
-            dir = argv[++i];
-            continue;
-        }
-        if (!strcmp(argv[i], "--skip-special")) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    kiln_status st = NULL;
+    for (int i = 1; i < argc && !st; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            free(ids);
+            fputs(detokenize_usage, stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (i + 1 >= argc) st = kiln_error(KILN_EINVAL, "%s needs a value", a);
+            else dir = argv[++i];
+        } else if (!strcmp(a, "--skip-special")) {
             skip = true;
-            continue;
-        }
-        for (char *p = argv[i]; *p;) { /* "1,2, 3" and "1 2" both work */
-            if (*p == ',' || *p == ' ') {
-                p++;
-                continue;
-            }
-            char *end;
-            errno = 0;
-            long v = strtol(p, &end, 10);
-            if (end == p || errno || v < 0 || v > INT32_MAX) {
-                fprintf(stderr, "kiln detokenize: bad id \"%s\"\n", argv[i]);
-                free(ids);
-                return 2;
-            }
-            if (n == cap) {
-                int32_t *nv = realloc(ids, (cap *= 2) * sizeof *ids);
-                if (!nv) {
-                    free(ids);
-                    return 1;
-                }
+        } else if (a[0] == '-' && a[1] && !(a[1] >= '0' && a[1] <= '9')) {
+            st = kiln_error(KILN_EINVAL, "unknown option %s (see kiln detokenize --help)", a);
+        } else {
+            int32_t *more;
+            int m;
+            st = kiln_parse_ids(a, &more, &m);
+            int32_t *nv = st ? NULL : realloc(ids, (n + (size_t)m + 1) * sizeof *ids);
+            if (!st && !nv) st = kiln_error(KILN_ENOMEM, "out of memory");
+            if (!st) {
                 ids = nv;
+                memcpy(ids + n, more, (size_t)m * sizeof *ids);
+                n += (size_t)m;
             }
-            ids[n++] = (int32_t)v;
-            p = end;
+            free(more);
         }
     }
-    if (!dir) {
-        fprintf(stderr, "usage: kiln detokenize -m DIR [--skip-special] IDS...\n");
+    if (!st && n == 0) st = kiln_error(KILN_EINVAL, "give the token ids to decode (see kiln detokenize --help)");
+    if (st) {
         free(ids);
+        fprintf(stderr, "kiln detokenize: %s\n", kiln_status_msg(st));
+        kiln_status_free(st);
         return 2;
     }
+    if (!dir) dir = kiln_default_model();
     ktok *t;
-    kiln_status st = ktok_load(dir, &t);
+    st = ktok_load(dir, &t);
     if (st) {
         free(ids);
         return fail(st);
     }
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= ktok_vocab_size(t) || !ktok_token_str(t, ids[i])) {
+            fprintf(stderr, "kiln detokenize: token id %d is not in the vocabulary of %s (its ids are 0..%d)\n", ids[i], dir,
+                    ktok_vocab_size(t) - 1);
+            free(ids);
+            ktok_free(t);
+            return 1;
+        }
     char *text;
     size_t len;
     st = ktok_decode(t, ids, n, skip, &text, &len);

@@ -76,9 +76,26 @@ int kiln_cmd_validate(int argc, char **argv) {
                    "  --oracle DIR  read oracle.json and logits.npy from DIR instead of each model folder\n");
             return 0;
         }
-        if (!strcmp(argv[i], "--tolerance") && i + 1 < argc) r.o.tolerance = atof(argv[++i]);
-        else if ((!strcmp(argv[i], "--threads") || !strcmp(argv[i], "-t")) && i + 1 < argc) r.o.n_threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--decompose")) r.o.compile.decompose_all = true;
+        static const char *const valued[] = {"--tolerance", "--threads", "-t", "--oracle", NULL};
+        static const char *const flags[] = {"--decompose", "--no-batched", NULL};
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (argv[i][0] == '-') {
+            kiln_status st = kiln_option("validate", argv[i], v, valued, flags);
+            if (st) return kiln_fail(st);
+        }
+        if (!strcmp(argv[i], "--tolerance")) {
+            double x;
+            kiln_status st = kiln_parse_double(argv[i], v, 0, 1e30, &x);
+            i++;
+            if (st) return kiln_fail(st);
+            r.o.tolerance = x;
+        } else if (!strcmp(argv[i], "--threads") || !strcmp(argv[i], "-t")) {
+            int64_t x;
+            kiln_status st = kiln_parse_int(argv[i], v, 0, 1024, &x);
+            i++;
+            if (st) return kiln_fail(st);
+            r.o.n_threads = (int)x;
+        } else if (!strcmp(argv[i], "--decompose")) r.o.compile.decompose_all = true;
         else if (!strcmp(argv[i], "--no-batched")) r.o.skip_batched = true;
         else if (!strcmp(argv[i], "--oracle") && i + 1 < argc) r.o.oracle_dir = argv[++i];
         else if (argv[i][0] == '-') {

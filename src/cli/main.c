@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/version.h"
 #include "cli/cli.h"
 #include "cli/cmd_template.h"
 #include "cli/cmd_tokenize.h"
@@ -29,9 +30,9 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kiln <command> [options]\n\ncommands:\n");
+    fprintf(f, "usage: kiln <command> [options]    (kiln --version: the version)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+        fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\n`kiln <command> --help` describes each command.\n"
                "\noptions for every command that runs a model:\n"
                "  --int8-act   int8 activations for 4/8-bit weights (AVX-512 VNNI): faster, slightly less\n"
@@ -40,7 +41,11 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))) {
+        printf("kiln %s (commit %s)\n", KILN_VERSION, KILN_COMMIT);
+        return 0;
+    }
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 1 : 0;
     }

@@ -406,12 +406,12 @@ static const struct {
     {{"--samplers"}, F_SAMPLERS, true, "L  sampler order, ';'-separated (default penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)"},
     {{"--sampler-seq", "--sampling-seq"}, F_SAMPLER_SEQ, true, "S  sampler order as letters (default edskypmxt)"},
     {{"-l", "--logit-bias"}, F_LOGIT_BIAS, true, "B  TOKEN_ID(+/-)BIAS, e.g. 15043+1 or 15043-inf"},
-    {{"--ignore-eos"}, F_IGNORE_EOS, false, "   never generate the end-of-generation tokens"},
+    {{"--ignore-eos"}, F_IGNORE_EOS, false, "   end-of-generation tokens do not stop generation (they may still be sampled; llama.cpp bans them)"},
     {{"-n", "--predict", "--n-predict"}, F_N_PREDICT, true, "N  tokens to predict (default -1 = no limit, -2 = until context full)"},
     {{"--min-tokens"}, F_MIN_TOKENS, true, "N  mask the end-of-generation tokens until N tokens are generated"},
     {{"--min-keep"}, F_MIN_KEEP, true, "N  truncating samplers keep at least N tokens (default 0)"},
     {{"--stop", "--reverse-prompt"}, F_STOP, true, "S  stop generating at this text (repeatable; not printed)"},
-    {{"--n-probs"}, F_N_PROBS, true, "N  report the top N token probabilities"},
+    {{"--n-probs"}, F_N_PROBS, true, "N  report each token's log-probability and the top N (kiln generate: in the --json output)"},
 };
 
 void kgen_print_flags(FILE *out) {

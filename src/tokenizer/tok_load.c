@@ -1051,6 +1051,7 @@ kiln_status ktok_load(const char *dir, ktok **out) {
     *out = NULL;
     char p[4096], p2[4096];
     cJSON *cfg = NULL;
+    KILN_TRY(ku_check_model_dir(dir));
     KILN_TRY(ku_path_join(p, sizeof p, dir, "tokenizer_config.json"));
     if (ku_file_exists(p)) KILN_TRY(ku_json_load(p, &cfg));
     kiln_status st = NULL;

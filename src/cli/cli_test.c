@@ -1,0 +1,169 @@
+/* cli_test.c: the command line as a user meets it, through the built
+ * binary: --help and --version, options that are errors rather than
+ * silently ignored, model paths, the demo model as every command's default. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "base/file.h"
+#include "cli/cli.h"
+#include "kt.h"
+#include "kt_run.h"
+
+#define NEED_BIN()                                                                                                     \
+    do {                                                                                                               \
+        if (!kt_kiln_bin()) {                                                                                          \
+            kt_skip("KILN_BIN is not set (make test sets it)");                                                        \
+            return;                                                                                                    \
+        }                                                                                                              \
+    } while (0)
+
+/* Runs args, expects exit status rc (0 or "not 0" with rc = 1) and, when
+ * given, text in stderr (or stdout for rc 0). */
+#define EXPECT_RUN(args, rc, text)                                                                                     \
+    do {                                                                                                               \
+        kt_proc p_;                                                                                                    \
+        KT_CHECK(kt_run_kiln(args, NULL, &p_) == 0);                                                                   \
+        bool ok_ = (rc) ? p_.status > 0 : p_.status == 0;                                                              \
+        const char *where_ = (rc) ? p_.err : p_.out;                                                                   \
+        bool has_ = !(text) || strstr(where_, (text));                                                                 \
+        KT_CHECKF(ok_ && has_, "kiln %s: status %d, stdout \"%.300s\", stderr \"%.300s\" (want %s, \"%s\")", args,    \
+                  p_.status, p_.out, p_.err, (rc) ? "an error" : "success", (text) ? (text) : "");                      \
+        kt_run_free(&p_);                                                                                              \
+    } while (0)
+
+KT_TEST(cli_every_command_has_help_and_rejects_unknown_options) {
+    NEED_BIN();
+    kt_proc p;
+    KT_CHECK(kt_run_kiln("--help", NULL, &p) == 0);
+    KT_CHECK_EQ(p.status, 0);
+    int n = 0;
+    char *s = strstr(p.out, "commands:\n");
+    KT_CHECK(s);
+    for (char *line = strchr(s, '\n') + 1; line && strncmp(line, "  ", 2) == 0; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+        char name[64];
+        if (sscanf(line, " %63s", name) != 1) break;
+        char args[128];
+        snprintf(args, sizeof args, "%s --help", name);
+        EXPECT_RUN(args, 0, "usage: kiln");
+        /* an unknown option is named as such, never "needs a value" (serve's
+         * options are the server's branch of issue 19) */
+        snprintf(args, sizeof args, "%s --no-such-option", name);
+        if (strcmp(name, "serve")) EXPECT_RUN(args, 1, "unknown");
+        n++;
+    }
+    kt_run_free(&p);
+    KT_CHECKF(n >= 14, "only %d commands listed", n);
+    EXPECT_RUN("--version", 0, "kiln 0.");
+    EXPECT_RUN("no-such-command", 1, "unknown command");
+}
+
+KT_TEST(cli_flags_that_do_nothing_are_errors) {
+    NEED_BIN();
+    EXPECT_RUN("export --stage bogus", 1, "--stage bogus: not a compiler stage");
+    EXPECT_RUN("generate -p hi --n-probs 2", 1, "add --json");
+    EXPECT_RUN("generate --prompt-ids 1,,2", 1, "an empty entry");
+    EXPECT_RUN("generate --prompt-ids 1,2,", 1, "ends with a comma");
+    EXPECT_RUN("generate -p hi --system be-brief", 1, "--system needs --chat");
+    EXPECT_RUN("generate -p", 1, "-p needs a value");
+    EXPECT_RUN("detokenize 99999", 1, "token id 99999 is not in the vocabulary");
+    EXPECT_RUN("detokenize 1,,2", 1, "an empty entry");
+    EXPECT_RUN("detokenize", 1, "give the token ids");
+    EXPECT_RUN("validate --tolerance abc x", 1, "is not a number");
+    EXPECT_RUN("validate --threads", 1, "--threads needs a value");
+    EXPECT_RUN("info -m", 1, "-m needs a value");
+    EXPECT_RUN("bench -p", 1, "-p needs a value");
+    EXPECT_RUN("grammar-bench -m", 1, "-m needs a value");
+}
+
+KT_TEST(cli_n_probs_reports_one_entry_per_generated_token) {
+    NEED_BIN();
+    kt_proc p;
+    KT_CHECK(kt_run_kiln("generate --prompt-ids 1,17,93 -n 5 --temp 0 --ignore-eos --json --n-probs 3", NULL, &p) == 0);
+    cJSON *j = cJSON_Parse(p.out);
+    KT_CHECKF(p.status == 0 && j, "%s %s", p.out, p.err);
+    const cJSON *ids = cJSON_GetObjectItem(j, "generated_ids"), *probs = cJSON_GetObjectItem(j, "probs");
+    KT_CHECK(cJSON_GetArraySize(ids) == 5 && cJSON_GetArraySize(probs) == 5);
+    for (int i = 0; i < 5; i++) {
+        const cJSON *e = cJSON_GetArrayItem(probs, i), *top = cJSON_GetObjectItem(e, "top");
+        KT_CHECK_EQ(cJSON_GetObjectItem(e, "id")->valueint, cJSON_GetArrayItem(ids, i)->valueint);
+        KT_CHECK_EQ(cJSON_GetArraySize(top), 3);
+        /* greedy: the chosen token is the most likely one */
+        KT_CHECK_EQ(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 0), "id")->valueint, cJSON_GetArrayItem(ids, i)->valueint);
+        KT_CHECK(cJSON_GetObjectItem(e, "logprob")->valuedouble <= 0);
+    }
+    cJSON_Delete(j);
+    kt_run_free(&p);
+}
+
+KT_TEST(cli_parse_ids_rejects_empty_entries) {
+    int32_t *ids;
+    int n;
+    KT_CHECK_OK(kiln_parse_ids("1,17, 93", &ids, &n));
+    KT_CHECK(n == 3 && ids[0] == 1 && ids[1] == 17 && ids[2] == 93);
+    free(ids);
+    KT_CHECK_OK(kiln_parse_ids(" 4 5\t6 ", &ids, &n));
+    KT_CHECK(n == 3 && ids[2] == 6);
+    free(ids);
+    KT_CHECK_ERR(kiln_parse_ids("1,,2", &ids, &n), "empty entry");
+    KT_CHECK_ERR(kiln_parse_ids(",1", &ids, &n), "empty entry");
+    KT_CHECK_ERR(kiln_parse_ids("1 , ,2", &ids, &n), "empty entry");
+    KT_CHECK_ERR(kiln_parse_ids("1,", &ids, &n), "ends with a comma");
+    KT_CHECK_ERR(kiln_parse_ids("1,x", &ids, &n), "not a list of token ids");
+    KT_CHECK_ERR(kiln_parse_ids("-3", &ids, &n), "not a list of token ids");
+}
+
+KT_TEST(cli_model_paths_get_distinct_messages) {
+    char dir[] = "/tmp/kiln-cli-paths-XXXXXX", gguf[128], file[128], missing[128];
+    KT_CHECK(mkdtemp(dir));
+    snprintf(gguf, sizeof gguf, "%s/model-Q4_K_M.gguf", dir);
+    snprintf(file, sizeof file, "%s/config.json", dir);
+    snprintf(missing, sizeof missing, "%s/nope", dir);
+    FILE *f = fopen(gguf, "w");
+    KT_CHECK(f);
+    fclose(f);
+    f = fopen(file, "w");
+    KT_CHECK(f);
+    fclose(f);
+    KT_CHECK_OK(ku_check_model_dir(dir));
+    KT_CHECK_ERR(ku_check_model_dir(missing), "no such folder");
+    KT_CHECK_ERR(ku_check_model_dir(gguf), "is a GGUF file");
+    KT_CHECK_ERR(ku_check_model_dir(file), "is a file, not a folder");
+    if (kt_kiln_bin()) {
+        char args[256];
+        const char *cmds[] = {"generate -p hi", "info", "tokenize -p hi", "detokenize 1"};
+        for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+            snprintf(args, sizeof args, "%s -m %s", cmds[i], missing);
+            EXPECT_RUN(args, 1, "no such folder");
+            snprintf(args, sizeof args, "%s -m %s", cmds[i], gguf);
+            EXPECT_RUN(args, 1, "is a GGUF file");
+            snprintf(args, sizeof args, "%s -m %s", cmds[i], file);
+            EXPECT_RUN(args, 1, "is a file, not a folder");
+        }
+    }
+    unlink(gguf), unlink(file), rmdir(dir);
+}
+
+KT_TEST(cli_tokenizer_commands_default_to_the_demo_model) {
+    NEED_BIN();
+    kt_proc p;
+    KT_CHECK(kt_run_kiln("tokenize -p 'Hello world'", NULL, &p) == 0);
+    KT_CHECKF(p.status == 0 && p.out[0] >= '0' && p.out[0] <= '9', "%s %s", p.out, p.err);
+    char args[256];
+    p.out[strcspn(p.out, "\n")] = 0;
+    snprintf(args, sizeof args, "detokenize %.200s", p.out);
+    kt_run_free(&p);
+    EXPECT_RUN(args, 0, "Hello world");
+    char dir[] = "/tmp/kiln-cli-tmpl-XXXXXX", msgs[128];
+    KT_CHECK(mkdtemp(dir));
+    snprintf(msgs, sizeof msgs, "%s/m.json", dir);
+    FILE *f = fopen(msgs, "w");
+    KT_CHECK(f);
+    fputs("[{\"role\": \"user\", \"content\": \"Hi there\"}]", f);
+    fclose(f);
+    snprintf(args, sizeof args, "template --messages %s --add-generation-prompt", msgs);
+    EXPECT_RUN(args, 0, "Hi there");
+    unlink(msgs), rmdir(dir);
+}
