@@ -10,7 +10,7 @@
 set -euo pipefail
 test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
-pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev)
+pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libedit-dev)
 $test_deps && pkgs+=(libcurl4-openssl-dev mlir-16-tools)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -12,14 +12,6 @@
 #include "kt.h"
 #include "kt_run.h"
 
-#define NEED_BIN()                                                                                                     \
-    do {                                                                                                               \
-        if (!kt_kiln_bin()) {                                                                                          \
-            kt_skip("KILN_BIN is not set (make test sets it)");                                                        \
-            return;                                                                                                    \
-        }                                                                                                              \
-    } while (0)
-
 /* Runs args, expects exit status rc (0 or "not 0" with rc = 1) and, when
  * given, text in stderr (or stdout for rc 0). */
 #define EXPECT_RUN(args, rc, text)                                                                                     \
@@ -35,7 +27,7 @@
     } while (0)
 
 KT_TEST(cli_every_command_has_help_and_rejects_unknown_options) {
-    NEED_BIN();
+    KT_NEED_KILN_BIN();
     kt_proc p;
     KT_CHECK(kt_run_kiln("--help", NULL, &p) == 0);
     KT_CHECK_EQ(p.status, 0);
@@ -61,7 +53,7 @@ KT_TEST(cli_every_command_has_help_and_rejects_unknown_options) {
 }
 
 KT_TEST(cli_flags_that_do_nothing_are_errors) {
-    NEED_BIN();
+    KT_NEED_KILN_BIN();
     EXPECT_RUN("export --stage bogus", 1, "--stage bogus: not a compiler stage");
     EXPECT_RUN("generate -p hi --n-probs 2", 1, "add --json");
     EXPECT_RUN("generate --prompt-ids 1,,2", 1, "an empty entry");
@@ -79,7 +71,7 @@ KT_TEST(cli_flags_that_do_nothing_are_errors) {
 }
 
 KT_TEST(cli_n_probs_reports_one_entry_per_generated_token) {
-    NEED_BIN();
+    KT_NEED_KILN_BIN();
     kt_proc p;
     KT_CHECK(kt_run_kiln("generate --prompt-ids 1,17,93 -n 5 --temp 0 --ignore-eos --json --n-probs 3", NULL, &p) == 0);
     cJSON *j = cJSON_Parse(p.out);
@@ -133,7 +125,7 @@ KT_TEST(cli_model_paths_get_distinct_messages) {
     KT_CHECK_ERR(ku_check_model_dir(file), "is a file, not a folder");
     if (kt_kiln_bin()) {
         char args[256];
-        const char *cmds[] = {"generate -p hi", "info", "tokenize -p hi", "detokenize 1"};
+        const char *cmds[] = {"generate -p hi", "info", "tokenize -p hi", "detokenize 1", "chat"};
         for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
             snprintf(args, sizeof args, "%s -m %s", cmds[i], missing);
             EXPECT_RUN(args, 1, "no such folder");
@@ -147,7 +139,7 @@ KT_TEST(cli_model_paths_get_distinct_messages) {
 }
 
 KT_TEST(cli_tokenizer_commands_default_to_the_demo_model) {
-    NEED_BIN();
+    KT_NEED_KILN_BIN();
     kt_proc p;
     KT_CHECK(kt_run_kiln("tokenize -p 'Hello world'", NULL, &p) == 0);
     KT_CHECKF(p.status == 0 && p.out[0] >= '0' && p.out[0] <= '9', "%s %s", p.out, p.err);

@@ -27,6 +27,7 @@ static const struct {
     {"synth", kiln_cmd_synth, "write a checkpoint of a real model's shape with random weights"},
     {"bench", kiln_cmd_bench, "measure prompt and generation speed against the memory roofline"},
     {"grammar-bench", kiln_cmd_grammar_bench, "MaskBench files through the grammar engine (JSON Schema masks)"},
+    {"chat", kiln_cmd_chat, "talk with a model in the terminal (multi-turn, streaming; scriptable from a pipe)"},
 };
 
 static void usage(FILE *f) {
