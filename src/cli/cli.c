@@ -1,6 +1,7 @@
 #include "cli/cli.h"
 
 #include "base/file.h"
+#include "engine/engine.h"
 
 #include <errno.h>
 #include <libgen.h>
@@ -27,6 +28,14 @@ kiln_status kiln_option(const char *cmd, const char *a, const char *v, const cha
     if (kiln_flag_in(a, valued)) return v ? NULL : kiln_error(KILN_EINVAL, "%s needs a value", a);
     if (flags && kiln_flag_in(a, flags)) return NULL;
     return kiln_error(KILN_EINVAL, "unknown option %s (see kiln %s --help)", a, cmd);
+}
+
+void kiln_warn_ctx(const ke_model *m, int64_t n_ctx) {
+    const km_hparams *hp = ke_model_hparams(m);
+    if (hp->max_pos > 0 && n_ctx > hp->max_pos)
+        fprintf(stderr, "kiln: warning: the context (%lld tokens) is longer than the %lld positions the model was trained on "
+                        "(config.json max_position_embeddings): past them its output degrades (lower --ctx-size)\n",
+                (long long)n_ctx, (long long)hp->max_pos);
 }
 
 const char *kiln_default_model(void) {

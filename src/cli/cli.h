@@ -44,6 +44,11 @@ kiln_status kiln_option(const char *cmd, const char *a, const char *v, const cha
 /* Whether a is one of the NULL-terminated names. */
 bool kiln_flag_in(const char *a, const char *const *names);
 
+/* Warns on stderr when n_ctx exceeds the positions the model was trained
+ * on (max_position_embeddings): it runs, but past them output degrades. */
+struct ke_model;
+void kiln_warn_ctx(const struct ke_model *m, int64_t n_ctx);
+
 /* Prints "kiln: <msg>" to stderr, frees st, returns 1. */
 int kiln_fail(kiln_status st);
 

@@ -159,3 +159,27 @@ KT_TEST(cli_tokenizer_commands_default_to_the_demo_model) {
     EXPECT_RUN(args, 0, "Hi there");
     unlink(msgs), rmdir(dir);
 }
+
+KT_TEST(cli_context_checks_and_memory) {
+    KT_NEED_KILN_BIN();
+    /* the demo model was trained on 256 positions */
+    kt_proc p;
+    KT_CHECK(kt_run_kiln("generate -p Hello -n 2 -c 1024", NULL, &p) == 0);
+    KT_CHECKF(strstr(p.err, "longer than the 256 positions the model was trained on"), "%s", p.err);
+    kt_run_free(&p);
+    KT_CHECK(kt_run_kiln("generate -p Hello -n 2 -c 256", NULL, &p) == 0);
+    KT_CHECKF(p.status == 0 && !strstr(p.err, "warning"), "%s", p.err);
+    kt_run_free(&p);
+    /* a prompt too long for the context: the error, and the prompt is not echoed first */
+    static char args[8192];
+    int n = snprintf(args, sizeof args, "generate -c 16 -n 2 -p '");
+    for (int i = 0; i < 100; i++) n += snprintf(args + n, sizeof args - (size_t)n, "word ");
+    snprintf(args + n, sizeof args - (size_t)n, "'");
+    KT_CHECK(kt_run_kiln(args, NULL, &p) == 0);
+    KT_CHECKF(p.status == 1 && strstr(p.err, "more than the context size 16") && !*p.out, "%s %s", p.out, p.err);
+    kt_run_free(&p);
+    /* kiln info: 4 layers x 4 KV heads x 32 dims, K and V, float32 = 4 MiB per 1k tokens */
+    EXPECT_RUN("info", 0, "KV cache     4.00 MiB per 1k tokens");
+    EXPECT_RUN("info -c 1024 --parallel 2", 0, "kiln serve -c 1024 --parallel 2 (weights + at most 8.0 MiB allocated)");
+    EXPECT_RUN("info -c 1024", 0, "4.0 MiB at the context 1024");
+}

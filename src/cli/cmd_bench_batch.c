@@ -151,6 +151,7 @@ int kiln_cmd_bench_batch(int argc, char **argv) {
     req *rs = NULL;
     st = ke_model_load(dir, &m);
     if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = n_ctx, .n_cache = 0, .n_threads = (int)threads}, &c);
+    if (!st) kiln_warn_ctx(m, ke_ctx_n_ctx(c));
     if (st) goto out;
     /* a KV cache for `conc` full sequences */
     int64_t ctx = ke_ctx_n_ctx(c);

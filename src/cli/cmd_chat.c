@@ -467,6 +467,7 @@ static kiln_status setup(chat *ch) {
     KILN_TRYF(ktok_load(o->dir, &ch->tok), "kiln chat needs the model's tokenizer");
     KILN_TRYF(kchat_load(o->dir, &ch->tmpl), "kiln chat needs the model's chat template");
     KILN_TRY(ke_ctx_create(ch->m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads}, &ch->c));
+    kiln_warn_ctx(ch->m, ke_ctx_n_ctx(ch->c));
     const km_hparams *hp = ke_model_hparams(ch->m);
     KILN_TRY(kc_eos_ids(ke_model_checkpoint(ch->m), ch->eos, 16, &ch->n_eos));
     ke_text_vocab_init(&ch->tv, ch->tok, (int32_t)hp->vocab);

@@ -58,6 +58,8 @@ typedef struct {
     int64_t n_ctx, threads;
     bool json, chat, no_display;
     kgen_params gp;
+    char *echo;     /* the prompt text, printed once every check on it has passed */
+    size_t echo_len;
     char *out_text; /* everything generated, for --json */
     size_t out_len, out_cap;
 } opts;
@@ -170,8 +172,8 @@ static kiln_status prompt_ids(opts *o, const ktok *tok) {
     if (!st && n == 0) st = kiln_error(KILN_EINVAL, "the prompt is empty after tokenization");
     o->n_prompt = (int)n;
     if (!st && !o->json && !o->no_display && !o->chat) {
-        fwrite(text, 1, len, stdout);
-        fflush(stdout);
+        o->echo = text, o->echo_len = len;
+        return NULL;
     }
     free(text);
     return st;
@@ -274,6 +276,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     image_input img = {0};
     if (!st && o->image) st = add_image(o, m, &img);
     if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads}, &c);
+    if (!st) kiln_warn_ctx(m, ke_ctx_n_ctx(c));
     t[0] = now() - t0;
     if (st) goto out;
     const km_hparams *hp = ke_model_hparams(m);
@@ -307,6 +310,10 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     int seq = 0;
     if (!st) st = ke_seq_open(c, &seq);
     if (st) goto out;
+    if (o->echo) {
+        fwrite(o->echo, 1, o->echo_len, stdout);
+        fflush(stdout);
+    }
     int *seqs = calloc((size_t)o->n_prompt, sizeof(int));
     if (!seqs) {
         st = kiln_error(KILN_ENOMEM, "out of memory");
@@ -423,6 +430,7 @@ int kiln_cmd_generate(int argc, char **argv) {
         }
     }
     cJSON_Delete(rec.probs);
+    free(o.echo);
     free(rec.ids), free(rec.rows), free(o.prompt), free(o.forced), free(o.out_text);
     kgen_params_free(&o.gp);
     return st ? kiln_fail(st) : 0;

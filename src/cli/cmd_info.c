@@ -9,17 +9,56 @@
 #include "models/blocks.h"
 #include "vision/vision.h"
 
+static double mib(int64_t b) { return (double)b / 1048576.0; }
+
+/* What a run takes: the weights (mapped), the KV cache per token and at the
+ * context, recurrent state; totals as generate / chat and serve allocate. */
+static kiln_status print_memory(const ke_model *m, int64_t n_ctx, int64_t parallel) {
+    ke_memory mem;
+    KILN_TRY(ke_model_memory(m, &mem));
+    int64_t ctx = n_ctx > 0 ? n_ctx : mem.default_n_ctx;
+    printf("memory       weights %.1f MiB (mapped from the files: the page cache holds them, nothing is copied)\n",
+           mib(mem.weight_bytes));
+    if (mem.kv_layers)
+        printf("KV cache     %.2f MiB per 1k tokens (float32 K and V of %d layers); %.1f MiB at %s context %lld\n",
+               mib(mem.kv_bytes_per_token * 1024), mem.kv_layers, mib(mem.kv_bytes_per_token * ctx),
+               n_ctx > 0 ? "the" : "the default", (long long)ctx);
+    else printf("KV cache     none (no layer attends over a cache)\n");
+    if (mem.state_layers)
+        printf("state        %.2f MiB per sequence (%d recurrent layers); generate and chat keep 32 rows, serve one per "
+               "--parallel; prefix-cache snapshots take at most 256 MiB (--cache-ram)\n",
+               mib(mem.state_bytes_per_seq), mem.state_layers);
+    int64_t one = ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = ctx});
+    printf("total        %.1f MiB for kiln generate / chat -c %lld (weights + at most %.1f MiB allocated)\n", mib(mem.weight_bytes + one),
+           (long long)ctx, mib(one));
+    int64_t np = parallel > 0 ? parallel : 8;
+    int64_t srv = ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = ctx, .n_cache = ctx * np, .n_seq_max = (int)np});
+    printf("             %.1f MiB for kiln serve -c %lld --parallel %lld%s (weights + at most %.1f MiB allocated)\n",
+           mib(mem.weight_bytes + srv), (long long)ctx, (long long)np, parallel > 0 ? "" : " (its default)", mib(srv));
+    if (n_ctx > 0) kiln_warn_ctx(m, n_ctx);
+    return NULL;
+}
+
 int kiln_cmd_info(int argc, char **argv) {
     const char *dir = NULL;
+    int64_t n_ctx = 0, parallel = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: kiln info [-m DIR]\n");
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: kiln info [-m DIR] [-c N] [--parallel N]\n"
+                   "  Describes a checkpoint: family, shapes, quantization, and the memory a run takes.\n"
+                   "  -m, --model DIR    checkpoint folder (default: the bundled demo model)\n"
+                   "  -c, --ctx-size N   the memory total for this context (default: the model's, at most 4096)\n"
+                   "  -np, --parallel N  and as kiln serve --parallel N allocates it (KV for N contexts, N state rows)\n");
             return 0;
         }
-        static const char *const valued[] = {"-m", "--model", NULL};
-        kiln_status ost = kiln_option("info", argv[i], i + 1 < argc ? argv[i + 1] : NULL, valued, NULL);
+        static const char *const valued[] = {"-m", "--model", "-c", "--ctx-size", "-np", "--parallel", NULL};
+        kiln_status ost = kiln_option("info", a, v, valued, NULL);
+        if (!ost && (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))) ost = kiln_parse_int(a, v, 1, 1 << 30, &n_ctx);
+        else if (!ost && (!strcmp(a, "-np") || !strcmp(a, "--parallel"))) ost = kiln_parse_int(a, v, 1, 4096, &parallel);
+        else if (!ost) dir = v;
         if (ost) return kiln_fail(ost);
-        dir = argv[++i];
+        i++;
     }
     if (!dir) dir = kiln_default_model();
     ke_model *m;
@@ -133,6 +172,7 @@ int kiln_cmd_info(int argc, char **argv) {
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,
            (double)bytes / 1048576.0);
+    st = print_memory(m, n_ctx, parallel);
     ke_model_free(m);
-    return 0;
+    return st ? kiln_fail(st) : 0;
 }

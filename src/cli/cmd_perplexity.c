@@ -124,9 +124,7 @@ int kiln_cmd_perplexity(int argc, char **argv) {
     if (st) goto done;
     const km_hparams *hp = ke_model_hparams(m);
     if (!ctx) ctx = hp->max_pos > 0 && hp->max_pos < 512 ? hp->max_pos : 512;
-    if (hp->max_pos > 0 && ctx > hp->max_pos)
-        fprintf(stderr, "kiln perplexity: warning: the model was trained on %lld positions, --ctx is %lld\n",
-                (long long)hp->max_pos, (long long)ctx);
+    kiln_warn_ctx(m, ctx);
     int64_t n_seq = !stride && batch >= ctx ? batch / ctx : 1;
     if (n_seq > 64) n_seq = 64;
     ke_ctx_params cp = {.n_ctx = ctx, .n_cache = ctx * n_seq, .n_threads = (int)threads};

@@ -63,6 +63,48 @@ fail:
     return st;
 }
 
+static int64_t default_n_ctx(const km_hparams *hp) { return hp->max_pos > 0 && hp->max_pos < 4096 ? hp->max_pos : 4096; }
+
+kiln_status ke_model_memory(const ke_model *m, ke_memory *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < kc_tensor_count(m->ck); i++) out->weight_bytes += (int64_t)kc_tensor_at(m->ck, i)->nbytes;
+    kb_shape shape = {1, 1, 1, 1, 16, 16, 1};
+    kg_graph *g;
+    kb_input *inputs;
+    int n_inputs;
+    kb_cache_spec *cache = calloc((size_t)m->hp.n_layers, sizeof *cache);
+    if (!cache) return kiln_error(KILN_ENOMEM, "out of memory");
+    kiln_status st = kb_build(m->fam, &m->hp, m->ck, &shape, &g, &inputs, &n_inputs, cache);
+    if (!st) {
+        kg_destroy(g);
+        free(inputs);
+        for (int64_t l = 0; l < m->hp.n_layers; l++) {
+            const kb_cache_spec *cs = &cache[l];
+            if (cs->heads) out->kv_layers++;
+            out->kv_bytes_per_token += cs->heads * (cs->dk + cs->dv) * (int64_t)sizeof(float);
+            if (cs->n_states) out->state_layers++;
+            for (int k = 0; k < cs->n_states; k++) out->state_bytes_per_seq += cs->state_numel[k] * (int64_t)sizeof(float);
+        }
+    }
+    free(cache);
+    out->default_n_ctx = default_n_ctx(&m->hp);
+    return st;
+}
+
+int64_t ke_memory_ctx_bytes(const ke_memory *mem, const ke_ctx_params *p) {
+    int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : mem->default_n_ctx, bs = p->block_size > 0 ? p->block_size : 16;
+    int64_t n_cache = p->n_cache > 0 ? p->n_cache : n_ctx;
+    if (n_cache < n_ctx) n_cache = n_ctx;
+    int64_t slots = (n_cache + bs - 1) / bs * bs, total = slots * mem->kv_bytes_per_token;
+    if (mem->state_bytes_per_seq > 0) {
+        total += (p->n_seq_max > 0 ? p->n_seq_max : 32) * mem->state_bytes_per_seq;
+        int64_t budget = p->state_cache_bytes == 0 ? (int64_t)256 << 20 : p->state_cache_bytes > 0 ? p->state_cache_bytes : 0;
+        int64_t snaps = budget / mem->state_bytes_per_seq, blocks = slots / bs;
+        total += (snaps < blocks ? snaps : blocks) * mem->state_bytes_per_seq;
+    }
+    return total;
+}
+
 void ke_model_free(ke_model *m) {
     if (!m) return;
     kvis_free(m->vision);
@@ -174,7 +216,7 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
     c->p = *p;
     const km_hparams *hp = &m->hp;
     if (c->p.block_size <= 0) c->p.block_size = 16;
-    if (c->p.n_ctx <= 0) c->p.n_ctx = hp->max_pos > 0 && hp->max_pos < 4096 ? hp->max_pos : 4096;
+    if (c->p.n_ctx <= 0) c->p.n_ctx = default_n_ctx(hp);
     if (c->p.n_cache <= 0) c->p.n_cache = c->p.n_ctx;
     int64_t bs = c->p.block_size;
     c->max_blocks_per_seq = (c->p.n_ctx + bs - 1) / bs;

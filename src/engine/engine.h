@@ -32,6 +32,18 @@ const kc_checkpoint *ke_model_checkpoint(const ke_model *m);
 struct kvis_model;
 struct kvis_model *ke_model_vision(const ke_model *m);
 
+/* What running the model takes in memory, from the cache layout its graph
+ * declares (as ke_ctx_create allocates it): the KV cache is float32, per
+ * token of the cache; recurrent state is one row per open sequence. */
+typedef struct {
+    int64_t weight_bytes;        /* the checkpoint's tensors (mapped from the files, not copied) */
+    int64_t kv_bytes_per_token;  /* K and V of every layer that keeps a cache */
+    int64_t state_bytes_per_seq; /* recurrent state of every layer that keeps one */
+    int kv_layers, state_layers;
+    int64_t default_n_ctx;       /* ke_ctx_params.n_ctx 0: min(max_position_embeddings, 4096) */
+} ke_memory;
+kiln_status ke_model_memory(const ke_model *m, ke_memory *out);
+
 typedef struct {
     int64_t n_ctx;    /* longest sequence; 0: min(max_position_embeddings, 4096) */
     int64_t n_cache;  /* KV cache tokens shared by all sequences; 0: n_ctx */
@@ -43,6 +55,10 @@ typedef struct {
     int64_t state_cache_bytes; /* models with recurrent layers: memory for the state snapshots that let
                                 * prefix caching resume them (ke_seq_publish); 0: 256 MiB, < 0: none */
 } ke_ctx_params;
+
+/* Bytes ke_ctx_create(p) allocates for the KV cache, the recurrent state
+ * rows and (the most) state snapshots take, per ke_memory. */
+int64_t ke_memory_ctx_bytes(const ke_memory *mem, const ke_ctx_params *p);
 
 typedef struct ke_ctx ke_ctx;
 

@@ -164,3 +164,36 @@ KT_TEST(engine_bad_checkpoints_are_clear_errors) {
     ckt_rmdir(tmp);
     KT_CHECK(m == NULL);
 }
+
+/* kiln info's memory figures: the KV cache from the attention layers'
+ * shapes (float32 K and V per token), recurrent state from the SSM's. */
+KT_TEST(engine_memory_from_the_cache_layout) {
+    char dir[4096];
+    ke_model *m;
+    ke_memory mem;
+    KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, "models/kiln-demo"), &m));
+    KT_CHECK_OK(ke_model_memory(m, &mem));
+    /* 4 layers, 4 KV heads of 32 dims */
+    KT_CHECK_EQ(mem.kv_bytes_per_token, 4 * 2 * 4 * 32 * 4);
+    KT_CHECK(mem.kv_layers == 4 && mem.state_layers == 0 && mem.state_bytes_per_seq == 0);
+    KT_CHECK_EQ(mem.default_n_ctx, 256); /* max_position_embeddings, under 4096 */
+    KT_CHECK(mem.weight_bytes > 14 << 20 && mem.weight_bytes < 16 << 20);
+    /* the cache is whole blocks of 16 tokens; n_cache below n_ctx is n_ctx */
+    KT_CHECK_EQ(ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = 100}), 112 * mem.kv_bytes_per_token);
+    KT_CHECK_EQ(ke_memory_ctx_bytes(&mem, &(ke_ctx_params){0}), 256 * mem.kv_bytes_per_token);
+    KT_CHECK_EQ(ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = 64, .n_cache = 256}), 256 * mem.kv_bytes_per_token);
+    ke_model_free(m);
+    /* Mamba: 2 layers, d_inner 128, state 16, conv kernel 4: no KV; per layer
+     * the SSM state (128 x 16) and the convolution's last columns (128 x <= 4) */
+    KT_CHECK_OK(ke_model_load(fixture(dir, sizeof dir, "mamba"), &m));
+    KT_CHECK_OK(ke_model_memory(m, &mem));
+    KT_CHECK(mem.kv_layers == 0 && mem.kv_bytes_per_token == 0 && mem.state_layers == 2);
+    KT_CHECKF(mem.state_bytes_per_seq >= 2 * (128 * 16 + 128 * 3) * 4 && mem.state_bytes_per_seq <= 2 * (128 * 16 + 128 * 4) * 4,
+              "%lld", (long long)mem.state_bytes_per_seq);
+    /* 32 state rows by default, and snapshots within the 256 MiB budget, at most one per block */
+    int64_t rows = 32 * mem.state_bytes_per_seq;
+    KT_CHECK_EQ(ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = 64}), rows + 4 * mem.state_bytes_per_seq);
+    KT_CHECK_EQ(ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = 64, .n_seq_max = 2, .state_cache_bytes = -1}),
+                2 * mem.state_bytes_per_seq);
+    ke_model_free(m);
+}
