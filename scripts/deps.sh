@@ -21,8 +21,9 @@ sudo=""
 export DEBIAN_FRONTEND=noninteractive
 if [ ${#missing[@]} -gt 0 ]; then
   echo "kiln: installing ${missing[*]}" >&2
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # wait for another apt (unattended upgrades, a parallel install) instead of failing
+  $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
+  $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
 fi
 $test_deps || exit 0
 
@@ -42,11 +43,12 @@ if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$root/build/tools/usr/bin/pr
 fi
 
 # The official openai and Anthropic clients for the end-to-end server
-# tests (pinned; both run on Node 20), when npm is there; without them those
-# tests are skipped.
+# tests, when npm is there; without them those tests are skipped. Pinned to
+# versions that declare no minimum Node.js (openai 7 needs Node 22, newer than
+# Debian 12's nodejs 18); checked on Node 20.
 npm_dir="$root/build/tools/npm/node_modules"
 if command -v npm >/dev/null 2>&1 && { [ ! -d "$npm_dir/openai" ] || [ ! -d "$npm_dir/@anthropic-ai/sdk" ]; }; then
-  if timeout 300 npm install --prefix "$root/build/tools/npm" --no-audit --no-fund --silent openai@7.59.0 @anthropic-ai/sdk@1.15.0 >/dev/null 2>&1; then
+  if timeout 300 npm install --prefix "$root/build/tools/npm" --no-audit --no-fund --silent openai@6.49.0 @anthropic-ai/sdk@1.15.0 >/dev/null 2>&1; then
     echo "kiln: openai and @anthropic-ai/sdk npm clients installed in build/tools/npm" >&2
   else
     echo "kiln: npm install openai @anthropic-ai/sdk failed: the official client tests are skipped" >&2

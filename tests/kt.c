@@ -68,7 +68,22 @@ static int cmp_tests(const void *a, const void *b) {
     return c ? c : strcmp(x->name, y->name);
 }
 
+static const char usage[] =
+    "usage: kiln-tests [SUBSTRING]   (make test [T=SUBSTRING])\n"
+    "  Runs the tests whose name or file contains SUBSTRING (all without it); each prints ok,\n"
+    "  FAIL (with the failed check) or SKIP (with the reason it could not run).\n"
+    "environment:\n"
+    "  KILN_ROOT=DIR    the repository (default: the current folder), for tests/fixtures and models\n"
+    "  KILN_BIN=FILE    the built kiln binary, for the tests that run it (make test sets it)\n"
+    "  KILN_SHARED=DIR  the shared fixtures folder (oracle fixtures, tokenizers, chat templates,\n"
+    "                   maskbench); default ../shared beside the repository; KILN_SHARED= (empty)\n"
+    "                   turns it off. Tests that need it SKIP when it is absent.\n";
+
 int main(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        fputs(usage, stdout);
+        return 0;
+    }
     const char *filter = argc > 1 ? argv[1] : NULL;
     qsort(tests, (size_t)n_tests, sizeof tests[0], cmp_tests);
     int run = 0, failed = 0, skipped = 0;
@@ -88,5 +103,9 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     printf("\n%d tests, %d failed, %d skipped\n", run, failed, skipped);
+    if (skipped) {
+        const char *sh = kt_shared();
+        printf("shared fixtures: %s\n", sh ? sh : "not found (KILN_SHARED=DIR or ../shared; kiln-tests --help)");
+    }
     return failed ? 1 : 0;
 }
