@@ -310,8 +310,10 @@ static kiln_status reply(chat *ch) {
         st = decode(ch, &s.token, 1, NULL, 0, &lg);
     }
     clock_gettime(CLOCK_MONOTONIC, &t2);
-    fputc('\n', stdout);
-    fflush(stdout);
+    if (lg) { /* a reply was started: it ends with a newline, also when it failed */
+        fputc('\n', stdout);
+        fflush(stdout);
+    }
     if (!st) {
         double tp = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         double tg = (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec);
@@ -516,6 +518,7 @@ int kiln_cmd_chat(int argc, char **argv) {
             free(line);
             if (!go) break;
         }
+        if (ch.tty) fputc('\n', stderr);
         sigaction(SIGINT, &old, NULL);
     }
     drop_seq(&ch);
