@@ -13,10 +13,11 @@ const char *kt_kiln_bin(void) {
     return b && *b ? b : NULL;
 }
 
-int kt_run_kiln(const char *args, const char *input, kt_proc *p) {
+int kt_run_kiln(const char *args, const char *input, kt_proc *p) { return kt_run_bin(kt_kiln_bin(), args, input, p); }
+
+int kt_run_bin(const char *bin, const char *args, const char *input, kt_proc *p) {
     memset(p, 0, sizeof *p);
     p->status = -1;
-    const char *bin = kt_kiln_bin();
     if (!bin) return -1;
     char dir[] = "/tmp/kiln-kt-run-XXXXXX";
     if (!mkdtemp(dir)) return -1;

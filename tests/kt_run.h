@@ -25,6 +25,8 @@ const char *kt_kiln_bin(void);
 /* Runs "$KILN_BIN args" through /bin/sh (args is shell text) with input on
  * standard input (NULL: /dev/null). Returns 0, or -1 when it could not run. */
 int kt_run_kiln(const char *args, const char *input, kt_proc *p);
+/* The same with another binary (a copy of kiln elsewhere). */
+int kt_run_bin(const char *bin, const char *args, const char *input, kt_proc *p);
 void kt_run_free(kt_proc *p);
 
 #endif

@@ -1,6 +1,7 @@
 /* cli_test.c: the command line as a user meets it, through the built
  * binary: --help and --version, options that are errors rather than
  * silently ignored, model paths, the demo model as every command's default. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -182,4 +183,37 @@ KT_TEST(cli_context_checks_and_memory) {
     EXPECT_RUN("info", 0, "KV cache     4.00 MiB per 1k tokens");
     EXPECT_RUN("info -c 1024 --parallel 2", 0, "kiln serve -c 1024 --parallel 2 (weights + at most 8.0 MiB allocated)");
     EXPECT_RUN("info -c 1024", 0, "4.0 MiB at the context 1024");
+}
+
+/* An installed binary (PREFIX/bin/kiln, as make install lays it out) finds
+ * the demo model under PREFIX/share/kiln/models; a copy with nothing beside
+ * it says where it looked. */
+KT_TEST(cli_installed_binary_finds_the_demo_model) {
+    KT_NEED_KILN_BIN();
+    char pre[] = "/tmp/kiln-cli-prefix-XXXXXX", model[128], demo[PATH_MAX];
+    static char cmd[16384];
+    KT_CHECK(mkdtemp(pre));
+    char rel[4096];
+    KT_CHECK(realpath(kt_path(rel, sizeof rel, "models/kiln-demo"), demo)); /* an absolute path for the copy */
+    snprintf(model, sizeof model, "%s/share/kiln/models/kiln-demo", pre);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/bin %s && cp '%s' %s/bin/kiln && cp '%s'/* %s/", pre, model, kt_kiln_bin(), pre,
+             demo, model);
+    KT_CHECK(system(cmd) == 0);
+    char bin[4200];
+    snprintf(bin, sizeof bin, "%s/bin/kiln", pre);
+    kt_proc p;
+    KT_CHECK(kt_run_bin(bin, "info", NULL, &p) == 0);
+    char want[4200];
+    snprintf(want, sizeof want, "model        %s\n", model);
+    KT_CHECKF(p.status == 0 && strstr(p.out, want), "%s %s", p.out, p.err);
+    kt_run_free(&p);
+    /* without the model: the message says where it looked and what to do */
+    snprintf(cmd, sizeof cmd, "rm -rf %s/share", pre);
+    KT_CHECK(system(cmd) == 0);
+    KT_CHECK(kt_run_bin(bin, "generate -p hi", "", &p) == 0);
+    KT_CHECKF(p.status == 1 && strstr(p.err, "the bundled demo model is neither installed") && strstr(p.err, "KILN_DEFAULT_MODEL"),
+              "%s", p.err);
+    kt_run_free(&p);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", pre);
+    KT_CHECK(system(cmd) == 0);
 }
