@@ -114,6 +114,7 @@ typedef struct {
 } chat;
 
 static kiln_status hold(chat *ch, const int32_t *ids, int64_t n) {
+    if (n <= 0) return NULL;
     if (ch->n_held + n > ch->cap_held) {
         int64_t nc = (ch->n_held + n) * 2;
         int32_t *p = realloc(ch->held, sizeof(int32_t) * (size_t)nc);
