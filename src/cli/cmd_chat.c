@@ -277,8 +277,7 @@ static kiln_status reply(chat *ch) {
     clock_gettime(CLOCK_MONOTONIC, &t1);
     kgen_finish f = st ? KGEN_CONTINUE : kgen_session_start(g);
     int64_t n_gen = 0;
-    interrupted = 0;
-    bool stopped = false;
+    bool stopped = false; /* Ctrl-C since the line was read stops this reply */
     while (!st && f == KGEN_CONTINUE) {
         if (interrupted) {
             stopped = true;
@@ -441,6 +440,7 @@ static bool command(chat *ch, const char *line) {
 
 /* The next line without its newline (malloc'ed), NULL at the end. */
 static char *next_line(chat *ch) {
+    interrupted = 0;
     if (ch->tty) {
         for (;;) {
             interrupted = 0;

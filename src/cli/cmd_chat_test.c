@@ -2,8 +2,13 @@
  * it: one user turn per line, one reply per turn. The replies with the
  * previous turns' KV reused equal the replies computed from scratch, and a
  * turn with an image equals kiln generate on the same prompt and image. */
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -138,4 +143,67 @@ KT_TEST(cli_chat_image_turn_matches_generate) {
         unlink(p);
     }
     rmdir(dir);
+}
+
+/* On a terminal (a pseudo-terminal here): libedit reads the line, Ctrl-C
+ * stops the reply being written and the session goes on, the up arrow
+ * recalls the previous line, /exit leaves with status 0. */
+static size_t pty_read(int fd, char *buf, size_t len, size_t cap, double seconds, const char *until) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    size_t from = len; /* until is looked for in what this call reads */
+    for (;;) {
+        buf[len] = 0;
+        if (until && strstr(buf + from, until)) return len;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) > seconds) return len;
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0) continue;
+        ssize_t n = read(fd, buf + len, cap - 1 - len);
+        if (n <= 0) return len;
+        len += (size_t)n;
+    }
+}
+
+KT_TEST(cli_chat_on_a_terminal_ctrl_c_stops_the_reply) {
+    KT_NEED_KILN_BIN();
+    int fd;
+    pid_t pid = forkpty(&fd, NULL, NULL, NULL);
+    KT_CHECK(pid >= 0);
+    if (pid == 0) {
+        execl(kt_kiln_bin(), "kiln", "chat", "-n", "100000", "-c", "256", "--temp", "0", "--ignore-eos", "-t", "1", (char *)NULL);
+        _exit(127);
+    }
+    static char out[1 << 16];
+    size_t n = pty_read(fd, out, 0, sizeof out, 30, "> ");
+    KT_CHECKF(strstr(out, "> "), "no prompt: %s", out);
+    /* libedit may flush pending input while it sets the terminal up after
+     * printing the prompt: type a moment later, as a person does */
+    pty_read(fd, out, n, sizeof out, 0.3, NULL);
+    KT_CHECK(write(fd, "Hello\r", 6) == 6);
+    n = pty_read(fd, out, n, sizeof out, 30, "Hello\r\n");
+    size_t at = n;
+    n = pty_read(fd, out, n, sizeof out, 0.3, NULL); /* some of the reply */
+    kill(pid, SIGINT);
+    /* the reply stops, its line of figures, the next prompt */
+    n = pty_read(fd, out, n, sizeof out, 30, "stopped (Ctrl-C)]\r\n> ");
+    KT_CHECKF(strstr(out + at, "stopped (Ctrl-C)]\r\n> "), "%s", out);
+    n = pty_read(fd, out, n, sizeof out, 0.3, NULL);
+    at = n;
+    KT_CHECK(write(fd, "\x1b[A\r", 4) == 4); /* the previous line again */
+    n = pty_read(fd, out, n, sizeof out, 30, "Hello");
+    KT_CHECKF(strstr(out + at, "Hello"), "history: %s", out + at);
+    kill(pid, SIGINT);
+    n = pty_read(fd, out, n, sizeof out, 30, "stopped (Ctrl-C)]\r\n> ");
+    KT_CHECKF(strstr(out + at, "stopped (Ctrl-C)]\r\n> ") && !strstr(out + at, " 0 reused"), "%s", out + at);
+    n = pty_read(fd, out, n, sizeof out, 0.3, NULL);
+    KT_CHECK(write(fd, "/exit\r", 6) == 6);
+    int status = -1;
+    for (int i = 0; i < 300 && waitpid(pid, &status, WNOHANG) == 0; i++) {
+        n = pty_read(fd, out, n, sizeof out, 0.1, NULL);
+        usleep(100000); /* the read fails at once when the terminal has closed */
+    }
+    if (!WIFEXITED(status)) kill(pid, SIGKILL), waitpid(pid, NULL, 0);
+    close(fd);
+    KT_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d: %s", status, out);
 }
