@@ -22,6 +22,13 @@ struct kgen_session {
     kgr_matcher *gm;
     uint32_t *gbits;  /* [ceil(n_vocab / 32)] */
     float *glogits;   /* [n_vocab] */
+    /* params.grammar_trigger: the grammar's index (a matcher per call; gm
+     * NULL while off) and the output's last bytes, searched for the trigger */
+    kgr_grammar *gg;
+    kgr_index *gix;
+    char *trig, *tail;
+    size_t n_trig, n_tail, cap_tail;
+    bool once; /* params.grammar_once */
 };
 
 void kgen_session_destroy(kgen_session *g) {
@@ -31,6 +38,10 @@ void kgen_session_destroy(kgen_session *g) {
     free(g->eos);
     free(g->text);
     kgr_matcher_free(g->gm);
+    kgr_index_free(g->gix);
+    kgr_grammar_free(g->gg);
+    free(g->trig);
+    free(g->tail);
     free(g->gbits);
     free(g->glogits);
     free(g);
@@ -55,7 +66,16 @@ kiln_status kgen_session_create(const kgen_params *p, const kgen_vocab *v, int32
         kgr_grammar *gr = NULL;
         if (!v->grammar) st = kiln_error(KILN_EUNSUPPORTED, "generation: a grammar needs the model's tokenizer");
         else st = kgr_from_gbnf(p->grammar, strlen(p->grammar), &gr);
-        if (!st) st = kgr_matcher_create_owned(gr, v->grammar, &g->gm);
+        if (!st && p->grammar_trigger) {
+            g->gg = gr;
+            g->once = p->grammar_once;
+            g->n_trig = strlen(p->grammar_trigger);
+            if (!(g->trig = strdup(p->grammar_trigger))) st = kiln_error(KILN_ENOMEM, "out of memory");
+            if (!st) st = kgr_index_create(gr, v->grammar, &g->gix);
+            if (!st && !p->grammar_lazy) st = kgr_matcher_create(g->gix, &g->gm);
+        } else if (!st) {
+            st = kgr_matcher_create_owned(gr, v->grammar, &g->gm);
+        }
         if (!st) {
             g->gbits = malloc(((size_t)v->n_vocab + 31) / 32 * 4);
             g->glogits = malloc(sizeof *g->glogits * (size_t)v->n_vocab);
@@ -89,6 +109,45 @@ static kiln_status append(kgen_session *g, size_t at, const char *t, size_t n) {
     return NULL;
 }
 
+/* A trigger's grammar after token tok: off once complete; on where the
+ * trigger appears, fed the text after it (text it refuses: it stays off). */
+static kiln_status trigger_step(kgen_session *g, int32_t tok) {
+    if (g->gm) {
+        if (!kgr_matcher_done(g->gm) || g->once) return NULL;
+        kgr_matcher_free(g->gm);
+        g->gm = NULL;
+        g->n_tail = 0;
+        return NULL;
+    }
+    size_t n = 0;
+    const char *piece = g->vocab.piece(g->vocab.ud, tok, &n);
+    if (!piece || !n) return NULL;
+    if (g->n_tail + n > g->cap_tail) {
+        size_t cap = (g->n_tail + n) * 2;
+        char *t = realloc(g->tail, cap);
+        if (!t) return kiln_error(KILN_ENOMEM, "out of memory");
+        g->tail = t, g->cap_tail = cap;
+    }
+    memcpy(g->tail + g->n_tail, piece, n);
+    g->n_tail += n;
+    const char *hit = memmem(g->tail, g->n_tail, g->trig, g->n_trig);
+    if (!hit) { /* keep what may still begin the trigger */
+        size_t keep = g->n_trig - 1 < g->n_tail ? g->n_trig - 1 : g->n_tail;
+        memmove(g->tail, g->tail + g->n_tail - keep, keep);
+        g->n_tail = keep;
+        return NULL;
+    }
+    KILN_TRY(kgr_matcher_create(g->gix, &g->gm));
+    const char *after = hit + g->n_trig;
+    size_t na = (size_t)(g->tail + g->n_tail - after);
+    g->n_tail = 0;
+    if (!kgr_matcher_accept_bytes(g->gm, after, na) || kgr_matcher_done(g->gm)) {
+        kgr_matcher_free(g->gm);
+        g->gm = NULL;
+    }
+    return NULL;
+}
+
 kiln_status kgen_session_step(kgen_session *g, const float *logits, kgen_step *out) {
     memset(out, 0, sizeof *out);
     out->text = "";
@@ -110,8 +169,9 @@ kiln_status kgen_session_step(kgen_session *g, const float *logits, kgen_step *o
     kgen_sampler_accept(g->smp, tok);
     g->n_generated++;
     if (g->gm) KILN_TRY(kgr_matcher_accept(g->gm, tok));
+    if (g->gix) KILN_TRY(trigger_step(g, tok));
     out->finish = kgen_check_token(&g->lim, tok, g->n_generated, g->n_prompt + g->n_generated);
-    if (out->finish == KGEN_CONTINUE && g->gm && kgr_matcher_done(g->gm)) out->finish = KGEN_FINISH_GRAMMAR;
+    if (out->finish == KGEN_CONTINUE && (!g->gix || g->once) && g->gm && kgr_matcher_done(g->gm)) out->finish = KGEN_FINISH_GRAMMAR;
     const char *a = "";
     size_t na = 0;
     if (out->finish != KGEN_FINISH_EOS) { /* the EOS token's text is not output */

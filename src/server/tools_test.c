@@ -139,7 +139,7 @@ static ksrv_job *fake_job(ksrv *s, const char *extra, kiln_status *err) {
     snprintf(j->id, sizeof j->id, "chatcmpl-test");
     const cJSON *tools;
     cJSON *kw = NULL;
-    *err = ksrv_tools_parse(s, b, &j->tools, &tools, &kw);
+    *err = ksrv_tools_parse(s, b, &j->gp, &j->tools, &tools, &kw);
     cJSON_Delete(kw);
     cJSON_Delete(b);
     return j;
@@ -147,6 +147,7 @@ static ksrv_job *fake_job(ksrv *s, const char *extra, kiln_status *err) {
 
 static void free_job(ksrv_job *j) {
     ksrv_tools_free(j->tools);
+    kgen_params_free(&j->gp);
     ksrv_buf_free(&j->out);
     free(j->ch);
     free(j);
@@ -162,7 +163,9 @@ KT_TEST(server_tools_output_streamed_and_not) {
         kiln_status st;
         ksrv_job *j = fake_job(s, oc->extra, &st);
         KT_CHECKF(!st && j->tools, "case %zu: %s", c, kiln_status_msg(st));
-        ksrv_tools_set_prompt(j->tools, "<|im_start|>assistant\n");
+        char *prompt = strdup("<|im_start|>assistant\n");
+        KT_CHECK_OK(ksrv_tools_set_prompt(j->tools, &prompt, &j->gp));
+        free(prompt);
         /* streamed: the events, the last one with the finish reason */
         ksrv_buf all = {0};
         int n = 0;
@@ -237,6 +240,7 @@ KT_TEST(server_tools_request_errors) {
         free_job(j);
         free_fake(s);
     }
+    kgen_params gp = {0};
     /* reasoning_budget 0: the template's enable_thinking false */
     {
         cJSON *rb = cJSON_Parse("{\"reasoning_budget\": 0}");
@@ -246,7 +250,7 @@ KT_TEST(server_tools_request_errors) {
         ksrv_tools *t = NULL;
         const cJSON *tt;
         cJSON *kw = NULL;
-        KT_CHECK_OK(ksrv_tools_parse(q, rb, &t, &tt, &kw));
+        KT_CHECK_OK(ksrv_tools_parse(q, rb, &gp, &t, &tt, &kw));
         KT_CHECK(cJSON_IsFalse(ku_json_get(kw, "enable_thinking")));
         ksrv_tools_free(t);
         cJSON_Delete(kw), cJSON_Delete(rb);
@@ -258,8 +262,9 @@ KT_TEST(server_tools_request_errors) {
     ksrv_tools *t = NULL;
     const cJSON *tt;
     cJSON *kw = NULL;
-    kiln_status st = ksrv_tools_parse(s, b, &t, &tt, &kw);
+    kiln_status st = ksrv_tools_parse(s, b, &gp, &t, &tt, &kw);
     KT_CHECKF(st && strstr(kiln_status_msg(st), "\"tools\"[0].function.name"), "%s", kiln_status_msg(st));
+    kgen_params_free(&gp);
     kiln_status_free(st);
     cJSON_Delete(b);
     free_fake(s);
@@ -365,6 +370,24 @@ KT_TEST(server_tools_end_to_end) {
     long st7 = post_to(port, "/v1/messages", "x-api-key: k", "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}", &r7);
     long st8 = post_to(port, "/v1/messages", "x-api-key: wrong", msg, &r8);
     long st9 = post_to(port, "/v1/responses", NULL, "{\"input\": \"Hi\", \"max_output_tokens\": 2}", &r9);
+    /* constrained calls: tool_choice required (whole) and a named function (streamed) give valid arguments */
+    static const char *strict_tool =
+        "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"strict\": true, \"parameters\": "
+        "{\"type\": \"object\", \"properties\": {\"city\": {\"enum\": [\"Paris\", \"Rome\"]}, \"metric\": {\"type\": "
+        "\"boolean\"}}, \"required\": [\"city\", \"metric\"], \"additionalProperties\": false}}}, {\"type\": \"function\", "
+        "\"function\": {\"name\": \"get_time\", \"parameters\": {\"type\": \"object\", \"properties\": {}, "
+        "\"additionalProperties\": false}}}]";
+    ksrv_buf r10 = {0}, r11 = {0};
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}], \"tools\": %s, \"tool_choice\": "
+             "\"required\", \"parallel_tool_calls\": false, \"max_tokens\": 300, \"seed\": 3}",
+             strict_tool);
+    long st10 = post(port, body, &r10);
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}], \"tools\": %s, \"tool_choice\": "
+             "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}, \"parallel_tool_calls\": false, \"max_tokens\": 300, \"stream\": true}",
+             strict_tool);
+    long st11 = post(port, body, &r11);
     ksrv_stop(s);
     ckt_rmdir(dir);
     KT_CHECKF(st0 == 200 && st1 == 200, "%ld %s / %ld %s", st0, r0.p, st1, r1.p);
@@ -378,6 +401,39 @@ KT_TEST(server_tools_end_to_end) {
     KT_CHECKF(st7 == 400 && strstr(r7.p, "{\"type\": \"error\", \"error\": {\"type\": \"invalid_request_error\""), "%ld %s", st7, r7.p);
     KT_CHECKF(st8 == 401 && strstr(r8.p, "authentication_error"), "%ld %s", st8, r8.p);
     KT_CHECKF(st9 == 200 && strstr(r9.p, "\"object\": \"response\""), "%ld %s", st9, r9.p);
+    KT_CHECKF(st10 == 200, "%ld %s", st10, r10.p);
+    cJSON *c10 = cJSON_Parse(r10.p);
+    const cJSON *m10 = ku_json_get(cJSON_GetArrayItem(ku_json_get(c10, "choices"), 0), "message");
+    const cJSON *f10 = ku_json_get(cJSON_GetArrayItem(ku_json_get(m10, "tool_calls"), 0), "function");
+    const cJSON *n10 = ku_json_get(f10, "name"), *a10 = ku_json_get(f10, "arguments");
+    KT_CHECKF(cJSON_IsString(n10) && cJSON_IsString(a10), "%s", r10.p);
+    cJSON *args = cJSON_Parse(a10 ? a10->valuestring : "");
+    if (!strcmp(n10->valuestring, "get_weather")) {
+        const cJSON *city = ku_json_get(args, "city");
+        KT_CHECKF(cJSON_IsString(city) && (!strcmp(city->valuestring, "Paris") || !strcmp(city->valuestring, "Rome")) &&
+                      cJSON_IsBool(ku_json_get(args, "metric")) && cJSON_GetArraySize(args) == 2,
+                  "%s", r10.p);
+    } else {
+        KT_CHECKF(!strcmp(n10->valuestring, "get_time") && cJSON_IsObject(args) && !args->child, "%s", r10.p);
+    }
+    KT_CHECKF(strstr(r10.p, "\"finish_reason\": \"tool_calls\""), "%s", r10.p);
+    cJSON_Delete(args), cJSON_Delete(c10);
+    /* streamed: the name first, then argument fragments that join into the schema's object */
+    KT_CHECKF(st11 == 200 && strstr(r11.p, "\"name\": \"get_weather\"") && strstr(r11.p, "\"finish_reason\": \"tool_calls\""),
+              "%ld %s", st11, r11.p);
+    ksrv_buf joined = {0};
+    for (const char *q = r11.p; (q = strstr(q, "data: {")); q++) {
+        const char *e = strstr(q, "\n\n");
+        cJSON *ev = cJSON_ParseWithLength(q + 6, e ? (size_t)(e - q - 6) : strlen(q + 6));
+        const cJSON *tc = cJSON_GetArrayItem(ku_json_get(ku_json_get(cJSON_GetArrayItem(ku_json_get(ev, "choices"), 0), "delta"), "tool_calls"), 0);
+        const cJSON *frag = ku_json_get(ku_json_get(tc, "function"), "arguments");
+        if (cJSON_IsString(frag)) ksrv_buf_str(&joined, frag->valuestring);
+        cJSON_Delete(ev);
+    }
+    args = cJSON_Parse(joined.p ? joined.p : "");
+    KT_CHECKF(cJSON_IsString(ku_json_get(args, "city")) && cJSON_IsBool(ku_json_get(args, "metric")), "%s", joined.p);
+    cJSON_Delete(args);
+    ksrv_buf_free(&joined), ksrv_buf_free(&r10), ksrv_buf_free(&r11);
     ksrv_buf_free(&r0), ksrv_buf_free(&r1), ksrv_buf_free(&r2), ksrv_buf_free(&r3);
     ksrv_buf_free(&r4), ksrv_buf_free(&r5), ksrv_buf_free(&r6), ksrv_buf_free(&r7), ksrv_buf_free(&r8), ksrv_buf_free(&r9);
 }

@@ -838,6 +838,19 @@ static void trim(buf *b) {
 
 kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool partial, ktc_msg *m) {
     memset(m, 0, sizeof *m);
+    if (s->prefix && *s->prefix) { /* the output as the prefix and the text */
+        size_t np = strlen(s->prefix);
+        char *t = malloc(np + n + 1);
+        if (!t) return kiln_error(KILN_ENOMEM, "out of memory");
+        memcpy(t, s->prefix, np);
+        if (n) memcpy(t + np, text, n);
+        t[np + n] = 0;
+        ktc_syntax s2 = *s;
+        s2.prefix = NULL;
+        kiln_status st = ktc_parse(&s2, t, np + n, partial, m);
+        free(t);
+        return st;
+    }
     P p = {.syn = s, .t = text, .n = n, .partial = partial};
     size_t i = 0;
     bool go = true;
@@ -908,7 +921,13 @@ struct ktc_stream {
 
 ktc_stream *ktc_stream_create(const ktc_syntax *s) {
     ktc_stream *st = calloc(1, sizeof *st);
-    if (st) st->syn = *s;
+    if (!st) return NULL;
+    st->syn = *s;
+    st->syn.prefix = NULL; /* fed first instead */
+    if (s->prefix && !buf_grow_add(&st->text, s->prefix, strlen(s->prefix))) {
+        free(st);
+        return NULL;
+    }
     return st;
 }
 

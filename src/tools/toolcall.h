@@ -15,11 +15,12 @@
  * and its arguments text only grows. Text that may still become markup (a
  * partial "<tool_" at the end) is held back, so markup never reaches content.
  *
- * Constrained generation hook: ktc_trigger() gives the text at which a
- * format's call starts (and ktc_syntax.tools the schemas); a grammar engine
- * plugs in there, switched on at the trigger (lazily, tool_choice auto) or
- * from the start (tool_choice required / a named function / strict). This
- * module only parses; it constrains nothing. */
+ * Constrained calls: ktc_trigger() gives the text at which a format's call
+ * starts and ktc_grammar() the GBNF of what follows it (each call's
+ * arguments under its function's schema); generation switches the grammar
+ * on where the trigger appears (lazily, as llama.cpp's lazy grammars), or
+ * the prompt ends with the trigger (tool_choice required: ktc_syntax.prefix
+ * tells the parser). */
 #ifndef KILN_TOOLCALL_H
 #define KILN_TOOLCALL_H
 
@@ -62,12 +63,25 @@ ktc_reasoning ktc_detect_reasoning(const char *template_source);
 bool ktc_needs_special(ktc_format f);
 /* Where a call starts: the grammar engine's trigger (see above). */
 const char *ktc_trigger(ktc_format f);
+/* Whether ktc_grammar knows the format: those whose text from the trigger
+ * to the arguments' end holds no special token (Hermes, Llama 3, Mistral
+ * v3, Granite, Command R). */
+bool ktc_grammar_supported(ktc_format f);
+/* The GBNF (malloc'ed) of the text after ktc_trigger(f): one call (Hermes,
+ * Llama 3: each call has its own trigger) or a list of calls (one when not
+ * parallel) of the tools (OpenAI tools), or only of the function named only
+ * (NULL: any), ending where the arguments end. A strict tool's schema that
+ * the grammar engine cannot honour is an error naming the tool; another
+ * tool's arguments are then any JSON object. */
+kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, char **gbnf);
 
 typedef struct {
     ktc_format format;       /* KTC_NONE: no tool calls parsed */
     ktc_reasoning reasoning; /* KTC_THINK_NONE: thinking stays in content */
     bool think_open;         /* the prompt already opened the thinking block */
     const cJSON *tools;      /* OpenAI tools (borrowed; NULL): argument types for XML formats */
+    const char *prefix;      /* the output's start that the prompt already holds (borrowed; NULL: none),
+                              * e.g. the trigger a forced call was prefilled with */
 } ktc_syntax;
 
 /* Whether a rendered prompt ends inside an opened thinking block ("<think>"

@@ -207,7 +207,7 @@ KT_TEST(toolcall_round_trip_real_templates) {
         KT_CHECKF(e, "%s: no %s in %s", rc->file, rc->end, out);
         *e = 0;
         prompt[k] = 0;
-        ktc_syntax syn = {rc->format, ktc_detect_reasoning(src), false, tools};
+        ktc_syntax syn = {rc->format, ktc_detect_reasoning(src), false, tools, NULL};
         syn.think_open = ktc_prompt_opens_think(syn.reasoning, prompt);
         ktc_msg m;
         KT_CHECK_OK(ktc_parse(&syn, out, strlen(out), false, &m));
@@ -305,7 +305,7 @@ KT_TEST(toolcall_parses_model_outputs) {
     cJSON *tools = cJSON_Parse(k_tools);
     for (size_t c = 0; c < sizeof k_hw / sizeof k_hw[0]; c++) {
         const hw_case *h = &k_hw[c];
-        ktc_syntax syn = {h->format, h->reasoning, h->think_open, tools};
+        ktc_syntax syn = {h->format, h->reasoning, h->think_open, tools, NULL};
         ktc_msg m;
         KT_CHECK_OK(ktc_parse(&syn, h->text, strlen(h->text), false, &m));
         KT_CHECKF(!strcmp(m.content, h->content), "case %zu: content [%s], want [%s]", c, m.content, h->content);
@@ -331,7 +331,7 @@ KT_TEST(toolcall_parses_model_outputs) {
 /* A call cut short (max_tokens) is reported with the arguments written so
  * far; streaming holds back a partial marker and never shows it. */
 KT_TEST(toolcall_partial_output) {
-    ktc_syntax syn = {KTC_HERMES, KTC_THINK_TAGS, false, NULL};
+    ktc_syntax syn = {KTC_HERMES, KTC_THINK_TAGS, false, NULL, NULL};
     ktc_msg m;
     const char *t = "Hi <tool_";
     KT_CHECK_OK(ktc_parse(&syn, t, strlen(t), true, &m));
@@ -380,7 +380,7 @@ KT_TEST(toolcall_llama_cpp_cases) {
         const char *think = cJSON_GetObjectItemCaseSensitive(c, "reasoning")->valuestring;
         ktc_syntax syn = {KTC_NONE, !strcmp(think, "tags") ? KTC_THINK_TAGS : !strcmp(think, "mistral") ? KTC_THINK_MISTRAL
                                                   : !strcmp(think, "cohere") ? KTC_THINK_COHERE : KTC_THINK_NONE,
-                          cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "think_open")), tools};
+                          cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "think_open")), tools, NULL};
         for (int f = 0; f < KTC_N_FORMATS; f++)
             if (!strcmp(ktc_format_name((ktc_format)f), fmt)) syn.format = (ktc_format)f;
         KT_CHECKF(syn.format != KTC_NONE, "%s: format %s", src, fmt);
