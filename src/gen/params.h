@@ -103,6 +103,15 @@ typedef struct {
     char *grammar_trigger;
     bool grammar_lazy;
     bool grammar_once; /* with a trigger: the output ends where the grammar completes (one forced call) */
+
+    /* reasoning budget (with think_close set): once the thinking block has
+     * taken reasoning_budget tokens, the next ones are forced to spell
+     * think_close. The block opens where think_open appears in the output,
+     * or at the start with think_in_prompt; only the first block counts.
+     * Owned; NULL: no budget. */
+    char *think_open, *think_close;
+    bool think_in_prompt;
+    int32_t reasoning_budget;
 } kgen_params;
 
 /* Fills p with the defaults. On error p is left freeable. */

@@ -183,6 +183,13 @@ kiln_status ksrv_anthropic_fill(const cJSON *body, cJSON *chat) {
     const cJSON *th = ku_json_get(body, "thinking");
     cJSON *kw = cJSON_AddObjectToObject(chat, "chat_template_kwargs");
     if (th) cJSON_AddBoolToObject(kw, "enable_thinking", !strcmp(type_of(th), "enabled"));
+    /* its budget_tokens: the reasoning budget */
+    const cJSON *bt = ku_json_get(th, "budget_tokens");
+    if (bt && !strcmp(type_of(th), "enabled")) {
+        if (!cJSON_IsNumber(bt) || bt->valuedouble < 1 || bt->valuedouble != (double)(int64_t)bt->valuedouble)
+            return kiln_error(KILN_EINVAL, "\"thinking.budget_tokens\": expected a positive integer");
+        cJSON_AddNumberToObject(chat, "reasoning_budget", bt->valuedouble);
+    }
     KILN_TRY(ksrv_agent_copy(body, "model", chat, "model"));
     KILN_TRY(ksrv_agent_copy(body, "stop_sequences", chat, "stop"));
     static const char *const same[] = {"temperature", "top_p", "top_k", "stream"};

@@ -32,6 +32,7 @@ struct ksrv_tools {
     ktc_stream **st;    /* per choice (streaming), made at the first event */
     uint64_t id_base;   /* tool call ids */
     bool force;         /* tool_choice required / named: the prompt ends with the trigger */
+    int64_t budget;     /* reasoning_budget > 0: thinking ends after this many tokens */
 };
 
 /* ---------------------------------------------------------------- the request */
@@ -193,9 +194,9 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
         return kiln_error(KILN_EINVAL, "\"reasoning_format\": \"%s\": expected \"none\", \"auto\" or \"deepseek\"", rf);
     KILN_TRY(ku_json_str(body, "reasoning_effort", NULL, &effort));
     int64_t budget;
-    KILN_TRY(ku_json_int(body, "reasoning_budget", s->p.no_thinking ? 0 : -1, &budget));
-    if (budget != 0 && budget != -1)
-        return kiln_error(KILN_EUNSUPPORTED, "\"reasoning_budget\": only -1 (unrestricted) and 0 (no thinking) are supported");
+    KILN_TRY(ku_json_int(body, "reasoning_budget", s->p.no_thinking ? 0 : s->p.think_budget > 0 ? s->p.think_budget : -1, &budget));
+    if (budget < -1 || budget > (1 << 24))
+        return kiln_error(KILN_EINVAL, "\"reasoning_budget\": %lld is out of range [-1, %d]", (long long)budget, 1 << 24);
     if (budget == 0) { /* as llama.cpp: the template's switch */
         if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");
         if (!cJSON_GetObjectItemCaseSensitive(*extra, "enable_thinking")) cJSON_AddFalseToObject(*extra, "enable_thinking");
@@ -228,6 +229,7 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
     t->syn = (ktc_syntax){.format = f, .reasoning = r, .tools = t->tools};
     t->parallel = parallel;
     t->force = use_tools && force;
+    t->budget = budget;
     kiln_status st = use_tools ? set_grammar(t, t->tools, only, gp) : NULL;
     if (st) {
         ksrv_tools_free(t);
@@ -241,6 +243,13 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
 
 kiln_status ksrv_tools_set_prompt(ksrv_tools *t, char **prompt, kgen_params *gp) {
     t->syn.think_open = ktc_prompt_opens_think(t->syn.reasoning, *prompt);
+    const char *o, *c;
+    ktc_think_markers(t->syn.format, t->syn.reasoning, &o, &c);
+    if (t->budget > 0 && c && !gp->think_close) { /* the budget: the session forces the closing text */
+        if (!(gp->think_open = strdup(o)) || !(gp->think_close = strdup(c))) return kiln_error(KILN_ENOMEM, "out of memory");
+        gp->think_in_prompt = t->syn.think_open;
+        gp->reasoning_budget = (int32_t)t->budget;
+    }
     if (!t->force || t->syn.think_open) return NULL;
     /* a forced call: the prompt ends with the trigger, the grammar on */
     const char *tr = ktc_trigger(t->syn.format);

@@ -226,7 +226,7 @@ KT_TEST(server_tools_request_errors) {
          "\"nope\" is not in \"tools\""},
         {"Qwen-Qwen2.5-7B-Instruct", ", \"reasoning_format\": \"loud\"", "\"reasoning_format\""},
         {"Qwen-Qwen2.5-7B-Instruct", ", \"parallel_tool_calls\": 3", "parallel_tool_calls"},
-        {"Qwen-Qwen3-0.6B", ", \"reasoning_budget\": 100", "only -1 (unrestricted) and 0"},
+        {"Qwen-Qwen3-0.6B", ", \"reasoning_budget\": -5", "\"reasoning_budget\": -5 is out of range"},
     };
     for (size_t c = 0; c < sizeof k_err / sizeof k_err[0]; c++) {
         char *src = template_text(k_err[c].tmpl);
@@ -241,17 +241,36 @@ KT_TEST(server_tools_request_errors) {
         free_fake(s);
     }
     kgen_params gp = {0};
-    /* reasoning_budget 0: the template's enable_thinking false */
-    {
-        cJSON *rb = cJSON_Parse("{\"reasoning_budget\": 0}");
-        char *src = template_text("Qwen-Qwen3-0.6B");
+    /* reasoning_budget 0: the template's enable_thinking false; a positive
+     * budget: the session's closing text, and whether the prompt opened the block */
+    static const struct {
+        const char *tmpl, *prompt, *close;
+        int budget;
+        bool in;
+    } k_b[] = {{"Qwen-Qwen3-0.6B", "<|im_start|>assistant\n", NULL, 0, false},
+               {"Qwen-Qwen3-0.6B", "<|im_start|>assistant\n", "</think>", 5, false},
+               {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "<｜Assistant｜><think>\n", "</think>", 5, true},
+               {"openai-gpt-oss-120b", "<|start|>assistant", "<|end|>", 5, false}};
+    for (size_t c = 0; c < sizeof k_b / sizeof *k_b; c++) {
+        char req[64];
+        snprintf(req, sizeof req, "{\"reasoning_budget\": %d}", k_b[c].budget);
+        cJSON *rb = cJSON_Parse(req);
+        char *src = template_text(k_b[c].tmpl);
         ksrv *q = fake_server(src);
         free(src);
         ksrv_tools *t = NULL;
         const cJSON *tt;
         cJSON *kw = NULL;
         KT_CHECK_OK(ksrv_tools_parse(q, rb, &gp, &t, &tt, &kw));
-        KT_CHECK(cJSON_IsFalse(ku_json_get(kw, "enable_thinking")));
+        char *prompt = strdup(k_b[c].prompt);
+        KT_CHECK_OK(ksrv_tools_set_prompt(t, &prompt, &gp));
+        if (!k_b[c].close) KT_CHECK(cJSON_IsFalse(ku_json_get(kw, "enable_thinking")) && !gp.think_close);
+        else
+            KT_CHECKF(gp.think_close && !strcmp(gp.think_close, k_b[c].close) && gp.think_in_prompt == k_b[c].in &&
+                          gp.reasoning_budget == 5,
+                      "%s: %s", k_b[c].tmpl, gp.think_close);
+        free(prompt);
+        kgen_params_free(&gp);
         ksrv_tools_free(t);
         cJSON_Delete(kw), cJSON_Delete(rb);
         free_fake(q);
@@ -321,24 +340,55 @@ static int prompt_tokens(const char *body) {
     return n;
 }
 
-/* The llama oracle fixture, the 512-id tokenizer, and Qwen2.5's template
- * (chat_template.jinja comes before tokenizer_config.json's). */
-KT_TEST(server_tools_end_to_end) {
-    char dir[] = "/tmp/kiln-tools-XXXXXX", root[PATH_MAX], from[PATH_MAX * 2];
+/* kiln serve over the tiny model with a chat template of tests/data/chat/templates, in dir */
+static void start_tiny(const char *tmpl, char *dir, ksrv **s) {
+    char root[PATH_MAX], from[PATH_MAX * 2], tpath[256];
     KT_CHECK(mkdtemp(dir) && realpath(kt_root(), root));
-    static const char *files[][2] = {{"tests/fixtures/oracle/llama/config.json", "config.json"},
-                                     {"tests/fixtures/oracle/llama/model.safetensors", "model.safetensors"},
-                                     {"tests/data/server/tok512/tokenizer.json", "tokenizer.json"},
-                                     {"tests/data/server/tok512/tokenizer_config.json", "tokenizer_config.json"},
-                                     {"tests/data/chat/templates/Qwen-Qwen2.5-7B-Instruct.jinja", "chat_template.jinja"}};
+    snprintf(tpath, sizeof tpath, "tests/data/chat/templates/%s.jinja", tmpl);
+    const char *files[][2] = {{"tests/fixtures/oracle/llama/config.json", "config.json"},
+                              {"tests/fixtures/oracle/llama/model.safetensors", "model.safetensors"},
+                              {"tests/data/server/tok512/tokenizer.json", "tokenizer.json"},
+                              {"tests/data/server/tok512/tokenizer_config.json", "tokenizer_config.json"},
+                              {tpath, "chat_template.jinja"}};
     for (int i = 0; i < 5; i++) {
         snprintf(from, sizeof from, "%s/%s", root, files[i][0]);
         KT_CHECK(ckt_copy(from, dir, files[i][1])); /* weights must lie in the folder */
     }
     ksrv_params p = {.model_dir = dir, .alias = "tiny", .parallel = 2, .ctx_size = 1024, .threads = 1, .quiet = true, .api_key = "k"};
+    KT_CHECK_OK(ksrv_start(&p, s));
+    KT_CHECK_OK(ksrv_wait_ready(*s));
+}
+
+/* A reasoning budget end to end: DeepSeek-R1's prompt opens the block; after
+ * 3 tokens the session spells </think>, the rest is content. */
+KT_TEST(server_tools_reasoning_budget) {
+    char dir[] = "/tmp/kiln-tools-XXXXXX";
     ksrv *s;
-    KT_CHECK_OK(ksrv_start(&p, &s));
-    KT_CHECK_OK(ksrv_wait_ready(s));
+    start_tiny("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", dir, &s);
+    ksrv_buf r = {0}, r2 = {0};
+    long st = post(ksrv_port(s), "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 40, "
+                                 "\"reasoning_budget\": 3, \"seed\": 1, \"chat_template_kwargs\": {\"enable_thinking\": true}}", &r);
+    long st2 = post(ksrv_port(s), "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 40, \"seed\": 1, \"chat_template_kwargs\": {\"enable_thinking\": true}}", &r2);
+    ksrv_stop(s);
+    ckt_rmdir(dir);
+    KT_CHECKF(st == 200 && st2 == 200, "%ld %s", st, r.p);
+    cJSON *a = cJSON_Parse(r.p), *b = cJSON_Parse(r2.p);
+    const cJSON *m = ku_json_get(cJSON_GetArrayItem(ku_json_get(a, "choices"), 0), "message");
+    const cJSON *m2 = ku_json_get(cJSON_GetArrayItem(ku_json_get(b, "choices"), 0), "message");
+    const cJSON *rc = ku_json_get(m, "reasoning_content"), *c = ku_json_get(m, "content");
+    /* 3 tokens of the tiny vocabulary are a few bytes; without the budget all 40 are reasoning */
+    KT_CHECKF(cJSON_IsString(rc) && strlen(rc->valuestring) < 40 && cJSON_IsString(c) && *c->valuestring, "%s", r.p);
+    KT_CHECKF(!cJSON_IsString(ku_json_get(m2, "content")) || !*ku_json_get(m2, "content")->valuestring, "%s", r2.p);
+    cJSON_Delete(a), cJSON_Delete(b);
+    ksrv_buf_free(&r), ksrv_buf_free(&r2);
+}
+
+/* The llama oracle fixture, the 512-id tokenizer, and Qwen2.5's template
+ * (chat_template.jinja comes before tokenizer_config.json's). */
+KT_TEST(server_tools_end_to_end) {
+    char dir[] = "/tmp/kiln-tools-XXXXXX";
+    ksrv *s;
+    start_tiny("Qwen-Qwen2.5-7B-Instruct", dir, &s);
     int port = ksrv_port(s);
     char body[4096];
     ksrv_buf r0 = {0}, r1 = {0}, r2 = {0}, r3 = {0};
@@ -655,6 +705,19 @@ KT_TEST(server_agent_requests_to_chat) {
               "%s", t);
     free(t);
     cJSON_Delete(c), cJSON_Delete(b);
+    /* thinking's budget_tokens: the reasoning budget; a bad one is a 400 naming it */
+    b = cJSON_Parse("{\"max_tokens\": 5, \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"thinking\": "
+                    "{\"type\": \"enabled\", \"budget_tokens\": 1024}}");
+    KT_CHECK_OK(ksrv_agent_to_chat(KSRV_API_ANTHROPIC, b, &c));
+    t = cJSON_PrintUnformatted(c);
+    KT_CHECKF(strstr(t, "\"reasoning_budget\":1024") && strstr(t, "\"enable_thinking\":true"), "%s", t);
+    free(t);
+    cJSON_Delete(c), cJSON_Delete(b);
+    b = cJSON_Parse("{\"max_tokens\": 5, \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 0.5}}");
+    kiln_status bst = ksrv_agent_to_chat(KSRV_API_ANTHROPIC, b, &c);
+    KT_CHECKF(bst && strstr(kiln_status_msg(bst), "thinking.budget_tokens"), "%s", kiln_status_msg(bst));
+    kiln_status_free(bst);
+    cJSON_Delete(b);
     /* a developer message in the middle joins the leading system message */
     b = cJSON_Parse("{\"instructions\": \"A\", \"input\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"developer\", "
                     "\"content\": [{\"type\": \"input_text\", \"text\": \"B\"}]}, {\"role\": \"user\", \"content\": \"Go\"}]}");

@@ -76,6 +76,12 @@ static const char *think_close(ktc_reasoning r) {
     return r == KTC_THINK_MISTRAL ? "[/THINK]" : r == KTC_THINK_COHERE ? "<|END_THINKING|>" : "</think>";
 }
 
+void ktc_think_markers(ktc_format f, ktc_reasoning r, const char **open, const char **close) {
+    *open = *close = NULL;
+    if (f == KTC_HARMONY) *open = "<|channel|>analysis<|message|>", *close = "<|end|>";
+    else if (r != KTC_THINK_NONE) *open = think_open(r), *close = think_close(r);
+}
+
 static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
 bool ktc_prompt_opens_think(ktc_reasoning r, const char *prompt) {

@@ -84,6 +84,10 @@ typedef struct {
                               * e.g. the trigger a forced call was prefilled with */
 } ktc_syntax;
 
+/* The thinking block's opening and closing text (Harmony: the analysis
+ * channel's); NULL both for KTC_THINK_NONE outside Harmony. */
+void ktc_think_markers(ktc_format f, ktc_reasoning r, const char **open, const char **close);
+
 /* Whether a rendered prompt ends inside an opened thinking block ("<think>"
  * and whitespace at its end, as DeepSeek-R1's and Qwen3's templates write). */
 bool ktc_prompt_opens_think(ktc_reasoning r, const char *prompt);
