@@ -57,15 +57,6 @@ static kiln_status check_tools(const cJSON *tools) {
     return NULL;
 }
 
-static bool has_tool(const cJSON *tools, const char *name) {
-    const cJSON *t;
-    cJSON_ArrayForEach(t, tools) {
-        const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
-        if (cJSON_IsString(n) && !strcmp(n->valuestring, name)) return true;
-    }
-    return false;
-}
-
 /* tool_choice: "auto", "none", "required", or {"type": "function",
  * "function": {"name": ..}}. *none: the tools are dropped; *force: a call
  * is required (of the function *only, borrowed from body; NULL: any). */
@@ -86,7 +77,7 @@ static kiln_status check_choice(const cJSON *body, const cJSON *tools, bool *non
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "function"), "name");
     if (!cJSON_IsObject(c) || !cJSON_IsString(n))
         return kiln_error(KILN_EINVAL, "\"tool_choice\": expected a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
-    if (!tools || !has_tool(tools, n->valuestring))
+    if (!tools || !ktc_has_tool(tools, n->valuestring))
         return kiln_error(KILN_EINVAL, "\"tool_choice\": the function \"%s\" is not in \"tools\"", n->valuestring);
     *force = true;
     *only = n->valuestring;
@@ -213,7 +204,8 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
     if (use_tools && f == KTC_NONE)
         return kiln_error(KILN_EUNSUPPORTED,
                           "\"tools\": the model's chat template writes tool calls in no format kiln knows "
-                          "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, Command R7B, Granite)");
+                          "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, "
+                          "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+)");
     if (use_tools) *tmpl_tools = tools;
     /* Harmony's channels are parsed even without tools (their markers would
      * otherwise be dropped as special tokens and run together) */

@@ -69,12 +69,13 @@ static void put_json_name(gbuf *b, const char *s) {
 }
 
 bool ktc_grammar_supported(ktc_format f) {
-    return f == KTC_HERMES || f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_GRANITE || f == KTC_COMMAND_R;
+    return f == KTC_HERMES || f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_GRANITE || f == KTC_COMMAND_R ||
+           f == KTC_PHI4 || f == KTC_COMMAND_R_PLUS;
 }
 
 /* Rule tc-aK for tool K's arguments: its schema's GBNF with the root
  * renamed (a schema kiln cannot honour: a 400 when strict, else any object). */
-static kiln_status add_args(gbuf *b, const cJSON *fn, int k, int idx) {
+static kiln_status add_args(gbuf *b, const cJSON *fn, int k, int idx, const kgr_opts *o) {
     const cJSON *pa = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
     bool strict = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "strict"));
     char prefix[32];
@@ -82,12 +83,12 @@ static kiln_status add_args(gbuf *b, const cJSON *fn, int k, int idx) {
     char *g = NULL;
     kiln_status st = NULL;
     cJSON *any = NULL;
-    if (cJSON_IsObject(pa)) st = kgr_schema_to_gbnf(pa, NULL, prefix, &g);
+    if (cJSON_IsObject(pa)) st = kgr_schema_to_gbnf(pa, o, prefix, &g);
     if (st && strict) return kiln_status_wrap(st, "\"tools\"[%d].function.parameters", idx);
     kiln_status_free(st);
     if (!g) {
         if (!(any = cJSON_Parse("{\"type\": \"object\"}"))) return kiln_error(KILN_ENOMEM, "out of memory");
-        st = kgr_schema_to_gbnf(any, NULL, prefix, &g);
+        st = kgr_schema_to_gbnf(any, o, prefix, &g);
         cJSON_Delete(any);
         if (st) return st;
     }
@@ -115,8 +116,12 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     gbuf b = {0};
     kiln_status st = NULL;
     /* one call: tc-call ::= tc-c0 | tc-c1 ... (the call objects differ by format) */
-    const char *name_key = f == KTC_COMMAND_R ? "tool_name" : "name";
-    const char *args_key = f == KTC_LLAMA3 || f == KTC_COMMAND_R ? "parameters" : "arguments";
+    bool cohere = f == KTC_COMMAND_R || f == KTC_COMMAND_R_PLUS;
+    kgr_opts o;
+    kgr_opts_default(&o);
+    if (f == KTC_COMMAND_R_PLUS) o.max_ws = 16; /* its template indents the arguments by 12 */
+    const char *name_key = cohere ? "tool_name" : "name";
+    const char *args_key = f == KTC_LLAMA3 || cohere ? "parameters" : "arguments";
     int k = 0, idx = -1;
     const cJSON *t;
     put(&b, "tc-ws ::= [ \\t\\n]{0,16}\n"); /* Command R7B's template writes 10 in a row */
@@ -126,7 +131,7 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
         if (!cJSON_IsString(nm) || (only && strcmp(only, nm->valuestring))) continue;
-        if ((st = add_args(&b, fn, k, idx))) break;
+        if ((st = add_args(&b, fn, k, idx, &o))) break;
         put(&alts, "%s", k ? " | " : "");
         if (f != KTC_LLAMA3) put(&alts, "\"{\" tc-ws ");
         if (f == KTC_COMMAND_R) {
@@ -148,9 +153,11 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     if (!st && k == 0) st = kiln_error(KILN_EINVAL, "\"tool_choice\": no tool to call");
     if (!st) {
         put(&b, "tc-call ::= %s\n", alts.p ? alts.p : "");
+        /* Command R+ fences its list */
+        const char *open = f == KTC_COMMAND_R_PLUS ? "tc-ws (\"```json\" tc-ws)? \"[\"" : "tc-ws \"[\"";
         if (f == KTC_HERMES || f == KTC_LLAMA3) put(&b, "root ::= tc-ws tc-call\n");
-        else if (parallel) put(&b, "root ::= tc-ws \"[\" tc-ws tc-call (tc-ws \",\" tc-ws tc-call)* tc-ws \"]\"\n");
-        else put(&b, "root ::= tc-ws \"[\" tc-ws tc-call tc-ws \"]\"\n");
+        else if (parallel) put(&b, "root ::= %s tc-ws tc-call (tc-ws \",\" tc-ws tc-call)* tc-ws \"]\"\n", open);
+        else put(&b, "root ::= %s tc-ws tc-call tc-ws \"]\"\n", open);
     }
     free(alts.p);
     if (!st && (b.oom || alts.oom)) st = kiln_error(KILN_ENOMEM, "out of memory");

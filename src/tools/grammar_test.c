@@ -69,6 +69,9 @@ KT_TEST(tools_grammar_formats) {
          "[{\"name\": \"get_wether\", \"arguments\": {}}]"},
         {KTC_COMMAND_R, "[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}\n]",
          "[{\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"days\": 1.5}}]"},
+        {KTC_PHI4, "[{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]", "[{\"name\": \"get_time\", \"parameters\": {}}]"},
+        {KTC_COMMAND_R_PLUS, "\n```json\n[\n    {\n        \"tool_name\": \"get_weather\",\n        \"parameters\": {\n            \"city\": \"Oslo\"\n        }\n    }\n]",
+         "\n```json\n[{\"tool_name\": \"get_weather\", \"parameters\": {}}]"},
     };
     for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
         char *g = NULL;

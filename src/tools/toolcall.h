@@ -43,6 +43,10 @@ typedef enum {
     KTC_KIMI_K2,      /* <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{..} */
     KTC_COMMAND_R,    /* <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]<|END_ACTION|> (Command R7B / A) */
     KTC_GRANITE,      /* <|tool_call|>[{"name": .., "arguments": {..}}, ..] (Granite 3.x) */
+    KTC_SEED_OSS,     /* <seed:tool_call><function=NAME><parameter=K>V</parameter></function></seed:tool_call> */
+    KTC_MINIMAX_M2,   /* <minimax:tool_call><invoke name="NAME"><parameter name="K">V</parameter></invoke>.. */
+    KTC_PHI4,         /* <|tool_call|>[{"name", "arguments"}]<|/tool_call|> (Phi-4-mini), functools[..] (FireFunction v2) */
+    KTC_COMMAND_R_PLUS, /* Action: ```json [{"tool_name": .., "parameters": {..}}] ``` (Command R+) */
     KTC_N_FORMATS
 } ktc_format;
 
@@ -51,6 +55,7 @@ typedef enum {
     KTC_THINK_TAGS,    /* <think>...</think> (Qwen3, DeepSeek-R1, GLM, Kimi, ...) */
     KTC_THINK_MISTRAL, /* [THINK]...[/THINK] */
     KTC_THINK_COHERE,  /* <|START_THINKING|>...<|END_THINKING|> */
+    KTC_THINK_SEED,    /* <seed:think>...</seed:think> (Seed-OSS) */
     /* Harmony's analysis channel is reasoning whenever the format is KTC_HARMONY */
 } ktc_reasoning;
 
@@ -63,9 +68,11 @@ ktc_reasoning ktc_detect_reasoning(const char *template_source);
 bool ktc_needs_special(ktc_format f);
 /* Where a call starts: the grammar engine's trigger (see above). */
 const char *ktc_trigger(ktc_format f);
+/* Whether OpenAI tools (a list, may be NULL) hold a function of that name. */
+bool ktc_has_tool(const cJSON *tools, const char *name);
 /* Whether ktc_grammar knows the format: those whose text from the trigger
  * to the arguments' end holds no special token (Hermes, Llama 3, Mistral
- * v3, Granite, Command R). */
+ * v3, Granite, Command R, Phi-4-mini, Command R+). */
 bool ktc_grammar_supported(ktc_format f);
 /* The GBNF (malloc'ed) of the text after ktc_trigger(f): one call (Hermes,
  * Llama 3: each call has its own trigger) or a list of calls (one when not
