@@ -205,8 +205,20 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
         return kiln_error(KILN_EUNSUPPORTED,
                           "\"tools\": the model's chat template writes tool calls in no format kiln knows "
                           "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, "
-                          "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+)");
+                          "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+, FireFunction)");
     if (use_tools) *tmpl_tools = tools;
+    if (f == KTC_FIREFUNCTION) { /* its template reads the tools as text, "functions" (llama.cpp passes them) */
+        if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");
+        char *fs = use_tools ? cJSON_Print(tools) : strdup("[]");
+        if (!fs) return kiln_error(KILN_ENOMEM, "out of memory");
+        if (!cJSON_GetObjectItemCaseSensitive(*extra, "functions")) cJSON_AddStringToObject(*extra, "functions", fs);
+        free(fs);
+        char when[64]; /* and the date, as llama.cpp formats it */
+        time_t now = time(NULL);
+        struct tm tm;
+        strftime(when, sizeof when, "%b %d %Y %H:%M:%S GMT", gmtime_r(&now, &tm));
+        if (!cJSON_GetObjectItemCaseSensitive(*extra, "datetime")) cJSON_AddStringToObject(*extra, "datetime", when);
+    }
     /* Harmony's channels are parsed even without tools (their markers would
      * otherwise be dropped as special tokens and run together) */
     if (!use_tools && f != KTC_HARMONY) f = KTC_NONE;

@@ -70,7 +70,7 @@ static void put_json_name(gbuf *b, const char *s) {
 
 bool ktc_grammar_supported(ktc_format f) {
     return f == KTC_HERMES || f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_GRANITE || f == KTC_COMMAND_R ||
-           f == KTC_PHI4 || f == KTC_COMMAND_R_PLUS;
+           f == KTC_PHI4 || f == KTC_COMMAND_R_PLUS || f == KTC_FIREFUNCTION;
 }
 
 /* Rule tc-aK for tool K's arguments: its schema's GBNF with the root
@@ -87,7 +87,7 @@ static kiln_status add_args(gbuf *b, const cJSON *fn, int k, int idx, const kgr_
     if (st && strict) return kiln_status_wrap(st, "\"tools\"[%d].function.parameters", idx);
     kiln_status_free(st);
     if (!g) {
-        if (!(any = cJSON_Parse("{\"type\": \"object\"}"))) return kiln_error(KILN_ENOMEM, "out of memory");
+        if (!(any = cJSON_Parse("{\"type\": \"object\", \"additionalProperties\": true}"))) return kiln_error(KILN_ENOMEM, "out of memory");
         st = kgr_schema_to_gbnf(any, o, prefix, &g);
         cJSON_Delete(any);
         if (st) return st;
@@ -119,6 +119,9 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     bool cohere = f == KTC_COMMAND_R || f == KTC_COMMAND_R_PLUS;
     kgr_opts o;
     kgr_opts_default(&o);
+    /* an object without additionalProperties takes no other keys (as
+     * llama.cpp's tool grammars: a model should not invent arguments) */
+    o.additional_properties = false;
     if (f == KTC_COMMAND_R_PLUS) o.max_ws = 16; /* its template indents the arguments by 12 */
     const char *name_key = cohere ? "tool_name" : "name";
     const char *args_key = f == KTC_LLAMA3 || cohere ? "parameters" : "arguments";

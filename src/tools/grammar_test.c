@@ -60,8 +60,8 @@ KT_TEST(tools_grammar_formats) {
     } k[] = {
         {KTC_HERMES, "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}",
          "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 3}}"},
-        {KTC_LLAMA3, ": \"get_time\", \"parameters\": {\"zone\": \"CET\", \"other\": [1]}}",
-         ": \"get_weather\", \"parameters\": {\"days\": 2}}"},
+        {KTC_LLAMA3, ": \"get_time\", \"parameters\": {\"zone\": \"CET\"}}",
+         ": \"get_time\", \"parameters\": {\"zone\": \"CET\", \"other\": [1]}}"}, /* no keys beyond the schema's */
         {KTC_MISTRAL, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}, \"id\": \"abcDEF123\"}, "
                       "{\"name\": \"get_time\", \"arguments\": {}}]",
          "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"x\": 1}}]"},
@@ -70,6 +70,7 @@ KT_TEST(tools_grammar_formats) {
         {KTC_COMMAND_R, "[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}\n]",
          "[{\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"days\": 1.5}}]"},
         {KTC_PHI4, "[{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]", "[{\"name\": \"get_time\", \"parameters\": {}}]"},
+        {KTC_FIREFUNCTION, "[{\"name\": \"get_time\", \"arguments\": {}}]", "{\"name\": \"get_time\", \"arguments\": {}}"},
         {KTC_COMMAND_R_PLUS, "\n```json\n[\n    {\n        \"tool_name\": \"get_weather\",\n        \"parameters\": {\n            \"city\": \"Oslo\"\n        }\n    }\n]",
          "\n```json\n[{\"tool_name\": \"get_weather\", \"parameters\": {}}]"},
     };

@@ -21,7 +21,7 @@
 
 static const char *const k_names[KTC_N_FORMATS] = {
     "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r", "granite",
-    "seed_oss", "minimax_m2", "phi4", "command_r_plus",
+    "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction",
 };
 
 const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
@@ -36,7 +36,8 @@ ktc_format ktc_detect(const char *s) {
     if (strstr(s, "<|tool_call|>")) return KTC_GRANITE;
     if (strstr(s, "<seed:tool_call>")) return KTC_SEED_OSS;
     if (strstr(s, "<minimax:tool_call>")) return KTC_MINIMAX_M2;
-    if ((strstr(s, "<|tool|>") && strstr(s, "<|/tool|>")) || strstr(s, "functools[")) return KTC_PHI4;
+    if (strstr(s, "<|tool|>") && strstr(s, "<|/tool|>")) return KTC_PHI4;
+    if (strstr(s, "functools[")) return KTC_FIREFUNCTION;
     if (strstr(s, "Action:") && strstr(s, "\"tool_name\"") && strstr(s, "<|CHATBOT_TOKEN|>")) return KTC_COMMAND_R_PLUS;
     if (strstr(s, "<arg_key>")) return KTC_GLM45;
     if (strstr(s, "<function=") && strstr(s, "<parameter=")) return KTC_QWEN3_CODER;
@@ -75,6 +76,7 @@ const char *ktc_trigger(ktc_format f) {
     case KTC_SEED_OSS: return "<seed:tool_call>";
     case KTC_MINIMAX_M2: return "<minimax:tool_call>";
     case KTC_COMMAND_R_PLUS: return "Action:";
+    case KTC_FIREFUNCTION: return "functools";
     default: return NULL;
     }
 }
@@ -560,7 +562,7 @@ static void fmt_marker_list(P *p, size_t i, const char *marker, bool named) {
 
 /* Phi-4-mini: <|tool_call|> then a JSON list (or object) of calls, closed
  * by <|/tool_call|>; or vLLM's functools[...] form (FireFunction v2's
- * too). Command R+: "Action:"
+ * own). Command R+: "Action:"
  * then a JSON list of {"tool_name", "parameters"} in a ```json fence; its
  * "directly-answer" pseudo-tool (the prompt's way to answer without tools)
  * is no call unless the request has such a tool. */
@@ -972,6 +974,11 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         case KTC_PHI4: {
             static const char *const phi[] = {"<|tool_call|>", "functools"};
             fmt_json_after(&p, i, phi, 2, 0, "<|/tool_call|>", NULL);
+            break;
+        }
+        case KTC_FIREFUNCTION: {
+            static const char *const ff[] = {"functools"};
+            fmt_json_after(&p, i, ff, 1, 0, NULL, NULL);
             break;
         }
         case KTC_COMMAND_R_PLUS: fmt_command_r_plus(&p, i); break;

@@ -45,8 +45,9 @@ typedef enum {
     KTC_GRANITE,      /* <|tool_call|>[{"name": .., "arguments": {..}}, ..] (Granite 3.x) */
     KTC_SEED_OSS,     /* <seed:tool_call><function=NAME><parameter=K>V</parameter></function></seed:tool_call> */
     KTC_MINIMAX_M2,   /* <minimax:tool_call><invoke name="NAME"><parameter name="K">V</parameter></invoke>.. */
-    KTC_PHI4,         /* <|tool_call|>[{"name", "arguments"}]<|/tool_call|> (Phi-4-mini), functools[..] (FireFunction v2) */
+    KTC_PHI4,         /* <|tool_call|>[{"name", "arguments"}]<|/tool_call|> (Phi-4-mini; vLLM's functools[..] too) */
     KTC_COMMAND_R_PLUS, /* Action: ```json [{"tool_name": .., "parameters": {..}}] ``` (Command R+) */
+    KTC_FIREFUNCTION, /* functools[{"name", "arguments"}, ..] (FireFunction v2) */
     KTC_N_FORMATS
 } ktc_format;
 
@@ -72,7 +73,7 @@ const char *ktc_trigger(ktc_format f);
 bool ktc_has_tool(const cJSON *tools, const char *name);
 /* Whether ktc_grammar knows the format: those whose text from the trigger
  * to the arguments' end holds no special token (Hermes, Llama 3, Mistral
- * v3, Granite, Command R, Phi-4-mini, Command R+). */
+ * v3, Granite, Command R, Phi-4-mini, Command R+, FireFunction). */
 bool ktc_grammar_supported(ktc_format f);
 /* The GBNF (malloc'ed) of the text after ktc_trigger(f): one call (Hermes,
  * Llama 3: each call has its own trigger) or a list of calls (one when not

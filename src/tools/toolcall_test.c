@@ -390,7 +390,7 @@ KT_TEST(toolcall_detect_formats) {
     } k_det[] = {{"ByteDance-Seed-OSS", KTC_SEED_OSS, KTC_THINK_SEED},
                  {"MiniMax-M2", KTC_MINIMAX_M2, KTC_THINK_TAGS},
                  {"CohereForAI-c4ai-command-r-plus-tool_use", KTC_COMMAND_R_PLUS, KTC_THINK_NONE},
-                 {"fireworks-ai-llama-3-firefunction-v2", KTC_PHI4, KTC_THINK_NONE}};
+                 {"fireworks-ai-llama-3-firefunction-v2", KTC_FIREFUNCTION, KTC_THINK_NONE}};
     for (size_t i = 0; i < sizeof k_det / sizeof *k_det; i++) {
         char rel[256];
         snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", k_det[i].file);
