@@ -469,6 +469,223 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
     }
 }
 
+/* The events of an SSE body (their data objects, in order). */
+static cJSON *sse_events(const char *body) {
+    cJSON *l = cJSON_CreateArray();
+    for (const char *q = body; (q = strstr(q, "data: {")); q++) {
+        const char *e = strstr(q, "\n\n");
+        cJSON *ev = cJSON_ParseWithLength(q + 6, e ? (size_t)(e - q - 6) : strlen(q + 6));
+        if (ev) cJSON_AddItemToArray(l, ev);
+    }
+    return l;
+}
+
+/* POST body to path; the reply's events (*st its status, r its text). */
+static cJSON *post_sse(int port, const char *path, const char *body, ksrv_buf *r, long *st) {
+    *st = post_to(port, path, NULL, body, r);
+    return sse_events(r->p ? r->p : "");
+}
+
+static const cJSON *first_event(const cJSON *evs, const char *type) {
+    const cJSON *e;
+    cJSON_ArrayForEach(e, evs) {
+        const cJSON *t = ku_json_get(e, "type");
+        if (cJSON_IsString(t) && !strcmp(t->valuestring, type)) return e;
+    }
+    return NULL;
+}
+
+static bool is_int(const cJSON *v) { return cJSON_IsNumber(v) && v->valuedouble == (double)(int64_t)v->valuedouble; }
+
+/* llama.cpp's tools/server/tests/unit/test_compat_anthropic.py and
+ * test_compat_oai_responses.py, the cases that need neither a network nor a
+ * vision model nor llama.cpp's own fields (timings, prompt_progress), over
+ * the tiny model with Qwen2.5's template. Their "model" is the served one
+ * ("tiny"): llama-server takes any name, kiln answers another with a 404. */
+KT_TEST(server_tools_llama_cpp_compat) {
+    char dir[] = "/tmp/kiln-tools-XXXXXX";
+    ksrv *s;
+    start_tiny("Qwen-Qwen2.5-7B-Instruct", dir, &s);
+    int port = ksrv_port(s);
+    static const char *weather = "[{\"name\": \"get_weather\", \"description\": \"Get the current weather in a location\", "
+                                 "\"input_schema\": {\"type\": \"object\", \"properties\": {\"location\": {\"type\": \"string\", "
+                                 "\"description\": \"City name\"}}, \"required\": [\"location\"]}}]";
+    static const char *tool_turns =
+        "{\"role\": \"user\", \"content\": \"What's the weather?\"}, {\"role\": \"assistant\", \"content\": [{\"type\": \"tool_use\", "
+        "\"id\": \"test123\", \"name\": \"get_weather\", \"input\": {\"location\": \"Paris\"}}]}";
+    char body[4096];
+    /* Anthropic: basic, with system, multipart content, a conversation */
+    static const char *const plain[] = {
+        "{\"model\": \"tiny\", \"max_tokens\": 50, \"messages\": [{\"role\": \"user\", \"content\": \"Say hello\"}]}",
+        "{\"model\": \"tiny\", \"max_tokens\": 50, \"system\": \"You are a helpful assistant.\", \"messages\": [{\"role\": \"user\", "
+        "\"content\": \"Hello\"}]}",
+        "{\"model\": \"tiny\", \"max_tokens\": 50, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": "
+        "\"What is\"}, {\"type\": \"text\", \"text\": \" the answer?\"}]}]}",
+        "{\"model\": \"tiny\", \"max_tokens\": 50, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}, {\"role\": \"assistant\", "
+        "\"content\": \"Hi there!\"}, {\"role\": \"user\", \"content\": \"How are you?\"}]}",
+    };
+    for (size_t i = 0; i < sizeof plain / sizeof *plain; i++) {
+        ksrv_buf r = {0};
+        long st = post_to(port, "/v1/messages", NULL, plain[i], &r);
+        cJSON *b = cJSON_Parse(r.p);
+        const cJSON *u = ku_json_get(b, "usage"), *c0 = cJSON_GetArrayItem(ku_json_get(b, "content"), 0);
+        const cJSON *sr = ku_json_get(b, "stop_reason");
+        KT_CHECKF(st == 200 && !strcmp(ku_json_get(b, "type")->valuestring, "message") &&
+                      !strcmp(ku_json_get(b, "role")->valuestring, "assistant") && c0 &&
+                      !strcmp(ku_json_get(c0, "type")->valuestring, "text") && cJSON_IsString(ku_json_get(c0, "text")) &&
+                      cJSON_IsString(sr) && (!strcmp(sr->valuestring, "end_turn") || !strcmp(sr->valuestring, "max_tokens")) &&
+                      is_int(ku_json_get(u, "cache_read_input_tokens")) && is_int(ku_json_get(u, "input_tokens")) &&
+                      is_int(ku_json_get(u, "output_tokens")) && ku_json_get(u, "output_tokens")->valuedouble > 0 &&
+                      !ku_json_get(b, "timings"),
+                  "case %zu: %ld %s", i, st, r.p);
+        cJSON_Delete(b);
+        ksrv_buf_free(&r);
+    }
+    /* Anthropic streaming: the event sequence and its fields */
+    {
+        ksrv_buf r = {0};
+        long st;
+        cJSON *evs = post_sse(port, "/v1/messages",
+                              "{\"model\": \"tiny\", \"max_tokens\": 30, \"messages\": [{\"role\": \"user\", \"content\": "
+                              "\"Say hello\"}], \"stream\": true}",
+                              &r, &st);
+        const cJSON *ms = first_event(evs, "message_start"), *bs = first_event(evs, "content_block_start");
+        const cJSON *bd = first_event(evs, "content_block_stop"), *md = first_event(evs, "message_delta");
+        const cJSON *stop = first_event(evs, "message_stop"), *msg = ku_json_get(ms, "message");
+        KT_CHECKF(st == 200 && ms && bs && bd && md && stop && first_event(evs, "content_block_delta"), "%ld %s", st, r.p);
+        KT_CHECKF(!strcmp(ku_json_get(msg, "type")->valuestring, "message") && cJSON_IsArray(ku_json_get(msg, "content")) &&
+                      cJSON_GetArraySize(ku_json_get(msg, "content")) == 0 &&
+                      ku_json_get(ku_json_get(msg, "usage"), "input_tokens")->valuedouble > 0,
+                  "%s", r.p);
+        KT_CHECKF(ku_json_get(bs, "index")->valuedouble == 0 &&
+                      !strcmp(ku_json_get(ku_json_get(bs, "content_block"), "type")->valuestring, "text") &&
+                      ku_json_get(bd, "index")->valuedouble == 0,
+                  "%s", r.p);
+        const cJSON *e;
+        cJSON_ArrayForEach(e, evs) {
+            if (strcmp(ku_json_get(e, "type")->valuestring, "content_block_delta")) continue;
+            KT_CHECKF(!strcmp(ku_json_get(ku_json_get(e, "delta"), "type")->valuestring, "text_delta") &&
+                          cJSON_IsString(ku_json_get(ku_json_get(e, "delta"), "text")),
+                      "%s", r.p);
+        }
+        const cJSON *sr = ku_json_get(ku_json_get(md, "delta"), "stop_reason");
+        KT_CHECKF((!strcmp(sr->valuestring, "end_turn") || !strcmp(sr->valuestring, "max_tokens")) &&
+                      ku_json_get(ku_json_get(md, "usage"), "output_tokens")->valuedouble > 0 && !ku_json_get(stop, "timings"),
+                  "%s", r.p);
+        cJSON_Delete(evs);
+        ksrv_buf_free(&r);
+    }
+    /* count_tokens: input_tokens only, max_tokens not needed */
+    static const char *const counts[] = {
+        "{\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello world\"}]}",
+        "{\"model\": \"tiny\", \"system\": \"You are a helpful assistant.\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}",
+    };
+    for (size_t i = 0; i < 2; i++) {
+        ksrv_buf r = {0};
+        long st = post_to(port, "/v1/messages/count_tokens", NULL, counts[i], &r);
+        cJSON *b = cJSON_Parse(r.p);
+        KT_CHECKF(st == 200 && is_int(ku_json_get(b, "input_tokens")) && ku_json_get(b, "input_tokens")->valuedouble > 0 &&
+                      !ku_json_get(b, "output_tokens"),
+                  "%ld %s", st, r.p);
+        cJSON_Delete(b);
+        ksrv_buf_free(&r);
+    }
+    /* tool use: a tool_use block (if any) with stop_reason tool_use and an object input; tool results back */
+    snprintf(body, sizeof body,
+             "{\"model\": \"tiny\", \"max_tokens\": 200, \"tools\": %s, \"messages\": [{\"role\": \"user\", \"content\": \"What's the "
+             "weather in Paris?\"}]}",
+             weather);
+    static const char *const results[] = {
+        "[{\"type\": \"tool_result\", \"tool_use_id\": \"test123\", \"content\": \"The weather is sunny, 25\u00b0C\"}]",
+        "[{\"type\": \"text\", \"text\": \"Here are the results:\"}, {\"type\": \"tool_result\", \"tool_use_id\": \"test123\", "
+        "\"content\": \"Sunny, 25\u00b0C\"}]",
+        "[{\"type\": \"tool_result\", \"tool_use_id\": \"test123\", \"is_error\": true, \"content\": \"City not found\"}]",
+    };
+    for (int i = -1; i < 3; i++) {
+        char rb[2048];
+        if (i >= 0)
+            snprintf(rb, sizeof rb, "{\"model\": \"tiny\", \"max_tokens\": 100, \"messages\": [%s, {\"role\": \"user\", \"content\": %s}]}",
+                     tool_turns, results[i]);
+        ksrv_buf r = {0};
+        long st = post_to(port, "/v1/messages", NULL, i < 0 ? body : rb, &r);
+        cJSON *b = cJSON_Parse(r.p);
+        const cJSON *content = ku_json_get(b, "content"), *blk;
+        KT_CHECKF(st == 200 && !strcmp(ku_json_get(b, "type")->valuestring, "message") && cJSON_GetArraySize(content) > 0,
+                  "case %d: %ld %s", i, st, r.p);
+        cJSON_ArrayForEach(blk, content) {
+            if (strcmp(ku_json_get(blk, "type")->valuestring, "tool_use")) continue;
+            KT_CHECKF(!strcmp(ku_json_get(b, "stop_reason")->valuestring, "tool_use") && cJSON_IsString(ku_json_get(blk, "id")) &&
+                          !strcmp(ku_json_get(blk, "name")->valuestring, "get_weather") && cJSON_IsObject(ku_json_get(blk, "input")),
+                      "%s", r.p);
+        }
+        if (i == 0) KT_CHECKF(!strcmp(ku_json_get(cJSON_GetArrayItem(content, 0), "type")->valuestring, "text"), "%s", r.p);
+        cJSON_Delete(b);
+        ksrv_buf_free(&r);
+    }
+    /* Responses: text.format (json_schema const, json_object, text; json_schema without a schema is a 400) */
+    static const struct {
+        const char *format;
+        int n, status;
+        const char *text; /* the message's text starts with it */
+    } k_fmt[] = {{"{\"type\": \"json_schema\", \"name\": \"test\", \"schema\": {\"const\": \"foooooo\"}}", 10, 200, "\"foooooo\""},
+                 {"{\"type\": \"json_object\"}", 10, 200, "{"},
+                 {"{\"type\": \"text\"}", 10, 200, ""},
+                 {"{\"type\": \"json_schema\", \"name\": \"test\"}", 0, 400, NULL}};
+    for (size_t i = 0; i < sizeof k_fmt / sizeof *k_fmt; i++) {
+        snprintf(body, sizeof body, "{\"input\": \"Write an example\", \"max_output_tokens\": %d, \"text\": {\"format\": %s}}",
+                 k_fmt[i].n ? k_fmt[i].n : 1, k_fmt[i].format);
+        ksrv_buf r = {0};
+        long st = post_to(port, "/v1/responses", NULL, body, &r);
+        cJSON *b = cJSON_Parse(r.p);
+        KT_CHECKF(st == k_fmt[i].status && (st == 200 || ku_json_get(b, "error")), "case %zu: %ld %s", i, st, r.p);
+        if (k_fmt[i].text) {
+            const cJSON *o, *msg = NULL;
+            cJSON_ArrayForEach(o, ku_json_get(b, "output")) if (!strcmp(ku_json_get(o, "type")->valuestring, "message")) msg = o;
+            const cJSON *t = ku_json_get(cJSON_GetArrayItem(ku_json_get(msg, "content"), 0), "text");
+            KT_CHECKF(cJSON_IsString(t) && !strncmp(t->valuestring, k_fmt[i].text, strlen(k_fmt[i].text)), "case %zu: %s", i, r.p);
+        }
+        cJSON_Delete(b);
+        ksrv_buf_free(&r);
+    }
+    /* Responses streamed: resp_ and msg_ ids, item ids kept, the deltas add up to the completed text */
+    {
+        ksrv_buf r = {0};
+        long st;
+        cJSON *evs = post_sse(port, "/v1/responses",
+                              "{\"model\": \"tiny\", \"input\": [{\"role\": \"system\", \"content\": \"Book\"}, {\"role\": "
+                              "\"user\", \"content\": \"What is the best book\"}], \"max_output_tokens\": 8, \"temperature\": 0.8, "
+                              "\"stream\": true}",
+                              &r, &st);
+        const cJSON *e;
+        char resp_id[64] = "", msg_id[64] = "";
+        ksrv_buf text = {0};
+        const cJSON *done = NULL;
+        cJSON_ArrayForEach(e, evs) {
+            const char *t = ku_json_get(e, "type")->valuestring;
+            const cJSON *item = ku_json_get(e, "item"), *iid = ku_json_get(e, "item_id");
+            if (!strcmp(t, "response.created")) snprintf(resp_id, sizeof resp_id, "%s", ku_json_get(ku_json_get(e, "response"), "id")->valuestring);
+            if (!strcmp(t, "response.in_progress")) KT_CHECK_STR(ku_json_get(ku_json_get(e, "response"), "id")->valuestring, resp_id);
+            if (!strcmp(t, "response.output_item.added")) snprintf(msg_id, sizeof msg_id, "%s", ku_json_get(item, "id")->valuestring);
+            if (!strncmp(t, "response.content_part.", 22) || !strncmp(t, "response.output_text.", 21))
+                KT_CHECKF(cJSON_IsString(iid) && !strcmp(iid->valuestring, msg_id), "%s", t);
+            if (!strcmp(t, "response.output_item.done")) KT_CHECK_STR(ku_json_get(item, "id")->valuestring, msg_id);
+            if (!strcmp(t, "response.output_text.delta")) ksrv_buf_str(&text, ku_json_get(e, "delta")->valuestring);
+            if (!strcmp(t, "response.completed") || !strcmp(t, "response.incomplete")) done = ku_json_get(e, "response");
+        }
+        const cJSON *m0 = cJSON_GetArrayItem(ku_json_get(done, "output"), 0);
+        const cJSON *t0 = ku_json_get(cJSON_GetArrayItem(ku_json_get(m0, "content"), 0), "text");
+        KT_CHECKF(st == 200 && !strncmp(resp_id, "resp_", 5) && !strncmp(msg_id, "msg_", 4) && done &&
+                      !strcmp(ku_json_get(m0, "id")->valuestring, msg_id) && cJSON_IsString(t0) &&
+                      !strcmp(t0->valuestring, text.p ? text.p : ""),
+                  "%ld %s", st, r.p);
+        ksrv_buf_free(&text);
+        cJSON_Delete(evs);
+        ksrv_buf_free(&r);
+    }
+    ksrv_stop(s);
+    ckt_rmdir(dir);
+}
+
 /* The llama oracle fixture, the 512-id tokenizer, and Qwen2.5's template
  * (chat_template.jinja comes before tokenizer_config.json's). */
 KT_TEST(server_tools_end_to_end) {
