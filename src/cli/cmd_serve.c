@@ -32,7 +32,8 @@ static void usage(FILE *f) {
             "  --timeout S            idle connection timeout in seconds (default 60)\n"
             "  --quiet                no access log\n"
             "  --reasoning-format F   auto: thinking blocks go to reasoning_content; none: left in content\n"
-            "  --reasoning-budget N   -1: unrestricted thinking (default); 0: thinking off (enable_thinking false)\n"
+            "  --reasoning-budget N   -1: unrestricted thinking (default); 0: thinking off (enable_thinking false);\n"
+            "                         N > 0: the thinking block ends after N tokens\n"
             "sampling defaults for requests (as llama.cpp):\n");
     kgen_print_flags(f);
 }
@@ -76,8 +77,9 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--no-prefix-cache")) p.no_prefix_cache = true;
         else if (!strcmp(a, "--quiet")) p.quiet = true;
         else if (!strcmp(a, "--reasoning-budget")) {
-            st = kiln_parse_int(a, v, -1, 0, &x);
+            st = kiln_parse_int(a, v, -1, 1 << 24, &x);
             p.no_thinking = x == 0;
+            p.think_budget = x > 0 ? (int32_t)x : 0;
         } else if (!strcmp(a, "--reasoning-format")) {
             if (!strcmp(v, "none")) p.reasoning_none = true;
             else if (strcmp(v, "auto") && strcmp(v, "deepseek"))

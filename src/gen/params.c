@@ -161,6 +161,11 @@ void kgen_params_free(kgen_params *p) {
     p->n_logit_bias = 0;
     free(p->grammar);
     p->grammar = NULL;
+    free(p->grammar_trigger);
+    p->grammar_trigger = NULL;
+    free(p->think_open);
+    free(p->think_close);
+    p->think_open = p->think_close = NULL;
 }
 
 kiln_status kgen_params_copy(kgen_params *dst, const kgen_params *src) {
@@ -170,8 +175,13 @@ kiln_status kgen_params_copy(kgen_params *dst, const kgen_params *src) {
     dst->logit_bias = NULL;
     dst->n_logit_bias = 0;
     dst->grammar = NULL;
+    dst->grammar_trigger = dst->think_open = dst->think_close = NULL;
     kiln_status st = strs_copy(&dst->dry_breakers, &src->dry_breakers);
     if (!st && src->grammar && !(dst->grammar = strdup(src->grammar))) st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st && src->grammar_trigger && !(dst->grammar_trigger = strdup(src->grammar_trigger)))
+        st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st && src->think_open && !(dst->think_open = strdup(src->think_open))) st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st && src->think_close && !(dst->think_close = strdup(src->think_close))) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (!st) st = strs_copy(&dst->stop, &src->stop);
     if (!st && src->n_logit_bias > 0) {
         dst->logit_bias = malloc(sizeof *dst->logit_bias * (size_t)src->n_logit_bias);

@@ -95,6 +95,23 @@ typedef struct {
      * request field (grammar, JSON Schema, regex, choices) compiles to;
      * NULL: none. Owned. */
     char *grammar;
+    /* With a trigger the grammar is a tool call's (src/tools): once it is
+     * complete it switches off, and on again where the trigger next appears
+     * in the output (the matcher takes the text after it). grammar_lazy: it
+     * starts off (llama.cpp's lazy grammars); else on (the prompt ends with
+     * the trigger). Owned; NULL: the grammar is the whole output's. */
+    char *grammar_trigger;
+    bool grammar_lazy;
+    bool grammar_once; /* with a trigger: the output ends where the grammar completes (one forced call) */
+
+    /* reasoning budget (with think_close set): once the thinking block has
+     * taken reasoning_budget tokens, the next ones are forced to spell
+     * think_close. The block opens where think_open appears in the output,
+     * or at the start with think_in_prompt; only the first block counts.
+     * Owned; NULL: no budget. */
+    char *think_open, *think_close;
+    bool think_in_prompt;
+    int32_t reasoning_budget;
 } kgen_params;
 
 /* Fills p with the defaults. On error p is left freeable. */

@@ -97,3 +97,67 @@ KT_TEST(gen_session_loop) {
     KT_CHECK_ERR(kgen_session_create(&p, &nopiece, 10, NULL, 0, NULL, 0, &g), "no token text");
     kgen_params_free(&p);
 }
+
+/* The reasoning budget: after N tokens of the thinking block the closing
+ * marker is forced (one token that spells it, or the tokenizer's split). */
+static const char *const k_think[] = {"<eos>", "<think>", "a", "</think>", "ok", "</", "think>"};
+static const char *think_piece(void *ud, int32_t id, size_t *len) {
+    if (id == *(int *)ud) return *len = 0, NULL;
+    *len = strlen(k_think[id]);
+    return k_think[id];
+}
+static int think_tokenize(void *ud, const char *text, size_t len, int32_t *out, int cap) {
+    (void)ud;
+    if (len != 8 || memcmp(text, "</think>", 8)) return -1;
+    if (cap >= 2) out[0] = 5, out[1] = 6;
+    return 2;
+}
+
+static void think_run(int hide, bool in_prompt, int32_t budget, const int32_t *script, int n, char *text) {
+    kgen_params p;
+    KT_CHECK_OK(kgen_params_init(&p));
+    p.temperature = 0.0f;
+    p.think_open = strdup("<think>");
+    p.think_close = strdup("</think>");
+    p.think_in_prompt = in_prompt;
+    p.reasoning_budget = budget;
+    int nv = hide;
+    kgen_vocab v = {7, think_piece, think_tokenize, &nv, NULL};
+    const int32_t eos[1] = {0}, prompt[1] = {4};
+    kgen_session *g = NULL;
+    KT_CHECK_OK(kgen_session_create(&p, &v, 100, eos, 1, prompt, 1, &g));
+    text[0] = 0;
+    for (int i = 0; i < 40; i++) {
+        float logits[7] = {0};
+        logits[script[i < n ? i : n - 1]] = 10;
+        kgen_step s;
+        KT_CHECK_OK(kgen_session_step(g, logits, &s));
+        strncat(text, s.text, s.text_len);
+        if (s.finish != KGEN_CONTINUE) break;
+    }
+    kgen_session_destroy(g);
+    kgen_params_free(&p);
+}
+
+KT_TEST(session_reasoning_budget) {
+    enum { E, O, A, C, K };
+    const int32_t s1[] = {O, A, A, A, A, A, A, K, E};
+    char t[256];
+    think_run(7, false, 3, s1, 9, t); /* three tokens of thinking, then </think> */
+    KT_CHECKF(!strcmp(t, "<think>aaa</think>aaok"), "%s", t);
+    think_run(7, false, 100, s1, 9, t); /* within the budget: untouched */
+    KT_CHECKF(!strcmp(t, "<think>aaaaaaok"), "%s", t);
+    const int32_t s2[] = {A, A, C, A, A, K, E};
+    think_run(7, false, 1, s2, 7, t); /* no block opened: untouched */
+    KT_CHECKF(!strcmp(t, "aa</think>aaok"), "%s", t);
+    think_run(7, true, 1, s2, 7, t); /* the prompt opened it (the model writes its own close later) */
+    KT_CHECKF(!strcmp(t, "a</think></think>aaok"), "%s", t);
+    think_run(7, true, 5, s2, 7, t); /* closed by the model before the budget */
+    KT_CHECKF(!strcmp(t, "aa</think>aaok"), "%s", t);
+    const int32_t s3[] = {A, A, A, K, E};
+    think_run(C, true, 0, s3, 5, t); /* budget 0, no token that is </think>: the tokenizer's split, at once */
+    KT_CHECKF(!strcmp(t, "</think>aok"), "%s", t);
+    const int32_t s4[] = {A, O, A, A, K, E};
+    think_run(7, false, 0, s4, 6, t);
+    KT_CHECKF(!strcmp(t, "a<think></think>aok"), "%s", t);
+}

@@ -183,6 +183,13 @@ kiln_status ksrv_anthropic_fill(const cJSON *body, cJSON *chat) {
     const cJSON *th = ku_json_get(body, "thinking");
     cJSON *kw = cJSON_AddObjectToObject(chat, "chat_template_kwargs");
     if (th) cJSON_AddBoolToObject(kw, "enable_thinking", !strcmp(type_of(th), "enabled"));
+    /* its budget_tokens: the reasoning budget */
+    const cJSON *bt = ku_json_get(th, "budget_tokens");
+    if (bt && !strcmp(type_of(th), "enabled")) {
+        if (!cJSON_IsNumber(bt) || bt->valuedouble < 1 || bt->valuedouble != (double)(int64_t)bt->valuedouble)
+            return kiln_error(KILN_EINVAL, "\"thinking.budget_tokens\": expected a positive integer");
+        cJSON_AddNumberToObject(chat, "reasoning_budget", bt->valuedouble);
+    }
     KILN_TRY(ksrv_agent_copy(body, "model", chat, "model"));
     KILN_TRY(ksrv_agent_copy(body, "stop_sequences", chat, "stop"));
     static const char *const same[] = {"temperature", "top_p", "top_k", "stream"};
@@ -259,6 +266,17 @@ static void message_head(ksrv_job *j, ksrv_buf *o) {
     ksrv_buf_json_str(o, j->srv->model_id, strlen(j->srv->model_id));
 }
 
+/* Anthropic's usage: input_tokens beside the prompt's cached prefix
+ * (cache_read_input_tokens; their sum is the prompt), output so far */
+static void usage(const ksrv_job *j, ksrv_buf *o, bool with_output) {
+    int64_t in, out, cached = j->n_choices ? j->ch[0].n_cached : 0;
+    ksrv_agent_usage(j, &in, &out);
+    if (cached > in) cached = in;
+    ksrv_buf_printf(o, "{\"input_tokens\": %lld, \"cache_creation_input_tokens\": 0, \"cache_read_input_tokens\": %lld, "
+                       "\"output_tokens\": %lld}",
+                    (long long)(in - cached), (long long)cached, (long long)(with_output ? out : 0));
+}
+
 static void a_body(ksrv_job *j, ksrv_buf *o) {
     ksrv_agent *a = j->agent;
     message_head(j, o);
@@ -267,10 +285,9 @@ static void a_body(ksrv_job *j, ksrv_buf *o) {
         if (b) ksrv_buf_str(o, ", ");
         block_json(&a->b[b], true, o);
     }
-    int64_t in, out;
-    ksrv_agent_usage(j, &in, &out);
-    ksrv_buf_printf(o, "], \"stop_reason\": \"%s\", \"stop_sequence\": null, \"usage\": {\"input_tokens\": %lld, \"output_tokens\": %lld}}",
-                    stop_reason(j), (long long)in, (long long)out);
+    ksrv_buf_printf(o, "], \"stop_reason\": \"%s\", \"stop_sequence\": null, \"usage\": ", stop_reason(j));
+    usage(j, o, true);
+    ksrv_buf_str(o, "}");
 }
 
 static ksrv_buf *event(ksrv_job *j, const char *type) {
@@ -282,10 +299,9 @@ static void a_start(ksrv_job *j) {
     ksrv_buf *o = event(j, "message_start");
     ksrv_buf_str(o, ", \"message\": ");
     message_head(j, o);
-    int64_t in, out;
-    ksrv_agent_usage(j, &in, &out);
-    ksrv_buf_printf(o, ", \"content\": [], \"stop_reason\": null, \"stop_sequence\": null, \"usage\": {\"input_tokens\": %lld, \"output_tokens\": 0}}}\n\n",
-                    (long long)in);
+    ksrv_buf_str(o, ", \"content\": [], \"stop_reason\": null, \"stop_sequence\": null, \"usage\": ");
+    usage(j, o, false);
+    ksrv_buf_str(o, "}}\n\n");
     ksrv_buf_str(event(j, "ping"), "}\n\n");
 }
 

@@ -234,7 +234,7 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     const cJSON *tools = NULL;
     cJSON *extra = kw ? cJSON_Duplicate(kw, true) : NULL;
     kiln_status st = kw && !extra ? kiln_error(KILN_ENOMEM, "out of memory") : ksrv_tools_fix_messages(msgs);
-    if (!st) st = ksrv_tools_parse(s, body, &j->tools, &tools, &extra);
+    if (!st) st = ksrv_tools_parse(s, body, &j->gp, &j->tools, &tools, &extra);
     if (st) {
         cJSON_Delete(msgs), cJSON_Delete(extra);
         return st;
@@ -254,9 +254,9 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     cJSON_Delete(msgs);
     cJSON_Delete(extra);
     if (st) return kiln_status_wrap(st, "\"messages\": the chat template failed");
-    if (j->tools) ksrv_tools_set_prompt(j->tools, text);
     int32_t *ids = NULL, n = 0;
-    st = encode(s, "messages", text, false, &ids, &n); /* the template writes its own special tokens */
+    if (j->tools) st = ksrv_tools_set_prompt(j->tools, &text, &j->gp);
+    if (!st) st = encode(s, "messages", text, false, &ids, &n); /* the template writes its own special tokens */
     free(text);
     if (!st && j->images) st = ksrv_images_apply(s, j->images, &ids, &n);
     if (!st) st = add_prompt(j, ids, n, NULL);

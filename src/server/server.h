@@ -51,6 +51,7 @@ typedef struct {
     bool quiet;            /* no access log on stderr */
     bool reasoning_none;   /* --reasoning-format none: thinking blocks stay in content */
     bool no_thinking;      /* --reasoning-budget 0: templates get enable_thinking false */
+    int32_t think_budget;  /* --reasoning-budget N > 0: thinking ends after N tokens; 0: no limit */
     int load_delay_ms;     /* tests: wait this long before loading (to see the loading state) */
     int step_delay_us;     /* tests: pause after each engine step (slow generations on tiny models) */
 } ksrv_params;

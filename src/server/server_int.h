@@ -202,9 +202,12 @@ kiln_status ksrv_tools_fix_messages(cJSON *msgs);
  * text), the tools to render (*tmpl_tools, borrowed from body; NULL: none),
  * reasoning_effort added to *extra (the template's kwargs, created if NULL).
  * A template without a known tool-call format and tools: KILN_EUNSUPPORTED. */
-kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, ksrv_tools **out, const cJSON **tmpl_tools, cJSON **extra);
-/* The rendered prompt (does it open the thinking block?). */
-void ksrv_tools_set_prompt(ksrv_tools *t, const char *prompt);
+kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_tools **out, const cJSON **tmpl_tools,
+                             cJSON **extra);
+/* The rendered prompt: does it open the thinking block? A forced call
+ * (tool_choice required / named) appends the trigger to it (*prompt
+ * reallocated) and switches gp's grammar on from the start. */
+kiln_status ksrv_tools_set_prompt(ksrv_tools *t, char **prompt, kgen_params *gp);
 bool ksrv_tools_keep_special(const ksrv_tools *t);
 /* Streaming: a token event of a choice (fin: its finish reason, on the last)
  * as content / reasoning_content / tool_calls delta chunks in j->out. */

@@ -6,10 +6,14 @@
  * tool_calls, streamed as OpenAI streams them (a call's id and name first,
  * then its argument fragments).
  *
- * Constrained arguments (tool_choice required / a named function / strict)
- * need the grammar engine: ksrv_tools.syn and ktc_trigger() are what it
- * will take (the schemas, and where a lazy grammar switches on). Until it
- * lands, generation is unconstrained and the parse is best effort. */
+ * Constrained arguments: where the format has a grammar (ktc_grammar), a
+ * call's text after the format's trigger is generated under it (each
+ * function's arguments under its schema): lazily with tool_choice auto (on
+ * where the model writes the trigger, off when the call is complete, on at
+ * the next), and with tool_choice required or a named function the prompt
+ * ends with the trigger, so a call is certain (unless the prompt opened a
+ * thinking block: then lazily, after the thinking); without
+ * parallel_tool_calls the output then ends with the call's arguments. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +21,7 @@
 #include <time.h>
 
 #include "base/json.h"
+#include "grammar/grammar.h"
 #include "server/server_int.h"
 
 struct ksrv_tools {
@@ -26,6 +31,8 @@ struct ksrv_tools {
     int n_choices;
     ktc_stream **st;    /* per choice (streaming), made at the first event */
     uint64_t id_base;   /* tool call ids */
+    bool force;         /* tool_choice required / named: the prompt ends with the trigger */
+    int64_t budget;     /* reasoning_budget > 0: thinking ends after this many tokens */
 };
 
 /* ---------------------------------------------------------------- the request */
@@ -50,23 +57,17 @@ static kiln_status check_tools(const cJSON *tools) {
     return NULL;
 }
 
-static bool has_tool(const cJSON *tools, const char *name) {
-    const cJSON *t;
-    cJSON_ArrayForEach(t, tools) {
-        const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
-        if (cJSON_IsString(n) && !strcmp(n->valuestring, name)) return true;
-    }
-    return false;
-}
-
 /* tool_choice: "auto", "none", "required", or {"type": "function",
- * "function": {"name": ..}}. *none: the tools are dropped. */
-static kiln_status check_choice(const cJSON *body, const cJSON *tools, bool *none) {
+ * "function": {"name": ..}}. *none: the tools are dropped; *force: a call
+ * is required (of the function *only, borrowed from body; NULL: any). */
+static kiln_status check_choice(const cJSON *body, const cJSON *tools, bool *none, bool *force, const char **only) {
     const cJSON *c = ku_json_get(body, "tool_choice");
-    *none = false;
+    *none = *force = false;
+    *only = NULL;
     if (!c) return NULL;
     if (cJSON_IsString(c)) {
         const char *v = c->valuestring;
+        *force = !strcmp(v, "required");
         if (!strcmp(v, "none")) *none = true;
         else if (strcmp(v, "auto") && strcmp(v, "required"))
             return kiln_error(KILN_EINVAL, "\"tool_choice\": \"%s\": expected \"auto\", \"none\", \"required\" or a function", v);
@@ -76,8 +77,10 @@ static kiln_status check_choice(const cJSON *body, const cJSON *tools, bool *non
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c, "function"), "name");
     if (!cJSON_IsObject(c) || !cJSON_IsString(n))
         return kiln_error(KILN_EINVAL, "\"tool_choice\": expected a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
-    if (!tools || !has_tool(tools, n->valuestring))
+    if (!tools || !ktc_has_tool(tools, n->valuestring))
         return kiln_error(KILN_EINVAL, "\"tool_choice\": the function \"%s\" is not in \"tools\"", n->valuestring);
+    *force = true;
+    *only = n->valuestring;
     return NULL;
 }
 
@@ -132,14 +135,48 @@ void ksrv_tools_free(ksrv_tools *t) {
     free(t);
 }
 
-kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, ksrv_tools **out, const cJSON **tmpl_tools, cJSON **extra) {
+/* The calls' grammar as gp's (lazy; see the top) */
+static kiln_status set_grammar(ksrv_tools *t, const cJSON *tools, const char *only, kgen_params *gp) {
+    ktc_format f = t->syn.format;
+    bool strict = false;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, tools) strict |= cJSON_IsTrue(ku_json_get(ku_json_get(e, "function"), "strict"));
+    if (!ktc_grammar_supported(f)) { /* documented: such calls are parsed, not constrained */
+        t->force = false;
+        return NULL;
+    }
+    if (gp->grammar) {
+        if (t->force || strict)
+            return kiln_error(KILN_EUNSUPPORTED, "\"tools\": constrained tool calls (strict, tool_choice required or a "
+                                                "function) cannot be combined with another constraint (response_format, grammar)");
+        t->force = false;
+        return NULL;
+    }
+    char *g;
+    KILN_TRY(ktc_grammar(f, tools, only, t->parallel, &g));
+    kgr_grammar *gr;
+    kiln_status st = kgr_from_gbnf(g, strlen(g), &gr);
+    if (st) {
+        free(g);
+        return kiln_status_wrap(st, "\"tools\": the tool-call grammar");
+    }
+    kgr_grammar_free(gr);
+    gp->grammar = g;
+    gp->grammar_lazy = true;
+    if (!(gp->grammar_trigger = strdup(ktc_trigger(f)))) return kiln_error(KILN_ENOMEM, "out of memory");
+    return NULL;
+}
+
+kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_tools **out, const cJSON **tmpl_tools,
+                             cJSON **extra) {
     *out = NULL;
     *tmpl_tools = NULL;
     const cJSON *tools = ku_json_get(body, "tools");
     if (tools) KILN_TRY(check_tools(tools));
     if (tools && cJSON_GetArraySize(tools) == 0) tools = NULL;
-    bool none;
-    KILN_TRY(check_choice(body, tools, &none));
+    bool none, force;
+    const char *only;
+    KILN_TRY(check_choice(body, tools, &none, &force, &only));
     bool parallel;
     KILN_TRY(ku_json_bool(body, "parallel_tool_calls", true, &parallel));
     const char *rf, *effort;
@@ -148,9 +185,9 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, ksrv_tools **out, const
         return kiln_error(KILN_EINVAL, "\"reasoning_format\": \"%s\": expected \"none\", \"auto\" or \"deepseek\"", rf);
     KILN_TRY(ku_json_str(body, "reasoning_effort", NULL, &effort));
     int64_t budget;
-    KILN_TRY(ku_json_int(body, "reasoning_budget", s->p.no_thinking ? 0 : -1, &budget));
-    if (budget != 0 && budget != -1)
-        return kiln_error(KILN_EUNSUPPORTED, "\"reasoning_budget\": only -1 (unrestricted) and 0 (no thinking) are supported");
+    KILN_TRY(ku_json_int(body, "reasoning_budget", s->p.no_thinking ? 0 : s->p.think_budget > 0 ? s->p.think_budget : -1, &budget));
+    if (budget < -1 || budget > (1 << 24))
+        return kiln_error(KILN_EINVAL, "\"reasoning_budget\": %lld is out of range [-1, %d]", (long long)budget, 1 << 24);
     if (budget == 0) { /* as llama.cpp: the template's switch */
         if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");
         if (!cJSON_GetObjectItemCaseSensitive(*extra, "enable_thinking")) cJSON_AddFalseToObject(*extra, "enable_thinking");
@@ -167,8 +204,21 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, ksrv_tools **out, const
     if (use_tools && f == KTC_NONE)
         return kiln_error(KILN_EUNSUPPORTED,
                           "\"tools\": the model's chat template writes tool calls in no format kiln knows "
-                          "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, Command R7B, Granite)");
+                          "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, "
+                          "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+, FireFunction)");
     if (use_tools) *tmpl_tools = tools;
+    if (f == KTC_FIREFUNCTION) { /* its template reads the tools as text, "functions" (llama.cpp passes them) */
+        if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");
+        char *fs = use_tools ? cJSON_Print(tools) : strdup("[]");
+        if (!fs) return kiln_error(KILN_ENOMEM, "out of memory");
+        if (!cJSON_GetObjectItemCaseSensitive(*extra, "functions")) cJSON_AddStringToObject(*extra, "functions", fs);
+        free(fs);
+        char when[64]; /* and the date, as llama.cpp formats it */
+        time_t now = time(NULL);
+        struct tm tm;
+        strftime(when, sizeof when, "%b %d %Y %H:%M:%S GMT", gmtime_r(&now, &tm));
+        if (!cJSON_GetObjectItemCaseSensitive(*extra, "datetime")) cJSON_AddStringToObject(*extra, "datetime", when);
+    }
     /* Harmony's channels are parsed even without tools (their markers would
      * otherwise be dropped as special tokens and run together) */
     if (!use_tools && f != KTC_HARMONY) f = KTC_NONE;
@@ -182,14 +232,40 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, ksrv_tools **out, const
     }
     t->syn = (ktc_syntax){.format = f, .reasoning = r, .tools = t->tools};
     t->parallel = parallel;
+    t->force = use_tools && force;
+    t->budget = budget;
+    kiln_status st = use_tools ? set_grammar(t, t->tools, only, gp) : NULL;
+    if (st) {
+        ksrv_tools_free(t);
+        return st;
+    }
     static atomic_ulong counter;
     t->id_base = ((uint64_t)time(NULL) << 20) ^ ((uint64_t)atomic_fetch_add(&counter, 1) * 0x9E3779B97F4A7C15ull);
     *out = t;
     return NULL;
 }
 
-void ksrv_tools_set_prompt(ksrv_tools *t, const char *prompt) {
-    t->syn.think_open = ktc_prompt_opens_think(t->syn.reasoning, prompt);
+kiln_status ksrv_tools_set_prompt(ksrv_tools *t, char **prompt, kgen_params *gp) {
+    t->syn.think_open = ktc_prompt_opens_think(t->syn.reasoning, *prompt);
+    const char *o, *c;
+    ktc_think_markers(t->syn.format, t->syn.reasoning, &o, &c);
+    if (t->budget > 0 && c && !gp->think_close) { /* the budget: the session forces the closing text */
+        if (!(gp->think_open = strdup(o)) || !(gp->think_close = strdup(c))) return kiln_error(KILN_ENOMEM, "out of memory");
+        gp->think_in_prompt = t->syn.think_open;
+        gp->reasoning_budget = (int32_t)t->budget;
+    }
+    if (!t->force || t->syn.think_open) return NULL;
+    /* a forced call: the prompt ends with the trigger, the grammar on */
+    const char *tr = ktc_trigger(t->syn.format);
+    size_t n = strlen(*prompt), k = strlen(tr);
+    char *p = realloc(*prompt, n + k + 1);
+    if (!p) return kiln_error(KILN_ENOMEM, "out of memory");
+    memcpy(p + n, tr, k + 1);
+    *prompt = p;
+    t->syn.prefix = tr;
+    gp->grammar_lazy = false;
+    gp->grammar_once = !t->parallel; /* one call, then the end (as llama.cpp's grammar for it) */
+    return NULL;
 }
 
 bool ksrv_tools_keep_special(const ksrv_tools *t) { return t && ktc_needs_special(t->syn.format); }

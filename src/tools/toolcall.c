@@ -21,6 +21,7 @@
 
 static const char *const k_names[KTC_N_FORMATS] = {
     "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r", "granite",
+    "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction",
 };
 
 const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
@@ -33,6 +34,11 @@ ktc_format ktc_detect(const char *s) {
     if (strstr(s, "<|tool_calls_section_begin|>")) return KTC_KIMI_K2;
     if (strstr(s, "<|START_ACTION|>")) return KTC_COMMAND_R;
     if (strstr(s, "<|tool_call|>")) return KTC_GRANITE;
+    if (strstr(s, "<seed:tool_call>")) return KTC_SEED_OSS;
+    if (strstr(s, "<minimax:tool_call>")) return KTC_MINIMAX_M2;
+    if (strstr(s, "<|tool|>") && strstr(s, "<|/tool|>")) return KTC_PHI4;
+    if (strstr(s, "functools[")) return KTC_FIREFUNCTION;
+    if (strstr(s, "Action:") && strstr(s, "\"tool_name\"") && strstr(s, "<|CHATBOT_TOKEN|>")) return KTC_COMMAND_R_PLUS;
     if (strstr(s, "<arg_key>")) return KTC_GLM45;
     if (strstr(s, "<function=") && strstr(s, "<parameter=")) return KTC_QWEN3_CODER;
     if (strstr(s, "[TOOL_CALLS]")) return strstr(s, "[ARGS]") ? KTC_MISTRAL_V11 : KTC_MISTRAL;
@@ -44,6 +50,7 @@ ktc_format ktc_detect(const char *s) {
 
 ktc_reasoning ktc_detect_reasoning(const char *s) {
     if (!s) return KTC_THINK_NONE;
+    if (strstr(s, "<seed:think>")) return KTC_THINK_SEED;
     if (strstr(s, "<think>") || strstr(s, "</think>")) return KTC_THINK_TAGS;
     if (strstr(s, "[THINK]")) return KTC_THINK_MISTRAL;
     if (strstr(s, "<|START_THINKING|>")) return KTC_THINK_COHERE;
@@ -52,7 +59,8 @@ ktc_reasoning ktc_detect_reasoning(const char *s) {
 
 bool ktc_needs_special(ktc_format f) {
     return f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_MISTRAL_V11 || f == KTC_HARMONY || f == KTC_DEEPSEEK ||
-           f == KTC_KIMI_K2 || f == KTC_COMMAND_R || f == KTC_GRANITE;
+           f == KTC_KIMI_K2 || f == KTC_COMMAND_R || f == KTC_GRANITE || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 ||
+           f == KTC_PHI4;
 }
 
 const char *ktc_trigger(ktc_format f) {
@@ -64,16 +72,32 @@ const char *ktc_trigger(ktc_format f) {
     case KTC_DEEPSEEK: return "<｜tool▁calls▁begin｜>";
     case KTC_KIMI_K2: return "<|tool_calls_section_begin|>";
     case KTC_COMMAND_R: return "<|START_ACTION|>";
-    case KTC_GRANITE: return "<|tool_call|>";
+    case KTC_GRANITE: case KTC_PHI4: return "<|tool_call|>";
+    case KTC_SEED_OSS: return "<seed:tool_call>";
+    case KTC_MINIMAX_M2: return "<minimax:tool_call>";
+    case KTC_COMMAND_R_PLUS: return "Action:";
+    case KTC_FIREFUNCTION: return "functools";
     default: return NULL;
     }
 }
 
 static const char *think_open(ktc_reasoning r) {
-    return r == KTC_THINK_MISTRAL ? "[THINK]" : r == KTC_THINK_COHERE ? "<|START_THINKING|>" : "<think>";
+    return r == KTC_THINK_MISTRAL  ? "[THINK]"
+           : r == KTC_THINK_COHERE ? "<|START_THINKING|>"
+           : r == KTC_THINK_SEED   ? "<seed:think>"
+                                   : "<think>";
 }
 static const char *think_close(ktc_reasoning r) {
-    return r == KTC_THINK_MISTRAL ? "[/THINK]" : r == KTC_THINK_COHERE ? "<|END_THINKING|>" : "</think>";
+    return r == KTC_THINK_MISTRAL  ? "[/THINK]"
+           : r == KTC_THINK_COHERE ? "<|END_THINKING|>"
+           : r == KTC_THINK_SEED   ? "</seed:think>"
+                                   : "</think>";
+}
+
+void ktc_think_markers(ktc_format f, ktc_reasoning r, const char **open, const char **close) {
+    *open = *close = NULL;
+    if (f == KTC_HARMONY) *open = "<|channel|>analysis<|message|>", *close = "<|end|>";
+    else if (r != KTC_THINK_NONE) *open = think_open(r), *close = think_close(r);
 }
 
 static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
@@ -536,6 +560,63 @@ static void fmt_marker_list(P *p, size_t i, const char *marker, bool named) {
     }
 }
 
+/* Phi-4-mini: <|tool_call|> then a JSON list (or object) of calls, closed
+ * by <|/tool_call|>; or vLLM's functools[...] form (FireFunction v2's
+ * own). Command R+: "Action:"
+ * then a JSON list of {"tool_name", "parameters"} in a ```json fence; its
+ * "directly-answer" pseudo-tool (the prompt's way to answer without tools)
+ * is no call unless the request has such a tool. */
+static void fmt_json_after(P *p, size_t i, const char *const *m, int k, int n_drop, const char *close, const char *fence) {
+    for (;;) {
+        int w = 0;
+        size_t at_m = find_first(p, i, m, k + n_drop, &w);
+        if (at_m == NPOS) return plain_rest(p, i, m, k + n_drop);
+        plain(p, i, at_m);
+        if (w >= k) { /* m[k..k + n_drop): markers dropped */
+            i = at_m + strlen(m[w]);
+            continue;
+        }
+        size_t j = skip_ws(p, at_m + strlen(m[w]));
+        if (fence && at(p, j, fence)) j = skip_ws(p, j + strlen(fence));
+        else if (fence && may_become(p, j, fence)) return;
+        if (j >= p->n) return;
+        if (p->t[j] != '[' && p->t[j] != '{') { /* not a call: the text stays */
+            plain(p, at_m, j);
+            i = j;
+            continue;
+        }
+        if ((i = json_call_list(p, j)) == NPOS) return;
+        i = skip_ws(p, i);
+        if (fence && at(p, i, "```")) i = skip_ws(p, i + 3);
+        else if (fence && may_become(p, i, "```")) return;
+        if (close && at(p, i, close)) i += strlen(close);
+        else if (close && may_become(p, i, close)) return;
+    }
+}
+
+bool ktc_has_tool(const cJSON *tools, const char *name) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, name)) return true;
+    }
+    return false;
+}
+
+static void fmt_command_r_plus(P *p, size_t i) {
+    static const char *const m[] = {"Action:", "<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>"};
+    fmt_json_after(p, i, m, 1, 2, NULL, "```json");
+    int k = 0;
+    for (int c = 0; c < p->n_calls; c++) {
+        if (!strcmp(p->calls[c].name, "directly-answer") && !ktc_has_tool(p->syn->tools, "directly-answer")) {
+            free(p->calls[c].name), free(p->calls[c].arguments);
+            continue;
+        }
+        p->calls[k++] = p->calls[c];
+    }
+    p->n_calls = k;
+}
+
 /* Formats that wrap calls in a section: BEGIN (CALL_BEGIN call)* END, each
  * call parsed by .call from after CALL_BEGIN: the index after it (its end
  * marker too), NPOS (stop: partial or reported incomplete), or NOT_CALL. */
@@ -671,6 +752,10 @@ typedef struct {
 
 static const xml_fmt k_qwen3_coder = {"<tool_call>", "</tool_call>", "<function=", ">", "<parameter=", ">", "", "</parameter>",
                                       "</function>"};
+static const xml_fmt k_seed_oss = {"<seed:tool_call>", "</seed:tool_call>", "<function=", ">", "<parameter=", ">", "",
+                                   "</parameter>", "</function>"};
+static const xml_fmt k_minimax_m2 = {"<minimax:tool_call>", "</minimax:tool_call>", "<invoke name=\"", "\">", "<parameter name=\"",
+                                     "\">", "", "</parameter>", "</invoke>"};
 static const xml_fmt k_glm45 = {"<tool_call>", "</tool_call>", "", NULL, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", NULL};
 
 static void strip_nl(const char **s, size_t *n) {
@@ -838,6 +923,19 @@ static void trim(buf *b) {
 
 kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool partial, ktc_msg *m) {
     memset(m, 0, sizeof *m);
+    if (s->prefix && *s->prefix) { /* the output as the prefix and the text */
+        size_t np = strlen(s->prefix);
+        char *t = malloc(np + n + 1);
+        if (!t) return kiln_error(KILN_ENOMEM, "out of memory");
+        memcpy(t, s->prefix, np);
+        if (n) memcpy(t + np, text, n);
+        t[np + n] = 0;
+        ktc_syntax s2 = *s;
+        s2.prefix = NULL;
+        kiln_status st = ktc_parse(&s2, t, np + n, partial, m);
+        free(t);
+        return st;
+    }
     P p = {.syn = s, .t = text, .n = n, .partial = partial};
     size_t i = 0;
     bool go = true;
@@ -871,6 +969,19 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         case KTC_HARMONY: fmt_harmony(&p, i); break;
         case KTC_COMMAND_R: fmt_command_r(&p, i); break;
         case KTC_GRANITE: fmt_marker_list(&p, i, "<|tool_call|>", false); break;
+        case KTC_SEED_OSS: fmt_xml(&p, i, &k_seed_oss); break;
+        case KTC_MINIMAX_M2: fmt_xml(&p, i, &k_minimax_m2); break;
+        case KTC_PHI4: {
+            static const char *const phi[] = {"<|tool_call|>", "functools"};
+            fmt_json_after(&p, i, phi, 2, 0, "<|/tool_call|>", NULL);
+            break;
+        }
+        case KTC_FIREFUNCTION: {
+            static const char *const ff[] = {"functools"};
+            fmt_json_after(&p, i, ff, 1, 0, NULL, NULL);
+            break;
+        }
+        case KTC_COMMAND_R_PLUS: fmt_command_r_plus(&p, i); break;
         default: plain(&p, i, n); break;
         }
     }
@@ -908,7 +1019,13 @@ struct ktc_stream {
 
 ktc_stream *ktc_stream_create(const ktc_syntax *s) {
     ktc_stream *st = calloc(1, sizeof *st);
-    if (st) st->syn = *s;
+    if (!st) return NULL;
+    st->syn = *s;
+    st->syn.prefix = NULL; /* fed first instead */
+    if (s->prefix && !buf_grow_add(&st->text, s->prefix, strlen(s->prefix))) {
+        free(st);
+        return NULL;
+    }
     return st;
 }
 

@@ -15,11 +15,12 @@
  * and its arguments text only grows. Text that may still become markup (a
  * partial "<tool_" at the end) is held back, so markup never reaches content.
  *
- * Constrained generation hook: ktc_trigger() gives the text at which a
- * format's call starts (and ktc_syntax.tools the schemas); a grammar engine
- * plugs in there, switched on at the trigger (lazily, tool_choice auto) or
- * from the start (tool_choice required / a named function / strict). This
- * module only parses; it constrains nothing. */
+ * Constrained calls: ktc_trigger() gives the text at which a format's call
+ * starts and ktc_grammar() the GBNF of what follows it (each call's
+ * arguments under its function's schema); generation switches the grammar
+ * on where the trigger appears (lazily, as llama.cpp's lazy grammars), or
+ * the prompt ends with the trigger (tool_choice required: ktc_syntax.prefix
+ * tells the parser). */
 #ifndef KILN_TOOLCALL_H
 #define KILN_TOOLCALL_H
 
@@ -42,6 +43,11 @@ typedef enum {
     KTC_KIMI_K2,      /* <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{..} */
     KTC_COMMAND_R,    /* <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]<|END_ACTION|> (Command R7B / A) */
     KTC_GRANITE,      /* <|tool_call|>[{"name": .., "arguments": {..}}, ..] (Granite 3.x) */
+    KTC_SEED_OSS,     /* <seed:tool_call><function=NAME><parameter=K>V</parameter></function></seed:tool_call> */
+    KTC_MINIMAX_M2,   /* <minimax:tool_call><invoke name="NAME"><parameter name="K">V</parameter></invoke>.. */
+    KTC_PHI4,         /* <|tool_call|>[{"name", "arguments"}]<|/tool_call|> (Phi-4-mini; vLLM's functools[..] too) */
+    KTC_COMMAND_R_PLUS, /* Action: ```json [{"tool_name": .., "parameters": {..}}] ``` (Command R+) */
+    KTC_FIREFUNCTION, /* functools[{"name", "arguments"}, ..] (FireFunction v2) */
     KTC_N_FORMATS
 } ktc_format;
 
@@ -50,6 +56,7 @@ typedef enum {
     KTC_THINK_TAGS,    /* <think>...</think> (Qwen3, DeepSeek-R1, GLM, Kimi, ...) */
     KTC_THINK_MISTRAL, /* [THINK]...[/THINK] */
     KTC_THINK_COHERE,  /* <|START_THINKING|>...<|END_THINKING|> */
+    KTC_THINK_SEED,    /* <seed:think>...</seed:think> (Seed-OSS) */
     /* Harmony's analysis channel is reasoning whenever the format is KTC_HARMONY */
 } ktc_reasoning;
 
@@ -62,13 +69,32 @@ ktc_reasoning ktc_detect_reasoning(const char *template_source);
 bool ktc_needs_special(ktc_format f);
 /* Where a call starts: the grammar engine's trigger (see above). */
 const char *ktc_trigger(ktc_format f);
+/* Whether OpenAI tools (a list, may be NULL) hold a function of that name. */
+bool ktc_has_tool(const cJSON *tools, const char *name);
+/* Whether ktc_grammar knows the format: those whose text from the trigger
+ * to the arguments' end holds no special token (Hermes, Llama 3, Mistral
+ * v3, Granite, Command R, Phi-4-mini, Command R+, FireFunction). */
+bool ktc_grammar_supported(ktc_format f);
+/* The GBNF (malloc'ed) of the text after ktc_trigger(f): one call (Hermes,
+ * Llama 3: each call has its own trigger) or a list of calls (one when not
+ * parallel) of the tools (OpenAI tools), or only of the function named only
+ * (NULL: any), ending where the arguments end. A strict tool's schema that
+ * the grammar engine cannot honour is an error naming the tool; another
+ * tool's arguments are then any JSON object. */
+kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, char **gbnf);
 
 typedef struct {
     ktc_format format;       /* KTC_NONE: no tool calls parsed */
     ktc_reasoning reasoning; /* KTC_THINK_NONE: thinking stays in content */
     bool think_open;         /* the prompt already opened the thinking block */
     const cJSON *tools;      /* OpenAI tools (borrowed; NULL): argument types for XML formats */
+    const char *prefix;      /* the output's start that the prompt already holds (borrowed; NULL: none),
+                              * e.g. the trigger a forced call was prefilled with */
 } ktc_syntax;
+
+/* The thinking block's opening and closing text (Harmony: the analysis
+ * channel's); NULL both for KTC_THINK_NONE outside Harmony. */
+void ktc_think_markers(ktc_format f, ktc_reasoning r, const char **open, const char **close);
 
 /* Whether a rendered prompt ends inside an opened thinking block ("<think>"
  * and whitespace at its end, as DeepSeek-R1's and Qwen3's templates write). */

@@ -140,6 +140,10 @@ static const rt_case k_rt[] = {
     /* (Kimi-K2-Instruct.jinja calls list.append, which kiln's Jinja lacks) */
     {"moonshotai-Kimi-K2", KTC_KIMI_K2, "<|im_end|>", 2, false},
     {"CohereForAI-c4ai-command-r7b-12-2024-tool_use", KTC_COMMAND_R, "<|END_OF_TURN_TOKEN|>", 2, true},
+    /* (ByteDance-Seed-OSS.jinja has a dict with integer keys, which kiln's Jinja refuses: its cases are hand-written) */
+    {"MiniMax-M2", KTC_MINIMAX_M2, "[e~[", 2, true},
+    /* (the template appends its instructions after the last turn) */
+    {"CohereForAI-c4ai-command-r-plus-tool_use", KTC_COMMAND_R_PLUS, "<|START_OF_TURN_TOKEN|>", 2, false},
 };
 
 static const char *k_call_args[2] = {"{\"city\": \"Paris\", \"days\": 3}", "{\"zone\": \"Asia/Tokyo\"}"};
@@ -202,12 +206,16 @@ KT_TEST(toolcall_round_trip_real_templates) {
         while (prompt[k] && prompt[k] == full[k]) k++;
         if (prompt[k])
             while (k > 0 && full[k - 1] != '>') k--; /* back to the end of the last tag */
+        /* Command R+'s generation prompt follows its closing instructions, which
+         * a past turn precedes: the output is the turn after its header */
+        static const char hdr[] = "<|CHATBOT_TOKEN|>";
+        if (!strncmp(full + k, hdr, sizeof hdr - 1)) k += sizeof hdr - 1;
         char *out = strdup(full + k);
         char *e = rc->end ? strstr(out, rc->end) : out + strlen(out);
         KT_CHECKF(e, "%s: no %s in %s", rc->file, rc->end, out);
         *e = 0;
         prompt[k] = 0;
-        ktc_syntax syn = {rc->format, ktc_detect_reasoning(src), false, tools};
+        ktc_syntax syn = {rc->format, ktc_detect_reasoning(src), false, tools, NULL};
         syn.think_open = ktc_prompt_opens_think(syn.reasoning, prompt);
         ktc_msg m;
         KT_CHECK_OK(ktc_parse(&syn, out, strlen(out), false, &m));
@@ -297,6 +305,19 @@ static const hw_case k_hw[] = {
     {KTC_GRANITE, KTC_THINK_TAGS, false,
      "<think>Need it.</think>Sure.<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, {\"name\": \"get_time\", \"arguments\": {}}]",
      "Sure.", "Need it.", "[[\"get_weather\", {\"city\": \"Rome\"}], [\"get_time\", {}]]"},
+    /* Phi-4-mini (its template renders no past calls) */
+    {KTC_PHI4, KTC_THINK_NONE, false,
+     "Sure.<|tool_call|>[{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]<|/tool_call|>", "Sure.", "",
+     "[[\"get_time\", {\"zone\": \"UTC\"}]]"},
+    /* Command R+: its directly-answer pseudo-tool is no call */
+    {KTC_COMMAND_R_PLUS, KTC_THINK_NONE, false,
+     "I'll check.\nAction: ```json\n[{\"tool_name\": \"directly-answer\", \"parameters\": {}}, {\"tool_name\": \"get_time\", "
+     "\"parameters\": {}}]```", "I'll check.", "", "[[\"get_time\", {}]]"},
+    /* MiniMax-M2: the prompt opened <think>; two invokes in one block */
+    {KTC_MINIMAX_M2, KTC_THINK_TAGS, true,
+     "Need both.</think>\n\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Rome</parameter>\n"
+     "<parameter name=\"days\">2</parameter>\n</invoke>\n<invoke name=\"get_time\">\n</invoke>\n</minimax:tool_call>",
+     "", "Need both.", "[[\"get_weather\", {\"city\": \"Rome\", \"days\": 2}], [\"get_time\", {}]]"},
     /* no format: everything is content */
     {KTC_NONE, KTC_THINK_TAGS, false, "<think>r</think><tool_call>{}</tool_call>", "<tool_call>{}</tool_call>", "r", "[]"},
 };
@@ -305,7 +326,7 @@ KT_TEST(toolcall_parses_model_outputs) {
     cJSON *tools = cJSON_Parse(k_tools);
     for (size_t c = 0; c < sizeof k_hw / sizeof k_hw[0]; c++) {
         const hw_case *h = &k_hw[c];
-        ktc_syntax syn = {h->format, h->reasoning, h->think_open, tools};
+        ktc_syntax syn = {h->format, h->reasoning, h->think_open, tools, NULL};
         ktc_msg m;
         KT_CHECK_OK(ktc_parse(&syn, h->text, strlen(h->text), false, &m));
         KT_CHECKF(!strcmp(m.content, h->content), "case %zu: content [%s], want [%s]", c, m.content, h->content);
@@ -331,7 +352,7 @@ KT_TEST(toolcall_parses_model_outputs) {
 /* A call cut short (max_tokens) is reported with the arguments written so
  * far; streaming holds back a partial marker and never shows it. */
 KT_TEST(toolcall_partial_output) {
-    ktc_syntax syn = {KTC_HERMES, KTC_THINK_TAGS, false, NULL};
+    ktc_syntax syn = {KTC_HERMES, KTC_THINK_TAGS, false, NULL, NULL};
     ktc_msg m;
     const char *t = "Hi <tool_";
     KT_CHECK_OK(ktc_parse(&syn, t, strlen(t), true, &m));
@@ -362,6 +383,27 @@ KT_TEST(toolcall_detect_formats) {
     KT_CHECK_OK(ku_read_file(kt_path(path, sizeof path, "tests/data/chat/templates/ibm-granite-granite-3.3-2B-Instruct.jinja"), &src, NULL));
     KT_CHECK_EQ(ktc_detect(src), KTC_GRANITE);
     free(src);
+    static const struct {
+        const char *file;
+        ktc_format f;
+        ktc_reasoning r;
+    } k_det[] = {{"ByteDance-Seed-OSS", KTC_SEED_OSS, KTC_THINK_SEED},
+                 {"MiniMax-M2", KTC_MINIMAX_M2, KTC_THINK_TAGS},
+                 {"CohereForAI-c4ai-command-r-plus-tool_use", KTC_COMMAND_R_PLUS, KTC_THINK_NONE},
+                 {"fireworks-ai-llama-3-firefunction-v2", KTC_FIREFUNCTION, KTC_THINK_NONE}};
+    for (size_t i = 0; i < sizeof k_det / sizeof *k_det; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", k_det[i].file);
+        KT_CHECK_OK(ku_read_file(kt_path(path, sizeof path, rel), &src, NULL));
+        KT_CHECKF(ktc_detect(src) == k_det[i].f && ktc_detect_reasoning(src) == k_det[i].r, "%s: %s", k_det[i].file,
+                  ktc_format_name(ktc_detect(src)));
+        free(src);
+    }
+    /* Phi-4-mini-instruct's template (tools in the system turn) */
+    KT_CHECK_EQ(ktc_detect("{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message %}{{ '<|' + "
+                           "message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' + "
+                           "'<|end|>' }}{% endif %}{% endfor %}"),
+                KTC_PHI4);
     KT_CHECK(ktc_needs_special(KTC_HARMONY) && !ktc_needs_special(KTC_HERMES));
 }
 
@@ -379,8 +421,9 @@ KT_TEST(toolcall_llama_cpp_cases) {
         const char *text = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
         const char *think = cJSON_GetObjectItemCaseSensitive(c, "reasoning")->valuestring;
         ktc_syntax syn = {KTC_NONE, !strcmp(think, "tags") ? KTC_THINK_TAGS : !strcmp(think, "mistral") ? KTC_THINK_MISTRAL
-                                                  : !strcmp(think, "cohere") ? KTC_THINK_COHERE : KTC_THINK_NONE,
-                          cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "think_open")), tools};
+                                                  : !strcmp(think, "cohere") ? KTC_THINK_COHERE
+                                                  : !strcmp(think, "seed")   ? KTC_THINK_SEED : KTC_THINK_NONE,
+                          cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "think_open")), tools, NULL};
         for (int f = 0; f < KTC_N_FORMATS; f++)
             if (!strcmp(ktc_format_name((ktc_format)f), fmt)) syn.format = (ktc_format)f;
         KT_CHECKF(syn.format != KTC_NONE, "%s: format %s", src, fmt);

@@ -1,0 +1,182 @@
+/* grammar_test.c: the tool-call grammars (ktc_grammar): calls as the
+ * formats write them match, wrong arguments do not; and generation under the
+ * lazy grammar (kgen_session with a trigger) turns a model's invalid
+ * arguments into valid ones. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gen/session.h"
+#include "grammar/grammar.h"
+#include "kt.h"
+#include "tools/toolcall.h"
+
+static const char *k_tools =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"strict\": true, \"parameters\": {\"type\": "
+    "\"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\"}}, \"required\": "
+    "[\"city\"], \"additionalProperties\": false}}}, {\"type\": \"function\", \"function\": {\"name\": \"get_time\", "
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"zone\": {\"type\": \"string\"}}}}}]";
+
+/* 256 byte tokens and an EOS (256) */
+enum { EOS = 256, NV = 257 };
+static char k_bytes[256];
+
+static kgr_vocab *byte_vocab(void) {
+    const char *t[NV];
+    int32_t l[NV];
+    for (int i = 0; i < 256; i++) k_bytes[i] = (char)i, t[i] = &k_bytes[i], l[i] = 1;
+    t[EOS] = "", l[EOS] = 0;
+    kgr_vocab *v = NULL;
+    kiln_status st = kgr_vocab_from_strings(t, l, NV, EOS, &v);
+    kiln_status_free(st);
+    return v;
+}
+
+/* 1: g takes s whole; 0: it refuses it (or s is incomplete) */
+static int takes(const char *gbnf, const kgr_vocab *v, const char *s) {
+    kgr_grammar *g;
+    kiln_status st = kgr_from_gbnf(gbnf, strlen(gbnf), &g);
+    if (st) {
+        kiln_status_free(st);
+        return -1;
+    }
+    kgr_matcher *m;
+    st = kgr_matcher_create_owned(g, v, &m);
+    if (st) {
+        kiln_status_free(st);
+        return -1;
+    }
+    int r = kgr_matcher_accept_bytes(m, s, strlen(s)) && kgr_matcher_done(m);
+    kgr_matcher_free(m);
+    return r;
+}
+
+KT_TEST(tools_grammar_formats) {
+    cJSON *tools = cJSON_Parse(k_tools);
+    kgr_vocab *v = byte_vocab();
+    KT_CHECK(tools && v);
+    static const struct {
+        ktc_format f;
+        const char *good, *bad; /* the text after the trigger */
+    } k[] = {
+        {KTC_HERMES, "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}",
+         "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 3}}"},
+        {KTC_LLAMA3, ": \"get_time\", \"parameters\": {\"zone\": \"CET\"}}",
+         ": \"get_time\", \"parameters\": {\"zone\": \"CET\", \"other\": [1]}}"}, /* no keys beyond the schema's */
+        {KTC_MISTRAL, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}, \"id\": \"abcDEF123\"}, "
+                      "{\"name\": \"get_time\", \"arguments\": {}}]",
+         "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"x\": 1}}]"},
+        {KTC_GRANITE, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]",
+         "[{\"name\": \"get_wether\", \"arguments\": {}}]"},
+        {KTC_COMMAND_R, "[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}\n]",
+         "[{\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"days\": 1.5}}]"},
+        {KTC_PHI4, "[{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]", "[{\"name\": \"get_time\", \"parameters\": {}}]"},
+        {KTC_FIREFUNCTION, "[{\"name\": \"get_time\", \"arguments\": {}}]", "{\"name\": \"get_time\", \"arguments\": {}}"},
+        {KTC_COMMAND_R_PLUS, "\n```json\n[\n    {\n        \"tool_name\": \"get_weather\",\n        \"parameters\": {\n            \"city\": \"Oslo\"\n        }\n    }\n]",
+         "\n```json\n[{\"tool_name\": \"get_weather\", \"parameters\": {}}]"},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        char *g = NULL;
+        KT_CHECK_OK(ktc_grammar(k[i].f, tools, NULL, true, &g));
+        KT_CHECKF(takes(g, v, k[i].good) == 1, "%s: refuses %s\n%s", ktc_format_name(k[i].f), k[i].good, g);
+        KT_CHECKF(takes(g, v, k[i].bad) == 0, "%s: takes %s", ktc_format_name(k[i].f), k[i].bad);
+        free(g);
+    }
+    /* a named function only; one call when not parallel */
+    char *g = NULL;
+    KT_CHECK_OK(ktc_grammar(KTC_GRANITE, tools, "get_time", false, &g));
+    KT_CHECK(takes(g, v, "[{\"name\": \"get_time\", \"arguments\": {}}]") == 1);
+    KT_CHECK(takes(g, v, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]") == 0);
+    KT_CHECK(takes(g, v, "[{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"get_time\", \"arguments\": {}}]") == 0);
+    free(g);
+    /* a strict tool whose schema the engine cannot honour: an error naming it; formats without a grammar */
+    cJSON *bad = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
+                             "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"array\", \"uniqueItems\": true}}}}}]");
+    kiln_status st = ktc_grammar(KTC_HERMES, bad, NULL, true, &g);
+    KT_CHECKF(st && strstr(kiln_status_msg(st), "\"tools\"[0].function.parameters") && strstr(kiln_status_msg(st), "uniqueItems"),
+              "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    cJSON *lax = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(bad, 0), "function");
+    cJSON_ReplaceItemInObjectCaseSensitive(lax, "strict", cJSON_CreateFalse());
+    KT_CHECK_OK(ktc_grammar(KTC_HERMES, bad, NULL, true, &g)); /* not strict: any object */
+    KT_CHECK(takes(g, v, "{\"name\": \"f\", \"arguments\": {\"a\": [1, 1]}}") == 1);
+    free(g);
+    st = ktc_grammar(KTC_HARMONY, tools, NULL, true, &g);
+    KT_CHECK(st && kiln_status_code(st) == KILN_EUNSUPPORTED && !ktc_grammar_supported(KTC_HARMONY));
+    kiln_status_free(st);
+    cJSON_Delete(bad);
+    cJSON_Delete(tools);
+    kgr_vocab_free(v);
+}
+
+/* ---- generation: a scripted model under the lazy grammar ---- */
+
+static const char *piece(void *ud, int32_t id, size_t *len) {
+    (void)ud;
+    *len = id < 256 ? 1 : 0;
+    return id < 256 ? &k_bytes[id] : "";
+}
+
+/* Greedy over logits that want script[step] (10), then EOS (4) once the
+ * script is spent, else '"' (3), '}' (2), whitespace last (-5). */
+static kiln_status run(const char *script, bool constrain, char *out, size_t cap) {
+    kgen_params p;
+    KILN_TRY(kgen_params_init(&p));
+    p.temperature = 0.0f;
+    p.n_predict = 200;
+    kgr_vocab *gv = byte_vocab();
+    kiln_status st = NULL;
+    if (constrain) {
+        cJSON *tools = cJSON_Parse(k_tools);
+        st = ktc_grammar(KTC_HERMES, tools, NULL, true, &p.grammar);
+        cJSON_Delete(tools);
+        p.grammar_trigger = strdup(ktc_trigger(KTC_HERMES));
+        p.grammar_lazy = true;
+    }
+    kgen_vocab v = {NV, piece, NULL, NULL, gv};
+    const int32_t eos[1] = {EOS}, prompt[1] = {'x'};
+    kgen_session *g = NULL;
+    if (!st) st = kgen_session_create(&p, &v, 4096, eos, 1, prompt, 1, &g);
+    float logits[NV];
+    size_t n = 0, len = strlen(script);
+    for (int step = 0; !st; step++) {
+        for (int i = 0; i < NV; i++) logits[i] = 0;
+        logits[' '] = logits['\n'] = logits['\t'] = -5;
+        logits['"'] = 3, logits['}'] = 2;
+        if ((size_t)step < len) logits[(unsigned char)script[step]] = 10;
+        else logits[EOS] = 4;
+        kgen_step s;
+        if ((st = kgen_session_step(g, logits, &s))) break;
+        if (n + s.text_len < cap) memcpy(out + n, s.text, s.text_len), n += s.text_len;
+        if (s.finish != KGEN_CONTINUE) break;
+    }
+    out[n] = 0;
+    kgen_session_destroy(g);
+    kgen_params_free(&p);
+    kgr_vocab_free(gv);
+    return st;
+}
+
+KT_TEST(tools_grammar_lazy_generation) {
+    /* the model calls with a number for a string, then chats on */
+    const char *script = "Let me look. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 3}}\n</tool_call>";
+    char free_out[512], con[512];
+    KT_CHECK_OK(run(script, false, free_out, sizeof free_out));
+    KT_CHECKF(!strcmp(free_out, script), "%s", free_out);
+    KT_CHECK_OK(run(script, true, con, sizeof con));
+    /* the text before the trigger is the model's; the arguments are valid */
+    KT_CHECKF(!strncmp(con, "Let me look. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"", 72), "%s", con);
+    ktc_syntax syn = {.format = KTC_HERMES};
+    ktc_msg m;
+    KT_CHECK_OK(ktc_parse(&syn, con, strlen(con), false, &m));
+    KT_CHECKF(m.n_calls == 1 && !strcmp(m.calls[0].name, "get_weather"), "%s", con);
+    cJSON *a = m.n_calls ? cJSON_Parse(m.calls[0].arguments) : NULL;
+    KT_CHECKF(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(a, "city")) && cJSON_GetArraySize(a) == 1, "%s", con);
+    cJSON_Delete(a);
+    ktc_msg_free(&m);
+    /* and the unconstrained call's arguments fail the schema */
+    KT_CHECK_OK(ktc_parse(&syn, free_out, strlen(free_out), false, &m));
+    a = m.n_calls ? cJSON_Parse(m.calls[0].arguments) : NULL;
+    KT_CHECK(m.n_calls == 1 && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(a, "city")));
+    cJSON_Delete(a);
+    ktc_msg_free(&m);
+}
