@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "gen/params.h"
@@ -30,6 +32,9 @@ static void usage(FILE *f) {
             "  --no-prefix-cache      do not share the KV blocks of common prompt prefixes\n"
             "  --max-body BYTES       largest request body (default 2097152)\n"
             "  --timeout S            idle connection timeout in seconds (default 60)\n"
+            "  --shutdown-timeout S   on SIGTERM/SIGINT: seconds running requests get to finish before\n"
+            "                         streams end with an error event and the rest get 503 (default 5);\n"
+            "                         a second signal exits at once\n"
             "  --quiet                no access log\n"
             "  --reasoning-format F   auto: thinking blocks go to reasoning_content; none: left in content\n"
             "  --reasoning-budget N   -1: unrestricted thinking (default); 0: thinking off (enable_thinking false)\n"
@@ -37,8 +42,19 @@ static void usage(FILE *f) {
     kgen_print_flags(f);
 }
 
+/* After the first signal: a second one exits at once (the grace period is
+ * for the clients, not for an operator who means it). */
+static void *second_signal(void *arg) {
+    const sigset_t *sigs = arg;
+    int sig = 0;
+    sigwait(sigs, &sig);
+    fprintf(stderr, "kiln: %s again: exiting now\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    _exit(128 + sig);
+}
+
 int kiln_cmd_serve(int argc, char **argv) {
     ksrv_params p = {.port = 8080};
+    int64_t grace = 5;
     kgen_params gp;
     kiln_status st = kgen_params_init(&gp);
     for (int i = 1; !st && i < argc;) {
@@ -72,6 +88,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--alias")) p.alias = v;
         else if (!strcmp(a, "--max-body")) st = kiln_parse_int(a, v, 1024, 1ll << 32, &p.max_body);
         else if (!strcmp(a, "--timeout")) st = kiln_parse_int(a, v, 1, 86400, &x), p.timeout_s = (int)x;
+        else if (!strcmp(a, "--shutdown-timeout")) st = kiln_parse_int(a, v, 0, 86400, &grace);
         else if (!strcmp(a, "--metrics")) p.metrics = true;
         else if (!strcmp(a, "--no-prefix-cache")) p.no_prefix_cache = true;
         else if (!strcmp(a, "--quiet")) p.quiet = true;
@@ -93,9 +110,11 @@ int kiln_cmd_serve(int argc, char **argv) {
     }
     if (!p.model_dir) p.model_dir = kiln_default_model();
     if (!p.api_key && getenv("KILN_API_KEY")) p.api_key = getenv("KILN_API_KEY");
+    /* tests: slow generations on tiny models (see ksrv_params.step_delay_us) */
+    if (getenv("KILN_SERVE_STEP_DELAY_US")) p.step_delay_us = atoi(getenv("KILN_SERVE_STEP_DELAY_US"));
     p.defaults = &gp;
     /* every thread inherits the mask: signals arrive only at sigwait below */
-    sigset_t sigs;
+    static sigset_t sigs; /* second_signal reads it */
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
@@ -107,15 +126,28 @@ int kiln_cmd_serve(int argc, char **argv) {
     if (st) return kiln_fail(st);
     fprintf(stderr, "kiln: listening on http://%s:%d (loading %s)\n", p.host ? p.host : "127.0.0.1", ksrv_port(s),
             p.model_dir);
-    st = ksrv_wait_ready(s);
-    if (st) {
-        ksrv_stop(s);
-        return kiln_fail(st);
+    /* wait for a signal, and meanwhile for the model (a signal while it
+     * loads stops the server too) */
+    int sig = -1;
+    bool loading = true;
+    while (sig < 0) {
+        if (loading && !ksrv_loading(s)) {
+            loading = false;
+            st = ksrv_wait_ready(s);
+            if (st) {
+                ksrv_stop(s);
+                return kiln_fail(st);
+            }
+            fprintf(stderr, "kiln: ready\n");
+        }
+        struct timespec ts = {0, loading ? 50000000 : 500000000};
+        sig = sigtimedwait(&sigs, NULL, &ts);
     }
-    fprintf(stderr, "kiln: ready\n");
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    fprintf(stderr, "kiln: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    fprintf(stderr, "kiln: %s: stopping (running requests get %llds; a second signal exits at once)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)grace);
+    pthread_t t;
+    if (pthread_create(&t, NULL, second_signal, &sigs) == 0) pthread_detach(t);
+    ksrv_shutdown(s, (double)grace);
     ksrv_stop(s);
     return 0;
 }

@@ -23,6 +23,8 @@ typedef struct {
     struct MHD_Connection *conn;
     ksrv_buf body;
     bool too_big, responded;
+    bool counted; /* in s->in_flight (a completion request running) */
+    bool close_after; /* the reply asks the client to close the connection */
     ksrv_job *job; /* a streaming response's job (freed when the request completes) */
     double t0;
     char method[16];
@@ -58,6 +60,7 @@ static enum MHD_Result reply(conn_state *cs, int status, const char *ctype, ksrv
                                                                               ? "POST"
                                                                               : "GET");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (cs->close_after) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(cs->conn, (unsigned)status, r);
     MHD_destroy_response(r);
     cs->responded = true;
@@ -258,6 +261,29 @@ static enum MHD_Result do_detokenize(conn_state *cs, const cJSON *body) {
     return reply_json(cs, 200, &b);
 }
 
+static const char k_shutting_down[] = "the server is shutting down";
+
+/* The event that ends a stream cut short, in the API's shape: OpenAI's
+ * (and vLLM's) error object then [DONE], the Responses API's "error"
+ * event, Anthropic's "error" event. */
+static void stream_error(conn_state *cs, int status, const char *msg) {
+    ksrv_job *j = cs->job;
+    ksrv_buf *b = &j->out;
+    if (anthropic_url(cs)) {
+        ksrv_buf_str(b, "event: error\ndata: ");
+        ksrv_anthropic_error(b, status, msg);
+        ksrv_buf_str(b, "\n\n");
+    } else if (j->agent) {
+        ksrv_buf_str(b, "event: error\ndata: {\"type\": \"error\", \"code\": \"server_shutting_down\", \"message\": ");
+        ksrv_buf_json_str(b, msg, strlen(msg));
+        ksrv_buf_str(b, ", \"param\": null}\n\n");
+    } else {
+        ksrv_buf_str(b, "data: ");
+        ksrv_error_json(b, status, "unavailable_error", NULL, msg);
+        ksrv_buf_str(b, "\n\ndata: [DONE]\n\n");
+    }
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     conn_state *cs = cls;
@@ -278,9 +304,15 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         if (j->out.len > 0 || j->done_sent) continue;
-        if (atomic_load(&cs->s->stopping) || client_gone(cs)) {
+        if (client_gone(cs)) {
             ksrv_job_cancel_wait(j);
             return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (atomic_load(&cs->s->stopping)) { /* the grace period is over: an error event ends the stream */
+            ksrv_job_cancel_wait(j);
+            stream_error(cs, 503, k_shutting_down);
+            j->done_sent = true;
+            continue;
         }
         ksrv_job_wait(j, 0.1);
     }
@@ -315,6 +347,8 @@ static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool cha
         ksrv_job_free(j);
         return reply_status(cs, st, &e);
     }
+    atomic_fetch_add(&s->in_flight, 1);
+    cs->counted = true;
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, cs, NULL);
         if (!r) {
@@ -334,19 +368,32 @@ static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool cha
     }
     /* not streaming: wait here (this connection's own thread), watching for
      * the client leaving */
-    while (!ksrv_job_finished(j)) {
-        if (atomic_load(&s->stopping) || client_gone(cs)) {
-            ksrv_job_cancel_wait(j);
-            ksrv_job_free(j);
+    enum MHD_Result ret = MHD_YES;
+    bool done = false;
+    while (!done && !(done = ksrv_job_finished(j))) {
+        if (client_gone(cs)) {
+            ret = MHD_NO;
             access_log(cs, 499);
-            return MHD_NO;
+            break;
+        }
+        if (atomic_load(&s->stopping)) { /* the grace period is over */
+            cs->close_after = true;
+            ret = reply_error(cs, 503, "unavailable_error", NULL, k_shutting_down);
+            break;
         }
         ksrv_job_wait(j, 0.1);
     }
-    ksrv_buf b = {0};
-    int status = ksrv_job_response(j, &b);
+    if (done) {
+        ksrv_buf b = {0};
+        int status = ksrv_job_response(j, &b);
+        ret = reply_json(cs, status, &b);
+    } else {
+        ksrv_job_cancel_wait(j);
+    }
     ksrv_job_free(j);
-    return reply_json(cs, status, &b);
+    atomic_fetch_sub(&s->in_flight, 1);
+    cs->counted = false;
+    return ret;
 }
 
 /* ---------------------------------------------------------------- routing */
@@ -396,6 +443,10 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
         char msg[256];
         snprintf(msg, sizeof msg, "%.200s takes %s, not %.16s", url, post ? "POST" : "GET", method);
         return reply_error(cs, 405, "invalid_request_error", NULL, msg);
+    }
+    if (atomic_load(&s->draining)) { /* ksrv_shutdown: no new work; /health says so */
+        cs->close_after = true;
+        if (r != R_METRICS) return reply_error(cs, 503, "unavailable_error", NULL, k_shutting_down);
     }
     if (r == R_HEALTH) return do_health(cs);
     if (r == R_METRICS) {
@@ -483,6 +534,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **ptr, enu
         ksrv_job_cancel_wait(cs->job); /* no-op when it ended */
         ksrv_job_free(cs->job);
     }
+    if (cs->counted) atomic_fetch_sub(&cs->s->in_flight, 1);
     ksrv_buf_free(&cs->body);
     free(cs);
     *ptr = NULL;
@@ -600,7 +652,8 @@ kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
         ksrv_stop(s);
         return st;
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG |
+                     MHD_USE_ITC; /* MHD_quiesce_daemon */
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
@@ -625,6 +678,8 @@ kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
 
 int ksrv_port(const ksrv *s) { return s->port; }
 
+bool ksrv_loading(ksrv *s) { return state_of(s, NULL) == KSRV_LOADING; }
+
 kiln_status ksrv_wait_ready(ksrv *s) {
     pthread_mutex_lock(&s->mu);
     while (s->state == KSRV_LOADING) pthread_cond_wait(&s->cv, &s->mu);
@@ -641,6 +696,23 @@ void ksrv_load(ksrv *s, int64_t *blocks_used, int64_t *requests) {
     ksch_get_stats(s->sch, &st);
     *blocks_used = st.cache.n_used;
     *requests = st.running + st.waiting;
+}
+
+static void wait_in_flight(ksrv *s, double until) {
+    while (atomic_load(&s->in_flight) > 0 && ksrv_now() < until) usleep(10000);
+}
+
+void ksrv_shutdown(ksrv *s, double grace_s) {
+    if (!s || atomic_exchange(&s->draining, true)) return;
+    if (s->d) { /* refuse new connections; the open ones get 503 */
+        MHD_socket fd = MHD_quiesce_daemon(s->d);
+        if (fd != MHD_INVALID_SOCKET) close(fd);
+    }
+    wait_in_flight(s, ksrv_now() + (grace_s > 0 ? grace_s : 0));
+    /* the rest: streams end with an error event, the others get 503; the
+     * connection threads write those within a step */
+    atomic_store(&s->stopping, true);
+    wait_in_flight(s, ksrv_now() + 2);
 }
 
 void ksrv_stop(ksrv *s) {

@@ -65,6 +65,14 @@ int ksrv_port(const ksrv *s);
 /* Blocks until the model is loaded (NULL) or failed to load (the error;
  * the server keeps answering 503). */
 kiln_status ksrv_wait_ready(ksrv *s);
+/* Whether the model is still loading (does not block). */
+bool ksrv_loading(ksrv *s);
+/* Graceful stop (SIGTERM): refuses new connections and answers new requests
+ * on open ones with 503, lets running requests finish for grace_s seconds,
+ * then ends the remaining streams with an error event and answers the
+ * other requests with 503. Returns when every request was answered (or 2 s
+ * after the grace period). ksrv_stop still frees the server. */
+void ksrv_shutdown(ksrv *s, double grace_s);
 /* Stops listening, ends every request, frees everything. */
 void ksrv_stop(ksrv *s);
 

@@ -66,7 +66,9 @@ struct ksrv {
     pthread_cond_t cv;
     int state;
     kiln_status load_err;
-    atomic_bool stopping;
+    atomic_bool stopping;  /* ksrv_stop, or ksrv_shutdown's grace period is over */
+    atomic_bool draining;  /* ksrv_shutdown: no new requests */
+    atomic_int in_flight;  /* completion requests submitted and not yet answered */
     ke_model *m;
     ke_ctx *c;
     ktok *tok;             /* NULL: no tokenizer (token ids only) */

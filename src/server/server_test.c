@@ -10,6 +10,7 @@
 #include <ctype.h>
 #include <curl/curl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1333,5 +1334,101 @@ KT_TEST(server_structured_outputs) {
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"grammar\": \"root ::= x\"}", NULL, 400, "\"param\": \"grammar\"");
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"structured_outputs\": {\"regex\": \"(\"}}", NULL, 400,
                 "\"param\": \"structured_outputs\"");
+    finish(&f);
+}
+
+/* ---------------------------------------------------------------- shutdown */
+
+typedef struct {
+    ksrv *s;
+    double grace;
+} shutdown_arg;
+
+static void *shutdown_main(void *arg) {
+    shutdown_arg *a = arg;
+    ksrv_shutdown(a->s, a->grace);
+    return NULL;
+}
+
+/* SIGTERM's path (ksrv_shutdown): requests that finish within the grace
+ * period are answered in full, a stream still running then ends with an
+ * error event and [DONE], a non-streamed one gets 503, /health says 503
+ * meanwhile, and new connections are refused. */
+KT_TEST(server_graceful_shutdown) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.step_delay_us = 25000; /* 20 tokens: 0.5 s or more; 120: 3 s or more */
+    if (!start(&f, &p)) return;
+    static const char *const bodies[] = {
+        "{\"prompt\": \"hi\", \"max_tokens\": 20, \"ignore_eos\": true, \"stream\": true, \"return_tokens\": true}",
+        "{\"prompt\": \"hi\", \"max_tokens\": 20, \"ignore_eos\": true, \"return_tokens\": true}",
+        "{\"prompt\": \"hi\", \"max_tokens\": 120, \"ignore_eos\": true, \"stream\": true}",
+        "{\"prompt\": \"hi\", \"max_tokens\": 120, \"ignore_eos\": true}",
+    };
+    enum { N = 4 };
+    CURLM *m = curl_multi_init();
+    resp rr[N];
+    CURL *cc[N];
+    struct curl_slist *hh[N];
+    memset(rr, 0, sizeof rr);
+    for (int i = 0; i < N; i++) {
+        cc[i] = request(&f, "POST", "/v1/completions", bodies[i], NULL, &rr[i], &hh[i]);
+        curl_multi_add_handle(m, cc[i]);
+    }
+    int running = 1;
+    double t0 = ksrv_now();
+    int64_t used, reqs = 0;
+    while (reqs < N && ksrv_now() - t0 < 20) { /* every request running */
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 10, NULL);
+        ksrv_load(f.s, &used, &reqs);
+    }
+    KT_CHECK_EQ(reqs, N);
+    shutdown_arg sa = {f.s, 1.5};
+    pthread_t t;
+    KT_CHECK(pthread_create(&t, NULL, shutdown_main, &sa) == 0);
+    double t_sd = ksrv_now();
+    while (running && ksrv_now() - t0 < 60) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 10, NULL);
+    }
+    pthread_join(t, NULL);
+    double took = ksrv_now() - t_sd;
+    KT_CHECKF(took >= 1.4 && took < 4, "ksrv_shutdown took %.2f s for a grace period of 1.5 s", took);
+    long status[N];
+    for (int i = 0; i < N; i++) {
+        curl_easy_getinfo(cc[i], CURLINFO_RESPONSE_CODE, &status[i]);
+        ksrv_buf_add(&rr[i].body, "", 0);
+    }
+    /* finished within the grace period */
+    sse s;
+    KT_CHECK_EQ(status[0], 200);
+    KT_CHECKF(parse_sse(rr[0].body.p, NULL, &s) && s.done && s.n_ids[0] == 20 && !strcmp(s.finish[0], "length"), "%s", rr[0].body.p);
+    KT_CHECK_EQ(status[1], 200);
+    cJSON *j = cJSON_Parse(rr[1].body.p);
+    int ids[256];
+    KT_CHECK_EQ(choice_ids(j, 0, ids, 256), 20);
+    KT_CHECK(!strcmp(choice_finish(j, 0), "length"));
+    cJSON_Delete(j);
+    /* cut: an error event, then [DONE]; 503 */
+    KT_CHECK_EQ(status[2], 200);
+    KT_CHECKF(strstr(rr[2].body.p, "data: {\"error\": {\"message\": \"the server is shutting down\"") &&
+                  strstr(rr[2].body.p, "data: [DONE]\n\n"),
+              "%s", rr[2].body.p);
+    KT_CHECK_EQ(status[3], 503);
+    KT_CHECK(strstr(rr[3].body.p, "shutting down"));
+    for (int i = 0; i < N; i++) {
+        curl_multi_remove_handle(m, cc[i]);
+        curl_easy_cleanup(cc[i]);
+        curl_slist_free_all(hh[i]);
+        ksrv_buf_free(&rr[i].body);
+    }
+    curl_multi_cleanup(m);
+    /* nothing new gets in */
+    resp r;
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), -1);
+    ksrv_buf_free(&r.body);
+    KT_CHECK(wait_idle(&f));
     finish(&f);
 }
