@@ -32,6 +32,12 @@ static void usage(FILE *f) {
             "  --no-prefix-cache      do not share the KV blocks of common prompt prefixes\n"
             "  --max-body BYTES       largest request body (default 2097152)\n"
             "  --timeout S            idle connection timeout in seconds (default 60)\n"
+            "  --request-timeout S    a request's headers and body must arrive within S seconds of the\n"
+            "                         connection opening or the previous response (default 30)\n"
+            "  --max-conns N          open connections (default 1000); above 3/4 of it, a connection\n"
+            "                         whose request has not arrived within 1 s is closed\n"
+            "  --max-conns-per-ip N   open connections per client address (default 256; 0: no limit,\n"
+            "                         e.g. behind a reverse proxy)\n"
             "  --shutdown-timeout S   on SIGTERM/SIGINT: seconds running requests get to finish before\n"
             "                         streams end with an error event and the rest get 503 (default 5);\n"
             "                         a second signal exits at once\n"
@@ -88,6 +94,9 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--alias")) p.alias = v;
         else if (!strcmp(a, "--max-body")) st = kiln_parse_int(a, v, 1024, 1ll << 32, &p.max_body);
         else if (!strcmp(a, "--timeout")) st = kiln_parse_int(a, v, 1, 86400, &x), p.timeout_s = (int)x;
+        else if (!strcmp(a, "--request-timeout")) st = kiln_parse_int(a, v, 1, 86400, &x), p.request_timeout_s = (int)x;
+        else if (!strcmp(a, "--max-conns")) st = kiln_parse_int(a, v, 4, 1 << 20, &x), p.max_conns = (int)x;
+        else if (!strcmp(a, "--max-conns-per-ip")) st = kiln_parse_int(a, v, 0, 1 << 20, &x), p.max_conns_per_ip = x ? (int)x : -1;
         else if (!strcmp(a, "--shutdown-timeout")) st = kiln_parse_int(a, v, 0, 86400, &grace);
         else if (!strcmp(a, "--metrics")) p.metrics = true;
         else if (!strcmp(a, "--no-prefix-cache")) p.no_prefix_cache = true;

@@ -18,9 +18,19 @@
 #include "base/json.h"
 #include "server/server_int.h"
 
+/* A TCP connection, for the reaper (request deadlines, see reaper_main). */
+typedef struct conn_watch {
+    struct conn_watch *prev, *next;
+    int fd;
+    double t_wait; /* when the connection opened or its last response ended */
+    bool busy;     /* a request is being answered */
+    bool cut;      /* shut down by the reaper */
+} conn_watch;
+
 typedef struct {
     ksrv *s;
     struct MHD_Connection *conn;
+    conn_watch *watch; /* NULL: not watched */
     ksrv_buf body;
     bool too_big, responded;
     bool counted; /* in s->in_flight (a completion request running) */
@@ -39,7 +49,16 @@ static void access_log(conn_state *cs, int status) {
     fprintf(stderr, "kiln: %s %s %d %.3fs\n", cs->method, cs->url, status, ksrv_now() - cs->t0);
 }
 
+static void set_busy(conn_state *cs, bool busy) {
+    if (!cs->watch) return;
+    pthread_mutex_lock(&cs->s->watch_mu);
+    cs->watch->busy = busy;
+    if (!busy) cs->watch->t_wait = ksrv_now();
+    pthread_mutex_unlock(&cs->s->watch_mu);
+}
+
 static enum MHD_Result reply(conn_state *cs, int status, const char *ctype, ksrv_buf *b) {
+    set_busy(cs, true);
     if (b->oom) {
         ksrv_buf_free(b);
         status = 500;
@@ -432,6 +451,7 @@ static route find_route(const char *url, bool *post) {
 
 static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *method) {
     ksrv *s = cs->s;
+    set_busy(cs, true); /* the request is in: its deadline no longer applies */
     bool post = false;
     route r = find_route(url, &post);
     if (r == R_NONE) {
@@ -488,6 +508,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!cs) return MHD_NO;
         cs->s = s;
         cs->conn = conn;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        cs->watch = ci ? ci->socket_context : NULL;
         cs->t0 = ksrv_now();
         snprintf(cs->method, sizeof cs->method, "%s", method);
         snprintf(cs->url, sizeof cs->url, "%s", url);
@@ -535,9 +557,73 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **ptr, enu
         ksrv_job_free(cs->job);
     }
     if (cs->counted) atomic_fetch_sub(&cs->s->in_flight, 1);
+    set_busy(cs, false); /* the next request's deadline counts from here */
     ksrv_buf_free(&cs->body);
     free(cs);
     *ptr = NULL;
+}
+
+/* ---------------------------------------------------------------- slow clients */
+
+/* MHD's own timeout is an idle timeout, which a client resets with a byte
+ * every few seconds. The reaper bounds the time a request's headers and
+ * body take to arrive instead: --request-timeout from the connection's
+ * opening (or its previous response's end), and under pressure (more than
+ * 3/4 of --max-conns open) KSRV_SHED_S, so a /health or /metrics request
+ * (which arrives in one packet) still gets a place. A connection past its
+ * deadline is shut down; MHD then closes it. */
+#define KSRV_SHED_S 1.0
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **ctx, enum MHD_ConnectionNotificationCode toe) {
+    ksrv *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_watch *w = ci ? calloc(1, sizeof *w) : NULL;
+        if (!w) return; /* not watched: MHD's idle timeout still applies */
+        w->fd = ci->connect_fd;
+        w->t_wait = ksrv_now();
+        pthread_mutex_lock(&s->watch_mu);
+        w->next = s->watch;
+        if (s->watch) s->watch->prev = w;
+        s->watch = w;
+        s->n_conns++;
+        pthread_mutex_unlock(&s->watch_mu);
+        *ctx = w;
+        return;
+    }
+    conn_watch *w = *ctx; /* closed: MHD closes the socket after this returns */
+    if (!w) return;
+    pthread_mutex_lock(&s->watch_mu);
+    if (w->prev) w->prev->next = w->next;
+    else s->watch = w->next;
+    if (w->next) w->next->prev = w->prev;
+    s->n_conns--;
+    pthread_mutex_unlock(&s->watch_mu);
+    free(w);
+    *ctx = NULL;
+}
+
+static void *reaper_main(void *arg) {
+    ksrv *s = arg;
+    pthread_mutex_lock(&s->watch_mu);
+    while (!s->reaper_stop) {
+        double now = ksrv_now();
+        bool pressure = s->n_conns * 4 > s->p.max_conns * 3;
+        double limit = pressure && KSRV_SHED_S < s->p.request_timeout_s ? KSRV_SHED_S : s->p.request_timeout_s;
+        for (conn_watch *w = s->watch; w; w = w->next)
+            if (!w->busy && !w->cut && now - w->t_wait > limit) {
+                shutdown(w->fd, SHUT_RDWR);
+                w->cut = true;
+                s->n_cut++;
+            }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&s->reaper_cv, &s->watch_mu, &ts);
+    }
+    pthread_mutex_unlock(&s->watch_mu);
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -617,7 +703,12 @@ kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
     if (s->p.max_body <= 0) s->p.max_body = 2 << 20;
     if (s->p.timeout_s <= 0) s->p.timeout_s = 60;
     if (s->p.max_choices <= 0) s->p.max_choices = 64;
+    if (s->p.max_conns <= 0) s->p.max_conns = 1000;
+    if (s->p.max_conns_per_ip == 0) s->p.max_conns_per_ip = 256;
+    if (s->p.request_timeout_s <= 0) s->p.request_timeout_s = 30;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->watch_mu, NULL);
+    pthread_cond_init(&s->reaper_cv, NULL);
     pthread_mutex_init(&s->vis_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->created = (long)time(NULL);
@@ -657,14 +748,21 @@ kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.timeout_s, MHD_OPTION_CONNECTION_LIMIT, 1000u,
-                            MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)s->p.max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)(s->p.max_conns_per_ip > 0 ? s->p.max_conns_per_ip : 0),
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         st = kiln_error(KILN_EIO, "cannot listen on %s:%d: %s", s->host, p->port, strerror(errno));
         ksrv_stop(s);
         return st;
     }
+    if (pthread_create(&s->reaper, NULL, reaper_main, s)) {
+        ksrv_stop(s);
+        return kiln_error(KILN_EIO, "cannot start the connection reaper thread");
+    }
+    s->reaper_started = true;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : p->port;
     if (pthread_create(&s->loader, NULL, load_main, s)) {
@@ -720,6 +818,13 @@ void ksrv_stop(ksrv *s) {
     atomic_store(&s->stopping, true);
     /* connections first: their requests are cancelled through the
      * scheduler, which still runs */
+    if (s->reaper_started) {
+        pthread_mutex_lock(&s->watch_mu);
+        s->reaper_stop = true;
+        pthread_cond_signal(&s->reaper_cv);
+        pthread_mutex_unlock(&s->watch_mu);
+        pthread_join(s->reaper, NULL);
+    }
     if (s->d) MHD_stop_daemon(s->d);
     if (s->loader_started) pthread_join(s->loader, NULL);
     if (s->stepper_started) {
@@ -736,7 +841,9 @@ void ksrv_stop(ksrv *s) {
     ksrv_metrics_destroy(s->met);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->vis_mu);
+    pthread_mutex_destroy(&s->watch_mu);
     pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->reaper_cv);
     free(s->model_dir), free(s->model_id), free(s->host), free(s->api_key);
     free(s);
 }

@@ -46,6 +46,9 @@ typedef struct {
     bool no_prefix_cache;
     int64_t max_body;      /* request body bytes; 0: 2 MiB */
     int timeout_s;         /* idle connection timeout; 0: 60 */
+    int request_timeout_s; /* a request's headers and body arrive within this; 0: 30 */
+    int max_conns;         /* open connections; 0: 1000 */
+    int max_conns_per_ip;  /* open connections per client address; 0: 256, < 0: no limit */
     int max_choices;       /* prompts x n per request; 0: 64 */
     const kgen_params *defaults; /* sampling defaults (NULL: llama.cpp's); copied */
     bool quiet;            /* no access log on stderr */

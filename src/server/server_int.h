@@ -69,6 +69,14 @@ struct ksrv {
     atomic_bool stopping;  /* ksrv_stop, or ksrv_shutdown's grace period is over */
     atomic_bool draining;  /* ksrv_shutdown: no new requests */
     atomic_int in_flight;  /* completion requests submitted and not yet answered */
+    /* open connections, for the reaper (server.c, slow clients) */
+    pthread_mutex_t watch_mu; /* watch, n_conns, n_cut, reaper_stop */
+    pthread_cond_t reaper_cv;
+    struct conn_watch *watch;
+    int n_conns;
+    int64_t n_cut; /* connections shut down for missing a deadline */
+    bool reaper_stop, reaper_started;
+    pthread_t reaper;
     ke_model *m;
     ke_ctx *c;
     ktok *tok;             /* NULL: no tokenizer (token ids only) */

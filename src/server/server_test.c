@@ -10,6 +10,7 @@
 #include <ctype.h>
 #include <curl/curl.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <netinet/in.h>
 #include <stdlib.h>
@@ -1430,5 +1431,99 @@ KT_TEST(server_graceful_shutdown) {
     KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), -1);
     ksrv_buf_free(&r.body);
     KT_CHECK(wait_idle(&f));
+    finish(&f);
+}
+
+/* ---------------------------------------------------------------- slow clients */
+
+/* A connection from the loopback address `from` (127.0.0.x: as many client
+ * addresses as a test needs) that sends the start of a request and stalls. */
+static int connect_stalled(int port, const char *from) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in me = {.sin_family = AF_INET}, a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, from, &me.sin_addr);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const char *part = "GET /health HTTP/1.1\r\nHo";
+    if (s < 0 || bind(s, (struct sockaddr *)&me, sizeof me) != 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0 ||
+        write(s, part, strlen(part)) != (ssize_t)strlen(part)) {
+        if (s >= 0) close(s);
+        return -1;
+    }
+    return s;
+}
+
+/* The server closed it (reads end of stream or an error). */
+static bool closed_by_server(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) return false;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n <= 0;
+}
+
+/* Issue 20.2: connections per client address are bounded; a connection
+ * that trickles its request (a byte every 200 ms, which an idle timeout
+ * never sees) is closed at --request-timeout; with the server's connections
+ * nearly all held by stalled clients, /health still answers within about a
+ * second (they are shed); the server carries on. */
+KT_TEST(server_slow_clients_deadlines_and_per_ip_limit) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.max_conns = 32;
+    p.max_conns_per_ip = 8;
+    p.request_timeout_s = 3;
+    if (!start(&f, &p)) return;
+    int port = ksrv_port(f.s);
+    /* per address: 12 from 127.0.0.2, 8 kept */
+    int fd[12];
+    for (int i = 0; i < 12; i++) fd[i] = connect_stalled(port, "127.0.0.2");
+    usleep(300000);
+    int alive = 0;
+    for (int i = 0; i < 12; i++) alive += fd[i] >= 0 && !closed_by_server(fd[i]);
+    KT_CHECK_EQ(alive, 8);
+    for (int i = 0; i < 12; i++)
+        if (fd[i] >= 0) close(fd[i]);
+    /* pressure: 32 stalled connections from 4 addresses fill --max-conns */
+    enum { NP = 32 };
+    int pf[NP];
+    char from[32];
+    for (int i = 0; i < NP; i++) {
+        snprintf(from, sizeof from, "127.0.0.%d", 3 + i / 8);
+        pf[i] = connect_stalled(port, from);
+    }
+    double t0 = ksrv_now();
+    resp r;
+    long hs = -1;
+    while (hs != 200 && ksrv_now() - t0 < 10) {
+        hs = http(&f, "GET", "/health", NULL, NULL, &r);
+        ksrv_buf_free(&r.body);
+        if (hs != 200) usleep(50000);
+    }
+    double took = ksrv_now() - t0;
+    KT_CHECK_EQ(hs, 200);
+    KT_CHECKF(took < 2.5, "/health answered %.2f s into the pressure (shedding after 1 s)", took);
+    int shed = 0;
+    for (int i = 0; i < NP; i++) shed += pf[i] < 0 || closed_by_server(pf[i]);
+    KT_CHECKF(shed > 0, "no stalled connection was shed");
+    for (int i = 0; i < NP; i++)
+        if (pf[i] >= 0) close(pf[i]);
+    usleep(300000); /* the server sees them go */
+    /* a trickling client: closed at the deadline, not before */
+    int slow = connect_stalled(port, "127.0.0.9");
+    KT_CHECK(slow >= 0);
+    t0 = ksrv_now();
+    while (!closed_by_server(slow) && ksrv_now() - t0 < 10) {
+        usleep(200000);
+        if (write(slow, "s", 1) != 1) break;
+    }
+    took = ksrv_now() - t0;
+    close(slow);
+    KT_CHECKF(took > 2.5 && took < 5, "the trickling client was closed after %.2f s (deadline 3 s)", took);
+    /* a keep-alive client within its deadline is served twice */
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 200);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 3}", NULL, &r), 200);
+    ksrv_buf_free(&r.body);
     finish(&f);
 }
