@@ -38,6 +38,8 @@ static void usage(FILE *f) {
             "                         whose request has not arrived within 1 s is closed\n"
             "  --max-conns-per-ip N   open connections per client address (default 256; 0: no limit,\n"
             "                         e.g. behind a reverse proxy)\n"
+            "  --max-image-pixels N   largest image (declared width x height, checked before decoding;\n"
+            "                         default 67108864 = 8192 x 8192)\n"
             "  --shutdown-timeout S   on SIGTERM/SIGINT: seconds running requests get to finish before\n"
             "                         streams end with an error event and the rest get 503 (default 5);\n"
             "                         a second signal exits at once\n"
@@ -97,6 +99,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--request-timeout")) st = kiln_parse_int(a, v, 1, 86400, &x), p.request_timeout_s = (int)x;
         else if (!strcmp(a, "--max-conns")) st = kiln_parse_int(a, v, 4, 1 << 20, &x), p.max_conns = (int)x;
         else if (!strcmp(a, "--max-conns-per-ip")) st = kiln_parse_int(a, v, 0, 1 << 20, &x), p.max_conns_per_ip = x ? (int)x : -1;
+        else if (!strcmp(a, "--max-image-pixels")) st = kiln_parse_int(a, v, 1, 1ll << 34, &p.max_image_pixels);
         else if (!strcmp(a, "--shutdown-timeout")) st = kiln_parse_int(a, v, 0, 86400, &grace);
         else if (!strcmp(a, "--metrics")) p.metrics = true;
         else if (!strcmp(a, "--no-prefix-cache")) p.no_prefix_cache = true;

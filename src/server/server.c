@@ -706,8 +706,11 @@ kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
     if (s->p.max_conns <= 0) s->p.max_conns = 1000;
     if (s->p.max_conns_per_ip == 0) s->p.max_conns_per_ip = 256;
     if (s->p.request_timeout_s <= 0) s->p.request_timeout_s = 30;
+    if (s->p.max_image_pixels <= 0) s->p.max_image_pixels = 1ll << 26;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->watch_mu, NULL);
+    pthread_mutex_init(&s->decode_mu, NULL);
+    pthread_cond_init(&s->decode_cv, NULL);
     pthread_cond_init(&s->reaper_cv, NULL);
     pthread_mutex_init(&s->vis_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -842,6 +845,8 @@ void ksrv_stop(ksrv *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->vis_mu);
     pthread_mutex_destroy(&s->watch_mu);
+    pthread_mutex_destroy(&s->decode_mu);
+    pthread_cond_destroy(&s->decode_cv);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->reaper_cv);
     free(s->model_dir), free(s->model_id), free(s->host), free(s->api_key);

@@ -50,6 +50,7 @@ typedef struct {
     int max_conns;         /* open connections; 0: 1000 */
     int max_conns_per_ip;  /* open connections per client address; 0: 256, < 0: no limit */
     int max_choices;       /* prompts x n per request; 0: 64 */
+    int64_t max_image_pixels; /* an image's declared width x height; 0: 2^26 (8192 x 8192) */
     const kgen_params *defaults; /* sampling defaults (NULL: llama.cpp's); copied */
     bool quiet;            /* no access log on stderr */
     bool reasoning_none;   /* --reasoning-format none: thinking blocks stay in content */

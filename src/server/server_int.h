@@ -63,6 +63,9 @@ struct ksrv {
     bool loader_started, stepper_started;
     pthread_mutex_t mu; /* state, load_err */
     pthread_mutex_t vis_mu; /* one vision tower run at a time */
+    pthread_mutex_t decode_mu; /* n_decoding */
+    pthread_cond_t decode_cv;
+    int n_decoding; /* images being decoded (at most KSRV_DECODE_SLOTS) */
     pthread_cond_t cv;
     int state;
     kiln_status load_err;
@@ -90,7 +93,7 @@ struct ksrv {
 };
 
 /* ---- images in chat messages (image.c) ---- */
-enum { KSRV_MAX_IMAGES = 16 };
+enum { KSRV_MAX_IMAGES = 16, KSRV_DECODE_SLOTS = 2 /* images decoded at once */ };
 typedef struct {
     int n;
     kvis_pixels px[KSRV_MAX_IMAGES];

@@ -936,6 +936,16 @@ static void b64(ksrv_buf *b, const unsigned char *p, size_t n) {
 }
 
 /* A chat body with one user message: an image part (url) then a text part. */
+/* PNG's chunk CRC (CRC-32 of ISO 3309, PNG spec annex D). */
+static uint32_t png_crc(const unsigned char *p, size_t n) {
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
+    }
+    return c ^ 0xffffffffu;
+}
+
 static char *image_body(const char *url, const char *text, const char *extra) {
     ksrv_buf b = {0};
     ksrv_buf_printf(&b, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}, "
@@ -1097,6 +1107,21 @@ KT_TEST(server_chat_images) {
         CHECK_ERROR("POST", "/v1/chat/completions", bad[i], NULL, 400, want[i]);
         free(bad[i]);
     }
+    /* a decompression bomb (issue 20.3): a 33-byte PNG header declaring
+     * 16384 x 16384 (800 MB decoded) is refused from its header, at once */
+    unsigned char bomb[33] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R',
+                              0, 0, 0x40, 0, 0, 0, 0x40, 0, 8, 2, 0, 0, 0};
+    uint32_t crc = png_crc(bomb + 12, 17);
+    for (int i = 0; i < 4; i++) bomb[29 + i] = (unsigned char)(crc >> (24 - 8 * i));
+    ksrv_buf bu = {0};
+    ksrv_buf_str(&bu, "data:image/png;base64,");
+    b64(&bu, bomb, sizeof bomb);
+    char *bb = image_body(bu.p, "x", greedy);
+    double t_bomb = ksrv_now();
+    CHECK_ERROR("POST", "/v1/chat/completions", bb, NULL, 400, "the image is 16384x16384, more than the 67108864 pixels");
+    KT_CHECKF(ksrv_now() - t_bomb < 1, "refusing the bomb took %.2f s", ksrv_now() - t_bomb);
+    free(bb);
+    ksrv_buf_free(&bu);
     finish(&f);
     /* a text-only model: 400 */
     fx g = {0};
