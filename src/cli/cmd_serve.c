@@ -50,6 +50,12 @@ static void usage(FILE *f) {
     kgen_print_flags(f);
 }
 
+/* 127.0.0.0/8, ::1 or localhost. */
+static bool loopback(const char *host) {
+    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost") ||
+           !strcmp(host, "[::1]");
+}
+
 /* After the first signal: a second one exits at once (the grace period is
  * for the clients, not for an operator who means it). */
 static void *second_signal(void *arg) {
@@ -138,6 +144,10 @@ int kiln_cmd_serve(int argc, char **argv) {
     if (st) return kiln_fail(st);
     fprintf(stderr, "kiln: listening on http://%s:%d (loading %s)\n", p.host ? p.host : "127.0.0.1", ksrv_port(s),
             p.model_dir);
+    if (!p.api_key && p.host && !loopback(p.host))
+        fprintf(stderr, "kiln: warning: --host %s is reachable from other machines and no --api-key is set: anyone who "
+                        "can connect can use the server (see docs/serving.md, \"Running it exposed\")\n",
+                p.host);
     /* wait for a signal, and meanwhile for the model (a signal while it
      * loads stops the server too) */
     int sig = -1;

@@ -100,6 +100,14 @@ KT_TEST(cli_serve_listens_answers_and_stops_on_sigterm) {
     KT_CHECK_OK(ku_read_file(err2, &t, NULL));
     KT_CHECK(strstr(t, "--port"));
     free(t);
+    /* a non-loopback address without an API key warns (the model folder
+     * does not exist: it exits as soon as loading fails) */
+    char *open_host[] = {"serve", "-m", "/nonexistent/kiln-model", "--host", "0.0.0.0", "--port", "0"};
+    KT_CHECK_EQ(wait_rc(spawn(kiln_cmd_serve, open_host, 7, out2, err2)), 1);
+    t = NULL;
+    KT_CHECK_OK(ku_read_file(err2, &t, NULL));
+    KT_CHECKF(strstr(t, "warning: --host 0.0.0.0 is reachable from other machines and no --api-key is set"), "%s", t);
+    free(t);
     remove(out2), remove(err2);
 }
 

@@ -46,7 +46,10 @@ typedef struct {
 static void access_log(conn_state *cs, int status) {
     ksrv_metrics_http(cs->s->met, status);
     if (cs->s->p.quiet) return;
-    fprintf(stderr, "kiln: %s %s %d %.3fs\n", cs->method, cs->url, status, ksrv_now() - cs->t0);
+    char m[4 * sizeof cs->method + 1], u[4 * sizeof cs->url + 1];
+    ksrv_log_escape(cs->method, m, sizeof m);
+    ksrv_log_escape(cs->url, u, sizeof u);
+    fprintf(stderr, "kiln: %s %s %d %.3fs\n", m, u, status, ksrv_now() - cs->t0);
 }
 
 static void set_busy(conn_state *cs, bool busy) {
@@ -147,14 +150,58 @@ static bool key_ok(ksrv *s, struct MHD_Connection *conn) {
     return diff == 0;
 }
 
+typedef struct {
+    cJSON *item;
+    int pos;
+} keyed;
+
+static int keyed_cmp(const void *a, const void *b) {
+    const keyed *x = a, *y = b;
+    int c = strcmp(x->item->string ? x->item->string : "", y->item->string ? y->item->string : "");
+    return c ? c : (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* Duplicate keys: the last one wins, as in most JSON parsers and gateways
+ * (cJSON's lookups would find the first), in every object of the tree. */
+static kiln_status dedup_keys(cJSON *j) {
+    for (cJSON *c = j->child; c; c = c->next)
+        if (cJSON_IsObject(c) || cJSON_IsArray(c)) KILN_TRY(dedup_keys(c));
+    if (!cJSON_IsObject(j)) return NULL;
+    int n = cJSON_GetArraySize(j), i = 0;
+    if (n < 2) return NULL;
+    keyed *v = malloc(sizeof *v * (size_t)n);
+    if (!v) return kiln_error(KILN_ENOMEM, "out of memory");
+    for (cJSON *c = j->child; c; c = c->next, i++) v[i] = (keyed){c, i};
+    qsort(v, (size_t)n, sizeof *v, keyed_cmp); /* by key, then position */
+    for (i = 0; i + 1 < n; i++)
+        if (keyed_cmp(&(keyed){v[i].item, 0}, &(keyed){v[i + 1].item, 0}) == 0)
+            cJSON_Delete(cJSON_DetachItemViaPointer(j, v[i].item));
+    free(v);
+    return NULL;
+}
+
 static kiln_status parse_json(conn_state *cs, cJSON **out) {
     const char *end = NULL;
-    *out = cJSON_ParseWithLengthOpts(cs->body.p ? cs->body.p : "", cs->body.len, &end, 0);
+    *out = NULL;
+    const char *p = cs->body.p ? cs->body.p : "";
+    /* cJSON ends a string at a \u0000 escape: refuse it rather than cut a prompt short */
+    for (size_t i = 0; i + 6 <= cs->body.len; i++)
+        if (p[i] == '\\') {
+            if (!strncasecmp(p + i + 1, "u0000", 5))
+                return kiln_error(KILN_EINVAL, "request body: a NUL character (\\u0000) at byte %zu: not supported in strings", i);
+            i++; /* the escaped character */
+        }
+    *out = cJSON_ParseWithLengthOpts(p, cs->body.len, &end, 0);
     if (!*out) {
         size_t off = end && cs->body.p ? (size_t)(end - cs->body.p) : 0;
         return kiln_error(KILN_EINVAL, "request body: invalid JSON near byte %zu", off);
     }
-    return NULL;
+    kiln_status st = dedup_keys(*out);
+    if (st) {
+        cJSON_Delete(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 static const ksrv_err k_bad = {400, "invalid_request_error", NULL};
@@ -261,6 +308,12 @@ static enum MHD_Result do_detokenize(conn_state *cs, const cJSON *body) {
             double d = e->valuedouble;
             if (!cJSON_IsNumber(e) || d != floor(d) || d < 0 || d > INT32_MAX) {
                 st = kiln_error(KILN_EINVAL, "\"tokens\"[%d]: expected a token id", i);
+                break;
+            }
+            int64_t vocab = ke_model_hparams(s->m)->vocab;
+            if (d >= (double)vocab) {
+                st = kiln_error(KILN_EINVAL, "\"tokens\"[%d]: token %lld is outside the model's vocabulary (%lld)", i,
+                                (long long)d, (long long)vocab);
                 break;
             }
             ids[i++] = (int32_t)d;

@@ -37,6 +37,11 @@ size_t ksrv_utf8_valid_prefix(const char *s, size_t n);
 
 double ksrv_now(void); /* monotonic seconds */
 
+/* s for a log line (out: cap bytes, cut to fit): control characters, ' ',
+ * '\\' and non-ASCII bytes as \xNN, so that a client cannot forge lines
+ * (MHD percent-decodes the URL). */
+void ksrv_log_escape(const char *s, char *out, size_t cap);
+
 /* ---- metrics (metrics.c) ---- */
 typedef struct ksrv_metrics ksrv_metrics;
 ksrv_metrics *ksrv_metrics_create(void);

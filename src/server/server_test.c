@@ -496,6 +496,21 @@ KT_TEST(server_errors_and_auth) {
     CHECK_ERROR("POST", "/health", "{}", K, 405, NULL);
     CHECK_ERROR("POST", "/tokenize", "{\"content\": 5}", K, 400, "content");
     CHECK_ERROR("POST", "/detokenize", "{\"tokens\": [\"a\"]}", K, 400, "tokens");
+    /* issue 20.7: unknown ids name the id; a NUL is refused, never a cut
+     * prompt; of duplicate keys the last counts */
+    CHECK_ERROR("POST", "/detokenize", "{\"tokens\": [1, 99999]}", K, 400,
+                "\\\"tokens\\\"[1]: token 99999 is outside the model's vocabulary (512)");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"a\\u0000b\", \"max_tokens\": 1}", K, 400,
+                "a NUL character (\\\\u0000) at byte 13");
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"a\\\\u0000b\", \"max_tokens\": 1}", K, &r), 200);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": \"ten\", \"max_tokens\": 2}", K, &r),
+                200);
+    ksrv_buf_free(&r.body);
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"max_tokens\": \"ten\"}", K, 400,
+                "\"param\": \"max_tokens\"");
+    CHECK_ERROR("POST", "/v1/chat/completions",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"role\": 5}], \"max_tokens\": 2}", K, 400, "role");
     /* 10 MB: refused before it is read (Content-Length), then with chunked transfer */
     size_t n = 10u << 20;
     char *huge = malloc(n + 1);
@@ -1551,4 +1566,14 @@ KT_TEST(server_slow_clients_deadlines_and_per_ip_limit) {
     KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 3}", NULL, &r), 200);
     ksrv_buf_free(&r.body);
     finish(&f);
+}
+
+/* The access log cannot be forged: a percent-decoded URL's newline, a
+ * space and non-ASCII bytes come out escaped. */
+KT_TEST(server_log_escape) {
+    char out[64];
+    ksrv_log_escape("/v1/x\nkiln: GET /admin 200\x1b[0m\\\xc3\xa9", out, sizeof out);
+    KT_CHECK_STR(out, "/v1/x\\x0akiln:\\x20GET\\x20/admin\\x20200\\x1b[0m\\x5c\\xc3\\xa9");
+    ksrv_log_escape("/abcdefgh", out, 8); /* cut to fit */
+    KT_CHECK_STR(out, "/ab");
 }
