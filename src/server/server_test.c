@@ -871,10 +871,9 @@ KT_TEST(server_random_bodies) {
     int counts[6] = {0};
     for (int it = 0; it < 300; it++) {
         ksrv_buf b = {0};
-        /* mostly well-formed prompts first (cJSON takes the first of
-         * repeated keys), so that many requests get to generate */
+        /* random fields, then mostly well-formed prompts (of repeated
+         * keys the last counts), so that many requests get to generate */
         ksrv_buf_str(&b, "{\"max_tokens\": 4");
-        if (it % 3) ksrv_buf_str(&b, it % 2 ? ", \"prompt\": \"hello\"" : ", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]");
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         int k = 1 + (int)((rng >> 40) % 3);
         for (int i = 0; i < k; i++) {
@@ -882,6 +881,7 @@ KT_TEST(server_random_bodies) {
             int fi = (int)((rng >> 33) % (uint64_t)nf), vi = (int)((rng >> 13) % (uint64_t)nv);
             ksrv_buf_printf(&b, ", \"%s\": %s", fields[fi], values[vi]);
         }
+        if (it % 3) ksrv_buf_str(&b, it % 2 ? ", \"prompt\": \"hello\"" : ", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]");
         ksrv_buf_str(&b, "}");
         const char *path = it % 2 ? "/v1/completions" : "/v1/chat/completions";
         resp r;
