@@ -463,6 +463,30 @@ KT_TEST(server_errors_and_auth) {
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"n\": 100000}", K, 400, "\"param\": \"n\"");
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"seed\": -5}", K, 400, "seed");
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"stream\": 1}", K, 400, "stream");
+    /* OpenAI's and vLLM's ranges (issue 19), param naming the field */
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 0}", K, 400, "\"param\": \"max_tokens\"");
+    CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                "\"max_completion_tokens\": -3}", K, 400, "\"param\": \"max_completion_tokens\"");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"temperature\": -0.5}", K, 400, "\"param\": \"temperature\"");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 126}", K, 400,
+                "the prompt's 3 tokens + 126 is more than the context of 128 tokens");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 126}", K, 400, "\"param\": \"max_tokens\"");
+    {
+        /* no max_tokens: 16 for completions (OpenAI), the rest of the context for chat (vLLM) */
+        KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"ignore_eos\": true}", K, &r), 200);
+        cJSON *j = cJSON_Parse(r.body.p);
+        KT_CHECK_EQ((int)ku_json_get(ku_json_get(j, "usage"), "completion_tokens")->valuedouble, 16);
+        cJSON_Delete(j);
+        ksrv_buf_free(&r.body);
+        KT_CHECK_EQ(http(&f, "POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                         "\"ignore_eos\": true}", K, &r), 200);
+        j = cJSON_Parse(r.body.p);
+        const cJSON *u = ku_json_get(j, "usage");
+        KT_CHECK_EQ((int)ku_json_get(u, "total_tokens")->valuedouble, 128);
+        KT_CHECK_STR(choice_finish(j, 0), "length");
+        cJSON_Delete(j);
+        ksrv_buf_free(&r.body);
+    }
     /* response amplification (issue 20.4): OpenAI's logprob ranges, and a bound on the entries of one response */
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": 21}", K, 400, "\"param\": \"logprobs\"");
     CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, "
