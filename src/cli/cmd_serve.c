@@ -18,7 +18,8 @@ static void usage(FILE *f) {
             "  --host ADDR            address to listen on (default 127.0.0.1)\n"
             "  --port N               port (default 8080; 0: any free port)\n"
             "  -np, --parallel N      sequences decoding at once (default 8)\n"
-            "  -c, --ctx-size N       tokens per sequence (default: the model's, at most 4096)\n"
+            "  -c, --ctx-size N       tokens per sequence (default: the model's, at most 4096;\n"
+            "                         --max-model-len N is the same, as in vLLM)\n"
             "  --kv-tokens N          KV cache tokens shared by all sequences (default ctx-size x parallel)\n"
             "  --block-size N         tokens per KV block (default 16)\n"
             "  --cache-ram MIB        models with recurrent state (Mamba, hybrids): memory for the state\n"
@@ -27,8 +28,10 @@ static void usage(FILE *f) {
             "  --queue N              requests waiting before 503 (default 256)\n"
             "  -t, --threads N        engine threads (default: all CPUs)\n"
             "  --api-key KEY          require \"Authorization: Bearer KEY\" (or set KILN_API_KEY)\n"
-            "  --alias NAME           model id in the API (default: the folder's name)\n"
-            "  --metrics              serve Prometheus metrics at /metrics\n"
+            "  --alias NAME           model id in the API (default: the folder's name; vLLM's\n"
+            "                         --served-model-name NAME is the same)\n"
+            "  --any-model            accept any \"model\" in requests (llama-server's behaviour)\n"
+            "  --no-metrics           do not serve Prometheus metrics at /metrics (served by default)\n"
             "  --no-prefix-cache      do not share the KV blocks of common prompt prefixes\n"
             "  --max-body BYTES       largest request body (default 2097152)\n"
             "  --timeout S            idle connection timeout in seconds (default 60)\n"
@@ -67,7 +70,7 @@ static void *second_signal(void *arg) {
 }
 
 int kiln_cmd_serve(int argc, char **argv) {
-    ksrv_params p = {.port = 8080};
+    ksrv_params p = {.port = 8080, .metrics = true};
     int64_t grace = 5;
     kgen_params gp;
     kiln_status st = kgen_params_init(&gp);
@@ -81,7 +84,8 @@ int kiln_cmd_serve(int argc, char **argv) {
             kgen_params_free(&gp);
             return 0;
         }
-        bool flag = !strcmp(a, "--metrics") || !strcmp(a, "--no-prefix-cache") || !strcmp(a, "--quiet");
+        bool flag = !strcmp(a, "--metrics") || !strcmp(a, "--no-metrics") || !strcmp(a, "--any-model") ||
+                    !strcmp(a, "--no-prefix-cache") || !strcmp(a, "--quiet");
         if (!flag && !v) {
             st = kiln_error(KILN_EINVAL, "%s needs a value", a);
             break;
@@ -91,7 +95,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--host")) p.host = v;
         else if (!strcmp(a, "--port")) st = kiln_parse_int(a, v, 0, 65535, &x), p.port = (int)x;
         else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) st = kiln_parse_int(a, v, 1, 4096, &x), p.parallel = (int)x;
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) st = kiln_parse_int(a, v, 0, 1 << 24, &p.ctx_size);
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size") || !strcmp(a, "--max-model-len")) st = kiln_parse_int(a, v, 0, 1 << 24, &p.ctx_size);
         else if (!strcmp(a, "--kv-tokens")) st = kiln_parse_int(a, v, 0, 1ll << 32, &p.kv_tokens);
         else if (!strcmp(a, "--cache-ram")) st = kiln_parse_int(a, v, 0, 1ll << 30, &x), p.state_cache_bytes = x ? x << 20 : -1;
         else if (!strcmp(a, "--block-size")) st = kiln_parse_int(a, v, 1, 4096, &x), p.block_size = (int)x;
@@ -99,7 +103,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--queue")) st = kiln_parse_int(a, v, 1, 1 << 20, &x), p.max_queue = (int)x;
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) st = kiln_parse_int(a, v, 0, 1024, &x), p.threads = (int)x;
         else if (!strcmp(a, "--api-key")) p.api_key = v;
-        else if (!strcmp(a, "--alias")) p.alias = v;
+        else if (!strcmp(a, "--alias") || !strcmp(a, "--served-model-name")) p.alias = v;
         else if (!strcmp(a, "--max-body")) st = kiln_parse_int(a, v, 1024, 1ll << 32, &p.max_body);
         else if (!strcmp(a, "--timeout")) st = kiln_parse_int(a, v, 1, 86400, &x), p.timeout_s = (int)x;
         else if (!strcmp(a, "--request-timeout")) st = kiln_parse_int(a, v, 1, 86400, &x), p.request_timeout_s = (int)x;
@@ -107,7 +111,9 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-conns-per-ip")) st = kiln_parse_int(a, v, 0, 1 << 20, &x), p.max_conns_per_ip = x ? (int)x : -1;
         else if (!strcmp(a, "--max-image-pixels")) st = kiln_parse_int(a, v, 1, 1ll << 34, &p.max_image_pixels);
         else if (!strcmp(a, "--shutdown-timeout")) st = kiln_parse_int(a, v, 0, 86400, &grace);
-        else if (!strcmp(a, "--metrics")) p.metrics = true;
+        else if (!strcmp(a, "--metrics")) p.metrics = true; /* the default; kept for old command lines */
+        else if (!strcmp(a, "--no-metrics")) p.metrics = false;
+        else if (!strcmp(a, "--any-model")) p.any_model = true;
         else if (!strcmp(a, "--no-prefix-cache")) p.no_prefix_cache = true;
         else if (!strcmp(a, "--quiet")) p.quiet = true;
         else if (!strcmp(a, "--reasoning-budget")) {

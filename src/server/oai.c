@@ -257,7 +257,8 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     if (j->tools) ksrv_tools_set_prompt(j->tools, text);
     int32_t *ids = NULL, n = 0;
     st = encode(s, "messages", text, false, &ids, &n); /* the template writes its own special tokens */
-    free(text);
+    free(j->rendered);
+    j->rendered = text;
     if (!st && j->images) st = ksrv_images_apply(s, j->images, &ids, &n);
     if (!st) st = add_prompt(j, ids, n, NULL);
     if (st) free(ids);
@@ -269,7 +270,7 @@ static kiln_status parse_body(ksrv *s, ksrv_job *j, const cJSON *body, bool chat
     if (!cJSON_IsObject(body)) return kiln_error(KILN_EINVAL, "request body: expected a JSON object");
     const char *model;
     KILN_TRY(ku_json_str(body, "model", NULL, &model));
-    if (model && strcmp(model, s->model_id) && strcmp(model, s->model_dir)) {
+    if (model && !s->p.any_model && strcmp(model, s->model_id) && strcmp(model, s->model_dir)) {
         *e = (ksrv_err){404, "invalid_request_error", "model_not_found"};
         return kiln_error(KILN_ENOTFOUND, "\"model\": the model \"%s\" does not exist (this server has \"%s\")", model,
                           s->model_id);
@@ -525,6 +526,7 @@ void ksrv_job_free(ksrv_job *j) {
     for (int i = 0; i < j->n_prompts; i++) free(j->prompts[i]), free(j->prompt_str[i]);
     free(j->prompts);
     free(j->prompt_str);
+    free(j->rendered);
     free(j->n_prompt);
     ksrv_images_free(j->images);
     ksrv_tools_free(j->tools);

@@ -35,6 +35,7 @@ typedef struct {
     bool too_big, responded;
     bool counted; /* in s->in_flight (a completion request running) */
     bool close_after; /* the reply asks the client to close the connection */
+    bool allow_post;  /* a 405's Allow header: POST (else GET) */
     ksrv_job *job; /* a streaming response's job (freed when the request completes) */
     double t0;
     char method[16];
@@ -42,6 +43,7 @@ typedef struct {
 } conn_state;
 
 /* ---------------------------------------------------------------- replies */
+
 
 static void access_log(conn_state *cs, int status) {
     ksrv_metrics_http(cs->s->met, status);
@@ -76,11 +78,7 @@ static enum MHD_Result reply(conn_state *cs, int status, const char *ctype, ksrv
     }
     *b = (ksrv_buf){0}; /* MHD frees it */
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, strncmp(cs->url, "/v1/models", 10) &&
-                                                                                  strcmp(cs->url, "/health") &&
-                                                                                  strcmp(cs->url, "/metrics")
-                                                                              ? "POST"
-                                                                              : "GET");
+    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, cs->allow_post ? "POST" : "GET");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (cs->close_after) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(cs->conn, (unsigned)status, r);
@@ -390,6 +388,74 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     }
 }
 
+/* ---- llama-server's and vLLM's informational endpoints ---- */
+
+#ifndef KILN_VERSION
+#define KILN_VERSION "0.1.0"
+#endif
+
+/* /version (vLLM's): {"version": ...}. */
+static enum MHD_Result do_version(conn_state *cs) {
+    ksrv_buf b = {0};
+    ksrv_buf_str(&b, "{\"version\": \"" KILN_VERSION "\", \"name\": \"kiln\"}");
+    return reply_json(cs, 200, &b);
+}
+
+/* /props (llama-server's): the defaults, the slots, the model and its chat
+ * template. */
+static enum MHD_Result do_props(conn_state *cs) {
+    ksrv *s = cs->s;
+    const kgen_params *g = &s->defaults;
+    ksrv_buf b = {0};
+    ksrv_buf_printf(&b, "{\"default_generation_settings\": {\"n_ctx\": %lld, \"params\": {\"n_predict\": %d, "
+                        "\"temperature\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"repeat_penalty\": %g}}, "
+                        "\"total_slots\": %d, \"model_alias\": ",
+                    (long long)ke_ctx_n_ctx(s->c), (int)g->n_predict, (double)g->temperature, (int)g->top_k, (double)g->top_p,
+                    (double)g->min_p, (double)g->repeat_penalty, s->p.parallel);
+    ksrv_buf_json_str(&b, s->model_id, strlen(s->model_id));
+    ksrv_buf_str(&b, ", \"model_path\": ");
+    ksrv_buf_json_str(&b, s->model_dir, strlen(s->model_dir));
+    ksrv_buf_str(&b, ", \"chat_template\": ");
+    const char *t = s->tmpl ? kchat_source(s->tmpl) : NULL;
+    ksrv_buf_json_str(&b, t ? t : "", t ? strlen(t) : 0);
+    ksrv_buf_printf(&b, ", \"modalities\": {\"vision\": %s}, \"build_info\": \"kiln " KILN_VERSION "\"}",
+                    ke_model_vision(s->m) ? "true" : "false");
+    return reply_json(cs, 200, &b);
+}
+
+/* /slots (llama-server's): kiln's sequences are not bound to slots, so the
+ * first `running` of the --parallel places show as processing. */
+static enum MHD_Result do_slots(conn_state *cs) {
+    ksrv *s = cs->s;
+    ksch_stats st;
+    ksch_get_stats(s->sch, &st);
+    ksrv_buf b = {0};
+    ksrv_buf_str(&b, "[");
+    for (int i = 0; i < s->p.parallel; i++)
+        ksrv_buf_printf(&b, "%s{\"id\": %d, \"n_ctx\": %lld, \"is_processing\": %s}", i ? ", " : "", i,
+                        (long long)ke_ctx_n_ctx(s->c), i < st.running ? "true" : "false");
+    ksrv_buf_str(&b, "]");
+    return reply_json(cs, 200, &b);
+}
+
+/* /apply-template (llama-server's): {"messages": [...]} -> {"prompt": the
+ * chat template's text}, through the chat request's own parsing. */
+static enum MHD_Result do_apply_template(conn_state *cs, const cJSON *body) {
+    cJSON *b = cJSON_IsObject(body) ? cJSON_Duplicate(body, true) : NULL;
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "stream");
+    ksrv_job *j = NULL;
+    ksrv_err e = k_bad;
+    kiln_status st = b ? ksrv_job_parse(cs->s, b, true, &j, &e) : kiln_error(KILN_EINVAL, "request body: expected a JSON object");
+    cJSON_Delete(b);
+    if (st) return reply_status(cs, st, &e);
+    ksrv_buf out = {0};
+    ksrv_buf_str(&out, "{\"prompt\": ");
+    ksrv_buf_json_str(&out, j->rendered ? j->rendered : "", j->rendered ? strlen(j->rendered) : 0);
+    ksrv_buf_str(&out, "}");
+    ksrv_job_free(j);
+    return reply_json(cs, 200, &out);
+}
+
 /* /v1/messages/count_tokens: the prompt's tokens, nothing generated. */
 static enum MHD_Result do_count_tokens(conn_state *cs, const cJSON *body) {
     cJSON *b = cJSON_IsObject(body) ? cJSON_Duplicate(body, true) : NULL;
@@ -472,7 +538,8 @@ static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool cha
 
 typedef enum {
     R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
-    R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS
+    R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS,
+    R_VERSION, R_PROPS, R_SLOTS, R_APPLY_TEMPLATE
 } route;
 
 static route find_route(const char *url, bool *post) {
@@ -489,6 +556,10 @@ static route find_route(const char *url, bool *post) {
         {"/detokenize", R_DETOKENIZE, true},   {"/v1/responses", R_RESPONSES, true},
         {"/responses", R_RESPONSES, true},     {"/v1/messages", R_MESSAGES, true},
         {"/v1/messages/count_tokens", R_COUNT_TOKENS, true},
+        {"/version", R_VERSION, false},
+        {"/props", R_PROPS, false},
+        {"/slots", R_SLOTS, false},
+        {"/apply-template", R_APPLY_TEMPLATE, true},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(url, t[i].path)) {
@@ -515,6 +586,7 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
     if (strcmp(method, post ? "POST" : "GET") != 0 && !(!post && !strcmp(method, "HEAD"))) {
         char msg[256];
         snprintf(msg, sizeof msg, "%.200s takes %s, not %.16s", url, post ? "POST" : "GET", method);
+        cs->allow_post = post;
         return reply_error(cs, 405, "invalid_request_error", NULL, msg);
     }
     if (atomic_load(&s->draining)) { /* ksrv_shutdown: no new work; /health says so */
@@ -525,7 +597,7 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
     if (r == R_METRICS) {
         if (!s->p.metrics)
             return reply_error(cs, 501, "not_supported_error", NULL,
-                               "this server does not serve metrics: start it with --metrics");
+                               "this server does not serve metrics (it was started with --no-metrics)");
         return do_metrics(cs);
     }
     if (!key_ok(s, cs->conn)) return reply_error(cs, 401, "authentication_error", "invalid_api_key", "invalid API key");
@@ -535,6 +607,9 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
         return reply_error(cs, 413, "invalid_request_error", "request_too_large", msg);
     }
     if (state_of(s, NULL) != KSRV_READY) return reply_error(cs, 503, "unavailable_error", NULL, "Loading model");
+    if (r == R_VERSION) return do_version(cs);
+    if (r == R_PROPS) return do_props(cs);
+    if (r == R_SLOTS) return do_slots(cs);
     if (r == R_MODELS) return do_models(cs, NULL);
     if (r == R_MODEL) return do_models(cs, url + 11);
     cJSON *body;
@@ -544,6 +619,7 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
     if (r == R_TOKENIZE) ret = do_tokenize(cs, body);
     else if (r == R_DETOKENIZE) ret = do_detokenize(cs, body);
     else if (r == R_COUNT_TOKENS) ret = do_count_tokens(cs, body);
+    else if (r == R_APPLY_TEMPLATE) ret = do_apply_template(cs, body);
     else if (r == R_RESPONSES) ret = do_completion(cs, body, true, KSRV_API_RESPONSES);
     else if (r == R_MESSAGES) ret = do_completion(cs, body, true, KSRV_API_ANTHROPIC);
     else ret = do_completion(cs, body, r == R_CHAT, 0);

@@ -10,6 +10,7 @@
  *        x-api-key accepted)
  *   GET  /v1/models, /health (503 while the model loads), /metrics
  *   POST /tokenize, /detokenize
+ *   GET  /version, /props, /slots; POST /apply-template (llama-server's)
  * Streaming is SSE (`data: {json}` events, then `data: [DONE]`). Errors are
  * OpenAI error objects {"error": {message, type, param, code}} with the
  * HTTP status: 400 bad request (naming the field), 401 missing or wrong API
@@ -31,6 +32,7 @@
 typedef struct {
     const char *model_dir;
     const char *alias;     /* model id in responses; NULL: the folder's name */
+    bool any_model;        /* accept any "model" in requests (llama-server's behaviour) */
     const char *host;      /* NULL: 127.0.0.1 */
     int port;              /* 0: any free port (see ksrv_port) */
     int parallel;          /* sequences decoding at once; 0: 8 */

@@ -158,6 +158,7 @@ struct ksrv_job {
     int32_t **prompts;
     int32_t *n_prompt;
     char **prompt_str; /* the prompt as given when it was text (for echo), else NULL */
+    char *rendered;    /* chat: the chat template's output (/apply-template) */
     ksrv_images *images; /* chat with images: the prompt's per-token inputs; NULL: none */
     ksrv_tools *tools;   /* chat whose output is parsed (tool calls, reasoning); NULL: plain text */
     ksrv_agent *agent;   /* a /v1/responses or /v1/messages request (agent.c); NULL: OpenAI chat/completions */

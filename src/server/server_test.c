@@ -570,7 +570,7 @@ KT_TEST(server_errors_and_auth) {
     p = default_params(NULL);
     p.metrics = false;
     if (!start(&f, &p)) return;
-    CHECK_ERROR("GET", "/metrics", NULL, NULL, 501, "--metrics");
+    CHECK_ERROR("GET", "/metrics", NULL, NULL, 501, "--no-metrics");
     finish(&f);
 }
 
@@ -1600,4 +1600,45 @@ KT_TEST(server_log_escape) {
     KT_CHECK_STR(out, "/v1/x\\x0akiln:\\x20GET\\x20/admin\\x20200\\x1b[0m\\x5c\\xc3\\xa9");
     ksrv_log_escape("/abcdefgh", out, 8); /* cut to fit */
     KT_CHECK_STR(out, "/ab");
+}
+
+/* llama-server's /props, /slots, /apply-template and vLLM's /version; any
+ * model name with any_model; a 405 names the method the route takes. */
+KT_TEST(server_info_endpoints_and_any_model) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.any_model = true;
+    if (!start(&f, &p)) return;
+    resp r;
+    KT_CHECK_EQ(http(&f, "GET", "/version", NULL, NULL, &r), 200);
+    cJSON *j = cJSON_Parse(r.body.p);
+    KT_CHECK(cJSON_IsString(ku_json_get(j, "version")));
+    cJSON_Delete(j);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "GET", "/props", NULL, NULL, &r), 200);
+    j = cJSON_Parse(r.body.p);
+    KT_CHECK_EQ((int)ku_json_get(j, "total_slots")->valuedouble, 4);
+    KT_CHECK_EQ((int)ku_json_get(ku_json_get(j, "default_generation_settings"), "n_ctx")->valuedouble, 128);
+    KT_CHECK(strstr(ku_json_get(j, "chat_template")->valuestring, "<|im_start|>"));
+    KT_CHECK_STR(ku_json_get(j, "model_alias")->valuestring, "tiny");
+    cJSON_Delete(j);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "GET", "/slots", NULL, NULL, &r), 200);
+    j = cJSON_Parse(r.body.p);
+    KT_CHECK_EQ(cJSON_GetArraySize(j), 4);
+    KT_CHECK(cJSON_IsFalse(ku_json_get(cJSON_GetArrayItem(j, 0), "is_processing")));
+    cJSON_Delete(j);
+    ksrv_buf_free(&r.body);
+    /* the template's text, as the chat request renders it */
+    j = post_json(&f, "/apply-template", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", 200);
+    KT_CHECK(j);
+    KT_CHECK_STR(ku_json_get(j, "prompt")->valuestring, "<|endoftext|><|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    cJSON_Delete(j);
+    CHECK_ERROR("POST", "/apply-template", "{\"messages\": 5}", NULL, 400, "messages");
+    CHECK_ERROR("POST", "/props", "{}", NULL, 405, "takes GET");
+    /* any model name */
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"model\": \"gpt-4\"}", NULL, &r), 200);
+    ksrv_buf_free(&r.body);
+    finish(&f);
 }
