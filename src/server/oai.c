@@ -754,6 +754,10 @@ void ksrv_job_stream(ksrv_job *j) {
         ksrv_agent_stream(j);
         return;
     }
+    if (j->llama) {
+        ksrv_llama_stream(j);
+        return;
+    }
     /* the first call: chat's role, or completions' echoed prompt */
     if (!j->started)
         for (int i = 0; i < j->n_choices; i++) {
@@ -803,6 +807,7 @@ void ksrv_job_stream(ksrv_job *j) {
 
 int ksrv_job_response(ksrv_job *j, ksrv_buf *b) {
     if (j->agent) return ksrv_agent_response(j, b);
+    if (j->llama) return ksrv_llama_response(j, b);
     for (int k = 0; k < j->n_ev; k++)
         if (j->ev[k].end && j->ev[k].error) {
             ksrv_error_json(b, 500, "server_error", NULL, j->ev[k].error);

@@ -478,7 +478,19 @@ static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool cha
     ksrv *s = cs->s;
     ksrv_job *j;
     ksrv_err e;
-    kiln_status st = api ? ksrv_agent_parse(s, body, api, &j, &e) : ksrv_job_parse(s, body, chat, &j, &e);
+    /* llama-server's native endpoint: no length given is no limit there */
+    bool llama = !chat && !api && !strcmp(cs->url, "/completion");
+    cJSON *lb = NULL;
+    if (llama && cJSON_IsObject(body) && !ku_json_get(body, "n_predict") && !ku_json_get(body, "max_tokens") &&
+        (lb = cJSON_Duplicate(body, true)))
+        cJSON_AddNumberToObject(lb, "n_predict", -1);
+    kiln_status st = api ? ksrv_agent_parse(s, body, api, &j, &e) : ksrv_job_parse(s, lb ? lb : body, chat, &j, &e);
+    cJSON_Delete(lb);
+    if (!st && llama) {
+        j->llama = true;
+        st = ksrv_llama_check(j);
+        if (st) ksrv_job_free(j), e = k_bad;
+    }
     if (st) return reply_status(cs, st, &e);
     st = ksrv_job_submit(j, &e);
     if (st) {
@@ -560,6 +572,7 @@ static route find_route(const char *url, bool *post) {
         {"/props", R_PROPS, false},
         {"/slots", R_SLOTS, false},
         {"/apply-template", R_APPLY_TEMPLATE, true},
+        {"/completion", R_COMPLETIONS, true},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(url, t[i].path)) {

@@ -10,7 +10,8 @@
  *        x-api-key accepted)
  *   GET  /v1/models, /health (503 while the model loads), /metrics
  *   POST /tokenize, /detokenize
- *   GET  /version, /props, /slots; POST /apply-template (llama-server's)
+ *   GET  /version, /props, /slots; POST /apply-template, /completion
+ *        (llama-server's; llama.c)
  * Streaming is SSE (`data: {json}` events, then `data: [DONE]`). Errors are
  * OpenAI error objects {"error": {message, type, param, code}} with the
  * HTTP status: 400 bad request (naming the field), 401 missing or wrong API

@@ -162,6 +162,7 @@ struct ksrv_job {
     ksrv_images *images; /* chat with images: the prompt's per-token inputs; NULL: none */
     ksrv_tools *tools;   /* chat whose output is parsed (tool calls, reasoning); NULL: plain text */
     ksrv_agent *agent;   /* a /v1/responses or /v1/messages request (agent.c); NULL: OpenAI chat/completions */
+    bool llama;          /* llama-server's /completion (llama.c) */
     int n_choices;
     ksrv_choice *ch;
     kgen_params gp;
@@ -249,6 +250,12 @@ void ksrv_agent_free(ksrv_agent *a);
 kiln_status ksrv_agent_to_chat(ksrv_api api, const cJSON *body, cJSON **out);
 /* Anthropic's error object {"type": "error", "error": {type, message}}. */
 void ksrv_anthropic_error(ksrv_buf *b, int status, const char *msg);
+
+/* ---- llama-server's /completion (llama.c) ---- */
+/* A parsed /v1/completions job as /completion takes it (one choice). */
+kiln_status ksrv_llama_check(const ksrv_job *j);
+void ksrv_llama_stream(ksrv_job *j);
+int ksrv_llama_response(ksrv_job *j, ksrv_buf *b);
 
 /* {"error": {...}} for a status. */
 void ksrv_error_json(ksrv_buf *b, int status, const char *type, const char *code, const char *msg);

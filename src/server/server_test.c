@@ -1602,7 +1602,7 @@ KT_TEST(server_log_escape) {
     KT_CHECK_STR(out, "/ab");
 }
 
-/* llama-server's /props, /slots, /apply-template and vLLM's /version; any
+/* llama-server's /props, /slots, /apply-template, /completion and vLLM's /version; any
  * model name with any_model; a 405 names the method the route takes. */
 KT_TEST(server_info_endpoints_and_any_model) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -1640,5 +1640,34 @@ KT_TEST(server_info_endpoints_and_any_model) {
     /* any model name */
     KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"model\": \"gpt-4\"}", NULL, &r), 200);
     ksrv_buf_free(&r.body);
+    /* llama-server's /completion: its answer's shape, its stream (no [DONE]), one prompt */
+    j = post_json(&f, "/completion", "{\"prompt\": \"hi\", \"n_predict\": 3, \"ignore_eos\": true, \"temperature\": 0}", 200);
+    KT_CHECK(j);
+    KT_CHECK(cJSON_IsString(ku_json_get(j, "content")));
+    KT_CHECK_EQ(cJSON_GetArraySize(ku_json_get(j, "tokens")), 3);
+    KT_CHECK(cJSON_IsTrue(ku_json_get(j, "stop")));
+    KT_CHECK_STR(ku_json_get(j, "stop_type")->valuestring, "limit");
+    KT_CHECK_EQ((int)ku_json_get(j, "tokens_predicted")->valuedouble, 3);
+    char content[256];
+    snprintf(content, sizeof content, "%s", ku_json_get(j, "content")->valuestring);
+    cJSON_Delete(j);
+    KT_CHECK_EQ(http(&f, "POST", "/completion", "{\"prompt\": \"hi\", \"n_predict\": 3, \"ignore_eos\": true, \"temperature\": 0, "
+                     "\"stream\": true}", NULL, &r), 200);
+    KT_CHECKF(strstr(r.body.p, "\"stop\": true, \"stop_type\": \"limit\", \"tokens_predicted\": 3") && !strstr(r.body.p, "[DONE]"),
+              "%s", r.body.p);
+    ksrv_buf streamed = {0}; /* the pieces add up to the answer */
+    for (const char *q = r.body.p; (q = strstr(q, "data: "));) {
+        q += 6;
+        const char *e = strstr(q, "\n\n");
+        cJSON *ev = e ? cJSON_ParseWithLength(q, (size_t)(e - q)) : NULL;
+        const cJSON *c = ku_json_get(ev, "content");
+        if (cJSON_IsString(c)) ksrv_buf_str(&streamed, c->valuestring);
+        cJSON_Delete(ev);
+    }
+    ksrv_buf_add(&streamed, "", 0);
+    KT_CHECK_STR(streamed.p, content);
+    ksrv_buf_free(&streamed);
+    ksrv_buf_free(&r.body);
+    CHECK_ERROR("POST", "/completion", "{\"prompt\": [\"a\", \"b\"]}", NULL, 400, "one prompt and n = 1");
     finish(&f);
 }
