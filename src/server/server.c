@@ -153,9 +153,11 @@ typedef struct {
     int pos;
 } keyed;
 
+static const char *key_of(const cJSON *c) { return c->string ? c->string : ""; }
+
 static int keyed_cmp(const void *a, const void *b) {
     const keyed *x = a, *y = b;
-    int c = strcmp(x->item->string ? x->item->string : "", y->item->string ? y->item->string : "");
+    int c = strcmp(key_of(x->item), key_of(y->item));
     return c ? c : (x->pos > y->pos) - (x->pos < y->pos);
 }
 
@@ -172,7 +174,7 @@ static kiln_status dedup_keys(cJSON *j) {
     for (cJSON *c = j->child; c; c = c->next, i++) v[i] = (keyed){c, i};
     qsort(v, (size_t)n, sizeof *v, keyed_cmp); /* by key, then position */
     for (i = 0; i + 1 < n; i++)
-        if (keyed_cmp(&(keyed){v[i].item, 0}, &(keyed){v[i + 1].item, 0}) == 0)
+        if (!strcmp(key_of(v[i].item), key_of(v[i + 1].item))) /* not the last of its key */
             cJSON_Delete(cJSON_DetachItemViaPointer(j, v[i].item));
     free(v);
     return NULL;
