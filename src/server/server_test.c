@@ -184,6 +184,34 @@ static cJSON *post_json(const fx *f, const char *path, const char *body, long wa
     return j;
 }
 
+/* Requests run at once (curl multi): b->r[i] gets request i's response. */
+enum { BATCH_MAX = 16 };
+typedef struct {
+    CURLM *m;
+    int n;
+    resp r[BATCH_MAX];
+    CURL *c[BATCH_MAX];
+    struct curl_slist *h[BATCH_MAX];
+} batch;
+
+static void batch_add(batch *b, const fx *f, const char *path, const char *body) {
+    if (!b->m) b->m = curl_multi_init();
+    int i = b->n++;
+    memset(&b->r[i], 0, sizeof b->r[i]);
+    b->c[i] = request(f, "POST", path, body, NULL, &b->r[i], &b->h[i]);
+    curl_multi_add_handle(b->m, b->c[i]);
+}
+
+static void batch_free(batch *b) {
+    for (int i = 0; i < b->n; i++) {
+        curl_multi_remove_handle(b->m, b->c[i]);
+        curl_easy_cleanup(b->c[i]);
+        curl_slist_free_all(b->h[i]);
+        ksrv_buf_free(&b->r[i].body);
+    }
+    curl_multi_cleanup(b->m);
+}
+
 /* The SSE stream of a request: text per choice, tokens, finish reasons. */
 typedef struct {
     int n_events;
@@ -788,17 +816,12 @@ KT_TEST(server_disconnects_slow_clients_queue_full) {
     /* queue full: 16 clients at once for one running and one waiting
      * place; the others get 503, the server carries on */
     enum { NQ = 16 };
-    CURLM *m = curl_multi_init();
-    resp rr[NQ];
-    CURL *cc[NQ];
-    struct curl_slist *hh[NQ];
-    memset(rr, 0, sizeof rr);
-    for (int i = 0; i < NQ; i++) {
-        cc[i] = request(&f, "POST", "/v1/completions",
-                        "{\"prompt\": \"hi\", \"max_tokens\": 120, \"ignore_eos\": true, \"stream\": true}", NULL, &rr[i],
-                        &hh[i]);
-        curl_multi_add_handle(m, cc[i]);
-    }
+    batch q = {0};
+    for (int i = 0; i < NQ; i++)
+        batch_add(&q, &f, "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 120, \"ignore_eos\": true, \"stream\": true}");
+    CURLM *m = q.m;
+    resp *rr = q.r;
+    CURL **cc = q.c;
     int running = 1;
     double t0 = ksrv_now();
     while (running && ksrv_now() - t0 < 60) {
@@ -812,12 +835,8 @@ KT_TEST(server_disconnects_slow_clients_queue_full) {
         ksrv_buf_add(&rr[i].body, "", 0);
         if (status == 200 && strstr(rr[i].body.p, "data: [DONE]")) n200++;
         if (status == 503 && strstr(rr[i].body.p, "queue_full")) n503++;
-        curl_multi_remove_handle(m, cc[i]);
-        curl_easy_cleanup(cc[i]);
-        curl_slist_free_all(hh[i]);
-        ksrv_buf_free(&rr[i].body);
     }
-    curl_multi_cleanup(m);
+    batch_free(&q);
     /* (how many get in depends on whether the first was admitted before
      * the second arrived: the queue counts requests not yet admitted) */
     KT_CHECKF(n200 >= 1 && n503 >= 1 && n200 + n503 == NQ, "%d answered, %d refused (503) of %d", n200, n503, NQ);
@@ -985,6 +1004,16 @@ static uint32_t png_crc(const unsigned char *p, size_t n) {
     return c ^ 0xffffffffu;
 }
 
+/* A data URL of a 33-byte PNG header declaring 16384 x 16384 (800 MB decoded). */
+static void bomb_url(ksrv_buf *url) {
+    unsigned char bomb[33] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R',
+                              0, 0, 0x40, 0, 0, 0, 0x40, 0, 8, 2, 0, 0, 0};
+    uint32_t crc = png_crc(bomb + 12, 17);
+    for (int i = 0; i < 4; i++) bomb[29 + i] = (unsigned char)(crc >> (24 - 8 * i));
+    ksrv_buf_str(url, "data:image/png;base64,");
+    b64(url, bomb, sizeof bomb);
+}
+
 static char *image_body(const char *url, const char *text, const char *extra) {
     ksrv_buf b = {0};
     ksrv_buf_printf(&b, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}, "
@@ -1148,13 +1177,8 @@ KT_TEST(server_chat_images) {
     }
     /* a decompression bomb (issue 20.3): a 33-byte PNG header declaring
      * 16384 x 16384 (800 MB decoded) is refused from its header, at once */
-    unsigned char bomb[33] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R',
-                              0, 0, 0x40, 0, 0, 0, 0x40, 0, 8, 2, 0, 0, 0};
-    uint32_t crc = png_crc(bomb + 12, 17);
-    for (int i = 0; i < 4; i++) bomb[29 + i] = (unsigned char)(crc >> (24 - 8 * i));
     ksrv_buf bu = {0};
-    ksrv_buf_str(&bu, "data:image/png;base64,");
-    b64(&bu, bomb, sizeof bomb);
+    bomb_url(&bu);
     char *bb = image_body(bu.p, "x", greedy);
     double t_bomb = ksrv_now();
     CHECK_ERROR("POST", "/v1/chat/completions", bb, NULL, 400, "the image is 16384x16384, more than the 67108864 pixels");
@@ -1432,15 +1456,11 @@ KT_TEST(server_graceful_shutdown) {
         "{\"prompt\": \"hi\", \"max_tokens\": 120, \"ignore_eos\": true}",
     };
     enum { N = 4 };
-    CURLM *m = curl_multi_init();
-    resp rr[N];
-    CURL *cc[N];
-    struct curl_slist *hh[N];
-    memset(rr, 0, sizeof rr);
-    for (int i = 0; i < N; i++) {
-        cc[i] = request(&f, "POST", "/v1/completions", bodies[i], NULL, &rr[i], &hh[i]);
-        curl_multi_add_handle(m, cc[i]);
-    }
+    batch q = {0};
+    for (int i = 0; i < N; i++) batch_add(&q, &f, "/v1/completions", bodies[i]);
+    CURLM *m = q.m;
+    resp *rr = q.r;
+    CURL **cc = q.c;
     int running = 1;
     double t0 = ksrv_now();
     int64_t used, reqs = 0;
@@ -1483,13 +1503,7 @@ KT_TEST(server_graceful_shutdown) {
               "%s", rr[2].body.p);
     KT_CHECK_EQ(status[3], 503);
     KT_CHECK(strstr(rr[3].body.p, "shutting down"));
-    for (int i = 0; i < N; i++) {
-        curl_multi_remove_handle(m, cc[i]);
-        curl_easy_cleanup(cc[i]);
-        curl_slist_free_all(hh[i]);
-        ksrv_buf_free(&rr[i].body);
-    }
-    curl_multi_cleanup(m);
+    batch_free(&q);
     /* nothing new gets in */
     resp r;
     KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), -1);
@@ -1669,5 +1683,90 @@ KT_TEST(server_info_endpoints_and_any_model) {
     ksrv_buf_free(&streamed);
     ksrv_buf_free(&r.body);
     CHECK_ERROR("POST", "/completion", "{\"prompt\": [\"a\", \"b\"]}", NULL, 400, "one prompt and n = 1");
+    finish(&f);
+}
+
+/* Issue 20's hostile load, all at once on the Qwen2-VL fixture (run under
+ * make asan too): streams, amplification attempts, decompression bombs and
+ * stalled connections, /health polled throughout, then a SIGTERM's
+ * shutdown in the middle. Every request gets a complete answer: a stream
+ * ending in [DONE] (its tokens or the shutdown's error event), or an error
+ * object (400, 503); nothing is cut, nothing leaks. */
+KT_TEST(server_hostile_load_then_shutdown) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.vlm = "qwen2_vl"};
+    ksrv_params p = default_params(NULL);
+    p.max_conns = 128;
+    p.max_conns_per_ip = 32; /* the 16 requests and the /health polls come from 127.0.0.1 */
+    p.request_timeout_s = 2;
+    p.step_delay_us = 5000;
+    if (!start(&f, &p)) return;
+    ksrv_buf bomb = {0};
+    bomb_url(&bomb);
+    char *bomb_body = image_body(bomb.p, "x", "\"max_tokens\": 4");
+    enum { N = 16 };
+    char *bodies[N];
+    for (int i = 0; i < N; i++) {
+        if (i % 4 == 0) bodies[i] = strdup(bomb_body);
+        else if (i % 4 == 1)
+            bodies[i] = strdup("{\"prompt\": \"hi\", \"n\": 64, \"logprobs\": 1024, \"max_tokens\": 100, \"ignore_eos\": true}");
+        else bodies[i] = strdup("{\"prompt\": \"hi\", \"max_tokens\": 60, \"ignore_eos\": true, \"stream\": true}");
+    }
+    int stalled[40];
+    for (int i = 0; i < 40; i++) stalled[i] = connect_stalled(ksrv_port(f.s), "127.0.0.5"); /* 32 kept */
+    batch q = {0};
+    for (int i = 0; i < N; i++) batch_add(&q, &f, i % 4 == 0 ? "/v1/chat/completions" : "/v1/completions", bodies[i]);
+    CURLM *m = q.m;
+    resp *rr = q.r;
+    CURL **cc = q.c;
+    int running = 1, health_ok = 0, health_polls = 0;
+    double t0 = ksrv_now(), t_health = 0;
+    pthread_t t;
+    bool stopping = false;
+    shutdown_arg sa = {f.s, 0.3};
+    while (running && ksrv_now() - t0 < 60) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 10, NULL);
+        if (!stopping && ksrv_now() - t_health > 0.1) {
+            resp r;
+            health_polls++;
+            health_ok += http(&f, "GET", "/health", NULL, NULL, &r) == 200;
+            ksrv_buf_free(&r.body);
+            t_health = ksrv_now();
+        }
+        if (!stopping && ksrv_now() - t0 > 0.4) {
+            KT_CHECK(pthread_create(&t, NULL, shutdown_main, &sa) == 0);
+            stopping = true;
+        }
+    }
+    if (stopping) pthread_join(t, NULL);
+    KT_CHECKF(!running, "requests still running after 60 s");
+    KT_CHECKF(health_polls > 0 && health_ok == health_polls, "/health answered %d of %d polls", health_ok, health_polls);
+    int n_stream = 0, n_bad = 0;
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(m, &left)))
+        for (int i = 0; i < N; i++) {
+            if (msg->easy_handle != cc[i]) continue;
+            long status = 0;
+            curl_easy_getinfo(cc[i], CURLINFO_RESPONSE_CODE, &status);
+            ksrv_buf_add(&rr[i].body, "", 0);
+            const char *b = rr[i].body.p;
+            bool whole = msg->data.result == CURLE_OK &&
+                         ((status == 200 && i % 4 > 1 && strlen(b) > 14 && !strcmp(b + strlen(b) - 14, "data: [DONE]\n\n")) ||
+                          ((status == 400 || status == 503) && strstr(b, "\"error\"")));
+            KT_CHECKF(whole, "request %d: curl %d, status %ld: %.300s", i, (int)msg->data.result, status, b);
+            n_stream += status == 200;
+            n_bad += status == 400 && i % 4 <= 1;
+        }
+    KT_CHECK_EQ(n_bad, 8); /* bombs and amplification: refused */
+    KT_CHECK_EQ(n_stream, 8);
+    batch_free(&q);
+    for (int i = 0; i < N; i++) free(bodies[i]);
+    for (int i = 0; i < 40; i++)
+        if (stalled[i] >= 0) close(stalled[i]);
+    free(bomb_body);
+    ksrv_buf_free(&bomb);
+    KT_CHECK(wait_idle(&f));
     finish(&f);
 }
