@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "gen/params.h"
@@ -16,7 +18,8 @@ static void usage(FILE *f) {
             "  --host ADDR            address to listen on (default 127.0.0.1)\n"
             "  --port N               port (default 8080; 0: any free port)\n"
             "  -np, --parallel N      sequences decoding at once (default 8)\n"
-            "  -c, --ctx-size N       tokens per sequence (default: the model's, at most 4096)\n"
+            "  -c, --ctx-size N       tokens per sequence (default: the model's, at most 4096;\n"
+            "                         --max-model-len N is the same, as in vLLM)\n"
             "  --kv-tokens N          KV cache tokens shared by all sequences (default ctx-size x parallel)\n"
             "  --block-size N         tokens per KV block (default 16)\n"
             "  --cache-ram MIB        models with recurrent state (Mamba, hybrids): memory for the state\n"
@@ -25,11 +28,24 @@ static void usage(FILE *f) {
             "  --queue N              requests waiting before 503 (default 256)\n"
             "  -t, --threads N        engine threads (default: all CPUs)\n"
             "  --api-key KEY          require \"Authorization: Bearer KEY\" (or set KILN_API_KEY)\n"
-            "  --alias NAME           model id in the API (default: the folder's name)\n"
-            "  --metrics              serve Prometheus metrics at /metrics\n"
+            "  --alias NAME           model id in the API (default: the folder's name; vLLM's\n"
+            "                         --served-model-name NAME is the same)\n"
+            "  --any-model            accept any \"model\" in requests (llama-server's behaviour)\n"
+            "  --no-metrics           do not serve Prometheus metrics at /metrics (served by default)\n"
             "  --no-prefix-cache      do not share the KV blocks of common prompt prefixes\n"
             "  --max-body BYTES       largest request body (default 2097152)\n"
             "  --timeout S            idle connection timeout in seconds (default 60)\n"
+            "  --request-timeout S    a request's headers and body must arrive within S seconds of the\n"
+            "                         connection opening or the previous response (default 30)\n"
+            "  --max-conns N          open connections (default 1000); above 3/4 of it, a connection\n"
+            "                         whose request has not arrived within 1 s is closed\n"
+            "  --max-conns-per-ip N   open connections per client address (default 256; 0: no limit,\n"
+            "                         e.g. behind a reverse proxy)\n"
+            "  --max-image-pixels N   largest image (declared width x height, checked before decoding;\n"
+            "                         default 67108864 = 8192 x 8192)\n"
+            "  --shutdown-timeout S   on SIGTERM/SIGINT: seconds running requests get to finish before\n"
+            "                         streams end with an error event and the rest get 503 (default 5);\n"
+            "                         a second signal exits at once\n"
             "  --quiet                no access log\n"
             "  --reasoning-format F   auto: thinking blocks go to reasoning_content; none: left in content\n"
             "  --reasoning-budget N   -1: unrestricted thinking (default); 0: thinking off (enable_thinking false);\n"
@@ -38,8 +54,25 @@ static void usage(FILE *f) {
     kgen_print_flags(f);
 }
 
+/* 127.0.0.0/8, ::1 or localhost. */
+static bool loopback(const char *host) {
+    return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost") ||
+           !strcmp(host, "[::1]");
+}
+
+/* After the first signal: a second one exits at once (the grace period is
+ * for the clients, not for an operator who means it). */
+static void *second_signal(void *arg) {
+    const sigset_t *sigs = arg;
+    int sig = 0;
+    sigwait(sigs, &sig);
+    fprintf(stderr, "kiln: %s again: exiting now\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    _exit(128 + sig);
+}
+
 int kiln_cmd_serve(int argc, char **argv) {
-    ksrv_params p = {.port = 8080};
+    ksrv_params p = {.port = 8080, .metrics = true};
+    int64_t grace = 5;
     kgen_params gp;
     kiln_status st = kgen_params_init(&gp);
     for (int i = 1; !st && i < argc;) {
@@ -52,7 +85,8 @@ int kiln_cmd_serve(int argc, char **argv) {
             kgen_params_free(&gp);
             return 0;
         }
-        bool flag = !strcmp(a, "--metrics") || !strcmp(a, "--no-prefix-cache") || !strcmp(a, "--quiet");
+        bool flag = !strcmp(a, "--metrics") || !strcmp(a, "--no-metrics") || !strcmp(a, "--any-model") ||
+                    !strcmp(a, "--no-prefix-cache") || !strcmp(a, "--quiet");
         if (!flag && !v) {
             st = kiln_error(KILN_EINVAL, "%s needs a value", a);
             break;
@@ -62,7 +96,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--host")) p.host = v;
         else if (!strcmp(a, "--port")) st = kiln_parse_int(a, v, 0, 65535, &x), p.port = (int)x;
         else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) st = kiln_parse_int(a, v, 1, 4096, &x), p.parallel = (int)x;
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) st = kiln_parse_int(a, v, 0, 1 << 24, &p.ctx_size);
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size") || !strcmp(a, "--max-model-len")) st = kiln_parse_int(a, v, 0, 1 << 24, &p.ctx_size);
         else if (!strcmp(a, "--kv-tokens")) st = kiln_parse_int(a, v, 0, 1ll << 32, &p.kv_tokens);
         else if (!strcmp(a, "--cache-ram")) st = kiln_parse_int(a, v, 0, 1ll << 30, &x), p.state_cache_bytes = x ? x << 20 : -1;
         else if (!strcmp(a, "--block-size")) st = kiln_parse_int(a, v, 1, 4096, &x), p.block_size = (int)x;
@@ -70,10 +104,17 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--queue")) st = kiln_parse_int(a, v, 1, 1 << 20, &x), p.max_queue = (int)x;
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) st = kiln_parse_int(a, v, 0, 1024, &x), p.threads = (int)x;
         else if (!strcmp(a, "--api-key")) p.api_key = v;
-        else if (!strcmp(a, "--alias")) p.alias = v;
+        else if (!strcmp(a, "--alias") || !strcmp(a, "--served-model-name")) p.alias = v;
         else if (!strcmp(a, "--max-body")) st = kiln_parse_int(a, v, 1024, 1ll << 32, &p.max_body);
         else if (!strcmp(a, "--timeout")) st = kiln_parse_int(a, v, 1, 86400, &x), p.timeout_s = (int)x;
-        else if (!strcmp(a, "--metrics")) p.metrics = true;
+        else if (!strcmp(a, "--request-timeout")) st = kiln_parse_int(a, v, 1, 86400, &x), p.request_timeout_s = (int)x;
+        else if (!strcmp(a, "--max-conns")) st = kiln_parse_int(a, v, 4, 1 << 20, &x), p.max_conns = (int)x;
+        else if (!strcmp(a, "--max-conns-per-ip")) st = kiln_parse_int(a, v, 0, 1 << 20, &x), p.max_conns_per_ip = x ? (int)x : -1;
+        else if (!strcmp(a, "--max-image-pixels")) st = kiln_parse_int(a, v, 1, 1ll << 34, &p.max_image_pixels);
+        else if (!strcmp(a, "--shutdown-timeout")) st = kiln_parse_int(a, v, 0, 86400, &grace);
+        else if (!strcmp(a, "--metrics")) p.metrics = true; /* the default; kept for old command lines */
+        else if (!strcmp(a, "--no-metrics")) p.metrics = false;
+        else if (!strcmp(a, "--any-model")) p.any_model = true;
         else if (!strcmp(a, "--no-prefix-cache")) p.no_prefix_cache = true;
         else if (!strcmp(a, "--quiet")) p.quiet = true;
         else if (!strcmp(a, "--reasoning-budget")) {
@@ -95,9 +136,11 @@ int kiln_cmd_serve(int argc, char **argv) {
     }
     if (!p.model_dir) p.model_dir = kiln_default_model();
     if (!p.api_key && getenv("KILN_API_KEY")) p.api_key = getenv("KILN_API_KEY");
+    /* tests: slow generations on tiny models (see ksrv_params.step_delay_us) */
+    if (getenv("KILN_SERVE_STEP_DELAY_US")) p.step_delay_us = atoi(getenv("KILN_SERVE_STEP_DELAY_US"));
     p.defaults = &gp;
     /* every thread inherits the mask: signals arrive only at sigwait below */
-    sigset_t sigs;
+    static sigset_t sigs; /* second_signal reads it */
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
@@ -109,15 +152,32 @@ int kiln_cmd_serve(int argc, char **argv) {
     if (st) return kiln_fail(st);
     fprintf(stderr, "kiln: listening on http://%s:%d (loading %s)\n", p.host ? p.host : "127.0.0.1", ksrv_port(s),
             p.model_dir);
-    st = ksrv_wait_ready(s);
-    if (st) {
-        ksrv_stop(s);
-        return kiln_fail(st);
+    if (!p.api_key && p.host && !loopback(p.host))
+        fprintf(stderr, "kiln: warning: --host %s is reachable from other machines and no --api-key is set: anyone who "
+                        "can connect can use the server (see docs/serving.md, \"Running it exposed\")\n",
+                p.host);
+    /* wait for a signal, and meanwhile for the model (a signal while it
+     * loads stops the server too) */
+    int sig = -1;
+    bool loading = true;
+    while (sig < 0) {
+        if (loading && !ksrv_loading(s)) {
+            loading = false;
+            st = ksrv_wait_ready(s);
+            if (st) {
+                ksrv_stop(s);
+                return kiln_fail(st);
+            }
+            fprintf(stderr, "kiln: ready\n");
+        }
+        struct timespec ts = {0, loading ? 50000000 : 500000000};
+        sig = sigtimedwait(&sigs, NULL, &ts);
     }
-    fprintf(stderr, "kiln: ready\n");
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    fprintf(stderr, "kiln: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    fprintf(stderr, "kiln: %s: stopping (running requests get %llds; a second signal exits at once)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)grace);
+    pthread_t t;
+    if (pthread_create(&t, NULL, second_signal, &sigs) == 0) pthread_detach(t);
+    ksrv_shutdown(s, (double)grace);
     ksrv_stop(s);
     return 0;
 }

@@ -1,6 +1,9 @@
 /* `kiln serve` and `kiln bench-batch` as commands, run in child processes:
  * flags, the listening line, SIGTERM, and bench-batch's equality check. */
 #include <curl/curl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,15 +39,9 @@ static size_t sink(char *p, size_t sz, size_t n, void *ud) {
     return sz * n;
 }
 
-KT_TEST(cli_serve_listens_answers_and_stops_on_sigterm) {
-    char dir[4096], out[] = "/tmp/kiln-serve-out-XXXXXX", err[] = "/tmp/kiln-serve-err-XXXXXX";
-    int fo = mkstemp(out), fe = mkstemp(err);
-    KT_CHECK(fo >= 0 && fe >= 0);
-    close(fo), close(fe);
-    kt_path(dir, sizeof dir, "tests/fixtures/oracle/llama");
-    char *argv[] = {"serve", "-m", dir, "--port", "0", "-np", "2", "-c", "64", "-t", "1", "--metrics", "--temp", "0", "--quiet"};
-    pid_t pid = spawn(kiln_cmd_serve, argv, 15, out, err);
-    KT_CHECK(pid > 0);
+/* The port of a `kiln serve` whose stderr is err, once it says "ready"; 0
+ * if it does not within 5 s. */
+static int wait_listening(const char *err) {
     int port = 0;
     bool ready = false;
     for (int i = 0; i < 500 && !ready; i++) { /* "listening on http://127.0.0.1:PORT", then "ready" */
@@ -57,6 +54,20 @@ KT_TEST(cli_serve_listens_answers_and_stops_on_sigterm) {
         ready = t && strstr(t, "kiln: ready");
         free(t);
     }
+    return ready ? port : 0;
+}
+
+KT_TEST(cli_serve_listens_answers_and_stops_on_sigterm) {
+    char dir[4096], out[] = "/tmp/kiln-serve-out-XXXXXX", err[] = "/tmp/kiln-serve-err-XXXXXX";
+    int fo = mkstemp(out), fe = mkstemp(err);
+    KT_CHECK(fo >= 0 && fe >= 0);
+    close(fo), close(fe);
+    kt_path(dir, sizeof dir, "tests/fixtures/oracle/llama");
+    char *argv[] = {"serve", "-m", dir, "--port", "0", "-np", "2", "-c", "64", "-t", "1", "--metrics", "--temp", "0", "--quiet"};
+    pid_t pid = spawn(kiln_cmd_serve, argv, 15, out, err);
+    KT_CHECK(pid > 0);
+    int port = wait_listening(err);
+    bool ready = port > 0;
     long status = 0;
     if (ready) {
         curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -89,7 +100,97 @@ KT_TEST(cli_serve_listens_answers_and_stops_on_sigterm) {
     KT_CHECK_OK(ku_read_file(err2, &t, NULL));
     KT_CHECK(strstr(t, "--port"));
     free(t);
+    /* a non-loopback address without an API key warns (the model folder
+     * does not exist: it exits as soon as loading fails) */
+    char *open_host[] = {"serve", "-m", "/nonexistent/kiln-model", "--host", "0.0.0.0", "--port", "0"};
+    KT_CHECK_EQ(wait_rc(spawn(kiln_cmd_serve, open_host, 7, out2, err2)), 1);
+    t = NULL;
+    KT_CHECK_OK(ku_read_file(err2, &t, NULL));
+    KT_CHECKF(strstr(t, "warning: --host 0.0.0.0 is reachable from other machines and no --api-key is set"), "%s", t);
+    free(t);
     remove(out2), remove(err2);
+}
+
+typedef struct {
+    int port;
+    char body[65536];
+    size_t len;
+    _Atomic size_t got;
+    CURLcode rc;
+} stream_client;
+
+static size_t keep(char *p, size_t sz, size_t n, void *ud) {
+    stream_client *c = ud;
+    size_t k = sz * n;
+    if (c->len + k < sizeof c->body) memcpy(c->body + c->len, p, k), c->len += k, c->body[c->len] = 0;
+    c->got += k;
+    return k;
+}
+
+static void *stream_main(void *arg) {
+    stream_client *c = arg;
+    CURL *h = curl_easy_init();
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", c->port);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS,
+                     "{\"prompt\": [1, 2, 3], \"max_tokens\": 40, \"ignore_eos\": true, \"stream\": true, "
+                     "\"return_tokens\": true}");
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, keep);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, c);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
+    c->rc = curl_easy_perform(h);
+    curl_easy_cleanup(h);
+    return NULL;
+}
+
+/* SIGTERM lets a running stream finish (40 tokens at 20 ms a step, within
+ * --shutdown-timeout 30) and exits 0; a second signal exits at once. */
+KT_TEST(cli_serve_sigterm_grace_then_second_signal) {
+    char dir[4096];
+    kt_path(dir, sizeof dir, "tests/fixtures/oracle/llama");
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    setenv("KILN_SERVE_STEP_DELAY_US", "20000", 1);
+    for (int twice = 0; twice < 2; twice++) {
+        char out[] = "/tmp/kiln-serve-out-XXXXXX", err[] = "/tmp/kiln-serve-err-XXXXXX";
+        close(mkstemp(out)), close(mkstemp(err));
+        char *argv[] = {"serve", "-m", dir, "--port", "0", "-c", "64", "-t", "1", "--shutdown-timeout", "30", "--quiet"};
+        pid_t pid = spawn(kiln_cmd_serve, argv, 12, out, err);
+        stream_client *c = calloc(1, sizeof *c);
+        c->port = wait_listening(err);
+        KT_CHECKF(c->port > 0, "kiln serve did not get ready");
+        pthread_t t;
+        bool started = c->port > 0 && pthread_create(&t, NULL, stream_main, c) == 0;
+        for (int i = 0; started && i < 1000 && c->got == 0; i++) usleep(5000); /* the stream is running */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        kill(pid, SIGTERM);
+        if (twice) usleep(100000), kill(pid, SIGTERM);
+        int status = 0;
+        pid_t w = waitpid(pid, &status, 0);
+        KT_CHECKF(w == pid, "waitpid: %d %s", (int)w, strerror(errno));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        if (started) pthread_join(t, NULL);
+        if (!twice) {
+            KT_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+            KT_CHECKF(took > 0.3, "exited %.2f s after SIGTERM, with the stream running", took);
+            KT_CHECKF(c->rc == CURLE_OK && strstr(c->body, "\"finish_reason\": \"length\"") &&
+                          strstr(c->body, "data: [DONE]"),
+                      "curl %d: %s", (int)c->rc, c->body);
+        } else {
+            KT_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM, "status %d after %.2f s: %s", status, took, c->body);
+            KT_CHECKF(took < 2, "the second SIGTERM took %.2f s", took);
+            char *log = NULL;
+            kiln_status_free(ku_read_file(err, &log, NULL));
+            KT_CHECKF(log && strstr(log, "SIGTERM again: exiting now"), "%s", log ? log : "");
+            free(log);
+        }
+        free(c);
+        remove(out), remove(err);
+    }
+    unsetenv("KILN_SERVE_STEP_DELAY_US");
 }
 
 KT_TEST(cli_bench_batch_streams_identical) {

@@ -84,13 +84,35 @@ kiln_status ksrv_images_add(ksrv *s, ksrv_images *im, const cJSON *part, const c
     if (st) return kiln_status_wrap(st, "%s.image_url.url", what);
     char w[96];
     snprintf(w, sizeof w, "%s.image_url.url", what);
+    /* decompression bombs: the declared size first (a 1 MB PNG can declare
+     * 16384 x 16384, 800 MB decoded), then at most KSRV_DECODE_SLOTS
+     * decodes at once */
+    int64_t iw, ih;
+    st = kimg_probe(bytes, n_bytes, w, &iw, &ih);
+    if (!st && iw * ih > s->p.max_image_pixels)
+        st = kiln_error(KILN_ELIMIT, "%s: the image is %lldx%lld, more than the %lld pixels this server decodes (--max-image-pixels)",
+                        w, (long long)iw, (long long)ih, (long long)s->p.max_image_pixels);
+    if (st) {
+        free(bytes);
+        return st;
+    }
+    pthread_mutex_lock(&s->decode_mu);
+    while (s->n_decoding >= KSRV_DECODE_SLOTS) pthread_cond_wait(&s->decode_cv, &s->decode_mu);
+    s->n_decoding++;
+    pthread_mutex_unlock(&s->decode_mu);
     kimg_image img;
     st = kimg_decode(bytes, n_bytes, w, &img);
     free(bytes);
+    if (!st) {
+        st = kvis_pixels_from_image(vm, &img, &im->px[im->n]);
+        kimg_free(&img);
+        if (st) st = kiln_status_wrap(st, "%s", what);
+    }
+    pthread_mutex_lock(&s->decode_mu);
+    s->n_decoding--;
+    pthread_cond_signal(&s->decode_cv);
+    pthread_mutex_unlock(&s->decode_mu);
     if (st) return st;
-    st = kvis_pixels_from_image(vm, &img, &im->px[im->n]);
-    kimg_free(&img);
-    if (st) return kiln_status_wrap(st, "%s", what);
     im->n++;
     return NULL;
 }

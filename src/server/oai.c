@@ -257,7 +257,8 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     int32_t *ids = NULL, n = 0;
     if (j->tools) st = ksrv_tools_set_prompt(j->tools, &text, &j->gp);
     if (!st) st = encode(s, "messages", text, false, &ids, &n); /* the template writes its own special tokens */
-    free(text);
+    free(j->rendered);
+    j->rendered = text;
     if (!st && j->images) st = ksrv_images_apply(s, j->images, &ids, &n);
     if (!st) st = add_prompt(j, ids, n, NULL);
     if (st) free(ids);
@@ -269,7 +270,7 @@ static kiln_status parse_body(ksrv *s, ksrv_job *j, const cJSON *body, bool chat
     if (!cJSON_IsObject(body)) return kiln_error(KILN_EINVAL, "request body: expected a JSON object");
     const char *model;
     KILN_TRY(ku_json_str(body, "model", NULL, &model));
-    if (model && strcmp(model, s->model_id) && strcmp(model, s->model_dir)) {
+    if (model && !s->p.any_model && strcmp(model, s->model_id) && strcmp(model, s->model_dir)) {
         *e = (ksrv_err){404, "invalid_request_error", "model_not_found"};
         return kiln_error(KILN_ENOTFOUND, "\"model\": the model \"%s\" does not exist (this server has \"%s\")", model,
                           s->model_id);
@@ -295,6 +296,19 @@ static kiln_status parse_body(ksrv *s, ksrv_job *j, const cJSON *body, bool chat
         KILN_TRY(ku_json_str(body, "suffix", NULL, &suffix));
         if (suffix && *suffix) return kiln_error(KILN_EUNSUPPORTED, "\"suffix\": not supported");
     }
+    /* OpenAI's and vLLM's ranges (llama.cpp's n_predict keeps -1, no limit) */
+    const char *mt_key = NULL; /* the field that set the length, when the body did */
+    static const char *const mt_keys[] = {"n_predict", "max_completion_tokens", "max_tokens"}; /* kgen_params_from_json's order */
+    for (int i = 0; i < 3; i++) {
+        const cJSON *mt = ku_json_get(body, mt_keys[i]);
+        if (!mt) continue;
+        if (!mt_key) mt_key = mt_keys[i];
+        if (i > 0 && cJSON_IsNumber(mt) && mt->valuedouble < 1)
+            return kiln_error(KILN_EINVAL, "\"%s\": must be at least 1, got %g", mt_keys[i], mt->valuedouble);
+    }
+    const cJSON *temp = ku_json_get(body, "temperature");
+    if (cJSON_IsNumber(temp) && temp->valuedouble < 0)
+        return kiln_error(KILN_EINVAL, "\"temperature\": must be at least 0, got %g", temp->valuedouble);
     /* sampling: the server's defaults, then the body (text logit_bias keys
      * need the tokenizer) */
     ke_text_vocab tv;
@@ -308,14 +322,23 @@ static kiln_status parse_body(ksrv *s, ksrv_job *j, const cJSON *body, bool chat
     kiln_status st = kgen_params_from_json(&j->gp, body, &v);
     if (s->tok) ke_text_vocab_free(&tv);
     if (st) return st;
+    /* no length given: chat runs to the end of the context (vLLM's
+     * default); /v1/completions generates 16 tokens as OpenAI documents,
+     * unless the server was given a default (-n) */
+    if (!mt_key && !chat && s->defaults.n_predict < 0) j->gp.n_predict = 16;
     j->want_logprobs = j->gp.logprobs;
     j->n_top = j->gp.n_probs;
     KILN_TRY(chat ? parse_chat(s, j, body) : parse_prompt(s, j, body));
     int64_t n_ctx = ke_ctx_n_ctx(s->c);
-    for (int i = 0; i < j->n_prompts; i++)
+    for (int i = 0; i < j->n_prompts; i++) {
         if (j->n_prompt[i] >= n_ctx)
             return kiln_error(KILN_ELIMIT, "\"%s\": the prompt has %d tokens, the context size is %lld (room is needed for one token)",
                               chat ? "messages" : "prompt", (int)j->n_prompt[i], (long long)n_ctx);
+        if (mt_key && j->gp.n_predict > 0 && j->n_prompt[i] + (int64_t)j->gp.n_predict > n_ctx)
+            return kiln_error(KILN_ELIMIT, "\"%s\": the prompt's %d tokens + %d is more than the context of %lld tokens: "
+                                           "lower %s or shorten the prompt",
+                              mt_key, (int)j->n_prompt[i], (int)j->gp.n_predict, (long long)n_ctx, mt_key);
+    }
     if ((int64_t)j->n_prompts * n > s->p.max_choices)
         return kiln_error(KILN_EINVAL, "\"n\": %d prompts x n = %lld choices, more than %d", j->n_prompts,
                           (long long)j->n_prompts * n, s->p.max_choices);
@@ -503,6 +526,7 @@ void ksrv_job_free(ksrv_job *j) {
     for (int i = 0; i < j->n_prompts; i++) free(j->prompts[i]), free(j->prompt_str[i]);
     free(j->prompts);
     free(j->prompt_str);
+    free(j->rendered);
     free(j->n_prompt);
     ksrv_images_free(j->images);
     ksrv_tools_free(j->tools);
@@ -730,6 +754,10 @@ void ksrv_job_stream(ksrv_job *j) {
         ksrv_agent_stream(j);
         return;
     }
+    if (j->llama) {
+        ksrv_llama_stream(j);
+        return;
+    }
     /* the first call: chat's role, or completions' echoed prompt */
     if (!j->started)
         for (int i = 0; i < j->n_choices; i++) {
@@ -779,6 +807,7 @@ void ksrv_job_stream(ksrv_job *j) {
 
 int ksrv_job_response(ksrv_job *j, ksrv_buf *b) {
     if (j->agent) return ksrv_agent_response(j, b);
+    if (j->llama) return ksrv_llama_response(j, b);
     for (int k = 0; k < j->n_ev; k++)
         if (j->ev[k].end && j->ev[k].error) {
             ksrv_error_json(b, 500, "server_error", NULL, j->ev[k].error);

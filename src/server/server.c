@@ -18,11 +18,24 @@
 #include "base/json.h"
 #include "server/server_int.h"
 
+/* A TCP connection, for the reaper (request deadlines, see reaper_main). */
+typedef struct conn_watch {
+    struct conn_watch *prev, *next;
+    int fd;
+    double t_wait; /* when the connection opened or its last response ended */
+    bool busy;     /* a request is being answered */
+    bool cut;      /* shut down by the reaper */
+} conn_watch;
+
 typedef struct {
     ksrv *s;
     struct MHD_Connection *conn;
+    conn_watch *watch; /* NULL: not watched */
     ksrv_buf body;
     bool too_big, responded;
+    bool counted; /* in s->in_flight (a completion request running) */
+    bool close_after; /* the reply asks the client to close the connection */
+    bool allow_post;  /* a 405's Allow header: POST (else GET) */
     ksrv_job *job; /* a streaming response's job (freed when the request completes) */
     double t0;
     char method[16];
@@ -31,13 +44,26 @@ typedef struct {
 
 /* ---------------------------------------------------------------- replies */
 
+
 static void access_log(conn_state *cs, int status) {
     ksrv_metrics_http(cs->s->met, status);
     if (cs->s->p.quiet) return;
-    fprintf(stderr, "kiln: %s %s %d %.3fs\n", cs->method, cs->url, status, ksrv_now() - cs->t0);
+    char m[4 * sizeof cs->method + 1], u[4 * sizeof cs->url + 1];
+    ksrv_log_escape(cs->method, m, sizeof m);
+    ksrv_log_escape(cs->url, u, sizeof u);
+    fprintf(stderr, "kiln: %s %s %d %.3fs\n", m, u, status, ksrv_now() - cs->t0);
+}
+
+static void set_busy(conn_state *cs, bool busy) {
+    if (!cs->watch) return;
+    pthread_mutex_lock(&cs->s->watch_mu);
+    cs->watch->busy = busy;
+    if (!busy) cs->watch->t_wait = ksrv_now();
+    pthread_mutex_unlock(&cs->s->watch_mu);
 }
 
 static enum MHD_Result reply(conn_state *cs, int status, const char *ctype, ksrv_buf *b) {
+    set_busy(cs, true);
     if (b->oom) {
         ksrv_buf_free(b);
         status = 500;
@@ -52,12 +78,9 @@ static enum MHD_Result reply(conn_state *cs, int status, const char *ctype, ksrv
     }
     *b = (ksrv_buf){0}; /* MHD frees it */
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, strncmp(cs->url, "/v1/models", 10) &&
-                                                                                  strcmp(cs->url, "/health") &&
-                                                                                  strcmp(cs->url, "/metrics")
-                                                                              ? "POST"
-                                                                              : "GET");
+    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, cs->allow_post ? "POST" : "GET");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (cs->close_after) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(cs->conn, (unsigned)status, r);
     MHD_destroy_response(r);
     cs->responded = true;
@@ -125,14 +148,60 @@ static bool key_ok(ksrv *s, struct MHD_Connection *conn) {
     return diff == 0;
 }
 
+typedef struct {
+    cJSON *item;
+    int pos;
+} keyed;
+
+static const char *key_of(const cJSON *c) { return c->string ? c->string : ""; }
+
+static int keyed_cmp(const void *a, const void *b) {
+    const keyed *x = a, *y = b;
+    int c = strcmp(key_of(x->item), key_of(y->item));
+    return c ? c : (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* Duplicate keys: the last one wins, as in most JSON parsers and gateways
+ * (cJSON's lookups would find the first), in every object of the tree. */
+static kiln_status dedup_keys(cJSON *j) {
+    for (cJSON *c = j->child; c; c = c->next)
+        if (cJSON_IsObject(c) || cJSON_IsArray(c)) KILN_TRY(dedup_keys(c));
+    if (!cJSON_IsObject(j)) return NULL;
+    int n = cJSON_GetArraySize(j), i = 0;
+    if (n < 2) return NULL;
+    keyed *v = malloc(sizeof *v * (size_t)n);
+    if (!v) return kiln_error(KILN_ENOMEM, "out of memory");
+    for (cJSON *c = j->child; c; c = c->next, i++) v[i] = (keyed){c, i};
+    qsort(v, (size_t)n, sizeof *v, keyed_cmp); /* by key, then position */
+    for (i = 0; i + 1 < n; i++)
+        if (!strcmp(key_of(v[i].item), key_of(v[i + 1].item))) /* not the last of its key */
+            cJSON_Delete(cJSON_DetachItemViaPointer(j, v[i].item));
+    free(v);
+    return NULL;
+}
+
 static kiln_status parse_json(conn_state *cs, cJSON **out) {
     const char *end = NULL;
-    *out = cJSON_ParseWithLengthOpts(cs->body.p ? cs->body.p : "", cs->body.len, &end, 0);
+    *out = NULL;
+    const char *p = cs->body.p ? cs->body.p : "";
+    /* cJSON ends a string at a \u0000 escape: refuse it rather than cut a prompt short */
+    for (size_t i = 0; i + 6 <= cs->body.len; i++)
+        if (p[i] == '\\') {
+            if (!strncasecmp(p + i + 1, "u0000", 5))
+                return kiln_error(KILN_EINVAL, "request body: a NUL character (\\u0000) at byte %zu: not supported in strings", i);
+            i++; /* the escaped character */
+        }
+    *out = cJSON_ParseWithLengthOpts(p, cs->body.len, &end, 0);
     if (!*out) {
         size_t off = end && cs->body.p ? (size_t)(end - cs->body.p) : 0;
         return kiln_error(KILN_EINVAL, "request body: invalid JSON near byte %zu", off);
     }
-    return NULL;
+    kiln_status st = dedup_keys(*out);
+    if (st) {
+        cJSON_Delete(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 static const ksrv_err k_bad = {400, "invalid_request_error", NULL};
@@ -241,6 +310,12 @@ static enum MHD_Result do_detokenize(conn_state *cs, const cJSON *body) {
                 st = kiln_error(KILN_EINVAL, "\"tokens\"[%d]: expected a token id", i);
                 break;
             }
+            int64_t vocab = ke_model_hparams(s->m)->vocab;
+            if (d >= (double)vocab) {
+                st = kiln_error(KILN_EINVAL, "\"tokens\"[%d]: token %lld is outside the model's vocabulary (%lld)", i,
+                                (long long)d, (long long)vocab);
+                break;
+            }
             ids[i++] = (int32_t)d;
         }
     char *text = NULL;
@@ -256,6 +331,29 @@ static enum MHD_Result do_detokenize(conn_state *cs, const cJSON *body) {
     ksrv_buf_str(&b, "}");
     free(text);
     return reply_json(cs, 200, &b);
+}
+
+static const char k_shutting_down[] = "the server is shutting down";
+
+/* The event that ends a stream cut short, in the API's shape: OpenAI's
+ * (and vLLM's) error object then [DONE], the Responses API's "error"
+ * event, Anthropic's "error" event. */
+static void stream_error(conn_state *cs, int status, const char *msg) {
+    ksrv_job *j = cs->job;
+    ksrv_buf *b = &j->out;
+    if (anthropic_url(cs)) {
+        ksrv_buf_str(b, "event: error\ndata: ");
+        ksrv_anthropic_error(b, status, msg);
+        ksrv_buf_str(b, "\n\n");
+    } else if (j->agent) {
+        ksrv_buf_str(b, "event: error\ndata: {\"type\": \"error\", \"code\": \"server_shutting_down\", \"message\": ");
+        ksrv_buf_json_str(b, msg, strlen(msg));
+        ksrv_buf_str(b, ", \"param\": null}\n\n");
+    } else {
+        ksrv_buf_str(b, "data: ");
+        ksrv_error_json(b, status, "unavailable_error", NULL, msg);
+        ksrv_buf_str(b, "\n\ndata: [DONE]\n\n");
+    }
 }
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -278,12 +376,86 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         if (j->out.len > 0 || j->done_sent) continue;
-        if (atomic_load(&cs->s->stopping) || client_gone(cs)) {
+        if (client_gone(cs)) {
             ksrv_job_cancel_wait(j);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
+        if (atomic_load(&cs->s->stopping)) { /* the grace period is over: an error event ends the stream */
+            ksrv_job_cancel_wait(j);
+            stream_error(cs, 503, k_shutting_down);
+            j->done_sent = true;
+            continue;
+        }
         ksrv_job_wait(j, 0.1);
     }
+}
+
+/* ---- llama-server's and vLLM's informational endpoints ---- */
+
+#ifndef KILN_VERSION
+#define KILN_VERSION "0.1.0"
+#endif
+
+/* /version (vLLM's): {"version": ...}. */
+static enum MHD_Result do_version(conn_state *cs) {
+    ksrv_buf b = {0};
+    ksrv_buf_str(&b, "{\"version\": \"" KILN_VERSION "\", \"name\": \"kiln\"}");
+    return reply_json(cs, 200, &b);
+}
+
+/* /props (llama-server's): the defaults, the slots, the model and its chat
+ * template. */
+static enum MHD_Result do_props(conn_state *cs) {
+    ksrv *s = cs->s;
+    const kgen_params *g = &s->defaults;
+    ksrv_buf b = {0};
+    ksrv_buf_printf(&b, "{\"default_generation_settings\": {\"n_ctx\": %lld, \"params\": {\"n_predict\": %d, "
+                        "\"temperature\": %g, \"top_k\": %d, \"top_p\": %g, \"min_p\": %g, \"repeat_penalty\": %g}}, "
+                        "\"total_slots\": %d, \"model_alias\": ",
+                    (long long)ke_ctx_n_ctx(s->c), (int)g->n_predict, (double)g->temperature, (int)g->top_k, (double)g->top_p,
+                    (double)g->min_p, (double)g->repeat_penalty, s->p.parallel);
+    ksrv_buf_json_str(&b, s->model_id, strlen(s->model_id));
+    ksrv_buf_str(&b, ", \"model_path\": ");
+    ksrv_buf_json_str(&b, s->model_dir, strlen(s->model_dir));
+    ksrv_buf_str(&b, ", \"chat_template\": ");
+    const char *t = s->tmpl ? kchat_source(s->tmpl) : NULL;
+    ksrv_buf_json_str(&b, t ? t : "", t ? strlen(t) : 0);
+    ksrv_buf_printf(&b, ", \"modalities\": {\"vision\": %s}, \"build_info\": \"kiln " KILN_VERSION "\"}",
+                    ke_model_vision(s->m) ? "true" : "false");
+    return reply_json(cs, 200, &b);
+}
+
+/* /slots (llama-server's): kiln's sequences are not bound to slots, so the
+ * first `running` of the --parallel places show as processing. */
+static enum MHD_Result do_slots(conn_state *cs) {
+    ksrv *s = cs->s;
+    ksch_stats st;
+    ksch_get_stats(s->sch, &st);
+    ksrv_buf b = {0};
+    ksrv_buf_str(&b, "[");
+    for (int i = 0; i < s->p.parallel; i++)
+        ksrv_buf_printf(&b, "%s{\"id\": %d, \"n_ctx\": %lld, \"is_processing\": %s}", i ? ", " : "", i,
+                        (long long)ke_ctx_n_ctx(s->c), i < st.running ? "true" : "false");
+    ksrv_buf_str(&b, "]");
+    return reply_json(cs, 200, &b);
+}
+
+/* /apply-template (llama-server's): {"messages": [...]} -> {"prompt": the
+ * chat template's text}, through the chat request's own parsing. */
+static enum MHD_Result do_apply_template(conn_state *cs, const cJSON *body) {
+    cJSON *b = cJSON_IsObject(body) ? cJSON_Duplicate(body, true) : NULL;
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "stream");
+    ksrv_job *j = NULL;
+    ksrv_err e = k_bad;
+    kiln_status st = b ? ksrv_job_parse(cs->s, b, true, &j, &e) : kiln_error(KILN_EINVAL, "request body: expected a JSON object");
+    cJSON_Delete(b);
+    if (st) return reply_status(cs, st, &e);
+    ksrv_buf out = {0};
+    ksrv_buf_str(&out, "{\"prompt\": ");
+    ksrv_buf_json_str(&out, j->rendered ? j->rendered : "", j->rendered ? strlen(j->rendered) : 0);
+    ksrv_buf_str(&out, "}");
+    ksrv_job_free(j);
+    return reply_json(cs, 200, &out);
 }
 
 /* /v1/messages/count_tokens: the prompt's tokens, nothing generated. */
@@ -308,13 +480,27 @@ static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool cha
     ksrv *s = cs->s;
     ksrv_job *j;
     ksrv_err e;
-    kiln_status st = api ? ksrv_agent_parse(s, body, api, &j, &e) : ksrv_job_parse(s, body, chat, &j, &e);
+    /* llama-server's native endpoint: no length given is no limit there */
+    bool llama = !chat && !api && !strcmp(cs->url, "/completion");
+    cJSON *lb = NULL;
+    if (llama && cJSON_IsObject(body) && !ku_json_get(body, "n_predict") && !ku_json_get(body, "max_tokens") &&
+        (lb = cJSON_Duplicate(body, true)))
+        cJSON_AddNumberToObject(lb, "n_predict", -1);
+    kiln_status st = api ? ksrv_agent_parse(s, body, api, &j, &e) : ksrv_job_parse(s, lb ? lb : body, chat, &j, &e);
+    cJSON_Delete(lb);
+    if (!st && llama) {
+        j->llama = true;
+        st = ksrv_llama_check(j);
+        if (st) ksrv_job_free(j), e = k_bad;
+    }
     if (st) return reply_status(cs, st, &e);
     st = ksrv_job_submit(j, &e);
     if (st) {
         ksrv_job_free(j);
         return reply_status(cs, st, &e);
     }
+    atomic_fetch_add(&s->in_flight, 1);
+    cs->counted = true;
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, cs, NULL);
         if (!r) {
@@ -334,26 +520,40 @@ static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool cha
     }
     /* not streaming: wait here (this connection's own thread), watching for
      * the client leaving */
-    while (!ksrv_job_finished(j)) {
-        if (atomic_load(&s->stopping) || client_gone(cs)) {
-            ksrv_job_cancel_wait(j);
-            ksrv_job_free(j);
+    enum MHD_Result ret = MHD_YES;
+    bool done = false;
+    while (!done && !(done = ksrv_job_finished(j))) {
+        if (client_gone(cs)) {
+            ret = MHD_NO;
             access_log(cs, 499);
-            return MHD_NO;
+            break;
+        }
+        if (atomic_load(&s->stopping)) { /* the grace period is over */
+            cs->close_after = true;
+            ret = reply_error(cs, 503, "unavailable_error", NULL, k_shutting_down);
+            break;
         }
         ksrv_job_wait(j, 0.1);
     }
-    ksrv_buf b = {0};
-    int status = ksrv_job_response(j, &b);
+    if (done) {
+        ksrv_buf b = {0};
+        int status = ksrv_job_response(j, &b);
+        ret = reply_json(cs, status, &b);
+    } else {
+        ksrv_job_cancel_wait(j);
+    }
     ksrv_job_free(j);
-    return reply_json(cs, status, &b);
+    atomic_fetch_sub(&s->in_flight, 1);
+    cs->counted = false;
+    return ret;
 }
 
 /* ---------------------------------------------------------------- routing */
 
 typedef enum {
     R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
-    R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS
+    R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS,
+    R_VERSION, R_PROPS, R_SLOTS, R_APPLY_TEMPLATE
 } route;
 
 static route find_route(const char *url, bool *post) {
@@ -370,6 +570,11 @@ static route find_route(const char *url, bool *post) {
         {"/detokenize", R_DETOKENIZE, true},   {"/v1/responses", R_RESPONSES, true},
         {"/responses", R_RESPONSES, true},     {"/v1/messages", R_MESSAGES, true},
         {"/v1/messages/count_tokens", R_COUNT_TOKENS, true},
+        {"/version", R_VERSION, false},
+        {"/props", R_PROPS, false},
+        {"/slots", R_SLOTS, false},
+        {"/apply-template", R_APPLY_TEMPLATE, true},
+        {"/completion", R_COMPLETIONS, true},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(url, t[i].path)) {
@@ -385,6 +590,7 @@ static route find_route(const char *url, bool *post) {
 
 static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *method) {
     ksrv *s = cs->s;
+    set_busy(cs, true); /* the request is in: its deadline no longer applies */
     bool post = false;
     route r = find_route(url, &post);
     if (r == R_NONE) {
@@ -395,13 +601,18 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
     if (strcmp(method, post ? "POST" : "GET") != 0 && !(!post && !strcmp(method, "HEAD"))) {
         char msg[256];
         snprintf(msg, sizeof msg, "%.200s takes %s, not %.16s", url, post ? "POST" : "GET", method);
+        cs->allow_post = post;
         return reply_error(cs, 405, "invalid_request_error", NULL, msg);
+    }
+    if (atomic_load(&s->draining)) { /* ksrv_shutdown: no new work; /health says so */
+        cs->close_after = true;
+        if (r != R_METRICS) return reply_error(cs, 503, "unavailable_error", NULL, k_shutting_down);
     }
     if (r == R_HEALTH) return do_health(cs);
     if (r == R_METRICS) {
         if (!s->p.metrics)
             return reply_error(cs, 501, "not_supported_error", NULL,
-                               "this server does not serve metrics: start it with --metrics");
+                               "this server does not serve metrics (it was started with --no-metrics)");
         return do_metrics(cs);
     }
     if (!key_ok(s, cs->conn)) return reply_error(cs, 401, "authentication_error", "invalid_api_key", "invalid API key");
@@ -411,6 +622,9 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
         return reply_error(cs, 413, "invalid_request_error", "request_too_large", msg);
     }
     if (state_of(s, NULL) != KSRV_READY) return reply_error(cs, 503, "unavailable_error", NULL, "Loading model");
+    if (r == R_VERSION) return do_version(cs);
+    if (r == R_PROPS) return do_props(cs);
+    if (r == R_SLOTS) return do_slots(cs);
     if (r == R_MODELS) return do_models(cs, NULL);
     if (r == R_MODEL) return do_models(cs, url + 11);
     cJSON *body;
@@ -420,6 +634,7 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
     if (r == R_TOKENIZE) ret = do_tokenize(cs, body);
     else if (r == R_DETOKENIZE) ret = do_detokenize(cs, body);
     else if (r == R_COUNT_TOKENS) ret = do_count_tokens(cs, body);
+    else if (r == R_APPLY_TEMPLATE) ret = do_apply_template(cs, body);
     else if (r == R_RESPONSES) ret = do_completion(cs, body, true, KSRV_API_RESPONSES);
     else if (r == R_MESSAGES) ret = do_completion(cs, body, true, KSRV_API_ANTHROPIC);
     else ret = do_completion(cs, body, r == R_CHAT, 0);
@@ -437,6 +652,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!cs) return MHD_NO;
         cs->s = s;
         cs->conn = conn;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        cs->watch = ci ? ci->socket_context : NULL;
         cs->t0 = ksrv_now();
         snprintf(cs->method, sizeof cs->method, "%s", method);
         snprintf(cs->url, sizeof cs->url, "%s", url);
@@ -483,9 +700,74 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **ptr, enu
         ksrv_job_cancel_wait(cs->job); /* no-op when it ended */
         ksrv_job_free(cs->job);
     }
+    if (cs->counted) atomic_fetch_sub(&cs->s->in_flight, 1);
+    set_busy(cs, false); /* the next request's deadline counts from here */
     ksrv_buf_free(&cs->body);
     free(cs);
     *ptr = NULL;
+}
+
+/* ---------------------------------------------------------------- slow clients */
+
+/* MHD's own timeout is an idle timeout, which a client resets with a byte
+ * every few seconds. The reaper bounds the time a request's headers and
+ * body take to arrive instead: --request-timeout from the connection's
+ * opening (or its previous response's end), and under pressure (more than
+ * 3/4 of --max-conns open) KSRV_SHED_S, so a /health or /metrics request
+ * (which arrives in one packet) still gets a place. A connection past its
+ * deadline is shut down; MHD then closes it. */
+#define KSRV_SHED_S 1.0
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **ctx, enum MHD_ConnectionNotificationCode toe) {
+    ksrv *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_watch *w = ci ? calloc(1, sizeof *w) : NULL;
+        if (!w) return; /* not watched: MHD's idle timeout still applies */
+        w->fd = ci->connect_fd;
+        w->t_wait = ksrv_now();
+        pthread_mutex_lock(&s->watch_mu);
+        w->next = s->watch;
+        if (s->watch) s->watch->prev = w;
+        s->watch = w;
+        s->n_conns++;
+        pthread_mutex_unlock(&s->watch_mu);
+        *ctx = w;
+        return;
+    }
+    conn_watch *w = *ctx; /* closed: MHD closes the socket after this returns */
+    if (!w) return;
+    pthread_mutex_lock(&s->watch_mu);
+    if (w->prev) w->prev->next = w->next;
+    else s->watch = w->next;
+    if (w->next) w->next->prev = w->prev;
+    s->n_conns--;
+    pthread_mutex_unlock(&s->watch_mu);
+    free(w);
+    *ctx = NULL;
+}
+
+static void *reaper_main(void *arg) {
+    ksrv *s = arg;
+    pthread_mutex_lock(&s->watch_mu);
+    while (!s->reaper_stop) {
+        double now = ksrv_now();
+        bool pressure = s->n_conns * 4 > s->p.max_conns * 3;
+        double limit = pressure && KSRV_SHED_S < s->p.request_timeout_s ? KSRV_SHED_S : s->p.request_timeout_s;
+        for (conn_watch *w = s->watch; w; w = w->next)
+            if (!w->busy && !w->cut && now - w->t_wait > limit) {
+                shutdown(w->fd, SHUT_RDWR);
+                w->cut = true;
+                s->n_cut++;
+            }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&s->reaper_cv, &s->watch_mu, &ts);
+    }
+    pthread_mutex_unlock(&s->watch_mu);
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -565,7 +847,15 @@ kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
     if (s->p.max_body <= 0) s->p.max_body = 2 << 20;
     if (s->p.timeout_s <= 0) s->p.timeout_s = 60;
     if (s->p.max_choices <= 0) s->p.max_choices = 64;
+    if (s->p.max_conns <= 0) s->p.max_conns = 1000;
+    if (s->p.max_conns_per_ip == 0) s->p.max_conns_per_ip = 256;
+    if (s->p.request_timeout_s <= 0) s->p.request_timeout_s = 30;
+    if (s->p.max_image_pixels <= 0) s->p.max_image_pixels = 1ll << 26;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->watch_mu, NULL);
+    pthread_mutex_init(&s->decode_mu, NULL);
+    pthread_cond_init(&s->decode_cv, NULL);
+    pthread_cond_init(&s->reaper_cv, NULL);
     pthread_mutex_init(&s->vis_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->created = (long)time(NULL);
@@ -600,18 +890,26 @@ kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
         ksrv_stop(s);
         return st;
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG |
+                     MHD_USE_ITC; /* MHD_quiesce_daemon */
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.timeout_s, MHD_OPTION_CONNECTION_LIMIT, 1000u,
-                            MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)s->p.max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)(s->p.max_conns_per_ip > 0 ? s->p.max_conns_per_ip : 0),
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         st = kiln_error(KILN_EIO, "cannot listen on %s:%d: %s", s->host, p->port, strerror(errno));
         ksrv_stop(s);
         return st;
     }
+    if (pthread_create(&s->reaper, NULL, reaper_main, s)) {
+        ksrv_stop(s);
+        return kiln_error(KILN_EIO, "cannot start the connection reaper thread");
+    }
+    s->reaper_started = true;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : p->port;
     if (pthread_create(&s->loader, NULL, load_main, s)) {
@@ -624,6 +922,8 @@ kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
 }
 
 int ksrv_port(const ksrv *s) { return s->port; }
+
+bool ksrv_loading(ksrv *s) { return state_of(s, NULL) == KSRV_LOADING; }
 
 kiln_status ksrv_wait_ready(ksrv *s) {
     pthread_mutex_lock(&s->mu);
@@ -643,11 +943,35 @@ void ksrv_load(ksrv *s, int64_t *blocks_used, int64_t *requests) {
     *requests = st.running + st.waiting;
 }
 
+static void wait_in_flight(ksrv *s, double until) {
+    while (atomic_load(&s->in_flight) > 0 && ksrv_now() < until) usleep(10000);
+}
+
+void ksrv_shutdown(ksrv *s, double grace_s) {
+    if (!s || atomic_exchange(&s->draining, true)) return;
+    if (s->d) { /* refuse new connections; the open ones get 503 */
+        MHD_socket fd = MHD_quiesce_daemon(s->d);
+        if (fd != MHD_INVALID_SOCKET) close(fd);
+    }
+    wait_in_flight(s, ksrv_now() + (grace_s > 0 ? grace_s : 0));
+    /* the rest: streams end with an error event, the others get 503; the
+     * connection threads write those within a step */
+    atomic_store(&s->stopping, true);
+    wait_in_flight(s, ksrv_now() + 2);
+}
+
 void ksrv_stop(ksrv *s) {
     if (!s) return;
     atomic_store(&s->stopping, true);
     /* connections first: their requests are cancelled through the
      * scheduler, which still runs */
+    if (s->reaper_started) {
+        pthread_mutex_lock(&s->watch_mu);
+        s->reaper_stop = true;
+        pthread_cond_signal(&s->reaper_cv);
+        pthread_mutex_unlock(&s->watch_mu);
+        pthread_join(s->reaper, NULL);
+    }
     if (s->d) MHD_stop_daemon(s->d);
     if (s->loader_started) pthread_join(s->loader, NULL);
     if (s->stepper_started) {
@@ -664,7 +988,11 @@ void ksrv_stop(ksrv *s) {
     ksrv_metrics_destroy(s->met);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->vis_mu);
+    pthread_mutex_destroy(&s->watch_mu);
+    pthread_mutex_destroy(&s->decode_mu);
+    pthread_cond_destroy(&s->decode_cv);
     pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->reaper_cv);
     free(s->model_dir), free(s->model_id), free(s->host), free(s->api_key);
     free(s);
 }

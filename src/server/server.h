@@ -10,6 +10,8 @@
  *        x-api-key accepted)
  *   GET  /v1/models, /health (503 while the model loads), /metrics
  *   POST /tokenize, /detokenize
+ *   GET  /version, /props, /slots; POST /apply-template, /completion
+ *        (llama-server's; llama.c)
  * Streaming is SSE (`data: {json}` events, then `data: [DONE]`). Errors are
  * OpenAI error objects {"error": {message, type, param, code}} with the
  * HTTP status: 400 bad request (naming the field), 401 missing or wrong API
@@ -31,6 +33,7 @@
 typedef struct {
     const char *model_dir;
     const char *alias;     /* model id in responses; NULL: the folder's name */
+    bool any_model;        /* accept any "model" in requests (llama-server's behaviour) */
     const char *host;      /* NULL: 127.0.0.1 */
     int port;              /* 0: any free port (see ksrv_port) */
     int parallel;          /* sequences decoding at once; 0: 8 */
@@ -46,7 +49,11 @@ typedef struct {
     bool no_prefix_cache;
     int64_t max_body;      /* request body bytes; 0: 2 MiB */
     int timeout_s;         /* idle connection timeout; 0: 60 */
+    int request_timeout_s; /* a request's headers and body arrive within this; 0: 30 */
+    int max_conns;         /* open connections; 0: 1000 */
+    int max_conns_per_ip;  /* open connections per client address; 0: 256, < 0: no limit */
     int max_choices;       /* prompts x n per request; 0: 64 */
+    int64_t max_image_pixels; /* an image's declared width x height; 0: 2^26 (8192 x 8192) */
     const kgen_params *defaults; /* sampling defaults (NULL: llama.cpp's); copied */
     bool quiet;            /* no access log on stderr */
     bool reasoning_none;   /* --reasoning-format none: thinking blocks stay in content */
@@ -66,6 +73,14 @@ int ksrv_port(const ksrv *s);
 /* Blocks until the model is loaded (NULL) or failed to load (the error;
  * the server keeps answering 503). */
 kiln_status ksrv_wait_ready(ksrv *s);
+/* Whether the model is still loading (does not block). */
+bool ksrv_loading(ksrv *s);
+/* Graceful stop (SIGTERM): refuses new connections and answers new requests
+ * on open ones with 503, lets running requests finish for grace_s seconds,
+ * then ends the remaining streams with an error event and answers the
+ * other requests with 503. Returns when every request was answered (or 2 s
+ * after the grace period). ksrv_stop still frees the server. */
+void ksrv_shutdown(ksrv *s, double grace_s);
 /* Stops listening, ends every request, frees everything. */
 void ksrv_stop(ksrv *s);
 

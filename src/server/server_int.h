@@ -37,6 +37,11 @@ size_t ksrv_utf8_valid_prefix(const char *s, size_t n);
 
 double ksrv_now(void); /* monotonic seconds */
 
+/* s for a log line (out: cap bytes, cut to fit): control characters, ' ',
+ * '\\' and non-ASCII bytes as \xNN, so that a client cannot forge lines
+ * (MHD percent-decodes the URL). */
+void ksrv_log_escape(const char *s, char *out, size_t cap);
+
 /* ---- metrics (metrics.c) ---- */
 typedef struct ksrv_metrics ksrv_metrics;
 ksrv_metrics *ksrv_metrics_create(void);
@@ -63,10 +68,23 @@ struct ksrv {
     bool loader_started, stepper_started;
     pthread_mutex_t mu; /* state, load_err */
     pthread_mutex_t vis_mu; /* one vision tower run at a time */
+    pthread_mutex_t decode_mu; /* n_decoding */
+    pthread_cond_t decode_cv;
+    int n_decoding; /* images being decoded (at most KSRV_DECODE_SLOTS) */
     pthread_cond_t cv;
     int state;
     kiln_status load_err;
-    atomic_bool stopping;
+    atomic_bool stopping;  /* ksrv_stop, or ksrv_shutdown's grace period is over */
+    atomic_bool draining;  /* ksrv_shutdown: no new requests */
+    atomic_int in_flight;  /* completion requests submitted and not yet answered */
+    /* open connections, for the reaper (server.c, slow clients) */
+    pthread_mutex_t watch_mu; /* watch, n_conns, n_cut, reaper_stop */
+    pthread_cond_t reaper_cv;
+    struct conn_watch *watch;
+    int n_conns;
+    int64_t n_cut; /* connections shut down for missing a deadline */
+    bool reaper_stop, reaper_started;
+    pthread_t reaper;
     ke_model *m;
     ke_ctx *c;
     ktok *tok;             /* NULL: no tokenizer (token ids only) */
@@ -80,7 +98,7 @@ struct ksrv {
 };
 
 /* ---- images in chat messages (image.c) ---- */
-enum { KSRV_MAX_IMAGES = 16 };
+enum { KSRV_MAX_IMAGES = 16, KSRV_DECODE_SLOTS = 2 /* images decoded at once */ };
 typedef struct {
     int n;
     kvis_pixels px[KSRV_MAX_IMAGES];
@@ -140,9 +158,11 @@ struct ksrv_job {
     int32_t **prompts;
     int32_t *n_prompt;
     char **prompt_str; /* the prompt as given when it was text (for echo), else NULL */
+    char *rendered;    /* chat: the chat template's output (/apply-template) */
     ksrv_images *images; /* chat with images: the prompt's per-token inputs; NULL: none */
     ksrv_tools *tools;   /* chat whose output is parsed (tool calls, reasoning); NULL: plain text */
     ksrv_agent *agent;   /* a /v1/responses or /v1/messages request (agent.c); NULL: OpenAI chat/completions */
+    bool llama;          /* llama-server's /completion (llama.c) */
     int n_choices;
     ksrv_choice *ch;
     kgen_params gp;
@@ -233,6 +253,12 @@ void ksrv_agent_free(ksrv_agent *a);
 kiln_status ksrv_agent_to_chat(ksrv_api api, const cJSON *body, cJSON **out);
 /* Anthropic's error object {"type": "error", "error": {type, message}}. */
 void ksrv_anthropic_error(ksrv_buf *b, int status, const char *msg);
+
+/* ---- llama-server's /completion (llama.c) ---- */
+/* A parsed /v1/completions job as /completion takes it (one choice). */
+kiln_status ksrv_llama_check(const ksrv_job *j);
+void ksrv_llama_stream(ksrv_job *j);
+int ksrv_llama_response(ksrv_job *j, ksrv_buf *b);
 
 /* {"error": {...}} for a status. */
 void ksrv_error_json(ksrv_buf *b, int status, const char *type, const char *code, const char *msg);

@@ -10,6 +10,8 @@
 #include <ctype.h>
 #include <curl/curl.h>
 #include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +182,34 @@ static cJSON *post_json(const fx *f, const char *path, const char *body, long wa
     }
     ksrv_buf_free(&r.body);
     return j;
+}
+
+/* Requests run at once (curl multi): b->r[i] gets request i's response. */
+enum { BATCH_MAX = 16 };
+typedef struct {
+    CURLM *m;
+    int n;
+    resp r[BATCH_MAX];
+    CURL *c[BATCH_MAX];
+    struct curl_slist *h[BATCH_MAX];
+} batch;
+
+static void batch_add(batch *b, const fx *f, const char *path, const char *body) {
+    if (!b->m) b->m = curl_multi_init();
+    int i = b->n++;
+    memset(&b->r[i], 0, sizeof b->r[i]);
+    b->c[i] = request(f, "POST", path, body, NULL, &b->r[i], &b->h[i]);
+    curl_multi_add_handle(b->m, b->c[i]);
+}
+
+static void batch_free(batch *b) {
+    for (int i = 0; i < b->n; i++) {
+        curl_multi_remove_handle(b->m, b->c[i]);
+        curl_easy_cleanup(b->c[i]);
+        curl_slist_free_all(b->h[i]);
+        ksrv_buf_free(&b->r[i].body);
+    }
+    curl_multi_cleanup(b->m);
 }
 
 /* The SSE stream of a request: text per choice, tokens, finish reasons. */
@@ -461,6 +491,30 @@ KT_TEST(server_errors_and_auth) {
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"n\": 100000}", K, 400, "\"param\": \"n\"");
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"seed\": -5}", K, 400, "seed");
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"stream\": 1}", K, 400, "stream");
+    /* OpenAI's and vLLM's ranges (issue 19), param naming the field */
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 0}", K, 400, "\"param\": \"max_tokens\"");
+    CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                "\"max_completion_tokens\": -3}", K, 400, "\"param\": \"max_completion_tokens\"");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"temperature\": -0.5}", K, 400, "\"param\": \"temperature\"");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 126}", K, 400,
+                "the prompt's 3 tokens + 126 is more than the context of 128 tokens");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"max_tokens\": 126}", K, 400, "\"param\": \"max_tokens\"");
+    {
+        /* no max_tokens: 16 for completions (OpenAI), the rest of the context for chat (vLLM) */
+        KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": [1, 2, 3], \"ignore_eos\": true}", K, &r), 200);
+        cJSON *j = cJSON_Parse(r.body.p);
+        KT_CHECK_EQ((int)ku_json_get(ku_json_get(j, "usage"), "completion_tokens")->valuedouble, 16);
+        cJSON_Delete(j);
+        ksrv_buf_free(&r.body);
+        KT_CHECK_EQ(http(&f, "POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                         "\"ignore_eos\": true}", K, &r), 200);
+        j = cJSON_Parse(r.body.p);
+        const cJSON *u = ku_json_get(j, "usage");
+        KT_CHECK_EQ((int)ku_json_get(u, "total_tokens")->valuedouble, 128);
+        KT_CHECK_STR(choice_finish(j, 0), "length");
+        cJSON_Delete(j);
+        ksrv_buf_free(&r.body);
+    }
     /* response amplification (issue 20.4): OpenAI's logprob ranges, and a bound on the entries of one response */
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": 21}", K, 400, "\"param\": \"logprobs\"");
     CHECK_ERROR("POST", "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, "
@@ -494,6 +548,21 @@ KT_TEST(server_errors_and_auth) {
     CHECK_ERROR("POST", "/health", "{}", K, 405, NULL);
     CHECK_ERROR("POST", "/tokenize", "{\"content\": 5}", K, 400, "content");
     CHECK_ERROR("POST", "/detokenize", "{\"tokens\": [\"a\"]}", K, 400, "tokens");
+    /* issue 20.7: unknown ids name the id; a NUL is refused, never a cut
+     * prompt; of duplicate keys the last counts */
+    CHECK_ERROR("POST", "/detokenize", "{\"tokens\": [1, 99999]}", K, 400,
+                "\\\"tokens\\\"[1]: token 99999 is outside the model's vocabulary (512)");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"a\\u0000b\", \"max_tokens\": 1}", K, 400,
+                "a NUL character (\\\\u0000) at byte 13");
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"a\\\\u0000b\", \"max_tokens\": 1}", K, &r), 200);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": \"ten\", \"max_tokens\": 2}", K, &r),
+                200);
+    ksrv_buf_free(&r.body);
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"max_tokens\": \"ten\"}", K, 400,
+                "\"param\": \"max_tokens\"");
+    CHECK_ERROR("POST", "/v1/chat/completions",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"role\": 5}], \"max_tokens\": 2}", K, 400, "role");
     /* 10 MB: refused before it is read (Content-Length), then with chunked transfer */
     size_t n = 10u << 20;
     char *huge = malloc(n + 1);
@@ -529,7 +598,7 @@ KT_TEST(server_errors_and_auth) {
     p = default_params(NULL);
     p.metrics = false;
     if (!start(&f, &p)) return;
-    CHECK_ERROR("GET", "/metrics", NULL, NULL, 501, "--metrics");
+    CHECK_ERROR("GET", "/metrics", NULL, NULL, 501, "--no-metrics");
     finish(&f);
 }
 
@@ -768,17 +837,12 @@ KT_TEST(server_disconnects_slow_clients_queue_full) {
     /* queue full: 16 clients at once for one running and one waiting
      * place; the others get 503, the server carries on */
     enum { NQ = 16 };
-    CURLM *m = curl_multi_init();
-    resp rr[NQ];
-    CURL *cc[NQ];
-    struct curl_slist *hh[NQ];
-    memset(rr, 0, sizeof rr);
-    for (int i = 0; i < NQ; i++) {
-        cc[i] = request(&f, "POST", "/v1/completions",
-                        "{\"prompt\": \"hi\", \"max_tokens\": 120, \"ignore_eos\": true, \"stream\": true}", NULL, &rr[i],
-                        &hh[i]);
-        curl_multi_add_handle(m, cc[i]);
-    }
+    batch q = {0};
+    for (int i = 0; i < NQ; i++)
+        batch_add(&q, &f, "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 120, \"ignore_eos\": true, \"stream\": true}");
+    CURLM *m = q.m;
+    resp *rr = q.r;
+    CURL **cc = q.c;
     int running = 1;
     double t0 = ksrv_now();
     while (running && ksrv_now() - t0 < 60) {
@@ -792,12 +856,8 @@ KT_TEST(server_disconnects_slow_clients_queue_full) {
         ksrv_buf_add(&rr[i].body, "", 0);
         if (status == 200 && strstr(rr[i].body.p, "data: [DONE]")) n200++;
         if (status == 503 && strstr(rr[i].body.p, "queue_full")) n503++;
-        curl_multi_remove_handle(m, cc[i]);
-        curl_easy_cleanup(cc[i]);
-        curl_slist_free_all(hh[i]);
-        ksrv_buf_free(&rr[i].body);
     }
-    curl_multi_cleanup(m);
+    batch_free(&q);
     /* (how many get in depends on whether the first was admitted before
      * the second arrived: the queue counts requests not yet admitted) */
     KT_CHECKF(n200 >= 1 && n503 >= 1 && n200 + n503 == NQ, "%d answered, %d refused (503) of %d", n200, n503, NQ);
@@ -875,10 +935,9 @@ KT_TEST(server_random_bodies) {
     int counts[6] = {0};
     for (int it = 0; it < 300; it++) {
         ksrv_buf b = {0};
-        /* mostly well-formed prompts first (cJSON takes the first of
-         * repeated keys), so that many requests get to generate */
+        /* random fields, then mostly well-formed prompts (of repeated
+         * keys the last counts), so that many requests get to generate */
         ksrv_buf_str(&b, "{\"max_tokens\": 4");
-        if (it % 3) ksrv_buf_str(&b, it % 2 ? ", \"prompt\": \"hello\"" : ", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]");
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         int k = 1 + (int)((rng >> 40) % 3);
         for (int i = 0; i < k; i++) {
@@ -886,6 +945,7 @@ KT_TEST(server_random_bodies) {
             int fi = (int)((rng >> 33) % (uint64_t)nf), vi = (int)((rng >> 13) % (uint64_t)nv);
             ksrv_buf_printf(&b, ", \"%s\": %s", fields[fi], values[vi]);
         }
+        if (it % 3) ksrv_buf_str(&b, it % 2 ? ", \"prompt\": \"hello\"" : ", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]");
         ksrv_buf_str(&b, "}");
         const char *path = it % 2 ? "/v1/completions" : "/v1/chat/completions";
         resp r;
@@ -955,6 +1015,26 @@ static void b64(ksrv_buf *b, const unsigned char *p, size_t n) {
 }
 
 /* A chat body with one user message: an image part (url) then a text part. */
+/* PNG's chunk CRC (CRC-32 of ISO 3309, PNG spec annex D). */
+static uint32_t png_crc(const unsigned char *p, size_t n) {
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
+    }
+    return c ^ 0xffffffffu;
+}
+
+/* A data URL of a 33-byte PNG header declaring 16384 x 16384 (800 MB decoded). */
+static void bomb_url(ksrv_buf *url) {
+    unsigned char bomb[33] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R',
+                              0, 0, 0x40, 0, 0, 0, 0x40, 0, 8, 2, 0, 0, 0};
+    uint32_t crc = png_crc(bomb + 12, 17);
+    for (int i = 0; i < 4; i++) bomb[29 + i] = (unsigned char)(crc >> (24 - 8 * i));
+    ksrv_buf_str(url, "data:image/png;base64,");
+    b64(url, bomb, sizeof bomb);
+}
+
 static char *image_body(const char *url, const char *text, const char *extra) {
     ksrv_buf b = {0};
     ksrv_buf_printf(&b, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}, "
@@ -1116,6 +1196,16 @@ KT_TEST(server_chat_images) {
         CHECK_ERROR("POST", "/v1/chat/completions", bad[i], NULL, 400, want[i]);
         free(bad[i]);
     }
+    /* a decompression bomb (issue 20.3): a 33-byte PNG header declaring
+     * 16384 x 16384 (800 MB decoded) is refused from its header, at once */
+    ksrv_buf bu = {0};
+    bomb_url(&bu);
+    char *bb = image_body(bu.p, "x", greedy);
+    double t_bomb = ksrv_now();
+    CHECK_ERROR("POST", "/v1/chat/completions", bb, NULL, 400, "the image is 16384x16384, more than the 67108864 pixels");
+    KT_CHECKF(ksrv_now() - t_bomb < 1, "refusing the bomb took %.2f s", ksrv_now() - t_bomb);
+    free(bb);
+    ksrv_buf_free(&bu);
     finish(&f);
     /* a text-only model: 400 */
     fx g = {0};
@@ -1354,5 +1444,350 @@ KT_TEST(server_structured_outputs) {
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"grammar\": \"root ::= x\"}", NULL, 400, "\"param\": \"grammar\"");
     CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": \"hi\", \"structured_outputs\": {\"regex\": \"(\"}}", NULL, 400,
                 "\"param\": \"structured_outputs\"");
+    finish(&f);
+}
+
+/* ---------------------------------------------------------------- shutdown */
+
+typedef struct {
+    ksrv *s;
+    double grace;
+} shutdown_arg;
+
+static void *shutdown_main(void *arg) {
+    shutdown_arg *a = arg;
+    ksrv_shutdown(a->s, a->grace);
+    return NULL;
+}
+
+/* SIGTERM's path (ksrv_shutdown): requests that finish within the grace
+ * period are answered in full, a stream still running then ends with an
+ * error event and [DONE], a non-streamed one gets 503, /health says 503
+ * meanwhile, and new connections are refused. */
+KT_TEST(server_graceful_shutdown) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.step_delay_us = 25000; /* 20 tokens: 0.5 s or more; 120: 3 s or more */
+    if (!start(&f, &p)) return;
+    static const char *const bodies[] = {
+        "{\"prompt\": \"hi\", \"max_tokens\": 20, \"ignore_eos\": true, \"stream\": true, \"return_tokens\": true}",
+        "{\"prompt\": \"hi\", \"max_tokens\": 20, \"ignore_eos\": true, \"return_tokens\": true}",
+        "{\"prompt\": \"hi\", \"max_tokens\": 120, \"ignore_eos\": true, \"stream\": true}",
+        "{\"prompt\": \"hi\", \"max_tokens\": 120, \"ignore_eos\": true}",
+    };
+    enum { N = 4 };
+    batch q = {0};
+    for (int i = 0; i < N; i++) batch_add(&q, &f, "/v1/completions", bodies[i]);
+    CURLM *m = q.m;
+    resp *rr = q.r;
+    CURL **cc = q.c;
+    int running = 1;
+    double t0 = ksrv_now();
+    int64_t used, reqs = 0;
+    while (reqs < N && ksrv_now() - t0 < 20) { /* every request running */
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 10, NULL);
+        ksrv_load(f.s, &used, &reqs);
+    }
+    KT_CHECK_EQ(reqs, N);
+    shutdown_arg sa = {f.s, 1.5};
+    pthread_t t;
+    KT_CHECK(pthread_create(&t, NULL, shutdown_main, &sa) == 0);
+    double t_sd = ksrv_now();
+    while (running && ksrv_now() - t0 < 60) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 10, NULL);
+    }
+    pthread_join(t, NULL);
+    double took = ksrv_now() - t_sd;
+    KT_CHECKF(took >= 1.4 && took < 4, "ksrv_shutdown took %.2f s for a grace period of 1.5 s", took);
+    long status[N];
+    for (int i = 0; i < N; i++) {
+        curl_easy_getinfo(cc[i], CURLINFO_RESPONSE_CODE, &status[i]);
+        ksrv_buf_add(&rr[i].body, "", 0);
+    }
+    /* finished within the grace period */
+    sse s;
+    KT_CHECK_EQ(status[0], 200);
+    KT_CHECKF(parse_sse(rr[0].body.p, NULL, &s) && s.done && s.n_ids[0] == 20 && !strcmp(s.finish[0], "length"), "%s", rr[0].body.p);
+    KT_CHECK_EQ(status[1], 200);
+    cJSON *j = cJSON_Parse(rr[1].body.p);
+    int ids[256];
+    KT_CHECK_EQ(choice_ids(j, 0, ids, 256), 20);
+    KT_CHECK(!strcmp(choice_finish(j, 0), "length"));
+    cJSON_Delete(j);
+    /* cut: an error event, then [DONE]; 503 */
+    KT_CHECK_EQ(status[2], 200);
+    KT_CHECKF(strstr(rr[2].body.p, "data: {\"error\": {\"message\": \"the server is shutting down\"") &&
+                  strstr(rr[2].body.p, "data: [DONE]\n\n"),
+              "%s", rr[2].body.p);
+    KT_CHECK_EQ(status[3], 503);
+    KT_CHECK(strstr(rr[3].body.p, "shutting down"));
+    batch_free(&q);
+    /* nothing new gets in */
+    resp r;
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), -1);
+    ksrv_buf_free(&r.body);
+    KT_CHECK(wait_idle(&f));
+    finish(&f);
+}
+
+/* ---------------------------------------------------------------- slow clients */
+
+/* A connection from the loopback address `from` (127.0.0.x: as many client
+ * addresses as a test needs) that sends the start of a request and stalls. */
+static int connect_stalled(int port, const char *from) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in me = {.sin_family = AF_INET}, a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, from, &me.sin_addr);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const char *part = "GET /health HTTP/1.1\r\nHo";
+    if (s < 0 || bind(s, (struct sockaddr *)&me, sizeof me) != 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0 ||
+        write(s, part, strlen(part)) != (ssize_t)strlen(part)) {
+        if (s >= 0) close(s);
+        return -1;
+    }
+    return s;
+}
+
+/* The server closed it (reads end of stream or an error). */
+static bool closed_by_server(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) return false;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n <= 0;
+}
+
+/* Issue 20.2: connections per client address are bounded; a connection
+ * that trickles its request (a byte every 200 ms, which an idle timeout
+ * never sees) is closed at --request-timeout; with the server's connections
+ * nearly all held by stalled clients, /health still answers within about a
+ * second (they are shed); the server carries on. */
+KT_TEST(server_slow_clients_deadlines_and_per_ip_limit) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.max_conns = 32;
+    p.max_conns_per_ip = 8;
+    p.request_timeout_s = 3;
+    if (!start(&f, &p)) return;
+    int port = ksrv_port(f.s);
+    /* per address: 12 from 127.0.0.2, 8 kept */
+    int fd[12];
+    for (int i = 0; i < 12; i++) fd[i] = connect_stalled(port, "127.0.0.2");
+    usleep(300000);
+    int alive = 0;
+    for (int i = 0; i < 12; i++) alive += fd[i] >= 0 && !closed_by_server(fd[i]);
+    KT_CHECK_EQ(alive, 8);
+    for (int i = 0; i < 12; i++)
+        if (fd[i] >= 0) close(fd[i]);
+    /* pressure: 32 stalled connections from 4 addresses fill --max-conns */
+    enum { NP = 32 };
+    int pf[NP];
+    char from[32];
+    for (int i = 0; i < NP; i++) {
+        snprintf(from, sizeof from, "127.0.0.%d", 3 + i / 8);
+        pf[i] = connect_stalled(port, from);
+    }
+    double t0 = ksrv_now();
+    resp r;
+    long hs = -1;
+    while (hs != 200 && ksrv_now() - t0 < 10) {
+        hs = http(&f, "GET", "/health", NULL, NULL, &r);
+        ksrv_buf_free(&r.body);
+        if (hs != 200) usleep(50000);
+    }
+    double took = ksrv_now() - t0;
+    KT_CHECK_EQ(hs, 200);
+    KT_CHECKF(took < 2.5, "/health answered %.2f s into the pressure (shedding after 1 s)", took);
+    int shed = 0;
+    for (int i = 0; i < NP; i++) shed += pf[i] < 0 || closed_by_server(pf[i]);
+    KT_CHECKF(shed > 0, "no stalled connection was shed");
+    for (int i = 0; i < NP; i++)
+        if (pf[i] >= 0) close(pf[i]);
+    usleep(300000); /* the server sees them go */
+    /* a trickling client: closed at the deadline, not before */
+    int slow = connect_stalled(port, "127.0.0.9");
+    KT_CHECK(slow >= 0);
+    t0 = ksrv_now();
+    while (!closed_by_server(slow) && ksrv_now() - t0 < 10) {
+        usleep(200000);
+        if (write(slow, "s", 1) != 1) break;
+    }
+    took = ksrv_now() - t0;
+    close(slow);
+    KT_CHECKF(took > 2.5 && took < 5, "the trickling client was closed after %.2f s (deadline 3 s)", took);
+    /* a keep-alive client within its deadline is served twice */
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 200);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 3}", NULL, &r), 200);
+    ksrv_buf_free(&r.body);
+    finish(&f);
+}
+
+/* The access log cannot be forged: a percent-decoded URL's newline, a
+ * space and non-ASCII bytes come out escaped. */
+KT_TEST(server_log_escape) {
+    char out[64];
+    ksrv_log_escape("/v1/x\nkiln: GET /admin 200\x1b[0m\\\xc3\xa9", out, sizeof out);
+    KT_CHECK_STR(out, "/v1/x\\x0akiln:\\x20GET\\x20/admin\\x20200\\x1b[0m\\x5c\\xc3\\xa9");
+    ksrv_log_escape("/abcdefgh", out, 8); /* cut to fit */
+    KT_CHECK_STR(out, "/ab");
+}
+
+/* llama-server's /props, /slots, /apply-template, /completion and vLLM's /version; any
+ * model name with any_model; a 405 names the method the route takes. */
+KT_TEST(server_info_endpoints_and_any_model) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.any_model = true;
+    if (!start(&f, &p)) return;
+    resp r;
+    KT_CHECK_EQ(http(&f, "GET", "/version", NULL, NULL, &r), 200);
+    cJSON *j = cJSON_Parse(r.body.p);
+    KT_CHECK(cJSON_IsString(ku_json_get(j, "version")));
+    cJSON_Delete(j);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "GET", "/props", NULL, NULL, &r), 200);
+    j = cJSON_Parse(r.body.p);
+    KT_CHECK_EQ((int)ku_json_get(j, "total_slots")->valuedouble, 4);
+    KT_CHECK_EQ((int)ku_json_get(ku_json_get(j, "default_generation_settings"), "n_ctx")->valuedouble, 128);
+    KT_CHECK(strstr(ku_json_get(j, "chat_template")->valuestring, "<|im_start|>"));
+    KT_CHECK_STR(ku_json_get(j, "model_alias")->valuestring, "tiny");
+    cJSON_Delete(j);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(http(&f, "GET", "/slots", NULL, NULL, &r), 200);
+    j = cJSON_Parse(r.body.p);
+    KT_CHECK_EQ(cJSON_GetArraySize(j), 4);
+    KT_CHECK(cJSON_IsFalse(ku_json_get(cJSON_GetArrayItem(j, 0), "is_processing")));
+    cJSON_Delete(j);
+    ksrv_buf_free(&r.body);
+    /* the template's text, as the chat request renders it */
+    j = post_json(&f, "/apply-template", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", 200);
+    KT_CHECK(j);
+    KT_CHECK_STR(ku_json_get(j, "prompt")->valuestring, "<|endoftext|><|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    cJSON_Delete(j);
+    CHECK_ERROR("POST", "/apply-template", "{\"messages\": 5}", NULL, 400, "messages");
+    CHECK_ERROR("POST", "/props", "{}", NULL, 405, "takes GET");
+    /* any model name */
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"model\": \"gpt-4\"}", NULL, &r), 200);
+    ksrv_buf_free(&r.body);
+    /* llama-server's /completion: its answer's shape, its stream (no [DONE]), one prompt */
+    j = post_json(&f, "/completion", "{\"prompt\": \"hi\", \"n_predict\": 3, \"ignore_eos\": true, \"temperature\": 0}", 200);
+    KT_CHECK(j);
+    KT_CHECK(cJSON_IsString(ku_json_get(j, "content")));
+    KT_CHECK_EQ(cJSON_GetArraySize(ku_json_get(j, "tokens")), 3);
+    KT_CHECK(cJSON_IsTrue(ku_json_get(j, "stop")));
+    KT_CHECK_STR(ku_json_get(j, "stop_type")->valuestring, "limit");
+    KT_CHECK_EQ((int)ku_json_get(j, "tokens_predicted")->valuedouble, 3);
+    char content[256];
+    snprintf(content, sizeof content, "%s", ku_json_get(j, "content")->valuestring);
+    cJSON_Delete(j);
+    KT_CHECK_EQ(http(&f, "POST", "/completion", "{\"prompt\": \"hi\", \"n_predict\": 3, \"ignore_eos\": true, \"temperature\": 0, "
+                     "\"stream\": true}", NULL, &r), 200);
+    KT_CHECKF(strstr(r.body.p, "\"stop\": true, \"stop_type\": \"limit\", \"tokens_predicted\": 3") && !strstr(r.body.p, "[DONE]"),
+              "%s", r.body.p);
+    ksrv_buf streamed = {0}; /* the pieces add up to the answer */
+    for (const char *q = r.body.p; (q = strstr(q, "data: "));) {
+        q += 6;
+        const char *e = strstr(q, "\n\n");
+        cJSON *ev = e ? cJSON_ParseWithLength(q, (size_t)(e - q)) : NULL;
+        const cJSON *c = ku_json_get(ev, "content");
+        if (cJSON_IsString(c)) ksrv_buf_str(&streamed, c->valuestring);
+        cJSON_Delete(ev);
+    }
+    ksrv_buf_add(&streamed, "", 0);
+    KT_CHECK_STR(streamed.p, content);
+    ksrv_buf_free(&streamed);
+    ksrv_buf_free(&r.body);
+    CHECK_ERROR("POST", "/completion", "{\"prompt\": [\"a\", \"b\"]}", NULL, 400, "one prompt and n = 1");
+    finish(&f);
+}
+
+/* Issue 20's hostile load, all at once on the Qwen2-VL fixture (run under
+ * make asan too): streams, amplification attempts, decompression bombs and
+ * stalled connections, /health polled throughout, then a SIGTERM's
+ * shutdown in the middle. Every request gets a complete answer: a stream
+ * ending in [DONE] (its tokens or the shutdown's error event), or an error
+ * object (400, 503); nothing is cut, nothing leaks. */
+KT_TEST(server_hostile_load_then_shutdown) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.vlm = "qwen2_vl"};
+    ksrv_params p = default_params(NULL);
+    p.max_conns = 128;
+    p.max_conns_per_ip = 32; /* the 16 requests and the /health polls come from 127.0.0.1 */
+    p.request_timeout_s = 2;
+    p.step_delay_us = 5000;
+    if (!start(&f, &p)) return;
+    ksrv_buf bomb = {0};
+    bomb_url(&bomb);
+    char *bomb_body = image_body(bomb.p, "x", "\"max_tokens\": 4");
+    enum { N = 16 };
+    char *bodies[N];
+    for (int i = 0; i < N; i++) {
+        if (i % 4 == 0) bodies[i] = strdup(bomb_body);
+        else if (i % 4 == 1)
+            bodies[i] = strdup("{\"prompt\": \"hi\", \"n\": 64, \"logprobs\": 1024, \"max_tokens\": 100, \"ignore_eos\": true}");
+        else bodies[i] = strdup("{\"prompt\": \"hi\", \"max_tokens\": 60, \"ignore_eos\": true, \"stream\": true}");
+    }
+    int stalled[40];
+    for (int i = 0; i < 40; i++) stalled[i] = connect_stalled(ksrv_port(f.s), "127.0.0.5"); /* 32 kept */
+    batch q = {0};
+    for (int i = 0; i < N; i++) batch_add(&q, &f, i % 4 == 0 ? "/v1/chat/completions" : "/v1/completions", bodies[i]);
+    CURLM *m = q.m;
+    resp *rr = q.r;
+    CURL **cc = q.c;
+    int running = 1, health_ok = 0, health_polls = 0;
+    double t0 = ksrv_now(), t_health = 0;
+    pthread_t t;
+    bool stopping = false;
+    shutdown_arg sa = {f.s, 0.3};
+    while (running && ksrv_now() - t0 < 60) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 10, NULL);
+        if (!stopping && ksrv_now() - t_health > 0.1) {
+            resp r;
+            health_polls++;
+            health_ok += http(&f, "GET", "/health", NULL, NULL, &r) == 200;
+            ksrv_buf_free(&r.body);
+            t_health = ksrv_now();
+        }
+        if (!stopping && ksrv_now() - t0 > 0.4) {
+            KT_CHECK(pthread_create(&t, NULL, shutdown_main, &sa) == 0);
+            stopping = true;
+        }
+    }
+    if (stopping) pthread_join(t, NULL);
+    KT_CHECKF(!running, "requests still running after 60 s");
+    KT_CHECKF(health_polls > 0 && health_ok == health_polls, "/health answered %d of %d polls", health_ok, health_polls);
+    int n_stream = 0, n_bad = 0;
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(m, &left)))
+        for (int i = 0; i < N; i++) {
+            if (msg->easy_handle != cc[i]) continue;
+            long status = 0;
+            curl_easy_getinfo(cc[i], CURLINFO_RESPONSE_CODE, &status);
+            ksrv_buf_add(&rr[i].body, "", 0);
+            const char *b = rr[i].body.p;
+            bool whole = msg->data.result == CURLE_OK &&
+                         ((status == 200 && i % 4 > 1 && strlen(b) > 14 && !strcmp(b + strlen(b) - 14, "data: [DONE]\n\n")) ||
+                          ((status == 400 || status == 503) && strstr(b, "\"error\"")));
+            KT_CHECKF(whole, "request %d: curl %d, status %ld: %.300s", i, (int)msg->data.result, status, b);
+            n_stream += status == 200;
+            n_bad += status == 400 && i % 4 <= 1;
+        }
+    KT_CHECK_EQ(n_bad, 8); /* bombs and amplification: refused */
+    KT_CHECK_EQ(n_stream, 8);
+    batch_free(&q);
+    for (int i = 0; i < N; i++) free(bodies[i]);
+    for (int i = 0; i < 40; i++)
+        if (stalled[i] >= 0) close(stalled[i]);
+    free(bomb_body);
+    ksrv_buf_free(&bomb);
+    KT_CHECK(wait_idle(&f));
     finish(&f);
 }

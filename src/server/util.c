@@ -138,3 +138,13 @@ void ksrv_error_json(ksrv_buf *b, int status, const char *type, const char *code
     if (code) ksrv_buf_printf(b, ", \"code\": \"%s\"}}", code);
     else ksrv_buf_printf(b, ", \"code\": %d}}", status);
 }
+
+void ksrv_log_escape(const char *s, char *out, size_t cap) {
+    size_t k = 0;
+    for (; *s && k + 5 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c < 0x21 || c >= 0x7f || c == '\\') k += (size_t)snprintf(out + k, cap - k, "\\x%02x", c);
+        else out[k++] = (char)c;
+    }
+    out[k] = 0;
+}

@@ -47,6 +47,10 @@ kiln_status kimg_decode_jpeg(const void *data, size_t n, const char *what, kimg_
  * bytes. */
 kiln_status kimg_load(const char *path, kimg_image *out);
 kiln_status kimg_decode(const void *data, size_t n, const char *what, kimg_image *out);
+/* The width and height a PNG or JPEG declares, read from its header without
+ * decoding (to refuse decompression bombs first); 0 x 0 for other formats
+ * (kimg_decode names them). */
+kiln_status kimg_probe(const void *data, size_t n, const char *what, int64_t *w, int64_t *h);
 /* From a caller's buffer [h, w, 3] (copied). */
 kiln_status kimg_from_rgb(const uint8_t *rgb, int64_t h, int64_t w, kimg_image *out);
 void kimg_free(kimg_image *im);

@@ -97,7 +97,8 @@ typedef struct {
     uint8_t *rgb, *row;
 } jpeg_job;
 
-static kiln_status decode(jpeg_job *j, const void *data, size_t n, const char *what, kimg_image *out) {
+/* header_only: out->w, out->h from the frame header, nothing decoded. */
+static kiln_status decode(jpeg_job *j, const void *data, size_t n, const char *what, bool header_only, kimg_image *out) {
     j->d.err = jpeg_std_error(&j->err.pub);
     j->err.pub.error_exit = on_error;
     j->err.pub.emit_message = on_message;
@@ -121,6 +122,11 @@ static kiln_status decode(jpeg_job *j, const void *data, size_t n, const char *w
     if (comps != 1 && comps != 3 && comps != 4) {
         snprintf(j->err.msg, sizeof j->err.msg, "%d components (1, 3 or 4 are supported)", comps);
         longjmp(j->err.jmp, 1);
+    }
+    if (header_only) {
+        out->w = j->d.image_width, out->h = j->d.image_height;
+        jpeg_destroy_decompress(&j->d);
+        return NULL;
     }
     if (j->d.image_width > 16384 || j->d.image_height > 16384) {
         jpeg_destroy_decompress(&j->d);
@@ -153,14 +159,18 @@ static kiln_status decode(jpeg_job *j, const void *data, size_t n, const char *w
     return NULL;
 }
 
-kiln_status kimg_decode_jpeg(const void *data, size_t n, const char *what, kimg_image *out) {
+static kiln_status decode_jpeg(const void *data, size_t n, const char *what, bool header_only, kimg_image *out) {
     memset(out, 0, sizeof *out);
     if (!data || n == 0) return kiln_error(KILN_EINVAL, "%s: not a readable JPEG (no data)", what);
     jpeg_job *j = calloc(1, sizeof *j);
     if (!j) return kiln_error(KILN_ENOMEM, "out of memory");
-    kiln_status st = decode(j, data, n, what, out);
+    kiln_status st = decode(j, data, n, what, header_only, out);
     free(j);
     return st;
+}
+
+kiln_status kimg_decode_jpeg(const void *data, size_t n, const char *what, kimg_image *out) {
+    return decode_jpeg(data, n, what, false, out);
 }
 
 /* The file at path through dec (the file's bytes are freed after). */
@@ -178,6 +188,25 @@ static kiln_status load_file(const char *path, kiln_status (*dec)(const void *, 
 kiln_status kimg_load_jpeg(const char *path, kimg_image *out) { return load_file(path, kimg_decode_jpeg, out); }
 
 /* ---------------------------------------------------------------- any format */
+
+kiln_status kimg_probe(const void *data, size_t n, const char *what, int64_t *w, int64_t *h) {
+    *w = *h = 0;
+    static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    const uint8_t *b = data;
+    if (!data || n < 8) return NULL;
+    if (!memcmp(b, png_sig, 8)) { /* the first chunk is IHDR (PNG spec 5.6): width, height big-endian */
+        if (n < 24 || memcmp(b + 12, "IHDR", 4) != 0) return kiln_error(KILN_EINVAL, "%s: a PNG without its IHDR header", what);
+        *w = (int64_t)b[16] << 24 | b[17] << 16 | b[18] << 8 | b[19];
+        *h = (int64_t)b[20] << 24 | b[21] << 16 | b[22] << 8 | b[23];
+        return NULL;
+    }
+    if (b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) {
+        kimg_image im;
+        KILN_TRY(decode_jpeg(data, n, what, true, &im));
+        *w = im.w, *h = im.h;
+    }
+    return NULL;
+}
 
 kiln_status kimg_decode(const void *data, size_t n, const char *what, kimg_image *out) {
     memset(out, 0, sizeof *out);

@@ -93,6 +93,34 @@ KT_TEST(jpeg_sniffing_names_the_format) {
     KT_CHECK_ERR(kimg_load("/nonexistent/x.jpg", &im), "/nonexistent/x.jpg");
 }
 
+/* kimg_probe reads the declared size from the header alone: what decoding
+ * gives for real files, the declared 16384 x 16384 of a header-only PNG,
+ * 0 x 0 for other formats. */
+KT_TEST(jpeg_probe_reads_the_declared_size) {
+    static const char *const files[] = {"tests/fixtures/vlm/qwen2_vl/image.png", "tests/data/vision/jpeg/progressive.jpg"};
+    for (int i = 0; i < 2; i++) {
+        char path[4096];
+        char *data;
+        size_t n;
+        KT_CHECK_OK(ku_read_file(kt_path(path, sizeof path, files[i]), &data, &n));
+        kimg_image im;
+        int64_t w, h;
+        KT_CHECK_OK(kimg_probe(data, n, files[i], &w, &h));
+        KT_CHECK_OK(kimg_decode(data, n, files[i], &im));
+        KT_CHECK(w == im.w && h == im.h && w > 0);
+        kimg_free(&im);
+        free(data);
+    }
+    const unsigned char hdr[24] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R', 0, 0, 0x40, 0, 0, 0, 0x40, 0};
+    int64_t w, h;
+    KT_CHECK_OK(kimg_probe(hdr, sizeof hdr, "bomb", &w, &h));
+    KT_CHECK(w == 16384 && h == 16384);
+    KT_CHECK_ERR(kimg_probe(hdr, 20, "cut", &w, &h), "cut: a PNG without its IHDR header");
+    KT_CHECK_OK(kimg_probe("GIF89a\1\0\1\0", 10, "gif", &w, &h));
+    KT_CHECK(w == 0 && h == 0);
+    KT_CHECK_ERR(kimg_probe("\xff\xd8\xff\xe0\0\0\0\0", 8, "j", &w, &h), "j: JPEG decoding failed");
+}
+
 /* Every prefix of a progressive file and a sweep of corrupted bytes give
  * an image or an error, never a crash (the libFuzzer harness,
  * fuzz/fuzz_image.c, goes further; this runs under make asan). */
