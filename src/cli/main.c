@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/cmd_pull.h"
 #include "cli/cmd_template.h"
 #include "cli/cmd_tokenize.h"
 #include "kernels/kernels.h"
@@ -26,6 +27,7 @@ static const struct {
     {"synth", kiln_cmd_synth, "write a checkpoint of a real model's shape with random weights"},
     {"bench", kiln_cmd_bench, "measure prompt and generation speed against the memory roofline"},
     {"grammar-bench", kiln_cmd_grammar_bench, "MaskBench files through the grammar engine (JSON Schema masks)"},
+    {"pull", kiln_cmd_pull, "download a Hugging Face model into the Hugging Face cache"},
 };
 
 static void usage(FILE *f) {
@@ -62,6 +64,8 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 1;
     }
+    /* -m ORG/NAME: the cached snapshot; -hf ORG/NAME: pulled first */
+    if (strcmp(argv[1], "pull") && !kiln_resolve_model_args(argc - 1, argv + 1)) return 1;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "kiln: unknown command \"%s\"\n\n", argv[1]);
