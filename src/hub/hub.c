@@ -24,6 +24,10 @@ const char *const khub_default_include[] = {
     "*.safetensors", "*.json", "*.jinja", "tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt",
 };
 const int khub_n_default_include = (int)(sizeof khub_default_include / sizeof khub_default_include[0]);
+/* with the default globs: Mistral's consolidated copy of the weights, Meta's
+ * original/ folder and exported runtimes' folders hold a second copy */
+const char *const khub_default_exclude[] = {"consolidated*.safetensors", "original/", "onnx/", "openvino/", "coreml/"};
+const int khub_n_default_exclude = (int)(sizeof khub_default_exclude / sizeof khub_default_exclude[0]);
 
 enum { MAX_REDIRECTS = 10, MAX_TRIES = 5 };
 
@@ -353,6 +357,7 @@ static bool wanted(const khub_opts *o, const char *f) {
     bool in = false;
     for (int i = 0; i < ni && !in; i++) in = glob_match(inc[i], f);
     for (int i = 0; i < o->n_exclude && in; i++) in = !glob_match(o->exclude[i], f);
+    for (int i = 0; i < khub_n_default_exclude && in && !o->n_include; i++) in = !glob_match(khub_default_exclude[i], f);
     return in;
 }
 

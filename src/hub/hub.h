@@ -43,9 +43,13 @@ typedef struct {
     void *progress_ctx;
 } khub_opts;
 
-/* The globs fetched by default: weights, configs, tokenizer, chat template. */
+/* The globs fetched by default: weights, configs, tokenizer, chat template;
+ * and those left out when no include is given (second copies of the weights
+ * in other layouts: consolidated*.safetensors, original/, onnx/, ...). */
 extern const char *const khub_default_include[];
 extern const int khub_n_default_include;
+extern const char *const khub_default_exclude[];
+extern const int khub_n_default_exclude;
 
 /* The cache folder (not created). */
 kiln_status khub_cache_dir(char *buf, size_t cap);

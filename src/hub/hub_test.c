@@ -39,7 +39,7 @@ typedef struct {
 typedef struct {
     struct MHD_Daemon *d;
     int port;
-    tfile files[8];
+    tfile files[16];
     int n;
     pthread_mutex_t mu;
     int blob_gets, heads;
@@ -238,6 +238,8 @@ static bool hub_start(fakehub *h) {
     add_file(h, "sub/extra.json", extra, strlen(extra), false);
     char *bin = strdup("not weights kiln reads");
     add_file(h, "pytorch_model.bin", bin, strlen(bin), true);
+    char *cons = strdup("Mistral's second copy of the weights");
+    add_file(h, "consolidated.safetensors", cons, strlen(cons), true);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL,
                             on_req, h, MHD_OPTION_SOCK_ADDR, &a, MHD_OPTION_END);
@@ -325,6 +327,7 @@ static void pull_layout_body(fixture *f) {
     /* the default globs leave out README.md and pytorch_model.bin */
     KT_CHECK_STR(link_of(f, "README.md", got, sizeof got), "");
     KT_CHECK_STR(link_of(f, "pytorch_model.bin", got, sizeof got), "");
+    KT_CHECK_STR(link_of(f, "consolidated.safetensors", got, sizeof got), "");
     /* the bytes, through the link */
     const tfile *w = find(&f->hub, "model.safetensors");
     KT_CHECK(same_bytes(snap, w));
@@ -372,6 +375,17 @@ static void model_arg_body(fixture *f) {
     setenv("HF_ENDPOINT", f->endpoint, 1);
     setenv("HF_HUB_CACHE", f->cache, 1);
     setenv("HF_TOKEN", "", 1);
+    /* the command's flags */
+    char *p1[] = {"pull", "org/demo", "--include", "*.json", "--exclude", "tokenizer*", NULL};
+    KT_CHECK_EQ(kiln_cmd_pull(6, p1), 0);
+    KT_CHECK_EQ(f->hub.blob_gets, 0);
+    char *p2[] = {"pull", NULL}, *p3[] = {"pull", "org/demo", "--bogus", NULL}, *p4[] = {"pull", "a/b", "c/d", NULL};
+    char *p5[] = {"pull", "org/demo", "--include", NULL}, *p6[] = {"pull", "--help", NULL};
+    KT_CHECK_EQ(kiln_cmd_pull(1, p2), 1);
+    KT_CHECK_EQ(kiln_cmd_pull(3, p3), 1);
+    KT_CHECK_EQ(kiln_cmd_pull(3, p4), 1);
+    KT_CHECK_EQ(kiln_cmd_pull(3, p5), 1);
+    KT_CHECK_EQ(kiln_cmd_pull(2, p6), 0);
     char *argv[] = {"info", "-hf", "org/demo", NULL};
     bool ok = kiln_resolve_model_args(3, argv);
     KT_CHECK(ok);
@@ -383,6 +397,17 @@ static void model_arg_body(fixture *f) {
     KT_CHECK(kiln_resolve_model_args(3, argv2));
     KT_CHECK_STR(argv2[2], want);
     KT_CHECK_EQ(kiln_cmd_info(3, argv2), 0); /* the snapshot loads */
+    /* the README's path: pull, then quantize the snapshot to 4 bits */
+    char out[PATH_MAX];
+    snprintf(out, sizeof out, "%s/demo-q4", f->cache);
+    char *q[] = {"quantize", "-m", "org/demo", "--bits", "4", "--out", out, NULL};
+    KT_CHECK(kiln_resolve_model_args(7, q));
+    KT_CHECK_EQ(kiln_cmd_quantize(7, q), 0);
+    char *qi[] = {"info", "-m", out, NULL};
+    KT_CHECK_EQ(kiln_cmd_info(3, qi), 0);
+    char tj[PATH_MAX + 32];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", out);
+    KT_CHECK(ku_file_exists(tj));
     char *argv3[] = {"info", "-m", "org/missing", NULL};
     KT_CHECK(!kiln_resolve_model_args(3, argv3));
     char *argv4[] = {"info", "-m", "models/kiln-demo", NULL}; /* a path stays a path */
