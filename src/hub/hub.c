@@ -240,9 +240,10 @@ static kiln_status client_open(client *c, const khub_opts *o) {
     if (!tok) tok = getenv("HF_TOKEN");
     if (!tok) {
         char path[PATH_MAX];
-        const char *tp = getenv("HF_TOKEN_PATH"), *home = getenv("HF_HOME");
+        const char *tp = getenv("HF_TOKEN_PATH"), *home = getenv("HF_HOME"), *xdg = getenv("XDG_CACHE_HOME");
         if (tp && *tp) snprintf(path, sizeof path, "%s", tp);
         else if (home && *home) snprintf(path, sizeof path, "%s/token", home);
+        else if (xdg && *xdg) snprintf(path, sizeof path, "%s/huggingface/token", xdg);
         else snprintf(path, sizeof path, "%s/.cache/huggingface/token", getenv("HOME") ? getenv("HOME") : "");
         char *txt;
         size_t len;
