@@ -309,6 +309,9 @@ static kiln_status http_error(const client *c, const char *what, const spec *p, 
 static kiln_status perform(CURL *e, const char *url, headers *h) {
     CURLcode r = curl_easy_perform(e);
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &h->status);
+    if (r == CURLE_COULDNT_RESOLVE_HOST || r == CURLE_COULDNT_CONNECT || r == CURLE_OPERATION_TIMEDOUT)
+        return kiln_error(KILN_EIO, "%s: %s (offline? a cached model needs no network: -m ORG/NAME; HF_ENDPOINT names a mirror)",
+                          url, curl_easy_strerror(r));
     if (r != CURLE_OK) return kiln_error(KILN_EIO, "%s: %s", url, curl_easy_strerror(r));
     return NULL;
 }
