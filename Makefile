@@ -12,9 +12,9 @@ CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Werror -Wshadow \
               -Wno-unused-parameter -Wvla -Wformat=2 -Wstrict-prototypes \
               -fno-strict-aliasing -pthread -Isrc -Itests
 CFLAGS  += $(CFLAGS_BASE)
-LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lblis -lpng -ljpeg -ledit -lm -lpthread
-# the tests' HTTP client (server tests over loopback)
-TEST_LDLIBS = -lcurl
+LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lblis -lpng -ljpeg -ledit -lcurl -lcrypto -lm -lpthread
+# libcurl is also the tests' HTTP client (server tests over loopback)
+TEST_LDLIBS =
 
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c -mavx2

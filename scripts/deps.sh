@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs kiln's Debian dependencies when they are missing.
 #   scripts/deps.sh          what building kiln needs
-#   scripts/deps.sh --test   plus what the tests use: libcurl (server tests),
+#   scripts/deps.sh --test   plus what the tests use:
 #                            mlir-opt (checks the StableHLO printer) and
 #                            promtool (checks /metrics; only its binary is
 #                            extracted into build/tools) and, when npm is
@@ -10,8 +10,8 @@
 set -euo pipefail
 test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
-pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libedit-dev)
-$test_deps && pkgs+=(libcurl4-openssl-dev mlir-16-tools)
+pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libedit-dev libcurl4-openssl-dev libssl-dev)
+$test_deps && pkgs+=(mlir-16-tools)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,6 +4,7 @@
 
 #include "base/version.h"
 #include "cli/cli.h"
+#include "cli/cmd_pull.h"
 #include "cli/cmd_template.h"
 #include "cli/cmd_tokenize.h"
 #include "kernels/kernels.h"
@@ -28,6 +29,7 @@ static const struct {
     {"bench", kiln_cmd_bench, "measure prompt and generation speed against the memory roofline"},
     {"grammar-bench", kiln_cmd_grammar_bench, "MaskBench files through the grammar engine (JSON Schema masks)"},
     {"chat", kiln_cmd_chat, "talk with a model in the terminal (multi-turn, streaming; scriptable from a pipe)"},
+    {"pull", kiln_cmd_pull, "download a Hugging Face model into the Hugging Face cache"},
 };
 
 static void usage(FILE *f) {
@@ -68,6 +70,8 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 1;
     }
+    /* -m ORG/NAME: the cached snapshot; -hf ORG/NAME: pulled first */
+    if (strcmp(argv[1], "pull") && !kiln_resolve_model_args(argc - 1, argv + 1)) return 1;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "kiln: unknown command \"%s\"\n\n", argv[1]);
