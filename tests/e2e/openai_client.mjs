@@ -68,7 +68,7 @@ const t = a.choices[0].text;
 const m = t.slice(Math.floor(t.length / 3)).match(/[A-Za-z]{2}/);
 if (m) {
   const stop = m[0], want = t.slice(0, t.indexOf(stop));
-  const b = await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0, stop: [stop, "\u0000never"] });
+  const b = await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0, stop: [stop, "\u2603never"] });
   check("stop", b.choices[0].text === want && b.choices[0].finish_reason === "stop",
         `stop ${JSON.stringify(stop)} -> ${JSON.stringify(b.choices[0].text)}`);
   const bs = await collect(await client.completions.create({ model, prompt, max_tokens: 24, temperature: 0, stop, stream: true }), false);
