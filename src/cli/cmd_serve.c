@@ -85,12 +85,15 @@ int kiln_cmd_serve(int argc, char **argv) {
             kgen_params_free(&gp);
             return 0;
         }
-        bool flag = !strcmp(a, "--metrics") || !strcmp(a, "--no-metrics") || !strcmp(a, "--any-model") ||
-                    !strcmp(a, "--no-prefix-cache") || !strcmp(a, "--quiet");
-        if (!flag && !v) {
-            st = kiln_error(KILN_EINVAL, "%s needs a value", a);
-            break;
-        }
+        static const char *const flags[] = {"--metrics", "--no-metrics", "--any-model", "--no-prefix-cache", "--quiet", NULL};
+        static const char *const valued[] = {
+            "-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "--max-model-len",
+            "--kv-tokens", "--cache-ram", "--block-size", "-b", "--step-tokens", "--queue", "-t", "--threads",
+            "--api-key", "--alias", "--served-model-name", "--max-body", "--timeout", "--request-timeout",
+            "--max-conns", "--max-conns-per-ip", "--max-image-pixels", "--shutdown-timeout", "--reasoning-budget",
+            "--reasoning-format", NULL};
+        bool flag = kiln_flag_in(a, flags);
+        if ((st = kiln_option("serve", a, v, valued, flags))) break;
         int64_t x = 0;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) p.model_dir = v;
         else if (!strcmp(a, "--host")) p.host = v;
