@@ -23,6 +23,10 @@
 typedef struct ke_model ke_model;
 
 kiln_status ke_model_load(const char *dir, ke_model **out);
+/* As ke_model_load, with the graph ending at the final norm (hp->hidden_out):
+ * ke_decode's rows are last hidden states [hidden], not logits (embedding
+ * models built on decoders: Qwen3-Embedding, EmbeddingGemma). */
+kiln_status ke_model_load_hidden(const char *dir, ke_model **out);
 void ke_model_free(ke_model *m);
 const km_hparams *ke_model_hparams(const ke_model *m);
 const km_family *ke_model_family(const ke_model *m);
@@ -104,6 +108,9 @@ typedef struct {
     const float *const *embd_add;
 } ke_inputs;
 kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows);
+/* ke_decode with [n] token type ids (models with ke_model_hparams()->type_vocab:
+ * BERT's sentence pairs), each < type_vocab; NULL (or ke_decode): all 0. */
+kiln_status ke_decode_types(ke_ctx *c, const ke_batch *b, const int32_t *types, const float **logits, int *n_rows);
 
 /* ---- block management for a scheduler ----
  * A KV block is in use (referenced by one or more sequences), cached (no

@@ -171,6 +171,7 @@ kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm) {
     kg_graph *g = b->g;
     x = kg_take_rows(g, x, b->rows);
     if (!hp->no_final_norm) x = kb_norm_ex(b, x, KM_T_OUTPUT_NORM, -1, norm ? norm : &(kb_norm_opts){0});
+    if (hp->hidden_out) return kg_name(x, "hidden", -1); /* embedding models: the last hidden states */
     if (hp->embed_dim > 0) x = kb_linear(b, x, KM_T_OUTPUT_PROJ, -1, hp->embed_dim, false);
     km_tensor head = hp->tie_embeddings ? KM_T_TOK_EMBD : KM_T_OUTPUT;
     kg_node *logits = kb_linear(b, x, head, -1, hp->vocab, false);

@@ -247,7 +247,8 @@ static inline float *mt_prefill(const km_family *fam, const km_hparams *hp, cons
         case KB_IN_EMBD:
         case KB_IN_EMBD_MASK:
         case KB_IN_SPAN:
-        case KB_IN_EMBD_ADD: break; /* text models never take them */
+        case KB_IN_EMBD_ADD:
+        case KB_IN_TYPES: break; /* text models never take them */
         }
     }
     kr_exec_run(ex, params, NULL);
