@@ -45,7 +45,8 @@ static void check_folder(const char *dir) {
     KT_CHECKF(pass, "%s", rep);
 }
 
-static const char *const cases[] = {"qwen3_embed", "gemma3_embed", "qwen3_rerank"};
+static const char *const cases[] = {"qwen3_embed", "gemma3_embed", "qwen3_rerank", "bert_cls", "bert_mean", "bert_rerank",
+                                    "xlmr_mean", "xlmr_cls", "xlmr_rerank"};
 
 KT_TEST(embed_fixtures_shared) {
     const char *sh = kt_shared();

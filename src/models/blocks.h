@@ -487,6 +487,11 @@ kg_node *kb_layers(kb_ctx *b, kg_node *x, kb_layer_opts_fn family, kb_norm_opts 
  * final soft-cap. [R, vocab] logits; with hp->hidden_out the normed rows
  * [R, hidden] (last hidden states) without any head. */
 kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm);
+/* A sequence classification head on the rows asked for (the first token
+ * of each sequence): KM_T_CLASSIFIER(tanh(KM_T_POOLER(x))), both with
+ * biases (BERT's pooler + classifier, RoBERTa's classifier.dense +
+ * out_proj). [R, hp->n_labels] logits. */
+kg_node *kb_classifier(kb_ctx *b, kg_node *x);
 /* A whole decoder: kb_embed (tokens only), kb_layers, kb_output with the
  * layers' norm. */
 kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn family);

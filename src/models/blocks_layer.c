@@ -189,3 +189,10 @@ kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn family) {
     kg_node *x = kb_layers(b, kb_embed(b, NULL), family, &norm);
     return kb_output(b, x, &norm);
 }
+
+kg_node *kb_classifier(kb_ctx *b, kg_node *x) {
+    const km_hparams *hp = b->hp;
+    kg_node *h = kg_take_rows(b->g, x, b->rows);
+    h = kg_unary(b->g, KG_OP_TANH, kb_linear(b, h, KM_T_POOLER, -1, hp->hidden, true));
+    return kg_name(kb_linear(b, h, KM_T_CLASSIFIER, -1, hp->n_labels, true), "labels", -1);
+}

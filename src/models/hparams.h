@@ -235,6 +235,7 @@ typedef struct {
     int64_t type_vocab;       /* > 0: kb_embed adds rows of KM_T_TYPE_EMBD [type_vocab, hidden] for the KB_IN_TYPES
                                * input (BERT's token types) */
     int64_t n_labels;         /* a sequence classification head: rows [R, n_labels] (cross-encoders); 0: none */
+    int pos_offset;           /* learned positions read row pos + this (RoBERTa: padding_idx + 1) */
 } km_hparams;
 
 /* The width of the forward graph's output rows: hidden with hp->hidden_out,
