@@ -46,7 +46,7 @@ static void check_folder(const char *dir) {
 }
 
 static const char *const cases[] = {"qwen3_embed", "gemma3_embed", "qwen3_rerank", "bert_cls", "bert_mean", "bert_rerank",
-                                    "xlmr_mean", "xlmr_cls", "xlmr_rerank"};
+                                    "xlmr_mean", "xlmr_cls", "xlmr_rerank", "modernbert_mean"};
 
 KT_TEST(embed_fixtures_shared) {
     const char *sh = kt_shared();

@@ -458,6 +458,7 @@ typedef struct {
                               * branches, or NULL */
     bool layer_scale;        /* the layer's output times KM_T_LAYER_SCALE [1] */
     bool no_mixer;           /* the layer is its MLP branch only, x + mlp(n2(x)) (Nemotron-H's mlp / moe blocks) */
+    bool no_attn_norm;       /* PRE, SANDWICH: the attention branch reads x unnormed (ModernBERT's layer 0: Identity) */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
  * hp->post_norm, SANDWICH with hp->sandwich_norm) RMSNorm layers with hp's arrangement switches

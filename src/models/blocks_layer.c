@@ -111,7 +111,7 @@ static kg_node *layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
         return kb_norm_ex(b, add_branch(b, x, mlp(b, x, il, o), o), KM_T_FFN_NORM, il, n);
     }
     bool pre = o->norm_place != KB_NORM_POST, post = o->norm_place != KB_NORM_PRE;
-    kg_node *n1 = pre ? kb_norm_ex(b, x, KM_T_ATTN_NORM, il, n) : x;
+    kg_node *n1 = pre && !o->no_attn_norm ? kb_norm_ex(b, x, KM_T_ATTN_NORM, il, n) : x;
     kg_node *a = attention(b, n1, il, o);
     if (post) a = kb_norm_ex(b, a, KM_T_ATTN_POST_NORM, il, n);
     if (o->no_ffn) return add_branch(b, o->residual_from_norm ? n1 : x, a, o);

@@ -36,7 +36,7 @@ const km_names km_sandwich_names = {
     X(gemma4) X(gemma3n) \
     X(youtu) X(glm4_moe_lite) X(glm_moe_dsa) X(deepseek_v4) \
     X(qwen3_5_text) X(qwen3_5_moe_text) X(olmo_hybrid) X(nemotron_h) X(lfm2_moe) \
-    X(bert) X(xlm_roberta)
+    X(bert) X(xlm_roberta) X(modernbert)
 
 #define DECLARE(f) extern const km_family km_family_##f;
 FAMILIES(DECLARE)
