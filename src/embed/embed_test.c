@@ -37,7 +37,7 @@ KT_TEST(embed_pooling_formulas) {
 static void check_folder(const char *dir) {
     static char rep[16384];
     bool pass = false;
-    kiln_status st = kemb_check(dir, rep, sizeof rep, &pass);
+    kiln_status st = kemb_check_tree(dir, rep, sizeof rep, &pass);
     if (st) fprintf(stderr, "%s\n", kiln_status_msg(st));
     KT_CHECK(st == NULL);
     kiln_status_free(st);
@@ -63,4 +63,40 @@ KT_TEST(embed_fixtures_shared) {
         ran++;
     }
     if (!ran) kt_skip("no fixtures-embed folders in ../shared");
+}
+
+KT_TEST(embed_fixtures_committed) {
+    static const char *const committed[] = {"bert_rerank", "gemma3_embed", "modernbert_mean", "qwen3_embed", "xlmr_cls"};
+    for (size_t i = 0; i < sizeof committed / sizeof committed[0]; i++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "tests/fixtures/embed/%s", committed[i]);
+        KT_CHECKF(kemb_is_fixture(dir), "%s: not an embedding fixture", dir);
+        check_folder(dir);
+    }
+}
+
+KT_TEST(embed_bad_input_errors) {
+    kemb_model *m;
+    KT_CHECK_OK(kemb_load("tests/fixtures/embed/qwen3_embed", &m));
+    ke_ctx *c;
+    KT_CHECK_OK(ke_ctx_create(kemb_engine_model(m), &(ke_ctx_params){.n_ctx = 32, .n_threads = 1}, &c));
+    int32_t ids[40] = {1, 2, 600};
+    const int32_t *p[1] = {ids};
+    float out[64];
+    KT_CHECK_ERR(kemb_embed(m, c, 1, p, (int64_t[]){3}, NULL, out), "out of range");
+    KT_CHECK_ERR(kemb_embed(m, c, 1, p, (int64_t[]){40}, NULL, out), "context size");
+    KT_CHECK_ERR(kemb_embed(m, c, 1, p, (int64_t[]){0}, NULL, out), "empty");
+    KT_CHECK_ERR(kemb_score(m, c, 1, p, (int64_t[]){2}, NULL, 0, 1, out), "embedding model");
+    KT_CHECK_ERR(kemb_embed(m, c, 1, p, (int64_t[]){2}, &(kemb_opts){KEMB_POOL_NONE, -1}, out), "no single vector");
+    /* a model's pipeline and its explicit equivalent agree bit for bit; another pooling differs */
+    float a[64], b[64];
+    KT_CHECK_OK(kemb_embed(m, c, 1, p, (int64_t[]){2}, NULL, a));
+    KT_CHECK_OK(kemb_embed(m, c, 1, p, (int64_t[]){2}, &(kemb_opts){KEMB_POOL_LAST, 1}, b));
+    KT_CHECK(!memcmp(a, b, sizeof a));
+    KT_CHECK_OK(kemb_embed(m, c, 1, p, (int64_t[]){2}, &(kemb_opts){KEMB_POOL_MEAN, 1}, b));
+    KT_CHECK(memcmp(a, b, sizeof a) != 0);
+    KT_CHECK_EQ(kemb_dim(m), 64);
+    KT_CHECK_STR(kemb_prompt(m, "query"), "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:");
+    ke_ctx_free(c);
+    kemb_free(m);
 }
