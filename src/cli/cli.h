@@ -19,6 +19,8 @@ int kiln_cmd_perplexity(int argc, char **argv);
 int kiln_cmd_synth(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
 int kiln_cmd_grammar_bench(int argc, char **argv);
+int kiln_cmd_embed(int argc, char **argv);
+int kiln_cmd_rerank(int argc, char **argv);
 
 /* The bundled demo model (<binary>/../../models/kiln-demo, or
  * $KILN_DEFAULT_MODEL), used when -m is not given. */

@@ -26,6 +26,8 @@ static const struct {
     {"synth", kiln_cmd_synth, "write a checkpoint of a real model's shape with random weights"},
     {"bench", kiln_cmd_bench, "measure prompt and generation speed against the memory roofline"},
     {"grammar-bench", kiln_cmd_grammar_bench, "MaskBench files through the grammar engine (JSON Schema masks)"},
+    {"embed", kiln_cmd_embed, "text embeddings (sentence-transformers pooling, Dense, Normalize)"},
+    {"rerank", kiln_cmd_rerank, "relevance scores of documents for a query (cross-encoders, Qwen3-Reranker)"},
 };
 
 static void usage(FILE *f) {

@@ -68,4 +68,18 @@ kiln_status kemb_score(const kemb_model *m, ke_ctx *c, int n, const int32_t *con
                        const int32_t *const *types, int32_t yes_id, int32_t no_id, float *scores);
 float kemb_sigmoid(float x);
 
+/* ---- text (text.c) */
+struct ktok;
+/* prompt + text through the tokenizer with its special tokens (the
+ * post-processor: [CLS] ... [SEP], ... <|endoftext|>); *ids malloc'ed. */
+kiln_status kemb_encode(const struct ktok *tok, const char *prompt, const char *text, int32_t **ids, int64_t *n);
+/* A (query, document) pair as m scores it: a cross-encoder's pair template
+ * (BERT: types 0 / 1; RoBERTa: one type), or Qwen3-Reranker's prompt with
+ * instruction (NULL: its default). *ids, *types malloc'ed (*types NULL for
+ * the decoder reranker). */
+kiln_status kemb_encode_pair(const kemb_model *m, const struct ktok *tok, const char *instruction, const char *query,
+                             const char *doc, int32_t **ids, int32_t **types, int64_t *n);
+/* The ids of "yes" and "no" (a decoder reranker's score). */
+kiln_status kemb_yes_no(const struct ktok *tok, int32_t *yes, int32_t *no);
+
 #endif
