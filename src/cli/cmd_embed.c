@@ -141,16 +141,6 @@ int kiln_cmd_embed(int argc, char **argv) {
     return st ? fail(st) : 0;
 }
 
-typedef struct {
-    int index;
-    float score;
-} ranked;
-
-static int by_score(const void *a, const void *b) {
-    float x = ((const ranked *)a)->score, y = ((const ranked *)b)->score;
-    return x < y ? 1 : x > y ? -1 : ((const ranked *)a)->index - ((const ranked *)b)->index;
-}
-
 int kiln_cmd_rerank(int argc, char **argv) {
     const char *dir = NULL, *query = NULL, *instruction = NULL, *docs[MAX_INPUTS];
     bool sigmoid = false;
@@ -165,8 +155,9 @@ int kiln_cmd_rerank(int argc, char **argv) {
         else if (a[0] != '-' && n_docs < MAX_INPUTS) docs[n_docs++] = a;
         else {
             fprintf(stderr, "usage: kiln rerank -m DIR -q QUERY [--instruction TEXT] [--sigmoid] [-t N] DOC...\n"
-                            "  index, score and document per line, best first; a cross-encoder's raw logit (--sigmoid:\n"
-                            "  its probability), a decoder reranker's P(yes)\n");
+                            "  index, score and document per line, best first: sentence-transformers' score (the logit of a\n"
+                            "  cross-encoder with an Identity activation, else its sigmoid; --sigmoid always), P(yes) of a\n"
+                            "  decoder reranker\n");
             return 2;
         }
     }
@@ -189,15 +180,14 @@ int kiln_cmd_rerank(int argc, char **argv) {
     if (!st && !kemb_is_cross_encoder(m)) st = kemb_yes_no(tok, &yes, &no);
     ke_ctx *c = NULL;
     float *scores = NULL;
-    ranked *r = NULL;
+    int *r = NULL;
     if (!st) st = ctx_for(m, &in, threads, &c);
-    if (!st && (!(scores = malloc(sizeof(float) * (size_t)n_docs)) || !(r = malloc(sizeof(ranked) * (size_t)n_docs))))
+    if (!st && (!(scores = malloc(sizeof(float) * (size_t)n_docs)) || !(r = malloc(sizeof(int) * (size_t)n_docs))))
         st = kiln_error(KILN_ENOMEM, "out of memory");
     if (!st) st = kemb_score(m, c, n_docs, (const int32_t *const *)in.ids, in.lens, (const int32_t *const *)types, yes, no, scores);
-    for (int i = 0; !st && i < n_docs; i++)
-        r[i] = (ranked){i, kemb_is_cross_encoder(m) && !sigmoid ? scores[i] : kemb_sigmoid(scores[i])};
-    if (!st) qsort(r, (size_t)n_docs, sizeof *r, by_score);
-    for (int i = 0; !st && i < n_docs; i++) printf("%d\t%.7g\t%s\n", r[i].index, r[i].score, docs[r[i].index]);
+    for (int i = 0; !st && i < n_docs; i++) scores[i] = sigmoid ? kemb_sigmoid(scores[i]) : kemb_relevance(m, scores[i]);
+    if (!st) st = kemb_rank(scores, n_docs, r);
+    for (int i = 0; !st && i < n_docs; i++) printf("%d\t%.7g\t%s\n", r[i], scores[r[i]], docs[r[i]]);
     for (int i = 0; i < n_docs; i++) free(types[i]);
     free(scores), free(r);
     ke_ctx_free(c);

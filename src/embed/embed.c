@@ -25,6 +25,7 @@ struct kemb_model {
     ke_model *m;
     kemb_pooling pooling;
     bool normalize, cross, causal;
+    bool raw_logit; /* a cross-encoder whose config names activation_fn Identity (ms-marco): scores are raw logits */
     dense dense[KEMB_MAX_DENSE];
     int n_dense;
     cJSON *st_config; /* config_sentence_transformers.json, or NULL */
@@ -75,6 +76,28 @@ void kemb_normalize(float *x, int64_t n) {
 }
 
 float kemb_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+typedef struct {
+    int index;
+    float score;
+} ranked;
+
+static int by_score(const void *a, const void *b) {
+    float x = ((const ranked *)a)->score, y = ((const ranked *)b)->score;
+    return x < y ? 1 : x > y ? -1 : ((const ranked *)a)->index - ((const ranked *)b)->index;
+}
+
+kiln_status kemb_rank(const float *scores, int n, int *order) {
+    ranked *r = malloc(sizeof(ranked) * (size_t)(n > 0 ? n : 1));
+    if (!r) return kiln_error(KILN_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) r[i] = (ranked){i, scores[i]};
+    qsort(r, (size_t)n, sizeof *r, by_score);
+    for (int i = 0; i < n; i++) order[i] = r[i].index;
+    free(r);
+    return NULL;
+}
+
+float kemb_relevance(const kemb_model *m, float raw) { return m->cross && m->raw_logit ? raw : kemb_sigmoid(raw); }
 
 /* ---------------------------------------------------------------- loading */
 
@@ -199,6 +222,8 @@ kiln_status kemb_load(const char *dir, kemb_model **out) {
     bool modules = false;
     if (!st) {
         e->cross = architecture_ends(cfg, "ForSequenceClassification");
+        const char *fn = cJSON_GetStringValue(ku_json_get(ku_json_get(cfg, "sentence_transformers"), "activation_fn"));
+        e->raw_logit = fn && !strcmp(fn, "torch.nn.modules.linear.Identity");
         snprintf(path, sizeof path, "%s/modules.json", dir);
         modules = ku_file_exists(path);
         e->causal = !e->cross && !modules && architecture_ends(cfg, "ForCausalLM");

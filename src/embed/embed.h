@@ -67,6 +67,13 @@ kiln_status kemb_embed(const kemb_model *m, ke_ctx *c, int n, const int32_t *con
 kiln_status kemb_score(const kemb_model *m, ke_ctx *c, int n, const int32_t *const *ids, const int64_t *lens,
                        const int32_t *const *types, int32_t yes_id, int32_t no_id, float *scores);
 float kemb_sigmoid(float x);
+/* The relevance score sentence-transformers' CrossEncoder gives for a raw
+ * score: the logit itself when config.json's sentence_transformers.activation_fn
+ * is Identity (ms-marco cross-encoders), else its sigmoid (bge-reranker; and
+ * P(yes) for a decoder reranker). */
+float kemb_relevance(const kemb_model *m, float raw);
+/* order[0..n): the indices of scores, best first (the lower index among equals). */
+kiln_status kemb_rank(const float *scores, int n, int *order);
 
 /* ---- text (text.c) */
 struct ktok;
