@@ -58,7 +58,7 @@ static kiln_status ctx_for(const kemb_model *m, const input_list *in, int thread
     int64_t n_ctx = hp->max_pos > 0 && hp->max_pos < 8192 ? hp->max_pos : 8192;
     if (longest > n_ctx)
         return kiln_error(KILN_ELIMIT, "an input has %lld tokens, more than the model's %lld", (long long)longest, (long long)n_ctx);
-    return ke_ctx_create(kemb_engine_model(m), &(ke_ctx_params){.n_ctx = n_ctx, .n_cache = n_ctx * 4, .n_threads = threads}, c);
+    return ke_ctx_create(kemb_engine_model(m), &(ke_ctx_params){.n_ctx = n_ctx, .n_cache = n_ctx * 4, .n_threads = threads, .pooling = true}, c);
 }
 
 /* Adds every line of path (empty lines skipped) through the tokenizer. */

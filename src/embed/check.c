@@ -106,7 +106,7 @@ static kiln_status check_one(const char *dir, char *rep, size_t cap, bool *pass)
     const cJSON *tt = ku_json_get(o, "token_type_ids");
     if (!st && cJSON_IsArray(tt) && ku_json_get(o, "pairs")) st = int_rows(tt, "token_type_ids", &in, in.types), in.has_types = true;
     if (!st) st = kemb_load(dir, &m);
-    if (!st) st = ke_ctx_create(kemb_engine_model(m), &(ke_ctx_params){.n_ctx = 512, .n_threads = 1}, &c);
+    if (!st) st = ke_ctx_create(kemb_engine_model(m), &(ke_ctx_params){.n_ctx = 512, .n_threads = 1, .pooling = true}, &c);
     bool embed = !strcmp(kind, "embed");
     int64_t w = embed && m ? kemb_dim(m) : 1;
     if (!st && !(got = malloc(sizeof(float) * (size_t)(in.n * w)))) st = kiln_error(KILN_ENOMEM, "out of memory");

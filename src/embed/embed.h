@@ -54,7 +54,8 @@ typedef struct {
 } kemb_opts;
 
 /* Embeddings of n token sequences ids[i][0..lens[i]) into out [n, kemb_dim]
- * (o NULL: the model's pipeline). c must hold the longest input; inputs run
+ * (o NULL: the model's pipeline). c (created with ke_ctx_params.pooling)
+ * must hold the longest input; inputs run
  * in as few steps as the cache allows. */
 kiln_status kemb_embed(const kemb_model *m, ke_ctx *c, int n, const int32_t *const *ids, const int64_t *lens,
                        const kemb_opts *o, float *out);

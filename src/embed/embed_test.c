@@ -82,7 +82,7 @@ KT_TEST(embed_bad_input_errors) {
     kemb_model *m;
     KT_CHECK_OK(kemb_load("tests/fixtures/embed/qwen3_embed", &m));
     ke_ctx *c;
-    KT_CHECK_OK(ke_ctx_create(kemb_engine_model(m), &(ke_ctx_params){.n_ctx = 32, .n_threads = 1}, &c));
+    KT_CHECK_OK(ke_ctx_create(kemb_engine_model(m), &(ke_ctx_params){.n_ctx = 32, .n_threads = 1, .pooling = true}, &c));
     int32_t ids[40] = {1, 2, 600};
     const int32_t *p[1] = {ids};
     float out[64];
@@ -101,6 +101,11 @@ KT_TEST(embed_bad_input_errors) {
     KT_CHECK_EQ(kemb_dim(m), 64);
     KT_CHECK_STR(kemb_prompt(m, "query"), "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:");
     ke_ctx_free(c);
+    kemb_free(m);
+    /* a context that would sample from a cross-encoder's labels is refused */
+    KT_CHECK_OK(kemb_load("tests/fixtures/embed/bert_rerank", &m));
+    KT_CHECK(kemb_is_cross_encoder(m));
+    KT_CHECK_ERR(ke_ctx_create(kemb_engine_model(m), &(ke_ctx_params){.n_ctx = 32, .n_threads = 1}, &c), "not next-token logits");
     kemb_free(m);
 }
 

@@ -176,6 +176,10 @@ struct ke_ctx {
 
 kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out) {
     *out = NULL;
+    if (!p->pooling && km_out_width(&m->hp) != m->hp.vocab) /* callers sample from vocab-wide rows */
+        return kiln_error(KILN_EUNSUPPORTED, "%s: the model gives %s, not next-token logits (an embedding or reranking "
+                          "model: kiln embed, kiln rerank, or kiln serve's /v1/embeddings, /v1/rerank)", m->fam->name,
+                          m->hp.n_labels > 0 ? "classification labels" : "hidden states");
     ke_ctx *c = calloc(1, sizeof *c);
     if (!c) return kiln_error(KILN_ENOMEM, "out of memory");
     c->m = m;

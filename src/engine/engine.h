@@ -46,6 +46,8 @@ typedef struct {
                        * recurrent state, see ke_seq_open); 0: 32. Others: unused (no limit). */
     int64_t state_cache_bytes; /* models with recurrent layers: memory for the state snapshots that let
                                 * prefix caching resume them (ke_seq_publish); 0: 256 MiB, < 0: none */
+    bool pooling;     /* the caller reads hidden states or classification labels (src/embed); without it a
+                       * model whose rows are not vocab-wide logits is refused */
 } ke_ctx_params;
 
 typedef struct ke_ctx ke_ctx;

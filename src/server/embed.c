@@ -36,7 +36,7 @@ kiln_status ksrv_embed_load(ksrv *s) {
     kiln_status st = ktok_load(s->model_dir, &s->tok);
     if (st && kiln_status_code(st) != KILN_ENOTFOUND) return st;
     kiln_status_free(st);
-    ke_ctx_params cp = {.n_ctx = s->p.ctx_size, .n_threads = s->p.threads, .block_size = s->p.block_size};
+    ke_ctx_params cp = {.n_ctx = s->p.ctx_size, .n_threads = s->p.threads, .block_size = s->p.block_size, .pooling = true};
     if (cp.n_ctx <= 0) {
         int64_t mp = ke_model_hparams(kemb_engine_model(s->emb))->max_pos;
         cp.n_ctx = mp > 0 && mp < 8192 ? mp : 8192;
