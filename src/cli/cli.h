@@ -20,6 +20,8 @@ int kiln_cmd_synth(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
 int kiln_cmd_grammar_bench(int argc, char **argv);
 int kiln_cmd_chat(int argc, char **argv);
+int kiln_cmd_embed(int argc, char **argv);
+int kiln_cmd_rerank(int argc, char **argv);
 
 /* The bundled demo model, used when -m is not given: $KILN_DEFAULT_MODEL,
  * else the first folder that exists of <bin>/../share/kiln/models/kiln-demo

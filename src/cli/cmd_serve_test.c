@@ -233,6 +233,11 @@ static void run_client_script(const char *rel, const char *what) {
  * client (scripts/deps.sh --test installs it) is missing. */
 KT_TEST(cli_serve_official_openai_client) { run_client_script("tests/e2e/run_openai_client.sh", "openai client"); }
 
+/* /v1/embeddings through the official `openai` client (ids, text, base64,
+ * dimensions, usage, 400s) and /v1/rerank, /rerank, /v2/rerank through
+ * fetch, on the committed embedding fixtures: tests/e2e/run_embed_clients.sh. */
+KT_TEST(cli_serve_embeddings_and_rerank) { run_client_script("tests/e2e/run_embed_clients.sh", "embedding clients"); }
+
 /* The official `openai` and `@anthropic-ai/sdk` clients on the agent
  * surfaces: chat with tools (the client's stream helper), a tool round
  * trip, responses.create (streamed, a function_call_output turn),

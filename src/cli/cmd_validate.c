@@ -1,7 +1,9 @@
 /* cmd_validate.c: `kiln validate DIR...` runs the oracle gate on fixture
  * folders. A folder holding oracle.json is checked; its variant subfolders
  * (bf16/, q8/, q4/) and, for a folder of fixtures, every child with an
- * oracle.json are checked too. */
+ * oracle.json are checked too. Embedding and reranking fixtures
+ * (fixtures-embed: oracle.json "kind" embed, cross_encoder, decoder_rerank)
+ * are checked by embed/check.c with their README's gate. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +11,7 @@
 
 #include "base/file.h"
 #include "cli/cli.h"
+#include "embed/check.h"
 #include "engine/validate.h"
 
 typedef struct {
@@ -17,7 +20,23 @@ typedef struct {
     bool quiet;
 } run;
 
+/* An embedding / reranking fixture (fixtures-embed): the README's gate per run. */
+static void check_embed(run *r, const char *dir) {
+    static char rep[8192];
+    bool pass;
+    kiln_status st = kemb_check(dir, rep, sizeof rep, &pass);
+    if (st) printf("FAIL %s: %s\n", dir, kiln_status_msg(st)), kiln_status_free(st), pass = false;
+    else printf("%s %s", pass ? "PASS" : "FAIL", rep);
+    if (pass) r->pass++;
+    else r->fail++;
+    fflush(stdout);
+}
+
 static void check(run *r, const char *dir) {
+    if (kemb_is_fixture(dir)) {
+        check_embed(r, dir);
+        return;
+    }
     kv_result res;
     kiln_status st = kv_validate(dir, &r->o, &res);
     if (st) {

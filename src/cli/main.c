@@ -30,6 +30,8 @@ static const struct {
     {"grammar-bench", kiln_cmd_grammar_bench, "MaskBench files through the grammar engine (JSON Schema masks)"},
     {"chat", kiln_cmd_chat, "talk with a model in the terminal (multi-turn, streaming; scriptable from a pipe)"},
     {"pull", kiln_cmd_pull, "download a Hugging Face model into the Hugging Face cache"},
+    {"embed", kiln_cmd_embed, "text embeddings (sentence-transformers pooling, Dense, Normalize)"},
+    {"rerank", kiln_cmd_rerank, "relevance scores of documents for a query (cross-encoders, Qwen3-Reranker)"},
 };
 
 static void usage(FILE *f) {

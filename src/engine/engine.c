@@ -18,7 +18,7 @@ struct ke_model {
     kvis_model *vision; /* NULL: a text model */
 };
 
-kiln_status ke_model_load(const char *dir, ke_model **out) {
+static kiln_status model_load(const char *dir, bool hidden_out, ke_model **out) {
     *out = NULL;
     ke_model *m = calloc(1, sizeof *m);
     if (!m) return kiln_error(KILN_ENOMEM, "out of memory");
@@ -33,6 +33,10 @@ kiln_status ke_model_load(const char *dir, ke_model **out) {
         goto fail;
     }
     st = km_parse(m->fam, kc_config(m->ck), &m->hp);
+    if (!st && hidden_out && m->hp.n_labels > 0)
+        st = kiln_error(KILN_EUNSUPPORTED, "a sequence classification head (%lld labels) gives no hidden states",
+                        (long long)m->hp.n_labels);
+    if (hidden_out) m->hp.hidden_out = true;
     if (!st) st = kvis_load(m->ck, &m->hp, &m->vision);
     if (st) {
         st = kiln_status_wrap(st, "%s", dir);
@@ -62,6 +66,9 @@ fail:
     ke_model_free(m);
     return st;
 }
+
+kiln_status ke_model_load(const char *dir, ke_model **out) { return model_load(dir, false, out); }
+kiln_status ke_model_load_hidden(const char *dir, ke_model **out) { return model_load(dir, true, out); }
 
 static int64_t default_n_ctx(const km_hparams *hp) { return hp->max_pos > 0 && hp->max_pos < 4096 ? hp->max_pos : 4096; }
 
@@ -193,7 +200,8 @@ struct ke_ctx {
     /* per-step scratch */
     int32_t *pos, *tseq, *slot, *rows, *seq_len, *btab, *batch_seqs, *sslot; /* [scratch_T] but btab */
     int32_t *embd_mask; /* [scratch_T] vision-language models: 1 where embd holds the token's row */
-    int32_t *span;      /* [scratch_T, 2] bidirectional spans (hp.attn_span) */
+    int32_t *span;      /* [scratch_T, 2] bidirectional spans (hp.attn_span, hp.bidirectional) */
+    int32_t *types;     /* [scratch_T] token type ids (hp.type_vocab) */
     float *embd;        /* [scratch_T, hidden] */
     int32_t *mpos;      /* [scratch_T, 3] M-RoPE positions (t, h, w) */
     float *embd_add;    /* [scratch_T, embd_add_layers * hidden] rows added to the first layers' outputs */
@@ -210,6 +218,10 @@ struct ke_ctx {
 
 kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out) {
     *out = NULL;
+    if (!p->pooling && km_out_width(&m->hp) != m->hp.vocab) /* callers sample from vocab-wide rows */
+        return kiln_error(KILN_EUNSUPPORTED, "%s: the model gives %s, not next-token logits (an embedding or reranking "
+                          "model: kiln embed, kiln rerank, or kiln serve's /v1/embeddings, /v1/rerank)", m->fam->name,
+                          m->hp.n_labels > 0 ? "classification labels" : "hidden states");
     ke_ctx *c = calloc(1, sizeof *c);
     if (!c) return kiln_error(KILN_ENOMEM, "out of memory");
     c->m = m;
@@ -337,7 +349,7 @@ void ke_ctx_free(ke_ctx *c) {
     free(c->ref), free(c->lru_prev), free(c->lru_next), free(c->hnext), free(c->bucket);
     free(c->bhash), free(c->bparent), free(c->cached), free(c->btok);
     free(c->pos), free(c->tseq), free(c->slot), free(c->rows), free(c->seq_len), free(c->btab);
-    free(c->embd), free(c->embd_mask), free(c->span), free(c->mpos), free(c->embd_add), free(c->run_delta);
+    free(c->embd), free(c->embd_mask), free(c->span), free(c->types), free(c->mpos), free(c->embd_add), free(c->run_delta);
     free(c->batch_seqs), free(c->row_of), free(c->added), free(c->params);
     for (int k = 0; k < KM_MAX_ROPES; k++) free(c->cos[k]), free(c->sin[k]);
     kr_pool_destroy(c->pool);
@@ -708,7 +720,7 @@ static bool grow_seq_scratch(ke_ctx *c) {
 static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
     if (T > c->scratch_T) {
         size_t n = (size_t)T;
-        int32_t **arr[] = {&c->pos, &c->tseq, &c->slot, &c->rows, &c->seq_len, &c->batch_seqs, &c->sslot, &c->embd_mask};
+        int32_t **arr[] = {&c->pos, &c->tseq, &c->slot, &c->rows, &c->seq_len, &c->batch_seqs, &c->sslot, &c->embd_mask, &c->types};
         for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) {
             int32_t *p = realloc(*arr[i], n * sizeof(int32_t));
             if (!p) return false;
@@ -726,13 +738,15 @@ static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
             if (!b) return false;
             c->sin[k] = b;
         }
+        if (c->m->vision || c->m->hp.bidirectional) {
+            int32_t *sp = realloc(c->span, n * 2 * sizeof(int32_t));
+            if (!sp) return false;
+            c->span = sp;
+        }
         if (c->m->vision) {
             float *e = realloc(c->embd, n * (size_t)c->m->hp.hidden * sizeof(float));
             if (!e) return false;
             c->embd = e;
-            int32_t *sp = realloc(c->span, n * 2 * sizeof(int32_t));
-            if (!sp) return false;
-            c->span = sp;
             if (c->m->hp.embd_add_layers > 0) {
                 float *ea = realloc(c->embd_add, n * (size_t)(c->m->hp.embd_add_layers * c->m->hp.hidden) * sizeof(float));
                 if (!ea) return false;
@@ -750,7 +764,8 @@ static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
     return true;
 }
 
-static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
+static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const int32_t *types, const float **logits,
+                               int *n_rows) {
     *logits = NULL;
     *n_rows = 0;
     const km_hparams *hp = &c->m->hp;
@@ -772,6 +787,16 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
         if (b->tokens[t] < 0 || b->tokens[t] >= hp->vocab) {
             st = kiln_error(KILN_EINVAL, "token id %d is out of range (the vocabulary has %lld tokens)", b->tokens[t],
                             (long long)hp->vocab);
+            goto done;
+        }
+        if (hp->bidirectional && c->seqs[s].len > 0) {
+            st = kiln_error(KILN_EINVAL, "token %lld: sequence %d already holds %lld tokens; an encoder (bidirectional "
+                            "attention) takes a sequence's tokens in one step", (long long)t, s, (long long)c->seqs[s].len);
+            goto done;
+        }
+        if (types && (types[t] < 0 || types[t] >= (hp->type_vocab > 0 ? hp->type_vocab : 1))) {
+            st = kiln_error(KILN_EINVAL, "token %lld: token type %d is out of range (the model has %lld)", (long long)t,
+                            types[t], (long long)(hp->type_vocab > 0 ? hp->type_vocab : 1));
             goto done;
         }
         if (!added[s]) row_of[s] = S, batch_seqs[S++] = s;
@@ -859,6 +884,9 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
             if (L > 0 && add) memcpy(c->embd_add + t * L, add, sizeof(float) * (size_t)L);
             else if (L > 0) memset(c->embd_add + t * L, 0, sizeof(float) * (size_t)L);
         }
+    if (hp->bidirectional) /* each token sees its whole sequence */
+        for (int64_t t = 0; t < T; t++) c->span[2 * t] = 0, c->span[2 * t + 1] = c->seq_len[t] - 1;
+    for (int64_t t = 0; t < T && hp->type_vocab > 0; t++) c->types[t] = types ? types[t] : 0;
     bool mrope = false;
     for (int k = 0; k < hp->n_ropes; k++) mrope |= km_rope_is_mrope(&hp->ropes[k]);
     if (mrope) {
@@ -911,6 +939,7 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
         case KB_IN_EMBD_MASK: params[i] = c->embd_mask; break;
         case KB_IN_SPAN: params[i] = c->span; break;
         case KB_IN_EMBD_ADD: params[i] = c->embd_add; break;
+        case KB_IN_TYPES: params[i] = c->types; break;
         }
     }
     kr_exec_run(e->exec, params, c->pool);
@@ -941,12 +970,18 @@ static int64_t longrope_limit(const km_hparams *hp) {
 kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
     if (x && !x->embd && !x->span && !x->positions && !x->embd_add) x = NULL;
     if (x && longrope_limit(&c->m->hp) >= 0) return kiln_error(KILN_EUNSUPPORTED, "per-token inputs with LongRoPE are not supported");
-    return x ? decode_step(c, b, x, logits, n_rows) : ke_decode(c, b, logits, n_rows);
+    return x ? decode_step(c, b, x, NULL, logits, n_rows) : ke_decode(c, b, logits, n_rows);
+}
+
+kiln_status ke_decode_types(ke_ctx *c, const ke_batch *b, const int32_t *types, const float **logits, int *n_rows) {
+    if (!types) return ke_decode(c, b, logits, n_rows);
+    if (longrope_limit(&c->m->hp) >= 0) return kiln_error(KILN_EUNSUPPORTED, "token types with LongRoPE are not supported");
+    return decode_step(c, b, NULL, types, logits, n_rows);
 }
 
 kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows) {
     int64_t lim = longrope_limit(&c->m->hp);
-    if (lim < 0 || b->n <= 0) return decode_step(c, b, NULL, logits, n_rows);
+    if (lim < 0 || b->n <= 0) return decode_step(c, b, NULL, NULL, logits, n_rows);
     *logits = NULL;
     *n_rows = 0;
     int64_t *added = calloc((size_t)c->n_seqs + 1, sizeof(int64_t));
@@ -969,7 +1004,7 @@ kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n
     }
     if (!extra) {
         free(added);
-        return decode_step(c, b, NULL, logits, n_rows);
+        return decode_step(c, b, NULL, NULL, logits, n_rows);
     }
     int n2 = b->n + (int)extra;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)n2);
@@ -1004,7 +1039,7 @@ kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n
         q->len = 0;
     }
     /* logits == NULL means each sequence's last token, which the inserted tokens never are */
-    st = decode_step(c, &(ke_batch){n2, tok, seq, b->logits ? want : NULL}, NULL, logits, n_rows);
+    st = decode_step(c, &(ke_batch){n2, tok, seq, b->logits ? want : NULL}, NULL, NULL, logits, n_rows);
     /* on failure a recomputed sequence is left empty (its old blocks are gone);
      * the others are as they were */
     if (st)

@@ -23,6 +23,10 @@
 typedef struct ke_model ke_model;
 
 kiln_status ke_model_load(const char *dir, ke_model **out);
+/* As ke_model_load, with the graph ending at the final norm (hp->hidden_out):
+ * ke_decode's rows are last hidden states [hidden], not logits (embedding
+ * models built on decoders: Qwen3-Embedding, EmbeddingGemma). */
+kiln_status ke_model_load_hidden(const char *dir, ke_model **out);
 void ke_model_free(ke_model *m);
 const km_hparams *ke_model_hparams(const ke_model *m);
 const km_family *ke_model_family(const ke_model *m);
@@ -54,6 +58,8 @@ typedef struct {
                        * recurrent state, see ke_seq_open); 0: 32. Others: unused (no limit). */
     int64_t state_cache_bytes; /* models with recurrent layers: memory for the state snapshots that let
                                 * prefix caching resume them (ke_seq_publish); 0: 256 MiB, < 0: none */
+    bool pooling;     /* the caller reads hidden states or classification labels (src/embed); without it a
+                       * model whose rows are not vocab-wide logits is refused */
 } ke_ctx_params;
 
 /* Bytes ke_ctx_create(p) allocates for the KV cache, the recurrent state
@@ -120,6 +126,9 @@ typedef struct {
     const float *const *embd_add;
 } ke_inputs;
 kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows);
+/* ke_decode with [n] token type ids (models with ke_model_hparams()->type_vocab:
+ * BERT's sentence pairs), each < type_vocab; NULL (or ke_decode): all 0. */
+kiln_status ke_decode_types(ke_ctx *c, const ke_batch *b, const int32_t *types, const float **logits, int *n_rows);
 
 /* ---- block management for a scheduler ----
  * A KV block is in use (referenced by one or more sequences), cached (no

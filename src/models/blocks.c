@@ -82,6 +82,8 @@ const char *kb_name(const kb_ctx *b, km_tensor t, int il, char *buf, size_t cap)
         return buf;
     }
     fill_name(pat, (int)strlen(pat), il, buf, cap);
+    if (!strncmp(buf, "model.", 6) && !module_present(b, buf) && module_present(b, buf + 6))
+        memmove(buf, buf + 6, strlen(buf + 6) + 1);
     return buf;
 }
 
@@ -306,8 +308,8 @@ kiln_status kb_build(const km_family *fam, const km_hparams *hp, const kc_checkp
     kiln_status st = b.err;
     if (!st) st = kg_take_error(b.g);
     if (!st && !out) st = kiln_error(KILN_EINTERNAL, "%s: the emitter returned no output", fam->name);
-    if (!st && (out->shape.rank != 2 || out->shape.d[0] != shape->R || out->shape.d[1] != hp->vocab))
-        st = kiln_error(KILN_EINTERNAL, "%s: the emitter's output is not [rows, vocab]", fam->name);
+    if (!st && (out->shape.rank != 2 || out->shape.d[0] != shape->R || out->shape.d[1] != km_out_width(hp)))
+        st = kiln_error(KILN_EINTERNAL, "%s: the emitter's output is not [rows, %lld]", fam->name, (long long)km_out_width(hp));
     if (st) {
         kg_destroy(b.g);
         free(b.inputs);

@@ -44,7 +44,8 @@ typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_
                KB_IN_EMBD,       /* [T, hidden] f32: rows replacing the token embeddings where EMBD_MASK is set */
                KB_IN_EMBD_MASK,  /* [T] i32: 1 where the token's embedding is the EMBD row (image features) */
                KB_IN_SPAN,       /* [T, 2] i32: positions (lo, hi) each token also attends to (kg_attention_span) */
-               KB_IN_EMBD_ADD    /* [T, embd_add_layers * hidden] f32: rows added to the first layers' outputs (deepstack) */
+               KB_IN_EMBD_ADD,   /* [T, embd_add_layers * hidden] f32: rows added to the first layers' outputs (deepstack) */
+               KB_IN_TYPES       /* [T] i32: token type ids (hp->token_types) */
 } kb_role;
 
 typedef struct {
@@ -107,7 +108,10 @@ kg_node *kb_fail(kb_ctx *b, kiln_status st);
 /* ================================================================ weights (blocks.c) */
 
 /* "model.layers.3.self_attn.q_proj" for (KM_T_ATTN_Q, 3) into buf. A name
- * pattern "a|b" lists alternatives: the first present in the checkpoint. */
+ * pattern "a|b" lists alternatives: the first present in the checkpoint. A
+ * "model."-prefixed name the checkpoint lacks but has without the prefix
+ * is given without it (bare Qwen3Model / Gemma3TextModel checkpoints, as
+ * sentence-transformers saves them). */
 const char *kb_name(const kb_ctx *b, km_tensor t, int il, char *buf, size_t cap);
 bool kb_has(const kb_ctx *b, km_tensor t, int il, const char *suffix);
 /* A float tensor "<module><suffix>" of the given rank and shape (-1 entries
@@ -333,9 +337,10 @@ kg_node *kb_xielu(kb_ctx *b, kg_node *x, int il);
  * hp->embd_in_unscaled); with hp->embed_dim, rows of that width projected to hidden by
  * KM_T_EMBD_PROJ_IN (OPT). Then, as the options say: */
 typedef struct {
-    bool positions;         /* + learned absolute positions: row pos + pos_offset of KM_T_POS_EMBD */
+    bool positions;         /* + learned absolute positions: row pos + pos_offset of KM_T_POS_EMBD
+                             * (with hp->type_vocab, then + the KM_T_TYPE_EMBD row of each KB_IN_TYPES id) */
     int pos_offset;         /* OPT's table starts 2 rows in */
-    bool norm;              /* a norm KM_T_TOK_EMBD_NORM on the result (BLOOM, TeleChat) */
+    bool norm;              /* a norm KM_T_TOK_EMBD_NORM on the result (BLOOM, TeleChat, BERT) */
     kb_norm_kind norm_kind;
 } kb_embed_opts;
 kg_node *kb_embed(kb_ctx *b, const kb_embed_opts *o); /* o NULL: token embeddings only */
@@ -453,6 +458,7 @@ typedef struct {
                               * branches, or NULL */
     bool layer_scale;        /* the layer's output times KM_T_LAYER_SCALE [1] */
     bool no_mixer;           /* the layer is its MLP branch only, x + mlp(n2(x)) (Nemotron-H's mlp / moe blocks) */
+    bool no_attn_norm;       /* PRE, SANDWICH: the attention branch reads x unnormed (ModernBERT's layer 0: Identity) */
 } kb_layer_opts;
 /* Layer il's options from the hyper-parameters alone: PRE (RESIDUAL with
  * hp->post_norm, SANDWICH with hp->sandwich_norm) RMSNorm layers with hp's arrangement switches
@@ -479,8 +485,14 @@ kg_node *kb_layers(kb_ctx *b, kg_node *x, kb_layer_opts_fn family, kb_norm_opts 
  * KM_T_OUTPUT_PROJ with hp->embed_dim, the output head (KM_T_TOK_EMBD when
  * hp->tie_embeddings, else KM_T_OUTPUT, rows L2-normalised with
  * hp->head_l2norm), its bias (hp->lm_head_bias), hp->logit_scale and the
- * final soft-cap. [R, vocab] logits. */
+ * final soft-cap. [R, vocab] logits; with hp->hidden_out the normed rows
+ * [R, hidden] (last hidden states) without any head. */
 kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm);
+/* A sequence classification head on the rows asked for (the first token
+ * of each sequence): KM_T_CLASSIFIER(tanh(KM_T_POOLER(x))), both with
+ * biases (BERT's pooler + classifier, RoBERTa's classifier.dense +
+ * out_proj). [R, hp->n_labels] logits. */
+kg_node *kb_classifier(kb_ctx *b, kg_node *x);
 /* A whole decoder: kb_embed (tokens only), kb_layers, kb_output with the
  * layers' norm. */
 kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn family);

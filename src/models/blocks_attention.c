@@ -171,6 +171,22 @@ static void qk_norms(kb_ctx *b, kg_node **q, kg_node **k, int il, const kb_attn_
     *k = kg_reshape(g, kb_norm_ex(b, kg_reshape(g, *k, KG_SHAPE(T, Hkv * D)), KM_T_ATTN_K_NORM, il, &no), KG_SHAPE(T, Hkv, D));
 }
 
+/* An encoder's local window: keys with |i - j| < w, within the sequence's
+ * span [T, 2]: the span narrowed to [pos - w + 1, pos + w - 1] and the
+ * causal window cut to the token itself (the kernel sees the union). */
+static kg_node *symmetric_window(kb_ctx *b, kg_node *span, int w, kg_attn_attr *at) {
+    kg_graph *g = b->g;
+    int64_t T = b->shape.T;
+    kg_node *lo = kg_reshape(g, kg_slice(g, span, (int64_t[]){0, 0}, (int64_t[]){T, 1}, NULL), KG_SHAPE(T));
+    kg_node *hi = kg_reshape(g, kg_slice(g, span, (int64_t[]){0, 1}, (int64_t[]){T, 2}, NULL), KG_SHAPE(T));
+    kg_node *reach = kg_broadcast_like(g, kg_scalar(g, KG_I32, w - 1), b->pos);
+    lo = kg_binary(g, KG_OP_MAX, lo, kg_binary(g, KG_OP_SUB, b->pos, reach));
+    hi = kg_binary(g, KG_OP_MIN, hi, kg_binary(g, KG_OP_ADD, b->pos, reach));
+    at->window = 1;
+    kg_node *parts[2] = {kg_reshape(g, lo, KG_SHAPE(T, 1)), kg_reshape(g, hi, KG_SHAPE(T, 1))};
+    return kg_name(kg_concat(g, parts, 2, 1), "local_span", -1);
+}
+
 /* The K and V caches layer il attends over: its own after writing k and v
  * (recorded for the layers that reuse them), or with o->kv_reuse the ones
  * layer o->kv_layer wrote. */
@@ -232,10 +248,12 @@ kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const 
         return kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: tiled KV sharing with per-head ALiBi slopes or sinks", il));
     if (o->kv_tile) q = kb_heads_tiled_to_grouped(b, q, Hkv);
     kg_node *span = NULL;
-    if (b->hp->attn_span) { /* bidirectional spans given per token (image blocks, prefix-LM) */
+    if (b->hp->attn_span || b->hp->bidirectional) { /* bidirectional spans given per token (image blocks, prefix-LM,
+                                                     * encoders: the whole sequence) */
         if (!b->span) b->span = kb_input_param(b, KG_I32, KG_SHAPE(b->shape.T, 2), "span", KB_IN_SPAN, 0, 0, false);
         span = b->span;
     }
+    if (b->hp->bidirectional && o->window > 0) span = symmetric_window(b, span, o->window, &at);
     kg_node *a = kg_name(kg_attention_span(g, q, kc, vc, b->blocks, b->seq, b->pos, alibi, sinks, span, &at), "attn", il);
     if (o->kv_tile) a = kb_heads_grouped_to_tiled(b, a, Hkv);
     return a;

@@ -458,3 +458,81 @@ KT_TEST(blocks_attention_kv_reuse_of_a_later_layer_is_an_error) {
     ckt_rmdir(dir);
     free(emb), free(q0);
 }
+
+/* ---------------------------------------------------------------- encoders (hp->bidirectional, hp->hidden_out) */
+
+enum { BD_H = 2, BD_D = 4, BD_T = 7 };
+
+static const km_names bd_names = {
+    [KM_T_TOK_EMBD] = "emb", [KM_T_ATTN_Q] = "layers.%d.q", [KM_T_ATTN_K] = "layers.%d.k", [KM_T_ATTN_V] = "layers.%d.v",
+    [KM_T_ATTN_O] = "layers.%d.o",
+};
+static int bd_window;
+
+/* x + attention(x), as hidden states [T, E] (no head) */
+static kg_node *bd_emit(kb_ctx *b) {
+    kg_node *x = kb_embed(b, NULL);
+    kb_attn_opts o = {.rope = -1, .scale = 1, .window = bd_window, .head_dim = BD_D};
+    return kb_output(b, kg_add(b->g, x, kb_attention(b, x, 0, &o)), NULL);
+}
+static const km_family bd_family = {"test", test_types, &bd_names, NULL, bd_emit};
+
+/* Token t's attention over the keys j with |t - j| < window (window 0: all T). */
+static void bd_attend(float *const w[5], const float (*X)[E], int t, int window, float *out) {
+    float q[BD_H * BD_D], k[BD_T][BD_H * BD_D], v[BD_T][BD_H * BD_D], att[BD_H * BD_D];
+    mt_matvec(w[1], NULL, X[t], BD_H * BD_D, E, q);
+    for (int j = 0; j < BD_T; j++) mt_matvec(w[2], NULL, X[j], BD_H * BD_D, E, k[j]), mt_matvec(w[3], NULL, X[j], BD_H * BD_D, E, v[j]);
+    for (int h = 0; h < BD_H; h++) {
+        double sc[BD_T], mx = -1e30, z = 0;
+        bool in[BD_T];
+        for (int j = 0; j < BD_T; j++) {
+            in[j] = window == 0 || abs(t - j) < window;
+            double d = 0;
+            for (int i = 0; i < BD_D; i++) d += (double)q[h * BD_D + i] * k[j][h * BD_D + i];
+            sc[j] = d;
+            if (in[j] && d > mx) mx = d;
+        }
+        for (int j = 0; j < BD_T; j++) z += sc[j] = in[j] ? exp(sc[j] - mx) : 0;
+        for (int i = 0; i < BD_D; i++) {
+            double acc = 0;
+            for (int j = 0; j < BD_T; j++) acc += sc[j] / z * v[j][h * BD_D + i];
+            att[h * BD_D + i] = (float)acc;
+        }
+    }
+    mt_matvec(w[4], NULL, att, E, BD_H * BD_D, out);
+}
+
+/* hp->bidirectional: full layers see every token of the sequence, a window
+ * W is symmetric (|i - j| < W: the span narrowed around each token); with
+ * hp->hidden_out the graph ends at the hidden states. */
+KT_TEST(blocks_attention_bidirectional_windows) {
+    float *w[5] = {rnd(V * E, 1), rnd(BD_H * BD_D * E, 0.8f), rnd(BD_H * BD_D * E, 0.8f), rnd(BD_H * BD_D * E, 0.8f),
+                   rnd(E * BD_H * BD_D, 0.6f)};
+    static const char *const names[5] = {"emb.weight", "layers.0.q.weight", "layers.0.k.weight", "layers.0.v.weight", "layers.0.o.weight"};
+    const int64_t rows[5] = {V, BD_H * BD_D, BD_H * BD_D, BD_H * BD_D, E}, cols[5] = {E, E, E, E, BD_H * BD_D};
+    mt_set s = {0};
+    for (int i = 0; i < 5; i++) mt_put(&s, names[i], w[i], rows[i], cols[i]);
+    char dir[512];
+    kc_checkpoint *ck = mt_open(&s, dir, sizeof dir);
+    mt_free(&s);
+    km_hparams hp = {.n_layers = 1, .hidden = E, .n_heads = BD_H, .n_kv_heads = BD_H, .head_dim = BD_D, .vocab = V,
+                     .norm_eps = 1e-6, .no_final_norm = true, .bidirectional = true, .hidden_out = true};
+    int32_t tok[BD_T] = {3, 15, 0, 7, 7, 9, 1};
+    float X[BD_T][E];
+    for (int t = 0; t < BD_T; t++) memcpy(X[t], w[0] + tok[t] * E, sizeof X[t]);
+    static const int windows[] = {0, 2, 3};
+    for (int c = 0; c < 3; c++) {
+        bd_window = windows[c];
+        float *got = ck ? mt_prefill(&bd_family, &hp, ck, BD_T, tok) : NULL, want[BD_T * E];
+        for (int t = 0; t < BD_T; t++) {
+            bd_attend(w, (const float(*)[E])X, t, windows[c], want + t * E);
+            for (int i = 0; i < E; i++) want[t * E + i] += X[t][i];
+        }
+        double md = got ? mt_max_diff(got, want, BD_T * E) : INFINITY;
+        KT_CHECKF(md < 1e-4, "window %d: max |diff| %g", windows[c], md);
+        free(got);
+    }
+    kc_close(ck);
+    ckt_rmdir(dir);
+    for (int i = 0; i < 5; i++) free(w[i]);
+}

@@ -40,6 +40,10 @@ kg_node *kb_embed(kb_ctx *b, const kb_embed_opts *o) {
         kg_node *ids = o->pos_offset ? kg_add(g, b->pos, kg_scalar(g, KG_I32, o->pos_offset)) : b->pos;
         x = kg_add(g, x, kg_name(lookup(b, KM_T_POS_EMBD, -1, hp->hidden, ids), "pos_embd", -1));
     }
+    if (hp->type_vocab > 0) {
+        kg_node *types = kb_input_param(b, KG_I32, KG_SHAPE(b->shape.T), "types", KB_IN_TYPES, 0, 0, false);
+        x = kg_add(g, x, kg_name(lookup(b, KM_T_TYPE_EMBD, hp->type_vocab, hp->hidden, types), "type_embd", -1));
+    }
     if (o->norm) x = kb_norm(b, x, KM_T_TOK_EMBD_NORM, -1, o->norm_kind);
     return x;
 }

@@ -111,7 +111,7 @@ static kg_node *layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
         return kb_norm_ex(b, add_branch(b, x, mlp(b, x, il, o), o), KM_T_FFN_NORM, il, n);
     }
     bool pre = o->norm_place != KB_NORM_POST, post = o->norm_place != KB_NORM_PRE;
-    kg_node *n1 = pre ? kb_norm_ex(b, x, KM_T_ATTN_NORM, il, n) : x;
+    kg_node *n1 = pre && !o->no_attn_norm ? kb_norm_ex(b, x, KM_T_ATTN_NORM, il, n) : x;
     kg_node *a = attention(b, n1, il, o);
     if (post) a = kb_norm_ex(b, a, KM_T_ATTN_POST_NORM, il, n);
     if (o->no_ffn) return add_branch(b, o->residual_from_norm ? n1 : x, a, o);
@@ -171,6 +171,7 @@ kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm) {
     kg_graph *g = b->g;
     x = kg_take_rows(g, x, b->rows);
     if (!hp->no_final_norm) x = kb_norm_ex(b, x, KM_T_OUTPUT_NORM, -1, norm ? norm : &(kb_norm_opts){0});
+    if (hp->hidden_out) return kg_name(x, "hidden", -1); /* embedding models: the last hidden states */
     if (hp->embed_dim > 0) x = kb_linear(b, x, KM_T_OUTPUT_PROJ, -1, hp->embed_dim, false);
     km_tensor head = hp->tie_embeddings ? KM_T_TOK_EMBD : KM_T_OUTPUT;
     kg_node *logits = kb_linear(b, x, head, -1, hp->vocab, false);
@@ -187,4 +188,11 @@ kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn family) {
     kb_norm_opts norm;
     kg_node *x = kb_layers(b, kb_embed(b, NULL), family, &norm);
     return kb_output(b, x, &norm);
+}
+
+kg_node *kb_classifier(kb_ctx *b, kg_node *x) {
+    const km_hparams *hp = b->hp;
+    kg_node *h = kg_take_rows(b->g, x, b->rows);
+    h = kg_unary(b->g, KG_OP_TANH, kb_linear(b, h, KM_T_POOLER, -1, hp->hidden, true));
+    return kg_name(kb_linear(b, h, KM_T_CLASSIFIER, -1, hp->n_labels, true), "labels", -1);
 }

@@ -114,6 +114,10 @@ typedef enum {
     KM_T_IDX_K,          /* the indexer key [dim, hidden] (wk) */
     KM_T_IDX_K_NORM,     /* LayerNorm with bias on that key (k_norm) */
     KM_T_IDX_W,          /* per-head weights of the index score [heads, hidden] (weights_proj) */
+    /* ==== encoders (bert.c, xlm_roberta.c, modernbert.c) */
+    KM_T_TYPE_EMBD,      /* token type embeddings [type_vocab, hidden] (kb_embed with hp->token_types) */
+    KM_T_POOLER,         /* the pooler's dense layer on the first token (BERT's pooler.dense, RoBERTa's classifier.dense) */
+    KM_T_CLASSIFIER,     /* the classification head's projection [n_labels, hidden] */
     KM_T_COUNT
 } km_tensor;
 

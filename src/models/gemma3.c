@@ -3,7 +3,8 @@
  * on queries and keys, five sliding layers per full one by default, and two
  * rotary configurations: rope_local_base_freq on sliding layers, rope_theta
  * with rope_scaling on full ones (transformers 5: rope_parameters'
- * sliding_attention and full_attention). */
+ * sliding_attention and full_attention). With use_bidirectional_attention
+ * (EmbeddingGemma, Gemma3TextModel) an encoder. */
 #include <math.h>
 
 #include "base/json.h"
@@ -24,6 +25,10 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     hp->attn_softcap = (float)asc;
     hp->final_softcap = (float)fsc;
     KILN_TRY(km_sliding_layers(cfg, hp, 0, pattern));
+    /* EmbeddingGemma: transformers turns sliding_window W into W // 2 + 1 and
+     * lets |i - j| < W // 2 + 1 through (hp->bidirectional's symmetric window) */
+    KILN_TRY(ku_json_bool(cfg, "use_bidirectional_attention", false, &hp->bidirectional));
+    if (hp->bidirectional && hp->sliding_window > 0) hp->sliding_window = hp->sliding_window / 2 + 1;
     /* rope 0: full layers (global, scaled); rope 1: sliding layers (local) */
     int dim = (int)hp->head_dim;
     KILN_TRYF(km_rope_init(&hp->ropes[0], hp->rope_scaling, hp->rope_theta, dim, hp->max_pos), "config.json");

@@ -228,7 +228,21 @@ typedef struct {
     bool altup_correct_scale; /* the corrected active stream times correct_output_scale before the per-layer input */
     int64_t laurel_rank;      /* LAuReL's low rank; 0: none */
     float layer_act_sparsity[KM_MAX_LAYERS]; /* gaussian top-k target sparsity of layer il's MLP gate; 0: none */
+    /* ==== embedding and reranking models (src/embed) */
+    bool hidden_out;          /* the graph ends at the final norm: rows [R, hidden] of last hidden states, no head */
+    bool bidirectional;       /* encoder attention: each token sees its whole sequence (a sequence comes in one
+                               * step); a layer's window W is symmetric, keys with |i - j| < W */
+    int64_t type_vocab;       /* > 0: kb_embed adds rows of KM_T_TYPE_EMBD [type_vocab, hidden] for the KB_IN_TYPES
+                               * input (BERT's token types) */
+    int64_t n_labels;         /* a sequence classification head: rows [R, n_labels] (cross-encoders); 0: none */
+    int pos_offset;           /* learned positions read row pos + this (RoBERTa: padding_idx + 1) */
 } km_hparams;
+
+/* The width of the forward graph's output rows: hidden with hp->hidden_out,
+ * n_labels for a classification head, else vocab (logits). */
+static inline int64_t km_out_width(const km_hparams *hp) {
+    return hp->hidden_out ? hp->hidden : hp->n_labels > 0 ? hp->n_labels : hp->vocab;
+}
 
 /* Reads the fields every decoder has; errors name the field. Families call
  * it first, then adjust. */

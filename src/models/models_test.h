@@ -193,7 +193,8 @@ static inline float *mt_logits(const char *dir, const int32_t *ids, int n, int64
 /* ================================================================ running blocks and graphs */
 
 /* A one-sequence prefill of T tokens through the family's graph (kb_build):
- * the logits of every position [T, vocab] (malloc'ed), or NULL. */
+ * the logits of every position [T, vocab] (malloc'ed; [T, km_out_width] for hidden-state and
+ * classification graphs; encoders see the whole sequence), or NULL. */
 static inline float *mt_prefill(const km_family *fam, const km_hparams *hp, const kc_checkpoint *ck, int T, const int32_t *tok) {
     const int bs = 16;
     int MB = (T + bs - 1) / bs;
@@ -244,14 +245,21 @@ static inline float *mt_prefill(const km_family *fam, const km_hparams *hp, cons
             kb_state_fill_row(c, in[i].sub, caches[i]);
             params[i] = caches[i];
             break;
+        case KB_IN_SPAN: /* encoders (hp->bidirectional): every token sees the whole sequence */
+            if (hp->bidirectional) {
+                caches[i] = calloc((size_t)(2 * T), sizeof(float));
+                for (int t = 0; t < T; t++) ((int32_t *)caches[i])[2 * t + 1] = T - 1;
+                params[i] = caches[i];
+            }
+            break;
         case KB_IN_EMBD:
         case KB_IN_EMBD_MASK:
-        case KB_IN_SPAN:
-        case KB_IN_EMBD_ADD: break; /* text models never take them */
+        case KB_IN_EMBD_ADD:
+        case KB_IN_TYPES: break; /* text models never take them */
         }
     }
     kr_exec_run(ex, params, NULL);
-    size_t n = (size_t)T * (size_t)hp->vocab;
+    size_t n = (size_t)T * (size_t)km_out_width(hp);
     float *out = malloc(sizeof(float) * n);
     memcpy(out, kr_exec_output(ex, 0), sizeof(float) * n);
     for (int i = 0; i < n_in; i++) free(caches[i]);

@@ -35,7 +35,8 @@ const km_names km_sandwich_names = {
     X(solar_open) X(hy_v3) X(exaone_moe) X(minimax_m2) X(cohere2_moe) X(mellum) X(afmoe) X(laguna) \
     X(gemma4) X(gemma3n) \
     X(youtu) X(glm4_moe_lite) X(glm_moe_dsa) X(deepseek_v4) \
-    X(qwen3_5_text) X(qwen3_5_moe_text) X(olmo_hybrid) X(nemotron_h) X(lfm2_moe)
+    X(qwen3_5_text) X(qwen3_5_moe_text) X(olmo_hybrid) X(nemotron_h) X(lfm2_moe) \
+    X(bert) X(xlm_roberta) X(modernbert)
 
 #define DECLARE(f) extern const km_family km_family_##f;
 FAMILIES(DECLARE)

@@ -225,7 +225,7 @@ static enum MHD_Result do_metrics(conn_state *cs) {
     ksrv *s = cs->s;
     ksch_stats st = {0};
     bool ready = state_of(s, NULL) == KSRV_READY;
-    if (ready) ksch_get_stats(s->sch, &st);
+    if (ready && s->sch) ksch_get_stats(s->sch, &st);
     ksrv_buf b = {0};
     ksrv_metrics_render(s->met, &st, ready, &b);
     return reply(cs, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
@@ -553,7 +553,7 @@ static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool cha
 typedef enum {
     R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
     R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS,
-    R_VERSION, R_PROPS, R_SLOTS, R_APPLY_TEMPLATE
+    R_VERSION, R_PROPS, R_SLOTS, R_APPLY_TEMPLATE, R_EMBEDDINGS, R_RERANK
 } route;
 
 static route find_route(const char *url, bool *post) {
@@ -574,7 +574,7 @@ static route find_route(const char *url, bool *post) {
         {"/props", R_PROPS, false},
         {"/slots", R_SLOTS, false},
         {"/apply-template", R_APPLY_TEMPLATE, true},
-        {"/completion", R_COMPLETIONS, true},
+        {"/completion", R_COMPLETIONS, true},, R_EMBEDDINGS, R_RERANK
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(url, t[i].path)) {
@@ -631,7 +631,14 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
     kiln_status st = parse_json(cs, &body);
     if (st) return reply_status(cs, st, &k_bad);
     enum MHD_Result ret;
-    if (r == R_TOKENIZE) ret = do_tokenize(cs, body);
+    if (r == R_EMBEDDINGS || r == R_RERANK) {
+        ksrv_buf b = {0};
+        int code = r == R_EMBEDDINGS ? ksrv_embeddings(s, body, &b) : ksrv_rerank(s, body, &b);
+        ret = reply_json(cs, code, &b);
+    } else if (s->emb && r != R_TOKENIZE && r != R_DETOKENIZE)
+        ret = reply_error(cs, 400, "invalid_request_error", NULL,
+                          "this server serves an embedding / reranking model: /v1/embeddings, /v1/rerank");
+    else if (r == R_TOKENIZE) ret = do_tokenize(cs, body);
     else if (r == R_DETOKENIZE) ret = do_detokenize(cs, body);
     else if (r == R_COUNT_TOKENS) ret = do_count_tokens(cs, body);
     else if (r == R_APPLY_TEMPLATE) ret = do_apply_template(cs, body);
@@ -782,6 +789,7 @@ static void *step_main(void *arg) {
 }
 
 static kiln_status load(ksrv *s) {
+    if (ksrv_embed_folder(s->model_dir)) return ksrv_embed_load(s); /* embeddings / reranking (embed.c) */
     KILN_TRY(ke_model_load(s->model_dir, &s->m));
     kiln_status st = ktok_load(s->model_dir, &s->tok);
     if (st && kiln_status_code(st) != KILN_ENOTFOUND) return st; /* a broken tokenizer is an error; none is fine */
@@ -936,7 +944,7 @@ kiln_status ksrv_wait_ready(ksrv *s) {
 
 void ksrv_load(ksrv *s, int64_t *blocks_used, int64_t *requests) {
     *blocks_used = *requests = 0;
-    if (state_of(s, NULL) != KSRV_READY) return;
+    if (state_of(s, NULL) != KSRV_READY || !s->sch) return;
     ksch_stats st;
     ksch_get_stats(s->sch, &st);
     *blocks_used = st.cache.n_used;
@@ -981,6 +989,7 @@ void ksrv_stop(ksrv *s) {
     ksch_destroy(s->sch);
     ke_ctx_free(s->c);
     kchat_free(s->tmpl);
+    ksrv_embed_free(s);
     ktok_free(s->tok);
     ke_model_free(s->m);
     kiln_status_free(s->load_err);

@@ -95,7 +95,20 @@ struct ksrv {
     kgen_params defaults;
     ksrv_metrics *met;
     long created; /* unix time the server started */
+    /* an embedding / reranking folder (embed.c): served instead of generation (m, c, sch NULL) */
+    struct kemb_model *emb;
+    ke_ctx *emb_c;
+    pthread_mutex_t emb_mu; /* one request on emb_c at a time */
 };
+
+/* ---- /v1/embeddings, /v1/rerank (embed.c) */
+/* True for a folder of an embedding model (modules.json) or a cross-encoder. */
+bool ksrv_embed_folder(const char *dir);
+kiln_status ksrv_embed_load(ksrv *s);
+void ksrv_embed_free(ksrv *s);
+/* Each answers a request body: the HTTP status, the JSON (or the error) in out. */
+int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out);
+int ksrv_rerank(ksrv *s, const cJSON *body, ksrv_buf *out);
 
 /* ---- images in chat messages (image.c) ---- */
 enum { KSRV_MAX_IMAGES = 16, KSRV_DECODE_SLOTS = 2 /* images decoded at once */ };

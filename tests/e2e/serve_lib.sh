@@ -22,3 +22,12 @@ tiny_model() {
   cp "$root/tests/fixtures/oracle/llama/model.safetensors" "$1/model.safetensors" # weights must lie in the folder
   cp "$root"/tests/data/server/tok512/{tokenizer.json,tokenizer_config.json} "$1"/
 }
+
+# need_clients PKG...: exits 77 (the test is skipped) when node or one of the
+# npm packages is not in $mods.
+need_clients() {
+  command -v node >/dev/null 2>&1 || { echo "node not found" >&2; exit 77; }
+  for p in "$@"; do
+    [ -d "$mods/$p" ] || { echo "the $p npm package is not in $mods (scripts/deps.sh --test installs it)" >&2; exit 77; }
+  done
+}
