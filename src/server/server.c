@@ -574,7 +574,9 @@ static route find_route(const char *url, bool *post) {
         {"/props", R_PROPS, false},
         {"/slots", R_SLOTS, false},
         {"/apply-template", R_APPLY_TEMPLATE, true},
-        {"/completion", R_COMPLETIONS, true},, R_EMBEDDINGS, R_RERANK
+        {"/completion", R_COMPLETIONS, true},
+        {"/v1/embeddings", R_EMBEDDINGS, true}, {"/embeddings", R_EMBEDDINGS, true},
+        {"/v1/rerank", R_RERANK, true},         {"/rerank", R_RERANK, true},         {"/v2/rerank", R_RERANK, true},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(url, t[i].path)) {
