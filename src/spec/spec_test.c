@@ -230,3 +230,57 @@ KT_TEST(spec_draft_tokenizer_checked) {
     ckt_rmdir(dir);
     ke_model_free(m);
 }
+
+/* kiln generate on the demo model (a real tokenizer): the same ids and text
+ * with each proposer, greedy, seeded with penalties and DRY, with a grammar
+ * and a stop string. */
+static bool run_json(const char *bin, const char *args, char *out, size_t cap) {
+    char cmd[8192], model[4096];
+    kt_path(model, sizeof model, "models/kiln-demo");
+    snprintf(cmd, sizeof cmd, "%s generate -m %s -t 2 --json %s 2>&1", bin, model, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return false;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    pclose(p);
+    /* the timings differ: keep what comes before them */
+    char *t = strstr(out, "\"timings\"");
+    if (t) *t = 0;
+    return n > 0;
+}
+
+KT_TEST(spec_generate_cli_identical) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin) {
+        kt_skip("KILN_BIN is not set (make test sets it)");
+        return;
+    }
+    static const char *const cases[] = {
+        "-p 'The meaning of life is' -n 80 --temp 0 --ignore-eos",
+        "-p 'Once upon a time, once upon a time' -n 80 --temp 0.9 --seed 7 --repeat-penalty 1.1 --dry-multiplier 0.5 --ignore-eos",
+        "-p 'The answer:' -n 60 --temp 0.7 --seed 3 --regex '[a-z ]{1,40}\\.'",
+        "-p 'The world is' -n 80 --temp 0 --stop 'man who is a g'",
+    };
+    static const char *const spec[] = {"--spec-ngram", "--model-draft models/kiln-demo --draft-p-min 0",
+                                       "--spec-ngram --spec-ngram-n 2 --spec-lookahead 3 --model-draft models/kiln-demo --draft-max 4"};
+    static char ref[1 << 16], got[1 << 16];
+    char root[4096];
+    kt_path(root, sizeof root, ".");
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        KT_CHECK(run_json(bin, cases[c], ref, sizeof ref));
+        KT_CHECKF(strstr(ref, "\"generated_ids\": [") != NULL, "no output: %s", ref);
+        for (size_t s = 0; s < sizeof spec / sizeof *spec; s++) {
+            char args[2048], sp[1024];
+            snprintf(sp, sizeof sp, "%s", spec[s]);
+            char *md = strstr(sp, "models/kiln-demo");
+            if (md) { /* the draft's path from the repository root */
+                char tail[1024];
+                snprintf(tail, sizeof tail, "%s", md + strlen("models/kiln-demo"));
+                snprintf(md, sizeof sp - (size_t)(md - sp), "%s/models/kiln-demo%s", root, tail);
+            }
+            snprintf(args, sizeof args, "%s %s", cases[c], sp);
+            KT_CHECK(run_json(bin, args, got, sizeof got));
+            KT_CHECKF(!strcmp(ref, got), "kiln generate %s:\n%s\nwithout speculation:\n%s", args, got, ref);
+        }
+    }
+}
