@@ -393,7 +393,7 @@ static void usage(FILE *f) {
                "  --sampler   only the sampler chain: microseconds per token (32k and 152k vocabularies)\n"
                "  --kernels   only the linear kernels, one thread, on a cache-resident matrix of each format,\n"
                "              M = --batch input rows (--kernels-streamed: also on 1 GiB of weights)\n"
-               "speculative decoding: kiln bench (--spec-ngram | --model-draft DIR) (-f FILE | --prompt TEXT) [-n 128] [-r 3]\n"
+               "speculative decoding: kiln bench (--spec-ngram | --model-draft DIR) (-f FILE | --prompt TEXT | --prompt-ids IDS) [-n 128] [-r 3]\n"
                "  generates the prompt's continuation plainly and speculatively, alternately: tok/s of both, the\n"
                "  speedup and the guesses kept; greedy unless --temp (with a seed, fixed to 1 when not given);\n"
                "  the spec flags and sampling flags of kiln generate apply; fails if the outputs differ\n");

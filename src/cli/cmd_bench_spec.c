@@ -87,6 +87,12 @@ static kiln_status gen_once(job *j, kspec *s, ids_out *o, kspec_stats *stats, do
     return st;
 }
 
+static const char *no_text(void *ud, int32_t id, size_t *len) {
+    (void)ud, (void)id;
+    *len = 0;
+    return NULL;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -99,6 +105,8 @@ int kiln_bench_spec(int argc, char **argv) {
     kspec_params sp;
     kspec_params_init(&sp);
     job j = {0};
+    int32_t *prompt = NULL; /* --prompt-ids, else the text's */
+    size_t n_prompt = 0;
     kiln_status st = kgen_params_init(&j.gp);
     j.gp.temperature = 0.0f; /* greedy unless --temp says otherwise */
     for (int i = 1; i < argc && !st;) {
@@ -120,6 +128,12 @@ int kiln_bench_spec(int argc, char **argv) {
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) file = v;
         else if (!strcmp(a, "--prompt")) text = v;
+        else if (!strcmp(a, "--prompt-ids")) {
+            free(prompt);
+            int n = 0;
+            st = kiln_parse_ids(v, &prompt, &n);
+            n_prompt = (size_t)n;
+        }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) st = kiln_parse_int(a, v, 0, 1024, &T);
         else if (!strcmp(a, "-r")) st = kiln_parse_int(a, v, 1, 64, &reps);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) st = kiln_parse_int(a, v, 0, 1 << 30, &n_ctx);
@@ -130,7 +144,8 @@ int kiln_bench_spec(int argc, char **argv) {
     j.gp.n_predict = (int32_t)N;
     j.gp.ignore_eos = true; /* every run generates N tokens */
     if (j.gp.seed == KGEN_SEED_RANDOM) j.gp.seed = 1; /* both runs draw the same */
-    if (!st && !file == !text) st = kiln_error(KILN_EINVAL, "kiln bench with speculation: give the prompt as -f FILE or --prompt TEXT");
+    if (!st && !!file + !!text + !!prompt != 1)
+        st = kiln_error(KILN_EINVAL, "kiln bench with speculation: give the prompt as one of -f FILE, --prompt TEXT, --prompt-ids IDS");
     if (!st) st = kgen_params_validate(&j.gp);
     if (!dir) dir = kiln_default_model();
     ke_model *m = NULL, *draft = NULL;
@@ -140,15 +155,13 @@ int kiln_bench_spec(int argc, char **argv) {
     ke_text_vocab tv = {0};
     char *buf = NULL;
     size_t len = 0;
-    int32_t *prompt = NULL;
-    size_t n_prompt = 0;
     ids_out o[2] = {0};
     if (!st) st = ke_model_load(dir, &m);
-    if (!st) st = ktok_load(dir, &tok);
+    if (!st && !prompt) st = ktok_load(dir, &tok);
     if (!st && file) st = ku_read_file(file, &buf, &len);
     if (!st && text && !(buf = strdup(text))) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (!st && text) len = strlen(text);
-    if (!st) st = ktok_encode(tok, buf, len, true, &prompt, &n_prompt);
+    if (!st && !prompt) st = ktok_encode(tok, buf, len, true, &prompt, &n_prompt);
     if (!st && n_prompt == 0) st = kiln_error(KILN_EINVAL, "the prompt is empty after tokenization");
     if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = n_ctx, .n_threads = (int)T}, &c);
     if (!st && (int64_t)n_prompt + N > ke_ctx_n_ctx(c))
@@ -158,8 +171,8 @@ int kiln_bench_spec(int argc, char **argv) {
     if (!st) st = kspec_create(&sp, c, draft, &s);
     if (!st) st = kc_eos_ids(ke_model_checkpoint(m), j.eos, 16, &j.n_eos);
     if (!st) {
-        ke_text_vocab_init(&tv, tok, (int32_t)ke_model_hparams(m)->vocab);
-        j.v = ke_text_vocab_get(&tv);
+        j.v = (kgen_vocab){(int32_t)ke_model_hparams(m)->vocab, no_text, NULL, NULL, NULL};
+        if (tok) ke_text_vocab_init(&tv, tok, (int32_t)ke_model_hparams(m)->vocab), j.v = ke_text_vocab_get(&tv);
         j.c = c, j.prompt = prompt, j.n_prompt = (int)n_prompt;
     }
     double *ts[2] = {calloc((size_t)reps, sizeof(double)), calloc((size_t)reps, sizeof(double))};

@@ -237,9 +237,11 @@ static int32_t guess_ngram(kspec_seq *q, int32_t kmax) {
         const int32_t *tail = h + n - m;
         for (int64_t at = n - m - 1; at >= 0; at--) {
             if (h[at] != tail[0] || memcmp(h + at, tail, sizeof(int32_t) * (size_t)m)) continue;
-            int64_t from = at + m, k = n - from < kmax ? n - from : kmax;
-            memcpy(q->guess, h + from, sizeof(int32_t) * (size_t)k);
-            return (int32_t)k;
+            /* what followed it; past the end, the guess itself (an overlapping
+             * copy, as LZ77's: a loop of period p continues with period p) */
+            int64_t from = at + m;
+            for (int64_t j = 0; j < kmax; j++) q->guess[j] = from + j < n ? h[from + j] : q->guess[from + j - n];
+            return kmax;
         }
     }
     return 0;

@@ -17,7 +17,9 @@
  * Proposers:
  *  - prompt lookup (--spec-ngram): the continuation of the most recent earlier
  *    occurrence of the sequence's last n tokens (n from --spec-ngram-n down to
- *    1) in the prompt and output so far, up to --spec-lookahead tokens. It
+ *    1) in the prompt and output so far, up to --spec-lookahead tokens (a
+ *    continuation that reaches the end repeats itself, as an overlapping
+ *    LZ77 copy: a loop goes on looping). It
  *    backs off when guesses fail: after a round with nothing accepted it skips
  *    1, 2, 4 ... 32 rounds (plain steps), and the length follows acceptance;
  *  - a draft model (--model-draft DIR, same tokenizer, checked): its own
