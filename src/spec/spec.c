@@ -428,6 +428,18 @@ kiln_status kspec_round(kspec *s, int n, kspec_seq *const *q, kgen_session *cons
     return NULL;
 }
 
+kiln_status kspec_seq_guess(kspec_seq *q, const int32_t *hist, int64_t n, int32_t kmax, const int32_t **guess, int32_t *k) {
+    *guess = q->guess, *k = 0;
+    if (n < q->n) return kiln_error(KILN_EINTERNAL, "speculation: the sequence's tokens shrank");
+    if (!grow(q->s, 512 + max_guess(q->s) + 1)) return kiln_error(KILN_ENOMEM, "out of memory");
+    KILN_TRY(push_hist(q, hist + q->n, n - q->n));
+    KILN_TRY(propose(q, kmax));
+    *k = q->k;
+    return NULL;
+}
+
+kiln_status kspec_seq_settle(kspec_seq *q, int32_t kept) { return settle(q, kept); }
+
 kiln_status kspec_generate(kspec *s, kspec_seq *q, kgen_session *g, const float *logits, kspec_emit emit, void *ud,
                            kgen_finish *fin) {
     *fin = kgen_session_start(g);

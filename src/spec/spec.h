@@ -89,6 +89,13 @@ typedef kiln_status (*kspec_emit)(void *ud, int i, const kgen_step *st);
 kiln_status kspec_round(kspec *s, int n, kspec_seq *const *q, kgen_session *const *g, int32_t *pending,
                         kgen_finish *fin, kspec_emit emit, void *ud);
 
+/* For a scheduler that builds its own steps (src/batch/sched.c): hist[0..n)
+ * are the sequence's tokens, the newest (sampled, not yet fed) last; they
+ * only grow between calls. Sets *guess (borrowed until the next call) and
+ * *k <= kmax; after sampling, kspec_seq_settle says how many were kept. */
+kiln_status kspec_seq_guess(kspec_seq *q, const int32_t *hist, int64_t n, int32_t kmax, const int32_t **guess, int32_t *k);
+kiln_status kspec_seq_settle(kspec_seq *q, int32_t kept);
+
 /* The whole generation of one sequence whose prompt is in the cache:
  * logits are the prompt's last row. Emits every step; *fin: the finish. */
 kiln_status kspec_generate(kspec *s, kspec_seq *q, kgen_session *g, const float *logits, kspec_emit emit, void *ud,
