@@ -27,6 +27,7 @@
 
 #include "base/status.h"
 #include "gen/params.h"
+#include "spec/spec.h"
 
 typedef struct {
     const char *model_dir;
@@ -53,6 +54,7 @@ typedef struct {
     bool no_thinking;      /* --reasoning-budget 0: templates get enable_thinking false */
     int load_delay_ms;     /* tests: wait this long before loading (to see the loading state) */
     int step_delay_us;     /* tests: pause after each engine step (slow generations on tiny models) */
+    const kspec_params *spec; /* speculative decoding for every request (borrowed), NULL or none enabled: off */
 } ksrv_params;
 
 typedef struct ksrv ksrv;

@@ -69,6 +69,8 @@ struct ksrv {
     atomic_bool stopping;
     ke_model *m;
     ke_ctx *c;
+    ke_model *draft;    /* --model-draft, NULL: none */
+    struct kspec *spec; /* speculative decoding (ksrv_params.spec), NULL: none */
     ktok *tok;             /* NULL: no tokenizer (token ids only) */
     kchat_template *tmpl;  /* NULL: no chat template */
     ksch *sch;
