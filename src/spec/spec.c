@@ -161,7 +161,12 @@ kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *
     s->lrope = longrope_limit(hp);
     s->vocab = hp->vocab;
     if (draft) {
-        kiln_status st = ke_ctx_create(draft, &(ke_ctx_params){.n_ctx = ke_ctx_n_ctx(target), .n_threads = ke_ctx_n_threads(target)}, &s->d);
+        /* as many tokens as the target's cache holds, for as many sequences */
+        ke_ctx_params dp = {.n_ctx = ke_ctx_n_ctx(target),
+                            .n_cache = ke_ctx_n_blocks(target) * ke_ctx_block_size(target),
+                            .n_threads = ke_ctx_n_threads(target),
+                            .n_seq_max = 64};
+        kiln_status st = ke_ctx_create(draft, &dp, &s->d);
         if (st) {
             free(s);
             return kiln_status_wrap(st, "--model-draft");

@@ -23,7 +23,8 @@
  *    backs off when guesses fail: after a round with nothing accepted it skips
  *    1, 2, 4 ... 32 rounds (plain steps), and the length follows acceptance;
  *  - a draft model (--model-draft DIR, same tokenizer, checked): its own
- *    context on the same thread count, greedy, up to --draft-max tokens while
+ *    context (a cache of the target's size, up to 64 sequences with
+ *    recurrent state) on the same thread count, greedy, up to --draft-max tokens while
  *    the top token's probability (softmax of its raw logits) is >= --draft-p-min;
  *    fewer than --draft-min: no guess (llama.cpp's flags and meaning).
  * With both, the draft model guesses where prompt lookup finds nothing. */
