@@ -1,5 +1,6 @@
 /* sched.c: the continuous-batching scheduler (see sched.h). */
 #include "batch/sched.h"
+#include "spec/spec.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -38,6 +39,12 @@ typedef struct seq {
     float *rows;               /* the embd rows, then the embd_add rows */
     const float **embd, **add; /* [n_prompt] into rows, NULL entries: none */
     int32_t *span, *pos3;      /* [n_prompt, 2], [n_prompt, 3] */
+    /* speculation (ksch_params.spec): its proposers, this step's guesses
+     * (borrowed from sp), the rows still to sample, the guesses kept */
+    struct kspec_seq *sp;
+    const int32_t *guess;
+    int32_t k, rows_left, kept;
+    int64_t len0; /* cache length before the step */
     struct seq *next; /* in the inbox or the waiting list */
 } seq;
 
@@ -84,6 +91,7 @@ struct ksch {
 static void seq_free(seq *q) {
     if (!q) return;
     kgen_session_destroy(q->g);
+    kspec_seq_destroy(q->sp);
     ke_text_detok_free(&q->td);
     ke_text_vocab_free(&q->tv);
     free(q->tokens);
@@ -98,6 +106,7 @@ kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out) {
     s->c = c;
     s->p = *p;
     if (s->p.max_running <= 0) s->p.max_running = 8;
+    if (s->p.spec_max_batch <= 0) s->p.spec_max_batch = 4;
     if (s->p.step_tokens <= 0) s->p.step_tokens = 256;
     if (s->p.step_tokens < s->p.max_running) s->p.step_tokens = s->p.max_running;
     s->p.n_eos = p->n_eos > 0 ? p->n_eos : 0;
@@ -456,6 +465,29 @@ static kiln_status grow_tokens(seq *q) {
     return NULL;
 }
 
+/* Guesses for decoding sequence q, within the step's spare tokens and the
+ * free blocks (none when they do not fit); a failure only means none. */
+static void speculate(ksch *s, seq *q, int64_t spare, int64_t *spare_blocks) {
+    ke_ctx *c = s->c;
+    int64_t len = ke_seq_len(c, q->ke), kmax = ke_ctx_n_ctx(c) - len - 1;
+    if (spare < kmax) kmax = spare;
+    if (kmax <= 0) return;
+    kiln_status st = q->sp ? NULL : kspec_seq_create(s->p.spec, q->ke, q->tokens, (int32_t)q->n_tokens, &q->sp);
+    int32_t k = 0;
+    if (!st) st = kspec_seq_guess(q->sp, q->tokens, q->n_tokens, (int32_t)(kmax < 256 ? kmax : 256), &q->guess, &k);
+    int64_t extra = k > 0 ? ke_seq_blocks_needed(c, q->ke, 1 + k) - ke_seq_blocks_needed(c, q->ke, 1) : 0;
+    if (!st && extra > *spare_blocks) k = 0;
+    if (!st && k > 0) *spare_blocks -= extra;
+    if (!st && k > 0 && ke_ctx_recurrent(c)) st = ke_seq_checkpoint(c, q->ke);
+    if (st) {
+        kiln_status_free(st);
+        k = 0;
+    }
+    q->k = k;
+    q->rows_left = k; /* rows after the token's own */
+    q->len0 = len;
+}
+
 /* Builds the batch: decodes first, then prefill chunks of running
  * sequences, then new admissions, within the token budget and the free
  * blocks. Returns the number of tokens. */
@@ -476,11 +508,27 @@ static int64_t schedule(ksch *s) {
     int64_t T = 0, reserved = 0;
     s->n_rows = 0;
     s->use_embd = s->use_add = s->use_span = s->use_pos = false;
+    int n_decoding = 0;
+    int64_t spare_blocks = ke_ctx_free_blocks(c); /* what the decodes' own tokens leave for guesses */
+    for (int i = 0; i < s->n_running; i++)
+        if (ke_seq_len(c, s->running[i]->ke) == s->running[i]->n_tokens - 1) {
+            n_decoding++;
+            spare_blocks -= ke_seq_blocks_needed(c, s->running[i]->ke, 1);
+        }
     for (int i = 0; i < s->n_running; i++) {
         seq *q = s->running[i];
+        q->k = q->rows_left = q->kept = 0;
         if (ke_seq_len(c, q->ke) != q->n_tokens - 1) continue;
-        reserved += ke_seq_blocks_needed(c, q->ke, 1);
+        if (s->p.spec && n_decoding <= s->p.spec_max_batch && !q->has_inputs) speculate(s, q, budget - T - n_decoding, &spare_blocks);
+        reserved += ke_seq_blocks_needed(c, q->ke, 1 + q->k);
         add_tokens(s, q, 1, &T);
+        for (int32_t j = 0; j < q->k; j++, T++) { /* the guesses, each with its row */
+            s->btok[T] = q->guess[j], s->bseq[T] = q->ke, s->bwant[T] = true;
+            s->brow[s->n_rows++] = q;
+            s->bembd[T] = s->badd[T] = NULL;
+            s->bspan[2 * T] = 1, s->bspan[2 * T + 1] = 0;
+            for (int d = 0; d < 3; d++) s->bpos[3 * T + d] = -1;
+        }
     }
     budget -= T;
     for (int i = 0; i < s->n_running && budget > 0; i++) {
@@ -614,8 +662,18 @@ bool ksch_step(ksch *s) {
             while (ksch_batch_buckets[b] < T) b++;
             s->local.batch_hist[b]++;
             KILN_ASSERT(s->n_rows == nr);
-            for (int r = 0; r < nr; r++)
-                if (s->brow[r]) sample_one(s, s->brow[r], lg + (int64_t)r * s->vocab);
+            for (int r = 0; r < nr; r++) {
+                seq *q = s->brow[r];
+                if (!q) continue;
+                if (q->k > 0 && q->kept < 0) continue; /* a guess after a rejected one */
+                sample_one(s, q, lg + (int64_t)r * s->vocab);
+                if (q->k > 0 && q->rows_left > 0) { /* a guess row follows: is its guess the token drawn? */
+                    int32_t j = q->k - q->rows_left;
+                    q->rows_left--;
+                    if (!q->done && q->tokens[q->n_tokens - 1] == q->guess[j]) q->kept++;
+                    else q->kept = -1 - q->kept; /* stop; -1 - kept remembers the count */
+                }
+            }
             for (int i = 0; i < s->n_running;) {
                 seq *q = s->running[i];
                 if (q->done) {
@@ -624,6 +682,19 @@ bool ksch_step(ksch *s) {
                     retire(s, q, q->end_finish, false, e);
                     kiln_status_free(e);
                     continue;
+                }
+                if (q->k > 0) { /* cut what the rejected guesses left in the cache */
+                    int32_t kept = q->kept < 0 ? -1 - q->kept : q->kept;
+                    s->local.spec_draft_tokens += q->k;
+                    s->local.spec_accepted_tokens += kept;
+                    kiln_status e = kspec_seq_settle(q->sp, kept);
+                    if (!e && kept < q->k) e = ke_seq_truncate(s->c, q->ke, ke_ctx_recurrent(s->c) ? q->len0 : q->len0 + 1 + kept);
+                    if (e) { /* cannot happen: the step's own blocks and checkpoint */
+                        run_remove(s, i);
+                        retire(s, q, KGEN_CONTINUE, false, e);
+                        kiln_status_free(e);
+                        continue;
+                    }
                 }
                 if (ke_seq_len(s->c, q->ke) >= q->n_prompt) q->prefilled = true;
                 if (caches(s, q)) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);

@@ -39,6 +39,16 @@ typedef struct {
     const ktok *tok;   /* token text for stop strings and streamed text; NULL: none (ids only) */
     const int32_t *eos_ids; /* end-of-generation ids (copied) */
     int n_eos;
+    /* speculative decoding (spec/spec.h; borrowed, made on the same context),
+     * NULL: none. A decoding sequence feeds its guesses with its token in the
+     * same ragged step and samples over their rows; rejected ones are cut
+     * from the cache (a model with recurrent state goes back to the step's
+     * checkpoint and feeds the kept tokens again as a prefill chunk). The
+     * tokens do not change. Only while at most spec_max_batch sequences
+     * decode (0: 4): a larger batch already reads the weights once for
+     * many tokens. Requests with per-token inputs do not speculate. */
+    struct kspec *spec;
+    int spec_max_batch;
 } ksch_params;
 
 kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out);
@@ -119,6 +129,7 @@ typedef struct {
     int64_t batch_hist[12];        /* steps by tokens: <= 1, 2, 4, ... 1024, more */
     int64_t prompt_tokens, generated_tokens; /* computed prompt tokens (admissions), sampled tokens */
     int64_t preemptions;
+    int64_t spec_draft_tokens, spec_accepted_tokens; /* guesses verified, of which kept */
     ke_cache_stats cache;          /* as of the last step */
 } ksch_stats;
 /* A snapshot, consistent as of the end of the last step. */

@@ -11,6 +11,7 @@
 #include "engine/fixture_test.h"
 #include "kt.h"
 #include "models/family.h"
+#include "spec/spec.h"
 #include "vision/vision.h"
 
 #define MAX_GEN 96
@@ -123,6 +124,8 @@ typedef struct {
     bool prefix_cache;
     int64_t window; /* out: ke_ctx_window */
     int n_seq_max;  /* recurrent state rows; 0: the engine's default */
+    const kspec_params *spec; /* speculative decoding, NULL: none */
+    const ke_model *draft;
 } setup;
 
 /* Runs jobs through one scheduler (all submitted at once) and each alone;
@@ -140,9 +143,12 @@ static bool run_jobs(const ke_model *m, setup *su, job *jobs, int n, ksch_stats 
     int32_t eos[16];
     int n_eos = 0;
     kiln_status_free(kc_eos_ids(ke_model_checkpoint(m), eos, 16, &n_eos));
-    ksch *s;
-    st = ksch_create(c, &(ksch_params){.max_running = su->max_running, .step_tokens = su->step_tokens,
-                                       .prefix_cache = su->prefix_cache, .eos_ids = eos, .n_eos = n_eos}, &s);
+    ksch *s = NULL;
+    kspec *sp = NULL;
+    if (su->spec) st = kspec_create(su->spec, c, su->draft, &sp);
+    if (!st)
+        st = ksch_create(c, &(ksch_params){.max_running = su->max_running, .step_tokens = su->step_tokens,
+                                           .prefix_cache = su->prefix_cache, .eos_ids = eos, .n_eos = n_eos, .spec = sp}, &s);
     bool ok = !st;
     for (int i = 0; ok && i < n; i++) {
         uint64_t after = jobs[i].after ? jobs[jobs[i].after - 1].id : 0;
@@ -172,6 +178,7 @@ static bool run_jobs(const ke_model *m, setup *su, job *jobs, int n, ksch_stats 
         ok = false;
     }
     ksch_destroy(s);
+    kspec_destroy(sp);
     ke_ctx_free(c);
     return ok;
 }
@@ -601,3 +608,47 @@ KT_TEST(sched_recurrent_prefix_cache_second_turn_exact) {
     KT_CHECKF(bad == 0, "%d of %d recurrent fixtures fail", bad, checked);
     KT_CHECKF(checked >= 10, "only %d fixtures with recurrent state", checked);
 }
+
+/* Speculative decoding inside continuous batching: four requests (greedy and
+ * seeded, prompts that repeat themselves) decode with guesses from prompt
+ * lookup and from the model as its own draft, with and without the prefix
+ * cache, in a cache too small for all four (preemptions happen); every
+ * stream must equal its plain single-sequence run. */
+static void check_spec(const char *fixture) {
+    ke_model *m = ke_test_load_fixture(fixture);
+    if (!m) return;
+    int64_t V = ke_model_hparams(m)->vocab;
+    for (int variant = 0; variant < 3; variant++) {
+        kspec_params sp;
+        kspec_params_init(&sp);
+        sp.ngram = variant != 1;
+        sp.draft_p_min = 0;
+        sp.draft_max = 4;
+        job jobs[4];
+        for (int i = 0; i < 4; i++) {
+            int32_t prompt[40];
+            int n = 12 + 7 * i;
+            for (int k = 0; k < n; k++) prompt[k] = tok_at((k % (5 + i)) + 3 * i, V);
+            job_init(&jobs[i], prompt, n, i % 2 == 0, 100 + (uint32_t)i, 24 + 4 * i);
+            jobs[i].gp.repeat_penalty = i == 3 ? 1.2f : 1.0f;
+        }
+        setup su = {.max_running = 4, .step_tokens = 64, .block_size = 4, .prefix_cache = variant == 2,
+                    .n_cache = variant == 2 ? 96 : 0, .spec = &sp, .draft = variant == 0 ? NULL : m};
+        ksch_stats st;
+        char what[128];
+        snprintf(what, sizeof what, "%s, speculation variant %d", fixture, variant);
+        if (run_jobs(m, &su, jobs, 4, &st, what)) {
+            KT_CHECKF(st.spec_draft_tokens > 0, "%s: nothing guessed", what);
+            if (variant == 1) KT_CHECKF(st.spec_accepted_tokens > 0, "%s: the model as its own draft kept nothing", what);
+            KT_CHECK(st.spec_accepted_tokens <= st.spec_draft_tokens);
+            KT_CHECKF(st.preemptions > 0, "%s: no preemption", what);
+        }
+        jobs_free(jobs, 4);
+    }
+    ke_model_free(m);
+}
+
+KT_TEST(sched_spec_dense) { check_spec("llama"); }
+KT_TEST(sched_spec_moe) { check_spec("mixtral"); }
+KT_TEST(sched_spec_ssm) { check_spec("mamba2"); }
+KT_TEST(sched_spec_hybrid) { check_spec("qwen3_next"); }

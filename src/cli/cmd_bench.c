@@ -392,7 +392,11 @@ static void usage(FILE *f) {
                "  --json      one JSON object on stdout\n"
                "  --sampler   only the sampler chain: microseconds per token (32k and 152k vocabularies)\n"
                "  --kernels   only the linear kernels, one thread, on a cache-resident matrix of each format,\n"
-               "              M = --batch input rows (--kernels-streamed: also on 1 GiB of weights)\n");
+               "              M = --batch input rows (--kernels-streamed: also on 1 GiB of weights)\n"
+               "speculative decoding: kiln bench (--spec-ngram | --model-draft DIR) (-f FILE | --prompt TEXT | --prompt-ids IDS) [-n 128] [-r 3]\n"
+               "  generates the prompt's continuation plainly and speculatively, alternately: tok/s of both, the\n"
+               "  speedup and the guesses kept; greedy unless --temp (with a seed, fixed to 1 when not given);\n"
+               "  the spec flags and sampling flags of kiln generate apply; fails if the outputs differ\n");
 }
 
 int kiln_cmd_bench(int argc, char **argv) {
@@ -400,6 +404,9 @@ int kiln_cmd_bench(int argc, char **argv) {
     int64_t P = 512, N = 128, T = 0, B = 8, reps = 3, bw_mib = 1024;
     bool json = false, kernels = false, streamed = false;
     kiln_status st = NULL;
+    for (int i = 1; i < argc; i++) /* speculation: plain against speculative generation of a prompt */
+        if (!strcmp(argv[i], "--spec-ngram") || !strcmp(argv[i], "--model-draft") || !strcmp(argv[i], "-md"))
+            return kiln_bench_spec(argc, argv);
     for (int i = 1; i < argc && !st; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {

@@ -16,6 +16,7 @@
 #include "engine/textio.h"
 #include "gen/params.h"
 #include "gen/session.h"
+#include "spec/spec.h"
 
 static double now(void) {
     struct timespec t;
@@ -42,6 +43,7 @@ static void usage(FILE *f) {
                "                        (with --n-probs N: each generated token's log-probability and its top N)\n"
                "sampling (as llama.cpp):\n");
     kgen_print_flags(f);
+    kspec_print_flags(f);
 }
 
 /* Without a tokenizer, tokens have no text. */
@@ -60,15 +62,20 @@ typedef struct {
     kgen_params gp;
     char *echo;     /* the prompt text, printed once every check on it has passed */
     size_t echo_len;
+    kspec_params sp;
+    kspec_stats spec; /* with speculation: what it guessed and kept */
     char *out_text; /* everything generated, for --json */
     size_t out_len, out_cap;
 } opts;
 
 static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
     KILN_TRY(kgen_params_init(&o->gp));
+    kspec_params_init(&o->sp);
     for (int i = 1; i < argc;) {
         bool used;
         KILN_TRY(kgen_parse_flag(&o->gp, argc, argv, &i, &used));
+        if (used) continue;
+        KILN_TRY(kspec_parse_flag(&o->sp, argc, argv, &i, &used));
         if (used) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -102,6 +109,8 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
     if (o->system && !o->chat) return kiln_error(KILN_EINVAL, "--system needs --chat");
     if (o->gp.n_probs > 0 && !o->json) return kiln_error(KILN_EINVAL, "--n-probs reports in the --json output: add --json");
     if (o->gp.n_probs > 0 && o->n_forced) return kiln_error(KILN_EINVAL, "--n-probs does not apply to --force-ids (nothing is sampled)");
+    if (kspec_enabled(&o->sp) && (o->forced || o->logits_out))
+        return kiln_error(KILN_EINVAL, "speculative decoding (--spec-ngram, --model-draft) does not combine with --force-ids or --logits-out");
     return kgen_params_validate(&o->gp);
 }
 
@@ -257,11 +266,36 @@ static kiln_status add_image(opts *o, const ke_model *m, image_input *im) {
     return NULL;
 }
 
+/* One sampled token, as the plain loop below handles it: its text shown or
+ * kept, its id recorded unless a stop string ended generation. */
+typedef struct {
+    opts *o;
+    record *rec;
+    bool has_tok;
+} spec_out;
+
+static kiln_status spec_emit(void *ud, int i, const kgen_step *s) {
+    (void)i;
+    spec_out *w = ud;
+    if (s->text_len) {
+        if (w->o->json) KILN_TRY(keep_text(w->o, s->text, s->text_len));
+        else fwrite(s->text, 1, s->text_len, stdout), fflush(stdout);
+    }
+    kgen_finish f = s->finish;
+    if (f != KGEN_CONTINUE && f != KGEN_FINISH_EOS && f != KGEN_FINISH_LENGTH && f != KGEN_FINISH_GRAMMAR) return NULL;
+    KILN_TRY(keep_id(w->rec, s->token));
+    if (!w->o->json && !w->has_tok) printf("%d ", s->token), fflush(stdout);
+    return NULL;
+}
+
 static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     ke_model *m = NULL;
     ke_ctx *c = NULL;
     kgen_session *g = NULL;
     ktok *tok = NULL;
+    ke_model *draft = NULL;
+    kspec *sp = NULL;
+    kspec_seq *sq = NULL;
     ke_text_vocab tv = {0};
     ke_text_detok td = {0};
     kgr_vocab *gv = NULL;
@@ -277,6 +311,8 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     if (!st && o->image) st = add_image(o, m, &img);
     if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads}, &c);
     if (!st) kiln_warn_ctx(m, ke_ctx_n_ctx(c));
+    if (!st && o->sp.draft) st = kspec_load_draft(o->sp.draft, m, o->dir, &draft);
+    if (!st && kspec_enabled(&o->sp)) st = kspec_create(&o->sp, c, draft, &sp);
     t[0] = now() - t0;
     if (st) goto out;
     const km_hparams *hp = ke_model_hparams(m);
@@ -329,7 +365,13 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     t[1] = now() - t1;
     double t2 = now();
     kgen_finish f = o->n_forced ? KGEN_CONTINUE : kgen_session_start(g);
-    while (!st) {
+    if (!st && sp) { /* speculative: the same tokens, fewer steps */
+        st = kspec_seq_create(sp, seq, o->prompt, o->n_prompt, &sq);
+        spec_out w = {o, rec, tok != NULL};
+        if (!st) st = kspec_generate(sp, sq, g, lg, spec_emit, &w, &f);
+        if (sq) kspec_seq_stats(sq, &o->spec);
+    }
+    while (!st && !sp) {
         if (o->logits_out) KILN_TRY(keep_row(rec, lg));
         int32_t next;
         if (o->n_forced) {
@@ -372,6 +414,9 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     t[2] = now() - t2;
     *finish = kgen_finish_reason(f) ? kgen_finish_reason(f) : "length";
 out:
+    kspec_seq_destroy(sq);
+    kspec_destroy(sp);
+    ke_model_free(draft);
     free(img.feat), free(img.deep);
     kvis_inputs_free(&img.x);
     kgen_session_destroy(g);
@@ -419,14 +464,22 @@ int kiln_cmd_generate(int argc, char **argv) {
                 cJSON_Delete(js);
             }
             printf(", \"finish_reason\": \"%s\", \"timings\": {\"load_s\": %.4f, \"prompt_s\": %.4f, \"generate_s\": %.4f, "
-                   "\"prompt_tok_s\": %.2f, \"generate_tok_s\": %.2f}}\n",
+                   "\"prompt_tok_s\": %.2f, \"generate_tok_s\": %.2f",
                    finish, t[0], t[1], t[2], t[1] > 0 ? o.n_prompt / t[1] : 0, t[2] > 0 ? (double)rec.n / t[2] : 0);
+            if (kspec_enabled(&o.sp)) /* llama-server's names */
+                printf(", \"draft_n\": %lld, \"draft_n_accepted\": %lld, \"spec_steps\": %lld", (long long)o.spec.drafted,
+                       (long long)o.spec.accepted, (long long)o.spec.rounds);
+            printf("}}\n");
         } else {
             printf("\n");
             fflush(stdout);
             fprintf(stderr, "kiln: %d prompt tokens in %.3f s (%.1f tok/s), %lld generated in %.3f s (%.1f tok/s), finish: %s\n",
                     o.n_prompt, t[1], t[1] > 0 ? o.n_prompt / t[1] : 0, (long long)rec.n, t[2],
                     t[2] > 0 ? (double)rec.n / t[2] : 0, finish);
+            if (kspec_enabled(&o.sp))
+                fprintf(stderr, "kiln: speculative: %lld guessed, %lld kept (%.1f%%), %lld target steps\n", (long long)o.spec.drafted,
+                        (long long)o.spec.accepted, o.spec.drafted ? 100.0 * (double)o.spec.accepted / (double)o.spec.drafted : 0.0,
+                        (long long)o.spec.rounds);
         }
     }
     cJSON_Delete(rec.probs);

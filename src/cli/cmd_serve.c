@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "gen/params.h"
 #include "server/server.h"
+#include "spec/spec.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -52,6 +53,8 @@ static void usage(FILE *f) {
             "                         N > 0: the thinking block ends after N tokens\n"
             "sampling defaults for requests (as llama.cpp):\n");
     kgen_print_flags(f);
+    kspec_print_flags(f);
+    fprintf(f, "  (in the server: while at most 4 sequences decode at once)\n");
 }
 
 /* 127.0.0.0/8, ::1 or localhost. */
@@ -74,10 +77,15 @@ int kiln_cmd_serve(int argc, char **argv) {
     ksrv_params p = {.port = 8080, .metrics = true};
     int64_t grace = 5;
     kgen_params gp;
+    kspec_params spec;
+    kspec_params_init(&spec);
+    p.spec = &spec;
     kiln_status st = kgen_params_init(&gp);
     for (int i = 1; !st && i < argc;) {
         bool used;
         st = kgen_parse_flag(&gp, argc, argv, &i, &used);
+        if (st || used) continue;
+        st = kspec_parse_flag(&spec, argc, argv, &i, &used);
         if (st || used) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

@@ -143,6 +143,8 @@ typedef struct {
     int64_t n_trimmed; /* leading blocks released */
     int32_t state_slot; /* row of the recurrent state tensors; -1: none */
     int64_t rope_delta; /* M-RoPE models: a token given no positions sits at (i, i, i) + this, i its index */
+    int64_t ckpt_len;   /* ke_seq_checkpoint: the length then; -1: none */
+    float *ckpt_state;  /* [snap_numel] recurrent models: the state row then */
 } seq_state;
 
 typedef struct {
@@ -343,7 +345,8 @@ void ke_ctx_free(ke_ctx *c) {
     free(c->kcache);
     free(c->vcache);
     free(c->cache);
-    for (int i = 0; i < c->n_seqs; i++) free(c->seqs[i].blocks), free(c->seqs[i].hash), free(c->seqs[i].toks);
+    for (int i = 0; i < c->n_seqs; i++)
+        free(c->seqs[i].blocks), free(c->seqs[i].hash), free(c->seqs[i].toks), free(c->seqs[i].ckpt_state);
     free(c->seqs);
     free(c->free_blocks);
     free(c->ref), free(c->lru_prev), free(c->lru_next), free(c->hnext), free(c->bucket);
@@ -634,6 +637,7 @@ kiln_status ke_seq_open(ke_ctx *c, int *seq) {
             c->seqs[i].n_trimmed = 0;
             c->seqs[i].state_slot = take_state(c);
             c->seqs[i].rope_delta = 0;
+            c->seqs[i].ckpt_len = -1;
             *seq = i;
             return NULL;
         }
@@ -644,7 +648,7 @@ kiln_status ke_seq_open(ke_ctx *c, int *seq) {
         c->seqs = p;
         c->cap_seqs = nc;
     }
-    c->seqs[c->n_seqs] = (seq_state){.open = true, .state_slot = take_state(c)};
+    c->seqs[c->n_seqs] = (seq_state){.open = true, .state_slot = take_state(c), .ckpt_len = -1};
     *seq = c->n_seqs++;
     return NULL;
 }
@@ -663,6 +667,55 @@ void ke_seq_close(ke_ctx *c, int seq) {
 
 int64_t ke_seq_len(const ke_ctx *c, int seq) {
     return seq >= 0 && seq < c->n_seqs && c->seqs[seq].open ? c->seqs[seq].len : -1;
+}
+
+/* ---------------------------------------------------------------- rollback */
+
+kiln_status ke_seq_checkpoint(ke_ctx *c, int seq) {
+    seq_state *q = open_seq(c, seq);
+    if (!q) return kiln_error(KILN_EINVAL, "checkpoint: sequence %d is not open", seq);
+    if (q->state_slot >= 0) {
+        if (!q->ckpt_state && !(q->ckpt_state = malloc(sizeof(float) * (size_t)c->snap_numel)))
+            return kiln_error(KILN_ENOMEM, "out of memory");
+        state_copy(c, q->state_slot, q->ckpt_state, false);
+    }
+    q->ckpt_len = q->len;
+    return NULL;
+}
+
+kiln_status ke_seq_truncate(ke_ctx *c, int seq, int64_t len) {
+    seq_state *q = open_seq(c, seq);
+    if (!q) return kiln_error(KILN_EINVAL, "truncate: sequence %d is not open", seq);
+    if (len < 0 || len > q->len)
+        return kiln_error(KILN_EINVAL, "truncate: sequence %d holds %lld tokens, cannot keep %lld", seq, (long long)q->len,
+                          (long long)len);
+    if (len == q->len) return NULL;
+    if (q->state_slot >= 0 && len != q->ckpt_len)
+        return kiln_error(KILN_EUNSUPPORTED,
+                          "truncate: sequence %d has recurrent state, which can only go back to its checkpoint (%lld tokens), not to %lld",
+                          seq, (long long)q->ckpt_len, (long long)len);
+    int64_t bs = c->p.block_size, keep = (len + bs - 1) / bs;
+    if (keep < q->n_trimmed || (c->window > 0 && len - c->window + 1 > 0 && (len - c->window + 1) / bs < q->n_trimmed))
+        return kiln_error(KILN_EUNSUPPORTED, "truncate: sequence %d released blocks its first %lld tokens still need (sliding window)",
+                          seq, (long long)len);
+    int64_t lim = longrope_limit(&c->m->hp);
+    if (lim >= 0 && q->len > lim && len <= lim)
+        return kiln_error(KILN_EUNSUPPORTED, "truncate: sequence %d switched to LongRoPE's long factors at %lld tokens, cannot go back to %lld",
+                          seq, (long long)lim, (long long)len);
+    if (len % bs && keep <= q->n_blocks) { /* the last kept block will be written again */
+        int32_t b = q->blocks[keep - 1];
+        if (b >= 0 && c->ref[b] > 1)
+            return kiln_error(KILN_EUNSUPPORTED, "truncate: sequence %d shares the block holding position %lld with another sequence", seq,
+                              (long long)len - 1);
+        if (b >= 0 && c->cached[b]) unpublish(c, b);
+    }
+    for (int64_t j = keep; j < q->n_blocks; j++)
+        if (q->blocks[j] >= 0) drop_block(c, q->blocks[j]);
+    if (q->n_blocks > keep) q->n_blocks = keep;
+    if (q->n_hashed > len / bs) q->n_hashed = len / bs;
+    if (q->state_slot >= 0) state_copy(c, q->state_slot, q->ckpt_state, true);
+    q->len = len;
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- decode */

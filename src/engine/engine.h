@@ -176,4 +176,21 @@ void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n);
  * (see ke_ctx_window); returns how many. Call between decodes. */
 int64_t ke_seq_trim_window(ke_ctx *c, int seq);
 
+/* ---- rollback, for speculative decoding ----
+ * ke_seq_checkpoint remembers seq's length and, for a model with recurrent
+ * state, copies its state row aside (one checkpoint per sequence; a new one
+ * replaces it). ke_seq_truncate drops the tokens at positions >= len (len <=
+ * ke_seq_len) and releases the blocks past the last one it keeps: keys and
+ * values depend only on the tokens up to their position, so what is kept is
+ * what decoding only those tokens would have written. Recurrent state folds
+ * every token into one row and cannot be cut: for such a model len must be
+ * the checkpoint's length, and the row is restored from it (to keep more, the
+ * caller decodes the kept tokens again). A kept block that is published for
+ * prefix reuse leaves the prefix cache (it will be rewritten); one shared with
+ * another sequence cannot be cut, nor can a sequence be cut below its sliding
+ * window's released blocks or back across LongRoPE's switch to the long
+ * factors: those are errors that leave the sequence as it was. */
+kiln_status ke_seq_checkpoint(ke_ctx *c, int seq);
+kiln_status ke_seq_truncate(ke_ctx *c, int seq, int64_t len);
+
 #endif

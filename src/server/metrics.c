@@ -153,6 +153,10 @@ void ksrv_metrics_render(ksrv_metrics *m, const ksch_stats *st, bool ready, ksrv
            (double)st->cache.evictions);
     scalar(b, "num_preemptions_total", "counter", "Sequences preempted (KV blocks released, prefilled again later).",
            (double)st->preemptions);
+    scalar(b, "spec_decode_num_draft_tokens_total", "counter", "Speculative decoding: guessed tokens verified.",
+           (double)st->spec_draft_tokens);
+    scalar(b, "spec_decode_num_accepted_tokens_total", "counter", "Speculative decoding: guessed tokens kept.",
+           (double)st->spec_accepted_tokens);
     head(b, "request_success_total", "counter", "Sequences finished, by finish reason.");
     ksrv_buf_printf(b, "kiln_request_success_total{finished_reason=\"stop\"} %lld\n", (long long)m->success[0]);
     ksrv_buf_printf(b, "kiln_request_success_total{finished_reason=\"length\"} %lld\n", (long long)m->success[1]);

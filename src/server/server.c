@@ -811,13 +811,16 @@ static kiln_status load(ksrv *s) {
     cp.n_seq_max = s->p.parallel; /* recurrent state rows: one per running sequence */
     cp.state_cache_bytes = s->p.state_cache_bytes;
     KILN_TRY(ke_ctx_create(s->m, &cp, &s->c));
+    if (s->p.spec && s->p.spec->draft) KILN_TRY(kspec_load_draft(s->p.spec->draft, s->m, s->model_dir, &s->draft));
+    if (s->p.spec && kspec_enabled(s->p.spec)) KILN_TRY(kspec_create(s->p.spec, s->c, s->draft, &s->spec));
     ksch_params sp = {.max_running = s->p.parallel,
                       .max_waiting = s->p.max_queue,
                       .step_tokens = s->p.step_tokens,
                       .prefix_cache = !s->p.no_prefix_cache,
                       .tok = s->tok,
                       .eos_ids = s->eos,
-                      .n_eos = s->n_eos};
+                      .n_eos = s->n_eos,
+                      .spec = s->spec};
     KILN_TRY(ksch_create(s->c, &sp, &s->sch));
     if (pthread_create(&s->stepper, NULL, step_main, s)) return kiln_error(KILN_EIO, "cannot start the scheduler thread");
     s->stepper_started = true;
@@ -989,6 +992,8 @@ void ksrv_stop(ksrv *s) {
         pthread_join(s->stepper, NULL);
     }
     ksch_destroy(s->sch);
+    kspec_destroy(s->spec);
+    ke_model_free(s->draft);
     ke_ctx_free(s->c);
     kchat_free(s->tmpl);
     ksrv_embed_free(s);

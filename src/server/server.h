@@ -29,6 +29,7 @@
 
 #include "base/status.h"
 #include "gen/params.h"
+#include "spec/spec.h"
 
 typedef struct {
     const char *model_dir;
@@ -61,6 +62,7 @@ typedef struct {
     int32_t think_budget;  /* --reasoning-budget N > 0: thinking ends after N tokens; 0: no limit */
     int load_delay_ms;     /* tests: wait this long before loading (to see the loading state) */
     int step_delay_us;     /* tests: pause after each engine step (slow generations on tiny models) */
+    const kspec_params *spec; /* speculative decoding for every request (borrowed), NULL or none enabled: off */
 } ksrv_params;
 
 typedef struct ksrv ksrv;

@@ -87,6 +87,8 @@ struct ksrv {
     pthread_t reaper;
     ke_model *m;
     ke_ctx *c;
+    ke_model *draft;    /* --model-draft, NULL: none */
+    struct kspec *spec; /* speculative decoding (ksrv_params.spec), NULL: none */
     ktok *tok;             /* NULL: no tokenizer (token ids only) */
     kchat_template *tmpl;  /* NULL: no chat template */
     ksch *sch;

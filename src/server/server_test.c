@@ -1003,6 +1003,54 @@ KT_TEST(server_recurrent_model) {
     finish(&f);
 }
 
+/* Speculative decoding in the server (prompt lookup and the model as its own
+ * draft): the same tokens as without it, greedy and seeded n = 2, and the
+ * Prometheus counters count the guesses. */
+KT_TEST(server_speculative_same_tokens) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    if (!start(&f, &p)) return;
+    static const char *const reqs[] = {
+        "{\"prompt\": \"The cat sat on the mat. The cat sat on the mat. The cat\", \"max_tokens\": 32, \"temperature\": 0, "
+        "\"ignore_eos\": true, \"return_tokens\": true}",
+        "{\"prompt\": \"Once upon a time, once upon a time\", \"max_tokens\": 24, \"n\": 2, \"seed\": 9, "
+        "\"repeat_penalty\": 1.1, \"ignore_eos\": true, \"return_tokens\": true}"};
+    int want[2][2][64], n_want[2][2];
+    for (int r = 0; r < 2; r++) {
+        cJSON *j = post_json(&f, "/v1/completions", reqs[r], 200);
+        KT_CHECK(j);
+        for (int i = 0; i < 1 + r; i++) n_want[r][i] = j ? choice_ids(j, i, want[r][i], 64) : -1;
+        cJSON_Delete(j);
+    }
+    ksrv_stop(f.s); /* the same model folder, now with speculation */
+    f.s = NULL;
+    kspec_params sp;
+    kspec_params_init(&sp);
+    sp.ngram = true;
+    sp.draft = f.dir;
+    sp.draft_p_min = 0;
+    sp.draft_max = 4;
+    p.spec = &sp;
+    if (!start(&f, &p)) return;
+    for (int r = 0; r < 2; r++) {
+        cJSON *j = post_json(&f, "/v1/completions", reqs[r], 200);
+        KT_CHECK(j);
+        for (int i = 0; j && i < 1 + r; i++) {
+            int got[64], n = choice_ids(j, i, got, 64);
+            KT_CHECKF(n == n_want[r][i] && n > 0 && !memcmp(got, want[r][i], sizeof(int) * (size_t)n),
+                      "request %d choice %d: speculation changed the tokens", r, i);
+        }
+        cJSON_Delete(j);
+    }
+    resp m;
+    KT_CHECK_EQ(http(&f, "GET", "/metrics", NULL, NULL, &m), 200);
+    KT_CHECK(metric(m.body.p, "kiln_spec_decode_num_draft_tokens_total") > 0);
+    KT_CHECK(metric(m.body.p, "kiln_spec_decode_num_accepted_tokens_total") >= 0);
+    ksrv_buf_free(&m.body);
+    finish(&f);
+}
+
 /* ---------------------------------------------------------------- images */
 
 static void b64(ksrv_buf *b, const unsigned char *p, size_t n) {

@@ -1,0 +1,459 @@
+/* spec.c: speculative decoding (see spec.h). */
+#include "spec/spec.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer/tokenizer.h"
+
+/* ---------------------------------------------------------------- flags */
+
+void kspec_params_init(kspec_params *p) {
+    *p = (kspec_params){.ngram_n = 3, .lookahead = 10, .draft_max = 16, .draft_min = 0, .draft_p_min = 0.75f};
+}
+
+bool kspec_enabled(const kspec_params *p) { return p->ngram || p->draft; }
+
+void kspec_print_flags(FILE *f) {
+    fprintf(f, "speculative decoding (the output stays exactly the output without it):\n"
+               "  --spec-ngram                       prompt lookup: guess tokens copied from the prompt and output\n"
+               "  --spec-ngram-n N                   longest n-gram looked up (default 3)\n"
+               "  --spec-lookahead N                 most tokens one lookup guesses (default 10)\n"
+               "  -md, --model-draft DIR             a draft model with the same tokenizer\n"
+               "  --draft-max, --draft N             most tokens the draft model guesses per step (default 16)\n"
+               "  --draft-min N                      fewer guesses than this: none (default 0)\n"
+               "  --draft-p-min P                    stop guessing below this probability (default 0.75)\n");
+}
+
+static kiln_status parse_int(const char *flag, const char *v, long lo, long hi, int32_t *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        return kiln_error(KILN_EINVAL, "%s: '%s' is not an integer in [%ld, %ld]", flag, v, lo, hi);
+    *out = (int32_t)x;
+    return NULL;
+}
+
+kiln_status kspec_parse_flag(kspec_params *p, int argc, char **argv, int *i, bool *consumed) {
+    *consumed = false;
+    if (*i < 0 || *i >= argc || !argv[*i]) return NULL;
+    const char *a = argv[*i];
+    if (!strcmp(a, "--spec-ngram")) {
+        p->ngram = true;
+        *consumed = true;
+        *i += 1;
+        return NULL;
+    }
+    static const char *const valued[] = {"--spec-ngram-n", "--spec-lookahead", "--model-draft", "-md", "--draft-max",
+                                         "--draft", "--draft-min", "--draft-p-min"};
+    int id = -1;
+    for (int k = 0; k < (int)(sizeof valued / sizeof *valued); k++)
+        if (!strcmp(a, valued[k])) id = k;
+    if (id < 0) return NULL;
+    *consumed = true;
+    if (*i + 1 >= argc || !argv[*i + 1]) return kiln_error(KILN_EINVAL, "%s needs a value", a);
+    const char *v = argv[*i + 1];
+    *i += 2;
+    switch (id) {
+    case 0: return parse_int(a, v, 1, 64, &p->ngram_n);
+    case 1: return parse_int(a, v, 1, 256, &p->lookahead);
+    case 2:
+    case 3: p->draft = v; return NULL;
+    case 4:
+    case 5: return parse_int(a, v, 1, 256, &p->draft_max);
+    case 6: return parse_int(a, v, 0, 256, &p->draft_min);
+    default: {
+        char *end;
+        float x = strtof(v, &end);
+        if (end == v || *end || !(x >= 0 && x <= 1)) return kiln_error(KILN_EINVAL, "%s: '%s' is not a probability in [0, 1]", a, v);
+        p->draft_p_min = x;
+        return NULL;
+    }
+    }
+}
+
+/* ---------------------------------------------------------------- draft model */
+
+kiln_status kspec_load_draft(const char *dir, const ke_model *target, const char *target_dir, ke_model **out) {
+    *out = NULL;
+    ke_model *d;
+    KILN_TRYF(ke_model_load(dir, &d), "--model-draft");
+    int64_t vt = ke_model_hparams(target)->vocab, vd = ke_model_hparams(d)->vocab;
+    kiln_status st = NULL;
+    if (vt != vd)
+        st = kiln_error(KILN_EINVAL, "--model-draft %s: its vocabulary has %lld tokens, the model's %lld: a draft needs the same tokenizer",
+                        dir, (long long)vd, (long long)vt);
+    ktok *tt = NULL, *td = NULL;
+    kiln_status a = st ? NULL : ktok_load(target_dir, &tt), b = st ? NULL : ktok_load(dir, &td);
+    if (!st && (a || b) && !(a && b && kiln_status_code(a) == KILN_ENOTFOUND && kiln_status_code(b) == KILN_ENOTFOUND)) {
+        st = kiln_error(KILN_EINVAL, "--model-draft %s: %s", dir,
+                        a && b ? "neither tokenizer loads" : a ? "the model has no tokenizer.json, the draft has one" : "the draft has no tokenizer.json, the model has one");
+        if (a && kiln_status_code(a) != KILN_ENOTFOUND) kiln_status_free(st), st = a, a = NULL;
+        if (b && kiln_status_code(b) != KILN_ENOTFOUND) kiln_status_free(st), st = kiln_status_wrap(b, "--model-draft"), b = NULL;
+    }
+    kiln_status_free(a), kiln_status_free(b);
+    if (!st && tt && td) {
+        int32_t n = ktok_vocab_size(tt);
+        if (ktok_vocab_size(td) != n)
+            st = kiln_error(KILN_EINVAL, "--model-draft %s: its tokenizer has %d tokens, the model's %d", dir, ktok_vocab_size(td), n);
+        char x[256], y[256];
+        for (int32_t i = 0; !st && i < n; i++) {
+            int32_t lx = ktok_token_bytes(tt, i, x, sizeof x), ly = ktok_token_bytes(td, i, y, sizeof y);
+            if (lx != ly || (lx > 0 && memcmp(x, y, (size_t)(lx < 256 ? lx : 256))) || ktok_is_special(tt, i) != ktok_is_special(td, i))
+                st = kiln_error(KILN_EINVAL, "--model-draft %s: token %d differs from the model's: a draft needs the same tokenizer", dir, i);
+        }
+    }
+    ktok_free(tt), ktok_free(td);
+    if (st) {
+        ke_model_free(d);
+        return st;
+    }
+    *out = d;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- state */
+
+struct kspec {
+    kspec_params p;
+    ke_ctx *t, *d;          /* target (borrowed), draft (owned; NULL: none) */
+    bool t_rec, d_rec;      /* recurrent state: rollback goes back to the checkpoint */
+    int64_t lrope;          /* the target's LongRoPE switch (-1: none); a step never crosses it and comes back */
+    int64_t vocab;
+    int32_t *tok, *refeed;  /* [cap] a round's batch, the kept tokens to decode again */
+    int *seq, *reseq;
+    bool *want;
+    int64_t cap;
+    int64_t *len0; /* [cap_n] each sequence's length before the round's step */
+    int cap_n;
+};
+
+struct kspec_seq {
+    kspec *s;
+    int seq, dseq;      /* target, draft (-1: none) */
+    int32_t *hist;      /* [cap] prompt, then every fed token */
+    int64_t n, cap;
+    int32_t *guess;     /* [max_guess] this round's guesses */
+    int32_t k, k_fed;   /* guesses; of which the draft model fed into its cache */
+    bool from_draft;
+    int64_t n_at_guess; /* hist length when guessing */
+    int32_t cool, skip, k_cur; /* prompt lookup's back-off */
+    kspec_stats stats;
+};
+
+static int64_t longrope_limit(const km_hparams *hp) {
+    for (int k = 0; k < hp->n_ropes; k++)
+        if (hp->ropes[k].type == KM_ROPE_LONGROPE) return hp->ropes[k].orig_max_pos;
+    return -1;
+}
+
+kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *draft, kspec **out) {
+    *out = NULL;
+    kspec *s = calloc(1, sizeof *s);
+    if (!s) return kiln_error(KILN_ENOMEM, "out of memory");
+    s->p = *p;
+    s->t = target;
+    s->t_rec = ke_ctx_recurrent(target);
+    const km_hparams *hp = ke_model_hparams(ke_ctx_model(target));
+    s->lrope = longrope_limit(hp);
+    s->vocab = hp->vocab;
+    if (draft) {
+        /* as many tokens as the target's cache holds, for as many sequences */
+        ke_ctx_params dp = {.n_ctx = ke_ctx_n_ctx(target),
+                            .n_cache = ke_ctx_n_blocks(target) * ke_ctx_block_size(target),
+                            .n_threads = ke_ctx_n_threads(target),
+                            .n_seq_max = 64};
+        kiln_status st = ke_ctx_create(draft, &dp, &s->d);
+        if (st) {
+            free(s);
+            return kiln_status_wrap(st, "--model-draft");
+        }
+        s->d_rec = ke_ctx_recurrent(s->d);
+    }
+    *out = s;
+    return NULL;
+}
+
+void kspec_destroy(kspec *s) {
+    if (!s) return;
+    ke_ctx_free(s->d);
+    free(s->tok), free(s->refeed), free(s->seq), free(s->reseq), free(s->want), free(s->len0);
+    free(s);
+}
+
+static int32_t max_guess(const kspec *s) {
+    int32_t a = s->p.ngram ? s->p.lookahead : 0, b = s->d ? s->p.draft_max : 0;
+    return a > b ? a : b;
+}
+
+static kiln_status push_hist(kspec_seq *q, const int32_t *t, int64_t n) {
+    if (q->n + n > q->cap) {
+        int64_t nc = (q->n + n) * 2;
+        int32_t *h = realloc(q->hist, sizeof(int32_t) * (size_t)nc);
+        if (!h) return kiln_error(KILN_ENOMEM, "out of memory");
+        q->hist = h;
+        q->cap = nc;
+    }
+    memcpy(q->hist + q->n, t, sizeof(int32_t) * (size_t)n);
+    q->n += n;
+    return NULL;
+}
+
+kiln_status kspec_seq_create(kspec *s, int seq, const int32_t *prompt, int32_t n_prompt, kspec_seq **out) {
+    *out = NULL;
+    kspec_seq *q = calloc(1, sizeof *q);
+    if (!q) return kiln_error(KILN_ENOMEM, "out of memory");
+    q->s = s;
+    q->seq = seq;
+    q->dseq = -1;
+    q->k_cur = s->p.lookahead;
+    int32_t mg = max_guess(s);
+    q->guess = malloc(sizeof(int32_t) * (size_t)(mg > 0 ? mg : 1));
+    kiln_status st = q->guess ? push_hist(q, prompt, n_prompt) : kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st && s->d) st = kiln_status_wrap(ke_seq_open(s->d, &q->dseq), "--model-draft");
+    if (st) {
+        kspec_seq_destroy(q);
+        return st;
+    }
+    *out = q;
+    return NULL;
+}
+
+void kspec_seq_destroy(kspec_seq *q) {
+    if (!q) return;
+    if (q->dseq >= 0) ke_seq_close(q->s->d, q->dseq);
+    free(q->hist), free(q->guess);
+    free(q);
+}
+
+void kspec_seq_stats(const kspec_seq *q, kspec_stats *out) { *out = q->stats; }
+
+/* ---------------------------------------------------------------- proposers */
+
+/* Prompt lookup: the continuation of the most recent earlier occurrence of
+ * the last m tokens, m from ngram_n down to 1. */
+static int32_t guess_ngram(kspec_seq *q, int32_t kmax) {
+    const int32_t *h = q->hist;
+    int64_t n = q->n;
+    for (int64_t m = q->s->p.ngram_n < n - 1 ? q->s->p.ngram_n : n - 1; m >= 1; m--) {
+        const int32_t *tail = h + n - m;
+        for (int64_t at = n - m - 1; at >= 0; at--) {
+            if (h[at] != tail[0] || memcmp(h + at, tail, sizeof(int32_t) * (size_t)m)) continue;
+            /* what followed it; past the end, the guess itself (an overlapping
+             * copy, as LZ77's: a loop of period p continues with period p) */
+            int64_t from = at + m;
+            for (int64_t j = 0; j < kmax; j++) q->guess[j] = from + j < n ? h[from + j] : q->guess[from + j - n];
+            return kmax;
+        }
+    }
+    return 0;
+}
+
+/* A fresh draft sequence (its cache could not be cut back): fed from the start next time. */
+static kiln_status draft_reset(kspec_seq *q) {
+    ke_seq_close(q->s->d, q->dseq);
+    q->dseq = -1;
+    return kiln_status_wrap(ke_seq_open(q->s->d, &q->dseq), "--model-draft");
+}
+
+static kiln_status draft_decode(kspec_seq *q, const int32_t *t, int64_t n, const float **lg) {
+    kspec *s = q->s;
+    for (int64_t at = 0; at < n;) { /* in chunks, so a long prompt does not compile one huge step */
+        int64_t m = n - at < 512 ? n - at : 512;
+        if (m > s->cap) return kiln_error(KILN_EINTERNAL, "draft: scratch too small");
+        for (int64_t i = 0; i < m; i++) s->reseq[i] = q->dseq;
+        int nr;
+        KILN_TRY(kiln_status_wrap(ke_decode(s->d, &(ke_batch){(int)m, t + at, s->reseq, NULL}, lg, &nr), "--model-draft"));
+        at += m;
+    }
+    return NULL;
+}
+
+/* The draft model, greedy, while its top token is likely enough. */
+static kiln_status guess_draft(kspec_seq *q, int32_t kmax, int32_t *k) {
+    kspec *s = q->s;
+    *k = 0;
+    int64_t dl = ke_seq_len(s->d, q->dseq);
+    if (dl >= q->n) { /* it must compute the last token's row again */
+        if (s->d_rec || ke_seq_truncate(s->d, q->dseq, q->n - 1)) KILN_TRY(draft_reset(q));
+        dl = ke_seq_len(s->d, q->dseq);
+    }
+    const float *lg;
+    KILN_TRY(draft_decode(q, q->hist + dl, q->n - dl, &lg));
+    if (s->d_rec) KILN_TRY(ke_seq_checkpoint(s->d, q->dseq));
+    int32_t j = 0;
+    while (j < kmax) {
+        int32_t best = 0;
+        for (int64_t v = 1; v < s->vocab; v++)
+            if (lg[v] > lg[best]) best = (int32_t)v;
+        double z = 0;
+        for (int64_t v = 0; v < s->vocab; v++) z += exp((double)lg[v] - lg[best]);
+        if (1.0 / z < s->p.draft_p_min) break;
+        q->guess[j++] = best;
+        if (j == kmax) break;
+        KILN_TRY(draft_decode(q, &best, 1, &lg));
+        q->k_fed++;
+    }
+    *k = j >= s->p.draft_min ? j : 0;
+    return NULL;
+}
+
+static kiln_status propose(kspec_seq *q, int32_t kmax) {
+    kspec *s = q->s;
+    q->k = q->k_fed = 0;
+    q->from_draft = false;
+    q->n_at_guess = q->n;
+    if (kmax <= 0) return NULL;
+    if (s->p.ngram) {
+        if (q->skip > 0) q->skip--;
+        else q->k = guess_ngram(q, kmax < q->k_cur ? kmax : q->k_cur);
+    }
+    if (!q->k && s->d) {
+        q->from_draft = true;
+        KILN_TRY(guess_draft(q, kmax < s->p.draft_max ? kmax : s->p.draft_max, &q->k));
+    }
+    return NULL;
+}
+
+/* After the round: acc guesses kept. The draft's cache keeps what still
+ * agrees with the history; prompt lookup adapts. */
+static kiln_status settle(kspec_seq *q, int32_t acc) {
+    kspec *s = q->s;
+    if (q->k > 0 && !q->from_draft) {
+        if (acc == 0) {
+            q->cool = q->cool ? (q->cool * 2 < 32 ? q->cool * 2 : 32) : 1;
+            q->skip = q->cool;
+            q->k_cur = q->k_cur / 2 > 1 ? q->k_cur / 2 : 1;
+        } else {
+            q->cool = 0;
+            q->k_cur = acc == q->k ? (q->k_cur * 2 < s->p.lookahead ? q->k_cur * 2 : s->p.lookahead) : acc + 1;
+        }
+    }
+    if (s->d && q->k_fed > 0) {
+        int64_t keep = s->d_rec ? q->n_at_guess : q->n_at_guess + (acc < q->k_fed ? acc : q->k_fed);
+        if (ke_seq_len(s->d, q->dseq) > keep && ke_seq_truncate(s->d, q->dseq, keep)) KILN_TRY(draft_reset(q));
+    }
+    q->stats.rounds++;
+    q->stats.drafted += q->k;
+    q->stats.accepted += acc;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- verification */
+
+static bool grow(kspec *s, int64_t n) {
+    if (n <= s->cap) return true;
+    int64_t nc = n < 512 ? 512 : n * 2;
+    int32_t *a = realloc(s->tok, sizeof(int32_t) * (size_t)nc);
+    if (a) s->tok = a;
+    int32_t *b = realloc(s->refeed, sizeof(int32_t) * (size_t)nc);
+    if (b) s->refeed = b;
+    int *c = realloc(s->seq, sizeof(int) * (size_t)nc);
+    if (c) s->seq = c;
+    int *d = realloc(s->reseq, sizeof(int) * (size_t)nc);
+    if (d) s->reseq = d;
+    bool *e = realloc(s->want, sizeof(bool) * (size_t)nc);
+    if (e) s->want = e;
+    if (!a || !b || !c || !d || !e) return false;
+    s->cap = nc;
+    return true;
+}
+
+kiln_status kspec_round(kspec *s, int n, kspec_seq *const *q, kgen_session *const *g, int32_t *pending,
+                        kgen_finish *fin, kspec_emit emit, void *ud) {
+    int64_t n_ctx = ke_ctx_n_ctx(s->t), blocks = 0, T = 0;
+    if (!grow(s, 512 + (int64_t)n * (max_guess(s) + 1))) return kiln_error(KILN_ENOMEM, "out of memory");
+    if (n > s->cap_n) {
+        int64_t *l = realloc(s->len0, sizeof(int64_t) * (size_t)n);
+        if (!l) return kiln_error(KILN_ENOMEM, "out of memory");
+        s->len0 = l;
+        s->cap_n = n;
+    }
+    int64_t *len0 = s->len0;
+    for (int i = 0; i < n; i++) {
+        q[i]->k = 0;
+        if (fin[i] != KGEN_CONTINUE) continue;
+        int64_t len = ke_seq_len(s->t, q[i]->seq);
+        if (len >= n_ctx) {
+            fin[i] = KGEN_FINISH_CONTEXT;
+            continue;
+        }
+        KILN_TRY(push_hist(q[i], &pending[i], 1));
+        int64_t kmax = n_ctx - len - 1;
+        if (s->lrope >= 0 && len < s->lrope && kmax > s->lrope - len - 1) kmax = s->lrope - len - 1;
+        KILN_TRY(propose(q[i], (int32_t)(kmax < 256 ? kmax : 256)));
+        blocks += ke_seq_blocks_needed(s->t, q[i]->seq, 1 + q[i]->k);
+    }
+    bool fits = blocks <= ke_ctx_free_blocks(s->t); /* else: plain steps, which fail as plain decoding would */
+    for (int i = 0; i < n; i++) {
+        if (fin[i] != KGEN_CONTINUE) continue;
+        if (!fits) q[i]->k = 0;
+        if (s->t_rec && q[i]->k > 0) KILN_TRY(ke_seq_checkpoint(s->t, q[i]->seq));
+        s->tok[T] = pending[i], s->seq[T] = q[i]->seq, s->want[T++] = true;
+        for (int32_t j = 0; j < q[i]->k; j++) s->tok[T] = q[i]->guess[j], s->seq[T] = q[i]->seq, s->want[T++] = true;
+    }
+    if (T == 0) return NULL;
+    for (int i = 0; i < n; i++) len0[i] = fin[i] == KGEN_CONTINUE ? ke_seq_len(s->t, q[i]->seq) : -1;
+    const float *lg;
+    int nr;
+    KILN_TRY(ke_decode(s->t, &(ke_batch){(int)T, s->tok, s->seq, s->want}, &lg, &nr));
+    int64_t row = 0, R = 0;
+    for (int i = 0; i < n; i++) {
+        if (len0[i] < 0) continue;
+        kspec_seq *x = q[i];
+        int32_t acc = 0;
+        for (int32_t j = 0; j <= x->k; j++) {
+            kgen_step st;
+            KILN_TRY(kgen_session_step(g[i], lg + (row + j) * s->vocab, &st));
+            KILN_TRY(emit(ud, i, &st));
+            pending[i] = st.token;
+            fin[i] = st.finish;
+            if (st.finish != KGEN_CONTINUE || j == x->k || st.token != x->guess[j]) break;
+            acc++;
+        }
+        row += 1 + x->k;
+        KILN_TRY(push_hist(x, x->guess, acc));
+        if (acc < x->k) {
+            if (!s->t_rec) {
+                KILN_TRY(ke_seq_truncate(s->t, x->seq, len0[i] + 1 + acc));
+            } else { /* back to the checkpoint, then the kept tokens again */
+                KILN_TRY(ke_seq_truncate(s->t, x->seq, len0[i]));
+                for (int64_t j = x->n - 1 - acc; j < x->n; j++) s->refeed[R] = x->hist[j], s->reseq[R++] = x->seq;
+            }
+        }
+        KILN_TRY(settle(x, acc));
+    }
+    if (R > 0) {
+        for (int64_t j = 0; j < R; j++) s->want[j] = false;
+        KILN_TRY(ke_decode(s->t, &(ke_batch){(int)R, s->refeed, s->reseq, s->want}, &lg, &nr));
+    }
+    return NULL;
+}
+
+kiln_status kspec_seq_guess(kspec_seq *q, const int32_t *hist, int64_t n, int32_t kmax, const int32_t **guess, int32_t *k) {
+    *guess = q->guess, *k = 0;
+    if (n < q->n) return kiln_error(KILN_EINTERNAL, "speculation: the sequence's tokens shrank");
+    if (!grow(q->s, 512 + max_guess(q->s) + 1)) return kiln_error(KILN_ENOMEM, "out of memory");
+    KILN_TRY(push_hist(q, hist + q->n, n - q->n));
+    KILN_TRY(propose(q, kmax));
+    *k = q->k;
+    return NULL;
+}
+
+kiln_status kspec_seq_settle(kspec_seq *q, int32_t kept) { return settle(q, kept); }
+
+kiln_status kspec_generate(kspec *s, kspec_seq *q, kgen_session *g, const float *logits, kspec_emit emit, void *ud,
+                           kgen_finish *fin) {
+    *fin = kgen_session_start(g);
+    if (*fin != KGEN_CONTINUE) return NULL;
+    kgen_step st;
+    KILN_TRY(kgen_session_step(g, logits, &st));
+    KILN_TRY(emit(ud, 0, &st));
+    *fin = st.finish;
+    int32_t pending = st.token;
+    while (*fin == KGEN_CONTINUE) KILN_TRY(kspec_round(s, 1, &q, &g, &pending, fin, emit, ud));
+    return NULL;
+}

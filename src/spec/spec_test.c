@@ -1,0 +1,286 @@
+/* spec_test.c: speculative decoding gives exactly the tokens of plain
+ * decoding, greedy and seeded (penalties, DRY), with prompt lookup, the model
+ * as its own draft and another fixture as draft, on dense, MoE, SSM and
+ * hybrid fixtures, one sequence and two in the same steps. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/ckpt_test.h"
+#include "engine/fixture_test.h"
+#include "kt.h"
+#include "spec/spec.h"
+
+enum { NP = 24, NGEN = 40, MAXGEN = 64 };
+
+static const char *piece(void *ud, int32_t id, size_t *len) {
+    static char buf[16];
+    (void)ud;
+    *len = (size_t)snprintf(buf, sizeof buf, "t%d ", id);
+    return buf;
+}
+
+/* A prompt that repeats itself, so prompt lookup finds guesses. */
+static void make_prompt(int32_t *p, int salt) {
+    for (int i = 0; i < NP; i++) p[i] = (int32_t)(((i % 8) * 37 + 11 + salt * 5) % 500) + 3;
+}
+
+static kiln_status make_params(kgen_params *p, bool seeded) {
+    KILN_TRY(kgen_params_init(p));
+    p->n_predict = NGEN;
+    p->ignore_eos = true;
+    if (seeded) {
+        p->temperature = 1.0f;
+        p->top_k = 0;
+        p->top_p = 1.0f;
+        p->min_p = 0.0f;
+        p->repeat_penalty = 1.2f;
+        p->dry_multiplier = 0.8f;
+        p->seed = 1234;
+    } else {
+        p->temperature = 0.0f;
+    }
+    return NULL;
+}
+
+typedef struct {
+    int32_t ids[2][MAXGEN];
+    int n[2];
+} out_ids;
+
+static kiln_status keep(void *ud, int i, const kgen_step *st) {
+    out_ids *o = ud;
+    if (o->n[i] < MAXGEN) o->ids[i][o->n[i]++] = st->token;
+    return NULL;
+}
+
+static kiln_status session(const kgen_params *p, const int32_t *prompt, kgen_session **g) {
+    kgen_vocab v = {512, piece, NULL, NULL, NULL};
+    const int32_t eos[1] = {2};
+    return kgen_session_create(p, &v, 256, eos, 1, prompt, NP, g);
+}
+
+/* Plain decoding, one token per step. */
+static kiln_status plain(ke_model *m, bool seeded, const int32_t *prompt, out_ids *o, int slot) {
+    kgen_params p;
+    KILN_TRY(make_params(&p, seeded));
+    ke_ctx *c = NULL;
+    kgen_session *g = NULL;
+    kiln_status st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 256, .n_threads = 2}, &c);
+    int seq = 0, seqs[NP] = {0}, nr;
+    const float *lg;
+    if (!st) st = session(&p, prompt, &g);
+    if (!st) st = ke_seq_open(c, &seq);
+    if (!st) st = ke_decode(c, &(ke_batch){NP, prompt, seqs, NULL}, &lg, &nr);
+    for (kgen_finish f = KGEN_CONTINUE; !st && f == KGEN_CONTINUE;) {
+        kgen_step s;
+        st = kgen_session_step(g, lg, &s);
+        if (!st) st = keep(o, slot, &s), f = s.finish;
+        if (!st && f == KGEN_CONTINUE) st = ke_decode(c, &(ke_batch){1, &s.token, &seq, NULL}, &lg, &nr);
+    }
+    kgen_session_destroy(g);
+    ke_ctx_free(c);
+    kgen_params_free(&p);
+    return st;
+}
+
+/* With speculation: n_seq sequences (prompts with salts 0, 1) in the same steps. */
+static kiln_status speculative(ke_model *m, ke_model *draft, const kspec_params *sp, bool seeded, int n_seq,
+                               out_ids *o, kspec_stats *stats) {
+    kgen_params p;
+    KILN_TRY(make_params(&p, seeded));
+    ke_ctx *c = NULL;
+    kspec *s = NULL;
+    kgen_session *g[2] = {0};
+    kspec_seq *q[2] = {0};
+    int32_t prompt[2][NP], pending[2];
+    kgen_finish fin[2] = {KGEN_CONTINUE, KGEN_CONTINUE};
+    kiln_status st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 256, .n_threads = 2}, &c);
+    if (!st) st = kspec_create(sp, c, draft, &s);
+    for (int i = 0; !st && i < n_seq; i++) {
+        make_prompt(prompt[i], i);
+        int seq = 0, seqs[NP];
+        const float *lg;
+        int nr;
+        st = session(&p, prompt[i], &g[i]);
+        if (!st) st = ke_seq_open(c, &seq);
+        for (int j = 0; j < NP; j++) seqs[j] = seq;
+        if (!st) st = kspec_seq_create(s, seq, prompt[i], NP, &q[i]);
+        if (!st) st = ke_decode(c, &(ke_batch){NP, prompt[i], seqs, NULL}, &lg, &nr);
+        kgen_step first;
+        if (!st) st = kgen_session_step(g[i], lg, &first);
+        if (!st) st = keep(o, i, &first), pending[i] = first.token, fin[i] = first.finish;
+    }
+    while (!st && (fin[0] == KGEN_CONTINUE || (n_seq > 1 && fin[1] == KGEN_CONTINUE))) {
+        /* the round takes the sequences still going, in order */
+        int idx[2], k = 0;
+        kspec_seq *rq[2];
+        kgen_session *rg[2];
+        int32_t rp[2];
+        kgen_finish rf[2];
+        for (int i = 0; i < n_seq; i++)
+            if (fin[i] == KGEN_CONTINUE) idx[k] = i, rq[k] = q[i], rg[k] = g[i], rp[k] = pending[i], rf[k++] = fin[i];
+        out_ids tmp = {0};
+        st = kspec_round(s, k, rq, rg, rp, rf, keep, &tmp);
+        for (int j = 0; !st && j < k; j++) {
+            int i = idx[j];
+            for (int t = 0; t < tmp.n[j] && o->n[i] < MAXGEN; t++) o->ids[i][o->n[i]++] = tmp.ids[j][t];
+            pending[i] = rp[j], fin[i] = rf[j];
+        }
+    }
+    *stats = (kspec_stats){0};
+    for (int i = 0; i < n_seq; i++) {
+        kspec_stats one = {0};
+        if (q[i]) kspec_seq_stats(q[i], &one);
+        stats->rounds += one.rounds, stats->drafted += one.drafted, stats->accepted += one.accepted;
+        kspec_seq_destroy(q[i]);
+        kgen_session_destroy(g[i]);
+    }
+    kspec_destroy(s);
+    ke_ctx_free(c);
+    kgen_params_free(&p);
+    return st;
+}
+
+static void check_family(const char *fixture, const char *other) {
+    ke_model *m = ke_test_load_fixture(fixture), *d2 = other ? ke_test_load_fixture(other) : NULL;
+    if (!m || (other && !d2)) goto out;
+    for (int seeded = 0; seeded < 2; seeded++) {
+        out_ids ref = {0};
+        for (int i = 0; i < 2; i++) {
+            int32_t prompt[NP];
+            make_prompt(prompt, i);
+            KT_CHECK_OK(plain(m, seeded, prompt, &ref, i));
+        }
+        KT_CHECK_EQ(ref.n[0], NGEN);
+        for (int mode = 0; mode < 4; mode++) { /* prompt lookup, self draft, other draft, both */
+            kspec_params sp;
+            kspec_params_init(&sp);
+            sp.ngram = mode == 0 || mode == 3;
+            sp.draft_p_min = 0.0f;
+            sp.draft_max = 5;
+            ke_model *draft = mode == 1 || mode == 3 ? m : mode == 2 ? d2 : NULL;
+            if (mode == 2 && !d2) continue;
+            for (int n_seq = 1; n_seq <= 2; n_seq++) {
+                out_ids got = {0};
+                kspec_stats stats;
+                KT_CHECK_OK(speculative(m, draft, &sp, seeded, n_seq, &got, &stats));
+                for (int i = 0; i < n_seq; i++) {
+                    KT_CHECK_EQ(got.n[i], ref.n[i]);
+                    KT_CHECKF(!memcmp(got.ids[i], ref.ids[i], sizeof(int32_t) * (size_t)ref.n[i]),
+                              "%s: %s, proposer %d, %d sequences: sequence %d differs from plain decoding", fixture,
+                              seeded ? "seeded" : "greedy", mode, n_seq, i);
+                }
+                if (mode > 0) KT_CHECKF(stats.drafted > 0, "%s: proposer %d guessed nothing", fixture, mode);
+                /* fewer steps than tokens: guesses were kept */
+                if (mode == 1 && !seeded) KT_CHECKF(stats.accepted > 0 && stats.rounds < NGEN * n_seq, "%s: self draft kept %lld of %lld", fixture, (long long)stats.accepted, (long long)stats.drafted);
+            }
+        }
+    }
+out:
+    ke_model_free(m);
+    ke_model_free(d2);
+}
+
+KT_TEST(spec_identical_dense) { check_family("llama", "mistral"); }
+KT_TEST(spec_identical_moe) { check_family("mixtral", "qwen3_moe"); }
+KT_TEST(spec_identical_ssm) { check_family("mamba2", "llama"); }
+KT_TEST(spec_identical_hybrid) { check_family("qwen3_next", "mamba2"); }
+
+KT_TEST(spec_flags) {
+    kspec_params p;
+    kspec_params_init(&p);
+    char *argv[] = {"kiln", "--spec-ngram", "--spec-ngram-n", "4", "--draft-max", "8", "--draft-p-min", "0.5", "--draft-p-min", "2", "--spec-lookahead"};
+    int i = 1;
+    bool used;
+    KT_CHECK_OK(kspec_parse_flag(&p, 11, argv, &i, &used));
+    KT_CHECK(used && p.ngram && i == 2);
+    KT_CHECK_OK(kspec_parse_flag(&p, 11, argv, &i, &used));
+    KT_CHECK_EQ(p.ngram_n, 4);
+    KT_CHECK_OK(kspec_parse_flag(&p, 11, argv, &i, &used));
+    KT_CHECK_EQ(p.draft_max, 8);
+    KT_CHECK_OK(kspec_parse_flag(&p, 11, argv, &i, &used));
+    KT_CHECK(p.draft_p_min == 0.5f);
+    KT_CHECK_ERR(kspec_parse_flag(&p, 11, argv, &i, &used), "not a probability");
+    i = 10;
+    KT_CHECK_ERR(kspec_parse_flag(&p, 11, argv, &i, &used), "needs a value");
+    char *other[] = {"kiln", "--temp"};
+    i = 1;
+    KT_CHECK_OK(kspec_parse_flag(&p, 2, other, &i, &used));
+    KT_CHECK(!used && i == 1);
+}
+
+KT_TEST(spec_draft_tokenizer_checked) {
+    ke_model *m = ke_test_load_fixture("llama");
+    if (!m) return;
+    char dir[512], tdir[4096], p[4096];
+    kt_path(tdir, sizeof tdir, "tests/fixtures/oracle/llama");
+    ke_model *d = NULL;
+    kt_path(p, sizeof p, "tests/fixtures/oracle/mistral");
+    KT_CHECK_OK(kspec_load_draft(p, m, tdir, &d)); /* same vocabulary, neither has a tokenizer */
+    ke_model_free(d);
+    /* the draft has a tokenizer.json the model lacks (here a broken one): refused, naming the flag */
+    KT_CHECK(ckt_tmpdir(dir, sizeof dir) != NULL);
+    KT_CHECK(ckt_copy(kt_path(p, sizeof p, "tests/fixtures/oracle/mistral/config.json"), dir, "config.json"));
+    KT_CHECK(ckt_copy(kt_path(p, sizeof p, "tests/fixtures/oracle/mistral/model.safetensors"), dir, "model.safetensors"));
+    KT_CHECK(ckt_write_str(dir, "tokenizer.json", "{}"));
+    kiln_status st = kspec_load_draft(dir, m, tdir, &d);
+    KT_CHECK(st != NULL && strstr(kiln_status_msg(st), "--model-draft") != NULL);
+    kiln_status_free(st);
+    ckt_rmdir(dir);
+    ke_model_free(m);
+}
+
+/* kiln generate on the demo model (a real tokenizer): the same ids and text
+ * with each proposer, greedy, seeded with penalties and DRY, with a grammar
+ * and a stop string. */
+static bool run_json(const char *bin, const char *args, char *out, size_t cap) {
+    char cmd[8192], model[4096];
+    kt_path(model, sizeof model, "models/kiln-demo");
+    snprintf(cmd, sizeof cmd, "%s generate -m %s -t 2 --json %s 2>&1", bin, model, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return false;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    pclose(p);
+    /* the timings differ: keep what comes before them */
+    char *t = strstr(out, "\"timings\"");
+    if (t) *t = 0;
+    return n > 0;
+}
+
+KT_TEST(spec_generate_cli_identical) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin) {
+        kt_skip("KILN_BIN is not set (make test sets it)");
+        return;
+    }
+    static const char *const cases[] = {
+        "-p 'The meaning of life is' -n 80 --temp 0 --ignore-eos",
+        "-p 'Once upon a time, once upon a time' -n 80 --temp 0.9 --seed 7 --repeat-penalty 1.1 --dry-multiplier 0.5 --ignore-eos",
+        "-p 'The answer:' -n 60 --temp 0.7 --seed 3 --regex '[a-z ]{1,40}\\.'",
+        "-p 'The world is' -n 80 --temp 0 --stop 'man who is a g'",
+    };
+    static const char *const spec[] = {"--spec-ngram", "--model-draft models/kiln-demo --draft-p-min 0",
+                                       "--spec-ngram --spec-ngram-n 2 --spec-lookahead 3 --model-draft models/kiln-demo --draft-max 4"};
+    static char ref[1 << 16], got[1 << 16];
+    char root[4096];
+    kt_path(root, sizeof root, ".");
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        KT_CHECK(run_json(bin, cases[c], ref, sizeof ref));
+        KT_CHECKF(strstr(ref, "\"generated_ids\": [") != NULL, "no output: %s", ref);
+        for (size_t s = 0; s < sizeof spec / sizeof *spec; s++) {
+            char args[2048], sp[1024];
+            snprintf(sp, sizeof sp, "%s", spec[s]);
+            char *md = strstr(sp, "models/kiln-demo");
+            if (md) { /* the draft's path from the repository root */
+                char tail[1024];
+                snprintf(tail, sizeof tail, "%s", md + strlen("models/kiln-demo"));
+                snprintf(md, sizeof sp - (size_t)(md - sp), "%s/models/kiln-demo%s", root, tail);
+            }
+            snprintf(args, sizeof args, "%s %s", cases[c], sp);
+            KT_CHECK(run_json(bin, args, got, sizeof got));
+            KT_CHECKF(!strcmp(ref, got), "kiln generate %s:\n%s\nwithout speculation:\n%s", args, got, ref);
+        }
+    }
+}
