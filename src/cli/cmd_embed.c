@@ -78,6 +78,17 @@ static kiln_status add_file(input_list *in, const ktok *tok, const char *prompt,
     return st;
 }
 
+#define EMBED_USAGE                                                                                                  \
+    "usage: kiln embed -m DIR (-p TEXT | -f FILE | --ids 1,2,3)... [--pooling cls|mean|max|last]\n"                    \
+    "                  [--normalize | --no-normalize] [--prompt NAME] [-t N]\n"                                       \
+    "  one JSON array per input (-f: one input per line); --prompt prefixes a prompt of\n"                            \
+    "  config_sentence_transformers.json (e.g. query, document)\n"
+#define RERANK_USAGE                                                                                                 \
+    "usage: kiln rerank -m DIR -q QUERY [--instruction TEXT] [--sigmoid] [-t N] DOC...\n"                              \
+    "  index, score and document per line, best first: sentence-transformers' score (the logit of a\n"                \
+    "  cross-encoder with an Identity activation, else its sigmoid; --sigmoid always), P(yes) of a\n"                 \
+    "  decoder reranker\n"
+
 int kiln_cmd_embed(int argc, char **argv) {
     const char *dir = NULL, *prompt_name = NULL;
     kemb_opts o = {KEMB_POOL_DEFAULT, -1};
@@ -85,24 +96,28 @@ int kiln_cmd_embed(int argc, char **argv) {
     /* texts are tokenized once the model is loaded: remember the arguments */
     const char *kinds[MAX_INPUTS], *args[MAX_INPUTS];
     int n_args = 0;
+    static const char *const valued[] = {"-m", "--model", "-p", "-f", "--ids", "--pooling", "--prompt", "-t", "--threads", NULL};
+    static const char *const flags[] = {"--normalize", "--no-normalize", NULL};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-m") && i + 1 < argc) dir = argv[++i];
-        else if ((!strcmp(a, "-p") || !strcmp(a, "-f") || !strcmp(a, "--ids")) && i + 1 < argc && n_args < MAX_INPUTS)
-            kinds[n_args] = a, args[n_args++] = argv[++i];
-        else if (!strcmp(a, "--pooling") && i + 1 < argc) {
-            kiln_status st = kemb_pooling_parse(argv[++i], &o.pooling);
-            if (st) return fail(st);
-        } else if (!strcmp(a, "--normalize")) o.normalize = 1;
-        else if (!strcmp(a, "--no-normalize")) o.normalize = 0;
-        else if (!strcmp(a, "--prompt") && i + 1 < argc) prompt_name = argv[++i];
-        else if (!strcmp(a, "-t") && i + 1 < argc) threads = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: kiln embed -m DIR (-p TEXT | -f FILE | --ids 1,2,3)... [--pooling cls|mean|max|last]\n"
-                            "                  [--normalize | --no-normalize] [--prompt NAME] [-t N]\n"
-                            "  one JSON array per input; --prompt prefixes a prompt of config_sentence_transformers.json\n");
-            return 2;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(EMBED_USAGE, stdout);
+            return 0;
         }
+        kiln_status st = kiln_option("embed", a, v, valued, flags);
+        int64_t x = 0;
+        if (!st && kiln_flag_in(a, valued)) i++;
+        if (st) {
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "-p") || !strcmp(a, "-f") || !strcmp(a, "--ids")) {
+            if (n_args == MAX_INPUTS) st = kiln_error(KILN_EINVAL, "at most %d inputs (-p, -f, --ids)", MAX_INPUTS);
+            else kinds[n_args] = a, args[n_args++] = v;
+        } else if (!strcmp(a, "--pooling")) st = kemb_pooling_parse(v, &o.pooling);
+        else if (!strcmp(a, "--normalize")) o.normalize = 1;
+        else if (!strcmp(a, "--no-normalize")) o.normalize = 0;
+        else if (!strcmp(a, "--prompt")) prompt_name = v;
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) st = kiln_parse_int(a, v, 0, 1024, &x), threads = (int)x;
+        if (st) return fail(st);
     }
     if (!dir || !n_args) {
         fprintf(stderr, "kiln embed: -m DIR and at least one -p, -f or --ids are required\n");
@@ -145,21 +160,29 @@ int kiln_cmd_rerank(int argc, char **argv) {
     const char *dir = NULL, *query = NULL, *instruction = NULL, *docs[MAX_INPUTS];
     bool sigmoid = false;
     int threads = 0, n_docs = 0;
+    static const char *const valued[] = {"-m", "--model", "-q", "--query", "--instruction", "-t", "--threads", NULL};
+    static const char *const flags[] = {"--sigmoid", NULL};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-m") && i + 1 < argc) dir = argv[++i];
-        else if (!strcmp(a, "-q") && i + 1 < argc) query = argv[++i];
-        else if (!strcmp(a, "--instruction") && i + 1 < argc) instruction = argv[++i];
-        else if (!strcmp(a, "--sigmoid")) sigmoid = true;
-        else if (!strcmp(a, "-t") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (a[0] != '-' && n_docs < MAX_INPUTS) docs[n_docs++] = a;
-        else {
-            fprintf(stderr, "usage: kiln rerank -m DIR -q QUERY [--instruction TEXT] [--sigmoid] [-t N] DOC...\n"
-                            "  index, score and document per line, best first: sentence-transformers' score (the logit of a\n"
-                            "  cross-encoder with an Identity activation, else its sigmoid; --sigmoid always), P(yes) of a\n"
-                            "  decoder reranker\n");
-            return 2;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(RERANK_USAGE, stdout);
+            return 0;
         }
+        kiln_status st = NULL;
+        int64_t x = 0;
+        if (a[0] != '-' || !a[1]) {
+            if (n_docs == MAX_INPUTS) st = kiln_error(KILN_EINVAL, "at most %d documents", MAX_INPUTS);
+            else docs[n_docs++] = a;
+        } else if ((st = kiln_option("rerank", a, v, valued, flags))) {
+        } else if (!strcmp(a, "--sigmoid")) sigmoid = true;
+        else {
+            i++;
+            if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+            else if (!strcmp(a, "-q") || !strcmp(a, "--query")) query = v;
+            else if (!strcmp(a, "--instruction")) instruction = v;
+            else st = kiln_parse_int(a, v, 0, 1024, &x), threads = (int)x;
+        }
+        if (st) return fail(st);
     }
     if (!dir || !query || !n_docs) {
         fprintf(stderr, "kiln rerank: -m DIR, -q QUERY and at least one document are required\n");
