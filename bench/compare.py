@@ -16,6 +16,13 @@ node-llama-cpp ships (llama/gitRelease.bundle); nothing is downloaded here.
 Give the bundle with --bundle (or LLAMA_BUNDLE), e.g. after
     npm pack node-llama-cpp@3.22.1 && tar xzf node-llama-cpp-3.22.1.tgz package/llama/gitRelease.bundle
 or an existing build with --llama-dir (a llama.cpp checkout with build/bin/llama-bench).
+Without llama.cpp, --baseline OTHER_KILN alternates kiln with another kiln
+binary (e.g. the previous commit's) on the same checkpoints instead.
+
+Each kiln run measures the bandwidth too (before and after its runs, several
+read kernels and sizes, one of them the weights' own: see docs/performance.md);
+a pair's roofline uses the best of all its measurements, so that a fraction
+over 100% means the weights were read faster than any measurement saw.
 """
 import argparse
 import json
@@ -67,7 +74,7 @@ def llama_run(bench, gguf, a):
 
 def kiln_run(kiln, model, a, extra=()):
     out = run([kiln, "bench", "-m", model, "-t", str(a.threads), "-p", str(a.p), "-n", str(a.n), "--batch", "0",
-               "-r", "1", "--bw-mib", "0", "--json", *extra])
+               "-r", "1", "--json", *extra])
     j = json.loads(out)
     return {k: j[k]["tps"] for k in ("pp", "tg") if k in j}, j
 
@@ -87,12 +94,14 @@ def main():
     ap.add_argument("--kiln", default=os.path.join(ROOT, "build", "kiln"), help="the kiln binary")
     ap.add_argument("--kiln-arg", action="append", default=[],
                     help="an extra argument for kiln bench, e.g. --kiln-arg=--int8-act (repeatable)")
+    ap.add_argument("--baseline", help="another kiln binary to alternate with instead of llama.cpp")
     ap.add_argument("--prepare", action="store_true", help="only write the checkpoints and GGUF files")
     a = ap.parse_args()
     kiln = a.kiln
     if not os.path.exists(kiln):
         sys.exit("compare.py: build kiln first (make)")
-    bench = None if a.prepare else ensure_llama(a)
+    bench = None if a.prepare or a.baseline else ensure_llama(a)
+    other = "baseline" if a.baseline else "llama"
     os.makedirs(a.work, exist_ok=True)
     pairs = []
     for shape in a.shapes.split(","):
@@ -101,7 +110,7 @@ def main():
             g = os.path.join(a.work, f"{shape}-{GGUF_TYPE[dt]}.gguf")
             if not os.path.exists(os.path.join(d, "model.safetensors")):
                 run([kiln, "synth", "--shape", shape, "--dtype", dt, "--out", d])
-            if not os.path.exists(g):
+            if not a.baseline and not os.path.exists(g):
                 run([sys.executable, os.path.join(ROOT, "bench", "gguf_synth.py"), "--config",
                      os.path.join(d, "config.json"), "--type", GGUF_TYPE[dt], "--out", g])
             pairs.append((shape, dt, d, g))
@@ -115,29 +124,38 @@ def main():
     results = []
     for shape, dt, d, g in pairs:
         k_runs, l_runs, kj = {"pp": [], "tg": []}, {"pp": [], "tg": []}, None
+        best_bw = bw
         for r in range(a.rounds):
             order = ("kiln", "llama") if r % 2 == 0 else ("llama", "kiln")
             for who in order:
                 if who == "kiln":
                     res, kj = kiln_run(kiln, d, a, a.kiln_arg)
                     runs = k_runs
+                    best_bw = max(best_bw, kj.get("bandwidth_gbs", 0))
+                elif a.baseline:
+                    res, bj = kiln_run(a.baseline, d, a, a.kiln_arg)
+                    runs = l_runs
+                    best_bw = max(best_bw, bj.get("bandwidth_gbs", 0))
                 else:
                     res, runs = llama_run(bench, g, a), l_runs
                 for k, v in res.items():
                     runs[k].append(v)
-        row = {"shape": shape, "dtype": dt, "gguf": GGUF_TYPE[dt], "threads": a.threads,
-               "weight_bytes_per_token": kj["weight_bytes_per_token"], "bandwidth_gbs": bw}
+        bw_pair = best_bw
+        row = {"shape": shape, "dtype": dt, "against": a.baseline or GGUF_TYPE[dt], "threads": a.threads,
+               "weight_bytes_per_token": kj["weight_bytes_per_token"], "bandwidth_gbs": bw_pair,
+               "weights_fit_llc": kj.get("weights_fit_llc")}
         for k in ("pp", "tg"):
             km, lm = statistics.median(k_runs[k]), statistics.median(l_runs[k])
-            row[k] = {"kiln": km, "llama": lm, "ratio": km / lm, "kiln_runs": k_runs[k], "llama_runs": l_runs[k]}
-        row["tg"]["roofline_fraction"] = row["tg"]["kiln"] / (bw * 1e9 / kj["weight_bytes_per_token"])
+            row[k] = {"kiln": km, other: lm, "ratio": km / lm, "kiln_runs": k_runs[k], other + "_runs": l_runs[k]}
+        row["tg"]["roofline_fraction"] = row["tg"]["kiln"] / (bw_pair * 1e9 / kj["weight_bytes_per_token"])
         results.append(row)
         if a.json:
             with open(a.json + "l", "a") as f:  # one line per pair as it completes
                 f.write(json.dumps(row) + "\n")
-        print(f"{shape:16s} {dt:5s} pp{a.p}: kiln {row['pp']['kiln']:8.2f} llama {row['pp']['llama']:8.2f} "
-              f"x{row['pp']['ratio']:.2f} | tg{a.n}: kiln {row['tg']['kiln']:7.2f} llama {row['tg']['llama']:7.2f} "
-              f"x{row['tg']['ratio']:.2f}, {100 * row['tg']['roofline_fraction']:.0f}% of roofline", flush=True)
+        print(f"{shape:16s} {dt:5s} pp{a.p}: kiln {row['pp']['kiln']:8.2f} {other} {row['pp'][other]:8.2f} "
+              f"x{row['pp']['ratio']:.2f} | tg{a.n}: kiln {row['tg']['kiln']:7.2f} {other} {row['tg'][other]:7.2f} "
+              f"x{row['tg']['ratio']:.2f}, {100 * row['tg']['roofline_fraction']:.0f}% of roofline at {bw_pair:.1f} GB/s"
+              f"{' (weights fit in the LLC)' if row['weights_fit_llc'] else ''}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"bandwidth_gbs": bw, "results": results}, f, indent=1)

@@ -94,5 +94,11 @@ KT_TEST(synth_shapes_and_config) {
     KT_CHECK(strstr(buf, "\"tg\": {\"tokens\": 4"));
     KT_CHECK(strstr(buf, "\"batch\": {\"tokens\": 8"));
     KT_CHECK(strstr(buf, "\"roofline_tps\""));
+    /* the bandwidth before and after the runs, which read kernel and buffer
+     * gave the best, and whether the weights fit in the last-level cache */
+    KT_CHECK(strstr(buf, "\"bandwidth_before_gbs\""));
+    KT_CHECK(strstr(buf, "\"bandwidth_after_gbs\""));
+    KT_CHECK(strstr(buf, "\"bandwidth_kernel\""));
+    KT_CHECK(strstr(buf, "\"weights_fit_llc\""));
     rm_dir(dir);
 }

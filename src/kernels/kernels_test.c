@@ -183,7 +183,7 @@ KT_TEST(kernels_linear_batch_invariant) {
         {KG_WF_AFFINE, 4, 64, KG_BF16, 37, 256}, {KG_WF_AFFINE, 4, 32, KG_F16, 21, 96}, {KG_WF_AFFINE, 8, 64, KG_BF16, 29, 320},
         {KG_WF_AFFINE, 8, 32, KG_F32, 17, 96},   {KG_WF_AFFINE, 3, 32, KG_BF16, 11, 128}, {KG_WF_AFFINE, 4, 128, KG_F16, 13, 384},
     };
-    static const int64_t Ms[] = {2, 5, 8, 9, 16, 17, 40};
+    static const int64_t Ms[] = {2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 40}; /* every matrix-vector grouping */
     kr_pool *pool = kr_pool_create(2);
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         const wcfg *c = &cfgs[i];

@@ -45,6 +45,11 @@
 #define PF_BYTES 4096
 #define PREFETCH(p) _mm_prefetch((const char *)(p) + PF_BYTES, _MM_HINT_T0)
 
+/* Keeps v in a register: the compiler would otherwise fold the load into
+ * each of the nr FMAs that use it, one load per FMA, and the tile would be
+ * bound by loads instead of FMAs (measured: 25% slower). */
+#define IN_REGISTER(v) __asm__("" : "+v"(v))
+
 /* VL consecutive scales/biases of dtype t as floats */
 static inline vf vsb(const void *p, kg_dtype t, int64_t i) {
     if (t == KG_F32) return vload((const float *)p + i);
@@ -66,41 +71,81 @@ static inline vf vsb_n(const void *p, kg_dtype t, int64_t i, int n) {
     return _mm512_cvtph_ps(h);
 }
 
-static inline __attribute__((always_inline)) void q4_row(const kk_wview *w, const kk_xview *xv, int64_t r, int64_t m0,
-                                                         int nm, float *y, int64_t ldy) {
+/* The pieces q4_rows and q8_rows share: nm input rows' 2 VL columns at c,
+ * pinned in registers when nr weight rows use them; one weight row's two
+ * vectors into its accumulators; the sums out. */
+static inline __attribute__((always_inline)) void rows_load_x(const float *const *x, int64_t c, int nm, int nr, vf *x0, vf *x1) {
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
+        x0[m] = vload(x[m] + c), x1[m] = vload(x[m] + c + VL);
+        if (nr > 1) {
+            IN_REGISTER(x0[m]);
+            IN_REGISTER(x1[m]);
+        }
+    }
+}
+static inline __attribute__((always_inline)) void rows_fma(int nm, vf w0, vf w1, const vf *x0, const vf *x1, vf *a0, vf *a1) {
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
+        a0[m] = vfma(w0, x0[m], a0[m]);
+        a1[m] = vfma(w1, x1[m], a1[m]);
+    }
+}
+static inline __attribute__((always_inline)) void rows_store(int nr, int nm, vf (*a0)[MR], vf (*a1)[MR], int64_t r, int64_t m0,
+                                                             float *y, int64_t ldy) {
+    _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++)
+        y[(m0 + m) * ldy + r + i] = vsum(vadd(a0[i][m], a1[i][m]));
+}
+
+/* nr weight rows [r, r + nr) against input rows [m0, m0 + nm) (nr * nm <= 8:
+ * at most 16 accumulators). Several weight rows at once give independent
+ * FMA chains: one row alone has two (a0, a1) and waits on the FMA latency
+ * (measured 25 G weights/s at M = 1, against 60+ with 4 rows); each row's
+ * arithmetic is unchanged, so the grouping changes no result. */
+static inline __attribute__((always_inline)) void q4_rows(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
+                                                          int64_t m0, int nm, float *y, int64_t ldy) {
     int64_t K = w->K, G = w->G, gs = w->gs;
-    const uint8_t *q = (const uint8_t *)w->w + r * (K / 2);
+    const uint8_t *q[4];
     const float *x[MR];
-    vf acc[MR], acc2[MR];
+    vf acc[4][MR], acc2[4][MR], sv[4], bv[4];
     const vf iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K, acc[m] = vzero(), acc2[m] = vzero();
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K;
+    _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
+        q[i] = (const uint8_t *)w->w + (r + i) * (K / 2);
+        sv[i] = bv[i] = vzero();
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) acc[i][m] = vzero(), acc2[i][m] = vzero();
+    }
     /* scales and biases 16 groups at a time; each group's pair is then a
      * lane broadcast (vpermps) instead of two scalar loads and conversions */
-    vf sv = vzero(), bv = vzero();
     for (int64_t g = 0; g < G; g++) {
         int lane = (int)(g % VL);
         if (lane == 0) {
-            if (g + VL <= G) {
-                sv = vsb(w->scales, w->sbt, r * G + g);
-                bv = vsb(w->biases, w->sbt, r * G + g);
-            } else { /* masked loads: a scalar fill of a stack array then a vector load stalls (4x slower at K = 896) */
-                sv = vsb_n(w->scales, w->sbt, r * G + g, (int)(G - g));
-                bv = vsb_n(w->biases, w->sbt, r * G + g, (int)(G - g));
+            _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
+                int64_t o = (r + i) * G + g;
+                if (g + VL <= G) {
+                    sv[i] = vsb(w->scales, w->sbt, o);
+                    bv[i] = vsb(w->biases, w->sbt, o);
+                } else { /* masked loads: a scalar fill of a stack array then a vector load stalls (4x slower at K = 896) */
+                    sv[i] = vsb_n(w->scales, w->sbt, o, (int)(G - g));
+                    bv[i] = vsb_n(w->biases, w->sbt, o, (int)(G - g));
+                }
             }
         }
-        PREFETCH(q + g * gs / 2);
         __m512i li = _mm512_set1_epi32(lane);
-        vf tab = vfma(iota, _mm512_permutexvar_ps(li, sv), _mm512_permutexvar_ps(li, bv));
+        vf tab[4];
+        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
+            PREFETCH(q[i] + g * gs / 2);
+            tab[i] = vfma(iota, _mm512_permutexvar_ps(li, sv[i]), _mm512_permutexvar_ps(li, bv[i]));
+        }
         for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
-            __m512i d = vq4raw(q + c / 2);
-            vf lo = _mm512_permutexvar_ps(d, tab), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab);
-            _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
-                acc[m] = vfma(lo, vload(x[m] + c), acc[m]);
-                acc2[m] = vfma(hi, vload(x[m] + c + VL), acc2[m]);
+            vf x0[MR], x1[MR];
+            rows_load_x(x, c, nm, nr, x0, x1);
+            _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
+                __m512i d = vq4raw(q[i] + c / 2);
+                vf lo = _mm512_permutexvar_ps(d, tab[i]), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab[i]);
+                rows_fma(nm, lo, hi, x0, x1, acc[i], acc2[i]);
             }
         }
     }
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(acc[m], acc2[m]));
+    rows_store(nr, nm, acc, acc2, r, m0, y, ldy);
 }
 #else
 /* AVX2: each weight is widened and dequantized, fma(q, s, b), as the
@@ -150,6 +195,39 @@ static inline __attribute__((always_inline)) void q8_row(const kk_wview *w, cons
     }
     _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(a0[m], a1[m]));
 }
+
+#if KK_VBITS == 512
+/* q8_row for nr weight rows at once (nr * nm <= 8), as q4_rows: independent
+ * FMA chains, each row's arithmetic unchanged */
+static inline __attribute__((always_inline)) void q8_rows(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
+                                                          int64_t m0, int nm, float *y, int64_t ldy) {
+    int64_t K = w->K, G = w->G, gs = w->gs;
+    const uint8_t *q[4];
+    const float *x[MR];
+    vf a0[4][MR], a1[4][MR];
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->x + (m0 + m) * K;
+    _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
+        q[i] = (const uint8_t *)w->w + (r + i) * K;
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) a0[i][m] = vzero(), a1[i][m] = vzero();
+    }
+    for (int64_t g = 0; g < G; g++) {
+        vf s[4], b[4];
+        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
+            s[i] = vset1(kk_ldf(w->scales, w->sbt, (r + i) * G + g)), b[i] = vset1(kk_ldf(w->biases, w->sbt, (r + i) * G + g));
+            PREFETCH(q[i] + g * gs);
+        }
+        for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
+            vf x0[MR], x1[MR];
+            rows_load_x(x, c, nm, nr, x0, x1);
+            _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
+                vf d0 = vfma(vq8(q[i] + c), s[i], b[i]), d1 = vfma(vq8(q[i] + c + VL), s[i], b[i]);
+                rows_fma(nm, d0, d1, x0, x1, a0[i], a1[i]);
+            }
+        }
+    }
+    rows_store(nr, nm, a0, a1, r, m0, y, ldy);
+}
+#endif
 
 /* VL weights of a float row at column k (fmt is a constant after inlining) */
 static inline __attribute__((always_inline)) vf wload(kg_wfmt fmt, const void *row, int64_t k) {
@@ -216,7 +294,56 @@ static inline __attribute__((always_inline)) void float_row(kg_wfmt fmt, const k
     }
 #endif
 
+#if KK_VBITS == 512
+/* 4- and 8-bit rows [r0, r1): as many weight rows per pass as keep 16
+ * accumulators busy (4 rows for 1-2 input rows, 2 for 3-4, 1 from 5) */
+#define QR(nr, nm) ROWS(w, xv, r, nr, m0, nm, y, ldy)
+#define Q_NR4(nm)                                                                                                      \
+    switch (nr) {                                                                                                      \
+    case 1: QR(1, nm); break;                                                                                          \
+    case 2: QR(2, nm); break;                                                                                          \
+    case 3: QR(3, nm); break;                                                                                          \
+    default: QR(4, nm); break;                                                                                         \
+    }
+#define Q_NR2(nm)                                                                                                      \
+    switch (nr) {                                                                                                      \
+    case 1: QR(1, nm); break;                                                                                          \
+    default: QR(2, nm); break;                                                                                         \
+    }
+#define Q_GEMV(name)                                                                                                   \
+    static void name(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, float *y, int64_t ldy) {           \
+        for (int64_t m0 = 0; m0 < xv->M; m0 += MR) {                                                                   \
+            int nm = xv->M - m0 < MR ? (int)(xv->M - m0) : MR, rows = nm <= 2 ? 4 : nm <= 4 ? 2 : 1;                   \
+            for (int64_t r = r0; r < r1; r += rows) {                                                                  \
+                int nr = r1 - r < rows ? (int)(r1 - r) : rows;                                                         \
+                switch (nm) {                                                                                          \
+                case 1: Q_NR4(1); break;                                                                               \
+                case 2: Q_NR4(2); break;                                                                               \
+                case 3: Q_NR2(3); break;                                                                               \
+                case 4: Q_NR2(4); break;                                                                               \
+                case 5: QR(1, 5); break;                                                                               \
+                case 6: QR(1, 6); break;                                                                               \
+                case 7: QR(1, 7); break;                                                                               \
+                default: QR(1, 8); break;                                                                              \
+                }                                                                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
+    }
+#define ROWS q4_rows
+Q_GEMV(q4_gemv)
+#undef ROWS
+#define ROWS q8_rows
+Q_GEMV(q8_gemv)
+#undef ROWS
+#endif
+
 static void lin_gemv(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, float *y, int64_t ldy) {
+#if KK_VBITS == 512
+    if (w->fmt == KG_WF_AFFINE) {
+        (w->bits == 4 ? q4_gemv : q8_gemv)(w, xv, r0, r1, y, ldy);
+        return;
+    }
+#endif
     for (int64_t r = r0; r < r1; r++) {
         for (int64_t m0 = 0; m0 < xv->M; m0 += MR) {
             int nm = xv->M - m0 < MR ? (int)(xv->M - m0) : MR;
@@ -235,11 +362,15 @@ static void lin_gemv(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t 
                 break;
             case KG_WF_AFFINE:
                 if (w->bits == 4) {
+#if KK_VBITS != 512 /* AVX-512: q4_gemv */
 #define C_Q4(n) q4_row(w, xv, r, m0, n, y, ldy)
                     LIN_CASES(C_Q4);
+#endif
                 } else {
+#if KK_VBITS != 512 /* AVX-512: q8_gemv */
 #define C_Q8(n) q8_row(w, xv, r, m0, n, y, ldy)
                     LIN_CASES(C_Q8);
+#endif
                 }
                 break;
             }
@@ -293,10 +424,6 @@ static void lin_widen(const kk_wview *w, int64_t r0, int64_t r1, float *out) {
     }
 }
 
-/* Keeps v in a register: the compiler would otherwise fold the load into
- * each of the nr FMAs that use it, one load per FMA, and the tile would be
- * bound by loads instead of FMAs (measured: 25% slower). */
-#define IN_REGISTER(v) __asm__("" : "+v"(v))
 
 /* y[m, r] for nr weight rows W (stride ldw) and nm input rows X (stride K) */
 static inline __attribute__((always_inline)) void gemm_tile(const float *W, int64_t ldw, const float *X, int64_t K, int nr,
