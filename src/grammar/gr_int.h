@@ -53,4 +53,13 @@ void kgr_buf_printf(kgr_buf *b, const char *fmt, ...) KILN_PRINTF(2, 3);
 /* s as a GBNF literal, quotes included */
 void kgr_buf_literal(kgr_buf *b, const char *s, size_t n);
 
+/* ---- validate.c: JSON Schema instance validation ---- */
+/* The node a local JSON pointer ("#", "#/a/b~1c") names under root; NULL
+ * when it does not resolve or is not local. */
+const cJSON *kgr_json_pointer(const cJSON *root, const char *ref);
+enum { KGR_V_INVALID = 0, KGR_V_VALID = 1, KGR_V_UNSUPPORTED = -1 };
+/* Whether x validates against schema (refs resolve under root); UNSUPPORTED,
+ * with err naming the keyword, where the answer would be a guess. */
+int kgr_validate(const cJSON *root, const cJSON *schema, const cJSON *x, char *err, size_t n_err);
+
 #endif

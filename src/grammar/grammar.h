@@ -53,7 +53,8 @@ kiln_status kgr_from_regex(const char *re, kgr_grammar **out);
 kiln_status kgr_from_choices(const char *const *v, int32_t n, kgr_grammar **out);
 /* JSON Schema (drafts 4 to 2020-12). A keyword it cannot honour is an error
  * naming the keyword and its JSON pointer ("unsupported keyword
- * 'uniqueItems' at #/properties/tags"); so is a format it does not know.
+ * 'uniqueItems' at #/properties/tags"); so is a format a draft defines that it lacks
+ * (other format names are annotations).
  * Properties must come in the schema's order. json_object: pass
  * {"type":"object","additionalProperties":true}. */
 kiln_status kgr_from_json_schema(const char *text, size_t len, const kgr_opts *o, kgr_grammar **out);

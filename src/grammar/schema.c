@@ -187,36 +187,12 @@ static const cJSON *resolve(sc *c, const char *ref, const char *ptr) {
         fail(c, ptr, "'$ref' %s is not a local JSON pointer (#/...)", ref);
         return NULL;
     }
-    const cJSON *n = c->root;
-    const char *p = ref + 1;
-    if (*p && *p != '/') {
+    if (ref[1] && ref[1] != '/') {
         fail(c, ptr, "'$ref' %s: anchors are not supported", ref);
         return NULL;
     }
-    while (*p == '/') {
-        p++;
-        char tok[256];
-        size_t k = 0;
-        for (; *p && *p != '/' && k + 1 < sizeof tok; p++) {
-            if (*p == '~' && p[1] == '0') tok[k++] = '~', p++;
-            else if (*p == '~' && p[1] == '1') tok[k++] = '/', p++;
-            else if (*p == '%' && p[1] && p[2]) {
-                char h[3] = {p[1], p[2], 0};
-                tok[k++] = (char)strtol(h, NULL, 16);
-                p += 2;
-            } else tok[k++] = *p;
-        }
-        tok[k] = 0;
-        if (cJSON_IsArray(n)) {
-            char *end;
-            long i = strtol(tok, &end, 10);
-            n = *end ? NULL : cJSON_GetArrayItem(n, (int)i);
-        } else n = cJSON_IsObject(n) ? cJSON_GetObjectItemCaseSensitive(n, tok) : NULL;
-        if (!n) {
-            fail(c, ptr, "'$ref' %s does not resolve", ref);
-            return NULL;
-        }
-    }
+    const cJSON *n = kgr_json_pointer(c->root, ref);
+    if (!n) fail(c, ptr, "'$ref' %s does not resolve", ref);
     return n;
 }
 
@@ -610,8 +586,14 @@ static bool gen_string(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern"), *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
     const char *fb = cJSON_IsString(fmt) ? format_body(fmt->valuestring) : NULL;
     if (cJSON_IsString(fmt) && !strcmp(fmt->valuestring, "email")) fb = "email";
-    static const char *const loose[] = {"int32", "int64", "float", "double", "password", "text", "textarea", NULL};
-    if (cJSON_IsString(fmt) && !fb && !in_list(loose, fmt->valuestring))
+    /* The formats the JSON Schema drafts (3 to 2020-12) define assert
+     * something: those it has no grammar for are refused. Any other name
+     * (OpenAPI's int32 or byte, "url", "path") is an annotation, as the spec
+     * says of formats it does not define (2020-12 section 7.2.3). */
+    static const char *const defined[] = {"idn-email", "idn-hostname", "uri-reference", "iri", "iri-reference",
+                                          "uri-template", "json-pointer", "relative-json-pointer", "regex",
+                                          "color", "host-name", "ip-address", "utc-millisec", "style", "phone", NULL};
+    if (cJSON_IsString(fmt) && !fb && in_list(defined, fmt->valuestring))
         return fail(c, ptr, "unsupported format '%s'", fmt->valuestring);
     bool lens = (mn && !(cJSON_IsNumber(mn) && mn->valuedouble <= 0)) || mx;
     if (cJSON_IsString(pat)) {
@@ -773,6 +755,7 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         }
         k++;
     }
+    int32_t n_listed = k;
     /* required names that are not listed: any value */
     for (const cJSON *r = req ? req->child : NULL; ok && r; r = r->next) {
         if (!cJSON_IsString(r)) continue;
@@ -891,6 +874,11 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
                     kgr_buf_puts(&t, "\"\"");
                     kgr_buf_puts(&h, "\"\"");
                 }
+            } else if (!must[i] && i < n_listed && cJSON_IsFalse(cJSON_GetArrayItem(props, i))) {
+                /* an optional property whose schema is false: never there
+                 * (its name still keeps additional keys apart) */
+                kgr_buf_printf(&h, "%s", H[i + 1]);
+                kgr_buf_printf(&t, "%s", T[i + 1]);
             } else {
                 kgr_buf_printf(&h, "%s %s", kv[i], T[i + 1]);
                 kgr_buf_printf(&t, "\",\" %s %s %s", ws, kv[i], T[i + 1]);
@@ -1017,14 +1005,9 @@ static bool gen_typed(sc *c, const cJSON *s, const char *ptr, int t, kgr_buf *b)
 static const cJSON *deref(sc *c, const cJSON *s) {
     for (int i = 0; i < 8 && cJSON_IsObject(s); i++) {
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(s, "$ref");
-        if (!cJSON_IsString(r) || r->valuestring[0] != '#') break;
-        const cJSON *t = c->root;
+        if (!cJSON_IsString(r)) break;
         /* resolve quietly: a bad $ref is reported when the branch compiles */
-        char buf[512];
-        snprintf(buf, sizeof buf, "%s", r->valuestring);
-        char *save = NULL;
-        for (char *tok = strtok_r(buf + 1, "/", &save); tok && t; tok = strtok_r(NULL, "/", &save))
-            t = cJSON_IsObject(t) ? cJSON_GetObjectItemCaseSensitive(t, tok) : NULL;
+        const cJSON *t = kgr_json_pointer(c->root, r->valuestring);
         if (!t) break;
         s = t;
     }
@@ -1084,11 +1067,14 @@ static bool has_str(const cJSON *list, const char *k) {
 
 /* an instance of a always has a key that b forbids */
 static bool key_excludes(const cJSON *a, const cJSON *b) {
-    if (!cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(b, "additionalProperties"))) return false;
+    bool closed = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(b, "additionalProperties"));
     const cJSON *pb = cJSON_GetObjectItemCaseSensitive(b, "properties");
-    for (const cJSON *r = cJSON_GetObjectItemCaseSensitive(a, "required") ? cJSON_GetObjectItemCaseSensitive(a, "required")->child : NULL; r;
-         r = r->next)
-        if (cJSON_IsString(r) && !cJSON_GetObjectItemCaseSensitive(pb, r->valuestring)) return true;
+    const cJSON *ra = cJSON_GetObjectItemCaseSensitive(a, "required");
+    for (const cJSON *r = cJSON_IsArray(ra) ? ra->child : NULL; r; r = r->next) {
+        if (!cJSON_IsString(r)) continue;
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(pb, r->valuestring);
+        if ((closed && !q) || cJSON_IsFalse(q)) return true;
+    }
     return false;
 }
 
@@ -1112,6 +1098,65 @@ static bool disjoint(sc *c, const cJSON *a, const cJSON *b) {
     return key_excludes(a, b) || key_excludes(b, a);
 }
 
+/* The finite list of values s allows, if it has one: its const or enum, or
+ * one of an allOf branch or a $ref target (the other keywords only remove
+ * values). *one: the list is a single const value. */
+static const cJSON *finite_values(sc *c, const cJSON *s, bool *one, int depth) {
+    if (!cJSON_IsObject(s) || depth > 16) return NULL;
+    const cJSON *cst = cJSON_GetObjectItemCaseSensitive(s, "const");
+    if (cst) {
+        *one = true;
+        return cst;
+    }
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    if (cJSON_IsArray(en)) {
+        *one = false;
+        return en->child ? en->child : en;
+    }
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
+    for (const cJSON *e = cJSON_IsArray(all) ? all->child : NULL; e; e = e->next) {
+        const cJSON *v = finite_values(c, e, one, depth + 1);
+        if (v) return v;
+    }
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+    if (cJSON_IsString(ref)) return finite_values(c, kgr_json_pointer(c->root, ref->valuestring), one, depth + 1);
+    return NULL;
+}
+
+/* A schema with a finite list of values is exactly the values that validate
+ * against it (whatever else it says: not, if/then/else, uniqueItems, ...).
+ * false: the validator cannot decide some value (the caller compiles the
+ * schema the ordinary way, which refuses what it cannot honour). */
+static bool gen_finite(sc *c, const cJSON *s, kgr_buf *b) {
+    bool one = false;
+    const cJSON *first = finite_values(c, s, &one, 0);
+    if (!first) return false;
+    kgr_buf t = {0};
+    int kept = 0;
+    kgr_buf_puts(&t, "(");
+    /* an empty enum is the array itself (no values) */
+    for (const cJSON *e = cJSON_IsArray(first) && !first->child && !one ? NULL : first; e; e = one ? NULL : e->next) {
+        char err[200];
+        int r = kgr_validate(c->root, s, e, err, sizeof err);
+        if (r == KGR_V_UNSUPPORTED) {
+            free(t.p);
+            return false;
+        }
+        if (r != KGR_V_VALID) continue;
+        if (kept++) kgr_buf_puts(&t, " | ");
+        lit_value(&t, e);
+    }
+    if (!kept) kgr_buf_puts(&t, "[^\\U00000000-\\U0010FFFF]");
+    kgr_buf_puts(&t, ")");
+    if (t.oom) {
+        free(t.p);
+        return false;
+    }
+    kgr_buf_put(b, t.p, t.n);
+    free(t.p);
+    return true;
+}
+
 static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     char n[48], tmp[512];
     if (cJSON_IsTrue(s) || (cJSON_IsObject(s) && !s->child)) {
@@ -1123,6 +1168,7 @@ static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         return true;
     }
     if (!cJSON_IsObject(s)) return fail(c, ptr, "a schema must be an object or a boolean%s", "");
+    if (gen_finite(c, s, b)) return true;
     if (!check_keywords(c, s, ptr)) return false;
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
@@ -1163,30 +1209,93 @@ static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         for (const cJSON *k = s->child; k; k = k->next)
             if (k != alts && in_list(handled, k->string) && strcmp(k->string, "$defs") && strcmp(k->string, "definitions"))
                 siblings = true;
-        if (one) /* anyOf's grammar is exact for oneOf only when no value matches two branches */
-            for (const cJSON *x = alts->child; x; x = x->next)
-                for (const cJSON *y = x->next; y; y = y->next)
-                    if (!disjoint(c, x, y)) return fail(c, ptr, "'%s' whose branches may overlap (it would act as anyOf)", "oneOf");
-        kgr_buf_puts(b, "(");
+        int nb = cJSON_GetArraySize(alts);
+        const cJSON **br = calloc((size_t)nb, sizeof *br);
+        bool *owned = calloc((size_t)nb, 1), *drop = calloc((size_t)nb, 1);
+        if (!br || !owned || !drop) {
+            free(br), free(owned), free(drop);
+            return fail(c, ptr, "%s", "out of memory");
+        }
+        bool ok = true;
         int i = 0;
-        for (const cJSON *e = alts->child; e; e = e->next, i++) {
+        for (const cJSON *e = alts->child; ok && e; e = e->next, i++) {
+            br[i] = e;
+            if (!siblings) continue;
             char idx[16];
             snprintf(idx, sizeof idx, "%d", i);
             child_ptr(tmp, ptr, any ? "anyOf" : "oneOf", idx);
-            const cJSON *br = e;
-            if (siblings) {
-                cJSON *m = own(c, cJSON_CreateObject());
-                if (!m) return fail(c, ptr, "%s", "out of memory");
-                for (const cJSON *k = s->child; k; k = k->next)
-                    if (k != alts) cJSON_AddItemToObject(m, k->string, cJSON_Duplicate(k, true));
-                if (!merge_into(c, m, e, tmp, 0)) return false;
+            cJSON *m = own(c, cJSON_CreateObject());
+            if (!m) ok = fail(c, ptr, "%s", "out of memory");
+            for (const cJSON *k = s->child; ok && k; k = k->next)
+                if (k != alts) cJSON_AddItemToObject(m, k->string, cJSON_Duplicate(k, true));
+            if (ok) ok = merge_into(c, m, e, tmp, 0);
+            if (ok) {
                 cJSON_DeleteItemFromObjectCaseSensitive(m, "$ref");
                 cJSON_DeleteItemFromObjectCaseSensitive(m, "allOf");
-                br = m;
+                br[i] = m;
             }
-            if (!gen(c, br, tmp, n)) return false;
-            kgr_buf_printf(b, "%s%s", i ? " | " : "", n);
         }
+        /* anyOf's grammar is exact for oneOf only when no value matches two
+         * branches. Branch j that only lists required names (beside the
+         * shared siblings) is excluded from branch i exactly by leaving out
+         * its one name that i does not require; i is impossible when it
+         * requires all of them. */
+        const cJSON **orig = calloc((size_t)nb, sizeof *orig); /* the branches before refinement */
+        if (!orig) ok = fail(c, ptr, "%s", "out of memory");
+        for (int x = 0; ok && x < nb; x++) orig[x] = br[x];
+        /* refined branch x must exclude every other original branch y */
+        for (int x = 0; ok && one && x < nb; x++)
+            for (int y = 0; ok && y < nb; y++) {
+                if (x == y || drop[x] || disjoint(c, br[x], orig[y])) continue;
+                const cJSON *oj = deref(c, cJSON_GetArrayItem(alts, y));
+                const cJSON *rj = cJSON_IsObject(oj) ? cJSON_GetObjectItemCaseSensitive(oj, "required") : NULL;
+                bool only_req = cJSON_IsArray(rj);
+                for (const cJSON *k = cJSON_IsObject(oj) ? oj->child : NULL; k; k = k->next)
+                    if (k != rj && in_list(handled, k->string)) only_req = false;
+                if (!only_req || !cJSON_IsObject(br[x])) continue; /* y's turn may refine y against x */
+                const cJSON *ri = cJSON_GetObjectItemCaseSensitive(br[x], "required");
+                const char *miss = NULL;
+                int n_miss = 0;
+                for (const cJSON *r = rj->child; r; r = r->next)
+                    if (cJSON_IsString(r) && !has_str(ri, r->valuestring)) miss = r->valuestring, n_miss++;
+                if (n_miss == 0) {
+                    drop[x] = true;
+                    continue;
+                }
+                if (n_miss > 1) continue;
+                if (!owned[x]) { /* refine a copy: orig[x] stays what x said */
+                    cJSON *m = own(c, cJSON_Duplicate(br[x], true));
+                    if (!m) ok = fail(c, ptr, "%s", "out of memory");
+                    else br[x] = m, owned[x] = true;
+                }
+                if (!ok) break;
+                cJSON *m = (cJSON *)br[x], *pr = cJSON_GetObjectItemCaseSensitive(m, "properties");
+                if (!cJSON_IsObject(pr)) {
+                    cJSON_DeleteItemFromObjectCaseSensitive(m, "properties");
+                    pr = cJSON_AddObjectToObject(m, "properties");
+                }
+                if (pr) {
+                    cJSON_DeleteItemFromObjectCaseSensitive(pr, miss);
+                    cJSON_AddItemToObject(pr, miss, cJSON_CreateFalse());
+                }
+            }
+        for (int x = 0; ok && one && x < nb; x++)
+            for (int y = 0; ok && y < nb; y++)
+                if (x != y && !drop[x] && !disjoint(c, br[x], orig[y]))
+                    ok = fail(c, ptr, "'%s' whose branches may overlap (it would act as anyOf)", "oneOf");
+        kgr_buf_puts(b, "(");
+        int kept = 0;
+        for (i = 0; ok && i < nb; i++) {
+            if (drop[i]) continue;
+            char idx[16];
+            snprintf(idx, sizeof idx, "%d", i);
+            child_ptr(tmp, ptr, any ? "anyOf" : "oneOf", idx);
+            ok = gen(c, br[i], tmp, n);
+            if (ok) kgr_buf_printf(b, "%s%s", kept++ ? " | " : "", n);
+        }
+        if (ok && !kept) kgr_buf_puts(b, "[^\\U00000000-\\U0010FFFF]");
+        free(br), free(owned), free(drop), free(orig);
+        if (!ok) return false;
         kgr_buf_puts(b, ")");
         return true;
     }

@@ -163,6 +163,60 @@ KT_TEST(schema_strings_numbers) {
     NOT("{\"type\":\"number\",\"exclusiveMinimum\":0}", "0.0");
 }
 
+/* enum / const beside any keyword: the values that validate (validate.c) */
+KT_TEST(schema_finite_values) {
+    const char *notnot = "{\"allOf\":[{\"enum\":[1,\"a\",[1,1],{\"k\":2}]},{\"not\":{\"type\":\"string\"}}]}";
+    OK(notnot, "1");
+    OK(notnot, "[1, 1]");
+    NOT(notnot, "\"a\"");
+    const char *uniq = "{\"enum\":[[1,1],[1,2]],\"uniqueItems\":true}";
+    OK(uniq, "[1, 2]");
+    NOT(uniq, "[1, 1]");
+    const char *cond = "{\"enum\":[{\"a\":1,\"b\":2},{\"a\":2}],\"if\":{\"properties\":{\"a\":{\"const\":1}}},"
+                       "\"then\":{\"required\":[\"b\"]},\"else\":{\"maxProperties\":0}}";
+    OK(cond, "{\"a\": 1, \"b\": 2}");
+    NOT(cond, "{\"a\": 2}");
+    const char *mult = "{\"enum\":[3,4,4.5,6],\"multipleOf\":1.5,\"minimum\":4}";
+    OK(mult, "4.5");
+    OK(mult, "6");
+    NOT(mult, "3");
+    NOT(mult, "4");
+    const char *pat = "{\"enum\":[\"ab\",\"abc\",\"x\"],\"pattern\":\"^a\",\"maxLength\":2}";
+    OK(pat, "\"ab\"");
+    NOT(pat, "\"abc\"");
+    NOT(pat, "\"x\"");
+    const char *deps = "{\"enum\":[{\"a\":1},{\"a\":1,\"b\":1}],\"dependencies\":{\"a\":[\"b\"]}}";
+    OK(deps, "{\"a\": 1, \"b\": 1}");
+    NOT(deps, "{\"a\": 1}");
+    NOT("{\"enum\":[1,2],\"not\":{\"enum\":[1,2]}}", "1"); /* nothing left */
+    /* what the validator cannot decide is refused, not guessed */
+    KT_CHECK(sch("{\"enum\":[{\"a\":1}],\"unevaluatedProperties\":false}", "{\"a\": 1}") == -1);
+}
+
+/* oneOf: a branch that only lists required names is excluded exactly */
+KT_TEST(schema_one_of_required) {
+    const char *s = "{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"integer\"},\"j\":{\"type\":\"integer\"}},"
+                    "\"oneOf\":[{\"required\":[\"p\"]},{\"required\":[\"j\"]}]}";
+    OK(s, "{\"p\": 1}");
+    OK(s, "{\"j\": 2}");
+    NOT(s, "{\"p\": 1, \"j\": 2}");
+    NOT(s, "{}");
+    /* a branch whose names include the other's can never be the only match */
+    const char *sub = "{\"type\":\"object\",\"oneOf\":[{\"required\":[\"a\"]},{\"required\":[\"a\",\"b\"]}],"
+                      "\"properties\":{\"a\":{},\"b\":{}},\"additionalProperties\":false}";
+    OK(sub, "{\"a\": 1}");
+    NOT(sub, "{\"a\": 1, \"b\": 2}");
+}
+
+/* formats the drafts do not define are annotations; defined ones it lacks are errors */
+KT_TEST(schema_format_annotations) {
+    OK("{\"type\":\"string\",\"format\":\"url\"}", "\"not a url\"");
+    OK("{\"type\":\"string\",\"format\":\"byte\"}", "\"QUJD\"");
+    NOT("{\"type\":\"string\",\"format\":\"path\"}", "1");
+    KT_CHECK(sch("{\"type\":\"string\",\"format\":\"uri-reference\"}", "\"a\"") == -1);
+    KT_CHECK(sch("{\"type\":\"string\",\"format\":\"regex\"}", "\"a\"") == -1);
+}
+
 KT_TEST(schema_errors) {
     static const char *const cases[][2] = {
         {"{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems' at #"},
