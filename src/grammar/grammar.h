@@ -128,5 +128,8 @@ typedef struct {
 kiln_status kgr_bench_file(const char *json, size_t len, const ktok *tok, const kgr_vocab *v,
                            kgr_bench_result *r);
 void kgr_bench_result_free(kgr_bench_result *r);
+/* Times with the thread's CPU clock instead of the wall clock (on a shared
+ * machine, where other processes' time slices inflate wall-clock tails). */
+void kgr_bench_cpu_time(bool on);
 
 #endif

@@ -190,3 +190,45 @@ KT_TEST(grammar_choices) {
     KT_CHECK(st != NULL);
     kiln_status_free(st);
 }
+
+/* A string interior's mask (the plain tokens at once, the rest walked)
+ * agrees with each token's own walk, in an unbounded string, a bounded one
+ * and a pattern. */
+KT_TEST(grammar_mask_string_interior) {
+    static const char *const toks[] = {"ab", "a b", "x\"", "\",", "\\n", "\xc3\xa9", "abc\"}", "\"", "}", "{",
+                                       "\"s\": \"", "\"t\": \"", "\"u\": \"", ", ", "~!", "\x01", "zz", "q", "\xc3"};
+    int32_t n = (int32_t)(sizeof toks / sizeof *toks), lens[32];
+    for (int32_t i = 0; i < n; i++) lens[i] = (int32_t)strlen(toks[i]);
+    kgr_vocab *v = NULL;
+    KT_CHECK(kgr_vocab_from_strings(toks, lens, n, -1, &v) == NULL);
+    const char *s = "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"},\"t\":{\"type\":\"string\",\"maxLength\":2},"
+                    "\"u\":{\"type\":\"string\",\"pattern\":\"^[a-z ]*$\"}},\"additionalProperties\":false}";
+    kgr_grammar *g = NULL;
+    KT_CHECK(kgr_from_json_schema(s, strlen(s), NULL, &g) == NULL);
+    kgr_index *ix = NULL;
+    KT_CHECK(kgr_index_create(g, v, &ix) == NULL);
+    static const char *const prefixes[] = {"{\"s\": \"", "{\"s\": \"ab", "{\"t\": \"", "{\"t\": \"a", "{\"u\": \"a b"};
+    int checked = 0, allowed = 0;
+    for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes; p++) {
+        kgr_matcher *m = NULL;
+        KT_CHECK(kgr_matcher_create(ix, &m) == NULL);
+        KT_CHECK(kgr_matcher_accept_bytes(m, prefixes[p], strlen(prefixes[p])));
+        uint32_t bits[1];
+        KT_CHECK(kgr_matcher_mask(m, bits) == NULL);
+        for (int32_t t = 0; t < n; t++) {
+            kgr_matcher *c = NULL;
+            KT_CHECK(kgr_matcher_create(ix, &c) == NULL);
+            KT_CHECK(kgr_matcher_accept_bytes(c, prefixes[p], strlen(prefixes[p])));
+            bool ok = kgr_matcher_accept_bytes(c, toks[t], strlen(toks[t]));
+            bool bit = (bits[0] >> t) & 1;
+            KT_CHECKF(bit == ok, "after %s: token '%s': mask %d, walk %d", prefixes[p], toks[t], bit, ok);
+            checked++, allowed += ok;
+            kgr_matcher_free(c);
+        }
+        kgr_matcher_free(m);
+    }
+    KT_CHECK(checked == 5 * n && allowed > 10 && allowed < checked - 10);
+    kgr_index_free(ix);
+    kgr_grammar_free(g);
+    kgr_vocab_free(v);
+}
