@@ -60,6 +60,9 @@ const cJSON *kgr_json_pointer(const cJSON *root, const char *ref);
 enum { KGR_V_INVALID = 0, KGR_V_VALID = 1, KGR_V_UNSUPPORTED = -1 };
 /* Whether x validates against schema (refs resolve under root); UNSUPPORTED,
  * with err naming the keyword, where the answer would be a guess. */
+/* 1: the ECMAScript pattern matches somewhere in s (PCRE2); 0: not; -1: a
+ * pattern PCRE2 does not take */
+int kgr_regex_search(const char *pat, const char *s);
 int kgr_validate(const cJSON *root, const cJSON *schema, const cJSON *x, char *err, size_t n_err);
 
 #endif

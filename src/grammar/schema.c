@@ -214,20 +214,26 @@ static bool in_list(const char *const *l, const char *k) {
     return false;
 }
 
-/* patternProperties where representable: one pattern, no listed properties,
- * and either additionalProperties false (keys must match the pattern) or a
- * pattern every key matches (then it is additionalProperties). 1: yes, with
- * *pat and *val set; *all: the pattern matches every key. */
+/* patternProperties where representable: one pattern, and either
+ * additionalProperties false (keys must be listed or match the pattern,
+ * and no listed name may match it, so each key has one schema) or, without
+ * listed properties, a pattern every key matches (then it is
+ * additionalProperties). 1: yes, with *pat and *val set; *all: the pattern
+ * matches every key. */
 static bool pattern_props(const cJSON *s, const char **pat, const cJSON **val, bool *all) {
     const cJSON *pp = cJSON_GetObjectItemCaseSensitive(s, "patternProperties");
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(s, "properties");
     const cJSON *add = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
-    if (!cJSON_IsObject(pp) || !pp->child || pp->child->next || (pr && pr->child)) return false;
+    if (!cJSON_IsObject(pp) || !pp->child || pp->child->next) return false;
     *pat = pp->child->string;
     *val = pp->child;
     *all = !strcmp(*pat, "") || !strcmp(*pat, ".*") || !strcmp(*pat, "^.*$") || !strcmp(*pat, "^.*") || !strcmp(*pat, "(.*)");
-    if (cJSON_IsFalse(add)) return true;
-    return *all && (!add || cJSON_IsTrue(add));
+    if (cJSON_IsFalse(add)) {
+        for (const cJSON *p = cJSON_IsObject(pr) ? pr->child : NULL; p; p = p->next)
+            if (kgr_regex_search(*pat, p->string) != 0) return false;
+        return true;
+    }
+    return !(pr && pr->child) && *all && (!add || cJSON_IsTrue(add));
 }
 
 static bool check_keywords(sc *c, const cJSON *s, const char *ptr) {
@@ -240,6 +246,7 @@ static bool check_keywords(sc *c, const cJSON *s, const char *ptr) {
         const cJSON *val;
         bool all;
         if (!strcmp(k->string, "patternProperties") && pattern_props(s, &pat, &val, &all)) continue;
+        if (!strcmp(k->string, "minProperties") && cJSON_IsNumber(k) && k->valuedouble <= 1) continue; /* gen_object */
         if ((!strcmp(k->string, "minProperties") && cJSON_IsNumber(k) && k->valuedouble <= 0) ||
             (!strcmp(k->string, "minContains") && cJSON_IsNumber(k) && k->valuedouble <= 0))
             continue;
@@ -856,6 +863,8 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
             }
         }
     }
+    const cJSON *minp = cJSON_GetObjectItemCaseSensitive(s, "minProperties");
+    bool nonempty = cJSON_IsNumber(minp) && minp->valuedouble > 0; /* check_keywords: at most 1 */
     if (ok) {
         /* H_i: nothing emitted yet; T_i: something emitted (members need a comma) */
         char (*H)[48] = calloc((size_t)n + 1, sizeof *H), (*T)[48] = calloc((size_t)n + 1, sizeof *T);
@@ -867,12 +876,14 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         for (int32_t i = n; ok && i >= 0; i--) {
             kgr_buf h = {0}, t = {0};
             if (i == n) {
+                /* minProperties 1: an object with nothing emitted is not done */
+                const char *empty = nonempty ? "[^\\U00000000-\\U0010FFFF]" : "\"\"";
                 if (akv[0]) {
                     kgr_buf_printf(&t, "\",\" %s %s %s | \"\"", ws, akv, T[n]);
-                    kgr_buf_printf(&h, "%s %s | \"\"", akv, T[n]);
+                    kgr_buf_printf(&h, "%s %s | %s", akv, T[n], empty);
                 } else {
                     kgr_buf_puts(&t, "\"\"");
-                    kgr_buf_puts(&h, "\"\"");
+                    kgr_buf_puts(&h, empty);
                 }
             } else if (!must[i] && i < n_listed && cJSON_IsFalse(cJSON_GetArrayItem(props, i))) {
                 /* an optional property whose schema is false: never there

@@ -208,6 +208,25 @@ KT_TEST(schema_one_of_required) {
     NOT(sub, "{\"a\": 1, \"b\": 2}");
 }
 
+/* patternProperties beside listed properties (additionalProperties false);
+ * minProperties 1 */
+KT_TEST(schema_pattern_properties_listed) {
+    const char *s = "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},"
+                    "\"patternProperties\":{\"^x-\":{\"type\":\"string\"}},\"additionalProperties\":false}";
+    OK(s, "{\"id\": 1, \"x-a\": \"s\"}");
+    OK(s, "{\"x-a\": \"s\", \"x-b\": \"t\"}");
+    NOT(s, "{\"id\": 1, \"x-a\": 2}");
+    NOT(s, "{\"id\": 1, \"y\": \"s\"}");
+    /* a listed name the pattern matches would have two schemas: refused */
+    KT_CHECK(sch("{\"properties\":{\"x-id\":{}},\"patternProperties\":{\"^x-\":{\"type\":\"string\"}},"
+                 "\"additionalProperties\":false}", "{}") == -1);
+    const char *m = "{\"type\":\"object\",\"minProperties\":1,\"properties\":{\"a\":{\"type\":\"integer\"}}}";
+    OK(m, "{\"a\": 1}");
+    OK(m, "{\"b\": null}");
+    NOT(m, "{}");
+    KT_CHECK(sch("{\"type\":\"object\",\"minProperties\":2}", "{}") == -1);
+}
+
 /* formats the drafts do not define are annotations; defined ones it lacks are errors */
 KT_TEST(schema_format_annotations) {
     OK("{\"type\":\"string\",\"format\":\"url\"}", "\"not a url\"");

@@ -81,8 +81,7 @@ static int64_t cp_len(const char *s) {
     return n;
 }
 
-/* 1: the pattern matches somewhere in s; 0: not; -1: not a pattern PCRE2 takes */
-static int search(const char *pat, const char *s) {
+int kgr_regex_search(const char *pat, const char *s) {
     int e;
     PCRE2_SIZE off;
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &e, &off, NULL);
@@ -130,7 +129,7 @@ static int str_kw(vc *v, const cJSON *s, const cJSON *x) {
     if (cJSON_IsNumber(mn) && (double)n < mn->valuedouble) acc = KGR_V_INVALID;
     if (cJSON_IsNumber(mx) && (double)n > mx->valuedouble) acc = KGR_V_INVALID;
     if (cJSON_IsString(pat)) {
-        int r = search(pat->valuestring, x->valuestring);
+        int r = kgr_regex_search(pat->valuestring, x->valuestring);
         if (r < 0) return unsupported(v, "a 'pattern' it cannot evaluate");
         if (!r) acc = KGR_V_INVALID;
     }
@@ -194,7 +193,7 @@ static int obj_kw(vc *v, const cJSON *s, const cJSON *x) {
             FOLD(acc, val(v, p, m));
         }
         for (const cJSON *q = cJSON_IsObject(pp) ? pp->child : NULL; q; q = q->next) {
-            int r = search(q->string, m->string);
+            int r = kgr_regex_search(q->string, m->string);
             if (r < 0) return unsupported(v, "a 'patternProperties' pattern it cannot evaluate");
             if (r) {
                 matched = true;
