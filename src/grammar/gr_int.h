@@ -41,6 +41,11 @@ typedef struct {
  * over U+0000..U+10FFFF with neg, surrogates removed; -1: out of memory. */
 int32_t kgr_ranges_normalize(cprange *v, int32_t n, bool neg, cprange *out);
 
+/* The lengths in code points of the strings a search for regex re can match
+ * ([*min, *max], *max -1: unbounded); false: a pattern it does not analyse
+ * (lookaround, backreferences, a top-level |, anchors inside). */
+bool kgr_regex_lengths(const char *re, int64_t *min, int64_t *max);
+
 /* a growable string */
 typedef struct {
     char *p;

@@ -588,6 +588,12 @@ static const char *format_body(const char *f) {
     return NULL;
 }
 
+/* minLength / maxLength hold for every string of length [lo, hi] (hi -1: unbounded) */
+static bool lengths_implied(const cJSON *mn, const cJSON *mx, int64_t lo, int64_t hi) {
+    if (mn && !(cJSON_IsNumber(mn) && (double)lo >= mn->valuedouble)) return false;
+    return !mx || (cJSON_IsNumber(mx) && hi >= 0 && (double)hi <= mx->valuedouble);
+}
+
 static bool gen_string(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minLength"), *mx = cJSON_GetObjectItemCaseSensitive(s, "maxLength");
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern"), *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
@@ -604,7 +610,9 @@ static bool gen_string(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         return fail(c, ptr, "unsupported format '%s'", fmt->valuestring);
     bool lens = (mn && !(cJSON_IsNumber(mn) && mn->valuedouble <= 0)) || mx;
     if (cJSON_IsString(pat)) {
-        if (lens) return fail(c, ptr, "'%s' together with minLength/maxLength", "pattern");
+        int64_t rmin, rmax;
+        if (lens && !(kgr_regex_lengths(pat->valuestring, &rmin, &rmax) && lengths_implied(mn, mx, rmin, rmax)))
+            return fail(c, ptr, "'%s' together with minLength/maxLength", "pattern");
         if (fb) return fail(c, ptr, "'%s' together with a format", "pattern");
         char *body;
         kiln_status st = kgr_regex_to_gbnf(pat->valuestring, true, &body);
@@ -621,7 +629,15 @@ static bool gen_string(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     }
     char ch[48];
     if (fb) {
-        if (lens) return fail(c, ptr, "'%s' together with minLength/maxLength", "format");
+        /* formats of bounded length (what the grammar above matches) */
+        static const struct {
+            const char *name;
+            int64_t lo, hi;
+        } flen[] = {{"date", 10, 10}, {"uuid", 36, 36}, {"ipv4", 7, 15}};
+        bool implied = false;
+        for (size_t i = 0; i < sizeof flen / sizeof *flen; i++)
+            if (!strcmp(fmt->valuestring, flen[i].name)) implied = lengths_implied(mn, mx, flen[i].lo, flen[i].hi);
+        if (lens && !implied) return fail(c, ptr, "'%s' together with minLength/maxLength", "format");
         if (!strcmp(fb, "email")) {
             /* as Python jsonschema's checker: the string contains an @ */
             prim(c, P_CHAR, ch);

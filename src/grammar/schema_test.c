@@ -227,6 +227,22 @@ KT_TEST(schema_pattern_properties_listed) {
     KT_CHECK(sch("{\"type\":\"object\",\"minProperties\":2}", "{}") == -1);
 }
 
+/* pattern or format beside length bounds that every match already meets */
+KT_TEST(schema_pattern_lengths_implied) {
+    const char *s = "{\"type\":\"string\",\"pattern\":\"^[0-9]{16}$\",\"minLength\":16,\"maxLength\":16}";
+    OK(s, "\"1234567890123456\"");
+    NOT(s, "\"123456789012345\"");
+    const char *w = "{\"type\":\"string\",\"pattern\":\"^(?:[a-z]{1,3}-)?[\\\\w.]{2,8}$\",\"minLength\":2,\"maxLength\":40}";
+    OK(w, "\"abc-x_1\"");
+    NOT(w, "\"a\"");
+    OK("{\"type\":\"string\",\"format\":\"uuid\",\"maxLength\":36}", "\"123e4567-e89b-12d3-a456-426614174000\"");
+    /* bounds a match may break: refused */
+    KT_CHECK(sch("{\"type\":\"string\",\"pattern\":\"^[0-9]+$\",\"maxLength\":16}", "\"1\"") == -1);
+    KT_CHECK(sch("{\"type\":\"string\",\"pattern\":\"^[0-9]{3}\",\"maxLength\":16}", "\"123\"") == -1); /* a search */
+    KT_CHECK(sch("{\"type\":\"string\",\"pattern\":\"^a$|^bb$\",\"minLength\":1}", "\"a\"") == -1);
+    KT_CHECK(sch("{\"type\":\"string\",\"pattern\":\"^[a-z]{2,}$\",\"minLength\":3}", "\"abc\"") == -1);
+}
+
 /* formats the drafts do not define are annotations; defined ones it lacks are errors */
 KT_TEST(schema_format_annotations) {
     OK("{\"type\":\"string\",\"format\":\"url\"}", "\"not a url\"");
