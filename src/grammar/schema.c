@@ -236,6 +236,18 @@ static bool pattern_props(const cJSON *s, const char **pat, const cJSON **val, b
     return !(pr && pr->child) && *all && (!add || cJSON_IsTrue(add));
 }
 
+/* multipleOf k of an integer-only schema, k a whole number in [1, 1000]
+ * without bounds beside it (a residue automaton); 0: not such */
+static int int_multiple(const cJSON *s) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(s, "multipleOf"), *t = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (!cJSON_IsNumber(m) || !cJSON_IsString(t) || strcmp(t->valuestring, "integer")) return 0;
+    if (m->valuedouble != floor(m->valuedouble) || m->valuedouble < 1 || m->valuedouble > 1000) return 0;
+    static const char *const b[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
+    for (const char *const *k = b; *k; k++)
+        if (cJSON_GetObjectItemCaseSensitive(s, *k) && m->valuedouble != 1) return 0;
+    return (int)m->valuedouble;
+}
+
 static bool check_keywords(sc *c, const cJSON *s, const char *ptr) {
     for (const cJSON *k = s->child; k; k = k->next) {
         if (!in_list(refused, k->string)) continue;
@@ -247,6 +259,7 @@ static bool check_keywords(sc *c, const cJSON *s, const char *ptr) {
         bool all;
         if (!strcmp(k->string, "patternProperties") && pattern_props(s, &pat, &val, &all)) continue;
         if (!strcmp(k->string, "minProperties") && cJSON_IsNumber(k) && k->valuedouble <= 1) continue; /* gen_object */
+        if (!strcmp(k->string, "multipleOf") && int_multiple(s) > 0) continue; /* gen_integer */
         if ((!strcmp(k->string, "minProperties") && cJSON_IsNumber(k) && k->valuedouble <= 0) ||
             (!strcmp(k->string, "minContains") && cJSON_IsNumber(k) && k->valuedouble <= 0))
             continue;
@@ -485,6 +498,40 @@ static bool bounds(sc *c, const cJSON *s, const char *ptr, int unbounded, kgr_bu
 }
 
 static bool gen_integer(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
+    int k = int_multiple(s);
+    if (k > 1) { /* the digits' value mod k: rule r is "read so far = r (mod k)" */
+        char (*r)[48] = calloc((size_t)k, sizeof *r);
+        if (!r) return fail(c, ptr, "%s", "out of memory");
+        for (int i = 0; i < k; i++) fresh(c, r[i]);
+        for (int i = 0; i < k; i++) {
+            kgr_buf body = {0};
+            int alts = 0;
+            for (int t = 0; t < k; t++) {
+                char set[16];
+                int n = 0;
+                for (int d = 0; d < 10; d++)
+                    if ((10 * i + d) % k == t) set[n++] = (char)('0' + d);
+                if (!n) continue;
+                set[n] = 0;
+                kgr_buf_printf(&body, "%s[%s] %s", alts++ ? " | " : "", set, r[t]);
+            }
+            if (i == 0) kgr_buf_printf(&body, "%s\"\"", alts ? " | " : "");
+            rule(c, r[i], body.p ? body.p : "\"\"");
+            free(body.p);
+        }
+        kgr_buf_puts(b, "\"-\"? (\"0\"");
+        for (int t = 0; t < k; t++) {
+            char set[16];
+            int n = 0;
+            for (int d = 1; d < 10; d++)
+                if (d % k == t) set[n++] = (char)('0' + d);
+            set[n] = 0;
+            if (n) kgr_buf_printf(b, " | [%s] %s", set, r[t]);
+        }
+        kgr_buf_puts(b, ")");
+        free(r);
+        return true;
+    }
     bool hl, hh, el, eh, done;
     double lo, hi;
     if (!bounds(c, s, ptr, P_INTEGER, b, &hl, &lo, &el, &hh, &hi, &eh, &done)) return false;

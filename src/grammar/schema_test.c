@@ -243,6 +243,21 @@ KT_TEST(schema_pattern_lengths_implied) {
     KT_CHECK(sch("{\"type\":\"string\",\"pattern\":\"^[a-z]{2,}$\",\"minLength\":3}", "\"abc\"") == -1);
 }
 
+/* multipleOf of an integer: a residue automaton over the digits */
+KT_TEST(schema_integer_multiple_of) {
+    const char *s = "{\"type\":\"integer\",\"multipleOf\":7}";
+    for (int i = -30; i <= 300; i++) {
+        char b[16];
+        snprintf(b, sizeof b, "%d", i);
+        KT_CHECKF(sch(s, b) == (i % 7 == 0), "%d multiple of 7", i);
+    }
+    OK(s, "7000000000000000000007");
+    NOT(s, "07");
+    OK("{\"type\":\"integer\",\"multipleOf\":1,\"minimum\":2}", "3");
+    KT_CHECK(sch("{\"type\":\"integer\",\"multipleOf\":3,\"minimum\":2}", "3") == -1); /* with bounds: refused */
+    KT_CHECK(sch("{\"type\":\"number\",\"multipleOf\":0.01}", "0.5") == -1);
+}
+
 /* formats the drafts do not define are annotations; defined ones it lacks are errors */
 KT_TEST(schema_format_annotations) {
     OK("{\"type\":\"string\",\"format\":\"url\"}", "\"not a url\"");
