@@ -1231,6 +1231,59 @@ static bool gen_finite(sc *c, const cJSON *s, kgr_buf *b) {
     return true;
 }
 
+static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b);
+
+/* dependencies / dependentRequired / dependentSchemas, one name at a time: the object without
+ * that name, or with it and what it needs (the names, or the schema merged
+ * in through allOf), as anyOf of the two. Exact, and at most 2^8 variants. */
+static bool gen_dependency(sc *c, const cJSON *s, const cJSON *deps, const char *ptr, kgr_buf *b) {
+    const cJSON *d = deps->child;
+    int n = cJSON_GetArraySize(deps);
+    if (n > 8) return fail(c, ptr, "'%s' with over 8 names", deps->string);
+    if (!cJSON_IsArray(d) && !cJSON_IsObject(d) && !cJSON_IsBool(d))
+        return fail(c, ptr, "'%s' value is not an array or a schema", deps->string);
+    cJSON *without = own(c, cJSON_Duplicate(s, true)), *with = own(c, cJSON_Duplicate(s, true));
+    cJSON *alts = own(c, cJSON_CreateObject());
+    if (!without || !with || !alts) return fail(c, ptr, "%s", "out of memory");
+    for (cJSON *v = without; v; v = v == without ? with : NULL) { /* this name's entry goes from both */
+        cJSON *dv = cJSON_GetObjectItemCaseSensitive(v, deps->string);
+        cJSON_DeleteItemFromObjectCaseSensitive(dv, d->string);
+        if (!dv->child) cJSON_DeleteItemFromObjectCaseSensitive(v, deps->string);
+    }
+    /* without: the name never appears (unless it is required: then no variant) */
+    cJSON *pr = cJSON_GetObjectItemCaseSensitive(without, "properties");
+    if (!pr) pr = cJSON_AddObjectToObject(without, "properties");
+    if (!cJSON_IsObject(pr)) return fail(c, ptr, "'%s' is not an object", "properties");
+    if (cJSON_GetObjectItemCaseSensitive(pr, d->string)) cJSON_ReplaceItemInObjectCaseSensitive(pr, d->string, cJSON_CreateFalse());
+    else cJSON_AddItemToObject(pr, d->string, cJSON_CreateFalse());
+    /* with: the name required, and its names required or its schema merged */
+    cJSON *req = cJSON_GetObjectItemCaseSensitive(with, "required");
+    if (!req) req = cJSON_AddArrayToObject(with, "required");
+    if (!cJSON_IsArray(req)) return fail(c, ptr, "'%s' is not an array", "required");
+    cJSON_AddItemToArray(req, cJSON_CreateString(d->string));
+    if (cJSON_IsArray(d)) {
+        for (const cJSON *r = d->child; r; r = r->next) {
+            if (!cJSON_IsString(r)) return fail(c, ptr, "'%s' names that are not strings", deps->string);
+            cJSON_AddItemToArray(req, cJSON_CreateString(r->valuestring));
+        }
+    } else { /* allOf [with, d]: merged in that order, so the properties keep s's order */
+        cJSON *w = own(c, cJSON_CreateObject()), *all = w ? cJSON_AddArrayToObject(w, "allOf") : NULL;
+        if (!all) return fail(c, ptr, "%s", "out of memory");
+        cJSON_AddItemToArray(all, cJSON_Duplicate(with, true));
+        cJSON_AddItemToArray(all, cJSON_Duplicate(d, true));
+        with = w;
+    }
+    bool required = false;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(s, "required");
+    for (const cJSON *r = cJSON_IsArray(rs) ? rs->child : NULL; r; r = r->next)
+        if (cJSON_IsString(r) && !strcmp(r->valuestring, d->string)) required = true;
+    cJSON *l = cJSON_AddArrayToObject(alts, "anyOf");
+    if (!l) return fail(c, ptr, "%s", "out of memory");
+    if (!required) cJSON_AddItemToArray(l, cJSON_Duplicate(without, true));
+    cJSON_AddItemToArray(l, cJSON_Duplicate(with, true));
+    return gen_body(c, alts, ptr, b);
+}
+
 static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     char n[48], tmp[512];
     if (cJSON_IsTrue(s) || (cJSON_IsObject(s) && !s->child)) {
@@ -1243,6 +1296,10 @@ static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     }
     if (!cJSON_IsObject(s)) return fail(c, ptr, "a schema must be an object or a boolean%s", "");
     if (gen_finite(c, s, b)) return true;
+    const cJSON *deps = cJSON_GetObjectItemCaseSensitive(s, "dependentRequired");
+    if (!deps) deps = cJSON_GetObjectItemCaseSensitive(s, "dependentSchemas");
+    if (!deps) deps = cJSON_GetObjectItemCaseSensitive(s, "dependencies");
+    if (cJSON_IsObject(deps) && deps->child) return gen_dependency(c, s, deps, ptr, b);
     if (!check_keywords(c, s, ptr)) return false;
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");

@@ -258,6 +258,26 @@ KT_TEST(schema_integer_multiple_of) {
     KT_CHECK(sch("{\"type\":\"number\",\"multipleOf\":0.01}", "0.5") == -1);
 }
 
+/* dependencies / dependentRequired: the object without the name, or with
+ * it and what it needs */
+KT_TEST(schema_dependencies) {
+    const char *s = "{\"type\":\"object\",\"properties\":{\"card\":{\"type\":\"string\"},\"addr\":{\"type\":\"string\"}},"
+                    "\"dependencies\":{\"card\":[\"addr\"]}}";
+    OK(s, "{\"card\": \"x\", \"addr\": \"y\"}");
+    OK(s, "{\"addr\": \"y\"}");
+    OK(s, "{}");
+    NOT(s, "{\"card\": \"x\"}");
+    const char *sd = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{}},"
+                     "\"dependentSchemas\":{\"a\":{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}}}";
+    OK(sd, "{\"a\": 1, \"b\": \"s\"}");
+    OK(sd, "{\"b\": 2}");
+    NOT(sd, "{\"a\": 1, \"b\": 2}");
+    NOT(sd, "{\"a\": 1}");
+    const char *dr = "{\"type\":\"object\",\"required\":[\"a\"],\"dependentRequired\":{\"a\":[\"b\"],\"c\":[\"a\"]}}";
+    OK(dr, "{\"a\": 1, \"b\": 2}");
+    NOT(dr, "{\"a\": 1}");
+}
+
 /* formats the drafts do not define are annotations; defined ones it lacks are errors */
 KT_TEST(schema_format_annotations) {
     OK("{\"type\":\"string\",\"format\":\"url\"}", "\"not a url\"");
