@@ -185,6 +185,9 @@ KT_TEST(schema_finite_values) {
     OK(pat, "\"ab\"");
     NOT(pat, "\"abc\"");
     NOT(pat, "\"x\"");
+    /* $ is the end, not before a final newline (ECMAScript, not PCRE2's default) */
+    NOT("{\"enum\":[\"a\\n\"],\"pattern\":\"^a$\"}", "\"a\\n\"");
+    OK("{\"enum\":[\"a\"],\"pattern\":\"^a$\"}", "\"a\"");
     const char *deps = "{\"enum\":[{\"a\":1},{\"a\":1,\"b\":1}],\"dependencies\":{\"a\":[\"b\"]}}";
     OK(deps, "{\"a\": 1, \"b\": 1}");
     NOT(deps, "{\"a\": 1}");

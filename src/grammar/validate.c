@@ -7,7 +7,7 @@
  * expectations come from): unknown keywords are annotations; an assertion
  * it cannot evaluate (format, unevaluated*, dynamic or remote refs) makes
  * the answer KGR_V_UNSUPPORTED, never a guess. Patterns are searches
- * (PCRE2, UTF mode). $ref applies beside its siblings (2019-09 on). */
+ * (PCRE2, UTF mode; $ only at the very end, as in ECMAScript). $ref applies beside its siblings (2019-09 on). */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <math.h>
 #include <pcre2.h>
@@ -84,7 +84,7 @@ static int64_t cp_len(const char *s) {
 int kgr_regex_search(const char *pat, const char *s) {
     int e;
     PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &e, &off, NULL);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_DOLLAR_ENDONLY, &e, &off, NULL);
     if (!re) return -1;
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
     int r = md ? pcre2_match(re, (PCRE2_SPTR)s, strlen(s), 0, 0, md, NULL) : -1;
