@@ -1,4 +1,4 @@
-/* cmd_grammar_bench.c: `kiln grammar-bench DIR... -m TOKENIZER_DIR [--json FILE]`:
+/* cmd_grammar_bench.c: `kiln grammar-bench DIR... -m TOKENIZER_DIR [--json FILE] [--cpu-time]`:
  * MaskBench files (../shared/maskbench/README.md) through the grammar engine,
  * one thread, printing the table the benchmark publishes. */
 #include <dirent.h>
@@ -50,9 +50,10 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: kiln grammar-bench DIR|FILE... -m TOKENIZER_DIR [--json FILE] [-v]\n"
+            printf("usage: kiln grammar-bench DIR|FILE... -m TOKENIZER_DIR [--json FILE] [-v] [--cpu-time]\n"
                    "  runs MaskBench files (schema + tests) through the grammar engine, one thread;\n"
-                   "  -v prints each file's outcome\n");
+                   "  -v prints each file's outcome; --cpu-time times with the thread's CPU clock\n"
+                   "  (for a shared machine) instead of the wall clock\n");
             return 0;
         }
         if ((!strcmp(a, "-m") || !strcmp(a, "--json")) && i + 1 >= argc)
@@ -64,6 +65,10 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
         }
         if (!strcmp(a, "-v")) {
             verbose = true;
+            continue;
+        }
+        if (!strcmp(a, "--cpu-time")) {
+            kgr_bench_cpu_time(true);
             continue;
         }
         if (a[0] == '-') return kiln_fail(kiln_error(KILN_EINVAL, "grammar-bench: unknown flag %s", a));

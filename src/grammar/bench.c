@@ -7,9 +7,12 @@
 
 #include "grammar/grammar.h"
 
+static clockid_t bench_clock = CLOCK_MONOTONIC;
+void kgr_bench_cpu_time(bool on) { bench_clock = on ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC; }
+
 static double now_us(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(bench_clock, &t);
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 

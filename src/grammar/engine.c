@@ -45,7 +45,55 @@ struct kgr_vocab {
         uint16_t depth;
         uint8_t byte;
     } *node;
+    /* String interiors: a plain token is printable ASCII but " and \ and
+     * whole UTF-8 characters from U+0080 (plain[] its bits); rest[] is the
+     * trie of the other tokens. From a state every plain token leads back
+     * to, each is allowed and only rest[] is walked (a JSON string's mask:
+     * some 5k tokens of Llama 3's 128k). */
+    uint32_t *plain;
+    struct tnode *rest;
+    int32_t n_rest;
+    /* per first byte: the subtree's root in node[] and rest[] (-1: none),
+     * and (plain first bytes) the plain tokens that start with it */
+    int32_t root_node[256], root_rest[256];
+    uint32_t *plain_first[128];
 };
+
+static bool plain_byte(unsigned b) { return b >= 0x20 && b < 0x7f && b != '"' && b != '\\'; }
+
+/* UTF-8 (RFC 3629): the length of the sequence lead starts (0: not a lead
+ * byte) and the range of its second byte */
+static int utf8_lead(unsigned lead, unsigned *lo, unsigned *hi) {
+    *lo = 0x80, *hi = 0xBF;
+    if (lead >= 0xC2 && lead <= 0xDF) return 2;
+    if (lead == 0xE0) *lo = 0xA0;
+    if (lead == 0xED) *hi = 0x9F;
+    if (lead >= 0xE0 && lead <= 0xEF) return 3;
+    if (lead == 0xF0) *lo = 0x90;
+    if (lead == 0xF4) *hi = 0x8F;
+    if (lead >= 0xF0 && lead <= 0xF4) return 4;
+    return 0;
+}
+
+/* a plain token: plain ASCII bytes and whole UTF-8 characters from U+0080 */
+static bool plain_token(const kgr_vocab *v, int32_t id) {
+    const uint8_t *b = (const uint8_t *)v->bytes + v->off[id];
+    int64_t n = v->off[id + 1] - v->off[id];
+    if (!n) return false;
+    for (int64_t i = 0; i < n;) {
+        if (plain_byte(b[i])) {
+            i++;
+            continue;
+        }
+        unsigned lo, hi;
+        int l = utf8_lead(b[i], &lo, &hi);
+        if (!l || i + l > n || b[i + 1] < lo || b[i + 1] > hi) return false;
+        for (int k = 2; k < l; k++)
+            if (b[i + k] < 0x80 || b[i + k] > 0xBF) return false;
+        i += l;
+    }
+    return true;
+}
 
 void kgr_vocab_free(kgr_vocab *v) {
     if (!v) return;
@@ -58,6 +106,9 @@ void kgr_vocab_free(kgr_vocab *v) {
     free(v->tok_head);
     free(v->tok_next);
     free(v->node);
+    free(v->plain);
+    free(v->rest);
+    for (int b = 0; b < 128; b++) free(v->plain_first[b]);
     free(v);
 }
 
@@ -76,13 +127,14 @@ static int cmp_tok(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Builds the trie from off/bytes (already filled). */
-static kiln_status build_trie(kgr_vocab *v) {
+/* Builds the trie from off/bytes (already filled): of every token, or
+ * (rest) of the tokens that are not plain, into *out. */
+static kiln_status build_trie(kgr_vocab *v, bool rest, struct tnode **out, int32_t *n_out) {
     int32_t n = v->n_vocab, m = 0;
     int32_t *ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
     if (!ids) return OOM;
     for (int32_t i = 0; i < n; i++)
-        if (v->off[i + 1] > v->off[i]) ids[m++] = i;
+        if (v->off[i + 1] > v->off[i] && !(rest && plain_token(v, i))) ids[m++] = i;
     pthread_mutex_lock(&sort_mu);
     sort_vocab = v;
     qsort(ids, (size_t)m, sizeof *ids, cmp_tok);
@@ -92,7 +144,7 @@ static kiln_status build_trie(kgr_vocab *v) {
     v->depth = malloc(sizeof *v->depth * (size_t)(total + 1));
     v->next = malloc(sizeof *v->next * (size_t)(total + 1));
     v->tok_head = malloc(sizeof *v->tok_head * (size_t)(total + 1));
-    v->tok_next = malloc(sizeof *v->tok_next * (size_t)(n ? n : 1));
+    if (!v->tok_next) v->tok_next = malloc(sizeof *v->tok_next * (size_t)(n ? n : 1));
     int32_t maxlen = 0;
     for (int32_t i = 0; i < m; i++) {
         int64_t l = v->off[ids[i] + 1] - v->off[ids[i]];
@@ -104,7 +156,7 @@ static kiln_status build_trie(kgr_vocab *v) {
         free(path);
         return OOM;
     }
-    for (int32_t i = 0; i < n; i++) v->tok_next[i] = -1;
+    for (int32_t k = 0; k < m; k++) v->tok_next[ids[k]] = -1; /* the same chains in both tries */
     int32_t nn = 0, plen = 0; /* plen: depth of the path */
     const char *prev = NULL;
     int64_t prevn = 0;
@@ -130,13 +182,13 @@ static kiln_status build_trie(kgr_vocab *v) {
         prevn = l;
     }
     for (; plen > 0; plen--) v->next[path[plen]] = nn;
-    v->n_nodes = nn;
-    v->max_depth = maxlen;
+    *n_out = nn;
+    if (!rest) v->max_depth = maxlen;
     free(path);
     free(ids);
     if (maxlen >= 65535) return kiln_error(KILN_EUNSUPPORTED, "grammar: a token of %d bytes (at most 65534)", maxlen);
-    if (!(v->node = malloc(sizeof *v->node * (size_t)(nn ? nn : 1)))) return OOM;
-    for (int32_t i = 0; i < nn; i++) v->node[i] = (struct tnode){v->next[i], v->tok_head[i], (uint16_t)v->depth[i], v->byte[i]};
+    if (!(*out = malloc(sizeof **out * (size_t)(nn ? nn : 1)))) return OOM;
+    for (int32_t i = 0; i < nn; i++) (*out)[i] = (struct tnode){v->next[i], v->tok_head[i], (uint16_t)v->depth[i], v->byte[i]};
     /* the walk reads only the packed nodes */
     free(v->byte), free(v->depth), free(v->next), free(v->tok_head);
     v->byte = NULL, v->depth = v->next = v->tok_head = NULL;
@@ -150,7 +202,23 @@ static kiln_status vocab_finish(kgr_vocab *v, const int32_t *eos, int32_t n_eos)
         memcpy(v->eos, eos, sizeof *eos * (size_t)n_eos);
         v->n_eos = n_eos;
     }
-    return build_trie(v);
+    kiln_status st = build_trie(v, false, &v->node, &v->n_nodes);
+    if (!st) st = build_trie(v, true, &v->rest, &v->n_rest);
+    if (st) return st;
+    size_t words = ((size_t)v->n_vocab + 31) / 32;
+    if (!(v->plain = calloc(words ? words : 1, 4))) return OOM;
+    for (int b = 0; b < 256; b++) v->root_node[b] = v->root_rest[b] = -1;
+    for (int32_t i = 0; i < v->n_nodes; i = v->node[i].next) v->root_node[v->node[i].byte] = i;
+    for (int32_t i = 0; i < v->n_rest; i = v->rest[i].next) v->root_rest[v->rest[i].byte] = i;
+    for (unsigned b = 0; b < 128; b++)
+        if (plain_byte(b) && !(v->plain_first[b] = calloc(words ? words : 1, 4))) return OOM;
+    for (int32_t i = 0; i < v->n_vocab; i++)
+        if (plain_token(v, i)) {
+            v->plain[i >> 5] |= 1u << (i & 31);
+            uint8_t b0 = (uint8_t)v->bytes[v->off[i]]; /* or a UTF-8 lead byte: walked */
+            if (b0 < 128) v->plain_first[b0][i >> 5] |= 1u << (i & 31);
+        }
+    return NULL;
 }
 
 kiln_status kgr_vocab_create(const ktok *tok, int32_t n_vocab, const int32_t *eos, int32_t n_eos, kgr_vocab **out) {
@@ -227,6 +295,7 @@ typedef struct {
     int32_t *tops; /* sorted node ids */
     int32_t n;
     bool accept;
+    int8_t closed; /* plain_closed's answer: 1, 0, or -1 not yet known */
     uint32_t *mask;
 } gstate;
 
@@ -477,6 +546,7 @@ static int32_t state_intern(kgr_index *ix) {
     gstate *s = &ix->st[id];
     s->n = n;
     s->accept = ix->accept;
+    s->closed = -1;
     s->mask = NULL;
     s->tops = malloc(sizeof *s->tops * (size_t)(n ? n : 1));
     if (!s->tops) {
@@ -516,6 +586,56 @@ static inline int32_t next_state(kgr_index *ix, int32_t s, uint8_t byte) {
     int32_t c = ix->cls[byte];
     int32_t t = ix->trans[(size_t)s * (size_t)ix->n_cls + (size_t)c];
     return t >= 0 ? t : compute(ix, s, c);
+}
+
+/* Whether every UTF-8 character from U+0080 leads from s back to s: each
+ * continuation byte is tried once per byte class. 1 yes, 0 no, -1 error. */
+static int utf8_closed(kgr_index *ix, int32_t at, int32_t s, int left, unsigned lo, unsigned hi) {
+    uint64_t seen[4] = {0};
+    for (unsigned b = lo; b <= hi; b++) {
+        unsigned c = ix->cls[b];
+        if ((seen[c >> 6] >> (c & 63)) & 1) continue;
+        seen[c >> 6] |= 1ull << (c & 63);
+        int32_t t = next_state(ix, at, (uint8_t)b);
+        if (t < 0) return -1;
+        if (left == 1 ? t != s : t == 0) return 0;
+        if (left > 1) {
+            int r = utf8_closed(ix, t, s, left - 1, 0x80, 0xBF);
+            if (r != 1) return r;
+        }
+    }
+    return 1;
+}
+
+/* Whether s is a string interior: every plain token leads back to it. 1 yes, 0 no, -1 error. */
+static int plain_closed_compute(kgr_index *ix, int32_t s) {
+    if (s == 0) return 0;
+    for (unsigned b = 0x20; b < 0x7f; b++) {
+        if (!plain_byte(b)) continue;
+        int32_t t = next_state(ix, s, (uint8_t)b);
+        if (t != s) return t < 0 ? -1 : 0;
+    }
+    uint64_t seen[64] = {0};
+    for (unsigned lead = 0xC2; lead <= 0xF4; lead++) {
+        unsigned lo, hi;
+        int l = utf8_lead(lead, &lo, &hi);
+        /* leads of one class, length and second-byte range behave alike */
+        unsigned key = ix->cls[lead] * 16u + (unsigned)l * 4u + (lo == 0x80) * 2u + (hi == 0xBF);
+        if ((seen[key >> 6] >> (key & 63)) & 1) continue;
+        seen[key >> 6] |= 1ull << (key & 63);
+        int32_t t = next_state(ix, s, (uint8_t)lead);
+        if (t <= 0) return t;
+        int r = utf8_closed(ix, t, s, l - 1, lo, hi);
+        if (r != 1) return r;
+    }
+    return 1;
+}
+
+static int plain_closed(kgr_index *ix, int32_t s) {
+    if (ix->st[s].closed >= 0) return ix->st[s].closed;
+    int r = plain_closed_compute(ix, s);
+    if (r >= 0) ix->st[s].closed = (int8_t)r;
+    return r;
 }
 
 /* Byte classes: bytes no set tells apart share a class (and a column of the
@@ -608,6 +728,36 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     return NULL;
 }
 
+/* Sets the bits of the tokens in nd[from, to) (one subtree's nodes, the
+ * first at depth d, entered from state s at depth d - 1) that s allows; -1 on error. */
+static int walk_trie(kgr_index *ix, const struct tnode *nd, int32_t from, int32_t to, int32_t s, uint32_t *bits) {
+    const kgr_vocab *v = ix->v;
+    int32_t *stk = ix->walk;
+    const int32_t ncls = ix->n_cls;
+    if (from >= to) return 0;
+    stk[nd[from].depth - 1] = s;
+    for (int32_t i = from; i < to;) {
+        const struct tnode *x = &nd[i];
+        int32_t ps = stk[x->depth - 1];
+        int32_t c = ix->cls[x->byte];
+        int32_t t = ix->trans[(size_t)ps * (size_t)ncls + (size_t)c];
+        if (t < 0 && (t = compute(ix, ps, c)) < 0) return -1;
+        if (t == 0) {
+            i = x->next;
+            continue;
+        }
+        stk[x->depth] = t;
+        for (int32_t k = x->tok; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
+        i++;
+    }
+    return 0;
+}
+
+static kiln_status mask_fail(kgr_index *ix, uint32_t *bits, size_t words) {
+    memset(bits, 0, words * 4);
+    return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
+}
+
 /* mask of state s into bits (ix->mu held) */
 static kiln_status state_mask(kgr_index *ix, int32_t s, uint32_t *bits) {
     const kgr_vocab *v = ix->v;
@@ -618,29 +768,35 @@ static kiln_status state_mask(kgr_index *ix, int32_t s, uint32_t *bits) {
     }
     memset(bits, 0, words * 4);
     if (ix->err) return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
-    int32_t *stk = ix->walk;
-    stk[0] = s;
-    const int32_t ncls = ix->n_cls;
-    {
-        const struct tnode *nd = v->node;
-        for (int32_t i = 0; i < v->n_nodes;) {
-            const struct tnode *x = &nd[i];
-            int32_t ps = stk[x->depth - 1];
-            int32_t c = ix->cls[x->byte];
-            int32_t t = ix->trans[(size_t)ps * (size_t)ncls + (size_t)c];
-            if (t < 0 && (t = compute(ix, ps, c)) < 0) {
-                memset(bits, 0, words * 4);
-                return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
+    /* every plain token leads back to s: they are all allowed, and only
+     * the other tokens are walked. Otherwise each first byte's subtree on
+     * its own: where the byte leads to such a state, the same there. */
+    int pc = plain_closed(ix, s);
+    if (pc < 0) return mask_fail(ix, bits, words);
+    if (pc == 1) {
+        memcpy(bits, v->plain, words * 4);
+        if (walk_trie(ix, v->rest, 0, v->n_rest, s, bits) < 0) return mask_fail(ix, bits, words);
+    } else
+        for (int b = 0; b < 256; b++) {
+            int32_t r = v->root_node[b];
+            if (r < 0) continue;
+            int32_t t = next_state(ix, s, (uint8_t)b);
+            if (t < 0) return mask_fail(ix, bits, words);
+            if (t == 0) continue;
+            int tc = b < 128 && v->plain_first[b] ? plain_closed(ix, t) : 0;
+            if (tc < 0) return mask_fail(ix, bits, words);
+            int w;
+            if (tc == 1) {
+                const uint32_t *pf = v->plain_first[b];
+                for (size_t k = 0; k < words; k++) bits[k] |= pf[k];
+                int32_t rr = v->root_rest[b];
+                w = rr < 0 ? 0 : walk_trie(ix, v->rest, rr + 1, v->rest[rr].next, t, bits);
+            } else {
+                for (int32_t k = v->node[r].tok; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
+                w = walk_trie(ix, v->node, r + 1, v->node[r].next, t, bits);
             }
-            if (t == 0) {
-                i = x->next;
-                continue;
-            }
-            stk[x->depth] = t;
-            for (int32_t k = x->tok; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
-            i++;
+            if (w < 0) return mask_fail(ix, bits, words);
         }
-    }
     if (ix->st[s].accept)
         for (int32_t k = 0; k < v->n_eos; k++)
             if (v->eos[k] >= 0 && v->eos[k] < v->n_vocab) bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31);

@@ -41,6 +41,11 @@ typedef struct {
  * over U+0000..U+10FFFF with neg, surrogates removed; -1: out of memory. */
 int32_t kgr_ranges_normalize(cprange *v, int32_t n, bool neg, cprange *out);
 
+/* The lengths in code points of the strings a search for regex re can match
+ * ([*min, *max], *max -1: unbounded); false: a pattern it does not analyse
+ * (lookaround, backreferences, a top-level |, anchors inside). */
+bool kgr_regex_lengths(const char *re, int64_t *min, int64_t *max);
+
 /* a growable string */
 typedef struct {
     char *p;
@@ -52,5 +57,17 @@ void kgr_buf_puts(kgr_buf *b, const char *s);
 void kgr_buf_printf(kgr_buf *b, const char *fmt, ...) KILN_PRINTF(2, 3);
 /* s as a GBNF literal, quotes included */
 void kgr_buf_literal(kgr_buf *b, const char *s, size_t n);
+
+/* ---- validate.c: JSON Schema instance validation ---- */
+/* The node a local JSON pointer ("#", "#/a/b~1c") names under root; NULL
+ * when it does not resolve or is not local. */
+const cJSON *kgr_json_pointer(const cJSON *root, const char *ref);
+enum { KGR_V_INVALID = 0, KGR_V_VALID = 1, KGR_V_UNSUPPORTED = -1 };
+/* Whether x validates against schema (refs resolve under root); UNSUPPORTED,
+ * with err naming the keyword, where the answer would be a guess. */
+/* 1: the ECMAScript pattern matches somewhere in s (PCRE2); 0: not; -1: a
+ * pattern PCRE2 does not take */
+int kgr_regex_search(const char *pat, const char *s);
+int kgr_validate(const cJSON *root, const cJSON *schema, const cJSON *x, char *err, size_t n_err);
 
 #endif

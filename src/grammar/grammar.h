@@ -53,7 +53,8 @@ kiln_status kgr_from_regex(const char *re, kgr_grammar **out);
 kiln_status kgr_from_choices(const char *const *v, int32_t n, kgr_grammar **out);
 /* JSON Schema (drafts 4 to 2020-12). A keyword it cannot honour is an error
  * naming the keyword and its JSON pointer ("unsupported keyword
- * 'uniqueItems' at #/properties/tags"); so is a format it does not know.
+ * 'uniqueItems' at #/properties/tags"); so is a format a draft defines that it lacks
+ * (other format names are annotations).
  * Properties must come in the schema's order. json_object: pass
  * {"type":"object","additionalProperties":true}. */
 kiln_status kgr_from_json_schema(const char *text, size_t len, const kgr_opts *o, kgr_grammar **out);
@@ -127,5 +128,8 @@ typedef struct {
 kiln_status kgr_bench_file(const char *json, size_t len, const ktok *tok, const kgr_vocab *v,
                            kgr_bench_result *r);
 void kgr_bench_result_free(kgr_bench_result *r);
+/* Times with the thread's CPU clock instead of the wall clock (on a shared
+ * machine, where other processes' time slices inflate wall-clock tails). */
+void kgr_bench_cpu_time(bool on);
 
 #endif

@@ -190,3 +190,108 @@ KT_TEST(grammar_choices) {
     KT_CHECK(st != NULL);
     kiln_status_free(st);
 }
+
+/* A string interior's mask (the plain tokens at once, the rest walked)
+ * agrees with each token's own walk, in an unbounded string, a bounded one
+ * and a pattern. */
+KT_TEST(grammar_mask_string_interior) {
+    static const char *const toks[] = {"ab", "a b", "x\"", "\",", "\\n", "\xc3\xa9", "abc\"}", "\"", "}", "{",
+                                       "\"s\": \"", "\"t\": \"", "\"u\": \"", ", ", "~!", "\x01", "zz", "q", "\xc3"};
+    int32_t n = (int32_t)(sizeof toks / sizeof *toks), lens[32];
+    for (int32_t i = 0; i < n; i++) lens[i] = (int32_t)strlen(toks[i]);
+    kgr_vocab *v = NULL;
+    KT_CHECK(kgr_vocab_from_strings(toks, lens, n, -1, &v) == NULL);
+    const char *s = "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"},\"t\":{\"type\":\"string\",\"maxLength\":2},"
+                    "\"u\":{\"type\":\"string\",\"pattern\":\"^[a-z ]*$\"}},\"additionalProperties\":false}";
+    kgr_grammar *g = NULL;
+    KT_CHECK(kgr_from_json_schema(s, strlen(s), NULL, &g) == NULL);
+    kgr_index *ix = NULL;
+    KT_CHECK(kgr_index_create(g, v, &ix) == NULL);
+    static const char *const prefixes[] = {"{\"s\": \"", "{\"s\": \"ab", "{\"t\": \"", "{\"t\": \"a", "{\"u\": \"a b"};
+    int checked = 0, allowed = 0;
+    for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes; p++) {
+        kgr_matcher *m = NULL;
+        KT_CHECK(kgr_matcher_create(ix, &m) == NULL);
+        KT_CHECK(kgr_matcher_accept_bytes(m, prefixes[p], strlen(prefixes[p])));
+        uint32_t bits[1];
+        KT_CHECK(kgr_matcher_mask(m, bits) == NULL);
+        for (int32_t t = 0; t < n; t++) {
+            kgr_matcher *c = NULL;
+            KT_CHECK(kgr_matcher_create(ix, &c) == NULL);
+            KT_CHECK(kgr_matcher_accept_bytes(c, prefixes[p], strlen(prefixes[p])));
+            bool ok = kgr_matcher_accept_bytes(c, toks[t], strlen(toks[t]));
+            bool bit = (bits[0] >> t) & 1;
+            KT_CHECKF(bit == ok, "after %s: token '%s': mask %d, walk %d", prefixes[p], toks[t], bit, ok);
+            checked++, allowed += ok;
+            kgr_matcher_free(c);
+        }
+        kgr_matcher_free(m);
+    }
+    KT_CHECK(checked == 5 * n && allowed > 10 && allowed < checked - 10);
+    kgr_index_free(ix);
+    kgr_grammar_free(g);
+    kgr_vocab_free(v);
+}
+
+/* Cases from llama.cpp's tests/test-grammar-integration.cpp (ggml-org/llama.cpp,
+ * test_simple_grammar and test_complex_grammar): each grammar or schema with
+ * strings it must accept and reject. Two of llama.cpp's rejections are left
+ * out, because JSON Schema accepts them and so does kiln: "min 0" rejects
+ * 100000000000000000000000000000000 and "min 2" 12345678900000000 (llama.cpp
+ * bounds the digits of a minimum-only integer). Token references (<[10]>)
+ * are refused by kiln's GBNF (grammar_gbnf_errors), so those cases are not here. */
+typedef struct {
+    const char *src; /* GBNF, or a schema when it starts with { */
+    const char *ok[24], *bad[24];
+} llcase;
+
+static const llcase llama_cpp_cases[] = {
+    {"{\"type\":\"integer\",\"minimum\":0}", {"0", "10", "12", "10000"},
+     {"-1", "-10", "-10000", "-100000000000000000000000000000000", "00", "01", "-0"}},
+    {"{\"type\":\"integer\",\"minimum\":2}", {"2", "3", "4", "10", "20", "1234567890000000"},
+     {"0", "1", "-1", "-100", "01", "02"}},
+    {"{\"type\":\"integer\",\"minimum\":456}", {"456", "4560", "457", "460", "500"}, {"455", "356", "50", "050", "-1", "-456"}},
+    {"{\"type\":\"integer\",\"minimum\":-123}", {"-123", "-122", "-11", "-1", "0", "1", "123", "1234", "2345"}, {"-1234", "-124"}},
+    {"{\"type\":\"integer\",\"maximum\":9999}", {"-99999", "0", "9999"}, {"10000", "99991"}},
+    {"{\"type\":\"integer\",\"maximum\":-9999}", {"-10000", "-9999"}, {"-9998", "0", "9999"}},
+    {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":30}", {"5", "10", "30"}, {"05", "4", "-1", "31", "123", "0123"}},
+    {"{\"type\":\"integer\",\"exclusiveMinimum\":0,\"maximum\":900719925474091}",
+     {"1", "2", "10", "900719925474090", "900719925474091"}, {"0", "01", "900719925474092", "9007199254740910"}},
+    {"{\"type\":\"integer\",\"minimum\":-1,\"maximum\":1}", {"-1", "0", "1"}, {"-11", "-10", "-2", "2", "10", "11"}},
+    {"{\"type\":\"integer\",\"minimum\":-123,\"maximum\":42}",
+     {"-123", "-122", "-13", "-11", "-2", "-1", "0", "1", "5", "10", "39", "40", "42"},
+     {"-0123", "-124", "-1123", "-200", "43", "123", "0123"}},
+    {"{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":10000}", {"1", "9999"}, {"0", "01", "10000", "99999"}},
+    {"root ::= expr\nexpr ::= term (\"+\" term)*\nterm ::= number\nnumber ::= [0-9]+", {"42", "1+2+3+4+5", "123+456"},
+     {"+", "/ 3", "1+2+3+4+5+", "12a45"}},
+    {"root ::= expression\n"
+     "expression ::= term ws ((\"+\"|\"-\") ws term)*\n"
+     "term ::= factor ws ((\"*\"|\"/\") ws factor)*\n"
+     "factor ::= number | variable | \"(\" expression \")\" | function-call\n"
+     "number ::= [0-9]+\n"
+     "variable ::= [a-zA-Z_][a-zA-Z0-9_]*\n"
+     "function-call ::= variable ws \"(\" (expression (\",\" ws expression)*)? \")\"\n"
+     "ws ::= [ \\t\\n\\r]?",
+     {"42", "1*2*3*4*5", "x", "x+10", "x1+y2", "(a+b)*(c-d)", "func()", "func(x,y+2)", "a*(b+c)-d/e", "f(g(x),h(y,z))",
+      "x + 10", "x1 + y2", "(a + b) * (c - d)", "func(x, y + 2)", "a * (b + c) - d / e", "f(g(x), h(y, z))", "123+456",
+      "123*456*789-123/456+789*123",
+      "123+456*789-123/456+789*123-456/789+123*456-789/123+456*789-123/456+789*123-456"},
+     {"+", "/ 3x", "x + + y", "a * / b", "func(,)", "func(x y)", "(a + b", "x + y)", "a + b * (c - d", "42 +", "x +",
+      "x + 10 +", "(a + b) * (c - d", "func(", "func(x, y + 2", "a * (b + c) - d /", "f(g(x), h(y, z)",
+      "123+456*789-123/456+789*123-456/789+123*456-789/123+456*789-123/456+789*123-456/"}},
+};
+
+static kiln_status schema_text(const char *s, kgr_grammar **g) { return kgr_from_json_schema(s, strlen(s), NULL, g); }
+
+KT_TEST(grammar_llama_cpp_integration) {
+    int n = 0;
+    for (size_t i = 0; i < sizeof llama_cpp_cases / sizeof *llama_cpp_cases; i++) {
+        const llcase *c = &llama_cpp_cases[i];
+        kiln_status (*f)(const char *, kgr_grammar **) = c->src[0] == '{' ? schema_text : gbnf;
+        for (int k = 0; k < 24 && c->ok[k]; k++, n++)
+            KT_CHECKF(match_with(f, c->src, c->ok[k]) == 1, "case %zu should accept %s", i, c->ok[k]);
+        for (int k = 0; k < 24 && c->bad[k]; k++, n++)
+            KT_CHECKF(match_with(f, c->src, c->bad[k]) == 0, "case %zu should reject %s", i, c->bad[k]);
+    }
+    KT_CHECK(n > 150);
+}

@@ -469,3 +469,129 @@ kiln_status kgr_from_regex(const char *re, kgr_grammar **out) {
     free(o.p);
     return kiln_status_wrap(st, "regex");
 }
+
+/* ---- the lengths (in code points) of the strings a pattern matches ---- */
+typedef struct {
+    const char *s;
+    bool bad;
+} rl;
+
+#define RL_INF INT64_MAX
+
+static int64_t rl_add(int64_t a, int64_t b) { return a == RL_INF || b == RL_INF || a > RL_INF - b ? RL_INF : a + b; }
+static int64_t rl_mul(int64_t a, int64_t k) { return a == RL_INF || (k && a > RL_INF / k) ? (a && k ? RL_INF : 0) : a * k; }
+
+static void rl_alt(rl *r, int64_t *lo, int64_t *hi);
+
+static int64_t rl_num(rl *r) {
+    int64_t v = 0;
+    if (*r->s < '0' || *r->s > '9') r->bad = true;
+    for (; *r->s >= '0' && *r->s <= '9'; r->s++) v = v > 1000000000 ? v : v * 10 + (*r->s - '0');
+    return v;
+}
+
+static void rl_atom(rl *r, int64_t *lo, int64_t *hi) {
+    char c = *r->s;
+    *lo = *hi = 1;
+    if (c == '(') {
+        r->s++;
+        if (*r->s == '?') {
+            if (r->s[1] != ':') {
+                r->bad = true; /* lookaround, named groups, flags */
+                return;
+            }
+            r->s += 2;
+        }
+        rl_alt(r, lo, hi);
+        if (*r->s != ')') r->bad = true;
+        else r->s++;
+    } else if (c == '[') {
+        r->s++;
+        if (*r->s == '^') r->s++;
+        if (*r->s == ']') { /* [] or [^]: refuse the oddities */
+            r->bad = true;
+            return;
+        }
+        for (; *r->s && *r->s != ']'; r->s++)
+            if (*r->s == '\\' && r->s[1]) r->s++;
+        if (*r->s != ']') r->bad = true;
+        else r->s++;
+    } else if (c == '\\') {
+        char e = r->s[1];
+        if (!e || (e >= '0' && e <= '9') || e == 'b' || e == 'B' || e == 'k') {
+            r->bad = true; /* backreferences, word boundaries */
+            return;
+        }
+        r->s += 2;
+        if (e == 'u') {
+            for (int i = 0; i < 4; i++, r->s++)
+                if (!*r->s) r->bad = true;
+        } else if (e == 'x') {
+            for (int i = 0; i < 2; i++, r->s++)
+                if (!*r->s) r->bad = true;
+        } else if (e == 'c' && *r->s) r->s++;
+    } else if (c == '^' || c == '$' || c == ')' || c == '|' || c == '*' || c == '+' || c == '?' || c == '{' || !c) {
+        r->bad = true; /* anchors inside, or nothing to repeat */
+    } else {
+        r->s++;
+        while (((unsigned char)*r->s & 0xC0) == 0x80) r->s++; /* one code point */
+    }
+}
+
+static void rl_seq(rl *r, int64_t *lo, int64_t *hi, bool top) {
+    *lo = *hi = 0;
+    while (!r->bad && *r->s && *r->s != '|' && *r->s != ')') {
+        if (top && *r->s == '$' && !r->s[1]) break; /* the end anchor */
+        int64_t a, b;
+        rl_atom(r, &a, &b);
+        if (r->bad) return;
+        char q = *r->s;
+        if (q == '*' || q == '+' || q == '?') {
+            r->s++;
+            b = q == '?' ? b : RL_INF;
+            a = q == '+' ? a : 0;
+        } else if (q == '{') {
+            r->s++;
+            int64_t m = rl_num(r), n = m;
+            if (*r->s == ',') {
+                r->s++;
+                n = *r->s == '}' ? RL_INF : rl_num(r);
+            }
+            if (*r->s != '}' || n < m) {
+                r->bad = true;
+                return;
+            }
+            r->s++;
+            a = rl_mul(a, m);
+            b = n == RL_INF ? (b ? RL_INF : 0) : rl_mul(b, n);
+        }
+        if (*r->s == '?' && (q == '*' || q == '+' || q == '?' || q == '{')) r->s++; /* lazy */
+        *lo = rl_add(*lo, a);
+        *hi = rl_add(*hi, b);
+    }
+}
+
+static void rl_alt(rl *r, int64_t *lo, int64_t *hi) {
+    rl_seq(r, lo, hi, false);
+    while (!r->bad && *r->s == '|') {
+        r->s++;
+        int64_t a, b;
+        rl_seq(r, &a, &b, false);
+        if (a < *lo) *lo = a;
+        if (b > *hi) *hi = b;
+    }
+}
+
+bool kgr_regex_lengths(const char *re, int64_t *min, int64_t *max) {
+    rl r = {re, false};
+    bool start = *r.s == '^';
+    if (start) r.s++;
+    int64_t lo, hi;
+    rl_seq(&r, &lo, &hi, true);
+    if (r.bad) return false;
+    bool end = *r.s == '$' && !r.s[1];
+    if (*r.s && !end) return false; /* a top-level | (or anything else): not analysed */
+    *min = lo;
+    *max = start && end ? hi : -1; /* a search: any text around the match */
+    return true;
+}

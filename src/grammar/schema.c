@@ -187,36 +187,12 @@ static const cJSON *resolve(sc *c, const char *ref, const char *ptr) {
         fail(c, ptr, "'$ref' %s is not a local JSON pointer (#/...)", ref);
         return NULL;
     }
-    const cJSON *n = c->root;
-    const char *p = ref + 1;
-    if (*p && *p != '/') {
+    if (ref[1] && ref[1] != '/') {
         fail(c, ptr, "'$ref' %s: anchors are not supported", ref);
         return NULL;
     }
-    while (*p == '/') {
-        p++;
-        char tok[256];
-        size_t k = 0;
-        for (; *p && *p != '/' && k + 1 < sizeof tok; p++) {
-            if (*p == '~' && p[1] == '0') tok[k++] = '~', p++;
-            else if (*p == '~' && p[1] == '1') tok[k++] = '/', p++;
-            else if (*p == '%' && p[1] && p[2]) {
-                char h[3] = {p[1], p[2], 0};
-                tok[k++] = (char)strtol(h, NULL, 16);
-                p += 2;
-            } else tok[k++] = *p;
-        }
-        tok[k] = 0;
-        if (cJSON_IsArray(n)) {
-            char *end;
-            long i = strtol(tok, &end, 10);
-            n = *end ? NULL : cJSON_GetArrayItem(n, (int)i);
-        } else n = cJSON_IsObject(n) ? cJSON_GetObjectItemCaseSensitive(n, tok) : NULL;
-        if (!n) {
-            fail(c, ptr, "'$ref' %s does not resolve", ref);
-            return NULL;
-        }
-    }
+    const cJSON *n = kgr_json_pointer(c->root, ref);
+    if (!n) fail(c, ptr, "'$ref' %s does not resolve", ref);
     return n;
 }
 
@@ -238,20 +214,38 @@ static bool in_list(const char *const *l, const char *k) {
     return false;
 }
 
-/* patternProperties where representable: one pattern, no listed properties,
- * and either additionalProperties false (keys must match the pattern) or a
- * pattern every key matches (then it is additionalProperties). 1: yes, with
- * *pat and *val set; *all: the pattern matches every key. */
+/* patternProperties where representable: one pattern, and either
+ * additionalProperties false (keys must be listed or match the pattern,
+ * and no listed name may match it, so each key has one schema) or, without
+ * listed properties, a pattern every key matches (then it is
+ * additionalProperties). 1: yes, with *pat and *val set; *all: the pattern
+ * matches every key. */
 static bool pattern_props(const cJSON *s, const char **pat, const cJSON **val, bool *all) {
     const cJSON *pp = cJSON_GetObjectItemCaseSensitive(s, "patternProperties");
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(s, "properties");
     const cJSON *add = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
-    if (!cJSON_IsObject(pp) || !pp->child || pp->child->next || (pr && pr->child)) return false;
+    if (!cJSON_IsObject(pp) || !pp->child || pp->child->next) return false;
     *pat = pp->child->string;
     *val = pp->child;
     *all = !strcmp(*pat, "") || !strcmp(*pat, ".*") || !strcmp(*pat, "^.*$") || !strcmp(*pat, "^.*") || !strcmp(*pat, "(.*)");
-    if (cJSON_IsFalse(add)) return true;
-    return *all && (!add || cJSON_IsTrue(add));
+    if (cJSON_IsFalse(add)) {
+        for (const cJSON *p = cJSON_IsObject(pr) ? pr->child : NULL; p; p = p->next)
+            if (kgr_regex_search(*pat, p->string) != 0) return false;
+        return true;
+    }
+    return !(pr && pr->child) && *all && (!add || cJSON_IsTrue(add));
+}
+
+/* multipleOf k of an integer-only schema, k a whole number in [1, 1000]
+ * without bounds beside it (a residue automaton); 0: not such */
+static int int_multiple(const cJSON *s) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(s, "multipleOf"), *t = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (!cJSON_IsNumber(m) || !cJSON_IsString(t) || strcmp(t->valuestring, "integer")) return 0;
+    if (m->valuedouble != floor(m->valuedouble) || m->valuedouble < 1 || m->valuedouble > 1000) return 0;
+    static const char *const b[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
+    for (const char *const *k = b; *k; k++)
+        if (cJSON_GetObjectItemCaseSensitive(s, *k) && m->valuedouble != 1) return 0;
+    return (int)m->valuedouble;
 }
 
 static bool check_keywords(sc *c, const cJSON *s, const char *ptr) {
@@ -264,6 +258,8 @@ static bool check_keywords(sc *c, const cJSON *s, const char *ptr) {
         const cJSON *val;
         bool all;
         if (!strcmp(k->string, "patternProperties") && pattern_props(s, &pat, &val, &all)) continue;
+        if (!strcmp(k->string, "minProperties") && cJSON_IsNumber(k) && k->valuedouble <= 1) continue; /* gen_object */
+        if (!strcmp(k->string, "multipleOf") && int_multiple(s) > 0) continue; /* gen_integer */
         if ((!strcmp(k->string, "minProperties") && cJSON_IsNumber(k) && k->valuedouble <= 0) ||
             (!strcmp(k->string, "minContains") && cJSON_IsNumber(k) && k->valuedouble <= 0))
             continue;
@@ -502,6 +498,40 @@ static bool bounds(sc *c, const cJSON *s, const char *ptr, int unbounded, kgr_bu
 }
 
 static bool gen_integer(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
+    int k = int_multiple(s);
+    if (k > 1) { /* the digits' value mod k: rule r is "read so far = r (mod k)" */
+        char (*r)[48] = calloc((size_t)k, sizeof *r);
+        if (!r) return fail(c, ptr, "%s", "out of memory");
+        for (int i = 0; i < k; i++) fresh(c, r[i]);
+        for (int i = 0; i < k; i++) {
+            kgr_buf body = {0};
+            int alts = 0;
+            for (int t = 0; t < k; t++) {
+                char set[16];
+                int n = 0;
+                for (int d = 0; d < 10; d++)
+                    if ((10 * i + d) % k == t) set[n++] = (char)('0' + d);
+                if (!n) continue;
+                set[n] = 0;
+                kgr_buf_printf(&body, "%s[%s] %s", alts++ ? " | " : "", set, r[t]);
+            }
+            if (i == 0) kgr_buf_printf(&body, "%s\"\"", alts ? " | " : "");
+            rule(c, r[i], body.p ? body.p : "\"\"");
+            free(body.p);
+        }
+        kgr_buf_puts(b, "\"-\"? (\"0\"");
+        for (int t = 0; t < k; t++) {
+            char set[16];
+            int n = 0;
+            for (int d = 1; d < 10; d++)
+                if (d % k == t) set[n++] = (char)('0' + d);
+            set[n] = 0;
+            if (n) kgr_buf_printf(b, " | [%s] %s", set, r[t]);
+        }
+        kgr_buf_puts(b, ")");
+        free(r);
+        return true;
+    }
     bool hl, hh, el, eh, done;
     double lo, hi;
     if (!bounds(c, s, ptr, P_INTEGER, b, &hl, &lo, &el, &hh, &hi, &eh, &done)) return false;
@@ -605,17 +635,31 @@ static const char *format_body(const char *f) {
     return NULL;
 }
 
+/* minLength / maxLength hold for every string of length [lo, hi] (hi -1: unbounded) */
+static bool lengths_implied(const cJSON *mn, const cJSON *mx, int64_t lo, int64_t hi) {
+    if (mn && !(cJSON_IsNumber(mn) && (double)lo >= mn->valuedouble)) return false;
+    return !mx || (cJSON_IsNumber(mx) && hi >= 0 && (double)hi <= mx->valuedouble);
+}
+
 static bool gen_string(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minLength"), *mx = cJSON_GetObjectItemCaseSensitive(s, "maxLength");
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern"), *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
     const char *fb = cJSON_IsString(fmt) ? format_body(fmt->valuestring) : NULL;
     if (cJSON_IsString(fmt) && !strcmp(fmt->valuestring, "email")) fb = "email";
-    static const char *const loose[] = {"int32", "int64", "float", "double", "password", "text", "textarea", NULL};
-    if (cJSON_IsString(fmt) && !fb && !in_list(loose, fmt->valuestring))
+    /* The formats the JSON Schema drafts (3 to 2020-12) define assert
+     * something: those it has no grammar for are refused. Any other name
+     * (OpenAPI's int32 or byte, "url", "path") is an annotation, as the spec
+     * says of formats it does not define (2020-12 section 7.2.3). */
+    static const char *const defined[] = {"idn-email", "idn-hostname", "uri-reference", "iri", "iri-reference",
+                                          "uri-template", "json-pointer", "relative-json-pointer", "regex",
+                                          "color", "host-name", "ip-address", "utc-millisec", "style", "phone", NULL};
+    if (cJSON_IsString(fmt) && !fb && in_list(defined, fmt->valuestring))
         return fail(c, ptr, "unsupported format '%s'", fmt->valuestring);
     bool lens = (mn && !(cJSON_IsNumber(mn) && mn->valuedouble <= 0)) || mx;
     if (cJSON_IsString(pat)) {
-        if (lens) return fail(c, ptr, "'%s' together with minLength/maxLength", "pattern");
+        int64_t rmin, rmax;
+        if (lens && !(kgr_regex_lengths(pat->valuestring, &rmin, &rmax) && lengths_implied(mn, mx, rmin, rmax)))
+            return fail(c, ptr, "'%s' together with minLength/maxLength", "pattern");
         if (fb) return fail(c, ptr, "'%s' together with a format", "pattern");
         char *body;
         kiln_status st = kgr_regex_to_gbnf(pat->valuestring, true, &body);
@@ -632,7 +676,15 @@ static bool gen_string(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     }
     char ch[48];
     if (fb) {
-        if (lens) return fail(c, ptr, "'%s' together with minLength/maxLength", "format");
+        /* formats of bounded length (what the grammar above matches) */
+        static const struct {
+            const char *name;
+            int64_t lo, hi;
+        } flen[] = {{"date", 10, 10}, {"uuid", 36, 36}, {"ipv4", 7, 15}};
+        bool implied = false;
+        for (size_t i = 0; i < sizeof flen / sizeof *flen; i++)
+            if (!strcmp(fmt->valuestring, flen[i].name)) implied = lengths_implied(mn, mx, flen[i].lo, flen[i].hi);
+        if (lens && !implied) return fail(c, ptr, "'%s' together with minLength/maxLength", "format");
         if (!strcmp(fb, "email")) {
             /* as Python jsonschema's checker: the string contains an @ */
             prim(c, P_CHAR, ch);
@@ -773,6 +825,7 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         }
         k++;
     }
+    int32_t n_listed = k;
     /* required names that are not listed: any value */
     for (const cJSON *r = req ? req->child : NULL; ok && r; r = r->next) {
         if (!cJSON_IsString(r)) continue;
@@ -873,6 +926,8 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
             }
         }
     }
+    const cJSON *minp = cJSON_GetObjectItemCaseSensitive(s, "minProperties");
+    bool nonempty = cJSON_IsNumber(minp) && minp->valuedouble > 0; /* check_keywords: at most 1 */
     if (ok) {
         /* H_i: nothing emitted yet; T_i: something emitted (members need a comma) */
         char (*H)[48] = calloc((size_t)n + 1, sizeof *H), (*T)[48] = calloc((size_t)n + 1, sizeof *T);
@@ -884,13 +939,20 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         for (int32_t i = n; ok && i >= 0; i--) {
             kgr_buf h = {0}, t = {0};
             if (i == n) {
+                /* minProperties 1: an object with nothing emitted is not done */
+                const char *empty = nonempty ? "[^\\U00000000-\\U0010FFFF]" : "\"\"";
                 if (akv[0]) {
                     kgr_buf_printf(&t, "\",\" %s %s %s | \"\"", ws, akv, T[n]);
-                    kgr_buf_printf(&h, "%s %s | \"\"", akv, T[n]);
+                    kgr_buf_printf(&h, "%s %s | %s", akv, T[n], empty);
                 } else {
                     kgr_buf_puts(&t, "\"\"");
-                    kgr_buf_puts(&h, "\"\"");
+                    kgr_buf_puts(&h, empty);
                 }
+            } else if (!must[i] && i < n_listed && cJSON_IsFalse(cJSON_GetArrayItem(props, i))) {
+                /* an optional property whose schema is false: never there
+                 * (its name still keeps additional keys apart) */
+                kgr_buf_printf(&h, "%s", H[i + 1]);
+                kgr_buf_printf(&t, "%s", T[i + 1]);
             } else {
                 kgr_buf_printf(&h, "%s %s", kv[i], T[i + 1]);
                 kgr_buf_printf(&t, "\",\" %s %s %s", ws, kv[i], T[i + 1]);
@@ -1017,14 +1079,9 @@ static bool gen_typed(sc *c, const cJSON *s, const char *ptr, int t, kgr_buf *b)
 static const cJSON *deref(sc *c, const cJSON *s) {
     for (int i = 0; i < 8 && cJSON_IsObject(s); i++) {
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(s, "$ref");
-        if (!cJSON_IsString(r) || r->valuestring[0] != '#') break;
-        const cJSON *t = c->root;
+        if (!cJSON_IsString(r)) break;
         /* resolve quietly: a bad $ref is reported when the branch compiles */
-        char buf[512];
-        snprintf(buf, sizeof buf, "%s", r->valuestring);
-        char *save = NULL;
-        for (char *tok = strtok_r(buf + 1, "/", &save); tok && t; tok = strtok_r(NULL, "/", &save))
-            t = cJSON_IsObject(t) ? cJSON_GetObjectItemCaseSensitive(t, tok) : NULL;
+        const cJSON *t = kgr_json_pointer(c->root, r->valuestring);
         if (!t) break;
         s = t;
     }
@@ -1084,11 +1141,14 @@ static bool has_str(const cJSON *list, const char *k) {
 
 /* an instance of a always has a key that b forbids */
 static bool key_excludes(const cJSON *a, const cJSON *b) {
-    if (!cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(b, "additionalProperties"))) return false;
+    bool closed = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(b, "additionalProperties"));
     const cJSON *pb = cJSON_GetObjectItemCaseSensitive(b, "properties");
-    for (const cJSON *r = cJSON_GetObjectItemCaseSensitive(a, "required") ? cJSON_GetObjectItemCaseSensitive(a, "required")->child : NULL; r;
-         r = r->next)
-        if (cJSON_IsString(r) && !cJSON_GetObjectItemCaseSensitive(pb, r->valuestring)) return true;
+    const cJSON *ra = cJSON_GetObjectItemCaseSensitive(a, "required");
+    for (const cJSON *r = cJSON_IsArray(ra) ? ra->child : NULL; r; r = r->next) {
+        if (!cJSON_IsString(r)) continue;
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(pb, r->valuestring);
+        if ((closed && !q) || cJSON_IsFalse(q)) return true;
+    }
     return false;
 }
 
@@ -1112,6 +1172,118 @@ static bool disjoint(sc *c, const cJSON *a, const cJSON *b) {
     return key_excludes(a, b) || key_excludes(b, a);
 }
 
+/* The finite list of values s allows, if it has one: its const or enum, or
+ * one of an allOf branch or a $ref target (the other keywords only remove
+ * values). *one: the list is a single const value. */
+static const cJSON *finite_values(sc *c, const cJSON *s, bool *one, int depth) {
+    if (!cJSON_IsObject(s) || depth > 16) return NULL;
+    const cJSON *cst = cJSON_GetObjectItemCaseSensitive(s, "const");
+    if (cst) {
+        *one = true;
+        return cst;
+    }
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    if (cJSON_IsArray(en)) {
+        *one = false;
+        return en->child ? en->child : en;
+    }
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
+    for (const cJSON *e = cJSON_IsArray(all) ? all->child : NULL; e; e = e->next) {
+        const cJSON *v = finite_values(c, e, one, depth + 1);
+        if (v) return v;
+    }
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+    if (cJSON_IsString(ref)) return finite_values(c, kgr_json_pointer(c->root, ref->valuestring), one, depth + 1);
+    return NULL;
+}
+
+/* A schema with a finite list of values is exactly the values that validate
+ * against it (whatever else it says: not, if/then/else, uniqueItems, ...).
+ * false: the validator cannot decide some value (the caller compiles the
+ * schema the ordinary way, which refuses what it cannot honour). */
+static bool gen_finite(sc *c, const cJSON *s, kgr_buf *b) {
+    bool one = false;
+    const cJSON *first = finite_values(c, s, &one, 0);
+    if (!first) return false;
+    kgr_buf t = {0};
+    int kept = 0;
+    kgr_buf_puts(&t, "(");
+    /* an empty enum is the array itself (no values) */
+    for (const cJSON *e = cJSON_IsArray(first) && !first->child && !one ? NULL : first; e; e = one ? NULL : e->next) {
+        char err[200];
+        int r = kgr_validate(c->root, s, e, err, sizeof err);
+        if (r == KGR_V_UNSUPPORTED) {
+            free(t.p);
+            return false;
+        }
+        if (r != KGR_V_VALID) continue;
+        if (kept++) kgr_buf_puts(&t, " | ");
+        lit_value(&t, e);
+    }
+    if (!kept) kgr_buf_puts(&t, "[^\\U00000000-\\U0010FFFF]");
+    kgr_buf_puts(&t, ")");
+    if (t.oom) {
+        free(t.p);
+        return false;
+    }
+    kgr_buf_put(b, t.p, t.n);
+    free(t.p);
+    return true;
+}
+
+static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b);
+
+/* dependencies / dependentRequired / dependentSchemas, one name at a time: the object without
+ * that name, or with it and what it needs (the names, or the schema merged
+ * in through allOf), as anyOf of the two. Exact, and at most 2^8 variants. */
+static bool gen_dependency(sc *c, const cJSON *s, const cJSON *deps, const char *ptr, kgr_buf *b) {
+    const cJSON *d = deps->child;
+    int n = cJSON_GetArraySize(deps);
+    if (n > 8) return fail(c, ptr, "'%s' with over 8 names", deps->string);
+    if (!cJSON_IsArray(d) && !cJSON_IsObject(d) && !cJSON_IsBool(d))
+        return fail(c, ptr, "'%s' value is not an array or a schema", deps->string);
+    cJSON *without = own(c, cJSON_Duplicate(s, true)), *with = own(c, cJSON_Duplicate(s, true));
+    cJSON *alts = own(c, cJSON_CreateObject());
+    if (!without || !with || !alts) return fail(c, ptr, "%s", "out of memory");
+    for (cJSON *v = without; v; v = v == without ? with : NULL) { /* this name's entry goes from both */
+        cJSON *dv = cJSON_GetObjectItemCaseSensitive(v, deps->string);
+        cJSON_DeleteItemFromObjectCaseSensitive(dv, d->string);
+        if (!dv->child) cJSON_DeleteItemFromObjectCaseSensitive(v, deps->string);
+    }
+    /* without: the name never appears (unless it is required: then no variant) */
+    cJSON *pr = cJSON_GetObjectItemCaseSensitive(without, "properties");
+    if (!pr) pr = cJSON_AddObjectToObject(without, "properties");
+    if (!cJSON_IsObject(pr)) return fail(c, ptr, "'%s' is not an object", "properties");
+    if (cJSON_GetObjectItemCaseSensitive(pr, d->string)) cJSON_ReplaceItemInObjectCaseSensitive(pr, d->string, cJSON_CreateFalse());
+    else cJSON_AddItemToObject(pr, d->string, cJSON_CreateFalse());
+    /* with: the name required, and its names required or its schema merged */
+    cJSON *req = cJSON_GetObjectItemCaseSensitive(with, "required");
+    if (!req) req = cJSON_AddArrayToObject(with, "required");
+    if (!cJSON_IsArray(req)) return fail(c, ptr, "'%s' is not an array", "required");
+    cJSON_AddItemToArray(req, cJSON_CreateString(d->string));
+    if (cJSON_IsArray(d)) {
+        for (const cJSON *r = d->child; r; r = r->next) {
+            if (!cJSON_IsString(r)) return fail(c, ptr, "'%s' names that are not strings", deps->string);
+            cJSON_AddItemToArray(req, cJSON_CreateString(r->valuestring));
+        }
+    } else { /* allOf [with, d]: merged in that order, so the properties keep s's order */
+        cJSON *w = own(c, cJSON_CreateObject()), *all = w ? cJSON_AddArrayToObject(w, "allOf") : NULL;
+        if (!all) return fail(c, ptr, "%s", "out of memory");
+        cJSON_AddItemToArray(all, cJSON_Duplicate(with, true));
+        cJSON_AddItemToArray(all, cJSON_Duplicate(d, true));
+        with = w;
+    }
+    bool required = false;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(s, "required");
+    for (const cJSON *r = cJSON_IsArray(rs) ? rs->child : NULL; r; r = r->next)
+        if (cJSON_IsString(r) && !strcmp(r->valuestring, d->string)) required = true;
+    cJSON *l = cJSON_AddArrayToObject(alts, "anyOf");
+    if (!l) return fail(c, ptr, "%s", "out of memory");
+    if (!required) cJSON_AddItemToArray(l, cJSON_Duplicate(without, true));
+    cJSON_AddItemToArray(l, cJSON_Duplicate(with, true));
+    return gen_body(c, alts, ptr, b);
+}
+
 static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     char n[48], tmp[512];
     if (cJSON_IsTrue(s) || (cJSON_IsObject(s) && !s->child)) {
@@ -1123,6 +1295,11 @@ static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         return true;
     }
     if (!cJSON_IsObject(s)) return fail(c, ptr, "a schema must be an object or a boolean%s", "");
+    if (gen_finite(c, s, b)) return true;
+    const cJSON *deps = cJSON_GetObjectItemCaseSensitive(s, "dependentRequired");
+    if (!deps) deps = cJSON_GetObjectItemCaseSensitive(s, "dependentSchemas");
+    if (!deps) deps = cJSON_GetObjectItemCaseSensitive(s, "dependencies");
+    if (cJSON_IsObject(deps) && deps->child) return gen_dependency(c, s, deps, ptr, b);
     if (!check_keywords(c, s, ptr)) return false;
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
@@ -1163,30 +1340,93 @@ static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         for (const cJSON *k = s->child; k; k = k->next)
             if (k != alts && in_list(handled, k->string) && strcmp(k->string, "$defs") && strcmp(k->string, "definitions"))
                 siblings = true;
-        if (one) /* anyOf's grammar is exact for oneOf only when no value matches two branches */
-            for (const cJSON *x = alts->child; x; x = x->next)
-                for (const cJSON *y = x->next; y; y = y->next)
-                    if (!disjoint(c, x, y)) return fail(c, ptr, "'%s' whose branches may overlap (it would act as anyOf)", "oneOf");
-        kgr_buf_puts(b, "(");
+        int nb = cJSON_GetArraySize(alts);
+        const cJSON **br = calloc((size_t)nb, sizeof *br);
+        bool *owned = calloc((size_t)nb, 1), *drop = calloc((size_t)nb, 1);
+        if (!br || !owned || !drop) {
+            free(br), free(owned), free(drop);
+            return fail(c, ptr, "%s", "out of memory");
+        }
+        bool ok = true;
         int i = 0;
-        for (const cJSON *e = alts->child; e; e = e->next, i++) {
+        for (const cJSON *e = alts->child; ok && e; e = e->next, i++) {
+            br[i] = e;
+            if (!siblings) continue;
             char idx[16];
             snprintf(idx, sizeof idx, "%d", i);
             child_ptr(tmp, ptr, any ? "anyOf" : "oneOf", idx);
-            const cJSON *br = e;
-            if (siblings) {
-                cJSON *m = own(c, cJSON_CreateObject());
-                if (!m) return fail(c, ptr, "%s", "out of memory");
-                for (const cJSON *k = s->child; k; k = k->next)
-                    if (k != alts) cJSON_AddItemToObject(m, k->string, cJSON_Duplicate(k, true));
-                if (!merge_into(c, m, e, tmp, 0)) return false;
+            cJSON *m = own(c, cJSON_CreateObject());
+            if (!m) ok = fail(c, ptr, "%s", "out of memory");
+            for (const cJSON *k = s->child; ok && k; k = k->next)
+                if (k != alts) cJSON_AddItemToObject(m, k->string, cJSON_Duplicate(k, true));
+            if (ok) ok = merge_into(c, m, e, tmp, 0);
+            if (ok) {
                 cJSON_DeleteItemFromObjectCaseSensitive(m, "$ref");
                 cJSON_DeleteItemFromObjectCaseSensitive(m, "allOf");
-                br = m;
+                br[i] = m;
             }
-            if (!gen(c, br, tmp, n)) return false;
-            kgr_buf_printf(b, "%s%s", i ? " | " : "", n);
         }
+        /* anyOf's grammar is exact for oneOf only when no value matches two
+         * branches. Branch j that only lists required names (beside the
+         * shared siblings) is excluded from branch i exactly by leaving out
+         * its one name that i does not require; i is impossible when it
+         * requires all of them. */
+        const cJSON **orig = calloc((size_t)nb, sizeof *orig); /* the branches before refinement */
+        if (!orig) ok = fail(c, ptr, "%s", "out of memory");
+        for (int x = 0; ok && x < nb; x++) orig[x] = br[x];
+        /* refined branch x must exclude every other original branch y */
+        for (int x = 0; ok && one && x < nb; x++)
+            for (int y = 0; ok && y < nb; y++) {
+                if (x == y || drop[x] || disjoint(c, br[x], orig[y])) continue;
+                const cJSON *oj = deref(c, cJSON_GetArrayItem(alts, y));
+                const cJSON *rj = cJSON_IsObject(oj) ? cJSON_GetObjectItemCaseSensitive(oj, "required") : NULL;
+                bool only_req = cJSON_IsArray(rj);
+                for (const cJSON *k = cJSON_IsObject(oj) ? oj->child : NULL; k; k = k->next)
+                    if (k != rj && in_list(handled, k->string)) only_req = false;
+                if (!only_req || !cJSON_IsObject(br[x])) continue; /* y's turn may refine y against x */
+                const cJSON *ri = cJSON_GetObjectItemCaseSensitive(br[x], "required");
+                const char *miss = NULL;
+                int n_miss = 0;
+                for (const cJSON *r = rj->child; r; r = r->next)
+                    if (cJSON_IsString(r) && !has_str(ri, r->valuestring)) miss = r->valuestring, n_miss++;
+                if (n_miss == 0) {
+                    drop[x] = true;
+                    continue;
+                }
+                if (n_miss > 1) continue;
+                if (!owned[x]) { /* refine a copy: orig[x] stays what x said */
+                    cJSON *m = own(c, cJSON_Duplicate(br[x], true));
+                    if (!m) ok = fail(c, ptr, "%s", "out of memory");
+                    else br[x] = m, owned[x] = true;
+                }
+                if (!ok) break;
+                cJSON *m = (cJSON *)br[x], *pr = cJSON_GetObjectItemCaseSensitive(m, "properties");
+                if (!cJSON_IsObject(pr)) {
+                    cJSON_DeleteItemFromObjectCaseSensitive(m, "properties");
+                    pr = cJSON_AddObjectToObject(m, "properties");
+                }
+                if (pr) {
+                    cJSON_DeleteItemFromObjectCaseSensitive(pr, miss);
+                    cJSON_AddItemToObject(pr, miss, cJSON_CreateFalse());
+                }
+            }
+        for (int x = 0; ok && one && x < nb; x++)
+            for (int y = 0; ok && y < nb; y++)
+                if (x != y && !drop[x] && !disjoint(c, br[x], orig[y]))
+                    ok = fail(c, ptr, "'%s' whose branches may overlap (it would act as anyOf)", "oneOf");
+        kgr_buf_puts(b, "(");
+        int kept = 0;
+        for (i = 0; ok && i < nb; i++) {
+            if (drop[i]) continue;
+            char idx[16];
+            snprintf(idx, sizeof idx, "%d", i);
+            child_ptr(tmp, ptr, any ? "anyOf" : "oneOf", idx);
+            ok = gen(c, br[i], tmp, n);
+            if (ok) kgr_buf_printf(b, "%s%s", kept++ ? " | " : "", n);
+        }
+        if (ok && !kept) kgr_buf_puts(b, "[^\\U00000000-\\U0010FFFF]");
+        free(br), free(owned), free(drop), free(orig);
+        if (!ok) return false;
         kgr_buf_puts(b, ")");
         return true;
     }

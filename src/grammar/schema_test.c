@@ -163,6 +163,133 @@ KT_TEST(schema_strings_numbers) {
     NOT("{\"type\":\"number\",\"exclusiveMinimum\":0}", "0.0");
 }
 
+/* enum / const beside any keyword: the values that validate (validate.c) */
+KT_TEST(schema_finite_values) {
+    const char *notnot = "{\"allOf\":[{\"enum\":[1,\"a\",[1,1],{\"k\":2}]},{\"not\":{\"type\":\"string\"}}]}";
+    OK(notnot, "1");
+    OK(notnot, "[1, 1]");
+    NOT(notnot, "\"a\"");
+    const char *uniq = "{\"enum\":[[1,1],[1,2]],\"uniqueItems\":true}";
+    OK(uniq, "[1, 2]");
+    NOT(uniq, "[1, 1]");
+    const char *cond = "{\"enum\":[{\"a\":1,\"b\":2},{\"a\":2}],\"if\":{\"properties\":{\"a\":{\"const\":1}}},"
+                       "\"then\":{\"required\":[\"b\"]},\"else\":{\"maxProperties\":0}}";
+    OK(cond, "{\"a\": 1, \"b\": 2}");
+    NOT(cond, "{\"a\": 2}");
+    const char *mult = "{\"enum\":[3,4,4.5,6],\"multipleOf\":1.5,\"minimum\":4}";
+    OK(mult, "4.5");
+    OK(mult, "6");
+    NOT(mult, "3");
+    NOT(mult, "4");
+    const char *pat = "{\"enum\":[\"ab\",\"abc\",\"x\"],\"pattern\":\"^a\",\"maxLength\":2}";
+    OK(pat, "\"ab\"");
+    NOT(pat, "\"abc\"");
+    NOT(pat, "\"x\"");
+    /* $ is the end, not before a final newline (ECMAScript, not PCRE2's default) */
+    NOT("{\"enum\":[\"a\\n\"],\"pattern\":\"^a$\"}", "\"a\\n\"");
+    OK("{\"enum\":[\"a\"],\"pattern\":\"^a$\"}", "\"a\"");
+    const char *deps = "{\"enum\":[{\"a\":1},{\"a\":1,\"b\":1}],\"dependencies\":{\"a\":[\"b\"]}}";
+    OK(deps, "{\"a\": 1, \"b\": 1}");
+    NOT(deps, "{\"a\": 1}");
+    NOT("{\"enum\":[1,2],\"not\":{\"enum\":[1,2]}}", "1"); /* nothing left */
+    /* what the validator cannot decide is refused, not guessed */
+    KT_CHECK(sch("{\"enum\":[{\"a\":1}],\"unevaluatedProperties\":false}", "{\"a\": 1}") == -1);
+}
+
+/* oneOf: a branch that only lists required names is excluded exactly */
+KT_TEST(schema_one_of_required) {
+    const char *s = "{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"integer\"},\"j\":{\"type\":\"integer\"}},"
+                    "\"oneOf\":[{\"required\":[\"p\"]},{\"required\":[\"j\"]}]}";
+    OK(s, "{\"p\": 1}");
+    OK(s, "{\"j\": 2}");
+    NOT(s, "{\"p\": 1, \"j\": 2}");
+    NOT(s, "{}");
+    /* a branch whose names include the other's can never be the only match */
+    const char *sub = "{\"type\":\"object\",\"oneOf\":[{\"required\":[\"a\"]},{\"required\":[\"a\",\"b\"]}],"
+                      "\"properties\":{\"a\":{},\"b\":{}},\"additionalProperties\":false}";
+    OK(sub, "{\"a\": 1}");
+    NOT(sub, "{\"a\": 1, \"b\": 2}");
+}
+
+/* patternProperties beside listed properties (additionalProperties false);
+ * minProperties 1 */
+KT_TEST(schema_pattern_properties_listed) {
+    const char *s = "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},"
+                    "\"patternProperties\":{\"^x-\":{\"type\":\"string\"}},\"additionalProperties\":false}";
+    OK(s, "{\"id\": 1, \"x-a\": \"s\"}");
+    OK(s, "{\"x-a\": \"s\", \"x-b\": \"t\"}");
+    NOT(s, "{\"id\": 1, \"x-a\": 2}");
+    NOT(s, "{\"id\": 1, \"y\": \"s\"}");
+    /* a listed name the pattern matches would have two schemas: refused */
+    KT_CHECK(sch("{\"properties\":{\"x-id\":{}},\"patternProperties\":{\"^x-\":{\"type\":\"string\"}},"
+                 "\"additionalProperties\":false}", "{}") == -1);
+    const char *m = "{\"type\":\"object\",\"minProperties\":1,\"properties\":{\"a\":{\"type\":\"integer\"}}}";
+    OK(m, "{\"a\": 1}");
+    OK(m, "{\"b\": null}");
+    NOT(m, "{}");
+    KT_CHECK(sch("{\"type\":\"object\",\"minProperties\":2}", "{}") == -1);
+}
+
+/* pattern or format beside length bounds that every match already meets */
+KT_TEST(schema_pattern_lengths_implied) {
+    const char *s = "{\"type\":\"string\",\"pattern\":\"^[0-9]{16}$\",\"minLength\":16,\"maxLength\":16}";
+    OK(s, "\"1234567890123456\"");
+    NOT(s, "\"123456789012345\"");
+    const char *w = "{\"type\":\"string\",\"pattern\":\"^(?:[a-z]{1,3}-)?[\\\\w.]{2,8}$\",\"minLength\":2,\"maxLength\":40}";
+    OK(w, "\"abc-x_1\"");
+    NOT(w, "\"a\"");
+    OK("{\"type\":\"string\",\"format\":\"uuid\",\"maxLength\":36}", "\"123e4567-e89b-12d3-a456-426614174000\"");
+    /* bounds a match may break: refused */
+    KT_CHECK(sch("{\"type\":\"string\",\"pattern\":\"^[0-9]+$\",\"maxLength\":16}", "\"1\"") == -1);
+    KT_CHECK(sch("{\"type\":\"string\",\"pattern\":\"^[0-9]{3}\",\"maxLength\":16}", "\"123\"") == -1); /* a search */
+    KT_CHECK(sch("{\"type\":\"string\",\"pattern\":\"^a$|^bb$\",\"minLength\":1}", "\"a\"") == -1);
+    KT_CHECK(sch("{\"type\":\"string\",\"pattern\":\"^[a-z]{2,}$\",\"minLength\":3}", "\"abc\"") == -1);
+}
+
+/* multipleOf of an integer: a residue automaton over the digits */
+KT_TEST(schema_integer_multiple_of) {
+    const char *s = "{\"type\":\"integer\",\"multipleOf\":7}";
+    for (int i = -30; i <= 300; i++) {
+        char b[16];
+        snprintf(b, sizeof b, "%d", i);
+        KT_CHECKF(sch(s, b) == (i % 7 == 0), "%d multiple of 7", i);
+    }
+    OK(s, "7000000000000000000007");
+    NOT(s, "07");
+    OK("{\"type\":\"integer\",\"multipleOf\":1,\"minimum\":2}", "3");
+    KT_CHECK(sch("{\"type\":\"integer\",\"multipleOf\":3,\"minimum\":2}", "3") == -1); /* with bounds: refused */
+    KT_CHECK(sch("{\"type\":\"number\",\"multipleOf\":0.01}", "0.5") == -1);
+}
+
+/* dependencies / dependentRequired: the object without the name, or with
+ * it and what it needs */
+KT_TEST(schema_dependencies) {
+    const char *s = "{\"type\":\"object\",\"properties\":{\"card\":{\"type\":\"string\"},\"addr\":{\"type\":\"string\"}},"
+                    "\"dependencies\":{\"card\":[\"addr\"]}}";
+    OK(s, "{\"card\": \"x\", \"addr\": \"y\"}");
+    OK(s, "{\"addr\": \"y\"}");
+    OK(s, "{}");
+    NOT(s, "{\"card\": \"x\"}");
+    const char *sd = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{}},"
+                     "\"dependentSchemas\":{\"a\":{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}}}";
+    OK(sd, "{\"a\": 1, \"b\": \"s\"}");
+    OK(sd, "{\"b\": 2}");
+    NOT(sd, "{\"a\": 1, \"b\": 2}");
+    NOT(sd, "{\"a\": 1}");
+    const char *dr = "{\"type\":\"object\",\"required\":[\"a\"],\"dependentRequired\":{\"a\":[\"b\"],\"c\":[\"a\"]}}";
+    OK(dr, "{\"a\": 1, \"b\": 2}");
+    NOT(dr, "{\"a\": 1}");
+}
+
+/* formats the drafts do not define are annotations; defined ones it lacks are errors */
+KT_TEST(schema_format_annotations) {
+    OK("{\"type\":\"string\",\"format\":\"url\"}", "\"not a url\"");
+    OK("{\"type\":\"string\",\"format\":\"byte\"}", "\"QUJD\"");
+    NOT("{\"type\":\"string\",\"format\":\"path\"}", "1");
+    KT_CHECK(sch("{\"type\":\"string\",\"format\":\"uri-reference\"}", "\"a\"") == -1);
+    KT_CHECK(sch("{\"type\":\"string\",\"format\":\"regex\"}", "\"a\"") == -1);
+}
+
 KT_TEST(schema_errors) {
     static const char *const cases[][2] = {
         {"{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems' at #"},
