@@ -20,7 +20,11 @@ bool ksrv_embed_folder(const char *dir) {
     if (ku_file_exists(path)) return true;
     snprintf(path, sizeof path, "%s/config.json", dir);
     cJSON *cfg;
-    if (ku_json_load(path, &cfg)) return false;
+    kiln_status st = ku_json_load(path, &cfg);
+    if (st) {
+        kiln_status_free(st); /* no readable config: the model load says why */
+        return false;
+    }
     bool cross = false;
     const cJSON *it;
     cJSON_ArrayForEach(it, ku_json_get(cfg, "architectures")) {
