@@ -32,19 +32,28 @@ bool ksrv_embed_folder(const char *dir) {
 }
 
 kiln_status ksrv_embed_load(ksrv *s) {
-    KILN_TRY(kemb_load(s->model_dir, &s->emb));
+    pthread_mutex_init(&s->emb_mu, NULL);
+    kemb_pooling pool = KEMB_POOL_DEFAULT;
+    if (s->p.pooling) KILN_TRYF(kemb_pooling_parse(s->p.pooling, &pool), "--pooling");
+    s->emb_pooling = pool;
+    kemb_as as = s->p.embed_mode == KSRV_EMBEDDINGS ? KEMB_AS_EMBED : s->p.embed_mode == KSRV_RERANK ? KEMB_AS_RERANK : KEMB_AS_AUTO;
+    KILN_TRY(kemb_load_as(s->model_dir, as, &s->emb));
+    if (s->p.pooling && (kemb_is_cross_encoder(s->emb) || kemb_is_decoder_reranker(s->emb)))
+        return kiln_error(KILN_EINVAL, "--pooling: %s is served as a reranker, which pools nothing", s->model_dir);
     kiln_status st = ktok_load(s->model_dir, &s->tok);
     if (st && kiln_status_code(st) != KILN_ENOTFOUND) return st;
     kiln_status_free(st);
+    if (kemb_is_decoder_reranker(s->emb)) { /* Qwen3-Reranker: P(yes) of its prompt, which needs the tokenizer */
+        if (!s->tok) return kiln_error(KILN_EINVAL, "%s: a decoder reranker needs the model's tokenizer", s->model_dir);
+        KILN_TRYF(kemb_yes_no(s->tok, &s->emb_yes, &s->emb_no), "%s", s->model_dir);
+    }
     ke_ctx_params cp = {.n_ctx = s->p.ctx_size, .n_threads = s->p.threads, .block_size = s->p.block_size, .pooling = true};
     if (cp.n_ctx <= 0) {
         int64_t mp = ke_model_hparams(kemb_engine_model(s->emb))->max_pos;
         cp.n_ctx = mp > 0 && mp < 8192 ? mp : 8192;
     }
     cp.n_cache = s->p.kv_tokens > 0 ? s->p.kv_tokens : cp.n_ctx * s->p.parallel;
-    KILN_TRY(ke_ctx_create(kemb_engine_model(s->emb), &cp, &s->emb_c));
-    pthread_mutex_init(&s->emb_mu, NULL);
-    return NULL;
+    return ke_ctx_create(kemb_engine_model(s->emb), &cp, &s->emb_c);
 }
 
 void ksrv_embed_free(ksrv *s) {
@@ -152,8 +161,9 @@ static void base64(ksrv_buf *b, const uint8_t *p, size_t n) {
 }
 
 int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out) {
-    if (!s->emb || kemb_is_cross_encoder(s->emb))
-        return bad(out, "this server's model is not an embedding model (serve a folder with sentence-transformers' modules.json)");
+    if (!s->emb || kemb_is_cross_encoder(s->emb) || kemb_is_decoder_reranker(s->emb))
+        return bad(out, "this server's model is not an embedding model (serve a folder with sentence-transformers' modules.json, "
+                        "or any encoder or decoder with kiln serve --embeddings)");
     const char *fmt = "float", *prompt_name = NULL;
     int64_t dims = 0;
     kiln_status st = ku_json_str(body, "encoding_format", "float", &fmt);
@@ -179,7 +189,8 @@ int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out) {
     if (!st && !(v = malloc(sizeof(float) * (size_t)(in->n * dim)))) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (!st) {
         pthread_mutex_lock(&s->emb_mu);
-        st = kemb_embed(s->emb, s->emb_c, in->n, (const int32_t *const *)in->ids, in->lens, NULL, v);
+        st = kemb_embed(s->emb, s->emb_c, in->n, (const int32_t *const *)in->ids, in->lens,
+                        &(kemb_opts){.pooling = (kemb_pooling)s->emb_pooling, .normalize = -1}, v);
         pthread_mutex_unlock(&s->emb_mu);
     }
     if (st) {
@@ -210,8 +221,9 @@ int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out) {
 }
 
 int ksrv_rerank(ksrv *s, const cJSON *body, ksrv_buf *out) {
-    if (!s->emb || !kemb_is_cross_encoder(s->emb))
-        return bad(out, "this server's model is not a reranker (serve a *ForSequenceClassification cross-encoder)");
+    if (!s->emb || !(kemb_is_cross_encoder(s->emb) || kemb_is_decoder_reranker(s->emb)))
+        return bad(out, "this server's model is not a reranker (serve a *ForSequenceClassification cross-encoder, "
+                        "or a causal LM such as Qwen3-Reranker with kiln serve --rerank)");
     if (!s->tok) return bad(out, "reranking needs the model's tokenizer");
     const char *query = cJSON_GetStringValue(ku_json_get(body, "query"));
     const cJSON *docs = ku_json_get(body, "documents");
@@ -246,7 +258,8 @@ int ksrv_rerank(ksrv *s, const cJSON *body, ksrv_buf *out) {
         st = kiln_error(KILN_ENOMEM, "out of memory");
     if (!st) {
         pthread_mutex_lock(&s->emb_mu);
-        st = kemb_score(s->emb, s->emb_c, in->n, (const int32_t *const *)in->ids, in->lens, (const int32_t *const *)in->types, -1, -1, sc);
+        st = kemb_score(s->emb, s->emb_c, in->n, (const int32_t *const *)in->ids, in->lens, (const int32_t *const *)in->types, s->emb_yes,
+                        s->emb_no, sc);
         pthread_mutex_unlock(&s->emb_mu);
     }
     for (int i = 0; !st && i < in->n; i++) sc[i] = kemb_relevance(s->emb, sc[i]);

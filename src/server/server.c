@@ -791,7 +791,9 @@ static void *step_main(void *arg) {
 }
 
 static kiln_status load(ksrv *s) {
-    if (ksrv_embed_folder(s->model_dir)) return ksrv_embed_load(s); /* embeddings / reranking (embed.c) */
+    if (s->p.embed_mode || ksrv_embed_folder(s->model_dir)) return ksrv_embed_load(s); /* embeddings / reranking (embed.c) */
+    if (s->p.pooling)
+        return kiln_error(KILN_EINVAL, "--pooling: %s is not an embedding folder (no modules.json); serve it with --embeddings", s->model_dir);
     KILN_TRY(ke_model_load(s->model_dir, &s->m));
     kiln_status st = ktok_load(s->model_dir, &s->tok);
     if (st && kiln_status_code(st) != KILN_ENOTFOUND) return st; /* a broken tokenizer is an error; none is fine */

@@ -63,7 +63,11 @@ typedef struct {
     int load_delay_ms;     /* tests: wait this long before loading (to see the loading state) */
     int step_delay_us;     /* tests: pause after each engine step (slow generations on tiny models) */
     const kspec_params *spec; /* speculative decoding for every request (borrowed), NULL or none enabled: off */
+    int embed_mode;        /* 0: from the folder; KSRV_EMBEDDINGS / KSRV_RERANK: serve it as that (embed.c) */
+    const char *pooling;   /* --pooling cls|mean|max|last|none of embeddings; NULL: the model's */
 } ksrv_params;
+
+enum { KSRV_EMBEDDINGS = 1, KSRV_RERANK = 2 };
 
 typedef struct ksrv ksrv;
 

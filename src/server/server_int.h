@@ -101,6 +101,8 @@ struct ksrv {
     struct kemb_model *emb;
     ke_ctx *emb_c;
     pthread_mutex_t emb_mu; /* one request on emb_c at a time */
+    int emb_pooling;        /* a kemb_pooling: --pooling, else KEMB_POOL_DEFAULT (the model's) */
+    int32_t emb_yes, emb_no; /* a decoder reranker's "yes" / "no" ids */
 };
 
 /* ---- /v1/embeddings, /v1/rerank (embed.c) */
