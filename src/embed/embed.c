@@ -406,6 +406,27 @@ kiln_status kemb_embed(const kemb_model *m, ke_ctx *c, int n, const int32_t *con
 }
 
 typedef struct {
+    float *out;
+    const int64_t *lens;
+    int64_t done; /* rows of sequences before the next one */
+    int next;
+} tokens_job;
+
+static void token_rows(void *ud, int i, const float *rows, int64_t n, int64_t width) {
+    tokens_job *j = ud;
+    for (; j->next < i; j->next++) j->done += j->lens[j->next]; /* run_all calls back in order */
+    memcpy(j->out + j->done * width, rows, sizeof(float) * (size_t)(n * width));
+}
+
+kiln_status kemb_token_states(const kemb_model *m, ke_ctx *c, int n, const int32_t *const *ids, const int64_t *lens, float *out) {
+    if (m->cross || m->causal)
+        return kiln_error(KILN_EUNSUPPORTED, "%s has a %s head, not hidden states", ke_model_family(m->m)->name,
+                          m->cross ? "classification" : "language-model");
+    tokens_job j = {out, lens, 0, 0};
+    return run_all(c, n, ids, lens, NULL, 2, ke_model_hparams(m->m)->hidden, token_rows, &j);
+}
+
+typedef struct {
     float *scores;
     int32_t yes, no;
     bool cross;

@@ -71,6 +71,11 @@ typedef struct {
 kiln_status kemb_embed(const kemb_model *m, ke_ctx *c, int n, const int32_t *const *ids, const int64_t *lens,
                        const kemb_opts *o, float *out);
 
+/* Every token's last hidden state (pooling none: llama.cpp's --pooling none,
+ * sentence-transformers' token_embeddings; no Dense, no Normalize) of n
+ * sequences into out [sum lens, hidden], the sequences one after another. */
+kiln_status kemb_token_states(const kemb_model *m, ke_ctx *c, int n, const int32_t *const *ids, const int64_t *lens, float *out);
+
 /* Raw relevance scores of n token sequences (each a whole pair already in
  * the model's template), types[i] their token types (NULL: 0). A
  * cross-encoder: the first label's logit at the first token. A causal LM

@@ -316,3 +316,105 @@ KT_TEST(serve_embed_mode_refusals) {
     KT_CHECK_ERR(st, "not reranking scores");
     stop(&f);
 }
+
+/* max |diff| of rows [n, d] (a JSON list of lists) against want. */
+static double rows_diff(const cJSON *rows, const float *want, int64_t n, int64_t d) {
+    if (cJSON_GetArraySize(rows) != n) return 1e30;
+    double md = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const cJSON *e = cJSON_GetArrayItem(rows, (int)r);
+        if (cJSON_GetArraySize(e) != d) return 1e30;
+        for (int64_t j = 0; j < d; j++) {
+            double x = cJSON_GetArrayItem(e, (int)j)->valuedouble - want[r * d + j];
+            md = x > md ? x : -x > md ? -x : md;
+        }
+    }
+    return md;
+}
+
+static float *npy(const char *fixture, const char *name, int64_t *rows, int64_t *cols) {
+    char p[PATH_MAX];
+    float *v = NULL;
+    snprintf(p, sizeof p, "%s/%s/%s", kt_root(), fixture, name);
+    kiln_status st = ku_npy_read_f32(p, &v, rows, cols);
+    kiln_status_free(st);
+    return v;
+}
+
+/* llama.cpp's /embedding (content; [{index, embedding: [[...]]}]; embd_normalize)
+ * and vLLM's /pooling on a bare XLM-R encoder (CLS), then with --pooling none
+ * every token's hidden state, which /v1/embeddings refuses. */
+KT_TEST(serve_llama_embedding_and_vllm_pooling) {
+    static const char fixture[] = "tests/fixtures/embed/xlmr_cls";
+    char *in = oracle_inputs(fixture), body[8192];
+    KT_CHECK(in != NULL);
+    if (!in) return;
+    int64_t rows, cols;
+    float *emb = npy(fixture, "embedding_single.npy", &rows, &cols), *pooled = npy(fixture, "pooled_single.npy", &rows, &cols);
+    KT_CHECK(emb && pooled && rows == 4);
+    for (int pass = 0; emb && pooled && pass < 2; pass++) {
+        efx f = {0};
+        KT_CHECK(bare_folder(&f, fixture));
+        kiln_status st = serve(&f, KSRV_EMBEDDINGS, pass ? "none" : NULL);
+        KT_CHECKF(st == NULL, "%s", kiln_status_msg(st));
+        kiln_status_free(st);
+        long code = 0;
+        for (int norm = 0; f.s && norm < 2; norm++) {
+            snprintf(body, sizeof body, "{\"content\":%s%s}", in, norm ? ",\"embd_normalize\":-1" : "");
+            cJSON *r = post(&f, "/embedding", body, &code);
+            KT_CHECKF(code == 200 && cJSON_GetArraySize(r) == 4, "pass %d: status %ld", pass, code);
+            for (int i = 0; r && i < 4 && i < cJSON_GetArraySize(r); i++) {
+                const cJSON *x = cJSON_GetArrayItem(r, i);
+                KT_CHECK_EQ((int)ku_json_get(x, "index")->valuedouble, i);
+                const cJSON *e = ku_json_get(x, "embedding");
+                double md;
+                if (!pass) md = rows_diff(e, (norm ? pooled : emb) + i * cols, 1, cols); /* the pooled vector, as a list of one */
+                else {                                                                  /* every token: the hidden states */
+                    char name[64];
+                    int64_t n, d;
+                    snprintf(name, sizeof name, "hidden_single_%d.npy", i);
+                    float *h = npy(fixture, name, &n, &d);
+                    md = h ? rows_diff(e, h, n, d) : 1e30;
+                    free(h);
+                }
+                KT_CHECKF(md <= 1e-5, "pass %d norm %d input %d: max |diff| %g", pass, norm, i, md);
+            }
+            cJSON_Delete(r);
+        }
+        if (f.s) { /* vLLM's /pooling: the model's pipeline (pooled and normalised), or per token */
+            snprintf(body, sizeof body, "{\"input\":%s}", in);
+            cJSON *r = post(&f, "/pooling", body, &code);
+            const cJSON *data = ku_json_get(r, "data");
+            KT_CHECKF(code == 200 && cJSON_GetArraySize(data) == 4, "status %ld", code);
+            const cJSON *d0 = cJSON_GetArrayItem(data, 0);
+            KT_CHECK_STR(cJSON_GetStringValue(ku_json_get(d0, "object")), "pooling");
+            if (!pass && d0) {
+                const cJSON *v = ku_json_get(d0, "data");
+                double md = 0;
+                for (int64_t j = 0; j < cols && cJSON_GetArraySize(v) == cols; j++) {
+                    double x = cJSON_GetArrayItem(v, (int)j)->valuedouble - emb[j];
+                    md = x > md ? x : -x > md ? -x : md;
+                }
+                KT_CHECKF(cJSON_GetArraySize(v) == cols && md <= 1e-5, "/pooling: max |diff| %g", md);
+            } else if (d0) { /* input 0's tokens */
+                int64_t n, d;
+                float *h = npy(fixture, "hidden_single_0.npy", &n, &d);
+                double md = h ? rows_diff(ku_json_get(d0, "data"), h, n, d) : 1e30;
+                KT_CHECKF(md <= 1e-5, "/pooling per token: max |diff| %g", md);
+                free(h);
+            }
+            cJSON_Delete(r);
+            r = post(&f, "/v1/embeddings", body, &code); /* pooling none has no OpenAI shape */
+            KT_CHECK_EQ(code, pass ? 400 : 200);
+            if (pass) KT_CHECK(strstr(cJSON_GetStringValue(ku_json_get(ku_json_get(r, "error"), "message")), "--pooling none") != NULL);
+            cJSON_Delete(r);
+            r = post(&f, "/embedding", "{\"content\":[[1,2,3]],\"embd_normalize\":1}", &code);
+            KT_CHECK_EQ(code, 400);
+            KT_CHECK(strstr(cJSON_GetStringValue(ku_json_get(ku_json_get(r, "error"), "message")), "embd_normalize") != NULL);
+            cJSON_Delete(r);
+        }
+        stop(&f);
+        remove_folder(&f);
+    }
+    free(emb), free(pooled), free(in);
+}
