@@ -12,6 +12,9 @@
  *   POST /tokenize, /detokenize
  *   GET  /version, /props, /slots; POST /apply-template, /completion
  *        (llama-server's; llama.c)
+ *   POST /v1/embeddings, /embedding, /pooling, /v1/rerank, /rerank,
+ *        /v2/rerank for an embedding or reranking folder, or embed_mode
+ *        (embed.c)
  * Streaming is SSE (`data: {json}` events, then `data: [DONE]`). Errors are
  * OpenAI error objects {"error": {message, type, param, code}} with the
  * HTTP status: 400 bad request (naming the field), 401 missing or wrong API
