@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "embed/embed.h"
 #include "gen/params.h"
 #include "server/server.h"
 #include "spec/spec.h"
@@ -48,6 +49,14 @@ static void usage(FILE *f) {
             "                         streams end with an error event and the rest get 503 (default 5);\n"
             "                         a second signal exits at once\n"
             "  --quiet                no access log\n"
+            "  --embeddings           serve the folder as an embedding model (/v1/embeddings, /embedding,\n"
+            "                         /pooling), also without sentence-transformers' modules.json: any encoder\n"
+            "                         or decoder, pooled by --pooling (--embedding is the same, as in llama.cpp)\n"
+            "  --pooling P            cls, mean, max, last or none (default: modules.json's, else cls for\n"
+            "                         encoders and last for decoders); none: per-token vectors at /embedding\n"
+            "  --rerank               serve the folder as a reranker (/v1/rerank): a cross-encoder, or any\n"
+            "                         causal LM scored by Qwen3-Reranker's yes/no rule (--reranking is the same)\n"
+            "  (a folder with modules.json or a *ForSequenceClassification head is served so without these)\n"
             "  --reasoning-format F   auto: thinking blocks go to reasoning_content; none: left in content\n"
             "  --reasoning-budget N   -1: unrestricted thinking (default); 0: thinking off (enable_thinking false);\n"
             "                         N > 0: the thinking block ends after N tokens\n"
@@ -93,13 +102,14 @@ int kiln_cmd_serve(int argc, char **argv) {
             kgen_params_free(&gp);
             return 0;
         }
-        static const char *const flags[] = {"--metrics", "--no-metrics", "--any-model", "--no-prefix-cache", "--quiet", NULL};
+        static const char *const flags[] = {"--metrics", "--no-metrics", "--any-model", "--no-prefix-cache", "--quiet",
+                                            "--embeddings", "--embedding", "--rerank", "--reranking", NULL};
         static const char *const valued[] = {
             "-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "--max-model-len",
             "--kv-tokens", "--cache-ram", "--block-size", "-b", "--step-tokens", "--queue", "-t", "--threads",
             "--api-key", "--alias", "--served-model-name", "--max-body", "--timeout", "--request-timeout",
             "--max-conns", "--max-conns-per-ip", "--max-image-pixels", "--shutdown-timeout", "--reasoning-budget",
-            "--reasoning-format", NULL};
+            "--reasoning-format", "--pooling", NULL};
         bool flag = kiln_flag_in(a, flags);
         if ((st = kiln_option("serve", a, v, valued, flags))) break;
         int64_t x = 0;
@@ -128,6 +138,15 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--any-model")) p.any_model = true;
         else if (!strcmp(a, "--no-prefix-cache")) p.no_prefix_cache = true;
         else if (!strcmp(a, "--quiet")) p.quiet = true;
+        else if (!strcmp(a, "--embeddings") || !strcmp(a, "--embedding") || !strcmp(a, "--rerank") || !strcmp(a, "--reranking")) {
+            int mode = a[2] == 'e' ? KSRV_EMBEDDINGS : KSRV_RERANK;
+            if (p.embed_mode && p.embed_mode != mode) st = kiln_error(KILN_EINVAL, "--embeddings and --rerank exclude each other");
+            p.embed_mode = mode;
+        } else if (!strcmp(a, "--pooling")) {
+            kemb_pooling pool;
+            st = kemb_pooling_parse(v, &pool);
+            p.pooling = v;
+        }
         else if (!strcmp(a, "--reasoning-budget")) {
             st = kiln_parse_int(a, v, -1, 1 << 24, &x);
             p.no_thinking = x == 0;
@@ -140,6 +159,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         else st = kiln_error(KILN_EINVAL, "unknown option %s (see kiln serve --help)", a);
         i += flag ? 1 : 2;
     }
+    if (!st && p.pooling && p.embed_mode == KSRV_RERANK) st = kiln_error(KILN_EINVAL, "--pooling is for embeddings, not --rerank");
     if (!st) st = kgen_params_validate(&gp);
     if (st) {
         kgen_params_free(&gp);

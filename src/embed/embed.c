@@ -211,7 +211,9 @@ static bool architecture_ends(const cJSON *cfg, const char *suffix) {
     return false;
 }
 
-kiln_status kemb_load(const char *dir, kemb_model **out) {
+kiln_status kemb_load(const char *dir, kemb_model **out) { return kemb_load_as(dir, KEMB_AS_AUTO, out); }
+
+kiln_status kemb_load_as(const char *dir, kemb_as as, kemb_model **out) {
     *out = NULL;
     kemb_model *e = calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ENOMEM, "out of memory");
@@ -227,7 +229,13 @@ kiln_status kemb_load(const char *dir, kemb_model **out) {
         snprintf(path, sizeof path, "%s/modules.json", dir);
         modules = ku_file_exists(path);
         e->causal = !e->cross && !modules && architecture_ends(cfg, "ForCausalLM");
-        if (modules && !e->cross) st = read_modules(e, dir, path);
+        if (as == KEMB_AS_EMBED && e->cross)
+            st = kiln_error(KILN_EUNSUPPORTED, "%s: a cross-encoder (*ForSequenceClassification) gives scores, not embeddings", dir);
+        else if (as == KEMB_AS_EMBED) e->causal = false; /* its hidden states, pooled */
+        else if (as == KEMB_AS_RERANK && modules && !e->cross)
+            st = kiln_error(KILN_EUNSUPPORTED, "%s: an embedding model (modules.json) gives vectors, not reranking scores", dir);
+        else if (as == KEMB_AS_RERANK) e->causal = !e->cross; /* any causal LM: the yes/no rule */
+        if (!st && modules && !e->cross) st = read_modules(e, dir, path);
     }
     cJSON_Delete(cfg);
     if (!st) st = e->cross || e->causal ? ke_model_load(dir, &e->m) : ke_model_load_hidden(dir, &e->m);
@@ -267,6 +275,7 @@ const ke_model *kemb_engine_model(const kemb_model *m) { return m->m; }
 kemb_pooling kemb_model_pooling(const kemb_model *m) { return m->pooling; }
 bool kemb_model_normalizes(const kemb_model *m) { return m->normalize; }
 bool kemb_is_cross_encoder(const kemb_model *m) { return m->cross; }
+bool kemb_is_decoder_reranker(const kemb_model *m) { return m->causal; }
 
 int64_t kemb_dim(const kemb_model *m) {
     return m->n_dense ? m->dense[m->n_dense - 1].out : ke_model_hparams(m->m)->hidden;
@@ -394,6 +403,27 @@ kiln_status kemb_embed(const kemb_model *m, ke_ctx *c, int n, const int32_t *con
     kiln_status st = run_all(c, n, ids, lens, NULL, which, ke_model_hparams(m->m)->hidden, embed_rows, &j);
     free(j.tmp);
     return st;
+}
+
+typedef struct {
+    float *out;
+    const int64_t *lens;
+    int64_t done; /* rows of sequences before the next one */
+    int next;
+} tokens_job;
+
+static void token_rows(void *ud, int i, const float *rows, int64_t n, int64_t width) {
+    tokens_job *j = ud;
+    for (; j->next < i; j->next++) j->done += j->lens[j->next]; /* run_all calls back in order */
+    memcpy(j->out + j->done * width, rows, sizeof(float) * (size_t)(n * width));
+}
+
+kiln_status kemb_token_states(const kemb_model *m, ke_ctx *c, int n, const int32_t *const *ids, const int64_t *lens, float *out) {
+    if (m->cross || m->causal)
+        return kiln_error(KILN_EUNSUPPORTED, "%s has a %s head, not hidden states", ke_model_family(m->m)->name,
+                          m->cross ? "classification" : "language-model");
+    tokens_job j = {out, lens, 0, 0};
+    return run_all(c, n, ids, lens, NULL, 2, ke_model_hparams(m->m)->hidden, token_rows, &j);
 }
 
 typedef struct {

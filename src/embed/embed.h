@@ -36,6 +36,15 @@ void kemb_normalize(float *x, int64_t n);
 typedef struct kemb_model kemb_model;
 
 kiln_status kemb_load(const char *dir, kemb_model **out);
+/* What a folder is loaded as: AUTO decides from the folder (modules.json:
+ * embeddings; *ForSequenceClassification: a cross-encoder; another
+ * *ForCausalLM without modules.json: a decoder reranker). EMBED takes the
+ * last hidden states of any transformer (a bare encoder or decoder without
+ * modules.json pools as kemb_load's doc says); RERANK takes a cross-encoder
+ * or any causal LM (the yes/no rule). A folder that cannot be what is asked
+ * is an error naming why. */
+typedef enum { KEMB_AS_AUTO, KEMB_AS_EMBED, KEMB_AS_RERANK } kemb_as;
+kiln_status kemb_load_as(const char *dir, kemb_as as, kemb_model **out);
 void kemb_free(kemb_model *m);
 const ke_model *kemb_engine_model(const kemb_model *m);
 kemb_pooling kemb_model_pooling(const kemb_model *m);
@@ -44,6 +53,8 @@ bool kemb_model_normalizes(const kemb_model *m);
 int64_t kemb_dim(const kemb_model *m);
 /* True for a cross-encoder (a sequence classification head). */
 bool kemb_is_cross_encoder(const kemb_model *m);
+/* True for a decoder reranker (a causal LM scored by logit(yes) - logit(no)). */
+bool kemb_is_decoder_reranker(const kemb_model *m);
 /* The prompt config_sentence_transformers.json names `name` ("query",
  * "document", ...), or NULL. Borrowed. */
 const char *kemb_prompt(const kemb_model *m, const char *name);
@@ -59,6 +70,11 @@ typedef struct {
  * in as few steps as the cache allows. */
 kiln_status kemb_embed(const kemb_model *m, ke_ctx *c, int n, const int32_t *const *ids, const int64_t *lens,
                        const kemb_opts *o, float *out);
+
+/* Every token's last hidden state (pooling none: llama.cpp's --pooling none,
+ * sentence-transformers' token_embeddings; no Dense, no Normalize) of n
+ * sequences into out [sum lens, hidden], the sequences one after another. */
+kiln_status kemb_token_states(const kemb_model *m, ke_ctx *c, int n, const int32_t *const *ids, const int64_t *lens, float *out);
 
 /* Raw relevance scores of n token sequences (each a whole pair already in
  * the model's template), types[i] their token types (NULL: 0). A

@@ -3,9 +3,11 @@
  * cross-encoder checkpoint (src/embed). A server of such a folder serves
  * these (and /tokenize, /v1/models, /health) instead of generation. Requests
  * run one at a time, each as ragged engine steps over all its inputs. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/file.h"
 #include "base/json.h"
@@ -36,19 +38,28 @@ bool ksrv_embed_folder(const char *dir) {
 }
 
 kiln_status ksrv_embed_load(ksrv *s) {
-    KILN_TRY(kemb_load(s->model_dir, &s->emb));
+    pthread_mutex_init(&s->emb_mu, NULL);
+    kemb_pooling pool = KEMB_POOL_DEFAULT;
+    if (s->p.pooling) KILN_TRYF(kemb_pooling_parse(s->p.pooling, &pool), "--pooling");
+    s->emb_pooling = pool;
+    kemb_as as = s->p.embed_mode == KSRV_EMBEDDINGS ? KEMB_AS_EMBED : s->p.embed_mode == KSRV_RERANK ? KEMB_AS_RERANK : KEMB_AS_AUTO;
+    KILN_TRY(kemb_load_as(s->model_dir, as, &s->emb));
+    if (s->p.pooling && (kemb_is_cross_encoder(s->emb) || kemb_is_decoder_reranker(s->emb)))
+        return kiln_error(KILN_EINVAL, "--pooling: %s is served as a reranker, which pools nothing", s->model_dir);
     kiln_status st = ktok_load(s->model_dir, &s->tok);
     if (st && kiln_status_code(st) != KILN_ENOTFOUND) return st;
     kiln_status_free(st);
+    if (kemb_is_decoder_reranker(s->emb)) { /* Qwen3-Reranker: P(yes) of its prompt, which needs the tokenizer */
+        if (!s->tok) return kiln_error(KILN_EINVAL, "%s: a decoder reranker needs the model's tokenizer", s->model_dir);
+        KILN_TRYF(kemb_yes_no(s->tok, &s->emb_yes, &s->emb_no), "%s", s->model_dir);
+    }
     ke_ctx_params cp = {.n_ctx = s->p.ctx_size, .n_threads = s->p.threads, .block_size = s->p.block_size, .pooling = true};
     if (cp.n_ctx <= 0) {
         int64_t mp = ke_model_hparams(kemb_engine_model(s->emb))->max_pos;
         cp.n_ctx = mp > 0 && mp < 8192 ? mp : 8192;
     }
     cp.n_cache = s->p.kv_tokens > 0 ? s->p.kv_tokens : cp.n_ctx * s->p.parallel;
-    KILN_TRY(ke_ctx_create(kemb_engine_model(s->emb), &cp, &s->emb_c));
-    pthread_mutex_init(&s->emb_mu, NULL);
-    return NULL;
+    return ke_ctx_create(kemb_engine_model(s->emb), &cp, &s->emb_c);
 }
 
 void ksrv_embed_free(ksrv *s) {
@@ -155,17 +166,46 @@ static void base64(ksrv_buf *b, const uint8_t *p, size_t n) {
     }
 }
 
-int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out) {
-    if (!s->emb || kemb_is_cross_encoder(s->emb))
-        return bad(out, "this server's model is not an embedding model (serve a folder with sentence-transformers' modules.json)");
+static void floats(ksrv_buf *b, const float *e, int64_t d) {
+    ksrv_buf_str(b, "[");
+    for (int64_t j = 0; j < d; j++) ksrv_buf_printf(b, "%s%.9g", j ? "," : "", e[j]);
+    ksrv_buf_str(b, "]");
+}
+
+/* One input's result: a vector (float or base64), or its tokens' vectors
+ * (pooling none) as a list of lists. */
+static void vector(ksrv_buf *b, const float *e, int64_t rows, int64_t d, bool b64) {
+    if (b64) {
+        ksrv_buf_str(b, "\"");
+        base64(b, (const uint8_t *)e, sizeof(float) * (size_t)d); /* little-endian float32, as OpenAI's */
+        ksrv_buf_str(b, "\"");
+        return;
+    }
+    if (rows < 0) return floats(b, e, d);
+    ksrv_buf_str(b, "[");
+    for (int64_t r = 0; r < rows; r++) ksrv_buf_str(b, r ? "," : ""), floats(b, e + r * d, d);
+    ksrv_buf_str(b, "]");
+}
+
+int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out, ksrv_embed_api api) {
+    if (!s->emb || kemb_is_cross_encoder(s->emb) || kemb_is_decoder_reranker(s->emb))
+        return bad(out, "this server's model is not an embedding model (serve a folder with sentence-transformers' modules.json, "
+                        "or any encoder or decoder with kiln serve --embeddings)");
+    bool per_token = s->emb_pooling == KEMB_POOL_NONE;
+    if (per_token && api == KSRV_EMBED_OPENAI)
+        return bad(out, "this server runs --pooling none (a vector per token), which /v1/embeddings cannot return: "
+                        "use /embedding or /pooling, or serve with another --pooling");
     const char *fmt = "float", *prompt_name = NULL;
-    int64_t dims = 0;
-    kiln_status st = ku_json_str(body, "encoding_format", "float", &fmt);
-    if (!st) st = ku_json_int(body, "dimensions", 0, &dims);
+    int64_t dims = 0, norm = 2;
+    kiln_status st = api == KSRV_EMBED_LLAMA ? NULL : ku_json_str(body, "encoding_format", "float", &fmt);
+    if (!st && api == KSRV_EMBED_OPENAI) st = ku_json_int(body, "dimensions", 0, &dims);
+    if (!st && api == KSRV_EMBED_LLAMA) st = ku_json_int(body, "embd_normalize", 2, &norm); /* llama.cpp's: 2 Euclidean, -1 none */
     if (!st) st = ku_json_str(body, "prompt_name", NULL, &prompt_name); /* sentence-transformers' prompts (vLLM, TEI) */
     if (st) return fail(out, st);
-    int64_t dim = kemb_dim(s->emb);
+    if (norm != 2 && norm != -1) return bad(out, "\"embd_normalize\" must be 2 (Euclidean) or -1 (none); kiln has no other norms");
+    int64_t dim = per_token ? ke_model_hparams(kemb_engine_model(s->emb))->hidden : kemb_dim(s->emb);
     if (strcmp(fmt, "float") && strcmp(fmt, "base64")) return bad(out, "\"encoding_format\" must be \"float\" or \"base64\"");
+    if (per_token && !strcmp(fmt, "base64")) return bad(out, "\"encoding_format\" base64 is for one vector per input, not --pooling none");
     if (dims < 0 || dims > dim || (ku_json_get(body, "dimensions") && dims == 0)) {
         char msg[160];
         snprintf(msg, sizeof msg, "\"dimensions\" must be between 1 and %lld (the model's)", (long long)dim);
@@ -173,49 +213,64 @@ int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out) {
     }
     const char *prompt = prompt_name ? kemb_prompt(s->emb, prompt_name) : NULL;
     if (prompt_name && !prompt) return bad(out, "\"prompt_name\" names no prompt of config_sentence_transformers.json");
+    /* llama.cpp's /embedding takes "content" (or "input"), in the same shapes */
     const cJSON *x = ku_json_get(body, "input");
-    if (!x) return bad(out, "\"input\" is required");
+    if (!x && api == KSRV_EMBED_LLAMA) x = ku_json_get(body, "content");
+    if (!x) return bad(out, api == KSRV_EMBED_LLAMA ? "\"content\" or \"input\" is required" : "\"input\" is required");
     inputs *in = calloc(1, sizeof *in);
     float *v = NULL;
     if (!in) return fail(out, kiln_error(KILN_ENOMEM, "out of memory"));
     st = parse_input(s, x, prompt, in);
     if (!st) st = check_lengths(s, in);
-    if (!st && !(v = malloc(sizeof(float) * (size_t)(in->n * dim)))) st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st && !(v = malloc(sizeof(float) * (size_t)((per_token ? in->tokens : in->n) * dim)))) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (!st) {
+        kemb_opts o = {.pooling = (kemb_pooling)s->emb_pooling, .normalize = api == KSRV_EMBED_LLAMA ? norm == 2 : -1};
         pthread_mutex_lock(&s->emb_mu);
-        st = kemb_embed(s->emb, s->emb_c, in->n, (const int32_t *const *)in->ids, in->lens, NULL, v);
+        st = per_token ? kemb_token_states(s->emb, s->emb_c, in->n, (const int32_t *const *)in->ids, in->lens, v)
+                       : kemb_embed(s->emb, s->emb_c, in->n, (const int32_t *const *)in->ids, in->lens, &o, v);
         pthread_mutex_unlock(&s->emb_mu);
     }
     if (st) {
         free(v), inputs_free(in), free(in);
         return fail(out, st);
     }
-    int64_t d = dims > 0 ? dims : dim;
-    ksrv_buf_str(out, "{\"object\":\"list\",\"data\":[");
-    for (int i = 0; i < in->n; i++) {
-        float *e = v + i * dim;
-        if (d < dim && kemb_model_normalizes(s->emb)) kemb_normalize(e, d); /* Matryoshka: truncated, renormalised */
-        ksrv_buf_printf(out, "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":", i ? "," : "", i);
-        if (!strcmp(fmt, "base64")) {
-            ksrv_buf_str(out, "\"");
-            base64(out, (const uint8_t *)e, sizeof(float) * (size_t)d); /* little-endian float32, as OpenAI's */
-            ksrv_buf_str(out, "\"}");
-            continue;
-        }
-        ksrv_buf_str(out, "[");
-        for (int64_t j = 0; j < d; j++) ksrv_buf_printf(out, "%s%.9g", j ? "," : "", e[j]);
-        ksrv_buf_str(out, "]}");
+    int64_t d = dims > 0 ? dims : dim, row = 0;
+    if (api == KSRV_EMBED_LLAMA) ksrv_buf_str(out, "[");
+    else if (api == KSRV_EMBED_POOLING) {
+        static atomic_ulong counter; /* ids as oai.c's */
+        unsigned long k = atomic_fetch_add(&counter, 1);
+        ksrv_buf_printf(out, "{\"id\":\"pool-%lx%04lx\",\"object\":\"list\",\"created\":%ld,\"data\":[", (unsigned long)time(NULL),
+                        k & 0xFFFF, (long)time(NULL));
     }
-    ksrv_buf_str(out, "],\"model\":");
-    ksrv_buf_json_str(out, s->model_id, strlen(s->model_id));
-    ksrv_buf_printf(out, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}", (long long)in->tokens, (long long)in->tokens);
+    else ksrv_buf_str(out, "{\"object\":\"list\",\"data\":[");
+    for (int i = 0; i < in->n; i++) {
+        float *e = v + (per_token ? row : i) * dim;
+        row += in->lens[i];
+        if (d < dim && kemb_model_normalizes(s->emb)) kemb_normalize(e, d); /* Matryoshka: truncated, renormalised */
+        if (api == KSRV_EMBED_LLAMA) { /* llama.cpp: a list of vectors, one per token, or the one pooled */
+            ksrv_buf_printf(out, "%s{\"index\":%d,\"embedding\":", i ? "," : "", i);
+            vector(out, e, per_token ? in->lens[i] : 1, d, false);
+        } else {
+            ksrv_buf_printf(out, "%s{\"object\":\"%s\",\"index\":%d,\"%s\":", i ? "," : "",
+                            api == KSRV_EMBED_POOLING ? "pooling" : "embedding", i, api == KSRV_EMBED_POOLING ? "data" : "embedding");
+            vector(out, e, per_token ? in->lens[i] : -1, d, !strcmp(fmt, "base64"));
+        }
+        ksrv_buf_str(out, "}");
+    }
+    if (api == KSRV_EMBED_LLAMA) ksrv_buf_str(out, "]");
+    else {
+        ksrv_buf_str(out, "],\"model\":");
+        ksrv_buf_json_str(out, s->model_id, strlen(s->model_id));
+        ksrv_buf_printf(out, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}", (long long)in->tokens, (long long)in->tokens);
+    }
     free(v), inputs_free(in), free(in);
     return out->oom ? 500 : 200;
 }
 
 int ksrv_rerank(ksrv *s, const cJSON *body, ksrv_buf *out) {
-    if (!s->emb || !kemb_is_cross_encoder(s->emb))
-        return bad(out, "this server's model is not a reranker (serve a *ForSequenceClassification cross-encoder)");
+    if (!s->emb || !(kemb_is_cross_encoder(s->emb) || kemb_is_decoder_reranker(s->emb)))
+        return bad(out, "this server's model is not a reranker (serve a *ForSequenceClassification cross-encoder, "
+                        "or a causal LM such as Qwen3-Reranker with kiln serve --rerank)");
     if (!s->tok) return bad(out, "reranking needs the model's tokenizer");
     const char *query = cJSON_GetStringValue(ku_json_get(body, "query"));
     const cJSON *docs = ku_json_get(body, "documents");
@@ -250,7 +305,8 @@ int ksrv_rerank(ksrv *s, const cJSON *body, ksrv_buf *out) {
         st = kiln_error(KILN_ENOMEM, "out of memory");
     if (!st) {
         pthread_mutex_lock(&s->emb_mu);
-        st = kemb_score(s->emb, s->emb_c, in->n, (const int32_t *const *)in->ids, in->lens, (const int32_t *const *)in->types, -1, -1, sc);
+        st = kemb_score(s->emb, s->emb_c, in->n, (const int32_t *const *)in->ids, in->lens, (const int32_t *const *)in->types, s->emb_yes,
+                        s->emb_no, sc);
         pthread_mutex_unlock(&s->emb_mu);
     }
     for (int i = 0; !st && i < in->n; i++) sc[i] = kemb_relevance(s->emb, sc[i]);

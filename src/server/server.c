@@ -553,7 +553,7 @@ static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool cha
 typedef enum {
     R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
     R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS,
-    R_VERSION, R_PROPS, R_SLOTS, R_APPLY_TEMPLATE, R_EMBEDDINGS, R_RERANK
+    R_VERSION, R_PROPS, R_SLOTS, R_APPLY_TEMPLATE, R_EMBEDDINGS, R_RERANK, R_EMBEDDING, R_POOLING
 } route;
 
 static route find_route(const char *url, bool *post) {
@@ -577,6 +577,7 @@ static route find_route(const char *url, bool *post) {
         {"/completion", R_COMPLETIONS, true},
         {"/v1/embeddings", R_EMBEDDINGS, true}, {"/embeddings", R_EMBEDDINGS, true},
         {"/v1/rerank", R_RERANK, true},         {"/rerank", R_RERANK, true},         {"/v2/rerank", R_RERANK, true},
+        {"/embedding", R_EMBEDDING, true},      {"/pooling", R_POOLING, true},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(url, t[i].path)) {
@@ -633,9 +634,10 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
     kiln_status st = parse_json(cs, &body);
     if (st) return reply_status(cs, st, &k_bad);
     enum MHD_Result ret;
-    if (r == R_EMBEDDINGS || r == R_RERANK) {
+    if (r == R_EMBEDDINGS || r == R_RERANK || r == R_EMBEDDING || r == R_POOLING) {
         ksrv_buf b = {0};
-        int code = r == R_EMBEDDINGS ? ksrv_embeddings(s, body, &b) : ksrv_rerank(s, body, &b);
+        int code = r == R_RERANK ? ksrv_rerank(s, body, &b)
+                                 : ksrv_embeddings(s, body, &b, r == R_EMBEDDING ? KSRV_EMBED_LLAMA : r == R_POOLING ? KSRV_EMBED_POOLING : KSRV_EMBED_OPENAI);
         ret = reply_json(cs, code, &b);
     } else if (s->emb && r != R_TOKENIZE && r != R_DETOKENIZE)
         ret = reply_error(cs, 400, "invalid_request_error", NULL,
@@ -791,7 +793,9 @@ static void *step_main(void *arg) {
 }
 
 static kiln_status load(ksrv *s) {
-    if (ksrv_embed_folder(s->model_dir)) return ksrv_embed_load(s); /* embeddings / reranking (embed.c) */
+    if (s->p.embed_mode || ksrv_embed_folder(s->model_dir)) return ksrv_embed_load(s); /* embeddings / reranking (embed.c) */
+    if (s->p.pooling)
+        return kiln_error(KILN_EINVAL, "--pooling: %s is not an embedding folder (no modules.json); serve it with --embeddings", s->model_dir);
     KILN_TRY(ke_model_load(s->model_dir, &s->m));
     kiln_status st = ktok_load(s->model_dir, &s->tok);
     if (st && kiln_status_code(st) != KILN_ENOTFOUND) return st; /* a broken tokenizer is an error; none is fine */

@@ -12,6 +12,9 @@
  *   POST /tokenize, /detokenize
  *   GET  /version, /props, /slots; POST /apply-template, /completion
  *        (llama-server's; llama.c)
+ *   POST /v1/embeddings, /embedding, /pooling, /v1/rerank, /rerank,
+ *        /v2/rerank for an embedding or reranking folder, or embed_mode
+ *        (embed.c)
  * Streaming is SSE (`data: {json}` events, then `data: [DONE]`). Errors are
  * OpenAI error objects {"error": {message, type, param, code}} with the
  * HTTP status: 400 bad request (naming the field), 401 missing or wrong API
@@ -63,7 +66,11 @@ typedef struct {
     int load_delay_ms;     /* tests: wait this long before loading (to see the loading state) */
     int step_delay_us;     /* tests: pause after each engine step (slow generations on tiny models) */
     const kspec_params *spec; /* speculative decoding for every request (borrowed), NULL or none enabled: off */
+    int embed_mode;        /* 0: from the folder; KSRV_EMBEDDINGS / KSRV_RERANK: serve it as that (embed.c) */
+    const char *pooling;   /* --pooling cls|mean|max|last|none of embeddings; NULL: the model's */
 } ksrv_params;
+
+enum { KSRV_EMBEDDINGS = 1, KSRV_RERANK = 2 };
 
 typedef struct ksrv ksrv;
 

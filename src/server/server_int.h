@@ -101,6 +101,8 @@ struct ksrv {
     struct kemb_model *emb;
     ke_ctx *emb_c;
     pthread_mutex_t emb_mu; /* one request on emb_c at a time */
+    int emb_pooling;        /* a kemb_pooling: --pooling, else KEMB_POOL_DEFAULT (the model's) */
+    int32_t emb_yes, emb_no; /* a decoder reranker's "yes" / "no" ids */
 };
 
 /* ---- /v1/embeddings, /v1/rerank (embed.c) */
@@ -109,7 +111,13 @@ bool ksrv_embed_folder(const char *dir);
 kiln_status ksrv_embed_load(ksrv *s);
 void ksrv_embed_free(ksrv *s);
 /* Each answers a request body: the HTTP status, the JSON (or the error) in out. */
-int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out);
+/* The API whose shape an embeddings request and reply take: OpenAI's
+ * /v1/embeddings, llama.cpp's /embedding (content, embd_normalize; a list of
+ * {index, embedding: [[...]]}), vLLM's /pooling ({data: [{object: pooling,
+ * data}]}). With --pooling none, /embedding and /pooling give every token's
+ * vector. */
+typedef enum { KSRV_EMBED_OPENAI, KSRV_EMBED_LLAMA, KSRV_EMBED_POOLING } ksrv_embed_api;
+int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out, ksrv_embed_api api);
 int ksrv_rerank(ksrv *s, const cJSON *body, ksrv_buf *out);
 
 /* ---- images in chat messages (image.c) ---- */
