@@ -20,6 +20,8 @@ int kiln_cmd_synth(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
 /* kiln bench with --spec-ngram / --model-draft (cmd_bench_spec.c) */
 int kiln_bench_spec(int argc, char **argv);
+/* kiln bench --embed: embeddings per second (cmd_bench_embed.c). */
+int kiln_bench_embed(int argc, char **argv);
 int kiln_cmd_grammar_bench(int argc, char **argv);
 int kiln_cmd_chat(int argc, char **argv);
 int kiln_cmd_embed(int argc, char **argv);

@@ -216,3 +216,26 @@ KT_TEST(cli_installed_binary_finds_the_demo_model) {
     snprintf(cmd, sizeof cmd, "rm -rf %s", pre);
     KT_CHECK(system(cmd) == 0);
 }
+
+/* kiln bench --embed: a figure per batch kind, the long inputs capped at the
+ * model's positions, its options checked as every command's are. */
+KT_TEST(cli_bench_embed_reports_embeddings_per_second) {
+    KT_NEED_KILN_BIN();
+    kt_proc p;
+    KT_CHECK(kt_run_kiln("bench --embed -m tests/fixtures/embed/xlmr_cls --json --batch 3 --short 5 --long 100000 -r 1",
+                         NULL, &p) == 0);
+    KT_CHECKF(p.status == 0, "status %d: %s", p.status, p.err);
+    cJSON *j = cJSON_Parse(p.out);
+    KT_CHECKF(j, "not JSON: %s", p.out);
+    const cJSON *s = cJSON_GetObjectItem(j, "short"), *l = cJSON_GetObjectItem(j, "long");
+    KT_CHECK(s && l && cJSON_GetObjectItem(j, "batch")->valueint == 3);
+    KT_CHECK_EQ(cJSON_GetObjectItem(s, "tokens")->valueint, 5);
+    int long_tokens = cJSON_GetObjectItem(l, "tokens")->valueint;
+    KT_CHECKF(long_tokens > 5 && long_tokens <= 514, "long inputs of %d tokens: not capped at the positions", long_tokens);
+    KT_CHECK(cJSON_GetObjectItem(s, "embeddings_per_s")->valuedouble > 0 && cJSON_GetObjectItem(l, "tokens_per_s")->valuedouble > 0);
+    cJSON_Delete(j);
+    kt_run_free(&p);
+    EXPECT_RUN("bench --embed", 1, "needs -m DIR");
+    EXPECT_RUN("bench --embed -m tests/fixtures/embed/xlmr_cls --batch 0", 1, "--batch");
+    EXPECT_RUN("bench --embed --help", 0, "embeddings per second");
+}

@@ -453,7 +453,9 @@ static void usage(FILE *f) {
                "speculative decoding: kiln bench (--spec-ngram | --model-draft DIR) (-f FILE | --prompt TEXT | --prompt-ids IDS) [-n 128] [-r 3]\n"
                "  generates the prompt's continuation plainly and speculatively, alternately: tok/s of both, the\n"
                "  speedup and the guesses kept; greedy unless --temp (with a seed, fixed to 1 when not given);\n"
-               "  the spec flags and sampling flags of kiln generate apply; fails if the outputs differ\n");
+               "  the spec flags and sampling flags of kiln generate apply; fails if the outputs differ\n"
+               "embeddings: kiln bench --embed -m DIR [--batch 32] [--short 16] [--long 512] [-r 3] [--json]\n"
+               "  embeddings per second for batches of short and long inputs (kiln bench --embed --help)\n");
 }
 
 int kiln_cmd_bench(int argc, char **argv) {
@@ -464,6 +466,7 @@ int kiln_cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) /* speculation: plain against speculative generation of a prompt */
         if (!strcmp(argv[i], "--spec-ngram") || !strcmp(argv[i], "--model-draft") || !strcmp(argv[i], "-md"))
             return kiln_bench_spec(argc, argv);
+        else if (!strcmp(argv[i], "--embed")) return kiln_bench_embed(argc, argv);
     for (int i = 1; i < argc && !st; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
