@@ -244,3 +244,78 @@ KT_TEST(chat_real_tokenizer_configs) {
     KT_CHECK_ERR(kchat_load(dir, &t), "no chat template");
     cJSON_Delete(msgs);
 }
+
+/* Seed-OSS (a dict with integer keys picks the thinking budget's reflection
+ * interval) and Hermes-2-Pro/3 tool use (`description|trim` of a parameter
+ * without a description) rendered with tools, against Python's jinja2 as
+ * transformers configures it (texts from tools/jinja_python_oracle.py's
+ * environment; Hermes-3's template is Hermes-2-Pro's but for its name). */
+static const char *const SEED_PY =
+    "<seed:bos>system\n"
+    "You are Doubao, a helpful AI assistant. You may call one or more functions to assist with the user query.\n"
+    "\n"
+    "Function:\n"
+    "def f(a: int,b: str):\n"
+    "    \"\"\"\n"
+    "    Do f.\n"
+    "\n"
+    "    Args:\n"
+    "    - a (int) [必填]: \n"
+    "    - b (str) [选填]: B.\n"
+    "\n"
+    "    \"\"\"\n"
+    "工具调用请遵循如下格式:\n"
+    "<seed:tool_call>\n"
+    "<function=example_function_name>\n"
+    "<parameter=example_parameter_1>value_1</parameter>\n"
+    "<parameter=example_parameter_2>This is the value for the second parameter\n"
+    "that can span\n"
+    "multiple lines</parameter>\n"
+    "</function>\n"
+    "</seed:tool_call>\n"
+    "<seed:eos><seed:bos>system\n"
+    "You are an intelligent assistant with reflective ability. In the process of thinking and reasoning, you need to strictly follow the thinking budget, which is 1000. That is, you need to complete your thinking within 1000 tokens and start answering the user's questions. You will reflect on your thinking process every 256 tokens, stating how many tokens have been used and how many are left.\n"
+    "<seed:eos><seed:bos>user\n"
+    "hi<seed:eos><seed:bos>assistant\n";
+static const char *const HERMES_PY =
+    "<s><|im_start|>system\n"
+    "You are a function calling AI model. You are provided with function signatures within <tools></tools> XML tags. You may call one or more functions to assist with the user query. Don't make assumptions about what values to plug into functions. Here are the available tools: <tools> {\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"f(a: int, b: str) - Do f.\n"
+    "\n"
+    "    Args:\n"
+    "        a(int):         b(str): B.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"b\": {\"type\": \"string\", \"description\": \"B.\"}}, \"required\": [\"a\"]}} </tools>Use the following pydantic model json schema for each tool call you will make: {\"properties\": {\"name\": {\"title\": \"Name\", \"type\": \"string\"}, \"arguments\": {\"title\": \"Arguments\", \"type\": \"object\"}}, \"required\": [\"name\", \"arguments\"], \"title\": \"FunctionCall\", \"type\": \"object\"}}\n"
+    "For each function call return a json object with function name and arguments within <tool_call></tool_call> XML tags as follows:\n"
+    "<tool_call>\n"
+    "{\"name\": <function-name>, \"arguments\": <args-dict>}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "hi<|im_end|>\n"
+    "<|im_start|>assistant\n";
+
+KT_TEST(chat_tool_templates_render_as_python) {
+    static const char *const names[] = {"ByteDance-Seed-OSS", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use"};
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"user\", \"content\": \"hi\"}]");
+    cJSON *tools = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"Do f.\", \"parameters\": "
+                               "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"b\": {\"type\": \"string\", "
+                               "\"description\": \"B.\"}}, \"required\": [\"a\"]}}}]");
+    cJSON *extra = cJSON_Parse("{\"thinking_budget\": 1000}");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char p[4096], rel[256];
+        snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", names[i]);
+        char *src = NULL, *out = NULL;
+        KT_CHECK_OK(ku_read_file(kt_path(p, sizeof p, rel), &src, NULL));
+        kchat_template *t = NULL;
+        KT_CHECK_OK(kchat_parse(src, &t));
+        kchat_input in = {.messages = msgs, .tools = tools, .extra = extra, .add_generation_prompt = true,
+                          .bos_token = "<s>", .eos_token = "</s>"};
+        KT_CHECK_OK(kchat_render(t, &in, &out));
+        const char *want = i == 0 ? SEED_PY : HERMES_PY;
+        if (strcmp(out, want)) show_diff(want, out);
+        KT_CHECK_STR(out, want);
+        free(out);
+        kchat_free(t);
+        free(src);
+    }
+    cJSON_Delete(msgs);
+    cJSON_Delete(tools);
+    cJSON_Delete(extra);
+}
