@@ -1,9 +1,15 @@
 /* chat_test.c: chat templates against @huggingface/jinja's renders
- * (tests/data/chat, made by tools/jinja_oracle.mjs) and the folder loader. */
+ * (tests/data/chat, made by tools/jinja_oracle.mjs) and the folder loader.
+ * Where that package raises but Python's jinja2 (transformers, the reference
+ * for chat templates) renders, tests/data/chat/expected_python/ holds
+ * Python's render (tools/jinja_python_oracle.py) and wins: Seed-OSS's dict
+ * with integer keys, Hermes-2-Pro's `description|trim` of a parameter
+ * without a description (Undefined stringifies to ""). */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/file.h"
 #include "base/json.h"
@@ -43,8 +49,16 @@ static void show_diff(const char *want, const char *got) {
     fprintf(stderr, "    first difference at byte %zu\n    want: %.80s\n    got:  %.80s\n", i, want + from, got + from);
 }
 
+static int count_not_compared(const cJSON *pyexp) {
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, pyexp) n += cJSON_GetObjectItemCaseSensitive(e, "not_compared") != NULL;
+    return n;
+}
+
 KT_TEST(chat_oracle_renders) {
-    char tdir[4096], idir[4096], edir[4096];
+    char tdir[4096], idir[4096], edir[4096], pdir[4096];
+    kt_path(pdir, sizeof pdir, "tests/data/chat/expected_python");
     kt_path(tdir, sizeof tdir, "tests/data/chat/templates");
     kt_path(idir, sizeof idir, "tests/data/chat/inputs");
     kt_path(edir, sizeof edir, "tests/data/chat/expected");
@@ -59,7 +73,7 @@ KT_TEST(chat_oracle_renders) {
     }
     kjin_limits lim = kjin_limits_default();
     lim.now = FIXED_NOW;
-    int pairs = 0, match = 0, raised = 0, shown = 0, tmpl_ok = 0;
+    int pairs = 0, match = 0, raised = 0, shown = 0, tmpl_ok = 0, python = 0, not_compared = 0;
     for (int t = 0; t < nt; t++) {
         char p[4200];
         snprintf(p, sizeof p, "%s/%s.jinja", tdir, tn[t]);
@@ -68,12 +82,21 @@ KT_TEST(chat_oracle_renders) {
         snprintf(p, sizeof p, "%s/%s.json", edir, tn[t]);
         cJSON *exp = NULL;
         KT_CHECK_OK(ku_json_load(p, &exp));
+        snprintf(p, sizeof p, "%s/%s.json", pdir, tn[t]);
+        cJSON *pyexp = NULL;
+        if (access(p, F_OK) == 0) KT_CHECK_OK(ku_json_load(p, &pyexp));
         kchat_template *ct = NULL;
         kiln_status pst = kchat_parse(src, &ct);
         int tmatch = 0;
         for (int i = 0; i < ni; i++) {
             const cJSON *e = cJSON_GetObjectItemCaseSensitive(exp, in[i]);
             if (!e) continue;
+            const cJSON *pe = pyexp ? cJSON_GetObjectItemCaseSensitive(pyexp, in[i]) : NULL;
+            if (pe) e = pe, python += cJSON_GetObjectItemCaseSensitive(pe, "out") != NULL;
+            if (cJSON_GetObjectItemCaseSensitive(e, "not_compared")) { /* a documented difference */
+                not_compared++;
+                continue;
+            }
             pairs++;
             const cJSON *want = cJSON_GetObjectItemCaseSensitive(e, "out");
             char *got = NULL;
@@ -112,14 +135,16 @@ KT_TEST(chat_oracle_renders) {
             if (st != pst) kiln_status_free(st);
             free(got);
         }
-        tmpl_ok += tmatch == cJSON_GetArraySize(exp);
+        tmpl_ok += tmatch == cJSON_GetArraySize(exp) - (pyexp ? count_not_compared(pyexp) : 0);
         kiln_status_free(pst);
         kchat_free(ct);
         cJSON_Delete(exp);
+        cJSON_Delete(pyexp);
         free(src);
     }
     fprintf(stderr, "  chat templates: %d/%d (template, input) pairs match @huggingface/jinja (%d of them errors); "
-                    "%d/%d templates fully\n", match, pairs, raised, tmpl_ok, nt);
+                    "%d/%d templates fully; %d pairs where Python's jinja2 renders and @huggingface/jinja raises "
+                    "follow Python; %d not compared (expected_python/ lists why)\n", match, pairs, raised, tmpl_ok, nt, python, not_compared);
     for (int i = 0; i < ni; i++) cJSON_Delete(inputs[i]), free(in[i]);
     for (int t = 0; t < nt; t++) free(tn[t]);
     free(inputs);
@@ -218,4 +243,79 @@ KT_TEST(chat_real_tokenizer_configs) {
     snprintf(dir, sizeof dir, "%s/tokenizers/mistral-7b-v0.1", sh);
     KT_CHECK_ERR(kchat_load(dir, &t), "no chat template");
     cJSON_Delete(msgs);
+}
+
+/* Seed-OSS (a dict with integer keys picks the thinking budget's reflection
+ * interval) and Hermes-2-Pro/3 tool use (`description|trim` of a parameter
+ * without a description) rendered with tools, against Python's jinja2 as
+ * transformers configures it (texts from tools/jinja_python_oracle.py's
+ * environment; Hermes-3's template is Hermes-2-Pro's but for its name). */
+static const char *const SEED_PY =
+    "<seed:bos>system\n"
+    "You are Doubao, a helpful AI assistant. You may call one or more functions to assist with the user query.\n"
+    "\n"
+    "Function:\n"
+    "def f(a: int,b: str):\n"
+    "    \"\"\"\n"
+    "    Do f.\n"
+    "\n"
+    "    Args:\n"
+    "    - a (int) [必填]: \n"
+    "    - b (str) [选填]: B.\n"
+    "\n"
+    "    \"\"\"\n"
+    "工具调用请遵循如下格式:\n"
+    "<seed:tool_call>\n"
+    "<function=example_function_name>\n"
+    "<parameter=example_parameter_1>value_1</parameter>\n"
+    "<parameter=example_parameter_2>This is the value for the second parameter\n"
+    "that can span\n"
+    "multiple lines</parameter>\n"
+    "</function>\n"
+    "</seed:tool_call>\n"
+    "<seed:eos><seed:bos>system\n"
+    "You are an intelligent assistant with reflective ability. In the process of thinking and reasoning, you need to strictly follow the thinking budget, which is 1000. That is, you need to complete your thinking within 1000 tokens and start answering the user's questions. You will reflect on your thinking process every 256 tokens, stating how many tokens have been used and how many are left.\n"
+    "<seed:eos><seed:bos>user\n"
+    "hi<seed:eos><seed:bos>assistant\n";
+static const char *const HERMES_PY =
+    "<s><|im_start|>system\n"
+    "You are a function calling AI model. You are provided with function signatures within <tools></tools> XML tags. You may call one or more functions to assist with the user query. Don't make assumptions about what values to plug into functions. Here are the available tools: <tools> {\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"f(a: int, b: str) - Do f.\n"
+    "\n"
+    "    Args:\n"
+    "        a(int):         b(str): B.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"b\": {\"type\": \"string\", \"description\": \"B.\"}}, \"required\": [\"a\"]}} </tools>Use the following pydantic model json schema for each tool call you will make: {\"properties\": {\"name\": {\"title\": \"Name\", \"type\": \"string\"}, \"arguments\": {\"title\": \"Arguments\", \"type\": \"object\"}}, \"required\": [\"name\", \"arguments\"], \"title\": \"FunctionCall\", \"type\": \"object\"}}\n"
+    "For each function call return a json object with function name and arguments within <tool_call></tool_call> XML tags as follows:\n"
+    "<tool_call>\n"
+    "{\"name\": <function-name>, \"arguments\": <args-dict>}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "hi<|im_end|>\n"
+    "<|im_start|>assistant\n";
+
+KT_TEST(chat_tool_templates_render_as_python) {
+    static const char *const names[] = {"ByteDance-Seed-OSS", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use"};
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"user\", \"content\": \"hi\"}]");
+    cJSON *tools = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"Do f.\", \"parameters\": "
+                               "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"b\": {\"type\": \"string\", "
+                               "\"description\": \"B.\"}}, \"required\": [\"a\"]}}}]");
+    cJSON *extra = cJSON_Parse("{\"thinking_budget\": 1000}");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char p[4096], rel[256];
+        snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", names[i]);
+        char *src = NULL, *out = NULL;
+        KT_CHECK_OK(ku_read_file(kt_path(p, sizeof p, rel), &src, NULL));
+        kchat_template *t = NULL;
+        KT_CHECK_OK(kchat_parse(src, &t));
+        kchat_input in = {.messages = msgs, .tools = tools, .extra = extra, .add_generation_prompt = true,
+                          .bos_token = "<s>", .eos_token = "</s>"};
+        KT_CHECK_OK(kchat_render(t, &in, &out));
+        const char *want = i == 0 ? SEED_PY : HERMES_PY;
+        if (strcmp(out, want)) show_diff(want, out);
+        KT_CHECK_STR(out, want);
+        free(out);
+        kchat_free(t);
+        free(src);
+    }
+    cJSON_Delete(msgs);
+    cJSON_Delete(tools);
+    cJSON_Delete(extra);
 }

@@ -4,7 +4,20 @@
  * renderer transformers.js uses, which mirrors transformers' Python Jinja
  * environment with trim_blocks and lstrip_blocks): undefined renders empty,
  * `true` prints "true", numbers print as JavaScript prints them, `tojson`
- * uses ", " and ": " separators. Where that package raises, kiln raises too.
+ * uses ", " and ": " separators. Where that package raises, kiln raises too,
+ * except where Python's jinja2 (what transformers renders with: the reference
+ * for chat templates, whose output the models were trained on) renders:
+ *  - an undefined value given to a filter that stringifies its input (trim,
+ *    upper, lower, title, capitalize, replace, string; and length) is "", as
+ *    Python's Undefined stringifies to "" (indent still raises, as there);
+ *  - dict keys may be any hashable scalar (string, integer, float, boolean,
+ *    none); d[1] and d['1'] are different keys, d[1], d[1.0] and d[true] the
+ *    same one; keys iterate (for, items, dictsort) as their values and print
+ *    (tojson, {{ d }}) as json.dumps writes them ({"1": 2}).
+ * tests/data/chat/expected_python/ and jinja_test.c's PYTHON_DIFFERS list
+ * those cases. One known difference stays: `+` of a string and a list
+ * concatenates (as @huggingface/jinja does, and many templates rely on it
+ * for content parts), where Python raises.
  *
  * A parsed template is immutable: render it from many threads at once.
  * Rendering is bounded (output bytes, memory, evaluation steps, call depth):

@@ -607,7 +607,7 @@ kj_val kj_builtin_attr(kj_ctx *c, kj_val obj, const kj_str *name) {
 static kj_val obj_items(kj_ctx *c, const kj_obj *o, int which) {
     kj_val out = kj_mkarr(c, V_ARR, o->n);
     for (size_t i = 0; !c->err && i < o->n; i++) {
-        kj_val key = {.t = V_STR, .s = o->k[i]};
+        kj_val key = kj_obj_key(o, i);
         if (which == 0) {
             kj_val pair = kj_mkarr(c, V_ARR, 2);
             if (c->err) break;
@@ -709,9 +709,9 @@ kj_val kj_call_method(kj_ctx *c, const kj_node *at, const kj_fn *f, kj_val *args
         const kj_obj *o = self.o;
         switch (f->method) {
         case M_GET: {
-            if (!nargs || args[0].t != V_STR)
-                return kj_fail(c, at, "object key must be a string: got %s", nargs ? kj_typename(args[0]) : "undefined");
-            kj_val *v = kj_obj_get(o, args[0].s->p, args[0].s->len);
+            if (!nargs || !kj_hashable(args[0]))
+                return kj_fail(c, at, "unhashable object key: %s", nargs ? kj_typename(args[0]) : "undefined");
+            kj_val *v = kj_obj_getv(o, args[0]);
             if (v && v->t != V_JSUNDEF) return *v;
             return nargs > 1 && args[1].t != V_JSUNDEF ? args[1] : KJ_NULLV;
         }
@@ -920,8 +920,22 @@ static kj_val unique(kj_ctx *c, const kj_node *n, kj_val v) {
     return out;
 }
 
+/* Python's Undefined stringifies to "": the filters that convert their
+ * input with str() first (and length: len(Undefined) is 0) see an
+ * undefined value as the empty string, where @huggingface/jinja raises.
+ * indent does not (Undefined + "\n" raises in Python too). */
+static kj_val undef_as_str(kj_val v, const kj_str *name) {
+    static const char *const names[] = {"upper", "lower", "title", "capitalize", "trim", "replace", "string", "length"};
+    static const kj_str empty = {0, ""};
+    if (v.t != V_UNDEF) return v;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (str_eq(name, names[i])) return (kj_val){.t = V_STR, .s = &empty};
+    return v;
+}
+
 static kj_val simple_filter(kj_ctx *c, kj_val v, const kj_str *name, kj_env *e, const kj_node *at) {
     (void)e;
+    v = undef_as_str(v, name);
     if (str_eq(name, "safe")) return v;
     if (str_eq(name, "tojson")) return to_json_value(c, at, v, &(kj_json_opts){0}, true);
     if (kj_is_arr(v)) {
@@ -1068,6 +1082,7 @@ kj_val kj_apply_filter(kj_ctx *c, kj_val v, const kj_node *f, kj_env *e, const k
     if (f->kind == KN_IDENT) return simple_filter(c, v, &f->str, e, at);
     if (f->kind != KN_CALL || f->a->kind != KN_IDENT) return kj_fail(c, at, "unknown filter");
     const kj_str *name = &f->a->str;
+    v = undef_as_str(v, name);
     kj_val *pos = NULL;
     size_t npos = 0;
     kj_obj *kw = NULL;

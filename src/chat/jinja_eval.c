@@ -110,10 +110,52 @@ kj_val kj_mkarr(kj_ctx *c, kj_vtype t, size_t n) {
 
 kj_obj *kj_newobj(kj_ctx *c) { return kj_alloc(c, sizeof(kj_obj)); }
 
+static bool str_key(const kj_obj *o, size_t i) { return !o->kv || o->kv[i].t == V_STR; }
+
 kj_val *kj_obj_get(const kj_obj *o, const char *k, size_t len) {
     for (size_t i = 0; i < o->n; i++)
-        if (o->k[i]->len == len && memcmp(o->k[i]->p, k, len) == 0) return &o->v[i];
+        if (str_key(o, i) && o->k[i]->len == len && memcmp(o->k[i]->p, k, len) == 0) return &o->v[i];
     return NULL;
+}
+
+kj_val kj_obj_key(const kj_obj *o, size_t i) { return o->kv ? o->kv[i] : (kj_val){.t = V_STR, .s = o->k[i]}; }
+
+/* Python's hash equality of non-string keys: 1 == 1.0 == True. */
+static bool num_key(kj_val v, double *d) {
+    if (v.t == V_BOOL) *d = v.b;
+    else if (kj_is_num(v)) *d = v.d;
+    else return false;
+    return true;
+}
+
+kj_val *kj_obj_getv(const kj_obj *o, kj_val key) {
+    if (key.t == V_STR) return kj_obj_get(o, key.s->p, key.s->len);
+    if (!o->kv) return NULL;
+    double d, e;
+    bool isnum = num_key(key, &d);
+    for (size_t i = 0; i < o->n; i++) {
+        kj_val k = o->kv[i];
+        if (isnum ? num_key(k, &e) && e == d : k.t == key.t) return &o->v[i];
+    }
+    return NULL;
+}
+
+static bool obj_grow(kj_ctx *c, kj_obj *o) {
+    if (o->n < o->cap) return true;
+    size_t cap = o->cap ? o->cap * 2 : 8;
+    const kj_str **nk = kj_alloc(c, cap * sizeof *nk);
+    kj_val *nv = kj_alloc(c, cap * sizeof *nv), *nkv = o->kv ? kj_alloc(c, cap * sizeof *nkv) : NULL;
+    if (!nk || !nv || (o->kv && !nkv)) return false;
+    if (o->n) {
+        memcpy(nk, o->k, o->n * sizeof *nk);
+        memcpy(nv, o->v, o->n * sizeof *nv);
+        if (nkv) memcpy(nkv, o->kv, o->n * sizeof *nkv);
+    }
+    o->k = nk;
+    o->v = nv;
+    o->kv = nkv;
+    o->cap = cap;
+    return true;
 }
 
 bool kj_obj_set(kj_ctx *c, kj_obj *o, const kj_str *k, kj_val v) {
@@ -122,20 +164,33 @@ bool kj_obj_set(kj_ctx *c, kj_obj *o, const kj_str *k, kj_val v) {
         *slot = v;
         return true;
     }
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 8;
-        const kj_str **nk = kj_alloc(c, cap * sizeof *nk);
-        kj_val *nv = kj_alloc(c, cap * sizeof *nv);
-        if (!nk || !nv) return false;
-        if (o->n) {
-            memcpy(nk, o->k, o->n * sizeof *nk);
-            memcpy(nv, o->v, o->n * sizeof *nv);
-        }
-        o->k = nk;
-        o->v = nv;
-        o->cap = cap;
-    }
+    if (!obj_grow(c, o)) return false;
+    if (o->kv) o->kv[o->n] = (kj_val){.t = V_STR, .s = k};
     o->k[o->n] = k;
+    o->v[o->n++] = v;
+    return true;
+}
+
+bool kj_obj_setv(kj_ctx *c, kj_obj *o, kj_val key, kj_val v) {
+    if (key.t == V_STR) return kj_obj_set(c, o, key.s, v);
+    kj_val *slot = kj_obj_getv(o, key);
+    if (slot) {
+        *slot = v;
+        return true;
+    }
+    if (!obj_grow(c, o)) return false;
+    if (!o->kv) {
+        o->kv = kj_alloc(c, o->cap * sizeof *o->kv);
+        if (!o->kv) return false;
+        for (size_t i = 0; i < o->n; i++) o->kv[i] = (kj_val){.t = V_STR, .s = o->k[i]};
+    }
+    kj_buf b = {0};
+    bool ok = kj_tojson(c, NULL, key, &(kj_json_opts){0}, 0, true, &b); /* json.dumps' key text */
+    kj_val text = ok ? kj_buf_str(c, NULL, &b) : KJ_UNDEF;
+    if (!ok) free(b.p);
+    if (text.t != V_STR) return false;
+    o->kv[o->n] = key;
+    o->k[o->n] = text.s;
     o->v[o->n++] = v;
     return true;
 }
@@ -147,9 +202,10 @@ bool kj_obj_setc(kj_ctx *c, kj_obj *o, const char *k, kj_val v) {
 
 bool kj_obj_del(kj_obj *o, const char *k, size_t len) {
     for (size_t i = 0; i < o->n; i++)
-        if (o->k[i]->len == len && memcmp(o->k[i]->p, k, len) == 0) {
+        if (str_key(o, i) && o->k[i]->len == len && memcmp(o->k[i]->p, k, len) == 0) {
             memmove(o->k + i, o->k + i + 1, (o->n - i - 1) * sizeof *o->k);
             memmove(o->v + i, o->v + i + 1, (o->n - i - 1) * sizeof *o->v);
+            if (o->kv) memmove(o->kv + i, o->kv + i + 1, (o->n - i - 1) * sizeof *o->kv);
             o->n--;
             return true;
         }
@@ -281,7 +337,7 @@ static int exec_for(kj_ctx *c, const kj_node *n, kj_env *e, kj_buf *out) {
     if (kj_is_obj(it)) {
         kj_val keys = kj_mkarr(c, V_ARR, it.o->n);
         if (c->err) return R_ERR;
-        for (size_t i = 0; i < it.o->n; i++) keys.a->v[i] = (kj_val){.t = V_STR, .s = it.o->k[i]};
+        for (size_t i = 0; i < it.o->n; i++) keys.a->v[i] = kj_obj_key(it.o, i);
         it = keys;
     } else if (!kj_is_arr(it)) {
         kj_fail(c, n->b, "expected an iterable or object in a for loop: got %s", kj_typename(it));
@@ -500,6 +556,10 @@ bool kj_eval_args(kj_ctx *c, const kj_list *args, kj_env *e, kj_val **pos, size_
                 return false;
             }
             for (size_t k = 0; k < v.o->n; k++) {
+                if (kj_obj_key(v.o, k).t != V_STR) {
+                    kj_fail(c, a, "keywords must be strings");
+                    return false;
+                }
                 if (kj_obj_get(*kw, v.o->k[k]->p, v.o->k[k]->len)) {
                     kj_fail(c, a, "got multiple values for keyword argument '%s'", v.o->k[k]->p);
                     return false;
@@ -691,8 +751,10 @@ static kj_val call_builtin(kj_ctx *c, const kj_node *at, const kj_fn *f, kj_val 
         if (np == 1) {
             kj_val src = args[0];
             if (kj_is_obj(src)) {
-                for (size_t i = 0; i < src.o->n; i++)
+                for (size_t i = 0; i < src.o->n; i++) {
+                    if (kj_obj_key(src.o, i).t != V_STR) return kj_fail(c, at, "namespace keys must be strings");
                     if (!kj_obj_set(c, o, src.o->k[i], src.o->v[i])) return KJ_UNDEF;
+                }
             } else if (kj_is_arr(src)) {
                 for (size_t i = 0; i < src.a->n; i++)
                     if (!ns_entry(c, at, src.a->v[i], o)) return KJ_UNDEF;
@@ -878,8 +940,8 @@ static kj_val eval_binary(kj_ctx *c, const kj_node *n, kj_env *e) {
         bool has = str_contains(r.s, l.s);
         return kj_bool(op == KO_IN ? has : !has);
     }
-    if (l.t == V_STR && kj_is_obj(r) && (op == KO_IN || op == KO_NOTIN)) {
-        bool has = kj_obj_get(r.o, l.s->p, l.s->len) != NULL;
+    if (kj_hashable(l) && kj_is_obj(r) && (op == KO_IN || op == KO_NOTIN)) {
+        bool has = kj_obj_getv(r.o, l) != NULL;
         return kj_bool(op == KO_IN ? has : !has);
     }
     return kj_fail(c, n, "unknown operator \"%s\" between %s and %s", op_name(op), kj_typename(l), kj_typename(r));
@@ -908,10 +970,10 @@ static kj_val eval_member(kj_ctx *c, const kj_node *n, kj_env *e) {
     if (obj.t == V_JSUNDEF) return kj_fail(c, n, "cannot read properties of undefined");
     kj_val v = KJ_UNDEF;
     if (kj_is_obj(obj) || obj.t == V_NS) {
-        if (prop.t != V_STR) return kj_fail(c, n, "cannot access a property with a non-string: got %s", kj_typename(prop));
-        kj_val *p = kj_obj_get(obj.o, prop.s->p, prop.s->len);
+        if (!kj_hashable(prop)) return kj_fail(c, n, "unhashable object key: %s", kj_typename(prop));
+        kj_val *p = obj.t == V_NS ? (prop.t == V_STR ? kj_obj_get(obj.o, prop.s->p, prop.s->len) : NULL) : kj_obj_getv(obj.o, prop);
         if (p) v = *p;
-        else if (kj_is_obj(obj)) v = kj_builtin_attr(c, obj, prop.s);
+        else if (kj_is_obj(obj) && prop.t == V_STR) v = kj_builtin_attr(c, obj, prop.s);
     } else if (kj_is_arr(obj) || obj.t == V_STR) {
         if (prop.t == V_INT) {
             if (kj_is_arr(obj)) {
@@ -987,9 +1049,9 @@ kj_val kj_eval(kj_ctx *c, const kj_node *n, kj_env *e) {
         for (int i = 0; o && i < n->list.n && !c->err; i++) {
             kj_val k = kj_eval(c, n->list.v[i], e);
             if (c->err) break;
-            if (k.t != V_STR) return kj_fail(c, n->list.v[i], "object keys must be strings: got %s", kj_typename(k));
+            if (!kj_hashable(k)) return kj_fail(c, n->list.v[i], "unhashable object key: %s", kj_typename(k));
             kj_val v = kj_eval(c, n->list2.v[i], e);
-            if (c->err || !kj_obj_set(c, o, k.s, v)) break;
+            if (c->err || !kj_obj_setv(c, o, k, v)) break;
         }
         return c->err ? KJ_UNDEF : (kj_val){.t = V_OBJ, .o = o};
     }

@@ -66,7 +66,15 @@ kj_val kj_mkarr(kj_ctx *c, kj_vtype t, size_t n); /* n undefined slots */
 kj_obj *kj_newobj(kj_ctx *c);
 bool kj_obj_set(kj_ctx *c, kj_obj *o, const kj_str *k, kj_val v);
 bool kj_obj_setc(kj_ctx *c, kj_obj *o, const char *k, kj_val v);
+/* String keys only; kj_obj_getv/setv take a key of any hashable type. */
 kj_val *kj_obj_get(const kj_obj *o, const char *k, size_t len);
+kj_val *kj_obj_getv(const kj_obj *o, kj_val key);
+bool kj_obj_setv(kj_ctx *c, kj_obj *o, kj_val key, kj_val v);
+/* The i-th key as a value (a string unless a non-string key was set). */
+kj_val kj_obj_key(const kj_obj *o, size_t i);
+static inline bool kj_hashable(kj_val v) {
+    return v.t == V_STR || v.t == V_INT || v.t == V_FLOAT || v.t == V_BOOL || v.t == V_NULL;
+}
 bool kj_obj_del(kj_obj *o, const char *k, size_t len);
 const char *kj_typename(kj_val v);
 static inline bool kj_is_arr(kj_val v) { return v.t == V_ARR || v.t == V_TUPLE; }

@@ -35,10 +35,15 @@ struct kj_arr {
     kj_val *v;
 };
 
-/* An insertion-ordered map, as a JavaScript Map. */
+/* An insertion-ordered map, as a JavaScript Map. Keys are any hashable
+ * scalar, as in Python: strings, integers, floats, booleans, none. k holds
+ * each key's text (what tojson writes: 1 -> "1", true -> "true"); kv, NULL
+ * while every key is a string, holds each key as its value, so that d[1]
+ * and d['1'] are different keys (and d[1], d[1.0], d[true] the same). */
 struct kj_obj {
     size_t n, cap;
     const kj_str **k;
+    kj_val *kv;
     kj_val *v;
 };
 

@@ -140,7 +140,7 @@ static const rt_case k_rt[] = {
     /* (Kimi-K2-Instruct.jinja calls list.append, which kiln's Jinja lacks) */
     {"moonshotai-Kimi-K2", KTC_KIMI_K2, "<|im_end|>", 2, false},
     {"CohereForAI-c4ai-command-r7b-12-2024-tool_use", KTC_COMMAND_R, "<|END_OF_TURN_TOKEN|>", 2, true},
-    /* (ByteDance-Seed-OSS.jinja has a dict with integer keys, which kiln's Jinja refuses: its cases are hand-written) */
+    /* (ByteDance-Seed-OSS.jinja: its cases are hand-written) */
     {"MiniMax-M2", KTC_MINIMAX_M2, "[e~[", 2, true},
     /* (the template appends its instructions after the last turn) */
     {"CohereForAI-c4ai-command-r-plus-tool_use", KTC_COMMAND_R_PLUS, "<|START_OF_TURN_TOKEN|>", 2, false},

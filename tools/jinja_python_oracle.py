@@ -1,0 +1,102 @@
+# jinja_python_oracle.py: reference renders by Python's jinja2 configured as
+# transformers' apply_chat_template configures it (ImmutableSandboxedEnvironment,
+# trim_blocks, lstrip_blocks, loopcontrols, its tojson, raise_exception and
+# strftime_now), for the (template, input) pairs where @huggingface/jinja
+# raises but Python renders. kiln follows Python there (transformers is the
+# reference for chat templates); chat_oracle_renders reads these files
+# before tests/data/chat/expected/.
+#
+#   python3 tools/jinja_python_oracle.py TEMPLATE...   (names under tests/data/chat/templates)
+# writes tests/data/chat/expected_python/TEMPLATE.json: {input: {"out": text}}.
+#   python3 tools/jinja_python_oracle.py
+# writes nothing: lists every template with such pairs (a survey: kiln does not
+# follow Python on all of them yet; e.g. Python's str() of None, lists and
+# dicts for trim/string, `none|selectattr`, are not implemented).
+import datetime
+import json
+import os
+import sys
+
+from jinja2.exceptions import TemplateError
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+DATA = "tests/data/chat"
+FIXED_NOW = 1752582896  # the JavaScript oracle's frozen clock
+
+
+def raise_exception(message):
+    raise TemplateError(message)
+
+
+def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def strftime_now(fmt):
+    return datetime.datetime.fromtimestamp(FIXED_NOW, datetime.timezone.utc).strftime(fmt)
+
+
+class Generation(Extension):
+    """transformers' AssistantTracker without the tracking: the body renders as is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller):
+        return caller()
+
+
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+env.filters["tojson"] = tojson
+env.globals["raise_exception"] = raise_exception
+env.globals["strftime_now"] = strftime_now
+
+# Differences kiln keeps with Python (it follows @huggingface/jinja there).
+KNOWN = [("can only concatenate str (not \"list\")",
+          "str + list: kiln concatenates as @huggingface/jinja does (13 templates render content parts so); Python raises")]
+
+inputs = {}
+for f in sorted(os.listdir(f"{DATA}/inputs")):
+    if f.endswith(".json"):
+        inputs[f[:-5]] = json.load(open(f"{DATA}/inputs/{f}"))
+os.makedirs(f"{DATA}/expected_python", exist_ok=True)
+survey = not sys.argv[1:]
+names = sys.argv[1:] or sorted(f[:-6] for f in os.listdir(f"{DATA}/templates") if f.endswith(".jinja"))
+for name in names:
+    try:
+        tpl = env.from_string(open(f"{DATA}/templates/{name}.jinja").read())
+    except Exception as e:
+        print(f"{name}: Python cannot parse it: {type(e).__name__}: {e}", file=sys.stderr)
+        continue
+    js = json.load(open(f"{DATA}/expected/{name}.json"))
+    out = {}
+    for k, inp in inputs.items():
+        if "error" not in js.get(k, {}):
+            continue  # @huggingface/jinja renders it: its render stays the reference
+        try:
+            out[k] = {"out": tpl.render(messages=inp["messages"], tools=inp.get("tools"), documents=inp.get("documents"),
+                                        add_generation_prompt=bool(inp.get("add_generation_prompt")),
+                                        bos_token="<s>", eos_token="</s>", **inp.get("kwargs", {}))}
+        except Exception as e:
+            # raises in Python too: the JavaScript oracle's error stands, unless
+            # past the point where that package raised kiln renders what both
+            # renderers would differ on (KNOWN below): then the pair is left out
+            msg = f"{type(e).__name__}: {e}"
+            print(f"{name} x {k}: Python raises too: {msg}", file=sys.stderr)
+            for pat, why in KNOWN:
+                if pat in msg:
+                    out[k] = {"error": msg, "not_compared": why}
+    if survey or not out:
+        if out:
+            print(f"{name}: {sum('out' in v for v in out.values())} pairs where Python renders and @huggingface/jinja raises")
+        continue
+    with open(f"{DATA}/expected_python/{name}.json", "w") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"{name}: {sum('out' in v for v in out.values())} pairs where Python renders and @huggingface/jinja raises")
