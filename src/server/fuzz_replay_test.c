@@ -35,4 +35,10 @@ KT_TEST(fuzz_configs_corpus_replays) {
     KT_CHECK_OK(ksrv_base64_decode("aGk=", 4, &b, &nb));
     KT_CHECK(nb == 2 && b[0] == 'h' && b[1] == 'i');
     free(b);
+    /* a crasher: a pinpoint side past int64 (UB in the conversion); now an error naming the field */
+    cJSON *j = cJSON_Parse("{\"image_grid_pinpoints\": [[32, 1e125]]}");
+    kimg_proc p;
+    memset(&p, 0, sizeof p);
+    KT_CHECK_ERR(kimg_proc_parse(j, &p), "image_grid_pinpoints");
+    cJSON_Delete(j);
 }
