@@ -100,12 +100,13 @@ clean:
 	rm -rf build
 
 # libFuzzer harnesses (clang), one per parser of untrusted bytes:
-#   make fuzz-safetensors | fuzz-checkpoint | fuzz-tokenizer | fuzz-jinja | fuzz-image | fuzz-grammar   [FUZZ_TIME=seconds]
+#   make fuzz-safetensors | fuzz-checkpoint | fuzz-tokenizer | fuzz-jinja | fuzz-image | fuzz-grammar
+#        | fuzz-config | fuzz-server | fuzz-configs   [FUZZ_TIME=seconds]
 # Each links fuzz/fuzz_NAME.c with the library sources, runs from the seed
 # corpus FUZZ_SEEDS_NAME and grows fuzz-out/NAME (ignored by git). Crashers
 # land in fuzz-out/NAME-crashes: fix them, then commit them where the unit
 # tests replay them (tests/data/ckpt/fuzz-regress*, fuzz/regress_tokenizer,
-# tests/data/chat/fuzz).
+# tests/data/chat/fuzz, fuzz/regress_NAME).
 FUZZ_CC    ?= clang
 FUZZ_TIME  ?= 60
 FUZZ_FLAGS  = -std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
@@ -119,6 +120,12 @@ FUZZ_SEEDS_jinja       = tests/data/chat/templates
 FUZZ_SEEDS_image       = tests/data/vision/jpeg
 FUZZ_SEEDS_grammar     = fuzz/corpus_grammar
 FUZZ_ARGS_grammar      = -max_len=4096
+FUZZ_SEEDS_config      = fuzz/corpus_config
+FUZZ_ARGS_config       = -max_len=8192
+FUZZ_SEEDS_server      = fuzz/corpus_server
+FUZZ_ARGS_server       = -max_len=8192
+FUZZ_SEEDS_configs     = fuzz/corpus_configs
+FUZZ_ARGS_configs      = -max_len=8192
 FUZZ_ARGS_image        = -max_len=65536
 FUZZ_BUILD = build/fuzz
 
@@ -138,6 +145,6 @@ fuzz-%: $(FUZZ_BUILD)/fuzz_%
 	$< -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 $(FUZZ_ARGS_$*) \
 	    -artifact_prefix=fuzz-out/$*-crashes/ fuzz-out/$* $(FUZZ_SEEDS_$*)
 
-fuzz: fuzz-safetensors fuzz-checkpoint fuzz-tokenizer fuzz-jinja fuzz-image fuzz-grammar
+fuzz: fuzz-safetensors fuzz-checkpoint fuzz-tokenizer fuzz-jinja fuzz-image fuzz-grammar fuzz-config fuzz-server fuzz-configs
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,6 +1,7 @@
 /* kt.c: the test runner (see kt.h). */
 #include "kt.h"
 
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -60,6 +61,35 @@ const char *kt_shared(void) {
 const char *kt_path(char *buf, size_t cap, const char *rel) {
     snprintf(buf, cap, "%s/%s", kt_root(), rel);
     return buf;
+}
+
+int kt_replay(const char *rel, int (*fn)(const uint8_t *, size_t)) {
+    char d[4096];
+    kt_path(d, sizeof d, rel);
+    DIR *dd = opendir(d);
+    if (!dd) return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(dd))) {
+        if (de->d_name[0] == '.') continue;
+        char p[8192];
+        snprintf(p, sizeof p, "%s/%s", d, de->d_name);
+        FILE *f = fopen(p, "rb");
+        if (!f) continue;
+        uint8_t *data = NULL;
+        size_t len = 0;
+        if (!fseek(f, 0, SEEK_END)) {
+            long l = ftell(f);
+            if (l >= 0 && !fseek(f, 0, SEEK_SET) && (data = malloc((size_t)l ? (size_t)l : 1))) {
+                len = fread(data, 1, (size_t)l, f);
+                if (len == (size_t)l) fn(data, len), n++;
+            }
+        }
+        free(data);
+        fclose(f);
+    }
+    closedir(dd);
+    return n;
 }
 
 static int cmp_tests(const void *a, const void *b) {

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,6 +33,10 @@ static inline bool kt_sanitized(void) {
 }
 /* Writes "root/rel" into buf and returns buf. */
 const char *kt_path(char *buf, size_t cap, const char *rel);
+/* Feeds every file of the folder root/rel (a fuzz corpus) to a libFuzzer
+ * entry point, each in a buffer of its exact size (ASan sees any over-read).
+ * Returns the number of files; 0 when the folder is absent. */
+int kt_replay(const char *rel, int (*fn)(const uint8_t *, size_t));
 
 #define KT_TEST(name)                                                          \
     static void name(void);                                                    \

@@ -42,7 +42,7 @@ static kiln_status print_memory(const ke_model *m, int64_t n_ctx, int64_t parall
 int kiln_cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     int64_t n_ctx = 0, parallel = 0;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* each option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: kiln info [-m DIR] [-c N] [--parallel N]\n"
@@ -58,7 +58,6 @@ int kiln_cmd_info(int argc, char **argv) {
         else if (!ost && (!strcmp(a, "-np") || !strcmp(a, "--parallel"))) ost = kiln_parse_int(a, v, 1, 4096, &parallel);
         else if (!ost) dir = v;
         if (ost) return kiln_fail(ost);
-        i++;
     }
     if (!dir) dir = kiln_default_model();
     ke_model *m;

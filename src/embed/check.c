@@ -51,7 +51,7 @@ static kiln_status int_rows(const cJSON *list, const char *what, inputs *in, int
     return NULL;
 }
 
-static void say(char *rep, size_t cap, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static void say(char *rep, size_t cap, const char *fmt, ...) {
     size_t l = strlen(rep);
     if (l >= cap) return;
     va_list ap;
@@ -113,7 +113,7 @@ static kiln_status check_one(const char *dir, char *rep, size_t cap, bool *pass)
     int32_t yes = -1, no = -1;
     if (!st && !strcmp(kind, "decoder_rerank")) { /* the yes / no ids the template names */
         const cJSON *t = ku_json_get(o, "template");
-        int64_t y, n;
+        int64_t y = -1, n = -1;
         st = ku_json_int(t, "yes_token_id", -1, &y);
         if (!st) st = ku_json_int(t, "no_token_id", -1, &n);
         yes = (int32_t)y, no = (int32_t)n;

@@ -126,8 +126,10 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
     cJSON_ArrayForEach(pe, pins) {
         const cJSON *ph = cJSON_GetArrayItem(pe, 0), *pw = cJSON_GetArrayItem(pe, 1);
         if (p->n_pinpoints >= KIMG_MAX_PINPOINTS || !cJSON_IsArray(pe) || cJSON_GetArraySize(pe) != 2 || !cJSON_IsNumber(ph) ||
-            !cJSON_IsNumber(pw) || ph->valuedouble < 1 || pw->valuedouble < 1)
-            return kiln_error(KILN_EINVAL, "preprocessor_config.json: image_grid_pinpoints must be at most %d [height, width] pairs",
+            !cJSON_IsNumber(pw) || ph->valuedouble < 1 || pw->valuedouble < 1 || ph->valuedouble > 65536 ||
+            pw->valuedouble > 65536)
+            return kiln_error(KILN_EINVAL,
+                              "preprocessor_config.json: image_grid_pinpoints must be at most %d [height, width] pairs of 1 to 65536",
                               KIMG_MAX_PINPOINTS);
         p->pinpoints[p->n_pinpoints][0] = (int64_t)ph->valuedouble, p->pinpoints[p->n_pinpoints++][1] = (int64_t)pw->valuedouble;
     }
