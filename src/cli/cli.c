@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 int kiln_fail(kiln_status st) {
@@ -133,4 +134,10 @@ kiln_status kiln_parse_int(const char *flag, const char *v, int64_t lo, int64_t 
         return kiln_error(KILN_EINVAL, "%s: \"%s\" is not an integer in [%lld, %lld]", flag, v, (long long)lo, (long long)hi);
     *out = x;
     return NULL;
+}
+
+double kiln_now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }

@@ -57,5 +57,7 @@ void kiln_warn_ctx(const struct ke_model *m, int64_t n_ctx);
 
 /* Prints "kiln: <msg>" to stderr, frees st, returns 1. */
 int kiln_fail(kiln_status st);
+/* Seconds on the monotonic clock (for timing runs). */
+double kiln_now_s(void);
 
 #endif

@@ -30,12 +30,6 @@
 #include "runtime/exec.h"
 #include "runtime/pool.h"
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* ---------------------------------------------------------------- bandwidth */
 
 /* The roofline divides by the best read bandwidth of several kernels and
@@ -106,9 +100,9 @@ static void measure_bandwidth(kr_pool *pool, size_t bytes, int reps, bw_best *be
         k.kind = kind;
         kr_parallel_for(pool, (int64_t)(n / 1024), 256, bw_range, &k); /* warm: pages, caches */
         for (int r = 0; r < reps; r++) {
-            double t0 = now_s();
+            double t0 = kiln_now_s();
             kr_parallel_for(pool, (int64_t)(n / 1024), 256, bw_range, &k);
-            double gbs = (double)(n * 8) / (now_s() - t0) / 1e9;
+            double gbs = (double)(n * 8) / (kiln_now_s() - t0) / 1e9;
             if (gbs > best->gbs) *best = (bw_best){gbs, kind, n * 8};
         }
     }
@@ -208,9 +202,9 @@ static void kernel_bench(int64_t M, bool streamed) {
             if (!st) {
                 int reps = ni == 0 ? 200 : 20;
                 for (int r = 0; r < reps; r++) {
-                    double t0 = now_s();
+                    double t0 = kiln_now_s();
                     kr_exec_run(e, params, NULL);
-                    double t = now_s() - t0;
+                    double t = kiln_now_s() - t0;
                     if (t < best) best = t;
                 }
                 kr_exec_destroy(e);
@@ -233,9 +227,9 @@ static void kernel_bench(int64_t M, bool streamed) {
             for (int64_t i = 0; i < N * K; i++) w[i] = (float)(i % 5) * 0.01f;
             double best = 1e30;
             for (int r = 0; r < 50; r++) {
-                double t0 = now_s();
+                double t0 = kiln_now_s();
                 kk_sgemm_nt(M, N, K, x, K, w, K, y, N);
-                double t = now_s() - t0;
+                double t = kiln_now_s() - t0;
                 if (t < best) best = t;
             }
             printf("  %-5s   %18.2f   (BLIS sgemm, for comparison)\n", "f32", (double)(N * K) / best / 1e9);
@@ -291,12 +285,12 @@ static double sampler_us(int32_t nv, const kgen_params *p, int iters) {
             peaks[i] = (int32_t)(lcg_next(&s) % (uint64_t)nv);
             logits[peaks[i]] += 8.0f + (float)i * 0.3f;
         }
-        double t0 = now_s();
+        double t0 = kiln_now_s();
         kgen_sample out;
         st = kgen_sampler_sample(smp, logits, &out);
         if (st) break;
         kgen_sampler_accept(smp, out.token);
-        if (it >= 0) total += (now_s() - t0) * 1e6;
+        if (it >= 0) total += (kiln_now_s() - t0) * 1e6;
     }
     if (st) {
         fprintf(stderr, "kiln bench: %s\n", kiln_status_msg(st));
@@ -375,7 +369,7 @@ static double run_steps(bench *b, int B, int steps, int per_step, kiln_status *s
         goto close;
     }
     for (int i = 0; i < n; i++) seq[i] = seqs[i / per_step];
-    double t0 = now_s();
+    double t0 = kiln_now_s();
     for (int s = 0; s < steps && !*st; s++) {
         for (int i = 0; i < n; i++) tok[i] = rand_token(b);
         const float *logits;
@@ -383,7 +377,7 @@ static double run_steps(bench *b, int B, int steps, int per_step, kiln_status *s
         ke_batch batch = {n, tok, seq, NULL};
         *st = ke_decode(b->ctx, &batch, &logits, &rows);
     }
-    if (!*st) t = now_s() - t0;
+    if (!*st) t = kiln_now_s() - t0;
 close:
     for (int i = 0; i < opened; i++) ke_seq_close(b->ctx, seqs[i]);
 done:
@@ -506,11 +500,11 @@ int kiln_cmd_bench(int argc, char **argv) {
         return 0;
     }
     if (!dir) dir = kiln_default_model();
-    double t0 = now_s();
+    double t0 = kiln_now_s();
     ke_model *m;
     st = ke_model_load(dir, &m);
     if (st) return kiln_fail(st);
-    double load_s = now_s() - t0;
+    double load_s = kiln_now_s() - t0;
     int64_t wbytes = bytes_per_token(m), llc = llc_bytes();
     /* before any thread exists (the child forks a quiet process), and again
      * after the runs: the best of both */

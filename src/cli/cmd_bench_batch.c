@@ -29,12 +29,6 @@ typedef struct {
     int *in_flight;
 } slot;
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static void on_event(const ksch_event *e) {
     slot *s = e->ud;
     req *r = s->r;
@@ -69,7 +63,7 @@ static kiln_status run(ksch *s, req *rs, int n, int conc, int k, double *secs) {
     if (!slots) return kiln_error(KILN_ENOMEM, "out of memory");
     int in_flight = 0, next = 0;
     kiln_status st = NULL;
-    double t0 = now();
+    double t0 = kiln_now_s();
     for (;;) {
         while (!st && next < n && in_flight < conc) {
             req *r = &rs[next];
@@ -89,7 +83,7 @@ static kiln_status run(ksch *s, req *rs, int n, int conc, int k, double *secs) {
         if (st || (next == n && in_flight == 0)) break;
         ksch_step(s);
     }
-    *secs = now() - t0;
+    *secs = kiln_now_s() - t0;
     free(slots);
     return st;
 }

@@ -12,12 +12,6 @@
 #include "cli/cli.h"
 #include "embed/embed.h"
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -45,9 +39,9 @@ static kiln_status run_batch(const kemb_model *m, ke_ctx *c, int n, int64_t len,
         lens[i] = len;
     }
     for (int k = -1; !st && k < reps; k++) {
-        double t0 = now_s();
+        double t0 = kiln_now_s();
         st = kemb_embed(m, c, n, (const int32_t *const *)ids, lens, NULL, out);
-        if (k >= 0) t[k] = now_s() - t0;
+        if (k >= 0) t[k] = kiln_now_s() - t0;
     }
     if (!st) {
         qsort(t, (size_t)reps, sizeof *t, cmp_double);

@@ -15,12 +15,6 @@
 #include "spec/spec.h"
 #include "tokenizer/tokenizer.h"
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 typedef struct {
     int32_t *ids;
     int n, cap;
@@ -64,7 +58,7 @@ static kiln_status gen_once(job *j, kspec *s, ids_out *o, kspec_stats *stats, do
     for (int i = 0; !st && i < j->n_prompt; i++) seqs[i] = seq;
     if (!st) st = ke_decode(j->c, &(ke_batch){j->n_prompt, j->prompt, seqs, NULL}, &lg, &nr);
     free(seqs);
-    double t0 = now();
+    double t0 = kiln_now_s();
     kgen_finish f = KGEN_CONTINUE;
     if (!st && s) {
         st = kspec_seq_create(s, seq, j->prompt, j->n_prompt, &q);
@@ -80,7 +74,7 @@ static kiln_status gen_once(job *j, kspec *s, ids_out *o, kspec_stats *stats, do
             if (!st && f == KGEN_CONTINUE) st = ke_decode(j->c, &(ke_batch){1, &x.token, &seq, NULL}, &lg, &nr);
         }
     }
-    *secs = now() - t0;
+    *secs = kiln_now_s() - t0;
     kspec_seq_destroy(q);
     if (seq >= 0) ke_seq_close(j->c, seq);
     kgen_session_destroy(g);

@@ -18,12 +18,6 @@
 #include "gen/session.h"
 #include "spec/spec.h"
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln generate [-m DIR] (-p TEXT | -f FILE | --prompt-ids IDS) [options]\n"
                "  -m, --model DIR       checkpoint folder (default: the bundled demo model)\n"
@@ -299,7 +293,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     ke_text_vocab tv = {0};
     ke_text_detok td = {0};
     kgr_vocab *gv = NULL;
-    double t0 = now();
+    double t0 = kiln_now_s();
     kiln_status st = ke_model_load(o->dir, &m);
     if (!st) {
         kiln_status ts = ktok_load(o->dir, &tok);
@@ -313,7 +307,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     if (!st) kiln_warn_ctx(m, ke_ctx_n_ctx(c));
     if (!st && o->sp.draft) st = kspec_load_draft(o->sp.draft, m, o->dir, &draft);
     if (!st && kspec_enabled(&o->sp)) st = kspec_create(&o->sp, c, draft, &sp);
-    t[0] = now() - t0;
+    t[0] = kiln_now_s() - t0;
     if (st) goto out;
     const km_hparams *hp = ke_model_hparams(m);
     rec->vocab = hp->vocab;
@@ -358,12 +352,12 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     for (int i = 0; i < o->n_prompt; i++) seqs[i] = seq;
     const float *lg;
     int nr;
-    double t1 = now();
+    double t1 = kiln_now_s();
     st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->image ? &(ke_inputs){img.x.embd, img.x.span, img.x.pos3, img.x.embd_add} : NULL,
                       &lg, &nr);
     free(seqs);
-    t[1] = now() - t1;
-    double t2 = now();
+    t[1] = kiln_now_s() - t1;
+    double t2 = kiln_now_s();
     kgen_finish f = o->n_forced ? KGEN_CONTINUE : kgen_session_start(g);
     if (!st && sp) { /* speculative: the same tokens, fewer steps */
         st = kspec_seq_create(sp, seq, o->prompt, o->n_prompt, &sq);
@@ -411,7 +405,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
             break;
         }
     }
-    t[2] = now() - t2;
+    t[2] = kiln_now_s() - t2;
     *finish = kgen_finish_reason(f) ? kgen_finish_reason(f) : "length";
 out:
     kspec_seq_destroy(sq);

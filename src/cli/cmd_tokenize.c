@@ -13,12 +13,6 @@
 #include "cli/cli.h"
 #include "tokenizer/tokenizer.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int fail(kiln_status st) {
     fprintf(stderr, "kiln: %s\n", kiln_status_msg(st));
     kiln_status_free(st);
@@ -77,9 +71,9 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     }
     if (!dir) dir = kiln_default_model();
     ktok *t;
-    double t0 = now_s();
+    double t0 = kiln_now_s();
     kiln_status st = ktok_load(dir, &t);
-    double t_load = now_s() - t0;
+    double t_load = kiln_now_s() - t0;
     if (st) return fail(st);
     size_t len;
     char *owned = NULL;
@@ -96,9 +90,9 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     }
     int32_t *ids;
     size_t n;
-    t0 = now_s();
+    t0 = kiln_now_s();
     st = ktok_encode(t, text, len, add_special, &ids, &n);
-    double t_enc = now_s() - t0;
+    double t_enc = kiln_now_s() - t0;
     if (!st && bench) {
         fprintf(stderr, "load %.1f ms, encode %zu bytes -> %zu ids in %.1f ms: %.2f MB/s\n", 1e3 * t_load, len, n,
                 1e3 * t_enc, (double)len / 1e6 / t_enc);
