@@ -6,12 +6,13 @@
 #                            promtool (checks /metrics; only its binary is
 #                            extracted into build/tools) and, when npm is
 #                            there, the official openai and @anthropic-ai/sdk
-#                            clients (build/tools/npm)
+#                            clients (build/tools/npm), nginx (its binary
+#                            alone, into build/tools: the replicas test)
 set -euo pipefail
 test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
 pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libedit-dev libcurl4-openssl-dev libssl-dev)
-$test_deps && pkgs+=(mlir-16-tools)
+$test_deps && pkgs+=(mlir-16-tools curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -38,6 +39,21 @@ if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$root/build/tools/usr/bin/pr
       && echo "kiln: promtool extracted to build/tools/usr/bin" >&2
   else
     echo "kiln: promtool unavailable (apt-get download prometheus failed): its test is skipped" >&2
+  fi
+  rm -rf "$tmp"
+fi
+
+# nginx from Debian's package, its binary alone (installing the package
+# would start a system service on port 80), for the replicas-behind-nginx
+# test; without it that test is skipped.
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x "$root/build/tools/usr/sbin/nginx" ]; then
+  tmp="$(mktemp -d)"
+  if (cd "$tmp" && apt-get download nginx >/dev/null 2>&1); then
+    mkdir -p "$root/build/tools"
+    dpkg-deb --fsys-tarfile "$tmp"/nginx_*.deb | tar -x -C "$root/build/tools" ./usr/sbin/nginx \
+      && echo "kiln: nginx extracted to build/tools/usr/sbin" >&2
+  else
+    echo "kiln: nginx unavailable (apt-get download nginx failed): its test is skipped" >&2
   fi
   rm -rf "$tmp"
 fi

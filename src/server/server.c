@@ -216,8 +216,19 @@ static enum MHD_Result do_health(conn_state *cs) {
     snprintf(msg, sizeof msg, "%s", st == KSRV_FAILED ? kiln_status_msg(s->load_err) : "Loading model");
     pthread_mutex_unlock(&s->mu);
     if (st != KSRV_READY) return reply_error(cs, 503, "unavailable_error", NULL, msg);
+    /* load, for a balancer choosing between replicas (docs/serving.md):
+     * slots as llama-server's /health?include_slots counts them, the queue,
+     * and the share of KV blocks that running sequences hold */
+    ksch_stats ks = {0};
+    if (s->sch) ksch_get_stats(s->sch, &ks);
+    int64_t busy = ks.running < s->p.parallel ? ks.running : s->p.parallel;
+    double kv = ks.cache.n_blocks > 0 ? (double)ks.cache.n_used / (double)ks.cache.n_blocks : 0.0;
     ksrv_buf b = {0};
-    ksrv_buf_str(&b, "{\"status\": \"ok\"}");
+    ksrv_buf_printf(&b,
+                    "{\"status\": \"ok\", \"slots_idle\": %lld, \"slots_processing\": %lld, "
+                    "\"requests_running\": %lld, \"requests_waiting\": %lld, \"kv_cache_usage\": %.4f}",
+                    (long long)(s->p.parallel - busy), (long long)busy, (long long)ks.running,
+                    (long long)ks.waiting, kv);
     return reply_json(cs, 200, &b);
 }
 

@@ -1839,3 +1839,41 @@ KT_TEST(server_hostile_load_then_shutdown) {
     KT_CHECK(wait_idle(&f));
     finish(&f);
 }
+
+/* /health reports the load a balancer reads: idle when nothing runs; while
+ * two streamed requests run on one slot, one is processing and one waits. */
+KT_TEST(server_health_reports_load) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.parallel = 1;
+    p.step_delay_us = 2000;
+    if (!start(&f, &p)) return;
+    resp r;
+    KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 200);
+    KT_CHECKF(strstr(r.body.p, "\"slots_idle\": 1, \"slots_processing\": 0") &&
+                  strstr(r.body.p, "\"requests_waiting\": 0"),
+              "%s", r.body.p);
+    ksrv_buf_free(&r.body);
+    batch q = {0};
+    for (int i = 0; i < 2; i++)
+        batch_add(&q, &f, "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 100, \"ignore_eos\": true, \"stream\": true}");
+    int running = 1;
+    bool seen = false;
+    double t0 = ksrv_now();
+    while (running && ksrv_now() - t0 < 60) {
+        curl_multi_perform(q.m, &running);
+        curl_multi_poll(q.m, NULL, 0, 10, NULL);
+        if (!seen && ksrv_now() - t0 > 0.1) {
+            KT_CHECK_EQ(http(&f, "GET", "/health", NULL, NULL, &r), 200);
+            seen = strstr(r.body.p, "\"slots_idle\": 0, \"slots_processing\": 1") &&
+                   strstr(r.body.p, "\"requests_waiting\": 1");
+            ksrv_buf_free(&r.body);
+        }
+    }
+    ksrv_buf_add(&q.r[0].body, "", 0);
+    KT_CHECKF(seen, "/health never showed one request processing and one waiting (%.300s)", q.r[0].body.p);
+    batch_free(&q);
+    KT_CHECK(wait_idle(&f));
+    finish(&f);
+}
