@@ -28,35 +28,28 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 $test_deps || exit 0
 
-# promtool from Debian's prometheus package, without the package's other
-# dependencies; without it the /metrics lint test is skipped.
 root="$(cd "$(dirname "$0")/.." && pwd)"
-if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$root/build/tools/usr/bin/promtool" ]; then
+# extract_tool PKG PATH WHAT: one binary (PATH inside the package, e.g.
+# ./usr/bin/promtool) from Debian's package PKG into build/tools, without the
+# package's other dependencies or its service; without it WHAT is skipped.
+extract_tool() {
+  local pkg="$1" path="$2" what="$3" tmp
+  command -v "$(basename "$path")" >/dev/null 2>&1 && return 0
+  [ -x "$root/build/tools/${path#./}" ] && return 0
   tmp="$(mktemp -d)"
-  if (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1); then
+  if (cd "$tmp" && apt-get download "$pkg" >/dev/null 2>&1); then
     mkdir -p "$root/build/tools"
-    dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -C "$root/build/tools" ./usr/bin/promtool \
-      && echo "kiln: promtool extracted to build/tools/usr/bin" >&2
+    dpkg-deb --fsys-tarfile "$tmp"/"$pkg"_*.deb | tar -x -C "$root/build/tools" "$path" \
+      && echo "kiln: $(basename "$path") extracted to build/tools/$(dirname "${path#./}")" >&2
   else
-    echo "kiln: promtool unavailable (apt-get download prometheus failed): its test is skipped" >&2
+    echo "kiln: $(basename "$path") unavailable (apt-get download $pkg failed): $what is skipped" >&2
   fi
   rm -rf "$tmp"
-fi
-
-# nginx from Debian's package, its binary alone (installing the package
-# would start a system service on port 80), for the replicas-behind-nginx
-# test; without it that test is skipped.
-if ! command -v nginx >/dev/null 2>&1 && [ ! -x "$root/build/tools/usr/sbin/nginx" ]; then
-  tmp="$(mktemp -d)"
-  if (cd "$tmp" && apt-get download nginx >/dev/null 2>&1); then
-    mkdir -p "$root/build/tools"
-    dpkg-deb --fsys-tarfile "$tmp"/nginx_*.deb | tar -x -C "$root/build/tools" ./usr/sbin/nginx \
-      && echo "kiln: nginx extracted to build/tools/usr/sbin" >&2
-  else
-    echo "kiln: nginx unavailable (apt-get download nginx failed): its test is skipped" >&2
-  fi
-  rm -rf "$tmp"
-fi
+}
+# promtool lints /metrics; nginx (installing its package would start a
+# system service on port 80) fronts the replicas test
+extract_tool prometheus ./usr/bin/promtool "the /metrics lint test"
+extract_tool nginx ./usr/sbin/nginx "the replicas-behind-nginx test"
 
 # The official openai and Anthropic clients for the end-to-end server
 # tests, when npm is there; without them those tests are skipped. Pinned to
