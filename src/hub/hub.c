@@ -565,7 +565,9 @@ static size_t on_blob(char *p, size_t size, size_t n, void *ctx) {
 
 static int on_xfer(void *ctx, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
     sink *s = ctx;
-    if (s->o->progress && s->writing) s->o->progress(s->o->progress_ctx, s->file, s->offset + dlnow, s->total);
+    /* done == total is kept for the one call that says the file is in place */
+    if (s->o->progress && s->writing && s->offset + dlnow != s->total)
+        s->o->progress(s->o->progress_ctx, s->file, s->offset + dlnow, s->total);
     return 0;
 }
 
@@ -707,6 +709,127 @@ static kiln_status write_ref(const char *repo_dir, const spec *p, const char *co
     return NULL;
 }
 
+/* The files of a pull, fetched by up to o.workers threads, each taking the
+ * next file; the first error stops the others from starting new files. */
+typedef struct {
+    const client *c;
+    const spec *p;
+    const khub_opts *user;
+    khub_opts o; /* the user's, with progress calls serialized */
+    const char *cache, *repo_dir, *commit, *snap;
+    char **files;
+    int n, next;
+    pthread_mutex_t mu, progress_mu;
+    kiln_status err;
+} puller;
+
+static void serialized_progress(void *ctx, const char *file, int64_t done, int64_t total) {
+    puller *w = ctx;
+    pthread_mutex_lock(&w->progress_mu);
+    w->user->progress(w->user->progress_ctx, file, done, total);
+    pthread_mutex_unlock(&w->progress_mu);
+}
+
+static void *pull_worker(void *arg) {
+    puller *w = arg;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        int i = w->err ? w->n : w->next++;
+        pthread_mutex_unlock(&w->mu);
+        if (i >= w->n) return NULL;
+        kiln_status st = pull_file(w->c, w->p, &w->o, w->cache, w->repo_dir, w->commit, w->snap, w->files[i]);
+        if (st) {
+            pthread_mutex_lock(&w->mu);
+            if (!w->err) w->err = st;
+            else kiln_status_free(st);
+            pthread_mutex_unlock(&w->mu);
+        }
+    }
+}
+
+static kiln_status pull_all(puller *w) {
+    int nt = w->user->workers > 0 ? w->user->workers : KHUB_WORKERS;
+    if (nt > w->n) nt = w->n;
+    if (nt > 64) nt = 64;
+    if (w->user->progress) {
+        w->o.progress = serialized_progress;
+        w->o.progress_ctx = w;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_mutex_init(&w->progress_mu, NULL);
+    pthread_t t[64];
+    int started = 0;
+    for (; started < nt - 1; started++)
+        if (pthread_create(&t[started], NULL, pull_worker, w)) break;
+    pull_worker(w); /* this thread is one of the workers */
+    for (int i = 0; i < started; i++) pthread_join(t[i], NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_mutex_destroy(&w->progress_mu);
+    return w->err;
+}
+
+/* dst, a new name for the bytes of src: a hard link, else a copy, written
+ * beside dst and renamed over it so a reader never sees half a file. */
+static kiln_status place_file(const char *src, const char *dst) {
+    char tmp[PATH_MAX + 32];
+    KILN_TRY(pathf(tmp, sizeof tmp, "%s.%d.incomplete", dst, (int)getpid()));
+    unlink(tmp);
+    if (link(src, tmp)) {
+        int in = open(src, O_RDONLY | O_CLOEXEC);
+        if (in < 0) return kiln_error(KILN_EIO, "%s: %s", src, strerror(errno));
+        int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        if (out < 0) {
+            close(in);
+            return kiln_error(KILN_EIO, "%s: cannot write: %s", tmp, strerror(errno));
+        }
+        char buf[1 << 16];
+        ssize_t r;
+        bool ok = true;
+        while (ok && (r = read(in, buf, sizeof buf)) != 0) {
+            if (r < 0) ok = errno == EINTR;
+            for (ssize_t o = 0; ok && r > 0 && o < r;) {
+                ssize_t wr = write(out, buf + o, (size_t)(r - o));
+                if (wr < 0 && errno != EINTR) ok = false;
+                else if (wr > 0) o += wr;
+            }
+        }
+        close(in);
+        if (close(out) || !ok) {
+            unlink(tmp);
+            return kiln_error(KILN_EIO, "%s: copy failed: %s", dst, strerror(errno));
+        }
+    }
+    if (rename(tmp, dst)) {
+        unlink(tmp);
+        return kiln_error(KILN_EIO, "%s: %s", dst, strerror(errno));
+    }
+    return NULL;
+}
+
+/* The pulled files of snap, as files, under dir (--local-dir). One already
+ * linked to its blob is left alone; anything else there under that name
+ * (an older revision's file, a partial copy) is replaced by the checked
+ * snapshot's bytes. */
+static kiln_status export_files(const char *snap, const char *dir, char **files, int n) {
+    KILN_TRY(mkdirs(dir));
+    for (int i = 0; i < n; i++) {
+        char src[PATH_MAX], dst[PATH_MAX];
+        KILN_TRY(pathf(src, sizeof src, "%s/%s", snap, files[i]));
+        KILN_TRY(pathf(dst, sizeof dst, "%s/%s", dir, files[i]));
+        struct stat a, b;
+        if (stat(src, &a)) return kiln_error(KILN_EIO, "%s: %s", src, strerror(errno));
+        if (lstat(dst, &b) == 0 && S_ISREG(b.st_mode) && b.st_dev == a.st_dev && b.st_ino == a.st_ino) continue;
+        char *slash = strrchr(dst, '/');
+        *slash = 0;
+        KILN_TRY(mkdirs(dst));
+        *slash = '/';
+        char real[PATH_MAX];
+        if (!realpath(src, real)) return kiln_error(KILN_EIO, "%s: %s", src, strerror(errno));
+        KILN_TRY(place_file(real, dst));
+    }
+    return NULL;
+}
+
 kiln_status khub_pull(const char *s, const khub_opts *o, char *out, size_t cap) {
     spec p;
     KILN_TRY(parse_spec(s, &p));
@@ -726,9 +849,15 @@ kiln_status khub_pull(const char *s, const khub_opts *o, char *out, size_t cap) 
     if (!st) st = pathf(blobs, sizeof blobs, "%s/blobs", repo_dir);
     if (!st) st = mkdirs(blobs);
     if (!st) st = mkdirs(snap);
-    for (int i = 0; i < l.n && !st; i++) st = pull_file(&c, &p, o, cache, repo_dir, l.commit, snap, l.files[i]);
+    if (!st) {
+        puller w = {.c = &c, .p = &p, .user = o, .o = *o, .cache = cache, .repo_dir = repo_dir,
+                    .commit = l.commit, .snap = snap, .files = l.files, .n = l.n};
+        st = pull_all(&w);
+    }
     /* the ref last: a failed pull leaves no ref that resolves to a partial snapshot */
     if (!st) st = write_ref(repo_dir, &p, l.commit);
+    if (!st && o->local_dir) st = export_files(snap, o->local_dir, l.files, l.n);
+    if (!st && o->local_dir) st = pathf(out, cap, "%s", o->local_dir);
     listing_free(&l);
     client_close(&c);
     return st ? kiln_status_wrap(st, "pull %s", s) : NULL;

@@ -38,10 +38,20 @@ typedef struct {
     const char *const *exclude;
     int n_exclude;
     /* called as bytes arrive (done of total, total -1 when unknown) and once
-     * with done == total when a file is in place; NULL: silent */
+     * with done == total when a file is in place; NULL: silent. Files download
+     * in parallel: calls come from the workers' threads, one at a time. */
     void (*progress)(void *ctx, const char *file, int64_t done, int64_t total);
     void *progress_ctx;
+    int workers; /* files fetched at once; 0: KHUB_WORKERS */
+    /* NULL, or a folder that receives the files themselves (hard links to
+     * the cache's blobs where the file system allows, else copies), as
+     * `hf download --local-dir` gives them: what tools that want a plain
+     * folder read; out then names this folder */
+    const char *local_dir;
 } khub_opts;
+
+/* huggingface_hub's default max_workers */
+#define KHUB_WORKERS 8
 
 /* The globs fetched by default: weights, configs, tokenizer, chat template;
  * and those left out when no include is given (second copies of the weights

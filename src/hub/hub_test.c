@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,7 @@ typedef struct {
 typedef struct {
     struct MHD_Daemon *d;
     int port;
-    tfile files[16];
+    tfile files[24];
     int n;
     pthread_mutex_t mu;
     int blob_gets, heads;
@@ -516,6 +517,90 @@ static void resume_body(fixture *f) {
 KT_TEST(hub_pull_resume) {
     fixture f;
     if (setup(&f)) resume_body(&f);
+    teardown(&f);
+}
+
+/* Progress calls of a parallel pull: never two at once, every file landed once. */
+typedef struct {
+    atomic_int inside;
+    bool overlapped;
+    int landed;
+} progress_probe;
+
+static void probe_progress(void *ctx, const char *file, int64_t done, int64_t total) {
+    progress_probe *p = ctx;
+    if (atomic_fetch_add(&p->inside, 1)) p->overlapped = true;
+    usleep(200); /* widen the window a second caller would fall into */
+    if (done == total) p->landed++;
+    atomic_fetch_sub(&p->inside, 1);
+}
+
+static void parallel_body(fixture *f) {
+    /* four more LFS shards, so that several transfers run at once */
+    static const char *const shards[] = {"model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors",
+                                         "model-00003-of-00004.safetensors", "model-00004-of-00004.safetensors"};
+    for (int i = 0; i < 4; i++) {
+        size_t n = 300000 + 7919 * (size_t)i;
+        char *d = malloc(n);
+        KT_CHECK(d != NULL);
+        for (size_t k = 0; k < n; k++) d[k] = (char)(k * 31 + (size_t)i * 7 + (k >> 9));
+        add_file(&f->hub, shards[i], d, n, true);
+    }
+    progress_probe pr = {0};
+    f->o.workers = 4;
+    f->o.progress = probe_progress, f->o.progress_ctx = &pr;
+    char local[PATH_MAX], out[PATH_MAX], p[PATH_MAX];
+    snprintf(local, sizeof local, "%s/plain/demo", f->cache);
+    f->o.local_dir = local;
+    KT_CHECK_OK(khub_pull("org/demo", &f->o, out, sizeof out));
+    KT_CHECK_STR(out, local);
+    KT_CHECK(!pr.overlapped);
+    /* config, tokenizer x2, generation config, model, sub/extra, 4 shards */
+    KT_CHECKF(pr.landed == 10, "%d files landed", pr.landed);
+    KT_CHECK_EQ(f->hub.blob_gets, 5);
+    /* the snapshot as usual, and the same files as plain files in local/ */
+    char snap[PATH_MAX];
+    KT_CHECK_OK(khub_resolve("org/demo", f->cache, snap, sizeof snap));
+    const char *names[] = {"config.json", "model.safetensors", "sub/extra.json", shards[0], shards[3]};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const tfile *w = find(&f->hub, names[i]);
+        KT_CHECK(w && same_bytes(snap, w) && same_bytes(local, w));
+        struct stat a, b;
+        snprintf(p, sizeof p, "%s/%s", local, names[i]);
+        KT_CHECK(lstat(p, &a) == 0 && S_ISREG(a.st_mode));
+        snprintf(p, sizeof p, "%s/%s", snap, names[i]);
+        KT_CHECK(stat(p, &b) == 0 && a.st_ino == b.st_ino); /* a hard link to the blob: no second copy */
+    }
+    snprintf(p, sizeof p, "%s/README.md", local);
+    KT_CHECK(!ku_file_exists(p));
+    /* a local file replaced by something else is put back from the cache,
+     * without the network fetching a blob again */
+    snprintf(p, sizeof p, "%s/%s", local, shards[1]);
+    KT_CHECK(unlink(p) == 0);
+    FILE *fp = fopen(p, "wb");
+    KT_CHECK(fp != NULL);
+    fputs("edited", fp);
+    fclose(fp);
+    int gets = f->hub.blob_gets;
+    pr.landed = 0;
+    KT_CHECK_OK(khub_pull("org/demo", &f->o, out, sizeof out));
+    KT_CHECK_EQ(f->hub.blob_gets, gets);
+    KT_CHECK(same_bytes(local, find(&f->hub, shards[1])));
+    /* one worker: the same result */
+    rmtree(f->cache);
+    f->o.workers = 1;
+    f->o.local_dir = NULL;
+    KT_CHECK_OK(khub_pull("org/demo", &f->o, out, sizeof out));
+    KT_CHECK(same_bytes(out, find(&f->hub, shards[2])));
+    /* the command's flags */
+    char *bad[] = {"pull", "org/demo", "--max-workers", "0", NULL}, *bad2[] = {"pull", "org/demo", "--local-dir", NULL};
+    KT_CHECK_EQ(kiln_cmd_pull(4, bad), 1);
+    KT_CHECK_EQ(kiln_cmd_pull(3, bad2), 1);
+}
+
+KT_TEST(hub_pull_parallel_local_dir) {
+    fixture f;
+    if (setup(&f)) parallel_body(&f);
     teardown(&f);
 }
 
