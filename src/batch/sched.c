@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/textio.h"
 #include "grammar/grammar.h"
@@ -26,6 +27,8 @@ typedef struct seq {
     int32_t *tokens;     /* [n_tokens] prompt then generated; the last generated one is not in the cache yet */
     int64_t n_tokens, cap;
     int32_t n_prompt, n_cached, n_preempted;
+    int32_t n_draft, n_accepted;
+    double t_admit, t_first; /* clock_now(): first admission, first token (0: not yet) */
     bool admitted_once, prefilled, cancel;
     bool done;            /* ended in this step's sampling */
     kgen_finish end_finish;
@@ -142,8 +145,15 @@ kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out) {
 
 /* ---------------------------------------------------------------- events */
 
+static double clock_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static void emit_end(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status err) {
     (void)s;
+    double now = clock_now();
     ksch_event e = {.kind = KSCH_END,
                     .id = q->id,
                     .ud = q->ud,
@@ -153,7 +163,11 @@ static void emit_end(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status
                     .n_prompt = q->n_prompt,
                     .n_generated = q->g ? kgen_session_generated(q->g) : 0,
                     .n_cached = q->n_cached,
-                    .n_preempted = q->n_preempted};
+                    .n_preempted = q->n_preempted,
+                    .prompt_s = q->t_first > 0 ? q->t_first - q->t_admit : q->t_admit > 0 ? now - q->t_admit : 0,
+                    .gen_s = q->t_first > 0 ? now - q->t_first : 0,
+                    .n_draft = q->n_draft,
+                    .n_accepted = q->n_accepted};
     q->fn(&e);
 }
 
@@ -572,6 +586,7 @@ static int64_t schedule(ksch *s) {
         s->n_waiting--;
         if (!q->admitted_once) {
             q->admitted_once = true;
+            q->t_admit = clock_now();
             q->n_cached = (int32_t)(cached < q->n_prompt ? cached : q->n_prompt);
             s->local.prompt_tokens += q->n_prompt;
         }
@@ -596,6 +611,7 @@ static void sample_one(ksch *s, seq *q, const float *lg) {
         return;
     }
     s->local.generated_tokens++;
+    if (q->t_first == 0) q->t_first = clock_now();
     ksch_event e = {.kind = KSCH_TOKEN,
                     .id = q->id,
                     .ud = q->ud,
@@ -687,6 +703,7 @@ bool ksch_step(ksch *s) {
                     int32_t kept = q->kept < 0 ? -1 - q->kept : q->kept;
                     s->local.spec_draft_tokens += q->k;
                     s->local.spec_accepted_tokens += kept;
+                    q->n_draft += q->k, q->n_accepted += kept;
                     kiln_status e = kspec_seq_settle(q->sp, kept);
                     if (!e && kept < q->k) e = ke_seq_truncate(s->c, q->ke, ke_ctx_recurrent(s->c) ? q->len0 : q->len0 + 1 + kept);
                     if (e) { /* cannot happen: the step's own blocks and checkpoint */

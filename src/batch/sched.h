@@ -79,6 +79,10 @@ typedef struct {
     int32_t n_generated;   /* tokens sampled (including a final EOS) */
     int32_t n_cached;      /* prompt tokens found in the prefix cache at first admission */
     int32_t n_preempted;   /* times it lost its blocks */
+    /* seconds from its first admission to its first token (the prompt's
+     * computation, re-prefills included) and from then to the end */
+    double prompt_s, gen_s;
+    int32_t n_draft, n_accepted; /* speculation: guesses verified, of which kept */
 } ksch_event;
 
 typedef void (*ksch_event_fn)(const ksch_event *e);

@@ -25,8 +25,10 @@ static void totals(ksrv_job *j, ksrv_buf *b) {
     ksrv_buf_str(b, ", \"model\": ");
     ksrv_buf_json_str(b, j->srv->model_id, strlen(j->srv->model_id));
     ksrv_buf_printf(b, ", \"stop\": true, \"stop_type\": \"%s\", \"tokens_predicted\": %d, \"tokens_evaluated\": %d, "
-                       "\"tokens_cached\": %d, \"id_slot\": -1}",
+                       "\"tokens_cached\": %d, \"id_slot\": -1, \"timings\": ",
                     stop_type(c->finish), (int)c->n_generated, (int)j->n_prompt[0], (int)c->n_cached);
+    ksrv_timings_json(j, b);
+    ksrv_buf_str(b, "}");
 }
 
 kiln_status ksrv_llama_check(const ksrv_job *j) {

@@ -445,6 +445,8 @@ static void on_event(const ksch_event *e) {
         c->ended = true;
         c->n_generated = e->n_generated;
         c->n_cached = e->n_cached;
+        c->prompt_s = e->prompt_s, c->gen_s = e->gen_s;
+        c->n_draft = e->n_draft, c->n_accepted = e->n_accepted;
         c->finish = e->finish;
         j->n_ended++;
     }
@@ -677,6 +679,24 @@ static void usage_json(ksrv_job *j, ksrv_buf *b) {
                     (long long)prompt, (long long)gen, (long long)(prompt + gen), (long long)cached);
 }
 
+/* llama-server's "timings" of the first choice: prompt tokens computed
+ * (those not found in the cache) and generated tokens, their milliseconds
+ * and rates; draft_n and draft_n_accepted when speculation ran. */
+void ksrv_timings_json(const ksrv_job *j, ksrv_buf *b) {
+    const ksrv_choice *c = &j->ch[0];
+    int64_t pn = j->n_prompt[0] - c->n_cached, gn = c->n_generated;
+    double pms = 1e3 * c->prompt_s, gms = 1e3 * c->gen_s;
+    ksrv_buf_printf(b,
+                    "{\"cache_n\": %d, \"prompt_n\": %lld, \"prompt_ms\": %.3f, \"prompt_per_token_ms\": %.3f, "
+                    "\"prompt_per_second\": %.3f, \"predicted_n\": %lld, \"predicted_ms\": %.3f, "
+                    "\"predicted_per_token_ms\": %.3f, \"predicted_per_second\": %.3f",
+                    (int)c->n_cached, (long long)pn, pms, pn > 0 ? pms / (double)pn : 0.0,
+                    pms > 0 ? 1e3 * (double)pn / pms : 0.0, (long long)gn, gms, gn > 0 ? gms / (double)gn : 0.0,
+                    gms > 0 ? 1e3 * (double)gn / gms : 0.0);
+    if (c->n_draft > 0) ksrv_buf_printf(b, ", \"draft_n\": %d, \"draft_n_accepted\": %d", (int)c->n_draft, (int)c->n_accepted);
+    ksrv_buf_str(b, "}");
+}
+
 void ksrv_chunk_head(ksrv_job *j, ksrv_buf *b) {
     ksrv_buf_printf(b, "data: {\"id\": \"%s\", \"object\": \"%s\", \"created\": %ld, \"model\": ", j->id,
                     j->chat ? "chat.completion.chunk" : "text_completion", j->created);
@@ -798,6 +818,8 @@ void ksrv_job_stream(ksrv_job *j) {
             ksrv_chunk_head(j, &j->out);
             ksrv_buf_str(&j->out, "], \"usage\": ");
             usage_json(j, &j->out);
+            ksrv_buf_str(&j->out, ", \"timings\": ");
+            ksrv_timings_json(j, &j->out);
             ksrv_buf_str(&j->out, "}\n\n");
         }
         ksrv_buf_str(&j->out, "data: [DONE]\n\n");
@@ -878,6 +900,8 @@ int ksrv_job_response(ksrv_job *j, ksrv_buf *b) {
     }
     ksrv_buf_str(b, "], \"usage\": ");
     usage_json(j, b);
+    ksrv_buf_str(b, ", \"timings\": ");
+    ksrv_timings_json(j, b);
     ksrv_buf_str(b, "}");
     return b->oom ? 500 : 200;
 }

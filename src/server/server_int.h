@@ -169,6 +169,8 @@ typedef struct {
     bool submitted, ended, got_first, sent_first;
     double t_arrive, t_last;
     int32_t n_generated, n_cached;
+    double prompt_s, gen_s;      /* ksch_event's, at the end */
+    int32_t n_draft, n_accepted;
     kgen_finish finish;
     size_t text_off; /* streaming: logprobs' text_offset of the next token */
 } ksrv_choice;
@@ -235,6 +237,8 @@ bool ksrv_job_take(ksrv_job *j, int *from, int *to);
 ksrv_ev ksrv_job_ev(ksrv_job *j, int k);
 /* "data: {id, object, created, model, "choices": [" of a streamed chunk. */
 void ksrv_chunk_head(ksrv_job *j, ksrv_buf *b);
+/* llama-server's "timings" object of the job's first choice (after it ended) */
+void ksrv_timings_json(const ksrv_job *j, ksrv_buf *b);
 
 /* ---- tool calls and reasoning in chat (tools.c) ---- */
 /* Assistant tool_calls' arguments to objects, reasoning_content copied to

@@ -329,6 +329,8 @@ KT_TEST(server_completions_chat_streaming_stop_n_seed) {
     KT_CHECK_EQ(http(&f, "POST", "/v1/completions", sreq, NULL, &r), 200);
     sse s;
     KT_CHECK(parse_sse(r.body.p, NULL, &s));
+    KT_CHECKF(strstr(r.body.p, "\"timings\": {\"cache_n\": ") && strstr(r.body.p, "\"predicted_n\": 40,"), "%s",
+              r.body.p); /* on the usage chunk */
     ksrv_buf_free(&r.body);
     KT_CHECK(s.done);
     KT_CHECK_STR(s.text[0], text);
@@ -387,6 +389,15 @@ KT_TEST(server_completions_chat_streaming_stop_n_seed) {
         KT_CHECK(!memcmp(x, y, sizeof(int) * (size_t)nx));
         KT_CHECK_EQ(ku_json_get(ku_json_get(ku_json_get(d, "usage"), "prompt_tokens_details"), "cached_tokens")->valuedouble,
                     16); /* the n = 3 request left its prompt blocks in the cache */
+        /* llama-server's timings: the 3 prompt tokens computed, 16 cached, 20 generated */
+        const cJSON *tm = ku_json_get(d, "timings");
+        KT_CHECK(tm);
+        KT_CHECK_EQ(ku_json_get(tm, "cache_n")->valuedouble, 16);
+        KT_CHECK_EQ(ku_json_get(tm, "prompt_n")->valuedouble, 3);
+        KT_CHECK_EQ(ku_json_get(tm, "predicted_n")->valuedouble, 20);
+        KT_CHECK(ku_json_get(tm, "prompt_ms")->valuedouble > 0 && ku_json_get(tm, "predicted_ms")->valuedouble > 0);
+        KT_CHECK(ku_json_get(tm, "predicted_per_second")->valuedouble > 0);
+        KT_CHECK(!ku_json_get(tm, "draft_n")); /* no speculation */
         cJSON_Delete(d);
     }
     KT_CHECK_EQ(ku_json_get(ku_json_get(c, "usage"), "completion_tokens")->valuedouble, 60);
@@ -1041,6 +1052,11 @@ KT_TEST(server_speculative_same_tokens) {
             KT_CHECKF(n == n_want[r][i] && n > 0 && !memcmp(got, want[r][i], sizeof(int) * (size_t)n),
                       "request %d choice %d: speculation changed the tokens", r, i);
         }
+        /* timings count this request's guesses */
+        const cJSON *tm = j ? ku_json_get(j, "timings") : NULL, *dn = tm ? ku_json_get(tm, "draft_n") : NULL;
+        const cJSON *da = tm ? ku_json_get(tm, "draft_n_accepted") : NULL;
+        KT_CHECKF(dn && da && dn->valuedouble > 0 && da->valuedouble >= 0 && da->valuedouble <= dn->valuedouble,
+                  "request %d: timings without the drafts", r);
         cJSON_Delete(j);
     }
     resp m;
@@ -1731,6 +1747,7 @@ KT_TEST(server_info_endpoints_and_any_model) {
     KT_CHECK(cJSON_IsTrue(ku_json_get(j, "stop")));
     KT_CHECK_STR(ku_json_get(j, "stop_type")->valuestring, "limit");
     KT_CHECK_EQ((int)ku_json_get(j, "tokens_predicted")->valuedouble, 3);
+    KT_CHECK_EQ((int)ku_json_get(ku_json_get(j, "timings"), "predicted_n")->valuedouble, 3);
     char content[256];
     snprintf(content, sizeof content, "%s", ku_json_get(j, "content")->valuestring);
     cJSON_Delete(j);
