@@ -12,7 +12,7 @@ CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Werror -Wshadow \
               -Wno-unused-parameter -Wvla -Wformat=2 -Wstrict-prototypes \
               -fno-strict-aliasing -pthread -Isrc -Itests
 CFLAGS  += $(CFLAGS_BASE)
-LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lblis -lpng -ljpeg -ledit -lcurl -lcrypto -lm -lpthread
+LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lblis -lpng -ljpeg -lgif -lwebpdemux -lwebp -ledit -lcurl -lcrypto -lm -lpthread
 # libcurl is also the tests' HTTP client (server tests over loopback)
 TEST_LDLIBS =
 

@@ -11,7 +11,7 @@
 set -euo pipefail
 test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
-pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libedit-dev libcurl4-openssl-dev libssl-dev)
+pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libgif-dev libwebp-dev libedit-dev libcurl4-openssl-dev libssl-dev)
 $test_deps && pkgs+=(mlir-16-tools curl)
 missing=()
 for p in "${pkgs[@]}"; do

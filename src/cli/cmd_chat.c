@@ -33,7 +33,7 @@ static void usage(FILE *f) {
                "  and each reply is printed followed by a newline; it exits at the end of the input.\n"
                "  -m, --model DIR       checkpoint folder (default: the bundled demo model)\n"
                "  --system TEXT         a system message first\n"
-               "  --image FILE          vision-language models: a PNG or JPEG image with the first message\n"
+               "  --image FILE          vision-language models: a PNG, JPEG, WebP or GIF image with the first message\n"
                "  -c, --ctx-size N      context size for the whole conversation (default: the model's, at most 4096)\n"
                "  -t, --threads N       threads (default: all CPUs)\n"
                "commands in the conversation:\n"
@@ -419,7 +419,7 @@ static bool command(chat *ch, const char *line) {
     } else if (IS("/load")) {
         st = arg ? load(ch, arg) : kiln_error(KILN_EINVAL, "/load FILE: give a file");
     } else if (IS("/image")) {
-        if (!arg) st = kiln_error(KILN_EINVAL, "/image FILE: give a PNG or JPEG file");
+        if (!arg) st = kiln_error(KILN_EINVAL, "/image FILE: give a PNG, JPEG, WebP or GIF file");
         else if (!ke_model_vision(ch->m)) st = kiln_error(KILN_EUNSUPPORTED, "%s is not a vision-language model: it takes no image", ch->o->dir);
         else if (!ku_file_exists(arg)) st = kiln_error(KILN_ENOTFOUND, "%s: no such file", arg);
         else {

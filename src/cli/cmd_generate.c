@@ -26,7 +26,7 @@ static void usage(FILE *f) {
                "  --chat                apply the model's chat template to the prompt as a user message\n"
                "  --system TEXT         with --chat: a system message first\n"
                "  --prompt-ids IDS      prompt token ids instead of text, e.g. 1,17,93\n"
-               "  --image FILE         vision-language models: a PNG or JPEG image, at the prompt's image token (else first)\n"
+               "  --image FILE         vision-language models: a PNG, JPEG, WebP or GIF image, at the prompt's image token (else first)\n"
                "  --no-display-prompt   do not echo the prompt\n"
                "  --force-ids IDS       teacher forcing: feed these ids instead of sampling\n"
                "  --logits-out FILE     write float32 .npy [rows, vocab]: row 0 at the last prompt\n"

@@ -65,16 +65,16 @@ kiln_status ksrv_images_add(ksrv *s, ksrv_images *im, const cJSON *part, const c
         return kiln_error(KILN_EUNSUPPORTED, "%s.image_url.url: only data URLs (data:image/png;base64,...) are supported", what);
     const char *comma = strchr(u, ',');
     size_t head = comma ? (size_t)(comma - u) : 0;
-    /* the media type names PNG or JPEG; the bytes decide which decoder
-     * reads them (kimg_decode sniffs), as browsers do */
-    static const char *const types[] = {"image/png", "image/jpeg", "image/jpg"};
+    /* the media type names PNG, JPEG, WebP or GIF; the bytes decide which
+     * decoder reads them (kimg_decode sniffs), as browsers do */
+    static const char *const types[] = {"image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif"};
     bool typed = false;
     for (size_t i = 0; comma && i < sizeof types / sizeof types[0] && !typed; i++) {
         size_t l = strlen(types[i]);
         typed = head >= 5 + l && strncasecmp(u + 5, types[i], l) == 0 && (u[5 + l] == ';' || u[5 + l] == ',');
     }
     if (!typed)
-        return kiln_error(KILN_EUNSUPPORTED, "%s.image_url.url: only PNG and JPEG images (data:image/png;base64,... or data:image/jpeg;base64,...) are supported", what);
+        return kiln_error(KILN_EUNSUPPORTED, "%s.image_url.url: only PNG, JPEG, WebP and GIF images (data:image/png;base64,..., data:image/jpeg, image/webp, image/gif) are supported", what);
     if (head < 7 || strncasecmp(comma - 7, ";base64", 7) != 0)
         return kiln_error(KILN_EUNSUPPORTED, "%s.image_url.url: only base64 data URLs are supported", what);
     if (im->n >= KSRV_MAX_IMAGES) return kiln_error(KILN_ELIMIT, "%s: more than %d images", what, KSRV_MAX_IMAGES);

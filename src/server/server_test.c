@@ -19,12 +19,14 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <webp/encode.h>
 
 #include "base/file.h"
 #include "base/json.h"
 #include "kt.h"
 #include "server/server.h"
 #include "server/server_int.h"
+#include "vision/image.h"
 
 /* ---------------------------------------------------------------- fixture */
 
@@ -1204,6 +1206,24 @@ KT_TEST(server_chat_images) {
         KT_CHECK_EQ(nr, 8);
         KT_CHECK(!memcmp(ids, ref, sizeof(int) * 8));
     }
+    /* the same pixels as a lossless WebP: the same tokens */
+    kimg_image pi;
+    KT_CHECK_OK(kimg_load(png, &pi));
+    uint8_t *wp = NULL;
+    size_t n_wp = WebPEncodeLosslessRGB(pi.rgb, (int)pi.w, (int)pi.h, (int)pi.w * 3, &wp);
+    kimg_free(&pi);
+    KT_CHECK(n_wp > 0);
+    ksrv_buf wurl = {0};
+    ksrv_buf_str(&wurl, "data:image/webp;base64,");
+    b64(&wurl, wp, n_wp);
+    WebPFree(wp);
+    char *aw = image_body(wurl.p, "Describe this.", greedy);
+    cJSON *jw = post_json(&f, "/v1/chat/completions", aw, 200);
+    int wids[64];
+    KT_CHECK(jw && choice_ids(jw, 0, wids, 64) == 8 && !memcmp(wids, ids, sizeof(int) * 8));
+    cJSON_Delete(jw);
+    free(aw);
+    ksrv_buf_free(&wurl);
     /* together: the same request, a text one, another image request, n = 2 seeded choices */
     char *bodies[4] = {a, strdup("{\"messages\": [{\"role\": \"user\", \"content\": \"Tell me a story about a cat.\"}], "
                                  "\"max_tokens\": 12, \"temperature\": 0, \"ignore_eos\": true, \"return_tokens\": true}"),
@@ -1253,9 +1273,11 @@ KT_TEST(server_chat_images) {
     /* errors name the field */
     char *bad[] = {image_body("https://example.com/cat.png", "x", greedy), image_body("data:image/jpeg;base64,/9j/4AAQ", "x", greedy),
                    image_body("data:image/png;base64,iVBOR!!", "x", greedy), image_body("data:image/png;base64,aGVsbG8=", "x", greedy),
-                   image_body("data:image/gif;base64,R0lGODlh", "x", greedy), image_body("data:image/png;base64,R0lGODlh", "x", greedy)};
-    const char *want[] = {"only data URLs", "JPEG decoding failed", "base64", "not a PNG or JPEG", "only PNG and JPEG", "a GIF file"};
-    for (int i = 0; i < 6; i++) {
+                   image_body("data:image/bmp;base64,Qk0=", "x", greedy), image_body("data:image/png;base64,R0lGODlh", "x", greedy),
+                   image_body("data:image/webp;base64,UklGRgAAAABXRUJQVlA4IA==", "x", greedy)};
+    const char *want[] = {"only data URLs", "JPEG decoding failed", "base64", "not a PNG, JPEG, WebP or GIF",
+                          "only PNG, JPEG, WebP and GIF", "not a readable GIF", "WebP"};
+    for (int i = 0; i < 7; i++) {
         CHECK_ERROR("POST", "/v1/chat/completions", bad[i], NULL, 400, "messages\\\"[0].content[0].image_url.url");
         CHECK_ERROR("POST", "/v1/chat/completions", bad[i], NULL, 400, want[i]);
         free(bad[i]);

@@ -1,6 +1,6 @@
 /* image.h: images in, processor tensors out (prefix kimg_).
  *
- * kimg_load decodes a PNG or a JPEG; kimg_load_png decodes a PNG (libpng) to 8-bit RGB [h, w, 3]: palette,
+ * kimg_load decodes a PNG, JPEG, WebP or GIF; kimg_load_png decodes a PNG (libpng) to 8-bit RGB [h, w, 3]: palette,
  * gray and 16-bit images are expanded/reduced, alpha is dropped (as PIL's
  * convert("RGB") does), no gamma correction.
  *
@@ -42,12 +42,19 @@ kiln_status kimg_decode_png(const void *data, size_t n, const char *what, kimg_i
  * Untrusted bytes as for PNG. */
 kiln_status kimg_load_jpeg(const char *path, kimg_image *out);
 kiln_status kimg_decode_jpeg(const void *data, size_t n, const char *what, kimg_image *out);
-/* PNG or JPEG, sniffed from the first bytes; anything else is an
- * EUNSUPPORTED error naming what was found (GIF, WebP, ...) or its first
- * bytes. */
+/* WebP (libwebp: the first frame, alpha dropped) and GIF (giflib: the first
+ * frame on its logical screen, palette looked up), as Pillow decodes them
+ * (webp.c, gif.c say how). Untrusted bytes as for PNG. */
+kiln_status kimg_decode_webp(const void *data, size_t n, const char *what, kimg_image *out);
+kiln_status kimg_decode_gif(const void *data, size_t n, const char *what, kimg_image *out);
+kiln_status kimg_probe_webp(const void *data, size_t n, const char *what, int64_t *w, int64_t *h);
+kiln_status kimg_probe_gif(const void *data, size_t n, const char *what, int64_t *w, int64_t *h);
+/* PNG, JPEG, WebP or GIF, sniffed from the first bytes; anything else is an
+ * EUNSUPPORTED error naming what was found (BMP, TIFF, HEIC, ...) or its
+ * first bytes. */
 kiln_status kimg_load(const char *path, kimg_image *out);
 kiln_status kimg_decode(const void *data, size_t n, const char *what, kimg_image *out);
-/* The width and height a PNG or JPEG declares, read from its header without
+/* The width and height a PNG, JPEG, WebP or GIF declares, read from its header without
  * decoding (to refuse decompression bombs first); 0 x 0 for other formats
  * (kimg_decode names them). */
 kiln_status kimg_probe(const void *data, size_t n, const char *what, int64_t *w, int64_t *h);

@@ -189,6 +189,8 @@ kiln_status kimg_load_jpeg(const char *path, kimg_image *out) { return load_file
 
 /* ---------------------------------------------------------------- any format */
 
+static bool is_webp(const uint8_t *b, size_t n) { return n >= 12 && !memcmp(b, "RIFF", 4) && !memcmp(b + 8, "WEBP", 4); }
+
 kiln_status kimg_probe(const void *data, size_t n, const char *what, int64_t *w, int64_t *h) {
     *w = *h = 0;
     static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
@@ -205,6 +207,8 @@ kiln_status kimg_probe(const void *data, size_t n, const char *what, int64_t *w,
         KILN_TRY(decode_jpeg(data, n, what, true, &im));
         *w = im.w, *h = im.h;
     }
+    if (is_webp(b, n)) return kimg_probe_webp(data, n, what, w, h);
+    if (!memcmp(b, "GIF8", 4)) return kimg_probe_gif(data, n, what, w, h);
     return NULL;
 }
 
@@ -215,20 +219,22 @@ kiln_status kimg_decode(const void *data, size_t n, const char *what, kimg_image
     if (!data || n == 0) return kiln_error(KILN_EINVAL, "%s: no image data", what);
     if (n >= 8 && !memcmp(b, png_sig, 8)) return kimg_decode_png(data, n, what, out);
     if (n >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) return kimg_decode_jpeg(data, n, what, out);
+    if (is_webp(b, n)) return kimg_decode_webp(data, n, what, out);
+    if (n >= 6 && (!memcmp(b, "GIF87a", 6) || !memcmp(b, "GIF89a", 6))) return kimg_decode_gif(data, n, what, out);
     /* name what was found, for the formats people send by mistake */
     static const struct {
         const char *magic;
         size_t len;
         const char *name;
-    } known[] = {{"GIF8", 4, "a GIF"}, {"RIFF", 4, "a RIFF (WebP?)"}, {"BM", 2, "a BMP"}, {"II*", 4, "a TIFF"},
+    } known[] = {{"GIF8", 4, "a GIF of an unknown version"}, {"RIFF", 4, "a RIFF (not WebP)"}, {"BM", 2, "a BMP"}, {"II*", 4, "a TIFF"},
                  {"MM\0*", 4, "a TIFF"}, {"<", 1, "a text (SVG/HTML?)"}};
-    if (n >= 12 && !memcmp(b + 4, "ftyp", 4)) return kiln_error(KILN_EUNSUPPORTED, "%s: an ISO media file (HEIC/AVIF?), not a PNG or JPEG", what);
+    if (n >= 12 && !memcmp(b + 4, "ftyp", 4)) return kiln_error(KILN_EUNSUPPORTED, "%s: an ISO media file (HEIC/AVIF?), not a PNG, JPEG, WebP or GIF", what);
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (n >= known[i].len && !memcmp(b, known[i].magic, known[i].len))
-            return kiln_error(KILN_EUNSUPPORTED, "%s: %s file, not a PNG or JPEG", what, known[i].name);
+            return kiln_error(KILN_EUNSUPPORTED, "%s: %s file, not a PNG, JPEG, WebP or GIF", what, known[i].name);
     char hex[3 * 8 + 1] = "";
     for (size_t i = 0; i < n && i < 8; i++) snprintf(hex + (i ? 3 * i - 1 : 0), 4, "%s%02x", i ? " " : "", b[i]);
-    return kiln_error(KILN_EUNSUPPORTED, "%s: not a PNG or JPEG (it starts with bytes %s)", what, hex);
+    return kiln_error(KILN_EUNSUPPORTED, "%s: not a PNG, JPEG, WebP or GIF (it starts with bytes %s)", what, hex);
 }
 
 kiln_status kimg_load(const char *path, kimg_image *out) { return load_file(path, kimg_decode, out); }

@@ -84,10 +84,12 @@ KT_TEST(jpeg_sniffing_names_the_format) {
     kimg_free(&a), kimg_free(&b);
     free(png);
     kimg_image im;
-    KT_CHECK_ERR(kimg_decode("GIF89a\1\0\1\0", 10, "x.gif", &im), "x.gif: a GIF file, not a PNG or JPEG");
-    KT_CHECK_ERR(kimg_decode("RIFF\0\0\0\0WEBPVP8 ", 16, "w", &im), "WebP");
+    KT_CHECK_ERR(kimg_decode("GIF89a\1\0\1\0", 10, "x.gif", &im), "x.gif: not a readable GIF");
+    KT_CHECK_ERR(kimg_decode("GIF88a\1\0\1\0", 10, "x.gif", &im), "x.gif: a GIF of an unknown version file");
+    KT_CHECK_ERR(kimg_decode("RIFF\0\0\0\0WEBPVP8 ", 16, "w", &im), "w: not a readable WebP");
+    KT_CHECK_ERR(kimg_decode("RIFF\0\0\0\0WAVEfmt ", 16, "a", &im), "a: a RIFF (not WebP) file");
     KT_CHECK_ERR(kimg_decode("\0\0\0\x18" "ftypheic", 12, "h", &im), "HEIC");
-    KT_CHECK_ERR(kimg_decode("hello", 5, "t", &im), "t: not a PNG or JPEG (it starts with bytes 68 65 6c 6c 6f)");
+    KT_CHECK_ERR(kimg_decode("hello", 5, "t", &im), "t: not a PNG, JPEG, WebP or GIF (it starts with bytes 68 65 6c 6c 6f)");
     KT_CHECK_ERR(kimg_decode("", 0, "e", &im), "e: no image data");
     KT_CHECK_ERR(kimg_decode_jpeg("\xff\xd8\xff", 3, "j", &im), "j: JPEG decoding failed");
     KT_CHECK_ERR(kimg_load("/nonexistent/x.jpg", &im), "/nonexistent/x.jpg");
@@ -116,7 +118,8 @@ KT_TEST(jpeg_probe_reads_the_declared_size) {
     KT_CHECK_OK(kimg_probe(hdr, sizeof hdr, "bomb", &w, &h));
     KT_CHECK(w == 16384 && h == 16384);
     KT_CHECK_ERR(kimg_probe(hdr, 20, "cut", &w, &h), "cut: a PNG without its IHDR header");
-    KT_CHECK_OK(kimg_probe("GIF89a\1\0\1\0", 10, "gif", &w, &h));
+    KT_CHECK_ERR(kimg_probe("GIF89a\1\0\1\0", 10, "gif", &w, &h), "gif: a GIF without its screen descriptor");
+    KT_CHECK_OK(kimg_probe("BM\0\0\0\0\0\0\0\0", 10, "bmp", &w, &h)); /* not a format kiln reads: decoding names it */
     KT_CHECK(w == 0 && h == 0);
     KT_CHECK_ERR(kimg_probe("\xff\xd8\xff\xe0\0\0\0\0", 8, "j", &w, &h), "j: JPEG decoding failed");
 }
