@@ -26,7 +26,9 @@ static void usage(FILE *f) {
                "  --chat                apply the model's chat template to the prompt as a user message\n"
                "  --system TEXT         with --chat: a system message first\n"
                "  --prompt-ids IDS      prompt token ids instead of text, e.g. 1,17,93\n"
-               "  --image FILE         vision-language models: a PNG, JPEG, WebP or GIF image, at the prompt's image token (else first)\n"
+               "  --image FILE         vision-language models: a PNG, JPEG, WebP or GIF image (repeatable, up to 16): each at\n"
+               "                       the prompt's next image token (one image without one: first); with --chat the\n"
+               "                       user message holds the images, then the text, and the template places them\n"
                "  --no-display-prompt   do not echo the prompt\n"
                "  --force-ids IDS       teacher forcing: feed these ids instead of sampling\n"
                "  --logits-out FILE     write float32 .npy [rows, vocab]: row 0 at the last prompt\n"
@@ -47,8 +49,12 @@ static const char *no_text(void *ud, int32_t id, size_t *len) {
     return NULL;
 }
 
+enum { KILN_MAX_IMAGES = 16 }; /* --image flags, as the server's per-request bound */
+
 typedef struct {
-    const char *dir, *logits_out, *text, *file, *system, *image;
+    const char *dir, *logits_out, *text, *file, *system;
+    const char *images[KILN_MAX_IMAGES]; /* --image, in order */
+    int n_images;
     int32_t *prompt, *forced;
     int n_prompt, n_forced;
     int64_t n_ctx, threads;
@@ -94,7 +100,10 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->text = v;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->file = v;
         else if (!strcmp(a, "--system")) o->system = v;
-        else if (!strcmp(a, "--image")) o->image = v;
+        else if (!strcmp(a, "--image")) {
+            if (o->n_images == KILN_MAX_IMAGES) return kiln_error(KILN_ELIMIT, "--image: at most %d images", KILN_MAX_IMAGES);
+            o->images[o->n_images++] = v;
+        }
         i += takes ? 2 : 1;
     }
     if (!!o->prompt + !!o->text + !!o->file > 1) return kiln_error(KILN_EINVAL, "give one of -p, -f and --prompt-ids");
@@ -158,7 +167,20 @@ static kiln_status prompt_ids(opts *o, const ktok *tok) {
         }
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "user");
-        cJSON_AddStringToObject(m, "content", text);
+        if (o->n_images) { /* content parts, images first, as transformers' examples pass them */
+            cJSON *parts = cJSON_AddArrayToObject(m, "content");
+            for (int i = 0; i < o->n_images; i++) {
+                cJSON *ip = cJSON_CreateObject();
+                cJSON_AddStringToObject(ip, "type", "image");
+                cJSON_AddItemToArray(parts, ip);
+            }
+            cJSON *tp = cJSON_CreateObject();
+            cJSON_AddStringToObject(tp, "type", "text");
+            cJSON_AddStringToObject(tp, "text", text);
+            cJSON_AddItemToArray(parts, tp);
+        } else {
+            cJSON_AddStringToObject(m, "content", text);
+        }
         cJSON_AddItemToArray(msgs, m);
         free(text);
         text = NULL;
@@ -232,31 +254,53 @@ static kiln_status keep_id(record *r, int32_t id) {
     return NULL;
 }
 
-/* --image: the image's features, the prompt with its placeholder block, and
- * per prompt token its inputs (feature row, span, M-RoPE positions). */
+/* --image: the images' features (in order, concatenated), the prompt with
+ * each placeholder expanded to its image's block, and per prompt token its
+ * inputs (feature row, span, M-RoPE positions). */
 typedef struct {
     float *feat, *deep;
     kvis_inputs x;
 } image_input;
 
-static kiln_status add_image(opts *o, const ke_model *m, image_input *im) {
+static kiln_status add_images(opts *o, const ke_model *m, image_input *im) {
     kvis_model *vm = ke_model_vision(m);
     if (!vm) return kiln_error(KILN_EUNSUPPORTED, "--image: %s is not a vision-language model (no vision_config)", o->dir);
-    kimg_image img;
-    kvis_pixels px = {0};
-    KILN_TRYF(kimg_load(o->image, &img), "--image");
-    kiln_status st = kvis_pixels_from_image(vm, &img, &px);
-    kimg_free(&img);
-    int64_t n_feat = 0;
-    if (!st) st = kvis_encode(vm, &px, (int)o->threads, &im->feat, &im->deep, &n_feat);
-    int32_t *ids = NULL;
+    kvis_pixels px[KILN_MAX_IMAGES] = {0};
+    int64_t E = ke_model_hparams(m)->hidden, L = kvis_deepstack_layers(vm), total = 0;
+    kiln_status st = NULL;
     int n = 0;
-    if (!st) st = kvis_expand_prompt(vm, &px, o->prompt, o->n_prompt, kc_bos_id(ke_model_checkpoint(m)), &ids, &n);
-    if (!st) st = kvis_inputs_build(vm, &px, 1, im->feat, im->deep, n_feat, ke_model_hparams(m)->hidden, ids, n, &im->x);
-    kvis_pixels_free(&px);
+    for (; n < o->n_images && !st; n++) {
+        kimg_image img;
+        st = kimg_load(o->images[n], &img);
+        if (!st) st = kvis_pixels_from_image(vm, &img, &px[n]);
+        kimg_free(&img);
+        float *f = NULL, *d = NULL;
+        int64_t nf = 0;
+        if (!st) st = kvis_encode(vm, &px[n], (int)o->threads, &f, &d, &nf);
+        float *nfeat = st ? NULL : realloc(im->feat, sizeof(float) * (size_t)((total + nf) * E));
+        float *ndeep = st || !d ? NULL : realloc(im->deep, sizeof(float) * (size_t)((total + nf) * L * E));
+        if (nfeat) im->feat = nfeat;
+        if (ndeep) im->deep = ndeep;
+        if (!st && (!nfeat || (d && !ndeep))) st = kiln_error(KILN_ENOMEM, "out of memory");
+        if (!st) {
+            memcpy(im->feat + total * E, f, sizeof(float) * (size_t)(nf * E));
+            if (d) memcpy(im->deep + total * L * E, d, sizeof(float) * (size_t)(nf * L * E));
+            total += nf;
+        }
+        free(f), free(d);
+        if (st) st = kiln_status_wrap(st, "--image %s", o->images[n]);
+    }
+    int32_t *ids = NULL;
+    int ni = 0;
+    if (!st) st = kvis_expand_images(vm, px, o->n_images, o->prompt, o->n_prompt, kc_bos_id(ke_model_checkpoint(m)), &ids, &ni);
+    if (!st) st = kvis_inputs_build(vm, px, o->n_images, im->feat, im->deep, total, E, ids, ni, &im->x);
+    for (int i = 0; i < n; i++) kvis_pixels_free(&px[i]);
+    if (st) {
+        free(ids);
+        return kiln_status_wrap(st, "--image");
+    }
     free(o->prompt);
-    o->prompt = ids, o->n_prompt = ids ? n : 0;
-    if (st) return kiln_status_wrap(st, "--image %s", o->image);
+    o->prompt = ids, o->n_prompt = ni;
     return NULL;
 }
 
@@ -302,7 +346,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     }
     if (!st) st = prompt_ids(o, tok);
     image_input img = {0};
-    if (!st && o->image) st = add_image(o, m, &img);
+    if (!st && o->n_images) st = add_images(o, m, &img);
     if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads}, &c);
     if (!st) kiln_warn_ctx(m, ke_ctx_n_ctx(c));
     if (!st && o->sp.draft) st = kspec_load_draft(o->sp.draft, m, o->dir, &draft);
@@ -353,7 +397,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     const float *lg;
     int nr;
     double t1 = kiln_now_s();
-    st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->image ? &(ke_inputs){img.x.embd, img.x.span, img.x.pos3, img.x.embd_add} : NULL,
+    st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->n_images ? &(ke_inputs){img.x.embd, img.x.span, img.x.pos3, img.x.embd_add} : NULL,
                       &lg, &nr);
     free(seqs);
     t[1] = kiln_now_s() - t1;

@@ -117,60 +117,11 @@ kiln_status ksrv_images_add(ksrv *s, ksrv_images *im, const cJSON *part, const c
     return NULL;
 }
 
-/* ids[0..n) with the placeholder of each image expanded to its block, as
- * kiln generate does (kvis_expand_prompt, image by image); a template
- * that wrote no placeholder gets the block first (one image only). */
-static kiln_status expand(ksrv *s, ksrv_images *im, const int32_t *ids, int32_t n, int32_t **out, int32_t *n_out) {
-    const kvis_model *vm = ke_model_vision(s->m);
-    int32_t tok = kvis_placeholder_token(vm);
-    int k = 0;
-    for (int32_t i = 0; i < n; i++) k += ids[i] == tok;
-    int32_t bos = kc_bos_id(ke_model_checkpoint(s->m));
-    if (k == 0) {
-        if (im->n > 1)
-            return kiln_error(KILN_EUNSUPPORTED, "\"messages\": the chat template writes no image placeholder, so only one image can be placed");
-        int no;
-        KILN_TRY(kvis_expand_prompt(vm, &im->px[0], ids, n, bos, out, &no));
-        *n_out = no;
-        return NULL;
-    }
-    if (k != im->n)
-        return kiln_error(KILN_EINVAL, "\"messages\": the prompt has %d image placeholder tokens for %d images", k, im->n);
-    /* image k's part of the prompt: from one token before its placeholder
-     * (Qwen's <|vision_start|>, which kvis_expand_prompt looks at) to the
-     * start of the next part */
-    int32_t starts[KSRV_MAX_IMAGES + 1], prev = -1;
-    for (int img = 0, i = 0; img < im->n; img++, i++) {
-        while (ids[i] != tok) i++;
-        starts[img] = img == 0 ? 0 : i - 1 > prev ? i - 1 : i;
-        prev = i;
-    }
-    starts[im->n] = n;
-    ksrv_buf b = {0};
-    for (int img = 0; img < im->n; img++) {
-        int32_t *e = NULL;
-        int ne = 0;
-        kiln_status st = kvis_expand_prompt(vm, &im->px[img], ids + starts[img], starts[img + 1] - starts[img], bos, &e, &ne);
-        if (st) {
-            ksrv_buf_free(&b);
-            return st;
-        }
-        ksrv_buf_add(&b, (const char *)e, sizeof(int32_t) * (size_t)ne);
-        free(e);
-    }
-    if (b.oom) {
-        ksrv_buf_free(&b);
-        return kiln_error(KILN_ENOMEM, "out of memory");
-    }
-    *out = (int32_t *)(void *)b.p;
-    *n_out = (int32_t)(b.len / sizeof(int32_t));
-    return NULL;
-}
-
 kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, int32_t **ids, int32_t *n) {
     const kvis_model *vm = ke_model_vision(s->m);
-    int32_t *e = NULL, ne = 0;
-    KILN_TRY(expand(s, im, *ids, *n, &e, &ne));
+    int32_t *e = NULL;
+    int ne = 0;
+    KILN_TRYF(kvis_expand_images(vm, im->px, im->n, *ids, *n, kc_bos_id(ke_model_checkpoint(s->m)), &e, &ne), "\"messages\"");
     free(*ids);
     *ids = e, *n = ne;
     /* the towers, one image at a time (one request at a time: they use

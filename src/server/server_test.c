@@ -1135,11 +1135,14 @@ static void post_all(const fx *f, const char *path, char **bodies, int n, resp *
 }
 
 /* kiln generate's greedy ids for prompt ids + an image (the reference). */
-static int cli_ids(const char *dir, const char *png, const int *prompt, int n_prompt, int n_predict, int *out, int cap) {
+static int cli_ids_n(const char *dir, const char *png, int n_images, const int *prompt, int n_prompt, int n_predict, int *out,
+                     int cap) {
     const char *bin = getenv("KILN_BIN");
     if (!bin) return -1;
     ksrv_buf cmd = {0};
-    ksrv_buf_printf(&cmd, "%s generate -m %s --image %s --temp 0 --ignore-eos -n %d -t 1 --json --prompt-ids ", bin, dir, png, n_predict);
+    ksrv_buf_printf(&cmd, "%s generate -m %s", bin, dir);
+    for (int i = 0; i < n_images; i++) ksrv_buf_printf(&cmd, " --image %s", png);
+    ksrv_buf_printf(&cmd, " --temp 0 --ignore-eos -n %d -t 1 --json --prompt-ids ", n_predict);
     for (int i = 0; i < n_prompt; i++) ksrv_buf_printf(&cmd, "%s%d", i ? "," : "", prompt[i]);
     FILE *p = popen(cmd.p, "r");
     ksrv_buf_free(&cmd);
@@ -1154,6 +1157,10 @@ static int cli_ids(const char *dir, const char *png, const int *prompt, int n_pr
     cJSON_ArrayForEach(e, ku_json_get(j, "generated_ids")) if (n < cap) out[n++] = (int)e->valuedouble;
     cJSON_Delete(j);
     return n;
+}
+
+static int cli_ids(const char *dir, const char *png, const int *prompt, int n_prompt, int n_predict, int *out, int cap) {
+    return cli_ids_n(dir, png, 1, prompt, n_prompt, n_predict, out, cap);
 }
 
 /* The file at rel (from the repository root) as a base64 data URL of the given media type. */
@@ -1259,12 +1266,29 @@ KT_TEST(server_chat_images) {
     /* two images: two placeholder blocks of 1 + 12 + 1 tokens */
     ksrv_buf two = {0};
     ksrv_buf_printf(&two, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}, "
-                          "{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}, {\"type\": \"text\", \"text\": \"Describe this.\"}]}], %s}",
+                          "{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}, {\"type\": \"text\", \"text\": \"Describe this.\"}]}], "
+                          "\"return_tokens\": true, %s}",
                     url.p, url.p, greedy);
     cJSON *j2 = post_json(&f, "/v1/chat/completions", two.p, 200);
     KT_CHECK(j2);
     KT_CHECK_EQ((int)ku_json_get(ku_json_get(j2, "usage"), "prompt_tokens")->valuedouble, n_prompt + 14);
+    /* kiln generate with --image twice on the template's two-image text: the same tokens */
+    int ids2[64], ref2[64];
+    KT_CHECK_EQ(choice_ids(j2, 0, ids2, 64), 8);
     cJSON_Delete(j2);
+    cJSON *jt2 = post_json(&f, "/tokenize",
+                           "{\"content\": \"<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n"
+                           "<|vision_start|><|image_pad|><|vision_end|><|vision_start|><|image_pad|><|vision_end|>Describe this."
+                           "<|im_end|>\\n<|im_start|>assistant\\n\"}",
+                           200);
+    KT_CHECK(jt2);
+    int tids2[128], nt2 = 0;
+    cJSON_ArrayForEach(e, ku_json_get(jt2, "tokens")) if (nt2 < 128) tids2[nt2++] = (int)e->valuedouble;
+    cJSON_Delete(jt2);
+    KT_CHECK_EQ(n_prompt + 14, nt2 + 22);
+    int nr2 = cli_ids_n(f.dir, png, 2, tids2, nt2, 8, ref2, 64);
+    if (nr2 >= 0) KT_CHECK(nr2 == 8 && !memcmp(ids2, ref2, sizeof(int) * 8));
+    if (nr2 >= 0) KT_CHECK_EQ(cli_ids_n(f.dir, png, 2, tids, nt, 8, ref2, 64), 0); /* 2 images, 1 placeholder: an error */
     ksrv_buf_free(&two);
     KT_CHECK(wait_idle(&f));
     ksch_stats st;

@@ -465,3 +465,52 @@ kiln_status kvis_positions(const kvis_model *m, const kvis_pixels *px, int n_ima
         img++;
     }
 }
+
+kiln_status kvis_expand_images(const kvis_model *m, const kvis_pixels *px, int n_images, const int32_t *ids, int n, int32_t bos,
+                               int32_t **out, int *n_out) {
+    *out = NULL, *n_out = 0;
+    int32_t tok = kvis_placeholder_token(m);
+    int k = 0;
+    for (int i = 0; i < n; i++) k += ids[i] == tok;
+    if (k == 0) {
+        if (n_images > 1)
+            return kiln_error(KILN_EUNSUPPORTED, "the prompt has no image placeholder, so only one image can be placed (it has %d)",
+                              n_images);
+        return kvis_expand_prompt(m, &px[0], ids, n, bos, out, n_out);
+    }
+    if (k != n_images) return kiln_error(KILN_EINVAL, "the prompt has %d image placeholder tokens for %d images", k, n_images);
+    /* image k's part of the prompt: from one token before its placeholder
+     * (Qwen's <|vision_start|>, which kvis_expand_prompt looks at) to the
+     * start of the next part */
+    int *starts = malloc(sizeof(int) * (size_t)(n_images + 1));
+    if (!starts) return kiln_error(KILN_ENOMEM, "out of memory");
+    for (int img = 0, i = 0, prev = -1; img < n_images; img++, i++) {
+        while (ids[i] != tok) i++;
+        starts[img] = img == 0 ? 0 : i - 1 > prev ? i - 1 : i;
+        prev = i;
+    }
+    starts[n_images] = n;
+    int32_t *all = NULL;
+    int64_t len = 0;
+    kiln_status st = NULL;
+    for (int img = 0; img < n_images && !st; img++) {
+        int32_t *e = NULL;
+        int ne = 0;
+        st = kvis_expand_prompt(m, &px[img], ids + starts[img], starts[img + 1] - starts[img], bos, &e, &ne);
+        int32_t *grown = st ? NULL : realloc(all, sizeof(int32_t) * (size_t)(len + ne));
+        if (!st && !grown) st = kiln_error(KILN_ENOMEM, "out of memory");
+        if (!st) {
+            all = grown;
+            memcpy(all + len, e, sizeof(int32_t) * (size_t)ne);
+            len += ne;
+        }
+        free(e);
+    }
+    free(starts);
+    if (st) {
+        free(all);
+        return st;
+    }
+    *out = all, *n_out = (int)len;
+    return NULL;
+}

@@ -91,6 +91,12 @@ kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_
  * *n_out. */
 kiln_status kvis_expand_prompt(const kvis_model *m, const kvis_pixels *px, const int32_t *ids, int n, int32_t bos,
                                int32_t **out, int *n_out);
+/* The same for n_images images px[0..n_images): each placeholder token of
+ * ids, in order, becomes its image's block; ids without a placeholder take
+ * one image only, its block first. A count that differs from n_images is an
+ * error naming both. */
+kiln_status kvis_expand_images(const kvis_model *m, const kvis_pixels *px, int n_images, const int32_t *ids, int n, int32_t bos,
+                               int32_t **out, int *n_out);
 
 /* The bidirectional spans the family's text model attends within
  * (ke_inputs.span) for a sequence whose first n_prompt of n ids are the
