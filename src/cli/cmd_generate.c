@@ -266,7 +266,7 @@ static kiln_status add_images(opts *o, const ke_model *m, image_input *im) {
     kvis_model *vm = ke_model_vision(m);
     if (!vm) return kiln_error(KILN_EUNSUPPORTED, "--image: %s is not a vision-language model (no vision_config)", o->dir);
     kvis_pixels px[KILN_MAX_IMAGES] = {0};
-    int64_t E = ke_model_hparams(m)->hidden, L = kvis_deepstack_layers(vm), total = 0;
+    int64_t E = ke_model_hparams(m)->hidden, total = 0;
     kiln_status st = NULL;
     int n = 0;
     for (; n < o->n_images && !st; n++) {
@@ -274,22 +274,9 @@ static kiln_status add_images(opts *o, const ke_model *m, image_input *im) {
         st = kimg_load(o->images[n], &img);
         if (!st) st = kvis_pixels_from_image(vm, &img, &px[n]);
         kimg_free(&img);
-        float *f = NULL, *d = NULL;
-        int64_t nf = 0;
-        if (!st) st = kvis_encode(vm, &px[n], (int)o->threads, &f, &d, &nf);
-        float *nfeat = st ? NULL : realloc(im->feat, sizeof(float) * (size_t)((total + nf) * E));
-        float *ndeep = st || !d ? NULL : realloc(im->deep, sizeof(float) * (size_t)((total + nf) * L * E));
-        if (nfeat) im->feat = nfeat;
-        if (ndeep) im->deep = ndeep;
-        if (!st && (!nfeat || (d && !ndeep))) st = kiln_error(KILN_ENOMEM, "out of memory");
-        if (!st) {
-            memcpy(im->feat + total * E, f, sizeof(float) * (size_t)(nf * E));
-            if (d) memcpy(im->deep + total * L * E, d, sizeof(float) * (size_t)(nf * L * E));
-            total += nf;
-        }
-        free(f), free(d);
         if (st) st = kiln_status_wrap(st, "--image %s", o->images[n]);
     }
+    if (!st) st = kvis_encode_images(vm, px, n, (int)o->threads, &im->feat, &im->deep, &total);
     int32_t *ids = NULL;
     int ni = 0;
     if (!st) st = kvis_expand_images(vm, px, o->n_images, o->prompt, o->n_prompt, kc_bos_id(ke_model_checkpoint(m)), &ids, &ni);

@@ -126,25 +126,9 @@ kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, int32_t **ids, int32_t *
     *ids = e, *n = ne;
     /* the towers, one image at a time (one request at a time: they use
      * every thread), their rows concatenated */
-    int64_t E = ke_model_hparams(s->m)->hidden, L = kvis_deepstack_layers(vm), total = 0;
-    kiln_status st = NULL;
+    int64_t E = ke_model_hparams(s->m)->hidden, total = 0;
     pthread_mutex_lock(&s->vis_mu);
-    for (int i = 0; i < im->n && !st; i++) {
-        float *f = NULL, *d = NULL;
-        int64_t nf = 0;
-        st = kvis_encode(vm, &im->px[i], s->p.threads, &f, &d, &nf);
-        float *nfeat = st ? NULL : realloc(im->feat, sizeof(float) * (size_t)((total + nf) * E));
-        float *ndeep = st || !d ? NULL : realloc(im->deep, sizeof(float) * (size_t)((total + nf) * L * E));
-        if (nfeat) im->feat = nfeat;
-        if (ndeep) im->deep = ndeep;
-        if (!st && (!nfeat || (d && !ndeep))) st = kiln_error(KILN_ENOMEM, "out of memory");
-        if (!st) {
-            memcpy(im->feat + total * E, f, sizeof(float) * (size_t)(nf * E));
-            if (d) memcpy(im->deep + total * L * E, d, sizeof(float) * (size_t)(nf * L * E));
-            total += nf;
-        }
-        free(f), free(d);
-    }
+    kiln_status st = kvis_encode_images(vm, im->px, im->n, s->p.threads, &im->feat, &im->deep, &total);
     pthread_mutex_unlock(&s->vis_mu);
     if (!st) st = kvis_inputs_build(vm, im->px, im->n, im->feat, im->deep, total, E, *ids, *n, &im->vx);
     if (st) return kiln_status_wrap(st, "\"messages\": images");

@@ -514,3 +514,36 @@ kiln_status kvis_expand_images(const kvis_model *m, const kvis_pixels *px, int n
     *out = all, *n_out = (int)len;
     return NULL;
 }
+
+kiln_status kvis_encode_images(const kvis_model *m, const kvis_pixels *px, int n, int n_threads, float **features,
+                               float **deepstack, int64_t *n_tokens) {
+    *features = NULL, *n_tokens = 0;
+    if (deepstack) *deepstack = NULL;
+    int64_t E = m->text_hidden, L = kvis_deepstack_layers(m), total = 0;
+    float *feat = NULL, *deep = NULL;
+    kiln_status st = NULL;
+    for (int i = 0; i < n && !st; i++) {
+        float *f = NULL, *d = NULL;
+        int64_t nf = 0;
+        st = kvis_encode(m, &px[i], n_threads, &f, deepstack ? &d : NULL, &nf);
+        float *nfeat = st ? NULL : realloc(feat, sizeof(float) * (size_t)((total + nf) * E));
+        float *ndeep = st || !d ? NULL : realloc(deep, sizeof(float) * (size_t)((total + nf) * L * E));
+        if (nfeat) feat = nfeat;
+        if (ndeep) deep = ndeep;
+        if (!st && (!nfeat || (d && !ndeep))) st = kiln_error(KILN_ENOMEM, "out of memory");
+        if (!st) {
+            memcpy(feat + total * E, f, sizeof(float) * (size_t)(nf * E));
+            if (d) memcpy(deep + total * L * E, d, sizeof(float) * (size_t)(nf * L * E));
+            total += nf;
+        }
+        free(f), free(d);
+        if (st && n > 1) st = kiln_status_wrap(st, "image %d", i + 1);
+    }
+    if (st) {
+        free(feat), free(deep);
+        return st;
+    }
+    *features = feat, *n_tokens = total;
+    if (deepstack) *deepstack = deep;
+    return NULL;
+}

@@ -67,6 +67,10 @@ kiln_status kvis_pixels_layout(const kvis_model *m, int64_t h, int64_t w, kvis_p
  * ke_inputs.embd_add. */
 kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_threads, float **features, float **deepstack,
                         int64_t *n_tokens);
+/* kvis_encode over n images px[0..n), one after the other, their rows
+ * concatenated in image order (what kvis_inputs_build takes for them). */
+kiln_status kvis_encode_images(const kvis_model *m, const kvis_pixels *px, int n, int n_threads, float **features,
+                               float **deepstack, int64_t *n_tokens);
 /* Text layers that take deepstack rows (Qwen3-VL; 0 for others). */
 int64_t kvis_deepstack_layers(const kvis_model *m);
 
