@@ -6,19 +6,24 @@
 
 #include "server/server_int.h"
 
+/* the Makefile gives the absolute path; else the build runs at the root */
+#ifndef KSRV_WEBUI_DIR
+#define KSRV_WEBUI_DIR "src/server/webui"
+#endif
+
 /* KSRV_ASSET(sym, file): sym_start .. sym_end hold the file's bytes. */
 #define KSRV_ASSET(sym, file)                                                                                          \
     __asm__(".pushsection .rodata\n"                                                                                   \
             ".balign 16\n"                                                                                             \
             ".type " #sym "_start, @object\n" #sym "_start:\n"                                                         \
-            ".incbin \"" file "\"\n" #sym "_end:\n"                                                                    \
+            ".incbin \"" KSRV_WEBUI_DIR "/" file "\"\n" #sym "_end:\n"                                                 \
             ".byte 0\n"                                                                                                \
             ".popsection\n");                                                                                          \
     extern const char sym##_start[], sym##_end[]
 
-KSRV_ASSET(ksrv_webui_html, "src/server/webui/index.html");
-KSRV_ASSET(ksrv_webui_css, "src/server/webui/style.css");
-KSRV_ASSET(ksrv_webui_js, "src/server/webui/app.js");
+KSRV_ASSET(ksrv_webui_html, "index.html");
+KSRV_ASSET(ksrv_webui_css, "style.css");
+KSRV_ASSET(ksrv_webui_js, "app.js");
 
 bool ksrv_webui_asset(const char *url, const char **data, size_t *len, const char **ctype) {
     static const struct {
