@@ -327,6 +327,7 @@ try {
     },
   });
   session = caps.sessionId;
+  console.log(`chromium ${caps.capabilities.browserVersion}, chromedriver ${caps.capabilities.chrome?.chromedriverVersion?.split(' ')[0]}, node ${process.version}`);
   for (const [name, fn] of [['demo', demoChecks], ['vision', visionChecks], ['reasoning', reasoningChecks]]) {
     try {
       await fn();
