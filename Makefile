@@ -48,6 +48,10 @@ $(BUILD)/kiln-tests: $(TEST_OBJ) $(BUILD)/libkiln.a $(BUILD)/kiln
 KILN_COMMIT := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 $(BUILD)/obj/src/cli/main.o: CFLAGS += -DKILN_COMMIT='"$(KILN_COMMIT)"'
 
+# the chat page's files, embedded by .incbin (src/server/webui.c)
+$(BUILD)/obj/src/server/webui.o: $(wildcard src/server/webui/*)
+$(BUILD)/obj/src/server/webui.o: CFLAGS += -DKSRV_WEBUI_DIR='"$(CURDIR)/src/server/webui"'
+
 # V=1 shows the full commands
 Q = $(if $(V),,@)
 

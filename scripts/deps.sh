@@ -7,12 +7,14 @@
 #                            extracted into build/tools) and, when npm is
 #                            there, the official openai and @anthropic-ai/sdk
 #                            clients (build/tools/npm), nginx (its binary
-#                            alone, into build/tools: the replicas test)
+#                            alone, into build/tools: the replicas test),
+#                            and chromium with chromium-driver (the chat
+#                            page's browser test)
 set -euo pipefail
 test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
 pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libgif-dev libwebp-dev libedit-dev libcurl4-openssl-dev libssl-dev)
-$test_deps && pkgs+=(mlir-16-tools curl)
+$test_deps && pkgs+=(mlir-16-tools curl chromium chromium-driver)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

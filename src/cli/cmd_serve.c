@@ -34,6 +34,7 @@ static void usage(FILE *f) {
             "                         --served-model-name NAME is the same)\n"
             "  --any-model            accept any \"model\" in requests (llama-server's behaviour)\n"
             "  --no-metrics           do not serve Prometheus metrics at /metrics (served by default)\n"
+            "  --no-webui             do not serve the browser chat page at / (served by default)\n"
             "  --no-prefix-cache      do not share the KV blocks of common prompt prefixes\n"
             "  --max-body BYTES       largest request body (default 2097152)\n"
             "  --timeout S            idle connection timeout in seconds (default 60)\n"
@@ -102,7 +103,7 @@ int kiln_cmd_serve(int argc, char **argv) {
             kgen_params_free(&gp);
             return 0;
         }
-        static const char *const flags[] = {"--metrics", "--no-metrics", "--any-model", "--no-prefix-cache", "--quiet",
+        static const char *const flags[] = {"--metrics", "--no-metrics", "--any-model", "--no-prefix-cache", "--quiet", "--no-webui",
                                             "--embeddings", "--embedding", "--rerank", "--reranking", NULL};
         static const char *const valued[] = {
             "-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "--max-model-len",
@@ -136,6 +137,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--metrics")) p.metrics = true; /* the default; kept for old command lines */
         else if (!strcmp(a, "--no-metrics")) p.metrics = false;
         else if (!strcmp(a, "--any-model")) p.any_model = true;
+        else if (!strcmp(a, "--no-webui")) p.no_webui = true;
         else if (!strcmp(a, "--no-prefix-cache")) p.no_prefix_cache = true;
         else if (!strcmp(a, "--quiet")) p.quiet = true;
         else if (!strcmp(a, "--embeddings") || !strcmp(a, "--embedding") || !strcmp(a, "--rerank") || !strcmp(a, "--reranking")) {
@@ -200,6 +202,9 @@ int kiln_cmd_serve(int argc, char **argv) {
                 return kiln_fail(st);
             }
             fprintf(stderr, "kiln: ready\n");
+            const char *h = p.host ? p.host : "127.0.0.1";
+            bool v6 = strchr(h, ':') && h[0] != '[';
+            if (!p.no_webui) fprintf(stderr, "kiln: chat page at http://%s%s%s:%d/\n", v6 ? "[" : "", h, v6 ? "]" : "", ksrv_port(s));
         }
         struct timespec ts = {0, loading ? 50000000 : 500000000};
         sig = sigtimedwait(&sigs, NULL, &ts);

@@ -249,3 +249,11 @@ KT_TEST(cli_serve_embeddings_and_rerank) { run_client_script("tests/e2e/run_embe
 KT_TEST(cli_serve_replicas_behind_nginx) { run_client_script("tests/e2e/run_replicas.sh", "replicas behind nginx"); }
 
 KT_TEST(cli_serve_official_agent_clients) { run_client_script("tests/e2e/run_agent_clients.sh", "agent clients"); }
+
+/* The chat page at / in headless Chromium over WebDriver (Debian's
+ * chromium and chromium-driver): a streamed reply equal to the
+ * non-streamed greedy one, Stop, server errors shown, conversations kept,
+ * an image upload, reasoning collapsed, the API key:
+ * tests/e2e/run_webui.sh (screenshots in build/webui-test). Skipped
+ * when chromium, chromedriver or node is missing. */
+KT_TEST(cli_serve_webui_chromium) { run_client_script("tests/e2e/run_webui.sh", "chat page in chromium"); }

@@ -92,6 +92,26 @@ static enum MHD_Result reply_json(conn_state *cs, int status, ksrv_buf *b) {
     return reply(cs, status, "application/json", b);
 }
 
+/* An embedded file of the chat page (webui.c): no key needed to load it
+ * (the page sends the key it is given with its API calls); it may only
+ * talk to this server. */
+static enum MHD_Result reply_page(conn_state *cs, const char *data, size_t len, const char *ctype) {
+    set_busy(cs, true);
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+                            "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+    enum MHD_Result ret = MHD_queue_response(cs->conn, 200, r);
+    MHD_destroy_response(r);
+    cs->responded = true;
+    access_log(cs, 200);
+    return ret;
+}
+
 /* /v1/messages answers errors in Anthropic's shape */
 static bool anthropic_url(const conn_state *cs) { return !strncmp(cs->url, "/v1/messages", 12); }
 
@@ -607,6 +627,16 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
     set_busy(cs, true); /* the request is in: its deadline no longer applies */
     bool post = false;
     route r = find_route(url, &post);
+    const char *page, *ctype;
+    size_t page_len;
+    if (r == R_NONE && !s->p.no_webui && ksrv_webui_asset(url, &page, &page_len, &ctype)) {
+        if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "%.200s takes GET, not %.16s", url, method);
+            return reply_error(cs, 405, "invalid_request_error", NULL, msg);
+        }
+        return reply_page(cs, page, page_len, ctype);
+    }
     if (r == R_NONE) {
         char msg[256];
         snprintf(msg, sizeof msg, "unknown endpoint %.16s %.200s", method, url);

@@ -15,6 +15,7 @@
  *   POST /v1/embeddings, /embedding, /pooling, /v1/rerank, /rerank,
  *        /v2/rerank for an embedding or reranking folder, or embed_mode
  *        (embed.c)
+ *   GET  /, /webui/...: the browser chat page (webui.c; off with no_webui)
  * Streaming is SSE (`data: {json}` events, then `data: [DONE]`). Errors are
  * OpenAI error objects {"error": {message, type, param, code}} with the
  * HTTP status: 400 bad request (naming the field), 401 missing or wrong API
@@ -50,6 +51,7 @@ typedef struct {
     int threads;           /* engine threads; 0: all CPUs */
     const char *api_key;   /* NULL: no key */
     bool metrics;          /* serve /metrics */
+    bool no_webui;         /* --no-webui: no chat page at / (webui.c) */
     bool no_prefix_cache;
     int64_t max_body;      /* request body bytes; 0: 2 MiB */
     int timeout_s;         /* idle connection timeout; 0: 60 */

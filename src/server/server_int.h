@@ -287,6 +287,11 @@ kiln_status ksrv_llama_check(const ksrv_job *j);
 void ksrv_llama_stream(ksrv_job *j);
 int ksrv_llama_response(ksrv_job *j, ksrv_buf *b);
 
+/* ---- the browser chat page (webui.c) ---- */
+/* The embedded file served at url (/, /index.html, /webui/...): its bytes
+ * (static), length and content type; false when url is none of them. */
+bool ksrv_webui_asset(const char *url, const char **data, size_t *len, const char **ctype);
+
 /* {"error": {...}} for a status. */
 void ksrv_error_json(ksrv_buf *b, int status, const char *type, const char *code, const char *msg);
 

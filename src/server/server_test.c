@@ -1938,5 +1938,74 @@ KT_TEST(server_health_reports_load) {
     KT_CHECKF(seen, "/health never showed one request processing and one waiting (%.300s)", q.r[0].body.p);
     batch_free(&q);
     KT_CHECK(wait_idle(&f));
+
+/* ---------------------------------------------------------------- the chat page */
+
+/* GET path: the status, the body (r) and the content type (ctype). */
+static long get_page(const fx *f, const char *method, const char *path, resp *r, char *ctype, size_t cap) {
+    memset(r, 0, sizeof *r);
+    struct curl_slist *h;
+    CURL *c = request(f, method, path, NULL, NULL, r, &h);
+    if (!strcmp(method, "HEAD")) curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+    long st = -1;
+    char *ct = NULL;
+    if (curl_easy_perform(c) == CURLE_OK) {
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &st);
+        curl_easy_getinfo(c, CURLINFO_CONTENT_TYPE, &ct);
+    }
+    snprintf(ctype, cap, "%s", ct ? ct : "");
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    ksrv_buf_add(&r->body, "", 0);
+    return st;
+}
+
+/* The files under src/server/webui are what / serves, byte for byte, with
+ * their content types, without the API key the API needs; other methods
+ * get 405; --no-webui (no_webui) makes / an unknown endpoint (404). */
+KT_TEST(server_webui_page) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.api_key = "sekrit";
+    if (!start(&f, &p)) return;
+    static const struct {
+        const char *url, *file, *ctype;
+    } k[] = {{"/", "index.html", "text/html; charset=utf-8"},
+             {"/index.html", "index.html", "text/html; charset=utf-8"},
+             {"/webui/app.js", "app.js", "text/javascript; charset=utf-8"},
+             {"/webui/style.css", "style.css", "text/css; charset=utf-8"}};
+    resp r;
+    char ct[128], path[256], abs[PATH_MAX * 2];
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        long st = get_page(&f, "GET", k[i].url, &r, ct, sizeof ct);
+        char *want = NULL;
+        size_t n = 0;
+        snprintf(path, sizeof path, "src/server/webui/%s", k[i].file);
+        kt_path(abs, sizeof abs, path);
+        KT_CHECK_OK(ku_read_file(abs, &want, &n));
+        KT_CHECKF(st == 200 && !strcmp(ct, k[i].ctype), "GET %s: %ld %s", k[i].url, st, ct);
+        KT_CHECKF(want && r.body.len == n && !memcmp(r.body.p, want, n), "GET %s: %zu bytes, %s has %zu", k[i].url, r.body.len,
+                  k[i].file, n);
+        free(want);
+        ksrv_buf_free(&r.body);
+    }
+    KT_CHECK_EQ(get_page(&f, "HEAD", "/", &r, ct, sizeof ct), 200);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(get_page(&f, "POST", "/", &r, ct, sizeof ct), 405);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(get_page(&f, "GET", "/webui/nope.js", &r, ct, sizeof ct), 404);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(get_page(&f, "GET", "/v1/models", &r, ct, sizeof ct), 401); /* the API still needs the key */
+    ksrv_buf_free(&r.body);
+    finish(&f);
+    p = default_params(NULL);
+    p.no_webui = true;
+    if (!start(&f, &p)) return;
+    long st = get_page(&f, "GET", "/", &r, ct, sizeof ct);
+    KT_CHECKF(st == 404 && strstr(r.body.p, "unknown endpoint GET /") && !strcmp(ct, "application/json"), "%ld %s", st, r.body.p);
+    ksrv_buf_free(&r.body);
+    KT_CHECK_EQ(get_page(&f, "GET", "/webui/app.js", &r, ct, sizeof ct), 404);
+    ksrv_buf_free(&r.body);
     finish(&f);
 }
