@@ -1938,6 +1938,8 @@ KT_TEST(server_health_reports_load) {
     KT_CHECKF(seen, "/health never showed one request processing and one waiting (%.300s)", q.r[0].body.p);
     batch_free(&q);
     KT_CHECK(wait_idle(&f));
+    finish(&f);
+}
 
 /* ---------------------------------------------------------------- the chat page */
 
