@@ -179,6 +179,8 @@ static kiln_status copy_inputs(ksch *s, seq *q, const ke_inputs *x) {
     const km_hparams *hp = ke_model_hparams(ke_ctx_model(s->c));
     int64_t n = q->n_prompt, E = hp->hidden, A = hp->embd_add_layers * hp->hidden, ne = 0, na = 0;
     if (x->embd_add && A <= 0) return kiln_error(KILN_EINVAL, "inputs: the model takes no embd_add rows");
+    if (x->cross) /* the scheduler's chunks do not carry them yet: an error, not an image silently dropped */
+        return kiln_error(KILN_EUNSUPPORTED, "inputs: images through cross-attention layers (mllama) are not served yet; use kiln generate --image");
     for (int64_t i = 0; i < n; i++) ne += x->embd && x->embd[i], na += x->embd_add && x->embd_add[i];
     if (x->span)
         for (int64_t i = 0; i < n; i++) {
@@ -649,7 +651,7 @@ bool ksch_step(ksch *s) {
         const float *lg;
         int nr;
         ke_inputs x = {s->use_embd ? s->bembd : NULL, s->use_span ? s->bspan : NULL, s->use_pos ? s->bpos : NULL,
-                       s->use_add ? s->badd : NULL};
+                       s->use_add ? s->badd : NULL, NULL, NULL};
         bool any = s->use_embd || s->use_span || s->use_pos || s->use_add;
         kiln_status err = ke_decode_ex(s->c, &(ke_batch){(int)T, s->btok, s->bseq, s->bwant}, any ? &x : NULL, &lg, &nr);
         if (err) {

@@ -472,7 +472,7 @@ static kiln_status vlm_input_load(const char *dir, const ke_model *m, vlm_input 
     if (!st) st = kvis_encode(vm, &px, 1, &v->feat, &v->deep, &n_feat);
     if (!st) st = kvis_inputs_build(vm, &px, 1, v->feat, v->deep, n_feat, ke_model_hparams(m)->hidden, v->prompt, v->n, &v->vx);
     kvis_pixels_free(&px);
-    v->x = (ke_inputs){v->vx.embd, v->vx.span, v->vx.pos3, v->vx.embd_add};
+    v->x = (ke_inputs){v->vx.embd, v->vx.span, v->vx.pos3, v->vx.embd_add, NULL, NULL};
     for (int i = 0; !st && i < v->n; i++)
         if (v->vx.span[2 * i + 1] - v->vx.span[2 * i] + 1 > v->max_span) v->max_span = v->vx.span[2 * i + 1] - v->vx.span[2 * i] + 1;
     return st;
