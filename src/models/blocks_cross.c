@@ -52,6 +52,7 @@ kg_node *kb_cross_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o) {
     if (!x) return NULL;
     int64_t T = b->shape.T, S = b->shape.S, N = hp->cross_rows, E = hp->hidden;
     int64_t H = hp->n_heads, Hk = hp->n_kv_heads, hd = hp->head_dim;
+    if (N <= 0 && !b->shape.cross) return x; /* a text model alone (no vision config): no image ever, transformers skips the layer */
     if (N <= 0 || Hk <= 0 || H % Hk)
         return kb_fail(b, kiln_error(KILN_EINVAL, "%s: layer %d: a cross-attention layer needs the image's state count and heads", b->fam->name, il));
     float eps = (float)(o->norm.eps > 0 ? o->norm.eps : hp->norm_eps);

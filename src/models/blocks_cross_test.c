@@ -211,3 +211,33 @@ KT_TEST(blocks_cross_image_only_in_the_first_step) {
     ke_ctx_free(c);
     ke_model_free(m);
 }
+
+/* A text model alone (MllamaForCausalLM without a vision config: no state
+ * count) skips its cross-attention layers, as transformers does without images. */
+KT_TEST(blocks_cross_layer_without_images_is_skipped) {
+    static weights w;
+    uint64_t seed = 3;
+    fill(w.emb, (V + 8) * E, &seed, 1, 0), fill(w.head, V * E, &seed, 0.5f, 0), fill(w.fnorm, E, &seed, 0.1f, 1);
+    mt_set s = {0};
+    mt_put(&s, "model.embed_tokens.weight", w.emb, V + 8, E), mt_put(&s, "lm_head.weight", w.head, V, E);
+    mt_put(&s, "model.norm.weight", w.fnorm, E, 0);
+    char dir[1024];
+    kc_checkpoint *ck = mt_open(&s, dir, sizeof dir);
+    mt_free(&s);
+    KT_CHECK(ck);
+    km_hparams hp = {.n_layers = 1, .hidden = E, .n_heads = H, .n_kv_heads = HK, .head_dim = HD, .ffn = F, .vocab = V, .embd_rows = V + 8,
+                     .norm_eps = 1e-5, .act = KM_ACT_SILU};
+    hp.cross_layer[0] = 1;
+    float *states[KB_MAX_STATES] = {0}, got[2 * V], want[V];
+    int32_t tok[2] = {3, 7}, pos[2] = {0, 1}, seq[2] = {0, 0}, slots[1] = {0};
+    KT_CHECK(run_step(&hp, ck, false, 2, 1, tok, pos, seq, slots, NULL, NULL, states, got));
+    double worst = 0;
+    for (int t = 0; t < 2; t++) {
+        reference(&w, tok[t], pos[t], NULL, 0, want);
+        for (int v = 0; v < V; v++) worst = fmax(worst, fabs((double)got[t * V + v] - want[v]));
+    }
+    KT_CHECKF(worst < 1e-5, "max |diff| %g", worst);
+    for (int k = 0; k < KB_MAX_STATES; k++) free(states[k]);
+    kc_close(ck);
+    ckt_rmdir(dir);
+}

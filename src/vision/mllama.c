@@ -42,7 +42,7 @@ static kiln_status parse(kvis_model *m, const cJSON *root, const cJSON *vc, km_h
     KILN_TRY(ku_json_str(vc, "hidden_act", "gelu", &act));
     KILN_TRY(km_parse_act(act, &v->act));
     if (v->n_heads <= 0 || v->hidden % v->n_heads || nl <= 0 || nl > KM_MAX_LAYERS || m->n_global_layers < 0 ||
-        m->n_global_layers > KM_MAX_LAYERS || m->patch <= 0 || m->image_size % m->patch || tiles <= 0 || tiles > 64)
+        m->n_global_layers > KM_MAX_LAYERS || m->patch <= 0 || m->image_size <= 0 || m->image_size % m->patch || m->image_size / m->patch > 1024 || tiles <= 0 || tiles > 64)
         return kiln_error(KILN_EINVAL, "config.json: mllama vision_config: bad shape (hidden %lld, heads %lld, layers %lld + %lld, "
                                        "patch %lld, image %lld, tiles %lld)",
                           (long long)v->hidden, (long long)v->n_heads, (long long)nl, (long long)m->n_global_layers,
