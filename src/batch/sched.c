@@ -42,6 +42,9 @@ typedef struct seq {
     float *rows;               /* the embd rows, then the embd_add rows */
     const float **embd, **add; /* [n_prompt] into rows, NULL entries: none */
     int32_t *span, *pos3;      /* [n_prompt, 2], [n_prompt, 3] */
+    float *cross;              /* the image's cross-attention states (Mllama), given on prompt token cross_at */
+    int64_t cross_at;
+    int32_t cross_keys;
     /* speculation (ksch_params.spec): its proposers, this step's guesses
      * (borrowed from sp), the rows still to sample, the guesses kept */
     struct kspec_seq *sp;
@@ -79,9 +82,9 @@ struct ksch {
     bool *bwant;
     /* per-token inputs of the batch (ke_inputs), used when a sequence in it
      * has that field */
-    const float **bembd, **badd;
-    int32_t *bspan, *bpos;
-    bool use_embd, use_add, use_span, use_pos;
+    const float **bembd, **badd, **bcross;
+    int32_t *bspan, *bpos, *bckeys;
+    bool use_embd, use_add, use_span, use_pos, use_cross;
     /* Every sequence in the batch gets a logits row (its last token in the
      * batch), used only when that token is its last: fewer distinct batch
      * shapes (the engine compiles one executable per shape) for a few
@@ -98,7 +101,7 @@ static void seq_free(seq *q) {
     ke_text_detok_free(&q->td);
     ke_text_vocab_free(&q->tv);
     free(q->tokens);
-    free(q->rows), free(q->embd), free(q->add), free(q->span), free(q->pos3);
+    free(q->rows), free(q->embd), free(q->add), free(q->span), free(q->pos3), free(q->cross);
     free(q);
 }
 
@@ -124,10 +127,12 @@ kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out) {
     s->badd = malloc(sizeof(float *) * (size_t)s->bcap);
     s->bspan = malloc(sizeof(int32_t) * 2 * (size_t)s->bcap);
     s->bpos = malloc(sizeof(int32_t) * 3 * (size_t)s->bcap);
+    s->bcross = malloc(sizeof(float *) * (size_t)s->bcap);
+    s->bckeys = malloc(sizeof(int32_t) * (size_t)s->bcap);
     if (!s->eos || !s->running || !s->btok || !s->bseq || !s->bwant || !s->brow || !s->bembd || !s->badd || !s->bspan ||
-        !s->bpos) {
+        !s->bpos || !s->bcross || !s->bckeys) {
         free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow);
-        free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos);
+        free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos), free(s->bcross), free(s->bckeys);
         free(s);
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
@@ -193,6 +198,20 @@ static kiln_status copy_inputs(ksch *s, seq *q, const ke_inputs *x) {
     const km_hparams *hp = ke_model_hparams(ke_ctx_model(s->c));
     int64_t n = q->n_prompt, E = hp->hidden, A = hp->embd_add_layers * hp->hidden, ne = 0, na = 0;
     if (x->embd_add && A <= 0) return kiln_error(KILN_EINVAL, "inputs: the model takes no embd_add rows");
+    q->cross_at = -1;
+    for (int64_t i = 0; x->cross && i < n; i++) {
+        if (!x->cross[i]) continue;
+        int64_t N = hp->cross_rows;
+        if (N <= 0 || q->cross_at >= 0)
+            return kiln_error(KILN_EINVAL, "inputs: %s", N <= 0 ? "the model takes no cross-attention states" : "one image per prompt (cross-attention states)");
+        /* the tokens up to the image come in the prompt's first step (they attend to it) */
+        if (i + 1 > s->p.step_tokens)
+            return kiln_error(KILN_EINVAL, "the image token at position %lld is past the step budget of %d tokens (the tokens before it "
+                              "attend to the image and come in one step)", (long long)i, s->p.step_tokens);
+        if (!(q->cross = malloc(sizeof(float) * (size_t)(N * E)))) return kiln_error(KILN_ENOMEM, "out of memory");
+        memcpy(q->cross, x->cross[i], sizeof(float) * (size_t)(N * E));
+        q->cross_at = i, q->cross_keys = x->cross_keys ? x->cross_keys[i] : (int32_t)N;
+    }
     for (int64_t i = 0; i < n; i++) ne += x->embd && x->embd[i], na += x->embd_add && x->embd_add[i];
     if (x->span)
         for (int64_t i = 0; i < n; i++) {
@@ -230,10 +249,12 @@ kiln_status ksch_submit(ksch *s, const ksch_request *r, uint64_t *id) {
     *id = 0;
     if (!r->on_event || !r->params) return kiln_error(KILN_EINVAL, "ksch_submit: no event callback or parameters");
     if (r->n_prompt <= 0 || !r->prompt) return kiln_error(KILN_EINVAL, "the prompt is empty");
+    const km_hparams *hp = ke_model_hparams(ke_ctx_model(s->c));
+    int64_t n_ids = hp->embd_rows > s->vocab ? hp->embd_rows : s->vocab; /* Mllama's <|image|> is past the head's vocab */
     for (int32_t i = 0; i < r->n_prompt; i++)
-        if (r->prompt[i] < 0 || r->prompt[i] >= s->vocab)
+        if (r->prompt[i] < 0 || r->prompt[i] >= n_ids)
             return kiln_error(KILN_EINVAL, "prompt token %d: id %d is out of range (the vocabulary has %lld tokens)", (int)i,
-                              (int)r->prompt[i], (long long)s->vocab);
+                              (int)r->prompt[i], (long long)n_ids);
     seq *q = calloc(1, sizeof *q);
     if (!q) return kiln_error(KILN_ENOMEM, "out of memory");
     q->ke = -1;
@@ -428,6 +449,8 @@ static int64_t fit_chunk(ksch *s, seq *q, int64_t want, int64_t avail) {
  * most step_tokens long, so a step stays under twice the budget): waiting
  * for a step with room for it would starve it while decodes run. */
 static int64_t span_cut(ksch *s, const seq *q, int64_t len, int64_t n, int64_t avail) {
+    if (q->cross && len == 0 && n <= q->cross_at) /* an image for cross-attention: the first chunk reaches its token */
+        return ke_seq_blocks_needed(s->c, q->ke, q->cross_at + 1) <= avail ? q->cross_at + 1 : 0;
     if (!q->span || len >= q->n_prompt) return n;
     for (int64_t i = len + n - 1; i >= len && n > 0; i--) {
         if (i >= q->n_prompt) continue;
@@ -451,7 +474,7 @@ static bool can_admit(ksch *s, seq *q) {
 static void add_tokens(ksch *s, seq *q, int64_t n, int64_t *T) {
     int64_t len = ke_seq_len(s->c, q->ke);
     s->use_embd |= q->embd != NULL, s->use_add |= q->add != NULL;
-    s->use_span |= q->span != NULL, s->use_pos |= q->pos3 != NULL;
+    s->use_span |= q->span != NULL, s->use_pos |= q->pos3 != NULL, s->use_cross |= q->cross != NULL;
     for (int64_t k = 0; k < n; k++) {
         s->btok[*T] = q->tokens[len + k];
         s->bseq[*T] = q->ke;
@@ -462,6 +485,8 @@ static void add_tokens(ksch *s, seq *q, int64_t n, int64_t *T) {
         bool in = i < q->n_prompt;
         s->bembd[t] = in && q->embd ? q->embd[i] : NULL;
         s->badd[t] = in && q->add ? q->add[i] : NULL;
+        s->bcross[t] = in && q->cross && i == q->cross_at ? q->cross : NULL;
+        s->bckeys[t] = q->cross_keys;
         s->bspan[2 * t] = in && q->span ? q->span[2 * i] : 1;
         s->bspan[2 * t + 1] = in && q->span ? q->span[2 * i + 1] : 0;
         for (int d = 0; d < 3; d++) s->bpos[3 * t + d] = in && q->pos3 ? q->pos3[3 * i + d] : -1;
@@ -521,7 +546,7 @@ static int64_t schedule(ksch *s) {
     /* blocks are taken by ke_decode: count what this batch will take */
     int64_t T = 0, reserved = 0;
     s->n_rows = 0;
-    s->use_embd = s->use_add = s->use_span = s->use_pos = false;
+    s->use_embd = s->use_add = s->use_span = s->use_pos = s->use_cross = false;
     int n_decoding = 0;
     int64_t spare_blocks = ke_ctx_free_blocks(c); /* what the decodes' own tokens leave for guesses */
     for (int i = 0; i < s->n_running; i++)
@@ -539,7 +564,7 @@ static int64_t schedule(ksch *s) {
         for (int32_t j = 0; j < q->k; j++, T++) { /* the guesses, each with its row */
             s->btok[T] = q->guess[j], s->bseq[T] = q->ke, s->bwant[T] = true;
             s->brow[s->n_rows++] = q;
-            s->bembd[T] = s->badd[T] = NULL;
+            s->bembd[T] = s->badd[T] = s->bcross[T] = NULL;
             s->bspan[2 * T] = 1, s->bspan[2 * T + 1] = 0;
             for (int d = 0; d < 3; d++) s->bpos[3 * T + d] = -1;
         }
@@ -665,8 +690,8 @@ bool ksch_step(ksch *s) {
         const float *lg;
         int nr;
         ke_inputs x = {s->use_embd ? s->bembd : NULL, s->use_span ? s->bspan : NULL, s->use_pos ? s->bpos : NULL,
-                       s->use_add ? s->badd : NULL};
-        bool any = s->use_embd || s->use_span || s->use_pos || s->use_add;
+                       s->use_add ? s->badd : NULL, s->use_cross ? s->bcross : NULL, s->use_cross ? s->bckeys : NULL};
+        bool any = s->use_embd || s->use_span || s->use_pos || s->use_add || s->use_cross;
         kiln_status err = ke_decode_ex(s->c, &(ke_batch){(int)T, s->btok, s->bseq, s->bwant}, any ? &x : NULL, &lg, &nr);
         if (err) {
             fail_all(s, err);
@@ -767,6 +792,6 @@ void ksch_destroy(ksch *s) {
     kgr_vocab_free(s->gvocab);
     free(s->cancels);
     free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow);
-    free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos);
+    free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos), free(s->bcross), free(s->bckeys);
     free(s);
 }

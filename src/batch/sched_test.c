@@ -124,6 +124,7 @@ typedef struct {
     bool prefix_cache;
     int64_t window; /* out: ke_ctx_window */
     int n_seq_max;  /* recurrent state rows; 0: the engine's default */
+    int64_t n_ctx;  /* 0: 128 (the cache holds at least one context) */
     const kspec_params *spec; /* speculative decoding, NULL: none */
     const ke_model *draft;
 } setup;
@@ -132,7 +133,7 @@ typedef struct {
  * fails the test on any difference. Returns the scheduler's stats. */
 static bool run_jobs(const ke_model *m, setup *su, job *jobs, int n, ksch_stats *stats, const char *what) {
     ke_ctx *c;
-    kiln_status st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 128, .n_cache = su->n_cache, .n_threads = 1, .block_size = su->block_size,
+    kiln_status st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = su->n_ctx > 0 ? su->n_ctx : 128, .n_cache = su->n_cache, .n_threads = 1, .block_size = su->block_size,
                                                         .n_seq_max = su->n_seq_max}, &c);
     if (st) {
         kt_fail(__FILE__, __LINE__, "%s: %s", what, kiln_status_msg(st));
@@ -472,8 +473,8 @@ static kiln_status vlm_input_load(const char *dir, const ke_model *m, vlm_input 
     if (!st) st = kvis_encode(vm, &px, 1, &v->feat, &v->deep, &n_feat);
     if (!st) st = kvis_inputs_build(vm, &px, 1, v->feat, v->deep, n_feat, ke_model_hparams(m)->hidden, v->prompt, v->n, &v->vx);
     kvis_pixels_free(&px);
-    v->x = (ke_inputs){v->vx.embd, v->vx.span, v->vx.pos3, v->vx.embd_add};
-    for (int i = 0; !st && i < v->n; i++)
+    v->x = (ke_inputs){v->vx.embd, v->vx.span, v->vx.pos3, v->vx.embd_add, v->vx.cross, v->vx.cross_keys};
+    for (int i = 0; !st && v->vx.span && i < v->n; i++)
         if (v->vx.span[2 * i + 1] - v->vx.span[2 * i] + 1 > v->max_span) v->max_span = v->vx.span[2 * i + 1] - v->vx.span[2 * i] + 1;
     return st;
 }
@@ -488,7 +489,7 @@ static void vlm_input_free(vlm_input *v) {
  * equals its single-sequence run (the oracle's greedy ids too), and no
  * prefix block is shared from or with an image prompt. */
 KT_TEST(sched_image_requests_every_vlm_fixture) {
-    const char *names[] = {"llava", "paligemma", "gemma3", "smolvlm", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni"};
+    const char *names[] = {"llava", "paligemma", "gemma3", "smolvlm", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni", "mllama"};
     for (size_t f = 0; f < sizeof names / sizeof names[0]; f++) {
         char dir[4096];
         kt_path(dir, sizeof dir, "tests/fixtures/vlm");
@@ -522,7 +523,9 @@ KT_TEST(sched_image_requests_every_vlm_fixture) {
         bool ok = run_jobs(m, &a, jobs, N, &stats, dir);
         KT_CHECKF(!ok || stats.cache.prefix_hits == 0, "%s: %lld prefix hits", names[f], (long long)stats.cache.prefix_hits);
         /* a cache too small for all: preemptions, re-prefill with the same inputs */
-        setup b = {.max_running = 5, .step_tokens = 64, .block_size = 4, .n_cache = (v.n + 24 + 3) / 4 * 4, .prefix_cache = true};
+        /* (the context no longer than the longest job, so that the cache is that small too) */
+        setup b = {.max_running = 5, .step_tokens = 64, .block_size = 4, .n_cache = (v.n + 24 + 3) / 4 * 4, .prefix_cache = true,
+                   .n_ctx = (v.n + 24 + 3) / 4 * 4};
         for (int i = 0; ok && i < N; i++) memset(&jobs[i].got, 0, sizeof jobs[i].got);
         if (ok) ok = run_jobs(m, &b, jobs, N, &stats, dir);
         KT_CHECKF(!ok || stats.preemptions > 0 || b.window, "%s: no preemption", names[f]);

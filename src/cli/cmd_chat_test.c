@@ -209,3 +209,26 @@ KT_TEST(cli_chat_on_a_terminal_ctrl_c_stops_the_reply) {
     close(fd);
     KT_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d: %s", status, out);
 }
+
+/* kiln generate --image on Mllama (tests/fixtures/vlm/mllama): kiln's own
+ * preprocessing of image.png, the tower's cross-attention states on the
+ * <|image|> token, the oracle's 16 greedy ids. */
+KT_TEST(cli_generate_mllama_image_gives_the_oracle_ids) {
+    char dir[2048], args[8192], path[4096];
+    kt_path(dir, sizeof dir, "tests/fixtures/vlm/mllama");
+    snprintf(args, sizeof args, "generate -m %s --image %s/image.png --prompt-ids 1,17,93,512,254,311,42,500,7,128 -n 16 --temp 0 "
+             "--ignore-eos -t 1 --json", dir, dir);
+    kt_proc g;
+    KT_CHECK(kt_run_kiln(args, NULL, &g) == 0);
+    cJSON *j = cJSON_Parse(g.out), *o = NULL;
+    KT_CHECKF(g.status == 0 && j, "%s", g.err);
+    snprintf(path, sizeof path, "%s/oracle.json", dir);
+    KT_CHECK_OK(ku_json_load(path, &o));
+    const cJSON *got = cJSON_GetObjectItem(j, "generated_ids"), *want = cJSON_GetObjectItem(o, "generated_ids");
+    KT_CHECK(cJSON_IsArray(got) && cJSON_IsArray(want) && cJSON_GetArraySize(want) == 16);
+    char *a = cJSON_PrintUnformatted(got), *b = cJSON_PrintUnformatted(want);
+    KT_CHECK_STR(a, b);
+    free(a), free(b);
+    cJSON_Delete(j), cJSON_Delete(o);
+    kt_run_free(&g);
+}

@@ -43,7 +43,7 @@ int kiln_cmd_export(int argc, char **argv) {
     st = ke_model_load(dir, &m);
     if (st) return kiln_fail(st);
     const km_hparams *hp = ke_model_hparams(m);
-    kb_shape shape = {T, 1, 1, 1, 16, 16, 1};
+    kb_shape shape = {T, 1, 1, 1, 16, 16, 1, false};
     kg_graph *g = NULL;
     kb_input *inputs = NULL;
     int n_inputs;

@@ -384,7 +384,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     const float *lg;
     int nr;
     double t1 = kiln_now_s();
-    st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->n_images ? &(ke_inputs){img.x.embd, img.x.span, img.x.pos3, img.x.embd_add} : NULL,
+    st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->n_images ? &(ke_inputs){img.x.embd, img.x.span, img.x.pos3, img.x.embd_add, img.x.cross, img.x.cross_keys} : NULL,
                       &lg, &nr);
     free(seqs);
     t[1] = kiln_now_s() - t1;

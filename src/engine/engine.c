@@ -43,7 +43,7 @@ static kiln_status model_load(const char *dir, bool hidden_out, ke_model **out) 
         goto fail;
     }
     /* build a one-token graph once: every weight is looked up and checked here */
-    kb_shape shape = {1, 1, 1, 1, 16, 16, 1};
+    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -75,7 +75,7 @@ static int64_t default_n_ctx(const km_hparams *hp) { return hp->max_pos > 0 && h
 kiln_status ke_model_memory(const ke_model *m, ke_memory *out) {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < kc_tensor_count(m->ck); i++) out->weight_bytes += (int64_t)kc_tensor_at(m->ck, i)->nbytes;
-    kb_shape shape = {1, 1, 1, 1, 16, 16, 1};
+    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -149,6 +149,7 @@ typedef struct {
 
 typedef struct {
     int64_t T, S, MB, R;
+    bool cross;
     kr_exec *exec;
     kb_input *inputs;
     int n_inputs;
@@ -207,6 +208,9 @@ struct ke_ctx {
     float *embd;        /* [scratch_T, hidden] */
     int32_t *mpos;      /* [scratch_T, 3] M-RoPE positions (t, h, w) */
     float *embd_add;    /* [scratch_T, embd_add_layers * hidden] rows added to the first layers' outputs */
+    float *cross;       /* [cross_cap, cross_rows, hidden] the step's new images' cross-attention states, per batch sequence */
+    int32_t *cross_keys;/* [cross_cap, 2] (image token position, states attended); -1: none */
+    int64_t cross_cap;
     float *cos[KM_MAX_ROPES], *sin[KM_MAX_ROPES];
     int64_t scratch_T, scratch_bt;
     /* per-step bookkeeping, grown on demand: a decode step allocates nothing */
@@ -261,7 +265,7 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
     for (int64_t i = 0; i < c->n_blocks; i++) c->free_blocks[i] = (int32_t)(c->n_blocks - 1 - i);
     c->n_free = c->n_blocks;
     /* the cache layout comes from the model's graph */
-    kb_shape shape = {1, 1, 1, 1, c->n_blocks * bs, (int)bs, 1};
+    kb_shape shape = {1, 1, 1, 1, c->n_blocks * bs, (int)bs, 1, false};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -352,7 +356,7 @@ void ke_ctx_free(ke_ctx *c) {
     free(c->ref), free(c->lru_prev), free(c->lru_next), free(c->hnext), free(c->bucket);
     free(c->bhash), free(c->bparent), free(c->cached), free(c->btok);
     free(c->pos), free(c->tseq), free(c->slot), free(c->rows), free(c->seq_len), free(c->btab);
-    free(c->embd), free(c->embd_mask), free(c->span), free(c->types), free(c->mpos), free(c->embd_add), free(c->run_delta);
+    free(c->embd), free(c->embd_mask), free(c->span), free(c->types), free(c->mpos), free(c->embd_add), free(c->run_delta), free(c->cross), free(c->cross_keys);
     free(c->batch_seqs), free(c->row_of), free(c->added), free(c->params);
     for (int k = 0; k < KM_MAX_ROPES; k++) free(c->cos[k]), free(c->sin[k]);
     kr_pool_destroy(c->pool);
@@ -720,17 +724,17 @@ kiln_status ke_seq_truncate(ke_ctx *c, int seq, int64_t len) {
 
 /* ---------------------------------------------------------------- decode */
 
-static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t R, kiln_status *st) {
+static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t R, bool cross, kiln_status *st) {
     *st = NULL;
     c->tick++;
     for (int i = 0; i < c->n_execs; i++) {
         exec_entry *e = &c->execs[i];
-        if (e->T == T && e->S == S && e->MB == MB && e->R == R) {
+        if (e->T == T && e->S == S && e->MB == MB && e->R == R && e->cross == cross) {
             e->last_use = c->tick;
             return e;
         }
     }
-    kb_shape shape = {T, S, MB, R, c->n_blocks * c->p.block_size, c->p.block_size, c->n_state_slots};
+    kb_shape shape = {T, S, MB, R, c->n_blocks * c->p.block_size, c->p.block_size, c->n_state_slots, cross};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -752,7 +756,7 @@ static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t
         kr_exec_destroy(e->exec);
         free(e->inputs);
     }
-    *e = (exec_entry){T, S, MB, R, ex, inputs, n_inputs, c->tick};
+    *e = (exec_entry){T, S, MB, R, cross, ex, inputs, n_inputs, c->tick};
     return e;
 }
 
@@ -837,9 +841,10 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
             st = kiln_error(KILN_EINVAL, "token %lld: sequence %d is not open", (long long)t, s);
             goto done;
         }
-        if (b->tokens[t] < 0 || b->tokens[t] >= hp->vocab) {
+        int64_t n_ids = hp->embd_rows > hp->vocab ? hp->embd_rows : hp->vocab;
+        if (b->tokens[t] < 0 || b->tokens[t] >= n_ids) {
             st = kiln_error(KILN_EINVAL, "token id %d is out of range (the vocabulary has %lld tokens)", b->tokens[t],
-                            (long long)hp->vocab);
+                            (long long)n_ids);
             goto done;
         }
         if (hp->bidirectional && c->seqs[s].len > 0) {
@@ -961,7 +966,46 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
         if (km_rope_is_mrope(&hp->ropes[k])) km_rope_fill_mrope(&hp->ropes[k], T, c->mpos, c->cos[k], c->sin[k]);
         else km_rope_fill(&hp->ropes[k], T, c->pos, c->seq_len, c->cos[k], c->sin[k]);
     }
-    exec_entry *e = get_exec(c, T, Sb, MB, R ? R : 1, &st);
+    /* images for cross-attention layers: each sequence's, once (the layers keep their keys and values) */
+    bool cross = false;
+    for (int64_t t = 0; x && x->cross && t < T; t++) cross |= x->cross[t] != NULL;
+    if (cross) {
+        int64_t N = hp->cross_rows, E = hp->hidden;
+        if (N <= 0) {
+            st = kiln_error(KILN_EUNSUPPORTED, "the model has no cross-attention layers for an image's states");
+            goto done;
+        }
+        if (Sb > c->cross_cap) {
+            float *cs = realloc(c->cross, sizeof(float) * (size_t)(Sb * N * E));
+            if (cs) c->cross = cs;
+            int32_t *ck = realloc(c->cross_keys, sizeof(int32_t) * 2 * (size_t)Sb);
+            if (ck) c->cross_keys = ck;
+            if (!cs || !ck) {
+                st = kiln_error(KILN_ENOMEM, "out of memory");
+                goto done;
+            }
+            c->cross_cap = Sb;
+        }
+        for (int64_t i = 0; i < Sb; i++) c->cross_keys[2 * i] = -1, c->cross_keys[2 * i + 1] = 0;
+        memset(c->cross, 0, sizeof(float) * (size_t)(Sb * N * E));
+        for (int64_t t = 0; t < T; t++) {
+            if (!x->cross[t]) continue;
+            int s = b->seq[t];
+            int32_t r = row_of[s], keys = x->cross_keys ? x->cross_keys[t] : (int32_t)N;
+            if (c->seqs[s].len > 0 || c->cross_keys[2 * r] >= 0) {
+                st = kiln_error(KILN_EUNSUPPORTED, "token %lld: sequence %d takes one image, in its first step (the tokens before the "
+                                "image attend to it too)", (long long)t, s);
+                goto done;
+            }
+            if (keys <= 0 || keys > N) {
+                st = kiln_error(KILN_EINVAL, "token %lld: %d of the image's %lld cross-attention states attended", (long long)t, keys, (long long)N);
+                goto done;
+            }
+            c->cross_keys[2 * r] = c->pos[t], c->cross_keys[2 * r + 1] = keys;
+            memcpy(c->cross + r * N * E, x->cross[t], sizeof(float) * (size_t)(N * E));
+        }
+    }
+    exec_entry *e = get_exec(c, T, Sb, MB, R ? R : 1, cross, &st);
     if (!e) goto done;
     if (e->n_inputs > c->cap_params) {
         void **np = realloc(c->params, sizeof(void *) * (size_t)e->n_inputs);
@@ -993,6 +1037,8 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
         case KB_IN_SPAN: params[i] = c->span; break;
         case KB_IN_EMBD_ADD: params[i] = c->embd_add; break;
         case KB_IN_TYPES: params[i] = c->types; break;
+        case KB_IN_CROSS: params[i] = c->cross; break;
+        case KB_IN_CROSS_KEYS: params[i] = c->cross_keys; break;
         }
     }
     kr_exec_run(e->exec, params, c->pool);
@@ -1021,7 +1067,7 @@ static int64_t longrope_limit(const km_hparams *hp) {
 }
 
 kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
-    if (x && !x->embd && !x->span && !x->positions && !x->embd_add) x = NULL;
+    if (x && !x->embd && !x->span && !x->positions && !x->embd_add && !x->cross) x = NULL;
     if (x && longrope_limit(&c->m->hp) >= 0) return kiln_error(KILN_EUNSUPPORTED, "per-token inputs with LongRoPE are not supported");
     return x ? decode_step(c, b, x, NULL, logits, n_rows) : ke_decode(c, b, logits, n_rows);
 }

@@ -124,6 +124,16 @@ typedef struct {
      * floats: row l is added to the output of text layer l (Qwen3-VL's
      * deepstack features at image positions); copied. NULL: none. */
     const float *const *embd_add;
+    /* [n] per token NULL or ke_model_hparams()->cross_rows * hidden floats:
+     * the cross-attention states of the image at this token (Mllama's
+     * <|image|>), which the cross-attention layers project to keys and
+     * values once and keep for the sequence; copied. One image per
+     * sequence, in the sequence's first step (the tokens before it attend
+     * to it too). NULL: none. */
+    const float *const *cross;
+    /* [n] with cross: how many of those states the tokens from the image on
+     * attend to (the tiles in use x rows per tile); NULL: all */
+    const int32_t *cross_keys;
 } ke_inputs;
 kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows);
 /* ke_decode with [n] token type ids (models with ke_model_hparams()->type_vocab:

@@ -28,11 +28,13 @@ typedef struct {
     int32_t *pos3;              /* [n_all, 3] M-RoPE positions (kvis_mrope), or NULL */
     float *deep;                /* kiln's deepstack rows [n_img, L * hidden], or NULL */
     const float **embd_add;     /* [n_all] the deepstack row of each position, or NULL */
+    const float **cross;        /* [n_all] the image's cross-attention states at its token (kvis_cross), or NULL */
+    int32_t *cross_keys;        /* [n_all] the states attended from the image on */
 } oracle;
 
 static void oracle_free(oracle *o) {
     free(o->prompt), free(o->gen), free(o->all), free(o->gap), free(o->logits);
-    free(o->img_pos), free(o->feat), free(o->embd), free(o->span), free(o->pos3), free(o->deep), free(o->embd_add);
+    free(o->img_pos), free(o->feat), free(o->embd), free(o->span), free(o->pos3), free(o->deep), free(o->embd_add), free(o->cross), free(o->cross_keys);
 }
 
 static kiln_status read_ids(const cJSON *j, const char *key, int32_t **out, int *n) {
@@ -114,7 +116,7 @@ static kiln_status path_prefill(const ke_model *m, const kv_options *vo, const o
         for (int i = 0; i < o->n_all; i++) seqs[i] = seq, want[i] = i >= o->n_prompt - 1;
         const float *lg;
         int nr;
-        st = ke_decode_ex(c, &(ke_batch){o->n_all, o->all, seqs, want}, &(ke_inputs){o->embd, o->span, o->pos3, o->embd_add}, &lg, &nr);
+        st = ke_decode_ex(c, &(ke_batch){o->n_all, o->all, seqs, want}, &(ke_inputs){o->embd, o->span, o->pos3, o->embd_add, o->cross, o->cross_keys}, &lg, &nr);
         if (!st) *diff = diff_rows(o, lg, 0, nr);
     }
     free(seqs), free(want);
@@ -137,7 +139,7 @@ static kiln_status path_decode(const ke_model *m, const kv_options *vo, const or
         const float *lg;
         int nr;
         /* the prompt's positions only: decoded tokens continue from the rope delta */
-        st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, &(ke_inputs){o->embd, o->span, o->pos3, o->embd_add}, &lg,
+        st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, &(ke_inputs){o->embd, o->span, o->pos3, o->embd_add, o->cross, o->cross_keys}, &lg,
                           &nr);
         for (int step = 0; !st && step <= o->n_gen; step++) {
             double d = diff_rows(o, lg, step, 1);
@@ -168,7 +170,8 @@ static kiln_status path_batched(const ke_model *m, const kv_options *vo, const o
     int32_t tok[256], span[512], pos3[768];
     int seqs[256];
     bool want[256];
-    const float *embd[256], *add[256];
+    const float *embd[256], *add[256], *cross[256];
+    int32_t ckeys[256];
     float *got = calloc((size_t)(o->n_gen + 1) * (size_t)vocab, sizeof(float));
     if (!got && !st) st = kiln_error(KILN_ENOMEM, "out of memory");
     int a = 0, b = 0, cc = 0, have = 0;
@@ -179,6 +182,7 @@ static kiln_status path_batched(const ke_model *m, const kv_options *vo, const o
             tok[n] = o->all[a], seqs[n] = sa, want[n] = a >= o->n_prompt - 1;
             embd[n] = o->embd ? o->embd[a] : NULL;
             add[n] = o->embd_add ? o->embd_add[a] : NULL;
+            cross[n] = o->cross ? o->cross[a] : NULL, ckeys[n] = o->cross_keys ? o->cross_keys[a] : 0;
             span[2 * n] = o->span ? o->span[2 * a] : 1, span[2 * n + 1] = o->span ? o->span[2 * a + 1] : 0;
             /* M-RoPE: the prompt's positions given, the generated tokens' left to the rope delta */
             pos3[3 * n] = o->pos3 && a < o->n_prompt ? o->pos3[3 * a] : -1;
@@ -193,11 +197,12 @@ static kiln_status path_batched(const ke_model *m, const kv_options *vo, const o
             int nc = cc == 0 ? 7 : 1;
             for (int k = 0; k < nc; k++, cc++) tok[n] = other[63 - cc], seqs[n] = sc, want[n] = k == nc - 1, n++;
         }
-        for (int i = n_a; i < n; i++) embd[i] = add[i] = NULL, span[2 * i] = 1, span[2 * i + 1] = 0, pos3[3 * i] = -1;
+        for (int i = n_a; i < n; i++) embd[i] = add[i] = cross[i] = NULL, ckeys[i] = 0, span[2 * i] = 1, span[2 * i + 1] = 0, pos3[3 * i] = -1;
         const float *lg;
         int nr;
         st = ke_decode_ex(c, &(ke_batch){n, tok, seqs, want},
-                          o->embd ? &(ke_inputs){embd, o->span ? span : NULL, o->pos3 ? pos3 : NULL, o->embd_add ? add : NULL} : NULL, &lg,
+                          o->embd ? &(ke_inputs){embd, o->span ? span : NULL, o->pos3 ? pos3 : NULL, o->embd_add ? add : NULL,
+                                                 o->cross ? cross : NULL, ckeys} : NULL, &lg,
                           &nr);
         int r = 0;
         for (int i = 0; !st && i < n; i++) {
@@ -332,8 +337,19 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
         st = kiln_error(KILN_EUNSUPPORTED, "%s: pixel_values of %d dims (one image's crops [.., 3, H, W] expected)", path, rank);
     else
         px.n = rows * cols / (3 * px.h * px.w); /* [1, crops, 3, H, W], [crops, 3, H, W] or [1, 3, H, W] */
-    kiln_status absent = st ? NULL : fixture_file(dir, "image_sizes.npy", path, sizeof path);
+    kiln_status absent = st ? NULL : fixture_file(dir, "aspect_ratio_ids.npy", path, sizeof path);
     bool have = !st && !absent;
+    kiln_status_free(absent);
+    if (have) { /* Mllama: the tile canvas */
+        float *ar = NULL;
+        int64_t ar_r, ar_c;
+        st = ku_npy_read_f32(path, &ar, &ar_r, &ar_c);
+        if (!st && ar_r * ar_c != 1) st = kiln_error(KILN_EUNSUPPORTED, "%s: one image expected", path);
+        if (!st) st = kvis_pixels_aspect(vm, (int64_t)ar[0], &px);
+        free(ar);
+    }
+    absent = st ? NULL : fixture_file(dir, "image_sizes.npy", path, sizeof path);
+    have = !st && !absent;
     kiln_status_free(absent);
     if (have) { /* the image's size: LLaVA-NeXT's tile grid and unpadding */
         float *sz = NULL;
@@ -354,7 +370,8 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
         st = kimg_load_png(path, &im);
         if (!st) st = kvis_pixels_from_image(vm, &im, &mine);
         if (!st) {
-            bool same = mine.h == px.h && mine.w == px.w && (mine.n > 0 ? mine.n : 1) == px.n;
+            bool same = mine.h == px.h && mine.w == px.w && (mine.n > 0 ? mine.n : 1) == px.n &&
+                        (!kvis_cross(vm) || (mine.rows == px.rows && mine.cols == px.cols));
             r->diff_pixels = same ? max_diff(mine.data, pv, rows * cols) : INFINITY;
             st = expansion_check(vm, &mine, odir, kc_bos_id(ke_model_checkpoint(m)), o, r);
             kvis_pixels_free(&mine);
@@ -385,6 +402,17 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
                 if (!(d <= r->diff_features)) r->diff_features = d;
             }
         free(dref);
+    }
+    if (!st && kvis_cross(vm)) { /* Mllama: the states enter at the image token; its embedding stays */
+        if (o->n_img != 1) st = kiln_error(KILN_EUNSUPPORTED, "%s: %d image positions (one image expected)", odir, o->n_img);
+        else if (!(o->embd = calloc((size_t)o->n_all, sizeof *o->embd)) || !(o->cross = calloc((size_t)o->n_all, sizeof *o->cross)) ||
+                 !(o->cross_keys = calloc((size_t)o->n_all, sizeof *o->cross_keys)))
+            st = kiln_error(KILN_ENOMEM, "out of memory");
+        else if (o->img_pos[0] < 0 || o->img_pos[0] >= o->n_prompt || o->all[o->img_pos[0]] != kvis_image_token(vm))
+            st = kiln_error(KILN_EINVAL, "%s: image position %d does not hold the image token %d", odir, o->img_pos[0], kvis_image_token(vm));
+        else o->cross[o->img_pos[0]] = o->feat, o->cross_keys[o->img_pos[0]] = kvis_cross_keys(vm, &px);
+        free(pv), free(ref);
+        return st;
     }
     if (!st && n_tok != o->n_img)
         st = kiln_error(KILN_EINVAL, "%s: %d image positions for %lld feature rows", odir, o->n_img, (long long)n_tok);

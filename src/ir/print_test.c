@@ -25,7 +25,7 @@ KT_TEST(print_models_as_stablehlo) {
         ke_model *m;
         KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, rel), &m));
         const km_hparams *hp = ke_model_hparams(m);
-        kb_shape shape = {3, 1, 1, 1, 16, 16, 1};
+        kb_shape shape = {3, 1, 1, 1, 16, 16, 1, false};
         kg_graph *g;
         kb_input *in;
         int n_in;

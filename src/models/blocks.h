@@ -35,6 +35,7 @@ typedef struct {
     int64_t n_slots;     /* KV cache rows per layer */
     int block_size;
     int64_t n_state_slots; /* recurrent state rows per state tensor (sequences open at once); 0: 1 */
+    bool cross;          /* the step brings images' cross-attention states (KB_IN_CROSS, _KEYS): the cross layers store their K/V */
 } kb_shape;
 
 typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_IN_ROWS, KB_IN_COS, KB_IN_SIN, KB_IN_KCACHE, KB_IN_VCACHE,
@@ -45,7 +46,9 @@ typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_
                KB_IN_EMBD_MASK,  /* [T] i32: 1 where the token's embedding is the EMBD row (image features) */
                KB_IN_SPAN,       /* [T, 2] i32: positions (lo, hi) each token also attends to (kg_attention_span) */
                KB_IN_EMBD_ADD,   /* [T, embd_add_layers * hidden] f32: rows added to the first layers' outputs (deepstack) */
-               KB_IN_TYPES       /* [T] i32: token type ids (hp->token_types) */
+               KB_IN_TYPES,      /* [T] i32: token type ids (hp->token_types) */
+               KB_IN_CROSS,      /* [S, cross_rows, hidden] f32: each batch sequence's new image's cross-attention states (shape.cross) */
+               KB_IN_CROSS_KEYS  /* [S, 2] i32: (position of the new image's token, states attended) per sequence; -1: no new image */
 } kb_role;
 
 typedef struct {
@@ -480,6 +483,12 @@ typedef void (*kb_layer_opts_fn)(const kb_ctx *b, int il, kb_layer_opts *o);
  * family (NULL: none). last_norm (may be NULL) gets the last layer's norm
  * options, for kb_output. */
 kg_node *kb_layers(kb_ctx *b, kg_node *x, kb_layer_opts_fn family, kb_norm_opts *last_norm);
+/* A gated cross-attention layer over its sequence's image states
+ * (hp->cross_layer[il], Mllama; blocks_cross.c): the image's keys and
+ * values computed once, in the step that brings them (shape.cross), and
+ * kept as the layer's state rows; tanh-gated attention and MLP residuals,
+ * x unchanged for sequences without an image. o: the layer's norms and MLP. */
+kg_node *kb_cross_layer(kb_ctx *b, kg_node *x, int il, const kb_layer_opts *o);
 /* The model's end: the rows whose logits are wanted, the final norm
  * KM_T_OUTPUT_NORM (norm NULL: RMS; none with hp->no_final_norm), OPT's
  * KM_T_OUTPUT_PROJ with hp->embed_dim, the output head (KM_T_TOK_EMBD when

@@ -30,7 +30,7 @@ kg_node *kb_embed(kb_ctx *b, const kb_embed_opts *o) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
     int64_t E = hp->embed_dim > 0 ? hp->embed_dim : hp->hidden;
-    kg_node *x = kg_name(lookup(b, KM_T_TOK_EMBD, hp->vocab, E, b->tokens), "tok_embd", -1);
+    kg_node *x = kg_name(lookup(b, KM_T_TOK_EMBD, hp->embd_rows > 0 ? hp->embd_rows : hp->vocab, E, b->tokens), "tok_embd", -1);
     if (hp->embd_in && hp->embd_in_unscaled) x = given_rows(b, x);
     if (hp->emb_scale != 0) x = kg_name(kg_scale(g, x, hp->emb_scale), "emb_scaled", -1);
     if (hp->embd_in && !hp->embd_in_unscaled) x = given_rows(b, x);

@@ -215,6 +215,10 @@ typedef struct {
                                * PaliGemma's prefix */
     bool embd_in_unscaled;    /* given embeddings replace the token rows before emb_scale (PaliGemma), not after */
     int64_t embd_add_layers;  /* KB_IN_EMBD_ADD rows added to the outputs of this many first layers (Qwen3-VL deepstack) */
+    /* cross-attention layers over an image's states (Mllama: kb_cross_layer; KB_IN_CROSS*) */
+    unsigned char cross_layer[KM_MAX_LAYERS]; /* 1: layer il is a gated cross-attention layer */
+    int64_t cross_rows;       /* cross-attention states per image (tiles * (patches + 1)); set by the vision config */
+    int64_t embd_rows;        /* rows of the token embedding table when beyond vocab (Mllama's vocab + 8); 0: vocab */
     /* ==== per-layer inputs (Gemma 3n, Gemma 4: kb_per_layer_inputs) */
     int64_t ple_dim;          /* hidden_size_per_layer_input P; 0: none */
     int64_t ple_vocab;        /* vocab_size_per_layer_input */

@@ -27,7 +27,7 @@ const km_names km_sandwich_names = {
     X(mimo) X(ministral) X(ministral3)                                                                               \
     X(gpt2) X(gpt_bigcode) X(gpt_neox) X(gptj) X(falcon) X(mpt) X(bloom) X(opt) X(phi) X(starcoder2)             \
     X(qwen2_moe) X(qwen3_moe) X(mixtral) X(olmoe) X(deepseek) X(dots1) X(glm4_moe) X(granitemoe) X(hunyuan_moe) X(ernie4_5_moe) X(gpt_oss) \
-    X(llama4_text) X(phimoe) X(jetmoe) \
+    X(llama4_text) X(phimoe) X(jetmoe) X(mllama) \
     X(mamba) X(mamba2) X(lfm2) X(bamba) X(falcon_h1) X(rwkv) X(recurrent_gemma) \
     X(jamba) X(granitemoehybrid) X(qwen3_next) X(minimax) X(zamba2) \
     X(qwen2_vl_text) X(qwen3_vl_text) X(glm4v_text) \

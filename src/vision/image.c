@@ -115,6 +115,9 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
     KILN_TRY(ku_json_bool(j, "crop_to_patches", false, &p->crop_to_patches));
     KILN_TRY(ku_json_int(j, "min_patches", 1, &p->min_patches));
     KILN_TRY(ku_json_int(j, "max_patches", 12, &p->max_patches));
+    KILN_TRY(ku_json_int(j, "max_image_tiles", !strncmp(p->type, "Mllama", 6) ? 4 : 0, &p->max_image_tiles));
+    if (p->max_image_tiles < 0 || p->max_image_tiles > 64)
+        return kiln_error(KILN_EINVAL, "preprocessor_config.json: max_image_tiles %lld is not 0 to 64", (long long)p->max_image_tiles);
     bool idefics = !strncmp(p->type, "Idefics3", 8) || !strncmp(p->type, "SmolVLM", 7);
     KILN_TRY(ku_json_bool(j, "do_image_splitting", idefics, &p->split));
     const cJSON *mx = ku_json_get(j, "max_image_size");
@@ -449,5 +452,75 @@ kiln_status kimg_preprocess_tiles(const kimg_proc *p, const kimg_image *im, floa
         return st;
     }
     *crops = out, *n = k, *rows = k > 1 ? R : 0, *cols = k > 1 ? C : 0, *side = T;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- Mllama's tile canvas */
+
+/* get_optimal_tiled_canvas over get_all_supported_aspect_ratios (pairs in
+ * Python's order; the first of each pair taken as the height, as the
+ * processor does): the smallest scale >= 1 if any, else the largest; ties
+ * by the smallest area, the first listed. */
+kiln_status kimg_canvas_grid(const kimg_proc *p, int64_t h, int64_t w, int64_t *rows, int64_t *cols) {
+    int64_t M = p->max_image_tiles, T = p->tile;
+    *rows = *cols = 0;
+    if (M <= 0 || M > 64 || T <= 0 || h <= 0 || w <= 0)
+        return kiln_error(KILN_EINVAL, "%s: no tile canvas (max_image_tiles %lld, tile %lld)", p->type, (long long)M, (long long)T);
+    int64_t ar[64 * 64][2], na = 0;
+    double sc[64 * 64];
+    for (int64_t a = 1; a <= M; a++)
+        for (int64_t c = 1; c <= M; c++)
+            if (a * c <= M) ar[na][0] = a, ar[na][1] = c, na++;
+    double best = 0;
+    bool up = false, down = false;
+    for (int64_t i = 0; i < na; i++) {
+        double sh = (double)(ar[i][0] * T) / (double)h, sw = (double)(ar[i][1] * T) / (double)w;
+        sc[i] = sw > sh ? sh : sw;
+        if (sc[i] >= 1 && (!up || sc[i] < best)) best = sc[i], up = true;
+    }
+    for (int64_t i = 0; !up && i < na; i++)
+        if (sc[i] < 1 && (!down || sc[i] > best)) best = sc[i], down = true;
+    for (int64_t i = 0; i < na; i++)
+        if (sc[i] == best && (*rows == 0 || ar[i][0] * ar[i][1] < *rows * *cols)) *rows = ar[i][0], *cols = ar[i][1];
+    return NULL;
+}
+
+kiln_status kimg_preprocess_canvas(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                   int64_t *side) {
+    *crops = NULL, *n = *rows = *cols = 0;
+    int64_t R = 0, C = 0, T = p->tile, M = p->max_image_tiles;
+    KILN_TRY(kimg_canvas_grid(p, im->h, im->w, &R, &C));
+    /* get_image_size_fit_to_canvas: the target clipped to [tile, canvas], the tighter side's scale */
+    int64_t ch = R * T, cw = C * T;
+    int64_t tw = im->w < T ? T : im->w > cw ? cw : im->w, th = im->h < T ? T : im->h > ch ? ch : im->h;
+    double sh = (double)th / (double)im->h, sw = (double)tw / (double)im->w;
+    int64_t nh, nw;
+    if (sw < sh) {
+        nw = tw;
+        nh = (int64_t)floor((double)im->h * sw);
+        nh = nh < 1 ? 1 : nh > th ? th : nh;
+    } else {
+        nh = th;
+        nw = (int64_t)floor((double)im->w * sh);
+        nw = nw < 1 ? 1 : nw > tw ? tw : nw;
+    }
+    kimg_image rs, pad = {0};
+    kiln_status st = kimg_from_rgb(im->rgb, im->h, im->w, &rs);
+    if (!st) st = resize_in_place(p, &rs, nh, nw);
+    if (!st && !(pad.rgb = calloc((size_t)(ch * cw * 3), 1))) st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st) { /* padded with 0 after the image, before rescaling */
+        pad.h = ch, pad.w = cw;
+        for (int64_t y = 0; y < nh; y++) memcpy(pad.rgb + y * cw * 3, rs.rgb + y * nw * 3, (size_t)(nw * 3));
+    }
+    float *out = st ? NULL : calloc((size_t)(M * 3 * T * T), sizeof(float));
+    if (!st && !out) st = kiln_error(KILN_ENOMEM, "out of memory");
+    for (int64_t r = 0; !st && r < R; r++)
+        for (int64_t c = 0; c < C; c++) normalize_window(p, &pad, r * T, c * T, T, T, out + (r * C + c) * 3 * T * T);
+    kimg_free(&rs), kimg_free(&pad);
+    if (st) {
+        free(out);
+        return st;
+    }
+    *crops = out, *n = M, *rows = R, *cols = C, *side = T;
     return NULL;
 }

@@ -83,6 +83,7 @@ typedef struct {
     int64_t tile;                 /* their tiles' side: crop_size.height, else size.height / shortest_edge */
     bool crop_to_patches;         /* GotOcr2 (InternVL, Aya Vision): tiling on */
     int64_t min_patches, max_patches;
+    int64_t max_image_tiles;      /* Mllama: tiles of the canvas at most (0: not Mllama's tiling) */
     char type[64];                /* image_processor_type */
 } kimg_proc;
 
@@ -126,6 +127,17 @@ kiln_status kimg_preprocess_anyres(const kimg_proc *p, const kimg_image *im, flo
 kiln_status kimg_preprocess_tiles(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
                                   int64_t *side);
 
+/* Mllama's image processor on one image: the canvas of rows x cols tiles
+ * of size.height (among the arrangements of at most max_image_tiles tiles)
+ * that needs the least upscaling, else the least downscaling (ties: the
+ * smallest area), the image resized (PIL, aspect kept) to fit it, padded
+ * with black to the right and below, rescaled, normalized, cut into tiles in
+ * row-major order, then zero tiles up to max_image_tiles.
+ * *crops [max_image_tiles, 3, side, side]; *n = max_image_tiles. */
+kiln_status kimg_preprocess_canvas(const kimg_proc *p, const kimg_image *im, float **crops, int64_t *n, int64_t *rows, int64_t *cols,
+                                   int64_t *side);
+/* The canvas (rows, cols of tiles) Mllama's processor picks for an h x w image. */
+kiln_status kimg_canvas_grid(const kimg_proc *p, int64_t h, int64_t w, int64_t *rows, int64_t *cols);
 /* PIL's Image.resize((ow, oh), resample) of an 8-bit RGB image, bit for
  * bit (Pillow's ImagingResample: separable passes, horizontal first, with
  * the filter's support scaled by the downscale factor, fixed-point taps and

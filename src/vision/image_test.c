@@ -1,6 +1,7 @@
 /* Image preprocessing: PIL's resampling and Qwen's smart_resize against
  * tests/data/vision/resize.json (tools/pil_resize_reference.py, Debian's
  * python3-pil), and the processor's resize-crop-normalize order. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -210,4 +211,24 @@ KT_TEST(image_gotocr2_tiles_closest_aspect_ratio) {
     }
     free(px);
     cJSON_Delete(cfg);
+}
+
+/* Mllama's canvas choice (get_optimal_tiled_canvas, max 4 tiles of 32): the
+ * smallest upscale, else the largest downscale, ties by the smallest area;
+ * expected values worked out from transformers' image_processing_mllama. */
+KT_TEST(image_mllama_canvas_choice) {
+    kimg_proc p = {.max_image_tiles = 4, .tile = 32};
+    snprintf(p.type, sizeof p.type, "MllamaImageProcessor");
+    static const int64_t cases[][4] = {{48, 64, 2, 2}, {32, 32, 1, 1}, {10, 10, 1, 1}, {200, 50, 4, 1}, {40, 100, 1, 3}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t r, c;
+        KT_CHECK_OK(kimg_canvas_grid(&p, cases[i][0], cases[i][1], &r, &c));
+        KT_CHECKF(r == cases[i][2] && c == cases[i][3], "%lldx%lld: canvas %lldx%lld, want %lldx%lld", (long long)cases[i][0],
+                  (long long)cases[i][1], (long long)r, (long long)c, (long long)cases[i][2], (long long)cases[i][3]);
+    }
+    int64_t r, c;
+    p.max_image_tiles = 0;
+    kiln_status st = kimg_canvas_grid(&p, 48, 64, &r, &c);
+    KT_CHECK(st != NULL);
+    kiln_status_free(st);
 }

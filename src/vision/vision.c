@@ -15,7 +15,7 @@
 
 /* One line per family; a new vision-language family is a file beside
  * llava.c defining kvis_family_<name>, plus its name here. */
-#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(internvl) X(aya_vision) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl) X(glm4v) X(qwen2_5_omni)
+#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(internvl) X(aya_vision) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl) X(glm4v) X(qwen2_5_omni) X(mllama)
 
 #define DECLARE(f) extern const kvis_family kvis_family_##f;
 KVIS_FAMILIES(DECLARE)
@@ -267,11 +267,14 @@ kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_thread
     if (!b.g) return kiln_error(KILN_ENOMEM, "out of memory");
     kg_node *in, *out, *deep = NULL;
     int64_t gh = px->h / m->patch, gw = px->w / m->patch;
-    if (has(m, KVIS_F_PATCHES))
+    bool all = m->family->emit_crops != NULL; /* every crop in one run */
+    if (all)
+        in = kg_param(b.g, KG_F32, KG_SHAPE(crops, px->c, px->h, px->w), "pixel_values");
+    else if (has(m, KVIS_F_PATCHES))
         in = kg_param(b.g, KG_F32, KG_SHAPE(gh * gw, 3 * m->temporal_patch * m->patch * m->patch), "pixel_values");
     else
         in = kg_param(b.g, KG_F32, KG_SHAPE(px->c, px->h, px->w), "pixel_values");
-    out = m->family->emit(&b, m, in, gh, gw, &deep);
+    out = all ? m->family->emit_crops(&b, m, in, px) : m->family->emit(&b, m, in, gh, gw, &deep);
     int64_t L = kvis_deepstack_layers(m);
     kiln_status st = b.err;
     if (!st) st = kg_take_error(b.g);
@@ -291,6 +294,7 @@ kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_thread
     kp_options po = {0};
     KILN_TRY(kr_exec_create(b.g, &po, &ex));
     kr_pool *pool = kr_pool_create(n_threads);
+    if (all) crops = 1, crop = 0;
     float *f = malloc(sizeof(float) * (size_t)(crops * n * E)), *d = L > 0 && deepstack ? malloc(sizeof(float) * (size_t)(n * L * E)) : NULL;
     if (!pool || !f || (L > 0 && deepstack && !d)) {
         kr_exec_destroy(ex);
@@ -333,6 +337,9 @@ kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kv
         out->w = out->h;
     } else if (has(m, KVIS_F_TILES)) {
         KILN_TRY(kimg_preprocess_tiles(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
+        out->w = out->h;
+    } else if (has(m, KVIS_F_CANVAS)) {
+        KILN_TRY(kimg_preprocess_canvas(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
         out->w = out->h;
     } else if (has(m, KVIS_F_ANYRES)) {
         KILN_TRY(kimg_preprocess_anyres(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
@@ -412,6 +419,20 @@ kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_
     memset(out, 0, sizeof *out);
     int64_t L = kvis_deepstack_layers(m), k = 0;
     for (int i = 0; i < n; i++) k += ids[i] == m->image_token;
+    if (has(m, KVIS_F_CROSS)) { /* Mllama: one image, its states at its token */
+        if (k != 1 || n_images != 1)
+            return kiln_error(KILN_EUNSUPPORTED, "%s: one image per prompt (%lld image tokens, %d images given)", m->model_type, (long long)k, n_images);
+        out->cross = calloc((size_t)n, sizeof *out->cross);
+        out->cross_keys = calloc((size_t)n, sizeof *out->cross_keys);
+        out->embd = calloc((size_t)n, sizeof *out->embd);
+        if (!out->cross || !out->cross_keys || !out->embd) {
+            kvis_inputs_free(out);
+            return kiln_error(KILN_ENOMEM, "out of memory");
+        }
+        for (int i = 0; i < n; i++)
+            if (ids[i] == m->image_token) out->cross[i] = feat, out->cross_keys[i] = kvis_cross_keys(m, px);
+        return NULL;
+    }
     if (k != n_feat)
         return kiln_error(KILN_EINVAL, "the prompt has %lld image tokens for %lld image feature rows", (long long)k, (long long)n_feat);
     out->embd = calloc((size_t)n, sizeof *out->embd);
@@ -435,11 +456,26 @@ kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_
 
 void kvis_inputs_free(kvis_inputs *x) {
     if (!x) return;
-    free(x->embd), free(x->embd_add), free(x->span), free(x->pos3);
+    free(x->embd), free(x->embd_add), free(x->span), free(x->pos3), free(x->cross), free(x->cross_keys);
     memset(x, 0, sizeof *x);
 }
 
 bool kvis_mrope(const kvis_model *m) { return has(m, KVIS_F_MROPE); }
+
+bool kvis_cross(const kvis_model *m) { return has(m, KVIS_F_CROSS); }
+
+int32_t kvis_cross_keys(const kvis_model *m, const kvis_pixels *px) {
+    int64_t pt = m->image_size / m->patch;
+    return (int32_t)(px->rows * px->cols * (pt * pt + 1));
+}
+
+kiln_status kvis_pixels_aspect(const kvis_model *m, int64_t aspect_id, kvis_pixels *px) {
+    if (!has(m, KVIS_F_CANVAS)) return NULL;
+    if (aspect_id < 1 || aspect_id > m->n_aspects)
+        return kiln_error(KILN_EINVAL, "%s: aspect ratio id %lld is not 1..%lld", m->model_type, (long long)aspect_id, (long long)m->n_aspects);
+    px->rows = m->aspects[aspect_id - 1][0], px->cols = m->aspects[aspect_id - 1][1];
+    return NULL;
+}
 
 kiln_status kvis_positions(const kvis_model *m, const kvis_pixels *px, int n_images, const int32_t *ids, int n, int32_t *pos3) {
     if (!has(m, KVIS_F_MROPE)) return kiln_error(KILN_EUNSUPPORTED, "%s has no M-RoPE positions", m->model_type);

@@ -74,6 +74,15 @@ kiln_status kvis_encode_images(const kvis_model *m, const kvis_pixels *px, int n
 /* Text layers that take deepstack rows (Qwen3-VL; 0 for others). */
 int64_t kvis_deepstack_layers(const kvis_model *m);
 
+/* True when the features are the text model's cross-attention states
+ * (Mllama: ke_inputs.cross on the image token, whose embedding stays). */
+bool kvis_cross(const kvis_model *m);
+/* The cross-attention states the tokens after the image attend to (its
+ * tiles in use, ke_inputs.cross_keys). */
+int32_t kvis_cross_keys(const kvis_model *m, const kvis_pixels *px);
+/* px's tile canvas from the processor's aspect_ratio_ids value (Mllama: for
+ * pixels that come from elsewhere, the oracle's pixel_values.npy). */
+kiln_status kvis_pixels_aspect(const kvis_model *m, int64_t aspect_id, kvis_pixels *px);
 /* True when the text model takes M-RoPE positions (Qwen-VL): ke_inputs.positions. */
 bool kvis_mrope(const kvis_model *m);
 /* transformers' get_rope_index for ids[n] holding the placeholder blocks
@@ -118,6 +127,8 @@ typedef struct {
     const float **embd_add; /* [n] into deep; NULL when deep is */
     int32_t *span;          /* [n, 2] (kvis_spans) */
     int32_t *pos3;          /* [n, 3] M-RoPE positions (kvis_positions); NULL unless kvis_mrope */
+    const float **cross;    /* [n] kvis_cross: the image's states at its token (ke_inputs.cross); NULL otherwise */
+    int32_t *cross_keys;    /* [n] the states attended from it on (ke_inputs.cross_keys) */
 } kvis_inputs;
 kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_images, const float *feat, const float *deep,
                               int64_t n_feat, int64_t hidden, const int32_t *ids, int n, kvis_inputs *out);

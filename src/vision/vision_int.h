@@ -1,7 +1,7 @@
 /* vision_int.h: what the vision families share (internal to src/vision).
  *
  * A vision-language family is one kvis_family descriptor in its own file
- * (llava.c, pixtral.c, paligemma.c, gemma3.c, smolvlm.c, mistral3.c, qwen_vl.c) plus
+ * (llava.c, pixtral.c, paligemma.c, gemma3.c, smolvlm.c, mistral3.c, mllama.c, qwen_vl.c) plus
  * one line in KVIS_FAMILIES (vision.c). Its hooks say what differs: how
  * its config is read, the tower + projector graph, the image's block of
  * placeholder ids; its flags say how the text model takes the features.
@@ -63,6 +63,10 @@ struct kvis_model {
     int32_t vision_start, vision_end;
     unsigned char full_attn[KM_MAX_LAYERS];   /* 2.5: fullatt_block_indexes (others attend within windows) */
     int deepstack[KM_MAX_LAYERS], n_deepstack; /* 3: tower layers whose output feeds a deepstack merger */
+    /* Mllama */
+    int64_t n_global_layers;  /* num_global_layers: the gated global encoder after the local one */
+    int inter_layers[16], n_inter; /* intermediate_layers_indices: hidden states concatenated after the output */
+    int64_t aspects[KIMG_MAX_PINPOINTS][2], n_aspects; /* supported_aspect_ratios (as the config lists them); id = index + 1 */
 };
 
 enum {
@@ -76,6 +80,8 @@ enum {
     KVIS_F_SPLIT = 1 << 7,        /* the processor splits the image into crops (Idefics3 / SmolVLM: kimg_preprocess_split) */
     KVIS_F_ANYRES = 1 << 8,       /* the processor tiles the image into a pinpoint (LLaVA-NeXT: kimg_preprocess_anyres) */
     KVIS_F_TILES = 1 << 9,        /* GotOcr2's tiling: tiles of the closest aspect ratio, then a thumbnail (kimg_preprocess_tiles) */
+    KVIS_F_CANVAS = 1 << 10,      /* Mllama's tiling: the image resized into a canvas of tiles and padded (kimg_preprocess_canvas) */
+    KVIS_F_CROSS = 1 << 11,       /* the features are the text model's cross-attention states (ke_inputs.cross), not embeddings */
 };
 
 struct kvis_family {
@@ -103,6 +109,8 @@ struct kvis_family {
      * KVIS_F_PATCHES) of a gh x gw patch grid: [tokens, text hidden];
      * *deep the deepstack rows (KVIS_F_DEEPSTACK). Errors through b. */
     kg_node *(*emit)(kb_ctx *b, const kvis_model *m, kg_node *px, int64_t gh, int64_t gw, kg_node **deep);
+    /* In place of emit: the tower on all crops at once, px [n, 3, H, W] of pixels pxs (Mllama's tiles attend to each other). */
+    kg_node *(*emit_crops)(kb_ctx *b, const kvis_model *m, kg_node *px, const kvis_pixels *pxs);
     /* The rows of all crops' features feat [crops * per_crop, text hidden]
      * -> the image's rows *out [*n_out, text hidden] (malloc'ed), on the
      * host (NULL: as they are). */
