@@ -596,6 +596,16 @@ void ke_ctx_cache_flush(ke_ctx *c) {
     for (int32_t b = 0; b < c->n_blocks; b++) disk_write(c, b);
 }
 
+void ke_ctx_cache_drop(ke_ctx *c) {
+    while (c->lru_head >= 0) {
+        int32_t b = c->lru_head;
+        lru_unlink(c, b);
+        disk_write(c, b);
+        unpublish(c, b);
+        c->free_blocks[c->n_free++] = b;
+    }
+}
+
 /* Reads the file of the block with hash h (parent, tokens t) and checks it
  * belongs here; returns its payload (malloc'ed, starting with the header)
  * or NULL (a miss: absent or not a match). want_snap: only a file with a

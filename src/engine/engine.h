@@ -195,6 +195,10 @@ void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n);
  * what computing it gives, bit for bit, or is computed. The files survive a
  * restart; least recently used ones go when the size bound is reached. */
 void ke_ctx_cache_flush(ke_ctx *c);
+/* Forgets every cached block no sequence uses (each written to disk first
+ * when there is a disk tier): what a restart leaves of the cache, with the
+ * compiled executables kept (kiln bench --multi-turn). */
+void ke_ctx_cache_drop(ke_ctx *c);
 
 /* Releases the blocks that fell out of the sliding window of every layer
  * (see ke_ctx_window); returns how many. Call between decodes. */
