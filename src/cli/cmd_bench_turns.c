@@ -46,8 +46,9 @@ static kiln_status prefill(turns *t, int seq, const int32_t *tok, int64_t from, 
     int nr = 0;
     kiln_status st = NULL;
     for (int64_t i = from; i < n && !st;) {
-        int64_t end = i + t->chunk < n ? (i + t->chunk) / bs * bs : n; /* a chunk ends at a block boundary */
-        if (end <= i) end = i + t->chunk < n ? i + t->chunk : n;
+        /* a chunk ends at the last block boundary it reaches, as the scheduler cuts them */
+        int64_t end = i + t->chunk < n ? i + t->chunk : n;
+        if (end / bs * bs > i) end = end / bs * bs;
         st = ke_decode(t->c, &(ke_batch){(int)(end - i), tok + i, seqs, NULL}, &lg, &nr);
         if (!st && publish) ke_seq_publish(t->c, seq, tok, end);
         i = end;
