@@ -169,6 +169,13 @@ static void forget(kvd_store *d, int64_t i, bool unlink_file) {
     d->e[i] = d->e[--d->n];
 }
 
+static int64_t oldest(const kvd_store *d) { /* the least recently used entry (d->n > 0) */
+    int64_t lru = 0;
+    for (int64_t i = 1; i < d->n; i++)
+        if (d->e[i].tick < d->e[lru].tick) lru = i;
+    return lru;
+}
+
 static bool add(kvd_store *d, uint64_t key, int64_t bytes, uint64_t tick) {
     if (d->n == d->cap) {
         int64_t nc = d->cap ? d->cap * 2 : 256;
@@ -226,9 +233,9 @@ kiln_status kvd_open(const char *dir, int64_t max_bytes, kvd_store **out) {
     }
     closedir(dh);
     /* ticks from here on: the files' order, oldest first, then uses */
-    qsort(d->e, (size_t)d->n, sizeof(entry), by_mtime);
+    if (d->n) qsort(d->e, (size_t)d->n, sizeof(entry), by_mtime);
     for (int64_t i = 0; i < d->n; i++) d->e[i].tick = ++d->tick;
-    while (d->st.bytes > d->max_bytes && d->n > 0) forget(d, 0, true), d->st.evictions++; /* a smaller bound than last time */
+    while (d->st.bytes > d->max_bytes && d->n > 0) forget(d, oldest(d), true), d->st.evictions++; /* a smaller bound than last time */
     *out = d;
     return NULL;
 }
@@ -256,10 +263,7 @@ bool kvd_put(kvd_store *d, uint64_t key, const kvd_seg *segs, int n) {
         return false;
     }
     while (d->st.bytes + bytes > d->max_bytes && d->n > 0) {
-        int64_t lru = 0;
-        for (int64_t i = 1; i < d->n; i++)
-            if (d->e[i].tick < d->e[lru].tick) lru = i;
-        forget(d, lru, true);
+        forget(d, oldest(d), true);
         d->st.evictions++;
     }
     char p[4200];

@@ -1,9 +1,11 @@
 /* The disk store: atomic blobs, checks on read, the size bound (least
  * recently used first, across a reopen). */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kt.h"
@@ -77,4 +79,30 @@ KT_TEST(kvdisk_roundtrip_bound_and_damage) {
     KT_CHECK_ERR(kvd_open(fp, 1 << 20, &d), "slot.bin");
     unlink(fp);
     rmdir(dir);
+}
+
+/* Reopened with a smaller bound: the oldest files go, in order. */
+KT_TEST(kvdisk_reopen_smaller_bound_drops_oldest) {
+    char dir[] = "/tmp/kiln-kvdisk-XXXXXX";
+    KT_CHECK(mkdtemp(dir));
+    char blob[100] = {1};
+    kvd_store *d;
+    KT_CHECK_OK(kvd_open(dir, 1 << 20, &d));
+    for (uint64_t k = 1; k <= 4; k++) {
+        KT_CHECK(kvd_put(d, k, (kvd_seg[]){{blob, 100}}, 1));
+        char p[4200];
+        path_of(p, sizeof p, dir, k);
+        struct timespec ts[2] = {{.tv_sec = 1000000 + (time_t)k * 10}, {.tv_sec = 1000000 + (time_t)k * 10}};
+        KT_CHECK(utimensat(AT_FDCWD, p, ts, 0) == 0); /* modification order 1, 2, 3, 4 */
+    }
+    kvd_close(d);
+    KT_CHECK_OK(kvd_open(dir, 2 * 148, &d)); /* room for two */
+    KT_CHECK(!kvd_has(d, 1, NULL) && !kvd_has(d, 2, NULL) && kvd_has(d, 3, NULL) && kvd_has(d, 4, NULL));
+    kvd_close(d);
+    for (uint64_t k = 3; k <= 4; k++) {
+        char p[4200];
+        path_of(p, sizeof p, dir, k);
+        unlink(p);
+    }
+    KT_CHECK(rmdir(dir) == 0);
 }
