@@ -1,7 +1,7 @@
 /* The prefix cache's disk tier (ke_ctx_params.cache_dir): blocks and state
  * snapshots evicted to disk, and restored after a restart, give logits
  * bit-identical to a cold run, on committed oracle fixtures of each kind
- * (dense attention, SSM, hybrid); corrupt, truncated or foreign files are
+ * (dense attention, sliding window, SSM, hybrid); corrupt, truncated or foreign files are
  * misses with the same output. */
 #include <dirent.h>
 #include <stdio.h>
@@ -31,6 +31,7 @@ static kiln_status feed(ke_ctx *c, int seq, const int32_t *tokens, int from, int
         if (k > n - i) k = n - i;
         KILN_TRY(ke_decode(c, &(ke_batch){k, tokens + i, seqs, NULL}, &lg, &nr));
         ke_seq_publish(c, seq, tokens, i + k);
+        ke_seq_trim_window(c, seq); /* as the scheduler does: blocks out of every layer's window go */
         i += k;
     }
     if (last) memcpy(last, lg, sizeof(float) * (size_t)V);
@@ -222,4 +223,8 @@ KT_TEST(diskcache_snapshots_beyond_ram_budget) {
     rmdir(dir);
     free(want);
     ke_model_free(m);
+}
+KT_TEST(diskcache_sliding_window_evict_restore_exact) {
+    check_fixture("gemma3_text"); /* sliding and global layers */
+    check_fixture("qwen2_sliding");
 }
