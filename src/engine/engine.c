@@ -6,7 +6,6 @@
 
 #include "kernels/kernels.h"
 #include "kvdisk/kvdisk.h"
-
 #include "models/blocks.h"
 #include "runtime/exec.h"
 #include "runtime/pool.h"
