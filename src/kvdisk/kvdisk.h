@@ -53,7 +53,7 @@ bool kvd_put(kvd_store *d, uint64_t key, const kvd_seg *segs, int n);
 bool kvd_get(kvd_store *d, uint64_t key, void **out, size_t *len);
 void kvd_get_stats(const kvd_store *d, kvd_stats *out);
 
-/* The same file format at an explicit path (slot saves): written atomically
+/* The same file format at an explicit path (explicit saves): written atomically
  * (temporary file beside it, then rename); read with the same checks, which
  * fail with a KILN_EINVAL error naming the path and the problem. */
 kiln_status kvd_write_file(const char *path, const kvd_seg *segs, int n, size_t *bytes_written);
