@@ -1,6 +1,7 @@
 /* kvdisk.h: a bounded on-disk store of checksummed blobs (prefix kvd_), the
- * disk tier of the prefix cache (engine.h, ke_ctx_params.cache_dir) and the
- * format of explicit slot saves (llama-server's /slots/{id}?action=save).
+ * disk tier of the prefix cache (engine.h, ke_ctx_params.cache_dir); the same
+ * format at an explicit path is meant for explicit saves (llama-server's
+ * /slots/{id}?action=save, which kiln does not serve yet).
  *
  * A blob lives in DIR/<16 hex digits of its key>.kvb as
  *   "KILNKVD1" | u64 payload length (little endian) | payload | SHA-256 of the
