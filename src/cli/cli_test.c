@@ -239,3 +239,33 @@ KT_TEST(cli_bench_embed_reports_embeddings_per_second) {
     EXPECT_RUN("bench --embed -m tests/fixtures/embed/xlmr_cls --batch 0", 1, "--batch");
     EXPECT_RUN("bench --embed --help", 0, "embeddings per second");
 }
+
+/* kiln bench --multi-turn: turn 2 reuses turn 1 from memory, from disk and
+ * after a restart (the bench checks the first tokens are the cold run's). */
+KT_TEST(cli_bench_multi_turn_reuses_turn_one) {
+    KT_NEED_KILN_BIN();
+    const char *models[2] = {"qwen2", "jamba"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "bench --multi-turn -m tests/fixtures/oracle/%s -p 100 -n 4 --turn2 8 -t 1 --json", models[k]);
+        kt_proc p;
+        KT_CHECK(kt_run_kiln(cmd, NULL, &p) == 0);
+        KT_CHECKF(p.status == 0, "%s: status %d: %s", models[k], p.status, p.err);
+        cJSON *j = cJSON_Parse(p.out);
+        KT_CHECKF(j, "not JSON: %s", p.out);
+        static const char *const names[4] = {"cold", "cached", "disk", "restart"};
+        for (int i = 0; j && i < 4; i++) {
+            const cJSON *r = cJSON_GetObjectItem(j, names[i]);
+            KT_CHECK(r && cJSON_GetObjectItem(r, "ttft_s")->valuedouble > 0);
+            int reused = r ? cJSON_GetObjectItem(r, "reused_tokens")->valueint : -1;
+            KT_CHECKF(i ? reused == 96 : reused == 0, "%s %s: %d tokens reused", models[k], names[i], reused);
+            int disk = r ? cJSON_GetObjectItem(r, "disk_hits")->valueint : -1;
+            KT_CHECKF(i >= 2 ? disk == 96 : disk == 0, "%s %s: %d disk hits", models[k], names[i], disk);
+        }
+        cJSON_Delete(j);
+        kt_run_free(&p);
+    }
+    EXPECT_RUN("bench --multi-turn", 1, "needs -m DIR");
+    EXPECT_RUN("bench --multi-turn -m tests/fixtures/oracle/qwen2 --chunk 3", 1, "--chunk");
+    EXPECT_RUN("bench --multi-turn --help", 0, "time to first token");
+}

@@ -26,6 +26,9 @@ static void usage(FILE *f) {
             "  --block-size N         tokens per KV block (default 16)\n"
             "  --cache-ram MIB        models with recurrent state (Mamba, hybrids): memory for the state\n"
             "                         snapshots prefix caching resumes from (default 256; 0: none)\n"
+            "  --cache-dir DIR        the prefix cache's disk tier: evicted KV blocks and state snapshots\n"
+            "                         are kept in DIR (created if absent) and survive a restart\n"
+            "  --cache-dir-size MIB   its size bound, least recently used files removed first (default 10240)\n"
             "  -b, --step-tokens N    tokens per engine step: decodes plus prompt chunks (default 256)\n"
             "  --queue N              requests waiting before 503 (default 256)\n"
             "  -t, --threads N        engine threads (default: all CPUs)\n"
@@ -110,7 +113,7 @@ int kiln_cmd_serve(int argc, char **argv) {
             "--kv-tokens", "--cache-ram", "--block-size", "-b", "--step-tokens", "--queue", "-t", "--threads",
             "--api-key", "--alias", "--served-model-name", "--max-body", "--timeout", "--request-timeout",
             "--max-conns", "--max-conns-per-ip", "--max-image-pixels", "--shutdown-timeout", "--reasoning-budget",
-            "--reasoning-format", "--pooling", NULL};
+            "--reasoning-format", "--pooling", "--cache-dir", "--cache-dir-size", NULL};
         bool flag = kiln_flag_in(a, flags);
         if ((st = kiln_option("serve", a, v, valued, flags))) break;
         int64_t x = 0;
@@ -121,6 +124,8 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size") || !strcmp(a, "--max-model-len")) st = kiln_parse_int(a, v, 0, 1 << 24, &p.ctx_size);
         else if (!strcmp(a, "--kv-tokens")) st = kiln_parse_int(a, v, 0, 1ll << 32, &p.kv_tokens);
         else if (!strcmp(a, "--cache-ram")) st = kiln_parse_int(a, v, 0, 1ll << 30, &x), p.state_cache_bytes = x ? x << 20 : -1;
+        else if (!strcmp(a, "--cache-dir")) p.cache_dir = v;
+        else if (!strcmp(a, "--cache-dir-size")) st = kiln_parse_int(a, v, 1, 1ll << 30, &x), p.cache_dir_bytes = x << 20;
         else if (!strcmp(a, "--block-size")) st = kiln_parse_int(a, v, 1, 4096, &x), p.block_size = (int)x;
         else if (!strcmp(a, "-b") || !strcmp(a, "--step-tokens")) st = kiln_parse_int(a, v, 1, 1 << 20, &x), p.step_tokens = (int)x;
         else if (!strcmp(a, "--queue")) st = kiln_parse_int(a, v, 1, 1 << 20, &x), p.max_queue = (int)x;

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
+#include "kvdisk/kvdisk.h"
 #include "models/blocks.h"
 #include "runtime/exec.h"
 #include "runtime/pool.h"
@@ -126,6 +128,8 @@ kvis_model *ke_model_vision(const ke_model *m) { return m->vision; }
 
 /* ---------------------------------------------------------------- context */
 
+static kiln_status disk_open(ke_ctx *c, const char *dir, int64_t max_bytes);
+
 static int64_t pow2_at_least(int64_t x, int64_t cap) {
     int64_t p = 1;
     while (p < x) p *= 2;
@@ -194,6 +198,14 @@ struct ke_ctx {
     float **snap;         /* [n_blocks]; NULL: none */
     uint64_t *snap_used;  /* [n_blocks] tick of last use */
     int64_t snap_numel, n_snaps, max_snaps;
+    /* the disk tier (see ke_ctx_cache_flush): ondisk[b] says the file of
+     * block b holds all it holds now; blob is a file's worth of scratch */
+    kvd_store *disk;
+    uint64_t model_id, layout_id;
+    uint8_t *ondisk;
+    int64_t kv_floats; /* per block, every layer's K and V */
+    unsigned char *blob;
+    int64_t disk_hits, disk_bad;
     seq_state *seqs;
     int n_seqs, cap_seqs;
     exec_entry execs[MAX_EXECS];
@@ -324,6 +336,14 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
             return kiln_error(KILN_ENOMEM, "cannot allocate the KV cache (%lld tokens): lower --ctx-size",
                               (long long)slots);
         }
+        c->kv_floats += bs * cs->heads * (cs->dk + cs->dv);
+    }
+    if (p->cache_dir && *p->cache_dir) {
+        st = disk_open(c, p->cache_dir, p->cache_dir_bytes > 0 ? p->cache_dir_bytes : (int64_t)10 << 30);
+        if (st) {
+            ke_ctx_free(c);
+            return st;
+        }
     }
     *out = c;
     return NULL;
@@ -334,6 +354,9 @@ oom:
 
 void ke_ctx_free(ke_ctx *c) {
     if (!c) return;
+    if (c->disk) ke_ctx_cache_flush(c);
+    kvd_close(c->disk);
+    free(c->ondisk), free(c->blob);
     for (int i = 0; i < c->n_execs; i++) {
         kr_exec_destroy(c->execs[i].exec);
         free(c->execs[i].inputs);
@@ -395,6 +418,7 @@ static void unpublish(ke_ctx *c, int32_t b) {
     while (*pp != b) pp = &c->hnext[*pp];
     *pp = c->hnext[b];
     c->cached[b] = 0;
+    if (c->ondisk) c->ondisk[b] = 0;
     if (c->snap && c->snap[b]) {
         free(c->snap[b]);
         c->snap[b] = NULL;
@@ -416,25 +440,205 @@ static void state_copy(ke_ctx *c, int32_t slot, float *buf, bool to_row) {
         }
 }
 
-/* Keeps seq q's state (after its first len tokens, len a multiple of the
- * block size) with the cached block b holding its last tokens, dropping the
- * least recently used snapshot when the budget is full. */
-static void snapshot(ke_ctx *c, const seq_state *q, int32_t b) {
-    if (!c->snap || c->snap[b] || q->state_slot < 0) return;
+static void disk_write(ke_ctx *c, int32_t b);
+
+/* A snapshot buffer for the cached block b (which has none), dropping the
+ * least recently used snapshot (to disk first, when there is a disk tier)
+ * when the budget is full; NULL when there is no room. */
+static float *snap_take(ke_ctx *c, int32_t b) {
     if (c->n_snaps >= c->max_snaps) {
         int64_t old = -1;
         for (int64_t i = 0; i < c->n_blocks; i++)
             if (c->snap[i] && (old < 0 || c->snap_used[i] < c->snap_used[old])) old = i;
-        if (old < 0) return;
+        if (old < 0) return NULL;
+        disk_write(c, (int32_t)old);
         c->snap[b] = c->snap[old]; /* reuse its buffer */
         c->snap[old] = NULL;
     } else {
         c->snap[b] = malloc(sizeof(float) * (size_t)c->snap_numel);
-        if (!c->snap[b]) return;
+        if (!c->snap[b]) return NULL;
         c->n_snaps++;
     }
-    state_copy(c, q->state_slot, c->snap[b], false);
+    if (c->ondisk) c->ondisk[b] = 0; /* its file, if any, lacks the snapshot */
     c->snap_used[b] = ++c->tick;
+    return c->snap[b];
+}
+
+/* Keeps seq q's state (after its first len tokens, len a multiple of the
+ * block size) with the cached block b holding its last tokens. */
+static void snapshot(ke_ctx *c, const seq_state *q, int32_t b) {
+    if (!c->snap || c->snap[b] || q->state_slot < 0) return;
+    float *buf = snap_take(c, b);
+    if (buf) state_copy(c, q->state_slot, buf, false);
+}
+
+/* ---------------------------------------------------------------- disk tier */
+
+/* A block file's payload: this header, the block's tokens, every cached
+ * layer's K then V rows of its slots (layer order), then the snapshot. */
+typedef struct {
+    char magic[8];
+    uint64_t model_id, layout_id, hash, parent;
+    uint32_t block_size, has_snap;
+    uint64_t kv_floats, snap_floats;
+} disk_head;
+
+#define DISK_MAGIC "kiln.kvb"
+
+static uint64_t mix64(uint64_t x);
+
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, c + i, 8);
+        h = mix64(h ^ w);
+    }
+    uint64_t t = n;
+    for (size_t i = n & ~(size_t)7; i < n; i++) t = t << 8 | c[i];
+    return mix64(h ^ t);
+}
+
+static uint64_t hash_str(uint64_t h, const char *s) { return hash_bytes(h, s ? s : "", s ? strlen(s) + 1 : 1); }
+
+/* The model's identity: its family, config.json, and per tensor its name,
+ * dtype, shape and 64 bytes at each of 65 places through its data (the
+ * files are mapped: hashing every byte would read the whole checkpoint). */
+static uint64_t model_identity(const ke_model *m) {
+    uint64_t h = hash_str(0x6b696c6e6d6f646cull, m->fam->name);
+    char *cfg = cJSON_PrintUnformatted(kc_root_config(m->ck));
+    h = hash_str(h, cfg);
+    free(cfg);
+    for (int i = 0; i < kc_tensor_count(m->ck); i++) {
+        const kc_tensor *t = kc_tensor_at(m->ck, i);
+        h = hash_str(h, t->name);
+        int64_t meta[2 + KC_MAX_RANK] = {t->dtype, t->rank};
+        for (int k = 0; k < t->rank; k++) meta[2 + k] = t->shape[k];
+        h = hash_bytes(h, meta, sizeof meta);
+        h = hash_bytes(h, &t->nbytes, sizeof t->nbytes);
+        size_t n = t->nbytes < 64 ? t->nbytes : 64;
+        for (int k = 0; k <= 64 && n > 0; k++) h = hash_bytes(h, (const char *)t->data + (t->nbytes - n) / 64 * (size_t)k, n);
+    }
+    return h;
+}
+
+/* What else decides the bits of a cached block: the layout and the
+ * arithmetic (kernels chosen by ISA, compile options). */
+static uint64_t layout_identity(const ke_ctx *c) {
+    const km_hparams *hp = &c->m->hp;
+    int64_t v[6] = {3 /* format version */, c->p.block_size, hp->n_layers, (int64_t)sizeof(float), kk_isa_level(),
+                    c->p.compile.decompose_all * 2 + c->p.compile.no_fusion};
+    uint64_t h = hash_bytes(0x6b696c6e6c61796full, v, sizeof v);
+    h = hash_str(h, c->p.compile.decompose_only);
+    for (int64_t l = 0; l < hp->n_layers; l++) {
+        const kb_cache_spec *cs = &c->cache[l];
+        int64_t w[4 + KB_MAX_STATES] = {cs->heads, cs->dk, cs->dv, cs->n_states};
+        for (int k = 0; k < cs->n_states; k++) w[4 + k] = cs->state_numel[k];
+        h = hash_bytes(h, w, sizeof w);
+    }
+    return h;
+}
+
+static kiln_status disk_open(ke_ctx *c, const char *dir, int64_t max_bytes) {
+    KILN_TRY(kvd_open(dir, max_bytes, &c->disk));
+    c->model_id = model_identity(c->m);
+    c->layout_id = layout_identity(c);
+    size_t n = sizeof(disk_head) + sizeof(int32_t) * (size_t)c->p.block_size +
+               sizeof(float) * (size_t)(c->kv_floats + c->snap_numel);
+    c->ondisk = calloc((size_t)c->n_blocks, 1);
+    c->blob = malloc(n);
+    if (!c->ondisk || !c->blob) {
+        kvd_close(c->disk);
+        c->disk = NULL;
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    return NULL;
+}
+
+/* The file of the block with prefix hash h: distinct per model and layout. */
+static uint64_t disk_key(const ke_ctx *c, uint64_t h) { return mix64(mix64(h ^ c->model_id) ^ c->layout_id); }
+
+/* Copies block b's K and V rows of every layer into buf (to_cache false) or buf into them. */
+static void kv_copy(ke_ctx *c, int32_t b, float *buf, bool to_cache) {
+    int64_t bs = c->p.block_size;
+    for (int64_t l = 0; l < c->m->hp.n_layers; l++) {
+        const kb_cache_spec *cs = &c->cache[l];
+        if (!cs->heads) continue;
+        for (int v = 0; v < 2; v++) {
+            int64_t row = cs->heads * (v ? cs->dv : cs->dk), n = bs * row;
+            float *at = (v ? c->vcache[l] : c->kcache[l]) + b * n;
+            if (to_cache) memcpy(at, buf, sizeof(float) * (size_t)n);
+            else memcpy(buf, at, sizeof(float) * (size_t)n);
+            buf += n;
+        }
+    }
+}
+
+/* Writes the published block b to disk unless its file already holds it. A
+ * model whose layers keep no keys and values writes only blocks with a
+ * snapshot (there is nothing else to keep). */
+static void disk_write(ke_ctx *c, int32_t b) {
+    if (!c->disk || !c->cached[b] || c->ondisk[b]) return;
+    bool snap = c->snap && c->snap[b];
+    if (!c->kv_floats && !snap) return;
+    int64_t bs = c->p.block_size;
+    disk_head hd = {.model_id = c->model_id, .layout_id = c->layout_id, .hash = c->bhash[b], .parent = c->bparent[b],
+                    .block_size = (uint32_t)bs, .has_snap = snap, .kv_floats = (uint64_t)c->kv_floats,
+                    .snap_floats = (uint64_t)c->snap_numel};
+    memcpy(hd.magic, DISK_MAGIC, 8);
+    unsigned char *p = c->blob;
+    memcpy(p, &hd, sizeof hd), p += sizeof hd;
+    memcpy(p, c->btok + b * bs, sizeof(int32_t) * (size_t)bs), p += sizeof(int32_t) * (size_t)bs;
+    kv_copy(c, b, (float *)p, false), p += sizeof(float) * (size_t)c->kv_floats;
+    if (snap) memcpy(p, c->snap[b], sizeof(float) * (size_t)c->snap_numel), p += sizeof(float) * (size_t)c->snap_numel;
+    if (kvd_put(c->disk, disk_key(c, c->bhash[b]), &(kvd_seg){c->blob, (size_t)(p - c->blob)}, 1)) c->ondisk[b] = 1;
+}
+
+void ke_ctx_cache_flush(ke_ctx *c) {
+    if (!c->disk) return;
+    for (int32_t b = 0; b < c->n_blocks; b++) disk_write(c, b);
+}
+
+void ke_ctx_cache_drop(ke_ctx *c) {
+    while (c->lru_head >= 0) {
+        int32_t b = c->lru_head;
+        lru_unlink(c, b);
+        disk_write(c, b);
+        unpublish(c, b);
+        c->free_blocks[c->n_free++] = b;
+    }
+}
+
+/* Reads the file of the block with hash h (parent, tokens t) and checks it
+ * belongs here; returns its payload (malloc'ed, starting with the header)
+ * or NULL (a miss: absent or not a match). want_snap: only a file with a
+ * snapshot. */
+static disk_head *disk_read(ke_ctx *c, uint64_t h, uint64_t parent, const int32_t *t, bool want_snap) {
+    uint64_t key = disk_key(c, h);
+    size_t len, bs = (size_t)c->p.block_size;
+    size_t base = sizeof(disk_head) + sizeof(int32_t) * bs + sizeof(float) * (size_t)c->kv_floats;
+    if (!kvd_has(c->disk, key, &len) || (want_snap && len != base + sizeof(float) * (size_t)c->snap_numel)) return NULL;
+    void *buf;
+    if (!kvd_get(c->disk, key, &buf, &len)) return NULL;
+    disk_head hd;
+    bool ok = len >= sizeof hd;
+    if (ok) memcpy(&hd, buf, sizeof hd);
+    ok = ok && !memcmp(hd.magic, DISK_MAGIC, 8) && hd.model_id == c->model_id && hd.layout_id == c->layout_id &&
+         hd.hash == h && hd.parent == parent && hd.block_size == bs && hd.kv_floats == (uint64_t)c->kv_floats &&
+         hd.snap_floats == (uint64_t)c->snap_numel && hd.has_snap <= 1 &&
+         len == base + (hd.has_snap ? sizeof(float) * (size_t)c->snap_numel : 0) && (!want_snap || hd.has_snap) &&
+         !memcmp((char *)buf + sizeof hd, t, sizeof(int32_t) * bs);
+    if (!ok) {
+        c->disk_bad++;
+        free(buf);
+        return NULL;
+    }
+    return buf; /* malloc'ed memory is aligned for the header and the floats after it */
+}
+
+/* The keys and values in a block file's payload, then its snapshot. */
+static const float *file_kv(const ke_ctx *c, const disk_head *hd) {
+    return (const float *)((const char *)hd + sizeof(disk_head) + sizeof(int32_t) * (size_t)c->p.block_size);
 }
 
 /* A block for new tokens (reference count 1): a free one, else the cached
@@ -447,6 +651,7 @@ static int32_t take_block(ke_ctx *c) {
         KILN_ASSERT(c->lru_head >= 0);
         b = c->lru_head;
         lru_unlink(c, b);
+        disk_write(c, b);
         unpublish(c, b);
         c->evictions++;
     }
@@ -508,7 +713,17 @@ void ke_ctx_cache_stats(const ke_ctx *c, ke_cache_stats *out) {
                             .n_used = c->n_blocks - c->n_free - c->n_lru,
                             .prefix_queries = c->prefix_queries,
                             .prefix_hits = c->prefix_hits,
-                            .evictions = c->evictions};
+                            .evictions = c->evictions,
+                            .disk_hits = c->disk_hits,
+                            .disk_bad = c->disk_bad};
+    if (c->disk) {
+        kvd_stats d;
+        kvd_get_stats(c->disk, &d);
+        out->disk_writes = d.writes;
+        out->disk_bad += d.bad;
+        out->disk_files = d.files;
+        out->disk_bytes = d.bytes;
+    }
 }
 
 static seq_state *open_seq(const ke_ctx *c, int seq) {
@@ -524,6 +739,78 @@ int64_t ke_seq_blocks_needed(const ke_ctx *c, int seq, int64_t n) {
 
 static int64_t longrope_limit(const km_hparams *hp);
 
+/* Publishes block b (holding tokens t, full) under hash h. */
+static void publish(ke_ctx *c, int32_t b, uint64_t h, uint64_t parent, const int32_t *t) {
+    int64_t bs = c->p.block_size;
+    c->cached[b] = 1;
+    c->bhash[b] = h;
+    c->bparent[b] = parent;
+    memcpy(c->btok + b * bs, t, sizeof(int32_t) * (size_t)bs);
+    int32_t *head = &c->bucket[h & (uint64_t)(c->n_bucket - 1)];
+    c->hnext[b] = *head;
+    *head = b;
+}
+
+/* Fills the holes (-2) of seq q's chain [0, n) with the blocks the disk
+ * holds (see ke_ctx_cache_flush), each in a block taken from the pool
+ * (never one of the chain: those are referenced), published and referenced
+ * by q; returns how long the chain stays (it ends at the first hole that
+ * cannot be filled, the blocks after it dropped) and counts the blocks read
+ * in *n_read. A model whose layers keep no keys and values writes no file
+ * for a block without a snapshot: such a block is taken as it is (it holds
+ * nothing). */
+static int64_t disk_fill(ke_ctx *c, seq_state *q, const int32_t *tokens, int64_t n, int64_t *n_read) {
+    int64_t bs = c->p.block_size, j = 0;
+    for (; j < n; j++) {
+        if (q->blocks[j] != -2) continue;
+        if (c->n_free + c->n_lru == 0) break;
+        const int32_t *t = tokens + j * bs;
+        uint64_t parent = j ? q->hash[j - 1] : HASH_ROOT;
+        disk_head *hd = disk_read(c, q->hash[j], parent, t, false);
+        if (!hd && c->kv_floats) break;
+        int32_t b = take_block(c);
+        if (hd) kv_copy(c, b, (float *)file_kv(c, hd), true);
+        publish(c, b, q->hash[j], parent, t);
+        if (hd && hd->has_snap && c->snap) {
+            float *buf = snap_take(c, b);
+            if (buf) memcpy(buf, file_kv(c, hd) + c->kv_floats, sizeof(float) * (size_t)c->snap_numel);
+        }
+        if (hd) c->ondisk[b] = 1, ++*n_read;
+        free(hd);
+        q->blocks[j] = b;
+    }
+    for (int64_t k = j; k < n; k++)
+        if (q->blocks[k] >= 0) drop_block(c, q->blocks[k]);
+    return j;
+}
+
+/* The deepest block of seq q's chain [0, n) that has a state snapshot, read
+ * from disk when only the disk holds it (a few tries: each reads a file);
+ * returns the number of blocks up to it (0: none). */
+static int64_t snap_depth(ke_ctx *c, seq_state *q, const int32_t *tokens, int64_t n, bool *from_disk) {
+    int64_t bs = c->p.block_size;
+    int tries = 0;
+    *from_disk = false;
+    for (int64_t j = n - 1; j >= 0; j--) {
+        int32_t b = q->blocks[j];
+        if (c->snap[b]) return j + 1;
+        if (!c->disk || tries >= 8) continue;
+        const int32_t *t = tokens + j * bs;
+        uint64_t parent = j ? q->hash[j - 1] : HASH_ROOT;
+        if (!kvd_has(c->disk, disk_key(c, q->hash[j]), NULL)) continue;
+        tries++;
+        disk_head *hd = disk_read(c, q->hash[j], parent, t, true);
+        if (!hd) continue;
+        float *buf = snap_take(c, b);
+        if (buf) memcpy(buf, file_kv(c, hd) + c->kv_floats, sizeof(float) * (size_t)c->snap_numel);
+        free(hd);
+        if (!buf) return 0;
+        *from_disk = true;
+        return j + 1;
+    }
+    return 0;
+}
+
 int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
     seq_state *q = open_seq(c, seq);
     if (!q || q->len != 0 || q->n_blocks != 0 || n <= 0 || (c->recurrent && !c->snap)) return 0;
@@ -531,21 +818,33 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
     if (full > c->max_blocks_per_seq) full = c->max_blocks_per_seq;
     c->prefix_queries += n;
     if (full == 0 || (!q->cap_blocks && !seq_reserve(c, q))) return 0;
+    /* the chain of cached blocks: in memory (each referenced at once, so
+     * that taking blocks for the disk's cannot recycle them), else on disk
+     * (a hole, -2, filled next) */
+    bool hold = c->disk != NULL;
     uint64_t parent = HASH_ROOT;
-    int64_t usable = 0; /* blocks that can be attached: all, or up to the last with a state snapshot */
-    for (int64_t j = 0; j < full; j++) {
-        uint64_t h = block_hash(parent, tokens + j * bs, bs);
-        int32_t b = find_cached(c, h, parent, tokens + j * bs);
-        if (b < 0) break;
-        q->blocks[j] = b;
-        q->hash[j] = h;
+    int64_t found = 0, deepest = 0, n_read = 0;
+    for (; found < full; found++) {
+        uint64_t h = block_hash(parent, tokens + found * bs, bs);
+        int32_t b = find_cached(c, h, parent, tokens + found * bs);
+        if (b < 0 && !(hold && (!c->kv_floats || kvd_has(c->disk, disk_key(c, h), NULL)))) break;
+        if (b >= 0 && hold && c->ref[b]++ == 0) lru_unlink(c, b);
+        if (b >= 0 || kvd_has(c->disk, disk_key(c, h), NULL)) deepest = found + 1;
+        q->blocks[found] = b >= 0 ? b : -2;
+        q->hash[found] = h;
         parent = h;
-        if (!c->recurrent || c->snap[b]) usable = j + 1;
     }
-    for (int64_t j = 0; j < usable; j++) {
-        int32_t b = q->blocks[j];
-        if (c->ref[b]++ == 0) lru_unlink(c, b);
+    if (hold) { /* holes past the deepest block known to exist: none (no keys and values, no file) */
+        for (int64_t j = deepest; j < found; j++)
+            if (q->blocks[j] >= 0) drop_block(c, q->blocks[j]);
+        found = disk_fill(c, q, tokens, deepest, &n_read);
     }
+    /* blocks that can be used: all, or up to the last with a state snapshot */
+    bool snap_from_disk = false;
+    int64_t usable = c->recurrent ? snap_depth(c, q, tokens, found, &snap_from_disk) : found;
+    for (int64_t j = usable; hold && j < found; j++) drop_block(c, q->blocks[j]);
+    for (int64_t j = 0; !hold && j < usable; j++)
+        if (c->ref[q->blocks[j]]++ == 0) lru_unlink(c, q->blocks[j]);
     q->n_blocks = usable;
     if (c->recurrent && usable) {
         int32_t b = q->blocks[usable - 1];
@@ -565,6 +864,7 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
         memcpy(q->toks, tokens, sizeof(int32_t) * (size_t)q->len);
     }
     c->prefix_hits += q->len;
+    if (n_read || snap_from_disk) c->disk_hits += q->len;
     return q->len;
 }
 
@@ -578,13 +878,7 @@ void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
         q->hash[j] = h;
         int32_t b = q->blocks[j];
         if (b < 0 || c->cached[b] || find_cached(c, h, parent, t) >= 0) continue;
-        c->cached[b] = 1;
-        c->bhash[b] = h;
-        c->bparent[b] = parent;
-        memcpy(c->btok + b * bs, t, sizeof(int32_t) * (size_t)bs);
-        int32_t *head = &c->bucket[h & (uint64_t)(c->n_bucket - 1)];
-        c->hnext[b] = *head;
-        *head = b;
+        publish(c, b, h, parent, t);
     }
     if (full > q->n_hashed) q->n_hashed = full;
     /* the state row holds the state after q->len tokens: keep it with the

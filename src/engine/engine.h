@@ -58,6 +58,8 @@ typedef struct {
                        * recurrent state, see ke_seq_open); 0: 32. Others: unused (no limit). */
     int64_t state_cache_bytes; /* models with recurrent layers: memory for the state snapshots that let
                                 * prefix caching resume them (ke_seq_publish); 0: 256 MiB, < 0: none */
+    const char *cache_dir;   /* the prefix cache's disk tier (below, "disk tier"); NULL: none */
+    int64_t cache_dir_bytes; /* its size bound; 0: 10 GiB */
     bool pooling;     /* the caller reads hidden states or classification labels (src/embed); without it a
                        * model whose rows are not vocab-wide logits is refused */
 } ke_ctx_params;
@@ -159,6 +161,11 @@ typedef struct {
     int64_t prefix_queries; /* prompt tokens looked up (ke_seq_reuse_prefix) */
     int64_t prefix_hits;    /* of which found in the cache */
     int64_t evictions;      /* cached blocks recycled */
+    /* the disk tier (zeros without one) */
+    int64_t disk_hits;      /* of prefix_hits, tokens whose blocks or state snapshot were read from disk */
+    int64_t disk_writes;    /* blocks written */
+    int64_t disk_bad;       /* files found corrupt, truncated or of another model or layout (misses) */
+    int64_t disk_files, disk_bytes; /* now */
 } ke_cache_stats;
 void ke_ctx_cache_stats(const ke_ctx *c, ke_cache_stats *out);
 
@@ -182,6 +189,27 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
  * kernels are batch invariant), so a resumed sequence computes what a cold
  * one does, bit for bit. */
 void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n);
+/* The disk tier (ke_ctx_params.cache_dir, src/kvdisk): a cached block the
+ * pool recycles, a state snapshot the RAM budget drops, and at ke_ctx_free
+ * (or ke_ctx_cache_flush) every published block not yet there, are written
+ * to DIR as one file each, named by the block's chained prefix hash mixed
+ * with the model's identity, holding the block's keys and values of every
+ * layer, its tokens and its snapshot. ke_seq_reuse_prefix continues past
+ * the blocks it finds in memory with the ones it finds on disk (taking
+ * blocks from the pool for them) and, for a model with recurrent state,
+ * restores a snapshot that only the disk still holds. A file is used only
+ * when its checksum, length, model identity (config, every tensor's name,
+ * dtype, shape and a sample of its bytes), cache layout (block size, per
+ * layer shapes, float32, the kernels' ISA and compile options), prefix hash
+ * and tokens all match; anything else is a miss, so a restored prefix gives
+ * what computing it gives, bit for bit, or is computed. The files survive a
+ * restart; least recently used ones go when the size bound is reached. */
+void ke_ctx_cache_flush(ke_ctx *c);
+/* Forgets every cached block no sequence uses (each written to disk first
+ * when there is a disk tier): what a restart leaves of the cache, with the
+ * compiled executables kept (kiln bench --multi-turn). */
+void ke_ctx_cache_drop(ke_ctx *c);
+
 /* Releases the blocks that fell out of the sliding window of every layer
  * (see ke_ctx_window); returns how many. Call between decodes. */
 int64_t ke_seq_trim_window(ke_ctx *c, int seq);

@@ -151,6 +151,15 @@ void ksrv_metrics_render(ksrv_metrics *m, const ksch_stats *st, bool ready, ksrv
            (double)st->cache.prefix_hits);
     scalar(b, "kv_cache_evictions_total", "counter", "Cached KV blocks recycled for new tokens.",
            (double)st->cache.evictions);
+    scalar(b, "prefix_cache_disk_hits_total", "counter",
+           "Prompt tokens of cached prefixes restored with blocks or state snapshots read from --cache-dir.",
+           (double)st->cache.disk_hits);
+    scalar(b, "prefix_cache_disk_writes_total", "counter", "KV blocks written to --cache-dir.",
+           (double)st->cache.disk_writes);
+    scalar(b, "prefix_cache_disk_bad_files_total", "counter",
+           "Files in --cache-dir found corrupt, truncated or of another model (read as misses).",
+           (double)st->cache.disk_bad);
+    scalar(b, "prefix_cache_disk_bytes", "gauge", "Bytes of the files in --cache-dir.", (double)st->cache.disk_bytes);
     scalar(b, "num_preemptions_total", "counter", "Sequences preempted (KV blocks released, prefilled again later).",
            (double)st->preemptions);
     scalar(b, "spec_decode_num_draft_tokens_total", "counter", "Speculative decoding: guessed tokens verified.",

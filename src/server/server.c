@@ -855,6 +855,8 @@ static kiln_status load(ksrv *s) {
     cp.n_cache = s->p.kv_tokens > 0 ? s->p.kv_tokens : cp.n_ctx * s->p.parallel;
     cp.n_seq_max = s->p.parallel; /* recurrent state rows: one per running sequence */
     cp.state_cache_bytes = s->p.state_cache_bytes;
+    cp.cache_dir = s->p.cache_dir;
+    cp.cache_dir_bytes = s->p.cache_dir_bytes;
     KILN_TRY(ke_ctx_create(s->m, &cp, &s->c));
     if (s->p.spec && s->p.spec->draft) KILN_TRY(kspec_load_draft(s->p.spec->draft, s->m, s->model_dir, &s->draft));
     if (s->p.spec && kspec_enabled(s->p.spec)) KILN_TRY(kspec_create(s->p.spec, s->c, s->draft, &s->spec));

@@ -70,6 +70,8 @@ typedef struct {
     const kspec_params *spec; /* speculative decoding for every request (borrowed), NULL or none enabled: off */
     int embed_mode;        /* 0: from the folder; KSRV_EMBEDDINGS / KSRV_RERANK: serve it as that (embed.c) */
     const char *pooling;   /* --pooling cls|mean|max|last|none of embeddings; NULL: the model's */
+    const char *cache_dir; /* --cache-dir: the prefix cache's disk tier (ke_ctx_params); NULL: none */
+    int64_t cache_dir_bytes; /* --cache-dir-size; 0: 10 GiB */
 } ksrv_params;
 
 enum { KSRV_EMBEDDINGS = 1, KSRV_RERANK = 2 };

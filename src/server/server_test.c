@@ -8,6 +8,7 @@
  * see tools/make_test_tokenizer.py), assembled in a temporary folder. */
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <curl/curl.h>
 #include <limits.h>
 #include <poll.h>
@@ -2011,4 +2012,56 @@ KT_TEST(server_webui_page) {
     KT_CHECK_EQ(get_page(&f, "GET", "/webui/app.js", &r, ct, sizeof ct), 404);
     ksrv_buf_free(&r.body);
     finish(&f);
+}
+
+/* --cache-dir: a prompt served before a restart is found on disk after it
+ * (a dense and a recurrent model), with the same tokens; /metrics counts
+ * the disk hits. */
+static void check_cache_dir_restart(const char *fixture) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.fixture = fixture};
+    char cache[] = "/tmp/kiln-srv-cache-XXXXXX";
+    KT_CHECK(mkdtemp(cache));
+    ksrv_params p = default_params(NULL);
+    p.cache_dir = cache;
+    const char *req = "{\"prompt\": \"The cat sat on the mat. The dog ran to the park and back again, and the bird sang "
+                      "in the tree all day long while the sun shone.\", \"max_tokens\": 8, \"temperature\": 0, "
+                      "\"ignore_eos\": true, \"return_tokens\": true}";
+    int ids[2][64], n[2] = {0, 0};
+    for (int round = 0; round < 2; round++) {
+        if (!start(&f, &p)) break;
+        cJSON *a = post_json(&f, "/v1/completions", req, 200);
+        KT_CHECK(a);
+        if (a) n[round] = choice_ids(a, 0, ids[round], 64);
+        const cJSON *ct = a ? ku_json_get(ku_json_get(ku_json_get(a, "usage"), "prompt_tokens_details"), "cached_tokens") : NULL;
+        KT_CHECKF(ct && (round ? ct->valuedouble >= 16 : ct->valuedouble == 0), "%s round %d: cached_tokens %g", fixture,
+                  round, ct ? ct->valuedouble : -1);
+        cJSON_Delete(a);
+        resp r;
+        KT_CHECK_EQ(http(&f, "GET", "/metrics", NULL, NULL, &r), 200);
+        int hits = metric(r.body.p, "kiln_prefix_cache_disk_hits_total");
+        KT_CHECKF(round ? hits >= 16 : hits == 0, "%s round %d: %d disk hits", fixture, round, hits);
+        ksrv_buf_free(&r.body);
+        ksrv_stop(f.s); /* writes the cached blocks */
+        f.s = NULL;
+    }
+    KT_CHECK(n[0] == 8 && n[0] == n[1] && !memcmp(ids[0], ids[1], sizeof(int) * 8));
+    remove_model(&f);
+    DIR *d = opendir(cache);
+    struct dirent *e;
+    int files = 0;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char q[PATH_MAX * 2];
+        snprintf(q, sizeof q, "%s/%s", cache, e->d_name);
+        files += unlink(q) == 0;
+    }
+    if (d) closedir(d);
+    rmdir(cache);
+    KT_CHECK(files > 0);
+}
+
+KT_TEST(server_cache_dir_survives_restart) {
+    check_cache_dir_restart("llama");
+    check_cache_dir_restart("mamba2");
 }
