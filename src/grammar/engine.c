@@ -354,6 +354,20 @@ kiln_status kgr_vocab_from_strings(const char *const *tokens, const int32_t *len
     return NULL;
 }
 
+kiln_status kgr_vocab_bytes(kgr_vocab **out) {
+    static const unsigned char b[256] = {
+#define R16(x) x, x + 1, x + 2, x + 3, x + 4, x + 5, x + 6, x + 7, x + 8, x + 9, x + 10, x + 11, x + 12, x + 13, x + 14, x + 15
+        R16(0), R16(16), R16(32), R16(48), R16(64), R16(80), R16(96), R16(112),
+        R16(128), R16(144), R16(160), R16(176), R16(192), R16(208), R16(224), R16(240)
+#undef R16
+    };
+    const char *t[257];
+    int32_t l[257];
+    for (int i = 0; i < 256; i++) t[i] = (const char *)&b[i], l[i] = 1;
+    t[256] = "", l[256] = 0;
+    return kgr_vocab_from_strings(t, l, 257, 256, out);
+}
+
 /* ---- index ---- */
 typedef struct {
     int32_t pos, parent;

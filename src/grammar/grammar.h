@@ -88,6 +88,8 @@ kiln_status kgr_vocab_create(const ktok *tok, int32_t n_vocab, const int32_t *eo
 /* Tests: tokens given as byte strings (lens[i] bytes each). */
 kiln_status kgr_vocab_from_strings(const char *const *tokens, const int32_t *lens, int32_t n,
                                    int32_t eos, kgr_vocab **out);
+/* Tests: the 256 one-byte tokens (id = the byte) and an EOS (id 256). */
+kiln_status kgr_vocab_bytes(kgr_vocab **out);
 void kgr_vocab_free(kgr_vocab *v);
 int32_t kgr_vocab_size(const kgr_vocab *v);
 
