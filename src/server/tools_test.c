@@ -430,7 +430,12 @@ static void call_of(const char *resp, bool stream, int *n, char *name, size_t ca
 KT_TEST(server_tools_llama_cpp_required_tool) {
     static const char *const tmpls[] = {"meta-llama-Llama-3.3-70B-Instruct", "meta-llama-Llama-3.1-8B-Instruct",
                                         "meta-llama-Llama-3.2-3B-Instruct", "Qwen-Qwen2.5-7B-Instruct", "mistralai-Mistral-Nemo-Instruct-2407",
-                                        "fireworks-ai-llama-3-firefunction-v2", "CohereForAI-c4ai-command-r7b-12-2024-tool_use"};
+                                        "fireworks-ai-llama-3-firefunction-v2", "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+                                        /* the special-token and XML formats (kiln's own cases; the tiny
+                                         * vocabulary spells their markers as text; MiniMax-M2's prompt
+                                         * opens a thinking block, so its grammar stays lazy) */
+                                        "openai-gpt-oss-120b", "deepseek-ai-DeepSeek-V3.1", "Qwen3-Coder", "GLM-4.6",
+                                        "moonshotai-Kimi-K2", "Mistral-Small-3.2-24B-Instruct-2506", "ByteDance-Seed-OSS"};
     static const char *test_tool = "[{\"type\": \"function\", \"function\": {\"name\": \"test\", \"description\": \"\", "
                                    "\"parameters\": {\"type\": \"object\", \"properties\": {\"success\": {\"type\": \"boolean\", "
                                    "\"const\": true}}, \"required\": [\"success\"]}}}]";
