@@ -321,7 +321,7 @@ KT_TEST(tools_grammar_sampled_special_formats) {
             KT_CHECKF(g && strstr(g, ref) && !strstr(g, k[c].marker), "%s: %s", ktc_format_name(k[c].f), g);
             free(g);
         }
-        for (uint32_t seed = 1; seed <= 4; seed++) {
+        for (uint32_t seed = 1; seed <= 3; seed++) {
             char *text = NULL;
             kiln_status st = sample_call(k[c].f, tok, gv, tools, seed % 2 == 0, seed, &text);
             KT_CHECKF(!st, "%s seed %u: %s", ktc_format_name(k[c].f), seed, st ? kiln_status_msg(st) : "");
@@ -337,6 +337,6 @@ KT_TEST(tools_grammar_sampled_special_formats) {
     }
     kgr_vocab_free(gv);
     ktok_free(tok);
-    KT_CHECK(total >= 32);
+    KT_CHECK(total >= 24);
     cJSON_Delete(tools);
 }
