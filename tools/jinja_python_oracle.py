@@ -10,8 +10,8 @@
 # writes tests/data/chat/expected_python/TEMPLATE.json: {input: {"out": text}}.
 #   python3 tools/jinja_python_oracle.py
 # writes nothing: lists every template with such pairs (a survey: kiln does not
-# follow Python on all of them yet; e.g. Python's str() of None, lists and
-# dicts for trim/string, `none|selectattr`, are not implemented).
+# follow Python on all of them yet; e.g. str.format and the min filter, as
+# tencent-Hy3 and openbmb-MiniCPM5-1B use, are not implemented).
 import datetime
 import json
 import os
@@ -59,7 +59,9 @@ env.globals["strftime_now"] = strftime_now
 
 # Differences kiln keeps with Python (it follows @huggingface/jinja there).
 KNOWN = [("can only concatenate str (not \"list\")",
-          "str + list: kiln concatenates as @huggingface/jinja does (13 templates render content parts so); Python raises")]
+          "str + list: kiln concatenates as @huggingface/jinja does (13 templates render content parts so); Python raises"),
+         ("can only concatenate str (not \"dict\")",
+          "str + dict: kiln concatenates as @huggingface/jinja does; Python raises")]
 
 inputs = {}
 for f in sorted(os.listdir(f"{DATA}/inputs")):

@@ -13,11 +13,17 @@
  *  - dict keys may be any hashable scalar (string, integer, float, boolean,
  *    none); d[1] and d['1'] are different keys, d[1], d[1.0] and d[true] the
  *    same one; keys iterate (for, items, dictsort) as their values and print
- *    (tojson, {{ d }}) as json.dumps writes them ({"1": 2}).
+ *    (tojson, {{ d }}) as json.dumps writes them ({"1": 2});
+ *  - none, a list or a dict given to those string filters (none|trim,
+ *    list|trim, dict|string, dict|upper) is Python's str() of it: "None",
+ *    "['a', 'b']", "{'k': 'v'}" (items as repr writes them: quotes, escapes,
+ *    True / None, float reprs); a list's |string stays the package's (JSON);
+ *  - none|selectattr (rejectattr, select, reject, map) is empty, and a
+ *    tuple unpacks in a for loop (`for a, b in [("x", 1)]`).
  * tests/data/chat/expected_python/ and jinja_test.c's PYTHON_DIFFERS list
- * those cases. One known difference stays: `+` of a string and a list
- * concatenates (as @huggingface/jinja does, and many templates rely on it
- * for content parts), where Python raises.
+ * those cases. One known difference stays: `+` of a string and a list or
+ * dict concatenates (as @huggingface/jinja does, and many templates rely on
+ * it for content parts), where Python raises.
  *
  * A parsed template is immutable: render it from many threads at once.
  * Rendering is bounded (output bytes, memory, evaluation steps, call depth):

@@ -920,6 +920,135 @@ static kj_val unique(kj_ctx *c, const kj_node *n, kj_val v) {
     return out;
 }
 
+/* ---- Python's str() of none, lists and dicts ---- */
+
+/* repr(float) as Python writes it: the shortest digits that read back,
+ * fixed notation for exponents -4..15, else d.ddde+XX */
+static void py_float(double d, char *out, size_t cap) {
+    if (isnan(d)) {
+        snprintf(out, cap, "nan");
+        return;
+    }
+    if (isinf(d)) {
+        snprintf(out, cap, d < 0 ? "-inf" : "inf");
+        return;
+    }
+    char t[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(t, sizeof t, "%.*e", p - 1, d);
+        if (strtod(t, NULL) == d) break;
+    }
+    char dg[24];
+    int nd = 0;
+    const char *q = t;
+    bool neg = *q == '-';
+    if (neg) q++;
+    for (; *q && *q != 'e'; q++)
+        if (*q >= '0' && *q <= '9' && nd < 20) dg[nd++] = *q;
+    int e = atoi(q + (*q == 'e'));
+    size_t o = 0;
+    if (neg) out[o++] = '-';
+    if (e >= 16 || e < -4) {
+        out[o++] = dg[0];
+        if (nd > 1) {
+            out[o++] = '.';
+            for (int i = 1; i < nd; i++) out[o++] = dg[i];
+        }
+        snprintf(out + o, cap - o, "e%c%02d", e < 0 ? '-' : '+', e < 0 ? -e : e);
+        return;
+    }
+    if (e < 0) {
+        out[o++] = '0', out[o++] = '.';
+        for (int i = 0; i < -e - 1; i++) out[o++] = '0';
+        for (int i = 0; i < nd; i++) out[o++] = dg[i];
+    } else {
+        for (int i = 0; i <= e; i++) out[o++] = i < nd ? dg[i] : '0';
+        out[o++] = '.';
+        if (nd > e + 1)
+            for (int i = e + 1; i < nd; i++) out[o++] = dg[i];
+        else out[o++] = '0';
+    }
+    out[o] = 0;
+}
+
+/* repr(s): single quotes unless s holds ' and no " */
+static bool py_str_repr(kj_ctx *c, const kj_node *n, const kj_str *s, kj_buf *b) {
+    char qc = memchr(s->p, '\'', s->len) && !memchr(s->p, '"', s->len) ? '"' : '\'';
+    if (!kj_emit(c, n, b, &qc, 1)) return false;
+    for (size_t i = 0; i < s->len; i++) {
+        unsigned char ch = (unsigned char)s->p[i];
+        char e[8];
+        const char *w = (const char *)&s->p[i];
+        size_t wl = 1;
+        if (ch == '\\' || ch == (unsigned char)qc) e[0] = '\\', e[1] = (char)ch, w = e, wl = 2;
+        else if (ch == '\n') w = "\\n", wl = 2;
+        else if (ch == '\r') w = "\\r", wl = 2;
+        else if (ch == '\t') w = "\\t", wl = 2;
+        else if (ch < 0x20 || ch == 0x7f) snprintf(e, sizeof e, "\\x%02x", ch), w = e, wl = 4;
+        if (!kj_emit(c, n, b, w, wl)) return false;
+    }
+    return kj_emit(c, n, b, &qc, 1);
+}
+
+/* repr(v), as str() of a list or dict writes its items */
+static bool py_repr(kj_ctx *c, const kj_node *n, kj_val v, kj_buf *b, int depth) {
+    if (depth > KJ_MAX_VALUE_DEPTH) {
+        kj_fail(c, n, "value nested too deeply");
+        return false;
+    }
+    char t[48];
+    switch (v.t) {
+    case V_UNDEF:
+    case V_JSUNDEF: return true; /* str(Undefined) */
+    case V_NULL: return kj_emit(c, n, b, "None", 4);
+    case V_BOOL: return v.b ? kj_emit(c, n, b, "True", 4) : kj_emit(c, n, b, "False", 5);
+    case V_INT: return emit_num(c, n, v.d, b);
+    case V_FLOAT: py_float(v.d, t, sizeof t); return kj_emit(c, n, b, t, strlen(t));
+    case V_STR: return py_str_repr(c, n, v.s, b);
+    case V_ARR:
+    case V_TUPLE: {
+        bool tuple = v.t == V_TUPLE;
+        if (!kj_emit(c, n, b, tuple ? "(" : "[", 1)) return false;
+        for (size_t i = 0; i < v.a->n; i++)
+            if ((i && !kj_emit(c, n, b, ", ", 2)) || !py_repr(c, n, v.a->v[i], b, depth + 1)) return false;
+        if (tuple && v.a->n == 1 && !kj_emit(c, n, b, ",", 1)) return false;
+        return kj_emit(c, n, b, tuple ? ")" : "]", 1);
+    }
+    case V_OBJ:
+    case V_KWARGS:
+    case V_NS: {
+        if (!kj_emit(c, n, b, "{", 1)) return false;
+        for (size_t i = 0; i < v.o->n; i++) {
+            if (i && !kj_emit(c, n, b, ", ", 2)) return false;
+            bool ok = v.o->kv ? py_repr(c, n, v.o->kv[i], b, depth + 1) : py_str_repr(c, n, v.o->k[i], b);
+            if (!ok || !kj_emit(c, n, b, ": ", 2) || !py_repr(c, n, v.o->v[i], b, depth + 1)) return false;
+        }
+        return kj_emit(c, n, b, "}", 1);
+    }
+    default: return kj_display(c, n, v, b, depth);
+    }
+}
+
+/* The filters that take str(x) first, on none, a list or a dict where
+ * @huggingface/jinja raises (none|trim, list|trim, dict|string): x as
+ * Python's str() writes it ("None", "['a', 'b']", "{'k': 'v'}"). A list's
+ * |string stays @huggingface/jinja's (it does not raise). */
+static kj_val py_str_arg(kj_ctx *c, const kj_node *at, kj_val v, const kj_str *name) {
+    static const char *const names[] = {"upper", "lower", "title", "capitalize", "trim", "string"};
+    if (v.t != V_NULL && !kj_is_arr(v) && !kj_is_obj(v)) return v;
+    if (kj_is_arr(v) && str_eq(name, "string")) return v;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (str_eq(name, names[i])) {
+            kj_buf b = {0};
+            if (!py_repr(c, at, v, &b, 0)) {
+                free(b.p);
+                return KJ_UNDEF;
+            }
+            return kj_buf_str(c, at, &b);
+        }
+    return v;
+}
+
 /* Python's Undefined stringifies to "": the filters that convert their
  * input with str() first (and length: len(Undefined) is 0) see an
  * undefined value as the empty string, where @huggingface/jinja raises.
@@ -936,6 +1065,8 @@ static kj_val undef_as_str(kj_val v, const kj_str *name) {
 static kj_val simple_filter(kj_ctx *c, kj_val v, const kj_str *name, kj_env *e, const kj_node *at) {
     (void)e;
     v = undef_as_str(v, name);
+    v = py_str_arg(c, at, v, name);
+    if (c->err) return KJ_UNDEF;
     if (str_eq(name, "safe")) return v;
     if (str_eq(name, "tojson")) return to_json_value(c, at, v, &(kj_json_opts){0}, true);
     if (kj_is_arr(v)) {
@@ -1083,6 +1214,12 @@ kj_val kj_apply_filter(kj_ctx *c, kj_val v, const kj_node *f, kj_env *e, const k
     if (f->kind != KN_CALL || f->a->kind != KN_IDENT) return kj_fail(c, at, "unknown filter");
     const kj_str *name = &f->a->str;
     v = undef_as_str(v, name);
+    /* Python's select/reject/map start with `if seq:`, so none gives nothing
+     * (functionary's `tools | selectattr(..)` without tools), where
+     * @huggingface/jinja raises */
+    if (v.t == V_NULL && (str_eq(name, "selectattr") || str_eq(name, "rejectattr") || str_eq(name, "map") ||
+                          str_eq(name, "select") || str_eq(name, "reject")))
+        return kj_mkarr(c, V_ARR, 0);
     kj_val *pos = NULL;
     size_t npos = 0;
     kj_obj *kw = NULL;

@@ -303,7 +303,7 @@ static bool bind_target(kj_ctx *c, const kj_node *target, kj_val v, kj_env *e, b
         kj_fail(c, target, "invalid assignment target");
         return false;
     }
-    if (in_set ? !kj_is_arr(v) : v.t != V_ARR) {
+    if (!kj_is_arr(v)) { /* (a tuple unpacks too, as in Python) */
         kj_fail(c, target, "cannot unpack non-iterable type: %s", kj_typename(v));
         return false;
     }
@@ -349,7 +349,7 @@ static int exec_for(kj_ctx *c, const kj_node *n, kj_env *e, kj_buf *out) {
     for (size_t i = 0; i < total; i++) {
         kj_val cur = it.a->v[i];
         if (n->a->kind == KN_TUPLE) {
-            if (cur.t != V_ARR) {
+            if (!kj_is_arr(cur)) { /* a tuple unpacks too (Python; @huggingface/jinja raises) */
                 kj_fail(c, n->a, "cannot unpack non-iterable type: %s", kj_typename(cur));
                 return R_ERR;
             }

@@ -31,6 +31,8 @@ static const struct {
     {"{{ d[0] }}", "", "dict keys may be any hashable: d has no key 0, so undefined (the package refuses non-string keys)"},
     {"{{ {1: 2} }}", "{\"1\": 2}", "dict keys may be any hashable (the package refuses non-string keys); printed as kiln prints dicts"},
     {"{{ x|string }}", "", "Undefined stringifies to \"\" (the package raises for string filters of undefined)"},
+    {"{{ d|upper }}", "{'B': 2, 'A': 1, 'C': {'X': [1, 2.5, 'S', NONE, TRUE]}}",
+     "string filters of a dict take Python's str() of it (the package has no ObjectValue upper)"},
 };
 
 KT_TEST(jinja_snippets_match_reference) {
@@ -218,10 +220,24 @@ KT_TEST(jinja_undefined_is_empty_for_string_filters) {
                        "{\"x\": {\"a\": 1}}", NULL, &out));
     KT_CHECK_STR(out, "|||||||0||a: ");
     free(out);
-    /* none is not undefined (str(None) is "None" in Python): still an error */
-    KT_CHECK_ERR(render("{{ none|trim }}", NULL, NULL, &out), "trim");
+    /* none is not undefined: str(None) is "None" (jinja_python_str) */
     /* Undefined + "\n" raises in Python: so does indent */
     KT_CHECK_ERR(render("{{ u|indent }}", NULL, NULL, &out), "indent");
+}
+
+/* The string filters of none, lists and dicts (where @huggingface/jinja
+ * raises) take Python's str() of them, as jinja2 does: reprs of the items
+ * (quotes, escapes, True/None, float reprs), tuples unpack in loops, and
+ * none|selectattr is empty. Expected text: Python's jinja2 3.1. */
+KT_TEST(jinja_python_str) {
+    char *out;
+    KT_CHECK_OK(render("{{ none|trim }}|{{ none|string }}|{{ none|upper }}|{{ ['a', \"it's\", 'q\\\"', 'x\\\\y\\nz']|trim }}|{{ {'k': 'v', 'n': [1, 2.5, none, 10000000000000000.0, 0.0001, 0.000015, 100.0, 123456789.125, 0.1], 'b': true}|string }}|{{ {'t': ('a', 1), 'u': ('b', 2)}|string }}|{{ [{'x': 'y'}]|lower }}|{% for a, b in [('m', 1), ('n', 2)] %}{{ a }}{{ b }}{% endfor %}|{{ none|selectattr('x')|list|length }}|{{ {1: 'a', 2.5: 'b'}|string }}", NULL, NULL, &out));
+    KT_CHECK_STR(out, "None|None|NONE|['a', \"it's\", 'q\"', 'x\\\\y\\nz']|{'k': 'v', 'n': [1, 2.5, None, 1e+16, 0.0001, 1.5e-05, 100.0, 123456789.125, 0.1], 'b': True}|{'t': ('a', 1), 'u': ('b', 2)}|[{'x': 'y'}]|m1n2|0|{1: 'a', 2.5: 'b'}");
+    free(out);
+    /* a list's |string stays @huggingface/jinja's (it does not raise there) */
+    KT_CHECK_OK(render("{{ ['a', 1]|string }}", NULL, NULL, &out));
+    KT_CHECK_STR(out, "[\"a\", 1]");
+    free(out);
 }
 
 KT_TEST(jinja_dict_keys_are_any_hashable) {

@@ -109,7 +109,7 @@ kiln_status kgen_session_create(const kgen_params *p, const kgen_vocab *v, int32
     if (!st && p->grammar) {
         kgr_grammar *gr = NULL;
         if (!v->grammar) st = kiln_error(KILN_EUNSUPPORTED, "generation: a grammar needs the model's tokenizer");
-        else st = kgr_from_gbnf(p->grammar, strlen(p->grammar), &gr);
+        else st = kgr_from_gbnf_vocab(p->grammar, strlen(p->grammar), v->grammar, &gr);
         if (!st && p->grammar_trigger) {
             g->gg = gr;
             g->once = p->grammar_once;

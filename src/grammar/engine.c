@@ -32,6 +32,11 @@ struct kgr_vocab {
     int64_t *off;         /* [n_vocab + 1]: token i is bytes[off[i], off[i+1]); empty: never allowed */
     int32_t *eos;
     int32_t n_eos;
+    /* special tokens' texts, for <|name|> references: sp_text[sp_off[k],
+     * sp_off[k+1]) is token sp_id[k]'s (its bytes above are its marker) */
+    char *sp_text;
+    int64_t *sp_off;
+    int32_t *sp_id, n_sp;
     /* the trie in preorder (the root excluded); the arrays below are the
      * build's, freed once packed into node[] */
     int32_t n_nodes, max_depth;
@@ -100,6 +105,9 @@ void kgr_vocab_free(kgr_vocab *v) {
     free(v->bytes);
     free(v->off);
     free(v->eos);
+    free(v->sp_text);
+    free(v->sp_off);
+    free(v->sp_id);
     free(v->byte);
     free(v->depth);
     free(v->next);
@@ -113,6 +121,31 @@ void kgr_vocab_free(kgr_vocab *v) {
 }
 
 int32_t kgr_vocab_size(const kgr_vocab *v) { return v->n_vocab; }
+
+bool kgr_vocab_is_special(const kgr_vocab *v, int32_t id) {
+    unsigned char m[KGR_MARKER_LEN];
+    if (id < 0 || id >= v->n_vocab || id > KGR_MAX_TOKEN_ID || v->off[id + 1] - v->off[id] != KGR_MARKER_LEN) return false;
+    kgr_token_marker(id, m);
+    return !memcmp(v->bytes + v->off[id], m, KGR_MARKER_LEN);
+}
+
+int32_t kgr_vocab_token_text(const kgr_vocab *v, int32_t id, char *buf, int32_t cap) {
+    if (id < 0 || id >= v->n_vocab) return -1;
+    int64_t n = v->off[id + 1] - v->off[id];
+    if (n <= cap) memcpy(buf, v->bytes + v->off[id], (size_t)n);
+    return (int32_t)n;
+}
+
+int32_t kgr_vocab_lookup(const kgr_vocab *v, const char *s, size_t n, bool *special) {
+    *special = true;
+    for (int32_t k = 0; k < v->n_sp; k++)
+        if ((size_t)(v->sp_off[k + 1] - v->sp_off[k]) == n && !memcmp(v->sp_text + v->sp_off[k], s, n)) return v->sp_id[k];
+    *special = false;
+    for (int32_t i = 0; i < v->n_vocab; i++)
+        if ((size_t)(v->off[i + 1] - v->off[i]) == n && !memcmp(v->bytes + v->off[i], s, n) && !kgr_vocab_is_special(v, i))
+            return i;
+    return -1;
+}
 
 static const kgr_vocab *sort_vocab; /* qsort has no context argument; guarded by sort_mu */
 static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -221,6 +254,9 @@ static kiln_status vocab_finish(kgr_vocab *v, const int32_t *eos, int32_t n_eos)
     return NULL;
 }
 
+/* an ordinary token holding 0xFF: no grammar takes it, and it must not spell a marker */
+static bool has_ff(const char *b, int64_t n) { return memchr(b, 0xFF, (size_t)n) != NULL; }
+
 kiln_status kgr_vocab_create(const ktok *tok, int32_t n_vocab, const int32_t *eos, int32_t n_eos, kgr_vocab **out) {
     *out = NULL;
     kgr_vocab *v = calloc(1, sizeof *v);
@@ -232,20 +268,52 @@ kiln_status kgr_vocab_create(const ktok *tok, int32_t n_vocab, const int32_t *eo
         return OOM;
     }
     int32_t nt = ktok_vocab_size(tok);
-    int64_t total = 0;
+    int64_t total = 0, sp_total = 0;
     for (int32_t i = 0; i < n_vocab; i++) {
-        int32_t l = i < nt && !ktok_is_special(tok, i) ? ktok_token_bytes(tok, i, NULL, 0) : 0;
+        int32_t l = i < nt ? ktok_token_bytes(tok, i, NULL, 0) : 0;
+        if (l > 0 && ktok_is_special(tok, i)) {
+            sp_total += l, v->n_sp++;
+            l = i <= KGR_MAX_TOKEN_ID ? KGR_MARKER_LEN : 0;
+        }
         total += l > 0 ? l : 0;
         v->off[i + 1] = total;
     }
     v->bytes = malloc((size_t)total + 1);
-    if (!v->bytes) {
+    v->sp_text = malloc((size_t)sp_total + 1);
+    v->sp_off = malloc(sizeof *v->sp_off * ((size_t)v->n_sp + 1));
+    v->sp_id = malloc(sizeof *v->sp_id * ((size_t)v->n_sp + 1));
+    if (!v->bytes || !v->sp_text || !v->sp_off || !v->sp_id) {
         kgr_vocab_free(v);
         return OOM;
     }
-    for (int32_t i = 0; i < n_vocab; i++)
-        if (v->off[i + 1] > v->off[i])
-            ktok_token_bytes(tok, i, v->bytes + v->off[i], (int32_t)(v->off[i + 1] - v->off[i]));
+    int32_t k = 0;
+    v->sp_off[0] = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        int64_t l = v->off[i + 1] - v->off[i];
+        char *b = v->bytes + v->off[i];
+        if (i < nt && ktok_is_special(tok, i)) {
+            int32_t tl = ktok_token_bytes(tok, i, NULL, 0);
+            if (tl <= 0) continue;
+            ktok_token_bytes(tok, i, v->sp_text + v->sp_off[k], tl);
+            v->sp_id[k] = i;
+            v->sp_off[k + 1] = v->sp_off[k] + tl;
+            k++;
+            if (l) kgr_token_marker(i, (unsigned char *)b);
+        } else if (l) {
+            ktok_token_bytes(tok, i, b, (int32_t)l);
+        }
+    }
+    /* drop the ordinary tokens holding 0xFF (their bytes packed out) */
+    int64_t w = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        int64_t a = v->off[i], l = v->off[i + 1] - a;
+        bool sp = i < nt && ktok_is_special(tok, i);
+        if (!sp && has_ff(v->bytes + a, l)) l = 0;
+        memmove(v->bytes + w, v->bytes + a, (size_t)l);
+        v->off[i] = w;
+        w += l;
+    }
+    v->off[n_vocab] = w;
     kiln_status st = vocab_finish(v, eos, n_eos);
     if (st) {
         kgr_vocab_free(v);
@@ -263,7 +331,7 @@ kiln_status kgr_vocab_from_strings(const char *const *tokens, const int32_t *len
     v->n_vocab = n;
     v->off = calloc((size_t)n + 1, sizeof *v->off);
     int64_t total = 0;
-    for (int32_t i = 0; i < n; i++) total += i == eos ? 0 : lens[i];
+    for (int32_t i = 0; i < n; i++) total += i == eos || has_ff(tokens[i], lens[i]) ? 0 : lens[i];
     v->bytes = malloc((size_t)total + 1);
     if (!v->off || !v->bytes) {
         kgr_vocab_free(v);
@@ -271,7 +339,7 @@ kiln_status kgr_vocab_from_strings(const char *const *tokens, const int32_t *len
     }
     total = 0;
     for (int32_t i = 0; i < n; i++) {
-        if (i != eos) {
+        if (i != eos && !has_ff(tokens[i], lens[i])) {
             memcpy(v->bytes + total, tokens[i], (size_t)lens[i]);
             total += lens[i];
         }
@@ -284,6 +352,20 @@ kiln_status kgr_vocab_from_strings(const char *const *tokens, const int32_t *len
     }
     *out = v;
     return NULL;
+}
+
+kiln_status kgr_vocab_bytes(kgr_vocab **out) {
+    static const unsigned char b[256] = {
+#define R16(x) x, x + 1, x + 2, x + 3, x + 4, x + 5, x + 6, x + 7, x + 8, x + 9, x + 10, x + 11, x + 12, x + 13, x + 14, x + 15
+        R16(0), R16(16), R16(32), R16(48), R16(64), R16(80), R16(96), R16(112),
+        R16(128), R16(144), R16(160), R16(176), R16(192), R16(208), R16(224), R16(240)
+#undef R16
+    };
+    const char *t[257];
+    int32_t l[257];
+    for (int i = 0; i < 256; i++) t[i] = (const char *)&b[i], l[i] = 1;
+    t[256] = "", l[256] = 0;
+    return kgr_vocab_from_strings(t, l, 257, 256, out);
 }
 
 /* ---- index ---- */
@@ -687,6 +769,13 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     pthread_mutex_init(&ix->mu, NULL);
     ix->g = g;
     ix->v = v;
+    for (int32_t i = 0; i < g->n_tok_refs; i++)
+        if (!kgr_vocab_is_special(v, g->tok_refs[i])) {
+            int32_t id = g->tok_refs[i];
+            kgr_index_free(ix);
+            return kiln_error(KILN_EINVAL, "grammar: token <[%d]> is not a special token of the model's vocabulary "
+                                           "(an ordinary token is matched by its text: write it as a literal)", id);
+        }
     byte_classes(ix);
     ix->node_ht_cap = 1024;
     ix->st_ht_cap = 256;
@@ -885,7 +974,15 @@ kiln_status kgr_matcher_accept(kgr_matcher *m, int32_t tok) {
     if (tok < 0 || tok >= v->n_vocab) return kiln_error(KILN_EINVAL, "grammar: token %d is out of range", tok);
     pthread_mutex_lock(&ix->mu);
     kiln_status st = NULL;
-    if (is_eos(v, tok)) {
+    /* an EOS id the grammar references (a special token terminal) is taken as a token first */
+    int32_t ref = is_eos(v, tok) && v->off[tok + 1] > v->off[tok]
+                      ? walk_bytes(ix, m->state, v->bytes + v->off[tok], (size_t)(v->off[tok + 1] - v->off[tok]))
+                      : 0;
+    if (ref > 0) {
+        m->state = ref;
+    } else if (ref < 0) {
+        st = kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
+    } else if (is_eos(v, tok)) {
         if (ix->st[m->state].accept) m->ended = true;
         else st = kiln_error(KILN_EINVAL, "grammar: end of text where the grammar cannot end");
     } else if (v->off[tok + 1] == v->off[tok]) {
@@ -902,6 +999,7 @@ kiln_status kgr_matcher_accept(kgr_matcher *m, int32_t tok) {
 
 bool kgr_matcher_accept_bytes(kgr_matcher *m, const char *s, size_t n) {
     if (m->ended) return n == 0;
+    if (n && memchr(s, 0xFF, n)) return false; /* text never spells a special token's marker */
     kgr_index *ix = m->ix;
     pthread_mutex_lock(&ix->mu);
     int32_t t = walk_bytes(ix, m->state, s, n);

@@ -86,6 +86,8 @@ typedef struct {
     int64_t n_elems;
     int32_t *names; /* open addressing: named rules by name */
     uint32_t names_cap, n_names;
+    const kgr_vocab *vocab; /* resolves <|name|> references (NULL: only <[id]>) */
+    int32_t *tok_refs, n_tok_refs, cap_tok_refs;
     kiln_status err;
 } parser;
 
@@ -206,6 +208,16 @@ static int32_t set_index(parser *p, const kgr_set *s) {
     }
     p->sets[p->n_sets] = *s;
     return p->n_sets++;
+}
+
+static bool grow_refs(parser *p) {
+    if (p->n_tok_refs < p->cap_tok_refs) return true;
+    int32_t c = p->cap_tok_refs ? p->cap_tok_refs * 2 : 8;
+    int32_t *q = realloc(p->tok_refs, sizeof *q * (size_t)c);
+    if (!q) return perr(p, "out of memory"), false;
+    p->tok_refs = q;
+    p->cap_tok_refs = c;
+    return true;
 }
 
 static bool push_byte_range(parser *p, int32_t r, unsigned lo, unsigned hi) {
@@ -417,6 +429,55 @@ static bool parse_char(parser *p, uint32_t *cp) {
 
 static bool parse_alternates(parser *p, int32_t r, bool nested);
 
+/* A token reference at p->s ('<'): <[id]> or <TEXT> (the token whose text
+ * is "<TEXT>", as llama.cpp's GBNF): a special token's marker (gr_int.h),
+ * or an ordinary token's text as a literal. */
+static bool parse_token_ref(parser *p, int32_t r) {
+    const char *s0 = p->s;
+    int32_t id = -1;
+    bool special = true;
+    if (p->s + 1 < p->end && p->s[1] == '[') {
+        p->s += 2;
+        int64_t v = 0;
+        if (p->s >= p->end || *p->s < '0' || *p->s > '9') return perr(p, "expected a token id after '<['"), false;
+        while (p->s < p->end && *p->s >= '0' && *p->s <= '9') {
+            v = v * 10 + (*p->s++ - '0');
+            if (v > KGR_MAX_TOKEN_ID) return perr(p, "token id over %d", KGR_MAX_TOKEN_ID), false;
+        }
+        if (p->end - p->s < 2 || p->s[0] != ']' || p->s[1] != '>') return perr(p, "expected ']>' after the token id"), false;
+        p->s += 2;
+        id = (int32_t)v;
+        if (p->vocab && !kgr_vocab_is_special(p->vocab, id)) {
+            if (id >= kgr_vocab_size(p->vocab)) return perr(p, "token <[%d]> is beyond the vocabulary", id), false;
+            special = false;
+        }
+    } else {
+        const char *e = memchr(p->s, '>', (size_t)(p->end - p->s));
+        const char *nl = memchr(p->s, '\n', (size_t)(p->end - p->s));
+        if (!e || (nl && nl < e)) return perr(p, "unterminated token reference (expected '>')"), false;
+        p->s = e + 1;
+        int ln = (int)(p->s - s0) > 64 ? 64 : (int)(p->s - s0);
+        if (!p->vocab) return perr(p, "the token reference %.*s needs the model's vocabulary (or write <[id]>)", ln, s0), false;
+        id = kgr_vocab_lookup(p->vocab, s0, (size_t)(p->s - s0), &special);
+        if (id < 0) return perr(p, "%.*s is not a token of the model's vocabulary", ln, s0), false;
+    }
+    if (!special) { /* an ordinary token: its text */
+        char buf[256];
+        int32_t n = kgr_vocab_token_text(p->vocab, id, buf, sizeof buf);
+        if (n <= 0 || n > (int32_t)sizeof buf) return perr(p, "token <[%d]> has no text a grammar can match", id), false;
+        for (int32_t i = 0; i < n; i++)
+            if (!push_byte_range(p, r, (unsigned char)buf[i], (unsigned char)buf[i])) return false;
+        return true;
+    }
+    if (!grow_refs(p)) return false;
+    p->tok_refs[p->n_tok_refs++] = id;
+    unsigned char m[KGR_MARKER_LEN];
+    kgr_token_marker(id, m);
+    for (int i = 0; i < KGR_MARKER_LEN; i++)
+        if (!push_byte_range(p, r, m[i], m[i])) return false;
+    return true;
+}
+
 /* Wraps r's elements [from, n) into a helper rule, leaving one KE_REF. */
 static int32_t wrap(parser *p, int32_t r, int32_t from) {
     int32_t h = helper(p, r);
@@ -578,7 +639,10 @@ static bool parse_sequence(parser *p, int32_t r, bool nested) {
         } else if (c == '|' || c == ')' || c == '\n' || c == '\r') {
             return true;
         } else if (c == '<') {
-            return perr(p, "token references (<[id]>, <token>) are not supported"), false;
+            last = p->r[r].n;
+            if (!parse_token_ref(p, r)) return false;
+        } else if (c == '!' && p->s + 1 < p->end && p->s[1] == '<') {
+            return perr(p, "negated token references (!<...>) are not supported"), false;
         } else {
             return perr(p, "unexpected '%c'", c), false;
         }
@@ -682,14 +746,17 @@ void kgr_grammar_free(kgr_grammar *g) {
     free(g->start);
     free(g->el);
     free(g->sets);
+    free(g->tok_refs);
     free(g);
 }
 
 int32_t kgr_grammar_rules(const kgr_grammar *g) { return g->n_rules; }
 
-kiln_status kgr_from_gbnf(const char *text, size_t len, kgr_grammar **out) {
+kiln_status kgr_from_gbnf(const char *text, size_t len, kgr_grammar **out) { return kgr_from_gbnf_vocab(text, len, NULL, out); }
+
+kiln_status kgr_from_gbnf_vocab(const char *text, size_t len, const kgr_vocab *vocab, kgr_grammar **out) {
     *out = NULL;
-    parser p = {.s = text, .end = text + len, .line0 = text, .line = 1};
+    parser p = {.s = text, .end = text + len, .line0 = text, .line = 1, .vocab = vocab};
     for (;;) {
         skip_space(&p, true);
         if (p.s >= p.end) break;
@@ -748,6 +815,9 @@ kiln_status kgr_from_gbnf(const char *text, size_t len, kgr_grammar **out) {
         p.sets = NULL;
         g->n_sets = p.n_sets;
         g->root = root;
+        g->tok_refs = p.tok_refs;
+        g->n_tok_refs = p.n_tok_refs;
+        p.tok_refs = NULL;
         p.err = check_left_recursion(g);
     }
     for (int32_t i = 0; i < p.n_rules; i++) {
@@ -757,6 +827,7 @@ kiln_status kgr_from_gbnf(const char *text, size_t len, kgr_grammar **out) {
     free(p.r);
     free(p.sets);
     free(p.names);
+    free(p.tok_refs);
     if (p.err) {
         kgr_grammar_free(g);
         return p.err;

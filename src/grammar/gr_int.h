@@ -22,6 +22,19 @@ typedef struct {
 
 static inline bool kgr_set_has(const kgr_set *s, unsigned b) { return (s->w[b >> 6] >> (b & 63)) & 1; }
 
+/* Special tokens as terminals (<[id]>, <|name|>): in the vocabulary a
+ * special token's bytes are a marker no text can hold, 0xFF (never in
+ * UTF-8, and every other element of a grammar matches UTF-8 only) and the
+ * id in 4 bytes of 6 bits each (0x80..0xBF); a token reference is that
+ * marker as 5 byte elements. Ordinary tokens holding 0xFF, which no grammar
+ * could take anyway, are dropped, so only the token itself spells it. */
+#define KGR_MARKER_LEN 5
+#define KGR_MAX_TOKEN_ID 0xFFFFFF
+static inline void kgr_token_marker(int32_t id, unsigned char out[KGR_MARKER_LEN]) {
+    out[0] = 0xFF;
+    for (int i = 0; i < 4; i++) out[1 + i] = (unsigned char)(0x80 | ((uint32_t)id >> (18 - 6 * i) & 63));
+}
+
 struct kgr_grammar {
     kgr_elem *el;
     int32_t n_el;
@@ -31,7 +44,17 @@ struct kgr_grammar {
     kgr_set *sets;
     int32_t n_sets;
     int32_t root;
+    int32_t *tok_refs; /* the special tokens referenced, checked against the vocabulary by kgr_index_create */
+    int32_t n_tok_refs;
 };
+
+/* engine.c: the token whose text is s[0..n): a special token's id
+ * (*special true), else an ordinary token's with exactly these bytes; -1 none */
+int32_t kgr_vocab_lookup(const kgr_vocab *v, const char *s, size_t n, bool *special);
+/* token id's bytes (an ordinary token's text) into buf (cap): the length, -1 no such id */
+int32_t kgr_vocab_token_text(const kgr_vocab *v, int32_t id, char *buf, int32_t cap);
+/* whether id is one of v's special tokens */
+bool kgr_vocab_is_special(const kgr_vocab *v, int32_t id);
 
 /* code point ranges [lo, hi] */
 typedef struct {

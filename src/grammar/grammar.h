@@ -46,6 +46,15 @@ void kgr_opts_default(kgr_opts *o);
  * * + ? {m} {m,} {m,n}, # comments; the start rule is `root`. Errors give the
  * line and column. */
 kiln_status kgr_from_gbnf(const char *text, size_t len, kgr_grammar **out);
+/* Special tokens as terminals, as llama.cpp's GBNF: <[id]> is token id, and
+ * <TEXT> (with a vocabulary) the token whose text is "<TEXT>" (e.g.
+ * <|channel|>). A special token matches only itself: no text spells it, and
+ * its text as a "literal" does not match it. A reference to an ordinary
+ * token matches its text. !<...> (any token but one) is refused.
+ * kgr_from_gbnf takes <[id]> only; kgr_index_create refuses an id that is
+ * not a special token of its vocabulary. */
+struct kgr_vocab;
+kiln_status kgr_from_gbnf_vocab(const char *text, size_t len, const struct kgr_vocab *v, kgr_grammar **out);
 /* A whole-string match of an ECMAScript-style regex (no backreferences or
  * lookaround: those are errors). */
 kiln_status kgr_from_regex(const char *re, kgr_grammar **out);
@@ -72,12 +81,15 @@ int32_t kgr_grammar_rules(const kgr_grammar *g);
 /* ---- vocabulary: the tokens' bytes as a trie ---- */
 typedef struct kgr_vocab kgr_vocab;
 /* n_vocab: rows of the logits (may exceed the tokenizer's). Special tokens
- * are never allowed, except the eos ids where the grammar may end. */
+ * are allowed only where the grammar names them (<[id]>, <|name|>), and the
+ * eos ids where the grammar may end. */
 kiln_status kgr_vocab_create(const ktok *tok, int32_t n_vocab, const int32_t *eos, int32_t n_eos,
                              kgr_vocab **out);
 /* Tests: tokens given as byte strings (lens[i] bytes each). */
 kiln_status kgr_vocab_from_strings(const char *const *tokens, const int32_t *lens, int32_t n,
                                    int32_t eos, kgr_vocab **out);
+/* Tests: the 256 one-byte tokens (id = the byte) and an EOS (id 256). */
+kiln_status kgr_vocab_bytes(kgr_vocab **out);
 void kgr_vocab_free(kgr_vocab *v);
 int32_t kgr_vocab_size(const kgr_vocab *v);
 

@@ -6,6 +6,7 @@
 #include "grammar/grammar.h"
 #include "grammar/gr_int.h"
 #include "kt.h"
+#include "tokenizer/tokenizer.h"
 
 /* 256 one-byte tokens and EOS (256) */
 static kgr_vocab *byte_vocab(void) {
@@ -121,7 +122,10 @@ KT_TEST(grammar_gbnf_errors) {
     BAD("root ::= \"a\"{3,2}");
     BAD("root ::= \"a\"\nroot ::= \"b\"");
     BAD("root ::= \"\\q\"");
-    BAD("root ::= <[100]>");
+    BAD("root ::= <[100]>");        /* not a special token of the byte vocabulary */
+    BAD("root ::= !<[100]>");       /* negated references are refused */
+    BAD("root ::= <|im_end|>");     /* a name needs a vocabulary */
+    BAD("root ::= <[16777216]>");
     kgr_grammar *g;
     kiln_status st = kgr_from_gbnf("root ::= \"a\"\n  x ::= [", 22, &g);
     KT_CHECK(st != NULL);
@@ -238,8 +242,8 @@ KT_TEST(grammar_mask_string_interior) {
  * strings it must accept and reject. Two of llama.cpp's rejections are left
  * out, because JSON Schema accepts them and so does kiln: "min 0" rejects
  * 100000000000000000000000000000000 and "min 2" 12345678900000000 (llama.cpp
- * bounds the digits of a minimum-only integer). Token references (<[10]>)
- * are refused by kiln's GBNF (grammar_gbnf_errors), so those cases are not here. */
+ * bounds the digits of a minimum-only integer). Token references are
+ * tested on a real vocabulary (grammar_special_tokens). */
 typedef struct {
     const char *src; /* GBNF, or a schema when it starts with { */
     const char *ok[24], *bad[24];
@@ -294,4 +298,84 @@ KT_TEST(grammar_llama_cpp_integration) {
             KT_CHECKF(match_with(f, c->src, c->bad[k]) == 0, "case %zu should reject %s", i, c->bad[k]);
     }
     KT_CHECK(n > 150);
+}
+
+/* Special tokens as terminals, on gpt-oss's tokenizer (tests/data: its
+ * special tokens and a part of its vocabulary): <|name|> and <[id]> match the
+ * token and nothing else; its text as a literal never matches the token, and
+ * no text spells the reference. */
+KT_TEST(grammar_special_tokens) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/data/tokenizer/gptoss", kt_root());
+    ktok *tok = NULL;
+    KT_CHECK_OK(ktok_load(dir, &tok));
+    const int32_t channel = 200005, message = 200008, call = 200012, ret = 200002;
+    KT_CHECK(ktok_is_special(tok, channel) && ktok_is_special(tok, call));
+    int32_t eos[] = {ret, call};
+    kgr_vocab *v = NULL;
+    KT_CHECK_OK(kgr_vocab_create(tok, ktok_vocab_size(tok), eos, 2, &v));
+    int32_t n = kgr_vocab_size(v);
+    size_t words = ((size_t)n + 31) / 32;
+    uint32_t *bits = malloc(words * 4);
+    /* "a" <|channel|> "b" <[200008]> "{}" <|call|> */
+    const char *src = "root ::= \"a\" <|channel|> \"b\" <[200008]> \"{}\" <|call|>";
+    kgr_grammar *g = NULL;
+    KT_CHECK_OK(kgr_from_gbnf_vocab(src, strlen(src), v, &g));
+    kgr_matcher *m = NULL;
+    KT_CHECK_OK(kgr_matcher_create_owned(g, v, &m));
+    int32_t *ids = NULL;
+    size_t nids = 0;
+    KT_CHECK_OK(ktok_encode(tok, "a", 1, false, &ids, &nids));
+    KT_CHECK(nids == 1);
+    KT_CHECK_OK(kgr_matcher_accept(m, ids[0]));
+    free(ids);
+    /* after "a": exactly one token, <|channel|> */
+    KT_CHECK_OK(kgr_matcher_mask(m, bits));
+    int allowed = 0;
+    for (int32_t i = 0; i < n; i++) allowed += (bits[i >> 5] >> (i & 31)) & 1;
+    KT_CHECKF(allowed == 1 && ((bits[channel >> 5] >> (channel & 31)) & 1), "%d tokens allowed", allowed);
+    /* its text, as bytes, is not the token */
+    KT_CHECK(!kgr_matcher_accept_bytes(m, "<|channel|>", 11));
+    kiln_status st = kgr_matcher_accept(m, message);
+    KT_CHECK(st != NULL);
+    kiln_status_free(st);
+    KT_CHECK_OK(kgr_matcher_accept(m, channel));
+    KT_CHECK(kgr_matcher_accept_bytes(m, "b", 1));
+    KT_CHECK_OK(kgr_matcher_accept(m, message));
+    KT_CHECK(kgr_matcher_accept_bytes(m, "{}", 2));
+    /* <|call|> is an EOS id the grammar names: allowed before the end, <|return|> not */
+    KT_CHECK_OK(kgr_matcher_mask(m, bits));
+    KT_CHECK(((bits[call >> 5] >> (call & 31)) & 1) && !((bits[ret >> 5] >> (ret & 31)) & 1));
+    KT_CHECK(!kgr_matcher_done(m));
+    KT_CHECK_OK(kgr_matcher_accept(m, call));
+    KT_CHECK(kgr_matcher_done(m));
+    kgr_matcher_free(m);
+    /* a literal of a special token's text never allows the token */
+    const char *lit = "root ::= \"<|channel|>\"";
+    KT_CHECK_OK(kgr_from_gbnf_vocab(lit, strlen(lit), v, &g));
+    KT_CHECK_OK(kgr_matcher_create_owned(g, v, &m));
+    KT_CHECK_OK(kgr_matcher_mask(m, bits));
+    KT_CHECK(!((bits[channel >> 5] >> (channel & 31)) & 1));
+    KT_CHECK(kgr_matcher_accept_bytes(m, "<|channel|>", 11) && kgr_matcher_done(m));
+    kgr_matcher_free(m);
+    /* a reference to an ordinary token is its text; unknown names and
+     * ordinary ids without the vocabulary are errors naming them */
+    st = kgr_from_gbnf_vocab("root ::= <|nope|>", 17, v, &g);
+    KT_CHECKF(st && strstr(kiln_status_msg(st), "<|nope|> is not a token"), "%s", st ? kiln_status_msg(st) : "");
+    kiln_status_free(st);
+    KT_CHECK_OK(kgr_from_gbnf("root ::= <[100]>", 16, &g));
+    kgr_index *ix = NULL;
+    st = kgr_index_create(g, v, &ix);
+    KT_CHECKF(st && strstr(kiln_status_msg(st), "<[100]> is not a special token"), "%s", st ? kiln_status_msg(st) : "");
+    kiln_status_free(st);
+    kgr_grammar_free(g);
+    KT_CHECK_OK(kgr_from_gbnf_vocab("root ::= <[100]>", 16, v, &g));
+    KT_CHECK_OK(kgr_matcher_create_owned(g, v, &m));
+    char t100[64];
+    int32_t l100 = ktok_token_bytes(tok, 100, t100, sizeof t100);
+    KT_CHECK(l100 > 0 && kgr_matcher_accept_bytes(m, t100, (size_t)l100) && kgr_matcher_done(m));
+    kgr_matcher_free(m);
+    free(bits);
+    kgr_vocab_free(v);
+    ktok_free(tok);
 }

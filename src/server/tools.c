@@ -136,7 +136,7 @@ void ksrv_tools_free(ksrv_tools *t) {
 }
 
 /* The calls' grammar as gp's (lazy; see the top) */
-static kiln_status set_grammar(ksrv_tools *t, const cJSON *tools, const char *only, kgen_params *gp) {
+static kiln_status set_grammar(ksrv_tools *t, const cJSON *tools, const char *only, const ktok *tok, kgen_params *gp) {
     ktc_format f = t->syn.format;
     bool strict = false;
     const cJSON *e;
@@ -153,7 +153,7 @@ static kiln_status set_grammar(ksrv_tools *t, const cJSON *tools, const char *on
         return NULL;
     }
     char *g;
-    KILN_TRY(ktc_grammar(f, tools, only, t->parallel, &g));
+    KILN_TRY(ktc_grammar(f, tools, only, t->parallel, tok, &g));
     kgr_grammar *gr;
     kiln_status st = kgr_from_gbnf(g, strlen(g), &gr);
     if (st) {
@@ -234,7 +234,7 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
     t->parallel = parallel;
     t->force = use_tools && force;
     t->budget = budget;
-    kiln_status st = use_tools ? set_grammar(t, t->tools, only, gp) : NULL;
+    kiln_status st = use_tools ? set_grammar(t, t->tools, only, s->tok, gp) : NULL;
     if (st) {
         ksrv_tools_free(t);
         return st;

@@ -17,6 +17,8 @@
 #include "base/file.h"
 #include "base/json.h"
 #include "ckpt/ckpt_test.h"
+#include "cli/synth.h"
+#include "grammar/gr_int.h"
 #include "kt.h"
 #include "server/server.h"
 #include "server/server_int.h"
@@ -427,10 +429,27 @@ static void call_of(const char *resp, bool stream, int *n, char *name, size_t ca
     }
 }
 
+/* POSTs a chat body and reads its calls (call_of): the first's arguments
+ * parsed (NULL: none or not JSON; the caller frees them), r the reply. */
+static cJSON *post_call(int port, const char *body, bool stream, long *st, int *n, char *name, size_t cap, bool *content,
+                        ksrv_buf *r) {
+    ksrv_buf args = {0};
+    *st = post(port, body, r);
+    call_of(r->p ? r->p : "", stream, n, name, cap, &args, content);
+    cJSON *a = cJSON_Parse(args.p ? args.p : "");
+    ksrv_buf_free(&args);
+    return a;
+}
+
 KT_TEST(server_tools_llama_cpp_required_tool) {
     static const char *const tmpls[] = {"meta-llama-Llama-3.3-70B-Instruct", "meta-llama-Llama-3.1-8B-Instruct",
                                         "meta-llama-Llama-3.2-3B-Instruct", "Qwen-Qwen2.5-7B-Instruct", "mistralai-Mistral-Nemo-Instruct-2407",
-                                        "fireworks-ai-llama-3-firefunction-v2", "CohereForAI-c4ai-command-r7b-12-2024-tool_use"};
+                                        "fireworks-ai-llama-3-firefunction-v2", "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+                                        /* the special-token and XML formats (kiln's own cases; the tiny
+                                         * vocabulary spells their markers as text; MiniMax-M2's prompt
+                                         * opens a thinking block, so its grammar stays lazy) */
+                                        "openai-gpt-oss-120b", "deepseek-ai-DeepSeek-V3.1", "Qwen3-Coder", "GLM-4.6",
+                                        "moonshotai-Kimi-K2", "Mistral-Small-3.2-24B-Instruct-2506", "ByteDance-Seed-OSS"};
     static const char *test_tool = "[{\"type\": \"function\", \"function\": {\"name\": \"test\", \"description\": \"\", "
                                    "\"parameters\": {\"type\": \"object\", \"properties\": {\"success\": {\"type\": \"boolean\", "
                                    "\"const\": true}}, \"required\": [\"success\"]}}}]";
@@ -444,17 +463,16 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
                      "{\"role\": \"user\", \"content\": \"Write an example\"}], \"tool_choice\": \"required\", \"tools\": %s, "
                      "\"parallel_tool_calls\": false, \"stream\": %s, \"temperature\": 0.0, \"top_k\": 1, \"top_p\": 1.0}",
                      test_tool, stream ? "true" : "false");
-            ksrv_buf r = {0}, args = {0};
-            long st = post(ksrv_port(s), body, &r);
+            ksrv_buf r = {0};
+            long st;
             int n;
             char name[64];
             bool content;
-            call_of(r.p ? r.p : "", stream, &n, name, sizeof name, &args, &content);
-            cJSON *a = cJSON_Parse(args.p ? args.p : "");
+            cJSON *a = post_call(ksrv_port(s), body, stream, &st, &n, name, sizeof name, &content, &r);
             KT_CHECKF(st == 200 && n == 1 && !strcmp(name, "test") && !content && cJSON_IsTrue(ku_json_get(a, "success")),
                       "%s (stream %d): %ld %s", tmpls[t], stream, st, r.p);
             cJSON_Delete(a);
-            ksrv_buf_free(&r), ksrv_buf_free(&args);
+            ksrv_buf_free(&r);
             /* without tools, and with tool_choice none: no call */
             snprintf(body, sizeof body,
                      "{\"max_tokens\": 16, \"messages\": [{\"role\": \"user\", \"content\": \"say hello world with python\"}]%s%s, "
@@ -467,6 +485,68 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
         ksrv_stop(s);
         ckt_rmdir(dir);
     }
+}
+
+/* Special-token formats end to end, on random weights (kiln synth's tiny
+ * shape) with real tokenizers: gpt-oss's (Harmony's markers are its special
+ * tokens, generated as tokens under the grammar) and DeepSeek-V3's.
+ * tool_choice required at temperature 1 gives one call whose arguments
+ * validate against the schema, streamed and not. */
+KT_TEST(server_tools_special_token_vocab) {
+    static const struct {
+        const char *tok, *tmpl;
+    } k[] = {{"gptoss", "openai-gpt-oss-120b"}, {"deepseek3", "deepseek-ai-DeepSeek-V3.1"}};
+    static const char *tool = "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather\", \"strict\": true, "
+                              "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", "
+                              "\"maxLength\": 6}, \"days\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 9}}, "
+                              "\"required\": [\"city\", \"days\"], \"additionalProperties\": false}}}]";
+    cJSON *tools = cJSON_Parse(tool);
+    const cJSON *schema = ku_json_get(ku_json_get(cJSON_GetArrayItem(tools, 0), "function"), "parameters");
+    for (size_t c = 0; c < sizeof k / sizeof *k; c++) {
+        char dir[] = "/tmp/kiln-tools-XXXXXX", root[PATH_MAX], from[PATH_MAX * 2], body[2048];
+        KT_CHECK(mkdtemp(dir) && realpath(kt_root(), root));
+        snprintf(from, sizeof from, "%s/tests/data/tokenizer/%s", root, k[c].tok);
+        ktok *tok = NULL;
+        KT_CHECK_OK(ktok_load(from, &tok));
+        if (!tok) continue;
+        ks_shape sh = *ks_shape_find("tiny");
+        sh.vocab = ktok_vocab_size(tok);
+        ktok_free(tok);
+        KT_CHECK_OK(ks_synth(&sh, KS_BF16, 7, dir));
+        const char *files[][2] = {{"tokenizer.json", "tokenizer.json"}, {"tokenizer_config.json", "tokenizer_config.json"}};
+        for (int i = 0; i < 2; i++) {
+            snprintf(from, sizeof from, "%s/tests/data/tokenizer/%s/%s", root, k[c].tok, files[i][0]);
+            KT_CHECK(ckt_copy(from, dir, files[i][1]));
+        }
+        snprintf(from, sizeof from, "%s/tests/data/chat/templates/%s.jinja", root, k[c].tmpl);
+        KT_CHECK(ckt_copy(from, dir, "chat_template.jinja"));
+        ksrv_params p = {.model_dir = dir, .alias = "tiny", .parallel = 1, .ctx_size = 2048, .threads = 1, .quiet = true};
+        ksrv *s = NULL;
+        KT_CHECK_OK(ksrv_start(&p, &s));
+        if (!s) continue;
+        KT_CHECK_OK(ksrv_wait_ready(s));
+        for (int stream = 0; stream < 2; stream++) {
+            snprintf(body, sizeof body,
+                     "{\"max_tokens\": 200, \"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], "
+                     "\"tool_choice\": \"required\", \"parallel_tool_calls\": false, \"tools\": %s, \"stream\": %s, "
+                     "\"temperature\": 1.0, \"seed\": %d}",
+                     tool, stream ? "true" : "false", 1 + stream);
+            ksrv_buf r = {0};
+            long st;
+            int n;
+            char name[64], err[256] = "";
+            bool content;
+            cJSON *a = post_call(ksrv_port(s), body, stream, &st, &n, name, sizeof name, &content, &r);
+            bool valid = a && kgr_validate(schema, schema, a, err, sizeof err) == KGR_V_VALID;
+            KT_CHECKF(st == 200 && n == 1 && !strcmp(name, "get_weather") && valid && !content, "%s (stream %d): %ld %s %s",
+                      k[c].tmpl, stream, st, err, r.p);
+            cJSON_Delete(a);
+            ksrv_buf_free(&r);
+        }
+        ksrv_stop(s);
+        ckt_rmdir(dir);
+    }
+    cJSON_Delete(tools);
 }
 
 /* The events of an SSE body (their data objects, in order). */

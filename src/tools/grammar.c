@@ -2,16 +2,22 @@
  * ktc_grammar): GBNF for the text after the format's trigger, each call's
  * arguments under its function's JSON schema (kgr_schema_to_gbnf).
  *
- * The grammar starts after the trigger and ends where the last call's
- * arguments end (the closing "}" or "]"): the text after it (a closing
- * </tool_call>, a special end token) is the model's again. So the grammar
- * never needs a special token: kiln's grammar vocabulary has none. */
+ * JSON formats (Hermes, Llama 3, Mistral v3, ...): the grammar ends where
+ * the last call's arguments end (the closing "}" or "]"); the text after it
+ * is the model's again. Formats whose markup is special tokens (Harmony,
+ * DeepSeek, Kimi K2, Mistral [ARGS]) name them as token terminals (<[id]>,
+ * grammar.h), so only the token itself is taken, and end with the call's
+ * closing marker. XML formats (Qwen3-Coder, Seed-OSS, MiniMax-M2, GLM-4.5)
+ * write each parameter as tagged text: a "string" parameter as raw text (the
+ * parser takes it as is), another as its JSON under the property's schema
+ * (the parser parses it), as their parsers in toolcall.c read them. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "grammar/grammar.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/toolcall.h"
 
 typedef struct {
@@ -68,30 +74,12 @@ static void put_json_name(gbuf *b, const char *s) {
     free(j);
 }
 
-bool ktc_grammar_supported(ktc_format f) {
-    return f == KTC_HERMES || f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_GRANITE || f == KTC_COMMAND_R ||
-           f == KTC_PHI4 || f == KTC_COMMAND_R_PLUS || f == KTC_FIREFUNCTION;
-}
+bool ktc_grammar_supported(ktc_format f) { return f > KTC_NONE && f < KTC_N_FORMATS; }
 
-/* Rule tc-aK for tool K's arguments: its schema's GBNF with the root
- * renamed (a schema kiln cannot honour: a 400 when strict, else any object). */
-static kiln_status add_args(gbuf *b, const cJSON *fn, int k, int idx, const kgr_opts *o) {
-    const cJSON *pa = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
-    bool strict = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "strict"));
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "tc%d-", k);
+/* Rule `rule` for the JSON of schema (its other rules prefixed with prefix). */
+static kiln_status put_schema_rule(gbuf *b, const cJSON *schema, const char *prefix, const char *rule, const kgr_opts *o) {
     char *g = NULL;
-    kiln_status st = NULL;
-    cJSON *any = NULL;
-    if (cJSON_IsObject(pa)) st = kgr_schema_to_gbnf(pa, o, prefix, &g);
-    if (st && strict) return kiln_status_wrap(st, "\"tools\"[%d].function.parameters", idx);
-    kiln_status_free(st);
-    if (!g) {
-        if (!(any = cJSON_Parse("{\"type\": \"object\", \"additionalProperties\": true}"))) return kiln_error(KILN_ENOMEM, "out of memory");
-        st = kgr_schema_to_gbnf(any, o, prefix, &g);
-        cJSON_Delete(any);
-        if (st) return st;
-    }
+    KILN_TRY(kgr_schema_to_gbnf(schema, o, prefix, &g));
     /* the schema's root is its last line, "root ::= TOP" */
     size_t n = strlen(g);
     char *r = n >= 9 && !strncmp(g, "root ::= ", 9) ? g : NULL;
@@ -100,19 +88,79 @@ static kiln_status add_args(gbuf *b, const cJSON *fn, int k, int idx, const kgr_
         free(g);
         return kiln_error(KILN_EINVAL, "tool grammar: the schema's GBNF has no root");
     }
-    put(b, "%.*stc-a%d ::= %s", (int)(r - g), g, k, r + 9);
+    put(b, "%.*s%s ::= %s", (int)(r - g), g, rule, r + 9);
     if (n && g[n - 1] != '\n') put(b, "\n");
     free(g);
     return NULL;
 }
 
+static kiln_status put_any_object(gbuf *b, const char *prefix, const char *rule, const kgr_opts *o) {
+    cJSON *any = cJSON_Parse("{\"type\": \"object\", \"additionalProperties\": true}");
+    if (!any) return kiln_error(KILN_ENOMEM, "out of memory");
+    kiln_status st = put_schema_rule(b, any, prefix, rule, o);
+    cJSON_Delete(any);
+    return st;
+}
+
+/* Rule tc-aK for tool K's arguments: its schema's GBNF with the root
+ * renamed (a schema kiln cannot honour: a 400 when strict, else any object). */
+static kiln_status add_args(gbuf *b, const cJSON *fn, int k, int idx, const kgr_opts *o) {
+    const cJSON *pa = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    bool strict = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "strict"));
+    char prefix[32], rule[32];
+    snprintf(prefix, sizeof prefix, "tc%d-", k);
+    snprintf(rule, sizeof rule, "tc-a%d", k);
+    if (!cJSON_IsObject(pa)) return put_any_object(b, prefix, rule, o);
+    gbuf tmp = {0};
+    kiln_status st = put_schema_rule(&tmp, pa, prefix, rule, o);
+    if (st && strict) {
+        free(tmp.p);
+        return kiln_status_wrap(st, "\"tools\"[%d].function.parameters", idx);
+    }
+    if (!st) {
+        put(b, "%s", tmp.p ? tmp.p : "");
+        free(tmp.p);
+        return NULL;
+    }
+    kiln_status_free(st);
+    free(tmp.p);
+    return put_any_object(b, prefix, rule, o);
+}
+
+/* A marker: the special token that spells it (tok's, a terminal), else its text. */
+static void put_tok(gbuf *b, const ktok *tok, const char *text) {
+    int32_t id = tok ? ktok_token_id(tok, text) : -1;
+    if (id >= 0 && ktok_is_special(tok, id)) put(b, " <[%d]> ", id);
+    else {
+        put(b, " \"");
+        put_lit(b, text);
+        put(b, "\" ");
+    }
+}
+
+/* The tools that may be called (only: of that name), in order: it.fn
+ * (function), it.nm (its name), it.idx (the index in tools). */
+typedef struct {
+    const cJSON *t;
+    int idx;
+    const cJSON *fn, *nm;
+} tool_it;
+
+static bool tool_next(const cJSON *tools, const char *only, tool_it *it) {
+    for (it->t = it->t ? it->t->next : tools ? tools->child : NULL; it->t; it->t = it->t->next) {
+        it->idx++;
+        it->fn = cJSON_GetObjectItemCaseSensitive(it->t, "function");
+        it->nm = cJSON_GetObjectItemCaseSensitive(it->fn, "name");
+        if (cJSON_IsString(it->nm) && (!only || !strcmp(only, it->nm->valuestring))) return true;
+    }
+    return false;
+}
+
 /* key-value: "KEY" ws ":" ws */
 static void put_key(gbuf *b, const char *key) { put(b, "\"\\\"%s\\\"\" tc-ws \":\" tc-ws", key); }
 
-kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, char **gbnf) {
-    *gbnf = NULL;
-    if (!ktc_grammar_supported(f))
-        return kiln_error(KILN_EUNSUPPORTED, "the %s tool-call format has no grammar", ktc_format_name(f));
+/* The JSON formats: a call object, or a list of them. */
+static kiln_status json_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, char **gbnf) {
     gbuf b = {0};
     kiln_status st = NULL;
     /* one call: tc-call ::= tc-c0 | tc-c1 ... (the call objects differ by format) */
@@ -126,14 +174,11 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     const char *name_key = cohere ? "tool_name" : "name";
     const char *args_key = f == KTC_LLAMA3 || cohere ? "parameters" : "arguments";
     int k = 0, idx = -1;
-    const cJSON *t;
     put(&b, "tc-ws ::= [ \\t\\n]{0,16}\n"); /* Command R7B's template writes 10 in a row */
     gbuf alts = {0};
-    cJSON_ArrayForEach(t, tools) {
-        idx++;
-        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
-        if (!cJSON_IsString(nm) || (only && strcmp(only, nm->valuestring))) continue;
+    for (tool_it it = {NULL, -1, NULL, NULL}; tool_next(tools, only, &it);) {
+        const cJSON *fn = it.fn, *nm = it.nm;
+        idx = it.idx;
         if ((st = add_args(&b, fn, k, idx, &o))) break;
         put(&alts, "%s", k ? " | " : "");
         if (f != KTC_LLAMA3) put(&alts, "\"{\" tc-ws ");
@@ -164,6 +209,318 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     }
     free(alts.p);
     if (!st && (b.oom || alts.oom)) st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (st) {
+        free(b.p);
+        return st;
+    }
+    *gbnf = b.p;
+    return NULL;
+}
+
+/* ---- special-token formats ---- */
+
+/* Each format's call and root as GBNF patterns: {{TEXT}} is the marker
+ * TEXT (put_tok), %N the tool's name, %A its arguments' rule, %M the
+ * repetition of further calls (* parallel, else {0}). */
+typedef struct {
+    ktc_format f;
+    const char *call, *root;
+} marker_fmt;
+
+static const marker_fmt k_marker_fmts[] = {
+    /* gpt-oss: NAME [<|channel|>commentary] [ [<|constrain|>]json]<|message|>ARGS<|call|>; one call a message */
+    {KTC_HARMONY, "%N ({{<|channel|>}} \"commentary\")? ((\" \" {{<|constrain|>}}? | {{<|constrain|>}}) \"json\")? {{<|message|>}} %A {{<|call|>}}",
+     "root ::= tc-call\n"},
+    /* V3.1: NAME<sep>ARGS; R1 / V3: function<sep>NAME\n```json\nARGS\n``` (R1's template: a newline between calls) */
+    {KTC_DEEPSEEK, "(%N {{<｜tool▁sep｜>}} %A | \"function\" {{<｜tool▁sep｜>}} %N \"\\n```json\\n\" %A \"\\n```\")",
+     "tc-one ::= {{<｜tool▁call▁begin｜>}} tc-call {{<｜tool▁call▁end｜>}}\nroot ::= tc-one (\"\\n\"? tc-one)%M {{<｜tool▁calls▁end｜>}}\n"},
+    {KTC_KIMI_K2, "\"functions.\" %N \":\" [0-9]{1,3} {{<|tool_call_argument_begin|>}} %A",
+     "tc-one ::= {{<|tool_call_begin|>}} tc-call {{<|tool_call_end|>}}\nroot ::= tc-one tc-one%M {{<|tool_calls_section_end|>}}\n"},
+    /* Mistral v11: NAME[CALL_ID]ID[ARGS]ARGS (the id optional), [TOOL_CALLS] before each next call */
+    {KTC_MISTRAL_V11, "%N ({{[CALL_ID]}} [a-zA-Z0-9]{9})? {{[ARGS]}} %A", "root ::= tc-call ({{[TOOL_CALLS]}} tc-call)%M\n"},
+};
+
+static void put_pattern(gbuf *b, const char *pat, const ktok *tok, const char *name, int k, bool parallel) {
+    for (const char *c = pat; *c;) {
+        const char *e;
+        if (!strncmp(c, "{{", 2) && (e = strstr(c + 2, "}}"))) {
+            char text[64];
+            snprintf(text, sizeof text, "%.*s", (int)(e - c - 2), c + 2);
+            put_tok(b, tok, text);
+            c = e + 2;
+        } else if (c[0] == '%' && (c[1] == 'N' || c[1] == 'A' || c[1] == 'M')) {
+            if (c[1] == 'N') {
+                put(b, "\"");
+                put_lit(b, name);
+                put(b, "\"");
+            } else if (c[1] == 'A') put(b, "tc-a%d", k);
+            else put(b, "%s", parallel ? "*" : "{0}");
+            c += 2;
+        } else {
+            put(b, "%c", *c++);
+        }
+    }
+}
+
+static kiln_status marker_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const ktok *tok,
+                                  const kgr_opts *o, gbuf *b) {
+    const marker_fmt *mf = NULL;
+    for (size_t i = 0; i < sizeof k_marker_fmts / sizeof *k_marker_fmts; i++)
+        if (k_marker_fmts[i].f == f) mf = &k_marker_fmts[i];
+    if (!mf) return kiln_error(KILN_EUNSUPPORTED, "the %s tool-call format has no grammar", ktc_format_name(f));
+    gbuf alts = {0};
+    kiln_status st = NULL;
+    int k = 0;
+    for (tool_it it = {NULL, -1, NULL, NULL}; !st && tool_next(tools, only, &it); k++) {
+        if ((st = add_args(b, it.fn, k, it.idx, o))) break;
+        put(&alts, "%s", k ? " | " : "");
+        put_pattern(&alts, mf->call, tok, it.nm->valuestring, k, parallel);
+    }
+    if (!st && k == 0) st = kiln_error(KILN_EINVAL, "\"tool_choice\": no tool to call");
+    if (!st) {
+        put(b, "tc-call ::= %s\n", alts.p ? alts.p : "");
+        put_pattern(b, mf->root, tok, "", 0, parallel);
+    }
+    if (alts.oom) b->oom = true;
+    free(alts.p);
+    return st;
+}
+
+/* ---- XML formats ---- */
+
+typedef struct {
+    const char *head;              /* after the trigger, before the first call */
+    const char *fn_open, *fn_mid;  /* fn_open NAME fn_mid */
+    const char *key_open, *key_mid; /* key_open KEY key_mid VALUE */
+    const char *val_close;          /* after the value (held out of raw text) */
+    bool nl;                        /* the value between newlines (Qwen3-Coder) */
+    const char *param_end;          /* after val_close */
+    const char *fn_close;           /* after the parameters */
+    const char *next;               /* between parallel calls ("" none: calls follow fn_close) */
+} xgram;
+
+static const xgram k_xq3 = {"\n", "<function=", ">\n", "<parameter=", ">", "</parameter>", true, "\n", "</function>\n</tool_call>",
+                            "\n<tool_call>\n"};
+static const xgram k_xseed = {"\n", "<function=", ">\n", "<parameter=", ">", "</parameter>", false, "\n",
+                              "</function>\n</seed:tool_call>", "\n<seed:tool_call>\n"};
+static const xgram k_xmm = {"\n", "<invoke name=\"", "\">\n", "<parameter name=\"", "\">", "</parameter>", false, "\n",
+                            "</invoke>\n", ""};
+static const xgram k_xglm = {"", "", "\n", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>", false, "\n", "</tool_call>",
+                             "\n<tool_call>"};
+
+/* rule-0 .. rule-(m-1): text that holds no `stop` (ASCII, no proper border, so
+ * that text + stop first holds it at the end) from a state that has matched
+ * q of its bytes */
+static kiln_status put_not_containing(gbuf *b, const char *rule, const char *stop) {
+    size_t m = strlen(stop);
+    for (size_t i = 0; i < m; i++)
+        if ((unsigned char)stop[i] >= 0x80) return kiln_error(KILN_EINTERNAL, "tool grammar: a marker that is not ASCII");
+    for (size_t l = 1; l < m; l++)
+        if (!memcmp(stop, stop + m - l, l)) return kiln_error(KILN_EINTERNAL, "tool grammar: a marker with a border");
+    unsigned c0 = (unsigned char)stop[0];
+    for (size_t q = 0; q < m; q++) {
+        unsigned c = (unsigned char)stop[q];
+        put(b, "%s-%zu ::= (", rule, q);
+        if (q + 1 < m) put(b, "[\\x%02X] %s-%zu | ", c, rule, q + 1);
+        if (c != c0) put(b, "[\\x%02X] %s-1 | [^\\x%02X\\x%02X] %s-0)?\n", c0, rule, c, c0, rule);
+        else put(b, "[^\\x%02X] %s-0)?\n", c, rule);
+    }
+    return NULL;
+}
+
+static bool is_string_type(const cJSON *sch) {
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(sch, "type");
+    return cJSON_IsString(ty) && !strcmp(ty->valuestring, "string");
+}
+
+static bool annotation(const char *k) {
+    static const char *const a[] = {"description", "title", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"};
+    for (size_t i = 0; i < sizeof a / sizeof *a; i++)
+        if (!strcmp(k, a[i])) return true;
+    return false;
+}
+
+/* Rule `rule` for a "string" parameter's raw text: enum/const values,
+ * minLength/maxLength (then without '<'), or any text without val_close. */
+static kiln_status put_raw_string(gbuf *b, const cJSON *sch, const char *rule, const xgram *x, bool *any_text) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(sch, "enum"), *c = cJSON_GetObjectItemCaseSensitive(sch, "const");
+    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(sch, "minLength"), *mx = cJSON_GetObjectItemCaseSensitive(sch, "maxLength");
+    const cJSON *kw;
+    cJSON_ArrayForEach(kw, sch) {
+        const char *k = kw->string;
+        if (!strcmp(k, "type") || !strcmp(k, "enum") || !strcmp(k, "const") || !strcmp(k, "minLength") ||
+            !strcmp(k, "maxLength") || annotation(k))
+            continue;
+        return kiln_error(KILN_EUNSUPPORTED, "\"%s\" of a string parameter: not supported in this XML tool-call format", k);
+    }
+    if (e || c) {
+        put(b, "%s ::= ", rule);
+        int n = 0;
+        for (const cJSON *v = e ? e->child : c; v; v = e ? v->next : NULL) {
+            if (!cJSON_IsString(v) || strstr(v->valuestring, x->val_close))
+                return kiln_error(KILN_EUNSUPPORTED, "an enum of a string parameter holds a value this XML format cannot write");
+            put(b, "%s\"", n++ ? " | " : "");
+            put_lit(b, v->valuestring);
+            put(b, "\"");
+        }
+        if (!n) return kiln_error(KILN_EINVAL, "an empty enum");
+        put(b, "\n");
+        return NULL;
+    }
+    if (mn || mx) {
+        double lo = cJSON_IsNumber(mn) ? mn->valuedouble : 0, hi = cJSON_IsNumber(mx) ? mx->valuedouble : -1;
+        if (lo < 0 || lo > 100000 || hi > 100000 || (hi >= 0 && hi < lo))
+            return kiln_error(KILN_EUNSUPPORTED, "minLength/maxLength of a string parameter out of range");
+        /* (without the format's own newlines round the value, the parser
+         * strips one at either end: none then, or the length would change) */
+        const char *cls = x->nl ? "[^<]" : "[^<\\n]";
+        if (hi >= 0) put(b, "%s ::= %s{%d,%d}\n", rule, cls, (int)lo, (int)hi);
+        else put(b, "%s ::= %s{%d,}\n", rule, cls, (int)lo);
+        return NULL;
+    }
+    *any_text = true;
+    put(b, "%s ::= tc-raw-0\n", rule);
+    return NULL;
+}
+
+/* Rule tc-pK for tool K's parameters, in the schema's order (required ones
+ * once, the others optional), each value raw or JSON as the parser reads it. */
+static kiln_status xml_params(gbuf *b, const cJSON *schema, int k, const xgram *x, const kgr_opts *o, bool *any_text) {
+    const cJSON *kw;
+    cJSON_ArrayForEach(kw, schema) {
+        const char *n = kw->string;
+        if (!strcmp(n, "type") || !strcmp(n, "properties") || !strcmp(n, "required") || !strcmp(n, "$defs") ||
+            !strcmp(n, "definitions") || !strcmp(n, "$schema") || !strcmp(n, "strict") || annotation(n) ||
+            (!strcmp(n, "additionalProperties") && cJSON_IsFalse(kw)))
+            continue;
+        return kiln_error(KILN_EUNSUPPORTED, "unsupported keyword '%s' at # (in this XML tool-call format)", n);
+    }
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(schema, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(schema, "required");
+    gbuf seq = {0};
+    int j = 0;
+    kiln_status st = NULL;
+    const cJSON *pr;
+    cJSON_ArrayForEach(pr, props) {
+        char rule[48], prefix[48];
+        snprintf(rule, sizeof rule, "tc-v%d-%d", k, j);
+        snprintf(prefix, sizeof prefix, "tc%d-%d-", k, j);
+        if (is_string_type(pr)) st = put_raw_string(b, pr, rule, x, any_text);
+        else { /* the property's schema, with the root's definitions for its refs */
+            cJSON *sub = cJSON_Duplicate(pr, true);
+            const char *defs[] = {"$defs", "definitions"};
+            for (int d = 0; sub && d < 2; d++) {
+                const cJSON *dv = cJSON_GetObjectItemCaseSensitive(schema, defs[d]);
+                if (dv && !cJSON_GetObjectItemCaseSensitive(sub, defs[d])) cJSON_AddItemToObject(sub, defs[d], cJSON_Duplicate(dv, true));
+            }
+            st = sub ? put_schema_rule(b, sub, prefix, rule, o) : kiln_error(KILN_ENOMEM, "out of memory");
+            cJSON_Delete(sub);
+        }
+        if (st) {
+            st = kiln_status_wrap(st, "properties.%s", pr->string);
+            break;
+        }
+        bool required = false;
+        const cJSON *r;
+        cJSON_ArrayForEach(r, req) required |= cJSON_IsString(r) && !strcmp(r->valuestring, pr->string);
+        put(&seq, " (\"");
+        put_lit(&seq, x->key_open);
+        put_lit(&seq, pr->string);
+        put_lit(&seq, x->key_mid);
+        if (x->nl) put_lit(&seq, "\n");
+        put(&seq, "\" %s \"", rule);
+        if (x->nl) put_lit(&seq, "\n");
+        put_lit(&seq, x->val_close);
+        put_lit(&seq, x->param_end);
+        put(&seq, "\")%s", required ? "" : "?");
+        j++;
+    }
+    if (!st) put(b, "tc-p%d ::= \"\"%s\n", k, seq.p ? seq.p : "");
+    if (seq.oom) b->oom = true;
+    free(seq.p);
+    return st;
+}
+
+static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const kgr_opts *o, gbuf *b) {
+    const xgram *x = f == KTC_QWEN3_CODER ? &k_xq3 : f == KTC_SEED_OSS ? &k_xseed : f == KTC_MINIMAX_M2 ? &k_xmm : &k_xglm;
+    gbuf alts = {0};
+    int k = 0, idx = -1;
+    bool any_text = false;
+    kiln_status st = NULL;
+    for (tool_it it = {NULL, -1, NULL, NULL}; tool_next(tools, only, &it);) {
+        const cJSON *fn = it.fn, *nm = it.nm;
+        idx = it.idx;
+        const cJSON *pa = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        gbuf tmp = {0};
+        bool tmp_any = false;
+        st = cJSON_IsObject(pa) ? xml_params(&tmp, pa, k, x, o, &tmp_any) : NULL;
+        if (!cJSON_IsObject(pa)) put(&tmp, "tc-p%d ::= \"\"\n", k);
+        if (st && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "strict"))) {
+            free(tmp.p);
+            st = kiln_status_wrap(st, "\"tools\"[%d].function.parameters", idx);
+            break;
+        }
+        if (st) { /* not strict: any parameters, raw */
+            kiln_status_free(st);
+            st = NULL;
+            free(tmp.p);
+            tmp = (gbuf){0};
+            put(&tmp, "tc-p%d ::= (\"", k);
+            put_lit(&tmp, x->key_open);
+            put(&tmp, "\" [^<>\"\\n]+ \"");
+            put_lit(&tmp, x->key_mid);
+            put(&tmp, "\" tc-raw-0 \"");
+            put_lit(&tmp, x->val_close);
+            put_lit(&tmp, x->param_end);
+            put(&tmp, "\")*\n");
+            tmp_any = true;
+        }
+        any_text |= tmp_any;
+        put(b, "%s", tmp.p ? tmp.p : "");
+        free(tmp.p);
+        put(&alts, "%s\"", k ? " | " : "");
+        put_lit(&alts, x->fn_open);
+        put_lit(&alts, nm->valuestring);
+        put_lit(&alts, x->fn_mid);
+        put(&alts, "\" tc-p%d", k);
+        k++;
+    }
+    if (!st && k == 0) st = kiln_error(KILN_EINVAL, "\"tool_choice\": no tool to call");
+    if (!st && any_text) st = put_not_containing(b, "tc-raw", x->val_close);
+    if (!st) {
+        put(b, "tc-call ::= %s\n", alts.p ? alts.p : "");
+        const char *more = parallel ? "*" : "{0}";
+        put(b, "tc-one ::= tc-call \"");
+        put_lit(b, x->fn_close);
+        put(b, "\"\nroot ::= \"");
+        put_lit(b, x->head);
+        if (*x->next) {
+            put(b, "\" tc-one (\"");
+            put_lit(b, x->next);
+            put(b, "\" tc-one)%s\n", more);
+        } else { /* MiniMax: calls one after another, then the block's end */
+            put(b, "\" tc-one tc-one%s \"</minimax:tool_call>\"\n", more);
+        }
+    }
+    if (alts.oom) b->oom = true;
+    free(alts.p);
+    return st;
+}
+
+kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const ktok *tok, char **gbnf) {
+    *gbnf = NULL;
+    if (!ktc_grammar_supported(f))
+        return kiln_error(KILN_EUNSUPPORTED, "the %s tool-call format has no grammar", ktc_format_name(f));
+    bool json = f == KTC_HERMES || f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_GRANITE || f == KTC_COMMAND_R ||
+                f == KTC_PHI4 || f == KTC_COMMAND_R_PLUS || f == KTC_FIREFUNCTION;
+    if (json) return json_grammar(f, tools, only, parallel, gbnf);
+    kgr_opts o;
+    kgr_opts_default(&o);
+    o.additional_properties = false; /* as the JSON formats' */
+    gbuf b = {0};
+    bool xml = f == KTC_QWEN3_CODER || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 || f == KTC_GLM45;
+    kiln_status st = xml ? xml_grammar(f, tools, only, parallel, &o, &b) : marker_grammar(f, tools, only, parallel, tok, &o, &b);
+    if (!st && b.oom) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (st) {
         free(b.p);
         return st;

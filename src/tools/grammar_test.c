@@ -5,9 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/textio.h"
 #include "gen/session.h"
+#include "grammar/gr_int.h"
 #include "grammar/grammar.h"
 #include "kt.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/toolcall.h"
 
 static const char *k_tools =
@@ -76,14 +79,14 @@ KT_TEST(tools_grammar_formats) {
     };
     for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
         char *g = NULL;
-        KT_CHECK_OK(ktc_grammar(k[i].f, tools, NULL, true, &g));
+        KT_CHECK_OK(ktc_grammar(k[i].f, tools, NULL, true, NULL, &g));
         KT_CHECKF(takes(g, v, k[i].good) == 1, "%s: refuses %s\n%s", ktc_format_name(k[i].f), k[i].good, g);
         KT_CHECKF(takes(g, v, k[i].bad) == 0, "%s: takes %s", ktc_format_name(k[i].f), k[i].bad);
         free(g);
     }
     /* a named function only; one call when not parallel */
     char *g = NULL;
-    KT_CHECK_OK(ktc_grammar(KTC_GRANITE, tools, "get_time", false, &g));
+    KT_CHECK_OK(ktc_grammar(KTC_GRANITE, tools, "get_time", false, NULL, &g));
     KT_CHECK(takes(g, v, "[{\"name\": \"get_time\", \"arguments\": {}}]") == 1);
     KT_CHECK(takes(g, v, "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]") == 0);
     KT_CHECK(takes(g, v, "[{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"get_time\", \"arguments\": {}}]") == 0);
@@ -91,17 +94,17 @@ KT_TEST(tools_grammar_formats) {
     /* a strict tool whose schema the engine cannot honour: an error naming it; formats without a grammar */
     cJSON *bad = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
                              "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"array\", \"uniqueItems\": true}}}}}]");
-    kiln_status st = ktc_grammar(KTC_HERMES, bad, NULL, true, &g);
+    kiln_status st = ktc_grammar(KTC_HERMES, bad, NULL, true, NULL, &g);
     KT_CHECKF(st && strstr(kiln_status_msg(st), "\"tools\"[0].function.parameters") && strstr(kiln_status_msg(st), "uniqueItems"),
               "%s", kiln_status_msg(st));
     kiln_status_free(st);
     cJSON *lax = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(bad, 0), "function");
     cJSON_ReplaceItemInObjectCaseSensitive(lax, "strict", cJSON_CreateFalse());
-    KT_CHECK_OK(ktc_grammar(KTC_HERMES, bad, NULL, true, &g)); /* not strict: any object */
+    KT_CHECK_OK(ktc_grammar(KTC_HERMES, bad, NULL, true, NULL, &g)); /* not strict: any object */
     KT_CHECK(takes(g, v, "{\"name\": \"f\", \"arguments\": {\"a\": [1, 1]}}") == 1);
     free(g);
-    st = ktc_grammar(KTC_HARMONY, tools, NULL, true, &g);
-    KT_CHECK(st && kiln_status_code(st) == KILN_EUNSUPPORTED && !ktc_grammar_supported(KTC_HARMONY));
+    st = ktc_grammar(KTC_NONE, tools, NULL, true, NULL, &g);
+    KT_CHECK(st && kiln_status_code(st) == KILN_EUNSUPPORTED && !ktc_grammar_supported(KTC_NONE));
     kiln_status_free(st);
     cJSON_Delete(bad);
     cJSON_Delete(tools);
@@ -127,7 +130,7 @@ static kiln_status run(const char *script, bool constrain, char *out, size_t cap
     kiln_status st = NULL;
     if (constrain) {
         cJSON *tools = cJSON_Parse(k_tools);
-        st = ktc_grammar(KTC_HERMES, tools, NULL, true, &p.grammar);
+        st = ktc_grammar(KTC_HERMES, tools, NULL, true, NULL, &p.grammar);
         cJSON_Delete(tools);
         p.grammar_trigger = strdup(ktc_trigger(KTC_HERMES));
         p.grammar_lazy = true;
@@ -179,4 +182,161 @@ KT_TEST(tools_grammar_lazy_generation) {
     KT_CHECK(m.n_calls == 1 && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(a, "city")));
     cJSON_Delete(a);
     ktc_msg_free(&m);
+}
+
+/* ---- special-token and XML formats: forced calls sampled at temperature 1 ---- */
+
+/* bounded values, so that a random walk ends */
+static const char *k_bounded_tools =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"strict\": true, \"parameters\": {\"type\": "
+    "\"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 8}, \"days\": {\"type\": \"integer\", "
+    "\"minimum\": 1, \"maximum\": 30}, \"unit\": {\"enum\": [\"c\", \"f\"]}, \"kind\": {\"type\": \"string\", \"enum\": "
+    "[\"rain\", \"sun\"]}}, \"required\": [\"city\", \"days\"], \"additionalProperties\": false}}}, {\"type\": \"function\", "
+    "\"function\": {\"name\": \"get_time\", \"strict\": true, \"parameters\": {\"type\": \"object\", \"properties\": "
+    "{\"utc\": {\"type\": \"boolean\"}}, \"required\": [\"utc\"], \"additionalProperties\": false}}}]";
+
+static uint64_t k_rng;
+static float frand(void) { /* xorshift64*, [-4, 4) */
+    k_rng ^= k_rng >> 12, k_rng ^= k_rng << 25, k_rng ^= k_rng >> 27;
+    return (float)((k_rng * 0x2545F4914F6CDD1Dull) >> 40) / (float)(1 << 24) * 8.0f - 4.0f;
+}
+
+/* One forced call of format f (the prompt ended with the trigger) sampled
+ * at temperature 1 from random logits over tok's vocabulary; its text into out. */
+static kiln_status sample_call(ktc_format f, const ktok *tok, const kgr_vocab *gv, const cJSON *tools, bool parallel, uint32_t seed,
+                               char **out) {
+    *out = NULL;
+    kgen_params p;
+    KILN_TRY(kgen_params_init(&p));
+    p.temperature = 1.0f;
+    p.seed = seed;
+    p.n_predict = 600;
+    kiln_status st = ktc_grammar(f, tools, NULL, parallel, tok, &p.grammar);
+    if (!st && !(p.grammar_trigger = strdup(ktc_trigger(f)))) st = kiln_error(KILN_ENOMEM, "out of memory");
+    p.grammar_lazy = false;
+    p.grammar_once = true;
+    int32_t n = ktok_vocab_size(tok);
+    ke_text_vocab tv;
+    ke_text_vocab_init(&tv, tok, n);
+    kgen_vocab v = ke_text_vocab_get(&tv);
+    v.grammar = gv;
+    int32_t eos[2] = {ktok_eos_id(tok), ktok_token_id(tok, "<|call|>")};
+    const int32_t prompt[1] = {0};
+    kgen_session *g = NULL;
+    if (!st) st = kgen_session_create(&p, &v, 4096, eos, eos[1] >= 0 ? 2 : 1, prompt, 1, &g);
+    float *logits = malloc(sizeof *logits * (size_t)n);
+    size_t len = 0, cap = 4096;
+    int32_t *ids = malloc(sizeof *ids * cap);
+    char *text = NULL;
+    if (!st && (!logits || !ids)) st = kiln_error(KILN_ENOMEM, "out of memory");
+    k_rng = 0x9E3779B97F4A7C15ull ^ seed;
+    kgen_finish fin = KGEN_CONTINUE;
+    while (!st && fin == KGEN_CONTINUE) {
+        for (int32_t i = 0; i < n; i++) logits[i] = frand();
+        kgen_step s;
+        if ((st = kgen_session_step(g, logits, &s))) break;
+        if (s.finish != KGEN_FINISH_EOS && len < cap) ids[len++] = s.token;
+        fin = s.finish;
+    }
+    size_t tn = 0; /* the text with special tokens (what the server's parser sees) */
+    if (!st) st = ktok_decode(tok, ids, len, false, &text, &tn);
+    free(ids);
+    if (!st && fin != KGEN_FINISH_GRAMMAR && fin != KGEN_FINISH_EOS)
+        st = kiln_error(KILN_EINVAL, "%s: the call did not end (%s)", ktc_format_name(f), kgen_finish_reason(fin));
+    kgen_session_destroy(g);
+    kgen_params_free(&p);
+    ke_text_vocab_free(&tv);
+    free(logits);
+    if (st) free(text);
+    else *out = text;
+    return st;
+}
+
+/* Every call parses, names a tool and validates against its schema. */
+static bool calls_valid(ktc_format f, const cJSON *tools, const char *text, int *n_calls, char *why, size_t cap) {
+    ktc_syntax syn = {.format = f, .tools = tools, .prefix = ktc_trigger(f)};
+    ktc_msg m;
+    kiln_status st = ktc_parse(&syn, text, strlen(text), false, &m);
+    if (st) {
+        snprintf(why, cap, "%s", kiln_status_msg(st));
+        kiln_status_free(st);
+        return false;
+    }
+    bool ok = m.n_calls > 0;
+    if (!ok) snprintf(why, cap, "no call");
+    for (int i = 0; ok && i < m.n_calls; i++) {
+        const cJSON *t, *schema = NULL;
+        cJSON_ArrayForEach(t, tools) {
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+            if (!strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, m.calls[i].name))
+                schema = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        }
+        cJSON *a = cJSON_Parse(m.calls[i].arguments);
+        char err[256] = "";
+        ok = schema && a && kgr_validate(schema, schema, a, err, sizeof err) == KGR_V_VALID;
+        if (!ok) snprintf(why, cap, "call %d %s(%s): %s", i, m.calls[i].name, m.calls[i].arguments, schema ? err : "no such tool");
+        cJSON_Delete(a);
+    }
+    *n_calls = m.n_calls;
+    ktc_msg_free(&m);
+    return ok;
+}
+
+KT_TEST(tools_grammar_sampled_special_formats) {
+    static const struct {
+        ktc_format f;
+        const char *tok; /* tests/data/tokenizer/... */
+        const char *marker; /* a special token the format's grammar names (NULL: text markers) */
+    } k[] = {
+        {KTC_HARMONY, "gptoss", "<|message|>"},
+        {KTC_KIMI_K2, "gptoss", NULL}, /* (no Kimi tokenizer here: its markers as text) */
+        {KTC_DEEPSEEK, "deepseek3", NULL}, /* its tool markers are added tokens, not special: text */
+        {KTC_QWEN3_CODER, "qwen3", NULL},
+        {KTC_GLM45, "qwen3", NULL},
+        {KTC_SEED_OSS, "qwen3", NULL},
+        {KTC_MINIMAX_M2, "qwen3", NULL},
+        {KTC_MISTRAL_V11, "mistral", NULL},
+    };
+    ktok *tok = NULL;
+    kgr_vocab *gv = NULL;
+    cJSON *tools = cJSON_Parse(k_bounded_tools);
+    KT_CHECK(tools != NULL);
+    int total = 0;
+    for (size_t c = 0; c < sizeof k / sizeof *k; c++) {
+        if (!c || strcmp(k[c].tok, k[c - 1].tok)) { /* one vocabulary per tokenizer */
+            kgr_vocab_free(gv), ktok_free(tok);
+            gv = NULL, tok = NULL;
+            char dir[1024];
+            snprintf(dir, sizeof dir, "%s/tests/data/tokenizer/%s", kt_root(), k[c].tok);
+            KT_CHECK_OK(ktok_load(dir, &tok));
+            int32_t eos[2] = {tok ? ktok_eos_id(tok) : -1, tok ? ktok_token_id(tok, "<|call|>") : -1};
+            if (tok) KT_CHECK_OK(kgr_vocab_create(tok, ktok_vocab_size(tok), eos, eos[1] >= 0 ? 2 : 1, &gv));
+        }
+        if (!gv) continue;
+        if (k[c].marker) { /* the grammar names the special token, not its text */
+            char *g = NULL;
+            KT_CHECK_OK(ktc_grammar(k[c].f, tools, NULL, true, tok, &g));
+            char ref[32];
+            snprintf(ref, sizeof ref, "<[%d]>", ktok_token_id(tok, k[c].marker));
+            KT_CHECKF(g && strstr(g, ref) && !strstr(g, k[c].marker), "%s: %s", ktc_format_name(k[c].f), g);
+            free(g);
+        }
+        for (uint32_t seed = 1; seed <= 3; seed++) {
+            char *text = NULL;
+            kiln_status st = sample_call(k[c].f, tok, gv, tools, seed % 2 == 0, seed, &text);
+            KT_CHECKF(!st, "%s seed %u: %s", ktc_format_name(k[c].f), seed, st ? kiln_status_msg(st) : "");
+            kiln_status_free(st);
+            if (!text) continue;
+            char why[512] = "";
+            int nc = 0;
+            KT_CHECKF(calls_valid(k[c].f, tools, text, &nc, why, sizeof why), "%s seed %u: %s\n%s%s", ktc_format_name(k[c].f), seed,
+                      why, ktc_trigger(k[c].f), text);
+            total += nc;
+            free(text);
+        }
+    }
+    kgr_vocab_free(gv);
+    ktok_free(tok);
+    KT_CHECK(total >= 24);
+    cJSON_Delete(tools);
 }

@@ -71,17 +71,21 @@ bool ktc_needs_special(ktc_format f);
 const char *ktc_trigger(ktc_format f);
 /* Whether OpenAI tools (a list, may be NULL) hold a function of that name. */
 bool ktc_has_tool(const cJSON *tools, const char *name);
-/* Whether ktc_grammar knows the format: those whose text from the trigger
- * to the arguments' end holds no special token (Hermes, Llama 3, Mistral
- * v3, Granite, Command R, Phi-4-mini, Command R+, FireFunction). */
+/* Whether ktc_grammar knows the format (all but KTC_NONE). */
 bool ktc_grammar_supported(ktc_format f);
 /* The GBNF (malloc'ed) of the text after ktc_trigger(f): one call (Hermes,
- * Llama 3: each call has its own trigger) or a list of calls (one when not
- * parallel) of the tools (OpenAI tools), or only of the function named only
- * (NULL: any), ending where the arguments end. A strict tool's schema that
- * the grammar engine cannot honour is an error naming the tool; another
- * tool's arguments are then any JSON object. */
-kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, char **gbnf);
+ * Llama 3, Harmony: each call has its own trigger) or a list of calls (one
+ * when not parallel) of the tools (OpenAI tools), or only of the function
+ * named only (NULL: any). JSON formats end where the arguments end;
+ * special-token formats (Harmony, DeepSeek, Kimi K2, Mistral v11) name
+ * tok's special tokens as terminals (<[id]>: a marker that is not special
+ * in tok, or tok NULL, is matched as text) and end with the closing marker;
+ * XML formats (Qwen3-Coder, Seed-OSS, MiniMax-M2, GLM-4.5) end with the
+ * call's closing tag. A strict tool's schema that the grammar engine cannot
+ * honour is an error naming the tool; another tool's arguments are then any
+ * JSON object (XML formats: any parameters as text). */
+struct ktok;
+kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const struct ktok *tok, char **gbnf);
 
 typedef struct {
     ktc_format format;       /* KTC_NONE: no tool calls parsed */

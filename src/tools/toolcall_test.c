@@ -10,6 +10,7 @@
 #include "base/file.h"
 #include "base/json.h"
 #include "chat/chat.h"
+#include "grammar/grammar.h"
 #include "kt.h"
 #include "tools/toolcall.h"
 
@@ -237,6 +238,62 @@ KT_TEST(toolcall_round_trip_real_templates) {
         cJSON_Delete(m0), cJSON_Delete(m1);
         kchat_free(t);
     }
+    cJSON_Delete(tools);
+}
+
+/* The tool-call grammars (ktc_grammar, markers as text) take the calls the
+ * real templates write: after the trigger, byte by byte, to the grammar's
+ * end; what follows is the turn's end. */
+KT_TEST(toolcall_grammar_takes_template_calls) {
+    cJSON *tools = cJSON_Parse(k_tools);
+    kgr_vocab *v = NULL;
+    KT_CHECK_OK(kgr_vocab_bytes(&v));
+    int tested = 0;
+    for (size_t c = 0; v && c < sizeof k_rt / sizeof k_rt[0]; c++) {
+        const rt_case *rc = &k_rt[c];
+        ktc_format f = rc->format;
+        if (f != KTC_HARMONY && f != KTC_DEEPSEEK && f != KTC_KIMI_K2 && f != KTC_MISTRAL_V11 && f != KTC_QWEN3_CODER &&
+            f != KTC_GLM45 && f != KTC_SEED_OSS && f != KTC_MINIMAX_M2)
+            continue;
+        kchat_template *t = NULL;
+        char *src = NULL, *full = NULL;
+        KT_CHECK_OK(load_template(rc->file, &t, &src));
+        cJSON *m1 = conversation(rc->n_calls, true);
+        kchat_input in1 = {.messages = m1, .tools = tools, .add_generation_prompt = false, .bos_token = "<s>", .eos_token = "</s>"};
+        KT_CHECK_OK(kchat_render(t, &in1, &full));
+        char *g = NULL;
+        KT_CHECK_OK(ktc_grammar(f, tools, NULL, rc->n_calls > 1, NULL, &g));
+        kgr_grammar *gr = NULL;
+        kgr_matcher *m = NULL;
+        kiln_status st = g ? kgr_from_gbnf(g, strlen(g), &gr) : NULL;
+        KT_CHECKF(!st, "%s: %s\n%s", rc->file, st ? kiln_status_msg(st) : "", g);
+        kiln_status_free(st);
+        if (gr) KT_CHECK_OK(kgr_matcher_create_owned(gr, v, &m));
+        /* the last turn's calls: from the trigger's last occurrence before the first call's name */
+        const char *tr = ktc_trigger(f), *at = NULL;
+        for (const char *q = full; q && (q = strstr(q, tr)); q++)
+            if (strstr(q, "Paris")) at = q;
+        KT_CHECKF(at != NULL, "%s: no %s in %s", rc->file, tr, full);
+        size_t i = 0;
+        if (m && at) {
+            const char *s = at + strlen(tr);
+            for (; s[i] && !kgr_matcher_done(m); i++)
+                if (!kgr_matcher_accept_bytes(m, s + i, 1)) break;
+            KT_CHECKF(kgr_matcher_can_end(m), "%s: the grammar stops at byte %zu of %s\n%s", rc->file, i, s, g);
+            const char *rest = s + i;
+            while (*rest == ' ' || *rest == '\n') rest++;
+            KT_CHECKF(!*rest || (rc->end && !strncmp(rest, rc->end, strlen(rc->end))) || !strncmp(rest, "<|user|>", 8) ||
+                          !strncmp(rest, "</s>", 4) || !strncmp(rest, "<|im_end|>", 10) || !strncmp(rest, "</minimax", 9),
+                      "%s: after the grammar: %s", rc->file, rest);
+            tested++;
+        }
+        kgr_matcher_free(m);
+        free(g), free(full), free(src);
+        cJSON_Delete(m1);
+        kchat_free(t);
+    }
+    KT_CHECK(tested >= 10);
+    kgr_vocab_free(v);
     cJSON_Delete(tools);
 }
 
