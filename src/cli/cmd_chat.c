@@ -42,12 +42,14 @@ static void usage(FILE *f) {
                "  /save FILE            write the conversation as JSON messages\n"
                "  /load FILE            read a conversation written by /save (or any messages list)\n"
                "  /image FILE           attach an image to the next message (vision-language models;\n"
-               "                        one image per conversation)\n"
+               "                        up to 16 per conversation, each kept for its message)\n"
                "  /help, /exit          this list; leave (also Ctrl-D)\n"
                "  Ctrl-C                stop the reply being written\n"
                "sampling (as kiln generate and llama.cpp; -n limits each reply):\n");
     kgen_print_flags(f);
 }
+
+enum { CHAT_MAX_IMAGES = 16 };
 
 typedef struct {
     const char *dir, *system, *image;
@@ -104,13 +106,16 @@ typedef struct {
     bool open;
     int32_t *held;
     int64_t n_held, cap_held;
-    /* the conversation's image: the message that holds it, its pixels and
-     * features (the tower runs once) */
-    int image_msg; /* -1: none */
+    /* the conversation's images, in the order of the messages that hold
+     * them: pixels and features (the tower runs once per image) */
+    struct chat_image {
+        kvis_pixels px;
+        float *feat, *deep;
+        int64_t n_feat;
+    } images[CHAT_MAX_IMAGES];
+    int n_images;
+    float *rows, *deep_rows; /* the images' rows concatenated, which render's inputs point into */
     char *pending_image;
-    kvis_pixels px;
-    float *feat, *deep;
-    int64_t n_feat;
 } chat;
 
 static kiln_status hold(chat *ch, const int32_t *ids, int64_t n) {
@@ -132,13 +137,14 @@ static void drop_seq(chat *ch) {
     ch->n_held = 0;
 }
 
-static void drop_image(chat *ch) {
-    kvis_pixels_free(&ch->px);
-    memset(&ch->px, 0, sizeof ch->px);
-    free(ch->feat), free(ch->deep);
-    ch->feat = ch->deep = NULL;
-    ch->n_feat = 0;
-    ch->image_msg = -1;
+/* Forgets the last image (keep = n_images - 1), or all of them (keep = 0). */
+static void drop_images(chat *ch, int keep) {
+    while (ch->n_images > keep) {
+        struct chat_image *im = &ch->images[--ch->n_images];
+        kvis_pixels_free(&im->px);
+        free(im->feat), free(im->deep);
+        memset(im, 0, sizeof *im);
+    }
 }
 
 static cJSON *message(const char *role, const char *text, bool image) {
@@ -168,7 +174,6 @@ static kiln_status set_system(chat *ch, const char *text) {
         cJSON_ReplaceItemInArray(ch->msgs, 0, m);
     } else {
         cJSON_InsertItemInArray(ch->msgs, 0, m);
-        if (ch->image_msg >= 0) ch->image_msg++;
     }
     return NULL;
 }
@@ -177,14 +182,18 @@ static kiln_status set_system(chat *ch, const char *text) {
 static kiln_status encode_image(chat *ch) {
     kvis_model *vm = ke_model_vision(ch->m);
     if (!vm) return kiln_error(KILN_EUNSUPPORTED, "%s is not a vision-language model (no vision_config): it takes no image", ch->o->dir);
-    if (ch->image_msg >= 0) return kiln_error(KILN_EUNSUPPORTED, "kiln chat holds one image per conversation: /clear first");
+    if (ch->n_images == CHAT_MAX_IMAGES)
+        return kiln_error(KILN_ELIMIT, "kiln chat holds %d images per conversation: /clear first", CHAT_MAX_IMAGES);
+    if (ch->n_images && kvis_cross(vm))
+        return kiln_error(KILN_EUNSUPPORTED, "this model takes one image per conversation: /clear first");
+    struct chat_image *im = &ch->images[ch->n_images++];
     kimg_image img;
-    KILN_TRYF(kimg_load(ch->pending_image, &img), "%s", ch->pending_image);
-    kiln_status st = kvis_pixels_from_image(vm, &img, &ch->px);
+    kiln_status st = kimg_load(ch->pending_image, &img);
+    if (!st) st = kvis_pixels_from_image(vm, &img, &im->px);
     kimg_free(&img);
-    if (!st) st = kvis_encode(vm, &ch->px, (int)ch->o->threads, &ch->feat, &ch->deep, &ch->n_feat);
+    if (!st) st = kvis_encode(vm, &im->px, (int)ch->o->threads, &im->feat, &im->deep, &im->n_feat);
     if (st) {
-        drop_image(ch);
+        drop_images(ch, ch->n_images - 1);
         return kiln_status_wrap(st, "%s", ch->pending_image);
     }
     return NULL;
@@ -200,13 +209,26 @@ static kiln_status render(chat *ch, int32_t **ids, int *n, kvis_inputs *vx) {
     free(text);
     if (st) return st;
     *n = (int)nn;
-    if (ch->image_msg < 0) return NULL;
+    if (ch->n_images == 0) return NULL;
     const kvis_model *vm = ke_model_vision(ch->m);
+    /* the images' pixels and rows, concatenated in conversation order */
+    int64_t E = ke_model_hparams(ch->m)->hidden, L = kvis_deepstack_layers(vm), rows = 0;
+    for (int i = 0; i < ch->n_images; i++) rows += ch->images[i].n_feat;
+    kvis_pixels px[CHAT_MAX_IMAGES];
+    free(ch->rows), free(ch->deep_rows);
+    float *feat = ch->rows = malloc(sizeof(float) * (size_t)(rows * E));
+    float *deep = ch->deep_rows = ch->images[0].deep ? malloc(sizeof(float) * (size_t)(rows * L * E)) : NULL;
+    if (!feat || (ch->images[0].deep && !deep)) st = kiln_error(KILN_ENOMEM, "out of memory");
+    for (int i = 0, r = 0; !st && i < ch->n_images; r += (int)ch->images[i].n_feat, i++) {
+        const struct chat_image *im = &ch->images[i];
+        px[i] = im->px;
+        memcpy(feat + r * E, im->feat, sizeof(float) * (size_t)(im->n_feat * E));
+        if (deep) memcpy(deep + r * L * E, im->deep, sizeof(float) * (size_t)(im->n_feat * L * E));
+    }
     int32_t *e = NULL;
     int ne = 0;
-    st = kvis_expand_prompt(vm, &ch->px, *ids, *n, kc_bos_id(ke_model_checkpoint(ch->m)), &e, &ne);
-    if (!st)
-        st = kvis_inputs_build(vm, &ch->px, 1, ch->feat, ch->deep, ch->n_feat, ke_model_hparams(ch->m)->hidden, e, ne, vx);
+    if (!st) st = kvis_expand_images(vm, px, ch->n_images, *ids, *n, kc_bos_id(ke_model_checkpoint(ch->m)), &e, &ne);
+    if (!st) st = kvis_inputs_build(vm, px, ch->n_images, feat, deep, rows, E, e, ne, vx);
     free(*ids);
     *ids = e, *n = e ? ne : 0;
     return st;
@@ -226,7 +248,7 @@ static kiln_status decode(chat *ch, const int32_t *ids, int n, const kvis_inputs
     free(seqs);
     if (!st) st = hold(ch, ids, n);
     /* blocks with image tokens are not published: another image has the same ids */
-    if (!st && ch->image_msg < 0) ke_seq_publish(ch->c, ch->seq, ch->held, ch->n_held);
+    if (!st && ch->n_images == 0) ke_seq_publish(ch->c, ch->seq, ch->held, ch->n_held);
     return st;
 }
 
@@ -239,7 +261,7 @@ static kiln_status prefill(chat *ch, const int32_t *ids, int n, const kvis_input
         drop_seq(ch);
         KILN_TRY(ke_seq_open(ch->c, &ch->seq));
         ch->open = true;
-        int64_t k = ch->image_msg < 0 ? ke_seq_reuse_prefix(ch->c, ch->seq, ids, n) : 0;
+        int64_t k = ch->n_images == 0 ? ke_seq_reuse_prefix(ch->c, ch->seq, ids, n) : 0;
         KILN_TRY(hold(ch, ids, k));
     }
     *reused = ch->n_held;
@@ -348,11 +370,10 @@ static kiln_status user_turn(chat *ch, const char *text) {
     if (!m) return kiln_error(KILN_ENOMEM, "out of memory");
     cJSON_AddItemToArray(ch->msgs, m);
     int at = cJSON_GetArraySize(ch->msgs) - 1;
-    if (image) ch->image_msg = at;
     kiln_status st = reply(ch);
     if (st) {
         cJSON_DeleteItemFromArray(ch->msgs, at);
-        if (image) drop_image(ch);
+        if (image) drop_images(ch, ch->n_images - 1);
     }
     return st;
 }
@@ -392,7 +413,7 @@ static kiln_status load(chat *ch, const char *path) {
     }
     cJSON_Delete(ch->msgs);
     ch->msgs = msgs;
-    drop_image(ch);
+    drop_images(ch, 0);
     return NULL;
 }
 
@@ -411,7 +432,7 @@ static bool command(chat *ch, const char *line) {
         cJSON *first = cJSON_GetArrayItem(ch->msgs, 0), *role = first ? cJSON_GetObjectItem(first, "role") : NULL;
         bool sys = cJSON_IsString(role) && !strcmp(role->valuestring, "system");
         while (cJSON_GetArraySize(ch->msgs) > (sys ? 1 : 0)) cJSON_DeleteItemFromArray(ch->msgs, sys ? 1 : 0);
-        drop_image(ch);
+        drop_images(ch, 0);
         drop_seq(ch);
     } else if (IS("/system")) {
         st = arg ? set_system(ch, arg) : kiln_error(KILN_EINVAL, "/system TEXT: give the system message");
@@ -495,7 +516,7 @@ int kiln_cmd_chat(int argc, char **argv) {
         return 0;
     }
     if (!o.dir) o.dir = kiln_default_model();
-    chat ch = {.o = &o, .tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO), .image_msg = -1};
+    chat ch = {.o = &o, .tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO)};
     if (!st) st = setup(&ch);
     if (!st) {
         struct sigaction sa = {0}, old;
@@ -524,7 +545,8 @@ int kiln_cmd_chat(int argc, char **argv) {
         sigaction(SIGINT, &old, NULL);
     }
     drop_seq(&ch);
-    drop_image(&ch);
+    drop_images(&ch, 0);
+    free(ch.rows), free(ch.deep_rows);
     free(ch.pending_image);
     free(ch.held);
     cJSON_Delete(ch.msgs);

@@ -118,7 +118,7 @@ KT_TEST(cli_chat_image_turn_matches_generate) {
                            "{% else %}{% for p in m.content %}{% if p.type == 'image' %}<image> {% else %}{{ p.text }}{% endif %}"
                            "{% endfor %}{% endif %} {% endfor %}ASSISTANT:\"}"));
     snprintf(src, sizeof src, "%s/image.png", kt_path(p, sizeof p, "tests/fixtures/vlm/llava"));
-    char args[8192], in[8192];
+    char args[16384], in[16384];
     snprintf(args, sizeof args, "chat -m %s -n 6 --temp 0 --ignore-eos -t 1", dir);
     snprintf(in, sizeof in, "/image %s\nwhat is this\n", src);
     kt_proc c, g;
@@ -134,6 +134,40 @@ KT_TEST(cli_chat_image_turn_matches_generate) {
     char want[1024];
     snprintf(want, sizeof want, "%s\n", text->valuestring);
     KT_CHECK_STR(c.out, want);
+    /* a second turn with a second image: both images stay in the
+     * conversation, in order; the reply equals kiln generate with --image
+     * twice on the re-rendered conversation:
+     * USER: <image> what is this USER: <reply> USER: <image> what is this ASSISTANT: */
+    char conv[4096], ids2[2048] = "";
+    snprintf(conv, sizeof conv, "tokenize -m %s -p 'USER: <image> what is this USER: %s USER: <image> what is this ASSISTANT:'", dir,
+             text->valuestring);
+    cJSON_Delete(j);
+    kt_run_free(&c), kt_run_free(&g);
+    kt_proc tk;
+    KT_CHECK(kt_run_kiln(conv, NULL, &tk) == 0);
+    KT_CHECKF(tk.status == 0, "%s", tk.err);
+    for (const char *q = tk.out; *q; q++) /* the ids, space- or line-separated, as a comma list */
+        if (strlen(ids2) + 2 < sizeof ids2) {
+            char ch = *q == ' ' || *q == '\n' ? ',' : *q;
+            size_t l = strlen(ids2);
+            if (ch != ',' || (l && ids2[l - 1] != ',')) ids2[l] = ch, ids2[l + 1] = 0;
+        }
+    if (*ids2 && ids2[strlen(ids2) - 1] == ',') ids2[strlen(ids2) - 1] = 0;
+    kt_run_free(&tk);
+    KT_CHECKF(strstr(ids2, "512") && strstr(strstr(ids2, "512") + 3, "512"), "two image tokens: %s", ids2);
+    snprintf(args, sizeof args, "chat -m %s -n 6 --temp 0 --ignore-eos -t 1", dir);
+    snprintf(in, sizeof in, "/image %s\nwhat is this\n/image %s\nwhat is this\n", src, src);
+    KT_CHECK(kt_run_kiln(args, in, &c) == 0);
+    KT_CHECKF(c.status == 0 && *c.out, "%s", c.err);
+    snprintf(args, sizeof args, "generate -m %s --image %s --image %s --prompt-ids %s -n 6 --temp 0 --ignore-eos -t 1 --json", dir,
+             src, src, ids2);
+    KT_CHECK(kt_run_kiln(args, NULL, &g) == 0);
+    j = cJSON_Parse(g.out);
+    KT_CHECKF(g.status == 0 && j, "%s", g.err);
+    text = cJSON_GetObjectItem(j, "text");
+    char want2[2048];
+    snprintf(want2, sizeof want2, "%s%s\n", want, cJSON_IsString(text) ? text->valuestring : "?");
+    KT_CHECK_STR(c.out, want2);
     cJSON_Delete(j);
     kt_run_free(&c), kt_run_free(&g);
     const char *all[] = {"config.json", "model.safetensors", "preprocessor_config.json", "generation_config.json", "tokenizer.json",

@@ -44,7 +44,18 @@ const find = async (css) => {
   if (!v || !v[ELEMENT]) throw new Error('find ' + css + ': ' + JSON.stringify(v));
   return v[ELEMENT];
 };
-const click = async (css) => wd('POST', s('/element/' + (await find(css)) + '/click'), {});
+// a click waits (up to 10 s) while the element is not yet interactable:
+// on a loaded machine a panel's layout can lag the script
+const click = async (css) =>
+  waitFor('a clickable ' + css, async () => {
+    try {
+      await wd('POST', s('/element/' + (await find(css)) + '/click'), {});
+      return true;
+    } catch (e) {
+      if (/not interactable|click intercepted|stale element/.test(String(e.message))) return false;
+      throw e;
+    }
+  });
 const type = async (css, text) => wd('POST', s('/element/' + (await find(css)) + '/value'), { text });
 const clear = async (css) => wd('POST', s('/element/' + (await find(css)) + '/clear'), {});
 const js = (script, ...args) => wd('POST', s('/execute/sync'), { script, args });
