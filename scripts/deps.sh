@@ -6,12 +6,13 @@
 #                            promtool (checks /metrics; only its binary is
 #                            extracted into build/tools) and, when npm is
 #                            there, the official openai and @anthropic-ai/sdk
-#                            clients (build/tools/npm)
+#                            clients (build/tools/npm), and mpirun
+#                            (openmpi-bin: the tensor-parallel tests)
 set -euo pipefail
 test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
-pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libedit-dev libcurl4-openssl-dev libssl-dev)
-$test_deps && pkgs+=(mlir-16-tools)
+pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libedit-dev libcurl4-openssl-dev libssl-dev libopenmpi-dev)
+$test_deps && pkgs+=(mlir-16-tools openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
