@@ -1,4 +1,5 @@
 /* main.c: the kiln command line. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -49,6 +50,16 @@ static void usage(FILE *f) {
                "               attention and MLP weights; rank 0 prints)\n");
 }
 
+/* Commands that run the same steps in every process of a --tp job, given
+ * the same arguments (no standard input, no server, no timing-driven loops
+ * around the model). */
+static bool tp_command(const char *name) {
+    static const char *const ok[] = {"generate", "validate", "bench", "bench-batch", "perplexity", "export", "info", NULL};
+    for (int i = 0; ok[i]; i++)
+        if (!strcmp(name, ok[i])) return true;
+    return false;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))) {
         printf("kiln %s (commit %s)\n", KILN_VERSION, KILN_COMMIT);
@@ -93,6 +104,11 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "pull") && !kiln_resolve_model_args(argc - 1, argv + 1)) return 1;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) {
+            if (kd_tp_size() > 1 && !tp_command(argv[1])) {
+                fprintf(stderr, "kiln %s: --tp is not supported by this command yet (generate, validate, bench, "
+                                "bench-batch, perplexity, export and info are)\n", argv[1]);
+                kd_abort(1);
+            }
             /* a job's processes all run the command; rank 0 prints */
             if (kd_rank() > 0 && !freopen("/dev/null", "w", stdout)) return kiln_fail(kiln_error(KILN_EIO, "/dev/null"));
             int rc = commands[i].fn(argc - 1, argv + 1);

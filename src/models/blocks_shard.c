@@ -10,8 +10,11 @@
  * shard kept for the process's life (shared by every graph of the model).
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "ckpt/safetensors.h"
 #include "models/blocks.h"
@@ -74,6 +77,12 @@ static const void *copy_cols(const void *src, int64_t rows, size_t row_bytes, si
         return NULL;
     }
     for (int64_t i = 0; i < rows; i++) memcpy((char *)d + (size_t)i * w, (const char *)src + (size_t)i * row_bytes + (size_t)lo * es, w);
+    /* the rows' other columns are other processes' shards: let the kernel
+     * drop the pages this process read (the mapping is read-only, so a
+     * later read would fault them in again from the file, unchanged) */
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)src + pg - 1) / pg * pg,
+              e = ((uintptr_t)src + (size_t)rows * row_bytes) / pg * pg;
+    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
     *s = (shard){src, lo, hi, rows, d, shards};
     shards = s;
     pthread_mutex_unlock(&shards_lock);

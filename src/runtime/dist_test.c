@@ -143,3 +143,16 @@ KT_TEST(dist_tp_errors_end_the_job) {
     KT_CHECKF(p.status == 1 && strstr(p.err, "mpirun -np 2"), "status %d: %s", p.status, p.err);
     kt_run_free(&p);
 }
+
+/* kiln bench under TP: every process's peak RSS, printed by rank 0. */
+KT_TEST(dist_tp2_bench_reports_each_rank) {
+    NEED_MPI();
+    char d[2048], launch[8192];
+    fixture(d, sizeof d, "llama");
+    snprintf(launch, sizeof launch, "-np 2 BIN bench -m %s --tp 2 -t 1 -p 8 -n 4 --batch 0 -r 1 --bw-mib 8 --json", d);
+    kt_proc p;
+    run_mpi(launch, &p);
+    KT_CHECKF(p.status == 0 && strstr(p.out, "\"tp\": 2, \"peak_rss_mib_per_rank\": ["), "status %d\n%s\n%s", p.status, p.out,
+              p.err);
+    kt_run_free(&p);
+}
