@@ -162,6 +162,8 @@ bool kb_shard_heads(const kb_ctx *b, int64_t H, int64_t Hkv, kb_head_shard *s);
 /* This process's part [lo, hi) of n items split evenly; false (and the
  * whole) when not split. */
 bool kb_shard_range(const kb_ctx *b, int64_t n_items, int64_t *lo, int64_t *hi);
+/* Frees the column shards copied from ck's weights (before ck closes). */
+void kb_shards_release(const kc_checkpoint *ck);
 /* The sum of x over the processes (x itself for one). */
 kg_node *kb_all_reduce(kb_ctx *b, kg_node *x);
 /* Output features [lo, hi) of kb_linear(x, t, rows): column parallel. */

@@ -49,8 +49,11 @@ kg_node *kb_all_reduce(kb_ctx *b, kg_node *x) {
 
 /* ---------------------------------------------------------------- column copies */
 
-/* Copied shards, one per (source, range), kept for the process's life. */
+/* Copied shards, one per (checkpoint, source, range), kept until the
+ * checkpoint's model is freed (kb_shards_release: a later mapping may reuse
+ * the addresses). */
 typedef struct shard {
+    const kc_checkpoint *ck;
     const void *src;
     int64_t lo, hi, rows;
     void *data;
@@ -61,10 +64,11 @@ static pthread_mutex_t shards_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Columns [lo, hi) of each of `rows` rows of `row_bytes` bytes, element
  * size es: a [rows, (hi - lo)] copy. NULL when out of memory. */
-static const void *copy_cols(const void *src, int64_t rows, size_t row_bytes, size_t es, int64_t lo, int64_t hi) {
+static const void *copy_cols(const kc_checkpoint *ck, const void *src, int64_t rows, size_t row_bytes, size_t es, int64_t lo,
+                             int64_t hi) {
     pthread_mutex_lock(&shards_lock);
     for (shard *s = shards; s; s = s->next)
-        if (s->src == src && s->lo == lo && s->hi == hi && s->rows == rows) {
+        if (s->ck == ck && s->src == src && s->lo == lo && s->hi == hi && s->rows == rows) {
             pthread_mutex_unlock(&shards_lock);
             return s->data;
         }
@@ -83,10 +87,25 @@ static const void *copy_cols(const void *src, int64_t rows, size_t row_bytes, si
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)src + pg - 1) / pg * pg,
               e = ((uintptr_t)src + (size_t)rows * row_bytes) / pg * pg;
     if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
-    *s = (shard){src, lo, hi, rows, d, shards};
+    *s = (shard){ck, src, lo, hi, rows, d, shards};
     shards = s;
     pthread_mutex_unlock(&shards_lock);
     return d;
+}
+
+void kb_shards_release(const kc_checkpoint *ck) {
+    pthread_mutex_lock(&shards_lock);
+    for (shard **p = &shards; *p;) {
+        shard *s = *p;
+        if (s->ck != ck) {
+            p = &s->next;
+            continue;
+        }
+        *p = s->next;
+        free(s->data);
+        free(s);
+    }
+    pthread_mutex_unlock(&shards_lock);
 }
 
 static kg_dtype float_dtype(kc_wfmt f) { return f == KC_W_F32 ? KG_F32 : f == KC_W_F16 ? KG_F16 : KG_BF16; }
@@ -111,7 +130,7 @@ static kg_node *sub_linear(kb_ctx *b, kg_node *x, const kc_matrix *m, bool trans
         int64_t k0 = transposed ? r0 : c0, k1 = transposed ? r1 : c1; /* storage column range */
         const void *p = (const char *)m->data + (size_t)s0 * (size_t)scols * es;
         if (k0 != 0 || k1 != scols) {
-            p = copy_cols(p, s1 - s0, (size_t)scols * es, es, k0, k1);
+            p = copy_cols(b->ck, p, s1 - s0, (size_t)scols * es, es, k0, k1);
             if (!p) return no_memory(b);
         }
         kg_node *w = kg_weight(g, float_dtype(m->fmt), KG_SHAPE(s1 - s0, k1 - k0), p, m->name);
@@ -129,9 +148,9 @@ static kg_node *sub_linear(kb_ctx *b, kg_node *x, const kc_matrix *m, bool trans
     const void *sc = (const char *)m->scales + (size_t)(r0 * ng) * sbe, *bi = (const char *)m->biases + (size_t)(r0 * ng) * sbe;
     int64_t pc = m->packed_cols;
     if (c0 != 0 || c1 != m->cols) {
-        codes = copy_cols(codes, r1 - r0, (size_t)m->packed_cols * 4, 4, c0 * bits / 32, c1 * bits / 32);
-        sc = copy_cols(sc, r1 - r0, (size_t)ng * sbe, sbe, c0 / gs, c1 / gs);
-        bi = copy_cols(bi, r1 - r0, (size_t)ng * sbe, sbe, c0 / gs, c1 / gs);
+        codes = copy_cols(b->ck, codes, r1 - r0, (size_t)m->packed_cols * 4, 4, c0 * bits / 32, c1 * bits / 32);
+        sc = copy_cols(b->ck, sc, r1 - r0, (size_t)ng * sbe, sbe, c0 / gs, c1 / gs);
+        bi = copy_cols(b->ck, bi, r1 - r0, (size_t)ng * sbe, sbe, c0 / gs, c1 / gs);
         if (!codes || !sc || !bi) return no_memory(b);
         pc = (c1 - c0) * bits / 32;
     }

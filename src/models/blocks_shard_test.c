@@ -53,7 +53,8 @@ KT_TEST(blocks_shard_splits_heads_and_mlp) {
     build_rank("llama", 1, 0, &one); /* 4 query heads, 2 KV heads, 2 layers */
     build_rank("llama", 2, 0, &r0);
     build_rank("llama", 2, 1, &r1);
-    KT_CHECK(one.all_reduce == 0);
+    KT_CHECK(one.all_reduce == 0 && one.all_gather == 0);
+    KT_CHECK(r0.all_gather == 1); /* the output head, split by vocabulary */
     KT_CHECKF(r0.all_reduce == 4 && r1.all_reduce == 4, "%d all_reduce (want attention + MLP per layer)", r0.all_reduce);
     /* each rank holds half of every layer projection */
     KT_CHECKF(2 * r0.layer_linear_bytes == one.layer_linear_bytes && r1.layer_linear_bytes == r0.layer_linear_bytes,
@@ -78,5 +79,5 @@ KT_TEST(blocks_shard_quantized_split_off_groups_gathers) {
      * so its inputs are gathered and it runs whole */
     tp_graph r0;
     build_rank("llama/q4", 2, 0, &r0);
-    KT_CHECK(r0.all_gather == 2 && r0.all_reduce == 2);
+    KT_CHECK(r0.all_gather == 2 + 1 && r0.all_reduce == 2); /* + the head's */
 }
