@@ -33,7 +33,8 @@ static const char *mpirun(void) {
 /* mpirun on loopback with `launch` ("-np N BIN args [: -np M BIN args]",
  * BIN standing for $KILN_BIN), under a time limit so that a hang fails the
  * test. ASan builds: Open MPI's own start-up allocations are not kiln's
- * leaks (tests/lsan_mpi.supp). */
+ * leaks (tests/lsan_mpi.supp); its plugins stay loaded (no dlclose) so that
+ * LeakSanitizer can name them. */
 static void run_mpi(const char *launch, kt_proc *p) {
     char args[16384], supp[2048], tail[8192];
     const char *bin = kt_kiln_bin();
@@ -46,7 +47,9 @@ static void run_mpi(const char *launch, kt_proc *p) {
     tail[o] = 0;
     kt_path(supp, sizeof supp, "tests/lsan_mpi.supp");
     snprintf(args, sizeof args,
-             "120 %s --oversubscribe --allow-run-as-root --mca btl self,vader -x LSAN_OPTIONS=suppressions=%s:print_suppressions=0 %s",
+             "120 %s --oversubscribe --allow-run-as-root --mca btl self,vader --mca mca_base_component_disable_dlclose 1 "
+             "-x PMIX_MCA_mca_base_component_disable_dlclose=1 "
+             "-x LSAN_OPTIONS=suppressions=%s:print_suppressions=0:fast_unwind_on_malloc=0 %s",
              mpirun(), supp, tail);
     KT_CHECK(kt_run_bin("timeout", args, NULL, p) == 0);
 }
