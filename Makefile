@@ -15,6 +15,17 @@ CFLAGS  += $(CFLAGS_BASE)
 LDLIBS  += -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lblis -lpng -ljpeg -lgif -lwebpdemux -lwebp -ledit -lcurl -lcrypto -lm -lpthread
 # libcurl is also the tests' HTTP client (server tests over loopback)
 TEST_LDLIBS =
+# Open MPI (Debian's libopenmpi-dev) when present: tensor parallelism across
+# processes (runtime/dist.c); without it --tp N > 1 is refused with a message.
+# MPI=0 builds without it.
+ifneq ($(MPI),0)
+MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null)
+ifneq ($(MPI_LIBS),)
+$(BUILD)/obj/src/runtime/dist.o: CFLAGS += -DKILN_MPI $(MPI_CFLAGS)
+LDLIBS += $(MPI_LIBS)
+endif
+endif
 
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c -mavx2

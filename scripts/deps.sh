@@ -8,13 +8,14 @@
 #                            there, the official openai and @anthropic-ai/sdk
 #                            clients (build/tools/npm), nginx (its binary
 #                            alone, into build/tools: the replicas test),
-#                            and chromium with chromium-driver (the chat
-#                            page's browser test)
+#                            chromium with chromium-driver (the chat page's
+#                            browser test) and mpirun (openmpi-bin: the
+#                            tensor-parallel tests)
 set -euo pipefail
 test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
-pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libgif-dev libwebp-dev libedit-dev libcurl4-openssl-dev libssl-dev)
-$test_deps && pkgs+=(mlir-16-tools curl chromium chromium-driver)
+pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libgif-dev libwebp-dev libedit-dev libcurl4-openssl-dev libssl-dev libopenmpi-dev)
+$test_deps && pkgs+=(mlir-16-tools curl chromium chromium-driver openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

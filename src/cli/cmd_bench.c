@@ -28,6 +28,7 @@
 #include "kernels/kernels.h"
 #include "kernels/kernels_int.h"
 #include "runtime/exec.h"
+#include "runtime/dist.h"
 #include "runtime/pool.h"
 
 /* ---------------------------------------------------------------- bandwidth */
@@ -536,6 +537,10 @@ int kiln_cmd_bench(int argc, char **argv) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double peak_mib = (double)ru.ru_maxrss / 1024.0;
+    /* a --tp job: every process's peak (its share of the weights and cache) */
+    int n_ranks = kd_size();
+    double *rank_mib = calloc((size_t)n_ranks, sizeof(double));
+    if (rank_mib) kd_all_gather(&peak_mib, sizeof peak_mib, rank_mib);
     ke_ctx_free(ctx); /* its threads: the child forks from a single-threaded process */
     ctx = NULL;
     if (bw_mib > 0) bw1 = bandwidth_in_child(threads, (size_t)bw_mib << 20, (size_t)wbytes);
@@ -565,12 +570,22 @@ int kiln_cmd_bench(int argc, char **argv) {
                 printf(", \"%s\": {\"tokens\": %d, \"tps\": %.3f, \"min\": %.3f, \"max\": %.3f}", rs[i]->name,
                        rs[i]->tokens, rs[i]->med, rs[i]->lo, rs[i]->hi);
         if (bt.done) printf(", \"batch_size\": %lld", (long long)B);
+        if (n_ranks > 1 && rank_mib) {
+            printf(", \"tp\": %d, \"peak_rss_mib_per_rank\": [", n_ranks);
+            for (int i = 0; i < n_ranks; i++) printf("%s%.1f", i ? ", " : "", rank_mib[i]);
+            printf("]");
+        }
         if (tg.done && roof > 0) printf(", \"tg_roofline_fraction\": %.4f", tg.med / roof);
         printf("}\n");
     } else {
         printf("model      %s (%s), %lld layers, hidden %lld, vocab %lld\n", dir, hp->model_type, (long long)hp->n_layers,
                (long long)hp->hidden, (long long)hp->vocab);
         printf("threads    %d, isa %s, load %.2f s, peak RSS %.0f MiB\n", threads, isa, load_s, peak_mib);
+        if (n_ranks > 1 && rank_mib) {
+            printf("tp         %d processes, peak RSS per process:", n_ranks);
+            for (int i = 0; i < n_ranks; i++) printf(" %.0f", rank_mib[i]);
+            printf(" MiB\n");
+        }
         if (prep_b) printf("repacked   %.1f MiB of weights for the kernels in %.2f s\n", (double)prep_b / (1 << 20), prep_s);
         printf("bandwidth  %.1f GB/s (best of before %.1f and after %.1f; %s, %.0f MiB buffer); %.1f MB of weights per "
                "token: roofline %.1f tok/s\n",
@@ -589,6 +604,7 @@ int kiln_cmd_bench(int argc, char **argv) {
             printf("tg%lld x%-6lld %10d %12.2f   [%8.2f, %8.2f]  %.2fx batch 1\n", (long long)N, (long long)B, bt.tokens,
                    bt.med, bt.lo, bt.hi, tg.med > 0 ? bt.med / tg.med : 0);
     }
+    free(rank_mib);
     ke_model_free(m);
     return 0;
 }

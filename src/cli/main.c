@@ -1,4 +1,5 @@
 /* main.c: the kiln command line. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -8,6 +9,7 @@
 #include "cli/cmd_template.h"
 #include "cli/cmd_tokenize.h"
 #include "kernels/kernels.h"
+#include "runtime/dist.h"
 
 static const struct {
     const char *name;
@@ -42,7 +44,20 @@ static void usage(FILE *f) {
                "\noptions for every command that runs a model:\n"
                "  --int8-act   int8 activations for 4/8-bit weights (AVX-512 VNNI): faster, slightly less\n"
                "               exact (docs/performance.md gives the measured error); default float32\n"
-               "               (also KILN_INT8_ACT=1)\n");
+               "               (also KILN_INT8_ACT=1)\n"
+               "  --tp N       tensor parallelism over the N processes of an MPI job:\n"
+               "               mpirun -np N kiln CMD ... --tp N (each process holds 1/N of the\n"
+               "               attention and MLP weights; rank 0 prints)\n");
+}
+
+/* Commands that run the same steps in every process of a --tp job, given
+ * the same arguments (no standard input, no server, no timing-driven loops
+ * around the model). */
+static bool tp_command(const char *name) {
+    static const char *const ok[] = {"generate", "validate", "bench", "bench-batch", "perplexity", "export", "info", NULL};
+    for (int i = 0; ok[i]; i++)
+        if (!strcmp(name, ok[i])) return true;
+    return false;
 }
 
 int main(int argc, char **argv) {
@@ -64,6 +79,19 @@ int main(int argc, char **argv) {
             }
             continue;
         }
+        if (!strcmp(argv[i], "--tp")) { /* tensor parallelism: mpirun -np N kiln CMD --tp N */
+            int64_t tp;
+            kiln_status st = kiln_parse_int(argv[i], i + 1 < argc ? argv[i + 1] : NULL, 1, 4096, &tp);
+            if (!st) st = kd_init((int)tp);
+            if (st) {
+                int rc = kiln_fail(st);
+                if (kd_size() > 1) kd_abort(rc);
+                kd_finalize();
+                return rc;
+            }
+            i++;
+            continue;
+        }
         argv[n++] = argv[i];
     }
     argc = n;
@@ -75,7 +103,19 @@ int main(int argc, char **argv) {
     /* -m ORG/NAME: the cached snapshot; -hf ORG/NAME: pulled first */
     if (strcmp(argv[1], "pull") && !kiln_resolve_model_args(argc - 1, argv + 1)) return 1;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) {
+            if (kd_tp_size() > 1 && !tp_command(argv[1])) {
+                fprintf(stderr, "kiln %s: --tp is not supported by this command yet (generate, validate, bench, "
+                                "bench-batch, perplexity, export and info are)\n", argv[1]);
+                kd_abort(1);
+            }
+            /* a job's processes all run the command; rank 0 prints */
+            if (kd_rank() > 0 && !freopen("/dev/null", "w", stdout)) return kiln_fail(kiln_error(KILN_EIO, "/dev/null"));
+            int rc = commands[i].fn(argc - 1, argv + 1);
+            if (rc && kd_size() > 1) kd_abort(rc); /* the others may be waiting on this one */
+            kd_finalize();
+            return rc;
+        }
     fprintf(stderr, "kiln: unknown command \"%s\"\n\n", argv[1]);
     usage(stderr);
     return 1;

@@ -117,6 +117,7 @@ int64_t ke_memory_ctx_bytes(const ke_memory *mem, const ke_ctx_params *p) {
 void ke_model_free(ke_model *m) {
     if (!m) return;
     kvis_free(m->vision);
+    kb_shards_release(m->ck); /* tensor-parallel copies of its weights */
     kc_close(m->ck);
     free(m);
 }

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "gen/gen_int.h"
+#include "runtime/dist.h"
 
 /* A window of the last `cap` tokens kept contiguous (oldest first) in a
  * buffer of 2*cap, so DRY can read it as an array. */
@@ -88,10 +89,15 @@ static bool in_chain(const kgen_params *p, kgen_sampler_type t) {
 
 static uint32_t fresh_seed(void) {
     uint32_t s;
-    if (getrandom(&s, sizeof s, GRND_NONBLOCK) == (ssize_t)sizeof s) return s;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint32_t)((uint64_t)ts.tv_nsec * 2654435761u ^ (uint64_t)ts.tv_sec);
+    if (getrandom(&s, sizeof s, GRND_NONBLOCK) != (ssize_t)sizeof s) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        s = (uint32_t)((uint64_t)ts.tv_nsec * 2654435761u ^ (uint64_t)ts.tv_sec);
+    }
+    /* the processes of a tensor-parallel job (runtime/dist.h) sample alike:
+     * every one runs this, and takes rank 0's */
+    kd_broadcast(&s, sizeof s, 0);
+    return s;
 }
 
 void kgen_sampler_destroy(kgen_sampler *s) {

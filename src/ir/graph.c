@@ -16,6 +16,7 @@ struct kg_graph {
     int n_outputs, cap_outputs;
     kg_node **params;
     int n_params, cap_params;
+    int n_channels; /* collectives made so far: the next one's channel_handle */
     kiln_status err;
 };
 
@@ -134,6 +135,10 @@ static const struct {
     [KG_OP_WKV4] = {"kiln.wkv4", 0, 1},
     [KG_OP_LINEAR_SCAN] = {"kiln.linear_scan", 0, 1},
     [KG_OP_DELTA_SCAN] = {"kiln.delta_scan", 0, 1},
+    [KG_OP_ALL_REDUCE] = {"stablehlo.all_reduce", 0, 0},
+    [KG_OP_ALL_GATHER] = {"stablehlo.all_gather", 0, 0},
+    [KG_OP_REDUCE_SCATTER] = {"stablehlo.reduce_scatter", 0, 0},
+    [KG_OP_COLLECTIVE_PERMUTE] = {"stablehlo.collective_permute", 0, 0},
 };
 
 const char *kg_op_name(kg_opcode op) { return (unsigned)op < KG_OP_COUNT ? op_info[op].name : "?"; }
@@ -418,6 +423,44 @@ static bool check_wkv4(kg_graph *g, kg_node *n) {
 }
 
 /* Derives n->shape and n->dtype from operands and attributes. */
+static bool check_collective(kg_graph *g, kg_node *n) {
+    const kg_node *x = n->in[0];
+    const kg_coll_attr *a = n->a.coll;
+    const char *op = kg_op_name(n->op);
+    n->shape = x->shape;
+    n->dtype = x->dtype;
+    if (n->op == KG_OP_COLLECTIVE_PERMUTE) {
+        if (a->n_pairs < 0 || (a->n_pairs && !a->pairs)) return fail(g, "%s: bad source_target_pairs", op), false;
+        for (int i = 0; i < a->n_pairs; i++)
+            for (int j = 0; j < i; j++)
+                if (a->pairs[2 * i] == a->pairs[2 * j] || a->pairs[2 * i + 1] == a->pairs[2 * j + 1])
+                    return fail(g, "%s: process %d is a source or target twice", op, a->pairs[2 * i]), false;
+        return true;
+    }
+    if (a->n_groups < 1 || a->group_size < 1 || !a->groups) return fail(g, "%s: empty replica_groups", op), false;
+    int64_t total = (int64_t)a->n_groups * a->group_size;
+    for (int64_t i = 0; i < total; i++) {
+        if (a->groups[i] < 0) return fail(g, "%s: negative process id in replica_groups", op), false;
+        for (int64_t j = 0; j < i; j++)
+            if (a->groups[i] == a->groups[j]) return fail(g, "%s: process %d is in replica_groups twice", op, a->groups[i]), false;
+    }
+    if (n->op == KG_OP_ALL_REDUCE) {
+        if (!kg_dtype_is_float(x->dtype) && x->dtype != KG_I32) return fail(g, "%s: sums f32 or i32", op), false;
+        return true;
+    }
+    if (a->dim < 0 || a->dim >= x->shape.rank) return fail(g, "%s: dimension %d out of rank %d", op, a->dim, x->shape.rank), false;
+    if (n->op == KG_OP_ALL_GATHER) {
+        n->shape.d[a->dim] *= a->group_size;
+        return true;
+    }
+    if (!kg_dtype_is_float(x->dtype) && x->dtype != KG_I32) return fail(g, "%s: sums f32 or i32", op), false;
+    if (x->shape.d[a->dim] % a->group_size)
+        return fail(g, "%s: dimension %d (%lld) does not split into %d parts", op, a->dim, (long long)x->shape.d[a->dim],
+                    a->group_size), false;
+    n->shape.d[a->dim] /= a->group_size;
+    return true;
+}
+
 static bool infer(kg_graph *g, kg_node *n) {
     char b1[96], b2[96];
     kg_node *x = n->n_in > 0 ? n->in[0] : NULL;
@@ -769,6 +812,11 @@ static bool infer(kg_graph *g, kg_node *n) {
     }
     case KG_OP_DELTA_SCAN:
         return check_delta_scan(g, n);
+    case KG_OP_ALL_REDUCE:
+    case KG_OP_ALL_GATHER:
+    case KG_OP_REDUCE_SCATTER:
+    case KG_OP_COLLECTIVE_PERMUTE:
+        return check_collective(g, n);
     default:
         return fail(g, "unknown op %d", (int)n->op), false;
     }
@@ -1068,6 +1116,40 @@ static kg_node *top_k(kg_graph *g, kg_node *x, int k, bool torch_ties) {
 }
 
 kg_node *kg_top_k(kg_graph *g, kg_node *x, int k) { return top_k(g, x, k, false); }
+
+bool kg_op_is_collective(kg_opcode op) { return op >= KG_OP_ALL_REDUCE && op <= KG_OP_COLLECTIVE_PERMUTE; }
+
+static kg_node *collective(kg_graph *g, kg_opcode op, kg_node *x, int dim, int n_groups, int group_size, const int *groups,
+                           int n_pairs, const int *pairs) {
+    kg_node *n = new_node(g, op, 1, &x);
+    if (!n) return NULL;
+    kg_coll_attr *a = kg_alloc(g, sizeof *a);
+    int n_ids = op == KG_OP_COLLECTIVE_PERMUTE ? 2 * (n_pairs > 0 ? n_pairs : 0)
+                                               : (n_groups > 0 && group_size > 0 ? n_groups * group_size : 0);
+    int *ids = n_ids ? kg_alloc(g, sizeof(int) * (size_t)n_ids) : NULL;
+    if (!a || (n_ids && !ids)) return fail(g, "graph: out of memory");
+    const int *src = op == KG_OP_COLLECTIVE_PERMUTE ? pairs : groups;
+    for (int i = 0; i < n_ids; i++) ids[i] = src ? src[i] : i;
+    *a = (kg_coll_attr){.dim = dim, .channel = ++g->n_channels};
+    if (op == KG_OP_COLLECTIVE_PERMUTE) a->n_pairs = n_pairs, a->pairs = ids;
+    else a->n_groups = n_groups, a->group_size = group_size, a->groups = ids;
+    n->a.coll = a;
+    return finish(g, n);
+}
+
+kg_node *kg_all_reduce(kg_graph *g, kg_node *x, int n_groups, int group_size, const int *groups) {
+    return collective(g, KG_OP_ALL_REDUCE, x, 0, n_groups, group_size, groups, 0, NULL);
+}
+kg_node *kg_all_gather(kg_graph *g, kg_node *x, int dim, int n_groups, int group_size, const int *groups) {
+    return collective(g, KG_OP_ALL_GATHER, x, dim, n_groups, group_size, groups, 0, NULL);
+}
+kg_node *kg_reduce_scatter(kg_graph *g, kg_node *x, int dim, int n_groups, int group_size, const int *groups) {
+    return collective(g, KG_OP_REDUCE_SCATTER, x, dim, n_groups, group_size, groups, 0, NULL);
+}
+kg_node *kg_collective_permute(kg_graph *g, kg_node *x, int n_pairs, const int *pairs) {
+    if (n_pairs > 0 && !pairs) return fail(g, "collective_permute: no source_target_pairs");
+    return collective(g, KG_OP_COLLECTIVE_PERMUTE, x, 0, 0, 0, NULL, n_pairs, pairs);
+}
 kg_node *kg_top_k_torch(kg_graph *g, kg_node *x, int k) { return top_k(g, x, k, true); }
 
 kg_node *kg_moe(kg_graph *g, kg_node *x, kg_node *idx, kg_node *wts, kg_node *const w[12], const kg_moe_attr *attr) {

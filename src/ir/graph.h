@@ -128,6 +128,11 @@ typedef enum {
     KG_OP_WKV4,     /* kiln.wkv4 */
     KG_OP_LINEAR_SCAN, /* kiln.linear_scan */
     KG_OP_DELTA_SCAN,  /* kiln.delta_scan */
+    /* collectives across processes (replica groups; runtime/dist.h runs them) */
+    KG_OP_ALL_REDUCE,         /* stablehlo.all_reduce (sum) */
+    KG_OP_ALL_GATHER,         /* stablehlo.all_gather */
+    KG_OP_REDUCE_SCATTER,     /* stablehlo.reduce_scatter (sum) */
+    KG_OP_COLLECTIVE_PERMUTE, /* stablehlo.collective_permute */
     KG_OP_COUNT
 } kg_opcode;
 
@@ -205,6 +210,20 @@ typedef struct {
                           * out[t] = sum of down_e(act(gate_e (w x_t) + gb_e, up_e (w x_t) + ub_e)) + db_e */
 } kg_moe_attr;
 
+/* Collective attributes (StableHLO): replica groups are n_groups rows of
+ * group_size process ids; a process in no group (or in no pair) computes
+ * what StableHLO says for it: all_reduce/all_gather/reduce_scatter
+ * require every process to be in one group; collective_permute gives
+ * zeros to a process that is no pair's target. */
+typedef struct {
+    int dim;                   /* all_gather_dim / scatter_dimension */
+    int n_groups, group_size;  /* replica_groups [n_groups, group_size] */
+    const int *groups;         /* arena */
+    int n_pairs;               /* collective_permute: source_target_pairs [n_pairs, 2] */
+    const int *pairs;          /* arena */
+    int channel;               /* channel_handle (each collective its own: > 0) */
+} kg_coll_attr;
+
 struct kg_fusion; /* passes/fuse.c */
 
 typedef struct kg_node kg_node;
@@ -260,6 +279,7 @@ struct kg_node {
             bool torch_ties; /* kg_top_k_torch */
         } topk;
         kg_moe_attr *moe; /* arena */
+        kg_coll_attr *coll; /* arena */
         struct {
             bool final_state; /* recurrent composites: the result is the sequences' final state, not y */
             bool delta;       /* kiln.delta_scan: the delta rule (else plain gated linear attention) */
@@ -438,6 +458,21 @@ kg_node *kg_linear_scan(kg_graph *g, kg_node *x, kg_node *a, kg_node *state, kg_
  * (q/k normalisation and the query scale are the caller's). */
 kg_node *kg_delta_scan(kg_graph *g, kg_node *q, kg_node *k, kg_node *v, kg_node *gate, kg_node *beta, kg_node *state,
                        kg_node *seq, bool delta, bool final_state);
+
+/* ---- collectives (StableHLO semantics; one process: identity) ----
+ * groups: n_groups * group_size process ids, row-major, or NULL for one
+ * group of the group_size processes 0 .. group_size-1. Sums are taken in
+ * the group's order on every process (runtime/dist.c), so every member
+ * gets the same bits whatever the timing. */
+/* x summed over each group's members: same shape. */
+kg_node *kg_all_reduce(kg_graph *g, kg_node *x, int n_groups, int group_size, const int *groups);
+/* Members' x concatenated along dim in group order: dim grows group_size times. */
+kg_node *kg_all_gather(kg_graph *g, kg_node *x, int dim, int n_groups, int group_size, const int *groups);
+/* The sum over the group, split along dim into group_size parts: member i keeps part i. */
+kg_node *kg_reduce_scatter(kg_graph *g, kg_node *x, int dim, int n_groups, int group_size, const int *groups);
+/* x of process pairs[2i] goes to process pairs[2i+1]; a process no pair targets gets zeros. */
+kg_node *kg_collective_permute(kg_graph *g, kg_node *x, int n_pairs, const int *pairs);
+bool kg_op_is_collective(kg_opcode op);
 
 /* ---- sugar for emitters ---- */
 kg_node *kg_add(kg_graph *g, kg_node *a, kg_node *b); /* broadcasts rank-0 / trailing dims */

@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file.h"
 #include "ir/graph.h"
+#include "ir/print.h"
 #include "passes/passes.h"
 #include "runtime/exec.h"
 
@@ -72,6 +74,38 @@ static inline double irt_compare(irt_build_fn build, void *ctx, void **bufs, dou
     double md = irt_max_diff(res[0], res[1], bytes / sizeof(float), max_abs);
     free(res[0]), free(res[1]);
     return md;
+}
+
+/* Debian's mlir-opt, or NULL when it is not installed. */
+static inline const char *irt_mlir_opt(void) {
+    static const char *cands[] = {"/usr/bin/mlir-opt-16", "/usr/bin/mlir-opt-19", "/usr/bin/mlir-opt", NULL};
+    for (int i = 0; cands[i]; i++)
+        if (ku_file_exists(cands[i])) return cands[i];
+    return NULL;
+}
+
+/* g printed (kg_print) into a new file path[] ("/tmp/kiln-print-XXXXXX"
+ * filled in); its text in *text (malloc'ed). False when that fails. */
+static inline bool irt_print_to_file(kg_graph *g, char *path, char **text) {
+    int fd = mkstemp(path);
+    if (fd < 0) return false;
+    FILE *f = fdopen(fd, "w");
+    if (!f) return false;
+    kg_print(g, f);
+    fclose(f);
+    kiln_status st = ku_read_file(path, text, NULL);
+    if (st) kiln_status_free(st), *text = NULL;
+    return *text != NULL;
+}
+
+/* True when mlir-opt (if installed) parses the file at path; *ran says whether it ran. */
+static inline bool irt_mlir_parses(const char *path, bool *ran) {
+    const char *opt = irt_mlir_opt();
+    *ran = opt != NULL;
+    if (!opt) return true;
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s --allow-unregistered-dialect %s -o /dev/null", opt, path);
+    return system(cmd) == 0;
 }
 
 #endif

@@ -65,7 +65,44 @@ static void literal(FILE *f, const kg_node *n) {
     fprintf(f, ">");
 }
 
+/* dense<[[0, 1], [2, 3]]> : tensor<2x2xi64> */
+static void id_matrix(FILE *f, const char *name, const int *v, int rows, int cols) {
+    fprintf(f, "%s = dense<[", name);
+    for (int r = 0; r < rows; r++) {
+        fprintf(f, "%s[", r ? ", " : "");
+        for (int c = 0; c < cols; c++) fprintf(f, "%s%d", c ? ", " : "", v[r * cols + c]);
+        fprintf(f, "]");
+    }
+    fprintf(f, "]> : tensor<%dx%dxi64>", rows, cols);
+}
+
+/* The sum region of all_reduce / reduce_scatter, in generic form. */
+static void sum_region(FILE *f, const kg_node *n) {
+    const char *t = kg_dtype_name(n->dtype);
+    fprintf(f, " ({\n  ^bb0(%%lhs: tensor<%s>, %%rhs: tensor<%s>):\n", t, t);
+    fprintf(f, "    %%sum = \"stablehlo.add\"(%%lhs, %%rhs) : (tensor<%s>, tensor<%s>) -> tensor<%s>\n", t, t, t);
+    fprintf(f, "    \"stablehlo.return\"(%%sum) : (tensor<%s>) -> ()\n  })", t);
+}
+
+static void collective_attrs(FILE *f, const kg_node *n) {
+    const kg_coll_attr *a = n->a.coll;
+    if (n->op == KG_OP_ALL_REDUCE || n->op == KG_OP_REDUCE_SCATTER) sum_region(f, n);
+    fprintf(f, " {");
+    if (n->op == KG_OP_ALL_GATHER) fprintf(f, "all_gather_dim = %d : i64, ", a->dim);
+    if (n->op == KG_OP_REDUCE_SCATTER) fprintf(f, "scatter_dimension = %d : i64, ", a->dim);
+    if (n->op == KG_OP_COLLECTIVE_PERMUTE) id_matrix(f, "source_target_pairs", a->pairs, a->n_pairs, 2);
+    else id_matrix(f, "replica_groups", a->groups, a->n_groups, a->group_size);
+    /* type 1: device to device, as XLA gives cross-process collectives */
+    fprintf(f, ", channel_handle = #stablehlo.channel_handle<handle = %d, type = 1>", a->channel);
+    if (n->op != KG_OP_COLLECTIVE_PERMUTE) fprintf(f, ", use_global_device_ids");
+    fprintf(f, "}");
+}
+
 static void attrs(FILE *f, const kg_node *n, int decomp_id) {
+    if (kg_op_is_collective(n->op)) {
+        collective_attrs(f, n);
+        return;
+    }
     switch (n->op) {
     case KG_OP_CONST: fprintf(f, " {value = "), literal(f, n), fprintf(f, " : "), type(f, n), fprintf(f, "}"); break;
     case KG_OP_IOTA: fprintf(f, " {iota_dimension = %d : i64}", n->a.iota.dim); break;

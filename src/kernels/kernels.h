@@ -87,5 +87,6 @@ void kk_wkv4(const kk_call *c);
 void kk_linear_scan(const kk_call *c);
 void kk_delta_scan(const kk_call *c);
 void kk_linear_t(const kk_call *c); /* kiln.linear with a transposed ([in, out]) weight */
+void kk_collective(const kk_call *c); /* all_reduce, all_gather, reduce_scatter, collective_permute (kernels/collective.c) */
 
 #endif

@@ -92,6 +92,10 @@ kk_fn kk_select(const kg_node *n) {
     case KG_OP_WKV4: return kk_wkv4;
     case KG_OP_LINEAR_SCAN: return kk_linear_scan;
     case KG_OP_DELTA_SCAN: return kk_delta_scan;
+    case KG_OP_ALL_REDUCE:
+    case KG_OP_ALL_GATHER:
+    case KG_OP_REDUCE_SCATTER:
+    case KG_OP_COLLECTIVE_PERMUTE: return kk_collective;
     case KG_OP_DOT:
         return n->dtype == KG_F32 && f32_or_half(n->in[0]->dtype) ? kk_ref_kernel : NULL;
     default:

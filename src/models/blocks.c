@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/json.h"
+#include "runtime/dist.h"
 
 /* ---------------------------------------------------------------- context */
 
@@ -293,7 +294,7 @@ kiln_status kb_build(const km_family *fam, const km_hparams *hp, const kc_checkp
     *gout = NULL;
     *inputs = NULL;
     *n_inputs = 0;
-    kb_ctx b = {.ck = ck, .hp = hp, .fam = fam, .shape = *shape, .cache = cache};
+    kb_ctx b = {.ck = ck, .hp = hp, .fam = fam, .shape = *shape, .cache = cache, .tp_size = kd_tp_size(), .tp_rank = kd_tp_rank()};
     memset(cache, 0, sizeof(kb_cache_spec) * (size_t)hp->n_layers);
     b.g = kg_create();
     if (!b.g) return kiln_error(KILN_ENOMEM, "out of memory");

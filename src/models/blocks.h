@@ -99,6 +99,10 @@ typedef struct kb_ctx {
     /* set by an emitter whose checkpoint stores its norm weights with hp->norm_offset
      * already added (mlx-lm's Qwen3-Next / Qwen3.5 conversions): kb_norm_ex adds none */
     bool norm_offset_stored;
+    /* tensor parallelism (blocks_shard.c): this graph is process tp_rank's
+     * of tp_size (kb_build sets them from runtime/dist.h; 0: one process) */
+    int tp_size, tp_rank;
+    const struct kb_head_shard *heads; /* the attention layer being built: its heads' split, or NULL */
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -141,6 +145,36 @@ bool kb_weight_is_in_out(const kb_ctx *b, km_tensor t, int il, int64_t in, int64
  * is config.json's num_nextn_predict_layers, else the layers counted; *first
  * one of their names (NULL when none). */
 int kb_mtp_tensors(const kc_checkpoint *ck, int64_t n_layers, int *layers, const char **first);
+
+/* ================================================================ tensor parallelism (blocks_shard.c)
+ *
+ * Blocks split across b->tp_size processes where their shapes allow and
+ * replicate otherwise (every process computing the whole block gives the
+ * same result): attention splits by query heads, each process keeping the
+ * KV heads its queries read (GQA with fewer KV heads than processes: the
+ * processes sharing a KV head each keep it); the MLP by its inner width;
+ * the output projections then sum across processes (all_reduce). */
+typedef struct kb_head_shard {
+    bool on;
+    int64_t q_lo, H;    /* this process's query heads [q_lo, q_lo + H) */
+    int64_t kv_lo, Hkv; /* and KV heads */
+    int64_t n_all;      /* query heads in all */
+} kb_head_shard;
+/* The split of H query heads over Hkv KV heads (s->on false: whole). */
+bool kb_shard_heads(const kb_ctx *b, int64_t H, int64_t Hkv, kb_head_shard *s);
+/* This process's part [lo, hi) of n items split evenly; false (and the
+ * whole) when not split. */
+bool kb_shard_range(const kb_ctx *b, int64_t n_items, int64_t *lo, int64_t *hi);
+/* Frees the column shards copied from ck's weights (before ck closes). */
+void kb_shards_release(const kc_checkpoint *ck);
+/* The sum of x over the processes (x itself for one). */
+kg_node *kb_all_reduce(kb_ctx *b, kg_node *x);
+/* Output features [lo, hi) of kb_linear(x, t, rows): column parallel. */
+kg_node *kb_linear_rows(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, int64_t lo, int64_t hi, bool bias);
+/* Row parallel: x holds input features [lo, hi) of cols; the projection of
+ * those, summed over the processes (kb_all_reduce), plus the bias once. */
+kg_node *kb_linear_cols(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, int64_t cols, int64_t lo, int64_t hi,
+                        bool bias);
 
 /* ================================================================ elementwise (blocks.c) */
 

@@ -122,31 +122,54 @@ static kg_node *clip(kb_ctx *b, kg_node *x, float c) {
     return kg_clamp(g, kg_broadcast_like(g, kg_scalar(g, KG_F32, -c), x), x, kg_broadcast_like(g, kg_scalar(g, KG_F32, c), x));
 }
 
-/* One projection of heads x D, clamped, as [T, heads, D]. */
-static kg_node *project(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t heads, int64_t D, const kb_attn_opts *o) {
-    kg_node *y = clip(b, kb_linear(b, x, t, il, heads * D, o->qkv_bias), o->clip_qkv);
-    return kg_reshape(b->g, y, KG_SHAPE(b->shape.T, heads, D));
+/* Heads [lo, lo + n) of a projection of `total` heads x D, clamped, as [T, n, D]. */
+static kg_node *project_part(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t total, int64_t lo, int64_t n, int64_t D,
+                             const kb_attn_opts *o) {
+    kg_node *y = clip(b, kb_linear_rows(b, x, t, il, total * D, lo * D, (lo + n) * D, o->qkv_bias), o->clip_qkv);
+    return kg_reshape(b->g, y, KG_SHAPE(b->shape.T, n, D));
 }
 
-/* q [T, H, D], k and v [T, Hkv, D] from x in the options' layout. */
-static void project_qkv(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o, int64_t H, int64_t Hkv, int64_t D, kg_node **qkv) {
+/* This process's q [T, s->H, D], k and v [T, s->Hkv, D] from x in the
+ * options' layout (s: the head split, whole when off). */
+static void project_qkv(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o, int64_t H, int64_t Hkv, int64_t D,
+                        const kb_head_shard *s, kg_node **qkv) {
     kg_node *f;
+    int64_t g = Hkv > 0 ? H / Hkv : 1, hl = s->H, kl = s->Hkv;
     switch (o->qkv) {
     case KB_QKV_SEPARATE:
-        qkv[0] = project(b, x, KM_T_ATTN_Q, il, H, D, o);
-        qkv[1] = project(b, x, KM_T_ATTN_K, il, Hkv, D, o);
-        qkv[2] = project(b, x, KM_T_ATTN_V, il, Hkv, D, o);
+        qkv[0] = project_part(b, x, KM_T_ATTN_Q, il, H, s->q_lo, hl, D, o);
+        qkv[1] = project_part(b, x, KM_T_ATTN_K, il, Hkv, s->kv_lo, kl, D, o);
+        qkv[2] = project_part(b, x, KM_T_ATTN_V, il, Hkv, s->kv_lo, kl, D, o);
         return;
     case KB_QKV_BLOCKS:
-    case KB_QKV_GROUPED:
+        if (s->on) { /* [Q | K | V]: this process's heads of each */
+            int64_t all = H + 2 * Hkv;
+            qkv[0] = project_part(b, x, KM_T_ATTN_QKV, il, all, s->q_lo, hl, D, o);
+            qkv[1] = project_part(b, x, KM_T_ATTN_QKV, il, all, H + s->kv_lo, kl, D, o);
+            qkv[2] = project_part(b, x, KM_T_ATTN_QKV, il, all, H + Hkv + s->kv_lo, kl, D, o);
+            return;
+        }
         f = clip(b, kb_linear(b, x, KM_T_ATTN_QKV, il, (H + 2 * Hkv) * D, o->qkv_bias), o->clip_qkv);
-        if (o->qkv == KB_QKV_BLOCKS) kb_split_heads(b, f, 1, (int64_t[]){H, Hkv, Hkv}, 3, D, qkv);
-        else kb_split_heads(b, f, Hkv, (int64_t[]){H / Hkv, 1, 1}, 3, D, qkv); /* query head h in group h / (H/Hkv) */
+        kb_split_heads(b, f, 1, (int64_t[]){H, Hkv, Hkv}, 3, D, qkv);
+        return;
+    case KB_QKV_GROUPED:
+        if (s->on && hl < g) { /* part of one group [g queries, k, v] */
+            int64_t all = Hkv * (g + 2), grp = s->kv_lo * (g + 2);
+            qkv[0] = project_part(b, x, KM_T_ATTN_QKV, il, all, grp + s->q_lo - s->kv_lo * g, hl, D, o);
+            qkv[1] = project_part(b, x, KM_T_ATTN_QKV, il, all, grp + g, 1, D, o);
+            qkv[2] = project_part(b, x, KM_T_ATTN_QKV, il, all, grp + g + 1, 1, D, o);
+            return;
+        }
+        /* whole groups: their rows are contiguous */
+        f = clip(b, kb_linear_rows(b, x, KM_T_ATTN_QKV, il, (H + 2 * Hkv) * D, s->kv_lo * (g + 2) * D,
+                                   (s->kv_lo + kl) * (g + 2) * D, o->qkv_bias), o->clip_qkv);
+        kb_split_heads(b, f, kl, (int64_t[]){g, 1, 1}, 3, D, qkv); /* query head h in group h / (H/Hkv) */
         return;
     case KB_QKV_Q_KV:
-        qkv[0] = project(b, x, KM_T_ATTN_Q, il, H, D, o);
-        f = clip(b, kb_linear(b, x, KM_T_ATTN_KV, il, 2 * Hkv * D, o->qkv_bias), o->clip_qkv);
-        kb_split_heads(b, f, Hkv, (int64_t[]){1, 1}, 2, D, qkv + 1);
+        qkv[0] = project_part(b, x, KM_T_ATTN_Q, il, H, s->q_lo, hl, D, o);
+        f = clip(b, kb_linear_rows(b, x, KM_T_ATTN_KV, il, 2 * Hkv * D, 2 * s->kv_lo * D, 2 * (s->kv_lo + kl) * D, o->qkv_bias),
+                 o->clip_qkv);
+        kb_split_heads(b, f, kl, (int64_t[]){1, 1}, 2, D, qkv + 1);
         return;
     }
     qkv[0] = qkv[1] = qkv[2] = NULL;
@@ -235,10 +258,13 @@ kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const 
     if (kc->shape.d[2] != D)
         return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: queries of %lld dims over keys of %lld", il, (long long)D,
                                      (long long)kc->shape.d[2]));
-    kg_node *alibi = o->alibi ? kg_const(g, KG_F32, KG_SHAPE(H), o->alibi) : NULL;
+    /* under tensor parallelism q holds heads [q_lo, q_lo + H) of Hall */
+    int64_t q_lo = b->heads ? b->heads->q_lo : 0, Hall = b->heads && b->heads->on ? b->heads->n_all : H;
+    kg_node *alibi = o->alibi ? kg_const(g, KG_F32, KG_SHAPE(H), o->alibi + q_lo) : NULL;
     kg_node *sinks = o->token_sinks ? o->token_sinks
-                     : o->sinks   ? kg_convert(g, kb_vector(b, KM_T_ATTN_SINKS, il, "", H), KG_F32)
+                     : o->sinks   ? kg_convert(g, kb_vector(b, KM_T_ATTN_SINKS, il, "", Hall), KG_F32)
                                   : NULL;
+    if (sinks && Hall != H) sinks = kb_slice_last(b, sinks, q_lo, q_lo + H);
     kg_attn_attr at = {.scale = o->scale != 0 ? o->scale : (float)(1.0 / sqrt((double)D)),
                        .softcap = o->softcap,
                        .window = o->window,
@@ -264,11 +290,12 @@ static kg_node *out_gate(kb_ctx *b, kg_node *x, kg_node *a, int il, const kb_att
     kg_graph *g = b->g;
     if (!a || o->out_gate == KB_GATE_NONE) return a;
     int64_t T = b->shape.T, H = a->shape.d[1], Dv = a->shape.d[2];
+    int64_t lo = b->heads ? b->heads->q_lo : 0, Hall = b->heads && b->heads->on ? b->heads->n_all : H;
     if (o->out_gate == KB_GATE_SIGMOID) {
-        kg_node *gate = kg_unary(g, KG_OP_LOGISTIC, kb_linear(b, x, KM_T_ATTN_GATE, il, H * Dv, false));
+        kg_node *gate = kg_unary(g, KG_OP_LOGISTIC, kb_linear_rows(b, x, KM_T_ATTN_GATE, il, Hall * Dv, lo * Dv, (lo + H) * Dv, false));
         return kg_reshape(g, kg_mul(g, kg_reshape(g, a, KG_SHAPE(T, H * Dv)), gate), a->shape);
     }
-    kg_node *gate = kb_softplus(b, kb_linear(b, x, KM_T_ATTN_GATE, il, H, false)); /* [T, H] */
+    kg_node *gate = kb_softplus(b, kb_linear_rows(b, x, KM_T_ATTN_GATE, il, Hall, lo, lo + H, false)); /* [T, H] */
     return gate ? kg_mul(g, a, kg_broadcast_in_dim(g, gate, a->shape, (int[]){0, 1})) : NULL;
 }
 
@@ -278,6 +305,10 @@ static kg_node *out_proj(kb_ctx *b, kg_node *a, int il, const kb_attn_opts *o) {
     int64_t T = b->shape.T, H = a->shape.d[1], Dv = a->shape.d[2];
     a = kg_reshape(b->g, a, KG_SHAPE(T, H * Dv));
     if (o->sub_norm) a = kb_norm(b, a, KM_T_ATTN_SUB_NORM, il, KB_NORM_RMS);
+    if (b->heads && b->heads->on) { /* row parallel: this process's heads, summed over the processes */
+        int64_t lo = b->heads->q_lo * Dv, all = b->heads->n_all * Dv;
+        return kb_linear_cols(b, a, KM_T_ATTN_O, il, b->hp->hidden, all, lo, lo + H * Dv, o->o_bias);
+    }
     return kb_linear(b, a, KM_T_ATTN_O, il, b->hp->hidden, o->o_bias);
 }
 
@@ -332,11 +363,21 @@ kg_node *kb_attention(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *o) {
     if (o->mla.kv_lora_rank > 0) return latent_attention(b, x, il, o, H);
     if ((o->kv_reuse || o->k_eq_v) && o->qkv != KB_QKV_SEPARATE)
         return kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: KV sharing or K=V with fused projections", il));
+    /* tensor parallel by heads unless something reads every head at once */
+    kb_head_shard s;
+    bool whole = o->qk_norm == KB_QK_FULL || o->qk_norm == KB_QK_HEADWISE || o->sub_norm || o->kv_tile;
+    if (whole || !kb_shard_heads(b, H, Hkv, &s)) s = (kb_head_shard){.on = false, .q_lo = 0, .H = H, .kv_lo = 0, .Hkv = Hkv};
+    s.n_all = H;
+    if (s.on && o->kv_reuse && o->kv_layer >= 0 && o->kv_layer < il && b->cache[o->kv_layer].heads != s.Hkv)
+        return kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: --tp with KV sharing across layers of other head counts", il));
+    b->heads = &s;
     kg_node *qkv[3] = {0};
-    if (o->kv_reuse) qkv[0] = project(b, x, KM_T_ATTN_Q, il, H, D, o);
+    if (o->kv_reuse) qkv[0] = project_part(b, x, KM_T_ATTN_Q, il, H, s.q_lo, s.H, D, o);
     else if (o->k_eq_v) {
-        qkv[0] = project(b, x, KM_T_ATTN_Q, il, H, D, o);
-        qkv[1] = qkv[2] = project(b, x, KM_T_ATTN_K, il, Hkv, D, o);
-    } else project_qkv(b, x, il, o, H, Hkv, D, qkv);
-    return attend(b, x, qkv[0], qkv[1], qkv[2], il, o);
+        qkv[0] = project_part(b, x, KM_T_ATTN_Q, il, H, s.q_lo, s.H, D, o);
+        qkv[1] = qkv[2] = project_part(b, x, KM_T_ATTN_K, il, Hkv, s.kv_lo, s.Hkv, D, o);
+    } else project_qkv(b, x, il, o, H, Hkv, D, &s, qkv);
+    kg_node *y = attend(b, x, qkv[0], qkv[1], qkv[2], il, o);
+    b->heads = NULL;
+    return y;
 }

@@ -91,21 +91,30 @@ static kg_node *act(kb_ctx *b, kg_node *x, int il, km_act a) {
 }
 
 kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o) {
-    int64_t F = o->width > 0 ? o->width : b->hp->ffn;
+    int64_t F = o->width > 0 ? o->width : b->hp->ffn, lo = 0, hi = F;
+    /* tensor parallel over F unless something reads all of F at once */
+    if (!o->sub_norm && o->act_sparsity <= 0) kb_shard_range(b, F, &lo, &hi);
     kg_node *h;
-    if (o->fused) {
-        kg_node *gu = kb_linear(b, x, KM_T_FFN_GATE_UP, il, 2 * F, o->bias);
-        h = kg_mul(b->g, act(b, kb_slice_last(b, gu, 0, F), il, o->act), kb_slice_last(b, gu, F, 2 * F));
+    if (o->fused) { /* [gate F | up F]: this process's rows of each */
+        kg_node *gate, *up;
+        if (lo == 0 && hi == F) { /* one projection */
+            kg_node *gu = kb_linear(b, x, KM_T_FFN_GATE_UP, il, 2 * F, o->bias);
+            gate = kb_slice_last(b, gu, 0, F), up = kb_slice_last(b, gu, F, 2 * F);
+        } else {
+            gate = kb_linear_rows(b, x, KM_T_FFN_GATE_UP, il, 2 * F, lo, hi, o->bias);
+            up = kb_linear_rows(b, x, KM_T_FFN_GATE_UP, il, 2 * F, F + lo, F + hi, o->bias);
+        }
+        h = kg_mul(b->g, act(b, gate, il, o->act), up);
     } else if (o->gated) {
-        kg_node *gate = kb_linear(b, x, KM_T_FFN_GATE, il, F, o->bias);
+        kg_node *gate = kb_linear_rows(b, x, KM_T_FFN_GATE, il, F, lo, hi, o->bias);
         if (o->gate_scale != 0) gate = kg_scale(b->g, gate, o->gate_scale);
         if (o->act_sparsity > 0) gate = gaussian_topk(b, gate, o->act_sparsity);
-        kg_node *up = kb_linear(b, x, KM_T_FFN_UP, il, F, o->bias);
+        kg_node *up = kb_linear_rows(b, x, KM_T_FFN_UP, il, F, lo, hi, o->bias);
         h = kg_mul(b->g, act(b, gate, il, o->act), up);
     } else {
-        h = act(b, kb_linear(b, x, KM_T_FFN_UP, il, F, o->bias), il, o->act);
+        h = act(b, kb_linear_rows(b, x, KM_T_FFN_UP, il, F, lo, hi, o->bias), il, o->act);
     }
     if (o->sub_norm) h = kb_norm(b, h, KM_T_FFN_SUB_NORM, il, KB_NORM_RMS);
-    kg_node *y = kb_linear(b, h, KM_T_FFN_DOWN, il, b->hp->hidden, o->bias || o->down_bias);
+    kg_node *y = kb_linear_cols(b, h, KM_T_FFN_DOWN, il, b->hp->hidden, F, lo, hi, o->bias || o->down_bias);
     return o->down_scale != 0 && y ? kg_scale(b->g, y, o->down_scale) : y;
 }

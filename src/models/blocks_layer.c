@@ -174,7 +174,14 @@ kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm) {
     if (hp->hidden_out) return kg_name(x, "hidden", -1); /* embedding models: the last hidden states */
     if (hp->embed_dim > 0) x = kb_linear(b, x, KM_T_OUTPUT_PROJ, -1, hp->embed_dim, false);
     km_tensor head = hp->tie_embeddings ? KM_T_TOK_EMBD : KM_T_OUTPUT;
-    kg_node *logits = kb_linear(b, x, head, -1, hp->vocab, false);
+    /* tensor parallel: each process computes its rows of the vocabulary,
+     * gathered in rank (= vocabulary) order; each logit is still one dot
+     * product, the same bits as the whole head's */
+    int64_t lo, hi;
+    kg_node *logits;
+    if (kb_shard_range(b, hp->vocab, &lo, &hi))
+        logits = kg_all_gather(g, kb_linear_rows(b, x, head, -1, hp->vocab, lo, hi, false), 1, 1, b->tp_size, NULL);
+    else logits = kb_linear(b, x, head, -1, hp->vocab, false);
     if (!logits) return NULL;
     if (hp->head_l2norm && !hp->tie_embeddings) logits = kg_mul(g, logits, inverse_row_norms(b, head, x->shape.d[1]));
     if (hp->lm_head_bias) /* the head's own bias, also when its weight is tied */

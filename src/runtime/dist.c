@@ -1,0 +1,127 @@
+/* dist.c: the job's processes (see dist.h). */
+#include "runtime/dist.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef KILN_MPI
+#include <mpi.h>
+#endif
+
+static int rank_, size_ = 1, tp_size = 1, tp_rank;
+#ifdef KILN_MPI
+static bool started; /* MPI_Init was called here */
+#endif
+
+bool kd_built_with_mpi(void) {
+#ifdef KILN_MPI
+    return true;
+#else
+    return false;
+#endif
+}
+
+#ifdef KILN_MPI
+/* Launched by mpirun (Open MPI's or a PMIx launcher's environment). */
+static bool under_launcher(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+}
+#endif
+
+kiln_status kd_init(int tp) {
+    if (tp < 1) return kiln_error(KILN_EINVAL, "--tp %d: want a process count >= 1", tp);
+#ifdef KILN_MPI
+    if (!started && under_launcher()) {
+        int provided = 0;
+        /* kernels may run on a server's worker thread, one call at a time */
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+            return kiln_error(KILN_EIO, "MPI_Init failed");
+        started = true;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+        MPI_Comm_size(MPI_COMM_WORLD, &size_);
+        if (provided < MPI_THREAD_SERIALIZED)
+            return kiln_error(KILN_EUNSUPPORTED, "this MPI does not allow calls from more than one thread");
+    }
+#else
+    if (tp > 1)
+        return kiln_error(KILN_EUNSUPPORTED,
+                          "--tp %d: this kiln was built without MPI (install libopenmpi-dev and rebuild)", tp);
+#endif
+    if (size_ != tp)
+        return kiln_error(KILN_EINVAL, "--tp %d: the job has %d process%s (run it as mpirun -np %d kiln ... --tp %d)", tp,
+                          size_, size_ == 1 ? "" : "es", tp, tp);
+    tp_size = tp;
+    tp_rank = rank_;
+    return NULL;
+}
+
+int kd_rank(void) { return rank_; }
+int kd_size(void) { return size_; }
+int kd_tp_size(void) { return tp_size; }
+int kd_tp_rank(void) { return tp_rank; }
+
+void kd_set_tp(int size, int rank) {
+    tp_size = size > 0 ? size : 1;
+    tp_rank = rank >= 0 && rank < tp_size ? rank : 0;
+}
+
+#ifdef KILN_MPI
+static int count_of(size_t bytes) {
+    if (bytes > INT_MAX) {
+        fprintf(stderr, "kiln: rank %d: a collective of %zu bytes is over MPI's limit\n", rank_, bytes);
+        kd_abort(70);
+    }
+    return (int)bytes;
+}
+#endif
+
+void kd_all_gather(const void *in, size_t bytes, void *out) {
+#ifdef KILN_MPI
+    if (started && size_ > 1) {
+        MPI_Allgather(in, count_of(bytes), MPI_BYTE, out, count_of(bytes), MPI_BYTE, MPI_COMM_WORLD);
+        return;
+    }
+#endif
+    if (out != in) memcpy(out, in, bytes);
+}
+
+void kd_send_recv(const void *send, int to, void *recv, int from, size_t bytes) {
+#ifdef KILN_MPI
+    if (started && size_ > 1) {
+        MPI_Sendrecv(send, to >= 0 ? count_of(bytes) : 0, MPI_BYTE, to >= 0 ? to : MPI_PROC_NULL, 0, recv,
+                     from >= 0 ? count_of(bytes) : 0, MPI_BYTE, from >= 0 ? from : MPI_PROC_NULL, 0, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+        return;
+    }
+#endif
+    if (from == rank_ && to == rank_ && recv != send) memcpy(recv, send, bytes);
+}
+
+void kd_broadcast(void *buf, size_t bytes, int root) {
+#ifdef KILN_MPI
+    if (started && size_ > 1) MPI_Bcast(buf, count_of(bytes), MPI_BYTE, root, MPI_COMM_WORLD);
+#endif
+    (void)buf, (void)bytes, (void)root;
+}
+
+_Noreturn void kd_abort(int code) {
+#ifdef KILN_MPI
+    if (started && size_ > 1) {
+        fflush(stdout);
+        fprintf(stderr, "kiln: rank %d of %d failed: ending the job\n", rank_, size_);
+        MPI_Abort(MPI_COMM_WORLD, code ? code : 1);
+    }
+#endif
+    exit(code);
+}
+
+void kd_finalize(void) {
+#ifdef KILN_MPI
+    if (started) {
+        MPI_Finalize();
+        started = false;
+    }
+#endif
+}

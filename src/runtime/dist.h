@@ -1,0 +1,53 @@
+/* dist.h: the processes of one job (prefix kd_), over MPI when kiln is
+ * built with Open MPI (the Makefile finds it with pkg-config ompi-c).
+ *
+ * kiln runs SPMD: every process of `mpirun -np N kiln CMD --tp N` runs the
+ * same command on the same inputs, each with its shard of the weights
+ * (models/blocks_shard.c); the collectives in the graph (ir/graph.h,
+ * kernels/collective.c) are the only communication. Reductions are
+ * computed from gathered operands in a fixed process order, so every
+ * process holds the same bits and takes the same decisions (sampling,
+ * stopping) without further messages; rank 0 prints.
+ *
+ * Without MPI (or before kd_init) the job is one process: rank 0 of 1, and
+ * the transfers are copies.
+ */
+#ifndef KILN_DIST_H
+#define KILN_DIST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/status.h"
+
+bool kd_built_with_mpi(void);
+/* Joins the job for tensor parallelism over tp processes: MPI_Init when
+ * launched by mpirun, then checks the job has tp processes. tp 1 outside
+ * mpirun needs nothing. Errors name the problem (no MPI in this build, the
+ * wrong -np). Idempotent. */
+kiln_status kd_init(int tp);
+int kd_rank(void);
+int kd_size(void);
+/* The tensor-parallel layout graph builds shard for (1, 0 unless kd_init set it). */
+int kd_tp_size(void);
+int kd_tp_rank(void);
+/* For tests: build graphs for rank `rank` of `size` (the collectives then
+ * still run on this job's processes). */
+void kd_set_tp(int size, int rank);
+
+/* Collectives over every process of the job, in rank order.
+ * out [size * bytes] = each process's `in` [bytes], rank 0 first. */
+void kd_all_gather(const void *in, size_t bytes, void *out);
+/* Sends `send` to process `to` and receives `recv` from `from` (either
+ * < 0: none), `bytes` each way. */
+void kd_send_recv(const void *send, int to, void *recv, int from, size_t bytes);
+/* root's buf to every process. */
+void kd_broadcast(void *buf, size_t bytes, int root);
+
+/* Ends the whole job now with exit status code (MPI_Abort with several
+ * processes, so that no process waits forever on one that failed). */
+_Noreturn void kd_abort(int code);
+/* MPI_Finalize when kd_init started MPI; then a normal exit may follow. */
+void kd_finalize(void);
+
+#endif
