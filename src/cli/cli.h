@@ -22,6 +22,8 @@ int kiln_cmd_bench(int argc, char **argv);
 int kiln_bench_spec(int argc, char **argv);
 /* kiln bench --embed: embeddings per second (cmd_bench_embed.c). */
 int kiln_bench_embed(int argc, char **argv);
+/* kiln bench --json-schema / --json-schema-file / --grammar-file (cmd_bench_grammar.c) */
+int kiln_bench_grammar(int argc, char **argv);
 int kiln_cmd_grammar_bench(int argc, char **argv);
 int kiln_cmd_chat(int argc, char **argv);
 int kiln_cmd_embed(int argc, char **argv);

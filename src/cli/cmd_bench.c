@@ -449,7 +449,9 @@ static void usage(FILE *f) {
                "  speedup and the guesses kept; greedy unless --temp (with a seed, fixed to 1 when not given);\n"
                "  the spec flags and sampling flags of kiln generate apply; fails if the outputs differ\n"
                "embeddings: kiln bench --embed -m DIR [--batch 32] [--short 16] [--long 512] [-r 3] [--json]\n"
-               "  embeddings per second for batches of short and long inputs (kiln bench --embed --help)\n");
+               "  embeddings per second for batches of short and long inputs (kiln bench --embed --help)\n"
+               "constrained decoding: kiln bench (--json-schema SCHEMA | --json-schema-file FILE | --grammar-file FILE)\n"
+               "  [-m DIR] [-n 128] [--batch 8] [-r 5] [--json]: argmax decode with and without the constraint, alternated\n");
 }
 
 int kiln_cmd_bench(int argc, char **argv) {
@@ -461,6 +463,9 @@ int kiln_cmd_bench(int argc, char **argv) {
         if (!strcmp(argv[i], "--spec-ngram") || !strcmp(argv[i], "--model-draft") || !strcmp(argv[i], "-md"))
             return kiln_bench_spec(argc, argv);
         else if (!strcmp(argv[i], "--embed")) return kiln_bench_embed(argc, argv);
+        else if (!strcmp(argv[i], "--json-schema") || !strcmp(argv[i], "--json-schema-file") ||
+                 !strcmp(argv[i], "--grammar-file"))
+            return kiln_bench_grammar(argc, argv);
     for (int i = 1; i < argc && !st; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
