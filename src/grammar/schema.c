@@ -40,6 +40,7 @@ typedef struct {
     int depth;
     char err[1024];
     unsigned prims; /* bit per primitive emitted */
+    bool ref_only;  /* drafts 3 to 7: keywords beside $ref are ignored */
 } sc;
 
 static bool fail(sc *c, const char *ptr, const char *fmt, ...) KILN_PRINTF(3, 4);
@@ -1433,6 +1434,13 @@ static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         return true;
     }
     if (!cJSON_IsObject(s)) return fail(c, ptr, "a schema must be an object or a boolean%s", "");
+    const cJSON *ref0 = c->ref_only ? cJSON_GetObjectItemCaseSensitive(s, "$ref") : NULL;
+    if (cJSON_IsString(ref0)) { /* the referenced schema alone, as those drafts say */
+        const cJSON *t = resolve(c, ref0->valuestring, ptr);
+        if (!t || !gen(c, t, ref0->valuestring, n)) return false;
+        kgr_buf_puts(b, n);
+        return true;
+    }
     if (gen_finite(c, s, b)) return true;
     const cJSON *deps = cJSON_GetObjectItemCaseSensitive(s, "dependentRequired");
     if (!deps) deps = cJSON_GetObjectItemCaseSensitive(s, "dependentSchemas");
@@ -1668,6 +1676,10 @@ void kgr_opts_default(kgr_opts *o) { *o = (kgr_opts){.max_ws = 4, .additional_pr
 kiln_status kgr_schema_to_gbnf(const cJSON *schema, const kgr_opts *o, const char *prefix, char **gbnf) {
     *gbnf = NULL;
     sc c = {.root = schema, .prefix = prefix ? prefix : ""};
+    const cJSON *draft = cJSON_GetObjectItemCaseSensitive(schema, "$schema");
+    if (cJSON_IsString(draft))
+        c.ref_only = strstr(draft->valuestring, "draft-03") || strstr(draft->valuestring, "draft-04") ||
+                     strstr(draft->valuestring, "draft-06") || strstr(draft->valuestring, "draft-07");
     if (o) c.o = *o;
     else kgr_opts_default(&c.o);
     char top[48];

@@ -127,6 +127,19 @@ KT_TEST(schema_integer_large_bounds) {
     KT_CHECK(sch("{\"type\":\"integer\",\"maximum\":1e30}", "1") == -1); /* refused, never dropped */
 }
 
+/* drafts 3 to 7 ignore the keywords beside $ref; 2019-09 on, they apply */
+KT_TEST(schema_ref_siblings_by_draft) {
+    const char *d7 = "{\"$schema\":\"http://json-schema.org/draft-07/schema#\",\"definitions\":{\"o\":{\"type\":\"object\","
+                     "\"properties\":{\"a\":{\"type\":\"integer\"}}}},\"properties\":{\"s\":{\"type\":\"string\",\"$ref\":\"#/definitions/o\"}}}";
+    OK(d7, "{\"s\": {\"a\": 1}}");
+    NOT(d7, "{\"s\": \"x\"}");
+    NOT(d7, "{\"s\": {\"a\": \"1\"}}");
+    const char *now = "{\"definitions\":{\"o\":{\"type\":\"object\"}},\"properties\":{\"s\":{\"minLength\":2,"
+                      "\"$ref\":\"#/definitions/o\"}}}";
+    OK(now, "{\"s\": {}}");
+    NOT(now, "{\"s\": \"x\"}");
+}
+
 KT_TEST(schema_arrays) {
     const char *s = "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}";
     OK(s, "[1, 2, 3]");
