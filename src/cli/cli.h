@@ -24,6 +24,8 @@ int kiln_bench_spec(int argc, char **argv);
 int kiln_bench_embed(int argc, char **argv);
 /* kiln bench --multi-turn: time to first token of a chat's second turn, cold and cached (cmd_bench_turns.c). */
 int kiln_bench_multi_turn(int argc, char **argv);
+/* kiln bench --json-schema / --json-schema-file / --grammar-file (cmd_bench_grammar.c) */
+int kiln_bench_grammar(int argc, char **argv);
 int kiln_cmd_grammar_bench(int argc, char **argv);
 int kiln_cmd_chat(int argc, char **argv);
 int kiln_cmd_embed(int argc, char **argv);

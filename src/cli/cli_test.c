@@ -269,3 +269,23 @@ KT_TEST(cli_bench_multi_turn_reuses_turn_one) {
     EXPECT_RUN("bench --multi-turn -m tests/fixtures/oracle/qwen2 --chunk 3", 1, "--chunk");
     EXPECT_RUN("bench --multi-turn --help", 0, "time to first token");
 }
+
+/* kiln bench --json-schema: plain and constrained figures at batch 1 and
+ * --batch; a bad schema or a missing constraint value is an error naming it */
+KT_TEST(cli_bench_json_schema_reports_both) {
+    KT_NEED_KILN_BIN();
+    kt_proc p;
+    KT_CHECK(kt_run_kiln("bench --json-schema '{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}' "
+                         "-n 8 -r 1 --batch 2 --json",
+                         NULL, &p) == 0);
+    KT_CHECKF(p.status == 0, "status %d: %s", p.status, p.err);
+    cJSON *j = cJSON_Parse(p.out);
+    KT_CHECKF(j, "not JSON: %s", p.out);
+    KT_CHECK(j && cJSON_GetObjectItem(j, "tg_tps")->valuedouble > 0 && cJSON_GetObjectItem(j, "tg_constrained_tps")->valuedouble > 0);
+    KT_CHECK(j && cJSON_GetObjectItem(j, "batch_size")->valueint == 2 &&
+             cJSON_GetObjectItem(j, "batch_constrained_tps")->valuedouble > 0);
+    cJSON_Delete(j);
+    kt_run_free(&p);
+    EXPECT_RUN("bench --json-schema '{\"type\":\"objekt\"}' -n 2", 1, "objekt");
+    EXPECT_RUN("bench --grammar-file", 1, "--grammar-file needs a value");
+}

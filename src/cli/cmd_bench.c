@@ -452,7 +452,9 @@ static void usage(FILE *f) {
                "embeddings: kiln bench --embed -m DIR [--batch 32] [--short 16] [--long 512] [-r 3] [--json]\n"
                "  embeddings per second for batches of short and long inputs (kiln bench --embed --help)\n"
                "multi-turn chats: kiln bench --multi-turn -m DIR [-p 3000] [-n 32] [--turn2 64] [--cache-dir DIR]\n"
-               "  time to first token of turn 2, cold, cached, from disk and after a restart (--multi-turn --help)\n");
+               "  time to first token of turn 2, cold, cached, from disk and after a restart (--multi-turn --help)\n"
+               "constrained decoding: kiln bench (--json-schema SCHEMA | --json-schema-file FILE | --grammar-file FILE)\n"
+               "  [-m DIR] [-n 128] [--batch 8] [-r 5] [--json]: argmax decode with and without the constraint, alternated\n");
 }
 
 int kiln_cmd_bench(int argc, char **argv) {
@@ -465,6 +467,9 @@ int kiln_cmd_bench(int argc, char **argv) {
             return kiln_bench_spec(argc, argv);
         else if (!strcmp(argv[i], "--embed")) return kiln_bench_embed(argc, argv);
         else if (!strcmp(argv[i], "--multi-turn")) return kiln_bench_multi_turn(argc, argv);
+        else if (!strcmp(argv[i], "--json-schema") || !strcmp(argv[i], "--json-schema-file") ||
+                 !strcmp(argv[i], "--grammar-file"))
+            return kiln_bench_grammar(argc, argv);
     for (int i = 1; i < argc && !st; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {

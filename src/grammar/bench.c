@@ -74,6 +74,69 @@ static kiln_status walk(kgr_index *ix, const int32_t *ids, size_t n, uint32_t *b
     return st;
 }
 
+/* The number literals of a JSON text, by node: json.dumps of a float keeps
+ * its fraction (12345.0), which cJSON's double alone loses. */
+typedef struct {
+    const cJSON *node;
+    const char *s;
+    size_t n;
+} numlit;
+typedef struct {
+    numlit *v;
+    size_t n, cap;
+} numlits;
+
+static void collect_nodes(const cJSON *x, numlits *L, size_t *k, bool *ok) {
+    for (; x && *ok; x = x->next) {
+        if (cJSON_IsNumber(x)) {
+            if (*k >= L->n) *ok = false;
+            else L->v[(*k)++].node = x;
+        }
+        collect_nodes(x->child, L, k, ok);
+    }
+}
+
+static int cmp_numlit(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t)((const numlit *)a)->node, y = (uintptr_t)((const numlit *)b)->node;
+    return x < y ? -1 : x > y;
+}
+
+/* the literals in document order (cJSON keeps that order), matched to the nodes */
+static bool numlits_build(const char *t, size_t len, const cJSON *root, numlits *L) {
+    for (size_t i = 0; i < len; i++) {
+        if (t[i] == '"') {
+            for (i++; i < len && t[i] != '"'; i++)
+                if (t[i] == '\\') i++;
+        } else if (t[i] == '-' || (t[i] >= '0' && t[i] <= '9')) {
+            size_t j = i;
+            while (j < len && strchr("0123456789+-.eE", t[j]) && t[j]) j++;
+            if (L->n == L->cap) {
+                size_t c = L->cap ? L->cap * 2 : 64;
+                numlit *q = realloc(L->v, sizeof *q * c);
+                if (!q) return false;
+                L->v = q, L->cap = c;
+            }
+            L->v[L->n++] = (numlit){NULL, t + i, j - i};
+            i = j - 1;
+        }
+    }
+    size_t k = 0;
+    bool ok = true;
+    collect_nodes(root, L, &k, &ok);
+    if (!ok || k != L->n) return false;
+    qsort(L->v, L->n, sizeof *L->v, cmp_numlit);
+    return true;
+}
+
+static const char *numlit_of(void *ud, const cJSON *n, size_t *len) {
+    const numlits *L = ud;
+    numlit key = {n, NULL, 0};
+    const numlit *f = bsearch(&key, L->v, L->n, sizeof *L->v, cmp_numlit);
+    if (!f) return NULL;
+    *len = f->n;
+    return f->s;
+}
+
 kiln_status kgr_bench_file(const char *json, size_t len, const ktok *tok, const kgr_vocab *v, kgr_bench_result *r) {
     memset(r, 0, sizeof *r);
     cJSON *j = cJSON_ParseWithLength(json, len);
@@ -90,6 +153,8 @@ kiln_status kgr_bench_file(const char *json, size_t len, const ktok *tok, const 
         cJSON_Delete(j);
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
+    numlits lits = {0};
+    bool have_lits = numlits_build(json, len, j, &lits);
     int32_t eos = ktok_eos_id(tok);
     kgr_grammar *g = NULL;
     kgr_index *ix = NULL;
@@ -112,7 +177,8 @@ kiln_status kgr_bench_file(const char *json, size_t len, const ktok *tok, const 
     int k = 0;
     for (const cJSON *t = cJSON_IsArray(tests) ? tests->child : NULL; t && !st; t = t->next, k++) {
         bool valid = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(t, "valid"));
-        char *text = kgr_json_dumps(cJSON_GetObjectItemCaseSensitive(t, "data"));
+        const cJSON *data = cJSON_GetObjectItemCaseSensitive(t, "data");
+        char *text = have_lits ? kgr_json_dumps_lits(data, numlit_of, &lits) : kgr_json_dumps(data);
         if (!text) {
             st = kiln_error(KILN_ENOMEM, "out of memory");
             break;
@@ -140,6 +206,7 @@ done:
     kgr_index_free(ix);
     kgr_grammar_free(g);
     free(bits);
+    free(lits.v);
     cJSON_Delete(j);
     if (st) kgr_bench_result_free(r);
     return st;

@@ -398,6 +398,15 @@ struct kgr_index {
     int32_t *st_ht;
     uint32_t st_ht_cap;
     int32_t *trans; /* [n_st * n_cls]; -1: not computed */
+    /* %perm frames, interned: a stack position at or past g->n_el is one */
+    struct vperm {
+        uint64_t used; /* members taken (repeatable ones never) */
+        int32_t perm, pending; /* pending -1: a member or the end may follow; -2: a member (after SEP) */
+        bool emitted;
+    } *vp;
+    int32_t n_vp, cap_vp;
+    int32_t *vp_ht;
+    uint32_t vp_ht_cap;
     /* scratch of one step */
     int32_t *work, n_work, cap_work;
     int32_t *tops, n_tops, cap_tops;
@@ -487,6 +496,45 @@ static int32_t node_get(kgr_index *ix, int32_t pos, int32_t parent) {
     return id;
 }
 
+static uint32_t vperm_hash(const struct vperm *v) {
+    return mix(v->used * 0x9e3779b97f4a7c15ull ^ ((uint64_t)(uint32_t)v->perm << 24) ^ ((uint64_t)(uint32_t)(v->pending + 2) << 1) ^ v->emitted);
+}
+static uint32_t vp_hash(const kgr_index *ix, int32_t i) { return vperm_hash(&ix->vp[i]); }
+
+/* the stack position of the %perm frame (perm, used, emitted, pending); -1 on a limit */
+static int32_t vperm_pos(kgr_index *ix, int32_t perm, uint64_t used, bool emitted, int32_t pending) {
+    struct vperm key = {used, perm, pending, emitted};
+    if (!ix->vp_ht) {
+        ix->vp_ht_cap = 64;
+        if (!(ix->vp_ht = malloc(sizeof *ix->vp_ht * ix->vp_ht_cap))) {
+            set_err(ix, OOM);
+            return -1;
+        }
+        memset(ix->vp_ht, 0xff, sizeof *ix->vp_ht * ix->vp_ht_cap);
+    }
+    int32_t n = ix->n_vp;
+    uint32_t m = ix->vp_ht_cap - 1, h = vperm_hash(&key) & m;
+    for (;; h = (h + 1) & m) {
+        int32_t id = ix->vp_ht[h];
+        if (id < 0) break;
+        const struct vperm *v = &ix->vp[id];
+        if (v->used == used && v->perm == perm && v->pending == pending && v->emitted == emitted) return ix->g->n_el + id;
+    }
+    if (n >= MAX_NODES || ix->g->n_el > INT32_MAX - MAX_NODES) {
+        set_err(ix, kiln_error(KILN_ELIMIT, "grammar: over %d %%perm frames", MAX_NODES));
+        return -1;
+    }
+    if (!grow((void **)&ix->vp, &ix->cap_vp, n + 1, sizeof *ix->vp)) {
+        set_err(ix, OOM);
+        return -1;
+    }
+    ix->vp[n] = key;
+    ix->vp_ht[h] = n;
+    ix->n_vp++;
+    if ((uint32_t)ix->n_vp * 2 > ix->vp_ht_cap) rehash(ix, &ix->vp_ht, &ix->vp_ht_cap, ix->n_vp, vp_hash);
+    return ix->g->n_el + n;
+}
+
 static void seen_clear(kgr_index *ix) {
     for (uint32_t i = 0; i < ix->n_seen; i++) ix->seen[ix->seen_slots[i]] = UINT64_MAX;
     ix->n_seen = 0;
@@ -538,6 +586,47 @@ static void work_push(kgr_index *ix, int32_t pos, int32_t parent) {
     ix->work[ix->n_work++] = parent;
 }
 
+/* rule r's alternatives, each returning to node ret */
+static void push_rule(kgr_index *ix, int32_t r, int32_t ret) {
+    const kgr_elem *el = ix->g->el;
+    int32_t s = ix->g->start[r];
+    work_push(ix, s, ret);
+    for (int32_t i = s; el[i].type != KE_END; i++)
+        if (el[i].type == KE_ALT) work_push(ix, i + 1, ret);
+}
+
+/* returns from a rule (or %perm) whose frame's parent is parent */
+static void ret_from(kgr_index *ix, int32_t parent) {
+    if (parent == 0) ix->accept = true;
+    else work_push(ix, ix->nodes[parent].pos, ix->nodes[parent].parent);
+}
+
+/* Expands the %perm frame vp[id] below parent: the end where the required
+ * members are all there, SEP before another member once one was emitted,
+ * or each member not yet taken, returning into the frame that marks it. */
+static void perm_expand(kgr_index *ix, int32_t id, int32_t parent) {
+    struct vperm v = ix->vp[id];
+    const kgr_perm *q = &ix->g->perms[v.perm];
+    if (v.pending == -1) {
+        if (!(q->req & ~v.used) && (!q->nonempty || v.emitted)) ret_from(ix, parent);
+        uint64_t left = ~v.used & (q->n == 64 ? ~0ull : (1ull << q->n) - 1);
+        if (v.emitted) {
+            if (!left) return; /* nothing may follow SEP */
+            int32_t vp = vperm_pos(ix, v.perm, v.used, true, -2);
+            int32_t ret = vp < 0 ? -1 : node_get(ix, vp, parent);
+            if (ret >= 0) push_rule(ix, q->sep, ret);
+            return;
+        }
+    }
+    for (int32_t i = 0; i < q->n && !ix->err; i++) {
+        uint64_t bit = 1ull << i;
+        if (v.used & bit) continue;
+        int32_t vp = vperm_pos(ix, v.perm, v.used | (q->rep & bit ? 0 : bit), true, -1);
+        int32_t ret = vp < 0 ? -1 : node_get(ix, vp, parent);
+        if (ret >= 0) push_rule(ix, q->member[i], ret);
+    }
+}
+
 /* Expands the work list into ix->tops (stacks whose top is a byte set) and
  * ix->accept (the root rule can complete). */
 static void expand(kgr_index *ix) {
@@ -545,12 +634,15 @@ static void expand(kgr_index *ix) {
     while (ix->n_work && !ix->err) {
         int32_t parent = ix->work[--ix->n_work], pos = ix->work[--ix->n_work];
         if (!seen_add(ix, pos, parent)) continue;
+        if (pos >= ix->g->n_el) {
+            perm_expand(ix, pos - ix->g->n_el, parent);
+            continue;
+        }
         const kgr_elem *e = &el[pos];
         switch (e->type) {
         case KE_END:
         case KE_ALT:
-            if (parent == 0) ix->accept = true;
-            else work_push(ix, ix->nodes[parent].pos, ix->nodes[parent].parent);
+            ret_from(ix, parent);
             break;
         case KE_BYTES: {
             int32_t id = node_get(ix, pos, parent);
@@ -570,11 +662,15 @@ static void expand(kgr_index *ix) {
             int32_t nt = el[pos + 1].type;
             int32_t ret = nt == KE_END || nt == KE_ALT ? parent : node_get(ix, pos + 1, parent);
             if (ret < 0) return;
-            /* alternatives pushed last-first so they expand in order (order does not matter for the set) */
-            int32_t s = ix->g->start[e->val];
-            work_push(ix, s, ret);
-            for (int32_t i = s; el[i].type != KE_END; i++)
-                if (el[i].type == KE_ALT) work_push(ix, i + 1, ret);
+            push_rule(ix, e->val, ret);
+            break;
+        }
+        case KE_PERM: {
+            int32_t nt = el[pos + 1].type;
+            int32_t ret = nt == KE_END || nt == KE_ALT ? parent : node_get(ix, pos + 1, parent);
+            int32_t vp = ret < 0 ? -1 : vperm_pos(ix, e->val, 0, false, -1);
+            if (vp < 0) return;
+            work_push(ix, vp, ret);
             break;
         }
         }
@@ -757,6 +853,8 @@ void kgr_index_free(kgr_index *ix) {
     free(ix->seen);
     free(ix->seen_slots);
     free(ix->walk);
+    free(ix->vp);
+    free(ix->vp_ht);
     kiln_status_free(ix->err);
     pthread_mutex_destroy(&ix->mu);
     free(ix);

@@ -83,6 +83,8 @@ typedef struct {
     int32_t n_rules, cap_rules;
     kgr_set *sets;
     int32_t n_sets, cap_sets;
+    kgr_perm *perms;
+    int32_t n_perms, cap_perms;
     int64_t n_elems;
     int32_t *names; /* open addressing: named rules by name */
     uint32_t names_cap, n_names;
@@ -534,6 +536,47 @@ static bool parse_int(parser *p, int64_t *v) {
     return true;
 }
 
+/* `%perm(SEP, a b? c*)` or `%perm1(...)` (see KE_PERM), p->s after the '%' */
+static bool parse_perm(parser *p, int32_t r) {
+    kgr_perm q = {.sep = -1};
+    if (p->end - p->s >= 6 && !memcmp(p->s, "perm1(", 6)) q.nonempty = true, p->s += 6;
+    else if (p->end - p->s >= 5 && !memcmp(p->s, "perm(", 5)) p->s += 5;
+    else return perr(p, "expected '%%perm(' or '%%perm1('"), false;
+    for (;;) {
+        skip_space(p, true);
+        if (p->s < p->end && *p->s == ')') break;
+        const char *w = p->s;
+        while (p->s < p->end && is_word(*p->s)) p->s++;
+        if (p->s == w) return perr(p, "%%perm: expected a rule name"), false;
+        int32_t ref = find_rule(p, w, (size_t)(p->s - w));
+        if (ref < 0) return false;
+        if (q.sep < 0) {
+            q.sep = ref;
+            skip_space(p, true);
+            if (p->s >= p->end || *p->s != ',') return perr(p, "%%perm: expected ',' after the separator"), false;
+            p->s++;
+            continue;
+        }
+        if (q.n == KGR_PERM_MAX) return perr(p, "%%perm: over %d members", KGR_PERM_MAX), false;
+        uint64_t bit = 1ull << q.n;
+        if (p->s < p->end && *p->s == '*') q.rep |= bit, p->s++;
+        else if (p->s < p->end && *p->s == '?') p->s++;
+        else q.req |= bit;
+        q.member[q.n++] = ref;
+    }
+    p->s++;
+    if (q.sep < 0 || !q.n) return perr(p, "%%perm: expected a separator and members"), false;
+    if (p->n_perms == p->cap_perms) {
+        int32_t c = p->cap_perms ? p->cap_perms * 2 : 8;
+        kgr_perm *t = realloc(p->perms, sizeof *t * (size_t)c);
+        if (!t) return perr(p, "out of memory"), false;
+        p->perms = t;
+        p->cap_perms = c;
+    }
+    p->perms[p->n_perms] = q;
+    return push(p, r, KE_PERM, p->n_perms++);
+}
+
 static bool parse_sequence(parser *p, int32_t r, bool nested) {
     int32_t last = -1; /* start of the last symbol, for the postfix operators */
     for (;;) {
@@ -638,6 +681,10 @@ static bool parse_sequence(parser *p, int32_t r, bool nested) {
             last = -1;
         } else if (c == '|' || c == ')' || c == '\n' || c == '\r') {
             return true;
+        } else if (c == '%') {
+            p->s++;
+            last = p->r[r].n;
+            if (!parse_perm(p, r)) return false;
         } else if (c == '<') {
             last = p->r[r].n;
             if (!parse_token_ref(p, r)) return false;
@@ -664,11 +711,23 @@ static bool parse_alternates(parser *p, int32_t r, bool nested) {
  * A rule is nullable when some alternative has only nullable elements; an
  * edge r -> s joins r to each rule reachable at the left of one of its
  * alternatives through nullable prefixes. */
+/* a perm is nullable when its required members all are (nonempty ignored:
+ * more nullable only finds more left recursion) */
+static bool perm_nullable(const kgr_grammar *g, int32_t i, const bool *nul) {
+    const kgr_perm *q = &g->perms[i];
+    for (int32_t k = 0; k < q->n; k++)
+        if ((q->req >> k & 1) && !nul[q->member[k]]) return false;
+    return true;
+}
+
 static kiln_status check_left_recursion(const kgr_grammar *g) {
     int32_t n = g->n_rules;
     bool *nul = calloc((size_t)n, 1);
     int8_t *mark = calloc((size_t)n, 1);
-    int32_t *off = calloc((size_t)n + 1, sizeof *off), *adj = malloc(sizeof *adj * (size_t)(g->n_el + 1));
+    int64_t n_adj = g->n_el + 1;
+    for (int32_t i = 0; i < g->n_el; i++)
+        if (g->el[i].type == KE_PERM) n_adj += g->perms[g->el[i].val].n + 1;
+    int32_t *off = calloc((size_t)n + 1, sizeof *off), *adj = malloc(sizeof *adj * (size_t)n_adj);
     int32_t *stk = malloc(sizeof *stk * (size_t)n * 2 + 8);
     kiln_status st = NULL;
     if (!nul || !mark || !off || !adj || !stk) {
@@ -688,7 +747,9 @@ static kiln_status check_left_recursion(const kgr_grammar *g) {
                     }
                     if (e->type == KE_END) break;
                     alt_ok = true;
-                } else if (e->type == KE_BYTES || (e->type == KE_REF && !nul[e->val])) alt_ok = false;
+                } else if (e->type == KE_BYTES || (e->type == KE_REF && !nul[e->val]) ||
+                           (e->type == KE_PERM && !perm_nullable(g, e->val, nul)))
+                    alt_ok = false;
             }
         }
     }
@@ -700,7 +761,12 @@ static kiln_status check_left_recursion(const kgr_grammar *g) {
             if (e->type == KE_ALT) left = true;
             else if (!left) continue;
             else if (e->type == KE_BYTES) left = false;
-            else {
+            else if (e->type == KE_PERM) { /* any member may come first, the separator after a nullable one */
+                const kgr_perm *q = &g->perms[e->val];
+                for (int32_t i = 0; i < q->n; i++) adj[na++] = q->member[i];
+                adj[na++] = q->sep;
+                if (!perm_nullable(g, e->val, nul)) left = false;
+            } else {
                 adj[na++] = e->val;
                 if (!nul[e->val]) left = false;
             }
@@ -747,6 +813,7 @@ void kgr_grammar_free(kgr_grammar *g) {
     free(g->el);
     free(g->sets);
     free(g->tok_refs);
+    free(g->perms);
     free(g);
 }
 
@@ -814,6 +881,9 @@ kiln_status kgr_from_gbnf_vocab(const char *text, size_t len, const kgr_vocab *v
         g->sets = p.sets;
         p.sets = NULL;
         g->n_sets = p.n_sets;
+        g->perms = p.perms;
+        p.perms = NULL;
+        g->n_perms = p.n_perms;
         g->root = root;
         g->tok_refs = p.tok_refs;
         g->n_tok_refs = p.n_tok_refs;
@@ -826,6 +896,7 @@ kiln_status kgr_from_gbnf_vocab(const char *text, size_t len, const kgr_vocab *v
     }
     free(p.r);
     free(p.sets);
+    free(p.perms);
     free(p.names);
     free(p.tok_refs);
     if (p.err) {

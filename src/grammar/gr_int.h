@@ -9,7 +9,20 @@
 
 #include "grammar/grammar.h"
 
-enum { KE_END, KE_ALT, KE_REF, KE_BYTES };
+enum { KE_END, KE_ALT, KE_REF, KE_BYTES, KE_PERM };
+
+/* KE_PERM (GBNF `%perm(SEP, a b? c*)`, val: an index into perms): the
+ * members in any order, each at most once (`?`: optional, `*`: any number of
+ * times, else required), SEP between two; `%perm1` needs at least one. The
+ * engine tracks the members used in its stack frames, so the language is
+ * exact without a rule per subset (JSON object properties in any order). */
+#define KGR_PERM_MAX 63
+typedef struct {
+    int32_t sep, n;
+    int32_t member[KGR_PERM_MAX];
+    uint64_t req, rep;
+    bool nonempty;
+} kgr_perm;
 
 typedef struct {
     int32_t type;
@@ -43,6 +56,8 @@ struct kgr_grammar {
     int32_t n_rules;
     kgr_set *sets;
     int32_t n_sets;
+    kgr_perm *perms;
+    int32_t n_perms;
     int32_t root;
     int32_t *tok_refs; /* the special tokens referenced, checked against the vocabulary by kgr_index_create */
     int32_t n_tok_refs;

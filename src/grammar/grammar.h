@@ -122,6 +122,10 @@ bool kgr_matcher_done(const kgr_matcher *m);
 /* ---- MaskBench (../shared/maskbench/README.md) ---- */
 /* v as Python's json.dumps(v, ensure_ascii=False) writes it (malloc'ed). */
 char *kgr_json_dumps(const cJSON *v);
+/* The same where lit gives a number node's source text (NULL: unknown): a
+ * literal with a fraction or exponent is a Python float (12345.0 stays
+ * 12345.0), others exact ints. */
+char *kgr_json_dumps_lits(const cJSON *v, const char *(*lit)(void *ud, const cJSON *n, size_t *len), void *ud);
 
 typedef enum { KGR_PASS, KGR_COMPILE_ERROR, KGR_VALIDATION_ERROR, KGR_INVALIDATION_ERROR } kgr_outcome;
 const char *kgr_outcome_name(kgr_outcome o); /* "pass", "compile_error", ... */

@@ -379,3 +379,33 @@ KT_TEST(grammar_special_tokens) {
     kgr_vocab_free(v);
     ktok_free(tok);
 }
+
+/* %perm: members in any order, each at most once, required ones there */
+KT_TEST(grammar_perm) {
+    const char *g = "root ::= \"{\" %perm(sep, a b? c*) \"}\"\nsep ::= \",\"\na ::= \"a\"\nb ::= \"b\" | \"bb\"\nc ::= \"c\"\n";
+    YES(g, "{a}");
+    YES(g, "{a,b}");
+    YES(g, "{b,a}");
+    YES(g, "{bb,a}");
+    YES(g, "{c,a,c,bb,c}");
+    NO(g, "{}");
+    NO(g, "{b}");
+    NO(g, "{a,a}");
+    NO(g, "{b,a,b}");
+    NO(g, "{a,}");
+    NO(g, "{,a}");
+    NO(g, "{ab}");
+    const char *g1 = "root ::= %perm1(sep, a? b?)\nsep ::= \",\"\na ::= \"a\"\nb ::= \"b\"\n";
+    YES(g1, "a");
+    YES(g1, "b,a");
+    NO(g1, "");
+    NO(g1, "a,b,a");
+    NO(g1, "a,b,"); /* no separator once every member is used */
+    const char *g0 = "root ::= \"[\" %perm(sep, a? b?) \"]\"\nsep ::= \",\"\na ::= \"a\"\nb ::= \"b\"\n";
+    YES(g0, "[]");
+    YES(g0, "[b]");
+    BAD("root ::= %perm(a)\na ::= \"a\"\n");
+    BAD("root ::= %perm(s, a)\ns ::= \",\"\n");
+    BAD("root ::= %perm(s, root)\ns ::= \",\"\n"); /* left-recursive through a member */
+    BAD("root ::= %nope(s, a)\ns ::= \",\"\na ::= \"a\"\n");
+}

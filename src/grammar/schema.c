@@ -11,6 +11,7 @@
  *    integers; string formats as grammars (unknown formats are annotations);
  *  - a validation keyword it cannot honour is an error naming the keyword
  *    and its JSON pointer, never ignored. Unknown keywords are annotations. */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -39,6 +40,7 @@ typedef struct {
     int depth;
     char err[1024];
     unsigned prims; /* bit per primitive emitted */
+    bool ref_only;  /* drafts 3 to 7: keywords beside $ref are ignored */
 } sc;
 
 static bool fail(sc *c, const char *ptr, const char *fmt, ...) KILN_PRINTF(3, 4);
@@ -133,16 +135,85 @@ static void py_number(kgr_buf *b, double v) {
     else kgr_buf_printf(b, "%.17g", v);
 }
 
-static void py_dumps(kgr_buf *b, const cJSON *v) {
+/* repr(float(v)): the shortest digits that read back as v, fixed notation
+ * (at least one fraction digit) for decimal exponents -4..15, else d.ddde+XX */
+static void py_float(kgr_buf *b, double v) {
+    if (isinf(v)) {
+        kgr_buf_puts(b, v < 0 ? "-Infinity" : "Infinity");
+        return;
+    }
+    char t[40];
+    for (int p = 0; p < 17; p++) {
+        snprintf(t, sizeof t, "%.*e", p, v);
+        if (strtod(t, NULL) == v) break;
+    }
+    char *e = strchr(t, 'e');
+    int ex = atoi(e + 1);
+    *e = 0;
+    char dig[24];
+    int nd = 0;
+    bool neg = t[0] == '-';
+    for (const char *q = t; *q; q++)
+        if (*q >= '0' && *q <= '9') dig[nd++] = *q;
+    while (nd > 1 && dig[nd - 1] == '0') nd--;
+    if (neg) kgr_buf_puts(b, "-");
+    if (ex >= -4 && ex < 16) {
+        if (ex < 0) {
+            kgr_buf_puts(b, "0.");
+            for (int i = -1; i > ex; i--) kgr_buf_puts(b, "0");
+            kgr_buf_put(b, dig, (size_t)nd);
+        } else {
+            for (int i = 0; i <= ex; i++) kgr_buf_put(b, i < nd ? &dig[i] : "0", 1);
+            kgr_buf_puts(b, ".");
+            if (nd > ex + 1) kgr_buf_put(b, dig + ex + 1, (size_t)(nd - ex - 1));
+            else kgr_buf_puts(b, "0");
+        }
+    } else {
+        kgr_buf_put(b, dig, 1);
+        if (nd > 1) kgr_buf_puts(b, "."), kgr_buf_put(b, dig + 1, (size_t)(nd - 1));
+        kgr_buf_printf(b, "e%c%02d", ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
+    }
+}
+
+/* a number node's source text, when known: Python reads a literal with a
+ * fraction or exponent as a float (repr), else as an exact int */
+typedef struct {
+    const char *(*lit)(void *ud, const cJSON *n, size_t *len);
+    void *ud;
+} py_lits;
+
+static void py_lit_number(kgr_buf *b, const cJSON *v, const py_lits *L) {
+    size_t n = 0;
+    const char *s = L ? L->lit(L->ud, v, &n) : NULL;
+    if (!s) {
+        py_number(b, v->valuedouble);
+        return;
+    }
+    if (memchr(s, '.', n) || memchr(s, 'e', n) || memchr(s, 'E', n)) py_float(b, v->valuedouble);
+    else if (n == 2 && !memcmp(s, "-0", 2)) kgr_buf_puts(b, "0");
+    else kgr_buf_put(b, s, n);
+}
+
+/* json.dumps' walk: text into t, each number through num (its text, or
+ * for a GBNF value a group of its spellings) */
+typedef struct py_walk {
+    kgr_buf *t;
+    void (*num)(struct py_walk *w, const cJSON *n);
+    const py_lits *L;
+    kgr_buf *g; /* lit_value: the GBNF being written */
+} py_walk;
+
+static void py_walk_value(py_walk *w, const cJSON *v) {
+    kgr_buf *b = w->t;
     if (cJSON_IsString(v)) py_string(b, v->valuestring);
-    else if (cJSON_IsNumber(v)) py_number(b, v->valuedouble);
+    else if (cJSON_IsNumber(v)) w->num(w, v);
     else if (cJSON_IsTrue(v)) kgr_buf_puts(b, "true");
     else if (cJSON_IsFalse(v)) kgr_buf_puts(b, "false");
     else if (cJSON_IsNull(v)) kgr_buf_puts(b, "null");
     else if (cJSON_IsArray(v)) {
         kgr_buf_puts(b, "[");
         for (const cJSON *e = v->child; e; e = e->next) {
-            py_dumps(b, e);
+            py_walk_value(w, e);
             if (e->next) kgr_buf_puts(b, ", ");
         }
         kgr_buf_puts(b, "]");
@@ -151,18 +222,56 @@ static void py_dumps(kgr_buf *b, const cJSON *v) {
         for (const cJSON *e = v->child; e; e = e->next) {
             py_string(b, e->string);
             kgr_buf_puts(b, ": ");
-            py_dumps(b, e);
+            py_walk_value(w, e);
             if (e->next) kgr_buf_puts(b, ", ");
         }
         kgr_buf_puts(b, "}");
     }
 }
 
-/* v as a GBNF literal of its json.dumps text */
+static void py_num_text(py_walk *w, const cJSON *n) { py_lit_number(w->t, n, w->L); }
+static void py_dumps_l(kgr_buf *b, const cJSON *v, const py_lits *L) {
+    py_walk w = {b, py_num_text, L, NULL};
+    py_walk_value(&w, v);
+}
+
+/* v as GBNF: its json.dumps text, where a number may be written any way
+ * JSON Schema counts as equal (5, 5.0, 5.00; 3.14, 3.140; -0) */
+static void lit_flush(kgr_buf *b, kgr_buf *t) {
+    if (!t->n) return;
+    kgr_buf_literal(b, t->p, t->n);
+    kgr_buf_puts(b, " ");
+    t->n = 0;
+}
+
+static void lit_number(kgr_buf *b, double d) {
+    kgr_buf_puts(b, "(");
+    if (d == floor(d) && fabs(d) < 1e16) {
+        kgr_buf_printf(b, "%s\"%.0f\" (\".\" \"0\"+)?", d == 0 ? "\"-\"? " : d < 0 ? "\"-\" " : "", fabs(d));
+    } else {
+        kgr_buf r = {0};
+        py_float(&r, d);
+        bool sci = r.p && strchr(r.p, 'e');
+        kgr_buf_literal(b, r.p ? r.p : "", r.n);
+        if (!sci) kgr_buf_puts(b, " \"0\"*");
+        else if (d == floor(d) && fabs(d) < 1e300) kgr_buf_printf(b, " | \"%.0f\"", d); /* an int past 1e16 */
+        free(r.p);
+    }
+    kgr_buf_puts(b, ") ");
+}
+
+static void lit_num(py_walk *w, const cJSON *n) {
+    lit_flush(w->g, w->t);
+    lit_number(w->g, n->valuedouble);
+}
+
 static void lit_value(kgr_buf *b, const cJSON *v) {
     kgr_buf t = {0};
-    py_dumps(&t, v);
-    kgr_buf_literal(b, t.p ? t.p : "", t.n);
+    kgr_buf_puts(b, "(");
+    py_walk w = {&t, lit_num, NULL, b};
+    py_walk_value(&w, v);
+    lit_flush(b, &t);
+    kgr_buf_puts(b, ")");
     free(t.p);
 }
 
@@ -497,6 +606,23 @@ static bool bounds(sc *c, const cJSON *s, const char *ptr, int unbounded, kgr_bu
     return true;
 }
 
+/* The integer bound a JSON number d gives (the least allowed for a minimum,
+ * the most for a maximum). Past 2^53 the double is not the schema's literal,
+ * which lies within half the gap to the next double: the bound taken is the
+ * one surely inside it. false: past 9.2e18. */
+static bool safe_int_bound(double d, bool is_min, bool excl, long long *out) {
+    if (fabs(d) <= 9007199254740992.0) {
+        *out = (long long)(is_min ? (excl ? floor(d) + 1 : ceil(d)) : (excl ? ceil(d) - 1 : floor(d)));
+        return true;
+    }
+    if (!(fabs(d) <= 1e19)) return false;
+    long double x = is_min ? (long double)d + (long double)(nextafter(d, INFINITY) - d) / 2 + (excl ? 1 : 0)
+                           : (long double)d - (long double)(d - nextafter(d, -INFINITY)) / 2 - (excl ? 1 : 0);
+    if (x > (long double)LLONG_MAX || x < (long double)LLONG_MIN) return false;
+    *out = (long long)x;
+    return true;
+}
+
 static bool gen_integer(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     int k = int_multiple(s);
     if (k > 1) { /* the digits' value mod k: rule r is "read so far = r (mod k)" */
@@ -536,14 +662,9 @@ static bool gen_integer(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
     double lo, hi;
     if (!bounds(c, s, ptr, P_INTEGER, b, &hl, &lo, &el, &hh, &hi, &eh, &done)) return false;
     if (done) return true;
-    if ((hl && fabs(lo) > 1e17) || (hh && fabs(hi) > 1e17)) {
-        /* beyond exact doubles: treat as unbounded on that side only when it cannot bind */
-        if (hl && lo < -1e17) hl = false;
-        if (hh && hi > 1e17) hh = false;
-        if ((hl && fabs(lo) > 1e17) || (hh && fabs(hi) > 1e17)) return fail(c, ptr, "'%s' is too large", "minimum/maximum");
-    }
-    long long l = hl ? (long long)(el ? floor(lo) + 1 : ceil(lo)) : 0;
-    long long h = hh ? (long long)(eh ? ceil(hi) - 1 : floor(hi)) : 0;
+    long long l = 0, h = 0;
+    if ((hl && !safe_int_bound(lo, true, el, &l)) || (hh && !safe_int_bound(hi, false, eh, &h)))
+        return fail(c, ptr, "'%s' is too large", "minimum/maximum");
     if (hl && hh && l > h) {
         kgr_buf_puts(b, "[^\\U00000000-\\U0010FFFF]");
         return true;
@@ -926,10 +1047,27 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
             }
         }
     }
+    kgr_buf tmp_sep = {0};
     const cJSON *minp = cJSON_GetObjectItemCaseSensitive(s, "minProperties");
     bool nonempty = cJSON_IsNumber(minp) && minp->valuedouble > 0; /* check_keywords: at most 1 */
-    if (ok) {
-        /* H_i: nothing emitted yet; T_i: something emitted (members need a comma) */
+    /* the members in any order, as the spec allows: a %perm (gr_int.h) */
+    int32_t n_mem = akv[0] ? 1 : 0;
+    for (int32_t i = 0; i < n; i++)
+        if (must[i] || i >= n_listed || !cJSON_IsFalse(cJSON_GetArrayItem(props, i))) n_mem++;
+    if (ok && n_mem && n_mem <= KGR_PERM_MAX) {
+        char sep[48];
+        fresh(c, sep);
+        kgr_buf_printf(&tmp_sep, "\",\" %s", ws);
+        rule(c, sep, tmp_sep.p);
+        kgr_buf_printf(b, "\"{\" %s %%perm%s(%s,", ws, nonempty ? "1" : "", sep);
+        for (int32_t i = 0; i < n; i++)
+            if (must[i] || i >= n_listed || !cJSON_IsFalse(cJSON_GetArrayItem(props, i)))
+                kgr_buf_printf(b, " %s%s", kv[i], must[i] ? "" : "?");
+        if (akv[0]) kgr_buf_printf(b, " %s*", akv);
+        kgr_buf_puts(b, ") \"}\"");
+    } else if (ok) {
+        /* over KGR_PERM_MAX members: in the schema's order.
+         * H_i: nothing emitted yet; T_i: something emitted (members need a comma) */
         char (*H)[48] = calloc((size_t)n + 1, sizeof *H), (*T)[48] = calloc((size_t)n + 1, sizeof *T);
         ok = H && T;
         for (int32_t i = 0; ok && i <= n; i++) {
@@ -970,6 +1108,7 @@ static bool gen_object(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         free(H);
         free(T);
     }
+    free(tmp_sep.p);
     for (int32_t i = 0; keytext && i < n; i++) free(keytext[i]);
     free(keytext);
     free(keys);
@@ -1295,6 +1434,13 @@ static bool gen_body(sc *c, const cJSON *s, const char *ptr, kgr_buf *b) {
         return true;
     }
     if (!cJSON_IsObject(s)) return fail(c, ptr, "a schema must be an object or a boolean%s", "");
+    const cJSON *ref0 = c->ref_only ? cJSON_GetObjectItemCaseSensitive(s, "$ref") : NULL;
+    if (cJSON_IsString(ref0)) { /* the referenced schema alone, as those drafts say */
+        const cJSON *t = resolve(c, ref0->valuestring, ptr);
+        if (!t || !gen(c, t, ref0->valuestring, n)) return false;
+        kgr_buf_puts(b, n);
+        return true;
+    }
     if (gen_finite(c, s, b)) return true;
     const cJSON *deps = cJSON_GetObjectItemCaseSensitive(s, "dependentRequired");
     if (!deps) deps = cJSON_GetObjectItemCaseSensitive(s, "dependentSchemas");
@@ -1512,9 +1658,12 @@ static bool gen(sc *c, const cJSON *s, const char *ptr, char *name) {
     return ok;
 }
 
-char *kgr_json_dumps(const cJSON *v) {
+char *kgr_json_dumps(const cJSON *v) { return kgr_json_dumps_lits(v, NULL, NULL); }
+
+char *kgr_json_dumps_lits(const cJSON *v, const char *(*lit)(void *ud, const cJSON *n, size_t *len), void *ud) {
     kgr_buf b = {0};
-    py_dumps(&b, v);
+    py_lits L = {lit, ud};
+    py_dumps_l(&b, v, lit ? &L : NULL);
     if (b.oom) {
         free(b.p);
         return NULL;
@@ -1527,6 +1676,10 @@ void kgr_opts_default(kgr_opts *o) { *o = (kgr_opts){.max_ws = 4, .additional_pr
 kiln_status kgr_schema_to_gbnf(const cJSON *schema, const kgr_opts *o, const char *prefix, char **gbnf) {
     *gbnf = NULL;
     sc c = {.root = schema, .prefix = prefix ? prefix : ""};
+    const cJSON *draft = cJSON_GetObjectItemCaseSensitive(schema, "$schema");
+    if (cJSON_IsString(draft))
+        c.ref_only = strstr(draft->valuestring, "draft-03") || strstr(draft->valuestring, "draft-04") ||
+                     strstr(draft->valuestring, "draft-06") || strstr(draft->valuestring, "draft-07");
     if (o) c.o = *o;
     else kgr_opts_default(&c.o);
     char top[48];

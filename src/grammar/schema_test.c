@@ -89,6 +89,57 @@ KT_TEST(schema_objects) {
     NOT("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "{\"x\": \"1\"}");
 }
 
+/* properties in any order, each at most once; extra keys anywhere */
+KT_TEST(schema_objects_any_order) {
+    const char *s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"},"
+                    "\"c\":{\"type\":\"boolean\"}},\"required\":[\"a\",\"c\"],\"additionalProperties\":false}";
+    OK(s, "{\"a\": 1, \"c\": true}");
+    OK(s, "{\"c\": true, \"a\": 1}");
+    OK(s, "{\"b\": \"x\", \"c\": false, \"a\": 1}");
+    OK(s, "{\"c\": false, \"b\": \"x\", \"a\": 1}");
+    NOT(s, "{\"c\": true, \"b\": \"x\"}");              /* a required */
+    NOT(s, "{\"c\": true, \"a\": 1, \"c\": true}");     /* each at most once */
+    NOT(s, "{\"b\": \"x\", \"a\": 1, \"b\": \"y\", \"c\": true}");
+    NOT(s, "{\"c\": 1, \"a\": 1}");                       /* each value its own schema */
+    NOT(s, "{\"c\": true, \"a\": 1,}");
+    const char *open = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"integer\"}},"
+                       "\"required\":[\"b\"]}";
+    OK(open, "{\"x\": [1], \"b\": 2, \"y\": null, \"a\": 1}");
+    NOT(open, "{\"x\": [1], \"b\": 2, \"b\": 3}");
+    NOT(open, "{\"x\": 1, \"a\": 1}");
+    const char *one = "{\"type\":\"object\",\"properties\":{\"a\":{},\"b\":{}},\"minProperties\":1,\"additionalProperties\":false}";
+    OK(one, "{\"b\": 1, \"a\": 2}");
+    NOT(one, "{}");
+}
+
+/* bounds past 2^53: the double is not the literal; the bound taken is surely inside it */
+KT_TEST(schema_integer_large_bounds) {
+    const char *s = "{\"type\":\"integer\",\"minimum\":0,\"maximum\":9223372036854776000}";
+    OK(s, "0");
+    OK(s, "9223372036854775000");
+    NOT(s, "12345678901234567890");
+    NOT(s, "9223372036854775808");
+    NOT(s, "-1");
+    const char *n = "{\"type\":\"integer\",\"exclusiveMinimum\":-9007199254740993000}";
+    NOT(n, "-9007199254740993000");
+    NOT(n, "-10000000000000000000");
+    OK(n, "-9007199254740992000");
+    KT_CHECK(sch("{\"type\":\"integer\",\"maximum\":1e30}", "1") == -1); /* refused, never dropped */
+}
+
+/* drafts 3 to 7 ignore the keywords beside $ref; 2019-09 on, they apply */
+KT_TEST(schema_ref_siblings_by_draft) {
+    const char *d7 = "{\"$schema\":\"http://json-schema.org/draft-07/schema#\",\"definitions\":{\"o\":{\"type\":\"object\","
+                     "\"properties\":{\"a\":{\"type\":\"integer\"}}}},\"properties\":{\"s\":{\"type\":\"string\",\"$ref\":\"#/definitions/o\"}}}";
+    OK(d7, "{\"s\": {\"a\": 1}}");
+    NOT(d7, "{\"s\": \"x\"}");
+    NOT(d7, "{\"s\": {\"a\": \"1\"}}");
+    const char *now = "{\"definitions\":{\"o\":{\"type\":\"object\"}},\"properties\":{\"s\":{\"minLength\":2,"
+                      "\"$ref\":\"#/definitions/o\"}}}";
+    OK(now, "{\"s\": {}}");
+    NOT(now, "{\"s\": \"x\"}");
+}
+
 KT_TEST(schema_arrays) {
     const char *s = "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}";
     OK(s, "[1, 2, 3]");
@@ -165,6 +216,16 @@ KT_TEST(schema_strings_numbers) {
 
 /* enum / const beside any keyword: the values that validate (validate.c) */
 KT_TEST(schema_finite_values) {
+    /* a number equal to a listed one, however written */
+    OK("{\"enum\":[0, 5, 3.14]}", "0.0");
+    OK("{\"enum\":[0, 5, 3.14]}", "-0");
+    OK("{\"enum\":[0, 5, 3.14]}", "5.00");
+    OK("{\"enum\":[0, 5, 3.14]}", "3.140");
+    OK("{\"const\":{\"a\":[2]}}", "{\"a\": [2.0]}");
+    NOT("{\"enum\":[0, 5, 3.14]}", "5.01");
+    NOT("{\"enum\":[0, 5, 3.14]}", "3.1");
+    NOT("{\"enum\":[0, 5, 3.14]}", "-5");
+    NOT("{\"enum\":[0, 5, 3.14]}", "50");
     const char *notnot = "{\"allOf\":[{\"enum\":[1,\"a\",[1,1],{\"k\":2}]},{\"not\":{\"type\":\"string\"}}]}";
     OK(notnot, "1");
     OK(notnot, "[1, 1]");
@@ -520,4 +581,38 @@ KT_TEST(schema_request_errors) {
     KT_CHECK(kgen_params_from_json(&p, b, NULL) == NULL && p.grammar != NULL);
     cJSON_Delete(b);
     kgen_params_free(&p);
+}
+
+/* MaskBench texts: json.dumps of floats (repr) and exact ints */
+static const char *as_float(void *ud, const cJSON *n, size_t *len) {
+    (void)ud;
+    (void)n;
+    *len = 3;
+    return "0.0";
+}
+static const char *as_int_text(void *ud, const cJSON *n, size_t *len) {
+    (void)n;
+    *len = strlen(ud);
+    return ud;
+}
+
+KT_TEST(schema_json_dumps_floats) {
+    cJSON *a = cJSON_Parse("[12345.0, 1e16, 1e15, 0.0001, 0.00001, 1.5e-7, 11.199999999999999, 3.14, -0.0, 1e300, "
+                           "123456789012345678.0, 2.5e16, 100.0, -2.5]");
+    char *s = kgr_json_dumps_lits(a, as_float, NULL);
+    KT_CHECK(s && !strcmp(s, "[12345.0, 1e+16, 1000000000000000.0, 0.0001, 1e-05, 1.5e-07, 11.2, 3.14, -0.0, 1e+300, "
+                             "1.2345678901234568e+17, 2.5e+16, 100.0, -2.5]"));
+    free(s);
+    s = kgr_json_dumps(a); /* without the literals: integral values as ints */
+    KT_CHECK(s && !strncmp(s, "[12345, ", 8));
+    free(s);
+    cJSON_Delete(a);
+    cJSON *b = cJSON_Parse("{\"id\": 12345678901234567890}");
+    s = kgr_json_dumps_lits(b, as_int_text, "12345678901234567890"); /* ints exactly, past a double's digits */
+    KT_CHECK(s && !strcmp(s, "{\"id\": 12345678901234567890}"));
+    free(s);
+    s = kgr_json_dumps_lits(b, as_int_text, "-0");
+    KT_CHECK(s && !strcmp(s, "{\"id\": 0}"));
+    free(s);
+    cJSON_Delete(b);
 }
