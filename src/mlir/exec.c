@@ -8,9 +8,11 @@
  * that object with memrefCopy (the one runtime helper the lowered code calls,
  * normally from libmlir_c_runner_utils) into a shared object, which is
  * dlopen'ed: `_mlir__mlir_ciface_kiln_forward(void **args)` is the packed C
- * interface, args[i] pointing at the i-th memref descriptor pointer. */
+ * interface, args[i] pointing at the i-th memref descriptor pointer.
+ * Compiled objects are cached by module text for the process. */
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -25,7 +27,6 @@
 struct kmlir_exec {
     kg_graph *g;
     kmlir_sig sig;
-    void *so;
     void (*fn)(void **);
     int64_t (*desc)[DESC_WORDS]; /* per argument, then per result */
     void **descp, **argv;
@@ -115,7 +116,20 @@ static const char *const passes[] = {
     "--convert-arith-to-llvm", "--convert-memref-to-llvm", "--convert-func-to-llvm", "--convert-cf-to-llvm",
     "--reconcile-unrealized-casts"};
 
-static kiln_status compile(kmlir_exec *e) {
+/* Compiled modules by text: validate and the engine build the same step
+ * shape again in each new context, and a module's code does not depend on
+ * the weights (arguments), so one object serves them all. Process lifetime. */
+typedef struct {
+    char *text;
+    size_t len;
+    void (*fn)(void **);
+} cached;
+
+static cached cache[64];
+static int n_cache;
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static kiln_status build(kmlir_exec *e, const char *text, size_t len) {
     char src[320], low[320], obj[320], rt[320], so[320], log[320], tool[4096], runner[4096], cc[] = "cc";
     snprintf(src, sizeof src, "%s/model.mlir", e->dir);
     snprintf(low, sizeof low, "%s/model.llvm.mlir", e->dir);
@@ -125,13 +139,8 @@ static kiln_status compile(kmlir_exec *e) {
     snprintf(log, sizeof log, "%s/log.txt", e->dir);
     FILE *f = fopen(src, "w");
     if (!f) return kiln_error(KILN_EIO, "%s: cannot write", src);
-    kiln_status st = kmlir_emit(e->g, f, &e->sig);
-    if (!st) { /* the runner's entry point, inside the module */
-        fseek(f, -2, SEEK_END);
-        fprintf(f, "  func.func @kiln_noop() {\n    return\n  }\n}\n");
-    }
+    fwrite(text, 1, len, f);
     fclose(f);
-    KILN_TRY(st);
     f = fopen(rt, "w");
     if (!f) return kiln_error(KILN_EIO, "%s: cannot write", rt);
     fputs(rt_c, f);
@@ -154,11 +163,42 @@ static kiln_status compile(kmlir_exec *e) {
     KILN_TRY(run_tool(run, log));
     char *link[] = {cc, "-shared", "-O2", "-fPIC", "-Wl,-Bsymbolic", "-o", so, obj, rt, "-lm", NULL};
     KILN_TRY(run_tool(link, log));
-    e->so = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    if (!e->so) return kiln_error(KILN_EIO, "dlopen %s: %s", so, dlerror());
-    *(void **)&e->fn = dlsym(e->so, "_mlir__mlir_ciface_kiln_forward");
+    void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL); /* kept loaded: the cache holds its code */
+    if (!h) return kiln_error(KILN_EIO, "dlopen %s: %s", so, dlerror());
+    *(void **)&e->fn = dlsym(h, "_mlir__mlir_ciface_kiln_forward");
     if (!e->fn) return kiln_error(KILN_EIO, "%s: no _mlir__mlir_ciface_kiln_forward", so);
     return NULL;
+}
+
+static kiln_status compile(kmlir_exec *e) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return kiln_error(KILN_ENOMEM, "out of memory");
+    kiln_status st = kmlir_emit(e->g, f, &e->sig);
+    if (!st) { /* the runner's entry point, inside the module */
+        fflush(f);
+        fseek(f, (long)len - 2, SEEK_SET);
+        fprintf(f, "  func.func @kiln_noop() {\n    return\n  }\n}\n");
+    }
+    fclose(f);
+    if (st) {
+        free(text);
+        return st;
+    }
+    pthread_mutex_lock(&cache_mu);
+    for (int i = 0; i < n_cache && !e->fn; i++)
+        if (cache[i].len == len && !memcmp(cache[i].text, text, len)) e->fn = cache[i].fn;
+    if (!e->fn) {
+        st = build(e, text, len);
+        if (!st && n_cache < (int)(sizeof cache / sizeof cache[0])) {
+            cache[n_cache++] = (cached){text, len, e->fn};
+            text = NULL;
+        }
+    }
+    pthread_mutex_unlock(&cache_mu);
+    free(text);
+    return st;
 }
 
 static void set_desc(int64_t *d, void *p, const kg_node *x) {
@@ -231,7 +271,6 @@ void kmlir_exec_destroy(kmlir_exec *e) {
     free(e->desc);
     free(e->descp);
     free(e->argv);
-    if (e->so) dlclose(e->so);
     kmlir_sig_free(&e->sig);
     kg_destroy(e->g);
     free(e);

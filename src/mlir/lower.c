@@ -91,7 +91,8 @@ static int empty(em *e, const kg_node *n) {
 /* a scalar constant of type t: returns its temp */
 static int cst(em *e, kg_dtype t, double v, const char *spelled) {
     int c = e->tmp++;
-    if (spelled) fprintf(e->f, "    %%t%d = arith.constant %s : %s\n", c, spelled, elt(t));
+    if (spelled && t == KG_PRED) fprintf(e->f, "    %%t%d = arith.constant %s\n", c, spelled); /* true/false are typed */
+    else if (spelled) fprintf(e->f, "    %%t%d = arith.constant %s : %s\n", c, spelled, elt(t));
     else if (kg_dtype_is_float(t)) fprintf(e->f, "    %%t%d = arith.constant %.9e : %s\n", c, v, elt(t));
     else fprintf(e->f, "    %%t%d = arith.constant %lld : %s\n", c, (long long)v, elt(t));
     return c;
