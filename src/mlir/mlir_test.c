@@ -86,3 +86,15 @@ static void matches_oracle(const char *name) {
 KT_TEST(mlir_dense_matches_oracle) {
     if (tools()) matches_oracle("llama");
 }
+
+KT_TEST(mlir_sliding_window_matches_oracle) {
+    if (tools()) matches_oracle("mistral");
+}
+
+KT_TEST(mlir_moe_matches_oracle) {
+    if (tools()) matches_oracle("mixtral");
+}
+
+KT_TEST(mlir_mla_matches_oracle) {
+    if (tools()) matches_oracle("deepseek_v2");
+}
