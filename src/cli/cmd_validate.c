@@ -154,5 +154,11 @@ int kiln_cmd_validate(int argc, char **argv) {
         return 1;
     }
     printf("%d passed, %d failed\n", r.pass, r.fail);
+    if (r.o.compile.mlir) {
+        int64_t runs;
+        double rs = kmlir_run_seconds(&runs);
+        printf("mlir: compiling %.1f s; %lld steps ran in %.3f s (%.2f ms a step)\n", kmlir_compile_seconds(), (long long)runs, rs,
+               runs ? 1e3 * rs / (double)runs : 0.0);
+    }
     return r.fail ? 1 : 0;
 }

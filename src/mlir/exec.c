@@ -34,9 +34,21 @@ struct kmlir_exec {
     char dir[256];
 };
 
-static double compile_s;
+static double compile_s, run_s;
+static int64_t n_runs;
 
 double kmlir_compile_seconds(void) { return compile_s; }
+
+double kmlir_run_seconds(int64_t *runs) {
+    if (runs) *runs = n_runs;
+    return run_s;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 const char *kmlir_tool_dir(void) {
     const char *d = getenv("KILN_MLIR_BIN");
@@ -281,7 +293,9 @@ kiln_status kmlir_exec_run(kmlir_exec *e, void *const *params) {
         const kg_node *a = e->sig.args[i];
         if (a->op == KG_OP_PARAM) set_desc(e->desc[i], params[a->a.param.index], a);
     }
+    double t0 = now_s();
     e->fn(e->argv);
+    run_s += now_s() - t0, n_runs++;
     for (int i = 0; i < e->sig.n_results; i++) {
         int p = e->sig.result_param[i];
         if (p < 0) continue;

@@ -53,5 +53,7 @@ kiln_status kmlir_exec_run(kmlir_exec *e, void *const *params);
 const void *kmlir_exec_output(const kmlir_exec *e, int i);
 /* Seconds spent compiling (mlir-opt, mlir-cpu-runner, cc) so far in this process. */
 double kmlir_compile_seconds(void);
+/* Seconds spent in compiled steps so far, and how many (*runs) ran. */
+double kmlir_run_seconds(int64_t *runs);
 
 #endif
