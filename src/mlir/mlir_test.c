@@ -15,7 +15,7 @@
 /* one committed fixture per family kind */
 static const char *const kinds[][2] = {
     {"dense", "llama"},         {"sliding window", "mistral"}, {"MoE", "mixtral"}, {"MLA", "deepseek_v2"},
-    {"SSM", "mamba"},           {"hybrid", "bamba"},
+    {"SSM", "mamba"},           {"hybrid", "bamba"},           {"VLM text part", "../vlm/llava"},
 };
 
 static bool tools(void) {
@@ -97,4 +97,16 @@ KT_TEST(mlir_moe_matches_oracle) {
 
 KT_TEST(mlir_mla_matches_oracle) {
     if (tools()) matches_oracle("deepseek_v2");
+}
+
+KT_TEST(mlir_hybrid_matches_oracle) {
+    if (tools()) matches_oracle("bamba"); /* Mamba-2 and attention layers */
+}
+
+KT_TEST(mlir_vlm_text_matches_oracle) {
+    if (tools()) matches_oracle("../vlm/llava"); /* the image features enter as embedding rows */
+}
+
+KT_TEST(mlir_ssm_matches_oracle) {
+    if (tools()) matches_oracle("mamba"); /* the scan decomposes into one step per token */
 }
