@@ -2,7 +2,8 @@
 # Installs kiln's Debian dependencies when they are missing.
 #   scripts/deps.sh          what building kiln needs
 #   scripts/deps.sh --test   plus what the tests use:
-#                            mlir-opt (checks the StableHLO printer) and
+#                            mlir-opt (checks the StableHLO printer; with
+#                            mlir-cpu-runner, the MLIR backend) and
 #                            promtool (checks /metrics; only its binary is
 #                            extracted into build/tools) and, when npm is
 #                            there, the official openai and @anthropic-ai/sdk

@@ -11,6 +11,7 @@
 #include "base/npy.h"
 #include "chat/chat.h"
 #include "cli/cli.h"
+#include "mlir/kmlir.h"
 #include "engine/engine.h"
 #include "vision/vision.h"
 #include "engine/textio.h"
@@ -35,6 +36,7 @@ static void usage(FILE *f) {
                "                        position, row i after the i-th generated or forced token\n"
                "  -c, --ctx-size N      context size (default: the model's, at most 4096)\n"
                "  -t, --threads N       threads (default: all CPUs)\n"
+               "  --backend mlir        run each step compiled by MLIR 16 (mlir-opt, mlir-cpu-runner): slow, a check\n"
                "  --json                print one JSON object with the ids, finish reason and timings\n"
                "                        (with --n-probs N: each generated token's log-probability and its top N)\n"
                "sampling (as llama.cpp):\n");
@@ -58,7 +60,7 @@ typedef struct {
     int32_t *prompt, *forced;
     int n_prompt, n_forced;
     int64_t n_ctx, threads;
-    bool json, chat, no_display;
+    bool json, chat, no_display, mlir;
     kgen_params gp;
     char *echo;     /* the prompt text, printed once every check on it has passed */
     size_t echo_len;
@@ -85,7 +87,7 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
         static const char *const flags[] = {"--json", "--chat", "--no-display-prompt", NULL};
         static const char *const valued[] = {"-m", "--model", "--prompt-ids", "--force-ids", "-c", "--ctx-size", "-t",
                                              "--threads", "--logits-out", "-p", "--prompt", "-f", "--file", "--system",
-                                             "--image", NULL};
+                                             "--image", "--backend", NULL};
         KILN_TRY(kiln_option("generate", a, v, valued, flags));
         bool takes = kiln_flag_in(a, valued);
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
@@ -103,6 +105,11 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
         else if (!strcmp(a, "--image")) {
             if (o->n_images == KILN_MAX_IMAGES) return kiln_error(KILN_ELIMIT, "--image: at most %d images", KILN_MAX_IMAGES);
             o->images[o->n_images++] = v;
+        } else if (!strcmp(a, "--backend")) {
+            if (!strcmp(v, "mlir")) {
+                KILN_TRY(kmlir_tools());
+                o->mlir = true;
+            } else if (strcmp(v, "native")) return kiln_error(KILN_EINVAL, "--backend %s: expected native or mlir", v);
         }
         i += takes ? 2 : 1;
     }
@@ -334,7 +341,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     if (!st) st = prompt_ids(o, tok);
     image_input img = {0};
     if (!st && o->n_images) st = add_images(o, m, &img);
-    if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads}, &c);
+    if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads, .compile = {.mlir = o->mlir}}, &c);
     if (!st) kiln_warn_ctx(m, ke_ctx_n_ctx(c));
     if (!st && o->sp.draft) st = kspec_load_draft(o->sp.draft, m, o->dir, &draft);
     if (!st && kspec_enabled(&o->sp)) st = kspec_create(&o->sp, c, draft, &sp);

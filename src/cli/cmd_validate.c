@@ -13,6 +13,7 @@
 #include "cli/cli.h"
 #include "embed/check.h"
 #include "engine/validate.h"
+#include "mlir/kmlir.h"
 
 typedef struct {
     kv_options o;
@@ -88,14 +89,17 @@ int kiln_cmd_validate(int argc, char **argv) {
     int n_dirs = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: kiln validate [--tolerance X] [--threads N] [--decompose] [--no-batched] [--oracle DIR] DIR...\n"
+            printf("usage: kiln validate [--tolerance X] [--threads N] [--decompose] [--no-batched] [--oracle DIR]\n"
+                   "                     [--backend native|mlir] DIR...\n"
                    "  Runs the oracle gate (../shared/oracle/README.md) on fixture folders and prints\n"
                    "  PASS/FAIL with the max logit difference per path.\n"
                    "  --decompose   run every composite op as its reference decomposition\n"
-                   "  --oracle DIR  read oracle.json and logits.npy from DIR instead of each model folder\n");
+                   "  --oracle DIR  read oracle.json and logits.npy from DIR instead of each model folder\n"
+                   "  --backend mlir  lower every step's graph to linalg and run it compiled by MLIR 16\n"
+                   "                (mlir-opt, mlir-cpu-runner): a correctness path, slow\n");
             return 0;
         }
-        static const char *const valued[] = {"--tolerance", "--threads", "-t", "--oracle", NULL};
+        static const char *const valued[] = {"--tolerance", "--threads", "-t", "--oracle", "--backend", NULL};
         static const char *const flags[] = {"--decompose", "--no-batched", NULL};
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (argv[i][0] == '-') {
@@ -114,6 +118,15 @@ int kiln_cmd_validate(int argc, char **argv) {
             i++;
             if (st) return kiln_fail(st);
             r.o.n_threads = (int)x;
+        } else if (!strcmp(argv[i], "--backend")) {
+            const char *b = argv[++i];
+            if (!strcmp(b, "mlir")) {
+                kiln_status st = kmlir_tools();
+                if (st) return kiln_fail(st);
+                r.o.compile.mlir = true;
+            } else if (strcmp(b, "native")) {
+                return kiln_fail(kiln_error(KILN_EINVAL, "--backend %s: expected native or mlir", b));
+            }
         } else if (!strcmp(argv[i], "--decompose")) r.o.compile.decompose_all = true;
         else if (!strcmp(argv[i], "--no-batched")) r.o.skip_batched = true;
         else if (!strcmp(argv[i], "--oracle") && i + 1 < argc) r.o.oracle_dir = argv[++i];
@@ -141,5 +154,11 @@ int kiln_cmd_validate(int argc, char **argv) {
         return 1;
     }
     printf("%d passed, %d failed\n", r.pass, r.fail);
+    if (r.o.compile.mlir) {
+        int64_t runs;
+        double rs = kmlir_run_seconds(&runs);
+        printf("mlir: compiling %.1f s; %lld steps ran in %.3f s (%.2f ms a step)\n", kmlir_compile_seconds(), (long long)runs, rs,
+               runs ? 1e3 * rs / (double)runs : 0.0);
+    }
     return r.fail ? 1 : 0;
 }

@@ -7,6 +7,7 @@
 #include "kernels/kernels.h"
 #include "kvdisk/kvdisk.h"
 #include "models/blocks.h"
+#include "mlir/kmlir.h"
 #include "runtime/exec.h"
 #include "runtime/pool.h"
 #include "vision/vision.h"
@@ -156,6 +157,7 @@ typedef struct {
     int64_t T, S, MB, R;
     bool cross;
     kr_exec *exec;
+    kmlir_exec *mexec; /* instead of exec with compile.mlir */
     kb_input *inputs;
     int n_inputs;
     uint64_t last_use;
@@ -360,6 +362,7 @@ void ke_ctx_free(ke_ctx *c) {
     free(c->ondisk), free(c->blob);
     for (int i = 0; i < c->n_execs; i++) {
         kr_exec_destroy(c->execs[i].exec);
+        kmlir_exec_destroy(c->execs[i].mexec);
         free(c->execs[i].inputs);
     }
     if (c->kcache)
@@ -1035,8 +1038,10 @@ static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t
     int n_inputs;
     *st = kb_build(c->m->fam, &c->m->hp, c->m->ck, &shape, &g, &inputs, &n_inputs, c->cache);
     if (*st) return NULL;
-    kr_exec *ex;
-    *st = kr_exec_create(g, &c->p.compile, &ex);
+    kr_exec *ex = NULL;
+    kmlir_exec *mx = NULL;
+    if (c->p.compile.mlir) *st = kmlir_exec_create(g, &mx);
+    else *st = kr_exec_create(g, &c->p.compile, &ex);
     if (*st) {
         free(inputs);
         return NULL;
@@ -1049,9 +1054,10 @@ static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t
         for (int i = 1; i < c->n_execs; i++)
             if (c->execs[i].last_use < e->last_use) e = &c->execs[i];
         kr_exec_destroy(e->exec);
+        kmlir_exec_destroy(e->mexec);
         free(e->inputs);
     }
-    *e = (exec_entry){T, S, MB, R, cross, ex, inputs, n_inputs, c->tick};
+    *e = (exec_entry){T, S, MB, R, cross, ex, mx, inputs, n_inputs, c->tick};
     return e;
 }
 
@@ -1336,7 +1342,8 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
         case KB_IN_CROSS_KEYS: params[i] = c->cross_keys; break;
         }
     }
-    kr_exec_run(e->exec, params, c->pool);
+    if (e->mexec) kmlir_exec_run(e->mexec, params);
+    else kr_exec_run(e->exec, params, c->pool);
     for (int64_t t = 0; t < T; t++) {
         seq_state *q = &c->seqs[b->seq[t]];
         if (q->toks) q->toks[c->pos[t]] = b->tokens[t];
@@ -1344,7 +1351,7 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
     for (int i = 0; i < S; i++) c->seqs[batch_seqs[i]].len += added[batch_seqs[i]];
     if (mrope)
         for (int i = 0; i < S; i++) c->seqs[batch_seqs[i]].rope_delta = c->run_delta[batch_seqs[i]];
-    *logits = kr_exec_output(e->exec, 0);
+    *logits = e->mexec ? kmlir_exec_output(e->mexec, 0) : kr_exec_output(e->exec, 0);
     *n_rows = (int)R;
 done:
     return st;

@@ -42,8 +42,15 @@ static const char *cmp_name(kg_cmp c) {
 static void literal(FILE *f, const kg_node *n) {
     int64_t N = kg_shape_numel(&n->shape);
     fprintf(f, "dense<");
+    if (N > 64 && n->dtype != KG_PRED) { /* large: the raw little-endian bytes, exact */
+        const uint8_t *p = n->a.cst.data;
+        fprintf(f, "\"0x");
+        for (size_t i = 0; i < (size_t)N * kg_dtype_size(n->dtype); i++) fprintf(f, "%02X", p[i]);
+        fprintf(f, "\">");
+        return;
+    }
     if (N > 1) fprintf(f, "[");
-    for (int64_t i = 0; i < N && i < 64; i++) {
+    for (int64_t i = 0; i < N; i++) {
         if (i) fprintf(f, ", ");
         switch (n->dtype) {
         case KG_F32: {
@@ -60,7 +67,6 @@ static void literal(FILE *f, const kg_node *n) {
         default: fprintf(f, "%u", ((const uint8_t *)n->a.cst.data)[i]); break;
         }
     }
-    if (N > 64) fprintf(f, ", ...");
     if (N > 1) fprintf(f, "]");
     fprintf(f, ">");
 }
@@ -117,8 +123,7 @@ static void attrs(FILE *f, const kg_node *n, int decomp_id) {
         break;
     case KG_OP_CONCAT: fprintf(f, " {dimension = %d : i64}", n->a.concat.dim); break;
     case KG_OP_REDUCE:
-        fprintf(f, " {"), dims(f, "dimensions", n->a.reduce.dims.v, n->a.reduce.dims.n);
-        fprintf(f, ", kiln.body = \"%s\"}", n->a.reduce.kind == KG_REDUCE_SUM ? "add" : n->a.reduce.kind == KG_REDUCE_MAX ? "maximum" : "minimum");
+        fprintf(f, " {"), dims(f, "dimensions", n->a.reduce.dims.v, n->a.reduce.dims.n), fprintf(f, "}");
         break;
     case KG_OP_DOT:
         fprintf(f, " {dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [");
@@ -189,6 +194,33 @@ static void attrs(FILE *f, const kg_node *n, int decomp_id) {
     }
 }
 
+/* reduce's init value: the identity of its body (0, -inf, +inf; integer extremes) */
+static void init_value(FILE *f, const kg_node *x) {
+    const char *t = kg_dtype_name(x->dtype);
+    bool fl = kg_dtype_is_float(x->dtype), un = x->dtype == KG_U32 || x->dtype == KG_U8;
+    kg_reduce_kind k = x->a.reduce.kind;
+    const char *v = k == KG_REDUCE_SUM ? (fl ? "0.000000e+00" : "0")
+                    : k == KG_REDUCE_MAX ? (fl ? "0xFF800000" : un ? "0" : "-2147483648")
+                                         : (fl ? "0x7F800000" : un ? (x->dtype == KG_U8 ? "255" : "4294967295") : "2147483647");
+    if (fl && x->dtype != KG_F32 && k != KG_REDUCE_SUM) v = k == KG_REDUCE_MAX ? "0xFF80" : "0x7F80";
+    if (x->dtype == KG_F16 && k != KG_REDUCE_SUM) v = k == KG_REDUCE_MAX ? "0xFC00" : "0x7C00";
+    fprintf(f, "  %%init%d = \"stablehlo.constant\"() {value = dense<%s> : tensor<%s>} : () -> tensor<%s>\n", x->id, v, t, t);
+}
+
+/* the computation region of reduce (add / maximum / minimum) and scatter (replace: the update) */
+static void region(FILE *f, const kg_node *x) {
+    const char *t = kg_dtype_name(x->dtype);
+    fprintf(f, " ({\n  ^bb0(%%lhs%d: tensor<%s>, %%rhs%d: tensor<%s>):\n", x->id, t, x->id, t);
+    if (x->op == KG_OP_REDUCE) {
+        const char *op = x->a.reduce.kind == KG_REDUCE_SUM ? "add" : x->a.reduce.kind == KG_REDUCE_MAX ? "maximum" : "minimum";
+        fprintf(f, "    %%body%d = \"stablehlo.%s\"(%%lhs%d, %%rhs%d) : (tensor<%s>, tensor<%s>) -> tensor<%s>\n", x->id, op, x->id,
+                x->id, t, t, t);
+        fprintf(f, "    \"stablehlo.return\"(%%body%d) : (tensor<%s>) -> ()\n  })", x->id, t);
+    } else {
+        fprintf(f, "    \"stablehlo.return\"(%%rhs%d) : (tensor<%s>) -> ()\n  })", x->id, t);
+    }
+}
+
 typedef struct {
     const kg_node **v; /* composites whose decompositions follow @main */
     int n, cap;
@@ -228,16 +260,20 @@ static void print_func(kg_graph *g, FILE *f, const char *name, composites *comps
         kg_node *x = po[i];
         if (x->op == KG_OP_PARAM || x->op == KG_OP_WEIGHT) continue;
         int did = kg_op_is_composite(x->op) ? note_composite(comps, x) : -1;
+        if (x->op == KG_OP_REDUCE) init_value(f, x);
         fprintf(f, "  %%%d = \"%s\"(", x->id, kg_op_is_composite(x->op) ? "stablehlo.composite" : kg_op_name(x->op));
         for (int j = 0; j < x->n_in; j++) {
             const kg_node *y = x->in[j];
             if (y->op == KG_OP_PARAM || y->op == KG_OP_WEIGHT) fprintf(f, "%s%%arg%d", j ? ", " : "", (int)y->offset);
             else fprintf(f, "%s%%%d", j ? ", " : "", y->id);
         }
+        if (x->op == KG_OP_REDUCE) fprintf(f, ", %%init%d", x->id);
         fprintf(f, ")");
+        if (x->op == KG_OP_REDUCE || x->op == KG_OP_SCATTER) region(f, x);
         attrs(f, x, did);
         fprintf(f, " : (");
         for (int j = 0; j < x->n_in; j++) fprintf(f, "%s", j ? ", " : ""), type(f, x->in[j]);
+        if (x->op == KG_OP_REDUCE) fprintf(f, ", tensor<%s>", kg_dtype_name(x->dtype));
         fprintf(f, ") -> ");
         type(f, x);
         if (x->name) fprintf(f, "  // %s%s%.0d", x->name, x->layer >= 0 ? " layer " : "", x->layer >= 0 ? x->layer : 0);

@@ -25,6 +25,7 @@ typedef struct {
     bool verify;
     const char *dump_after;      /* a pass name or "all": print the graph to dump */
     FILE *dump;
+    bool mlir;                   /* engine: run steps through the MLIR backend (mlir/kmlir.h), not the runtime */
 } kp_options;
 
 typedef struct {
