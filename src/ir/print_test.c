@@ -64,7 +64,7 @@ KT_TEST(print_is_structurally_stablehlo) {
         snprintf(rel, sizeof rel, "tests/fixtures/oracle/%s", cases[c]);
         ke_model *m;
         KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, rel), &m));
-        kb_shape shape = {2, 1, 1, 1, 16, 16, 1};
+        kb_shape shape = {2, 1, 1, 1, 16, 16, 1, false};
         kg_graph *g;
         kb_input *in;
         int n_in;
