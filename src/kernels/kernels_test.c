@@ -93,6 +93,8 @@ KT_TEST(kernels_linear_simd_matches_portable) {
         {KG_WF_AFFINE, 8, 32, KG_F32, 17, 96}, {KG_WF_AFFINE, 3, 32, KG_BF16, 11, 128}, {KG_WF_AFFINE, 2, 64, KG_F16, 13, 128},
         {KG_WF_AFFINE, 6, 64, KG_BF16, 9, 128}, {KG_WF_AFFINE, 4, 64, KG_BF16, 9, 1088}, /* 17 groups */
         {KG_WF_AFFINE, 4, 32, KG_F32, 5, 1024}, {KG_WF_AFFINE, 8, 64, KG_F16, 6, 1088},
+        /* several GEMM K blocks, K tails of a full and a partial vector */
+        {KG_WF_F32, 0, 0, KG_F32, 7, 2072},  {KG_WF_BF16, 0, 0, KG_F32, 5, 3100}, {KG_WF_AFFINE, 4, 64, KG_BF16, 5, 2112},
     };
     static const int64_t Ms[] = {1, 2, 3, 4, 5, 8, 16, 33};
     kr_pool *pool = kr_pool_create(2);
@@ -182,8 +184,13 @@ KT_TEST(kernels_linear_batch_invariant) {
         {KG_WF_F32, 0, 0, KG_F32, 37, 72},      {KG_WF_BF16, 0, 0, KG_F32, 40, 200},  {KG_WF_F16, 0, 0, KG_F32, 23, 104},
         {KG_WF_AFFINE, 4, 64, KG_BF16, 37, 256}, {KG_WF_AFFINE, 4, 32, KG_F16, 21, 96}, {KG_WF_AFFINE, 8, 64, KG_BF16, 29, 320},
         {KG_WF_AFFINE, 8, 32, KG_F32, 17, 96},   {KG_WF_AFFINE, 3, 32, KG_BF16, 11, 128}, {KG_WF_AFFINE, 4, 128, KG_F16, 13, 384},
+        /* GEMM K blocks (kernels/linear_simd.h, KC_COLS) with odd tails: K mod 32 = 24 and 8, K mod 16 = 8 */
+        {KG_WF_F32, 0, 0, KG_F32, 19, 2072},    {KG_WF_BF16, 0, 0, KG_F32, 13, 1048},  {KG_WF_F16, 0, 0, KG_F32, 7, 3100},
+        {KG_WF_AFFINE, 8, 64, KG_BF16, 11, 2112}, {KG_WF_AFFINE, 4, 64, KG_F16, 15, 2176}, {KG_WF_AFFINE, 4, 32, KG_BF16, 5, 1056},
     };
-    static const int64_t Ms[] = {2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 40}; /* every matrix-vector grouping */
+    /* every token count of a prefill from 1 to 67: every matrix-vector
+     * grouping, every GEMM tile remainder, several tiles per panel */
+    enum { MMAX = 67 };
     kr_pool *pool = kr_pool_create(2);
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         const wcfg *c = &cfgs[i];
@@ -195,26 +202,26 @@ KT_TEST(kernels_linear_batch_invariant) {
         } else {
             wp[0] = rand_buf(c->fmt == KG_WF_F32 ? KG_F32 : c->fmt == KG_WF_F16 ? KG_F16 : KG_BF16, c->N * c->K, 1);
         }
-        float *x = rand_buf(KG_F32, 40 * c->K, 1);
+        float *x = rand_buf(KG_F32, MMAX * c->K, 1);
         for (int lv = KK_ISA_PORTABLE; lv <= (int)kk_isa_level() + 1; lv++) {
             /* one level past the top: the top level with int8 activations */
             bool i8 = lv > (int)kk_isa_level();
             if (i8 && !kk_set_act_int8(true)) break;
             if (i8) lv = (int)kk_isa_level();
-            float *one = malloc(sizeof(float) * (size_t)(40 * c->N));
-            for (int64_t m = 0; m < 40; m++) {
+            float *one = malloc(sizeof(float) * (size_t)(MMAX * c->N));
+            for (int64_t m = 0; m < MMAX; m++) {
                 float *y = linear_at(c, 1, wp, x + m * c->K, pool, (kk_isa)lv);
                 KT_CHECK(y);
                 if (y) memcpy(one + m * c->N, y, sizeof(float) * (size_t)c->N);
                 free(y);
             }
-            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
-                float *y = linear_at(c, Ms[mi], wp, x, pool, (kk_isa)lv);
+            for (int64_t M = 2; M <= MMAX; M++) {
+                float *y = linear_at(c, M, wp, x, pool, (kk_isa)lv);
                 KT_CHECK(y);
                 if (y)
-                    KT_CHECKF(!memcmp(y, one, sizeof(float) * (size_t)(Ms[mi] * c->N)),
-                              "config %zu (fmt %d bits %d) at %s%s: %lld rows differ from one row at a time", i, (int)c->fmt,
-                              c->bits, kk_isa_name((kk_isa)lv), i8 ? " int8" : "", (long long)Ms[mi]);
+                    KT_CHECKF(!memcmp(y, one, sizeof(float) * (size_t)(M * c->N)),
+                              "config %zu (fmt %d bits %d K %lld) at %s%s: %lld rows differ from one row at a time", i,
+                              (int)c->fmt, c->bits, (long long)c->K, kk_isa_name((kk_isa)lv), i8 ? " int8" : "", (long long)M);
                 free(y);
             }
             free(one);
