@@ -333,3 +333,45 @@ KT_TEST(spec_generate_cli_identical) {
         }
     }
 }
+
+/* kiln generate --spec-mtp on a checkpoint with an MTP layer: the same ids,
+ * greedy and seeded; a checkpoint without one is refused by name. */
+KT_TEST(spec_generate_cli_mtp) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin) {
+        kt_skip("KILN_BIN is not set (make test sets it)");
+        return;
+    }
+    char dir[512];
+    if (!kspec_test_mtp_model(dir, sizeof dir)) return;
+    static const char *const cases[] = {"--temp 0", "--temp 0.8 --seed 3 --repeat-penalty 1.1"};
+    static const char *const spec[] = {"", "--spec-mtp", "--spec-mtp --spec-mtp-max 3 --spec-ngram"};
+    static char ref[1 << 14], got[1 << 14];
+    for (size_t c = 0; c < 2; c++)
+        for (size_t s = 0; s < 3; s++) {
+            char cmd[8192];
+            snprintf(cmd, sizeof cmd, "%s generate -m %s -t 1 --json --prompt-ids 5,6,7,8,9,10,11,12,5,6,7,8 -n 40 --ignore-eos %s %s 2>&1",
+                     bin, dir, cases[c], spec[s]);
+            FILE *p = popen(cmd, "r");
+            KT_CHECK(p != NULL);
+            if (!p) break;
+            char *out = s ? got : ref;
+            size_t n = fread(out, 1, sizeof ref - 1, p);
+            out[n] = 0;
+            pclose(p);
+            char *t = strstr(out, "\"timings\"");
+            if (t) *t = 0;
+            KT_CHECKF(strstr(out, "\"generated_ids\": [") != NULL, "%s: %s", cmd, out);
+            if (s) KT_CHECKF(!strcmp(ref, got), "%s:\n%s\nwithout speculation:\n%s", cmd, got, ref);
+        }
+    ckt_rmdir(dir);
+    char cmd[8192], q2[4096];
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --prompt-ids 5,6 -n 4 --spec-mtp 2>&1", bin,
+             kt_path(q2, sizeof q2, "tests/fixtures/oracle/qwen2"));
+    FILE *p = popen(cmd, "r");
+    KT_CHECK(p != NULL);
+    if (!p) return;
+    size_t n = fread(got, 1, sizeof got - 1, p);
+    got[n] = 0;
+    KT_CHECKF(pclose(p) != 0 && strstr(got, "--spec-mtp: the checkpoint has no multi-token prediction layers"), "%s", got);
+}
