@@ -421,6 +421,7 @@ static void preempt(ksch *s, int i) {
     if (caches(s, q)) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);
     ke_seq_close(s->c, q->ke);
     q->ke = -1;
+    q->k = q->rows_left = q->kept = 0; /* its last step's guesses are settled: a re-admission in this step must not settle them again */
     q->n_preempted++;
     s->local.preemptions++;
     wait_insert(s, q);

@@ -8,9 +8,11 @@
 #include "base/file.h"
 #include "base/json.h"
 #include "batch/sched.h"
+#include "ckpt/ckpt_test.h"
 #include "engine/fixture_test.h"
 #include "kt.h"
 #include "models/family.h"
+#include "spec/mtp_test.h"
 #include "spec/spec.h"
 #include "vision/vision.h"
 
@@ -617,9 +619,7 @@ KT_TEST(sched_recurrent_prefix_cache_second_turn_exact) {
  * lookup and from the model as its own draft, with and without the prefix
  * cache, in a cache too small for all four (preemptions happen); every
  * stream must equal its plain single-sequence run. */
-static void check_spec(const char *fixture) {
-    ke_model *m = ke_test_load_fixture(fixture);
-    if (!m) return;
+static void check_spec_model(ke_model *m, const char *fixture, bool mtp) {
     int64_t V = ke_model_hparams(m)->vocab;
     for (int variant = 0; variant < 3; variant++) {
         kspec_params sp;
@@ -627,6 +627,8 @@ static void check_spec(const char *fixture) {
         sp.ngram = variant != 1;
         sp.draft_p_min = 0;
         sp.draft_max = 4;
+        if (mtp) /* the MTP head instead of a draft model: alone (one guess, three) or after prompt lookup */
+            sp.mtp = true, sp.mtp_max = variant == 0 ? 1 : 3, sp.ngram = variant == 2;
         job jobs[4];
         for (int i = 0; i < 4; i++) {
             int32_t prompt[40];
@@ -636,19 +638,35 @@ static void check_spec(const char *fixture) {
             jobs[i].gp.repeat_penalty = i == 3 ? 1.2f : 1.0f;
         }
         setup su = {.max_running = 4, .step_tokens = 64, .block_size = 4, .prefix_cache = variant == 2,
-                    .n_cache = variant == 2 ? 96 : 0, .spec = &sp, .draft = variant == 0 ? NULL : m};
+                    .n_cache = variant == 2 ? 96 : 0, .spec = &sp, .draft = variant == 0 || mtp ? NULL : m};
         ksch_stats st;
         char what[128];
         snprintf(what, sizeof what, "%s, speculation variant %d", fixture, variant);
         if (run_jobs(m, &su, jobs, 4, &st, what)) {
             KT_CHECKF(st.spec_draft_tokens > 0, "%s: nothing guessed", what);
-            if (variant == 1) KT_CHECKF(st.spec_accepted_tokens > 0, "%s: the model as its own draft kept nothing", what);
+            if (variant == 1 && !mtp) KT_CHECKF(st.spec_accepted_tokens > 0, "%s: the model as its own draft kept nothing", what);
             KT_CHECK(st.spec_accepted_tokens <= st.spec_draft_tokens);
             KT_CHECKF(st.preemptions > 0, "%s: no preemption", what);
         }
         jobs_free(jobs, 4);
     }
+}
+
+static void check_spec(const char *fixture) {
+    ke_model *m = ke_test_load_fixture(fixture);
+    if (!m) return;
+    check_spec_model(m, fixture, false);
     ke_model_free(m);
+}
+
+KT_TEST(sched_spec_mtp) {
+    char dir[512];
+    if (!kspec_test_mtp_model(dir, sizeof dir)) return;
+    ke_model *m = NULL;
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    if (m) check_spec_model(m, "qwen2 as MiMo with an MTP layer", true);
+    ke_model_free(m);
+    ckt_rmdir(dir);
 }
 
 KT_TEST(sched_spec_dense) { check_spec("llama"); }

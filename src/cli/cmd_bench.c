@@ -445,7 +445,7 @@ static void usage(FILE *f) {
                "  --sampler   only the sampler chain: microseconds per token (32k and 152k vocabularies)\n"
                "  --kernels   only the linear kernels, one thread, on a cache-resident matrix of each format,\n"
                "              M = --batch input rows (--kernels-streamed: also on 1 GiB of weights)\n"
-               "speculative decoding: kiln bench (--spec-ngram | --model-draft DIR) (-f FILE | --prompt TEXT | --prompt-ids IDS) [-n 128] [-r 3]\n"
+               "speculative decoding: kiln bench (--spec-ngram | --model-draft DIR | --spec-mtp) (-f FILE | --prompt TEXT | --prompt-ids IDS) [-n 128] [-r 3]\n"
                "  generates the prompt's continuation plainly and speculatively, alternately: tok/s of both, the\n"
                "  speedup and the guesses kept; greedy unless --temp (with a seed, fixed to 1 when not given);\n"
                "  the spec flags and sampling flags of kiln generate apply; fails if the outputs differ\n"
@@ -463,7 +463,8 @@ int kiln_cmd_bench(int argc, char **argv) {
     bool json = false, kernels = false, streamed = false;
     kiln_status st = NULL;
     for (int i = 1; i < argc; i++) /* speculation: plain against speculative generation of a prompt */
-        if (!strcmp(argv[i], "--spec-ngram") || !strcmp(argv[i], "--model-draft") || !strcmp(argv[i], "-md"))
+        if (!strcmp(argv[i], "--spec-ngram") || !strcmp(argv[i], "--model-draft") || !strcmp(argv[i], "-md") ||
+            !strcmp(argv[i], "--spec-mtp"))
             return kiln_bench_spec(argc, argv);
         else if (!strcmp(argv[i], "--embed")) return kiln_bench_embed(argc, argv);
         else if (!strcmp(argv[i], "--multi-turn")) return kiln_bench_multi_turn(argc, argv);

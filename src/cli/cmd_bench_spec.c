@@ -1,4 +1,4 @@
-/* cmd_bench_spec.c: `kiln bench --spec-ngram | --model-draft DIR`: one
+/* cmd_bench_spec.c: `kiln bench --spec-ngram | --model-draft DIR | --spec-mtp`: one
  * prompt generated plainly and with speculation, alternately, in the same
  * process (after one warm-up of each, which also compiles the executables);
  * reports generation tok/s of both (median of -r runs), the speedup, how many
@@ -131,7 +131,7 @@ int kiln_bench_spec(int argc, char **argv) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) st = kiln_parse_int(a, v, 0, 1024, &T);
         else if (!strcmp(a, "-r")) st = kiln_parse_int(a, v, 1, 64, &reps);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) st = kiln_parse_int(a, v, 0, 1 << 30, &n_ctx);
-        else if (strcmp(a, "-n")) st = kiln_error(KILN_EINVAL, "unknown option %s with --spec-ngram / --model-draft (see kiln bench --help)", a);
+        else if (strcmp(a, "-n")) st = kiln_error(KILN_EINVAL, "unknown option %s with --spec-ngram / --model-draft / --spec-mtp (see kiln bench --help)", a);
     }
     /* -n is also a sampling flag (n_predict): take it from there */
     if (!st && j.gp.n_predict > 0) N = j.gp.n_predict;
@@ -186,7 +186,9 @@ int kiln_bench_spec(int argc, char **argv) {
         qsort(ts[1], (size_t)reps, sizeof(double), cmp_double);
         double plain = ts[0][reps / 2], spec = ts[1][reps / 2];
         double acc = stats.drafted ? (double)stats.accepted / (double)stats.drafted : 0;
-        const char *how = sp.ngram && draft ? "ngram+draft" : sp.ngram ? "ngram" : "draft";
+        char how[32]; /* the proposers in the order they are tried */
+        snprintf(how, sizeof how, "%s%s%s%s%s", sp.ngram ? "ngram" : "", sp.ngram && draft ? "+" : "", draft ? "draft" : "",
+                 sp.mtp && (sp.ngram || draft) ? "+" : "", sp.mtp ? "mtp" : "");
         if (json)
             printf("{\"model\": \"%s\", \"proposer\": \"%s\", \"prompt_tokens\": %zu, \"tokens\": %d, \"threads\": %d, "
                    "\"plain_tps\": %.3f, \"spec_tps\": %.3f, \"speedup\": %.4f, \"draft_n\": %lld, \"draft_n_accepted\": %lld, "

@@ -166,8 +166,9 @@ int kiln_cmd_info(int argc, char **argv) {
     const char *mtp_first;
     int mtp = kb_mtp_tensors(ck, hp->n_layers, &mtp_layers, &mtp_first);
     if (mtp)
-        printf("mtp          %d multi-token prediction layer%s (%d tensors, e.g. %s): kept in the checkpoint, not used for "
-               "generation\n", mtp_layers, mtp_layers == 1 ? "" : "s", mtp, mtp_first);
+        printf("mtp          %d multi-token prediction layer%s (%d tensors, e.g. %s): %s\n", mtp_layers, mtp_layers == 1 ? "" : "s", mtp, mtp_first,
+               !strncmp(mtp_first, "model.mtp_layers.", 17) ? "guesses tokens with --spec-mtp"
+                                                             : "kept in the checkpoint, not used for generation");
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,
            (double)bytes / 1048576.0);

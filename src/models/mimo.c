@@ -2,8 +2,8 @@
  * checkpoint). Qwen 2's layout and semantics (q/k/v biases, no o_proj bias,
  * the sliding window only with use_sliding_window), so the Qwen 2 family
  * serves it. The multi-token prediction layers (model.mtp_layers.*,
- * num_nextn_predict_layers) serve speculative training and are not used for
- * generation: never loaded. */
+ * num_nextn_predict_layers) are not part of the model's graph; --spec-mtp
+ * loads layer 0 as a proposer (src/spec/mtp.h). */
 #include "models/blocks.h"
 
 extern const km_family km_family_qwen2;

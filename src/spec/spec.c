@@ -6,15 +6,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "spec/mtp.h"
 #include "tokenizer/tokenizer.h"
 
 /* ---------------------------------------------------------------- flags */
 
 void kspec_params_init(kspec_params *p) {
-    *p = (kspec_params){.ngram_n = 3, .lookahead = 10, .draft_max = 16, .draft_min = 0, .draft_p_min = 0.75f};
+    *p = (kspec_params){.ngram_n = 3, .lookahead = 10, .draft_max = 16, .draft_min = 0, .draft_p_min = 0.75f, .mtp_max = 1};
 }
 
-bool kspec_enabled(const kspec_params *p) { return p->ngram || p->draft; }
+bool kspec_enabled(const kspec_params *p) { return p->ngram || p->draft || p->mtp; }
 
 void kspec_print_flags(FILE *f) {
     fprintf(f, "speculative decoding (the output stays exactly the output without it):\n"
@@ -24,7 +25,9 @@ void kspec_print_flags(FILE *f) {
                "  -md, --model-draft DIR             a draft model with the same tokenizer\n"
                "  --draft-max, --draft N             most tokens the draft model guesses per step (default 16)\n"
                "  --draft-min N                      fewer guesses than this: none (default 0)\n"
-               "  --draft-p-min P                    stop guessing below this probability (default 0.75)\n");
+               "  --draft-p-min P                    stop guessing below this probability (default 0.75)\n"
+               "  --spec-mtp                         the checkpoint's multi-token prediction layer guesses (MiMo layout)\n"
+               "  --spec-mtp-max N                   most tokens it guesses per step (default 1)\n");
 }
 
 static kiln_status parse_int(const char *flag, const char *v, long lo, long hi, int32_t *out) {
@@ -41,14 +44,15 @@ kiln_status kspec_parse_flag(kspec_params *p, int argc, char **argv, int *i, boo
     *consumed = false;
     if (*i < 0 || *i >= argc || !argv[*i]) return NULL;
     const char *a = argv[*i];
-    if (!strcmp(a, "--spec-ngram")) {
-        p->ngram = true;
+    if (!strcmp(a, "--spec-ngram") || !strcmp(a, "--spec-mtp")) {
+        if (!strcmp(a, "--spec-ngram")) p->ngram = true;
+        else p->mtp = true;
         *consumed = true;
         *i += 1;
         return NULL;
     }
     static const char *const valued[] = {"--spec-ngram-n", "--spec-lookahead", "--model-draft", "-md", "--draft-max",
-                                         "--draft", "--draft-min", "--draft-p-min"};
+                                         "--draft", "--draft-min", "--draft-p-min", "--spec-mtp-max"};
     int id = -1;
     for (int k = 0; k < (int)(sizeof valued / sizeof *valued); k++)
         if (!strcmp(a, valued[k])) id = k;
@@ -65,6 +69,7 @@ kiln_status kspec_parse_flag(kspec_params *p, int argc, char **argv, int *i, boo
     case 4:
     case 5: return parse_int(a, v, 1, 256, &p->draft_max);
     case 6: return parse_int(a, v, 0, 256, &p->draft_min);
+    case 8: return parse_int(a, v, 1, 16, &p->mtp_max);
     default: {
         char *end;
         float x = strtof(v, &end);
@@ -129,6 +134,11 @@ struct kspec {
     int64_t cap;
     int64_t *len0; /* [cap_n] each sequence's length before the round's step */
     int cap_n;
+    /* --spec-mtp: the head, the target loaded for hidden states and its context, scratch [2 hidden + vocab] */
+    kspec_mtp *mtp;
+    ke_model *hm;
+    ke_ctx *hc;
+    float *mbuf;
 };
 
 struct kspec_seq {
@@ -142,12 +152,31 @@ struct kspec_seq {
     int64_t n_at_guess; /* hist length when guessing */
     int32_t cool, skip, k_cur; /* prompt lookup's back-off */
     kspec_stats stats;
+    int hseq;            /* --spec-mtp: the sequence in the hidden-state context (-1: none) */
+    kspec_mtp_cache mc;  /* the head's KV cache */
+    float *lh;           /* [hidden] the target's hidden state at the last position fed to hc */
 };
 
 static int64_t longrope_limit(const km_hparams *hp) {
     for (int k = 0; k < hp->n_ropes; k++)
         if (hp->ropes[k].type == KM_ROPE_LONGROPE) return hp->ropes[k].orig_max_pos;
     return -1;
+}
+
+/* The MTP head and a context of the target whose rows are hidden states, of the target's size. */
+static kiln_status mtp_create(kspec *s, ke_ctx *target) {
+    const ke_model *tm = ke_ctx_model(target);
+    const km_hparams *hp = ke_model_hparams(tm);
+    KILN_TRY(kspec_mtp_load(tm, &s->mtp));
+    KILN_TRYF(ke_model_load_hidden(kc_dir(ke_model_checkpoint(tm)), &s->hm), "--spec-mtp");
+    ke_ctx_params hp_ = {.n_ctx = ke_ctx_n_ctx(target),
+                         .n_cache = ke_ctx_n_blocks(target) * ke_ctx_block_size(target),
+                         .n_threads = ke_ctx_n_threads(target),
+                         .n_seq_max = 64,
+                         .pooling = true};
+    KILN_TRYF(ke_ctx_create(s->hm, &hp_, &s->hc), "--spec-mtp");
+    s->mbuf = malloc(sizeof(float) * (size_t)(2 * hp->hidden + hp->vocab));
+    return s->mbuf ? NULL : kiln_error(KILN_ENOMEM, "out of memory");
 }
 
 kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *draft, kspec **out) {
@@ -173,6 +202,13 @@ kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *
         }
         s->d_rec = ke_ctx_recurrent(s->d);
     }
+    if (p->mtp) {
+        kiln_status st = mtp_create(s, target);
+        if (st) {
+            kspec_destroy(s);
+            return st;
+        }
+    }
     *out = s;
     return NULL;
 }
@@ -180,13 +216,15 @@ kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *
 void kspec_destroy(kspec *s) {
     if (!s) return;
     ke_ctx_free(s->d);
+    ke_ctx_free(s->hc), ke_model_free(s->hm), kspec_mtp_free(s->mtp), free(s->mbuf);
     free(s->tok), free(s->refeed), free(s->seq), free(s->reseq), free(s->want), free(s->len0);
     free(s);
 }
 
 static int32_t max_guess(const kspec *s) {
-    int32_t a = s->p.ngram ? s->p.lookahead : 0, b = s->d ? s->p.draft_max : 0;
-    return a > b ? a : b;
+    int32_t a = s->p.ngram ? s->p.lookahead : 0, b = s->d ? s->p.draft_max : 0, c = s->mtp ? s->p.mtp_max : 0;
+    a = a > b ? a : b;
+    return a > c ? a : c;
 }
 
 static kiln_status push_hist(kspec_seq *q, const int32_t *t, int64_t n) {
@@ -208,12 +246,15 @@ kiln_status kspec_seq_create(kspec *s, int seq, const int32_t *prompt, int32_t n
     if (!q) return kiln_error(KILN_ENOMEM, "out of memory");
     q->s = s;
     q->seq = seq;
-    q->dseq = -1;
+    q->dseq = q->hseq = -1;
     q->k_cur = s->p.lookahead;
     int32_t mg = max_guess(s);
     q->guess = malloc(sizeof(int32_t) * (size_t)(mg > 0 ? mg : 1));
     kiln_status st = q->guess ? push_hist(q, prompt, n_prompt) : kiln_error(KILN_ENOMEM, "out of memory");
     if (!st && s->d) st = kiln_status_wrap(ke_seq_open(s->d, &q->dseq), "--model-draft");
+    if (!st && s->hc) st = kiln_status_wrap(ke_seq_open(s->hc, &q->hseq), "--spec-mtp");
+    if (!st && s->hc && !(q->lh = malloc(sizeof(float) * (size_t)ke_model_hparams(s->hm)->hidden)))
+        st = kiln_error(KILN_ENOMEM, "out of memory");
     if (st) {
         kspec_seq_destroy(q);
         return st;
@@ -225,6 +266,9 @@ kiln_status kspec_seq_create(kspec *s, int seq, const int32_t *prompt, int32_t n
 void kspec_seq_destroy(kspec_seq *q) {
     if (!q) return;
     if (q->dseq >= 0) ke_seq_close(q->s->d, q->dseq);
+    if (q->hseq >= 0) ke_seq_close(q->s->hc, q->hseq);
+    kspec_mtp_cache_free(&q->mc);
+    free(q->lh);
     free(q->hist), free(q->guess);
     free(q);
 }
@@ -272,6 +316,13 @@ static kiln_status draft_decode(kspec_seq *q, const int32_t *t, int64_t n, const
     return NULL;
 }
 
+static int32_t argmax(const float *lg, int64_t n) {
+    int32_t best = 0;
+    for (int64_t v = 1; v < n; v++)
+        if (lg[v] > lg[best]) best = (int32_t)v;
+    return best;
+}
+
 /* The draft model, greedy, while its top token is likely enough. */
 static kiln_status guess_draft(kspec_seq *q, int32_t kmax, int32_t *k) {
     kspec *s = q->s;
@@ -286,9 +337,7 @@ static kiln_status guess_draft(kspec_seq *q, int32_t kmax, int32_t *k) {
     if (s->d_rec) KILN_TRY(ke_seq_checkpoint(s->d, q->dseq));
     int32_t j = 0;
     while (j < kmax) {
-        int32_t best = 0;
-        for (int64_t v = 1; v < s->vocab; v++)
-            if (lg[v] > lg[best]) best = (int32_t)v;
+        int32_t best = argmax(lg, s->vocab);
         double z = 0;
         for (int64_t v = 0; v < s->vocab; v++) z += exp((double)lg[v] - lg[best]);
         if (1.0 / z < s->p.draft_p_min) break;
@@ -298,6 +347,42 @@ static kiln_status guess_draft(kspec_seq *q, int32_t kmax, int32_t *k) {
         q->k_fed++;
     }
     *k = j >= s->p.draft_min ? j : 0;
+    return NULL;
+}
+
+/* The MTP head. Its row at position p joins the target's hidden state at p
+ * with the token at p + 1; rows for the kept tokens are real, the ones for
+ * guesses are dropped next time. The target's hidden states come from hc,
+ * fed every kept token but the pending one (hist[n - 1]). */
+static kiln_status guess_mtp(kspec_seq *q, int32_t kmax, int32_t *k) {
+    kspec *s = q->s;
+    *k = 0;
+    int64_t H = ke_model_hparams(s->hm)->hidden, V = s->vocab, hl = ke_seq_len(s->hc, q->hseq), n = q->n;
+    float *out = s->mbuf, *lg = s->mbuf + 2 * H;
+    q->mc.len = hl > 0 ? hl - 1 : 0;
+    if (hl > 0) KILN_TRY(kspec_mtp_step(s->mtp, &q->mc, q->hist[hl], q->lh, out, hl == n - 1 ? lg : NULL));
+    for (int64_t at = hl; at < n - 1;) { /* in chunks, as draft_decode */
+        int64_t m = n - 1 - at < 512 ? n - 1 - at : 512;
+        if (m > s->cap) return kiln_error(KILN_EINTERNAL, "mtp: scratch too small");
+        for (int64_t i = 0; i < m; i++) s->reseq[i] = q->hseq, s->want[i] = true;
+        const float *rows;
+        int nr;
+        KILN_TRY(kiln_status_wrap(ke_decode(s->hc, &(ke_batch){(int)m, q->hist + at, s->reseq, s->want}, &rows, &nr), "--spec-mtp"));
+        for (int64_t i = 0; i < m; i++) {
+            int64_t p = at + i;
+            KILN_TRY(kspec_mtp_step(s->mtp, &q->mc, q->hist[p + 1], rows + i * H, out, p == n - 2 ? lg : NULL));
+        }
+        memcpy(q->lh, rows + (m - 1) * H, sizeof(float) * (size_t)H);
+        at += m;
+    }
+    for (int32_t j = 0; j < kmax; j++) {
+        q->guess[j] = argmax(lg, V);
+        *k = j + 1;
+        if (j + 1 < kmax) { /* the next guess from the head's own hidden state */
+            memcpy(out + H, out, sizeof(float) * (size_t)H);
+            KILN_TRY(kspec_mtp_step(s->mtp, &q->mc, q->guess[j], out + H, out, lg));
+        }
+    }
     return NULL;
 }
 
@@ -314,6 +399,10 @@ static kiln_status propose(kspec_seq *q, int32_t kmax) {
     if (!q->k && s->d) {
         q->from_draft = true;
         KILN_TRY(guess_draft(q, kmax < s->p.draft_max ? kmax : s->p.draft_max, &q->k));
+    }
+    if (!q->k && s->mtp) {
+        q->from_draft = true; /* no prompt-lookup back-off, nothing of the draft's to cut */
+        KILN_TRY(guess_mtp(q, kmax < s->p.mtp_max ? kmax : s->p.mtp_max, &q->k));
     }
     return NULL;
 }

@@ -27,7 +27,13 @@
  *    recurrent state) on the same thread count, greedy, up to --draft-max tokens while
  *    the top token's probability (softmax of its raw logits) is >= --draft-p-min;
  *    fewer than --draft-min: no guess (llama.cpp's flags and meaning).
- * With both, the draft model guesses where prompt lookup finds nothing. */
+ *  - the checkpoint's multi-token-prediction head (--spec-mtp, vLLM's
+ *    method "mtp"; spec/mtp.h): from the target's last hidden state (read
+ *    from a second context of the target built to output hidden states, fed
+ *    the kept tokens only) and the pending token, up to --spec-mtp-max
+ *    tokens, greedy, each later one fed the head's own hidden state.
+ * With several, prompt lookup guesses first, then the draft model, then the
+ * MTP head, each where the ones before find nothing. */
 #ifndef KILN_SPEC_H
 #define KILN_SPEC_H
 
@@ -46,6 +52,8 @@ typedef struct {
     int32_t draft_max;    /* --draft-max (default 16) */
     int32_t draft_min;    /* --draft-min (default 0) */
     float draft_p_min;    /* --draft-p-min (default 0.75) */
+    bool mtp;             /* --spec-mtp: the checkpoint's own multi-token-prediction head (spec/mtp.h) */
+    int32_t mtp_max;      /* --spec-mtp-max: most tokens it guesses per step (default 1) */
 } kspec_params;
 
 void kspec_params_init(kspec_params *p);

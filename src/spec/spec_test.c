@@ -9,6 +9,7 @@
 #include "ckpt/ckpt_test.h"
 #include "engine/fixture_test.h"
 #include "kt.h"
+#include "spec/mtp_test.h"
 #include "spec/spec.h"
 
 enum { NP = 24, NGEN = 40, MAXGEN = 64 };
@@ -187,6 +188,47 @@ KT_TEST(spec_identical_moe) { check_family("mixtral", "qwen3_moe"); }
 KT_TEST(spec_identical_ssm) { check_family("mamba2", "llama"); }
 KT_TEST(spec_identical_hybrid) { check_family("qwen3_next", "mamba2"); }
 
+/* The checkpoint's MTP head (qwen2 as MiMo with a random MTP layer): one
+ * guess and chains of three, alone and after prompt lookup. */
+KT_TEST(spec_identical_mtp) {
+    char dir[512];
+    if (!kspec_test_mtp_model(dir, sizeof dir)) return;
+    ke_model *m = NULL;
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    for (int seeded = 0; m && seeded < 2; seeded++) {
+        out_ids ref = {0};
+        for (int i = 0; i < 2; i++) {
+            int32_t prompt[NP];
+            make_prompt(prompt, i);
+            KT_CHECK_OK(plain(m, seeded, prompt, &ref, i));
+        }
+        for (int mode = 0; mode < 3; mode++) { /* one guess, three, prompt lookup then three */
+            kspec_params sp;
+            kspec_params_init(&sp);
+            sp.mtp = true;
+            sp.mtp_max = mode == 0 ? 1 : 3;
+            sp.ngram = mode == 2;
+            for (int n_seq = 1; n_seq <= 2; n_seq++) {
+                out_ids got = {0};
+                kspec_stats stats;
+                KT_CHECK_OK(speculative(m, NULL, &sp, seeded, n_seq, &got, &stats));
+                for (int i = 0; i < n_seq; i++) {
+                    KT_CHECK_EQ(got.n[i], ref.n[i]);
+                    KT_CHECKF(!memcmp(got.ids[i], ref.ids[i], sizeof(int32_t) * (size_t)ref.n[i]),
+                              "MTP: %s, mode %d, %d sequences: sequence %d differs from plain decoding",
+                              seeded ? "seeded" : "greedy", mode, n_seq, i);
+                }
+                KT_CHECKF(stats.drafted > 0, "MTP mode %d guessed nothing", mode);
+                if (mode < 2) KT_CHECK(stats.drafted <= stats.rounds * sp.mtp_max);
+                fprintf(stderr, "  MTP %s mode %d, %d seq: %lld of %lld guesses kept in %lld steps\n", seeded ? "seeded" : "greedy",
+                        mode, n_seq, (long long)stats.accepted, (long long)stats.drafted, (long long)stats.rounds);
+            }
+        }
+    }
+    ke_model_free(m);
+    ckt_rmdir(dir);
+}
+
 KT_TEST(spec_flags) {
     kspec_params p;
     kspec_params_init(&p);
@@ -204,6 +246,13 @@ KT_TEST(spec_flags) {
     KT_CHECK_ERR(kspec_parse_flag(&p, 11, argv, &i, &used), "not a probability");
     i = 10;
     KT_CHECK_ERR(kspec_parse_flag(&p, 11, argv, &i, &used), "needs a value");
+    char *mtp[] = {"kiln", "--spec-mtp", "--spec-mtp-max", "3", "--spec-mtp-max", "17"};
+    i = 1;
+    KT_CHECK_OK(kspec_parse_flag(&p, 6, mtp, &i, &used));
+    KT_CHECK(used && p.mtp && kspec_enabled(&p));
+    KT_CHECK_OK(kspec_parse_flag(&p, 6, mtp, &i, &used));
+    KT_CHECK_EQ(p.mtp_max, 3);
+    KT_CHECK_ERR(kspec_parse_flag(&p, 6, mtp, &i, &used), "not an integer");
     char *other[] = {"kiln", "--temp"};
     i = 1;
     KT_CHECK_OK(kspec_parse_flag(&p, 2, other, &i, &used));
@@ -283,4 +332,46 @@ KT_TEST(spec_generate_cli_identical) {
             KT_CHECKF(!strcmp(ref, got), "kiln generate %s:\n%s\nwithout speculation:\n%s", args, got, ref);
         }
     }
+}
+
+/* kiln generate --spec-mtp on a checkpoint with an MTP layer: the same ids,
+ * greedy and seeded; a checkpoint without one is refused by name. */
+KT_TEST(spec_generate_cli_mtp) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin) {
+        kt_skip("KILN_BIN is not set (make test sets it)");
+        return;
+    }
+    char dir[512];
+    if (!kspec_test_mtp_model(dir, sizeof dir)) return;
+    static const char *const cases[] = {"--temp 0", "--temp 0.8 --seed 3 --repeat-penalty 1.1"};
+    static const char *const spec[] = {"", "--spec-mtp", "--spec-mtp --spec-mtp-max 3 --spec-ngram"};
+    static char ref[1 << 14], got[1 << 14];
+    for (size_t c = 0; c < 2; c++)
+        for (size_t s = 0; s < 3; s++) {
+            char cmd[8192];
+            snprintf(cmd, sizeof cmd, "%s generate -m %s -t 1 --json --prompt-ids 5,6,7,8,9,10,11,12,5,6,7,8 -n 40 --ignore-eos %s %s 2>&1",
+                     bin, dir, cases[c], spec[s]);
+            FILE *p = popen(cmd, "r");
+            KT_CHECK(p != NULL);
+            if (!p) break;
+            char *out = s ? got : ref;
+            size_t n = fread(out, 1, sizeof ref - 1, p);
+            out[n] = 0;
+            pclose(p);
+            char *t = strstr(out, "\"timings\"");
+            if (t) *t = 0;
+            KT_CHECKF(strstr(out, "\"generated_ids\": [") != NULL, "%s: %s", cmd, out);
+            if (s) KT_CHECKF(!strcmp(ref, got), "%s:\n%s\nwithout speculation:\n%s", cmd, got, ref);
+        }
+    ckt_rmdir(dir);
+    char cmd[8192], q2[4096];
+    snprintf(cmd, sizeof cmd, "%s generate -m %s --prompt-ids 5,6 -n 4 --spec-mtp 2>&1", bin,
+             kt_path(q2, sizeof q2, "tests/fixtures/oracle/qwen2"));
+    FILE *p = popen(cmd, "r");
+    KT_CHECK(p != NULL);
+    if (!p) return;
+    size_t n = fread(got, 1, sizeof got - 1, p);
+    got[n] = 0;
+    KT_CHECKF(pclose(p) != 0 && strstr(got, "--spec-mtp: the checkpoint has no multi-token prediction layers"), "%s", got);
 }
