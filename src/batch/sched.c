@@ -28,6 +28,8 @@ typedef struct seq {
     int64_t n_tokens, cap;
     int32_t n_prompt, n_cached, n_preempted;
     int32_t n_draft, n_accepted;
+    bool prompt_lp;  /* ksch_request.prompt_logprobs */
+    int64_t lp_next; /* the next prompt position whose logits score token lp_next + 1 */
     double t_admit, t_first; /* clock_now(): first admission, first token (0: not yet) */
     bool admitted_once, prefilled, cancel;
     bool done;            /* ended in this step's sampling */
@@ -90,6 +92,7 @@ struct ksch {
      * shapes (the engine compiles one executable per shape) for a few
      * extra rows of the output projection. */
     seq **brow; /* [n_rows] owner of each logits row, NULL: not sampled */
+    int64_t *brow_pos; /* [n_rows] a prompt position scored (prompt_logprobs), -1: a row to sample */
     int n_rows;
     int64_t bcap;
 };
@@ -123,15 +126,16 @@ kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out) {
     s->bseq = malloc(sizeof(int) * (size_t)s->bcap);
     s->bwant = malloc(sizeof(bool) * (size_t)s->bcap);
     s->brow = malloc(sizeof(seq *) * (size_t)s->bcap);
+    s->brow_pos = malloc(sizeof(int64_t) * (size_t)s->bcap);
     s->bembd = malloc(sizeof(float *) * (size_t)s->bcap);
     s->badd = malloc(sizeof(float *) * (size_t)s->bcap);
     s->bspan = malloc(sizeof(int32_t) * 2 * (size_t)s->bcap);
     s->bpos = malloc(sizeof(int32_t) * 3 * (size_t)s->bcap);
     s->bcross = malloc(sizeof(float *) * (size_t)s->bcap);
     s->bckeys = malloc(sizeof(int32_t) * (size_t)s->bcap);
-    if (!s->eos || !s->running || !s->btok || !s->bseq || !s->bwant || !s->brow || !s->bembd || !s->badd || !s->bspan ||
+    if (!s->eos || !s->running || !s->btok || !s->bseq || !s->bwant || !s->brow || !s->brow_pos || !s->bembd || !s->badd || !s->bspan ||
         !s->bpos || !s->bcross || !s->bckeys) {
-        free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow);
+        free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow), free(s->brow_pos);
         free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos), free(s->bcross), free(s->bckeys);
         free(s);
         return kiln_error(KILN_ENOMEM, "out of memory");
@@ -178,7 +182,7 @@ static void emit_end(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status
 
 /* Whether q takes part in prefix caching: not with per-token inputs (the
  * cache keys blocks by token ids, and every image's tokens repeat one id). */
-static bool caches(const ksch *s, const seq *q) { return s->p.prefix_cache && !q->has_inputs; }
+static bool caches(const ksch *s, const seq *q) { return s->p.prefix_cache && !q->has_inputs && !q->prompt_lp; }
 
 /* Removes q from the engine (publishing its blocks first) and frees it. */
 static void retire(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status err) {
@@ -262,6 +266,7 @@ kiln_status ksch_submit(ksch *s, const ksch_request *r, uint64_t *id) {
     q->ud = r->ud;
     q->after = r->after;
     q->n_prompt = r->n_prompt;
+    q->prompt_lp = r->prompt_logprobs;
     q->cap = r->n_prompt + 16;
     q->tokens = malloc(sizeof(int32_t) * (size_t)q->cap);
     if (!q->tokens) {
@@ -479,8 +484,13 @@ static void add_tokens(ksch *s, seq *q, int64_t n, int64_t *T) {
     for (int64_t k = 0; k < n; k++) {
         s->btok[*T] = q->tokens[len + k];
         s->bseq[*T] = q->ke;
-        s->bwant[*T] = k == n - 1;
-        if (s->bwant[*T]) s->brow[s->n_rows++] = len + k == q->n_tokens - 1 ? q : NULL;
+        /* prompt_logprobs: every prompt position but the last scores the next token */
+        bool score = q->prompt_lp && len + k < q->n_prompt - 1 && len + k >= q->lp_next;
+        s->bwant[*T] = k == n - 1 || score;
+        if (s->bwant[*T]) {
+            s->brow_pos[s->n_rows] = score ? len + k : -1;
+            s->brow[s->n_rows++] = score || len + k == q->n_tokens - 1 ? q : NULL;
+        }
         /* per-token inputs: the prompt's; generated tokens have none */
         int64_t i = len + k, t = *T;
         bool in = i < q->n_prompt;
@@ -493,6 +503,16 @@ static void add_tokens(ksch *s, seq *q, int64_t n, int64_t *T) {
         for (int d = 0; d < 3; d++) s->bpos[3 * t + d] = in && q->pos3 ? q->pos3[3 * i + d] : -1;
         (*T)++;
     }
+}
+
+/* prompt_logprobs: the logits at prompt position pos score token pos + 1 */
+static void score_prompt(seq *q, int64_t pos, const float *logits) {
+    kgen_sample smp = {0};
+    int32_t tok = q->tokens[pos + 1];
+    if (!kgen_sampler_score(kgen_session_sampler(q->g), logits, tok, &smp)) return; /* out of memory: the entry is missing */
+    q->lp_next = pos + 1;
+    ksch_event e = {.kind = KSCH_PROMPT_LOGPROB, .id = q->id, .ud = q->ud, .token = tok, .pos = (int32_t)(pos + 1), .sample = &smp};
+    q->fn(&e);
 }
 
 static kiln_status grow_tokens(seq *q) {
@@ -564,6 +584,7 @@ static int64_t schedule(ksch *s) {
         add_tokens(s, q, 1, &T);
         for (int32_t j = 0; j < q->k; j++, T++) { /* the guesses, each with its row */
             s->btok[T] = q->guess[j], s->bseq[T] = q->ke, s->bwant[T] = true;
+            s->brow_pos[s->n_rows] = -1;
             s->brow[s->n_rows++] = q;
             s->bembd[T] = s->badd[T] = s->bcross[T] = NULL;
             s->bspan[2 * T] = 1, s->bspan[2 * T + 1] = 0;
@@ -707,6 +728,10 @@ bool ksch_step(ksch *s) {
             for (int r = 0; r < nr; r++) {
                 seq *q = s->brow[r];
                 if (!q) continue;
+                if (s->brow_pos[r] >= 0) {
+                    score_prompt(q, s->brow_pos[r], lg + (int64_t)r * s->vocab);
+                    continue;
+                }
                 if (q->k > 0 && q->kept < 0) continue; /* a guess after a rejected one */
                 sample_one(s, q, lg + (int64_t)r * s->vocab);
                 if (q->k > 0 && q->rows_left > 0) { /* a guess row follows: is its guess the token drawn? */
@@ -792,7 +817,7 @@ void ksch_destroy(ksch *s) {
     pthread_cond_destroy(&s->cv);
     kgr_vocab_free(s->gvocab);
     free(s->cancels);
-    free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow);
+    free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow), free(s->brow_pos);
     free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos), free(s->bcross), free(s->bckeys);
     free(s);
 }

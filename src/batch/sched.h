@@ -58,14 +58,16 @@ void ksch_destroy(ksch *s);
 typedef enum {
     KSCH_TOKEN, /* a token was generated */
     KSCH_END,   /* the request is over: always the last event, exactly once */
+    KSCH_PROMPT_LOGPROB, /* ksch_request.prompt_logprobs: prompt token `token` (position pos) scored */
 } ksch_event_kind;
 
 typedef struct {
     ksch_event_kind kind;
     uint64_t id;
     void *ud;
-    /* KSCH_TOKEN */
+    /* KSCH_TOKEN, KSCH_PROMPT_LOGPROB */
     int32_t token;
+    int32_t pos; /* KSCH_PROMPT_LOGPROB: the token's position in the prompt (1 or more) */
     const char *text; /* text to show now (stop strings held back; borrowed) */
     size_t text_len;
     const kgen_sample *sample; /* log-probabilities when requested (borrowed) */
@@ -109,6 +111,11 @@ typedef struct {
     /* the streamed text shows special tokens (tool-call and channel markers
      * that a parser reads: src/tools/toolcall.h); false: skipped */
     bool keep_special;
+    /* the prompt tokens' log-probabilities (OpenAI's echo with logprobs):
+     * every prompt position is computed (no prefix reuse) and each token
+     * after the first gets a KSCH_PROMPT_LOGPROB event, in order, before
+     * the first KSCH_TOKEN; params.logprobs / n_probs say what to report */
+    bool prompt_logprobs;
 } ksch_request;
 
 /* Queues a request; *id names it (ids start at 1). Fails when the params

@@ -155,7 +155,7 @@ static bool run_jobs(const ke_model *m, setup *su, job *jobs, int n, ksch_stats 
     bool ok = !st;
     for (int i = 0; ok && i < n; i++) {
         uint64_t after = jobs[i].after ? jobs[jobs[i].after - 1].id : 0;
-        st = ksch_submit(s, &(ksch_request){jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, after, on_event, &jobs[i].got, jobs[i].x, false},
+        st = ksch_submit(s, &(ksch_request){jobs[i].prompt, jobs[i].n_prompt, &jobs[i].gp, after, on_event, &jobs[i].got, jobs[i].x, false, false},
                          &jobs[i].id);
         ok = !st;
     }
@@ -405,15 +405,15 @@ KT_TEST(sched_cancel_queue_limit_and_end_at_start) {
     gp.ignore_eos = true;
     gp.n_predict = 40;
     canceller k[3] = {{.s = s, .after_tokens = 5}, {.s = s, .after_tokens = -1}, {.s = s, .after_tokens = -1}};
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 10, &gp, 0, on_event_cancel, &k[0], NULL, false}, &k[0].cancel_id));
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[1], NULL, false}, &k[1].cancel_id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 10, &gp, 0, on_event_cancel, &k[0], NULL, false, false}, &k[0].cancel_id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[1], NULL, false, false}, &k[1].cancel_id));
     gp.n_predict = 0; /* ends before its first token: finish "length" */
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2], NULL, false}, &k[2].cancel_id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2], NULL, false, false}, &k[2].cancel_id));
     uint64_t id;
-    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2], NULL, false}, &id), "queue is full");
-    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 0, &gp, 0, on_event_cancel, &k[2], NULL, false}, &id), "empty");
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 12, &gp, 0, on_event_cancel, &k[2], NULL, false, false}, &id), "queue is full");
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 0, &gp, 0, on_event_cancel, &k[2], NULL, false, false}, &id), "empty");
     prompt[3] = 100000;
-    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 5, &gp, 0, on_event_cancel, &k[2], NULL, false}, &id), "out of range");
+    KT_CHECK_ERR(ksch_submit(s, &(ksch_request){prompt, 5, &gp, 0, on_event_cancel, &k[2], NULL, false, false}, &id), "out of range");
     prompt[3] = 5;
     gp.n_predict = 40;
     ksch_step(s);
@@ -435,7 +435,7 @@ KT_TEST(sched_cancel_queue_limit_and_end_at_start) {
     KT_CHECK_EQ(st.running + st.waiting, 0);
     /* a request still queued when the scheduler goes away ends cancelled */
     canceller late = {.s = s, .after_tokens = -1};
-    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 8, &gp, 0, on_event_cancel, &late, NULL, false}, &id));
+    KT_CHECK_OK(ksch_submit(s, &(ksch_request){prompt, 8, &gp, 0, on_event_cancel, &late, NULL, false, false}, &id));
     ksch_destroy(s);
     KT_CHECK(late.r.ended && late.r.cancelled);
     kgen_params_free(&gp);
@@ -552,14 +552,14 @@ static bool two_turns(const ke_model *m, int64_t state_bytes, const char *dir, i
     for (int i = 0; i < 96; i++) p1[i] = tok_at(i * 5 + 1, V);
     job_init(&a, p1, 23, true, 0, 14);
     uint64_t id;
-    if (!st) st = ksch_submit(s, &(ksch_request){a.prompt, a.n_prompt, &a.gp, 0, on_event, &a.got, NULL, false}, &id);
+    if (!st) st = ksch_submit(s, &(ksch_request){a.prompt, a.n_prompt, &a.gp, 0, on_event, &a.got, NULL, false, false}, &id);
     if (!st) drain(s);
     /* turn 2: prompt 1, its reply, 6 more tokens */
     int n2 = 23 + a.got.n;
     memcpy(p1 + 23, a.got.ids, sizeof(int32_t) * (size_t)a.got.n);
     for (int i = 0; i < 6; i++) p1[n2 + i] = tok_at(i + 50, V);
     job_init(&b, p1, n2 + 6, false, 5, 12);
-    if (!st) st = ksch_submit(s, &(ksch_request){b.prompt, b.n_prompt, &b.gp, 0, on_event, &b.got, NULL, false}, &id);
+    if (!st) st = ksch_submit(s, &(ksch_request){b.prompt, b.n_prompt, &b.gp, 0, on_event, &b.got, NULL, false, false}, &id);
     if (!st) drain(s);
     if (!st) st = run_alone(m, b.prompt, b.n_prompt, &b.gp, NULL, &b.want);
     bool ok = !st && b.got.ended && !b.got.err && same(&b.got, &b.want);

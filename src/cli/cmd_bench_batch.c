@@ -76,7 +76,7 @@ static kiln_status run(ksch *s, req *rs, int n, int conc, int k, double *secs) {
             if (r->greedy) gp.temperature = 0;
             slots[next] = (slot){r, k, &in_flight};
             uint64_t id;
-            st = ksch_submit(s, &(ksch_request){r->prompt, r->n_prompt, &gp, 0, on_event, &slots[next], NULL, false}, &id);
+            st = ksch_submit(s, &(ksch_request){r->prompt, r->n_prompt, &gp, 0, on_event, &slots[next], NULL, false, false}, &id);
             kgen_params_free(&gp);
             if (!st) in_flight++, next++;
         }

@@ -457,6 +457,11 @@ static bool logprobs_raw(kgen_sampler *s, const float *logits, int32_t token, kg
     return true;
 }
 
+bool kgen_sampler_score(kgen_sampler *s, const float *logits, int32_t token, kgen_sample *out) {
+    out->token = token;
+    return logprobs_raw(s, logits, token, out);
+}
+
 /* Log-probabilities the draw used (llama-server's post_sampling_probs). */
 static bool logprobs_post(kgen_sampler *s, const kgen_cands *c, size_t sel, kgen_sample *out) {
     out->logprob = logf(c->data[sel].p);

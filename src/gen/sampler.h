@@ -128,6 +128,12 @@ typedef struct {
     int32_t n_top; /* min(n_probs, candidates) */
 } kgen_sample;
 
+/* The raw log-probability of token under logits (log-softmax over the
+ * whole vocabulary, nothing of the chain applied) and the n_probs best
+ * alternatives: what a prompt token's logprobs are (echo). out->top is
+ * borrowed until the next call. False: out of memory. */
+bool kgen_sampler_score(kgen_sampler *s, const float *logits, int32_t token, kgen_sample *out);
+
 /* p is copied (validated first). n_ctx: the sequence's context length (the
  * -1 windows of repeat_last_n and dry_penalty_last_n, DRY's context size,
  * and a cap on both windows). eos_ids: the model's end-of-generation ids (for

@@ -346,8 +346,16 @@ static kiln_status parse_body(ksrv *s, ksrv_job *j, const cJSON *body, bool chat
     /* a non-streamed response is built in memory: bound its log-probability
      * entries (choices x tokens x (1 + alternatives)), so that a small
      * request cannot ask for gigabytes of JSON */
+    /* echo with logprobs: the prompt's tokens get theirs too (OpenAI's
+     * completions; the first token's is null), computed without the prefix
+     * cache since every position's logits are needed */
+    j->prompt_lp = !chat && j->echo && j->want_logprobs;
+    if (j->prompt_lp && j->stream)
+        return kiln_error(KILN_EUNSUPPORTED, "\"echo\": the prompt's log-probabilities (echo with logprobs) come in non-streamed "
+                                             "responses only: set \"stream\": false, or leave out echo or logprobs");
     if (!j->stream && j->want_logprobs) {
         int64_t toks = j->gp.n_predict > 0 && j->gp.n_predict < n_ctx ? j->gp.n_predict : n_ctx;
+        for (int i = 0; j->prompt_lp && i < j->n_prompts; i++) toks += j->n_prompt[i];
         int64_t entries = (int64_t)j->n_choices * toks * (1 + (int64_t)j->n_top);
         if (entries > KSRV_MAX_LOGPROB_ENTRIES)
             return kiln_error(KILN_ELIMIT, "\"%s\": %d choices x %lld tokens x %d alternatives is %lld log-probabilities in one "
@@ -411,6 +419,18 @@ static void on_event(const ksch_event *e) {
     ksrv *s = j->srv;
     double now = ksrv_now();
     ksrv_ev ev = {.choice = c->index, .end = e->kind == KSCH_END, .token = e->token, .finish = e->finish};
+    if (e->kind == KSCH_PROMPT_LOGPROB) {
+        ev.prompt = ev.has_lp = true;
+        ev.logprob = e->sample->logprob;
+        if (e->sample->n_top > 0 && (ev.top = malloc(sizeof(kgen_logprob) * (size_t)e->sample->n_top))) {
+            memcpy(ev.top, e->sample->top, sizeof(kgen_logprob) * (size_t)e->sample->n_top);
+            ev.n_top = e->sample->n_top;
+        }
+        pthread_mutex_lock(&j->mu);
+        push_ev(j, &ev);
+        pthread_mutex_unlock(&j->mu);
+        return;
+    }
     if (e->kind == KSCH_TOKEN) {
         if (!c->got_first) ksrv_metrics_first_token(s->met, now - c->t_arrive);
         else ksrv_metrics_token(s->met, now - c->t_last);
@@ -469,10 +489,10 @@ kiln_status ksrv_job_submit(ksrv_job *j, ksrv_err *e) {
             if (gp.seed == KGEN_SEED_RANDOM) gp.seed = 0;
         }
         /* (image prompts are never cached: nothing to wait for) */
-        uint64_t after = i % n && !s->p.no_prefix_cache && !j->images ? j->ch[i - i % n].id : 0;
+        uint64_t after = i % n && !s->p.no_prefix_cache && !j->images && !j->prompt_lp ? j->ch[i - i % n].id : 0;
         c->t_arrive = now;
         ksch_request r = {j->prompts[c->prompt], j->n_prompt[c->prompt], &gp, after, on_event, c,
-                          j->images ? &j->images->x : NULL, ksrv_tools_keep_special(j->tools)};
+                          j->images ? &j->images->x : NULL, ksrv_tools_keep_special(j->tools), j->prompt_lp};
         pthread_mutex_lock(&j->mu);
         j->n_submitted++; /* before: the END may come before ksch_submit returns */
         pthread_mutex_unlock(&j->mu);
@@ -624,6 +644,22 @@ static void comp_lp_add(ksrv *s, comp_lp *c, const ksrv_ev *ev) {
         free(t);
     }
     ksrv_buf_str(&c->tops, "}");
+    c->n++;
+}
+
+/* The prompt's first token: no log-probability (nothing before it). */
+static void comp_lp_first(ksrv *s, comp_lp *c, int32_t token) {
+    char *t;
+    size_t n;
+    token_text(s, token, &t, &n);
+    const char *sep = c->n ? ", " : "";
+    ksrv_buf_str(&c->tokens, sep);
+    ksrv_buf_json_str(&c->tokens, t ? t : "", n);
+    ksrv_buf_printf(&c->lps, "%snull", sep);
+    ksrv_buf_printf(&c->tops, "%snull", sep);
+    ksrv_buf_printf(&c->offs, "%s%zu", sep, c->offset);
+    c->offset += n;
+    free(t);
     c->n++;
 }
 
@@ -853,10 +889,18 @@ int ksrv_job_response(ksrv_job *j, ksrv_buf *b) {
             lp.offset = len;
             free(t);
         }
+        if (j->prompt_lp && j->n_prompt[j->ch[i].prompt] > 0) { /* offsets from the prompt's first token */
+            lp.offset = 0;
+            comp_lp_first(j->srv, &lp, j->prompts[j->ch[i].prompt][0]);
+        }
         int nt = 0;
         for (int k = 0; k < j->n_ev; k++) {
             const ksrv_ev *ev = &j->ev[k];
             if (ev->choice != i || ev->end) continue;
+            if (ev->prompt) {
+                comp_lp_add(j->srv, &lp, ev);
+                continue;
+            }
             ksrv_buf_add(&text, ev->text ? ev->text : "", ev->len);
             ksrv_buf_printf(&toks, "%s%d", nt++ ? ", " : "", (int)ev->token);
             if (ev->has_lp) {

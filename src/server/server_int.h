@@ -156,6 +156,7 @@ typedef struct {
     bool cancelled;
     char *error;
     int32_t n_generated, n_cached;
+    bool prompt; /* a prompt token's log-probability (echo with logprobs), before the choice's tokens */
 } ksrv_ev;
 
 typedef struct ksrv_job ksrv_job;
@@ -178,6 +179,7 @@ typedef struct {
 struct ksrv_job {
     ksrv *srv;
     bool chat, stream, echo, return_tokens, include_usage, want_logprobs;
+    bool prompt_lp; /* echo with logprobs: the prompt tokens' log-probabilities too */
     int n_top;
     int n_prompts;
     int32_t **prompts;

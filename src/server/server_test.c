@@ -432,8 +432,11 @@ KT_TEST(server_completions_chat_streaming_stop_n_seed) {
     KT_CHECK(!strncmp(choice_text(e, 0, false), "Once upon", 9));
     KT_CHECK(!strncmp(choice_text(e, 1, false), "a time", 6));
     const cJSON *lp = ku_json_get(cJSON_GetArrayItem(ku_json_get(e, "choices"), 1), "logprobs");
-    KT_CHECK_EQ(cJSON_GetArraySize(ku_json_get(lp, "token_logprobs")), 3);
-    KT_CHECK_EQ(cJSON_GetArraySize(cJSON_GetArrayItem(ku_json_get(lp, "top_logprobs"), 0)), 2);
+    /* echo: the prompt's tokens first (the first without a log-probability), then the 3 generated */
+    int n_lp = cJSON_GetArraySize(ku_json_get(lp, "token_logprobs"));
+    KT_CHECK(n_lp > 3 && n_lp == cJSON_GetArraySize(ku_json_get(lp, "tokens")));
+    KT_CHECK(cJSON_IsNull(cJSON_GetArrayItem(ku_json_get(lp, "token_logprobs"), 0)));
+    KT_CHECK_EQ(cJSON_GetArraySize(cJSON_GetArrayItem(ku_json_get(lp, "top_logprobs"), n_lp - 1)), 2);
     cJSON_Delete(e);
     cJSON *cl = post_json(&f, "/v1/chat/completions",
                           "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 2, \"logprobs\": true, "
@@ -2064,4 +2067,70 @@ static void check_cache_dir_restart(const char *fixture) {
 KT_TEST(server_cache_dir_survives_restart) {
     check_cache_dir_restart("llama");
     check_cache_dir_restart("mamba2");
+}
+
+/* echo with logprobs on /v1/completions: the prompt's tokens come first in
+ * logprobs, the first with null, each other one with the log-softmax of the
+ * logits at the position before it, as an engine run over the whole prompt
+ * gives them (the log-softmax recomputed here in double: within 1e-5);
+ * then the generated tokens as without echo. A streamed request is a 400. */
+KT_TEST(server_echo_logprobs_score_the_prompt) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    p.step_tokens = 4; /* the prompt prefilled in chunks */
+    if (!start(&f, &p)) return;
+    static const int32_t prompt[] = {1, 17, 93, 254, 311, 42, 500, 7, 128, 64};
+    enum { NP = 10 };
+    const char *req = "{\"prompt\": [1, 17, 93, 254, 311, 42, 500, 7, 128, 64], \"max_tokens\": 3, \"temperature\": 0, "
+                      "\"echo\": true, \"logprobs\": 2, \"ignore_eos\": true}";
+    cJSON *j = post_json(&f, "/v1/completions", req, 200);
+    KT_CHECK(j);
+    const cJSON *lp = ku_json_get(cJSON_GetArrayItem(ku_json_get(j, "choices"), 0), "logprobs");
+    const cJSON *tl = ku_json_get(lp, "token_logprobs"), *tops = ku_json_get(lp, "top_logprobs");
+    KT_CHECK_EQ(cJSON_GetArraySize(ku_json_get(lp, "tokens")), NP + 3);
+    KT_CHECK_EQ(cJSON_GetArraySize(tl), NP + 3);
+    KT_CHECK(cJSON_IsNull(cJSON_GetArrayItem(tl, 0)) && cJSON_IsNull(cJSON_GetArrayItem(tops, 0)));
+    KT_CHECK_EQ((int)cJSON_GetArrayItem(ku_json_get(lp, "text_offset"), 0)->valuedouble, 0);
+    /* the reference: one engine run over the prompt, logits at every position */
+    ke_model *m = NULL;
+    ke_ctx *c = NULL;
+    KT_CHECK_OK(ke_model_load(f.dir, &m));
+    KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 64, .n_threads = 1}, &c));
+    int seq, seqs[NP], nr;
+    bool want[NP];
+    KT_CHECK_OK(ke_seq_open(c, &seq));
+    for (int i = 0; i < NP; i++) seqs[i] = seq, want[i] = true;
+    const float *lg;
+    KT_CHECK_OK(ke_decode(c, &(ke_batch){NP, prompt, seqs, want}, &lg, &nr));
+    KT_CHECK_EQ(nr, NP);
+    int64_t V = ke_model_hparams(m)->vocab;
+    for (int i = 1; i < NP; i++) {
+        const float *row = lg + (int64_t)(i - 1) * V;
+        float mx = row[0];
+        for (int64_t v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+        double sum = 0;
+        for (int64_t v = 0; v < V; v++) sum += exp((double)(row[v] - mx));
+        double want_lp = (double)(row[prompt[i]] - mx) - log(sum);
+        double got = cJSON_GetArrayItem(tl, i)->valuedouble;
+        KT_CHECKF(fabs(got - want_lp) < 1e-5, "prompt token %d: logprob %.7f, the engine's %.7f", i, got, want_lp);
+        KT_CHECK_EQ(cJSON_GetArraySize(cJSON_GetArrayItem(tops, i)), 2);
+    }
+    ke_ctx_free(c);
+    ke_model_free(m);
+    /* the generated part equals the same request without echo */
+    cJSON *k = post_json(&f, "/v1/completions",
+                         "{\"prompt\": [1, 17, 93, 254, 311, 42, 500, 7, 128, 64], \"max_tokens\": 3, \"temperature\": 0, "
+                         "\"logprobs\": 2, \"ignore_eos\": true}",
+                         200);
+    KT_CHECK(k);
+    const cJSON *tl2 = ku_json_get(ku_json_get(cJSON_GetArrayItem(ku_json_get(k, "choices"), 0), "logprobs"), "token_logprobs");
+    for (int i = 0; i < 3; i++)
+        KT_CHECK(cJSON_GetArrayItem(tl2, i)->valuedouble == cJSON_GetArrayItem(tl, NP + i)->valuedouble);
+    cJSON_Delete(k);
+    cJSON_Delete(j);
+    CHECK_ERROR("POST", "/v1/completions",
+                "{\"prompt\": \"hi\", \"max_tokens\": 2, \"echo\": true, \"logprobs\": 1, \"stream\": true}", NULL, 400,
+                "non-streamed responses only");
+    finish(&f);
 }
