@@ -152,8 +152,16 @@ static kiln_status content_parts(ksrv *s, cJSON *m, int i, ksrv_images **images)
             if ((st = ksrv_images_add(s, *images, part, what))) break;
             cJSON_AddStringToObject(np, "type", "image");
             has_image = true;
+        } else if (cJSON_IsString(type) && (!strcmp(type->valuestring, "video") || !strcmp(type->valuestring, "video_url"))) {
+            if (!*images && !(*images = calloc(1, sizeof **images))) {
+                st = kiln_error(KILN_ENOMEM, "out of memory");
+                break;
+            }
+            if ((st = ksrv_videos_add(s, *images, part, what))) break;
+            cJSON_AddStringToObject(np, "type", "video"); /* as transformers passes a video part to templates */
+            has_image = true;
         } else {
-            st = kiln_error(KILN_EINVAL, "%s: only {\"type\": \"text\", \"text\": ...} and {\"type\": \"image_url\", \"image_url\": {\"url\": ...}} parts are supported",
+            st = kiln_error(KILN_EINVAL, "%s: only {\"type\": \"text\", \"text\": ...}, {\"type\": \"image_url\", \"image_url\": {\"url\": ...}} and {\"type\": \"video\", \"video\": [frame URLs]} parts are supported",
                             what);
             break;
         }
@@ -245,7 +253,7 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     /* A template written for string content prints a list of parts as the
      * list itself (where Python's jinja would fail): render the joined text
      * instead, and the image goes where kiln generate puts it. */
-    if (!st && j->images && strstr(text, "{\"type\": \"image\"}")) {
+    if (!st && j->images && (strstr(text, "{\"type\": \"image\"}") || strstr(text, "{\"type\": \"video\"}"))) {
         free(text);
         text = NULL;
         st = join_parts(msgs);

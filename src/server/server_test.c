@@ -2012,3 +2012,89 @@ KT_TEST(server_webui_page) {
     ksrv_buf_free(&r.body);
     finish(&f);
 }
+
+/* A video part on the Qwen2-VL fixture (issue 12): three frames (odd: the
+ * last repeated to two temporal patches of 12 tokens) as
+ * {"type": "video", "video": [data URLs]} and as vLLM's video_url with a
+ * list of URLs give kiln generate --video's greedy tokens on the template's
+ * text; a video file (data:video/mp4) or frames of two sizes are 400s
+ * naming the field. */
+KT_TEST(server_chat_video_frames) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.vlm = "qwen2_vl"};
+    ksrv_params p = default_params(NULL);
+    p.step_tokens = 8;
+    if (!start(&f, &p)) return;
+    const char *png_rel = "tests/fixtures/vlm/qwen2_vl/image.png", *jpg_rel = "tests/data/vision/jpeg/qwen2_vl_image.jpg";
+    ksrv_buf up = {0}, uj = {0};
+    data_url(&up, "image/png", png_rel);
+    data_url(&uj, "image/jpeg", jpg_rel);
+    const char *greedy = "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true, \"return_tokens\": true";
+    ksrv_buf b1 = {0}, b2 = {0};
+    ksrv_buf_printf(&b1, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": [\"%s\", \"%s\", \"%s\"]}, "
+                         "{\"type\": \"text\", \"text\": \"Describe this.\"}]}], %s}", up.p, uj.p, up.p, greedy);
+    ksrv_buf_printf(&b2, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video_url\", \"video_url\": {\"url\": [\"%s\", \"%s\", \"%s\"]}}, "
+                         "{\"type\": \"text\", \"text\": \"Describe this.\"}]}], %s}", up.p, uj.p, up.p, greedy);
+    cJSON *j1 = post_json(&f, "/v1/chat/completions", b1.p, 200), *j2 = post_json(&f, "/v1/chat/completions", b2.p, 200);
+    int ids[64], ids2[64], ref[64];
+    KT_CHECK(j1 && j2);
+    KT_CHECK_EQ(choice_ids(j1, 0, ids, 64), 8);
+    KT_CHECK(choice_ids(j2, 0, ids2, 64) == 8 && !memcmp(ids, ids2, sizeof(int) * 8));
+    int n_prompt = j1 ? (int)ku_json_get(ku_json_get(j1, "usage"), "prompt_tokens")->valuedouble : 0;
+    cJSON_Delete(j1), cJSON_Delete(j2);
+    cJSON *jt = post_json(&f, "/tokenize",
+                          "{\"content\": \"<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n"
+                          "<|vision_start|><|video_pad|><|vision_end|>Describe this.<|im_end|>\\n<|im_start|>assistant\\n\"}",
+                          200);
+    KT_CHECK(jt);
+    int tids[128], nt = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(jt, "tokens")) if (nt < 128) tids[nt++] = (int)e->valuedouble;
+    cJSON_Delete(jt);
+    KT_CHECK_EQ(n_prompt, nt + 23); /* one <|video_pad|> -> 2 * 6 * 8 / 4 = 24 video tokens */
+    const char *bin = getenv("KILN_BIN");
+    if (bin) {
+        char png[PATH_MAX], jpg[PATH_MAX];
+        kt_path(png, sizeof png, png_rel), kt_path(jpg, sizeof jpg, jpg_rel);
+        ksrv_buf cmd = {0};
+        ksrv_buf_printf(&cmd, "%s generate -m %s --video %s,%s,%s --temp 0 --ignore-eos -n 8 -t 1 --json --prompt-ids ", bin, f.dir, png, jpg, png);
+        for (int i = 0; i < nt; i++) ksrv_buf_printf(&cmd, "%s%d", i ? "," : "", tids[i]);
+        FILE *pp = popen(cmd.p, "r");
+        ksrv_buf_free(&cmd);
+        KT_CHECK(pp != NULL);
+        static char line[65536];
+        size_t len = pp ? fread(line, 1, sizeof line - 1, pp) : 0;
+        line[len] = 0;
+        if (pp) pclose(pp);
+        cJSON *j = cJSON_Parse(line);
+        int nr = 0;
+        cJSON_ArrayForEach(e, ku_json_get(j, "generated_ids")) if (nr < 64) ref[nr++] = (int)e->valuedouble;
+        cJSON_Delete(j);
+        KT_CHECKF(nr == 8 && !memcmp(ids, ref, sizeof(int) * 8), "kiln generate --video: %s", line);
+    }
+    /* errors name the field */
+    ksrv_buf bad = {0};
+    ksrv_buf_printf(&bad, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video_url\", \"video_url\": {\"url\": \"data:video/mp4;base64,AAAAIGZ0eXA=\"}}]}], %s}", greedy);
+    CHECK_ERROR("POST", "/v1/chat/completions", bad.p, NULL, 400, "messages\\\"[0].content[0].video_url.url");
+    CHECK_ERROR("POST", "/v1/chat/completions", bad.p, NULL, 400, "send its frames as images");
+    ksrv_buf_free(&bad);
+    kimg_image src;
+    char png[PATH_MAX];
+    KT_CHECK_OK(kimg_load(kt_path(png, sizeof png, png_rel), &src));
+    uint8_t *wp = NULL;
+    size_t n_wp = WebPEncodeLosslessRGB(src.rgb, (int)src.w, 32, (int)src.w * 3, &wp); /* the top 32 rows: another size */
+    kimg_free(&src);
+    ksrv_buf ws = {0};
+    ksrv_buf_str(&ws, "data:image/webp;base64,");
+    b64(&ws, wp, n_wp);
+    WebPFree(wp);
+    ksrv_buf_printf(&bad, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": [\"%s\", \"%s\"]}]}], %s}", up.p, ws.p, greedy);
+    CHECK_ERROR("POST", "/v1/chat/completions", bad.p, NULL, 400, "messages\\\"[0].content[0]");
+    CHECK_ERROR("POST", "/v1/chat/completions", bad.p, NULL, 400, "video frame 2 is 64x32");
+    ksrv_buf_free(&bad);
+    ksrv_buf_printf(&bad, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": []}]}], %s}", greedy);
+    CHECK_ERROR("POST", "/v1/chat/completions", bad.p, NULL, 400, "messages\\\"[0].content[0].video: expected a list of frames");
+    ksrv_buf_free(&bad);
+    ksrv_buf_free(&ws), ksrv_buf_free(&b1), ksrv_buf_free(&b2), ksrv_buf_free(&up), ksrv_buf_free(&uj);
+    finish(&f);
+}
