@@ -54,6 +54,8 @@ kiln_status ksrv_base64_decode(const char *s, size_t n, uint8_t **out, size_t *n
     return NULL;
 }
 
+static kiln_status decode_bytes(ksrv *s, uint8_t *bytes, size_t n_bytes, const char *w, kimg_image *img);
+
 /* One data URL u (the field w names it in errors) decoded to an image:
  * PNG, JPEG, WebP or GIF, base64, its declared size within
  * --max-image-pixels, at most KSRV_DECODE_SLOTS decodes at once. */
@@ -81,6 +83,13 @@ static kiln_status decode_url(ksrv *s, const char *u, const char *w, kimg_image 
     size_t n_bytes;
     kiln_status st = ksrv_base64_decode(comma + 1, strlen(comma + 1), &bytes, &n_bytes);
     if (st) return kiln_status_wrap(st, "%s", w);
+    return decode_bytes(s, bytes, n_bytes, w, img);
+}
+
+/* bytes[n] (freed here) decoded to an image: its declared size within
+ * --max-image-pixels, at most KSRV_DECODE_SLOTS decodes at once. */
+static kiln_status decode_bytes(ksrv *s, uint8_t *bytes, size_t n_bytes, const char *w, kimg_image *img) {
+    kiln_status st;
     /* decompression bombs: the declared size first (a 1 MB PNG can declare
      * 16384 x 16384, 800 MB decoded), then at most KSRV_DECODE_SLOTS
      * decodes at once */
@@ -117,6 +126,26 @@ kiln_status ksrv_images_add(ksrv *s, ksrv_images *im, const cJSON *part, const c
     snprintf(w, sizeof w, "%s.image_url.url", what);
     kimg_image img;
     KILN_TRY(decode_url(s, url->valuestring, w, &img));
+    kiln_status st = kvis_pixels_from_image(vm, &img, &im->px[im->n]);
+    kimg_free(&img);
+    if (st) return kiln_status_wrap(st, "%s", what);
+    im->n++;
+    return NULL;
+}
+
+kiln_status ksrv_images_add_base64(ksrv *s, ksrv_images *im, const char *data, const char *what) {
+    const kvis_model *vm = ke_model_vision(s->m);
+    if (!vm) return kiln_error(KILN_EUNSUPPORTED, "%s: the model \"%s\" takes text only (no vision tower)", what, s->model_id);
+    if (im->n >= KSRV_MAX_IMAGES) return kiln_error(KILN_ELIMIT, "%s: more than %d images", what, KSRV_MAX_IMAGES);
+    kimg_image img;
+    if (strncasecmp(data, "data:", 5) == 0) {
+        KILN_TRY(decode_url(s, data, what, &img));
+    } else { /* llama-server's form: the file's bytes in base64, no data: header */
+        uint8_t *bytes;
+        size_t n_bytes;
+        KILN_TRYF(ksrv_base64_decode(data, strlen(data), &bytes, &n_bytes), "%s", what);
+        KILN_TRY(decode_bytes(s, bytes, n_bytes, what, &img));
+    }
     kiln_status st = kvis_pixels_from_image(vm, &img, &im->px[im->n]);
     kimg_free(&img);
     if (st) return kiln_status_wrap(st, "%s", what);
@@ -165,11 +194,11 @@ kiln_status ksrv_videos_add(ksrv *s, ksrv_images *im, const cJSON *part, const c
     return NULL;
 }
 
-kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, int32_t **ids, int32_t *n) {
+kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, const char *what, int32_t **ids, int32_t *n) {
     const kvis_model *vm = ke_model_vision(s->m);
     int32_t *e = NULL;
     int ne = 0;
-    KILN_TRYF(kvis_expand_images(vm, im->px, im->n, *ids, *n, kc_bos_id(ke_model_checkpoint(s->m)), &e, &ne), "\"messages\"");
+    KILN_TRYF(kvis_expand_images(vm, im->px, im->n, *ids, *n, kc_bos_id(ke_model_checkpoint(s->m)), &e, &ne), "\"%s\"", what);
     free(*ids);
     *ids = e, *n = ne;
     /* the towers, one image at a time (one request at a time: they use
@@ -179,7 +208,7 @@ kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, int32_t **ids, int32_t *
     kiln_status st = kvis_encode_images(vm, im->px, im->n, s->p.threads, &im->feat, &im->deep, &total);
     pthread_mutex_unlock(&s->vis_mu);
     if (!st) st = kvis_inputs_build(vm, im->px, im->n, im->feat, im->deep, total, E, *ids, *n, &im->vx);
-    if (st) return kiln_status_wrap(st, "\"messages\": images");
+    if (st) return kiln_status_wrap(st, "\"%s\": images", what);
     im->x = (ke_inputs){im->vx.embd, im->vx.span, im->vx.pos3, im->vx.embd_add, im->vx.cross, im->vx.cross_keys};
     return NULL;
 }

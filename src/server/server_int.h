@@ -140,7 +140,12 @@ kiln_status ksrv_images_add(ksrv *s, ksrv_images *im, const cJSON *part, const c
 kiln_status ksrv_videos_add(ksrv *s, ksrv_images *im, const cJSON *part, const char *what);
 /* The rendered prompt *ids[*n] (replaced): placeholders expanded, the
  * vision tower run per image, im->x filled. */
-kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, int32_t **ids, int32_t *n);
+kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, const char *what, int32_t **ids, int32_t *n);
+/* llama-server's multimodal_data item (what names it): an image file in
+ * base64 (a data: URL is taken too), decoded and preprocessed into im. */
+kiln_status ksrv_images_add_base64(ksrv *s, ksrv_images *im, const char *data, const char *what);
+/* The marker a multimodal prompt_string holds per multimodal_data item (llama.cpp's mtmd_default_marker). */
+#define KSRV_MEDIA_MARKER "<__media__>"
 void ksrv_images_free(ksrv_images *im); /* and im itself (calloc'ed) */
 
 /* ---- OpenAI requests (oai.c) ---- */

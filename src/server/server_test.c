@@ -2098,3 +2098,88 @@ KT_TEST(server_chat_video_frames) {
     ksrv_buf_free(&ws), ksrv_buf_free(&b1), ksrv_buf_free(&b2), ksrv_buf_free(&up), ksrv_buf_free(&uj);
     finish(&f);
 }
+
+/* llama-server's multimodal prompt on /v1/completions and /completion
+ * (issue 12): the chat template's text with <__media__> where the template
+ * writes the image's markers and the PNG's raw base64 in multimodal_data
+ * give the greedy tokens and prompt size of kiln generate --image on the
+ * same prompt ids (the chat request's plus the tokenizer's leading
+ * special token, which a completion prompt gets); a count
+ * mismatch, a bad item or a missing prompt_string is a 400 naming the field. */
+KT_TEST(server_completion_multimodal_prompt) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.vlm = "qwen2_vl"};
+    ksrv_params p = default_params(NULL);
+    if (!start(&f, &p)) return;
+    ksrv_buf url = {0}, raw = {0};
+    data_url(&url, "image/png", "tests/fixtures/vlm/qwen2_vl/image.png");
+    ksrv_buf_str(&raw, strchr(url.p, ',') + 1);
+    const char *greedy = "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true";
+    char *chat = image_body(url.p, "Describe this.", greedy);
+    cJSON *jc = post_json(&f, "/v1/chat/completions", chat, 200);
+    int want[64], got[64];
+    KT_CHECK(jc && choice_ids(jc, 0, want, 64) == 8);
+    int n_chat = jc ? (int)ku_json_get(ku_json_get(jc, "usage"), "prompt_tokens")->valuedouble : -1;
+    cJSON_Delete(jc);
+    /* a completion prompt gets the tokenizer's special tokens (this one's <|endoftext|> first), as a text prompt
+     * does and llama-server's mtmd_tokenize does on the first piece: the chat prompt with that id first */
+    const char *text = "<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n<__media__>Describe this."
+                       "<|im_end|>\\n<|im_start|>assistant\\n";
+    cJSON *jt = post_json(&f, "/tokenize",
+                          "{\"content\": \"<|endoftext|><|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n"
+                          "<|vision_start|><|image_pad|><|vision_end|>Describe this.<|im_end|>\\n<|im_start|>assistant\\n\"}",
+                          200);
+    int tids[128], nt = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(jt, "tokens")) if (nt < 128) tids[nt++] = (int)e->valuedouble;
+    cJSON_Delete(jt);
+    int n_prompt = nt + 11; /* one <|image_pad|> -> 12 image tokens */
+    KT_CHECK_EQ(n_prompt, n_chat + 1);
+    char png[PATH_MAX];
+    kt_path(png, sizeof png, "tests/fixtures/vlm/qwen2_vl/image.png");
+    int nr = cli_ids(f.dir, png, tids, nt, 8, want, 64); /* kiln generate --image on those ids */
+    if (nr < 0) {
+        kt_skip("KILN_BIN is not set");
+        free(chat);
+        ksrv_buf_free(&url), ksrv_buf_free(&raw);
+        finish(&f);
+        return;
+    }
+    KT_CHECK_EQ(nr, 8);
+    ksrv_buf b = {0};
+    ksrv_buf_printf(&b, "{\"prompt\": {\"prompt_string\": \"%s\", \"multimodal_data\": [\"%s\"]}, \"return_tokens\": true, %s}", text, raw.p, greedy);
+    cJSON *jo = post_json(&f, "/v1/completions", b.p, 200);
+    KT_CHECK(jo && choice_ids(jo, 0, got, 64) == 8 && !memcmp(got, want, sizeof(int) * 8));
+    int n_o = jo ? (int)ku_json_get(ku_json_get(jo, "usage"), "prompt_tokens")->valuedouble : -1;
+    KT_CHECKF(n_o == n_prompt, "prompt tokens %d, want %d", n_o, n_prompt);
+    cJSON_Delete(jo);
+    ksrv_buf_free(&b);
+    ksrv_buf_printf(&b, "{\"prompt\": {\"prompt_string\": \"%s\", \"multimodal_data\": [\"%s\"]}, \"n_predict\": 8, \"temperature\": 0, "
+                        "\"ignore_eos\": true}", text, raw.p);
+    cJSON *jl = post_json(&f, "/completion", b.p, 200);
+    int nl = 0;
+    cJSON_ArrayForEach(e, ku_json_get(jl, "tokens")) if (nl < 64) got[nl++] = (int)e->valuedouble;
+    KT_CHECK(nl == 8 && !memcmp(got, want, sizeof(int) * 8));
+    KT_CHECK(jl && (int)ku_json_get(jl, "tokens_evaluated")->valuedouble == n_prompt);
+    cJSON_Delete(jl);
+    ksrv_buf_free(&b);
+    resp pr;
+    KT_CHECK_EQ(http(&f, "GET", "/props", NULL, NULL, &pr), 200);
+    cJSON *props = cJSON_Parse(pr.body.p);
+    const cJSON *mk = ku_json_get(props, "media_marker");
+    KT_CHECK(cJSON_IsString(mk) && !strcmp(mk->valuestring, "<__media__>")); /* what clients read the marker from */
+    cJSON_Delete(props);
+    ksrv_buf_free(&pr.body);
+    /* errors name the field */
+    ksrv_buf_printf(&b, "{\"prompt\": {\"prompt_string\": \"<__media__> and <__media__>\", \"multimodal_data\": [\"%s\"]}}", raw.p);
+    CHECK_ERROR("POST", "/v1/completions", b.p, NULL, 400, "\\\"prompt.multimodal_data\\\": 1 items for 2 <__media__> markers");
+    ksrv_buf_free(&b);
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": {\"prompt_string\": \"x <__media__>\", \"multimodal_data\": [\"aGVsbG8=\"]}}", NULL, 400,
+                "\\\"prompt.multimodal_data\\\"[0]");
+    CHECK_ERROR("POST", "/completion", "{\"prompt\": {\"prompt_string\": \"x <__media__>\", \"multimodal_data\": [7]}}", NULL, 400,
+                "\\\"prompt.multimodal_data\\\"[0]: expected a base64 string");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": {\"multimodal_data\": []}}", NULL, 400, "\\\"prompt.prompt_string\\\": expected a string");
+    free(chat);
+    ksrv_buf_free(&url), ksrv_buf_free(&raw);
+    finish(&f);
+}
