@@ -316,7 +316,7 @@ static kiln_status add_images(opts *o, const ke_model *m, image_input *im) {
     for (int i = 0; i < n; i++) kvis_pixels_free(&px[i]);
     if (st) {
         free(ids);
-        return kiln_status_wrap(st, "--image");
+        return kiln_status_wrap(st, "%s", !o->n_videos ? "--image" : o->n_images ? "--image / --video" : "--video");
     }
     free(o->prompt);
     o->prompt = ids, o->n_prompt = ni;
