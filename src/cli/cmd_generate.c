@@ -30,6 +30,9 @@ static void usage(FILE *f) {
                "  --image FILE         vision-language models: a PNG, JPEG, WebP or GIF image (repeatable, up to 16): each at\n"
                "                       the prompt's next image token (one image without one: first); with --chat the\n"
                "                       user message holds the images, then the text, and the template places them\n"
+               "  --video F1,F2,...    Qwen2-VL / Qwen2.5-VL: a video as its frames (PNG, JPEG, WebP or GIF files of one size,\n"
+               "                       comma-separated, in order; repeatable): each at the prompt's next <|video_pad|>\n"
+               "                       (with --chat: after the images, as {\"type\": \"video\"} parts)\n"
                "  --no-display-prompt   do not echo the prompt\n"
                "  --force-ids IDS       teacher forcing: feed these ids instead of sampling\n"
                "  --logits-out FILE     write float32 .npy [rows, vocab]: row 0 at the last prompt\n"
@@ -51,12 +54,15 @@ static const char *no_text(void *ud, int32_t id, size_t *len) {
     return NULL;
 }
 
-enum { KILN_MAX_IMAGES = 16 }; /* --image flags, as the server's per-request bound */
+enum { KILN_MAX_IMAGES = 16 }; /* --image flags (with --video's videos), as the server's per-request bound */
+enum { KILN_MAX_FRAMES = 256 }; /* frames of one --video */
 
 typedef struct {
     const char *dir, *logits_out, *text, *file, *system;
     const char *images[KILN_MAX_IMAGES]; /* --image, in order */
     int n_images;
+    const char *videos[KILN_MAX_IMAGES]; /* --video: comma-separated frame files */
+    int n_videos;
     int32_t *prompt, *forced;
     int n_prompt, n_forced;
     int64_t n_ctx, threads;
@@ -87,7 +93,7 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
         static const char *const flags[] = {"--json", "--chat", "--no-display-prompt", NULL};
         static const char *const valued[] = {"-m", "--model", "--prompt-ids", "--force-ids", "-c", "--ctx-size", "-t",
                                              "--threads", "--logits-out", "-p", "--prompt", "-f", "--file", "--system",
-                                             "--image", "--backend", NULL};
+                                             "--image", "--video", "--backend", NULL};
         KILN_TRY(kiln_option("generate", a, v, valued, flags));
         bool takes = kiln_flag_in(a, valued);
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
@@ -103,8 +109,12 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->file = v;
         else if (!strcmp(a, "--system")) o->system = v;
         else if (!strcmp(a, "--image")) {
-            if (o->n_images == KILN_MAX_IMAGES) return kiln_error(KILN_ELIMIT, "--image: at most %d images", KILN_MAX_IMAGES);
+            if (o->n_images + o->n_videos == KILN_MAX_IMAGES) return kiln_error(KILN_ELIMIT, "--image: at most %d images", KILN_MAX_IMAGES);
             o->images[o->n_images++] = v;
+        } else if (!strcmp(a, "--video")) {
+            if (o->n_images + o->n_videos == KILN_MAX_IMAGES)
+                return kiln_error(KILN_ELIMIT, "--video: at most %d images and videos", KILN_MAX_IMAGES);
+            o->videos[o->n_videos++] = v;
         } else if (!strcmp(a, "--backend")) {
             if (!strcmp(v, "mlir")) {
                 KILN_TRY(kmlir_tools());
@@ -174,11 +184,11 @@ static kiln_status prompt_ids(opts *o, const ktok *tok) {
         }
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "user");
-        if (o->n_images) { /* content parts, images first, as transformers' examples pass them */
+        if (o->n_images + o->n_videos) { /* content parts, images (then videos) first, as transformers' examples pass them */
             cJSON *parts = cJSON_AddArrayToObject(m, "content");
-            for (int i = 0; i < o->n_images; i++) {
+            for (int i = 0; i < o->n_images + o->n_videos; i++) {
                 cJSON *ip = cJSON_CreateObject();
-                cJSON_AddStringToObject(ip, "type", "image");
+                cJSON_AddStringToObject(ip, "type", i < o->n_images ? "image" : "video");
                 cJSON_AddItemToArray(parts, ip);
             }
             cJSON *tp = cJSON_CreateObject();
@@ -269,9 +279,27 @@ typedef struct {
     kvis_inputs x;
 } image_input;
 
+/* One --video: its comma-separated frame files, decoded, through the video processor. */
+static kiln_status load_video(const kvis_model *vm, const char *list, kvis_pixels *px) {
+    kimg_image *fr = calloc(KILN_MAX_FRAMES, sizeof *fr);
+    char *copy = strdup(list);
+    kiln_status st = !fr || !copy ? kiln_error(KILN_ENOMEM, "out of memory") : NULL;
+    int n = 0;
+    for (char *save = NULL, *f = copy ? strtok_r(copy, ",", &save) : NULL; f && !st; f = strtok_r(NULL, ",", &save)) {
+        if (n == KILN_MAX_FRAMES) st = kiln_error(KILN_ELIMIT, "at most %d frames", KILN_MAX_FRAMES);
+        else if ((st = kimg_load(f, &fr[n]))) st = kiln_status_wrap(st, "frame %d (%s)", n + 1, f);
+        else n++;
+    }
+    if (!st && n == 0) st = kiln_error(KILN_EINVAL, "no frame files");
+    if (!st) st = kvis_pixels_from_video(vm, fr, n, px);
+    for (int i = 0; i < n; i++) kimg_free(&fr[i]);
+    free(fr), free(copy);
+    return st;
+}
+
 static kiln_status add_images(opts *o, const ke_model *m, image_input *im) {
     kvis_model *vm = ke_model_vision(m);
-    if (!vm) return kiln_error(KILN_EUNSUPPORTED, "--image: %s is not a vision-language model (no vision_config)", o->dir);
+    if (!vm) return kiln_error(KILN_EUNSUPPORTED, "%s: %s is not a vision-language model (no vision_config)", o->n_images ? "--image" : "--video", o->dir);
     kvis_pixels px[KILN_MAX_IMAGES] = {0};
     int64_t E = ke_model_hparams(m)->hidden, total = 0;
     kiln_status st = NULL;
@@ -283,15 +311,19 @@ static kiln_status add_images(opts *o, const ke_model *m, image_input *im) {
         kimg_free(&img);
         if (st) st = kiln_status_wrap(st, "--image %s", o->images[n]);
     }
+    for (int v = 0; v < o->n_videos && !st; v++, n++) {
+        st = load_video(vm, o->videos[v], &px[n]);
+        if (st) st = kiln_status_wrap(st, "--video %s", o->videos[v]);
+    }
     if (!st) st = kvis_encode_images(vm, px, n, (int)o->threads, &im->feat, &im->deep, &total);
     int32_t *ids = NULL;
-    int ni = 0;
-    if (!st) st = kvis_expand_images(vm, px, o->n_images, o->prompt, o->n_prompt, kc_bos_id(ke_model_checkpoint(m)), &ids, &ni);
-    if (!st) st = kvis_inputs_build(vm, px, o->n_images, im->feat, im->deep, total, E, ids, ni, &im->x);
+    int ni = 0, nm = o->n_images + o->n_videos;
+    if (!st) st = kvis_expand_images(vm, px, nm, o->prompt, o->n_prompt, kc_bos_id(ke_model_checkpoint(m)), &ids, &ni);
+    if (!st) st = kvis_inputs_build(vm, px, nm, im->feat, im->deep, total, E, ids, ni, &im->x);
     for (int i = 0; i < n; i++) kvis_pixels_free(&px[i]);
     if (st) {
         free(ids);
-        return kiln_status_wrap(st, "--image");
+        return kiln_status_wrap(st, "%s", !o->n_videos ? "--image" : o->n_images ? "--image / --video" : "--video");
     }
     free(o->prompt);
     o->prompt = ids, o->n_prompt = ni;
@@ -340,7 +372,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     }
     if (!st) st = prompt_ids(o, tok);
     image_input img = {0};
-    if (!st && o->n_images) st = add_images(o, m, &img);
+    if (!st && o->n_images + o->n_videos) st = add_images(o, m, &img);
     if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads, .compile = {.mlir = o->mlir}}, &c);
     if (!st) kiln_warn_ctx(m, ke_ctx_n_ctx(c));
     if (!st && o->sp.draft) st = kspec_load_draft(o->sp.draft, m, o->dir, &draft);
@@ -391,7 +423,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     const float *lg;
     int nr;
     double t1 = kiln_now_s();
-    st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->n_images ? &(ke_inputs){img.x.embd, img.x.span, img.x.pos3, img.x.embd_add, img.x.cross, img.x.cross_keys} : NULL,
+    st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->n_images + o->n_videos ? &(ke_inputs){img.x.embd, img.x.span, img.x.pos3, img.x.embd_add, img.x.cross, img.x.cross_keys} : NULL,
                       &lg, &nr);
     free(seqs);
     t[1] = kiln_now_s() - t1;

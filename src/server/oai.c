@@ -74,13 +74,67 @@ static kiln_status add_prompt(ksrv_job *j, int32_t *ids, int32_t n, const char *
     return NULL;
 }
 
+/* llama-server's multimodal prompt {"prompt_string": "... <__media__> ...",
+ * "multimodal_data": ["<base64>", ...]}: the text between the markers
+ * tokenized piece by piece (special tokens on the first, as mtmd_tokenize),
+ * each marker becoming its image's placeholder, expanded to the image's
+ * block as a chat message's image is. */
+static kiln_status parse_media_prompt(ksrv *s, ksrv_job *j, const cJSON *p) {
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(p, "prompt_string"), *md = cJSON_GetObjectItemCaseSensitive(p, "multimodal_data");
+    if (!cJSON_IsString(ps)) return kiln_error(KILN_EINVAL, "\"prompt.prompt_string\": expected a string");
+    if (md && !cJSON_IsArray(md)) return kiln_error(KILN_EINVAL, "\"prompt.multimodal_data\": expected a list of base64 images");
+    if (!s->tok) return kiln_error(KILN_EINVAL, "\"prompt.prompt_string\": the model has no tokenizer.json");
+    int k = 0, n_md = md ? cJSON_GetArraySize(md) : 0;
+    const char *text = ps->valuestring, *at;
+    for (at = strstr(text, KSRV_MEDIA_MARKER); at; at = strstr(at + strlen(KSRV_MEDIA_MARKER), KSRV_MEDIA_MARKER)) k++;
+    if (k != n_md)
+        return kiln_error(KILN_EINVAL, "\"prompt.multimodal_data\": %d items for %d %s markers in \"prompt.prompt_string\"", n_md, k,
+                          KSRV_MEDIA_MARKER);
+    if (n_md > 0 && !j->images && !(j->images = calloc(1, sizeof *j->images))) return kiln_error(KILN_ENOMEM, "out of memory");
+    kiln_status st = NULL;
+    for (int i = 0; i < n_md && !st; i++) {
+        const cJSON *e = cJSON_GetArrayItem(md, i);
+        char what[48];
+        snprintf(what, sizeof what, "\"prompt.multimodal_data\"[%d]", i);
+        st = cJSON_IsString(e) ? ksrv_images_add_base64(s, j->images, e->valuestring, what)
+                               : kiln_error(KILN_EINVAL, "%s: expected a base64 string", what);
+    }
+    int32_t *ids = NULL, n = 0, ph = n_md > 0 ? kvis_placeholder_token(ke_model_vision(s->m)) : -1;
+    for (int piece = 0; !st; piece++) {
+        const char *end = strstr(text, KSRV_MEDIA_MARKER);
+        size_t len = end ? (size_t)(end - text) : strlen(text), cnt = 0;
+        int32_t *t = NULL;
+        if (len > 0 || piece == 0) st = ktok_encode(s->tok, text, len, piece == 0, &t, &cnt);
+        int32_t *grown = st ? NULL : realloc(ids, sizeof(int32_t) * ((size_t)n + cnt + 1));
+        if (!st && !grown) st = kiln_error(KILN_ENOMEM, "out of memory");
+        if (!st) {
+            ids = grown;
+            if (cnt) memcpy(ids + n, t, sizeof(int32_t) * cnt);
+            n += (int32_t)cnt;
+            if (end) ids[n++] = ph;
+        }
+        free(t);
+        if (!end) break;
+        text = end + strlen(KSRV_MEDIA_MARKER);
+    }
+    if (!st && n == 0) st = kiln_error(KILN_EINVAL, "\"prompt.prompt_string\": the prompt is empty");
+    int64_t vocab = ke_model_hparams(s->m)->vocab;
+    for (int32_t i = 0; !st && i < n; i++)
+        if (ids[i] >= vocab) st = kiln_error(KILN_EINVAL, "\"prompt.prompt_string\": token %d is outside the model's vocabulary", (int)ids[i]);
+    if (!st && j->images) st = ksrv_images_apply(s, j->images, "prompt", &ids, &n);
+    if (!st) st = add_prompt(j, ids, n, ps->valuestring);
+    if (st) free(ids);
+    return st;
+}
+
 /* prompt: a string, a list of token ids, a list of strings, or a list of
- * lists of token ids. */
+ * lists of token ids; or llama-server's multimodal object (parse_media_prompt). */
 static kiln_status parse_prompt(ksrv *s, ksrv_job *j, const cJSON *body) {
     const cJSON *p = ku_json_get(body, "prompt");
     int64_t vocab = ke_model_hparams(s->m)->vocab;
     int32_t *ids = NULL, n = 0;
     if (!p) return kiln_error(KILN_EINVAL, "\"prompt\": required");
+    if (cJSON_IsObject(p)) return parse_media_prompt(s, j, p);
     if (cJSON_IsString(p)) {
         KILN_TRY(encode(s, "prompt", p->valuestring, true, &ids, &n));
         kiln_status st = add_prompt(j, ids, n, p->valuestring);
@@ -152,8 +206,16 @@ static kiln_status content_parts(ksrv *s, cJSON *m, int i, ksrv_images **images)
             if ((st = ksrv_images_add(s, *images, part, what))) break;
             cJSON_AddStringToObject(np, "type", "image");
             has_image = true;
+        } else if (cJSON_IsString(type) && (!strcmp(type->valuestring, "video") || !strcmp(type->valuestring, "video_url"))) {
+            if (!*images && !(*images = calloc(1, sizeof **images))) {
+                st = kiln_error(KILN_ENOMEM, "out of memory");
+                break;
+            }
+            if ((st = ksrv_videos_add(s, *images, part, what))) break;
+            cJSON_AddStringToObject(np, "type", "video"); /* as transformers passes a video part to templates */
+            has_image = true;
         } else {
-            st = kiln_error(KILN_EINVAL, "%s: only {\"type\": \"text\", \"text\": ...} and {\"type\": \"image_url\", \"image_url\": {\"url\": ...}} parts are supported",
+            st = kiln_error(KILN_EINVAL, "%s: only {\"type\": \"text\", \"text\": ...}, {\"type\": \"image_url\", \"image_url\": {\"url\": ...}} and {\"type\": \"video\", \"video\": [frame URLs]} parts are supported",
                             what);
             break;
         }
@@ -245,7 +307,7 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     /* A template written for string content prints a list of parts as the
      * list itself (where Python's jinja would fail): render the joined text
      * instead, and the image goes where kiln generate puts it. */
-    if (!st && j->images && strstr(text, "{\"type\": \"image\"}")) {
+    if (!st && j->images && (strstr(text, "{\"type\": \"image\"}") || strstr(text, "{\"type\": \"video\"}"))) {
         free(text);
         text = NULL;
         st = join_parts(msgs);
@@ -259,7 +321,7 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     if (!st) st = encode(s, "messages", text, false, &ids, &n); /* the template writes its own special tokens */
     free(j->rendered);
     j->rendered = text;
-    if (!st && j->images) st = ksrv_images_apply(s, j->images, &ids, &n);
+    if (!st && j->images) st = ksrv_images_apply(s, j->images, "messages", &ids, &n);
     if (!st) st = add_prompt(j, ids, n, NULL);
     if (st) free(ids);
     return st;

@@ -451,7 +451,7 @@ static enum MHD_Result do_props(conn_state *cs) {
     ksrv_buf_str(&b, ", \"chat_template\": ");
     const char *t = s->tmpl ? kchat_source(s->tmpl) : NULL;
     ksrv_buf_json_str(&b, t ? t : "", t ? strlen(t) : 0);
-    ksrv_buf_printf(&b, ", \"modalities\": {\"vision\": %s}, \"build_info\": \"kiln " KILN_VERSION "\"}",
+    ksrv_buf_printf(&b, ", \"modalities\": {\"vision\": %s}, \"media_marker\": \"" KSRV_MEDIA_MARKER "\", \"build_info\": \"kiln " KILN_VERSION "\"}",
                     ke_model_vision(s->m) ? "true" : "false");
     return reply_json(cs, 200, &b);
 }

@@ -121,7 +121,7 @@ int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out, ksrv_embed_api ap
 int ksrv_rerank(ksrv *s, const cJSON *body, ksrv_buf *out);
 
 /* ---- images in chat messages (image.c) ---- */
-enum { KSRV_MAX_IMAGES = 16, KSRV_DECODE_SLOTS = 2 /* images decoded at once */ };
+enum { KSRV_MAX_IMAGES = 16, KSRV_DECODE_SLOTS = 2 /* images decoded at once */, KSRV_MAX_FRAMES = 128 /* of one video */ };
 typedef struct {
     int n;
     kvis_pixels px[KSRV_MAX_IMAGES];
@@ -134,9 +134,18 @@ kiln_status ksrv_base64_decode(const char *s, size_t n, uint8_t **out, size_t *n
 /* An {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}
  * part (what names it in errors): decoded and preprocessed into im. */
 kiln_status ksrv_images_add(ksrv *s, ksrv_images *im, const cJSON *part, const char *what);
+/* A video part (Qwen2-VL / 2.5-VL), its frames as image data URLs:
+ * {"type": "video", "video": [urls]} or {"type": "video_url", "video_url":
+ * {"url": [urls]}}; a video file (data:video/mp4) is an error naming that form. */
+kiln_status ksrv_videos_add(ksrv *s, ksrv_images *im, const cJSON *part, const char *what);
 /* The rendered prompt *ids[*n] (replaced): placeholders expanded, the
  * vision tower run per image, im->x filled. */
-kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, int32_t **ids, int32_t *n);
+kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, const char *what, int32_t **ids, int32_t *n);
+/* llama-server's multimodal_data item (what names it): an image file in
+ * base64 (a data: URL is taken too), decoded and preprocessed into im. */
+kiln_status ksrv_images_add_base64(ksrv *s, ksrv_images *im, const char *data, const char *what);
+/* The marker a multimodal prompt_string holds per multimodal_data item (llama.cpp's mtmd_default_marker). */
+#define KSRV_MEDIA_MARKER "<__media__>"
 void ksrv_images_free(ksrv_images *im); /* and im itself (calloc'ed) */
 
 /* ---- OpenAI requests (oai.c) ---- */

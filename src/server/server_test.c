@@ -2134,3 +2134,174 @@ KT_TEST(server_echo_logprobs_score_the_prompt) {
                 "non-streamed responses only");
     finish(&f);
 }
+
+/* A video part on the Qwen2-VL fixture (issue 12): three frames (odd: the
+ * last repeated to two temporal patches of 12 tokens) as
+ * {"type": "video", "video": [data URLs]} and as vLLM's video_url with a
+ * list of URLs give kiln generate --video's greedy tokens on the template's
+ * text; a video file (data:video/mp4) or frames of two sizes are 400s
+ * naming the field. */
+KT_TEST(server_chat_video_frames) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.vlm = "qwen2_vl"};
+    ksrv_params p = default_params(NULL);
+    p.step_tokens = 8;
+    if (!start(&f, &p)) return;
+    const char *png_rel = "tests/fixtures/vlm/qwen2_vl/image.png", *jpg_rel = "tests/data/vision/jpeg/qwen2_vl_image.jpg";
+    ksrv_buf up = {0}, uj = {0};
+    data_url(&up, "image/png", png_rel);
+    data_url(&uj, "image/jpeg", jpg_rel);
+    const char *greedy = "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true, \"return_tokens\": true";
+    ksrv_buf b1 = {0}, b2 = {0};
+    ksrv_buf_printf(&b1, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": [\"%s\", \"%s\", \"%s\"]}, "
+                         "{\"type\": \"text\", \"text\": \"Describe this.\"}]}], %s}", up.p, uj.p, up.p, greedy);
+    ksrv_buf_printf(&b2, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video_url\", \"video_url\": {\"url\": [\"%s\", \"%s\", \"%s\"]}}, "
+                         "{\"type\": \"text\", \"text\": \"Describe this.\"}]}], %s}", up.p, uj.p, up.p, greedy);
+    cJSON *j1 = post_json(&f, "/v1/chat/completions", b1.p, 200), *j2 = post_json(&f, "/v1/chat/completions", b2.p, 200);
+    int ids[64], ids2[64], ref[64];
+    KT_CHECK(j1 && j2);
+    KT_CHECK_EQ(choice_ids(j1, 0, ids, 64), 8);
+    KT_CHECK(choice_ids(j2, 0, ids2, 64) == 8 && !memcmp(ids, ids2, sizeof(int) * 8));
+    int n_prompt = j1 ? (int)ku_json_get(ku_json_get(j1, "usage"), "prompt_tokens")->valuedouble : 0;
+    cJSON_Delete(j1), cJSON_Delete(j2);
+    cJSON *jt = post_json(&f, "/tokenize",
+                          "{\"content\": \"<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n"
+                          "<|vision_start|><|video_pad|><|vision_end|>Describe this.<|im_end|>\\n<|im_start|>assistant\\n\"}",
+                          200);
+    KT_CHECK(jt);
+    int tids[128], nt = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(jt, "tokens")) if (nt < 128) tids[nt++] = (int)e->valuedouble;
+    cJSON_Delete(jt);
+    KT_CHECK_EQ(n_prompt, nt + 23); /* one <|video_pad|> -> 2 * 6 * 8 / 4 = 24 video tokens */
+    const char *bin = getenv("KILN_BIN");
+    if (bin) {
+        char png[PATH_MAX], jpg[PATH_MAX];
+        kt_path(png, sizeof png, png_rel), kt_path(jpg, sizeof jpg, jpg_rel);
+        ksrv_buf cmd = {0};
+        ksrv_buf_printf(&cmd, "%s generate -m %s --video %s,%s,%s --temp 0 --ignore-eos -n 8 -t 1 --json --prompt-ids ", bin, f.dir, png, jpg, png);
+        for (int i = 0; i < nt; i++) ksrv_buf_printf(&cmd, "%s%d", i ? "," : "", tids[i]);
+        FILE *pp = popen(cmd.p, "r");
+        ksrv_buf_free(&cmd);
+        KT_CHECK(pp != NULL);
+        static char line[65536];
+        size_t len = pp ? fread(line, 1, sizeof line - 1, pp) : 0;
+        line[len] = 0;
+        if (pp) pclose(pp);
+        cJSON *j = cJSON_Parse(line);
+        int nr = 0;
+        cJSON_ArrayForEach(e, ku_json_get(j, "generated_ids")) if (nr < 64) ref[nr++] = (int)e->valuedouble;
+        cJSON_Delete(j);
+        KT_CHECKF(nr == 8 && !memcmp(ids, ref, sizeof(int) * 8), "kiln generate --video: %s", line);
+    }
+    /* errors name the field */
+    ksrv_buf bad = {0};
+    ksrv_buf_printf(&bad, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video_url\", \"video_url\": {\"url\": \"data:video/mp4;base64,AAAAIGZ0eXA=\"}}]}], %s}", greedy);
+    CHECK_ERROR("POST", "/v1/chat/completions", bad.p, NULL, 400, "messages\\\"[0].content[0].video_url.url");
+    CHECK_ERROR("POST", "/v1/chat/completions", bad.p, NULL, 400, "send its frames as images");
+    ksrv_buf_free(&bad);
+    kimg_image src;
+    char png[PATH_MAX];
+    KT_CHECK_OK(kimg_load(kt_path(png, sizeof png, png_rel), &src));
+    uint8_t *wp = NULL;
+    size_t n_wp = WebPEncodeLosslessRGB(src.rgb, (int)src.w, 32, (int)src.w * 3, &wp); /* the top 32 rows: another size */
+    kimg_free(&src);
+    ksrv_buf ws = {0};
+    ksrv_buf_str(&ws, "data:image/webp;base64,");
+    b64(&ws, wp, n_wp);
+    WebPFree(wp);
+    ksrv_buf_printf(&bad, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": [\"%s\", \"%s\"]}]}], %s}", up.p, ws.p, greedy);
+    CHECK_ERROR("POST", "/v1/chat/completions", bad.p, NULL, 400, "messages\\\"[0].content[0]");
+    CHECK_ERROR("POST", "/v1/chat/completions", bad.p, NULL, 400, "video frame 2 is 64x32");
+    ksrv_buf_free(&bad);
+    ksrv_buf_printf(&bad, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": []}]}], %s}", greedy);
+    CHECK_ERROR("POST", "/v1/chat/completions", bad.p, NULL, 400, "messages\\\"[0].content[0].video: expected a list of frames");
+    ksrv_buf_free(&bad);
+    ksrv_buf_free(&ws), ksrv_buf_free(&b1), ksrv_buf_free(&b2), ksrv_buf_free(&up), ksrv_buf_free(&uj);
+    finish(&f);
+}
+
+/* llama-server's multimodal prompt on /v1/completions and /completion
+ * (issue 12): the chat template's text with <__media__> where the template
+ * writes the image's markers and the PNG's raw base64 in multimodal_data
+ * give the greedy tokens and prompt size of kiln generate --image on the
+ * same prompt ids (the chat request's plus the tokenizer's leading
+ * special token, which a completion prompt gets); a count
+ * mismatch, a bad item or a missing prompt_string is a 400 naming the field. */
+KT_TEST(server_completion_multimodal_prompt) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.vlm = "qwen2_vl"};
+    ksrv_params p = default_params(NULL);
+    if (!start(&f, &p)) return;
+    ksrv_buf url = {0}, raw = {0};
+    data_url(&url, "image/png", "tests/fixtures/vlm/qwen2_vl/image.png");
+    ksrv_buf_str(&raw, strchr(url.p, ',') + 1);
+    const char *greedy = "\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true";
+    char *chat = image_body(url.p, "Describe this.", greedy);
+    cJSON *jc = post_json(&f, "/v1/chat/completions", chat, 200);
+    int want[64], got[64];
+    KT_CHECK(jc && choice_ids(jc, 0, want, 64) == 8);
+    int n_chat = jc ? (int)ku_json_get(ku_json_get(jc, "usage"), "prompt_tokens")->valuedouble : -1;
+    cJSON_Delete(jc);
+    /* a completion prompt gets the tokenizer's special tokens (this one's <|endoftext|> first), as a text prompt
+     * does and llama-server's mtmd_tokenize does on the first piece: the chat prompt with that id first */
+    const char *text = "<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n<__media__>Describe this."
+                       "<|im_end|>\\n<|im_start|>assistant\\n";
+    cJSON *jt = post_json(&f, "/tokenize",
+                          "{\"content\": \"<|endoftext|><|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n"
+                          "<|vision_start|><|image_pad|><|vision_end|>Describe this.<|im_end|>\\n<|im_start|>assistant\\n\"}",
+                          200);
+    int tids[128], nt = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ku_json_get(jt, "tokens")) if (nt < 128) tids[nt++] = (int)e->valuedouble;
+    cJSON_Delete(jt);
+    int n_prompt = nt + 11; /* one <|image_pad|> -> 12 image tokens */
+    KT_CHECK_EQ(n_prompt, n_chat + 1);
+    char png[PATH_MAX];
+    kt_path(png, sizeof png, "tests/fixtures/vlm/qwen2_vl/image.png");
+    int nr = cli_ids(f.dir, png, tids, nt, 8, want, 64); /* kiln generate --image on those ids */
+    if (nr < 0) {
+        kt_skip("KILN_BIN is not set");
+        free(chat);
+        ksrv_buf_free(&url), ksrv_buf_free(&raw);
+        finish(&f);
+        return;
+    }
+    KT_CHECK_EQ(nr, 8);
+    ksrv_buf b = {0};
+    ksrv_buf_printf(&b, "{\"prompt\": {\"prompt_string\": \"%s\", \"multimodal_data\": [\"%s\"]}, \"return_tokens\": true, %s}", text, raw.p, greedy);
+    cJSON *jo = post_json(&f, "/v1/completions", b.p, 200);
+    KT_CHECK(jo && choice_ids(jo, 0, got, 64) == 8 && !memcmp(got, want, sizeof(int) * 8));
+    int n_o = jo ? (int)ku_json_get(ku_json_get(jo, "usage"), "prompt_tokens")->valuedouble : -1;
+    KT_CHECKF(n_o == n_prompt, "prompt tokens %d, want %d", n_o, n_prompt);
+    cJSON_Delete(jo);
+    ksrv_buf_free(&b);
+    ksrv_buf_printf(&b, "{\"prompt\": {\"prompt_string\": \"%s\", \"multimodal_data\": [\"%s\"]}, \"n_predict\": 8, \"temperature\": 0, "
+                        "\"ignore_eos\": true}", text, raw.p);
+    cJSON *jl = post_json(&f, "/completion", b.p, 200);
+    int nl = 0;
+    cJSON_ArrayForEach(e, ku_json_get(jl, "tokens")) if (nl < 64) got[nl++] = (int)e->valuedouble;
+    KT_CHECK(nl == 8 && !memcmp(got, want, sizeof(int) * 8));
+    KT_CHECK(jl && (int)ku_json_get(jl, "tokens_evaluated")->valuedouble == n_prompt);
+    cJSON_Delete(jl);
+    ksrv_buf_free(&b);
+    resp pr;
+    KT_CHECK_EQ(http(&f, "GET", "/props", NULL, NULL, &pr), 200);
+    cJSON *props = cJSON_Parse(pr.body.p);
+    const cJSON *mk = ku_json_get(props, "media_marker");
+    KT_CHECK(cJSON_IsString(mk) && !strcmp(mk->valuestring, "<__media__>")); /* what clients read the marker from */
+    cJSON_Delete(props);
+    ksrv_buf_free(&pr.body);
+    /* errors name the field */
+    ksrv_buf_printf(&b, "{\"prompt\": {\"prompt_string\": \"<__media__> and <__media__>\", \"multimodal_data\": [\"%s\"]}}", raw.p);
+    CHECK_ERROR("POST", "/v1/completions", b.p, NULL, 400, "\\\"prompt.multimodal_data\\\": 1 items for 2 <__media__> markers");
+    ksrv_buf_free(&b);
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": {\"prompt_string\": \"x <__media__>\", \"multimodal_data\": [\"aGVsbG8=\"]}}", NULL, 400,
+                "\\\"prompt.multimodal_data\\\"[0]");
+    CHECK_ERROR("POST", "/completion", "{\"prompt\": {\"prompt_string\": \"x <__media__>\", \"multimodal_data\": [7]}}", NULL, 400,
+                "\\\"prompt.multimodal_data\\\"[0]: expected a base64 string");
+    CHECK_ERROR("POST", "/v1/completions", "{\"prompt\": {\"multimodal_data\": []}}", NULL, 400, "\\\"prompt.prompt_string\\\": expected a string");
+    free(chat);
+    ksrv_buf_free(&url), ksrv_buf_free(&raw);
+    finish(&f);
+}

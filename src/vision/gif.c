@@ -90,9 +90,10 @@ kiln_status kimg_decode_gif(const void *data, size_t n, const char *what, kimg_i
     if (d->Left + d->Width > cw) cw = d->Left + d->Width;
     if (d->Top + d->Height > ch) ch = d->Top + d->Height;
     if (cw <= 0 || ch <= 0 || cw > KIMG_GIF_MAX_SIDE || ch > KIMG_GIF_MAX_SIDE || d->Width <= 0 || d->Height <= 0) {
+        int fw = d->Width, fh = d->Height; /* d lives in g, which the close frees */
         DGifCloseFile(g, NULL);
         return kiln_error(KILN_ELIMIT, "%s: GIF size %lldx%lld (first frame %dx%d) is not supported", what, (long long)cw,
-                          (long long)ch, d->Width, d->Height);
+                          (long long)ch, fw, fh);
     }
     uint8_t *idx = malloc((size_t)(cw * ch));
     out->rgb = malloc((size_t)(cw * ch * 3));

@@ -524,3 +524,58 @@ kiln_status kimg_preprocess_canvas(const kimg_proc *p, const kimg_image *im, flo
     *crops = out, *n = M, *rows = R, *cols = C, *side = T;
     return NULL;
 }
+
+kiln_status kimg_preprocess_video(const kimg_proc *p, const kimg_image *frames, int n, float **out, int64_t *n_out, int64_t *oh,
+                                  int64_t *ow) {
+    *out = NULL, *n_out = *oh = *ow = 0;
+    if (n <= 0) return kiln_error(KILN_EINVAL, "a video needs at least one frame");
+    if (p->temporal_patch <= 0 || p->patch <= 0) return kiln_error(KILN_EUNSUPPORTED, "%s: not a Qwen-VL processor (no temporal patches)", p->type);
+    int64_t h = frames[0].h, w = frames[0].w, T = p->temporal_patch;
+    for (int i = 1; i < n; i++)
+        if (frames[i].h != h || frames[i].w != w)
+            return kiln_error(KILN_EINVAL, "video frame %d is %lldx%lld, frame 1 is %lldx%lld (a video's frames share one size)", i + 1,
+                              (long long)frames[i].w, (long long)frames[i].h, (long long)w, (long long)h);
+    int64_t th, tw;
+    KILN_TRY(kimg_target_size(p, h, w, &th, &tw));
+    /* an odd count gets the last frame repeated temporal_patch_size - 1 times (as the processor's torch.cat) */
+    int64_t total = n % T ? n + T - 1 : n;
+    if (total % T)
+        return kiln_error(KILN_EINVAL, "%d frames padded to %lld do not make whole temporal patches of %lld", n, (long long)total, (long long)T);
+    size_t plane = (size_t)(3 * th * tw);
+    float *o = malloc(sizeof(float) * plane * (size_t)total);
+    if (!o) return kiln_error(KILN_ENOMEM, "out of memory");
+    /* the fused rescale + normalize of transformers' torch processors: (x - mean / r) / (std / r) in float32 */
+    float mean[3], sd[3];
+    for (int c = 0; c < 3; c++) {
+        float inv = (float)(1.0 / p->rescale);
+        mean[c] = p->do_rescale && p->do_normalize ? p->mean[c] * inv : p->mean[c];
+        sd[c] = p->do_rescale && p->do_normalize ? p->std[c] * inv : p->std[c];
+    }
+    kiln_status st = NULL;
+    for (int i = 0; i < n && !st; i++) {
+        kimg_image im;
+        st = kimg_from_rgb(frames[i].rgb, h, w, &im);
+        if (!st && p->do_resize) st = resize_in_place(p, &im, th, tw);
+        if (st) {
+            kimg_free(&im);
+            break;
+        }
+        float *f = o + (size_t)i * plane;
+        for (int c = 0; c < 3; c++)
+            for (int64_t y = 0; y < th; y++)
+                for (int64_t x = 0; x < tw; x++) {
+                    float v = (float)im.rgb[(y * tw + x) * 3 + c];
+                    if (p->do_normalize) v = (v - mean[c]) / sd[c];
+                    else if (p->do_rescale) v = (float)((double)v * p->rescale);
+                    f[(c * th + y) * tw + x] = v;
+                }
+        kimg_free(&im);
+    }
+    if (st) {
+        free(o);
+        return kiln_status_wrap(st, "video frame");
+    }
+    for (int64_t i = n; i < total; i++) memcpy(o + (size_t)i * plane, o + (size_t)(n - 1) * plane, sizeof(float) * plane);
+    *out = o, *n_out = total, *oh = th, *ow = tw;
+    return NULL;
+}

@@ -138,6 +138,14 @@ kiln_status kimg_preprocess_canvas(const kimg_proc *p, const kimg_image *im, flo
                                    int64_t *side);
 /* The canvas (rows, cols of tiles) Mllama's processor picks for an h x w image. */
 kiln_status kimg_canvas_grid(const kimg_proc *p, int64_t h, int64_t w, int64_t *rows, int64_t *cols);
+/* Qwen2VLVideoProcessor on a video given as n frames of one size: each
+ * frame resized (PIL, the processor's filter) to the smart_resize size of
+ * the first, rescaled and normalized fused as transformers' torch
+ * processors do ((x - mean * 255) / (std * 255) in float32), then, for a
+ * count that is not a multiple of temporal_patch_size, the last frame
+ * repeated temporal_patch_size - 1 times. *out [*n_out, 3, *oh, *ow]. */
+kiln_status kimg_preprocess_video(const kimg_proc *p, const kimg_image *frames, int n, float **out, int64_t *n_out, int64_t *oh,
+                                  int64_t *ow);
 /* PIL's Image.resize((ow, oh), resample) of an 8-bit RGB image, bit for
  * bit (Pillow's ImagingResample: separable passes, horizontal first, with
  * the filter's support scaled by the downscale factor, fixed-point taps and

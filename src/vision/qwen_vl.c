@@ -104,6 +104,12 @@ static kiln_status load_qwen(kvis_model *m, const cJSON *root, const cJSON *vc, 
         KILN_TRY(kvis_int_field(root, "vision_start_token_id", 151652, &m->vision_start));
         KILN_TRY(kvis_int_field(root, "vision_end_token_id", 151653, &m->vision_end));
     }
+    /* video input: Qwen2-VL and Qwen2.5-VL (Qwen3-VL's timestamps, GLM-4V's and Omni's positions are not done) */
+    if (m->family->video) {
+        KILN_TRY(kvis_int_field(root, "video_token_id", 151656, &m->video_token));
+        if (q25) KILN_TRY(ku_json_int(vc, "tokens_per_second", 4, &m->tokens_per_second)); /* Qwen2_5_VLVisionConfig's default */
+        m->video_fps = 2.0; /* Qwen2_5_VLProcessor's fps when none is given */
+    }
     v->n_layers = depth, v->n_kv_heads = v->n_heads, v->head_dim = v->hidden / v->n_heads;
     snprintf(v->model_type, sizeof v->model_type, "%s", m->tower_type);
     m->run_layers = (int)depth;
@@ -384,38 +390,71 @@ static void fix_proc(kvis_model *m) {
     if (!m->proc.merge) m->proc.merge = m->scale_factor;
 }
 
-/* The still image [3, H, W] repeated over temporal_patch_size frames, cut
- * into patches [C, T, P, P] in the processor's (merged block) order. */
-static kiln_status flatten_patches(const kvis_model *m, kvis_pixels *out) {
-    if (m->proc.patch != m->patch || m->proc.temporal_patch != m->temporal_patch || m->proc.merge != m->scale_factor) {
-        kvis_pixels_free(out);
+/* The processor's flattened patches of frames [F, 3, H, W] (F = t * T):
+ * rows t-major, then merged s x s blocks row-major, each block's patches
+ * row-major; a row holds [C, T, P, P] (the view + permute(0, 1, 4, 7, 5, 8,
+ * 3, 2, 6, 9) of Qwen2VLImageProcessor / Qwen2VLVideoProcessor). A still
+ * image is one frame repeated T times (F = 1: every temporal slot reads it).
+ * *out [t * (H/P) * (W/P), 3 T P P]. */
+static kiln_status patches_of(const kvis_model *m, const float *frames, int64_t F, int64_t H, int64_t W, int64_t t, float **out) {
+    *out = NULL;
+    if (m->proc.patch != m->patch || m->proc.temporal_patch != m->temporal_patch || m->proc.merge != m->scale_factor)
         return kiln_error(KILN_EINVAL, "%s: preprocessor_config.json's patch %lld / temporal %lld / merge %lld differ from the tower's %lld / %lld / %lld",
                           kc_dir(m->ck), (long long)m->proc.patch, (long long)m->proc.temporal_patch, (long long)m->proc.merge,
                           (long long)m->patch, (long long)m->temporal_patch, (long long)m->scale_factor);
-    }
-    int64_t P = m->patch, T = m->temporal_patch, s = m->scale_factor, H = out->h, W = out->w;
-    if (H % (P * s) || W % (P * s)) {
-        kvis_pixels_free(out);
+    int64_t P = m->patch, T = m->temporal_patch, s = m->scale_factor;
+    if (H % (P * s) || W % (P * s))
         return kiln_error(KILN_EINVAL, "image %lldx%lld is not made of whole %lld-pixel merged patches", (long long)H, (long long)W,
                           (long long)(P * s));
-    }
     int64_t gw = W / P, N = (H / P) * gw, K = 3 * T * P * P;
-    float *pt = malloc(sizeof(float) * (size_t)(N * K));
-    if (!pt) {
+    float *pt = malloc(sizeof(float) * (size_t)(t * N * K));
+    if (!pt) return kiln_error(KILN_ENOMEM, "out of memory");
+    for (int64_t g = 0; g < t; g++)
+        for (int64_t i = 0; i < N; i++) {
+            int64_t r, c;
+            qwen_cell(i, gw, s, &r, &c);
+            float *row = pt + (g * N + i) * K;
+            for (int64_t ch = 0; ch < 3; ch++)
+                for (int64_t k = 0; k < T; k++) {
+                    int64_t f = g * T + k < F ? g * T + k : F - 1;
+                    const float *src = frames + ((f * 3 + ch) * H + r * P) * W + c * P;
+                    for (int64_t y = 0; y < P; y++)
+                        for (int64_t x = 0; x < P; x++) row[((ch * T + k) * P + y) * P + x] = src[y * W + x];
+                }
+        }
+    *out = pt;
+    return NULL;
+}
+
+/* The still image [3, H, W] repeated over temporal_patch_size frames, cut into patches. */
+static kiln_status flatten_patches(const kvis_model *m, kvis_pixels *out) {
+    float *pt;
+    kiln_status st = patches_of(m, out->data, 1, out->h, out->w, 1, &pt);
+    if (st) {
         kvis_pixels_free(out);
-        return kiln_error(KILN_ENOMEM, "out of memory");
-    }
-    for (int64_t i = 0; i < N; i++) {
-        int64_t r, c;
-        qwen_cell(i, gw, s, &r, &c);
-        for (int64_t ch = 0; ch < 3; ch++)
-            for (int64_t t = 0; t < T; t++)
-                for (int64_t y = 0; y < P; y++)
-                    for (int64_t x = 0; x < P; x++)
-                        pt[i * K + ((ch * T + t) * P + y) * P + x] = out->data[(ch * H + r * P + y) * W + c * P + x];
+        return st;
     }
     free(out->data);
     out->data = pt;
+    return NULL;
+}
+
+/* A video (Qwen2-VL, Qwen2.5-VL): Qwen2VLVideoProcessor's frames, then their patches, T frames to a temporal patch. */
+static kiln_status video_pixels(const kvis_model *m, const kimg_image *frames, int n, kvis_pixels *out) {
+    memset(out, 0, sizeof *out);
+    if (m->video_token < 0) return kiln_error(KILN_EUNSUPPORTED, "%s takes no video", m->model_type);
+    if (m->vproc.patch != m->patch || m->vproc.temporal_patch != m->temporal_patch || m->vproc.merge != m->scale_factor)
+        return kiln_error(KILN_EINVAL, "%s: the video processor's patch %lld / temporal %lld / merge %lld differ from the tower's", kc_dir(m->ck),
+                          (long long)m->vproc.patch, (long long)m->vproc.temporal_patch, (long long)m->vproc.merge);
+    float *fr;
+    int64_t F, H, W;
+    KILN_TRY(kimg_preprocess_video(&m->vproc, frames, n, &fr, &F, &H, &W));
+    float *pt;
+    kiln_status st = patches_of(m, fr, F, H, W, F / m->temporal_patch, &pt);
+    free(fr);
+    if (st) return st;
+    out->data = pt, out->c = 3, out->h = H, out->w = W, out->t = F / m->temporal_patch;
+    out->orig_h = frames[0].h, out->orig_w = frames[0].w;
     return NULL;
 }
 
@@ -424,15 +463,15 @@ static kiln_status image_tokens(const kvis_model *m, const kvis_pixels *px, int6
     return kvis_block(m, &pre, 1, gh * gw / (m->scale_factor * m->scale_factor), &post, 1, ids, cap, n);
 }
 
-#define QWEN_VL(name, mt, words, v)                                                                                          \
+#define QWEN_VL(name, mt, words, v, vid)                                                                                     \
     const kvis_family kvis_family_##name = {                                                                               \
-        .model_types = {mt}, .projector = words, .variant = v, .parse = load_qwen, .fix_proc = fix_proc,                     \
+        .model_types = {mt}, .projector = words, .variant = v, .parse = load_qwen, .fix_proc = fix_proc, .video = vid,       \
         .pixels = flatten_patches, .emit = qwen_tower, .image_tokens = image_tokens,                                        \
         .flags = KVIS_F_PATCHES | KVIS_F_MROPE | KVIS_F_MARKED_PAD | (v == 3 ? KVIS_F_DEEPSTACK : 0),                       \
     };
-QWEN_VL(qwen2_vl, "qwen2_vl", "2x2 merger (LayerNorm + GELU MLP)", 2)
-QWEN_VL(qwen2_5_vl, "qwen2_5_vl", "window attention, 2x2 merger (RMSNorm + GELU MLP)", 25)
-QWEN_VL(qwen3_vl, "qwen3_vl", "interpolated positions, 2x2 merger + deepstack mergers", 3)
-QWEN_VL(glm4v, "glm4v", "resampled positions, Conv2d downsample + gated merger", 4)
+QWEN_VL(qwen2_vl, "qwen2_vl", "2x2 merger (LayerNorm + GELU MLP)", 2, video_pixels)
+QWEN_VL(qwen2_5_vl, "qwen2_5_vl", "window attention, 2x2 merger (RMSNorm + GELU MLP)", 25, video_pixels)
+QWEN_VL(qwen3_vl, "qwen3_vl", "interpolated positions, 2x2 merger + deepstack mergers", 3, NULL)
+QWEN_VL(glm4v, "glm4v", "resampled positions, Conv2d downsample + gated merger", 4, NULL)
 /* Qwen2.5-Omni's thinker (model_type qwen2_5_omni_thinker): Qwen2.5-VL's encoder with q, k, v apart; its audio tower is not used */
-QWEN_VL(qwen2_5_omni, "qwen2_5_omni_thinker", "window attention, 2x2 merger (RMSNorm + GELU MLP)", 25)
+QWEN_VL(qwen2_5_omni, "qwen2_5_omni_thinker", "window attention, 2x2 merger (RMSNorm + GELU MLP)", 25, NULL)

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/file.h"
 #include "base/json.h"
@@ -202,6 +203,7 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
     if (!m) return kiln_error(KILN_ENOMEM, "out of memory");
     m->ck = ck;
     m->placeholder = -1;
+    m->video_token = -1;
     snprintf(m->model_type, sizeof m->model_type, "%s", mt);
     snprintf(m->tower_type, sizeof m->tower_type, "%s", vt);
     kiln_status st = NULL;
@@ -228,6 +230,17 @@ kiln_status kvis_load(const kc_checkpoint *ck, km_hparams *hp, kvis_model **out)
         if (st) goto fail;
         if (m->family->fix_proc) m->family->fix_proc(m);
         m->have_proc = true;
+        m->vproc = m->proc;
+        /* the video processor's own file, when there is one (its patch fields default to the image processor's) */
+        if (m->family->video && !ku_path_join(path, sizeof path, kc_dir(ck), "video_preprocessor_config.json") && access(path, R_OK) == 0) {
+            if ((st = ku_json_load(path, &pj))) goto fail;
+            st = kimg_proc_parse(pj, &m->vproc);
+            cJSON_Delete(pj);
+            if (st) goto fail;
+            if (!m->vproc.patch) m->vproc.patch = m->proc.patch;
+            if (!m->vproc.temporal_patch) m->vproc.temporal_patch = m->proc.temporal_patch;
+            if (!m->vproc.merge) m->vproc.merge = m->proc.merge;
+        }
     }
     *out = m;
     return NULL;
@@ -262,6 +275,8 @@ kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_thread
                           (long long)px->h, (long long)px->w, (long long)unit);
     if (crops > 1 && (has(m, KVIS_F_PATCHES) || kvis_deepstack_layers(m) > 0))
         return kiln_error(KILN_EUNSUPPORTED, "%s: %lld crops of one image (its tower takes one)", m->model_type, (long long)crops);
+    /* a video: its tower attends within each temporal patch (cu_seqlens per frame of grid_t), so each runs alone */
+    if (px->t > 0) crops = px->t;
     kb_ctx b = {.ck = m->ck, .hp = &m->vhp, .fam = &m->fam};
     b.g = kg_create();
     if (!b.g) return kiln_error(KILN_ENOMEM, "out of memory");
@@ -289,7 +304,7 @@ kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_thread
     }
     kg_add_output(b.g, out);
     if (L > 0) kg_add_output(b.g, deep);
-    int64_t n = out->shape.d[0], E = m->text_hidden, crop = px->c * px->h * px->w;
+    int64_t n = out->shape.d[0], E = m->text_hidden, crop = px->t > 0 ? gh * gw * 3 * m->temporal_patch * m->patch * m->patch : px->c * px->h * px->w;
     kr_exec *ex;
     kp_options po = {0};
     KILN_TRY(kr_exec_create(b.g, &po, &ex));
@@ -368,6 +383,14 @@ kiln_status kvis_image_tokens(const kvis_model *m, const kvis_pixels *px, int32_
         return kiln_error(KILN_ENOTFOUND, "%s/tokenizer.json: no added token \"%s\" (the %s image block needs it)", kc_dir(m->ck),
                           m->missing_marker, m->model_type);
     int64_t gh = px->h / m->patch, gw = px->w / m->patch;
+    if (px->t > 0) { /* <|vision_start|>, grid_t * gh * gw / s^2 video tokens, <|vision_end|> */
+        int64_t k = px->t * gh * gw / (m->scale_factor * m->scale_factor);
+        if (2 + k > cap) return kiln_error(KILN_ELIMIT, "video block of %lld tokens", (long long)(2 + k));
+        ids[(*n)++] = m->vision_start;
+        for (int64_t i = 0; i < k; i++) ids[(*n)++] = m->video_token;
+        ids[(*n)++] = m->vision_end;
+        return NULL;
+    }
     if (m->family->image_tokens) return m->family->image_tokens(m, px, gh, gw, ids, cap, n);
     return kvis_block(m, NULL, 0, gh * gw, NULL, 0, ids, cap, n);
 }
@@ -394,7 +417,7 @@ kiln_status kvis_expand_prompt(const kvis_model *m, const kvis_pixels *px, const
     if (!blk) return kiln_error(KILN_ENOMEM, "out of memory");
     kiln_status st = kvis_image_tokens(m, px, blk, cap, &k);
     int at = 0, skip = 0; /* the block goes at `at`, replacing `skip` ids */
-    int32_t ph = kvis_placeholder_token(m);
+    int32_t ph = px->t > 0 ? m->video_token : kvis_placeholder_token(m);
     for (at = 0; at < n && ids[at] != ph; at++) {}
     if (at < n) skip = 1;
     else at = !has(m, KVIS_F_IMAGE_FIRST) && n > 0 && ids[0] == bos ? 1 : 0;
@@ -414,11 +437,36 @@ kiln_status kvis_expand_prompt(const kvis_model *m, const kvis_pixels *px, const
     return st;
 }
 
+/* The index in px of its want-th video (or image). */
+static int media_pick(const kvis_pixels *px, int n, bool video, int want) {
+    for (int x = 0, seen = -1; x < n; x++)
+        if ((px[x].t > 0) == video && ++seen == want) return x;
+    return -1;
+}
+
+/* The feature rows of one image or video of a Qwen-VL family (grid_t * gh * gw / s^2). */
+static int64_t media_rows(const kvis_model *m, const kvis_pixels *px) {
+    int64_t s = m->scale_factor;
+    return (px->t > 0 ? px->t : 1) * (px->h / m->patch) * (px->w / m->patch) / (s * s);
+}
+
+int32_t kvis_video_token(const kvis_model *m) { return m->family->video ? m->video_token : -1; }
+
+kiln_status kvis_pixels_from_video(const kvis_model *m, const kimg_image *frames, int n, kvis_pixels *out) {
+    memset(out, 0, sizeof *out);
+    if (!m->family->video)
+        return kiln_error(KILN_EUNSUPPORTED, "%s takes no video (video input is for Qwen2-VL and Qwen2.5-VL)", m->model_type);
+    if (!m->have_proc) return kiln_error(KILN_ENOTFOUND, "%s: no preprocessor_config.json", kc_dir(m->ck));
+    return m->family->video(m, frames, n, out);
+}
+
 kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_images, const float *feat, const float *deep,
                               int64_t n_feat, int64_t hidden, const int32_t *ids, int n, kvis_inputs *out) {
     memset(out, 0, sizeof *out);
     int64_t L = kvis_deepstack_layers(m), k = 0;
-    for (int i = 0; i < n; i++) k += ids[i] == m->image_token;
+    int nv = 0;
+    for (int i = 0; i < n_images; i++) nv += px[i].t > 0;
+    for (int i = 0; i < n; i++) k += ids[i] == m->image_token || (nv > 0 && ids[i] == m->video_token);
     if (has(m, KVIS_F_CROSS)) { /* Mllama: one image, its states at its token */
         if (k != 1 || n_images != 1)
             return kiln_error(KILN_EUNSUPPORTED, "%s: one image per prompt (%lld image tokens, %d images given)", m->model_type, (long long)k, n_images);
@@ -435,6 +483,8 @@ kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_
     }
     if (k != n_feat)
         return kiln_error(KILN_EINVAL, "the prompt has %lld image tokens for %lld image feature rows", (long long)k, (long long)n_feat);
+    if (nv > 0 && (L > 0 || has(m, KVIS_F_CROSS) || !has(m, KVIS_F_PATCHES)))
+        return kiln_error(KILN_EUNSUPPORTED, "%s takes no video", m->model_type);
     out->embd = calloc((size_t)n, sizeof *out->embd);
     out->embd_add = deep && L > 0 ? calloc((size_t)n, sizeof *out->embd_add) : NULL;
     out->span = malloc(sizeof(int32_t) * 2 * (size_t)n);
@@ -443,11 +493,34 @@ kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_
         kvis_inputs_free(out);
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
-    for (int i = 0, r = 0; i < n; i++)
+    for (int i = 0, r = 0; i < n && nv == 0; i++)
         if (ids[i] == m->image_token) {
             if (out->embd_add) out->embd_add[i] = deep + (int64_t)r * L * hidden;
             out->embd[i] = feat + (int64_t)r++ * hidden;
         }
+    /* with videos: the k-th image (video) block takes the rows of the k-th image (video) of px, which are in px order */
+    for (int i = 0, n_img = 0, n_vid = 0; i < n && nv > 0;) {
+        bool video = ids[i] == m->video_token;
+        if (!video && ids[i] != m->image_token) {
+            i++;
+            continue;
+        }
+        int x = media_pick(px, n_images, video, video ? n_vid++ : n_img++);
+        int64_t base = 0, rows = x >= 0 ? media_rows(m, &px[x]) : 0;
+        for (int y = 0; y < x; y++) base += media_rows(m, &px[y]);
+        if (x < 0 || i + rows > n) {
+            kvis_inputs_free(out);
+            return kiln_error(KILN_EINVAL, "the prompt's %s block at %d has no %s to fill it", video ? "video" : "image", i, video ? "video" : "image");
+        }
+        for (int64_t j = 0; j < rows; j++, i++) {
+            if (ids[i] != ids[i - j]) {
+                kvis_inputs_free(out);
+                return kiln_error(KILN_EINVAL, "the prompt's %s block at %d is shorter than its %lld tokens", video ? "video" : "image", (int)(i - j),
+                                  (long long)rows);
+            }
+            out->embd[i] = feat + (base + j) * hidden;
+        }
+    }
     kvis_spans(m, ids, n, n, out->span);
     kiln_status st = out->pos3 ? kvis_positions(m, px, n_images, ids, n, out->pos3) : NULL;
     if (st) kvis_inputs_free(out);
@@ -477,51 +550,88 @@ kiln_status kvis_pixels_aspect(const kvis_model *m, int64_t aspect_id, kvis_pixe
     return NULL;
 }
 
+/* A video's temporal position of its temporal patch t (get_rope_index): t
+ * for Qwen2-VL; Qwen2.5-VL's t * second_per_grid_t * tokens_per_second in
+ * float32, truncated (.long()), second_per_grid_t = temporal_patch_size / fps. */
+static int64_t video_t_index(const kvis_model *m, int64_t t) {
+    if (m->tokens_per_second <= 0) return t;
+    float spg = (float)((double)m->vproc.temporal_patch / m->video_fps);
+    float a = (float)t * spg;
+    a = a * (float)m->tokens_per_second;
+    return (int64_t)a;
+}
+
 kiln_status kvis_positions(const kvis_model *m, const kvis_pixels *px, int n_images, const int32_t *ids, int n, int32_t *pos3) {
     if (!has(m, KVIS_F_MROPE)) return kiln_error(KILN_EUNSUPPORTED, "%s has no M-RoPE positions", m->model_type);
     int64_t s = m->scale_factor, next = 0; /* next: the position after the largest so far */
-    int st = 0, img = 0;
+    int st = 0, n_img = 0, n_vid = 0;
+    int32_t vtok = m->video_token;
     for (;;) {
         int ed = st;
-        while (ed < n && ids[ed] != m->image_token) ed++;
+        while (ed < n && ids[ed] != m->image_token && (vtok < 0 || ids[ed] != vtok)) ed++;
         for (int i = st; i < ed; i++) pos3[3 * i] = pos3[3 * i + 1] = pos3[3 * i + 2] = (int32_t)(next + (i - st));
         if (ed > st) next += ed - st;
         if (ed >= n) return NULL;
-        if (img >= n_images)
-            return kiln_error(KILN_EINVAL, "image tokens at position %d, but only %d image(s) given", ed, n_images);
-        int64_t lh = px[img].h / (m->patch * s), lw = px[img].w / (m->patch * s);
-        if (lh <= 0 || lw <= 0 || ed + lh * lw > n)
-            return kiln_error(KILN_EINVAL, "image %d's %lldx%lld tokens do not fit at position %d of %d", img, (long long)lh, (long long)lw, ed, n);
-        for (int64_t j = 0; j < lh * lw; j++) {
+        bool video = vtok >= 0 && ids[ed] == vtok;
+        int x = media_pick(px, n_images, video, video ? n_vid : n_img);
+        if (x < 0)
+            return kiln_error(KILN_EINVAL, "%s tokens at position %d, but only %d %s given", video ? "video" : "image", ed,
+                              video ? n_vid : n_img, video ? "video(s)" : "image(s)");
+        video ? n_vid++ : n_img++;
+        int64_t lh = px[x].h / (m->patch * s), lw = px[x].w / (m->patch * s), gt = video ? px[x].t : 1, hw = lh * lw;
+        if (lh <= 0 || lw <= 0 || ed + gt * hw > n)
+            return kiln_error(KILN_EINVAL, "%s %d's %lldx%lldx%lld tokens do not fit at position %d of %d", video ? "video" : "image",
+                              (video ? n_vid : n_img), (long long)gt, (long long)lh, (long long)lw, ed, n);
+        int64_t top = 0;
+        for (int64_t j = 0; j < gt * hw; j++) {
             int32_t *p = pos3 + 3 * (ed + j);
-            p[0] = (int32_t)next, p[1] = (int32_t)(next + j / lw), p[2] = (int32_t)(next + j % lw);
+            int64_t ti = video ? video_t_index(m, j / hw) : 0, in = j % hw;
+            p[0] = (int32_t)(next + ti), p[1] = (int32_t)(next + in / lw), p[2] = (int32_t)(next + in % lw);
+            top = ti > top ? ti : top;
         }
-        next += (lh > lw ? lh : lw);
-        st = ed + (int)(lh * lw);
-        img++;
+        int64_t span = lh > lw ? lh : lw; /* the block's largest offset + 1 */
+        next += top + 1 > span ? top + 1 : span;
+        st = ed + (int)(gt * hw);
     }
 }
 
 kiln_status kvis_expand_images(const kvis_model *m, const kvis_pixels *px, int n_images, const int32_t *ids, int n, int32_t bos,
                                int32_t **out, int *n_out) {
     *out = NULL, *n_out = 0;
-    int32_t tok = kvis_placeholder_token(m);
-    int k = 0;
-    for (int i = 0; i < n; i++) k += ids[i] == tok;
-    if (k == 0) {
+    int32_t tok = kvis_placeholder_token(m), vtok = m->video_token;
+    int k = 0, kv = 0, nv = 0;
+    for (int i = 0; i < n; i++) k += ids[i] == tok, kv += vtok >= 0 && ids[i] == vtok;
+    for (int i = 0; i < n_images; i++) nv += px[i].t > 0;
+    if (k + kv == 0) {
         if (n_images > 1)
             return kiln_error(KILN_EUNSUPPORTED, "the prompt has no image placeholder, so only one image can be placed (it has %d)",
                               n_images);
         return kvis_expand_prompt(m, &px[0], ids, n, bos, out, n_out);
     }
-    if (k != n_images) return kiln_error(KILN_EINVAL, "the prompt has %d image placeholder tokens for %d images", k, n_images);
+    if (kv != nv) return kiln_error(KILN_EINVAL, "the prompt has %d video placeholder tokens for %d videos", kv, nv);
+    if (k != n_images - nv) return kiln_error(KILN_EINVAL, "the prompt has %d image placeholder tokens for %d images", k, n_images - nv);
+    /* the k-th image placeholder takes the k-th image of px, the k-th video placeholder the k-th video (as transformers'
+     * image_grid_thw / video_grid_thw): order[j] is the px at the j-th placeholder */
+    int *order = malloc(sizeof(int) * (size_t)(n_images + 1));
+    if (!order) return kiln_error(KILN_ENOMEM, "out of memory");
+    for (int j = 0, i = 0, ni = 0, nvid = 0; i < n; i++) {
+        if (ids[i] != tok && (vtok < 0 || ids[i] != vtok)) continue;
+        bool video = vtok >= 0 && ids[i] == vtok;
+        int want = video ? nvid++ : ni++, x = 0;
+        for (int seen = -1; x < n_images; x++)
+            if ((px[x].t > 0) == video && ++seen == want) break;
+        order[j++] = x;
+    }
     /* image k's part of the prompt: from one token before its placeholder
      * (Qwen's <|vision_start|>, which kvis_expand_prompt looks at) to the
      * start of the next part */
     int *starts = malloc(sizeof(int) * (size_t)(n_images + 1));
-    if (!starts) return kiln_error(KILN_ENOMEM, "out of memory");
+    if (!starts) {
+        free(order);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
     for (int img = 0, i = 0, prev = -1; img < n_images; img++, i++) {
-        while (ids[i] != tok) i++;
+        while (ids[i] != tok && (vtok < 0 || ids[i] != vtok)) i++;
         starts[img] = img == 0 ? 0 : i - 1 > prev ? i - 1 : i;
         prev = i;
     }
@@ -532,7 +642,7 @@ kiln_status kvis_expand_images(const kvis_model *m, const kvis_pixels *px, int n
     for (int img = 0; img < n_images && !st; img++) {
         int32_t *e = NULL;
         int ne = 0;
-        st = kvis_expand_prompt(m, &px[img], ids + starts[img], starts[img + 1] - starts[img], bos, &e, &ne);
+        st = kvis_expand_prompt(m, &px[order[img]], ids + starts[img], starts[img + 1] - starts[img], bos, &e, &ne);
         int32_t *grown = st ? NULL : realloc(all, sizeof(int32_t) * (size_t)(len + ne));
         if (!st && !grown) st = kiln_error(KILN_ENOMEM, "out of memory");
         if (!st) {
@@ -542,7 +652,7 @@ kiln_status kvis_expand_images(const kvis_model *m, const kvis_pixels *px, int n
         }
         free(e);
     }
-    free(starts);
+    free(starts), free(order);
     if (st) {
         free(all);
         return st;

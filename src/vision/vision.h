@@ -51,9 +51,18 @@ typedef struct {
     int64_t n;          /* crops (0: 1) */
     int64_t rows, cols; /* the tile grid of a split / tiled image (0: not split) */
     int64_t orig_h, orig_w; /* the image's size before preprocessing (LLaVA-NeXT's unpadding) */
+    int64_t t;              /* a video (Qwen2-VL / 2.5-VL): its temporal patches (grid_t), data [t * (h/P) * (w/P), 3 T P P]; 0: an image */
 } kvis_pixels;
 kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kvis_pixels *out);
 void kvis_pixels_free(kvis_pixels *p);
+/* A video given as n frames (Qwen2-VL, Qwen2.5-VL): the video processor's
+ * pixel_values_videos (kimg_preprocess_video, then the flattened patches,
+ * temporal_patch_size frames to a patch), px->t its grid_t. Other families
+ * are KILN_EUNSUPPORTED. */
+kiln_status kvis_pixels_from_video(const kvis_model *m, const kimg_image *frames, int n, kvis_pixels *out);
+/* The token a video's placeholder is written as and its block repeats
+ * (<|video_pad|>); -1 when the family takes no video. */
+int32_t kvis_video_token(const kvis_model *m);
 /* The layout fields of px (orig_h, orig_w and, for tiling families, the
  * tile grid) for an image of h x w, as kvis_pixels_from_image sets them:
  * for pixels that come from elsewhere (the oracle's pixel_values.npy). */

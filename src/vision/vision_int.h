@@ -58,6 +58,10 @@ struct kvis_model {
     int64_t max_tiles;       /* LLaVA-OneVision anyres_max_N: features downscaled beyond N tiles' worth (0: never) */
     kimg_proc proc;
     bool have_proc;
+    kimg_proc vproc;         /* the video processor: video_preprocessor_config.json, else proc (as transformers falls back) */
+    int32_t video_token;     /* <|video_pad|> (-1: no video input) */
+    int64_t tokens_per_second; /* Qwen2.5-VL: a video's temporal positions are t * (T / fps) * this (0: t, Qwen2-VL) */
+    double video_fps;        /* the frames' rate for those positions (the processor's default 2.0) */
     /* Qwen-VL */
     int64_t temporal_patch, window, n_pos_side; /* temporal_patch_size; window_size (2.5); sqrt(num_position_embeddings) (3) */
     int32_t vision_start, vision_end;
@@ -115,6 +119,8 @@ struct kvis_family {
      * -> the image's rows *out [*n_out, text hidden] (malloc'ed), on the
      * host (NULL: as they are). */
     kiln_status (*pack)(const kvis_model *m, const kvis_pixels *px, const float *feat, int64_t per_crop, float **out, int64_t *n_out);
+    /* A video's frames -> its pixels (kvis_pixels_from_video; NULL: the family takes no video). */
+    kiln_status (*video)(const kvis_model *m, const kimg_image *frames, int n, kvis_pixels *out);
     /* One image's placeholder block for px, a gh x gw patch grid per crop,
      * into ids[cap], *n (NULL: an image token per patch, no markers). */
     kiln_status (*image_tokens)(const kvis_model *m, const kvis_pixels *px, int64_t gh, int64_t gw, int32_t *ids, int cap, int *n);
