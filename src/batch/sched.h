@@ -152,7 +152,8 @@ kiln_status ksch_call(ksch *s, ksch_call_fn fn, void *ud);
 /* Slots: the max_running places a running sequence occupies (kiln serve's
  * --parallel, llama-server's slots). A request takes the lowest free slot
  * when admitted (again after a preemption) and leaves it when it ends; the
- * slot then holds that request's tokens (prompt and reply; requests with
+ * slot then holds that request's tokens (prompt and reply but its last token,
+ * which ended it and never entered the cache; requests with
  * per-token inputs or without prefix caching leave it as it was), whose
  * blocks the prefix cache keeps while they are not evicted. */
 typedef struct {
