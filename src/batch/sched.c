@@ -760,7 +760,7 @@ kiln_status ksch_call(ksch *s, ksch_call_fn fn, void *ud) {
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
         pthread_mutex_unlock(&s->mu);
-        return kiln_error(KILN_EUNSUPPORTED, "the scheduler is stopping");
+        return kiln_error(KILN_ELIMIT, "the scheduler is stopping");
     }
     ksch_callq **pp = &s->calls;
     while (*pp) pp = &(*pp)->next;
@@ -770,7 +770,7 @@ kiln_status ksch_call(ksch *s, ksch_call_fn fn, void *ud) {
     if (!k.done) { /* stopped before it ran: take it back */
         for (pp = &s->calls; *pp != &k; pp = &(*pp)->next) {}
         *pp = k.next;
-        k.result = kiln_error(KILN_EUNSUPPORTED, "the scheduler is stopping");
+        k.result = kiln_error(KILN_ELIMIT, "the scheduler is stopping");
     }
     pthread_mutex_unlock(&s->mu);
     return k.result;

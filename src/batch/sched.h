@@ -145,7 +145,7 @@ extern const int64_t ksch_batch_buckets[12];
  * ksch_call runs fn(s, ud) on the stepping thread between two steps (where
  * the engine context is free to use) and returns its result; the caller
  * waits. Call it from another thread (never from an event callback); after
- * ksch_stop it fails (KILN_EUNSUPPORTED) without running fn. */
+ * ksch_stop it fails (KILN_ELIMIT) without running fn. */
 typedef kiln_status (*ksch_call_fn)(ksch *s, void *ud);
 kiln_status ksch_call(ksch *s, ksch_call_fn fn, void *ud);
 

@@ -1530,6 +1530,10 @@ kiln_status ke_ctx_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens,
     ensure_identity(c);
     void *raw;
     size_t len;
+    if (c->recurrent && !c->snap)
+        return kiln_error(KILN_EUNSUPPORTED,
+                          "this context keeps no state snapshots (--cache-ram 0), without which a model with recurrent "
+                          "state cannot resume from a restored prefix");
     KILN_TRY(kvd_read_file(path, &raw, &len));
     *n_read = len;
     const unsigned char *p = raw, *end = p + len;
@@ -1579,7 +1583,7 @@ kiln_status ke_ctx_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens,
     /* each block held (referenced) until the end, so that taking a block for
      * the next cannot recycle it */
     uint64_t parent = HASH_ROOT;
-    int64_t j = 0;
+    int64_t j = 0, usable = 0;
     for (; j < hd.n_blocks; j++) {
         const int32_t *t = t0 + j * bs;
         uint32_t flags[2];
@@ -1600,12 +1604,13 @@ kiln_status ke_ctx_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens,
             if (buf) memcpy(buf, snap, sizeof(float) * (size_t)c->snap_numel);
         }
         held[j] = b;
+        if (!c->recurrent || c->snap[b]) usable = j + 1; /* a recurrent model resumes only at a snapshot */
         p += 8 + sizeof(float) * (size_t)(c->kv_floats + (snap ? c->snap_numel : 0));
         parent = h;
     }
     for (int64_t k = 0; k < j; k++) drop_block(c, held[k]);
     free(held), free(raw);
     *tokens = tok;
-    *n_restored = j * bs;
+    *n_restored = usable * bs;
     return NULL;
 }

@@ -221,8 +221,9 @@ kiln_status ke_ctx_prefix_save(ke_ctx *c, const int32_t *tokens, int64_t n, cons
 /* Reads such a file back into the prefix cache (published, held by no
  * sequence, as if a request had just computed them), so that a request
  * whose prompt starts with its tokens reuses them. *tokens (malloc'ed) gets
- * the file's tokens, *n_restored how many of them are now cached (fewer
- * when the pool has no room). A file of another model, layout or format, or
+ * the file's tokens, *n_restored how many of them a request can now reuse
+ * (fewer when the pool or the snapshot budget has no room; a model with
+ * recurrent state needs state snapshots: KILN_EUNSUPPORTED without). A file of another model, layout or format, or
  * one that fails its checks, is a KILN_EINVAL error naming the problem, with
  * the cache untouched. */
 kiln_status ke_ctx_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens, int64_t *n_restored, size_t *n_read);

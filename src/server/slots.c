@@ -52,8 +52,15 @@ static int fail(ksrv_buf *out, int status, const char *type, const char *msg) {
  * unknown slot, a bad or foreign file: llama-server answers 400 too). */
 static int fail_status(ksrv_buf *out, kiln_status st) {
     kiln_code c = kiln_status_code(st);
-    int status = c == KILN_EINVAL || c == KILN_ENOTFOUND ? 400 : c == KILN_EUNSUPPORTED ? 503 : 500;
-    fail(out, status, status == 400 ? "invalid_request_error" : status == 503 ? "unavailable_error" : "server_error",
+    int status = c == KILN_EINVAL || c == KILN_ENOTFOUND ? 400
+                 : c == KILN_EUNSUPPORTED                ? 501
+                 : c == KILN_ELIMIT                      ? 503 /* stopping */
+                                                         : 500;
+    fail(out, status,
+         status == 400   ? "invalid_request_error"
+         : status == 501 ? "not_supported_error"
+         : status == 503 ? "unavailable_error"
+                         : "server_error",
          kiln_status_msg(st));
     kiln_status_free(st);
     return status;
