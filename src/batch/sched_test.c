@@ -706,6 +706,8 @@ KT_TEST(sched_slots_and_calls) {
                       si.processing, (unsigned long long)si.id_task, si.n_prompt, (long long)si.n_tokens);
             KT_CHECK(ksch_slot_get(s, 1, &si));
             KT_CHECK(!si.processing && si.id_task == 2 && si.n_prompt == 30 && si.n_tokens == 30 + 4);
+            jobs_free(&ja, 1);
+            jobs_free(&jb, 1);
         }
         pthread_t th;
         KT_CHECK(pthread_create(&th, NULL, run_thread, s) == 0);
