@@ -727,6 +727,13 @@ KT_TEST(sched_slots_and_calls) {
             KT_CHECK_OK(ksch_slot_erase(s, 0, &n));
             KT_CHECK_EQ(n, 42);
             KT_CHECK(ksch_slot_get(s, 0, &si) && si.n_tokens == 0);
+            char empty[] = "/tmp/kiln-sched-slot-XXXXXX"; /* an empty slot saves an empty file */
+            int efd = mkstemp(empty);
+            KT_CHECK(efd >= 0);
+            if (efd >= 0) close(efd);
+            KT_CHECK_OK(ksch_slot_save(s, 0, empty, &n, &bytes));
+            KT_CHECK_EQ(n, 0);
+            unlink(empty);
         } else {
             KT_CHECK_OK(ksch_slot_restore(s, 1, path, &n, &bytes));
             KT_CHECK_EQ(n, saved);

@@ -1503,7 +1503,7 @@ kiln_status ke_ctx_prefix_save(ke_ctx *c, const int32_t *tokens, int64_t n, cons
                         .kv_floats = (uint64_t)c->kv_floats, .snap_floats = (uint64_t)c->snap_numel, .n_blocks = usable};
         memcpy(hd.magic, SLOT_MAGIC, 8);
         memcpy(p, &hd, sizeof hd), p += sizeof hd;
-        memcpy(p, tokens, sizeof(int32_t) * (size_t)(usable * bs)), p += sizeof(int32_t) * (size_t)(usable * bs);
+        if (usable) memcpy(p, tokens, sizeof(int32_t) * (size_t)(usable * bs)), p += sizeof(int32_t) * (size_t)(usable * bs);
         for (int64_t j = 0; j < usable; j++) {
             int32_t b = blk[j];
             const float *snap = b >= 0 ? (c->snap ? c->snap[b] : NULL)
