@@ -53,6 +53,7 @@ typedef struct seq {
     const int32_t *guess;
     int32_t k, rows_left, kept;
     int64_t len0; /* cache length before the step */
+    int slot;     /* the --parallel place it runs on (ksch_slot_info), -1 while not running */
     struct seq *next; /* in the inbox or the waiting list */
 } seq;
 
@@ -72,6 +73,14 @@ struct ksch {
     uint64_t next_id;
     bool stop;
     ksch_stats stats;
+    /* ksch_call's queue, and the slots' public view (ksch_slot_get) */
+    struct ksch_callq *calls;
+    pthread_cond_t call_cv;
+    ksch_slot_info *slot_info; /* [max_running] */
+    /* the stepping thread's own: each slot's tokens (its last request's
+     * prompt and reply, or a restored file's), see ksch_slot_save */
+    int32_t **slot_tok;
+    int64_t *slot_n;
     /* the stepping thread's own */
     seq *waiting;    /* by id (arrival order) */
     seq **running;   /* [n_running] by admission order */
@@ -144,8 +153,19 @@ kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out) {
     s->p.eos_ids = s->eos;
     s->vocab = ke_model_hparams(ke_ctx_model(c))->vocab;
     s->next_id = 1;
+    s->slot_info = calloc((size_t)s->p.max_running, sizeof *s->slot_info);
+    s->slot_tok = calloc((size_t)s->p.max_running, sizeof *s->slot_tok);
+    s->slot_n = calloc((size_t)s->p.max_running, sizeof *s->slot_n);
+    if (!s->slot_info || !s->slot_tok || !s->slot_n) {
+        free(s->slot_info), free(s->slot_tok), free(s->slot_n);
+        free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow);
+        free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos), free(s->bcross), free(s->bckeys);
+        free(s);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->call_cv, NULL);
     ke_ctx_cache_stats(c, &s->local.cache);
     s->stats = s->local;
     *out = s;
@@ -184,12 +204,44 @@ static void emit_end(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status
  * cache keys blocks by token ids, and every image's tokens repeat one id). */
 static bool caches(const ksch *s, const seq *q) { return s->p.prefix_cache && !q->has_inputs && !q->prompt_lp; }
 
+/* The lowest slot no running sequence holds (one exists: at most
+ * max_running run), taken by q. */
+static void slot_take(ksch *s, seq *q) {
+    pthread_mutex_lock(&s->mu);
+    int i = 0;
+    while (i < s->p.max_running - 1 && s->slot_info[i].processing) i++;
+    s->slot_info[i].processing = true;
+    s->slot_info[i].id_task = q->id;
+    s->slot_info[i].n_prompt = q->n_prompt;
+    pthread_mutex_unlock(&s->mu);
+    q->slot = i;
+}
+
+static void slot_leave(ksch *s, seq *q) {
+    pthread_mutex_lock(&s->mu);
+    s->slot_info[q->slot].processing = false;
+    s->slot_info[q->slot].n_tokens = s->slot_n[q->slot];
+    pthread_mutex_unlock(&s->mu);
+    q->slot = -1;
+}
+
 /* Removes q from the engine (publishing its blocks first) and frees it. */
 static void retire(ksch *s, seq *q, kgen_finish f, bool cancelled, kiln_status err) {
     if (q->ke >= 0) {
         if (caches(s, q)) ke_seq_publish(s->c, q->ke, q->tokens, q->n_tokens);
         ke_seq_close(s->c, q->ke);
         q->ke = -1;
+    }
+    if (q->slot >= 0) { /* the slot now holds this request's tokens (when they were cached) */
+        int i = q->slot;
+        if (caches(s, q)) {
+            int32_t *t = malloc(sizeof(int32_t) * (size_t)(q->n_tokens + 1));
+            if (t) memcpy(t, q->tokens, sizeof(int32_t) * (size_t)q->n_tokens);
+            free(s->slot_tok[i]);
+            s->slot_tok[i] = t;
+            s->slot_n[i] = t ? q->n_tokens : 0;
+        }
+        slot_leave(s, q);
     }
     emit_end(s, q, f, cancelled, err);
     seq_free(q);
@@ -260,6 +312,7 @@ kiln_status ksch_submit(ksch *s, const ksch_request *r, uint64_t *id) {
             return kiln_error(KILN_EINVAL, "prompt token %d: id %d is out of range (the vocabulary has %lld tokens)", (int)i,
                               (int)r->prompt[i], (long long)n_ids);
     seq *q = calloc(1, sizeof *q);
+    if (q) q->slot = -1;
     if (!q) return kiln_error(KILN_ENOMEM, "out of memory");
     q->ke = -1;
     q->fn = r->on_event;
@@ -429,6 +482,7 @@ static void preempt(ksch *s, int i) {
     q->k = q->rows_left = q->kept = 0; /* its last step's guesses are settled: a re-admission in this step must not settle them again */
     q->n_preempted++;
     s->local.preemptions++;
+    slot_leave(s, q);
     wait_insert(s, q);
 }
 
@@ -638,6 +692,7 @@ static int64_t schedule(ksch *s) {
             s->local.prompt_tokens += q->n_prompt;
         }
         run_insert(s, q);
+        slot_take(s, q);
         reserved += ke_seq_blocks_needed(c, q->ke, n);
         add_tokens(s, q, n, &T);
         budget -= n;
@@ -693,7 +748,137 @@ static void publish_stats(ksch *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* ---------------------------------------------------------------- calls and slots */
+
+typedef struct ksch_callq {
+    ksch_call_fn fn;
+    void *ud;
+    kiln_status result;
+    bool taken, done;
+    struct ksch_callq *next;
+} ksch_callq;
+
+/* Runs the queued calls (the stepping thread, between steps). */
+static void run_calls(ksch *s) {
+    pthread_mutex_lock(&s->mu);
+    ksch_callq *list = s->calls;
+    s->calls = NULL;
+    for (ksch_callq *k = list; k; k = k->next) k->taken = true;
+    pthread_mutex_unlock(&s->mu);
+    while (list) {
+        ksch_callq *k = list;
+        list = k->next;
+        kiln_status r = k->fn(s, k->ud);
+        pthread_mutex_lock(&s->mu);
+        k->result = r;
+        k->done = true; /* k belongs to its caller from here */
+        pthread_cond_broadcast(&s->call_cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+kiln_status ksch_call(ksch *s, ksch_call_fn fn, void *ud) {
+    ksch_callq k = {.fn = fn, .ud = ud};
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        return kiln_error(KILN_ELIMIT, "the scheduler is stopping");
+    }
+    ksch_callq **pp = &s->calls;
+    while (*pp) pp = &(*pp)->next;
+    *pp = &k;
+    pthread_cond_signal(&s->cv);
+    while (!k.done && !(s->stop && !k.taken)) pthread_cond_wait(&s->call_cv, &s->mu);
+    if (!k.done) { /* stopped before it ran: take it back */
+        for (pp = &s->calls; *pp != &k; pp = &(*pp)->next) {}
+        *pp = k.next;
+        k.result = kiln_error(KILN_ELIMIT, "the scheduler is stopping");
+    }
+    pthread_mutex_unlock(&s->mu);
+    return k.result;
+}
+
+int ksch_n_slots(const ksch *s) { return s->p.max_running; }
+
+bool ksch_slot_get(ksch *s, int slot, ksch_slot_info *out) {
+    if (slot < 0 || slot >= s->p.max_running) return false;
+    pthread_mutex_lock(&s->mu);
+    *out = s->slot_info[slot];
+    pthread_mutex_unlock(&s->mu);
+    return true;
+}
+
+typedef struct {
+    int slot;
+    const char *path;
+    int64_t n;
+    size_t bytes;
+} slot_op;
+
+static kiln_status bad_slot(const ksch *s, int slot) {
+    return slot < 0 || slot >= s->p.max_running
+               ? kiln_error(KILN_ENOTFOUND, "unknown slot id %d (this server has slots 0 to %d: --parallel)", slot,
+                            s->p.max_running - 1)
+               : NULL;
+}
+
+static kiln_status do_save(ksch *s, void *ud) {
+    slot_op *o = ud;
+    return ke_ctx_prefix_save(s->c, s->slot_tok[o->slot], s->slot_n[o->slot], o->path, &o->n, &o->bytes);
+}
+
+static kiln_status do_restore(ksch *s, void *ud) {
+    slot_op *o = ud;
+    int32_t *t;
+    KILN_TRY(ke_ctx_prefix_restore(s->c, o->path, &t, &o->n, &o->bytes));
+    free(s->slot_tok[o->slot]);
+    s->slot_tok[o->slot] = t;
+    s->slot_n[o->slot] = o->n;
+    pthread_mutex_lock(&s->mu);
+    if (!s->slot_info[o->slot].processing) s->slot_info[o->slot].n_tokens = o->n;
+    pthread_mutex_unlock(&s->mu);
+    publish_stats(s);
+    return NULL;
+}
+
+static kiln_status do_erase(ksch *s, void *ud) {
+    slot_op *o = ud;
+    o->n = s->slot_n[o->slot];
+    free(s->slot_tok[o->slot]);
+    s->slot_tok[o->slot] = NULL;
+    s->slot_n[o->slot] = 0;
+    pthread_mutex_lock(&s->mu);
+    if (!s->slot_info[o->slot].processing) s->slot_info[o->slot].n_tokens = 0;
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+kiln_status ksch_slot_save(ksch *s, int slot, const char *path, int64_t *n_saved, size_t *n_written) {
+    KILN_TRY(bad_slot(s, slot));
+    slot_op o = {slot, path, 0, 0};
+    KILN_TRY(ksch_call(s, do_save, &o));
+    *n_saved = o.n, *n_written = o.bytes;
+    return NULL;
+}
+
+kiln_status ksch_slot_restore(ksch *s, int slot, const char *path, int64_t *n_restored, size_t *n_read) {
+    KILN_TRY(bad_slot(s, slot));
+    slot_op o = {slot, path, 0, 0};
+    KILN_TRY(ksch_call(s, do_restore, &o));
+    *n_restored = o.n, *n_read = o.bytes;
+    return NULL;
+}
+
+kiln_status ksch_slot_erase(ksch *s, int slot, int64_t *n_erased) {
+    KILN_TRY(bad_slot(s, slot));
+    slot_op o = {slot, NULL, 0, 0};
+    KILN_TRY(ksch_call(s, do_erase, &o));
+    *n_erased = o.n;
+    return NULL;
+}
+
 bool ksch_step(ksch *s) {
+    run_calls(s);
     drain_inbox(s);
     reap(s);
     int64_t T = schedule(s);
@@ -777,7 +962,7 @@ bool ksch_step(ksch *s) {
 
 bool ksch_wait(ksch *s) {
     pthread_mutex_lock(&s->mu);
-    while (!s->stop && !s->inbox && !s->n_cancels && s->n_running == 0 && s->n_waiting == 0)
+    while (!s->stop && !s->inbox && !s->calls && !s->n_cancels && s->n_running == 0 && s->n_waiting == 0)
         pthread_cond_wait(&s->cv, &s->mu);
     bool stop = s->stop;
     pthread_mutex_unlock(&s->mu);
@@ -792,6 +977,7 @@ void ksch_stop(ksch *s) {
     pthread_mutex_lock(&s->mu);
     s->stop = true;
     pthread_cond_broadcast(&s->cv);
+    pthread_cond_broadcast(&s->call_cv);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -815,6 +1001,9 @@ void ksch_destroy(ksch *s) {
     }
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->call_cv);
+    for (int i = 0; i < s->p.max_running; i++) free(s->slot_tok[i]);
+    free(s->slot_tok), free(s->slot_n), free(s->slot_info);
     kgr_vocab_free(s->gvocab);
     free(s->cancels);
     free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow), free(s->brow_pos);

@@ -148,4 +148,37 @@ void ksch_get_stats(ksch *s, ksch_stats *out);
 /* Upper bounds of batch_hist's buckets (the last is +Inf). */
 extern const int64_t ksch_batch_buckets[12];
 
+/* ---- calls and slots ----
+ * ksch_call runs fn(s, ud) on the stepping thread between two steps (where
+ * the engine context is free to use) and returns its result; the caller
+ * waits. Call it from another thread (never from an event callback); after
+ * ksch_stop it fails (KILN_ELIMIT) without running fn. */
+typedef kiln_status (*ksch_call_fn)(ksch *s, void *ud);
+kiln_status ksch_call(ksch *s, ksch_call_fn fn, void *ud);
+
+/* Slots: the max_running places a running sequence occupies (kiln serve's
+ * --parallel, llama-server's slots). A request takes the lowest free slot
+ * when admitted (again after a preemption) and leaves it when it ends; the
+ * slot then holds that request's tokens (prompt and reply but its last token,
+ * which ended it and never entered the cache; requests with
+ * per-token inputs or without prefix caching leave it as it was), whose
+ * blocks the prefix cache keeps while they are not evicted. */
+typedef struct {
+    bool processing;   /* a request runs on it */
+    uint64_t id_task;  /* the latest request it ran (0: none) */
+    int32_t n_prompt;  /* that request's prompt tokens */
+    int64_t n_tokens;  /* tokens the slot holds (ksch_slot_save would save what of them is cached) */
+} ksch_slot_info;
+int ksch_n_slots(const ksch *s);
+/* Any thread; false for an unknown slot. */
+bool ksch_slot_get(ksch *s, int slot, ksch_slot_info *out);
+/* Through ksch_call: writes the cached prefix of the slot's tokens to path
+ * (ke_ctx_prefix_save), reads such a file into the prefix cache, the slot
+ * then holding its tokens (ke_ctx_prefix_restore), or forgets the slot's
+ * tokens (the cache keeps its blocks; *n_erased: how many it held). An
+ * unknown slot is KILN_ENOTFOUND; file errors as the engine reports them. */
+kiln_status ksch_slot_save(ksch *s, int slot, const char *path, int64_t *n_saved, size_t *n_written);
+kiln_status ksch_slot_restore(ksch *s, int slot, const char *path, int64_t *n_restored, size_t *n_read);
+kiln_status ksch_slot_erase(ksch *s, int slot, int64_t *n_erased);
+
 #endif

@@ -2,6 +2,8 @@
  * prompts of different lengths together, chunked prefill, shared prefixes,
  * preemption forced by a small KV cache, sliding windows, cancellation. */
 #include <dirent.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -673,3 +675,100 @@ KT_TEST(sched_spec_dense) { check_spec("llama"); }
 KT_TEST(sched_spec_moe) { check_spec("mixtral"); }
 KT_TEST(sched_spec_ssm) { check_spec("mamba2"); }
 KT_TEST(sched_spec_hybrid) { check_spec("qwen3_next"); }
+
+static void *run_thread(void *p) {
+    ksch_run(p);
+    return NULL;
+}
+
+static kiln_status call_counts(ksch *s, void *ud) {
+    (void)s;
+    ++*(int *)ud;
+    return NULL;
+}
+
+/* Slots: requests take the lowest free slot and leave their tokens there;
+ * ksch_call runs on the stepping thread; a slot saved from one context is
+ * restored into another's prefix cache; unknown slots and calls after
+ * ksch_stop are errors. */
+KT_TEST(sched_slots_and_calls) {
+    ke_model *m = ke_test_load_fixture("llama");
+    if (!m) return;
+    int64_t V = ke_model_hparams(m)->vocab;
+    int32_t pa[40], pb[40];
+    for (int i = 0; i < 40; i++) pa[i] = tok_at(i, V), pb[i] = tok_at(i * 5 + 1, V);
+    char path[] = "/tmp/kiln-sched-slot-XXXXXX";
+    int fd = mkstemp(path);
+    KT_CHECK(fd >= 0);
+    if (fd >= 0) close(fd);
+    int64_t saved = -1;
+    for (int round = 0; round < 2; round++) {
+        ke_ctx *c;
+        KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 128, .n_cache = 512, .n_threads = 1, .block_size = 4}, &c));
+        ksch *s;
+        KT_CHECK_OK(ksch_create(c, &(ksch_params){.max_running = 2, .step_tokens = 32, .prefix_cache = true}, &s));
+        KT_CHECK_EQ(ksch_n_slots(s), 2);
+        ksch_slot_info si;
+        KT_CHECK(!ksch_slot_get(s, 2, &si));
+        if (round == 0) {
+            job ja, jb;
+            job_init(&ja, pa, 37, true, 0, 6);
+            job_init(&jb, pb, 30, true, 0, 5);
+            uint64_t id;
+            KT_CHECK_OK(ksch_submit(s, &(ksch_request){ja.prompt, ja.n_prompt, &ja.gp, 0, on_event, &ja.got, NULL, false}, &id));
+            KT_CHECK_OK(ksch_submit(s, &(ksch_request){jb.prompt, jb.n_prompt, &jb.gp, 0, on_event, &jb.got, NULL, false}, &id));
+            drain(s);
+            KT_CHECK(ksch_slot_get(s, 0, &si));
+            /* prompt and reply, but the last token sampled: it ended the request and never entered the sequence */
+            KT_CHECKF(!si.processing && si.id_task == 1 && si.n_prompt == 37 && si.n_tokens == 37 + 5, "%d %llu %d %lld",
+                      si.processing, (unsigned long long)si.id_task, si.n_prompt, (long long)si.n_tokens);
+            KT_CHECK(ksch_slot_get(s, 1, &si));
+            KT_CHECK(!si.processing && si.id_task == 2 && si.n_prompt == 30 && si.n_tokens == 30 + 4);
+            jobs_free(&ja, 1);
+            jobs_free(&jb, 1);
+        }
+        pthread_t th;
+        KT_CHECK(pthread_create(&th, NULL, run_thread, s) == 0);
+        int calls = 0;
+        KT_CHECK_OK(ksch_call(s, call_counts, &calls));
+        KT_CHECK_EQ(calls, 1);
+        int64_t n = 0;
+        size_t bytes = 0;
+        kiln_status st = ksch_slot_save(s, 7, path, &n, &bytes);
+        KT_CHECK(st && kiln_status_code(st) == KILN_ENOTFOUND && strstr(kiln_status_msg(st), "unknown slot id 7"));
+        kiln_status_free(st);
+        if (round == 0) {
+            KT_CHECK_OK(ksch_slot_save(s, 0, path, &saved, &bytes));
+            /* of the 42 tokens, the 41 in the cache (the last is not) make 10 full blocks */
+            KT_CHECK_EQ(saved, 40);
+            KT_CHECK(bytes > 0);
+            KT_CHECK_OK(ksch_slot_erase(s, 0, &n));
+            KT_CHECK_EQ(n, 42);
+            KT_CHECK(ksch_slot_get(s, 0, &si) && si.n_tokens == 0);
+            char empty[] = "/tmp/kiln-sched-slot-XXXXXX"; /* an empty slot saves an empty file */
+            int efd = mkstemp(empty);
+            KT_CHECK(efd >= 0);
+            if (efd >= 0) close(efd);
+            KT_CHECK_OK(ksch_slot_save(s, 0, empty, &n, &bytes));
+            KT_CHECK_EQ(n, 0);
+            unlink(empty);
+        } else {
+            KT_CHECK_OK(ksch_slot_restore(s, 1, path, &n, &bytes));
+            KT_CHECK_EQ(n, saved);
+            KT_CHECK(ksch_slot_get(s, 1, &si) && si.n_tokens == saved);
+            ke_cache_stats cs;
+            ke_ctx_cache_stats(c, &cs); /* the scheduler is idle: its thread does not touch the context now */
+            KT_CHECK_EQ(cs.n_cached, saved / 4);
+        }
+        ksch_stop(s);
+        pthread_join(th, NULL);
+        calls = 0;
+        st = ksch_call(s, call_counts, &calls);
+        KT_CHECK(st && calls == 0);
+        kiln_status_free(st);
+        ksch_destroy(s);
+        ke_ctx_free(c);
+    }
+    unlink(path);
+    ke_model_free(m);
+}

@@ -29,6 +29,8 @@ static void usage(FILE *f) {
             "  --cache-dir DIR        the prefix cache's disk tier: evicted KV blocks and state snapshots\n"
             "                         are kept in DIR (created if absent) and survive a restart\n"
             "  --cache-dir-size MIB   its size bound, least recently used files removed first (default 10240)\n"
+            "  --slot-save-path DIR   folder of POST /slots/{id}?action=save|restore files (llama-server's;\n"
+            "                         without it those actions answer 501)\n"
             "  -b, --step-tokens N    tokens per engine step: decodes plus prompt chunks (default 256)\n"
             "  --queue N              requests waiting before 503 (default 256)\n"
             "  -t, --threads N        engine threads (default: all CPUs)\n"
@@ -113,7 +115,7 @@ int kiln_cmd_serve(int argc, char **argv) {
             "--kv-tokens", "--cache-ram", "--block-size", "-b", "--step-tokens", "--queue", "-t", "--threads",
             "--api-key", "--alias", "--served-model-name", "--max-body", "--timeout", "--request-timeout",
             "--max-conns", "--max-conns-per-ip", "--max-image-pixels", "--shutdown-timeout", "--reasoning-budget",
-            "--reasoning-format", "--pooling", "--cache-dir", "--cache-dir-size", NULL};
+            "--reasoning-format", "--pooling", "--cache-dir", "--cache-dir-size", "--slot-save-path", NULL};
         bool flag = kiln_flag_in(a, flags);
         if ((st = kiln_option("serve", a, v, valued, flags))) break;
         int64_t x = 0;
@@ -125,6 +127,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--kv-tokens")) st = kiln_parse_int(a, v, 0, 1ll << 32, &p.kv_tokens);
         else if (!strcmp(a, "--cache-ram")) st = kiln_parse_int(a, v, 0, 1ll << 30, &x), p.state_cache_bytes = x ? x << 20 : -1;
         else if (!strcmp(a, "--cache-dir")) p.cache_dir = v;
+        else if (!strcmp(a, "--slot-save-path")) p.slot_save_path = v;
         else if (!strcmp(a, "--cache-dir-size")) st = kiln_parse_int(a, v, 1, 1ll << 30, &x), p.cache_dir_bytes = x << 20;
         else if (!strcmp(a, "--block-size")) st = kiln_parse_int(a, v, 1, 4096, &x), p.block_size = (int)x;
         else if (!strcmp(a, "-b") || !strcmp(a, "--step-tokens")) st = kiln_parse_int(a, v, 1, 1 << 20, &x), p.step_tokens = (int)x;

@@ -1450,3 +1450,175 @@ done:
     free(added), free(tok), free(seq), free(want), free(len);
     return st;
 }
+
+/* ---------------------------------------------------------------- slot files */
+
+/* A slot file's payload (ke_ctx_prefix_save): this header, the tokens, then
+ * per block a u32 pair (has_snap, 0), its keys and values (as in a block
+ * file) and its snapshot when it has one. */
+typedef struct {
+    char magic[8];
+    uint64_t model_id, layout_id;
+    uint32_t block_size, pad;
+    uint64_t kv_floats, snap_floats;
+    int64_t n_blocks;
+} slot_head;
+
+#define SLOT_MAGIC "kiln.slt"
+
+static void ensure_identity(ke_ctx *c) {
+    if (c->model_id || c->layout_id) return;
+    c->model_id = model_identity(c->m);
+    c->layout_id = layout_identity(c);
+}
+
+kiln_status ke_ctx_prefix_save(ke_ctx *c, const int32_t *tokens, int64_t n, const char *path, int64_t *n_saved,
+                               size_t *n_written) {
+    ensure_identity(c);
+    int64_t bs = c->p.block_size, full = n / bs;
+    if (full > c->max_blocks_per_seq) full = c->max_blocks_per_seq;
+    /* the chain of cached blocks (memory, else the disk tier); payload[j] is
+     * a block file's payload (disk) or NULL (memory: blk[j]) */
+    int32_t *blk = calloc((size_t)(full + 1), sizeof(int32_t));
+    disk_head **fromdisk = calloc((size_t)(full + 1), sizeof(disk_head *));
+    kiln_status st = NULL;
+    if (!blk || !fromdisk) {
+        free(blk), free(fromdisk);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    uint64_t parent = HASH_ROOT;
+    int64_t found = 0, usable = 0;
+    for (; found < full; found++) {
+        const int32_t *t = tokens + found * bs;
+        uint64_t h = block_hash(parent, t, bs);
+        blk[found] = find_cached(c, h, parent, t);
+        if (blk[found] < 0 && c->disk) fromdisk[found] = disk_read(c, h, parent, t, false);
+        if (blk[found] < 0 && !fromdisk[found] && c->kv_floats) break; /* no keys and values: nothing to miss */
+        bool snap = blk[found] >= 0 ? c->snap && c->snap[blk[found]] : fromdisk[found] && fromdisk[found]->has_snap;
+        if (!c->recurrent || snap) usable = found + 1; /* a recurrent model resumes only at a snapshot */
+        parent = h;
+    }
+    size_t len = sizeof(slot_head) + sizeof(int32_t) * (size_t)(usable * bs);
+    for (int64_t j = 0; j < usable; j++) {
+        bool snap = blk[j] >= 0 ? c->snap && c->snap[blk[j]] : fromdisk[j] && fromdisk[j]->has_snap;
+        len += 8 + sizeof(float) * (size_t)(c->kv_floats + (snap ? c->snap_numel : 0));
+    }
+    unsigned char *buf = malloc(len), *p = buf;
+    if (!buf) {
+        st = kiln_error(KILN_ENOMEM, "out of memory");
+    } else {
+        slot_head hd = {.model_id = c->model_id, .layout_id = c->layout_id, .block_size = (uint32_t)bs,
+                        .kv_floats = (uint64_t)c->kv_floats, .snap_floats = (uint64_t)c->snap_numel, .n_blocks = usable};
+        memcpy(hd.magic, SLOT_MAGIC, 8);
+        memcpy(p, &hd, sizeof hd), p += sizeof hd;
+        if (usable) memcpy(p, tokens, sizeof(int32_t) * (size_t)(usable * bs)), p += sizeof(int32_t) * (size_t)(usable * bs);
+        for (int64_t j = 0; j < usable; j++) {
+            int32_t b = blk[j];
+            const float *snap = b >= 0 ? (c->snap ? c->snap[b] : NULL)
+                                       : fromdisk[j] && fromdisk[j]->has_snap ? file_kv(c, fromdisk[j]) + c->kv_floats : NULL;
+            uint32_t flags[2] = {snap != NULL, 0};
+            memcpy(p, flags, 8), p += 8;
+            if (b >= 0) kv_copy(c, b, (float *)p, false);
+            else if (fromdisk[j]) memcpy(p, file_kv(c, fromdisk[j]), sizeof(float) * (size_t)c->kv_floats);
+            else memset(p, 0, sizeof(float) * (size_t)c->kv_floats);
+            p += sizeof(float) * (size_t)c->kv_floats;
+            if (snap) memcpy(p, snap, sizeof(float) * (size_t)c->snap_numel), p += sizeof(float) * (size_t)c->snap_numel;
+        }
+        st = kvd_write_file(path, &(kvd_seg){buf, len}, 1, n_written);
+    }
+    for (int64_t j = 0; j <= full; j++) free(fromdisk[j]);
+    free(fromdisk), free(blk), free(buf);
+    if (!st) *n_saved = usable * bs;
+    return st;
+}
+
+kiln_status ke_ctx_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens, int64_t *n_restored, size_t *n_read) {
+    *tokens = NULL;
+    *n_restored = 0;
+    ensure_identity(c);
+    void *raw;
+    size_t len;
+    if (c->recurrent && !c->snap)
+        return kiln_error(KILN_EUNSUPPORTED,
+                          "this context keeps no state snapshots (--cache-ram 0), without which a model with recurrent "
+                          "state cannot resume from a restored prefix");
+    KILN_TRY(kvd_read_file(path, &raw, &len));
+    *n_read = len;
+    const unsigned char *p = raw, *end = p + len;
+    slot_head hd;
+    int64_t bs = c->p.block_size;
+    kiln_status st = NULL;
+    if (len < sizeof hd || (memcpy(&hd, p, sizeof hd), memcmp(hd.magic, SLOT_MAGIC, 8)))
+        st = kiln_error(KILN_EINVAL, "%s is not a kiln slot file", path);
+    else if (hd.model_id != c->model_id)
+        st = kiln_error(KILN_EINVAL, "%s was saved by another model (its weights or config differ)", path);
+    else if (hd.layout_id != c->layout_id || hd.block_size != (uint32_t)bs || hd.kv_floats != (uint64_t)c->kv_floats ||
+             hd.snap_floats != (uint64_t)c->snap_numel)
+        st = kiln_error(KILN_EINVAL, "%s was saved with another cache layout (block size, shapes or kernels differ)",
+                        path);
+    else if (hd.n_blocks < 0 || hd.n_blocks > c->max_blocks_per_seq ||
+             (size_t)(end - p - sizeof hd) < sizeof(int32_t) * (size_t)(hd.n_blocks * bs))
+        st = kiln_error(KILN_EINVAL, "%s: %lld blocks do not fit this context or the file", path, (long long)hd.n_blocks);
+    if (st) {
+        free(raw);
+        return st;
+    }
+    p += sizeof hd;
+    const int32_t *t0 = (const int32_t *)p;
+    p += sizeof(int32_t) * (size_t)(hd.n_blocks * bs);
+    /* check the whole layout before touching the cache */
+    const unsigned char *q = p;
+    for (int64_t j = 0; j < hd.n_blocks && !st; j++) {
+        uint32_t flags[2];
+        if ((size_t)(end - q) < 8) break;
+        memcpy(flags, q, 8);
+        size_t need = 8 + sizeof(float) * (size_t)(c->kv_floats + (flags[0] ? c->snap_numel : 0));
+        if (flags[0] > 1 || flags[1] || (size_t)(end - q) < need) break;
+        q += need;
+        if (j == hd.n_blocks - 1 && q == end) q = NULL; /* all well */
+    }
+    if (hd.n_blocks > 0 ? q != NULL : p != end) {
+        free(raw);
+        return kiln_error(KILN_EINVAL, "%s: its blocks do not match its header", path);
+    }
+    int32_t *held = malloc(sizeof(int32_t) * (size_t)(hd.n_blocks + 1));
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(hd.n_blocks * bs + 1));
+    if (!held || !tok) {
+        free(held), free(tok), free(raw);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    memcpy(tok, t0, sizeof(int32_t) * (size_t)(hd.n_blocks * bs));
+    /* each block held (referenced) until the end, so that taking a block for
+     * the next cannot recycle it */
+    uint64_t parent = HASH_ROOT;
+    int64_t j = 0, usable = 0;
+    for (; j < hd.n_blocks; j++) {
+        const int32_t *t = t0 + j * bs;
+        uint32_t flags[2];
+        memcpy(flags, p, 8);
+        const float *kv = (const float *)(p + 8), *snap = flags[0] ? kv + c->kv_floats : NULL;
+        uint64_t h = block_hash(parent, t, bs);
+        int32_t b = find_cached(c, h, parent, t);
+        if (b >= 0) {
+            if (c->ref[b]++ == 0) lru_unlink(c, b);
+        } else {
+            if (c->n_free + c->n_lru == 0) break;
+            b = take_block(c);
+            kv_copy(c, b, (float *)kv, true);
+            publish(c, b, h, parent, t);
+        }
+        if (snap && c->snap && !c->snap[b]) {
+            float *buf = snap_take(c, b);
+            if (buf) memcpy(buf, snap, sizeof(float) * (size_t)c->snap_numel);
+        }
+        held[j] = b;
+        if (!c->recurrent || c->snap[b]) usable = j + 1; /* a recurrent model resumes only at a snapshot */
+        p += 8 + sizeof(float) * (size_t)(c->kv_floats + (snap ? c->snap_numel : 0));
+        parent = h;
+    }
+    for (int64_t k = 0; k < j; k++) drop_block(c, held[k]);
+    free(held), free(raw);
+    *tokens = tok;
+    *n_restored = usable * bs;
+    return NULL;
+}

@@ -210,6 +210,24 @@ void ke_ctx_cache_flush(ke_ctx *c);
  * compiled executables kept (kiln bench --multi-turn). */
 void ke_ctx_cache_drop(ke_ctx *c);
 
+/* Slot files (kiln serve's /slots/{id}?action=save|restore): the cached
+ * prefix of tokens[0..n) (its full blocks in the cache, in memory or on the
+ * disk tier; for a model with recurrent state, up to its deepest state
+ * snapshot) written to path with kvd_write_file: the model's and layout's
+ * identity, the tokens, every block's keys and values and snapshots.
+ * *n_saved: the tokens it covers (0 is a valid, empty file). */
+kiln_status ke_ctx_prefix_save(ke_ctx *c, const int32_t *tokens, int64_t n, const char *path, int64_t *n_saved,
+                               size_t *n_written);
+/* Reads such a file back into the prefix cache (published, held by no
+ * sequence, as if a request had just computed them), so that a request
+ * whose prompt starts with its tokens reuses them. *tokens (malloc'ed) gets
+ * the file's tokens, *n_restored how many of them a request can now reuse
+ * (fewer when the pool or the snapshot budget has no room; a model with
+ * recurrent state needs state snapshots: KILN_EUNSUPPORTED without). A file of another model, layout or format, or
+ * one that fails its checks, is a KILN_EINVAL error naming the problem, with
+ * the cache untouched. */
+kiln_status ke_ctx_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens, int64_t *n_restored, size_t *n_read);
+
 /* Releases the blocks that fell out of the sliding window of every layer
  * (see ke_ctx_window); returns how many. Call between decodes. */
 int64_t ke_seq_trim_window(ke_ctx *c, int seq);

@@ -456,17 +456,22 @@ static enum MHD_Result do_props(conn_state *cs) {
     return reply_json(cs, 200, &b);
 }
 
-/* /slots (llama-server's): kiln's sequences are not bound to slots, so the
- * first `running` of the --parallel places show as processing. */
+/* /slots (llama-server's): each of the --parallel places (ksch_slot_info):
+ * whether a request runs on it, its latest request's id and prompt tokens,
+ * the tokens it holds (what ?action=save would save of them is cached). */
 static enum MHD_Result do_slots(conn_state *cs) {
     ksrv *s = cs->s;
-    ksch_stats st;
-    ksch_get_stats(s->sch, &st);
     ksrv_buf b = {0};
     ksrv_buf_str(&b, "[");
-    for (int i = 0; i < s->p.parallel; i++)
-        ksrv_buf_printf(&b, "%s{\"id\": %d, \"n_ctx\": %lld, \"is_processing\": %s}", i ? ", " : "", i,
-                        (long long)ke_ctx_n_ctx(s->c), i < st.running ? "true" : "false");
+    for (int i = 0; i < s->p.parallel; i++) {
+        ksch_slot_info si = {0};
+        if (s->sch) ksch_slot_get(s->sch, i, &si);
+        ksrv_buf_printf(&b,
+                        "%s{\"id\": %d, \"id_task\": %lld, \"n_ctx\": %lld, \"is_processing\": %s, "
+                        "\"n_prompt_tokens\": %d, \"n_tokens\": %lld}",
+                        i ? ", " : "", i, si.id_task ? (long long)si.id_task : -1ll, (long long)ke_ctx_n_ctx(s->c),
+                        si.processing ? "true" : "false", (int)si.n_prompt, (long long)si.n_tokens);
+    }
     ksrv_buf_str(&b, "]");
     return reply_json(cs, 200, &b);
 }
@@ -584,7 +589,7 @@ static enum MHD_Result do_completion(conn_state *cs, const cJSON *body, bool cha
 typedef enum {
     R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
     R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS,
-    R_VERSION, R_PROPS, R_SLOTS, R_APPLY_TEMPLATE, R_EMBEDDINGS, R_RERANK, R_EMBEDDING, R_POOLING
+    R_VERSION, R_PROPS, R_SLOTS, R_APPLY_TEMPLATE, R_EMBEDDINGS, R_RERANK, R_EMBEDDING, R_POOLING, R_SLOT_ACTION
 } route;
 
 static route find_route(const char *url, bool *post) {
@@ -618,6 +623,10 @@ static route find_route(const char *url, bool *post) {
     if (!strncmp(url, "/v1/models/", 11) && url[11]) {
         *post = false;
         return R_MODEL;
+    }
+    if (!strncmp(url, "/slots/", 7) && url[7]) { /* llama-server's slot actions (slots.c) */
+        *post = true;
+        return R_SLOT_ACTION;
     }
     return R_NONE;
 }
@@ -671,11 +680,15 @@ static enum MHD_Result dispatch(conn_state *cs, const char *url, const char *met
     if (r == R_SLOTS) return do_slots(cs);
     if (r == R_MODELS) return do_models(cs, NULL);
     if (r == R_MODEL) return do_models(cs, url + 11);
-    cJSON *body;
-    kiln_status st = parse_json(cs, &body);
+    cJSON *body = NULL;
+    kiln_status st = r == R_SLOT_ACTION && !cs->body.len ? NULL : parse_json(cs, &body); /* erase takes no body */
     if (st) return reply_status(cs, st, &k_bad);
     enum MHD_Result ret;
-    if (r == R_EMBEDDINGS || r == R_RERANK || r == R_EMBEDDING || r == R_POOLING) {
+    if (r == R_SLOT_ACTION && !s->emb) {
+        ksrv_buf b = {0};
+        const char *action = MHD_lookup_connection_value(cs->conn, MHD_GET_ARGUMENT_KIND, "action");
+        ret = reply_json(cs, ksrv_slot_action(s, url + 7, action, body, &b), &b);
+    } else if (r == R_EMBEDDINGS || r == R_RERANK || r == R_EMBEDDING || r == R_POOLING) {
         ksrv_buf b = {0};
         int code = r == R_RERANK ? ksrv_rerank(s, body, &b)
                                  : ksrv_embeddings(s, body, &b, r == R_EMBEDDING ? KSRV_EMBED_LLAMA : r == R_POOLING ? KSRV_EMBED_POOLING : KSRV_EMBED_OPENAI);

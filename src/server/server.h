@@ -72,6 +72,7 @@ typedef struct {
     const char *pooling;   /* --pooling cls|mean|max|last|none of embeddings; NULL: the model's */
     const char *cache_dir; /* --cache-dir: the prefix cache's disk tier (ke_ctx_params); NULL: none */
     int64_t cache_dir_bytes; /* --cache-dir-size; 0: 10 GiB */
+    const char *slot_save_path; /* --slot-save-path: POST /slots/{id}?action=save|restore files; NULL: refused (501) */
 } ksrv_params;
 
 enum { KSRV_EMBEDDINGS = 1, KSRV_RERANK = 2 };

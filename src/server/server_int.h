@@ -118,6 +118,8 @@ void ksrv_embed_free(ksrv *s);
  * vector. */
 typedef enum { KSRV_EMBED_OPENAI, KSRV_EMBED_LLAMA, KSRV_EMBED_POOLING } ksrv_embed_api;
 int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out, ksrv_embed_api api);
+/* POST /slots/{id_str}?action= (slots.c): the answer in *out, returns the HTTP status. */
+int ksrv_slot_action(ksrv *s, const char *id_str, const char *action, const cJSON *body, ksrv_buf *out);
 int ksrv_rerank(ksrv *s, const cJSON *body, ksrv_buf *out);
 
 /* ---- images in chat messages (image.c) ---- */

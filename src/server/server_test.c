@@ -2305,3 +2305,119 @@ KT_TEST(server_completion_multimodal_prompt) {
     ksrv_buf_free(&url), ksrv_buf_free(&raw);
     finish(&f);
 }
+
+#define SLOT_ERROR(path, body, want, sub) check_error(&f, "POST", path, body, NULL, want, sub, __LINE__)
+
+static double num(const cJSON *j, const char *k) {
+    const cJSON *v = ku_json_get(j, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+/* /slots/{id}?action=save|restore|erase: a request's prompt and reply saved
+ * from its slot, the server restarted without any cache, the file restored:
+ * the same request reuses the restored prefix (cached_tokens) and gives the
+ * same tokens. A dense and a recurrent model; other_file: a file saved by
+ * another model (refused). Writes its own slot file to *saved. */
+static void check_slot_save_restore(const char *fixture, const char *dir, const char *other_file) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.fixture = fixture};
+    ksrv_params p = default_params(NULL);
+    p.slot_save_path = dir;
+    const char *req = "{\"prompt\": \"The cat sat on the mat. The dog ran to the park and back again, and the bird sang "
+                      "in the tree all day long while the sun shone.\", \"max_tokens\": 8, \"temperature\": 0, "
+                      "\"ignore_eos\": true, \"return_tokens\": true}";
+    char body[128];
+    snprintf(body, sizeof body, "{\"filename\": \"%s.slot\"}", fixture);
+    int ids[2][64], n[2] = {0, 0};
+    double saved = -1;
+    for (int round = 0; round < 2; round++) {
+        if (!start(&f, &p)) break;
+        if (round == 1) {
+            cJSON *a = post_json(&f, "/slots/0?action=restore", body, 200);
+            KT_CHECKF(a && num(a, "id_slot") == 0 && num(a, "n_restored") == saved && num(a, "n_read") > 0 &&
+                          ku_json_get(ku_json_get(a, "timings"), "restore_ms"),
+                      "%s: restore answered %s", fixture, a ? cJSON_PrintUnformatted(a) : "nothing");
+            cJSON_Delete(a);
+        }
+        cJSON *a = post_json(&f, "/v1/completions", req, 200);
+        if (a) n[round] = choice_ids(a, 0, ids[round], 64);
+        const cJSON *ct = a ? ku_json_get(ku_json_get(ku_json_get(a, "usage"), "prompt_tokens_details"), "cached_tokens") : NULL;
+        KT_CHECKF(ct && (round ? ct->valuedouble >= 16 : ct->valuedouble == 0), "%s round %d: cached_tokens %g", fixture,
+                  round, ct ? ct->valuedouble : -1);
+        cJSON_Delete(a);
+        if (round == 0) {
+            resp r;
+            KT_CHECK_EQ(http(&f, "GET", "/slots", NULL, NULL, &r), 200);
+            cJSON *sl = cJSON_Parse(r.body.p);
+            const cJSON *s0 = cJSON_GetArrayItem(sl, 0);
+            KT_CHECKF(s0 && num(s0, "n_tokens") >= 32 && num(s0, "n_prompt_tokens") > 16 &&
+                          cJSON_IsFalse(ku_json_get(s0, "is_processing")),
+                      "/slots: %s", r.body.p);
+            cJSON_Delete(sl);
+            ksrv_buf_free(&r.body);
+            a = post_json(&f, "/slots/0?action=save", body, 200);
+            saved = a ? num(a, "n_saved") : -1;
+            KT_CHECKF(a && saved >= 16 && num(a, "n_written") > 0 && ku_json_get(ku_json_get(a, "timings"), "save_ms"),
+                      "%s: save answered n_saved %g", fixture, saved);
+            cJSON_Delete(a);
+        } else {
+            /* what a client gets wrong, each named */
+            SLOT_ERROR("/slots/0?action=save", "{\"filename\": \"../x.slot\"}", 400, "Invalid filename");
+            SLOT_ERROR("/slots/0?action=save", "{\"filename\": \"a/b\"}", 400, "path separator");
+            SLOT_ERROR("/slots/0?action=save", "{}", 400, "filename");
+            SLOT_ERROR("/slots/99?action=save", body, 400, "unknown slot id 99");
+            SLOT_ERROR("/slots/x?action=save", body, 400, "Invalid slot ID");
+            SLOT_ERROR("/slots/0?action=fly", body, 400, "Invalid action");
+            SLOT_ERROR("/slots/0?action=restore", "{\"filename\": \"absent.slot\"}", 400, "absent.slot");
+            char bad[PATH_MAX];
+            snprintf(bad, sizeof bad, "%s/corrupt.slot", dir);
+            char src[PATH_MAX];
+            snprintf(src, sizeof src, "%s/%s.slot", dir, fixture);
+            char *t;
+            size_t tn;
+            kiln_status rs = ku_read_file(src, &t, &tn);
+            KT_CHECK_OK(rs);
+            if (!rs) {
+                t[tn / 2] ^= 1; /* one flipped bit */
+                FILE *o = fopen(bad, "wb");
+                KT_CHECK(o && fwrite(t, 1, tn, o) == tn);
+                if (o) fclose(o);
+                free(t);
+            }
+            SLOT_ERROR("/slots/0?action=restore", "{\"filename\": \"corrupt.slot\"}", 400, "checksum");
+            unlink(bad);
+            if (other_file) {
+                char ob[128];
+                snprintf(ob, sizeof ob, "{\"filename\": \"%s\"}", other_file);
+                SLOT_ERROR("/slots/1?action=restore", ob, 400, "another model");
+            }
+            a = post_json(&f, "/slots/0?action=erase", NULL, 200);
+            KT_CHECKF(a && num(a, "id_slot") == 0 && num(a, "n_erased") > 0, "%s: erase", fixture);
+            cJSON_Delete(a);
+        }
+        ksrv_stop(f.s);
+        f.s = NULL;
+    }
+    KT_CHECK(n[0] == 8 && n[0] == n[1] && !memcmp(ids[0], ids[1], sizeof(int) * 8));
+    remove_model(&f);
+}
+
+KT_TEST(server_slot_save_restore) {
+    char dir[] = "/tmp/kiln-srv-slots-XXXXXX";
+    KT_CHECK(mkdtemp(dir));
+    check_slot_save_restore("llama", dir, NULL);
+    check_slot_save_restore("mamba2", dir, "llama.slot");
+    char q[PATH_MAX];
+    snprintf(q, sizeof q, "%s/llama.slot", dir);
+    KT_CHECK(unlink(q) == 0);
+    snprintf(q, sizeof q, "%s/mamba2.slot", dir);
+    KT_CHECK(unlink(q) == 0);
+    rmdir(dir);
+    /* without --slot-save-path: refused, as llama-server does */
+    fx f = {0};
+    ksrv_params p = default_params(NULL);
+    if (!start(&f, &p)) return;
+    SLOT_ERROR("/slots/0?action=save", "{\"filename\": \"a.slot\"}", 501, "--slot-save-path");
+    SLOT_ERROR("/slots/0?action=erase", NULL, 501, "--slot-save-path");
+    finish(&f);
+}
