@@ -715,8 +715,8 @@ KT_TEST(sched_slots_and_calls) {
             job_init(&ja, pa, 37, true, 0, 6);
             job_init(&jb, pb, 30, true, 0, 5);
             uint64_t id;
-            KT_CHECK_OK(ksch_submit(s, &(ksch_request){ja.prompt, ja.n_prompt, &ja.gp, 0, on_event, &ja.got, NULL, false}, &id));
-            KT_CHECK_OK(ksch_submit(s, &(ksch_request){jb.prompt, jb.n_prompt, &jb.gp, 0, on_event, &jb.got, NULL, false}, &id));
+            KT_CHECK_OK(ksch_submit(s, &(ksch_request){ja.prompt, ja.n_prompt, &ja.gp, 0, on_event, &ja.got, NULL, false, false}, &id));
+            KT_CHECK_OK(ksch_submit(s, &(ksch_request){jb.prompt, jb.n_prompt, &jb.gp, 0, on_event, &jb.got, NULL, false, false}, &id));
             drain(s);
             KT_CHECK(ksch_slot_get(s, 0, &si));
             /* prompt and reply, but the last token sampled: it ended the request and never entered the sequence */
