@@ -263,6 +263,22 @@ async function demoChecks() {
   check(dom[0] === 0 && dom[1] === 'let a = "<i>";' && dom[2] === 'js' && dom[4] &&
       dom[3] === 'x <img src=x onerror="window.pwned=1"> <b>bold</b>let a = "<i>";inline <u> end' &&
       dom[5] === '<script>x</script>', 'model text rendered as text, code blocks as <pre><code>', dom);
+
+  // headings and lists, their text still text
+  const md = '## Steps <b>now</b>\n- one\n- **two** <i>x</i>\n3. third\n4. fourth\nend';
+  await js(`const c = JSON.parse(localStorage.getItem('kiln.webui.conversations'));
+      c[0].messages.push({role: 'assistant', content: arguments[0], state: 'done'});
+      localStorage.setItem('kiln.webui.conversations', JSON.stringify(c));`, md);
+  await go(base + '/');
+  await ready('kiln-demo');
+  const md2 = await js(`const all = document.querySelectorAll('#messages .msg.assistant .content');
+      const m = all[all.length - 1];
+      return [m.querySelector('h2')?.textContent, Array.from(m.querySelectorAll('ul > li')).map((e) => e.textContent),
+              m.querySelector('ul > li strong')?.textContent, Array.from(m.querySelectorAll('ol > li')).map((e) => e.textContent),
+              m.querySelector('ol')?.start, m.querySelectorAll('b, i').length, m.lastChild.textContent]`);
+  check(md2[0] === 'Steps <b>now</b>' && JSON.stringify(md2[1]) === JSON.stringify(['one', 'two <i>x</i>']) &&
+      md2[2] === 'two' && JSON.stringify(md2[3]) === JSON.stringify(['third', 'fourth']) && md2[4] === 3 && md2[5] === 0 &&
+      md2[6] === 'end', 'headings and lists rendered, their text still text', md2);
 }
 
 async function visionChecks() {

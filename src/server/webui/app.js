@@ -57,35 +57,57 @@ function renderInline(parent, line) {
   if (last < line.length) parent.append(line.slice(last));
 }
 
-// Markdown's fenced code blocks (``` lines) and inline code; the rest stays
-// text (white-space: pre-wrap keeps its lines). An open fence (streaming)
-// runs to the end.
+// Markdown's fenced code blocks (``` lines), ATX headings (# to ######),
+// bullet (-, *, +) and numbered (1. or 1)) lists, inline code and bold; the
+// rest stays text (white-space: pre-wrap keeps its lines). An open fence
+// (streaming) runs to the end. Every piece is a text node or an element
+// made here: model text is never parsed as HTML.
 function renderText(parent, text) {
   parent.replaceChildren();
   const lines = text.split('\n');
   let prose = [];
   const flush = () => {
     if (!prose.length) return;
-    const s = prose.join('\n');
-    renderInline(parent, s);
+    renderInline(parent, prose.join('\n'));
     prose = [];
   };
+  const item = (line) => /^\s*(?:([-*+])|(\d+)[.)])\s+(.*)$/.exec(line);
   for (let i = 0; i < lines.length; i++) {
     const fence = /^\s*```\s*([\w+#.-]*)\s*$/.exec(lines[i]);
-    if (!fence) {
+    const head = /^(#{1,6})\s+(.*?)\s*#*\s*$/.exec(lines[i]);
+    const li = item(lines[i]);
+    if (!fence && !head && !li) {
       prose.push(lines[i]);
       continue;
     }
     flush();
-    const code = [];
-    let j = i + 1;
-    while (j < lines.length && !/^\s*```\s*$/.test(lines[j])) code.push(lines[j++]);
-    const pre = el('pre');
-    const c = el('code', '', code.join('\n'));
-    if (fence[1]) c.dataset.lang = fence[1];
-    pre.append(c);
-    parent.append(pre);
-    i = j; // the closing fence (or the end)
+    if (head) {
+      const h = el('h' + head[1].length);
+      renderInline(h, head[2]);
+      parent.append(h);
+    } else if (li) { // a run of items of one kind
+      const ordered = li[2] !== undefined;
+      const list = el(ordered ? 'ol' : 'ul');
+      if (ordered && li[2] !== '1') list.start = Number(li[2]);
+      let j = i;
+      for (let m; j < lines.length && (m = item(lines[j])) && (m[2] !== undefined) === ordered; j++) {
+        const e = el('li');
+        renderInline(e, m[3]);
+        list.append(e);
+      }
+      parent.append(list);
+      i = j - 1;
+    } else {
+      const code = [];
+      let j = i + 1;
+      while (j < lines.length && !/^\s*```\s*$/.test(lines[j])) code.push(lines[j++]);
+      const pre = el('pre');
+      const c = el('code', '', code.join('\n'));
+      if (fence[1]) c.dataset.lang = fence[1];
+      pre.append(c);
+      parent.append(pre);
+      i = j; // the closing fence (or the end)
+    }
     if (i + 1 < lines.length && lines[i + 1] === '') i++; // the newline after the block
   }
   flush();
