@@ -106,7 +106,9 @@ check:
 	$(MAKE) asan
 
 # The main job: the bundled demo model continues a prompt, then answers in chat.
-demo: deps all
+# (all in a sub-make: its pkg-config checks see what deps installed)
+demo: deps
+	$(MAKE) all
 	$(BUILD)/kiln generate -p "The secret of success is" -n 64 --seed 42
 	@echo
 	$(BUILD)/kiln generate --chat -p "Tell me something wise." -n 64 --seed 7
