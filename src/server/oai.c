@@ -412,9 +412,6 @@ static kiln_status parse_body(ksrv *s, ksrv_job *j, const cJSON *body, bool chat
      * completions; the first token's is null), computed without the prefix
      * cache since every position's logits are needed */
     j->prompt_lp = !chat && j->echo && j->want_logprobs;
-    if (j->prompt_lp && j->stream)
-        return kiln_error(KILN_EUNSUPPORTED, "\"echo\": the prompt's log-probabilities (echo with logprobs) come in non-streamed "
-                                             "responses only: set \"stream\": false, or leave out echo or logprobs");
     if (!j->stream && j->want_logprobs) {
         int64_t toks = j->gp.n_predict > 0 && j->gp.n_predict < n_ctx ? j->gp.n_predict : n_ctx;
         for (int i = 0; j->prompt_lp && i < j->n_prompts; i++) toks += j->n_prompt[i];
@@ -866,6 +863,36 @@ ksrv_ev ksrv_job_ev(ksrv_job *j, int k) {
     return ev;
 }
 
+/* Streamed echo with logprobs: choice i's first chunk, sent once its prompt
+ * tokens' log-probabilities are all in (at its first generated token or its
+ * end), as vLLM streams it: the prompt's text with every prompt token's entry
+ * (the first's null), text_offset from 0, so that the chunks' concatenation
+ * is the non-streamed response. Events below upto are the choice's. */
+static void stream_echo_lp(ksrv_job *j, int i, int upto) {
+    size_t len;
+    char *t = prompt_text(j, j->ch[i].prompt, &len);
+    comp_lp c = {0};
+    if (j->n_prompt[j->ch[i].prompt] > 0) comp_lp_first(j->srv, &c, j->prompts[j->ch[i].prompt][0]);
+    for (int k = 0; k < upto; k++) {
+        ksrv_ev ev = ksrv_job_ev(j, k);
+        if (ev.prompt && ev.choice == i) comp_lp_add(j->srv, &c, &ev);
+    }
+    ksrv_buf *b = &j->out;
+    ksrv_chunk_head(j, b);
+    ksrv_buf_printf(b, "{\"index\": %d, \"text\": ", i);
+    ksrv_buf_json_str(b, t ? t : "", len);
+    ksrv_buf_str(b, ", \"logprobs\": ");
+    comp_lp_write(b, &c);
+    if (j->return_tokens) ksrv_buf_str(b, ", \"tokens\": []");
+    ksrv_buf_str(b, ", \"finish_reason\": null}]");
+    if (j->include_usage) ksrv_buf_str(b, ", \"usage\": null");
+    ksrv_buf_str(b, "}\n\n");
+    j->ch[i].text_off = c.offset;
+    j->ch[i].sent_first = true;
+    comp_lp_free(&c);
+    free(t);
+}
+
 void ksrv_job_stream(ksrv_job *j) {
     if (j->done_sent) return;
     if (j->agent) {
@@ -879,7 +906,7 @@ void ksrv_job_stream(ksrv_job *j) {
     /* the first call: chat's role, or completions' echoed prompt */
     if (!j->started)
         for (int i = 0; i < j->n_choices; i++) {
-            if (j->echo) {
+            if (j->echo && !j->prompt_lp) { /* with logprobs: stream_echo_lp, once they are in */
                 size_t len;
                 char *t = prompt_text(j, j->ch[i].prompt, &len);
                 stream_chunk(j, i, t ? t : "", len, NULL, NULL);
@@ -894,6 +921,8 @@ void ksrv_job_stream(ksrv_job *j) {
     bool all = ksrv_job_take(j, &from, &to);
     for (int k = from; k < to; k++) {
         ksrv_ev ev = ksrv_job_ev(j, k);
+        if (ev.prompt) continue; /* sent by stream_echo_lp */
+        if (j->prompt_lp && !j->ch[ev.choice].sent_first && !(ev.end && ev.error)) stream_echo_lp(j, ev.choice, k);
         if (!ev.end) {
             const char *fin = ev.finish != KGEN_CONTINUE ? finish_str(ev.finish) : NULL;
             if (j->tools) {

@@ -2069,11 +2069,61 @@ KT_TEST(server_cache_dir_survives_restart) {
     check_cache_dir_restart("mamba2");
 }
 
+/* A streamed /v1/completions response's n choices concatenated: per choice
+ * {"text", "logprobs": {tokens, token_logprobs, top_logprobs, text_offset},
+ * "first": the first chunk's logprobs, "first_text"}; NULL when a chunk is
+ * not JSON. */
+static cJSON *streamed_choices(const char *body, int n) {
+    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    cJSON *out = cJSON_CreateArray();
+    ksrv_buf text[8] = {0};
+    for (int i = 0; i < n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToArray(out, o);
+        cJSON *c = cJSON_AddObjectToObject(o, "logprobs");
+        for (int k = 0; k < 4; k++) cJSON_AddArrayToObject(c, keys[k]);
+    }
+    bool ok = true;
+    for (const char *p = body; ok && (p = strstr(p, "data: "));) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        if (!e || !strncmp(p, "[DONE]", 6)) break;
+        cJSON *j = cJSON_ParseWithLength(p, (size_t)(e - p));
+        ok = j != NULL;
+        const cJSON *ch;
+        cJSON_ArrayForEach(ch, ku_json_get(j, "choices")) {
+            int i = (int)ku_json_get(ch, "index")->valuedouble;
+            if (i < 0 || i >= n) continue;
+            cJSON *o = cJSON_GetArrayItem(out, i);
+            const cJSON *t = ku_json_get(ch, "text"), *lp = ku_json_get(ch, "logprobs");
+            if (!ku_json_get(o, "first")) {
+                cJSON_AddItemToObject(o, "first", cJSON_Duplicate(lp, true));
+                cJSON_AddStringToObject(o, "first_text", cJSON_IsString(t) ? t->valuestring : "");
+            }
+            if (cJSON_IsString(t)) ksrv_buf_str(&text[i], t->valuestring);
+            for (int k = 0; cJSON_IsObject(lp) && k < 4; k++) {
+                const cJSON *v;
+                cJSON_ArrayForEach(v, ku_json_get(lp, keys[k]))
+                    cJSON_AddItemToArray(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "logprobs"), keys[k]), cJSON_Duplicate(v, true));
+            }
+        }
+        cJSON_Delete(j);
+        p = e + 2;
+    }
+    for (int i = 0; i < n; i++) {
+        cJSON_AddStringToObject(cJSON_GetArrayItem(out, i), "text", text[i].p ? text[i].p : "");
+        ksrv_buf_free(&text[i]);
+    }
+    if (!ok) cJSON_Delete(out), out = NULL;
+    return out;
+}
+
 /* echo with logprobs on /v1/completions: the prompt's tokens come first in
  * logprobs, the first with null, each other one with the log-softmax of the
  * logits at the position before it, as an engine run over the whole prompt
  * gives them (the log-softmax recomputed here in double: within 1e-5);
- * then the generated tokens as without echo. A streamed request is a 400. */
+ * then the generated tokens as without echo. Streamed, the prompt's part comes
+ * in each choice's first chunk, and the chunks add up to the same response. */
 KT_TEST(server_echo_logprobs_score_the_prompt) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     fx f = {0};
@@ -2129,9 +2179,38 @@ KT_TEST(server_echo_logprobs_score_the_prompt) {
         KT_CHECK(cJSON_GetArrayItem(tl2, i)->valuedouble == cJSON_GetArrayItem(tl, NP + i)->valuedouble);
     cJSON_Delete(k);
     cJSON_Delete(j);
-    CHECK_ERROR("POST", "/v1/completions",
-                "{\"prompt\": \"hi\", \"max_tokens\": 2, \"echo\": true, \"logprobs\": 1, \"stream\": true}", NULL, 400,
-                "non-streamed responses only");
+    /* streamed: the echoed prompt with its log-probabilities first, then the
+     * generated tokens; the chunks concatenated are the non-streamed choices
+     * (two prompts x n = 2, text and token-id prompts) */
+    const char *sreq = "{\"prompt\": [\"Once upon a time\", [1, 17, 93, 254]], \"n\": 2, \"max_tokens\": 4, "
+                       "\"temperature\": 0, \"echo\": true, \"logprobs\": 2, \"ignore_eos\": true";
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s}", sreq);
+    cJSON *whole = post_json(&f, "/v1/completions", buf, 200);
+    KT_CHECK(whole);
+    snprintf(buf, sizeof buf, "%s, \"stream\": true}", sreq);
+    resp r;
+    KT_CHECK_EQ(http(&f, "POST", "/v1/completions", buf, NULL, &r), 200);
+    cJSON *cat = streamed_choices(r.body.p, 4);
+    KT_CHECKF(cat, "%s", r.body.p);
+    for (int i = 0; cat && whole && i < 4; i++) {
+        const cJSON *w = cJSON_GetArrayItem(ku_json_get(whole, "choices"), i), *sc = cJSON_GetArrayItem(cat, i);
+        KT_CHECK_STR(ku_json_get(sc, "text")->valuestring, ku_json_get(w, "text")->valuestring);
+        /* as printed: top_logprobs' objects can repeat a key (two tokens of one text) */
+        char *a = cJSON_PrintUnformatted(ku_json_get(sc, "logprobs")), *b = cJSON_PrintUnformatted(ku_json_get(w, "logprobs"));
+        bool same = a && b && !strcmp(a, b);
+        if (!same) kt_fail(__FILE__, __LINE__, "choice %d: streamed %s, not %s", i, a, b);
+        free(a), free(b);
+        /* the first chunk of the choice: all its prompt tokens, the first null */
+        const cJSON *first = ku_json_get(sc, "first");
+        KT_CHECK(cJSON_IsNull(cJSON_GetArrayItem(ku_json_get(first, "token_logprobs"), 0)));
+        KT_CHECK_EQ(cJSON_GetArraySize(ku_json_get(first, "tokens")),
+                    cJSON_GetArraySize(ku_json_get(ku_json_get(w, "logprobs"), "tokens")) - 4);
+    }
+    KT_CHECK(cat && !strcmp(ku_json_get(cJSON_GetArrayItem(cat, 0), "first_text")->valuestring, "Once upon a time"));
+    ksrv_buf_free(&r.body);
+    cJSON_Delete(cat);
+    cJSON_Delete(whole);
     finish(&f);
 }
 
