@@ -9,14 +9,14 @@
 #                            there, the official openai and @anthropic-ai/sdk
 #                            clients (build/tools/npm), nginx (its binary
 #                            alone, into build/tools: the replicas test),
-#                            chromium with chromium-driver (the chat page's
-#                            browser test) and mpirun (openmpi-bin: the
+#                            chromium with npm's playwright-core (the chat
+#                            page's browser test) and mpirun (openmpi-bin: the
 #                            tensor-parallel tests)
 set -euo pipefail
 test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
 pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libgif-dev libwebp-dev libedit-dev libcurl4-openssl-dev libssl-dev libopenmpi-dev)
-$test_deps && pkgs+=(mlir-16-tools curl chromium chromium-driver openmpi-bin)
+$test_deps && pkgs+=(mlir-16-tools curl chromium openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -60,10 +60,12 @@ extract_tool nginx ./usr/sbin/nginx "the replicas-behind-nginx test"
 # versions that declare no minimum Node.js (openai 7 needs Node 22, newer than
 # Debian 12's nodejs 18); checked on Node 20.
 npm_dir="$root/build/tools/npm/node_modules"
-if command -v npm >/dev/null 2>&1 && { [ ! -d "$npm_dir/openai" ] || [ ! -d "$npm_dir/@anthropic-ai/sdk" ]; }; then
-  if timeout 300 npm install --prefix "$root/build/tools/npm" --no-audit --no-fund --silent openai@6.49.0 @anthropic-ai/sdk@1.15.0 >/dev/null 2>&1; then
-    echo "kiln: openai and @anthropic-ai/sdk npm clients installed in build/tools/npm" >&2
+# playwright-core 1.57.0 (Node >= 18) drives Debian's chromium for the chat
+# page's test; it downloads no browser.
+if command -v npm >/dev/null 2>&1 && { [ ! -d "$npm_dir/openai" ] || [ ! -d "$npm_dir/@anthropic-ai/sdk" ] || [ ! -d "$npm_dir/playwright-core" ]; }; then
+  if timeout 300 npm install --prefix "$root/build/tools/npm" --no-audit --no-fund --silent openai@6.49.0 @anthropic-ai/sdk@1.15.0 playwright-core@1.57.0 >/dev/null 2>&1; then
+    echo "kiln: openai, @anthropic-ai/sdk and playwright-core installed in build/tools/npm" >&2
   else
-    echo "kiln: npm install openai @anthropic-ai/sdk failed: the official client tests are skipped" >&2
+    echo "kiln: npm install openai @anthropic-ai/sdk playwright-core failed: the official client and chat page tests are skipped" >&2
   fi
 fi

@@ -250,10 +250,11 @@ KT_TEST(cli_serve_replicas_behind_nginx) { run_client_script("tests/e2e/run_repl
 
 KT_TEST(cli_serve_official_agent_clients) { run_client_script("tests/e2e/run_agent_clients.sh", "agent clients"); }
 
-/* The chat page at / in headless Chromium over WebDriver (Debian's
- * chromium and chromium-driver): a streamed reply equal to the
- * non-streamed greedy one, Stop, server errors shown, conversations kept,
- * an image upload, reasoning collapsed, the API key:
- * tests/e2e/run_webui.sh (screenshots in build/webui-test). Skipped
- * when chromium, chromedriver or node is missing. */
+/* The chat page at / in headless Chromium (Debian's chromium, driven by
+ * npm's playwright-core): a streamed reply equal to the non-streamed greedy
+ * one, Stop mid-stream, server errors shown, conversations kept, Markdown
+ * (code, headings, lists, tables, http(s)/mailto links) built as text, an
+ * image upload, reasoning collapsed, the API key: tests/e2e/run_webui.sh
+ * (screenshots in build/webui-test). Skipped when chromium, playwright-core
+ * or node is missing. */
 KT_TEST(cli_serve_webui_chromium) { run_client_script("tests/e2e/run_webui.sh", "chat page in chromium"); }

@@ -1,15 +1,15 @@
-// The chat page of `kiln serve` in headless Chromium, driven over WebDriver
-// (Debian's chromedriver; Node's own fetch, no npm package). Run by
+// The chat page of `kiln serve` in headless Chromium (Debian's chromium),
+// driven by npm's playwright-core (pinned in scripts/deps.sh; no browser
+// download: executablePath is Debian's binary). Run by
 // tests/e2e/run_webui.sh, which starts the servers. Each check compares what
 // the page shows with what the server's API answers for the same request.
-import { spawn } from 'node:child_process';
-import { writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { parseArgs } from 'node:util';
 
 const { values: opt } = parseArgs({
   options: {
-    chromium: { type: 'string' }, driver: { type: 'string' }, profile: { type: 'string' },
+    chromium: { type: 'string' }, modules: { type: 'string' },
     demo: { type: 'string' }, vlm: { type: 'string' }, think: { type: 'string' },
     key: { type: 'string' }, image: { type: 'string' }, shots: { type: 'string' },
   },
@@ -25,41 +25,24 @@ function check(ok, what, detail) {
 }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-// ---------------------------------------------------------------- WebDriver
+// ---------------------------------------------------------------- the browser
 
-const ELEMENT = 'element-6066-11e4-a52e-4f735466cecf';
-let driverUrl, session;
-
-async function wd(method, path, body) {
-  const r = await fetch(driverUrl + path, {
-    method, headers: { 'Content-Type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const j = await r.json();
-  if (j.value && j.value.error) throw new Error(`${method} ${path}: ${j.value.error}: ${j.value.message}`);
-  return j.value;
+let page;
+const consoleErrors = [];
+// a WebDriver-style key at the end of a text: \uE007 Enter, \uE004 Tab
+const KEYS = { '\uE007': 'Enter', '\uE004': 'Tab' };
+const click = async (css) => page.click(css, { timeout: 10000 });
+async function type(css, text) {
+  const key = KEYS[text.slice(-1)];
+  const body = key ? text.slice(0, -1) : text;
+  if (body) await page.locator(css).pressSequentially(body);
+  if (key) await page.locator(css).press(key);
 }
-const s = (path) => '/session/' + session + path;
-const find = async (css) => {
-  const v = await wd('POST', s('/element'), { using: 'css selector', value: css });
-  if (!v || !v[ELEMENT]) throw new Error('find ' + css + ': ' + JSON.stringify(v));
-  return v[ELEMENT];
-};
-// a click waits (up to 10 s) while the element is not yet interactable:
-// on a loaded machine a panel's layout can lag the script
-const click = async (css) =>
-  waitFor('a clickable ' + css, async () => {
-    try {
-      await wd('POST', s('/element/' + (await find(css)) + '/click'), {});
-      return true;
-    } catch (e) {
-      if (/not interactable|click intercepted|stale element/.test(String(e.message))) return false;
-      throw e;
-    }
-  });
-const type = async (css, text) => wd('POST', s('/element/' + (await find(css)) + '/value'), { text });
-const clear = async (css) => wd('POST', s('/element/' + (await find(css)) + '/clear'), {});
-const js = (script, ...args) => wd('POST', s('/execute/sync'), { script, args });
-const go = (url) => wd('POST', s('/url'), { url });
+const clear = async (css) => page.fill(css, '');
+// a script in WebDriver's form (a function body reading arguments[k]),
+// evaluated by the DevTools protocol (the page's CSP does not apply to it)
+const js = (script, ...args) => page.evaluate(`(function () { ${script} }).apply(null, ${JSON.stringify(args)})`);
+const go = (url) => page.goto(url);
 
 async function setField(css, text) {
   await clear(css);
@@ -77,21 +60,9 @@ async function waitFor(what, fn, ms = 10000) {
 }
 
 async function shot(name) {
-  const png = await wd('GET', s('/screenshot'));
   const path = opt.shots + '/' + name + '.png';
-  writeFileSync(path, Buffer.from(png, 'base64'));
+  await page.screenshot({ path });
   console.log('     screenshot ' + path);
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
 }
 
 // ---------------------------------------------------------------- the page
@@ -279,6 +250,31 @@ async function demoChecks() {
   check(md2[0] === 'Steps <b>now</b>' && JSON.stringify(md2[1]) === JSON.stringify(['one', 'two <i>x</i>']) &&
       md2[2] === 'two' && JSON.stringify(md2[3]) === JSON.stringify(['third', 'fourth']) && md2[4] === 3 && md2[5] === 0 &&
       md2[6] === 'end', 'headings and lists rendered, their text still text', md2);
+
+  // tables and links: cells and link text stay text; only http(s) and mailto
+  // become links, opened with noopener noreferrer
+  const tl = '| Name | Size |\n|:--|--:|\n| <b>a</b> | [site](https://example.com/x?a=1) |\n| **b** | 2 \\| 3 |\n' +
+    'see [mail](mailto:me@example.com), [bad](javascript:window.pwned=2), [data](data:text/html,<b>x</b>) ' +
+    '[up](JaVaScRiPt:alert(1)) and [dq](https://a.example/"onmouseover="x)';
+  await js(`const c = JSON.parse(localStorage.getItem('kiln.webui.conversations'));
+      c[0].messages.push({role: 'assistant', content: arguments[0], state: 'done'});
+      localStorage.setItem('kiln.webui.conversations', JSON.stringify(c));`, tl);
+  await go(base + '/');
+  await ready('kiln-demo');
+  const t = await js(`const all = document.querySelectorAll('#messages .msg.assistant .content');
+      const m = all[all.length - 1];
+      const rows = Array.from(m.querySelectorAll('table tr')).map((r) => Array.from(r.children).map((c) => c.tagName + ':' + c.textContent));
+      const links = Array.from(m.querySelectorAll('a')).map((a) => [a.textContent, a.getAttribute('href'), a.rel, a.target,
+        a.getAttributeNames().sort().join(',')]);
+      return [rows, links, m.querySelectorAll('b, script, img').length, m.querySelector('td strong')?.textContent,
+              m.querySelector('th').style.textAlign, m.querySelector('td:nth-child(2)').style.textAlign, window.pwned === undefined]`);
+  const wantRows = [['TH:Name', 'TH:Size'], ['TD:<b>a</b>', 'TD:site'], ['TD:b', 'TD:2 | 3']];
+  const wantLinks = [['site', 'https://example.com/x?a=1', 'noopener noreferrer', '_blank', 'href,rel,target'],
+    ['mail', 'mailto:me@example.com', 'noopener noreferrer', '_blank', 'href,rel,target'],
+    ['dq', 'https://a.example/%22onmouseover=%22x', 'noopener noreferrer', '_blank', 'href,rel,target']];
+  check(JSON.stringify(t[0]) === JSON.stringify(wantRows) && JSON.stringify(t[1]) === JSON.stringify(wantLinks) && t[2] === 0 &&
+      t[3] === 'b' && t[4] === 'left' && t[5] === 'right' && t[6], 'tables and http(s)/mailto links rendered, safely', t);
+  await shot('webui-markdown');
 }
 
 async function visionChecks() {
@@ -291,7 +287,7 @@ async function visionChecks() {
   await type('#temperature', '0');
   await type('#seed', '1');
   await type('#max_tokens', '8');
-  await wd('POST', s('/element/' + (await find('#image-file')) + '/value'), { text: opt.image });
+  await page.setInputFiles('#image-file', opt.image);
   await waitFor('the attachment preview', async () => js(`return document.querySelectorAll('#attachments img').length === 1`));
   const url = await js(`return document.querySelector('#attachments img').src`);
   const r = await sendAndFollow('What is this?');
@@ -332,29 +328,21 @@ async function reasoningChecks() {
 
 // ---------------------------------------------------------------- main
 
-const port = await freePort();
-const drv = spawn(opt.driver, ['--port=' + port], { stdio: ['ignore', 'ignore', 'inherit'] });
-driverUrl = 'http://127.0.0.1:' + port;
-let code = 1;
+const require = createRequire(opt.modules + '/');
+const { chromium } = require('playwright-core');
+let browser, code = 1;
 try {
-  await waitFor('chromedriver', async () => {
-    try { return (await (await fetch(driverUrl + '/status')).json()).value.ready; } catch { return false; }
+  browser = await chromium.launch({
+    executablePath: opt.chromium, headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run'],
   });
-  const caps = await wd('POST', '/session', {
-    capabilities: {
-      alwaysMatch: {
-        browserName: 'chrome',
-        'goog:loggingPrefs': { browser: 'ALL' },
-        'goog:chromeOptions': {
-          binary: opt.chromium,
-          args: ['--headless=new', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run',
-            '--user-data-dir=' + opt.profile, '--window-size=1200,900'],
-        },
-      },
-    },
-  });
-  session = caps.sessionId;
-  console.log(`chromium ${caps.capabilities.browserVersion}, chromedriver ${caps.capabilities.chrome?.chromedriverVersion?.split(' ')[0]}, node ${process.version}`);
+  const context = await browser.newContext({ viewport: { width: 1200, height: 900 } });
+  page = await context.newPage();
+  page.setDefaultTimeout(10000);
+  page.on('console', (m) => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+  page.on('pageerror', (e) => consoleErrors.push('page error: ' + e.message));
+  const pw = JSON.parse(readFileSync(opt.modules + '/playwright-core/package.json', 'utf8')).version;
+  console.log(`chromium ${browser.version()}, playwright-core ${pw}, node ${process.version}`);
   for (const [name, fn] of [['demo', demoChecks], ['vision', visionChecks], ['reasoning', reasoningChecks]]) {
     try {
       await fn();
@@ -365,15 +353,13 @@ try {
     }
   }
   // the browser's console: script errors, CSP refusals (the 4xx the checks caused are expected)
-  const logs = (await wd('POST', s('/se/log'), { type: 'browser' }))
-    .filter((e) => e.level === 'SEVERE' && !/Failed to load resource: the server responded with a status of 4\d\d/.test(e.message));
+  const logs = consoleErrors.filter((m) => !/Failed to load resource: the server responded with a status of 4\d\d/.test(m));
   check(logs.length === 0, 'no script errors or refused resources in the console', logs);
   if (failures === 0) console.log('all checks passed');
   code = failures ? 1 : 0;
 } catch (e) {
   console.log('FAIL ' + (e.stack || e));
 } finally {
-  if (session) await wd('DELETE', s('')).catch(() => {});
-  drv.kill();
+  if (browser) await browser.close().catch(() => {});
 }
 process.exit(code);

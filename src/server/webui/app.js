@@ -44,21 +44,83 @@ function el(tag, cls, text) {
   return e;
 }
 
-// Inline `code` and **bold** in one line of prose, as text nodes.
+// A link's address when it is http(s) or mailto (parsed by URL, so that
+// "javascript:" or "data:" in any spelling is refused); else null.
+function safeHref(url) {
+  try {
+    const u = new URL(url);
+    return ['http:', 'https:', 'mailto:'].includes(u.protocol) ? u.href : null;
+  } catch { return null; }
+}
+
+// Inline `code`, **bold** and [text](url) links in one line of prose, as
+// text nodes and elements made here; a link to another scheme stays text.
 function renderInline(parent, line) {
-  const re = /(`[^`\n]+`|\*\*[^*\n]+\*\*)/g;
+  const re = /(`[^`\n]+`|\*\*[^*\n]+\*\*|\[[^\]\n]+\]\([^)\s]+\))/g;
   let last = 0;
   for (const m of line.matchAll(re)) {
     if (m.index > last) parent.append(line.slice(last, m.index));
     const tok = m[0];
-    parent.append(tok[0] === '`' ? el('code', '', tok.slice(1, -1)) : el('strong', '', tok.slice(2, -2)));
+    if (tok[0] === '`') parent.append(el('code', '', tok.slice(1, -1)));
+    else if (tok[0] === '*') parent.append(el('strong', '', tok.slice(2, -2)));
+    else {
+      const k = tok.indexOf('](');
+      const href = safeHref(tok.slice(k + 2, -1));
+      if (href) {
+        const a = el('a', '', tok.slice(1, k));
+        a.href = href;
+        a.target = '_blank';
+        a.rel = 'noopener noreferrer';
+        parent.append(a);
+      } else {
+        parent.append(tok);
+      }
+    }
     last = m.index + tok.length;
   }
   if (last < line.length) parent.append(line.slice(last));
 }
 
+// A table row's cells: | a | b | (the outer pipes optional), \| kept.
+function tableCells(line) {
+  let t = line.trim();
+  if (t.startsWith('|')) t = t.slice(1);
+  if (t.endsWith('|') && !t.endsWith('\\|')) t = t.slice(0, -1);
+  return t.split(/(?<!\\)\|/).map((c) => c.trim().replace(/\\\|/g, '|'));
+}
+const isTableRow = (line) => line.includes('|');
+const isTableRule = (line) => /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/.test(line) && line.includes('-');
+
+// A GitHub-style table from lines[i] (header, rule, rows): the table and the
+// index after it, or null when lines[i] does not start one.
+function renderTable(lines, i) {
+  if (i + 1 >= lines.length || !isTableRow(lines[i]) || !isTableRule(lines[i + 1])) return null;
+  const head = tableCells(lines[i]);
+  const align = tableCells(lines[i + 1]).map((c) => (c.endsWith(':') ? (c.startsWith(':') ? 'center' : 'right') : c.startsWith(':') ? 'left' : ''));
+  if (align.length !== head.length) return null;
+  const table = el('table');
+  const row = (cells, tag) => {
+    const tr = el('tr');
+    for (let k = 0; k < head.length; k++) {
+      const c = el(tag);
+      if (align[k]) c.style.textAlign = align[k];
+      renderInline(c, cells[k] || '');
+      tr.append(c);
+    }
+    return tr;
+  };
+  const thead = el('thead');
+  thead.append(row(head, 'th'));
+  const tbody = el('tbody');
+  let j = i + 2;
+  for (; j < lines.length && isTableRow(lines[j]); j++) tbody.append(row(tableCells(lines[j]), 'td'));
+  table.append(thead, tbody);
+  return { table, next: j };
+}
+
 // Markdown's fenced code blocks (``` lines), ATX headings (# to ######),
-// bullet (-, *, +) and numbered (1. or 1)) lists, inline code and bold; the
+// bullet (-, *, +) and numbered (1. or 1)) lists, tables, inline code, bold
+// and links; the
 // rest stays text (white-space: pre-wrap keeps its lines). An open fence
 // (streaming) runs to the end. Every piece is a text node or an element
 // made here: model text is never parsed as HTML.
@@ -76,12 +138,16 @@ function renderText(parent, text) {
     const fence = /^\s*```\s*([\w+#.-]*)\s*$/.exec(lines[i]);
     const head = /^(#{1,6})\s+(.*?)\s*#*\s*$/.exec(lines[i]);
     const li = item(lines[i]);
-    if (!fence && !head && !li) {
+    const tab = !fence && !head && !li ? renderTable(lines, i) : null;
+    if (!fence && !head && !li && !tab) {
       prose.push(lines[i]);
       continue;
     }
     flush();
-    if (head) {
+    if (tab) {
+      parent.append(tab.table);
+      i = tab.next - 1;
+    } else if (head) {
       const h = el('h' + head[1].length);
       renderInline(h, head[2]);
       parent.append(h);
