@@ -28,6 +28,7 @@ kiln_status kiln_option(const char *cmd, const char *a, const char *v, const cha
                         const char *const *flags) {
     if (kiln_flag_in(a, valued)) return v ? NULL : kiln_error(KILN_EINVAL, "%s needs a value", a);
     if (flags && kiln_flag_in(a, flags)) return NULL;
+    if (a[0] != '-') return kiln_error(KILN_EINVAL, "unexpected argument \"%s\": kiln %s takes options (see kiln %s --help)", a, cmd, cmd);
     return kiln_error(KILN_EINVAL, "unknown option %s (see kiln %s --help)", a, cmd);
 }
 

@@ -65,6 +65,8 @@ KT_TEST(cli_flags_that_do_nothing_are_errors) {
     EXPECT_RUN("generate --prompt-ids 1,2,", 1, "ends with a comma");
     EXPECT_RUN("generate -p hi --system be-brief", 1, "--system needs --chat");
     EXPECT_RUN("generate -p", 1, "-p needs a value");
+    EXPECT_RUN("tokenize hello", 2, "unexpected argument \"hello\": give the text with -p TEXT");
+    EXPECT_RUN("generate hello", 1, "unexpected argument \"hello\"");
     EXPECT_RUN("detokenize 99999", 1, "token id 99999 is not in the vocabulary");
     EXPECT_RUN("detokenize 1,,2", 1, "an empty entry");
     EXPECT_RUN("detokenize", 1, "give the token ids");

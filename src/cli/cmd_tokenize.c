@@ -64,7 +64,10 @@ int kiln_cmd_tokenize(int argc, char **argv) {
         } else if (!strcmp(a, "--add-special")) add_special = true;
         else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--bench")) bench = true;
-        else {
+        else if (a[0] != '-') {
+            fprintf(stderr, "kiln tokenize: unexpected argument \"%s\": give the text with -p TEXT or on standard input\n", a);
+            return 2;
+        } else {
             fprintf(stderr, "kiln tokenize: unknown option %s\n%s", a, tokenize_usage);
             return 2;
         }
