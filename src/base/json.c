@@ -1,6 +1,8 @@
 #include "base/json.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "base/file.h"
 
@@ -17,6 +19,50 @@ kiln_status ku_json_load(const char *path, cJSON **out) {
         return kiln_error(KILN_EINVAL, "%s: invalid JSON near byte %zu", path, off);
     }
     free(text);
+    *out = j;
+    return NULL;
+}
+
+kiln_status ku_json_load_py(const char *path, cJSON **out) {
+    char *text, *fixed;
+    size_t len, k = 0;
+    *out = NULL;
+    KILN_TRY(ku_read_file(path, &text, &len));
+    fixed = malloc(len * 2 + 1); /* each rewrite grows its token by at most 1/3 */
+    if (!fixed) {
+        free(text);
+        return kiln_error(KILN_ENOMEM, "%s: out of memory", path);
+    }
+    int in_str = 0;
+    for (size_t i = 0; i < len;) {
+        char ch = text[i];
+        if (in_str) {
+            fixed[k++] = text[i++];
+            if (ch == '\\' && i < len) fixed[k++] = text[i++];
+            else if (ch == '"') in_str = 0;
+            continue;
+        }
+        static const struct { const char *from, *to; } rw[] = {{"-Infinity", "-1e999"}, {"Infinity", "1e999"}, {"NaN", "null"}};
+        int done = 0;
+        for (size_t r = 0; r < 3 && !done; r++) {
+            size_t fl = strlen(rw[r].from);
+            if (len - i >= fl && memcmp(text + i, rw[r].from, fl) == 0) {
+                memcpy(fixed + k, rw[r].to, strlen(rw[r].to));
+                k += strlen(rw[r].to);
+                i += fl;
+                done = 1;
+            }
+        }
+        if (done) continue;
+        in_str = ch == '"';
+        fixed[k++] = text[i++];
+    }
+    free(text);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(fixed, k, &end, 0);
+    size_t off = end ? (size_t)(end - fixed) : 0;
+    free(fixed);
+    if (!j) return kiln_error(KILN_EINVAL, "%s: invalid JSON near byte %zu", path, off);
     *out = j;
     return NULL;
 }

@@ -10,6 +10,11 @@
 #include "base/status.h"
 
 kiln_status ku_json_load(const char *path, cJSON **out);
+/* Loads a JSON file as Python's json module writes it: transformers' configs
+ * may hold the bare tokens Infinity, -Infinity and NaN (mamba2's
+ * "time_step_limit": [0.0, Infinity]), which cJSON rejects. Outside strings
+ * they become 1e999 / -1e999 (parsed as +-inf) and null. */
+kiln_status ku_json_load_py(const char *path, cJSON **out);
 
 /* null counts as missing. */
 const cJSON *ku_json_get(const cJSON *obj, const char *key);

@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/file.h"
 #include "base/json.h"
@@ -44,6 +45,14 @@ struct kc_checkpoint {
      * names the families ask for ("model.layers.0...", "lm_head") that are
      * absent are looked up again under text_prefix / head_prefix. */
     char text_prefix[64], head_prefix[64];
+    /* a recording checkpoint (kc_open_record): the tensors made on request */
+    bool record;
+    struct made {
+        kc_st_entry e;
+        bool matrix;
+        size_t map_len;
+    } **made;
+    int n_made, cap_made;
 };
 
 /* ---- configuration ------------------------------------------------------ */
@@ -159,58 +168,10 @@ kc_quant kc_quant_for(const kc_checkpoint *c, const char *module) {
     return q;
 }
 
-/* Loads a JSON file as Python's json module writes it: transformers' configs
- * may hold the bare tokens Infinity, -Infinity and NaN (mamba2's
- * "time_step_limit": [0.0, Infinity]), which cJSON rejects. Outside strings
- * they become 1e999 / -1e999 (parsed as +-inf) and null. */
-static kiln_status json_load_py(const char *path, cJSON **out) {
-    char *text, *fixed;
-    size_t len, k = 0;
-    *out = NULL;
-    KILN_TRY(ku_read_file(path, &text, &len));
-    fixed = malloc(len * 2 + 1); /* each rewrite grows its token by at most 1/3 */
-    if (!fixed) {
-        free(text);
-        return kiln_error(KILN_ENOMEM, "%s: out of memory", path);
-    }
-    int in_str = 0;
-    for (size_t i = 0; i < len;) {
-        char ch = text[i];
-        if (in_str) {
-            fixed[k++] = text[i++];
-            if (ch == '\\' && i < len) fixed[k++] = text[i++];
-            else if (ch == '"') in_str = 0;
-            continue;
-        }
-        static const struct { const char *from, *to; } rw[] = {{"-Infinity", "-1e999"}, {"Infinity", "1e999"}, {"NaN", "null"}};
-        int done = 0;
-        for (size_t r = 0; r < 3 && !done; r++) {
-            size_t fl = strlen(rw[r].from);
-            if (len - i >= fl && memcmp(text + i, rw[r].from, fl) == 0) {
-                memcpy(fixed + k, rw[r].to, strlen(rw[r].to));
-                k += strlen(rw[r].to);
-                i += fl;
-                done = 1;
-            }
-        }
-        if (done) continue;
-        in_str = ch == '"';
-        fixed[k++] = text[i++];
-    }
-    free(text);
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(fixed, k, &end, 0);
-    size_t off = end ? (size_t)(end - fixed) : 0;
-    free(fixed);
-    if (!j) return kiln_error(KILN_EINVAL, "%s: invalid JSON near byte %zu", path, off);
-    *out = j;
-    return NULL;
-}
-
 static kiln_status load_config(kc_checkpoint *c) {
     char path[4096];
     KILN_TRY(ku_path_join(path, sizeof path, c->dir, "config.json"));
-    KILN_TRY(json_load_py(path, &c->root));
+    KILN_TRY(ku_json_load_py(path, &c->root));
     if (!cJSON_IsObject(c->root)) return kiln_error(KILN_EINVAL, "%s: not a JSON object", path);
     const cJSON *t = ku_json_get(c->root, "text_config");
     if (t && !cJSON_IsObject(t)) return kiln_error(KILN_EINVAL, "%s: \"text_config\" is not an object", path);
@@ -221,7 +182,7 @@ static kiln_status load_config(kc_checkpoint *c) {
 
     KILN_TRY(ku_path_join(path, sizeof path, c->dir, "generation_config.json"));
     if (ku_file_exists(path)) {
-        KILN_TRY(json_load_py(path, &c->gen));
+        KILN_TRY(ku_json_load_py(path, &c->gen));
         if (!cJSON_IsObject(c->gen)) return kiln_error(KILN_EINVAL, "%s: not a JSON object", path);
     }
     return NULL;
@@ -439,6 +400,13 @@ void kc_close(kc_checkpoint *c) {
     pthread_mutex_destroy(&c->stacks_lock);
     for (int i = 0; i < c->n_files; i++) kc_st_close(c->files[i]);
     free(c->files);
+    for (int i = 0; i < c->n_made; i++) {
+        struct made *m = c->made[i];
+        if (m->map_len) munmap((void *)m->e.pub.data, m->map_len);
+        free((char *)m->e.pub.name);
+        free(m);
+    }
+    free(c->made);
     free(c->tensors);
     kc_tmap_free(&c->names);
     cJSON_Delete(c->root);
@@ -482,6 +450,108 @@ static kiln_status find_req(const kc_checkpoint *c, const char *name, const kc_t
     return NULL;
 }
 
+/* ---- recording (kc_open_record) ---------------------------------------- */
+
+/* Room for one more tensor in c->tensors, c->names and c->made. */
+static bool made_room(kc_checkpoint *c) {
+    if (c->n_made == c->cap_made) {
+        int cap = c->cap_made ? 2 * c->cap_made : 256;
+        const kc_tensor **t = realloc(c->tensors, sizeof *t * (size_t)cap);
+        if (t) c->tensors = t;
+        struct made **m = realloc(c->made, sizeof *m * (size_t)cap);
+        if (m) c->made = m;
+        kc_tmap names;
+        if (!t || !m || !kc_tmap_init(&names, cap)) return false;
+        for (int i = 0; i < c->n; i++) kc_tmap_put(&names, c->tensors[i]);
+        kc_tmap_free(&c->names);
+        c->names = names;
+        c->cap_made = cap;
+    }
+    return true;
+}
+
+/* Makes tensor `name` of the given shape (float32, zero pages never
+ * written: a loader may read it, nothing is allocated). data, when given,
+ * is a view into a block made by the caller (expert stacks). */
+static kiln_status make_tensor(kc_checkpoint *c, const char *name, int rank, const int64_t *shape, bool matrix,
+                               const void *data, const kc_tensor **out) {
+    if (!shape) return kiln_error(KILN_EUNSUPPORTED, "%s: " NM ": the loader fixes only its rank, so its shape cannot be made",
+                                  c->dir, name);
+    int64_t numel = 1;
+    for (int i = 0; i < rank; i++) {
+        if (shape[i] < 0)
+            return kiln_error(KILN_EUNSUPPORTED, "%s: " NM ": the loader takes dimension %d from the file, so its shape "
+                              "cannot be made", c->dir, name, i);
+        numel *= shape[i];
+    }
+    struct made *m = calloc(1, sizeof *m);
+    if (!m || !made_room(c) || !(m->e.pub.name = strdup(name))) {
+        free(m);
+        return kiln_error(KILN_ENOMEM, "%s: out of memory", c->dir);
+    }
+    m->e.pub.dtype = KC_F32;
+    m->e.pub.rank = rank;
+    memcpy(m->e.pub.shape, shape, sizeof *shape * (size_t)rank);
+    m->e.pub.nbytes = (size_t)numel * 4;
+    m->e.pub.file = "(made)";
+    m->matrix = matrix;
+    if (!data) {
+        m->map_len = m->e.pub.nbytes ? m->e.pub.nbytes : 4;
+        void *p = mmap(NULL, m->map_len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            size_t len = m->e.pub.nbytes;
+            free((char *)m->e.pub.name);
+            free(m);
+            return kiln_error(KILN_ENOMEM, "%s: " NM ": cannot map %zu bytes", c->dir, name, len);
+        }
+        data = p;
+    }
+    m->e.pub.data = data;
+    atomic_init(&m->e.pending, 0);
+    c->made[c->n_made++] = m;
+    c->tensors[c->n++] = &m->e.pub;
+    kc_tmap_put(&c->names, &m->e.pub);
+    *out = &m->e.pub;
+    return NULL;
+}
+
+/* find_req, or in a recording checkpoint the tensor made to that shape. */
+static kiln_status find_or_make(const kc_checkpoint *c, const char *name, int rank, const int64_t *shape, bool matrix,
+                                const kc_tensor **out) {
+    KILN_TRY(find_opt(c, name, out));
+    if (*out || !c->record) return find_req(c, name, out);
+    return make_tensor((kc_checkpoint *)c, name, rank, shape, matrix, NULL, out);
+}
+
+kiln_status kc_open_record(const cJSON *config, const char *what, kc_checkpoint **out) {
+    *out = NULL;
+    kc_checkpoint *c = calloc(1, sizeof *c);
+    if (c) pthread_mutex_init(&c->stacks_lock, NULL);
+    if (c) c->dir = strdup(what), c->root = cJSON_Duplicate(config, true), c->record = true;
+    if (!c || !c->dir || !c->root || !kc_tmap_init(&c->names, 0)) {
+        kc_close(c);
+        return kiln_error(KILN_ENOMEM, "%s: out of memory", what);
+    }
+    kiln_status st = NULL;
+    const cJSON *t = ku_json_get(c->root, "text_config");
+    if (!cJSON_IsObject(c->root)) st = kiln_error(KILN_EINVAL, "%s: not a JSON object", what);
+    else if (t && !cJSON_IsObject(t)) st = kiln_error(KILN_EINVAL, "%s: \"text_config\" is not an object", what);
+    if (!st) c->text = t ? t : c->root;
+    if (!st) st = kiln_status_wrap(ku_json_str(c->text, "model_type", NULL, &c->model_type), "%s", what);
+    if (!st && !c->model_type) st = kiln_error(KILN_EINVAL, "%s: no \"model_type\"", what);
+    if (!st) st = kiln_status_wrap(parse_quant(c), "%s", what);
+    if (st) {
+        kc_close(c);
+        return st;
+    }
+    *out = c;
+    return NULL;
+}
+
+bool kc_made_is_matrix(const kc_checkpoint *c, int i) {
+    return c->record && i >= 0 && i < c->n_made && c->made[i]->matrix;
+}
+
 static kiln_status check_shape(const kc_checkpoint *c, const kc_tensor *t, int rank, const int64_t *want) {
     int ok = t->rank == rank;
     for (int i = 0; ok && want && i < rank; i++) ok = want[i] < 0 || want[i] == t->shape[i];
@@ -502,7 +572,7 @@ kiln_status kc_get_tensor(const kc_checkpoint *c, const char *name, int rank, co
                           const kc_tensor **out) {
     const kc_tensor *t;
     *out = NULL;
-    KILN_TRY(find_req(c, name, &t));
+    KILN_TRY(find_or_make(c, name, rank, shape, false, &t));
     KILN_TRY(check_float(c, t));
     KILN_TRY(check_shape(c, t, rank, shape));
     *out = t;
@@ -603,7 +673,7 @@ kiln_status kc_get_matrix(const kc_checkpoint *c, const char *module, int64_t ro
     if (snprintf(name, sizeof name, "%s.weight", module) >= (int)sizeof name)
         return kiln_error(KILN_EINVAL, "%s: module name too long", c->dir);
     const kc_tensor *w, *s;
-    KILN_TRY(find_req(c, name, &w));
+    KILN_TRY(find_or_make(c, name, 2, (int64_t[]){rows, cols}, true, &w));
     snprintf(name, sizeof name, "%s.scales", module);
     KILN_TRY(find_opt(c, name, &s));
     kc_matrix m = {0};
@@ -657,7 +727,7 @@ static kiln_status stacked_experts(const kc_checkpoint *c, const char *module, i
     if (snprintf(name, sizeof name, "%s.weight", module) >= (int)sizeof name)
         return kiln_error(KILN_EINVAL, "%s: module name too long", c->dir);
     const kc_tensor *w, *s, *b = NULL;
-    KILN_TRY(find_req(c, name, &w));
+    KILN_TRY(find_or_make(c, name, 3, (int64_t[]){n, rows, cols}, true, &w));
     snprintf(name, sizeof name, "%s.scales", module);
     KILN_TRY(find_opt(c, name, &s));
     int64_t want[3] = {n, rows, s ? -1 : cols};
@@ -700,6 +770,27 @@ static kiln_status stacked_experts(const kc_checkpoint *c, const char *module, i
     return NULL;
 }
 
+/* Recording: the n experts' "<module>.weight" [rows, cols] back to back in
+ * one mapping, so that they need no stack copy. */
+static kiln_status make_experts(kc_checkpoint *c, const char *pattern, int64_t n, int64_t rows, int64_t cols) {
+    size_t each = (size_t)(rows * cols) * 4, len = each * (size_t)n;
+    char *p = mmap(NULL, len ? len : 4, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return kiln_error(KILN_ENOMEM, "%s: %s: cannot map %zu bytes", c->dir, pattern, len);
+    char name[1024];
+    for (int64_t e = 0; e < n; e++) {
+        const kc_tensor *t;
+        if (!expert_name(name, sizeof name, pattern, e) || strlen(name) + 8 >= sizeof name) {
+            munmap(p, len ? len : 4);
+            return kiln_error(KILN_EINVAL, "%s: %s: module name too long", c->dir, pattern);
+        }
+        kiln_status st = make_tensor(c, strcat(name, ".weight"), 2, (int64_t[]){rows, cols}, true, p + each * (size_t)e, &t);
+        if (st && e == 0) munmap(p, len ? len : 4);
+        if (st) return st;
+        if (e == 0) c->made[c->n_made - 1]->map_len = len ? len : 4; /* the first expert owns the mapping */
+    }
+    return NULL;
+}
+
 kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t n, int64_t rows, int64_t cols,
                            kc_experts *out) {
     memset(out, 0, sizeof *out);
@@ -715,6 +806,9 @@ kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t 
             goto done;
         }
     char name[1024];
+    if (c->record && rows >= 0 && cols >= 0 && expert_name(name, sizeof name, pattern, 0) &&
+        strlen(name) + 8 < sizeof name && !kc_has(c, strcat(name, ".weight")))
+        st = make_experts(mc, pattern, n, rows, cols);
     kc_matrix first = {0};
     bool contiguous = true;
     for (int64_t e = 0; e < n && !st; e++) {
@@ -789,6 +883,17 @@ static const kc_experts *cached_stack(const kc_checkpoint *c, const char *key) {
 kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_t n, const kc_expert_part *p, kc_experts *out) {
     memset(out, 0, sizeof *out);
     const kc_tensor *t;
+    if (c->record && !kc_has(c, name)) {
+        if (p->rows <= 0 || p->cols <= 0 || p->parts < 1)
+            return kiln_error(KILN_EUNSUPPORTED, "%s: " NM ": the loader takes the experts' shape from the file, so it "
+                              "cannot be made", c->dir, name);
+        int64_t O = p->rows * p->parts, I = p->cols, sh[3];
+        int rank = 3;
+        if (p->flat) rank = 2, sh[0] = n * (p->in_out ? I : O), sh[1] = p->in_out ? O : I;
+        else if (I == 1 && !p->in_out) rank = 2, sh[0] = n, sh[1] = O; /* biases */
+        else sh[0] = n, sh[1] = p->in_out ? I : O, sh[2] = p->in_out ? O : I;
+        KILN_TRY(make_tensor((kc_checkpoint *)c, name, rank, sh, false, NULL, &t)); /* fused: kept float */
+    }
     KILN_TRY(find_req(c, name, &t));
     KILN_TRY(check_float(c, t));
     if (t->rank != 3 && t->rank != 2) return kiln_error(KILN_EINVAL, TP "rank %d, want 3 (experts, rows, cols) or 2 (biases)", TA(t), t->rank);
@@ -803,6 +908,9 @@ kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_
     if (p->parts < 1 || p->part < 0 || p->part >= p->parts || O % p->parts)
         return kiln_error(KILN_EINVAL, TP "%" PRId64 " output features do not split into %d parts", TA(t), O, p->parts);
     int64_t R = O / p->parts;
+    if ((p->rows > 0 && R != p->rows) || (p->cols > 0 && I != p->cols))
+        return kiln_error(KILN_EINVAL, TP "experts of [%" PRId64 ", %" PRId64 "], want [%" PRId64 ", %" PRId64 "]", TA(t), R, I,
+                          p->rows, p->cols);
     kc_matrix m = {.fmt = t->dtype == KC_F32 ? KC_W_F32 : t->dtype == KC_F16 ? KC_W_F16 : KC_W_BF16,
                    .rows = R, .cols = I, .packed_cols = I, .name = t->name, .file = t->file, .data = t->data};
     if (!in_out && p->parts == 1) return (*out = (kc_experts){m, n}), NULL; /* already [n, rows, cols] */

@@ -145,6 +145,7 @@ typedef struct {
     bool in_out, interleaved;
     bool flat; /* a 2-D tensor [n * A, B]: the n experts' [A, B] back to back (DBRX's w1, v1, w2) */
     int parts, part;
+    int64_t rows, cols; /* the part's [R, in] per expert (cols 1: biases [n, A]); 0 accepts what the file has */
 } kc_expert_part;
 kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_t n, const kc_expert_part *p, kc_experts *out);
 
@@ -153,5 +154,19 @@ kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_
  * if it is missing, of another rank or shape, or not float. */
 kiln_status kc_get_tensor(const kc_checkpoint *c, const char *name, int rank, const int64_t *shape,
                           const kc_tensor **out);
+
+/* ---- recording (kiln synth) ---------------------------------------------
+ * A checkpoint of a configuration alone (config is copied; what names it in
+ * messages). Each tensor a loader asks for through kc_get_tensor,
+ * kc_get_matrix or kc_get_experts is made when first asked, of the shape
+ * asked: float32 zeros in pages that are mapped and never written, listed by
+ * kc_tensor_at in the order asked. A request that leaves a dimension free
+ * (-1, or no shape) and kc_get_experts_part (fused expert tensors) are
+ * errors naming the tensor, since only a file could say its shape. kc_has
+ * and kc_find see what was made so far: optional tensors stay absent. */
+kiln_status kc_open_record(const cJSON *config, const char *what, kc_checkpoint **out);
+/* Whether tensor i of a recording checkpoint was asked for as a matrix
+ * ("<module>.weight" of kc_get_matrix or an expert stack: quantizable). */
+bool kc_made_is_matrix(const kc_checkpoint *c, int i);
 
 #endif

@@ -833,3 +833,37 @@ KT_TEST(ckpt_expert_parts_of_flat_tensors) {
     kc_close(c);
     ckt_rmdir(dir);
 }
+
+/* A recording checkpoint makes what is asked, of the shape asked, once, and
+ * refuses a shape the loader leaves free. */
+KT_TEST(ckpt_record_makes_what_is_asked) {
+    cJSON *cfg = cJSON_Parse("{\"model_type\": \"llama\", \"hidden_size\": 8}");
+    kc_checkpoint *c;
+    KT_CHECK_OK(kc_open_record(cfg, "rec", &c));
+    cJSON_Delete(cfg);
+    KT_CHECK_STR(kc_model_type(c), "llama");
+    KT_CHECK(!kc_has(c, "a.weight"));
+    kc_matrix m;
+    KT_CHECK_OK(kc_get_matrix(c, "a", 3, 8, &m));
+    KT_CHECK(m.rows == 3 && m.cols == 8 && m.fmt == KC_W_F32 && ((const float *)m.data)[23] == 0.0f);
+    KT_CHECK(kc_has(c, "a.weight"));
+    KT_CHECK_ERR(kc_get_matrix(c, "a", 4, 8, &m), "shape [3,8], want [4,8]");
+    const kc_tensor *t;
+    KT_CHECK_OK(kc_get_tensor(c, "n.weight", 1, (int64_t[]){8}, &t));
+    KT_CHECK_ERR(kc_get_matrix(c, "free", -1, 8, &m), "cannot be made");
+    KT_CHECK_ERR(kc_get_tensor(c, "any", 2, NULL, &t), "cannot be made");
+    kc_experts x;
+    KT_CHECK_OK(kc_get_experts(c, "e.%e.up", 4, 2, 8, &x));
+    KT_CHECK(x.n == 4 && x.m.rows == 2 && x.m.cols == 8);
+    KT_CHECK_OK(kc_get_experts_part(c, "gu", 4, &(kc_expert_part){.parts = 2, .part = 1, .rows = 2, .cols = 8}, &x));
+    KT_CHECK(x.n == 4 && x.m.rows == 2 && x.m.cols == 8);
+    KT_CHECK_ERR(kc_get_experts_part(c, "gu2", 4, &(kc_expert_part){.parts = 2}, &x), "cannot be made");
+    /* listed in the order asked: a, n, 4 experts, gu */
+    KT_CHECK_EQ(kc_tensor_count(c), 7);
+    KT_CHECK_STR(kc_tensor_at(c, 0)->name, "a.weight");
+    KT_CHECK(kc_made_is_matrix(c, 0) && !kc_made_is_matrix(c, 1) && kc_made_is_matrix(c, 2) && !kc_made_is_matrix(c, 6));
+    KT_CHECK_STR(kc_tensor_at(c, 5)->name, "e.3.up.weight");
+    int64_t want[3] = {4, 4, 8};
+    for (int i = 0; i < 3; i++) KT_CHECK_EQ(kc_tensor_at(c, 6)->shape[i], want[i]);
+    kc_close(c);
+}

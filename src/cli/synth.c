@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +11,10 @@
 
 #include "base/file.h"
 #include "base/json.h"
+#include "ckpt/checkpoint.h"
 #include "ckpt/st_writer.h"
+#include "ir/graph.h"
+#include "models/blocks.h"
 #include "models/family.h"
 
 /* Shapes as their published config.json files give them. */
@@ -40,42 +44,6 @@ int ks_dtype_parse(const char *s) {
     for (int i = 0; i < 5; i++)
         if (!strcmp(s, names[i])) return i;
     return -1;
-}
-
-kiln_status ks_shape_from_config(const char *path, ks_shape *out, char *arch, size_t arch_cap) {
-    cJSON *cfg;
-    KILN_TRY(ku_json_load(path, &cfg));
-    memset(out, 0, sizeof *out);
-    const char *mt = NULL;
-    bool tied = false;
-    kiln_status st = ku_json_str(cfg, "model_type", NULL, &mt);
-    if (!st && !mt) st = kiln_error(KILN_EINVAL, "%s: no \"model_type\"", path);
-    if (!st) st = ku_json_int(cfg, "hidden_size", 0, &out->hidden);
-    if (!st) st = ku_json_int(cfg, "num_hidden_layers", 0, &out->layers);
-    if (!st) st = ku_json_int(cfg, "num_attention_heads", 0, &out->heads);
-    if (!st) st = ku_json_int(cfg, "num_key_value_heads", out->heads, &out->kv_heads);
-    if (!st) st = ku_json_int(cfg, "head_dim", out->heads ? out->hidden / out->heads : 0, &out->head_dim);
-    if (!st) st = ku_json_int(cfg, "intermediate_size", 0, &out->ffn);
-    if (!st) st = ku_json_int(cfg, "vocab_size", 0, &out->vocab);
-    if (!st) st = ku_json_int(cfg, "max_position_embeddings", 4096, &out->max_pos);
-    if (!st) st = ku_json_num(cfg, "rope_theta", 10000, &out->rope_theta);
-    if (!st) st = ku_json_num(cfg, "rms_norm_eps", 1e-6, &out->norm_eps);
-    if (!st) st = ku_json_bool(cfg, "tie_word_embeddings", false, &tied);
-    if (!st && (out->hidden <= 0 || out->layers <= 0 || out->heads <= 0 || out->kv_heads <= 0 || out->head_dim <= 0 ||
-                out->ffn <= 0 || out->vocab <= 0))
-        st = kiln_error(KILN_EINVAL, "%s: hidden_size, num_hidden_layers, num_attention_heads, intermediate_size and "
-                        "vocab_size must be positive", path);
-    if (!st) {
-        snprintf(arch, arch_cap, "%s", mt);
-        out->arch = arch;
-        out->name = path;
-        out->tied = tied;
-        const cJSON *rs = ku_json_get(cfg, "rope_scaling");
-        const cJSON *rt = rs ? ku_json_get(rs, "rope_type") : NULL;
-        out->llama3_rope = rt && cJSON_IsString(rt) && !strcmp(rt->valuestring, "llama3");
-    }
-    cJSON_Delete(cfg);
-    return st;
 }
 
 /* ---------------------------------------------------------------- random bits */
@@ -122,7 +90,7 @@ typedef struct {
     kiln_status err;
 } tlist;
 
-static void *tl_add(tlist *l, const char *name, kc_dtype dt, int rank, int64_t d0, int64_t d1) {
+static void *tl_add(tlist *l, const char *name, kc_dtype dt, int rank, const int64_t *shape) {
     if (l->err) return NULL;
     if (l->n == l->cap) {
         int nc = l->cap ? l->cap * 2 : 64;
@@ -135,7 +103,8 @@ static void *tl_add(tlist *l, const char *name, kc_dtype dt, int rank, int64_t d
         if (!t || !b || !nm) goto oom;
         l->cap = nc;
     }
-    size_t bytes = kc_dtype_size(dt) * (size_t)d0 * (size_t)(rank > 1 ? d1 : 1);
+    size_t bytes = kc_dtype_size(dt);
+    for (int i = 0; i < rank; i++) bytes *= (size_t)shape[i];
     void *buf = malloc(bytes ? bytes : 1);
     char *nm = strdup(name);
     if (!buf || !nm) {
@@ -145,7 +114,8 @@ static void *tl_add(tlist *l, const char *name, kc_dtype dt, int rank, int64_t d
     }
     l->bufs[l->n] = buf;
     l->names[l->n] = nm;
-    l->t[l->n] = (kc_tensor){.name = nm, .dtype = dt, .rank = rank, .shape = {d0, d1}, .data = buf};
+    l->t[l->n] = (kc_tensor){.name = nm, .dtype = dt, .rank = rank, .data = buf};
+    memcpy(l->t[l->n].shape, shape, sizeof *shape * (size_t)rank);
     l->n++;
     return buf;
 oom:
@@ -162,58 +132,48 @@ static void tl_free(tlist *l) {
 
 #define GROUP 64
 
-/* A [rows, cols] matrix "<module>.weight" (+ .scales/.biases when quantized). */
-static void add_matrix(tlist *l, const char *module, int64_t rows, int64_t cols, ks_dtype dt, uint64_t *s) {
-    char name[300];
-    snprintf(name, sizeof name, "%s.weight", module);
-    if (dt == KS_Q8 || dt == KS_Q4) {
-        int bits = dt == KS_Q8 ? 8 : 4;
-        uint32_t *w = tl_add(l, name, KC_U32, 2, rows, cols * bits / 32);
-        snprintf(name, sizeof name, "%s.scales", module);
-        uint16_t *sc = tl_add(l, name, KC_BF16, 2, rows, cols / GROUP);
-        snprintf(name, sizeof name, "%s.biases", module);
-        uint16_t *bi = tl_add(l, name, KC_BF16, 2, rows, cols / GROUP);
-        if (!w || !sc || !bi) return;
-        int64_t nw = rows * (cols * bits / 32), ng = rows * (cols / GROUP);
-        for (int64_t i = 0; i < nw; i += 2) {
-            uint64_t r = splitmix(s);
-            w[i] = (uint32_t)r;
-            if (i + 1 < nw) w[i + 1] = (uint32_t)(r >> 32);
-        }
-        /* w = q * scale + bias spans about ±2^-5: scale = 2^-4 / (2^bits - 1) */
-        float scale = 0.0625f / (float)((1 << bits) - 1), bias = -0.03125f;
-        uint32_t sb, bb;
-        memcpy(&sb, &scale, 4);
-        memcpy(&bb, &bias, 4);
-        for (int64_t g = 0; g < ng; g++) {
-            sc[g] = (uint16_t)((sb + 0x8000u) >> 16);
-            bi[g] = (uint16_t)(bb >> 16);
-        }
-        return;
+/* The matrix `wname` ("<module>.weight", [rows, cols] or an expert stack
+ * [n, rows, cols]) as MLX affine codes + bf16 .scales/.biases. */
+static void add_affine(tlist *l, const char *wname, int rank, const int64_t *shape, int bits, uint64_t *s) {
+    char name[1100];
+    int64_t cols = shape[rank - 1], wshape[KC_MAX_RANK], gshape[KC_MAX_RANK];
+    memcpy(wshape, shape, sizeof *shape * (size_t)rank);
+    memcpy(gshape, shape, sizeof *shape * (size_t)rank);
+    wshape[rank - 1] = cols * bits / 32;
+    gshape[rank - 1] = cols / GROUP;
+    size_t mlen = strlen(wname) - strlen(".weight");
+    uint32_t *w = tl_add(l, wname, KC_U32, rank, wshape);
+    snprintf(name, sizeof name, "%.*s.scales", (int)mlen, wname);
+    uint16_t *sc = tl_add(l, name, KC_BF16, rank, gshape);
+    snprintf(name, sizeof name, "%.*s.biases", (int)mlen, wname);
+    uint16_t *bi = tl_add(l, name, KC_BF16, rank, gshape);
+    if (!w || !sc || !bi) return;
+    int64_t nw = 1, ng = 1;
+    for (int i = 0; i < rank; i++) nw *= wshape[i], ng *= gshape[i];
+    for (int64_t i = 0; i < nw; i += 2) {
+        uint64_t r = splitmix(s);
+        w[i] = (uint32_t)r;
+        if (i + 1 < nw) w[i + 1] = (uint32_t)(r >> 32);
     }
-    kc_dtype t = dt == KS_F32 ? KC_F32 : dt == KS_BF16 ? KC_BF16 : KC_F16;
-    void *w = tl_add(l, name, t, 2, rows, cols);
-    if (w) fill_float(w, t, rows * cols, s);
+    /* w = q * scale + bias spans about ±2^-5: scale = 2^-4 / (2^bits - 1) */
+    float scale = 0.0625f / (float)((1 << bits) - 1), bias = -0.03125f;
+    uint32_t sb, bb;
+    memcpy(&sb, &scale, 4);
+    memcpy(&bb, &bias, 4);
+    for (int64_t g = 0; g < ng; g++) {
+        sc[g] = (uint16_t)((sb + 0x8000u) >> 16);
+        bi[g] = (uint16_t)(bb >> 16);
+    }
 }
 
-static void add_vector(tlist *l, const char *module, const char *suffix, int64_t n, kc_dtype t, bool ones, uint64_t *s) {
-    char name[300];
-    snprintf(name, sizeof name, "%s%s", module, suffix);
-    void *v = tl_add(l, name, t, 1, n, 0);
-    if (!v) return;
-    if (ones) fill_const(v, t, n, 1.0f);
-    else fill_float(v, t, n, s);
+/* A norm's weight (or a Gemma-style scale): ones, so activations keep
+ * their size through many layers of random weights. */
+static bool is_norm_weight(const kc_tensor *t) {
+    size_t n = strlen(t->name);
+    return t->rank == 1 && n > 7 && !strcmp(t->name + n - 7, ".weight") && strstr(t->name, "norm");
 }
 
-static const char *module_name(const km_names *nm, km_tensor r, int il, char *buf, size_t cap) {
-    const char *pat = (*nm)[r];
-    const char *d = strstr(pat, "%d");
-    if (d) snprintf(buf, cap, "%.*s%d%s", (int)(d - pat), pat, il, d + 2);
-    else snprintf(buf, cap, "%s", pat);
-    return buf;
-}
-
-static cJSON *make_config(const ks_shape *sh, ks_dtype dt) {
+static cJSON *make_config(const ks_shape *sh) {
     cJSON *c = cJSON_CreateObject();
     if (!c) return NULL;
     cJSON_AddStringToObject(c, "model_type", sh->arch);
@@ -231,8 +191,6 @@ static cJSON *make_config(const ks_shape *sh, ks_dtype dt) {
     cJSON_AddStringToObject(c, "hidden_act", strcmp(sh->arch, "gemma2") ? "silu" : "gelu_pytorch_tanh");
     cJSON_AddNumberToObject(c, "bos_token_id", 1);
     cJSON_AddNumberToObject(c, "eos_token_id", 2);
-    static const char *dnames[] = {"float32", "bfloat16", "float16", "bfloat16", "bfloat16"};
-    cJSON_AddStringToObject(c, "torch_dtype", dnames[dt]);
     if (sh->llama3_rope) {
         cJSON *rs = cJSON_AddObjectToObject(c, "rope_scaling");
         cJSON_AddStringToObject(rs, "rope_type", "llama3");
@@ -242,12 +200,19 @@ static cJSON *make_config(const ks_shape *sh, ks_dtype dt) {
         cJSON_AddNumberToObject(rs, "original_max_position_embeddings", 8192);
     }
     if (!strcmp(sh->arch, "gemma2")) cJSON_AddNumberToObject(c, "query_pre_attn_scalar", (double)sh->head_dim);
-    if (dt == KS_Q8 || dt == KS_Q4) {
-        cJSON *q = cJSON_AddObjectToObject(c, "quantization");
-        cJSON_AddNumberToObject(q, "group_size", GROUP);
-        cJSON_AddNumberToObject(q, "bits", dt == KS_Q8 ? 8 : 4);
-    }
     return c;
+}
+
+/* Non-finite numbers as Python's json module writes them (Infinity, NaN),
+ * which cJSON would print as null. */
+static void python_floats(cJSON *j) {
+    for (cJSON *c = j ? j->child : NULL; c; c = c->next) {
+        if (cJSON_IsNumber(c) && !isfinite(c->valuedouble)) {
+            const char *tok = isnan(c->valuedouble) ? "NaN" : c->valuedouble > 0 ? "Infinity" : "-Infinity";
+            cJSON *raw = cJSON_CreateRaw(tok);
+            if (raw) cJSON_ReplaceItemViaPointer(j, c, raw), c = raw;
+        } else python_floats(c);
+    }
 }
 
 static kiln_status write_text(const char *path, const char *text) {
@@ -258,45 +223,59 @@ static kiln_status write_text(const char *path, const char *text) {
     return bad ? kiln_error(KILN_EIO, "%s: write failed", path) : NULL;
 }
 
-kiln_status ks_synth(const ks_shape *sh, ks_dtype dt, uint64_t seed, const char *dir) {
-    const km_family *fam = km_family_find(sh->arch);
-    if (!fam) return kiln_error(KILN_EUNSUPPORTED, "synth: unknown architecture \"%s\"", sh->arch);
+/* The tensors the family's loader asks for under cfg, in the order asked:
+ * a one-token graph is built on a recording checkpoint (kc_open_record). */
+static kiln_status record_tensors(const cJSON *cfg, kc_checkpoint **ck) {
+    KILN_TRY(kc_open_record(cfg, "synth", ck));
+    const km_family *fam = km_family_find(kc_model_type(*ck));
+    if (!fam) {
+        char list[1024];
+        return kiln_error(KILN_EUNSUPPORTED, "synth: model_type \"%s\" is not supported (supported: %s)", kc_model_type(*ck),
+                          km_supported_list(list, sizeof list));
+    }
+    if (ku_json_get(kc_root_config(*ck), "vision_config"))
+        return kiln_error(KILN_EUNSUPPORTED, "synth: the config has a vision_config; kiln synth makes text models (give "
+                          "the text_config as a config of its own)");
+    km_hparams hp;
+    KILN_TRY(km_parse(fam, kc_config(*ck), &hp));
+    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false};
+    kg_graph *g = NULL;
+    kb_input *inputs = NULL;
+    int n_inputs;
+    kb_cache_spec *cache = calloc((size_t)(hp.n_layers > 0 ? hp.n_layers : 1), sizeof *cache);
+    if (!cache) return kiln_error(KILN_ENOMEM, "out of memory");
+    kiln_status st = kb_build(fam, &hp, *ck, &shape, &g, &inputs, &n_inputs, cache);
+    free(cache);
+    if (!st) kg_destroy(g), free(inputs);
+    return st;
+}
+
+kiln_status ks_synth_config(const cJSON *config, ks_dtype dt, uint64_t seed, const char *dir) {
     bool quant = dt == KS_Q8 || dt == KS_Q4;
-    if (quant && (sh->hidden % GROUP || sh->ffn % GROUP || (sh->heads * sh->head_dim) % GROUP))
-        return kiln_error(KILN_EINVAL, "synth: quantized weights need hidden, ffn and heads*head_dim to be multiples of %d",
-                          GROUP);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return kiln_error(KILN_EIO, "%s: %s", dir, strerror(errno));
-    bool qwen2 = !strcmp(sh->arch, "qwen2"), qk_norm = !strcmp(sh->arch, "qwen3"), sandwich = !strcmp(sh->arch, "gemma2");
-    kc_dtype vt = dt == KS_F32 ? KC_F32 : dt == KS_F16 ? KC_F16 : KC_BF16; /* norms and biases */
-    const km_names *nm = fam->names;
-    int64_t H = sh->hidden, Q = sh->heads * sh->head_dim, KV = sh->kv_heads * sh->head_dim;
+    int bits = dt == KS_Q8 ? 8 : 4;
+    cJSON *cfg = cJSON_Duplicate(config, true);
+    if (!cfg) return kiln_error(KILN_ENOMEM, "synth: out of memory");
+    /* the recording sees float weights: quantization is this writer's choice */
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization");
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
+    kc_checkpoint *ck = NULL;
+    kiln_status st = record_tensors(cfg, &ck);
+    kc_dtype vt = dt == KS_F32 ? KC_F32 : dt == KS_F16 ? KC_F16 : KC_BF16; /* float tensors */
     tlist l = {0};
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-    char mod[256];
-    add_matrix(&l, module_name(nm, KM_T_TOK_EMBD, -1, mod, sizeof mod), sh->vocab, H, dt, &s);
-    for (int il = 0; il < sh->layers && !l.err; il++) {
-        add_vector(&l, module_name(nm, KM_T_ATTN_NORM, il, mod, sizeof mod), ".weight", H, vt, true, &s);
-        add_matrix(&l, module_name(nm, KM_T_ATTN_Q, il, mod, sizeof mod), Q, H, dt, &s);
-        if (qwen2) add_vector(&l, mod, ".bias", Q, vt, false, &s);
-        add_matrix(&l, module_name(nm, KM_T_ATTN_K, il, mod, sizeof mod), KV, H, dt, &s);
-        if (qwen2) add_vector(&l, mod, ".bias", KV, vt, false, &s);
-        add_matrix(&l, module_name(nm, KM_T_ATTN_V, il, mod, sizeof mod), KV, H, dt, &s);
-        if (qwen2) add_vector(&l, mod, ".bias", KV, vt, false, &s);
-        add_matrix(&l, module_name(nm, KM_T_ATTN_O, il, mod, sizeof mod), H, Q, dt, &s);
-        if (qk_norm) {
-            add_vector(&l, module_name(nm, KM_T_ATTN_Q_NORM, il, mod, sizeof mod), ".weight", sh->head_dim, vt, true, &s);
-            add_vector(&l, module_name(nm, KM_T_ATTN_K_NORM, il, mod, sizeof mod), ".weight", sh->head_dim, vt, true, &s);
+    for (int i = 0; !st && !l.err && i < kc_tensor_count(ck); i++) {
+        const kc_tensor *t = kc_tensor_at(ck, i);
+        if (quant && kc_made_is_matrix(ck, i) && t->shape[t->rank - 1] % GROUP == 0) {
+            add_affine(&l, t->name, t->rank, t->shape, bits, &s);
+            continue;
         }
-        if (sandwich) add_vector(&l, module_name(nm, KM_T_ATTN_POST_NORM, il, mod, sizeof mod), ".weight", H, vt, false, &s);
-        add_vector(&l, module_name(nm, KM_T_FFN_NORM, il, mod, sizeof mod), ".weight", H, vt, true, &s);
-        if (sandwich) add_vector(&l, module_name(nm, KM_T_FFN_POST_NORM, il, mod, sizeof mod), ".weight", H, vt, false, &s);
-        add_matrix(&l, module_name(nm, KM_T_FFN_GATE, il, mod, sizeof mod), sh->ffn, H, dt, &s);
-        add_matrix(&l, module_name(nm, KM_T_FFN_UP, il, mod, sizeof mod), sh->ffn, H, dt, &s);
-        add_matrix(&l, module_name(nm, KM_T_FFN_DOWN, il, mod, sizeof mod), H, sh->ffn, dt, &s);
+        void *v = tl_add(&l, t->name, vt, t->rank, t->shape);
+        if (v && is_norm_weight(t)) fill_const(v, vt, kc_tensor_numel(t), 1.0f);
+        else if (v) fill_float(v, vt, kc_tensor_numel(t), &s);
     }
-    add_vector(&l, module_name(nm, KM_T_OUTPUT_NORM, -1, mod, sizeof mod), ".weight", H, vt, true, &s);
-    if (!sh->tied) add_matrix(&l, module_name(nm, KM_T_OUTPUT, -1, mod, sizeof mod), sh->vocab, H, dt, &s);
-    kiln_status st = l.err;
+    kc_close(ck);
+    if (!st) st = l.err;
+    if (!st && mkdir(dir, 0755) != 0 && errno != EEXIST) st = kiln_error(KILN_EIO, "%s: %s", dir, strerror(errno));
     char path[4096];
     if (!st) {
         static const char *const meta_mlx[] = {"format", "mlx", NULL}, *const meta_pt[] = {"format", "pt", NULL};
@@ -304,13 +283,30 @@ kiln_status ks_synth(const ks_shape *sh, ks_dtype dt, uint64_t seed, const char 
         if (!st) st = kc_st_write(path, l.t, l.n, quant ? meta_mlx : meta_pt);
     }
     if (!st) {
-        cJSON *cfg = make_config(sh, dt);
-        char *text = cfg ? cJSON_Print(cfg) : NULL;
-        cJSON_Delete(cfg);
+        static const char *dnames[] = {"float32", "bfloat16", "float16", "bfloat16", "bfloat16"};
+        cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
+        cJSON_AddStringToObject(cfg, "torch_dtype", dnames[dt]);
+        if (quant) {
+            cJSON *q = cJSON_AddObjectToObject(cfg, "quantization");
+            cJSON_AddNumberToObject(q, "group_size", GROUP);
+            cJSON_AddNumberToObject(q, "bits", bits);
+        }
+        python_floats(cfg);
+        char *text = cJSON_Print(cfg);
         st = text ? ku_path_join(path, sizeof path, dir, "config.json") : kiln_error(KILN_ENOMEM, "synth: out of memory");
         if (!st) st = write_text(path, text);
         free(text);
     }
+    cJSON_Delete(cfg);
     tl_free(&l);
+    return st;
+}
+
+kiln_status ks_synth(const ks_shape *sh, ks_dtype dt, uint64_t seed, const char *dir) {
+    if (!km_family_find(sh->arch)) return kiln_error(KILN_EUNSUPPORTED, "synth: unknown architecture \"%s\"", sh->arch);
+    cJSON *cfg = make_config(sh);
+    if (!cfg) return kiln_error(KILN_ENOMEM, "synth: out of memory");
+    kiln_status st = ks_synth_config(cfg, dt, seed, dir);
+    cJSON_Delete(cfg);
     return st;
 }

@@ -12,6 +12,7 @@
 #ifndef KILN_SYNTH_H
 #define KILN_SYNTH_H
 
+#include <cjson/cJSON.h>
 #include <stdint.h>
 
 #include "base/status.h"
@@ -36,8 +37,15 @@ int ks_dtype_parse(const char *s);
 /* Writes dir/config.json and dir/model.safetensors (dir is created). */
 kiln_status ks_synth(const ks_shape *shape, ks_dtype dt, uint64_t seed, const char *dir);
 
-/* Reads a shape from a Hugging Face config.json (hidden_size, ...); arch is
- * its model_type. */
-kiln_status ks_shape_from_config(const char *path, ks_shape *out, char *arch, size_t arch_cap);
+/* The same for any text model's Hugging Face config.json (a copy of it is
+ * written, with torch_dtype and, for q8/q4, "quantization" set): the family
+ * builds its graph on a recording checkpoint (ckpt/checkpoint.h,
+ * kc_open_record) and every tensor its loader asks for is written, of the
+ * shape asked, in the order asked. So every family that names its shapes
+ * from the config is covered, hybrid and recurrent ones included; optional
+ * tensors (biases a loader takes when present) are left out, and a loader
+ * that takes a shape from the file (fused expert tensors) is an error that
+ * names the tensor. Norm weights are ones, other tensors random. */
+kiln_status ks_synth_config(const cJSON *config, ks_dtype dt, uint64_t seed, const char *dir);
 
 #endif

@@ -12,8 +12,10 @@ static bool scalar_param(kb_ctx *b, km_tensor t, int il, const char *suffix, flo
     kb_name(b, t, il, name, sizeof name);
     snprintf(full, sizeof full, "%s%s", name, suffix);
     const kc_tensor *ct = kc_find(b->ck, full);
-    if (!ct || kc_tensor_numel(ct) != 1 || ct->rank > 1) {
-        kb_fail(b, kiln_error(KILN_EINVAL, "%s: %s", full, ct ? "must hold one element" : "missing"));
+    kiln_status st = ct ? NULL : kc_get_tensor(b->ck, full, 1, (int64_t[]){1}, &ct); /* absent: the error (or, recording, [1]) */
+    if (st) return kb_fail(b, st), false;
+    if (kc_tensor_numel(ct) != 1 || ct->rank > 1) {
+        kb_fail(b, kiln_error(KILN_EINVAL, "%s: must hold one element", full));
         return false;
     }
     switch (ct->dtype) {

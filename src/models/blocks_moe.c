@@ -191,10 +191,10 @@ static bool experts(kb_ctx *b, km_tensor t, int il, int64_t n, int64_t rows, int
 static bool experts_part(kb_ctx *b, const char *name, int64_t n, const kc_expert_part *p, int64_t rows, int64_t cols, kg_node **w,
                          kg_wattr *wa) {
     kc_experts x;
-    if (!take(b, kc_get_experts_part(b->ck, name, n, p, &x))) return false;
-    if ((rows >= 0 && x.m.rows != rows) || (cols >= 0 && x.m.cols != cols))
-        return take(b, kiln_error(KILN_EINVAL, "%s: experts of [%lld, %lld], want [%lld, %lld]", name, (long long)x.m.rows,
-                                  (long long)x.m.cols, (long long)rows, (long long)cols));
+    kc_expert_part q = *p;
+    q.rows = rows > 0 ? rows : 0;
+    q.cols = cols > 0 ? cols : 0;
+    if (!take(b, kc_get_experts_part(b->ck, name, n, &q, &x))) return false;
     stack_nodes(b, &x, w, wa);
     return w[0] != NULL;
 }
@@ -283,7 +283,7 @@ static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il
     } else {
         bool in_out = o->layout != KB_MOE_HALVES, inter = o->layout == KB_MOE_IN_OUT_INTERLEAVED;
         kb_name(b, KM_T_MOE_GATE_UP, il, name, sizeof name);
-        bool bare = in_out || !kc_has(b->ck, (snprintf(full, sizeof full, "%s.weight", name), full));
+        bool bare = in_out || kc_has(b->ck, name); /* a bare parameter, else a module's "<name>.weight" */
         snprintf(full, sizeof full, "%s%s", name, bare ? "" : ".weight");
         for (int part = 0; part < 2; part++) {
             kc_expert_part p = {.in_out = in_out, .interleaved = inter, .parts = 2, .part = part};

@@ -5,7 +5,8 @@
  * tensors ".<h>.weight" of [D] (an nn.ModuleList of norms) stacked. */
 static kg_node *head_weights(kb_ctx *b, km_tensor t, int il, int64_t H, int64_t D) {
     kg_graph *g = b->g;
-    if (kb_has(b, t, il, ".weight")) return kb_tensor(b, t, il, ".weight", 2, (int64_t[]){H, D});
+    /* one [H, D] tensor (transformers), or one vector per head (".0.weight", ...) */
+    if (!kb_has(b, t, il, ".0.weight")) return kb_tensor(b, t, il, ".weight", 2, (int64_t[]){H, D});
     kg_node **rows = kg_alloc(g, sizeof(kg_node *) * (size_t)H);
     if (!rows) return kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory"));
     for (int64_t h = 0; h < H; h++) {
