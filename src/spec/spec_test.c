@@ -188,11 +188,12 @@ KT_TEST(spec_identical_moe) { check_family("mixtral", "qwen3_moe"); }
 KT_TEST(spec_identical_ssm) { check_family("mamba2", "llama"); }
 KT_TEST(spec_identical_hybrid) { check_family("qwen3_next", "mamba2"); }
 
-/* The checkpoint's MTP head (qwen2 as MiMo with a random MTP layer): one
- * guess and chains of three, alone and after prompt lookup. */
-KT_TEST(spec_identical_mtp) {
+/* The checkpoint's MTP head (a fixture with a random MTP layer in one of
+ * the layouts): one guess and chains of three, alone and after prompt
+ * lookup; the acceptance printed as kiln bench reports it. */
+static void check_mtp(kspec_test_layout which) {
     char dir[512];
-    if (!kspec_test_mtp_model(dir, sizeof dir)) return;
+    if (!kspec_test_mtp_model(which, dir, sizeof dir)) return;
     ke_model *m = NULL;
     KT_CHECK_OK(ke_model_load(dir, &m));
     for (int seeded = 0; m && seeded < 2; seeded++) {
@@ -215,19 +216,27 @@ KT_TEST(spec_identical_mtp) {
                 for (int i = 0; i < n_seq; i++) {
                     KT_CHECK_EQ(got.n[i], ref.n[i]);
                     KT_CHECKF(!memcmp(got.ids[i], ref.ids[i], sizeof(int32_t) * (size_t)ref.n[i]),
-                              "MTP: %s, mode %d, %d sequences: sequence %d differs from plain decoding",
-                              seeded ? "seeded" : "greedy", mode, n_seq, i);
+                              "MTP %s: %s, mode %d, %d sequences: sequence %d differs from plain decoding",
+                              kspec_test_mtp_fixture(which), seeded ? "seeded" : "greedy", mode, n_seq, i);
                 }
-                KT_CHECKF(stats.drafted > 0, "MTP mode %d guessed nothing", mode);
+                KT_CHECKF(stats.drafted > 0, "MTP %s mode %d guessed nothing", kspec_test_mtp_fixture(which), mode);
                 if (mode < 2) KT_CHECK(stats.drafted <= stats.rounds * sp.mtp_max);
-                fprintf(stderr, "  MTP %s mode %d, %d seq: %lld of %lld guesses kept in %lld steps\n", seeded ? "seeded" : "greedy",
-                        mode, n_seq, (long long)stats.accepted, (long long)stats.drafted, (long long)stats.rounds);
+                fprintf(stderr, "  MTP %s %s mode %d, %d seq: %lld of %lld guesses kept (%.0f%%) in %lld steps\n",
+                        kspec_test_mtp_fixture(which), seeded ? "seeded" : "greedy", mode, n_seq, (long long)stats.accepted,
+                        (long long)stats.drafted, stats.drafted ? 100.0 * (double)stats.accepted / (double)stats.drafted : 0.0,
+                        (long long)stats.rounds);
             }
         }
     }
     ke_model_free(m);
     ckt_rmdir(dir);
 }
+
+KT_TEST(spec_identical_mtp) { check_mtp(KSPEC_TEST_MIMO); }
+KT_TEST(spec_identical_mtp_glm_nextn) { check_mtp(KSPEC_TEST_GLM); }
+KT_TEST(spec_identical_mtp_deepseek_nextn) { check_mtp(KSPEC_TEST_DEEPSEEK); }
+KT_TEST(spec_identical_mtp_qwen35) { check_mtp(KSPEC_TEST_QWEN35); }
+KT_TEST(spec_identical_mtp_qwen3_next) { check_mtp(KSPEC_TEST_QWEN3_NEXT); }
 
 KT_TEST(spec_flags) {
     kspec_params p;
@@ -343,7 +352,7 @@ KT_TEST(spec_generate_cli_mtp) {
         return;
     }
     char dir[512];
-    if (!kspec_test_mtp_model(dir, sizeof dir)) return;
+    if (!kspec_test_mtp_model(KSPEC_TEST_GLM, dir, sizeof dir)) return;
     static const char *const cases[] = {"--temp 0", "--temp 0.8 --seed 3 --repeat-penalty 1.1"};
     static const char *const spec[] = {"", "--spec-mtp", "--spec-mtp --spec-mtp-max 3 --spec-ngram"};
     static char ref[1 << 14], got[1 << 14];
