@@ -26,7 +26,8 @@ void kspec_print_flags(FILE *f) {
                "  --draft-max, --draft N             most tokens the draft model guesses per step (default 16)\n"
                "  --draft-min N                      fewer guesses than this: none (default 0)\n"
                "  --draft-p-min P                    stop guessing below this probability (default 0.75)\n"
-               "  --spec-mtp                         the checkpoint's multi-token prediction layer guesses (MiMo layout)\n"
+               "  --spec-mtp                         the checkpoint's multi-token prediction layer guesses (DeepSeek-V3 / GLM\n"
+               "                                     nextn, Qwen3-Next / Qwen3.5 mtp.*, MiMo)\n"
                "  --spec-mtp-max N                   most tokens it guesses per step (default 1)\n");
 }
 

@@ -238,6 +238,59 @@ KT_TEST(spec_identical_mtp_deepseek_nextn) { check_mtp(KSPEC_TEST_DEEPSEEK); }
 KT_TEST(spec_identical_mtp_qwen35) { check_mtp(KSPEC_TEST_QWEN35); }
 KT_TEST(spec_identical_mtp_qwen3_next) { check_mtp(KSPEC_TEST_QWEN3_NEXT); }
 
+/* The head's cache kept across rounds (rows cut back to the kept tokens,
+ * hidden states fed in pieces) gives the guesses a fresh sequence given the
+ * whole history at once gives, bit for bit. */
+static void check_mtp_cache(kspec_test_layout which) {
+    char dir[512];
+    if (!kspec_test_mtp_model(which, dir, sizeof dir)) return;
+    ke_model *m = NULL;
+    ke_ctx *c = NULL;
+    kspec *s = NULL;
+    kspec_seq *q = NULL;
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    if (m) KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 256, .n_threads = 1}, &c));
+    kspec_params sp;
+    kspec_params_init(&sp);
+    sp.mtp = true;
+    sp.mtp_max = 3;
+    if (c) KT_CHECK_OK(kspec_create(&sp, c, NULL, &s));
+    int32_t hist[128];
+    make_prompt(hist, 0);
+    if (s) KT_CHECK_OK(kspec_seq_create(s, 0, hist, NP, &q));
+    uint64_t rng = 7;
+    int64_t n = NP, rounds = 0;
+    while (q && n < 100) {
+        int64_t add = 1 + (int64_t)(ckt_next(&rng) % 4); /* the pending token and what was kept of the guesses */
+        for (int64_t i = 0; i < add; i++) hist[n + i] = (int32_t)(ckt_next(&rng) % 500) + 3;
+        n += add;
+        const int32_t *g;
+        int32_t k, want[3];
+        KT_CHECK_OK(kspec_seq_guess(q, hist, n, 3, &g, &k));
+        if (k != 3) break;
+        memcpy(want, g, sizeof want);
+        KT_CHECK_OK(kspec_seq_settle(q, (int32_t)(add - 1 < 3 ? add - 1 : 3)));
+        kspec_seq *f = NULL; /* a fresh sequence with the whole history */
+        KT_CHECK_OK(kspec_seq_create(s, 0, hist, (int32_t)(n - 1), &f));
+        if (f) KT_CHECK_OK(kspec_seq_guess(f, hist, n, 3, &g, &k));
+        KT_CHECKF(f && k == 3 && !memcmp(g, want, sizeof want), "MTP %s: round %lld: guesses %d %d %d, a fresh sequence's %d %d %d",
+                  kspec_test_mtp_fixture(which), (long long)rounds, want[0], want[1], want[2], f ? g[0] : -1, f ? g[1] : -1, f ? g[2] : -1);
+        kspec_seq_destroy(f);
+        rounds++;
+    }
+    KT_CHECKF(rounds >= 20, "MTP %s: %lld rounds", kspec_test_mtp_fixture(which), (long long)rounds);
+    kspec_seq_destroy(q);
+    kspec_destroy(s);
+    ke_ctx_free(c);
+    ke_model_free(m);
+    ckt_rmdir(dir);
+}
+
+KT_TEST(spec_mtp_cache_kept_across_rounds) {
+    check_mtp_cache(KSPEC_TEST_GLM);
+    check_mtp_cache(KSPEC_TEST_QWEN3_NEXT);
+}
+
 KT_TEST(spec_flags) {
     kspec_params p;
     kspec_params_init(&p);
