@@ -141,13 +141,6 @@ kg_node *kb_linear(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, boo
  * the Linear layout mlx-lm converts it to. in != out tells them apart. */
 bool kb_weight_is_in_out(const kb_ctx *b, km_tensor t, int il, int64_t in, int64_t out);
 
-/* Multi-token prediction layers ck carries beside its n_layers decoder
- * layers, which generation does not use: "model.layers.<n>.*" for n >=
- * n_layers (DeepSeek-V3, GLM, Hy3), "mtp.*" / "model.mtp.*" (EXAONE-MoE,
- * Qwen3.5), "model.mtp_layers.*" (MiMo). Returns their tensor count; *layers
- * is config.json's num_nextn_predict_layers, else the layers counted; *first
- * one of their names (NULL when none). */
-int kb_mtp_tensors(const kc_checkpoint *ck, int64_t n_layers, int *layers, const char **first);
 
 /* ==== multi-token prediction heads (blocks_mtp.c)
  * The layouts kiln serves, found in one place: DeepSeek-V3 / GLM-4.5 nextn
@@ -162,6 +155,15 @@ int kb_mtp_tensors(const kc_checkpoint *ck, int64_t n_layers, int *layers, const
  * kb_layer_opts hook) builds the head instead (kb_ctx.mtp); a family whose
  * emitter does not end in kb_decoder is refused. The hyper-parameters may
  * borrow from the main model's config (hp's). */
+
+/* Multi-token prediction layers ck carries beside its n_layers decoder
+ * layers, which plain generation does not use: "model.layers.<n>.*" for n >=
+ * n_layers (DeepSeek-V3, GLM, Hy3), "mtp.*" / "model.mtp.*" (EXAONE-MoE,
+ * Qwen3.5), "model.mtp_layers.*" (MiMo). Returns their tensor count; *layers
+ * is config.json's num_nextn_predict_layers, else the layers counted; *first
+ * one of their names (NULL when none). */
+int kb_mtp_tensors(const kc_checkpoint *ck, int64_t n_layers, int *layers, const char **first);
+/* The head (errors name the problem: no MTP layers, a layout kiln does not serve). */
 typedef struct kb_mtp kb_mtp;
 kiln_status kb_mtp_open(const km_family *fam, const km_hparams *hp, const kc_checkpoint *ck, kb_mtp **out);
 void kb_mtp_free(kb_mtp *m);

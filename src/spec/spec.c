@@ -371,6 +371,10 @@ static kiln_status guess_mtp(kspec_seq *q, int32_t kmax, int32_t *k) {
         KILN_TRYF(ke_seq_open(s->mc, &q->mseq), "--spec-mtp");
         hl = 0;
     }
+    /* no room in either cache (the target's shares prefix blocks, theirs do not): no guess this step */
+    if (ke_seq_blocks_needed(s->hc, q->hseq, n - 1 - hl) > ke_ctx_free_blocks(s->hc) ||
+        ke_seq_blocks_needed(s->mc, q->mseq, n - 1 - hl + kmax - 1) > ke_ctx_free_blocks(s->mc))
+        return NULL;
     const float *out = NULL;
     int nr;
     for (int64_t at = hl; at < n - 1;) { /* in chunks, as draft_decode */
