@@ -406,6 +406,16 @@ KT_TEST(spec_generate_cli_mtp) {
     }
     char dir[512];
     if (!kspec_test_mtp_model(KSPEC_TEST_GLM, dir, sizeof dir)) return;
+    { /* kiln info names the layout */
+        char cmd[8192], out[8192];
+        snprintf(cmd, sizeof cmd, "%s info -m %s 2>&1", bin, dir);
+        FILE *p = popen(cmd, "r");
+        KT_CHECK(p != NULL);
+        size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+        out[n] = 0;
+        if (p) pclose(p);
+        KT_CHECKF(strstr(out, "guesses tokens with --spec-mtp, layout DeepSeek-V3 / GLM nextn") != NULL, "%s", out);
+    }
     static const char *const cases[] = {"--temp 0", "--temp 0.8 --seed 3 --repeat-penalty 1.1"};
     static const char *const spec[] = {"", "--spec-mtp", "--spec-mtp --spec-mtp-max 3 --spec-ngram"};
     static char ref[1 << 14], got[1 << 14];
