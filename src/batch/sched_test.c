@@ -661,15 +661,18 @@ static void check_spec(const char *fixture) {
     ke_model_free(m);
 }
 
-KT_TEST(sched_spec_mtp) {
+static void check_spec_mtp(kspec_test_layout which, const char *what) {
     char dir[512];
-    if (!kspec_test_mtp_model(dir, sizeof dir)) return;
+    if (!kspec_test_mtp_model(which, dir, sizeof dir)) return;
     ke_model *m = NULL;
     KT_CHECK_OK(ke_model_load(dir, &m));
-    if (m) check_spec_model(m, "qwen2 as MiMo with an MTP layer", true);
+    if (m) check_spec_model(m, what, true);
     ke_model_free(m);
     ckt_rmdir(dir);
 }
+
+KT_TEST(sched_spec_mtp) { check_spec_mtp(KSPEC_TEST_MIMO, "qwen2 as MiMo with an MTP layer"); }
+KT_TEST(sched_spec_mtp_nextn) { check_spec_mtp(KSPEC_TEST_DEEPSEEK, "deepseek_v3 with a nextn layer"); }
 
 KT_TEST(sched_spec_dense) { check_spec("llama"); }
 KT_TEST(sched_spec_moe) { check_spec("mixtral"); }

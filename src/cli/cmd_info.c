@@ -165,10 +165,11 @@ int kiln_cmd_info(int argc, char **argv) {
     int mtp_layers;
     const char *mtp_first;
     int mtp = kb_mtp_tensors(ck, hp->n_layers, &mtp_layers, &mtp_first);
+    const char *mtp_layout = mtp ? kb_mtp_layout_name(ck, hp->n_layers) : NULL;
     if (mtp)
-        printf("mtp          %d multi-token prediction layer%s (%d tensors, e.g. %s): %s\n", mtp_layers, mtp_layers == 1 ? "" : "s", mtp, mtp_first,
-               !strncmp(mtp_first, "model.mtp_layers.", 17) ? "guesses tokens with --spec-mtp"
-                                                             : "kept in the checkpoint, not used for generation");
+        printf("mtp          %d multi-token prediction layer%s (%d tensors, e.g. %s): %s%s\n", mtp_layers, mtp_layers == 1 ? "" : "s", mtp,
+               mtp_first, mtp_layout ? "guesses tokens with --spec-mtp, layout " : "kept in the checkpoint, in no layout --spec-mtp serves",
+               mtp_layout ? mtp_layout : "");
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,
            (double)bytes / 1048576.0);

@@ -21,26 +21,28 @@ struct ke_model {
     kvis_model *vision; /* NULL: a text model */
 };
 
-static kiln_status model_load(const char *dir, bool hidden_out, ke_model **out) {
+/* fam and hp given (ke_model_load_as), else found and parsed */
+static kiln_status model_load(const char *dir, bool hidden_out, const km_family *fam, const km_hparams *hp, ke_model **out) {
     *out = NULL;
     ke_model *m = calloc(1, sizeof *m);
     if (!m) return kiln_error(KILN_ENOMEM, "out of memory");
     kiln_status st = kc_open(dir, &m->ck);
     if (st) goto fail;
     const char *mt = kc_model_type(m->ck);
-    m->fam = km_family_find(mt);
+    m->fam = fam ? fam : km_family_find(mt);
     if (!m->fam) {
         char list[1024];
         st = kiln_error(KILN_EUNSUPPORTED, "%s/config.json: model_type \"%s\" is not supported (supported: %s)", dir, mt,
                         km_supported_list(list, sizeof list));
         goto fail;
     }
-    st = km_parse(m->fam, kc_config(m->ck), &m->hp);
+    if (hp) m->hp = *hp;
+    else st = km_parse(m->fam, kc_config(m->ck), &m->hp);
     if (!st && hidden_out && m->hp.n_labels > 0)
         st = kiln_error(KILN_EUNSUPPORTED, "a sequence classification head (%lld labels) gives no hidden states",
                         (long long)m->hp.n_labels);
     if (hidden_out) m->hp.hidden_out = true;
-    if (!st) st = kvis_load(m->ck, &m->hp, &m->vision);
+    if (!st && !hp) st = kvis_load(m->ck, &m->hp, &m->vision);
     if (st) {
         st = kiln_status_wrap(st, "%s", dir);
         goto fail;
@@ -70,8 +72,11 @@ fail:
     return st;
 }
 
-kiln_status ke_model_load(const char *dir, ke_model **out) { return model_load(dir, false, out); }
-kiln_status ke_model_load_hidden(const char *dir, ke_model **out) { return model_load(dir, true, out); }
+kiln_status ke_model_load(const char *dir, ke_model **out) { return model_load(dir, false, NULL, NULL, out); }
+kiln_status ke_model_load_hidden(const char *dir, ke_model **out) { return model_load(dir, true, NULL, NULL, out); }
+kiln_status ke_model_load_as(const char *dir, const km_family *fam, const km_hparams *hp, ke_model **out) {
+    return model_load(dir, false, fam, hp, out);
+}
 
 static int64_t default_n_ctx(const km_hparams *hp) { return hp->max_pos > 0 && hp->max_pos < 4096 ? hp->max_pos : 4096; }
 
@@ -1101,7 +1106,7 @@ static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
             if (!sp) return false;
             c->span = sp;
         }
-        if (c->m->vision) {
+        if (c->m->vision || c->m->hp.hidden_in) {
             float *e = realloc(c->embd, n * (size_t)c->m->hp.hidden * sizeof(float));
             if (!e) return false;
             c->embd = e;
@@ -1231,6 +1236,12 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
         seq_state *q = &c->seqs[batch_seqs[i]];
         for (int64_t j = 0; j < MB; j++) c->btab[i * MB + j] = j < q->n_blocks && q->blocks[j] >= 0 ? q->blocks[j] : 0;
     }
+    if (hp->hidden_in) /* a row per token (zeros where none) */
+        for (int64_t t = 0; t < T; t++) {
+            const float *row = x && x->embd ? x->embd[t] : NULL;
+            if (row) memcpy(c->embd + t * hp->hidden, row, sizeof(float) * (size_t)hp->hidden);
+            else memset(c->embd + t * hp->hidden, 0, sizeof(float) * (size_t)hp->hidden);
+        }
     if (c->m->vision)
         for (int64_t t = 0; t < T; t++) {
             const float *row = x && x->embd ? x->embd[t] : NULL;

@@ -27,6 +27,11 @@ kiln_status ke_model_load(const char *dir, ke_model **out);
  * ke_decode's rows are last hidden states [hidden], not logits (embedding
  * models built on decoders: Qwen3-Embedding, EmbeddingGemma). */
 kiln_status ke_model_load_hidden(const char *dir, ke_model **out);
+/* A model of the checkpoint at dir with the family and hyper-parameters
+ * given, not found and parsed (copied; fam is borrowed for the model's
+ * life): a multi-token prediction head built on a family's blocks
+ * (models/blocks.h kb_mtp_open). */
+kiln_status ke_model_load_as(const char *dir, const km_family *fam, const km_hparams *hp, ke_model **out);
 void ke_model_free(ke_model *m);
 const km_hparams *ke_model_hparams(const ke_model *m);
 const km_family *ke_model_family(const ke_model *m);

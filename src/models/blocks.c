@@ -337,27 +337,3 @@ kg_node *kb_linear_module(kb_ctx *b, kg_node *x, const char *module, int64_t row
     if (st) return kb_fail(b, st);
     return matrix_nodes(b, &m, &w, &s, &bi, &wa) ? kg_linear(b->g, x, w, s, bi, &wa) : NULL;
 }
-
-int kb_mtp_tensors(const kc_checkpoint *ck, int64_t n_layers, int *layers, const char **first) {
-    int n = 0;
-    long hi = -1;
-    *first = NULL;
-    for (int i = 0; i < kc_tensor_count(ck); i++) {
-        const char *name = kc_tensor_at(ck, i)->name;
-        long l = -1;
-        bool mtp = !strncmp(name, "mtp.", 4) || !strncmp(name, "model.mtp.", 10) || !strncmp(name, "model.mtp_layers.", 17);
-        if (!strncmp(name, "model.layers.", 13)) {
-            char *end;
-            l = strtol(name + 13, &end, 10);
-            mtp = end != name + 13 && *end == '.' && l >= n_layers;
-        }
-        if (!mtp) continue;
-        if (!*first) *first = name;
-        if (l >= n_layers && l - n_layers > hi) hi = l - (long)n_layers;
-        n++;
-    }
-    int64_t declared = 0;
-    kiln_status_free(ku_json_int(kc_config(ck), "num_nextn_predict_layers", 0, &declared));
-    *layers = declared > 0 ? (int)declared : hi >= 0 ? (int)hi + 1 : n > 0;
-    return n;
-}

@@ -103,6 +103,9 @@ typedef struct kb_ctx {
      * of tp_size (kb_build sets them from runtime/dist.h; 0: one process) */
     int tp_size, tp_rank;
     const struct kb_head_shard *heads; /* the attention layer being built: its heads' split, or NULL */
+    /* a multi-token prediction head (blocks_mtp.c): the family's emitter runs, and its kb_decoder
+     * builds this head (then clears it) instead of the decoder */
+    const struct kb_mtp *mtp;
 } kb_ctx;
 
 /* Builds the forward graph for one batch shape. *inputs (role of each graph
@@ -138,13 +141,37 @@ kg_node *kb_linear(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, boo
  * the Linear layout mlx-lm converts it to. in != out tells them apart. */
 bool kb_weight_is_in_out(const kb_ctx *b, km_tensor t, int il, int64_t in, int64_t out);
 
+
+/* ==== multi-token prediction heads (blocks_mtp.c)
+ * The layouts kiln serves, found in one place: DeepSeek-V3 / GLM-4.5 nextn
+ * layers (model.layers.<n>.eh_proj ...), Qwen3-Next / Qwen3.5 mtp.*, MiMo
+ * model.mtp_layers.*. kb_mtp_open makes, for a model of family fam with
+ * hyper-parameters hp, the family and hyper-parameters of a model whose
+ * graph is the head (ke_model_load_as): it reads each token's id and the
+ * main model's hidden state at the token before (KB_IN_EMBD, hp->hidden_in)
+ * and gives rows [vocab + hidden]: the head's logits, then the state a
+ * chained guess is fed. Its one cached layer is the last of hp->n_layers,
+ * built by the family's own emitter: its kb_decoder call (with the family's
+ * kb_layer_opts hook) builds the head instead (kb_ctx.mtp); a family whose
+ * emitter does not end in kb_decoder is refused. The hyper-parameters may
+ * borrow from the main model's config (hp's). */
+
 /* Multi-token prediction layers ck carries beside its n_layers decoder
- * layers, which generation does not use: "model.layers.<n>.*" for n >=
+ * layers, which plain generation does not use: "model.layers.<n>.*" for n >=
  * n_layers (DeepSeek-V3, GLM, Hy3), "mtp.*" / "model.mtp.*" (EXAONE-MoE,
  * Qwen3.5), "model.mtp_layers.*" (MiMo). Returns their tensor count; *layers
  * is config.json's num_nextn_predict_layers, else the layers counted; *first
  * one of their names (NULL when none). */
 int kb_mtp_tensors(const kc_checkpoint *ck, int64_t n_layers, int *layers, const char **first);
+/* The head (errors name the problem: no MTP layers, a layout kiln does not serve). */
+typedef struct kb_mtp kb_mtp;
+kiln_status kb_mtp_open(const km_family *fam, const km_hparams *hp, const kc_checkpoint *ck, kb_mtp **out);
+void kb_mtp_free(kb_mtp *m);
+const km_family *kb_mtp_family(const kb_mtp *m);
+const km_hparams *kb_mtp_hparams(const kb_mtp *m);
+const char *kb_mtp_layout(const kb_mtp *m);
+/* The layout of ck's MTP layers that kiln serves, or NULL. */
+const char *kb_mtp_layout_name(const kc_checkpoint *ck, int64_t n_layers);
 
 /* ================================================================ tensor parallelism (blocks_shard.c)
  *
@@ -471,7 +498,7 @@ kg_node *kb_moa(kb_ctx *b, kg_node *x, int il, const kb_attn_opts *a, const kb_m
 typedef enum { KB_NORM_PRE, KB_NORM_POST, KB_NORM_SANDWICH, KB_NORM_RESIDUAL } kb_norm_place;
 
 /* One decoder layer: attention and an MLP, each a residual branch. */
-typedef struct {
+typedef struct kb_layer_opts {
     kb_norm_opts norm;       /* every norm of the layer (kb_decoder: also the final one) */
     kb_norm_place norm_place;
     bool parallel;           /* PRE only: x + attn(n1(x)) + ffn(n2(x)) */

@@ -29,4 +29,8 @@ kg_node *kb_seq_slots(kb_ctx *b, kg_node **visible);
 kg_node *kb_input_param(kb_ctx *b, kg_dtype t, kg_shape s, const char *name, kb_role role, int index, int sub,
                         bool donated);
 
+/* The head b->mtp with its decoder layer's options from the family's hook
+ * (kb_decoder's work when b->mtp is set; blocks_mtp.c). */
+kg_node *kb_mtp_decoder(kb_ctx *b, kb_layer_opts_fn family);
+
 #endif

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "models/blocks.h"
+#include "models/blocks_int.h"
 
 void kb_layer_defaults(const kb_ctx *b, int il, kb_layer_opts *o) {
     const km_hparams *hp = b->hp;
@@ -192,6 +193,7 @@ kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm) {
 }
 
 kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn family) {
+    if (b->mtp) return kb_mtp_decoder(b, family); /* a multi-token prediction head (blocks_mtp.c) */
     kb_norm_opts norm;
     kg_node *x = kb_layers(b, kb_embed(b, NULL), family, &norm);
     return kb_output(b, x, &norm);

@@ -240,12 +240,15 @@ typedef struct {
                                * input (BERT's token types) */
     int64_t n_labels;         /* a sequence classification head: rows [R, n_labels] (cross-encoders); 0: none */
     int pos_offset;           /* learned positions read row pos + this (RoBERTa: padding_idx + 1) */
+    /* ==== a multi-token prediction head as a model (blocks_mtp.c) */
+    bool hidden_in;           /* the graph reads a row [hidden] per token (KB_IN_EMBD: the main model's hidden state) */
+    int64_t out_extra;        /* the output rows carry this many more floats after the logits */
 } km_hparams;
 
 /* The width of the forward graph's output rows: hidden with hp->hidden_out,
- * n_labels for a classification head, else vocab (logits). */
+ * n_labels for a classification head, else vocab (logits); plus hp->out_extra. */
 static inline int64_t km_out_width(const km_hparams *hp) {
-    return hp->hidden_out ? hp->hidden : hp->n_labels > 0 ? hp->n_labels : hp->vocab;
+    return (hp->hidden_out ? hp->hidden : hp->n_labels > 0 ? hp->n_labels : hp->vocab) + hp->out_extra;
 }
 
 /* Reads the fields every decoder has; errors name the field. Families call

@@ -26,7 +26,8 @@ void kspec_print_flags(FILE *f) {
                "  --draft-max, --draft N             most tokens the draft model guesses per step (default 16)\n"
                "  --draft-min N                      fewer guesses than this: none (default 0)\n"
                "  --draft-p-min P                    stop guessing below this probability (default 0.75)\n"
-               "  --spec-mtp                         the checkpoint's multi-token prediction layer guesses (MiMo layout)\n"
+               "  --spec-mtp                         the checkpoint's multi-token prediction layer guesses (DeepSeek-V3 / GLM\n"
+               "                                     nextn, Qwen3-Next / Qwen3.5 mtp.*, MiMo)\n"
                "  --spec-mtp-max N                   most tokens it guesses per step (default 1)\n");
 }
 
@@ -134,11 +135,14 @@ struct kspec {
     int64_t cap;
     int64_t *len0; /* [cap_n] each sequence's length before the round's step */
     int cap_n;
-    /* --spec-mtp: the head, the target loaded for hidden states and its context, scratch [2 hidden + vocab] */
+    /* --spec-mtp: the head and its context, the target loaded for hidden states and its context,
+     * scratch: the chained state [hidden], each MTP row's hidden input [cap] */
     kspec_mtp *mtp;
+    ke_ctx *mc;
     ke_model *hm;
     ke_ctx *hc;
     float *mbuf;
+    const float **erow;
 };
 
 struct kspec_seq {
@@ -152,9 +156,7 @@ struct kspec_seq {
     int64_t n_at_guess; /* hist length when guessing */
     int32_t cool, skip, k_cur; /* prompt lookup's back-off */
     kspec_stats stats;
-    int hseq;            /* --spec-mtp: the sequence in the hidden-state context (-1: none) */
-    kspec_mtp_cache mc;  /* the head's KV cache */
-    float *lh;           /* [hidden] the target's hidden state at the last position fed to hc */
+    int hseq, mseq;      /* --spec-mtp: the sequence in the hidden-state context, in the head's (-1: none) */
 };
 
 static int64_t longrope_limit(const km_hparams *hp) {
@@ -163,20 +165,23 @@ static int64_t longrope_limit(const km_hparams *hp) {
     return -1;
 }
 
-/* The MTP head and a context of the target whose rows are hidden states, of the target's size. */
+/* The MTP head and its context, and a context of the target whose rows are
+ * hidden states, both of the target's size. */
 static kiln_status mtp_create(kspec *s, ke_ctx *target) {
     const ke_model *tm = ke_ctx_model(target);
     const km_hparams *hp = ke_model_hparams(tm);
     KILN_TRY(kspec_mtp_load(tm, &s->mtp));
     KILN_TRYF(ke_model_load_hidden(kc_dir(ke_model_checkpoint(tm)), &s->hm), "--spec-mtp");
-    ke_ctx_params hp_ = {.n_ctx = ke_ctx_n_ctx(target),
-                         .n_cache = ke_ctx_n_blocks(target) * ke_ctx_block_size(target),
-                         .n_threads = ke_ctx_n_threads(target),
-                         .n_seq_max = 64,
-                         .pooling = true};
-    KILN_TRYF(ke_ctx_create(s->hm, &hp_, &s->hc), "--spec-mtp");
-    s->mbuf = malloc(sizeof(float) * (size_t)(2 * hp->hidden + hp->vocab));
-    return s->mbuf ? NULL : kiln_error(KILN_ENOMEM, "out of memory");
+    ke_ctx_params cp = {.n_ctx = ke_ctx_n_ctx(target),
+                        .n_cache = ke_ctx_n_blocks(target) * ke_ctx_block_size(target),
+                        .n_threads = ke_ctx_n_threads(target),
+                        .n_seq_max = 64,
+                        .pooling = true};
+    KILN_TRYF(ke_ctx_create(s->hm, &cp, &s->hc), "--spec-mtp");
+    KILN_TRYF(ke_ctx_create(kspec_mtp_model(s->mtp), &cp, &s->mc), "--spec-mtp");
+    s->mbuf = malloc(sizeof(float) * (size_t)hp->hidden);
+    s->erow = malloc(sizeof(float *) * 512);
+    return s->mbuf && s->erow ? NULL : kiln_error(KILN_ENOMEM, "out of memory");
 }
 
 kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *draft, kspec **out) {
@@ -216,7 +221,7 @@ kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *
 void kspec_destroy(kspec *s) {
     if (!s) return;
     ke_ctx_free(s->d);
-    ke_ctx_free(s->hc), ke_model_free(s->hm), kspec_mtp_free(s->mtp), free(s->mbuf);
+    ke_ctx_free(s->hc), ke_model_free(s->hm), ke_ctx_free(s->mc), kspec_mtp_free(s->mtp), free(s->mbuf), free(s->erow);
     free(s->tok), free(s->refeed), free(s->seq), free(s->reseq), free(s->want), free(s->len0);
     free(s);
 }
@@ -246,15 +251,14 @@ kiln_status kspec_seq_create(kspec *s, int seq, const int32_t *prompt, int32_t n
     if (!q) return kiln_error(KILN_ENOMEM, "out of memory");
     q->s = s;
     q->seq = seq;
-    q->dseq = q->hseq = -1;
+    q->dseq = q->hseq = q->mseq = -1;
     q->k_cur = s->p.lookahead;
     int32_t mg = max_guess(s);
     q->guess = malloc(sizeof(int32_t) * (size_t)(mg > 0 ? mg : 1));
     kiln_status st = q->guess ? push_hist(q, prompt, n_prompt) : kiln_error(KILN_ENOMEM, "out of memory");
     if (!st && s->d) st = kiln_status_wrap(ke_seq_open(s->d, &q->dseq), "--model-draft");
     if (!st && s->hc) st = kiln_status_wrap(ke_seq_open(s->hc, &q->hseq), "--spec-mtp");
-    if (!st && s->hc && !(q->lh = malloc(sizeof(float) * (size_t)ke_model_hparams(s->hm)->hidden)))
-        st = kiln_error(KILN_ENOMEM, "out of memory");
+    if (!st && s->mc) st = kiln_status_wrap(ke_seq_open(s->mc, &q->mseq), "--spec-mtp");
     if (st) {
         kspec_seq_destroy(q);
         return st;
@@ -267,8 +271,7 @@ void kspec_seq_destroy(kspec_seq *q) {
     if (!q) return;
     if (q->dseq >= 0) ke_seq_close(q->s->d, q->dseq);
     if (q->hseq >= 0) ke_seq_close(q->s->hc, q->hseq);
-    kspec_mtp_cache_free(&q->mc);
-    free(q->lh);
+    if (q->mseq >= 0) ke_seq_close(q->s->mc, q->mseq);
     free(q->hist), free(q->guess);
     free(q);
 }
@@ -351,37 +354,51 @@ static kiln_status guess_draft(kspec_seq *q, int32_t kmax, int32_t *k) {
 }
 
 /* The MTP head. Its row at position p joins the target's hidden state at p
- * with the token at p + 1; rows for the kept tokens are real, the ones for
- * guesses are dropped next time. The target's hidden states come from hc,
- * fed every kept token but the pending one (hist[n - 1]). */
+ * with the token at p + 1: rows 0 .. n - 2 are real (hc is fed every kept
+ * token but the pending one, hist[n - 1]); the rows past them, for chained
+ * guesses, are cut next time. */
 static kiln_status guess_mtp(kspec_seq *q, int32_t kmax, int32_t *k) {
     kspec *s = q->s;
     *k = 0;
-    int64_t H = ke_model_hparams(s->hm)->hidden, V = s->vocab, hl = ke_seq_len(s->hc, q->hseq), n = q->n;
-    float *out = s->mbuf, *lg = s->mbuf + 2 * H;
-    q->mc.len = hl > 0 ? hl - 1 : 0;
-    if (hl > 0) KILN_TRY(kspec_mtp_step(s->mtp, &q->mc, q->hist[hl], q->lh, out, hl == n - 1 ? lg : NULL));
+    int64_t H = ke_model_hparams(s->hm)->hidden, V = s->vocab, n = q->n;
+    if (n < 2) return NULL;
+    int64_t hl = ke_seq_len(s->hc, q->hseq), ml = ke_seq_len(s->mc, q->mseq);
+    if (ml > hl) KILN_TRYF(ke_seq_truncate(s->mc, q->mseq, hl), "--spec-mtp");
+    else if (ml < hl) { /* (cannot happen: both grow together) start both again */
+        ke_seq_close(s->hc, q->hseq), ke_seq_close(s->mc, q->mseq);
+        q->hseq = q->mseq = -1;
+        KILN_TRYF(ke_seq_open(s->hc, &q->hseq), "--spec-mtp");
+        KILN_TRYF(ke_seq_open(s->mc, &q->mseq), "--spec-mtp");
+        hl = 0;
+    }
+    /* no room in either cache (the target's shares prefix blocks, theirs do not): no guess this step */
+    if (ke_seq_blocks_needed(s->hc, q->hseq, n - 1 - hl) > ke_ctx_free_blocks(s->hc) ||
+        ke_seq_blocks_needed(s->mc, q->mseq, n - 1 - hl + kmax - 1) > ke_ctx_free_blocks(s->mc))
+        return NULL;
+    const float *out = NULL;
+    int nr;
     for (int64_t at = hl; at < n - 1;) { /* in chunks, as draft_decode */
         int64_t m = n - 1 - at < 512 ? n - 1 - at : 512;
         if (m > s->cap) return kiln_error(KILN_EINTERNAL, "mtp: scratch too small");
         for (int64_t i = 0; i < m; i++) s->reseq[i] = q->hseq, s->want[i] = true;
         const float *rows;
-        int nr;
         KILN_TRY(kiln_status_wrap(ke_decode(s->hc, &(ke_batch){(int)m, q->hist + at, s->reseq, s->want}, &rows, &nr), "--spec-mtp"));
-        for (int64_t i = 0; i < m; i++) {
-            int64_t p = at + i;
-            KILN_TRY(kspec_mtp_step(s->mtp, &q->mc, q->hist[p + 1], rows + i * H, out, p == n - 2 ? lg : NULL));
-        }
-        memcpy(q->lh, rows + (m - 1) * H, sizeof(float) * (size_t)H);
+        /* the head's rows at + i: the token after, the hidden state at */
+        for (int64_t i = 0; i < m; i++) s->reseq[i] = q->mseq, s->erow[i] = rows + i * H;
+        KILN_TRY(kiln_status_wrap(ke_decode_ex(s->mc, &(ke_batch){(int)m, q->hist + at + 1, s->reseq, NULL},
+                                               &(ke_inputs){.embd = s->erow}, &out, &nr), "--spec-mtp"));
         at += m;
     }
+    if (!out) return NULL;
     for (int32_t j = 0; j < kmax; j++) {
-        q->guess[j] = argmax(lg, V);
+        q->guess[j] = argmax(out, V);
         *k = j + 1;
-        if (j + 1 < kmax) { /* the next guess from the head's own hidden state */
-            memcpy(out + H, out, sizeof(float) * (size_t)H);
-            KILN_TRY(kspec_mtp_step(s->mtp, &q->mc, q->guess[j], out + H, out, lg));
-        }
+        if (j + 1 == kmax) break;
+        /* the next guess from the head's own state */
+        memcpy(s->mbuf, out + V, sizeof(float) * (size_t)H);
+        s->erow[0] = s->mbuf;
+        KILN_TRY(kiln_status_wrap(ke_decode_ex(s->mc, &(ke_batch){1, &q->guess[j], &q->mseq, NULL}, &(ke_inputs){.embd = s->erow},
+                                               &out, &nr), "--spec-mtp"));
     }
     return NULL;
 }

@@ -28,10 +28,13 @@
  *    the top token's probability (softmax of its raw logits) is >= --draft-p-min;
  *    fewer than --draft-min: no guess (llama.cpp's flags and meaning).
  *  - the checkpoint's multi-token-prediction head (--spec-mtp, vLLM's
- *    method "mtp"; spec/mtp.h): from the target's last hidden state (read
- *    from a second context of the target built to output hidden states, fed
- *    the kept tokens only) and the pending token, up to --spec-mtp-max
- *    tokens, greedy, each later one fed the head's own hidden state.
+ *    method "mtp"; spec/mtp.h: DeepSeek-V3 / GLM-4.5 nextn layers,
+ *    Qwen3-Next / Qwen3.5 mtp.*, MiMo): from the target's last hidden state
+ *    (read from a second context of the target built to output hidden
+ *    states, fed the kept tokens only) and the pending token, up to
+ *    --spec-mtp-max tokens, greedy, each later one fed the head's own state;
+ *    the head has its own context (its KV cache cut back to the kept tokens
+ *    each round).
  * With several, prompt lookup guesses first, then the draft model, then the
  * MTP head, each where the ones before find nothing. */
 #ifndef KILN_SPEC_H

@@ -188,11 +188,12 @@ KT_TEST(spec_identical_moe) { check_family("mixtral", "qwen3_moe"); }
 KT_TEST(spec_identical_ssm) { check_family("mamba2", "llama"); }
 KT_TEST(spec_identical_hybrid) { check_family("qwen3_next", "mamba2"); }
 
-/* The checkpoint's MTP head (qwen2 as MiMo with a random MTP layer): one
- * guess and chains of three, alone and after prompt lookup. */
-KT_TEST(spec_identical_mtp) {
+/* The checkpoint's MTP head (a fixture with a random MTP layer in one of
+ * the layouts): one guess and chains of three, alone and after prompt
+ * lookup; the acceptance printed as kiln bench reports it. */
+static void check_mtp(kspec_test_layout which) {
     char dir[512];
-    if (!kspec_test_mtp_model(dir, sizeof dir)) return;
+    if (!kspec_test_mtp_model(which, dir, sizeof dir)) return;
     ke_model *m = NULL;
     KT_CHECK_OK(ke_model_load(dir, &m));
     for (int seeded = 0; m && seeded < 2; seeded++) {
@@ -215,18 +216,79 @@ KT_TEST(spec_identical_mtp) {
                 for (int i = 0; i < n_seq; i++) {
                     KT_CHECK_EQ(got.n[i], ref.n[i]);
                     KT_CHECKF(!memcmp(got.ids[i], ref.ids[i], sizeof(int32_t) * (size_t)ref.n[i]),
-                              "MTP: %s, mode %d, %d sequences: sequence %d differs from plain decoding",
-                              seeded ? "seeded" : "greedy", mode, n_seq, i);
+                              "MTP %s: %s, mode %d, %d sequences: sequence %d differs from plain decoding",
+                              kspec_test_mtp_fixture(which), seeded ? "seeded" : "greedy", mode, n_seq, i);
                 }
-                KT_CHECKF(stats.drafted > 0, "MTP mode %d guessed nothing", mode);
+                KT_CHECKF(stats.drafted > 0, "MTP %s mode %d guessed nothing", kspec_test_mtp_fixture(which), mode);
                 if (mode < 2) KT_CHECK(stats.drafted <= stats.rounds * sp.mtp_max);
-                fprintf(stderr, "  MTP %s mode %d, %d seq: %lld of %lld guesses kept in %lld steps\n", seeded ? "seeded" : "greedy",
-                        mode, n_seq, (long long)stats.accepted, (long long)stats.drafted, (long long)stats.rounds);
+                fprintf(stderr, "  MTP %s %s mode %d, %d seq: %lld of %lld guesses kept (%.0f%%) in %lld steps\n",
+                        kspec_test_mtp_fixture(which), seeded ? "seeded" : "greedy", mode, n_seq, (long long)stats.accepted,
+                        (long long)stats.drafted, stats.drafted ? 100.0 * (double)stats.accepted / (double)stats.drafted : 0.0,
+                        (long long)stats.rounds);
             }
         }
     }
     ke_model_free(m);
     ckt_rmdir(dir);
+}
+
+KT_TEST(spec_identical_mtp) { check_mtp(KSPEC_TEST_MIMO); }
+KT_TEST(spec_identical_mtp_glm_nextn) { check_mtp(KSPEC_TEST_GLM); }
+KT_TEST(spec_identical_mtp_deepseek_nextn) { check_mtp(KSPEC_TEST_DEEPSEEK); }
+KT_TEST(spec_identical_mtp_qwen35) { check_mtp(KSPEC_TEST_QWEN35); }
+KT_TEST(spec_identical_mtp_qwen3_next) { check_mtp(KSPEC_TEST_QWEN3_NEXT); }
+
+/* The head's cache kept across rounds (rows cut back to the kept tokens,
+ * hidden states fed in pieces) gives the guesses a fresh sequence given the
+ * whole history at once gives, bit for bit. */
+static void check_mtp_cache(kspec_test_layout which) {
+    char dir[512];
+    if (!kspec_test_mtp_model(which, dir, sizeof dir)) return;
+    ke_model *m = NULL;
+    ke_ctx *c = NULL;
+    kspec *s = NULL;
+    kspec_seq *q = NULL;
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    if (m) KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 256, .n_threads = 1}, &c));
+    kspec_params sp;
+    kspec_params_init(&sp);
+    sp.mtp = true;
+    sp.mtp_max = 3;
+    if (c) KT_CHECK_OK(kspec_create(&sp, c, NULL, &s));
+    int32_t hist[128];
+    make_prompt(hist, 0);
+    if (s) KT_CHECK_OK(kspec_seq_create(s, 0, hist, NP, &q));
+    uint64_t rng = 7;
+    int64_t n = NP, rounds = 0;
+    while (q && n < 100) {
+        int64_t add = 1 + (int64_t)(ckt_next(&rng) % 4); /* the pending token and what was kept of the guesses */
+        for (int64_t i = 0; i < add; i++) hist[n + i] = (int32_t)(ckt_next(&rng) % 500) + 3;
+        n += add;
+        const int32_t *g;
+        int32_t k, want[3];
+        KT_CHECK_OK(kspec_seq_guess(q, hist, n, 3, &g, &k));
+        if (k != 3) break;
+        memcpy(want, g, sizeof want);
+        KT_CHECK_OK(kspec_seq_settle(q, (int32_t)(add - 1 < 3 ? add - 1 : 3)));
+        kspec_seq *f = NULL; /* a fresh sequence with the whole history */
+        KT_CHECK_OK(kspec_seq_create(s, 0, hist, (int32_t)(n - 1), &f));
+        if (f) KT_CHECK_OK(kspec_seq_guess(f, hist, n, 3, &g, &k));
+        KT_CHECKF(f && k == 3 && !memcmp(g, want, sizeof want), "MTP %s: round %lld: guesses %d %d %d, a fresh sequence's %d %d %d",
+                  kspec_test_mtp_fixture(which), (long long)rounds, want[0], want[1], want[2], f ? g[0] : -1, f ? g[1] : -1, f ? g[2] : -1);
+        kspec_seq_destroy(f);
+        rounds++;
+    }
+    KT_CHECKF(rounds >= 20, "MTP %s: %lld rounds", kspec_test_mtp_fixture(which), (long long)rounds);
+    kspec_seq_destroy(q);
+    kspec_destroy(s);
+    ke_ctx_free(c);
+    ke_model_free(m);
+    ckt_rmdir(dir);
+}
+
+KT_TEST(spec_mtp_cache_kept_across_rounds) {
+    check_mtp_cache(KSPEC_TEST_GLM);
+    check_mtp_cache(KSPEC_TEST_QWEN3_NEXT);
 }
 
 KT_TEST(spec_flags) {
@@ -343,7 +405,17 @@ KT_TEST(spec_generate_cli_mtp) {
         return;
     }
     char dir[512];
-    if (!kspec_test_mtp_model(dir, sizeof dir)) return;
+    if (!kspec_test_mtp_model(KSPEC_TEST_GLM, dir, sizeof dir)) return;
+    { /* kiln info names the layout */
+        char cmd[8192], out[8192];
+        snprintf(cmd, sizeof cmd, "%s info -m %s 2>&1", bin, dir);
+        FILE *p = popen(cmd, "r");
+        KT_CHECK(p != NULL);
+        size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+        out[n] = 0;
+        if (p) pclose(p);
+        KT_CHECKF(strstr(out, "guesses tokens with --spec-mtp, layout DeepSeek-V3 / GLM nextn") != NULL, "%s", out);
+    }
     static const char *const cases[] = {"--temp 0", "--temp 0.8 --seed 3 --repeat-penalty 1.1"};
     static const char *const spec[] = {"", "--spec-mtp", "--spec-mtp --spec-mtp-max 3 --spec-ngram"};
     static char ref[1 << 14], got[1 << 14];
