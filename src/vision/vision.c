@@ -254,6 +254,7 @@ void kvis_free(kvis_model *m) { free(m); }
 const char *kvis_describe(const kvis_model *m, char *buf, size_t cap) {
     char size[64];
     if (has(m, KVIS_F_PATCHES)) snprintf(size, sizeof size, "any image size (smart_resize)");
+    else if (has(m, KVIS_F_FLAT)) snprintf(size, sizeof size, "any image size (up to %lld flattened patches)", (long long)m->proc.max_patches);
     else snprintf(size, sizeof size, "image %lld", (long long)m->image_size);
     snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, %s; %s; image token %d%s",
              m->model_type, m->tower_type, (long long)m->vhp.n_layers, m->run_layers, (long long)m->vhp.hidden,

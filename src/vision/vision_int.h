@@ -1,7 +1,7 @@
 /* vision_int.h: what the vision families share (internal to src/vision).
  *
  * A vision-language family is one kvis_family descriptor in its own file
- * (llava.c, pixtral.c, paligemma.c, gemma3.c, smolvlm.c, mistral3.c, mllama.c, qwen_vl.c) plus
+ * (llava.c, pixtral.c, paligemma.c, gemma3.c, smolvlm.c, mistral3.c, mllama.c, kosmos2_5.c, qwen_vl.c) plus
  * one line in KVIS_FAMILIES (vision.c). Its hooks say what differs: how
  * its config is read, the tower + projector graph, the image's block of
  * placeholder ids; its flags say how the text model takes the features.
