@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_test.h"
 #include "engine/engine.h"
 #include "kt.h"
 #include "vision/vision.h"
@@ -93,4 +94,38 @@ KT_TEST(vision_kosmos2_5_bad_tower_input) {
     KT_CHECK_EQ(bad, 0);
     free(feat), free(data);
     ke_model_free(m);
+}
+
+/* With a tokenizer.json the ids come from its added tokens by their text
+ * (<s>, <image>, </image>); one it lacks is an error naming it once an
+ * image is expanded. */
+KT_TEST(vision_kosmos2_5_markers_from_tokenizer) {
+    const char *toks[2] = {"{\"added_tokens\": [{\"id\": 5, \"content\": \"<s>\"}, {\"id\": 7, \"content\": \"<image>\"},"
+                           " {\"id\": 9, \"content\": \"</image>\"}]}",
+                           "{\"added_tokens\": [{\"id\": 5, \"content\": \"<s>\"}, {\"id\": 7, \"content\": \"<image>\"}]}"};
+    const char *files[] = {"config.json", "model.safetensors", "preprocessor_config.json", "generation_config.json"};
+    for (int c = 0; c < 2; c++) {
+        char dir[] = "/tmp/kiln_kosmos_XXXXXX", src[4096], rel[256];
+        KT_CHECK(mkdtemp(dir) != NULL);
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+            snprintf(rel, sizeof rel, "tests/fixtures/vlm/kosmos2_5/%s", files[i]);
+            KT_CHECK(ckt_copy(kt_path(src, sizeof src, rel), dir, files[i]));
+        }
+        KT_CHECK(ckt_write_str(dir, "tokenizer.json", toks[c]));
+        ke_model *m = NULL;
+        kiln_status st = ke_model_load(dir, &m);
+        int32_t ids[64];
+        int n = 0;
+        kvis_pixels px = {.c = 3, .h = 24, .w = 32, .n = 1, .rows = 3, .cols = 4, .flat_rows = 16};
+        if (!st) st = kvis_image_tokens(ke_model_vision(m), &px, ids, 64, &n);
+        if (c == 0) {
+            KT_CHECKF(!st, "%s", st ? kiln_status_msg(st) : "");
+            KT_CHECK(n == 19 && ids[0] == 5 && ids[1] == 7 && ids[2] == 5 && ids[17] == 5 && ids[18] == 9);
+        } else {
+            KT_CHECKF(st && strstr(kiln_status_msg(st), "</image>"), "%s", st ? kiln_status_msg(st) : "no error");
+        }
+        kiln_status_free(st);
+        ke_model_free(m);
+        ckt_rmdir(dir);
+    }
 }

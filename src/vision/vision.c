@@ -259,7 +259,9 @@ const char *kvis_describe(const kvis_model *m, char *buf, size_t cap) {
     snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, %s; %s; image token %d%s",
              m->model_type, m->tower_type, (long long)m->vhp.n_layers, m->run_layers, (long long)m->vhp.hidden,
              (long long)m->vhp.n_heads, (long long)m->patch, size, m->family->projector, m->image_token,
-             m->markers_guessed ? " (no tokenizer.json: marker ids taken in the oracle fixtures' layout, image token + 1 / + 2 and on)" : "");
+             !m->markers_guessed        ? ""
+             : has(m, KVIS_F_SEGMENT) ? " (no tokenizer.json: <image> / </image> taken as the last two ids, the oracle fixtures' layout)"
+                                      : " (no tokenizer.json: marker ids taken in the oracle fixtures' layout, image token + 1 / + 2 and on)");
     return buf;
 }
 
