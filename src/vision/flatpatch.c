@@ -39,10 +39,10 @@ static int aa_weights(int64_t in, int64_t out, int64_t i, float *w, int64_t *xmi
 }
 
 /* One separable pass over dim `axis` (0 rows, 1 columns) of src [c, h, w]. */
-static void aa_pass(const float *src, int64_t c, int64_t h, int64_t w, float *dst, int64_t oh, int64_t ow, int axis) {
+static bool aa_pass(const float *src, int64_t c, int64_t h, int64_t w, float *dst, int64_t oh, int64_t ow, int axis) {
     int64_t in = axis ? w : h, out = axis ? ow : oh, cap = 2 * (int64_t)ceil((double)in / (double)out) + 3;
     float *wt = malloc(sizeof(float) * (size_t)cap);
-    if (!wt) return;
+    if (!wt) return false;
     for (int64_t i = 0; i < out; i++) {
         int64_t lo;
         int n = aa_weights(in, out, i, wt, &lo, cap);
@@ -56,20 +56,20 @@ static void aa_pass(const float *src, int64_t c, int64_t h, int64_t w, float *ds
             }
     }
     free(wt);
+    return true;
 }
 
-void kimg_resize_aa_bilinear(const float *src, int64_t c, int64_t ih, int64_t iw, float *dst, int64_t oh, int64_t ow) {
+bool kimg_resize_aa_bilinear(const float *src, int64_t c, int64_t ih, int64_t iw, float *dst, int64_t oh, int64_t ow) {
     /* the width first (the contiguous dimension), then the height; a dimension that keeps its size is copied */
     float *tmp = iw != ow && ih != oh ? malloc(sizeof(float) * (size_t)(c * ih * ow)) : NULL;
-    if (iw != ow && ih != oh && !tmp) return;
+    bool ok = true;
+    if (iw != ow && ih != oh && !tmp) return false;
     if (iw == ow && ih == oh) memcpy(dst, src, sizeof(float) * (size_t)(c * ih * iw));
-    else if (ih == oh) aa_pass(src, c, ih, iw, dst, oh, ow, 1);
-    else if (iw == ow) aa_pass(src, c, ih, iw, dst, oh, ow, 0);
-    else {
-        aa_pass(src, c, ih, iw, tmp, ih, ow, 1);
-        aa_pass(tmp, c, ih, ow, dst, oh, ow, 0);
-    }
+    else if (ih == oh) ok = aa_pass(src, c, ih, iw, dst, oh, ow, 1);
+    else if (iw == ow) ok = aa_pass(src, c, ih, iw, dst, oh, ow, 0);
+    else ok = aa_pass(src, c, ih, iw, tmp, ih, ow, 1) && aa_pass(tmp, c, ih, ow, dst, oh, ow, 0);
     free(tmp);
+    return ok;
 }
 
 kiln_status kimg_preprocess_flat(const kimg_proc *p, const kimg_image *im, float **out, int64_t *n, int64_t *oh, int64_t *ow,
@@ -106,7 +106,10 @@ kiln_status kimg_preprocess_flat(const kimg_proc *p, const kimg_image *im, float
     for (int64_t y = 0; y < h; y++)
         for (int64_t x = 0; x < w; x++)
             for (int ch = 0; ch < 3; ch++) chw[(ch * h + y) * w + x] = ((float)im->rgb[(y * w + x) * 3 + ch] - mean) / sd;
-    kimg_resize_aa_bilinear(chw, 3, h, w, rs, rh, rw);
+    if (!kimg_resize_aa_bilinear(chw, 3, h, w, rs, rh, rw)) {
+        free(chw), free(rs), free(o);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
     for (int64_t py = 0; py < r; py++)
         for (int64_t px = 0; px < c; px++) {
             float *row = o + (py * c + px) * D;

@@ -162,7 +162,7 @@ kiln_status kimg_preprocess_flat(const kimg_proc *p, const kimg_image *im, float
 /* torch.nn.functional.interpolate(mode="bilinear", align_corners=False,
  * antialias=True) of a float image src [c, ih, iw] to dst [c, oh, ow], as
  * ATen's CPU kernel computes it (separable, width first, float weights). */
-void kimg_resize_aa_bilinear(const float *src, int64_t c, int64_t ih, int64_t iw, float *dst, int64_t oh, int64_t ow);
+bool kimg_resize_aa_bilinear(const float *src, int64_t c, int64_t ih, int64_t iw, float *dst, int64_t oh, int64_t ow); /* false: out of memory */
 
 /* PIL's Image.resize((ow, oh), resample) of an 8-bit RGB image, bit for
  * bit (Pillow's ImagingResample: separable passes, horizontal first, with
