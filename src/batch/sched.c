@@ -44,6 +44,7 @@ typedef struct seq {
     float *rows;               /* the embd rows, then the embd_add rows */
     const float **embd, **add; /* [n_prompt] into rows, NULL entries: none */
     int32_t *span, *pos3;      /* [n_prompt, 2], [n_prompt, 3] */
+    int32_t *types;            /* [n_prompt] token type ids (Kosmos-2.5's segments), or NULL */
     float *cross;              /* the image's cross-attention states (Mllama), given on prompt token cross_at */
     int64_t cross_at;
     int32_t cross_keys;
@@ -94,8 +95,8 @@ struct ksch {
     /* per-token inputs of the batch (ke_inputs), used when a sequence in it
      * has that field */
     const float **bembd, **badd, **bcross;
-    int32_t *bspan, *bpos, *bckeys;
-    bool use_embd, use_add, use_span, use_pos, use_cross;
+    int32_t *bspan, *bpos, *bckeys, *btypes;
+    bool use_embd, use_add, use_span, use_pos, use_cross, use_types;
     /* Every sequence in the batch gets a logits row (its last token in the
      * batch), used only when that token is its last: fewer distinct batch
      * shapes (the engine compiles one executable per shape) for a few
@@ -113,7 +114,7 @@ static void seq_free(seq *q) {
     ke_text_detok_free(&q->td);
     ke_text_vocab_free(&q->tv);
     free(q->tokens);
-    free(q->rows), free(q->embd), free(q->add), free(q->span), free(q->pos3), free(q->cross);
+    free(q->rows), free(q->embd), free(q->add), free(q->span), free(q->pos3), free(q->cross), free(q->types);
     free(q);
 }
 
@@ -142,10 +143,11 @@ kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out) {
     s->bpos = malloc(sizeof(int32_t) * 3 * (size_t)s->bcap);
     s->bcross = malloc(sizeof(float *) * (size_t)s->bcap);
     s->bckeys = malloc(sizeof(int32_t) * (size_t)s->bcap);
-    if (!s->eos || !s->running || !s->btok || !s->bseq || !s->bwant || !s->brow || !s->brow_pos || !s->bembd || !s->badd || !s->bspan ||
+    s->btypes = malloc(sizeof(int32_t) * (size_t)s->bcap);
+    if (!s->btypes || !s->eos || !s->running || !s->btok || !s->bseq || !s->bwant || !s->brow || !s->brow_pos || !s->bembd || !s->badd || !s->bspan ||
         !s->bpos || !s->bcross || !s->bckeys) {
         free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow), free(s->brow_pos);
-        free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos), free(s->bcross), free(s->bckeys);
+        free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos), free(s->bcross), free(s->bckeys), free(s->btypes);
         free(s);
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
@@ -159,7 +161,7 @@ kiln_status ksch_create(ke_ctx *c, const ksch_params *p, ksch **out) {
     if (!s->slot_info || !s->slot_tok || !s->slot_n) {
         free(s->slot_info), free(s->slot_tok), free(s->slot_n);
         free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow);
-        free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos), free(s->bcross), free(s->bckeys);
+        free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos), free(s->bcross), free(s->bckeys), free(s->btypes);
         free(s);
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
@@ -297,6 +299,10 @@ static kiln_status copy_inputs(ksch *s, seq *q, const ke_inputs *x) {
     if (x->positions) {
         if (!(q->pos3 = malloc(sizeof(int32_t) * 3 * (size_t)n))) return kiln_error(KILN_ENOMEM, "out of memory");
         memcpy(q->pos3, x->positions, sizeof(int32_t) * 3 * (size_t)n);
+    }
+    if (x->types) {
+        if (!(q->types = malloc(sizeof(int32_t) * (size_t)n))) return kiln_error(KILN_ENOMEM, "out of memory");
+        memcpy(q->types, x->types, sizeof(int32_t) * (size_t)n);
     }
     return NULL;
 }
@@ -534,7 +540,7 @@ static bool can_admit(ksch *s, seq *q) {
 static void add_tokens(ksch *s, seq *q, int64_t n, int64_t *T) {
     int64_t len = ke_seq_len(s->c, q->ke);
     s->use_embd |= q->embd != NULL, s->use_add |= q->add != NULL;
-    s->use_span |= q->span != NULL, s->use_pos |= q->pos3 != NULL, s->use_cross |= q->cross != NULL;
+    s->use_span |= q->span != NULL, s->use_pos |= q->pos3 != NULL, s->use_cross |= q->cross != NULL, s->use_types |= q->types != NULL;
     for (int64_t k = 0; k < n; k++) {
         s->btok[*T] = q->tokens[len + k];
         s->bseq[*T] = q->ke;
@@ -552,6 +558,7 @@ static void add_tokens(ksch *s, seq *q, int64_t n, int64_t *T) {
         s->badd[t] = in && q->add ? q->add[i] : NULL;
         s->bcross[t] = in && q->cross && i == q->cross_at ? q->cross : NULL;
         s->bckeys[t] = q->cross_keys;
+        s->btypes[t] = in && q->types ? q->types[i] : 0;
         s->bspan[2 * t] = in && q->span ? q->span[2 * i] : 1;
         s->bspan[2 * t + 1] = in && q->span ? q->span[2 * i + 1] : 0;
         for (int d = 0; d < 3; d++) s->bpos[3 * t + d] = in && q->pos3 ? q->pos3[3 * i + d] : -1;
@@ -621,7 +628,7 @@ static int64_t schedule(ksch *s) {
     /* blocks are taken by ke_decode: count what this batch will take */
     int64_t T = 0, reserved = 0;
     s->n_rows = 0;
-    s->use_embd = s->use_add = s->use_span = s->use_pos = s->use_cross = false;
+    s->use_embd = s->use_add = s->use_span = s->use_pos = s->use_cross = s->use_types = false;
     int n_decoding = 0;
     int64_t spare_blocks = ke_ctx_free_blocks(c); /* what the decodes' own tokens leave for guesses */
     for (int i = 0; i < s->n_running; i++)
@@ -897,8 +904,9 @@ bool ksch_step(ksch *s) {
         const float *lg;
         int nr;
         ke_inputs x = {s->use_embd ? s->bembd : NULL, s->use_span ? s->bspan : NULL, s->use_pos ? s->bpos : NULL,
-                       s->use_add ? s->badd : NULL, s->use_cross ? s->bcross : NULL, s->use_cross ? s->bckeys : NULL};
-        bool any = s->use_embd || s->use_span || s->use_pos || s->use_add || s->use_cross;
+                       s->use_add ? s->badd : NULL, s->use_cross ? s->bcross : NULL, s->use_cross ? s->bckeys : NULL,
+                       s->use_types ? s->btypes : NULL};
+        bool any = s->use_embd || s->use_span || s->use_pos || s->use_add || s->use_cross || s->use_types;
         kiln_status err = ke_decode_ex(s->c, &(ke_batch){(int)T, s->btok, s->bseq, s->bwant}, any ? &x : NULL, &lg, &nr);
         if (err) {
             fail_all(s, err);
@@ -1007,6 +1015,6 @@ void ksch_destroy(ksch *s) {
     kgr_vocab_free(s->gvocab);
     free(s->cancels);
     free(s->eos), free(s->running), free(s->btok), free(s->bseq), free(s->bwant), free(s->brow), free(s->brow_pos);
-    free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos), free(s->bcross), free(s->bckeys);
+    free(s->bembd), free(s->badd), free(s->bspan), free(s->bpos), free(s->bcross), free(s->bckeys), free(s->btypes);
     free(s);
 }

@@ -477,7 +477,7 @@ static kiln_status vlm_input_load(const char *dir, const ke_model *m, vlm_input 
     if (!st) st = kvis_encode(vm, &px, 1, &v->feat, &v->deep, &n_feat);
     if (!st) st = kvis_inputs_build(vm, &px, 1, v->feat, v->deep, n_feat, ke_model_hparams(m)->hidden, v->prompt, v->n, &v->vx);
     kvis_pixels_free(&px);
-    v->x = (ke_inputs){v->vx.embd, v->vx.span, v->vx.pos3, v->vx.embd_add, v->vx.cross, v->vx.cross_keys};
+    v->x = (ke_inputs){v->vx.embd, v->vx.span, v->vx.pos3, v->vx.embd_add, v->vx.cross, v->vx.cross_keys, v->vx.types};
     for (int i = 0; !st && v->vx.span && i < v->n; i++)
         if (v->vx.span[2 * i + 1] - v->vx.span[2 * i] + 1 > v->max_span) v->max_span = v->vx.span[2 * i + 1] - v->vx.span[2 * i] + 1;
     return st;
@@ -493,7 +493,7 @@ static void vlm_input_free(vlm_input *v) {
  * equals its single-sequence run (the oracle's greedy ids too), and no
  * prefix block is shared from or with an image prompt. */
 KT_TEST(sched_image_requests_every_vlm_fixture) {
-    const char *names[] = {"llava", "paligemma", "gemma3", "smolvlm", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni", "mllama"};
+    const char *names[] = {"llava", "paligemma", "gemma3", "smolvlm", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni", "mllama", "kosmos2_5"};
     for (size_t f = 0; f < sizeof names / sizeof names[0]; f++) {
         char dir[4096];
         kt_path(dir, sizeof dir, "tests/fixtures/vlm");

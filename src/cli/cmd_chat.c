@@ -242,7 +242,7 @@ static kiln_status decode(chat *ch, const int32_t *ids, int n, const kvis_inputs
     if (vx && vx->embd)
         x = (ke_inputs){vx->embd + at, vx->span ? vx->span + 2 * at : NULL, vx->pos3 ? vx->pos3 + 3 * at : NULL,
                         vx->embd_add ? vx->embd_add + at : NULL, vx->cross ? vx->cross + at : NULL,
-                        vx->cross_keys ? vx->cross_keys + at : NULL};
+                        vx->cross_keys ? vx->cross_keys + at : NULL, vx->types ? vx->types + at : NULL};
     int nr;
     kiln_status st = ke_decode_ex(ch->c, &(ke_batch){n, ids, seqs, NULL}, vx && vx->embd ? &x : NULL, lg, &nr);
     free(seqs);

@@ -423,7 +423,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     const float *lg;
     int nr;
     double t1 = kiln_now_s();
-    st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->n_images + o->n_videos ? &(ke_inputs){img.x.embd, img.x.span, img.x.pos3, img.x.embd_add, img.x.cross, img.x.cross_keys} : NULL,
+    st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, o->n_images + o->n_videos ? &(ke_inputs){img.x.embd, img.x.span, img.x.pos3, img.x.embd_add, img.x.cross, img.x.cross_keys, img.x.types} : NULL,
                       &lg, &nr);
     free(seqs);
     t[1] = kiln_now_s() - t1;

@@ -1133,6 +1133,7 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
     *n_rows = 0;
     const km_hparams *hp = &c->m->hp;
     int64_t T = b->n, bs = c->p.block_size;
+    if (!types && x) types = x->types;
     if (T <= 0) return kiln_error(KILN_EINVAL, "empty batch");
     /* validate, and count each sequence's new tokens */
     kiln_status st = NULL;
@@ -1380,7 +1381,7 @@ static int64_t longrope_limit(const km_hparams *hp) {
 }
 
 kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
-    if (x && !x->embd && !x->span && !x->positions && !x->embd_add && !x->cross) x = NULL;
+    if (x && !x->embd && !x->span && !x->positions && !x->embd_add && !x->cross && !x->types) x = NULL;
     if (x && longrope_limit(&c->m->hp) >= 0) return kiln_error(KILN_EUNSUPPORTED, "per-token inputs with LongRoPE are not supported");
     return x ? decode_step(c, b, x, NULL, logits, n_rows) : ke_decode(c, b, logits, n_rows);
 }

@@ -141,6 +141,9 @@ typedef struct {
     /* [n] with cross: how many of those states the tokens from the image on
      * attend to (the tiles in use x rows per tile); NULL: all */
     const int32_t *cross_keys;
+    /* [n] token type ids (models with ke_model_hparams()->type_vocab: Kosmos-2.5's
+     * segment ids, 1 from <image> to </image> in the prompt), as ke_decode_types; NULL: all 0 */
+    const int32_t *types;
 } ke_inputs;
 kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows);
 /* ke_decode with [n] token type ids (models with ke_model_hparams()->type_vocab:

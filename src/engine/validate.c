@@ -30,11 +30,15 @@ typedef struct {
     const float **embd_add;     /* [n_all] the deepstack row of each position, or NULL */
     const float **cross;        /* [n_all] the image's cross-attention states at its token (kvis_cross), or NULL */
     int32_t *cross_keys;        /* [n_all] the states attended from the image on */
+    int32_t *types;             /* [n_all] segment ids (kvis_segments: Kosmos-2.5), or NULL */
+    int32_t *pos_mask;          /* extra_inputs.image_embeds_position_mask [n_pos_mask], or NULL */
+    int n_pos_mask;
 } oracle;
 
 static void oracle_free(oracle *o) {
     free(o->prompt), free(o->gen), free(o->all), free(o->gap), free(o->logits);
     free(o->img_pos), free(o->feat), free(o->embd), free(o->span), free(o->pos3), free(o->deep), free(o->embd_add), free(o->cross), free(o->cross_keys);
+    free(o->types), free(o->pos_mask);
 }
 
 static kiln_status read_ids(const cJSON *j, const char *key, int32_t **out, int *n) {
@@ -70,6 +74,8 @@ static kiln_status oracle_load(const char *dir, oracle *o) {
         cJSON_ArrayForEach(e, g) o->gap[i++] = cJSON_IsNumber(e) ? e->valuedouble : 0;
     }
     if (!st && ku_json_get(j, "image_token_positions")) st = read_ids(j, "image_token_positions", &o->img_pos, &o->n_img);
+    const cJSON *extra = ku_json_get(j, "extra_inputs");
+    if (!st && ku_json_get(extra, "image_embeds_position_mask")) st = read_ids(extra, "image_embeds_position_mask", &o->pos_mask, &o->n_pos_mask);
     cJSON_Delete(j);
     if (st) return kiln_status_wrap(st, "%s", dir);
     if (o->n_prompt < 1 || o->n_all != o->n_prompt + o->n_gen)
@@ -116,7 +122,7 @@ static kiln_status path_prefill(const ke_model *m, const kv_options *vo, const o
         for (int i = 0; i < o->n_all; i++) seqs[i] = seq, want[i] = i >= o->n_prompt - 1;
         const float *lg;
         int nr;
-        st = ke_decode_ex(c, &(ke_batch){o->n_all, o->all, seqs, want}, &(ke_inputs){o->embd, o->span, o->pos3, o->embd_add, o->cross, o->cross_keys}, &lg, &nr);
+        st = ke_decode_ex(c, &(ke_batch){o->n_all, o->all, seqs, want}, &(ke_inputs){o->embd, o->span, o->pos3, o->embd_add, o->cross, o->cross_keys, o->types}, &lg, &nr);
         if (!st) *diff = diff_rows(o, lg, 0, nr);
     }
     free(seqs), free(want);
@@ -139,7 +145,7 @@ static kiln_status path_decode(const ke_model *m, const kv_options *vo, const or
         const float *lg;
         int nr;
         /* the prompt's positions only: decoded tokens continue from the rope delta */
-        st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, &(ke_inputs){o->embd, o->span, o->pos3, o->embd_add, o->cross, o->cross_keys}, &lg,
+        st = ke_decode_ex(c, &(ke_batch){o->n_prompt, o->prompt, seqs, NULL}, &(ke_inputs){o->embd, o->span, o->pos3, o->embd_add, o->cross, o->cross_keys, o->types}, &lg,
                           &nr);
         for (int step = 0; !st && step <= o->n_gen; step++) {
             double d = diff_rows(o, lg, step, 1);
@@ -171,7 +177,7 @@ static kiln_status path_batched(const ke_model *m, const kv_options *vo, const o
     int seqs[256];
     bool want[256];
     const float *embd[256], *add[256], *cross[256];
-    int32_t ckeys[256];
+    int32_t ckeys[256], types[256];
     float *got = calloc((size_t)(o->n_gen + 1) * (size_t)vocab, sizeof(float));
     if (!got && !st) st = kiln_error(KILN_ENOMEM, "out of memory");
     int a = 0, b = 0, cc = 0, have = 0;
@@ -183,6 +189,7 @@ static kiln_status path_batched(const ke_model *m, const kv_options *vo, const o
             embd[n] = o->embd ? o->embd[a] : NULL;
             add[n] = o->embd_add ? o->embd_add[a] : NULL;
             cross[n] = o->cross ? o->cross[a] : NULL, ckeys[n] = o->cross_keys ? o->cross_keys[a] : 0;
+            types[n] = o->types ? o->types[a] : 0;
             span[2 * n] = o->span ? o->span[2 * a] : 1, span[2 * n + 1] = o->span ? o->span[2 * a + 1] : 0;
             /* M-RoPE: the prompt's positions given, the generated tokens' left to the rope delta */
             pos3[3 * n] = o->pos3 && a < o->n_prompt ? o->pos3[3 * a] : -1;
@@ -197,12 +204,12 @@ static kiln_status path_batched(const ke_model *m, const kv_options *vo, const o
             int nc = cc == 0 ? 7 : 1;
             for (int k = 0; k < nc; k++, cc++) tok[n] = other[63 - cc], seqs[n] = sc, want[n] = k == nc - 1, n++;
         }
-        for (int i = n_a; i < n; i++) embd[i] = add[i] = cross[i] = NULL, ckeys[i] = 0, span[2 * i] = 1, span[2 * i + 1] = 0, pos3[3 * i] = -1;
+        for (int i = n_a; i < n; i++) embd[i] = add[i] = cross[i] = NULL, ckeys[i] = 0, types[i] = 0, span[2 * i] = 1, span[2 * i + 1] = 0, pos3[3 * i] = -1;
         const float *lg;
         int nr;
         st = ke_decode_ex(c, &(ke_batch){n, tok, seqs, want},
                           o->embd ? &(ke_inputs){embd, o->span ? span : NULL, o->pos3 ? pos3 : NULL, o->embd_add ? add : NULL,
-                                                 o->cross ? cross : NULL, ckeys} : NULL, &lg,
+                                                 o->cross ? cross : NULL, ckeys, o->types ? types : NULL} : NULL, &lg,
                           &nr);
         int r = 0;
         for (int i = 0; !st && i < n; i++) {
@@ -315,11 +322,27 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
     float *pv = NULL, *ref = NULL;
     int rank;
     int64_t shape[KU_NPY_MAX_RANK], rows, cols;
-    KILN_TRY(fixture_file(dir, "pixel_values.npy", path, sizeof path));
+    kiln_status absent = fixture_file(dir, "flattened_patches.npy", path, sizeof path);
+    bool flat = !absent;
+    kiln_status_free(absent);
+    if (!flat) KILN_TRY(fixture_file(dir, "pixel_values.npy", path, sizeof path));
     KILN_TRY(ku_npy_read_f32_nd(path, &pv, &rank, shape, &rows, &cols));
     kiln_status st = NULL;
     kvis_pixels px = {.data = pv, .c = 3, .h = rank >= 3 ? shape[rank - 2] : 0, .w = shape[rank - 1], .n = 1};
-    if (kvis_mrope(vm)) { /* Qwen-VL: flattened patches [N, 3 * T * P * P], the image's size from image_grid_thw */
+    if (flat) { /* Pix2Struct (Kosmos-2.5): [1, max_patches, 2 + 3 P P], the resized image's size from height.npy / width.npy */
+        const char *dims[2] = {"height.npy", "width.npy"};
+        int64_t hw[2] = {0, 0};
+        for (int i = 0; i < 2 && !st; i++) {
+            float *d = NULL;
+            int64_t dr, dc;
+            st = fixture_file(dir, dims[i], path, sizeof path);
+            if (!st) st = ku_npy_read_f32(path, &d, &dr, &dc);
+            if (!st && dr * dc != 1) st = kiln_error(KILN_EUNSUPPORTED, "%s: one image expected", path);
+            if (!st) hw[i] = (int64_t)d[0];
+            free(d);
+        }
+        px.h = hw[0], px.w = hw[1], px.flat_rows = rows;
+    } else if (kvis_mrope(vm)) { /* Qwen-VL: flattened patches [N, 3 * T * P * P], the image's size from image_grid_thw */
         float *grid = NULL;
         int64_t gr, gc, P = 0;
         st = fixture_file(dir, "image_grid_thw.npy", path, sizeof path);
@@ -337,7 +360,7 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
         st = kiln_error(KILN_EUNSUPPORTED, "%s: pixel_values of %d dims (one image's crops [.., 3, H, W] expected)", path, rank);
     else
         px.n = rows * cols / (3 * px.h * px.w); /* [1, crops, 3, H, W], [crops, 3, H, W] or [1, 3, H, W] */
-    kiln_status absent = st ? NULL : fixture_file(dir, "aspect_ratio_ids.npy", path, sizeof path);
+    absent = st ? NULL : fixture_file(dir, "aspect_ratio_ids.npy", path, sizeof path);
     bool have = !st && !absent;
     kiln_status_free(absent);
     if (have) { /* Mllama: the tile canvas */
@@ -370,7 +393,7 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
         st = kimg_load_png(path, &im);
         if (!st) st = kvis_pixels_from_image(vm, &im, &mine);
         if (!st) {
-            bool same = mine.h == px.h && mine.w == px.w && (mine.n > 0 ? mine.n : 1) == px.n &&
+            bool same = mine.h == px.h && mine.w == px.w && (mine.n > 0 ? mine.n : 1) == px.n && mine.flat_rows == px.flat_rows &&
                         (!kvis_cross(vm) || (mine.rows == px.rows && mine.cols == px.cols));
             r->diff_pixels = same ? max_diff(mine.data, pv, rows * cols) : INFINITY;
             st = expansion_check(vm, &mine, odir, kc_bos_id(ke_model_checkpoint(m)), o, r);
@@ -430,6 +453,14 @@ static kiln_status vision_stages(const char *dir, const char *odir, const ke_mod
                             o->all[o->img_pos[i]], o->img_pos[i], kvis_image_token(vm));
         else o->embd[o->img_pos[i]] = o->feat + (int64_t)i * E;
         if (!st && L > 0) o->embd_add[o->img_pos[i]] = o->deep + (int64_t)i * L * E;
+    }
+    if (!st && kvis_segments(vm)) { /* kiln's segment ids, checked against the processor's image_embeds_position_mask */
+        if (!(o->types = malloc(sizeof(int32_t) * (size_t)o->n_all))) st = kiln_error(KILN_ENOMEM, "out of memory");
+        else kvis_types(vm, o->all, o->n_prompt, o->n_all, o->types);
+        for (int i = 0; !st && o->pos_mask && i < o->n_pos_mask && i < o->n_all; i++)
+            if (o->types[i] != (o->pos_mask[i] != 0))
+                st = kiln_error(KILN_EINVAL, "%s: kiln's segment id %d at position %d, image_embeds_position_mask %d", odir, o->types[i], i,
+                                o->pos_mask[i]);
     }
     if (!st && kvis_mrope(vm)) { /* positions of all_ids as get_rope_index gives them */
         if (!(o->pos3 = malloc(sizeof(int32_t) * 3 * (size_t)o->n_all))) st = kiln_error(KILN_ENOMEM, "out of memory");

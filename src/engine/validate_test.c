@@ -121,6 +121,6 @@ KT_TEST(oracle_gate_shared_vlm_fixtures) { shared_tree("fixtures-vlm", "vision-l
 
 /* Vision-language fixtures: preprocessing, tower + projector, merged decoding. */
 KT_TEST(oracle_gate_committed_vlm_fixtures) {
-    committed_tree("tests/fixtures/vlm", 17, "vision-language fixtures");
+    committed_tree("tests/fixtures/vlm", 18, "vision-language fixtures");
 }
 

@@ -381,6 +381,7 @@ typedef struct {
     bool down_bias; /* a bias on the down projection alone (TeleChat) */
     int64_t width;  /* inner width F; 0: hp->ffn */
     bool sub_norm;  /* RMSNorm (KM_T_FFN_SUB_NORM) over F before the down projection (BitNet) */
+    kb_norm_kind sub_norm_kind; /* that norm's kind: KB_NORM_LAYER for Kosmos-2.5's ffn_layernorm (after the activation) */
     float gate_scale, down_scale; /* gated, not fused: gate(x) times gate_scale before the activation, the
                                    * output times down_scale (Falcon-H1 mlp_multipliers); 0: none */
     float act_sparsity;   /* gated, not fused: Gemma 3n's gaussian top-k, gate = relu(gate - (mean + std *
@@ -404,6 +405,9 @@ typedef struct {
     bool positions;         /* + learned absolute positions: row pos + pos_offset of KM_T_POS_EMBD
                              * (with hp->type_vocab, then + the KM_T_TYPE_EMBD row of each KB_IN_TYPES id) */
     int pos_offset;         /* OPT's table starts 2 rows in */
+    bool sinusoidal;        /* the positions from fairseq's sinusoidal table instead (M2M100, Kosmos-2.5): row
+                             * pos + pos_offset of [sin(p f_k) | cos(p f_k)], f_k = exp(-k ln(10000) / (E/2 - 1)),
+                             * computed in float32 as transformers' get_embedding (an odd E ends in a zero column) */
     bool norm;              /* a norm KM_T_TOK_EMBD_NORM on the result (BLOOM, TeleChat, BERT) */
     kb_norm_kind norm_kind;
 } kb_embed_opts;

@@ -26,6 +26,26 @@ static kg_node *given_rows(kb_ctx *b, kg_node *x) {
     return kg_name(kg_select(g, on, e, x), "embd_merged", -1);
 }
 
+/* fairseq's sinusoidal positions (M2M100SinusoidalPositionalEmbedding.get_embedding)
+ * at ids [T]: [T, E]. The frequencies exp(k * -(ln 10000 / (half - 1))) and the
+ * products are float32, as torch computes them from the float arange. */
+static kg_node *sinusoidal(kb_ctx *b, kg_node *ids, int64_t E) {
+    kg_graph *g = b->g;
+    int64_t T = b->shape.T, half = E / 2;
+    if (half < 2) return kb_fail(b, kiln_error(KILN_EINVAL, "%s: sinusoidal positions of width %lld", b->fam->name, (long long)E));
+    float *f = kg_alloc(g, sizeof(float) * (size_t)half);
+    if (!f) return kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory"));
+    float step = (float)-(log(10000.0) / (double)(half - 1));
+    for (int64_t k = 0; k < half; k++) f[k] = expf((float)k * step);
+    kg_node *p = kg_broadcast_in_dim(g, kg_convert(g, ids, KG_F32), KG_SHAPE(T, half), (int[]){0});
+    kg_node *fr = kg_broadcast_in_dim(g, kg_const(g, KG_F32, KG_SHAPE(half), f), KG_SHAPE(T, half), (int[]){1});
+    kg_node *a = kg_mul(g, p, fr);
+    kg_node *parts[3] = {kg_unary(g, KG_OP_SIN, a), kg_unary(g, KG_OP_COS, a), NULL};
+    int n = 2;
+    if (E % 2) parts[n++] = kg_broadcast_in_dim(g, kg_scalar(g, KG_F32, 0), KG_SHAPE(T, 1), NULL);
+    return kg_concat(g, parts, n, 1);
+}
+
 kg_node *kb_embed(kb_ctx *b, const kb_embed_opts *o) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
@@ -36,9 +56,10 @@ kg_node *kb_embed(kb_ctx *b, const kb_embed_opts *o) {
     if (hp->embd_in && !hp->embd_in_unscaled) x = given_rows(b, x);
     if (hp->embed_dim > 0) x = kb_linear(b, x, KM_T_EMBD_PROJ_IN, -1, hp->hidden, false);
     if (!o) return x;
-    if (o->positions) {
+    if (o->positions || o->sinusoidal) {
         kg_node *ids = o->pos_offset ? kg_add(g, b->pos, kg_scalar(g, KG_I32, o->pos_offset)) : b->pos;
-        x = kg_add(g, x, kg_name(lookup(b, KM_T_POS_EMBD, -1, hp->hidden, ids), "pos_embd", -1));
+        kg_node *p = o->sinusoidal ? sinusoidal(b, ids, hp->hidden) : lookup(b, KM_T_POS_EMBD, -1, hp->hidden, ids);
+        x = kg_add(g, x, kg_name(p, "pos_embd", -1));
     }
     if (hp->type_vocab > 0) {
         kg_node *types = kb_input_param(b, KG_I32, KG_SHAPE(b->shape.T), "types", KB_IN_TYPES, 0, 0, false);

@@ -85,3 +85,38 @@ KT_TEST(blocks_per_layer_inputs_match_reference) {
     free(emb), free(pemb), free(proj), free(pn);
     for (int il = 0; il < L; il++) free(gate[il]), free(out[il]), free(post[il]);
 }
+
+/* kb_embed's sinusoidal positions (Kosmos-2.5, M2M100): row p + offset of
+ * fairseq's table [sin(p f_k) | cos(p f_k)], f_k = exp(-k ln(10000) / (C/2 - 1)),
+ * added to the token rows; the tied head reads them back. */
+static kg_node *emit_sinusoidal(kb_ctx *b) {
+    return kb_output(b, kb_embed(b, &(kb_embed_opts){.sinusoidal = true, .pos_offset = 2}), NULL);
+}
+static const km_family fam_sin = {"test", types, &names, NULL, emit_sinusoidal};
+
+KT_TEST(blocks_sinusoidal_positions_match_fairseq_table) {
+    float *emb = rnd(V * C, 1, 0);
+    mt_set s = {0};
+    mt_put(&s, "emb.weight", emb, V, C);
+    char dir[512];
+    kc_checkpoint *ck = mt_open(&s, dir, sizeof dir);
+    mt_free(&s);
+    km_hparams hp = {.n_layers = 0, .hidden = C, .n_heads = 1, .n_kv_heads = 1, .head_dim = C, .vocab = V, .norm_eps = 1e-6,
+                     .tie_embeddings = true, .no_final_norm = true, .act = KM_ACT_SILU};
+    int32_t tok[T] = {3, 15, 0, 13, 7};
+    float *got = ck ? mt_prefill(&fam_sin, &hp, ck, T, tok) : NULL, want[T * V];
+    for (int t = 0; t < T; t++) {
+        float x[C];
+        for (int k = 0; k < C / 2; k++) {
+            double a = (t + 2) * exp(-k * log(10000.0) / (C / 2 - 1));
+            x[k] = emb[tok[t] * C + k] + (float)sin(a), x[C / 2 + k] = emb[tok[t] * C + C / 2 + k] + (float)cos(a);
+        }
+        mt_matvec(emb, NULL, x, V, C, want + t * V);
+    }
+    double md = got ? mt_max_diff(got, want, T * V) : INFINITY;
+    KT_CHECKF(md < 1e-4, "sinusoidal positions: max |diff| %g", md);
+    free(got);
+    kc_close(ck);
+    ckt_rmdir(dir);
+    free(emb);
+}

@@ -116,7 +116,7 @@ kg_node *kb_ffn(kb_ctx *b, kg_node *x, int il, const kb_ffn_opts *o) {
     } else {
         h = act(b, kb_linear_rows(b, x, KM_T_FFN_UP, il, F, lo, hi, o->bias), il, o->act);
     }
-    if (o->sub_norm) h = kb_norm(b, h, KM_T_FFN_SUB_NORM, il, KB_NORM_RMS);
+    if (o->sub_norm) h = kb_norm(b, h, KM_T_FFN_SUB_NORM, il, o->sub_norm_kind);
     kg_node *y = kb_linear_cols(b, h, KM_T_FFN_DOWN, il, b->hp->hidden, F, lo, hi, o->bias || o->down_bias);
     return o->down_scale != 0 && y ? kg_scale(b->g, y, o->down_scale) : y;
 }

@@ -36,7 +36,8 @@ const km_names km_sandwich_names = {
     X(gemma4) X(gemma3n) \
     X(youtu) X(glm4_moe_lite) X(glm_moe_dsa) X(deepseek_v4) \
     X(qwen3_5_text) X(qwen3_5_moe_text) X(olmo_hybrid) X(nemotron_h) X(lfm2_moe) \
-    X(bert) X(xlm_roberta) X(modernbert)
+    X(bert) X(xlm_roberta) X(modernbert) \
+    X(kosmos2_5)
 
 #define DECLARE(f) extern const km_family km_family_##f;
 FAMILIES(DECLARE)
@@ -47,7 +48,7 @@ static const km_family *const families[] = {FAMILIES(LIST)};
  * (OpenELM's model_dim, num_transformer_layers): their parse hook reads
  * everything, from a zeroed km_hparams. */
 static const km_family *const parse_all[] = {&km_family_openelm, &km_family_mamba, &km_family_mamba2, &km_family_rwkv,
-                                             &km_family_nemotron_h};
+                                             &km_family_nemotron_h, &km_family_kosmos2_5};
 
 static bool parses_all(const km_family *f) {
     for (size_t i = 0; i < sizeof parse_all / sizeof parse_all[0]; i++)

@@ -209,7 +209,7 @@ kiln_status ksrv_images_apply(ksrv *s, ksrv_images *im, const char *what, int32_
     pthread_mutex_unlock(&s->vis_mu);
     if (!st) st = kvis_inputs_build(vm, im->px, im->n, im->feat, im->deep, total, E, *ids, *n, &im->vx);
     if (st) return kiln_status_wrap(st, "\"%s\": images", what);
-    im->x = (ke_inputs){im->vx.embd, im->vx.span, im->vx.pos3, im->vx.embd_add, im->vx.cross, im->vx.cross_keys};
+    im->x = (ke_inputs){im->vx.embd, im->vx.span, im->vx.pos3, im->vx.embd_add, im->vx.cross, im->vx.cross_keys, im->vx.types};
     return NULL;
 }
 

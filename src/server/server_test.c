@@ -1441,10 +1441,12 @@ static bool add_fixture_tokens(const fx *f) {
 KT_TEST(server_chat_image_string_template) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     const char *names[] = {"llava", "idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni",
-                           "mllama"};
+                           "mllama", "kosmos2_5"};
     /* 36 patches; 7 crops x (4 + 2 markers) + 1 + 3 newlines; 6 rows of 8 + 6 breaks; 16 base + 6 unpadded rows of 8 +
      * newline; <img> 13 crops x 4 </img>; start, 13 x (tile tag + 4), end; begin, 12, end (M-RoPE) */
-    const int block[] = {36, 46, 54, 70, 70, 54, 67, 14, 14, 1}; /* mllama: one <|image|>, the image through cross-attention */
+    /* mllama: one <|image|>, the image through cross-attention; kosmos2_5: <s> <image> 16 latent rows </image> opening the
+     * prompt, its <s> in place of the template's leading id 0 (tok512's <|endoftext|>, Kosmos-2.5's <s>): 19 - 1 */
+    const int block[] = {36, 46, 54, 70, 70, 54, 67, 14, 14, 1, 18};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         fx f = {.vlm = names[k], .tok = "tok512"};
         ksrv_params p = default_params(NULL);

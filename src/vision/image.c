@@ -106,7 +106,10 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
     KILN_TRY(ku_json_int(j, "resample", 3, &r));
     p->resample = (int)r;
     const cJSON *ps = ku_json_get(j, "patch_size");
-    if (cJSON_IsObject(ps)) KILN_TRY(ku_json_int(ps, "height", 0, &p->patch)); /* Pixtral: {"height", "width"} */
+    if (cJSON_IsObject(ps)) { /* Pixtral, Kosmos-2.5: {"height", "width"} */
+        KILN_TRY(ku_json_int(ps, "height", 0, &p->patch));
+        KILN_TRY(ku_json_int(ps, "width", p->patch, &p->patch_w));
+    }
     else KILN_TRY(ku_json_int(j, "patch_size", 0, &p->patch));
     KILN_TRY(ku_json_int(j, "temporal_patch_size", 0, &p->temporal_patch));
     KILN_TRY(ku_json_int(j, "merge_size", 0, &p->merge));
@@ -114,7 +117,8 @@ kiln_status kimg_proc_parse(const cJSON *j, kimg_proc *p) {
     KILN_TRY(ku_json_int(j, "max_pixels", 0, &p->max_pixels));
     KILN_TRY(ku_json_bool(j, "crop_to_patches", false, &p->crop_to_patches));
     KILN_TRY(ku_json_int(j, "min_patches", 1, &p->min_patches));
-    KILN_TRY(ku_json_int(j, "max_patches", 12, &p->max_patches));
+    bool pix2struct = !strncmp(p->type, "Kosmos2_5", 9) || !strncmp(p->type, "Pix2Struct", 10);
+    KILN_TRY(ku_json_int(j, "max_patches", pix2struct ? 4096 : 12, &p->max_patches)); /* GotOcr2's default, Pix2Struct's */
     KILN_TRY(ku_json_int(j, "max_image_tiles", !strncmp(p->type, "Mllama", 6) ? 4 : 0, &p->max_image_tiles));
     if (p->max_image_tiles < 0 || p->max_image_tiles > 64)
         return kiln_error(KILN_EINVAL, "preprocessor_config.json: max_image_tiles %lld is not 0 to 64", (long long)p->max_image_tiles);

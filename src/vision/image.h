@@ -85,6 +85,7 @@ typedef struct {
     int64_t min_patches, max_patches;
     int64_t max_image_tiles;      /* Mllama: tiles of the canvas at most (0: not Mllama's tiling) */
     char type[64];                /* image_processor_type */
+    int64_t patch_w;              /* patch_size.width when given as {"height", "width"} (Pix2Struct's flattened patches) */
 } kimg_proc;
 
 /* preprocessor_config.json as a kimg_proc (defaults as transformers'). */
@@ -146,6 +147,23 @@ kiln_status kimg_canvas_grid(const kimg_proc *p, int64_t h, int64_t w, int64_t *
  * repeated temporal_patch_size - 1 times. *out [*n_out, 3, *oh, *ow]. */
 kiln_status kimg_preprocess_video(const kimg_proc *p, const kimg_image *frames, int n, float **out, int64_t *n_out, int64_t *oh,
                                   int64_t *ow);
+/* Pix2Struct's image processor (Kosmos-2.5's Kosmos2_5ImageProcessor) on
+ * one image: per-image standardisation ((x - mean) / max(std, 1/sqrt(numel))
+ * over all pixels and channels, float32), then torch's antialiased bilinear
+ * interpolate of that float image to the largest rows x cols patch grid of
+ * at most max_patches patches with its aspect (rows = floor(s h / P), cols =
+ * floor(s w / P), s = sqrt(max_patches P P / (h w))), cut into patches
+ * (each [P, P, 3], channels last, as torch_extract_patches), each row
+ * prefixed by its 1-based row and column ids, zero rows up to max_patches.
+ * *out [max_patches, 2 + 3 P P] (malloc'ed), *n = max_patches, *oh x *ow the
+ * resized image, *rows x *cols its patches. */
+kiln_status kimg_preprocess_flat(const kimg_proc *p, const kimg_image *im, float **out, int64_t *n, int64_t *oh, int64_t *ow,
+                                 int64_t *rows, int64_t *cols);
+/* torch.nn.functional.interpolate(mode="bilinear", align_corners=False,
+ * antialias=True) of a float image src [c, ih, iw] to dst [c, oh, ow], as
+ * ATen's CPU kernel computes it (separable, width first, float weights). */
+bool kimg_resize_aa_bilinear(const float *src, int64_t c, int64_t ih, int64_t iw, float *dst, int64_t oh, int64_t ow); /* false: out of memory */
+
 /* PIL's Image.resize((ow, oh), resample) of an 8-bit RGB image, bit for
  * bit (Pillow's ImagingResample: separable passes, horizontal first, with
  * the filter's support scaled by the downscale factor, fixed-point taps and

@@ -64,19 +64,20 @@ static kg_node *patchify(kb_ctx *b, kg_node *px, int64_t P) {
     return kg_reshape(b->g, x, KG_SHAPE(gh * gw, C * P * P));
 }
 
-/* Attention of q, k, v [N, H, hd] among all N rows (one image), rotated
- * (rotate-half) by cos/sin [N, hd/2] when given; mask [N, N] (NULL: none)
- * is added to the scores (0 or -inf: Qwen2.5-VL's windows). [N, H * hd]. */
+/* Attention of q [Nq, H, hd] over k, v [Nk, H, hd] (one image: every
+ * query sees every key), rotated (rotate-half) by cos/sin [N, hd/2] when
+ * given (Nq = Nk = N); mask [Nq, Nk] (NULL: none) is added to the scores
+ * (0 or -inf: Qwen2.5-VL's windows; Kosmos-2.5's padding patches). [Nq, H * hd]. */
 kg_node *kvis_attend_rows(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, kg_node *cos, kg_node *sin, kg_node *mask) {
     kg_graph *g = b->g;
-    int64_t N = q->shape.d[0], H = q->shape.d[1], hd = q->shape.d[2];
+    int64_t N = q->shape.d[0], M = k->shape.d[0], H = q->shape.d[1], hd = q->shape.d[2];
     if (cos) q = kg_rope(g, q, cos, sin, (int)hd, false), k = kg_rope(g, k, cos, sin, (int)hd, false);
-    kg_dot_dims qk = {{1, {1}}, {1, {1}}, {1, {2}}, {1, {2}}}; /* [H, N, N] */
+    kg_dot_dims qk = {{1, {1}}, {1, {1}}, {1, {2}}, {1, {2}}}; /* [H, N, M] */
     kg_node *s = kg_scale(g, kg_dot_general(g, q, k, &qk), 1.0 / sqrt((double)hd));
-    if (mask) s = kg_add(g, s, kg_broadcast_in_dim(g, mask, KG_SHAPE(H, N, N), (int[]){1, 2}));
-    kg_node *mx = kg_broadcast_in_dim(g, kg_reduce(g, s, KG_REDUCE_MAX, (int[]){2}, 1), KG_SHAPE(H, N, N), (int[]){0, 1});
+    if (mask) s = kg_add(g, s, kg_broadcast_in_dim(g, mask, KG_SHAPE(H, N, M), (int[]){1, 2}));
+    kg_node *mx = kg_broadcast_in_dim(g, kg_reduce(g, s, KG_REDUCE_MAX, (int[]){2}, 1), KG_SHAPE(H, N, M), (int[]){0, 1});
     kg_node *e = kg_unary(g, KG_OP_EXP, kg_binary(g, KG_OP_SUB, s, mx));
-    kg_node *sum = kg_broadcast_in_dim(g, kg_reduce(g, e, KG_REDUCE_SUM, (int[]){2}, 1), KG_SHAPE(H, N, N), (int[]){0, 1});
+    kg_node *sum = kg_broadcast_in_dim(g, kg_reduce(g, e, KG_REDUCE_SUM, (int[]){2}, 1), KG_SHAPE(H, N, M), (int[]){0, 1});
     kg_node *p = kg_binary(g, KG_OP_DIV, e, sum);
     kg_dot_dims pv = {{1, {0}}, {1, {1}}, {1, {2}}, {1, {0}}}; /* [H, N, hd] */
     kg_node *o = kg_transpose(g, kg_dot_general(g, p, v, &pv), (int[]){1, 0, 2});

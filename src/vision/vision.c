@@ -16,7 +16,7 @@
 
 /* One line per family; a new vision-language family is a file beside
  * llava.c defining kvis_family_<name>, plus its name here. */
-#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(internvl) X(aya_vision) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl) X(glm4v) X(qwen2_5_omni) X(mllama)
+#define KVIS_FAMILIES(X) X(pixtral) X(llava) X(llava_next) X(internvl) X(aya_vision) X(paligemma) X(gemma3) X(smolvlm) X(mistral3) X(qwen2_vl) X(qwen2_5_vl) X(qwen3_vl) X(glm4v) X(qwen2_5_omni) X(mllama) X(kosmos2_5)
 
 #define DECLARE(f) extern const kvis_family kvis_family_##f;
 KVIS_FAMILIES(DECLARE)
@@ -254,11 +254,14 @@ void kvis_free(kvis_model *m) { free(m); }
 const char *kvis_describe(const kvis_model *m, char *buf, size_t cap) {
     char size[64];
     if (has(m, KVIS_F_PATCHES)) snprintf(size, sizeof size, "any image size (smart_resize)");
+    else if (has(m, KVIS_F_FLAT)) snprintf(size, sizeof size, "any image size (up to %lld flattened patches)", (long long)m->proc.max_patches);
     else snprintf(size, sizeof size, "image %lld", (long long)m->image_size);
     snprintf(buf, cap, "%s: %s tower, %lld layers (%d used), hidden %lld, %lld heads, patch %lld, %s; %s; image token %d%s",
              m->model_type, m->tower_type, (long long)m->vhp.n_layers, m->run_layers, (long long)m->vhp.hidden,
              (long long)m->vhp.n_heads, (long long)m->patch, size, m->family->projector, m->image_token,
-             m->markers_guessed ? " (no tokenizer.json: marker ids taken in the oracle fixtures' layout, image token + 1 / + 2 and on)" : "");
+             !m->markers_guessed        ? ""
+             : has(m, KVIS_F_SEGMENT) ? " (no tokenizer.json: <image> / </image> taken as the last two ids, the oracle fixtures' layout)"
+                                      : " (no tokenizer.json: marker ids taken in the oracle fixtures' layout, image token + 1 / + 2 and on)");
     return buf;
 }
 
@@ -273,7 +276,10 @@ kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_thread
     if (px->c != 3 || px->h % unit || px->w % unit || px->h <= 0 || px->w <= 0)
         return kiln_error(KILN_EINVAL, "pixels [%lld, %lld, %lld] are not 3 channels of whole %lld-pixel patches", (long long)px->c,
                           (long long)px->h, (long long)px->w, (long long)unit);
-    if (crops > 1 && (has(m, KVIS_F_PATCHES) || kvis_deepstack_layers(m) > 0))
+    if (has(m, KVIS_F_FLAT) && (px->flat_rows < (px->h / m->patch) * (px->w / m->patch) || px->flat_rows > (1 << 20) || !px->data))
+        return kiln_error(KILN_EINVAL, "%s: %lld flattened patch rows for a %lldx%lld patch grid", m->model_type, (long long)px->flat_rows,
+                          (long long)(px->h / m->patch), (long long)(px->w / m->patch));
+    if (crops > 1 && (has(m, KVIS_F_PATCHES) || has(m, KVIS_F_FLAT) || kvis_deepstack_layers(m) > 0))
         return kiln_error(KILN_EUNSUPPORTED, "%s: %lld crops of one image (its tower takes one)", m->model_type, (long long)crops);
     /* a video: its tower attends within each temporal patch (cu_seqlens per frame of grid_t), so each runs alone */
     if (px->t > 0) crops = px->t;
@@ -287,6 +293,8 @@ kiln_status kvis_encode(const kvis_model *m, const kvis_pixels *px, int n_thread
         in = kg_param(b.g, KG_F32, KG_SHAPE(crops, px->c, px->h, px->w), "pixel_values");
     else if (has(m, KVIS_F_PATCHES))
         in = kg_param(b.g, KG_F32, KG_SHAPE(gh * gw, 3 * m->temporal_patch * m->patch * m->patch), "pixel_values");
+    else if (has(m, KVIS_F_FLAT))
+        in = kg_param(b.g, KG_F32, KG_SHAPE(px->flat_rows, 2 + 3 * m->patch * m->patch), "flattened_patches");
     else
         in = kg_param(b.g, KG_F32, KG_SHAPE(px->c, px->h, px->w), "pixel_values");
     out = all ? m->family->emit_crops(&b, m, in, px) : m->family->emit(&b, m, in, gh, gw, &deep);
@@ -356,6 +364,9 @@ kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kv
     } else if (has(m, KVIS_F_CANVAS)) {
         KILN_TRY(kimg_preprocess_canvas(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
         out->w = out->h;
+    } else if (has(m, KVIS_F_FLAT)) {
+        KILN_TRY(kimg_preprocess_flat(&m->proc, im, &out->data, &out->flat_rows, &out->h, &out->w, &out->rows, &out->cols));
+        out->n = 1;
     } else if (has(m, KVIS_F_ANYRES)) {
         KILN_TRY(kimg_preprocess_anyres(&m->proc, im, &out->data, &out->n, &out->rows, &out->cols, &out->h));
         out->w = out->h;
@@ -420,7 +431,9 @@ kiln_status kvis_expand_prompt(const kvis_model *m, const kvis_pixels *px, const
     int32_t ph = px->t > 0 ? m->video_token : kvis_placeholder_token(m);
     for (at = 0; at < n && ids[at] != ph; at++) {}
     if (at < n) skip = 1;
-    else at = !has(m, KVIS_F_IMAGE_FIRST) && n > 0 && ids[0] == bos ? 1 : 0;
+    else at = !has(m, KVIS_F_IMAGE_FIRST) && !has(m, KVIS_F_SEGMENT) && n > 0 && ids[0] == bos ? 1 : 0;
+    if (!st && has(m, KVIS_F_SEGMENT) && k > 0 && at > 0 && ids[at - 1] == blk[0]) at--, skip++; /* one <s> before the block */
+    if (!st && has(m, KVIS_F_SEGMENT) && k > 0 && at == 0 && !skip && n > 0 && ids[0] == blk[0]) skip = 1; /* the prompt's own <s> */
     int32_t *b0 = blk;
     if (!st && has(m, KVIS_F_MARKED_PAD) && skip && k >= 2 && at > 0 && ids[at - 1] == blk[0] && at + 1 < n && ids[at + 1] == blk[k - 1])
         b0++, k -= 2; /* the chat template's <|vision_start|><|image_pad|><|vision_end|>: only the pad expands */
@@ -460,13 +473,34 @@ kiln_status kvis_pixels_from_video(const kvis_model *m, const kimg_image *frames
     return m->family->video(m, frames, n, out);
 }
 
+bool kvis_segments(const kvis_model *m) { return has(m, KVIS_F_SEGMENT); }
+
+void kvis_types(const kvis_model *m, const int32_t *ids, int n_prompt, int n, int32_t *types) {
+    bool in = false;
+    for (int i = 0; i < n; i++) {
+        if (i < n_prompt && has(m, KVIS_F_SEGMENT) && ids[i] == m->boi_token) in = true;
+        types[i] = in && i < n_prompt;
+        if (ids[i] == m->eoi_token) in = false;
+    }
+}
+
+/* Token i of ids holds an image feature row: an image token (Kosmos-2.5: one inside boi .. eoi, seg[i] set). */
+static bool is_image(const kvis_model *m, const int32_t *seg, const int32_t *ids, int i) {
+    return ids[i] == m->image_token && (!seg || (seg[i] && ids[i] != m->boi_token && ids[i] != m->eoi_token));
+}
+
 kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_images, const float *feat, const float *deep,
                               int64_t n_feat, int64_t hidden, const int32_t *ids, int n, kvis_inputs *out) {
     memset(out, 0, sizeof *out);
     int64_t L = kvis_deepstack_layers(m), k = 0;
     int nv = 0;
     for (int i = 0; i < n_images; i++) nv += px[i].t > 0;
-    for (int i = 0; i < n; i++) k += ids[i] == m->image_token || (nv > 0 && ids[i] == m->video_token);
+    int32_t *seg = NULL;
+    if (has(m, KVIS_F_SEGMENT)) { /* the image rows are the image tokens inside boi .. eoi */
+        if (!(seg = malloc(sizeof(int32_t) * (size_t)(n + 1)))) return kiln_error(KILN_ENOMEM, "out of memory");
+        kvis_types(m, ids, n, n, seg);
+    }
+    for (int i = 0; i < n; i++) k += is_image(m, seg, ids, i) || (nv > 0 && ids[i] == m->video_token);
     if (has(m, KVIS_F_CROSS)) { /* Mllama: one image, its states at its token */
         if (k != 1 || n_images != 1)
             return kiln_error(KILN_EUNSUPPORTED, "%s: one image per prompt (%lld image tokens, %d images given)", m->model_type, (long long)k, n_images);
@@ -481,10 +515,15 @@ kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_
             if (ids[i] == m->image_token) out->cross[i] = feat, out->cross_keys[i] = kvis_cross_keys(m, px);
         return NULL;
     }
-    if (k != n_feat)
+    out->types = seg;
+    if (k != n_feat) {
+        kvis_inputs_free(out);
         return kiln_error(KILN_EINVAL, "the prompt has %lld image tokens for %lld image feature rows", (long long)k, (long long)n_feat);
-    if (nv > 0 && (L > 0 || has(m, KVIS_F_CROSS) || !has(m, KVIS_F_PATCHES)))
+    }
+    if (nv > 0 && (L > 0 || has(m, KVIS_F_CROSS) || !has(m, KVIS_F_PATCHES))) {
+        kvis_inputs_free(out);
         return kiln_error(KILN_EUNSUPPORTED, "%s takes no video", m->model_type);
+    }
     out->embd = calloc((size_t)n, sizeof *out->embd);
     out->embd_add = deep && L > 0 ? calloc((size_t)n, sizeof *out->embd_add) : NULL;
     out->span = malloc(sizeof(int32_t) * 2 * (size_t)n);
@@ -494,7 +533,7 @@ kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
     for (int i = 0, r = 0; i < n && nv == 0; i++)
-        if (ids[i] == m->image_token) {
+        if (is_image(m, seg, ids, i)) {
             if (out->embd_add) out->embd_add[i] = deep + (int64_t)r * L * hidden;
             out->embd[i] = feat + (int64_t)r++ * hidden;
         }
@@ -529,7 +568,7 @@ kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_
 
 void kvis_inputs_free(kvis_inputs *x) {
     if (!x) return;
-    free(x->embd), free(x->embd_add), free(x->span), free(x->pos3), free(x->cross), free(x->cross_keys);
+    free(x->embd), free(x->embd_add), free(x->span), free(x->pos3), free(x->cross), free(x->cross_keys), free(x->types);
     memset(x, 0, sizeof *x);
 }
 

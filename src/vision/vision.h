@@ -52,6 +52,8 @@ typedef struct {
     int64_t rows, cols; /* the tile grid of a split / tiled image (0: not split) */
     int64_t orig_h, orig_w; /* the image's size before preprocessing (LLaVA-NeXT's unpadding) */
     int64_t t;              /* a video (Qwen2-VL / 2.5-VL): its temporal patches (grid_t), data [t * (h/P) * (w/P), 3 T P P]; 0: an image */
+    int64_t flat_rows;      /* Pix2Struct's flattened patches (Kosmos-2.5): data [flat_rows, 2 + 3 P P] (max_patches rows, the
+                             * rows x cols patches of the resized h x w image first, then zero rows); 0: not flattened */
 } kvis_pixels;
 kiln_status kvis_pixels_from_image(const kvis_model *m, const kimg_image *im, kvis_pixels *out);
 void kvis_pixels_free(kvis_pixels *p);
@@ -126,6 +128,13 @@ kiln_status kvis_expand_images(const kvis_model *m, const kvis_pixels *px, int n
  * (1, 0) (none) elsewhere and for every other family. span [n, 2]. */
 void kvis_spans(const kvis_model *m, const int32_t *ids, int n_prompt, int n, int32_t *span);
 
+/* True when the text model takes segment ids (Kosmos-2.5's segment_emb): kvis_types. */
+bool kvis_segments(const kvis_model *m);
+/* The segment ids of ids[n] whose first n_prompt are the prompt: 1 from
+ * each image block's boi to its eoi in the prompt, 0 elsewhere and for
+ * decoded tokens (image_embeds_position_mask != 0, extended with 0). types [n]. */
+void kvis_types(const kvis_model *m, const int32_t *ids, int n_prompt, int n, int32_t *types);
+
 /* The per-token inputs (engine.h's ke_inputs) of a prompt ids[n] whose
  * image tokens hold images px[0..n_images) in order: feat [n_feat, hidden]
  * the images' features concatenated (kvis_encode), deep their deepstack
@@ -138,6 +147,7 @@ typedef struct {
     int32_t *pos3;          /* [n, 3] M-RoPE positions (kvis_positions); NULL unless kvis_mrope */
     const float **cross;    /* [n] kvis_cross: the image's states at its token (ke_inputs.cross); NULL otherwise */
     int32_t *cross_keys;    /* [n] the states attended from it on (ke_inputs.cross_keys) */
+    int32_t *types;         /* [n] segment ids (kvis_types; ke_inputs.types); NULL unless kvis_segments */
 } kvis_inputs;
 kiln_status kvis_inputs_build(const kvis_model *m, const kvis_pixels *px, int n_images, const float *feat, const float *deep,
                               int64_t n_feat, int64_t hidden, const int32_t *ids, int n, kvis_inputs *out);

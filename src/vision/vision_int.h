@@ -1,7 +1,7 @@
 /* vision_int.h: what the vision families share (internal to src/vision).
  *
  * A vision-language family is one kvis_family descriptor in its own file
- * (llava.c, pixtral.c, paligemma.c, gemma3.c, smolvlm.c, mistral3.c, mllama.c, qwen_vl.c) plus
+ * (llava.c, pixtral.c, paligemma.c, gemma3.c, smolvlm.c, mistral3.c, mllama.c, kosmos2_5.c, qwen_vl.c) plus
  * one line in KVIS_FAMILIES (vision.c). Its hooks say what differs: how
  * its config is read, the tower + projector graph, the image's block of
  * placeholder ids; its flags say how the text model takes the features.
@@ -71,6 +71,9 @@ struct kvis_model {
     int64_t n_global_layers;  /* num_global_layers: the gated global encoder after the local one */
     int inter_layers[16], n_inter; /* intermediate_layers_indices: hidden states concatenated after the output */
     int64_t aspects[KIMG_MAX_PINPOINTS][2], n_aspects; /* supported_aspect_ratios (as the config lists them); id = index + 1 */
+    /* Kosmos-2.5 */
+    int64_t pos_rows;         /* max_num_patches: rows of the row / column embedders (patch ids 0 .. pos_rows - 1) */
+    int64_t text_heads;       /* the latent-query attention's heads (the text model's attention_heads) */
 };
 
 enum {
@@ -86,6 +89,10 @@ enum {
     KVIS_F_TILES = 1 << 9,        /* GotOcr2's tiling: tiles of the closest aspect ratio, then a thumbnail (kimg_preprocess_tiles) */
     KVIS_F_CANVAS = 1 << 10,      /* Mllama's tiling: the image resized into a canvas of tiles and padded (kimg_preprocess_canvas) */
     KVIS_F_CROSS = 1 << 11,       /* the features are the text model's cross-attention states (ke_inputs.cross), not embeddings */
+    KVIS_F_FLAT = 1 << 12,        /* Pix2Struct's flattened patches [max_patches, 2 + 3 P P] with row / column ids (kimg_preprocess_flat) */
+    KVIS_F_SEGMENT = 1 << 13,     /* Kosmos-2.5: the block [<s>, boi, image tokens, eoi] opens the prompt (its <s> is the image
+                                   * token's id, so the image rows are the image tokens between boi and eoi), and the
+                                   * text model's segment ids (ke_inputs.types) are 1 from boi to eoi (kvis_types) */
 };
 
 struct kvis_family {
@@ -170,8 +177,8 @@ int64_t kvis_module_rows(kb_ctx *b, const char *prefix, const char *module, int6
 kg_node *kvis_layer_norm_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *module, float eps);
 /* x [..., in] through "<prefix><module>" (+ its bias). */
 kg_node *kvis_linear_mod(kb_ctx *b, kg_node *x, const char *prefix, const char *module, int64_t rows, bool bias);
-/* Attention of q, k, v [N, H, hd] among all N rows (one image), rotated by
- * cos/sin [N, hd/2] when given; mask [N, N] (NULL: none) added to the scores. [N, H * hd]. */
+/* Attention of q [Nq, H, hd] over k, v [Nk, H, hd] (one image), rotated by
+ * cos/sin [N, hd/2] when given (Nq = Nk); mask [Nq, Nk] (NULL: none) added to the scores. [Nq, H * hd]. */
 kg_node *kvis_attend_rows(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, kg_node *cos, kg_node *sin, kg_node *mask);
 /* CLIP / SigLIP encoder on pixels [C, H, W]: [N (+1 with CLS), D]. */
 kg_node *kvis_clip_tower(kb_ctx *b, const kvis_model *m, kg_node *px);

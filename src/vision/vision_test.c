@@ -208,14 +208,16 @@ KT_TEST(vision_cli_generate_image_matches_the_oracle) {
         kt_skip("KILN_BIN is not set (make test sets it)");
         return;
     }
-    const char *names[] = {"idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni"};
+    const char *names[] = {"idefics3", "pixtral", "llava_next", "llava_onevision", "internvl", "aya_vision", "glm4v", "qwen2_5_omni", "kosmos2_5"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         char dir[4096], rel[128], cmd[16384], path[4200];
         snprintf(rel, sizeof rel, "tests/fixtures/vlm/%s", names[k]);
         kt_path(dir, sizeof dir, rel);
         /* GLM-4V's and Qwen2.5-Omni's templates write the begin / image / end markers, as their processors' input has them */
+        /* Kosmos-2.5's processor writes <s> and the image block before the text it is given */
         const char *ids = !strcmp(names[k], "glm4v")          ? "1,17,93,514,512,515,254,311,42,500,7,128"
                           : !strcmp(names[k], "qwen2_5_omni") ? "1,17,93,516,512,517,254,311,42,500,7,128"
+                          : !strcmp(names[k], "kosmos2_5")    ? "17,93,254,311,42,500,7,128"
                                                               : "1,17,93,512,254,311,42,500,7,128";
         snprintf(cmd, sizeof cmd, "%s generate -m %s --image %s/image.png --temp 0 --ignore-eos -n 16 -t 1 --json --prompt-ids %s", bin,
                  dir, dir, ids);
