@@ -10,8 +10,7 @@
 # writes tests/data/chat/expected_python/TEMPLATE.json: {input: {"out": text}}.
 #   python3 tools/jinja_python_oracle.py
 # writes nothing: lists every template with such pairs (a survey: kiln does not
-# follow Python on all of them yet; e.g. str.format and the min filter, as
-# tencent-Hy3 and openbmb-MiniCPM5-1B use, are not implemented).
+# follow Python on all of them yet).
 import datetime
 import json
 import os
