@@ -49,6 +49,32 @@ static void show_diff(const char *want, const char *got) {
     fprintf(stderr, "    first difference at byte %zu\n    want: %.80s\n    got:  %.80s\n", i, want + from, got + from);
 }
 
+/* One input file's conversation (messages, tools, documents, kwargs,
+ * add_generation_prompt) through the template, as the oracles render it. */
+static kiln_status render_input(const kchat_template *ct, const cJSON *inp, const kjin_limits *lim, char **got) {
+    kchat_input ki = {
+        .messages = cJSON_GetObjectItemCaseSensitive(inp, "messages"),
+        .tools = cJSON_GetObjectItemCaseSensitive(inp, "tools"),
+        .documents = cJSON_GetObjectItemCaseSensitive(inp, "documents"),
+        .extra = cJSON_GetObjectItemCaseSensitive(inp, "kwargs"),
+        .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(inp, "add_generation_prompt")),
+        .bos_token = "<s>",
+        .eos_token = "</s>",
+        .limits = lim,
+    };
+    return kchat_render(ct, &ki, got);
+}
+
+static void show_mismatch(const char *tmpl, const char *input, const cJSON *e, const cJSON *want, kiln_status st, const char *got) {
+    fprintf(stderr, "  mismatch: %s x %s: ", tmpl, input);
+    if (!want) fprintf(stderr, "expected an error (%s), got success\n", cJSON_GetObjectItemCaseSensitive(e, "error")->valuestring);
+    else if (st) fprintf(stderr, "error %s\n", kiln_status_msg(st));
+    else {
+        fputc('\n', stderr);
+        show_diff(want->valuestring, got);
+    }
+}
+
 static int count_not_compared(const cJSON *pyexp) {
     int n = 0;
     const cJSON *e;
@@ -102,18 +128,7 @@ KT_TEST(chat_oracle_renders) {
             char *got = NULL;
             kiln_status st = pst;
             if (!pst) {
-                const cJSON *inp = inputs[i];
-                kchat_input ki = {
-                    .messages = cJSON_GetObjectItemCaseSensitive(inp, "messages"),
-                    .tools = cJSON_GetObjectItemCaseSensitive(inp, "tools"),
-                    .documents = cJSON_GetObjectItemCaseSensitive(inp, "documents"),
-                    .extra = cJSON_GetObjectItemCaseSensitive(inp, "kwargs"),
-                    .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(inp, "add_generation_prompt")),
-                    .bos_token = "<s>",
-                    .eos_token = "</s>",
-                    .limits = &lim,
-                };
-                st = kchat_render(ct, &ki, &got);
+                st = render_input(ct, inputs[i], &lim, &got);
             }
             bool ok;
             if (want) ok = !st && strcmp(got, want->valuestring) == 0;
@@ -123,14 +138,7 @@ KT_TEST(chat_oracle_renders) {
                 match++;
                 tmatch++;
             } else if (shown++ < 12) {
-                fprintf(stderr, "  mismatch: %s x %s: ", tn[t], in[i]);
-                if (!want) fprintf(stderr, "expected an error (%s), got success\n",
-                                   cJSON_GetObjectItemCaseSensitive(e, "error")->valuestring);
-                else if (st) fprintf(stderr, "error %s\n", kiln_status_msg(st));
-                else {
-                    fputc('\n', stderr);
-                    show_diff(want->valuestring, got);
-                }
+                show_mismatch(tn[t], in[i], e, want, st, got);
             }
             if (st != pst) kiln_status_free(st);
             free(got);
@@ -369,18 +377,7 @@ KT_TEST(chat_renders_agent_conversations) {
             pairs++;
             char *got = NULL;
             kiln_status st = pst;
-            if (!pst) {
-                kchat_input ki = {
-                    .messages = cJSON_GetObjectItemCaseSensitive(inp, "messages"),
-                    .tools = cJSON_GetObjectItemCaseSensitive(inp, "tools"),
-                    .extra = cJSON_GetObjectItemCaseSensitive(inp, "kwargs"),
-                    .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(inp, "add_generation_prompt")),
-                    .bos_token = "<s>",
-                    .eos_token = "</s>",
-                    .limits = &lim,
-                };
-                st = kchat_render(ct, &ki, &got);
-            }
+            if (!pst) st = render_input(ct, inp, &lim, &got);
             rendered += !st;
             raised += !want;
             if (st && !failed_here++) fprintf(stderr, "  does not render (%s): %s x %s: %.160s\n", want ? "a bug" : "Python raises too",
@@ -388,14 +385,7 @@ KT_TEST(chat_renders_agent_conversations) {
             bool ok = want ? !st && !strcmp(got, want->valuestring) : st != NULL;
             match += ok;
             if (!ok && shown++ < 20) {
-                fprintf(stderr, "  %s x %s: ", tn[t], inp->string);
-                if (!want) fprintf(stderr, "renders, where Python raises (%s)\n",
-                                   cJSON_GetObjectItemCaseSensitive(e, "error")->valuestring);
-                else if (st) fprintf(stderr, "fails to render: %s\n", kiln_status_msg(st));
-                else {
-                    fputc('\n', stderr);
-                    show_diff(want->valuestring, got);
-                }
+                show_mismatch(tn[t], inp->string, e, want, st, got);
             }
             if (st != pst) kiln_status_free(st);
             free(got);
