@@ -496,13 +496,14 @@ static size_t json_call_list(P *p, size_t j) {
 
 /* Command R7B / A: <|START_ACTION|>[{"tool_call_id": .., "tool_name": ..,
  * "parameters": {..}}, ..]<|END_ACTION|>; the answer between
- * <|START_RESPONSE|> and <|END_RESPONSE|> (markers dropped). */
+ * <|START_RESPONSE|> and <|END_RESPONSE|> (Cohere2 MoE: <|START_TEXT|> and
+ * <|END_TEXT|>; markers dropped). */
 static void fmt_command_r(P *p, size_t i) {
-    static const char *const m[] = {"<|START_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"};
+    static const char *const m[] = {"<|START_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>"};
     for (;;) {
         int w = 0;
-        size_t k = find_first(p, i, m, 3, &w);
-        if (k == NPOS) return plain_rest(p, i, m, 3);
+        size_t k = find_first(p, i, m, 5, &w);
+        if (k == NPOS) return plain_rest(p, i, m, 5);
         plain(p, i, k);
         i = k + strlen(m[w]);
         if (w) continue;
@@ -734,7 +735,7 @@ static cJSON *param_value(const P *p, const char *fn, const char *key, const cha
     char *s = strndup(v, n);
     if (!s) return NULL;
     cJSON *r = NULL;
-    if (!ty || strcmp(ty, "string")) r = cJSON_Parse(s);
+    if (!ty || strcmp(ty, "string")) r = cJSON_ParseWithOpts(s, NULL, true); /* the whole text ("2 dollars" is a string) */
     if (!r) r = cJSON_CreateString(s);
     free(s);
     return r;
@@ -748,15 +749,16 @@ typedef struct {
     const char *key_open, *key_close;   /* <parameter= ... >, <arg_key> ... </arg_key> */
     const char *val_open, *val_close;   /* "" ... </parameter>, <arg_value> ... </arg_value> */
     const char *fn_close;               /* </function>, or NULL */
+    bool verbatim;                      /* values as written (Seed-OSS's template puts no newline round them) */
 } xml_fmt;
 
 static const xml_fmt k_qwen3_coder = {"<tool_call>", "</tool_call>", "<function=", ">", "<parameter=", ">", "", "</parameter>",
-                                      "</function>"};
+                                      "</function>", false};
 static const xml_fmt k_seed_oss = {"<seed:tool_call>", "</seed:tool_call>", "<function=", ">", "<parameter=", ">", "",
-                                   "</parameter>", "</function>"};
+                                   "</parameter>", "</function>", true};
 static const xml_fmt k_minimax_m2 = {"<minimax:tool_call>", "</minimax:tool_call>", "<invoke name=\"", "\">", "<parameter name=\"",
-                                     "\">", "", "</parameter>", "</invoke>"};
-static const xml_fmt k_glm45 = {"<tool_call>", "</tool_call>", "", NULL, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", NULL};
+                                     "\">", "", "</parameter>", "</invoke>", false};
+static const xml_fmt k_glm45 = {"<tool_call>", "</tool_call>", "", NULL, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", NULL, false};
 
 static void strip_nl(const char **s, size_t *n) {
     if (*n && **s == '\n') (*s)++, (*n)--;
@@ -818,7 +820,7 @@ static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
         char *key = dup_n(p, p->t + k0, k1 - k0);
         const char *v = p->t + v0;
         size_t vn = v1 - v0;
-        strip_nl(&v, &vn);
+        if (!f->verbatim) strip_nl(&v, &vn);
         cJSON *val = key ? param_value(p, name, key, v, vn) : NULL;
         if (!val || !obj) p->oom = true;
         else cJSON_AddItemToObject(obj, key, val);
@@ -946,10 +948,20 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         size_t j = skip_ws(&p, 0);
         if (!in && at(&p, j, o)) in = true, i = j + strlen(o);
         else if (!in && (may_become(&p, j, o) || (partial && j == n))) go = false;
+        /* A block the prompt opened also ends where a call starts (the
+         * lazy grammar switches on at the trigger, thinking or not), as
+         * llama.cpp's parsers of Qwen3.5 and Ling take it: the model went
+         * straight to its call. A block the model opened ends only at its
+         * close (a call's marker inside is reasoning). */
+        const char *tr = s->think_open && s->format != KTC_LLAMA3 && s->format != KTC_COMMAND_R_PLUS ? ktc_trigger(s->format) : NULL;
         if (in && go) {
-            size_t e = find(&p, i, c);
-            if (e == NPOS) {
-                buf_add(&p, &p.reasoning, text + i, n - i - held(&p, i, c));
+            size_t e = find(&p, i, c), k = tr ? find(&p, i, tr) : NPOS;
+            if (k != NPOS && (e == NPOS || k < e)) {
+                buf_add(&p, &p.reasoning, text + i, k - i);
+                i = k;
+            } else if (e == NPOS) {
+                size_t h = held(&p, i, c), ht = tr ? held(&p, i, tr) : 0;
+                buf_add(&p, &p.reasoning, text + i, n - i - (ht > h ? ht : h));
                 go = false;
             } else {
                 buf_add(&p, &p.reasoning, text + i, e - i);

@@ -3,6 +3,8 @@
  * kiln's Jinja engine, then parsed back to the same calls), streaming at
  * every split point equal to the whole parse, and hand-written outputs in
  * the cases of llama.cpp's tests/test-chat.cpp. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -464,19 +466,38 @@ KT_TEST(toolcall_detect_formats) {
     KT_CHECK(ktc_needs_special(KTC_HARMONY) && !ktc_needs_special(KTC_HERMES));
 }
 
+/* A check that reports and goes on (every failing case is shown). */
+static bool KILN_PRINTF(3, 4) case_check(int line, bool cond, const char *fmt, ...) {
+    if (cond) return true;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    kt_fail(__FILE__, line, "%s", msg);
+    return false;
+}
+
 /* llama.cpp's test-chat.cpp cases (tests/data/tools/llama_cpp_cases.json),
- * whole and streamed at every split point. */
+ * whole and streamed at every split point (the deltas add up to the whole
+ * parse, so no markup reaches content on the way), and the format's call
+ * trigger never in content unless the case's content holds it. A case
+ * marked partial is a cut-short output: parsed as a prefix (a call whose
+ * expected arguments are null has none written yet). */
 KT_TEST(toolcall_llama_cpp_cases) {
     char path[4096];
     cJSON *d;
     KT_CHECK_OK(ku_json_load(kt_path(path, sizeof path, "tests/data/tools/llama_cpp_cases.json"), &d));
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(d, "tools"), *c;
-    int n = 0;
+    int n = 0, failed = 0;
     cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(d, "cases")) {
         const char *src = cJSON_GetObjectItemCaseSensitive(c, "source")->valuestring;
         const char *fmt = cJSON_GetObjectItemCaseSensitive(c, "format")->valuestring;
         const char *text = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
         const char *think = cJSON_GetObjectItemCaseSensitive(c, "reasoning")->valuestring;
+        const char *want_content = cJSON_GetObjectItemCaseSensitive(c, "content")->valuestring;
+        const char *want_reasoning = cJSON_GetObjectItemCaseSensitive(c, "reasoning_content")->valuestring;
+        bool partial = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "partial"));
         ktc_syntax syn = {KTC_NONE, !strcmp(think, "tags") ? KTC_THINK_TAGS : !strcmp(think, "mistral") ? KTC_THINK_MISTRAL
                                                   : !strcmp(think, "cohere") ? KTC_THINK_COHERE
                                                   : !strcmp(think, "seed")   ? KTC_THINK_SEED : KTC_THINK_NONE,
@@ -485,24 +506,30 @@ KT_TEST(toolcall_llama_cpp_cases) {
             if (!strcmp(ktc_format_name((ktc_format)f), fmt)) syn.format = (ktc_format)f;
         KT_CHECKF(syn.format != KTC_NONE, "%s: format %s", src, fmt);
         ktc_msg m;
-        KT_CHECK_OK(ktc_parse(&syn, text, strlen(text), false, &m));
-        KT_CHECKF(!strcmp(m.content, cJSON_GetObjectItemCaseSensitive(c, "content")->valuestring), "case %d (%s): content [%s]", n, src,
-                  m.content);
-        KT_CHECKF(!strcmp(m.reasoning, cJSON_GetObjectItemCaseSensitive(c, "reasoning_content")->valuestring),
-                  "case %d (%s): reasoning [%s]", n, src, m.reasoning);
+        KT_CHECK_OK(ktc_parse(&syn, text, strlen(text), partial, &m));
+        bool ok = true;
+        const char *trig = ktc_trigger(syn.format);
+        ok &= case_check(__LINE__, !strcmp(m.content, want_content), "case %d (%s): content [%s]", n, src, m.content);
+        ok &= case_check(__LINE__, !trig || strstr(want_content, trig) || !strstr(m.content, trig), "case %d (%s): %s in content", n, src, trig);
+        ok &= case_check(__LINE__, !strcmp(m.reasoning, want_reasoning), "case %d (%s): reasoning [%s]", n, src, m.reasoning);
         const cJSON *calls = cJSON_GetObjectItemCaseSensitive(c, "calls");
-        KT_CHECKF(m.n_calls == cJSON_GetArraySize(calls), "case %d (%s): %d calls", n, src, m.n_calls);
-        for (int i = 0; i < m.n_calls; i++) {
-            const cJSON *w = cJSON_GetArrayItem(calls, i);
-            KT_CHECKF(!strcmp(m.calls[i].name, cJSON_GetArrayItem(w, 0)->valuestring) && args_equal(m.calls[i].arguments, cJSON_GetArrayItem(w, 1)),
-                      "case %d (%s): call %d is %s(%s)", n, src, i, m.calls[i].name, m.calls[i].arguments);
+        ok &= case_check(__LINE__, m.n_calls == cJSON_GetArraySize(calls), "case %d (%s): %d calls", n, src, m.n_calls);
+        for (int i = 0; ok && i < m.n_calls; i++) {
+            const cJSON *w = cJSON_GetArrayItem(calls, i), *wa = cJSON_GetArrayItem(w, 1);
+            bool args_ok = cJSON_IsNull(wa) ? !m.calls[i].arguments[0] : args_equal(m.calls[i].arguments, wa);
+            ok &= case_check(__LINE__, !strcmp(m.calls[i].name, cJSON_GetArrayItem(w, 0)->valuestring) && args_ok,
+                            "case %d (%s): call %d is %s(%s)", n, src, i, m.calls[i].name, m.calls[i].arguments);
         }
         ktc_msg_free(&m);
-        char why[512];
-        const char *r = stream_all_splits(&syn, text, why, sizeof why);
-        KT_CHECKF(!r, "case %d (%s): streaming: %s", n, src, r);
+        if (ok && !partial) {
+            char why[512];
+            const char *r = stream_all_splits(&syn, text, why, sizeof why);
+            ok &= case_check(__LINE__, !r, "case %d (%s): streaming: %s", n, src, r);
+        }
+        failed += !ok;
         n++;
     }
-    KT_CHECK(n >= 35);
+    fprintf(stderr, "  llama.cpp test-chat cases: %d, %d failed\n", n, failed);
+    KT_CHECK(n >= 120);
     cJSON_Delete(d);
 }
