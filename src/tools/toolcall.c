@@ -923,6 +923,17 @@ static void trim(buf *b) {
     b->n = e - s;
 }
 
+/* Where a call starts, for ending a thinking block left open: the
+ * format's trigger (and the bare call a model may write without it); none
+ * for the formats without thinking. */
+static int think_call_starts(ktc_format f, const char *out[2]) {
+    if (f == KTC_LLAMA3 || f == KTC_COMMAND_R_PLUS || f == KTC_HARMONY || !ktc_trigger(f)) return 0;
+    out[0] = ktc_trigger(f);
+    if (f == KTC_KIMI_K2) return out[1] = "<|tool_call_begin|>", 2;
+    if (f == KTC_QWEN3_CODER) return out[1] = "<function=", 2;
+    return 1;
+}
+
 kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool partial, ktc_msg *m) {
     memset(m, 0, sizeof *m);
     if (s->prefix && *s->prefix) { /* the output as the prefix and the text */
@@ -948,20 +959,28 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         size_t j = skip_ws(&p, 0);
         if (!in && at(&p, j, o)) in = true, i = j + strlen(o);
         else if (!in && (may_become(&p, j, o) || (partial && j == n))) go = false;
-        /* A block the prompt opened also ends where a call starts (the
-         * lazy grammar switches on at the trigger, thinking or not), as
-         * llama.cpp's parsers of Qwen3.5 and Ling take it: the model went
-         * straight to its call. A block the model opened ends only at its
-         * close (a call's marker inside is reasoning). */
-        const char *tr = s->think_open && s->format != KTC_LLAMA3 && s->format != KTC_COMMAND_R_PLUS ? ktc_trigger(s->format) : NULL;
+        /* A block left open (no close marker in the output) ends where a
+         * call starts, as llama.cpp's parsers take it (Qwen3.5 and Ling
+         * going straight to a call from the prompt's <think>, Kimi K2
+         * calling inside its thinking): the lazy grammar switches on at
+         * the trigger, thinking or not. With a close marker, a call's
+         * markup before it is reasoning. While the output grows the text
+         * from such a start is held back (a close may still come). */
+        const char *starts[2];
+        int ns = think_call_starts(s->format, starts);
         if (in && go) {
-            size_t e = find(&p, i, c), k = tr ? find(&p, i, tr) : NPOS;
-            if (k != NPOS && (e == NPOS || k < e)) {
+            size_t e = find(&p, i, c);
+            int w;
+            size_t k = e == NPOS && ns ? find_first(&p, i, starts, ns, &w) : NPOS;
+            if (k != NPOS) {
                 buf_add(&p, &p.reasoning, text + i, k - i);
-                i = k;
+                if (partial) go = false;
+                else i = k;
             } else if (e == NPOS) {
-                size_t h = held(&p, i, c), ht = tr ? held(&p, i, tr) : 0;
-                buf_add(&p, &p.reasoning, text + i, n - i - (ht > h ? ht : h));
+                size_t h = held(&p, i, c);
+                for (int t = 0; t < ns; t++)
+                    if (held(&p, i, starts[t]) > h) h = held(&p, i, starts[t]);
+                buf_add(&p, &p.reasoning, text + i, n - i - h);
                 go = false;
             } else {
                 buf_add(&p, &p.reasoning, text + i, e - i);
