@@ -883,7 +883,16 @@ static void fmt_harmony(P *p, size_t i) {
         const char *ht = p->t + h;
         size_t hn = mm - h;
         const char *to = memmem(ht, hn, "to=", 3);
-        const char *ch = memmem(ht, hn, "<|channel|>", 11);
+        const char *ch = NULL; /* the last channel named ("commentary to=assistant<|channel|>analysis") */
+        for (const char *q = ht; (q = memmem(q, (size_t)(ht + hn - q), "<|channel|>", 11)); q += 11) ch = q;
+        /* a recipient that is not a function nor the conversation: a builtin
+         * tool's call (container.exec, python, browser.*), no answer */
+        bool builtin = false;
+        if (to && !((size_t)(ht + hn - to) > 3 + 10 && !memcmp(to + 3, "functions.", 10))) {
+            size_t rn = 0;
+            while (to + 3 + rn < ht + hn && !is_ws(to[3 + rn]) && to[3 + rn] != '<') rn++;
+            builtin = !((rn == 9 && !memcmp(to + 3, "assistant", 9)) || (rn == 4 && !memcmp(to + 3, "user", 4)));
+        }
         size_t b0 = mm + strlen("<|message|>");
         int w = 0;
         size_t b1 = find_first(p, b0, ends, 4, &w);
@@ -899,6 +908,8 @@ static void fmt_harmony(P *p, size_t i) {
             const char *n0 = to + 13, *n1 = n0;
             while (n1 < ht + hn && !is_ws(*n1) && *n1 != '<') n1++;
             add_call_slices(p, n0, (size_t)(n1 - n0), b0, b1);
+        } else if (builtin) {
+            /* dropped */
         } else if (ch && (size_t)(ht + hn - ch) >= 11 + 8 && !memcmp(ch + 11, "analysis", 8)) {
             if (b1 > b0) buf_add(p, &p->reasoning, p->t + b0, b1 - b0);
         } else {
