@@ -21,7 +21,7 @@
 
 static const char *const k_names[KTC_N_FORMATS] = {
     "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r", "granite",
-    "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction",
+    "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction", "dsml", "dsml_v4",
 };
 
 const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
@@ -30,6 +30,7 @@ ktc_format ktc_detect(const char *s) {
     if (!s) return KTC_NONE;
     /* the specific markers first: several formats also write <tool_call> */
     if (strstr(s, "<|channel|>") && strstr(s, "functions.")) return KTC_HARMONY;
+    if (strstr(s, "｜DSML｜")) return strstr(s, "tool_calls>") ? KTC_DSML_V4 : KTC_DSML; /* the templates build the tags */
     if (strstr(s, "<｜tool▁calls▁begin｜>")) return KTC_DEEPSEEK;
     if (strstr(s, "<|tool_calls_section_begin|>")) return KTC_KIMI_K2;
     if (strstr(s, "<|START_ACTION|>")) return KTC_COMMAND_R;
@@ -60,7 +61,7 @@ ktc_reasoning ktc_detect_reasoning(const char *s) {
 bool ktc_needs_special(ktc_format f) {
     return f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_MISTRAL_V11 || f == KTC_HARMONY || f == KTC_DEEPSEEK ||
            f == KTC_KIMI_K2 || f == KTC_COMMAND_R || f == KTC_GRANITE || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 ||
-           f == KTC_PHI4;
+           f == KTC_PHI4 || f == KTC_DSML || f == KTC_DSML_V4;
 }
 
 const char *ktc_trigger(ktc_format f) {
@@ -77,6 +78,8 @@ const char *ktc_trigger(ktc_format f) {
     case KTC_MINIMAX_M2: return "<minimax:tool_call>";
     case KTC_COMMAND_R_PLUS: return "Action:";
     case KTC_FIREFUNCTION: return "functools";
+    case KTC_DSML: return "<｜DSML｜function_calls>";
+    case KTC_DSML_V4: return "<｜DSML｜tool_calls>";
     default: return NULL;
     }
 }
@@ -741,6 +744,23 @@ static cJSON *param_value(const P *p, const char *fn, const char *key, const cha
     return r;
 }
 
+/* A value whose writer says it is JSON: that, or the text when it is not JSON. */
+static cJSON *json_or_string(const char *v, size_t n) {
+    char *s = strndup(v, n);
+    if (!s) return NULL;
+    cJSON *r = cJSON_ParseWithOpts(s, NULL, true);
+    if (!r) r = cJSON_CreateString(s);
+    free(s);
+    return r;
+}
+
+static cJSON *string_n(const char *v, size_t n) {
+    char *s = strndup(v, n);
+    cJSON *r = s ? cJSON_CreateString(s) : NULL;
+    free(s);
+    return r;
+}
+
 /* Qwen3-Coder and GLM-4.5: parameters as tagged text, the object built when
  * the call closes. */
 typedef struct {
@@ -750,15 +770,20 @@ typedef struct {
     const char *val_open, *val_close;   /* "" ... </parameter>, <arg_value> ... </arg_value> */
     const char *fn_close;               /* </function>, or NULL */
     bool verbatim;                      /* values as written (Seed-OSS's template puts no newline round them) */
+    bool string_attr;                   /* DSML: the key then ` string="true|false">`: a raw string or JSON */
 } xml_fmt;
 
 static const xml_fmt k_qwen3_coder = {"<tool_call>", "</tool_call>", "<function=", ">", "<parameter=", ">", "", "</parameter>",
-                                      "</function>", false};
+                                      "</function>", false, false};
 static const xml_fmt k_seed_oss = {"<seed:tool_call>", "</seed:tool_call>", "<function=", ">", "<parameter=", ">", "",
-                                   "</parameter>", "</function>", true};
+                                   "</parameter>", "</function>", true, false};
 static const xml_fmt k_minimax_m2 = {"<minimax:tool_call>", "</minimax:tool_call>", "<invoke name=\"", "\">", "<parameter name=\"",
-                                     "\">", "", "</parameter>", "</invoke>", false};
-static const xml_fmt k_glm45 = {"<tool_call>", "</tool_call>", "", NULL, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", NULL, false};
+                                     "\">", "", "</parameter>", "</invoke>", false, false};
+static const xml_fmt k_glm45 = {"<tool_call>", "</tool_call>", "", NULL, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", NULL, false, false};
+static const xml_fmt k_dsml = {"<｜DSML｜function_calls>", "</｜DSML｜function_calls>", "<｜DSML｜invoke name=\"", "\">",
+                               "<｜DSML｜parameter name=\"", "\"", "", "</｜DSML｜parameter>", "</｜DSML｜invoke>", true, true};
+static const xml_fmt k_dsml_v4 = {"<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", "<｜DSML｜invoke name=\"", "\">",
+                                  "<｜DSML｜parameter name=\"", "\"", "", "</｜DSML｜parameter>", "</｜DSML｜invoke>", true, true};
 
 static void strip_nl(const char **s, size_t *n) {
     if (*n && **s == '\n') (*s)++, (*n)--;
@@ -810,6 +835,13 @@ static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
         size_t k0 = j + strlen(f->key_open), k1 = find(p, k0, f->key_close);
         if (k1 == NPOS) break;
         size_t v0 = k1 + strlen(f->key_close);
+        int as = -1; /* DSML: 1 string="true" (raw text), 0 string="false" (JSON) */
+        if (f->string_attr) {
+            static const char *const attr[] = {" string=\"true\">", " string=\"false\">"};
+            if (at(p, v0, attr[0])) as = 1, v0 += strlen(attr[0]);
+            else if (at(p, v0, attr[1])) as = 0, v0 += strlen(attr[1]);
+            else break; /* incomplete (or malformed) */
+        }
         v0 = *f->val_open ? skip_ws(p, v0) : v0;
         if (*f->val_open) {
             if (!at(p, v0, f->val_open)) break;
@@ -821,7 +853,7 @@ static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
         const char *v = p->t + v0;
         size_t vn = v1 - v0;
         if (!f->verbatim) strip_nl(&v, &vn);
-        cJSON *val = key ? param_value(p, name, key, v, vn) : NULL;
+        cJSON *val = !key ? NULL : as == 1 ? string_n(v, vn) : as == 0 ? json_or_string(v, vn) : param_value(p, name, key, v, vn);
         if (!val || !obj) p->oom = true;
         else cJSON_AddItemToObject(obj, key, val);
         free(key);
@@ -1013,6 +1045,8 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         case KTC_GRANITE: fmt_marker_list(&p, i, "<|tool_call|>", false); break;
         case KTC_SEED_OSS: fmt_xml(&p, i, &k_seed_oss); break;
         case KTC_MINIMAX_M2: fmt_xml(&p, i, &k_minimax_m2); break;
+        case KTC_DSML: fmt_xml(&p, i, &k_dsml); break;
+        case KTC_DSML_V4: fmt_xml(&p, i, &k_dsml_v4); break;
         case KTC_PHI4: {
             static const char *const phi[] = {"<|tool_call|>", "functools"};
             fmt_json_after(&p, i, phi, 2, 0, "<|/tool_call|>", NULL);

@@ -147,6 +147,9 @@ static const rt_case k_rt[] = {
     {"MiniMax-M2", KTC_MINIMAX_M2, "[e~[", 2, true},
     /* (the template appends its instructions after the last turn) */
     {"CohereForAI-c4ai-command-r-plus-tool_use", KTC_COMMAND_R_PLUS, "<|START_OF_TURN_TOKEN|>", 2, false},
+    /* (DSML templates in thinking mode: without it the prompt writes <think></think>, a past turn only </think>) */
+    {"deepseek-ai-DeepSeek-V3.2", KTC_DSML, "<｜end▁of▁sentence｜>", 2, true},
+    {"deepseek-ai-DeepSeek-V4", KTC_DSML_V4, "<｜end▁of▁sentence｜>", 2, true},
 };
 
 static const char *k_call_args[2] = {"{\"city\": \"Paris\", \"days\": 3}", "{\"zone\": \"Asia/Tokyo\"}"};
@@ -197,9 +200,10 @@ KT_TEST(toolcall_round_trip_real_templates) {
         KT_CHECKF(ktc_detect(src) == rc->format, "%s: detected %s, want %s", rc->file, ktc_format_name(ktc_detect(src)),
                   ktc_format_name(rc->format));
         cJSON *m0 = conversation(rc->n_calls, false), *m1 = conversation(rc->n_calls, true);
+        cJSON *think = rc->format == KTC_DSML || rc->format == KTC_DSML_V4 ? cJSON_Parse("{\"thinking\": true}") : NULL;
         char *prompt = NULL, *full = NULL;
-        kchat_input in0 = {.messages = m0, .tools = tools, .add_generation_prompt = true, .bos_token = "<s>", .eos_token = "</s>"};
-        kchat_input in1 = {.messages = m1, .tools = tools, .add_generation_prompt = false, .bos_token = "<s>", .eos_token = "</s>"};
+        kchat_input in0 = {.messages = m0, .tools = tools, .extra = think, .add_generation_prompt = true, .bos_token = "<s>", .eos_token = "</s>"};
+        kchat_input in1 = {.messages = m1, .tools = tools, .extra = think, .add_generation_prompt = false, .bos_token = "<s>", .eos_token = "</s>"};
         kiln_status st = kchat_render(t, &in0, &prompt);
         if (!st) st = kchat_render(t, &in1, &full);
         KT_CHECKF(!st, "%s: %s", rc->file, kiln_status_msg(st));
@@ -237,7 +241,7 @@ KT_TEST(toolcall_round_trip_real_templates) {
         KT_CHECKF(!r, "%s: streaming %s: %s", rc->file, out, r);
         ktc_msg_free(&m);
         free(out), free(prompt), free(full), free(src);
-        cJSON_Delete(m0), cJSON_Delete(m1);
+        cJSON_Delete(m0), cJSON_Delete(m1), cJSON_Delete(think);
         kchat_free(t);
     }
     cJSON_Delete(tools);
@@ -255,7 +259,7 @@ KT_TEST(toolcall_grammar_takes_template_calls) {
         const rt_case *rc = &k_rt[c];
         ktc_format f = rc->format;
         if (f != KTC_HARMONY && f != KTC_DEEPSEEK && f != KTC_KIMI_K2 && f != KTC_MISTRAL_V11 && f != KTC_QWEN3_CODER &&
-            f != KTC_GLM45 && f != KTC_SEED_OSS && f != KTC_MINIMAX_M2)
+            f != KTC_GLM45 && f != KTC_SEED_OSS && f != KTC_MINIMAX_M2 && f != KTC_DSML && f != KTC_DSML_V4)
             continue;
         kchat_template *t = NULL;
         char *src = NULL, *full = NULL;
@@ -449,7 +453,10 @@ KT_TEST(toolcall_detect_formats) {
     } k_det[] = {{"ByteDance-Seed-OSS", KTC_SEED_OSS, KTC_THINK_SEED},
                  {"MiniMax-M2", KTC_MINIMAX_M2, KTC_THINK_TAGS},
                  {"CohereForAI-c4ai-command-r-plus-tool_use", KTC_COMMAND_R_PLUS, KTC_THINK_NONE},
-                 {"fireworks-ai-llama-3-firefunction-v2", KTC_FIREFUNCTION, KTC_THINK_NONE}};
+                 {"fireworks-ai-llama-3-firefunction-v2", KTC_FIREFUNCTION, KTC_THINK_NONE},
+                 {"deepseek-ai-DeepSeek-V3.2", KTC_DSML, KTC_THINK_TAGS},
+                 {"deepseek-ai-DeepSeek-V4", KTC_DSML_V4, KTC_THINK_TAGS},
+                 {"deepseek-ai-DeepSeek-V4-Flash-0731", KTC_DSML_V4, KTC_THINK_TAGS}};
     for (size_t i = 0; i < sizeof k_det / sizeof *k_det; i++) {
         char rel[256];
         snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", k_det[i].file);
