@@ -371,7 +371,10 @@ static bool render_field(fmt_state *f, const char *s, size_t n, kj_buf *out, int
         if (!p) return FMT_FAIL(f, "str.format: KeyError: '%s'", tmp);
         v = *p;
     }
+    if (an == 0 && name_end > 0) /* "{[1]}": jinja2's formatter numbers only a bare {} */
+        return FMT_FAIL(f, "str.format: KeyError: ''");
     for (size_t j = an; j < name_end;) {
+        if (v.t == V_UNDEF) return FMT_FAIL(f, "str.format: an attribute of an undefined value");
         bool index = s[j] == '[';
         size_t k = ++j;
         if (index) {

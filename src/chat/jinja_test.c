@@ -352,6 +352,8 @@ KT_TEST(jinja_str_format) {
         {"{{ '{:>5}'.format(none) }}", "unsupported format string", false},
         {"{{ '{:{:{}}}'.format(1, 2, 3) }}", "recursion", false},
         {"{{ '{:99999999}'.format(1) }}", "too large", false},
+        {"{{ '{0.a.b}'.format({}) }}", "undefined", false},
+        {"{{ '{[1]}'.format('abc') }}", "KeyError", false},
     };
     check_errors(k_errs, sizeof k_errs / sizeof *k_errs, ctx);
 }

@@ -14,6 +14,9 @@
  * prefixes of those of the whole; a call appears once its name is complete,
  * and its arguments text only grows. Text that may still become markup (a
  * partial "<tool_" at the end) is held back, so markup never reaches content.
+ * A thinking block the output never closes ends where a call starts (as
+ * llama.cpp parses Qwen3.5, Ling and Kimi K2); while the output grows, the
+ * text from such a start is held until the block closes or the output ends.
  *
  * Constrained calls: ktc_trigger() gives the text at which a format's call
  * starts and ktc_grammar() the GBNF of what follows it (each call's
