@@ -112,6 +112,10 @@ static const out_case k_out[] = {
      "", "Need weather.", "get_weather", "{\"city\": \"Rome\"}"},
     {"Mistral-Small-3.2-24B-Instruct-2506", "", {"[TOOL_CALLS]get_", "weather[ARGS]{\"city\": ", "\"Lima\"}"}, "", "", "get_weather",
      "{\"city\": \"Lima\"}"},
+    {"deepseek-ai-DeepSeek-V3.2", "",
+     {"Let me check.", "\n\n<｜DSML｜func", "tion_calls>\n<｜DSML｜invoke name=\"get_weather\">\n",
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Par", "is</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>"},
+     "Let me check.", "", "get_weather", "{\"city\": \"Paris\"}"},
 };
 
 static ksrv *fake_server(const char *tmpl_src) {
@@ -449,6 +453,7 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
                                          * vocabulary spells their markers as text) */
                                         "openai-gpt-oss-120b", "deepseek-ai-DeepSeek-V3.1", "Qwen3-Coder", "GLM-4.6",
                                         "moonshotai-Kimi-K2", "Mistral-Small-3.2-24B-Instruct-2506", "ByteDance-Seed-OSS",
+                                        "deepseek-ai-DeepSeek-V3.2", "deepseek-ai-DeepSeek-V4",
                                         /* prompts that open a thinking block: the model thinks first,
                                          * and where the block closes the grammar forces the format's
                                          * trigger and the call; a reasoning budget closes it here, as
