@@ -168,7 +168,11 @@ static kiln_status set_grammar(ksrv_tools *t, const cJSON *tools, const char *on
     gp->grammar = g;
     gp->grammar_lazy = true;
     if (!(gp->grammar_trigger = strdup(ktc_trigger(f)))) return kiln_error(KILN_ENOMEM, "out of memory");
-    if (t->force && t->syn.reasoning != KTC_THINK_NONE) return ktc_grammar_after_think(f, g, tok, &t->after_think);
+    if (t->force && t->syn.reasoning != KTC_THINK_NONE) { /* (without it, a prompt that opens the block keeps the lazy grammar) */
+        kiln_status st2 = ktc_grammar_after_think(f, g, tok, &t->after_think);
+        if (st2 && kiln_status_code(st2) == KILN_ENOMEM) return st2;
+        kiln_status_free(st2);
+    }
     return NULL;
 }
 

@@ -141,6 +141,16 @@ KT_TEST(tools_grammar_after_think) {
         KT_CHECKF(takes(a, v, "\n\n") == 0, "%s: takes no call", ktc_format_name(k[i].f));
         free(g), free(a);
     }
+    for (int f = KTC_NONE + 1; f < KTC_N_FORMATS; f++) { /* every format's grammar has one root to rename */
+        char *g = NULL, *a = NULL;
+        KT_CHECK_OK(ktc_grammar((ktc_format)f, tools, NULL, true, NULL, &g));
+        kiln_status st = ktc_grammar_after_think((ktc_format)f, g, NULL, &a);
+        KT_CHECKF(!st, "%s: %s", ktc_format_name((ktc_format)f), kiln_status_msg(st));
+        kgr_grammar *gr = NULL;
+        KT_CHECK_OK(kgr_from_gbnf(a, strlen(a), &gr));
+        kgr_grammar_free(gr);
+        free(g), free(a);
+    }
     char *a = NULL;
     kiln_status st = ktc_grammar_after_think(KTC_NONE, "root ::= \"x\"\n", NULL, &a);
     KT_CHECK(st && !a);
