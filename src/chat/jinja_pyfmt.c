@@ -94,8 +94,10 @@ typedef struct {
 typedef struct {
     char fill[5];
     size_t fill_len;
+    bool fill_given;
     char align, sign, group, type;
     bool alt, zero;
+    bool zero_align; /* '=' only from the '0' flag (a string then pads on the right) */
     long width, prec; /* -1: none */
 } fmt_spec;
 
@@ -110,6 +112,7 @@ static bool parse_spec(fmt_state *f, const char *s, size_t n, fmt_spec *o) {
         memcpy(o->fill, s, (size_t)l);
         o->fill[l] = 0;
         o->fill_len = (size_t)l;
+        o->fill_given = true;
         o->align = s[l];
         i = (size_t)l + 1;
     } else if (n && s[0] && strchr("<>=^", s[0])) {
@@ -135,9 +138,9 @@ static bool parse_spec(fmt_state *f, const char *s, size_t n, fmt_spec *o) {
     }
     if (i < n) o->type = s[i++];
     if (i < n) return FMT_FAIL(f, "str.format: Invalid format specifier '%s'", s);
-    if (o->zero && !o->align) {
-        o->align = '=';
-        if (o->fill_len == 1 && o->fill[0] == ' ') o->fill[0] = '0';
+    if (o->zero) { /* the '0' flag: zeros fill (unless a fill is given), sign-aware unless aligned */
+        if (!o->fill_given) o->fill[0] = '0';
+        if (!o->align) o->align = '=', o->zero_align = true;
     }
     return true;
 }
@@ -165,21 +168,14 @@ static bool pad_out(fmt_state *f, kj_buf *out, const fmt_spec *o, char def_align
     return true;
 }
 
-/* Inserts the grouping character every `every` digits of digits[0..nd). */
-static size_t group_digits(const char *digits, size_t nd, char sep, int every, char *out) {
-    size_t k = 0;
-    for (size_t i = 0; i < nd; i++) {
-        if (i && (nd - i) % (size_t)every == 0) out[k++] = sep;
-        out[k++] = digits[i];
-    }
-    return k;
-}
-
 static bool format_str(fmt_state *f, kj_buf *out, const fmt_spec *o, const char *s, size_t n) {
     if (o->type && o->type != 's') {
         char t[2] = {o->type, 0};
         return FMT_FAIL(f, "str.format: Unknown format code '%s' for object of type 'str'", t);
     }
+    fmt_spec so = *o;
+    if (so.zero_align) so.align = 0; /* format('ab', '05'): 'ab000' */
+    o = &so;
     if (o->sign || o->alt || o->group || o->align == '=')
         return FMT_FAIL(f, "str.format: %s not allowed in string format specifier",
                         o->align == '=' ? "'=' alignment" : o->sign ? "Sign" : o->alt ? "Alternate form (#)" : "Grouping");
@@ -191,6 +187,88 @@ static bool format_str(fmt_state *f, kj_buf *out, const fmt_spec *o, const char 
         }
     }
     return pad_out(f, out, o, '<', "", 0, s, nb);
+}
+
+/* The digits (nd of them, the integer part) grouped, then rest; with
+ * zeros as the '=' fill, grouped zeros pad the digits to the width (as
+ * Python's format(255, '09_'): '0_000_255'). nh: the sign and prefix. */
+static size_t number_body(const fmt_spec *o, size_t nh, const char *dg, size_t nd, int every, const char *rest, char *out) {
+    size_t nr = strlen(rest), k = 0;
+    size_t want = nd;
+    if (o->align == '=' && o->fill_len == 1 && o->fill[0] == '0' && o->width > 0 && (size_t)o->width > nh + nr) {
+        size_t w = (size_t)o->width - nh - nr;
+        if (w > 1000) w = 1000;
+        while ((o->group ? want + (want - 1) / (size_t)every : want) < w) want++;
+    }
+    for (size_t i = 0; i < want; i++) {
+        if (o->group && i && (want - i) % (size_t)every == 0) out[k++] = o->group;
+        out[k++] = i < want - nd ? '0' : dg[i - (want - nd)];
+    }
+    memcpy(out + k, rest, nr);
+    return k + nr;
+}
+
+/* A float's text, its sign aside, as format(a, spec) writes it. */
+static bool float_text(fmt_state *f, const fmt_spec *o, char type, double a, char *t, size_t cap) {
+    int prec = o->prec >= 0 ? (int)o->prec : 6;
+    if (type == 'n') type = 'g';
+    if (!isfinite(a)) {
+        snprintf(t, cap, "%s%s", isnan(a) ? "nan" : "inf", type == '%' ? "%" : "");
+        if (type && strchr("EFG", type))
+            for (char *p = t; *p >= 'a' && *p <= 'z'; p++) *p = (char)(*p - 32);
+        return true;
+    }
+    switch (type) {
+    case 0: break;
+    case '%': snprintf(t, cap, o->alt ? "%#.*f%%" : "%.*f%%", prec, a * 100); return true;
+    case 'e': snprintf(t, cap, o->alt ? "%#.*e" : "%.*e", prec, a); return true;
+    case 'E': snprintf(t, cap, o->alt ? "%#.*E" : "%.*E", prec, a); return true;
+    case 'f': snprintf(t, cap, o->alt ? "%#.*f" : "%.*f", prec, a); return true;
+    case 'F': snprintf(t, cap, o->alt ? "%#.*F" : "%.*F", prec, a); return true;
+    case 'g': snprintf(t, cap, o->alt ? "%#.*g" : "%.*g", prec ? prec : 1, a); return true;
+    default: snprintf(t, cap, o->alt ? "%#.*G" : "%.*G", prec ? prec : 1, a); return true;
+    }
+    if (o->prec < 0) { /* repr(); '#' keeps a point */
+        kj_buf b = {0};
+        if (!kj_py_repr(f->c, f->at, kj_num(V_FLOAT, a), &b, 0)) {
+            free(b.p);
+            return false;
+        }
+        snprintf(t, cap, "%.*s", (int)b.n, b.p);
+        free(b.p);
+        char *e = strchr(t, 'e');
+        if (o->alt && !strchr(t, '.') && e && strlen(t) + 2 < cap) {
+            memmove(e + 1, e, strlen(e) + 1);
+            *e = '.';
+        }
+        return true;
+    }
+    /* no type, a precision: 'g' that keeps a digit after the point and
+     * goes to exponents from exp >= p - 1 */
+    int p = prec ? prec : 1;
+    char sci[64];
+    snprintf(sci, sizeof sci, "%.*e", p - 1, a);
+    int ex = atoi(strchr(sci, 'e') + 1);
+    if (ex >= -4 && ex < p - 1) {
+        snprintf(t, cap, "%.*f", p - 1 - ex, a);
+        if (!o->alt && strchr(t, '.')) {
+            size_t n = strlen(t);
+            while (t[n - 1] == '0') t[--n] = 0;
+            if (t[n - 1] == '.') t[n] = '0', t[n + 1] = 0;
+        } else if (!strchr(t, '.')) {
+            strcat(t, o->alt ? "." : ".0");
+        }
+    } else {
+        snprintf(t, cap, o->alt ? "%#.*e" : "%.*e", p - 1, a);
+        char *dot = strchr(t, '.');
+        if (!o->alt && dot) { /* the mantissa's trailing zeros go */
+            char *e = strchr(t, 'e'), *q = e;
+            while (q > t && q[-1] == '0') q--;
+            if (q > t && q[-1] == '.') q--;
+            memmove(q, e, strlen(e) + 1);
+        }
+    }
+    return true;
 }
 
 static bool format_num(fmt_state *f, kj_buf *out, const fmt_spec *o, double d, bool is_int) {
@@ -241,51 +319,13 @@ static bool format_num(fmt_state *f, kj_buf *out, const fmt_spec *o, double d, b
         if (type == 'X')
             for (size_t i = 0; i < nd; i++)
                 if (digits[i] >= 'a') digits[i] = (char)(digits[i] - 32);
-        if (o->group) nb = group_digits(digits, nd, o->group, base == 10 ? 3 : 4, body);
-        else memcpy(body, digits, nd), nb = nd;
+        nb = number_body(o, nh, digits, nd, base == 10 ? 3 : 4, "", body);
     } else {
-        int prec = o->prec >= 0 ? (int)o->prec : 6;
         char t[1100];
-        if (!isfinite(a)) {
-            snprintf(t, sizeof t, "%s", isnan(a) ? "nan" : "inf");
-            if (type && strchr("EFG", type))
-                for (char *p = t; *p; p++) *p = (char)(*p - 32);
-            if (type == '%') strcat(t, "%");
-        } else if (!type || type == 'n') {
-            if (o->prec < 0) {
-                kj_buf b = {0};
-                if (!kj_py_repr(f->c, f->at, kj_num(V_FLOAT, a), &b, 0)) {
-                    free(b.p);
-                    return false;
-                }
-                snprintf(t, sizeof t, "%.*s", (int)b.n, b.p);
-                free(b.p);
-            } else {
-                snprintf(t, sizeof t, "%.*g", prec ? prec : 1, a);
-                if (!strpbrk(t, ".e")) strcat(t, ".0");
-            }
-        } else if (type == '%') {
-            snprintf(t, sizeof t, "%.*f%%", prec, a * 100);
-        } else {
-            switch (type) {
-            case 'e': snprintf(t, sizeof t, o->alt ? "%#.*e" : "%.*e", prec, a); break;
-            case 'E': snprintf(t, sizeof t, o->alt ? "%#.*E" : "%.*E", prec, a); break;
-            case 'f': snprintf(t, sizeof t, o->alt ? "%#.*f" : "%.*f", prec, a); break;
-            case 'F': snprintf(t, sizeof t, o->alt ? "%#.*F" : "%.*F", prec, a); break;
-            case 'g': snprintf(t, sizeof t, o->alt ? "%#.*g" : "%.*g", prec ? prec : 1, a); break;
-            default: snprintf(t, sizeof t, o->alt ? "%#.*G" : "%.*G", prec ? prec : 1, a); break;
-            }
-        }
+        if (!float_text(f, o, type, a, t, sizeof t)) return false;
         size_t ni = strspn(t, "0123456789");
-        if (o->group && ni) {
-            nb = group_digits(t, ni, o->group, 3, body);
-            size_t rest = strlen(t + ni);
-            memcpy(body + nb, t + ni, rest);
-            nb += rest;
-        } else {
-            nb = strlen(t);
-            memcpy(body, t, nb);
-        }
+        memcpy(digits, t, ni);
+        nb = number_body(o, nh, digits, ni, 3, t + ni, body);
     }
     return pad_out(f, out, o, '>', head, nh, body, nb);
 }
@@ -398,7 +438,6 @@ static bool render_field(fmt_state *f, const char *s, size_t n, kj_buf *out, int
             char t[2] = {conv, 0};
             return FMT_FAIL(f, "str.format: Unknown conversion specifier %s", t);
         }
-        if (conv == 's') conv = 0;
         i += 2;
         if (i < n && s[i] != ':') return FMT_FAIL(f, "str.format: expected ':' after conversion specifier");
     }

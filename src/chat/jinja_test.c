@@ -321,7 +321,9 @@ KT_TEST(jinja_min_max_filters) {
 /* Python's str.format (tencent Hy3 builds its special tokens with it):
  * automatic, numbered and named fields, item chains, conversions, the
  * format-spec mini-language and nested specs; values print as Python's
- * str(). Expected text: Python's jinja2 3.1.6 sandbox. */
+ * str(). Expected text: Python's jinja2 3.1.6 sandbox (a differential run
+ * of 16k random specs over ints, floats, strings, bools and lists against it
+ * agreed but for the NUL of format(0, 'c')). */
 KT_TEST(jinja_str_format) {
     const char *ctx = "{\"tag\": \":os\", \"a\": \"x\", \"b\": \"y\"}";
     static const render_case k_cases[] = {
@@ -340,6 +342,12 @@ KT_TEST(jinja_str_format) {
         {"{{ '{}'.format(7) }}|{{ '{:d}'.format(true) }}|{{ '{:5}'.format(3) }}|{{ '{:5}'.format(true) }}|{{ '{}{}'.format(-0.0, -3) }}|"
          "{{ '{:=+6d}'.format(-12) }}|{{ '{:08.2f}'.format(-3.14159) }}",
          "7|1|    3|    1|-0.0-3|-   12|-0003.14"},
+        /* zero fill with grouping, the '0' flag beside an alignment, no type with a precision, 'n', '#', !s with a spec */
+        {"{{ '{:09_}|{:#010,}|{:>010}|{:<-06}|{:05}|{:.1}|{:5.7}|{:#.8}|{:n}|{:.3}|{:#}|{:0=12_.8}|{:*<#9.0%}|{!s:>8}|{:.0}'"
+         ".format(255, true, 255, -42, 'ab', 3.14159, 1234567.891, 3.14159, 1234567.891, 100.0, 0.0000001, -0.5, 123456789, [1], "
+         "-0.0) }}",
+         "0_000_255|00,000,001|0000000255|-42000|ab000|3e+00|1.234568e+06|3.1415900|1.23457e+06|1e+02|1.e-07|-0_000_000.5|"
+         "12345678900.%|     [1]|-0e+00"},
     };
     check_renders(k_cases, sizeof k_cases / sizeof *k_cases, ctx);
     static const err_case k_errs[] = {
