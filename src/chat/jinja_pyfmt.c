@@ -283,7 +283,7 @@ static bool format_num(fmt_state *f, kj_buf *out, const fmt_spec *o, double d, b
         return FMT_FAIL(f, "str.format: Unknown format code '%s' for a number", t);
     }
     if (is_int && o->prec >= 0) return FMT_FAIL(f, "str.format: Precision not allowed in integer format specifier");
-    char body[1200], digits[1100], head[8] = {0};
+    char body[4096], digits[1400], head[8] = {0}; /* body: up to 1000 padded digits, their separators and a float's rest */
     size_t nh = 0, nb = 0;
     bool neg = signbit(d) && !(is_int && d == 0);
     double a = fabs(d);
@@ -321,7 +321,7 @@ static bool format_num(fmt_state *f, kj_buf *out, const fmt_spec *o, double d, b
                 if (digits[i] >= 'a') digits[i] = (char)(digits[i] - 32);
         nb = number_body(o, nh, digits, nd, base == 10 ? 3 : 4, "", body);
     } else {
-        char t[1100];
+        char t[1400]; /* 309 integer digits, a point and 1000 decimals at most */
         if (!float_text(f, o, type, a, t, sizeof t)) return false;
         size_t ni = strspn(t, "0123456789");
         memcpy(digits, t, ni);

@@ -350,6 +350,12 @@ KT_TEST(jinja_str_format) {
          "12345678900.%|     [1]|-0e+00"},
     };
     check_renders(k_cases, sizeof k_cases / sizeof *k_cases, ctx);
+    static const render_case k_long[] = { /* long outputs (lengths from Python) */
+        {"{{ '{:0999_}'.format(1)|length }}|{{ '{:01500,.900f}'.format(big)|length }}|{{ '{:0900_b}'.format(123456789)|length }}|"
+         "{{ '{:.1000f}'.format(big)|length }}|{{ '{:.1000%}'.format(big)|length }}",
+         "999|1500|901|1302|1305"},
+    };
+    check_renders(k_long, 1, "{\"big\": 1e300}");
     static const err_case k_errs[] = {
         {"{{ '{} {}'.format(1) }}", "out of range", false},
         {"{{ '{0}{}'.format(1, 2) }}", "cannot switch from manual", false},
