@@ -458,7 +458,7 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
                                          * and where the block closes the grammar forces the format's
                                          * trigger and the call; a reasoning budget closes it here, as
                                          * random weights would not */
-                                        "MiniMax-M2", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"};
+                                        "MiniMax-M2", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "openbmb-MiniCPM5-1B"};
     static const char *test_tool = "[{\"type\": \"function\", \"function\": {\"name\": \"test\", \"description\": \"\", "
                                    "\"parameters\": {\"type\": \"object\", \"properties\": {\"success\": {\"type\": \"boolean\", "
                                    "\"const\": true}}, \"required\": [\"success\"]}}}]";
@@ -472,7 +472,7 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
                      "{\"role\": \"user\", \"content\": \"Write an example\"}], \"tool_choice\": \"required\", \"tools\": %s, "
                      "\"parallel_tool_calls\": false, \"stream\": %s, \"temperature\": 0.0, \"top_k\": 1, \"top_p\": 1.0%s}",
                      test_tool, stream ? "true" : "false",
-                     strstr(tmpls[t], "MiniMax") || strstr(tmpls[t], "-R1-") ? ", \"reasoning_budget\": 6" : "");
+                     strstr(tmpls[t], "MiniMax") || strstr(tmpls[t], "-R1-") || strstr(tmpls[t], "MiniCPM5") ? ", \"reasoning_budget\": 6" : "");
             ksrv_buf r = {0};
             long st;
             int n;

@@ -21,7 +21,7 @@
 
 static const char *const k_names[KTC_N_FORMATS] = {
     "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r", "granite",
-    "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction", "dsml", "dsml_v4",
+    "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction", "dsml", "dsml_v4", "minicpm5",
 };
 
 const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
@@ -41,6 +41,7 @@ ktc_format ktc_detect(const char *s) {
     if (strstr(s, "functools[")) return KTC_FIREFUNCTION;
     if (strstr(s, "Action:") && strstr(s, "\"tool_name\"") && strstr(s, "<|CHATBOT_TOKEN|>")) return KTC_COMMAND_R_PLUS;
     if (strstr(s, "<arg_key>")) return KTC_GLM45;
+    if (strstr(s, "<function name=\"") && strstr(s, "<param name=\"")) return KTC_MINICPM5;
     if (strstr(s, "<function=") && strstr(s, "<parameter=")) return KTC_QWEN3_CODER;
     if (strstr(s, "[TOOL_CALLS]")) return strstr(s, "[ARGS]") ? KTC_MISTRAL_V11 : KTC_MISTRAL;
     if (strstr(s, "<tool_call>")) return KTC_HERMES;
@@ -80,6 +81,7 @@ const char *ktc_trigger(ktc_format f) {
     case KTC_FIREFUNCTION: return "functools";
     case KTC_DSML: return "<｜DSML｜function_calls>";
     case KTC_DSML_V4: return "<｜DSML｜tool_calls>";
+    case KTC_MINICPM5: return "<function name=\"";
     default: return NULL;
     }
 }
@@ -771,19 +773,23 @@ typedef struct {
     const char *fn_close;               /* </function>, or NULL */
     bool verbatim;                      /* values as written (Seed-OSS's template puts no newline round them) */
     bool string_attr;                   /* DSML: the key then ` string="true|false">`: a raw string or JSON */
+    bool cdata;                         /* MiniCPM5: a value may be <![CDATA[..]]> (then it may hold val_close) */
 } xml_fmt;
 
 static const xml_fmt k_qwen3_coder = {"<tool_call>", "</tool_call>", "<function=", ">", "<parameter=", ">", "", "</parameter>",
-                                      "</function>", false, false};
+                                      "</function>", false, false, false};
 static const xml_fmt k_seed_oss = {"<seed:tool_call>", "</seed:tool_call>", "<function=", ">", "<parameter=", ">", "",
-                                   "</parameter>", "</function>", true, false};
+                                   "</parameter>", "</function>", true, false, false};
 static const xml_fmt k_minimax_m2 = {"<minimax:tool_call>", "</minimax:tool_call>", "<invoke name=\"", "\">", "<parameter name=\"",
-                                     "\">", "", "</parameter>", "</invoke>", false, false};
-static const xml_fmt k_glm45 = {"<tool_call>", "</tool_call>", "", NULL, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", NULL, false, false};
+                                     "\">", "", "</parameter>", "</invoke>", false, false, false};
+static const xml_fmt k_glm45 = {"<tool_call>", "</tool_call>", "", NULL, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", NULL, false, false, false};
 static const xml_fmt k_dsml = {"<｜DSML｜function_calls>", "</｜DSML｜function_calls>", "<｜DSML｜invoke name=\"", "\">",
-                               "<｜DSML｜parameter name=\"", "\"", "", "</｜DSML｜parameter>", "</｜DSML｜invoke>", true, true};
+                               "<｜DSML｜parameter name=\"", "\"", "", "</｜DSML｜parameter>", "</｜DSML｜invoke>", true, true, false};
 static const xml_fmt k_dsml_v4 = {"<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", "<｜DSML｜invoke name=\"", "\">",
-                                  "<｜DSML｜parameter name=\"", "\"", "", "</｜DSML｜parameter>", "</｜DSML｜invoke>", true, true};
+                                  "<｜DSML｜parameter name=\"", "\"", "", "</｜DSML｜parameter>", "</｜DSML｜invoke>", true, true, false};
+/* (no block round the calls: call_open is the call's own start, call_close empty) */
+static const xml_fmt k_minicpm5 = {"<function name=\"", "", "<function name=\"", "\">", "<param name=\"", "\">", "", "</param>",
+                                   "</function>", true, false, true};
 
 static void strip_nl(const char **s, size_t *n) {
     if (*n && **s == '\n') (*s)++, (*n)--;
@@ -847,11 +853,19 @@ static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
             if (!at(p, v0, f->val_open)) break;
             v0 += strlen(f->val_open);
         }
+        size_t vs = v0, ve = NPOS; /* the value's text (CDATA: inside the wrapper) */
+        if (f->cdata && at(p, v0, "<![CDATA[")) {
+            vs = v0 + 9;
+            if ((ve = find(p, vs, "]]>")) == NPOS) break;
+            v0 = ve + 3;
+        } else if (f->cdata && may_become(p, v0, "<![CDATA[")) {
+            break;
+        }
         size_t v1 = find(p, v0, f->val_close);
         if (v1 == NPOS) break;
         char *key = dup_n(p, p->t + k0, k1 - k0);
-        const char *v = p->t + v0;
-        size_t vn = v1 - v0;
+        const char *v = p->t + vs;
+        size_t vn = (ve != NPOS ? ve : v1) - vs;
         if (!f->verbatim) strip_nl(&v, &vn);
         cJSON *val = !key ? NULL : as == 1 ? string_n(v, vn) : as == 0 ? json_or_string(v, vn) : param_value(p, name, key, v, vn);
         if (!val || !obj) p->oom = true;
@@ -866,12 +880,13 @@ static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
 
 static void fmt_xml(P *p, size_t i, const xml_fmt *f) {
     const char *const m[] = {f->call_open, f->name_close ? f->name_open : f->call_open};
+    bool bare = !strcmp(f->call_open, f->name_open); /* MiniCPM5: no block round the calls */
     for (;;) {
         int w = 0;
         size_t k = find_first(p, i, m, 2, &w);
         if (k == NPOS) return plain_rest(p, i, m, 2);
         plain(p, i, k);
-        size_t j = w == 0 ? k + strlen(m[0]) : k; /* a bare <function=...> too */
+        size_t j = w == 0 && !bare ? k + strlen(m[0]) : k; /* a bare <function=...> too */
         size_t e = xml_call(p, f, j);
         if (e == NPOS) return;
         if (e == NOT_CALL) {
@@ -1047,6 +1062,7 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         case KTC_MINIMAX_M2: fmt_xml(&p, i, &k_minimax_m2); break;
         case KTC_DSML: fmt_xml(&p, i, &k_dsml); break;
         case KTC_DSML_V4: fmt_xml(&p, i, &k_dsml_v4); break;
+        case KTC_MINICPM5: fmt_xml(&p, i, &k_minicpm5); break;
         case KTC_PHI4: {
             static const char *const phi[] = {"<|tool_call|>", "functools"};
             fmt_json_after(&p, i, phi, 2, 0, "<|/tool_call|>", NULL);

@@ -53,6 +53,7 @@ typedef enum {
     KTC_FIREFUNCTION, /* functools[{"name", "arguments"}, ..] (FireFunction v2) */
     KTC_DSML,         /* <｜DSML｜function_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K" string="true|false">V.. (DeepSeek V3.2) */
     KTC_DSML_V4,      /* the same in <｜DSML｜tool_calls> (DeepSeek V4) */
+    KTC_MINICPM5,     /* <function name="NAME"><param name="K">V or <![CDATA[V]]></param></function> (MiniCPM5) */
     KTC_N_FORMATS
 } ktc_format;
 

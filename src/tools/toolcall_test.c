@@ -150,6 +150,7 @@ static const rt_case k_rt[] = {
     /* (DSML templates in thinking mode: without it the prompt writes <think></think>, a past turn only </think>) */
     {"deepseek-ai-DeepSeek-V3.2", KTC_DSML, "<｜end▁of▁sentence｜>", 2, true},
     {"deepseek-ai-DeepSeek-V4", KTC_DSML_V4, "<｜end▁of▁sentence｜>", 2, true},
+    {"openbmb-MiniCPM5-1B", KTC_MINICPM5, "<|im_end|>", 2, false},
 };
 
 static const char *k_call_args[2] = {"{\"city\": \"Paris\", \"days\": 3}", "{\"zone\": \"Asia/Tokyo\"}"};
@@ -259,7 +260,8 @@ KT_TEST(toolcall_grammar_takes_template_calls) {
         const rt_case *rc = &k_rt[c];
         ktc_format f = rc->format;
         if (f != KTC_HARMONY && f != KTC_DEEPSEEK && f != KTC_KIMI_K2 && f != KTC_MISTRAL_V11 && f != KTC_QWEN3_CODER &&
-            f != KTC_GLM45 && f != KTC_SEED_OSS && f != KTC_MINIMAX_M2 && f != KTC_DSML && f != KTC_DSML_V4)
+            f != KTC_GLM45 && f != KTC_SEED_OSS && f != KTC_MINIMAX_M2 && f != KTC_DSML && f != KTC_DSML_V4 &&
+            f != KTC_MINICPM5)
             continue;
         kchat_template *t = NULL;
         char *src = NULL, *full = NULL;
@@ -456,7 +458,8 @@ KT_TEST(toolcall_detect_formats) {
                  {"fireworks-ai-llama-3-firefunction-v2", KTC_FIREFUNCTION, KTC_THINK_NONE},
                  {"deepseek-ai-DeepSeek-V3.2", KTC_DSML, KTC_THINK_TAGS},
                  {"deepseek-ai-DeepSeek-V4", KTC_DSML_V4, KTC_THINK_TAGS},
-                 {"deepseek-ai-DeepSeek-V4-Flash-0731", KTC_DSML_V4, KTC_THINK_TAGS}};
+                 {"deepseek-ai-DeepSeek-V4-Flash-0731", KTC_DSML_V4, KTC_THINK_TAGS},
+                 {"openbmb-MiniCPM5-1B", KTC_MINICPM5, KTC_THINK_TAGS}};
     for (size_t i = 0; i < sizeof k_det / sizeof *k_det; i++) {
         char rel[256];
         snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", k_det[i].file);
