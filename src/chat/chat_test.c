@@ -49,6 +49,32 @@ static void show_diff(const char *want, const char *got) {
     fprintf(stderr, "    first difference at byte %zu\n    want: %.80s\n    got:  %.80s\n", i, want + from, got + from);
 }
 
+/* One input file's conversation (messages, tools, documents, kwargs,
+ * add_generation_prompt) through the template, as the oracles render it. */
+static kiln_status render_input(const kchat_template *ct, const cJSON *inp, const kjin_limits *lim, char **got) {
+    kchat_input ki = {
+        .messages = cJSON_GetObjectItemCaseSensitive(inp, "messages"),
+        .tools = cJSON_GetObjectItemCaseSensitive(inp, "tools"),
+        .documents = cJSON_GetObjectItemCaseSensitive(inp, "documents"),
+        .extra = cJSON_GetObjectItemCaseSensitive(inp, "kwargs"),
+        .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(inp, "add_generation_prompt")),
+        .bos_token = "<s>",
+        .eos_token = "</s>",
+        .limits = lim,
+    };
+    return kchat_render(ct, &ki, got);
+}
+
+static void show_mismatch(const char *tmpl, const char *input, const cJSON *e, const cJSON *want, kiln_status st, const char *got) {
+    fprintf(stderr, "  mismatch: %s x %s: ", tmpl, input);
+    if (!want) fprintf(stderr, "expected an error (%s), got success\n", cJSON_GetObjectItemCaseSensitive(e, "error")->valuestring);
+    else if (st) fprintf(stderr, "error %s\n", kiln_status_msg(st));
+    else {
+        fputc('\n', stderr);
+        show_diff(want->valuestring, got);
+    }
+}
+
 static int count_not_compared(const cJSON *pyexp) {
     int n = 0;
     const cJSON *e;
@@ -102,18 +128,7 @@ KT_TEST(chat_oracle_renders) {
             char *got = NULL;
             kiln_status st = pst;
             if (!pst) {
-                const cJSON *inp = inputs[i];
-                kchat_input ki = {
-                    .messages = cJSON_GetObjectItemCaseSensitive(inp, "messages"),
-                    .tools = cJSON_GetObjectItemCaseSensitive(inp, "tools"),
-                    .documents = cJSON_GetObjectItemCaseSensitive(inp, "documents"),
-                    .extra = cJSON_GetObjectItemCaseSensitive(inp, "kwargs"),
-                    .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(inp, "add_generation_prompt")),
-                    .bos_token = "<s>",
-                    .eos_token = "</s>",
-                    .limits = &lim,
-                };
-                st = kchat_render(ct, &ki, &got);
+                st = render_input(ct, inputs[i], &lim, &got);
             }
             bool ok;
             if (want) ok = !st && strcmp(got, want->valuestring) == 0;
@@ -123,14 +138,7 @@ KT_TEST(chat_oracle_renders) {
                 match++;
                 tmatch++;
             } else if (shown++ < 12) {
-                fprintf(stderr, "  mismatch: %s x %s: ", tn[t], in[i]);
-                if (!want) fprintf(stderr, "expected an error (%s), got success\n",
-                                   cJSON_GetObjectItemCaseSensitive(e, "error")->valuestring);
-                else if (st) fprintf(stderr, "error %s\n", kiln_status_msg(st));
-                else {
-                    fputc('\n', stderr);
-                    show_diff(want->valuestring, got);
-                }
+                show_mismatch(tn[t], in[i], e, want, st, got);
             }
             if (st != pst) kiln_status_free(st);
             free(got);
@@ -318,4 +326,80 @@ KT_TEST(chat_tool_templates_render_as_python) {
     cJSON_Delete(msgs);
     cJSON_Delete(tools);
     cJSON_Delete(extra);
+}
+
+/* Every real template of ../shared/chat-templates (llama.cpp's test set)
+ * rendered with agent conversations (tests/data/chat/agent/inputs.json:
+ * tools, an assistant turn with reasoning_content and tool calls, tool
+ * results, a later turn, parallel calls, thinking on and off) against
+ * Python's jinja2 as transformers configures it (expected.json, made by
+ * tools/jinja_python_oracle.py --agent). Prints the templates that fail to
+ * render; where Python raises (the template's own raise_exception, a
+ * variable only llama.cpp passes), kiln must raise too. Where kiln keeps
+ * @huggingface/jinja's behaviour the pair is marked not_compared. */
+KT_TEST(chat_renders_agent_conversations) {
+    const char *shared = kt_shared();
+    if (!shared) {
+        kt_skip("../shared/chat-templates is absent (KILN_SHARED)");
+        return;
+    }
+    char tdir[4096], p[4200];
+    snprintf(tdir, sizeof tdir, "%s/chat-templates", shared);
+    char **tn = NULL;
+    int nt = list_dir(tdir, ".jinja", &tn);
+    if (nt <= 0) {
+        kt_skip("no templates under %s", tdir);
+        return;
+    }
+    cJSON *inputs = NULL, *exp = NULL;
+    KT_CHECK_OK(ku_json_load(kt_path(p, sizeof p, "tests/data/chat/agent/inputs.json"), &inputs));
+    KT_CHECK_OK(ku_json_load(kt_path(p, sizeof p, "tests/data/chat/agent/expected.json"), &exp));
+    kjin_limits lim = kjin_limits_default();
+    lim.now = FIXED_NOW;
+    int pairs = 0, rendered = 0, match = 0, raised = 0, shown = 0, not_compared = 0;
+    for (int t = 0; t < nt; t++) {
+        snprintf(p, sizeof p, "%s/%s.jinja", tdir, tn[t]);
+        char *src = NULL;
+        KT_CHECK_OK(ku_read_file(p, &src, NULL));
+        const cJSON *te = cJSON_GetObjectItemCaseSensitive(exp, tn[t]), *inp;
+        KT_CHECKF(te, "%s: not in tests/data/chat/agent/expected.json (rerun tools/jinja_python_oracle.py --agent)", tn[t]);
+        kchat_template *ct = NULL;
+        kiln_status pst = kchat_parse(src, &ct);
+        int failed_here = 0; /* the first failing pair of each template is printed */
+        cJSON_ArrayForEach(inp, inputs) {
+            const cJSON *e = cJSON_GetObjectItemCaseSensitive(te, inp->string);
+            if (!e) continue;
+            if (cJSON_GetObjectItemCaseSensitive(e, "not_compared")) { /* a documented difference */
+                not_compared++;
+                continue;
+            }
+            const cJSON *want = cJSON_GetObjectItemCaseSensitive(e, "out");
+            pairs++;
+            char *got = NULL;
+            kiln_status st = pst;
+            if (!pst) st = render_input(ct, inp, &lim, &got);
+            rendered += !st;
+            raised += !want;
+            if (st && !failed_here++) fprintf(stderr, "  does not render (%s): %s x %s: %.160s\n", want ? "a bug" : "Python raises too",
+                                              tn[t], inp->string, kiln_status_msg(st));
+            bool ok = want ? !st && !strcmp(got, want->valuestring) : st != NULL;
+            match += ok;
+            if (!ok && shown++ < 20) {
+                show_mismatch(tn[t], inp->string, e, want, st, got);
+            }
+            if (st != pst) kiln_status_free(st);
+            free(got);
+        }
+        kiln_status_free(pst);
+        kchat_free(ct);
+        free(src);
+        free(tn[t]);
+    }
+    free(tn);
+    fprintf(stderr, "  agent conversations: %d templates, %d (template, conversation) pairs: %d match Python's jinja2 "
+                    "(%d rendered, %d raise as in Python); %d not compared (expected.json says why)\n", nt, pairs, match, rendered,
+            raised, not_compared);
+    cJSON_Delete(inputs);
+    cJSON_Delete(exp);
+    KT_CHECK_EQ(match, pairs);
 }

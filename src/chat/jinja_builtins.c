@@ -576,7 +576,7 @@ static const struct {
 } STR_METHODS[] = {
     {"upper", M_UPPER},   {"lower", M_LOWER},           {"strip", M_STRIP},     {"title", M_TITLE},
     {"capitalize", M_CAPITALIZE}, {"rstrip", M_RSTRIP}, {"lstrip", M_LSTRIP},   {"startswith", M_STARTSWITH},
-    {"endswith", M_ENDSWITH}, {"split", M_SPLIT},       {"replace", M_REPLACE},
+    {"endswith", M_ENDSWITH}, {"split", M_SPLIT},       {"replace", M_REPLACE},   {"format", M_FORMAT},
 }, OBJ_METHODS[] = {
     {"get", M_GET}, {"items", M_ITEMS}, {"keys", M_KEYS}, {"values", M_VALUES}, {"dictsort", M_DICTSORT},
 };
@@ -684,6 +684,10 @@ kj_val kj_call_method(kj_ctx *c, const kj_node *at, const kj_fn *f, kj_val *args
                 return kj_bool(false);
             }
             return kj_fail(c, at, "%s() argument must be a string or tuple of strings", nm);
+        }
+        case M_FORMAT: {
+            const kj_obj *kw = take_kwargs(args, &nargs);
+            return kj_str_format(c, at, s, args, nargs, kw);
         }
         case M_SPLIT:
             return js_split(c, at, s, nargs > 0 && args[0].t != V_JSUNDEF ? args[0] : KJ_NULLV,
@@ -1029,6 +1033,8 @@ static bool py_repr(kj_ctx *c, const kj_node *n, kj_val v, kj_buf *b, int depth)
     }
 }
 
+bool kj_py_repr(kj_ctx *c, const kj_node *n, kj_val v, kj_buf *b, int depth) { return py_repr(c, n, v, b, depth); }
+
 /* The filters that take str(x) first, on none, a list or a dict where
  * @huggingface/jinja raises (none|trim, list|trim, dict|string): x as
  * Python's str() writes it ("None", "['a', 'b']", "{'k': 'v'}"). A list's
@@ -1064,6 +1070,7 @@ static kj_val undef_as_str(kj_val v, const kj_str *name) {
 
 static kj_val simple_filter(kj_ctx *c, kj_val v, const kj_str *name, kj_env *e, const kj_node *at) {
     (void)e;
+    if (str_eq(name, "min") || str_eq(name, "max")) return kj_min_max(c, at, v, NULL, 0, NULL, name->p[1] == 'a');
     v = undef_as_str(v, name);
     v = py_str_arg(c, at, v, name);
     if (c->err) return KJ_UNDEF;
@@ -1226,6 +1233,7 @@ kj_val kj_apply_filter(kj_ctx *c, kj_val v, const kj_node *f, kj_env *e, const k
     bool need_args = !((str_eq(name, "selectattr") || str_eq(name, "rejectattr")) && kj_is_arr(v));
     if (need_args && !kj_eval_args(c, &f->list, e, &pos, &npos, &kw)) return KJ_UNDEF;
     if (str_eq(name, "tojson")) return filter_tojson(c, v, kw, at);
+    if (str_eq(name, "min") || str_eq(name, "max")) return kj_min_max(c, at, v, pos, npos, kw, name->p[1] == 'a');
     if (str_eq(name, "join")) {
         if (v.t != V_STR && !kj_is_arr(v)) return kj_fail(c, at, "cannot apply filter \"join\" to type: %s", kj_typename(v));
         kj_val sep = arg_or(pos, npos, 0, kw, "separator", (kj_val){.t = V_STR, .s = &(const kj_str){0, ""}});

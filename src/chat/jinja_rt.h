@@ -26,7 +26,7 @@ typedef enum {
 
 typedef enum {
     M_UPPER, M_LOWER, M_STRIP, M_TITLE, M_CAPITALIZE, M_RSTRIP, M_LSTRIP,
-    M_STARTSWITH, M_ENDSWITH, M_SPLIT, M_REPLACE, /* strings */
+    M_STARTSWITH, M_ENDSWITH, M_SPLIT, M_REPLACE, M_FORMAT, /* strings */
     M_GET, M_ITEMS, M_KEYS, M_VALUES, M_DICTSORT,  /* objects */
 } kj_method;
 
@@ -112,6 +112,12 @@ bool kj_compare(kj_ctx *c, const kj_node *n, kj_val a, kj_val b, bool case_sensi
 kj_val kj_attr_path(kj_val item, const kj_str *path);
 /* JavaScript strict equality of the .value fields (for `in`, unique). */
 bool kj_strict_eq(kj_val a, kj_val b);
+/* repr(v) as Python writes it (str() of a list or dict writes its items so) */
+bool kj_py_repr(kj_ctx *c, const kj_node *n, kj_val v, kj_buf *b, int depth);
+/* jinja_pyfmt.c: Python's str.format of s; the min / max filters
+ * (pos: case_sensitive, attribute; kw the same by name) */
+kj_val kj_str_format(kj_ctx *c, const kj_node *at, const kj_str *s, const kj_val *args, size_t nargs, const kj_obj *kw);
+kj_val kj_min_max(kj_ctx *c, const kj_node *at, kj_val v, const kj_val *pos, size_t npos, const kj_obj *kw, bool max);
 kj_val kj_slice(kj_ctx *c, const kj_node *n, kj_val obj, kj_val start, kj_val stop, kj_val step);
 
 #endif

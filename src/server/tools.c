@@ -11,9 +11,11 @@
  * function's arguments under its schema): lazily with tool_choice auto (on
  * where the model writes the trigger, off when the call is complete, on at
  * the next), and with tool_choice required or a named function the prompt
- * ends with the trigger, so a call is certain (unless the prompt opened a
- * thinking block: then lazily, after the thinking); without
- * parallel_tool_calls the output then ends with the call's arguments. */
+ * ends with the trigger, so a call is certain; when the prompt opened a
+ * thinking block (MiniMax-M2, Qwen3 thinking, DeepSeek-R1) the grammar
+ * switches on where the block closes instead (its close marker is the
+ * trigger) and forces the format's trigger and a call there; without
+ * parallel_tool_calls the output then ends with the call. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +35,7 @@ struct ksrv_tools {
     uint64_t id_base;   /* tool call ids */
     bool force;         /* tool_choice required / named: the prompt ends with the trigger */
     int64_t budget;     /* reasoning_budget > 0: thinking ends after this many tokens */
+    char *after_think;  /* force, when the prompt opens a thinking block: the grammar after its close */
 };
 
 /* ---------------------------------------------------------------- the request */
@@ -132,6 +135,7 @@ void ksrv_tools_free(ksrv_tools *t) {
     for (int i = 0; t->st && i < t->n_choices; i++) ktc_stream_destroy(t->st[i]);
     free(t->st);
     cJSON_Delete(t->tools);
+    free(t->after_think);
     free(t);
 }
 
@@ -164,6 +168,11 @@ static kiln_status set_grammar(ksrv_tools *t, const cJSON *tools, const char *on
     gp->grammar = g;
     gp->grammar_lazy = true;
     if (!(gp->grammar_trigger = strdup(ktc_trigger(f)))) return kiln_error(KILN_ENOMEM, "out of memory");
+    if (t->force && t->syn.reasoning != KTC_THINK_NONE) { /* (without it, a prompt that opens the block keeps the lazy grammar) */
+        kiln_status st2 = ktc_grammar_after_think(f, g, tok, &t->after_think);
+        if (st2 && kiln_status_code(st2) == KILN_ENOMEM) return st2;
+        kiln_status_free(st2);
+    }
     return NULL;
 }
 
@@ -205,7 +214,7 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
         return kiln_error(KILN_EUNSUPPORTED,
                           "\"tools\": the model's chat template writes tool calls in no format kiln knows "
                           "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, "
-                          "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+, FireFunction)");
+                          "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+, FireFunction, DeepSeek DSML, MiniCPM5)");
     if (use_tools) *tmpl_tools = tools;
     if (f == KTC_FIREFUNCTION) { /* its template reads the tools as text, "functions" (llama.cpp passes them) */
         if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");
@@ -254,7 +263,20 @@ kiln_status ksrv_tools_set_prompt(ksrv_tools *t, char **prompt, kgen_params *gp)
         gp->think_in_prompt = t->syn.think_open;
         gp->reasoning_budget = (int32_t)t->budget;
     }
-    if (!t->force || t->syn.think_open) return NULL;
+    if (!t->force) return NULL;
+    if (t->syn.think_open) { /* the model thinks first: the call is forced where the block closes */
+        if (!t->after_think || !c) return NULL;
+        char *tr = strdup(c);
+        if (!tr) return kiln_error(KILN_ENOMEM, "out of memory");
+        free(gp->grammar);
+        free(gp->grammar_trigger);
+        gp->grammar = t->after_think;
+        gp->grammar_trigger = tr;
+        t->after_think = NULL;
+        gp->grammar_lazy = true;
+        gp->grammar_once = !t->parallel;
+        return NULL;
+    }
     /* a forced call: the prompt ends with the trigger, the grammar on */
     const char *tr = ktc_trigger(t->syn.format);
     size_t n = strlen(*prompt), k = strlen(tr);

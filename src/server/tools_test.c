@@ -112,6 +112,10 @@ static const out_case k_out[] = {
      "", "Need weather.", "get_weather", "{\"city\": \"Rome\"}"},
     {"Mistral-Small-3.2-24B-Instruct-2506", "", {"[TOOL_CALLS]get_", "weather[ARGS]{\"city\": ", "\"Lima\"}"}, "", "", "get_weather",
      "{\"city\": \"Lima\"}"},
+    {"deepseek-ai-DeepSeek-V3.2", "",
+     {"Let me check.", "\n\n<｜DSML｜func", "tion_calls>\n<｜DSML｜invoke name=\"get_weather\">\n",
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Par", "is</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>"},
+     "Let me check.", "", "get_weather", "{\"city\": \"Paris\"}"},
 };
 
 static ksrv *fake_server(const char *tmpl_src) {
@@ -446,10 +450,15 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
                                         "meta-llama-Llama-3.2-3B-Instruct", "Qwen-Qwen2.5-7B-Instruct", "mistralai-Mistral-Nemo-Instruct-2407",
                                         "fireworks-ai-llama-3-firefunction-v2", "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
                                         /* the special-token and XML formats (kiln's own cases; the tiny
-                                         * vocabulary spells their markers as text; MiniMax-M2's prompt
-                                         * opens a thinking block, so its grammar stays lazy) */
+                                         * vocabulary spells their markers as text) */
                                         "openai-gpt-oss-120b", "deepseek-ai-DeepSeek-V3.1", "Qwen3-Coder", "GLM-4.6",
-                                        "moonshotai-Kimi-K2", "Mistral-Small-3.2-24B-Instruct-2506", "ByteDance-Seed-OSS"};
+                                        "moonshotai-Kimi-K2", "Mistral-Small-3.2-24B-Instruct-2506", "ByteDance-Seed-OSS",
+                                        "deepseek-ai-DeepSeek-V3.2", "deepseek-ai-DeepSeek-V4",
+                                        /* prompts that open a thinking block: the model thinks first,
+                                         * and where the block closes the grammar forces the format's
+                                         * trigger and the call; a reasoning budget closes it here, as
+                                         * random weights would not */
+                                        "MiniMax-M2", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "openbmb-MiniCPM5-1B"};
     static const char *test_tool = "[{\"type\": \"function\", \"function\": {\"name\": \"test\", \"description\": \"\", "
                                    "\"parameters\": {\"type\": \"object\", \"properties\": {\"success\": {\"type\": \"boolean\", "
                                    "\"const\": true}}, \"required\": [\"success\"]}}}]";
@@ -461,8 +470,9 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
             snprintf(body, sizeof body,
                      "{\"max_tokens\": 512, \"messages\": [{\"role\": \"system\", \"content\": \"You are a coding assistant.\"}, "
                      "{\"role\": \"user\", \"content\": \"Write an example\"}], \"tool_choice\": \"required\", \"tools\": %s, "
-                     "\"parallel_tool_calls\": false, \"stream\": %s, \"temperature\": 0.0, \"top_k\": 1, \"top_p\": 1.0}",
-                     test_tool, stream ? "true" : "false");
+                     "\"parallel_tool_calls\": false, \"stream\": %s, \"temperature\": 0.0, \"top_k\": 1, \"top_p\": 1.0%s}",
+                     test_tool, stream ? "true" : "false",
+                     strstr(tmpls[t], "MiniMax") || strstr(tmpls[t], "-R1-") || strstr(tmpls[t], "MiniCPM5") ? ", \"reasoning_budget\": 6" : "");
             ksrv_buf r = {0};
             long st;
             int n;

@@ -7,11 +7,13 @@
  * is the model's again. Formats whose markup is special tokens (Harmony,
  * DeepSeek, Kimi K2, Mistral [ARGS]) name them as token terminals (<[id]>,
  * grammar.h), so only the token itself is taken, and end with the call's
- * closing marker. XML formats (Qwen3-Coder, Seed-OSS, MiniMax-M2, GLM-4.5)
+ * closing marker. XML formats (Qwen3-Coder, Seed-OSS, MiniMax-M2, GLM-4.5,
+ * DeepSeek's DSML)
  * write each parameter as tagged text: a "string" parameter as raw text (the
  * parser takes it as is), another as its JSON under the property's schema
  * (the parser parses it), as their parsers in toolcall.c read them. */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,33 +299,74 @@ typedef struct {
     const char *param_end;          /* after val_close */
     const char *fn_close;           /* after the parameters */
     const char *next;               /* between parallel calls ("" none: calls follow fn_close) */
+    const char *block_close;        /* next "": after the last call */
+    const char *key_mid_json;       /* DSML: key_mid of a value written as JSON (key_mid: of a raw string) */
 } xgram;
 
 static const xgram k_xq3 = {"\n", "<function=", ">\n", "<parameter=", ">", "</parameter>", true, "\n", "</function>\n</tool_call>",
-                            "\n<tool_call>\n"};
+                            "\n<tool_call>\n", NULL, NULL};
 static const xgram k_xseed = {"\n", "<function=", ">\n", "<parameter=", ">", "</parameter>", false, "\n",
-                              "</function>\n</seed:tool_call>", "\n<seed:tool_call>\n"};
+                              "</function>\n</seed:tool_call>", "\n<seed:tool_call>\n", NULL, NULL};
 static const xgram k_xmm = {"\n", "<invoke name=\"", "\">\n", "<parameter name=\"", "\">", "</parameter>", false, "\n",
-                            "</invoke>\n", ""};
+                            "</invoke>\n", "", "</minimax:tool_call>", NULL};
+static const xgram k_xdsml = {"\n", "<｜DSML｜invoke name=\"", "\">\n", "<｜DSML｜parameter name=\"", "\" string=\"true\">",
+                              "</｜DSML｜parameter>", false, "\n", "</｜DSML｜invoke>\n", "", "</｜DSML｜function_calls>",
+                              "\" string=\"false\">"};
+static const xgram k_xdsml4 = {"\n", "<｜DSML｜invoke name=\"", "\">\n", "<｜DSML｜parameter name=\"", "\" string=\"true\">",
+                               "</｜DSML｜parameter>", false, "\n", "</｜DSML｜invoke>\n", "", "</｜DSML｜tool_calls>",
+                               "\" string=\"false\">"};
+/* MiniCPM5: the trigger is the call's own start; calls one per line */
+static const xgram k_xcpm = {"", "", "\">", "<param name=\"", "\">", "</param>", false, "", "</function>",
+                             "\n<function name=\"", NULL, NULL};
 static const xgram k_xglm = {"", "", "\n", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>", false, "\n", "</tool_call>",
-                             "\n<tool_call>"};
+                             "\n<tool_call>", NULL, NULL};
 
-/* rule-0 .. rule-(m-1): text that holds no `stop` (ASCII, no proper border, so
+/* rule-0 .. rule-(m-1): text that holds no `stop` (no proper border, so
  * that text + stop first holds it at the end) from a state that has matched
- * q of its bytes */
+ * q of its characters (code points: DSML's markers are not ASCII) */
+static void put_cp(gbuf *b, uint32_t c) {
+    if (c < 0x80) put(b, "\\x%02X", c);
+    else put(b, "\\u%04X", c);
+}
+
 static kiln_status put_not_containing(gbuf *b, const char *rule, const char *stop) {
-    size_t m = strlen(stop);
-    for (size_t i = 0; i < m; i++)
-        if ((unsigned char)stop[i] >= 0x80) return kiln_error(KILN_EINTERNAL, "tool grammar: a marker that is not ASCII");
+    uint32_t cp[64];
+    size_t m = 0;
+    for (const unsigned char *q = (const unsigned char *)stop; *q && m < 64; m++) {
+        unsigned c = *q++;
+        int more = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+        if (c >= 0x80 && !more) return kiln_error(KILN_EINTERNAL, "tool grammar: a marker that is not UTF-8");
+        uint32_t v = more ? c & (0x3Fu >> more) : c;
+        for (int k = 0; k < more; k++) {
+            if ((*q & 0xC0) != 0x80) return kiln_error(KILN_EINTERNAL, "tool grammar: a marker that is not UTF-8");
+            v = v << 6 | (*q++ & 0x3F);
+        }
+        if (v > 0xFFFF) return kiln_error(KILN_EINTERNAL, "tool grammar: a marker beyond the BMP");
+        cp[m] = v;
+    }
     for (size_t l = 1; l < m; l++)
-        if (!memcmp(stop, stop + m - l, l)) return kiln_error(KILN_EINTERNAL, "tool grammar: a marker with a border");
-    unsigned c0 = (unsigned char)stop[0];
+        if (!memcmp(cp, cp + m - l, l * sizeof *cp)) return kiln_error(KILN_EINTERNAL, "tool grammar: a marker with a border");
+    uint32_t c0 = cp[0];
     for (size_t q = 0; q < m; q++) {
-        unsigned c = (unsigned char)stop[q];
+        uint32_t c = cp[q];
         put(b, "%s-%zu ::= (", rule, q);
-        if (q + 1 < m) put(b, "[\\x%02X] %s-%zu | ", c, rule, q + 1);
-        if (c != c0) put(b, "[\\x%02X] %s-1 | [^\\x%02X\\x%02X] %s-0)?\n", c0, rule, c, c0, rule);
-        else put(b, "[^\\x%02X] %s-0)?\n", c, rule);
+        if (q + 1 < m) {
+            put(b, "[");
+            put_cp(b, c);
+            put(b, "] %s-%zu | ", rule, q + 1);
+        }
+        if (c != c0) {
+            put(b, "[");
+            put_cp(b, c0);
+            put(b, "] %s-1 | [^", rule);
+            put_cp(b, c);
+            put_cp(b, c0);
+            put(b, "] %s-0)?\n", rule);
+        } else {
+            put(b, "[^");
+            put_cp(b, c);
+            put(b, "] %s-0)?\n", rule);
+        }
     }
     return NULL;
 }
@@ -426,7 +469,7 @@ static kiln_status xml_params(gbuf *b, const cJSON *schema, int k, const xgram *
         put(&seq, " (\"");
         put_lit(&seq, x->key_open);
         put_lit(&seq, pr->string);
-        put_lit(&seq, x->key_mid);
+        put_lit(&seq, x->key_mid_json && !is_string_type(pr) ? x->key_mid_json : x->key_mid);
         if (x->nl) put_lit(&seq, "\n");
         put(&seq, "\" %s \"", rule);
         if (x->nl) put_lit(&seq, "\n");
@@ -442,7 +485,8 @@ static kiln_status xml_params(gbuf *b, const cJSON *schema, int k, const xgram *
 }
 
 static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const kgr_opts *o, gbuf *b) {
-    const xgram *x = f == KTC_QWEN3_CODER ? &k_xq3 : f == KTC_SEED_OSS ? &k_xseed : f == KTC_MINIMAX_M2 ? &k_xmm : &k_xglm;
+    const xgram *x = f == KTC_QWEN3_CODER ? &k_xq3 : f == KTC_SEED_OSS ? &k_xseed : f == KTC_MINIMAX_M2 ? &k_xmm
+                     : f == KTC_DSML ? &k_xdsml : f == KTC_DSML_V4 ? &k_xdsml4 : f == KTC_MINICPM5 ? &k_xcpm : &k_xglm;
     gbuf alts = {0};
     int k = 0, idx = -1;
     bool any_text = false;
@@ -498,8 +542,10 @@ static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *onl
             put(b, "\" tc-one (\"");
             put_lit(b, x->next);
             put(b, "\" tc-one)%s\n", more);
-        } else { /* MiniMax: calls one after another, then the block's end */
-            put(b, "\" tc-one tc-one%s \"</minimax:tool_call>\"\n", more);
+        } else { /* MiniMax, DSML: calls one after another, then the block's end */
+            put(b, "\" tc-one tc-one%s \"", more);
+            put_lit(b, x->block_close);
+            put(b, "\"\n");
         }
     }
     if (alts.oom) b->oom = true;
@@ -518,7 +564,8 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     kgr_opts_default(&o);
     o.additional_properties = false; /* as the JSON formats' */
     gbuf b = {0};
-    bool xml = f == KTC_QWEN3_CODER || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 || f == KTC_GLM45;
+    bool xml = f == KTC_QWEN3_CODER || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 || f == KTC_GLM45 || f == KTC_DSML || f == KTC_DSML_V4 ||
+               f == KTC_MINICPM5;
     kiln_status st = xml ? xml_grammar(f, tools, only, parallel, &o, &b) : marker_grammar(f, tools, only, parallel, tok, &o, &b);
     if (!st && b.oom) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (st) {
@@ -526,5 +573,42 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
         return st;
     }
     *gbnf = b.p;
+    return NULL;
+}
+
+/* A forced call after a thinking block the prompt opened: the grammar is
+ * switched on at the block's close (the lazy trigger), so it takes a few
+ * blanks, the format's trigger (the special token when tok has it as one)
+ * and then gbnf's calls (its root renamed). */
+kiln_status ktc_grammar_after_think(ktc_format f, const char *gbnf, const ktok *tok, char **out) {
+    *out = NULL;
+    const char *tr = ktc_trigger(f);
+    if (!tr || !gbnf) return kiln_error(KILN_EINVAL, "the %s tool-call format has no trigger", ktc_format_name(f));
+    gbuf b = {0};
+    size_t roots = 0;
+    for (const char *l = gbnf; *l;) { /* each line; the root rule's name changes */
+        const char *e = strchr(l, '\n');
+        size_t n = e ? (size_t)(e - l) + 1 : strlen(l);
+        if (!strncmp(l, "root ::=", 8)) {
+            put(&b, "tc-calls ::=");
+            l += 8, n -= 8;
+            roots++;
+        }
+        put(&b, "%.*s", (int)n, l);
+        l += n;
+    }
+    if (roots != 1) {
+        free(b.p);
+        return kiln_error(KILN_EINVAL, "the %s tool-call grammar has %zu root rules", ktc_format_name(f), roots);
+    }
+    if (b.n && b.p[b.n - 1] != '\n') put(&b, "\n");
+    put(&b, "root ::= [ \\t\\r\\n]{0,4}");
+    put_tok(&b, tok, tr);
+    put(&b, "tc-calls\n");
+    if (b.oom) {
+        free(b.p);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    *out = b.p;
     return NULL;
 }

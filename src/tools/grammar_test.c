@@ -111,6 +111,57 @@ KT_TEST(tools_grammar_formats) {
     kgr_vocab_free(v);
 }
 
+/* A forced call after a thinking block the prompt opened (MiniMax-M2,
+ * Qwen3 thinking): the grammar from the block's close takes a few blanks,
+ * the format's trigger and one call, and nothing else first. */
+KT_TEST(tools_grammar_after_think) {
+    cJSON *tools = cJSON_Parse(k_tools);
+    kgr_vocab *v = byte_vocab();
+    KT_CHECK(tools && v);
+    static const struct {
+        ktc_format f;
+        const char *call; /* the trigger and a call */
+    } k[] = {
+        {KTC_MINIMAX_M2, "<minimax:tool_call>\n<invoke name=\"get_time\">\n<parameter name=\"zone\">UTC</parameter>\n</invoke>\n"
+                         "</minimax:tool_call>"},
+        {KTC_HERMES, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}"},
+        {KTC_QWEN3_CODER, "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>"},
+        {KTC_DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": \"UTC\"}<｜tool▁call▁end｜>"
+                       "<｜tool▁calls▁end｜>"},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        char *g = NULL, *a = NULL, text[512];
+        KT_CHECK_OK(ktc_grammar(k[i].f, tools, NULL, false, NULL, &g));
+        KT_CHECK_OK(ktc_grammar_after_think(k[i].f, g, NULL, &a));
+        snprintf(text, sizeof text, "\n\n%s", k[i].call);
+        KT_CHECKF(takes(a, v, text) == 1, "%s: refuses %s\n%s", ktc_format_name(k[i].f), text, a);
+        KT_CHECKF(takes(a, v, k[i].call) == 1, "%s: refuses the call without blanks", ktc_format_name(k[i].f));
+        snprintf(text, sizeof text, "\nSure! %s", k[i].call);
+        KT_CHECKF(takes(a, v, text) == 0, "%s: takes text before the call", ktc_format_name(k[i].f));
+        KT_CHECKF(takes(a, v, "\n\n") == 0, "%s: takes no call", ktc_format_name(k[i].f));
+        free(g), free(a);
+    }
+    for (int f = KTC_NONE + 1; f < KTC_N_FORMATS; f++) { /* every format's grammar has one root to rename */
+        char *g = NULL, *a = NULL;
+        KT_CHECK_OK(ktc_grammar((ktc_format)f, tools, NULL, true, NULL, &g));
+        kiln_status st = ktc_grammar_after_think((ktc_format)f, g, NULL, &a);
+        KT_CHECKF(!st, "%s: %s", ktc_format_name((ktc_format)f), kiln_status_msg(st));
+        kgr_grammar *gr = NULL;
+        KT_CHECK_OK(kgr_from_gbnf(a, strlen(a), &gr));
+        kgr_grammar_free(gr);
+        free(g), free(a);
+    }
+    char *a = NULL;
+    kiln_status st = ktc_grammar_after_think(KTC_NONE, "root ::= \"x\"\n", NULL, &a);
+    KT_CHECK(st && !a);
+    kiln_status_free(st);
+    st = ktc_grammar_after_think(KTC_HERMES, "a ::= \"x\"\n", NULL, &a);
+    KT_CHECKF(st && strstr(kiln_status_msg(st), "root"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    cJSON_Delete(tools);
+    kgr_vocab_free(v);
+}
+
 /* ---- generation: a scripted model under the lazy grammar ---- */
 
 static const char *piece(void *ud, int32_t id, size_t *len) {

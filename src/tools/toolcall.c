@@ -21,7 +21,7 @@
 
 static const char *const k_names[KTC_N_FORMATS] = {
     "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r", "granite",
-    "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction",
+    "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction", "dsml", "dsml_v4", "minicpm5",
 };
 
 const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
@@ -30,6 +30,7 @@ ktc_format ktc_detect(const char *s) {
     if (!s) return KTC_NONE;
     /* the specific markers first: several formats also write <tool_call> */
     if (strstr(s, "<|channel|>") && strstr(s, "functions.")) return KTC_HARMONY;
+    if (strstr(s, "｜DSML｜")) return strstr(s, "tool_calls>") ? KTC_DSML_V4 : KTC_DSML; /* the templates build the tags */
     if (strstr(s, "<｜tool▁calls▁begin｜>")) return KTC_DEEPSEEK;
     if (strstr(s, "<|tool_calls_section_begin|>")) return KTC_KIMI_K2;
     if (strstr(s, "<|START_ACTION|>")) return KTC_COMMAND_R;
@@ -40,6 +41,7 @@ ktc_format ktc_detect(const char *s) {
     if (strstr(s, "functools[")) return KTC_FIREFUNCTION;
     if (strstr(s, "Action:") && strstr(s, "\"tool_name\"") && strstr(s, "<|CHATBOT_TOKEN|>")) return KTC_COMMAND_R_PLUS;
     if (strstr(s, "<arg_key>")) return KTC_GLM45;
+    if (strstr(s, "<function name=\"") && strstr(s, "<param name=\"")) return KTC_MINICPM5;
     if (strstr(s, "<function=") && strstr(s, "<parameter=")) return KTC_QWEN3_CODER;
     if (strstr(s, "[TOOL_CALLS]")) return strstr(s, "[ARGS]") ? KTC_MISTRAL_V11 : KTC_MISTRAL;
     if (strstr(s, "<tool_call>")) return KTC_HERMES;
@@ -60,7 +62,7 @@ ktc_reasoning ktc_detect_reasoning(const char *s) {
 bool ktc_needs_special(ktc_format f) {
     return f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_MISTRAL_V11 || f == KTC_HARMONY || f == KTC_DEEPSEEK ||
            f == KTC_KIMI_K2 || f == KTC_COMMAND_R || f == KTC_GRANITE || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 ||
-           f == KTC_PHI4;
+           f == KTC_PHI4 || f == KTC_DSML || f == KTC_DSML_V4;
 }
 
 const char *ktc_trigger(ktc_format f) {
@@ -77,6 +79,9 @@ const char *ktc_trigger(ktc_format f) {
     case KTC_MINIMAX_M2: return "<minimax:tool_call>";
     case KTC_COMMAND_R_PLUS: return "Action:";
     case KTC_FIREFUNCTION: return "functools";
+    case KTC_DSML: return "<｜DSML｜function_calls>";
+    case KTC_DSML_V4: return "<｜DSML｜tool_calls>";
+    case KTC_MINICPM5: return "<function name=\"";
     default: return NULL;
     }
 }
@@ -496,13 +501,14 @@ static size_t json_call_list(P *p, size_t j) {
 
 /* Command R7B / A: <|START_ACTION|>[{"tool_call_id": .., "tool_name": ..,
  * "parameters": {..}}, ..]<|END_ACTION|>; the answer between
- * <|START_RESPONSE|> and <|END_RESPONSE|> (markers dropped). */
+ * <|START_RESPONSE|> and <|END_RESPONSE|> (Cohere2 MoE: <|START_TEXT|> and
+ * <|END_TEXT|>; markers dropped). */
 static void fmt_command_r(P *p, size_t i) {
-    static const char *const m[] = {"<|START_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"};
+    static const char *const m[] = {"<|START_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>"};
     for (;;) {
         int w = 0;
-        size_t k = find_first(p, i, m, 3, &w);
-        if (k == NPOS) return plain_rest(p, i, m, 3);
+        size_t k = find_first(p, i, m, 5, &w);
+        if (k == NPOS) return plain_rest(p, i, m, 5);
         plain(p, i, k);
         i = k + strlen(m[w]);
         if (w) continue;
@@ -734,8 +740,25 @@ static cJSON *param_value(const P *p, const char *fn, const char *key, const cha
     char *s = strndup(v, n);
     if (!s) return NULL;
     cJSON *r = NULL;
-    if (!ty || strcmp(ty, "string")) r = cJSON_Parse(s);
+    if (!ty || strcmp(ty, "string")) r = cJSON_ParseWithOpts(s, NULL, true); /* the whole text ("2 dollars" is a string) */
     if (!r) r = cJSON_CreateString(s);
+    free(s);
+    return r;
+}
+
+/* A value whose writer says it is JSON: that, or the text when it is not JSON. */
+static cJSON *json_or_string(const char *v, size_t n) {
+    char *s = strndup(v, n);
+    if (!s) return NULL;
+    cJSON *r = cJSON_ParseWithOpts(s, NULL, true);
+    if (!r) r = cJSON_CreateString(s);
+    free(s);
+    return r;
+}
+
+static cJSON *string_n(const char *v, size_t n) {
+    char *s = strndup(v, n);
+    cJSON *r = s ? cJSON_CreateString(s) : NULL;
     free(s);
     return r;
 }
@@ -748,15 +771,25 @@ typedef struct {
     const char *key_open, *key_close;   /* <parameter= ... >, <arg_key> ... </arg_key> */
     const char *val_open, *val_close;   /* "" ... </parameter>, <arg_value> ... </arg_value> */
     const char *fn_close;               /* </function>, or NULL */
+    bool verbatim;                      /* values as written (Seed-OSS's template puts no newline round them) */
+    bool string_attr;                   /* DSML: the key then ` string="true|false">`: a raw string or JSON */
+    bool cdata;                         /* MiniCPM5: a value may be <![CDATA[..]]> (then it may hold val_close) */
 } xml_fmt;
 
 static const xml_fmt k_qwen3_coder = {"<tool_call>", "</tool_call>", "<function=", ">", "<parameter=", ">", "", "</parameter>",
-                                      "</function>"};
+                                      "</function>", false, false, false};
 static const xml_fmt k_seed_oss = {"<seed:tool_call>", "</seed:tool_call>", "<function=", ">", "<parameter=", ">", "",
-                                   "</parameter>", "</function>"};
+                                   "</parameter>", "</function>", true, false, false};
 static const xml_fmt k_minimax_m2 = {"<minimax:tool_call>", "</minimax:tool_call>", "<invoke name=\"", "\">", "<parameter name=\"",
-                                     "\">", "", "</parameter>", "</invoke>"};
-static const xml_fmt k_glm45 = {"<tool_call>", "</tool_call>", "", NULL, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", NULL};
+                                     "\">", "", "</parameter>", "</invoke>", false, false, false};
+static const xml_fmt k_glm45 = {"<tool_call>", "</tool_call>", "", NULL, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", NULL, false, false, false};
+static const xml_fmt k_dsml = {"<｜DSML｜function_calls>", "</｜DSML｜function_calls>", "<｜DSML｜invoke name=\"", "\">",
+                               "<｜DSML｜parameter name=\"", "\"", "", "</｜DSML｜parameter>", "</｜DSML｜invoke>", true, true, false};
+static const xml_fmt k_dsml_v4 = {"<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", "<｜DSML｜invoke name=\"", "\">",
+                                  "<｜DSML｜parameter name=\"", "\"", "", "</｜DSML｜parameter>", "</｜DSML｜invoke>", true, true, false};
+/* (no block round the calls: call_open is the call's own start, call_close empty) */
+static const xml_fmt k_minicpm5 = {"<function name=\"", "", "<function name=\"", "\">", "<param name=\"", "\">", "", "</param>",
+                                   "</function>", true, false, true};
 
 static void strip_nl(const char **s, size_t *n) {
     if (*n && **s == '\n') (*s)++, (*n)--;
@@ -808,18 +841,33 @@ static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
         size_t k0 = j + strlen(f->key_open), k1 = find(p, k0, f->key_close);
         if (k1 == NPOS) break;
         size_t v0 = k1 + strlen(f->key_close);
+        int as = -1; /* DSML: 1 string="true" (raw text), 0 string="false" (JSON) */
+        if (f->string_attr) {
+            static const char *const attr[] = {" string=\"true\">", " string=\"false\">"};
+            if (at(p, v0, attr[0])) as = 1, v0 += strlen(attr[0]);
+            else if (at(p, v0, attr[1])) as = 0, v0 += strlen(attr[1]);
+            else break; /* incomplete (or malformed) */
+        }
         v0 = *f->val_open ? skip_ws(p, v0) : v0;
         if (*f->val_open) {
             if (!at(p, v0, f->val_open)) break;
             v0 += strlen(f->val_open);
         }
+        size_t vs = v0, ve = NPOS; /* the value's text (CDATA: inside the wrapper) */
+        if (f->cdata && at(p, v0, "<![CDATA[")) {
+            vs = v0 + 9;
+            if ((ve = find(p, vs, "]]>")) == NPOS) break;
+            v0 = ve + 3;
+        } else if (f->cdata && may_become(p, v0, "<![CDATA[")) {
+            break;
+        }
         size_t v1 = find(p, v0, f->val_close);
         if (v1 == NPOS) break;
         char *key = dup_n(p, p->t + k0, k1 - k0);
-        const char *v = p->t + v0;
-        size_t vn = v1 - v0;
-        strip_nl(&v, &vn);
-        cJSON *val = key ? param_value(p, name, key, v, vn) : NULL;
+        const char *v = p->t + vs;
+        size_t vn = (ve != NPOS ? ve : v1) - vs;
+        if (!f->verbatim) strip_nl(&v, &vn);
+        cJSON *val = !key ? NULL : as == 1 ? string_n(v, vn) : as == 0 ? json_or_string(v, vn) : param_value(p, name, key, v, vn);
         if (!val || !obj) p->oom = true;
         else cJSON_AddItemToObject(obj, key, val);
         free(key);
@@ -832,12 +880,13 @@ static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
 
 static void fmt_xml(P *p, size_t i, const xml_fmt *f) {
     const char *const m[] = {f->call_open, f->name_close ? f->name_open : f->call_open};
+    bool bare = !strcmp(f->call_open, f->name_open); /* MiniCPM5: no block round the calls */
     for (;;) {
         int w = 0;
         size_t k = find_first(p, i, m, 2, &w);
         if (k == NPOS) return plain_rest(p, i, m, 2);
         plain(p, i, k);
-        size_t j = w == 0 ? k + strlen(m[0]) : k; /* a bare <function=...> too */
+        size_t j = w == 0 && !bare ? k + strlen(m[0]) : k; /* a bare <function=...> too */
         size_t e = xml_call(p, f, j);
         if (e == NPOS) return;
         if (e == NOT_CALL) {
@@ -881,7 +930,16 @@ static void fmt_harmony(P *p, size_t i) {
         const char *ht = p->t + h;
         size_t hn = mm - h;
         const char *to = memmem(ht, hn, "to=", 3);
-        const char *ch = memmem(ht, hn, "<|channel|>", 11);
+        const char *ch = NULL; /* the last channel named ("commentary to=assistant<|channel|>analysis") */
+        for (const char *q = ht; (q = memmem(q, (size_t)(ht + hn - q), "<|channel|>", 11)); q += 11) ch = q;
+        /* a recipient that is not a function nor the conversation: a builtin
+         * tool's call (container.exec, python, browser.*), no answer */
+        bool builtin = false;
+        if (to && !((size_t)(ht + hn - to) > 3 + 10 && !memcmp(to + 3, "functions.", 10))) {
+            size_t rn = 0;
+            while (to + 3 + rn < ht + hn && !is_ws(to[3 + rn]) && to[3 + rn] != '<') rn++;
+            builtin = !((rn == 9 && !memcmp(to + 3, "assistant", 9)) || (rn == 4 && !memcmp(to + 3, "user", 4)));
+        }
         size_t b0 = mm + strlen("<|message|>");
         int w = 0;
         size_t b1 = find_first(p, b0, ends, 4, &w);
@@ -897,6 +955,8 @@ static void fmt_harmony(P *p, size_t i) {
             const char *n0 = to + 13, *n1 = n0;
             while (n1 < ht + hn && !is_ws(*n1) && *n1 != '<') n1++;
             add_call_slices(p, n0, (size_t)(n1 - n0), b0, b1);
+        } else if (builtin) {
+            /* dropped */
         } else if (ch && (size_t)(ht + hn - ch) >= 11 + 8 && !memcmp(ch + 11, "analysis", 8)) {
             if (b1 > b0) buf_add(p, &p->reasoning, p->t + b0, b1 - b0);
         } else {
@@ -919,6 +979,17 @@ static void trim(buf *b) {
         b->p[e - s] = 0;
     }
     b->n = e - s;
+}
+
+/* Where a call starts, for ending a thinking block left open: the
+ * format's trigger (and the bare call a model may write without it); none
+ * for the formats without thinking. */
+static int think_call_starts(ktc_format f, const char *out[2]) {
+    if (f == KTC_LLAMA3 || f == KTC_COMMAND_R_PLUS || f == KTC_HARMONY || !ktc_trigger(f)) return 0;
+    out[0] = ktc_trigger(f);
+    if (f == KTC_KIMI_K2) return out[1] = "<|tool_call_begin|>", 2;
+    if (f == KTC_QWEN3_CODER) return out[1] = "<function=", 2;
+    return 1;
 }
 
 kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool partial, ktc_msg *m) {
@@ -946,10 +1017,28 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         size_t j = skip_ws(&p, 0);
         if (!in && at(&p, j, o)) in = true, i = j + strlen(o);
         else if (!in && (may_become(&p, j, o) || (partial && j == n))) go = false;
+        /* A block left open (no close marker in the output) ends where a
+         * call starts, as llama.cpp's parsers take it (Qwen3.5 and Ling
+         * going straight to a call from the prompt's <think>, Kimi K2
+         * calling inside its thinking): the lazy grammar switches on at
+         * the trigger, thinking or not. With a close marker, a call's
+         * markup before it is reasoning. While the output grows the text
+         * from such a start is held back (a close may still come). */
+        const char *starts[2];
+        int ns = think_call_starts(s->format, starts);
         if (in && go) {
             size_t e = find(&p, i, c);
-            if (e == NPOS) {
-                buf_add(&p, &p.reasoning, text + i, n - i - held(&p, i, c));
+            int w;
+            size_t k = e == NPOS && ns ? find_first(&p, i, starts, ns, &w) : NPOS;
+            if (k != NPOS) {
+                buf_add(&p, &p.reasoning, text + i, k - i);
+                if (partial) go = false;
+                else i = k;
+            } else if (e == NPOS) {
+                size_t h = held(&p, i, c);
+                for (int t = 0; t < ns; t++)
+                    if (held(&p, i, starts[t]) > h) h = held(&p, i, starts[t]);
+                buf_add(&p, &p.reasoning, text + i, n - i - h);
                 go = false;
             } else {
                 buf_add(&p, &p.reasoning, text + i, e - i);
@@ -971,6 +1060,9 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         case KTC_GRANITE: fmt_marker_list(&p, i, "<|tool_call|>", false); break;
         case KTC_SEED_OSS: fmt_xml(&p, i, &k_seed_oss); break;
         case KTC_MINIMAX_M2: fmt_xml(&p, i, &k_minimax_m2); break;
+        case KTC_DSML: fmt_xml(&p, i, &k_dsml); break;
+        case KTC_DSML_V4: fmt_xml(&p, i, &k_dsml_v4); break;
+        case KTC_MINICPM5: fmt_xml(&p, i, &k_minicpm5); break;
         case KTC_PHI4: {
             static const char *const phi[] = {"<|tool_call|>", "functools"};
             fmt_json_after(&p, i, phi, 2, 0, "<|/tool_call|>", NULL);

@@ -14,6 +14,9 @@
  * prefixes of those of the whole; a call appears once its name is complete,
  * and its arguments text only grows. Text that may still become markup (a
  * partial "<tool_" at the end) is held back, so markup never reaches content.
+ * A thinking block the output never closes ends where a call starts (as
+ * llama.cpp parses Qwen3.5, Ling and Kimi K2); while the output grows, the
+ * text from such a start is held until the block closes or the output ends.
  *
  * Constrained calls: ktc_trigger() gives the text at which a format's call
  * starts and ktc_grammar() the GBNF of what follows it (each call's
@@ -48,6 +51,9 @@ typedef enum {
     KTC_PHI4,         /* <|tool_call|>[{"name", "arguments"}]<|/tool_call|> (Phi-4-mini; vLLM's functools[..] too) */
     KTC_COMMAND_R_PLUS, /* Action: ```json [{"tool_name": .., "parameters": {..}}] ``` (Command R+) */
     KTC_FIREFUNCTION, /* functools[{"name", "arguments"}, ..] (FireFunction v2) */
+    KTC_DSML,         /* <｜DSML｜function_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K" string="true|false">V.. (DeepSeek V3.2) */
+    KTC_DSML_V4,      /* the same in <｜DSML｜tool_calls> (DeepSeek V4) */
+    KTC_MINICPM5,     /* <function name="NAME"><param name="K">V or <![CDATA[V]]></param></function> (MiniCPM5) */
     KTC_N_FORMATS
 } ktc_format;
 
@@ -86,6 +92,11 @@ bool ktc_grammar_supported(ktc_format f);
  * JSON object (XML formats: any parameters as text). */
 struct ktok;
 kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const struct ktok *tok, char **gbnf);
+/* A forced call when the prompt opened a thinking block (tool_choice
+ * required or named): the GBNF (malloc'ed) of the text after the block's
+ * close marker, which is then the lazy trigger: a few blanks, the format's
+ * trigger (tok's special token when it is one), then gbnf's calls. */
+kiln_status ktc_grammar_after_think(ktc_format f, const char *gbnf, const struct ktok *tok, char **out);
 
 typedef struct {
     ktc_format format;       /* KTC_NONE: no tool calls parsed */

@@ -3,6 +3,8 @@
  * kiln's Jinja engine, then parsed back to the same calls), streaming at
  * every split point equal to the whole parse, and hand-written outputs in
  * the cases of llama.cpp's tests/test-chat.cpp. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -145,6 +147,10 @@ static const rt_case k_rt[] = {
     {"MiniMax-M2", KTC_MINIMAX_M2, "[e~[", 2, true},
     /* (the template appends its instructions after the last turn) */
     {"CohereForAI-c4ai-command-r-plus-tool_use", KTC_COMMAND_R_PLUS, "<|START_OF_TURN_TOKEN|>", 2, false},
+    /* (DSML templates in thinking mode: without it the prompt writes <think></think>, a past turn only </think>) */
+    {"deepseek-ai-DeepSeek-V3.2", KTC_DSML, "<｜end▁of▁sentence｜>", 2, true},
+    {"deepseek-ai-DeepSeek-V4", KTC_DSML_V4, "<｜end▁of▁sentence｜>", 2, true},
+    {"openbmb-MiniCPM5-1B", KTC_MINICPM5, "<|im_end|>", 2, false},
 };
 
 static const char *k_call_args[2] = {"{\"city\": \"Paris\", \"days\": 3}", "{\"zone\": \"Asia/Tokyo\"}"};
@@ -195,9 +201,10 @@ KT_TEST(toolcall_round_trip_real_templates) {
         KT_CHECKF(ktc_detect(src) == rc->format, "%s: detected %s, want %s", rc->file, ktc_format_name(ktc_detect(src)),
                   ktc_format_name(rc->format));
         cJSON *m0 = conversation(rc->n_calls, false), *m1 = conversation(rc->n_calls, true);
+        cJSON *think = rc->format == KTC_DSML || rc->format == KTC_DSML_V4 ? cJSON_Parse("{\"thinking\": true}") : NULL;
         char *prompt = NULL, *full = NULL;
-        kchat_input in0 = {.messages = m0, .tools = tools, .add_generation_prompt = true, .bos_token = "<s>", .eos_token = "</s>"};
-        kchat_input in1 = {.messages = m1, .tools = tools, .add_generation_prompt = false, .bos_token = "<s>", .eos_token = "</s>"};
+        kchat_input in0 = {.messages = m0, .tools = tools, .extra = think, .add_generation_prompt = true, .bos_token = "<s>", .eos_token = "</s>"};
+        kchat_input in1 = {.messages = m1, .tools = tools, .extra = think, .add_generation_prompt = false, .bos_token = "<s>", .eos_token = "</s>"};
         kiln_status st = kchat_render(t, &in0, &prompt);
         if (!st) st = kchat_render(t, &in1, &full);
         KT_CHECKF(!st, "%s: %s", rc->file, kiln_status_msg(st));
@@ -235,7 +242,7 @@ KT_TEST(toolcall_round_trip_real_templates) {
         KT_CHECKF(!r, "%s: streaming %s: %s", rc->file, out, r);
         ktc_msg_free(&m);
         free(out), free(prompt), free(full), free(src);
-        cJSON_Delete(m0), cJSON_Delete(m1);
+        cJSON_Delete(m0), cJSON_Delete(m1), cJSON_Delete(think);
         kchat_free(t);
     }
     cJSON_Delete(tools);
@@ -253,7 +260,8 @@ KT_TEST(toolcall_grammar_takes_template_calls) {
         const rt_case *rc = &k_rt[c];
         ktc_format f = rc->format;
         if (f != KTC_HARMONY && f != KTC_DEEPSEEK && f != KTC_KIMI_K2 && f != KTC_MISTRAL_V11 && f != KTC_QWEN3_CODER &&
-            f != KTC_GLM45 && f != KTC_SEED_OSS && f != KTC_MINIMAX_M2)
+            f != KTC_GLM45 && f != KTC_SEED_OSS && f != KTC_MINIMAX_M2 && f != KTC_DSML && f != KTC_DSML_V4 &&
+            f != KTC_MINICPM5)
             continue;
         kchat_template *t = NULL;
         char *src = NULL, *full = NULL;
@@ -447,7 +455,11 @@ KT_TEST(toolcall_detect_formats) {
     } k_det[] = {{"ByteDance-Seed-OSS", KTC_SEED_OSS, KTC_THINK_SEED},
                  {"MiniMax-M2", KTC_MINIMAX_M2, KTC_THINK_TAGS},
                  {"CohereForAI-c4ai-command-r-plus-tool_use", KTC_COMMAND_R_PLUS, KTC_THINK_NONE},
-                 {"fireworks-ai-llama-3-firefunction-v2", KTC_FIREFUNCTION, KTC_THINK_NONE}};
+                 {"fireworks-ai-llama-3-firefunction-v2", KTC_FIREFUNCTION, KTC_THINK_NONE},
+                 {"deepseek-ai-DeepSeek-V3.2", KTC_DSML, KTC_THINK_TAGS},
+                 {"deepseek-ai-DeepSeek-V4", KTC_DSML_V4, KTC_THINK_TAGS},
+                 {"deepseek-ai-DeepSeek-V4-Flash-0731", KTC_DSML_V4, KTC_THINK_TAGS},
+                 {"openbmb-MiniCPM5-1B", KTC_MINICPM5, KTC_THINK_TAGS}};
     for (size_t i = 0; i < sizeof k_det / sizeof *k_det; i++) {
         char rel[256];
         snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", k_det[i].file);
@@ -464,19 +476,46 @@ KT_TEST(toolcall_detect_formats) {
     KT_CHECK(ktc_needs_special(KTC_HARMONY) && !ktc_needs_special(KTC_HERMES));
 }
 
+/* The arguments written so far of a call cut short, ends' whitespace aside. */
+static bool same_text(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    while (na && (a[na - 1] == ' ' || a[na - 1] == '\n')) na--;
+    while (nb && (b[nb - 1] == ' ' || b[nb - 1] == '\n')) nb--;
+    return na == nb && !memcmp(a, b, na);
+}
+
+/* A check that reports and goes on (every failing case is shown). */
+static bool KILN_PRINTF(3, 4) case_check(int line, bool cond, const char *fmt, ...) {
+    if (cond) return true;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    kt_fail(__FILE__, line, "%s", msg);
+    return false;
+}
+
 /* llama.cpp's test-chat.cpp cases (tests/data/tools/llama_cpp_cases.json),
- * whole and streamed at every split point. */
+ * whole and streamed at every split point (the deltas add up to the whole
+ * parse, so no markup reaches content on the way), and the format's call
+ * trigger never in content unless the case's content holds it. A case
+ * marked partial is a cut-short output: parsed as a prefix (a call's
+ * expected arguments are then the text written so far, or null: none). */
 KT_TEST(toolcall_llama_cpp_cases) {
     char path[4096];
     cJSON *d;
     KT_CHECK_OK(ku_json_load(kt_path(path, sizeof path, "tests/data/tools/llama_cpp_cases.json"), &d));
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(d, "tools"), *c;
-    int n = 0;
+    int n = 0, failed = 0;
     cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(d, "cases")) {
         const char *src = cJSON_GetObjectItemCaseSensitive(c, "source")->valuestring;
         const char *fmt = cJSON_GetObjectItemCaseSensitive(c, "format")->valuestring;
         const char *text = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
         const char *think = cJSON_GetObjectItemCaseSensitive(c, "reasoning")->valuestring;
+        const char *want_content = cJSON_GetObjectItemCaseSensitive(c, "content")->valuestring;
+        const char *want_reasoning = cJSON_GetObjectItemCaseSensitive(c, "reasoning_content")->valuestring;
+        bool partial = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "partial"));
         ktc_syntax syn = {KTC_NONE, !strcmp(think, "tags") ? KTC_THINK_TAGS : !strcmp(think, "mistral") ? KTC_THINK_MISTRAL
                                                   : !strcmp(think, "cohere") ? KTC_THINK_COHERE
                                                   : !strcmp(think, "seed")   ? KTC_THINK_SEED : KTC_THINK_NONE,
@@ -485,24 +524,32 @@ KT_TEST(toolcall_llama_cpp_cases) {
             if (!strcmp(ktc_format_name((ktc_format)f), fmt)) syn.format = (ktc_format)f;
         KT_CHECKF(syn.format != KTC_NONE, "%s: format %s", src, fmt);
         ktc_msg m;
-        KT_CHECK_OK(ktc_parse(&syn, text, strlen(text), false, &m));
-        KT_CHECKF(!strcmp(m.content, cJSON_GetObjectItemCaseSensitive(c, "content")->valuestring), "case %d (%s): content [%s]", n, src,
-                  m.content);
-        KT_CHECKF(!strcmp(m.reasoning, cJSON_GetObjectItemCaseSensitive(c, "reasoning_content")->valuestring),
-                  "case %d (%s): reasoning [%s]", n, src, m.reasoning);
+        KT_CHECK_OK(ktc_parse(&syn, text, strlen(text), partial, &m));
+        bool ok = true;
+        const char *trig = ktc_trigger(syn.format);
+        ok &= case_check(__LINE__, !strcmp(m.content, want_content), "case %d (%s): content [%s]", n, src, m.content);
+        ok &= case_check(__LINE__, !trig || strstr(want_content, trig) || !strstr(m.content, trig), "case %d (%s): %s in content", n, src, trig);
+        ok &= case_check(__LINE__, !strcmp(m.reasoning, want_reasoning), "case %d (%s): reasoning [%s]", n, src, m.reasoning);
         const cJSON *calls = cJSON_GetObjectItemCaseSensitive(c, "calls");
-        KT_CHECKF(m.n_calls == cJSON_GetArraySize(calls), "case %d (%s): %d calls", n, src, m.n_calls);
-        for (int i = 0; i < m.n_calls; i++) {
-            const cJSON *w = cJSON_GetArrayItem(calls, i);
-            KT_CHECKF(!strcmp(m.calls[i].name, cJSON_GetArrayItem(w, 0)->valuestring) && args_equal(m.calls[i].arguments, cJSON_GetArrayItem(w, 1)),
-                      "case %d (%s): call %d is %s(%s)", n, src, i, m.calls[i].name, m.calls[i].arguments);
+        ok &= case_check(__LINE__, m.n_calls == cJSON_GetArraySize(calls), "case %d (%s): %d calls", n, src, m.n_calls);
+        for (int i = 0; ok && i < m.n_calls; i++) {
+            const cJSON *w = cJSON_GetArrayItem(calls, i), *wa = cJSON_GetArrayItem(w, 1);
+            bool args_ok = cJSON_IsNull(wa)     ? !m.calls[i].arguments[0]
+                           : cJSON_IsString(wa) ? same_text(m.calls[i].arguments, wa->valuestring)
+                                                : args_equal(m.calls[i].arguments, wa);
+            ok &= case_check(__LINE__, !strcmp(m.calls[i].name, cJSON_GetArrayItem(w, 0)->valuestring) && args_ok,
+                            "case %d (%s): call %d is %s(%s)", n, src, i, m.calls[i].name, m.calls[i].arguments);
         }
         ktc_msg_free(&m);
-        char why[512];
-        const char *r = stream_all_splits(&syn, text, why, sizeof why);
-        KT_CHECKF(!r, "case %d (%s): streaming: %s", n, src, r);
+        if (ok && !partial) {
+            char why[512];
+            const char *r = stream_all_splits(&syn, text, why, sizeof why);
+            ok &= case_check(__LINE__, !r, "case %d (%s): streaming: %s", n, src, r);
+        }
+        failed += !ok;
         n++;
     }
-    KT_CHECK(n >= 35);
+    fprintf(stderr, "  llama.cpp test-chat cases: %d, %d failed\n", n, failed);
+    KT_CHECK(n >= 120);
     cJSON_Delete(d);
 }
