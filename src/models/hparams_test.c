@@ -312,7 +312,7 @@ KT_TEST(config_mlp_layer_types_and_mtp) {
     KT_CHECK(!hp.features[0]);
     KT_CHECK_OK(parse_config("{\"model_type\": \"glm4_moe_lite\", " MLA_MOE ", \"num_nextn_predict_layers\": 1}", &hp));
     for (int i = 0; i < 4; i++) KT_CHECK_EQ(hp.layer_moe[i], i > 0);
-    KT_CHECK(strstr(hp.features, "1 multi-token prediction layer (model.layers.4, not loaded)"));
+    KT_CHECK(strstr(hp.features, "1 multi-token prediction layer (model.layers.4: --spec-mtp drafts with the first)"));
     KT_CHECK_NEAR(hp.moe_scale, 1.8, 1e-6);
     KT_CHECK_ERR(parse_config("{\"model_type\": \"glm4_moe_lite\", " MLA_MOE ", \"mlp_layer_types\": [\"dense\"]}", &hp),
                  "one MLP kind per layer");

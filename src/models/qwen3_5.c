@@ -11,7 +11,7 @@
  * experts (norm_topk_prob) with a sigmoid-gated shared expert on every layer.
  * Checkpoints converted by mlx-lm are read as converted (km_qwen_next_mlx_norms).
  * The multi-token prediction layers of the released checkpoints (mtp.*,
- * mtp_num_hidden_layers) are not used for decoding; kiln info reports them. */
+ * mtp_num_hidden_layers) draft tokens with --spec-mtp (models/blocks_mtp.c); kiln info reports them. */
 #include <string.h>
 
 #include "base/json.h"
@@ -44,7 +44,7 @@ static kiln_status parse_common(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_int(cfg, "mtp_num_hidden_layers", 0, &mtp));
     size_t n = strlen(hp->features);
     if (mtp > 0 && n < sizeof hp->features)
-        snprintf(hp->features + n, sizeof hp->features - n, "; %lld MTP layers (mtp.*) not used", (long long)mtp);
+        snprintf(hp->features + n, sizeof hp->features - n, "; %lld MTP layers (mtp.*: --spec-mtp drafts with the first)", (long long)mtp);
     return NULL;
 }
 
