@@ -69,8 +69,8 @@ kiln_status km_deepseek_mtp(const cJSON *cfg, km_hparams *hp) {
     if (n < 0) return kiln_error(KILN_EINVAL, "config.json: num_nextn_predict_layers must not be negative");
     size_t o = strlen(hp->features);
     if (n > 0)
-        snprintf(hp->features + o, sizeof hp->features - o, "%s%lld multi-token prediction layer%s (model.layers.%lld%s: --spec-mtp drafts with the first)",
-                 o ? "; " : "", (long long)n, n > 1 ? "s" : "", (long long)hp->n_layers, n > 1 ? "..." : "");
+        snprintf(hp->features + o, sizeof hp->features - o,
+                 "%s%lld multi-token prediction layer%s (model.layers.%lld%s: --spec-mtp drafts with the first)", o ? "; " : "", (long long)n, n > 1 ? "s" : "", (long long)hp->n_layers, n > 1 ? "..." : "");
     return NULL;
 }
 

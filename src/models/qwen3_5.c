@@ -44,7 +44,8 @@ static kiln_status parse_common(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_int(cfg, "mtp_num_hidden_layers", 0, &mtp));
     size_t n = strlen(hp->features);
     if (mtp > 0 && n < sizeof hp->features)
-        snprintf(hp->features + n, sizeof hp->features - n, "; %lld MTP layers (mtp.*: --spec-mtp drafts with the first)", (long long)mtp);
+        snprintf(hp->features + n, sizeof hp->features - n, "; %lld MTP layers (mtp.*: --spec-mtp drafts with the first)",
+                 (long long)mtp);
     return NULL;
 }
 
