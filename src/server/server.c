@@ -924,6 +924,10 @@ kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
     if (s->p.max_conns_per_ip == 0) s->p.max_conns_per_ip = 256;
     if (s->p.request_timeout_s <= 0) s->p.request_timeout_s = 30;
     if (s->p.max_image_pixels <= 0) s->p.max_image_pixels = 1ll << 26;
+    if (s->p.max_request_pixels <= 0) s->p.max_request_pixels = 1ll << 28;
+    if (s->p.max_image_bytes <= 0) s->p.max_image_bytes = 20 << 20;
+    if (s->p.max_images == 0 || s->p.max_images > KSRV_MAX_IMAGES) s->p.max_images = KSRV_MAX_IMAGES;
+    if (s->p.max_videos == 0 || s->p.max_videos > KSRV_MAX_IMAGES) s->p.max_videos = KSRV_MAX_IMAGES;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->watch_mu, NULL);
     pthread_mutex_init(&s->decode_mu, NULL);
