@@ -121,6 +121,9 @@ int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out, ksrv_embed_api ap
 /* POST /slots/{id_str}?action= (slots.c): the answer in *out, returns the HTTP status. */
 int ksrv_slot_action(ksrv *s, const char *id_str, const char *action, const cJSON *body, ksrv_buf *out);
 int ksrv_rerank(ksrv *s, const cJSON *body, ksrv_buf *out);
+/* POST /tokenize and /detokenize (tokenize.c): the answer in *out, returns the HTTP status. */
+int ksrv_tokenize(ksrv *s, const cJSON *body, ksrv_buf *out);
+int ksrv_detokenize(ksrv *s, const cJSON *body, ksrv_buf *out);
 
 /* ---- images in chat messages (image.c) ---- */
 enum { KSRV_MAX_IMAGES = 16, KSRV_DECODE_SLOTS = 2 /* images decoded at once */, KSRV_MAX_FRAMES = 128 /* of one video */ };
