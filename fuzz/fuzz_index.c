@@ -53,7 +53,7 @@ static void fi_setup(void) {
     if (symlink("/etc/hostname", p)) abort();
 }
 
-static void fi_cleanup(void) {
+__attribute__((unused)) static void fi_cleanup(void) {
     if (!fi_dir[0]) return;
     char p[128];
     snprintf(p, sizeof p, "%s/sub.safetensors", fi_dir);

@@ -69,7 +69,7 @@ static ksrv *fr_fixture(int k, const char *fixture, int mode) {
 }
 
 /* Stops the servers and removes their folders (the replaying test calls it). */
-static void fr_cleanup(void) {
+__attribute__((unused)) static void fr_cleanup(void) {
     ksrv *all[] = {fr_gen, fr_emb, fr_rr};
     for (int i = 0; i < 3; i++)
         if (all[i]) ksrv_stop(all[i]);
