@@ -118,7 +118,7 @@ static void fz_data_url(const char *text, size_t len) {
     if (!st) st = ksrv_base64_decode(b64, n, &bytes, &nb);
     int64_t w = 0, h = 0;
     if (!st) st = kimg_probe(bytes, nb, "fuzz", &w, &h);
-    if (!st && w > 0 && h > 0 && w * h <= 1 << 20) {
+    if (!st && w > 0 && h > 0 && w <= 1 << 20 && h <= (1 << 20) / w) {
         kimg_image im;
         st = kimg_decode(bytes, nb, "fuzz", &im);
         if (!st && (im.w != w || im.h != h)) abort();

@@ -103,19 +103,20 @@ static kiln_status fetch_bytes(ksrv *s, ksrv_images *im, const char *b64, size_t
      * 16384 x 16384, 800 MB decoded) */
     int64_t iw, ih;
     kiln_status st = kimg_probe(*bytes, *n_bytes, w, &iw, &ih);
-    if (!st && iw * ih > s->p.max_image_pixels)
+    int64_t px = st ? 0 : ih > 0 && iw > INT64_MAX / ih ? INT64_MAX : iw * ih; /* a PNG's sides go to 2^31 */
+    if (!st && px > s->p.max_image_pixels)
         st = kiln_error(KILN_ELIMIT, "%s: the image is %lldx%lld, more than the %lld pixels this server decodes (--max-image-pixels)",
                         w, (long long)iw, (long long)ih, (long long)s->p.max_image_pixels);
-    if (!st && im->pixels + iw * ih > s->p.max_request_pixels)
+    if (!st && im->pixels + px > s->p.max_request_pixels)
         st = kiln_error(KILN_ELIMIT, "%s: the request's images and video frames come to %lld pixels with this %lldx%lld one, more than "
                                      "the %lld pixels this server decodes per request (--max-request-pixels)",
-                        w, (long long)(im->pixels + iw * ih), (long long)iw, (long long)ih, (long long)s->p.max_request_pixels);
+                        w, (long long)(im->pixels + px), (long long)iw, (long long)ih, (long long)s->p.max_request_pixels);
     if (st) {
         free(*bytes);
         *bytes = NULL;
         return st;
     }
-    im->pixels += iw * ih;
+    im->pixels += px;
     return NULL;
 }
 

@@ -257,6 +257,11 @@ KT_TEST(image_bombs_cost_nothing_to_refuse) {
     KT_CHECK(w == 30000 && h == 30000);
     kimg_image im;
     KT_CHECK_ERR(kimg_decode(png, sizeof png, "bomb.png", &im), "bomb.png: image size 30000x30000 is not supported");
+    /* a WebP cut inside its VP8X header: its canvas is unknown (libwebp's
+     * demuxer gives 2^32 - 1 a side, whose product the server's pixel check
+     * overflowed: found by fuzz-configs) */
+    static const char cut[] = "RIFF\x6a\x03\0\0WEBPVP8X\x0a\0\0\0\x02\0\0\0\x0b\0\x09\x21\x80";
+    KT_CHECK_ERR(kimg_probe(cut, sizeof cut - 1, "cut.webp", &w, &h), "cut.webp: a WebP without a readable header");
     char path[4096], *gif = NULL;
     size_t n = 0;
     KT_CHECK_OK(ku_read_file(kt_path(path, sizeof path, "tests/data/vision/webp_gif/gif_pil_animated.gif"), &gif, &n));
