@@ -118,7 +118,7 @@ clean:
 
 # libFuzzer harnesses (clang), one per parser of untrusted bytes:
 #   make fuzz-safetensors | fuzz-checkpoint | fuzz-tokenizer | fuzz-jinja | fuzz-image | fuzz-grammar
-#        | fuzz-config | fuzz-server | fuzz-configs   [FUZZ_TIME=seconds]
+#        | fuzz-config | fuzz-server | fuzz-configs | fuzz-requests | fuzz-index   [FUZZ_TIME=seconds]
 # Each links fuzz/fuzz_NAME.c with the library sources, runs from the seed
 # corpus FUZZ_SEEDS_NAME and grows fuzz-out/NAME (ignored by git). Crashers
 # land in fuzz-out/NAME-crashes: fix them, then commit them where the unit
@@ -144,6 +144,10 @@ FUZZ_ARGS_server       = -max_len=8192
 FUZZ_SEEDS_configs     = fuzz/corpus_configs
 FUZZ_ARGS_configs      = -max_len=8192
 FUZZ_ARGS_image        = -max_len=65536
+FUZZ_SEEDS_requests    = fuzz/corpus_requests
+FUZZ_ARGS_requests     = -max_len=4096 -dict=fuzz/requests.dict
+FUZZ_SEEDS_index       = fuzz/corpus_index
+FUZZ_ARGS_index        = -max_len=4096 -dict=fuzz/index.dict
 FUZZ_BUILD = build/fuzz
 
 # the library itself, instrumented, in its own tree (ISA-specific files keep their flags)
@@ -154,6 +158,10 @@ $(FUZZ_BUILD)/libkiln.a: $(LIB_SRC)
 	    $(FUZZ_BUILD)/libkiln.a
 endif
 
+# The AVX-512 kernels parse nothing and take clang with ASan + UBSan most of
+# an hour to compile (linear_avx512.c): they are built uninstrumented.
+$(FUZZ_BUILD)/obj/%_avx512.o: override OPT = -O1 -fno-omit-frame-pointer
+
 $(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c $(FUZZ_BUILD)/libkiln.a
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(FUZZ_BUILD)/libkiln.a $(LDLIBS)
 
@@ -162,6 +170,7 @@ fuzz-%: $(FUZZ_BUILD)/fuzz_%
 	$< -max_total_time=$(FUZZ_TIME) -timeout=10 -rss_limit_mb=2048 $(FUZZ_ARGS_$*) \
 	    -artifact_prefix=fuzz-out/$*-crashes/ fuzz-out/$* $(FUZZ_SEEDS_$*)
 
-fuzz: fuzz-safetensors fuzz-checkpoint fuzz-tokenizer fuzz-jinja fuzz-image fuzz-grammar fuzz-config fuzz-server fuzz-configs
+fuzz: fuzz-safetensors fuzz-checkpoint fuzz-tokenizer fuzz-jinja fuzz-image fuzz-grammar fuzz-config fuzz-server fuzz-configs \
+      fuzz-requests fuzz-index
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,6 +1,6 @@
 /* fuzz_configs.c: libFuzzer harness for the side files of a checkpoint and
  * the payload of a data URL. Input: one byte picking the kind, then the text.
- * The byte % 4:
+ * The byte % 5:
  *   0 preprocessor_config.json: kimg_proc_parse, then the output size for a
  *     few image sizes;
  *   1 tokenizer_config.json beside a fixed small tokenizer.json, then an
@@ -8,7 +8,11 @@
  *   2 generation_config.json in a checkpoint folder beside a fixed
  *     config.json and one-tensor model.safetensors: kc_open, eos / bos ids;
  *   3 the base64 of a data:image/...;base64, URL: decoded, then the image's
- *     declared size probed (as the server does before decoding).
+ *     declared size probed (as the server does before decoding);
+ *   4 a whole data URL (media type, ;base64, the payload): parsed as the
+ *     server does (ksrv_data_url_parse), decoded, probed, and an image
+ *     declaring at most 2^20 pixels decoded: the decoder gives the size
+ *     the probe read.
  * Bad input must come back as an error, never a crash. Build: make fuzz-configs. */
 #include <stdint.h>
 #include <stdio.h>
@@ -104,16 +108,37 @@ static void fz_base64(const char *text, size_t len) {
     free(bytes);
 }
 
+static void fz_data_url(const char *text, size_t len) {
+    const char *b64;
+    size_t n;
+    kiln_status st = ksrv_data_url_parse(text, len, "fuzz", &b64, &n);
+    if (!st && (b64 < text || b64 + n != text + len)) abort(); /* the payload is the URL's tail */
+    uint8_t *bytes = NULL;
+    size_t nb = 0;
+    if (!st) st = ksrv_base64_decode(b64, n, &bytes, &nb);
+    int64_t w = 0, h = 0;
+    if (!st) st = kimg_probe(bytes, nb, "fuzz", &w, &h);
+    if (!st && w > 0 && h > 0 && w <= 1 << 20 && h <= (1 << 20) / w) {
+        kimg_image im;
+        st = kimg_decode(bytes, nb, "fuzz", &im);
+        if (!st && (im.w != w || im.h != h)) abort();
+        kimg_free(&im);
+    }
+    kiln_status_free(st);
+    free(bytes);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     char *text = malloc(size); /* NUL-terminated copy of the rest */
     memcpy(text, data + 1, size - 1);
     text[size - 1] = 0;
-    switch (data[0] % 4) {
+    switch (data[0] % 5) {
     case 0: fz_preprocessor(text, size - 1); break;
     case 1: fz_tokenizer_config(text, size - 1); break;
     case 2: fz_generation_config(text, size - 1); break;
-    default: fz_base64(text, size - 1); break;
+    case 3: fz_base64(text, size - 1); break;
+    default: fz_data_url(text, size - 1); break;
     }
     free(text);
     return 0;

@@ -51,6 +51,11 @@ static void usage(FILE *f) {
             "                         e.g. behind a reverse proxy)\n"
             "  --max-image-pixels N   largest image (declared width x height, checked before decoding;\n"
             "                         default 67108864 = 8192 x 8192)\n"
+            "  --max-request-pixels N the declared width x height of a request's images and video frames\n"
+            "                         together (default 268435456 = 2^28, e.g. 128 frames of 1920 x 1080)\n"
+            "  --max-image-bytes N    largest image (a data URL's decoded bytes; default 20971520 = 20 MiB)\n"
+            "  --limit-mm-per-prompt L  images and videos per request, as vLLM's: '{\"image\": N, \"video\": M}'\n"
+            "                         or image=N,video=M (0: none; default and most 16 of each, 16 together)\n"
             "  --shutdown-timeout S   on SIGTERM/SIGINT: seconds running requests get to finish before\n"
             "                         streams end with an error event and the rest get 503 (default 5);\n"
             "                         a second signal exits at once\n"
@@ -114,7 +119,8 @@ int kiln_cmd_serve(int argc, char **argv) {
             "-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "--max-model-len",
             "--kv-tokens", "--cache-ram", "--block-size", "-b", "--step-tokens", "--queue", "-t", "--threads",
             "--api-key", "--alias", "--served-model-name", "--max-body", "--timeout", "--request-timeout",
-            "--max-conns", "--max-conns-per-ip", "--max-image-pixels", "--shutdown-timeout", "--reasoning-budget",
+            "--max-conns", "--max-conns-per-ip", "--max-image-pixels", "--max-request-pixels", "--max-image-bytes", "--limit-mm-per-prompt",
+            "--shutdown-timeout", "--reasoning-budget",
             "--reasoning-format", "--pooling", "--cache-dir", "--cache-dir-size", "--slot-save-path", NULL};
         bool flag = kiln_flag_in(a, flags);
         if ((st = kiln_option("serve", a, v, valued, flags))) break;
@@ -141,6 +147,9 @@ int kiln_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-conns")) st = kiln_parse_int(a, v, 4, 1 << 20, &x), p.max_conns = (int)x;
         else if (!strcmp(a, "--max-conns-per-ip")) st = kiln_parse_int(a, v, 0, 1 << 20, &x), p.max_conns_per_ip = x ? (int)x : -1;
         else if (!strcmp(a, "--max-image-pixels")) st = kiln_parse_int(a, v, 1, 1ll << 34, &p.max_image_pixels);
+        else if (!strcmp(a, "--max-request-pixels")) st = kiln_parse_int(a, v, 1, 1ll << 40, &p.max_request_pixels);
+        else if (!strcmp(a, "--max-image-bytes")) st = kiln_parse_int(a, v, 1, 1ll << 40, &p.max_image_bytes);
+        else if (!strcmp(a, "--limit-mm-per-prompt")) st = ksrv_mm_limits_parse(v, &p.max_images, &p.max_videos);
         else if (!strcmp(a, "--shutdown-timeout")) st = kiln_parse_int(a, v, 0, 86400, &grace);
         else if (!strcmp(a, "--metrics")) p.metrics = true; /* the default; kept for old command lines */
         else if (!strcmp(a, "--no-metrics")) p.metrics = false;

@@ -192,3 +192,36 @@ KT_TEST(embed_decoder_rerank_prompt) {
     kemb_free(m);
     ktok_free(tok);
 }
+
+/* A cross-encoder pair with an empty side, as transformers' BERT
+ * tokenizer builds it: ("ab", "") is [CLS] ab [SEP] [SEP] with types
+ * 0 0 0 1, ("", "ab") is [CLS] [SEP] ab [SEP] with 0 0 1 1. The empty
+ * side's frame is split as a one-letter text's (an empty text once reached
+ * memcmp with a NULL pointer: found by fuzz-requests). */
+KT_TEST(embed_cross_encoder_pair_with_an_empty_side) {
+    static const char tj[] =
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"[PAD]\": 0, \"[CLS]\": 1, \"[SEP]\": 2, \"a\": 3, \"b\": 4, \"ab\": 5},"
+        " \"merges\": [\"a b\"]}, \"added_tokens\": [{\"id\": 1, \"content\": \"[CLS]\", \"special\": true},"
+        " {\"id\": 2, \"content\": \"[SEP]\", \"special\": true}],"
+        " \"post_processor\": {\"type\": \"BertProcessing\", \"sep\": [\"[SEP]\", 2], \"cls\": [\"[CLS]\", 1]}}";
+    ktok *tok = NULL;
+    KT_CHECK_OK(ktok_load_json(tj, sizeof tj - 1, NULL, 0, "pair", &tok));
+    kemb_model *m = NULL;
+    KT_CHECK_OK(kemb_load("tests/fixtures/embed/bert_rerank", &m));
+    if (!tok || !m) return;
+    KT_CHECK(kemb_is_cross_encoder(m));
+    static const struct { const char *q, *d; int32_t ids[4], types[4]; } pairs[] = {
+        {"ab", "", {1, 5, 2, 2}, {0, 0, 0, 1}},
+        {"", "ab", {1, 2, 5, 2}, {0, 0, 1, 1}},
+    };
+    for (int c = 0; c < 2; c++) {
+        int32_t *ids = NULL, *types = NULL;
+        int64_t n = 0;
+        KT_CHECK_OK(kemb_encode_pair(m, tok, NULL, pairs[c].q, pairs[c].d, &ids, &types, &n));
+        KT_CHECKF(n == 4 && ids && types && !memcmp(ids, pairs[c].ids, sizeof pairs[c].ids) && !memcmp(types, pairs[c].types, sizeof pairs[c].types),
+                  "case %d: %lld ids", c, (long long)n);
+        free(ids), free(types);
+    }
+    kemb_free(m);
+    ktok_free(tok);
+}

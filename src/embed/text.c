@@ -20,19 +20,32 @@ kiln_status kemb_encode(const ktok *tok, const char *prompt, const char *text, i
 }
 
 /* ids of text with the post-processor's prefix and suffix counted: *pre
- * tokens come before the content, *post after it. */
+ * tokens come before the content, *post after it. An empty text (no
+ * content tokens) is split as the frame of a one-letter text is. */
 static kiln_status framed(const ktok *tok, const char *text, int32_t **ids, size_t *n, size_t *pre, size_t *post) {
     int32_t *bare;
     size_t nb;
     KILN_TRY(ktok_encode(tok, text, strlen(text), false, &bare, &nb));
     kiln_status st = ktok_encode(tok, text, strlen(text), true, ids, n);
-    if (!st) {
+    if (!st && nb == 0 && !strcmp(text, "a")) {
+        st = kiln_error(KILN_EUNSUPPORTED, "the tokenizer gives the text \"a\" no tokens");
+    } else if (!st && nb == 0) {
+        int32_t *probe;
+        size_t np;
+        st = framed(tok, "a", &probe, &np, pre, post);
+        free(probe);
+        if (!st && *pre + *post != *n) st = kiln_error(KILN_EUNSUPPORTED, "the tokenizer's post-processor frames an empty text unlike others");
+    } else if (!st) {
         size_t p = 0;
         while (p < *n && (p + nb > *n || memcmp(*ids + p, bare, nb * sizeof(int32_t)))) p++;
         if (p + nb > *n) st = kiln_error(KILN_EUNSUPPORTED, "the tokenizer's post-processor changes the text's tokens");
         *pre = p, *post = *n - p - nb;
     }
     free(bare);
+    if (st) {
+        free(*ids);
+        *ids = NULL;
+    }
     return st;
 }
 
@@ -69,6 +82,10 @@ kiln_status kemb_encode_pair(const kemb_model *m, const ktok *tok, const char *i
     }
     bool two_types = ke_model_hparams(kemb_engine_model(m))->type_vocab >= 2;
     size_t db = nb - pb - sb, total = na + (two_types ? 0 : sa) + db + sb;
+    if (total == 0) {
+        free(a), free(b);
+        return kiln_error(KILN_EINVAL, "the query and the document give no tokens");
+    }
     *ids = malloc(sizeof(int32_t) * total), *types = malloc(sizeof(int32_t) * total);
     if (!*ids || !*types) st = kiln_error(KILN_ENOMEM, "out of memory");
     size_t k = 0;

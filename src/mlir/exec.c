@@ -173,9 +173,9 @@ static kiln_status build(kmlir_exec *e, const char *text, size_t len) {
     KILN_TRY(run_tool(rtlink, log));
     /* LLVM optimization of the JIT: -O0 by default (a correctness path: -O2 compiles ~12x slower, runs ~faster) */
     const char *lvl = getenv("KILN_MLIR_OPT");
-    char optarg[8];
-    snprintf(optarg, sizeof optarg, "-O%c", lvl && lvl[0] >= '0' && lvl[0] <= '3' && !lvl[1] ? lvl[0] : '0');
-    char *run[] = {runner, low, "-e", "kiln_noop", "--entry-point-result=void", optarg, libarg, "--dump-object-file", objarg, NULL};
+    char optlevel[8];
+    snprintf(optlevel, sizeof optlevel, "-O%c", lvl && lvl[0] >= '0' && lvl[0] <= '3' && !lvl[1] ? lvl[0] : '0');
+    char *run[] = {runner, low, "-e", "kiln_noop", "--entry-point-result=void", optlevel, libarg, "--dump-object-file", objarg, NULL};
     KILN_TRY(run_tool(run, log));
     char *link[] = {cc, "-shared", "-O2", "-fPIC", "-Wl,-Bsymbolic", "-o", so, obj, rt, "-lm", NULL};
     KILN_TRY(run_tool(link, log));

@@ -295,7 +295,10 @@ int ksrv_rerank(ksrv *s, const cJSON *body, ksrv_buf *out) {
             break;
         }
         st = kemb_encode_pair(s->emb, s->tok, NULL, query, text[in->n], &in->ids[in->n], &in->types[in->n], &in->lens[in->n]);
-        if (st) break;
+        if (st) {
+            st = kiln_status_wrap(st, "documents[%d]", in->n);
+            break;
+        }
         in->n++;
     }
     if (!st) st = check_lengths(s, in);

@@ -418,3 +418,36 @@ KT_TEST(serve_llama_embedding_and_vllm_pooling) {
     }
     free(emb), free(pooled), free(in);
 }
+
+/* /tokenize and /detokenize on an embedding server (which has no generating
+ * model or context: once a NULL dereference, found by fuzz-requests) answer
+ * from its tokenizer; an id past the model's vocabulary is a 400 naming it. */
+KT_TEST(serve_embeddings_tokenize_detokenize) {
+    efx f = {0};
+    KT_CHECK(bare_folder(&f, "tests/fixtures/embed/xlmr_cls"));
+    KT_CHECK(copy("tests/data/server/tok512", "tokenizer.json", f.dir));
+    kiln_status st = serve(&f, KSRV_EMBEDDINGS, NULL);
+    KT_CHECKF(st == NULL, "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    long code = 0;
+    cJSON *t = f.s ? post(&f, "/tokenize", "{\"content\": \"The cat sat\"}", &code) : NULL;
+    KT_CHECK(t && code == 200);
+    const cJSON *toks = ku_json_get(t, "tokens");
+    KT_CHECK(cJSON_GetArraySize(toks) >= 2);
+    KT_CHECK_EQ((int)ku_json_get(t, "max_model_len")->valuedouble, 256);
+    char *tj = cJSON_PrintUnformatted(toks), req[512];
+    snprintf(req, sizeof req, "{\"tokens\": %s}", tj);
+    free(tj);
+    cJSON_Delete(t);
+    cJSON *d = f.s ? post(&f, "/detokenize", req, &code) : NULL;
+    KT_CHECK(d && code == 200);
+    KT_CHECK_STR(cJSON_GetStringValue(ku_json_get(d, "content")), "The cat sat");
+    cJSON_Delete(d);
+    d = f.s ? post(&f, "/detokenize", "{\"tokens\": [1, 512]}", &code) : NULL;
+    KT_CHECK_EQ(code, 400);
+    const char *msg = cJSON_GetStringValue(ku_json_get(ku_json_get(d, "error"), "message"));
+    KT_CHECKF(msg && strstr(msg, "\"tokens\"[1]: token 512 is outside the model's vocabulary (512)"), "%s", msg ? msg : "no error");
+    cJSON_Delete(d);
+    stop(&f);
+    remove_folder(&f);
+}

@@ -288,80 +288,13 @@ static enum MHD_Result do_models(conn_state *cs, const char *id) {
 }
 
 static enum MHD_Result do_tokenize(conn_state *cs, const cJSON *body) {
-    ksrv *s = cs->s;
-    const char *text;
-    bool special, special2, pieces;
-    kiln_status st = cJSON_IsObject(body) ? NULL : kiln_error(KILN_EINVAL, "request body: expected a JSON object");
-    if (!st) st = ku_json_str(body, "content", NULL, &text);
-    if (!st && !text) st = ku_json_str(body, "prompt", NULL, &text);
-    if (!st && !text) st = kiln_error(KILN_EINVAL, "\"content\": required (a string)");
-    if (!st) st = ku_json_bool(body, "add_special", false, &special);
-    if (!st) st = ku_json_bool(body, "add_special_tokens", special, &special2);
-    if (!st) st = ku_json_bool(body, "with_pieces", false, &pieces);
-    if (!st && !s->tok) st = kiln_error(KILN_EINVAL, "the model has no tokenizer.json");
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (!st) st = ktok_encode(s->tok, text, strlen(text), special2, &ids, &n);
-    if (st) return reply_status(cs, st, &k_bad);
     ksrv_buf b = {0};
-    ksrv_buf_str(&b, "{\"tokens\": [");
-    for (size_t i = 0; i < n; i++) {
-        if (!pieces) {
-            ksrv_buf_printf(&b, "%s%d", i ? ", " : "", (int)ids[i]);
-            continue;
-        }
-        char *t = NULL;
-        size_t len = 0;
-        kiln_status_free(ktok_decode(s->tok, &ids[i], 1, false, &t, &len));
-        ksrv_buf_printf(&b, "%s{\"id\": %d, \"piece\": ", i ? ", " : "", (int)ids[i]);
-        ksrv_buf_json_str(&b, t ? t : "", t ? len : 0);
-        ksrv_buf_str(&b, "}");
-        free(t);
-    }
-    ksrv_buf_printf(&b, "], \"count\": %zu, \"max_model_len\": %lld}", n, (long long)ke_ctx_n_ctx(s->c));
-    free(ids);
-    return reply_json(cs, 200, &b);
+    return reply_json(cs, ksrv_tokenize(cs->s, body, &b), &b);
 }
 
 static enum MHD_Result do_detokenize(conn_state *cs, const cJSON *body) {
-    ksrv *s = cs->s;
-    const cJSON *t = ku_json_get(body, "tokens");
-    kiln_status st = NULL;
-    if (!cJSON_IsObject(body)) st = kiln_error(KILN_EINVAL, "request body: expected a JSON object");
-    else if (!cJSON_IsArray(t)) st = kiln_error(KILN_EINVAL, "\"tokens\": required (a list of token ids)");
-    else if (!s->tok) st = kiln_error(KILN_EINVAL, "the model has no tokenizer.json");
-    int n = st ? 0 : cJSON_GetArraySize(t), i = 0;
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n + 1));
-    if (!st && !ids) st = kiln_error(KILN_ENOMEM, "out of memory");
-    const cJSON *e;
-    if (!st)
-        cJSON_ArrayForEach(e, t) {
-            double d = e->valuedouble;
-            if (!cJSON_IsNumber(e) || d != floor(d) || d < 0 || d > INT32_MAX) {
-                st = kiln_error(KILN_EINVAL, "\"tokens\"[%d]: expected a token id", i);
-                break;
-            }
-            int64_t vocab = ke_model_hparams(s->m)->vocab;
-            if (d >= (double)vocab) {
-                st = kiln_error(KILN_EINVAL, "\"tokens\"[%d]: token %lld is outside the model's vocabulary (%lld)", i,
-                                (long long)d, (long long)vocab);
-                break;
-            }
-            ids[i++] = (int32_t)d;
-        }
-    char *text = NULL;
-    size_t len = 0;
-    if (!st) st = ktok_decode(s->tok, ids, (size_t)n, false, &text, &len);
-    free(ids);
-    if (st) return reply_status(cs, st, &k_bad);
     ksrv_buf b = {0};
-    ksrv_buf_str(&b, "{\"content\": ");
-    ksrv_buf_json_str(&b, text, len);
-    ksrv_buf_str(&b, ", \"prompt\": ");
-    ksrv_buf_json_str(&b, text, len);
-    ksrv_buf_str(&b, "}");
-    free(text);
-    return reply_json(cs, 200, &b);
+    return reply_json(cs, ksrv_detokenize(cs->s, body, &b), &b);
 }
 
 static const char k_shutting_down[] = "the server is shutting down";
@@ -924,6 +857,10 @@ kiln_status ksrv_start(const ksrv_params *p, ksrv **out) {
     if (s->p.max_conns_per_ip == 0) s->p.max_conns_per_ip = 256;
     if (s->p.request_timeout_s <= 0) s->p.request_timeout_s = 30;
     if (s->p.max_image_pixels <= 0) s->p.max_image_pixels = 1ll << 26;
+    if (s->p.max_request_pixels <= 0) s->p.max_request_pixels = 1ll << 28;
+    if (s->p.max_image_bytes <= 0) s->p.max_image_bytes = 20 << 20;
+    if (s->p.max_images == 0 || s->p.max_images > KSRV_MAX_IMAGES) s->p.max_images = KSRV_MAX_IMAGES;
+    if (s->p.max_videos == 0 || s->p.max_videos > KSRV_MAX_IMAGES) s->p.max_videos = KSRV_MAX_IMAGES;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->watch_mu, NULL);
     pthread_mutex_init(&s->decode_mu, NULL);

@@ -60,6 +60,9 @@ typedef struct {
     int max_conns_per_ip;  /* open connections per client address; 0: 256, < 0: no limit */
     int max_choices;       /* prompts x n per request; 0: 64 */
     int64_t max_image_pixels; /* an image's declared width x height; 0: 2^26 (8192 x 8192) */
+    int64_t max_request_pixels; /* the declared width x height of a request's images and video frames together; 0: 2^28 */
+    int64_t max_image_bytes;  /* an image's (a frame's) encoded bytes, from its data URL; 0: 20 MiB */
+    int max_images, max_videos; /* image / video parts per request (--limit-mm-per-prompt); 0: 16, < 0: none */
     const kgen_params *defaults; /* sampling defaults (NULL: llama.cpp's); copied */
     bool quiet;            /* no access log on stderr */
     bool reasoning_none;   /* --reasoning-format none: thinking blocks stay in content */
@@ -97,6 +100,12 @@ bool ksrv_loading(ksrv *s);
 void ksrv_shutdown(ksrv *s, double grace_s);
 /* Stops listening, ends every request, frees everything. */
 void ksrv_stop(ksrv *s);
+
+/* --limit-mm-per-prompt as vLLM takes it, {"image": N, "video": M} (a count
+ * or {"count": N}), or image=N,video=M, into p->max_images / max_videos for
+ * the keys given (0 becomes -1: none); counts above 16 and other
+ * modalities (but with 0) are errors naming the key. */
+kiln_status ksrv_mm_limits_parse(const char *v, int *images, int *videos);
 
 /* KV blocks in use and requests running + waiting, for tests. */
 void ksrv_load(ksrv *s, int64_t *blocks_used, int64_t *requests);

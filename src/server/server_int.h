@@ -121,11 +121,15 @@ int ksrv_embeddings(ksrv *s, const cJSON *body, ksrv_buf *out, ksrv_embed_api ap
 /* POST /slots/{id_str}?action= (slots.c): the answer in *out, returns the HTTP status. */
 int ksrv_slot_action(ksrv *s, const char *id_str, const char *action, const cJSON *body, ksrv_buf *out);
 int ksrv_rerank(ksrv *s, const cJSON *body, ksrv_buf *out);
+/* POST /tokenize and /detokenize (tokenize.c): the answer in *out, returns the HTTP status. */
+int ksrv_tokenize(ksrv *s, const cJSON *body, ksrv_buf *out);
+int ksrv_detokenize(ksrv *s, const cJSON *body, ksrv_buf *out);
 
 /* ---- images in chat messages (image.c) ---- */
 enum { KSRV_MAX_IMAGES = 16, KSRV_DECODE_SLOTS = 2 /* images decoded at once */, KSRV_MAX_FRAMES = 128 /* of one video */ };
 typedef struct {
-    int n;
+    int n, n_images, n_videos; /* px's entries; of them images, videos (--limit-mm-per-prompt) */
+    int64_t pixels;            /* declared width x height of every image and frame so far (--max-request-pixels) */
     kvis_pixels px[KSRV_MAX_IMAGES];
     float *feat, *deep; /* the towers' rows, concatenated */
     kvis_inputs vx;
@@ -133,6 +137,11 @@ typedef struct {
 } ksrv_images;
 /* RFC 4648 base64 ('-' '_' too; whitespace ignored). *out malloc'ed. */
 kiln_status ksrv_base64_decode(const char *s, size_t n, uint8_t **out, size_t *n_out);
+/* A data URL u[n] of a PNG, JPEG, WebP or GIF image in base64
+ * (data:image/png;base64,...): *payload the base64 text within u (borrowed),
+ * else an error naming w (another scheme or media type, a video file, no
+ * ;base64). */
+kiln_status ksrv_data_url_parse(const char *u, size_t n, const char *w, const char **payload, size_t *n_payload);
 /* An {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}
  * part (what names it in errors): decoded and preprocessed into im. */
 kiln_status ksrv_images_add(ksrv *s, ksrv_images *im, const cJSON *part, const char *what);

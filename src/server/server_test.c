@@ -11,11 +11,13 @@
 #include <dirent.h>
 #include <curl/curl.h>
 #include <limits.h>
+#include <png.h>
 #include <poll.h>
 #include <pthread.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -2501,4 +2503,137 @@ KT_TEST(server_slot_save_restore) {
     SLOT_ERROR("/slots/0?action=save", "{\"filename\": \"a.slot\"}", 501, "--slot-save-path");
     SLOT_ERROR("/slots/0?action=erase", NULL, 501, "--slot-save-path");
     finish(&f);
+}
+
+/* A PNG of w x h black pixels (RGB, deflated at level 9: about 1/1000 of
+ * its decoded size), written row by row so making it costs one row. */
+static void png_write_buf(png_structp png, png_bytep p, png_size_t n) { ksrv_buf_add(png_get_io_ptr(png), (const char *)p, n); }
+static void png_flush_none(png_structp png) { (void)png; }
+static void black_png(ksrv_buf *out, int w, int h) {
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_infop info = png_create_info_struct(png);
+    png_bytep row = calloc((size_t)w, 3);
+    if (setjmp(png_jmpbuf(png))) {
+        kt_fail(__FILE__, __LINE__, "libpng failed writing a %dx%d PNG", w, h);
+    } else {
+        png_set_write_fn(png, out, png_write_buf, png_flush_none);
+        png_set_compression_level(png, 9);
+        png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+                     PNG_FILTER_TYPE_DEFAULT);
+        png_write_info(png, info);
+        for (int y = 0; y < h; y++) png_write_row(png, row);
+        png_write_end(png, NULL);
+    }
+    png_destroy_write_struct(&png, &info);
+    free(row);
+}
+
+static void black_png_url(ksrv_buf *url, int w, int h) {
+    ksrv_buf png = {0};
+    black_png(&png, w, h);
+    ksrv_buf_str(url, "data:image/png;base64,");
+    b64(url, (const unsigned char *)png.p, png.len);
+    ksrv_buf_free(&png);
+}
+
+static long peak_rss_kb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+/* Per-request image limits (issue 20.3) on the Qwen2-VL fixture: image and
+ * video parts beyond --limit-mm-per-prompt, an image's bytes beyond
+ * --max-image-bytes (refused from the base64's length, before decoding)
+ * and a request's declared pixels beyond --max-request-pixels are 400s
+ * naming the limit. A video of 64 frames that decode to 3.2 GB (a 49 KB
+ * PNG declaring 4096 x 4096, 64 times: a 4 MB body) is refused from the
+ * frames' headers before any is decoded: the peak RSS grows by less than
+ * 256 MB. */
+KT_TEST(server_image_request_limits) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    fx f = {.vlm = "qwen2_vl"};
+    ksrv_params p = default_params(NULL);
+    p.max_images = 3, p.max_videos = 1;
+    p.max_request_pixels = (2ll << 24) + 1000; /* two frames of 4096 x 4096 and a little */
+    p.max_image_bytes = 200000;
+    p.max_body = 8 << 20;
+    if (!start(&f, &p)) return;
+    ksrv_buf small = {0}, big = {0}, wide = {0};
+    data_url(&small, "image/png", "tests/fixtures/vlm/qwen2_vl/image.png"); /* 64 x 48 */
+    black_png_url(&big, 4096, 4096);
+    KT_CHECKF(big.len < 80000, "the 4096 x 4096 PNG's data URL has %zu bytes", big.len);
+    black_png_url(&wide, 8192, 4096);
+    const char *greedy = "\"max_tokens\": 1, \"temperature\": 0";
+#define IMAGE_PART "{\"type\": \"image_url\", \"image_url\": {\"url\": \"%s\"}}"
+    /* three images: answered; four: more than --limit-mm-per-prompt */
+    ksrv_buf b = {0};
+    for (int n = 3; n <= 4; n++) {
+        ksrv_buf_free(&b);
+        ksrv_buf_str(&b, "{\"messages\": [{\"role\": \"user\", \"content\": [");
+        for (int i = 0; i < n; i++) ksrv_buf_str(&b, i ? ", " : ""), ksrv_buf_printf(&b, IMAGE_PART, small.p);
+        ksrv_buf_printf(&b, ", {\"type\": \"text\", \"text\": \"x\"}]}], %s}", greedy);
+        if (n == 3) cJSON_Delete(post_json(&f, "/v1/chat/completions", b.p, 200));
+        else CHECK_ERROR("POST", "/v1/chat/completions", b.p, NULL, 400,
+                         "messages\\\"[0].content[3]: more images than the 3 this server takes per request (--limit-mm-per-prompt)");
+    }
+    /* two videos: more than --limit-mm-per-prompt's one */
+    ksrv_buf_free(&b);
+    ksrv_buf_printf(&b, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": [\"%s\", \"%s\"]}, "
+                        "{\"type\": \"video\", \"video\": [\"%s\", \"%s\"]}]}], %s}", small.p, small.p, small.p, small.p, greedy);
+    CHECK_ERROR("POST", "/v1/chat/completions", b.p, NULL, 400,
+                "messages\\\"[0].content[1]: more videos than the 1 this server takes per request (--limit-mm-per-prompt)");
+    /* 300 KB of base64 (225 KB of bytes, not an image at all): refused by its size, not by a decoder */
+    ksrv_buf_free(&b);
+    ksrv_buf_printf(&b, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,");
+    for (int i = 0; i < 4688; i++) ksrv_buf_str(&b, "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    ksrv_buf_printf(&b, "\"}}]}], %s}", greedy);
+    CHECK_ERROR("POST", "/v1/chat/completions", b.p, NULL, 400,
+                "the image is 225024 bytes, more than the 200000 bytes this server takes per image (--max-image-bytes)");
+    /* images: the 64 x 48 one, then an 8192 x 4096 one past the request's pixels */
+    ksrv_buf_free(&b);
+    ksrv_buf_str(&b, "{\"messages\": [{\"role\": \"user\", \"content\": [");
+    ksrv_buf_printf(&b, IMAGE_PART, small.p);
+    ksrv_buf_str(&b, ", ");
+    ksrv_buf_printf(&b, IMAGE_PART, wide.p);
+    ksrv_buf_printf(&b, "]}], %s}", greedy);
+    CHECK_ERROR("POST", "/v1/chat/completions", b.p, NULL, 400,
+                "content[1].image_url.url: the request's images and video frames come to 33557504 pixels with this 8192x4096 one, "
+                "more than the 33555432 pixels this server decodes per request (--max-request-pixels)");
+    /* the same through llama-server's multimodal_data */
+    ksrv_buf_free(&b);
+    ksrv_buf_printf(&b, "{\"prompt\": {\"prompt_string\": \"<__media__><__media__>x\", \"multimodal_data\": [\"%s\", \"%s\"]}, %s}",
+                    small.p + strlen("data:image/png;base64,"), wide.p + strlen("data:image/png;base64,"), greedy);
+    CHECK_ERROR("POST", "/completion", b.p, NULL, 400, "multimodal_data\\\"[1]: the request's images and video frames come to 33557504");
+    /* a video of 64 frames of 4096 x 4096 (3.2 GB decoded): refused at its third frame's header, nothing decoded */
+    ksrv_buf_free(&b);
+    ksrv_buf_str(&b, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": [");
+    for (int i = 0; i < 64; i++) ksrv_buf_printf(&b, "%s\"%s\"", i ? ", " : "", big.p);
+    ksrv_buf_printf(&b, "]}]}], %s}", greedy);
+    KT_CHECKF(b.len < 5 << 20, "the video request has %zu bytes", b.len);
+    long rss0 = peak_rss_kb();
+    CHECK_ERROR("POST", "/v1/chat/completions", b.p, NULL, 400,
+                "content[0].video[2]: the request's images and video frames come to 50331648 pixels with this 4096x4096 one");
+    long grown = peak_rss_kb() - rss0;
+    KT_CHECKF(grown < 256 << 10, "the refused video grew the peak RSS by %ld MB", grown >> 10);
+    /* within the budget, decoded and answered: two 4096 x 4096 frames */
+    ksrv_buf_free(&b);
+    ksrv_buf_printf(&b, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"video\", \"video\": [\"%s\", \"%s\"]}]}], %s}",
+                    big.p, big.p, greedy);
+    cJSON_Delete(post_json(&f, "/v1/chat/completions", b.p, 200));
+    ksrv_buf_free(&b), ksrv_buf_free(&small), ksrv_buf_free(&big), ksrv_buf_free(&wide);
+    finish(&f);
+    /* --limit-mm-per-prompt as vLLM and kiln serve take it */
+    int ni = 0, nv = 0;
+    KT_CHECK_OK(ksrv_mm_limits_parse("{\"image\": 2, \"video\": 0}", &ni, &nv));
+    KT_CHECK(ni == 2 && nv == -1);
+    KT_CHECK_OK(ksrv_mm_limits_parse("{\"image\": {\"count\": 5, \"width\": 512}, \"audio\": 0}", &ni, &nv));
+    KT_CHECK(ni == 5 && nv == -1);
+    KT_CHECK_OK(ksrv_mm_limits_parse("image=1,video=3", &ni, &nv));
+    KT_CHECK(ni == 1 && nv == 3);
+    KT_CHECK_ERR(ksrv_mm_limits_parse("{\"image\": 17}", &ni, &nv), "--limit-mm-per-prompt: image: expected a count from 0 to 16");
+    KT_CHECK_ERR(ksrv_mm_limits_parse("{\"audio\": 1}", &ni, &nv), "audio: kiln takes images and videos only");
+    KT_CHECK_ERR(ksrv_mm_limits_parse("image=x", &ni, &nv), "image: expected a count");
+    KT_CHECK_ERR(ksrv_mm_limits_parse("image", &ni, &nv), "expected {\"image\": N");
+#undef IMAGE_PART
 }

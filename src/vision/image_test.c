@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
+#include "base/file.h"
 #include "base/json.h"
 #include "kt.h"
 #include "vision/image.h"
@@ -231,4 +233,63 @@ KT_TEST(image_mllama_canvas_choice) {
     kiln_status st = kimg_canvas_grid(&p, 48, 64, &r, &c);
     KT_CHECK(st != NULL);
     kiln_status_free(st);
+}
+
+static long peak_rss_kb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+/* Decompression bombs at the decoders (issue 20.3; the server refuses them
+ * from kimg_probe first): a 57-byte PNG declaring 30000 x 30000 (2.7 GB
+ * decoded) is refused before any allocation, and a GIF whose first frame is
+ * followed by 5000 frames each declaring 65535 x 65535 (garbage LZW data)
+ * decodes to its first frame alone, byte for byte as the file without them:
+ * later frames are never read. The peak RSS grows by less than 64 MB. */
+KT_TEST(image_bombs_cost_nothing_to_refuse) {
+    long rss0 = peak_rss_kb();
+    static const uint8_t png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R',
+                                  0, 0, 0x75, 0x30, 0, 0, 0x75, 0x30, 8, 2, 0, 0, 0, 0xe9, 0x45, 0x6f, 0xed,
+                                  0, 0, 0, 0, 'I', 'D', 'A', 'T', 0x35, 0xaf, 0x06, 0x1e, 0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+    int64_t w, h;
+    KT_CHECK_OK(kimg_probe(png, sizeof png, "bomb.png", &w, &h));
+    KT_CHECK(w == 30000 && h == 30000);
+    kimg_image im;
+    KT_CHECK_ERR(kimg_decode(png, sizeof png, "bomb.png", &im), "bomb.png: image size 30000x30000 is not supported");
+    /* a WebP cut inside its VP8X header: its canvas is unknown (libwebp's
+     * demuxer gives 2^32 - 1 a side, whose product the server's pixel check
+     * overflowed: found by fuzz-configs) */
+    static const char cut[] = "RIFF\x6a\x03\0\0WEBPVP8X\x0a\0\0\0\x02\0\0\0\x0b\0\x09\x21\x80";
+    KT_CHECK_ERR(kimg_probe(cut, sizeof cut - 1, "cut.webp", &w, &h), "cut.webp: a WebP without a readable header");
+    char path[4096], *gif = NULL;
+    size_t n = 0;
+    KT_CHECK_OK(ku_read_file(kt_path(path, sizeof path, "tests/data/vision/webp_gif/gif_pil_animated.gif"), &gif, &n));
+    if (!gif) return;
+    KT_CHECK(n > 1 && (uint8_t)gif[n - 1] == 0x3b); /* the trailer */
+    kimg_image ref;
+    KT_CHECK_OK(kimg_decode(gif, n, "ref.gif", &ref));
+    enum { FRAMES = 5000, FRAME = 10 + 1 + 1 + 255 + 1 };
+    size_t nb = n - 1 + (size_t)FRAMES * FRAME + 1;
+    uint8_t *b = malloc(nb), *p = b + n - 1;
+    memcpy(b, gif, n - 1);
+    uint64_t r = 42;
+    for (int f = 0; f < FRAMES; f++) {
+        /* image descriptor: at 0, 0, 65535 x 65535, no local table; LZW code size 8; one 255-byte sub-block; its end */
+        static const uint8_t desc[10] = {0x2c, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0};
+        memcpy(p, desc, 10), p += 10;
+        *p++ = 8, *p++ = 255;
+        for (int i = 0; i < 255; i++) r = r * 6364136223846793005ull + 1442695040888963407ull, *p++ = (uint8_t)(r >> 56);
+        *p++ = 0;
+    }
+    *p++ = 0x3b;
+    KT_CHECK((size_t)(p - b) == nb);
+    KT_CHECK_OK(kimg_probe(b, nb, "many.gif", &w, &h));
+    KT_CHECK(w == ref.w && h == ref.h);
+    KT_CHECK_OK(kimg_decode(b, nb, "many.gif", &im));
+    KT_CHECK(im.w == ref.w && im.h == ref.h && im.rgb && !memcmp(im.rgb, ref.rgb, (size_t)(ref.w * ref.h * 3)));
+    kimg_free(&im), kimg_free(&ref);
+    free(b), free(gif);
+    long grown = peak_rss_kb() - rss0;
+    KT_CHECKF(grown < 64 << 10, "the bombs grew the peak RSS by %ld MB", grown >> 10);
 }

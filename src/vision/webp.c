@@ -10,7 +10,7 @@
 
 #include "vision/image.h"
 
-enum { KIMG_WEBP_MAX_SIDE = 16384 };
+enum { KIMG_WEBP_MAX_SIDE = 16384, KIMG_WEBP_MAX_CANVAS = 1 << 24 /* the format's 24-bit sides */ };
 
 kiln_status kimg_decode_webp(const void *data, size_t n, const char *what, kimg_image *out) {
     memset(out, 0, sizeof *out);
@@ -57,7 +57,12 @@ kiln_status kimg_probe_webp(const void *data, size_t n, const char *what, int64_
         *w = f.width, *h = f.height;
         return NULL;
     }
+    /* before its header is parsed (a cut file) the canvas is unknown:
+     * libwebp gives (uint32_t)-1 */
+    bool known = state >= WEBP_DEMUX_PARSED_HEADER;
     *w = WebPDemuxGetI(d, WEBP_FF_CANVAS_WIDTH), *h = WebPDemuxGetI(d, WEBP_FF_CANVAS_HEIGHT);
     WebPDemuxDelete(d);
+    if (!known || *w > KIMG_WEBP_MAX_CANVAS || *h > KIMG_WEBP_MAX_CANVAS)
+        return kiln_error(KILN_EINVAL, "%s: a WebP without a readable header", what);
     return NULL;
 }
