@@ -62,8 +62,15 @@ extract_tool nginx ./usr/sbin/nginx "the replicas-behind-nginx test"
 npm_dir="$root/build/tools/npm/node_modules"
 # playwright-core 1.57.0 (Node >= 18) drives Debian's chromium for the chat
 # page's test; it downloads no browser.
-if command -v npm >/dev/null 2>&1 && { [ ! -d "$npm_dir/openai" ] || [ ! -d "$npm_dir/@anthropic-ai/sdk" ] || [ ! -d "$npm_dir/playwright-core" ]; }; then
-  if timeout 300 npm install --prefix "$root/build/tools/npm" --no-audit --no-fund --silent openai@6.49.0 @anthropic-ai/sdk@1.15.0 playwright-core@1.57.0 >/dev/null 2>&1; then
+# A marker naming the pins is written after a complete install, so an
+# install that was cut short (its folders there, files missing) is redone.
+npm_pins="openai@6.49.0 @anthropic-ai/sdk@1.15.0 playwright-core@1.57.0"
+npm_mark="$root/build/tools/npm/.kiln-installed"
+if command -v npm >/dev/null 2>&1 && [ "$(cat "$npm_mark" 2>/dev/null)" != "$npm_pins" ]; then
+  rm -rf "$npm_dir" "$npm_mark"
+  # shellcheck disable=SC2086 # the pins are separate words
+  if timeout 300 npm install --prefix "$root/build/tools/npm" --no-audit --no-fund --silent $npm_pins >/dev/null 2>&1; then
+    echo "$npm_pins" > "$npm_mark"
     echo "kiln: openai, @anthropic-ai/sdk and playwright-core installed in build/tools/npm" >&2
   else
     echo "kiln: npm install openai @anthropic-ai/sdk playwright-core failed: the official client and chat page tests are skipped" >&2
