@@ -4,7 +4,9 @@
  * Python-style JSON, its text_config). The family is the one serving the
  * model_type when it names one, else the byte picks a registered model_type
  * (every family is reachable). km_parse must return a status and never
- * crash, whatever the text. Build: make fuzz-config. */
+ * crash, whatever the text; so must kvis_load on a config with a
+ * vision_config (its hyper-parameters are read before any tower weight,
+ * which the one-tensor folder lacks). Build: make fuzz-config. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/ckpt_test.h"
 #include "models/family.h"
+#include "vision/vision.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -22,7 +25,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static char fz_types_buf[8192];
 static const char *fz_types[512];
 static int fz_n_types;
-static int fz_ok; /* inputs that parsed (the replaying test checks the seeds do) */
+static int fz_ok;  /* inputs that parsed (the replaying test checks the seeds do) */
+static int fz_vis; /* inputs whose vision_config went to kvis_load */
 
 static void fz_types_init(void) {
     km_supported_list(fz_types_buf, sizeof fz_types_buf);
@@ -65,6 +69,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     st = km_parse(f, kc_config(c), &hp);
     fz_ok += !st;
     if (st && getenv("KILN_FUZZ_VERBOSE")) fprintf(stderr, "fuzz: %s\n", kiln_status_msg(st));
+    if (!st && ku_json_get(kc_root_config(c), "vision_config")) {
+        kvis_model *vm = NULL;
+        st = kvis_load(c, &hp, &vm);
+        if (st && vm) abort(); /* an error leaves no model */
+        kvis_free(vm);
+        fz_vis++;
+    }
     kiln_status_free(st);
     kc_close(c);
     return 0;

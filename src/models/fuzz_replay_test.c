@@ -1,5 +1,5 @@
 /* Replays the config fuzzer's seeds (fuzz/corpus_config: every oracle
- * fixture's config.json) and every input it crashed on (fuzz/regress_config)
+ * fixture's config.json, vlm_*: the vision-language ones) and every input it crashed on (fuzz/regress_config)
  * through the harness itself, so `make test` and `make asan` keep them fixed. */
 #define LLVMFuzzerTestOneInput fuzz_config_input
 #include "../../fuzz/fuzz_config.c"
@@ -15,4 +15,5 @@ KT_TEST(fuzz_config_corpus_replays) {
     KT_CHECK(n > 100);
     KT_CHECKF(ok == n, "%d of %d seed configs parse", ok, n); /* the seeds are the oracle fixtures' configs: each parses */
     KT_CHECK(fz_n_types > 100); /* every registered model_type was listed */
+    KT_CHECKF(fz_vis >= 18, "%d seeds reached kvis_load", fz_vis); /* the vision-language seeds (vlm_*.json) */
 }
