@@ -46,7 +46,7 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
     const char *tokdir = NULL, *json = NULL;
     char **files = NULL;
     size_t nf = 0, capf = 0;
-    bool verbose = false;
+    bool verbose = false, cpu = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -68,7 +68,7 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
             continue;
         }
         if (!strcmp(a, "--cpu-time")) {
-            kgr_bench_cpu_time(true);
+            kgr_bench_cpu_time(cpu = true);
             continue;
         }
         if (a[0] == '-') return kiln_fail(kiln_error(KILN_EINVAL, "grammar-bench: unknown flag %s", a));
@@ -108,6 +108,8 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
     double *tbm = NULL, *ttfm = malloc(sizeof *ttfm * nf);
     int64_t tokens = 0;
     size_t ran = 0;
+    uint64_t digest = 0; /* the files' mask digests folded in name order */
+    double tbm_sum = 0;
     for (size_t i = 0; i < nf; i++) {
         char *text;
         size_t len;
@@ -131,13 +133,17 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
         }
         if (r.n_tbm) memcpy(tbm + ntbm, r.tbm_us, sizeof *tbm * (size_t)r.n_tbm);
         ntbm += (size_t)r.n_tbm;
+        for (int64_t k = 0; k < r.n_tbm; k++) tbm_sum += r.tbm_us[k];
+        uint32_t fd[2] = {(uint32_t)r.digest, (uint32_t)(r.digest >> 32)};
+        digest = kgr_mask_digest(digest, fd, 2);
         const char *base = strrchr(files[i], '/') ? strrchr(files[i], '/') + 1 : files[i];
         if (verbose) printf("%-20s %s %s\n", kgr_outcome_name(r.outcome), base, r.error);
         if (jf) {
             fprintf(jf, "%s  {\"file\": ", ran > 1 ? ",\n" : "");
             json_str(jf, base);
-            fprintf(jf, ", \"outcome\": \"%s\", \"tests\": %d, \"ttfm_us\": %.1f, \"error\": ", kgr_outcome_name(r.outcome),
-                    r.tests, r.ttfm_us);
+            fprintf(jf, ", \"outcome\": \"%s\", \"tests\": %d, \"ttfm_us\": %.1f, \"masks\": %lld, \"digest\": \"%016llx\", "
+                        "\"error\": ",
+                    kgr_outcome_name(r.outcome), r.tests, r.ttfm_us, (long long)r.n_tbm, (unsigned long long)r.digest);
             json_str(jf, r.error);
             fprintf(jf, "}");
         }
@@ -154,11 +160,15 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
     for (int i = 0; i < 8; i++) printf(" %s %.0f", pct_name[i], quantile(tbm, ntbm, pct[i]));
     printf(" |\n| TTFM (us)");
     for (int i = 0; i < 8; i++) printf(" %s %.0f", pct_name[i], quantile(ttfm, ran, pct[i]));
-    printf(" |\n| tokens | %lld |\n", (long long)tokens);
+    printf(" |\n| TBM mean (us) | %.1f |\n", ntbm ? tbm_sum / (double)ntbm : 0);
+    printf("| tokens | %lld |\n| masks | %zu |\n| mask digest | %016llx |\n| clock | %s |\n", (long long)tokens, ntbm + ran - counts[KGR_COMPILE_ERROR],
+           (unsigned long long)digest, cpu ? "thread CPU time" : "wall time");
     if (jf) {
         fprintf(jf, "\n], \"schemas\": %zu, \"passing\": %zu, \"compile_errors\": %zu, \"validation_errors\": %zu, "
-                    "\"invalidation_errors\": %zu, \"tokens\": %lld, ",
-                ran, counts[0], counts[1], counts[2], counts[3], (long long)tokens);
+                    "\"invalidation_errors\": %zu, \"tokens\": %lld, \"masks\": %zu, \"digest\": \"%016llx\", "
+                    "\"clock\": \"%s\", \"tbm_mean_us\": %.2f, ",
+                ran, counts[0], counts[1], counts[2], counts[3], (long long)tokens, ntbm + ran - counts[KGR_COMPILE_ERROR], (unsigned long long)digest,
+                cpu ? "cpu" : "wall", ntbm ? tbm_sum / (double)ntbm : 0);
         json_pcts(jf, "tbm_us", tbm, ntbm);
         fprintf(jf, ", ");
         json_pcts(jf, "ttfm_us", ttfm, ran);

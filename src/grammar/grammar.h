@@ -136,6 +136,8 @@ typedef struct {
     double ttfm_us;          /* compile + first mask */
     double *tbm_us;          /* [n_tbm] malloc'ed: every later mask */
     int64_t n_tbm, tokens;
+    uint64_t digest;         /* of every mask computed, in order (kgr_mask_digest): equal
+                              * digests, equal masks, whatever the engine's speed */
     char error[256];         /* the compile error, or the first failing test */
 } kgr_bench_result;
 
@@ -144,6 +146,8 @@ typedef struct {
 kiln_status kgr_bench_file(const char *json, size_t len, const ktok *tok, const kgr_vocab *v,
                            kgr_bench_result *r);
 void kgr_bench_result_free(kgr_bench_result *r);
+/* h folded with the mask bits[0, words) (a 64-bit hash; order matters) */
+uint64_t kgr_mask_digest(uint64_t h, const uint32_t *bits, size_t words);
 /* Times with the thread's CPU clock instead of the wall clock (on a shared
  * machine, where other processes' time slices inflate wall-clock tails). */
 void kgr_bench_cpu_time(bool on);
