@@ -49,6 +49,7 @@ struct kgr_vocab {
         int32_t next, tok;
         uint16_t depth;
         uint8_t byte;
+        uint8_t whole; /* node[] only: the prefix ends a UTF-8 character (subtree_tables) */
     } *node;
     /* String interiors: a plain token is printable ASCII but " and \ and
      * whole UTF-8 characters from U+0080 (plain[] its bits); rest[] is the
@@ -62,6 +63,12 @@ struct kgr_vocab {
      * and (plain first bytes) the plain tokens that start with it */
     int32_t root_node[256], root_rest[256];
     uint32_t *plain_first[128];
+    /* Per node of node[], for a subtree whose prefix leads into a string
+     * interior: its plain tokens are plain_ids[plain_lo[i], plain_lo[next])
+     * (plain_ids: the plain tokens in trie order), its other tokens the
+     * subtree of rest[rest_of[i]] (-1: none), the node of the same prefix. */
+    int32_t *plain_lo; /* [n_nodes + 1] */
+    int32_t *plain_ids, *rest_of;
 };
 
 static bool plain_byte(unsigned b) { return b >= 0x20 && b < 0x7f && b != '"' && b != '\\'; }
@@ -117,6 +124,9 @@ void kgr_vocab_free(kgr_vocab *v) {
     free(v->plain);
     free(v->rest);
     for (int b = 0; b < 128; b++) free(v->plain_first[b]);
+    free(v->plain_lo);
+    free(v->plain_ids);
+    free(v->rest_of);
     free(v);
 }
 
@@ -221,10 +231,51 @@ static kiln_status build_trie(kgr_vocab *v, bool rest, struct tnode **out, int32
     free(ids);
     if (maxlen >= 65535) return kiln_error(KILN_EUNSUPPORTED, "grammar: a token of %d bytes (at most 65534)", maxlen);
     if (!(*out = malloc(sizeof **out * (size_t)(nn ? nn : 1)))) return OOM;
-    for (int32_t i = 0; i < nn; i++) (*out)[i] = (struct tnode){v->next[i], v->tok_head[i], (uint16_t)v->depth[i], v->byte[i]};
+    for (int32_t i = 0; i < nn; i++) (*out)[i] = (struct tnode){v->next[i], v->tok_head[i], (uint16_t)v->depth[i], v->byte[i], 0};
     /* the walk reads only the packed nodes */
     free(v->byte), free(v->depth), free(v->next), free(v->tok_head);
     v->byte = NULL, v->depth = v->next = v->tok_head = NULL;
+    return NULL;
+}
+
+/* plain_lo, plain_ids and rest_of (see kgr_vocab). rest[] is node[]
+ * without the plain tokens, both in preorder of the same byte order, so
+ * rest's prefixes come in node[]'s order: one merge pairs them. */
+static kiln_status subtree_tables(kgr_vocab *v) {
+    int32_t nn = v->n_nodes;
+    v->plain_lo = malloc(sizeof *v->plain_lo * ((size_t)nn + 1));
+    v->plain_ids = malloc(sizeof *v->plain_ids * ((size_t)v->n_vocab + 1));
+    v->rest_of = malloc(sizeof *v->rest_of * ((size_t)nn + 1));
+    int32_t *path = malloc(sizeof *path * ((size_t)v->max_depth + 2)); /* rest node at each depth of the path, -1 none */
+    int8_t *need = malloc((size_t)v->max_depth + 2); /* continuation bytes the prefix still needs, -1 not UTF-8 */
+    if (!v->plain_lo || !v->plain_ids || !v->rest_of || !path || !need) {
+        free(path);
+        free(need);
+        return OOM;
+    }
+    int32_t np = 0, j = 0;
+    path[0] = 0; /* the roots match */
+    need[0] = 0;
+    for (int32_t i = 0; i < nn; i++) {
+        struct tnode *x = &v->node[i];
+        int8_t nd = need[x->depth - 1];
+        unsigned lo, hi;
+        if (nd > 0) nd = x->byte >= 0x80 && x->byte <= 0xBF ? nd - 1 : -1; /* the lead's ranges are plain_token's */
+        else if (nd == 0) nd = x->byte < 0x80 ? 0 : utf8_lead(x->byte, &lo, &hi) ? (int8_t)(utf8_lead(x->byte, &lo, &hi) - 1) : -1;
+        need[x->depth] = nd;
+        x->whole = nd == 0;
+        v->plain_lo[i] = np;
+        for (int32_t k = x->tok; k >= 0; k = v->tok_next[k])
+            if (plain_token(v, k)) v->plain_ids[np++] = k;
+        int32_t r = -1;
+        if (path[x->depth - 1] >= 0 && j < v->n_rest && v->rest[j].depth == x->depth && v->rest[j].byte == x->byte) r = j++;
+        v->rest_of[i] = r;
+        path[x->depth] = r;
+    }
+    v->plain_lo[nn] = np;
+    free(path);
+    free(need);
+    if (j != v->n_rest) return kiln_error(KILN_EINTERNAL, "grammar: the vocabulary's tries disagree");
     return NULL;
 }
 
@@ -251,7 +302,7 @@ static kiln_status vocab_finish(kgr_vocab *v, const int32_t *eos, int32_t n_eos)
             uint8_t b0 = (uint8_t)v->bytes[v->off[i]]; /* or a UTF-8 lead byte: walked */
             if (b0 < 128) v->plain_first[b0][i >> 5] |= 1u << (i & 31);
         }
-    return NULL;
+    return subtree_tables(v);
 }
 
 /* an ordinary token holding 0xFF: no grammar takes it, and it must not spell a marker */
@@ -398,6 +449,7 @@ struct kgr_index {
     int32_t *st_ht;
     uint32_t st_ht_cap;
     int32_t *trans; /* [n_st * n_cls]; -1: not computed */
+    uint64_t (*set_cls)[4]; /* [n_sets]: the byte classes each set holds */
     /* %perm frames, interned: a stack position at or past g->n_el is one */
     struct vperm {
         uint64_t used; /* members taken (repeatable ones never) */
@@ -756,7 +808,22 @@ static int32_t compute(kgr_index *ix, int32_t s, int32_t c) {
     }
     expand(ix);
     int32_t t = state_intern(ix);
-    if (t >= 0) ix->trans[(size_t)s * (size_t)ix->n_cls + (size_t)c] = t;
+    if (t < 0) return t;
+    /* the step depends only on which tops take the byte: every class that
+     * the same tops take (and the others refuse) leads to t too */
+    uint64_t e[4] = {~0ull, ~0ull, ~0ull, ~0ull};
+    gs = &ix->st[s]; /* state_intern may have moved the states */
+    for (int32_t i = 0; i < gs->n; i++) {
+        const uint64_t *k = ix->set_cls[ix->g->el[ix->nodes[gs->tops[i]].pos].val];
+        bool in = (k[c >> 6] >> (c & 63)) & 1;
+        for (int w = 0; w < 4; w++) e[w] &= in ? k[w] : ~k[w];
+    }
+    int32_t *row = &ix->trans[(size_t)s * (size_t)ix->n_cls];
+    for (int w = 0; w < 4; w++)
+        for (uint64_t m = e[w]; m; m &= m - 1) {
+            int32_t d = w * 64 + __builtin_ctzll(m);
+            if (d < ix->n_cls) row[d] = t;
+        }
     return t;
 }
 
@@ -837,6 +904,17 @@ static void byte_classes(kgr_index *ix) {
     for (int b = 255; b >= 0; b--) ix->rep[ix->cls[b]] = (uint8_t)b;
 }
 
+/* set_cls: the classes refine every set, so a class's representative
+ * answers for the class */
+static bool set_classes(kgr_index *ix) {
+    ix->set_cls = calloc((size_t)(ix->g->n_sets ? ix->g->n_sets : 1), sizeof *ix->set_cls);
+    if (!ix->set_cls) return false;
+    for (int32_t k = 0; k < ix->g->n_sets; k++)
+        for (int32_t c = 0; c < ix->n_cls; c++)
+            if (kgr_set_has(&ix->g->sets[k], ix->rep[c])) ix->set_cls[k][c >> 6] |= 1ull << (c & 63);
+    return true;
+}
+
 void kgr_index_free(kgr_index *ix) {
     if (!ix) return;
     for (int32_t i = 0; i < ix->n_st; i++) {
@@ -846,6 +924,7 @@ void kgr_index_free(kgr_index *ix) {
     free(ix->st);
     free(ix->st_ht);
     free(ix->trans);
+    free(ix->set_cls);
     free(ix->nodes);
     free(ix->node_ht);
     free(ix->work);
@@ -875,6 +954,10 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
                                            "(an ordinary token is matched by its text: write it as a literal)", id);
         }
     byte_classes(ix);
+    if (!set_classes(ix)) {
+        kgr_index_free(ix);
+        return OOM;
+    }
     ix->node_ht_cap = 1024;
     ix->st_ht_cap = 256;
     ix->seen_cap = 256;
@@ -940,6 +1023,77 @@ static int walk_trie(kgr_index *ix, const struct tnode *nd, int32_t from, int32_
     return 0;
 }
 
+static inline void set_tokens(const kgr_vocab *v, int32_t k, uint32_t *bits) {
+    for (; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
+}
+
+/* dst |= src over words, 32 bytes at a time (GCC's vector extension: SSE2
+ * pairs on baseline x86-64; -O2 leaves the plain loop scalar) */
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+static void or_bits(uint32_t *restrict dst, const uint32_t *restrict src, size_t words) {
+    size_t k = 0;
+    for (; k + 8 <= words; k += 8) {
+        v8u32 a, b;
+        memcpy(&a, dst + k, sizeof a);
+        memcpy(&b, src + k, sizeof b);
+        a |= b;
+        memcpy(dst + k, &a, sizeof a);
+    }
+    for (; k < words; k++) dst[k] |= src[k];
+}
+
+/* Below a subtree of this many nodes, walking it costs less than asking
+ * whether its prefix leads into a string interior. */
+#define SHORTCUT_NODES 64
+
+/* walk_trie over node[] (the whole vocabulary), where a large subtree
+ * whose prefix leads into a string interior (plain_closed) is not walked:
+ * its plain tokens are all allowed (plain_first or plain_ids) and only its
+ * other tokens (rest[]) are walked. -1 on error. */
+static int walk_full(kgr_index *ix, int32_t from, int32_t to, int32_t s, uint32_t *bits) {
+    const kgr_vocab *v = ix->v;
+    const struct tnode *nd = v->node;
+    int32_t *stk = ix->walk;
+    const int32_t ncls = ix->n_cls;
+    if (from >= to) return 0;
+    stk[nd[from].depth - 1] = s;
+    for (int32_t i = from; i < to;) {
+        const struct tnode *x = &nd[i];
+        int32_t ps = stk[x->depth - 1];
+        int32_t c = ix->cls[x->byte];
+        int32_t t = ix->trans[(size_t)ps * (size_t)ncls + (size_t)c];
+        if (t < 0 && (t = compute(ix, ps, c)) < 0) return -1;
+        if (t == 0) {
+            i = x->next;
+            continue;
+        }
+        /* the prefix ends a character: the rest of a plain token below is
+         * whole characters, which a string interior takes */
+        if (x->whole && x->next - i >= SHORTCUT_NODES) {
+            int pc = plain_closed(ix, t);
+            if (pc < 0) return -1;
+            if (pc == 1) {
+                if (x->depth == 1 && v->plain_first[x->byte])
+                    or_bits(bits, v->plain_first[x->byte], ((size_t)v->n_vocab + 31) / 32);
+                else
+                    for (int32_t k = v->plain_lo[i]; k < v->plain_lo[x->next]; k++)
+                        bits[v->plain_ids[k] >> 5] |= 1u << (v->plain_ids[k] & 31);
+                int32_t r = v->rest_of[i];
+                if (r >= 0) {
+                    set_tokens(v, v->rest[r].tok, bits);
+                    if (walk_trie(ix, v->rest, r + 1, v->rest[r].next, t, bits) < 0) return -1;
+                }
+                i = x->next;
+                continue;
+            }
+        }
+        stk[x->depth] = t;
+        set_tokens(v, x->tok, bits);
+        i++;
+    }
+    return 0;
+}
+
 static kiln_status mask_fail(kgr_index *ix, uint32_t *bits, size_t words) {
     memset(bits, 0, words * 4);
     return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
@@ -956,34 +1110,15 @@ static kiln_status state_mask(kgr_index *ix, int32_t s, uint32_t *bits) {
     memset(bits, 0, words * 4);
     if (ix->err) return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
     /* every plain token leads back to s: they are all allowed, and only
-     * the other tokens are walked. Otherwise each first byte's subtree on
-     * its own: where the byte leads to such a state, the same there. */
+     * the other tokens are walked. Otherwise the whole trie, the same way
+     * below a prefix that leads into such a state. */
     int pc = plain_closed(ix, s);
     if (pc < 0) return mask_fail(ix, bits, words);
     if (pc == 1) {
         memcpy(bits, v->plain, words * 4);
         if (walk_trie(ix, v->rest, 0, v->n_rest, s, bits) < 0) return mask_fail(ix, bits, words);
-    } else
-        for (int b = 0; b < 256; b++) {
-            int32_t r = v->root_node[b];
-            if (r < 0) continue;
-            int32_t t = next_state(ix, s, (uint8_t)b);
-            if (t < 0) return mask_fail(ix, bits, words);
-            if (t == 0) continue;
-            int tc = b < 128 && v->plain_first[b] ? plain_closed(ix, t) : 0;
-            if (tc < 0) return mask_fail(ix, bits, words);
-            int w;
-            if (tc == 1) {
-                const uint32_t *pf = v->plain_first[b];
-                for (size_t k = 0; k < words; k++) bits[k] |= pf[k];
-                int32_t rr = v->root_rest[b];
-                w = rr < 0 ? 0 : walk_trie(ix, v->rest, rr + 1, v->rest[rr].next, t, bits);
-            } else {
-                for (int32_t k = v->node[r].tok; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
-                w = walk_trie(ix, v->node, r + 1, v->node[r].next, t, bits);
-            }
-            if (w < 0) return mask_fail(ix, bits, words);
-        }
+    } else if (walk_full(ix, 0, v->n_nodes, s, bits) < 0)
+        return mask_fail(ix, bits, words);
     if (ix->st[s].accept)
         for (int32_t k = 0; k < v->n_eos; k++)
             if (v->eos[k] >= 0 && v->eos[k] < v->n_vocab) bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31);
