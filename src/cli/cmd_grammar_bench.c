@@ -47,17 +47,26 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
     char **files = NULL;
     size_t nf = 0, capf = 0;
     bool verbose = false, cpu = false;
+    int repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: kiln grammar-bench DIR|FILE... -m TOKENIZER_DIR [--json FILE] [-v] [--cpu-time]\n"
+            printf("usage: kiln grammar-bench DIR|FILE... -m TOKENIZER_DIR [--json FILE] [-v] [--cpu-time] [--repeat N]\n"
                    "  runs MaskBench files (schema + tests) through the grammar engine, one thread;\n"
                    "  -v prints each file's outcome; --cpu-time times with the thread's CPU clock\n"
-                   "  (for a shared machine) instead of the wall clock\n");
+                   "  (for a shared machine) instead of the wall clock; --repeat N runs each file N\n"
+                   "  times from scratch and keeps each mask's least time (other processes' noise)\n");
             return 0;
         }
-        if ((!strcmp(a, "-m") || !strcmp(a, "--json")) && i + 1 >= argc)
+        if ((!strcmp(a, "-m") || !strcmp(a, "--json") || !strcmp(a, "--repeat")) && i + 1 >= argc)
             return kiln_fail(kiln_error(KILN_EINVAL, "%s needs a value", a));
+        if (!strcmp(a, "--repeat")) {
+            char *end;
+            long n = strtol(argv[++i], &end, 10);
+            if (*end || n < 1 || n > 100) return kiln_fail(kiln_error(KILN_EINVAL, "--repeat: want 1 to 100, got '%s'", argv[i]));
+            repeat = (int)n;
+            continue;
+        }
         if (!strcmp(a, "-m") || !strcmp(a, "--json")) {
             if (a[1] == 'm') tokdir = argv[++i];
             else json = argv[++i];
@@ -117,6 +126,22 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
         st = ku_read_file(files[i], &text, &len);
         if (!st) {
             st = kgr_bench_file(text, len, tok, v, &r);
+            /* again from scratch (a new index): the same masks in the same
+             * order, so each time is the least of the runs' */
+            for (int k = 1; k < repeat && !st; k++) {
+                kgr_bench_result r2;
+                st = kgr_bench_file(text, len, tok, v, &r2);
+                if (st) break;
+                if (r2.n_tbm != r.n_tbm || r2.digest != r.digest) {
+                    st = kiln_error(KILN_EINTERNAL, "a second run computed other masks");
+                } else {
+                    for (int64_t q = 0; q < r.n_tbm; q++)
+                        if (r2.tbm_us[q] < r.tbm_us[q]) r.tbm_us[q] = r2.tbm_us[q];
+                    if (r2.ttfm_us < r.ttfm_us) r.ttfm_us = r2.ttfm_us;
+                }
+                kgr_bench_result_free(&r2);
+            }
+            if (st) kgr_bench_result_free(&r);
             free(text);
         }
         if (st) {
@@ -160,15 +185,17 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
     for (int i = 0; i < 8; i++) printf(" %s %.0f", pct_name[i], quantile(tbm, ntbm, pct[i]));
     printf(" |\n| TTFM (us)");
     for (int i = 0; i < 8; i++) printf(" %s %.0f", pct_name[i], quantile(ttfm, ran, pct[i]));
-    printf(" |\n| TBM mean (us) | %.1f |\n", ntbm ? tbm_sum / (double)ntbm : 0);
-    printf("| tokens | %lld |\n| masks | %zu |\n| mask digest | %016llx |\n| clock | %s |\n", (long long)tokens, ntbm + ran - counts[KGR_COMPILE_ERROR],
-           (unsigned long long)digest, cpu ? "thread CPU time" : "wall time");
+    size_t masks = ntbm + ran - counts[KGR_COMPILE_ERROR]; /* the first masks are in TTFM */
+    double mean = ntbm ? tbm_sum / (double)ntbm : 0;
+    printf(" |\n| TBM mean (us) | %.1f |\n| tokens | %lld |\n| masks | %zu |\n", mean, (long long)tokens, masks);
+    printf("| mask digest | %016llx |\n| clock | %s%s |\n", (unsigned long long)digest,
+           cpu ? "thread CPU time" : "wall time", repeat > 1 ? ", least of --repeat runs" : "");
     if (jf) {
         fprintf(jf, "\n], \"schemas\": %zu, \"passing\": %zu, \"compile_errors\": %zu, \"validation_errors\": %zu, "
-                    "\"invalidation_errors\": %zu, \"tokens\": %lld, \"masks\": %zu, \"digest\": \"%016llx\", "
-                    "\"clock\": \"%s\", \"tbm_mean_us\": %.2f, ",
-                ran, counts[0], counts[1], counts[2], counts[3], (long long)tokens, ntbm + ran - counts[KGR_COMPILE_ERROR], (unsigned long long)digest,
-                cpu ? "cpu" : "wall", ntbm ? tbm_sum / (double)ntbm : 0);
+                    "\"invalidation_errors\": %zu, \"tokens\": %lld, ",
+                ran, counts[0], counts[1], counts[2], counts[3], (long long)tokens);
+        fprintf(jf, "\"masks\": %zu, \"digest\": \"%016llx\", \"clock\": \"%s\", \"repeat\": %d, \"tbm_mean_us\": %.2f, ",
+                masks, (unsigned long long)digest, cpu ? "cpu" : "wall", repeat, mean);
         json_pcts(jf, "tbm_us", tbm, ntbm);
         fprintf(jf, ", ");
         json_pcts(jf, "ttfm_us", ttfm, ran);

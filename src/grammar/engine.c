@@ -49,7 +49,8 @@ struct kgr_vocab {
         int32_t next, tok;
         uint16_t depth;
         uint8_t byte;
-        uint8_t whole; /* node[] only: the prefix ends a UTF-8 character (subtree_tables) */
+        uint8_t flags; /* TN_MORE: tok is not the only token here (tok_next);
+                        * TN_WHOLE (node[]): the prefix ends a UTF-8 character */
     } *node;
     /* String interiors: a plain token is printable ASCII but " and \ and
      * whole UTF-8 characters from U+0080 (plain[] its bits); rest[] is the
@@ -70,6 +71,8 @@ struct kgr_vocab {
     int32_t *plain_lo; /* [n_nodes + 1] */
     int32_t *plain_ids, *rest_of;
 };
+
+enum { TN_MORE = 1, TN_WHOLE = 2 };
 
 static bool plain_byte(unsigned b) { return b >= 0x20 && b < 0x7f && b != '"' && b != '\\'; }
 
@@ -231,7 +234,11 @@ static kiln_status build_trie(kgr_vocab *v, bool rest, struct tnode **out, int32
     free(ids);
     if (maxlen >= 65535) return kiln_error(KILN_EUNSUPPORTED, "grammar: a token of %d bytes (at most 65534)", maxlen);
     if (!(*out = malloc(sizeof **out * (size_t)(nn ? nn : 1)))) return OOM;
-    for (int32_t i = 0; i < nn; i++) (*out)[i] = (struct tnode){v->next[i], v->tok_head[i], (uint16_t)v->depth[i], v->byte[i], 0};
+    for (int32_t i = 0; i < nn; i++) {
+        int32_t k = v->tok_head[i];
+        uint8_t f = k >= 0 && v->tok_next[k] >= 0 ? TN_MORE : 0;
+        (*out)[i] = (struct tnode){v->next[i], k, (uint16_t)v->depth[i], v->byte[i], f};
+    }
     /* the walk reads only the packed nodes */
     free(v->byte), free(v->depth), free(v->next), free(v->tok_head);
     v->byte = NULL, v->depth = v->next = v->tok_head = NULL;
@@ -263,7 +270,7 @@ static kiln_status subtree_tables(kgr_vocab *v) {
         if (nd > 0) nd = x->byte >= 0x80 && x->byte <= 0xBF ? nd - 1 : -1; /* the lead's ranges are plain_token's */
         else if (nd == 0) nd = x->byte < 0x80 ? 0 : utf8_lead(x->byte, &lo, &hi) ? (int8_t)(utf8_lead(x->byte, &lo, &hi) - 1) : -1;
         need[x->depth] = nd;
-        x->whole = nd == 0;
+        if (nd == 0) x->flags |= TN_WHOLE;
         v->plain_lo[i] = np;
         for (int32_t k = x->tok; k >= 0; k = v->tok_next[k])
             if (plain_token(v, k)) v->plain_ids[np++] = k;
@@ -998,6 +1005,15 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     return NULL;
 }
 
+/* the tokens ending at node x into bits (tok_next read only where there are several) */
+static inline void set_tokens(const kgr_vocab *v, const struct tnode *x, uint32_t *bits) {
+    int32_t k = x->tok;
+    if (k < 0) return;
+    bits[k >> 5] |= 1u << (k & 31);
+    if (x->flags & TN_MORE)
+        for (k = v->tok_next[k]; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
+}
+
 /* Sets the bits of the tokens in nd[from, to) (one subtree's nodes, the
  * first at depth d, entered from state s at depth d - 1) that s allows; -1 on error. */
 static int walk_trie(kgr_index *ix, const struct tnode *nd, int32_t from, int32_t to, int32_t s, uint32_t *bits) {
@@ -1017,15 +1033,12 @@ static int walk_trie(kgr_index *ix, const struct tnode *nd, int32_t from, int32_
             continue;
         }
         stk[x->depth] = t;
-        for (int32_t k = x->tok; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
+        set_tokens(v, x, bits);
         i++;
     }
     return 0;
 }
 
-static inline void set_tokens(const kgr_vocab *v, int32_t k, uint32_t *bits) {
-    for (; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
-}
 
 /* dst |= src over words, 32 bytes at a time (GCC's vector extension: SSE2
  * pairs on baseline x86-64; -O2 leaves the plain loop scalar) */
@@ -1069,7 +1082,7 @@ static int walk_full(kgr_index *ix, int32_t from, int32_t to, int32_t s, uint32_
         }
         /* the prefix ends a character: the rest of a plain token below is
          * whole characters, which a string interior takes */
-        if (x->whole && x->next - i >= SHORTCUT_NODES) {
+        if ((x->flags & TN_WHOLE) && x->next - i >= SHORTCUT_NODES) {
             int pc = plain_closed(ix, t);
             if (pc < 0) return -1;
             if (pc == 1) {
@@ -1080,7 +1093,7 @@ static int walk_full(kgr_index *ix, int32_t from, int32_t to, int32_t s, uint32_
                         bits[v->plain_ids[k] >> 5] |= 1u << (v->plain_ids[k] & 31);
                 int32_t r = v->rest_of[i];
                 if (r >= 0) {
-                    set_tokens(v, v->rest[r].tok, bits);
+                    set_tokens(v, &v->rest[r], bits);
                     if (walk_trie(ix, v->rest, r + 1, v->rest[r].next, t, bits) < 0) return -1;
                 }
                 i = x->next;
@@ -1088,7 +1101,7 @@ static int walk_full(kgr_index *ix, int32_t from, int32_t to, int32_t s, uint32_
             }
         }
         stk[x->depth] = t;
-        set_tokens(v, x->tok, bits);
+        set_tokens(v, x, bits);
         i++;
     }
     return 0;
