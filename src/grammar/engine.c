@@ -1153,6 +1153,7 @@ struct kgr_matcher {
     bool ended; /* EOS accepted */
     kgr_grammar *own_g; /* kgr_matcher_create_owned: freed with the matcher */
     kgr_index *own_ix;
+    uint32_t *buf; /* kgr_matcher_mask_ref's mask where the index keeps none */
 };
 
 kiln_status kgr_matcher_create(kgr_index *ix, kgr_matcher **out) {
@@ -1186,6 +1187,7 @@ void kgr_matcher_free(kgr_matcher *m) {
     if (!m) return;
     kgr_index_free(m->own_ix);
     kgr_grammar_free(m->own_g);
+    free(m->buf);
     free(m);
 }
 
@@ -1198,6 +1200,28 @@ kiln_status kgr_matcher_mask(kgr_matcher *m, uint32_t *bits) {
     pthread_mutex_lock(&ix->mu);
     kiln_status st = state_mask(ix, m->state, bits);
     pthread_mutex_unlock(&ix->mu);
+    return st;
+}
+
+kiln_status kgr_matcher_mask_ref(kgr_matcher *m, const uint32_t **bits) {
+    kgr_index *ix = m->ix;
+    size_t words = ((size_t)ix->v->n_vocab + 31) / 32;
+    *bits = NULL;
+    if (!m->buf && !(m->buf = malloc(words * 4))) return OOM;
+    if (m->ended) {
+        memset(m->buf, 0, words * 4);
+        *bits = m->buf;
+        return NULL;
+    }
+    pthread_mutex_lock(&ix->mu); /* another matcher may be growing ix->st */
+    const uint32_t *c = ix->st[m->state].mask;
+    kiln_status st = NULL;
+    if (!c) {
+        st = state_mask(ix, m->state, m->buf);
+        c = ix->st[m->state].mask; /* kept now (unless over the cache's bound) */
+    }
+    pthread_mutex_unlock(&ix->mu);
+    *bits = c && !st ? c : m->buf;
     return st;
 }
 

@@ -109,6 +109,10 @@ void kgr_matcher_free(kgr_matcher *m);
  * ceil(n_vocab / 32). EOS ids are set only where the grammar may end.
  * An error (a grammar too ambiguous to track) leaves bits all clear. */
 kiln_status kgr_matcher_mask(kgr_matcher *m, uint32_t *bits);
+/* The same mask without a copy: *bits is borrowed (the index's cached mask,
+ * or the matcher's own buffer), valid until the matcher's next call or
+ * until it is freed; never written by anyone while valid. */
+kiln_status kgr_matcher_mask_ref(kgr_matcher *m, const uint32_t **bits);
 /* Advances by a token; an EOS id ends the matcher. A token the mask forbids
  * is an error (the sequence must stop). */
 kiln_status kgr_matcher_accept(kgr_matcher *m, int32_t tok);
