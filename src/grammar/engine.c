@@ -64,12 +64,14 @@ struct kgr_vocab {
      * and (plain first bytes) the plain tokens that start with it */
     int32_t root_node[256], root_rest[256];
     uint32_t *plain_first[128];
+    uint32_t *plain_ascii; /* the union of plain_first */
     /* Per node of node[], for a subtree whose prefix leads into a string
      * interior: its plain tokens are plain_ids[plain_lo[i], plain_lo[next])
      * (plain_ids: the plain tokens in trie order), its other tokens the
      * subtree of rest[rest_of[i]] (-1: none), the node of the same prefix. */
     int32_t *plain_lo; /* [n_nodes + 1] */
     int32_t *plain_ids, *rest_of;
+    uint16_t *plain_more; /* [n_nodes]: the most characters a plain token below adds to the prefix */
 };
 
 enum { TN_MORE = 1, TN_WHOLE = 2 };
@@ -127,9 +129,11 @@ void kgr_vocab_free(kgr_vocab *v) {
     free(v->plain);
     free(v->rest);
     for (int b = 0; b < 128; b++) free(v->plain_first[b]);
+    free(v->plain_ascii);
     free(v->plain_lo);
     free(v->plain_ids);
     free(v->rest_of);
+    free(v->plain_more);
     free(v);
 }
 
@@ -255,11 +259,16 @@ static kiln_status subtree_tables(kgr_vocab *v) {
     v->rest_of = malloc(sizeof *v->rest_of * ((size_t)nn + 1));
     int32_t *path = malloc(sizeof *path * ((size_t)v->max_depth + 2)); /* rest node at each depth of the path, -1 none */
     int8_t *need = malloc((size_t)v->max_depth + 2); /* continuation bytes the prefix still needs, -1 not UTF-8 */
-    if (!v->plain_lo || !v->plain_ids || !v->rest_of || !path || !need) {
-        free(path);
-        free(need);
+    int32_t *chars = malloc(sizeof *chars * ((size_t)v->max_depth + 2)); /* whole characters in the prefix */
+    int32_t *up = malloc(sizeof *up * ((size_t)nn + 1));     /* each node's parent, -1 the root */
+    int32_t *most = malloc(sizeof *most * ((size_t)nn + 1)); /* characters of the longest plain token below */
+    int32_t *anc = malloc(sizeof *anc * ((size_t)v->max_depth + 2));
+    v->plain_more = malloc(sizeof *v->plain_more * ((size_t)nn + 1));
+    if (!v->plain_lo || !v->plain_ids || !v->rest_of || !path || !need || !chars || !up || !most || !anc || !v->plain_more) {
+        free(path), free(need), free(chars), free(up), free(most), free(anc);
         return OOM;
     }
+    chars[0] = 0;
     int32_t np = 0, j = 0;
     path[0] = 0; /* the roots match */
     need[0] = 0;
@@ -271,17 +280,27 @@ static kiln_status subtree_tables(kgr_vocab *v) {
         else if (nd == 0) nd = x->byte < 0x80 ? 0 : utf8_lead(x->byte, &lo, &hi) ? (int8_t)(utf8_lead(x->byte, &lo, &hi) - 1) : -1;
         need[x->depth] = nd;
         if (nd == 0) x->flags |= TN_WHOLE;
+        chars[x->depth] = chars[x->depth - 1] + (nd == 0);
+        v->plain_more[i] = (uint16_t)chars[x->depth];
+        anc[x->depth] = i;
+        up[i] = x->depth > 1 ? anc[x->depth - 1] : -1;
+        most[i] = -1;
         v->plain_lo[i] = np;
         for (int32_t k = x->tok; k >= 0; k = v->tok_next[k])
-            if (plain_token(v, k)) v->plain_ids[np++] = k;
+            if (plain_token(v, k)) v->plain_ids[np++] = k, most[i] = chars[x->depth];
         int32_t r = -1;
         if (path[x->depth - 1] >= 0 && j < v->n_rest && v->rest[j].depth == x->depth && v->rest[j].byte == x->byte) r = j++;
         v->rest_of[i] = r;
         path[x->depth] = r;
     }
     v->plain_lo[nn] = np;
-    free(path);
-    free(need);
+    /* back to front, a node's subtree is done when it is reached (plain_more
+     * holds its prefix's characters till then) */
+    for (int32_t i = nn - 1; i >= 0; i--) {
+        if (up[i] >= 0 && most[i] > most[up[i]]) most[up[i]] = most[i];
+        v->plain_more[i] = (uint16_t)(most[i] < 0 ? 0 : most[i] - v->plain_more[i]);
+    }
+    free(path), free(need), free(chars), free(up), free(most), free(anc);
     if (j != v->n_rest) return kiln_error(KILN_EINTERNAL, "grammar: the vocabulary's tries disagree");
     return NULL;
 }
@@ -303,11 +322,12 @@ static kiln_status vocab_finish(kgr_vocab *v, const int32_t *eos, int32_t n_eos)
     for (int32_t i = 0; i < v->n_rest; i = v->rest[i].next) v->root_rest[v->rest[i].byte] = i;
     for (unsigned b = 0; b < 128; b++)
         if (plain_byte(b) && !(v->plain_first[b] = calloc(words ? words : 1, 4))) return OOM;
+    if (!(v->plain_ascii = calloc(words ? words : 1, 4))) return OOM;
     for (int32_t i = 0; i < v->n_vocab; i++)
         if (plain_token(v, i)) {
             v->plain[i >> 5] |= 1u << (i & 31);
             uint8_t b0 = (uint8_t)v->bytes[v->off[i]]; /* or a UTF-8 lead byte: walked */
-            if (b0 < 128) v->plain_first[b0][i >> 5] |= 1u << (i & 31);
+            if (b0 < 128) v->plain_first[b0][i >> 5] |= 1u << (i & 31), v->plain_ascii[i >> 5] |= 1u << (i & 31);
         }
     return subtree_tables(v);
 }
@@ -435,7 +455,7 @@ typedef struct {
     int32_t *tops; /* sorted node ids */
     int32_t n;
     bool accept;
-    int8_t closed; /* plain_closed's answer: 1, 0, or -1 not yet known */
+    int32_t uni; /* plain_next's answer: -2 not yet known */
     uint32_t *mask;
 } gstate;
 
@@ -474,6 +494,7 @@ struct kgr_index {
     uint32_t *seen_slots; /* [seen_cap / 2]: the slots in use, to clear only those */
     bool accept;
     int32_t *walk; /* [max_depth + 1] */
+    uint32_t *pf_acc; /* [mask words]: walk_full's scratch */
     size_t mask_bytes;
     kiln_status err; /* sticky: a limit was passed */
     int32_t init;
@@ -783,7 +804,7 @@ static int32_t state_intern(kgr_index *ix) {
     gstate *s = &ix->st[id];
     s->n = n;
     s->accept = ix->accept;
-    s->closed = -1;
+    s->uni = -2;
     s->mask = NULL;
     s->tops = malloc(sizeof *s->tops * (size_t)(n ? n : 1));
     if (!s->tops) {
@@ -840,9 +861,9 @@ static inline int32_t next_state(kgr_index *ix, int32_t s, uint8_t byte) {
     return t >= 0 ? t : compute(ix, s, c);
 }
 
-/* Whether every UTF-8 character from U+0080 leads from s back to s: each
+/* Whether every UTF-8 character from U+0080 leads from at to to: each
  * continuation byte is tried once per byte class. 1 yes, 0 no, -1 error. */
-static int utf8_closed(kgr_index *ix, int32_t at, int32_t s, int left, unsigned lo, unsigned hi) {
+static int utf8_to(kgr_index *ix, int32_t at, int32_t to, int left, unsigned lo, unsigned hi) {
     uint64_t seen[4] = {0};
     for (unsigned b = lo; b <= hi; b++) {
         unsigned c = ix->cls[b];
@@ -850,44 +871,74 @@ static int utf8_closed(kgr_index *ix, int32_t at, int32_t s, int left, unsigned 
         seen[c >> 6] |= 1ull << (c & 63);
         int32_t t = next_state(ix, at, (uint8_t)b);
         if (t < 0) return -1;
-        if (left == 1 ? t != s : t == 0) return 0;
+        if (left == 1 ? t != to : t == 0) return 0;
         if (left > 1) {
-            int r = utf8_closed(ix, t, s, left - 1, 0x80, 0xBF);
+            int r = utf8_to(ix, t, to, left - 1, 0x80, 0xBF);
             if (r != 1) return r;
         }
     }
     return 1;
 }
 
-/* Whether s is a string interior: every plain token leads back to it. 1 yes, 0 no, -1 error. */
-static int plain_closed_compute(kgr_index *ix, int32_t s) {
+/* The state every plain character (plain_byte, or a whole UTF-8 character
+ * from U+0080) leads to from s, where they all lead to one live state; 0
+ * where they do not; -1 on error. s is a string interior (plain_closed)
+ * when that state is s itself. */
+static int32_t plain_next_compute(kgr_index *ix, int32_t s) {
     if (s == 0) return 0;
+    int32_t u = -1;
+    uint64_t seen[4] = {0};
     for (unsigned b = 0x20; b < 0x7f; b++) {
-        if (!plain_byte(b)) continue;
+        unsigned c = ix->cls[b];
+        if (!plain_byte(b) || ((seen[c >> 6] >> (c & 63)) & 1)) continue;
+        seen[c >> 6] |= 1ull << (c & 63);
         int32_t t = next_state(ix, s, (uint8_t)b);
-        if (t != s) return t < 0 ? -1 : 0;
+        if (t <= 0) return t;
+        if (u < 0) u = t;
+        else if (t != u) return 0;
     }
-    uint64_t seen[64] = {0};
+    uint64_t lseen[64] = {0};
     for (unsigned lead = 0xC2; lead <= 0xF4; lead++) {
         unsigned lo, hi;
         int l = utf8_lead(lead, &lo, &hi);
         /* leads of one class, length and second-byte range behave alike */
         unsigned key = ix->cls[lead] * 16u + (unsigned)l * 4u + (lo == 0x80) * 2u + (hi == 0xBF);
-        if ((seen[key >> 6] >> (key & 63)) & 1) continue;
-        seen[key >> 6] |= 1ull << (key & 63);
+        if ((lseen[key >> 6] >> (key & 63)) & 1) continue;
+        lseen[key >> 6] |= 1ull << (key & 63);
         int32_t t = next_state(ix, s, (uint8_t)lead);
         if (t <= 0) return t;
-        int r = utf8_closed(ix, t, s, l - 1, lo, hi);
+        int r = utf8_to(ix, t, u, l - 1, lo, hi);
         if (r != 1) return r;
     }
-    return 1;
+    return u;
 }
 
-static int plain_closed(kgr_index *ix, int32_t s) {
-    if (ix->st[s].closed >= 0) return ix->st[s].closed;
-    int r = plain_closed_compute(ix, s);
-    if (r >= 0) ix->st[s].closed = (int8_t)r;
+static int32_t plain_next(kgr_index *ix, int32_t s) {
+    if (ix->st[s].uni >= 0) return ix->st[s].uni;
+    int32_t r = plain_next_compute(ix, s);
+    if (r >= 0) ix->st[s].uni = r;
     return r;
+}
+
+/* Whether s is a string interior: every plain token leads back to it. 1 yes, 0 no, -1 error. */
+static int plain_closed(kgr_index *ix, int32_t s) {
+    int32_t u = plain_next(ix, s);
+    return u < 0 ? -1 : u == s;
+}
+
+/* Whether every string of at most need plain characters leads from s to a
+ * live state (a bounded string's interior, e.g. maxLength): 1 yes, 0 no
+ * (or not found within CHAIN_MAX steps), -1 error. */
+#define CHAIN_MAX 64
+static int plain_lives(kgr_index *ix, int32_t s, int32_t need) {
+    for (int32_t k = 0; k < need; k++) {
+        int32_t u = plain_next(ix, s);
+        if (u <= 0) return u;
+        if (u == s) return 1; /* a string interior: every length */
+        if (k == CHAIN_MAX) return 0;
+        s = u;
+    }
+    return 1;
 }
 
 /* Byte classes: bytes no set tells apart share a class (and a column of the
@@ -939,6 +990,7 @@ void kgr_index_free(kgr_index *ix) {
     free(ix->seen);
     free(ix->seen_slots);
     free(ix->walk);
+    free(ix->pf_acc);
     free(ix->vp);
     free(ix->vp_ht);
     kiln_status_free(ix->err);
@@ -973,9 +1025,10 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     ix->seen = malloc(sizeof *ix->seen * ix->seen_cap);
     ix->seen_slots = malloc(sizeof *ix->seen_slots * (ix->seen_cap / 2 + 1));
     ix->walk = malloc(sizeof *ix->walk * (size_t)(v->max_depth + 2));
+    ix->pf_acc = malloc(((size_t)v->n_vocab + 31) / 32 * 4 + 4);
     ix->cap_tops = 64;
     ix->tops = malloc(sizeof *ix->tops * (size_t)ix->cap_tops); /* never NULL: memcmp/memcpy of 0 tops */
-    if (!ix->tops || !ix->node_ht || !ix->st_ht || !ix->seen || !ix->seen_slots || !ix->walk) {
+    if (!ix->tops || !ix->node_ht || !ix->st_ht || !ix->seen || !ix->seen_slots || !ix->walk || !ix->pf_acc) {
         kgr_index_free(ix);
         return OOM;
     }
@@ -1040,24 +1093,27 @@ static int walk_trie(kgr_index *ix, const struct tnode *nd, int32_t from, int32_
 }
 
 
-/* dst |= src over words, 32 bytes at a time (GCC's vector extension: SSE2
- * pairs on baseline x86-64; -O2 leaves the plain loop scalar) */
+/* 32 bytes at a time (GCC's vector extension: SSE2 pairs on baseline
+ * x86-64; -O2 leaves the plain loop scalar) */
 typedef uint32_t v8u32 __attribute__((vector_size(32)));
-static void or_bits(uint32_t *restrict dst, const uint32_t *restrict src, size_t words) {
+/* dst |= src (andnot: dst &= ~src) over words */
+static void combine_bits(uint32_t *restrict dst, const uint32_t *restrict src, size_t words, bool andnot) {
     size_t k = 0;
     for (; k + 8 <= words; k += 8) {
         v8u32 a, b;
         memcpy(&a, dst + k, sizeof a);
         memcpy(&b, src + k, sizeof b);
-        a |= b;
+        a = andnot ? a & ~b : a | b;
         memcpy(dst + k, &a, sizeof a);
     }
-    for (; k < words; k++) dst[k] |= src[k];
+    for (; k < words; k++) dst[k] = andnot ? dst[k] & ~src[k] : dst[k] | src[k];
 }
 
 /* Below a subtree of this many nodes, walking it costs less than asking
- * whether its prefix leads into a string interior. */
+ * whether its prefix leads into a string interior, unless that is known
+ * already (and above SHORTCUT_KNOWN nodes). */
 #define SHORTCUT_NODES 64
+#define SHORTCUT_KNOWN 4
 
 /* walk_trie over node[] (the whole vocabulary), where a large subtree
  * whose prefix leads into a string interior (plain_closed) is not walked:
@@ -1068,6 +1124,7 @@ static int walk_full(kgr_index *ix, int32_t from, int32_t to, int32_t s, uint32_
     const struct tnode *nd = v->node;
     int32_t *stk = ix->walk;
     const int32_t ncls = ix->n_cls;
+    uint64_t pf[2] = {0, 0}; /* first bytes whose plain_first is allowed */
     if (from >= to) return 0;
     stk[nd[from].depth - 1] = s;
     for (int32_t i = from; i < to;) {
@@ -1082,12 +1139,13 @@ static int walk_full(kgr_index *ix, int32_t from, int32_t to, int32_t s, uint32_
         }
         /* the prefix ends a character: the rest of a plain token below is
          * whole characters, which a string interior takes */
-        if ((x->flags & TN_WHOLE) && x->next - i >= SHORTCUT_NODES) {
-            int pc = plain_closed(ix, t);
+        int32_t size = x->next - i;
+        if ((x->flags & TN_WHOLE) && size >= SHORTCUT_KNOWN && (size >= SHORTCUT_NODES || ix->st[t].uni == t)) {
+            int pc = plain_lives(ix, t, v->plain_more[i]);
             if (pc < 0) return -1;
             if (pc == 1) {
                 if (x->depth == 1 && v->plain_first[x->byte])
-                    or_bits(bits, v->plain_first[x->byte], ((size_t)v->n_vocab + 31) / 32);
+                    pf[x->byte >> 6] |= 1ull << (x->byte & 63); /* at the end */
                 else
                     for (int32_t k = v->plain_lo[i]; k < v->plain_lo[x->next]; k++)
                         bits[v->plain_ids[k] >> 5] |= 1u << (v->plain_ids[k] & 31);
@@ -1103,6 +1161,21 @@ static int walk_full(kgr_index *ix, int32_t from, int32_t to, int32_t s, uint32_
         stk[x->depth] = t;
         set_tokens(v, x, bits);
         i++;
+    }
+    /* the plain_first sets are disjoint and make up plain_ascii: where most
+     * are allowed, plain_ascii without the others is fewer passes */
+    size_t words = ((size_t)v->n_vocab + 31) / 32;
+    int n = __builtin_popcountll(pf[0]) + __builtin_popcountll(pf[1]), n_all = 0;
+    for (int b = 0; b < 128; b++) n_all += v->plain_first[b] != NULL;
+    if (n * 2 <= n_all) {
+        for (int b = 0; b < 128; b++)
+            if ((pf[b >> 6] >> (b & 63)) & 1) combine_bits(bits, v->plain_first[b], words, false);
+    } else {
+        uint32_t *acc = ix->pf_acc;
+        memcpy(acc, v->plain_ascii, words * 4);
+        for (int b = 0; b < 128; b++)
+            if (v->plain_first[b] && !((pf[b >> 6] >> (b & 63)) & 1)) combine_bits(acc, v->plain_first[b], words, true);
+        combine_bits(bits, acc, words, false);
     }
     return 0;
 }
