@@ -1112,7 +1112,7 @@ static void combine_bits(uint32_t *restrict dst, const uint32_t *restrict src, s
 /* Below a subtree of this many nodes, walking it costs less than asking
  * whether its prefix leads into a string interior, unless that is known
  * already (and above SHORTCUT_KNOWN nodes). */
-#define SHORTCUT_NODES 64
+#define SHORTCUT_NODES 256
 #define SHORTCUT_KNOWN 4
 
 /* walk_trie over node[] (the whole vocabulary), where a large subtree
