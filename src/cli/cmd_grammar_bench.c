@@ -46,18 +46,27 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
     const char *tokdir = NULL, *json = NULL;
     char **files = NULL;
     size_t nf = 0, capf = 0;
-    bool verbose = false;
+    bool verbose = false, cpu = false;
+    int repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: kiln grammar-bench DIR|FILE... -m TOKENIZER_DIR [--json FILE] [-v] [--cpu-time]\n"
+            printf("usage: kiln grammar-bench DIR|FILE... -m TOKENIZER_DIR [--json FILE] [-v] [--cpu-time] [--repeat N]\n"
                    "  runs MaskBench files (schema + tests) through the grammar engine, one thread;\n"
                    "  -v prints each file's outcome; --cpu-time times with the thread's CPU clock\n"
-                   "  (for a shared machine) instead of the wall clock\n");
+                   "  (for a shared machine) instead of the wall clock; --repeat N runs each file N\n"
+                   "  times from scratch and keeps each mask's least time (other processes' noise)\n");
             return 0;
         }
-        if ((!strcmp(a, "-m") || !strcmp(a, "--json")) && i + 1 >= argc)
+        if ((!strcmp(a, "-m") || !strcmp(a, "--json") || !strcmp(a, "--repeat")) && i + 1 >= argc)
             return kiln_fail(kiln_error(KILN_EINVAL, "%s needs a value", a));
+        if (!strcmp(a, "--repeat")) {
+            char *end;
+            long n = strtol(argv[++i], &end, 10);
+            if (*end || n < 1 || n > 100) return kiln_fail(kiln_error(KILN_EINVAL, "--repeat: want 1 to 100, got '%s'", argv[i]));
+            repeat = (int)n;
+            continue;
+        }
         if (!strcmp(a, "-m") || !strcmp(a, "--json")) {
             if (a[1] == 'm') tokdir = argv[++i];
             else json = argv[++i];
@@ -68,7 +77,7 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
             continue;
         }
         if (!strcmp(a, "--cpu-time")) {
-            kgr_bench_cpu_time(true);
+            kgr_bench_cpu_time(cpu = true);
             continue;
         }
         if (a[0] == '-') return kiln_fail(kiln_error(KILN_EINVAL, "grammar-bench: unknown flag %s", a));
@@ -108,6 +117,8 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
     double *tbm = NULL, *ttfm = malloc(sizeof *ttfm * nf);
     int64_t tokens = 0;
     size_t ran = 0;
+    uint64_t digest = 0; /* the files' mask digests folded in name order */
+    double tbm_sum = 0;
     for (size_t i = 0; i < nf; i++) {
         char *text;
         size_t len;
@@ -115,6 +126,22 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
         st = ku_read_file(files[i], &text, &len);
         if (!st) {
             st = kgr_bench_file(text, len, tok, v, &r);
+            /* again from scratch (a new index): the same masks in the same
+             * order, so each time is the least of the runs' */
+            for (int k = 1; k < repeat && !st; k++) {
+                kgr_bench_result r2;
+                st = kgr_bench_file(text, len, tok, v, &r2);
+                if (st) break;
+                if (r2.n_tbm != r.n_tbm || r2.digest != r.digest) {
+                    st = kiln_error(KILN_EINTERNAL, "a second run computed other masks");
+                } else {
+                    for (int64_t q = 0; q < r.n_tbm; q++)
+                        if (r2.tbm_us[q] < r.tbm_us[q]) r.tbm_us[q] = r2.tbm_us[q];
+                    if (r2.ttfm_us < r.ttfm_us) r.ttfm_us = r2.ttfm_us;
+                }
+                kgr_bench_result_free(&r2);
+            }
+            if (st) kgr_bench_result_free(&r);
             free(text);
         }
         if (st) {
@@ -131,13 +158,17 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
         }
         if (r.n_tbm) memcpy(tbm + ntbm, r.tbm_us, sizeof *tbm * (size_t)r.n_tbm);
         ntbm += (size_t)r.n_tbm;
+        for (int64_t k = 0; k < r.n_tbm; k++) tbm_sum += r.tbm_us[k];
+        uint32_t fd[2] = {(uint32_t)r.digest, (uint32_t)(r.digest >> 32)};
+        digest = kgr_mask_digest(digest, fd, 2);
         const char *base = strrchr(files[i], '/') ? strrchr(files[i], '/') + 1 : files[i];
         if (verbose) printf("%-20s %s %s\n", kgr_outcome_name(r.outcome), base, r.error);
         if (jf) {
             fprintf(jf, "%s  {\"file\": ", ran > 1 ? ",\n" : "");
             json_str(jf, base);
-            fprintf(jf, ", \"outcome\": \"%s\", \"tests\": %d, \"ttfm_us\": %.1f, \"error\": ", kgr_outcome_name(r.outcome),
-                    r.tests, r.ttfm_us);
+            fprintf(jf, ", \"outcome\": \"%s\", \"tests\": %d, \"ttfm_us\": %.1f, \"masks\": %lld, \"digest\": \"%016llx\", "
+                        "\"error\": ",
+                    kgr_outcome_name(r.outcome), r.tests, r.ttfm_us, (long long)r.n_tbm, (unsigned long long)r.digest);
             json_str(jf, r.error);
             fprintf(jf, "}");
         }
@@ -154,11 +185,17 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
     for (int i = 0; i < 8; i++) printf(" %s %.0f", pct_name[i], quantile(tbm, ntbm, pct[i]));
     printf(" |\n| TTFM (us)");
     for (int i = 0; i < 8; i++) printf(" %s %.0f", pct_name[i], quantile(ttfm, ran, pct[i]));
-    printf(" |\n| tokens | %lld |\n", (long long)tokens);
+    size_t masks = ntbm + ran - counts[KGR_COMPILE_ERROR]; /* the first masks are in TTFM */
+    double mean = ntbm ? tbm_sum / (double)ntbm : 0;
+    printf(" |\n| TBM mean (us) | %.1f |\n| tokens | %lld |\n| masks | %zu |\n", mean, (long long)tokens, masks);
+    printf("| mask digest | %016llx |\n| clock | %s%s |\n", (unsigned long long)digest,
+           cpu ? "thread CPU time" : "wall time", repeat > 1 ? ", least of --repeat runs" : "");
     if (jf) {
         fprintf(jf, "\n], \"schemas\": %zu, \"passing\": %zu, \"compile_errors\": %zu, \"validation_errors\": %zu, "
                     "\"invalidation_errors\": %zu, \"tokens\": %lld, ",
                 ran, counts[0], counts[1], counts[2], counts[3], (long long)tokens);
+        fprintf(jf, "\"masks\": %zu, \"digest\": \"%016llx\", \"clock\": \"%s\", \"repeat\": %d, \"tbm_mean_us\": %.2f, ",
+                masks, (unsigned long long)digest, cpu ? "cpu" : "wall", repeat, mean);
         json_pcts(jf, "tbm_us", tbm, ntbm);
         fprintf(jf, ", ");
         json_pcts(jf, "ttfm_us", ttfm, ran);

@@ -49,6 +49,8 @@ struct kgr_vocab {
         int32_t next, tok;
         uint16_t depth;
         uint8_t byte;
+        uint8_t flags; /* TN_MORE: tok is not the only token here (tok_next);
+                        * TN_WHOLE (node[]): the prefix ends a UTF-8 character */
     } *node;
     /* String interiors: a plain token is printable ASCII but " and \ and
      * whole UTF-8 characters from U+0080 (plain[] its bits); rest[] is the
@@ -62,7 +64,17 @@ struct kgr_vocab {
      * and (plain first bytes) the plain tokens that start with it */
     int32_t root_node[256], root_rest[256];
     uint32_t *plain_first[128];
+    uint32_t *plain_ascii; /* the union of plain_first */
+    /* Per node of node[], for a subtree whose prefix leads into a string
+     * interior: its plain tokens are plain_ids[plain_lo[i], plain_lo[next])
+     * (plain_ids: the plain tokens in trie order), its other tokens the
+     * subtree of rest[rest_of[i]] (-1: none), the node of the same prefix. */
+    int32_t *plain_lo; /* [n_nodes + 1] */
+    int32_t *plain_ids, *rest_of;
+    uint16_t *plain_more; /* [n_nodes]: the most characters a plain token below adds to the prefix */
 };
+
+enum { TN_MORE = 1, TN_WHOLE = 2 };
 
 static bool plain_byte(unsigned b) { return b >= 0x20 && b < 0x7f && b != '"' && b != '\\'; }
 
@@ -117,6 +129,11 @@ void kgr_vocab_free(kgr_vocab *v) {
     free(v->plain);
     free(v->rest);
     for (int b = 0; b < 128; b++) free(v->plain_first[b]);
+    free(v->plain_ascii);
+    free(v->plain_lo);
+    free(v->plain_ids);
+    free(v->rest_of);
+    free(v->plain_more);
     free(v);
 }
 
@@ -221,10 +238,70 @@ static kiln_status build_trie(kgr_vocab *v, bool rest, struct tnode **out, int32
     free(ids);
     if (maxlen >= 65535) return kiln_error(KILN_EUNSUPPORTED, "grammar: a token of %d bytes (at most 65534)", maxlen);
     if (!(*out = malloc(sizeof **out * (size_t)(nn ? nn : 1)))) return OOM;
-    for (int32_t i = 0; i < nn; i++) (*out)[i] = (struct tnode){v->next[i], v->tok_head[i], (uint16_t)v->depth[i], v->byte[i]};
+    for (int32_t i = 0; i < nn; i++) {
+        int32_t k = v->tok_head[i];
+        uint8_t f = k >= 0 && v->tok_next[k] >= 0 ? TN_MORE : 0;
+        (*out)[i] = (struct tnode){v->next[i], k, (uint16_t)v->depth[i], v->byte[i], f};
+    }
     /* the walk reads only the packed nodes */
     free(v->byte), free(v->depth), free(v->next), free(v->tok_head);
     v->byte = NULL, v->depth = v->next = v->tok_head = NULL;
+    return NULL;
+}
+
+/* plain_lo, plain_ids and rest_of (see kgr_vocab). rest[] is node[]
+ * without the plain tokens, both in preorder of the same byte order, so
+ * rest's prefixes come in node[]'s order: one merge pairs them. */
+static kiln_status subtree_tables(kgr_vocab *v) {
+    int32_t nn = v->n_nodes;
+    v->plain_lo = malloc(sizeof *v->plain_lo * ((size_t)nn + 1));
+    v->plain_ids = malloc(sizeof *v->plain_ids * ((size_t)v->n_vocab + 1));
+    v->rest_of = malloc(sizeof *v->rest_of * ((size_t)nn + 1));
+    int32_t *path = malloc(sizeof *path * ((size_t)v->max_depth + 2)); /* rest node at each depth of the path, -1 none */
+    int8_t *need = malloc((size_t)v->max_depth + 2); /* continuation bytes the prefix still needs, -1 not UTF-8 */
+    int32_t *chars = malloc(sizeof *chars * ((size_t)v->max_depth + 2)); /* whole characters in the prefix */
+    int32_t *up = malloc(sizeof *up * ((size_t)nn + 1));     /* each node's parent, -1 the root */
+    int32_t *most = malloc(sizeof *most * ((size_t)nn + 1)); /* characters of the longest plain token below */
+    int32_t *anc = malloc(sizeof *anc * ((size_t)v->max_depth + 2));
+    v->plain_more = malloc(sizeof *v->plain_more * ((size_t)nn + 1));
+    if (!v->plain_lo || !v->plain_ids || !v->rest_of || !path || !need || !chars || !up || !most || !anc || !v->plain_more) {
+        free(path), free(need), free(chars), free(up), free(most), free(anc);
+        return OOM;
+    }
+    chars[0] = 0;
+    int32_t np = 0, j = 0;
+    path[0] = 0; /* the roots match */
+    need[0] = 0;
+    for (int32_t i = 0; i < nn; i++) {
+        struct tnode *x = &v->node[i];
+        int8_t nd = need[x->depth - 1];
+        unsigned lo, hi;
+        if (nd > 0) nd = x->byte >= 0x80 && x->byte <= 0xBF ? nd - 1 : -1; /* the lead's ranges are plain_token's */
+        else if (nd == 0) nd = x->byte < 0x80 ? 0 : utf8_lead(x->byte, &lo, &hi) ? (int8_t)(utf8_lead(x->byte, &lo, &hi) - 1) : -1;
+        need[x->depth] = nd;
+        if (nd == 0) x->flags |= TN_WHOLE;
+        chars[x->depth] = chars[x->depth - 1] + (nd == 0);
+        v->plain_more[i] = (uint16_t)chars[x->depth];
+        anc[x->depth] = i;
+        up[i] = x->depth > 1 ? anc[x->depth - 1] : -1;
+        most[i] = -1;
+        v->plain_lo[i] = np;
+        for (int32_t k = x->tok; k >= 0; k = v->tok_next[k])
+            if (plain_token(v, k)) v->plain_ids[np++] = k, most[i] = chars[x->depth];
+        int32_t r = -1;
+        if (path[x->depth - 1] >= 0 && j < v->n_rest && v->rest[j].depth == x->depth && v->rest[j].byte == x->byte) r = j++;
+        v->rest_of[i] = r;
+        path[x->depth] = r;
+    }
+    v->plain_lo[nn] = np;
+    /* back to front, a node's subtree is done when it is reached (plain_more
+     * holds its prefix's characters till then) */
+    for (int32_t i = nn - 1; i >= 0; i--) {
+        if (up[i] >= 0 && most[i] > most[up[i]]) most[up[i]] = most[i];
+        v->plain_more[i] = (uint16_t)(most[i] < 0 ? 0 : most[i] - v->plain_more[i]);
+    }
+    free(path), free(need), free(chars), free(up), free(most), free(anc);
+    if (j != v->n_rest) return kiln_error(KILN_EINTERNAL, "grammar: the vocabulary's tries disagree");
     return NULL;
 }
 
@@ -245,13 +322,14 @@ static kiln_status vocab_finish(kgr_vocab *v, const int32_t *eos, int32_t n_eos)
     for (int32_t i = 0; i < v->n_rest; i = v->rest[i].next) v->root_rest[v->rest[i].byte] = i;
     for (unsigned b = 0; b < 128; b++)
         if (plain_byte(b) && !(v->plain_first[b] = calloc(words ? words : 1, 4))) return OOM;
+    if (!(v->plain_ascii = calloc(words ? words : 1, 4))) return OOM;
     for (int32_t i = 0; i < v->n_vocab; i++)
         if (plain_token(v, i)) {
             v->plain[i >> 5] |= 1u << (i & 31);
             uint8_t b0 = (uint8_t)v->bytes[v->off[i]]; /* or a UTF-8 lead byte: walked */
-            if (b0 < 128) v->plain_first[b0][i >> 5] |= 1u << (i & 31);
+            if (b0 < 128) v->plain_first[b0][i >> 5] |= 1u << (i & 31), v->plain_ascii[i >> 5] |= 1u << (i & 31);
         }
-    return NULL;
+    return subtree_tables(v);
 }
 
 /* an ordinary token holding 0xFF: no grammar takes it, and it must not spell a marker */
@@ -377,7 +455,7 @@ typedef struct {
     int32_t *tops; /* sorted node ids */
     int32_t n;
     bool accept;
-    int8_t closed; /* plain_closed's answer: 1, 0, or -1 not yet known */
+    int32_t uni; /* plain_next's answer: -2 not yet known */
     uint32_t *mask;
 } gstate;
 
@@ -398,6 +476,7 @@ struct kgr_index {
     int32_t *st_ht;
     uint32_t st_ht_cap;
     int32_t *trans; /* [n_st * n_cls]; -1: not computed */
+    uint64_t (*set_cls)[4]; /* [n_sets]: the byte classes each set holds */
     /* %perm frames, interned: a stack position at or past g->n_el is one */
     struct vperm {
         uint64_t used; /* members taken (repeatable ones never) */
@@ -415,6 +494,7 @@ struct kgr_index {
     uint32_t *seen_slots; /* [seen_cap / 2]: the slots in use, to clear only those */
     bool accept;
     int32_t *walk; /* [max_depth + 1] */
+    uint32_t *pf_acc; /* [mask words]: walk_full's scratch */
     size_t mask_bytes;
     kiln_status err; /* sticky: a limit was passed */
     int32_t init;
@@ -724,7 +804,7 @@ static int32_t state_intern(kgr_index *ix) {
     gstate *s = &ix->st[id];
     s->n = n;
     s->accept = ix->accept;
-    s->closed = -1;
+    s->uni = -2;
     s->mask = NULL;
     s->tops = malloc(sizeof *s->tops * (size_t)(n ? n : 1));
     if (!s->tops) {
@@ -756,7 +836,22 @@ static int32_t compute(kgr_index *ix, int32_t s, int32_t c) {
     }
     expand(ix);
     int32_t t = state_intern(ix);
-    if (t >= 0) ix->trans[(size_t)s * (size_t)ix->n_cls + (size_t)c] = t;
+    if (t < 0) return t;
+    /* the step depends only on which tops take the byte: every class that
+     * the same tops take (and the others refuse) leads to t too */
+    uint64_t e[4] = {~0ull, ~0ull, ~0ull, ~0ull};
+    gs = &ix->st[s]; /* state_intern may have moved the states */
+    for (int32_t i = 0; i < gs->n; i++) {
+        const uint64_t *k = ix->set_cls[ix->g->el[ix->nodes[gs->tops[i]].pos].val];
+        bool in = (k[c >> 6] >> (c & 63)) & 1;
+        for (int w = 0; w < 4; w++) e[w] &= in ? k[w] : ~k[w];
+    }
+    int32_t *row = &ix->trans[(size_t)s * (size_t)ix->n_cls];
+    for (int w = 0; w < 4; w++)
+        for (uint64_t m = e[w]; m; m &= m - 1) {
+            int32_t d = w * 64 + __builtin_ctzll(m);
+            if (d < ix->n_cls) row[d] = t;
+        }
     return t;
 }
 
@@ -766,9 +861,9 @@ static inline int32_t next_state(kgr_index *ix, int32_t s, uint8_t byte) {
     return t >= 0 ? t : compute(ix, s, c);
 }
 
-/* Whether every UTF-8 character from U+0080 leads from s back to s: each
+/* Whether every UTF-8 character from U+0080 leads from at to to: each
  * continuation byte is tried once per byte class. 1 yes, 0 no, -1 error. */
-static int utf8_closed(kgr_index *ix, int32_t at, int32_t s, int left, unsigned lo, unsigned hi) {
+static int utf8_to(kgr_index *ix, int32_t at, int32_t to, int left, unsigned lo, unsigned hi) {
     uint64_t seen[4] = {0};
     for (unsigned b = lo; b <= hi; b++) {
         unsigned c = ix->cls[b];
@@ -776,44 +871,74 @@ static int utf8_closed(kgr_index *ix, int32_t at, int32_t s, int left, unsigned 
         seen[c >> 6] |= 1ull << (c & 63);
         int32_t t = next_state(ix, at, (uint8_t)b);
         if (t < 0) return -1;
-        if (left == 1 ? t != s : t == 0) return 0;
+        if (left == 1 ? t != to : t == 0) return 0;
         if (left > 1) {
-            int r = utf8_closed(ix, t, s, left - 1, 0x80, 0xBF);
+            int r = utf8_to(ix, t, to, left - 1, 0x80, 0xBF);
             if (r != 1) return r;
         }
     }
     return 1;
 }
 
-/* Whether s is a string interior: every plain token leads back to it. 1 yes, 0 no, -1 error. */
-static int plain_closed_compute(kgr_index *ix, int32_t s) {
+/* The state every plain character (plain_byte, or a whole UTF-8 character
+ * from U+0080) leads to from s, where they all lead to one live state; 0
+ * where they do not; -1 on error. s is a string interior (plain_closed)
+ * when that state is s itself. */
+static int32_t plain_next_compute(kgr_index *ix, int32_t s) {
     if (s == 0) return 0;
+    int32_t u = -1;
+    uint64_t seen[4] = {0};
     for (unsigned b = 0x20; b < 0x7f; b++) {
-        if (!plain_byte(b)) continue;
+        unsigned c = ix->cls[b];
+        if (!plain_byte(b) || ((seen[c >> 6] >> (c & 63)) & 1)) continue;
+        seen[c >> 6] |= 1ull << (c & 63);
         int32_t t = next_state(ix, s, (uint8_t)b);
-        if (t != s) return t < 0 ? -1 : 0;
+        if (t <= 0) return t;
+        if (u < 0) u = t;
+        else if (t != u) return 0;
     }
-    uint64_t seen[64] = {0};
+    uint64_t lseen[64] = {0};
     for (unsigned lead = 0xC2; lead <= 0xF4; lead++) {
         unsigned lo, hi;
         int l = utf8_lead(lead, &lo, &hi);
         /* leads of one class, length and second-byte range behave alike */
         unsigned key = ix->cls[lead] * 16u + (unsigned)l * 4u + (lo == 0x80) * 2u + (hi == 0xBF);
-        if ((seen[key >> 6] >> (key & 63)) & 1) continue;
-        seen[key >> 6] |= 1ull << (key & 63);
+        if ((lseen[key >> 6] >> (key & 63)) & 1) continue;
+        lseen[key >> 6] |= 1ull << (key & 63);
         int32_t t = next_state(ix, s, (uint8_t)lead);
         if (t <= 0) return t;
-        int r = utf8_closed(ix, t, s, l - 1, lo, hi);
+        int r = utf8_to(ix, t, u, l - 1, lo, hi);
         if (r != 1) return r;
     }
-    return 1;
+    return u;
 }
 
-static int plain_closed(kgr_index *ix, int32_t s) {
-    if (ix->st[s].closed >= 0) return ix->st[s].closed;
-    int r = plain_closed_compute(ix, s);
-    if (r >= 0) ix->st[s].closed = (int8_t)r;
+static int32_t plain_next(kgr_index *ix, int32_t s) {
+    if (ix->st[s].uni >= 0) return ix->st[s].uni;
+    int32_t r = plain_next_compute(ix, s);
+    if (r >= 0) ix->st[s].uni = r;
     return r;
+}
+
+/* Whether s is a string interior: every plain token leads back to it. 1 yes, 0 no, -1 error. */
+static int plain_closed(kgr_index *ix, int32_t s) {
+    int32_t u = plain_next(ix, s);
+    return u < 0 ? -1 : u == s;
+}
+
+/* Whether every string of at most need plain characters leads from s to a
+ * live state (a bounded string's interior, e.g. maxLength): 1 yes, 0 no
+ * (or not found within CHAIN_MAX steps), -1 error. */
+#define CHAIN_MAX 64
+static int plain_lives(kgr_index *ix, int32_t s, int32_t need) {
+    for (int32_t k = 0; k < need; k++) {
+        int32_t u = plain_next(ix, s);
+        if (u <= 0) return u;
+        if (u == s) return 1; /* a string interior: every length */
+        if (k == CHAIN_MAX) return 0;
+        s = u;
+    }
+    return 1;
 }
 
 /* Byte classes: bytes no set tells apart share a class (and a column of the
@@ -837,6 +962,17 @@ static void byte_classes(kgr_index *ix) {
     for (int b = 255; b >= 0; b--) ix->rep[ix->cls[b]] = (uint8_t)b;
 }
 
+/* set_cls: the classes refine every set, so a class's representative
+ * answers for the class */
+static bool set_classes(kgr_index *ix) {
+    ix->set_cls = calloc((size_t)(ix->g->n_sets ? ix->g->n_sets : 1), sizeof *ix->set_cls);
+    if (!ix->set_cls) return false;
+    for (int32_t k = 0; k < ix->g->n_sets; k++)
+        for (int32_t c = 0; c < ix->n_cls; c++)
+            if (kgr_set_has(&ix->g->sets[k], ix->rep[c])) ix->set_cls[k][c >> 6] |= 1ull << (c & 63);
+    return true;
+}
+
 void kgr_index_free(kgr_index *ix) {
     if (!ix) return;
     for (int32_t i = 0; i < ix->n_st; i++) {
@@ -846,6 +982,7 @@ void kgr_index_free(kgr_index *ix) {
     free(ix->st);
     free(ix->st_ht);
     free(ix->trans);
+    free(ix->set_cls);
     free(ix->nodes);
     free(ix->node_ht);
     free(ix->work);
@@ -853,6 +990,7 @@ void kgr_index_free(kgr_index *ix) {
     free(ix->seen);
     free(ix->seen_slots);
     free(ix->walk);
+    free(ix->pf_acc);
     free(ix->vp);
     free(ix->vp_ht);
     kiln_status_free(ix->err);
@@ -875,6 +1013,10 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
                                            "(an ordinary token is matched by its text: write it as a literal)", id);
         }
     byte_classes(ix);
+    if (!set_classes(ix)) {
+        kgr_index_free(ix);
+        return OOM;
+    }
     ix->node_ht_cap = 1024;
     ix->st_ht_cap = 256;
     ix->seen_cap = 256;
@@ -883,9 +1025,10 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     ix->seen = malloc(sizeof *ix->seen * ix->seen_cap);
     ix->seen_slots = malloc(sizeof *ix->seen_slots * (ix->seen_cap / 2 + 1));
     ix->walk = malloc(sizeof *ix->walk * (size_t)(v->max_depth + 2));
+    ix->pf_acc = malloc(((size_t)v->n_vocab + 31) / 32 * 4 + 4);
     ix->cap_tops = 64;
     ix->tops = malloc(sizeof *ix->tops * (size_t)ix->cap_tops); /* never NULL: memcmp/memcpy of 0 tops */
-    if (!ix->tops || !ix->node_ht || !ix->st_ht || !ix->seen || !ix->seen_slots || !ix->walk) {
+    if (!ix->tops || !ix->node_ht || !ix->st_ht || !ix->seen || !ix->seen_slots || !ix->walk || !ix->pf_acc) {
         kgr_index_free(ix);
         return OOM;
     }
@@ -915,6 +1058,15 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     return NULL;
 }
 
+/* the tokens ending at node x into bits (tok_next read only where there are several) */
+static inline void set_tokens(const kgr_vocab *v, const struct tnode *x, uint32_t *bits) {
+    int32_t k = x->tok;
+    if (k < 0) return;
+    bits[k >> 5] |= 1u << (k & 31);
+    if (x->flags & TN_MORE)
+        for (k = v->tok_next[k]; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
+}
+
 /* Sets the bits of the tokens in nd[from, to) (one subtree's nodes, the
  * first at depth d, entered from state s at depth d - 1) that s allows; -1 on error. */
 static int walk_trie(kgr_index *ix, const struct tnode *nd, int32_t from, int32_t to, int32_t s, uint32_t *bits) {
@@ -934,8 +1086,96 @@ static int walk_trie(kgr_index *ix, const struct tnode *nd, int32_t from, int32_
             continue;
         }
         stk[x->depth] = t;
-        for (int32_t k = x->tok; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
+        set_tokens(v, x, bits);
         i++;
+    }
+    return 0;
+}
+
+
+/* 32 bytes at a time (GCC's vector extension: SSE2 pairs on baseline
+ * x86-64; -O2 leaves the plain loop scalar) */
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+/* dst |= src (andnot: dst &= ~src) over words */
+static void combine_bits(uint32_t *restrict dst, const uint32_t *restrict src, size_t words, bool andnot) {
+    size_t k = 0;
+    for (; k + 8 <= words; k += 8) {
+        v8u32 a, b;
+        memcpy(&a, dst + k, sizeof a);
+        memcpy(&b, src + k, sizeof b);
+        a = andnot ? a & ~b : a | b;
+        memcpy(dst + k, &a, sizeof a);
+    }
+    for (; k < words; k++) dst[k] = andnot ? dst[k] & ~src[k] : dst[k] | src[k];
+}
+
+/* Below a subtree of this many nodes, walking it costs less than asking
+ * whether its prefix leads into a string interior, unless that is known
+ * already (and above SHORTCUT_KNOWN nodes). */
+#define SHORTCUT_NODES 256
+#define SHORTCUT_KNOWN 4
+
+/* walk_trie over node[] (the whole vocabulary), where a large subtree
+ * whose prefix leads into a string interior (plain_closed) is not walked:
+ * its plain tokens are all allowed (plain_first or plain_ids) and only its
+ * other tokens (rest[]) are walked. -1 on error. */
+static int walk_full(kgr_index *ix, int32_t from, int32_t to, int32_t s, uint32_t *bits) {
+    const kgr_vocab *v = ix->v;
+    const struct tnode *nd = v->node;
+    int32_t *stk = ix->walk;
+    const int32_t ncls = ix->n_cls;
+    uint64_t pf[2] = {0, 0}; /* first bytes whose plain_first is allowed */
+    if (from >= to) return 0;
+    stk[nd[from].depth - 1] = s;
+    for (int32_t i = from; i < to;) {
+        const struct tnode *x = &nd[i];
+        int32_t ps = stk[x->depth - 1];
+        int32_t c = ix->cls[x->byte];
+        int32_t t = ix->trans[(size_t)ps * (size_t)ncls + (size_t)c];
+        if (t < 0 && (t = compute(ix, ps, c)) < 0) return -1;
+        if (t == 0) {
+            i = x->next;
+            continue;
+        }
+        /* the prefix ends a character: the rest of a plain token below is
+         * whole characters, which a string interior takes */
+        int32_t size = x->next - i;
+        if ((x->flags & TN_WHOLE) && size >= SHORTCUT_KNOWN && (size >= SHORTCUT_NODES || ix->st[t].uni == t)) {
+            int pc = plain_lives(ix, t, v->plain_more[i]);
+            if (pc < 0) return -1;
+            if (pc == 1) {
+                if (x->depth == 1 && v->plain_first[x->byte])
+                    pf[x->byte >> 6] |= 1ull << (x->byte & 63); /* at the end */
+                else
+                    for (int32_t k = v->plain_lo[i]; k < v->plain_lo[x->next]; k++)
+                        bits[v->plain_ids[k] >> 5] |= 1u << (v->plain_ids[k] & 31);
+                int32_t r = v->rest_of[i];
+                if (r >= 0) {
+                    set_tokens(v, &v->rest[r], bits);
+                    if (walk_trie(ix, v->rest, r + 1, v->rest[r].next, t, bits) < 0) return -1;
+                }
+                i = x->next;
+                continue;
+            }
+        }
+        stk[x->depth] = t;
+        set_tokens(v, x, bits);
+        i++;
+    }
+    /* the plain_first sets are disjoint and make up plain_ascii: where most
+     * are allowed, plain_ascii without the others is fewer passes */
+    size_t words = ((size_t)v->n_vocab + 31) / 32;
+    int n = __builtin_popcountll(pf[0]) + __builtin_popcountll(pf[1]), n_all = 0;
+    for (int b = 0; b < 128; b++) n_all += v->plain_first[b] != NULL;
+    if (n * 2 <= n_all) {
+        for (int b = 0; b < 128; b++)
+            if ((pf[b >> 6] >> (b & 63)) & 1) combine_bits(bits, v->plain_first[b], words, false);
+    } else {
+        uint32_t *acc = ix->pf_acc;
+        memcpy(acc, v->plain_ascii, words * 4);
+        for (int b = 0; b < 128; b++)
+            if (v->plain_first[b] && !((pf[b >> 6] >> (b & 63)) & 1)) combine_bits(acc, v->plain_first[b], words, true);
+        combine_bits(bits, acc, words, false);
     }
     return 0;
 }
@@ -956,34 +1196,15 @@ static kiln_status state_mask(kgr_index *ix, int32_t s, uint32_t *bits) {
     memset(bits, 0, words * 4);
     if (ix->err) return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
     /* every plain token leads back to s: they are all allowed, and only
-     * the other tokens are walked. Otherwise each first byte's subtree on
-     * its own: where the byte leads to such a state, the same there. */
+     * the other tokens are walked. Otherwise the whole trie, the same way
+     * below a prefix that leads into such a state. */
     int pc = plain_closed(ix, s);
     if (pc < 0) return mask_fail(ix, bits, words);
     if (pc == 1) {
         memcpy(bits, v->plain, words * 4);
         if (walk_trie(ix, v->rest, 0, v->n_rest, s, bits) < 0) return mask_fail(ix, bits, words);
-    } else
-        for (int b = 0; b < 256; b++) {
-            int32_t r = v->root_node[b];
-            if (r < 0) continue;
-            int32_t t = next_state(ix, s, (uint8_t)b);
-            if (t < 0) return mask_fail(ix, bits, words);
-            if (t == 0) continue;
-            int tc = b < 128 && v->plain_first[b] ? plain_closed(ix, t) : 0;
-            if (tc < 0) return mask_fail(ix, bits, words);
-            int w;
-            if (tc == 1) {
-                const uint32_t *pf = v->plain_first[b];
-                for (size_t k = 0; k < words; k++) bits[k] |= pf[k];
-                int32_t rr = v->root_rest[b];
-                w = rr < 0 ? 0 : walk_trie(ix, v->rest, rr + 1, v->rest[rr].next, t, bits);
-            } else {
-                for (int32_t k = v->node[r].tok; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
-                w = walk_trie(ix, v->node, r + 1, v->node[r].next, t, bits);
-            }
-            if (w < 0) return mask_fail(ix, bits, words);
-        }
+    } else if (walk_full(ix, 0, v->n_nodes, s, bits) < 0)
+        return mask_fail(ix, bits, words);
     if (ix->st[s].accept)
         for (int32_t k = 0; k < v->n_eos; k++)
             if (v->eos[k] >= 0 && v->eos[k] < v->n_vocab) bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31);
@@ -1005,6 +1226,7 @@ struct kgr_matcher {
     bool ended; /* EOS accepted */
     kgr_grammar *own_g; /* kgr_matcher_create_owned: freed with the matcher */
     kgr_index *own_ix;
+    uint32_t *buf; /* kgr_matcher_mask_ref's mask where the index keeps none */
 };
 
 kiln_status kgr_matcher_create(kgr_index *ix, kgr_matcher **out) {
@@ -1038,6 +1260,7 @@ void kgr_matcher_free(kgr_matcher *m) {
     if (!m) return;
     kgr_index_free(m->own_ix);
     kgr_grammar_free(m->own_g);
+    free(m->buf);
     free(m);
 }
 
@@ -1050,6 +1273,28 @@ kiln_status kgr_matcher_mask(kgr_matcher *m, uint32_t *bits) {
     pthread_mutex_lock(&ix->mu);
     kiln_status st = state_mask(ix, m->state, bits);
     pthread_mutex_unlock(&ix->mu);
+    return st;
+}
+
+kiln_status kgr_matcher_mask_ref(kgr_matcher *m, const uint32_t **bits) {
+    kgr_index *ix = m->ix;
+    size_t words = ((size_t)ix->v->n_vocab + 31) / 32;
+    *bits = NULL;
+    if (!m->buf && !(m->buf = malloc(words * 4))) return OOM;
+    if (m->ended) {
+        memset(m->buf, 0, words * 4);
+        *bits = m->buf;
+        return NULL;
+    }
+    pthread_mutex_lock(&ix->mu); /* another matcher may be growing ix->st */
+    const uint32_t *c = ix->st[m->state].mask;
+    kiln_status st = NULL;
+    if (!c) {
+        st = state_mask(ix, m->state, m->buf);
+        c = ix->st[m->state].mask; /* kept now (unless over the cache's bound) */
+    }
+    pthread_mutex_unlock(&ix->mu);
+    *bits = c && !st ? c : m->buf;
     return st;
 }
 

@@ -109,6 +109,10 @@ void kgr_matcher_free(kgr_matcher *m);
  * ceil(n_vocab / 32). EOS ids are set only where the grammar may end.
  * An error (a grammar too ambiguous to track) leaves bits all clear. */
 kiln_status kgr_matcher_mask(kgr_matcher *m, uint32_t *bits);
+/* The same mask without a copy: *bits is borrowed (the index's cached mask,
+ * or the matcher's own buffer), valid until the matcher's next call or
+ * until it is freed; never written by anyone while valid. */
+kiln_status kgr_matcher_mask_ref(kgr_matcher *m, const uint32_t **bits);
 /* Advances by a token; an EOS id ends the matcher. A token the mask forbids
  * is an error (the sequence must stop). */
 kiln_status kgr_matcher_accept(kgr_matcher *m, int32_t tok);
@@ -136,6 +140,8 @@ typedef struct {
     double ttfm_us;          /* compile + first mask */
     double *tbm_us;          /* [n_tbm] malloc'ed: every later mask */
     int64_t n_tbm, tokens;
+    uint64_t digest;         /* of every mask computed, in order (kgr_mask_digest): equal
+                              * digests, equal masks, whatever the engine's speed */
     char error[256];         /* the compile error, or the first failing test */
 } kgr_bench_result;
 
@@ -144,6 +150,8 @@ typedef struct {
 kiln_status kgr_bench_file(const char *json, size_t len, const ktok *tok, const kgr_vocab *v,
                            kgr_bench_result *r);
 void kgr_bench_result_free(kgr_bench_result *r);
+/* h folded with the mask bits[0, words) (a 64-bit hash; order matters) */
+uint64_t kgr_mask_digest(uint64_t h, const uint32_t *bits, size_t words);
 /* Times with the thread's CPU clock instead of the wall clock (on a shared
  * machine, where other processes' time slices inflate wall-clock tails). */
 void kgr_bench_cpu_time(bool on);

@@ -195,6 +195,35 @@ KT_TEST(grammar_choices) {
     kiln_status_free(st);
 }
 
+/* After each prefix, the mask (copied, and borrowed by kgr_matcher_mask_ref)
+ * agrees with each token's own walk; counts the tokens checked and allowed. */
+static void check_masks(kgr_index *ix, const char *const *toks, const int32_t *lens, int32_t n,
+                        const char *const *prefixes, size_t n_prefixes, int *checked, int *allowed) {
+    size_t words = ((size_t)n + 31) / 32;
+    uint32_t bits[64];
+    KT_CHECK(words <= 64);
+    for (size_t p = 0; p < n_prefixes; p++) {
+        kgr_matcher *m = NULL;
+        KT_CHECK(kgr_matcher_create(ix, &m) == NULL);
+        KT_CHECKF(kgr_matcher_accept_bytes(m, prefixes[p], strlen(prefixes[p])), "prefix %s", prefixes[p]);
+        const uint32_t *ref = NULL;
+        KT_CHECK(kgr_matcher_mask(m, bits) == NULL);
+        KT_CHECK(kgr_matcher_mask_ref(m, &ref) == NULL);
+        KT_CHECK(ref && !memcmp(ref, bits, words * 4));
+        for (int32_t t = 0; t < n; t++) {
+            kgr_matcher *c = NULL;
+            KT_CHECK(kgr_matcher_create(ix, &c) == NULL);
+            KT_CHECK(kgr_matcher_accept_bytes(c, prefixes[p], strlen(prefixes[p])));
+            bool ok = kgr_matcher_accept_bytes(c, toks[t], (size_t)lens[t]);
+            bool bit = (bits[t >> 5] >> (t & 31)) & 1;
+            KT_CHECKF(bit == ok, "after %s: token '%s': mask %d, walk %d", prefixes[p], toks[t], bit, ok);
+            (*checked)++, *allowed += ok;
+            kgr_matcher_free(c);
+        }
+        kgr_matcher_free(m);
+    }
+}
+
 /* A string interior's mask (the plain tokens at once, the rest walked)
  * agrees with each token's own walk, in an unbounded string, a bounded one
  * and a pattern. */
@@ -213,25 +242,47 @@ KT_TEST(grammar_mask_string_interior) {
     KT_CHECK(kgr_index_create(g, v, &ix) == NULL);
     static const char *const prefixes[] = {"{\"s\": \"", "{\"s\": \"ab", "{\"t\": \"", "{\"t\": \"a", "{\"u\": \"a b"};
     int checked = 0, allowed = 0;
-    for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes; p++) {
-        kgr_matcher *m = NULL;
-        KT_CHECK(kgr_matcher_create(ix, &m) == NULL);
-        KT_CHECK(kgr_matcher_accept_bytes(m, prefixes[p], strlen(prefixes[p])));
-        uint32_t bits[1];
-        KT_CHECK(kgr_matcher_mask(m, bits) == NULL);
-        for (int32_t t = 0; t < n; t++) {
-            kgr_matcher *c = NULL;
-            KT_CHECK(kgr_matcher_create(ix, &c) == NULL);
-            KT_CHECK(kgr_matcher_accept_bytes(c, prefixes[p], strlen(prefixes[p])));
-            bool ok = kgr_matcher_accept_bytes(c, toks[t], strlen(toks[t]));
-            bool bit = (bits[0] >> t) & 1;
-            KT_CHECKF(bit == ok, "after %s: token '%s': mask %d, walk %d", prefixes[p], toks[t], bit, ok);
-            checked++, allowed += ok;
-            kgr_matcher_free(c);
-        }
-        kgr_matcher_free(m);
-    }
+    check_masks(ix, toks, lens, n, prefixes, sizeof prefixes / sizeof *prefixes, &checked, &allowed);
     KT_CHECK(checked == 5 * n && allowed > 10 && allowed < checked - 10);
+    kgr_index_free(ix);
+    kgr_grammar_free(g);
+    kgr_vocab_free(v);
+}
+
+/* Masks over a vocabulary with large subtrees (prefix x suffix tokens), so
+ * the walk skips subtrees whose prefix leads into a string interior (at
+ * depth 1, deeper, after a UTF-8 character) and walks the others: each
+ * mask agrees with every token's own walk, and kgr_matcher_mask_ref gives
+ * the same bits without a copy. */
+KT_TEST(grammar_mask_subtree_shortcut) {
+    static const char *const pre[] = {"k", "ki", "ka", "kin", "\xc3\xa9", "\xc3\xa9" "a", "a", "\"", " ", "1"};
+    static const char *const suf[] = {"x", "yz", "yzw", " q", "\xc3\xbc", "\xc3\xbc" "b", "mnop", "mno", "rs", "tuv",
+                                      "\"", "\": ", "\": \"", "\", \"", "\"}", "\\n", "\xc3", "d\"", "e\\", "1",
+                                      "12", "ab", "abc", "abcd", "nd", "nd\"", "nd\": \"", "y", "ey", "ey\": 1",
+                                      "ght", "ghty", "fgh", "ij", "ijk", "lm", "lmn", "o", "op", "opq"};
+    enum { NP = sizeof pre / sizeof *pre, NS = sizeof suf / sizeof *suf, NT = NP * NS + NP + NS };
+    static char store[NT][24];
+    const char *toks[NT];
+    int32_t lens[NT], n = 0;
+    for (int i = 0; i < NP; i++)
+        for (int j = 0; j <= NS; j++) {
+            snprintf(store[n], sizeof store[n], "%s%s", pre[i], j < NS ? suf[j] : "");
+            toks[n] = store[n], lens[n] = (int32_t)strlen(store[n]), n++;
+        }
+    for (int j = 0; j < NS; j++) toks[n] = suf[j], lens[n] = (int32_t)strlen(suf[j]), n++;
+    kgr_vocab *v = NULL;
+    KT_CHECK(kgr_vocab_from_strings(toks, lens, n, -1, &v) == NULL);
+    const char *s = "{\"type\":\"object\",\"properties\":{\"kind\":{\"type\":\"string\"},\"key\":{\"type\":\"integer\"},"
+                    "\"t\":{\"type\":\"string\",\"maxLength\":3}}}";
+    kgr_grammar *g = NULL;
+    KT_CHECK(kgr_from_json_schema(s, strlen(s), NULL, &g) == NULL);
+    kgr_index *ix = NULL;
+    KT_CHECK(kgr_index_create(g, v, &ix) == NULL);
+    static const char *const prefixes[] = {"{\"", "{\"k", "{\"kind\": \"", "{\"kind\": \"\xc3\xa9", "{\"t\": \"", "{\"t\": \"ab",
+                                           "{\"ka\": \"", "{\"ki\": 1, \"", "{\"key\": 1"};
+    int checked = 0, allowed = 0;
+    check_masks(ix, toks, lens, n, prefixes, sizeof prefixes / sizeof *prefixes, &checked, &allowed);
+    KT_CHECKF(allowed > checked / 4 && allowed < checked - checked / 4, "%d of %d allowed", allowed, checked);
     kgr_index_free(ix);
     kgr_grammar_free(g);
     kgr_vocab_free(v);
