@@ -49,9 +49,8 @@ struct kgen_session {
     char *text; /* the step's text when it joins two pieces */
     size_t cap;
     kgen_detok detok;
-    /* params.grammar: the sequence's own matcher, its mask and masked logits */
+    /* params.grammar: the sequence's own matcher and the masked logits */
     kgr_matcher *gm;
-    uint32_t *gbits;  /* [ceil(n_vocab / 32)] */
     float *glogits;   /* [n_vocab] */
     /* params.grammar_trigger: the grammar's index (a matcher per call; gm
      * NULL while off) and the output's last bytes, searched for the trigger */
@@ -86,7 +85,6 @@ void kgen_session_destroy(kgen_session *g) {
     free(g->t_close);
     free(g->ttail.p);
     free(g->force);
-    free(g->gbits);
     free(g->glogits);
     free(g);
 }
@@ -121,9 +119,8 @@ kiln_status kgen_session_create(const kgen_params *p, const kgen_vocab *v, int32
             st = kgr_matcher_create_owned(gr, v->grammar, &g->gm);
         }
         if (!st) {
-            g->gbits = malloc(((size_t)v->n_vocab + 31) / 32 * 4);
             g->glogits = malloc(sizeof *g->glogits * (size_t)v->n_vocab);
-            if (!g->gbits || !g->glogits) st = kiln_error(KILN_ENOMEM, "out of memory");
+            if (!g->glogits) st = kiln_error(KILN_ENOMEM, "out of memory");
         }
     }
     if (!st && p->think_close && p->reasoning_budget >= 0) {
@@ -250,10 +247,11 @@ kiln_status kgen_session_step(kgen_session *g, const float *logits, kgen_step *o
     if (g->done || (g->n_generated == 0 && kgen_session_start(g) != KGEN_CONTINUE))
         return kiln_error(KILN_EINVAL, "generation: step after the end");
     if (g->gm) { /* the grammar's mask before the chain: forbidden tokens get -inf */
-        KILN_TRY(kgr_matcher_mask(g->gm, g->gbits));
+        const uint32_t *bits; /* borrowed: the cached mask, no copy */
+        KILN_TRY(kgr_matcher_mask_ref(g->gm, &bits));
         int32_t allowed = 0;
         for (int32_t i = 0; i < g->vocab.n_vocab; i++) {
-            bool ok = (g->gbits[i >> 5] >> (i & 31)) & 1;
+            bool ok = (bits[i >> 5] >> (i & 31)) & 1;
             g->glogits[i] = ok ? logits[i] : -INFINITY;
             allowed += ok;
         }
