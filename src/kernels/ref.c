@@ -328,9 +328,39 @@ static void start_vector(const kg_node *idxn, const void *idx, const kg_gather_d
     }
 }
 
+/* Whole rows along dimension 0 picked by i32 indices, one per index (the
+ * index vector dimension implicit, past the last): kg_take_rows's gather,
+ * and the scatters that write cache and state rows. Such a gather or
+ * scatter moves contiguous rows, so it is done with memcpy, element for
+ * element what the general loops do. *rows: the index count. */
+static bool whole_rows(const kg_node *tab, const kg_node *ix, const kg_node *part, const kg_gather_dims *d, bool gather,
+                       int64_t *rows) {
+    int tr = tab->shape.rank, ir = ix->shape.rank;
+    if (ix->dtype != KG_I32 || d->index_vector_dim != ir || d->start_index_map.n != 1 || d->start_index_map.v[0] != 0 ||
+        d->collapsed_slice_dims.n != 1 || d->collapsed_slice_dims.v[0] != 0 || d->offset_dims.n != tr - 1 ||
+        part->shape.rank != ir + tr - 1)
+        return false;
+    for (int i = 0; i < tr - 1; i++)
+        if (d->offset_dims.v[i] != ir + i || part->shape.d[ir + i] != tab->shape.d[i + 1] ||
+            (gather && d->slice_sizes[i + 1] != tab->shape.d[i + 1]))
+            return false;
+    if (gather && d->slice_sizes[0] != 1) return false;
+    *rows = kg_shape_numel(&ix->shape);
+    return true;
+}
+
 static void k_gather(const kk_call *c) {
     const kg_node *n = c->node, *x = n->in[0], *ix = n->in[1];
     const kg_gather_dims *d = &n->a.gather;
+    int64_t rows;
+    if (x->shape.d[0] > 0 && whole_rows(x, ix, n, d, true, &rows)) {
+        size_t row = (size_t)(kg_shape_numel(&x->shape) / x->shape.d[0]) * kg_dtype_size(n->dtype);
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t v = clamp64(((const int32_t *)c->in[1])[r], 0, x->shape.d[0] - 1);
+            memcpy((char *)c->out + (size_t)r * row, (const char *)c->in[0] + (size_t)v * row, row);
+        }
+        return;
+    }
     int64_t xs[KG_MAX_RANK];
     strides_of(&x->shape, xs);
     size_t es = kg_dtype_size(n->dtype);
@@ -360,6 +390,15 @@ static void k_scatter(const kk_call *c) {
     const kg_node *n = c->node, *ix = n->in[1], *u = n->in[2];
     const kg_gather_dims *d = &n->a.gather;
     k_copy(c);
+    int64_t rows;
+    if (n->shape.d[0] > 0 && whole_rows(n, ix, u, d, false, &rows)) { /* updates in order: a repeated index keeps the last */
+        size_t row = (size_t)(kg_shape_numel(&n->shape) / n->shape.d[0]) * kg_dtype_size(n->dtype);
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t v = ((const int32_t *)c->in[1])[r];
+            if (v >= 0 && v < n->shape.d[0]) memcpy((char *)c->out + (size_t)v * row, (const char *)c->in[2] + (size_t)r * row, row);
+        }
+        return;
+    }
     int64_t os[KG_MAX_RANK];
     strides_of(&n->shape, os);
     size_t es = kg_dtype_size(n->dtype);
