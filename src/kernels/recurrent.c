@@ -77,15 +77,24 @@ static void scan_range(void *vctx, int64_t r0, int64_t r1) {
     if (!fin)
         for (int64_t s = 0; s < S; s++)
             memcpy(h + s * stride, st0 + (s * HP + r0) * N, sizeof(float) * (size_t)((r1 - r0) * N));
+    /* exp(dt * A) depends on the token, head and state index only: it is
+     * computed once per head for its P rows (the same expression, so the
+     * same bits), when N fits the buffer */
+    float dAh[256];
+    bool hoist = N <= 256;
     for (int64_t t = 0; t < T; t++) {
-        int64_t s = seq[t];
+        int64_t s = seq[t], cur = -1;
         for (int64_t r = r0; r < r1; r++) {
             int64_t hh = r / P, g = hh / (H / G);
             float d = dt[t * H + hh], xv = x[t * HP + r], acc = 0.0f;
             const float *a = A + hh * N, *b = B + (t * G + g) * N, *cc = C + (t * G + g) * N;
             float *hr = h + s * stride + (r - base) * N;
+            if (hoist && hh != cur) {
+                for (int64_t i = 0; i < N; i++) dAh[i] = expf(d * a[i]);
+                cur = hh;
+            }
             for (int64_t i = 0; i < N; i++) {
-                float dA = expf(d * a[i]), dBx = (d * b[i]) * xv;
+                float dA = hoist ? dAh[i] : expf(d * a[i]), dBx = (d * b[i]) * xv;
                 hr[i] = dA * hr[i] + dBx;
                 acc += hr[i] * cc[i];
             }
