@@ -1072,15 +1072,12 @@ static inline void set_tokens(const kgr_vocab *v, const struct tnode *x, uint32_
 static int walk_trie(kgr_index *ix, const struct tnode *nd, int32_t from, int32_t to, int32_t s, uint32_t *bits) {
     const kgr_vocab *v = ix->v;
     int32_t *stk = ix->walk;
-    const int32_t ncls = ix->n_cls;
     if (from >= to) return 0;
     stk[nd[from].depth - 1] = s;
     for (int32_t i = from; i < to;) {
         const struct tnode *x = &nd[i];
-        int32_t ps = stk[x->depth - 1];
-        int32_t c = ix->cls[x->byte];
-        int32_t t = ix->trans[(size_t)ps * (size_t)ncls + (size_t)c];
-        if (t < 0 && (t = compute(ix, ps, c)) < 0) return -1;
+        int32_t t = next_state(ix, stk[x->depth - 1], x->byte);
+        if (t < 0) return -1;
         if (t == 0) {
             i = x->next;
             continue;
@@ -1123,16 +1120,13 @@ static int walk_full(kgr_index *ix, int32_t from, int32_t to, int32_t s, uint32_
     const kgr_vocab *v = ix->v;
     const struct tnode *nd = v->node;
     int32_t *stk = ix->walk;
-    const int32_t ncls = ix->n_cls;
     uint64_t pf[2] = {0, 0}; /* first bytes whose plain_first is allowed */
     if (from >= to) return 0;
     stk[nd[from].depth - 1] = s;
     for (int32_t i = from; i < to;) {
         const struct tnode *x = &nd[i];
-        int32_t ps = stk[x->depth - 1];
-        int32_t c = ix->cls[x->byte];
-        int32_t t = ix->trans[(size_t)ps * (size_t)ncls + (size_t)c];
-        if (t < 0 && (t = compute(ix, ps, c)) < 0) return -1;
+        int32_t t = next_state(ix, stk[x->depth - 1], x->byte);
+        if (t < 0) return -1;
         if (t == 0) {
             i = x->next;
             continue;
