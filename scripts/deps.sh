@@ -55,7 +55,8 @@ extract_tool() {
 extract_tool prometheus ./usr/bin/promtool "the /metrics lint test"
 extract_tool nginx ./usr/sbin/nginx "the replicas-behind-nginx test"
 
-# The official openai and Anthropic clients for the end-to-end server
+# The official openai and Anthropic clients (and ajv with ajv-formats, the
+# validator of the structured-output and tool-call tests) for the end-to-end server
 # tests, when npm is there; without them those tests are skipped. Pinned to
 # versions that declare no minimum Node.js (openai 7 needs Node 22, newer than
 # Debian 12's nodejs 18); checked on Node 20.
@@ -64,15 +65,15 @@ npm_dir="$root/build/tools/npm/node_modules"
 # page's test; it downloads no browser.
 # A marker naming the pins is written after a complete install, so an
 # install that was cut short (its folders there, files missing) is redone.
-npm_pins="openai@6.49.0 @anthropic-ai/sdk@1.15.0 playwright-core@1.57.0"
+npm_pins="openai@6.49.0 @anthropic-ai/sdk@1.15.0 playwright-core@1.57.0 ajv@8.20.0 ajv-formats@3.0.1"
 npm_mark="$root/build/tools/npm/.kiln-installed"
 if command -v npm >/dev/null 2>&1 && [ "$(cat "$npm_mark" 2>/dev/null)" != "$npm_pins" ]; then
   rm -rf "$npm_dir" "$npm_mark"
   # shellcheck disable=SC2086 # the pins are separate words
   if timeout 300 npm install --prefix "$root/build/tools/npm" --no-audit --no-fund --silent $npm_pins >/dev/null 2>&1; then
     echo "$npm_pins" > "$npm_mark"
-    echo "kiln: openai, @anthropic-ai/sdk and playwright-core installed in build/tools/npm" >&2
+    echo "kiln: openai, @anthropic-ai/sdk, playwright-core and ajv installed in build/tools/npm" >&2
   else
-    echo "kiln: npm install openai @anthropic-ai/sdk playwright-core failed: the official client and chat page tests are skipped" >&2
+    echo "kiln: npm install openai @anthropic-ai/sdk playwright-core ajv failed: the official client and chat page tests are skipped" >&2
   fi
 fi
