@@ -214,7 +214,7 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
         return kiln_error(KILN_EUNSUPPORTED,
                           "\"tools\": the model's chat template writes tool calls in no format kiln knows "
                           "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, "
-                          "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+, FireFunction, DeepSeek DSML, MiniCPM5)");
+                          "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+, FireFunction, DeepSeek DSML, MiniCPM5, Hy3)");
     if (use_tools) *tmpl_tools = tools;
     if (f == KTC_FIREFUNCTION) { /* its template reads the tools as text, "functions" (llama.cpp passes them) */
         if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");

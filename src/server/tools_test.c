@@ -453,26 +453,31 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
                                          * vocabulary spells their markers as text) */
                                         "openai-gpt-oss-120b", "deepseek-ai-DeepSeek-V3.1", "Qwen3-Coder", "GLM-4.6",
                                         "moonshotai-Kimi-K2", "Mistral-Small-3.2-24B-Instruct-2506", "ByteDance-Seed-OSS",
-                                        "deepseek-ai-DeepSeek-V3.2", "deepseek-ai-DeepSeek-V4",
+                                        "deepseek-ai-DeepSeek-V3.2", "deepseek-ai-DeepSeek-V4", "tencent-Hy3",
                                         /* prompts that open a thinking block: the model thinks first,
                                          * and where the block closes the grammar forces the format's
                                          * trigger and the call; a reasoning budget closes it here, as
                                          * random weights would not */
-                                        "MiniMax-M2", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "openbmb-MiniCPM5-1B"};
+                                        "MiniMax-M2", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "openbmb-MiniCPM5-1B",
+                                        /* Hy3 thinks with reasoning_effort high (its prompt then opens <think:opensource>) */
+                                        "tencent-Hy3+think"};
     static const char *test_tool = "[{\"type\": \"function\", \"function\": {\"name\": \"test\", \"description\": \"\", "
                                    "\"parameters\": {\"type\": \"object\", \"properties\": {\"success\": {\"type\": \"boolean\", "
                                    "\"const\": true}}, \"required\": [\"success\"]}}}]";
     for (size_t t = 0; t < sizeof tmpls / sizeof *tmpls; t++) {
-        char dir[] = "/tmp/kiln-tools-XXXXXX", body[2048];
+        char dir[] = "/tmp/kiln-tools-XXXXXX", body[2048], file[128];
         ksrv *s;
-        start_tiny(tmpls[t], dir, &s);
+        bool hy3_think = !strcmp(tmpls[t], "tencent-Hy3+think");
+        snprintf(file, sizeof file, "%.*s", (int)strcspn(tmpls[t], "+"), tmpls[t]);
+        start_tiny(file, dir, &s);
         for (int stream = 0; stream < 2; stream++) {
             snprintf(body, sizeof body,
                      "{\"max_tokens\": 512, \"messages\": [{\"role\": \"system\", \"content\": \"You are a coding assistant.\"}, "
                      "{\"role\": \"user\", \"content\": \"Write an example\"}], \"tool_choice\": \"required\", \"tools\": %s, "
                      "\"parallel_tool_calls\": false, \"stream\": %s, \"temperature\": 0.0, \"top_k\": 1, \"top_p\": 1.0%s}",
                      test_tool, stream ? "true" : "false",
-                     strstr(tmpls[t], "MiniMax") || strstr(tmpls[t], "-R1-") || strstr(tmpls[t], "MiniCPM5") ? ", \"reasoning_budget\": 6" : "");
+                     strstr(tmpls[t], "MiniMax") || strstr(tmpls[t], "-R1-") || strstr(tmpls[t], "MiniCPM5") ? ", \"reasoning_budget\": 6"
+                     : hy3_think ? ", \"reasoning_budget\": 6, \"reasoning_effort\": \"high\"" : "");
             ksrv_buf r = {0};
             long st;
             int n;
@@ -481,6 +486,7 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
             cJSON *a = post_call(ksrv_port(s), body, stream, &st, &n, name, sizeof name, &content, &r);
             KT_CHECKF(st == 200 && n == 1 && !strcmp(name, "test") && !content && cJSON_IsTrue(ku_json_get(a, "success")),
                       "%s (stream %d): %ld %s", tmpls[t], stream, st, r.p);
+            KT_CHECKF(!hy3_think || strstr(r.p, "\"reasoning_content\""), "%s: no reasoning: %s", tmpls[t], r.p);
             cJSON_Delete(a);
             ksrv_buf_free(&r);
             /* without tools, and with tool_choice none: no call */

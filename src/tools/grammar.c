@@ -318,6 +318,9 @@ static const xgram k_xdsml4 = {"\n", "<｜DSML｜invoke name=\"", "\">\n", "<｜
 /* MiniCPM5: the trigger is the call's own start; calls one per line */
 static const xgram k_xcpm = {"", "", "\">", "<param name=\"", "\">", "</param>", false, "", "</function>",
                              "\n<function name=\"", NULL, NULL};
+static const xgram k_xhy3 = {"\n", "<tool_call:opensource>", "<tool_sep:opensource>\n", "<arg_key:opensource>",
+                             "</arg_key:opensource>\n<arg_value:opensource>", "</arg_value:opensource>", false, "\n",
+                             "</tool_call:opensource>\n", "", "</tool_calls:opensource>", NULL};
 static const xgram k_xglm = {"", "", "\n", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>", false, "\n", "</tool_call>",
                              "\n<tool_call>", NULL, NULL};
 
@@ -486,7 +489,8 @@ static kiln_status xml_params(gbuf *b, const cJSON *schema, int k, const xgram *
 
 static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const kgr_opts *o, gbuf *b) {
     const xgram *x = f == KTC_QWEN3_CODER ? &k_xq3 : f == KTC_SEED_OSS ? &k_xseed : f == KTC_MINIMAX_M2 ? &k_xmm
-                     : f == KTC_DSML ? &k_xdsml : f == KTC_DSML_V4 ? &k_xdsml4 : f == KTC_MINICPM5 ? &k_xcpm : &k_xglm;
+                     : f == KTC_DSML ? &k_xdsml : f == KTC_DSML_V4 ? &k_xdsml4 : f == KTC_MINICPM5 ? &k_xcpm
+                     : f == KTC_HY3 ? &k_xhy3 : &k_xglm;
     gbuf alts = {0};
     int k = 0, idx = -1;
     bool any_text = false;
@@ -565,7 +569,7 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     o.additional_properties = false; /* as the JSON formats' */
     gbuf b = {0};
     bool xml = f == KTC_QWEN3_CODER || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 || f == KTC_GLM45 || f == KTC_DSML || f == KTC_DSML_V4 ||
-               f == KTC_MINICPM5;
+               f == KTC_MINICPM5 || f == KTC_HY3;
     kiln_status st = xml ? xml_grammar(f, tools, only, parallel, &o, &b) : marker_grammar(f, tools, only, parallel, tok, &o, &b);
     if (!st && b.oom) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (st) {

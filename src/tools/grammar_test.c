@@ -128,6 +128,9 @@ KT_TEST(tools_grammar_after_think) {
         {KTC_QWEN3_CODER, "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>"},
         {KTC_DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": \"UTC\"}<｜tool▁call▁end｜>"
                        "<｜tool▁calls▁end｜>"},
+        {KTC_HY3, "<tool_calls:opensource>\n<tool_call:opensource>get_time<tool_sep:opensource>\n<arg_key:opensource>zone"
+                  "</arg_key:opensource>\n<arg_value:opensource>UTC</arg_value:opensource>\n</tool_call:opensource>\n"
+                  "</tool_calls:opensource>"},
     };
     for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
         char *g = NULL, *a = NULL, text[512];
@@ -346,6 +349,7 @@ KT_TEST(tools_grammar_sampled_special_formats) {
         {KTC_GLM45, "qwen3", NULL},
         {KTC_SEED_OSS, "qwen3", NULL},
         {KTC_MINIMAX_M2, "qwen3", NULL},
+        {KTC_HY3, "qwen3", NULL},
         {KTC_MISTRAL_V11, "mistral", NULL},
     };
     ktok *tok = NULL;

@@ -21,7 +21,7 @@
 
 static const char *const k_names[KTC_N_FORMATS] = {
     "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r", "granite",
-    "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction", "dsml", "dsml_v4", "minicpm5",
+    "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction", "dsml", "dsml_v4", "minicpm5", "hy3",
 };
 
 const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
@@ -40,6 +40,8 @@ ktc_format ktc_detect(const char *s) {
     if (strstr(s, "<|tool|>") && strstr(s, "<|/tool|>")) return KTC_PHI4;
     if (strstr(s, "functools[")) return KTC_FIREFUNCTION;
     if (strstr(s, "Action:") && strstr(s, "\"tool_name\"") && strstr(s, "<|CHATBOT_TOKEN|>")) return KTC_COMMAND_R_PLUS;
+    /* Hy3's template builds its markers: '<tool_calls{}>'.format(':opensource') */
+    if (strstr(s, "<tool_sep") && strstr(s, "opensource")) return KTC_HY3;
     if (strstr(s, "<arg_key>")) return KTC_GLM45;
     if (strstr(s, "<function name=\"") && strstr(s, "<param name=\"")) return KTC_MINICPM5;
     if (strstr(s, "<function=") && strstr(s, "<parameter=")) return KTC_QWEN3_CODER;
@@ -53,6 +55,7 @@ ktc_format ktc_detect(const char *s) {
 ktc_reasoning ktc_detect_reasoning(const char *s) {
     if (!s) return KTC_THINK_NONE;
     if (strstr(s, "<seed:think>")) return KTC_THINK_SEED;
+    if (strstr(s, "<think") && strstr(s, ":opensource")) return KTC_THINK_HY3; /* built as Hy3's tool markers */
     if (strstr(s, "<think>") || strstr(s, "</think>")) return KTC_THINK_TAGS;
     if (strstr(s, "[THINK]")) return KTC_THINK_MISTRAL;
     if (strstr(s, "<|START_THINKING|>")) return KTC_THINK_COHERE;
@@ -62,7 +65,7 @@ ktc_reasoning ktc_detect_reasoning(const char *s) {
 bool ktc_needs_special(ktc_format f) {
     return f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_MISTRAL_V11 || f == KTC_HARMONY || f == KTC_DEEPSEEK ||
            f == KTC_KIMI_K2 || f == KTC_COMMAND_R || f == KTC_GRANITE || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 ||
-           f == KTC_PHI4 || f == KTC_DSML || f == KTC_DSML_V4;
+           f == KTC_PHI4 || f == KTC_DSML || f == KTC_DSML_V4 || f == KTC_HY3;
 }
 
 const char *ktc_trigger(ktc_format f) {
@@ -82,6 +85,7 @@ const char *ktc_trigger(ktc_format f) {
     case KTC_DSML: return "<｜DSML｜function_calls>";
     case KTC_DSML_V4: return "<｜DSML｜tool_calls>";
     case KTC_MINICPM5: return "<function name=\"";
+    case KTC_HY3: return "<tool_calls:opensource>";
     default: return NULL;
     }
 }
@@ -90,12 +94,14 @@ static const char *think_open(ktc_reasoning r) {
     return r == KTC_THINK_MISTRAL  ? "[THINK]"
            : r == KTC_THINK_COHERE ? "<|START_THINKING|>"
            : r == KTC_THINK_SEED   ? "<seed:think>"
+           : r == KTC_THINK_HY3    ? "<think:opensource>"
                                    : "<think>";
 }
 static const char *think_close(ktc_reasoning r) {
     return r == KTC_THINK_MISTRAL  ? "[/THINK]"
            : r == KTC_THINK_COHERE ? "<|END_THINKING|>"
            : r == KTC_THINK_SEED   ? "</seed:think>"
+           : r == KTC_THINK_HY3    ? "</think:opensource>"
                                    : "</think>";
 }
 
@@ -790,6 +796,11 @@ static const xml_fmt k_dsml_v4 = {"<｜DSML｜tool_calls>", "</｜DSML｜tool_ca
 /* (no block round the calls: call_open is the call's own start, call_close empty) */
 static const xml_fmt k_minicpm5 = {"<function name=\"", "", "<function name=\"", "\">", "<param name=\"", "\">", "", "</param>",
                                    "</function>", true, false, true};
+/* Hy3: a block of calls, each NAME<tool_sep> then key/value pairs, the
+ * values as the template writes them (no newline round them) */
+static const xml_fmt k_hy3 = {"<tool_calls:opensource>", "</tool_calls:opensource>", "<tool_call:opensource>", "<tool_sep:opensource>",
+                              "<arg_key:opensource>", "</arg_key:opensource>", "<arg_value:opensource>", "</arg_value:opensource>",
+                              "</tool_call:opensource>", true, false, false};
 
 static void strip_nl(const char **s, size_t *n) {
     if (*n && **s == '\n') (*s)++, (*n)--;
@@ -1063,6 +1074,7 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         case KTC_DSML: fmt_xml(&p, i, &k_dsml); break;
         case KTC_DSML_V4: fmt_xml(&p, i, &k_dsml_v4); break;
         case KTC_MINICPM5: fmt_xml(&p, i, &k_minicpm5); break;
+        case KTC_HY3: fmt_xml(&p, i, &k_hy3); break;
         case KTC_PHI4: {
             static const char *const phi[] = {"<|tool_call|>", "functools"};
             fmt_json_after(&p, i, phi, 2, 0, "<|/tool_call|>", NULL);

@@ -54,6 +54,7 @@ typedef enum {
     KTC_DSML,         /* <｜DSML｜function_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K" string="true|false">V.. (DeepSeek V3.2) */
     KTC_DSML_V4,      /* the same in <｜DSML｜tool_calls> (DeepSeek V4) */
     KTC_MINICPM5,     /* <function name="NAME"><param name="K">V or <![CDATA[V]]></param></function> (MiniCPM5) */
+    KTC_HY3,          /* <tool_calls:opensource><tool_call:opensource>NAME<tool_sep:opensource><arg_key:opensource>K.. (Tencent Hy3) */
     KTC_N_FORMATS
 } ktc_format;
 
@@ -63,6 +64,7 @@ typedef enum {
     KTC_THINK_MISTRAL, /* [THINK]...[/THINK] */
     KTC_THINK_COHERE,  /* <|START_THINKING|>...<|END_THINKING|> */
     KTC_THINK_SEED,    /* <seed:think>...</seed:think> (Seed-OSS) */
+    KTC_THINK_HY3,     /* <think:opensource>...</think:opensource> (Tencent Hy3) */
     /* Harmony's analysis channel is reasoning whenever the format is KTC_HARMONY */
 } ktc_reasoning;
 

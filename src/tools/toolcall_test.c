@@ -151,6 +151,8 @@ static const rt_case k_rt[] = {
     {"deepseek-ai-DeepSeek-V3.2", KTC_DSML, "<｜end▁of▁sentence｜>", 2, true},
     {"deepseek-ai-DeepSeek-V4", KTC_DSML_V4, "<｜end▁of▁sentence｜>", 2, true},
     {"openbmb-MiniCPM5-1B", KTC_MINICPM5, "<|im_end|>", 2, false},
+    /* (its prompt closes an empty thinking block, a past turn holds the reasoning: the output starts inside it) */
+    {"tencent-Hy3", KTC_HY3, "<｜hy_eos:opensource｜>", 2, true},
 };
 
 static const char *k_call_args[2] = {"{\"city\": \"Paris\", \"days\": 3}", "{\"zone\": \"Asia/Tokyo\"}"};
@@ -261,7 +263,7 @@ KT_TEST(toolcall_grammar_takes_template_calls) {
         ktc_format f = rc->format;
         if (f != KTC_HARMONY && f != KTC_DEEPSEEK && f != KTC_KIMI_K2 && f != KTC_MISTRAL_V11 && f != KTC_QWEN3_CODER &&
             f != KTC_GLM45 && f != KTC_SEED_OSS && f != KTC_MINIMAX_M2 && f != KTC_DSML && f != KTC_DSML_V4 &&
-            f != KTC_MINICPM5)
+            f != KTC_MINICPM5 && f != KTC_HY3)
             continue;
         kchat_template *t = NULL;
         char *src = NULL, *full = NULL;
@@ -383,6 +385,19 @@ static const hw_case k_hw[] = {
      "Need both.</think>\n\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Rome</parameter>\n"
      "<parameter name=\"days\">2</parameter>\n</invoke>\n<invoke name=\"get_time\">\n</invoke>\n</minimax:tool_call>",
      "", "Need both.", "[[\"get_weather\", {\"city\": \"Rome\", \"days\": 2}], [\"get_time\", {}]]"},
+    /* Tencent Hy3: the prompt opened <think:opensource>; content before the block; values typed by the
+     * schema (days an integer, city a string though it looks like one), a value's newlines kept */
+    {KTC_HY3, KTC_THINK_HY3, true,
+     "Both.</think:opensource>Checking.<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n"
+     "<arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>1984</arg_value:opensource>\n"
+     "<arg_key:opensource>days</arg_key:opensource>\n<arg_value:opensource>2</arg_value:opensource>\n</tool_call:opensource>\n"
+     "<tool_call:opensource>get_time<tool_sep:opensource>\n<arg_key:opensource>zone</arg_key:opensource>\n"
+     "<arg_value:opensource>a\nb</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>",
+     "Checking.", "Both.", "[[\"get_weather\", {\"city\": \"1984\", \"days\": 2}], [\"get_time\", {\"zone\": \"a\\nb\"}]]"},
+    /* Hy3 without thinking (no_think: the prompt closed an empty block), a call without arguments */
+    {KTC_HY3, KTC_THINK_HY3, false,
+     "<tool_calls:opensource>\n<tool_call:opensource>get_time<tool_sep:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>",
+     "", "", "[[\"get_time\", {}]]"},
     /* no format: everything is content */
     {KTC_NONE, KTC_THINK_TAGS, false, "<think>r</think><tool_call>{}</tool_call>", "<tool_call>{}</tool_call>", "r", "[]"},
 };
@@ -459,7 +474,8 @@ KT_TEST(toolcall_detect_formats) {
                  {"deepseek-ai-DeepSeek-V3.2", KTC_DSML, KTC_THINK_TAGS},
                  {"deepseek-ai-DeepSeek-V4", KTC_DSML_V4, KTC_THINK_TAGS},
                  {"deepseek-ai-DeepSeek-V4-Flash-0731", KTC_DSML_V4, KTC_THINK_TAGS},
-                 {"openbmb-MiniCPM5-1B", KTC_MINICPM5, KTC_THINK_TAGS}};
+                 {"openbmb-MiniCPM5-1B", KTC_MINICPM5, KTC_THINK_TAGS},
+                 {"tencent-Hy3", KTC_HY3, KTC_THINK_HY3}};
     for (size_t i = 0; i < sizeof k_det / sizeof *k_det; i++) {
         char rel[256];
         snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", k_det[i].file);
