@@ -187,6 +187,9 @@ KT_TEST(kernels_linear_batch_invariant) {
         /* GEMM K blocks (kernels/linear_simd.h, KC_COLS) with odd tails: K mod 32 = 24 and 8, K mod 16 = 8 */
         {KG_WF_F32, 0, 0, KG_F32, 19, 2072},    {KG_WF_BF16, 0, 0, KG_F32, 13, 1048},  {KG_WF_F16, 0, 0, KG_F32, 7, 3100},
         {KG_WF_AFFINE, 8, 64, KG_BF16, 11, 2112}, {KG_WF_AFFINE, 4, 64, KG_F16, 15, 2176}, {KG_WF_AFFINE, 4, 32, KG_BF16, 5, 1056},
+        /* 4-bit g64 with float32 scales: the AVX-512 gemv's unrolled group-size-64 copy, 16 groups from the
+         * stack then a masked tail of 2, 9 rows = two passes of 4 and one of 1 */
+        {KG_WF_AFFINE, 4, 64, KG_F32, 9, 1152},
     };
     /* every token count of a prefill from 1 to 67: every matrix-vector
      * grouping, every GEMM tile remainder, several tiles per panel */

@@ -101,52 +101,61 @@ static inline __attribute__((always_inline)) void rows_store(int nr, int nm, vf 
  * FMA chains: one row alone has two (a0, a1) and waits on the FMA latency
  * (measured 25 G weights/s at M = 1, against 60+ with 4 rows); each row's
  * arithmetic is unchanged, so the grouping changes no result. */
-static inline __attribute__((always_inline)) void q4_rows(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
-                                                          int64_t m0, int nm, float *y, int64_t ldy) {
-    int64_t K = w->K, G = w->G, gs = w->gs;
+static inline __attribute__((always_inline)) void q4_rows_gs(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
+                                                             int64_t m0, int nm, float *y, int64_t ldy, int64_t gs) {
+    int64_t K = w->K, G = w->G;
     const uint8_t *q[4];
     const float *x[MR];
-    vf acc[4][MR], acc2[4][MR], sv[4], bv[4];
+    vf acc[4][MR], acc2[4][MR];
     const vf iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K;
     _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
         q[i] = (const uint8_t *)w->w + (r + i) * (K / 2);
-        sv[i] = bv[i] = vzero();
         _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) acc[i][m] = vzero(), acc2[i][m] = vzero();
     }
-    /* scales and biases 16 groups at a time; each group's pair is then a
-     * lane broadcast (vpermps) instead of two scalar loads and conversions */
+    /* scales and biases 16 groups at a time, widened to float32 on the
+     * stack; each group's pair is then two broadcast loads (load ports
+     * only) instead of two lane broadcasts (vpermps) on the shuffle pipes
+     * that the lookups saturate (docs/performance.md, Round 4) */
+    float sf[4][VL] __attribute__((aligned(64))), bf[4][VL] __attribute__((aligned(64)));
     for (int64_t g = 0; g < G; g++) {
         int lane = (int)(g % VL);
         if (lane == 0) {
             _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
                 int64_t o = (r + i) * G + g;
                 if (g + VL <= G) {
-                    sv[i] = vsb(w->scales, w->sbt, o);
-                    bv[i] = vsb(w->biases, w->sbt, o);
+                    vstore(sf[i], vsb(w->scales, w->sbt, o));
+                    vstore(bf[i], vsb(w->biases, w->sbt, o));
                 } else { /* masked loads: a scalar fill of a stack array then a vector load stalls (4x slower at K = 896) */
-                    sv[i] = vsb_n(w->scales, w->sbt, o, (int)(G - g));
-                    bv[i] = vsb_n(w->biases, w->sbt, o, (int)(G - g));
+                    vstore(sf[i], vsb_n(w->scales, w->sbt, o, (int)(G - g)));
+                    vstore(bf[i], vsb_n(w->biases, w->sbt, o, (int)(G - g)));
                 }
             }
         }
-        __m512i li = _mm512_set1_epi32(lane);
         vf tab[4];
         _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
-            PREFETCH(q[i] + g * gs / 2);
-            tab[i] = vfma(iota, _mm512_permutexvar_ps(li, sv[i]), _mm512_permutexvar_ps(li, bv[i]));
+            PREFETCH(q[i]);
+            tab[i] = vfma(iota, vset1(sf[i][lane]), vset1(bf[i][lane]));
         }
-        for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
+        /* gs / (2 VL) steps: a constant (2) at the default group size 64 */
+        _Pragma("GCC unroll 4") for (int64_t j = 0; j < gs / (2 * VL); j++) {
             vf x0[MR], x1[MR];
-            rows_load_x(x, c, nm, nr, x0, x1);
+            rows_load_x(x, 2 * VL * j, nm, nr, x0, x1);
             _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
-                __m512i d = vq4raw(q[i] + c / 2);
+                __m512i d = vq4raw(q[i] + VL * j);
                 vf lo = _mm512_permutexvar_ps(d, tab[i]), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab[i]);
                 rows_fma(nm, lo, hi, x0, x1, acc[i], acc2[i]);
             }
         }
+        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) q[i] += gs / 2;
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] += gs;
     }
     rows_store(nr, nm, acc, acc2, r, m0, y, ldy);
+}
+static inline __attribute__((always_inline)) void q4_rows(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
+                                                          int64_t m0, int nm, float *y, int64_t ldy) {
+    if (w->gs == 64) q4_rows_gs(w, xv, r, nr, m0, nm, y, ldy, 64);
+    else q4_rows_gs(w, xv, r, nr, m0, nm, y, ldy, w->gs);
 }
 #else
 /* AVX2: each weight is widened and dequantized, fma(q, s, b), as the
