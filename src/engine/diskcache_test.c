@@ -39,11 +39,12 @@ static kiln_status feed(ke_ctx *c, int seq, const int32_t *tokens, int from, int
 }
 
 static int g_threads = 1; /* of the contexts ctx creates */
+static bool g_no_ram = true; /* the tests of the disk tier: blocks the pool lets go skip the RAM tier */
 
 static ke_ctx *ctx(const ke_model *m, const char *dir, int64_t n_cache) {
     ke_ctx *c = NULL;
     kiln_status st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 64, .n_cache = n_cache, .n_threads = g_threads, .block_size = BS,
-                                                       .state_cache_bytes = 0, .cache_dir = dir}, &c);
+                                                       .state_cache_bytes = 0, .no_ram_tier = g_no_ram, .cache_dir = dir}, &c);
     if (st) kt_fail(__FILE__, __LINE__, "%s", kiln_status_msg(st));
     kiln_status_free(st);
     return c;
@@ -123,10 +124,14 @@ static void check_fixture(const char *fixture) {
     float *want = setup(m, dir, t, u), *got = want + V;
 
     /* forced eviction: a pool of 64 tokens; t's first 40 tokens, then u's
-     * 48 recycle t's blocks, which go to disk; t again comes back from it */
+     * 48 and v's 48 recycle all of t's blocks (snapshots included), which go
+     * to disk; t again comes back from it */
     ke_ctx *c = ctx(m, dir, 64);
+    int32_t v[48];
+    for (int i = 0; i < 48; i++) v[i] = tok_at(i + 200, V);
     KT_CHECK(c && run(c, t, 40, NULL, V) == 0);
     KT_CHECK(run(c, u, 48, NULL, V) == 0);
+    KT_CHECK(run(c, v, 48, NULL, V) == 0);
     ke_cache_stats cs;
     ke_ctx_cache_stats(c, &cs);
     KT_CHECKF(cs.disk_writes > 0 && cs.evictions > 0, "%s: %lld writes, %lld evictions", fixture, (long long)cs.disk_writes,

@@ -26,7 +26,7 @@ KT_TEST(kvdisk_roundtrip_bound_and_damage) {
     for (uint64_t k = 1; k <= 3; k++) KT_CHECK(kvd_put(d, k, (kvd_seg[]){{blob, 600}, {blob + 600, 400}}, 2));
     void *got;
     size_t n;
-    KT_CHECK(kvd_get(d, 1, &got, &n) && n == 1000 && !memcmp(got, blob, 1000)); /* 1 is now the most recent */
+    KT_CHECK(kvd_get(d, 1, false, &got, &n, NULL) && n == 1000 && !memcmp(got, blob, 1000)); /* 1 is now the most recent */
     free(got);
     KT_CHECK(kvd_put(d, 4, (kvd_seg[]){{blob, 1000}}, 1)); /* evicts 2, the least recently used */
     KT_CHECK(!kvd_has(d, 2, NULL) && kvd_has(d, 1, &n) && n == 1000 && kvd_has(d, 3, NULL));
@@ -55,7 +55,7 @@ KT_TEST(kvdisk_roundtrip_bound_and_damage) {
     f = fopen(p, "wb");
     fputs("GGUF and more bytes than a header", f);
     fclose(f);
-    for (uint64_t k = 1; k <= 4; k += (k == 1 ? 2 : 1)) KT_CHECKF(!kvd_get(d, k, &got, &n) && !got, "key %llu", (unsigned long long)k);
+    for (uint64_t k = 1; k <= 4; k += (k == 1 ? 2 : 1)) KT_CHECKF(!kvd_get(d, k, false, &got, &n, NULL) && !got, "key %llu", (unsigned long long)k);
     kvd_get_stats(d, &st);
     KT_CHECK(st.bad == 3 && st.files == 0 && st.hits == 0);
     KT_CHECK(access(p, F_OK) != 0);
