@@ -471,7 +471,7 @@ static void state_copy(ke_ctx *c, int32_t slot, float *buf, bool to_row) {
         }
 }
 
-static void disk_write(ke_ctx *c, int32_t b);
+static void disk_write(ke_ctx *c, int32_t b, bool evict);
 
 /* A snapshot buffer for the cached block b (which has none), dropping the
  * least recently used snapshot (to disk first, when there is a disk tier)
@@ -482,7 +482,7 @@ static float *snap_take(ke_ctx *c, int32_t b) {
         for (int64_t i = 0; i < c->n_blocks; i++)
             if (c->snap[i] && (old < 0 || c->snap_used[i] < c->snap_used[old])) old = i;
         if (old < 0) return NULL;
-        disk_write(c, (int32_t)old);
+        disk_write(c, (int32_t)old, false);
         c->snap[b] = c->snap[old]; /* reuse its buffer */
         c->snap[old] = NULL;
     } else {
@@ -612,10 +612,11 @@ static void kv_copy(ke_ctx *c, int32_t b, float *buf, bool to_cache) {
     }
 }
 
-/* Writes the published block b to disk unless its file already holds it. A
+/* Writes the published block b to the tiers unless they already hold it. A
  * model whose layers keep no keys and values writes only blocks with a
- * snapshot (there is nothing else to keep). */
-static void disk_write(ke_ctx *c, int32_t b) {
+ * snapshot (there is nothing else to keep). evict: b is leaving the pool,
+ * its snapshot freed first (its bytes count against the RAM tier's room). */
+static void disk_write(ke_ctx *c, int32_t b, bool evict) {
     if (!c->disk || !c->cached[b] || (c->ondisk[b] && kvd_has(c->disk, disk_key(c, c->bhash[b]), NULL))) return;
     bool snap = c->snap && c->snap[b];
     if (!c->kv_floats && !snap) return;
@@ -629,19 +630,20 @@ static void disk_write(ke_ctx *c, int32_t b) {
     memcpy(p, c->btok + b * bs, sizeof(int32_t) * (size_t)bs), p += sizeof(int32_t) * (size_t)bs;
     kv_copy(c, b, (float *)p, false), p += sizeof(float) * (size_t)c->kv_floats;
     if (snap) memcpy(p, c->snap[b], sizeof(float) * (size_t)c->snap_numel), p += sizeof(float) * (size_t)c->snap_numel;
+    if (evict) snap_free(c, b);
     if (kvd_put(c->disk, disk_key(c, c->bhash[b]), &(kvd_seg){c->blob, (size_t)(p - c->blob)}, 1)) c->ondisk[b] = 1;
 }
 
 void ke_ctx_cache_flush(ke_ctx *c) {
     if (!c->disk) return;
-    for (int32_t b = 0; b < c->n_blocks; b++) disk_write(c, b);
+    for (int32_t b = 0; b < c->n_blocks; b++) disk_write(c, b, false);
 }
 
 void ke_ctx_cache_drop(ke_ctx *c, bool ram) {
     while (c->lru_head >= 0) {
         int32_t b = c->lru_head;
         lru_unlink(c, b);
-        disk_write(c, b);
+        disk_write(c, b, true);
         unpublish(c, b);
         c->free_blocks[c->n_free++] = b;
     }
@@ -696,7 +698,7 @@ static int32_t take_block(ke_ctx *c) {
         KILN_ASSERT(c->lru_head >= 0);
         b = c->lru_head;
         lru_unlink(c, b);
-        disk_write(c, b);
+        disk_write(c, b, true);
         unpublish(c, b);
         c->evictions++;
     }
