@@ -325,3 +325,36 @@ KT_TEST(diskcache_ram_budget_respected) {
     check_ram_budget("mamba2");
     check_ram_budget("jamba");
 }
+
+/* A model whose every layer slides (Mistral's fixture: window 8) resumes
+ * from the blocks its window needs: t's first blocks are evicted (u
+ * recycles them), yet t resumes at 40 tokens from its last two blocks, as
+ * a cold run, holding only them. */
+KT_TEST(diskcache_sliding_window_resumes_from_the_window) {
+    ke_model *m = ke_test_load_fixture("mistral");
+    if (!m) return;
+    int64_t V = ke_model_hparams(m)->vocab;
+    char dir[] = "/tmp/kiln-diskcache-XXXXXX";
+    int32_t t[48], u[48];
+    float *want = setup(m, dir, t, u), *got = want + V;
+    rmdir(dir);
+    ke_ctx *c = ctx(m, NULL, 64); /* the pool alone: 16 blocks of 4 */
+    KT_CHECK_EQ(ke_ctx_window(c), 8);
+    KT_CHECK(run(c, t, 40, NULL, V) == 0);
+    KT_CHECK(run(c, u, 48, NULL, V) == 0);
+    ke_cache_stats cs;
+    ke_ctx_cache_stats(c, &cs);
+    KT_CHECK(cs.evictions >= 6);
+    int s;
+    KT_CHECK_OK(ke_seq_open(c, &s));
+    /* position 40 attends to 33..40: blocks 8 and 9 */
+    KT_CHECK_EQ(ke_seq_reuse_prefix(c, s, t, 45), 40);
+    ke_ctx_cache_stats(c, &cs);
+    KT_CHECK_EQ(cs.n_used, 2);
+    KT_CHECK_OK(feed(c, s, t, 40, 45, got, V));
+    KT_CHECK(!memcmp(want, got, sizeof(float) * (size_t)V));
+    ke_seq_close(c, s);
+    ke_ctx_free(c);
+    free(want);
+    ke_model_free(m);
+}

@@ -855,7 +855,7 @@ static int64_t snap_depth(ke_ctx *c, seq_state *q, const int32_t *tokens, int64_
     int64_t bs = c->p.block_size;
     int tries = 0;
     *from_disk = *from_ram = false;
-    for (int64_t j = n - 1; j >= 0; j--) {
+    for (int64_t j = n - 1; j >= q->n_trimmed; j--) {
         int32_t b = q->blocks[j];
         if (c->snap[b]) return j + 1;
         if (!c->disk || tries >= 8) continue;
@@ -877,6 +877,14 @@ static int64_t snap_depth(ke_ctx *c, seq_state *q, const int32_t *tokens, int64_
     return 0;
 }
 
+/* Leading blocks a sequence of u blocks no longer needs when every cached
+ * layer slides within w tokens (w 0: none), as ke_seq_trim_window counts
+ * them: the next token, at position u * bs, attends to [u * bs - w + 1, u * bs]. */
+static int64_t window_trim(int64_t bs, int64_t w, int64_t u) {
+    int64_t keep = u * bs - w + 1;
+    return w > 0 && keep > 0 ? keep / bs : 0;
+}
+
 int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
     seq_state *q = open_seq(c, seq);
     if (!q || q->len != 0 || q->n_blocks != 0 || n <= 0 || (c->recurrent && !c->snap)) return 0;
@@ -884,22 +892,35 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
     if (full > c->max_blocks_per_seq) full = c->max_blocks_per_seq;
     c->prefix_queries += n;
     if (full == 0 || (!q->cap_blocks && !seq_reserve(c, q))) return 0;
-    /* the chain of cached blocks: in memory (each referenced at once, so
-     * that taking blocks for the disk's cannot recycle them), else on disk
-     * (a hole, -2, filled next) */
+    /* the chain of cached blocks: in memory, else in the tiers (a hole,
+     * -2, filled next). A model whose every cached layer slides resumes at
+     * u blocks with only the blocks its window still needs, [ntrim(u), u):
+     * those before it may be gone (-1, as ke_seq_trim_window leaves them). */
     bool hold = c->disk != NULL;
+    int64_t w = c->kv_floats ? c->window : 0, start = 0; /* [start, j) all there */
     uint64_t parent = HASH_ROOT;
     int64_t found = 0, deepest = 0, n_read = 0, n_ram = 0;
-    for (; found < full; found++) {
-        uint64_t h = block_hash(parent, tokens + found * bs, bs);
-        int32_t b = find_cached(c, h, parent, tokens + found * bs);
-        if (b < 0 && !(hold && (!c->kv_floats || kvd_has(c->disk, disk_key(c, h), NULL)))) break;
-        if (b >= 0 && hold && c->ref[b]++ == 0) lru_unlink(c, b);
-        if (b >= 0 || kvd_has(c->disk, disk_key(c, h), NULL)) deepest = found + 1;
-        q->blocks[found] = b >= 0 ? b : -2;
-        q->hash[found] = h;
+    for (int64_t j = 0; j < full; j++) {
+        uint64_t h = block_hash(parent, tokens + j * bs, bs);
+        int32_t b = find_cached(c, h, parent, tokens + j * bs);
+        q->blocks[j] = b >= 0 ? b : -2;
+        q->hash[j] = h;
         parent = h;
+        if (b < 0 && !(hold && (!c->kv_floats || kvd_has(c->disk, disk_key(c, h), NULL)))) {
+            if (w <= 0) break;
+            start = j + 1;
+            continue;
+        }
+        if (window_trim(bs, w, j + 1) >= start) found = j + 1;
     }
+    int64_t ntr = window_trim(bs, w, found);
+    for (int64_t j = 0; j < found; j++) {
+        if (j < ntr) q->blocks[j] = -1;
+        /* held at once when there are tiers, so that taking blocks for theirs cannot recycle them */
+        else if (q->blocks[j] >= 0 && hold && c->ref[q->blocks[j]]++ == 0) lru_unlink(c, q->blocks[j]);
+        if (j >= ntr && (q->blocks[j] >= 0 || kvd_has(c->disk, disk_key(c, q->hash[j]), NULL))) deepest = j + 1;
+    }
+    q->n_trimmed = ntr;
     if (hold) { /* holes past the deepest block known to exist: none (no keys and values, no file) */
         for (int64_t j = deepest; j < found; j++)
             if (q->blocks[j] >= 0) drop_block(c, q->blocks[j]);
@@ -908,10 +929,13 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
     /* blocks that can be used: all, or up to the last with a state snapshot */
     bool snap_from_disk = false, snap_from_ram = false;
     int64_t usable = c->recurrent ? snap_depth(c, q, tokens, found, &snap_from_disk, &snap_from_ram) : found;
-    for (int64_t j = usable; hold && j < found; j++) drop_block(c, q->blocks[j]);
-    for (int64_t j = 0; !hold && j < usable; j++)
+    if (window_trim(bs, w, usable) < ntr) usable = 0; /* shorter than the window it holds: it lacks blocks */
+    for (int64_t j = usable; hold && j < found; j++)
+        if (q->blocks[j] >= 0) drop_block(c, q->blocks[j]);
+    for (int64_t j = ntr; !hold && j < usable; j++)
         if (c->ref[q->blocks[j]]++ == 0) lru_unlink(c, q->blocks[j]);
     q->n_blocks = usable;
+    if (!usable) q->n_trimmed = 0;
     if (c->recurrent && usable) {
         int32_t b = q->blocks[usable - 1];
         state_copy(c, q->state_slot, c->snap[b], true);
@@ -922,8 +946,9 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
     if (q->len && longrope_limit(&c->m->hp) >= 0) { /* ke_decode may need to feed them again */
         if (!q->toks) q->toks = malloc(sizeof(int32_t) * (size_t)c->p.n_ctx);
         if (!q->toks) { /* cannot keep them: give the blocks back */
-            for (int64_t j = 0; j < q->n_blocks; j++) drop_block(c, q->blocks[j]);
-            q->n_blocks = q->n_hashed = 0;
+            for (int64_t j = 0; j < q->n_blocks; j++)
+                if (q->blocks[j] >= 0) drop_block(c, q->blocks[j]);
+            q->n_blocks = q->n_hashed = q->n_trimmed = 0;
             q->len = 0;
             return 0;
         }
