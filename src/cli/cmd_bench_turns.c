@@ -6,10 +6,12 @@
  * recurrent state keep snapshots), then -n greedy reply tokens, every block
  * published. Turn 2: turn 1's prompt and reply, then --turn2 new tokens. Its
  * time to first token (prefill until the first token is sampled) is
- * measured four ways, each with the same first token (checked):
+ * measured five ways, each with the same first token (checked):
  *   cold     nothing reused (the executables are compiled: turn 1 ran)
- *   cached   the blocks of turn 1 in memory
- *   disk     the memory tier dropped (ke_ctx_cache_drop), read from --cache-dir
+ *   cached   the blocks of turn 1 in the KV pool
+ *   ram      the pool's cached blocks dropped (ke_ctx_cache_drop), read back
+ *            from the RAM tier (--cache-ram, its default)
+ *   disk     the RAM tier dropped too, read from --cache-dir
  *   restart  a new context on the same --cache-dir (what a restarted server
  *            sees; includes compiling its executables)
  * The cache folder is a fresh temporary one unless --cache-dir is given. */
@@ -75,8 +77,9 @@ static void usage(FILE *f) {
     fprintf(f, "usage: kiln bench --multi-turn -m DIR [-p 3000] [-n 32] [--turn2 64] [--chunk 256] [-t THREADS]\n"
                "       [--cache-dir DIR] [--json]\n"
                "  time to first token of a chat's second turn (turn 1: -p prompt tokens and -n reply tokens;\n"
-               "  turn 2 adds --turn2 tokens): cold, from the prefix cache in memory, from --cache-dir with the\n"
-               "  memory tier dropped, and after a restart on the same folder (a fresh temporary one by default)\n");
+               "  turn 2 adds --turn2 tokens): cold, from the prefix cache in the KV pool, from its RAM tier with\n"
+               "  the pool dropped, from --cache-dir with the RAM tier dropped too, and after a restart on the\n"
+               "  same folder (a fresh temporary one by default)\n");
 }
 
 static void rm_dir(const char *dir) {
@@ -128,10 +131,11 @@ int kiln_bench_multi_turn(int argc, char **argv) {
     if (!st) st = ke_model_load(dir, &t.m);
     ke_ctx_params cp = {.n_ctx = n + 16, .n_cache = 3 * (n + 16), .n_threads = (int)threads, .cache_dir = cache_dir};
     if (!st) st = ke_ctx_create(t.m, &cp, &t.c);
-    double sec[4] = {0};
-    int64_t reused[4] = {0};
-    int32_t first[4] = {0};
-    ke_cache_stats cs[4];
+    enum { K = 5 };
+    double sec[K] = {0};
+    int64_t reused[K] = {0};
+    int32_t first[K] = {0};
+    ke_cache_stats cs[K];
     if (!st) {
         t.vocab = ke_model_hparams(t.m)->vocab;
         uint64_t rng = 7;
@@ -154,26 +158,30 @@ int kiln_bench_multi_turn(int argc, char **argv) {
     if (!st) ke_ctx_cache_stats(t.c, &cs[0]);
     if (!st) st = ttft(&t, tok, n, &sec[1], &reused[1], &first[1]);
     if (!st) ke_ctx_cache_stats(t.c, &cs[1]);
-    if (!st) ke_ctx_cache_drop(t.c);
+    if (!st) ke_ctx_cache_drop(t.c, false);
     if (!st) st = ttft(&t, tok, n, &sec[2], &reused[2], &first[2]);
     if (!st) ke_ctx_cache_stats(t.c, &cs[2]);
+    if (!st) ke_ctx_cache_drop(t.c, true);
+    if (!st) st = ttft(&t, tok, n, &sec[3], &reused[3], &first[3]);
+    if (!st) ke_ctx_cache_stats(t.c, &cs[3]);
     ke_ctx_free(t.c); /* writes what is still in memory */
     t.c = NULL;
     if (!st) st = ke_ctx_create(t.m, &cp, &t.c);
-    if (!st) st = ttft(&t, tok, n, &sec[3], &reused[3], &first[3]);
-    if (!st) ke_ctx_cache_stats(t.c, &cs[3]);
-    for (int k = 1; !st && k < 4; k++)
+    if (!st) st = ttft(&t, tok, n, &sec[4], &reused[4], &first[4]);
+    if (!st) ke_ctx_cache_stats(t.c, &cs[4]);
+    for (int k = 1; !st && k < K; k++)
         if (first[k] != first[0])
             st = kiln_error(KILN_EINTERNAL, "turn 2's first token differs from the cold run's (%d, not %d)", first[k], first[0]);
-    static const char *const names[4] = {"cold", "cached", "disk", "restart"};
+    static const char *const names[K] = {"cold", "cached", "ram", "disk", "restart"};
     if (!st) {
         const km_hparams *hp = ke_model_hparams(t.m);
         if (json) {
             printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"threads\": %d, \"turn1_tokens\": %lld, \"turn2_tokens\": %lld",
                    dir, hp->model_type, ke_ctx_n_threads(t.c), (long long)(p1 + reply), (long long)n);
-            for (int k = 0; k < 4; k++)
-                printf(", \"%s\": {\"ttft_s\": %.4f, \"reused_tokens\": %lld, \"speedup\": %.2f, \"disk_hits\": %lld}", names[k], sec[k],
-                       (long long)reused[k], sec[0] / sec[k], (long long)cs[k].disk_hits);
+            for (int k = 0; k < K; k++)
+                printf(", \"%s\": {\"ttft_s\": %.4f, \"reused_tokens\": %lld, \"speedup\": %.2f, \"disk_hits\": %lld, \"ram_hits\": %lld}",
+                       names[k], sec[k], (long long)reused[k], sec[0] / sec[k], (long long)cs[k].disk_hits,
+                       (long long)cs[k].ram_hits);
             printf("}\n");
         } else {
             printf("model      %s (%s), %lld layers%s\nthreads    %d\nturn 1     %lld prompt + %lld reply tokens; turn 2: %lld tokens\n"
@@ -181,7 +189,7 @@ int kiln_bench_multi_turn(int argc, char **argv) {
                    dir, hp->model_type, (long long)hp->n_layers, ke_ctx_recurrent(t.c) ? ", recurrent state" : "",
                    ke_ctx_n_threads(t.c), (long long)p1, (long long)reply, (long long)n, "turn 2", "TTFT (ms)",
                    "reused tokens", "speedup");
-            for (int k = 0; k < 4; k++)
+            for (int k = 0; k < K; k++)
                 printf("%-8s %12.1f %14lld %9.1fx\n", names[k], sec[k] * 1e3, (long long)reused[k], sec[0] / sec[k]);
         }
     }

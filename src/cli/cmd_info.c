@@ -26,7 +26,8 @@ static kiln_status print_memory(const ke_model *m, int64_t n_ctx, int64_t parall
     else printf("KV cache     none (no layer attends over a cache)\n");
     if (mem.state_layers)
         printf("state        %.2f MiB per sequence (%d recurrent layers); generate and chat keep 32 rows, serve one per "
-               "--parallel; prefix-cache snapshots take at most 256 MiB (--cache-ram)\n",
+               "--parallel; prefix-cache snapshots and evicted blocks take at most --cache-ram (default a quarter "
+               "of MemAvailable)\n",
                mib(mem.state_bytes_per_seq), mem.state_layers);
     int64_t one = ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = ctx});
     printf("total        %.1f MiB for kiln generate / chat -c %lld (weights + at most %.1f MiB allocated)\n", mib(mem.weight_bytes + one),

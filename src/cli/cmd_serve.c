@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "embed/embed.h"
+#include "engine/engine.h"
 #include "gen/params.h"
 #include "server/server.h"
 #include "spec/spec.h"
@@ -24,10 +25,12 @@ static void usage(FILE *f) {
             "                         --max-model-len N is the same, as in vLLM)\n"
             "  --kv-tokens N          KV cache tokens shared by all sequences (default ctx-size x parallel)\n"
             "  --block-size N         tokens per KV block (default 16)\n"
-            "  --cache-ram MIB        models with recurrent state (Mamba, hybrids): memory for the state\n"
-            "                         snapshots prefix caching resumes from (default 256; 0: none)\n"
-            "  --cache-dir DIR        the prefix cache's disk tier: evicted KV blocks and state snapshots\n"
-            "                         are kept in DIR (created if absent) and survive a restart\n"
+            "  --cache-ram MIB        the prefix cache's memory beyond --kv-tokens: state snapshots of models\n"
+            "                         with recurrent state, then the KV blocks the pool evicts, least recently\n"
+            "                         used moved to --cache-dir (default a quarter of MemAvailable at start;\n"
+            "                         0: none, and no prefix reuse for models with recurrent state)\n"
+            "  --cache-dir DIR        the prefix cache's disk tier: what --cache-ram lets go is kept in DIR\n"
+            "                         (created if absent) and survives a restart\n"
             "  --cache-dir-size MIB   its size bound, least recently used files removed first (default 10240)\n"
             "  --slot-save-path DIR   folder of POST /slots/{id}?action=save|restore files (llama-server's;\n"
             "                         without it those actions answer 501)\n"
@@ -202,6 +205,12 @@ int kiln_cmd_serve(int argc, char **argv) {
     if (st) return kiln_fail(st);
     fprintf(stderr, "kiln: listening on http://%s:%d (loading %s)\n", p.host ? p.host : "127.0.0.1", ksrv_port(s),
             p.model_dir);
+    if (!p.no_prefix_cache) {
+        int64_t ram = p.state_cache_bytes == 0 ? ke_cache_ram_default() : p.state_cache_bytes > 0 ? p.state_cache_bytes : 0;
+        fprintf(stderr, "kiln: prefix cache: --cache-ram %lld MiB%s, --cache-dir %s\n", (long long)(ram >> 20),
+                p.state_cache_bytes == 0 ? " (its default: a quarter of MemAvailable now)" : "",
+                p.cache_dir ? p.cache_dir : "none");
+    }
     if (!p.api_key && p.host && !loopback(p.host))
         fprintf(stderr, "kiln: warning: --host %s is reachable from other machines and no --api-key is set: anyone who "
                         "can connect can use the server (see docs/serving.md, \"Running it exposed\")\n",

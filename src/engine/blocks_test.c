@@ -94,8 +94,9 @@ KT_TEST(blocks_cached_blocks_are_evicted_lru) {
     ke_model *m = ke_test_load_fixture("llama");
     if (!m) return;
     int64_t V = ke_model_hparams(m)->vocab;
-    ke_ctx *c; /* 16 blocks of 4 */
-    KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 64, .n_cache = 64, .n_threads = 1, .block_size = 4}, &c));
+    ke_ctx *c; /* 16 blocks of 4, the pool alone (no RAM tier under it: --cache-ram 0) */
+    KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 64, .n_cache = 64, .n_threads = 1, .block_size = 4,
+                                                  .state_cache_bytes = -1}, &c));
     float *lg = malloc(sizeof(float) * (size_t)V);
     int32_t t[64];
     for (int i = 0; i < 64; i++) t[i] = tok_at(i);

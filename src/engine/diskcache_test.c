@@ -39,11 +39,12 @@ static kiln_status feed(ke_ctx *c, int seq, const int32_t *tokens, int from, int
 }
 
 static int g_threads = 1; /* of the contexts ctx creates */
+static bool g_no_ram = true; /* the tests of the disk tier: blocks the pool lets go skip the RAM tier */
 
 static ke_ctx *ctx(const ke_model *m, const char *dir, int64_t n_cache) {
     ke_ctx *c = NULL;
     kiln_status st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 64, .n_cache = n_cache, .n_threads = g_threads, .block_size = BS,
-                                                       .state_cache_bytes = 0, .cache_dir = dir}, &c);
+                                                       .state_cache_bytes = 0, .no_ram_tier = g_no_ram, .cache_dir = dir}, &c);
     if (st) kt_fail(__FILE__, __LINE__, "%s", kiln_status_msg(st));
     kiln_status_free(st);
     return c;
@@ -123,10 +124,14 @@ static void check_fixture(const char *fixture) {
     float *want = setup(m, dir, t, u), *got = want + V;
 
     /* forced eviction: a pool of 64 tokens; t's first 40 tokens, then u's
-     * 48 recycle t's blocks, which go to disk; t again comes back from it */
+     * 48 and v's 48 recycle all of t's blocks (snapshots included), which go
+     * to disk; t again comes back from it */
     ke_ctx *c = ctx(m, dir, 64);
+    int32_t v[48];
+    for (int i = 0; i < 48; i++) v[i] = tok_at(i + 200, V);
     KT_CHECK(c && run(c, t, 40, NULL, V) == 0);
     KT_CHECK(run(c, u, 48, NULL, V) == 0);
+    KT_CHECK(run(c, v, 48, NULL, V) == 0);
     ke_cache_stats cs;
     ke_ctx_cache_stats(c, &cs);
     KT_CHECKF(cs.disk_writes > 0 && cs.evictions > 0, "%s: %lld writes, %lld evictions", fixture, (long long)cs.disk_writes,
@@ -232,4 +237,124 @@ KT_TEST(diskcache_snapshots_beyond_ram_budget) {
 KT_TEST(diskcache_sliding_window_evict_restore_exact) {
     check_fixture("gemma3_text"); /* sliding and global layers */
     check_fixture("qwen2_sliding");
+}
+
+/* The RAM tier (--cache-ram, its default, no --cache-dir): with forced
+ * eviction (a pool of 64 tokens; u and v recycle every block of t) t comes
+ * back from RAM, bit-identical to a cold run, on every kind of fixture. */
+static void check_ram_fixture(const char *fixture) {
+    ke_model *m = ke_test_load_fixture(fixture);
+    if (!m) return;
+    int64_t V = ke_model_hparams(m)->vocab;
+    char dir[] = "/tmp/kiln-diskcache-XXXXXX";
+    int32_t t[48], u[48], v[48];
+    float *want = setup(m, dir, t, u), *got = want + V;
+    rmdir(dir);
+    for (int i = 0; i < 48; i++) v[i] = tok_at(i + 200, V);
+    g_no_ram = false;
+    ke_ctx *c = ctx(m, NULL, 64);
+    g_no_ram = true;
+    KT_CHECK(c && run(c, t, 40, NULL, V) == 0);
+    KT_CHECK(run(c, u, 48, NULL, V) == 0);
+    KT_CHECK(run(c, v, 48, NULL, V) == 0);
+    ke_cache_stats cs;
+    ke_ctx_cache_stats(c, &cs);
+    KT_CHECKF(cs.evictions >= 10 && cs.ram_blocks > 0 && cs.ram_budget > 0, "%s: %lld evictions, %lld blocks in RAM",
+              fixture, (long long)cs.evictions, (long long)cs.ram_blocks);
+    int64_t r = run(c, t, 45, got, V);
+    KT_CHECKF(r >= 36, "%s: %lld tokens reused from the RAM tier", fixture, (long long)r);
+    KT_CHECKF(!memcmp(want, got, sizeof(float) * (size_t)V), "%s: logits after a restore from RAM differ", fixture);
+    ke_ctx_cache_stats(c, &cs);
+    KT_CHECKF(cs.ram_hits == r && cs.disk_hits == 0 && cs.disk_files == 0, "%s: %lld RAM hits", fixture, (long long)cs.ram_hits);
+    ke_ctx_free(c);
+    free(want);
+    ke_model_free(m);
+}
+
+KT_TEST(diskcache_ram_tier_evict_restore_exact) {
+    check_ram_fixture("qwen2");         /* dense */
+    check_ram_fixture("gemma3_text");   /* sliding and global layers */
+    check_ram_fixture("qwen2_sliding"); /* sliding window */
+    check_ram_fixture("mamba2");        /* SSM */
+    check_ram_fixture("jamba");         /* hybrid */
+}
+
+/* --cache-ram bounds the RAM tier's blocks and the pool's state snapshots
+ * together, after every request; what does not fit goes to --cache-dir, and
+ * a prefix restored partly from RAM and partly from disk is still exact. */
+static void check_ram_budget(const char *fixture) {
+    ke_model *m = ke_test_load_fixture(fixture);
+    if (!m) return;
+    ke_memory mem;
+    KT_CHECK_OK(ke_model_memory(m, &mem));
+    int64_t V = ke_model_hparams(m)->vocab;
+    char dir[] = "/tmp/kiln-diskcache-XXXXXX";
+    int32_t t[48], u[48], v[48];
+    float *want = setup(m, dir, t, u), *got = want + V;
+    for (int i = 0; i < 48; i++) v[i] = tok_at(i + 200, V);
+    /* room for about three blocks (keys, values and snapshot each) */
+    int64_t budget = 3 * (mem.kv_bytes_per_token * BS + mem.state_bytes_per_seq) + 512;
+    ke_ctx *c = NULL;
+    KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 64, .n_cache = 64, .n_threads = 1, .block_size = BS,
+                                                  .state_cache_bytes = budget, .cache_dir = dir}, &c));
+    const int32_t *prompts[3] = {t, u, v};
+    ke_cache_stats cs;
+    for (int k = 0; k < 3; k++) {
+        KT_CHECK(run(c, prompts[k], k ? 48 : 40, NULL, V) == 0);
+        ke_ctx_cache_stats(c, &cs);
+        KT_CHECKF(cs.ram_bytes <= budget && cs.ram_budget == budget, "%s: %lld bytes in RAM, budget %lld", fixture,
+                  (long long)cs.ram_bytes, (long long)budget);
+    }
+    /* (with snapshots, the pool's take the budget: the blocks they leave go to disk directly) */
+    KT_CHECKF((cs.ram_spills > 0 || mem.state_bytes_per_seq > 0) && cs.disk_writes > 0, "%s: %lld spills, %lld files written", fixture, (long long)cs.ram_spills,
+              (long long)cs.disk_writes);
+    int64_t r = run(c, t, 45, got, V);
+    KT_CHECKF(r >= 36, "%s: %lld tokens reused", fixture, (long long)r);
+    KT_CHECKF(!memcmp(want, got, sizeof(float) * (size_t)V), "%s: logits differ", fixture);
+    ke_ctx_cache_stats(c, &cs);
+    KT_CHECK(cs.ram_bytes <= budget);
+    ke_ctx_free(c);
+    each_file(dir, rm);
+    rmdir(dir);
+    free(want);
+    ke_model_free(m);
+}
+
+KT_TEST(diskcache_ram_budget_respected) {
+    check_ram_budget("qwen2");
+    check_ram_budget("mamba2");
+    check_ram_budget("jamba");
+}
+
+/* A model whose every layer slides (Mistral's fixture: window 8) resumes
+ * from the blocks its window needs: t's first blocks are evicted (u
+ * recycles them), yet t resumes at 40 tokens from its last two blocks, as
+ * a cold run, holding only them. */
+KT_TEST(diskcache_sliding_window_resumes_from_the_window) {
+    ke_model *m = ke_test_load_fixture("mistral");
+    if (!m) return;
+    int64_t V = ke_model_hparams(m)->vocab;
+    char dir[] = "/tmp/kiln-diskcache-XXXXXX";
+    int32_t t[48], u[48];
+    float *want = setup(m, dir, t, u), *got = want + V;
+    rmdir(dir);
+    ke_ctx *c = ctx(m, NULL, 64); /* the pool alone: 16 blocks of 4 */
+    KT_CHECK_EQ(ke_ctx_window(c), 8);
+    KT_CHECK(run(c, t, 40, NULL, V) == 0);
+    KT_CHECK(run(c, u, 48, NULL, V) == 0);
+    ke_cache_stats cs;
+    ke_ctx_cache_stats(c, &cs);
+    KT_CHECK(cs.evictions >= 6);
+    int s;
+    KT_CHECK_OK(ke_seq_open(c, &s));
+    /* position 40 attends to 33..40: blocks 8 and 9 */
+    KT_CHECK_EQ(ke_seq_reuse_prefix(c, s, t, 45), 40);
+    ke_ctx_cache_stats(c, &cs);
+    KT_CHECK_EQ(cs.n_used, 2);
+    KT_CHECK_OK(feed(c, s, t, 40, 45, got, V));
+    KT_CHECK(!memcmp(want, got, sizeof(float) * (size_t)V));
+    ke_seq_close(c, s);
+    ke_ctx_free(c);
+    free(want);
+    ke_model_free(m);
 }

@@ -106,6 +106,18 @@ kiln_status ke_model_memory(const ke_model *m, ke_memory *out) {
     return st;
 }
 
+int64_t ke_cache_ram_default(void) {
+    int64_t avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        long long kb;
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) avail = (int64_t)kb << 10;
+    }
+    if (f) fclose(f);
+    return avail > 0 ? avail / KE_CACHE_RAM_DIVISOR : (int64_t)256 << 20;
+}
+
 int64_t ke_memory_ctx_bytes(const ke_memory *mem, const ke_ctx_params *p) {
     int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : mem->default_n_ctx, bs = p->block_size > 0 ? p->block_size : 16;
     int64_t n_cache = p->n_cache > 0 ? p->n_cache : n_ctx;
@@ -113,7 +125,7 @@ int64_t ke_memory_ctx_bytes(const ke_memory *mem, const ke_ctx_params *p) {
     int64_t slots = (n_cache + bs - 1) / bs * bs, total = slots * mem->kv_bytes_per_token;
     if (mem->state_bytes_per_seq > 0) {
         total += (p->n_seq_max > 0 ? p->n_seq_max : 32) * mem->state_bytes_per_seq;
-        int64_t budget = p->state_cache_bytes == 0 ? (int64_t)256 << 20 : p->state_cache_bytes > 0 ? p->state_cache_bytes : 0;
+        int64_t budget = p->state_cache_bytes == 0 ? ke_cache_ram_default() : p->state_cache_bytes > 0 ? p->state_cache_bytes : 0;
         int64_t snaps = budget / mem->state_bytes_per_seq, blocks = slots / bs;
         total += (snaps < blocks ? snaps : blocks) * mem->state_bytes_per_seq;
     }
@@ -136,6 +148,7 @@ kvis_model *ke_model_vision(const ke_model *m) { return m->vision; }
 /* ---------------------------------------------------------------- context */
 
 static kiln_status disk_open(ke_ctx *c, const char *dir, int64_t max_bytes);
+static void ram_rebalance(ke_ctx *c);
 
 static int64_t pow2_at_least(int64_t x, int64_t cap) {
     int64_t p = 1;
@@ -206,14 +219,17 @@ struct ke_ctx {
     float **snap;         /* [n_blocks]; NULL: none */
     uint64_t *snap_used;  /* [n_blocks] tick of last use */
     int64_t snap_numel, n_snaps, max_snaps;
-    /* the disk tier (see ke_ctx_cache_flush): ondisk[b] says the file of
-     * block b holds all it holds now; blob is a file's worth of scratch */
+    /* the tiers below the pool (see ke_ctx_cache_flush): a RAM tier of the
+     * blocks the pool lets go, within ram_budget less the snapshots above,
+     * over the optional disk tier; ondisk[b] says the tiers hold all block b
+     * holds now; blob is a file's worth of scratch */
     kvd_store *disk;
+    int64_t ram_budget;
     uint64_t model_id, layout_id;
     uint8_t *ondisk;
     int64_t kv_floats; /* per block, every layer's K and V */
     unsigned char *blob;
-    int64_t disk_hits, disk_bad;
+    int64_t disk_hits, disk_bad, ram_hits;
     seq_state *seqs;
     int n_seqs, cap_seqs;
     exec_entry execs[MAX_EXECS];
@@ -257,6 +273,7 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
     if (c->p.n_ctx <= 0) c->p.n_ctx = default_n_ctx(hp);
     if (c->p.n_cache <= 0) c->p.n_cache = c->p.n_ctx;
     int64_t bs = c->p.block_size;
+    c->ram_budget = c->p.state_cache_bytes == 0 ? ke_cache_ram_default() : c->p.state_cache_bytes > 0 ? c->p.state_cache_bytes : 0;
     c->max_blocks_per_seq = (c->p.n_ctx + bs - 1) / bs;
     c->n_blocks = (c->p.n_cache + bs - 1) / bs;
     if (c->n_blocks < c->max_blocks_per_seq) c->n_blocks = c->max_blocks_per_seq;
@@ -322,8 +339,7 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
                 }
                 c->snap_numel += c->cache[l].state_numel[k];
             }
-        int64_t budget = c->p.state_cache_bytes;
-        if (budget == 0) budget = (int64_t)256 << 20;
+        int64_t budget = c->ram_budget;
         c->max_snaps = budget > 0 && c->snap_numel > 0 ? budget / (c->snap_numel * (int64_t)sizeof(float)) : 0;
         if (c->max_snaps > c->n_blocks) c->max_snaps = c->n_blocks;
         if (c->max_snaps > 0) {
@@ -346,8 +362,9 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
         }
         c->kv_floats += bs * cs->heads * (cs->dk + cs->dv);
     }
-    if (p->cache_dir && *p->cache_dir) {
-        st = disk_open(c, p->cache_dir, p->cache_dir_bytes > 0 ? p->cache_dir_bytes : (int64_t)10 << 30);
+    bool dir = p->cache_dir && *p->cache_dir;
+    if (dir || (c->ram_budget > 0 && !p->no_ram_tier)) {
+        st = disk_open(c, dir ? p->cache_dir : NULL, p->cache_dir_bytes > 0 ? p->cache_dir_bytes : (int64_t)10 << 30);
         if (st) {
             ke_ctx_free(c);
             return st;
@@ -362,7 +379,7 @@ oom:
 
 void ke_ctx_free(ke_ctx *c) {
     if (!c) return;
-    if (c->disk) ke_ctx_cache_flush(c);
+    if (c->disk && kvd_has_disk(c->disk)) ke_ctx_cache_flush(c);
     kvd_close(c->disk);
     free(c->ondisk), free(c->blob);
     for (int i = 0; i < c->n_execs; i++) {
@@ -422,17 +439,22 @@ static void lru_push(ke_ctx *c, int32_t b) {
     c->n_lru++;
 }
 
+static void snap_free(ke_ctx *c, int32_t b) {
+    if (c->snap && c->snap[b]) {
+        free(c->snap[b]);
+        c->snap[b] = NULL;
+        c->n_snaps--;
+        ram_rebalance(c);
+    }
+}
+
 static void unpublish(ke_ctx *c, int32_t b) {
     int32_t *pp = &c->bucket[c->bhash[b] & (uint64_t)(c->n_bucket - 1)];
     while (*pp != b) pp = &c->hnext[*pp];
     *pp = c->hnext[b];
     c->cached[b] = 0;
     if (c->ondisk) c->ondisk[b] = 0;
-    if (c->snap && c->snap[b]) {
-        free(c->snap[b]);
-        c->snap[b] = NULL;
-        c->n_snaps--;
-    }
+    snap_free(c, b);
 }
 
 /* Copies the recurrent state row `slot` into buf (to_row false) or buf into
@@ -449,7 +471,7 @@ static void state_copy(ke_ctx *c, int32_t slot, float *buf, bool to_row) {
         }
 }
 
-static void disk_write(ke_ctx *c, int32_t b);
+static void disk_write(ke_ctx *c, int32_t b, bool evict);
 
 /* A snapshot buffer for the cached block b (which has none), dropping the
  * least recently used snapshot (to disk first, when there is a disk tier)
@@ -460,13 +482,14 @@ static float *snap_take(ke_ctx *c, int32_t b) {
         for (int64_t i = 0; i < c->n_blocks; i++)
             if (c->snap[i] && (old < 0 || c->snap_used[i] < c->snap_used[old])) old = i;
         if (old < 0) return NULL;
-        disk_write(c, (int32_t)old);
+        disk_write(c, (int32_t)old, false);
         c->snap[b] = c->snap[old]; /* reuse its buffer */
         c->snap[old] = NULL;
     } else {
         c->snap[b] = malloc(sizeof(float) * (size_t)c->snap_numel);
         if (!c->snap[b]) return NULL;
         c->n_snaps++;
+        ram_rebalance(c);
     }
     if (c->ondisk) c->ondisk[b] = 0; /* its file, if any, lacks the snapshot */
     c->snap_used[b] = ++c->tick;
@@ -561,7 +584,13 @@ static kiln_status disk_open(ke_ctx *c, const char *dir, int64_t max_bytes) {
         c->disk = NULL;
         return kiln_error(KILN_ENOMEM, "out of memory");
     }
+    ram_rebalance(c);
     return NULL;
+}
+
+/* The RAM tier gets what the budget leaves after the pool's snapshots. */
+static void ram_rebalance(ke_ctx *c) {
+    if (c->disk && !c->p.no_ram_tier) kvd_set_ram(c->disk, c->ram_budget - c->n_snaps * c->snap_numel * (int64_t)sizeof(float));
 }
 
 /* The file of the block with prefix hash h: distinct per model and layout. */
@@ -583,11 +612,12 @@ static void kv_copy(ke_ctx *c, int32_t b, float *buf, bool to_cache) {
     }
 }
 
-/* Writes the published block b to disk unless its file already holds it. A
+/* Writes the published block b to the tiers unless they already hold it. A
  * model whose layers keep no keys and values writes only blocks with a
- * snapshot (there is nothing else to keep). */
-static void disk_write(ke_ctx *c, int32_t b) {
-    if (!c->disk || !c->cached[b] || c->ondisk[b]) return;
+ * snapshot (there is nothing else to keep). evict: b is leaving the pool,
+ * its snapshot freed first (its bytes count against the RAM tier's room). */
+static void disk_write(ke_ctx *c, int32_t b, bool evict) {
+    if (!c->disk || !c->cached[b] || (c->ondisk[b] && kvd_has(c->disk, disk_key(c, c->bhash[b]), NULL))) return;
     bool snap = c->snap && c->snap[b];
     if (!c->kv_floats && !snap) return;
     int64_t bs = c->p.block_size;
@@ -600,35 +630,43 @@ static void disk_write(ke_ctx *c, int32_t b) {
     memcpy(p, c->btok + b * bs, sizeof(int32_t) * (size_t)bs), p += sizeof(int32_t) * (size_t)bs;
     kv_copy(c, b, (float *)p, false), p += sizeof(float) * (size_t)c->kv_floats;
     if (snap) memcpy(p, c->snap[b], sizeof(float) * (size_t)c->snap_numel), p += sizeof(float) * (size_t)c->snap_numel;
+    if (evict) snap_free(c, b);
     if (kvd_put(c->disk, disk_key(c, c->bhash[b]), &(kvd_seg){c->blob, (size_t)(p - c->blob)}, 1)) c->ondisk[b] = 1;
 }
 
 void ke_ctx_cache_flush(ke_ctx *c) {
     if (!c->disk) return;
-    for (int32_t b = 0; b < c->n_blocks; b++) disk_write(c, b);
+    for (int32_t b = 0; b < c->n_blocks; b++) disk_write(c, b, false);
 }
 
-void ke_ctx_cache_drop(ke_ctx *c) {
+void ke_ctx_cache_drop(ke_ctx *c, bool ram) {
     while (c->lru_head >= 0) {
         int32_t b = c->lru_head;
         lru_unlink(c, b);
-        disk_write(c, b);
+        disk_write(c, b, true);
         unpublish(c, b);
         c->free_blocks[c->n_free++] = b;
     }
+    if (ram && c->disk) {
+        kvd_set_ram(c->disk, 0);
+        ram_rebalance(c);
+    }
 }
 
-/* Reads the file of the block with hash h (parent, tokens t) and checks it
- * belongs here; returns its payload (malloc'ed, starting with the header)
- * or NULL (a miss: absent or not a match). want_snap: only a file with a
- * snapshot. */
-static disk_head *disk_read(ke_ctx *c, uint64_t h, uint64_t parent, const int32_t *t, bool want_snap) {
+/* Reads the file of the block with hash h (parent, tokens t) from the tiers
+ * and checks it belongs here; returns its payload (malloc'ed, starting with
+ * the header) or NULL (a miss: absent or not a match). want_snap: only a
+ * file with a snapshot. take: a RAM tier blob leaves the tier (*from_ram). */
+static disk_head *disk_read(ke_ctx *c, uint64_t h, uint64_t parent, const int32_t *t, bool want_snap, bool take,
+                            bool *from_ram) {
     uint64_t key = disk_key(c, h);
     size_t len, bs = (size_t)c->p.block_size;
     size_t base = sizeof(disk_head) + sizeof(int32_t) * bs + sizeof(float) * (size_t)c->kv_floats;
-    if (!kvd_has(c->disk, key, &len) || (want_snap && len != base + sizeof(float) * (size_t)c->snap_numel)) return NULL;
+    /* a whole file without a snapshot is skipped unread when one is wanted;
+     * any other length is read, to be found bad (and removed) */
+    if (!kvd_has(c->disk, key, &len) || (want_snap && len == base)) return NULL;
     void *buf;
-    if (!kvd_get(c->disk, key, &buf, &len)) return NULL;
+    if (!kvd_get(c->disk, key, take, &buf, &len, from_ram)) return NULL;
     disk_head hd;
     bool ok = len >= sizeof hd;
     if (ok) memcpy(&hd, buf, sizeof hd);
@@ -660,7 +698,7 @@ static int32_t take_block(ke_ctx *c) {
         KILN_ASSERT(c->lru_head >= 0);
         b = c->lru_head;
         lru_unlink(c, b);
-        disk_write(c, b);
+        disk_write(c, b, true);
         unpublish(c, b);
         c->evictions++;
     }
@@ -724,10 +762,16 @@ void ke_ctx_cache_stats(const ke_ctx *c, ke_cache_stats *out) {
                             .prefix_hits = c->prefix_hits,
                             .evictions = c->evictions,
                             .disk_hits = c->disk_hits,
-                            .disk_bad = c->disk_bad};
+                            .disk_bad = c->disk_bad,
+                            .ram_budget = c->ram_budget,
+                            .ram_hits = c->ram_hits,
+                            .ram_bytes = c->n_snaps * c->snap_numel * (int64_t)sizeof(float)};
     if (c->disk) {
         kvd_stats d;
         kvd_get_stats(c->disk, &d);
+        out->ram_blocks = d.ram_blobs;
+        out->ram_bytes += d.ram_bytes;
+        out->ram_spills = d.ram_spills + d.ram_drops;
         out->disk_writes = d.writes;
         out->disk_bad += d.bad;
         out->disk_files = d.files;
@@ -768,23 +812,34 @@ static void publish(ke_ctx *c, int32_t b, uint64_t h, uint64_t parent, const int
  * in *n_read. A model whose layers keep no keys and values writes no file
  * for a block without a snapshot: such a block is taken as it is (it holds
  * nothing). */
-static int64_t disk_fill(ke_ctx *c, seq_state *q, const int32_t *tokens, int64_t n, int64_t *n_read) {
+static int64_t disk_fill(ke_ctx *c, seq_state *q, const int32_t *tokens, int64_t n, int64_t *n_read, int64_t *n_ram) {
     int64_t bs = c->p.block_size, j = 0;
+    int32_t last_file_snap = -1;
     for (; j < n; j++) {
         if (q->blocks[j] != -2) continue;
         if (c->n_free + c->n_lru == 0) break;
         const int32_t *t = tokens + j * bs;
         uint64_t parent = j ? q->hash[j - 1] : HASH_ROOT;
-        disk_head *hd = disk_read(c, q->hash[j], parent, t, false);
+        /* without keys and values a block holds nothing to read: only the
+         * snapshot snap_depth restores is (read there, one file) */
+        bool ram = false;
+        disk_head *hd = c->kv_floats ? disk_read(c, q->hash[j], parent, t, false, true, &ram) : NULL;
         if (!hd && c->kv_floats) break;
         int32_t b = take_block(c);
         if (hd) kv_copy(c, b, (float *)file_kv(c, hd), true);
         publish(c, b, q->hash[j], parent, t);
+        /* a taken RAM blob's snapshot comes along (the tier no longer has
+         * it); of the files' only the deepest is kept (the one a resume
+         * restores; the files keep the others) */
         if (hd && hd->has_snap && c->snap) {
             float *buf = snap_take(c, b);
             if (buf) memcpy(buf, file_kv(c, hd) + c->kv_floats, sizeof(float) * (size_t)c->snap_numel);
+            if (buf && !ram) {
+                if (last_file_snap >= 0) snap_free(c, last_file_snap);
+                last_file_snap = b;
+            }
         }
-        if (hd) c->ondisk[b] = 1, ++*n_read;
+        if (hd) c->ondisk[b] = !ram, ++*(ram ? n_ram : n_read);
         free(hd);
         q->blocks[j] = b;
     }
@@ -796,11 +851,11 @@ static int64_t disk_fill(ke_ctx *c, seq_state *q, const int32_t *tokens, int64_t
 /* The deepest block of seq q's chain [0, n) that has a state snapshot, read
  * from disk when only the disk holds it (a few tries: each reads a file);
  * returns the number of blocks up to it (0: none). */
-static int64_t snap_depth(ke_ctx *c, seq_state *q, const int32_t *tokens, int64_t n, bool *from_disk) {
+static int64_t snap_depth(ke_ctx *c, seq_state *q, const int32_t *tokens, int64_t n, bool *from_disk, bool *from_ram) {
     int64_t bs = c->p.block_size;
     int tries = 0;
-    *from_disk = false;
-    for (int64_t j = n - 1; j >= 0; j--) {
+    *from_disk = *from_ram = false;
+    for (int64_t j = n - 1; j >= q->n_trimmed; j--) {
         int32_t b = q->blocks[j];
         if (c->snap[b]) return j + 1;
         if (!c->disk || tries >= 8) continue;
@@ -808,16 +863,26 @@ static int64_t snap_depth(ke_ctx *c, seq_state *q, const int32_t *tokens, int64_
         uint64_t parent = j ? q->hash[j - 1] : HASH_ROOT;
         if (!kvd_has(c->disk, disk_key(c, q->hash[j]), NULL)) continue;
         tries++;
-        disk_head *hd = disk_read(c, q->hash[j], parent, t, true);
+        bool ram = false;
+        disk_head *hd = disk_read(c, q->hash[j], parent, t, true, true, &ram);
         if (!hd) continue;
         float *buf = snap_take(c, b);
         if (buf) memcpy(buf, file_kv(c, hd) + c->kv_floats, sizeof(float) * (size_t)c->snap_numel);
+        if (buf && !ram) c->ondisk[b] = 1; /* the file holds it all */
         free(hd);
         if (!buf) return 0;
-        *from_disk = true;
+        *(ram ? from_ram : from_disk) = true;
         return j + 1;
     }
     return 0;
+}
+
+/* Leading blocks a sequence of u blocks no longer needs when every cached
+ * layer slides within w tokens (w 0: none), as ke_seq_trim_window counts
+ * them: the next token, at position u * bs, attends to [u * bs - w + 1, u * bs]. */
+static int64_t window_trim(int64_t bs, int64_t w, int64_t u) {
+    int64_t keep = u * bs - w + 1;
+    return w > 0 && keep > 0 ? keep / bs : 0;
 }
 
 int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
@@ -827,34 +892,50 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
     if (full > c->max_blocks_per_seq) full = c->max_blocks_per_seq;
     c->prefix_queries += n;
     if (full == 0 || (!q->cap_blocks && !seq_reserve(c, q))) return 0;
-    /* the chain of cached blocks: in memory (each referenced at once, so
-     * that taking blocks for the disk's cannot recycle them), else on disk
-     * (a hole, -2, filled next) */
+    /* the chain of cached blocks: in memory, else in the tiers (a hole,
+     * -2, filled next). A model whose every cached layer slides resumes at
+     * u blocks with only the blocks its window still needs, [ntrim(u), u):
+     * those before it may be gone (-1, as ke_seq_trim_window leaves them). */
     bool hold = c->disk != NULL;
+    int64_t w = c->kv_floats ? c->window : 0, start = 0; /* [start, j) all there */
     uint64_t parent = HASH_ROOT;
-    int64_t found = 0, deepest = 0, n_read = 0;
-    for (; found < full; found++) {
-        uint64_t h = block_hash(parent, tokens + found * bs, bs);
-        int32_t b = find_cached(c, h, parent, tokens + found * bs);
-        if (b < 0 && !(hold && (!c->kv_floats || kvd_has(c->disk, disk_key(c, h), NULL)))) break;
-        if (b >= 0 && hold && c->ref[b]++ == 0) lru_unlink(c, b);
-        if (b >= 0 || kvd_has(c->disk, disk_key(c, h), NULL)) deepest = found + 1;
-        q->blocks[found] = b >= 0 ? b : -2;
-        q->hash[found] = h;
+    int64_t found = 0, deepest = 0, n_read = 0, n_ram = 0;
+    for (int64_t j = 0; j < full; j++) {
+        uint64_t h = block_hash(parent, tokens + j * bs, bs);
+        int32_t b = find_cached(c, h, parent, tokens + j * bs);
+        q->blocks[j] = b >= 0 ? b : -2;
+        q->hash[j] = h;
         parent = h;
+        if (b < 0 && !(hold && (!c->kv_floats || kvd_has(c->disk, disk_key(c, h), NULL)))) {
+            if (w <= 0) break;
+            start = j + 1;
+            continue;
+        }
+        if (window_trim(bs, w, j + 1) >= start) found = j + 1;
     }
+    int64_t ntr = window_trim(bs, w, found);
+    for (int64_t j = 0; j < found; j++) {
+        if (j < ntr) q->blocks[j] = -1;
+        /* held at once when there are tiers, so that taking blocks for theirs cannot recycle them */
+        else if (q->blocks[j] >= 0 && hold && c->ref[q->blocks[j]]++ == 0) lru_unlink(c, q->blocks[j]);
+        if (j >= ntr && (q->blocks[j] >= 0 || kvd_has(c->disk, disk_key(c, q->hash[j]), NULL))) deepest = j + 1;
+    }
+    q->n_trimmed = ntr;
     if (hold) { /* holes past the deepest block known to exist: none (no keys and values, no file) */
         for (int64_t j = deepest; j < found; j++)
             if (q->blocks[j] >= 0) drop_block(c, q->blocks[j]);
-        found = disk_fill(c, q, tokens, deepest, &n_read);
+        found = disk_fill(c, q, tokens, deepest, &n_read, &n_ram);
     }
     /* blocks that can be used: all, or up to the last with a state snapshot */
-    bool snap_from_disk = false;
-    int64_t usable = c->recurrent ? snap_depth(c, q, tokens, found, &snap_from_disk) : found;
-    for (int64_t j = usable; hold && j < found; j++) drop_block(c, q->blocks[j]);
-    for (int64_t j = 0; !hold && j < usable; j++)
+    bool snap_from_disk = false, snap_from_ram = false;
+    int64_t usable = c->recurrent ? snap_depth(c, q, tokens, found, &snap_from_disk, &snap_from_ram) : found;
+    if (window_trim(bs, w, usable) < ntr) usable = 0; /* shorter than the window it holds: it lacks blocks */
+    for (int64_t j = usable; hold && j < found; j++)
+        if (q->blocks[j] >= 0) drop_block(c, q->blocks[j]);
+    for (int64_t j = ntr; !hold && j < usable; j++)
         if (c->ref[q->blocks[j]]++ == 0) lru_unlink(c, q->blocks[j]);
     q->n_blocks = usable;
+    if (!usable) q->n_trimmed = 0;
     if (c->recurrent && usable) {
         int32_t b = q->blocks[usable - 1];
         state_copy(c, q->state_slot, c->snap[b], true);
@@ -865,8 +946,9 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
     if (q->len && longrope_limit(&c->m->hp) >= 0) { /* ke_decode may need to feed them again */
         if (!q->toks) q->toks = malloc(sizeof(int32_t) * (size_t)c->p.n_ctx);
         if (!q->toks) { /* cannot keep them: give the blocks back */
-            for (int64_t j = 0; j < q->n_blocks; j++) drop_block(c, q->blocks[j]);
-            q->n_blocks = q->n_hashed = 0;
+            for (int64_t j = 0; j < q->n_blocks; j++)
+                if (q->blocks[j] >= 0) drop_block(c, q->blocks[j]);
+            q->n_blocks = q->n_hashed = q->n_trimmed = 0;
             q->len = 0;
             return 0;
         }
@@ -874,6 +956,7 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
     }
     c->prefix_hits += q->len;
     if (n_read || snap_from_disk) c->disk_hits += q->len;
+    else if (n_ram || snap_from_ram) c->ram_hits += q->len;
     return q->len;
 }
 
@@ -1504,7 +1587,7 @@ kiln_status ke_ctx_prefix_save(ke_ctx *c, const int32_t *tokens, int64_t n, cons
         const int32_t *t = tokens + found * bs;
         uint64_t h = block_hash(parent, t, bs);
         blk[found] = find_cached(c, h, parent, t);
-        if (blk[found] < 0 && c->disk) fromdisk[found] = disk_read(c, h, parent, t, false);
+        if (blk[found] < 0 && c->disk) fromdisk[found] = disk_read(c, h, parent, t, false, false, NULL);
         if (blk[found] < 0 && !fromdisk[found] && c->kv_floats) break; /* no keys and values: nothing to miss */
         bool snap = blk[found] >= 0 ? c->snap && c->snap[blk[found]] : fromdisk[found] && fromdisk[found]->has_snap;
         if (!c->recurrent || snap) usable = found + 1; /* a recurrent model resumes only at a snapshot */

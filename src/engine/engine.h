@@ -61,13 +61,22 @@ typedef struct {
     kp_options compile;
     int n_seq_max;    /* models with recurrent layers: sequences open at once (each holds a row of
                        * recurrent state, see ke_seq_open); 0: 32. Others: unused (no limit). */
-    int64_t state_cache_bytes; /* models with recurrent layers: memory for the state snapshots that let
-                                * prefix caching resume them (ke_seq_publish); 0: 256 MiB, < 0: none */
+    int64_t state_cache_bytes; /* the prefix cache's RAM beyond the KV pool (--cache-ram): the state snapshots
+                                * that let models with recurrent layers resume (ke_seq_publish), then the RAM
+                                * tier of the blocks the pool lets go (see ke_ctx_cache_flush);
+                                * 0: ke_cache_ram_default(), < 0: none */
+    bool no_ram_tier;          /* the blocks the pool lets go skip the RAM tier (state_cache_bytes then bounds
+                                * only the snapshots; tests of the disk tier) */
     const char *cache_dir;   /* the prefix cache's disk tier (below, "disk tier"); NULL: none */
     int64_t cache_dir_bytes; /* its size bound; 0: 10 GiB */
     bool pooling;     /* the caller reads hidden states or classification labels (src/embed); without it a
                        * model whose rows are not vocab-wide logits is refused */
 } ke_ctx_params;
+
+/* The default --cache-ram: MemAvailable (/proc/meminfo, read when called)
+ * divided by KE_CACHE_RAM_DIVISOR; 256 MiB when it cannot be read. */
+#define KE_CACHE_RAM_DIVISOR 4
+int64_t ke_cache_ram_default(void);
 
 /* Bytes ke_ctx_create(p) allocates for the KV cache, the recurrent state
  * rows and (the most) state snapshots take, per ke_memory. */
@@ -174,6 +183,11 @@ typedef struct {
     int64_t disk_writes;    /* blocks written */
     int64_t disk_bad;       /* files found corrupt, truncated or of another model or layout (misses) */
     int64_t disk_files, disk_bytes; /* now */
+    /* the RAM tier and its budget (ke_ctx_params.state_cache_bytes, resolved) */
+    int64_t ram_budget;
+    int64_t ram_hits;       /* of prefix_hits, tokens of prefixes restored from the RAM tier (none from disk) */
+    int64_t ram_blocks, ram_bytes; /* now: blocks in the RAM tier, and their bytes plus the pool's snapshots' */
+    int64_t ram_spills;     /* blocks the RAM tier moved to disk (or dropped, without one) to stay in budget */
 } ke_cache_stats;
 void ke_ctx_cache_stats(const ke_ctx *c, ke_cache_stats *out);
 
@@ -197,10 +211,15 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
  * kernels are batch invariant), so a resumed sequence computes what a cold
  * one does, bit for bit. */
 void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n);
-/* The disk tier (ke_ctx_params.cache_dir, src/kvdisk): a cached block the
- * pool recycles, a state snapshot the RAM budget drops, and at ke_ctx_free
- * (or ke_ctx_cache_flush) every published block not yet there, are written
- * to DIR as one file each, named by the block's chained prefix hash mixed
+/* The tiers below the pool (src/kvdisk). The RAM tier (within
+ * ke_ctx_params.state_cache_bytes, after the pool's state snapshots) keeps a
+ * copy of each cached block the pool recycles and of each block whose state
+ * snapshot the budget drops (keys, values, tokens, snapshot), least recently
+ * used moved to the disk tier (or dropped without one) when over budget; a
+ * hit moves the block back into the pool (bit for bit what was there).
+ * The disk tier (ke_ctx_params.cache_dir): what the RAM tier lets go, and
+ * at ke_ctx_free (or ke_ctx_cache_flush) every published block not yet
+ * there, are written to DIR as one file each, named by the block's chained prefix hash mixed
  * with the model's identity, holding the block's keys and values of every
  * layer, its tokens and its snapshot. ke_seq_reuse_prefix continues past
  * the blocks it finds in memory with the ones it finds on disk (taking
@@ -213,10 +232,11 @@ void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n);
  * what computing it gives, bit for bit, or is computed. The files survive a
  * restart; least recently used ones go when the size bound is reached. */
 void ke_ctx_cache_flush(ke_ctx *c);
-/* Forgets every cached block no sequence uses (each written to disk first
+/* Forgets every cached block no sequence uses (each moved to the RAM tier
+ * first, when there is one), and with ram the RAM tier too (moved to disk
  * when there is a disk tier): what a restart leaves of the cache, with the
  * compiled executables kept (kiln bench --multi-turn). */
-void ke_ctx_cache_drop(ke_ctx *c);
+void ke_ctx_cache_drop(ke_ctx *c, bool ram);
 
 /* Slot files (kiln serve's /slots/{id}?action=save|restore): the cached
  * prefix of tokens[0..n) (its full blocks in the cache, in memory or on the

@@ -1,4 +1,5 @@
-/* kvdisk.c: the disk tier's blob files (see kvdisk.h). */
+/* kvdisk.c: the prefix cache's blob store, a RAM tier over the disk tier's
+ * files (see kvdisk.h). */
 #include "kvdisk/kvdisk.h"
 
 #include <dirent.h>
@@ -22,11 +23,20 @@ typedef struct {
     uint64_t tick; /* last use; files found at open are ordered by modification time */
 } entry;
 
+typedef struct {
+    uint64_t key;
+    void *p;       /* the payload, malloc'ed */
+    size_t n;
+    uint64_t tick; /* last use */
+} ram_entry;
+
 struct kvd_store {
-    char *dir;
+    char *dir; /* NULL: the RAM tier only */
     int64_t max_bytes;
     entry *e;
     int64_t n, cap;
+    ram_entry *r; /* the RAM tier: blobs that have not gone to disk (yet) */
+    int64_t n_r, cap_r, ram_max;
     uint64_t tick;
     kvd_stats st;
 };
@@ -197,6 +207,10 @@ static int by_mtime(const void *a, const void *b) {
 
 kiln_status kvd_open(const char *dir, int64_t max_bytes, kvd_store **out) {
     *out = NULL;
+    if (!dir) {
+        if (!(*out = calloc(1, sizeof **out))) return kiln_error(KILN_ENOMEM, "out of memory");
+        return NULL;
+    }
     if (max_bytes <= 0) return kiln_error(KILN_EINVAL, "the disk cache's size bound must be positive");
     if (mkdir(dir, 0755) && errno != EEXIST) return kiln_error(KILN_EIO, "--cache-dir %s: %s", dir, strerror(errno));
     DIR *dh = opendir(dir);
@@ -242,18 +256,96 @@ kiln_status kvd_open(const char *dir, int64_t max_bytes, kvd_store **out) {
 
 void kvd_close(kvd_store *d) {
     if (!d) return;
+    kvd_set_ram(d, 0); /* what the RAM tier holds goes to disk */
+    free(d->r);
     free(d->e);
     free(d->dir);
     free(d);
 }
 
+/* ---------------------------------------------------------------- RAM tier */
+
+static int64_t ram_find(const kvd_store *d, uint64_t key) {
+    for (int64_t i = 0; i < d->n_r; i++)
+        if (d->r[i].key == key) return i;
+    return -1;
+}
+
+/* Removes RAM entry i, handing its buffer to the caller (*p) or freeing it. */
+static void ram_forget(kvd_store *d, int64_t i, void **p) {
+    if (p) *p = d->r[i].p;
+    else free(d->r[i].p);
+    d->st.ram_bytes -= (int64_t)d->r[i].n;
+    d->st.ram_blobs--;
+    d->r[i] = d->r[--d->n_r];
+}
+
+static bool disk_put(kvd_store *d, uint64_t key, const kvd_seg *segs, int n);
+
+/* Moves the least recently used RAM blob to disk (dropped without one). */
+static void ram_spill(kvd_store *d) {
+    int64_t lru = 0;
+    for (int64_t i = 1; i < d->n_r; i++)
+        if (d->r[i].tick < d->r[lru].tick) lru = i;
+    if (d->dir && disk_put(d, d->r[lru].key, &(kvd_seg){d->r[lru].p, d->r[lru].n}, 1)) {
+        d->e[d->n - 1].tick = d->r[lru].tick; /* keeps its place in the LRU order */
+        d->st.ram_spills++;
+    } else {
+        d->st.ram_drops++;
+    }
+    ram_forget(d, lru, NULL);
+}
+
+void kvd_set_ram(kvd_store *d, int64_t max_bytes) {
+    d->ram_max = max_bytes > 0 ? max_bytes : 0;
+    while (d->st.ram_bytes > d->ram_max && d->n_r > 0) ram_spill(d);
+}
+
+bool kvd_has_disk(const kvd_store *d) { return d->dir != NULL; }
+
 bool kvd_has(const kvd_store *d, uint64_t key, size_t *payload_len) {
+    int64_t r = ram_find(d, key);
+    if (r >= 0) {
+        if (payload_len) *payload_len = d->r[r].n;
+        return true;
+    }
+    if (!d->dir) return false;
     int64_t i = find(d, key);
     if (i >= 0 && payload_len) *payload_len = d->e[i].bytes >= HEAD + SUM ? (size_t)(d->e[i].bytes - HEAD - SUM) : 0;
     return i >= 0;
 }
 
 bool kvd_put(kvd_store *d, uint64_t key, const kvd_seg *segs, int n) {
+    size_t len = 0;
+    for (int i = 0; i < n; i++) len += segs[i].n;
+    int64_t r = ram_find(d, key);
+    if (r >= 0) ram_forget(d, r, NULL);
+    if ((int64_t)len > d->ram_max) return d->dir ? disk_put(d, key, segs, n) : (d->st.write_errors++, false);
+    if (d->n_r == d->cap_r) {
+        int64_t nc = d->cap_r ? d->cap_r * 2 : 256;
+        ram_entry *p = realloc(d->r, sizeof(ram_entry) * (size_t)nc);
+        if (!p) return d->dir ? disk_put(d, key, segs, n) : (d->st.write_errors++, false);
+        d->r = p;
+        d->cap_r = nc;
+    }
+    char *p = malloc(len ? len : 1);
+    if (!p) return d->dir ? disk_put(d, key, segs, n) : (d->st.write_errors++, false);
+    for (size_t i = 0, at = 0; i < (size_t)n; at += segs[i].n, i++) memcpy(p + at, segs[i].p, segs[i].n);
+    if (d->dir) {
+        int64_t old = find(d, key);
+        if (old >= 0) forget(d, old, true); /* superseded */
+    }
+    while (d->st.ram_bytes + (int64_t)len > d->ram_max && d->n_r > 0) ram_spill(d);
+    d->r[d->n_r++] = (ram_entry){key, p, len, ++d->tick};
+    d->st.ram_bytes += (int64_t)len;
+    d->st.ram_blobs++;
+    d->st.ram_writes++;
+    return true;
+}
+
+/* ---------------------------------------------------------------- disk tier */
+
+static bool disk_put(kvd_store *d, uint64_t key, const kvd_seg *segs, int n) {
     int64_t bytes = HEAD + SUM;
     for (int i = 0; i < n; i++) bytes += (int64_t)segs[i].n;
     int64_t old = find(d, key);
@@ -279,10 +371,25 @@ bool kvd_put(kvd_store *d, uint64_t key, const kvd_seg *segs, int n) {
     return true;
 }
 
-bool kvd_get(kvd_store *d, uint64_t key, void **out, size_t *len) {
+bool kvd_get(kvd_store *d, uint64_t key, bool take, void **out, size_t *len, bool *from_ram) {
     *out = NULL;
     *len = 0;
-    int64_t i = find(d, key);
+    if (from_ram) *from_ram = false;
+    int64_t r = ram_find(d, key);
+    if (r >= 0) {
+        *len = d->r[r].n;
+        if (take) {
+            ram_forget(d, r, out);
+        } else {
+            if (!(*out = malloc(*len ? *len : 1))) return false;
+            memcpy(*out, d->r[r].p, *len);
+            d->r[r].tick = ++d->tick;
+        }
+        if (from_ram) *from_ram = true;
+        d->st.ram_hits++;
+        return true;
+    }
+    int64_t i = d->dir ? find(d, key) : -1;
     if (i < 0) {
         d->st.misses++;
         return false;

@@ -160,6 +160,13 @@ void ksrv_metrics_render(ksrv_metrics *m, const ksch_stats *st, bool ready, ksrv
            "Files in --cache-dir found corrupt, truncated or of another model (read as misses).",
            (double)st->cache.disk_bad);
     scalar(b, "prefix_cache_disk_bytes", "gauge", "Bytes of the files in --cache-dir.", (double)st->cache.disk_bytes);
+    scalar(b, "prefix_cache_ram_hits_total", "counter",
+           "Prompt tokens of cached prefixes restored from the RAM tier (--cache-ram), none from --cache-dir.",
+           (double)st->cache.ram_hits);
+    scalar(b, "prefix_cache_ram_blocks", "gauge", "KV blocks in the RAM tier (--cache-ram).", (double)st->cache.ram_blocks);
+    scalar(b, "prefix_cache_ram_bytes", "gauge", "Bytes of the RAM tier's blocks and the state snapshots (--cache-ram).",
+           (double)st->cache.ram_bytes);
+    scalar(b, "prefix_cache_ram_budget_bytes", "gauge", "The --cache-ram bound in bytes.", (double)st->cache.ram_budget);
     scalar(b, "num_preemptions_total", "counter", "Sequences preempted (KV blocks released, prefilled again later).",
            (double)st->preemptions);
     scalar(b, "spec_decode_num_draft_tokens_total", "counter", "Speculative decoding: guessed tokens verified.",
