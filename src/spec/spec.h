@@ -76,6 +76,12 @@ typedef struct kspec kspec;
 kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *draft, kspec **out);
 void kspec_destroy(kspec *s);
 
+/* For benchmarks (kiln bench --force-ids): fn may change each logit row, a
+ * copy, before the sequence's session samples from it; i: the sequence's
+ * index in the round. NULL: none (the default). */
+typedef void (*kspec_logits_fn)(void *ud, int i, float *row);
+void kspec_set_logits_fn(kspec *s, kspec_logits_fn fn, void *ud);
+
 /* One sequence: its tokens so far (the prompt, then what was fed) and its
  * proposers' state (a sequence in the draft's context). */
 typedef struct kspec_seq kspec_seq;
