@@ -447,11 +447,11 @@ static kiln_status settle(kspec_seq *q, int32_t acc) {
     kspec *s = q->s;
     if (q->k > 0 && !q->from_draft) {
         if (acc == 0) {
-            q->cool = q->cool ? (q->cool * 2 < 32 ? q->cool * 2 : 32) : 1;
+            q->cool = q->cool ? (q->cool * 2 < 64 ? q->cool * 2 : 64) : 1;
             q->skip = q->cool;
             q->k_cur = q->k_cur / 2 > 1 ? q->k_cur / 2 : 1;
         } else {
-            q->cool = 0;
+            q->cool = acc == q->k ? 0 : q->cool / 2; /* a partial success: the back-off halves, it does not end */
             q->k_cur = acc == q->k ? (q->k_cur * 2 < s->p.lookahead ? q->k_cur * 2 : s->p.lookahead) : acc + 1;
         }
     }

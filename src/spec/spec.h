@@ -21,7 +21,8 @@
  *    continuation that reaches the end repeats itself, as an overlapping
  *    LZ77 copy: a loop goes on looping). It
  *    backs off when guesses fail: after a round with nothing accepted it skips
- *    1, 2, 4 ... 32 rounds (plain steps), and the length follows acceptance;
+ *    1, 2, 4 ... 64 rounds (plain steps; a partial success halves the wait),
+ *    and the length follows acceptance (4 first, doubled when all are kept);
  *  - a draft model (--model-draft DIR, same tokenizer, checked): its own
  *    context (a cache of the target's size, up to 64 sequences with
  *    recurrent state) on the same thread count, greedy, up to --draft-max tokens while
