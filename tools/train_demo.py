@@ -23,6 +23,8 @@ Pipeline (each step is deterministic; seeds are fixed below):
 
 Needs only Debian packages: python3-torch python3-numpy fortunes fortunes-min.
 Run:  /usr/bin/python3 tools/train_demo.py     (everything: ~20 min on 2 quiet cores)
+      /usr/bin/python3 tools/train_demo.py --draft   (models/kiln-demo-draft: a 2-layer
+                 draft with the same tokenizer, distilled from models/kiln-demo)
       /usr/bin/python3 tools/train_demo.py --reference-only   (steps 1, 2, 4 from the
                  committed checkpoint and tests/data/demo/training_info.json; no training)
 """
@@ -77,6 +79,12 @@ TRAIN_CFG = dict(
     grad_clip=1.0,
     threads=2,
 )
+# --draft: a small sibling with the same tokenizer, for speculative decoding (kiln
+# --model-draft), trained to predict the demo model's next-token distributions.
+DRAFT_CFG = dict(MODEL_CFG, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)
+# (shorter windows and fewer steps than the demo's: the teacher's forward doubles a step's cost)
+DRAFT_TRAIN_CFG = dict(TRAIN_CFG, seq_len=128, steps=240, warmup=24, lr=3e-3, threads=1)
 HELDOUT_EVERY = 20              # one fortune in 20 (after a seeded shuffle) is held out
 MAX_FORTUNE_CHARS = 700         # longer entries are stories, not fortunes
 CHAT_FRACTION = 0.15            # share of training fortunes also shown in ChatML form
@@ -760,9 +768,11 @@ def eval_loss(model, stream, T, B=16, max_windows=256):
     return tot / cnt
 
 
-def train(tok, train_stream, held_stream, log):
-    tc = TRAIN_CFG
-    cfg = dict(MODEL_CFG, vocab_size=VOCAB_SIZE)
+def train(tok, train_stream, held_stream, log, cfg=None, tc=None, teacher=None):
+    """teacher: None (next-token cross-entropy, the demo model) or a model whose
+    next-token distributions the new one learns (distillation, --draft)."""
+    tc = tc or TRAIN_CFG
+    cfg = cfg or dict(MODEL_CFG, vocab_size=VOCAB_SIZE)
     gen = torch.Generator().manual_seed(SEED)
     model = Llama(cfg, dropout=tc["dropout"])
     model.init_weights(gen)
@@ -790,7 +800,12 @@ def train(tok, train_stream, held_stream, log):
         starts = torch.randint(0, len(train_stream) - T - 1, (B,), generator=gen)
         x = train_stream[starts[:, None] + torch.arange(T + 1)[None]]
         logits = model(x[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        if teacher is None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        else:  # cross-entropy against the teacher's distribution (KL + its entropy)
+            with torch.no_grad():
+                target = F.softmax(teacher(x[:, :-1]), dim=-1)
+            loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
@@ -1102,6 +1117,119 @@ def sample(model, tok, n, seed, temperature=0.8, top_k=40, max_new=120):
     return outs
 
 
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
+@torch.no_grad()
+def agreement(draft, teacher, stream, T, B=16, max_windows=64):
+    """Share of positions of the first max_windows windows where the draft's top
+    token is the teacher's (what greedy speculation keeps)."""
+    n = min((len(stream) - 1) // T, max_windows)
+    same = cnt = 0
+    for s in range(0, n, B):
+        idx = torch.arange(s, min(s + B, n))[:, None] * T + torch.arange(T)[None]
+        x = stream[idx]
+        same += int((draft(x).argmax(-1) == teacher(x).argmax(-1)).sum())
+        cnt += x.numel()
+    return same / cnt
+
+
+def draft_card(info):
+    c = DRAFT_CFG
+    return f"""# kiln-demo-draft
+
+A draft model for speculative decoding with [kiln-demo](../kiln-demo): the same tokenizer
+(its `tokenizer.json` and `tokenizer_config.json`, copied byte for byte), a smaller Llama,
+trained by `tools/train_demo.py --draft` to predict kiln-demo's next-token distributions
+(distillation: cross-entropy against kiln-demo's softmax on the training fortunes). Use it as
+
+    kiln generate -m models/kiln-demo --model-draft models/kiln-demo-draft -p "..."
+    kiln bench -m models/kiln-demo --model-draft models/kiln-demo-draft -f PROMPT.txt
+
+Speculation never changes kiln's output; the draft only changes how many tokens each
+target step verifies.
+
+| | |
+|---|---|
+| architecture | `LlamaForCausalLM` (transformers), float32 |
+| parameters | {info['n_params']:,} (tied input/output embeddings) |
+| layers / hidden / MLP | {c['num_hidden_layers']} / {c['hidden_size']} / {c['intermediate_size']} (SwiGLU) |
+| attention | {c['num_attention_heads']} query heads, {c['num_key_value_heads']} KV heads, head_dim {c['head_dim']} |
+| context | {c['max_position_embeddings']} tokens |
+| file size | {info['file_bytes'] / 1e6:.1f} MB (`model.safetensors`) |
+
+Training: kiln-demo's corpus and training stream (chat copies included), its optimizer
+and schedule shape (AdamW, warm-up then cosine) with peak LR {DRAFT_TRAIN_CFG['lr']:g} and
+{DRAFT_TRAIN_CFG['steps']} steps of {DRAFT_TRAIN_CFG['batch_size']} windows of
+{DRAFT_TRAIN_CFG['seq_len']} tokens ({DRAFT_TRAIN_CFG['steps'] * DRAFT_TRAIN_CFG['batch_size'] * DRAFT_TRAIN_CFG['seq_len']:,}
+tokens, under one pass), seed {SEED}, targets from kiln-demo; {info['train_secs'] / 60:.1f}
+minutes ({info['cpu']}){info.get('load_note', '')}. A longer run would make a better draft.
+
+| | |
+|---|---|
+| distillation loss, mean of the last 50 steps (nats/token) | {info['final_train_loss']:.4f} |
+| held-out next-token loss (first 256 windows) | {info['heldout_loss']:.4f} (kiln-demo: {info['teacher_heldout_loss']:.4f}) |
+| top-1 agreement with kiln-demo, held-out (first 64 windows) | {100 * info['agreement']:.1f}% |
+
+The corpus and its licence are kiln-demo's (see its model card): the fortune cookie files
+of Debian's `fortunes` and `fortunes-min` packages, BSD licence.
+
+Reproduce: `/usr/bin/python3 tools/train_demo.py --draft` (needs models/kiln-demo).
+"""
+
+
+def main_draft(args, log):
+    """--draft: trains DRAFT_CFG into args.out from the committed demo model; writes
+    nothing else."""
+    import shutil
+    src = os.path.join(ROOT, "models/kiln-demo")
+    out = os.path.join(ROOT, args.out)
+    if os.path.realpath(out) == os.path.realpath(src):
+        sys.exit("--draft: --out must not be the demo model's folder")
+    os.makedirs(out, exist_ok=True)
+    train_set, held_set = load_corpus()
+    with open(os.path.join(src, "tokenizer.json")) as f:
+        tj = json.load(f)
+    tok = Tokenizer([tuple(m) for m in tj["model"]["merges"]])
+    assert tok.vocab == tj["model"]["vocab"], "models/kiln-demo/tokenizer.json: not this script's"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(src, name), os.path.join(out, name))
+    train_stream = build_stream(tok, train_set, random.Random(SEED + 1))
+    held_stream = build_stream(tok, held_set)
+    torch.set_num_threads(DRAFT_TRAIN_CFG["threads"])
+    teacher = load_model(src)
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    teacher.train()  # the cheaper attention of the training forward (same maths); no dropout
+    cfg = dict(DRAFT_CFG, vocab_size=VOCAB_SIZE)
+    trained, secs, n_params, last_loss, _ = train(tok, train_stream, held_stream, log, cfg,
+                                                   DRAFT_TRAIN_CFG, teacher)
+    write_json(os.path.join(out, "config.json"), hf_config(cfg))
+    write_json(os.path.join(out, "generation_config.json"), GENERATION_CONFIG)
+    path = os.path.join(out, "model.safetensors")
+    write_safetensors(path, state_for_checkpoint(trained))
+    model = load_model(out)
+    for name, t in trained.state_dict().items():
+        assert torch.equal(t, model.state_dict()[name]), name
+    teacher.eval()
+    cpu = cpu_name()
+    T = DRAFT_TRAIN_CFG["seq_len"]
+    info = dict(n_params=n_params, file_bytes=os.path.getsize(path), train_secs=secs,
+                cpu=f"{cpu}, {DRAFT_TRAIN_CFG['threads']} threads", final_train_loss=last_loss,
+                heldout_loss=eval_loss(model, held_stream, T),
+                teacher_heldout_loss=eval_loss(teacher, held_stream, T),
+                agreement=agreement(model, teacher, held_stream, T))
+    log(f"draft: held-out loss {info['heldout_loss']:.4f} (demo {info['teacher_heldout_loss']:.4f}), "
+        f"top-1 agreement {100 * info['agreement']:.1f}%")
+    with open(os.path.join(out, "README.md"), "w") as f:
+        f.write(draft_card(info))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="models/kiln-demo")
@@ -1109,9 +1237,19 @@ def main():
     ap.add_argument("--reference-only", action="store_true",
                     help="do not train: rebuild tokenizer data and tests/data/demo from the "
                          "checkpoint in --out")
-    ap.add_argument("--steps", type=int, default=TRAIN_CFG["steps"])
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--draft", action="store_true",
+                    help="train the small draft model (same tokenizer, for speculative "
+                         "decoding) into --out (default models/kiln-demo-draft) from the "
+                         "demo model in models/kiln-demo; writes nothing else")
     args = ap.parse_args()
-    TRAIN_CFG["steps"] = args.steps
+    if args.draft:
+        if args.out == "models/kiln-demo":
+            args.out = "models/kiln-demo-draft"
+        if args.steps:
+            DRAFT_TRAIN_CFG["steps"] = args.steps
+    elif args.steps:
+        TRAIN_CFG["steps"] = args.steps
     out = os.path.join(ROOT, args.out)
     data = os.path.join(ROOT, args.data)
     os.makedirs(out, exist_ok=True)
@@ -1125,6 +1263,8 @@ def main():
     def log(msg):
         print(msg, flush=True)
 
+    if args.draft:
+        return main_draft(args, log)
     t_all = time.time()
     train_set, held_set = load_corpus()
     log(f"corpus: {len(train_set)} train fortunes, {len(held_set)} held out")
@@ -1180,12 +1320,7 @@ def main():
         write_json(os.path.join(out, "config.json"), hf_config(trained.cfg))
         write_safetensors(os.path.join(out, "model.safetensors"),
                           state_for_checkpoint(trained))
-        cpu = "unknown CPU"
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
+        cpu = cpu_name()
         write_json(info_path, dict(
             train_secs=secs, n_params=n_params, final_train_loss=last_loss,
             train_tokens=len(train_stream), cpu=f"{cpu}, {TRAIN_CFG['threads']} threads",

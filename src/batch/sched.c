@@ -11,6 +11,7 @@
 #include "grammar/grammar.h"
 
 const int64_t ksch_batch_buckets[12] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, INT64_MAX};
+const int64_t ksch_spec_buckets[KSCH_SPEC_BUCKETS] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 64, INT64_MAX};
 
 /* Text of a token without a tokenizer: none. */
 static const char *no_text(void *ud, int32_t id, size_t *len) {
@@ -936,6 +937,16 @@ bool ksch_step(ksch *s) {
             }
             for (int i = 0; i < s->n_running;) {
                 seq *q = s->running[i];
+                int32_t kept = q->kept < 0 ? -1 - q->kept : q->kept;
+                if (q->k > 0) { /* the round's guesses, counted also when it ended the sequence */
+                    s->local.spec_draft_tokens += q->k;
+                    s->local.spec_accepted_tokens += kept;
+                    s->local.spec_drafts++;
+                    int hb = 0;
+                    while (ksch_spec_buckets[hb] < kept) hb++;
+                    s->local.spec_accept_hist[hb]++;
+                    q->n_draft += q->k, q->n_accepted += kept;
+                }
                 if (q->done) {
                     run_remove(s, i);
                     kiln_status e = q->end_err;
@@ -944,10 +955,6 @@ bool ksch_step(ksch *s) {
                     continue;
                 }
                 if (q->k > 0) { /* cut what the rejected guesses left in the cache */
-                    int32_t kept = q->kept < 0 ? -1 - q->kept : q->kept;
-                    s->local.spec_draft_tokens += q->k;
-                    s->local.spec_accepted_tokens += kept;
-                    q->n_draft += q->k, q->n_accepted += kept;
                     kiln_status e = kspec_seq_settle(q->sp, kept);
                     if (!e && kept < q->k) e = ke_seq_truncate(s->c, q->ke, ke_ctx_recurrent(s->c) ? q->len0 : q->len0 + 1 + kept);
                     if (e) { /* cannot happen: the step's own blocks and checkpoint */

@@ -134,6 +134,7 @@ bool ksch_wait(ksch *s);
 void ksch_run(ksch *s);
 void ksch_stop(ksch *s);
 
+#define KSCH_SPEC_BUCKETS 16
 typedef struct {
     int64_t running, waiting;
     int64_t steps, batch_tokens;   /* steps run, tokens decoded in them */
@@ -141,12 +142,16 @@ typedef struct {
     int64_t prompt_tokens, generated_tokens; /* computed prompt tokens (admissions), sampled tokens */
     int64_t preemptions;
     int64_t spec_draft_tokens, spec_accepted_tokens; /* guesses verified, of which kept */
+    int64_t spec_drafts;           /* rounds with guesses (a sequence's step verifying k > 0) */
+    int64_t spec_accept_hist[KSCH_SPEC_BUCKETS]; /* those rounds by guesses kept: <= 0, 1, ... 64, more */
     ke_cache_stats cache;          /* as of the last step */
 } ksch_stats;
 /* A snapshot, consistent as of the end of the last step. */
 void ksch_get_stats(ksch *s, ksch_stats *out);
 /* Upper bounds of batch_hist's buckets (the last is +Inf). */
 extern const int64_t ksch_batch_buckets[12];
+/* Upper bounds of spec_accept_hist's buckets (the last is +Inf). */
+extern const int64_t ksch_spec_buckets[KSCH_SPEC_BUCKETS];
 
 /* ---- calls and slots ----
  * ksch_call runs fn(s, ud) on the stepping thread between two steps (where

@@ -173,6 +173,8 @@ void ksrv_metrics_render(ksrv_metrics *m, const ksch_stats *st, bool ready, ksrv
            (double)st->spec_draft_tokens);
     scalar(b, "spec_decode_num_accepted_tokens_total", "counter", "Speculative decoding: guessed tokens kept.",
            (double)st->spec_accepted_tokens);
+    scalar(b, "spec_decode_num_drafts_total", "counter", "Speculative decoding: drafts verified (sequence steps with guesses).",
+           (double)st->spec_drafts);
     head(b, "request_success_total", "counter", "Sequences finished, by finish reason.");
     ksrv_buf_printf(b, "kiln_request_success_total{finished_reason=\"stop\"} %lld\n", (long long)m->success[0]);
     ksrv_buf_printf(b, "kiln_request_success_total{finished_reason=\"length\"} %lld\n", (long long)m->success[1]);
@@ -196,4 +198,9 @@ void ksrv_metrics_render(ksrv_metrics *m, const ksch_stats *st, bool ready, ksrv
     memcpy(count, st->batch_hist, sizeof count);
     histogram(b, "iteration_tokens", "Tokens decoded per engine step (batch size).", le, 11, count,
               (double)st->batch_tokens, st->steps);
+    /* speculation: guesses kept per round that had guesses (vLLM's acceptance length less one) */
+    double sle[KSCH_SPEC_BUCKETS - 1];
+    for (int i = 0; i < KSCH_SPEC_BUCKETS - 1; i++) sle[i] = (double)ksch_spec_buckets[i];
+    histogram(b, "spec_decode_accepted_tokens_per_draft", "Speculative decoding: guessed tokens kept per verified draft.", sle,
+              KSCH_SPEC_BUCKETS - 1, st->spec_accept_hist, (double)st->spec_accepted_tokens, st->spec_drafts);
 }

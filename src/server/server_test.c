@@ -1022,6 +1022,33 @@ KT_TEST(server_recurrent_model) {
     finish(&f);
 }
 
+/* The histogram of guesses kept per draft: one observation per draft, the
+ * kept guesses as its sum, cumulative buckets; the buckets up to 8 are single
+ * values, so the observations in them add up to what they say. */
+static void check_accept_histogram(const char *mt) {
+    const char *h = "kiln_spec_decode_accepted_tokens_per_draft";
+    char name[128];
+    int drafts = metric(mt, "kiln_spec_decode_num_drafts_total"), acc = metric(mt, "kiln_spec_decode_num_accepted_tokens_total");
+    KT_CHECKF(drafts > 0, "no drafts counted");
+    snprintf(name, sizeof name, "%s_count", h);
+    KT_CHECK_EQ(metric(mt, name), drafts);
+    snprintf(name, sizeof name, "%s_sum", h);
+    KT_CHECK_EQ(metric(mt, name), acc);
+    snprintf(name, sizeof name, "%s_bucket{le=\"+Inf\"}", h);
+    KT_CHECK_EQ(metric(mt, name), drafts);
+    int prev = 0, low = 0;
+    for (int v = 0; v <= 8; v++) {
+        snprintf(name, sizeof name, "%s_bucket{le=\"%d\"}", h, v);
+        int c = metric(mt, name);
+        KT_CHECKF(c >= prev && c <= drafts, "bucket le=%d: %d after %d (of %d)", v, c, prev, drafts);
+        low += v * (c - prev);
+        prev = c;
+    }
+    /* the drafts above 8 kept at least 9 each, and at most lookahead (10) or draft_max (4) */
+    KT_CHECKF(low + 9 * (drafts - prev) <= acc && acc <= low + 10 * (drafts - prev), "sum %d: buckets say %d + %d drafts over 8", acc,
+              low, drafts - prev);
+}
+
 /* Speculative decoding in the server (prompt lookup and the model as its own
  * draft): the same tokens as without it, greedy and seeded n = 2, and the
  * Prometheus counters count the guesses. */
@@ -1071,6 +1098,7 @@ KT_TEST(server_speculative_same_tokens) {
     KT_CHECK_EQ(http(&f, "GET", "/metrics", NULL, NULL, &m), 200);
     KT_CHECK(metric(m.body.p, "kiln_spec_decode_num_draft_tokens_total") > 0);
     KT_CHECK(metric(m.body.p, "kiln_spec_decode_num_accepted_tokens_total") >= 0);
+    check_accept_histogram(m.body.p);
     ksrv_buf_free(&m.body);
     finish(&f);
 }

@@ -143,6 +143,9 @@ struct kspec {
     ke_ctx *hc;
     float *mbuf;
     const float **erow;
+    kspec_logits_fn lfn; /* kspec_set_logits_fn, and its copy of a row [vocab] */
+    void *lud;
+    float *lrow;
 };
 
 struct kspec_seq {
@@ -218,8 +221,22 @@ kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *
     return NULL;
 }
 
+void kspec_set_logits_fn(kspec *s, kspec_logits_fn fn, void *ud) { s->lfn = fn, s->lud = ud; }
+
+/* The row the session samples from: lg itself, or a copy changed by the logits fn. */
+static kiln_status logits_row(kspec *s, int i, const float *lg, const float **out) {
+    *out = lg;
+    if (!s->lfn) return NULL;
+    if (!s->lrow && !(s->lrow = malloc(sizeof(float) * (size_t)s->vocab))) return kiln_error(KILN_ENOMEM, "out of memory");
+    memcpy(s->lrow, lg, sizeof(float) * (size_t)s->vocab);
+    s->lfn(s->lud, i, s->lrow);
+    *out = s->lrow;
+    return NULL;
+}
+
 void kspec_destroy(kspec *s) {
     if (!s) return;
+    free(s->lrow);
     ke_ctx_free(s->d);
     ke_ctx_free(s->hc), ke_model_free(s->hm), ke_ctx_free(s->mc), kspec_mtp_free(s->mtp), free(s->mbuf), free(s->erow);
     free(s->tok), free(s->refeed), free(s->seq), free(s->reseq), free(s->want), free(s->len0);
@@ -252,7 +269,7 @@ kiln_status kspec_seq_create(kspec *s, int seq, const int32_t *prompt, int32_t n
     q->s = s;
     q->seq = seq;
     q->dseq = q->hseq = q->mseq = -1;
-    q->k_cur = s->p.lookahead;
+    q->k_cur = s->p.lookahead < 4 ? s->p.lookahead : 4; /* a first guess that fails costs 4 rows; kept ones double it */
     int32_t mg = max_guess(s);
     q->guess = malloc(sizeof(int32_t) * (size_t)(mg > 0 ? mg : 1));
     kiln_status st = q->guess ? push_hist(q, prompt, n_prompt) : kiln_error(KILN_ENOMEM, "out of memory");
@@ -430,11 +447,11 @@ static kiln_status settle(kspec_seq *q, int32_t acc) {
     kspec *s = q->s;
     if (q->k > 0 && !q->from_draft) {
         if (acc == 0) {
-            q->cool = q->cool ? (q->cool * 2 < 32 ? q->cool * 2 : 32) : 1;
+            q->cool = q->cool ? (q->cool * 2 < 64 ? q->cool * 2 : 64) : 1;
             q->skip = q->cool;
             q->k_cur = q->k_cur / 2 > 1 ? q->k_cur / 2 : 1;
         } else {
-            q->cool = 0;
+            q->cool = acc == q->k ? 0 : q->cool / 2; /* a partial success: the back-off halves, it does not end */
             q->k_cur = acc == q->k ? (q->k_cur * 2 < s->p.lookahead ? q->k_cur * 2 : s->p.lookahead) : acc + 1;
         }
     }
@@ -513,7 +530,9 @@ kiln_status kspec_round(kspec *s, int n, kspec_seq *const *q, kgen_session *cons
         int32_t acc = 0;
         for (int32_t j = 0; j <= x->k; j++) {
             kgen_step st;
-            KILN_TRY(kgen_session_step(g[i], lg + (row + j) * s->vocab, &st));
+            const float *r;
+            KILN_TRY(logits_row(s, i, lg + (row + j) * s->vocab, &r));
+            KILN_TRY(kgen_session_step(g[i], r, &st));
             KILN_TRY(emit(ud, i, &st));
             pending[i] = st.token;
             fin[i] = st.finish;
@@ -556,6 +575,7 @@ kiln_status kspec_generate(kspec *s, kspec_seq *q, kgen_session *g, const float 
     *fin = kgen_session_start(g);
     if (*fin != KGEN_CONTINUE) return NULL;
     kgen_step st;
+    KILN_TRY(logits_row(s, 0, logits, &logits));
     KILN_TRY(kgen_session_step(g, logits, &st));
     KILN_TRY(emit(ud, 0, &st));
     *fin = st.finish;

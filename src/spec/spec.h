@@ -21,7 +21,8 @@
  *    continuation that reaches the end repeats itself, as an overlapping
  *    LZ77 copy: a loop goes on looping). It
  *    backs off when guesses fail: after a round with nothing accepted it skips
- *    1, 2, 4 ... 32 rounds (plain steps), and the length follows acceptance;
+ *    1, 2, 4 ... 64 rounds (plain steps; a partial success halves the wait),
+ *    and the length follows acceptance (4 first, doubled when all are kept);
  *  - a draft model (--model-draft DIR, same tokenizer, checked): its own
  *    context (a cache of the target's size, up to 64 sequences with
  *    recurrent state) on the same thread count, greedy, up to --draft-max tokens while
@@ -75,6 +76,12 @@ kiln_status kspec_load_draft(const char *dir, const ke_model *target, const char
 typedef struct kspec kspec;
 kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *draft, kspec **out);
 void kspec_destroy(kspec *s);
+
+/* For benchmarks (kiln bench --force-ids): fn may change each logit row, a
+ * copy, before the sequence's session samples from it; i: the sequence's
+ * index in the round. NULL: none (the default). */
+typedef void (*kspec_logits_fn)(void *ud, int i, float *row);
+void kspec_set_logits_fn(kspec *s, kspec_logits_fn fn, void *ud);
 
 /* One sequence: its tokens so far (the prompt, then what was fed) and its
  * proposers' state (a sequence in the draft's context). */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ckpt/ckpt_test.h"
 #include "engine/fixture_test.h"
@@ -393,6 +394,29 @@ KT_TEST(spec_generate_cli_identical) {
             KT_CHECK(run_json(bin, args, got, sizeof got));
             KT_CHECKF(!strcmp(ref, got), "kiln generate %s:\n%s\nwithout speculation:\n%s", args, got, ref);
         }
+    }
+}
+
+/* The committed trained draft (tools/train_demo.py --draft): the demo model's
+ * output with it is the output without it, greedy and seeded. */
+KT_TEST(spec_generate_cli_demo_draft) {
+    const char *bin = getenv("KILN_BIN");
+    char draft[4096];
+    kt_path(draft, sizeof draft, "models/kiln-demo-draft");
+    if (!bin || access(draft, F_OK) != 0) {
+        kt_skip(!bin ? "KILN_BIN is not set (make test sets it)" : "models/kiln-demo-draft is missing");
+        return;
+    }
+    static const char *const cases[] = {"-p 'The secret of success is' -n 80 --temp 0 --ignore-eos",
+                                        "-p 'Tell me a fortune.' -n 80 --temp 0.8 --seed 5 --repeat-penalty 1.1 --ignore-eos"};
+    static char ref[1 << 16], got[1 << 16];
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char args[8192];
+        KT_CHECK(run_json(bin, cases[c], ref, sizeof ref));
+        KT_CHECKF(strstr(ref, "\"generated_ids\": [") != NULL, "no output: %s", ref);
+        snprintf(args, sizeof args, "%s --model-draft %s --draft-max 6 --draft-p-min 0.3", cases[c], draft);
+        KT_CHECK(run_json(bin, args, got, sizeof got));
+        KT_CHECKF(!strcmp(ref, got), "kiln generate %s:\n%s\nwithout speculation:\n%s", args, got, ref);
     }
 }
 
