@@ -54,7 +54,7 @@ static void usage(FILE *f) {
  * the same arguments (no standard input, no server, no timing-driven loops
  * around the model). */
 static bool tp_command(const char *name) {
-    static const char *const ok[] = {"generate", "validate", "bench", "bench-batch", "perplexity", "export", "info", NULL};
+    static const char *const ok[] = {"generate", "validate", "bench", "bench-batch", "perplexity", "export", "info", "serve", NULL};
     for (int i = 0; ok[i]; i++)
         if (!strcmp(name, ok[i])) return true;
     return false;
@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[1], commands[i].name)) {
             if (kd_tp_size() > 1 && !tp_command(argv[1])) {
                 fprintf(stderr, "kiln %s: --tp is not supported by this command yet (generate, validate, bench, "
-                                "bench-batch, perplexity, export and info are)\n", argv[1]);
+                                "bench-batch, perplexity, export, info and serve are)\n", argv[1]);
                 kd_abort(1);
             }
             /* a job's processes all run the command; rank 0 prints */

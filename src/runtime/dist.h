@@ -31,6 +31,12 @@ int kd_size(void);
 /* The tensor-parallel layout graph builds shard for (1, 0 unless kd_init set it). */
 int kd_tp_size(void);
 int kd_tp_rank(void);
+/* True (the default) while every process runs the same command on the same
+ * inputs and so takes part in broadcasts outside the graph (a fresh
+ * sampling seed: gen/sampler.c); false once a server's rank 0 drives the
+ * others through engine/mirror.c (serve --tp), which only follow steps. */
+bool kd_lockstep(void);
+void kd_set_lockstep(bool on);
 /* For tests: build graphs for rank `rank` of `size` (the collectives then
  * still run on this job's processes). */
 void kd_set_tp(int size, int rank);
@@ -43,6 +49,11 @@ void kd_all_gather(const void *in, size_t bytes, void *out);
 void kd_send_recv(const void *send, int to, void *recv, int from, size_t bytes);
 /* root's buf to every process. */
 void kd_broadcast(void *buf, size_t bytes, int root);
+/* The same, for a process that may wait long (a server's follower between
+ * requests): it polls and sleeps instead of spinning on a core. Every
+ * process of one broadcast must call this one (MPI does not match a
+ * nonblocking broadcast with a blocking one). */
+void kd_broadcast_idle(void *buf, size_t bytes, int root);
 
 /* Ends the whole job now with exit status code (MPI_Abort with several
  * processes, so that no process waits forever on one that failed). */
