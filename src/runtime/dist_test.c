@@ -172,6 +172,115 @@ KT_TEST(dist_tp2_bench_reports_each_rank) {
     kt_run_free(&p);
 }
 
+/* ---------------------------------------------------------------- pipeline stages */
+
+static void fixtures(char *launch, size_t cap, const char *const *fx, int n) {
+    char d[4096];
+    for (int i = 0; i < n; i++) {
+        fixture(d, sizeof d, fx[i]);
+        strncat(launch, " ", cap - strlen(launch) - 1);
+        strncat(launch, d, cap - strlen(launch) - 1);
+    }
+}
+
+/* The PASS lines of a validate run (its figures), without the rest. */
+static void pass_lines(const char *out, char *buf, size_t cap) {
+    buf[0] = 0;
+    for (const char *p = strstr(out, "PASS "); p; p = strstr(p + 1, "\nPASS ")) {
+        if (*p == '\n') p++;
+        const char *e = strchr(p, '\n');
+        size_t n = e ? (size_t)(e - p + 1) : strlen(p);
+        strncat(buf, p, n < cap - strlen(buf) - 1 ? n : cap - strlen(buf) - 1);
+    }
+}
+
+/* --pp 2: the oracle gate on dense (f32, bf16, q4, q8), MoE (f32, q4) and a
+ * Mamba/attention hybrid, each stage running one of the two layers; the
+ * figures are the one-process run's to the last digit (the stages run the
+ * same kernels on the same rows: only the hand-off is new). */
+KT_TEST(dist_pp2_validate_equals_one_process) {
+    NEED_MPI();
+    static const char *fx[] = {"llama", "mixtral", "falcon_h1"};
+    char launch[16384] = "-np 2 BIN validate --pp 2 -t 1", args[8192] = "validate -t 1";
+    fixtures(launch, sizeof launch, fx, 3);
+    fixtures(args, sizeof args, fx, 3);
+    kt_proc one, pp;
+    KT_CHECK(kt_run_kiln(args, NULL, &one) == 0);
+    run_mpi(launch, &pp);
+    KT_CHECKF(pp.status == 0 && strstr(pp.out, "8 passed, 0 failed"), "status %d\n%s\n%s", pp.status, pp.out, pp.err);
+    static char a[16384], b[16384];
+    pass_lines(one.out, a, sizeof a);
+    pass_lines(pp.out, b, sizeof b);
+    KT_CHECKF(a[0] && !strcmp(a, b), "one process:\n%s\n--pp 2:\n%s", a, b);
+    kt_run_free(&one), kt_run_free(&pp);
+}
+
+/* --tp 2 --pp 2 on four processes: the gate on dense, MoE and hybrid. */
+KT_TEST(dist_tp2_pp2_validate_fixture_kinds) {
+    NEED_MPI();
+    static const char *fx[] = {"llama", "mixtral", "falcon_h1", "kilnref_llama"};
+    char launch[16384] = "-np 4 BIN validate --tp 2 --pp 2 -t 1";
+    fixtures(launch, sizeof launch, fx, 4);
+    kt_proc p;
+    run_mpi(launch, &p);
+    bool ok = p.status == 0 && strstr(p.out, "9 passed, 0 failed");
+    KT_CHECKF(ok, "status %d\n%s\n%s", p.status, p.out, p.err);
+    kt_run_free(&p);
+}
+
+/* Greedy ids of the one-process run under --pp 2, --pp 2 with an uneven
+ * --pp-layers split, and --tp 2 --pp 2, dense and MoE. */
+KT_TEST(dist_pp_generate_equals_one_process) {
+    NEED_MPI();
+    static const char *fx[] = {"kilnref_llama", "mixtral"};
+    for (int f = 0; f < 2; f++) {
+        char d[2048], args[4096], launch[8192];
+        fixture(d, sizeof d, fx[f]);
+        snprintf(args, sizeof args, "generate -m %s --prompt-ids 1,5,9,22 -n 20 --json -t 1 --temp 0", d);
+        kt_proc one;
+        KT_CHECK(kt_run_kiln(args, NULL, &one) == 0 && one.status == 0);
+        const char *a = strstr(one.out, "\"generated_ids\"");
+        KT_CHECK(a);
+        for (int k = 0; a && k < 3; k++) {
+            snprintf(launch, sizeof launch, "-np %d BIN %s %s%s", k == 2 ? 4 : 2, args, k == 2 ? "--tp 2 --pp 2" : "--pp 2",
+                     k == 1 ? (f == 0 ? " --pp-layers 1,2" : " --pp-layers 1,1") : ""); /* kilnref_llama: 3 layers, mixtral 2 */
+            kt_proc pp;
+            run_mpi(launch, &pp);
+            const char *b = strstr(pp.out, "\"generated_ids\"");
+            KT_CHECKF(pp.status == 0 && b, "%s: status %d: %s", launch, pp.status, pp.err);
+            if (b) KT_CHECKF(!strncmp(a, b, (size_t)(strchr(a, ']') - a)), "%s\none process: %.200s\nsplit: %.200s", launch, a, b);
+            kt_run_free(&pp);
+        }
+        kt_run_free(&one);
+    }
+}
+
+/* launch fails (not by the time limit) with want in its output or errors. */
+static void fails_with(const char *launch, const char *want) {
+    kt_proc p;
+    run_mpi(launch, &p);
+    KT_CHECKF(p.status != 0 && p.status != 124 && (strstr(p.out, want) || strstr(p.err, want)), "%s: status %d: %s\n%s", launch,
+              p.status, p.out, p.err);
+    kt_run_free(&p);
+}
+
+/* A split that does not fit the model, and a job of the wrong size: errors naming them. */
+KT_TEST(dist_pp_errors) {
+    NEED_MPI();
+    kt_proc p;
+    KT_CHECK(kt_run_kiln("validate --pp 2 --pp-layers 1 /nonexistent", NULL, &p) == 0);
+    KT_CHECKF(p.status == 1 && strstr(p.err, "--pp-layers: 1 stages' layers for --pp 2"), "status %d: %s", p.status, p.err);
+    kt_run_free(&p);
+    char d[2048], launch[8192];
+    fixture(d, sizeof d, "llama");
+    static const char *const cases[][2] = {{"--pp 2 --pp-layers 1,3", "add up to 4; the model has 2"},
+                                           {"--tp 2 --pp 2", "not tp x pp = 4"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(launch, sizeof launch, "-np 2 BIN validate %s -t 1 %s", cases[i][0], d);
+        fails_with(launch, cases[i][1]);
+    }
+}
+
 /* ---------------------------------------------------------------- serve --tp */
 
 /* A server in the background: `sh -c "exec CMD 2> err"`; its port once it
@@ -299,9 +408,9 @@ static void completions(int port, char toks[N_PROMPTS][2048]) {
     }
 }
 
-/* mpirun -np 2 kiln serve --tp 2: rank 0 serves and schedules, rank 1
- * follows its steps; greedy completions (alone and batched together) give
- * the ids of the one-process server. */
+/* mpirun -np 2 kiln serve --tp 2 (and --pp 2): rank 0 serves and
+ * schedules, rank 1 follows its steps; greedy completions (alone and
+ * batched together) give the ids of the one-process server. */
 KT_TEST(dist_tp2_serve_equals_one_process) {
     NEED_MPI();
     char d[2048], launch[8192], args[16384], cmd[20000];
@@ -318,18 +427,23 @@ KT_TEST(dist_tp2_serve_equals_one_process) {
         if (one.port) completions(one.port, ref);
         KT_CHECK(bg_end(&one, true, 20000) == 0);
         /* two */
-        snprintf(launch, sizeof launch, "-x KILN_SERVE_STEP_DELAY_US=20000 -np 2 BIN %s -m %s --tp 2", serve, d);
-        mpi_args(launch, args, sizeof args);
-        snprintf(cmd, sizeof cmd, "timeout %s", args);
-        bg_server tp;
-        bg_start(&tp, cmd);
-        char *err = bg_err(&tp);
-        KT_CHECKF(tp.port > 0 && strstr(err, "rank 1 of 2: following rank 0"), "%s", err);
-        free(err);
-        if (tp.port) completions(tp.port, got);
-        for (int i = 0; i < N_PROMPTS; i++)
-            KT_CHECKF(ref[i][0] && !strcmp(ref[i], got[i]), "%s prompt %d: one process %s, --tp 2 %s", fx[f], i, ref[i], got[i]);
-        bg_end(&tp, true, 20000); /* SIGTERM ends an MPI job with a non-zero status (tp_signal) */
+        static const char *split[] = {"--tp 2", "--pp 2"}; /* two tensor ranks; two pipeline stages */
+        for (int k = 0; k < 2; k++) {
+            snprintf(launch, sizeof launch, "-x KILN_SERVE_STEP_DELAY_US=20000 -np 2 BIN %s -m %s %s", serve, d, split[k]);
+            mpi_args(launch, args, sizeof args);
+            snprintf(cmd, sizeof cmd, "timeout %s", args);
+            bg_server tp;
+            bg_start(&tp, cmd);
+            char *err = bg_err(&tp);
+            KT_CHECKF(tp.port > 0 && strstr(err, "rank 1 of 2: following rank 0"), "%s", err);
+            free(err);
+            memset(got, 0, sizeof got);
+            if (tp.port) completions(tp.port, got);
+            for (int i = 0; i < N_PROMPTS; i++)
+                KT_CHECKF(ref[i][0] && !strcmp(ref[i], got[i]), "%s prompt %d: one process %s, %s %s", fx[f], i, ref[i], split[k],
+                          got[i]);
+            bg_end(&tp, true, 20000); /* SIGTERM ends an MPI job with a non-zero status (tp_signal) */
+        }
     }
 }
 
