@@ -578,9 +578,9 @@ int kiln_cmd_bench(int argc, char **argv) {
                        rs[i]->tokens, rs[i]->med, rs[i]->lo, rs[i]->hi);
         if (bt.done) printf(", \"batch_size\": %lld", (long long)B);
         if (n_ranks > 1 && rank_mib) {
-            printf(", \"tp\": %d, \"peak_rss_mib_per_rank\": [", n_ranks);
+            printf(", \"tp\": %d, \"peak_rss_mib_per_rank\": [", kd_tp_size());
             for (int i = 0; i < n_ranks; i++) printf("%s%.1f", i ? ", " : "", rank_mib[i]);
-            printf("]");
+            printf("], \"pp\": %d", kd_pp_size());
         }
         if (tg.done && roof > 0) printf(", \"tg_roofline_fraction\": %.4f", tg.med / roof);
         printf("}\n");
@@ -589,7 +589,7 @@ int kiln_cmd_bench(int argc, char **argv) {
                (long long)hp->hidden, (long long)hp->vocab);
         printf("threads    %d, isa %s, load %.2f s, peak RSS %.0f MiB\n", threads, isa, load_s, peak_mib);
         if (n_ranks > 1 && rank_mib) {
-            printf("tp         %d processes, peak RSS per process:", n_ranks);
+            printf("tp x pp    %d x %d processes, peak RSS per process:", kd_tp_size(), kd_pp_size());
             for (int i = 0; i < n_ranks; i++) printf(" %.0f", rank_mib[i]);
             printf(" MiB\n");
         }

@@ -11,6 +11,7 @@
 #include "embed/embed.h"
 #include "engine/engine.h"
 #include "gen/params.h"
+#include "runtime/dist.h"
 #include "server/server.h"
 #include "spec/spec.h"
 
@@ -93,6 +94,19 @@ static void *second_signal(void *arg) {
     int sig = 0;
     sigwait(sigs, &sig);
     fprintf(stderr, "kiln: %s again: exiting now\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    _exit(128 + sig);
+}
+
+/* A signal in a --tp job: mpirun forwards it to every process, and sends
+ * SIGTERM itself when one of them dies, so the steps in flight may never
+ * finish. Requests get 503 at once (no grace period: mpirun kills what is
+ * left a second later) and the process exits without waiting for them. */
+static _Noreturn void tp_signal(ksrv *s, int sig) {
+    fprintf(stderr, "kiln: %s in a --tp job (mpirun sends it when a process of the job dies, and forwards it): requests get "
+                    "503, exiting\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM");
+    ksrv_lost(s);
+    usleep(300000); /* the connection threads answer within 0.1 s */
     _exit(128 + sig);
 }
 
@@ -192,6 +206,18 @@ int kiln_cmd_serve(int argc, char **argv) {
     /* tests: slow generations on tiny models (see ksrv_params.step_delay_us) */
     if (getenv("KILN_SERVE_STEP_DELAY_US")) p.step_delay_us = atoi(getenv("KILN_SERVE_STEP_DELAY_US"));
     p.defaults = &gp;
+    if (kd_size() > 1) { /* --tp: rank 0 serves, the others follow its steps */
+        kd_set_lockstep(false);
+        st = ksrv_tp_supported(&p);
+        if (!st && kd_rank() > 0) {
+            fprintf(stderr, "kiln: rank %d of %d: following rank 0 (pid %d)\n", kd_rank(), kd_size(), (int)getpid());
+            st = ksrv_follow(&p);
+        }
+        if (st || kd_rank() > 0) {
+            kgen_params_free(&gp);
+            return st ? kiln_fail(st) : 0;
+        }
+    }
     /* every thread inherits the mask: signals arrive only at sigwait below */
     static sigset_t sigs; /* second_signal reads it */
     sigemptyset(&sigs);
@@ -235,6 +261,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         struct timespec ts = {0, loading ? 50000000 : 500000000};
         sig = sigtimedwait(&sigs, NULL, &ts);
     }
+    if (kd_size() > 1) tp_signal(s, sig);
     fprintf(stderr, "kiln: %s: stopping (running requests get %llds; a second signal exits at once)\n",
             sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)grace);
     pthread_t t;

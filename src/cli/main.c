@@ -1,6 +1,7 @@
 /* main.c: the kiln command line. */
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/version.h"
@@ -47,17 +48,36 @@ static void usage(FILE *f) {
                "               (also KILN_INT8_ACT=1)\n"
                "  --tp N       tensor parallelism over the N processes of an MPI job:\n"
                "               mpirun -np N kiln CMD ... --tp N (each process holds 1/N of the\n"
-               "               attention and MLP weights; rank 0 prints)\n");
+               "               attention and MLP weights; rank 0 prints)\n"
+               "  --pp P       pipeline parallelism: the layers split across P stages of --tp\n"
+               "               processes each (mpirun -np TxP ... --tp T --pp P)\n"
+               "  --pp-layers A,B,...  the layers of each stage (default: an even split)\n");
 }
 
 /* Commands that run the same steps in every process of a --tp job, given
  * the same arguments (no standard input, no server, no timing-driven loops
  * around the model). */
 static bool tp_command(const char *name) {
-    static const char *const ok[] = {"generate", "validate", "bench", "bench-batch", "perplexity", "export", "info", NULL};
+    static const char *const ok[] = {"generate", "validate", "bench", "bench-batch", "perplexity", "export", "info", "serve", NULL};
     for (int i = 0; ok[i]; i++)
         if (!strcmp(name, ok[i])) return true;
     return false;
+}
+
+/* --pp-layers A,B,...: the layers of each stage, at most 256. */
+static kiln_status pp_layers_parse(const char *v, int *layers, int *n) {
+    *n = 0;
+    if (!v) return kiln_error(KILN_EINVAL, "--pp-layers needs a value (the layers of each stage: A,B,...)");
+    for (const char *p = v; *p;) {
+        char *e;
+        long x = strtol(p, &e, 10);
+        if (e == p || x < 1 || x > 1 << 20 || (*e && *e != ',') || *n == 256)
+            return kiln_error(KILN_EINVAL, "--pp-layers %s: want a comma-separated count of layers per stage, each >= 1", v);
+        layers[(*n)++] = (int)x;
+        p = *e ? e + 1 : e;
+    }
+    if (!*n) return kiln_error(KILN_EINVAL, "--pp-layers: empty");
+    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -70,7 +90,8 @@ int main(int argc, char **argv) {
         return argc < 2 ? 1 : 0;
     }
     /* options of every command: taken out before the command parses */
-    int n = 1;
+    int n = 1, tp = 1, pp = 1, layers[256], n_layers = 0;
+    bool dist = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--int8-act")) {
             if (!kk_set_act_int8(true)) {
@@ -79,16 +100,17 @@ int main(int argc, char **argv) {
             }
             continue;
         }
-        if (!strcmp(argv[i], "--tp")) { /* tensor parallelism: mpirun -np N kiln CMD --tp N */
-            int64_t tp;
-            kiln_status st = kiln_parse_int(argv[i], i + 1 < argc ? argv[i + 1] : NULL, 1, 4096, &tp);
-            if (!st) st = kd_init((int)tp);
-            if (st) {
-                int rc = kiln_fail(st);
-                if (kd_size() > 1) kd_abort(rc);
-                kd_finalize();
-                return rc;
-            }
+        /* tensor and pipeline parallelism: mpirun -np T*P kiln CMD --tp T --pp P [--pp-layers A,B,..] */
+        if (!strcmp(argv[i], "--tp") || !strcmp(argv[i], "--pp") || !strcmp(argv[i], "--pp-layers")) {
+            const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+            kiln_status st = NULL;
+            int64_t x = 1;
+            if (argv[i][4] == '-') st = pp_layers_parse(v, layers, &n_layers);
+            else st = kiln_parse_int(argv[i], v, 1, argv[i][2] == 't' ? 4096 : 256, &x);
+            if (!st && argv[i][2] == 't') tp = (int)x;
+            else if (!st && argv[i][4] != '-') pp = (int)x;
+            if (st) return kiln_fail(st);
+            dist = true;
             i++;
             continue;
         }
@@ -96,6 +118,16 @@ int main(int argc, char **argv) {
     }
     argc = n;
     argv[argc] = NULL;
+    if (dist) {
+        kiln_status st = n_layers && n_layers != pp ? kiln_error(KILN_EINVAL, "--pp-layers: %d stages' layers for --pp %d", n_layers, pp)
+                                                    : kd_init_pp(tp, pp, n_layers ? layers : NULL);
+        if (st) {
+            int rc = kiln_fail(st);
+            if (kd_size() > 1) kd_abort(rc);
+            kd_finalize();
+            return rc;
+        }
+    }
     if (argc < 2) {
         usage(stderr);
         return 1;
@@ -104,9 +136,9 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "pull") && !kiln_resolve_model_args(argc - 1, argv + 1)) return 1;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) {
-            if (kd_tp_size() > 1 && !tp_command(argv[1])) {
+            if (kd_size() > 1 && !tp_command(argv[1])) {
                 fprintf(stderr, "kiln %s: --tp is not supported by this command yet (generate, validate, bench, "
-                                "bench-batch, perplexity, export and info are)\n", argv[1]);
+                                "bench-batch, perplexity, export, info and serve are)\n", argv[1]);
                 kd_abort(1);
             }
             /* a job's processes all run the command; rank 0 prints */

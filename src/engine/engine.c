@@ -1,5 +1,6 @@
 /* engine.c: model loading, the paged KV cache and the decode step. */
 #include "engine/engine.h"
+#include "engine/mirror.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include "kvdisk/kvdisk.h"
 #include "models/blocks.h"
 #include "mlir/kmlir.h"
+#include "runtime/dist.h"
 #include "runtime/exec.h"
 #include "runtime/pool.h"
 #include "vision/vision.h"
@@ -256,6 +258,7 @@ struct ke_ctx {
     int scratch_seqs;
     void **params;
     int cap_params;
+    bool lead; /* ke_ctx_lead: calls that change it are broadcast (mirror.c) */
 };
 
 kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out) {
@@ -379,6 +382,7 @@ oom:
 
 void ke_ctx_free(ke_ctx *c) {
     if (!c) return;
+    if (c->lead) kem_send(KEM_END, 0, 0, NULL, 0);
     if (c->disk && kvd_has_disk(c->disk)) ke_ctx_cache_flush(c);
     kvd_close(c->disk);
     free(c->ondisk), free(c->blob);
@@ -639,7 +643,7 @@ void ke_ctx_cache_flush(ke_ctx *c) {
     for (int32_t b = 0; b < c->n_blocks; b++) disk_write(c, b, false);
 }
 
-void ke_ctx_cache_drop(ke_ctx *c, bool ram) {
+static void local_cache_drop(ke_ctx *c, bool ram) {
     while (c->lru_head >= 0) {
         int32_t b = c->lru_head;
         lru_unlink(c, b);
@@ -885,7 +889,7 @@ static int64_t window_trim(int64_t bs, int64_t w, int64_t u) {
     return w > 0 && keep > 0 ? keep / bs : 0;
 }
 
-int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
+static int64_t local_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
     seq_state *q = open_seq(c, seq);
     if (!q || q->len != 0 || q->n_blocks != 0 || n <= 0 || (c->recurrent && !c->snap)) return 0;
     int64_t bs = c->p.block_size, full = (n - 1) / bs;
@@ -960,7 +964,7 @@ int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n
     return q->len;
 }
 
-void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
+static void local_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
     seq_state *q = open_seq(c, seq);
     if (!q) return;
     int64_t bs = c->p.block_size, full = (n < q->len ? n : q->len) / bs;
@@ -984,7 +988,7 @@ void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
     }
 }
 
-int64_t ke_seq_trim_window(ke_ctx *c, int seq) {
+static int64_t local_trim_window(ke_ctx *c, int seq) {
     seq_state *q = open_seq(c, seq);
     if (!q || c->window <= 0) return 0;
     /* the next token, at position len, attends to [len - window + 1, len] */
@@ -1014,7 +1018,7 @@ static int32_t take_state(ke_ctx *c) {
     return r;
 }
 
-kiln_status ke_seq_open(ke_ctx *c, int *seq) {
+static kiln_status local_seq_open(ke_ctx *c, int *seq) {
     if (c->recurrent && c->n_free_state == 0)
         return kiln_error(KILN_ELIMIT, "all %lld recurrent state rows are in use (sequences open at once)",
                           (long long)c->n_state_slots);
@@ -1043,7 +1047,7 @@ kiln_status ke_seq_open(ke_ctx *c, int *seq) {
     return NULL;
 }
 
-void ke_seq_close(ke_ctx *c, int seq) {
+static void local_seq_close(ke_ctx *c, int seq) {
     if (seq < 0 || seq >= c->n_seqs || !c->seqs[seq].open) return;
     seq_state *s = &c->seqs[seq];
     for (int64_t i = 0; i < s->n_blocks; i++)
@@ -1061,7 +1065,7 @@ int64_t ke_seq_len(const ke_ctx *c, int seq) {
 
 /* ---------------------------------------------------------------- rollback */
 
-kiln_status ke_seq_checkpoint(ke_ctx *c, int seq) {
+static kiln_status local_checkpoint(ke_ctx *c, int seq) {
     seq_state *q = open_seq(c, seq);
     if (!q) return kiln_error(KILN_EINVAL, "checkpoint: sequence %d is not open", seq);
     if (q->state_slot >= 0) {
@@ -1073,7 +1077,7 @@ kiln_status ke_seq_checkpoint(ke_ctx *c, int seq) {
     return NULL;
 }
 
-kiln_status ke_seq_truncate(ke_ctx *c, int seq, int64_t len) {
+static kiln_status local_truncate(ke_ctx *c, int seq, int64_t len) {
     seq_state *q = open_seq(c, seq);
     if (!q) return kiln_error(KILN_EINVAL, "truncate: sequence %d is not open", seq);
     if (len < 0 || len > q->len)
@@ -1463,19 +1467,20 @@ static int64_t longrope_limit(const km_hparams *hp) {
     return -1;
 }
 
-kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
+static kiln_status local_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows);
+static kiln_status local_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
     if (x && !x->embd && !x->span && !x->positions && !x->embd_add && !x->cross && !x->types) x = NULL;
     if (x && longrope_limit(&c->m->hp) >= 0) return kiln_error(KILN_EUNSUPPORTED, "per-token inputs with LongRoPE are not supported");
-    return x ? decode_step(c, b, x, NULL, logits, n_rows) : ke_decode(c, b, logits, n_rows);
+    return x ? decode_step(c, b, x, NULL, logits, n_rows) : local_decode(c, b, logits, n_rows);
 }
 
-kiln_status ke_decode_types(ke_ctx *c, const ke_batch *b, const int32_t *types, const float **logits, int *n_rows) {
-    if (!types) return ke_decode(c, b, logits, n_rows);
+static kiln_status local_decode_types(ke_ctx *c, const ke_batch *b, const int32_t *types, const float **logits, int *n_rows) {
+    if (!types) return local_decode(c, b, logits, n_rows);
     if (longrope_limit(&c->m->hp) >= 0) return kiln_error(KILN_EUNSUPPORTED, "token types with LongRoPE are not supported");
     return decode_step(c, b, NULL, types, logits, n_rows);
 }
 
-kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows) {
+static kiln_status local_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows) {
     int64_t lim = longrope_limit(&c->m->hp);
     if (lim < 0 || b->n <= 0) return decode_step(c, b, NULL, NULL, logits, n_rows);
     *logits = NULL;
@@ -1716,4 +1721,70 @@ kiln_status ke_ctx_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens,
     *tokens = tok;
     *n_restored = usable * bs;
     return NULL;
+}
+
+/* ---------------------------------------------------------------- mirroring (mirror.c) */
+
+void ke_ctx_lead(ke_ctx *c) { c->lead = kd_size() > 1; }
+
+/* Each call that changes the context, broadcast first when it leads, its
+ * result after (the followers check theirs against it). */
+#define MIRRORED(c, send, result_expr, call)                                                                           \
+    do {                                                                                                               \
+        if (c->lead) send;                                                                                             \
+        call;                                                                                                          \
+        if (c->lead) kem_result(result_expr);                                                                          \
+    } while (0)
+
+static int64_t st_result(kiln_status st, int64_t ok) { return st ? -(int64_t)kiln_status_code(st) - 1 : ok; }
+
+kiln_status ke_seq_open(ke_ctx *c, int *seq) {
+    kiln_status st;
+    MIRRORED(c, kem_send(KEM_OPEN, 0, 0, NULL, 0), st_result(st, *seq), st = local_seq_open(c, seq));
+    return st;
+}
+void ke_seq_close(ke_ctx *c, int seq) { MIRRORED(c, kem_send(KEM_CLOSE, seq, 0, NULL, 0), 0, local_seq_close(c, seq)); }
+int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
+    int64_t r;
+    MIRRORED(c, kem_send(KEM_REUSE, seq, 0, tokens, n), r, r = local_reuse_prefix(c, seq, tokens, n));
+    return r;
+}
+void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
+    MIRRORED(c, kem_send(KEM_PUBLISH, seq, 0, tokens, n), 0, local_publish(c, seq, tokens, n));
+}
+int64_t ke_seq_trim_window(ke_ctx *c, int seq) {
+    int64_t r;
+    MIRRORED(c, kem_send(KEM_TRIM, seq, 0, NULL, 0), r, r = local_trim_window(c, seq));
+    return r;
+}
+kiln_status ke_seq_checkpoint(ke_ctx *c, int seq) {
+    kiln_status st;
+    MIRRORED(c, kem_send(KEM_CKPT, seq, 0, NULL, 0), st_result(st, 0), st = local_checkpoint(c, seq));
+    return st;
+}
+kiln_status ke_seq_truncate(ke_ctx *c, int seq, int64_t len) {
+    kiln_status st;
+    MIRRORED(c, kem_send(KEM_TRUNC, seq, len, NULL, 0), st_result(st, 0), st = local_truncate(c, seq, len));
+    return st;
+}
+void ke_ctx_cache_drop(ke_ctx *c, bool ram) {
+    MIRRORED(c, kem_send(KEM_DROP, ram, 0, NULL, 0), 0, local_cache_drop(c, ram));
+}
+kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows) {
+    kiln_status st;
+    MIRRORED(c, kem_send_decode(KEM_DECODE, &c->m->hp, b, NULL, NULL), st_result(st, *n_rows),
+             st = local_decode(c, b, logits, n_rows));
+    return st;
+}
+kiln_status ke_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
+    kiln_status st;
+    MIRRORED(c, kem_send_decode(KEM_DECODE_EX, &c->m->hp, b, x, NULL), st_result(st, *n_rows),
+             st = local_decode_ex(c, b, x, logits, n_rows));
+    return st;
+}
+kiln_status ke_decode_types(ke_ctx *c, const ke_batch *b, const int32_t *types, const float **logits, int *n_rows) {
+    kiln_status st;
+    MIRRORED(c, kem_send_decode(KEM_DECODE_TYPES, &c->m->hp, b, NULL, types), st_result(st, *n_rows),
+             st = local_decode_types(c, b, types, logits, n_rows));
+    return st;
 }

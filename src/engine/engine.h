@@ -86,6 +86,17 @@ typedef struct ke_ctx ke_ctx;
 
 kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out);
 void ke_ctx_free(ke_ctx *c);
+/* Tensor parallelism in a server (runtime/dist.h, mirror.c): on rank 0,
+ * ke_ctx_lead makes every later call that changes c (sequences opened,
+ * closed, prefixes reused and published, windows trimmed, checkpoints,
+ * truncations, steps with all their per-token inputs) broadcast to the
+ * job's other processes first and its result after; ke_ctx_free tells them
+ * to stop. On the others, ke_ctx_follow runs those calls on their own
+ * context, created with the same model and parameters, until then, and
+ * fails (naming the call) if a result differs from rank 0's. One process:
+ * lead does nothing. Calls on c must come from one thread at a time. */
+void ke_ctx_lead(ke_ctx *c);
+kiln_status ke_ctx_follow(ke_ctx *c);
 int64_t ke_ctx_n_ctx(const ke_ctx *c);
 const ke_model *ke_ctx_model(const ke_ctx *c);
 /* Blocks a new sequence could take now: free ones plus cached ones that are

@@ -96,7 +96,7 @@ static uint32_t fresh_seed(void) {
     }
     /* the processes of a tensor-parallel job (runtime/dist.h) sample alike:
      * every one runs this, and takes rank 0's */
-    kd_broadcast(&s, sizeof s, 0);
+    if (kd_lockstep()) kd_broadcast(&s, sizeof s, 0);
     return s;
 }
 

@@ -28,35 +28,35 @@ static _Noreturn void bad_groups(const kg_node *n) {
     kd_abort(70);
 }
 
-/* Every process's operand, [size][bytes] (malloc'ed). */
-static char *gather_all(const kg_node *n, const void *in, size_t bytes) {
-    char *all = malloc(bytes * (size_t)kd_size());
+/* Each group member's operand, [gs][bytes] in group order (malloc'ed). */
+static char *gather_all(const kg_node *n, const int *group, int gs, const void *in, size_t bytes) {
+    char *all = malloc(bytes * (size_t)gs);
     if (!all) {
         fprintf(stderr, "kiln: rank %d: out of memory in %s\n", kd_rank(), kg_op_name(n->op));
         kd_abort(71);
     }
-    kd_all_gather(in, bytes, all);
+    kd_group_all_gather(group, gs, in, bytes, all);
     return all;
 }
 
 /* out[i] = sum over the group's members m, in group order, of part[m][i]
- * (part[m] = all + m * stride elements). */
-static void sum_parts(kg_dtype t, const char *all, const int *group, int gs, size_t stride, size_t offset, int64_t n,
+ * (part[m] = all + m * stride bytes). */
+static void sum_parts(kg_dtype t, const char *all, int gs, size_t stride, size_t offset, int64_t n,
                       void *out) {
     if (t == KG_I32) {
         int32_t *o = out;
         for (int64_t i = 0; i < n; i++) o[i] = 0;
         for (int m = 0; m < gs; m++) {
-            const int32_t *p = (const int32_t *)(all + (size_t)group[m] * stride) + offset;
+            const int32_t *p = (const int32_t *)(all + (size_t)m * stride) + offset;
             for (int64_t i = 0; i < n; i++) o[i] = (int32_t)((uint32_t)o[i] + (uint32_t)p[i]);
         }
         return;
     }
     float *o = out; /* f32 (the graph's activations) */
-    const float *p0 = (const float *)(all + (size_t)group[0] * stride) + offset;
+    const float *p0 = (const float *)all + offset;
     memcpy(o, p0, sizeof(float) * (size_t)n);
     for (int m = 1; m < gs; m++) {
-        const float *p = (const float *)(all + (size_t)group[m] * stride) + offset;
+        const float *p = (const float *)(all + (size_t)m * stride) + offset;
         for (int64_t i = 0; i < n; i++) o[i] += p[i];
     }
 }
@@ -87,10 +87,10 @@ void kk_collective(const kk_call *c) {
         if (c->out != c->in[0]) memcpy(c->out, c->in[0], bytes);
         return;
     }
-    char *all = gather_all(n, c->in[0], bytes);
+    char *all = gather_all(n, group, gs, c->in[0], bytes);
     int64_t numel = kg_shape_numel(&x->shape);
     if (n->op == KG_OP_ALL_REDUCE) {
-        sum_parts(x->dtype, all, group, gs, bytes, 0, numel, c->out);
+        sum_parts(x->dtype, all, gs, bytes, 0, numel, c->out);
     } else {
         /* along dim: outer blocks of `inner` elements; the gathered result
          * holds, per outer index, each member's block in group order */
@@ -101,13 +101,13 @@ void kk_collective(const kk_call *c) {
             char *o = c->out;
             for (int64_t b = 0; b < outer; b++)
                 for (int m = 0; m < gs; m++) {
-                    memcpy(o, all + (size_t)group[m] * bytes + (size_t)(b * inner) * es, (size_t)inner * es);
+                    memcpy(o, all + (size_t)m * bytes + (size_t)(b * inner) * es, (size_t)inner * es);
                     o += (size_t)inner * es;
                 }
         } else { /* reduce_scatter: member idx keeps part idx of each block */
             int64_t part = inner / gs;
             for (int64_t b = 0; b < outer; b++)
-                sum_parts(x->dtype, all, group, gs, bytes, (size_t)(b * inner + idx * part), part,
+                sum_parts(x->dtype, all, gs, bytes, (size_t)(b * inner + idx * part), part,
                           (char *)c->out + (size_t)(b * part) * es);
         }
     }

@@ -102,6 +102,9 @@ typedef struct kb_ctx {
     /* tensor parallelism (blocks_shard.c): this graph is process tp_rank's
      * of tp_size (kb_build sets them from runtime/dist.h; 0: one process) */
     int tp_size, tp_rank;
+    /* pipeline parallelism (blocks_shard.c): this graph is stage pp_rank's of pp_size,
+     * running layers [pp_lo, pp_hi) (kb_build sets them; 0: one stage) */
+    int pp_size, pp_rank, pp_lo, pp_hi;
     const struct kb_head_shard *heads; /* the attention layer being built: its heads' split, or NULL */
     /* a multi-token prediction head (blocks_mtp.c): the family's emitter runs, and its kb_decoder
      * builds this head (then clears it) instead of the decoder */
@@ -194,8 +197,26 @@ bool kb_shard_heads(const kb_ctx *b, int64_t H, int64_t Hkv, kb_head_shard *s);
 bool kb_shard_range(const kb_ctx *b, int64_t n_items, int64_t *lo, int64_t *hi);
 /* Frees the column shards copied from ck's weights (before ck closes). */
 void kb_shards_release(const kc_checkpoint *ck);
-/* The sum of x over the processes (x itself for one). */
+/* The sum of x over the processes of this stage (x itself for one). */
 kg_node *kb_all_reduce(kb_ctx *b, kg_node *x);
+/* x of this stage's processes concatenated along dim, in tensor-rank order. */
+kg_node *kb_tp_all_gather(kb_ctx *b, kg_node *x, int dim);
+
+/* ---- pipeline parallelism (blocks_shard.c): layers split across b->pp_size
+ * stages of tp_size processes (process = stage * tp_size + tensor rank).
+ * Every stage's graph has every hand-off, in layer order, so that they
+ * meet: kb_layers runs only its stage's layers and, where a stage begins,
+ * passes the activations [T, hidden] from the previous stage's process of
+ * the same tensor rank (collective_permute; the others get zeros); the
+ * last stage computes the output, which the others take from it. */
+/* x at the start of layer il: the previous stage's output where il begins a stage. */
+kg_node *kb_pp_enter(kb_ctx *b, kg_node *x, int il);
+/* Whether this stage runs layer il. */
+bool kb_pp_runs(const kb_ctx *b, int il);
+/* kb_output's start: true when this process computes the output (the last stage, or no pipeline). */
+bool kb_pp_last(const kb_ctx *b);
+/* out [R, width] of the last stage on every stage (computed there, zeros elsewhere). */
+kg_node *kb_pp_output(kb_ctx *b, kg_node *out);
 /* Output features [lo, hi) of kb_linear(x, t, rows): column parallel. */
 kg_node *kb_linear_rows(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, int64_t lo, int64_t hi, bool bias);
 /* Row parallel: x holds input features [lo, hi) of cols; the projection of

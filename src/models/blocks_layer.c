@@ -134,7 +134,8 @@ kg_node *kb_layers(kb_ctx *b, kg_node *x, kb_layer_opts_fn family, kb_norm_opts 
     for (int il = 0; il < b->hp->n_layers; il++) {
         kb_layer_defaults(b, il, &o);
         if (family) family(b, il, &o);
-        x = kb_layer(b, x, il, &o);
+        x = kb_pp_enter(b, x, il); /* --pp: the previous stage's activations where a stage begins */
+        if (kb_pp_runs(b, il)) x = kb_layer(b, x, il, &o);
     }
     if (last_norm) *last_norm = o.norm;
     return x;
@@ -171,8 +172,18 @@ kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm) {
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
     x = kg_take_rows(g, x, b->rows);
+    if (!x) return NULL;
+    if (!kb_pp_last(b)) {
+        /* --pp: the last stage computes the output. Here x holds the zeros
+         * the last hand-off gave this stage; rows of their sums keep the
+         * hand-offs in the graph (they are its only path to the output) */
+        int64_t w = hp->hidden_out ? x->shape.d[1] : hp->vocab;
+        kg_node *r = kg_reduce(g, x, KG_REDUCE_SUM, (int[]){1}, 1);
+        kg_node *out = r ? kg_broadcast_in_dim(g, r, KG_SHAPE(x->shape.d[0], w), (int[]){0}) : NULL;
+        return kg_name(kb_pp_output(b, out), hp->hidden_out ? "hidden" : "logits", -1);
+    }
     if (!hp->no_final_norm) x = kb_norm_ex(b, x, KM_T_OUTPUT_NORM, -1, norm ? norm : &(kb_norm_opts){0});
-    if (hp->hidden_out) return kg_name(x, "hidden", -1); /* embedding models: the last hidden states */
+    if (hp->hidden_out) return kg_name(kb_pp_output(b, x), "hidden", -1); /* embedding models: the last hidden states */
     if (hp->embed_dim > 0) x = kb_linear(b, x, KM_T_OUTPUT_PROJ, -1, hp->embed_dim, false);
     km_tensor head = hp->tie_embeddings ? KM_T_TOK_EMBD : KM_T_OUTPUT;
     /* tensor parallel: each process computes its rows of the vocabulary,
@@ -181,7 +192,7 @@ kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm) {
     int64_t lo, hi;
     kg_node *logits;
     if (kb_shard_range(b, hp->vocab, &lo, &hi))
-        logits = kg_all_gather(g, kb_linear_rows(b, x, head, -1, hp->vocab, lo, hi, false), 1, 1, b->tp_size, NULL);
+        logits = kb_tp_all_gather(b, kb_linear_rows(b, x, head, -1, hp->vocab, lo, hi, false), 1);
     else logits = kb_linear(b, x, head, -1, hp->vocab, false);
     if (!logits) return NULL;
     if (hp->head_l2norm && !hp->tie_embeddings) logits = kg_mul(g, logits, inverse_row_norms(b, head, x->shape.d[1]));
@@ -189,7 +200,7 @@ kg_node *kb_output(kb_ctx *b, kg_node *x, const kb_norm_opts *norm) {
         logits = kg_add(g, logits, kg_convert(g, kb_vector(b, KM_T_OUTPUT, -1, ".bias", hp->vocab), KG_F32));
     if (hp->logit_scale != 0) logits = kg_scale(g, logits, hp->logit_scale);
     if (hp->final_softcap > 0) logits = kb_softcap(b, logits, hp->final_softcap);
-    return kg_name(logits, "logits", -1);
+    return kg_name(kb_pp_output(b, logits), "logits", -1);
 }
 
 kg_node *kb_decoder(kb_ctx *b, kb_layer_opts_fn family) {

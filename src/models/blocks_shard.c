@@ -18,6 +18,7 @@
 
 #include "ckpt/safetensors.h"
 #include "models/blocks.h"
+#include "runtime/dist.h"
 
 /* ---------------------------------------------------------------- head split */
 
@@ -42,9 +43,63 @@ bool kb_shard_range(const kb_ctx *b, int64_t n_items, int64_t *lo, int64_t *hi) 
     return true;
 }
 
+/* This stage's processes (rank = stage * tp + tensor rank), NULL for a
+ * single stage (StableHLO's one group of 0 .. tp-1). */
+static const int *stage_group(const kb_ctx *b, int *buf) {
+    if (b->pp_size <= 1) return NULL;
+    for (int i = 0; i < b->tp_size; i++) buf[i] = b->pp_rank * b->tp_size + i;
+    return buf;
+}
+
+enum { MAX_GROUP = 4096 }; /* main.c's --tp and --pp limits */
+
 kg_node *kb_all_reduce(kb_ctx *b, kg_node *x) {
     if (!x || b->tp_size <= 1) return x;
-    return kg_all_reduce(b->g, x, 1, b->tp_size, NULL);
+    int buf[MAX_GROUP];
+    return kg_all_reduce(b->g, x, 1, b->tp_size, stage_group(b, buf));
+}
+
+kg_node *kb_tp_all_gather(kb_ctx *b, kg_node *x, int dim) {
+    if (!x || b->tp_size <= 1) return x;
+    int buf[MAX_GROUP];
+    return kg_all_gather(b->g, x, dim, 1, b->tp_size, stage_group(b, buf));
+}
+
+/* ---------------------------------------------------------------- pipeline stages */
+
+bool kb_pp_runs(const kb_ctx *b, int il) { return b->pp_size <= 1 || (il >= b->pp_lo && il < b->pp_hi); }
+
+bool kb_pp_last(const kb_ctx *b) { return b->pp_size <= 1 || b->pp_rank == b->pp_size - 1; }
+
+kg_node *kb_pp_enter(kb_ctx *b, kg_node *x, int il) {
+    if (!x || b->pp_size <= 1 || il == 0) return x;
+    /* the stage that begins at il, if one does (every stage knows the split) */
+    int stage = -1;
+    for (int s = 1; s < b->pp_size && stage < 0; s++) {
+        int lo, hi;
+        kiln_status st = kd_pp_split((int)b->hp->n_layers, s, &lo, &hi);
+        if (st) return kb_fail(b, st);
+        if (lo == il) stage = s;
+    }
+    if (stage < 0) return x;
+    int pairs[2 * MAX_GROUP];
+    for (int t = 0; t < b->tp_size; t++)
+        pairs[2 * t] = (stage - 1) * b->tp_size + t, pairs[2 * t + 1] = stage * b->tp_size + t;
+    return kg_name(kg_collective_permute(b->g, x, b->tp_size, pairs), "pp_handoff", il);
+}
+
+kg_node *kb_pp_output(kb_ctx *b, kg_node *out) {
+    if (!out || b->pp_size <= 1) return out;
+    /* every stage's rows gathered (stages in order) across the processes of
+     * this tensor rank; the last stage's are the output, bit for bit */
+    int groups[MAX_GROUP];
+    for (int t = 0; t < b->tp_size; t++)
+        for (int s = 0; s < b->pp_size; s++) groups[t * b->pp_size + s] = s * b->tp_size + t;
+    kg_node *all = kg_all_gather(b->g, out, 0, b->tp_size, b->pp_size, groups);
+    if (!all) return NULL;
+    int64_t R = out->shape.d[0], start[2] = {R * (b->pp_size - 1), 0}, limit[2] = {R * b->pp_size, out->shape.d[1]},
+            stride[2] = {1, 1};
+    return kg_slice(b->g, all, start, limit, stride);
 }
 
 /* ---------------------------------------------------------------- column copies */
@@ -208,7 +263,7 @@ kg_node *kb_linear_cols(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows
         int last = x->shape.rank - 1;
         if ((hi - lo) * b->tp_size != cols || lo != (hi - lo) * b->tp_rank)
             return kb_fail(b, kiln_error(KILN_EINTERNAL, "%s: a row-parallel split that is not even", m.name));
-        kg_node *whole = kg_all_gather(b->g, x, last, 1, b->tp_size, NULL);
+        kg_node *whole = kb_tp_all_gather(b, x, last);
         return kb_linear(b, whole, t, il, rows, bias);
     }
     kg_node *y = kb_all_reduce(b, sub_linear(b, x, &m, tr, 0, m.rows, lo, hi));

@@ -5,14 +5,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef KILN_MPI
 #include <mpi.h>
 #endif
 
-static int rank_, size_ = 1, tp_size = 1, tp_rank;
+static int rank_, size_ = 1, tp_size = 1, tp_rank, pp_size = 1, pp_rank;
+static bool lockstep = true;
+enum { MAX_STAGES = 256 };
+static int pp_layers[MAX_STAGES]; /* --pp-layers; pp_layers[0] == 0: even */
 #ifdef KILN_MPI
 static bool started; /* MPI_Init was called here */
+static MPI_Comm stage_comm = MPI_COMM_NULL, column_comm = MPI_COMM_NULL; /* this stage's processes; this tensor rank's */
 #endif
 
 bool kd_built_with_mpi(void) {
@@ -30,8 +35,11 @@ static bool under_launcher(void) {
 }
 #endif
 
-kiln_status kd_init(int tp) {
+kiln_status kd_init(int tp) { return kd_init_pp(tp, 1, NULL); }
+
+kiln_status kd_init_pp(int tp, int pp, const int *layers) {
     if (tp < 1) return kiln_error(KILN_EINVAL, "--tp %d: want a process count >= 1", tp);
+    if (pp < 1 || pp > MAX_STAGES) return kiln_error(KILN_EINVAL, "--pp %d: want 1 to %d stages", pp, MAX_STAGES);
 #ifdef KILN_MPI
     if (!started && under_launcher()) {
         int provided = 0;
@@ -45,15 +53,52 @@ kiln_status kd_init(int tp) {
             return kiln_error(KILN_EUNSUPPORTED, "this MPI does not allow calls from more than one thread");
     }
 #else
-    if (tp > 1)
+    if (tp * pp > 1)
         return kiln_error(KILN_EUNSUPPORTED,
-                          "--tp %d: this kiln was built without MPI (install libopenmpi-dev and rebuild)", tp);
+                          "--tp %d --pp %d: this kiln was built without MPI (install libopenmpi-dev and rebuild)", tp, pp);
 #endif
-    if (size_ != tp)
-        return kiln_error(KILN_EINVAL, "--tp %d: the job has %d process%s (run it as mpirun -np %d kiln ... --tp %d)", tp,
-                          size_, size_ == 1 ? "" : "es", tp, tp);
+    if (size_ != tp * pp) {
+        if (pp == 1)
+            return kiln_error(KILN_EINVAL, "--tp %d: the job has %d process%s (run it as mpirun -np %d kiln ... --tp %d)", tp,
+                              size_, size_ == 1 ? "" : "es", tp, tp);
+        return kiln_error(KILN_EINVAL, "--tp %d --pp %d: the job has %d process%s, not tp x pp = %d (mpirun -np %d)", tp, pp,
+                          size_, size_ == 1 ? "" : "es", tp * pp, tp * pp);
+    }
     tp_size = tp;
-    tp_rank = rank_;
+    tp_rank = rank_ % tp;
+    kd_set_pp(pp, rank_ / tp, layers);
+#ifdef KILN_MPI
+    if (started && size_ > 1 && stage_comm == MPI_COMM_NULL) {
+        MPI_Comm_split(MPI_COMM_WORLD, pp_rank, tp_rank, &stage_comm);
+        MPI_Comm_split(MPI_COMM_WORLD, tp_rank, pp_rank, &column_comm);
+    }
+#endif
+    return NULL;
+}
+
+int kd_pp_size(void) { return pp_size; }
+int kd_pp_rank(void) { return pp_rank; }
+
+void kd_set_pp(int size, int rank, const int *layers) {
+    pp_size = size > 0 && size <= MAX_STAGES ? size : 1;
+    pp_rank = rank >= 0 && rank < pp_size ? rank : 0;
+    for (int i = 0; i < pp_size; i++) pp_layers[i] = layers ? layers[i] : 0;
+}
+
+kiln_status kd_pp_split(int n_layers, int stage, int *lo, int *hi) {
+    *lo = 0, *hi = n_layers;
+    if (pp_size <= 1) return NULL;
+    if (n_layers < pp_size)
+        return kiln_error(KILN_EINVAL, "--pp %d: the model has %d layer%s, fewer than the stages", pp_size, n_layers,
+                          n_layers == 1 ? "" : "s");
+    int sum = 0, at = 0;
+    for (int i = 0; i < pp_size; i++) {
+        int n = pp_layers[0] ? pp_layers[i] : n_layers / pp_size + (i < n_layers % pp_size);
+        if (i == stage) *lo = at, *hi = at + n;
+        at += n, sum += n;
+    }
+    if (sum != n_layers)
+        return kiln_error(KILN_EINVAL, "--pp-layers: the stages' layers add up to %d; the model has %d", sum, n_layers);
     return NULL;
 }
 
@@ -61,6 +106,9 @@ int kd_rank(void) { return rank_; }
 int kd_size(void) { return size_; }
 int kd_tp_size(void) { return tp_size; }
 int kd_tp_rank(void) { return tp_rank; }
+
+bool kd_lockstep(void) { return lockstep; }
+void kd_set_lockstep(bool on) { lockstep = on; }
 
 void kd_set_tp(int size, int rank) {
     tp_size = size > 0 ? size : 1;
@@ -87,6 +135,32 @@ void kd_all_gather(const void *in, size_t bytes, void *out) {
     if (out != in) memcpy(out, in, bytes);
 }
 
+void kd_group_all_gather(const int *members, int n, const void *in, size_t bytes, void *out) {
+    bool all = n == size_, stage = n == tp_size && pp_size > 1, column = n == pp_size && tp_size > 1;
+    for (int i = 0; i < n; i++) {
+        all &= members[i] == i;
+        stage &= members[i] == pp_rank * tp_size + i;
+        column &= members[i] == i * tp_size + tp_rank;
+    }
+    if (all) {
+        kd_all_gather(in, bytes, out);
+        return;
+    }
+#ifdef KILN_MPI
+    if (started && size_ > 1 && (stage || column)) {
+        MPI_Allgather(in, count_of(bytes), MPI_BYTE, out, count_of(bytes), MPI_BYTE, stage ? stage_comm : column_comm);
+        return;
+    }
+#endif
+    if (n == 1 && members[0] == rank_) {
+        if (out != in) memcpy(out, in, bytes);
+        return;
+    }
+    fprintf(stderr, "kiln: rank %d: a collective over a group of %d processes that is not this stage's or this tensor rank's\n",
+            rank_, n);
+    kd_abort(70);
+}
+
 void kd_send_recv(const void *send, int to, void *recv, int from, size_t bytes) {
 #ifdef KILN_MPI
     if (started && size_ > 1) {
@@ -106,6 +180,19 @@ void kd_broadcast(void *buf, size_t bytes, int root) {
     (void)buf, (void)bytes, (void)root;
 }
 
+void kd_broadcast_idle(void *buf, size_t bytes, int root) {
+#ifdef KILN_MPI
+    if (started && size_ > 1) {
+        MPI_Request rq;
+        MPI_Ibcast(buf, count_of(bytes), MPI_BYTE, root, MPI_COMM_WORLD, &rq);
+        /* a few hundred tests spinning (a step follows at once), then 100 us naps */
+        for (int done = 0, spins = 0; MPI_Test(&rq, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done;)
+            if (++spins > 256) nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+#endif
+    (void)buf, (void)bytes, (void)root;
+}
+
 _Noreturn void kd_abort(int code) {
 #ifdef KILN_MPI
     if (started && size_ > 1) {
@@ -120,6 +207,7 @@ _Noreturn void kd_abort(int code) {
 void kd_finalize(void) {
 #ifdef KILN_MPI
     if (started) {
+        if (stage_comm != MPI_COMM_NULL) MPI_Comm_free(&stage_comm), MPI_Comm_free(&column_comm);
         MPI_Finalize();
         started = false;
     }

@@ -26,11 +26,31 @@ bool kd_built_with_mpi(void);
  * mpirun needs nothing. Errors name the problem (no MPI in this build, the
  * wrong -np). Idempotent. */
 kiln_status kd_init(int tp);
+/* The same for tp x pp processes: pp pipeline stages of tp processes each;
+ * process r is stage r / tp, tensor rank r % tp. layers: --pp-layers, the
+ * count of layers of each stage (pp numbers), or NULL: an even split
+ * (kd_pp_split). */
+kiln_status kd_init_pp(int tp, int pp, const int *layers);
 int kd_rank(void);
 int kd_size(void);
 /* The tensor-parallel layout graph builds shard for (1, 0 unless kd_init set it). */
 int kd_tp_size(void);
 int kd_tp_rank(void);
+/* True (the default) while every process runs the same command on the same
+ * inputs and so takes part in broadcasts outside the graph (a fresh
+ * sampling seed: gen/sampler.c); false once a server's rank 0 drives the
+ * others through engine/mirror.c (serve --tp), which only follow steps. */
+bool kd_lockstep(void);
+void kd_set_lockstep(bool on);
+/* Pipeline stages (1, 0 without --pp). */
+int kd_pp_size(void);
+int kd_pp_rank(void);
+/* Layers [*lo, *hi) of n_layers that stage `stage` runs: --pp-layers', or
+ * n_layers / pp each with the remainder on the first stages. Errors name a
+ * split that does not add up to n_layers or leaves a stage none. */
+kiln_status kd_pp_split(int n_layers, int stage, int *lo, int *hi);
+/* For tests: build graphs for stage `rank` of `size`, layers split as given (NULL: even). */
+void kd_set_pp(int size, int rank, const int *layers);
 /* For tests: build graphs for rank `rank` of `size` (the collectives then
  * still run on this job's processes). */
 void kd_set_tp(int size, int rank);
@@ -38,11 +58,21 @@ void kd_set_tp(int size, int rank);
 /* Collectives over every process of the job, in rank order.
  * out [size * bytes] = each process's `in` [bytes], rank 0 first. */
 void kd_all_gather(const void *in, size_t bytes, void *out);
+/* The same over the n processes members [n] (this process among them), in
+ * their order: out [n * bytes]. Groups kiln's graphs use: every process,
+ * the processes of this one's stage, or those of its tensor rank across the
+ * stages (communicators made at kd_init); another aborts the job. */
+void kd_group_all_gather(const int *members, int n, const void *in, size_t bytes, void *out);
 /* Sends `send` to process `to` and receives `recv` from `from` (either
  * < 0: none), `bytes` each way. */
 void kd_send_recv(const void *send, int to, void *recv, int from, size_t bytes);
 /* root's buf to every process. */
 void kd_broadcast(void *buf, size_t bytes, int root);
+/* The same, for a process that may wait long (a server's follower between
+ * requests): it polls and sleeps instead of spinning on a core. Every
+ * process of one broadcast must call this one (MPI does not match a
+ * nonblocking broadcast with a blocking one). */
+void kd_broadcast_idle(void *buf, size_t bytes, int root);
 
 /* Ends the whole job now with exit status code (MPI_Abort with several
  * processes, so that no process waits forever on one that failed). */

@@ -2,8 +2,14 @@
  * --tp N` on the committed oracle fixtures against their oracle and
  * against the one-process run. Skipped when mpirun or MPI support is
  * absent. Open MPI runs on loopback (shared memory between the ranks). */
+#include <curl/curl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "base/file.h"
 #include "kt.h"
@@ -35,8 +41,9 @@ static const char *mpirun(void) {
  * test. ASan builds: Open MPI's own start-up allocations are not kiln's
  * leaks (tests/lsan_mpi.supp); its plugins stay loaded (no dlclose) so that
  * LeakSanitizer can name them. */
-static void run_mpi(const char *launch, kt_proc *p) {
-    char args[16384], supp[2048], tail[8192];
+/* The mpirun arguments for launch, as run_mpi runs them. */
+static void mpi_args(const char *launch, char *args, size_t cap) {
+    char supp[2048], tail[8192];
     const char *bin = kt_kiln_bin();
     /* BIN -> the binary */
     size_t o = 0;
@@ -46,11 +53,16 @@ static void run_mpi(const char *launch, kt_proc *p) {
     }
     tail[o] = 0;
     kt_path(supp, sizeof supp, "tests/lsan_mpi.supp");
-    snprintf(args, sizeof args,
+    snprintf(args, cap,
              "120 %s --oversubscribe --allow-run-as-root --mca btl self,vader --mca mca_base_component_disable_dlclose 1 "
              "-x PMIX_MCA_mca_base_component_disable_dlclose=1 "
              "-x LSAN_OPTIONS=suppressions=%s:print_suppressions=0:fast_unwind_on_malloc=0 %s",
              mpirun(), supp, tail);
+}
+
+static void run_mpi(const char *launch, kt_proc *p) {
+    char args[16384];
+    mpi_args(launch, args, sizeof args);
     KT_CHECK(kt_run_bin("timeout", args, NULL, p) == 0);
 }
 
@@ -158,4 +170,315 @@ KT_TEST(dist_tp2_bench_reports_each_rank) {
     KT_CHECKF(p.status == 0 && strstr(p.out, "\"tp\": 2, \"peak_rss_mib_per_rank\": ["), "status %d\n%s\n%s", p.status, p.out,
               p.err);
     kt_run_free(&p);
+}
+
+/* ---------------------------------------------------------------- pipeline stages */
+
+static void fixtures(char *launch, size_t cap, const char *const *fx, int n) {
+    char d[4096];
+    for (int i = 0; i < n; i++) {
+        fixture(d, sizeof d, fx[i]);
+        strncat(launch, " ", cap - strlen(launch) - 1);
+        strncat(launch, d, cap - strlen(launch) - 1);
+    }
+}
+
+/* The PASS lines of a validate run (its figures), without the rest. */
+static void pass_lines(const char *out, char *buf, size_t cap) {
+    buf[0] = 0;
+    for (const char *p = strstr(out, "PASS "); p; p = strstr(p + 1, "\nPASS ")) {
+        if (*p == '\n') p++;
+        const char *e = strchr(p, '\n');
+        size_t n = e ? (size_t)(e - p + 1) : strlen(p);
+        strncat(buf, p, n < cap - strlen(buf) - 1 ? n : cap - strlen(buf) - 1);
+    }
+}
+
+/* --pp 2: the oracle gate on dense (f32, bf16, q4, q8), MoE (f32, q4) and a
+ * Mamba/attention hybrid, each stage running one of the two layers; the
+ * figures are the one-process run's to the last digit (the stages run the
+ * same kernels on the same rows: only the hand-off is new). */
+KT_TEST(dist_pp2_validate_equals_one_process) {
+    NEED_MPI();
+    static const char *fx[] = {"llama", "mixtral", "falcon_h1"};
+    char launch[16384] = "-np 2 BIN validate --pp 2 -t 1", args[8192] = "validate -t 1";
+    fixtures(launch, sizeof launch, fx, 3);
+    fixtures(args, sizeof args, fx, 3);
+    kt_proc one, pp;
+    KT_CHECK(kt_run_kiln(args, NULL, &one) == 0);
+    run_mpi(launch, &pp);
+    KT_CHECKF(pp.status == 0 && strstr(pp.out, "8 passed, 0 failed"), "status %d\n%s\n%s", pp.status, pp.out, pp.err);
+    static char a[16384], b[16384];
+    pass_lines(one.out, a, sizeof a);
+    pass_lines(pp.out, b, sizeof b);
+    KT_CHECKF(a[0] && !strcmp(a, b), "one process:\n%s\n--pp 2:\n%s", a, b);
+    kt_run_free(&one), kt_run_free(&pp);
+}
+
+/* --tp 2 --pp 2 on four processes: the gate on dense, MoE and hybrid. */
+KT_TEST(dist_tp2_pp2_validate_fixture_kinds) {
+    NEED_MPI();
+    static const char *fx[] = {"llama", "mixtral", "falcon_h1", "kilnref_llama"};
+    char launch[16384] = "-np 4 BIN validate --tp 2 --pp 2 -t 1";
+    fixtures(launch, sizeof launch, fx, 4);
+    kt_proc p;
+    run_mpi(launch, &p);
+    bool ok = p.status == 0 && strstr(p.out, "9 passed, 0 failed");
+    KT_CHECKF(ok, "status %d\n%s\n%s", p.status, p.out, p.err);
+    kt_run_free(&p);
+}
+
+/* Greedy ids of the one-process run under --pp 2, --pp 2 with an uneven
+ * --pp-layers split, and --tp 2 --pp 2, dense and MoE. */
+KT_TEST(dist_pp_generate_equals_one_process) {
+    NEED_MPI();
+    static const char *fx[] = {"kilnref_llama", "mixtral"};
+    for (int f = 0; f < 2; f++) {
+        char d[2048], args[4096], launch[8192];
+        fixture(d, sizeof d, fx[f]);
+        snprintf(args, sizeof args, "generate -m %s --prompt-ids 1,5,9,22 -n 20 --json -t 1 --temp 0", d);
+        kt_proc one;
+        KT_CHECK(kt_run_kiln(args, NULL, &one) == 0 && one.status == 0);
+        const char *a = strstr(one.out, "\"generated_ids\"");
+        KT_CHECK(a);
+        for (int k = 0; a && k < 3; k++) {
+            snprintf(launch, sizeof launch, "-np %d BIN %s %s%s", k == 2 ? 4 : 2, args, k == 2 ? "--tp 2 --pp 2" : "--pp 2",
+                     k == 1 ? (f == 0 ? " --pp-layers 1,2" : " --pp-layers 1,1") : ""); /* kilnref_llama: 3 layers, mixtral 2 */
+            kt_proc pp;
+            run_mpi(launch, &pp);
+            const char *b = strstr(pp.out, "\"generated_ids\"");
+            KT_CHECKF(pp.status == 0 && b, "%s: status %d: %s", launch, pp.status, pp.err);
+            if (b) KT_CHECKF(!strncmp(a, b, (size_t)(strchr(a, ']') - a)), "%s\none process: %.200s\nsplit: %.200s", launch, a, b);
+            kt_run_free(&pp);
+        }
+        kt_run_free(&one);
+    }
+}
+
+/* launch fails (not by the time limit) with want in its output or errors. */
+static void fails_with(const char *launch, const char *want) {
+    kt_proc p;
+    run_mpi(launch, &p);
+    KT_CHECKF(p.status != 0 && p.status != 124 && (strstr(p.out, want) || strstr(p.err, want)), "%s: status %d: %s\n%s", launch,
+              p.status, p.out, p.err);
+    kt_run_free(&p);
+}
+
+/* A split that does not fit the model, and a job of the wrong size: errors naming them. */
+KT_TEST(dist_pp_errors) {
+    NEED_MPI();
+    kt_proc p;
+    KT_CHECK(kt_run_kiln("validate --pp 2 --pp-layers 1 /nonexistent", NULL, &p) == 0);
+    KT_CHECKF(p.status == 1 && strstr(p.err, "--pp-layers: 1 stages' layers for --pp 2"), "status %d: %s", p.status, p.err);
+    kt_run_free(&p);
+    char d[2048], launch[8192];
+    fixture(d, sizeof d, "llama");
+    static const char *const cases[][2] = {{"--pp 2 --pp-layers 1,3", "add up to 4; the model has 2"},
+                                           {"--tp 2 --pp 2", "not tp x pp = 4"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(launch, sizeof launch, "-np 2 BIN validate %s -t 1 %s", cases[i][0], d);
+        fails_with(launch, cases[i][1]);
+    }
+}
+
+/* ---------------------------------------------------------------- serve --tp */
+
+/* A server in the background: `sh -c "exec CMD 2> err"`; its port once it
+ * says ready (0 if it does not within 60 s or exits). */
+typedef struct {
+    pid_t pid;
+    char err[64];
+    int port;
+} bg_server;
+
+static int now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int)(ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+}
+
+static void bg_start(bg_server *b, const char *cmd) {
+    snprintf(b->err, sizeof b->err, "/tmp/kiln-dist-serve-XXXXXX");
+    int fd = mkstemp(b->err);
+    KT_CHECK(fd >= 0);
+    close(fd);
+    char sh[24000];
+    snprintf(sh, sizeof sh, "exec %s > /dev/null 2> %s", cmd, b->err);
+    b->pid = fork();
+    if (b->pid == 0) {
+        execl("/bin/sh", "sh", "-c", sh, (char *)NULL);
+        _exit(127);
+    }
+    b->port = 0;
+    for (int t0 = now_ms(); now_ms() - t0 < 60000;) {
+        usleep(20000);
+        char *t = NULL;
+        kiln_status_free(ku_read_file(b->err, &t, NULL));
+        const char *p = t ? strstr(t, "127.0.0.1:") : NULL;
+        bool ready = t && strstr(t, "kiln: ready");
+        if (p && ready) b->port = atoi(p + 10);
+        free(t);
+        if (b->port || waitpid(b->pid, NULL, WNOHANG) == b->pid) break;
+    }
+}
+
+/* The server's stderr so far (malloc'ed). */
+static char *bg_err(const bg_server *b) {
+    char *t = NULL;
+    kiln_status_free(ku_read_file(b->err, &t, NULL));
+    return t ? t : strdup("");
+}
+
+/* Exit status of the server's command within ms milliseconds (SIGTERM
+ * first when stop), -1 if it was still running then (it is then killed). */
+static int bg_end(bg_server *b, bool stop, int ms) {
+    if (stop) kill(b->pid, SIGTERM);
+    int status = 0;
+    for (int t0 = now_ms(); now_ms() - t0 < ms; usleep(10000))
+        if (waitpid(b->pid, &status, WNOHANG) == b->pid) {
+            unlink(b->err);
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+    kill(b->pid, SIGKILL);
+    waitpid(b->pid, NULL, 0);
+    unlink(b->err);
+    return -1;
+}
+
+typedef struct {
+    int port;
+    const char *body;
+    char out[8192];
+    size_t len;
+    long status;
+} post;
+
+static size_t post_sink(char *d, size_t sz, size_t n, void *ud) {
+    post *q = ud;
+    size_t k = sz * n, room = sizeof q->out - 1 - q->len;
+    memcpy(q->out + q->len, d, k < room ? k : room);
+    q->len += k < room ? k : room;
+    q->out[q->len] = 0;
+    return k;
+}
+
+static void *do_post(void *arg) {
+    post *q = arg;
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", q->port);
+    CURL *c = curl_easy_init();
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, q->body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, post_sink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, q);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 60L);
+    q->status = 0;
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &q->status);
+    curl_easy_cleanup(c);
+    return NULL;
+}
+
+/* The "tokens" array of a completion, or "" */
+static void tokens_of(const post *q, char *buf, size_t cap) {
+    const char *a = strstr(q->out, "\"tokens\": [");
+    const char *e = a ? strchr(a, ']') : NULL;
+    snprintf(buf, cap, "%.*s", a && e ? (int)(e - a + 1) : 0, a ? a : "");
+}
+
+enum { N_PROMPTS = 6 };
+static const char *const prompts[N_PROMPTS] = {"[1, 2, 3]", "[5, 6, 7, 8, 9]", "[9, 22, 1, 7]", "[3]", "[40, 41, 42, 43, 44, 45, 46, 47, 48]", "[2, 2]"};
+
+/* Greedy completions of prompts: two one after the other, then four at once
+ * (batched together: each step is slowed so that they overlap). */
+static void completions(int port, char toks[N_PROMPTS][2048]) {
+    post q[N_PROMPTS];
+    pthread_t t[N_PROMPTS];
+    char body[N_PROMPTS][256];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        snprintf(body[i], sizeof body[i], "{\"prompt\": %s, \"max_tokens\": %d, \"temperature\": 0, \"return_tokens\": true}",
+                 prompts[i], 10 + 3 * i);
+        q[i] = (post){.port = port, .body = body[i]};
+    }
+    for (int i = 0; i < 2; i++) do_post(&q[i]);
+    for (int i = 2; i < N_PROMPTS; i++) pthread_create(&t[i], NULL, do_post, &q[i]);
+    for (int i = 2; i < N_PROMPTS; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        KT_CHECKF(q[i].status == 200, "request %d: HTTP %ld: %s", i, q[i].status, q[i].out);
+        tokens_of(&q[i], toks[i], sizeof toks[i]);
+    }
+}
+
+/* mpirun -np 2 kiln serve --tp 2 (and --pp 2): rank 0 serves and
+ * schedules, rank 1 follows its steps; greedy completions (alone and
+ * batched together) give the ids of the one-process server. */
+KT_TEST(dist_tp2_serve_equals_one_process) {
+    NEED_MPI();
+    char d[2048], launch[8192], args[16384], cmd[20000];
+    static const char *fx[] = {"kilnref_llama", "mixtral"};
+    for (size_t f = 0; f < sizeof fx / sizeof fx[0]; f++) {
+        fixture(d, sizeof d, fx[f]);
+        const char *serve = "serve --port 0 -np 4 -c 128 -t 1 --quiet --no-webui";
+        /* one process */
+        snprintf(cmd, sizeof cmd, "env KILN_SERVE_STEP_DELAY_US=20000 %s %s -m %s", kt_kiln_bin(), serve, d);
+        bg_server one;
+        bg_start(&one, cmd);
+        KT_CHECKF(one.port > 0, "%s", bg_err(&one));
+        char ref[N_PROMPTS][2048] = {{0}}, got[N_PROMPTS][2048] = {{0}};
+        if (one.port) completions(one.port, ref);
+        KT_CHECK(bg_end(&one, true, 20000) == 0);
+        /* two */
+        static const char *split[] = {"--tp 2", "--pp 2"}; /* two tensor ranks; two pipeline stages */
+        for (int k = 0; k < 2; k++) {
+            snprintf(launch, sizeof launch, "-x KILN_SERVE_STEP_DELAY_US=20000 -np 2 BIN %s -m %s %s", serve, d, split[k]);
+            mpi_args(launch, args, sizeof args);
+            snprintf(cmd, sizeof cmd, "timeout %s", args);
+            bg_server tp;
+            bg_start(&tp, cmd);
+            char *err = bg_err(&tp);
+            KT_CHECKF(tp.port > 0 && strstr(err, "rank 1 of 2: following rank 0"), "%s", err);
+            free(err);
+            memset(got, 0, sizeof got);
+            if (tp.port) completions(tp.port, got);
+            for (int i = 0; i < N_PROMPTS; i++)
+                KT_CHECKF(ref[i][0] && !strcmp(ref[i], got[i]), "%s prompt %d: one process %s, %s %s", fx[f], i, ref[i], split[k],
+                          got[i]);
+            bg_end(&tp, true, 20000); /* SIGTERM ends an MPI job with a non-zero status (tp_signal) */
+        }
+    }
+}
+
+/* A follower killed while a request is in flight: rank 0 answers it 503
+ * and the job exits non-zero at once, no hang. */
+KT_TEST(dist_tp2_serve_killed_follower_ends_the_job) {
+    NEED_MPI();
+    char d[2048], launch[8192], args[16384], cmd[20000];
+    fixture(d, sizeof d, "kilnref_llama");
+    snprintf(launch, sizeof launch,
+             "-x KILN_SERVE_STEP_DELAY_US=50000 -np 2 BIN serve --port 0 -np 2 -c 128 -t 1 --quiet --no-webui -m %s --tp 2", d);
+    mpi_args(launch, args, sizeof args);
+    snprintf(cmd, sizeof cmd, "timeout %s", args);
+    bg_server tp;
+    bg_start(&tp, cmd);
+    char *err = bg_err(&tp);
+    const char *f = strstr(err, "rank 1 of 2: following rank 0 (pid ");
+    KT_CHECKF(tp.port > 0 && f, "%s", err);
+    if (!tp.port || !f) {
+        free(err);
+        bg_end(&tp, true, 20000);
+        return;
+    }
+    pid_t follower = atoi(f + strlen("rank 1 of 2: following rank 0 (pid "));
+    free(err);
+    /* a long request, slowed to 50 ms a step: in flight when the follower dies */
+    post q = {.port = tp.port, .body = "{\"prompt\": [1, 2, 3], \"max_tokens\": 100, \"temperature\": 0}"};
+    pthread_t t;
+    pthread_create(&t, NULL, do_post, &q);
+    usleep(500000);
+    int t0 = now_ms();
+    KT_CHECK(follower > 0 && kill(follower, SIGKILL) == 0);
+    pthread_join(t, NULL);
+    int rc = bg_end(&tp, false, 10000), took = now_ms() - t0;
+    KT_CHECKF(q.status == 503, "the request in flight: HTTP %ld: %s", q.status, q.out);
+    KT_CHECKF(rc > 0 && rc != 124, "the job's exit status %d", rc);
+    KT_CHECKF(took < 5000, "the job took %d ms to end", took);
 }

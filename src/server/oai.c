@@ -578,7 +578,8 @@ void ksrv_job_cancel_wait(ksrv_job *j) {
     pthread_mutex_lock(&j->mu);
     for (int i = 0; i < j->n_choices; i++)
         if (j->ch[i].submitted && !j->ch[i].ended) ksch_cancel(j->srv->sch, j->ch[i].id);
-    while (j->n_ended < j->n_submitted) pthread_cond_wait(&j->cv, &j->mu);
+    /* ksrv_lost: the steps that would end them never finish */
+    while (j->n_ended < j->n_submitted && !atomic_load(&j->srv->lost)) pthread_cond_wait(&j->cv, &j->mu);
     pthread_mutex_unlock(&j->mu);
 }
 

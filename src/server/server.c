@@ -779,6 +779,51 @@ static void *step_main(void *arg) {
     return NULL;
 }
 
+/* The context every process of the job creates alike (ksrv_follow). */
+static ke_ctx_params ctx_params(const ksrv_params *p, const ke_model *m) {
+    ke_ctx_params cp = {.n_ctx = p->ctx_size, .n_threads = p->threads, .block_size = p->block_size};
+    if (cp.n_ctx <= 0) {
+        int64_t mp = ke_model_hparams(m)->max_pos;
+        cp.n_ctx = mp > 0 && mp < 4096 ? mp : 4096;
+    }
+    int parallel = p->parallel > 0 ? p->parallel : 8;
+    cp.n_cache = p->kv_tokens > 0 ? p->kv_tokens : cp.n_ctx * parallel;
+    cp.n_seq_max = parallel; /* recurrent state rows: one per running sequence */
+    cp.state_cache_bytes = p->state_cache_bytes;
+    cp.cache_dir = p->cache_dir;
+    cp.cache_dir_bytes = p->cache_dir_bytes;
+    return cp;
+}
+
+kiln_status ksrv_tp_supported(const ksrv_params *p) {
+    const kspec_params *sp = p->spec;
+    const char *what = p->embed_mode || p->pooling || ksrv_embed_folder(p->model_dir) ? "embedding and reranking models are"
+                       : sp && sp->draft                                        ? "--model-draft is"
+                       : sp && sp->mtp                                          ? "--spec-mtp is"
+                       : p->cache_dir                                           ? "--cache-dir is"
+                       : p->slot_save_path                                      ? "--slot-save-path is"
+                                                                                : NULL;
+    return what ? kiln_error(KILN_EUNSUPPORTED, "serve --tp: %s not supported with tensor parallelism yet", what) : NULL;
+}
+
+kiln_status ksrv_follow(const ksrv_params *p) {
+    ke_model *m = NULL;
+    ke_ctx *c = NULL;
+    KILN_TRYF(ke_model_load(p->model_dir, &m), "loading %s", p->model_dir);
+    ke_ctx_params cp = ctx_params(p, m);
+    kiln_status st = ke_ctx_create(m, &cp, &c);
+    if (!st) st = ke_ctx_follow(c);
+    ke_ctx_free(c);
+    ke_model_free(m);
+    return st;
+}
+
+void ksrv_lost(ksrv *s) {
+    atomic_store(&s->lost, true);
+    atomic_store(&s->draining, true);
+    atomic_store(&s->stopping, true);
+}
+
 static kiln_status load(ksrv *s) {
     if (s->p.embed_mode || ksrv_embed_folder(s->model_dir)) return ksrv_embed_load(s); /* embeddings / reranking (embed.c) */
     if (s->p.pooling)
@@ -793,17 +838,9 @@ static kiln_status load(ksrv *s) {
         kiln_status_free(st);
     }
     KILN_TRY(kc_eos_ids(ke_model_checkpoint(s->m), s->eos, 16, &s->n_eos));
-    ke_ctx_params cp = {.n_ctx = s->p.ctx_size, .n_threads = s->p.threads, .block_size = s->p.block_size};
-    if (cp.n_ctx <= 0) {
-        int64_t mp = ke_model_hparams(s->m)->max_pos;
-        cp.n_ctx = mp > 0 && mp < 4096 ? mp : 4096;
-    }
-    cp.n_cache = s->p.kv_tokens > 0 ? s->p.kv_tokens : cp.n_ctx * s->p.parallel;
-    cp.n_seq_max = s->p.parallel; /* recurrent state rows: one per running sequence */
-    cp.state_cache_bytes = s->p.state_cache_bytes;
-    cp.cache_dir = s->p.cache_dir;
-    cp.cache_dir_bytes = s->p.cache_dir_bytes;
+    ke_ctx_params cp = ctx_params(&s->p, s->m);
     KILN_TRY(ke_ctx_create(s->m, &cp, &s->c));
+    ke_ctx_lead(s->c); /* --tp: the other processes follow this context (ksrv_follow) */
     if (s->p.spec && s->p.spec->draft) KILN_TRY(kspec_load_draft(s->p.spec->draft, s->m, s->model_dir, &s->draft));
     if (s->p.spec && kspec_enabled(s->p.spec)) KILN_TRY(kspec_create(s->p.spec, s->c, s->draft, &s->spec));
     ksch_params sp = {.max_running = s->p.parallel,

@@ -100,6 +100,19 @@ bool ksrv_loading(ksrv *s);
 void ksrv_shutdown(ksrv *s, double grace_s);
 /* Stops listening, ends every request, frees everything. */
 void ksrv_stop(ksrv *s);
+/* Tensor parallelism (mpirun -np N kiln serve --tp N): the processes other
+ * than rank 0 run this instead of a server: the model and the context
+ * ksrv_start would create from p, following rank 0's (ke_ctx_follow) until
+ * its context is freed. */
+kiln_status ksrv_follow(const ksrv_params *p);
+/* NULL when p can be served under --tp (a generating model without a draft
+ * model, MTP head, disk tier or slot files: what ksrv_follow mirrors), else
+ * the error naming what cannot. Every process checks alike. */
+kiln_status ksrv_tp_supported(const ksrv_params *p);
+/* The job lost a process (its steps will never finish): every request now
+ * and in flight gets 503 without waiting on the scheduler, and the caller
+ * exits; the server is not stopped or freed (its threads may be blocked). */
+void ksrv_lost(ksrv *s);
 
 /* --limit-mm-per-prompt as vLLM takes it, {"image": N, "video": M} (a count
  * or {"count": N}), or image=N,video=M, into p->max_images / max_videos for

@@ -76,6 +76,7 @@ struct ksrv {
     kiln_status load_err;
     atomic_bool stopping;  /* ksrv_stop, or ksrv_shutdown's grace period is over */
     atomic_bool draining;  /* ksrv_shutdown: no new requests */
+    atomic_bool lost;      /* ksrv_lost: a process of the job is gone; steps never end, nothing waits for them */
     atomic_int in_flight;  /* completion requests submitted and not yet answered */
     /* open connections, for the reaper (server.c, slow clients) */
     pthread_mutex_t watch_mu; /* watch, n_conns, n_cut, reaper_stop */
