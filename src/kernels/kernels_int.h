@@ -41,6 +41,7 @@ typedef struct {
 typedef struct {
     const char *name;
     int q4_chunk; /* see kk_xview.xp; 0 when this table has no 4-bit kernel */
+    int q4_gemm_rows; /* 4-bit affine: input rows from which gemm serves (0: GEMM_MIN_ROWS) */
     bool (*gemv_ok)(const kk_wview *w);
     /* y[m*ldy + r] = x[m] . W[r] for r in [r0, r1), every m < x->M */
     void (*gemv)(const kk_wview *w, const kk_xview *x, int64_t r0, int64_t r1, float *y, int64_t ldy);

@@ -190,6 +190,9 @@ KT_TEST(kernels_linear_batch_invariant) {
         /* 4-bit g64 with float32 scales: the AVX-512 gemv's unrolled group-size-64 copy, 16 groups from the
          * stack then a masked tail of 2, 9 rows = two passes of 4 and one of 1 */
         {KG_WF_AFFINE, 4, 64, KG_F32, 9, 1152},
+        /* 4-bit at 5-8 input rows on AVX-512 (q4_rows_kblocks): 2 K blocks of 13 and 12 groups, chunks of 24
+         * rows = row blocks of 16 and 8 */
+        {KG_WF_AFFINE, 4, 64, KG_BF16, 150, 1600},
     };
     /* every token count of a prefill from 1 to 67: every matrix-vector
      * grouping, every GEMM tile remainder, several tiles per panel */

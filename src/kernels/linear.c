@@ -214,7 +214,8 @@ void kk_linear_run(kr_pool *pool, const kk_wview *wv, const float *x, int64_t M,
         }
         k.x.xp = xp;
     }
-    if (k.x.M >= GEMM_MIN_ROWS && k.ops->gemm && k.ops->gemm_ok(&w)) {
+    int64_t gemm_rows = q4c && k.ops->q4_gemm_rows ? k.ops->q4_gemm_rows : GEMM_MIN_ROWS;
+    if (k.x.M >= gemm_rows && k.ops->gemm && k.ops->gemm_ok(&w)) {
         /* panels as wide as L2 allows, at least two per thread */
         int64_t nt = kr_pool_size(pool), rows = PANEL_BYTES / (4 * w.K);
         int64_t panels = (w.N + rows - 1) / (rows > 0 ? rows : 1);

@@ -101,25 +101,33 @@ static inline __attribute__((always_inline)) void rows_store(int nr, int nm, vf 
  * FMA chains: one row alone has two (a0, a1) and waits on the FMA latency
  * (measured 25 G weights/s at M = 1, against 60+ with 4 rows); each row's
  * arithmetic is unchanged, so the grouping changes no result. */
-static inline __attribute__((always_inline)) void q4_rows_gs(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
-                                                             int64_t m0, int nm, float *y, int64_t ldy, int64_t gs) {
+/* Groups [g0, g1) of the rows: from zero when g0 == 0, else from the sums
+ * in carry (nr * nm * 2 vectors); back to carry when g1 < G, else the
+ * outputs. A K block ends between groups, i.e. between pairs of VL columns,
+ * so any split into blocks keeps each output's arithmetic. */
+static inline __attribute__((always_inline)) void q4_rows_blk(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
+                                                              int64_t m0, int nm, float *y, int64_t ldy, int64_t gs,
+                                                              int64_t g0, int64_t g1, vf *carry) {
     int64_t K = w->K, G = w->G;
     const uint8_t *q[4];
     const float *x[MR];
     vf acc[4][MR], acc2[4][MR];
     const vf iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K;
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K + g0 * gs;
     _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
-        q[i] = (const uint8_t *)w->w + (r + i) * (K / 2);
-        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) acc[i][m] = vzero(), acc2[i][m] = vzero();
+        q[i] = (const uint8_t *)w->w + (r + i) * (K / 2) + g0 * gs / 2;
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
+            acc[i][m] = g0 ? carry[(i * nm + m) * 2] : vzero();
+            acc2[i][m] = g0 ? carry[(i * nm + m) * 2 + 1] : vzero();
+        }
     }
     /* scales and biases 16 groups at a time, widened to float32 on the
      * stack; each group's pair is then two broadcast loads (load ports
      * only) instead of two lane broadcasts (vpermps) on the shuffle pipes
      * that the lookups saturate (docs/performance.md, Round 4) */
     float sf[4][VL] __attribute__((aligned(64))), bf[4][VL] __attribute__((aligned(64)));
-    for (int64_t g = 0; g < G; g++) {
-        int lane = (int)(g % VL);
+    for (int64_t g = g0; g < g1; g++) {
+        int lane = (int)((g - g0) % VL);
         if (lane == 0) {
             _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
                 int64_t o = (r + i) * G + g;
@@ -150,12 +158,48 @@ static inline __attribute__((always_inline)) void q4_rows_gs(const kk_wview *w, 
         _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) q[i] += gs / 2;
         _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] += gs;
     }
+    if (g1 < G) {
+        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
+            carry[(i * nm + m) * 2] = acc[i][m];
+            carry[(i * nm + m) * 2 + 1] = acc2[i][m];
+        }
+        return;
+    }
     rows_store(nr, nm, acc, acc2, r, m0, y, ldy);
 }
 static inline __attribute__((always_inline)) void q4_rows(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
                                                           int64_t m0, int nm, float *y, int64_t ldy) {
-    if (w->gs == 64) q4_rows_gs(w, xv, r, nr, m0, nm, y, ldy, 64);
-    else q4_rows_gs(w, xv, r, nr, m0, nm, y, ldy, w->gs);
+    if (w->gs == 64) q4_rows_blk(w, xv, r, nr, m0, nm, y, ldy, 64, 0, w->G, NULL);
+    else q4_rows_blk(w, xv, r, nr, m0, nm, y, ldy, w->gs, 0, w->G, NULL);
+}
+
+/* 5 to 8 input rows, one weight row per pass: each weight row reads nm
+ * rows of x, nm * K floats, which pass L1 (48 KiB) from K = 1536 at 8
+ * rows, and from L2 they cost twice the FMAs' time (64 B/cycle against 1
+ * KiB of x per 32 weights). So K in blocks of at most Q4_BLK_BYTES of x
+ * (which stay in L1) over Q4_BLK_ROWS weight rows at a time, the sums
+ * carried on the stack between blocks: the same arithmetic per output. */
+#define Q4_BLK_BYTES (32 << 10)
+#define Q4_BLK_ROWS 16
+static inline __attribute__((always_inline)) void q4_rows_kblocks(const kk_wview *w, const kk_xview *xv, int64_t r0,
+                                                                  int64_t r1, int64_t m0, int nm, float *y,
+                                                                  int64_t ldy, int64_t gs) {
+    /* as few blocks as keep x's block within Q4_BLK_BYTES, of whole groups */
+    int64_t G = w->G, nkb = ((int64_t)sizeof(float) * nm * w->K + Q4_BLK_BYTES - 1) / Q4_BLK_BYTES;
+    int64_t gb = (G + nkb - 1) / nkb;
+    vf carry[Q4_BLK_ROWS][2 * MR];
+    for (int64_t r = r0; r < r1; r += Q4_BLK_ROWS) {
+        int64_t re = r1 - r < Q4_BLK_ROWS ? r1 : r + Q4_BLK_ROWS;
+        for (int64_t g0 = 0; g0 < G; g0 += gb) {
+            int64_t g1 = G - g0 <= gb ? G : g0 + gb;
+            for (int64_t i = r; i < re; i++) q4_rows_blk(w, xv, i, 1, m0, nm, y, ldy, gs, g0, g1, carry[i - r]);
+        }
+    }
+}
+static inline __attribute__((always_inline)) void q4_rows_many(const kk_wview *w, const kk_xview *xv, int64_t r0,
+                                                               int64_t r1, int64_t m0, int nm, float *y, int64_t ldy) {
+    if (w->gs == 64) q4_rows_kblocks(w, xv, r0, r1, m0, nm, y, ldy, 64);
+    else q4_rows_kblocks(w, xv, r0, r1, m0, nm, y, ldy, w->gs);
 }
 #else
 /* AVX2: each weight is widened and dequantized, fma(q, s, b), as the
@@ -324,6 +368,7 @@ static inline __attribute__((always_inline)) void float_row(kg_wfmt fmt, const k
     static void name(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, float *y, int64_t ldy) {           \
         for (int64_t m0 = 0; m0 < xv->M; m0 += MR) {                                                                   \
             int nm = xv->M - m0 < MR ? (int)(xv->M - m0) : MR, rows = nm <= 2 ? 4 : nm <= 4 ? 2 : 1;                   \
+            if (MANY(nm)) continue;                                                                                    \
             for (int64_t r = r0; r < r1; r += rows) {                                                                  \
                 int nr = r1 - r < rows ? (int)(r1 - r) : rows;                                                         \
                 switch (nm) {                                                                                          \
@@ -340,11 +385,24 @@ static inline __attribute__((always_inline)) void float_row(kg_wfmt fmt, const k
         }                                                                                                              \
     }
 #define ROWS q4_rows
+static void q4_gemv_many(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, int64_t m0, int nm, float *y,
+                         int64_t ldy) {
+    switch (nm) {
+    case 5: q4_rows_many(w, xv, r0, r1, m0, 5, y, ldy); break;
+    case 6: q4_rows_many(w, xv, r0, r1, m0, 6, y, ldy); break;
+    case 7: q4_rows_many(w, xv, r0, r1, m0, 7, y, ldy); break;
+    default: q4_rows_many(w, xv, r0, r1, m0, 8, y, ldy); break;
+    }
+}
+#define MANY(nm) (nm >= 5 && (q4_gemv_many(w, xv, r0, r1, m0, nm, y, ldy), true))
 Q_GEMV(q4_gemv)
 #undef ROWS
+#undef MANY
 #define ROWS q8_rows
+#define MANY(nm) false
 Q_GEMV(q8_gemv)
 #undef ROWS
+#undef MANY
 #endif
 
 static void lin_gemv(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, float *y, int64_t ldy) {
@@ -603,6 +661,9 @@ static void lin_dequant(const kk_wview *w, int64_t r0, int64_t r1, float *out) {
 const kk_lin_ops KK_LIN_TABLE = {
     .name = KK_LIN_NAME,
     .q4_chunk = 2 * VL,
+#if KK_VBITS == 512
+    .q4_gemm_rows = 9, /* 8 rows: q4_rows_kblocks, 1.3x the GEMM (docs/performance.md, Round 5) */
+#endif
     .gemv_ok = lin_gemv_ok,
     .gemv = lin_gemv,
     .gemm_ok = lin_gemm_ok,
