@@ -60,6 +60,7 @@ KT_TEST(cli_flags_that_do_nothing_are_errors) {
     EXPECT_RUN("export --dialect linalg --stage fuse", 1, "--stage applies to the StableHLO text");
     EXPECT_RUN("validate --backend tpu x", 1, "--backend tpu: expected native or mlir");
     EXPECT_RUN("generate -p hi --backend tpu", 1, "--backend tpu: expected native or mlir");
+    EXPECT_RUN("generate -p hi --dialect tosa", 1, "--dialect tosa applies to --backend mlir");
     EXPECT_RUN("generate -p hi --n-probs 2", 1, "add --json");
     EXPECT_RUN("generate --prompt-ids 1,,2", 1, "an empty entry");
     EXPECT_RUN("generate --prompt-ids 1,2,", 1, "ends with a comma");

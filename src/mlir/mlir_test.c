@@ -1,14 +1,20 @@
-/* The MLIR backend: every family kind's graph lowered to linalg verifies with
- * mlir-opt-16 --verify-each (no unregistered dialects), and the program MLIR
- * compiles matches the oracle within the gate on prefill and decode.
- * SKIP when Debian's mlir-16-tools are not installed. */
+/* The MLIR backend: every family kind's graph lowered to linalg and to TOSA
+ * verifies with mlir-opt-16 --verify-each (no unregistered dialects), and
+ * the program MLIR compiles matches the oracle within the gate on prefill
+ * and decode. SKIP with the reason when neither MLIR's C API
+ * (build/libkiln-mlir.so, from libmlir-16-dev) nor Debian's mlir-16-tools
+ * are installed; the export checks need mlir-opt. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "engine/engine.h"
 #include "engine/validate.h"
 #include "kt.h"
+#include "kt_run.h"
 #include "mlir/kmlir.h"
 #include "models/blocks.h"
 #include "runtime/exec.h"
@@ -223,4 +229,45 @@ KT_TEST(mlir_ops_match_the_runtime) {
     setenv("KILN_MLIR_JIT", "0", 1); /* the same through mlir-opt, mlir-cpu-runner and cc */
     ops_match(KMLIR_LINALG);
     unsetenv("KILN_MLIR_JIT");
+}
+
+/* generated_ids of `kiln generate ARGS --json` as text, or NULL */
+static char *generated_ids(const char *args) {
+    kt_proc p;
+    if (kt_run_kiln(args, NULL, &p)) return NULL;
+    cJSON *j = p.status == 0 ? cJSON_Parse(p.out) : NULL;
+    if (!j) fprintf(stderr, "kiln %s: %s%s\n", args, p.out, p.err);
+    char *ids = j ? cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "generated_ids")) : NULL;
+    cJSON_Delete(j);
+    kt_run_free(&p);
+    return ids;
+}
+
+/* As a user runs it: kiln export --dialect tosa --out DIR writes a module
+ * mlir-opt verifies, and kiln generate --backend mlir --dialect tosa
+ * generates the native runtime's greedy tokens. */
+KT_TEST(mlir_cli_tosa_export_and_generate) {
+    KT_NEED_KILN_BIN();
+    if (!tools() || !opt_tool()) return;
+    char dir[4096], out[] = "/tmp/kiln-tosa-XXXXXX", args[8192];
+    kt_path(dir, sizeof dir, "tests/fixtures/oracle/llama");
+    KT_CHECK(mkdtemp(out) != NULL);
+    snprintf(args, sizeof args, "export -m %s --dialect tosa --shape decode:2 --out %s", dir, out);
+    kt_proc p;
+    KT_CHECK(kt_run_kiln(args, NULL, &p) == 0);
+    KT_CHECKF(p.status == 0, "%s", p.err);
+    kt_run_free(&p);
+    snprintf(args, sizeof args, "grep -q '\"tosa.matmul\"' %s/model.mlir && %s/mlir-opt --verify-each %s/model.mlir -o /dev/null", out, kmlir_tool_dir(), out);
+    KT_CHECKF(system(args) == 0, "%s/model.mlir: no tosa.matmul, or mlir-opt rejects it", out);
+    snprintf(args, sizeof args, "%s/model.mlir", out);
+    unlink(args);
+    rmdir(out);
+    snprintf(args, sizeof args, "generate -m %s --prompt-ids 1,17,93 -n 5 --temp 0 --ignore-eos --json", dir);
+    char *native = generated_ids(args);
+    strcat(args, " --backend mlir --dialect tosa");
+    char *tosa = generated_ids(args);
+    KT_CHECK(native && tosa);
+    if (native && tosa) KT_CHECKF(!strcmp(native, tosa), "native %s, tosa %s", native, tosa);
+    free(native);
+    free(tosa);
 }
