@@ -1,6 +1,7 @@
 /* jit.c: kmlir_jit_compile over MLIR's C API (see jit.h). One context with
  * every upstream dialect and pass registered, made on the first call. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <mlir-c/Diagnostics.h>
@@ -35,6 +36,10 @@ static MlirLogicalResult on_diag(MlirDiagnostic d, void *u) {
 
 static MlirContext ctx;
 static sink diag;
+/* every engine made: their code is called for the process's lifetime (held
+ * here, so that it stays reachable; LeakSanitizer counts it otherwise) */
+static MlirExecutionEngine *engines;
+static size_t n_engines;
 
 int kmlir_jit_compile(const char *text, size_t len, const char *pipeline, int opt, const char *entry,
                       void (**fn)(void **), char *err, size_t cap);
@@ -84,5 +89,14 @@ int kmlir_jit_compile(const char *text, size_t len, const char *pipeline, int op
         mlirExecutionEngineDestroy(ee);
         return -1;
     }
-    return 0; /* ee stays: the code lives in it */
+    MlirExecutionEngine *grown = realloc(engines, (n_engines + 1) * sizeof *engines);
+    if (!grown) {
+        put(mlirStringRefCreateFromCString("out of memory"), &diag);
+        mlirExecutionEngineDestroy(ee);
+        *fn = NULL;
+        return -1;
+    }
+    engines = grown;
+    engines[n_engines++] = ee; /* ee stays: the code lives in it */
+    return 0;
 }
