@@ -30,7 +30,7 @@ endif
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c -mavx2
 
-ALL_SRC  := $(shell find src -name '*.c' | sort)
+ALL_SRC  := $(shell find src -name '*.c' -not -path 'src/mlir/jit/*' | sort)
 TEST_SRC := $(filter %_test.c,$(ALL_SRC)) $(wildcard tests/*.c)
 MAIN_SRC := src/cli/main.c
 LIB_SRC  := $(filter-out %_test.c $(MAIN_SRC),$(ALL_SRC))
@@ -54,6 +54,24 @@ $(BUILD)/libkiln.a: $(LIB_OBJ)
 $(BUILD)/kiln-tests: $(TEST_OBJ) $(BUILD)/libkiln.a $(BUILD)/kiln
 	@$(if $(V),,echo "  LD      $@")
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(TEST_OBJ) $(BUILD)/libkiln.a $(LDLIBS) $(TEST_LDLIBS)
+
+# The MLIR backend's in-process compiler: MLIR 16's ExecutionEngine through
+# its C API (src/mlir/jit), a shared object beside kiln that exec.c dlopens,
+# built when Debian's libmlir-16-dev is installed (its C API comes as static
+# archives over libMLIR.so); without it the backend runs mlir-cpu-runner and cc.
+MLIR_DIR ?= /usr/lib/llvm-16
+ifneq ($(wildcard $(MLIR_DIR)/lib/libMLIRCAPIExecutionEngine.a),)
+MLIR_CAPI := $(patsubst %,$(MLIR_DIR)/lib/libMLIRCAPI%.a,ExecutionEngine IR RegisterEverything Transforms Conversion)
+all: $(BUILD)/libkiln-mlir.so
+$(BUILD)/kiln-tests: $(BUILD)/libkiln-mlir.so
+$(BUILD)/libkiln-mlir.so: src/mlir/jit/jit.c src/mlir/jit/jit.h
+	@mkdir -p $(dir $@)
+	@$(if $(V),,echo "  LD      $@")
+	$(Q)$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror -fPIC -shared -Isrc -I$(MLIR_DIR)/include \
+	  -DKMLIR_RUNTIME_LIB='"$(MLIR_DIR)/lib/libmlir_c_runner_utils.so.16"' -o $@ $< \
+	  -Wl,--start-group $(MLIR_CAPI) -Wl,--end-group -L$(MLIR_DIR)/lib -lMLIR -l:libLLVM-16.so.1 -lstdc++ \
+	  -Wl,-rpath,$(MLIR_DIR)/lib -Wl,--no-warn-rwx-segments
+endif
 
 # kiln --version names the commit it was built from
 KILN_COMMIT := $(shell git describe --always --dirty 2>/dev/null || echo unknown)

@@ -3,7 +3,9 @@
 #   scripts/deps.sh          what building kiln needs
 #   scripts/deps.sh --test   plus what the tests use:
 #                            mlir-opt (checks the StableHLO printer; with
-#                            mlir-cpu-runner, the MLIR backend) and
+#                            mlir-cpu-runner, the MLIR backend), MLIR's C
+#                            API (libmlir-16-dev: the backend's in-process
+#                            ExecutionEngine, build/libkiln-mlir.so) and
 #                            promtool (checks /metrics; only its binary is
 #                            extracted into build/tools) and, when npm is
 #                            there, the official openai and @anthropic-ai/sdk
@@ -16,7 +18,7 @@ set -euo pipefail
 test_deps=false
 [ "${1:-}" = "--test" ] && test_deps=true
 pkgs=(build-essential libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libblis-serial-dev libpng-dev libjpeg62-turbo-dev libgif-dev libwebp-dev libedit-dev libcurl4-openssl-dev libssl-dev libopenmpi-dev)
-$test_deps && pkgs+=(mlir-16-tools curl chromium openmpi-bin)
+$test_deps && pkgs+=(mlir-16-tools libmlir-16-dev curl chromium openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -55,11 +55,12 @@ KT_TEST(cli_every_command_has_help_and_rejects_unknown_options) {
 KT_TEST(cli_flags_that_do_nothing_are_errors) {
     KT_NEED_KILN_BIN();
     EXPECT_RUN("export --stage bogus", 1, "--stage bogus: not a compiler stage");
-    EXPECT_RUN("export --dialect tosa", 1, "--dialect tosa: expected stablehlo or linalg");
+    EXPECT_RUN("export --dialect onnx", 1, "--dialect onnx: expected stablehlo, linalg or tosa");
     EXPECT_RUN("export --shape foo:1", 1, "expected prefill:T or decode:S");
     EXPECT_RUN("export --dialect linalg --stage fuse", 1, "--stage applies to the StableHLO text");
     EXPECT_RUN("validate --backend tpu x", 1, "--backend tpu: expected native or mlir");
     EXPECT_RUN("generate -p hi --backend tpu", 1, "--backend tpu: expected native or mlir");
+    EXPECT_RUN("generate -p hi --dialect tosa", 1, "--dialect tosa applies to --backend mlir");
     EXPECT_RUN("generate -p hi --n-probs 2", 1, "add --json");
     EXPECT_RUN("generate --prompt-ids 1,,2", 1, "an empty entry");
     EXPECT_RUN("generate --prompt-ids 1,2,", 1, "ends with a comma");

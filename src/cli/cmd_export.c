@@ -1,7 +1,7 @@
 /* cmd_export.c: `kiln export -m DIR [--tokens T] [--stage NAME] [-o FILE]`
  * prints a model's forward graph for a batch of T tokens as StableHLO MLIR:
  * as emitted (composites with their decomposition functions), or after a
- * compiler stage. `--dialect linalg` prints it lowered to upstream MLIR
+ * compiler stage. `--dialect linalg` (or `tosa`) prints it lowered to upstream MLIR
  * (mlir/kmlir.h); `--shape prefill:T|decode:S` picks the step shape and
  * `--out DIR` writes DIR/model.mlir. */
 #include <errno.h>
@@ -22,7 +22,7 @@ int kiln_cmd_export(int argc, char **argv) {
     for (int i = 1; i < argc && !st; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: kiln export [-m DIR] [--tokens T | --shape prefill:T|decode:S] [--dialect stablehlo|linalg]\n"
+            printf("usage: kiln export [-m DIR] [--tokens T | --shape prefill:T|decode:S] [--dialect stablehlo|linalg|tosa]\n"
                    "                   [--stage decompose|simplify|fuse|kernels|all] [-o FILE | --out DIR]\n"
                    "  Prints the forward graph for a batch of T tokens (default 1) as StableHLO MLIR (generic\n"
                    "  op syntax; kiln.* composites as stablehlo.composite with decomposition functions).\n"
@@ -31,6 +31,7 @@ int kiln_cmd_export(int argc, char **argv) {
                    "  --dialect linalg   lower to upstream MLIR instead (linalg on tensors, arith, math, tensor, scf,\n"
                    "                     func): composites as their decompositions, weights, KV cache and recurrent\n"
                    "                     state as arguments, the updated cache and state as results\n"
+                   "  --dialect tosa     the same with TOSA ops where TOSA has the op (the rest as with linalg)\n"
                    "  --shape prefill:T  one sequence of T tokens (default prefill:1); decode:S: S sequences, a token each\n"
                    "  -o, --output FILE  write to FILE instead of standard output\n"
                    "  --out DIR          write DIR/model.mlir\n");
@@ -58,10 +59,10 @@ int kiln_cmd_export(int argc, char **argv) {
     if (!st && stage && strcmp(stage, "decompose") && strcmp(stage, "simplify") && strcmp(stage, "fuse") &&
         strcmp(stage, "kernels") && strcmp(stage, "all"))
         st = kiln_error(KILN_EINVAL, "--stage %s: not a compiler stage (decompose, simplify, fuse, kernels or all)", stage);
-    bool linalg = !st && !strcmp(dialect, "linalg");
+    bool tosa = !st && !strcmp(dialect, "tosa"), linalg = !st && (tosa || !strcmp(dialect, "linalg"));
     if (!st && !linalg && strcmp(dialect, "stablehlo"))
-        st = kiln_error(KILN_EINVAL, "--dialect %s: expected stablehlo or linalg", dialect);
-    if (!st && linalg && stage) st = kiln_error(KILN_EINVAL, "--stage applies to the StableHLO text, not --dialect linalg");
+        st = kiln_error(KILN_EINVAL, "--dialect %s: expected stablehlo, linalg or tosa", dialect);
+    if (!st && linalg && stage) st = kiln_error(KILN_EINVAL, "--stage applies to the StableHLO text, not --dialect %s", dialect);
     if (!st && out && out_dir) st = kiln_error(KILN_EINVAL, "give -o FILE or --out DIR, not both");
     if (st) return kiln_fail(st);
     char path[4096];
@@ -87,7 +88,7 @@ int kiln_cmd_export(int argc, char **argv) {
     if (!st) {
         if (linalg) {
             st = kmlir_lower(g);
-            if (!st) st = kmlir_emit(g, f, NULL);
+            if (!st) st = kmlir_emit_dialect(g, tosa ? KMLIR_TOSA : KMLIR_LINALG, f, NULL);
         } else if (stage) {
             kp_options o = {.dump_after = stage, .dump = f};
             kp_plan plan;

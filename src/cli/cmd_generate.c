@@ -39,7 +39,9 @@ static void usage(FILE *f) {
                "                        position, row i after the i-th generated or forced token\n"
                "  -c, --ctx-size N      context size (default: the model's, at most 4096)\n"
                "  -t, --threads N       threads (default: all CPUs)\n"
-               "  --backend mlir        run each step compiled by MLIR 16 (mlir-opt, mlir-cpu-runner): slow, a check\n"
+               "  --backend mlir        run each step compiled by MLIR 16 (its ExecutionEngine, or mlir-opt +\n"
+               "                        mlir-cpu-runner): slow, a check\n"
+               "  --dialect tosa        with --backend mlir: emit TOSA where it has the op (default linalg)\n"
                "  --json                print one JSON object with the ids, finish reason and timings\n"
                "                        (with --n-probs N: each generated token's log-probability and its top N)\n"
                "sampling (as llama.cpp):\n");
@@ -66,7 +68,7 @@ typedef struct {
     int32_t *prompt, *forced;
     int n_prompt, n_forced;
     int64_t n_ctx, threads;
-    bool json, chat, no_display, mlir;
+    bool json, chat, no_display, mlir, mlir_tosa;
     kgen_params gp;
     char *echo;     /* the prompt text, printed once every check on it has passed */
     size_t echo_len;
@@ -93,7 +95,7 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
         static const char *const flags[] = {"--json", "--chat", "--no-display-prompt", NULL};
         static const char *const valued[] = {"-m", "--model", "--prompt-ids", "--force-ids", "-c", "--ctx-size", "-t",
                                              "--threads", "--logits-out", "-p", "--prompt", "-f", "--file", "--system",
-                                             "--image", "--video", "--backend", NULL};
+                                             "--image", "--video", "--backend", "--dialect", NULL};
         KILN_TRY(kiln_option("generate", a, v, valued, flags));
         bool takes = kiln_flag_in(a, valued);
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
@@ -120,9 +122,13 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
                 KILN_TRY(kmlir_tools());
                 o->mlir = true;
             } else if (strcmp(v, "native")) return kiln_error(KILN_EINVAL, "--backend %s: expected native or mlir", v);
+        } else if (!strcmp(a, "--dialect")) {
+            if (!strcmp(v, "tosa")) o->mlir_tosa = true;
+            else if (strcmp(v, "linalg")) return kiln_error(KILN_EINVAL, "--dialect %s: expected linalg or tosa", v);
         }
         i += takes ? 2 : 1;
     }
+    if (o->mlir_tosa && !o->mlir) return kiln_error(KILN_EINVAL, "--dialect tosa applies to --backend mlir");
     if (!!o->prompt + !!o->text + !!o->file > 1) return kiln_error(KILN_EINVAL, "give one of -p, -f and --prompt-ids");
     if (o->prompt && o->n_prompt == 0) return kiln_error(KILN_EINVAL, "--prompt-ids: the prompt is empty");
     if (o->chat && o->prompt) return kiln_error(KILN_EINVAL, "--chat needs a text prompt (-p or -f)");
@@ -373,7 +379,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     if (!st) st = prompt_ids(o, tok);
     image_input img = {0};
     if (!st && o->n_images + o->n_videos) st = add_images(o, m, &img);
-    if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads, .compile = {.mlir = o->mlir}}, &c);
+    if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads, .compile = {.mlir = o->mlir, .mlir_tosa = o->mlir_tosa}}, &c);
     if (!st) kiln_warn_ctx(m, ke_ctx_n_ctx(c));
     if (!st && o->sp.draft) st = kspec_load_draft(o->sp.draft, m, o->dir, &draft);
     if (!st && kspec_enabled(&o->sp)) st = kspec_create(&o->sp, c, draft, &sp);

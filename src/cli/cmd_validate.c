@@ -90,16 +90,17 @@ int kiln_cmd_validate(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: kiln validate [--tolerance X] [--threads N] [--decompose] [--no-batched] [--oracle DIR]\n"
-                   "                     [--backend native|mlir] DIR...\n"
+                   "                     [--backend native|mlir [--dialect linalg|tosa]] DIR...\n"
                    "  Runs the oracle gate (../shared/oracle/README.md) on fixture folders and prints\n"
                    "  PASS/FAIL with the max logit difference per path.\n"
                    "  --decompose   run every composite op as its reference decomposition\n"
                    "  --oracle DIR  read oracle.json and logits.npy from DIR instead of each model folder\n"
                    "  --backend mlir  lower every step's graph to linalg and run it compiled by MLIR 16\n"
-                   "                (mlir-opt, mlir-cpu-runner): a correctness path, slow\n");
+                   "                (its ExecutionEngine, or mlir-opt + mlir-cpu-runner): a correctness path, slow\n"
+                   "  --dialect tosa  with --backend mlir: emit TOSA (where it has the op), lowered by tosa-to-linalg\n");
             return 0;
         }
-        static const char *const valued[] = {"--tolerance", "--threads", "-t", "--oracle", "--backend", NULL};
+        static const char *const valued[] = {"--tolerance", "--threads", "-t", "--oracle", "--backend", "--dialect", NULL};
         static const char *const flags[] = {"--decompose", "--no-batched", NULL};
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (argv[i][0] == '-') {
@@ -127,6 +128,10 @@ int kiln_cmd_validate(int argc, char **argv) {
             } else if (strcmp(b, "native")) {
                 return kiln_fail(kiln_error(KILN_EINVAL, "--backend %s: expected native or mlir", b));
             }
+        } else if (!strcmp(argv[i], "--dialect")) {
+            const char *d = argv[++i];
+            if (!strcmp(d, "tosa")) r.o.compile.mlir_tosa = true;
+            else if (strcmp(d, "linalg")) return kiln_fail(kiln_error(KILN_EINVAL, "--dialect %s: expected linalg or tosa", d));
         } else if (!strcmp(argv[i], "--decompose")) r.o.compile.decompose_all = true;
         else if (!strcmp(argv[i], "--no-batched")) r.o.skip_batched = true;
         else if (!strcmp(argv[i], "--oracle") && i + 1 < argc) r.o.oracle_dir = argv[++i];
@@ -134,6 +139,10 @@ int kiln_cmd_validate(int argc, char **argv) {
             fprintf(stderr, "kiln validate: unknown option %s\n", argv[i]);
             return 1;
         } else {
+            if (r.o.compile.mlir_tosa && !r.o.compile.mlir) {
+                fprintf(stderr, "kiln validate: --dialect tosa applies to --backend mlir (give it before the folders)\n");
+                return 1;
+            }
             if (!ku_dir_exists(argv[i])) {
                 printf("FAIL %s: not a folder\n", argv[i]);
                 r.fail++;
@@ -157,8 +166,8 @@ int kiln_cmd_validate(int argc, char **argv) {
     if (r.o.compile.mlir) {
         int64_t runs;
         double rs = kmlir_run_seconds(&runs);
-        printf("mlir: compiling %.1f s; %lld steps ran in %.3f s (%.2f ms a step)\n", kmlir_compile_seconds(), (long long)runs, rs,
-               runs ? 1e3 * rs / (double)runs : 0.0);
+        printf("mlir (%s, %s): compiling %.1f s; %lld steps ran in %.3f s (%.2f ms a step)\n", r.o.compile.mlir_tosa ? "tosa" : "linalg",
+               kmlir_compiler(), kmlir_compile_seconds(), (long long)runs, rs, runs ? 1e3 * rs / (double)runs : 0.0);
     }
     return r.fail ? 1 : 0;
 }

@@ -1132,7 +1132,7 @@ static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t
     if (*st) return NULL;
     kr_exec *ex = NULL;
     kmlir_exec *mx = NULL;
-    if (c->p.compile.mlir) *st = kmlir_exec_create(g, &mx);
+    if (c->p.compile.mlir) *st = kmlir_exec_create(g, c->p.compile.mlir_tosa ? KMLIR_TOSA : KMLIR_LINALG, &mx);
     else *st = kr_exec_create(g, &c->p.compile, &ex);
     if (*st) {
         free(inputs);

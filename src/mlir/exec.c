@@ -1,6 +1,12 @@
-/* exec.c: a lowered graph compiled by MLIR 16's tools and called (see kmlir.h).
+/* exec.c: a lowered graph compiled by MLIR 16 and called (see kmlir.h).
  *
- * Pipeline (mlir-opt): empty tensors to allocations, one-shot bufferization
+ * Where libkiln-mlir.so sits beside the executable (built from jit/jit.c
+ * when libmlir-16-dev is installed), the pipeline below runs in process
+ * through MLIR's C API and its ExecutionEngine JIT-compiles the module;
+ * otherwise (or with KILN_MLIR_JIT=0) the tools do it, as follows.
+ *
+ * Pipeline (mlir-opt; TOSA modules first through tosa-to-linalg-named,
+ * tosa-to-linalg, tosa-to-arith, tosa-to-tensor): empty tensors to allocations, one-shot bufferization
  * across function boundaries with identity layouts, results turned into out
  * parameters, deallocation, linalg to loops, scf/cf/affine/math/arith/memref/
  * func to LLVM. mlir-cpu-runner JIT-compiles the result and dumps its object
@@ -20,12 +26,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mlir/jit/jit.h"
 #include "mlir/kmlir.h"
 
 #define DESC_WORDS (3 + 2 * KG_MAX_RANK)
 
 struct kmlir_exec {
     kg_graph *g;
+    kmlir_dialect dialect;
     kmlir_sig sig;
     void (*fn)(void **);
     int64_t (*desc)[DESC_WORDS]; /* per argument, then per result */
@@ -68,7 +76,10 @@ static bool exists_in_path(const char *name) {
     return false;
 }
 
+static kmlir_jit_fn jit_fn(void);
+
 kiln_status kmlir_tools(void) {
+    if (jit_fn()) return NULL; /* the ExecutionEngine in process needs no tools */
     char p[4096];
     static const char *const tools[] = {"mlir-opt", "mlir-cpu-runner"};
     for (int i = 0; i < 2; i++) {
@@ -120,13 +131,49 @@ static const char rt_c[] =
     "  cp(es, r, 0, sp, s + 3 + r, tp, t + 3 + r, s + 3);\n"
     "}\n";
 
-static const char *const passes[] = {
-    "--empty-tensor-to-alloc-tensor",
-    "--one-shot-bufferize=bufferize-function-boundaries allow-return-allocs function-boundary-type-conversion=identity-layout-map",
-    "--buffer-results-to-out-params", "--buffer-deallocation", "--convert-linalg-to-loops", "--convert-scf-to-cf",
-    "--expand-strided-metadata", "--lower-affine", "--convert-math-to-llvm", "--convert-math-to-libm",
-    "--convert-arith-to-llvm", "--convert-memref-to-llvm", "--convert-func-to-llvm", "--convert-cf-to-llvm",
-    "--reconcile-unrealized-casts"};
+/* mlir-opt's standard pipeline, as one --pass-pipeline string (the tools
+ * and the C API read the same text); TOSA modules first go to linalg. */
+static const char tosa_passes[] = "func.func(tosa-to-linalg-named,tosa-to-linalg,tosa-to-arith,tosa-to-tensor),";
+static const char passes[] =
+    "empty-tensor-to-alloc-tensor,"
+    "one-shot-bufferize{bufferize-function-boundaries allow-return-allocs function-boundary-type-conversion=identity-layout-map},"
+    "buffer-results-to-out-params,func.func(buffer-deallocation,convert-linalg-to-loops),convert-scf-to-cf,"
+    "expand-strided-metadata,lower-affine,convert-math-to-llvm,convert-math-to-libm,convert-arith-to-llvm,"
+    "convert-memref-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,reconcile-unrealized-casts";
+
+static void pipeline(char *buf, size_t cap, bool tosa) { snprintf(buf, cap, "builtin.module(%s%s)", tosa ? tosa_passes : "", passes); }
+
+/* LLVM optimization of the JIT: -O0 by default (a correctness path: -O2 compiles ~12x slower, runs ~faster) */
+static int opt_level(void) {
+    const char *lvl = getenv("KILN_MLIR_OPT");
+    return lvl && lvl[0] >= '0' && lvl[0] <= '3' && !lvl[1] ? lvl[0] - '0' : 0;
+}
+
+/* The in-process compiler (libkiln-mlir.so beside the executable, MLIR's
+ * ExecutionEngine): NULL when it is not there or KILN_MLIR_JIT=0. */
+static kmlir_jit_fn jit_loaded;
+static pthread_once_t jit_once = PTHREAD_ONCE_INIT;
+
+static void jit_load(void) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 32);
+    if (n <= 0) return;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return;
+    strcpy(slash + 1, "libkiln-mlir.so");
+    void *h = dlopen(exe, RTLD_NOW | RTLD_LOCAL); /* kept loaded */
+    if (h) *(void **)&jit_loaded = dlsym(h, KMLIR_JIT_SYMBOL);
+}
+
+static kmlir_jit_fn jit_fn(void) {
+    const char *env = getenv("KILN_MLIR_JIT");
+    if (env && !strcmp(env, "0")) return NULL;
+    pthread_once(&jit_once, jit_load);
+    return jit_loaded;
+}
+
+const char *kmlir_compiler(void) { return jit_fn() ? "ExecutionEngine (C API)" : "mlir-opt + mlir-cpu-runner + cc"; }
 
 /* Compiled modules by text: validate and the engine build the same step
  * shape again in each new context, and a module's code does not depend on
@@ -134,6 +181,7 @@ static const char *const passes[] = {
 typedef struct {
     char *text;
     size_t len;
+    bool jit; /* compiled by the ExecutionEngine, else by the tools */
     void (*fn)(void **);
 } cached;
 
@@ -141,7 +189,17 @@ static cached cache[64];
 static int n_cache;
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static kiln_status build(kmlir_exec *e, const char *text, size_t len) {
+static kiln_status build_jit(kmlir_exec *e, kmlir_jit_fn jit, const char *text, size_t len, bool tosa) {
+    char pipe[1024], err[1024];
+    pipeline(pipe, sizeof pipe, tosa);
+    if (jit(text, len, pipe, opt_level(), "_mlir_ciface_kiln_forward", &e->fn, err, sizeof err))
+        return kiln_error(KILN_EIO, "mlir: %s", err);
+    return NULL;
+}
+
+static kiln_status build(kmlir_exec *e, const char *text, size_t len, bool tosa) {
+    kmlir_jit_fn jit = jit_fn();
+    if (jit) return build_jit(e, jit, text, len, tosa);
     char src[320], low[320], obj[320], rt[320], so[320], log[320], tool[4096], runner[4096], cc[] = "cc";
     snprintf(src, sizeof src, "%s/model.mlir", e->dir);
     snprintf(low, sizeof low, "%s/model.llvm.mlir", e->dir);
@@ -158,10 +216,10 @@ static kiln_status build(kmlir_exec *e, const char *text, size_t len) {
     fputs(rt_c, f);
     fclose(f);
     snprintf(tool, sizeof tool, "%s/mlir-opt", kmlir_tool_dir());
-    char *opt[32] = {tool, src};
-    int n = 2;
-    for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++) opt[n++] = (char *)passes[i];
-    opt[n++] = "-o", opt[n++] = low, opt[n] = NULL;
+    char pipe[1100];
+    memcpy(pipe, "--pass-pipeline=", 16);
+    pipeline(pipe + 16, sizeof pipe - 16, tosa);
+    char *opt[] = {tool, src, pipe, "-o", low, NULL};
     KILN_TRY(run_tool(opt, log));
     snprintf(runner, sizeof runner, "%s/mlir-cpu-runner", kmlir_tool_dir());
     char objarg[400];
@@ -171,10 +229,8 @@ static kiln_status build(kmlir_exec *e, const char *text, size_t len) {
     snprintf(libarg, sizeof libarg, "--shared-libs=%s", rtso);
     char *rtlink[] = {cc, "-shared", "-O2", "-fPIC", "-o", rtso, rt, NULL};
     KILN_TRY(run_tool(rtlink, log));
-    /* LLVM optimization of the JIT: -O0 by default (a correctness path: -O2 compiles ~12x slower, runs ~faster) */
-    const char *lvl = getenv("KILN_MLIR_OPT");
     char optlevel[8];
-    snprintf(optlevel, sizeof optlevel, "-O%c", lvl && lvl[0] >= '0' && lvl[0] <= '3' && !lvl[1] ? lvl[0] : '0');
+    snprintf(optlevel, sizeof optlevel, "-O%d", opt_level());
     char *run[] = {runner, low, "-e", "kiln_noop", "--entry-point-result=void", optlevel, libarg, "--dump-object-file", objarg, NULL};
     KILN_TRY(run_tool(run, log));
     char *link[] = {cc, "-shared", "-O2", "-fPIC", "-Wl,-Bsymbolic", "-o", so, obj, rt, "-lm", NULL};
@@ -191,7 +247,7 @@ static kiln_status compile(kmlir_exec *e) {
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     if (!f) return kiln_error(KILN_ENOMEM, "out of memory");
-    kiln_status st = kmlir_emit(e->g, f, &e->sig);
+    kiln_status st = kmlir_emit_dialect(e->g, e->dialect, f, &e->sig);
     if (!st) { /* the runner's entry point, inside the module */
         fflush(f);
         fseek(f, (long)len - 2, SEEK_SET);
@@ -203,12 +259,13 @@ static kiln_status compile(kmlir_exec *e) {
         return st;
     }
     pthread_mutex_lock(&cache_mu);
+    bool jit = jit_fn() != NULL;
     for (int i = 0; i < n_cache && !e->fn; i++)
-        if (cache[i].len == len && !memcmp(cache[i].text, text, len)) e->fn = cache[i].fn;
+        if (cache[i].jit == jit && cache[i].len == len && !memcmp(cache[i].text, text, len)) e->fn = cache[i].fn;
     if (!e->fn) {
-        st = build(e, text, len);
+        st = build(e, text, len, e->dialect == KMLIR_TOSA);
         if (!st && n_cache < (int)(sizeof cache / sizeof cache[0])) {
-            cache[n_cache++] = (cached){text, len, e->fn};
+            cache[n_cache++] = (cached){text, len, jit, e->fn};
             text = NULL;
         }
     }
@@ -235,7 +292,7 @@ static void rm_dir(const char *dir) {
     rmdir(dir);
 }
 
-kiln_status kmlir_exec_create(kg_graph *g, kmlir_exec **out) {
+kiln_status kmlir_exec_create(kg_graph *g, kmlir_dialect d, kmlir_exec **out) {
     *out = NULL;
     kiln_status st = kmlir_tools();
     kmlir_exec *e = st ? NULL : calloc(1, sizeof *e);
@@ -245,6 +302,7 @@ kiln_status kmlir_exec_create(kg_graph *g, kmlir_exec **out) {
         return st;
     }
     e->g = g;
+    e->dialect = d;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     const char *tmp = getenv("TMPDIR");

@@ -15,15 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mlir/kmlir.h"
+#include "mlir/emit.h"
 #include "passes/passes.h"
 
-typedef struct {
-    FILE *f;
-    int tmp; /* temporaries %t<N>, unique in the function */
-} em;
-
-static const char *elt(kg_dtype t) {
+const char *kmlir_elt(kg_dtype t) {
     switch (t) {
     case KG_F32: return "f32";
     case KG_F16: return "f16";
@@ -45,15 +40,15 @@ static int bits(kg_dtype t) {
 
 static bool is_unsigned(kg_dtype t) { return t == KG_U32 || t == KG_U8 || t == KG_PRED; }
 
-static void ttype(FILE *f, const kg_shape *s, kg_dtype t) {
+void kmlir_ttype(FILE *f, const kg_shape *s, kg_dtype t) {
     fprintf(f, "tensor<");
     for (int i = 0; i < s->rank; i++) fprintf(f, "%" PRId64 "x", s->d[i]);
-    fprintf(f, "%s>", elt(t));
+    fprintf(f, "%s>", kmlir_elt(t));
 }
 
-static void ty(em *e, const kg_node *n) { ttype(e->f, &n->shape, n->dtype); }
+static void ty(em *e, const kg_node *n) { kmlir_ttype(e->f, &n->shape, n->dtype); }
 
-static void val(em *e, const kg_node *n) {
+void kmlir_val(em *e, const kg_node *n) {
     if (n->op == KG_OP_PARAM || n->op == KG_OP_WEIGHT) fprintf(e->f, "%%a%d", (int)n->offset);
     else fprintf(e->f, "%%v%d", n->id);
 }
@@ -92,9 +87,9 @@ static int empty(em *e, const kg_node *n) {
 static int cst(em *e, kg_dtype t, double v, const char *spelled) {
     int c = e->tmp++;
     if (spelled && t == KG_PRED) fprintf(e->f, "    %%t%d = arith.constant %s\n", c, spelled); /* true/false are typed */
-    else if (spelled) fprintf(e->f, "    %%t%d = arith.constant %s : %s\n", c, spelled, elt(t));
-    else if (kg_dtype_is_float(t)) fprintf(e->f, "    %%t%d = arith.constant %.9e : %s\n", c, v, elt(t));
-    else fprintf(e->f, "    %%t%d = arith.constant %lld : %s\n", c, (long long)v, elt(t));
+    else if (spelled) fprintf(e->f, "    %%t%d = arith.constant %s : %s\n", c, spelled, kmlir_elt(t));
+    else if (kg_dtype_is_float(t)) fprintf(e->f, "    %%t%d = arith.constant %.9e : %s\n", c, v, kmlir_elt(t));
+    else fprintf(e->f, "    %%t%d = arith.constant %lld : %s\n", c, (long long)v, kmlir_elt(t));
     return c;
 }
 
@@ -108,19 +103,19 @@ static int idx_cst(em *e, int64_t v) {
 
 static int op1(em *e, const char *op, int a, kg_dtype t) {
     int r = e->tmp++;
-    fprintf(e->f, "    %%t%d = %s %%t%d : %s\n", r, op, a, elt(t));
+    fprintf(e->f, "    %%t%d = %s %%t%d : %s\n", r, op, a, kmlir_elt(t));
     return r;
 }
 
 static int op2(em *e, const char *op, int a, int b, kg_dtype t) {
     int r = e->tmp++;
-    fprintf(e->f, "    %%t%d = %s %%t%d, %%t%d : %s\n", r, op, a, b, elt(t));
+    fprintf(e->f, "    %%t%d = %s %%t%d, %%t%d : %s\n", r, op, a, b, kmlir_elt(t));
     return r;
 }
 
 static int cast(em *e, const char *op, int a, kg_dtype from, kg_dtype to) {
     int r = e->tmp++;
-    fprintf(e->f, "    %%t%d = %s %%t%d : %s to %s\n", r, op, a, elt(from), elt(to));
+    fprintf(e->f, "    %%t%d = %s %%t%d : %s to %s\n", r, op, a, kmlir_elt(from), kmlir_elt(to));
     return r;
 }
 
@@ -165,7 +160,7 @@ static int convert(em *e, int a, kg_dtype from, kg_dtype to) {
     if (ff) {
         if (to == KG_PRED) {
             int z = cst(e, from, 0, NULL), r = e->tmp++;
-            fprintf(e->f, "    %%t%d = arith.cmpf une, %%t%d, %%t%d : %s\n", r, a, z, elt(from));
+            fprintf(e->f, "    %%t%d = arith.cmpf une, %%t%d, %%t%d : %s\n", r, a, z, kmlir_elt(from));
             return r;
         }
         if (from == KG_BF16) a = bf16_to_f32(e, a), from = KG_F32;
@@ -177,7 +172,7 @@ static int convert(em *e, int a, kg_dtype from, kg_dtype to) {
     }
     if (to == KG_PRED) {
         int z = cst(e, from, 0, NULL), r = e->tmp++;
-        fprintf(e->f, "    %%t%d = arith.cmpi ne, %%t%d, %%t%d : %s\n", r, a, z, elt(from));
+        fprintf(e->f, "    %%t%d = arith.cmpi ne, %%t%d, %%t%d : %s\n", r, a, z, kmlir_elt(from));
         return r;
     }
     if (bits(to) < bits(from)) return cast(e, "arith.trunci", a, from, to);
@@ -235,17 +230,23 @@ static kiln_status body(em *e, const kg_node *n, const int *a, int *out) {
     case KG_OP_POW: r = op2(e, "math.powf", x[0], x[1], ct); break;
     case KG_OP_AND: r = op2(e, "arith.andi", x[0], x[1], ct); break;
     case KG_OP_OR: r = op2(e, "arith.ori", x[0], x[1], ct); break;
-    case KG_OP_SHR: r = op2(e, "arith.shrui", x[0], x[1], ct); break;
-    case KG_OP_SHL: r = op2(e, "arith.shli", x[0], x[1], ct); break;
+    case KG_OP_SHR:
+    case KG_OP_SHL: { /* StableHLO: a count of the bit width or more (unsigned) gives 0; arith's shifts are poison there */
+        int sh = op2(e, n->op == KG_OP_SHR ? "arith.shrui" : "arith.shli", x[0], x[1], ct), w = cst(e, ct, bits(ct), NULL), big = e->tmp++;
+        fprintf(e->f, "    %%t%d = arith.cmpi uge, %%t%d, %%t%d : %s\n", big, x[1], w, kmlir_elt(ct));
+        r = e->tmp++;
+        fprintf(e->f, "    %%t%d = arith.select %%t%d, %%t%d, %%t%d : %s\n", r, big, cst(e, ct, 0, NULL), sh, kmlir_elt(ct));
+        break;
+    }
     case KG_OP_COMPARE:
         r = e->tmp++;
         fprintf(e->f, "    %%t%d = arith.%s %s, %%t%d, %%t%d : %s\n", r, fl ? "cmpf" : "cmpi", cmp_pred(n->a.cmp, fl, un), x[0],
-                x[1], elt(ct));
+                x[1], kmlir_elt(ct));
         *out = r;
         return NULL;
     case KG_OP_SELECT:
         r = e->tmp++;
-        fprintf(e->f, "    %%t%d = arith.select %%t%d, %%t%d, %%t%d : %s\n", r, a[0], a[1], a[2], elt(n->dtype));
+        fprintf(e->f, "    %%t%d = arith.select %%t%d, %%t%d, %%t%d : %s\n", r, a[0], a[1], a[2], kmlir_elt(n->dtype));
         *out = r;
         return NULL;
     case KG_OP_CLAMP: { /* min(max(x, lo), hi) */
@@ -276,19 +277,19 @@ static void elementwise(em *e, const kg_node *n, kiln_status *st) {
         fprintf(e->f, ", ");
     }
     ident(e, R), fprintf(e->f, "], "), iters(e, R, NULL), fprintf(e->f, "} ins(");
-    for (int i = 0; i < n->n_in; i++) fprintf(e->f, "%s", i ? ", " : ""), val(e, n->in[i]);
+    for (int i = 0; i < n->n_in; i++) fprintf(e->f, "%s", i ? ", " : ""), kmlir_val(e, n->in[i]);
     fprintf(e->f, " : ");
     for (int i = 0; i < n->n_in; i++) fprintf(e->f, "%s", i ? ", " : ""), ty(e, n->in[i]);
     fprintf(e->f, ") outs(%%t%d : ", init), ty(e, n), fprintf(e->f, ") {\n  ^bb0(");
     int a[3];
     for (int i = 0; i < n->n_in; i++) {
         a[i] = e->tmp++;
-        fprintf(e->f, "%%t%d: %s, ", a[i], elt(n->in[i]->dtype));
+        fprintf(e->f, "%%t%d: %s, ", a[i], kmlir_elt(n->in[i]->dtype));
     }
-    fprintf(e->f, "%%t%d: %s):\n", e->tmp++, elt(n->dtype));
+    fprintf(e->f, "%%t%d: %s):\n", e->tmp++, kmlir_elt(n->dtype));
     int r = 0;
     *st = body(e, n, a, &r);
-    fprintf(e->f, "    linalg.yield %%t%d : %s\n  } -> ", r, elt(n->dtype)), ty(e, n), fprintf(e->f, "\n");
+    fprintf(e->f, "    linalg.yield %%t%d : %s\n  } -> ", r, kmlir_elt(n->dtype)), ty(e, n), fprintf(e->f, "\n");
 }
 
 /* A generic with no inputs whose body starts with linalg.index for every dim (in idx[]). */
@@ -296,7 +297,7 @@ static void index_generic_open(em *e, const kg_node *n, int *idx) {
     int R = n->shape.rank, init = empty(e, n);
     generic_head(e, n, R, NULL);
     ident(e, R), fprintf(e->f, "], "), iters(e, R, NULL);
-    fprintf(e->f, "} outs(%%t%d : ", init), ty(e, n), fprintf(e->f, ") {\n  ^bb0(%%t%d: %s):\n", e->tmp++, elt(n->dtype));
+    fprintf(e->f, "} outs(%%t%d : ", init), ty(e, n), fprintf(e->f, ") {\n  ^bb0(%%t%d: %s):\n", e->tmp++, kmlir_elt(n->dtype));
     for (int i = 0; i < R; i++) {
         idx[i] = e->tmp++;
         fprintf(e->f, "    %%t%d = linalg.index %d : index\n", idx[i], i);
@@ -304,7 +305,7 @@ static void index_generic_open(em *e, const kg_node *n, int *idx) {
 }
 
 static void generic_close(em *e, const kg_node *n, int r) {
-    fprintf(e->f, "    linalg.yield %%t%d : %s\n  } -> ", r, elt(n->dtype)), ty(e, n), fprintf(e->f, "\n");
+    fprintf(e->f, "    linalg.yield %%t%d : %s\n  } -> ", r, kmlir_elt(n->dtype)), ty(e, n), fprintf(e->f, "\n");
 }
 
 static void iota(em *e, const kg_node *n) {
@@ -324,9 +325,9 @@ static void broadcast(em *e, const kg_node *n) {
     }
     generic_head(e, n, R, NULL);
     amap(e, R, r, x->shape.rank), fprintf(e->f, ", "), ident(e, R), fprintf(e->f, "], "), iters(e, R, NULL);
-    fprintf(e->f, "} ins("), val(e, x), fprintf(e->f, " : "), ty(e, x);
+    fprintf(e->f, "} ins("), kmlir_val(e, x), fprintf(e->f, " : "), ty(e, x);
     int a = e->tmp++;
-    fprintf(e->f, ") outs(%%t%d : ", init), ty(e, n), fprintf(e->f, ") {\n  ^bb0(%%t%d: %s, %%t%d: %s):\n", a, elt(x->dtype), e->tmp++, elt(n->dtype));
+    fprintf(e->f, ") outs(%%t%d : ", init), ty(e, n), fprintf(e->f, ") {\n  ^bb0(%%t%d: %s, %%t%d: %s):\n", a, kmlir_elt(x->dtype), e->tmp++, kmlir_elt(n->dtype));
     generic_close(e, n, a);
 }
 
@@ -336,13 +337,13 @@ static void transpose(em *e, const kg_node *n) {
     for (int i = 0; i < R; i++) r[n->a.transpose.perm[i]] = i; /* result dim i is operand dim perm[i] */
     generic_head(e, n, R, NULL);
     amap(e, R, r, R), fprintf(e->f, ", "), ident(e, R), fprintf(e->f, "], "), iters(e, R, NULL);
-    fprintf(e->f, "} ins("), val(e, x), fprintf(e->f, " : "), ty(e, x);
+    fprintf(e->f, "} ins("), kmlir_val(e, x), fprintf(e->f, " : "), ty(e, x);
     int a = e->tmp++;
-    fprintf(e->f, ") outs(%%t%d : ", init), ty(e, n), fprintf(e->f, ") {\n  ^bb0(%%t%d: %s, %%t%d: %s):\n", a, elt(x->dtype), e->tmp++, elt(n->dtype));
+    fprintf(e->f, ") outs(%%t%d : ", init), ty(e, n), fprintf(e->f, ") {\n  ^bb0(%%t%d: %s, %%t%d: %s):\n", a, kmlir_elt(x->dtype), e->tmp++, kmlir_elt(n->dtype));
     generic_close(e, n, a);
 }
 
-static bool has(const kg_dims *d, int v) {
+bool kmlir_has(const kg_dims *d, int v) {
     for (int i = 0; i < d->n; i++)
         if (d->v[i] == v) return true;
     return false;
@@ -353,7 +354,7 @@ static void reduce(em *e, const kg_node *n) {
     int R = x->shape.rank, r[KG_MAX_RANK], nr = 0;
     bool red[KG_MAX_RANK];
     for (int i = 0; i < R; i++) {
-        red[i] = has(&n->a.reduce.dims, i);
+        red[i] = kmlir_has(&n->a.reduce.dims, i);
         if (!red[i]) r[nr++] = i;
     }
     kg_dtype t = n->dtype;
@@ -363,14 +364,14 @@ static void reduce(em *e, const kg_node *n) {
                        : k == KG_REDUCE_MAX ? (fl ? (t == KG_F32 ? "0xFF800000" : t == KG_F16 ? "0xFC00" : "0xFF80") : un ? "0" : "-2147483648")
                                             : (fl ? (t == KG_F32 ? "0x7F800000" : t == KG_F16 ? "0x7C00" : "0x7F80") : un ? "-1" : "2147483647");
     int c = e->tmp++, em_ = empty(e, n), fill = e->tmp++;
-    fprintf(e->f, "  %%t%d = arith.constant %s : %s\n", c, init, elt(t));
-    fprintf(e->f, "  %%t%d = linalg.fill ins(%%t%d : %s) outs(%%t%d : ", fill, c, elt(t), em_), ty(e, n), fprintf(e->f, ") -> "),
+    fprintf(e->f, "  %%t%d = arith.constant %s : %s\n", c, init, kmlir_elt(t));
+    fprintf(e->f, "  %%t%d = linalg.fill ins(%%t%d : %s) outs(%%t%d : ", fill, c, kmlir_elt(t), em_), ty(e, n), fprintf(e->f, ") -> "),
         ty(e, n), fprintf(e->f, "\n");
     generic_head(e, n, R, red);
     ident(e, R), fprintf(e->f, ", "), amap(e, R, r, nr), fprintf(e->f, "], "), iters(e, R, red);
-    fprintf(e->f, "} ins("), val(e, x), fprintf(e->f, " : "), ty(e, x);
+    fprintf(e->f, "} ins("), kmlir_val(e, x), fprintf(e->f, " : "), ty(e, x);
     int a = e->tmp++, acc = e->tmp++;
-    fprintf(e->f, ") outs(%%t%d : ", fill), ty(e, n), fprintf(e->f, ") {\n  ^bb0(%%t%d: %s, %%t%d: %s):\n", a, elt(t), acc, elt(t));
+    fprintf(e->f, ") outs(%%t%d : ", fill), ty(e, n), fprintf(e->f, ") {\n  ^bb0(%%t%d: %s, %%t%d: %s):\n", a, kmlir_elt(t), acc, kmlir_elt(t));
     const char *op = k == KG_REDUCE_SUM ? (fl ? "arith.addf" : "arith.addi")
                      : k == KG_REDUCE_MAX ? (fl ? "arith.maxf" : un ? "arith.maxui" : "arith.maxsi")
                                           : (fl ? "arith.minf" : un ? "arith.minui" : "arith.minsi");
@@ -406,16 +407,16 @@ static void dot(em *e, const kg_node *n) {
     kg_dtype t = n->dtype;
     bool fl = kg_dtype_is_float(t);
     int c = e->tmp++, em_ = empty(e, n), fill = e->tmp++;
-    fprintf(e->f, "  %%t%d = arith.constant %s : %s\n", c, fl ? "0.0" : "0", elt(t));
-    fprintf(e->f, "  %%t%d = linalg.fill ins(%%t%d : %s) outs(%%t%d : ", fill, c, elt(t), em_), ty(e, n), fprintf(e->f, ") -> "),
+    fprintf(e->f, "  %%t%d = arith.constant %s : %s\n", c, fl ? "0.0" : "0", kmlir_elt(t));
+    fprintf(e->f, "  %%t%d = linalg.fill ins(%%t%d : %s) outs(%%t%d : ", fill, c, kmlir_elt(t), em_), ty(e, n), fprintf(e->f, ") -> "),
         ty(e, n), fprintf(e->f, "\n");
     generic_head(e, n, nd, red);
     amap(e, nd, lm, x->shape.rank), fprintf(e->f, ", "), amap(e, nd, rm, y->shape.rank), fprintf(e->f, ", ");
     amap(e, nd, om, nb + nl + nrr), fprintf(e->f, "], "), iters(e, nd, red);
-    fprintf(e->f, "} ins("), val(e, x), fprintf(e->f, ", "), val(e, y), fprintf(e->f, " : "), ty(e, x), fprintf(e->f, ", "), ty(e, y);
+    fprintf(e->f, "} ins("), kmlir_val(e, x), fprintf(e->f, ", "), kmlir_val(e, y), fprintf(e->f, " : "), ty(e, x), fprintf(e->f, ", "), ty(e, y);
     int a = e->tmp++, b = e->tmp++, acc = e->tmp++;
     fprintf(e->f, ") outs(%%t%d : ", fill), ty(e, n);
-    fprintf(e->f, ") {\n  ^bb0(%%t%d: %s, %%t%d: %s, %%t%d: %s):\n", a, elt(t), b, elt(t), acc, elt(t));
+    fprintf(e->f, ") {\n  ^bb0(%%t%d: %s, %%t%d: %s, %%t%d: %s):\n", a, kmlir_elt(t), b, kmlir_elt(t), acc, kmlir_elt(t));
     int res;
     if (fl && t != KG_F32) {
         int p = op2(e, "arith.mulf", convert(e, a, t, KG_F32), convert(e, b, t, KG_F32), KG_F32);
@@ -443,26 +444,26 @@ static void reshape(em *e, const kg_node *n) {
     int cur = -1; /* temp holding the value as tensor<N>, -1: x is already */
     if (x->shape.rank != 1) {
         cur = e->tmp++;
-        fprintf(e->f, "  %%t%d = tensor.%s ", cur, x->shape.rank ? "collapse_shape" : "expand_shape"), val(e, x);
-        reassoc(e, x->shape.rank), ty(e, x), fprintf(e->f, " into "), ttype(e->f, &flat, x->dtype), fprintf(e->f, "\n");
+        fprintf(e->f, "  %%t%d = tensor.%s ", cur, x->shape.rank ? "collapse_shape" : "expand_shape"), kmlir_val(e, x);
+        reassoc(e, x->shape.rank), ty(e, x), fprintf(e->f, " into "), kmlir_ttype(e->f, &flat, x->dtype), fprintf(e->f, "\n");
     }
     if (n->shape.rank == 1) {
         fprintf(e->f, "  %%v%d = tensor.cast ", n->id);
-        if (cur < 0) val(e, x);
+        if (cur < 0) kmlir_val(e, x);
         else fprintf(e->f, "%%t%d", cur);
-        fprintf(e->f, " : "), ttype(e->f, &flat, x->dtype), fprintf(e->f, " to "), ty(e, n), fprintf(e->f, "\n");
+        fprintf(e->f, " : "), kmlir_ttype(e->f, &flat, x->dtype), fprintf(e->f, " to "), ty(e, n), fprintf(e->f, "\n");
         return;
     }
     fprintf(e->f, "  %%v%d = tensor.%s ", n->id, n->shape.rank ? "expand_shape" : "collapse_shape");
-    if (cur < 0) val(e, x);
+    if (cur < 0) kmlir_val(e, x);
     else fprintf(e->f, "%%t%d", cur);
-    reassoc(e, n->shape.rank), ttype(e->f, &flat, x->dtype), fprintf(e->f, " into "), ty(e, n), fprintf(e->f, "\n");
+    reassoc(e, n->shape.rank), kmlir_ttype(e->f, &flat, x->dtype), fprintf(e->f, " into "), ty(e, n), fprintf(e->f, "\n");
 }
 
 static void slice(em *e, const kg_node *n) {
     const kg_node *x = n->in[0];
     int R = n->shape.rank;
-    fprintf(e->f, "  %%v%d = tensor.extract_slice ", n->id), val(e, x), fprintf(e->f, "[");
+    fprintf(e->f, "  %%v%d = tensor.extract_slice ", n->id), kmlir_val(e, x), fprintf(e->f, "[");
     for (int i = 0; i < R; i++) fprintf(e->f, "%s%" PRId64, i ? ", " : "", n->a.slice.start[i]);
     fprintf(e->f, "] [");
     for (int i = 0; i < R; i++) fprintf(e->f, "%s%" PRId64, i ? ", " : "", n->shape.d[i]);
@@ -479,7 +480,7 @@ static void concat(em *e, const kg_node *n) {
         int nx = e->tmp++;
         if (k == n->n_in - 1) fprintf(e->f, "  %%v%d = tensor.insert_slice ", n->id);
         else fprintf(e->f, "  %%t%d = tensor.insert_slice ", nx);
-        val(e, x), fprintf(e->f, " into %%t%d[", cur);
+        kmlir_val(e, x), fprintf(e->f, " into %%t%d[", cur);
         for (int i = 0; i < R; i++) fprintf(e->f, "%s%" PRId64, i ? ", " : "", i == n->a.concat.dim ? off : 0);
         fprintf(e->f, "] [");
         for (int i = 0; i < R; i++) fprintf(e->f, "%s%" PRId64, i ? ", " : "", x->shape.d[i]);
@@ -506,10 +507,10 @@ static void dyn_update_slice(em *e, const kg_node *n) {
     int R = x->shape.rank, s[KG_MAX_RANK];
     for (int i = 0; i < R; i++) {
         int v = e->tmp++;
-        fprintf(e->f, "    %%t%d = tensor.extract ", v), val(e, n->in[2 + i]), fprintf(e->f, "[] : tensor<i32>\n");
+        fprintf(e->f, "    %%t%d = tensor.extract ", v), kmlir_val(e, n->in[2 + i]), fprintf(e->f, "[] : tensor<i32>\n");
         s[i] = clamp_index(e, v, x->shape.d[i] - u->shape.d[i]);
     }
-    fprintf(e->f, "  %%v%d = tensor.insert_slice ", n->id), val(e, u), fprintf(e->f, " into "), val(e, x), fprintf(e->f, "[");
+    fprintf(e->f, "  %%v%d = tensor.insert_slice ", n->id), kmlir_val(e, u), fprintf(e->f, " into "), kmlir_val(e, x), fprintf(e->f, "[");
     for (int i = 0; i < R; i++) fprintf(e->f, "%s%%t%d", i ? ", " : "", s[i]);
     fprintf(e->f, "] [");
     for (int i = 0; i < R; i++) fprintf(e->f, "%s%" PRId64, i ? ", " : "", u->shape.d[i]);
@@ -523,7 +524,7 @@ static int start_index(em *e, const kg_node *idx, int ivd, const int *bc, int k)
     int ir = idx->shape.rank, c[KG_MAX_RANK + 1], nc = 0, bi = 0;
     for (int i = 0; i < ir; i++) c[nc++] = i == ivd ? idx_cst(e, k) : bc[bi++];
     int v = e->tmp++;
-    fprintf(e->f, "    %%t%d = tensor.extract ", v), val(e, idx), fprintf(e->f, "[");
+    fprintf(e->f, "    %%t%d = tensor.extract ", v), kmlir_val(e, idx), fprintf(e->f, "[");
     for (int i = 0; i < nc; i++) fprintf(e->f, "%s%%t%d", i ? ", " : "", c[i]);
     fprintf(e->f, "] : "), ty(e, idx), fprintf(e->f, "\n");
     return v;
@@ -535,7 +536,7 @@ static void gather(em *e, const kg_node *n) {
     int o[KG_MAX_RANK], bc[KG_MAX_RANK], nb = 0, off[KG_MAX_RANK], no = 0;
     index_generic_open(e, n, o);
     for (int i = 0; i < n->shape.rank; i++) {
-        if (has(&d->offset_dims, i)) off[no++] = o[i];
+        if (kmlir_has(&d->offset_dims, i)) off[no++] = o[i];
         else bc[nb++] = o[i];
     }
     int start[KG_MAX_RANK];
@@ -546,7 +547,7 @@ static void gather(em *e, const kg_node *n) {
     }
     int c[KG_MAX_RANK];
     for (int i = 0, w = 0; i < x->shape.rank; i++) {
-        int win = has(&d->collapsed_slice_dims, i) ? -1 : off[w++];
+        int win = kmlir_has(&d->collapsed_slice_dims, i) ? -1 : off[w++];
         if (start[i] < 0 && win < 0) c[i] = idx_cst(e, 0);
         else if (start[i] < 0) c[i] = win;
         else if (win < 0) c[i] = start[i];
@@ -556,7 +557,7 @@ static void gather(em *e, const kg_node *n) {
         }
     }
     int v = e->tmp++;
-    fprintf(e->f, "    %%t%d = tensor.extract ", v), val(e, x), fprintf(e->f, "[");
+    fprintf(e->f, "    %%t%d = tensor.extract ", v), kmlir_val(e, x), fprintf(e->f, "[");
     for (int i = 0; i < x->shape.rank; i++) fprintf(e->f, "%s%%t%d", i ? ", " : "", c[i]);
     fprintf(e->f, "] : "), ty(e, x), fprintf(e->f, "\n");
     generic_close(e, n, v);
@@ -578,25 +579,25 @@ static void scatter(em *e, const kg_node *n) {
         if (i == 0) fprintf(e->f, "  %%v%d = ", n->id);
         else fprintf(e->f, "  %%t%d = ", res[i]);
         fprintf(e->f, "scf.for %%t%d = %%t%d to %%t%d step %%t%d iter_args(%%t%d = ", iv[i], z, hi, one, acc[i + 1]);
-        if (i == 0) val(e, x);
+        if (i == 0) kmlir_val(e, x);
         else fprintf(e->f, "%%t%d", acc[i]);
         fprintf(e->f, ") -> ("), ty(e, x), fprintf(e->f, ") {\n");
     }
     int bc[KG_MAX_RANK], nb = 0, win[KG_MAX_RANK], nw = 0;
     for (int i = 0; i < U; i++) {
-        if (has(&d->offset_dims, i)) win[nw++] = iv[i];
+        if (kmlir_has(&d->offset_dims, i)) win[nw++] = iv[i];
         else bc[nb++] = iv[i];
     }
     int start[KG_MAX_RANK];
     for (int i = 0; i < x->shape.rank; i++) start[i] = -1;
     for (int k = 0; k < d->start_index_map.n; k++) {
         int v = start_index(e, idx, d->index_vector_dim, bc, k), s = e->tmp++;
-        fprintf(e->f, "    %%t%d = arith.index_cast %%t%d : %s to index\n", s, v, elt(idx->dtype));
+        fprintf(e->f, "    %%t%d = arith.index_cast %%t%d : %s to index\n", s, v, kmlir_elt(idx->dtype));
         start[d->start_index_map.v[k]] = s;
     }
     int c[KG_MAX_RANK], ok = -1;
     for (int i = 0, w = 0; i < x->shape.rank; i++) {
-        int wi = has(&d->collapsed_slice_dims, i) ? -1 : win[w++];
+        int wi = kmlir_has(&d->collapsed_slice_dims, i) ? -1 : win[w++];
         if (start[i] < 0 && wi < 0) c[i] = z;
         else if (start[i] < 0) c[i] = wi;
         else if (wi < 0) c[i] = start[i];
@@ -620,7 +621,7 @@ static void scatter(em *e, const kg_node *n) {
     int cur = acc[U], r = e->tmp++, v = e->tmp++, w = e->tmp++;
     if (ok < 0) ok = e->tmp++, fprintf(e->f, "    %%t%d = arith.constant true\n", ok);
     fprintf(e->f, "    %%t%d = scf.if %%t%d -> (", r, ok), ty(e, x), fprintf(e->f, ") {\n");
-    fprintf(e->f, "      %%t%d = tensor.extract ", v), val(e, u), fprintf(e->f, "[");
+    fprintf(e->f, "      %%t%d = tensor.extract ", v), kmlir_val(e, u), fprintf(e->f, "[");
     for (int i = 0; i < U; i++) fprintf(e->f, "%s%%t%d", i ? ", " : "", iv[i]);
     fprintf(e->f, "] : "), ty(e, u), fprintf(e->f, "\n      %%t%d = tensor.insert %%t%d into %%t%d[", w, v, cur);
     for (int i = 0; i < x->shape.rank; i++) fprintf(e->f, "%s%%t%d", i ? ", " : "", c[i]);
@@ -632,8 +633,12 @@ static void scatter(em *e, const kg_node *n) {
 }
 
 static void constant(em *e, const kg_node *n) {
+    fprintf(e->f, "  %%v%d = arith.constant ", n->id), kmlir_dense(e, n), fprintf(e->f, "\n");
+}
+
+void kmlir_dense(em *e, const kg_node *n) {
     int64_t N = kg_shape_numel(&n->shape);
-    fprintf(e->f, "  %%v%d = arith.constant dense<", n->id);
+    fprintf(e->f, "dense<");
     if (n->dtype == KG_PRED) {
         /* i1 as a nested list (the hex form is not byte per element for i1) */
         const uint8_t *p = n->a.cst.data;
@@ -667,11 +672,13 @@ static void constant(em *e, const kg_node *n) {
         for (size_t i = 0; i < (size_t)N * es; i++) fprintf(e->f, "%02X", p[i]);
         fprintf(e->f, "\"");
     }
-    fprintf(e->f, "> : "), ty(e, n), fprintf(e->f, "\n");
+    fprintf(e->f, "> : "), ty(e, n);
 }
 
 static kiln_status node(em *e, const kg_node *n) {
     kiln_status st = NULL;
+    if (e->tosa && kmlir_tosa_node(e, n)) return NULL;
+    e->n_other++;
     switch (n->op) {
     case KG_OP_CONST: constant(e, n); break;
     case KG_OP_IOTA: iota(e, n); break;
@@ -713,7 +720,9 @@ static bool updates(const kg_node *x, const kg_node *p) {
     return (x->op == KG_OP_SCATTER || x->op == KG_OP_DYN_UPDATE_SLICE) && x->in[0] == p;
 }
 
-kiln_status kmlir_emit(kg_graph *g, FILE *f, kmlir_sig *sig) {
+kiln_status kmlir_emit(kg_graph *g, FILE *f, kmlir_sig *sig) { return kmlir_emit_dialect(g, KMLIR_LINALG, f, sig); }
+
+kiln_status kmlir_emit_dialect(kg_graph *g, kmlir_dialect d, FILE *f, kmlir_sig *sig) {
     kg_resolve_forwarding(g);
     int n;
     kg_node **po = kg_post_order(g, &n);
@@ -747,7 +756,7 @@ kiln_status kmlir_emit(kg_graph *g, FILE *f, kmlir_sig *sig) {
         if (j == s.n_results) s.results[s.n_results++] = last;
         s.result_param[j] = k;
     }
-    em e = {.f = f};
+    em e = {.f = f, .tosa = d == KMLIR_TOSA};
     kiln_status st = NULL;
     fprintf(f, "module @kiln {\n  func.func @kiln_forward(");
     for (int i = 0; i < s.n_args; i++) {
@@ -763,11 +772,12 @@ kiln_status kmlir_emit(kg_graph *g, FILE *f, kmlir_sig *sig) {
         st = node(&e, x);
     }
     fprintf(f, "  return ");
-    for (int i = 0; i < s.n_results; i++) fprintf(f, "%s", i ? ", " : ""), val(&e, s.results[i]);
+    for (int i = 0; i < s.n_results; i++) fprintf(f, "%s", i ? ", " : ""), kmlir_val(&e, s.results[i]);
     fprintf(f, " : ");
     for (int i = 0; i < s.n_results; i++) fprintf(f, "%s", i ? ", " : ""), ty(&e, s.results[i]);
     fprintf(f, "\n  }\n}\n");
     for (int i = 0; i < s.n_args; i++) s.args[i]->offset = -1;
+    s.n_tosa = e.n_tosa, s.n_other = e.n_other;
     if (!st && ferror(f)) st = kiln_error(KILN_EIO, "mlir: write failed");
     if (st || !sig) kmlir_sig_free(&s);
     else *sig = s;

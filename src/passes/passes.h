@@ -26,6 +26,7 @@ typedef struct {
     const char *dump_after;      /* a pass name or "all": print the graph to dump */
     FILE *dump;
     bool mlir;                   /* engine: run steps through the MLIR backend (mlir/kmlir.h), not the runtime */
+    bool mlir_tosa;              /* with mlir: emit TOSA (then tosa-to-linalg) instead of linalg */
 } kp_options;
 
 typedef struct {
