@@ -25,22 +25,36 @@ static const struct {
     const char *from;      /* the fixture's layer the MTP layer is shaped as */
     const char *layer;     /* where the MTP decoder layer goes */
     const char *head;      /* prefix of the head's own tensors */
+    const char *from2, *layer2; /* a second decoder layer (Nemotron-H), or NULL; the final norm goes under layer2 */
     const char *norms[3];  /* embedding norm, hidden norm, final norm */
     const char *proj;
     bool own_head;         /* shared_head.head [vocab, hidden] of its own */
     const char *patch;     /* config.json */
 } cases[KSPEC_TEST_N] = {
-    [KSPEC_TEST_MIMO] = {"qwen2", "model.layers.0.", "model.mtp_layers.0.", "model.mtp_layers.0.",
+    [KSPEC_TEST_MIMO] = {"qwen2", "model.layers.0.", "model.mtp_layers.0.", "model.mtp_layers.0.", NULL, NULL,
                          {"token_layernorm", "hidden_layernorm", "final_layernorm"}, "input_proj", false,
                          "{\"model_type\": \"mimo\", \"architectures\": [\"MiMoForCausalLM\"], \"num_nextn_predict_layers\": 1}"},
-    [KSPEC_TEST_GLM] = {"glm4_moe", "model.layers.1.", "model.layers.2.", "model.layers.2.", {"enorm", "hnorm", "shared_head.norm"},
+    [KSPEC_TEST_GLM] = {"glm4_moe", "model.layers.1.", "model.layers.2.", "model.layers.2.", NULL, NULL, {"enorm", "hnorm", "shared_head.norm"},
                         "eh_proj", false, "{\"num_nextn_predict_layers\": 1}"},
-    [KSPEC_TEST_QWEN35] = {"qwen3_5_text", "model.layers.3.", "mtp.layers.0.", "mtp.",
+    [KSPEC_TEST_QWEN35] = {"qwen3_5_text", "model.layers.3.", "mtp.layers.0.", "mtp.", NULL, NULL,
                            {"pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"}, "fc", false, "{\"mtp_num_hidden_layers\": 1}"},
-    [KSPEC_TEST_DEEPSEEK] = {"deepseek_v3", "model.layers.1.", "model.layers.2.", "model.layers.2.",
+    [KSPEC_TEST_DEEPSEEK] = {"deepseek_v3", "model.layers.1.", "model.layers.2.", "model.layers.2.", NULL, NULL,
                              {"enorm", "hnorm", "shared_head.norm"}, "eh_proj", true,
                              "{\"num_nextn_predict_layers\": 1, \"rope_scaling\": null}"},
-    [KSPEC_TEST_QWEN3_NEXT] = {"qwen3_next", "model.layers.1.", "mtp.layers.0.", "mtp.",
+    [KSPEC_TEST_QWEN3_NEXT] = {"qwen3_next", "model.layers.1.", "mtp.layers.0.", "mtp.", NULL, NULL,
+                               {"pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"}, "fc", false, "{\"mtp_num_hidden_layers\": 1}"},
+    /* the attention layer, then the MoE layer (mtp_layers_block_type) */
+    [KSPEC_TEST_NEMOTRON_H] = {"nemotron_h", "backbone.layers.2.", "mtp.layers.0.", "mtp.layers.0.", "backbone.layers.1.",
+                               "mtp.layers.1.", {"enorm", "hnorm", "final_layernorm"}, "eh_proj", false,
+                               "{\"num_nextn_predict_layers\": 1}"},
+    /* layer 0: sliding (window 8 < 12 positions), rotary, the dense MLP */
+    [KSPEC_TEST_EXAONE_MOE] = {"exaone_moe", "model.layers.0.", "mtp.layers.0.", "mtp.", NULL, NULL,
+                               {"pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"}, "fc", false, "{\"num_nextn_predict_layers\": 1}"},
+    [KSPEC_TEST_GLM5] = {"glm_moe_dsa", "model.layers.1.", "model.layers.2.", "model.layers.2.", NULL, NULL,
+                         {"enorm", "hnorm", "shared_head.norm"}, "eh_proj", false, "{\"num_nextn_predict_layers\": 1}"},
+    [KSPEC_TEST_GLM4_LITE] = {"glm4_moe_lite", "model.layers.1.", "model.layers.2.", "model.layers.2.", NULL, NULL,
+                              {"enorm", "hnorm", "shared_head.norm"}, "eh_proj", false, "{\"num_nextn_predict_layers\": 1}"},
+    [KSPEC_TEST_QWEN35_MOE] = {"qwen3_5_moe_text", "model.layers.3.", "mtp.layers.0.", "mtp.", NULL, NULL,
                                {"pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"}, "fc", false, "{\"mtp_num_hidden_layers\": 1}"},
 };
 
@@ -67,18 +81,21 @@ bool kspec_test_mtp_model(kspec_test_layout which, char *dir, size_t cap) {
     for (int i = 0; ok && i < kc_tensor_count(ck); i++) ok = mt_copy(&s, ck, kc_tensor_at(ck, i)->name, kc_tensor_at(ck, i)->name) != NULL;
     /* the MTP layer: the template layer's shapes with fresh random values */
     uint64_t rng = 42 + (uint64_t)which;
-    const char *l0 = cases[which].from;
     int n0 = s.n;
-    for (int i = 0; ok && i < n0; i++) {
-        if (strncmp(s.t[i].name, l0, strlen(l0))) continue;
-        snprintf(name, sizeof name, "%s%s", cases[which].layer, s.t[i].name + strlen(l0));
-        float *d = mt_f32(&s, name, s.t[i].rank, s.t[i].shape);
-        ok = d != NULL;
-        if (ok) fill(d, kc_tensor_numel(&s.t[s.n - 1]), strstr(name, "norm") != NULL, &rng);
+    for (int l = 0; l < 2; l++) {
+        const char *l0 = l ? cases[which].from2 : cases[which].from, *to = l ? cases[which].layer2 : cases[which].layer;
+        for (int i = 0; ok && l0 && i < n0; i++) {
+            if (strncmp(s.t[i].name, l0, strlen(l0))) continue;
+            snprintf(name, sizeof name, "%s%s", to, s.t[i].name + strlen(l0));
+            float *d = mt_f32(&s, name, s.t[i].rank, s.t[i].shape);
+            ok = d != NULL;
+            if (ok) fill(d, kc_tensor_numel(&s.t[s.n - 1]), strstr(name, "norm") != NULL, &rng);
+        }
     }
     int64_t H = 64, V = 512;
     for (int k = 0; ok && k < 3; k++) {
-        snprintf(name, sizeof name, "%s%s.weight", cases[which].head, cases[which].norms[k]);
+        snprintf(name, sizeof name, "%s%s.weight", k == 2 && cases[which].layer2 ? cases[which].layer2 : cases[which].head,
+                 cases[which].norms[k]);
         float *d = mt_f32(&s, name, 1, (int64_t[]){H});
         ok = d != NULL;
         if (ok) fill(d, H, true, &rng);
@@ -112,13 +129,18 @@ typedef struct {
     int64_t H, nh, nkv, D, V, rd; /* rd: rotary dims of each head */
     double eps, theta, off;       /* off: 1 for (1 + w) norms */
     bool qkv_bias, qk_norm, gated, moe, mla, zero_first, hidden_first, chain_prenorm;
+    bool relu2;                   /* non-gated relu^2 MLPs and experts (Nemotron-H) */
+    int64_t window;               /* > 0: keys p - t < window (sliding attention) */
     int64_t q_rank, kv_rank, nope, rope_dim, v_dim; /* MLA */
+    int64_t dsa_topk, dsa_heads, dsa_dim;           /* > 0: the lightning indexer picks dsa_topk keys (GLM-5) */
+    const char *lp, *ap, *mp;     /* the layer being computed, its attention's and its MLP's module names */
     double k[N][256], v[N][256];  /* the layer's cache */
+    double ik[N][64];             /* the indexer's keys */
 } ref;
 
 static const float *T(const ref *r, bool head, const char *name) {
     char n[256];
-    snprintf(n, sizeof n, "%s%s", head ? cases[r->which].head : cases[r->which].layer, name);
+    snprintf(n, sizeof n, "%s%s", head ? cases[r->which].head : r->lp, name);
     const kc_tensor *t = kc_find(r->ck, n);
     if (!t) t = kc_find(r->ck, name); /* the main model's */
     return t && t->dtype == KC_F32 ? t->data : NULL;
@@ -164,6 +186,43 @@ static void rope_pairs(const ref *r, double *x, int64_t d, int64_t p) {
     }
 }
 
+/* DeepSeek sparse attention's lightning indexer (GLM-5) at position p: the
+ * index query wq_b(q latent) per head and the index key LayerNorm(wk x)
+ * (eps 1e-6), interleaved rope on their first rope_dim dims; key t scores
+ * sum_h weights_proj(x)_h / sqrt(heads) * relu(q_h . k_t / sqrt(dim)); the
+ * best dsa_topk of t <= p are picked (all of them without an indexer). */
+static void indexer(ref *r, const double *x, const double *qa, int64_t p, bool *pick) {
+    for (int64_t t = 0; t < N; t++) pick[t] = t <= p;
+    if (r->dsa_topk <= 0) return;
+    int64_t Hi = r->dsa_heads, Di = r->dsa_dim;
+    double iq[512], w[64], *ik = r->ik[p], mean = 0, var = 0, sc[N];
+    lin(T(r, false, "self_attn.indexer.wq_b.weight"), NULL, qa, Hi * Di, r->q_rank, iq);
+    lin(T(r, false, "self_attn.indexer.wk.weight"), NULL, x, Di, r->H, ik);
+    lin(T(r, false, "self_attn.indexer.weights_proj.weight"), NULL, x, Hi, r->H, w);
+    for (int64_t d = 0; d < Di; d++) mean += ik[d] / (double)Di;
+    for (int64_t d = 0; d < Di; d++) var += (ik[d] - mean) * (ik[d] - mean) / (double)Di;
+    const float *nw = T(r, false, "self_attn.indexer.k_norm.weight"), *nb = T(r, false, "self_attn.indexer.k_norm.bias");
+    for (int64_t d = 0; d < Di; d++) ik[d] = (ik[d] - mean) / sqrt(var + 1e-6) * nw[d] + nb[d];
+    rope_pairs(r, ik, r->rope_dim, p);
+    for (int64_t h = 0; h < Hi; h++) rope_pairs(r, iq + h * Di, r->rope_dim, p);
+    for (int64_t t = 0; t <= p; t++) {
+        sc[t] = 0;
+        for (int64_t h = 0; h < Hi; h++) {
+            double d = 0;
+            for (int64_t j = 0; j < Di; j++) d += iq[h * Di + j] * r->ik[t][j];
+            d /= sqrt((double)Di);
+            sc[t] += w[h] / sqrt((double)Hi) * (d > 0 ? d : 0);
+        }
+        pick[t] = false;
+    }
+    for (int64_t j = 0; j < r->dsa_topk && j <= p; j++) {
+        int64_t best = -1;
+        for (int64_t t = 0; t <= p; t++)
+            if (!pick[t] && (best < 0 || sc[t] > sc[best])) best = t;
+        pick[best] = true;
+    }
+}
+
 /* DeepSeek's multi-head latent attention at position p: q = q_b(rms(q_a(x))),
  * [latent | k_rope] = kv_a(x), per head [k_nope | v] = kv_b(rms(latent)),
  * the rope key shared by the heads; the cache holds per-head keys and values. */
@@ -183,15 +242,17 @@ static void mla(ref *r, const double *x, int64_t p, double *a) {
         for (int64_t d = 0; d < rd; d++) r->k[p][h * dq + r->nope + d] = kva[R + d];
         for (int64_t d = 0; d < r->v_dim; d++) r->v[p][h * r->v_dim + d] = kv[h * (r->nope + r->v_dim) + r->nope + d];
     }
+    bool pick[N];
+    indexer(r, x, qa, p, pick);
     for (int64_t h = 0; h < nh; h++) {
         double sc[N], mx = -1e300, z = 0;
         for (int64_t t = 0; t <= p; t++) {
             double s = 0;
             for (int64_t d = 0; d < dq; d++) s += q[h * dq + d] * r->k[t][h * dq + d];
             sc[t] = s / sqrt((double)dq);
-            mx = sc[t] > mx ? sc[t] : mx;
+            if (pick[t]) mx = sc[t] > mx ? sc[t] : mx;
         }
-        for (int64_t t = 0; t <= p; t++) z += sc[t] = exp(sc[t] - mx);
+        for (int64_t t = 0; t <= p; t++) z += sc[t] = pick[t] ? exp(sc[t] - mx) : 0;
         for (int64_t d = 0; d < r->v_dim; d++) {
             double o = 0;
             for (int64_t t = 0; t <= p; t++) o += sc[t] / z * r->v[t][h * r->v_dim + d];
@@ -206,9 +267,13 @@ static void mlp(const ref *r, const char *pre, int64_t F, const double *x, doubl
     snprintf(g, sizeof g, "%s.gate_proj.weight", pre), snprintf(u, sizeof u, "%s.up_proj.weight", pre);
     snprintf(d, sizeof d, "%s.down_proj.weight", pre);
     double a[512], b[512];
-    lin(T(r, false, g), NULL, x, F, r->H, a);
     lin(T(r, false, u), NULL, x, F, r->H, b);
-    for (int64_t i = 0; i < F; i++) a[i] = silu(a[i]) * b[i];
+    if (r->relu2)
+        for (int64_t i = 0; i < F; i++) a[i] = b[i] > 0 ? b[i] * b[i] : 0;
+    else {
+        lin(T(r, false, g), NULL, x, F, r->H, a);
+        for (int64_t i = 0; i < F; i++) a[i] = silu(a[i]) * b[i];
+    }
     lin(T(r, false, d), NULL, a, r->H, F, y);
 }
 
@@ -228,9 +293,14 @@ static void moe(const ref *r, const double *x, double *y) {
     int64_t G = 1, TG = 1;
     kiln_status_free(ku_json_int(cfg, "n_group", 1, &G));
     kiln_status_free(ku_json_int(cfg, "topk_group", 1, &TG));
+    int64_t SF = F * S;
+    kiln_status_free(ku_json_int(cfg, "moe_shared_expert_intermediate_size", SF, &SF));
     double lg[64], sc[64], ch[64], e[MAXH];
-    lin(T(r, false, "mlp.gate.weight"), NULL, x, E, r->H, lg);
-    const float *bias = T(r, false, "mlp.gate.e_score_correction_bias");
+    char nm[96];
+    snprintf(nm, sizeof nm, "%s.gate.weight", r->mp);
+    lin(T(r, false, nm), NULL, x, E, r->H, lg);
+    snprintf(nm, sizeof nm, "%s.gate.e_score_correction_bias", r->mp);
+    const float *bias = T(r, false, nm);
     for (int64_t i = 0; i < E; i++) sc[i] = 1 / (1 + exp(-lg[i])), ch[i] = sc[i] + bias[i];
     if (G > 1) {
         double gs[16];
@@ -259,10 +329,11 @@ static void moe(const ref *r, const double *x, double *y) {
             if (ch[i] > -1e300 && (best < 0 || ch[i] > ch[best])) best = i;
         pick[j] = best, sum += sc[best], ch[best] = -1e301;
     }
-    mlp(r, "mlp.shared_experts", F * S, x, y);
+    snprintf(nm, sizeof nm, "%s.shared_experts", r->mp);
+    mlp(r, nm, SF, x, y);
     for (int64_t j = 0; j < K; j++) {
         char pre[64];
-        snprintf(pre, sizeof pre, "mlp.experts.%lld", (long long)pick[j]);
+        snprintf(pre, sizeof pre, "%s.experts.%lld", r->mp, (long long)pick[j]);
         mlp(r, pre, F, x, e);
         double wgt = sc[pick[j]] / (sum + 1e-20) * scale;
         for (int64_t i = 0; i < r->H; i++) y[i] += wgt * e[i];
@@ -417,7 +488,7 @@ static void check_layout(kspec_test_layout which) {
     KT_CHECK_EQ(ke_seq_len(mc, mseq), N);
     ref *r = calloc(1, sizeof *r);
     *r = (ref){.ck = ke_model_checkpoint(m), .which = which, .H = H, .nh = hp->n_heads, .nkv = hp->n_kv_heads, .D = hp->head_dim,
-               .V = V, .eps = hp->norm_eps, .theta = hp->rope_theta};
+               .V = V, .eps = hp->norm_eps, .theta = hp->rope_theta, .lp = cases[which].layer, .mp = "mlp"};
     double pr = 1;
     kiln_status_free(ku_json_num(kc_config(r->ck), "partial_rotary_factor", 1, &pr));
     bool qwen = which == KSPEC_TEST_QWEN35 || which == KSPEC_TEST_QWEN3_NEXT;

@@ -237,6 +237,11 @@ KT_TEST(spec_identical_mtp_glm_nextn) { check_mtp(KSPEC_TEST_GLM); }
 KT_TEST(spec_identical_mtp_deepseek_nextn) { check_mtp(KSPEC_TEST_DEEPSEEK); }
 KT_TEST(spec_identical_mtp_qwen35) { check_mtp(KSPEC_TEST_QWEN35); }
 KT_TEST(spec_identical_mtp_qwen3_next) { check_mtp(KSPEC_TEST_QWEN3_NEXT); }
+KT_TEST(spec_identical_mtp_nemotron_h) { check_mtp(KSPEC_TEST_NEMOTRON_H); }
+KT_TEST(spec_identical_mtp_exaone_moe) { check_mtp(KSPEC_TEST_EXAONE_MOE); }
+KT_TEST(spec_identical_mtp_glm5) { check_mtp(KSPEC_TEST_GLM5); }
+KT_TEST(spec_identical_mtp_glm4_lite) { check_mtp(KSPEC_TEST_GLM4_LITE); }
+KT_TEST(spec_identical_mtp_qwen35_moe) { check_mtp(KSPEC_TEST_QWEN35_MOE); }
 
 /* The head's cache kept across rounds (rows cut back to the kept tokens,
  * hidden states fed in pieces) gives the guesses a fresh sequence given the
@@ -289,6 +294,7 @@ static void check_mtp_cache(kspec_test_layout which) {
 KT_TEST(spec_mtp_cache_kept_across_rounds) {
     check_mtp_cache(KSPEC_TEST_GLM);
     check_mtp_cache(KSPEC_TEST_QWEN3_NEXT);
+    check_mtp_cache(KSPEC_TEST_NEMOTRON_H); /* two decoder layers, two caches */
 }
 
 KT_TEST(spec_flags) {
