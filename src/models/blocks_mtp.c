@@ -130,11 +130,6 @@ static const mtp_layout *find_layout(const kc_checkpoint *ck, int64_t n_layers) 
     return NULL;
 }
 
-const char *kb_mtp_layout_name(const kc_checkpoint *ck, int64_t n_layers) {
-    const mtp_layout *l = find_layout(ck, n_layers);
-    return l ? l->name : NULL;
-}
-
 /* Every tensor of an MTP layer, whatever its layout (see blocks.h). */
 int kb_mtp_tensors(const kc_checkpoint *ck, int64_t n_layers, int *layers, const char **first) {
     int n = 0;
@@ -170,6 +165,7 @@ void kb_mtp_free(kb_mtp *m) {
 const km_family *kb_mtp_family(const kb_mtp *m) { return &m->fam; }
 const km_hparams *kb_mtp_hparams(const kb_mtp *m) { return &m->hp; }
 const char *kb_mtp_layout(const kb_mtp *m) { return m->lay->name; }
+int kb_mtp_decoder_layers(const kb_mtp *m) { return m->n; }
 
 /* pat with every key ("model.layers.%d.") replaced by the decoder layer's prefix */
 static char *rename_layer(const char *pat, const char *key, const char *layer) {

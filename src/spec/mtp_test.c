@@ -542,6 +542,45 @@ KT_TEST(mtp_deepseek_nextn_logits_match_reference) { check_layout(KSPEC_TEST_DEE
 
 KT_TEST(mtp_qwen3_next_logits_match_reference) { check_layout(KSPEC_TEST_QWEN3_NEXT); }
 
+/* fixture's checkpoint with one more [64, 64] tensor, name, in a new folder
+ * dir (the fixture's weights as they are, the tensor in a second file); *ok
+ * says whether it was written */
+static void with_tensor(const char *fixture, const char *name, const char *patch, char *dir, size_t cap, bool *ok) {
+    char from[2048], fx[256], p[4096], *buf = NULL;
+    size_t len = 0;
+    snprintf(fx, sizeof fx, "tests/fixtures/oracle/%s", fixture);
+    kt_path(from, sizeof from, fx);
+    snprintf(p, sizeof p, "%s/model.safetensors", from);
+    *ok = false;
+    KT_CHECK_OK(ku_read_file(p, &buf, &len));
+    if (buf && ckt_tmpdir(dir, cap) && ckt_write(dir, "model-1.safetensors", buf, len)) {
+        mt_set s = {.n = 0};
+        char *cfg = mt_patched_config(from, patch);
+        *ok = mt_f32(&s, name, 2, (int64_t[]){64, 64}) && cfg && mt_write(&s, dir, cfg);
+        char q[4096]; /* without model.safetensors the checkpoint is every *.safetensors */
+        snprintf(p, sizeof p, "%s/model.safetensors", dir), snprintf(q, sizeof q, "%s/model-2.safetensors", dir);
+        *ok = *ok && rename(p, q) == 0;
+        free(cfg);
+        mt_free(&s);
+    }
+    free(buf);
+    KT_CHECKF(*ok, "could not write %s with %s", fixture, name);
+}
+
+static void refused(const char *fixture, const char *name, const char *patch, const char *want) {
+    char dir[512];
+    ke_model *m = NULL;
+    kspec_mtp *x = NULL;
+    bool ok;
+    with_tensor(fixture, name, patch, dir, sizeof dir, &ok);
+    if (!ok) return;
+    KT_CHECK_OK(ke_model_load(dir, &m));
+    if (m) KT_CHECK_ERR(kspec_mtp_load(m, &x), want);
+    KT_CHECK(x == NULL);
+    ke_model_free(m);
+    ckt_rmdir(dir);
+}
+
 KT_TEST(mtp_refuses_other_layouts) {
     char from[2048];
     ke_model *m = NULL;
@@ -552,20 +591,8 @@ KT_TEST(mtp_refuses_other_layouts) {
     KT_CHECK(x == NULL);
     ke_model_free(m);
     /* MTP tensors in a layout kiln does not know: refused, naming one */
-    char dir[512];
-    kc_checkpoint *ck = NULL;
-    KT_CHECK_OK(kc_open(from, &ck));
-    if (!ck || !ckt_tmpdir(dir, sizeof dir)) return;
-    mt_set s = {.n = 0};
-    for (int i = 0; i < kc_tensor_count(ck); i++) mt_copy(&s, ck, kc_tensor_at(ck, i)->name, kc_tensor_at(ck, i)->name);
-    mt_f32(&s, "mtp.layers.0.odd_proj.weight", 2, (int64_t[]){64, 64});
-    char *cfg = mt_patched_config(from, "{}");
-    KT_CHECK(cfg && mt_write(&s, dir, cfg));
-    free(cfg);
-    mt_free(&s);
-    kc_close(ck);
-    KT_CHECK_OK(ke_model_load(dir, &m));
-    if (m) KT_CHECK_ERR(kspec_mtp_load(m, &x), "mtp.layers.0.odd_proj.weight) are in no layout kiln serves");
-    ke_model_free(m);
-    ckt_rmdir(dir);
+    refused("qwen2", "mtp.layers.0.odd_proj.weight", "{}", "mtp.layers.0.odd_proj.weight) are in no layout kiln serves");
+    /* DeepSeek-V4's (mtp.<i>.*): refused with the reason */
+    refused("deepseek_v4", "mtp.0.e_proj.weight", "{\"num_nextn_predict_layers\": 1}",
+            "(e.g. mtp.0.e_proj.weight) are DeepSeek-V4's: they read the main model's hyper-connection streams");
 }

@@ -402,6 +402,35 @@ KT_TEST(spec_generate_cli_identical) {
     }
 }
 
+/* kiln info on the checkpoints with MTP layers of the 2026 families: the
+ * layout --spec-mtp opens and its decoder layers. */
+KT_TEST(spec_info_cli_mtp_layouts) {
+    const char *bin = getenv("KILN_BIN");
+    if (!bin) {
+        kt_skip("KILN_BIN is not set (make test sets it)");
+        return;
+    }
+    static const struct {
+        kspec_test_layout which;
+        const char *want;
+    } cases[] = {
+        {KSPEC_TEST_NEMOTRON_H, "guesses tokens with --spec-mtp, layout Nemotron-H (mtp.layers.<i>.*) (2 decoder layers)"},
+        {KSPEC_TEST_EXAONE_MOE, "guesses tokens with --spec-mtp, layout EXAONE-MoE (mtp.*) (1 decoder layer)"},
+        {KSPEC_TEST_GLM5, "guesses tokens with --spec-mtp, layout DeepSeek-V3 / GLM nextn (model.layers.<n>.*) (1 decoder layer)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char dir[512], cmd[8192], out[8192];
+        if (!kspec_test_mtp_model(cases[i].which, dir, sizeof dir)) continue;
+        snprintf(cmd, sizeof cmd, "%s info -m %s 2>&1", bin, dir);
+        FILE *p = popen(cmd, "r");
+        KT_CHECK(p != NULL);
+        size_t n = p ? fread(out, 1, sizeof out - 1, p) : 0;
+        out[n] = 0;
+        KT_CHECKF(p && pclose(p) == 0 && strstr(out, cases[i].want) != NULL, "%s: %s", kspec_test_mtp_fixture(cases[i].which), out);
+        ckt_rmdir(dir);
+    }
+}
+
 /* kiln generate --spec-mtp on a checkpoint with an MTP layer: the same ids,
  * greedy and seeded; a checkpoint without one is refused by name. */
 KT_TEST(spec_generate_cli_mtp) {
