@@ -1,15 +1,25 @@
 /* mtp_test.c: the MTP head's logits and chained state against a
  * double-precision reference written here with plain loops from the
  * checkpoint's tensors, for each layout kiln serves and the decoder layers
- * of five families: MiMo (Qwen 2); GLM-4.5 and DeepSeek-V3 nextn layers
+ * of ten families: MiMo (Qwen 2); GLM-4.5 and DeepSeek-V3 nextn layers
  * (biased attention with q/k norms and partial rotary, or MLA with
  * interleaved rotary and its own shared_head.head; sigmoid-routed experts
- * with group-limited choice and a shared expert); Qwen3.5 and Qwen3-Next
- * mtp.* (output-gated attention, (1 + w) norms, a dense MLP or softmax-routed
- * experts with a gated shared expert); over a sequence (the KV cache, the
- * zeroed embedding at position 0) and a chained step; the layouts it
- * refuses. The references follow vLLM's mimo_mtp.py, deepseek_mtp.py
- * (glm4_moe_mtp.py mirrors it) and qwen3_next_mtp.py. */
+ * with group-limited choice and a shared expert); GLM-4.7-Flash
+ * (glm4_moe_lite, MLA) and GLM-5 (glm_moe_dsa: MLA whose lightning indexer
+ * keeps 4 of up to 12 keys) nextn layers; Qwen3.5 (dense and MoE) and
+ * Qwen3-Next mtp.* (output-gated attention, (1 + w) norms, a dense MLP or
+ * softmax-routed experts with a gated shared expert); EXAONE-MoE mtp.*
+ * (q/k-normed attention sliding over 8 keys, the dense MLP); Nemotron-H
+ * mtp.layers.0 (attention without positions) and .1 (relu^2 experts), two
+ * blocks with final_layernorm under the last; over a sequence (the KV cache,
+ * the zeroed embedding at position 0) and a chained step; the layouts it
+ * refuses (an unknown one, DeepSeek-V4's). The references follow vLLM's
+ * mimo_mtp.py, deepseek_mtp.py (glm4_moe_mtp.py mirrors it),
+ * qwen3_next_mtp.py, exaone_moe_mtp.py and nemotron_h_mtp.py. No fixture
+ * carries MTP weights: the checkpoints are the oracle fixtures with random
+ * MTP layers (mtp_test.h), so this proves the layout is read (which tensors,
+ * norms, concat order, decoder layers and their settings), not how well a
+ * trained head guesses. */
 #include "spec/mtp_test.h"
 
 #include <math.h>
@@ -146,12 +156,14 @@ static const float *T(const ref *r, bool head, const char *name) {
     return t && t->dtype == KC_F32 ? t->data : NULL;
 }
 
-static void rms(const ref *r, const double *x, const float *w, int64_t n, double *y) {
+static void rms_eps(const ref *r, const double *x, const float *w, int64_t n, double eps, double *y) {
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
-    double s = 1.0 / sqrt(ss / (double)n + r->eps);
+    double s = 1.0 / sqrt(ss / (double)n + eps);
     for (int64_t i = 0; i < n; i++) y[i] = x[i] * s * (w[i] + r->off);
 }
+
+static void rms(const ref *r, const double *x, const float *w, int64_t n, double *y) { rms_eps(r, x, w, n, r->eps, y); }
 
 static void lin(const float *W, const float *b, const double *x, int64_t rows, int64_t cols, double *y) {
     for (int64_t i = 0; i < rows; i++) {
@@ -225,15 +237,16 @@ static void indexer(ref *r, const double *x, const double *qa, int64_t p, bool *
 
 /* DeepSeek's multi-head latent attention at position p: q = q_b(rms(q_a(x))),
  * [latent | k_rope] = kv_a(x), per head [k_nope | v] = kv_b(rms(latent)),
- * the rope key shared by the heads; the cache holds per-head keys and values. */
+ * the rope key shared by the heads (the q_a / kv_a norms' eps 1e-6 whatever
+ * rms_norm_eps says); the cache holds per-head keys and values. */
 static void mla(ref *r, const double *x, int64_t p, double *a) {
     int64_t H = r->H, nh = r->nh, dq = r->nope + r->rope_dim, R = r->kv_rank, rd = r->rope_dim;
     double qa[128], q[512], kva[128], lat[128], kv[512];
     lin(T(r, false, "self_attn.q_a_proj.weight"), NULL, x, r->q_rank, H, qa);
-    rms(r, qa, T(r, false, "self_attn.q_a_layernorm.weight"), r->q_rank, qa);
+    rms_eps(r, qa, T(r, false, "self_attn.q_a_layernorm.weight"), r->q_rank, 1e-6, qa); /* the low-rank norms' own eps (transformers' default) */
     lin(T(r, false, "self_attn.q_b_proj.weight"), NULL, qa, nh * dq, r->q_rank, q);
     lin(T(r, false, "self_attn.kv_a_proj_with_mqa.weight"), NULL, x, R + rd, H, kva);
-    rms(r, kva, T(r, false, "self_attn.kv_a_layernorm.weight"), R, lat);
+    rms_eps(r, kva, T(r, false, "self_attn.kv_a_layernorm.weight"), R, 1e-6, lat);
     lin(T(r, false, "self_attn.kv_b_proj.weight"), NULL, lat, nh * (r->nope + r->v_dim), R, kv);
     rope_pairs(r, kva + R, rd, p);
     for (int64_t h = 0; h < nh; h++) {
@@ -373,13 +386,61 @@ static void moe_softmax(const ref *r, const double *x, double *y) {
     }
 }
 
+/* name under the attention's prefix (r->ap) */
+static const float *A(const ref *r, const char *name) {
+    char n[128];
+    snprintf(n, sizeof n, "%s%s", r->ap, name);
+    return T(r, false, n);
+}
+
+/* Multi-head attention of the layer r->lp at position p over n [H]: q/k/v
+ * projections (biases, per-head q/k norms, an output gate where set), rotary
+ * on the first rd dims (none: rd 0), the keys within the window; y [H]. */
+static void attend(ref *r, const double *n, int64_t p, double *y) {
+    int64_t H = r->H, D = r->D, Q = r->nh * D, K = r->nkv * D;
+    double q[512], gate[256], a[256];
+    lin(A(r, "q_proj.weight"), r->qkv_bias ? A(r, "q_proj.bias") : NULL, n, (r->gated ? 2 : 1) * Q, H, q);
+    if (r->gated) /* per head [query D | gate D] */
+        for (int64_t hh = r->nh - 1; hh >= 0; hh--)
+            for (int64_t d = 0; d < D; d++) gate[hh * D + d] = q[hh * 2 * D + D + d], a[hh * D + d] = q[hh * 2 * D + d];
+    if (r->gated) memcpy(q, a, sizeof(double) * (size_t)Q);
+    double *kr = r->k[p], *vr = r->v[p];
+    lin(A(r, "k_proj.weight"), r->qkv_bias ? A(r, "k_proj.bias") : NULL, n, K, H, kr);
+    lin(A(r, "v_proj.weight"), r->qkv_bias ? A(r, "v_proj.bias") : NULL, n, K, H, vr);
+    if (r->qk_norm) {
+        for (int64_t hh = 0; hh < r->nh; hh++) rms(r, q + hh * D, A(r, "q_norm.weight"), D, q + hh * D);
+        for (int64_t hh = 0; hh < r->nkv; hh++) rms(r, kr + hh * D, A(r, "k_norm.weight"), D, kr + hh * D);
+    }
+    rope(r, q, r->nh, p);
+    rope(r, kr, r->nkv, p);
+    int64_t t0 = r->window > 0 && p + 1 > r->window ? p + 1 - r->window : 0;
+    for (int64_t hh = 0; hh < r->nh; hh++) {
+        int64_t kh = hh / (r->nh / r->nkv);
+        double sc[N], mx = -1e300, z = 0;
+        for (int64_t t = t0; t <= p; t++) {
+            double s = 0;
+            for (int64_t d = 0; d < D; d++) s += q[hh * D + d] * r->k[t][kh * D + d];
+            sc[t] = s / sqrt((double)D);
+            mx = sc[t] > mx ? sc[t] : mx;
+        }
+        for (int64_t t = t0; t <= p; t++) z += sc[t] = exp(sc[t] - mx);
+        for (int64_t d = 0; d < D; d++) {
+            double o = 0;
+            for (int64_t t = t0; t <= p; t++) o += sc[t] / z * r->v[t][kh * D + d];
+            a[hh * D + d] = r->gated ? o / (1 + exp(-gate[hh * D + d])) : o;
+        }
+    }
+    lin(A(r, "o_proj.weight"), NULL, a, H, Q, y);
+}
+
 /* The row at position p: token tok after hidden h; chain [H] the state a
  * chained guess is fed, logits [V]. */
 static void ref_step(ref *r, int64_t p, int32_t tok, const double *h, double *chain, double *logits) {
-    int64_t H = r->H, D = r->D, Q = r->nh * D, K = r->nkv * D;
-    double e[MAXH] = {0}, en[MAXH], hn[MAXH], cat[2 * MAXH], x[MAXH], n[MAXH], q[512], gate[256], a[256], y[MAXH];
+    int64_t H = r->H;
+    double e[MAXH] = {0}, en[MAXH], hn[MAXH], cat[2 * MAXH], x[MAXH], n[MAXH], a[256], y[MAXH];
     char nm[128];
-    const float *E = T(r, false, "model.embed_tokens.weight");
+    bool nemo = r->which == KSPEC_TEST_NEMOTRON_H;
+    const float *E = T(r, false, nemo ? "backbone.embedding.weight" : "model.embed_tokens.weight");
     for (int64_t i = 0; i < H; i++) e[i] = r->zero_first && p == 0 ? 0 : E[tok * H + i];
     snprintf(nm, sizeof nm, "%s.weight", cases[r->which].norms[0]);
     rms(r, e, T(r, true, nm), H, en);
@@ -388,50 +449,29 @@ static void ref_step(ref *r, int64_t p, int32_t tok, const double *h, double *ch
     for (int64_t i = 0; i < H; i++) cat[i] = r->hidden_first ? hn[i] : en[i], cat[H + i] = r->hidden_first ? en[i] : hn[i];
     snprintf(nm, sizeof nm, "%s.weight", cases[r->which].proj);
     lin(T(r, true, nm), NULL, cat, H, 2 * H, x);
+    if (nemo) { /* two blocks x += mixer(norm(x)): attention (mtp.layers.0), experts (mtp.layers.1) */
+        r->lp = cases[r->which].layer, r->ap = "mixer.";
+        rms(r, x, T(r, false, "norm.weight"), H, n);
+        attend(r, n, p, y);
+        for (int64_t i = 0; i < H; i++) x[i] += y[i];
+        r->lp = cases[r->which].layer2, r->mp = "mixer";
+        rms(r, x, T(r, false, "norm.weight"), H, n);
+        moe(r, n, y);
+        for (int64_t i = 0; i < H; i++) x[i] += y[i];
+        rms(r, x, T(r, false, "final_layernorm.weight"), H, n);
+        goto head;
+    }
     /* attention */
     rms(r, x, T(r, false, "input_layernorm.weight"), H, n);
     if (r->mla) {
         mla(r, n, p, a);
         lin(T(r, false, "self_attn.o_proj.weight"), NULL, a, H, r->nh * r->v_dim, y);
-        goto mlp_branch;
-    }
-    lin(T(r, false, "self_attn.q_proj.weight"), r->qkv_bias ? T(r, false, "self_attn.q_proj.bias") : NULL, n, (r->gated ? 2 : 1) * Q, H, q);
-    if (r->gated) /* per head [query D | gate D] */
-        for (int64_t hh = r->nh - 1; hh >= 0; hh--)
-            for (int64_t d = 0; d < D; d++) gate[hh * D + d] = q[hh * 2 * D + D + d], a[hh * D + d] = q[hh * 2 * D + d];
-    if (r->gated) memcpy(q, a, sizeof(double) * (size_t)Q);
-    double *kr = r->k[p], *vr = r->v[p];
-    lin(T(r, false, "self_attn.k_proj.weight"), r->qkv_bias ? T(r, false, "self_attn.k_proj.bias") : NULL, n, K, H, kr);
-    lin(T(r, false, "self_attn.v_proj.weight"), r->qkv_bias ? T(r, false, "self_attn.v_proj.bias") : NULL, n, K, H, vr);
-    if (r->qk_norm) {
-        for (int64_t hh = 0; hh < r->nh; hh++) rms(r, q + hh * D, T(r, false, "self_attn.q_norm.weight"), D, q + hh * D);
-        for (int64_t hh = 0; hh < r->nkv; hh++) rms(r, kr + hh * D, T(r, false, "self_attn.k_norm.weight"), D, kr + hh * D);
-    }
-    rope(r, q, r->nh, p);
-    rope(r, kr, r->nkv, p);
-    for (int64_t hh = 0; hh < r->nh; hh++) {
-        int64_t kh = hh / (r->nh / r->nkv);
-        double sc[N], mx = -1e300, z = 0;
-        for (int64_t t = 0; t <= p; t++) {
-            double s = 0;
-            for (int64_t d = 0; d < D; d++) s += q[hh * D + d] * r->k[t][kh * D + d];
-            sc[t] = s / sqrt((double)D);
-            mx = sc[t] > mx ? sc[t] : mx;
-        }
-        for (int64_t t = 0; t <= p; t++) z += sc[t] = exp(sc[t] - mx);
-        for (int64_t d = 0; d < D; d++) {
-            double o = 0;
-            for (int64_t t = 0; t <= p; t++) o += sc[t] / z * r->v[t][kh * D + d];
-            a[hh * D + d] = r->gated ? o / (1 + exp(-gate[hh * D + d])) : o;
-        }
-    }
-    lin(T(r, false, "self_attn.o_proj.weight"), NULL, a, H, Q, y);
-mlp_branch:
+    } else attend(r, n, p, y);
     for (int64_t i = 0; i < H; i++) x[i] += y[i];
     /* MLP */
     rms(r, x, T(r, false, "post_attention_layernorm.weight"), H, n);
     if (r->moe) moe(r, n, y);
-    else if (r->which == KSPEC_TEST_QWEN3_NEXT) moe_softmax(r, n, y);
+    else if (r->which == KSPEC_TEST_QWEN3_NEXT || r->which == KSPEC_TEST_QWEN35_MOE) moe_softmax(r, n, y);
     else {
         int64_t F = 0;
         kiln_status_free(ku_json_int(kc_config(r->ck), "intermediate_size", 0, &F));
@@ -440,6 +480,7 @@ mlp_branch:
     for (int64_t i = 0; i < H; i++) x[i] += y[i];
     snprintf(nm, sizeof nm, "%s.weight", cases[r->which].norms[2]);
     rms(r, x, T(r, true, nm), H, n);
+head:
     memcpy(chain, r->chain_prenorm ? x : n, sizeof(double) * (size_t)H);
     const float *head = cases[r->which].own_head ? T(r, true, "shared_head.head.weight") : T(r, false, "lm_head.weight");
     if (!head) head = E; /* tied */
@@ -488,24 +529,30 @@ static void check_layout(kspec_test_layout which) {
     KT_CHECK_EQ(ke_seq_len(mc, mseq), N);
     ref *r = calloc(1, sizeof *r);
     *r = (ref){.ck = ke_model_checkpoint(m), .which = which, .H = H, .nh = hp->n_heads, .nkv = hp->n_kv_heads, .D = hp->head_dim,
-               .V = V, .eps = hp->norm_eps, .theta = hp->rope_theta, .lp = cases[which].layer, .mp = "mlp"};
+               .V = V, .eps = hp->norm_eps, .theta = hp->rope_theta, .lp = cases[which].layer, .ap = "self_attn.", .mp = "mlp"};
     double pr = 1;
     kiln_status_free(ku_json_num(kc_config(r->ck), "partial_rotary_factor", 1, &pr));
-    bool qwen = which == KSPEC_TEST_QWEN35 || which == KSPEC_TEST_QWEN3_NEXT;
-    if (which == KSPEC_TEST_QWEN35) pr = 0.25, r->theta = 1e7; /* in rope_parameters */
+    bool qwen35 = which == KSPEC_TEST_QWEN35 || which == KSPEC_TEST_QWEN35_MOE;
+    bool qwen = qwen35 || which == KSPEC_TEST_QWEN3_NEXT;
+    bool deepseek = which == KSPEC_TEST_DEEPSEEK || which == KSPEC_TEST_GLM4_LITE || which == KSPEC_TEST_GLM5; /* MLA */
+    if (qwen35) pr = 0.25, r->theta = 1e7; /* in rope_parameters */
+    if (which == KSPEC_TEST_NEMOTRON_H) pr = 0; /* no positions */
     r->rd = (int64_t)(pr * (double)r->D);
     r->off = qwen ? 1 : 0;
-    r->qkv_bias = !qwen;
-    r->qk_norm = which != KSPEC_TEST_MIMO;
+    r->qkv_bias = which == KSPEC_TEST_MIMO || which == KSPEC_TEST_GLM;
+    r->qk_norm = which != KSPEC_TEST_MIMO && which != KSPEC_TEST_NEMOTRON_H;
     r->gated = qwen;
-    r->moe = which == KSPEC_TEST_GLM || which == KSPEC_TEST_DEEPSEEK;
-    r->mla = which == KSPEC_TEST_DEEPSEEK;
+    r->moe = which == KSPEC_TEST_GLM || deepseek;
+    r->mla = deepseek;
+    r->relu2 = which == KSPEC_TEST_NEMOTRON_H;
+    r->window = which == KSPEC_TEST_EXAONE_MOE ? hp->sliding_window : 0; /* layer 0 slides */
     r->q_rank = hp->q_lora_rank, r->kv_rank = hp->kv_lora_rank, r->nope = hp->qk_nope_dim, r->rope_dim = hp->qk_rope_dim;
     r->v_dim = hp->v_head_dim;
+    if (which == KSPEC_TEST_GLM5) r->dsa_topk = hp->dsa_topk, r->dsa_heads = hp->dsa_heads, r->dsa_dim = hp->dsa_dim;
     if (r->mla) r->qk_norm = r->qkv_bias = false;
-    r->zero_first = !qwen;
+    r->zero_first = which == KSPEC_TEST_MIMO || which == KSPEC_TEST_GLM || deepseek;
     r->hidden_first = which == KSPEC_TEST_MIMO;
-    r->chain_prenorm = which == KSPEC_TEST_GLM || which == KSPEC_TEST_DEEPSEEK;
+    r->chain_prenorm = which == KSPEC_TEST_GLM || deepseek;
     double h[MAXH], chain[MAXH], *rl = malloc(sizeof(double) * (size_t)V), worst = 0, big = 0, wchain = 0;
     for (int p = 0; p < N; p++) {
         int32_t tok = p < N - 1 ? toks[p + 1] : last;
@@ -541,6 +588,11 @@ KT_TEST(mtp_qwen35_logits_match_reference) { check_layout(KSPEC_TEST_QWEN35); }
 KT_TEST(mtp_deepseek_nextn_logits_match_reference) { check_layout(KSPEC_TEST_DEEPSEEK); }
 
 KT_TEST(mtp_qwen3_next_logits_match_reference) { check_layout(KSPEC_TEST_QWEN3_NEXT); }
+KT_TEST(mtp_nemotron_h_logits_match_reference) { check_layout(KSPEC_TEST_NEMOTRON_H); }
+KT_TEST(mtp_exaone_moe_logits_match_reference) { check_layout(KSPEC_TEST_EXAONE_MOE); }
+KT_TEST(mtp_glm5_nextn_logits_match_reference) { check_layout(KSPEC_TEST_GLM5); }
+KT_TEST(mtp_glm4_lite_nextn_logits_match_reference) { check_layout(KSPEC_TEST_GLM4_LITE); }
+KT_TEST(mtp_qwen35_moe_logits_match_reference) { check_layout(KSPEC_TEST_QWEN35_MOE); }
 
 /* fixture's checkpoint with one more [64, 64] tensor, name, in a new folder
  * dir (the fixture's weights as they are, the tensor in a second file); *ok
