@@ -166,11 +166,16 @@ int kiln_cmd_info(int argc, char **argv) {
     int mtp_layers;
     const char *mtp_first;
     int mtp = kb_mtp_tensors(ck, hp->n_layers, &mtp_layers, &mtp_first);
-    const char *mtp_layout = mtp ? kb_mtp_layout_name(ck, hp->n_layers) : NULL;
-    if (mtp)
-        printf("mtp          %d multi-token prediction layer%s (%d tensors, e.g. %s): %s%s\n", mtp_layers, mtp_layers == 1 ? "" : "s", mtp,
-               mtp_first, mtp_layout ? "guesses tokens with --spec-mtp, layout " : "kept in the checkpoint, in no layout --spec-mtp serves",
-               mtp_layout ? mtp_layout : "");
+    if (mtp) { /* the head as --spec-mtp opens it, or why it does not */
+        kb_mtp *head = NULL;
+        kiln_status hs = kb_mtp_open(ke_model_family(m), hp, ck, &head);
+        printf("mtp          %d multi-token prediction layer%s (%d tensors, e.g. %s): ", mtp_layers, mtp_layers == 1 ? "" : "s", mtp, mtp_first);
+        if (hs) printf("kept in the checkpoint, not served: %s\n", kiln_status_msg(hs));
+        else printf("guesses tokens with --spec-mtp, layout %s (%lld decoder layer%s)\n", kb_mtp_layout(head),
+                    (long long)kb_mtp_decoder_layers(head), kb_mtp_decoder_layers(head) == 1 ? "" : "s");
+        kiln_status_free(hs);
+        kb_mtp_free(head);
+    }
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,
            (double)bytes / 1048576.0);

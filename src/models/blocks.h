@@ -146,14 +146,15 @@ bool kb_weight_is_in_out(const kb_ctx *b, km_tensor t, int il, int64_t in, int64
 
 
 /* ==== multi-token prediction heads (blocks_mtp.c)
- * The layouts kiln serves, found in one place: DeepSeek-V3 / GLM-4.5 nextn
- * layers (model.layers.<n>.eh_proj ...), Qwen3-Next / Qwen3.5 mtp.*, MiMo
- * model.mtp_layers.*. kb_mtp_open makes, for a model of family fam with
+ * The layouts kiln serves, found in one place: DeepSeek-V3 / GLM-4.5 /
+ * GLM-5 nextn layers (model.layers.<n>.eh_proj ...), Qwen3-Next / Qwen3.5
+ * and EXAONE-MoE mtp.*, MiMo model.mtp_layers.*, Nemotron-H mtp.layers.<i>.*
+ * (several decoder layers, its MTP pattern's). kb_mtp_open makes, for a model of family fam with
  * hyper-parameters hp, the family and hyper-parameters of a model whose
  * graph is the head (ke_model_load_as): it reads each token's id and the
  * main model's hidden state at the token before (KB_IN_EMBD, hp->hidden_in)
  * and gives rows [vocab + hidden]: the head's logits, then the state a
- * chained guess is fed. Its one cached layer is the last of hp->n_layers,
+ * chained guess is fed. Its cached layer is the last of hp->n_layers (Nemotron-H: all of them),
  * built by the family's own emitter: its kb_decoder call (with the family's
  * kb_layer_opts hook) builds the head instead (kb_ctx.mtp); a family whose
  * emitter does not end in kb_decoder is refused. The hyper-parameters may
@@ -173,8 +174,8 @@ void kb_mtp_free(kb_mtp *m);
 const km_family *kb_mtp_family(const kb_mtp *m);
 const km_hparams *kb_mtp_hparams(const kb_mtp *m);
 const char *kb_mtp_layout(const kb_mtp *m);
-/* The layout of ck's MTP layers that kiln serves, or NULL. */
-const char *kb_mtp_layout_name(const kc_checkpoint *ck, int64_t n_layers);
+/* How many decoder layers one guess runs (Nemotron-H: its pattern's; else 1). */
+int kb_mtp_decoder_layers(const kb_mtp *m);
 
 /* ================================================================ tensor parallelism (blocks_shard.c)
  *

@@ -19,17 +19,36 @@
  *     the model (first_k_dense_replace decides its MLP); the embedding and
  *     head are the main model's unless the layer carries its own; the chained
  *     state is the one before shared_head.norm (vLLM applies that norm in
- *     compute_logits only); embedding zeroed at position 0.
+ *     compute_logits only); embedding zeroed at position 0. GLM-4.7-Flash
+ *     (glm4_moe_lite) and GLM-5 (glm_moe_dsa) take this layout; GLM-5's
+ *     layer runs its own lightning indexer (the head has no earlier layer
+ *     whose choice a "shared" layer could reuse: one without indexer
+ *     weights is refused).
  *   Qwen3-Next / Qwen3.5: mtp.{pre_fc_norm_embedding, pre_fc_norm_hidden,
  *     fc, norm} and mtp.layers.0.*, a full-attention layer with layer 0's
  *     MLP choice (vLLM builds it with layer_type "full_attention" and index
  *     0); the (1 + w) norms of the family; the main model's embedding and
  *     lm_head; the chained state is after mtp.norm; no zeroing.
+ *   EXAONE-MoE: the Qwen names (mtp.fc ...; vLLM's exaone_moe_mtp.py), the
+ *     decoder layer layer 0's attention unless mtp_layer_types[0] says
+ *     sliding_attention / full_attention (full layers are NoPE where the
+ *     model slides), always the dense MLP of intermediate_size.
  *   MiMo: model.mtp_layers.0.{token_layernorm, hidden_layernorm,
  *     input_proj, final_layernorm} and the Qwen 2 layer under the same
  *     prefix; hidden state first in the concat; the chained state after
  *     final_layernorm; embedding zeroed at position 0.
- * Only the first MTP layer is used (vLLM's chained drafting with one). */
+ *   Nemotron-H: several decoder layers, mtp.layers.<i>.* for the i-th
+ *     character of mtp_hybrid_override_pattern (or mtp_layers_block_type:
+ *     "*E" / attention then moe in the released checkpoints; vLLM's
+ *     nemotron_h_mtp.py): enorm, hnorm and eh_proj under mtp.layers.0,
+ *     final_layernorm under the last; the head model is those layers alone;
+ *     the main model's embedding and lm_head; the chained state after
+ *     final_layernorm; no zeroing.
+ * Only the first MTP step is used (vLLM's chained drafting with one).
+ * DeepSeek-V4's (mtp.<i>.*, separate e_proj / h_proj over the main model's
+ * hyper-connection streams, hc_head before its head) is refused: its input
+ * is the main model's residual streams before hc_head, which the main
+ * model's graph does not give out. */
 #include "models/blocks.h"
 #include "models/blocks_int.h"
 
@@ -39,27 +58,45 @@
 
 #include "base/json.h"
 
-typedef struct {
+typedef struct kb_mtp kb_mtp;
+typedef struct mtp_layout mtp_layout;
+struct mtp_layout {
     const char *name;
+    const char *model_type; /* only for checkpoints of this model_type (NULL: any) */
     const char *probe;   /* a tensor only this layout has; "%d": the main model's layer count */
     const char *head;    /* prefix of the head's own modules ("%d" as probe) */
-    const char *layer;   /* prefix of its decoder layer's modules */
+    const char *layer;   /* prefix of its decoder layer's modules ("%d" as probe; with base_layer: each layer's index) */
     const char *emb_norm, *hid_norm, *proj, *final_norm; /* under head */
     const char *embed, *lm_head;                         /* its own embedding and output, when present (under head) */
     bool hidden_first;   /* [norm_h(h), norm_e(e)] instead of [norm_e(e), norm_h(h)] */
     bool zero_first;     /* the embedding is zero at position 0 */
     bool chain_prenorm;  /* a chained guess is fed the state before final_norm */
     bool layer_as_first; /* the decoder layer takes layer 0's settings as full attention, not layer n's */
-} mtp_layout;
+    /* the head's own hyper-parameters from the checkpoint (several layers:
+     * Nemotron-H), or adjustments of the ones made; NULL: none */
+    kiln_status (*setup)(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck);
+    const char *base_layer; /* the family's layer prefix its names carry (NULL: "model.layers.%d.") */
+    const char *final_at;   /* prefix of final_norm ("%d": the last decoder layer's index); NULL: head */
+};
+
+static kiln_status dsa_setup(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck);
+static kiln_status exaone_setup(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck);
+static kiln_status nemotron_setup(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck);
 
 static const mtp_layout layouts[] = {
-    {"DeepSeek-V3 / GLM nextn (model.layers.<n>.*)", "model.layers.%d.eh_proj.weight", "model.layers.%d.", "model.layers.%d.",
-     "enorm", "hnorm", "eh_proj", "shared_head.norm", "embed_tokens", "shared_head.head", false, true, true, false},
-    {"Qwen3-Next / Qwen3.5 (mtp.*)", "mtp.fc.weight", "mtp.", "mtp.layers.0.", "pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc",
-     "norm", NULL, NULL, false, false, false, true},
-    {"MiMo (model.mtp_layers.*)", "model.mtp_layers.0.input_proj.weight", "model.mtp_layers.0.", "model.mtp_layers.0.",
-     "token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm", NULL, NULL, true, true, false, true},
+    {"DeepSeek-V3 / GLM nextn (model.layers.<n>.*)", NULL, "model.layers.%d.eh_proj.weight", "model.layers.%d.", "model.layers.%d.",
+     "enorm", "hnorm", "eh_proj", "shared_head.norm", "embed_tokens", "shared_head.head", false, true, true, false, dsa_setup, NULL, NULL},
+    {"EXAONE-MoE (mtp.*)", "exaone_moe", "mtp.fc.weight", "mtp.", "mtp.layers.0.", "pre_fc_norm_embedding", "pre_fc_norm_hidden",
+     "fc", "norm", NULL, NULL, false, false, false, true, exaone_setup, NULL, NULL},
+    {"Qwen3-Next / Qwen3.5 (mtp.*)", NULL, "mtp.fc.weight", "mtp.", "mtp.layers.0.", "pre_fc_norm_embedding", "pre_fc_norm_hidden",
+     "fc", "norm", NULL, NULL, false, false, false, true, NULL, NULL, NULL},
+    {"MiMo (model.mtp_layers.*)", NULL, "model.mtp_layers.0.input_proj.weight", "model.mtp_layers.0.", "model.mtp_layers.0.",
+     "token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm", NULL, NULL, true, true, false, true, NULL, NULL, NULL},
+    {"Nemotron-H (mtp.layers.<i>.*)", "nemotron_h", "mtp.layers.0.eh_proj.weight", "mtp.layers.0.", "mtp.layers.%d.", "enorm",
+     "hnorm", "eh_proj", "final_layernorm", NULL, NULL, false, false, false, false, nemotron_setup, "backbone.layers.%d.",
+     "mtp.layers.%d."},
 };
+enum { N_LAYOUTS = sizeof layouts / sizeof *layouts };
 
 static kg_node *mtp_emit(kb_ctx *b);
 
@@ -71,7 +108,7 @@ struct kb_mtp {
     const mtp_layout *lay;
     km_hparams hp;
     cJSON *cfg;        /* the config hp was parsed from (hp borrows from it); NULL: the main model's */
-    int il;            /* the decoder layer's index in hp (hp.n_layers - 1) */
+    int il, n;         /* the decoder layers: il .. il + n - 1 of hp (the last n) */
     char head[64], layer[64];
 };
 
@@ -83,17 +120,14 @@ static void fill(char *buf, size_t cap, const char *pat, int64_t n) {
 }
 
 static const mtp_layout *find_layout(const kc_checkpoint *ck, int64_t n_layers) {
-    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
+    const char *type = NULL;
+    kiln_status_free(ku_json_str(kc_config(ck), "model_type", "", &type));
+    for (size_t i = 0; i < N_LAYOUTS; i++) {
         char probe[256];
         fill(probe, sizeof probe, layouts[i].probe, n_layers);
-        if (kc_has(ck, probe)) return &layouts[i];
+        if ((!layouts[i].model_type || (type && !strcmp(type, layouts[i].model_type))) && kc_has(ck, probe)) return &layouts[i];
     }
     return NULL;
-}
-
-const char *kb_mtp_layout_name(const kc_checkpoint *ck, int64_t n_layers) {
-    const mtp_layout *l = find_layout(ck, n_layers);
-    return l ? l->name : NULL;
 }
 
 /* Every tensor of an MTP layer, whatever its layout (see blocks.h). */
@@ -131,10 +165,10 @@ void kb_mtp_free(kb_mtp *m) {
 const km_family *kb_mtp_family(const kb_mtp *m) { return &m->fam; }
 const km_hparams *kb_mtp_hparams(const kb_mtp *m) { return &m->hp; }
 const char *kb_mtp_layout(const kb_mtp *m) { return m->lay->name; }
+int kb_mtp_decoder_layers(const kb_mtp *m) { return m->n; }
 
-/* pat with every "model.layers.%d." replaced by the decoder layer's prefix */
-static char *rename_layer(const char *pat, const char *layer) {
-    static const char key[] = "model.layers.%d.";
+/* pat with every key ("model.layers.%d.") replaced by the decoder layer's prefix */
+static char *rename_layer(const char *pat, const char *key, const char *layer) {
     size_t n = strlen(pat) + 1, k = strlen(key);
     for (const char *p = strstr(pat, key); p; p = strstr(p + k, key)) n += strlen(layer);
     char *out = malloc(n), *o = out;
@@ -192,13 +226,85 @@ static kiln_status mtp_hparams(kb_mtp *m, const km_hparams *thp, const kc_checkp
         copy_layer(&m->hp, m->lay->layer_as_first ? 0 : (int)n - 1, (int)n);
     }
     if (m->lay->layer_as_first) m->hp.layer_recurrent[n] = 0, m->hp.layer_ffn_only[n] = 0;
-    m->hp.hidden_out = false;
-    m->hp.n_labels = 0;
-    m->hp.hidden_in = true;
-    m->hp.out_extra = m->hp.hidden;
-    m->hp.embd_in = false;
-    m->hp.embd_add_layers = 0;
     m->il = (int)n;
+    m->n = 1;
+    return NULL;
+}
+
+/* The settings of a head model the graph needs whatever the layout. */
+static void head_model(km_hparams *hp) {
+    hp->hidden_out = false;
+    hp->n_labels = 0;
+    hp->hidden_in = true;
+    hp->out_extra = hp->hidden;
+    hp->embd_in = false;
+    hp->embd_add_layers = 0;
+}
+
+/* GLM-5 (glm_moe_dsa): a layer that reuses the previous indexer's choice
+ * ("shared") has none to reuse in a head of its own; one with its own
+ * indexer weights runs them. */
+static kiln_status dsa_setup(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck) {
+    (void)thp;
+    if (m->hp.dsa_topk <= 0 || !m->hp.layer_dsa_shared[m->il]) return NULL;
+    char name[300];
+    snprintf(name, sizeof name, "%sself_attn.indexer.wk.weight", m->layer);
+    if (!kc_has(ck, name))
+        return kiln_error(KILN_EUNSUPPORTED, "the MTP layer %s* reuses an earlier layer's indexer choice (indexer_types \"shared\") and "
+                          "has no indexer of its own (%s): a head of its own has no earlier layer to take it from", m->layer, name);
+    m->hp.layer_dsa_shared[m->il] = 0;
+    return NULL;
+}
+
+/* EXAONE-MoE (vLLM's ExaoneMoeDecoderLayer with is_mtp): the dense MLP, the
+ * attention mtp_layer_types[0] names (else layer 0's), NoPE on a full layer
+ * of a sliding model. */
+static kiln_status exaone_setup(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck) {
+    int il = m->il;
+    const cJSON *t = ku_json_get(kc_config(ck), "mtp_layer_types");
+    if (t && !cJSON_IsNull(t)) {
+        const cJSON *e = cJSON_IsArray(t) ? cJSON_GetArrayItem(t, 0) : NULL;
+        bool sl = e && cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention");
+        if (!sl && !(e && cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention")))
+            return kiln_error(KILN_EINVAL, "config.json: mtp_layer_types[0] must be \"sliding_attention\" or \"full_attention\"");
+        m->hp.layer_sliding[il] = sl && thp->sliding_window > 0;
+    }
+    m->hp.layer_nope[il] = thp->sliding_window > 0 && !m->hp.layer_sliding[il];
+    m->hp.layer_moe[il] = 0;
+    return NULL;
+}
+
+/* Nemotron-H: a model of the MTP layers alone, their types from
+ * mtp_hybrid_override_pattern or mtp_layers_block_type (the family's parser
+ * reads them as the model's own pattern). */
+static kiln_status nemotron_setup(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck) {
+    const cJSON *cfg = kc_config(ck), *lt = ku_json_get(cfg, "mtp_layers_block_type"), *p = ku_json_get(cfg, "mtp_hybrid_override_pattern");
+    bool list = lt && cJSON_IsArray(lt);
+    if (!list && !(p && cJSON_IsString(p)))
+        return kiln_error(KILN_EINVAL, "config.json: the MTP layers' types are in neither \"mtp_hybrid_override_pattern\" nor "
+                          "\"mtp_layers_block_type\"");
+    cJSON *c = cJSON_Duplicate(cfg, true);
+    if (!c) return kiln_error(KILN_ENOMEM, "out of memory");
+    static const char *const drop[] = {"layers_block_type", "layer_types", "hybrid_override_pattern", "num_hidden_layers"};
+    for (size_t i = 0; i < sizeof drop / sizeof *drop; i++) cJSON_DeleteItemFromObjectCaseSensitive(c, drop[i]);
+    cJSON *v = list ? cJSON_Duplicate(lt, true) : cJSON_CreateString(p->valuestring);
+    if (!v || !cJSON_AddItemToObject(c, list ? "layers_block_type" : "hybrid_override_pattern", v)) {
+        cJSON_Delete(v), cJSON_Delete(c);
+        return kiln_error(KILN_ENOMEM, "out of memory");
+    }
+    kiln_status st = km_parse(m->base, c, &m->hp);
+    if (st) {
+        cJSON_Delete(c);
+        return kiln_status_wrap(st, "the MTP layers (mtp_hybrid_override_pattern)");
+    }
+    m->cfg = c;
+    if (m->hp.hidden != thp->hidden || m->hp.vocab != thp->vocab)
+        return kiln_error(KILN_EINTERNAL, "the MTP layers' hyper-parameters differ from the model's");
+    for (int i = 0; i < m->hp.n_layers; i++)
+        if (m->hp.layer_recurrent[i])
+            return kiln_error(KILN_EUNSUPPORTED, "MTP layer %d is a Mamba-2 layer (kiln's MTP heads serve attention, MLP and MoE layers)", i);
+    m->il = 0;
+    m->n = (int)m->hp.n_layers;
     return NULL;
 }
 
@@ -209,27 +315,38 @@ kiln_status kb_mtp_open(const km_family *fam, const km_hparams *hp, const kc_che
     if (kb_mtp_tensors(ck, hp->n_layers, &layers, &first) == 0)
         return kiln_error(KILN_EINVAL, "the checkpoint has no multi-token prediction layers");
     const mtp_layout *lay = find_layout(ck, hp->n_layers);
-    if (!lay)
-        return kiln_error(KILN_EUNSUPPORTED, "the checkpoint's MTP layers (e.g. %s) are in no layout kiln serves (%s, %s, %s)", first,
-                          layouts[0].name, layouts[1].name, layouts[2].name);
+    if (!lay && !strncmp(first, "mtp.", 4) && first[4] >= '0' && first[4] <= '9')
+        return kiln_error(KILN_EUNSUPPORTED, "the checkpoint's MTP layers (e.g. %s) are DeepSeek-V4's: they read the main model's "
+                          "hyper-connection streams before hc_head, which kiln's main model graph does not give out", first);
+    if (!lay) {
+        char names[1024];
+        size_t o = 0;
+        for (int i = 0; i < N_LAYOUTS && o < sizeof names; i++)
+            o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "", layouts[i].name);
+        return kiln_error(KILN_EUNSUPPORTED, "the checkpoint's MTP layers (e.g. %s) are in no layout kiln serves (%s)", first, names);
+    }
     kb_mtp *m = calloc(1, sizeof *m);
     if (!m) return kiln_error(KILN_ENOMEM, "out of memory");
     m->base = fam;
     m->lay = lay;
     fill(m->head, sizeof m->head, lay->head, hp->n_layers);
-    fill(m->layer, sizeof m->layer, lay->layer, hp->n_layers);
-    kiln_status st = mtp_hparams(m, hp, ck);
+    if (lay->base_layer) snprintf(m->layer, sizeof m->layer, "%s", lay->layer); /* each layer's own index */
+    else fill(m->layer, sizeof m->layer, lay->layer, hp->n_layers);
+    kiln_status st = lay->base_layer ? NULL : mtp_hparams(m, hp, ck);
+    if (!st && lay->setup) st = lay->setup(m, hp, ck);
     if (st) {
         kb_mtp_free(m);
         return st;
     }
+    head_model(&m->hp);
     bool ok = true;
+    const char *key = lay->base_layer ? lay->base_layer : "model.layers.%d.";
     for (int t = 0; ok && t < KM_T_COUNT; t++) {
         const char *p = (*fam->names)[t];
-        if (!p || !strstr(p, "model.layers.%d.")) m->names[t] = p;
-        else ok = (m->names[t] = m->owned[t] = rename_layer(p, m->layer)) != NULL;
+        if (!p || !strstr(p, key)) m->names[t] = p;
+        else ok = (m->names[t] = m->owned[t] = rename_layer(p, key, m->layer)) != NULL;
     }
-    char own[300];
+    char own[300], at[64];
     /* one output head, KM_T_OUTPUT: the layer's own, else the main model's (tied: its embedding) */
     snprintf(own, sizeof own, "%s%s.weight", m->head, lay->lm_head ? lay->lm_head : "");
     if (ok && lay->lm_head && kc_has(ck, own)) ok = set_name(m, KM_T_OUTPUT, m->head, lay->lm_head);
@@ -237,7 +354,8 @@ kiln_status kb_mtp_open(const km_family *fam, const km_hparams *hp, const kc_che
     m->hp.tie_embeddings = false;
     snprintf(own, sizeof own, "%s%s.weight", m->head, lay->embed ? lay->embed : "");
     if (ok && lay->embed && kc_has(ck, own)) ok = set_name(m, KM_T_TOK_EMBD, m->head, lay->embed);
-    if (ok) ok = set_name(m, KM_T_OUTPUT_NORM, m->head, lay->final_norm);
+    if (lay->final_at) fill(at, sizeof at, lay->final_at, m->il + m->n - 1);
+    if (ok) ok = set_name(m, KM_T_OUTPUT_NORM, lay->final_at ? at : m->head, lay->final_norm);
     if (!ok) {
         kb_mtp_free(m);
         return kiln_error(KILN_ENOMEM, "out of memory");
@@ -279,9 +397,11 @@ kg_node *kb_mtp_decoder(kb_ctx *b, kb_layer_opts_fn family) {
     snprintf(proj, sizeof proj, "%s%s", m->head, lay->proj);
     kg_node *x = kb_linear_module(b, kg_concat(g, parts, 2, 1), proj, H);
     kb_layer_opts o;
-    kb_layer_defaults(b, m->il, &o);
-    if (family) family(b, m->il, &o);
-    x = kb_layer(b, x, m->il, &o);
+    for (int il = m->il; x && il < m->il + m->n; il++) {
+        kb_layer_defaults(b, il, &o);
+        if (family) family(b, il, &o);
+        x = kb_layer(b, x, il, &o);
+    }
     if (!x) return NULL;
     kg_node *logits = kb_output(b, x, &o.norm);
     kg_node *last = kg_take_rows(g, x, b->rows);

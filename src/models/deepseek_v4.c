@@ -12,7 +12,9 @@
  * on the "hash_moe" layers, else top-k with e_score_correction_bias,
  * renormalised times routed_scaling_factor, clamped SwiGLU experts and a
  * shared expert; the head is `head.weight`. MTP layers (mtp.*) are reported
- * by `kiln info`, not loaded. */
+ * by `kiln info`, not loaded: they read the main model's hyper-connection
+ * streams before hc_head, which its graph does not give out
+ * (models/blocks_mtp.c refuses them). */
 #include <stdio.h>
 #include <string.h>
 

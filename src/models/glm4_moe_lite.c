@@ -5,7 +5,8 @@
  * routed_scaling_factor, a shared expert) on the layers mlp_layer_types
  * marks "sparse" (default: all but the first). The checkpoint's
  * multi-token prediction layer (model.layers.<num_hidden_layers>) is
- * reported by `kiln info`, not loaded. */
+ * reported by `kiln info` and drafted with by --spec-mtp
+ * (models/blocks_mtp.c). */
 #include <string.h>
 
 #include "base/json.h"

@@ -7,7 +7,7 @@
  * indexer_types marks "shared" reuse the previous indexer's choice. GLM-4.5's
  * mixture of experts on the mlp_layer_types "sparse" layers (default: from
  * first_k_dense_replace, 3). The multi-token prediction layers are reported
- * by `kiln info`, not loaded. */
+ * by `kiln info` and drafted with by --spec-mtp (models/blocks_mtp.c). */
 #include <string.h>
 
 #include "base/json.h"

@@ -7,8 +7,9 @@
  * routes it (sigmoid router, e_score_correction_bias for the choice only,
  * renormalised weights times routed_scaling_factor) plus a shared expert of
  * moe_shared_expert_intermediate_size. Names under backbone.*; the MTP
- * layers (num_nextn_predict_layers, mtp.*) are not used for decoding, as
- * transformers ignores them, and kiln info reports them. The config may
+ * layers (num_nextn_predict_layers, mtp.*) are not used for plain decoding,
+ * as transformers ignores them; --spec-mtp drafts with them
+ * (models/blocks_mtp.c) and kiln info reports them. The config may
  * omit num_hidden_layers (transformers 5 derives it from the pattern), so
  * the family reads the whole config. */
 #include <math.h>
@@ -148,7 +149,7 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_int(cfg, "num_nextn_predict_layers", 0, &mtp));
     char more[160];
     snprintf(more, sizeof more, "in %d of %lld layers beside %d attention, %d relu^2 MLP and %d MoE layers%s", counts[MAMBA],
-             (long long)n, counts[ATTENTION], counts[MLP], counts[MOE], mtp > 0 ? "; MTP layers (mtp.*) not used" : "");
+             (long long)n, counts[ATTENTION], counts[MLP], counts[MOE], mtp > 0 ? "; MTP layers (mtp.*) for --spec-mtp" : "");
     km_mamba2_features(hp, more);
     return NULL;
 }

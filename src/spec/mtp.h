@@ -2,8 +2,9 @@
  * src/spec, prefix kspec_mtp_).
  *
  * The head is a model of its own (models/blocks.h, "multi-token prediction
- * heads": DeepSeek-V3 / GLM-4.5 nextn layers, Qwen3-Next / Qwen3.5 mtp.*,
- * MiMo model.mtp_layers.*), its decoder layer built by the family's blocks
+ * heads": DeepSeek-V3 / GLM-4.5 / GLM-5 nextn layers, Qwen3-Next / Qwen3.5
+ * / EXAONE-MoE mtp.*, MiMo model.mtp_layers.*, Nemotron-H mtp.layers.<i>.*),
+ * its decoder layers built by the family's blocks
  * and compiled like any model's graph, with its own paged KV cache (a
  * ke_ctx). Its row at position p joins the main model's last hidden state h_p
  * (after the final norm; given per token through ke_inputs.embd) with the

@@ -14,6 +14,11 @@ typedef enum {
     KSPEC_TEST_QWEN35,     /* qwen3_5_text with mtp.* (dense MLP, tied head) */
     KSPEC_TEST_DEEPSEEK,   /* deepseek_v3 with a nextn layer (MLA, experts) and its own shared_head.head */
     KSPEC_TEST_QWEN3_NEXT, /* qwen3_next with mtp.* (experts with a shared one) */
+    KSPEC_TEST_NEMOTRON_H, /* nemotron_h with mtp.layers.0 (attention) and .1 (relu^2 experts) */
+    KSPEC_TEST_EXAONE_MOE, /* exaone_moe with mtp.* (sliding qk-norm attention, the dense MLP) */
+    KSPEC_TEST_GLM5,       /* glm_moe_dsa with a nextn layer (MLA with the lightning indexer's top 4 keys, experts) */
+    KSPEC_TEST_GLM4_LITE,  /* glm4_moe_lite with a nextn layer (MLA, experts) */
+    KSPEC_TEST_QWEN35_MOE, /* qwen3_5_moe_text with mtp.* (experts with a gated shared one) */
     KSPEC_TEST_N
 } kspec_test_layout;
 
