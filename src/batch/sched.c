@@ -908,7 +908,9 @@ bool ksch_step(ksch *s) {
                        s->use_add ? s->badd : NULL, s->use_cross ? s->bcross : NULL, s->use_cross ? s->bckeys : NULL,
                        s->use_types ? s->btypes : NULL};
         bool any = s->use_embd || s->use_span || s->use_pos || s->use_add || s->use_cross || s->use_types;
+        double t0 = clock_now();
         kiln_status err = ke_decode_ex(s->c, &(ke_batch){(int)T, s->btok, s->bseq, s->bwant}, any ? &x : NULL, &lg, &nr);
+        if (!err && s->p.spec) kspec_note_step(s->p.spec, T, clock_now() - t0); /* prompt lookup's cost model */
         if (err) {
             fail_all(s, err);
             kiln_status_free(err);

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "spec/mtp.h"
 #include "tokenizer/tokenizer.h"
@@ -123,6 +124,16 @@ kiln_status kspec_load_draft(const char *dir, const ke_model *target, const char
 
 /* ---------------------------------------------------------------- state */
 
+/* The cost model: the last KSPEC_RING times of target steps of T rows, T <=
+ * KSPEC_TMAX (steps with more rows are timed as KSPEC_TMAX ones are not:
+ * they are estimated from the fewer-row ones, see step_cost). */
+enum { KSPEC_TMAX = 64, KSPEC_RING = 16, KSPEC_NB = 4, KSPEC_NPOS = 8 };
+typedef struct {
+    double t[KSPEC_RING]; /* seconds */
+    int n, at;
+    double est; /* ring_time of them */
+} kspec_ring;
+
 struct kspec {
     kspec_params p;
     ke_ctx *t, *d;          /* target (borrowed), draft (owned; NULL: none) */
@@ -146,6 +157,12 @@ struct kspec {
     kspec_logits_fn lfn; /* kspec_set_logits_fn, and its copy of a row [vocab] */
     void *lud;
     float *lrow;
+    /* prompt lookup's cost model: the target's recent step times by rows (see step_cost) */
+    kspec_ring cost[KSPEC_TMAX + 1];
+    double est[KSPEC_TMAX + 1]; /* step_cost's table, refit after every step timed */
+    int n_exec;          /* the target's executables at the last step timed: more means it compiled one */
+    kspec_cost_fn cfn;   /* kspec_set_cost_fn */
+    void *cud;
 };
 
 struct kspec_seq {
@@ -157,7 +174,18 @@ struct kspec_seq {
     int32_t k, k_fed;   /* guesses; of which the draft model fed into its cache */
     bool from_draft;
     int64_t n_at_guess; /* hist length when guessing */
-    int32_t cool, skip, k_cur; /* prompt lookup's back-off */
+    /* prompt lookup's acceptance, recent history: by the length of the n-gram
+     * that found the guess (1 .. KSPEC_NB, longer ones as KSPEC_NB) and the
+     * position in it (1 .. KSPEC_NPOS, later ones as KSPEC_NPOS), how often
+     * the token there was kept when the ones before it were (counts decayed by
+     * LK_DECAY per guess of that length) */
+    double hit[KSPEC_NB][KSPEC_NPOS], tried[KSPEC_NB][KSPEC_NPOS];
+    int32_t m;             /* the n-gram length of this round's lookup */
+    /* a lookup not sent to the target: checked against the tokens that follow */
+    int32_t *shadow;       /* [lookahead] */
+    int32_t sh_len, sh_done, sh_m;
+    int64_t sh_at;         /* hist index of its first token */
+    int32_t probe_wait;    /* rounds until the next probe of an unmeasured step size */
     kspec_stats stats;
     int hseq, mseq;      /* --spec-mtp: the sequence in the hidden-state context, in the head's (-1: none) */
 };
@@ -187,6 +215,8 @@ static kiln_status mtp_create(kspec *s, ke_ctx *target) {
     return s->mbuf && s->erow ? NULL : kiln_error(KILN_ENOMEM, "out of memory");
 }
 
+static void refit(kspec *s);
+
 kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *draft, kspec **out) {
     *out = NULL;
     kspec *s = calloc(1, sizeof *s);
@@ -197,6 +227,8 @@ kiln_status kspec_create(const kspec_params *p, ke_ctx *target, const ke_model *
     const km_hparams *hp = ke_model_hparams(ke_ctx_model(target));
     s->lrope = longrope_limit(hp);
     s->vocab = hp->vocab;
+    s->n_exec = ke_ctx_n_executables(target);
+    refit(s);
     if (draft) {
         /* as many tokens as the target's cache holds, for as many sequences */
         ke_ctx_params dp = {.n_ctx = ke_ctx_n_ctx(target),
@@ -269,10 +301,10 @@ kiln_status kspec_seq_create(kspec *s, int seq, const int32_t *prompt, int32_t n
     q->s = s;
     q->seq = seq;
     q->dseq = q->hseq = q->mseq = -1;
-    q->k_cur = s->p.lookahead < 4 ? s->p.lookahead : 4; /* a first guess that fails costs 4 rows; kept ones double it */
     int32_t mg = max_guess(s);
     q->guess = malloc(sizeof(int32_t) * (size_t)(mg > 0 ? mg : 1));
-    kiln_status st = q->guess ? push_hist(q, prompt, n_prompt) : kiln_error(KILN_ENOMEM, "out of memory");
+    q->shadow = malloc(sizeof(int32_t) * (size_t)(mg > 0 ? mg : 1));
+    kiln_status st = q->guess && q->shadow ? push_hist(q, prompt, n_prompt) : kiln_error(KILN_ENOMEM, "out of memory");
     if (!st && s->d) st = kiln_status_wrap(ke_seq_open(s->d, &q->dseq), "--model-draft");
     if (!st && s->hc) st = kiln_status_wrap(ke_seq_open(s->hc, &q->hseq), "--spec-mtp");
     if (!st && s->mc) st = kiln_status_wrap(ke_seq_open(s->mc, &q->mseq), "--spec-mtp");
@@ -289,7 +321,7 @@ void kspec_seq_destroy(kspec_seq *q) {
     if (q->dseq >= 0) ke_seq_close(q->s->d, q->dseq);
     if (q->hseq >= 0) ke_seq_close(q->s->hc, q->hseq);
     if (q->mseq >= 0) ke_seq_close(q->s->mc, q->mseq);
-    free(q->hist), free(q->guess);
+    free(q->hist), free(q->guess), free(q->shadow);
     free(q);
 }
 
@@ -298,7 +330,7 @@ void kspec_seq_stats(const kspec_seq *q, kspec_stats *out) { *out = q->stats; }
 /* ---------------------------------------------------------------- proposers */
 
 /* Prompt lookup: the continuation of the most recent earlier occurrence of
- * the last m tokens, m from ngram_n down to 1. */
+ * the last m tokens, m from ngram_n down to 1 (q->m: the m found). */
 static int32_t guess_ngram(kspec_seq *q, int32_t kmax) {
     const int32_t *h = q->hist;
     int64_t n = q->n;
@@ -310,6 +342,7 @@ static int32_t guess_ngram(kspec_seq *q, int32_t kmax) {
              * copy, as LZ77's: a loop of period p continues with period p) */
             int64_t from = at + m;
             for (int64_t j = 0; j < kmax; j++) q->guess[j] = from + j < n ? h[from + j] : q->guess[from + j - n];
+            q->m = (int32_t)m;
             return kmax;
         }
     }
@@ -420,41 +453,192 @@ static kiln_status guess_mtp(kspec_seq *q, int32_t kmax, int32_t *k) {
     return NULL;
 }
 
-static kiln_status propose(kspec_seq *q, int32_t kmax) {
+/* ---------------------------------------------------------------- prompt lookup's choice
+ *
+ * A guessed row is nearly free where a step is bound by reading the weights
+ * (a large model at batch 1) and costs a good part of a plain step where it
+ * is bound by compute (a small model): prompt lookup guesses as many tokens
+ * as make the step pay, from what steps of each size took (their times, the
+ * context's steps so far) and how many of its guesses were kept (the
+ * sequence's recent history, lookups not sent counted too: their tokens are
+ * the ones that follow, whatever was guessed). Timing decides only how many
+ * rows a step carries, never which token is kept. */
+
+#define LK_DECAY 0.92    /* the weight of the history per guess: about the last 12 count */
+#define LK_ROW_PRIOR 0.25 /* an unmeasured guessed row: a quarter of a plain step */
+#define LK_MARGIN 0.01   /* a guess must promise 1% more tokens per second than none */
+#define LK_FIRST_PRIOR 0.3 /* a first guessed token with no history: kept 3 times in 10 */
+enum { LK_PROBE_EVERY = 64 };
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+void kspec_set_cost_fn(kspec *s, kspec_cost_fn fn, void *ud) { s->cfn = fn, s->cud = ud; }
+
+/* A step size's time: the lower quartile of its recent ones (other processes
+ * only ever slow a step down, by up to a time slice), their least while
+ * fewer than 3; < 0: none. */
+static double ring_time(const kspec_ring *r) {
+    if (r->n == 0) return -1;
+    double v[KSPEC_RING];
+    memcpy(v, r->t, sizeof(double) * (size_t)r->n);
+    for (int i = 1; i < r->n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double x = v[j];
+            v[j] = v[j - 1], v[j - 1] = x;
+        }
+    return r->n < 3 ? v[0] : v[r->n / 4];
+}
+
+/* The time of a step of T rows: measured, else interpolated between the
+ * nearest measured sizes, else from the nearest one below with the slope
+ * between the smallest and largest measured, else (nothing measured, or
+ * nothing below) from LK_ROW_PRIOR. In seconds, or in plain steps when
+ * nothing is measured; only ratios are used. */
+static double fit_one(const kspec *s, int64_t T) {
+    int64_t lo = -1, hi = -1, first = -1, last = -1;
+    double tlo = 0, thi = 0, tf = 0, tl = 0;
+    for (int64_t x = 1; x <= KSPEC_TMAX; x++) {
+        double t = s->cost[x].n ? s->cost[x].est : -1;
+        if (t < 0) continue;
+        if (x == T) return t;
+        if (first < 0) first = x, tf = t;
+        last = x, tl = t;
+        if (x < T) lo = x, tlo = t;
+        if (x > T && hi < 0) hi = x, thi = t;
+    }
+    if (first < 0) return 1 + LK_ROW_PRIOR * (double)(T - 1);
+    if (lo < 0) return tf * (1 + LK_ROW_PRIOR * (double)(T - 1)) / (1 + LK_ROW_PRIOR * (double)(first - 1));
+    if (hi > 0) return tlo + (thi - tlo) * (double)(T - lo) / (double)(hi - lo);
+    double slope = last > first ? (tl - tf) / (double)(last - first) : tf * LK_ROW_PRIOR / (1 + LK_ROW_PRIOR * (double)(first - 1));
+    return tlo + (slope > 0 ? slope : 0) * (double)(T - lo);
+}
+
+static void refit(kspec *s) {
+    for (int64_t T = 1; T <= KSPEC_TMAX; T++) s->est[T] = fit_one(s, T);
+}
+
+/* The table's, and past it the line through its ends. */
+static double step_cost(const kspec *s, int64_t T) {
+    if (T <= KSPEC_TMAX) return s->est[T];
+    double slope = (s->est[KSPEC_TMAX] - s->est[1]) / (KSPEC_TMAX - 1);
+    return s->est[KSPEC_TMAX] + (slope > 0 ? slope : 0) * (double)(T - KSPEC_TMAX);
+}
+
+/* One target step of T rows took secs; compiled: it built an executable (its time is not a step's). */
+static void note_step(kspec *s, int64_t T, double secs, bool compiled) {
+    if (s->cfn) secs = s->cfn(s->cud, T, secs), compiled = false;
+    if (compiled || T < 1 || T > KSPEC_TMAX || !(secs > 0)) return;
+    kspec_ring *r = &s->cost[T];
+    /* a step preempted by other processes, when its size is barely measured (else the quartile takes care) */
+    if (r->n < 3 && s->cost[1].n + r->n >= 3 && secs > 3 * s->est[T]) return;
+    r->t[r->at] = secs;
+    r->at = (r->at + 1) % KSPEC_RING;
+    if (r->n < KSPEC_RING) r->n++;
+    r->est = ring_time(r);
+    refit(s);
+}
+
+void kspec_note_step(kspec *s, int64_t rows, double secs) {
+    int ne = ke_ctx_n_executables(s->t);
+    note_step(s, rows, secs, ne != s->n_exec);
+    s->n_exec = ne;
+}
+
+static int nbucket(int32_t m) { return (m < KSPEC_NB ? m : KSPEC_NB) - 1; }
+
+/* A lookup of k tokens found by an n-gram of length m kept acc of them. */
+static void lk_observe(kspec_seq *q, int32_t m, int32_t acc, int32_t k) {
+    int b = nbucket(m);
+    for (int j = 0; j < KSPEC_NPOS; j++) q->hit[b][j] *= LK_DECAY, q->tried[b][j] *= LK_DECAY;
+    for (int32_t j = 0; j <= acc && j < k; j++) { /* the kept ones, then the one that was not */
+        int x = j < KSPEC_NPOS ? j : KSPEC_NPOS - 1;
+        q->tried[b][x] += 1;
+        q->hit[b][x] += j < acc;
+    }
+}
+
+/* The lookup not sent, against the tokens that came since. */
+static void shadow_check(kspec_seq *q) {
+    while (q->sh_len > 0 && q->sh_at + q->sh_done < q->n) {
+        if (q->hist[q->sh_at + q->sh_done] != q->shadow[q->sh_done]) {
+            lk_observe(q, q->sh_m, q->sh_done, q->sh_len);
+            q->sh_len = 0;
+        } else if (++q->sh_done == q->sh_len) {
+            lk_observe(q, q->sh_m, q->sh_len, q->sh_len);
+            q->sh_len = 0;
+        }
+    }
+}
+
+/* How many of the k tokens looked up to send: the count that makes the most
+ * tokens per second of the step, whose other rows (rows, of which n_tok
+ * yield a token each, expected) are already decided; 0 when none beats
+ * sending none by LK_MARGIN. */
+static int32_t lk_choose(kspec_seq *q, int32_t k, int64_t rows, double n_tok, double *gain) {
+    kspec *s = q->s;
+    const double *hit = q->hit[nbucket(q->m)], *tried = q->tried[nbucket(q->m)];
+    double base = (n_tok + 1) / step_cost(s, rows + 1), best = base * (1 + LK_MARGIN), a = 0, pj = 1, c = LK_FIRST_PRIOR, p1 = 0;
+    int32_t use = 0;
+    *gain = 0;
+    for (int32_t j = 1; j <= k; j++) {
+        /* kept when the ones before were: the history at j, with the estimate at j - 1 as one more guess */
+        int x = j <= KSPEC_NPOS ? j - 1 : KSPEC_NPOS - 1;
+        c = (hit[x] + c) / (tried[x] + 1);
+        pj *= c;
+        if (j == 1) p1 = c;
+        a += pj; /* expected tokens kept of the first j */
+        double r = (n_tok + 1 + a) / step_cost(s, rows + 1 + j);
+        if (r > best && (j == k || !(j & (j - 1)))) best = r, use = j, *gain = a; /* 1, 2, 4, 8 ... or all: fewer sizes to compile */
+    }
+    if (use == 0 && q->probe_wait == 0 && rows + 2 <= KSPEC_TMAX && s->cost[rows + 2].n < 3) {
+        use = 1; /* a step size barely measured: try it now and then, so its cost is known */
+        *gain = p1;
+        q->probe_wait = LK_PROBE_EVERY;
+    }
+    return use;
+}
+
+/* rows: the round's rows so far (each sequence's own token counted), n_tok:
+ * the tokens they are expected to yield; both grow by what this one sends. */
+static kiln_status propose(kspec_seq *q, int32_t kmax, int64_t *rows, double *n_tok) {
     kspec *s = q->s;
     q->k = q->k_fed = 0;
     q->from_draft = false;
     q->n_at_guess = q->n;
     if (kmax <= 0) return NULL;
     if (s->p.ngram) {
-        if (q->skip > 0) q->skip--;
-        else q->k = guess_ngram(q, kmax < q->k_cur ? kmax : q->k_cur);
+        shadow_check(q);
+        if (q->probe_wait > 0) q->probe_wait--;
+        int32_t k = guess_ngram(q, kmax < s->p.lookahead ? kmax : s->p.lookahead);
+        double gain = 0;
+        q->k = k > 0 ? lk_choose(q, k, *rows - 1, *n_tok - 1, &gain) : 0;
+        if (k > 0 && q->k == 0 && q->sh_len == 0) { /* not sent: see whether it would have been kept */
+            memcpy(q->shadow, q->guess, sizeof(int32_t) * (size_t)k);
+            q->sh_len = k, q->sh_done = 0, q->sh_m = q->m, q->sh_at = q->n;
+        }
+        *n_tok += gain;
     }
     if (!q->k && s->d) {
         q->from_draft = true;
         KILN_TRY(guess_draft(q, kmax < s->p.draft_max ? kmax : s->p.draft_max, &q->k));
     }
     if (!q->k && s->mtp) {
-        q->from_draft = true; /* no prompt-lookup back-off, nothing of the draft's to cut */
+        q->from_draft = true; /* nothing of the draft's to cut, no lookup history */
         KILN_TRY(guess_mtp(q, kmax < s->p.mtp_max ? kmax : s->p.mtp_max, &q->k));
     }
+    *rows += q->k;
     return NULL;
 }
 
 /* After the round: acc guesses kept. The draft's cache keeps what still
- * agrees with the history; prompt lookup adapts. */
+ * agrees with the history; prompt lookup's history counts the round. */
 static kiln_status settle(kspec_seq *q, int32_t acc) {
     kspec *s = q->s;
-    if (q->k > 0 && !q->from_draft) {
-        if (acc == 0) {
-            q->cool = q->cool ? (q->cool * 2 < 64 ? q->cool * 2 : 64) : 1;
-            q->skip = q->cool;
-            q->k_cur = q->k_cur / 2 > 1 ? q->k_cur / 2 : 1;
-        } else {
-            q->cool = acc == q->k ? 0 : q->cool / 2; /* a partial success: the back-off halves, it does not end */
-            q->k_cur = acc == q->k ? (q->k_cur * 2 < s->p.lookahead ? q->k_cur * 2 : s->p.lookahead) : acc + 1;
-        }
-    }
+    if (q->k > 0 && !q->from_draft) lk_observe(q, q->m, acc, q->k);
     if (s->d && q->k_fed > 0) {
         int64_t keep = s->d_rec ? q->n_at_guess : q->n_at_guess + (acc < q->k_fed ? acc : q->k_fed);
         if (ke_seq_len(s->d, q->dseq) > keep && ke_seq_truncate(s->d, q->dseq, keep)) KILN_TRY(draft_reset(q));
@@ -495,7 +679,9 @@ kiln_status kspec_round(kspec *s, int n, kspec_seq *const *q, kgen_session *cons
         s->len0 = l;
         s->cap_n = n;
     }
-    int64_t *len0 = s->len0;
+    int64_t *len0 = s->len0, rows = 0;
+    for (int i = 0; i < n; i++) rows += fin[i] == KGEN_CONTINUE && ke_seq_len(s->t, q[i]->seq) < n_ctx;
+    double n_tok = (double)rows; /* the step's rows so far and the tokens they should yield (prompt lookup's choice) */
     for (int i = 0; i < n; i++) {
         q[i]->k = 0;
         if (fin[i] != KGEN_CONTINUE) continue;
@@ -507,7 +693,7 @@ kiln_status kspec_round(kspec *s, int n, kspec_seq *const *q, kgen_session *cons
         KILN_TRY(push_hist(q[i], &pending[i], 1));
         int64_t kmax = n_ctx - len - 1;
         if (s->lrope >= 0 && len < s->lrope && kmax > s->lrope - len - 1) kmax = s->lrope - len - 1;
-        KILN_TRY(propose(q[i], (int32_t)(kmax < 256 ? kmax : 256)));
+        KILN_TRY(propose(q[i], (int32_t)(kmax < 256 ? kmax : 256), &rows, &n_tok));
         blocks += ke_seq_blocks_needed(s->t, q[i]->seq, 1 + q[i]->k);
     }
     bool fits = blocks <= ke_ctx_free_blocks(s->t); /* else: plain steps, which fail as plain decoding would */
@@ -522,7 +708,9 @@ kiln_status kspec_round(kspec *s, int n, kspec_seq *const *q, kgen_session *cons
     for (int i = 0; i < n; i++) len0[i] = fin[i] == KGEN_CONTINUE ? ke_seq_len(s->t, q[i]->seq) : -1;
     const float *lg;
     int nr;
+    double t0 = now_s();
     KILN_TRY(ke_decode(s->t, &(ke_batch){(int)T, s->tok, s->seq, s->want}, &lg, &nr));
+    double secs = now_s() - t0; /* the step's cost: its decode and what rolling it back decodes again */
     int64_t row = 0, R = 0;
     for (int i = 0; i < n; i++) {
         if (len0[i] < 0) continue;
@@ -553,8 +741,11 @@ kiln_status kspec_round(kspec *s, int n, kspec_seq *const *q, kgen_session *cons
     }
     if (R > 0) {
         for (int64_t j = 0; j < R; j++) s->want[j] = false;
+        t0 = now_s();
         KILN_TRY(ke_decode(s->t, &(ke_batch){(int)R, s->refeed, s->reseq, s->want}, &lg, &nr));
+        secs += now_s() - t0;
     }
+    kspec_note_step(s, T, secs);
     return NULL;
 }
 
@@ -563,7 +754,9 @@ kiln_status kspec_seq_guess(kspec_seq *q, const int32_t *hist, int64_t n, int32_
     if (n < q->n) return kiln_error(KILN_EINTERNAL, "speculation: the sequence's tokens shrank");
     if (!grow(q->s, 512 + max_guess(q->s) + 1)) return kiln_error(KILN_ENOMEM, "out of memory");
     KILN_TRY(push_hist(q, hist + q->n, n - q->n));
-    KILN_TRY(propose(q, kmax));
+    int64_t rows = 1;
+    double n_tok = 1;
+    KILN_TRY(propose(q, kmax, &rows, &n_tok));
     *k = q->k;
     return NULL;
 }

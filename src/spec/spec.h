@@ -19,10 +19,13 @@
  *    occurrence of the sequence's last n tokens (n from --spec-ngram-n down to
  *    1) in the prompt and output so far, up to --spec-lookahead tokens (a
  *    continuation that reaches the end repeats itself, as an overlapping
- *    LZ77 copy: a loop goes on looping). It
- *    backs off when guesses fail: after a round with nothing accepted it skips
- *    1, 2, 4 ... 64 rounds (plain steps; a partial success halves the wait),
- *    and the length follows acceptance (4 first, doubled when all are kept);
+ *    LZ77 copy: a loop goes on looping). It sends as many of them as make
+ *    the step pay: the count with the most tokens per second expected, from
+ *    what the target's steps of each size took (timed as they run: a guessed
+ *    row is nearly free on a model bound by reading its weights, dear on one
+ *    bound by compute) and how many of its guesses were kept lately (lookups
+ *    not sent included, checked against the tokens that follow), none when
+ *    sending none is as good (spec.c, "prompt lookup's choice");
  *  - a draft model (--model-draft DIR, same tokenizer, checked): its own
  *    context (a cache of the target's size, up to 64 sequences with
  *    recurrent state) on the same thread count, greedy, up to --draft-max tokens while
@@ -82,6 +85,15 @@ void kspec_destroy(kspec *s);
  * index in the round. NULL: none (the default). */
 typedef void (*kspec_logits_fn)(void *ud, int i, float *row);
 void kspec_set_logits_fn(kspec *s, kspec_logits_fn fn, void *ud);
+
+/* Prompt lookup times the target's steps (kspec_round does; a scheduler
+ * that runs its own steps reports them): rows, the step's tokens; secs, its
+ * wall time. A step that compiled an executable is not counted. */
+void kspec_note_step(kspec *s, int64_t rows, double secs);
+/* For tests: fn replaces each step's measured seconds (rows: the step's
+ * tokens). NULL: the measured ones (the default). */
+typedef double (*kspec_cost_fn)(void *ud, int64_t rows, double secs);
+void kspec_set_cost_fn(kspec *s, kspec_cost_fn fn, void *ud);
 
 /* One sequence: its tokens so far (the prompt, then what was fed) and its
  * proposers' state (a sequence in the draft's context). */

@@ -86,6 +86,19 @@ static kiln_status plain(ke_model *m, bool seeded, const int32_t *prompt, out_id
     return st;
 }
 
+/* Plain decoding of both prompts (salts 0, 1). */
+static kiln_status plain_both(ke_model *m, bool seeded, out_ids *o) {
+    for (int i = 0; i < 2; i++) {
+        int32_t prompt[NP];
+        make_prompt(prompt, i);
+        KILN_TRY(plain(m, seeded, prompt, o, i));
+    }
+    return NULL;
+}
+
+/* When set, the target's step times speculative() runs with (kspec_set_cost_fn). */
+static kspec_cost_fn test_cost;
+
 /* With speculation: n_seq sequences (prompts with salts 0, 1) in the same steps. */
 static kiln_status speculative(ke_model *m, ke_model *draft, const kspec_params *sp, bool seeded, int n_seq,
                                out_ids *o, kspec_stats *stats) {
@@ -99,6 +112,7 @@ static kiln_status speculative(ke_model *m, ke_model *draft, const kspec_params 
     kgen_finish fin[2] = {KGEN_CONTINUE, KGEN_CONTINUE};
     kiln_status st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 256, .n_threads = 2}, &c);
     if (!st) st = kspec_create(sp, c, draft, &s);
+    if (!st && test_cost) kspec_set_cost_fn(s, test_cost, NULL);
     for (int i = 0; !st && i < n_seq; i++) {
         make_prompt(prompt[i], i);
         int seq = 0, seqs[NP];
@@ -149,11 +163,7 @@ static void check_family(const char *fixture, const char *other) {
     if (!m || (other && !d2)) goto out;
     for (int seeded = 0; seeded < 2; seeded++) {
         out_ids ref = {0};
-        for (int i = 0; i < 2; i++) {
-            int32_t prompt[NP];
-            make_prompt(prompt, i);
-            KT_CHECK_OK(plain(m, seeded, prompt, &ref, i));
-        }
+        KT_CHECK_OK(plain_both(m, seeded, &ref));
         KT_CHECK_EQ(ref.n[0], NGEN);
         for (int mode = 0; mode < 4; mode++) { /* prompt lookup, self draft, other draft, both */
             kspec_params sp;
@@ -189,6 +199,106 @@ KT_TEST(spec_identical_moe) { check_family("mixtral", "qwen3_moe"); }
 KT_TEST(spec_identical_ssm) { check_family("mamba2", "llama"); }
 KT_TEST(spec_identical_hybrid) { check_family("qwen3_next", "mamba2"); }
 
+/* Prompt lookup on a target whose guessed rows cost nothing (a step of T
+ * rows: 1 ms + 1 us per row), so that it guesses whatever it finds: the
+ * output is still plain decoding's, greedy and seeded, one sequence and two,
+ * dense and hybrid (rollback by checkpoint). */
+static double free_rows(void *ud, int64_t rows, double secs) {
+    (void)ud, (void)secs;
+    return 1e-3 + 1e-6 * (double)rows;
+}
+
+static void check_ngram_free_rows(const char *fixture) {
+    ke_model *m = ke_test_load_fixture(fixture);
+    if (!m) return;
+    for (int seeded = 0; seeded < 2; seeded++) {
+        out_ids ref = {0};
+        KT_CHECK_OK(plain_both(m, seeded, &ref));
+        kspec_params sp;
+        kspec_params_init(&sp);
+        sp.ngram = true;
+        for (int n_seq = 1; n_seq <= 2; n_seq++) {
+            out_ids got = {0};
+            kspec_stats stats;
+            test_cost = free_rows;
+            KT_CHECK_OK(speculative(m, NULL, &sp, seeded, n_seq, &got, &stats));
+            test_cost = NULL;
+            for (int i = 0; i < n_seq; i++)
+                KT_CHECKF(got.n[i] == ref.n[i] && !memcmp(got.ids[i], ref.ids[i], sizeof(int32_t) * (size_t)ref.n[i]),
+                          "%s: %s, %d sequences: sequence %d differs from plain decoding", fixture, seeded ? "seeded" : "greedy", n_seq, i);
+            /* (seeded, the penalties and DRY keep the random model from repeating a token: nothing to look up) */
+            if (!seeded) KT_CHECKF(stats.drafted > 0, "%s: %d sequences: free rows, prompt lookup guessed nothing", fixture, n_seq);
+        }
+    }
+    ke_model_free(m);
+}
+
+KT_TEST(spec_identical_ngram_free_rows) {
+    check_ngram_free_rows("llama");
+    check_ngram_free_rows("qwen3_next");
+}
+
+/* Prompt lookup's choice (kspec_seq_guess / kspec_seq_settle, the steps'
+ * times given with kspec_note_step): rounds of a sequence whose tokens
+ * either continue the prompt's loop (every guess kept) or are random (none
+ * kept). *rows: the rows guessed; *last: the last round's guess count. */
+static void lookup_rounds(ke_ctx *c, double row_ms, bool copy, int rounds, int64_t *rows, int32_t *last) {
+    kspec_params sp;
+    kspec_params_init(&sp);
+    sp.ngram = true;
+    kspec *s = NULL;
+    kspec_seq *q = NULL;
+    *rows = 0;
+    *last = -1;
+    KT_CHECK_OK(kspec_create(&sp, c, NULL, &s));
+    for (int i = 0; s && i < 8; i++) /* steps of 1 .. 11 rows timed */
+        for (int64_t T = 1; T <= 11; T++) kspec_note_step(s, T, 1e-3 * (1 + row_ms * (double)(T - 1)));
+    int32_t hist[4096];
+    make_prompt(hist, 0);
+    int64_t n = NP;
+    uint64_t rng = 11;
+    if (s) KT_CHECK_OK(kspec_seq_create(s, 0, hist, NP - 1, &q));
+    for (int r = 0; q && r < rounds && n + 16 < 4096; r++) {
+        const int32_t *g;
+        int32_t k = 0, acc = 0;
+        KT_CHECK_OK(kspec_seq_guess(q, hist, n, 64, &g, &k));
+        *rows += k;
+        *last = k;
+        /* what the target samples after the pending token: the loop goes on, or anything */
+        for (int64_t j = 0; j <= k; j++)
+            hist[n + j] = copy ? hist[n + j - 8] : (int32_t)(ckt_next(&rng) % 500) + 3;
+        while (acc < k && g[acc] == hist[n + acc]) acc++;
+        n += acc + 1;
+        KT_CHECK_OK(kspec_seq_settle(q, acc));
+    }
+    kspec_seq_destroy(q);
+    kspec_destroy(s);
+}
+
+KT_TEST(spec_ngram_guesses_what_pays) {
+    ke_model *m = ke_test_load_fixture("llama");
+    ke_ctx *c = NULL;
+    if (m) KT_CHECK_OK(ke_ctx_create(m, &(ke_ctx_params){.n_ctx = 256, .n_threads = 1}, &c));
+    if (!c) goto out;
+    int32_t last;
+    int64_t rows;
+    /* rows nearly free (1% of a step), every guess kept: the whole lookahead */
+    lookup_rounds(c, 0.01, true, 20, &rows, &last);
+    KT_CHECK_EQ(last, 10);
+    /* rows at half a step, every guess kept: still the whole lookahead (11 tokens for 6 steps' time) */
+    lookup_rounds(c, 0.5, true, 20, &rows, &last);
+    KT_CHECK_EQ(last, 10);
+    /* rows at 40% of a step, nothing kept: (almost) never a guess; a first one at most */
+    lookup_rounds(c, 0.4, false, 200, &rows, &last);
+    KT_CHECKF(rows <= 2 && last == 0, "dear rows, nothing kept: %lld rows guessed in 200 rounds, the last round %d", (long long)rows, last);
+    /* rows nearly free, nothing kept: guesses cost next to nothing, yet stop paying; far fewer rows than the lookahead each round */
+    lookup_rounds(c, 0.01, false, 200, &rows, &last);
+    KT_CHECKF(rows < 200, "free rows, nothing kept: %lld rows guessed in 200 rounds", (long long)rows);
+out:
+    ke_ctx_free(c);
+    ke_model_free(m);
+}
+
 /* The checkpoint's MTP head (a fixture with a random MTP layer in one of
  * the layouts): one guess and chains of three, alone and after prompt
  * lookup; the acceptance printed as kiln bench reports it. It proves the
@@ -202,11 +312,7 @@ static void check_mtp(kspec_test_layout which) {
     KT_CHECK_OK(ke_model_load(dir, &m));
     for (int seeded = 0; m && seeded < 2; seeded++) {
         out_ids ref = {0};
-        for (int i = 0; i < 2; i++) {
-            int32_t prompt[NP];
-            make_prompt(prompt, i);
-            KT_CHECK_OK(plain(m, seeded, prompt, &ref, i));
-        }
+        KT_CHECK_OK(plain_both(m, seeded, &ref));
         for (int mode = 0; mode < 3; mode++) { /* one guess, three, prompt lookup then three */
             kspec_params sp;
             kspec_params_init(&sp);
