@@ -887,6 +887,51 @@ KT_TEST(server_tools_end_to_end) {
     ksrv_buf_free(&r4), ksrv_buf_free(&r5), ksrv_buf_free(&r6), ksrv_buf_free(&r7), ksrv_buf_free(&r8), ksrv_buf_free(&r9);
 }
 
+/* Mistral's templates refuse tool-call ids other than 9 characters; ids of
+ * other servers (OpenAI's call_..., Anthropic's toolu_..., kiln's own
+ * toolu_ + 9) are fitted to 9 alphanumerics, a call and its result alike
+ * (found by tests/e2e/agent_families.mjs: a Messages tool_result turn on
+ * Mistral Nemo was a 400). */
+KT_TEST(server_tools_mistral_fits_foreign_ids) {
+    cJSON *m = cJSON_Parse("[{\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"toolu_abcdefghi\"}, {\"id\": \"c1\"}, "
+                           "{\"id\": \"Az0123456\"}, {\"id\": \"call_9x_Y-z\"}]}, {\"role\": \"tool\", \"tool_call_id\": \"c1\"}, "
+                           "{\"role\": \"tool\", \"tool_call_id\": \"toolu_abcdefghi\"}]");
+    KT_CHECK_OK(ksrv_tools_fit_ids(m));
+    const cJSON *tc = ku_json_get(cJSON_GetArrayItem(m, 0), "tool_calls");
+    const char *c1 = ku_json_get(cJSON_GetArrayItem(tc, 1), "id")->valuestring;
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(tc, 0), "id")->valuestring, "abcdefghi"); /* its last 9 alphanumerics */
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(tc, 2), "id")->valuestring, "Az0123456"); /* kept */
+    KT_CHECKF(strlen(c1) == 9 && strspn(c1, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") == 9, "%s", c1);
+    const char *c3 = ku_json_get(cJSON_GetArrayItem(tc, 3), "id")->valuestring; /* 8 alphanumerics: a hash */
+    KT_CHECKF(strlen(c3) == 9 && strspn(c3, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") == 9 && strcmp(c3, c1), "%s", c3);
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(m, 1), "tool_call_id")->valuestring, c1);
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(m, 2), "tool_call_id")->valuestring, "abcdefghi");
+    cJSON_Delete(m);
+    /* over loopback: chat with OpenAI-style ids, Messages with Anthropic's */
+    char dir[] = "/tmp/kiln-tools-XXXXXX", body[4096];
+    ksrv *s;
+    start_tiny("mistralai-Mistral-Nemo-Instruct-2407", dir, &s);
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", \"content\": "
+             "null, \"tool_calls\": [{\"id\": \"call_Yx2q8R1fZ0aB\", \"type\": \"function\", \"function\": {\"name\": "
+             "\"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": "
+             "\"call_Yx2q8R1fZ0aB\", \"content\": \"sunny\"}], \"tools\": %s, \"max_tokens\": 2}",
+             k_tools_json);
+    ksrv_buf r0 = {0}, r1 = {0};
+    long st0 = post(ksrv_port(s), body, &r0);
+    long st1 = post_to(ksrv_port(s), "/v1/messages", "x-api-key: k",
+                       "{\"max_tokens\": 2, \"tools\": [{\"name\": \"get_weather\", \"input_schema\": {\"type\": \"object\"}}], "
+                       "\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}, {\"role\": \"assistant\", \"content\": "
+                       "[{\"type\": \"tool_use\", \"id\": \"toolu_01A09q90qw90lq917835lq9\", \"name\": \"get_weather\", \"input\": "
+                       "{\"city\": \"Paris\"}}]}, {\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", \"tool_use_id\": "
+                       "\"toolu_01A09q90qw90lq917835lq9\", \"content\": \"sunny\"}]}]}",
+                       &r1);
+    ksrv_stop(s);
+    ckt_rmdir(dir);
+    KT_CHECKF(st0 == 200 && st1 == 200, "%ld %s / %ld %s", st0, r0.p, st1, r1.p);
+    ksrv_buf_free(&r0), ksrv_buf_free(&r1);
+}
+
 /* ---------------------------------------------------------------- the agent APIs */
 
 #include "server/agent.h"
