@@ -782,6 +782,179 @@ KT_TEST(server_tools_llama_cpp_compat) {
     ckt_rmdir(dir);
 }
 
+/* POST an Anthropic body; whether it is a 200 message (r: the reply). */
+static bool anthropic_ok(int port, const char *body, ksrv_buf *r) {
+    *r = (ksrv_buf){0};
+    long st = post_to(port, "/v1/messages", NULL, body, r);
+    cJSON *b = cJSON_Parse(r->p);
+    const cJSON *t = ku_json_get(b, "type");
+    bool ok = st == 200 && cJSON_IsString(t) && !strcmp(t->valuestring, "message");
+    cJSON_Delete(b);
+    return ok;
+}
+
+/* The rest of test_compat_anthropic.py (sampling fields, metadata,
+ * thinking, errors, images on a text-only model, streamed block indices
+ * with a tool, the OpenAI and Anthropic shapes side by side, thinking
+ * history in count_tokens and in the template) and test_compat_oai_responses.py's
+ * non-streamed ids, over the tiny model with Qwen3's template. Where kiln
+ * differs on purpose: an empty "messages" is a 400 (Anthropic's API
+ * refuses it; llama-server fills in defaults), and an image for a
+ * text-only model is a 400 naming the block (llama-server: a 500). */
+KT_TEST(server_tools_llama_cpp_compat_rest) {
+    char dir[] = "/tmp/kiln-tools-XXXXXX";
+    ksrv *s;
+    start_tiny("Qwen-Qwen3-0.6B", dir, &s);
+    int port = ksrv_port(s);
+    ksrv_buf r;
+    static const char *const fields[] = {"\"stop_sequences\": [\"\\n\", \"END\"]", "\"temperature\": 0.5", "\"top_p\": 0.9",
+                                         "\"top_k\": 40", "\"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 50}",
+                                         "\"metadata\": {\"user_id\": \"test_user_123\"}"};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"model\": \"tiny\", \"max_tokens\": 50, %s, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}",
+                 fields[i]);
+        KT_CHECKF(anthropic_ok(port, body, &r), "%s: %s", fields[i], r.p);
+        ksrv_buf_free(&r);
+    }
+    /* errors, in Anthropic's shape */
+    static const char *const bad[][2] = {
+        {"{\"model\": \"tiny\", \"max_tokens\": 50}", "messages\\\": expected a non-empty list"},
+        {"{\"model\": \"tiny\", \"max_tokens\": 50, \"messages\": []}", "messages\\\": expected a non-empty list"},
+        {"{\"model\": \"tiny\", \"max_tokens\": 10, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"source\": "
+         "{\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": \"iVBORw0KGgo=\"}}, {\"type\": \"text\", \"text\": \"What is this?\"}]}]}",
+         "takes text only"},
+        /* an image in a tool_result reaches the model (it was refused as "expected a text block") */
+        {"{\"model\": \"tiny\", \"max_tokens\": 100, \"messages\": [{\"role\": \"user\", \"content\": \"What is in this image?\"}, {\"role\": "
+         "\"assistant\", \"content\": [{\"type\": \"tool_use\", \"id\": \"tool_1\", \"name\": \"read\", \"input\": {\"file\": \"test.png\"}}]}, "
+         "{\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", \"tool_use_id\": \"tool_1\", \"content\": [{\"type\": \"text\", "
+         "\"text\": \"File: test.png\"}, {\"type\": \"image\", \"source\": {\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": "
+         "\"iVBORw0KGgo=\"}}]}]}]}",
+         "messages\\\"[2].content[1]: the model \\\"tiny\\\" takes text only"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        r = (ksrv_buf){0};
+        long st = post_to(port, "/v1/messages", NULL, bad[i][0], &r);
+        KT_CHECKF(st == 400 && strstr(r.p, "{\"type\": \"error\", \"error\": {\"type\": \"invalid_request_error\"") && strstr(r.p, bad[i][1]),
+                  "case %zu: %ld %s", i, st, r.p);
+        ksrv_buf_free(&r);
+    }
+    /* streamed with a tool (tool_choice any, so a tool_use block comes): indices 0, 1, ..., each stopped */
+    {
+        long st;
+        cJSON *evs = post_sse(port, "/v1/messages",
+                              "{\"model\": \"tiny\", \"max_tokens\": 400, \"stream\": true, \"tool_choice\": {\"type\": \"any\"}, "
+                              "\"tools\": [{\"name\": \"test_tool\", \"description\": \"A test tool\", \"input_schema\": {\"type\": "
+                              "\"object\", \"properties\": {\"param\": {\"type\": \"string\"}}, \"required\": [\"param\"]}}], "
+                              "\"messages\": [{\"role\": \"user\", \"content\": \"Use the test tool\"}]}",
+                              &r, &st);
+        int starts = 0, stops = 0, tool = -1;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, evs) {
+            const char *t = ku_json_get(e, "type")->valuestring;
+            const cJSON *idx = ku_json_get(e, "index"), *cb = ku_json_get(e, "content_block");
+            if (!strcmp(t, "content_block_start")) {
+                KT_CHECKF(is_int(idx) && idx->valuedouble == starts, "start %d: %s", starts, r.p);
+                if (!strcmp(ku_json_get(cb, "type")->valuestring, "tool_use")) {
+                    tool = starts;
+                    KT_CHECKF(cJSON_IsString(ku_json_get(cb, "name")) && !strcmp(ku_json_get(cb, "name")->valuestring, "test_tool") &&
+                                  cJSON_IsString(ku_json_get(cb, "id")),
+                              "%s", r.p);
+                }
+                starts++;
+            }
+            if (!strcmp(t, "content_block_stop")) {
+                KT_CHECKF(is_int(idx) && idx->valuedouble == stops && stops < starts, "stop %d: %s", stops, r.p);
+                stops++;
+            }
+        }
+        KT_CHECKF(st == 200 && starts == stops && tool >= 0 && first_event(evs, "message_start") && first_event(evs, "message_stop"),
+                  "%ld %d/%d %s", st, starts, stops, r.p);
+        cJSON_Delete(evs);
+        ksrv_buf_free(&r);
+    }
+    /* the two shapes side by side */
+    {
+        ksrv_buf o = {0};
+        long st = post(port, "{\"model\": \"tiny\", \"max_tokens\": 50, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}", &o);
+        KT_CHECK(anthropic_ok(port, "{\"model\": \"tiny\", \"max_tokens\": 50, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}", &r));
+        cJSON *a = cJSON_Parse(o.p), *b = cJSON_Parse(r.p);
+        const cJSON *ua = ku_json_get(a, "usage"), *ub = ku_json_get(b, "usage");
+        KT_CHECKF(st == 200 && !strcmp(ku_json_get(a, "object")->valuestring, "chat.completion") && ku_json_get(a, "choices") &&
+                      !ku_json_get(a, "content") && ku_json_get(b, "content") && !ku_json_get(b, "choices") && !ku_json_get(b, "object") &&
+                      ku_json_get(ua, "prompt_tokens") && ku_json_get(ua, "completion_tokens") && ku_json_get(ub, "input_tokens") &&
+                      ku_json_get(ub, "output_tokens") && !ku_json_get(ub, "prompt_tokens"),
+                  "%s\n%s", o.p, r.p);
+        cJSON_Delete(a), cJSON_Delete(b);
+        ksrv_buf_free(&o), ksrv_buf_free(&r);
+    }
+    /* thinking blocks of the history count (count_tokens) and render (/apply-template) */
+    {
+        static const char *tool = "{\"name\": \"list_files\", \"description\": \"List files\", \"input_schema\": {\"type\": \"object\", "
+                                  "\"properties\": {\"path\": {\"type\": \"string\"}}, \"required\": [\"path\"]}}";
+        int n[2];
+        for (int with = 0; with < 2; with++) {
+            char body[2048];
+            snprintf(body, sizeof body,
+                     "{\"model\": \"tiny\", \"tools\": [%s], \"messages\": [{\"role\": \"user\", \"content\": \"Fix the bug\"}, {\"role\": "
+                     "\"assistant\", \"content\": [%s{\"type\": \"tool_use\", \"id\": \"call_1\", \"name\": \"list_files\", \"input\": "
+                     "{\"path\": \".\"}}]}, {\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", \"tool_use_id\": \"call_1\", "
+                     "\"content\": \"main.py\"}]}]}",
+                     tool, with ? "{\"type\": \"thinking\", \"thinking\": \"I should check the project structure first to understand "
+                                  "the codebase layout.\"}, "
+                                : "");
+            r = (ksrv_buf){0};
+            long st = post_to(port, "/v1/messages/count_tokens", NULL, body, &r);
+            cJSON *b = cJSON_Parse(r.p);
+            n[with] = st == 200 && is_int(ku_json_get(b, "input_tokens")) ? (int)ku_json_get(b, "input_tokens")->valuedouble : -1;
+            cJSON_Delete(b);
+            KT_CHECKF(n[with] > 0, "%ld %s", st, r.p);
+            ksrv_buf_free(&r);
+        }
+        KT_CHECKF(n[1] > n[0], "with thinking %d, without %d", n[1], n[0]);
+        r = (ksrv_buf){0};
+        long st = post_to(
+            port, "/apply-template", NULL,
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"Fix the bug in main.py\"}, {\"role\": \"assistant\", \"content\": \"\", "
+            "\"reasoning_content\": \"I should check the project structure first.\", \"tool_calls\": [{\"id\": \"call_1\", \"type\": "
+            "\"function\", \"function\": {\"name\": \"list_files\", \"arguments\": \"{\\\"path\\\": \\\".\\\"}\"}}]}, {\"role\": \"tool\", "
+            "\"tool_call_id\": \"call_1\", \"content\": \"main.py\\nutils.py\"}, {\"role\": \"assistant\", \"content\": \"\", "
+            "\"reasoning_content\": \"Now I need to read the main file.\", \"tool_calls\": [{\"id\": \"call_2\", \"type\": \"function\", "
+            "\"function\": {\"name\": \"read_file\", \"arguments\": \"{\\\"path\\\": \\\"main.py\\\"}\"}}]}, {\"role\": \"tool\", "
+            "\"tool_call_id\": \"call_2\", \"content\": \"print('hello')\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
+            "\"list_files\", \"description\": \"List files\", \"parameters\": {\"type\": \"object\", \"properties\": {\"path\": {\"type\": "
+            "\"string\"}}, \"required\": [\"path\"]}}}]}",
+            &r);
+        cJSON *b = cJSON_Parse(r.p);
+        const cJSON *pr = ku_json_get(b, "prompt");
+        const char *p = cJSON_IsString(pr) ? pr->valuestring : "";
+        int thinks = 0;
+        for (const char *q = p; (q = strstr(q, "<think>")); q++) thinks++;
+        KT_CHECKF(st == 200 && strstr(p, "I should check the project structure first.") && strstr(p, "Now I need to read the main file.") &&
+                      thinks >= 2,
+                  "%ld %s", st, r.p);
+        cJSON_Delete(b);
+        ksrv_buf_free(&r);
+    }
+    /* Responses, not streamed: resp_ and msg_ ids */
+    {
+        r = (ksrv_buf){0};
+        long st = post_to(port, "/v1/responses", NULL,
+                          "{\"model\": \"tiny\", \"input\": [{\"role\": \"system\", \"content\": \"Book\"}, {\"role\": \"user\", "
+                          "\"content\": \"What is the best book\"}], \"max_output_tokens\": 8, \"temperature\": 0.8}",
+                          &r);
+        cJSON *b = cJSON_Parse(r.p);
+        const cJSON *o0 = cJSON_GetArrayItem(ku_json_get(b, "output"), 0), *id = ku_json_get(b, "id"), *oid = ku_json_get(o0, "id");
+        KT_CHECKF(st == 200 && cJSON_IsString(id) && !strncmp(id->valuestring, "resp_", 5) && cJSON_IsString(oid) &&
+                      !strncmp(oid->valuestring, "msg_", 4),
+                  "%ld %s", st, r.p);
+        cJSON_Delete(b);
+        ksrv_buf_free(&r);
+    }
+    ksrv_stop(s);
+    ckt_rmdir(dir);
+}
+
 /* The llama oracle fixture, the 512-id tokenizer, and Qwen2.5's template
  * (chat_template.jinja comes before tokenizer_config.json's). */
 KT_TEST(server_tools_end_to_end) {
