@@ -238,16 +238,16 @@ KT_TEST(cli_serve_official_openai_client) { run_client_script("tests/e2e/run_ope
  * fetch, on the committed embedding fixtures: tests/e2e/run_embed_clients.sh. */
 KT_TEST(cli_serve_embeddings_and_rerank) { run_client_script("tests/e2e/run_embed_clients.sh", "embedding clients"); }
 
-/* The official `openai` and `@anthropic-ai/sdk` clients on the agent
- * surfaces: chat with tools (the client's stream helper), a tool round
- * trip, responses.create (streamed, a function_call_output turn),
- * messages.create (streamed, a tool_result turn, countTokens), typed
- * errors: tests/e2e/run_agent_clients.sh. Skipped as above. */
 /* Two replicas behind nginx (docs/examples/nginx-kiln.conf): spread,
  * session affinity, a replica's death survived: tests/e2e/run_replicas.sh.
  * Skipped when nginx is missing. */
 KT_TEST(cli_serve_replicas_behind_nginx) { run_client_script("tests/e2e/run_replicas.sh", "replicas behind nginx"); }
 
+/* The official `openai` and `@anthropic-ai/sdk` clients on the agent
+ * surfaces: chat with tools (the client's stream helper), a tool round
+ * trip, responses.create (streamed, a function_call_output turn),
+ * messages.create (streamed, a tool_result turn, countTokens), typed
+ * errors: tests/e2e/run_agent_clients.sh. Skipped as above. */
 KT_TEST(cli_serve_official_agent_clients) { run_client_script("tests/e2e/run_agent_clients.sh", "agent clients"); }
 
 /* Constrained tool calls through the official `openai` and
