@@ -238,17 +238,27 @@ KT_TEST(cli_serve_official_openai_client) { run_client_script("tests/e2e/run_ope
  * fetch, on the committed embedding fixtures: tests/e2e/run_embed_clients.sh. */
 KT_TEST(cli_serve_embeddings_and_rerank) { run_client_script("tests/e2e/run_embed_clients.sh", "embedding clients"); }
 
-/* The official `openai` and `@anthropic-ai/sdk` clients on the agent
- * surfaces: chat with tools (the client's stream helper), a tool round
- * trip, responses.create (streamed, a function_call_output turn),
- * messages.create (streamed, a tool_result turn, countTokens), typed
- * errors: tests/e2e/run_agent_clients.sh. Skipped as above. */
 /* Two replicas behind nginx (docs/examples/nginx-kiln.conf): spread,
  * session affinity, a replica's death survived: tests/e2e/run_replicas.sh.
  * Skipped when nginx is missing. */
 KT_TEST(cli_serve_replicas_behind_nginx) { run_client_script("tests/e2e/run_replicas.sh", "replicas behind nginx"); }
 
+/* The official `openai` and `@anthropic-ai/sdk` clients on the agent
+ * surfaces: chat with tools (the client's stream helper), a tool round
+ * trip, responses.create (streamed, a function_call_output turn),
+ * messages.create (streamed, a tool_result turn, countTokens), typed
+ * errors: tests/e2e/run_agent_clients.sh. Skipped as above. */
 KT_TEST(cli_serve_official_agent_clients) { run_client_script("tests/e2e/run_agent_clients.sh", "agent clients"); }
+
+/* Constrained tool calls through the official `openai` and
+ * `@anthropic-ai/sdk` clients on random weights with the real tokenizers
+ * and templates of Qwen3, Llama 3.1 (../shared), Mistral Nemo, gpt-oss and
+ * DeepSeek-V3.1: tool_choice required / named / any / tool with strict
+ * tools give calls whose arguments npm `ajv` validates against the schema,
+ * whole and streamed, in chat, Responses and Messages, and a round trip
+ * each: tests/e2e/run_agent_families.sh. Skipped when node, a client or ajv
+ * is missing. */
+KT_TEST(cli_serve_agent_clients_families_ajv) { run_client_script("tests/e2e/run_agent_families.sh", "agent clients on five families"); }
 
 /* The chat page at / in headless Chromium (Debian's chromium, driven by
  * npm's playwright-core): a streamed reply equal to the non-streamed greedy

@@ -46,6 +46,60 @@ static cJSON *add_msg(cJSON *msgs, const char *role) {
     return m;
 }
 
+/* An image block (base64 source) as a data-URL image_url part of parts. */
+static kiln_status image_part(const cJSON *b, const char *what, cJSON *parts) {
+    const cJSON *src = ku_json_get(b, "source"), *mt = ku_json_get(src, "media_type"), *data = ku_json_get(src, "data");
+    if (strcmp(type_of(src), "base64") || !cJSON_IsString(mt) || !cJSON_IsString(data))
+        return kiln_error(KILN_EUNSUPPORTED, "\"%s\".source: only {\"type\": \"base64\", \"media_type\", \"data\"} images are supported", what);
+    ksrv_buf url = {0};
+    ksrv_buf_printf(&url, "data:%s;base64,%s", mt->valuestring, data->valuestring);
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddItemToArray(parts, p);
+    cJSON_AddStringToObject(p, "type", "image_url");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(p, "image_url"), "url", url.p ? url.p : "");
+    bool oom = url.oom || !p;
+    ksrv_buf_free(&url);
+    return oom ? kiln_error(KILN_ENOMEM, "out of memory") : NULL;
+}
+
+/* A tool_result block as a tool message: its content a string, text
+ * blocks joined, or (with image blocks among them, as a screenshot tool
+ * answers) text and image_url parts, so the images reach the model (a
+ * text-only model then answers a 400 that says so, not a silent drop). */
+static kiln_status tool_result(const cJSON *b, const char *id, const char *what, cJSON *msgs) {
+    const cJSON *c = ku_json_get(b, "content"), *e;
+    bool images = false;
+    if (cJSON_IsArray(c)) cJSON_ArrayForEach(e, c) images |= !strcmp(type_of(e), "image");
+    cJSON *o = add_msg(msgs, "tool");
+    if (!o) return kiln_error(KILN_ENOMEM, "out of memory");
+    cJSON_AddStringToObject(o, "tool_call_id", id);
+    if (!images) {
+        ksrv_buf out = {0};
+        kiln_status st = text_of(c, what, &out);
+        cJSON_AddStringToObject(o, "content", out.p ? out.p : "");
+        ksrv_buf_free(&out);
+        return st;
+    }
+    cJSON *parts = cJSON_AddArrayToObject(o, "content");
+    int k = 0;
+    cJSON_ArrayForEach(e, c) {
+        char w[96];
+        snprintf(w, sizeof w, "%s.content[%d]", what, k++);
+        const cJSON *x = ku_json_get(e, "text");
+        if (!strcmp(type_of(e), "image")) {
+            KILN_TRY(image_part(e, w, parts));
+        } else if (!strcmp(type_of(e), "text") && cJSON_IsString(x)) {
+            cJSON *p = cJSON_CreateObject();
+            cJSON_AddItemToArray(parts, p);
+            cJSON_AddStringToObject(p, "type", "text");
+            cJSON_AddStringToObject(p, "text", x->valuestring);
+        } else {
+            return kiln_error(KILN_EINVAL, "\"%s\": expected a text or an image block", w);
+        }
+    }
+    return NULL;
+}
+
 /* One Anthropic message as chat messages: tool_result blocks become tool
  * messages (before the rest of the turn), tool_use blocks the assistant's
  * tool_calls, thinking its reasoning_content, images data-URL parts. */
@@ -81,18 +135,7 @@ static kiln_status message(const cJSON *m, int i, cJSON *msgs) {
             cJSON_AddStringToObject(p, "type", "text");
             cJSON_AddStringToObject(p, "text", x->valuestring);
         } else if (!strcmp(t, "image")) {
-            const cJSON *src = ku_json_get(b, "source"), *mt = ku_json_get(src, "media_type"), *data = ku_json_get(src, "data");
-            if (strcmp(type_of(src), "base64") || !cJSON_IsString(mt) || !cJSON_IsString(data)) {
-                st = kiln_error(KILN_EUNSUPPORTED, "\"%s\".source: only {\"type\": \"base64\", \"media_type\", \"data\"} images are supported", what);
-                break;
-            }
-            ksrv_buf url = {0};
-            ksrv_buf_printf(&url, "data:%s;base64,%s", mt->valuestring, data->valuestring);
-            cJSON *p = cJSON_CreateObject();
-            cJSON_AddItemToArray(parts, p);
-            cJSON_AddStringToObject(p, "type", "image_url");
-            cJSON_AddStringToObject(cJSON_AddObjectToObject(p, "image_url"), "url", url.p ? url.p : "");
-            ksrv_buf_free(&url);
+            if ((st = image_part(b, what, parts))) break;
         } else if (!strcmp(t, "tool_use") && !user) {
             const cJSON *id = ku_json_get(b, "id"), *name = ku_json_get(b, "name"), *in = ku_json_get(b, "input");
             if (!cJSON_IsString(id) || !cJSON_IsString(name)) {
@@ -106,12 +149,7 @@ static kiln_status message(const cJSON *m, int i, cJSON *msgs) {
                 st = kiln_error(KILN_EINVAL, "\"%s\".tool_use_id: required", what);
                 break;
             }
-            ksrv_buf out = {0};
-            if ((st = text_of(ku_json_get(b, "content"), what, &out))) break;
-            cJSON *o = add_msg(msgs, "tool");
-            cJSON_AddStringToObject(o, "tool_call_id", id->valuestring);
-            cJSON_AddStringToObject(o, "content", out.p ? out.p : "");
-            ksrv_buf_free(&out);
+            if ((st = tool_result(b, id->valuestring, what, msgs))) break;
         } else if (!strcmp(t, "thinking") && !user) {
             const cJSON *x = ku_json_get(b, "thinking");
             if (cJSON_IsString(x)) ksrv_buf_str(&thinking, x->valuestring);

@@ -267,6 +267,12 @@ void ksrv_timings_json(const ksrv_job *j, ksrv_buf *b);
 /* Assistant tool_calls' arguments to objects, reasoning_content copied to
  * "thinking", for the templates (msgs modified). */
 kiln_status ksrv_tools_fix_messages(cJSON *msgs);
+/* For templates that refuse tool-call ids other than 9 characters (Mistral
+ * Nemo, Small 3.2): assistant tool_calls[].id and tool messages'
+ * tool_call_id made 9 alphanumerics, the same id always the same (its last
+ * 9 alphanumerics, as vLLM truncates them; fewer: a hash), so ids of other
+ * servers (OpenAI's call_..., Anthropic's toolu_...) still pair up. */
+kiln_status ksrv_tools_fit_ids(cJSON *msgs);
 /* tools, tool_choice, parallel_tool_calls, reasoning_format,
  * reasoning_effort of a chat body: *out (NULL when the output is plain
  * text), the tools to render (*tmpl_tools, borrowed from body; NULL: none),

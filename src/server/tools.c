@@ -130,6 +130,45 @@ kiln_status ksrv_tools_fix_messages(cJSON *msgs) {
     return NULL;
 }
 
+/* id as 9 alphanumerics into out (see ksrv_tools_fit_ids). */
+static void fit_id(const char *id, char out[10]) {
+    static const char a[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    int n = 0;
+    for (const char *p = id + strlen(id); p > id && n < 9;)
+        if (strchr(a, *--p)) out[8 - n++] = *p;
+    if (n == 9) {
+        out[9] = 0;
+        return;
+    }
+    uint64_t x = 1469598103934665603ull; /* FNV-1a of the whole id */
+    for (const char *p = id; *p; p++) x = (x ^ (unsigned char)*p) * 1099511628211ull;
+    for (int c = 0; c < 9; c++) out[c] = a[x % 62], x /= 62;
+    out[9] = 0;
+}
+
+static kiln_status fit_field(cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(v)) return NULL; /* (the template names what is missing) */
+    size_t n = strlen(v->valuestring);
+    if (n == 9 && strspn(v->valuestring, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") == 9) return NULL;
+    char id[10];
+    fit_id(v->valuestring, id);
+    cJSON *e = cJSON_CreateString(id);
+    if (!e) return kiln_error(KILN_ENOMEM, "out of memory");
+    cJSON_ReplaceItemInObjectCaseSensitive(o, key, e);
+    return NULL;
+}
+
+kiln_status ksrv_tools_fit_ids(cJSON *msgs) {
+    cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) if (cJSON_IsObject(c)) KILN_TRY(fit_field(c, "id"));
+        KILN_TRY(fit_field(m, "tool_call_id"));
+    }
+    return NULL;
+}
+
 void ksrv_tools_free(ksrv_tools *t) {
     if (!t) return;
     for (int i = 0; t->st && i < t->n_choices; i++) ktc_stream_destroy(t->st[i]);

@@ -782,6 +782,179 @@ KT_TEST(server_tools_llama_cpp_compat) {
     ckt_rmdir(dir);
 }
 
+/* POST an Anthropic body; whether it is a 200 message (r: the reply). */
+static bool anthropic_ok(int port, const char *body, ksrv_buf *r) {
+    *r = (ksrv_buf){0};
+    long st = post_to(port, "/v1/messages", NULL, body, r);
+    cJSON *b = cJSON_Parse(r->p);
+    const cJSON *t = ku_json_get(b, "type");
+    bool ok = st == 200 && cJSON_IsString(t) && !strcmp(t->valuestring, "message");
+    cJSON_Delete(b);
+    return ok;
+}
+
+/* The rest of test_compat_anthropic.py (sampling fields, metadata,
+ * thinking, errors, images on a text-only model, streamed block indices
+ * with a tool, the OpenAI and Anthropic shapes side by side, thinking
+ * history in count_tokens and in the template) and test_compat_oai_responses.py's
+ * non-streamed ids, over the tiny model with Qwen3's template. Where kiln
+ * differs on purpose: an empty "messages" is a 400 (Anthropic's API
+ * refuses it; llama-server fills in defaults), and an image for a
+ * text-only model is a 400 naming the block (llama-server: a 500). */
+KT_TEST(server_tools_llama_cpp_compat_rest) {
+    char dir[] = "/tmp/kiln-tools-XXXXXX";
+    ksrv *s;
+    start_tiny("Qwen-Qwen3-0.6B", dir, &s);
+    int port = ksrv_port(s);
+    ksrv_buf r;
+    static const char *const fields[] = {"\"stop_sequences\": [\"\\n\", \"END\"]", "\"temperature\": 0.5", "\"top_p\": 0.9",
+                                         "\"top_k\": 40", "\"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 50}",
+                                         "\"metadata\": {\"user_id\": \"test_user_123\"}"};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"model\": \"tiny\", \"max_tokens\": 50, %s, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}",
+                 fields[i]);
+        KT_CHECKF(anthropic_ok(port, body, &r), "%s: %s", fields[i], r.p);
+        ksrv_buf_free(&r);
+    }
+    /* errors, in Anthropic's shape */
+    static const char *const bad[][2] = {
+        {"{\"model\": \"tiny\", \"max_tokens\": 50}", "messages\\\": expected a non-empty list"},
+        {"{\"model\": \"tiny\", \"max_tokens\": 50, \"messages\": []}", "messages\\\": expected a non-empty list"},
+        {"{\"model\": \"tiny\", \"max_tokens\": 10, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"source\": "
+         "{\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": \"iVBORw0KGgo=\"}}, {\"type\": \"text\", \"text\": \"What is this?\"}]}]}",
+         "takes text only"},
+        /* an image in a tool_result reaches the model (it was refused as "expected a text block") */
+        {"{\"model\": \"tiny\", \"max_tokens\": 100, \"messages\": [{\"role\": \"user\", \"content\": \"What is in this image?\"}, {\"role\": "
+         "\"assistant\", \"content\": [{\"type\": \"tool_use\", \"id\": \"tool_1\", \"name\": \"read\", \"input\": {\"file\": \"test.png\"}}]}, "
+         "{\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", \"tool_use_id\": \"tool_1\", \"content\": [{\"type\": \"text\", "
+         "\"text\": \"File: test.png\"}, {\"type\": \"image\", \"source\": {\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": "
+         "\"iVBORw0KGgo=\"}}]}]}]}",
+         "messages\\\"[2].content[1]: the model \\\"tiny\\\" takes text only"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        r = (ksrv_buf){0};
+        long st = post_to(port, "/v1/messages", NULL, bad[i][0], &r);
+        KT_CHECKF(st == 400 && strstr(r.p, "{\"type\": \"error\", \"error\": {\"type\": \"invalid_request_error\"") && strstr(r.p, bad[i][1]),
+                  "case %zu: %ld %s", i, st, r.p);
+        ksrv_buf_free(&r);
+    }
+    /* streamed with a tool (tool_choice any, so a tool_use block comes): indices 0, 1, ..., each stopped */
+    {
+        long st;
+        cJSON *evs = post_sse(port, "/v1/messages",
+                              "{\"model\": \"tiny\", \"max_tokens\": 400, \"stream\": true, \"tool_choice\": {\"type\": \"any\"}, "
+                              "\"tools\": [{\"name\": \"test_tool\", \"description\": \"A test tool\", \"input_schema\": {\"type\": "
+                              "\"object\", \"properties\": {\"param\": {\"type\": \"string\"}}, \"required\": [\"param\"]}}], "
+                              "\"messages\": [{\"role\": \"user\", \"content\": \"Use the test tool\"}]}",
+                              &r, &st);
+        int starts = 0, stops = 0, tool = -1;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, evs) {
+            const char *t = ku_json_get(e, "type")->valuestring;
+            const cJSON *idx = ku_json_get(e, "index"), *cb = ku_json_get(e, "content_block");
+            if (!strcmp(t, "content_block_start")) {
+                KT_CHECKF(is_int(idx) && idx->valuedouble == starts, "start %d: %s", starts, r.p);
+                if (!strcmp(ku_json_get(cb, "type")->valuestring, "tool_use")) {
+                    tool = starts;
+                    KT_CHECKF(cJSON_IsString(ku_json_get(cb, "name")) && !strcmp(ku_json_get(cb, "name")->valuestring, "test_tool") &&
+                                  cJSON_IsString(ku_json_get(cb, "id")),
+                              "%s", r.p);
+                }
+                starts++;
+            }
+            if (!strcmp(t, "content_block_stop")) {
+                KT_CHECKF(is_int(idx) && idx->valuedouble == stops && stops < starts, "stop %d: %s", stops, r.p);
+                stops++;
+            }
+        }
+        KT_CHECKF(st == 200 && starts == stops && tool >= 0 && first_event(evs, "message_start") && first_event(evs, "message_stop"),
+                  "%ld %d/%d %s", st, starts, stops, r.p);
+        cJSON_Delete(evs);
+        ksrv_buf_free(&r);
+    }
+    /* the two shapes side by side */
+    {
+        ksrv_buf o = {0};
+        long st = post(port, "{\"model\": \"tiny\", \"max_tokens\": 50, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}", &o);
+        KT_CHECK(anthropic_ok(port, "{\"model\": \"tiny\", \"max_tokens\": 50, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}", &r));
+        cJSON *a = cJSON_Parse(o.p), *b = cJSON_Parse(r.p);
+        const cJSON *ua = ku_json_get(a, "usage"), *ub = ku_json_get(b, "usage");
+        KT_CHECKF(st == 200 && !strcmp(ku_json_get(a, "object")->valuestring, "chat.completion") && ku_json_get(a, "choices") &&
+                      !ku_json_get(a, "content") && ku_json_get(b, "content") && !ku_json_get(b, "choices") && !ku_json_get(b, "object") &&
+                      ku_json_get(ua, "prompt_tokens") && ku_json_get(ua, "completion_tokens") && ku_json_get(ub, "input_tokens") &&
+                      ku_json_get(ub, "output_tokens") && !ku_json_get(ub, "prompt_tokens"),
+                  "%s\n%s", o.p, r.p);
+        cJSON_Delete(a), cJSON_Delete(b);
+        ksrv_buf_free(&o), ksrv_buf_free(&r);
+    }
+    /* thinking blocks of the history count (count_tokens) and render (/apply-template) */
+    {
+        static const char *tool = "{\"name\": \"list_files\", \"description\": \"List files\", \"input_schema\": {\"type\": \"object\", "
+                                  "\"properties\": {\"path\": {\"type\": \"string\"}}, \"required\": [\"path\"]}}";
+        int n[2];
+        for (int with = 0; with < 2; with++) {
+            char body[2048];
+            snprintf(body, sizeof body,
+                     "{\"model\": \"tiny\", \"tools\": [%s], \"messages\": [{\"role\": \"user\", \"content\": \"Fix the bug\"}, {\"role\": "
+                     "\"assistant\", \"content\": [%s{\"type\": \"tool_use\", \"id\": \"call_1\", \"name\": \"list_files\", \"input\": "
+                     "{\"path\": \".\"}}]}, {\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", \"tool_use_id\": \"call_1\", "
+                     "\"content\": \"main.py\"}]}]}",
+                     tool, with ? "{\"type\": \"thinking\", \"thinking\": \"I should check the project structure first to understand "
+                                  "the codebase layout.\"}, "
+                                : "");
+            r = (ksrv_buf){0};
+            long st = post_to(port, "/v1/messages/count_tokens", NULL, body, &r);
+            cJSON *b = cJSON_Parse(r.p);
+            n[with] = st == 200 && is_int(ku_json_get(b, "input_tokens")) ? (int)ku_json_get(b, "input_tokens")->valuedouble : -1;
+            cJSON_Delete(b);
+            KT_CHECKF(n[with] > 0, "%ld %s", st, r.p);
+            ksrv_buf_free(&r);
+        }
+        KT_CHECKF(n[1] > n[0], "with thinking %d, without %d", n[1], n[0]);
+        r = (ksrv_buf){0};
+        long st = post_to(
+            port, "/apply-template", NULL,
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"Fix the bug in main.py\"}, {\"role\": \"assistant\", \"content\": \"\", "
+            "\"reasoning_content\": \"I should check the project structure first.\", \"tool_calls\": [{\"id\": \"call_1\", \"type\": "
+            "\"function\", \"function\": {\"name\": \"list_files\", \"arguments\": \"{\\\"path\\\": \\\".\\\"}\"}}]}, {\"role\": \"tool\", "
+            "\"tool_call_id\": \"call_1\", \"content\": \"main.py\\nutils.py\"}, {\"role\": \"assistant\", \"content\": \"\", "
+            "\"reasoning_content\": \"Now I need to read the main file.\", \"tool_calls\": [{\"id\": \"call_2\", \"type\": \"function\", "
+            "\"function\": {\"name\": \"read_file\", \"arguments\": \"{\\\"path\\\": \\\"main.py\\\"}\"}}]}, {\"role\": \"tool\", "
+            "\"tool_call_id\": \"call_2\", \"content\": \"print('hello')\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
+            "\"list_files\", \"description\": \"List files\", \"parameters\": {\"type\": \"object\", \"properties\": {\"path\": {\"type\": "
+            "\"string\"}}, \"required\": [\"path\"]}}}]}",
+            &r);
+        cJSON *b = cJSON_Parse(r.p);
+        const cJSON *pr = ku_json_get(b, "prompt");
+        const char *p = cJSON_IsString(pr) ? pr->valuestring : "";
+        int thinks = 0;
+        for (const char *q = p; (q = strstr(q, "<think>")); q++) thinks++;
+        KT_CHECKF(st == 200 && strstr(p, "I should check the project structure first.") && strstr(p, "Now I need to read the main file.") &&
+                      thinks >= 2,
+                  "%ld %s", st, r.p);
+        cJSON_Delete(b);
+        ksrv_buf_free(&r);
+    }
+    /* Responses, not streamed: resp_ and msg_ ids */
+    {
+        r = (ksrv_buf){0};
+        long st = post_to(port, "/v1/responses", NULL,
+                          "{\"model\": \"tiny\", \"input\": [{\"role\": \"system\", \"content\": \"Book\"}, {\"role\": \"user\", "
+                          "\"content\": \"What is the best book\"}], \"max_output_tokens\": 8, \"temperature\": 0.8}",
+                          &r);
+        cJSON *b = cJSON_Parse(r.p);
+        const cJSON *o0 = cJSON_GetArrayItem(ku_json_get(b, "output"), 0), *id = ku_json_get(b, "id"), *oid = ku_json_get(o0, "id");
+        KT_CHECKF(st == 200 && cJSON_IsString(id) && !strncmp(id->valuestring, "resp_", 5) && cJSON_IsString(oid) &&
+                      !strncmp(oid->valuestring, "msg_", 4),
+                  "%ld %s", st, r.p);
+        cJSON_Delete(b);
+        ksrv_buf_free(&r);
+    }
+    ksrv_stop(s);
+    ckt_rmdir(dir);
+}
+
 /* The llama oracle fixture, the 512-id tokenizer, and Qwen2.5's template
  * (chat_template.jinja comes before tokenizer_config.json's). */
 KT_TEST(server_tools_end_to_end) {
@@ -885,6 +1058,51 @@ KT_TEST(server_tools_end_to_end) {
     ksrv_buf_free(&joined), ksrv_buf_free(&r10), ksrv_buf_free(&r11);
     ksrv_buf_free(&r0), ksrv_buf_free(&r1), ksrv_buf_free(&r2), ksrv_buf_free(&r3);
     ksrv_buf_free(&r4), ksrv_buf_free(&r5), ksrv_buf_free(&r6), ksrv_buf_free(&r7), ksrv_buf_free(&r8), ksrv_buf_free(&r9);
+}
+
+/* Mistral's templates refuse tool-call ids other than 9 characters; ids of
+ * other servers (OpenAI's call_..., Anthropic's toolu_..., kiln's own
+ * toolu_ + 9) are fitted to 9 alphanumerics, a call and its result alike
+ * (found by tests/e2e/agent_families.mjs: a Messages tool_result turn on
+ * Mistral Nemo was a 400). */
+KT_TEST(server_tools_mistral_fits_foreign_ids) {
+    cJSON *m = cJSON_Parse("[{\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"toolu_abcdefghi\"}, {\"id\": \"c1\"}, "
+                           "{\"id\": \"Az0123456\"}, {\"id\": \"call_9x_Y-z\"}]}, {\"role\": \"tool\", \"tool_call_id\": \"c1\"}, "
+                           "{\"role\": \"tool\", \"tool_call_id\": \"toolu_abcdefghi\"}]");
+    KT_CHECK_OK(ksrv_tools_fit_ids(m));
+    const cJSON *tc = ku_json_get(cJSON_GetArrayItem(m, 0), "tool_calls");
+    const char *c1 = ku_json_get(cJSON_GetArrayItem(tc, 1), "id")->valuestring;
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(tc, 0), "id")->valuestring, "abcdefghi"); /* its last 9 alphanumerics */
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(tc, 2), "id")->valuestring, "Az0123456"); /* kept */
+    KT_CHECKF(strlen(c1) == 9 && strspn(c1, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") == 9, "%s", c1);
+    const char *c3 = ku_json_get(cJSON_GetArrayItem(tc, 3), "id")->valuestring; /* 8 alphanumerics: a hash */
+    KT_CHECKF(strlen(c3) == 9 && strspn(c3, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") == 9 && strcmp(c3, c1), "%s", c3);
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(m, 1), "tool_call_id")->valuestring, c1);
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(m, 2), "tool_call_id")->valuestring, "abcdefghi");
+    cJSON_Delete(m);
+    /* over loopback: chat with OpenAI-style ids, Messages with Anthropic's */
+    char dir[] = "/tmp/kiln-tools-XXXXXX", body[4096];
+    ksrv *s;
+    start_tiny("mistralai-Mistral-Nemo-Instruct-2407", dir, &s);
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", \"content\": "
+             "null, \"tool_calls\": [{\"id\": \"call_Yx2q8R1fZ0aB\", \"type\": \"function\", \"function\": {\"name\": "
+             "\"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": "
+             "\"call_Yx2q8R1fZ0aB\", \"content\": \"sunny\"}], \"tools\": %s, \"max_tokens\": 2}",
+             k_tools_json);
+    ksrv_buf r0 = {0}, r1 = {0};
+    long st0 = post(ksrv_port(s), body, &r0);
+    long st1 = post_to(ksrv_port(s), "/v1/messages", "x-api-key: k",
+                       "{\"max_tokens\": 2, \"tools\": [{\"name\": \"get_weather\", \"input_schema\": {\"type\": \"object\"}}], "
+                       "\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}, {\"role\": \"assistant\", \"content\": "
+                       "[{\"type\": \"tool_use\", \"id\": \"toolu_01A09q90qw90lq917835lq9\", \"name\": \"get_weather\", \"input\": "
+                       "{\"city\": \"Paris\"}}]}, {\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", \"tool_use_id\": "
+                       "\"toolu_01A09q90qw90lq917835lq9\", \"content\": \"sunny\"}]}]}",
+                       &r1);
+    ksrv_stop(s);
+    ckt_rmdir(dir);
+    KT_CHECKF(st0 == 200 && st1 == 200, "%ld %s / %ld %s", st0, r0.p, st1, r1.p);
+    ksrv_buf_free(&r0), ksrv_buf_free(&r1);
 }
 
 /* ---------------------------------------------------------------- the agent APIs */

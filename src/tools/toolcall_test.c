@@ -539,6 +539,16 @@ KT_TEST(toolcall_llama_cpp_cases) {
         for (int f = 0; f < KTC_N_FORMATS; f++)
             if (!strcmp(ktc_format_name((ktc_format)f), fmt)) syn.format = (ktc_format)f;
         KT_CHECKF(syn.format != KTC_NONE, "%s: format %s", src, fmt);
+        /* a case named after a committed template: the format is the one detected from it */
+        char rel[256], *tsrc = NULL;
+        snprintf(rel, sizeof rel, "tests/data/chat/templates/%.*s.jinja", (int)strcspn(src, " "), src);
+        if (access(kt_path(path, sizeof path, rel), R_OK) != 0)
+            snprintf(rel, sizeof rel, "tests/data/tools/templates/%.*s.jinja", (int)strcspn(src, " "), src);
+        if (access(kt_path(path, sizeof path, rel), R_OK) == 0) {
+            KT_CHECK_OK(ku_read_file(path, &tsrc, NULL));
+            KT_CHECKF(ktc_detect(tsrc) == syn.format, "%s: detected %s, the case says %s", src, ktc_format_name(ktc_detect(tsrc)), fmt);
+            free(tsrc);
+        }
         ktc_msg m;
         KT_CHECK_OK(ktc_parse(&syn, text, strlen(text), partial, &m));
         bool ok = true;

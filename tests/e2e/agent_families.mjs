@@ -1,0 +1,162 @@
+// Constrained tool calls through the official clients, checked with npm
+// `ajv` (+ ajv-formats), against a `kiln serve` of random weights with one
+// family's real tokenizer and chat template (tests/e2e/run_agent_families.sh).
+// With tool_choice "required" / a named function / Anthropic's "any" and
+// "tool", and strict tools, every call's arguments must validate against
+// the function's schema, whole and streamed, in chat completions, Responses
+// and Messages; then a full round trip (the call sent back with its result,
+// an answer). Sampled at temperature 1 with seeds, so the grammar, not the
+// weights, makes the calls valid. Exits 1 on a failed check.
+import { createRequire } from "node:module";
+const require = createRequire(import.meta.url);
+const OpenAI = require("openai").default ?? require("openai");
+const AnthropicMod = require("@anthropic-ai/sdk");
+const Anthropic = AnthropicMod.default ?? AnthropicMod.Anthropic ?? AnthropicMod;
+const AjvMod = require("ajv");
+const Ajv = AjvMod.default ?? AjvMod;
+const addFormats = require("ajv-formats").default ?? require("ajv-formats");
+
+const base = process.argv[2] ?? "http://127.0.0.1:8080";
+const model = process.argv[3] ?? "tiny";
+const family = process.argv[4] ?? "?";
+const openai = new OpenAI({ baseURL: base + "/v1", apiKey: "none" });
+const anthropic = new Anthropic({ baseURL: base, apiKey: "none" });
+
+let failed = 0;
+function check(name, ok, detail = "") {
+  console.log(`${ok ? "ok  " : "FAIL"} ${family}: ${name}${detail ? ": " + detail : ""}`);
+  if (!ok) failed++;
+}
+const J = JSON.stringify;
+
+const weather = {
+  type: "object",
+  properties: {
+    city: { type: "string", minLength: 1, maxLength: 12 },
+    days: { type: "integer", minimum: 1, maximum: 9 },
+    unit: { enum: ["celsius", "fahrenheit"] },
+    when: { type: "string", format: "date" },
+    tags: { type: "array", items: { type: "string", maxLength: 5 }, maxItems: 3 },
+  },
+  required: ["city", "days", "unit"],
+  additionalProperties: false,
+};
+const clock = { type: "object", properties: { zone: { type: "string", enum: ["UTC", "CET"] } }, required: ["zone"], additionalProperties: false };
+const schemas = { get_weather: weather, get_time: clock };
+const ajv = new Ajv({ strict: true, allErrors: true });
+addFormats(ajv);
+const validators = Object.fromEntries(Object.entries(schemas).map(([k, s]) => [k, ajv.compile(s)]));
+// "" when args (a JSON text, or an object) validate against name's schema, else why not
+function invalid(name, args) {
+  const v = validators[name];
+  if (!v) return `no tool ${J(name)}`;
+  let a = args;
+  if (typeof args === "string") {
+    try { a = JSON.parse(args); } catch (e) { return `not JSON: ${J(args)}`; }
+  }
+  return v(a) ? "" : `${J(a)}: ${ajv.errorsText(v.errors)}`;
+}
+
+const tools = [
+  { type: "function", function: { name: "get_weather", description: "Weather of a city", parameters: weather, strict: true } },
+  { type: "function", function: { name: "get_time", description: "The time in a zone", parameters: clock, strict: true } },
+];
+const ask = [{ role: "user", content: "What is the weather in Paris?" }];
+const common = { model, tools, temperature: 1, max_tokens: 400 };
+
+// ---- chat completions
+const c1 = await openai.chat.completions.create({ ...common, messages: ask, tool_choice: "required", parallel_tool_calls: false, seed: 1 });
+const m1 = c1.choices[0].message, tc1 = m1.tool_calls ?? [];
+check("chat required: one valid call", tc1.length === 1 && !invalid(tc1[0].function.name, tc1[0].function.arguments) &&
+      c1.choices[0].finish_reason === "tool_calls" && !m1.content,
+      tc1.length ? `${tc1[0].function.name}(${J(tc1[0].function.arguments)}) ${invalid(tc1[0].function.name, tc1[0].function.arguments)}` : J(m1));
+const s1 = await openai.chat.completions.stream({ ...common, messages: ask, tool_choice: "required", parallel_tool_calls: false, seed: 2 })
+  .finalChatCompletion();
+const sc1 = s1.choices[0].message.tool_calls ?? [];
+check("chat required streamed: one valid call", sc1.length === 1 && !invalid(sc1[0].function.name, sc1[0].function.arguments) &&
+      s1.choices[0].finish_reason === "tool_calls",
+      sc1.length ? `${sc1[0].function.name}(${J(sc1[0].function.arguments)}) ${invalid(sc1[0].function.name, sc1[0].function.arguments)}` : J(s1.choices[0]));
+const c2 = await openai.chat.completions.create({ ...common, messages: ask, tool_choice: "required", seed: 3 });
+const tc2 = c2.choices[0].message.tool_calls ?? [];
+check("chat required, parallel: every call valid", tc2.length >= 1 && tc2.every((t) => !invalid(t.function.name, t.function.arguments)),
+      tc2.map((t) => `${t.function.name}(${J(t.function.arguments)}) ${invalid(t.function.name, t.function.arguments)}`).join("; "));
+for (const [name, seed] of [["get_time", 4], ["get_weather", 5]]) {
+  const r = await openai.chat.completions.create({ ...common, messages: ask, tool_choice: { type: "function", function: { name } },
+                                                   parallel_tool_calls: false, seed });
+  const t = r.choices[0].message.tool_calls ?? [];
+  check(`chat named ${name}: a valid call of it`, t.length === 1 && t[0].function.name === name && !invalid(name, t[0].function.arguments),
+        t.length ? `${t[0].function.name}(${J(t[0].function.arguments)}) ${invalid(name, t[0].function.arguments)}` : J(r.choices[0]));
+}
+// the round trip: the call back with its result, then an answer
+if (tc1.length) {
+  const back = await openai.chat.completions.create({
+    ...common, max_tokens: 8, seed: 6,
+    messages: [...ask, { role: "assistant", content: null, tool_calls: tc1.map((t) => ({ id: t.id, type: "function", function: t.function })) },
+               { role: "tool", tool_call_id: tc1[0].id, content: "sunny, 21 C" }],
+  });
+  const bm = back.choices[0].message;
+  check("chat round trip: an answer to the tool result", back.usage.prompt_tokens > c1.usage.prompt_tokens && bm.role === "assistant" &&
+        ["stop", "length", "tool_calls"].includes(back.choices[0].finish_reason) &&
+        (bm.tool_calls ?? []).every((t) => !invalid(t.function.name, t.function.arguments)),
+        `${J(back.usage)} ${back.choices[0].finish_reason}`);
+}
+
+// ---- responses
+const rtools = tools.map((t) => ({ type: "function", ...t.function }));
+const rcommon = { model, tools: rtools, temperature: 1, max_output_tokens: 400 };
+const fcalls = (r) => r.output.filter((o) => o.type === "function_call");
+const r1 = await openai.responses.create({ ...rcommon, input: "What is the weather in Paris?", tool_choice: "required",
+                                           parallel_tool_calls: false, seed: 7 });
+const f1 = fcalls(r1);
+check("responses required: one valid function_call", r1.status === "completed" && f1.length === 1 && !invalid(f1[0].name, f1[0].arguments) &&
+      typeof f1[0].call_id === "string", f1.length ? `${f1[0].name}(${J(f1[0].arguments)}) ${invalid(f1[0].name, f1[0].arguments)}` : J(r1.output));
+const rs = openai.responses.stream({ ...rcommon, input: "What is the weather in Paris?", tool_choice: { type: "function", name: "get_weather" },
+                                     parallel_tool_calls: false, seed: 8 });
+let deltas = "", doneArgs = null;
+for await (const ev of rs) {
+  if (ev.type === "response.function_call_arguments.delta") deltas += ev.delta;
+  if (ev.type === "response.function_call_arguments.done") doneArgs = ev.arguments;
+}
+const rf = fcalls(await rs.finalResponse());
+check("responses named, streamed: the deltas add up to a valid call", rf.length === 1 && rf[0].name === "get_weather" &&
+      deltas === doneArgs && deltas === rf[0].arguments && !invalid("get_weather", deltas),
+      `${J(deltas)} ${invalid("get_weather", deltas)}`);
+if (f1.length) {
+  const r2 = await openai.responses.create({
+    ...rcommon, max_output_tokens: 8, seed: 9,
+    input: [{ role: "user", content: "What is the weather in Paris?" }, { type: "function_call", call_id: f1[0].call_id, name: f1[0].name,
+            arguments: f1[0].arguments }, { type: "function_call_output", call_id: f1[0].call_id, output: "sunny, 21 C" }],
+  });
+  check("responses round trip: an answer to the function_call_output", r2.object === "response" &&
+        r2.usage.input_tokens > r1.usage.input_tokens && fcalls(r2).every((f) => !invalid(f.name, f.arguments)), J(r2.usage));
+}
+
+// ---- anthropic messages
+const atools = tools.map((t) => ({ name: t.function.name, description: t.function.description, input_schema: t.function.parameters }));
+const acommon = { model, tools: atools, temperature: 1, max_tokens: 400 };
+const uses = (m) => m.content.filter((b) => b.type === "tool_use");
+const a1 = await anthropic.messages.create({ ...acommon, messages: ask, tool_choice: { type: "any", disable_parallel_tool_use: true } });
+const u1 = uses(a1);
+check("messages any: one valid tool_use", a1.stop_reason === "tool_use" && u1.length === 1 && !invalid(u1[0].name, u1[0].input) &&
+      typeof u1[0].id === "string", u1.length ? `${u1[0].name}(${J(u1[0].input)}) ${invalid(u1[0].name, u1[0].input)}` : J(a1.content));
+const as = anthropic.messages.stream({ ...acommon, messages: ask, tool_choice: { type: "tool", name: "get_time" } });
+let partial = "";
+as.on("streamEvent", (ev) => { if (ev.type === "content_block_delta" && ev.delta.type === "input_json_delta") partial += ev.delta.partial_json; });
+const af = await as.finalMessage();
+const au = uses(af);
+check("messages tool, streamed: input_json_delta adds up to a valid input", au.length >= 1 && au.every((u) => u.name === "get_time") &&
+      !invalid("get_time", au[0].input) && (au.length > 1 || (!invalid("get_time", partial) && J(JSON.parse(partial)) === J(au[0].input))),
+      `${J(partial)} ${invalid("get_time", partial)}`);
+if (u1.length) {
+  const a2 = await anthropic.messages.create({
+    ...acommon, max_tokens: 8,
+    messages: [...ask, { role: "assistant", content: a1.content }, { role: "user", content: [{ type: "tool_result", tool_use_id: u1[0].id,
+               content: "sunny, 21 C" }] }],
+  });
+  const prompt = (u) => u.input_tokens + (u.cache_read_input_tokens ?? 0) + (u.cache_creation_input_tokens ?? 0);
+  check("messages round trip: an answer to the tool_result", a2.type === "message" && prompt(a2.usage) > prompt(a1.usage) &&
+        uses(a2).every((u) => !invalid(u.name, u.input)), J(a2.usage));
+}
+
+console.log(failed ? `${family}: ${failed} checks failed` : `${family}: all passed`);
+process.exit(failed ? 1 : 0);
