@@ -487,9 +487,19 @@ head:
     lin(head, NULL, n, r->V, H, logits);
 }
 
-static void check_layout(kspec_test_layout which) {
+/* which's checkpoint with its config.json patched (NULL: as made) */
+static bool patched_model(kspec_test_layout which, const char *patch, char *dir, size_t cap) {
+    if (!kspec_test_mtp_model(which, dir, cap)) return false;
+    char *cfg = patch ? mt_patched_config(dir, patch) : NULL;
+    bool ok = !patch || (cfg && ckt_write_str(dir, "config.json", cfg));
+    free(cfg);
+    if (!ok) kt_fail(__FILE__, __LINE__, "could not patch %s's config with %s", cases[which].fixture, patch);
+    return ok;
+}
+
+static void check_layout_patched(kspec_test_layout which, const char *patch) {
     char dir[512];
-    if (!kspec_test_mtp_model(which, dir, sizeof dir)) return;
+    if (!patched_model(which, patch, dir, sizeof dir)) return;
     ke_model *m = NULL, *hm = NULL;
     kspec_mtp *mtp = NULL;
     KT_CHECK_OK(ke_model_load(dir, &m));
@@ -582,6 +592,8 @@ out:
     ckt_rmdir(dir);
 }
 
+static void check_layout(kspec_test_layout which) { check_layout_patched(which, NULL); }
+
 KT_TEST(mtp_mimo_logits_match_reference) { check_layout(KSPEC_TEST_MIMO); }
 KT_TEST(mtp_glm_nextn_logits_match_reference) { check_layout(KSPEC_TEST_GLM); }
 KT_TEST(mtp_qwen35_logits_match_reference) { check_layout(KSPEC_TEST_QWEN35); }
@@ -589,6 +601,29 @@ KT_TEST(mtp_deepseek_nextn_logits_match_reference) { check_layout(KSPEC_TEST_DEE
 
 KT_TEST(mtp_qwen3_next_logits_match_reference) { check_layout(KSPEC_TEST_QWEN3_NEXT); }
 KT_TEST(mtp_nemotron_h_logits_match_reference) { check_layout(KSPEC_TEST_NEMOTRON_H); }
+/* the released checkpoints' way of naming the layers (Nemotron-3:
+ * mtp_hybrid_override_pattern "*E"), the same head; patterns kiln's head
+ * cannot serve or a config without either are refused by name */
+KT_TEST(mtp_nemotron_h_pattern_string) {
+    check_layout_patched(KSPEC_TEST_NEMOTRON_H, "{\"mtp_layers_block_type\": null, \"mtp_hybrid_override_pattern\": \"*E\"}");
+    static const struct {
+        const char *patch, *want;
+    } bad[] = {
+        {"{\"mtp_layers_block_type\": null, \"mtp_hybrid_override_pattern\": \"*M\"}", "MTP layer 1 is a Mamba-2 layer"},
+        {"{\"mtp_layers_block_type\": null}", "the MTP layers' types are in neither \"mtp_hybrid_override_pattern\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char dir[512];
+        ke_model *m = NULL;
+        kspec_mtp *x = NULL;
+        if (!patched_model(KSPEC_TEST_NEMOTRON_H, bad[i].patch, dir, sizeof dir)) return;
+        KT_CHECK_OK(ke_model_load(dir, &m));
+        if (m) KT_CHECK_ERR(kspec_mtp_load(m, &x), bad[i].want);
+        KT_CHECK(x == NULL);
+        ke_model_free(m);
+        ckt_rmdir(dir);
+    }
+}
 KT_TEST(mtp_exaone_moe_logits_match_reference) { check_layout(KSPEC_TEST_EXAONE_MOE); }
 KT_TEST(mtp_glm5_nextn_logits_match_reference) { check_layout(KSPEC_TEST_GLM5); }
 KT_TEST(mtp_glm4_lite_nextn_logits_match_reference) { check_layout(KSPEC_TEST_GLM4_LITE); }
