@@ -223,7 +223,8 @@ static void run_client_script(const char *rel, const char *what) {
         free(t);
         return;
     }
-    KT_CHECKF(rc == 0 && t && strstr(t, "all checks passed"), "%s: rc %d\n%s", what, rc, t ? t : "");
+    bool ok = rc == 0 && t && strstr(t, "all checks passed");
+    if (!ok) kt_fail(__FILE__, __LINE__, "%s: rc %d\n%s", what, rc, t ? t : "");
     free(t);
 }
 

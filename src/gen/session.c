@@ -31,7 +31,7 @@ static kiln_status tail_push(tailbuf *t, const char *s, size_t n, const char *m,
         return NULL;
     }
     size_t keep = nm - 1 < t->n ? nm - 1 : t->n;
-    memmove(t->p, t->p + t->n - keep, keep);
+    if (keep) memmove(t->p, t->p + t->n - keep, keep);
     t->n = keep;
     return NULL;
 }

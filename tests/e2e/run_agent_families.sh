@@ -50,7 +50,7 @@ for f in "${families[@]}"; do
   cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$d/"
   cp "$tmpl" "$d/chat_template.jinja"
   start_serve "$d" --alias tiny -np 2 -c 4096 -t 1
-  NODE_PATH="$mods" timeout 300 node "$root/tests/e2e/agent_families.mjs" "http://127.0.0.1:$port" tiny "$name" || rc=1
+  NODE_PATH="$mods" timeout 300 node "$root/tests/e2e/agent_families.mjs" "http://127.0.0.1:$port" tiny "$name" || { rc=1; echo "kiln serve's log ($name):"; tail -40 "$d/err"; }
   kill "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null
   pid=""
