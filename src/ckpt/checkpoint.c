@@ -791,16 +791,16 @@ static kiln_status make_experts(kc_checkpoint *c, const char *pattern, int64_t n
     return NULL;
 }
 
-kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t n, int64_t rows, int64_t cols,
-                           kc_experts *out) {
-    memset(out, 0, sizeof *out);
-    if (n <= 0) return kiln_error(KILN_EINVAL, "%s: %s: %" PRId64 " experts", c->dir, pattern, n);
-    if (!strstr(pattern, "%e")) return stacked_experts(c, pattern, n, rows, cols, out);
+/* Experts [lo, lo + n) of a layer's per-expert modules `pattern` ("%e"). */
+static kiln_status experts_from(const kc_checkpoint *c, const char *pattern, int64_t lo, int64_t n, int64_t rows, int64_t cols,
+                                kc_experts *out) {
     kc_checkpoint *mc = (kc_checkpoint *)c; /* the stack cache is internal state */
+    char key[1100];
+    snprintf(key, sizeof key, lo ? "%s#%" PRId64 : "%s", pattern, lo); /* a range's stack is cached apart */
     pthread_mutex_lock(&mc->stacks_lock);
     kiln_status st = NULL;
     for (int i = 0; i < c->n_stacks; i++)
-        if (!strcmp(c->stacks[i].pattern, pattern) && c->stacks[i].e.n == n &&
+        if (!strcmp(c->stacks[i].pattern, key) && c->stacks[i].e.n == n &&
             (rows < 0 || rows == c->stacks[i].e.m.rows) && (cols < 0 || cols == c->stacks[i].e.m.cols)) {
             *out = c->stacks[i].e;
             goto done;
@@ -808,12 +808,12 @@ kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t 
     char name[1024];
     if (c->record && rows >= 0 && cols >= 0 && expert_name(name, sizeof name, pattern, 0) &&
         strlen(name) + 8 < sizeof name && !kc_has(c, strcat(name, ".weight")))
-        st = make_experts(mc, pattern, n, rows, cols);
+        st = make_experts(mc, pattern, lo + n, rows, cols);
     kc_matrix first = {0};
     bool contiguous = true;
     for (int64_t e = 0; e < n && !st; e++) {
         kc_matrix m;
-        if (!expert_name(name, sizeof name, pattern, e)) {
+        if (!expert_name(name, sizeof name, pattern, lo + e)) {
             st = kiln_error(KILN_EINVAL, "%s: %s: module name too long", c->dir, pattern);
             break;
         }
@@ -825,7 +825,7 @@ kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t 
         }
         if (!same_layout(&first, &m)) {
             st = kiln_error(KILN_EINVAL, "%s: %s: expert %" PRId64 " is stored unlike expert 0 (format, shape or bits)",
-                            c->dir, m.name, e);
+                            c->dir, m.name, lo + e);
             break;
         }
         size_t wbytes = (size_t)(m.rows * m.packed_cols) * weight_elem_size(&m);
@@ -843,7 +843,7 @@ kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t 
     /* copy them into one stack */
     size_t wbytes = (size_t)(first.rows * first.packed_cols) * weight_elem_size(&first);
     size_t sbytes = first.fmt == KC_W_AFFINE ? (size_t)(first.rows * (first.cols / first.group_size)) * kc_dtype_size(first.sb_dtype) : 0;
-    struct stack sk = {.pattern = strdup(pattern)};
+    struct stack sk = {.pattern = strdup(key)};
     sk.data = malloc(wbytes * (size_t)n);
     if (sbytes) sk.scales = malloc(sbytes * (size_t)n), sk.biases = malloc(sbytes * (size_t)n);
     if (!sk.pattern || !sk.data || (sbytes && (!sk.scales || !sk.biases)) ||
@@ -854,7 +854,7 @@ kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t 
     }
     for (int64_t e = 0; e < n; e++) {
         kc_matrix m;
-        expert_name(name, sizeof name, pattern, e);
+        expert_name(name, sizeof name, pattern, lo + e);
         kiln_status_free(kc_get_matrix(c, name, rows, cols, &m)); /* succeeded above */
         memcpy((char *)sk.data + (size_t)e * wbytes, m.data, wbytes);
         if (sbytes) {
@@ -871,6 +871,32 @@ kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t 
 done:
     pthread_mutex_unlock(&mc->stacks_lock);
     return st;
+}
+
+kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t n, int64_t rows, int64_t cols,
+                           kc_experts *out) {
+    return kc_get_experts_range(c, pattern, 0, n, n, rows, cols, out);
+}
+
+kiln_status kc_get_experts_range(const kc_checkpoint *c, const char *pattern, int64_t lo, int64_t n, int64_t total, int64_t rows,
+                                 int64_t cols, kc_experts *out) {
+    memset(out, 0, sizeof *out);
+    if (n <= 0 || lo < 0 || lo + n > total)
+        return kiln_error(KILN_EINVAL, "%s: %s: experts [%" PRId64 ", %" PRId64 ") of %" PRId64, c->dir, pattern, lo, lo + n, total);
+    if (strstr(pattern, "%e")) return experts_from(c, pattern, lo, n, rows, cols, out);
+    kiln_status st = stacked_experts(c, pattern, total, rows, cols, out);
+    if (st || lo == 0) return st;
+    kc_experts_view(out, lo, n); /* only their pages are read */
+    return NULL;
+}
+
+void kc_experts_view(kc_experts *x, int64_t lo, int64_t n) {
+    kc_matrix *m = &x->m;
+    size_t wbytes = (size_t)(m->rows * m->packed_cols) * weight_elem_size(m);
+    size_t sbytes = m->fmt == KC_W_AFFINE ? (size_t)(m->rows * (m->cols / m->group_size)) * kc_dtype_size(m->sb_dtype) : 0;
+    m->data = (const char *)m->data + (size_t)lo * wbytes;
+    if (sbytes) m->scales = (const char *)m->scales + (size_t)lo * sbytes, m->biases = (const char *)m->biases + (size_t)lo * sbytes;
+    x->n = n;
 }
 
 /* A cached stack by key, or NULL; call with stacks_lock held. */

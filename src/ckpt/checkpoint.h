@@ -131,6 +131,13 @@ typedef struct {
 } kc_experts;
 kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t n, int64_t rows, int64_t cols,
                            kc_experts *out);
+/* Experts [lo, lo + n) of the layer's `total` (expert parallelism: a
+ * process's share): a view into the stack, or of per-expert modules only
+ * those resolved (and copied, when not back to back). */
+kiln_status kc_get_experts_range(const kc_checkpoint *c, const char *pattern, int64_t lo, int64_t n, int64_t total, int64_t rows,
+                                 int64_t cols, kc_experts *out);
+/* x narrowed to its experts [lo, lo + n) (a view into the same stack). */
+void kc_experts_view(kc_experts *x, int64_t lo, int64_t n);
 
 /* Expert stacks out of one fused float tensor of a layer (transformers' 3-D
  * expert parameters): `name` is [n, A, B], or [n, A] (per-expert biases,

@@ -49,6 +49,8 @@ static void usage(FILE *f) {
                "  --tp N       tensor parallelism over the N processes of an MPI job:\n"
                "               mpirun -np N kiln CMD ... --tp N (each process holds 1/N of the\n"
                "               attention and MLP weights; rank 0 prints)\n"
+               "  --enable-expert-parallel  with --tp: each process holds 1/N of every MoE\n"
+               "               layer's experts, whole (else every process holds them all)\n"
                "  --pp P       pipeline parallelism: the layers split across P stages of --tp\n"
                "               processes each (mpirun -np TxP ... --tp T --pp P)\n"
                "  --pp-layers A,B,...  the layers of each stage (default: an even split)\n");
@@ -98,6 +100,10 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "kiln: --int8-act needs a CPU with AVX-512 VNNI; this one has none (leave the option out)\n");
                 return 1;
             }
+            continue;
+        }
+        if (!strcmp(argv[i], "--enable-expert-parallel")) { /* vLLM's name: MoE experts split whole across --tp */
+            kd_set_expert_parallel(true);
             continue;
         }
         /* tensor and pipeline parallelism: mpirun -np T*P kiln CMD --tp T --pp P [--pp-layers A,B,..] */

@@ -294,7 +294,7 @@ kiln_status kb_build(const km_family *fam, const km_hparams *hp, const kc_checkp
     *gout = NULL;
     *inputs = NULL;
     *n_inputs = 0;
-    kb_ctx b = {.ck = ck, .hp = hp, .fam = fam, .shape = *shape, .cache = cache, .tp_size = kd_tp_size(), .tp_rank = kd_tp_rank()};
+    kb_ctx b = {.ck = ck, .hp = hp, .fam = fam, .shape = *shape, .cache = cache, .tp_size = kd_tp_size(), .tp_rank = kd_tp_rank(), .tp_experts = kd_expert_parallel()};
     b.pp_size = kd_pp_size(), b.pp_rank = kd_pp_rank();
     KILN_TRY(kd_pp_split((int)hp->n_layers, b.pp_rank, &b.pp_lo, &b.pp_hi));
     memset(cache, 0, sizeof(kb_cache_spec) * (size_t)hp->n_layers);

@@ -102,6 +102,7 @@ typedef struct kb_ctx {
     /* tensor parallelism (blocks_shard.c): this graph is process tp_rank's
      * of tp_size (kb_build sets them from runtime/dist.h; 0: one process) */
     int tp_size, tp_rank;
+    bool tp_experts; /* expert parallelism: MoE experts split whole across the tp processes (blocks_moe.c) */
     /* pipeline parallelism (blocks_shard.c): this graph is stage pp_rank's of pp_size,
      * running layers [pp_lo, pp_hi) (kb_build sets them; 0: one stage) */
     int pp_size, pp_rank, pp_lo, pp_hi;

@@ -177,12 +177,27 @@ static bool take(kb_ctx *b, kiln_status st) {
     return !st;
 }
 
-/* Role t of layer il as a stack of n experts [n, rows, cols] (per-expert or
- * stacked modules). */
-static bool experts(kb_ctx *b, km_tensor t, int il, int64_t n, int64_t rows, int64_t cols, kg_node **w, kg_wattr *wa) {
+/* ---- expert parallelism (kb_ctx.tp_experts): process r of tp holds experts
+ * [r * E / tp, (r + 1) * E / tp), whole; the router stays replicated, each
+ * process sums its experts' share of every routed token, and an all_reduce
+ * (a fixed process order) adds the shares. E not a multiple of tp: every
+ * process holds every expert (replicated), as without the option. */
+static bool ep_range(const kb_ctx *b, int64_t E, int64_t *lo, int64_t *n) {
+    int64_t hi;
+    bool on = b->tp_experts && kb_shard_range(b, E, lo, &hi);
+    if (!on) *lo = 0, hi = E;
+    *n = hi - *lo;
+    return on;
+}
+
+/* Role t of layer il as a stack of its E experts [E, rows, cols] (per-expert
+ * or stacked modules): this process's share under expert parallelism. */
+static bool experts(kb_ctx *b, km_tensor t, int il, int64_t E, int64_t rows, int64_t cols, kg_node **w, kg_wattr *wa) {
     char name[256];
     kc_experts x;
-    if (!take(b, kc_get_experts(b->ck, kb_name(b, t, il, name, sizeof name), n, rows, cols, &x))) return false;
+    int64_t lo, n;
+    ep_range(b, E, &lo, &n);
+    if (!take(b, kc_get_experts_range(b->ck, kb_name(b, t, il, name, sizeof name), lo, n, E, rows, cols, &x))) return false;
     stack_nodes(b, &x, w, wa);
     return w[0] != NULL;
 }
@@ -195,6 +210,8 @@ static bool experts_part(kb_ctx *b, const char *name, int64_t n, const kc_expert
     q.rows = rows > 0 ? rows : 0;
     q.cols = cols > 0 ? cols : 0;
     if (!take(b, kc_get_experts_part(b->ck, name, n, &q, &x))) return false;
+    int64_t lo, m;
+    if (ep_range(b, n, &lo, &m)) kc_experts_view(&x, lo, m);
     stack_nodes(b, &x, w, wa);
     return w[0] != NULL;
 }
@@ -215,22 +232,31 @@ static bool has_module(const kb_ctx *b, km_tensor t, int il) {
     return (*b->fam->names)[t] && kc_has(b->ck, expert_tensor(b, t, il, 0, ".weight", name, sizeof name));
 }
 
+/* Rows [lo, lo + n) of x [E, ...] when ep, else x. */
+static kg_node *ep_rows(kb_ctx *b, kg_node *x, int64_t lo, int64_t n, bool ep) {
+    if (!x || !ep) return x;
+    int64_t start[2] = {lo, 0}, limit[2] = {lo + n, x->shape.d[1]}, stride[2] = {1, 1};
+    return kg_slice(b->g, x, start, limit, stride);
+}
+
 /* Per-expert bias [E, n] of role t: "<module>.bias" of every expert or of
  * the stacked module. */
 static kg_node *expert_bias(kb_ctx *b, km_tensor t, int il, int64_t E, int64_t n) {
     char name[300];
+    int64_t lo, m;
+    bool ep = ep_range(b, E, &lo, &m);
     kb_name(b, t, il, name, sizeof name);
-    if (!strstr(name, "%e")) return kb_tensor(b, t, il, ".bias", 2, (int64_t[]){E, n});
-    kg_node **rows = kg_alloc(b->g, sizeof(kg_node *) * (size_t)E);
+    if (!strstr(name, "%e")) return ep_rows(b, kb_tensor(b, t, il, ".bias", 2, (int64_t[]){E, n}), lo, m, ep);
+    kg_node **rows = kg_alloc(b->g, sizeof(kg_node *) * (size_t)m);
     if (!rows) return kb_fail(b, kiln_error(KILN_ENOMEM, "out of memory"));
-    for (int e = 0; e < E; e++) {
+    for (int e = (int)lo; e < lo + m; e++) {
         const kc_tensor *ct;
         if (!take(b, kc_get_tensor(b->ck, expert_tensor(b, t, il, e, ".bias", name, sizeof name), 1, (int64_t[]){n}, &ct)))
             return NULL;
-        rows[e] = kg_reshape(b->g, kg_convert(b->g, kg_weight(b->g, dtype_of(ct->dtype), KG_SHAPE(n), ct->data, ct->name), KG_F32),
+        rows[e - lo] = kg_reshape(b->g, kg_convert(b->g, kg_weight(b->g, dtype_of(ct->dtype), KG_SHAPE(n), ct->data, ct->name), KG_F32),
                              KG_SHAPE(1, n));
     }
-    return kg_concat(b->g, rows, (int)E, 0);
+    return kg_concat(b->g, rows, (int)m, 0);
 }
 
 static bool moe_act(kb_ctx *b, const kb_moe_opts *o, kg_moe_attr *a) {
@@ -258,8 +284,9 @@ static bool moe_act(kb_ctx *b, const kb_moe_opts *o, kg_moe_attr *a) {
 
 /* The routed experts on x [T, H]. */
 static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il, const kb_moe_opts *o) {
-    int64_t E = o->experts, H = x->shape.d[1], F = o->width;
-    kg_moe_attr a = {.n_experts = (int)E, .bias = o->expert_bias, .scale_input = o->scale_input};
+    int64_t E = o->experts, H = x->shape.d[1], F = o->width, lo, nl;
+    bool ep = ep_range(b, E, &lo, &nl);
+    kg_moe_attr a = {.n_experts = (int)nl, .bias = o->expert_bias, .scale_input = o->scale_input};
     kg_node *w[12] = {0};
     if (!moe_act(b, o, &a)) return NULL;
     bool separate = o->layout == KB_MOE_SEPARATE || has_module(b, KM_T_MOE_GATE, il);
@@ -294,7 +321,7 @@ static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il
                 snprintf(full, sizeof full, "%s_bias", name);
                 p.in_out = false;
                 if (!experts_part(b, full, E, &p, F, 1, bw, &bwa)) return NULL;
-                w[9 + part] = kg_reshape(b->g, bw[0], KG_SHAPE(E, F));
+                w[9 + part] = kg_reshape(b->g, bw[0], KG_SHAPE(nl, F));
                 snprintf(full, sizeof full, "%s%s", name, bare ? "" : ".weight");
             }
         }
@@ -310,10 +337,19 @@ static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il
     } else {
         kc_expert_part p = {.in_out = true, .flat = o->layout == KB_MOE_FLAT, .parts = 1};
         if (!experts_part(b, name, E, &p, H, F, w + 6, &a.down)) return NULL;
-        if (o->expert_bias) w[11] = kb_tensor(b, KM_T_MOE_DOWN, il, "_bias", 2, (int64_t[]){E, H});
+        if (o->expert_bias) w[11] = ep_rows(b, kb_tensor(b, KM_T_MOE_DOWN, il, "_bias", 2, (int64_t[]){E, H}), lo, nl, ep);
     }
     if (o->expert_bias && (!w[9] || !w[10] || !w[11])) return NULL;
-    return kg_moe(b->g, x, idx, wts, w, &a);
+    if (!ep) return kg_moe(b->g, x, idx, wts, w, &a);
+    /* this process's experts: ids lo.. as 0.., the others' choices weighted 0 */
+    kg_graph *g = b->g;
+    if (!idx || !wts) return NULL;
+    kg_node *d = kg_binary(g, KG_OP_SUB, idx, kg_broadcast_like(g, kg_scalar(g, idx->dtype, (double)lo), idx));
+    kg_node *local = kg_clamp(g, kg_broadcast_like(g, kg_scalar(g, idx->dtype, 0), d), d,
+                             kg_broadcast_like(g, kg_scalar(g, idx->dtype, (double)(nl - 1)), d));
+    kg_node *mine = kg_compare(g, KG_CMP_EQ, local, d);
+    kg_node *w_mine = kg_select(g, mine, wts, kg_broadcast_like(g, kg_scalar(g, KG_F32, 0), wts));
+    return kb_all_reduce(b, kg_name(kg_moe(g, x, local, w_mine, w, &a), "moe_ep_part", il));
 }
 
 /* The shared expert on x [T, H] (gate/up/down of width o->shared_width). */

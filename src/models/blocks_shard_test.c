@@ -11,6 +11,8 @@
 typedef struct {
     int all_reduce, all_gather;
     int64_t layer_linear_bytes; /* weights of the layers' projections */
+    int64_t expert_bytes;       /* weights of the routed experts (kiln.moe's) */
+    int moe_experts;            /* layer 0's kiln.moe: experts it holds */
     const void *q0;             /* layer 0's query weight */
     int64_t q0_rows;
     int64_t kv_heads0;          /* layer 0's KV cache heads */
@@ -37,6 +39,12 @@ static void build_rank(const char *fixture, int tp, int rank, tp_graph *out) {
         kg_node *x = po[i];
         if (x->op == KG_OP_ALL_REDUCE) out->all_reduce++;
         if (x->op == KG_OP_ALL_GATHER) out->all_gather++;
+        if (x->op == KG_OP_MOE) {
+            if (!out->moe_experts) out->moe_experts = x->a.moe->n_experts;
+            for (int j = 3; j < x->n_in; j++)
+                if (x->in[j] && x->in[j]->op == KG_OP_WEIGHT)
+                    out->expert_bytes += kg_shape_numel(&x->in[j]->shape) * (int64_t)kg_dtype_size(x->in[j]->dtype);
+        }
         if (x->op != KG_OP_LINEAR || x->in[1]->op != KG_OP_WEIGHT || !strstr(x->in[1]->name, "layers.")) continue;
         const kg_node *w = x->in[1];
         out->layer_linear_bytes += kg_shape_numel(&w->shape) * (int64_t)kg_dtype_size(w->dtype);
@@ -80,4 +88,24 @@ KT_TEST(blocks_shard_quantized_split_off_groups_gathers) {
     tp_graph r0;
     build_rank("llama/q4", 2, 0, &r0);
     KT_CHECK(r0.all_gather == 2 + 1 && r0.all_reduce == 2); /* + the head's */
+}
+
+/* --enable-expert-parallel: each of two ranks holds two of Mixtral's four
+ * experts per layer, whole (half the expert bytes), and sums its share with
+ * one all_reduce per MoE layer; without the option every rank holds all
+ * four. (Their logits against the oracle: dist_tp2_expert_parallel.) */
+KT_TEST(blocks_shard_expert_parallel_holds_its_experts) {
+    tp_graph one, rep, r0, r1;
+    build_rank("mixtral", 1, 0, &one);
+    build_rank("mixtral", 2, 0, &rep);
+    kd_set_expert_parallel(true);
+    build_rank("mixtral", 2, 0, &r0);
+    build_rank("mixtral", 2, 1, &r1);
+    kd_set_expert_parallel(false);
+    KT_CHECK(one.moe_experts == 4 && rep.moe_experts == 4 && rep.expert_bytes == one.expert_bytes);
+    KT_CHECKF(r0.moe_experts == 2 && r1.moe_experts == 2, "%d, %d experts per rank", r0.moe_experts, r1.moe_experts);
+    KT_CHECKF(2 * r0.expert_bytes == one.expert_bytes && r1.expert_bytes == r0.expert_bytes, "expert bytes %lld per rank of %lld",
+              (long long)r0.expert_bytes, (long long)one.expert_bytes);
+    KT_CHECKF(r0.all_reduce == rep.all_reduce + 2, "%d all_reduce, %d replicated (want one more per MoE layer)", r0.all_reduce,
+              rep.all_reduce);
 }

@@ -107,6 +107,10 @@ int kd_size(void) { return size_; }
 int kd_tp_size(void) { return tp_size; }
 int kd_tp_rank(void) { return tp_rank; }
 
+static bool expert_parallel;
+bool kd_expert_parallel(void) { return expert_parallel; }
+void kd_set_expert_parallel(bool on) { expert_parallel = on; }
+
 bool kd_lockstep(void) { return lockstep; }
 void kd_set_lockstep(bool on) { lockstep = on; }
 

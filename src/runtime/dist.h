@@ -36,6 +36,11 @@ int kd_size(void);
 /* The tensor-parallel layout graph builds shard for (1, 0 unless kd_init set it). */
 int kd_tp_size(void);
 int kd_tp_rank(void);
+/* Expert parallelism (--enable-expert-parallel, as vLLM names it): the
+ * MoE layers' experts split whole across the tp processes instead of
+ * every process holding all of them (models/blocks_moe.c). Off by default. */
+bool kd_expert_parallel(void);
+void kd_set_expert_parallel(bool on);
 /* True (the default) while every process runs the same command on the same
  * inputs and so takes part in broadcasts outside the graph (a fresh
  * sampling seed: gen/sampler.c); false once a server's rank 0 drives the

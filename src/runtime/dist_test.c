@@ -103,25 +103,31 @@ KT_TEST(dist_tp4_validate_gqa) {
     kt_run_free(&p);
 }
 
-/* Greedy and seeded sampling: the ids of the one-process run, printed once (rank 0). */
-KT_TEST(dist_tp2_generate_equals_one_process) {
-    NEED_MPI();
+/* kiln generate on fixture `name` with `opts`: the ids of the one-process
+ * run under mpirun -np 2 ... --tp 2 `tp_opts`, printed once (rank 0). */
+static void generate_equals_one_process(const char *name, const char *opts, const char *tp_opts) {
     char d[2048], args[4096], launch[8192];
-    fixture(d, sizeof d, "kilnref_llama");
-    for (int sampled = 0; sampled < 2; sampled++) {
-        snprintf(args, sizeof args, "generate -m %s --prompt-ids 1,5,9,22 -n 24 --json -t 1 %s", d,
-                 sampled ? "--seed 7" : "--temp 0");
-        kt_proc one, tp;
-        KT_CHECK(kt_run_kiln(args, NULL, &one) == 0 && one.status == 0);
-        snprintf(launch, sizeof launch, "-np 2 BIN %s --tp 2", args);
-        run_mpi(launch, &tp);
-        KT_CHECKF(tp.status == 0, "status %d: %s", tp.status, tp.err);
-        const char *a = strstr(one.out, "\"generated_ids\""), *b = strstr(tp.out, "\"generated_ids\"");
-        KT_CHECK(a && b);
+    fixture(d, sizeof d, name);
+    snprintf(args, sizeof args, "generate -m %s --prompt-ids 1,5,9,22 -n 24 --json -t 1 %s", d, opts);
+    kt_proc one, tp;
+    KT_CHECK(kt_run_kiln(args, NULL, &one) == 0 && one.status == 0);
+    snprintf(launch, sizeof launch, "-np 2 BIN %s --tp 2 %s", args, tp_opts);
+    run_mpi(launch, &tp);
+    KT_CHECKF(tp.status == 0, "status %d: %s", tp.status, tp.err);
+    const char *a = strstr(one.out, "\"generated_ids\""), *b = strstr(tp.out, "\"generated_ids\"");
+    KT_CHECK(a && b);
+    if (a && b) {
         KT_CHECKF(!strncmp(a, b, (size_t)(strchr(a, ']') - a)), "one process: %.200s\ntp 2: %.200s", a, b);
         KT_CHECK(!strstr(b + 1, "\"generated_ids\"")); /* rank 1 printed nothing */
-        kt_run_free(&one), kt_run_free(&tp);
     }
+    kt_run_free(&one), kt_run_free(&tp);
+}
+
+/* Greedy and seeded sampling: the ids of the one-process run. */
+KT_TEST(dist_tp2_generate_equals_one_process) {
+    NEED_MPI();
+    generate_equals_one_process("kilnref_llama", "--temp 0", "");
+    generate_equals_one_process("kilnref_llama", "--seed 7", "");
 }
 
 /* Continuous batching under TP: each batched stream equals its one-at-a-time stream. */
@@ -481,4 +487,26 @@ KT_TEST(dist_tp2_serve_killed_follower_ends_the_job) {
     KT_CHECKF(q.status == 503, "the request in flight: HTTP %ld: %s", q.status, q.out);
     KT_CHECKF(rc > 0 && rc != 124, "the job's exit status %d", rc);
     KT_CHECKF(took < 5000, "the job took %d ms to end", took);
+}
+
+/* --enable-expert-parallel: the MoE fixtures' experts split whole across
+ * the ranks (Mixtral 4 over 2 and over 4, Qwen2-MoE's 4 with a shared
+ * expert, OLMoE's 4; f32 and q4) pass the oracle gate, and greedy ids are
+ * the one-process run's. (What each rank holds: blocks_shard_test.c.) */
+KT_TEST(dist_tp2_expert_parallel) {
+    NEED_MPI();
+    static const char *fx[] = {"mixtral", "qwen2_moe", "olmoe"};
+    char launch[16384] = "-np 2 BIN validate --tp 2 --enable-expert-parallel -t 1", d[4096];
+    fixtures(launch, sizeof launch, fx, 3);
+    kt_proc p;
+    run_mpi(launch, &p);
+    KT_CHECKF(p.status == 0 && strstr(p.out, "6 passed, 0 failed"), "status %d\n%s\n%s", p.status, p.out, p.err);
+    kt_run_free(&p);
+    fixture(d, sizeof d, "mixtral");
+    snprintf(launch, sizeof launch, "-np 4 BIN validate --tp 4 --enable-expert-parallel -t 1 --no-batched %s", d);
+    run_mpi(launch, &p);
+    KT_CHECKF(p.status == 0 && strstr(p.out, "2 passed, 0 failed"), "status %d\n%s\n%s", p.status, p.out, p.err);
+    kt_run_free(&p);
+    generate_equals_one_process("mixtral", "--temp 0", "--enable-expert-parallel");
+    generate_equals_one_process("mixtral", "--seed 7", "--enable-expert-parallel");
 }
