@@ -885,7 +885,7 @@ kiln_status kc_get_experts_range(const kc_checkpoint *c, const char *pattern, in
         return kiln_error(KILN_EINVAL, "%s: %s: experts [%" PRId64 ", %" PRId64 ") of %" PRId64, c->dir, pattern, lo, lo + n, total);
     if (strstr(pattern, "%e")) return experts_from(c, pattern, lo, n, rows, cols, out);
     kiln_status st = stacked_experts(c, pattern, total, rows, cols, out);
-    if (st || lo == 0) return st;
+    if (st || (lo == 0 && n == total)) return st;
     kc_experts_view(out, lo, n); /* only their pages are read */
     return NULL;
 }
