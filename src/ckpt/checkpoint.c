@@ -881,7 +881,8 @@ kiln_status kc_get_experts(const kc_checkpoint *c, const char *pattern, int64_t 
 kiln_status kc_get_experts_range(const kc_checkpoint *c, const char *pattern, int64_t lo, int64_t n, int64_t total, int64_t rows,
                                  int64_t cols, kc_experts *out) {
     memset(out, 0, sizeof *out);
-    if (n <= 0 || lo < 0 || lo + n > total)
+    if (n <= 0) return kiln_error(KILN_EINVAL, "%s: %s: %" PRId64 " experts", c->dir, pattern, n);
+    if (lo < 0 || lo + n > total)
         return kiln_error(KILN_EINVAL, "%s: %s: experts [%" PRId64 ", %" PRId64 ") of %" PRId64, c->dir, pattern, lo, lo + n, total);
     if (strstr(pattern, "%e")) return experts_from(c, pattern, lo, n, rows, cols, out);
     kiln_status st = stacked_experts(c, pattern, total, rows, cols, out);

@@ -755,6 +755,15 @@ KT_TEST(ckpt_expert_stacks_per_expert_and_stacked) {
     KT_CHECK(again.m.data == gx.m.data); /* built once */
     KT_CHECK_OK(kc_get_experts(c, "l.switch.gate", 3, 2, 4, &sx));
     KT_CHECK(sx.m.rows == 2 && sx.m.cols == 4 && stack_at(&sx, 2, 1, 3) == 2007);
+    /* a range (expert parallelism): experts 1 and 2, per-expert and stacked */
+    kc_experts rx;
+    KT_CHECK_OK(kc_get_experts_range(c, "l.experts.%e.gate", 1, 2, 3, 2, 4, &rx));
+    KT_CHECK(rx.n == 2 && stack_at(&rx, 0, 1, 3) == stack_at(&gx, 1, 1, 3) && stack_at(&rx, 1, 0, 2) == stack_at(&gx, 2, 0, 2));
+    KT_CHECK_OK(kc_get_experts_range(c, "l.switch.gate", 1, 2, 3, 2, 4, &rx));
+    KT_CHECK(rx.n == 2 && stack_at(&rx, 1, 1, 3) == 2007);
+    KT_CHECK_OK(kc_get_experts_range(c, "l.switch.gate", 0, 1, 3, 2, 4, &rx));
+    KT_CHECK(rx.n == 1 && rx.m.data == sx.m.data);
+    KT_CHECK_ERR(kc_get_experts_range(c, "l.switch.gate", 2, 2, 3, 2, 4, &rx), "experts [2, 4) of 3");
     KT_CHECK_ERR(kc_get_experts(c, "l.switch.gate", 4, 2, 4, &sx), "l.switch.gate.weight: shape [3,2,4], want [4,2,4]");
     KT_CHECK_ERR(kc_get_experts(c, "l.experts.%e.gate", 4, 2, 4, &sx), "tensor l.experts.3.gate.weight not found");
     KT_CHECK_ERR(kc_get_experts(c, "m.experts.%e.gate", 2, -1, -1, &sx), "m.experts.1.gate.weight: expert 1 is stored unlike expert 0");
