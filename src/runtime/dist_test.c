@@ -208,7 +208,7 @@ KT_TEST(dist_pp2_validate_equals_one_process) {
     NEED_MPI();
     static const char *fx[] = {"llama", "mixtral", "falcon_h1"};
     char launch[16384] = "-np 2 BIN validate --pp 2 -t 1", args[8192] = "validate -t 1";
-    fixtures(launch, sizeof launch, fx, 4);
+    fixtures(launch, sizeof launch, fx, 3);
     fixtures(args, sizeof args, fx, 3);
     kt_proc one, pp;
     KT_CHECK(kt_run_kiln(args, NULL, &one) == 0);
