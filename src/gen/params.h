@@ -102,7 +102,7 @@ typedef struct {
      * the trigger). Owned; NULL: the grammar is the whole output's. */
     char *grammar_trigger;
     bool grammar_lazy;
-    bool grammar_once; /* with a trigger: the output ends where the grammar completes (one forced call) */
+    bool grammar_once; /* with a trigger: the output ends where the grammar completes (forced calls) */
 
     /* reasoning budget (with think_close set): once the thinking block has
      * taken reasoning_budget tokens, the next ones are forced to spell

@@ -14,8 +14,8 @@
  * ends with the trigger, so a call is certain; when the prompt opened a
  * thinking block (MiniMax-M2, Qwen3 thinking, DeepSeek-R1) the grammar
  * switches on where the block closes instead (its close marker is the
- * trigger) and forces the format's trigger and a call there; without
- * parallel_tool_calls the output then ends with the call. */
+ * trigger) and forces the format's trigger and a call there; the output
+ * ends where the calls do (one, or with parallel_tool_calls one or more). */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -313,7 +313,7 @@ kiln_status ksrv_tools_set_prompt(ksrv_tools *t, char **prompt, kgen_params *gp)
         gp->grammar_trigger = tr;
         t->after_think = NULL;
         gp->grammar_lazy = true;
-        gp->grammar_once = !t->parallel;
+        gp->grammar_once = true; /* the calls (one, or with parallel_tool_calls one or more), then the end */
         return NULL;
     }
     /* a forced call: the prompt ends with the trigger, the grammar on */
@@ -325,7 +325,10 @@ kiln_status ksrv_tools_set_prompt(ksrv_tools *t, char **prompt, kgen_params *gp)
     *prompt = p;
     t->syn.prefix = tr;
     gp->grammar_lazy = false;
-    gp->grammar_once = !t->parallel; /* one call, then the end (as llama.cpp's grammar for it) */
+    /* the grammar takes one call, or with parallel_tool_calls one or more
+     * (ktc_grammar; llama.cpp's root ::= tool_call+); the output ends where
+     * it completes, never with free text after the calls */
+    gp->grammar_once = true;
     return NULL;
 }
 
