@@ -56,7 +56,8 @@ static void mpi_args(const char *launch, char *args, size_t cap) {
     snprintf(args, cap,
              "120 %s --oversubscribe --allow-run-as-root --mca btl self,vader --mca mca_base_component_disable_dlclose 1 "
              "-x PMIX_MCA_mca_base_component_disable_dlclose=1 "
-             "-x LSAN_OPTIONS=suppressions=%s:print_suppressions=0:fast_unwind_on_malloc=0 %s",
+             "-x ASAN_OPTIONS=intercept_tls_get_addr=0 "
+             "-x LSAN_OPTIONS=intercept_tls_get_addr=0:suppressions=%s:print_suppressions=0:fast_unwind_on_malloc=0 %s",
              mpirun(), supp, tail);
 }
 
