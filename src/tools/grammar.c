@@ -76,7 +76,11 @@ static void put_json_name(gbuf *b, const char *s) {
     free(j);
 }
 
-bool ktc_grammar_supported(ktc_format f) { return f > KTC_NONE && f < KTC_N_FORMATS; }
+/* (the pythonic formats, LFM2 and Gemma 4, and MiniMax-M3's and Kimi K3's
+ * tags have none yet: their calls are parsed, not constrained) */
+bool ktc_grammar_supported(ktc_format f) {
+    return f > KTC_NONE && f < KTC_N_FORMATS && f != KTC_LFM2 && f != KTC_GEMMA4 && f != KTC_MINIMAX_M3 && f != KTC_KIMI_K3;
+}
 
 /* Rule `rule` for the JSON of schema (its other rules prefixed with prefix). */
 static kiln_status put_schema_rule(gbuf *b, const cJSON *schema, const char *prefix, const char *rule, const kgr_opts *o) {

@@ -22,6 +22,8 @@
 static const char *const k_names[KTC_N_FORMATS] = {
     "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r", "granite",
     "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction", "dsml", "dsml_v4", "minicpm5", "hy3",
+    "apriel", "minimax_m1", "nemotron_v2", "gigachat3", "gigachat31", "apertus", "solar", "functionary31", "functionary32", "lfm2",
+    "gemma4", "minimax_m3", "kimi_k3",
 };
 
 const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
@@ -30,6 +32,18 @@ ktc_format ktc_detect(const char *s) {
     if (!s) return KTC_NONE;
     /* the specific markers first: several formats also write <tool_call> */
     if (strstr(s, "<|channel|>") && strstr(s, "functions.")) return KTC_HARMONY;
+    /* (llama.cpp's detections, common/chat.cpp) */
+    if (strstr(s, "]<]minimax[>[") && strstr(s, "<invoke name=")) return KTC_MINIMAX_M3;
+    if (strstr(s, "<|open|>") && strstr(s, "<|close|>") && strstr(s, "<|end_of_msg|>")) return KTC_KIMI_K3;
+    if (strstr(s, "'<|tool_call>call:'")) return KTC_GEMMA4;
+    if ((strstr(s, "<|tool_list_start|>") && strstr(s, "<|tool_list_end|>")) || strstr(s, "List of tools: [")) return KTC_LFM2;
+    if (strstr(s, "<|tools_prefix|>")) return KTC_APERTUS;
+    if (strstr(s, "<|tool_call:begin|>")) return KTC_SOLAR;
+    if (strstr(s, "<|role_sep|>") && strstr(s, "<|message_sep|>")) return strstr(s, "<|function_call|>") ? KTC_GIGACHAT31 : KTC_GIGACHAT3;
+    if (strstr(s, ">>>all")) return KTC_FUNCTIONARY32;
+    if (strstr(s, "<TOOLCALL>")) return KTC_NEMOTRON_V2;
+    if (strstr(s, "<tool_calls>") && strstr(s, "<beginning_of_sentence>")) return KTC_MINIMAX_M1;
+    if (strstr(s, "<tool_calls>[")) return KTC_APRIEL;
     if (strstr(s, "｜DSML｜")) return strstr(s, "tool_calls>") ? KTC_DSML_V4 : KTC_DSML; /* the templates build the tags */
     if (strstr(s, "<｜tool▁calls▁begin｜>")) return KTC_DEEPSEEK;
     if (strstr(s, "<|tool_calls_section_begin|>")) return KTC_KIMI_K2;
@@ -45,6 +59,7 @@ ktc_format ktc_detect(const char *s) {
     if (strstr(s, "<arg_key>")) return KTC_GLM45;
     if (strstr(s, "<function name=\"") && strstr(s, "<param name=\"")) return KTC_MINICPM5;
     if (strstr(s, "<function=") && strstr(s, "<parameter=")) return KTC_QWEN3_CODER;
+    if (strstr(s, "<function=") && strstr(s, "</function>")) return KTC_FUNCTIONARY31;
     if (strstr(s, "[TOOL_CALLS]")) return strstr(s, "[ARGS]") ? KTC_MISTRAL_V11 : KTC_MISTRAL;
     if (strstr(s, "<tool_call>")) return KTC_HERMES;
     if (strstr(s, "<|python_tag|>") || (strstr(s, "<|start_header_id|>") && strstr(s, "\"parameters\": ")))
@@ -55,6 +70,11 @@ ktc_format ktc_detect(const char *s) {
 ktc_reasoning ktc_detect_reasoning(const char *s) {
     if (!s) return KTC_THINK_NONE;
     if (strstr(s, "<seed:think>")) return KTC_THINK_SEED;
+    if (strstr(s, "<|channel>thought") || strstr(s, "<|channel>' + ")) return KTC_THINK_GEMMA4;
+    if (strstr(s, "<mm:think>")) return KTC_THINK_MM;
+    if (strstr(s, "open_tag('think'")) return KTC_THINK_KIMI_K3;
+    if (strstr(s, "[BEGIN FINAL RESPONSE]")) return KTC_THINK_APRIEL;
+    if (strstr(s, "<|think|>")) return KTC_THINK_SOLAR;
     if (strstr(s, "<think") && strstr(s, ":opensource")) return KTC_THINK_HY3; /* built as Hy3's tool markers */
     if (strstr(s, "<think>") || strstr(s, "</think>")) return KTC_THINK_TAGS;
     if (strstr(s, "[THINK]")) return KTC_THINK_MISTRAL;
@@ -65,7 +85,9 @@ ktc_reasoning ktc_detect_reasoning(const char *s) {
 bool ktc_needs_special(ktc_format f) {
     return f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_MISTRAL_V11 || f == KTC_HARMONY || f == KTC_DEEPSEEK ||
            f == KTC_KIMI_K2 || f == KTC_COMMAND_R || f == KTC_GRANITE || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 ||
-           f == KTC_PHI4 || f == KTC_DSML || f == KTC_DSML_V4 || f == KTC_HY3;
+           f == KTC_PHI4 || f == KTC_DSML || f == KTC_DSML_V4 || f == KTC_HY3 || f == KTC_NEMOTRON_V2 || f == KTC_GIGACHAT3 ||
+           f == KTC_GIGACHAT31 || f == KTC_APERTUS || f == KTC_SOLAR || f == KTC_FUNCTIONARY31 || f == KTC_LFM2 || f == KTC_GEMMA4 ||
+           f == KTC_MINIMAX_M3 || f == KTC_KIMI_K3;
 }
 
 const char *ktc_trigger(ktc_format f) {
@@ -86,19 +108,41 @@ const char *ktc_trigger(ktc_format f) {
     case KTC_DSML_V4: return "<｜DSML｜tool_calls>";
     case KTC_MINICPM5: return "<function name=\"";
     case KTC_HY3: return "<tool_calls:opensource>";
+    case KTC_APRIEL: case KTC_MINIMAX_M1: return "<tool_calls>";
+    case KTC_NEMOTRON_V2: return "<TOOLCALL>";
+    case KTC_GIGACHAT3: return "function call<|role_sep|>";
+    case KTC_GIGACHAT31: return "<|function_call|>";
+    case KTC_APERTUS: return "<|tools_prefix|>";
+    case KTC_SOLAR: return "<|tool_calls|>";
+    case KTC_FUNCTIONARY31: return "<function=";
+    case KTC_FUNCTIONARY32: return ">>>";
+    case KTC_LFM2: return "<|tool_call_start|>";
+    case KTC_GEMMA4: return "<|tool_call>";
+    case KTC_MINIMAX_M3: return "]<]minimax[>[<tool_call>";
+    case KTC_KIMI_K3: return "<|open|>tools<|sep|>";
     default: return NULL;
     }
 }
 
 static const char *think_open(ktc_reasoning r) {
-    return r == KTC_THINK_MISTRAL  ? "[THINK]"
+    return r == KTC_THINK_GEMMA4    ? "<|channel>thought"
+           : r == KTC_THINK_MM      ? "<mm:think>"
+           : r == KTC_THINK_KIMI_K3 ? "<|open|>think<|sep|>"
+           : r == KTC_THINK_APRIEL  ? "Here are my reasoning steps:"
+           : r == KTC_THINK_SOLAR   ? "<|think|>"
+           : r == KTC_THINK_MISTRAL  ? "[THINK]"
            : r == KTC_THINK_COHERE ? "<|START_THINKING|>"
            : r == KTC_THINK_SEED   ? "<seed:think>"
            : r == KTC_THINK_HY3    ? "<think:opensource>"
                                    : "<think>";
 }
 static const char *think_close(ktc_reasoning r) {
-    return r == KTC_THINK_MISTRAL  ? "[/THINK]"
+    return r == KTC_THINK_GEMMA4    ? "<channel|>"
+           : r == KTC_THINK_MM      ? "</mm:think>"
+           : r == KTC_THINK_KIMI_K3 ? "<|close|>think<|sep|>"
+           : r == KTC_THINK_APRIEL  ? "[BEGIN FINAL RESPONSE]"
+           : r == KTC_THINK_SOLAR   ? "<|end|>"
+           : r == KTC_THINK_MISTRAL  ? "[/THINK]"
            : r == KTC_THINK_COHERE ? "<|END_THINKING|>"
            : r == KTC_THINK_SEED   ? "</seed:think>"
            : r == KTC_THINK_HY3    ? "</think:opensource>"
@@ -254,6 +298,18 @@ static void plain_rest(P *p, size_t from, const char *const *m, int k) {
         if (x > h) h = x;
     }
     plain(p, from, p->n - h);
+}
+
+/* The next m at or after i: the content before it added, its index; NPOS:
+ * none (the rest added as content, a partial m at the end held back). */
+static size_t to_marker(P *p, size_t i, const char *m) {
+    size_t k = find(p, i, m);
+    if (k == NPOS) {
+        plain_rest(p, i, &m, 1);
+        return NPOS;
+    }
+    plain(p, i, k);
+    return k;
 }
 
 /* ---------------------------------------------------------------- JSON extents */
@@ -423,9 +479,8 @@ static bool report_jcall(P *p, jcall *c, bool complete) {
 static void fmt_hermes(P *p, size_t i) {
     static const char *const m[] = {"<tool_call>"};
     for (;;) {
-        size_t k = find(p, i, m[0]);
-        if (k == NPOS) return plain_rest(p, i, m, 1);
-        plain(p, i, k);
+        size_t k = to_marker(p, i, m[0]);
+        if (k == NPOS) return;
         size_t j = k + strlen(m[0]);
         jcall c;
         int r = json_call(p, j, &c);
@@ -533,9 +588,8 @@ static void fmt_command_r(P *p, size_t i) {
 static void fmt_marker_list(P *p, size_t i, const char *marker, bool named) {
     const char *const m[] = {marker};
     for (;;) {
-        size_t k = find(p, i, m[0]);
-        if (k == NPOS) return plain_rest(p, i, m, 1);
-        plain(p, i, k);
+        size_t k = to_marker(p, i, m[0]);
+        if (k == NPOS) return;
         size_t j = skip_ws(p, k + strlen(m[0]));
         if (j >= p->n) return;
         if (p->t[j] == '[' || p->t[j] == '{') { /* v3: a list of objects */
@@ -599,6 +653,13 @@ static void fmt_json_after(P *p, size_t i, const char *const *m, int k, int n_dr
         }
         if ((i = json_call_list(p, j)) == NPOS) return;
         i = skip_ws(p, i);
+        /* MiniMax-M1: one object a line up to the close */
+        while (close && i < p->n && p->t[i] == '{') {
+            size_t e = json_call_list(p, i);
+            if (e == NPOS) return;
+            if (e == i) break;
+            i = skip_ws(p, e);
+        }
         if (fence && at(p, i, "```")) i = skip_ws(p, i + 3);
         else if (fence && may_become(p, i, "```")) return;
         if (close && at(p, i, close)) i += strlen(close);
@@ -635,25 +696,32 @@ static void fmt_command_r_plus(P *p, size_t i) {
 #define NOT_CALL (NPOS - 1)
 
 typedef struct {
-    const char *begin, *call_begin, *end;
+    const char *begin, *call_begin, *end; /* begin and end NULL: calls one after another (functionary v3.1) */
     size_t (*call)(P *p, size_t j);
+    const char *drop[4]; /* markers dropped from content (Kimi K3's response tags), NULL-ended */
 } section_fmt;
 
 static void fmt_section(P *p, size_t i, const section_fmt *f) {
-    const char *const m[] = {f->begin, f->call_begin}; /* (models also drop the section markers) */
+    const char *m[6] = {f->begin ? f->begin : f->call_begin, f->call_begin}; /* (models also drop the section markers) */
+    int k = 2;
+    for (int d = 0; d < 4 && f->drop[d]; d++) m[k++] = f->drop[d];
     for (;;) {
         int w = 0;
-        size_t k = find_first(p, i, m, 2, &w);
-        if (k == NPOS) return plain_rest(p, i, m, 2);
-        plain(p, i, k);
-        size_t j = w == 0 ? k + strlen(m[0]) : k;
+        size_t at_m = find_first(p, i, m, k, &w);
+        if (at_m == NPOS) return plain_rest(p, i, m, k);
+        plain(p, i, at_m);
+        if (w >= 2) {
+            i = at_m + strlen(m[w]);
+            continue;
+        }
+        size_t j = w == 0 && f->begin ? at_m + strlen(m[0]) : at_m;
         for (;;) {
             j = skip_ws(p, j);
-            if (at(p, j, f->end)) {
+            if (f->end && at(p, j, f->end)) {
                 j += strlen(f->end);
                 break;
             }
-            if (j >= p->n || may_become(p, j, f->end) || may_become(p, j, f->call_begin)) return;
+            if (j >= p->n || (f->end && may_become(p, j, f->end)) || may_become(p, j, f->call_begin)) return;
             if (!at(p, j, f->call_begin)) break; /* stray text: content again */
             size_t e = f->call(p, j + strlen(f->call_begin));
             if (e == NPOS) return;
@@ -701,7 +769,7 @@ static size_t deepseek_call(P *p, size_t j) {
     return json_args_then(p, name, nn, a, "```", "<｜tool▁call▁end｜>");
 }
 
-static const section_fmt k_deepseek = {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁calls▁end｜>", deepseek_call};
+static const section_fmt k_deepseek = {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁calls▁end｜>", deepseek_call, {NULL}};
 
 /* Kimi K2: <|tool_calls_section_begin|> (<|tool_call_begin|>functions.NAME:I
  * <|tool_call_argument_begin|>{json}<|tool_call_end|>)* <|tool_calls_section_end|>. */
@@ -721,7 +789,7 @@ static size_t kimi_call(P *p, size_t j) {
     return json_args_then(p, p->t + n0, n1 - n0, s + strlen(ab), NULL, "<|tool_call_end|>");
 }
 
-static const section_fmt k_kimi = {"<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_calls_section_end|>", kimi_call};
+static const section_fmt k_kimi = {"<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_calls_section_end|>", kimi_call, {NULL}};
 
 /* The type a tool's schema gives parameter key of function name ("string",
  * "integer", ...; NULL when unknown). */
@@ -978,6 +1046,500 @@ static void fmt_harmony(P *p, size_t i) {
     }
 }
 
+/* ---------------------------------------------------------------- more formats (llama.cpp's common/parsers) */
+
+/* Solar Open: <|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{json}<|tool_call:end|> */
+static size_t solar_call(P *p, size_t j) {
+    size_t nm = find(p, j, "<|tool_call:name|>");
+    if (nm == NPOS) return NPOS;
+    size_t n0 = nm + strlen("<|tool_call:name|>"), a = find(p, n0, "<|tool_call:args|>");
+    if (a == NPOS) return NPOS;
+    return json_args_then(p, p->t + n0, a - n0, a + strlen("<|tool_call:args|>"), NULL, "<|tool_call:end|>");
+}
+
+static const section_fmt k_solar = {"<|tool_calls|>", "<|tool_call:begin|>", "<|calls|>", solar_call, {"<|begin|>assistant", "<|content|>"}};
+
+/* functionary v3.1: <function=NAME>{json}</function>, one after another */
+static size_t functionary31_call(P *p, size_t j) {
+    size_t e = find(p, j, ">");
+    if (e == NPOS) return p->partial && p->n - j < 128 ? NPOS : NOT_CALL;
+    if (e - j > 128 || memchr(p->t + j, '\n', e - j)) return NOT_CALL;
+    return json_args_then(p, p->t + j, e - j, e + 1, NULL, "</function>");
+}
+
+static const section_fmt k_functionary31 = {NULL, "<function=", NULL, functionary31_call, {"<|eom_id|>"}};
+
+/* Kimi K3: <|open|>call tool="NAME" index="I"<|sep|> then <|open|>argument key="K" type="T"<|sep|>V<|close|>argument<|sep|>
+ * (a "string" value as written, another as the JSON it spells) or <|open|>json type="object"<|sep|>{..}<|close|>json<|sep|>,
+ * then <|close|>call<|sep|>; the object is built when the call closes. */
+static size_t kimi_k3_call(P *p, size_t j) {
+    size_t q = find(p, j, "\"");
+    if (q == NPOS) return NPOS;
+    size_t sep = find(p, q, "<|sep|>");
+    if (sep == NPOS) return NPOS;
+    char *name = dup_n(p, p->t + j, q - j);
+    if (!name) return NPOS;
+    cJSON *obj = cJSON_CreateObject();
+    char *json = NULL; /* a json block's text */
+    j = sep + strlen("<|sep|>");
+    for (;;) {
+        static const char *const arg = "<|open|>argument key=\"", *const blk = "<|open|>json type=\"object\"<|sep|>";
+        if (at(p, j, "<|close|>call<|sep|>")) {
+            char *args = json ? json : cJSON_PrintUnformatted(obj);
+            cJSON_Delete(obj);
+            add_call(p, name, args);
+            return j + strlen("<|close|>call<|sep|>");
+        }
+        if (at(p, j, blk)) {
+            size_t b0 = j + strlen(blk), b1 = find(p, b0, "<|close|>json<|sep|>");
+            if (b1 == NPOS) break;
+            free(json);
+            if (!(json = dup_n(p, p->t + b0, b1 - b0))) break;
+            j = b1 + strlen("<|close|>json<|sep|>");
+            continue;
+        }
+        if (!at(p, j, arg)) break; /* incomplete (or malformed): the name only */
+        size_t k0 = j + strlen(arg), k1 = find(p, k0, "\"");
+        if (k1 == NPOS || !at(p, k1, "\" type=\"")) break;
+        size_t t0 = k1 + strlen("\" type=\""), t1 = find(p, t0, "\"<|sep|>");
+        if (t1 == NPOS) break;
+        size_t v0 = t1 + strlen("\"<|sep|>"), v1 = find(p, v0, "<|close|>argument<|sep|>");
+        if (v1 == NPOS) break;
+        char *key = dup_n(p, p->t + k0, k1 - k0);
+        bool str = t1 - t0 == 6 && !memcmp(p->t + t0, "string", 6);
+        cJSON *val = !key ? NULL : str ? string_n(p->t + v0, v1 - v0) : json_or_string(p->t + v0, v1 - v0);
+        if (!val || !obj) p->oom = true;
+        else cJSON_AddItemToObject(obj, key, val);
+        free(key);
+        j = v1 + strlen("<|close|>argument<|sep|>");
+    }
+    free(json);
+    cJSON_Delete(obj);
+    add_call(p, name, dup_n(p, "", 0)); /* still being written */
+    return NPOS;
+}
+
+static const section_fmt k_kimi_k3 = {"<|open|>tools<|sep|>", "<|open|>call tool=\"", "<|close|>tools<|sep|>", kimi_k3_call,
+                                      {"<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>", "<|end_of_msg|>"}};
+
+/* Apertus: <|tools_prefix|>[{"NAME": {args}}, ..]<|tools_suffix|>: each call an object of one key, the name. */
+static void fmt_apertus(P *p, size_t i) {
+    static const char *const m[] = {"<|tools_prefix|>"};
+    for (;;) {
+        size_t k = to_marker(p, i, m[0]);
+        if (k == NPOS) return;
+        size_t j = skip_ws(p, k + strlen(m[0]));
+        if (j >= p->n) return;
+        if (p->t[j] != '[') { /* not a call: the text stays */
+            plain(p, k, j);
+            i = j;
+            continue;
+        }
+        for (j++;;) {
+            j = skip_ws(p, j);
+            if (j >= p->n) return;
+            if (p->t[j] == ',') {
+                j++;
+                continue;
+            }
+            if (p->t[j] == ']') {
+                j = skip_ws(p, j + 1);
+                break;
+            }
+            if (p->t[j] != '{') break;
+            size_t ks, ke, vs, ve;
+            int r = json_value(p, j + 1, &ks, &ke);
+            if (r <= 0 || p->t[ks] != '"') {
+                if (r == 0) return;
+                break;
+            }
+            size_t c = skip_ws(p, ke);
+            if (c >= p->n) return;
+            if (p->t[c] != ':') break;
+            cJSON *nm = json_parse(p, ks, ke);
+            if (!cJSON_IsString(nm)) {
+                cJSON_Delete(nm);
+                break;
+            }
+            r = json_value(p, c + 1, &vs, &ve);
+            if (r >= 0) add_call_slices(p, nm->valuestring, strlen(nm->valuestring), vs, ve);
+            cJSON_Delete(nm);
+            if (r <= 0) return;
+            j = skip_ws(p, ve);
+            if (j >= p->n) return;
+            if (p->t[j] == '}') j++;
+        }
+        if (at(p, j, "<|tools_suffix|>")) j += strlen("<|tools_suffix|>");
+        else if (may_become(p, j, "<|tools_suffix|>")) return;
+        i = j;
+    }
+}
+
+/* Literal values of the pythonic formats: LFM2's Python ('s', 1, True,
+ * None, [..], {'k': v}) and Gemma 4's (<|"|>s<|"|>, 1, true, [..],
+ * {k:v}). *i moves past the value. Returns 1 complete, 0 the text ends
+ * inside it, -1 not a value. */
+static int lit_value(P *p, size_t *i, bool gemma, cJSON **out);
+
+static int lit_string(P *p, size_t *i, bool gemma, cJSON **out) {
+    size_t j = *i;
+    if (gemma) {
+        size_t e = find(p, j + 5, "<|\"|>");
+        if (e == NPOS) return 0;
+        *out = string_n(p->t + j + 5, e - j - 5);
+        *i = e + 5;
+        return *out ? 1 : -1;
+    }
+    char q = p->t[j];
+    buf b = {0};
+    for (j++; j < p->n && p->t[j] != q; j++) {
+        char c = p->t[j];
+        if (c == '\\') {
+            if (++j >= p->n) break;
+            c = p->t[j];
+            c = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c;
+        }
+        buf_add(p, &b, &c, 1);
+    }
+    if (j >= p->n) {
+        free(b.p);
+        return 0;
+    }
+    *out = cJSON_CreateString(b.p ? b.p : "");
+    free(b.p);
+    *i = j + 1;
+    return *out ? 1 : -1;
+}
+
+static int lit_value(P *p, size_t *i, bool gemma, cJSON **out) {
+    *out = NULL;
+    size_t j = skip_ws(p, *i);
+    if (j >= p->n) return 0;
+    char c = p->t[j];
+    if (gemma ? at(p, j, "<|\"|>") : c == '\'' || c == '"') {
+        *i = j;
+        return lit_string(p, i, gemma, out);
+    }
+    if (gemma && may_become(p, j, "<|\"|>")) return 0;
+    if (c == '[' || c == '{') {
+        bool obj = c == '{';
+        cJSON *v = obj ? cJSON_CreateObject() : cJSON_CreateArray();
+        for (j++;;) {
+            j = skip_ws(p, j);
+            if (j >= p->n) break;
+            if (p->t[j] == ',') {
+                j++;
+                continue;
+            }
+            if (p->t[j] == (obj ? '}' : ']')) {
+                *out = v;
+                *i = j + 1;
+                return 1;
+            }
+            char *key = NULL;
+            if (obj) { /* 'k': (LFM2), k: or <|"|>k<|"|>: (Gemma 4) */
+                cJSON *ks = NULL;
+                if (gemma && !at(p, j, "<|\"|>")) {
+                    size_t e = find(p, j, ":");
+                    if (e == NPOS) break;
+                    key = dup_n(p, p->t + j, e - j);
+                    j = e;
+                } else {
+                    size_t k = j;
+                    int r = (gemma || p->t[j] == '\'' || p->t[j] == '"') ? lit_string(p, &k, gemma, &ks) : -1;
+                    if (r <= 0) {
+                        cJSON_Delete(v);
+                        return r;
+                    }
+                    key = strdup(ks->valuestring);
+                    cJSON_Delete(ks);
+                    j = skip_ws(p, k);
+                }
+                if (!key || j >= p->n || p->t[j] != ':') {
+                    free(key);
+                    if (j >= p->n) break;
+                    cJSON_Delete(v);
+                    return -1;
+                }
+                j++;
+            }
+            cJSON *e = NULL;
+            int r = lit_value(p, &j, gemma, &e);
+            if (r > 0 && obj) cJSON_AddItemToObject(v, key, e);
+            else if (r > 0) cJSON_AddItemToArray(v, e);
+            free(key);
+            if (r <= 0) {
+                cJSON_Delete(v);
+                return r;
+            }
+        }
+        cJSON_Delete(v);
+        return 0;
+    }
+    /* a number or a word: True/False/None (Python), true/false/null */
+    size_t e = j;
+    while (e < p->n && (strchr("+-.eE_", p->t[e]) || (p->t[e] >= '0' && p->t[e] <= '9') || (p->t[e] >= 'a' && p->t[e] <= 'z') ||
+                        (p->t[e] >= 'A' && p->t[e] <= 'Z')))
+        e++;
+    if (e == j) return -1;
+    if (e == p->n && p->partial) return 0;
+    size_t n = e - j;
+    const char *w = p->t + j;
+    if ((n == 4 && (!memcmp(w, "True", 4) || !memcmp(w, "true", 4)))) *out = cJSON_CreateTrue();
+    else if (n == 5 && (!memcmp(w, "False", 5) || !memcmp(w, "false", 5))) *out = cJSON_CreateFalse();
+    else if ((n == 4 && (!memcmp(w, "None", 4) || !memcmp(w, "null", 4)))) *out = cJSON_CreateNull();
+    else {
+        cJSON *num = json_or_string(w, n);
+        if (!cJSON_IsNumber(num)) {
+            cJSON_Delete(num);
+            return -1;
+        }
+        *out = num;
+    }
+    *i = e;
+    return *out ? 1 : -1;
+}
+
+/* One pythonic call at j: NAME(k=v, ..) (LFM2) or call:NAME{k:v,..} (Gemma 4, after "call:"), reported (its
+ * arguments once it closes). Returns the index after it, NPOS (stop: partial, reported), or NOT_CALL. */
+static size_t lit_call(P *p, size_t j, bool gemma) {
+    size_t n0 = j, e = j;
+    while (e < p->n && (p->t[e] == '_' || p->t[e] == '.' || p->t[e] == '-' || p->t[e] == ':' || (p->t[e] >= '0' && p->t[e] <= '9') ||
+                        ((p->t[e] | 0x20) >= 'a' && (p->t[e] | 0x20) <= 'z')))
+        e++;
+    if (e == p->n) return p->partial ? NPOS : NOT_CALL;
+    if (e == n0 || p->t[e] != (gemma ? '{' : '(')) return NOT_CALL;
+    char *name = dup_n(p, p->t + n0, e - n0);
+    cJSON *obj = cJSON_CreateObject();
+    size_t i = e + 1;
+    for (;;) {
+        i = skip_ws(p, i);
+        if (i >= p->n) break;
+        if (p->t[i] == ',') {
+            i++;
+            continue;
+        }
+        if (p->t[i] == (gemma ? '}' : ')')) {
+            char *args = cJSON_PrintUnformatted(obj);
+            cJSON_Delete(obj);
+            add_call(p, name, args);
+            return i + 1;
+        }
+        size_t k0 = i;
+        while (i < p->n && p->t[i] != (gemma ? ':' : '=') && p->t[i] != ',' && p->t[i] != (gemma ? '}' : ')')) i++;
+        if (i >= p->n) break;
+        if (p->t[i] != (gemma ? ':' : '=')) {
+            cJSON_Delete(obj), free(name);
+            return NOT_CALL;
+        }
+        size_t k1 = i;
+        while (k1 > k0 && is_ws(p->t[k1 - 1])) k1--;
+        char *key = dup_n(p, p->t + k0, k1 - k0);
+        i++;
+        cJSON *v = NULL;
+        int r = lit_value(p, &i, gemma, &v);
+        if (r > 0 && key && obj) {
+            /* a "string" parameter written as a number stays a string (as the schema says) */
+            const char *ty = param_type(p->syn->tools, name ? name : "", key);
+            if (ty && !strcmp(ty, "string") && !cJSON_IsString(v) && !cJSON_IsNull(v)) {
+                char *txt = cJSON_PrintUnformatted(v);
+                cJSON_Delete(v);
+                v = txt ? cJSON_CreateString(txt) : NULL;
+                free(txt);
+            }
+            if (v) cJSON_AddItemToObject(obj, key, v);
+        } else cJSON_Delete(v);
+        free(key);
+        if (r < 0) {
+            cJSON_Delete(obj), free(name);
+            return NOT_CALL;
+        }
+        if (r == 0) break;
+    }
+    cJSON_Delete(obj);
+    add_call(p, name, dup_n(p, "", 0)); /* still being written */
+    return NPOS;
+}
+
+/* LFM2: <|tool_call_start|>[NAME(k=v), ..]<|tool_call_end|> */
+static void fmt_lfm2(P *p, size_t i) {
+    static const char *const m[] = {"<|tool_call_start|>"};
+    for (;;) {
+        size_t k = to_marker(p, i, m[0]);
+        if (k == NPOS) return;
+        size_t j = skip_ws(p, k + strlen(m[0]));
+        if (j >= p->n) return;
+        bool list = p->t[j] == '[';
+        if (list) j++;
+        bool bad = false;
+        for (;;) {
+            j = skip_ws(p, j);
+            if (j >= p->n) return;
+            if (p->t[j] == ',') {
+                j++;
+                continue;
+            }
+            if (list && p->t[j] == ']') {
+                j = skip_ws(p, j + 1);
+                break;
+            }
+            size_t e = lit_call(p, j, false);
+            if (e == NPOS) return;
+            if (e == NOT_CALL) {
+                bad = true;
+                break;
+            }
+            j = e;
+            if (!list) break;
+        }
+        if (bad) { /* not a call: the text stays */
+            plain(p, k, j);
+            i = j;
+            continue;
+        }
+        j = skip_ws(p, j);
+        if (at(p, j, "<|tool_call_end|>")) j += strlen("<|tool_call_end|>");
+        else if (may_become(p, j, "<|tool_call_end|>")) return;
+        i = j;
+    }
+}
+
+/* Gemma 4: <|tool_call>call:NAME{k:v,..}<tool_call|>, repeated */
+static size_t gemma4_call(P *p, size_t j) {
+    if (!at(p, j, "call:")) return may_become(p, j, "call:") || j >= p->n ? NPOS : NOT_CALL;
+    size_t e = lit_call(p, j + 5, true);
+    if (e == NPOS || e == NOT_CALL) return e;
+    e = skip_ws(p, e);
+    if (at(p, e, "<tool_call|>")) return e + strlen("<tool_call|>");
+    return may_become(p, e, "<tool_call|>") ? NPOS : e;
+}
+
+static const section_fmt k_gemma4 = {NULL, "<|tool_call>", NULL, gemma4_call, {"<turn|>", "<|tool_response>"}};
+
+/* MiniMax-M3: every tag after the namespace token NS = ]<]minimax[>[:
+ * NS<tool_call> (NS<invoke name="NAME"> (NS<K>V NS</K>)* NS</invoke>)* NS</tool_call>;
+ * a value of tags is an object, or a list when its tags are <item>; a
+ * top-level text value is typed by the schema, a nested one is the JSON it
+ * spells or a string. */
+#define MM_NS "]<]minimax[>["
+
+/* The value at *j up to NS</KEY> (not consumed): 1 complete, 0 partial, -1 malformed. */
+static int mm3_value(P *p, size_t *j, int depth, const char *fn, const char *key, cJSON **out) {
+    *out = NULL;
+    size_t i = *j;
+    if (at(p, i, MM_NS "<") && !at(p, i, MM_NS "</")) { /* tags: an object or a list */
+        if (depth > 32) return -1;
+        cJSON *v = NULL;
+        while (at(p, i, MM_NS "<") && !at(p, i, MM_NS "</")) {
+            size_t k0 = i + strlen(MM_NS "<"), k1 = find(p, k0, ">");
+            if (k1 == NPOS) break;
+            bool item = k1 - k0 == 4 && !memcmp(p->t + k0, "item", 4);
+            if (!v) v = item ? cJSON_CreateArray() : cJSON_CreateObject();
+            char *k = dup_n(p, p->t + k0, k1 - k0);
+            size_t c = k1 + 1;
+            cJSON *e = NULL;
+            int r = k ? mm3_value(p, &c, depth + 1, NULL, NULL, &e) : -1;
+            if (r > 0) {
+                /* NS</k> */
+                char close[160];
+                snprintf(close, sizeof close, MM_NS "</%s>", k);
+                if (!at(p, c, close)) r = may_become(p, c, close) || c >= p->n ? 0 : -1;
+                else c += strlen(close);
+            }
+            if (r > 0 && cJSON_IsArray(v)) cJSON_AddItemToArray(v, e);
+            else if (r > 0) cJSON_AddItemToObject(v, k, e);
+            else cJSON_Delete(e);
+            free(k);
+            if (r <= 0) {
+                cJSON_Delete(v);
+                return r;
+            }
+            i = c;
+        }
+        if (!at(p, i, MM_NS "</")) {
+            cJSON_Delete(v);
+            return i >= p->n || may_become(p, i, MM_NS "</") ? 0 : -1;
+        }
+        *out = v;
+        *j = i;
+        return 1;
+    }
+    size_t e = find(p, i, MM_NS);
+    if (e == NPOS) return 0;
+    const char *t = p->t + i;
+    size_t n = e - i;
+    strip_nl(&t, &n);
+    *out = fn ? param_value(p, fn, key, t, n) : json_or_string(t, n);
+    *j = e;
+    return *out ? 1 : -1;
+}
+
+static size_t mm3_call(P *p, size_t j) {
+    size_t q = find(p, j, "\">");
+    if (q == NPOS) return NPOS;
+    char *name = dup_n(p, p->t + j, q - j);
+    if (!name) return NPOS;
+    cJSON *obj = cJSON_CreateObject();
+    j = q + 2;
+    for (;;) {
+        j = skip_ws(p, j);
+        if (at(p, j, MM_NS "</invoke>")) {
+            char *args = cJSON_PrintUnformatted(obj);
+            cJSON_Delete(obj);
+            add_call(p, name, args);
+            return j + strlen(MM_NS "</invoke>");
+        }
+        if (!at(p, j, MM_NS "<") || at(p, j, MM_NS "</")) break;
+        size_t k0 = j + strlen(MM_NS "<"), k1 = find(p, k0, ">");
+        if (k1 == NPOS) break;
+        char *key = dup_n(p, p->t + k0, k1 - k0);
+        size_t c = k1 + 1;
+        cJSON *v = NULL;
+        int r = key ? mm3_value(p, &c, 0, name, key, &v) : -1;
+        char close[160];
+        snprintf(close, sizeof close, MM_NS "</%s>", key ? key : "");
+        if (r > 0 && at(p, c, close)) cJSON_AddItemToObject(obj, key, v), j = c + strlen(close);
+        else cJSON_Delete(v), r = 0;
+        free(key);
+        if (r <= 0) break;
+    }
+    cJSON_Delete(obj);
+    add_call(p, name, dup_n(p, "", 0)); /* still being written (or malformed) */
+    return NPOS;
+}
+
+static const section_fmt k_minimax_m3 = {MM_NS "<tool_call>", MM_NS "<invoke name=\"", MM_NS "</tool_call>", mm3_call, {NULL}};
+
+/* functionary v3.2: >>>NAME\n{json} per call, >>>all\n before content;
+ * the prompt ends with the first >>> (the output starts at a recipient) */
+static void fmt_functionary32(P *p, size_t i) {
+    static const char *const m[] = {">>>"};
+    for (bool first = true;; first = false) {
+        size_t k = first ? i : find(p, i, m[0]);
+        if (k == NPOS) return plain_rest(p, i, m, 1);
+        plain(p, i, k);
+        size_t j = first ? k : k + 3, nl = find(p, j, "\n");
+        if (nl == NPOS) {
+            if (!p->partial) plain(p, k, p->n);
+            return;
+        }
+        if (nl - j == 3 && !memcmp(p->t + j, "all", 3)) { /* content up to the next >>> */
+            i = nl + 1;
+            continue;
+        }
+        size_t vs, ve;
+        int r = nl - j > 128 ? -1 : json_value(p, nl + 1, &vs, &ve);
+        if (r < 0 || (r > 0 && p->t[vs] != '{')) { /* not a call: the text stays */
+            plain(p, k, nl + 1);
+            i = nl + 1;
+            continue;
+        }
+        add_call_slices(p, p->t + j, nl - j, vs, ve);
+        if (r == 0) return;
+        i = ve;
+    }
+}
+
 /* ---------------------------------------------------------------- the parse */
 
 static void trim(buf *b) {
@@ -1086,6 +1648,29 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
             break;
         }
         case KTC_COMMAND_R_PLUS: fmt_command_r_plus(&p, i); break;
+        case KTC_APRIEL: case KTC_MINIMAX_M1: {
+            static const char *const ap[] = {"<tool_calls>", "[END FINAL RESPONSE]", "<end_of_sentence>"};
+            fmt_json_after(&p, i, ap, 1, 2, "</tool_calls>", NULL);
+            break;
+        }
+        case KTC_NEMOTRON_V2: {
+            static const char *const nm[] = {"<TOOLCALL>"};
+            fmt_json_after(&p, i, nm, 1, 0, "</TOOLCALL>", NULL);
+            break;
+        }
+        case KTC_GIGACHAT3: case KTC_GIGACHAT31: {
+            static const char *const g3[] = {"function call<|role_sep|>", "<|message_sep|>"}, *const g31[] = {"<|function_call|>", "<|message_sep|>"};
+            fmt_json_after(&p, i, s->format == KTC_GIGACHAT3 ? g3 : g31, 1, 1, NULL, NULL);
+            break;
+        }
+        case KTC_APERTUS: fmt_apertus(&p, i); break;
+        case KTC_SOLAR: fmt_section(&p, i, &k_solar); break;
+        case KTC_FUNCTIONARY31: fmt_section(&p, i, &k_functionary31); break;
+        case KTC_FUNCTIONARY32: fmt_functionary32(&p, i); break;
+        case KTC_LFM2: fmt_lfm2(&p, i); break;
+        case KTC_GEMMA4: fmt_section(&p, i, &k_gemma4); break;
+        case KTC_MINIMAX_M3: fmt_section(&p, i, &k_minimax_m3); break;
+        case KTC_KIMI_K3: fmt_section(&p, i, &k_kimi_k3); break;
         default: plain(&p, i, n); break;
         }
     }

@@ -55,6 +55,19 @@ typedef enum {
     KTC_DSML_V4,      /* the same in <｜DSML｜tool_calls> (DeepSeek V4) */
     KTC_MINICPM5,     /* <function name="NAME"><param name="K">V or <![CDATA[V]]></param></function> (MiniCPM5) */
     KTC_HY3,          /* <tool_calls:opensource><tool_call:opensource>NAME<tool_sep:opensource><arg_key:opensource>K.. (Tencent Hy3) */
+    KTC_APRIEL,       /* <tool_calls>[{"name", "arguments"}, ..]</tool_calls> (Apriel 1.5 / 1.6) */
+    KTC_MINIMAX_M1,   /* <tool_calls>\n{"name", "arguments"}\n..</tool_calls> (MiniMax-M1) */
+    KTC_NEMOTRON_V2,  /* <TOOLCALL>[{"name", "arguments"}, ..]</TOOLCALL> (Nemotron Nano v2) */
+    KTC_GIGACHAT3,    /* function call<|role_sep|>\n{"name", "arguments"} (GigaChat 3) */
+    KTC_GIGACHAT31,   /* <|function_call|>{"name", "arguments"} (GigaChat 3.1) */
+    KTC_APERTUS,      /* <|tools_prefix|>[{"NAME": {..}}, ..]<|tools_suffix|> (Apertus) */
+    KTC_SOLAR,        /* <|tool_calls|><|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{..}<|tool_call:end|>..<|calls|> */
+    KTC_FUNCTIONARY31, /* <function=NAME>{..}</function> (functionary v3.1) */
+    KTC_FUNCTIONARY32, /* >>>NAME\n{..} (>>>all\n: content; functionary v3.2) */
+    KTC_LFM2,         /* <|tool_call_start|>[NAME(k='v', n=1), ..]<|tool_call_end|> (LFM2 / LFM2.5, pythonic) */
+    KTC_GEMMA4,       /* <|tool_call>call:NAME{k:<|"|>v<|"|>,n:1}<tool_call|> (Gemma 4) */
+    KTC_MINIMAX_M3,   /* ]<]minimax[>[<tool_call> ]<]minimax[>[<invoke name="NAME">]<]minimax[>[<K>V]<]minimax[>[</K>.. */
+    KTC_KIMI_K3,      /* <|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|><|open|>argument key="K" type="T"<|sep|>V.. */
     KTC_N_FORMATS
 } ktc_format;
 
@@ -65,6 +78,11 @@ typedef enum {
     KTC_THINK_COHERE,  /* <|START_THINKING|>...<|END_THINKING|> */
     KTC_THINK_SEED,    /* <seed:think>...</seed:think> (Seed-OSS) */
     KTC_THINK_HY3,     /* <think:opensource>...</think:opensource> (Tencent Hy3) */
+    KTC_THINK_GEMMA4,  /* <|channel>thought...<channel|> (Gemma 4) */
+    KTC_THINK_MM,      /* <mm:think>...</mm:think> (MiniMax-M3) */
+    KTC_THINK_KIMI_K3, /* <|open|>think<|sep|>...<|close|>think<|sep|> (Kimi K3) */
+    KTC_THINK_APRIEL,  /* Here are my reasoning steps:...[BEGIN FINAL RESPONSE] (Apriel 1.6: the prompt opens it) */
+    KTC_THINK_SOLAR,   /* <|think|>...<|end|> (Solar Open) */
     /* Harmony's analysis channel is reasoning whenever the format is KTC_HARMONY */
 } ktc_reasoning;
 

@@ -3,6 +3,7 @@
  * kiln's Jinja engine, then parsed back to the same calls), streaming at
  * every split point equal to the whole parse, and hand-written outputs in
  * the cases of llama.cpp's tests/test-chat.cpp. */
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,7 +159,11 @@ static const rt_case k_rt[] = {
 static const char *k_call_args[2] = {"{\"city\": \"Paris\", \"days\": 3}", "{\"zone\": \"Asia/Tokyo\"}"};
 static const char *k_call_names[2] = {"get_weather", "get_time"};
 
-static cJSON *conversation(int n_calls, bool with_assistant) {
+static cJSON *conversation_args(int n_calls, bool with_assistant, bool str_args);
+static cJSON *conversation(int n_calls, bool with_assistant) { return conversation_args(n_calls, with_assistant, false); }
+
+/* str_args: the calls' arguments as JSON text (templates that concatenate them) */
+static cJSON *conversation_args(int n_calls, bool with_assistant, bool str_args) {
     cJSON *msgs = cJSON_CreateArray();
     cJSON *u = cJSON_CreateObject();
     cJSON_AddStringToObject(u, "role", "user");
@@ -177,7 +182,8 @@ static cJSON *conversation(int n_calls, bool with_assistant) {
         cJSON_AddStringToObject(c, "type", "function");
         cJSON *f = cJSON_AddObjectToObject(c, "function");
         cJSON_AddStringToObject(f, "name", k_call_names[i]);
-        cJSON_AddItemToObject(f, "arguments", cJSON_Parse(k_call_args[i]));
+        if (str_args) cJSON_AddStringToObject(f, "arguments", k_call_args[i]);
+        else cJSON_AddItemToObject(f, "arguments", cJSON_Parse(k_call_args[i]));
         cJSON_AddItemToArray(tc, c);
     }
     cJSON_AddItemToArray(msgs, a);
@@ -578,4 +584,177 @@ KT_TEST(toolcall_llama_cpp_cases) {
     fprintf(stderr, "  llama.cpp test-chat cases: %d, %d failed\n", n, failed);
     KT_CHECK(n >= 120);
     cJSON_Delete(d);
+}
+
+/* ---- every template of ../shared/chat-templates ---- */
+
+/* Templates whose round trip cannot hold, and why. */
+static const struct {
+    const char *file, *why;
+} k_rt_known[] = {
+    {"Kimi-K2-Instruct", "calls list.append, which kiln's Jinja lacks"},
+    {"Kimi-K2-Thinking", "calls list.append, which kiln's Jinja lacks"},
+    {"ibm-granite-granite-3.3", "renders no past calls"},
+    {"LFM2-8B-A1B", "renders no past calls"},
+    {"LFM2.5-Instruct", "renders no past calls"},
+};
+
+/* What ends an assistant turn in the templates (EOS and end-of-turn
+ * markers: not part of the model's output). */
+static const char *const k_turn_ends[] = {
+    "<|im_end|>", "<|eot_id|>", "</s>", "<|call|>", "<|end|>", "<｜end▁of▁sentence｜>", "<|END_OF_TURN_TOKEN|>", "[e~[",
+    "<|user|>", "<｜hy_eos:opensource｜>", "<|START_OF_TURN_TOKEN|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<seed:eos>", "<SPECIAL_12>", "<|end_of_text|>", "<|role_end|>", "</assistant>", "<sep>",
+};
+
+/* The model's output in a rendered conversation: full minus the prompt
+ * (back to the end of the last tag where they part), up to the turn's end
+ * after the last call's last argument (last: "Tokyo" or "Paris"). NULL
+ * when the template did not render the calls. */
+static char *turn_output(const char *prompt, const char *full, const char *last, size_t *k_out) {
+    size_t k = 0;
+    while (prompt[k] && prompt[k] == full[k]) k++;
+    if (prompt[k])
+        while (k > 0 && full[k - 1] != '>' && full[k - 1] != '\n') k--;
+    static const char hdr[] = "<|CHATBOT_TOKEN|>"; /* Command R+ (see toolcall_round_trip_real_templates) */
+    if (!strncmp(full + k, hdr, sizeof hdr - 1)) k += sizeof hdr - 1;
+    const char *l = NULL;
+    for (const char *q = full + k; (q = strstr(q, last)); q++) l = q;
+    if (!l) return NULL;
+    const char *e = l + strlen(l);
+    for (size_t i = 0; i < sizeof k_turn_ends / sizeof *k_turn_ends; i++) {
+        const char *f = strstr(l, k_turn_ends[i]);
+        if (f && f < e) e = f;
+    }
+    *k_out = k;
+    return strndup(full + k, (size_t)(e - (full + k)));
+}
+
+/* One template: NULL (the round trip holds), or why not (why). */
+static const char *shared_round_trip(const char *src, const cJSON *tools, ktc_format f, char *why, size_t cap) {
+    kchat_template *t = NULL;
+    kiln_status st = kchat_parse(src, &t);
+    const char *r = NULL;
+    char *prompt = NULL, *full = NULL, *out = NULL;
+    cJSON *m0 = conversation(2, false), *m1 = NULL, *extra = cJSON_Parse("{\"thinking\": true, \"enable_thinking\": true}");
+    kchat_input in = {.messages = m0, .tools = tools, .extra = extra, .add_generation_prompt = true, .bos_token = "<s>", .eos_token = "</s>"};
+    if (!st) st = kchat_render(t, &in, &prompt);
+    /* two calls, else one (Llama 3.1 raises on more, gpt-oss renders the first); arguments as
+     * objects, else as JSON text (functionary v3.2 concatenates them) */
+    size_t k = 0;
+    int n_calls = 0;
+    for (int a = 0; !st && a < 4; a++) {
+        n_calls = 2 - a % 2;
+        m1 = conversation_args(n_calls, true, a >= 2);
+        in.messages = m1, in.add_generation_prompt = false;
+        st = kchat_render(t, &in, &full);
+        if (!st && (out = turn_output(prompt, full, n_calls > 1 ? "Tokyo" : "Paris", &k))) break;
+        if (a < 3) kiln_status_free(st), st = NULL, free(full), full = NULL;
+        cJSON_Delete(m1), m1 = NULL;
+    }
+    if (st) snprintf(why, cap, "does not render: %.200s", kiln_status_msg(st)), r = why;
+    else if (!out) snprintf(why, cap, "renders no past calls"), r = why;
+    ktc_msg m = {0};
+    if (!r) {
+        /* the prompt opens the thinking block (R1, Apriel 1.6) where a past turn does not write the opener */
+        ktc_syntax syn = {f, ktc_detect_reasoning(src), false, tools, NULL};
+        const char *o, *c;
+        ktc_think_markers(f, syn.reasoning, &o, &c);
+        syn.think_open = ktc_prompt_opens_think(syn.reasoning, prompt) && o && strncmp(out, o, strlen(o));
+        prompt[k] = 0;
+        syn.think_open |= ktc_prompt_opens_think(syn.reasoning, prompt);
+        kiln_status pst = ktc_parse(&syn, out, strlen(out), false, &m);
+        bool think = strstr(out, "The user wants two tools.") != NULL && syn.reasoning != KTC_THINK_NONE;
+        if (pst) snprintf(why, cap, "parse: %s", kiln_status_msg(pst)), r = why;
+        else if (m.n_calls != n_calls) snprintf(why, cap, "%d calls of %d from %.900s", m.n_calls, n_calls, out), r = why;
+        for (int i = 0; !r && i < m.n_calls; i++) {
+            cJSON *want = cJSON_Parse(k_call_args[i]);
+            if (strcmp(m.calls[i].name, k_call_names[i]) || !args_equal(m.calls[i].arguments, want))
+                snprintf(why, cap, "call %d is %s(%s) from %.300s", i, m.calls[i].name, m.calls[i].arguments, out), r = why;
+            cJSON_Delete(want);
+        }
+        if (!r && m.n_content) snprintf(why, cap, "content [%.100s] from %.300s", m.content, out), r = why;
+        if (!r && think && strcmp(m.reasoning, "The user wants two tools."))
+            snprintf(why, cap, "reasoning [%.100s] from %.300s", m.reasoning, out), r = why;
+        if (!r) {
+            char sw[512];
+            const char *sr = stream_all_splits(&syn, out, sw, sizeof sw);
+            if (sr) snprintf(why, cap, "streaming: %.300s", sr), r = why;
+        }
+        kiln_status_free(pst);
+    }
+    ktc_msg_free(&m);
+    kiln_status_free(st);
+    free(prompt), free(full), free(out);
+    cJSON_Delete(m0), cJSON_Delete(m1), cJSON_Delete(extra);
+    kchat_free(t);
+    return r;
+}
+
+static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Every template of ../shared/chat-templates that renders tools: the
+ * format detected from it, and a round trip (an assistant turn with two
+ * calls, or one where the template takes one, and reasoning, rendered and
+ * parsed back: the same calls, no content, the reasoning split out where
+ * the turn holds it, streaming at every split point as the whole). Prints
+ * the templates with no format and those whose round trip does not hold;
+ * every template with a format must hold, but those k_rt_known names (a
+ * documented reason). */
+KT_TEST(toolcall_round_trip_shared_templates) {
+    const char *shared = kt_shared();
+    if (!shared) {
+        kt_skip("../shared absent (../shared/chat-templates)");
+        return;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/chat-templates", shared);
+    DIR *d = opendir(dir);
+    if (!d) {
+        kt_skip("no %s", dir);
+        return;
+    }
+    char *names[256];
+    int nn = 0;
+    for (struct dirent *e; (e = readdir(d)) && nn < 256;) {
+        size_t l = strlen(e->d_name);
+        if (l > 6 && !strcmp(e->d_name + l - 6, ".jinja")) names[nn++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)nn, sizeof *names, cmp_name);
+    cJSON *tools = cJSON_Parse(k_tools);
+    int with_tools = 0, pass = 0, none = 0, failed = 0;
+    for (int i = 0; i < nn; i++) {
+        char p[4400], *src = NULL, why[1024];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        KT_CHECK_OK(ku_read_file(p, &src, NULL));
+        /* renders tools: the tool's name in a prompt rendered with them */
+        kchat_template *t = NULL;
+        char *prompt = NULL;
+        cJSON *m0 = conversation(1, false);
+        kchat_input in = {.messages = m0, .tools = tools, .add_generation_prompt = true, .bos_token = "<s>", .eos_token = "</s>"};
+        kiln_status st = kchat_parse(src, &t);
+        if (!st) st = kchat_render(t, &in, &prompt);
+        bool renders = !st && strstr(prompt, "get_weather");
+        kiln_status_free(st);
+        free(prompt);
+        kchat_free(t);
+        cJSON_Delete(m0);
+        if (renders) {
+            with_tools++;
+            ktc_format f = ktc_detect(src);
+            const char *r = f == KTC_NONE && !getenv("KTC_DUMP") ? "no format" : shared_round_trip(src, tools, f, why, sizeof why);
+            bool known = false;
+            for (size_t k = 0; r && f != KTC_NONE && k < sizeof k_rt_known / sizeof *k_rt_known; k++)
+                known |= !strncmp(names[i], k_rt_known[k].file, strlen(k_rt_known[k].file));
+            pass += !r, none += f == KTC_NONE, failed += r && f != KTC_NONE && !known;
+            if (r) fprintf(stderr, "  %-48s %-14s %s%s\n", names[i], ktc_format_name(f), known ? "(known) " : "", r);
+            else fprintf(stderr, "  %-48s %-14s round trip holds\n", names[i], ktc_format_name(f));
+            case_check(__LINE__, !r || f == KTC_NONE || known, "%s (%s): round trip fails", names[i], ktc_format_name(f));
+        }
+        free(src);
+        free(names[i]);
+    }
+    fprintf(stderr, "  shared templates: %d, %d render tools: %d round trips hold, %d have no format, %d fail\n", nn, with_tools,
+            pass, none, failed);
+    cJSON_Delete(tools);
 }
