@@ -253,7 +253,9 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
         return kiln_error(KILN_EUNSUPPORTED,
                           "\"tools\": the model's chat template writes tool calls in no format kiln knows "
                           "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, "
-                          "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+, FireFunction, DeepSeek DSML, MiniCPM5, Hy3)");
+                          "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+, FireFunction, DeepSeek DSML, MiniCPM5, Hy3, "
+                          "Apriel, MiniMax-M1/M3, Nemotron Nano v2, GigaChat 3, Apertus, Solar Open, functionary v3.1/v3.2, LFM2, "
+                          "Gemma 4, Kimi K3)");
     if (use_tools) *tmpl_tools = tools;
     if (f == KTC_FIREFUNCTION) { /* its template reads the tools as text, "functions" (llama.cpp passes them) */
         if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");
@@ -319,10 +321,12 @@ kiln_status ksrv_tools_set_prompt(ksrv_tools *t, char **prompt, kgen_params *gp)
     /* a forced call: the prompt ends with the trigger, the grammar on */
     const char *tr = ktc_trigger(t->syn.format);
     size_t n = strlen(*prompt), k = strlen(tr);
-    char *p = realloc(*prompt, n + k + 1);
-    if (!p) return kiln_error(KILN_ENOMEM, "out of memory");
-    memcpy(p + n, tr, k + 1);
-    *prompt = p;
+    if (n < k || strcmp(*prompt + n - k, tr)) { /* (functionary v3.2's prompt ends with its >>>) */
+        char *p = realloc(*prompt, n + k + 1);
+        if (!p) return kiln_error(KILN_ENOMEM, "out of memory");
+        memcpy(p + n, tr, k + 1);
+        *prompt = p;
+    }
     t->syn.prefix = tr;
     gp->grammar_lazy = false;
     /* the grammar takes one call, or with parallel_tool_calls one or more

@@ -171,6 +171,8 @@ static kiln_status json_grammar(ktc_format f, const cJSON *tools, const char *on
     kiln_status st = NULL;
     /* one call: tc-call ::= tc-c0 | tc-c1 ... (the call objects differ by format) */
     bool cohere = f == KTC_COMMAND_R || f == KTC_COMMAND_R_PLUS;
+    /* one object after the trigger (each call its own trigger), else a list */
+    bool single = f == KTC_HERMES || f == KTC_LLAMA3 || f == KTC_MINIMAX_M1 || f == KTC_GIGACHAT3 || f == KTC_GIGACHAT31;
     kgr_opts o;
     kgr_opts_default(&o);
     /* an object without additionalProperties takes no other keys (as
@@ -187,6 +189,13 @@ static kiln_status json_grammar(ktc_format f, const cJSON *tools, const char *on
         idx = it.idx;
         if ((st = add_args(&b, fn, k, idx, &o))) break;
         put(&alts, "%s", k ? " | " : "");
+        if (f == KTC_APERTUS) { /* {"NAME": ARGS} */
+            put(&alts, "\"{\" tc-ws ");
+            put_json_name(&alts, nm->valuestring);
+            put(&alts, " tc-ws \":\" tc-ws tc-a%d tc-ws \"}\"", k);
+            k++;
+            continue;
+        }
         if (f != KTC_LLAMA3) put(&alts, "\"{\" tc-ws ");
         if (f == KTC_COMMAND_R) {
             put_key(&alts, "tool_call_id");
@@ -209,7 +218,9 @@ static kiln_status json_grammar(ktc_format f, const cJSON *tools, const char *on
         put(&b, "tc-call ::= %s\n", alts.p ? alts.p : "");
         /* Command R+ fences its list */
         const char *open = f == KTC_COMMAND_R_PLUS ? "tc-ws (\"```json\" tc-ws)? \"[\"" : "tc-ws \"[\"";
-        if (f == KTC_HERMES || f == KTC_LLAMA3) put(&b, "root ::= tc-ws tc-call\n");
+        if (f == KTC_MINIMAX_M1) /* one a line, then the block's close */
+            put(&b, "root ::= tc-ws tc-call (\"\\n\" tc-call)%s \"\\n</tool_calls>\"\n", parallel ? "*" : "{0}");
+        else if (single) put(&b, "root ::= tc-ws tc-call\n");
         else if (parallel) put(&b, "root ::= %s tc-ws tc-call (tc-ws \",\" tc-ws tc-call)* tc-ws \"]\"\n", open);
         else put(&b, "root ::= %s tc-ws tc-call tc-ws \"]\"\n", open);
     }
@@ -244,6 +255,13 @@ static const marker_fmt k_marker_fmts[] = {
      "tc-one ::= {{<|tool_call_begin|>}} tc-call {{<|tool_call_end|>}}\nroot ::= tc-one tc-one%M {{<|tool_calls_section_end|>}}\n"},
     /* Mistral v11: NAME[CALL_ID]ID[ARGS]ARGS (the id optional), [TOOL_CALLS] before each next call */
     {KTC_MISTRAL_V11, "%N ({{[CALL_ID]}} [a-zA-Z0-9]{9})? {{[ARGS]}} %A", "root ::= tc-call ({{[TOOL_CALLS]}} tc-call)%M\n"},
+    /* Solar Open: <|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>ARGS<|tool_call:end|>, then <|calls|> */
+    {KTC_SOLAR, "[a-zA-Z0-9_-]{1,40} {{<|tool_call:name|>}} %N {{<|tool_call:args|>}} %A {{<|tool_call:end|>}}",
+     "tc-one ::= {{<|tool_call:begin|>}} tc-call\nroot ::= tc-one tc-one%M {{<|calls|>}}\n"},
+    /* functionary v3.1: NAME>ARGS</function>, <function= before each next call */
+    {KTC_FUNCTIONARY31, "%N \">\" %A \"</function>\"", "root ::= tc-call (\"<function=\" tc-call)%M\n"},
+    /* functionary v3.2: NAME\nARGS, >>> before each next call */
+    {KTC_FUNCTIONARY32, "%N \"\\n\" %A", "root ::= tc-call (\">>>\" tc-call)%M\n"},
 };
 
 static void put_pattern(gbuf *b, const char *pat, const ktok *tok, const char *name, int k, bool parallel) {
@@ -566,7 +584,8 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     if (!ktc_grammar_supported(f))
         return kiln_error(KILN_EUNSUPPORTED, "the %s tool-call format has no grammar", ktc_format_name(f));
     bool json = f == KTC_HERMES || f == KTC_LLAMA3 || f == KTC_MISTRAL || f == KTC_GRANITE || f == KTC_COMMAND_R ||
-                f == KTC_PHI4 || f == KTC_COMMAND_R_PLUS || f == KTC_FIREFUNCTION;
+                f == KTC_PHI4 || f == KTC_COMMAND_R_PLUS || f == KTC_FIREFUNCTION || f == KTC_APRIEL || f == KTC_MINIMAX_M1 ||
+                f == KTC_NEMOTRON_V2 || f == KTC_GIGACHAT3 || f == KTC_GIGACHAT31 || f == KTC_APERTUS;
     if (json) return json_grammar(f, tools, only, parallel, gbnf);
     kgr_opts o;
     kgr_opts_default(&o);

@@ -266,12 +266,15 @@ static bool may_become(const P *p, size_t i, const char *m) {
     return p->partial && r < k && !memcmp(p->t + i, m, r);
 }
 
-/* Partial: the length of the longest end of t[from..n) that begins m. */
+/* The length of the longest end of t[from..n) that begins m: held back
+ * while the output grows (partial); at the output's end (cut by max_tokens
+ * inside a marker, "<|tool_call_be") trimmed as well when it is 2
+ * characters or more (a lone "<" or "[" is more likely text), so the whole
+ * parse and the streamed deltas drop it alike. */
 static size_t held(const P *p, size_t from, const char *m) {
-    if (!p->partial) return 0;
     size_t k = strlen(m);
     for (size_t l = k - 1; l > 0; l--)
-        if (l <= p->n - from && !memcmp(p->t + p->n - l, m, l)) return l;
+        if (l <= p->n - from && !memcmp(p->t + p->n - l, m, l)) return p->partial || l >= 2 ? l : 0;
     return 0;
 }
 
@@ -1514,6 +1517,7 @@ static const section_fmt k_minimax_m3 = {MM_NS "<tool_call>", MM_NS "<invoke nam
  * the prompt ends with the first >>> (the output starts at a recipient) */
 static void fmt_functionary32(P *p, size_t i) {
     static const char *const m[] = {">>>"};
+    if (at(p, skip_ws(p, i), m[0])) i = skip_ws(p, i) + 3; /* the prompt's >>> given as the prefix */
     for (bool first = true;; first = false) {
         size_t k = first ? i : find(p, i, m[0]);
         if (k == NPOS) return plain_rest(p, i, m, 1);

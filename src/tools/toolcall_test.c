@@ -404,6 +404,66 @@ static const hw_case k_hw[] = {
     {KTC_HY3, KTC_THINK_HY3, false,
      "<tool_calls:opensource>\n<tool_call:opensource>get_time<tool_sep:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>",
      "", "", "[[\"get_time\", {}]]"},
+    /* ---- the formats of llama.cpp's common/parsers ---- */
+    /* Apriel 1.6: the prompt opened the reasoning, [BEGIN FINAL RESPONSE] ends it */
+    {KTC_APRIEL, KTC_THINK_APRIEL, true,
+     "Let me see.\n[BEGIN FINAL RESPONSE]\nSure.\n<tool_calls>[{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]</tool_calls>",
+     "Sure.", "Let me see.", "[[\"get_time\", {\"zone\": \"UTC\"}]]"},
+    /* MiniMax-M1: one object a line */
+    {KTC_MINIMAX_M1, KTC_THINK_TAGS, false,
+     "<think>t</think>\nOk.\n<tool_calls>\n{\"name\": \"get_time\", \"arguments\": {}}\n{\"name\": \"get_weather\", \"arguments\": "
+     "{\"city\": \"Rome\"}}\n</tool_calls>",
+     "Ok.", "t", "[[\"get_time\", {}], [\"get_weather\", {\"city\": \"Rome\"}]]"},
+    {KTC_NEMOTRON_V2, KTC_THINK_TAGS, false,
+     "<think>x</think><TOOLCALL>[{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}]</TOOLCALL>", "", "x",
+     "[[\"get_time\", {\"zone\": \"UTC\"}]]"},
+    {KTC_GIGACHAT31, KTC_THINK_NONE, false, "Checking.<|function_call|>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}",
+     "Checking.", "", "[[\"get_weather\", {\"city\": \"Rome\"}]]"},
+    {KTC_GIGACHAT3, KTC_THINK_NONE, false, "<|message_sep|>\n\nfunction call<|role_sep|>\n{\"name\": \"get_time\", \"arguments\": {}}",
+     "", "", "[[\"get_time\", {}]]"},
+    /* Apertus: the name is the object's key */
+    {KTC_APERTUS, KTC_THINK_NONE, false,
+     "Sure.<|tools_prefix|>[{\"get_weather\": {\"city\": \"Rome\"}}, {\"get_time\": {}}]<|tools_suffix|>", "Sure.", "",
+     "[[\"get_weather\", {\"city\": \"Rome\"}], [\"get_time\", {}]]"},
+    {KTC_SOLAR, KTC_THINK_SOLAR, false,
+     "<|think|>hm<|end|><|begin|>assistant<|tool_calls|><|tool_call:begin|>abc123<|tool_call:name|>get_time<|tool_call:args|>"
+     "{\"zone\": \"UTC\"}<|tool_call:end|><|calls|>",
+     "", "hm", "[[\"get_time\", {\"zone\": \"UTC\"}]]"},
+    {KTC_FUNCTIONARY31, KTC_THINK_NONE, false, "Let me.<function=get_weather>{\"city\": \"Rome\"}</function><function=get_time>{}</function>",
+     "Let me.", "", "[[\"get_weather\", {\"city\": \"Rome\"}], [\"get_time\", {}]]"},
+    /* functionary v3.2: the output starts after the prompt's >>> */
+    {KTC_FUNCTIONARY32, KTC_THINK_NONE, false, "all\nHello there>>>get_time\n{\"zone\": \"UTC\"}", "Hello there", "",
+     "[[\"get_time\", {\"zone\": \"UTC\"}]]"},
+    {KTC_FUNCTIONARY32, KTC_THINK_NONE, false, "get_weather\n{\"city\": \"Rome\"}>>>get_time\n{}", "", "",
+     "[[\"get_weather\", {\"city\": \"Rome\"}], [\"get_time\", {}]]"},
+    /* LFM2: Python literals; a string parameter written as a number is the string */
+    {KTC_LFM2, KTC_THINK_TAGS, false,
+     "<think>r</think>Ok<|tool_call_start|>[get_weather(city='Ro\\'me', days=2), get_time()]<|tool_call_end|>", "Ok", "r",
+     "[[\"get_weather\", {\"city\": \"Ro'me\", \"days\": 2}], [\"get_time\", {}]]"},
+    {KTC_LFM2, KTC_THINK_NONE, false,
+     "<|tool_call_start|>[get_weather(city=1984), f(a=[1, \"b\"], b={'k': None, 'n': -2.5}, c=True, d=false)]<|tool_call_end|>", "",
+     "", "[[\"get_weather\", {\"city\": \"1984\"}], [\"f\", {\"a\": [1, \"b\"], \"b\": {\"k\": null, \"n\": -2.5}, \"c\": true, \"d\": false}]]"},
+    /* Gemma 4: <|"|> quotes strings (a string may hold , and }) */
+    {KTC_GEMMA4, KTC_THINK_GEMMA4, false,
+     "<|channel>thought\nplan<channel|>Sure<|tool_call>call:get_weather{city:<|\"|>Rome<|\"|>,days:2}<tool_call|>"
+     "<|tool_call>call:get_time{zone:<|\"|>a,b}<|\"|>}<tool_call|>",
+     "Sure", "plan", "[[\"get_weather\", {\"city\": \"Rome\", \"days\": 2}], [\"get_time\", {\"zone\": \"a,b}\"}]]"},
+    {KTC_GEMMA4, KTC_THINK_GEMMA4, false, "<|tool_call>call:f{o:{k:[1,<|\"|>x<|\"|>,true]},n:null}<tool_call|>", "", "",
+     "[[\"f\", {\"o\": {\"k\": [1, \"x\", true]}, \"n\": null}]]"},
+    /* MiniMax-M3: values typed by the schema, nested tags an object (<item>s: a list) */
+    {KTC_MINIMAX_M3, KTC_THINK_MM, false,
+     "<mm:think>p</mm:think>]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"get_weather\">]<]minimax[>[<city>1984]<]minimax[>[</city>"
+     "]<]minimax[>[<days>2]<]minimax[>[</days>]<]minimax[>[</invoke>\n]<]minimax[>[<invoke name=\"f\">]<]minimax[>[<o>]<]minimax[>[<a>1"
+     "]<]minimax[>[</a>]<]minimax[>[<l>]<]minimax[>[<item>x]<]minimax[>[</item>]<]minimax[>[<item>2]<]minimax[>[</item>]<]minimax[>[</l>"
+     "]<]minimax[>[</o>]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>",
+     "", "p", "[[\"get_weather\", {\"city\": \"1984\", \"days\": 2}], [\"f\", {\"o\": {\"a\": 1, \"l\": [\"x\", 2]}}]]"},
+    /* Kimi K3: the prompt opened the thinking channel; the response channel is content; a json block */
+    {KTC_KIMI_K3, KTC_THINK_KIMI_K3, true,
+     "p<|close|>think<|sep|><|open|>response<|sep|>Sure<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" "
+     "index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"<|sep|>1984<|close|>argument<|sep|><|open|>argument key=\"days\" "
+     "type=\"number\"<|sep|>2<|close|>argument<|sep|><|close|>call<|sep|><|open|>call tool=\"get_time\" index=\"2\"<|sep|><|open|>json "
+     "type=\"object\"<|sep|>{\"zone\": \"UTC\"}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|>",
+     "Sure", "p", "[[\"get_weather\", {\"city\": \"1984\", \"days\": 2}], [\"get_time\", {\"zone\": \"UTC\"}]]"},
     /* no format: everything is content */
     {KTC_NONE, KTC_THINK_TAGS, false, "<think>r</think><tool_call>{}</tool_call>", "<tool_call>{}</tool_call>", "r", "[]"},
 };
@@ -457,6 +517,36 @@ KT_TEST(toolcall_partial_output) {
     ktc_msg_free(&m);
 }
 
+/* An output that ends inside a marker (max_tokens cut "<|tool_call_be"):
+ * the marker's start is trimmed from the whole parse and never streamed,
+ * whatever the split points; a lone "<" stays text. */
+KT_TEST(toolcall_output_cut_inside_marker) {
+    static const struct {
+        ktc_format f;
+        ktc_reasoning r;
+        const char *text, *content, *reasoning;
+    } k_cut[] = {
+        {KTC_KIMI_K2, KTC_THINK_TAGS, "<think>k</think>Sure.<|tool_calls_section_begin|><|tool_call_be", "Sure.", "k"},
+        {KTC_KIMI_K2, KTC_THINK_TAGS, "Sure.<|tool_call_be", "Sure.", ""},
+        {KTC_HERMES, KTC_THINK_TAGS, "Hi <tool_", "Hi", ""},
+        {KTC_HERMES, KTC_THINK_TAGS, "<think>still thinking</th", "", "still thinking"},
+        {KTC_LFM2, KTC_THINK_NONE, "Ok<|tool_call_st", "Ok", ""},
+        {KTC_HARMONY, KTC_THINK_NONE, "<|channel|>final<|message|>Done<|en", "Done", ""},
+        {KTC_HERMES, KTC_THINK_NONE, "a <", "a <", ""},
+    };
+    for (size_t c = 0; c < sizeof k_cut / sizeof *k_cut; c++) {
+        ktc_syntax syn = {k_cut[c].f, k_cut[c].r, false, NULL, NULL};
+        ktc_msg m;
+        KT_CHECK_OK(ktc_parse(&syn, k_cut[c].text, strlen(k_cut[c].text), false, &m));
+        KT_CHECKF(!strcmp(m.content, k_cut[c].content) && !strcmp(m.reasoning, k_cut[c].reasoning) && m.n_calls == 0,
+                  "case %zu: content [%s] reasoning [%s], %d calls", c, m.content, m.reasoning, m.n_calls);
+        ktc_msg_free(&m);
+        char why[512];
+        const char *r = stream_all_splits(&syn, k_cut[c].text, why, sizeof why);
+        KT_CHECKF(!r, "case %zu: streaming: %s", c, r);
+    }
+}
+
 /* Every committed template: detection names a format or none, never a
  * wrong one for the families above (a smoke check that nothing crashes). */
 KT_TEST(toolcall_detect_formats) {
@@ -481,7 +571,15 @@ KT_TEST(toolcall_detect_formats) {
                  {"deepseek-ai-DeepSeek-V4", KTC_DSML_V4, KTC_THINK_TAGS},
                  {"deepseek-ai-DeepSeek-V4-Flash-0731", KTC_DSML_V4, KTC_THINK_TAGS},
                  {"openbmb-MiniCPM5-1B", KTC_MINICPM5, KTC_THINK_TAGS},
-                 {"tencent-Hy3", KTC_HY3, KTC_THINK_HY3}};
+                 {"tencent-Hy3", KTC_HY3, KTC_THINK_HY3},
+                 {"google-gemma-4-31B-it", KTC_GEMMA4, KTC_THINK_GEMMA4},
+                 {"MiniMax-M3", KTC_MINIMAX_M3, KTC_THINK_MM},
+                 {"Kimi-K3", KTC_KIMI_K3, KTC_THINK_KIMI_K3},
+                 {"Apriel-1.6-15b-Thinker-fixed", KTC_APRIEL, KTC_THINK_APRIEL},
+                 {"upstage-Solar-Open-100B", KTC_SOLAR, KTC_THINK_SOLAR},
+                 {"LFM2.5-8B-A1B", KTC_LFM2, KTC_THINK_TAGS},
+                 {"LFM2-8B-A1B", KTC_LFM2, KTC_THINK_NONE},
+                 {"meetkai-functionary-medium-v3.2", KTC_FUNCTIONARY32, KTC_THINK_NONE}};
     for (size_t i = 0; i < sizeof k_det / sizeof *k_det; i++) {
         char rel[256];
         snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", k_det[i].file);
@@ -756,5 +854,114 @@ KT_TEST(toolcall_round_trip_shared_templates) {
     }
     fprintf(stderr, "  shared templates: %d, %d render tools: %d round trips hold, %d have no format, %d fail\n", nn, with_tools,
             pass, none, failed);
+    cJSON_Delete(tools);
+}
+
+/* The formats ported from llama.cpp's common/parsers, on their committed
+ * templates (tests/data/chat/templates): detected, and the round trip of
+ * toolcall_round_trip_shared_templates (no ../shared needed). */
+static const struct {
+    const char *file;
+    ktc_format f;
+} k_rt_more[] = {
+    {"unsloth-Apriel-1.5", KTC_APRIEL},
+    {"Apriel-1.6-15b-Thinker-fixed", KTC_APRIEL},
+    {"MiniMax-M1", KTC_MINIMAX_M1},
+    {"NVIDIA-Nemotron-Nano-v2", KTC_NEMOTRON_V2},
+    {"GigaChat3-10B-A1.8B", KTC_GIGACHAT3},
+    {"GigaChat3.1-10B-A1.8B", KTC_GIGACHAT31},
+    {"Apertus-8B-Instruct", KTC_APERTUS},
+    {"upstage-Solar-Open-100B", KTC_SOLAR},
+    {"meetkai-functionary-medium-v3.1", KTC_FUNCTIONARY31},
+    {"meetkai-functionary-medium-v3.2", KTC_FUNCTIONARY32},
+    {"LFM2.5-8B-A1B", KTC_LFM2},
+    {"google-gemma-4-31B-it", KTC_GEMMA4},
+    {"google-gemma-4-31B-it-interleaved", KTC_GEMMA4},
+    {"MiniMax-M3", KTC_MINIMAX_M3},
+    {"Kimi-K3", KTC_KIMI_K3},
+};
+
+static char *committed_template(const char *name) {
+    char rel[256], path[4096], *src = NULL;
+    snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", name);
+    kiln_status st = ku_read_file(kt_path(path, sizeof path, rel), &src, NULL);
+    kiln_status_free(st);
+    return st ? NULL : src;
+}
+
+KT_TEST(toolcall_round_trip_more_formats) {
+    cJSON *tools = cJSON_Parse(k_tools);
+    for (size_t c = 0; c < sizeof k_rt_more / sizeof *k_rt_more; c++) {
+        char *src = committed_template(k_rt_more[c].file), why[1024];
+        KT_CHECKF(src, "%s: not committed", k_rt_more[c].file);
+        KT_CHECKF(ktc_detect(src) == k_rt_more[c].f, "%s: detected %s", k_rt_more[c].file, ktc_format_name(ktc_detect(src)));
+        const char *r = shared_round_trip(src, tools, k_rt_more[c].f, why, sizeof why);
+        KT_CHECKF(!r, "%s: %s", k_rt_more[c].file, r);
+        free(src);
+    }
+    cJSON_Delete(tools);
+}
+
+/* Their grammars (markers as text) take the calls the templates write:
+ * from the trigger, byte by byte, until the grammar ends or refuses; the
+ * trigger and what it took parse to the first call at least. */
+KT_TEST(toolcall_grammar_takes_more_formats) {
+    cJSON *tools = cJSON_Parse(k_tools);
+    kgr_vocab *v = NULL;
+    KT_CHECK_OK(kgr_vocab_bytes(&v));
+    int tested = 0;
+    for (size_t c = 0; c < sizeof k_rt_more / sizeof *k_rt_more; c++) {
+        ktc_format f = k_rt_more[c].f;
+        if (!ktc_grammar_supported(f)) continue;
+        char *src = committed_template(k_rt_more[c].file), *full = NULL, *g = NULL;
+        kchat_template *t = NULL;
+        KT_CHECK_OK(kchat_parse(src, &t));
+        cJSON *m1 = NULL;
+        kiln_status st = NULL;
+        for (int a = 0; a < 4; a++) { /* as shared_round_trip */
+            m1 = conversation_args(2 - a % 2, true, a >= 2);
+            kchat_input in = {.messages = m1, .tools = tools, .add_generation_prompt = false, .bos_token = "<s>", .eos_token = "</s>"};
+            kiln_status_free(st);
+            st = kchat_render(t, &in, &full);
+            if (!st && strstr(full, "\"Paris\"")) break;
+            free(full), full = NULL;
+            cJSON_Delete(m1), m1 = NULL;
+        }
+        KT_CHECKF(full, "%s: renders no calls", k_rt_more[c].file);
+        KT_CHECK_OK(ktc_grammar(f, tools, NULL, true, NULL, &g));
+        kgr_grammar *gr = NULL;
+        kgr_matcher *m = NULL;
+        st = kgr_from_gbnf(g, strlen(g), &gr);
+        KT_CHECKF(!st, "%s: %s\n%s", k_rt_more[c].file, kiln_status_msg(st), g);
+        KT_CHECK_OK(kgr_matcher_create_owned(gr, v, &m));
+        const char *tr = ktc_trigger(f), *at = NULL;
+        for (const char *q = full; (q = strstr(q, tr)); q++)
+            if (strstr(q, "\"Paris\"")) at = q;
+        KT_CHECKF(at, "%s: no %s in %s", k_rt_more[c].file, tr, full);
+        const char *s = at + strlen(tr);
+        size_t i = 0, ends = 0; /* where it last could end (a turn's end may begin as a next call does) */
+        for (; s[i] && !kgr_matcher_done(m); i++) {
+            if (!kgr_matcher_accept_bytes(m, s + i, 1)) break;
+            if (kgr_matcher_can_end(m)) ends = i + 1;
+        }
+        KT_CHECKF(ends > 0, "%s: the grammar stops at byte %zu of %s\n%s", k_rt_more[c].file, i, s, g);
+        i = ends;
+        ktc_syntax syn = {f, KTC_THINK_NONE, false, tools, NULL};
+        ktc_msg pm;
+        size_t n = strlen(tr) + i;
+        KT_CHECK_OK(ktc_parse(&syn, at, n, false, &pm));
+        cJSON *want = cJSON_Parse(k_call_args[0]);
+        KT_CHECKF(pm.n_calls >= 1 && !strcmp(pm.calls[0].name, "get_weather") && args_equal(pm.calls[0].arguments, want),
+                  "%s: the grammar's text %.*s parses to %d calls", k_rt_more[c].file, (int)n, at, pm.n_calls);
+        cJSON_Delete(want);
+        ktc_msg_free(&pm);
+        tested++;
+        kgr_matcher_free(m);
+        free(g), free(full), free(src);
+        cJSON_Delete(m1);
+        kchat_free(t);
+    }
+    KT_CHECK_EQ(tested, 10);
+    kgr_vocab_free(v);
     cJSON_Delete(tools);
 }
