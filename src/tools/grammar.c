@@ -76,11 +76,9 @@ static void put_json_name(gbuf *b, const char *s) {
     free(j);
 }
 
-/* (the pythonic formats, LFM2 and Gemma 4, and MiniMax-M3's and Kimi K3's
- * tags have none yet: their calls are parsed, not constrained) */
-bool ktc_grammar_supported(ktc_format f) {
-    return f > KTC_NONE && f < KTC_N_FORMATS && f != KTC_LFM2 && f != KTC_GEMMA4 && f != KTC_MINIMAX_M3 && f != KTC_KIMI_K3;
-}
+/* (the pythonic formats, LFM2 and Gemma 4, have none yet: their calls are
+ * parsed, not constrained) */
+bool ktc_grammar_supported(ktc_format f) { return f > KTC_NONE && f < KTC_N_FORMATS && f != KTC_LFM2 && f != KTC_GEMMA4; }
 
 /* Rule `rule` for the JSON of schema (its other rules prefixed with prefix). */
 static kiln_status put_schema_rule(gbuf *b, const cJSON *schema, const char *prefix, const char *rule, const kgr_opts *o) {
@@ -323,28 +321,37 @@ typedef struct {
     const char *next;               /* between parallel calls ("" none: calls follow fn_close) */
     const char *block_close;        /* next "": after the last call */
     const char *key_mid_json;       /* DSML: key_mid of a value written as JSON (key_mid: of a raw string) */
+    const char *fn_mid_rule;        /* GBNF after fn_mid (Kimi K3: the call's index), or NULL */
+    bool close_key;                 /* MiniMax-M3: val_close KEY ">" */
+    bool typed;                     /* Kimi K3: key_mid_json, the JSON type, "<|sep|> */
 } xgram;
 
 static const xgram k_xq3 = {"\n", "<function=", ">\n", "<parameter=", ">", "</parameter>", true, "\n", "</function>\n</tool_call>",
-                            "\n<tool_call>\n", NULL, NULL};
+                            "\n<tool_call>\n", NULL, NULL, NULL, false, false};
 static const xgram k_xseed = {"\n", "<function=", ">\n", "<parameter=", ">", "</parameter>", false, "\n",
-                              "</function>\n</seed:tool_call>", "\n<seed:tool_call>\n", NULL, NULL};
+                              "</function>\n</seed:tool_call>", "\n<seed:tool_call>\n", NULL, NULL, NULL, false, false};
 static const xgram k_xmm = {"\n", "<invoke name=\"", "\">\n", "<parameter name=\"", "\">", "</parameter>", false, "\n",
-                            "</invoke>\n", "", "</minimax:tool_call>", NULL};
+                            "</invoke>\n", "", "</minimax:tool_call>", NULL, NULL, false, false};
 static const xgram k_xdsml = {"\n", "<｜DSML｜invoke name=\"", "\">\n", "<｜DSML｜parameter name=\"", "\" string=\"true\">",
                               "</｜DSML｜parameter>", false, "\n", "</｜DSML｜invoke>\n", "", "</｜DSML｜function_calls>",
-                              "\" string=\"false\">"};
+                              "\" string=\"false\">", NULL, false, false};
 static const xgram k_xdsml4 = {"\n", "<｜DSML｜invoke name=\"", "\">\n", "<｜DSML｜parameter name=\"", "\" string=\"true\">",
                                "</｜DSML｜parameter>", false, "\n", "</｜DSML｜invoke>\n", "", "</｜DSML｜tool_calls>",
-                               "\" string=\"false\">"};
+                               "\" string=\"false\">", NULL, false, false};
 /* MiniCPM5: the trigger is the call's own start; calls one per line */
 static const xgram k_xcpm = {"", "", "\">", "<param name=\"", "\">", "</param>", false, "", "</function>",
-                             "\n<function name=\"", NULL, NULL};
+                             "\n<function name=\"", NULL, NULL, NULL, false, false};
 static const xgram k_xhy3 = {"\n", "<tool_call:opensource>", "<tool_sep:opensource>\n", "<arg_key:opensource>",
                              "</arg_key:opensource>\n<arg_value:opensource>", "</arg_value:opensource>", false, "\n",
-                             "</tool_call:opensource>\n", "", "</tool_calls:opensource>", NULL};
+                             "</tool_call:opensource>\n", "", "</tool_calls:opensource>", NULL, NULL, false, false};
 static const xgram k_xglm = {"", "", "\n", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>", false, "\n", "</tool_call>",
-                             "\n<tool_call>", NULL, NULL};
+                             "\n<tool_call>", NULL, NULL, NULL, false, false};
+#define MM_NS "]<]minimax[>["
+static const xgram k_xmm3 = {"\n", MM_NS "<invoke name=\"", "\">", MM_NS "<", ">", MM_NS "</", false, "", MM_NS "</invoke>\n", "",
+                             MM_NS "</tool_call>", NULL, NULL, true, false};
+static const xgram k_xk3 = {"", "<|open|>call tool=\"", "\" index=\"", "<|open|>argument key=\"", "\" type=\"string\"<|sep|>",
+                            "<|close|>argument<|sep|>", false, "", "<|close|>call<|sep|>", "", "<|close|>tools<|sep|>",
+                            "\" type=\"", " [0-9]{1,3} \"\\\"<|sep|>\"", false, true};
 
 /* rule-0 .. rule-(m-1): text that holds no `stop` (no proper border, so
  * that text + stop first holds it at the end) from a state that has matched
@@ -494,11 +501,19 @@ static kiln_status xml_params(gbuf *b, const cJSON *schema, int k, const xgram *
         put(&seq, " (\"");
         put_lit(&seq, x->key_open);
         put_lit(&seq, pr->string);
-        put_lit(&seq, x->key_mid_json && !is_string_type(pr) ? x->key_mid_json : x->key_mid);
+        const char *mid = x->key_mid_json && !is_string_type(pr) ? x->key_mid_json : x->key_mid;
+        if (x->typed && mid == x->key_mid_json) { /* Kimi K3 names the value's JSON type */
+            const cJSON *ty = cJSON_GetObjectItemCaseSensitive(pr, "type");
+            const char *tn = !cJSON_IsString(ty) ? "object" : !strcmp(ty->valuestring, "integer") ? "number" : ty->valuestring;
+            put_lit(&seq, mid);
+            put_lit(&seq, tn);
+            put_lit(&seq, "\"<|sep|>");
+        } else put_lit(&seq, mid);
         if (x->nl) put_lit(&seq, "\n");
         put(&seq, "\" %s \"", rule);
         if (x->nl) put_lit(&seq, "\n");
         put_lit(&seq, x->val_close);
+        if (x->close_key) put_lit(&seq, pr->string), put_lit(&seq, ">");
         put_lit(&seq, x->param_end);
         put(&seq, "\")%s", required ? "" : "?");
         j++;
@@ -512,7 +527,7 @@ static kiln_status xml_params(gbuf *b, const cJSON *schema, int k, const xgram *
 static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const kgr_opts *o, gbuf *b) {
     const xgram *x = f == KTC_QWEN3_CODER ? &k_xq3 : f == KTC_SEED_OSS ? &k_xseed : f == KTC_MINIMAX_M2 ? &k_xmm
                      : f == KTC_DSML ? &k_xdsml : f == KTC_DSML_V4 ? &k_xdsml4 : f == KTC_MINICPM5 ? &k_xcpm
-                     : f == KTC_HY3 ? &k_xhy3 : &k_xglm;
+                     : f == KTC_HY3 ? &k_xhy3 : f == KTC_MINIMAX_M3 ? &k_xmm3 : f == KTC_KIMI_K3 ? &k_xk3 : &k_xglm;
     gbuf alts = {0};
     int k = 0, idx = -1;
     bool any_text = false;
@@ -541,6 +556,7 @@ static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *onl
             put_lit(&tmp, x->key_mid);
             put(&tmp, "\" tc-raw-0 \"");
             put_lit(&tmp, x->val_close);
+            if (x->close_key) put(&tmp, "\" [^<>\"\\n]+ \">");
             put_lit(&tmp, x->param_end);
             put(&tmp, "\")*\n");
             tmp_any = true;
@@ -552,7 +568,7 @@ static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *onl
         put_lit(&alts, x->fn_open);
         put_lit(&alts, nm->valuestring);
         put_lit(&alts, x->fn_mid);
-        put(&alts, "\" tc-p%d", k);
+        put(&alts, "\"%s tc-p%d", x->fn_mid_rule ? x->fn_mid_rule : "", k);
         k++;
     }
     if (!st && k == 0) st = kiln_error(KILN_EINVAL, "\"tool_choice\": no tool to call");
@@ -592,7 +608,7 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     o.additional_properties = false; /* as the JSON formats' */
     gbuf b = {0};
     bool xml = f == KTC_QWEN3_CODER || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 || f == KTC_GLM45 || f == KTC_DSML || f == KTC_DSML_V4 ||
-               f == KTC_MINICPM5 || f == KTC_HY3;
+               f == KTC_MINICPM5 || f == KTC_HY3 || f == KTC_MINIMAX_M3 || f == KTC_KIMI_K3;
     kiln_status st = xml ? xml_grammar(f, tools, only, parallel, &o, &b) : marker_grammar(f, tools, only, parallel, tok, &o, &b);
     if (!st && b.oom) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (st) {

@@ -923,7 +923,7 @@ KT_TEST(toolcall_grammar_takes_more_formats) {
             kchat_input in = {.messages = m1, .tools = tools, .add_generation_prompt = false, .bos_token = "<s>", .eos_token = "</s>"};
             kiln_status_free(st);
             st = kchat_render(t, &in, &full);
-            if (!st && strstr(full, "\"Paris\"")) break;
+            if (!st && (strstr(full, "Asia/Tokyo") || strstr(full, "\"Paris\""))) break; /* the calls, not [object Map] */
             free(full), full = NULL;
             cJSON_Delete(m1), m1 = NULL;
         }
@@ -936,7 +936,7 @@ KT_TEST(toolcall_grammar_takes_more_formats) {
         KT_CHECK_OK(kgr_matcher_create_owned(gr, v, &m));
         const char *tr = ktc_trigger(f), *at = NULL;
         for (const char *q = full; (q = strstr(q, tr)); q++)
-            if (strstr(q, "\"Paris\"")) at = q;
+            if (strstr(q, "Paris")) at = q;
         KT_CHECKF(at, "%s: no %s in %s", k_rt_more[c].file, tr, full);
         const char *s = at + strlen(tr);
         size_t i = 0, ends = 0; /* where it last could end (a turn's end may begin as a next call does) */
@@ -961,7 +961,7 @@ KT_TEST(toolcall_grammar_takes_more_formats) {
         cJSON_Delete(m1);
         kchat_free(t);
     }
-    KT_CHECK_EQ(tested, 10);
+    KT_CHECK_EQ(tested, 12);
     kgr_vocab_free(v);
     cJSON_Delete(tools);
 }
