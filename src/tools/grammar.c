@@ -76,9 +76,7 @@ static void put_json_name(gbuf *b, const char *s) {
     free(j);
 }
 
-/* (the pythonic formats, LFM2 and Gemma 4, have none yet: their calls are
- * parsed, not constrained) */
-bool ktc_grammar_supported(ktc_format f) { return f > KTC_NONE && f < KTC_N_FORMATS && f != KTC_LFM2 && f != KTC_GEMMA4; }
+bool ktc_grammar_supported(ktc_format f) { return f > KTC_NONE && f < KTC_N_FORMATS; }
 
 /* Rule `rule` for the JSON of schema (its other rules prefixed with prefix). */
 static kiln_status put_schema_rule(gbuf *b, const cJSON *schema, const char *prefix, const char *rule, const kgr_opts *o) {
@@ -458,6 +456,41 @@ static kiln_status put_raw_string(gbuf *b, const cJSON *sch, const char *rule, c
     return NULL;
 }
 
+/* Rule `rule` for property pr of schema: its schema's GBNF, with the
+ * root's definitions for its refs. */
+static kiln_status put_prop_schema(gbuf *b, const cJSON *schema, const cJSON *pr, const char *prefix, const char *rule,
+                                   const kgr_opts *o) {
+    cJSON *sub = cJSON_Duplicate(pr, true);
+    const char *defs[] = {"$defs", "definitions"};
+    for (int d = 0; sub && d < 2; d++) {
+        const cJSON *dv = cJSON_GetObjectItemCaseSensitive(schema, defs[d]);
+        if (dv && !cJSON_GetObjectItemCaseSensitive(sub, defs[d])) cJSON_AddItemToObject(sub, defs[d], cJSON_Duplicate(dv, true));
+    }
+    kiln_status st = sub ? put_schema_rule(b, sub, prefix, rule, o) : kiln_error(KILN_ENOMEM, "out of memory");
+    cJSON_Delete(sub);
+    return st;
+}
+
+/* tool k's parameter j: its value's rule, and the prefix of the rules under it (48 bytes each) */
+static void prop_rule_names(char *rule, char *prefix, int k, int j) {
+    snprintf(rule, 48, "tc-v%d-%d", k, j);
+    snprintf(prefix, 48, "tc%d-%d-", k, j);
+}
+
+static bool is_required(const cJSON *req, const char *name) {
+    const cJSON *r;
+    cJSON_ArrayForEach(r, req) if (cJSON_IsString(r) && !strcmp(r->valuestring, name)) return true;
+    return false;
+}
+
+/* tc-pK ::= the parameters' sequence (consumed); st passed through */
+static kiln_status end_params(gbuf *b, int k, gbuf *seq, kiln_status st) {
+    if (!st) put(b, "tc-p%d ::= \"\"%s\n", k, seq->p ? seq->p : "");
+    if (seq->oom) b->oom = true;
+    free(seq->p);
+    return st;
+}
+
 /* Rule tc-pK for tool K's parameters, in the schema's order (required ones
  * once, the others optional), each value raw or JSON as the parser reads it. */
 static kiln_status xml_params(gbuf *b, const cJSON *schema, int k, const xgram *x, const kgr_opts *o, bool *any_text) {
@@ -478,26 +511,14 @@ static kiln_status xml_params(gbuf *b, const cJSON *schema, int k, const xgram *
     const cJSON *pr;
     cJSON_ArrayForEach(pr, props) {
         char rule[48], prefix[48];
-        snprintf(rule, sizeof rule, "tc-v%d-%d", k, j);
-        snprintf(prefix, sizeof prefix, "tc%d-%d-", k, j);
+        prop_rule_names(rule, prefix, k, j);
         if (is_string_type(pr)) st = put_raw_string(b, pr, rule, x, any_text);
-        else { /* the property's schema, with the root's definitions for its refs */
-            cJSON *sub = cJSON_Duplicate(pr, true);
-            const char *defs[] = {"$defs", "definitions"};
-            for (int d = 0; sub && d < 2; d++) {
-                const cJSON *dv = cJSON_GetObjectItemCaseSensitive(schema, defs[d]);
-                if (dv && !cJSON_GetObjectItemCaseSensitive(sub, defs[d])) cJSON_AddItemToObject(sub, defs[d], cJSON_Duplicate(dv, true));
-            }
-            st = sub ? put_schema_rule(b, sub, prefix, rule, o) : kiln_error(KILN_ENOMEM, "out of memory");
-            cJSON_Delete(sub);
-        }
+        else st = put_prop_schema(b, schema, pr, prefix, rule, o);
         if (st) {
             st = kiln_status_wrap(st, "properties.%s", pr->string);
             break;
         }
-        bool required = false;
-        const cJSON *r;
-        cJSON_ArrayForEach(r, req) required |= cJSON_IsString(r) && !strcmp(r->valuestring, pr->string);
+        bool required = is_required(req, pr->string);
         put(&seq, " (\"");
         put_lit(&seq, x->key_open);
         put_lit(&seq, pr->string);
@@ -518,10 +539,7 @@ static kiln_status xml_params(gbuf *b, const cJSON *schema, int k, const xgram *
         put(&seq, "\")%s", required ? "" : "?");
         j++;
     }
-    if (!st) put(b, "tc-p%d ::= \"\"%s\n", k, seq.p ? seq.p : "");
-    if (seq.oom) b->oom = true;
-    free(seq.p);
-    return st;
+    return end_params(b, k, &seq, st);
 }
 
 static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const kgr_opts *o, gbuf *b) {
@@ -595,6 +613,105 @@ static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *onl
     return st;
 }
 
+/* ---- pythonic formats (LFM2, Gemma 4) ---- */
+
+/* LFM2: [NAME(k=V, ..), ..]<|tool_call_end|>; Gemma 4: call:NAME{k:V,..}
+ * <tool_call|> (<|tool_call> before each next call). Parameters in the
+ * schema's order (required ones once, the others optional; a separator
+ * before all but the first, which the parsers take either way); a "string"
+ * one quoted (LFM2 '..' with \ escapes, Gemma 4 <|"|>..<|"|>), an enum's
+ * values as alternatives; another as its JSON, which both parsers read. */
+static kiln_status lit_params(gbuf *b, const cJSON *fn, int k, bool gemma, const kgr_opts *o) {
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(schema, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(schema, "required");
+    bool strict = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "strict"));
+    kiln_status st = NULL;
+    gbuf seq = {0};
+    int j = 0;
+    for (const cJSON *pr = props ? props->child : NULL; pr; pr = pr->next) {
+        char rule[48], prefix[48];
+        prop_rule_names(rule, prefix, k, j);
+        const cJSON *en = cJSON_GetObjectItemCaseSensitive(pr, "enum");
+        if (is_string_type(pr) && cJSON_IsArray(en) && cJSON_GetArraySize(en) > 0) {
+            put(b, "%s ::= ", rule);
+            int n = 0;
+            const cJSON *v;
+            cJSON_ArrayForEach(v, en) {
+                if (!cJSON_IsString(v) || strpbrk(v->valuestring, "'\\\n") || strstr(v->valuestring, "<|\"|>")) {
+                    st = kiln_error(KILN_EUNSUPPORTED, "an enum value this tool-call format cannot quote");
+                    break;
+                }
+                put(b, "%s\"", n++ ? " | " : "");
+                put_lit(b, gemma ? "<|\"|>" : "'");
+                put_lit(b, v->valuestring);
+                put_lit(b, gemma ? "<|\"|>" : "'");
+                put(b, "\"");
+            }
+            put(b, "\n");
+        } else if (is_string_type(pr)) {
+            put(b, "%s ::= tc-str\n", rule);
+        } else { /* the property's schema, with the root's definitions for its refs */
+            gbuf tmp = {0};
+            st = put_prop_schema(&tmp, schema, pr, prefix, rule, o);
+            if (st && !strict) { /* not strict: any JSON value */
+                kiln_status_free(st);
+                free(tmp.p);
+                tmp = (gbuf){0};
+                cJSON *any = cJSON_CreateObject();
+                st = any ? put_schema_rule(&tmp, any, prefix, rule, o) : kiln_error(KILN_ENOMEM, "out of memory");
+                cJSON_Delete(any);
+            }
+            put(b, "%s", tmp.p ? tmp.p : "");
+            free(tmp.p);
+        }
+        if (st) {
+            st = kiln_status_wrap(st, "properties.%s", pr->string);
+            break;
+        }
+        bool required = is_required(req, pr->string);
+        put(&seq, " (\"");
+        if (j) put_lit(&seq, gemma ? "," : ", ");
+        put_lit(&seq, pr->string);
+        put_lit(&seq, gemma ? ":" : "=");
+        put(&seq, "\" %s)%s", rule, required ? "" : "?");
+        j++;
+    }
+    return end_params(b, k, &seq, st);
+}
+
+static kiln_status lit_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const kgr_opts *o, gbuf *b) {
+    bool gemma = f == KTC_GEMMA4;
+    gbuf alts = {0};
+    kiln_status st = NULL;
+    int k = 0;
+    for (tool_it it = {NULL, -1, NULL, NULL}; !st && tool_next(tools, only, &it); k++) {
+        if ((st = lit_params(b, it.fn, k, gemma, o))) {
+            st = kiln_status_wrap(st, "\"tools\"[%d].function.parameters", it.idx);
+            break;
+        }
+        put(&alts, "%s\"%s", k ? " | " : "", gemma ? "call:" : "");
+        put_lit(&alts, it.nm->valuestring);
+        put(&alts, "%s\" tc-p%d \"%s\"", gemma ? "{" : "(", k, gemma ? "}" : ")");
+    }
+    if (!st && k == 0) st = kiln_error(KILN_EINVAL, "\"tool_choice\": no tool to call");
+    if (!st && gemma) {
+        st = put_not_containing(b, "tc-gs", "<|\"|>");
+        put(b, "tc-str ::= \"<|\\\"|>\" tc-gs-0 \"<|\\\"|>\"\n");
+    } else if (!st) {
+        put(b, "tc-str ::= \"'\" ([^'\\\\\\n] | \"\\\\\" [nt'\\\\])* \"'\"\n");
+    }
+    if (!st) {
+        put(b, "tc-call ::= %s\n", alts.p ? alts.p : "");
+        const char *more = parallel ? "*" : "{0}";
+        if (gemma) put(b, "root ::= tc-call \"<tool_call|>\" (\"<|tool_call>\" tc-call \"<tool_call|>\")%s\n", more);
+        else put(b, "root ::= \"[\" tc-call (\", \" tc-call)%s \"]<|tool_call_end|>\"\n", more);
+    }
+    if (alts.oom) b->oom = true;
+    free(alts.p);
+    return st;
+}
+
 kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const ktok *tok, char **gbnf) {
     *gbnf = NULL;
     if (!ktc_grammar_supported(f))
@@ -609,7 +726,9 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     gbuf b = {0};
     bool xml = f == KTC_QWEN3_CODER || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 || f == KTC_GLM45 || f == KTC_DSML || f == KTC_DSML_V4 ||
                f == KTC_MINICPM5 || f == KTC_HY3 || f == KTC_MINIMAX_M3 || f == KTC_KIMI_K3;
-    kiln_status st = xml ? xml_grammar(f, tools, only, parallel, &o, &b) : marker_grammar(f, tools, only, parallel, tok, &o, &b);
+    kiln_status st = xml                                 ? xml_grammar(f, tools, only, parallel, &o, &b)
+                     : f == KTC_LFM2 || f == KTC_GEMMA4 ? lit_grammar(f, tools, only, parallel, &o, &b)
+                                                        : marker_grammar(f, tools, only, parallel, tok, &o, &b);
     if (!st && b.oom) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (st) {
         free(b.p);

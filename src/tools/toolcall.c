@@ -1184,9 +1184,10 @@ static void fmt_apertus(P *p, size_t i) {
  * inside it, -1 not a value. */
 static int lit_value(P *p, size_t *i, bool gemma, cJSON **out);
 
-static int lit_string(P *p, size_t *i, bool gemma, cJSON **out) {
+/* gq: Gemma 4's <|"|> quotes, else Python's (or JSON's) */
+static int lit_string(P *p, size_t *i, bool gq, cJSON **out) {
     size_t j = *i;
-    if (gemma) {
+    if (gq) {
         size_t e = find(p, j + 5, "<|\"|>");
         if (e == NPOS) return 0;
         *out = string_n(p->t + j + 5, e - j - 5);
@@ -1200,7 +1201,22 @@ static int lit_string(P *p, size_t *i, bool gemma, cJSON **out) {
         if (c == '\\') {
             if (++j >= p->n) break;
             c = p->t[j];
-            c = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c;
+            if (c == 'u' && j + 4 < p->n) { /* \uXXXX (JSON's; the BMP) as UTF-8 */
+                char hex[5] = {0}, u8[3];
+                memcpy(hex, p->t + j + 1, 4);
+                char *end;
+                unsigned long cp = strtoul(hex, &end, 16);
+                if (end == hex + 4) {
+                    size_t k = cp < 0x80 ? 1 : cp < 0x800 ? 2 : 3;
+                    if (k == 1) u8[0] = (char)cp;
+                    else if (k == 2) u8[0] = (char)(0xC0 | cp >> 6), u8[1] = (char)(0x80 | (cp & 0x3F));
+                    else u8[0] = (char)(0xE0 | cp >> 12), u8[1] = (char)(0x80 | ((cp >> 6) & 0x3F)), u8[2] = (char)(0x80 | (cp & 0x3F));
+                    buf_add(p, &b, u8, k);
+                    j += 4;
+                    continue;
+                }
+            }
+            c = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == 'b' ? '\b' : c == 'f' ? '\f' : c;
         }
         buf_add(p, &b, &c, 1);
     }
@@ -1219,9 +1235,9 @@ static int lit_value(P *p, size_t *i, bool gemma, cJSON **out) {
     size_t j = skip_ws(p, *i);
     if (j >= p->n) return 0;
     char c = p->t[j];
-    if (gemma ? at(p, j, "<|\"|>") : c == '\'' || c == '"') {
+    if (gemma ? at(p, j, "<|\"|>") || c == '"' : c == '\'' || c == '"') { /* (Gemma 4: a JSON string too) */
         *i = j;
-        return lit_string(p, i, gemma, out);
+        return lit_string(p, i, gemma && c == '<', out);
     }
     if (gemma && may_become(p, j, "<|\"|>")) return 0;
     if (c == '[' || c == '{') {
@@ -1242,14 +1258,14 @@ static int lit_value(P *p, size_t *i, bool gemma, cJSON **out) {
             char *key = NULL;
             if (obj) { /* 'k': (LFM2), k: or <|"|>k<|"|>: (Gemma 4) */
                 cJSON *ks = NULL;
-                if (gemma && !at(p, j, "<|\"|>")) {
+                if (gemma && !at(p, j, "<|\"|>") && p->t[j] != '"') {
                     size_t e = find(p, j, ":");
                     if (e == NPOS) break;
                     key = dup_n(p, p->t + j, e - j);
                     j = e;
                 } else {
                     size_t k = j;
-                    int r = (gemma || p->t[j] == '\'' || p->t[j] == '"') ? lit_string(p, &k, gemma, &ks) : -1;
+                    int r = (gemma || p->t[j] == '\'' || p->t[j] == '"') ? lit_string(p, &k, gemma && p->t[j] == '<', &ks) : -1;
                     if (r <= 0) {
                         cJSON_Delete(v);
                         return r;

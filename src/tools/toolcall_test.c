@@ -961,7 +961,7 @@ KT_TEST(toolcall_grammar_takes_more_formats) {
         cJSON_Delete(m1);
         kchat_free(t);
     }
-    KT_CHECK_EQ(tested, 12);
+    KT_CHECK_EQ(tested, 15);
     kgr_vocab_free(v);
     cJSON_Delete(tools);
 }
