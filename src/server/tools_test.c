@@ -460,7 +460,12 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
                                          * random weights would not */
                                         "MiniMax-M2", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "openbmb-MiniCPM5-1B",
                                         /* Hy3 thinks with reasoning_effort high (its prompt then opens <think:opensource>) */
-                                        "tencent-Hy3+think"};
+                                        "tencent-Hy3+think",
+                                        /* the formats of llama.cpp's common/parsers */
+                                        "unsloth-Apriel-1.5", "MiniMax-M1", "NVIDIA-Nemotron-Nano-v2", "GigaChat3-10B-A1.8B",
+                                        "GigaChat3.1-10B-A1.8B", "Apertus-8B-Instruct", "upstage-Solar-Open-100B",
+                                        "meetkai-functionary-medium-v3.1", "meetkai-functionary-medium-v3.2", "LFM2.5-8B-A1B",
+                                        "google-gemma-4-31B-it", "MiniMax-M3", "Kimi-K3"};
     static const char *test_tool = "[{\"type\": \"function\", \"function\": {\"name\": \"test\", \"description\": \"\", "
                                    "\"parameters\": {\"type\": \"object\", \"properties\": {\"success\": {\"type\": \"boolean\", "
                                    "\"const\": true}}, \"required\": [\"success\"]}}}]";
@@ -470,10 +475,10 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
         bool hy3_think = !strcmp(tmpls[t], "tencent-Hy3+think");
         snprintf(file, sizeof file, "%.*s", (int)strcspn(tmpls[t], "+"), tmpls[t]);
         start_tiny(file, dir, &s);
-        /* pass 2: parallel_tool_calls true, where the grammar takes one call
-         * or more and the output still ends where it completes (no free
-         * text after the calls) */
-        for (int pass = 0; pass < 3; pass++) {
+        /* passes 2 and 3: parallel_tool_calls true (not streamed, streamed),
+         * where the grammar takes one call or more and the output still
+         * ends where it completes (no free text after the calls) */
+        for (int pass = 0; pass < 4; pass++) {
             int stream = pass & 1;
             bool parallel = pass >= 2;
             snprintf(body, sizeof body,
@@ -481,7 +486,9 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
                      "{\"role\": \"user\", \"content\": \"Write an example\"}], \"tool_choice\": \"required\", \"tools\": %s, "
                      "\"parallel_tool_calls\": %s, \"stream\": %s, \"temperature\": 0.0, \"top_k\": 1, \"top_p\": 1.0%s}",
                      test_tool, parallel ? "true" : "false", stream ? "true" : "false",
-                     strstr(tmpls[t], "MiniMax") || strstr(tmpls[t], "-R1-") || strstr(tmpls[t], "MiniCPM5") ? ", \"reasoning_budget\": 6"
+                     strstr(tmpls[t], "MiniMax") || strstr(tmpls[t], "-R1-") || strstr(tmpls[t], "MiniCPM5") || strstr(tmpls[t], "Nemotron") ||
+                             strstr(tmpls[t], "Kimi-K3")
+                         ? ", \"reasoning_budget\": 6"
                      : hy3_think ? ", \"reasoning_budget\": 6, \"reasoning_effort\": \"high\"" : "");
             ksrv_buf r = {0};
             long st;
@@ -490,8 +497,9 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
             bool content;
             cJSON *a = post_call(ksrv_port(s), body, stream, &st, &n, name, sizeof name, &content, &r);
             /* (a model that repeats calls is cut by max_tokens, maybe inside a
-             * marker, whose start then stays text: only then may content show,
-             * a marker's start (no blank, under 40 bytes); free text after the calls would run to max_tokens) */
+             * marker, whose start is trimmed unless a lone character: only then
+             * may content show, a marker's start (no blank, under 40 bytes);
+             * free text after the calls would run to max_tokens) */
             bool cut = false;
             if (parallel && r.p && strstr(r.p, "\"length\"")) {
                 cJSON *j = cJSON_Parse(r.p);
