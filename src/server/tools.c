@@ -269,9 +269,9 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
         strftime(when, sizeof when, "%b %d %Y %H:%M:%S GMT", gmtime_r(&now, &tm));
         if (!cJSON_GetObjectItemCaseSensitive(*extra, "datetime")) cJSON_AddStringToObject(*extra, "datetime", when);
     }
-    /* Harmony's channels are parsed even without tools (their markers would
+    /* Harmony's channels (and Muse Glimmer's messages) are parsed even without tools (their markers would
      * otherwise be dropped as special tokens and run together) */
-    if (!use_tools && f != KTC_HARMONY) f = KTC_NONE;
+    if (!use_tools && f != KTC_HARMONY && f != KTC_MUSE_GLIMMER) f = KTC_NONE;
     if (f == KTC_NONE && r == KTC_THINK_NONE) return NULL;
     ksrv_tools *t = calloc(1, sizeof *t);
     if (!t) return kiln_error(KILN_ENOMEM, "out of memory");

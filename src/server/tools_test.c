@@ -465,7 +465,7 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
                                         "unsloth-Apriel-1.5", "MiniMax-M1", "NVIDIA-Nemotron-Nano-v2", "GigaChat3-10B-A1.8B",
                                         "GigaChat3.1-10B-A1.8B", "Apertus-8B-Instruct", "upstage-Solar-Open-100B",
                                         "meetkai-functionary-medium-v3.1", "meetkai-functionary-medium-v3.2", "LFM2.5-8B-A1B",
-                                        "google-gemma-4-31B-it", "MiniMax-M3", "Kimi-K3"};
+                                        "google-gemma-4-31B-it", "MiniMax-M3", "Kimi-K3", "muse-glimmer"};
     static const char *test_tool = "[{\"type\": \"function\", \"function\": {\"name\": \"test\", \"description\": \"\", "
                                    "\"parameters\": {\"type\": \"object\", \"properties\": {\"success\": {\"type\": \"boolean\", "
                                    "\"const\": true}}, \"required\": [\"success\"]}}}]";

@@ -344,6 +344,8 @@ static const xgram k_xhy3 = {"\n", "<tool_call:opensource>", "<tool_sep:opensour
                              "</tool_call:opensource>\n", "", "</tool_calls:opensource>", NULL, NULL, false, false};
 static const xgram k_xglm = {"", "", "\n", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>", false, "\n", "</tool_call>",
                              "\n<tool_call>", NULL, NULL, NULL, false, false};
+static const xgram k_xatem = {"\n", "<atem:invoke name=\"", "\">\n", "<atem:parameter name=\"", "\">", "</atem:parameter>", false,
+                              "\n", "</atem:invoke>\n", "", "</atem:function_calls>", NULL, NULL, false, false};
 #define MM_NS "]<]minimax[>["
 static const xgram k_xmm3 = {"\n", MM_NS "<invoke name=\"", "\">", MM_NS "<", ">", MM_NS "</", false, "", MM_NS "</invoke>\n", "",
                              MM_NS "</tool_call>", NULL, NULL, true, false};
@@ -545,7 +547,8 @@ static kiln_status xml_params(gbuf *b, const cJSON *schema, int k, const xgram *
 static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const kgr_opts *o, gbuf *b) {
     const xgram *x = f == KTC_QWEN3_CODER ? &k_xq3 : f == KTC_SEED_OSS ? &k_xseed : f == KTC_MINIMAX_M2 ? &k_xmm
                      : f == KTC_DSML ? &k_xdsml : f == KTC_DSML_V4 ? &k_xdsml4 : f == KTC_MINICPM5 ? &k_xcpm
-                     : f == KTC_HY3 ? &k_xhy3 : f == KTC_MINIMAX_M3 ? &k_xmm3 : f == KTC_KIMI_K3 ? &k_xk3 : &k_xglm;
+                     : f == KTC_HY3 ? &k_xhy3 : f == KTC_MINIMAX_M3 ? &k_xmm3 : f == KTC_KIMI_K3 ? &k_xk3
+                     : f == KTC_MUSE_GLIMMER ? &k_xatem : &k_xglm;
     gbuf alts = {0};
     int k = 0, idx = -1;
     bool any_text = false;
@@ -725,7 +728,7 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     o.additional_properties = false; /* as the JSON formats' */
     gbuf b = {0};
     bool xml = f == KTC_QWEN3_CODER || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 || f == KTC_GLM45 || f == KTC_DSML || f == KTC_DSML_V4 ||
-               f == KTC_MINICPM5 || f == KTC_HY3 || f == KTC_MINIMAX_M3 || f == KTC_KIMI_K3;
+               f == KTC_MINICPM5 || f == KTC_HY3 || f == KTC_MINIMAX_M3 || f == KTC_KIMI_K3 || f == KTC_MUSE_GLIMMER;
     kiln_status st = xml                                 ? xml_grammar(f, tools, only, parallel, &o, &b)
                      : f == KTC_LFM2 || f == KTC_GEMMA4 ? lit_grammar(f, tools, only, parallel, &o, &b)
                                                         : marker_grammar(f, tools, only, parallel, tok, &o, &b);

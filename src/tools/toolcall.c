@@ -23,7 +23,7 @@ static const char *const k_names[KTC_N_FORMATS] = {
     "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r", "granite",
     "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction", "dsml", "dsml_v4", "minicpm5", "hy3",
     "apriel", "minimax_m1", "nemotron_v2", "gigachat3", "gigachat31", "apertus", "solar", "functionary31", "functionary32", "lfm2",
-    "gemma4", "minimax_m3", "kimi_k3",
+    "gemma4", "minimax_m3", "kimi_k3", "muse_glimmer",
 };
 
 const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
@@ -33,6 +33,7 @@ ktc_format ktc_detect(const char *s) {
     /* the specific markers first: several formats also write <tool_call> */
     if (strstr(s, "<|channel|>") && strstr(s, "functions.")) return KTC_HARMONY;
     /* (llama.cpp's detections, common/chat.cpp) */
+    if (strstr(s, "<atem:function_calls>") && strstr(s, "<|eom|>")) return KTC_MUSE_GLIMMER;
     if (strstr(s, "]<]minimax[>[") && strstr(s, "<invoke name=")) return KTC_MINIMAX_M3;
     if (strstr(s, "<|open|>") && strstr(s, "<|close|>") && strstr(s, "<|end_of_msg|>")) return KTC_KIMI_K3;
     if (strstr(s, "'<|tool_call>call:'")) return KTC_GEMMA4;
@@ -87,7 +88,7 @@ bool ktc_needs_special(ktc_format f) {
            f == KTC_KIMI_K2 || f == KTC_COMMAND_R || f == KTC_GRANITE || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 ||
            f == KTC_PHI4 || f == KTC_DSML || f == KTC_DSML_V4 || f == KTC_HY3 || f == KTC_NEMOTRON_V2 || f == KTC_GIGACHAT3 ||
            f == KTC_GIGACHAT31 || f == KTC_APERTUS || f == KTC_SOLAR || f == KTC_FUNCTIONARY31 || f == KTC_LFM2 || f == KTC_GEMMA4 ||
-           f == KTC_MINIMAX_M3 || f == KTC_KIMI_K3;
+           f == KTC_MINIMAX_M3 || f == KTC_KIMI_K3 || f == KTC_MUSE_GLIMMER;
 }
 
 const char *ktc_trigger(ktc_format f) {
@@ -120,6 +121,7 @@ const char *ktc_trigger(ktc_format f) {
     case KTC_GEMMA4: return "<|tool_call>";
     case KTC_MINIMAX_M3: return "]<]minimax[>[<tool_call>";
     case KTC_KIMI_K3: return "<|open|>tools<|sep|>";
+    case KTC_MUSE_GLIMMER: return "<atem:function_calls>";
     default: return NULL;
     }
 }
@@ -152,6 +154,7 @@ static const char *think_close(ktc_reasoning r) {
 void ktc_think_markers(ktc_format f, ktc_reasoning r, const char **open, const char **close) {
     *open = *close = NULL;
     if (f == KTC_HARMONY) *open = "<|channel|>analysis<|message|>", *close = "<|end|>";
+    else if (f == KTC_MUSE_GLIMMER) *open = " to=self<|message|>", *close = "<|eom|>";
     else if (r != KTC_THINK_NONE) *open = think_open(r), *close = think_close(r);
 }
 
@@ -859,6 +862,8 @@ static const xml_fmt k_seed_oss = {"<seed:tool_call>", "</seed:tool_call>", "<fu
                                    "</parameter>", "</function>", true, false, false};
 static const xml_fmt k_minimax_m2 = {"<minimax:tool_call>", "</minimax:tool_call>", "<invoke name=\"", "\">", "<parameter name=\"",
                                      "\">", "", "</parameter>", "</invoke>", false, false, false};
+static const xml_fmt k_atem = {"<atem:function_calls>", "</atem:function_calls>", "<atem:invoke name=\"", "\">",
+                               "<atem:parameter name=\"", "\">", "", "</atem:parameter>", "</atem:invoke>", false, false, false};
 static const xml_fmt k_glm45 = {"<tool_call>", "</tool_call>", "", NULL, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", NULL, false, false, false};
 static const xml_fmt k_dsml = {"<｜DSML｜function_calls>", "</｜DSML｜function_calls>", "<｜DSML｜invoke name=\"", "\">",
                                "<｜DSML｜parameter name=\"", "\"", "", "</｜DSML｜parameter>", "</｜DSML｜invoke>", true, true, false};
@@ -1560,6 +1565,58 @@ static void fmt_functionary32(P *p, size_t i) {
     }
 }
 
+/* Muse Glimmer: messages [<|start|>assistant] to=RECIPIENT<|message|>BODY<|eom|> (more follow) or <|eot|> (the
+ * prompt ends with <|start|>assistant): to=self is reasoning, to=user (or no recipient) content, another recipient a
+ * tool, its body an <atem:function_calls> block (a block with no header too, as a forced call writes it). */
+static void fmt_muse(P *p, size_t i) {
+    static const char *const ends[] = {"<|eom|>", "<|eot|>"};
+    while (i < p->n) {
+        if (at(p, i, "<|start|>assistant")) i += strlen("<|start|>assistant");
+        else if (may_become(p, i, "<|start|>assistant")) return;
+        size_t b0 = i, rn = 0;
+        const char *rcpt = NULL;
+        if (at(p, i, " to=")) {
+            size_t mm = find(p, i, "<|message|>");
+            if (mm == NPOS) return; /* a header being written (or cut: dropped) */
+            rcpt = p->t + i + 4, rn = mm - i - 4;
+            b0 = mm + strlen("<|message|>");
+        } else if (at(p, i, "<|message|>")) {
+            b0 = i + strlen("<|message|>");
+        } else if (may_become(p, i, " to=") || may_become(p, i, "<|message|>")) {
+            return;
+        }
+        bool self = rn == 4 && !memcmp(rcpt, "self", 4), user = !rcpt || (rn == 4 && !memcmp(rcpt, "user", 4));
+        size_t j = skip_ws(p, b0);
+        if (!self && (at(p, j, k_atem.call_open) || ((!user || !rcpt) && may_become(p, j, k_atem.call_open)))) {
+            if (!at(p, j, k_atem.call_open)) return; /* the block's start being written */
+            size_t e = xml_call(p, &k_atem, j + strlen(k_atem.call_open));
+            if (e == NPOS || e == NOT_CALL) return;
+            i = skip_ws(p, e);
+        } else {
+            int w = 0;
+            size_t b1 = find_first(p, b0, ends, 2, &w);
+            size_t e = b1;
+            if (b1 == NPOS) { /* the message still being written */
+                b1 = p->n;
+                for (int q = 0; q < 2; q++) {
+                    size_t x = held(p, b0, ends[q]);
+                    if (p->n - x < b1) b1 = p->n - x;
+                }
+                size_t x = held(p, b0, "<|start|>assistant");
+                if (p->n - x < b1) b1 = p->n - x;
+            }
+            if (self) {
+                if (b1 > b0) buf_add(p, &p->reasoning, p->t + b0, b1 - b0);
+            } else if (user) {
+                plain(p, b0, b1);
+            } /* (a builtin recipient's message: dropped) */
+            if (e == NPOS) return;
+            i = e;
+        }
+        if (at(p, i, "<|eom|>") || at(p, i, "<|eot|>")) i += 7;
+    }
+}
+
 /* ---------------------------------------------------------------- the parse */
 
 static void trim(buf *b) {
@@ -1604,7 +1661,7 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
     size_t i = 0;
     bool go = true;
     /* the thinking block first (Harmony's analysis channel is the format's) */
-    if (s->reasoning != KTC_THINK_NONE && s->format != KTC_HARMONY) {
+    if (s->reasoning != KTC_THINK_NONE && s->format != KTC_HARMONY && s->format != KTC_MUSE_GLIMMER) {
         const char *o = think_open(s->reasoning), *c = think_close(s->reasoning);
         bool in = s->think_open;
         size_t j = skip_ws(&p, 0);
@@ -1691,6 +1748,7 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         case KTC_GEMMA4: fmt_section(&p, i, &k_gemma4); break;
         case KTC_MINIMAX_M3: fmt_section(&p, i, &k_minimax_m3); break;
         case KTC_KIMI_K3: fmt_section(&p, i, &k_kimi_k3); break;
+        case KTC_MUSE_GLIMMER: fmt_muse(&p, i); break;
         default: plain(&p, i, n); break;
         }
     }

@@ -68,6 +68,7 @@ typedef enum {
     KTC_GEMMA4,       /* <|tool_call>call:NAME{k:<|"|>v<|"|>,n:1}<tool_call|> (Gemma 4) */
     KTC_MINIMAX_M3,   /* ]<]minimax[>[<tool_call> ]<]minimax[>[<invoke name="NAME">]<]minimax[>[<K>V]<]minimax[>[</K>.. */
     KTC_KIMI_K3,      /* <|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|><|open|>argument key="K" type="T"<|sep|>V.. */
+    KTC_MUSE_GLIMMER, /* <|start|>assistant to=NAME<|message|><atem:function_calls><atem:invoke name="NAME">.. (to=self: reasoning) */
     KTC_N_FORMATS
 } ktc_format;
 
@@ -83,7 +84,8 @@ typedef enum {
     KTC_THINK_KIMI_K3, /* <|open|>think<|sep|>...<|close|>think<|sep|> (Kimi K3) */
     KTC_THINK_APRIEL,  /* Here are my reasoning steps:...[BEGIN FINAL RESPONSE] (Apriel 1.6: the prompt opens it) */
     KTC_THINK_SOLAR,   /* <|think|>...<|end|> (Solar Open) */
-    /* Harmony's analysis channel is reasoning whenever the format is KTC_HARMONY */
+    /* Harmony's analysis channel is reasoning whenever the format is KTC_HARMONY, Muse Glimmer's to=self messages
+     * whenever it is KTC_MUSE_GLIMMER */
 } ktc_reasoning;
 
 const char *ktc_format_name(ktc_format f); /* "hermes", ...; "none" */

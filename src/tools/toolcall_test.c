@@ -464,6 +464,19 @@ static const hw_case k_hw[] = {
      "type=\"number\"<|sep|>2<|close|>argument<|sep|><|close|>call<|sep|><|open|>call tool=\"get_time\" index=\"2\"<|sep|><|open|>json "
      "type=\"object\"<|sep|>{\"zone\": \"UTC\"}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|>",
      "Sure", "p", "[[\"get_weather\", {\"city\": \"1984\", \"days\": 2}], [\"get_time\", {\"zone\": \"UTC\"}]]"},
+    /* Muse Glimmer: to=self reasoning, to=user content, a tool's message its ATEM block (a forced call: no header) */
+    {KTC_MUSE_GLIMMER, KTC_THINK_NONE, false, " to=self<|message|>Think.<|eom|><|start|>assistant to=user<|message|>Hello!<|eot|>",
+     "Hello!", "Think.", "[]"},
+    {KTC_MUSE_GLIMMER, KTC_THINK_NONE, false,
+     " to=self<|message|>r<|eom|><|start|>assistant to=get_weather<|message|><atem:function_calls>\n<atem:invoke name=\"get_weather\">\n"
+     "<atem:parameter name=\"city\">1984</atem:parameter>\n<atem:parameter name=\"days\">2</atem:parameter>\n</atem:invoke>\n"
+     "</atem:function_calls><|eom|><|start|>assistant to=get_time<|message|><atem:function_calls>\n<atem:invoke name=\"get_time\">\n"
+     "</atem:invoke>\n</atem:function_calls><|eot|>",
+     "", "r", "[[\"get_weather\", {\"city\": \"1984\", \"days\": 2}], [\"get_time\", {}]]"},
+    {KTC_MUSE_GLIMMER, KTC_THINK_NONE, false,
+     "<atem:function_calls>\n<atem:invoke name=\"get_time\">\n<atem:parameter name=\"zone\">UTC</atem:parameter>\n</atem:invoke>\n"
+     "</atem:function_calls>",
+     "", "", "[[\"get_time\", {\"zone\": \"UTC\"}]]"},
     /* no format: everything is content */
     {KTC_NONE, KTC_THINK_TAGS, false, "<think>r</think><tool_call>{}</tool_call>", "<tool_call>{}</tool_call>", "r", "[]"},
 };
@@ -579,7 +592,8 @@ KT_TEST(toolcall_detect_formats) {
                  {"upstage-Solar-Open-100B", KTC_SOLAR, KTC_THINK_SOLAR},
                  {"LFM2.5-8B-A1B", KTC_LFM2, KTC_THINK_TAGS},
                  {"LFM2-8B-A1B", KTC_LFM2, KTC_THINK_NONE},
-                 {"meetkai-functionary-medium-v3.2", KTC_FUNCTIONARY32, KTC_THINK_NONE}};
+                 {"meetkai-functionary-medium-v3.2", KTC_FUNCTIONARY32, KTC_THINK_NONE},
+                 {"muse-glimmer", KTC_MUSE_GLIMMER, KTC_THINK_NONE}};
     for (size_t i = 0; i < sizeof k_det / sizeof *k_det; i++) {
         char rel[256];
         snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", k_det[i].file);
@@ -701,7 +715,7 @@ static const struct {
  * markers: not part of the model's output). */
 static const char *const k_turn_ends[] = {
     "<|im_end|>", "<|eot_id|>", "</s>", "<|call|>", "<|end|>", "<｜end▁of▁sentence｜>", "<|END_OF_TURN_TOKEN|>", "[e~[",
-    "<|user|>", "<｜hy_eos:opensource｜>", "<|START_OF_TURN_TOKEN|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<seed:eos>", "<SPECIAL_12>", "<|end_of_text|>", "<|role_end|>", "</assistant>", "<sep>",
+    "<|user|>", "<｜hy_eos:opensource｜>", "<|START_OF_TURN_TOKEN|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<seed:eos>", "<SPECIAL_12>", "<|eot|>", "<|end_of_text|>", "<|role_end|>", "</assistant>", "<sep>",
 };
 
 /* The model's output in a rendered conversation: full minus the prompt
@@ -879,6 +893,7 @@ static const struct {
     {"google-gemma-4-31B-it-interleaved", KTC_GEMMA4},
     {"MiniMax-M3", KTC_MINIMAX_M3},
     {"Kimi-K3", KTC_KIMI_K3},
+    {"muse-glimmer", KTC_MUSE_GLIMMER},
 };
 
 static char *committed_template(const char *name) {
@@ -961,7 +976,7 @@ KT_TEST(toolcall_grammar_takes_more_formats) {
         cJSON_Delete(m1);
         kchat_free(t);
     }
-    KT_CHECK_EQ(tested, 15);
+    KT_CHECK_EQ(tested, 16);
     kgr_vocab_free(v);
     cJSON_Delete(tools);
 }
