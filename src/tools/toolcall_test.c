@@ -443,6 +443,21 @@ static const hw_case k_hw[] = {
     {KTC_LFM2, KTC_THINK_NONE, false,
      "<|tool_call_start|>[get_weather(city=1984), f(a=[1, \"b\"], b={'k': None, 'n': -2.5}, c=True, d=false)]<|tool_call_end|>", "",
      "", "[[\"get_weather\", {\"city\": \"1984\"}], [\"f\", {\"a\": [1, \"b\"], \"b\": {\"k\": null, \"n\": -2.5}, \"c\": true, \"d\": false}]]"},
+    /* (llama.cpp's test_lfm2_parser cases: escapes decoded, a dotted name, markdown links stay content) */
+    {KTC_LFM2, KTC_THINK_NONE, false,
+     "<|tool_call_start|>[python(code=\"def hello():\\n    print('hey')\\tx \\\"q\\\"\"), Calendar.create_event(title=\"demo\", "
+     "participants=[\"Alice\", \"Bob\"], metadata={\"priority\": \"high\", \"reminder\": true})]<|tool_call_end|>",
+     "", "", "[[\"python\", {\"code\": \"def hello():\\n    print('hey')\\tx \\\"q\\\"\"}], [\"Calendar.create_event\", {\"title\": "
+     "\"demo\", \"participants\": [\"Alice\", \"Bob\"], \"metadata\": {\"priority\": \"high\", \"reminder\": true}}]]"},
+    {KTC_LFM2, KTC_THINK_TAGS, false, "Use this format: [link text](url). Example: [Wikipedia](https://www.wikipedia.org).",
+     "Use this format: [link text](url). Example: [Wikipedia](https://www.wikipedia.org).", "", "[]"},
+    /* (llama.cpp's Gemma 4 cases: an empty thought, lists, negative and decimal numbers) */
+    {KTC_GEMMA4, KTC_THINK_GEMMA4, false, "<|channel>thought<channel|>Hello, world!\nWhat's up?", "Hello, world!\nWhat's up?", "", "[]"},
+    {KTC_GEMMA4, KTC_THINK_GEMMA4, false,
+     "<|tool_call>call:todo_list{todos:[<|\"|>buy milk<|\"|>,<|\"|>walk dog<|\"|>]}<tool_call|><|tool_call>call:special_function"
+     "{arg1:-7,orig:3.14}<tool_call|><|tool_call>call:empty_args{}<tool_call|>",
+     "", "", "[[\"todo_list\", {\"todos\": [\"buy milk\", \"walk dog\"]}], [\"special_function\", {\"arg1\": -7, \"orig\": 3.14}], "
+     "[\"empty_args\", {}]]"},
     /* Gemma 4: <|"|> quotes strings (a string may hold , and }) */
     {KTC_GEMMA4, KTC_THINK_GEMMA4, false,
      "<|channel>thought\nplan<channel|>Sure<|tool_call>call:get_weather{city:<|\"|>Rome<|\"|>,days:2}<tool_call|>"
