@@ -1194,7 +1194,7 @@ static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
             c->span = sp;
         }
         if (c->m->vision || c->m->hp.hidden_in) {
-            float *e = realloc(c->embd, n * (size_t)c->m->hp.hidden * sizeof(float));
+            float *e = realloc(c->embd, n * (size_t)km_state_width(&c->m->hp) * sizeof(float)); /* hidden_in: the state's width */
             if (!e) return false;
             c->embd = e;
             if (c->m->hp.embd_add_layers > 0) {
@@ -1324,12 +1324,14 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
         seq_state *q = &c->seqs[batch_seqs[i]];
         for (int64_t j = 0; j < MB; j++) c->btab[i * MB + j] = j < q->n_blocks && q->blocks[j] >= 0 ? q->blocks[j] : 0;
     }
-    if (hp->hidden_in) /* a row per token (zeros where none) */
+    if (hp->hidden_in) { /* a row per token (zeros where none) */
+        int64_t W = km_state_width(hp);
         for (int64_t t = 0; t < T; t++) {
             const float *row = x && x->embd ? x->embd[t] : NULL;
-            if (row) memcpy(c->embd + t * hp->hidden, row, sizeof(float) * (size_t)hp->hidden);
-            else memset(c->embd + t * hp->hidden, 0, sizeof(float) * (size_t)hp->hidden);
+            if (row) memcpy(c->embd + t * W, row, sizeof(float) * (size_t)W);
+            else memset(c->embd + t * W, 0, sizeof(float) * (size_t)W);
         }
+    }
     if (c->m->vision)
         for (int64_t t = 0; t < T; t++) {
             const float *row = x && x->embd ? x->embd[t] : NULL;

@@ -24,8 +24,10 @@ typedef struct ke_model ke_model;
 
 kiln_status ke_model_load(const char *dir, ke_model **out);
 /* As ke_model_load, with the graph ending at the final norm (hp->hidden_out):
- * ke_decode's rows are last hidden states [hidden], not logits (embedding
- * models built on decoders: Qwen3-Embedding, EmbeddingGemma). */
+ * ke_decode's rows are last hidden states [km_state_width: hidden, or
+ * DeepSeek-V4's residual streams before their collapse], not logits
+ * (embedding models built on decoders: Qwen3-Embedding, EmbeddingGemma; the
+ * input of a multi-token prediction head). */
 kiln_status ke_model_load_hidden(const char *dir, ke_model **out);
 /* A model of the checkpoint at dir with the family and hyper-parameters
  * given, not found and parsed (copied; fam is borrowed for the model's
@@ -131,7 +133,8 @@ kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n
  * Every field may be NULL. */
 typedef struct {
     /* [n] per token NULL (its token's embedding) or ke_model_hparams()->hidden
-     * floats that replace it (a row of image features); copied */
+     * floats that replace it (a row of image features; an MTP head's hidden
+     * state, km_state_width floats); copied */
     const float *const *embd;
     /* [n, 2] positions (lo, hi) of its sequence the token also attends to,
      * before or after its own (lo > hi: none): a bidirectional image block or
