@@ -5,8 +5,8 @@
  * e give x_n = e_proj(enorm(e)) + h_proj(hnorm(h_n)); the decoder layer
  * (hyper-connections with Sinkhorn-normalised mixing, sliding attention
  * with sinks and the grouped output projection, sqrt-softplus routed
- * experts with a shared one) over a sequence, its cache, then a chained
- * step; logits head(norm(hc_head(x))) with the head's own hc_head, the
+ * experts with a shared one; also a layer with a heavily compressed
+ * window pool) over a sequence, its cache, then a chained step; logits head(norm(hc_head(x))) with the head's own hc_head, the
  * chained state the streams before it. The hidden states the head reads are
  * checked too: the main model's hc_head, norm and head over them give its
  * logits. */
@@ -23,7 +23,9 @@ typedef struct {
     const kc_checkpoint *ck;
     double eps, hc_eps, theta, scale, limit;
     int iters, window;
+    int m;            /* > 0: the layer's compressor pools windows of m (HCA) */
     double k[NP][DH]; /* the MTP layer's cache: the shared key/value rows */
+    double ckv[NP][DH], cg[NP][DH]; /* and the compressor's per-token kv and gate */
 } v4ref;
 
 static const float *wt(const v4ref *r, const char *pre, const char *name) {
@@ -117,23 +119,44 @@ static void attention(v4ref *r, const char *pre, const double *x, int p, double 
     mv(wt(r, pre, "self_attn.kv_proj.weight"), x, DH, HD, r->k[p]);
     rmsw(r->k[p], wt(r, pre, "self_attn.kv_norm.weight"), DH, r->eps, r->k[p]);
     rot(r, r->k[p], DH, p, 1);
+    /* the keys: the window's rows, then the complete windows' pooled entries (HCA) */
+    double ent[NP][DH];
+    const double *key[2 * NP];
+    int nk = 0;
+    for (int t = p - r->window + 1 > 0 ? p - r->window + 1 : 0; t <= p; t++) key[nk++] = r->k[t];
+    if (r->m) {
+        mv(wt(r, pre, "self_attn.compressor.kv_proj.weight"), x, DH, HD, r->ckv[p]);
+        mv(wt(r, pre, "self_attn.compressor.gate_proj.weight"), x, DH, HD, r->cg[p]);
+        const float *pb = wt(r, pre, "self_attn.compressor.position_bias");
+        for (int w = 0; (w + 1) * r->m - 1 <= p; w++) {
+            for (int d = 0; d < DH; d++) {
+                double mx = -1e300, z = 0, a = 0;
+                for (int j = 0; j < r->m; j++) mx = fmax(mx, r->cg[w * r->m + j][d] + pb[j * DH + d]);
+                for (int j = 0; j < r->m; j++) z += exp(r->cg[w * r->m + j][d] + pb[j * DH + d] - mx);
+                for (int j = 0; j < r->m; j++) a += r->ckv[w * r->m + j][d] * exp(r->cg[w * r->m + j][d] + pb[j * DH + d] - mx) / z;
+                ent[w][d] = a;
+            }
+            rmsw(ent[w], wt(r, pre, "self_attn.compressor.kv_norm.weight"), DH, r->eps, ent[w]);
+            rot(r, ent[w], DH, w * r->m, 1);
+            key[nk++] = ent[w];
+        }
+    }
     const float *sink = wt(r, pre, "self_attn.sinks");
     for (int h = 0; h < NH; h++) {
-        double *qh = q + h * DH, s[NP], mx = sink[h], z = 0;
+        double *qh = q + h * DH, s[2 * NP], mx = sink[h], z = 0;
         rmsw(qh, NULL, DH, r->eps, qh);
         rot(r, qh, DH, p, 1);
-        int t0 = p - r->window + 1 > 0 ? p - r->window + 1 : 0;
-        for (int t = t0; t <= p; t++) {
+        for (int t = 0; t < nk; t++) {
             s[t] = 0;
-            for (int d = 0; d < DH; d++) s[t] += qh[d] * r->k[t][d];
+            for (int d = 0; d < DH; d++) s[t] += qh[d] * key[t][d];
             s[t] /= sqrt((double)DH);
             mx = fmax(mx, s[t]);
         }
-        for (int t = t0; t <= p; t++) z += exp(s[t] - mx);
+        for (int t = 0; t < nk; t++) z += exp(s[t] - mx);
         z += exp(sink[h] - mx);
         for (int d = 0; d < DH; d++) {
             double a = 0;
-            for (int t = t0; t <= p; t++) a += exp(s[t] - mx) / z * r->k[t][d];
+            for (int t = 0; t < nk; t++) a += exp(s[t] - mx) / z * key[t][d];
             out[h * DH + d] = a;
         }
         rot(r, out + h * DH, DH, p, -1);
@@ -227,9 +250,39 @@ static double maxdiff(const float *a, const double *b, int64_t n, double *big) {
     return w;
 }
 
-KT_TEST(mtp_deepseek_v4_logits_match_reference) {
+/* The test checkpoint with a compressor for the MTP layer (HCA: no indexer) in a third file. */
+static bool add_compressor(const char *dir) {
+    mt_set s = {.n = 0};
+    uint64_t rng = 99;
+    static const char *const nm[] = {"kv_proj.weight", "gate_proj.weight", "position_bias", "kv_norm.weight"};
+    const int64_t shp[][2] = {{DH, HD}, {DH, HD}, {8, DH}, {DH, 0}};
+    bool ok = true;
+    for (int k = 0; ok && k < 4; k++) {
+        char name[128];
+        snprintf(name, sizeof name, "mtp.0.self_attn.compressor.%s", nm[k]);
+        float *d = mt_f32(&s, name, shp[k][1] ? 2 : 1, shp[k][1] ? shp[k] : (const int64_t[]){shp[k][0]});
+        ok = d != NULL;
+        for (int64_t i = 0; ok && i < shp[k][0] * (shp[k][1] ? shp[k][1] : 1); i++)
+            d[i] = (k == 3 ? 1.0f : 0.0f) + (k == 2 ? 0.5f : 0.15f) * (float)ckt_uniform(&rng);
+    }
+    char p[600];
+    snprintf(p, sizeof p, "%s/model-3.safetensors", dir);
+    kiln_status st = ok ? kc_st_write(p, s.t, s.n, NULL) : NULL;
+    ok = ok && !st;
+    kiln_status_free(st);
+    mt_free(&s);
+    if (!ok) kt_fail(__FILE__, __LINE__, "could not add the compressor in %s", dir);
+    return ok;
+}
+
+/* hca: the MTP layer with a compressor (the released ones slide) */
+static void check_v4(bool hca) {
     char dir[512];
     if (!kspec_test_mtp_model(KSPEC_TEST_DEEPSEEK_V4, dir, sizeof dir)) return;
+    if (hca && !add_compressor(dir)) {
+        ckt_rmdir(dir);
+        return;
+    }
     ke_model *m = NULL, *hm = NULL;
     kspec_mtp *mtp = NULL;
     ke_ctx *c = NULL, *hc = NULL, *mc = NULL;
@@ -269,6 +322,9 @@ KT_TEST(mtp_deepseek_v4_logits_match_reference) {
     memcpy(hid, rows, sizeof(float) * NP * SW);
     *r = (v4ref){.ck = ke_model_checkpoint(m), .eps = hp->norm_eps, .hc_eps = hp->hc_eps, .theta = 10000, .scale = hp->moe_scale,
                  .limit = hp->moe_swiglu_limit, .iters = (int)hp->hc_iters, .window = (int)hp->sliding_window};
+    const km_hparams *mh = ke_model_hparams(kspec_mtp_model(mtp));
+    KT_CHECK_EQ(mh->layer_compress[hp->n_layers], hca ? 8 : 0); /* compress_rates' heavily_compressed_attention */
+    KT_CHECK(!mh->layer_csa[hp->n_layers] && !mh->layer_hash[hp->n_layers]);
     /* the hidden states are the streams before hc_head: the model's own head over them gives its logits */
     double wh = 0, bh = 0;
     for (int p = 0; p < NP; p++) {
@@ -293,16 +349,18 @@ KT_TEST(mtp_deepseek_v4_logits_match_reference) {
     memcpy(got + (NP - 1) * (VOC + SW), out, sizeof(float) * (VOC + SW));
     KT_CHECK_EQ(ke_seq_len(mc, mseq), NP);
     double worst = 0, big = 0, wchain = 0;
+    if (hca) r->m = 8, r->theta = 160000; /* a compressed layer rotates with the "compress" rope */
     for (int p = 0; p < NP; p++) {
         step(r, p, p < NP - 1 ? toks[p + 1] : last, p < NP - 1 ? hid + p * SW : got + (NP - 2) * (VOC + SW) + VOC, chain, rl);
         worst = fmax(worst, maxdiff(got + p * (VOC + SW), rl, VOC, &big));
         wchain = fmax(wchain, maxdiff(got + p * (VOC + SW) + VOC, chain, SW, NULL));
     }
-    KT_CHECKF(big > 0.5 && worst <= 1e-5, "deepseek_v4: MTP logits differ from the reference by %g (largest %g)", worst, big);
-    KT_CHECKF(wchain <= 1e-5, "deepseek_v4: the chained state differs from the reference by %g", wchain);
-    fprintf(stderr, "  deepseek_v4 MTP (%s): logits within %.3g of the reference (largest %.3g), chained state within %.3g, %d positions; "
-                    "the model's head over its hidden streams within %.3g of its logits\n",
-            kspec_mtp_layout(mtp), worst, big, wchain, NP, wh);
+    KT_CHECKF(big > 0.5 && worst <= 1e-5, "deepseek_v4%s: MTP logits differ from the reference by %g (largest %g)", hca ? " (HCA)" : "",
+              worst, big);
+    KT_CHECKF(wchain <= 1e-5, "deepseek_v4%s: the chained state differs from the reference by %g", hca ? " (HCA)" : "", wchain);
+    fprintf(stderr, "  deepseek_v4 MTP (%s, %s layer): logits within %.3g of the reference (largest %.3g), chained state within %.3g, %d "
+                    "positions; the model's head over its hidden streams within %.3g of its logits\n",
+            kspec_mtp_layout(mtp), hca ? "heavily compressed" : "sliding", worst, big, wchain, NP, wh);
 free:
     free(logits), free(hid), free(got), free(r), free(rl);
 out:
@@ -311,6 +369,9 @@ out:
     ke_model_free(m), ke_model_free(hm);
     ckt_rmdir(dir);
 }
+
+KT_TEST(mtp_deepseek_v4_logits_match_reference) { check_v4(false); }
+KT_TEST(mtp_deepseek_v4_hca_logits_match_reference) { check_v4(true); }
 
 /* DeepSeek's own names for the MTP layer (attn.wq_a, attn_norm, hc_attn_fn):
  * refused by name, as kiln reads the model in transformers' names */
