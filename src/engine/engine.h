@@ -24,11 +24,13 @@ typedef struct ke_model ke_model;
 
 kiln_status ke_model_load(const char *dir, ke_model **out);
 /* As ke_model_load, with the graph ending at the final norm (hp->hidden_out):
- * ke_decode's rows are last hidden states [km_state_width: hidden, or
- * DeepSeek-V4's residual streams before their collapse], not logits
- * (embedding models built on decoders: Qwen3-Embedding, EmbeddingGemma; the
- * input of a multi-token prediction head). */
+ * ke_decode's rows are last hidden states [hidden], not logits (embedding
+ * models built on decoders: Qwen3-Embedding, EmbeddingGemma). */
 kiln_status ke_model_load_hidden(const char *dir, ke_model **out);
+/* As ke_model_load_hidden, the rows the state a multi-token prediction head
+ * reads (hp->mtp_state): [km_state_width], the same rows but DeepSeek-V4's,
+ * whose are its residual streams before hc_head. */
+kiln_status ke_model_load_mtp_state(const char *dir, ke_model **out);
 /* A model of the checkpoint at dir with the family and hyper-parameters
  * given, not found and parsed (copied; fam is borrowed for the model's
  * life): a multi-token prediction head built on a family's blocks

@@ -48,7 +48,7 @@
  *     a decoder layer under mtp.<i>. named as transformers names the model's
  *     (self_attn.*, attn_hc, mlp.*; DeepSeek's own names, attn.wq_a ...,
  *     are refused by name); its input is the main model's hc_mult residual
- *     streams before hc_head (km_state_width floats; the model's hidden_out
+ *     streams before hc_head (km_state_width floats; the model's mtp_state
  *     gives them): x_n = e_proj(enorm(e)) + h_proj(hnorm(h_n)) per stream,
  *     the layer (hyper-connections, attention with a compressor where the
  *     layer has one, experts), then logits = head(norm(mtp.hc_head(x)));
@@ -245,7 +245,7 @@ static kiln_status mtp_hparams(kb_mtp *m, const km_hparams *thp, const kc_checkp
 
 /* The settings of a head model the graph needs whatever the layout. */
 static void head_model(km_hparams *hp) {
-    hp->hidden_out = false;
+    hp->hidden_out = hp->mtp_state = false;
     hp->n_labels = 0;
     hp->hidden_in = true;
     hp->out_extra = km_state_width(hp);

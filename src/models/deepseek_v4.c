@@ -11,8 +11,8 @@
  * layer: sqrt(softplus) router scores, experts chosen by token id (tid2eid)
  * on the "hash_moe" layers, else top-k with e_score_correction_bias,
  * renormalised times routed_scaling_factor, clamped SwiGLU experts and a
- * shared expert; the head is `head.weight`. The hidden state (hidden_out)
- * is the hc_mult streams before hc_head, which the MTP layer (mtp.<i>.*,
+ * shared expert; the head is `head.weight`. The state an MTP head reads
+ * (mtp_state) is the hc_mult streams before hc_head: the MTP layer (mtp.<i>.*,
  * not used for plain decoding) reads: `kiln info` reports it and --spec-mtp
  * drafts with it, this emitter building the head (models/blocks_mtp.c). */
 #include <stdio.h>
@@ -212,7 +212,7 @@ static kg_node *mtp_head(kb_ctx *b) {
     return kb_mtp_out(b, logits, stream_rows(b, X));
 }
 
-/* The model; with hp->hidden_out the rows are the residual streams before
+/* The model; with hp->mtp_state the rows are the residual streams before
  * hc_head (km_state_width: what the MTP head reads); the MTP head when
  * b->mtp is set (models/blocks_mtp.c). */
 static kg_node *emit(kb_ctx *b) {
@@ -228,7 +228,7 @@ static kg_node *emit(kb_ctx *b) {
         snprintf(pre, sizeof pre, "model.layers.%d.", il);
         X = layer(b, X, il, pre);
     }
-    if (hp->hidden_out) return kg_name(stream_rows(b, X), "hidden", -1);
+    if (hp->hidden_out && hp->mtp_state) return kg_name(stream_rows(b, X), "hidden", -1);
     return kb_output(b, kb_hc_head(b, X, "model.hc_head", hp->hc_eps), NULL);
 }
 

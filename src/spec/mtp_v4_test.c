@@ -287,7 +287,7 @@ static void check_v4(bool hca) {
     kspec_mtp *mtp = NULL;
     ke_ctx *c = NULL, *hc = NULL, *mc = NULL;
     KT_CHECK_OK(ke_model_load(dir, &m));
-    KT_CHECK_OK(ke_model_load_hidden(dir, &hm));
+    KT_CHECK_OK(ke_model_load_mtp_state(dir, &hm));
     if (m) KT_CHECK_OK(kspec_mtp_load(m, &mtp));
     if (!mtp || !hm) goto out;
     const km_hparams *hp = ke_model_hparams(m);
@@ -334,6 +334,24 @@ static void check_v4(bool hca) {
         wh = fmax(wh, maxdiff(logits + p * VOC, rl, VOC, &bh));
     }
     KT_CHECKF(bh > 0.5 && wh <= 1e-5, "the hidden states through the model's hc_head and head differ from its logits by %g", wh);
+    /* ke_model_load_hidden (embeddings) keeps the normed state [hidden]: the head over it gives the logits */
+    ke_model *em = NULL;
+    ke_ctx *ec = NULL;
+    double we = 0;
+    KT_CHECK_OK(ke_model_load_hidden(dir, &em));
+    if (em) KT_CHECK_EQ(km_out_width(ke_model_hparams(em)), HD);
+    if (em) KT_CHECK_OK(ke_ctx_create(em, &cp, &ec));
+    int eseq = 0;
+    if (ec) KT_CHECK_OK(ke_seq_open(ec, &eseq));
+    if (ec) KT_CHECK_OK(ke_decode(ec, &(ke_batch){NP, toks, seqs, want}, &rows, &nr));
+    for (int p = 0; ec && rows && nr == NP && p < NP; p++) {
+        double x[HD];
+        for (int i = 0; i < HD; i++) x[i] = rows[p * HD + i];
+        mv(wt(r, "", "head.weight"), x, VOC, HD, rl);
+        we = fmax(we, maxdiff(logits + p * VOC, rl, VOC, NULL));
+    }
+    ke_ctx_free(ec), ke_model_free(em);
+    KT_CHECKF(we <= 1e-5, "ke_model_load_hidden's rows through the head differ from the logits by %g", we);
     /* the head: rows p < NP - 1 join the streams at p with the token at p + 1; the last chains its own state */
     const float *erow[NP];
     int mseqs[NP];

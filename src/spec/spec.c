@@ -202,7 +202,7 @@ static kiln_status mtp_create(kspec *s, ke_ctx *target) {
     const ke_model *tm = ke_ctx_model(target);
     const km_hparams *hp = ke_model_hparams(tm);
     KILN_TRY(kspec_mtp_load(tm, &s->mtp));
-    KILN_TRYF(ke_model_load_hidden(kc_dir(ke_model_checkpoint(tm)), &s->hm), "--spec-mtp");
+    KILN_TRYF(ke_model_load_mtp_state(kc_dir(ke_model_checkpoint(tm)), &s->hm), "--spec-mtp");
     ke_ctx_params cp = {.n_ctx = ke_ctx_n_ctx(target),
                         .n_cache = ke_ctx_n_blocks(target) * ke_ctx_block_size(target),
                         .n_threads = ke_ctx_n_threads(target),
