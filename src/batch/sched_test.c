@@ -674,6 +674,7 @@ static void check_spec_mtp(kspec_test_layout which, const char *what) {
 KT_TEST(sched_spec_mtp) { check_spec_mtp(KSPEC_TEST_MIMO, "qwen2 as MiMo with an MTP layer"); }
 KT_TEST(sched_spec_mtp_nextn) { check_spec_mtp(KSPEC_TEST_DEEPSEEK, "deepseek_v3 with a nextn layer"); }
 KT_TEST(sched_spec_mtp_nemotron_h) { check_spec_mtp(KSPEC_TEST_NEMOTRON_H, "nemotron_h (Mamba-2 target) with two MTP layers"); }
+KT_TEST(sched_spec_mtp_deepseek_v4) { check_spec_mtp(KSPEC_TEST_DEEPSEEK_V4, "deepseek_v4 with an MTP layer over its hyper-connection streams"); }
 
 KT_TEST(sched_spec_dense) { check_spec("llama"); }
 KT_TEST(sched_spec_moe) { check_spec("mixtral"); }

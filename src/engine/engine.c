@@ -24,7 +24,7 @@ struct ke_model {
 };
 
 /* fam and hp given (ke_model_load_as), else found and parsed */
-static kiln_status model_load(const char *dir, bool hidden_out, const km_family *fam, const km_hparams *hp, ke_model **out) {
+static kiln_status model_load(const char *dir, bool hidden_out, bool state, const km_family *fam, const km_hparams *hp, ke_model **out) {
     *out = NULL;
     ke_model *m = calloc(1, sizeof *m);
     if (!m) return kiln_error(KILN_ENOMEM, "out of memory");
@@ -43,7 +43,7 @@ static kiln_status model_load(const char *dir, bool hidden_out, const km_family 
     if (!st && hidden_out && m->hp.n_labels > 0)
         st = kiln_error(KILN_EUNSUPPORTED, "a sequence classification head (%lld labels) gives no hidden states",
                         (long long)m->hp.n_labels);
-    if (hidden_out) m->hp.hidden_out = true;
+    if (hidden_out) m->hp.hidden_out = true, m->hp.mtp_state = state;
     if (!st && !hp) st = kvis_load(m->ck, &m->hp, &m->vision);
     if (st) {
         st = kiln_status_wrap(st, "%s", dir);
@@ -74,10 +74,11 @@ fail:
     return st;
 }
 
-kiln_status ke_model_load(const char *dir, ke_model **out) { return model_load(dir, false, NULL, NULL, out); }
-kiln_status ke_model_load_hidden(const char *dir, ke_model **out) { return model_load(dir, true, NULL, NULL, out); }
+kiln_status ke_model_load(const char *dir, ke_model **out) { return model_load(dir, false, false, NULL, NULL, out); }
+kiln_status ke_model_load_hidden(const char *dir, ke_model **out) { return model_load(dir, true, false, NULL, NULL, out); }
+kiln_status ke_model_load_mtp_state(const char *dir, ke_model **out) { return model_load(dir, true, true, NULL, NULL, out); }
 kiln_status ke_model_load_as(const char *dir, const km_family *fam, const km_hparams *hp, ke_model **out) {
-    return model_load(dir, false, fam, hp, out);
+    return model_load(dir, false, false, fam, hp, out);
 }
 
 static int64_t default_n_ctx(const km_hparams *hp) { return hp->max_pos > 0 && hp->max_pos < 4096 ? hp->max_pos : 4096; }
@@ -1194,7 +1195,7 @@ static bool grow_scratch(ke_ctx *c, int64_t T, int64_t bt) {
             c->span = sp;
         }
         if (c->m->vision || c->m->hp.hidden_in) {
-            float *e = realloc(c->embd, n * (size_t)c->m->hp.hidden * sizeof(float));
+            float *e = realloc(c->embd, n * (size_t)km_state_width(&c->m->hp) * sizeof(float)); /* hidden_in: the state's width */
             if (!e) return false;
             c->embd = e;
             if (c->m->hp.embd_add_layers > 0) {
@@ -1324,12 +1325,14 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
         seq_state *q = &c->seqs[batch_seqs[i]];
         for (int64_t j = 0; j < MB; j++) c->btab[i * MB + j] = j < q->n_blocks && q->blocks[j] >= 0 ? q->blocks[j] : 0;
     }
-    if (hp->hidden_in) /* a row per token (zeros where none) */
+    if (hp->hidden_in) { /* a row per token (zeros where none) */
+        int64_t W = km_state_width(hp);
         for (int64_t t = 0; t < T; t++) {
             const float *row = x && x->embd ? x->embd[t] : NULL;
-            if (row) memcpy(c->embd + t * hp->hidden, row, sizeof(float) * (size_t)hp->hidden);
-            else memset(c->embd + t * hp->hidden, 0, sizeof(float) * (size_t)hp->hidden);
+            if (row) memcpy(c->embd + t * W, row, sizeof(float) * (size_t)W);
+            else memset(c->embd + t * W, 0, sizeof(float) * (size_t)W);
         }
+    }
     if (c->m->vision)
         for (int64_t t = 0; t < T; t++) {
             const float *row = x && x->embd ? x->embd[t] : NULL;

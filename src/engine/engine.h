@@ -27,6 +27,10 @@ kiln_status ke_model_load(const char *dir, ke_model **out);
  * ke_decode's rows are last hidden states [hidden], not logits (embedding
  * models built on decoders: Qwen3-Embedding, EmbeddingGemma). */
 kiln_status ke_model_load_hidden(const char *dir, ke_model **out);
+/* As ke_model_load_hidden, the rows the state a multi-token prediction head
+ * reads (hp->mtp_state): [km_state_width], the same rows but DeepSeek-V4's,
+ * whose are its residual streams before hc_head. */
+kiln_status ke_model_load_mtp_state(const char *dir, ke_model **out);
 /* A model of the checkpoint at dir with the family and hyper-parameters
  * given, not found and parsed (copied; fam is borrowed for the model's
  * life): a multi-token prediction head built on a family's blocks
@@ -131,7 +135,8 @@ kiln_status ke_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n
  * Every field may be NULL. */
 typedef struct {
     /* [n] per token NULL (its token's embedding) or ke_model_hparams()->hidden
-     * floats that replace it (a row of image features); copied */
+     * floats that replace it (a row of image features; an MTP head's hidden
+     * state, km_state_width floats); copied */
     const float *const *embd;
     /* [n, 2] positions (lo, hi) of its sequence the token also attends to,
      * before or after its own (lo > hi: none): a bidirectional image block or

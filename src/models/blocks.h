@@ -150,15 +150,17 @@ bool kb_weight_is_in_out(const kb_ctx *b, km_tensor t, int il, int64_t in, int64
  * The layouts kiln serves, found in one place: DeepSeek-V3 / GLM-4.5 /
  * GLM-5 nextn layers (model.layers.<n>.eh_proj ...), Qwen3-Next / Qwen3.5
  * and EXAONE-MoE mtp.*, MiMo model.mtp_layers.*, Nemotron-H mtp.layers.<i>.*
- * (several decoder layers, its MTP pattern's). kb_mtp_open makes, for a model of family fam with
+ * (several decoder layers, its MTP pattern's), DeepSeek-V4 mtp.<i>.* (over
+ * the residual streams; its emitter builds the head). kb_mtp_open makes, for a model of family fam with
  * hyper-parameters hp, the family and hyper-parameters of a model whose
  * graph is the head (ke_model_load_as): it reads each token's id and the
  * main model's hidden state at the token before (KB_IN_EMBD, hp->hidden_in)
- * and gives rows [vocab + hidden]: the head's logits, then the state a
+ * and gives rows [vocab + km_state_width]: the head's logits, then the state a
  * chained guess is fed. Its cached layer is the last of hp->n_layers (Nemotron-H: all of them),
  * built by the family's own emitter: its kb_decoder call (with the family's
  * kb_layer_opts hook) builds the head instead (kb_ctx.mtp); a family whose
- * emitter does not end in kb_decoder is refused. The hyper-parameters may
+ * emitter neither ends in kb_decoder nor builds the head itself (kb_mtp_out)
+ * is refused. The hyper-parameters may
  * borrow from the main model's config (hp's). */
 
 /* Multi-token prediction layers ck carries beside its n_layers decoder
@@ -177,6 +179,17 @@ const km_hparams *kb_mtp_hparams(const kb_mtp *m);
 const char *kb_mtp_layout(const kb_mtp *m);
 /* How many decoder layers one guess runs (Nemotron-H: its pattern's; else 1). */
 int kb_mtp_decoder_layers(const kb_mtp *m);
+/* For an emitter that builds the head itself when b->mtp is set (its layers
+ * are not kb_decoder's: DeepSeek-V4): the prefix of the head's own modules
+ * ("mtp.0."), the index of its decoder layer (its cache; the family's names
+ * for that layer are the head's), the main model's hidden state at each
+ * token [T, km_state_width] (KB_IN_EMBD), and the head's output from its
+ * logits [R, vocab] and the state a chained guess is fed [R, km_state_width]
+ * (clears b->mtp: the head is built). */
+const char *kb_mtp_prefix(const kb_mtp *m);
+int kb_mtp_layer(const kb_mtp *m);
+kg_node *kb_mtp_hidden(kb_ctx *b);
+kg_node *kb_mtp_out(kb_ctx *b, kg_node *logits, kg_node *chain);
 
 /* ================================================================ tensor parallelism (blocks_shard.c)
  *

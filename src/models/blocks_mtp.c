@@ -44,11 +44,18 @@
  *     final_layernorm under the last; the head model is those layers alone;
  *     the main model's embedding and lm_head; the chained state after
  *     final_layernorm; no zeroing.
- * Only the first MTP step is used (vLLM's chained drafting with one).
- * DeepSeek-V4's (mtp.<i>.*, separate e_proj / h_proj over the main model's
- * hyper-connection streams, hc_head before its head) is refused: its input
- * is the main model's residual streams before hc_head, which the main
- * model's graph does not give out. */
+ *   DeepSeek-V4: mtp.<i>.{enorm, hnorm, e_proj, h_proj, hc_head, norm} and
+ *     a decoder layer under mtp.<i>. named as transformers names the model's
+ *     (self_attn.*, attn_hc, mlp.*; DeepSeek's own names, attn.wq_a ...,
+ *     are refused by name); its input is the main model's hc_mult residual
+ *     streams before hc_head (km_state_width floats; the model's mtp_state
+ *     gives them): x_n = e_proj(enorm(e)) + h_proj(hnorm(h_n)) per stream,
+ *     the layer (hyper-connections, attention with a compressor where the
+ *     layer has one, experts), then logits = head(norm(mtp.hc_head(x)));
+ *     the chained state is the streams before mtp.hc_head; no zeroing
+ *     (DeepSeek's MTPBlock). The family's emitter builds it (kb_mtp_prefix,
+ *     kb_mtp_hidden, kb_mtp_out), not kb_decoder.
+ * Only the first MTP step is used (vLLM's chained drafting with one). */
 #include "models/blocks.h"
 #include "models/blocks_int.h"
 
@@ -82,6 +89,7 @@ struct mtp_layout {
 static kiln_status dsa_setup(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck);
 static kiln_status exaone_setup(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck);
 static kiln_status nemotron_setup(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck);
+static kiln_status v4_setup(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck);
 
 static const mtp_layout layouts[] = {
     {"DeepSeek-V3 / GLM nextn (model.layers.<n>.*)", NULL, "model.layers.%d.eh_proj.weight", "model.layers.%d.", "model.layers.%d.",
@@ -95,6 +103,8 @@ static const mtp_layout layouts[] = {
     {"Nemotron-H (mtp.layers.<i>.*)", "nemotron_h", "mtp.layers.0.eh_proj.weight", "mtp.layers.0.", "mtp.layers.%d.", "enorm",
      "hnorm", "eh_proj", "final_layernorm", NULL, NULL, false, false, false, false, nemotron_setup, "backbone.layers.%d.",
      "mtp.layers.%d."},
+    {"DeepSeek-V4 (mtp.<i>.*)", "deepseek_v4", "mtp.0.e_proj.weight", "mtp.0.", "mtp.0.", "enorm", "hnorm", "e_proj", "norm", NULL,
+     NULL, false, false, true, false, v4_setup, NULL, NULL},
 };
 enum { N_LAYOUTS = sizeof layouts / sizeof *layouts };
 
@@ -166,6 +176,8 @@ const km_family *kb_mtp_family(const kb_mtp *m) { return &m->fam; }
 const km_hparams *kb_mtp_hparams(const kb_mtp *m) { return &m->hp; }
 const char *kb_mtp_layout(const kb_mtp *m) { return m->lay->name; }
 int kb_mtp_decoder_layers(const kb_mtp *m) { return m->n; }
+const char *kb_mtp_prefix(const kb_mtp *m) { return m->head; }
+int kb_mtp_layer(const kb_mtp *m) { return m->il; }
 
 /* pat with every key ("model.layers.%d.") replaced by the decoder layer's prefix */
 static char *rename_layer(const char *pat, const char *key, const char *layer) {
@@ -233,10 +245,10 @@ static kiln_status mtp_hparams(kb_mtp *m, const km_hparams *thp, const kc_checkp
 
 /* The settings of a head model the graph needs whatever the layout. */
 static void head_model(km_hparams *hp) {
-    hp->hidden_out = false;
+    hp->hidden_out = hp->mtp_state = false;
     hp->n_labels = 0;
     hp->hidden_in = true;
-    hp->out_extra = hp->hidden;
+    hp->out_extra = km_state_width(hp);
     hp->embd_in = false;
     hp->embd_add_layers = 0;
 }
@@ -308,6 +320,37 @@ static kiln_status nemotron_setup(kb_mtp *m, const km_hparams *thp, const kc_che
     return NULL;
 }
 
+/* DeepSeek-V4: the layer's attention (a compressor, with an indexer, makes
+ * it HCA or CSA at the config's compress_rates; else sliding, as in the
+ * released checkpoints) and its routing (tid2eid: by token id) from its
+ * tensors: the config lists no type for it. */
+static kiln_status v4_setup(kb_mtp *m, const km_hparams *thp, const kc_checkpoint *ck) {
+    (void)thp;
+    char name[300];
+    static const char *const own[] = {"attn_norm.weight", "attn.wq_a.weight", "hc_attn_fn"};
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++) {
+        snprintf(name, sizeof name, "%s%s", m->layer, own[i]);
+        if (kc_has(ck, name))
+            return kiln_error(KILN_EUNSUPPORTED, "the MTP layer's tensors are in DeepSeek's own names (%s): kiln reads DeepSeek-V4 "
+                              "checkpoints in transformers' names, the MTP layer's as a decoder layer's under %s (%sself_attn.q_a_proj, "
+                              "%sattn_hc.fn, %shc_head.hc_fn ...)", name, m->layer, m->layer, m->layer, m->layer);
+    }
+    int il = m->il;
+    int64_t csa = 4, hca = 128;
+    const cJSON *rates = ku_json_get(kc_config(ck), "compress_rates");
+    KILN_TRY(ku_json_int(rates, "compressed_sparse_attention", 4, &csa));
+    KILN_TRY(ku_json_int(rates, "heavily_compressed_attention", 128, &hca));
+    snprintf(name, sizeof name, "%sself_attn.compressor.kv_proj.weight", m->layer);
+    bool comp = kc_has(ck, name);
+    snprintf(name, sizeof name, "%sself_attn.compressor.indexer.kv_proj.weight", m->layer);
+    bool idx = comp && kc_has(ck, name);
+    m->hp.layer_csa[il] = idx;
+    m->hp.layer_compress[il] = (unsigned char)(!comp ? 0 : idx ? csa : hca);
+    snprintf(name, sizeof name, "%smlp.gate.tid2eid", m->layer);
+    m->hp.layer_hash[il] = kc_has(ck, name);
+    return NULL;
+}
+
 kiln_status kb_mtp_open(const km_family *fam, const km_hparams *hp, const kc_checkpoint *ck, kb_mtp **out) {
     *out = NULL;
     int layers;
@@ -315,9 +358,6 @@ kiln_status kb_mtp_open(const km_family *fam, const km_hparams *hp, const kc_che
     if (kb_mtp_tensors(ck, hp->n_layers, &layers, &first) == 0)
         return kiln_error(KILN_EINVAL, "the checkpoint has no multi-token prediction layers");
     const mtp_layout *lay = find_layout(ck, hp->n_layers);
-    if (!lay && !strncmp(first, "mtp.", 4) && first[4] >= '0' && first[4] <= '9')
-        return kiln_error(KILN_EUNSUPPORTED, "the checkpoint's MTP layers (e.g. %s) are DeepSeek-V4's: they read the main model's "
-                          "hyper-connection streams before hc_head, which kiln's main model graph does not give out", first);
     if (!lay) {
         char names[1024];
         size_t o = 0;
@@ -388,7 +428,7 @@ kg_node *kb_mtp_decoder(kb_ctx *b, kb_layer_opts_fn family) {
         keep = kg_broadcast_in_dim(g, keep, KG_SHAPE(T, H), (int[]){0});
         e = kg_select(g, keep, e, kg_broadcast_like(g, kg_scalar(g, KG_F32, 0), e));
     }
-    kg_node *h = kb_input_param(b, KG_F32, KG_SHAPE(T, H), "mtp_hidden", KB_IN_EMBD, 0, 0, false);
+    kg_node *h = kb_mtp_hidden(b);
     e = norm_named(b, e, m->head, lay->emb_norm);
     h = norm_named(b, h, m->head, lay->hid_norm);
     if (!e || !h) return NULL;
@@ -406,8 +446,19 @@ kg_node *kb_mtp_decoder(kb_ctx *b, kb_layer_opts_fn family) {
     kg_node *logits = kb_output(b, x, &o.norm);
     kg_node *last = kg_take_rows(g, x, b->rows);
     kg_node *chain = lay->chain_prenorm ? last : kb_norm_ex(b, last, KM_T_OUTPUT_NORM, -1, &o.norm);
+    return kb_mtp_out(b, logits, chain);
+}
+
+kg_node *kb_mtp_hidden(kb_ctx *b) {
+    return kb_input_param(b, KG_F32, KG_SHAPE(b->shape.T, km_state_width(b->hp)), "mtp_hidden", KB_IN_EMBD, 0, 0, false);
+}
+
+kg_node *kb_mtp_out(kb_ctx *b, kg_node *logits, kg_node *chain) {
+    b->mtp = NULL; /* built (mtp_emit checks) */
     if (!logits || !chain) return NULL;
-    return kg_name(kg_concat(g, (kg_node *[]){logits, chain}, 2, 1), "mtp_out", -1);
+    if (chain->shape.rank != 2 || chain->shape.d[1] != km_state_width(b->hp))
+        return kb_fail(b, kiln_error(KILN_EINTERNAL, "the MTP head's chained state is not [rows, %lld]", (long long)km_state_width(b->hp)));
+    return kg_name(kg_concat(b->g, (kg_node *[]){logits, chain}, 2, 1), "mtp_out", -1);
 }
 
 /* The family's emitter, whose kb_decoder builds the head. */

@@ -11,10 +11,10 @@
  * layer: sqrt(softplus) router scores, experts chosen by token id (tid2eid)
  * on the "hash_moe" layers, else top-k with e_score_correction_bias,
  * renormalised times routed_scaling_factor, clamped SwiGLU experts and a
- * shared expert; the head is `head.weight`. MTP layers (mtp.*) are reported
- * by `kiln info`, not loaded: they read the main model's hyper-connection
- * streams before hc_head, which its graph does not give out
- * (models/blocks_mtp.c refuses them). */
+ * shared expert; the head is `head.weight`. The state an MTP head reads
+ * (mtp_state) is the hc_mult streams before hc_head: the MTP layer (mtp.<i>.*,
+ * not used for plain decoding) reads: `kiln info` reports it and --spec-mtp
+ * drafts with it, this emitter building the head (models/blocks_mtp.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -122,14 +122,14 @@ static kiln_status parse(const cJSON *cfg, km_hparams *hp) {
     KILN_TRY(ku_json_int(cfg, "num_nextn_predict_layers", 0, &mtp));
     snprintf(hp->features, sizeof hp->features, "mHC x%lld; window %lld + compressed KV (CSA /%lld, top-%lld; HCA /%lld); hash routing%s",
              (long long)hp->hc_mult, (long long)hp->sliding_window, (long long)csa, (long long)hp->dsa_topk, (long long)hca,
-             mtp > 0 ? "; MTP layers (mtp.*) not loaded" : "");
+             mtp > 0 ? "; MTP layers (mtp.*) for --spec-mtp" : "");
     return NULL;
 }
 
-/* tid2eid [vocab, top_k] (integers) at the batch's tokens: [T, top_k] i32. */
-static kg_node *hash_experts(kb_ctx *b, int il) {
+/* tid2eid [vocab, top_k] (integers) under layer prefix pre at the batch's tokens: [T, top_k] i32. */
+static kg_node *hash_experts(kb_ctx *b, const char *pre) {
     char name[256];
-    snprintf(name, sizeof name, "model.layers.%d.mlp.gate.tid2eid", il);
+    snprintf(name, sizeof name, "%smlp.gate.tid2eid", pre);
     const kc_tensor *t = kc_find(b->ck, name);
     int64_t V = b->hp->vocab, K = b->hp->n_experts_used, E = b->hp->n_experts;
     if (!t || t->rank != 2 || t->shape[0] != V || t->shape[1] != K || (t->dtype != KC_I64 && t->dtype != KC_I32))
@@ -144,40 +144,91 @@ static kg_node *hash_experts(kb_ctx *b, int il) {
     return kg_take_rows(b->g, kg_const(b->g, KG_I32, KG_SHAPE(V, K), ids), b->tokens);
 }
 
+/* Decoder layer il over the streams X [T, N, D], its modules under pre
+ * ("model.layers.<il>.", or the MTP layer's "mtp.0."; the name table's
+ * per-layer roles are already the MTP layer's in its head). */
+static kg_node *layer(kb_ctx *b, kg_node *X, int il, const char *pre) {
+    const km_hparams *hp = b->hp;
+    kg_node *post, *comb;
+    char mod[128], am[128];
+    snprintf(mod, sizeof mod, "%sattn_hc", pre);
+    kg_node *c = kb_hc_collapse(b, X, mod, (int)hp->hc_iters, hp->hc_eps, &post, &comb);
+    snprintf(am, sizeof am, "%sself_attn", pre);
+    kb_v4_attn_opts ao = {.module = am, .heads = hp->n_heads, .head_dim = hp->head_dim, .rope_dim = hp->qk_rope_dim,
+                          .q_lora_rank = hp->q_lora_rank, .o_groups = hp->o_groups, .o_lora_rank = hp->o_lora_rank,
+                          .rope = hp->layer_compress[il] ? 1 : 0, .window = (int)hp->sliding_window,
+                          .compress = hp->layer_compress[il], .overlap = hp->layer_csa[il], .index_heads = hp->dsa_heads,
+                          .index_dim = hp->dsa_dim, .index_topk = hp->dsa_topk};
+    kg_node *a = kb_v4_attention(b, c ? kb_norm(b, c, KM_T_ATTN_NORM, il, KB_NORM_RMS) : NULL, il, &ao);
+    X = kb_hc_expand(b, X, a, post, comb);
+    snprintf(mod, sizeof mod, "%sffn_hc", pre);
+    c = kb_hc_collapse(b, X, mod, (int)hp->hc_iters, hp->hc_eps, &post, &comb);
+    kb_moe_opts mo;
+    kb_moe_defaults(b, il, &mo);
+    mo.swiglu_oai = false, mo.silu_clamp = true, mo.limit = hp->moe_swiglu_limit, mo.norm_eps = 1e-20f;
+    if (hp->layer_hash[il]) {
+        mo.choice_bias = false;
+        mo.hash_idx = hash_experts(b, pre);
+        if (!mo.hash_idx) return NULL;
+    }
+    kg_node *y = kb_moe(b, c ? kb_norm(b, c, KM_T_FFN_NORM, il, KB_NORM_RMS) : NULL, il, &mo);
+    return kb_hc_expand(b, X, y, post, comb);
+}
+
+/* The streams' rows the output wants, flattened: [R, N * D]. */
+static kg_node *stream_rows(kb_ctx *b, kg_node *X) {
+    if (!X) return NULL;
+    return kg_take_rows(b->g, kg_reshape(b->g, X, KG_SHAPE(X->shape.d[0], X->shape.d[1] * X->shape.d[2])), b->rows);
+}
+
+/* The MTP head (DeepSeek's MTPBlock): the main model's streams h [T, N, D]
+ * and the next token's embedding e, x_n = e_proj(enorm(e)) + h_proj(hnorm(h_n)),
+ * the decoder layer, logits head(norm(hc_head(x))) with the head's own
+ * hc_head; the chained state is x before it. */
+static kg_node *mtp_head(kb_ctx *b) {
+    const km_hparams *hp = b->hp;
+    kg_graph *g = b->g;
+    const char *pre = kb_mtp_prefix(b->mtp);
+    int il = kb_mtp_layer(b->mtp);
+    int64_t T = b->shape.T, N = hp->hc_mult, D = hp->hidden;
+    char name[128];
+    kg_node *e = kb_embed(b, NULL), *h = kb_mtp_hidden(b);
+    snprintf(name, sizeof name, "%senorm.weight", pre);
+    kg_node *en = kb_tensor_named(b, name, 1, (int64_t[]){D});
+    snprintf(name, sizeof name, "%shnorm.weight", pre);
+    kg_node *hn = kb_tensor_named(b, name, 1, (int64_t[]){D});
+    if (!e || !h || !en || !hn) return NULL;
+    float eps = (float)hp->norm_eps;
+    e = kg_rms_norm(g, e, en, eps, 0);
+    h = kg_rms_norm(g, kg_reshape(g, h, KG_SHAPE(T, N, D)), hn, eps, 0);
+    snprintf(name, sizeof name, "%se_proj", pre);
+    e = kb_linear_module(b, e, name, D);
+    snprintf(name, sizeof name, "%sh_proj", pre);
+    h = kb_linear_module(b, h, name, D);
+    if (!e || !h) return NULL;
+    kg_node *X = layer(b, kg_add(g, kg_broadcast_in_dim(g, e, h->shape, (int[]){0, 2}), h), il, pre);
+    snprintf(name, sizeof name, "%shc_head", pre);
+    kg_node *logits = kb_output(b, kb_hc_head(b, X, name, hp->hc_eps), NULL);
+    return kb_mtp_out(b, logits, stream_rows(b, X));
+}
+
+/* The model; with hp->mtp_state the rows are the residual streams before
+ * hc_head (km_state_width: what the MTP head reads); the MTP head when
+ * b->mtp is set (models/blocks_mtp.c). */
 static kg_node *emit(kb_ctx *b) {
+    if (b->mtp) return mtp_head(b);
     const km_hparams *hp = b->hp;
     kg_graph *g = b->g;
     int64_t T = b->shape.T, N = hp->hc_mult, D = hp->hidden;
     kg_node *x = kb_embed(b, NULL);
     if (!x) return NULL;
     kg_node *X = kg_broadcast_in_dim(g, x, KG_SHAPE(T, N, D), (int[]){0, 2});
-    char mod[128];
+    char pre[64];
     for (int il = 0; il < hp->n_layers && X; il++) {
-        kg_node *post, *comb;
-        snprintf(mod, sizeof mod, "model.layers.%d.attn_hc", il);
-        kg_node *c = kb_hc_collapse(b, X, mod, (int)hp->hc_iters, hp->hc_eps, &post, &comb);
-        char am[128];
-        snprintf(am, sizeof am, "model.layers.%d.self_attn", il);
-        kb_v4_attn_opts ao = {.module = am, .heads = hp->n_heads, .head_dim = hp->head_dim, .rope_dim = hp->qk_rope_dim,
-                              .q_lora_rank = hp->q_lora_rank, .o_groups = hp->o_groups, .o_lora_rank = hp->o_lora_rank,
-                              .rope = hp->layer_compress[il] ? 1 : 0, .window = (int)hp->sliding_window,
-                              .compress = hp->layer_compress[il], .overlap = hp->layer_csa[il], .index_heads = hp->dsa_heads,
-                              .index_dim = hp->dsa_dim, .index_topk = hp->dsa_topk};
-        kg_node *a = kb_v4_attention(b, c ? kb_norm(b, c, KM_T_ATTN_NORM, il, KB_NORM_RMS) : NULL, il, &ao);
-        X = kb_hc_expand(b, X, a, post, comb);
-        snprintf(mod, sizeof mod, "model.layers.%d.ffn_hc", il);
-        c = kb_hc_collapse(b, X, mod, (int)hp->hc_iters, hp->hc_eps, &post, &comb);
-        kb_moe_opts mo;
-        kb_moe_defaults(b, il, &mo);
-        mo.swiglu_oai = false, mo.silu_clamp = true, mo.limit = hp->moe_swiglu_limit, mo.norm_eps = 1e-20f;
-        if (hp->layer_hash[il]) {
-            mo.choice_bias = false;
-            mo.hash_idx = hash_experts(b, il);
-            if (!mo.hash_idx) return NULL;
-        }
-        kg_node *y = kb_moe(b, c ? kb_norm(b, c, KM_T_FFN_NORM, il, KB_NORM_RMS) : NULL, il, &mo);
-        X = kb_hc_expand(b, X, y, post, comb);
+        snprintf(pre, sizeof pre, "model.layers.%d.", il);
+        X = layer(b, X, il, pre);
     }
+    if (hp->hidden_out && hp->mtp_state) return kg_name(stream_rows(b, X), "hidden", -1);
     return kb_output(b, kb_hc_head(b, X, "model.hc_head", hp->hc_eps), NULL);
 }
 

@@ -234,6 +234,8 @@ typedef struct {
     float layer_act_sparsity[KM_MAX_LAYERS]; /* gaussian top-k target sparsity of layer il's MLP gate; 0: none */
     /* ==== embedding and reranking models (src/embed) */
     bool hidden_out;          /* the graph ends at the final norm: rows [R, hidden] of last hidden states, no head */
+    bool mtp_state;           /* with hidden_out: the rows are the state an MTP head reads, [R, km_state_width]
+                               * (DeepSeek-V4: the residual streams before hc_head; else the same rows) */
     bool bidirectional;       /* encoder attention: each token sees its whole sequence (a sequence comes in one
                                * step); a layer's window W is symmetric, keys with |i - j| < W */
     int64_t type_vocab;       /* > 0: kb_embed adds rows of KM_T_TYPE_EMBD [type_vocab, hidden] for the KB_IN_TYPES
@@ -241,14 +243,22 @@ typedef struct {
     int64_t n_labels;         /* a sequence classification head: rows [R, n_labels] (cross-encoders); 0: none */
     int pos_offset;           /* learned positions read row pos + this (RoBERTa: padding_idx + 1) */
     /* ==== a multi-token prediction head as a model (blocks_mtp.c) */
-    bool hidden_in;           /* the graph reads a row [hidden] per token (KB_IN_EMBD: the main model's hidden state) */
+    bool hidden_in;           /* the graph reads a row [km_state_width] per token (KB_IN_EMBD: the main model's hidden state) */
     int64_t out_extra;        /* the output rows carry this many more floats after the logits */
 } km_hparams;
 
-/* The width of the forward graph's output rows: hidden with hp->hidden_out,
- * n_labels for a classification head, else vocab (logits); plus hp->out_extra. */
+/* The width of the state an MTP head reads (hp->mtp_state's rows, its
+ * hp->hidden_in's): hidden, or with hyper-connections (hc_mult > 0,
+ * DeepSeek-V4) the hc_mult residual streams before their final collapse,
+ * [hc_mult * hidden]. */
+static inline int64_t km_state_width(const km_hparams *hp) { return hp->hidden * (hp->hc_mult > 0 ? hp->hc_mult : 1); }
+
+/* The width of the forward graph's output rows: hidden with hp->hidden_out
+ * (km_state_width with hp->mtp_state too), n_labels for a classification
+ * head, else vocab (logits); plus hp->out_extra. */
 static inline int64_t km_out_width(const km_hparams *hp) {
-    return (hp->hidden_out ? hp->hidden : hp->n_labels > 0 ? hp->n_labels : hp->vocab) + hp->out_extra;
+    int64_t w = hp->hidden_out ? (hp->mtp_state ? km_state_width(hp) : hp->hidden) : hp->n_labels > 0 ? hp->n_labels : hp->vocab;
+    return w + hp->out_extra;
 }
 
 /* Reads the fields every decoder has; errors name the field. Families call

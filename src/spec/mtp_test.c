@@ -13,7 +13,8 @@
  * mtp.layers.0 (attention without positions) and .1 (relu^2 experts), two
  * blocks with final_layernorm under the last; over a sequence (the KV cache,
  * the zeroed embedding at position 0) and a chained step; the layouts it
- * refuses (an unknown one, DeepSeek-V4's). The references follow vLLM's
+ * refuses (an unknown one, an incomplete DeepSeek-V4 layer; mtp_v4_test.c
+ * checks DeepSeek-V4's head). The references follow vLLM's
  * mimo_mtp.py, deepseek_mtp.py (glm4_moe_mtp.py mirrors it),
  * qwen3_next_mtp.py, exaone_moe_mtp.py and nemotron_h_mtp.py. No fixture
  * carries MTP weights: the checkpoints are the oracle fixtures with random
@@ -40,6 +41,9 @@ static const struct {
     const char *proj;
     bool own_head;         /* shared_head.head [vocab, hidden] of its own */
     const char *patch;     /* config.json */
+    bool v4;               /* DeepSeek-V4: e_proj and h_proj [hidden, hidden] for proj, the head's own hc_head, no
+                            * compressor (the released MTP layer slides); the fixture's file kept as it is beside
+                            * one of the MTP tensors (it holds integer tid2eid tables) */
 } cases[KSPEC_TEST_N] = {
     [KSPEC_TEST_MIMO] = {"qwen2", "model.layers.0.", "model.mtp_layers.0.", "model.mtp_layers.0.", NULL, NULL,
                          {"token_layernorm", "hidden_layernorm", "final_layernorm"}, "input_proj", false,
@@ -66,6 +70,9 @@ static const struct {
                               {"enorm", "hnorm", "shared_head.norm"}, "eh_proj", false, "{\"num_nextn_predict_layers\": 1}"},
     [KSPEC_TEST_QWEN35_MOE] = {"qwen3_5_moe_text", "model.layers.3.", "mtp.layers.0.", "mtp.", NULL, NULL,
                                {"pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"}, "fc", false, "{\"mtp_num_hidden_layers\": 1}"},
+    /* layer 2 (top-k routed) without its compressor: sliding over 8 keys */
+    [KSPEC_TEST_DEEPSEEK_V4] = {"deepseek_v4", "model.layers.2.", "mtp.0.", "mtp.0.", NULL, NULL, {"enorm", "hnorm", "norm"}, NULL,
+                                false, "{\"num_nextn_predict_layers\": 1}", true},
 };
 
 const char *kspec_test_mtp_fixture(kspec_test_layout which) { return cases[which].fixture; }
@@ -87,8 +94,15 @@ bool kspec_test_mtp_model(kspec_test_layout which, char *dir, size_t cap) {
         return false;
     }
     mt_set s = {.n = 0};
-    bool ok = true;
-    for (int i = 0; ok && i < kc_tensor_count(ck); i++) ok = mt_copy(&s, ck, kc_tensor_at(ck, i)->name, kc_tensor_at(ck, i)->name) != NULL;
+    bool ok = true, v4 = cases[which].v4;
+    for (int i = 0; ok && i < kc_tensor_count(ck); i++) {
+        const kc_tensor *t = kc_tensor_at(ck, i);
+        if (v4) { /* the layer's float tensors only, to shape the MTP layer by */
+            if (!strncmp(t->name, cases[which].from, strlen(cases[which].from)) && kc_dtype_is_float(t->dtype) &&
+                !strstr(t->name, "self_attn.compressor."))
+                ok = mt_copy(&s, ck, t->name, t->name) != NULL;
+        } else ok = mt_copy(&s, ck, t->name, t->name) != NULL;
+    }
     /* the MTP layer: the template layer's shapes with fresh random values */
     uint64_t rng = 42 + (uint64_t)which;
     int n0 = s.n;
@@ -102,6 +116,13 @@ bool kspec_test_mtp_model(kspec_test_layout which, char *dir, size_t cap) {
             if (ok) fill(d, kc_tensor_numel(&s.t[s.n - 1]), strstr(name, "norm") != NULL, &rng);
         }
     }
+    if (v4) { /* the copies of the fixture's layer go: its file comes whole */
+        mt_set m = {.n = 0};
+        for (int i = n0; i < s.n; i++) m.t[m.n++] = s.t[i];
+        s.n = n0;
+        mt_free(&s);
+        s = m;
+    }
     int64_t H = 64, V = 512;
     for (int k = 0; ok && k < 3; k++) {
         snprintf(name, sizeof name, "%s%s.weight", k == 2 && cases[which].layer2 ? cases[which].layer2 : cases[which].head,
@@ -110,10 +131,22 @@ bool kspec_test_mtp_model(kspec_test_layout which, char *dir, size_t cap) {
         ok = d != NULL;
         if (ok) fill(d, H, true, &rng);
     }
-    snprintf(name, sizeof name, "%s%s.weight", cases[which].head, cases[which].proj);
-    float *w = ok ? mt_f32(&s, name, 2, (int64_t[]){H, 2 * H}) : NULL;
-    ok = w != NULL;
-    if (ok) fill(w, H * 2 * H, false, &rng);
+    float *w = NULL;
+    if (v4) { /* e_proj, h_proj; hc_head [N, N * H], its base [N] and scale [1] */
+        static const char *const part[] = {"e_proj.weight", "h_proj.weight", "hc_head.hc_fn", "hc_head.hc_base", "hc_head.hc_scale"};
+        const int64_t shp[][2] = {{H, H}, {H, H}, {4, 4 * H}, {4, 0}, {1, 0}};
+        for (int k = 0; ok && k < 5; k++) {
+            snprintf(name, sizeof name, "%s%s", cases[which].head, part[k]);
+            w = mt_f32(&s, name, shp[k][1] ? 2 : 1, shp[k][1] ? shp[k] : (const int64_t[]){shp[k][0]});
+            ok = w != NULL;
+            if (ok) fill(w, shp[k][0] * (shp[k][1] ? shp[k][1] : 1), k == 4, &rng);
+        }
+    } else {
+        snprintf(name, sizeof name, "%s%s.weight", cases[which].head, cases[which].proj);
+        w = ok ? mt_f32(&s, name, 2, (int64_t[]){H, 2 * H}) : NULL;
+        ok = w != NULL;
+        if (ok) fill(w, H * 2 * H, false, &rng);
+    }
     if (ok && cases[which].own_head) {
         snprintf(name, sizeof name, "%sshared_head.head.weight", cases[which].head);
         w = mt_f32(&s, name, 2, (int64_t[]){V, H});
@@ -122,6 +155,17 @@ bool kspec_test_mtp_model(kspec_test_layout which, char *dir, size_t cap) {
     }
     char *cfg = ok ? mt_patched_config(from, cases[which].patch) : NULL;
     ok = cfg && mt_write(&s, dir, cfg);
+    if (ok && v4) { /* model-1: the fixture's file; model-2: the MTP layer (the checkpoint is every *.safetensors then) */
+        char p[4096], q[4096], *buf = NULL;
+        size_t len = 0;
+        snprintf(p, sizeof p, "%s/model.safetensors", from);
+        kiln_status rs = ku_read_file(p, &buf, &len);
+        ok = !rs && ckt_write(dir, "model-1.safetensors", buf, len);
+        kiln_status_free(rs);
+        free(buf);
+        snprintf(p, sizeof p, "%s/model.safetensors", dir), snprintf(q, sizeof q, "%s/model-2.safetensors", dir);
+        ok = ok && rename(p, q) == 0;
+    }
     free(cfg);
     mt_free(&s);
     kc_close(ck);
@@ -679,7 +723,6 @@ KT_TEST(mtp_refuses_other_layouts) {
     ke_model_free(m);
     /* MTP tensors in a layout kiln does not know: refused, naming one */
     refused("qwen2", "mtp.layers.0.odd_proj.weight", "{}", "mtp.layers.0.odd_proj.weight) are in no layout kiln serves");
-    /* DeepSeek-V4's (mtp.<i>.*): refused with the reason */
-    refused("deepseek_v4", "mtp.0.e_proj.weight", "{\"num_nextn_predict_layers\": 1}",
-            "(e.g. mtp.0.e_proj.weight) are DeepSeek-V4's: they read the main model's hyper-connection streams");
+    /* a DeepSeek-V4 MTP layer with tensors missing: the first named (mtp_v4_test.c checks a whole one) */
+    refused("deepseek_v4", "mtp.0.e_proj.weight", "{\"num_nextn_predict_layers\": 1}", "tensor mtp.0.enorm.weight not found");
 }

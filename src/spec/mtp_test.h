@@ -19,6 +19,7 @@ typedef enum {
     KSPEC_TEST_GLM5,       /* glm_moe_dsa with a nextn layer (MLA with the lightning indexer's top 4 keys, experts) */
     KSPEC_TEST_GLM4_LITE,  /* glm4_moe_lite with a nextn layer (MLA, experts) */
     KSPEC_TEST_QWEN35_MOE, /* qwen3_5_moe_text with mtp.* (experts with a gated shared one) */
+    KSPEC_TEST_DEEPSEEK_V4, /* deepseek_v4 with mtp.0.* (hyper-connections, sliding attention with sinks, experts) */
     KSPEC_TEST_N
 } kspec_test_layout;
 

@@ -202,7 +202,7 @@ static kiln_status mtp_create(kspec *s, ke_ctx *target) {
     const ke_model *tm = ke_ctx_model(target);
     const km_hparams *hp = ke_model_hparams(tm);
     KILN_TRY(kspec_mtp_load(tm, &s->mtp));
-    KILN_TRYF(ke_model_load_hidden(kc_dir(ke_model_checkpoint(tm)), &s->hm), "--spec-mtp");
+    KILN_TRYF(ke_model_load_mtp_state(kc_dir(ke_model_checkpoint(tm)), &s->hm), "--spec-mtp");
     ke_ctx_params cp = {.n_ctx = ke_ctx_n_ctx(target),
                         .n_cache = ke_ctx_n_blocks(target) * ke_ctx_block_size(target),
                         .n_threads = ke_ctx_n_threads(target),
@@ -210,7 +210,7 @@ static kiln_status mtp_create(kspec *s, ke_ctx *target) {
                         .pooling = true};
     KILN_TRYF(ke_ctx_create(s->hm, &cp, &s->hc), "--spec-mtp");
     KILN_TRYF(ke_ctx_create(kspec_mtp_model(s->mtp), &cp, &s->mc), "--spec-mtp");
-    s->mbuf = malloc(sizeof(float) * (size_t)hp->hidden);
+    s->mbuf = malloc(sizeof(float) * (size_t)km_state_width(hp));
     s->erow = malloc(sizeof(float *) * 512);
     return s->mbuf && s->erow ? NULL : kiln_error(KILN_ENOMEM, "out of memory");
 }
@@ -410,7 +410,7 @@ static kiln_status guess_draft(kspec_seq *q, int32_t kmax, int32_t *k) {
 static kiln_status guess_mtp(kspec_seq *q, int32_t kmax, int32_t *k) {
     kspec *s = q->s;
     *k = 0;
-    int64_t H = ke_model_hparams(s->hm)->hidden, V = s->vocab, n = q->n;
+    int64_t H = km_state_width(ke_model_hparams(s->hm)), V = s->vocab, n = q->n; /* a hidden-state row */
     if (n < 2) return NULL;
     int64_t hl = ke_seq_len(s->hc, q->hseq), ml = ke_seq_len(s->mc, q->mseq);
     if (ml > hl) KILN_TRYF(ke_seq_truncate(s->mc, q->mseq, hl), "--spec-mtp");

@@ -352,6 +352,7 @@ KT_TEST(spec_identical_mtp_exaone_moe) { check_mtp(KSPEC_TEST_EXAONE_MOE); }
 KT_TEST(spec_identical_mtp_glm5) { check_mtp(KSPEC_TEST_GLM5); }
 KT_TEST(spec_identical_mtp_glm4_lite) { check_mtp(KSPEC_TEST_GLM4_LITE); }
 KT_TEST(spec_identical_mtp_qwen35_moe) { check_mtp(KSPEC_TEST_QWEN35_MOE); }
+KT_TEST(spec_identical_mtp_deepseek_v4) { check_mtp(KSPEC_TEST_DEEPSEEK_V4); }
 
 /* The head's cache kept across rounds (rows cut back to the kept tokens,
  * hidden states fed in pieces) gives the guesses a fresh sequence given the
@@ -405,6 +406,7 @@ KT_TEST(spec_mtp_cache_kept_across_rounds) {
     check_mtp_cache(KSPEC_TEST_GLM);
     check_mtp_cache(KSPEC_TEST_QWEN3_NEXT);
     check_mtp_cache(KSPEC_TEST_NEMOTRON_H); /* two decoder layers, two caches */
+    check_mtp_cache(KSPEC_TEST_DEEPSEEK_V4); /* hidden states of several streams, a sliding window */
 }
 
 KT_TEST(spec_flags) {
@@ -550,6 +552,7 @@ KT_TEST(spec_info_cli_mtp_layouts) {
         {KSPEC_TEST_NEMOTRON_H, "guesses tokens with --spec-mtp, layout Nemotron-H (mtp.layers.<i>.*) (2 decoder layers)"},
         {KSPEC_TEST_EXAONE_MOE, "guesses tokens with --spec-mtp, layout EXAONE-MoE (mtp.*) (1 decoder layer)"},
         {KSPEC_TEST_GLM5, "guesses tokens with --spec-mtp, layout DeepSeek-V3 / GLM nextn (model.layers.<n>.*) (1 decoder layer)"},
+        {KSPEC_TEST_DEEPSEEK_V4, "guesses tokens with --spec-mtp, layout DeepSeek-V4 (mtp.<i>.*) (1 decoder layer)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char dir[512], cmd[8192], out[8192];
