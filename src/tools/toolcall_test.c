@@ -141,7 +141,7 @@ static const rt_case k_rt[] = {
     {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", KTC_DEEPSEEK, "<｜end▁of▁sentence｜>", 2, false},
     {"deepseek-ai-DeepSeek-V3.1", KTC_DEEPSEEK, "<｜end▁of▁sentence｜>", 2, false},
     {"GLM-4.6", KTC_GLM45, NULL, 2, true}, /* the turn ends at the next <|user|> */
-    /* (Kimi-K2-Instruct.jinja calls list.append, which kiln's Jinja lacks) */
+    /* (Kimi-K2-Instruct.jinja calls list.append, which transformers' ImmutableSandboxedEnvironment refuses too (SecurityError; tools/jinja_python_oracle.py)) */
     {"moonshotai-Kimi-K2", KTC_KIMI_K2, "<|im_end|>", 2, false},
     {"CohereForAI-c4ai-command-r7b-12-2024-tool_use", KTC_COMMAND_R, "<|END_OF_TURN_TOKEN|>", 2, true},
     /* (ByteDance-Seed-OSS.jinja: its cases are hand-written) */
@@ -719,8 +719,8 @@ KT_TEST(toolcall_llama_cpp_cases) {
 static const struct {
     const char *file, *why;
 } k_rt_known[] = {
-    {"Kimi-K2-Instruct", "calls list.append, which kiln's Jinja lacks"},
-    {"Kimi-K2-Thinking", "calls list.append, which kiln's Jinja lacks"},
+    {"Kimi-K2-Instruct", "calls list.append, which transformers' ImmutableSandboxedEnvironment refuses too (SecurityError; tools/jinja_python_oracle.py)"},
+    {"Kimi-K2-Thinking", "calls list.append, which transformers' ImmutableSandboxedEnvironment refuses too (SecurityError; tools/jinja_python_oracle.py)"},
     {"ibm-granite-granite-3.3", "renders no past calls"},
     {"LFM2-8B-A1B", "renders no past calls"},
     {"LFM2.5-Instruct", "renders no past calls"},
