@@ -6,7 +6,14 @@
  * match). Replies stream; Ctrl-C stops the reply, not the program. On a
  * terminal lines are edited with libedit (history kept for the session);
  * otherwise each line of standard input is one user turn and each reply one
- * block of standard output, so it can be scripted. */
+ * block of standard output, so it can be scripted.
+ *
+ * In an MPI job (mpirun -np N kiln chat ... --tp N, or --pp) rank 0 is the
+ * chat: mpirun hands standard input to it alone, and its context leads
+ * (ke_ctx_lead: every step broadcast to the others before it runs); the
+ * other processes load their shard and follow those steps (ke_ctx_follow)
+ * until rank 0's context ends, as serve --tp's followers do. Templates,
+ * sampling and images stay on rank 0. */
 #include <editline/readline.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,6 +31,7 @@
 #include "gen/params.h"
 #include "gen/session.h"
 #include "grammar/grammar.h"
+#include "runtime/dist.h"
 #include "vision/vision.h"
 
 static void usage(FILE *f) {
@@ -35,7 +43,9 @@ static void usage(FILE *f) {
                "  --system TEXT         a system message first\n"
                "  --image FILE          vision-language models: a PNG, JPEG, WebP or GIF image with the first message\n"
                "  -c, --ctx-size N      context size for the whole conversation (default: the model's, at most 4096)\n"
-               "  -t, --threads N       threads (default: all CPUs)\n"
+               "  -t, --threads N       threads (default: all CPUs; per process in an MPI job)\n"
+               "  mpirun -np N kiln chat ... --tp N (or --pp P): one model across processes; rank 0 reads\n"
+               "  the turns from standard input and prints the replies (mpirun's Ctrl-C ends the job)\n"
                "commands in the conversation:\n"
                "  /system TEXT          set the system message (the conversation is kept)\n"
                "  /clear                forget the conversation (the system message stays)\n"
@@ -486,12 +496,31 @@ static char *next_line(chat *ch) {
     return l;
 }
 
+/* The context every process of a job creates alike (follow). */
+static ke_ctx_params ctx_params(const chat_opts *o) { return (ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads}; }
+
+/* A process other than rank 0 of a --tp/--pp job: rank 0's steps on this
+ * process's shard, until rank 0 leaves. */
+static kiln_status follow(const chat_opts *o) {
+    ke_model *m = NULL;
+    ke_ctx *c = NULL;
+    KILN_TRYF(ke_model_load(o->dir, &m), "loading %s", o->dir);
+    ke_ctx_params cp = ctx_params(o);
+    kiln_status st = ke_ctx_create(m, &cp, &c);
+    if (!st) st = ke_ctx_follow(c);
+    ke_ctx_free(c);
+    ke_model_free(m);
+    return st;
+}
+
 static kiln_status setup(chat *ch) {
     chat_opts *o = ch->o;
     KILN_TRY(ke_model_load(o->dir, &ch->m));
     KILN_TRYF(ktok_load(o->dir, &ch->tok), "kiln chat needs the model's tokenizer");
     KILN_TRYF(kchat_load(o->dir, &ch->tmpl), "kiln chat needs the model's chat template");
-    KILN_TRY(ke_ctx_create(ch->m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads}, &ch->c));
+    ke_ctx_params cp = ctx_params(o);
+    KILN_TRY(ke_ctx_create(ch->m, &cp, &ch->c));
+    ke_ctx_lead(ch->c); /* one process: nothing */
     kiln_warn_ctx(ch->m, ke_ctx_n_ctx(ch->c));
     const km_hparams *hp = ke_model_hparams(ch->m);
     KILN_TRY(kc_eos_ids(ke_model_checkpoint(ch->m), ch->eos, 16, &ch->n_eos));
@@ -516,6 +545,14 @@ int kiln_cmd_chat(int argc, char **argv) {
         return 0;
     }
     if (!o.dir) o.dir = kiln_default_model();
+    if (kd_size() > 1) { /* --tp/--pp: rank 0 chats, the others follow its steps (no sampling of their own) */
+        kd_set_lockstep(false);
+        if (!st && kd_rank() > 0) st = follow(&o);
+        if (st || kd_rank() > 0) {
+            kgen_params_free(&o.gp);
+            return st ? kiln_fail(st) : 0;
+        }
+    }
     chat ch = {.o = &o, .tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO)};
     if (!st) st = setup(&ch);
     if (!st) {

@@ -57,10 +57,11 @@ static void usage(FILE *f) {
 }
 
 /* Commands that run the same steps in every process of a --tp job, given
- * the same arguments (no standard input, no server, no timing-driven loops
- * around the model). */
+ * the same arguments (no standard input, no timing-driven loops around the
+ * model), and serve and chat, whose rank 0 reads the requests or the turns
+ * and leads the others through its steps (ke_ctx_lead). */
 static bool tp_command(const char *name) {
-    static const char *const ok[] = {"generate", "validate", "bench", "bench-batch", "perplexity", "export", "info", "serve", NULL};
+    static const char *const ok[] = {"generate", "validate", "bench", "bench-batch", "perplexity", "export", "info", "serve", "chat", NULL};
     for (int i = 0; ok[i]; i++)
         if (!strcmp(name, ok[i])) return true;
     return false;
@@ -144,7 +145,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[1], commands[i].name)) {
             if (kd_size() > 1 && !tp_command(argv[1])) {
                 fprintf(stderr, "kiln %s: --tp is not supported by this command yet (generate, validate, bench, "
-                                "bench-batch, perplexity, export, info and serve are)\n", argv[1]);
+                                "bench-batch, perplexity, export, info, serve and chat are)\n", argv[1]);
                 kd_abort(1);
             }
             /* a job's processes all run the command; rank 0 prints */

@@ -403,7 +403,9 @@ kg_node *kg_top_k_torch(kg_graph *g, kg_node *x, int k);
  * idx[t, j] == e, of wts[t, j] * (down_e(act(gate_e x_t + gb_e, up_e x_t + ub_e)) + db_e).
  * w[i] lists gate, gate scales, gate biases, up, up s, up b, down, down s,
  * down b, gate_b, up_b, down_b (NULL where absent). With attr->scale_input,
- * w = wts[t, j] multiplies x_t before the expert instead (see kg_moe_attr). */
+ * w = wts[t, j] multiplies x_t before the expert instead (see kg_moe_attr).
+ * A slot whose idx is outside [0, n_experts) adds nothing and runs no expert
+ * (expert parallelism marks another process's experts -1: models/blocks_moe.c). */
 kg_node *kg_moe(kg_graph *g, kg_node *x, kg_node *idx, kg_node *wts, kg_node *const w[12], const kg_moe_attr *attr);
 
 /* ---- recurrent composites ----

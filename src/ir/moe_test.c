@@ -191,44 +191,55 @@ static void *fill(kg_dtype t, int64_t n, float scale) {
     return p;
 }
 
+/* kiln.moe's inputs for c in bufs, in build_moe's order (x, idx: distinct
+ * experts per row, wts, the weights, the biases); per[i]: bytes of one
+ * expert's part of bufs[i], 0 for x, idx and wts. The count of buffers. */
+static int fill_moe(const moe_cfg *c, void **bufs, int64_t *per) {
+    int nb = 0;
+    int64_t R[3] = {c->F, c->F, c->H}, C[3] = {c->H, c->H, c->F};
+    bufs[nb++] = fill(KG_F32, c->T * c->H, 1);
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(c->T * c->K));
+    for (int64_t t = 0; t < c->T; t++)
+        for (int j = 0; j < c->K; j++) idx[t * c->K + j] = (int32_t)((t * 3 + j * 5 + 1) % c->E);
+    bufs[nb++] = idx;
+    bufs[nb++] = fill(KG_F32, c->T * c->K, 1);
+    for (int r = 0; r < 3; r++) {
+        if (c->fmt[r] == KG_WF_AFFINE) {
+            per[nb] = R[r] * C[r] / 2, bufs[nb++] = fill(KG_U32, c->E * R[r] * C[r] * 4 / 32, 1);
+            per[nb] = R[r] * C[r] / 16, bufs[nb++] = fill(KG_BF16, c->E * R[r] * C[r] / 32, 0.02f);
+            per[nb] = R[r] * C[r] / 16, bufs[nb++] = fill(KG_BF16, c->E * R[r] * C[r] / 32, 0.1f);
+        } else {
+            kg_dtype t = c->fmt[r] == KG_WF_F32 ? KG_F32 : c->fmt[r] == KG_WF_F16 ? KG_F16 : KG_BF16;
+            per[nb] = R[r] * C[r] * (int64_t)kg_dtype_size(t), bufs[nb++] = fill(t, c->E * R[r] * C[r], 0.2f);
+        }
+    }
+    if (c->bias) {
+        per[nb] = c->F * 4, bufs[nb++] = fill(KG_F32, c->E * c->F, 0.3f);
+        per[nb] = c->F * 2, bufs[nb++] = fill(KG_BF16, c->E * c->F, 0.3f);
+        per[nb] = c->H * 4, bufs[nb++] = fill(KG_F32, c->E * c->H, 0.3f);
+    }
+    return nb;
+}
+
+/* kiln.moe cases: formats, activations, biases, weights on the input */
+static const moe_cfg moe_cases[] = {
+    {5, 64, 32, 4, 2, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU, false, false},
+    {3, 64, 64, 6, 3, {KG_WF_AFFINE, KG_WF_AFFINE, KG_WF_AFFINE}, KG_MOE_SILU, false, false},
+    {1, 32, 64, 4, 2, {KG_WF_BF16, KG_WF_F16, KG_WF_AFFINE}, KG_MOE_GELU_TANH, true, false},
+    {4, 64, 32, 4, 2, {KG_WF_F32, KG_WF_BF16, KG_WF_F32}, KG_MOE_SWIGLU_OAI, true, false},
+    {4, 64, 32, 4, 2, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU_CLAMP, false, false},
+    {6, 32, 32, 8, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_GELU, false, false},
+    {5, 64, 32, 4, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU, false, true},      /* Llama 4 */
+    {4, 64, 32, 6, 2, {KG_WF_AFFINE, KG_WF_BF16, KG_WF_F32}, KG_MOE_SILU, true, true},
+    {5, 64, 32, 4, 2, {KG_WF_F32, KG_WF_AFFINE, KG_WF_BF16}, KG_MOE_RELU2, false, false}, /* Nemotron-H */
+};
+
 KT_TEST(moe_matches_decomposition) {
-    moe_cfg cfgs[] = {
-        {5, 64, 32, 4, 2, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU, false, false},
-        {3, 64, 64, 6, 3, {KG_WF_AFFINE, KG_WF_AFFINE, KG_WF_AFFINE}, KG_MOE_SILU, false, false},
-        {1, 32, 64, 4, 2, {KG_WF_BF16, KG_WF_F16, KG_WF_AFFINE}, KG_MOE_GELU_TANH, true, false},
-        {4, 64, 32, 4, 2, {KG_WF_F32, KG_WF_BF16, KG_WF_F32}, KG_MOE_SWIGLU_OAI, true, false},
-        {4, 64, 32, 4, 2, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU_CLAMP, false, false},
-        {6, 32, 32, 8, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_GELU, false, false},
-        {5, 64, 32, 4, 1, {KG_WF_F32, KG_WF_F32, KG_WF_F32}, KG_MOE_SILU, false, true},      /* Llama 4 */
-        {4, 64, 32, 6, 2, {KG_WF_AFFINE, KG_WF_BF16, KG_WF_F32}, KG_MOE_SILU, true, true},
-        {5, 64, 32, 4, 2, {KG_WF_F32, KG_WF_AFFINE, KG_WF_BF16}, KG_MOE_RELU2, false, false}, /* Nemotron-H */
-    };
-    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
-        moe_cfg *c = &cfgs[ci];
+    for (size_t ci = 0; ci < sizeof moe_cases / sizeof moe_cases[0]; ci++) {
+        moe_cfg cc = moe_cases[ci], *c = &cc;
         void *bufs[KG_MAX_IN] = {0};
-        int nb = 0;
-        bufs[nb++] = fill(KG_F32, c->T * c->H, 1);
-        int32_t *idx = malloc(sizeof(int32_t) * (size_t)(c->T * c->K));
-        for (int64_t t = 0; t < c->T; t++)
-            for (int j = 0; j < c->K; j++) idx[t * c->K + j] = (int32_t)((t * 3 + j * 5 + 1) % c->E); /* distinct per row */
-        bufs[nb++] = idx;
-        bufs[nb++] = fill(KG_F32, c->T * c->K, 1);
-        int64_t R[3] = {c->F, c->F, c->H}, C[3] = {c->H, c->H, c->F};
-        for (int r = 0; r < 3; r++) {
-            if (c->fmt[r] == KG_WF_AFFINE) {
-                bufs[nb++] = fill(KG_U32, c->E * R[r] * C[r] * 4 / 32, 1);
-                bufs[nb++] = fill(KG_BF16, c->E * R[r] * C[r] / 32, 0.02f);
-                bufs[nb++] = fill(KG_BF16, c->E * R[r] * C[r] / 32, 0.1f);
-            } else {
-                kg_dtype t = c->fmt[r] == KG_WF_F32 ? KG_F32 : c->fmt[r] == KG_WF_F16 ? KG_F16 : KG_BF16;
-                bufs[nb++] = fill(t, c->E * R[r] * C[r], 0.2f);
-            }
-        }
-        if (c->bias) {
-            bufs[nb++] = fill(KG_F32, c->E * c->F, 0.3f);
-            bufs[nb++] = fill(KG_BF16, c->E * c->F, 0.3f);
-            bufs[nb++] = fill(KG_F32, c->E * c->H, 0.3f);
-        }
+        int64_t per[KG_MAX_IN] = {0};
+        int nb = fill_moe(c, bufs, per);
         void *res[2];
         size_t bytes;
         KT_CHECK(irt_run_both(build_moe, c, bufs, res, &bytes));
@@ -243,5 +254,66 @@ KT_TEST(moe_matches_decomposition) {
         for (int i = 0; i < nb; i++) free(bufs[i]);
         KT_CHECKF(md <= 1e-5 * (1 + mx), "moe config %zu: max diff %g (max |y| %g)", ci, md, mx);
         KT_CHECKF(mx > 1e-3, "moe config %zu: output is all zeros", ci);
+    }
+}
+
+/* Expert parallelism's kiln.moe (models/blocks_moe.c): process p of 2 holds
+ * experts [p E/2, (p+1) E/2) and marks the other process's slots -1. A
+ * slot naming no expert adds nothing and gathers no row: each share
+ * matches the decomposition, is bit for bit the share computed the
+ * earlier way (another process's slot clamped onto the first or last local
+ * expert with weight 0, which then ran on that token too), and the two shares added
+ * in process order are the one-process output. With the weights on the
+ * input and expert biases (the last case) the earlier way was wrong: local
+ * expert 0 ran on a zeroed input and its biases' output was added once. */
+KT_TEST(moe_expert_parallel_share_skips_other_slots) {
+    static const size_t pick[] = {0, 1, 3, 7}; /* f32, q4, biases, biases with the weights on the input */
+    for (size_t pi = 0; pi < sizeof pick / sizeof pick[0]; pi++) {
+        size_t ci = pick[pi];
+        moe_cfg cc = moe_cases[ci], *c = &cc, lc = cc;
+        lc.E = c->E / 2;
+        void *bufs[KG_MAX_IN] = {0};
+        int64_t per[KG_MAX_IN] = {0}, TK = c->T * c->K;
+        int nb = fill_moe(c, bufs, per);
+        const int32_t *idx = bufs[1];
+        void *one[2], *share[2][2], *old[2];
+        size_t bytes;
+        KT_CHECK(irt_run_both(build_moe, c, bufs, one, &bytes));
+        int32_t *skip = malloc(sizeof(int32_t) * (size_t)TK), *clamp = malloc(sizeof(int32_t) * (size_t)TK);
+        float *w0 = malloc(sizeof(float) * (size_t)TK);
+        for (int p = 0; p < 2; p++) {
+            void *lb[KG_MAX_IN] = {0};
+            for (int i = 0; i < nb; i++) lb[i] = per[i] ? (char *)bufs[i] + p * lc.E * per[i] : bufs[i];
+            for (int64_t s = 0; s < TK; s++) {
+                int32_t d = idx[s] - (int32_t)(p * lc.E);
+                bool mine = d >= 0 && d < lc.E;
+                skip[s] = mine ? d : -1;
+                clamp[s] = d < 0 ? 0 : d >= lc.E ? (int32_t)lc.E - 1 : d;
+                w0[s] = mine ? ((float *)bufs[2])[s] : 0.0f;
+            }
+            lb[1] = skip;
+            KT_CHECK(irt_run_both(build_moe, &lc, lb, share[p], &bytes));
+            lb[1] = clamp, lb[2] = w0;
+            void *o2[2];
+            KT_CHECK(irt_run_both(build_moe, &lc, lb, o2, &bytes));
+            old[p] = o2[0];
+            free(o2[1]);
+            double mx, md = irt_max_diff(share[p][0], share[p][1], bytes / 4, &mx);
+            KT_CHECKF(md <= 1e-5 * (1 + mx), "case %zu, process %d: kernel and decomposition differ by %g", ci, p, md);
+            if (!c->scale_input)
+                KT_CHECKF(!memcmp(share[p][0], old[p], bytes), "case %zu, process %d: the share is not the weight-0 share", ci, p);
+        }
+        float *sum = malloc(bytes);
+        for (size_t i = 0; i < bytes / 4; i++) sum[i] = (0.0f + ((float *)share[0][0])[i]) + ((float *)share[1][0])[i];
+        double mx, md = irt_max_diff(sum, one[0], bytes / 4, &mx);
+        KT_CHECKF(md <= 1e-5 * (1 + mx) && mx > 1e-3, "case %zu: shares' sum off the one-process output by %g (max %g)", ci, md, mx);
+        if (c->scale_input) {
+            for (size_t i = 0; i < bytes / 4; i++) sum[i] = (0.0f + ((float *)old[0])[i]) + ((float *)old[1])[i];
+            KT_CHECKF(irt_max_diff(sum, one[0], bytes / 4, &mx) > 1e-3, "case %zu: the weight-0 shares were right", ci);
+        }
+        free(sum), free(skip), free(clamp), free(w0);
+        for (int p = 0; p < 2; p++) free(share[p][0]), free(share[p][1]), free(old[p]);
+        free(one[0]), free(one[1]);
+        for (int i = 0; i < nb; i++) free(bufs[i]);
     }
 }

@@ -8,7 +8,9 @@
  * projection; results are added to the output in increasing expert order,
  * as the decomposition's dense combination sums them (the non-gated
  * KG_MOE_RELU2 skips the gate projection). Expert weights stay in
- * their stored format; only the chosen experts' weights are read. */
+ * their stored format; only the chosen experts' weights are read. A slot
+ * naming no expert of this node (idx outside [0, E): another process's
+ * expert under expert parallelism) is not gathered at all. */
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>

@@ -341,15 +341,20 @@ static kg_node *routed(kb_ctx *b, kg_node *x, kg_node *idx, kg_node *wts, int il
     }
     if (o->expert_bias && (!w[9] || !w[10] || !w[11])) return NULL;
     if (!ep) return kg_moe(b->g, x, idx, wts, w, &a);
-    /* this process's experts: ids lo.. as 0.., the others' choices weighted 0 */
+    /* this process's experts: ids lo.. as 0..; another process's choice as
+     * -1, a slot kiln.moe skips (kg_moe), so that this process runs its
+     * experts on their tokens only, about 1/N of the routed work. Its share
+     * is the one-process sum's terms of its experts, in the same order, as
+     * when such a slot ran on a local expert with weight 0 (a term of +-0
+     * for a finite output, which leaves the sum's bits as they were), and
+     * the all_reduce adds the shares in process order. */
     kg_graph *g = b->g;
     if (!idx || !wts) return NULL;
     kg_node *d = kg_binary(g, KG_OP_SUB, idx, kg_broadcast_like(g, kg_scalar(g, idx->dtype, (double)lo), idx));
-    kg_node *local = kg_clamp(g, kg_broadcast_like(g, kg_scalar(g, idx->dtype, 0), d), d,
-                             kg_broadcast_like(g, kg_scalar(g, idx->dtype, (double)(nl - 1)), d));
-    kg_node *mine = kg_compare(g, KG_CMP_EQ, local, d);
-    kg_node *w_mine = kg_select(g, mine, wts, kg_broadcast_like(g, kg_scalar(g, KG_F32, 0), wts));
-    return kb_all_reduce(b, kg_name(kg_moe(g, x, local, w_mine, w, &a), "moe_ep_part", il));
+    kg_node *in = kg_clamp(g, kg_broadcast_like(g, kg_scalar(g, idx->dtype, 0), d), d,
+                          kg_broadcast_like(g, kg_scalar(g, idx->dtype, (double)(nl - 1)), d));
+    kg_node *local = kg_select(g, kg_compare(g, KG_CMP_EQ, in, d), d, kg_broadcast_like(g, kg_scalar(g, idx->dtype, -1), d));
+    return kb_all_reduce(b, kg_name(kg_moe(g, x, kg_name(local, "moe_ep_idx", il), wts, w, &a), "moe_ep_part", il));
 }
 
 /* The shared expert on x [T, H] (gate/up/down of width o->shared_width). */

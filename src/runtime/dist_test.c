@@ -61,11 +61,14 @@ static void mpi_args(const char *launch, char *args, size_t cap) {
              mpirun(), supp, tail);
 }
 
-static void run_mpi(const char *launch, kt_proc *p) {
+/* The same with `input` on rank 0's standard input (mpirun forwards it there). */
+static void run_mpi_input(const char *launch, const char *input, kt_proc *p) {
     char args[16384];
     mpi_args(launch, args, sizeof args);
-    KT_CHECK(kt_run_bin("timeout", args, NULL, p) == 0);
+    KT_CHECK(kt_run_bin("timeout", args, input, p) == 0);
 }
+
+static void run_mpi(const char *launch, kt_proc *p) { run_mpi_input(launch, NULL, p); }
 
 static void fixture(char *buf, size_t cap, const char *name) {
     char rel[256];
@@ -511,4 +514,48 @@ KT_TEST(dist_tp2_expert_parallel) {
     kt_run_free(&p);
     generate_equals_one_process("mixtral", "--temp 0", "--enable-expert-parallel");
     generate_equals_one_process("mixtral", "--seed 7", "--enable-expert-parallel");
+}
+
+/* The prompt tokens each turn reused, from chat's status lines ("[18
+ * prompt tokens, 0 reused, ..."), as "0 29 18 ". */
+static void reused_counts(const char *err, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (const char *p = err; (p = strstr(p, " reused,")) && o + 24 < cap; p++) {
+        const char *q = p;
+        while (q > err && q[-1] >= '0' && q[-1] <= '9') q--;
+        o += (size_t)snprintf(buf + o, cap - o, "%.*s ", (int)(p - q), q);
+    }
+}
+
+/* kiln chat --tp 2 / --pp 2 on the demo model, scripted through standard
+ * input (rank 0's): greedy and seeded replies, a second turn on the KV the
+ * first left, a /clear (the sequence closed and a cached prefix reused on
+ * every process) give the one-process chat's replies, printed once; an
+ * error in a turn leaves the job running. */
+KT_TEST(dist_tp2_chat_equals_one_process) {
+    NEED_MPI();
+    const char *in = "Tell me a proverb.\n/image x.png\nAnother one, please.\n/clear\nTell me a proverb.\n";
+    static const char *sampling[] = {"--temp 0", "--seed 7 --temp 0.8"};
+    static const char *split[] = {"--tp 2", "--pp 2"};
+    for (int s = 0; s < 2; s++) {
+        char args[512], launch[1024];
+        snprintf(args, sizeof args, "chat -n 12 -t 1 %s --stop '\\n'", sampling[s]);
+        kt_proc one;
+        KT_CHECK(kt_run_kiln(args, in, &one) == 0);
+        KT_CHECKF(one.status == 0 && strchr(one.out, '\n'), "status %d: %s", one.status, one.err);
+        for (int k = 0; k < 2; k++) {
+            snprintf(launch, sizeof launch, "-np 2 BIN %s %s", args, split[k]);
+            kt_proc tp;
+            run_mpi_input(launch, in, &tp);
+            KT_CHECKF(tp.status == 0, "%s: status %d: %s", split[k], tp.status, tp.err);
+            KT_CHECKF(!strcmp(one.out, tp.out), "%s %s: one process:\n%s\n%s:\n%s", sampling[s], split[k], one.out, split[k], tp.out);
+            char ra[256], rb[256];
+            reused_counts(one.err, ra, sizeof ra), reused_counts(tp.err, rb, sizeof rb);
+            KT_CHECKF(!strcmp(ra, rb) && strcmp(ra, "0 0 0 "), "prompt tokens reused: one process %s, %s %s", ra, split[k], rb);
+            KT_CHECKF(strstr(tp.err, "not a vision-language model"), "%s", tp.err);
+            kt_run_free(&tp);
+        }
+        kt_run_free(&one);
+    }
 }
