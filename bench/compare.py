@@ -2,7 +2,7 @@
 """compare.py: kiln bench against llama-bench, side by side (not run by CI).
 
     python3 bench/compare.py [--shapes smollm2-135m,qwen2.5-0.5b,...] [--types q4,q8,bf16]
-                             [-t 2] [-p 512] [-n 128] [-r 5] [--work DIR]
+                             [-t 2] [-p 512[,128...]] [-n 128] [-r 5] [--work DIR]
 
 For every shape and bit width it writes a kiln checkpoint (`kiln synth`) and a
 GGUF of the same shape (bench/gguf_synth.py: Q4_0 against q4, Q8_0 against
@@ -10,6 +10,8 @@ q8, F16 against bf16/f16), then runs llama-bench and kiln bench alternately,
 one run each per round (the order flips every round), with the same thread
 count, and prints the median tokens/s of each and their ratio. The machines
 here are shared and noisy: read the ratios, never one absolute time.
+-p takes a list (-p 512,128: one kiln run per length, one llama-bench run for
+all of them, in each round); -n 0 times prompt processing only.
 
 llama.cpp is built on demand from the git bundle that the npm package
 node-llama-cpp ships (llama/gitRelease.bundle); nothing is downloaded here.
@@ -65,18 +67,28 @@ def ensure_llama(a):
 
 
 def llama_run(bench, gguf, a):
-    out = run([bench, "-m", gguf, "-t", str(a.threads), "-p", str(a.p), "-n", str(a.n), "-r", "1", "-o", "json"])
+    out = run([bench, "-m", gguf, "-t", str(a.threads), "-p", a.p, "-n", str(a.n), "-r", "1", "-o", "json"])
     res = {}
     for t in json.loads(out):
-        res["pp" if t["n_gen"] == 0 else "tg"] = t["avg_ts"]
+        res[f"pp{t['n_prompt']}" if t["n_gen"] == 0 else "tg"] = t["avg_ts"]
     return res
 
 
 def kiln_run(kiln, model, a, extra=()):
-    out = run([kiln, "bench", "-m", model, "-t", str(a.threads), "-p", str(a.p), "-n", str(a.n), "--batch", "0",
-               "-r", "1", "--json", *extra])
-    j = json.loads(out)
-    return {k: j[k]["tps"] for k in ("pp", "tg") if k in j}, j
+    """One kiln bench per prompt length (the first also times generation)."""
+    res, j = {}, None
+    for i, p in enumerate(a.plist):
+        n = a.n if i == 0 else 0
+        out = run([kiln, "bench", "-m", model, "-t", str(a.threads), "-p", str(p), "-n", str(n), "--batch", "0",
+                   "-r", "1", "--json", *extra])
+        jj = json.loads(out)
+        if "pp" in jj:
+            res[f"pp{p}"] = jj["pp"]["tps"]
+        if n and "tg" in jj:
+            res["tg"] = jj["tg"]["tps"]
+        if j is None or jj.get("bandwidth_gbs", 0) > j.get("bandwidth_gbs", 0):
+            j = jj
+    return res, j
 
 
 def main():
@@ -84,7 +96,7 @@ def main():
     ap.add_argument("--shapes", default="smollm2-135m,qwen2.5-0.5b,llama-3.2-1b,tinyllama-1.1b")
     ap.add_argument("--types", default="q4,q8,bf16")
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
-    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-p", default="512", help="prompt length(s), comma-separated")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-r", "--rounds", type=int, default=5)
     ap.add_argument("--work", default=os.path.join(ROOT, "bench", "work"), help="models and results (git-ignored)")
@@ -97,6 +109,8 @@ def main():
     ap.add_argument("--baseline", help="another kiln binary to alternate with instead of llama.cpp")
     ap.add_argument("--prepare", action="store_true", help="only write the checkpoints and GGUF files")
     a = ap.parse_args()
+    a.plist = [int(p) for p in a.p.split(",") if int(p) > 0]
+    keys = [f"pp{p}" for p in a.plist] + (["tg"] if a.n > 0 else [])
     kiln = a.kiln
     if not os.path.exists(kiln):
         sys.exit("compare.py: build kiln first (make)")
@@ -123,7 +137,7 @@ def main():
                          "--json"]))["bandwidth_gbs"]
     results = []
     for shape, dt, d, g in pairs:
-        k_runs, l_runs, kj = {"pp": [], "tg": []}, {"pp": [], "tg": []}, None
+        k_runs, l_runs, kj = {k: [] for k in keys}, {k: [] for k in keys}, None
         best_bw = bw
         for r in range(a.rounds):
             order = ("kiln", "llama") if r % 2 == 0 else ("llama", "kiln")
@@ -144,18 +158,25 @@ def main():
         row = {"shape": shape, "dtype": dt, "against": a.baseline or GGUF_TYPE[dt], "threads": a.threads,
                "weight_bytes_per_token": kj["weight_bytes_per_token"], "bandwidth_gbs": bw_pair,
                "weights_fit_llc": kj.get("weights_fit_llc")}
-        for k in ("pp", "tg"):
+        for k in keys:
             km, lm = statistics.median(k_runs[k]), statistics.median(l_runs[k])
-            row[k] = {"kiln": km, other: lm, "ratio": km / lm, "kiln_runs": k_runs[k], other + "_runs": l_runs[k]}
-        row["tg"]["roofline_fraction"] = row["tg"]["kiln"] / (bw_pair * 1e9 / kj["weight_bytes_per_token"])
+            # per-round ratios too: the load changes between rounds more than within a pair
+            rr = [x / y for x, y in zip(k_runs[k], l_runs[k])]
+            row[k] = {"kiln": km, other: lm, "ratio": km / lm, "round_ratios": rr, "kiln_runs": k_runs[k],
+                      other + "_runs": l_runs[k]}
+        if "tg" in row:
+            row["tg"]["roofline_fraction"] = row["tg"]["kiln"] / (bw_pair * 1e9 / kj["weight_bytes_per_token"])
         results.append(row)
         if a.json:
             with open(a.json + "l", "a") as f:  # one line per pair as it completes
                 f.write(json.dumps(row) + "\n")
-        print(f"{shape:16s} {dt:5s} pp{a.p}: kiln {row['pp']['kiln']:8.2f} {other} {row['pp'][other]:8.2f} "
-              f"x{row['pp']['ratio']:.2f} | tg{a.n}: kiln {row['tg']['kiln']:7.2f} {other} {row['tg'][other]:7.2f} "
-              f"x{row['tg']['ratio']:.2f}, {100 * row['tg']['roofline_fraction']:.0f}% of roofline at {bw_pair:.1f} GB/s"
-              f"{' (weights fit in the LLC)' if row['weights_fit_llc'] else ''}", flush=True)
+        parts = [f"{k}: kiln {row[k]['kiln']:8.2f} {other} {row[k][other]:8.2f} x{row[k]['ratio']:.2f} "
+                 f"(rounds {' '.join(f'{x:.2f}' for x in row[k]['round_ratios'])})" for k in keys if k != "tg"]
+        if "tg" in row:
+            parts.append(f"tg{a.n}: kiln {row['tg']['kiln']:7.2f} {other} {row['tg'][other]:7.2f} "
+                         f"x{row['tg']['ratio']:.2f}, {100 * row['tg']['roofline_fraction']:.0f}% of roofline at "
+                         f"{bw_pair:.1f} GB/s{' (weights fit in the LLC)' if row['weights_fit_llc'] else ''}")
+        print(f"{shape:16s} {dt:5s} " + " | ".join(parts), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"bandwidth_gbs": bw, "results": results}, f, indent=1)

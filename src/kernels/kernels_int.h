@@ -36,6 +36,8 @@ typedef struct {
     const float *xp;   /* 4-bit AFFINE on a SIMD path: x with every chunk of q4_chunk
                         * positions reordered evens first, then odds (the order the
                         * codes unpack in); else NULL */
+    const float *xg;   /* gemm only: its input rows (x, or xp for 4-bit), row stride ldg */
+    int64_t ldg;
 } kk_xview;
 
 typedef struct {

@@ -190,6 +190,8 @@ KT_TEST(kernels_linear_batch_invariant) {
         /* 4-bit g64 with float32 scales: the AVX-512 gemv's unrolled group-size-64 copy, 16 groups from the
          * stack then a masked tail of 2, 9 rows = two passes of 4 and one of 1 */
         {KG_WF_AFFINE, 4, 64, KG_F32, 9, 1152},
+        /* K a multiple of 256: the GEMM reads a padded copy of x (ldg = K + 16) */
+        {KG_WF_AFFINE, 4, 64, KG_BF16, 13, 2048}, {KG_WF_AFFINE, 8, 64, KG_BF16, 7, 1024}, {KG_WF_BF16, 0, 0, KG_F32, 9, 2048},
         /* 4-bit at 5-8 input rows on AVX-512 (q4_rows_kblocks): 2 K blocks of 13 and 12 groups, chunks of 24
          * rows = row blocks of 16 and 8 */
         {KG_WF_AFFINE, 4, 64, KG_BF16, 150, 1600},

@@ -30,8 +30,12 @@
  * is 1.1-1.8x faster, at 8 the GEMM 1.0-1.2x, at 12 1.6-1.8x). */
 #define GEMM_MIN_ROWS 8
 /* Float32 bytes of a widened weight panel, at most: it is read once per MC
- * input rows, so it should stay in L2 next to those rows. */
-#define PANEL_BYTES (256 << 10)
+ * input rows, so it should stay in L2 (1 MiB per Zen 5 core, 2 MiB on
+ * Emerald Rapids) next to those rows. Each panel row reads all of the input
+ * rows from L3 once, so the more rows a panel has, the less input traffic:
+ * 512 KiB measured 1.03-1.10x 256 KiB at K = 896, 2048, 4864 and 8192
+ * (docs/performance.md, Round 6). */
+#define PANEL_BYTES (512 << 10)
 
 /* ---------------------------------------------------------------- portable */
 
@@ -198,24 +202,39 @@ void kk_linear_run(kr_pool *pool, const kk_wview *wv, const float *x, int64_t M,
         }
         free(own); /* out of memory: the float32 path needs none */
     }
-    int64_t q4c = w.fmt == KG_WF_AFFINE && w.bits == 4 ? k.ops->q4_chunk : 0;
-    if (q4c) {
-        /* x in the order 4-bit codes unpack: per chunk, evens then odds */
-        int64_t K = w.K;
-        float *xp = kr_scratch(KR_SCRATCH_CALL, sizeof(float) * (size_t)(M * K));
+    int64_t q4c = w.fmt == KG_WF_AFFINE && w.bits == 4 ? k.ops->q4_chunk : 0, K = w.K;
+    int64_t gemm_rows = q4c && k.ops->q4_gemm_rows ? k.ops->q4_gemm_rows : GEMM_MIN_ROWS;
+    bool gemm = k.x.M >= gemm_rows && k.ops->gemm && k.ops->gemm_ok(&w);
+    /* The GEMM's input rows one cache line off multiples of 1 KiB: with K a
+     * multiple of 1024 (Llama's 2048 and 8192) every row of a tile started
+     * in the same L1 sets as every other, and the weight rows streaming
+     * past evicted them (1.1x at K = 2048 with the padded panel rows of
+     * linear_simd.h). A copy of x: M * K floats, against M * K * N/16 FMAs. */
+    int64_t ld = gemm && K % 256 == 0 ? K + 16 : K;
+    if (q4c || ld != K) {
+        /* 4-bit: x in the order the codes unpack: per chunk, evens then odds */
+        float *xp = kr_scratch(KR_SCRATCH_CALL, sizeof(float) * (size_t)(M * ld));
         if (!xp) return;
         for (int64_t m = 0; m < M; m++) {
             const float *xm = k.x.x + m * K;
+            float *o = xp + m * ld;
+            if (!q4c) {
+                memcpy(o, xm, sizeof(float) * (size_t)K);
+                continue;
+            }
             for (int64_t c0 = 0; c0 < K; c0 += q4c)
                 for (int64_t i = 0; i < q4c / 2; i++) {
-                    xp[m * K + c0 + i] = xm[c0 + 2 * i];
-                    xp[m * K + c0 + q4c / 2 + i] = xm[c0 + 2 * i + 1];
+                    o[c0 + i] = xm[c0 + 2 * i];
+                    o[c0 + q4c / 2 + i] = xm[c0 + 2 * i + 1];
                 }
         }
-        k.x.xp = xp;
+        if (q4c) k.x.xp = xp; /* the gemv reads it at stride K: ld == K there */
+        k.x.xg = xp;
+    } else {
+        k.x.xg = k.x.x;
     }
-    int64_t gemm_rows = q4c && k.ops->q4_gemm_rows ? k.ops->q4_gemm_rows : GEMM_MIN_ROWS;
-    if (k.x.M >= gemm_rows && k.ops->gemm && k.ops->gemm_ok(&w)) {
+    k.x.ldg = ld;
+    if (gemm) {
         /* panels as wide as L2 allows, at least two per thread */
         int64_t nt = kr_pool_size(pool), rows = PANEL_BYTES / (4 * w.K);
         int64_t panels = (w.N + rows - 1) / (rows > 0 ? rows : 1);

@@ -467,10 +467,10 @@ static bool lin_gemv_ok(const kk_wview *w) {
 #define MC 4
 #endif
 
-/* Weight rows [r0, r1) in float32, kernel order, into out [r1 - r0, K]. */
-static void lin_widen(const kk_wview *w, int64_t r0, int64_t r1, float *out) {
+/* Weight rows [r0, r1) in float32, kernel order, into out (row stride ldo). */
+static void lin_widen(const kk_wview *w, int64_t r0, int64_t r1, float *out, int64_t ldo) {
     int64_t K = w->K, G = w->G, gs = w->gs;
-    for (int64_t r = r0; r < r1; r++, out += K) {
+    for (int64_t r = r0; r < r1; r++, out += ldo) {
         if (w->fmt == KG_WF_BF16 || w->fmt == KG_WF_F16) {
             const uint16_t *row = (const uint16_t *)w->w + r * K;
             int64_t k = 0;
@@ -565,7 +565,7 @@ static inline __attribute__((always_inline)) void gemm_tile(const float *W, int6
         y[m * ldy + i] = vsum(vadd(e0[i * MC + m], a[i][m]));
 }
 
-#define TILE(nr, nm) gemm_tile(W, ldw, X, K, k0, k1, K, acc, nr, nm, yy, ldy)
+#define TILE(nr, nm) gemm_tile(W, ldw, X, ldx, k0, k1, K, acc, nr, nm, yy, ldy)
 #define TILE_NR(nm)                                                                                                    \
     switch (nr) {                                                                                                      \
     case 1: TILE(1, nm); break;                                                                                        \
@@ -578,22 +578,26 @@ static inline __attribute__((always_inline)) void gemm_tile(const float *W, int6
  * panel, at most PANEL_BYTES of float32, stays in L2), K blocks (a tile's
  * MC input rows over a block stay in L1), groups of MC input rows. */
 static void lin_gemm(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, float *y, int64_t ldy) {
-    int64_t K = w->K, ldw = K, tiles = (r1 - r0 + NR - 1) / NR;
-    const float *panel = (const float *)w->w + r0 * K, *xs = w->fmt == KG_WF_AFFINE && w->bits == 4 ? xv->xp : xv->x;
+    /* widened rows one cache line longer than K: at K = 2048 or 8192 every
+     * row of the panel started in the same L1 sets (and so did the inputs':
+     * kk_xview.ldg) */
+    int64_t K = w->K, ldw = w->fmt == KG_WF_F32 ? K : K + 64 / (int64_t)sizeof(float), tiles = (r1 - r0 + NR - 1) / NR;
+    const float *panel = (const float *)w->w + r0 * K, *xs = xv->xg;
+    int64_t ldx = xv->ldg;
     /* K blocks: as few as keep each within KC_COLS, of whole 2 VL pairs */
     int64_t nkb = (K + KC_COLS - 1) / KC_COLS, kc = (K / nkb + 2 * VL - 1) / (2 * VL) * (2 * VL);
-    size_t wbytes = w->fmt == KG_WF_F32 ? 0 : sizeof(float) * (size_t)((r1 - r0) * K);
+    size_t wbytes = w->fmt == KG_WF_F32 ? 0 : sizeof(float) * (size_t)((r1 - r0) * ldw);
     wbytes = (wbytes + 63) / 64 * 64;
     char *buf = kr_scratch(KR_SCRATCH_TASK, wbytes + sizeof(vf) * (size_t)(tiles * NR * MC * 2));
     if (!buf) return;
     vf *accs = (vf *)(void *)(buf + wbytes);
     if (w->fmt != KG_WF_F32) {
-        lin_widen(w, r0, r1, (float *)(void *)buf);
+        lin_widen(w, r0, r1, (float *)(void *)buf, ldw);
         panel = (const float *)(void *)buf;
     }
     for (int64_t m0 = 0; m0 < xv->M; m0 += MC) {
         int nm = xv->M - m0 < MC ? (int)(xv->M - m0) : MC;
-        const float *X = xs + m0 * K;
+        const float *X = xs + m0 * ldx;
         for (int64_t k0 = 0; k0 < K; k0 += kc) {
             int64_t k1 = K - k0 <= kc ? K : k0 + kc;
             for (int64_t r = r0; r < r1; r += NR) {
