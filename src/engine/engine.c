@@ -228,7 +228,13 @@ struct ke_ctx {
      * holds now; blob is a file's worth of scratch */
     kvd_store *disk;
     int64_t ram_budget;
+    /* what a kept block or a saved slot is valid for; model_id is computed
+     * only for what outlives the process (a --cache-dir, a slot file): its
+     * samples of every tensor fault in (and read ahead) nearly the whole
+     * checkpoint, every tensor on every --tp rank included */
     uint64_t model_id, layout_id;
+    bool have_model_id;
+    uint64_t tier_id; /* model_id for a --cache-dir, 0 for RAM alone: fixed while the tiers live */
     uint8_t *ondisk;
     int64_t kv_floats; /* per block, every layer's K and V */
     unsigned char *blob;
@@ -578,7 +584,8 @@ static uint64_t layout_identity(const ke_ctx *c) {
 
 static kiln_status disk_open(ke_ctx *c, const char *dir, int64_t max_bytes) {
     KILN_TRY(kvd_open(dir, max_bytes, &c->disk));
-    c->model_id = model_identity(c->m);
+    if (dir) c->model_id = model_identity(c->m), c->have_model_id = true;
+    c->tier_id = c->model_id;
     c->layout_id = layout_identity(c);
     size_t n = sizeof(disk_head) + sizeof(int32_t) * (size_t)c->p.block_size +
                sizeof(float) * (size_t)(c->kv_floats + c->snap_numel);
@@ -599,7 +606,7 @@ static void ram_rebalance(ke_ctx *c) {
 }
 
 /* The file of the block with prefix hash h: distinct per model and layout. */
-static uint64_t disk_key(const ke_ctx *c, uint64_t h) { return mix64(mix64(h ^ c->model_id) ^ c->layout_id); }
+static uint64_t disk_key(const ke_ctx *c, uint64_t h) { return mix64(mix64(h ^ c->tier_id) ^ c->layout_id); }
 
 /* Copies block b's K and V rows of every layer into buf (to_cache false) or buf into them. */
 static void kv_copy(ke_ctx *c, int32_t b, float *buf, bool to_cache) {
@@ -626,7 +633,7 @@ static void disk_write(ke_ctx *c, int32_t b, bool evict) {
     bool snap = c->snap && c->snap[b];
     if (!c->kv_floats && !snap) return;
     int64_t bs = c->p.block_size;
-    disk_head hd = {.model_id = c->model_id, .layout_id = c->layout_id, .hash = c->bhash[b], .parent = c->bparent[b],
+    disk_head hd = {.model_id = c->tier_id, .layout_id = c->layout_id, .hash = c->bhash[b], .parent = c->bparent[b],
                     .block_size = (uint32_t)bs, .has_snap = snap, .kv_floats = (uint64_t)c->kv_floats,
                     .snap_floats = (uint64_t)c->snap_numel};
     memcpy(hd.magic, DISK_MAGIC, 8);
@@ -675,7 +682,7 @@ static disk_head *disk_read(ke_ctx *c, uint64_t h, uint64_t parent, const int32_
     disk_head hd;
     bool ok = len >= sizeof hd;
     if (ok) memcpy(&hd, buf, sizeof hd);
-    ok = ok && !memcmp(hd.magic, DISK_MAGIC, 8) && hd.model_id == c->model_id && hd.layout_id == c->layout_id &&
+    ok = ok && !memcmp(hd.magic, DISK_MAGIC, 8) && hd.model_id == c->tier_id && hd.layout_id == c->layout_id &&
          hd.hash == h && hd.parent == parent && hd.block_size == bs && hd.kv_floats == (uint64_t)c->kv_floats &&
          hd.snap_floats == (uint64_t)c->snap_numel && hd.has_snap <= 1 &&
          len == base + (hd.has_snap ? sizeof(float) * (size_t)c->snap_numel : 0) && (!want_snap || hd.has_snap) &&
@@ -1570,8 +1577,9 @@ typedef struct {
 #define SLOT_MAGIC "kiln.slt"
 
 static void ensure_identity(ke_ctx *c) {
-    if (c->model_id || c->layout_id) return;
+    if (c->have_model_id) return;
     c->model_id = model_identity(c->m);
+    c->have_model_id = true;
     c->layout_id = layout_identity(c);
 }
 
