@@ -455,7 +455,8 @@ static void usage(FILE *f) {
                "multi-turn chats: kiln bench --multi-turn -m DIR [-p 3000] [-n 32] [--turn2 64] [--cache-dir DIR]\n"
                "  time to first token of turn 2, cold, cached, from disk and after a restart (--multi-turn --help)\n"
                "constrained decoding: kiln bench (--json-schema SCHEMA | --json-schema-file FILE | --grammar-file FILE)\n"
-               "  [-m DIR] [-n 128] [--batch 8] [-r 5] [--json]: argmax decode with and without the constraint, alternated\n");
+               "  [-m DIR] [-n 128] [--batch 8] [-r 5] [--sync] [--json]: argmax decode with and without the constraint,\n"
+               "  alternated (--sync: also with each mask computed on the decode thread, not while the forward pass runs)\n");
 }
 
 int kiln_cmd_bench(int argc, char **argv) {

@@ -35,4 +35,10 @@ static inline float kgen_penalize(float logit, int32_t count, float repeat, floa
     return logit - ((float)count * freq + (float)(count > 0) * presence);
 }
 
+/* Tests: with on, a session computes each grammar mask when its step
+ * asks for it, on the calling thread, instead of prefetching it after the
+ * previous token (kgr_matcher_prefetch); the tokens are the same either way. */
+struct kgen_session;
+void kgen_session_sync_masks(struct kgen_session *g, bool on);
+
 #endif

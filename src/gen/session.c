@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gen/gen_int.h"
 #include "grammar/grammar.h"
 
 /* The output's last bytes, searched for a marker that may span tokens. */
@@ -60,6 +61,7 @@ struct kgen_session {
     size_t n_trig;
     tailbuf tail;
     bool once; /* params.grammar_once */
+    bool sync_masks; /* kgen_session_sync_masks: no prefetch */
     /* params.reasoning_budget: 0 before the block, 1 in it, 2 after; the
      * tokens taken in it; the forced closing tokens still to come */
     int think;
@@ -153,6 +155,8 @@ kiln_status kgen_session_create(const kgen_params *p, const kgen_vocab *v, int32
 }
 
 void kgen_session_set_detok(kgen_session *g, const kgen_detok *d) { g->detok = *d; }
+
+void kgen_session_sync_masks(kgen_session *g, bool on) { g->sync_masks = on; }
 
 kgen_finish kgen_session_start(const kgen_session *g) { return kgen_check_start(&g->lim, g->n_prompt); }
 
@@ -249,11 +253,15 @@ kiln_status kgen_session_step(kgen_session *g, const float *logits, kgen_step *o
     if (g->gm) { /* the grammar's mask before the chain: forbidden tokens get -inf */
         const uint32_t *bits; /* borrowed: the cached mask, no copy */
         KILN_TRY(kgr_matcher_mask_ref(g->gm, &bits));
-        int32_t allowed = 0;
-        for (int32_t i = 0; i < g->vocab.n_vocab; i++) {
-            bool ok = (bits[i >> 5] >> (i & 31)) & 1;
-            g->glogits[i] = ok ? logits[i] : -INFINITY;
-            allowed += ok;
+        int32_t allowed = 0, n = g->vocab.n_vocab;
+        for (int32_t i0 = 0; i0 < n; i0 += 32) { /* a word at a time: clear and full words at once */
+            uint32_t w = bits[i0 >> 5];
+            int32_t m = n - i0 < 32 ? n - i0 : 32;
+            if (m < 32) w &= (1u << m) - 1;
+            allowed += __builtin_popcount(w);
+            if (w == 0xFFFFFFFFu) memcpy(g->glogits + i0, logits + i0, sizeof(float) * 32);
+            else
+                for (int32_t k = 0; k < m; k++) g->glogits[i0 + k] = (w >> k) & 1 ? logits[i0 + k] : -INFINITY;
         }
         if (!allowed) return kiln_error(KILN_EINVAL, "grammar: no token can continue the text");
         logits = g->glogits;
@@ -294,7 +302,12 @@ kiln_status kgen_session_step(kgen_session *g, const float *logits, kgen_step *o
     }
     out->text = a;
     out->text_len = na;
-    if (out->finish == KGEN_CONTINUE) return NULL;
+    if (out->finish == KGEN_CONTINUE) {
+        /* the next step's mask depends only on this token: computed on the
+         * index's worker while the caller runs the forward pass */
+        if (g->gm && !g->sync_masks) KILN_TRY(kgr_matcher_prefetch(g->gm));
+        return NULL;
+    }
     g->done = true;
     if (out->finish == KGEN_FINISH_STOP_STRING) return NULL;
     /* Another end: add what the matcher held back. Copy first: a points

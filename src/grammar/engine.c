@@ -498,6 +498,14 @@ struct kgr_index {
     size_t mask_bytes;
     kiln_status err; /* sticky: a limit was passed */
     int32_t init;
+    /* kgr_matcher_prefetch's worker: one thread per index, started on the
+     * first prefetch. pf_mu guards the queue and each matcher's pf field
+     * (never held with mu by the caller's thread, so no lock order). */
+    pthread_mutex_t pf_mu;
+    pthread_cond_t pf_cv, pf_done;
+    struct kgr_matcher *pf_head, *pf_tail;
+    pthread_t pf_thread;
+    bool pf_started, pf_failed, pf_quit;
 };
 
 static inline uint32_t mix(uint64_t x) {
@@ -973,8 +981,11 @@ static bool set_classes(kgr_index *ix) {
     return true;
 }
 
+static void pf_stop(kgr_index *ix);
+
 void kgr_index_free(kgr_index *ix) {
     if (!ix) return;
+    pf_stop(ix); /* (its matchers, freed first, are off its queue) */
     for (int32_t i = 0; i < ix->n_st; i++) {
         free(ix->st[i].tops);
         free(ix->st[i].mask);
@@ -995,6 +1006,9 @@ void kgr_index_free(kgr_index *ix) {
     free(ix->vp_ht);
     kiln_status_free(ix->err);
     pthread_mutex_destroy(&ix->mu);
+    pthread_mutex_destroy(&ix->pf_mu);
+    pthread_cond_destroy(&ix->pf_cv);
+    pthread_cond_destroy(&ix->pf_done);
     free(ix);
 }
 
@@ -1003,6 +1017,9 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     kgr_index *ix = calloc(1, sizeof *ix);
     if (!ix) return OOM;
     pthread_mutex_init(&ix->mu, NULL);
+    pthread_mutex_init(&ix->pf_mu, NULL);
+    pthread_cond_init(&ix->pf_cv, NULL);
+    pthread_cond_init(&ix->pf_done, NULL);
     ix->g = g;
     ix->v = v;
     for (int32_t i = 0; i < g->n_tok_refs; i++)
@@ -1214,20 +1231,135 @@ static kiln_status state_mask(kgr_index *ix, int32_t s, uint32_t *bits) {
 }
 
 /* ---- matcher ---- */
+enum { PF_IDLE, PF_QUEUED, PF_RUNNING };
+
 struct kgr_matcher {
     kgr_index *ix;
     int32_t state;
     bool ended; /* EOS accepted */
+    /* st[state].accept, and whether no stack is left: copied under mu, so
+     * that can_end and done read no index state (a worker may be growing
+     * ix->st meanwhile) */
+    bool accept, closed;
     kgr_grammar *own_g; /* kgr_matcher_create_owned: freed with the matcher */
     kgr_index *own_ix;
-    uint32_t *buf; /* kgr_matcher_mask_ref's mask where the index keeps none */
+    uint32_t *buf;     /* kgr_matcher_mask_ref's mask where the index keeps none */
+    int32_t buf_state; /* the state whose mask buf holds; -1: none */
+    /* kgr_matcher_prefetch: pf (PF_*) and pf_next under ix->pf_mu; pf_used
+     * (the owner's) once the matcher has been handed to the worker */
+    int pf;
+    bool pf_used;
+    struct kgr_matcher *pf_next;
 };
 
+/* mu held */
+static void set_state(kgr_matcher *m, int32_t s) {
+    m->state = s;
+    m->accept = m->ix->st[s].accept;
+    m->closed = m->ix->st[s].n == 0;
+}
+
+/* The mask of m's state (mu held, m->buf allocated): the index's cached
+ * one, the one buf already holds, or computed into buf. *bits borrowed. */
+static kiln_status fill(kgr_matcher *m, const uint32_t **bits) {
+    kgr_index *ix = m->ix;
+    const uint32_t *c = ix->st[m->state].mask;
+    if (!c && m->buf_state == m->state) c = m->buf;
+    kiln_status st = NULL;
+    if (!c) {
+        m->buf_state = -1;
+        st = state_mask(ix, m->state, m->buf);
+        if (!st) m->buf_state = m->state;
+        c = ix->st[m->state].mask; /* kept now (unless over the cache's bound) */
+    }
+    *bits = c && !st ? c : m->buf;
+    return st;
+}
+
+/* The worker: computes the queued matchers' masks, one at a time, under mu
+ * as any caller would (so the masks are the same, only computed earlier). */
+static void *pf_main(void *arg) {
+    kgr_index *ix = arg;
+    pthread_mutex_lock(&ix->pf_mu);
+    for (;;) {
+        while (!ix->pf_head && !ix->pf_quit) pthread_cond_wait(&ix->pf_cv, &ix->pf_mu);
+        if (ix->pf_quit) break;
+        kgr_matcher *m = ix->pf_head;
+        ix->pf_head = m->pf_next;
+        if (!ix->pf_head) ix->pf_tail = NULL;
+        m->pf = PF_RUNNING;
+        pthread_mutex_unlock(&ix->pf_mu);
+        const uint32_t *bits;
+        pthread_mutex_lock(&ix->mu);
+        kiln_status_free(fill(m, &bits)); /* an error is sticky: the owner's call gives it again */
+        pthread_mutex_unlock(&ix->mu);
+        pthread_mutex_lock(&ix->pf_mu);
+        m->pf = PF_IDLE;
+        pthread_cond_broadcast(&ix->pf_done);
+    }
+    pthread_mutex_unlock(&ix->pf_mu);
+    return NULL;
+}
+
+/* Takes m back from the worker: off the queue, or its mask waited for. */
+static void pf_join(kgr_matcher *m) {
+    if (!m->pf_used) return;
+    kgr_index *ix = m->ix;
+    pthread_mutex_lock(&ix->pf_mu);
+    if (m->pf == PF_QUEUED) {
+        kgr_matcher **pp = &ix->pf_head, *prev = NULL;
+        while (*pp != m) prev = *pp, pp = &(*pp)->pf_next;
+        *pp = m->pf_next;
+        if (ix->pf_tail == m) ix->pf_tail = prev;
+        m->pf = PF_IDLE;
+    }
+    while (m->pf == PF_RUNNING) pthread_cond_wait(&ix->pf_done, &ix->pf_mu);
+    pthread_mutex_unlock(&ix->pf_mu);
+}
+
+static void pf_stop(kgr_index *ix) {
+    pthread_mutex_lock(&ix->pf_mu);
+    ix->pf_quit = true;
+    pthread_cond_broadcast(&ix->pf_cv);
+    pthread_mutex_unlock(&ix->pf_mu);
+    if (ix->pf_started) pthread_join(ix->pf_thread, NULL);
+}
+
+kiln_status kgr_matcher_prefetch(kgr_matcher *m) {
+    kgr_index *ix = m->ix;
+    if (m->ended) return NULL;
+    if (!m->buf && !(m->buf = malloc(((size_t)ix->v->n_vocab + 31) / 32 * 4))) return OOM;
+    if (!pthread_mutex_trylock(&ix->mu)) { /* (busy: the worker sees for itself) */
+        bool have = ix->st[m->state].mask || m->buf_state == m->state || ix->err;
+        pthread_mutex_unlock(&ix->mu);
+        if (have) return NULL;
+    }
+    pthread_mutex_lock(&ix->pf_mu);
+    if (!ix->pf_started && !ix->pf_failed && !ix->pf_quit) {
+        if (!pthread_create(&ix->pf_thread, NULL, pf_main, ix)) ix->pf_started = true;
+        else ix->pf_failed = true; /* no thread: each mask is computed when asked, as without prefetch */
+    }
+    if (ix->pf_started && m->pf == PF_IDLE) {
+        m->pf = PF_QUEUED;
+        m->pf_next = NULL;
+        if (ix->pf_tail) ix->pf_tail->pf_next = m;
+        else ix->pf_head = m;
+        ix->pf_tail = m;
+        m->pf_used = true;
+        pthread_cond_signal(&ix->pf_cv);
+    }
+    pthread_mutex_unlock(&ix->pf_mu);
+    return NULL;
+}
+
 kiln_status kgr_matcher_create(kgr_index *ix, kgr_matcher **out) {
-    *out = calloc(1, sizeof **out);
-    if (!*out) return OOM;
-    (*out)->ix = ix;
-    (*out)->state = ix->init;
+    kgr_matcher *m = *out = calloc(1, sizeof **out);
+    if (!m) return OOM;
+    m->ix = ix;
+    m->buf_state = -1;
+    pthread_mutex_lock(&ix->mu);
+    set_state(m, ix->init);
+    pthread_mutex_unlock(&ix->mu);
     return NULL;
 }
 
@@ -1252,6 +1384,7 @@ kiln_status kgr_matcher_create_owned(kgr_grammar *g, const kgr_vocab *v, kgr_mat
 
 void kgr_matcher_free(kgr_matcher *m) {
     if (!m) return;
+    pf_join(m);
     kgr_index_free(m->own_ix);
     kgr_grammar_free(m->own_g);
     free(m->buf);
@@ -1260,12 +1393,20 @@ void kgr_matcher_free(kgr_matcher *m) {
 
 kiln_status kgr_matcher_mask(kgr_matcher *m, uint32_t *bits) {
     kgr_index *ix = m->ix;
+    size_t words = ((size_t)ix->v->n_vocab + 31) / 32;
+    pf_join(m);
     if (m->ended) {
-        memset(bits, 0, ((size_t)ix->v->n_vocab + 31) / 32 * 4);
+        memset(bits, 0, words * 4);
         return NULL;
     }
     pthread_mutex_lock(&ix->mu);
-    kiln_status st = state_mask(ix, m->state, bits);
+    kiln_status st;
+    if (!ix->st[m->state].mask && m->buf_state == m->state) { /* prefetched, over the cache's bound */
+        memcpy(bits, m->buf, words * 4);
+        st = NULL;
+    } else {
+        st = state_mask(ix, m->state, bits);
+    }
     pthread_mutex_unlock(&ix->mu);
     return st;
 }
@@ -1274,21 +1415,17 @@ kiln_status kgr_matcher_mask_ref(kgr_matcher *m, const uint32_t **bits) {
     kgr_index *ix = m->ix;
     size_t words = ((size_t)ix->v->n_vocab + 31) / 32;
     *bits = NULL;
+    pf_join(m);
     if (!m->buf && !(m->buf = malloc(words * 4))) return OOM;
     if (m->ended) {
         memset(m->buf, 0, words * 4);
+        m->buf_state = -1;
         *bits = m->buf;
         return NULL;
     }
     pthread_mutex_lock(&ix->mu); /* another matcher may be growing ix->st */
-    const uint32_t *c = ix->st[m->state].mask;
-    kiln_status st = NULL;
-    if (!c) {
-        st = state_mask(ix, m->state, m->buf);
-        c = ix->st[m->state].mask; /* kept now (unless over the cache's bound) */
-    }
+    kiln_status st = fill(m, bits);
     pthread_mutex_unlock(&ix->mu);
-    *bits = c && !st ? c : m->buf;
     return st;
 }
 
@@ -1309,6 +1446,7 @@ kiln_status kgr_matcher_accept(kgr_matcher *m, int32_t tok) {
     const kgr_vocab *v = ix->v;
     if (m->ended) return kiln_error(KILN_EINVAL, "grammar: token %d after the end", tok);
     if (tok < 0 || tok >= v->n_vocab) return kiln_error(KILN_EINVAL, "grammar: token %d is out of range", tok);
+    pf_join(m);
     pthread_mutex_lock(&ix->mu);
     kiln_status st = NULL;
     /* an EOS id the grammar references (a special token terminal) is taken as a token first */
@@ -1316,7 +1454,7 @@ kiln_status kgr_matcher_accept(kgr_matcher *m, int32_t tok) {
                       ? walk_bytes(ix, m->state, v->bytes + v->off[tok], (size_t)(v->off[tok + 1] - v->off[tok]))
                       : 0;
     if (ref > 0) {
-        m->state = ref;
+        set_state(m, ref);
     } else if (ref < 0) {
         st = kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
     } else if (is_eos(v, tok)) {
@@ -1328,7 +1466,7 @@ kiln_status kgr_matcher_accept(kgr_matcher *m, int32_t tok) {
         int32_t t = walk_bytes(ix, m->state, v->bytes + v->off[tok], (size_t)(v->off[tok + 1] - v->off[tok]));
         if (t < 0) st = kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
         else if (t == 0) st = kiln_error(KILN_EINVAL, "grammar: token %d is not allowed here", tok);
-        else m->state = t;
+        else set_state(m, t);
     }
     pthread_mutex_unlock(&ix->mu);
     return st;
@@ -1338,16 +1476,14 @@ bool kgr_matcher_accept_bytes(kgr_matcher *m, const char *s, size_t n) {
     if (m->ended) return n == 0;
     if (n && memchr(s, 0xFF, n)) return false; /* text never spells a special token's marker */
     kgr_index *ix = m->ix;
+    pf_join(m);
     pthread_mutex_lock(&ix->mu);
     int32_t t = walk_bytes(ix, m->state, s, n);
+    if (t > 0) set_state(m, t);
     pthread_mutex_unlock(&ix->mu);
-    if (t <= 0) return false;
-    m->state = t;
-    return true;
+    return t > 0;
 }
 
-bool kgr_matcher_can_end(const kgr_matcher *m) { return m->ended || m->ix->st[m->state].accept; }
+bool kgr_matcher_can_end(const kgr_matcher *m) { return m->ended || m->accept; }
 
-bool kgr_matcher_done(const kgr_matcher *m) {
-    return m->ended || (m->ix->st[m->state].accept && m->ix->st[m->state].n == 0);
-}
+bool kgr_matcher_done(const kgr_matcher *m) { return m->ended || (m->accept && m->closed); }

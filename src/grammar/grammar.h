@@ -13,6 +13,7 @@
  *     kgr_index *ix;   KILN_TRY(kgr_index_create(g, v, &ix));   // g, v borrowed
  *     kgr_matcher *m;  KILN_TRY(kgr_matcher_create(ix, &m));    // one per sequence
  *     loop: kgr_matcher_mask(m, bits); ...sample...; kgr_matcher_accept(m, tok);
+ *           kgr_matcher_prefetch(m);   // the next mask, while the forward pass runs
  *
  * An index may be shared by many matchers on many threads (it locks); a
  * matcher belongs to one sequence, so outputs never depend on neighbours. The
@@ -113,6 +114,16 @@ kiln_status kgr_matcher_mask(kgr_matcher *m, uint32_t *bits);
  * or the matcher's own buffer), valid until the matcher's next call or
  * until it is freed; never written by anyone while valid. */
 kiln_status kgr_matcher_mask_ref(kgr_matcher *m, const uint32_t **bits);
+/* Starts computing the mask of the matcher's current state on the index's
+ * worker thread (started on the first call; one per index), so that the
+ * next kgr_matcher_mask / _mask_ref, which wait for it, find it done: call
+ * it after kgr_matcher_accept, before the forward pass that the mask
+ * waits for. The mask is the one computed without it, bit for bit (the
+ * same function under the same lock, only earlier). Nothing when the mask
+ * is cached already; without a thread, nothing either (the mask is then
+ * computed when asked). Any later call on the matcher takes it back from
+ * the worker; it ends the borrow of a _mask_ref mask. */
+kiln_status kgr_matcher_prefetch(kgr_matcher *m);
 /* Advances by a token; an EOS id ends the matcher. A token the mask forbids
  * is an error (the sequence must stop). */
 kiln_status kgr_matcher_accept(kgr_matcher *m, int32_t tok);

@@ -460,3 +460,138 @@ KT_TEST(grammar_perm) {
     BAD("root ::= %perm(s, root)\ns ::= \",\"\n"); /* left-recursive through a member */
     BAD("root ::= %nope(s, a)\ns ::= \",\"\na ::= \"a\"\n");
 }
+
+/* ---- kgr_matcher_prefetch ---- */
+
+/* The k-th allowed token (k from the state x, among the first 64 allowed:
+ * low ids, short tokens, so the walk moves on through the grammar), -1 none */
+static int32_t pick(const uint32_t *bits, int32_t n, uint32_t *x) {
+    int32_t allowed = 0;
+    for (size_t w = 0; w < ((size_t)n + 31) / 32; w++) allowed += __builtin_popcount(bits[w]);
+    if (!allowed) return -1;
+    *x ^= *x << 13, *x ^= *x >> 17, *x ^= *x << 5;
+    int32_t k = (int32_t)(*x % (uint32_t)(allowed < 64 ? allowed : 64));
+    for (int32_t t = 0; t < n; t++)
+        if (((bits[t >> 5] >> (t & 31)) & 1) && k-- == 0) return t;
+    return -1;
+}
+
+enum { PF_SEEDS = 3, PF_STEPS = 48 };
+
+typedef struct {
+    uint64_t digest[PF_STEPS];
+    int32_t tok[PF_STEPS];
+    bool done[PF_STEPS];
+    int n;
+} pf_trace;
+
+/* PF_SEEDS walks (tokens drawn from each mask by seed) of matchers on ix,
+ * stepped round-robin; with prefetch, each mask is asked for on the worker
+ * after each token. Fresh matchers once the grammar is done. */
+static void pf_walk(kgr_index *ix, int32_t n, bool prefetch, pf_trace *tr) {
+    kgr_matcher *m[PF_SEEDS] = {0};
+    uint32_t x[PF_SEEDS];
+    size_t words = ((size_t)n + 31) / 32;
+    for (int s = 0; s < PF_SEEDS; s++) {
+        KT_CHECK_OK(kgr_matcher_create(ix, &m[s]));
+        x[s] = 2463534242u + 977u * (uint32_t)s;
+        tr[s].n = 0;
+        if (prefetch) KT_CHECK_OK(kgr_matcher_prefetch(m[s]));
+    }
+    for (int i = 0; i < PF_STEPS; i++)
+        for (int s = 0; s < PF_SEEDS; s++) {
+            const uint32_t *bits;
+            KT_CHECK_OK(kgr_matcher_mask_ref(m[s], &bits));
+            tr[s].digest[i] = kgr_mask_digest(0, bits, words);
+            int32_t t = pick(bits, n, &x[s]);
+            KT_CHECK(t >= 0);
+            tr[s].tok[i] = t;
+            KT_CHECK_OK(kgr_matcher_accept(m[s], t));
+            tr[s].done[i] = kgr_matcher_done(m[s]);
+            if (tr[s].done[i]) {
+                kgr_matcher_free(m[s]);
+                KT_CHECK_OK(kgr_matcher_create(ix, &m[s]));
+            }
+            if (prefetch) KT_CHECK_OK(kgr_matcher_prefetch(m[s]));
+            tr[s].n++;
+        }
+    for (int s = 0; s < PF_SEEDS; s++) kgr_matcher_free(m[s]);
+}
+
+/* Prefetched masks are the synchronous ones bit for bit, over a real
+ * vocabulary (gpt-oss's 200k tokens, so the masks take the worker real
+ * time): matchers sharing one index and stepping in turn, an owned
+ * matcher, a prefetch that a change of state or a free overtakes. */
+KT_TEST(grammar_prefetch_same_masks) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/data/tokenizer/gptoss", kt_root());
+    ktok *tok = NULL;
+    KT_CHECK_OK(ktok_load(dir, &tok));
+    int32_t eos = 200002;
+    kgr_vocab *v = NULL;
+    KT_CHECK_OK(kgr_vocab_create(tok, ktok_vocab_size(tok), &eos, 1, &v));
+    int32_t n = kgr_vocab_size(v);
+    size_t words = ((size_t)n + 31) / 32;
+    const char *s = "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{3}-[0-9]{4}$\"},"
+                    "\"when\":{\"type\":\"string\",\"format\":\"date-time\"},\"n\":{\"type\":\"integer\",\"minimum\":-50,"
+                    "\"maximum\":12345},\"kind\":{\"enum\":[\"alpha\",\"beta\"]},\"tags\":{\"type\":\"array\",\"items\":"
+                    "{\"type\":\"string\",\"maxLength\":5}}},\"required\":[\"id\",\"when\",\"n\",\"kind\"],\"additionalProperties\":false}";
+    kgr_grammar *g = NULL;
+    KT_CHECK_OK(kgr_from_json_schema(s, strlen(s), NULL, &g));
+    static pf_trace want[PF_SEEDS], got[PF_SEEDS];
+    kgr_index *ix = NULL;
+    KT_CHECK_OK(kgr_index_create(g, v, &ix));
+    pf_walk(ix, n, false, want);
+    kgr_index_free(ix);
+    KT_CHECK_OK(kgr_index_create(g, v, &ix));
+    pf_walk(ix, n, true, got);
+    int distinct = 0;
+    for (int k = 0; k < PF_SEEDS; k++) {
+        KT_CHECK(got[k].n == PF_STEPS && want[k].n == PF_STEPS);
+        for (int i = 0; i < PF_STEPS; i++) {
+            KT_CHECKF(got[k].digest[i] == want[k].digest[i] && got[k].tok[i] == want[k].tok[i] && got[k].done[i] == want[k].done[i],
+                      "walk %d, step %d: the prefetched mask differs", k, i);
+            distinct += i == 0 || want[k].digest[i] != want[k].digest[i - 1];
+        }
+    }
+    KT_CHECKF(distinct > PF_SEEDS * PF_STEPS / 3, "only %d mask changes: the walks do not exercise the masks", distinct);
+    /* a prefetch overtaken: by accept_bytes (the state moves on), by free */
+    uint32_t *a = malloc(words * 4), *b = malloc(words * 4);
+    KT_CHECK(a && b);
+    kgr_matcher *m = NULL, *r = NULL;
+    KT_CHECK_OK(kgr_matcher_create(ix, &m));
+    KT_CHECK_OK(kgr_matcher_create(ix, &r));
+    KT_CHECK_OK(kgr_matcher_prefetch(m));
+    KT_CHECK(kgr_matcher_accept_bytes(m, "{\"id\": \"QX", 10) && kgr_matcher_accept_bytes(r, "{\"id\": \"QX", 10));
+    KT_CHECK_OK(kgr_matcher_prefetch(m));
+    KT_CHECK_OK(kgr_matcher_prefetch(m)); /* twice: once queued */
+    KT_CHECK_OK(kgr_matcher_mask(m, a));
+    KT_CHECK_OK(kgr_matcher_mask(r, b));
+    KT_CHECK(!memcmp(a, b, words * 4));
+    KT_CHECK(kgr_matcher_accept_bytes(m, "Z-1", 3));
+    KT_CHECK_OK(kgr_matcher_prefetch(m));
+    kgr_matcher_free(m); /* queued or running: taken back first */
+    kgr_matcher_free(r);
+    kgr_index_free(ix);
+    /* an owned matcher: the index and its worker go with it */
+    kgr_grammar *g2 = NULL;
+    KT_CHECK_OK(kgr_from_json_schema(s, strlen(s), NULL, &g2));
+    KT_CHECK_OK(kgr_matcher_create_owned(g2, v, &m));
+    KT_CHECK(kgr_matcher_accept_bytes(m, "{\"when\": \"2024-", 15));
+    KT_CHECK_OK(kgr_matcher_prefetch(m));
+    KT_CHECK_OK(kgr_index_create(g, v, &ix));
+    KT_CHECK_OK(kgr_matcher_create(ix, &r));
+    KT_CHECK(kgr_matcher_accept_bytes(r, "{\"when\": \"2024-", 15));
+    KT_CHECK_OK(kgr_matcher_mask(r, b));
+    const uint32_t *c = NULL;
+    KT_CHECK_OK(kgr_matcher_mask_ref(m, &c));
+    KT_CHECK(c && !memcmp(c, b, words * 4));
+    KT_CHECK_OK(kgr_matcher_prefetch(m));
+    kgr_matcher_free(m);
+    kgr_matcher_free(r);
+    kgr_index_free(ix);
+    free(a), free(b);
+    kgr_grammar_free(g);
+    kgr_vocab_free(v);
+    ktok_free(tok);
+}
