@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "grammar/gr_int.h"
 
@@ -498,14 +499,8 @@ struct kgr_index {
     size_t mask_bytes;
     kiln_status err; /* sticky: a limit was passed */
     int32_t init;
-    /* kgr_matcher_prefetch's worker: one thread per index, started on the
-     * first prefetch. pf_mu guards the queue and each matcher's pf field
-     * (never held with mu by the caller's thread, so no lock order). */
-    pthread_mutex_t pf_mu;
-    pthread_cond_t pf_cv, pf_done;
-    struct kgr_matcher *pf_head, *pf_tail;
-    pthread_t pf_thread;
-    bool pf_started, pf_failed, pf_quit;
+    /* kgr_matcher_prefetch: this index holds a reference on the shared pool */
+    bool pf_user;
 };
 
 static inline uint32_t mix(uint64_t x) {
@@ -1006,9 +1001,6 @@ void kgr_index_free(kgr_index *ix) {
     free(ix->vp_ht);
     kiln_status_free(ix->err);
     pthread_mutex_destroy(&ix->mu);
-    pthread_mutex_destroy(&ix->pf_mu);
-    pthread_cond_destroy(&ix->pf_cv);
-    pthread_cond_destroy(&ix->pf_done);
     free(ix);
 }
 
@@ -1017,9 +1009,6 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     kgr_index *ix = calloc(1, sizeof *ix);
     if (!ix) return OOM;
     pthread_mutex_init(&ix->mu, NULL);
-    pthread_mutex_init(&ix->pf_mu, NULL);
-    pthread_cond_init(&ix->pf_cv, NULL);
-    pthread_cond_init(&ix->pf_done, NULL);
     ix->g = g;
     ix->v = v;
     for (int32_t i = 0; i < g->n_tok_refs; i++)
@@ -1245,7 +1234,7 @@ struct kgr_matcher {
     kgr_index *own_ix;
     uint32_t *buf;     /* kgr_matcher_mask_ref's mask where the index keeps none */
     int32_t buf_state; /* the state whose mask buf holds; -1: none */
-    /* kgr_matcher_prefetch: pf (PF_*) and pf_next under ix->pf_mu; pf_used
+    /* kgr_matcher_prefetch: pf (PF_*) and pf_next under pool.mu; pf_used
      * (the owner's) once the matcher has been handed to the worker */
     int pf;
     bool pf_used;
@@ -1276,53 +1265,113 @@ static kiln_status fill(kgr_matcher *m, const uint32_t **bits) {
     return st;
 }
 
-/* The worker: computes the queued matchers' masks, one at a time, under mu
- * as any caller would (so the masks are the same, only computed earlier). */
+/* The prefetch pool: a few worker threads shared by every index of the
+ * process (a server with many constrained sequences runs at most
+ * pool_max() of them, not one per sequence), started on demand and joined
+ * when the last index that used them is freed. It is the module's one
+ * piece of global state: kgr_matcher_prefetch takes no pool argument, and
+ * its callers (the scheduler, the tool-call path) share one bound. pool.mu
+ * guards the queue, the counts and each matcher's pf and pf_next; it is
+ * never held while an index's mu is taken, so there is no lock order. */
+#define POOL_MAX 8
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    kgr_matcher *head, *tail;
+    pthread_t th[POOL_MAX];
+    int n_th, n_idle, n_queued, users;
+    bool quit;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
+
+/* spare cores (one is the caller's forward pass), at least 1, at most POOL_MAX */
+static int pool_max(void) {
+    static int n;
+    int k = __atomic_load_n(&n, __ATOMIC_RELAXED);
+    if (!k) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN) - 1;
+        k = c < 1 ? 1 : c > POOL_MAX ? POOL_MAX : (int)c;
+        __atomic_store_n(&n, k, __ATOMIC_RELAXED);
+    }
+    return k;
+}
+
+int kgr_pool_threads(void) {
+    pthread_mutex_lock(&pool.mu);
+    int n = pool.n_th;
+    pthread_mutex_unlock(&pool.mu);
+    return n;
+}
+
+/* A worker: computes the queued matchers' masks (of any index), one at a
+ * time, under that index's mu as any caller would, so the masks are the
+ * same, only computed earlier. */
 static void *pf_main(void *arg) {
-    kgr_index *ix = arg;
-    pthread_mutex_lock(&ix->pf_mu);
+    (void)arg;
+    pthread_mutex_lock(&pool.mu);
     for (;;) {
-        while (!ix->pf_head && !ix->pf_quit) pthread_cond_wait(&ix->pf_cv, &ix->pf_mu);
-        if (ix->pf_quit) break;
-        kgr_matcher *m = ix->pf_head;
-        ix->pf_head = m->pf_next;
-        if (!ix->pf_head) ix->pf_tail = NULL;
+        while (!pool.head && !pool.quit) {
+            pool.n_idle++;
+            pthread_cond_wait(&pool.work, &pool.mu);
+            pool.n_idle--;
+        }
+        if (pool.quit) break;
+        kgr_matcher *m = pool.head;
+        pool.head = m->pf_next;
+        if (!pool.head) pool.tail = NULL;
+        pool.n_queued--;
         m->pf = PF_RUNNING;
-        pthread_mutex_unlock(&ix->pf_mu);
+        pthread_mutex_unlock(&pool.mu);
+        kgr_index *ix = m->ix;
         const uint32_t *bits;
         pthread_mutex_lock(&ix->mu);
         kiln_status_free(fill(m, &bits)); /* an error is sticky: the owner's call gives it again */
         pthread_mutex_unlock(&ix->mu);
-        pthread_mutex_lock(&ix->pf_mu);
+        pthread_mutex_lock(&pool.mu);
         m->pf = PF_IDLE;
-        pthread_cond_broadcast(&ix->pf_done);
+        pthread_cond_broadcast(&pool.done);
     }
-    pthread_mutex_unlock(&ix->pf_mu);
+    pthread_mutex_unlock(&pool.mu);
     return NULL;
 }
 
-/* Takes m back from the worker: off the queue, or its mask waited for. */
+/* Takes m back from the pool: off the queue, or its mask waited for. */
 static void pf_join(kgr_matcher *m) {
     if (!m->pf_used) return;
-    kgr_index *ix = m->ix;
-    pthread_mutex_lock(&ix->pf_mu);
+    pthread_mutex_lock(&pool.mu);
     if (m->pf == PF_QUEUED) {
-        kgr_matcher **pp = &ix->pf_head, *prev = NULL;
+        kgr_matcher **pp = &pool.head, *prev = NULL;
         while (*pp != m) prev = *pp, pp = &(*pp)->pf_next;
         *pp = m->pf_next;
-        if (ix->pf_tail == m) ix->pf_tail = prev;
+        if (pool.tail == m) pool.tail = prev;
+        pool.n_queued--;
         m->pf = PF_IDLE;
     }
-    while (m->pf == PF_RUNNING) pthread_cond_wait(&ix->pf_done, &ix->pf_mu);
-    pthread_mutex_unlock(&ix->pf_mu);
+    while (m->pf == PF_RUNNING) pthread_cond_wait(&pool.done, &pool.mu);
+    pthread_mutex_unlock(&pool.mu);
 }
 
+/* ix is freed (its matchers, freed first, have no job left): the last
+ * user's release stops and joins the workers. */
 static void pf_stop(kgr_index *ix) {
-    pthread_mutex_lock(&ix->pf_mu);
-    ix->pf_quit = true;
-    pthread_cond_broadcast(&ix->pf_cv);
-    pthread_mutex_unlock(&ix->pf_mu);
-    if (ix->pf_started) pthread_join(ix->pf_thread, NULL);
+    if (!ix->pf_user) return;
+    pthread_t th[POOL_MAX];
+    int n = 0;
+    pthread_mutex_lock(&pool.mu);
+    if (--pool.users == 0 && pool.n_th) {
+        pool.quit = true; /* no thread starts till they are joined */
+        pthread_cond_broadcast(&pool.work);
+        n = pool.n_th;
+        memcpy(th, pool.th, sizeof *th * (size_t)n);
+        pool.n_th = 0;
+    }
+    pthread_mutex_unlock(&pool.mu);
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    if (n) {
+        pthread_mutex_lock(&pool.mu);
+        pool.quit = false;
+        if (pool.head) pthread_cond_broadcast(&pool.work); /* (none: no user was left) */
+        pthread_mutex_unlock(&pool.mu);
+    }
 }
 
 kiln_status kgr_matcher_prefetch(kgr_matcher *m) {
@@ -1334,21 +1383,25 @@ kiln_status kgr_matcher_prefetch(kgr_matcher *m) {
         pthread_mutex_unlock(&ix->mu);
         if (have) return NULL;
     }
-    pthread_mutex_lock(&ix->pf_mu);
-    if (!ix->pf_started && !ix->pf_failed && !ix->pf_quit) {
-        if (!pthread_create(&ix->pf_thread, NULL, pf_main, ix)) ix->pf_started = true;
-        else ix->pf_failed = true; /* no thread: each mask is computed when asked, as without prefetch */
-    }
-    if (ix->pf_started && m->pf == PF_IDLE) {
+    pthread_mutex_lock(&pool.mu);
+    if (!ix->pf_user) ix->pf_user = true, pool.users++; /* (pf_user: read by kgr_index_free, after every matcher) */
+    if (m->pf == PF_IDLE) {
         m->pf = PF_QUEUED;
         m->pf_next = NULL;
-        if (ix->pf_tail) ix->pf_tail->pf_next = m;
-        else ix->pf_head = m;
-        ix->pf_tail = m;
+        if (pool.tail) pool.tail->pf_next = m;
+        else pool.head = m;
+        pool.tail = m;
+        pool.n_queued++;
         m->pf_used = true;
-        pthread_cond_signal(&ix->pf_cv);
+        /* a worker for it: an idle one not yet woken for another job, else a
+         * new one while under the bound, else the next free one (none at
+         * all: the owner computes it when asked, as without prefetch) */
+        if (pool.n_idle >= pool.n_queued) pthread_cond_signal(&pool.work);
+        else if (!pool.quit && pool.n_th < pool_max() && !pthread_create(&pool.th[pool.n_th], NULL, pf_main, NULL))
+            pool.n_th++;
+        else if (pool.n_idle) pthread_cond_signal(&pool.work);
     }
-    pthread_mutex_unlock(&ix->pf_mu);
+    pthread_mutex_unlock(&pool.mu);
     return NULL;
 }
 

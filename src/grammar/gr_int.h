@@ -71,6 +71,9 @@ int32_t kgr_vocab_token_text(const kgr_vocab *v, int32_t id, char *buf, int32_t 
 /* whether id is one of v's special tokens */
 bool kgr_vocab_is_special(const kgr_vocab *v, int32_t id);
 
+/* engine.c: the prefetch pool's threads now (tests) */
+int kgr_pool_threads(void);
+
 /* code point ranges [lo, hi] */
 typedef struct {
     uint32_t lo, hi;

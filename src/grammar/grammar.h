@@ -114,8 +114,10 @@ kiln_status kgr_matcher_mask(kgr_matcher *m, uint32_t *bits);
  * or the matcher's own buffer), valid until the matcher's next call or
  * until it is freed; never written by anyone while valid. */
 kiln_status kgr_matcher_mask_ref(kgr_matcher *m, const uint32_t **bits);
-/* Starts computing the mask of the matcher's current state on the index's
- * worker thread (started on the first call; one per index), so that the
+/* Starts computing the mask of the matcher's current state on a worker of
+ * the process's prefetch pool (shared by every index, at most the spare
+ * cores' count of threads, at least 1 and at most 8; started on demand,
+ * joined when the last index that used it is freed), so that the
  * next kgr_matcher_mask / _mask_ref, which wait for it, find it done: call
  * it after kgr_matcher_accept, before the forward pass that the mask
  * waits for. The mask is the one computed without it, bit for bit (the

@@ -2,6 +2,7 @@
  * accepted or rejected whole), masks over a real tokenizer. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "grammar/grammar.h"
 #include "grammar/gr_int.h"
@@ -592,6 +593,58 @@ KT_TEST(grammar_prefetch_same_masks) {
     kgr_index_free(ix);
     free(a), free(b);
     kgr_grammar_free(g);
+    kgr_vocab_free(v);
+    ktok_free(tok);
+}
+
+/* Many indexes, one bounded pool: 16 sequences with indexes of their own
+ * prefetch in turn; the pool runs at most the spare cores' count of
+ * threads (at least 1, at most 8), each mask is the synchronous one bit for
+ * bit, and the pool's threads are joined once the last index is freed. */
+KT_TEST(grammar_prefetch_pool_bounded) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/data/tokenizer/gptoss", kt_root());
+    ktok *tok = NULL;
+    KT_CHECK_OK(ktok_load(dir, &tok));
+    int32_t eos = 200002;
+    kgr_vocab *v = NULL;
+    KT_CHECK_OK(kgr_vocab_create(tok, ktok_vocab_size(tok), &eos, 1, &v));
+    int32_t n = kgr_vocab_size(v);
+    size_t words = ((size_t)n + 31) / 32;
+    enum { SEQS = 16, STEPS = 12 };
+    const char *s = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":8},\"n\":{\"type\":\"integer\"},"
+                    "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"yy\"]}}},\"required\":[\"name\",\"n\"]}";
+    static uint64_t want[SEQS][STEPS], got[SEQS][STEPS];
+    long c = sysconf(_SC_NPROCESSORS_ONLN) - 1;
+    int bound = c < 1 ? 1 : c > 8 ? 8 : (int)c, most = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        kgr_matcher *m[SEQS];
+        uint32_t x[SEQS];
+        for (int k = 0; k < SEQS; k++) {
+            kgr_grammar *g = NULL;
+            KT_CHECK_OK(kgr_from_json_schema(s, strlen(s), NULL, &g));
+            KT_CHECK_OK(kgr_matcher_create_owned(g, v, &m[k]));
+            x[k] = 88172645u + 31u * (uint32_t)k;
+            if (pass) KT_CHECK_OK(kgr_matcher_prefetch(m[k]));
+        }
+        for (int i = 0; i < STEPS; i++)
+            for (int k = 0; k < SEQS; k++) {
+                const uint32_t *bits;
+                KT_CHECK_OK(kgr_matcher_mask_ref(m[k], &bits));
+                (pass ? got : want)[k][i] = kgr_mask_digest(0, bits, words);
+                int32_t t = pick(bits, n, &x[k]);
+                if (t < 0 || kgr_matcher_done(m[k])) continue;
+                KT_CHECK_OK(kgr_matcher_accept(m[k], t));
+                if (pass) KT_CHECK_OK(kgr_matcher_prefetch(m[k]));
+                int th = kgr_pool_threads();
+                if (th > most) most = th;
+            }
+        for (int k = 0; k < SEQS; k++) kgr_matcher_free(m[k]);
+    }
+    for (int k = 0; k < SEQS; k++)
+        for (int i = 0; i < STEPS; i++) KT_CHECKF(got[k][i] == want[k][i], "sequence %d, step %d: the prefetched mask differs", k, i);
+    KT_CHECKF(most >= 1 && most <= bound, "%d pool threads for %d sequences (bound %d)", most, SEQS, bound);
+    KT_CHECKF(kgr_pool_threads() == 0, "%d pool threads left after every index was freed", kgr_pool_threads());
     kgr_vocab_free(v);
     ktok_free(tok);
 }
