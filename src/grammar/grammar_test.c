@@ -477,6 +477,15 @@ static int32_t pick(const uint32_t *bits, int32_t n, uint32_t *x) {
     return -1;
 }
 
+/* gpt-oss's tokenizer (200k tokens) and its grammar vocabulary */
+static void gptoss_vocab(ktok **tok, kgr_vocab **v) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/data/tokenizer/gptoss", kt_root());
+    KT_CHECK_OK(ktok_load(dir, tok));
+    int32_t eos = 200002;
+    KT_CHECK_OK(kgr_vocab_create(*tok, ktok_vocab_size(*tok), &eos, 1, v));
+}
+
 enum { PF_SEEDS = 3, PF_STEPS = 48 };
 
 typedef struct {
@@ -524,13 +533,9 @@ static void pf_walk(kgr_index *ix, int32_t n, bool prefetch, pf_trace *tr) {
  * time): matchers sharing one index and stepping in turn, an owned
  * matcher, a prefetch that a change of state or a free overtakes. */
 KT_TEST(grammar_prefetch_same_masks) {
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tests/data/tokenizer/gptoss", kt_root());
     ktok *tok = NULL;
-    KT_CHECK_OK(ktok_load(dir, &tok));
-    int32_t eos = 200002;
     kgr_vocab *v = NULL;
-    KT_CHECK_OK(kgr_vocab_create(tok, ktok_vocab_size(tok), &eos, 1, &v));
+    gptoss_vocab(&tok, &v);
     int32_t n = kgr_vocab_size(v);
     size_t words = ((size_t)n + 31) / 32;
     const char *s = "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{3}-[0-9]{4}$\"},"
@@ -602,13 +607,9 @@ KT_TEST(grammar_prefetch_same_masks) {
  * threads (at least 1, at most 8), each mask is the synchronous one bit for
  * bit, and the pool's threads are joined once the last index is freed. */
 KT_TEST(grammar_prefetch_pool_bounded) {
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/tests/data/tokenizer/gptoss", kt_root());
     ktok *tok = NULL;
-    KT_CHECK_OK(ktok_load(dir, &tok));
-    int32_t eos = 200002;
     kgr_vocab *v = NULL;
-    KT_CHECK_OK(kgr_vocab_create(tok, ktok_vocab_size(tok), &eos, 1, &v));
+    gptoss_vocab(&tok, &v);
     int32_t n = kgr_vocab_size(v);
     size_t words = ((size_t)n + 31) / 32;
     enum { SEQS = 16, STEPS = 12 };
