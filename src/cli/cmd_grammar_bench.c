@@ -51,7 +51,7 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: kiln grammar-bench DIR|FILE... -m TOKENIZER_DIR [--json FILE] [-v] [--cpu-time] [--repeat N]\n"
+            printf("usage: kiln grammar-bench DIR|FILE... -m TOKENIZER_DIR [--json FILE] [-v] [--cpu-time] [--repeat N] [--mask-classes]\n"
                    "  runs MaskBench files (schema + tests) through the grammar engine, one thread;\n"
                    "  -v prints each file's outcome; --cpu-time times with the thread's CPU clock\n"
                    "  (for a shared machine) instead of the wall clock; --repeat N runs each file N\n"
@@ -78,6 +78,10 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
         }
         if (!strcmp(a, "--cpu-time")) {
             kgr_bench_cpu_time(cpu = true);
+            continue;
+        }
+        if (!strcmp(a, "--mask-classes")) {
+            kgr_mask_classes(true);
             continue;
         }
         if (a[0] == '-') return kiln_fail(kiln_error(KILN_EINVAL, "grammar-bench: unknown flag %s", a));

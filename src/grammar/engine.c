@@ -456,9 +456,45 @@ typedef struct {
     int32_t *tops; /* sorted node ids */
     int32_t n;
     bool accept;
+    bool seen; /* a truncated state's: a state of its class was walked already */
+    bool esc; /* a truncated state's: a stack returned past the cut (see mask classes) */
     int32_t uni; /* plain_next's answer: -2 not yet known */
-    uint32_t *mask;
+    uint32_t *mask; /* a truncated state's: its class's base mask */
+    struct mclass *cls; /* a truncated state's escapes; NULL: not walked yet */
 } gstate;
+
+/* Mask classes. A state's mask depends on its stacks only as deep as its
+ * tokens return: the string interior of a property's value yields the same
+ * mask whichever %perm members were taken below it, and at whatever depth
+ * it is nested. A state S is cut to its class C: each stack kept CUT_DEPTH
+ * frames deep, the rest replaced by the ESC frame (pos ESC_POS). A return
+ * into ESC makes the ESC top, which takes no byte; a state holding it is
+ * an escape. Walking the trie from C, a token whose path meets no escape
+ * is allowed from C exactly when from S (below the cut S's stacks do the
+ * same as C's; C never reaches the bottom, where S would accept), and a
+ * subtree whose first state is an escape is recorded, not walked. C's
+ * walk is done once; S's mask is C's base mask, plus each escape's subtree
+ * walked from S's own state at that prefix. Only choices that allow are
+ * made from truncated states (plain_next refuses a chain through an
+ * escape), so the masks are the uncut ones bit for bit. A class is
+ * walked on its second state (most are seen once), and not used where its
+ * escapes' subtrees are over half the walk. Off by default
+ * (kgr_mask_classes): on MaskBench few states share a class (a file's
+ * uncached states are mostly at positions of their own), and a hit's
+ * escapes build the same new states the plain walk would. */
+#define ESC_POS INT32_MAX
+#define CUT_DEPTH 3
+struct mclass {
+    int32_t n;      /* escapes */
+    bool useless;   /* its escapes cover most of the walk: S is walked as is */
+    struct mesc {
+        int32_t node; /* in node[] (rest false) or rest[] */
+        bool rest;
+        uint16_t len; /* of the prefix, bytes[off, off + len): the path to the node's parent */
+        int32_t off;
+    } *e;
+    uint8_t *bytes;
+};
 
 struct kgr_index {
     const kgr_grammar *g;
@@ -499,6 +535,16 @@ struct kgr_index {
     size_t mask_bytes;
     kiln_status err; /* sticky: a limit was passed */
     int32_t init;
+    int32_t esc; /* the ESC node (mask classes) */
+    bool classes; /* mask classes on (kgr_mask_classes at creation) */
+    /* a class walk's escapes being recorded (NULL: a walk of S itself) */
+    struct erec {
+        struct mesc *e;
+        uint8_t *bytes;
+        int32_t n, cap, nb, cap_b;
+        int64_t nodes; /* the escapes' subtrees' nodes */
+    } *rec;
+    uint8_t *path; /* [max_depth + 1]: the walk's prefix bytes by depth */
     /* kgr_matcher_prefetch: this index holds a reference on the shared pool */
     bool pf_user;
 };
@@ -717,6 +763,14 @@ static void expand(kgr_index *ix) {
     while (ix->n_work && !ix->err) {
         int32_t parent = ix->work[--ix->n_work], pos = ix->work[--ix->n_work];
         if (!seen_add(ix, pos, parent)) continue;
+        if (pos == ESC_POS) { /* a return past the cut */
+            if (!grow((void **)&ix->tops, &ix->cap_tops, ix->n_tops + 1, sizeof *ix->tops)) {
+                set_err(ix, OOM);
+                return;
+            }
+            ix->tops[ix->n_tops++] = ix->esc;
+            continue;
+        }
         if (pos >= ix->g->n_el) {
             perm_expand(ix, pos - ix->g->n_el, parent);
             continue;
@@ -809,6 +863,9 @@ static int32_t state_intern(kgr_index *ix) {
     s->accept = ix->accept;
     s->uni = -2;
     s->mask = NULL;
+    s->cls = NULL;
+    s->seen = s->esc = false;
+    for (int32_t i = 0; i < n && ix->esc > 0; i++) s->esc |= ix->tops[i] == ix->esc;
     s->tops = malloc(sizeof *s->tops * (size_t)(n ? n : 1));
     if (!s->tops) {
         ix->n_st--;
@@ -835,6 +892,7 @@ static int32_t compute(kgr_index *ix, int32_t s, int32_t c) {
     const gstate *gs = &ix->st[s];
     for (int32_t i = 0; i < gs->n; i++) {
         const snode *nd = &ix->nodes[gs->tops[i]];
+        if (nd->pos == ESC_POS) continue; /* takes no byte */
         if (kgr_set_has(&ix->g->sets[ix->g->el[nd->pos].val], b)) work_push(ix, nd->pos + 1, nd->parent);
     }
     expand(ix);
@@ -845,6 +903,7 @@ static int32_t compute(kgr_index *ix, int32_t s, int32_t c) {
     uint64_t e[4] = {~0ull, ~0ull, ~0ull, ~0ull};
     gs = &ix->st[s]; /* state_intern may have moved the states */
     for (int32_t i = 0; i < gs->n; i++) {
+        if (gs->tops[i] == ix->esc) continue;
         const uint64_t *k = ix->set_cls[ix->g->el[ix->nodes[gs->tops[i]].pos].val];
         bool in = (k[c >> 6] >> (c & 63)) & 1;
         for (int w = 0; w < 4; w++) e[w] &= in ? k[w] : ~k[w];
@@ -874,7 +933,7 @@ static int utf8_to(kgr_index *ix, int32_t at, int32_t to, int left, unsigned lo,
         seen[c >> 6] |= 1ull << (c & 63);
         int32_t t = next_state(ix, at, (uint8_t)b);
         if (t < 0) return -1;
-        if (left == 1 ? t != to : t == 0) return 0;
+        if (left == 1 ? t != to : t == 0 || ix->st[t].esc) return 0;
         if (left > 1) {
             int r = utf8_to(ix, t, to, left - 1, 0x80, 0xBF);
             if (r != 1) return r;
@@ -897,6 +956,7 @@ static int32_t plain_next_compute(kgr_index *ix, int32_t s) {
         seen[c >> 6] |= 1ull << (c & 63);
         int32_t t = next_state(ix, s, (uint8_t)b);
         if (t <= 0) return t;
+        if (ix->st[t].esc) return 0; /* (see mask classes) */
         if (u < 0) u = t;
         else if (t != u) return 0;
     }
@@ -910,6 +970,7 @@ static int32_t plain_next_compute(kgr_index *ix, int32_t s) {
         lseen[key >> 6] |= 1ull << (key & 63);
         int32_t t = next_state(ix, s, (uint8_t)lead);
         if (t <= 0) return t;
+        if (ix->st[t].esc) return 0;
         int r = utf8_to(ix, t, u, l - 1, lo, hi);
         if (r != 1) return r;
     }
@@ -978,12 +1039,18 @@ static bool set_classes(kgr_index *ix) {
 
 static void pf_stop(kgr_index *ix);
 
+static bool classes_on; /* off by default: see docs/grammar.md (exact, but no faster on MaskBench) */
+void kgr_mask_classes(bool on) { __atomic_store_n(&classes_on, on, __ATOMIC_RELAXED); }
+static int64_t class_hits; /* masks made from a class's (tests) */
+int64_t kgr_mask_class_hits(void) { return __atomic_load_n(&class_hits, __ATOMIC_RELAXED); }
+
 void kgr_index_free(kgr_index *ix) {
     if (!ix) return;
     pf_stop(ix); /* (its matchers, freed first, are off its queue) */
     for (int32_t i = 0; i < ix->n_st; i++) {
         free(ix->st[i].tops);
         free(ix->st[i].mask);
+        if (ix->st[i].cls) free(ix->st[i].cls->e), free(ix->st[i].cls->bytes), free(ix->st[i].cls);
     }
     free(ix->st);
     free(ix->st_ht);
@@ -996,6 +1063,7 @@ void kgr_index_free(kgr_index *ix) {
     free(ix->seen);
     free(ix->seen_slots);
     free(ix->walk);
+    free(ix->path);
     free(ix->pf_acc);
     free(ix->vp);
     free(ix->vp_ht);
@@ -1031,10 +1099,11 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     ix->seen = malloc(sizeof *ix->seen * ix->seen_cap);
     ix->seen_slots = malloc(sizeof *ix->seen_slots * (ix->seen_cap / 2 + 1));
     ix->walk = malloc(sizeof *ix->walk * (size_t)(v->max_depth + 2));
+    ix->path = malloc((size_t)v->max_depth + 2);
     ix->pf_acc = malloc(((size_t)v->n_vocab + 31) / 32 * 4 + 4);
     ix->cap_tops = 64;
     ix->tops = malloc(sizeof *ix->tops * (size_t)ix->cap_tops); /* never NULL: memcmp/memcpy of 0 tops */
-    if (!ix->tops || !ix->node_ht || !ix->st_ht || !ix->seen || !ix->seen_slots || !ix->walk || !ix->pf_acc) {
+    if (!ix->tops || !ix->node_ht || !ix->st_ht || !ix->seen || !ix->seen_slots || !ix->walk || !ix->path || !ix->pf_acc) {
         kgr_index_free(ix);
         return OOM;
     }
@@ -1042,6 +1111,8 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     memset(ix->st_ht, 0xff, sizeof *ix->st_ht * ix->st_ht_cap);
     memset(ix->seen, 0xff, sizeof *ix->seen * ix->seen_cap);
     node_get(ix, -1, -1); /* node 0: the bottom of every stack */
+    ix->esc = node_get(ix, ESC_POS, -1);
+    ix->classes = __atomic_load_n(&classes_on, __ATOMIC_RELAXED);
     step_begin(ix);       /* state 0: dead */
     int32_t dead = state_intern(ix);
     step_begin(ix);
@@ -1073,6 +1144,21 @@ static inline void set_tokens(const kgr_vocab *v, const struct tnode *x, uint32_
         for (k = v->tok_next[k]; k >= 0; k = v->tok_next[k]) bits[k >> 5] |= 1u << (k & 31);
 }
 
+/* A class walk (ix->rec) met an escape at node i of nd (the prefix to its
+ * parent in ix->path): recorded, its subtree left to each state's walk. */
+static void rec_escape(kgr_index *ix, const struct tnode *nd, int32_t i) {
+    struct erec *r = ix->rec;
+    int32_t len = nd[i].depth - 1;
+    if (!grow((void **)&r->e, &r->cap, r->n + 1, sizeof *r->e) || !grow((void **)&r->bytes, &r->cap_b, r->nb + len + 1, 1)) {
+        set_err(ix, OOM);
+        return;
+    }
+    r->e[r->n++] = (struct mesc){i, nd == ix->v->rest, (uint16_t)len, r->nb};
+    memcpy(r->bytes + r->nb, ix->path, (size_t)len);
+    r->nb += len;
+    r->nodes += nd[i].next - i;
+}
+
 /* Sets the bits of the tokens in nd[from, to) (one subtree's nodes, the
  * first at depth d, entered from state s at depth d - 1) that s allows; -1 on error. */
 static int walk_trie(kgr_index *ix, const struct tnode *nd, int32_t from, int32_t to, int32_t s, uint32_t *bits) {
@@ -1088,11 +1174,19 @@ static int walk_trie(kgr_index *ix, const struct tnode *nd, int32_t from, int32_
             i = x->next;
             continue;
         }
+        if (ix->rec) {
+            if (ix->st[t].esc) {
+                rec_escape(ix, nd, i);
+                i = x->next;
+                continue;
+            }
+            ix->path[x->depth - 1] = x->byte;
+        }
         stk[x->depth] = t;
         set_tokens(v, x, bits);
         i++;
     }
-    return 0;
+    return ix->err ? -1 : 0;
 }
 
 
@@ -1136,6 +1230,15 @@ static int walk_full(kgr_index *ix, int32_t from, int32_t to, int32_t s, uint32_
         if (t == 0) {
             i = x->next;
             continue;
+        }
+        if (ix->rec) {
+            if (ix->st[t].esc) {
+                rec_escape(ix, nd, i);
+                if (ix->err) return -1;
+                i = x->next;
+                continue;
+            }
+            ix->path[x->depth - 1] = x->byte;
         }
         /* the prefix ends a character: the rest of a plain token below is
          * whole characters, which a string interior takes */
@@ -1185,6 +1288,103 @@ static kiln_status mask_fail(kgr_index *ix, uint32_t *bits, size_t words) {
     return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
 }
 
+/* s's tokens into bits (cleared first): the plain tokens at once where
+ * every one leads back to s, else the whole trie (the same way below a
+ * prefix that leads into such a state); -1 on error. With ix->rec, escapes
+ * are recorded; *nodes: the trie walked (for a class's worth). */
+static int walk_state(kgr_index *ix, int32_t s, uint32_t *bits, int64_t *nodes) {
+    const kgr_vocab *v = ix->v;
+    size_t words = ((size_t)v->n_vocab + 31) / 32;
+    memset(bits, 0, words * 4);
+    int pc = plain_closed(ix, s);
+    if (pc < 0) return -1;
+    if (pc == 1) {
+        memcpy(bits, v->plain, words * 4);
+        *nodes = v->n_rest;
+        return walk_trie(ix, v->rest, 0, v->n_rest, s, bits);
+    }
+    *nodes = v->n_nodes;
+    return walk_full(ix, 0, v->n_nodes, s, bits);
+}
+
+/* node id's stack kept CUT_DEPTH frames below its top, the rest ESC
+ * (*cut set where anything was cut); -1 on a limit */
+static int32_t cut_node(kgr_index *ix, int32_t id, bool *cut) {
+    int32_t chain[CUT_DEPTH + 1];
+    int k = 0;
+    while (id != 0 && k <= CUT_DEPTH) chain[k++] = id, id = ix->nodes[id].parent;
+    int32_t below = 0;
+    if (id != 0) below = ix->esc, *cut = true;
+    while (k-- > 0 && below >= 0) below = node_get(ix, ix->nodes[chain[k]].pos, below);
+    return below;
+}
+
+/* s's class: s cut (see mask classes), or s itself where nothing is cut; -1 on error */
+static int32_t class_of(kgr_index *ix, int32_t s) {
+    step_begin(ix);
+    bool cut = false;
+    for (int32_t i = 0; i < ix->st[s].n; i++) {
+        int32_t t = cut_node(ix, ix->st[s].tops[i], &cut);
+        if (t < 0 || !grow((void **)&ix->tops, &ix->cap_tops, ix->n_tops + 1, sizeof *ix->tops)) {
+            if (t >= 0) set_err(ix, OOM);
+            return -1;
+        }
+        ix->tops[ix->n_tops++] = t;
+    }
+    return cut ? state_intern(ix) : s;
+}
+
+/* class c's base mask and escapes, walked once (into bits, scratch); -1 on error */
+static int class_walk(kgr_index *ix, int32_t c, uint32_t *bits, size_t words) {
+    struct erec r = {0};
+    int64_t walked = 0;
+    ix->rec = &r;
+    int rc = walk_state(ix, c, bits, &walked);
+    ix->rec = NULL;
+    struct mclass *k = calloc(1, sizeof *k);
+    uint32_t *base = NULL;
+    if (rc >= 0 && k && !(k->useless = r.nodes * 2 > walked) && ix->mask_bytes + words * 4 <= MAX_MASK_BYTES &&
+        (base = malloc(words * 4))) {
+        memcpy(base, bits, words * 4);
+        ix->st[c].mask = base;
+        ix->mask_bytes += words * 4;
+    }
+    if (k) k->useless |= !base, k->n = r.n, k->e = r.e, k->bytes = r.bytes;
+    else free(r.e), free(r.bytes), set_err(ix, OOM);
+    ix->st[c].cls = k;
+    return rc < 0 || !k ? -1 : 0;
+}
+
+/* s's mask from its class's (kgr_index.classes): 1 done, 0 the class does
+ * not help (walk s itself), -1 on error */
+static int class_mask(kgr_index *ix, int32_t s, uint32_t *bits, size_t words) {
+    const kgr_vocab *v = ix->v;
+    int32_t c = class_of(ix, s);
+    if (c < 0) return -1;
+    if (c == s || c == 0) return 0;
+    if (!ix->st[c].cls && !ix->st[c].seen) { /* a class seen once is not worth a walk of its own */
+        ix->st[c].seen = true;
+        return 0;
+    }
+    if (!ix->st[c].cls && class_walk(ix, c, bits, words) < 0) return -1;
+    const struct mclass *k = ix->st[c].cls;
+    if (k->useless) return 0;
+    __atomic_add_fetch(&class_hits, 1, __ATOMIC_RELAXED);
+    memcpy(bits, ix->st[c].mask, words * 4);
+    for (int32_t i = 0; i < k->n; i++) {
+        const struct mesc *e = &k->e[i];
+        int32_t p = s;
+        for (int32_t j = 0; j < e->len && p > 0; j++) p = next_state(ix, p, k->bytes[e->off + j]);
+        if (p < 0) return -1;
+        if (p == 0) continue; /* (cannot be: the class lives there) */
+        int rc = e->rest ? walk_trie(ix, v->rest, e->node, v->rest[e->node].next, p, bits)
+                         : walk_full(ix, e->node, v->node[e->node].next, p, bits);
+        if (rc < 0) return -1;
+        k = ix->st[c].cls; /* (the states may have moved; the class did not) */
+    }
+    return 1;
+}
+
 /* mask of state s into bits (ix->mu held) */
 static kiln_status state_mask(kgr_index *ix, int32_t s, uint32_t *bits) {
     const kgr_vocab *v = ix->v;
@@ -1195,16 +1395,9 @@ static kiln_status state_mask(kgr_index *ix, int32_t s, uint32_t *bits) {
     }
     memset(bits, 0, words * 4);
     if (ix->err) return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
-    /* every plain token leads back to s: they are all allowed, and only
-     * the other tokens are walked. Otherwise the whole trie, the same way
-     * below a prefix that leads into such a state. */
-    int pc = plain_closed(ix, s);
-    if (pc < 0) return mask_fail(ix, bits, words);
-    if (pc == 1) {
-        memcpy(bits, v->plain, words * 4);
-        if (walk_trie(ix, v->rest, 0, v->n_rest, s, bits) < 0) return mask_fail(ix, bits, words);
-    } else if (walk_full(ix, 0, v->n_nodes, s, bits) < 0)
-        return mask_fail(ix, bits, words);
+    int done = ix->classes ? class_mask(ix, s, bits, words) : 0;
+    int64_t walked;
+    if (done < 0 || (!done && walk_state(ix, s, bits, &walked) < 0)) return mask_fail(ix, bits, words);
     if (ix->st[s].accept)
         for (int32_t k = 0; k < v->n_eos; k++)
             if (v->eos[k] >= 0 && v->eos[k] < v->n_vocab) bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31);

@@ -73,6 +73,8 @@ bool kgr_vocab_is_special(const kgr_vocab *v, int32_t id);
 
 /* engine.c: the prefetch pool's threads now (tests) */
 int kgr_pool_threads(void);
+/* engine.c: masks made from a mask class's so far (tests) */
+int64_t kgr_mask_class_hits(void);
 
 /* code point ranges [lo, hi] */
 typedef struct {

@@ -168,5 +168,9 @@ uint64_t kgr_mask_digest(uint64_t h, const uint32_t *bits, size_t words);
 /* Times with the thread's CPU clock instead of the wall clock (on a shared
  * machine, where other processes' time slices inflate wall-clock tails). */
 void kgr_bench_cpu_time(bool on);
+/* Whether indexes created from now on compute a new state's mask from its
+ * mask class's (a cut of its stacks; the same masks bit for bit, see
+ * engine.c). Off by default: on MaskBench it is no faster. */
+void kgr_mask_classes(bool on);
 
 #endif
