@@ -545,7 +545,7 @@ struct kgr_index {
         int64_t nodes; /* the escapes' subtrees' nodes */
     } *rec;
     uint8_t *path; /* [max_depth + 1]: the walk's prefix bytes by depth */
-    /* kgr_matcher_prefetch: this index holds a reference on the shared pool */
+    /* kgr_matcher_prefetch: this index holds a reference on the shared pool (under pool.mu) */
     bool pf_user;
 };
 
@@ -1546,11 +1546,10 @@ static void pf_join(kgr_matcher *m) {
 /* ix is freed (its matchers, freed first, have no job left): the last
  * user's release stops and joins the workers. */
 static void pf_stop(kgr_index *ix) {
-    if (!ix->pf_user) return;
     pthread_t th[POOL_MAX];
     int n = 0;
     pthread_mutex_lock(&pool.mu);
-    if (--pool.users == 0 && pool.n_th) {
+    if (ix->pf_user && --pool.users == 0 && pool.n_th) {
         pool.quit = true; /* no thread starts till they are joined */
         pthread_cond_broadcast(&pool.work);
         n = pool.n_th;
@@ -1577,7 +1576,7 @@ kiln_status kgr_matcher_prefetch(kgr_matcher *m) {
         if (have) return NULL;
     }
     pthread_mutex_lock(&pool.mu);
-    if (!ix->pf_user) ix->pf_user = true, pool.users++; /* (pf_user: read by kgr_index_free, after every matcher) */
+    if (!ix->pf_user) ix->pf_user = true, pool.users++;
     if (m->pf == PF_IDLE) {
         m->pf = PF_QUEUED;
         m->pf_next = NULL;
