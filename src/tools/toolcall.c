@@ -6,8 +6,9 @@
  * held back, a call is reported once its name is complete, and arguments
  * written as JSON are reported as the model's own text (its raw slice), so
  * the streamed fragments add up to the final string. Formats that write
- * arguments as XML-ish parameters (Qwen3-Coder, GLM-4.5) build the JSON
- * object when the call closes, typed by the tool's schema as their
+ * arguments as tags or literals (the XML formats, LFM2, Gemma 4, MiniMax-M3,
+ * Kimi K3) write the JSON text pair by pair as the parameters come (jargs),
+ * a string value as it is written, typed by the tool's schema as their
  * reference parsers do (vLLM's qwen3coder / glm4_moe tool parsers). */
 #include "tools/toolcall.h"
 
@@ -843,6 +844,72 @@ static cJSON *string_n(const char *v, size_t n) {
     return r;
 }
 
+/* ---------------------------------------------------------------- arguments written as they come */
+
+/* The JSON arguments of the formats that write parameters as tags or
+ * literals (the XML formats, Kimi K3, LFM2, Gemma 4, MiniMax-M3), as text
+ * that grows with the call: "{", then each "KEY":VALUE (cJSON's
+ * unformatted print of each, so the whole is the print of the object the
+ * pairs make), and "}" when the call closes. A key shows once it is
+ * complete; its value while it is being written only when it is a string
+ * (as the schema or the markup says; vLLM's and llama.cpp's streaming
+ * parsers decide it so too): the text so far, escaped, the closing quote
+ * missing. A value whose JSON depends on text not yet seen (a number, an
+ * object, a type the text decides) is held until it closes. So a partial
+ * call's arguments are a prefix of its final ones, and the stream sends
+ * them as they are written, as OpenAI's API does. */
+typedef struct {
+    buf t;
+    int n;       /* keys written */
+    bool frozen; /* the text is final (Kimi K3's json block): later pairs are not added */
+} jargs;
+
+/* Appends v's print (consumes v; NULL: out of memory). */
+static void ja_json(P *p, jargs *a, cJSON *v) {
+    char *s = v ? cJSON_PrintUnformatted(v) : NULL;
+    cJSON_Delete(v);
+    if (!s) p->oom = true;
+    else if (!a->frozen) buf_add(p, &a->t, s, strlen(s));
+    free(s);
+}
+
+static void ja_key(P *p, jargs *a, const char *k, size_t n) {
+    if (a->frozen) return;
+    buf_add(p, &a->t, a->n++ ? "," : "{", 1);
+    ja_json(p, a, string_n(k, n));
+    buf_add(p, &a->t, ":", 1);
+}
+
+/* A string value being written: its text so far, escaped (cJSON escapes
+ * byte by byte: the print of a prefix is a prefix of the print). */
+static void ja_open_string(P *p, jargs *a, const char *s, size_t n) {
+    if (a->frozen) return;
+    cJSON *v = string_n(s, n);
+    char *q = v ? cJSON_PrintUnformatted(v) : NULL;
+    cJSON_Delete(v);
+    if (!q) p->oom = true;
+    else buf_add(p, &a->t, q, strlen(q) - 1);
+    free(q);
+}
+
+/* A tagged text value [s, e) being written (e: where the text ends so far,
+ * its end marker's start held back): the part the final value will begin
+ * with (trim_nl: the final loses one newline at each end, so a trailing one
+ * waits). */
+static void ja_open_text(P *p, jargs *a, size_t s, size_t e, bool trim_nl) {
+    if (trim_nl && e > s && p->t[s] == '\n') s++;
+    if (trim_nl && e > s && p->t[e - 1] == '\n') e--;
+    ja_open_string(p, a, p->t + s, e - s);
+}
+
+/* The arguments (malloc'ed; a->t taken): closed with "}" when the call is. */
+static char *ja_take(P *p, jargs *a, bool closed) {
+    if (closed && !a->frozen) buf_add(p, &a->t, a->n ? "}" : "{}", a->n ? 1 : 2);
+    char *r = a->t.p ? a->t.p : dup_n(p, "", 0);
+    a->t = (buf){0};
+    return r;
+}
+
 /* Qwen3-Coder and GLM-4.5: parameters as tagged text, the object built when
  * the call closes. */
 typedef struct {
@@ -883,8 +950,14 @@ static void strip_nl(const char **s, size_t *n) {
     if (*n && (*s)[*n - 1] == '\n') (*n)--;
 }
 
+/* Whether the schema makes parameter key of function fn a string (its value's text is then the string, whatever it spells). */
+static bool param_is_string(const P *p, const char *fn, const char *key) {
+    const char *ty = param_type(p->syn->tools, fn, key);
+    return ty && !strcmp(ty, "string");
+}
+
 /* Returns the index after the call, NPOS (stop: partial, or reported), or
- * NOT_CALL. */
+ * NOT_CALL. The arguments grow as the parameters are written (jargs). */
 static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
     j = skip_ws(p, j);
     size_t n0, n1;
@@ -902,12 +975,13 @@ static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
         if (n1 == NPOS) return NPOS;
         j = n1;
     }
+    while (n1 > n0 && is_ws(p->t[n1 - 1])) n1--;
     char *name = dup_n(p, p->t + n0, n1 - n0);
     if (!name) return NPOS;
-    cJSON *obj = cJSON_CreateObject();
+    jargs a = {0};
+    const char *close = f->fn_close ? f->fn_close : f->call_close;
     for (;;) {
         j = skip_ws(p, j);
-        const char *close = f->fn_close ? f->fn_close : f->call_close;
         if (at(p, j, close) || (!p->partial && j >= p->n)) { /* the call is complete */
             if (at(p, j, close)) j += strlen(close);
             if (f->fn_close) {
@@ -915,53 +989,51 @@ static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
                 if (at(p, j, f->call_close)) j += strlen(f->call_close);
                 else if (may_become(p, j, f->call_close)) j = p->n;
             }
-            char *args = cJSON_PrintUnformatted(obj);
-            cJSON_Delete(obj);
-            if (!args) p->oom = true;
-            size_t nn = strlen(name);
-            char *nm = name;
-            while (nn && is_ws(nm[nn - 1])) nm[--nn] = 0;
-            add_call(p, name, args);
+            add_call(p, name, ja_take(p, &a, true));
             return j;
         }
-        if (!at(p, j, f->key_open)) break; /* incomplete (or malformed): the name only */
+        if (!at(p, j, f->key_open)) break; /* incomplete (or malformed) */
         size_t k0 = j + strlen(f->key_open), k1 = find(p, k0, f->key_close);
         if (k1 == NPOS) break;
+        char *key = dup_n(p, p->t + k0, k1 - k0);
+        if (!key) break;
+        ja_key(p, &a, key, strlen(key));
         size_t v0 = k1 + strlen(f->key_close);
         int as = -1; /* DSML: 1 string="true" (raw text), 0 string="false" (JSON) */
         if (f->string_attr) {
             static const char *const attr[] = {" string=\"true\">", " string=\"false\">"};
             if (at(p, v0, attr[0])) as = 1, v0 += strlen(attr[0]);
             else if (at(p, v0, attr[1])) as = 0, v0 += strlen(attr[1]);
-            else break; /* incomplete (or malformed) */
+            else { /* incomplete (or malformed) */
+                free(key);
+                break;
+            }
         }
+        bool str = as == 1 || (as < 0 && param_is_string(p, name, key)); /* its text is the string */
         v0 = *f->val_open ? skip_ws(p, v0) : v0;
-        if (*f->val_open) {
-            if (!at(p, v0, f->val_open)) break;
-            v0 += strlen(f->val_open);
-        }
-        size_t vs = v0, ve = NPOS; /* the value's text (CDATA: inside the wrapper) */
-        if (f->cdata && at(p, v0, "<![CDATA[")) {
-            vs = v0 + 9;
-            if ((ve = find(p, vs, "]]>")) == NPOS) break;
-            v0 = ve + 3;
-        } else if (f->cdata && may_become(p, v0, "<![CDATA[")) {
+        if (*f->val_open && !at(p, v0, f->val_open)) {
+            free(key);
             break;
         }
-        size_t v1 = find(p, v0, f->val_close);
-        if (v1 == NPOS) break;
-        char *key = dup_n(p, p->t + k0, k1 - k0);
+        v0 += strlen(f->val_open);
+        size_t vs = v0, ve = NPOS; /* the value's text (CDATA: inside the wrapper) */
+        bool cd = f->cdata && at(p, v0, "<![CDATA["), undecided = !cd && f->cdata && may_become(p, v0, "<![CDATA[");
+        if (cd) vs = v0 + 9, ve = find(p, vs, "]]>");
+        size_t v1 = (cd && ve == NPOS) || undecided ? NPOS : find(p, cd ? ve + 3 : v0, f->val_close);
+        if (v1 == NPOS) { /* the value being written */
+            if (str && !undecided)
+                ja_open_text(p, &a, vs, ve != NPOS ? ve : p->n - held(p, vs, cd ? "]]>" : f->val_close), !f->verbatim);
+            free(key);
+            break;
+        }
         const char *v = p->t + vs;
         size_t vn = (ve != NPOS ? ve : v1) - vs;
         if (!f->verbatim) strip_nl(&v, &vn);
-        cJSON *val = !key ? NULL : as == 1 ? string_n(v, vn) : as == 0 ? json_or_string(v, vn) : param_value(p, name, key, v, vn);
-        if (!val || !obj) p->oom = true;
-        else cJSON_AddItemToObject(obj, key, val);
+        ja_json(p, &a, as == 1 || str ? string_n(v, vn) : as == 0 ? json_or_string(v, vn) : param_value(p, name, key, v, vn));
         free(key);
         j = v1 + strlen(f->val_close);
     }
-    cJSON_Delete(obj);
-    add_call(p, name, dup_n(p, "", 0)); /* still being written */
+    add_call(p, name, ja_take(p, &a, false)); /* still being written */
     return NPOS;
 }
 
@@ -1078,52 +1150,50 @@ static size_t functionary31_call(P *p, size_t j) {
 static const section_fmt k_functionary31 = {NULL, "<function=", NULL, functionary31_call, {"<|eom_id|>"}};
 
 /* Kimi K3: <|open|>call tool="NAME" index="I"<|sep|> then <|open|>argument key="K" type="T"<|sep|>V<|close|>argument<|sep|>
- * (a "string" value as written, another as the JSON it spells) or <|open|>json type="object"<|sep|>{..}<|close|>json<|sep|>,
- * then <|close|>call<|sep|>; the object is built when the call closes. */
+ * (a "string" value as written, another as the JSON it spells) or <|open|>json type="object"<|sep|>{..}<|close|>json<|sep|>
+ * (the arguments as written: the template writes one or the other; a block after arguments, or a second one, is not
+ * taken), then <|close|>call<|sep|>. */
 static size_t kimi_k3_call(P *p, size_t j) {
+    static const char *const arg = "<|open|>argument key=\"", *const arg_end = "<|close|>argument<|sep|>",
+                             *const blk = "<|open|>json type=\"object\"<|sep|>", *const blk_end = "<|close|>json<|sep|>";
     size_t q = find(p, j, "\"");
     if (q == NPOS) return NPOS;
     size_t sep = find(p, q, "<|sep|>");
     if (sep == NPOS) return NPOS;
     char *name = dup_n(p, p->t + j, q - j);
     if (!name) return NPOS;
-    cJSON *obj = cJSON_CreateObject();
-    char *json = NULL; /* a json block's text */
+    jargs a = {0};
     j = sep + strlen("<|sep|>");
     for (;;) {
-        static const char *const arg = "<|open|>argument key=\"", *const blk = "<|open|>json type=\"object\"<|sep|>";
         if (at(p, j, "<|close|>call<|sep|>")) {
-            char *args = json ? json : cJSON_PrintUnformatted(obj);
-            cJSON_Delete(obj);
-            add_call(p, name, args);
+            add_call(p, name, ja_take(p, &a, true));
             return j + strlen("<|close|>call<|sep|>");
         }
         if (at(p, j, blk)) {
-            size_t b0 = j + strlen(blk), b1 = find(p, b0, "<|close|>json<|sep|>");
+            size_t b0 = j + strlen(blk), b1 = find(p, b0, blk_end);
+            bool take = !a.n && !a.frozen;
+            if (take) buf_add(p, &a.t, p->t + b0, (b1 != NPOS ? b1 : p->n - held(p, b0, blk_end)) - b0);
+            a.frozen |= take;
             if (b1 == NPOS) break;
-            free(json);
-            if (!(json = dup_n(p, p->t + b0, b1 - b0))) break;
-            j = b1 + strlen("<|close|>json<|sep|>");
+            j = b1 + strlen(blk_end);
             continue;
         }
-        if (!at(p, j, arg)) break; /* incomplete (or malformed): the name only */
+        if (!at(p, j, arg)) break; /* incomplete (or malformed) */
         size_t k0 = j + strlen(arg), k1 = find(p, k0, "\"");
         if (k1 == NPOS || !at(p, k1, "\" type=\"")) break;
         size_t t0 = k1 + strlen("\" type=\""), t1 = find(p, t0, "\"<|sep|>");
         if (t1 == NPOS) break;
-        size_t v0 = t1 + strlen("\"<|sep|>"), v1 = find(p, v0, "<|close|>argument<|sep|>");
-        if (v1 == NPOS) break;
-        char *key = dup_n(p, p->t + k0, k1 - k0);
         bool str = t1 - t0 == 6 && !memcmp(p->t + t0, "string", 6);
-        cJSON *val = !key ? NULL : str ? string_n(p->t + v0, v1 - v0) : json_or_string(p->t + v0, v1 - v0);
-        if (!val || !obj) p->oom = true;
-        else cJSON_AddItemToObject(obj, key, val);
-        free(key);
-        j = v1 + strlen("<|close|>argument<|sep|>");
+        ja_key(p, &a, p->t + k0, k1 - k0);
+        size_t v0 = t1 + strlen("\"<|sep|>"), v1 = find(p, v0, arg_end);
+        if (v1 == NPOS) {
+            if (str) ja_open_text(p, &a, v0, p->n - held(p, v0, arg_end), false);
+            break;
+        }
+        ja_json(p, &a, str ? string_n(p->t + v0, v1 - v0) : json_or_string(p->t + v0, v1 - v0));
+        j = v1 + strlen(arg_end);
     }
-    free(json);
-    cJSON_Delete(obj);
-    add_call(p, name, dup_n(p, "", 0)); /* still being written */
+    add_call(p, name, ja_take(p, &a, false)); /* still being written */
     return NPOS;
 }
 
@@ -1189,12 +1259,17 @@ static void fmt_apertus(P *p, size_t i) {
  * inside it, -1 not a value. */
 static int lit_value(P *p, size_t *i, bool gemma, cJSON **out);
 
-/* gq: Gemma 4's <|"|> quotes, else Python's (or JSON's) */
-static int lit_string(P *p, size_t *i, bool gq, cJSON **out) {
+/* gq: Gemma 4's <|"|> quotes, else Python's (or JSON's). part (NULL: not
+ * wanted): the text so far of a string the text ends inside (returning 0),
+ * decoded up to an escape not complete yet. */
+static int lit_string(P *p, size_t *i, bool gq, cJSON **out, buf *part) {
     size_t j = *i;
     if (gq) {
         size_t e = find(p, j + 5, "<|\"|>");
-        if (e == NPOS) return 0;
+        if (e == NPOS) {
+            if (part) buf_add(p, part, p->t + j + 5, p->n - held(p, j + 5, "<|\"|>") - (j + 5));
+            return 0;
+        }
         *out = string_n(p->t + j + 5, e - j - 5);
         *i = e + 5;
         return *out ? 1 : -1;
@@ -1206,6 +1281,10 @@ static int lit_string(P *p, size_t *i, bool gq, cJSON **out) {
         if (c == '\\') {
             if (++j >= p->n) break;
             c = p->t[j];
+            if (c == 'u' && j + 4 >= p->n && p->partial) { /* its digits being written */
+                j = p->n;
+                break;
+            }
             if (c == 'u' && j + 4 < p->n) { /* \uXXXX (JSON's; the BMP) as UTF-8 */
                 char hex[5] = {0}, u8[3];
                 memcpy(hex, p->t + j + 1, 4);
@@ -1226,6 +1305,7 @@ static int lit_string(P *p, size_t *i, bool gq, cJSON **out) {
         buf_add(p, &b, &c, 1);
     }
     if (j >= p->n) {
+        if (part && b.n) buf_add(p, part, b.p, b.n);
         free(b.p);
         return 0;
     }
@@ -1242,7 +1322,7 @@ static int lit_value(P *p, size_t *i, bool gemma, cJSON **out) {
     char c = p->t[j];
     if (gemma ? at(p, j, "<|\"|>") || c == '"' : c == '\'' || c == '"') { /* (Gemma 4: a JSON string too) */
         *i = j;
-        return lit_string(p, i, gemma && c == '<', out);
+        return lit_string(p, i, gemma && c == '<', out, NULL);
     }
     if (gemma && may_become(p, j, "<|\"|>")) return 0;
     if (c == '[' || c == '{') {
@@ -1270,7 +1350,7 @@ static int lit_value(P *p, size_t *i, bool gemma, cJSON **out) {
                     j = e;
                 } else {
                     size_t k = j;
-                    int r = (gemma || p->t[j] == '\'' || p->t[j] == '"') ? lit_string(p, &k, gemma && p->t[j] == '<', &ks) : -1;
+                    int r = (gemma || p->t[j] == '\'' || p->t[j] == '"') ? lit_string(p, &k, gemma && p->t[j] == '<', &ks, NULL) : -1;
                     if (r <= 0) {
                         cJSON_Delete(v);
                         return r;
@@ -1334,7 +1414,8 @@ static size_t lit_call(P *p, size_t j, bool gemma) {
     if (e == p->n) return p->partial ? NPOS : NOT_CALL;
     if (e == n0 || p->t[e] != (gemma ? '{' : '(')) return NOT_CALL;
     char *name = dup_n(p, p->t + n0, e - n0);
-    cJSON *obj = cJSON_CreateObject();
+    if (!name) return NPOS;
+    jargs a = {0};
     size_t i = e + 1;
     for (;;) {
         i = skip_ws(p, i);
@@ -1344,44 +1425,50 @@ static size_t lit_call(P *p, size_t j, bool gemma) {
             continue;
         }
         if (p->t[i] == (gemma ? '}' : ')')) {
-            char *args = cJSON_PrintUnformatted(obj);
-            cJSON_Delete(obj);
-            add_call(p, name, args);
+            add_call(p, name, ja_take(p, &a, true));
             return i + 1;
         }
         size_t k0 = i;
         while (i < p->n && p->t[i] != (gemma ? ':' : '=') && p->t[i] != ',' && p->t[i] != (gemma ? '}' : ')')) i++;
         if (i >= p->n) break;
         if (p->t[i] != (gemma ? ':' : '=')) {
-            cJSON_Delete(obj), free(name);
+            free(a.t.p), free(name);
             return NOT_CALL;
         }
         size_t k1 = i;
         while (k1 > k0 && is_ws(p->t[k1 - 1])) k1--;
         char *key = dup_n(p, p->t + k0, k1 - k0);
-        i++;
+        if (!key) break;
+        ja_key(p, &a, key, strlen(key));
+        i = skip_ws(p, i + 1);
         cJSON *v = NULL;
-        int r = lit_value(p, &i, gemma, &v);
-        if (r > 0 && key && obj) {
-            /* a "string" parameter written as a number stays a string (as the schema says) */
-            const char *ty = param_type(p->syn->tools, name ? name : "", key);
-            if (ty && !strcmp(ty, "string") && !cJSON_IsString(v) && !cJSON_IsNull(v)) {
-                char *txt = cJSON_PrintUnformatted(v);
-                cJSON_Delete(v);
-                v = txt ? cJSON_CreateString(txt) : NULL;
-                free(txt);
-            }
-            if (v) cJSON_AddItemToObject(obj, key, v);
-        } else cJSON_Delete(v);
+        int r;
+        char c = i < p->n ? p->t[i] : 0;
+        if (gemma ? at(p, i, "<|\"|>") || c == '"' : c == '\'' || c == '"') { /* a string: streamed as it is written */
+            buf part = {0};
+            r = lit_string(p, &i, gemma && c == '<', &v, &part);
+            if (r == 0) ja_open_string(p, &a, part.p ? part.p : "", part.n);
+            free(part.p);
+        } else {
+            r = lit_value(p, &i, gemma, &v);
+        }
+        /* a "string" parameter written as a number stays a string (as the schema says) */
+        if (r > 0 && param_is_string(p, name, key) && !cJSON_IsString(v) && !cJSON_IsNull(v)) {
+            char *txt = cJSON_PrintUnformatted(v);
+            cJSON_Delete(v);
+            v = txt ? cJSON_CreateString(txt) : NULL;
+            free(txt);
+        }
         free(key);
+        if (r > 0) ja_json(p, &a, v);
+        else cJSON_Delete(v);
         if (r < 0) {
-            cJSON_Delete(obj), free(name);
+            free(a.t.p), free(name);
             return NOT_CALL;
         }
         if (r == 0) break;
     }
-    cJSON_Delete(obj);
-    add_call(p, name, dup_n(p, "", 0)); /* still being written */
+    add_call(p, name, ja_take(p, &a, false)); /* still being written */
     return NPOS;
 }
 
@@ -1503,32 +1590,40 @@ static size_t mm3_call(P *p, size_t j) {
     if (q == NPOS) return NPOS;
     char *name = dup_n(p, p->t + j, q - j);
     if (!name) return NPOS;
-    cJSON *obj = cJSON_CreateObject();
+    jargs a = {0};
     j = q + 2;
     for (;;) {
         j = skip_ws(p, j);
         if (at(p, j, MM_NS "</invoke>")) {
-            char *args = cJSON_PrintUnformatted(obj);
-            cJSON_Delete(obj);
-            add_call(p, name, args);
+            add_call(p, name, ja_take(p, &a, true));
             return j + strlen(MM_NS "</invoke>");
         }
         if (!at(p, j, MM_NS "<") || at(p, j, MM_NS "</")) break;
         size_t k0 = j + strlen(MM_NS "<"), k1 = find(p, k0, ">");
         if (k1 == NPOS) break;
         char *key = dup_n(p, p->t + k0, k1 - k0);
+        if (!key) break;
+        ja_key(p, &a, key, strlen(key));
         size_t c = k1 + 1;
         cJSON *v = NULL;
-        int r = key ? mm3_value(p, &c, 0, name, key, &v) : -1;
+        int r = mm3_value(p, &c, 0, name, key, &v);
         char close[160];
-        snprintf(close, sizeof close, MM_NS "</%s>", key ? key : "");
-        if (r > 0 && at(p, c, close)) cJSON_AddItemToObject(obj, key, v), j = c + strlen(close);
-        else cJSON_Delete(v), r = 0;
+        snprintf(close, sizeof close, MM_NS "</%s>", key);
+        if (r > 0 && at(p, c, close)) {
+            ja_json(p, &a, v);
+            j = c + strlen(close);
+        } else { /* being written (or malformed): a string's text so far, once it is text (not tags) */
+            cJSON_Delete(v);
+            if (k1 + 1 < p->n && !at(p, k1 + 1, MM_NS) && !may_become(p, k1 + 1, MM_NS) && param_is_string(p, name, key)) {
+                size_t e = find(p, k1 + 1, MM_NS);
+                ja_open_text(p, &a, k1 + 1, e != NPOS ? e : p->n - held(p, k1 + 1, MM_NS), true);
+            }
+            r = 0;
+        }
         free(key);
         if (r <= 0) break;
     }
-    cJSON_Delete(obj);
-    add_call(p, name, dup_n(p, "", 0)); /* still being written (or malformed) */
+    add_call(p, name, ja_take(p, &a, false)); /* still being written (or malformed) */
     return NPOS;
 }
 

@@ -999,3 +999,65 @@ KT_TEST(toolcall_grammar_takes_more_formats) {
     kgr_vocab_free(v);
     cJSON_Delete(tools);
 }
+
+/* Formats that build the arguments from tags or literals stream them as
+ * they are written: cut inside a string parameter's value, the streamed
+ * arguments already hold the key and the value's text so far (a number
+ * waits until it closes), a prefix of the final arguments; and the whole
+ * streams at every split point as it parses. */
+KT_TEST(toolcall_tag_arguments_stream_as_written) {
+    static const struct {
+        ktc_format f;
+        const char *text;
+    } k_inc[] = {
+        {KTC_QWEN3_CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n"
+                          "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"},
+        {KTC_GLM45, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>San Francisco</arg_value>\n"
+                    "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"},
+        {KTC_MUSE_GLIMMER, "<atem:function_calls>\n<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"city\">San "
+                           "Francisco</atem:parameter>\n<atem:parameter name=\"days\">3</atem:parameter>\n</atem:invoke>\n"
+                           "</atem:function_calls>"},
+        {KTC_LFM2, "<|tool_call_start|>[get_weather(city='San Francisco', days=3)]<|tool_call_end|>"},
+        {KTC_LFM2, "<|tool_call_start|>[get_weather(city=\"San Francisco\\u00e9\", days=3)]<|tool_call_end|>"},
+        {KTC_GEMMA4, "<|tool_call>call:get_weather{city:<|\"|>San Francisco<|\"|>,days:3}<tool_call|>"},
+        {KTC_MINIMAX_M3, "]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"get_weather\">\n]<]minimax[>[<city>San "
+                         "Francisco]<]minimax[>[</city>\n]<]minimax[>[<days>3]<]minimax[>[</days>\n]<]minimax[>[</invoke>\n"
+                         "]<]minimax[>[</tool_call>"},
+        {KTC_KIMI_K3, "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument key=\"city\" "
+                      "type=\"string\"<|sep|>San Francisco<|close|>argument<|sep|><|open|>argument key=\"days\" type=\"integer\"<|sep|>3"
+                      "<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"},
+        {KTC_KIMI_K3, "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>json type=\"object\"<|sep|>"
+                      "{\"city\": \"San Francisco\"}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"},
+    };
+    cJSON *tools = cJSON_Parse(k_tools);
+    for (size_t c = 0; c < sizeof k_inc / sizeof *k_inc; c++) {
+        ktc_syntax syn = {k_inc[c].f, KTC_THINK_NONE, false, tools, NULL};
+        const char *t = k_inc[c].text, *cut = strstr(t, "Franc");
+        ktc_msg whole;
+        KT_CHECK_OK(ktc_parse(&syn, t, strlen(t), false, &whole));
+        KT_CHECKF(whole.n_calls == 1 && !strcmp(whole.calls[0].name, "get_weather"), "case %zu: %d calls", c, whole.n_calls);
+        cJSON *a = cJSON_Parse(whole.n_calls ? whole.calls[0].arguments : "");
+        KT_CHECKF(cJSON_IsString(cJSON_GetObjectItem(a, "city")), "case %zu: %s", c, whole.calls[0].arguments);
+        cJSON_Delete(a);
+        ktc_stream *st = ktc_stream_create(&syn);
+        gathered *g = calloc(1, sizeof *g);
+        KT_CHECK_OK(ktc_stream_feed(st, t, (size_t)(cut - t), false, on_delta, g));
+        KT_CHECKF(g->n_calls == 1 && strstr(g->args[0], "\"San ") &&
+                      !strncmp(g->args[0], whole.calls[0].arguments, strlen(g->args[0])),
+                  "case %zu: streamed [%s] before the value closes, final %s", c, g->args[0], whole.calls[0].arguments);
+        const char *days = strstr(t, "3"); /* (the json block writes none) */
+        if (!days) days = cut - 1;
+        else KT_CHECK_OK(ktc_stream_feed(st, cut, (size_t)(days + 1 - cut), false, on_delta, g));
+        KT_CHECKF(!strstr(g->args[0], "3") && !strncmp(g->args[0], whole.calls[0].arguments, strlen(g->args[0])),
+                  "case %zu: a number shown before it closes: [%s]", c, g->args[0]);
+        KT_CHECK_OK(ktc_stream_feed(st, days + 1, strlen(days + 1), true, on_delta, g));
+        KT_CHECK_STR(g->args[0], whole.calls[0].arguments);
+        free(g);
+        ktc_stream_destroy(st);
+        char why[512];
+        const char *r = stream_all_splits(&syn, t, why, sizeof why);
+        KT_CHECKF(!r, "case %zu: streaming: %s", c, r);
+        ktc_msg_free(&whole);
+    }
+    cJSON_Delete(tools);
+}
