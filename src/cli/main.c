@@ -53,7 +53,9 @@ static void usage(FILE *f) {
                "               layer's experts, whole (else every process holds them all)\n"
                "  --pp P       pipeline parallelism: the layers split across P stages of --tp\n"
                "               processes each (mpirun -np TxP ... --tp T --pp P)\n"
-               "  --pp-layers A,B,...  the layers of each stage (default: an even split)\n");
+               "  --pp-layers A,B,...  the layers of each stage (default: an even split)\n"
+               "  --pp-micro M micro-batches per pipelined step, whole sequences each, so that\n"
+               "               the stages overlap (default: P; 1: the step at once)\n");
 }
 
 /* Commands that run the same steps in every process of a --tp job, given
@@ -108,6 +110,14 @@ int main(int argc, char **argv) {
             continue;
         }
         /* tensor and pipeline parallelism: mpirun -np T*P kiln CMD --tp T --pp P [--pp-layers A,B,..] */
+        if (!strcmp(argv[i], "--pp-micro")) { /* micro-batches of a pipelined step (runtime/dist.h) */
+            int64_t x = 1;
+            kiln_status st = kiln_parse_int(argv[i], i + 1 < argc ? argv[i + 1] : NULL, 1, 4096, &x);
+            if (st) return kiln_fail(st);
+            kd_set_pp_micro((int)x);
+            i++;
+            continue;
+        }
         if (!strcmp(argv[i], "--tp") || !strcmp(argv[i], "--pp") || !strcmp(argv[i], "--pp-layers")) {
             const char *v = i + 1 < argc ? argv[i + 1] : NULL;
             kiln_status st = NULL;

@@ -50,7 +50,7 @@ static kiln_status model_load(const char *dir, bool hidden_out, bool state, cons
         goto fail;
     }
     /* build a one-token graph once: every weight is looked up and checked here */
-    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false};
+    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false, false};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -86,7 +86,7 @@ static int64_t default_n_ctx(const km_hparams *hp) { return hp->max_pos > 0 && h
 kiln_status ke_model_memory(const ke_model *m, ke_memory *out) {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < kc_tensor_count(m->ck); i++) out->weight_bytes += (int64_t)kc_tensor_at(m->ck, i)->nbytes;
-    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false};
+    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false, false};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -177,6 +177,7 @@ typedef struct {
 typedef struct {
     int64_t T, S, MB, R;
     bool cross;
+    int64_t width; /* of an output row (vocab, or hidden for hidden_out) */
     kr_exec *exec;
     kmlir_exec *mexec; /* instead of exec with compile.mlir */
     kb_input *inputs;
@@ -266,6 +267,9 @@ struct ke_ctx {
     void **params;
     int cap_params;
     bool lead; /* ke_ctx_lead: calls that change it are broadcast (mirror.c) */
+    /* --pp: a step's output rows, gathered from its micro-batches (pp_step) */
+    float *pp_rows;
+    int64_t pp_cap, out_width; /* floats; the last decode_step's row width */
 };
 
 kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out) {
@@ -312,7 +316,7 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
     for (int64_t i = 0; i < c->n_blocks; i++) c->free_blocks[i] = (int32_t)(c->n_blocks - 1 - i);
     c->n_free = c->n_blocks;
     /* the cache layout comes from the model's graph */
-    kb_shape shape = {1, 1, 1, 1, c->n_blocks * bs, (int)bs, 1, false};
+    kb_shape shape = {1, 1, 1, 1, c->n_blocks * bs, (int)bs, 1, false, false};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -392,7 +396,7 @@ void ke_ctx_free(ke_ctx *c) {
     if (c->lead) kem_send(KEM_END, 0, 0, NULL, 0);
     if (c->disk && kvd_has_disk(c->disk)) ke_ctx_cache_flush(c);
     kvd_close(c->disk);
-    free(c->ondisk), free(c->blob);
+    free(c->ondisk), free(c->blob), free(c->pp_rows);
     for (int i = 0; i < c->n_execs; i++) {
         kr_exec_destroy(c->execs[i].exec);
         kmlir_exec_destroy(c->execs[i].mexec);
@@ -1132,12 +1136,15 @@ static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t
             return e;
         }
     }
-    kb_shape shape = {T, S, MB, R, c->n_blocks * c->p.block_size, c->p.block_size, c->n_state_slots, cross};
+    kb_shape shape = {T, S, MB, R, c->n_blocks * c->p.block_size, c->p.block_size, c->n_state_slots, cross,
+                      .pp_local_output = kd_pp_size() > 1}; /* pp_step shares the rows once per step */
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
     *st = kb_build(c->m->fam, &c->m->hp, c->m->ck, &shape, &g, &inputs, &n_inputs, c->cache);
     if (*st) return NULL;
+    kg_node *out0 = kg_output(g, 0);
+    int64_t width = out0->shape.d[out0->shape.rank - 1];
     kr_exec *ex = NULL;
     kmlir_exec *mx = NULL;
     if (c->p.compile.mlir) *st = kmlir_exec_create(g, c->p.compile.mlir_tosa ? KMLIR_TOSA : KMLIR_LINALG, &mx);
@@ -1157,7 +1164,7 @@ static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t
         kmlir_exec_destroy(e->mexec);
         free(e->inputs);
     }
-    *e = (exec_entry){T, S, MB, R, cross, ex, mx, inputs, n_inputs, c->tick};
+    *e = (exec_entry){T, S, MB, R, cross, width, ex, mx, inputs, n_inputs, c->tick};
     return e;
 }
 
@@ -1462,8 +1469,100 @@ static kiln_status decode_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x,
         for (int i = 0; i < S; i++) c->seqs[batch_seqs[i]].rope_delta = c->run_delta[batch_seqs[i]];
     *logits = e->mexec ? kmlir_exec_output(e->mexec, 0) : kr_exec_output(e->exec, 0);
     *n_rows = (int)R;
+    c->out_width = e->width;
 done:
     return st;
+}
+
+/* ---------------------------------------------------------------- pipeline micro-batches */
+
+/* --pp P: a step is split into micro-batches of whole sequences, run one
+ * after the other on every stage, so that stage s computes micro-batch m
+ * while stage s + 1 computes m - 1 (GPipe's fill and drain within the step:
+ * the hand-offs between stages are the only waits); the last stage's rows
+ * are then shared once for the step (kd_pp_share_last). A sequence's
+ * tokens all fall in one micro-batch, in the same order, so decode_step
+ * sees for it what the whole step would show it (positions, lengths, wanted
+ * rows), and by batch invariance (docs/design.md) its rows are the whole
+ * step's, bit for bit. Rows come out in batch order: the micro-batches are
+ * consecutive ranges of the batch. */
+
+enum { PP_MAX_MICRO = 64 };
+
+/* True when the whole step passes decode_step's checks (open sequences,
+ * token ids, context, free blocks), so that no micro-batch fails after an
+ * earlier one ran: a step that fails then does so whole (pp_step runs it
+ * unsplit), leaving every sequence as it was. added: [n_seqs] zeros (scratch). */
+static bool pp_step_fits(const ke_ctx *c, const ke_batch *b, int64_t *added) {
+    const km_hparams *hp = &c->m->hp;
+    int64_t n_ids = hp->embd_rows > hp->vocab ? hp->embd_rows : hp->vocab, bs = c->p.block_size, need = 0;
+    for (int64_t t = 0; t < b->n; t++) {
+        int s = b->seq[t];
+        if (s < 0 || s >= c->n_seqs || !c->seqs[s].open || b->tokens[t] < 0 || b->tokens[t] >= n_ids) return false;
+        added[s]++;
+    }
+    for (int s = 0; s < c->n_seqs; s++) {
+        if (!added[s]) continue;
+        const seq_state *q = &c->seqs[s];
+        int64_t len = q->len + added[s], nb = (len + bs - 1) / bs;
+        if (len > c->p.n_ctx) return false;
+        if (nb > q->n_blocks) need += nb - q->n_blocks;
+    }
+    return need <= c->n_free + c->n_lru;
+}
+
+/* The micro-batches of b: token ranges [cut[m], cut[m + 1]), about b->n / M
+ * tokens each, cut only where no sequence has tokens on both sides. Returns
+ * their count (1: the step whole), or -1 when out of memory. */
+static int pp_cuts(const ke_ctx *c, const ke_batch *b, int M, int *cut) {
+    cut[0] = 0, cut[1] = b->n;
+    if (M <= 1 || b->n < 2 || c->m->hp.bidirectional) return 1;
+    int64_t *scratch = calloc((size_t)c->n_seqs + 1, sizeof(int64_t));
+    if (!scratch) return -1;
+    int n = 1;
+    if (pp_step_fits(c, b, scratch)) {
+        /* scratch[s]: now the last token of sequence s */
+        for (int t = 0; t < b->n; t++) scratch[b->seq[t]] = t;
+        int64_t reach = 0; /* the last token of a sequence met before t */
+        for (int t = 1; t < b->n && n < M; t++) {
+            if (scratch[b->seq[t - 1]] > reach) reach = scratch[b->seq[t - 1]];
+            if (reach < t && (int64_t)t * M >= (int64_t)b->n * n) cut[n++] = t;
+        }
+        cut[n] = b->n;
+    }
+    free(scratch);
+    return n;
+}
+
+/* decode_step, under --pp one micro-batch after another (see above). The
+ * per-token inputs x and types keep a step whole. */
+static kiln_status pp_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const int32_t *types, const float **logits,
+                           int *n_rows) {
+    if (kd_pp_size() <= 1) return decode_step(c, b, x, types, logits, n_rows);
+    *logits = NULL, *n_rows = 0;
+    int cut[PP_MAX_MICRO + 1], want = kd_pp_micro() < PP_MAX_MICRO ? kd_pp_micro() : PP_MAX_MICRO;
+    int M = x || types ? (cut[0] = 0, cut[1] = b->n, 1) : pp_cuts(c, b, want, cut);
+    if (M < 0) return kiln_error(KILN_ENOMEM, "out of memory");
+    int64_t R = 0;
+    for (int m = 0; m < M; m++) {
+        ke_batch mb = {cut[m + 1] - cut[m], b->tokens + cut[m], b->seq + cut[m], b->logits ? b->logits + cut[m] : NULL};
+        const float *out;
+        int n;
+        kiln_status st = decode_step(c, M > 1 ? &mb : b, x, types, &out, &n);
+        if (st) return st; /* with M > 1 only out of memory (pp_step_fits) */
+        size_t row = (size_t)c->out_width;
+        if ((R + n) * (int64_t)row > c->pp_cap) {
+            int64_t cap = (R + n) * (int64_t)row * 2;
+            float *p = realloc(c->pp_rows, sizeof(float) * (size_t)cap);
+            if (!p) return kiln_error(KILN_ENOMEM, "out of memory");
+            c->pp_rows = p, c->pp_cap = cap;
+        }
+        if (n) memcpy(c->pp_rows + (size_t)R * row, out, sizeof(float) * row * (size_t)n);
+        R += n;
+    }
+    kd_pp_share_last(c->pp_rows, sizeof(float) * (size_t)(R * c->out_width));
+    *logits = c->pp_rows, *n_rows = (int)R;
+    return NULL;
 }
 
 /* LongRoPE (Phi-3): a sequence uses the short factors while it fits in
@@ -1481,18 +1580,18 @@ static kiln_status local_decode(ke_ctx *c, const ke_batch *b, const float **logi
 static kiln_status local_decode_ex(ke_ctx *c, const ke_batch *b, const ke_inputs *x, const float **logits, int *n_rows) {
     if (x && !x->embd && !x->span && !x->positions && !x->embd_add && !x->cross && !x->types) x = NULL;
     if (x && longrope_limit(&c->m->hp) >= 0) return kiln_error(KILN_EUNSUPPORTED, "per-token inputs with LongRoPE are not supported");
-    return x ? decode_step(c, b, x, NULL, logits, n_rows) : local_decode(c, b, logits, n_rows);
+    return x ? pp_step(c, b, x, NULL, logits, n_rows) : local_decode(c, b, logits, n_rows);
 }
 
 static kiln_status local_decode_types(ke_ctx *c, const ke_batch *b, const int32_t *types, const float **logits, int *n_rows) {
     if (!types) return local_decode(c, b, logits, n_rows);
     if (longrope_limit(&c->m->hp) >= 0) return kiln_error(KILN_EUNSUPPORTED, "token types with LongRoPE are not supported");
-    return decode_step(c, b, NULL, types, logits, n_rows);
+    return pp_step(c, b, NULL, types, logits, n_rows);
 }
 
 static kiln_status local_decode(ke_ctx *c, const ke_batch *b, const float **logits, int *n_rows) {
     int64_t lim = longrope_limit(&c->m->hp);
-    if (lim < 0 || b->n <= 0) return decode_step(c, b, NULL, NULL, logits, n_rows);
+    if (lim < 0 || b->n <= 0) return pp_step(c, b, NULL, NULL, logits, n_rows);
     *logits = NULL;
     *n_rows = 0;
     int64_t *added = calloc((size_t)c->n_seqs + 1, sizeof(int64_t));
@@ -1515,7 +1614,7 @@ static kiln_status local_decode(ke_ctx *c, const ke_batch *b, const float **logi
     }
     if (!extra) {
         free(added);
-        return decode_step(c, b, NULL, NULL, logits, n_rows);
+        return pp_step(c, b, NULL, NULL, logits, n_rows);
     }
     int n2 = b->n + (int)extra;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)n2);
@@ -1550,7 +1649,7 @@ static kiln_status local_decode(ke_ctx *c, const ke_batch *b, const float **logi
         q->len = 0;
     }
     /* logits == NULL means each sequence's last token, which the inserted tokens never are */
-    st = decode_step(c, &(ke_batch){n2, tok, seq, b->logits ? want : NULL}, NULL, NULL, logits, n_rows);
+    st = pp_step(c, &(ke_batch){n2, tok, seq, b->logits ? want : NULL}, NULL, NULL, logits, n_rows);
     /* on failure a recomputed sequence is left empty (its old blocks are gone);
      * the others are as they were */
     if (st)

@@ -36,6 +36,9 @@ typedef struct {
     int block_size;
     int64_t n_state_slots; /* recurrent state rows per state tensor (sequences open at once); 0: 1 */
     bool cross;          /* the step brings images' cross-attention states (KB_IN_CROSS, _KEYS): the cross layers store their K/V */
+    bool pp_local_output; /* --pp: the output rows stay on the last stage (other stages: zeros) instead of being
+                           * gathered to every process in the graph; the caller shares them (the engine's
+                           * micro-batched steps, kd_pp_share_last) */
 } kb_shape;
 
 typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_IN_ROWS, KB_IN_COS, KB_IN_SIN, KB_IN_KCACHE, KB_IN_VCACHE,
@@ -230,7 +233,8 @@ kg_node *kb_pp_enter(kb_ctx *b, kg_node *x, int il);
 bool kb_pp_runs(const kb_ctx *b, int il);
 /* kb_output's start: true when this process computes the output (the last stage, or no pipeline). */
 bool kb_pp_last(const kb_ctx *b);
-/* out [R, width] of the last stage on every stage (computed there, zeros elsewhere). */
+/* out [R, width] of the last stage on every stage (computed there, zeros elsewhere);
+ * with shape.pp_local_output, out itself. */
 kg_node *kb_pp_output(kb_ctx *b, kg_node *out);
 /* Output features [lo, hi) of kb_linear(x, t, rows): column parallel. */
 kg_node *kb_linear_rows(kb_ctx *b, kg_node *x, km_tensor t, int il, int64_t rows, int64_t lo, int64_t hi, bool bias);

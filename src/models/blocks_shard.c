@@ -89,7 +89,7 @@ kg_node *kb_pp_enter(kb_ctx *b, kg_node *x, int il) {
 }
 
 kg_node *kb_pp_output(kb_ctx *b, kg_node *out) {
-    if (!out || b->pp_size <= 1) return out;
+    if (!out || b->pp_size <= 1 || b->shape.pp_local_output) return out;
     /* every stage's rows gathered (stages in order) across the processes of
      * this tensor rank; the last stage's are the output, bit for bit */
     int groups[MAX_GROUP];

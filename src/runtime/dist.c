@@ -76,6 +76,10 @@ kiln_status kd_init_pp(int tp, int pp, const int *layers) {
     return NULL;
 }
 
+static int pp_micro; /* --pp-micro; 0: the stages */
+int kd_pp_micro(void) { return pp_micro > 0 ? pp_micro : pp_size; }
+void kd_set_pp_micro(int n) { pp_micro = n > 0 ? n : 0; }
+
 int kd_pp_size(void) { return pp_size; }
 int kd_pp_rank(void) { return pp_rank; }
 
@@ -175,6 +179,14 @@ void kd_send_recv(const void *send, int to, void *recv, int from, size_t bytes) 
     }
 #endif
     if (from == rank_ && to == rank_ && recv != send) memcpy(recv, send, bytes);
+}
+
+void kd_pp_share_last(void *buf, size_t bytes) {
+#ifdef KILN_MPI
+    /* column_comm ranks are the stages (MPI_Comm_split's key: pp_rank) */
+    if (started && size_ > 1 && pp_size > 1 && bytes) MPI_Bcast(buf, count_of(bytes), MPI_BYTE, pp_size - 1, column_comm);
+#endif
+    (void)buf, (void)bytes;
 }
 
 void kd_broadcast(void *buf, size_t bytes, int root) {

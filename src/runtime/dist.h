@@ -54,6 +54,15 @@ int kd_pp_rank(void);
  * n_layers / pp each with the remainder on the first stages. Errors name a
  * split that does not add up to n_layers or leaves a stage none. */
 kiln_status kd_pp_split(int n_layers, int stage, int *lo, int *hi);
+/* Micro-batches a pipelined step is split into (--pp-micro; default: the
+ * stages, at most the step's sequences; 1: the whole step at once), so that
+ * stage s works on micro-batch m while stage s + 1 works on m - 1
+ * (engine.c, pp_step). */
+int kd_pp_micro(void);
+void kd_set_pp_micro(int n);
+/* The last stage's buf [bytes] to every stage's process of the same tensor
+ * rank (the rows a step with kb_shape.pp_local_output left there). */
+void kd_pp_share_last(void *buf, size_t bytes);
 /* For tests: build graphs for stage `rank` of `size`, layers split as given (NULL: even). */
 void kd_set_pp(int size, int rank, const int *layers);
 /* For tests: build graphs for rank `rank` of `size` (the collectives then

@@ -265,6 +265,36 @@ KT_TEST(dist_pp_generate_equals_one_process) {
     }
 }
 
+/* Continuous batching under --pp: the batched steps are split into
+ * micro-batches of whole sequences (engine.c pp_step: 2 by default with two
+ * stages, 3 asked, 4 stages, and with two tensor ranks per stage), and
+ * every batched stream, greedy or seeded, equals its one-at-a-time stream
+ * (which, one sequence a step, runs whole: dist_pp_generate_equals_one_process).
+ * cwm: 4 layers, for 4 stages. */
+KT_TEST(dist_pp_micro_batches_equal_single) {
+    NEED_MPI();
+    static const struct {
+        const char *fixture, *split;
+        int np;
+    } runs[] = {{"kilnref_llama", "--pp 2", 2},
+                {"kilnref_llama", "--pp 2 --pp-micro 3", 2},
+                {"mixtral", "--pp 2", 2},
+                {"cwm", "--pp 4", 4},
+                {"kilnref_llama", "--tp 2 --pp 2", 4}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        char d[2048], launch[8192];
+        fixture(d, sizeof d, runs[i].fixture);
+        snprintf(launch, sizeof launch,
+                 "-np %d BIN bench-batch -m %s %s -t 1 --requests 8 --concurrency 4 --prompt-len 3,18 --gen-len 5,14",
+                 runs[i].np, d, runs[i].split);
+        kt_proc p;
+        run_mpi(launch, &p);
+        KT_CHECKF(p.status == 0 && strstr(p.out, "(8 of 8 identical)"), "%s %s: status %d\n%s\n%s", runs[i].fixture,
+                  runs[i].split, p.status, p.out, p.err);
+        kt_run_free(&p);
+    }
+}
+
 /* launch fails (not by the time limit) with want in its output or errors. */
 static void fails_with(const char *launch, const char *want) {
     kt_proc p;
