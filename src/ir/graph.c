@@ -728,7 +728,7 @@ static bool infer(kg_graph *g, kg_node *n) {
             return fail(g, "attention: q, kcache, vcache must be rank 3"), false;
         int64_t T = x->shape.d[0], Hq = x->shape.d[1], D = x->shape.d[2], Hkv = kc->shape.d[1];
         if (kc->shape.d[2] != D || vc->shape.d[0] != kc->shape.d[0] || vc->shape.d[1] != Hkv || Hkv <= 0 ||
-            Hq % Hkv || !kg_dtype_is_float(kc->dtype) || kc->dtype != vc->dtype)
+            Hq % Hkv || !kg_dtype_is_float(kc->dtype) || !kg_dtype_is_float(vc->dtype))
             return fail(g, "attention: q %s, k cache %s, v cache %s do not fit", sh(&x->shape, b1), sh(&kc->shape, b2),
                         sh(&vc->shape, b2)),
                    false;

@@ -229,8 +229,10 @@ static bool caches(kb_ctx *b, kg_node *k, kg_node *v, int il, const kb_attn_opts
         return true;
     }
     b->cache[il].heads = k->shape.d[1], b->cache[il].dk = k->shape.d[2], b->cache[il].dv = v->shape.d[2]; /* a hybrid layer may also keep states */
+    b->kv_typed = true;
     *kc = b->kv_written[2 * il] = kb_cache_write(b, il, false, k);
     *vc = b->kv_written[2 * il + 1] = kb_cache_write(b, il, true, v);
+    b->kv_typed = false;
     return *kc && *vc;
 }
 
