@@ -58,8 +58,8 @@ kiln_status kiln_option(const char *cmd, const char *a, const char *v, const cha
  * kg_dtype values) and *st gets the error, if any. */
 #define KILN_CACHE_TYPE_OPTS "--cache-type-k", "-ctk", "--cache-type-v", "-ctv"
 #define KILN_CACHE_TYPE_HELP                                                                                  \
-    "  -ctk, --cache-type-k T  KV cache type of the keys: f32 (default, exact), f16, bf16 (docs/performance.md)\n" \
-    "  -ctv, --cache-type-v T  KV cache type of the values: f32 (default), f16, bf16\n"
+    "  -ctk, --cache-type-k T  KV cache type of the keys: f32 (default, exact), f16, bf16, q8_0 (docs/performance.md)\n" \
+    "  -ctv, --cache-type-v T  KV cache type of the values: f32 (default), f16, bf16, q8_0\n"
 bool kiln_cache_type_opt(const char *a, const char *v, int *k, int *v_type, kiln_status *st);
 
 /* Whether a is one of the NULL-terminated names. */

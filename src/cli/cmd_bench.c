@@ -463,7 +463,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: kiln bench [-m DIR] [-p 512] [-n 128] [-d 0] [-t THREADS] [--batch 8] [-r 3] [--json]\n"
                "  -p N        prompt tokens for prompt processing (0: skip)\n"
                "  -d N        depth: N tokens already in each sequence's KV cache before pp and tg (as llama-bench -d)\n"
-               "  -ctk, -ctv T  KV cache types of keys and values: f32 (default), f16, bf16\n"
+               "  -ctk, -ctv T  KV cache types of keys and values: f32 (default), f16, bf16, q8_0\n"
                "  -n N        generated tokens per run, at batch 1 and at --batch (0: skip)\n"
                "  --batch B   sequences decoded together (0 or 1: skip)\n"
                "  -r N        measured runs (after one warm-up), reported as median [min, max]\n"

@@ -269,16 +269,19 @@ struct ke_ctx {
 };
 
 const char *ke_cache_type_name(kg_dtype t) {
-    return t == KG_F32 ? "f32" : t == KG_F16 ? "f16" : t == KG_BF16 ? "bf16" : "?";
+    return t == KG_F32 ? "f32" : t == KG_F16 ? "f16" : t == KG_BF16 ? "bf16" : t == KG_U8 ? "q8_0" : "?";
+}
+
+/* Bytes of one cached row of d elements of type t (KG_U8: q8_0 blocks). */
+static int64_t kv_row_bytes(kg_dtype t, int64_t d) {
+    return t == KG_U8 ? d / KG_Q8_0_BLOCK * KG_Q8_0_BYTES : d * (int64_t)kg_dtype_size(t);
 }
 
 kiln_status ke_cache_type_parse(const char *flag, const char *s, kg_dtype *out) {
-    static const kg_dtype types[] = {KG_F32, KG_F16, KG_BF16};
+    static const kg_dtype types[] = {KG_F32, KG_F16, KG_BF16, KG_U8};
     for (size_t i = 0; s && i < sizeof types / sizeof *types; i++)
         if (!strcmp(s, ke_cache_type_name(types[i]))) return *out = types[i], NULL;
-    if (s && !strcmp(s, "q8_0"))
-        return kiln_error(KILN_EUNSUPPORTED, "%s q8_0: not implemented yet (f32, f16, bf16)", flag);
-    return kiln_error(KILN_EINVAL, "%s: '%s' is not a KV cache type (f32, f16, bf16)", flag, s ? s : "");
+    return kiln_error(KILN_EINVAL, "%s: '%s' is not a KV cache type (f32, f16, bf16, q8_0)", flag, s ? s : "");
 }
 
 kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out) {
@@ -289,8 +292,8 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
                           m->hp.n_labels > 0 ? "classification labels" : "hidden states");
     for (int v = 0; v < 2; v++) {
         kg_dtype t = v ? p->cache_type_v : p->cache_type_k;
-        if (t != KG_F32 && t != KG_F16 && t != KG_BF16)
-            return kiln_error(KILN_EINVAL, "--cache-type-%c: %s is not a KV cache type (f32, f16, bf16)", v ? 'v' : 'k',
+        if (t != KG_F32 && t != KG_F16 && t != KG_BF16 && t != KG_U8)
+            return kiln_error(KILN_EINVAL, "--cache-type-%c: %s is not a KV cache type (f32, f16, bf16, q8_0)", v ? 'v' : 'k',
                               kg_dtype_name(t));
         if (t != KG_F32 && (p->block_size > 0 ? p->block_size : 16) % 2)
             return kiln_error(KILN_EINVAL, "--cache-type-%c %s needs an even block size, not %d", v ? 'v' : 'k',
@@ -385,16 +388,16 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
         const kb_cache_spec *cs = &c->cache[l];
         if (!cs->heads) continue;
         /* zeroed: the reference attention reads every slot (masked to 0 weight) */
-        c->kcache[l] = calloc((size_t)(slots * cs->heads * cs->dk), kg_dtype_size(c->p.cache_type_k));
-        c->vcache[l] = calloc((size_t)(slots * cs->heads * cs->dv), kg_dtype_size(c->p.cache_type_v));
+        c->kcache[l] = calloc((size_t)(slots * cs->heads), (size_t)kv_row_bytes(c->p.cache_type_k, cs->dk));
+        c->vcache[l] = calloc((size_t)(slots * cs->heads), (size_t)kv_row_bytes(c->p.cache_type_v, cs->dv));
         if (!c->kcache[l] || !c->vcache[l]) {
             ke_ctx_free(c);
             return kiln_error(KILN_ENOMEM, "cannot allocate the KV cache (%lld tokens): lower --ctx-size",
                               (long long)slots);
         }
         /* counted in 4-byte words: a half cache's block is an even number of halves (checked above) */
-        c->kv_floats += bs * cs->heads * (cs->dk * (int64_t)kg_dtype_size(c->p.cache_type_k) +
-                                         cs->dv * (int64_t)kg_dtype_size(c->p.cache_type_v)) / (int64_t)sizeof(float);
+        c->kv_floats += bs * cs->heads * (kv_row_bytes(c->p.cache_type_k, cs->dk) + kv_row_bytes(c->p.cache_type_v, cs->dv)) /
+                        (int64_t)sizeof(float);
     }
     bool dir = p->cache_dir && *p->cache_dir;
     if (dir || (c->ram_budget > 0 && !p->no_ram_tier)) {
@@ -643,8 +646,8 @@ static void kv_copy(ke_ctx *c, int32_t b, float *buf, bool to_cache) {
         const kb_cache_spec *cs = &c->cache[l];
         if (!cs->heads) continue;
         for (int v = 0; v < 2; v++) {
-            size_t n = (size_t)(bs * cs->heads * (v ? cs->dv : cs->dk)) *
-                       kg_dtype_size(v ? c->p.cache_type_v : c->p.cache_type_k); /* bytes */
+            size_t n = (size_t)(bs * cs->heads * (v ? kv_row_bytes(c->p.cache_type_v, cs->dv)
+                                                     : kv_row_bytes(c->p.cache_type_k, cs->dk))); /* bytes */
             char *at = (char *)(v ? c->vcache[l] : c->kcache[l]) + (size_t)b * n;
             if (to_cache) memcpy(at, buf, n);
             else memcpy(buf, at, n);

@@ -95,9 +95,26 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
     }
 }
 
+/* llama.cpp's quantize_row_q8_0_ref, per row of the last dimension. */
+void kk_quantize_q8_0(const kk_call *c) {
+    const kg_node *x = c->node->in[0];
+    const float *in = c->in[0];
+    uint8_t *out = c->out;
+    int64_t nb = kg_shape_numel(&x->shape) / 32;
+    for (int64_t b = 0; b < nb; b++, in += 32, out += 34) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fabsf(in[j]) > amax ? fabsf(in[j]) : amax;
+        float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        uint16_t h = ku_f32_to_f16(d);
+        out[0] = (uint8_t)(h & 0xff), out[1] = (uint8_t)(h >> 8);
+        for (int j = 0; j < 32; j++) out[2 + j] = (uint8_t)(int8_t)roundf(in[j] * id);
+    }
+}
+
 void kk_attention(const kk_call *c) {
     const kg_node *n = c->node;
-    kk_attn_ctx k = {c, n->in[0]->shape.d[1], n->in[1]->shape.d[1], n->in[0]->shape.d[2], n->in[2]->shape.d[2],
+    int64_t Dv = n->in[2]->dtype == KG_U8 ? n->in[2]->shape.d[2] / 34 * 32 : n->in[2]->shape.d[2];
+    kk_attn_ctx k = {c, n->in[0]->shape.d[1], n->in[1]->shape.d[1], n->in[0]->shape.d[2], Dv,
                      n->in[3]->shape.d[1], n->in[1]->shape.d[0], 0, false, n->in[1]->dtype, n->in[2]->dtype};
     k.G = k.Hq / k.Hkv;
     k.sink_rows = n->a.attn.sinks && n->in[n->n_in - 1 - n->a.attn.span]->shape.rank == 2;

@@ -257,7 +257,7 @@ kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const 
     kg_node *kc, *vc;
     if (!q || (own && !k) || !caches(b, k, v, il, o, &kc, &vc)) return NULL;
     int64_t H = q->shape.d[1], Hkv = kc->shape.d[1], D = q->shape.d[2];
-    if (kc->shape.d[2] != D)
+    if (kc->shape.d[2] != (kc->dtype == KG_U8 ? D / KG_Q8_0_BLOCK * KG_Q8_0_BYTES : D))
         return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: queries of %lld dims over keys of %lld", il, (long long)D,
                                      (long long)kc->shape.d[2]));
     /* under tensor parallelism q holds heads [q_lo, q_lo + H) of Hall */
