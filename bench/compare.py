@@ -12,6 +12,9 @@ count, and prints the median tokens/s of each and their ratio. The machines
 here are shared and noisy: read the ratios, never one absolute time.
 -p takes a list (-p 512,128: one kiln run per length, one llama-bench run for
 all of them, in each round); -n 0 times prompt processing only.
+-d takes a list of depths (llama-bench's -d: that many tokens already in the
+KV cache before each pp and tg; kiln bench -d): every result is reported per
+depth, as pp512@d4096 and tg@d4096 (depth 0 keeps the plain names).
 
 llama.cpp is built on demand from the git bundle that the npm package
 node-llama-cpp ships (llama/gitRelease.bundle); nothing is downloaded here.
@@ -66,28 +69,34 @@ def ensure_llama(a):
     return bench
 
 
+def at(name, d):
+    return name if d == 0 else f"{name}@d{d}"
+
+
 def llama_run(bench, gguf, a):
-    out = run([bench, "-m", gguf, "-t", str(a.threads), "-p", a.p, "-n", str(a.n), "-r", "1", "-o", "json"])
+    out = run([bench, "-m", gguf, "-t", str(a.threads), "-p", a.p, "-n", str(a.n), "-d", a.d, "-r", "1", "-o", "json",
+               *a.llama_arg])
     res = {}
     for t in json.loads(out):
-        res[f"pp{t['n_prompt']}" if t["n_gen"] == 0 else "tg"] = t["avg_ts"]
+        res[at(f"pp{t['n_prompt']}" if t["n_gen"] == 0 else "tg", t.get("n_depth", 0))] = t["avg_ts"]
     return res
 
 
 def kiln_run(kiln, model, a, extra=()):
     """One kiln bench per prompt length (the first also times generation)."""
     res, j = {}, None
-    for i, p in enumerate(a.plist):
-        n = a.n if i == 0 else 0
-        out = run([kiln, "bench", "-m", model, "-t", str(a.threads), "-p", str(p), "-n", str(n), "--batch", "0",
-                   "-r", "1", "--json", *extra])
-        jj = json.loads(out)
-        if "pp" in jj:
-            res[f"pp{p}"] = jj["pp"]["tps"]
-        if n and "tg" in jj:
-            res["tg"] = jj["tg"]["tps"]
-        if j is None or jj.get("bandwidth_gbs", 0) > j.get("bandwidth_gbs", 0):
-            j = jj
+    for d in a.dlist:
+        for i, p in enumerate(a.plist or [0]):
+            n = a.n if i == 0 else 0
+            out = run([kiln, "bench", "-m", model, "-t", str(a.threads), "-p", str(p), "-n", str(n), "-d", str(d),
+                       "--batch", "0", "-r", "1", "--json", *extra])
+            jj = json.loads(out)
+            if "pp" in jj:
+                res[at(f"pp{p}", d)] = jj["pp"]["tps"]
+            if n and "tg" in jj:
+                res[at("tg", d)] = jj["tg"]["tps"]
+            if j is None or jj.get("bandwidth_gbs", 0) > j.get("bandwidth_gbs", 0):
+                j = jj
     return res, j
 
 
@@ -98,6 +107,7 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
     ap.add_argument("-p", default="512", help="prompt length(s), comma-separated")
     ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-d", default="0", help="depth(s), comma-separated: tokens in the KV cache before each run")
     ap.add_argument("-r", "--rounds", type=int, default=5)
     ap.add_argument("--work", default=os.path.join(ROOT, "bench", "work"), help="models and results (git-ignored)")
     ap.add_argument("--llama-dir", default=os.path.join(ROOT, "bench", "work", "llama.cpp"))
@@ -106,11 +116,14 @@ def main():
     ap.add_argument("--kiln", default=os.path.join(ROOT, "build", "kiln"), help="the kiln binary")
     ap.add_argument("--kiln-arg", action="append", default=[],
                     help="an extra argument for kiln bench, e.g. --kiln-arg=--int8-act (repeatable)")
+    ap.add_argument("--llama-arg", action="append", default=[],
+                    help="an extra argument for llama-bench, e.g. --llama-arg=-ctk --llama-arg=f16 (repeatable)")
     ap.add_argument("--baseline", help="another kiln binary to alternate with instead of llama.cpp")
     ap.add_argument("--prepare", action="store_true", help="only write the checkpoints and GGUF files")
     a = ap.parse_args()
     a.plist = [int(p) for p in a.p.split(",") if int(p) > 0]
-    keys = [f"pp{p}" for p in a.plist] + (["tg"] if a.n > 0 else [])
+    a.dlist = [int(d) for d in a.d.split(",")]
+    keys = [at(k, d) for d in a.dlist for k in [f"pp{p}" for p in a.plist] + (["tg"] if a.n > 0 else [])]
     kiln = a.kiln
     if not os.path.exists(kiln):
         sys.exit("compare.py: build kiln first (make)")
@@ -164,18 +177,21 @@ def main():
             rr = [x / y for x, y in zip(k_runs[k], l_runs[k])]
             row[k] = {"kiln": km, other: lm, "ratio": km / lm, "round_ratios": rr, "kiln_runs": k_runs[k],
                       other + "_runs": l_runs[k]}
-        if "tg" in row:
-            row["tg"]["roofline_fraction"] = row["tg"]["kiln"] / (bw_pair * 1e9 / kj["weight_bytes_per_token"])
+        for k in keys:
+            if k.startswith("tg"):
+                row[k]["roofline_fraction"] = row[k]["kiln"] / (bw_pair * 1e9 / kj["weight_bytes_per_token"])
         results.append(row)
         if a.json:
             with open(a.json + "l", "a") as f:  # one line per pair as it completes
                 f.write(json.dumps(row) + "\n")
         parts = [f"{k}: kiln {row[k]['kiln']:8.2f} {other} {row[k][other]:8.2f} x{row[k]['ratio']:.2f} "
-                 f"(rounds {' '.join(f'{x:.2f}' for x in row[k]['round_ratios'])})" for k in keys if k != "tg"]
-        if "tg" in row:
-            parts.append(f"tg{a.n}: kiln {row['tg']['kiln']:7.2f} {other} {row['tg'][other]:7.2f} "
-                         f"x{row['tg']['ratio']:.2f}, {100 * row['tg']['roofline_fraction']:.0f}% of roofline at "
-                         f"{bw_pair:.1f} GB/s{' (weights fit in the LLC)' if row['weights_fit_llc'] else ''}")
+                 f"(rounds {' '.join(f'{x:.2f}' for x in row[k]['round_ratios'])})" for k in keys if not k.startswith("tg")]
+        for k in keys:
+            if k.startswith("tg"):
+                parts.append(f"tg{a.n}{k[2:]}: kiln {row[k]['kiln']:7.2f} {other} {row[k][other]:7.2f} "
+                             f"x{row[k]['ratio']:.2f} (rounds {' '.join(f'{x:.2f}' for x in row[k]['round_ratios'])}), "
+                             f"{100 * row[k]['roofline_fraction']:.0f}% of roofline at "
+                             f"{bw_pair:.1f} GB/s{' (weights fit in the LLC)' if row['weights_fit_llc'] else ''}")
         print(f"{shape:16s} {dt:5s} " + " | ".join(parts), flush=True)
     if a.json:
         with open(a.json, "w") as f:

@@ -142,3 +142,12 @@ double kiln_now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
+
+bool kiln_cache_type_opt(const char *a, const char *v, int *k, int *v_type, kiln_status *st) {
+    bool is_k = !strcmp(a, "--cache-type-k") || !strcmp(a, "-ctk"), is_v = !strcmp(a, "--cache-type-v") || !strcmp(a, "-ctv");
+    if (!is_k && !is_v) return false;
+    kg_dtype t = KG_F32;
+    *st = ke_cache_type_parse(a, v, &t);
+    if (!*st) *(is_k ? k : v_type) = (int)t;
+    return true;
+}

@@ -51,6 +51,17 @@ kiln_status kiln_parse_double(const char *flag, const char *v, double lo, double
  * takes a value and v is NULL. cmd names the command for the message. */
 kiln_status kiln_option(const char *cmd, const char *a, const char *v, const char *const *valued,
                         const char *const *flags);
+/* The KV cache type options of every command that creates a context
+ * (llama.cpp's spelling): list KILN_CACHE_TYPE_OPTS among the valued
+ * options and print KILN_CACHE_TYPE_HELP. kiln_cache_type_opt: whether a is
+ * one of them; if so its value v goes to *k or *v_type (ke_cache_type_parse,
+ * kg_dtype values) and *st gets the error, if any. */
+#define KILN_CACHE_TYPE_OPTS "--cache-type-k", "-ctk", "--cache-type-v", "-ctv"
+#define KILN_CACHE_TYPE_HELP                                                                                  \
+    "  -ctk, --cache-type-k T  KV cache type of the keys: f32 (default, exact), f16, bf16, q8_0 (docs/performance.md)\n" \
+    "  -ctv, --cache-type-v T  KV cache type of the values: f32 (default), f16, bf16, q8_0\n"
+bool kiln_cache_type_opt(const char *a, const char *v, int *k, int *v_type, kiln_status *st);
+
 /* Whether a is one of the NULL-terminated names. */
 bool kiln_flag_in(const char *a, const char *const *names);
 

@@ -5,6 +5,10 @@
  *   tg   generation at batch 1: N steps of one token from an empty sequence
  *        (as llama-bench's tgN);
  *   bN   batched generation: B sequences, N steps of B tokens (one each);
+ * with -d D (llama-bench's depth) every sequence first holds D tokens in its
+ * KV cache, untimed: computed once, then reused from the prefix cache by
+ * each later run (the same D tokens, published), so pp and tg are measured
+ * attending over D earlier positions;
  * each repeated (after one warm-up run that also compiles the executables)
  * and reported as the median with min and max. The memory bandwidth is
  * measured by the same command (threaded reads, several kernels and buffer
@@ -343,11 +347,30 @@ typedef struct {
     ke_ctx *ctx;
     int64_t vocab;
     uint64_t rng;
+    int64_t depth;        /* -d: tokens in each sequence's cache before a run */
+    const int32_t *dtok;  /* [depth] those tokens (fixed, so that later runs find them cached) */
 } bench;
 
 static int32_t rand_token(bench *b) {
     b->rng = b->rng * 6364136223846793005ull + 1442695040888963407ull;
     return (int32_t)((b->rng >> 33) % (uint64_t)b->vocab);
+}
+
+/* Puts b->dtok in seq's cache (empty): its cached prefix reused, the rest
+ * computed in steps of 512 tokens, and published for the next run. */
+static kiln_status fill_depth(bench *b, int seq) {
+    int64_t have = ke_seq_reuse_prefix(b->ctx, seq, b->dtok, b->depth);
+    int seqs[512];
+    for (int i = 0; i < 512; i++) seqs[i] = seq;
+    while (have < b->depth) {
+        int n = b->depth - have < 512 ? (int)(b->depth - have) : 512;
+        const float *logits;
+        int rows;
+        KILN_TRY(ke_decode(b->ctx, &(ke_batch){n, b->dtok + have, seqs, NULL}, &logits, &rows));
+        have += n;
+    }
+    ke_seq_publish(b->ctx, seq, b->dtok, b->depth);
+    return NULL;
 }
 
 /* B sequences, `steps` steps of `per_step` tokens each (per sequence);
@@ -370,6 +393,8 @@ static double run_steps(bench *b, int B, int steps, int per_step, kiln_status *s
         goto close;
     }
     for (int i = 0; i < n; i++) seq[i] = seqs[i / per_step];
+    for (int i = 0; i < B && b->depth > 0 && !*st; i++) *st = fill_depth(b, seqs[i]);
+    if (*st) goto close;
     double t0 = kiln_now_s();
     for (int s = 0; s < steps && !*st; s++) {
         for (int i = 0; i < n; i++) tok[i] = rand_token(b);
@@ -435,8 +460,10 @@ static int64_t bytes_per_token(const ke_model *m) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kiln bench [-m DIR] [-p 512] [-n 128] [-t THREADS] [--batch 8] [-r 3] [--json]\n"
+    fprintf(f, "usage: kiln bench [-m DIR] [-p 512] [-n 128] [-d 0] [-t THREADS] [--batch 8] [-r 3] [--json]\n"
                "  -p N        prompt tokens for prompt processing (0: skip)\n"
+               "  -d N        depth: N tokens already in each sequence's KV cache before pp and tg (as llama-bench -d)\n"
+               "  -ctk, -ctv T  KV cache types of keys and values: f32 (default), f16, bf16, q8_0\n"
                "  -n N        generated tokens per run, at batch 1 and at --batch (0: skip)\n"
                "  --batch B   sequences decoded together (0 or 1: skip)\n"
                "  -r N        measured runs (after one warm-up), reported as median [min, max]\n"
@@ -461,7 +488,8 @@ static void usage(FILE *f) {
 
 int kiln_cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
-    int64_t P = 512, N = 128, T = 0, B = 8, reps = 3, bw_mib = 1024;
+    int64_t P = 512, N = 128, T = 0, B = 8, reps = 3, bw_mib = 1024, depth = 0;
+    int cache_k = KG_F32, cache_v = KG_F32;
     bool json = false, kernels = false, streamed = false;
     kiln_status st = NULL;
     for (int i = 1; i < argc; i++) /* speculation: plain against speculative generation of a prompt */
@@ -490,10 +518,12 @@ int kiln_cmd_bench(int argc, char **argv) {
             continue;
         }
         static const char *const valued[] = {"-m", "--model", "-p", "-n", "-t", "--threads", "--batch", "-r",
-                                             "--bw-mib", NULL};
+                                             "--bw-mib", "-d", "--n-depth", KILN_CACHE_TYPE_OPTS, NULL};
         if ((st = kiln_option("bench", a, v, valued, NULL))) break;
         i++;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        if (kiln_cache_type_opt(a, v, &cache_k, &cache_v, &st)) {
+        } else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth")) st = kiln_parse_int(a, v, 0, 1 << 24, &depth);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "-p")) st = kiln_parse_int(a, v, 0, 1 << 20, &P);
         else if (!strcmp(a, "-n")) st = kiln_parse_int(a, v, 0, 1 << 20, &N);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) st = kiln_parse_int(a, v, 0, 1024, &T);
@@ -523,15 +553,22 @@ int kiln_cmd_bench(int argc, char **argv) {
     bw_best bw0 = {0, 0, 0}, bw1 = {0, 0, 0};
     if (bw_mib > 0) bw0 = bandwidth_in_child((int)T, (size_t)bw_mib << 20, (size_t)wbytes);
     const km_hparams *hp = ke_model_hparams(m);
-    int64_t ctx_len = P > N ? P : N;
-    ke_ctx_params cp = {.n_ctx = ctx_len + 16, .n_cache = (ctx_len + 16) * (B > 1 ? B : 1), .n_threads = (int)T};
+    int64_t ctx_len = (P > N ? P : N) + depth;
+    ke_ctx_params cp = {.n_ctx = ctx_len + 16, .n_cache = (ctx_len + 16) * (B > 1 ? B : 1), .n_threads = (int)T,
+                        .cache_type_k = (kg_dtype)cache_k, .cache_type_v = (kg_dtype)cache_v};
+    int32_t *dtok = depth > 0 ? malloc(sizeof(int32_t) * (size_t)depth) : NULL;
+    if (depth > 0 && !dtok) {
+        ke_model_free(m);
+        return kiln_fail(kiln_error(KILN_ENOMEM, "out of memory"));
+    }
     ke_ctx *ctx;
     st = ke_ctx_create(m, &cp, &ctx);
     if (st) {
         ke_model_free(m);
         return kiln_fail(st);
     }
-    bench b = {ctx, hp->vocab, 12345};
+    bench b = {ctx, hp->vocab, 12345, depth, dtok};
+    for (int64_t i = 0; i < depth; i++) dtok[i] = rand_token(&b);
     int threads = ke_ctx_n_threads(ctx);
     result pp = {.name = "pp"}, tg = {.name = "tg"}, bt = {.name = "batch"};
     if (!st && P > 0) st = measure(&b, &pp, (int)reps, 1, 1, (int)P);
@@ -540,8 +577,10 @@ int kiln_cmd_bench(int argc, char **argv) {
     if (st) {
         ke_ctx_free(ctx);
         ke_model_free(m);
+        free(dtok);
         return kiln_fail(st);
     }
+    free(dtok);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double peak_mib = (double)ru.ru_maxrss / 1024.0;
@@ -567,6 +606,8 @@ int kiln_cmd_bench(int argc, char **argv) {
                "\"repack_s\": %.3f, \"repack_bytes\": %lld, "
                "\"weight_bytes_per_token\": %lld, \"bandwidth_gbs\": %.2f, \"roofline_tps\": %.2f, \"peak_rss_mib\": %.1f",
                dir, hp->model_type, threads, isa, load_s, prep_s, (long long)prep_b, (long long)wbytes, bw, roof, peak_mib);
+        printf(", \"depth\": %lld, \"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\"", (long long)depth,
+               ke_cache_type_name((kg_dtype)cache_k), ke_cache_type_name((kg_dtype)cache_v));
         if (bw > 0)
             printf(", \"bandwidth_before_gbs\": %.2f, \"bandwidth_after_gbs\": %.2f, \"bandwidth_kernel\": \"%s\", "
                    "\"bandwidth_buffer_bytes\": %lld",
@@ -589,6 +630,9 @@ int kiln_cmd_bench(int argc, char **argv) {
         printf("model      %s (%s), %lld layers, hidden %lld, vocab %lld\n", dir, hp->model_type, (long long)hp->n_layers,
                (long long)hp->hidden, (long long)hp->vocab);
         printf("threads    %d, isa %s, load %.2f s, peak RSS %.0f MiB\n", threads, isa, load_s, peak_mib);
+        if (depth > 0 || cache_k != KG_F32 || cache_v != KG_F32)
+            printf("kv cache   depth %lld tokens before each run, keys %s, values %s\n", (long long)depth,
+                   ke_cache_type_name((kg_dtype)cache_k), ke_cache_type_name((kg_dtype)cache_v));
         if (n_ranks > 1 && rank_mib) {
             printf("tp x pp    %d x %d processes, peak RSS per process:", kd_tp_size(), kd_pp_size());
             for (int i = 0; i < n_ranks; i++) printf(" %.0f", rank_mib[i]);

@@ -44,6 +44,7 @@ static void usage(FILE *f) {
                "  --image FILE          vision-language models: a PNG, JPEG, WebP or GIF image with the first message\n"
                "  -c, --ctx-size N      context size for the whole conversation (default: the model's, at most 4096)\n"
                "  -t, --threads N       threads (default: all CPUs; per process in an MPI job)\n"
+               KILN_CACHE_TYPE_HELP
                "  mpirun -np N kiln chat ... --tp N (or --pp P): one model across processes; rank 0 reads\n"
                "  the turns from standard input and prints the replies (mpirun's Ctrl-C ends the job)\n"
                "commands in the conversation:\n"
@@ -64,6 +65,7 @@ enum { CHAT_MAX_IMAGES = 16 };
 typedef struct {
     const char *dir, *system, *image;
     int64_t n_ctx, threads;
+    int cache_k, cache_v; /* kg_dtype of the KV cache (--cache-type-k/-v) */
     kgen_params gp;
 } chat_opts;
 
@@ -78,9 +80,11 @@ static kiln_status parse(chat_opts *o, int argc, char **argv, bool *help) {
             *help = true;
             return NULL;
         }
-        static const char *const valued[] = {"-m", "--model", "--system", "--image", "-c", "--ctx-size", "-t", "--threads", NULL};
+        static const char *const valued[] = {"-m", "--model", "--system", "--image", "-c", "--ctx-size", "-t", "--threads", KILN_CACHE_TYPE_OPTS, NULL};
         KILN_TRY(kiln_option("chat", a, v, valued, NULL));
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
+        kiln_status cst = NULL;
+        if (kiln_cache_type_opt(a, v, &o->cache_k, &o->cache_v, &cst)) KILN_TRY(cst);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
         else if (!strcmp(a, "--system")) o->system = v;
         else if (!strcmp(a, "--image")) o->image = v;
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) KILN_TRY(kiln_parse_int(a, v, 0, 1 << 30, &o->n_ctx));
@@ -497,7 +501,7 @@ static char *next_line(chat *ch) {
 }
 
 /* The context every process of a job creates alike (follow). */
-static ke_ctx_params ctx_params(const chat_opts *o) { return (ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads}; }
+static ke_ctx_params ctx_params(const chat_opts *o) { return (ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads, .cache_type_k = o->cache_k, .cache_type_v = o->cache_v}; }
 
 /* A process other than rank 0 of a --tp/--pp job: rank 0's steps on this
  * process's shard, until rank 0 leaves. */

@@ -77,7 +77,7 @@ int kiln_cmd_export(int argc, char **argv) {
     if (st) return kiln_fail(st);
     const km_hparams *hp = ke_model_hparams(m);
     int64_t MB = S > 1 ? 1 : (T + 15) / 16; /* block-table width: blocks of 16 tokens per sequence */
-    kb_shape shape = {T, S, MB, S, 16 * MB * S, 16, S, false, false};
+    kb_shape shape = {T, S, MB, S, 16 * MB * S, 16, S, false, false, {KG_F32, KG_F32}};
     kg_graph *g = NULL;
     kb_input *inputs = NULL;
     int n_inputs;

@@ -39,6 +39,7 @@ static void usage(FILE *f) {
                "                        position, row i after the i-th generated or forced token\n"
                "  -c, --ctx-size N      context size (default: the model's, at most 4096)\n"
                "  -t, --threads N       threads (default: all CPUs)\n"
+               KILN_CACHE_TYPE_HELP
                "  --backend mlir        run each step compiled by MLIR 16 (its ExecutionEngine, or mlir-opt +\n"
                "                        mlir-cpu-runner): slow, a check\n"
                "  --dialect tosa        with --backend mlir: emit TOSA where it has the op (default linalg)\n"
@@ -68,6 +69,7 @@ typedef struct {
     int32_t *prompt, *forced;
     int n_prompt, n_forced;
     int64_t n_ctx, threads;
+    int cache_k, cache_v; /* kg_dtype of the KV cache (--cache-type-k/-v) */
     bool json, chat, no_display, mlir, mlir_tosa;
     kgen_params gp;
     char *echo;     /* the prompt text, printed once every check on it has passed */
@@ -95,9 +97,15 @@ static kiln_status parse(opts *o, int argc, char **argv, bool *help) {
         static const char *const flags[] = {"--json", "--chat", "--no-display-prompt", NULL};
         static const char *const valued[] = {"-m", "--model", "--prompt-ids", "--force-ids", "-c", "--ctx-size", "-t",
                                              "--threads", "--logits-out", "-p", "--prompt", "-f", "--file", "--system",
-                                             "--image", "--video", "--backend", "--dialect", NULL};
+                                             "--image", "--video", "--backend", "--dialect", KILN_CACHE_TYPE_OPTS, NULL};
         KILN_TRY(kiln_option("generate", a, v, valued, flags));
         bool takes = kiln_flag_in(a, valued);
+        kiln_status cst = NULL;
+        if (kiln_cache_type_opt(a, v, &o->cache_k, &o->cache_v, &cst)) {
+            KILN_TRY(cst);
+            i += 2;
+            continue;
+        }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = v;
         else if (!strcmp(a, "--prompt-ids")) KILN_TRYF(kiln_parse_ids(v, &o->prompt, &o->n_prompt), "--prompt-ids");
         else if (!strcmp(a, "--force-ids")) KILN_TRYF(kiln_parse_ids(v, &o->forced, &o->n_forced), "--force-ids");
@@ -379,7 +387,7 @@ static kiln_status run(opts *o, record *rec, const char **finish, double *t) {
     if (!st) st = prompt_ids(o, tok);
     image_input img = {0};
     if (!st && o->n_images + o->n_videos) st = add_images(o, m, &img);
-    if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads, .compile = {.mlir = o->mlir, .mlir_tosa = o->mlir_tosa}}, &c);
+    if (!st) st = ke_ctx_create(m, &(ke_ctx_params){.n_ctx = o->n_ctx, .n_threads = (int)o->threads, .cache_type_k = o->cache_k, .cache_type_v = o->cache_v, .compile = {.mlir = o->mlir, .mlir_tosa = o->mlir_tosa}}, &c);
     if (!st) kiln_warn_ctx(m, ke_ctx_n_ctx(c));
     if (!st && o->sp.draft) st = kspec_load_draft(o->sp.draft, m, o->dir, &draft);
     if (!st && kspec_enabled(&o->sp)) st = kspec_create(&o->sp, c, draft, &sp);

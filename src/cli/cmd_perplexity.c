@@ -23,6 +23,7 @@ static void usage(FILE *f) {
                "  -b, --batch N      tokens per decode call (default --ctx; a multiple runs chunks side by side)\n"
                "  --chunks N         score only the first N chunks\n"
                "  -t, --threads N    threads (default: all CPUs)\n"
+               KILN_CACHE_TYPE_HELP
                "  --json             print one JSON object instead of the text lines\n"
                "The text is tokenized with BOS as llama.cpp does; the result line is llama.cpp's\n"
                "\"Final estimate: PPL = P +/- E\" (E: the standard error).\n");
@@ -73,6 +74,7 @@ static kiln_status special_tokens(const ktok *tok, int32_t *bos) {
 int kiln_cmd_perplexity(int argc, char **argv) {
     const char *dir = NULL, *file = NULL;
     int64_t ctx = 0, stride = 0, batch = 0, chunks = 0, threads = 0;
+    int cache_k = KG_F32, cache_v = KG_F32;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -85,10 +87,11 @@ int kiln_cmd_perplexity(int argc, char **argv) {
             continue;
         }
         static const char *const valued[] = {"-m", "--model", "-f", "--file", "-c", "--ctx", "--stride", "-b",
-                                             "--batch", "--chunks", "-t", "--threads", NULL};
+                                             "--batch", "--chunks", "-t", "--threads", KILN_CACHE_TYPE_OPTS, NULL};
         if ((st = kiln_option("perplexity", a, v, valued, NULL))) return kiln_fail(st);
         i++;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        if (kiln_cache_type_opt(a, v, &cache_k, &cache_v, &st)) {
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) file = v;
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) st = kiln_parse_int(a, v, 4, 1 << 20, &ctx);
         else if (!strcmp(a, "--stride")) st = kiln_parse_int(a, v, 1, 1 << 20, &stride);
@@ -127,7 +130,8 @@ int kiln_cmd_perplexity(int argc, char **argv) {
     kiln_warn_ctx(m, ctx);
     int64_t n_seq = !stride && batch >= ctx ? batch / ctx : 1;
     if (n_seq > 64) n_seq = 64;
-    ke_ctx_params cp = {.n_ctx = ctx, .n_cache = ctx * n_seq, .n_threads = (int)threads};
+    ke_ctx_params cp = {.n_ctx = ctx, .n_cache = ctx * n_seq, .n_threads = (int)threads, .cache_type_k = cache_k,
+                        .cache_type_v = cache_v};
     st = ke_ctx_create(m, &cp, &c);
     if (st) goto done;
     progress_ctx pc;

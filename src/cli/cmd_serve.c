@@ -38,6 +38,7 @@ static void usage(FILE *f) {
             "  -b, --step-tokens N    tokens per engine step: decodes plus prompt chunks (default 256)\n"
             "  --queue N              requests waiting before 503 (default 256)\n"
             "  -t, --threads N        engine threads (default: all CPUs)\n"
+            KILN_CACHE_TYPE_HELP
             "  --api-key KEY          require \"Authorization: Bearer KEY\" (or set KILN_API_KEY)\n"
             "  --alias NAME           model id in the API (default: the folder's name; vLLM's\n"
             "                         --served-model-name NAME is the same)\n"
@@ -138,11 +139,12 @@ int kiln_cmd_serve(int argc, char **argv) {
             "--api-key", "--alias", "--served-model-name", "--max-body", "--timeout", "--request-timeout",
             "--max-conns", "--max-conns-per-ip", "--max-image-pixels", "--max-request-pixels", "--max-image-bytes", "--limit-mm-per-prompt",
             "--shutdown-timeout", "--reasoning-budget",
-            "--reasoning-format", "--pooling", "--cache-dir", "--cache-dir-size", "--slot-save-path", NULL};
+            "--reasoning-format", "--pooling", "--cache-dir", "--cache-dir-size", "--slot-save-path", KILN_CACHE_TYPE_OPTS, NULL};
         bool flag = kiln_flag_in(a, flags);
         if ((st = kiln_option("serve", a, v, valued, flags))) break;
         int64_t x = 0;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) p.model_dir = v;
+        if (kiln_cache_type_opt(a, v, &p.cache_type_k, &p.cache_type_v, &st)) {
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) p.model_dir = v;
         else if (!strcmp(a, "--host")) p.host = v;
         else if (!strcmp(a, "--port")) st = kiln_parse_int(a, v, 0, 65535, &x), p.port = (int)x;
         else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) st = kiln_parse_int(a, v, 1, 4096, &x), p.parallel = (int)x;

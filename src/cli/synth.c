@@ -238,7 +238,7 @@ static kiln_status record_tensors(const cJSON *cfg, kc_checkpoint **ck) {
                           "the text_config as a config of its own)");
     km_hparams hp;
     KILN_TRY(km_parse(fam, kc_config(*ck), &hp));
-    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false, false};
+    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false, false, {KG_F32, KG_F32}};
     kg_graph *g = NULL;
     kb_input *inputs = NULL;
     int n_inputs;

@@ -50,7 +50,7 @@ static kiln_status model_load(const char *dir, bool hidden_out, bool state, cons
         goto fail;
     }
     /* build a one-token graph once: every weight is looked up and checked here */
-    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false, false};
+    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false, false, {KG_F32, KG_F32}};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -86,7 +86,7 @@ static int64_t default_n_ctx(const km_hparams *hp) { return hp->max_pos > 0 && h
 kiln_status ke_model_memory(const ke_model *m, ke_memory *out) {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < kc_tensor_count(m->ck); i++) out->weight_bytes += (int64_t)kc_tensor_at(m->ck, i)->nbytes;
-    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false, false};
+    kb_shape shape = {1, 1, 1, 1, 16, 16, 1, false, false, {KG_F32, KG_F32}};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -208,7 +208,7 @@ struct ke_ctx {
     int64_t window; /* see ke_ctx_window */
     int64_t prefix_queries, prefix_hits, evictions;
     kb_cache_spec *cache;
-    float **kcache, **vcache; /* [n_layers], NULL for layers without a cache */
+    void **kcache, **vcache; /* [n_layers] [slots, heads, dk|dv] of p.cache_type_k|v, NULL for layers without a cache */
     /* recurrent state: per layer l and state k, state[l * KB_MAX_STATES + k]
      * [n_state_slots, numel] f32; a free list of rows (see ke_seq_open) */
     float **state;
@@ -272,12 +272,37 @@ struct ke_ctx {
     int64_t pp_cap, out_width; /* floats; the last decode_step's row width */
 };
 
+const char *ke_cache_type_name(kg_dtype t) {
+    return t == KG_F32 ? "f32" : t == KG_F16 ? "f16" : t == KG_BF16 ? "bf16" : t == KG_U8 ? "q8_0" : "?";
+}
+
+/* Bytes of one cached row of d elements of type t (KG_U8: q8_0 blocks). */
+static int64_t kv_row_bytes(kg_dtype t, int64_t d) {
+    return t == KG_U8 ? d / KG_Q8_0_BLOCK * KG_Q8_0_BYTES : d * (int64_t)kg_dtype_size(t);
+}
+
+kiln_status ke_cache_type_parse(const char *flag, const char *s, kg_dtype *out) {
+    static const kg_dtype types[] = {KG_F32, KG_F16, KG_BF16, KG_U8};
+    for (size_t i = 0; s && i < sizeof types / sizeof *types; i++)
+        if (!strcmp(s, ke_cache_type_name(types[i]))) return *out = types[i], NULL;
+    return kiln_error(KILN_EINVAL, "%s: '%s' is not a KV cache type (f32, f16, bf16, q8_0)", flag, s ? s : "");
+}
+
 kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **out) {
     *out = NULL;
     if (!p->pooling && km_out_width(&m->hp) != m->hp.vocab) /* callers sample from vocab-wide rows */
         return kiln_error(KILN_EUNSUPPORTED, "%s: the model gives %s, not next-token logits (an embedding or reranking "
                           "model: kiln embed, kiln rerank, or kiln serve's /v1/embeddings, /v1/rerank)", m->fam->name,
                           m->hp.n_labels > 0 ? "classification labels" : "hidden states");
+    for (int v = 0; v < 2; v++) {
+        kg_dtype t = v ? p->cache_type_v : p->cache_type_k;
+        if (t != KG_F32 && t != KG_F16 && t != KG_BF16 && t != KG_U8)
+            return kiln_error(KILN_EINVAL, "--cache-type-%c: %s is not a KV cache type (f32, f16, bf16, q8_0)", v ? 'v' : 'k',
+                              kg_dtype_name(t));
+        if (t != KG_F32 && (p->block_size > 0 ? p->block_size : 16) % 2)
+            return kiln_error(KILN_EINVAL, "--cache-type-%c %s needs an even block size, not %d", v ? 'v' : 'k',
+                              ke_cache_type_name(t), p->block_size);
+    }
     ke_ctx *c = calloc(1, sizeof *c);
     if (!c) return kiln_error(KILN_ENOMEM, "out of memory");
     c->m = m;
@@ -316,7 +341,7 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
     for (int64_t i = 0; i < c->n_blocks; i++) c->free_blocks[i] = (int32_t)(c->n_blocks - 1 - i);
     c->n_free = c->n_blocks;
     /* the cache layout comes from the model's graph */
-    kb_shape shape = {1, 1, 1, 1, c->n_blocks * bs, (int)bs, 1, false, false};
+    kb_shape shape = {1, 1, 1, 1, c->n_blocks * bs, (int)bs, 1, false, false, {c->p.cache_type_k, c->p.cache_type_v}};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -367,14 +392,16 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
         const kb_cache_spec *cs = &c->cache[l];
         if (!cs->heads) continue;
         /* zeroed: the reference attention reads every slot (masked to 0 weight) */
-        c->kcache[l] = calloc((size_t)(slots * cs->heads * cs->dk), sizeof(float));
-        c->vcache[l] = calloc((size_t)(slots * cs->heads * cs->dv), sizeof(float));
+        c->kcache[l] = calloc((size_t)(slots * cs->heads), (size_t)kv_row_bytes(c->p.cache_type_k, cs->dk));
+        c->vcache[l] = calloc((size_t)(slots * cs->heads), (size_t)kv_row_bytes(c->p.cache_type_v, cs->dv));
         if (!c->kcache[l] || !c->vcache[l]) {
             ke_ctx_free(c);
             return kiln_error(KILN_ENOMEM, "cannot allocate the KV cache (%lld tokens): lower --ctx-size",
                               (long long)slots);
         }
-        c->kv_floats += bs * cs->heads * (cs->dk + cs->dv);
+        /* counted in 4-byte words: a half cache's block is an even number of halves (checked above) */
+        c->kv_floats += bs * cs->heads * (kv_row_bytes(c->p.cache_type_k, cs->dk) + kv_row_bytes(c->p.cache_type_v, cs->dv)) /
+                        (int64_t)sizeof(float);
     }
     bool dir = p->cache_dir && *p->cache_dir;
     if (dir || (c->ram_budget > 0 && !p->no_ram_tier)) {
@@ -577,6 +604,10 @@ static uint64_t layout_identity(const ke_ctx *c) {
                     c->p.compile.decompose_all * 2 + c->p.compile.no_fusion};
     uint64_t h = hash_bytes(0x6b696c6e6c61796full, v, sizeof v);
     h = hash_str(h, c->p.compile.decompose_only);
+    if (c->p.cache_type_k != KG_F32 || c->p.cache_type_v != KG_F32) { /* f32 keeps the identity it always had */
+        int64_t t[2] = {c->p.cache_type_k, c->p.cache_type_v};
+        h = hash_bytes(h, t, sizeof t);
+    }
     for (int64_t l = 0; l < hp->n_layers; l++) {
         const kb_cache_spec *cs = &c->cache[l];
         int64_t w[4 + KB_MAX_STATES] = {cs->heads, cs->dk, cs->dv, cs->n_states};
@@ -619,11 +650,12 @@ static void kv_copy(ke_ctx *c, int32_t b, float *buf, bool to_cache) {
         const kb_cache_spec *cs = &c->cache[l];
         if (!cs->heads) continue;
         for (int v = 0; v < 2; v++) {
-            int64_t row = cs->heads * (v ? cs->dv : cs->dk), n = bs * row;
-            float *at = (v ? c->vcache[l] : c->kcache[l]) + b * n;
-            if (to_cache) memcpy(at, buf, sizeof(float) * (size_t)n);
-            else memcpy(buf, at, sizeof(float) * (size_t)n);
-            buf += n;
+            size_t n = (size_t)(bs * cs->heads * (v ? kv_row_bytes(c->p.cache_type_v, cs->dv)
+                                                     : kv_row_bytes(c->p.cache_type_k, cs->dk))); /* bytes */
+            char *at = (char *)(v ? c->vcache[l] : c->kcache[l]) + (size_t)b * n;
+            if (to_cache) memcpy(at, buf, n);
+            else memcpy(buf, at, n);
+            buf = (float *)((char *)buf + n);
         }
     }
 }
@@ -1137,7 +1169,7 @@ static exec_entry *get_exec(ke_ctx *c, int64_t T, int64_t S, int64_t MB, int64_t
         }
     }
     kb_shape shape = {T, S, MB, R, c->n_blocks * c->p.block_size, c->p.block_size, c->n_state_slots, cross,
-                      .pp_local_output = kd_pp_size() > 1}; /* pp_step shares the rows once per step */
+                      kd_pp_size() > 1 /* pp_step shares the rows once per step */, {c->p.cache_type_k, c->p.cache_type_v}};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;

@@ -73,9 +73,17 @@ typedef struct {
                                 * only the snapshots; tests of the disk tier) */
     const char *cache_dir;   /* the prefix cache's disk tier (below, "disk tier"); NULL: none */
     int64_t cache_dir_bytes; /* its size bound; 0: 10 GiB */
+    kg_dtype cache_type_k, cache_type_v; /* KV cache element types (--cache-type-k/-v): KG_F32 (0, the default,
+                                          * exact), KG_F16 or KG_BF16 (rounded to nearest even when stored), KG_U8:
+                                          * q8_0 (blocks of 32, an f16 scale; head dims a multiple of 32) */
     bool pooling;     /* the caller reads hidden states or classification labels (src/embed); without it a
                        * model whose rows are not vocab-wide logits is refused */
 } ke_ctx_params;
+
+/* --cache-type-k/-v's value (llama.cpp's names): f32, f16, bf16, q8_0 (KG_U8)
+ * into *out; anything else is an error naming it. */
+kiln_status ke_cache_type_parse(const char *flag, const char *s, kg_dtype *out);
+const char *ke_cache_type_name(kg_dtype t);
 
 /* The default --cache-ram: MemAvailable (/proc/meminfo, read when called)
  * divided by KE_CACHE_RAM_DIVISOR; 256 MiB when it cannot be read. */

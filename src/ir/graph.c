@@ -138,6 +138,7 @@ static const struct {
     [KG_OP_ALL_REDUCE] = {"stablehlo.all_reduce", 0, 0},
     [KG_OP_ALL_GATHER] = {"stablehlo.all_gather", 0, 0},
     [KG_OP_REDUCE_SCATTER] = {"stablehlo.reduce_scatter", 0, 0},
+    [KG_OP_QUANT_Q8_0] = {"kiln.quantize_q8_0", 0, 1},
     [KG_OP_COLLECTIVE_PERMUTE] = {"stablehlo.collective_permute", 0, 0},
 };
 
@@ -727,8 +728,13 @@ static bool infer(kg_graph *g, kg_node *n) {
         if (x->shape.rank != 3 || kc->shape.rank != 3 || vc->shape.rank != 3 || x->dtype != KG_F32)
             return fail(g, "attention: q, kcache, vcache must be rank 3"), false;
         int64_t T = x->shape.d[0], Hq = x->shape.d[1], D = x->shape.d[2], Hkv = kc->shape.d[1];
-        if (kc->shape.d[2] != D || vc->shape.d[0] != kc->shape.d[0] || vc->shape.d[1] != Hkv || Hkv <= 0 ||
-            Hq % Hkv || !kg_dtype_is_float(kc->dtype) || kc->dtype != vc->dtype)
+        /* a u8 cache holds q8_0 blocks (kg_quantize_q8_0) */
+        int64_t Dk = kc->dtype == KG_U8 ? D / KG_Q8_0_BLOCK * KG_Q8_0_BYTES : D;
+        int64_t Dv = vc->dtype == KG_U8 ? vc->shape.d[2] / KG_Q8_0_BYTES * KG_Q8_0_BLOCK : vc->shape.d[2];
+        bool k_ok = kg_dtype_is_float(kc->dtype) || (kc->dtype == KG_U8 && D % KG_Q8_0_BLOCK == 0);
+        bool v_ok = kg_dtype_is_float(vc->dtype) || (vc->dtype == KG_U8 && vc->shape.d[2] % KG_Q8_0_BYTES == 0);
+        if (kc->shape.d[2] != Dk || vc->shape.d[0] != kc->shape.d[0] || vc->shape.d[1] != Hkv || Hkv <= 0 ||
+            Hq % Hkv || !k_ok || !v_ok)
             return fail(g, "attention: q %s, k cache %s, v cache %s do not fit", sh(&x->shape, b1), sh(&kc->shape, b2),
                         sh(&vc->shape, b2)),
                    false;
@@ -753,7 +759,7 @@ static bool infer(kg_graph *g, kg_node *n) {
                 return fail(g, "attention: ALiBi slopes and sinks must be f32 [%lld] (sinks also [T, Hq])", (long long)Hq), false;
             if (e->dtype != KG_F32) return fail(g, "attention: sinks must be f32"), false;
         }
-        n->shape = KG_SHAPE(T, Hq, vc->shape.d[2]);
+        n->shape = KG_SHAPE(T, Hq, Dv);
         n->dtype = KG_F32;
         return true;
     }
@@ -787,6 +793,14 @@ static bool infer(kg_graph *g, kg_node *n) {
         return true;
     case KG_OP_FUSION:
         return true; /* shape fixed by the fusion pass */
+    case KG_OP_QUANT_Q8_0:
+        if (x->dtype != KG_F32 || x->shape.rank < 1 || x->shape.d[x->shape.rank - 1] % KG_Q8_0_BLOCK)
+            return fail(g, "quantize_q8_0: want f32 rows of a multiple of %d, got %s%s", KG_Q8_0_BLOCK,
+                        kg_dtype_name(x->dtype), sh(&x->shape, b1)), false;
+        n->shape = x->shape;
+        n->shape.d[x->shape.rank - 1] = x->shape.d[x->shape.rank - 1] / KG_Q8_0_BLOCK * KG_Q8_0_BYTES;
+        n->dtype = KG_U8;
+        return true;
     case KG_OP_TOPK:
         if (!kg_dtype_is_float(x->dtype) || x->shape.rank < 1 || n->a.topk.k < 1 ||
             n->a.topk.k > x->shape.d[x->shape.rank - 1])
@@ -1116,6 +1130,8 @@ static kg_node *top_k(kg_graph *g, kg_node *x, int k, bool torch_ties) {
 }
 
 kg_node *kg_top_k(kg_graph *g, kg_node *x, int k) { return top_k(g, x, k, false); }
+
+kg_node *kg_quantize_q8_0(kg_graph *g, kg_node *x) { return finish(g, new_node(g, KG_OP_QUANT_Q8_0, 1, &x)); }
 
 bool kg_op_is_collective(kg_opcode op) { return op >= KG_OP_ALL_REDUCE && op <= KG_OP_COLLECTIVE_PERMUTE; }
 

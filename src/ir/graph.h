@@ -133,6 +133,7 @@ typedef enum {
     KG_OP_ALL_GATHER,         /* stablehlo.all_gather */
     KG_OP_REDUCE_SCATTER,     /* stablehlo.reduce_scatter (sum) */
     KG_OP_COLLECTIVE_PERMUTE, /* stablehlo.collective_permute */
+    KG_OP_QUANT_Q8_0,         /* kiln.quantize_q8_0 (composite, no decomposition): a KV cache's rows, see kg_quantize_q8_0 */
     KG_OP_COUNT
 } kg_opcode;
 
@@ -330,6 +331,12 @@ kg_node *kg_iota(kg_graph *g, kg_dtype t, kg_shape s, int dim);
 kg_node *kg_unary(kg_graph *g, kg_opcode op, kg_node *x);
 kg_node *kg_binary(kg_graph *g, kg_opcode op, kg_node *a, kg_node *b);
 kg_node *kg_convert(kg_graph *g, kg_node *x, kg_dtype t);
+/* f32 x [.., D], D a multiple of 32, to u8 [.., D / 32 * 34]: per 32 values
+ * llama.cpp's block_q8_0, an f16 scale d = max|x| / 127 (little endian) then
+ * 32 int8 round(x / d). The KV cache's q8_0 type; read by kiln.attention. */
+#define KG_Q8_0_BLOCK 32
+#define KG_Q8_0_BYTES 34
+kg_node *kg_quantize_q8_0(kg_graph *g, kg_node *x);
 kg_node *kg_compare(kg_graph *g, kg_cmp dir, kg_node *a, kg_node *b);
 kg_node *kg_select(kg_graph *g, kg_node *pred, kg_node *on_true, kg_node *on_false);
 kg_node *kg_clamp(kg_graph *g, kg_node *lo, kg_node *x, kg_node *hi);

@@ -19,7 +19,7 @@ KT_TEST(print_models_as_stablehlo) {
         ke_model *m;
         KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, rel), &m));
         const km_hparams *hp = ke_model_hparams(m);
-        kb_shape shape = {3, 1, 1, 1, 16, 16, 1, false, false};
+        kb_shape shape = {3, 1, 1, 1, 16, 16, 1, false, false, {KG_F32, KG_F32}};
         kg_graph *g;
         kb_input *in;
         int n_in;
@@ -64,7 +64,7 @@ KT_TEST(print_is_structurally_stablehlo) {
         snprintf(rel, sizeof rel, "tests/fixtures/oracle/%s", cases[c]);
         ke_model *m;
         KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, rel), &m));
-        kb_shape shape = {2, 1, 1, 1, 16, 16, 1, false, false};
+        kb_shape shape = {2, 1, 1, 1, 16, 16, 1, false, false, {KG_F32, KG_F32}};
         kg_graph *g;
         kb_input *in;
         int n_in;

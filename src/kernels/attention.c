@@ -32,14 +32,16 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
     const kk_attn_ctx *k = ctx;
     const kk_call *c = k->c;
     const kg_attn_attr *at = &c->node->a.attn;
-    const float *q = c->in[0], *kc = c->in[1], *vc = c->in[2];
+    const float *q = c->in[0];
+    const void *kc = c->in[1], *vc = c->in[2];
     const int32_t *bt = c->in[3], *ts = c->in[4], *tp = c->in[5];
     const float *alibi = at->alibi ? c->in[6] : NULL, *sinks = at->sinks ? c->in[6 + at->alibi] : NULL;
     const int32_t *span = at->span ? c->in[6 + at->alibi + at->sinks] : NULL;
     float *out = c->out;
     int64_t bs = at->block_size, G = k->Hq / k->Hkv, C = k->MB * bs;
-    float *sc = kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(C > 0 ? C : 1));
+    float *sc = kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)((C > 0 ? C : 1) + k->D + k->Dv));
     if (!sc) return;
+    float *kbuf = sc + (C > 0 ? C : 1), *vbuf = kbuf + k->D;
     for (int64_t it = i0; it < i1; it++) {
         int64_t t = it / k->Hq, h = it % k->Hq, kvh = h / G;
         int64_t pos = tp[t], seq = ts[t];
@@ -66,7 +68,7 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
             if (!VISIBLE(p)) continue;
             int64_t slot = (int64_t)row[p / bs] * bs + p % bs;
             if (slot < 0 || slot >= k->N) slot = 0; /* never read outside the cache */
-            float s = dotf(qi, kc + (slot * k->Hkv + kvh) * k->D, k->D) * at->scale;
+            float s = dotf(qi, kk_attn_row(kc, k->kt, slot * k->Hkv + kvh, k->D, kbuf), k->D) * at->scale;
             if (at->softcap > 0) s = tanhf(s / at->softcap) * at->softcap;
             if (alibi) s = s + slope * (float)(p - pos);
             sc[p - first] = s;
@@ -87,16 +89,33 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
             int64_t slot = (int64_t)row[p / bs] * bs + p % bs;
             if (slot < 0 || slot >= k->N) slot = 0;
             float w = sc[p - first] / sum;
-            const float *v = vc + (slot * k->Hkv + kvh) * k->Dv;
+            const float *v = kk_attn_row(vc, k->vt, slot * k->Hkv + kvh, k->Dv, vbuf);
             for (int64_t d = 0; d < k->Dv; d++) oi[d] += w * v[d];
         }
     }
 }
 
+/* llama.cpp's quantize_row_q8_0_ref, per row of the last dimension. */
+void kk_quantize_q8_0(const kk_call *c) {
+    const kg_node *x = c->node->in[0];
+    const float *in = c->in[0];
+    uint8_t *out = c->out;
+    int64_t nb = kg_shape_numel(&x->shape) / 32;
+    for (int64_t b = 0; b < nb; b++, in += 32, out += 34) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fabsf(in[j]) > amax ? fabsf(in[j]) : amax;
+        float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        uint16_t h = ku_f32_to_f16(d);
+        out[0] = (uint8_t)(h & 0xff), out[1] = (uint8_t)(h >> 8);
+        for (int j = 0; j < 32; j++) out[2 + j] = (uint8_t)(int8_t)roundf(in[j] * id);
+    }
+}
+
 void kk_attention(const kk_call *c) {
     const kg_node *n = c->node;
-    kk_attn_ctx k = {c, n->in[0]->shape.d[1], n->in[1]->shape.d[1], n->in[0]->shape.d[2], n->in[2]->shape.d[2],
-                     n->in[3]->shape.d[1], n->in[1]->shape.d[0], 0, false};
+    int64_t Dv = n->in[2]->dtype == KG_U8 ? n->in[2]->shape.d[2] / 34 * 32 : n->in[2]->shape.d[2];
+    kk_attn_ctx k = {c, n->in[0]->shape.d[1], n->in[1]->shape.d[1], n->in[0]->shape.d[2], Dv,
+                     n->in[3]->shape.d[1], n->in[1]->shape.d[0], 0, false, n->in[1]->dtype, n->in[2]->dtype};
     k.G = k.Hq / k.Hkv;
     k.sink_rows = n->a.attn.sinks && n->in[n->n_in - 1 - n->a.attn.span]->shape.rank == 2;
     int64_t T = n->in[0]->shape.d[0];

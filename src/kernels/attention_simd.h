@@ -46,15 +46,16 @@ void KK_ATTN_ITEMS(void *ctx, int64_t i0, int64_t i1) {
     const kk_attn_ctx *k = ctx;
     const kk_call *c = k->c;
     const kg_attn_attr *at = &c->node->a.attn;
-    const float *q = c->in[0], *kc = c->in[1], *vc = c->in[2];
+    const float *q = c->in[0];
+    const void *kc = c->in[1], *vc = c->in[2];
     const int32_t *bt = c->in[3], *ts = c->in[4], *tp = c->in[5];
     const float *alibi = at->alibi ? c->in[6] : NULL, *sinks = at->sinks ? c->in[6 + at->alibi] : NULL;
     float *out = c->out;
     int64_t bs = at->block_size, G = k->G, D = k->D, Dv = k->Dv, C = k->MB * bs;
     /* per query head: scores [TILE], running max, denominator; outputs [G, Dv] */
-    float *s = kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(G * (TILE + Dv + 2)));
+    float *s = kr_scratch(KR_SCRATCH_TASK, sizeof(float) * (size_t)(G * (TILE + Dv + 2) + D + Dv));
     if (!s) return;
-    float *o = s + G * TILE, *mx = o + G * Dv, *den = mx + G;
+    float *o = s + G * TILE, *mx = o + G * Dv, *den = mx + G, *kbuf = den + G, *vbuf = kbuf + D;
     int32_t slot[TILE];
     for (int64_t it = i0; it < i1; it++) {
         int64_t t = it / k->Hkv, kvh = it % k->Hkv, h0 = kvh * G;
@@ -75,7 +76,7 @@ void KK_ATTN_ITEMS(void *ctx, int64_t i0, int64_t i1) {
             for (int j = 0; j < n; j++) {
                 int64_t p = p0 + j, sl = (int64_t)row[p / bs] * bs + p % bs;
                 slot[j] = (int32_t)(sl < 0 || sl >= k->N ? 0 : sl); /* never read outside the cache */
-                const float *kp = kc + (slot[j] * k->Hkv + kvh) * D;
+                const float *kp = kk_attn_row(kc, k->kt, slot[j] * k->Hkv + kvh, D, kbuf);
                 for (int64_t g = 0; g < G; g++) {
                     float v = dot_d(qt + g * D, kp, D) * at->scale;
                     if (at->softcap > 0) v = tanhf(v / at->softcap) * at->softcap;
@@ -108,7 +109,7 @@ void KK_ATTN_ITEMS(void *ctx, int64_t i0, int64_t i1) {
                 }
             }
             for (int j = 0; j < n; j++) {
-                const float *vp = vc + (slot[j] * k->Hkv + kvh) * Dv;
+                const float *vp = kk_attn_row(vc, k->vt, slot[j] * k->Hkv + kvh, Dv, vbuf);
                 for (int64_t g = 0; g < G; g++) axpy(o + g * Dv, s[g * TILE + j], vp, Dv);
             }
         }

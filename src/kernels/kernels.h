@@ -73,6 +73,7 @@ void kk_rms_norm(const kk_call *c);
 void kk_layer_norm(const kk_call *c);
 void kk_rope(const kk_call *c);
 void kk_attention(const kk_call *c);
+void kk_quantize_q8_0(const kk_call *c); /* kiln.quantize_q8_0 */
 void kk_linear(const kk_call *c);
 void kk_embed(const kk_call *c);
 void kk_dequant(const kk_call *c);

@@ -132,7 +132,28 @@ typedef struct {
     const kk_call *c;
     int64_t Hq, Hkv, D, Dv, MB, N, G;
     bool sink_rows; /* sinks are [T, Hq] (per token), not [Hq] */
+    kg_dtype kt, vt; /* the caches' element types: f32, f16, bf16 (widened exactly) or u8 (q8_0 blocks), one row at a time */
 } kk_attn_ctx;
+/* One q8_0 block (kg_quantize_q8_0): scale, then 32 values. */
+static inline void kk_q8_0_row(const uint8_t *b, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i += 32, b += 34) {
+        float d = ku_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+        for (int j = 0; j < 32; j++) out[i + j] = (float)(int8_t)b[2 + j] * d;
+    }
+}
+/* Row i of cache base (n elements of type t) as float32: base itself when t
+ * is f32, else widened into buf [n] (exact, so every summation is as it is
+ * over float32 rows). */
+static inline const float *kk_attn_row(const void *base, kg_dtype t, int64_t i, int64_t n, float *buf) {
+    if (t == KG_F32) return (const float *)base + i * n;
+    if (t == KG_U8) return kk_q8_0_row((const uint8_t *)base + i * (n / 32 * 34), n, buf), buf;
+    const uint16_t *h = (const uint16_t *)base + i * n;
+    if (t == KG_BF16)
+        for (int64_t d = 0; d < n; d++) buf[d] = ku_bf16_to_f32(h[d]);
+    else
+        for (int64_t d = 0; d < n; d++) buf[d] = ku_f16_to_f32(h[d]);
+    return buf;
+}
 void kk_attn_items_avx2(void *ctx, int64_t i0, int64_t i1);
 void kk_attn_items_avx512(void *ctx, int64_t i0, int64_t i1);
 

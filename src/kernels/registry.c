@@ -81,7 +81,11 @@ kk_fn kk_select(const kg_node *n) {
     case KG_OP_LAYER_NORM: return kk_layer_norm;
     case KG_OP_ROPE: return kk_rope;
     case KG_OP_ATTENTION:
-        return n->in[1]->dtype == KG_F32 ? kk_attention : NULL;
+        return (f32_or_half(n->in[1]->dtype) || n->in[1]->dtype == KG_U8) &&
+                       (f32_or_half(n->in[2]->dtype) || n->in[2]->dtype == KG_U8)
+                   ? kk_attention
+                   : NULL;
+    case KG_OP_QUANT_Q8_0: return kk_quantize_q8_0;
     case KG_OP_LINEAR: return n->a.w.transposed ? kk_linear_t : kk_linear;
     case KG_OP_EMBED: return kk_embed;
     case KG_OP_DEQUANT: return kk_dequant;

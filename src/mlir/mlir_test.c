@@ -41,7 +41,7 @@ static void export_verifies(const char *name, int64_t T, int64_t S, kmlir_dialec
     ke_model *m;
     KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, rel), &m));
     const km_hparams *hp = ke_model_hparams(m);
-    kb_shape shape = {T, S, 1, S, 16 * S, 16, S, false, false};
+    kb_shape shape = {T, S, 1, S, 16 * S, 16, S, false, false, {KG_F32, KG_F32}};
     kg_graph *g;
     kb_input *in;
     int n_in;

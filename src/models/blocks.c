@@ -280,7 +280,17 @@ bool kb_rope_inputs(kb_ctx *b, int rope, kg_node **cos, kg_node **sin) {
 kg_node *kb_cache_write(kb_ctx *b, int il, bool v, kg_node *rows) {
     if (!rows) return NULL;
     kg_shape s = KG_SHAPE(b->shape.n_slots, rows->shape.d[1], rows->shape.d[2]);
-    kg_node *cache = add_input(b, KG_F32, s, v ? "v_cache" : "k_cache", v ? KB_IN_VCACHE : KB_IN_KCACHE, il, true);
+    kg_dtype t = b->shape.kv_type[v];
+    if (t != KG_F32 && !b->kv_typed) /* sparse and compressed caches are read by other ops, in float32 */
+        return kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: this layer's %s cache is float32 only (--cache-type-%c f32)",
+                                     il, v ? "value" : "key", v ? 'v' : 'k'));
+    if (t == KG_U8 && rows->shape.d[2] % KG_Q8_0_BLOCK)
+        return kb_fail(b, kiln_error(KILN_EUNSUPPORTED, "layer %d: --cache-type-%c q8_0 needs head dims that are a multiple of "
+                                     "%d, not %lld", il, v ? 'v' : 'k', KG_Q8_0_BLOCK, (long long)rows->shape.d[2]));
+    if (t == KG_U8) s.d[2] = rows->shape.d[2] / KG_Q8_0_BLOCK * KG_Q8_0_BYTES;
+    kg_node *cache = add_input(b, t, s, v ? "v_cache" : "k_cache", v ? KB_IN_VCACHE : KB_IN_KCACHE, il, true);
+    if (t == KG_U8) rows = kg_quantize_q8_0(b->g, rows);
+    else if (t != KG_F32) rows = kg_convert(b->g, rows, t);
     /* rows [T, H, D] at slot[T], in place: the cache param is donated */
     kg_gather_dims d = {.offset_dims = {2, {1, 2}}, .collapsed_slice_dims = {1, {0}}, .start_index_map = {1, {0}},
                         .index_vector_dim = 1};

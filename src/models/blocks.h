@@ -39,6 +39,8 @@ typedef struct {
     bool pp_local_output; /* --pp: the output rows stay on the last stage (other stages: zeros) instead of being
                            * gathered to every process in the graph; the caller shares them (the engine's
                            * micro-batched steps, kd_pp_share_last) */
+    kg_dtype kv_type[2]; /* element type of the K and V caches (KG_F32, the default, KG_F16 or KG_BF16): rows are
+                          * converted (round to nearest even) as they are written, widened exactly as attention reads */
 } kb_shape;
 
 typedef enum { KB_IN_TOKENS, KB_IN_POS, KB_IN_SEQ, KB_IN_SLOT, KB_IN_BLOCKS, KB_IN_ROWS, KB_IN_COS, KB_IN_SIN, KB_IN_KCACHE, KB_IN_VCACHE,
@@ -95,6 +97,7 @@ typedef struct kb_ctx {
     kg_node *span;             /* [T, 2] i32 bidirectional span per token (hp->attn_span), made by the first attention */
     kg_node *embd_add;         /* [T, embd_add_layers * hidden] KB_IN_EMBD_ADD, made by the first kb_embd_add */
     /* KV sharing (kb_attn_opts.kv_reuse) */
+    bool kv_typed;             /* kb_cache_write is storing for kiln.attention, which reads any cache type */
     kg_node **kv_written;      /* [2 * n_layers]: each layer's K and V cache after its write, made by the first attention */
     kg_node *ple;              /* [T, layers, P] per-layer inputs, set by kb_per_layer_inputs */
     /* sparse attention (blocks_sparse.c): the last indexer's choice, [T, topk] i32 slots and their validity */

@@ -229,8 +229,10 @@ static bool caches(kb_ctx *b, kg_node *k, kg_node *v, int il, const kb_attn_opts
         return true;
     }
     b->cache[il].heads = k->shape.d[1], b->cache[il].dk = k->shape.d[2], b->cache[il].dv = v->shape.d[2]; /* a hybrid layer may also keep states */
+    b->kv_typed = true;
     *kc = b->kv_written[2 * il] = kb_cache_write(b, il, false, k);
     *vc = b->kv_written[2 * il + 1] = kb_cache_write(b, il, true, v);
+    b->kv_typed = false;
     return *kc && *vc;
 }
 
@@ -255,7 +257,7 @@ kg_node *kb_attend(kb_ctx *b, kg_node *q, kg_node *k, kg_node *v, int il, const 
     kg_node *kc, *vc;
     if (!q || (own && !k) || !caches(b, k, v, il, o, &kc, &vc)) return NULL;
     int64_t H = q->shape.d[1], Hkv = kc->shape.d[1], D = q->shape.d[2];
-    if (kc->shape.d[2] != D)
+    if (kc->shape.d[2] != (kc->dtype == KG_U8 ? D / KG_Q8_0_BLOCK * KG_Q8_0_BYTES : D))
         return kb_fail(b, kiln_error(KILN_EINVAL, "layer %d: queries of %lld dims over keys of %lld", il, (long long)D,
                                      (long long)kc->shape.d[2]));
     /* under tensor parallelism q holds heads [q_lo, q_lo + H) of Hall */

@@ -415,7 +415,7 @@ KT_TEST(blocks_attention_kv_sharing_and_k_eq_v) {
     KT_CHECKF(md < 1e-4, "KV sharing: max |diff| %g", md);
     free(got);
     /* the sharing layer keeps no cache; one reusing a later layer is an error */
-    kb_shape shape = {KS_T, 1, 1, KS_T, 16, 16, 1, false, false};
+    kb_shape shape = {KS_T, 1, 1, KS_T, 16, 16, 1, false, false, {KG_F32, KG_F32}};
     kb_cache_spec cache[2];
     kg_graph *g = NULL;
     kb_input *in = NULL;
@@ -448,7 +448,7 @@ KT_TEST(blocks_attention_kv_reuse_of_a_later_layer_is_an_error) {
     KT_CHECK(ck);
     km_hparams hp = {.n_layers = 2, .hidden = E, .n_heads = KS_H, .n_kv_heads = 1, .head_dim = KS_D, .vocab = V,
                      .norm_eps = 1e-6, .tie_embeddings = true, .no_final_norm = true};
-    kb_shape shape = {KS_T, 1, 1, KS_T, 16, 16, 1, false, false};
+    kb_shape shape = {KS_T, 1, 1, KS_T, 16, 16, 1, false, false, {KG_F32, KG_F32}};
     kb_cache_spec cache[2];
     kg_graph *g = NULL;
     kb_input *in = NULL;

@@ -80,7 +80,7 @@ static void fill(float *p, int n, uint64_t *seed, float scale, float offset) {
  * `slots`), every token's logits into out; states[] persist across calls. */
 static int run_step(const km_hparams *hp, const kc_checkpoint *ck, bool cross, int T, int S, const int32_t *tok, const int32_t *pos,
                     const int32_t *seq, const int32_t *slots, const float *cs, const int32_t *keys, float **states, float *out) {
-    kb_shape shape = {T, S, 1, T, 16, 16, 2, cross, false};
+    kb_shape shape = {T, S, 1, T, 16, 16, 2, cross, false, {KG_F32, KG_F32}};
     kb_cache_spec cache[1] = {{0}};
     kg_graph *g;
     kb_input *in;

@@ -24,7 +24,7 @@ static void build_rank(const char *fixture, int tp, int rank, tp_graph *out) {
     ke_model *m;
     KT_CHECK_OK(ke_model_load(kt_path(dir, sizeof dir, rel), &m));
     kd_set_tp(tp, rank);
-    kb_shape shape = {3, 1, 1, 1, 16, 16, 1, false, false};
+    kb_shape shape = {3, 1, 1, 1, 16, 16, 1, false, false, {KG_F32, KG_F32}};
     kg_graph *g;
     kb_input *in;
     int n_in;

@@ -198,7 +198,7 @@ static inline float *mt_logits(const char *dir, const int32_t *ids, int n, int64
 static inline float *mt_prefill(const km_family *fam, const km_hparams *hp, const kc_checkpoint *ck, int T, const int32_t *tok) {
     const int bs = 16;
     int MB = (T + bs - 1) / bs;
-    kb_shape shape = {T, 1, MB, T, (int64_t)MB * bs, bs, 1, false, false};
+    kb_shape shape = {T, 1, MB, T, (int64_t)MB * bs, bs, 1, false, false, {KG_F32, KG_F32}};
     kb_cache_spec *cache = calloc((size_t)hp->n_layers, sizeof *cache);
     kg_graph *g;
     kb_input *in;

@@ -792,6 +792,7 @@ static ke_ctx_params ctx_params(const ksrv_params *p, const ke_model *m) {
     cp.state_cache_bytes = p->state_cache_bytes;
     cp.cache_dir = p->cache_dir;
     cp.cache_dir_bytes = p->cache_dir_bytes;
+    cp.cache_type_k = (kg_dtype)p->cache_type_k, cp.cache_type_v = (kg_dtype)p->cache_type_v;
     return cp;
 }
 

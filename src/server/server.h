@@ -75,6 +75,7 @@ typedef struct {
     const char *pooling;   /* --pooling cls|mean|max|last|none of embeddings; NULL: the model's */
     const char *cache_dir; /* --cache-dir: the prefix cache's disk tier (ke_ctx_params); NULL: none */
     int64_t cache_dir_bytes; /* --cache-dir-size; 0: 10 GiB */
+    int cache_type_k, cache_type_v; /* --cache-type-k/-v: the KV cache's kg_dtype (ke_ctx_params); 0: f32 */
     const char *slot_save_path; /* --slot-save-path: POST /slots/{id}?action=save|restore files; NULL: refused (501) */
 } ksrv_params;
 
