@@ -1,4 +1,10 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "base/arena.h"
+#include "base/file.h"
 #include "base/half.h"
 #include "base/json.h"
 #include "base/status.h"
@@ -76,4 +82,61 @@ KT_TEST(json_typed_access_names_the_key) {
     KT_CHECK_EQ(n, 1);
     KT_CHECK_ERR(ku_json_int_list(j, "c", l, 4, &n), "\"c\"");
     cJSON_Delete(j);
+}
+
+/* Resident kB of the mapping that starts at p (/proc/self/smaps), -1 if none. */
+static long mapping_rss_kb(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    long kb = -1;
+    int in = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) /* a mapping's first line; attribute lines do not parse */
+            in = lo == (unsigned long)p;
+        else if (in && sscanf(line, "Rss: %ld kB", &kb) == 1)
+            break;
+    }
+    if (f) fclose(f);
+    return kb;
+}
+
+/* ku_map_drop gives back the whole pages of a range inside a mapped file
+ * (the mapping's RSS falls; the bytes read the same after, faulted in
+ * again) and leaves anything else alone: heap memory (dropping would zero
+ * it), a range that runs past the mapping, an unmapped file. */
+KT_TEST(file_map_drop_only_mapped_pages) {
+    char dir[] = "/tmp/kiln-map-XXXXXX", path[64];
+    KT_CHECK(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/w.bin", dir);
+    size_t n = (size_t)4 << 20;
+    unsigned char *want = malloc(n);
+    for (size_t i = 0; i < n; i++) want[i] = (unsigned char)(i * 2654435761u >> 13);
+    FILE *f = fopen(path, "wb");
+    KT_CHECK(f && fwrite(want, 1, n, f) == n);
+    if (f) fclose(f);
+    ku_map m;
+    KT_CHECK_OK(ku_map_file(path, &m));
+    long pg = sysconf(_SC_PAGESIZE);
+    if (m.data) {
+        KT_CHECK(!memcmp(m.data, want, n)); /* every page faulted in */
+        long before = mapping_rss_kb(m.data);
+        KT_CHECK(before >= (long)(n >> 10) - 64);
+        /* [100, n - 100): the first and last pages are partly outside */
+        KT_CHECK_EQ((long long)ku_map_drop((char *)m.data + 100, n - 200), (long long)(n - 2 * (size_t)pg));
+        long after = mapping_rss_kb(m.data);
+        KT_CHECKF(after >= 0 && after <= 2 * pg / 1024 + 64, "mapping RSS %ld kB after the drop, %ld before", after, before);
+        KT_CHECK(!memcmp(m.data, want, n));
+        KT_CHECK_EQ((long long)ku_map_drop((char *)m.data + n / 2, n), 0ll); /* runs past the end */
+    }
+    unsigned char *heap = malloc(n);
+    memcpy(heap, want, n);
+    KT_CHECK_EQ((long long)ku_map_drop(heap, n), 0ll);
+    KT_CHECK(!memcmp(heap, want, n));
+    void *p = m.data;
+    ku_unmap(&m);
+    KT_CHECK_EQ((long long)ku_map_drop(p, (size_t)pg), 0ll);
+    free(heap), free(want);
+    unlink(path);
+    rmdir(dir);
 }

@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
@@ -65,6 +67,32 @@ kiln_status ku_check_model_dir(const char *dir) {
                       "*.safetensors and tokenizer files (if this file is one of them, its folder)", dir);
 }
 
+/* The live ku_map_file mappings, for ku_map_drop: a pointer is dropped
+ * only if it is known to be file-backed (MADV_DONTNEED on heap or
+ * anonymous memory would zero it). Guarded by a mutex: models load and
+ * contexts prepare weights on any thread. */
+typedef struct map_node {
+    struct map_node *next;
+    uintptr_t lo, hi;
+} map_node;
+static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
+static map_node *maps;
+
+size_t ku_map_drop(const void *p, size_t n) {
+    uintptr_t lo = (uintptr_t)p, hi = lo + n, pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    if (!p || !n || hi < lo) return 0;
+    size_t dropped = 0;
+    pthread_mutex_lock(&maps_lock);
+    for (map_node *e = maps; e; e = e->next) {
+        if (lo < e->lo || hi > e->hi) continue;
+        uintptr_t a = (lo + pg - 1) / pg * pg, b = hi / pg * pg; /* whole pages: neighbours keep theirs */
+        if (b > a && madvise((void *)a, b - a, MADV_DONTNEED) == 0) dropped = b - a;
+        break;
+    }
+    pthread_mutex_unlock(&maps_lock);
+    return dropped;
+}
+
 kiln_status ku_map_file(const char *path, ku_map *m) {
     m->data = NULL;
     m->size = 0;
@@ -84,13 +112,32 @@ kiln_status ku_map_file(const char *path, ku_map *m) {
         }
         m->data = p;
         m->size = (size_t)st.st_size;
+        map_node *e = malloc(sizeof *e);
+        if (e) { /* unregistered (out of memory): never dropped, still correct */
+            *e = (map_node){NULL, (uintptr_t)p, (uintptr_t)p + m->size};
+            pthread_mutex_lock(&maps_lock);
+            e->next = maps;
+            maps = e;
+            pthread_mutex_unlock(&maps_lock);
+        }
     }
     close(fd);
     return NULL;
 }
 
 void ku_unmap(ku_map *m) {
-    if (m->data) munmap(m->data, m->size);
+    if (m->data) {
+        pthread_mutex_lock(&maps_lock);
+        for (map_node **pp = &maps; *pp; pp = &(*pp)->next)
+            if ((*pp)->lo == (uintptr_t)m->data) {
+                map_node *e = *pp;
+                *pp = e->next;
+                free(e);
+                break;
+            }
+        pthread_mutex_unlock(&maps_lock);
+        munmap(m->data, m->size);
+    }
     m->data = NULL;
     m->size = 0;
 }

@@ -19,6 +19,13 @@ typedef struct {
 /* Maps path read-only. Pages come from the page cache: nothing is copied. */
 kiln_status ku_map_file(const char *path, ku_map *m);
 void ku_unmap(ku_map *m);
+/* Lets the kernel drop this process's pages of [p, p + n) (the whole pages
+ * inside it) when the range lies in one ku_map_file mapping: they leave the
+ * RSS, and a later read faults them in again from the file, unchanged (the
+ * mapping is read-only and private, so no page of it is ever written).
+ * Anything else (heap copies, anonymous maps) is left alone. Returns the
+ * bytes given back. For a reader that has copied the data (kk_prepare). */
+size_t ku_map_drop(const void *p, size_t n);
 
 /* A model folder given on the command line or in a request: NULL when dir
  * is a folder; otherwise a KILN_ENOTFOUND error that tells a missing path,

@@ -5,7 +5,9 @@
 
 
 #include "cli/cli.h"
+#include "cli/peak.h"
 #include "engine/engine.h"
+#include "kernels/kernels.h"
 #include "models/blocks.h"
 #include "vision/vision.h"
 
@@ -40,22 +42,43 @@ static kiln_status print_memory(const ke_model *m, int64_t n_ctx, int64_t parall
     return NULL;
 }
 
+/* The predicted peak RSS (cli/peak.h) of a run with these options; base:
+ * this process's RSS with the model loaded, before any run. */
+static kiln_status print_peak(const ke_model *m, int64_t n_ctx, int64_t parallel, int64_t n_prompt, int64_t base) {
+    kpeak pk;
+    KILN_TRY(kpeak_predict(m, &(kpeak_params){.n_ctx = n_ctx, .parallel = parallel, .n_prompt = n_prompt}, base, &pk));
+    ke_memory mem;
+    KILN_TRY(ke_model_memory(m, &mem));
+    int64_t ctx = n_ctx > 0 ? n_ctx : mem.default_n_ctx, prompt = n_prompt > 0 && n_prompt < ctx ? n_prompt : ctx;
+    printf("peak RSS     %.1f MiB predicted for -c %lld --parallel %lld%s (a prompt of %lld tokens, then decoding to the "
+           "context): program and model %.1f + weights read %.1f", mib(pk.total), (long long)ctx,
+           (long long)(parallel > 0 ? parallel : 1), kk_act_int8() ? " --int8-act" : "", (long long)prompt, mib(pk.base),
+           mib(pk.weights));
+    if (pk.repacked) printf(" + repacked for int8 %.1f (their sources dropped)", mib(pk.repacked));
+    printf(" + KV %.1f + arenas %.1f (%d executables) + scratch %.1f\n", mib(pk.kv), mib(pk.arenas), pk.executables,
+           mib(pk.scratch));
+    return NULL;
+}
+
 int kiln_cmd_info(int argc, char **argv) {
     const char *dir = NULL;
-    int64_t n_ctx = 0, parallel = 0;
+    int64_t n_ctx = 0, parallel = 0, n_prompt = 0;
     for (int i = 1; i < argc; i += 2) { /* each option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("usage: kiln info [-m DIR] [-c N] [--parallel N]\n"
+            printf("usage: kiln info [-m DIR] [-c N] [--parallel N] [-p N] [--int8-act]\n"
                    "  Describes a checkpoint: family, shapes, quantization, and the memory a run takes.\n"
                    "  -m, --model DIR    checkpoint folder (default: the bundled demo model)\n"
                    "  -c, --ctx-size N   the memory total for this context (default: the model's, at most 4096)\n"
-                   "  -np, --parallel N  and as kiln serve --parallel N allocates it (KV for N contexts, N state rows)\n");
+                   "  -np, --parallel N  and as kiln serve --parallel N allocates it (KV for N contexts, N state rows)\n"
+                   "  -p, --prompt-tokens N  the peak RSS predicted for a prompt of N tokens (default: the context)\n"
+                   "  --int8-act         the peak with int8 activations (repacked weights)\n");
             return 0;
         }
-        static const char *const valued[] = {"-m", "--model", "-c", "--ctx-size", "-np", "--parallel", NULL};
+        static const char *const valued[] = {"-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-p", "--prompt-tokens", NULL};
         kiln_status ost = kiln_option("info", a, v, valued, NULL);
         if (!ost && (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))) ost = kiln_parse_int(a, v, 1, 1 << 30, &n_ctx);
+        else if (!ost && (!strcmp(a, "-p") || !strcmp(a, "--prompt-tokens"))) ost = kiln_parse_int(a, v, 1, 1 << 30, &n_prompt);
         else if (!ost && (!strcmp(a, "-np") || !strcmp(a, "--parallel"))) ost = kiln_parse_int(a, v, 1, 4096, &parallel);
         else if (!ost) dir = v;
         if (ost) return kiln_fail(ost);
@@ -64,6 +87,7 @@ int kiln_cmd_info(int argc, char **argv) {
     ke_model *m;
     kiln_status st = ke_model_load(dir, &m);
     if (st) return kiln_fail(st);
+    int64_t base = kpeak_rss_now(); /* the program and the model's host structures, as a run holds them */
     const km_hparams *hp = ke_model_hparams(m);
     const kc_checkpoint *ck = ke_model_checkpoint(m);
     int64_t params = 0, bytes = 0;
@@ -180,6 +204,7 @@ int kiln_cmd_info(int argc, char **argv) {
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,
            (double)bytes / 1048576.0);
     st = print_memory(m, n_ctx, parallel);
+    if (!st) st = print_peak(m, n_ctx, parallel, n_prompt, base);
     ke_model_free(m);
     return st ? kiln_fail(st) : 0;
 }

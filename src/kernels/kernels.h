@@ -58,6 +58,16 @@ bool kk_act_int8(void);
  * (slower). */
 const void *kk_prep_key(const kg_node *n, const void *const *in);
 void *kk_prepare(const kg_node *n, const void *const *in, size_t *bytes);
+/* The key of a prepared copy n's kernel reads when another node's made it,
+ * though not worth making for n alone (in[] as above, operands that are
+ * not weights NULL): kiln.embed of a table that is also the output head
+ * reads its rows from the head's repacked copy, the same values, so that
+ * the source, dropped after the repacking, stays out of the RSS; an
+ * untied table's lookups read its own rows. NULL: none. */
+const void *kk_prep_reuse_key(const kg_node *n, const void *const *in);
+/* Bytes kk_prepare would allocate for n (0: none), without making it: what
+ * a run will hold (cli/peak.c). */
+size_t kk_prep_bytes(const kg_node *n, const void *const *in);
 void kk_prep_free(void *p);
 
 /* The kernel for n, or NULL when there is none (composites are then

@@ -115,8 +115,16 @@ typedef struct {
 } kk_x8view;
 bool kk_int8_ok(const kk_wview *w);
 /* the repacked weight: one 64-byte aligned allocation (free()), NULL when
- * out of memory */
-kk_i8w *kk_int8_pack(const kk_wview *w);
+ * out of memory. drop_src: the copy replaces the source for good (a
+ * prepared weight): the source's pages leave the RSS as they are copied,
+ * where they are pages of a mapped checkpoint (ku_map_drop; a later reader
+ * faults them in again, unchanged). */
+kk_i8w *kk_int8_pack(const kk_wview *w, bool drop_src);
+/* bytes kk_int8_pack allocates for w */
+size_t kk_int8_packed_bytes(const kk_wview *w);
+/* row r as float32 [K], q * scale + bias rounded twice: the bits the
+ * source's dequantization (kk_lin_ops.dequant) gives */
+void kk_int8_row(const kk_i8w *pw, int64_t r, float *out);
 /* panel p back to codes [16, K] and scales, biases [16, G] as float32 */
 void kk_int8_unpack(const kk_i8w *pw, int64_t p, uint8_t *codes, float *scales, float *biases);
 size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M);

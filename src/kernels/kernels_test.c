@@ -375,7 +375,7 @@ KT_TEST(kernels_linear_int8_repack_round_trips) {
         void *sc = rand_buf(c->sdt, c->N * G, 0.05f), *bi = rand_buf(c->sdt, c->N * G, 0.5f);
         w.w = codes, w.scales = sc, w.biases = bi;
         KT_CHECK(kk_int8_ok(&w));
-        kk_i8w *pw = kk_int8_pack(&w);
+        kk_i8w *pw = kk_int8_pack(&w, false);
         KT_CHECK(pw);
         if (!pw) continue;
         KT_CHECK_EQ(pw->P, (c->N + 15) / 16);
@@ -404,6 +404,72 @@ KT_TEST(kernels_linear_int8_repack_round_trips) {
                   (long long)c->K, bad);
         free(q), free(s), free(b), free(pw), free(codes), free(sc), free(bi);
     }
+}
+
+/* With int8 activations an embedding table that is also the output head
+ * is read from the head's repacked copy (kk_prep_reuse_key), so that its
+ * source can leave the RSS: the lookup gives the bits the source's
+ * dequantization gives (every ISA level, 4 and 8 bits, every scale dtype,
+ * a padded last panel), and reads nothing of the source once the
+ * executable is made (the source is overwritten: the lookup and the head
+ * still give the results of before). */
+KT_TEST(kernels_int8_tied_embed_reads_repacked_copy) {
+    if (!kk_set_act_int8(true)) {
+        kt_skip("no AVX-512 VNNI on this CPU");
+        return;
+    }
+    kk_set_act_int8(false);
+    wcfg cfgs[] = {{KG_WF_AFFINE, 4, 64, KG_BF16, 37, 256}, {KG_WF_AFFINE, 8, 32, KG_F16, 21, 96},
+                   {KG_WF_AFFINE, 4, 128, KG_F32, 16, 384}};
+    kr_pool *pool = kr_pool_create(2);
+    kk_isa top = kk_isa_level();
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        const wcfg *c = &cfgs[i];
+        int64_t G = c->K / c->gs, T = 9, M = 3;
+        kg_wattr wa = {.fmt = c->fmt, .bits = c->bits, .group_size = c->gs, .rows = c->N, .cols = c->K};
+        void *wp[3] = {rand_buf(KG_U32, c->N * c->K * c->bits / 32, 1), rand_buf(c->sdt, c->N * G, 0.05f),
+                       rand_buf(c->sdt, c->N * G, 0.5f)};
+        int32_t ids[9] = {0, 5, (int32_t)c->N - 1, 3, 15, (int32_t)c->N / 2, 1, (int32_t)c->N - 2, 7};
+        float *x = rand_buf(KG_F32, M * c->K, 1), *ref[2] = {0};
+        kr_exec *e[2] = {0};
+        for (int i8 = 0; i8 < 2; i8++) { /* the float32 path, then int8 */
+            kk_set_act_int8(i8);
+            kg_graph *g = kg_create();
+            kg_node *w = kg_weight(g, KG_U32, KG_SHAPE(c->N, c->K * c->bits / 32), wp[0], "w");
+            kg_node *sn = kg_weight(g, c->sdt, KG_SHAPE(c->N, G), wp[1], "s"), *bn = kg_weight(g, c->sdt, KG_SHAPE(c->N, G), wp[2], "b");
+            kg_add_output(g, kg_embed(g, w, sn, bn, kg_param(g, KG_I32, KG_SHAPE(T), "ids"), &wa));
+            kg_add_output(g, kg_linear(g, kg_param(g, KG_F32, KG_SHAPE(M, c->K), "x"), w, sn, bn, &wa));
+            KT_CHECK_OK(kr_exec_create(g, NULL, &e[i8]));
+            if (!e[i8]) break;
+            void *params[2] = {ids, x};
+            kr_exec_run(e[i8], params, pool);
+            ref[i8] = malloc(sizeof(float) * (size_t)(T * c->K + M * c->N));
+            memcpy(ref[i8], kr_exec_output(e[i8], 0), sizeof(float) * (size_t)(T * c->K));
+            memcpy(ref[i8] + T * c->K, kr_exec_output(e[i8], 1), sizeof(float) * (size_t)(M * c->N));
+        }
+        if (e[0] && e[1]) {
+            /* the lookup is exact: int8 changes only the head */
+            KT_CHECKF(!memcmp(ref[0], ref[1], sizeof(float) * (size_t)(T * c->K)), "config %zu: int8 lookup differs", i);
+            memset(wp[0], 0x5a, (size_t)(c->N * c->K * c->bits / 8)); /* the source, overwritten */
+            memset(wp[1], 0, (size_t)(c->N * G) * kg_dtype_size(c->sdt));
+            for (int lv = KK_ISA_PORTABLE; lv <= (int)top; lv++) {
+                kk_set_isa_level((kk_isa)lv);
+                void *params[2] = {ids, x};
+                kr_exec_run(e[1], params, pool);
+                KT_CHECKF(!memcmp(kr_exec_output(e[1], 0), ref[1], sizeof(float) * (size_t)(T * c->K)),
+                          "config %zu, %s: the lookup read the source", i, kk_isa_name((kk_isa)lv));
+                if (lv == (int)top)
+                    KT_CHECKF(!memcmp(kr_exec_output(e[1], 1), ref[1] + T * c->K, sizeof(float) * (size_t)(M * c->N)),
+                              "config %zu: the head read the source", i);
+            }
+            kk_set_isa_level(top);
+        }
+        kr_exec_destroy(e[0]), kr_exec_destroy(e[1]);
+        kk_set_act_int8(false);
+        free(ref[0]), free(ref[1]), free(x);
+        for (int p = 0; p < 3; p++) free(wp[p]);
+    }
+    kr_pool_destroy(pool);
 }
 
 typedef struct {

@@ -189,7 +189,7 @@ void kk_linear_run(kr_pool *pool, const kk_wview *wv, const float *x, int64_t M,
         const kk_i8w *pw = prep;
         kk_i8w *own = NULL;
         if (!pw || pw->src != w.w || pw->N != w.N || pw->K != w.K || pw->bits != w.bits || pw->gs != w.gs)
-            pw = own = kk_int8_pack(&w);
+            pw = own = kk_int8_pack(&w, false);
         void *buf = pw ? kr_scratch(KR_SCRATCH_CALL, kk_int8_prep_bytes(&w, k.x.M)) : NULL;
         if (buf) {
             kk_int8_prep(&w, k.x.x, k.x.M, buf, &k.x8, pool);
@@ -263,12 +263,30 @@ void *kk_prepare(const kg_node *n, const void *const *in, size_t *bytes) {
     kk_call c = {.node = n};
     for (int j = 0; j < n->n_in; j++) c.in[j] = in[j];
     kk_wview w = wview_of(&c, 1);
-    kk_i8w *pw = kk_int8_pack(&w);
+    /* the kernel reads the copy from now on: the source is not held twice
+     * (an embedding lookup of a tied output head reads its rows again) */
+    kk_i8w *pw = kk_int8_pack(&w, true);
     if (pw) *bytes = (size_t)(pw->P * pw->G) * pw->gbytes;
     return pw;
 }
 
+size_t kk_prep_bytes(const kg_node *n, const void *const *in) {
+    if (!kk_prep_key(n, in)) return 0;
+    kk_call c = {.node = n};
+    for (int j = 0; j < n->n_in; j++) c.in[j] = in[j];
+    kk_wview w = wview_of(&c, 1);
+    return kk_int8_packed_bytes(&w);
+}
+
 void kk_prep_free(void *p) { free(p); }
+
+const void *kk_prep_reuse_key(const kg_node *n, const void *const *in) {
+    if (n->op != KG_OP_EMBED || n->a.w.fmt != KG_WF_AFFINE || !kk_act_int8() || !in[0] || !in[1] || !in[2]) return NULL;
+    kk_call c = {.node = n};
+    for (int j = 0; j < n->n_in; j++) c.in[j] = in[j];
+    kk_wview w = wview_of(&c, 0);
+    return kk_int8_ok(&w) ? in[0] : NULL;
+}
 
 void kk_linear(const kk_call *c) {
     kk_wview w = wview_of(c, 1);
@@ -281,6 +299,7 @@ typedef struct {
     const kk_call *c;
     const kk_wview *w;
     const kk_lin_ops *ops;
+    const kk_i8w *w8; /* embed: rows from this repacked copy of w, or NULL */
 } rows_ctx;
 
 static void embed_rows(void *ctx, int64_t t0, int64_t t1) {
@@ -291,14 +310,20 @@ static void embed_rows(void *ctx, int64_t t0, int64_t t1) {
         int64_t id = ids[t];
         if (id < 0) id = 0; /* gather semantics: indices clamp */
         if (id >= k->w->N) id = k->w->N - 1;
-        k->ops->dequant(k->w, id, id + 1, (float *)k->c->out + t * k->w->K);
+        float *out = (float *)k->c->out + t * k->w->K;
+        if (k->w8) kk_int8_row(k->w8, id, out);
+        else k->ops->dequant(k->w, id, id + 1, out);
     }
 }
 
 void kk_embed(const kk_call *c) {
     kk_wview w = wview_of(c, 0);
     const kk_lin_ops *ops = ops_for_level();
-    rows_ctx k = {c, &w, ops->dequant_ok(&w) ? ops : &kk_lin_portable};
+    rows_ctx k = {c, &w, ops->dequant_ok(&w) ? ops : &kk_lin_portable, NULL};
+    /* a tied output head's repacked copy (kk_prep_reuse_key), if it is of this table */
+    const kk_i8w *pw = c->prep;
+    if (pw && pw->src == w.w && pw->N == w.N && pw->K == w.K && pw->bits == w.bits && pw->gs == w.gs && pw->sbt == w.sbt)
+        k.w8 = pw;
     kr_parallel_for(c->pool, c->node->shape.d[0], 16, embed_rows, &k);
 }
 
@@ -310,6 +335,6 @@ static void dequant_rows(void *ctx, int64_t r0, int64_t r1) {
 void kk_dequant(const kk_call *c) {
     kk_wview w = wview_of(c, 0);
     const kk_lin_ops *ops = ops_for_level();
-    rows_ctx k = {c, &w, ops->dequant_ok(&w) ? ops : &kk_lin_portable};
+    rows_ctx k = {c, &w, ops->dequant_ok(&w) ? ops : &kk_lin_portable, NULL};
     kr_parallel_for(c->pool, w.N, 16, dequant_rows, &k);
 }

@@ -6,7 +6,9 @@
  * the copies are shared and freed by runtime/exec.c). */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "base/file.h"
 #include "kernels/kernels_int.h"
 
 bool kk_int8_ok(const kk_wview *w) {
@@ -14,19 +16,45 @@ bool kk_int8_ok(const kk_wview *w) {
            (w->sbt == KG_F32 || w->sbt == KG_F16 || w->sbt == KG_BF16);
 }
 
-kk_i8w *kk_int8_pack(const kk_wview *w) {
+/* Bytes [from, to) of the array at base are copied: their pages leave the
+ * RSS if base is in a mapped checkpoint (ku_map_drop). from is where the
+ * last call ended: its partial page, kept then, goes now. */
+static void drop_done(const void *base, size_t from, size_t to) {
+    uintptr_t b = (uintptr_t)base, pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (b + from) / pg * pg;
+    if (lo < b) lo = b; /* the first page is partly the previous tensor's: kept */
+    if (b + to > lo) ku_map_drop((const void *)lo, b + to - lo);
+}
+
+/* Panels packed between drops of the source (drop_src): the peak holds the
+ * copy and about this many rows of the source, not both whole (a tied
+ * output head is a quarter of a small model). */
+#define DROP_PANELS 64
+
+/* the allocation: a 64-byte header, then [P, G] blocks of gbytes */
+static size_t packed_bytes(const kk_wview *w, size_t *gbytes) {
+    int64_t P = (w->N + KK_I8_PANEL - 1) / KK_I8_PANEL;
+    *gbytes = (size_t)(KK_I8_PANEL * w->gs * w->bits / 8) + 2 * KK_I8_PANEL * kg_dtype_size(w->sbt);
+    size_t hdr = (sizeof(kk_i8w) + 63) / 64 * 64;
+    return (hdr + (size_t)(P * w->G) * *gbytes + 63) / 64 * 64;
+}
+
+size_t kk_int8_packed_bytes(const kk_wview *w) {
+    size_t gbytes;
+    return packed_bytes(w, &gbytes);
+}
+
+kk_i8w *kk_int8_pack(const kk_wview *w, bool drop_src) {
     int64_t N = w->N, K = w->K, G = w->G, gs = w->gs, P = (N + KK_I8_PANEL - 1) / KK_I8_PANEL;
-    size_t es = kg_dtype_size(w->sbt), cb = (size_t)(KK_I8_PANEL * gs * w->bits / 8);
-    size_t gbytes = cb + 2 * KK_I8_PANEL * es;
-    size_t hdr = (sizeof(kk_i8w) + 63) / 64 * 64, total = hdr + (size_t)(P * G) * gbytes;
-    kk_i8w *pw = aligned_alloc(64, (total + 63) / 64 * 64);
+    size_t es = kg_dtype_size(w->sbt), cb = (size_t)(KK_I8_PANEL * gs * w->bits / 8), gbytes;
+    size_t hdr = (sizeof(kk_i8w) + 63) / 64 * 64, total = packed_bytes(w, &gbytes);
+    kk_i8w *pw = aligned_alloc(64, total);
     if (!pw) return NULL;
     uint8_t *data = (uint8_t *)pw + hdr;
     *pw = (kk_i8w){.bits = w->bits, .gs = w->gs, .N = N, .K = K, .G = G, .P = P, .sbt = w->sbt, .gbytes = gbytes,
                    .src = w->w, .data = data};
     const uint8_t *codes = w->w;
-    int64_t rb = K * w->bits / 8; /* bytes per source row */
-    for (int64_t p = 0; p < P; p++)
+    int64_t rb = K * w->bits / 8, dropped = 0; /* bytes per source row; rows dropped (drop_src) */
+    for (int64_t p = 0; p < P; p++) {
         for (int64_t g = 0; g < G; g++) {
             uint8_t *blk = data + (size_t)(p * G + g) * gbytes;
             for (int i = 0; i < KK_I8_PANEL; i++) {
@@ -54,7 +82,36 @@ kk_i8w *kk_int8_pack(const kk_wview *w) {
                 }
             }
         }
+        if (drop_src && ((p + 1) % DROP_PANELS == 0 || p == P - 1)) {
+            int64_t r1 = (p + 1) * KK_I8_PANEL < N ? (p + 1) * KK_I8_PANEL : N;
+            size_t sb = (size_t)G * es;
+            drop_done(codes, (size_t)(dropped * rb), (size_t)(r1 * rb));
+            drop_done(w->scales, (size_t)dropped * sb, (size_t)r1 * sb);
+            drop_done(w->biases, (size_t)dropped * sb, (size_t)r1 * sb);
+            dropped = r1;
+        }
+    }
     return pw;
+}
+
+void kk_int8_row(const kk_i8w *pw, int64_t r, float *out) {
+    int64_t G = pw->G, gs = pw->gs, p = r / KK_I8_PANEL, i = r % KK_I8_PANEL;
+    size_t es = kg_dtype_size(pw->sbt), cb = (size_t)(KK_I8_PANEL * gs * pw->bits / 8);
+    for (int64_t g = 0; g < G; g++, out += gs) {
+        const uint8_t *blk = pw->data + (size_t)(p * G + g) * pw->gbytes, *u = blk + 4 * i;
+        float s = kk_ldf(blk + cb, pw->sbt, i), b = kk_ldf(blk + cb + KK_I8_PANEL * es, pw->sbt, i);
+        if (pw->bits == 8) {
+            for (int64_t j = 0; j < gs / 4; j++)
+                for (int t = 0; t < 4; t++) out[4 * j + t] = (float)u[j * 64 + t] * s + b;
+        } else {
+            for (int64_t j = 0; j < gs / 8; j++)
+                for (int t = 0; t < 4; t++) {
+                    uint8_t v = u[j * 64 + t];
+                    out[8 * j + t] = (float)(v & 15) * s + b;
+                    out[8 * j + 4 + t] = (float)(v >> 4) * s + b;
+                }
+        }
+    }
 }
 
 void kk_int8_unpack(const kk_i8w *pw, int64_t p, uint8_t *codes, float *scales, float *biases) {

@@ -89,6 +89,17 @@ static void prep_release(prep_entry *e) {
     pthread_mutex_unlock(&prep_lock);
 }
 
+/* The prepared copy of key if a step has made it (kk_prep_reuse_key), else NULL. */
+static prep_entry *prep_find(const void *key) {
+    if (!key) return NULL;
+    pthread_mutex_lock(&prep_lock);
+    prep_entry *e = prep_list;
+    while (e && e->key != key) e = e->next;
+    if (e) e->refs++;
+    pthread_mutex_unlock(&prep_lock);
+    return e;
+}
+
 void kr_prep_stats(double *seconds, int64_t *bytes) {
     pthread_mutex_lock(&prep_lock);
     *seconds = prep_seconds;
@@ -177,6 +188,15 @@ kiln_status kr_exec_create(kg_graph *g, const kp_options *o, kr_exec **out) {
         }
         /* weights only (operand 0 is the input): parameters change per run */
         if (fixed) s->prep = prep_acquire(x, in);
+    }
+    /* then the steps that read a copy made for another (after them in the
+     * order, as an output head is after the embedding lookup) */
+    for (int i = 0; i < e->n_steps; i++) {
+        step *s = &e->steps[i];
+        if (s->prep) continue;
+        const void *in[KG_MAX_IN] = {0};
+        for (int j = 0; j < s->node->n_in; j++) in[j] = s->in[j].kind == LOC_FIXED ? s->in[j].ptr : NULL;
+        s->prep = prep_find(kk_prep_reuse_key(s->node, in));
     }
     for (int i = 0; i < e->n_outs; i++) e->outs[i] = loc_of(kg_output(g, i));
     *out = e;
