@@ -105,7 +105,7 @@ typedef struct {
  * logit rows), as ke_decode's get_exec does; adds its arena and weights. */
 static kiln_status step(run *r, int64_t T, int64_t S, int64_t MB, int64_t R) {
     const km_hparams *hp = ke_model_hparams(r->m);
-    kb_shape shape = {T, S, MB, R, r->n_slots, (int)r->bs, r->n_state_slots, false};
+    kb_shape shape = {T, S, MB, R, r->n_slots, (int)r->bs, r->n_state_slots, false, false, {KG_F32, KG_F32}};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
