@@ -452,9 +452,22 @@ typedef struct {
     int32_t pos, parent;
 } snode;
 
+/* A state's transitions: a byte row (n_cls bytes in ix->tr8: TR_NONE not
+ * computed, 0 dead, k the target tg[k - 1]) while it has at most TG_INLINE
+ * distinct targets, then a row of its own in ix->rows (row >= 0). Most
+ * states are trie prefixes first met in one mask's walk, with one or two
+ * live targets: a byte row is a quarter of the memory an int32 row takes
+ * (first touches of new memory were most of a new state's cost). */
+#define TG_INLINE 3
+#define TR_NONE 0xFF
 typedef struct {
-    int32_t *tops; /* sorted node ids */
+    int32_t *tops; /* sorted node ids (in ix->arena, or malloc'd where own_tops) */
     int32_t n;
+    int32_t row;   /* its int32 row in ix->rows; -1: the byte row */
+    uint32_t hash; /* state_hash of tops and accept */
+    int32_t tg[TG_INLINE];
+    uint8_t n_tg;
+    bool own_tops;
     bool accept;
     bool seen; /* a truncated state's: a state of its class was walked already */
     bool esc; /* a truncated state's: a stack returned past the cut (see mask classes) */
@@ -512,7 +525,12 @@ struct kgr_index {
     int32_t n_st, cap_st;
     int32_t *st_ht;
     uint32_t st_ht_cap;
-    int32_t *trans; /* [n_st * n_cls]; -1: not computed */
+    uint8_t *tr8;   /* [cap_st * n_cls]: the byte rows (see gstate) */
+    int32_t *rows;  /* [n_rows * n_cls]: the int32 rows, -1 not computed */
+    int32_t n_rows, cap_rows;
+    /* the states' tops, packed: blocks of TOPS_BLOCK ids, never moved */
+    int32_t **arena;
+    int32_t n_arena, cap_arena, arena_used;
     uint64_t (*set_cls)[4]; /* [n_sets]: the byte classes each set holds */
     /* %perm frames, interned: a stack position at or past g->n_el is one */
     struct vperm {
@@ -574,12 +592,11 @@ static void set_err(kgr_index *ix, kiln_status st) {
     else kiln_status_free(st);
 }
 
-static uint32_t state_hash(const int32_t *t, int32_t n, bool acc);
 static uint32_t node_hash(const kgr_index *ix, int32_t i) {
     return mix((uint64_t)(uint32_t)ix->nodes[i].pos << 32 | (uint32_t)ix->nodes[i].parent);
 }
 static uint32_t st_hash(const kgr_index *ix, int32_t i) {
-    return state_hash(ix->st[i].tops, ix->st[i].n, ix->st[i].accept);
+    return ix->st[i].hash;
 }
 
 /* Doubles an open-addressing table of ids 0..n-1 (kept as is when out of memory). */
@@ -825,20 +842,45 @@ static uint32_t state_hash(const int32_t *t, int32_t n, bool acc) {
     return mix(h);
 }
 
+/* room for n tops: in the arena's last block (a new one where it is full),
+ * or a block of their own when they are many; NULL: out of memory */
+#define TOPS_BLOCK 16384
+static int32_t *tops_alloc(kgr_index *ix, int32_t n) {
+    if (n > TOPS_BLOCK / 4) return malloc(sizeof(int32_t) * (size_t)n);
+    if (!ix->n_arena || ix->arena_used + n > TOPS_BLOCK) {
+        int32_t *b = malloc(sizeof *b * TOPS_BLOCK);
+        if (!b || !grow((void **)&ix->arena, &ix->cap_arena, ix->n_arena + 1, sizeof *ix->arena)) {
+            free(b);
+            return NULL;
+        }
+        ix->arena[ix->n_arena++] = b;
+        ix->arena_used = 0;
+    }
+    int32_t *p = ix->arena[ix->n_arena - 1] + ix->arena_used;
+    ix->arena_used += n;
+    return p;
+}
+
 /* Interns ix->tops/accept as a state (sorting tops); -1 on error. */
 static int32_t state_intern(kgr_index *ix) {
     if (ix->err) return -1;
-    if (ix->n_tops > 1) qsort(ix->tops, (size_t)ix->n_tops, sizeof *ix->tops, cmp_i32);
+    if (ix->n_tops > 32) qsort(ix->tops, (size_t)ix->n_tops, sizeof *ix->tops, cmp_i32);
+    else /* most states have a few tops: insertion sort, no call per compare */
+        for (int32_t i = 1; i < ix->n_tops; i++) {
+            int32_t x = ix->tops[i], j = i;
+            for (; j > 0 && ix->tops[j - 1] > x; j--) ix->tops[j] = ix->tops[j - 1];
+            ix->tops[j] = x;
+        }
     int32_t n = 0; /* unique (seen_add already dedups, but keep it safe) */
     for (int32_t i = 0; i < ix->n_tops; i++)
         if (!n || ix->tops[n - 1] != ix->tops[i]) ix->tops[n++] = ix->tops[i];
     ix->n_tops = n;
-    uint32_t m = ix->st_ht_cap - 1, h = state_hash(ix->tops, n, ix->accept) & m;
+    uint32_t hash = state_hash(ix->tops, n, ix->accept), m = ix->st_ht_cap - 1, h = hash & m;
     for (;; h = (h + 1) & m) {
         int32_t id = ix->st_ht[h];
         if (id < 0) break;
         const gstate *s = &ix->st[id];
-        if (s->n == n && s->accept == ix->accept && !memcmp(s->tops, ix->tops, sizeof *s->tops * (size_t)n)) return id;
+        if (s->hash == hash && s->n == n && s->accept == ix->accept && !memcmp(s->tops, ix->tops, sizeof *s->tops * (size_t)n)) return id;
     }
     if (ix->n_st >= MAX_STATES) {
         set_err(ix, kiln_error(KILN_ELIMIT, "grammar: over %d parser states", MAX_STATES));
@@ -850,30 +892,34 @@ static int32_t state_intern(kgr_index *ix) {
         return -1;
     }
     if (ix->cap_st != cap) {
-        int32_t *t = realloc(ix->trans, sizeof *t * (size_t)ix->cap_st * (size_t)ix->n_cls);
+        uint8_t *t = realloc(ix->tr8, (size_t)ix->cap_st * (size_t)ix->n_cls);
         if (!t) {
             set_err(ix, OOM);
             return -1;
         }
-        ix->trans = t;
+        ix->tr8 = t;
+    }
+    int32_t *tops = tops_alloc(ix, n);
+    if (!tops) {
+        set_err(ix, OOM);
+        return -1;
     }
     int32_t id = ix->n_st++;
     gstate *s = &ix->st[id];
     s->n = n;
+    s->tops = tops;
+    s->own_tops = n > TOPS_BLOCK / 4;
+    s->row = -1;
+    s->hash = hash;
+    s->n_tg = 0;
     s->accept = ix->accept;
     s->uni = -2;
     s->mask = NULL;
     s->cls = NULL;
     s->seen = s->esc = false;
     for (int32_t i = 0; i < n && ix->esc > 0; i++) s->esc |= ix->tops[i] == ix->esc;
-    s->tops = malloc(sizeof *s->tops * (size_t)(n ? n : 1));
-    if (!s->tops) {
-        ix->n_st--;
-        set_err(ix, OOM);
-        return -1;
-    }
     memcpy(s->tops, ix->tops, sizeof *s->tops * (size_t)n);
-    for (int32_t c = 0; c < ix->n_cls; c++) ix->trans[(size_t)id * (size_t)ix->n_cls + (size_t)c] = -1;
+    memset(&ix->tr8[(size_t)id * (size_t)ix->n_cls], TR_NONE, (size_t)ix->n_cls);
     ix->st_ht[h] = id;
     if ((uint32_t)ix->n_st * 2 > ix->st_ht_cap) rehash(ix, &ix->st_ht, &ix->st_ht_cap, ix->n_st, st_hash);
     return id;
@@ -885,6 +931,7 @@ static void step_begin(kgr_index *ix) {
     seen_clear(ix);
 }
 
+static int set_trans(kgr_index *ix, int32_t s, const uint64_t e[4], int32_t t);
 /* the state after byte class c from state s (0: dead); -1 on error */
 static int32_t compute(kgr_index *ix, int32_t s, int32_t c) {
     step_begin(ix);
@@ -908,18 +955,49 @@ static int32_t compute(kgr_index *ix, int32_t s, int32_t c) {
         bool in = (k[c >> 6] >> (c & 63)) & 1;
         for (int w = 0; w < 4; w++) e[w] &= in ? k[w] : ~k[w];
     }
-    int32_t *row = &ix->trans[(size_t)s * (size_t)ix->n_cls];
+    if (set_trans(ix, s, e, t) < 0) return -1;
+    return t;
+}
+
+/* s's transitions on the classes of e lead to t; -1 out of memory */
+static int set_trans(kgr_index *ix, int32_t s, const uint64_t e[4], int32_t t) {
+    gstate *gs = &ix->st[s];
+    size_t nc = (size_t)ix->n_cls;
+    uint8_t k = 0;
+    if (gs->row < 0 && t > 0) {
+        while (k < gs->n_tg && gs->tg[k] != t) k++;
+        if (k == gs->n_tg && k < TG_INLINE) gs->tg[gs->n_tg++] = t;
+        if (k == TG_INLINE) { /* a fourth target: s gets an int32 row */
+            if (!grow((void **)&ix->rows, &ix->cap_rows, ix->n_rows + 1, sizeof *ix->rows * nc)) {
+                set_err(ix, OOM);
+                return -1;
+            }
+            gs->row = ix->n_rows++;
+            int32_t *row = &ix->rows[(size_t)gs->row * nc];
+            const uint8_t *b = &ix->tr8[(size_t)s * nc];
+            for (size_t c = 0; c < nc; c++) row[c] = b[c] == TR_NONE ? -1 : b[c] ? gs->tg[b[c] - 1] : 0;
+        }
+        k++;
+    }
     for (int w = 0; w < 4; w++)
         for (uint64_t m = e[w]; m; m &= m - 1) {
             int32_t d = w * 64 + __builtin_ctzll(m);
-            if (d < ix->n_cls) row[d] = t;
+            if (d >= ix->n_cls) break;
+            if (gs->row >= 0) ix->rows[(size_t)gs->row * nc + (size_t)d] = t;
+            else ix->tr8[(size_t)s * nc + (size_t)d] = k;
         }
-    return t;
+    return 0;
 }
 
 static inline int32_t next_state(kgr_index *ix, int32_t s, uint8_t byte) {
     int32_t c = ix->cls[byte];
-    int32_t t = ix->trans[(size_t)s * (size_t)ix->n_cls + (size_t)c];
+    const gstate *gs = &ix->st[s];
+    int32_t t;
+    if (gs->row >= 0) t = ix->rows[(size_t)gs->row * (size_t)ix->n_cls + (size_t)c];
+    else {
+        uint8_t k = ix->tr8[(size_t)s * (size_t)ix->n_cls + (size_t)c];
+        t = k == TR_NONE ? -1 : k ? gs->tg[k - 1] : 0;
+    }
     return t >= 0 ? t : compute(ix, s, c);
 }
 
@@ -1048,13 +1126,16 @@ void kgr_index_free(kgr_index *ix) {
     if (!ix) return;
     pf_stop(ix); /* (its matchers, freed first, are off its queue) */
     for (int32_t i = 0; i < ix->n_st; i++) {
-        free(ix->st[i].tops);
+        if (ix->st[i].own_tops) free(ix->st[i].tops);
         free(ix->st[i].mask);
         if (ix->st[i].cls) free(ix->st[i].cls->e), free(ix->st[i].cls->bytes), free(ix->st[i].cls);
     }
     free(ix->st);
     free(ix->st_ht);
-    free(ix->trans);
+    free(ix->tr8);
+    free(ix->rows);
+    for (int32_t i = 0; i < ix->n_arena; i++) free(ix->arena[i]);
+    free(ix->arena);
     free(ix->set_cls);
     free(ix->nodes);
     free(ix->node_ht);
