@@ -39,7 +39,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 MAIN_OBJ := $(MAIN_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all test asan check demo deps clean fuzz install
+.PHONY: all test asan tsan check demo deps clean fuzz install
 all: $(BUILD)/kiln
 
 $(BUILD)/kiln: $(MAIN_OBJ) $(BUILD)/libkiln.a
@@ -114,6 +114,13 @@ asan: export ASAN_OPTIONS := $(SAN_TLS)$(if $(ASAN_OPTIONS),:$(ASAN_OPTIONS))
 asan: export LSAN_OPTIONS := $(SAN_TLS)$(if $(LSAN_OPTIONS),:$(LSAN_OPTIONS))
 asan:
 	$(MAKE) BUILD=build/asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" test
+
+# ThreadSanitizer build in its own tree, for the threaded tests (e.g.
+# `make tsan T=grammar_prefetch`: the grammar's prefetch pool); a report
+# fails the test run (halt_on_error).
+tsan: export TSAN_OPTIONS := halt_on_error=1$(if $(TSAN_OPTIONS),:$(TSAN_OPTIONS))
+tsan:
+	$(MAKE) BUILD=build/tsan OPT="-O1 -fno-omit-frame-pointer -fsanitize=thread" test
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: the binary, the demo model
 # (found from the installed binary) and a man page made of every command's --help
