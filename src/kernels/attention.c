@@ -1,7 +1,8 @@
 /* attention.c: the kiln.attention kernel over a paged KV cache.
  *
  * On AVX2 and AVX-512 the kernel of attention_simd.h runs (one item per token
- * and KV head, tiled online softmax). The portable kernel here is the
+ * and KV head, tiled online softmax over fixed chunks of keys; with few items
+ * the chunks are spread over the threads, attn_split). The portable kernel here is the
  * straightforward one the SIMD ones are tested against: one work item per
  * (token, query head). Scores for the visible keys go to a
  * per-range scratch row (memory linear in the context, never quadratic),
@@ -10,6 +11,7 @@
  * the sink), exp(s - max), divide by the sum (with the sink's term),
  * weighted sum. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,11 +113,51 @@ void kk_quantize_q8_0(const kk_call *c) {
     }
 }
 
+/* Flash-decoding: with fewer (token, KV head) items than two per thread,
+ * the items' chunks of KK_ATTN_SPLIT keys run on all threads, then each
+ * item merges its chunks' partials in order (attention_simd.h): the same
+ * numerics as one item per thread, only spread. False (nothing done) when
+ * no item has more than one chunk or the partials do not fit in memory. */
+static int attn_split_mode = -1;
+
+int kk_set_attn_split(int mode) {
+    int old = attn_split_mode;
+    attn_split_mode = mode < 0 ? -1 : mode > 0;
+    return old;
+}
+
+static bool attn_split(kk_attn_ctx *k, int64_t items) {
+    int64_t W = 0;
+    for (int64_t it = 0; it < items; it++) {
+        int64_t lo, pos = kk_attn_range(k, it / k->Hkv, &lo);
+        W += (pos - lo) / KK_ATTN_SPLIT + 1;
+    }
+    if (W == items || W > INT32_MAX) return false;
+    size_t head = sizeof(int64_t) * (size_t)(items + 1) + sizeof(int32_t) * (size_t)(2 * W);
+    head = (head + 63) / 64 * 64;
+    char *buf = kr_scratch(KR_SCRATCH_CALL, head + sizeof(float) * (size_t)(W * KK_ATTN_PART(k->G, k->Dv)));
+    if (!buf) return false;
+    int64_t *first = (int64_t *)buf;
+    int32_t *work = (int32_t *)(first + items + 1);
+    W = 0;
+    for (int64_t it = 0; it < items; it++) {
+        int64_t lo, pos = kk_attn_range(k, it / k->Hkv, &lo), n = (pos - lo) / KK_ATTN_SPLIT + 1;
+        first[it] = W;
+        for (int64_t j = 0; j < n; j++, W++) work[2 * W] = (int32_t)it, work[2 * W + 1] = (int32_t)j;
+    }
+    first[items] = W;
+    k->part = (float *)(buf + head), k->work = work, k->first = first;
+    bool x512 = kk_isa_level() == KK_ISA_AVX512;
+    kr_parallel_for(k->c->pool, W, 1, x512 ? kk_attn_chunks_avx512 : kk_attn_chunks_avx2, k);
+    kr_parallel_for(k->c->pool, items, 1, x512 ? kk_attn_merge_avx512 : kk_attn_merge_avx2, k);
+    return true;
+}
+
 void kk_attention(const kk_call *c) {
     const kg_node *n = c->node;
     int64_t Dv = n->in[2]->dtype == KG_U8 ? n->in[2]->shape.d[2] / 34 * 32 : n->in[2]->shape.d[2];
     kk_attn_ctx k = {c, n->in[0]->shape.d[1], n->in[1]->shape.d[1], n->in[0]->shape.d[2], Dv,
-                     n->in[3]->shape.d[1], n->in[1]->shape.d[0], 0, false, n->in[1]->dtype, n->in[2]->dtype};
+                     n->in[3]->shape.d[1], n->in[1]->shape.d[0], 0, false, n->in[1]->dtype, n->in[2]->dtype, NULL, NULL, NULL};
     k.G = k.Hq / k.Hkv;
     k.sink_rows = n->a.attn.sinks && n->in[n->n_in - 1 - n->a.attn.span]->shape.rank == 2;
     int64_t T = n->in[0]->shape.d[0];
@@ -124,5 +166,10 @@ void kk_attention(const kk_call *c) {
         kr_parallel_for(c->pool, T * k.Hq, 4, attn_items, &k);
         return;
     }
-    kr_parallel_for(c->pool, T * k.Hkv, 1, isa == KK_ISA_AVX512 ? kk_attn_items_avx512 : kk_attn_items_avx2, &k);
+    bool x512 = isa == KK_ISA_AVX512;
+    int64_t items = T * k.Hkv, nth = kr_pool_size(c->pool);
+    bool want = attn_split_mode < 0 ? nth > 1 && items < 2 * nth : attn_split_mode > 0;
+    if (want && attn_split(&k, items))
+        return;
+    kr_parallel_for(c->pool, items, 1, x512 ? kk_attn_items_avx512 : kk_attn_items_avx2, &k);
 }

@@ -141,7 +141,33 @@ typedef struct {
     int64_t Hq, Hkv, D, Dv, MB, N, G;
     bool sink_rows; /* sinks are [T, Hq] (per token), not [Hq] */
     kg_dtype kt, vt; /* the caches' element types: f32, f16, bf16 (widened exactly) or u8 (q8_0 blocks), one row at a time */
+    /* split (flash-decoding) runs only: chunk w of the flattened list is
+     * chunk work[2w + 1] of item work[2w], its partial result at
+     * part + w * KK_ATTN_PART(G, Dv); item i's chunks are [first[i], first[i + 1]) */
+    float *part;
+    const int32_t *work;
+    const int64_t *first;
 } kk_attn_ctx;
+/* The SIMD kernels' numerics are defined by chunks of KK_ATTN_SPLIT keys
+ * (a whole number of 64-key tiles) from the first visible key lo: chunk j
+ * holds keys [lo + j * KK_ATTN_SPLIT, lo + (j + 1) * KK_ATTN_SPLIT) and
+ * ends at the token's own position. Each chunk gives a partial (max, sum,
+ * accumulator) per query head and the partials are merged in chunk order,
+ * on every path: a chunk run by another thread (split) or in sequence by
+ * the item's own thread gives the same bits. Contexts of up to one chunk
+ * are a single chunk, the tiled online softmax of before. */
+#define KK_ATTN_SPLIT 512
+#define KK_ATTN_PART(G, Dv) ((G) * ((Dv) + 2)) /* floats: max [G], sum [G], acc [G, Dv] */
+/* the keys token t sees without a span: [*lo, returned position] */
+static inline int64_t kk_attn_range(const kk_attn_ctx *k, int64_t t, int64_t *lo) {
+    const kg_attn_attr *at = &k->c->node->a.attn;
+    int64_t pos = ((const int32_t *)k->c->in[5])[t], C = k->MB * at->block_size;
+    if (pos >= C) pos = C - 1;
+    int64_t l = at->window > 0 ? pos - at->window + 1 : 0;
+    if (at->chunk > 0 && pos / at->chunk * at->chunk > l) l = pos / at->chunk * at->chunk;
+    *lo = l < 0 ? 0 : l;
+    return pos;
+}
 /* One q8_0 block (kg_quantize_q8_0): scale, then 32 values. */
 static inline void kk_q8_0_row(const uint8_t *b, int64_t n, float *out) {
     for (int64_t i = 0; i < n; i += 32, b += 34) {
@@ -162,8 +188,20 @@ static inline const float *kk_attn_row(const void *base, kg_dtype t, int64_t i, 
         for (int64_t d = 0; d < n; d++) buf[d] = ku_f16_to_f32(h[d]);
     return buf;
 }
+/* Whether the SIMD kernel spreads chunks over threads: -1 as it chooses
+ * (fewer items than two per thread), 0 never, 1 whenever an item has more
+ * than one chunk. The bits are the same either way (the tests check it).
+ * Returns the previous mode. */
+int kk_set_attn_split(int mode);
+/* items: whole (token, KV head) items, their chunks in sequence; chunks:
+ * flattened chunks of a split run into k->part; merge: items of a split run
+ * from their chunks' partials */
 void kk_attn_items_avx2(void *ctx, int64_t i0, int64_t i1);
 void kk_attn_items_avx512(void *ctx, int64_t i0, int64_t i1);
+void kk_attn_chunks_avx2(void *ctx, int64_t w0, int64_t w1);
+void kk_attn_chunks_avx512(void *ctx, int64_t w0, int64_t w1);
+void kk_attn_merge_avx2(void *ctx, int64_t i0, int64_t i1);
+void kk_attn_merge_avx512(void *ctx, int64_t i0, int64_t i1);
 
 /* kiln.fusion: one instruction over n <= KK_FUSE_CHUNK elements of the
  * registers (see fusion.c). */
