@@ -167,7 +167,9 @@ static void call_id(ksrv_job *j, int b, char id[10]) { ksrv_tools_call_id(j->too
 /* One output item; done: as in response.output_item.done / the response. */
 static void item_json(ksrv_job *j, int bi, bool done, ksrv_buf *o) {
     const ka_block *b = &j->agent->b[bi];
-    const char *status = done ? "completed" : "in_progress";
+    kgen_finish f = j->ch[0].finish; /* the last item of an output cut short is incomplete (a call's arguments a prefix) */
+    bool cut = done && bi == j->agent->n - 1 && (f == KGEN_FINISH_LENGTH || f == KGEN_FINISH_CONTEXT);
+    const char *status = !done ? "in_progress" : cut ? "incomplete" : "completed";
     const char *t = b->text.p ? b->text.p : "";
     switch (b->kind) {
     case KA_REASONING:
@@ -268,11 +270,14 @@ static void r_open(ksrv_job *j, int b) {
     ksrv_buf_printf(o, ", \"output_index\": %d, \"item\": ", b);
     item_json(j, b, false, o);
     end_event(o);
-    if (j->agent->b[b].kind == KA_TEXT) {
+    /* a message's text and a reasoning item's text are content part 0 (the
+     * official client adds their deltas to the part this event opened) */
+    ka_kind k = j->agent->b[b].kind;
+    if (k == KA_TEXT || k == KA_REASONING) {
         o = event(j, "response.content_part.added");
-        ksrv_buf_printf(o, ", \"item_id\": \"%s\", \"output_index\": %d, \"content_index\": 0, "
-                           "\"part\": {\"type\": \"output_text\", \"text\": \"\", \"annotations\": [], \"logprobs\": []}",
+        ksrv_buf_printf(o, ", \"item_id\": \"%s\", \"output_index\": %d, \"content_index\": 0, \"part\": {\"type\": ",
                         j->agent->b[b].id, b);
+        ksrv_buf_str(o, k == KA_TEXT ? "\"output_text\", \"text\": \"\", \"annotations\": [], \"logprobs\": []}" : "\"reasoning_text\", \"text\": \"\"}");
         end_event(o);
     }
 }
@@ -305,12 +310,12 @@ static void r_close(ksrv_job *j, int b) {
     ksrv_buf_json_str(o, t, k->text.len);
     if (k->kind == KA_TEXT) ksrv_buf_str(o, ", \"logprobs\": []");
     end_event(o);
-    if (k->kind == KA_TEXT) {
+    if (k->kind == KA_TEXT || k->kind == KA_REASONING) {
         o = event(j, "response.content_part.done");
-        ksrv_buf_printf(o, ", \"item_id\": \"%s\", \"output_index\": %d, \"content_index\": 0, \"part\": {\"type\": \"output_text\", \"text\": ",
-                        k->id, b);
+        ksrv_buf_printf(o, ", \"item_id\": \"%s\", \"output_index\": %d, \"content_index\": 0, \"part\": {\"type\": \"%s\", \"text\": ",
+                        k->id, b, k->kind == KA_TEXT ? "output_text" : "reasoning_text");
         ksrv_buf_json_str(o, t, k->text.len);
-        ksrv_buf_str(o, ", \"annotations\": [], \"logprobs\": []}");
+        ksrv_buf_str(o, k->kind == KA_TEXT ? ", \"annotations\": [], \"logprobs\": []}" : "}");
         end_event(o);
     }
     o = event(j, "response.output_item.done");

@@ -1241,7 +1241,8 @@ KT_TEST(server_responses_output_items_and_events) {
     }
     KT_CHECKF(seq > 10, "%d events", seq);
     static const char *const order[] = {"response.created", "response.in_progress", "response.output_item.added",
-                                        "response.reasoning_text.delta", "response.output_item.done", "response.content_part.added",
+                                        "response.content_part.added", "response.reasoning_text.delta", "response.reasoning_text.done",
+                                        "response.content_part.done", "response.output_item.done", "response.content_part.added",
                                         "response.output_text.delta", "response.output_text.done", "response.content_part.done",
                                         "response.function_call_arguments.delta", "response.function_call_arguments.done",
                                         "response.completed"};
@@ -1267,6 +1268,9 @@ KT_TEST(server_responses_output_items_and_events) {
     jn = agent_job(s, KSRV_API_RESPONSES, false, cut, KGEN_FINISH_LENGTH);
     KT_CHECK_EQ(ksrv_agent_response(jn, &body), 200);
     KT_CHECKF(strstr(body.p, "\"status\": \"incomplete\"") && strstr(body.p, "max_output_tokens"), "%s", body.p);
+    cJSON *cw = cJSON_Parse(body.p);
+    KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(ku_json_get(cw, "output"), 0), "status")->valuestring, "incomplete");
+    cJSON_Delete(cw);
     ksrv_buf_free(&body);
     free_agent_job(jn);
     free_fake(s);
@@ -1312,6 +1316,123 @@ KT_TEST(server_anthropic_content_blocks_and_events) {
     ksrv_buf_free(&body);
     free_agent_job(js), free_agent_job(jn);
     free_fake(s);
+}
+
+/* Tag formats (Qwen3-Coder's <function=..><parameter=..>, GLM-4.5's
+ * <arg_key>/<arg_value>), cut inside the tags and the values: in Responses
+ * and Messages the streamed argument fragments (several: a value streams as
+ * it is written) join to the final arguments, the reasoning (GLM's <think>)
+ * streams in its own item / block, and the whole response has the same. */
+static const struct {
+    const char *tmpl, *pieces[8], *reasoning, *text;
+} k_tag_out[] = {
+    {"Qwen3-Coder",
+     {"Let me see.\n<tool", "_call>\n<function=get_weather>\n<param", "eter=city>\nPa", "ris and Ly", "on\n</parameter>\n</fun",
+      "ction>\n</tool_call>", NULL},
+     "", "Let me see."},
+    {"GLM-4.7-Flash",
+     {"<think>Need the", " weather.</think>Checking.<tool_call>get_weather<arg_", "key>ci", "ty</arg_key><arg_value>Pa", "ris and Ly",
+      "on</arg_value></tool_call>", NULL},
+     "Need the weather.", "Checking."},
+};
+
+/* The concatenated strings at key of the objects at path (NULL: the events
+ * themselves) of the events of type whose index field (NULL: any) is idx. */
+static char *joined(const char *sse, const char *type, const char *path, const char *key, const char *ikey, int idx) {
+    cJSON *ev = events(sse, type);
+    ksrv_buf b = {0};
+    ksrv_buf_str(&b, "");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ev) {
+        if (ikey && ku_json_get(e, ikey)->valuedouble != idx) continue;
+        const cJSON *v = ku_json_get(path ? ku_json_get(e, path) : e, key);
+        if (cJSON_IsString(v)) ksrv_buf_str(&b, v->valuestring);
+    }
+    cJSON_Delete(ev);
+    return b.p;
+}
+
+KT_TEST(server_agent_tag_format_arguments_stream) {
+    cJSON *want = cJSON_Parse("{\"city\": \"Paris and Lyon\"}");
+    for (size_t t = 0; t < sizeof k_tag_out / sizeof *k_tag_out; t++) {
+        char *src = template_text(k_tag_out[t].tmpl);
+        KT_CHECKF(src, "%s", k_tag_out[t].tmpl);
+        ksrv *s = fake_server(src ? src : "");
+        free(src);
+        bool think = *k_tag_out[t].reasoning;
+        /* Responses */
+        ksrv_job *js = agent_job(s, KSRV_API_RESPONSES, true, k_tag_out[t].pieces, KGEN_FINISH_EOS);
+        ksrv_agent_stream(js);
+        ksrv_job *jn = agent_job(s, KSRV_API_RESPONSES, false, k_tag_out[t].pieces, KGEN_FINISH_EOS);
+        ksrv_buf body = {0};
+        KT_CHECK(js->done_sent && !js->out.oom && ksrv_agent_response(jn, &body) == 200);
+        cJSON *whole = cJSON_Parse(body.p);
+        const cJSON *out = ku_json_get(whole, "output"), *fc = cJSON_GetArrayItem(out, cJSON_GetArraySize(out) - 1);
+        KT_CHECKF(cJSON_GetArraySize(out) == (think ? 3 : 2) && !strcmp(ku_json_get(fc, "type")->valuestring, "function_call") &&
+                      !strcmp(ku_json_get(fc, "name")->valuestring, "get_weather"),
+                  "%s: %s", k_tag_out[t].tmpl, body.p);
+        const char *args = ku_json_get(fc, "arguments")->valuestring;
+        cJSON *a = cJSON_Parse(args);
+        KT_CHECKF(cJSON_Compare(a, want, true), "%s: %s", k_tag_out[t].tmpl, args);
+        cJSON_Delete(a);
+        cJSON *deltas = events(js->out.p, "response.function_call_arguments.delta");
+        KT_CHECKF(cJSON_GetArraySize(deltas) > 1, "%s: %d argument deltas", k_tag_out[t].tmpl, cJSON_GetArraySize(deltas));
+        cJSON_Delete(deltas);
+        char *d = joined(js->out.p, "response.function_call_arguments.delta", NULL, "delta", NULL, 0);
+        char *done = joined(js->out.p, "response.function_call_arguments.done", NULL, "arguments", NULL, 0);
+        KT_CHECKF(!strcmp(d, args) && !strcmp(done, args), "%s: %s / %s / %s", k_tag_out[t].tmpl, d, done, args);
+        free(d), free(done);
+        char *r = joined(js->out.p, "response.reasoning_text.delta", NULL, "delta", NULL, 0);
+        char *rpart = joined(js->out.p, "response.content_part.done", "part", "text", NULL, 0);
+        char *text = joined(js->out.p, "response.output_text.delta", NULL, "delta", NULL, 0);
+        KT_CHECK_STR(r, k_tag_out[t].reasoning);
+        KT_CHECK_STR(text, k_tag_out[t].text);
+        /* each text (reasoning, message) opens and closes its content part */
+        char both[256];
+        snprintf(both, sizeof both, "%s%s", k_tag_out[t].reasoning, k_tag_out[t].text);
+        KT_CHECK_STR(rpart, both);
+        free(r), free(rpart), free(text);
+        if (think) {
+            const char *ra = strstr(js->out.p, "\"type\": \"reasoning_text\", \"text\": \"\"}");
+            KT_CHECKF(ra && ra < strstr(js->out.p, "event: response.reasoning_text.delta"), "%s", js->out.p);
+        }
+        cJSON_Delete(whole);
+        ksrv_buf_free(&body);
+        free_agent_job(js), free_agent_job(jn);
+        /* Messages */
+        js = agent_job(s, KSRV_API_ANTHROPIC, true, k_tag_out[t].pieces, KGEN_FINISH_EOS);
+        ksrv_agent_stream(js);
+        jn = agent_job(s, KSRV_API_ANTHROPIC, false, k_tag_out[t].pieces, KGEN_FINISH_EOS);
+        body = (ksrv_buf){0};
+        KT_CHECK(js->done_sent && !js->out.oom && ksrv_agent_response(jn, &body) == 200);
+        whole = cJSON_Parse(body.p);
+        const cJSON *content = ku_json_get(whole, "content");
+        int n = cJSON_GetArraySize(content);
+        const cJSON *tu = cJSON_GetArrayItem(content, n - 1);
+        KT_CHECKF(n == (think ? 3 : 2) && !strcmp(ku_json_get(tu, "type")->valuestring, "tool_use") &&
+                      cJSON_Compare(ku_json_get(tu, "input"), want, true) &&
+                      !strcmp(ku_json_get(whole, "stop_reason")->valuestring, "tool_use"),
+                  "%s: %s", k_tag_out[t].tmpl, body.p);
+        char *pj = joined(js->out.p, "content_block_delta", "delta", "partial_json", "index", n - 1);
+        cJSON *in = cJSON_Parse(pj);
+        KT_CHECKF(cJSON_Compare(in, ku_json_get(tu, "input"), true), "%s: %s", k_tag_out[t].tmpl, pj);
+        cJSON_Delete(in);
+        free(pj);
+        if (think) {
+            char *th = joined(js->out.p, "content_block_delta", "delta", "thinking", "index", 0);
+            KT_CHECK_STR(th, k_tag_out[t].reasoning);
+            KT_CHECK_STR(ku_json_get(cJSON_GetArrayItem(content, 0), "thinking")->valuestring, k_tag_out[t].reasoning);
+            free(th);
+        }
+        char *tx = joined(js->out.p, "content_block_delta", "delta", "text", "index", think ? 1 : 0);
+        KT_CHECK_STR(tx, k_tag_out[t].text);
+        free(tx);
+        cJSON_Delete(whole);
+        ksrv_buf_free(&body);
+        free_agent_job(js), free_agent_job(jn);
+        free_fake(s);
+    }
+    cJSON_Delete(want);
 }
 
 /* The requests as chat bodies. */

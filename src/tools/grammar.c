@@ -624,6 +624,32 @@ static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *onl
  * before all but the first, which the parsers take either way); a "string"
  * one quoted (LFM2 '..' with \ escapes, Gemma 4 <|"|>..<|"|>), an enum's
  * values as alternatives; another as its JSON, which both parsers read. */
+/* A "string" parameter without an enum: any quoted string (tc-str), or
+ * with minLength/maxLength that many characters (LFM2: an escape is one;
+ * Gemma 4: no '<', so that the delimiter cannot start inside). Another
+ * keyword (format, pattern, ..) of a strict tool is refused, as the XML
+ * formats refuse it, and not checked in a tool that is not strict. */
+static kiln_status lit_string(gbuf *b, const cJSON *sch, const char *rule, bool gemma, bool strict) {
+    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(sch, "minLength"), *mx = cJSON_GetObjectItemCaseSensitive(sch, "maxLength");
+    const cJSON *kw;
+    cJSON_ArrayForEach(kw, sch) {
+        const char *k = kw->string;
+        if (strcmp(k, "type") && strcmp(k, "minLength") && strcmp(k, "maxLength") && !annotation(k) && strict)
+            return kiln_error(KILN_EUNSUPPORTED, "\"%s\" of a string parameter: not supported in this tool-call format", k);
+    }
+    if (!mn && !mx) {
+        put(b, "%s ::= tc-str\n", rule);
+        return NULL;
+    }
+    double lo = cJSON_IsNumber(mn) ? mn->valuedouble : 0, hi = cJSON_IsNumber(mx) ? mx->valuedouble : -1;
+    if (lo < 0 || lo > 100000 || hi > 100000 || (hi >= 0 && hi < lo))
+        return kiln_error(KILN_EUNSUPPORTED, "minLength/maxLength of a string parameter out of range");
+    const char *q = gemma ? "\"<|\\\"|>\"" : "\"'\"", *ch = gemma ? "[^<]" : "([^'\\\\\\n] | \"\\\\\" [nt'\\\\])";
+    if (hi >= 0) put(b, "%s ::= %s %s{%d,%d} %s\n", rule, q, ch, (int)lo, (int)hi, q);
+    else put(b, "%s ::= %s %s{%d,} %s\n", rule, q, ch, (int)lo, q);
+    return NULL;
+}
+
 static kiln_status lit_params(gbuf *b, const cJSON *fn, int k, bool gemma, const kgr_opts *o) {
     const cJSON *schema = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(schema, "properties");
@@ -653,7 +679,7 @@ static kiln_status lit_params(gbuf *b, const cJSON *fn, int k, bool gemma, const
             }
             put(b, "\n");
         } else if (is_string_type(pr)) {
-            put(b, "%s ::= tc-str\n", rule);
+            st = lit_string(b, pr, rule, gemma, strict);
         } else { /* the property's schema, with the root's definitions for its refs */
             gbuf tmp = {0};
             st = put_prop_schema(&tmp, schema, pr, prefix, rule, o);

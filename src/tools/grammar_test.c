@@ -111,6 +111,50 @@ KT_TEST(tools_grammar_formats) {
     kgr_vocab_free(v);
 }
 
+/* The pythonic formats (LFM2, Gemma 4) honour a string parameter's
+ * minLength/maxLength in their own quotes (an LFM2 escape is one
+ * character); another string keyword of a strict tool is refused, and
+ * not checked in a tool that is not strict. */
+KT_TEST(tools_grammar_pythonic_string_lengths) {
+    cJSON *tools = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true, \"parameters\": "
+                               "{\"type\": \"object\", \"properties\": {\"c\": {\"type\": \"string\", \"minLength\": 2, "
+                               "\"maxLength\": 4, \"description\": \"d\"}}, \"required\": [\"c\"]}}}]");
+    kgr_vocab *v = byte_vocab();
+    KT_CHECK(tools && v);
+    static const struct {
+        ktc_format f;
+        const char *good[2], *bad[3];
+    } k[] = {
+        {KTC_LFM2, {"[f(c='ab')]<|tool_call_end|>", "[f(c='a\\'cd')]<|tool_call_end|>"},
+         {"[f(c='a')]<|tool_call_end|>", "[f(c='abcde')]<|tool_call_end|>", "[f(c='a\\'cde')]<|tool_call_end|>"}},
+        {KTC_GEMMA4, {"call:f{c:<|\"|>ab<|\"|>}<tool_call|>", "call:f{c:<|\"|>abcd<|\"|>}<tool_call|>"},
+         {"call:f{c:<|\"|>a<|\"|>}<tool_call|>", "call:f{c:<|\"|>abcde<|\"|>}<tool_call|>", "call:f{c:<|\"|>a<b<|\"|>}<tool_call|>"}},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        char *g = NULL;
+        KT_CHECK_OK(ktc_grammar(k[i].f, tools, NULL, false, NULL, &g));
+        for (int j = 0; j < 2; j++) KT_CHECKF(takes(g, v, k[i].good[j]) == 1, "%s: refuses %s\n%s", ktc_format_name(k[i].f), k[i].good[j], g);
+        for (int j = 0; j < 3; j++) KT_CHECKF(takes(g, v, k[i].bad[j]) == 0, "%s: takes %s\n%s", ktc_format_name(k[i].f), k[i].bad[j], g);
+        free(g);
+    }
+    /* "format" (or "pattern"): refused when strict, not checked when not */
+    cJSON *fn = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(tools, 0), "function");
+    cJSON *c = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(fn, "parameters"), "properties"), "c");
+    cJSON_AddStringToObject(c, "format", "date");
+    char *g = NULL;
+    kiln_status st = ktc_grammar(KTC_GEMMA4, tools, NULL, false, NULL, &g);
+    KT_CHECKF(st && strstr(kiln_status_msg(st), "properties.c") && strstr(kiln_status_msg(st), "\"format\""), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    cJSON_ReplaceItemInObjectCaseSensitive(fn, "strict", cJSON_CreateFalse());
+    KT_CHECK_OK(ktc_grammar(KTC_LFM2, tools, NULL, false, NULL, &g));
+    KT_CHECK(takes(g, v, "[f(c='abcd')]<|tool_call_end|>") == 1); /* (its lengths still hold) */
+    KT_CHECK(takes(g, v, "[f(c='abcde')]<|tool_call_end|>") == 0);
+    free(g);
+    cJSON_Delete(tools);
+    kgr_vocab_free(v);
+}
+
 /* A forced call after a thinking block the prompt opened (MiniMax-M2,
  * Qwen3 thinking): the grammar from the block's close takes a few blanks,
  * the format's trigger and one call, and nothing else first. */

@@ -307,16 +307,38 @@ static void plain_rest(P *p, size_t from, const char *const *m, int k) {
     plain(p, from, p->n - h);
 }
 
-/* The next m at or after i: the content before it added, its index; NPOS:
- * none (the rest added as content, a partial m at the end held back). */
-static size_t to_marker(P *p, size_t i, const char *m) {
-    size_t k = find(p, i, m);
-    if (k == NPOS) {
-        plain_rest(p, i, &m, 1);
-        return NPOS;
+/* j past the closing marker m there; j when there is none; NPOS (stop) when
+ * the text may still become it. */
+static size_t past(const P *p, size_t j, const char *m) { return at(p, j, m) ? j + strlen(m) : may_become(p, j, m) ? NPOS : j; }
+
+/* What follows a marker is not a call (the marker formats' steps). */
+#define NOT_CALL (NPOS - 1)
+
+/* A marker format's step at marker m[w] found at `at` (the content before it
+ * added): where to go on (past its calls), NPOS (stop: the rest is partial
+ * or reported), or NOT_CALL (the text from the marker to *resume stays
+ * content, and the search goes on there). */
+typedef size_t (*marker_step)(P *p, size_t at, int w, const void *ud, size_t *resume);
+
+/* The loop of the formats whose calls follow start markers: content up to
+ * the first of m[0..k) (a partial marker at the end held back), the calls
+ * after it (step), and again from where they end. */
+static void each_marker(P *p, size_t i, const char *const *m, int k, marker_step step, const void *ud) {
+    for (;;) {
+        int w = 0;
+        size_t at_m = find_first(p, i, m, k, &w);
+        if (at_m == NPOS) return plain_rest(p, i, m, k);
+        plain(p, i, at_m);
+        size_t resume = at_m, e = step(p, at_m, w, ud, &resume);
+        if (e == NPOS) return;
+        if (e != NOT_CALL && e <= at_m) e = NOT_CALL; /* nothing taken (functionary v3.1's "<function=" then no call) */
+        if (e == NOT_CALL) { /* the marker at least stays text, so the search moves on */
+            if (resume <= at_m) resume = at_m + strlen(m[w]);
+            plain(p, at_m, resume);
+            e = resume;
+        }
+        i = e;
     }
-    plain(p, i, k);
-    return k;
 }
 
 /* ---------------------------------------------------------------- JSON extents */
@@ -483,27 +505,26 @@ static bool report_jcall(P *p, jcall *c, bool complete) {
 /* ---------------------------------------------------------------- formats */
 
 /* Hermes: <tool_call>{json}</tool_call>, repeated. */
+static size_t hermes_step(P *p, size_t k, int w, const void *ud, size_t *resume) {
+    (void)w, (void)ud;
+    size_t j = k + strlen("<tool_call>");
+    jcall c;
+    int r = json_call(p, j, &c);
+    if (r == 0) {
+        report_jcall(p, &c, false);
+        return NPOS;
+    }
+    if (r < 0 || !report_jcall(p, &c, true)) { /* not a call: the text stays */
+        *resume = j;
+        return NOT_CALL;
+    }
+    size_t i = skip_ws(p, c.end);
+    return past(p, i, "</tool_call>");
+}
+
 static void fmt_hermes(P *p, size_t i) {
     static const char *const m[] = {"<tool_call>"};
-    for (;;) {
-        size_t k = to_marker(p, i, m[0]);
-        if (k == NPOS) return;
-        size_t j = k + strlen(m[0]);
-        jcall c;
-        int r = json_call(p, j, &c);
-        if (r == 0) {
-            report_jcall(p, &c, false);
-            return;
-        }
-        if (r < 0 || !report_jcall(p, &c, true)) { /* not a call: the text stays */
-            plain(p, k, j);
-            i = j;
-            continue;
-        }
-        i = skip_ws(p, c.end);
-        if (at(p, i, "</tool_call>")) i += strlen("</tool_call>");
-        else if (may_become(p, i, "</tool_call>")) return;
-    }
+    each_marker(p, i, m, 1, hermes_step, NULL);
 }
 
 /* Llama 3.x: a {"name": .., "parameters": ..} object opening the output
@@ -571,66 +592,68 @@ static size_t json_call_list(P *p, size_t j) {
  * "parameters": {..}}, ..]<|END_ACTION|>; the answer between
  * <|START_RESPONSE|> and <|END_RESPONSE|> (Cohere2 MoE: <|START_TEXT|> and
  * <|END_TEXT|>; markers dropped). */
-static void fmt_command_r(P *p, size_t i) {
-    static const char *const m[] = {"<|START_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>"};
-    for (;;) {
-        int w = 0;
-        size_t k = find_first(p, i, m, 5, &w);
-        if (k == NPOS) return plain_rest(p, i, m, 5);
-        plain(p, i, k);
-        i = k + strlen(m[w]);
-        if (w) continue;
-        size_t j = skip_ws(p, i);
-        if (j >= p->n) return;
-        if ((i = json_call_list(p, j)) == NPOS) return;
-        i = skip_ws(p, i);
-        if (at(p, i, "<|END_ACTION|>")) i += strlen("<|END_ACTION|>");
-        else if (may_become(p, i, "<|END_ACTION|>")) return;
-    }
+static const char *const k_command_r[] = {"<|START_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>",
+                                          "<|END_TEXT|>"};
+
+static size_t command_r_step(P *p, size_t k, int w, const void *ud, size_t *resume) {
+    (void)ud, (void)resume;
+    size_t i = k + strlen(k_command_r[w]);
+    if (w) return i; /* the answer's markers: dropped */
+    size_t j = skip_ws(p, i);
+    if (j >= p->n) return NPOS;
+    if ((i = json_call_list(p, j)) == NPOS) return NPOS;
+    i = skip_ws(p, i);
+    return past(p, i, "<|END_ACTION|>");
 }
+
+static void fmt_command_r(P *p, size_t i) { each_marker(p, i, k_command_r, 5, command_r_step, NULL); }
 
 /* Mistral: [TOOL_CALLS] then a JSON list (or object) of calls (v3), or
  * NAME[CALL_ID]ID[ARGS]{json} (v11), repeated. Granite 3.x: <|tool_call|>
  * then a JSON list (named false: no v11 form). */
+typedef struct {
+    const char *marker;
+    bool named;
+} marker_list_fmt;
+
+static size_t marker_list_step(P *p, size_t k, int w0, const void *ud, size_t *resume) {
+    (void)w0;
+    const marker_list_fmt *f = ud;
+    size_t j = skip_ws(p, k + strlen(f->marker));
+    if (j >= p->n) return NPOS;
+    if (p->t[j] == '[' || p->t[j] == '{') return json_call_list(p, j); /* v3: a list of objects */
+    if (!f->named) { /* not a call: the text stays */
+        *resume = j;
+        return NOT_CALL;
+    }
+    /* v11: the name runs to [CALL_ID] or [ARGS] */
+    static const char *const sep[] = {"[ARGS]", "[CALL_ID]"};
+    int w = 0;
+    size_t e = find_first(p, j, sep, 2, &w);
+    if (e == NPOS) return NPOS; /* the name is not complete */
+    size_t a = e + strlen(sep[w]);
+    if (w == 1) {
+        size_t e2 = find(p, a, "[ARGS]");
+        if (e2 == NPOS) {
+            if (p->partial) return NPOS;
+            e2 = p->n;
+        }
+        a = e2 + strlen("[ARGS]");
+    }
+    size_t vs, ve;
+    int r = json_value(p, a, &vs, &ve);
+    if (r <= 0) {
+        if (r == 0) add_call_slices(p, p->t + j, e - j, vs, ve);
+        return NPOS;
+    }
+    add_call_slices(p, p->t + j, e - j, vs, ve);
+    return ve;
+}
+
 static void fmt_marker_list(P *p, size_t i, const char *marker, bool named) {
     const char *const m[] = {marker};
-    for (;;) {
-        size_t k = to_marker(p, i, m[0]);
-        if (k == NPOS) return;
-        size_t j = skip_ws(p, k + strlen(m[0]));
-        if (j >= p->n) return;
-        if (p->t[j] == '[' || p->t[j] == '{') { /* v3: a list of objects */
-            if ((i = json_call_list(p, j)) == NPOS) return;
-            continue;
-        }
-        if (!named) { /* not a call: the text stays */
-            plain(p, k, j);
-            i = j;
-            continue;
-        }
-        /* v11: the name runs to [CALL_ID] or [ARGS] */
-        static const char *const sep[] = {"[ARGS]", "[CALL_ID]"};
-        int w = 0;
-        size_t e = find_first(p, j, sep, 2, &w);
-        if (e == NPOS) return; /* the name is not complete */
-        size_t a = e + strlen(sep[w]);
-        if (w == 1) {
-            size_t e2 = find(p, a, "[ARGS]");
-            if (e2 == NPOS) {
-                if (p->partial) return;
-                e2 = p->n;
-            }
-            a = e2 + strlen("[ARGS]");
-        }
-        size_t vs, ve;
-        int r = json_value(p, a, &vs, &ve);
-        if (r <= 0) {
-            if (r == 0) add_call_slices(p, p->t + j, e - j, vs, ve);
-            return;
-        }
-        add_call_slices(p, p->t + j, e - j, vs, ve);
-        i = ve;
-    }
+    marker_list_fmt f = {marker, named};
+    each_marker(p, i, m, 1, marker_list_step, &f);
 }
 
 /* Phi-4-mini: <|tool_call|> then a JSON list (or object) of calls, closed
@@ -639,39 +662,42 @@ static void fmt_marker_list(P *p, size_t i, const char *marker, bool named) {
  * then a JSON list of {"tool_name", "parameters"} in a ```json fence; its
  * "directly-answer" pseudo-tool (the prompt's way to answer without tools)
  * is no call unless the request has such a tool. */
-static void fmt_json_after(P *p, size_t i, const char *const *m, int k, int n_drop, const char *close, const char *fence) {
-    for (;;) {
-        int w = 0;
-        size_t at_m = find_first(p, i, m, k + n_drop, &w);
-        if (at_m == NPOS) return plain_rest(p, i, m, k + n_drop);
-        plain(p, i, at_m);
-        if (w >= k) { /* m[k..k + n_drop): markers dropped */
-            i = at_m + strlen(m[w]);
-            continue;
-        }
-        size_t j = skip_ws(p, at_m + strlen(m[w]));
-        if (fence && at(p, j, fence)) j = skip_ws(p, j + strlen(fence));
-        else if (fence && may_become(p, j, fence)) return;
-        if (j >= p->n) return;
-        if (p->t[j] != '[' && p->t[j] != '{') { /* not a call: the text stays */
-            plain(p, at_m, j);
-            i = j;
-            continue;
-        }
-        if ((i = json_call_list(p, j)) == NPOS) return;
-        i = skip_ws(p, i);
-        /* MiniMax-M1: one object a line up to the close */
-        while (close && i < p->n && p->t[i] == '{') {
-            size_t e = json_call_list(p, i);
-            if (e == NPOS) return;
-            if (e == i) break;
-            i = skip_ws(p, e);
-        }
-        if (fence && at(p, i, "```")) i = skip_ws(p, i + 3);
-        else if (fence && may_become(p, i, "```")) return;
-        if (close && at(p, i, close)) i += strlen(close);
-        else if (close && may_become(p, i, close)) return;
+typedef struct {
+    const char *const *m;
+    int k;
+    const char *close, *fence;
+} json_after_fmt;
+
+static size_t json_after_step(P *p, size_t at_m, int w, const void *ud, size_t *resume) {
+    const json_after_fmt *f = ud;
+    const char *close = f->close, *fence = f->fence;
+    if (w >= f->k) return at_m + strlen(f->m[w]); /* m[k..k + n_drop): markers dropped */
+    size_t j = skip_ws(p, at_m + strlen(f->m[w]));
+    if (fence && at(p, j, fence)) j = skip_ws(p, j + strlen(fence));
+    else if (fence && may_become(p, j, fence)) return NPOS;
+    if (j >= p->n) return NPOS;
+    if (p->t[j] != '[' && p->t[j] != '{') { /* not a call: the text stays */
+        *resume = j;
+        return NOT_CALL;
     }
+    size_t i = json_call_list(p, j);
+    if (i == NPOS) return NPOS;
+    i = skip_ws(p, i);
+    /* MiniMax-M1: one object a line up to the close */
+    while (close && i < p->n && p->t[i] == '{') {
+        size_t e = json_call_list(p, i);
+        if (e == NPOS) return NPOS;
+        if (e == i) break;
+        i = skip_ws(p, e);
+    }
+    if (fence && at(p, i, "```")) i = skip_ws(p, i + 3);
+    else if (fence && may_become(p, i, "```")) return NPOS;
+    return close ? past(p, i, close) : i;
+}
+
+static void fmt_json_after(P *p, size_t i, const char *const *m, int k, int n_drop, const char *close, const char *fence) {
+    json_after_fmt f = {m, k, close, fence};
+    each_marker(p, i, m, k + n_drop, json_after_step, &f);
 }
 
 bool ktc_has_tool(const cJSON *tools, const char *name) {
@@ -700,7 +726,6 @@ static void fmt_command_r_plus(P *p, size_t i) {
 /* Formats that wrap calls in a section: BEGIN (CALL_BEGIN call)* END, each
  * call parsed by .call from after CALL_BEGIN: the index after it (its end
  * marker too), NPOS (stop: partial or reported incomplete), or NOT_CALL. */
-#define NOT_CALL (NPOS - 1)
 
 typedef struct {
     const char *begin, *call_begin, *end; /* begin and end NULL: calls one after another (functionary v3.1) */
@@ -708,35 +733,32 @@ typedef struct {
     const char *drop[4]; /* markers dropped from content (Kimi K3's response tags), NULL-ended */
 } section_fmt;
 
+static size_t section_step(P *p, size_t at_m, int w, const void *ud, size_t *resume) {
+    (void)resume;
+    const section_fmt *f = ud;
+    if (w >= 2) return at_m + strlen(f->drop[w - 2]);
+    size_t j = w == 0 && f->begin ? at_m + strlen(f->begin) : at_m;
+    for (;;) {
+        j = skip_ws(p, j);
+        if (f->end && at(p, j, f->end)) {
+            j += strlen(f->end);
+            break;
+        }
+        if (j >= p->n || (f->end && may_become(p, j, f->end)) || may_become(p, j, f->call_begin)) return NPOS;
+        if (!at(p, j, f->call_begin)) break; /* stray text: content again */
+        size_t e = f->call(p, j + strlen(f->call_begin));
+        if (e == NPOS) return NPOS;
+        if (e == NOT_CALL) break;
+        j = e;
+    }
+    return j;
+}
+
 static void fmt_section(P *p, size_t i, const section_fmt *f) {
     const char *m[6] = {f->begin ? f->begin : f->call_begin, f->call_begin}; /* (models also drop the section markers) */
     int k = 2;
     for (int d = 0; d < 4 && f->drop[d]; d++) m[k++] = f->drop[d];
-    for (;;) {
-        int w = 0;
-        size_t at_m = find_first(p, i, m, k, &w);
-        if (at_m == NPOS) return plain_rest(p, i, m, k);
-        plain(p, i, at_m);
-        if (w >= 2) {
-            i = at_m + strlen(m[w]);
-            continue;
-        }
-        size_t j = w == 0 && f->begin ? at_m + strlen(m[0]) : at_m;
-        for (;;) {
-            j = skip_ws(p, j);
-            if (f->end && at(p, j, f->end)) {
-                j += strlen(f->end);
-                break;
-            }
-            if (j >= p->n || (f->end && may_become(p, j, f->end)) || may_become(p, j, f->call_begin)) return;
-            if (!at(p, j, f->call_begin)) break; /* stray text: content again */
-            size_t e = f->call(p, j + strlen(f->call_begin));
-            if (e == NPOS) return;
-            if (e == NOT_CALL) break;
-            j = e;
-        }
-        i = j;
-    }
+    each_marker(p, i, m, k, section_step, f);
 }
 
 /* A call's JSON arguments at a, then its end marker (after an optional
@@ -1037,24 +1059,18 @@ static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
     return NPOS;
 }
 
+static size_t xml_step(P *p, size_t k, int w, const void *ud, size_t *resume) {
+    const xml_fmt *f = ud;
+    bool bare = !strcmp(f->call_open, f->name_open); /* MiniCPM5: no block round the calls */
+    size_t j = w == 0 && !bare ? k + strlen(f->call_open) : k; /* a bare <function=...> too */
+    size_t e = xml_call(p, f, j);
+    if (e == NOT_CALL) *resume = j;
+    return e;
+}
+
 static void fmt_xml(P *p, size_t i, const xml_fmt *f) {
     const char *const m[] = {f->call_open, f->name_close ? f->name_open : f->call_open};
-    bool bare = !strcmp(f->call_open, f->name_open); /* MiniCPM5: no block round the calls */
-    for (;;) {
-        int w = 0;
-        size_t k = find_first(p, i, m, 2, &w);
-        if (k == NPOS) return plain_rest(p, i, m, 2);
-        plain(p, i, k);
-        size_t j = w == 0 && !bare ? k + strlen(m[0]) : k; /* a bare <function=...> too */
-        size_t e = xml_call(p, f, j);
-        if (e == NPOS) return;
-        if (e == NOT_CALL) {
-            plain(p, k, j);
-            i = j;
-            continue;
-        }
-        i = e;
-    }
+    each_marker(p, i, m, 2, xml_step, f);
 }
 
 /* gpt-oss Harmony: messages [<|start|>ROLE]HEADER<|message|>BODY<|end|>;
@@ -1201,56 +1217,54 @@ static const section_fmt k_kimi_k3 = {"<|open|>tools<|sep|>", "<|open|>call tool
                                       {"<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>", "<|end_of_msg|>"}};
 
 /* Apertus: <|tools_prefix|>[{"NAME": {args}}, ..]<|tools_suffix|>: each call an object of one key, the name. */
-static void fmt_apertus(P *p, size_t i) {
-    static const char *const m[] = {"<|tools_prefix|>"};
-    for (;;) {
-        size_t k = to_marker(p, i, m[0]);
-        if (k == NPOS) return;
-        size_t j = skip_ws(p, k + strlen(m[0]));
-        if (j >= p->n) return;
-        if (p->t[j] != '[') { /* not a call: the text stays */
-            plain(p, k, j);
-            i = j;
+static size_t apertus_step(P *p, size_t k, int w, const void *ud, size_t *resume) {
+    (void)w, (void)ud;
+    size_t j = skip_ws(p, k + strlen("<|tools_prefix|>"));
+    if (j >= p->n) return NPOS;
+    if (p->t[j] != '[') { /* not a call: the text stays */
+        *resume = j;
+        return NOT_CALL;
+    }
+    for (j++;;) {
+        j = skip_ws(p, j);
+        if (j >= p->n) return NPOS;
+        if (p->t[j] == ',') {
+            j++;
             continue;
         }
-        for (j++;;) {
-            j = skip_ws(p, j);
-            if (j >= p->n) return;
-            if (p->t[j] == ',') {
-                j++;
-                continue;
-            }
-            if (p->t[j] == ']') {
-                j = skip_ws(p, j + 1);
-                break;
-            }
-            if (p->t[j] != '{') break;
-            size_t ks, ke, vs, ve;
-            int r = json_value(p, j + 1, &ks, &ke);
-            if (r <= 0 || p->t[ks] != '"') {
-                if (r == 0) return;
-                break;
-            }
-            size_t c = skip_ws(p, ke);
-            if (c >= p->n) return;
-            if (p->t[c] != ':') break;
-            cJSON *nm = json_parse(p, ks, ke);
-            if (!cJSON_IsString(nm)) {
-                cJSON_Delete(nm);
-                break;
-            }
-            r = json_value(p, c + 1, &vs, &ve);
-            if (r >= 0) add_call_slices(p, nm->valuestring, strlen(nm->valuestring), vs, ve);
-            cJSON_Delete(nm);
-            if (r <= 0) return;
-            j = skip_ws(p, ve);
-            if (j >= p->n) return;
-            if (p->t[j] == '}') j++;
+        if (p->t[j] == ']') {
+            j = skip_ws(p, j + 1);
+            break;
         }
-        if (at(p, j, "<|tools_suffix|>")) j += strlen("<|tools_suffix|>");
-        else if (may_become(p, j, "<|tools_suffix|>")) return;
-        i = j;
+        if (p->t[j] != '{') break;
+        size_t ks, ke, vs, ve;
+        int r = json_value(p, j + 1, &ks, &ke);
+        if (r <= 0 || p->t[ks] != '"') {
+            if (r == 0) return NPOS;
+            break;
+        }
+        size_t c = skip_ws(p, ke);
+        if (c >= p->n) return NPOS;
+        if (p->t[c] != ':') break;
+        cJSON *nm = json_parse(p, ks, ke);
+        if (!cJSON_IsString(nm)) {
+            cJSON_Delete(nm);
+            break;
+        }
+        r = json_value(p, c + 1, &vs, &ve);
+        if (r >= 0) add_call_slices(p, nm->valuestring, strlen(nm->valuestring), vs, ve);
+        cJSON_Delete(nm);
+        if (r <= 0) return NPOS;
+        j = skip_ws(p, ve);
+        if (j >= p->n) return NPOS;
+        if (p->t[j] == '}') j++;
     }
+    return past(p, j, "<|tools_suffix|>");
+}
+
+static void fmt_apertus(P *p, size_t i) {
+    static const char *const m[] = {"<|tools_prefix|>"};
+    each_marker(p, i, m, 1, apertus_step, NULL);
 }
 
 /* Literal values of the pythonic formats: LFM2's Python ('s', 1, True,
@@ -1473,46 +1487,39 @@ static size_t lit_call(P *p, size_t j, bool gemma) {
 }
 
 /* LFM2: <|tool_call_start|>[NAME(k=v), ..]<|tool_call_end|> */
-static void fmt_lfm2(P *p, size_t i) {
-    static const char *const m[] = {"<|tool_call_start|>"};
+static size_t lfm2_step(P *p, size_t k, int w, const void *ud, size_t *resume) {
+    (void)w, (void)ud;
+    size_t j = skip_ws(p, k + strlen("<|tool_call_start|>"));
+    if (j >= p->n) return NPOS;
+    bool list = p->t[j] == '[';
+    if (list) j++;
     for (;;) {
-        size_t k = to_marker(p, i, m[0]);
-        if (k == NPOS) return;
-        size_t j = skip_ws(p, k + strlen(m[0]));
-        if (j >= p->n) return;
-        bool list = p->t[j] == '[';
-        if (list) j++;
-        bool bad = false;
-        for (;;) {
-            j = skip_ws(p, j);
-            if (j >= p->n) return;
-            if (p->t[j] == ',') {
-                j++;
-                continue;
-            }
-            if (list && p->t[j] == ']') {
-                j = skip_ws(p, j + 1);
-                break;
-            }
-            size_t e = lit_call(p, j, false);
-            if (e == NPOS) return;
-            if (e == NOT_CALL) {
-                bad = true;
-                break;
-            }
-            j = e;
-            if (!list) break;
-        }
-        if (bad) { /* not a call: the text stays */
-            plain(p, k, j);
-            i = j;
+        j = skip_ws(p, j);
+        if (j >= p->n) return NPOS;
+        if (p->t[j] == ',') {
+            j++;
             continue;
         }
-        j = skip_ws(p, j);
-        if (at(p, j, "<|tool_call_end|>")) j += strlen("<|tool_call_end|>");
-        else if (may_become(p, j, "<|tool_call_end|>")) return;
-        i = j;
+        if (list && p->t[j] == ']') {
+            j = skip_ws(p, j + 1);
+            break;
+        }
+        size_t e = lit_call(p, j, false);
+        if (e == NPOS) return NPOS;
+        if (e == NOT_CALL) { /* not a call: the text stays */
+            *resume = j;
+            return NOT_CALL;
+        }
+        j = e;
+        if (!list) break;
     }
+    j = skip_ws(p, j);
+    return past(p, j, "<|tool_call_end|>");
+}
+
+static void fmt_lfm2(P *p, size_t i) {
+    static const char *const m[] = {"<|tool_call_start|>"};
+    each_marker(p, i, m, 1, lfm2_step, NULL);
 }
 
 /* Gemma 4: <|tool_call>call:NAME{k:v,..}<tool_call|>, repeated */

@@ -1061,3 +1061,33 @@ KT_TEST(toolcall_tag_arguments_stream_as_written) {
     }
     cJSON_Delete(tools);
 }
+
+/* A start marker with no call after it stays text and the parse goes on
+ * (functionary v3.1's "<function=" then no call looped forever: found by a
+ * differential run over random marker texts). */
+KT_TEST(toolcall_marker_without_call_terminates) {
+    static const struct {
+        ktc_format f;
+        const char *text;
+    } k[] = {
+        {KTC_FUNCTIONARY31, "a <function=f\nb"},
+        {KTC_FUNCTIONARY31, "</TOOLCALL>\n<function=f>x"},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        ktc_syntax syn = {.format = k[i].f};
+        size_t n = strlen(k[i].text);
+        for (size_t l = 0; l <= n; l++) {
+            ktc_msg m;
+            KT_CHECK_OK(ktc_parse(&syn, k[i].text, l, l < n, &m));
+            if (l == n) KT_CHECKF(!strcmp(m.content, k[i].text) && m.n_calls == 0, "%s: [%s] %d", k[i].text, m.content, m.n_calls);
+            ktc_msg_free(&m);
+        }
+    }
+    /* and a call after such a marker is still found */
+    ktc_syntax syn = {.format = KTC_FUNCTIONARY31};
+    ktc_msg m;
+    const char *t = "<function=f\n x <function=g>{\"a\": 1}</function>";
+    KT_CHECK_OK(ktc_parse(&syn, t, strlen(t), false, &m));
+    KT_CHECKF(m.n_calls == 1 && !strcmp(m.calls[0].name, "g") && !strcmp(m.content, "<function=f\n x"), "[%s] %d", m.content, m.n_calls);
+    ktc_msg_free(&m);
+}

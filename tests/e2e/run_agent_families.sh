@@ -2,10 +2,21 @@
 # Runs tests/e2e/agent_families.mjs (the official `openai` and
 # `@anthropic-ai/sdk` npm clients, arguments checked with npm `ajv`) against
 # `kiln serve` of random weights (`kiln synth`'s tiny shape, the vocabulary
-# of the real tokenizer) for each family: Qwen3 (Hermes), Llama 3.1 (JSON,
-# its tokenizer from ../shared/tokenizers; skipped when absent), Mistral
-# (Nemo's [TOOL_CALLS] list), gpt-oss (Harmony) and DeepSeek-V3.1. Used by
-# the unit tests (cli_serve_agent_clients_families_ajv).
+# of the real tokenizer) for each family's real chat template (committed in
+# tests/data): Qwen3 (Hermes), Llama 3.1 (JSON, its tokenizer from
+# ../shared/tokenizers; skipped when absent), Mistral (Nemo's [TOOL_CALLS]
+# list), gpt-oss (Harmony), DeepSeek-V3.1, and the tag, section and
+# pythonic formats: Qwen3-Coder, GLM-4.7-Flash (GLM-4.5's format), Kimi K2,
+# Kimi K3, MiniMax-M2, MiniMax-M3, Gemma 4, LFM2.5, Apriel 1.6, functionary
+# v3.2 (the Llama 3.1 tokenizer) and Nemotron Nano v2. Families without
+# their own tokenizer here use Qwen3's with the template's markers added as
+# special tokens (as their own tokenizers have them), so that
+# the grammar's special-token terminals and the detokenizer's kept special
+# tokens are what is tested. A family marked "think" has a prompt that
+# opens a thinking block: its server runs with --reasoning-budget 6 (random
+# weights never close the block), which closes it and the grammar then
+# forces the call, so that the reasoning is split out before every call.
+# Used by the unit tests (cli_serve_agent_clients_families_ajv).
 # Exit 77: node, a client or ajv is missing (the test is skipped).
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -16,41 +27,69 @@ shared="${KILN_SHARED-$root/../shared}"
 need_clients openai @anthropic-ai/sdk ajv ajv-formats
 dir="$(mktemp -d)"
 pid=""
-trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; [ -n "${KILN_KEEP:-}" ] || rm -rf "$dir"' EXIT
 tpl="$root/tests/data/chat/templates"
-# family  tokenizer folder  template
+q3="$root/tests/data/tokenizer/qwen3"
+# family  tokenizer folder  template  think|-  special tokens to add
 families=(
-  "qwen3 $root/tests/data/tokenizer/qwen3 $root/tests/data/tools/templates/Qwen-Qwen3-0.6B.jinja"
-  "llama3.1 $shared/tokenizers/llama3_1 $tpl/meta-llama-Llama-3.1-8B-Instruct.jinja"
-  "mistral $root/tests/data/tokenizer/mistral $tpl/mistralai-Mistral-Nemo-Instruct-2407.jinja"
-  "gpt-oss $root/tests/data/tokenizer/gptoss $tpl/openai-gpt-oss-120b.jinja"
-  "deepseek-v3 $root/tests/data/tokenizer/deepseek3 $tpl/deepseek-ai-DeepSeek-V3.1.jinja"
+  "qwen3 $q3 $root/tests/data/tools/templates/Qwen-Qwen3-0.6B.jinja -"
+  "llama3.1 $shared/tokenizers/llama3_1 $tpl/meta-llama-Llama-3.1-8B-Instruct.jinja -"
+  "mistral $root/tests/data/tokenizer/mistral $tpl/mistralai-Mistral-Nemo-Instruct-2407.jinja -"
+  "gpt-oss $root/tests/data/tokenizer/gptoss $tpl/openai-gpt-oss-120b.jinja -"
+  "deepseek-v3 $root/tests/data/tokenizer/deepseek3 $tpl/deepseek-ai-DeepSeek-V3.1.jinja -"
+  "qwen3-coder $q3 $tpl/Qwen3-Coder.jinja -"
+  "glm-4.5 $q3 $tpl/GLM-4.7-Flash.jinja think [gMASK] <sop> <|system|> <|user|> <|assistant|> <|observation|>"
+  "kimi-k2 $q3 $tpl/moonshotai-Kimi-K2.jinja - <|im_user|> <|im_assistant|> <|im_system|> <|im_middle|> <|tool_calls_section_begin|>
+   <|tool_calls_section_end|> <|tool_call_begin|> <|tool_call_argument_begin|> <|tool_call_end|>"
+  "kimi-k3 $q3 $tpl/Kimi-K3.jinja think <|open|> <|close|> <|sep|> <|end_of_msg|>"
+  "minimax-m2 $q3 $tpl/MiniMax-M2.jinja think ]~b] ]~!b[ [e~[ <minimax:tool_call> </minimax:tool_call>"
+  "minimax-m3 $q3 $tpl/MiniMax-M3.jinja - ]~b] ]~!b[ [e~[ ]<]minimax[>["
+  "gemma-4 $q3 $tpl/google-gemma-4-31B-it.jinja - <|turn> <turn|> <|tool> <tool|> <|tool_call> <tool_call|> <|tool_response>
+   <tool_response|> <|\"|> <|channel> <channel|> <|think|>"
+  "lfm2 $q3 $tpl/LFM2.5-8B-A1B.jinja - <|tool_call_start|> <|tool_call_end|>"
+  "apriel $q3 $tpl/Apriel-1.6-15b-Thinker-fixed.jinja think <|begin_system|> <|begin_user|> <|begin_assistant|> <|begin_content|>
+   <|begin_tool_result|> <|end|>"
+  "functionary-v3.2 $shared/tokenizers/llama3_1 $tpl/meetkai-functionary-medium-v3.2.jinja -"
+  "nemotron-v2 $q3 $tpl/NVIDIA-Nemotron-Nano-v2.jinja think <SPECIAL_10> <SPECIAL_11> <SPECIAL_12> <TOOLCALL> </TOOLCALL>"
 )
 rc=0
 for f in "${families[@]}"; do
-  read -r name tok tmpl <<<"$f"
+  read -r name tok tmpl think specials <<<"$(tr '\n' ' ' <<<"$f")"
+  read -r -a sp <<<"$specials" # (no globbing: [gMASK])
+  [ -n "${KILN_FAMILIES:-}" ] && [[ " $KILN_FAMILIES " != *" $name "* ]] && continue # a subset: KILN_FAMILIES="kimi-k2 lfm2"
   if [ ! -f "$tok/tokenizer.json" ]; then
     echo "SKIP $name: $tok/tokenizer.json is absent (KILN_SHARED)"
     continue
   fi
   d="$dir/$name"
   mkdir -p "$d"
-  # the tiny shape with the tokenizer's vocabulary (its largest id + 1) and eos
+  # the tokenizer with the special tokens added (new ids), the tiny shape with
+  # its vocabulary (its largest id + 1) and eos
   node -e '
-    const fs = require("fs"), [tok, out] = process.argv.slice(1);
+    const fs = require("fs"), [tok, out, d, ...specials] = process.argv.slice(1);
     const t = JSON.parse(fs.readFileSync(tok + "/tokenizer.json")), c = JSON.parse(fs.readFileSync(tok + "/tokenizer_config.json"));
+    t.added_tokens ??= [];
+    let next = Object.values(t.model.vocab).concat(t.added_tokens.map((a) => a.id)).reduce((a, b) => Math.max(a, b), 0) + 1;
+    for (const content of specials) {
+      if (t.added_tokens.some((a) => a.content === content) || t.model.vocab[content] !== undefined) continue;
+      t.added_tokens.push({ id: next++, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true });
+    }
+    fs.writeFileSync(d + "/tokenizer.json", JSON.stringify(t));
+    fs.writeFileSync(d + "/tokenizer_config.json", JSON.stringify(c));
     const ids = Object.values(t.model.vocab).concat((t.added_tokens ?? []).map((a) => a.id));
     const eosName = typeof c.eos_token === "string" ? c.eos_token : c.eos_token?.content;
     const eos = (t.added_tokens ?? []).find((a) => a.content === eosName)?.id ?? t.model.vocab[eosName] ?? 2;
     fs.writeFileSync(out, JSON.stringify({ model_type: "llama", hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4,
       num_key_value_heads: 2, head_dim: 16, intermediate_size: 128, vocab_size: ids.reduce((a, b) => Math.max(a, b), 0) + 1,
       max_position_embeddings: 4096, rope_theta: 10000, rms_norm_eps: 1e-5, tie_word_embeddings: true, hidden_act: "silu",
-      bos_token_id: 1, eos_token_id: eos, torch_dtype: "bfloat16" }));' "$tok" "$dir/$name.config.json" || exit 1
+      bos_token_id: 1, eos_token_id: eos, torch_dtype: "bfloat16" }));' "$tok" "$dir/$name.config.json" "$dir" "${sp[@]}" || exit 1
   "$kiln" synth --config "$dir/$name.config.json" --seed 7 --out "$d" >/dev/null || exit 1
-  cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$d/"
+  mv "$dir/tokenizer.json" "$dir/tokenizer_config.json" "$d/"
   cp "$tmpl" "$d/chat_template.jinja"
-  start_serve "$d" --alias tiny -np 2 -c 4096 -t 1
-  NODE_PATH="$mods" timeout 300 node "$root/tests/e2e/agent_families.mjs" "http://127.0.0.1:$port" tiny "$name" || { rc=1; echo "kiln serve's log ($name):"; tail -40 "$d/err"; }
+  budget=()
+  [ "$think" = think ] && budget=(--reasoning-budget 6)
+  start_serve "$d" --alias tiny -np 2 -c 4096 -t 1 "${budget[@]}"
+  NODE_PATH="$mods" timeout 300 node "$root/tests/e2e/agent_families.mjs" "http://127.0.0.1:$port" tiny "$name" "$think" || { rc=1; echo "kiln serve's log ($name):"; tail -40 "$d/err"; }
   kill "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null
   pid=""
