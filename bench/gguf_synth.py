@@ -79,14 +79,16 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     cfg = json.load(open(a.config))
-    arch = cfg["model_type"]
-    if arch not in ("llama", "qwen2", "qwen3"):
+    moe = cfg["model_type"] == "qwen3_moe"  # llama.cpp's qwen3moe: stacked experts per layer
+    arch = "qwen3moe" if moe else cfg["model_type"]
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe"):
         raise SystemExit(f"gguf_synth: model_type {arch} is not mapped to a llama.cpp architecture here")
     wtype = {"q4_0": GGML_Q4_0, "q8_0": GGML_Q8_0, "f16": GGML_F16}[a.type]
     H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     nh, nkv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     hd = cfg.get("head_dim", H // nh)
     F, V = cfg["intermediate_size"], cfg["vocab_size"]
+    E, K, FE = cfg.get("num_experts", 0), cfg.get("num_experts_per_tok", 0), cfg.get("moe_intermediate_size", 0)
     tied = cfg.get("tie_word_embeddings", False)
     Q, KV = nh * hd, nkv * hd
 
@@ -97,6 +99,9 @@ def main():
 
     def vec(name, n):
         tensors.append((name, [n], GGML_F32))
+
+    def experts(name, rows, cols):  # E matrices [rows, cols], stacked
+        tensors.append((name, [cols, rows, E], wtype))
 
     mat("token_embd.weight", V, H)
     for i in range(L):
@@ -109,11 +114,17 @@ def main():
             vec(p + "attn_q.bias", Q)
             vec(p + "attn_k.bias", KV)
             vec(p + "attn_v.bias", KV)
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3moe"):
             vec(p + "attn_q_norm.weight", hd)
             vec(p + "attn_k_norm.weight", hd)
         mat(p + "attn_output.weight", H, Q)
         vec(p + "ffn_norm.weight", H)
+        if moe:
+            tensors.append((p + "ffn_gate_inp.weight", [H, E], GGML_F32))
+            experts(p + "ffn_gate_exps.weight", FE, H)
+            experts(p + "ffn_up_exps.weight", FE, H)
+            experts(p + "ffn_down_exps.weight", H, FE)
+            continue
         mat(p + "ffn_gate.weight", F, H)
         mat(p + "ffn_up.weight", F, H)
         mat(p + "ffn_down.weight", H, F)
@@ -141,6 +152,11 @@ def main():
         kv(f"{arch}.rope.dimension_count", T_U32, hd),
         kv(f"{arch}.rope.freq_base", T_F32, float(cfg.get("rope_theta", 10000.0))),
         kv(f"{arch}.attention.layer_norm_rms_epsilon", T_F32, float(cfg.get("rms_norm_eps", 1e-6))),
+    ] + ([
+        kv(f"{arch}.expert_count", T_U32, E),
+        kv(f"{arch}.expert_used_count", T_U32, K),
+        kv(f"{arch}.expert_feed_forward_length", T_U32, FE),
+    ] if moe else []) + [
         kv("tokenizer.ggml.model", T_STR, "llama"),
         kv_array("tokenizer.ggml.tokens", T_STR, vocab),
         kv_array("tokenizer.ggml.scores", T_F32, [0.0] * V),

@@ -443,20 +443,28 @@ static kiln_status measure(bench *b, result *r, int reps, int B, int steps, int 
     return NULL;
 }
 
-/* Bytes of weights one decode step reads: all tensors, less the embedding
- * table when it is not also the output head (a lookup reads one row). */
-static int64_t bytes_per_token(const ke_model *m) {
+/* Bytes of weights the decode steps read: all tensors, less the embedding
+ * table when it is not also the output head (a lookup reads one row).
+ * *experts: of those, the routed experts' (".experts." in the name, shared
+ * experts aside); a step of one token reads n_experts_used of n_experts of
+ * them per layer: *active is what one token reads. */
+static int64_t bytes_per_token(const ke_model *m, int64_t *experts, int64_t *active) {
     const kc_checkpoint *ck = ke_model_checkpoint(m);
     const km_family *fam = ke_model_family(m);
+    const km_hparams *hp = ke_model_hparams(m);
     const char *emb = (*fam->names)[KM_T_TOK_EMBD];
     size_t el = strlen(emb);
     int64_t total = 0, embed = 0;
+    *experts = 0;
     for (int i = 0; i < kc_tensor_count(ck); i++) {
         const kc_tensor *t = kc_tensor_at(ck, i);
         total += (int64_t)t->nbytes;
         if (!strncmp(t->name, emb, el) && t->name[el] == '.') embed += (int64_t)t->nbytes;
+        else if (hp->n_experts > 1 && strstr(t->name, ".experts.") && !strstr(t->name, "shared")) *experts += (int64_t)t->nbytes;
     }
-    return ke_model_hparams(m)->tie_embeddings ? total : total - embed;
+    int64_t read = hp->tie_embeddings ? total : total - embed;
+    *active = read - (hp->n_experts > 1 ? *experts - *experts * hp->n_experts_used / hp->n_experts : 0);
+    return read;
 }
 
 static void usage(FILE *f) {
@@ -547,7 +555,7 @@ int kiln_cmd_bench(int argc, char **argv) {
     st = ke_model_load(dir, &m);
     if (st) return kiln_fail(st);
     double load_s = kiln_now_s() - t0;
-    int64_t wbytes = bytes_per_token(m), llc = llc_bytes();
+    int64_t experts, active, wbytes = bytes_per_token(m, &experts, &active), llc = llc_bytes();
     /* before any thread exists (the child forks a quiet process), and again
      * after the runs: the best of both */
     bw_best bw0 = {0, 0, 0}, bw1 = {0, 0, 0};
@@ -588,24 +596,28 @@ int kiln_cmd_bench(int argc, char **argv) {
     int n_ranks = kd_size();
     double *rank_mib = calloc((size_t)n_ranks, sizeof(double));
     if (rank_mib) kd_all_gather(&peak_mib, sizeof peak_mib, rank_mib);
+    /* weights repacked for the kernels when the first executables were
+     * made (the int8 path): part of the cost of loading; the copies go with
+     * the context */
+    double prep_s;
+    int64_t prep_b;
+    kr_prep_stats(&prep_s, &prep_b);
     ke_ctx_free(ctx); /* its threads: the child forks from a single-threaded process */
     ctx = NULL;
     if (bw_mib > 0) bw1 = bandwidth_in_child(threads, (size_t)bw_mib << 20, (size_t)wbytes);
     bw_best bwb = bw1.gbs > bw0.gbs ? bw1 : bw0;
     double bw = bwb.gbs;
-    double roof = bw > 0 ? bw * 1e9 / (double)wbytes : 0;
+    double roof = bw > 0 ? bw * 1e9 / (double)active : 0; /* on the weights one token reads */
     bool in_llc = llc > 0 && wbytes <= llc;
     const char *isa = kk_act_int8() ? (kk_isa_level() == KK_ISA_AVX512 ? "avx512+int8" : "int8") : kk_isa_name(kk_isa_level());
-    /* weights repacked for the kernels when the first executables were
-     * made (the int8 path): part of the cost of loading */
-    double prep_s;
-    int64_t prep_b;
-    kr_prep_stats(&prep_s, &prep_b);
     if (json) {
         printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"threads\": %d, \"isa\": \"%s\", \"load_s\": %.3f, "
                "\"repack_s\": %.3f, \"repack_bytes\": %lld, "
                "\"weight_bytes_per_token\": %lld, \"bandwidth_gbs\": %.2f, \"roofline_tps\": %.2f, \"peak_rss_mib\": %.1f",
-               dir, hp->model_type, threads, isa, load_s, prep_s, (long long)prep_b, (long long)wbytes, bw, roof, peak_mib);
+               dir, hp->model_type, threads, isa, load_s, prep_s, (long long)prep_b, (long long)active, bw, roof, peak_mib);
+        if (experts)
+            printf(", \"weight_bytes\": %lld, \"routed_expert_bytes\": %lld, \"experts_used\": %lld, \"experts\": %lld",
+                   (long long)wbytes, (long long)experts, (long long)hp->n_experts_used, (long long)hp->n_experts);
         printf(", \"depth\": %lld, \"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\"", (long long)depth,
                ke_cache_type_name((kg_dtype)cache_k), ke_cache_type_name((kg_dtype)cache_v));
         if (bw > 0)
@@ -641,7 +653,11 @@ int kiln_cmd_bench(int argc, char **argv) {
         if (prep_b) printf("repacked   %.1f MiB of weights for the kernels in %.2f s\n", (double)prep_b / (1 << 20), prep_s);
         printf("bandwidth  %.1f GB/s (best of before %.1f and after %.1f; %s, %.0f MiB buffer); %.1f MB of weights per "
                "token: roofline %.1f tok/s\n",
-               bw, bw0.gbs, bw1.gbs, bw_kind_name[bwb.kind], (double)bwb.bytes / (1 << 20), (double)wbytes / 1e6, roof);
+               bw, bw0.gbs, bw1.gbs, bw_kind_name[bwb.kind], (double)bwb.bytes / (1 << 20), (double)active / 1e6, roof);
+        if (experts)
+            printf("experts    %lld of %lld routed per token: %.1f of their %.1f MB read per token, %.1f MB of weights in all\n",
+                   (long long)hp->n_experts_used, (long long)hp->n_experts,
+                   (double)(experts * hp->n_experts_used / hp->n_experts) / 1e6, (double)experts / 1e6, (double)wbytes / 1e6);
         if (in_llc)
             printf("cache      the weights (%.0f MiB) fit in the last-level cache (%.0f MiB): decode may read them from "
                    "the cache, and the roofline uses the bandwidth of a buffer of their size\n",

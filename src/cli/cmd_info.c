@@ -15,15 +15,15 @@ static double mib(int64_t b) { return (double)b / 1048576.0; }
 
 /* What a run takes: the weights (mapped), the KV cache per token and at the
  * context, recurrent state; totals as generate / chat and serve allocate. */
-static kiln_status print_memory(const ke_model *m, int64_t n_ctx, int64_t parallel) {
+static kiln_status print_memory(const ke_model *m, int64_t n_ctx, int64_t parallel, kg_dtype kt, kg_dtype vt) {
     ke_memory mem;
     KILN_TRY(ke_model_memory(m, &mem));
-    int64_t ctx = n_ctx > 0 ? n_ctx : mem.default_n_ctx;
+    int64_t ctx = n_ctx > 0 ? n_ctx : mem.default_n_ctx, per_token = ke_memory_kv_bytes_per_token(&mem, kt, vt);
     printf("memory       weights %.1f MiB (mapped from the files: the page cache holds them, nothing is copied)\n",
            mib(mem.weight_bytes));
     if (mem.kv_layers)
-        printf("KV cache     %.2f MiB per 1k tokens (float32 K and V of %d layers); %.1f MiB at %s context %lld\n",
-               mib(mem.kv_bytes_per_token * 1024), mem.kv_layers, mib(mem.kv_bytes_per_token * ctx),
+        printf("KV cache     %.2f MiB per 1k tokens (K %s and V %s of %d layers); %.1f MiB at %s context %lld\n",
+               mib(per_token * 1024), ke_cache_type_name(kt), ke_cache_type_name(vt), mem.kv_layers, mib(per_token * ctx),
                n_ctx > 0 ? "the" : "the default", (long long)ctx);
     else printf("KV cache     none (no layer attends over a cache)\n");
     if (mem.state_layers)
@@ -31,11 +31,12 @@ static kiln_status print_memory(const ke_model *m, int64_t n_ctx, int64_t parall
                "--parallel; prefix-cache snapshots and evicted blocks take at most --cache-ram (default a quarter "
                "of MemAvailable)\n",
                mib(mem.state_bytes_per_seq), mem.state_layers);
-    int64_t one = ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = ctx});
+    int64_t one = ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = ctx, .cache_type_k = kt, .cache_type_v = vt});
     printf("total        %.1f MiB for kiln generate / chat -c %lld (weights + at most %.1f MiB allocated)\n", mib(mem.weight_bytes + one),
            (long long)ctx, mib(one));
     int64_t np = parallel > 0 ? parallel : 8;
-    int64_t srv = ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = ctx, .n_cache = ctx * np, .n_seq_max = (int)np});
+    int64_t srv = ke_memory_ctx_bytes(
+        &mem, &(ke_ctx_params){.n_ctx = ctx, .n_cache = ctx * np, .n_seq_max = (int)np, .cache_type_k = kt, .cache_type_v = vt});
     printf("             %.1f MiB for kiln serve -c %lld --parallel %lld%s (weights + at most %.1f MiB allocated)\n",
            mib(mem.weight_bytes + srv), (long long)ctx, (long long)np, parallel > 0 ? "" : " (its default)", mib(srv));
     if (n_ctx > 0) kiln_warn_ctx(m, n_ctx);
@@ -44,15 +45,19 @@ static kiln_status print_memory(const ke_model *m, int64_t n_ctx, int64_t parall
 
 /* The predicted peak RSS (cli/peak.h) of a run with these options; base:
  * this process's RSS with the model loaded, before any run. */
-static kiln_status print_peak(const ke_model *m, int64_t n_ctx, int64_t parallel, int64_t n_prompt, int64_t base) {
+static kiln_status print_peak(const ke_model *m, const kpeak_params *p, int64_t base) {
+    int64_t n_ctx = p->n_ctx, parallel = p->parallel, n_prompt = p->n_prompt;
     kpeak pk;
-    KILN_TRY(kpeak_predict(m, &(kpeak_params){.n_ctx = n_ctx, .parallel = parallel, .n_prompt = n_prompt}, base, &pk));
+    KILN_TRY(kpeak_predict(m, p, base, &pk));
     ke_memory mem;
     KILN_TRY(ke_model_memory(m, &mem));
     int64_t ctx = n_ctx > 0 ? n_ctx : mem.default_n_ctx, prompt = n_prompt > 0 && n_prompt < ctx ? n_prompt : ctx;
-    printf("peak RSS     %.1f MiB predicted for -c %lld --parallel %lld%s (a prompt of %lld tokens, then decoding to the "
+    char types[64] = "";
+    if (p->cache_type_k != KG_F32 || p->cache_type_v != KG_F32)
+        snprintf(types, sizeof types, " -ctk %s -ctv %s", ke_cache_type_name(p->cache_type_k), ke_cache_type_name(p->cache_type_v));
+    printf("peak RSS     %.1f MiB predicted for -c %lld --parallel %lld%s%s (a prompt of %lld tokens, then decoding to the "
            "context): program and model %.1f + weights read %.1f", mib(pk.total), (long long)ctx,
-           (long long)(parallel > 0 ? parallel : 1), kk_act_int8() ? " --int8-act" : "", (long long)prompt, mib(pk.base),
+           (long long)(parallel > 0 ? parallel : 1), types, kk_act_int8() ? " --int8-act" : "", (long long)prompt, mib(pk.base),
            mib(pk.weights));
     if (pk.repacked) printf(" + repacked for int8 %.1f (their sources dropped)", mib(pk.repacked));
     printf(" + KV %.1f + arenas %.1f (%d executables) + scratch %.1f\n", mib(pk.kv), mib(pk.arenas), pk.executables,
@@ -63,24 +68,31 @@ static kiln_status print_peak(const ke_model *m, int64_t n_ctx, int64_t parallel
 int kiln_cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     int64_t n_ctx = 0, parallel = 0, n_prompt = 0;
+    int cache_k = KG_F32, cache_v = KG_F32;
     for (int i = 1; i < argc; i += 2) { /* each option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("usage: kiln info [-m DIR] [-c N] [--parallel N] [-p N] [--int8-act]\n"
+            printf("usage: kiln info [-m DIR] [-c N] [--parallel N] [-p N] [-ctk T] [-ctv T] [--int8-act]\n"
                    "  Describes a checkpoint: family, shapes, quantization, and the memory a run takes.\n"
                    "  -m, --model DIR    checkpoint folder (default: the bundled demo model)\n"
                    "  -c, --ctx-size N   the memory total for this context (default: the model's, at most 4096)\n"
                    "  -np, --parallel N  and as kiln serve --parallel N allocates it (KV for N contexts, N state rows)\n"
                    "  -p, --prompt-tokens N  the peak RSS predicted for a prompt of N tokens (default: the context)\n"
-                   "  --int8-act         the peak with int8 activations (repacked weights)\n");
+                   "  --int8-act         the peak with int8 activations (repacked weights)\n"
+                   KILN_CACHE_TYPE_HELP);
             return 0;
         }
-        static const char *const valued[] = {"-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-p", "--prompt-tokens", NULL};
+        static const char *const valued[] = {"-m", "--model", "-c", "--ctx-size", "-np", "--parallel", "-p", "--prompt-tokens",
+                                             KILN_CACHE_TYPE_OPTS, NULL};
         kiln_status ost = kiln_option("info", a, v, valued, NULL);
-        if (!ost && (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))) ost = kiln_parse_int(a, v, 1, 1 << 30, &n_ctx);
-        else if (!ost && (!strcmp(a, "-p") || !strcmp(a, "--prompt-tokens"))) ost = kiln_parse_int(a, v, 1, 1 << 30, &n_prompt);
-        else if (!ost && (!strcmp(a, "-np") || !strcmp(a, "--parallel"))) ost = kiln_parse_int(a, v, 1, 4096, &parallel);
-        else if (!ost) dir = v;
+        if (ost || kiln_cache_type_opt(a, v, &cache_k, &cache_v, &ost)) { /* a bad option, or -ctk / -ctv */
+            if (ost) return kiln_fail(ost);
+            continue;
+        }
+        if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) ost = kiln_parse_int(a, v, 1, 1 << 30, &n_ctx);
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt-tokens")) ost = kiln_parse_int(a, v, 1, 1 << 30, &n_prompt);
+        else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) ost = kiln_parse_int(a, v, 1, 4096, &parallel);
+        else dir = v;
         if (ost) return kiln_fail(ost);
     }
     if (!dir) dir = kiln_default_model();
@@ -203,8 +215,10 @@ int kiln_cmd_info(int argc, char **argv) {
     if (q.bits) printf("quantized    MLX affine, %d bits, group size %d\n", q.bits, q.group_size);
     printf("tensors      %d, %lld stored elements, %.1f MiB of weights\n", kc_tensor_count(ck), (long long)params,
            (double)bytes / 1048576.0);
-    st = print_memory(m, n_ctx, parallel);
-    if (!st) st = print_peak(m, n_ctx, parallel, n_prompt, base);
+    st = print_memory(m, n_ctx, parallel, (kg_dtype)cache_k, (kg_dtype)cache_v);
+    kpeak_params pp = {.n_ctx = n_ctx, .parallel = parallel, .n_prompt = n_prompt, .cache_type_k = (kg_dtype)cache_k,
+                       .cache_type_v = (kg_dtype)cache_v};
+    if (!st) st = print_peak(m, &pp, base);
     ke_model_free(m);
     return st ? kiln_fail(st) : 0;
 }

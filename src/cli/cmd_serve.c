@@ -107,9 +107,32 @@ static _Noreturn void tp_signal(ksrv *s, int sig) {
                     "503, exiting\n",
             sig == SIGINT ? "SIGINT" : "SIGTERM");
     ksrv_lost(s);
-    usleep(300000); /* the connection threads answer within 0.1 s */
+    /* a step in flight may still finish (a signal from the user, forwarded
+     * to every process): then the job ends cleanly, its disk tiers written
+     * (before mpirun's SIGKILL: --mca odls_base_sigkill_timeout, 1 s by
+     * default); meanwhile the connection threads answer (within 0.1 s) */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (ksrv_tp_end(s, 500)) fprintf(stderr, "kiln: every process of the job ended its context\n");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    if (ms < 300) usleep((useconds_t)(300 - ms) * 1000);
     _exit(128 + sig);
 }
+
+/* A follower's SIGINT or SIGTERM (mpirun forwards rank 0's): it keeps
+ * following for up to 10 s, so that rank 0 can end the job cleanly
+ * (tp_signal), then SIGALRM ends it. */
+static void follower_signal(int sig) {
+    (void)sig;
+    alarm(10);
+}
+
+/* Rank 0's SIGINT or SIGTERM when it reaches a thread that MPI started
+ * before the signals were blocked (they would otherwise end the process
+ * there and then): kept for the main thread's wait. */
+static volatile sig_atomic_t tp_pending;
+static void leader_signal(int sig) { tp_pending = sig; }
 
 int kiln_cmd_serve(int argc, char **argv) {
     ksrv_params p = {.port = 8080, .metrics = true};
@@ -213,8 +236,16 @@ int kiln_cmd_serve(int argc, char **argv) {
         st = ksrv_tp_supported(&p);
         if (!st && kd_rank() > 0) {
             fprintf(stderr, "kiln: rank %d of %d: following rank 0 (pid %d)\n", kd_rank(), kd_size(), (int)getpid());
+            signal(SIGTERM, follower_signal);
+            signal(SIGINT, follower_signal);
             st = ksrv_follow(&p);
+            if (!st) { /* rank 0 ended the job (tp_signal) and exits without MPI_Finalize, which would wait on it */
+                fflush(NULL);
+                _exit(0);
+            }
         }
+        if (!st && kd_rank() == 0)
+            fprintf(stderr, "kiln: rank 0 of %d: serving (pid %d; a SIGTERM to it ends the job cleanly)\n", kd_size(), (int)getpid());
         if (st || kd_rank() > 0) {
             kgen_params_free(&gp);
             return st ? kiln_fail(st) : 0;
@@ -226,6 +257,7 @@ int kiln_cmd_serve(int argc, char **argv) {
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    if (kd_size() > 1) signal(SIGTERM, leader_signal), signal(SIGINT, leader_signal);
     signal(SIGPIPE, SIG_IGN);
     ksrv *s;
     st = ksrv_start(&p, &s);
@@ -262,6 +294,7 @@ int kiln_cmd_serve(int argc, char **argv) {
         }
         struct timespec ts = {0, loading ? 50000000 : 500000000};
         sig = sigtimedwait(&sigs, NULL, &ts);
+        if (sig < 0 && tp_pending) sig = tp_pending;
     }
     if (kd_size() > 1) tp_signal(s, sig);
     fprintf(stderr, "kiln: %s: stopping (running requests get %llds; a second signal exits at once)\n",

@@ -95,6 +95,7 @@ static kiln_status collect_weights(const kp_plan *plan, wset *s) {
 typedef struct {
     const ke_model *m;
     kb_cache_spec *cache;
+    kg_dtype kt, vt; /* the KV cache's types */
     int64_t n_slots, bs, n_state_slots;
     wset w;
     int64_t arenas;
@@ -105,7 +106,7 @@ typedef struct {
  * logit rows), as ke_decode's get_exec does; adds its arena and weights. */
 static kiln_status step(run *r, int64_t T, int64_t S, int64_t MB, int64_t R) {
     const km_hparams *hp = ke_model_hparams(r->m);
-    kb_shape shape = {T, S, MB, R, r->n_slots, (int)r->bs, r->n_state_slots, false, false, {KG_F32, KG_F32}};
+    kb_shape shape = {T, S, MB, R, r->n_slots, (int)r->bs, r->n_state_slots, false, false, {r->kt, r->vt}};
     kg_graph *g;
     kb_input *inputs;
     int n_inputs;
@@ -160,8 +161,9 @@ kiln_status kpeak_predict(const ke_model *m, const kpeak_params *p, int64_t base
     int64_t prompt = p->n_prompt > 0 && p->n_prompt < ctx ? p->n_prompt : ctx, bs = 16;
     int64_t max_blocks = (ctx + bs - 1) / bs, n_blocks = (ctx * par + bs - 1) / bs;
     if (n_blocks < max_blocks) n_blocks = max_blocks;
-    ke_ctx_params cp = {.n_ctx = ctx, .n_cache = ctx * par, .n_seq_max = par > 1 ? (int)par : 0};
-    run r = {m, calloc((size_t)hp->n_layers, sizeof(kb_cache_spec)), n_blocks * bs, bs, 1, {0}, 0, 0};
+    ke_ctx_params cp = {.n_ctx = ctx, .n_cache = ctx * par, .n_seq_max = par > 1 ? (int)par : 0,
+                        .cache_type_k = p->cache_type_k, .cache_type_v = p->cache_type_v};
+    run r = {m, calloc((size_t)hp->n_layers, sizeof(kb_cache_spec)), p->cache_type_k, p->cache_type_v, n_blocks * bs, bs, 1, {0}, 0, 0};
     if (!r.cache) return kiln_error(KILN_ENOMEM, "out of memory");
     if (mem.state_layers) r.n_state_slots = cp.n_seq_max > 0 ? cp.n_seq_max : 32;
     kiln_status st = step(&r, prompt, 1, pow2_at_least((prompt + bs - 1) / bs, max_blocks), 1);

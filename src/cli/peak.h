@@ -17,8 +17,9 @@
  *             linears (kk_prepare), which replace their sources: those
  *             leave `weights` (kk_int8_pack drops their pages as it
  *             copies them, and a tied embedding is looked up in the copy);
- *   kv        the KV cache of n_ctx * parallel tokens and the recurrent
- *             state rows (ke_memory_ctx_bytes: a full context writes it all);
+ *   kv        the KV cache of n_ctx * parallel tokens of its types and the
+ *             recurrent state rows (ke_memory_ctx_bytes: a full context
+ *             writes it all);
  *   arenas    the activation arena of every executable the run compiles
  *             (kept for the context's life, zeroed when made): the prompt
  *             step, and the decode steps for each power-of-two block-table
@@ -40,6 +41,7 @@ typedef struct {
     int64_t parallel; /* sequences; 0: 1 */
     int64_t n_prompt; /* tokens of the prompt step; 0: n_ctx; capped at n_ctx */
     int n_threads;    /* 0: one per CPU */
+    kg_dtype cache_type_k, cache_type_v; /* the KV cache's types (-ctk / -ctv; 0: f32) */
 } kpeak_params;
 
 typedef struct {

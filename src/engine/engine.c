@@ -2,9 +2,13 @@
 #include "engine/engine.h"
 #include "engine/mirror.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <glob.h>
+#include <sys/stat.h>
 
+#include "base/file.h"
 #include "kernels/kernels.h"
 #include "kvdisk/kvdisk.h"
 #include "models/blocks.h"
@@ -99,12 +103,14 @@ kiln_status ke_model_memory(const ke_model *m, ke_memory *out) {
         for (int64_t l = 0; l < m->hp.n_layers; l++) {
             const kb_cache_spec *cs = &cache[l];
             if (cs->heads) out->kv_layers++;
-            out->kv_bytes_per_token += cs->heads * (cs->dk + cs->dv) * (int64_t)sizeof(float);
+            out->k_elems_per_token += cs->heads * cs->dk;
+            out->v_elems_per_token += cs->heads * cs->dv;
             if (cs->n_states) out->state_layers++;
             for (int k = 0; k < cs->n_states; k++) out->state_bytes_per_seq += cs->state_numel[k] * (int64_t)sizeof(float);
         }
     }
     free(cache);
+    out->kv_bytes_per_token = ke_memory_kv_bytes_per_token(out, KG_F32, KG_F32);
     out->default_n_ctx = default_n_ctx(&m->hp);
     return st;
 }
@@ -121,11 +127,23 @@ int64_t ke_cache_ram_default(void) {
     return avail > 0 ? avail / KE_CACHE_RAM_DIVISOR : (int64_t)256 << 20;
 }
 
+/* Bytes of one cached row of d elements of type t (KG_U8: q8_0 blocks). */
+static int64_t kv_row_bytes(kg_dtype t, int64_t d) {
+    return t == KG_U8 ? d / KG_Q8_0_BLOCK * KG_Q8_0_BYTES : d * (int64_t)kg_dtype_size(t);
+}
+
+/* Every layer's rows are whole q8_0 blocks (ke_ctx_create refuses others),
+ * so the sum over layers is the rows of the summed elements. */
+int64_t ke_memory_kv_bytes_per_token(const ke_memory *mem, kg_dtype k, kg_dtype v) {
+    return kv_row_bytes(k, mem->k_elems_per_token) + kv_row_bytes(v, mem->v_elems_per_token);
+}
+
 int64_t ke_memory_ctx_bytes(const ke_memory *mem, const ke_ctx_params *p) {
     int64_t n_ctx = p->n_ctx > 0 ? p->n_ctx : mem->default_n_ctx, bs = p->block_size > 0 ? p->block_size : 16;
     int64_t n_cache = p->n_cache > 0 ? p->n_cache : n_ctx;
     if (n_cache < n_ctx) n_cache = n_ctx;
-    int64_t slots = (n_cache + bs - 1) / bs * bs, total = slots * mem->kv_bytes_per_token;
+    int64_t slots = (n_cache + bs - 1) / bs * bs;
+    int64_t total = slots * ke_memory_kv_bytes_per_token(mem, p->cache_type_k, p->cache_type_v);
     if (mem->state_bytes_per_seq > 0) {
         total += (p->n_seq_max > 0 ? p->n_seq_max : 32) * mem->state_bytes_per_seq;
         int64_t budget = p->state_cache_bytes == 0 ? ke_cache_ram_default() : p->state_cache_bytes > 0 ? p->state_cache_bytes : 0;
@@ -267,6 +285,12 @@ struct ke_ctx {
     void **params;
     int cap_params;
     bool lead; /* ke_ctx_lead: calls that change it are broadcast (mirror.c) */
+    /* the job's layout it was created in (runtime/dist.h): solo, made inside
+     * kd_solo_begin (its calls run there again: the whole model, this
+     * process alone); job, one context on each process of a job of several,
+     * whose prefix-cache hits and slot files every process agrees on */
+    bool solo, job;
+    int tp_size, tp_rank, pp_size, pp_rank, pp_lo, pp_hi;
     /* --pp: a step's output rows, gathered from its micro-batches (pp_step) */
     float *pp_rows;
     int64_t pp_cap, out_width; /* floats; the last decode_step's row width */
@@ -274,11 +298,6 @@ struct ke_ctx {
 
 const char *ke_cache_type_name(kg_dtype t) {
     return t == KG_F32 ? "f32" : t == KG_F16 ? "f16" : t == KG_BF16 ? "bf16" : t == KG_U8 ? "q8_0" : "?";
-}
-
-/* Bytes of one cached row of d elements of type t (KG_U8: q8_0 blocks). */
-static int64_t kv_row_bytes(kg_dtype t, int64_t d) {
-    return t == KG_U8 ? d / KG_Q8_0_BLOCK * KG_Q8_0_BYTES : d * (int64_t)kg_dtype_size(t);
 }
 
 kiln_status ke_cache_type_parse(const char *flag, const char *s, kg_dtype *out) {
@@ -308,6 +327,10 @@ kiln_status ke_ctx_create(const ke_model *m, const ke_ctx_params *p, ke_ctx **ou
     c->m = m;
     c->p = *p;
     const km_hparams *hp = &m->hp;
+    c->solo = kd_solo();
+    c->job = kd_size() > 1 && !c->solo;
+    c->tp_size = kd_tp_size(), c->tp_rank = kd_tp_rank(), c->pp_size = kd_pp_size(), c->pp_rank = kd_pp_rank();
+    kiln_status_free(kd_pp_split((int)hp->n_layers, c->pp_rank, &c->pp_lo, &c->pp_hi)); /* kb_build below reports it */
     if (c->p.block_size <= 0) c->p.block_size = 16;
     if (c->p.n_ctx <= 0) c->p.n_ctx = default_n_ctx(hp);
     if (c->p.n_cache <= 0) c->p.n_cache = c->p.n_ctx;
@@ -614,10 +637,30 @@ static uint64_t layout_identity(const ke_ctx *c) {
         for (int k = 0; k < cs->n_states; k++) w[4 + k] = cs->state_numel[k];
         h = hash_bytes(h, w, sizeof w);
     }
+    if (c->tp_size > 1 || c->pp_size > 1) { /* which shard of which stage (one process keeps the identity it had) */
+        int64_t t[7] = {c->tp_size, c->tp_rank, c->pp_size, c->pp_rank, c->pp_lo, c->pp_hi, kd_expert_parallel()};
+        h = hash_bytes(h, t, sizeof t);
+    }
     return h;
 }
 
+/* Where process r of a --tp T --pp P job keeps its shard of the disk tier:
+ * DIR/tpT-ppP-rankR (DIR itself for one process), so that the processes do
+ * not count or evict each other's files. */
+static kiln_status rank_dir(const ke_ctx *c, const char *dir, char *buf, size_t cap) {
+    if (c->tp_size == 1 && c->pp_size == 1) return snprintf(buf, cap, "%s", dir) < (int)cap ? NULL : kiln_error(KILN_EINVAL, "--cache-dir: the path is too long");
+    mkdir(dir, 0755); /* kvd_open makes the last level; an error shows there */
+    if (snprintf(buf, cap, "%s/tp%d-pp%d-rank%d", dir, c->tp_size, c->pp_size, c->pp_rank * c->tp_size + c->tp_rank) >= (int)cap)
+        return kiln_error(KILN_EINVAL, "--cache-dir: the path is too long");
+    return NULL;
+}
+
 static kiln_status disk_open(ke_ctx *c, const char *dir, int64_t max_bytes) {
+    char sub[4096];
+    if (dir) {
+        KILN_TRY(rank_dir(c, dir, sub, sizeof sub));
+        dir = sub;
+    }
     KILN_TRY(kvd_open(dir, max_bytes, &c->disk));
     if (dir) c->model_id = model_identity(c->m), c->have_model_id = true;
     c->tier_id = c->model_id;
@@ -1051,14 +1094,19 @@ static int64_t local_trim_window(ke_ctx *c, int seq) {
 /* A fresh row of recurrent state (zeros or the layer's initial values,
  * kb_state_init), or -1 for a model without state. Resetting here (not in
  * the kernels at position 0) keeps the composites free of positions. */
-static int32_t take_state(ke_ctx *c) {
-    if (!c->recurrent) return -1;
-    int32_t r = c->free_state[--c->n_free_state];
+/* State row r as a new sequence starts it. */
+static void state_fresh(ke_ctx *c, int32_t r) {
     const km_hparams *hp = &c->m->hp;
     for (int64_t l = 0; l < hp->n_layers; l++)
         for (int k = 0; k < c->cache[l].n_states; k++) {
             kb_state_fill_row(&c->cache[l], k, c->state[l * KB_MAX_STATES + k] + r * c->cache[l].state_numel[k]);
         }
+}
+
+static int32_t take_state(ke_ctx *c) {
+    if (!c->recurrent) return -1;
+    int32_t r = c->free_state[--c->n_free_state];
+    state_fresh(c, r);
     return r;
 }
 
@@ -1714,8 +1762,8 @@ static void ensure_identity(ke_ctx *c) {
     c->layout_id = layout_identity(c);
 }
 
-kiln_status ke_ctx_prefix_save(ke_ctx *c, const int32_t *tokens, int64_t n, const char *path, int64_t *n_saved,
-                               size_t *n_written) {
+static kiln_status local_prefix_save(ke_ctx *c, const int32_t *tokens, int64_t n, const char *path, int64_t *n_saved,
+                                     size_t *n_written) {
     ensure_identity(c);
     int64_t bs = c->p.block_size, full = n / bs;
     if (full > c->max_blocks_per_seq) full = c->max_blocks_per_seq;
@@ -1774,7 +1822,8 @@ kiln_status ke_ctx_prefix_save(ke_ctx *c, const int32_t *tokens, int64_t n, cons
     return st;
 }
 
-kiln_status ke_ctx_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens, int64_t *n_restored, size_t *n_read) {
+static kiln_status local_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens, int64_t *n_restored,
+                                        size_t *n_read) {
     *tokens = NULL;
     *n_restored = 0;
     ensure_identity(c);
@@ -1796,8 +1845,8 @@ kiln_status ke_ctx_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens,
         st = kiln_error(KILN_EINVAL, "%s was saved by another model (its weights or config differ)", path);
     else if (hd.layout_id != c->layout_id || hd.block_size != (uint32_t)bs || hd.kv_floats != (uint64_t)c->kv_floats ||
              hd.snap_floats != (uint64_t)c->snap_numel)
-        st = kiln_error(KILN_EINVAL, "%s was saved with another cache layout (block size, shapes or kernels differ)",
-                        path);
+        st = kiln_error(KILN_EINVAL, "%s was saved with another cache layout (block size, shapes, kernels or the --tp/--pp "
+                        "shard differ)", path);
     else if (hd.n_blocks < 0 || hd.n_blocks > c->max_blocks_per_seq ||
              (size_t)(end - p - sizeof hd) < sizeof(int32_t) * (size_t)(hd.n_blocks * bs))
         st = kiln_error(KILN_EINVAL, "%s: %lld blocks do not fit this context or the file", path, (long long)hd.n_blocks);
@@ -1867,18 +1916,165 @@ kiln_status ke_ctx_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens,
 
 /* ---------------------------------------------------------------- mirroring (mirror.c) */
 
-void ke_ctx_lead(ke_ctx *c) { c->lead = kd_size() > 1; }
+void ke_ctx_lead(ke_ctx *c) { c->lead = c->job; }
 
 /* Each call that changes the context, broadcast first when it leads, its
- * result after (the followers check theirs against it). */
+ * result after (the followers check theirs against it); a solo context's
+ * in the layout it was made in. */
 #define MIRRORED(c, send, result_expr, call)                                                                           \
     do {                                                                                                               \
         if (c->lead) send;                                                                                             \
+        if (c->solo) kd_solo_begin();                                                                                  \
         call;                                                                                                          \
+        if (c->solo) kd_solo_end();                                                                                    \
         if (c->lead) kem_result(result_expr);                                                                          \
     } while (0)
 
 static int64_t st_result(kiln_status st, int64_t ok) { return st ? -(int64_t)kiln_status_code(st) - 1 : ok; }
+
+/* ---- agreement across a job's processes (c->job). Each holds its shard
+ * of the cache, with its own RAM and disk tiers, so one may hit where
+ * another misses (another eviction order, a file lost): every call that
+ * finds cached blocks or reads slot files ends with the processes agreeing
+ * on the least any of them has (a miss on one is a miss for all), so that
+ * their sequences stay alike and the steps that follow meet. */
+
+/* Every process's v; *lo, *hi their least and greatest. */
+static void job_range(int64_t v, int64_t *lo, int64_t *hi) {
+    int n = kd_size();
+    int64_t *all = malloc(sizeof(int64_t) * (size_t)n);
+    if (!all) {
+        fprintf(stderr, "kiln: rank %d: out of memory\n", kd_rank());
+        kd_abort(70);
+    }
+    kd_all_gather(&v, sizeof v, all);
+    *lo = *hi = all[0];
+    for (int i = 1; i < n; i++) *lo = all[i] < *lo ? all[i] : *lo, *hi = all[i] > *hi ? all[i] : *hi;
+    free(all);
+}
+
+/* Gives seq q's blocks back, as if it had just been opened. */
+static void seq_reset(ke_ctx *c, seq_state *q) {
+    for (int64_t j = 0; j < q->n_blocks; j++)
+        if (q->blocks[j] >= 0) drop_block(c, q->blocks[j]);
+    q->n_blocks = q->n_hashed = q->n_trimmed = q->len = 0;
+    if (q->state_slot >= 0) state_fresh(c, q->state_slot);
+}
+
+/* local_reuse_prefix, then, in a job, down to the prefix every process
+ * found: one that found more gives its blocks back and looks again for
+ * that many tokens only (a model with recurrent state may then resume
+ * shorter still, at an earlier snapshot: again until all agree; the blocks
+ * it gave back stay cached, so the second look finds them in memory). */
+static int64_t agreed_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
+    int64_t q0 = c->prefix_queries, h0 = c->prefix_hits, d0 = c->disk_hits, r0 = c->ram_hits;
+    int64_t r = local_reuse_prefix(c, seq, tokens, n), lo, hi;
+    bool disk = c->disk_hits > d0, ram = !disk && c->ram_hits > r0;
+    while (c->job && (job_range(r, &lo, &hi), lo != hi)) {
+        seq_state *q = open_seq(c, seq);
+        if (r == lo || !q) continue;
+        seq_reset(c, q);
+        c->prefix_hits = h0, c->disk_hits = d0, c->ram_hits = r0;
+        r = local_reuse_prefix(c, seq, tokens, lo + 1); /* (lo + 1 - 1) / bs blocks: lo tokens at most */
+        c->prefix_queries = q0 + n;
+        c->disk_hits = d0 + (disk ? r : 0), c->ram_hits = r0 + (ram ? r : 0); /* where the first look found them */
+    }
+    return r;
+}
+
+/* One process's outcome of a slot call (ke_ctx_prefix_save, _restore). */
+typedef struct {
+    int64_t code; /* 0: done */
+    int64_t n, bytes;
+    uint64_t tokens; /* a hash of the slot's tokens */
+    char msg[232];
+} slot_outcome;
+
+/* The job's outcome of a slot call that st (NULL: done, with *n tokens and
+ * *bytes of this process's file) ended on this process: the first process's
+ * error, on every process (naming that process when it is another), else
+ * the fewest tokens any has and the bytes of all the files. */
+static kiln_status slot_agree(ke_ctx *c, kiln_status st, const int32_t *tokens, int64_t *n, size_t *bytes) {
+    if (!c->job) return st;
+    int np = kd_size();
+    slot_outcome me = {.code = st ? kiln_status_code(st) : 0, .n = st ? 0 : *n, .bytes = st ? 0 : (int64_t)*bytes};
+    int64_t lo, hi;
+    job_range(me.n, &lo, &hi); /* the tokens all the files hold, to compare */
+    me.tokens = st || !lo ? 0 : hash_bytes(0x6b696c6e736c6f74ull, tokens, sizeof(int32_t) * (size_t)lo);
+    if (st) snprintf(me.msg, sizeof me.msg, "%s", kiln_status_msg(st));
+    slot_outcome *all = malloc(sizeof *all * (size_t)np);
+    if (!all) {
+        fprintf(stderr, "kiln: rank %d: out of memory\n", kd_rank());
+        kd_abort(70);
+    }
+    kd_all_gather(&me, sizeof me, all);
+    kiln_status out = st;
+    int64_t sum = 0;
+    for (int i = 0; i < np && !out; i++) {
+        if (all[i].code) out = kiln_error((kiln_code)all[i].code, "rank %d of %d: %s", i, np, all[i].msg);
+        else if (all[i].tokens != all[0].tokens)
+            out = kiln_error(KILN_EINVAL, "rank %d of %d: its slot file holds other tokens than rank 0's (files of different saves)", i, np);
+        sum += all[i].bytes;
+    }
+    free(all);
+    if (!out) *n = lo, *bytes = (size_t)sum;
+    return out;
+}
+
+/* Process r of a --tp T --pp P job keeps its shard of slot file PATH at
+ * PATH.tpT-ppP-rankR (one process: PATH), so that a file of another layout
+ * is not found by its name. */
+static kiln_status slot_path(const ke_ctx *c, const char *path, char *buf, size_t cap) {
+    int n = c->tp_size == 1 && c->pp_size == 1
+                ? snprintf(buf, cap, "%s", path)
+                : snprintf(buf, cap, "%s.tp%d-pp%d-rank%d", path, c->tp_size, c->pp_size, c->pp_rank * c->tp_size + c->tp_rank);
+    return n < (int)cap ? NULL : kiln_error(KILN_EINVAL, "%s: the path is too long", path);
+}
+
+/* Why the file p of slot file path is not there, when a file of another
+ * layout is (NULL otherwise: the read names what it finds). */
+static kiln_status slot_missing(const ke_ctx *c, const char *path, const char *p) {
+    if (ku_file_exists(p)) return NULL;
+    if (c->tp_size > 1 || c->pp_size > 1)
+        return kiln_error(KILN_ENOTFOUND, "%s: no such file: under --tp %d --pp %d each process restores its own shard of "
+                          "slot file %s, saved by a job of the same layout%s", p, c->tp_size, c->pp_size, path,
+                          ku_file_exists(path) ? " (the file of that name is one process's)" : "");
+    glob_t g;
+    char pat[4200];
+    snprintf(pat, sizeof pat, "%s.tp*-pp*-rank0", path);
+    kiln_status st = NULL;
+    if (glob(pat, GLOB_NOSORT, NULL, &g) == 0 && g.gl_pathc > 0)
+        st = kiln_error(KILN_ENOTFOUND, "%s: no such file; %s is rank 0's shard of a --tp/--pp job's save: restore it under "
+                        "the layout it was saved with", path, g.gl_pathv[0]);
+    globfree(&g);
+    return st;
+}
+
+kiln_status ke_ctx_prefix_save(ke_ctx *c, const int32_t *tokens, int64_t n, const char *path, int64_t *n_saved,
+                               size_t *n_written) {
+    kiln_status st;
+    char p[4096];
+    *n_saved = 0, *n_written = 0;
+    MIRRORED(c, kem_send_path(KEM_SAVE, tokens, n, path), st_result(st, *n_saved),
+             st = slot_path(c, path, p, sizeof p);
+             if (!st) st = local_prefix_save(c, tokens, n, p, n_saved, n_written);
+             st = slot_agree(c, st, tokens, n_saved, n_written));
+    return st;
+}
+
+kiln_status ke_ctx_prefix_restore(ke_ctx *c, const char *path, int32_t **tokens, int64_t *n_restored, size_t *n_read) {
+    kiln_status st;
+    char p[4096];
+    *tokens = NULL, *n_restored = 0, *n_read = 0;
+    MIRRORED(c, kem_send_path(KEM_RESTORE, NULL, 0, path), st_result(st, *n_restored),
+             st = slot_path(c, path, p, sizeof p);
+             if (!st) st = slot_missing(c, path, p);
+             if (!st) st = local_prefix_restore(c, p, tokens, n_restored, n_read);
+             st = slot_agree(c, st, *tokens, n_restored, n_read));
+    if (st) free(*tokens), *tokens = NULL;
+    return st;
+}
+
 
 kiln_status ke_seq_open(ke_ctx *c, int *seq) {
     kiln_status st;
@@ -1888,7 +2084,7 @@ kiln_status ke_seq_open(ke_ctx *c, int *seq) {
 void ke_seq_close(ke_ctx *c, int seq) { MIRRORED(c, kem_send(KEM_CLOSE, seq, 0, NULL, 0), 0, local_seq_close(c, seq)); }
 int64_t ke_seq_reuse_prefix(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {
     int64_t r;
-    MIRRORED(c, kem_send(KEM_REUSE, seq, 0, tokens, n), r, r = local_reuse_prefix(c, seq, tokens, n));
+    MIRRORED(c, kem_send(KEM_REUSE, seq, 0, tokens, n), r, r = agreed_reuse_prefix(c, seq, tokens, n));
     return r;
 }
 void ke_seq_publish(ke_ctx *c, int seq, const int32_t *tokens, int64_t n) {

@@ -46,16 +46,22 @@ struct kvis_model;
 struct kvis_model *ke_model_vision(const ke_model *m);
 
 /* What running the model takes in memory, from the cache layout its graph
- * declares (as ke_ctx_create allocates it): the KV cache is float32, per
- * token of the cache; recurrent state is one row per open sequence. */
+ * declares (as ke_ctx_create allocates it): the KV cache per token of the
+ * cache (kv_bytes_per_token as float32; ke_memory_kv_bytes_per_token for
+ * the other cache types); recurrent state is one row per open sequence. */
 typedef struct {
     int64_t weight_bytes;        /* the checkpoint's tensors (mapped from the files, not copied) */
-    int64_t kv_bytes_per_token;  /* K and V of every layer that keeps a cache */
+    int64_t kv_bytes_per_token;  /* K and V of every layer that keeps a cache, float32 */
+    int64_t k_elems_per_token, v_elems_per_token; /* their elements: heads * dk (dv) summed over the layers */
     int64_t state_bytes_per_seq; /* recurrent state of every layer that keeps one */
     int kv_layers, state_layers;
     int64_t default_n_ctx;       /* ke_ctx_params.n_ctx 0: min(max_position_embeddings, 4096) */
 } ke_memory;
 kiln_status ke_model_memory(const ke_model *m, ke_memory *out);
+/* Bytes per cached token with K and V of these types (ke_ctx_params
+ * cache_type_k / _v: f32 4 bytes an element, f16 and bf16 2, q8_0 (KG_U8)
+ * 34 bytes per 32 elements). */
+int64_t ke_memory_kv_bytes_per_token(const ke_memory *mem, kg_dtype k, kg_dtype v);
 
 typedef struct {
     int64_t n_ctx;    /* longest sequence; 0: min(max_position_embeddings, 4096) */
@@ -90,8 +96,8 @@ const char *ke_cache_type_name(kg_dtype t);
 #define KE_CACHE_RAM_DIVISOR 4
 int64_t ke_cache_ram_default(void);
 
-/* Bytes ke_ctx_create(p) allocates for the KV cache, the recurrent state
- * rows and (the most) state snapshots take, per ke_memory. */
+/* Bytes ke_ctx_create(p) allocates for the KV cache (of p's cache types),
+ * the recurrent state rows and (the most) state snapshots take, per ke_memory. */
 int64_t ke_memory_ctx_bytes(const ke_memory *mem, const ke_ctx_params *p);
 
 typedef struct ke_ctx ke_ctx;

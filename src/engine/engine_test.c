@@ -182,6 +182,15 @@ KT_TEST(engine_memory_from_the_cache_layout) {
     KT_CHECK_EQ(ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = 100}), 112 * mem.kv_bytes_per_token);
     KT_CHECK_EQ(ke_memory_ctx_bytes(&mem, &(ke_ctx_params){0}), 256 * mem.kv_bytes_per_token);
     KT_CHECK_EQ(ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = 64, .n_cache = 256}), 256 * mem.kv_bytes_per_token);
+    /* per cache type (-ctk / -ctv): 512 K and 512 V elements a token; f16 and bf16 2 bytes each, q8_0 34 per 32 */
+    KT_CHECK(mem.k_elems_per_token == 4 * 4 * 32 && mem.v_elems_per_token == 4 * 4 * 32);
+    KT_CHECK_EQ(ke_memory_kv_bytes_per_token(&mem, KG_F32, KG_F32), mem.kv_bytes_per_token);
+    KT_CHECK_EQ(ke_memory_kv_bytes_per_token(&mem, KG_F16, KG_F16), 2 * 512 * 2);
+    KT_CHECK_EQ(ke_memory_kv_bytes_per_token(&mem, KG_BF16, KG_F32), 512 * 2 + 512 * 4);
+    KT_CHECK_EQ(ke_memory_kv_bytes_per_token(&mem, KG_U8, KG_U8), 2 * 16 * 34);
+    KT_CHECK_EQ(ke_memory_kv_bytes_per_token(&mem, KG_U8, KG_F16), 16 * 34 + 512 * 2);
+    KT_CHECK_EQ(ke_memory_ctx_bytes(&mem, &(ke_ctx_params){.n_ctx = 100, .cache_type_k = KG_U8, .cache_type_v = KG_BF16}),
+                112 * (16 * 34 + 512 * 2));
     ke_model_free(m);
     /* Mamba: 2 layers, d_inner 128, state 16, conv kernel 4: no KV; per layer
      * the SSM state (128 x 16) and the convolution's last columns (128 x <= 4) */

@@ -66,6 +66,15 @@ void kem_send(kem_op op, int seq, int64_t a, const int32_t *tokens, int64_t n) {
     send(&(kem_header){op, seq, a, tokens ? n : 0, tokens ? (int64_t)sizeof(int32_t) * n : 0}, tokens);
 }
 
+void kem_send_path(kem_op op, const int32_t *tokens, int64_t n, const char *path) {
+    size_t k = strlen(path);
+    if (!tokens) n = 0;
+    out.len = 0;
+    put(&out, tokens, sizeof(int32_t) * (size_t)n);
+    put(&out, path, k);
+    send(&(kem_header){op, 0, (int64_t)k, n, (int64_t)out.len}, out.p);
+}
+
 void kem_send_decode(kem_op op, const km_hparams *hp, const ke_batch *b, const ke_inputs *x, const int32_t *types) {
     int64_t n = b->n > 0 ? b->n : 0, in = 0;
     out.len = 0;
@@ -109,8 +118,8 @@ static bool take_rows(reader *r, int64_t n, int64_t row, const float **ptrs) {
 
 static const char *op_name(int op) {
     static const char *const names[] = {"?", "end", "open", "close", "reuse_prefix", "publish", "trim_window",
-                                        "checkpoint", "truncate", "decode", "decode_ex", "decode_types", "cache_drop"};
-    return op > 0 && op <= KEM_DROP ? names[op] : "?";
+                                        "checkpoint", "truncate", "decode", "decode_ex", "decode_types", "cache_drop", "prefix_save", "prefix_restore"};
+    return op > 0 && op <= KEM_RESTORE ? names[op] : "?";
 }
 
 static int64_t status_result(kiln_status st, int64_t ok) {
@@ -152,6 +161,20 @@ static kiln_status replay_decode(ke_ctx *c, const kem_header *h, const unsigned 
     return NULL;
 }
 
+/* A slot save or restore from the payload (each process its own file: engine.c). */
+static int64_t replay_file(ke_ctx *c, const kem_header *h, const unsigned char *pay) {
+    char path[4096];
+    memcpy(path, pay + h->n * (int64_t)sizeof(int32_t), (size_t)h->a);
+    path[h->a] = 0;
+    int64_t n = 0;
+    size_t bytes = 0;
+    int32_t *t = NULL;
+    kiln_status st = h->op == KEM_SAVE ? ke_ctx_prefix_save(c, (const int32_t *)pay, h->n, path, &n, &bytes)
+                                       : ke_ctx_prefix_restore(c, path, &t, &n, &bytes);
+    free(t);
+    return status_result(st, n); /* after the call, which sets n */
+}
+
 kiln_status ke_ctx_follow(ke_ctx *c) {
     unsigned char *pay = NULL;
     size_t cap = 0;
@@ -162,7 +185,7 @@ kiln_status ke_ctx_follow(ke_ctx *c) {
         kem_header h;
         kd_broadcast_idle(&h, sizeof h, 0);
         if (h.op == KEM_END) break;
-        if (h.bytes < 0 || h.n < 0 || h.op < KEM_END || h.op > KEM_DROP) {
+        if (h.bytes < 0 || h.n < 0 || h.op < KEM_END || h.op > KEM_RESTORE) {
             err = kiln_error(KILN_EINVAL, "rank %d: a malformed call from rank 0 (op %d)", kd_rank(), h.op);
             break;
         }
@@ -176,7 +199,9 @@ kiln_status ke_ctx_follow(ke_ctx *c) {
         }
         if (h.bytes) kd_broadcast(pay, (size_t)h.bytes, 0);
         const int32_t *tok = (const int32_t *)pay;
-        if (h.op != KEM_DECODE && h.op != KEM_DECODE_EX && h.op != KEM_DECODE_TYPES && h.bytes != h.n * (int64_t)sizeof(int32_t)) {
+        bool file = h.op == KEM_SAVE || h.op == KEM_RESTORE; /* tokens, then a path of h.a bytes */
+        if (h.op != KEM_DECODE && h.op != KEM_DECODE_EX && h.op != KEM_DECODE_TYPES &&
+            (h.bytes != h.n * (int64_t)sizeof(int32_t) + (file ? h.a : 0) || (file && (h.a <= 0 || h.a >= 4096)))) {
             err = kiln_error(KILN_EINVAL, "rank %d: a malformed %s from rank 0", kd_rank(), op_name(h.op));
             break;
         }
@@ -191,6 +216,8 @@ kiln_status ke_ctx_follow(ke_ctx *c) {
         case KEM_CKPT: mine = status_result(ke_seq_checkpoint(c, h.seq), 0); break;
         case KEM_TRUNC: mine = status_result(ke_seq_truncate(c, h.seq, h.a), 0); break;
         case KEM_DROP: ke_ctx_cache_drop(c, h.seq != 0); break;
+        case KEM_SAVE:
+        case KEM_RESTORE: mine = replay_file(c, &h, pay); break;
         default: err = replay_decode(c, &h, pay, &rows, &rows_cap, &mine);
         }
         if (err) break;

@@ -20,10 +20,14 @@ typedef enum {
     KEM_DECODE_EX,    /* ke_decode_ex(batch, inputs) */
     KEM_DECODE_TYPES, /* ke_decode_types(batch, types) */
     KEM_DROP,         /* ke_ctx_cache_drop */
+    KEM_SAVE,         /* ke_ctx_prefix_save(tokens, n, path) */
+    KEM_RESTORE,      /* ke_ctx_prefix_restore(path) */
 } kem_op;
 
 /* Leader side: one call, before it runs (tokens [n] may be NULL), ... */
 void kem_send(kem_op op, int seq, int64_t a, const int32_t *tokens, int64_t n);
+/* ... a call on a file: tokens [n] (may be NULL) and its path ... */
+void kem_send_path(kem_op op, const int32_t *tokens, int64_t n, const char *path);
 /* ... a step with its per-token inputs (x or types may be NULL) ... */
 void kem_send_decode(kem_op op, const km_hparams *hp, const ke_batch *b, const ke_inputs *x, const int32_t *types);
 /* ... and its result after it ran, which every follower checks against its own. */

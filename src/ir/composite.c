@@ -109,6 +109,115 @@ static kg_node *rope(kg_graph *g, const kg_node *n) {
     return kg_concat(g, p, 2, 2);
 }
 
+/* ---------------------------------------------------------------- q8_0 */
+
+/* x [.., B * w] as [.., B, w]. */
+static kg_node *split_last(kg_graph *g, kg_node *x, int64_t w) {
+    if (!x) return NULL;
+    kg_shape s = x->shape;
+    s.d[s.rank - 1] /= w;
+    s.d[s.rank++] = w;
+    return kg_reshape(g, x, s);
+}
+
+/* x [.., B, w] as [.., B * w]. */
+static kg_node *join_last(kg_graph *g, kg_node *x) {
+    if (!x) return NULL;
+    kg_shape s = x->shape;
+    s.rank--;
+    s.d[s.rank - 1] *= x->shape.d[s.rank];
+    return kg_reshape(g, x, s);
+}
+
+static kg_node *select_if(kg_graph *g, kg_cmp cmp, kg_node *a, double b, kg_node *yes, kg_node *no) {
+    return kg_select(g, kg_compare(g, cmp, a, scalar_like(g, a, b)), yes, no);
+}
+
+/* The bits of h (f32 values of float16, >= 0: max|x| / 127 rounded) as two
+ * f32 bytes [.., 1] each: exponent e = how many of 2^-14 .. 2^15 (and
+ * 65536: infinity) h reaches, mantissa h / 2^(e-15) - 1 in 1/1024ths, or
+ * h * 2^24 when subnormal (e = 0). Every step is exact. */
+static kg_node *f16_bytes(kg_graph *g, kg_node *h, kg_node **hi) {
+    float thr[31], pw[32];
+    for (int k = 0; k < 31; k++) thr[k] = k < 30 ? ldexpf(1.0f, k - 14) : 65536.0f;
+    for (int k = 0; k < 32; k++) pw[k] = ldexpf(1.0f, k - 15);
+    kg_shape s = h->shape; /* [.., 1] -> [.., 31] */
+    s.d[s.rank - 1] = 31;
+    int dims[KG_MAX_RANK], last = s.rank - 1;
+    for (int i = 0; i < s.rank; i++) dims[i] = i;
+    kg_node *hb = kg_broadcast_in_dim(g, h, s, dims);
+    kg_node *t = kg_broadcast_in_dim(g, kg_const(g, KG_F32, KG_SHAPE(31), thr), s, &last);
+    kg_node *e = kg_reduce(g, kg_convert(g, kg_compare(g, KG_CMP_GE, hb, t), KG_F32), KG_REDUCE_SUM, &last, 1);
+    e = kg_reshape(g, e, h->shape);
+    kg_node *p = kg_take_rows(g, kg_const(g, KG_F32, KG_SHAPE(32), pw), kg_convert(g, e, KG_I32));
+    if (p) p = kg_reshape(g, p, h->shape);
+    kg_node *normal = mul(g, sub(g, divide(g, h, p), scalar_like(g, h, 1)), scalar_like(g, h, 1024));
+    kg_node *mant = select_if(g, KG_CMP_EQ, e, 0, mul(g, h, scalar_like(g, h, 16777216.0)), normal);
+    mant = select_if(g, KG_CMP_GE, e, 31, scalar_like(g, h, 0), mant);
+    kg_node *bits = add(g, mul(g, e, scalar_like(g, e, 1024)), mant);
+    *hi = kg_unary(g, KG_OP_FLOOR, divide(g, bits, scalar_like(g, bits, 256)));
+    return sub(g, bits, mul(g, *hi, scalar_like(g, bits, 256)));
+}
+
+/* kiln.quantize_q8_0 as kk_quantize_q8_0 computes it (llama.cpp's
+ * quantize_row_q8_0_ref): per block of 32, d = max|x| / 127, id = 1 / d (0
+ * when d is), the values roundf(x * id) (half away from zero: the floor,
+ * plus one when the fraction is at least a half) stored as two's-complement
+ * bytes after d as float16 (round to nearest even), little endian. */
+static kg_node *quantize_q8_0(kg_graph *g, const kg_node *n) {
+    kg_node *x = split_last(g, n->in[0], KG_Q8_0_BLOCK); /* [.., B, 32] */
+    if (!x) return NULL;
+    kg_shape s1 = x->shape; /* [.., B, 1] */
+    s1.d[s1.rank - 1] = 1;
+    kg_node *amax = kg_reshape(g, reduce_last(g, kg_unary(g, KG_OP_ABS, x), KG_REDUCE_MAX), s1);
+    kg_node *d = divide(g, amax, scalar_like(g, amax, 127));
+    kg_node *zero = scalar_like(g, d, 0);
+    kg_node *id = select_if(g, KG_CMP_NE, d, 0, divide(g, scalar_like(g, d, 1), d), zero);
+    int dims[KG_MAX_RANK];
+    for (int i = 0; i < x->shape.rank; i++) dims[i] = i;
+    kg_node *y = mul(g, x, kg_broadcast_in_dim(g, id, x->shape, dims));
+    kg_node *ay = kg_unary(g, KG_OP_ABS, y), *fl = kg_unary(g, KG_OP_FLOOR, ay);
+    kg_node *r = add(g, fl, kg_convert(g, kg_compare(g, KG_CMP_GE, sub(g, ay, fl), scalar_like(g, ay, 0.5)), KG_F32));
+    r = select_if(g, KG_CMP_LT, y, 0, kg_unary(g, KG_OP_NEG, r), r);
+    r = select_if(g, KG_CMP_LT, r, 0, add(g, r, scalar_like(g, r, 256)), r); /* two's complement; -0 stays 0 */
+    kg_node *hi, *lo = f16_bytes(g, kg_convert(g, kg_convert(g, d, KG_F16), KG_F32), &hi);
+    kg_node *parts[3] = {kg_convert(g, lo, KG_U8), kg_convert(g, hi, KG_U8), kg_convert(g, r, KG_U8)};
+    return join_last(g, kg_concat(g, parts, 3, x->shape.rank - 1));
+}
+
+/* Rows of q8_0 blocks u8 [.., B * 34] as f32 [.., B * 32], as kk_q8_0_row
+ * reads them: the scale's float16 bits decoded by exponent (2^(e-25) from
+ * a table, times 1024 + mantissa; subnormal: mantissa * 2^-24), times each
+ * value as a signed byte. */
+static kg_node *dequant_q8_0(kg_graph *g, kg_node *c) {
+    kg_node *b = kg_convert(g, split_last(g, c, KG_Q8_0_BYTES), KG_F32); /* [.., B, 34] */
+    if (!b) return NULL;
+    int64_t w = KG_Q8_0_BYTES;
+    kg_node *hi = slice_last(g, b, 1, 2, 1);
+    kg_node *bits = add(g, slice_last(g, b, 0, 1, 1), mul(g, hi, scalar_like(g, hi, 256)));
+    kg_node *sign = kg_unary(g, KG_OP_FLOOR, divide(g, bits, scalar_like(g, bits, 32768)));
+    kg_node *rest = sub(g, bits, mul(g, sign, scalar_like(g, sign, 32768)));
+    kg_node *e = kg_unary(g, KG_OP_FLOOR, divide(g, rest, scalar_like(g, rest, 1024)));
+    kg_node *mant = sub(g, rest, mul(g, e, scalar_like(g, e, 1024)));
+    float pw[32];
+    for (int k = 0; k < 32; k++) pw[k] = k == 31 ? INFINITY : ldexpf(1.0f, k - 25);
+    kg_node *p = kg_take_rows(g, kg_const(g, KG_F32, KG_SHAPE(32), pw), kg_convert(g, e, KG_I32));
+    if (p) p = kg_reshape(g, p, e->shape);
+    kg_node *v = select_if(g, KG_CMP_EQ, e, 0, mul(g, mant, scalar_like(g, mant, 1.0 / 16777216.0)),
+                           mul(g, add(g, mant, scalar_like(g, mant, 1024)), p));
+    v = select_if(g, KG_CMP_GT, sign, 0, kg_unary(g, KG_OP_NEG, v), v);
+    kg_node *q = slice_last(g, b, 2, w, 1); /* [.., B, 32] */
+    q = select_if(g, KG_CMP_GE, q, 128, sub(g, q, scalar_like(g, q, 256)), q);
+    int dims[KG_MAX_RANK];
+    for (int i = 0; q && i < q->shape.rank; i++) dims[i] = i;
+    return join_last(g, mul(g, q, q ? kg_broadcast_in_dim(g, v, q->shape, dims) : NULL));
+}
+
+/* A KV cache as f32: widened, or q8_0 blocks dequantized. */
+static kg_node *cache_f32(kg_graph *g, kg_node *c) {
+    return c->dtype == KG_U8 ? dequant_q8_0(g, c) : kg_convert(g, c, KG_F32);
+}
+
 /* ---------------------------------------------------------------- attention */
 
 static kg_node *attention(kg_graph *g, const kg_node *n) {
@@ -116,6 +225,7 @@ static kg_node *attention(kg_graph *g, const kg_node *n) {
     const kg_attn_attr *at = &n->a.attn;
     int64_t T = q->shape.d[0], Hq = q->shape.d[1], D = q->shape.d[2];
     int64_t Hkv = kc->shape.d[1], Dv = vc->shape.d[2], G = Hq / Hkv;
+    if (vc->dtype == KG_U8) Dv = Dv / KG_Q8_0_BYTES * KG_Q8_0_BLOCK;
     int64_t MB = bt->shape.d[1], bs = at->block_size, C = MB * bs;
 
     /* slot[t, c] = bt[seq[t], c / bs] * bs + c % bs */
@@ -124,8 +234,8 @@ static kg_node *attention(kg_graph *g, const kg_node *n) {
     kg_node *blk = bcast(g, rows, s3, 0, 1, 0, 0);
     kg_node *slot = add(g, mul(g, blk, scalar_like(g, blk, (double)bs)), kg_iota(g, KG_I32, s3, 2));
     slot = kg_reshape(g, slot, KG_SHAPE(T, C));
-    kg_node *K = kg_take_rows(g, kg_convert(g, kc, KG_F32), slot); /* [T, C, Hkv, D] */
-    kg_node *V = kg_take_rows(g, kg_convert(g, vc, KG_F32), slot); /* [T, C, Hkv, Dv] */
+    kg_node *K = kg_take_rows(g, cache_f32(g, kc), slot); /* [T, C, Hkv, D] */
+    kg_node *V = kg_take_rows(g, cache_f32(g, vc), slot); /* [T, C, Hkv, Dv] */
 
     kg_node *q4 = kg_reshape(g, q, KG_SHAPE(T, Hkv, G, D));
     kg_dot_dims qk = {.lhs_batch = {2, {0, 1}}, .rhs_batch = {2, {0, 2}}, .lhs_contract = {1, {3}}, .rhs_contract = {1, {3}}};
@@ -529,6 +639,7 @@ kg_node *kg_decompose(kg_graph *g, const kg_node *n) {
     case KG_OP_WKV4: return wkv4(g, n);
     case KG_OP_LINEAR_SCAN: return linear_scan(g, n);
     case KG_OP_DELTA_SCAN: return delta_scan(g, n);
+    case KG_OP_QUANT_Q8_0: return quantize_q8_0(g, n);
     default: return NULL;
     }
 }

@@ -3,8 +3,10 @@
  * Every composite (kiln.rms_norm, kiln.rope, kiln.attention, kiln.linear,
  * kiln.embed, kiln.dequantize, kiln.layer_norm) is defined by the primitive
  * subgraph built here, exactly as stablehlo.composite defines a composite by
- * its decomposition. Kernels for composites must agree with these graphs;
- * the unit tests and `kiln validate --decompose` check that they do.
+ * its decomposition (so do the MoE, recurrent and kiln.quantize_q8_0 ones,
+ * the last bit for bit: exact f32 steps only). Kernels for composites must
+ * agree with these graphs; the unit tests and `kiln validate --decompose`
+ * check that they do.
  *
  * The expansions follow the float32 operation order of the Hugging Face
  * reference code (e.g. RMSNorm divides the sum of squares by D, then adds

@@ -295,3 +295,78 @@ KT_TEST(composite_weight_formats_match_decomposition) {
                   wa->bits, d);
     }
 }
+
+/* ---------------------------------------------------------------- q8_0 */
+
+static kg_node *build_q8_0(kg_graph *g, void *ctx) {
+    const int64_t *shape = ctx; /* [T, H, D] */
+    return kg_quantize_q8_0(g, kg_param(g, KG_F32, KG_SHAPE(shape[0], shape[1], shape[2]), "x"));
+}
+
+/* The decomposition writes the kernel's bytes: blocks of every magnitude
+ * (float16 scales normal and subnormal), all zero, and halves that round
+ * away from zero (scale 1: amax 127), with 0.49999997 just under one. */
+KT_TEST(composite_quantize_q8_0_matches_decomposition_bitwise) {
+    const int64_t shape[3] = {3, 2, 96}, n = 3 * 2 * 96;
+    float *x = calloc((size_t)n, sizeof(float));
+    static const float mags[] = {1, 1e-4f, 3e-6f, 5000, 0.02f, 40};
+    for (int64_t b = 0; b < n / 32; b++) {
+        float *blk = x + b * 32;
+        if (b == 2) continue; /* all zero */
+        if (b == 5 || b == 11) {
+            static const float ties[] = {127, 0.5f, -0.5f, 1.5f, -2.5f, 3.5f, 0.49999997f, -0.49999997f, -126.5f, 64.5f};
+            for (int j = 0; j < 32; j++) blk[j] = ties[j % 10] * (b == 11 ? -1.0f : 1.0f);
+            continue;
+        }
+        for (int j = 0; j < 32; j++) blk[j] = frand() * mags[b % 6];
+    }
+    void *bufs[1] = {x}, *res[2];
+    size_t bytes = 0;
+    KT_CHECK(irt_run_both(build_q8_0, (void *)shape, bufs, res, &bytes));
+    KT_CHECK_EQ((int64_t)bytes, n / 32 * 34);
+    int64_t first = -1;
+    for (int64_t i = 0; i < (int64_t)bytes && first < 0; i++)
+        if (((uint8_t *)res[0])[i] != ((uint8_t *)res[1])[i]) first = i;
+    KT_CHECKF(first < 0, "byte %lld (block %lld): kernel %u, decomposition %u", (long long)first, (long long)(first / 34),
+              first < 0 ? 0u : ((uint8_t *)res[0])[first], first < 0 ? 0u : ((uint8_t *)res[1])[first]);
+    /* block 5: scale 1.0 (0x3c00), then 127, roundf(0.5) = 1, -1, 2, -3, 4, 0, 0 */
+    const uint8_t *b5 = (const uint8_t *)res[0] + 5 * 34;
+    KT_CHECK(b5[0] == 0x00 && b5[1] == 0x3c && b5[2] == 127 && b5[3] == 1 && b5[4] == 0xff && b5[5] == 2 && b5[6] == 0xfd &&
+             b5[7] == 4 && b5[8] == 0 && b5[9] == 0);
+    free(res[0]), free(res[1]), free(x);
+}
+
+typedef struct {
+    attn_cfg a;
+    kg_dtype kt, vt; /* cache types (KG_U8: q8_0) */
+} typed_attn_cfg;
+
+/* Attention over caches of each type, written in the graph from f32 rows
+ * (kg_convert, kg_quantize_q8_0): kernels against decompositions of both. */
+static kg_node *build_attn_typed(kg_graph *g, void *ctx) {
+    typed_attn_cfg *c = ctx;
+    kg_node *p[6];
+    attn_params(g, &c->a, p);
+    for (int i = 1; i <= 2; i++) {
+        kg_dtype t = i == 1 ? c->kt : c->vt;
+        p[i] = t == KG_U8 ? kg_quantize_q8_0(g, p[i]) : kg_convert(g, p[i], t);
+    }
+    kg_attn_attr at = {.scale = 1.0f / sqrtf((float)c->a.D), .block_size = (int)c->a.bs, .window = c->a.window};
+    return kg_attention(g, p[0], p[1], p[2], p[3], p[4], p[5], NULL, NULL, &at);
+}
+
+KT_TEST(composite_attention_cache_types_match_decomposition) {
+    typed_attn_cfg cfgs[] = {
+        {{6, 4, 2, 32, 32, 2, 3, 4, 8, 0, 0, 0, false, false}, KG_U8, KG_U8},
+        {{1, 8, 4, 64, 32, 1, 2, 16, 2, 8, 0, 0, false, false}, KG_U8, KG_F16},
+        {{5, 4, 1, 32, 64, 1, 4, 4, 4, 3, 0, 0, false, false}, KG_BF16, KG_U8},
+        {{6, 4, 2, 16, 16, 2, 3, 4, 8, 0, 0, 0, false, false}, KG_F16, KG_BF16},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        inputs in;
+        attn_inputs(&cfgs[i].a, &in);
+        double mx, d = compare(build_attn_typed, &cfgs[i], &in, &mx);
+        free_inputs(&in);
+        KT_CHECKF(d <= 1e-5 * (1 + mx), "typed attention config %zu: max diff %g", i, d);
+    }
+}

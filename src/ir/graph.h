@@ -133,7 +133,7 @@ typedef enum {
     KG_OP_ALL_GATHER,         /* stablehlo.all_gather */
     KG_OP_REDUCE_SCATTER,     /* stablehlo.reduce_scatter (sum) */
     KG_OP_COLLECTIVE_PERMUTE, /* stablehlo.collective_permute */
-    KG_OP_QUANT_Q8_0,         /* kiln.quantize_q8_0 (composite, no decomposition): a KV cache's rows, see kg_quantize_q8_0 */
+    KG_OP_QUANT_Q8_0,         /* kiln.quantize_q8_0 (composite): a KV cache's rows, see kg_quantize_q8_0 */
     KG_OP_COUNT
 } kg_opcode;
 

@@ -76,12 +76,17 @@ kiln_status kd_init_pp(int tp, int pp, const int *layers) {
     return NULL;
 }
 
+static _Thread_local int solo; /* kd_solo_begin's depth on this thread */
+void kd_solo_begin(void) { solo++; }
+void kd_solo_end(void) { solo -= solo > 0; }
+bool kd_solo(void) { return solo > 0; }
+
 static int pp_micro; /* --pp-micro; 0: the stages */
-int kd_pp_micro(void) { return pp_micro > 0 ? pp_micro : pp_size; }
+int kd_pp_micro(void) { return pp_micro > 0 ? pp_micro : kd_pp_size(); }
 void kd_set_pp_micro(int n) { pp_micro = n > 0 ? n : 0; }
 
-int kd_pp_size(void) { return pp_size; }
-int kd_pp_rank(void) { return pp_rank; }
+int kd_pp_size(void) { return solo ? 1 : pp_size; }
+int kd_pp_rank(void) { return solo ? 0 : pp_rank; }
 
 void kd_set_pp(int size, int rank, const int *layers) {
     pp_size = size > 0 && size <= MAX_STAGES ? size : 1;
@@ -91,7 +96,7 @@ void kd_set_pp(int size, int rank, const int *layers) {
 
 kiln_status kd_pp_split(int n_layers, int stage, int *lo, int *hi) {
     *lo = 0, *hi = n_layers;
-    if (pp_size <= 1) return NULL;
+    if (kd_pp_size() <= 1) return NULL;
     if (n_layers < pp_size)
         return kiln_error(KILN_EINVAL, "--pp %d: the model has %d layer%s, fewer than the stages", pp_size, n_layers,
                           n_layers == 1 ? "" : "s");
@@ -108,11 +113,11 @@ kiln_status kd_pp_split(int n_layers, int stage, int *lo, int *hi) {
 
 int kd_rank(void) { return rank_; }
 int kd_size(void) { return size_; }
-int kd_tp_size(void) { return tp_size; }
-int kd_tp_rank(void) { return tp_rank; }
+int kd_tp_size(void) { return solo ? 1 : tp_size; }
+int kd_tp_rank(void) { return solo ? 0 : tp_rank; }
 
 static bool expert_parallel;
-bool kd_expert_parallel(void) { return expert_parallel; }
+bool kd_expert_parallel(void) { return expert_parallel && !solo; }
 void kd_set_expert_parallel(bool on) { expert_parallel = on; }
 
 bool kd_lockstep(void) { return lockstep; }

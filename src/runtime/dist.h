@@ -68,6 +68,14 @@ void kd_set_pp(int size, int rank, const int *layers);
 /* For tests: build graphs for rank `rank` of `size` (the collectives then
  * still run on this job's processes). */
 void kd_set_tp(int size, int rank);
+/* This process alone, on the calling thread, between kd_solo_begin and
+ * kd_solo_end (nested): the layout above reads one tensor rank of one stage
+ * without expert parallelism, so that graphs built then are the whole model
+ * with no collectives (a draft model that rank 0 of a server runs by itself:
+ * engine.h, ke_ctx_params). kd_rank and kd_size still name the job. */
+void kd_solo_begin(void);
+void kd_solo_end(void);
+bool kd_solo(void);
 
 /* Collectives over every process of the job, in rank order.
  * out [size * bytes] = each process's `in` [bytes], rank 0 first. */

@@ -388,6 +388,7 @@ static int bg_end(bg_server *b, bool stop, int ms) {
 typedef struct {
     int port;
     const char *body;
+    const char *path; /* NULL: /v1/completions */
     char out[8192];
     size_t len;
     long status;
@@ -405,7 +406,7 @@ static size_t post_sink(char *d, size_t sz, size_t n, void *ud) {
 static void *do_post(void *arg) {
     post *q = arg;
     char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", q->port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", q->port, q->path ? q->path : "/v1/completions");
     CURL *c = curl_easy_init();
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, q->body);
@@ -588,4 +589,208 @@ KT_TEST(dist_tp2_chat_equals_one_process) {
         }
         kt_run_free(&one);
     }
+}
+
+/* ---------------------------------------------------------------- disk tier, slot files, draft model under --tp */
+
+/* A server of `how` ("BIN serve ... " with BIN for the binary; mp: under mpirun) in the background. */
+static void serve_bg(bg_server *b, const char *how, bool mp) {
+    char args[16384], cmd[20000];
+    if (mp) {
+        mpi_args(how, args, sizeof args);
+        snprintf(cmd, sizeof cmd, "timeout %s", args);
+    } else {
+        const char *bin = strstr(how, "BIN ");
+        snprintf(cmd, sizeof cmd, "%s %s", kt_kiln_bin(), bin ? bin + 4 : how);
+    }
+    bg_start(b, cmd);
+}
+
+/* POST body to path; q->out gets the answer. */
+static long post_to(int port, const char *path, const char *body, post *q) {
+    *q = (post){.port = port, .body = body, .path = path};
+    do_post(q);
+    return q->status;
+}
+
+static long json_int(const char *out, const char *key) {
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\": ", key);
+    const char *p = strstr(out, k);
+    return p ? atol(p + strlen(k)) : -1;
+}
+
+/* A 40-token prompt (two full 16-token blocks to cache), greedy then
+ * seeded: their "tokens" into toks, cached prompt tokens into cached. */
+static void long_completions(int port, char toks[2][2048], long cached[2]) {
+    static const char *const how[2] = {"\"temperature\": 0", "\"temperature\": 0.8, \"seed\": 7"};
+    for (int i = 0; i < 2; i++) {
+        char body[1024], ids[512];
+        size_t o = 0;
+        for (int t = 0; t < 40; t++) o += (size_t)snprintf(ids + o, sizeof ids - o, "%s%d", t ? ", " : "", 1 + (t * 7) % 50);
+        snprintf(body, sizeof body, "{\"prompt\": [%s], \"max_tokens\": 12, %s, \"return_tokens\": true}", ids, how[i]);
+        post q;
+        KT_CHECKF(post_to(port, NULL, body, &q) == 200, "HTTP %ld: %s", q.status, q.out);
+        tokens_of(&q, toks[i], sizeof toks[i]);
+        cached[i] = json_int(q.out, "cached_tokens");
+    }
+}
+
+static int count_files(const char *dir, const char *suffix) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "ls %s 2>/dev/null | grep -c '%s$'", dir, suffix);
+    FILE *f = popen(cmd, "r");
+    int n = 0;
+    if (f && fscanf(f, "%d", &n) != 1) n = 0;
+    if (f) pclose(f);
+    return n;
+}
+
+/* serve --tp 2 --cache-dir and --slot-save-path: greedy and seeded
+ * completions equal the one-process server's; each rank writes its shard
+ * of the disk tier (DIR/tp2-pp1-rankR, written when the job is stopped)
+ * and of a slot file (FILE.tp2-pp1-rankR); a restarted job reuses the
+ * prompt's blocks from disk (every rank hits), restores its slot file,
+ * and refuses a one-process file and one renamed from another layout;
+ * a one-process server refuses the job's file by name. */
+KT_TEST(dist_tp2_serve_disk_tier_and_slots) {
+    NEED_MPI();
+    char d[2048], base[] = "/tmp/kiln-dist-disk-XXXXXX", how[8192], path[4200];
+    KT_CHECK(mkdtemp(base) != NULL);
+    fixture(d, sizeof d, "kilnref_llama");
+    const char *serve = "serve --port 0 -np 2 -c 128 -t 1 --quiet --no-webui";
+    char ref[2][2048] = {{0}}, got[2][2048] = {{0}};
+    long cached[2], n_one = -1;
+    post q;
+    /* one process */
+    snprintf(how, sizeof how, "BIN %s -m %s --cache-dir %s/one --slot-save-path %s/slots", serve, d, base, base);
+    bg_server one;
+    serve_bg(&one, how, false);
+    KT_CHECKF(one.port > 0, "%s", bg_err(&one));
+    if (one.port) {
+        long_completions(one.port, ref, cached);
+        KT_CHECK(post_to(one.port, "/slots/0?action=save", "{\"filename\": \"one.bin\"}", &q) == 200);
+        n_one = json_int(q.out, "n_saved");
+        KT_CHECKF(n_one >= 32, "%s", q.out); /* the prompt's two blocks, and the reply's */
+    }
+    KT_CHECK(bg_end(&one, true, 20000) == 0);
+    /* the job, twice: the second reuses the first's disk tier */
+    /* time for the job to write its disk tiers when stopped, on a loaded machine (mpirun's SIGKILL follows its SIGTERM) */
+    snprintf(how, sizeof how, "--mca odls_base_sigkill_timeout 3 -np 2 BIN %s -m %s --tp 2 --cache-dir %s/tp --slot-save-path %s/slots",
+             serve, d, base, base);
+    for (int run = 0; run < 3; run++) {
+        if (run == 2) { /* rank 1's disk tier lost: a miss there is a miss on every rank */
+            snprintf(path, sizeof path, "rm -f %s/tp/tp2-pp1-rank1/*.kvb", base);
+            KT_CHECK(system(path) == 0);
+        }
+        bg_server tp;
+        serve_bg(&tp, how, true);
+        KT_CHECKF(tp.port > 0, "%s", bg_err(&tp));
+        if (!tp.port) {
+            bg_end(&tp, true, 20000);
+            break;
+        }
+        memset(got, 0, sizeof got);
+        long_completions(tp.port, got, cached);
+        for (int i = 0; i < 2; i++) KT_CHECKF(ref[i][0] && !strcmp(ref[i], got[i]), "run %d, %s: one process %s, --tp 2 %s", run, i ? "seeded" : "greedy", ref[i], got[i]);
+        /* the greedy request's prompt: from the disk tier in the second run */
+        KT_CHECKF(cached[0] == (run == 1 ? 32 : 0) && cached[1] == 32, "run %d: cached prompt tokens %ld, %ld", run, cached[0], cached[1]);
+        if (run == 1) {
+            KT_CHECKF(post_to(tp.port, "/slots/1?action=restore", "{\"filename\": \"tp.bin\"}", &q) == 200, "%s", q.out);
+            KT_CHECKF(json_int(q.out, "n_restored") == n_one, "%s", q.out);
+        }
+        if (run == 0) {
+            KT_CHECK(post_to(tp.port, "/slots/0?action=save", "{\"filename\": \"tp.bin\"}", &q) == 200);
+            KT_CHECKF(json_int(q.out, "n_saved") == n_one, "%s", q.out);
+            for (int r = 0; r < 2; r++) {
+                snprintf(path, sizeof path, "%s/slots/tp.bin.tp2-pp1-rank%d", base, r);
+                KT_CHECKF(ku_file_exists(path), "%s is missing", path);
+            }
+        } else if (run == 1) {
+            /* a one-process file: not found by this layout's name */
+            KT_CHECK(post_to(tp.port, "/slots/0?action=restore", "{\"filename\": \"one.bin\"}", &q) == 400);
+            KT_CHECKF(strstr(q.out, "one.bin.tp2-pp1-rank0: no such file: under --tp 2 --pp 1"), "%s", q.out);
+            /* a one-process file renamed as the shards: its header names another layout */
+            char cmd[9000];
+            snprintf(cmd, sizeof cmd, "cp %s/slots/one.bin %s/slots/x.bin.tp2-pp1-rank0 && cp %s/slots/one.bin %s/slots/x.bin.tp2-pp1-rank1",
+                     base, base, base, base);
+            KT_CHECK(system(cmd) == 0);
+            KT_CHECK(post_to(tp.port, "/slots/0?action=restore", "{\"filename\": \"x.bin\"}", &q) == 400);
+            KT_CHECKF(strstr(q.out, "rank 0 of 2") || strstr(q.out, "another cache layout"), "%s", q.out);
+            KT_CHECKF(strstr(q.out, "another cache layout"), "%s", q.out);
+        }
+        /* SIGTERM to rank 0: the job ends its contexts, writing the disk tiers, and exits non-zero
+         * (to mpirun, which forwards it, the same, but Open MPI 4.1 sometimes crashes on it) */
+        char *err = bg_err(&tp);
+        const char *r0 = strstr(err, "rank 0 of 2: serving (pid ");
+        KT_CHECKF(r0 != NULL, "%s", err);
+        kill(r0 ? atoi(r0 + strlen("rank 0 of 2: serving (pid ")) : tp.pid, SIGTERM);
+        for (int t0 = now_ms(); now_ms() - t0 < 15000; usleep(50000)) {
+            free(err);
+            err = bg_err(&tp);
+            if (strstr(err, "ended its context")) break;
+        }
+        usleep(500000);
+        bg_end(&tp, true, 20000);
+        for (int r = 0; r < 2; r++) {
+            snprintf(path, sizeof path, "%s/tp/tp2-pp1-rank%d", base, r);
+            KT_CHECKF(count_files(path, ".kvb") >= 2, "run %d: %s holds %d block files\n%s", run, path, count_files(path, ".kvb"), err);
+        }
+        free(err);
+    }
+    /* one process: the job's file is refused by name */
+    snprintf(how, sizeof how, "BIN %s -m %s --slot-save-path %s/slots", serve, d, base);
+    serve_bg(&one, how, false);
+    KT_CHECKF(one.port > 0, "%s", bg_err(&one));
+    if (one.port) {
+        KT_CHECK(post_to(one.port, "/slots/0?action=restore", "{\"filename\": \"tp.bin\"}", &q) == 400);
+        KT_CHECKF(strstr(q.out, "tp.bin.tp2-pp1-rank0 is rank 0's shard"), "%s", q.out);
+    }
+    bg_end(&one, true, 20000);
+    char rm[4200];
+    snprintf(rm, sizeof rm, "rm -rf %s", base);
+    KT_CHECK(system(rm) == 0);
+}
+
+/* serve --tp 2 --model-draft: the draft runs whole on rank 0, the target
+ * verifies sharded; greedy and seeded completions equal the one-process
+ * server's without a draft, and drafts were made. generate --tp 2
+ * --model-draft (every process runs the draft sharded) equals the one
+ * process run too. */
+KT_TEST(dist_tp2_model_draft) {
+    NEED_MPI();
+    char d[2048], dr[2048], how[8192];
+    fixture(d, sizeof d, "llama");
+    fixture(dr, sizeof dr, "mistral"); /* the same vocabulary */
+    const char *serve = "serve --port 0 -np 2 -c 128 -t 1 --quiet --no-webui";
+    char ref[2][2048] = {{0}}, got[2][2048] = {{0}};
+    long cached[2];
+    snprintf(how, sizeof how, "BIN %s -m %s", serve, d);
+    bg_server one;
+    serve_bg(&one, how, false);
+    KT_CHECKF(one.port > 0, "%s", bg_err(&one));
+    if (one.port) long_completions(one.port, ref, cached);
+    KT_CHECK(bg_end(&one, true, 20000) == 0);
+    static const char *split[] = {"--tp 2", "--pp 2"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(how, sizeof how, "-np 2 BIN %s -m %s %s --model-draft %s --draft-p-min 0 --draft-max 4", serve, d, split[k], dr);
+        bg_server tp;
+        serve_bg(&tp, how, true);
+        KT_CHECKF(tp.port > 0, "%s", bg_err(&tp));
+        if (tp.port) {
+            memset(got, 0, sizeof got);
+            long_completions(tp.port, got, cached);
+            for (int i = 0; i < 2; i++)
+                KT_CHECKF(ref[i][0] && !strcmp(ref[i], got[i]), "%s %s: one process %s, with the draft %s", split[k], i ? "seeded" : "greedy", ref[i], got[i]);
+            post q;
+            snprintf(how, sizeof how, "{\"prompt\": [1, 5, 9, 22], \"max_tokens\": 12, \"temperature\": 0}");
+            KT_CHECK(post_to(tp.port, NULL, how, &q) == 200);
+            KT_CHECKF(json_int(q.out, "draft_n") > 0, "%s: no drafts: %s", split[k], q.out);
+        }
+        bg_end(&tp, true, 20000);
+    }
+    char opts[4200];
+    snprintf(opts, sizeof opts, "--model-draft %s --draft-p-min 0 --draft-max 4", dr);
+    generate_equals_one_process("llama", "--temp 0", opts);
+    generate_equals_one_process("llama", "--seed 7", opts);
 }

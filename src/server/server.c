@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/json.h"
+#include "runtime/dist.h"
 #include "server/server_int.h"
 
 /* A TCP connection, for the reaper (request deadlines, see reaper_main). */
@@ -799,10 +800,7 @@ static ke_ctx_params ctx_params(const ksrv_params *p, const ke_model *m) {
 kiln_status ksrv_tp_supported(const ksrv_params *p) {
     const kspec_params *sp = p->spec;
     const char *what = p->embed_mode || p->pooling || ksrv_embed_folder(p->model_dir) ? "embedding and reranking models are"
-                       : sp && sp->draft                                        ? "--model-draft is"
                        : sp && sp->mtp                                          ? "--spec-mtp is"
-                       : p->cache_dir                                           ? "--cache-dir is"
-                       : p->slot_save_path                                      ? "--slot-save-path is"
                                                                                 : NULL;
     return what ? kiln_error(KILN_EUNSUPPORTED, "serve --tp: %s not supported with tensor parallelism yet", what) : NULL;
 }
@@ -816,7 +814,29 @@ kiln_status ksrv_follow(const ksrv_params *p) {
     if (!st) st = ke_ctx_follow(c);
     ke_ctx_free(c);
     ke_model_free(m);
+    if (!st) { /* rank 0 ended the context (ksrv_tp_end): it waits for this one's disk tier to be written */
+        char done = 1, *all = malloc((size_t)kd_size());
+        if (all) kd_all_gather(&done, 1, all);
+        free(all);
+    }
     return st;
+}
+
+bool ksrv_tp_end(ksrv *s, int ms) {
+    if (!s->stepper_started || !s->c) return false;
+    ksch_stop(s->sch);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000, ts.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    if (pthread_timedjoin_np(s->stepper, NULL, &ts)) return false; /* a step that will not finish: a process is gone */
+    s->stepper_started = false;
+    ke_ctx_free(s->c); /* the followers return (and write their disk tiers), then this process writes its own */
+    s->c = NULL;
+    char done = 1, *all = malloc((size_t)kd_size());
+    if (all) kd_all_gather(&done, 1, all); /* theirs written too (ksrv_follow): mpirun may kill them once this one exits */
+    free(all);
+    return true;
 }
 
 void ksrv_lost(ksrv *s) {
@@ -842,8 +862,14 @@ static kiln_status load(ksrv *s) {
     ke_ctx_params cp = ctx_params(&s->p, s->m);
     KILN_TRY(ke_ctx_create(s->m, &cp, &s->c));
     ke_ctx_lead(s->c); /* --tp: the other processes follow this context (ksrv_follow) */
-    if (s->p.spec && s->p.spec->draft) KILN_TRY(kspec_load_draft(s->p.spec->draft, s->m, s->model_dir, &s->draft));
-    if (s->p.spec && kspec_enabled(s->p.spec)) KILN_TRY(kspec_create(s->p.spec, s->c, s->draft, &s->spec));
+    /* --tp/--pp: the draft model is rank 0's alone, whole (its context solo:
+     * engine.h); its guesses reach the others in the target's steps */
+    st = NULL;
+    if (kd_size() > 1) kd_solo_begin();
+    if (s->p.spec && s->p.spec->draft) st = kspec_load_draft(s->p.spec->draft, s->m, s->model_dir, &s->draft);
+    if (!st && s->p.spec && kspec_enabled(s->p.spec)) st = kspec_create(s->p.spec, s->c, s->draft, &s->spec);
+    if (kd_size() > 1) kd_solo_end();
+    if (st) return st;
     ksch_params sp = {.max_running = s->p.parallel,
                       .max_waiting = s->p.max_queue,
                       .step_tokens = s->p.step_tokens,

@@ -106,14 +106,21 @@ void ksrv_stop(ksrv *s);
  * ksrv_start would create from p, following rank 0's (ke_ctx_follow) until
  * its context is freed. */
 kiln_status ksrv_follow(const ksrv_params *p);
-/* NULL when p can be served under --tp (a generating model without a draft
- * model, MTP head, disk tier or slot files: what ksrv_follow mirrors), else
- * the error naming what cannot. Every process checks alike. */
+/* NULL when p can be served under --tp (a generating model without an MTP
+ * head: what ksrv_follow mirrors), else the error naming what cannot. A
+ * draft model runs whole on rank 0 alone; the disk tier and slot files are
+ * kept per process, each its shard (engine.h). Every process checks alike. */
 kiln_status ksrv_tp_supported(const ksrv_params *p);
 /* The job lost a process (its steps will never finish): every request now
  * and in flight gets 503 without waiting on the scheduler, and the caller
  * exits; the server is not stopped or freed (its threads may be blocked). */
 void ksrv_lost(ksrv *s);
+/* Then, within ms milliseconds: the scheduler stopped after its step in
+ * flight and the context freed, which ends the followers (ksrv_follow
+ * returns) and writes every process's disk tier (--cache-dir); false,
+ * leaving all as it was, when the step does not finish by then (a process
+ * is gone). The caller exits either way. */
+bool ksrv_tp_end(ksrv *s, int ms);
 
 /* --limit-mm-per-prompt as vLLM takes it, {"image": N, "video": M} (a count
  * or {"count": N}), or image=N,video=M, into p->max_images / max_videos for
