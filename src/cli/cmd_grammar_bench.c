@@ -51,11 +51,12 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: kiln grammar-bench DIR|FILE... -m TOKENIZER_DIR [--json FILE] [-v] [--cpu-time] [--repeat N] [--mask-classes]\n"
+            printf("usage: kiln grammar-bench DIR|FILE... -m TOKENIZER_DIR [--json FILE] [-v] [--cpu-time] [--repeat N] [--mask-classes] [--no-mask-groups]\n"
                    "  runs MaskBench files (schema + tests) through the grammar engine, one thread;\n"
                    "  -v prints each file's outcome; --cpu-time times with the thread's CPU clock\n"
                    "  (for a shared machine) instead of the wall clock; --repeat N runs each file N\n"
-                   "  times from scratch and keeps each mask's least time (other processes' noise)\n");
+                   "  times from scratch and keeps each mask's least time (other processes' noise);\n"
+                   "  --no-mask-groups walks each new state whole, not by %%perm member (the same masks)\n");
             return 0;
         }
         if ((!strcmp(a, "-m") || !strcmp(a, "--json") || !strcmp(a, "--repeat")) && i + 1 >= argc)
@@ -82,6 +83,10 @@ int kiln_cmd_grammar_bench(int argc, char **argv) {
         }
         if (!strcmp(a, "--mask-classes")) {
             kgr_mask_classes(true);
+            continue;
+        }
+        if (!strcmp(a, "--no-mask-groups")) {
+            kgr_mask_groups(false);
             continue;
         }
         if (a[0] == '-') return kiln_fail(kiln_error(KILN_EINVAL, "grammar-bench: unknown flag %s", a));

@@ -507,6 +507,10 @@ struct mclass {
         int32_t off;
     } *e;
     uint8_t *bytes;
+    /* the base mask's nonzero words (index, bits), where they are few (then
+     * the state keeps no full mask) */
+    uint32_t *nz;
+    int32_t n_nz;
 };
 
 struct kgr_index {
@@ -563,6 +567,14 @@ struct kgr_index {
         int64_t nodes; /* the escapes' subtrees' nodes */
     } *rec;
     uint8_t *path; /* [max_depth + 1]: the walk's prefix bytes by depth */
+    bool groups; /* member groups on (kgr_mask_groups at creation) */
+    /* member groups: each node's stack cut at its nearest %perm frame
+     * (cut_id; -2 not known yet) and that frame's node (cut_key; -1 none) */
+    int32_t *cut_id, *cut_key, cap_cut;
+    int32_t *chain, cap_chain;
+    uint64_t *grp; /* group_mask's scratch */
+    int32_t cap_grp;
+    uint32_t *gtmp; /* [mask words]: group_mask's scratch mask */
     /* kgr_matcher_prefetch: this index holds a reference on the shared pool (under pool.mu) */
     bool pf_user;
 };
@@ -1121,6 +1133,10 @@ static bool classes_on; /* off by default: see docs/grammar.md (exact, but no fa
 void kgr_mask_classes(bool on) { __atomic_store_n(&classes_on, on, __ATOMIC_RELAXED); }
 static int64_t class_hits; /* masks made from a class's (tests) */
 int64_t kgr_mask_class_hits(void) { return __atomic_load_n(&class_hits, __ATOMIC_RELAXED); }
+static bool groups_on = true; /* member groups (see group_mask) */
+void kgr_mask_groups(bool on) { __atomic_store_n(&groups_on, on, __ATOMIC_RELAXED); }
+static int64_t group_hits; /* masks made from member groups (tests) */
+int64_t kgr_mask_group_hits(void) { return __atomic_load_n(&group_hits, __ATOMIC_RELAXED); }
 
 void kgr_index_free(kgr_index *ix) {
     if (!ix) return;
@@ -1128,7 +1144,7 @@ void kgr_index_free(kgr_index *ix) {
     for (int32_t i = 0; i < ix->n_st; i++) {
         if (ix->st[i].own_tops) free(ix->st[i].tops);
         free(ix->st[i].mask);
-        if (ix->st[i].cls) free(ix->st[i].cls->e), free(ix->st[i].cls->bytes), free(ix->st[i].cls);
+        if (ix->st[i].cls) free(ix->st[i].cls->e), free(ix->st[i].cls->bytes), free(ix->st[i].cls->nz), free(ix->st[i].cls);
     }
     free(ix->st);
     free(ix->st_ht);
@@ -1148,6 +1164,11 @@ void kgr_index_free(kgr_index *ix) {
     free(ix->pf_acc);
     free(ix->vp);
     free(ix->vp_ht);
+    free(ix->cut_id);
+    free(ix->cut_key);
+    free(ix->chain);
+    free(ix->grp);
+    free(ix->gtmp);
     kiln_status_free(ix->err);
     pthread_mutex_destroy(&ix->mu);
     free(ix);
@@ -1194,6 +1215,7 @@ kiln_status kgr_index_create(const kgr_grammar *g, const kgr_vocab *v, kgr_index
     node_get(ix, -1, -1); /* node 0: the bottom of every stack */
     ix->esc = node_get(ix, ESC_POS, -1);
     ix->classes = __atomic_load_n(&classes_on, __ATOMIC_RELAXED);
+    ix->groups = __atomic_load_n(&groups_on, __ATOMIC_RELAXED);
     step_begin(ix);       /* state 0: dead */
     int32_t dead = state_intern(ix);
     step_begin(ix);
@@ -1423,17 +1445,34 @@ static int class_walk(kgr_index *ix, int32_t c, uint32_t *bits, size_t words) {
     int rc = walk_state(ix, c, bits, &walked);
     ix->rec = NULL;
     struct mclass *k = calloc(1, sizeof *k);
-    uint32_t *base = NULL;
-    if (rc >= 0 && k && !(k->useless = r.nodes * 2 > walked) && ix->mask_bytes + words * 4 <= MAX_MASK_BYTES &&
-        (base = malloc(words * 4))) {
-        memcpy(base, bits, words * 4);
-        ix->st[c].mask = base;
-        ix->mask_bytes += words * 4;
+    bool kept = false;
+    if (rc >= 0 && k && !(k->useless = r.nodes * 2 > walked)) {
+        int32_t nz = 0;
+        for (size_t w = 0; w < words; w++) nz += bits[w] != 0;
+        if ((size_t)nz * 8 <= words) { /* few words: kept sparse */
+            if ((k->nz = malloc(sizeof *k->nz * (size_t)(2 * nz + 1)))) {
+                for (size_t w = 0; w < words; w++)
+                    if (bits[w]) k->nz[2 * k->n_nz] = (uint32_t)w, k->nz[2 * k->n_nz + 1] = bits[w], k->n_nz++;
+                kept = true;
+            }
+        } else if (ix->mask_bytes + words * 4 <= MAX_MASK_BYTES && (ix->st[c].mask = malloc(words * 4))) {
+            memcpy(ix->st[c].mask, bits, words * 4);
+            ix->mask_bytes += words * 4;
+            kept = true;
+        }
     }
-    if (k) k->useless |= !base, k->n = r.n, k->e = r.e, k->bytes = r.bytes;
+    if (k) k->useless |= !kept, k->n = r.n, k->e = r.e, k->bytes = r.bytes;
     else free(r.e), free(r.bytes), set_err(ix, OOM);
     ix->st[c].cls = k;
     return rc < 0 || !k ? -1 : 0;
+}
+
+/* bits |= class c's base mask */
+static void class_base(kgr_index *ix, int32_t c, uint32_t *bits, size_t words) {
+    const struct mclass *k = ix->st[c].cls;
+    if (ix->st[c].mask) combine_bits(bits, ix->st[c].mask, words, false);
+    else
+        for (int32_t i = 0; i < k->n_nz; i++) bits[k->nz[2 * i]] |= k->nz[2 * i + 1];
 }
 
 /* s's mask from its class's (kgr_index.classes): 1 done, 0 the class does
@@ -1451,7 +1490,7 @@ static int class_mask(kgr_index *ix, int32_t s, uint32_t *bits, size_t words) {
     const struct mclass *k = ix->st[c].cls;
     if (k->useless) return 0;
     __atomic_add_fetch(&class_hits, 1, __ATOMIC_RELAXED);
-    memcpy(bits, ix->st[c].mask, words * 4);
+    class_base(ix, c, bits, words); /* (bits cleared by state_mask) */
     for (int32_t i = 0; i < k->n; i++) {
         const struct mesc *e = &k->e[i];
         int32_t p = s;
@@ -1466,6 +1505,181 @@ static int class_mask(kgr_index *ix, int32_t s, uint32_t *bits, size_t words) {
     return 1;
 }
 
+/* Member groups. Below a %perm frame a stack's tokens depend on the frame
+ * (the members taken) only where they return into it, past the member's
+ * value: a key's letters, a value's interior do not. So a state is split
+ * by the %perm frame nearest each top (the member it is in), each group
+ * cut there (the frame and below one ESC frame, as mask classes do): the
+ * group's cut state is the same whichever members were taken before, in
+ * every object of that type, and its walk (base mask and escapes) is made
+ * once. A state's mask is the union of its groups' (a token is allowed
+ * where one of the parses takes it), each a cut state's base mask, plus
+ * every escape's subtree walked from the state itself at that prefix;
+ * tops under no %perm frame are a group of their own, uncut. Exact, bit
+ * for bit, as mask classes are; what it saves is the building of new
+ * states for each set of members taken (an object's key after each comma
+ * was a full walk that built a state for every prefix of every key). */
+
+/* cut_id and cut_key cover every node (new ones not known yet); false out of memory */
+static bool cut_room(kgr_index *ix) {
+    if (ix->cap_cut >= ix->n_nodes) return true;
+    int32_t old = ix->cap_cut, c2 = old;
+    if (!grow((void **)&ix->cut_id, &c2, ix->n_nodes, sizeof *ix->cut_id) ||
+        !grow((void **)&ix->cut_key, &ix->cap_cut, ix->n_nodes, sizeof *ix->cut_key) || c2 != ix->cap_cut) {
+        set_err(ix, OOM);
+        return false;
+    }
+    for (int32_t i = old; i < ix->cap_cut; i++) ix->cut_id[i] = -2;
+    return true;
+}
+
+/* node id's stack cut at its nearest %perm frame into *cut, that frame's
+ * node into *key (-1: none, *cut is id); -1 on a limit */
+static int perm_cut(kgr_index *ix, int32_t id, int32_t *cut, int32_t *key) {
+    if (!cut_room(ix)) return -1;
+    int32_t n = 0, x = id;
+    for (;;) { /* up to a known node, a %perm frame or the bottom */
+        if (ix->cut_id[x] != -2) break;
+        int32_t pos = ix->nodes[x].pos;
+        if (x == 0) {
+            ix->cut_id[0] = 0, ix->cut_key[0] = -1;
+            break;
+        }
+        if (pos >= ix->g->n_el && pos != ESC_POS) {
+            ix->cut_id[x] = ix->esc, ix->cut_key[x] = x;
+            break;
+        }
+        if (!grow((void **)&ix->chain, &ix->cap_chain, n + 1, sizeof *ix->chain)) {
+            set_err(ix, OOM);
+            return -1;
+        }
+        ix->chain[n++] = x;
+        x = ix->nodes[x].parent;
+    }
+    while (n-- > 0) {
+        int32_t y = ix->chain[n], p = ix->nodes[y].parent;
+        int32_t k = ix->cut_key[p], c = k < 0 ? y : node_get(ix, ix->nodes[y].pos, ix->cut_id[p]);
+        if (c < 0) return -1;
+        if (!cut_room(ix)) return -1; /* (node_get made nodes) */
+        ix->cut_id[y] = c, ix->cut_key[y] = k;
+    }
+    *cut = ix->cut_id[id], *key = ix->cut_key[id];
+    return 0;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* keeps a copy of bits as s's mask, within the index's bound (else none) */
+static void keep_mask(kgr_index *ix, int32_t s, const uint32_t *bits, size_t words) {
+    if (ix->mask_bytes + words * 4 > MAX_MASK_BYTES) return;
+    uint32_t *c = malloc(words * 4);
+    if (!c) return;
+    memcpy(c, bits, words * 4);
+    ix->st[s].mask = c;
+    ix->mask_bytes += words * 4;
+}
+
+/* s's plain walk's mask, cached (a group's state: no EOS, it never accepts); NULL on error */
+static const uint32_t *plain_mask(kgr_index *ix, int32_t s, uint32_t *scratch, size_t words) {
+    if (ix->st[s].mask) return ix->st[s].mask;
+    int64_t walked;
+    if (walk_state(ix, s, scratch, &walked) < 0) return NULL;
+    keep_mask(ix, s, scratch, words);
+    return scratch;
+}
+
+/* s's mask from its member groups into bits (cleared): 1 done, 0 s has no
+ * %perm frame (walk it), -1 on error */
+static int group_mask(kgr_index *ix, int32_t s, uint32_t *bits, size_t words) {
+    const kgr_vocab *v = ix->v;
+    int32_t n = ix->st[s].n;
+    if (!grow((void **)&ix->grp, &ix->cap_grp, n + 1, sizeof *ix->grp)) {
+        set_err(ix, OOM);
+        return -1;
+    }
+    bool any = false;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t cut, key;
+        if (perm_cut(ix, ix->st[s].tops[i], &cut, &key) < 0) return -1;
+        any |= key >= 0;
+        /* by group (key + 1), the uncut top kept beside: (key + 1) << 32 | i */
+        ix->grp[i] = (uint64_t)(uint32_t)(key + 1) << 32 | (uint32_t)i;
+    }
+    if (!any) return 0;
+    qsort(ix->grp, (size_t)n, sizeof *ix->grp, cmp_u64);
+    if (!ix->gtmp && !(ix->gtmp = malloc(words * 4))) {
+        set_err(ix, OOM);
+        return -1;
+    }
+    uint32_t *tmp = ix->gtmp;
+    int32_t rc = 0;
+    for (int32_t a = 0; a < n && rc >= 0;) {
+        int32_t b = a, key = (int32_t)(ix->grp[a] >> 32) - 1;
+        while (b < n && (int32_t)(ix->grp[b] >> 32) - 1 == key) b++;
+        /* the group's cut state (uncut where no frame) */
+        step_begin(ix);
+        for (int32_t j = a; j < b && rc >= 0; j++) {
+            int32_t top = ix->st[s].tops[(uint32_t)ix->grp[j]];
+            if (!grow((void **)&ix->tops, &ix->cap_tops, ix->n_tops + 1, sizeof *ix->tops)) set_err(ix, OOM), rc = -1;
+            else ix->tops[ix->n_tops++] = key < 0 ? top : ix->cut_id[top];
+        }
+        int32_t c = rc < 0 ? -1 : state_intern(ix);
+        if (c < 0) {
+            rc = -1;
+            break;
+        }
+        if (key >= 0 && !ix->st[c].cls && class_walk(ix, c, tmp, words) < 0) {
+            rc = -1;
+            break;
+        }
+        if (key >= 0 && !ix->st[c].cls->useless) {
+            class_base(ix, c, bits, words);
+            for (int32_t e = 0; e < ix->st[c].cls->n && rc >= 0; e++) {
+                const struct mclass *k = ix->st[c].cls; /* (the states may move; the class does not) */
+                const struct mesc *x = &k->e[e];
+                int32_t p = s;
+                for (int32_t j = 0; j < x->len && p > 0; j++) p = next_state(ix, p, k->bytes[x->off + j]);
+                if (p < 0) rc = -1;
+                else if (p > 0 && (x->rest ? walk_trie(ix, v->rest, x->node, v->rest[x->node].next, p, bits)
+                                           : walk_full(ix, x->node, v->node[x->node].next, p, bits)) < 0)
+                    rc = -1;
+            }
+            if (rc < 0) break;
+        } else {
+            if (key >= 0) { /* the cut does not help: the group uncut */
+                step_begin(ix);
+                for (int32_t j = a; j < b; j++) {
+                    if (!grow((void **)&ix->tops, &ix->cap_tops, ix->n_tops + 1, sizeof *ix->tops)) {
+                        set_err(ix, OOM);
+                        rc = -1;
+                        break;
+                    }
+                    ix->tops[ix->n_tops++] = ix->st[s].tops[(uint32_t)ix->grp[j]];
+                }
+                c = rc < 0 ? -1 : state_intern(ix);
+                if (c < 0) {
+                    rc = -1;
+                    break;
+                }
+            }
+            const uint32_t *m = c == s ? NULL : plain_mask(ix, c, tmp, words);
+            if (c == s) return 0; /* one group, uncut: s itself */
+            if (!m) {
+                rc = -1;
+                break;
+            }
+            combine_bits(bits, m, words, false);
+        }
+        a = b;
+    }
+    if (rc < 0 || ix->err) return -1;
+    __atomic_add_fetch(&group_hits, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
 /* mask of state s into bits (ix->mu held) */
 static kiln_status state_mask(kgr_index *ix, int32_t s, uint32_t *bits) {
     const kgr_vocab *v = ix->v;
@@ -1476,20 +1690,13 @@ static kiln_status state_mask(kgr_index *ix, int32_t s, uint32_t *bits) {
     }
     memset(bits, 0, words * 4);
     if (ix->err) return kiln_error(kiln_status_code(ix->err), "%s", kiln_status_msg(ix->err));
-    int done = ix->classes ? class_mask(ix, s, bits, words) : 0;
+    int done = ix->classes ? class_mask(ix, s, bits, words) : ix->groups ? group_mask(ix, s, bits, words) : 0;
     int64_t walked;
     if (done < 0 || (!done && walk_state(ix, s, bits, &walked) < 0)) return mask_fail(ix, bits, words);
     if (ix->st[s].accept)
         for (int32_t k = 0; k < v->n_eos; k++)
             if (v->eos[k] >= 0 && v->eos[k] < v->n_vocab) bits[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31);
-    if (ix->mask_bytes + words * 4 <= MAX_MASK_BYTES) {
-        uint32_t *c = malloc(words * 4);
-        if (c) {
-            memcpy(c, bits, words * 4);
-            ix->st[s].mask = c;
-            ix->mask_bytes += words * 4;
-        }
-    }
+    keep_mask(ix, s, bits, words);
     return NULL;
 }
 

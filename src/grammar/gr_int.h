@@ -75,6 +75,8 @@ bool kgr_vocab_is_special(const kgr_vocab *v, int32_t id);
 int kgr_pool_threads(void);
 /* engine.c: masks made from a mask class's so far (tests) */
 int64_t kgr_mask_class_hits(void);
+/* engine.c: masks made from member groups so far (tests) */
+int64_t kgr_mask_group_hits(void);
 
 /* code point ranges [lo, hi] */
 typedef struct {

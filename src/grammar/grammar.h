@@ -172,5 +172,9 @@ void kgr_bench_cpu_time(bool on);
  * mask class's (a cut of its stacks; the same masks bit for bit, see
  * engine.c). Off by default: on MaskBench it is no faster. */
 void kgr_mask_classes(bool on);
+/* Whether indexes created from now on compute a mask from the state's
+ * member groups (its stacks split by their %perm frame, each cut there; the
+ * same masks bit for bit, see engine.c). On by default. */
+void kgr_mask_groups(bool on);
 
 #endif

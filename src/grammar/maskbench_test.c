@@ -4,7 +4,8 @@
  * "file outcome"). A compile error is an outcome too: it must stay one until
  * the keyword is honoured (then update the list). Each file runs again
  * with mask classes (kgr_mask_classes): the digest of every mask must be
- * the same, bit for bit. */
+ * the same, bit for bit, and again without member groups (kgr_mask_groups,
+ * on by default): the same masks again. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,7 +30,7 @@ KT_TEST(grammar_maskbench_committed) {
     size_t len;
     KT_CHECK(ku_read_file(kt_path(path, sizeof path, "tests/fixtures/maskbench/expected.txt"), &list, &len) == NULL);
     int n = 0, bad = 0;
-    int64_t hits = kgr_mask_class_hits();
+    int64_t hits = kgr_mask_class_hits(), ghits = kgr_mask_group_hits();
     for (char *line = strtok(list, "\n"); line; line = strtok(NULL, "\n")) {
         char file[256], want[32];
         if (sscanf(line, "%255s %31s", file, want) != 2) continue;
@@ -44,9 +45,15 @@ KT_TEST(grammar_maskbench_committed) {
         kgr_mask_classes(true);
         st = kgr_bench_file(text, tl, tok, v, &rc);
         kgr_mask_classes(false);
-        free(text);
         KT_CHECKF(!st, "%s (mask classes): %s", file, kiln_status_msg(st));
         KT_CHECKF(rc.digest == r.digest && rc.outcome == r.outcome && rc.n_tbm == r.n_tbm, "%s: the masks differ with mask classes", file);
+        kgr_bench_result_free(&rc);
+        kgr_mask_groups(false);
+        st = kgr_bench_file(text, tl, tok, v, &rc);
+        kgr_mask_groups(true);
+        free(text);
+        KT_CHECKF(!st, "%s (no member groups): %s", file, kiln_status_msg(st));
+        KT_CHECKF(rc.digest == r.digest && rc.outcome == r.outcome && rc.n_tbm == r.n_tbm, "%s: the masks differ without member groups", file);
         kgr_bench_result_free(&rc);
         if (strcmp(kgr_outcome_name(r.outcome), want)) {
             fprintf(stderr, "  %s: %s, want %s (%s)\n", file, kgr_outcome_name(r.outcome), want, r.error);
@@ -63,4 +70,6 @@ KT_TEST(grammar_maskbench_committed) {
     KT_CHECKF(bad == 0, "%d of %d files changed outcome", bad, n);
     hits = kgr_mask_class_hits() - hits;
     KT_CHECKF(hits >= 50, "only %lld masks made from a class's: the classes are not exercised", (long long)hits);
+    ghits = kgr_mask_group_hits() - ghits;
+    KT_CHECKF(ghits >= 50, "only %lld masks made from member groups: they are not exercised", (long long)ghits);
 }
