@@ -192,9 +192,9 @@ KT_TEST(kernels_linear_batch_invariant) {
         {KG_WF_AFFINE, 4, 64, KG_F32, 9, 1152},
         /* K a multiple of 256: the GEMM reads a padded copy of x (ldg = K + 16) */
         {KG_WF_AFFINE, 4, 64, KG_BF16, 13, 2048}, {KG_WF_AFFINE, 8, 64, KG_BF16, 7, 1024}, {KG_WF_BF16, 0, 0, KG_F32, 9, 2048},
-        /* 4-bit at 5-8 input rows on AVX-512 (q4_rows_kblocks): 2 K blocks of 13 and 12 groups, chunks of 24
-         * rows = row blocks of 16 and 8 */
-        {KG_WF_AFFINE, 4, 64, KG_BF16, 150, 1600},
+        /* 4-bit at 5-8 input rows on AVX-512 (q4_rows_pairs): 2 K blocks of 13 and 12 groups, chunks of 24
+         * rows = row blocks of 16 and 8; 13 rows = chunks of 8 and 5, whose last row has no pair */
+        {KG_WF_AFFINE, 4, 64, KG_BF16, 150, 1600}, {KG_WF_AFFINE, 4, 64, KG_BF16, 13, 1600},
     };
     /* every token count of a prefill from 1 to 67: every matrix-vector
      * grouping, every GEMM tile remainder, several tiles per panel */

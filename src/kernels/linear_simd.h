@@ -107,7 +107,7 @@ static inline __attribute__((always_inline)) void rows_store(int nr, int nm, vf 
  * so any split into blocks keeps each output's arithmetic. */
 static inline __attribute__((always_inline)) void q4_rows_blk(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
                                                               int64_t m0, int nm, float *y, int64_t ldy, int64_t gs,
-                                                              int64_t g0, int64_t g1, vf *carry) {
+                                                              int64_t g0, int64_t g1, vf *carry, int64_t pf) {
     int64_t K = w->K, G = w->G;
     const uint8_t *q[4];
     const float *x[MR];
@@ -142,7 +142,7 @@ static inline __attribute__((always_inline)) void q4_rows_blk(const kk_wview *w,
         }
         vf tab[4];
         _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
-            PREFETCH(q[i]);
+            _mm_prefetch((const char *)q[i] + pf, _MM_HINT_T0); /* pf: PF_BYTES, or see q4_rows_many */
             tab[i] = vfma(iota, vset1(sf[i][lane]), vset1(bf[i][lane]));
         }
         /* gs / (2 VL) steps: a constant (2) at the default group size 64 */
@@ -169,37 +169,69 @@ static inline __attribute__((always_inline)) void q4_rows_blk(const kk_wview *w,
 }
 static inline __attribute__((always_inline)) void q4_rows(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
                                                           int64_t m0, int nm, float *y, int64_t ldy) {
-    if (w->gs == 64) q4_rows_blk(w, xv, r, nr, m0, nm, y, ldy, 64, 0, w->G, NULL);
-    else q4_rows_blk(w, xv, r, nr, m0, nm, y, ldy, w->gs, 0, w->G, NULL);
+    if (w->gs == 64) q4_rows_blk(w, xv, r, nr, m0, nm, y, ldy, 64, 0, w->G, NULL, PF_BYTES);
+    else q4_rows_blk(w, xv, r, nr, m0, nm, y, ldy, w->gs, 0, w->G, NULL, PF_BYTES);
 }
 
-/* 5 to 8 input rows, one weight row per pass: each weight row reads nm
- * rows of x, nm * K floats, which pass L1 (48 KiB) from K = 1536 at 8
- * rows, and from L2 they cost twice the FMAs' time (64 B/cycle against 1
- * KiB of x per 32 weights). So K in blocks of at most Q4_BLK_BYTES of x
- * (which stay in L1) over Q4_BLK_ROWS weight rows at a time, the sums
- * carried on the stack between blocks: the same arithmetic per output. */
+/* 5 to 8 input rows. Two weight rows per pass against input rows [m0,
+ * m0 + 4), then the same two weight rows (in L1 now) against the other 1-4:
+ * each x load serves two weight rows' FMAs, where one weight row against
+ * all 8 input rows (Round 5) spent a load on every FMA; the price is a
+ * second lookup of each code (docs/performance.md, Round 7: 1.1-1.3x on the
+ * streamed weights of the 0.5B shape). Each weight row reads nm rows of x,
+ * nm * K floats, which pass L1 (48 KiB) from K = 1536 at 8 rows, and from L2
+ * they cost twice the FMAs' time (64 B/cycle against 1 KiB of x per 32
+ * weights). So K in blocks of at most Q4_BLK_BYTES of x (which stay in L1)
+ * over Q4_BLK_ROWS weight rows at a time, the sums carried on the stack
+ * between blocks: the same arithmetic per output. With several K blocks a
+ * weight row is read in pieces, Q4_BLK_ROWS rows apart, which the hardware
+ * prefetcher and PF_BYTES ahead do not follow: the prefetch goes to the same
+ * columns of the row Q4_BLK_ROWS on, i.e. the next row block, read one row
+ * block's time later (1.07x on the down projection, K = 4864). */
 #define Q4_BLK_BYTES (32 << 10)
 #define Q4_BLK_ROWS 16
-static inline __attribute__((always_inline)) void q4_rows_kblocks(const kk_wview *w, const kk_xview *xv, int64_t r0,
-                                                                  int64_t r1, int64_t m0, int nm, float *y,
-                                                                  int64_t ldy, int64_t gs) {
+#define Q4_PAIR(nr, mm, nmm, cc) q4_rows_blk(w, xv, i, nr, mm, nmm, y, ldy, gs, g0, g1, cc, pf)
+#define Q4_PAIR_REST(nr)                                                                                               \
+    switch (nm - 4) {                                                                                                  \
+    case 1: Q4_PAIR(nr, m0 + 4, 1, b); break;                                                                          \
+    case 2: Q4_PAIR(nr, m0 + 4, 2, b); break;                                                                          \
+    case 3: Q4_PAIR(nr, m0 + 4, 3, b); break;                                                                          \
+    default: Q4_PAIR(nr, m0 + 4, 4, b); break;                                                                         \
+    }
+static inline __attribute__((always_inline)) void q4_rows_pairs(const kk_wview *w, const kk_xview *xv, int64_t r0,
+                                                                int64_t r1, int64_t m0, int nm, float *y,
+                                                                int64_t ldy, int64_t gs) {
     /* as few blocks as keep x's block within Q4_BLK_BYTES, of whole groups */
     int64_t G = w->G, nkb = ((int64_t)sizeof(float) * nm * w->K + Q4_BLK_BYTES - 1) / Q4_BLK_BYTES;
-    int64_t gb = (G + nkb - 1) / nkb;
-    vf carry[Q4_BLK_ROWS][2 * MR];
+    int64_t gb = (G + nkb - 1) / nkb, pf = nkb > 1 ? Q4_BLK_ROWS * (w->K / 2) : PF_BYTES;
+    /* sums carried between K blocks, per weight row: 4 input rows' in c0,
+     * the other nm - 4 rows' in c1 (two vectors per output) */
+    vf c0[Q4_BLK_ROWS * 8], c1[Q4_BLK_ROWS * 8];
     for (int64_t r = r0; r < r1; r += Q4_BLK_ROWS) {
         int64_t re = r1 - r < Q4_BLK_ROWS ? r1 : r + Q4_BLK_ROWS;
         for (int64_t g0 = 0; g0 < G; g0 += gb) {
             int64_t g1 = G - g0 <= gb ? G : g0 + gb;
-            for (int64_t i = r; i < re; i++) q4_rows_blk(w, xv, i, 1, m0, nm, y, ldy, gs, g0, g1, carry[i - r]);
+            for (int64_t i = r; i < re;) {
+                vf *a = c0 + (i - r) * 8, *b = c1 + (i - r) * (nm - 4) * 2;
+                if (re - i >= 2) {
+                    Q4_PAIR(2, m0, 4, a);
+                    Q4_PAIR_REST(2);
+                    i += 2;
+                } else {
+                    Q4_PAIR(1, m0, 4, a);
+                    Q4_PAIR_REST(1);
+                    i++;
+                }
+            }
         }
     }
 }
+#undef Q4_PAIR_REST
+#undef Q4_PAIR
 static inline __attribute__((always_inline)) void q4_rows_many(const kk_wview *w, const kk_xview *xv, int64_t r0,
                                                                int64_t r1, int64_t m0, int nm, float *y, int64_t ldy) {
-    if (w->gs == 64) q4_rows_kblocks(w, xv, r0, r1, m0, nm, y, ldy, 64);
-    else q4_rows_kblocks(w, xv, r0, r1, m0, nm, y, ldy, w->gs);
+    if (w->gs == 64) q4_rows_pairs(w, xv, r0, r1, m0, nm, y, ldy, 64);
+    else q4_rows_pairs(w, xv, r0, r1, m0, nm, y, ldy, w->gs);
 }
 #else
 /* AVX2: each weight is widened and dequantized, fma(q, s, b), as the
@@ -666,7 +698,7 @@ const kk_lin_ops KK_LIN_TABLE = {
     .name = KK_LIN_NAME,
     .q4_chunk = 2 * VL,
 #if KK_VBITS == 512
-    .q4_gemm_rows = 9, /* 8 rows: q4_rows_kblocks, 1.3x the GEMM (docs/performance.md, Round 5) */
+    .q4_gemm_rows = 9, /* 5-8 rows: q4_rows_pairs (docs/performance.md, Rounds 5 and 7) */
 #endif
     .gemv_ok = lin_gemv_ok,
     .gemv = lin_gemv,
