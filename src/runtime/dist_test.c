@@ -270,23 +270,28 @@ KT_TEST(dist_pp_generate_equals_one_process) {
  * stages, 3 asked, 4 stages, and with two tensor ranks per stage), and
  * every batched stream, greedy or seeded, equals its one-at-a-time stream
  * (which, one sequence a step, runs whole: dist_pp_generate_equals_one_process).
- * cwm: 4 layers, for 4 stages. */
+ * cwm: 4 layers, for 4 stages. The last two runs have more micro-batches
+ * than stages (up to 6 sequences a step): the first stage's sends then run
+ * several micro-batches ahead of the next stage's receives, and the last
+ * stage has several micro-batches' rows in flight at once. */
 KT_TEST(dist_pp_micro_batches_equal_single) {
     NEED_MPI();
     static const struct {
         const char *fixture, *split;
-        int np;
-    } runs[] = {{"kilnref_llama", "--pp 2", 2},
-                {"kilnref_llama", "--pp 2 --pp-micro 3", 2},
-                {"mixtral", "--pp 2", 2},
-                {"cwm", "--pp 4", 4},
-                {"kilnref_llama", "--tp 2 --pp 2", 4}};
+        int np, concurrency;
+    } runs[] = {{"kilnref_llama", "--pp 2", 2, 4},
+                {"kilnref_llama", "--pp 2 --pp-micro 3", 2, 4},
+                {"mixtral", "--pp 2", 2, 4},
+                {"cwm", "--pp 4", 4, 4},
+                {"kilnref_llama", "--tp 2 --pp 2", 4, 4},
+                {"kilnref_llama", "--pp 2 --pp-micro 6", 2, 6},
+                {"cwm", "--pp 4 --pp-micro 6", 4, 6}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         char d[2048], launch[8192];
         fixture(d, sizeof d, runs[i].fixture);
         snprintf(launch, sizeof launch,
-                 "-np %d BIN bench-batch -m %s %s -t 1 --requests 8 --concurrency 4 --prompt-len 3,18 --gen-len 5,14",
-                 runs[i].np, d, runs[i].split);
+                 "-np %d BIN bench-batch -m %s %s -t 1 --requests 8 --concurrency %d --prompt-len 3,18 --gen-len 5,14",
+                 runs[i].np, d, runs[i].split, runs[i].concurrency);
         kt_proc p;
         run_mpi(launch, &p);
         KT_CHECKF(p.status == 0 && strstr(p.out, "(8 of 8 identical)"), "%s %s: status %d\n%s\n%s", runs[i].fixture,
