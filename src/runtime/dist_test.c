@@ -532,16 +532,18 @@ KT_TEST(dist_tp2_serve_killed_follower_ends_the_job) {
 /* --enable-expert-parallel: the MoE fixtures' experts split whole across
  * the ranks (Mixtral 4 over 2 and over 4, Qwen2-MoE's 4 with a shared
  * expert, OLMoE's 4, f32 and q4; Granite-MoE's stacked experts, f32 and
- * bf16) pass the oracle gate, and greedy ids are
+ * bf16; gpt-oss's and Llama 4's fused [E, in, out] tensors, copied per
+ * rank for its experts only) pass the oracle gate, and greedy ids are
  * the one-process run's. (What each rank holds: blocks_shard_test.c.) */
 KT_TEST(dist_tp2_expert_parallel) {
     NEED_MPI();
-    static const char *fx[] = {"mixtral", "qwen2_moe", "olmoe", "granitemoe"}; /* per-expert modules; one stacked module */
+    /* per-expert modules; one stacked module; fused 3-D tensors */
+    static const char *fx[] = {"mixtral", "qwen2_moe", "olmoe", "granitemoe", "gpt_oss", "llama4_text"};
     char launch[16384] = "-np 2 BIN validate --tp 2 --enable-expert-parallel -t 1", d[4096];
-    fixtures(launch, sizeof launch, fx, 4);
+    fixtures(launch, sizeof launch, fx, 6);
     kt_proc p;
     run_mpi(launch, &p);
-    KT_CHECKF(p.status == 0 && strstr(p.out, "8 passed, 0 failed"), "status %d\n%s\n%s", p.status, p.out, p.err);
+    KT_CHECKF(p.status == 0 && strstr(p.out, "12 passed, 0 failed"), "status %d\n%s\n%s", p.status, p.out, p.err);
     kt_run_free(&p);
     fixture(d, sizeof d, "mixtral");
     snprintf(launch, sizeof launch, "-np 4 BIN validate --tp 4 --enable-expert-parallel -t 1 --no-batched %s", d);
