@@ -247,6 +247,7 @@ void kd_send_recv(const void *send, int to, void *recv, int from, size_t bytes) 
 void kd_progress(void) {
 #ifdef KILN_MPI
     if (solo || !n_started) return; /* solo: a graph of this process alone, maybe on another thread */
+    init_slots();
     int flag = 0;
     /* one test advances every request of the job (MPI's progress engine);
      * the ones found complete are counted when they are waited for */
@@ -264,6 +265,7 @@ void kd_pp_share_begin(void *buf, size_t bytes) {
 #ifdef KILN_MPI
     /* column_comm ranks are the stages (MPI_Comm_split's key: pp_rank) */
     if (!started || size_ <= 1 || pp_size <= 1 || !bytes) return;
+    init_slots(); /* kd_progress reads the ring too */
     int need = n_shares + (pp_rank == pp_size - 1 ? pp_size - 1 : 1);
     if (need > cap_shares) {
         int cap = need * 2;
