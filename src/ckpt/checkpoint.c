@@ -40,6 +40,7 @@ struct kc_checkpoint {
         void *data, *scales, *biases;
     } *stacks;
     int n_stacks, cap_stacks;
+    int64_t stack_bytes; /* their weights' bytes (kc_stack_bytes) */
     /* Vision-language wrappers keep the text model under a prefix
      * ("language_model.model.", "model.language_model.", "model.text_model.");
      * names the families ask for ("model.layers.0...", "lm_head") that are
@@ -862,6 +863,7 @@ static kiln_status experts_from(const kc_checkpoint *c, const char *pattern, int
             memcpy((char *)sk.biases + (size_t)e * sbytes, m.biases, sbytes);
         }
     }
+    mc->stack_bytes += (int64_t)((wbytes + 2 * sbytes) * (size_t)n);
     sk.e = (kc_experts){first, n};
     sk.e.m.data = sk.data;
     sk.e.m.scales = sk.scales;
@@ -898,6 +900,14 @@ void kc_experts_view(kc_experts *x, int64_t lo, int64_t n) {
     m->data = (const char *)m->data + (size_t)lo * wbytes;
     if (sbytes) m->scales = (const char *)m->scales + (size_t)lo * sbytes, m->biases = (const char *)m->biases + (size_t)lo * sbytes;
     x->n = n;
+}
+
+int64_t kc_stack_bytes(const kc_checkpoint *c) {
+    kc_checkpoint *mc = (kc_checkpoint *)c;
+    pthread_mutex_lock(&mc->stacks_lock);
+    int64_t n = mc->stack_bytes;
+    pthread_mutex_unlock(&mc->stacks_lock);
+    return n;
 }
 
 /* A cached stack by key, or NULL; call with stacks_lock held. */
@@ -938,11 +948,19 @@ kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_
     if ((p->rows > 0 && R != p->rows) || (p->cols > 0 && I != p->cols))
         return kiln_error(KILN_EINVAL, TP "experts of [%" PRId64 ", %" PRId64 "], want [%" PRId64 ", %" PRId64 "]", TA(t), R, I,
                           p->rows, p->cols);
+    int64_t e0 = p->count > 0 ? p->first : 0, ne = p->count > 0 ? p->count : n;
+    if (e0 < 0 || e0 + ne > n)
+        return kiln_error(KILN_EINVAL, TP "experts [%" PRId64 ", %" PRId64 ") of %" PRId64, TA(t), e0, e0 + ne, n);
     kc_matrix m = {.fmt = t->dtype == KC_F32 ? KC_W_F32 : t->dtype == KC_F16 ? KC_W_F16 : KC_W_BF16,
                    .rows = R, .cols = I, .packed_cols = I, .name = t->name, .file = t->file, .data = t->data};
-    if (!in_out && p->parts == 1) return (*out = (kc_experts){m, n}), NULL; /* already [n, rows, cols] */
+    if (!in_out && p->parts == 1) { /* already [n, rows, cols] */
+        *out = (kc_experts){m, n};
+        kc_experts_view(out, e0, ne); /* only their pages are read */
+        return NULL;
+    }
     char key[1100];
-    snprintf(key, sizeof key, "%s#%d/%d%s%s", name, p->part, p->parts, in_out ? "t" : "", p->interleaved ? "i" : "");
+    snprintf(key, sizeof key, "%s#%d/%d%s%s@%" PRId64 "+%" PRId64, name, p->part, p->parts, in_out ? "t" : "",
+             p->interleaved ? "i" : "", e0, ne);
     kc_checkpoint *mc = (kc_checkpoint *)c;
     kiln_status st = NULL;
     pthread_mutex_lock(&mc->stacks_lock);
@@ -952,7 +970,7 @@ kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_
         goto done;
     }
     size_t es = kc_dtype_size(t->dtype);
-    struct stack sk = {.pattern = strdup(key), .data = malloc(es * (size_t)(n * R * I))};
+    struct stack sk = {.pattern = strdup(key), .data = malloc(es * (size_t)(ne * R * I))};
     if (!sk.pattern || !sk.data ||
         (mc->n_stacks == mc->cap_stacks && !(mc->stacks = realloc(mc->stacks, sizeof *mc->stacks * (size_t)(mc->cap_stacks = mc->cap_stacks ? 2 * mc->cap_stacks : 16))))) {
         free(sk.pattern), free(sk.data);
@@ -961,16 +979,17 @@ kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_
     }
     const char *src = t->data;
     char *dst = sk.data;
-    for (int64_t e = 0; e < n; e++)
+    for (int64_t e = 0; e < ne; e++)
         for (int64_t r = 0; r < R; r++) {
             int64_t o = p->interleaved ? r * p->parts + p->part : p->part * R + r; /* stored out feature */
             for (int64_t i = 0; i < I; i++) {
-                int64_t at = e * A * B + (in_out ? i * B + o : o * B + i);
+                int64_t at = (e0 + e) * A * B + (in_out ? i * B + o : o * B + i);
                 memcpy(dst + es * (size_t)((e * R + r) * I + i), src + es * (size_t)at, es);
             }
         }
     m.data = sk.data;
-    sk.e = (kc_experts){m, n};
+    sk.e = (kc_experts){m, ne};
+    mc->stack_bytes += (int64_t)(es * (size_t)(ne * R * I));
     mc->stacks[mc->n_stacks++] = sk;
     *out = sk.e;
 done:

@@ -138,6 +138,8 @@ kiln_status kc_get_experts_range(const kc_checkpoint *c, const char *pattern, in
                                  int64_t cols, kc_experts *out);
 /* x narrowed to its experts [lo, lo + n) (a view into the same stack). */
 void kc_experts_view(kc_experts *x, int64_t lo, int64_t n);
+/* Bytes of the expert stacks the checkpoint has copied (and keeps until kc_close). */
+int64_t kc_stack_bytes(const kc_checkpoint *c);
 
 /* Expert stacks out of one fused float tensor of a layer (transformers' 3-D
  * expert parameters): `name` is [n, A, B], or [n, A] (per-expert biases,
@@ -147,12 +149,16 @@ void kc_experts_view(kc_experts *x, int64_t lo, int64_t n);
  * interleaved (features p, p + parts, ...: gpt-oss's gate_up_proj). *out is
  * part `part` as a stack [n, R, in] in the tensor's dtype: the tensor itself
  * when it already is one, else a copy made once and kept until kc_close.
- * Quantized fused tensors are not supported (mlx-lm splits them). */
+ * With count > 0 only experts [first, first + count) of the n (expert
+ * parallelism: a process's share): a view into the tensor, or a copy of
+ * those experts alone. Quantized fused tensors are not supported (mlx-lm
+ * splits them). */
 typedef struct {
     bool in_out, interleaved;
     bool flat; /* a 2-D tensor [n * A, B]: the n experts' [A, B] back to back (DBRX's w1, v1, w2) */
     int parts, part;
-    int64_t rows, cols; /* the part's [R, in] per expert (cols 1: biases [n, A]); 0 accepts what the file has */
+    int64_t rows, cols;     /* the part's [R, in] per expert (cols 1: biases [n, A]); 0 accepts what the file has */
+    int64_t first, count;   /* the experts wanted; count 0: all n */
 } kc_expert_part;
 kiln_status kc_get_experts_part(const kc_checkpoint *c, const char *name, int64_t n, const kc_expert_part *p, kc_experts *out);
 

@@ -811,6 +811,18 @@ KT_TEST(ckpt_expert_parts_of_fused_tensors) {
     KT_CHECK(x.m.rows == 2 && x.m.cols == 1 && stack_at(&x, 1, 1, 0) == bias[1][2]);
     KT_CHECK_ERR(kc_get_experts_part(c, "gate_up_proj", 3, &(kc_expert_part){.parts = 2}, &x), "2 experts, want 3");
     KT_CHECK_ERR(kc_get_experts_part(c, "gate_up_proj", 2, &(kc_expert_part){.in_out = true, .parts = 3}, &x), "do not split into 3 parts");
+    /* expert 1 alone (expert parallelism): a copy of its part only, or a view of it */
+    int64_t held = kc_stack_bytes(c);
+    KT_CHECK_OK(kc_get_experts_part(c, "gate_up_proj", 2,
+                                    &(kc_expert_part){.in_out = true, .interleaved = true, .parts = 2, .part = 1, .first = 1, .count = 1}, &x));
+    KT_CHECKF(x.n == 1 && x.m.rows == 2 && x.m.cols == 3 && kc_stack_bytes(c) - held == 2 * 3 * 4, "n %lld, %lld bytes copied",
+              (long long)x.n, (long long)(kc_stack_bytes(c) - held));
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 3; i++) KT_CHECK(stack_at(&x, 0, r, i) == oi[1][2 * r + 1][i]);
+    KT_CHECK_OK(kc_get_experts_part(c, "input_linear.weight", 2, &(kc_expert_part){.parts = 1, .first = 1, .count = 1}, &x));
+    KT_CHECK(x.n == 1 && x.m.data == (const char *)kc_find(c, "input_linear.weight")->data + sizeof oi[0]);
+    KT_CHECK_ERR(kc_get_experts_part(c, "input_linear.weight", 2, &(kc_expert_part){.parts = 1, .first = 1, .count = 2}, &x),
+                 "experts [1, 3) of 2");
     kc_close(c);
     ckt_rmdir(dir);
 }

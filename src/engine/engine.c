@@ -1559,8 +1559,10 @@ done:
 /* --pp P: a step is split into micro-batches of whole sequences, run one
  * after the other on every stage, so that stage s computes micro-batch m
  * while stage s + 1 computes m - 1 (GPipe's fill and drain within the step:
- * the hand-offs between stages are the only waits); the last stage's rows
- * are then shared once for the step (kd_pp_share_last). A sequence's
+ * the hand-offs between stages are the only waits, and a stage's send does
+ * not wait: runtime/dist.h, kd_send_recv); the last stage's rows of each
+ * micro-batch are sent to the others while it computes the next
+ * (kd_pp_share_begin), and the step waits for them at its end. A sequence's
  * tokens all fall in one micro-batch, in the same order, so decode_step
  * sees for it what the whole step would show it (positions, lengths, wanted
  * rows), and by batch invariance (docs/design.md) its rows are the whole
@@ -1632,15 +1634,18 @@ static kiln_status pp_step(ke_ctx *c, const ke_batch *b, const ke_inputs *x, con
         if (st) return st; /* with M > 1 only out of memory (pp_step_fits) */
         size_t row = (size_t)c->out_width;
         if ((R + n) * (int64_t)row > c->pp_cap) {
+            kd_pp_share_wait(); /* the earlier micro-batches' rows move */
             int64_t cap = (R + n) * (int64_t)row * 2;
             float *p = realloc(c->pp_rows, sizeof(float) * (size_t)cap);
             if (!p) return kiln_error(KILN_ENOMEM, "out of memory");
             c->pp_rows = p, c->pp_cap = cap;
         }
         if (n) memcpy(c->pp_rows + (size_t)R * row, out, sizeof(float) * row * (size_t)n);
+        /* on their way from the last stage while it computes the next micro-batch */
+        kd_pp_share_begin(c->pp_rows + (size_t)R * row, sizeof(float) * row * (size_t)n);
         R += n;
     }
-    kd_pp_share_last(c->pp_rows, sizeof(float) * (size_t)(R * c->out_width));
+    kd_pp_share_wait();
     *logits = c->pp_rows, *n_rows = (int)R;
     return NULL;
 }

@@ -38,7 +38,7 @@ typedef struct {
     bool cross;          /* the step brings images' cross-attention states (KB_IN_CROSS, _KEYS): the cross layers store their K/V */
     bool pp_local_output; /* --pp: the output rows stay on the last stage (other stages: zeros) instead of being
                            * gathered to every process in the graph; the caller shares them (the engine's
-                           * micro-batched steps, kd_pp_share_last) */
+                           * micro-batched steps, kd_pp_share_begin) */
     kg_dtype kv_type[2]; /* element type of the K and V caches (KG_F32, the default, KG_F16 or KG_BF16): rows are
                           * converted (round to nearest even) as they are written, widened exactly as attention reads */
 } kb_shape;

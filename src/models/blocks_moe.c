@@ -209,9 +209,8 @@ static bool experts_part(kb_ctx *b, const char *name, int64_t n, const kc_expert
     kc_expert_part q = *p;
     q.rows = rows > 0 ? rows : 0;
     q.cols = cols > 0 ? cols : 0;
+    ep_range(b, n, &q.first, &q.count); /* only this process's experts are copied (or viewed) */
     if (!take(b, kc_get_experts_part(b->ck, name, n, &q, &x))) return false;
-    int64_t lo, m;
-    if (ep_range(b, n, &lo, &m)) kc_experts_view(&x, lo, m);
     stack_nodes(b, &x, w, wa);
     return w[0] != NULL;
 }

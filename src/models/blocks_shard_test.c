@@ -16,6 +16,7 @@ typedef struct {
     const void *q0;             /* layer 0's query weight */
     int64_t q0_rows;
     int64_t kv_heads0;          /* layer 0's KV cache heads */
+    int64_t copied_bytes;       /* expert stacks the checkpoint copied (kc_stack_bytes) */
 } tp_graph;
 
 static void build_rank(const char *fixture, int tp, int rank, tp_graph *out) {
@@ -51,6 +52,7 @@ static void build_rank(const char *fixture, int tp, int rank, tp_graph *out) {
         if (strstr(w->name, "layers.0.self_attn.q_proj")) out->q0 = w->a.weight.data, out->q0_rows = w->shape.d[0];
     }
     out->kv_heads0 = cache[0].heads;
+    out->copied_bytes = kc_stack_bytes(ke_model_checkpoint(m));
     kg_destroy(g);
     free(in);
     ke_model_free(m);
@@ -108,4 +110,24 @@ KT_TEST(blocks_shard_expert_parallel_holds_its_experts) {
               (long long)r0.expert_bytes, (long long)one.expert_bytes);
     KT_CHECKF(r0.all_reduce == rep.all_reduce + 2, "%d all_reduce, %d replicated (want one more per MoE layer)", r0.all_reduce,
               rep.all_reduce);
+}
+
+/* gpt-oss keeps its experts fused [E, in, out] (x @ W, gate and up
+ * interleaved), which kiln copies into [E, out, in] stacks: under expert
+ * parallelism each of two ranks copies only its two of the four experts,
+ * half the one-process copy. (The layout is set before the model loads, as
+ * kd_init sets it in a job: loading builds graphs too.) */
+KT_TEST(blocks_shard_expert_parallel_copies_only_its_fused_experts) {
+    tp_graph one, r0, r1;
+    build_rank("gpt_oss", 1, 0, &one);
+    kd_set_expert_parallel(true);
+    kd_set_tp(2, 0);
+    build_rank("gpt_oss", 2, 0, &r0);
+    kd_set_tp(2, 1);
+    build_rank("gpt_oss", 2, 1, &r1);
+    kd_set_expert_parallel(false);
+    KT_CHECKF(r0.moe_experts == 2 && r1.moe_experts == 2, "%d, %d experts per rank", r0.moe_experts, r1.moe_experts);
+    KT_CHECKF(one.copied_bytes > 0 && 2 * r0.copied_bytes == one.copied_bytes && r1.copied_bytes == r0.copied_bytes,
+              "copied %lld and %lld bytes per rank of %lld", (long long)r0.copied_bytes, (long long)r1.copied_bytes,
+              (long long)one.copied_bytes);
 }

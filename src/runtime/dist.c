@@ -174,24 +174,121 @@ void kd_group_all_gather(const int *members, int n, const void *in, size_t bytes
     kd_abort(70);
 }
 
+/* ---------------------------------------------------------------- non-blocking hand-offs
+ *
+ * A send is started from a copy in one of SEND_SLOTS buffers, and its slot
+ * waited for only when the ring comes back to it; so a pipeline stage goes
+ * on to its next micro-batch while the last one's activations are in
+ * flight. Receives wait where the data is needed (the hand-off's node).
+ * Transports that need the sender's calls to advance a large message (TCP's
+ * rendezvous; shared memory's single copy does not) get them from
+ * kd_progress, which the executor calls between kernels. */
+#ifdef KILN_MPI
+enum { SEND_SLOTS = 64, TAG_HANDOFF = 0, TAG_ROWS = 1 };
+typedef struct {
+    MPI_Request rq;
+    void *buf;
+    size_t cap;
+} send_slot;
+static send_slot slots[SEND_SLOTS];
+static int next_slot, n_started; /* the ring's next slot; requests started, not yet seen complete */
+static MPI_Request *shares;      /* kd_pp_share_begin's, [n_shares] of cap_shares */
+static int n_shares, cap_shares;
+
+static void init_slots(void) {
+    static bool done;
+    if (done) return;
+    for (int i = 0; i < SEND_SLOTS; i++) slots[i].rq = MPI_REQUEST_NULL;
+    done = true;
+}
+
+static void wait_one(MPI_Request *rq) {
+    if (*rq == MPI_REQUEST_NULL) return;
+    MPI_Wait(rq, MPI_STATUS_IGNORE);
+    n_started--;
+}
+
+/* Every started send and share complete. */
+static void wait_all(void) {
+    init_slots();
+    for (int i = 0; i < SEND_SLOTS; i++) wait_one(&slots[i].rq);
+    for (int i = 0; i < n_shares; i++) wait_one(&shares[i]);
+    n_shares = 0;
+}
+#endif
+
 void kd_send_recv(const void *send, int to, void *recv, int from, size_t bytes) {
 #ifdef KILN_MPI
     if (started && size_ > 1) {
-        MPI_Sendrecv(send, to >= 0 ? count_of(bytes) : 0, MPI_BYTE, to >= 0 ? to : MPI_PROC_NULL, 0, recv,
-                     from >= 0 ? count_of(bytes) : 0, MPI_BYTE, from >= 0 ? from : MPI_PROC_NULL, 0, MPI_COMM_WORLD,
-                     MPI_STATUS_IGNORE);
+        init_slots();
+        if (to >= 0 && bytes) {
+            send_slot *sl = &slots[next_slot];
+            next_slot = (next_slot + 1) % SEND_SLOTS;
+            wait_one(&sl->rq);
+            if (sl->cap < bytes) {
+                void *p = realloc(sl->buf, bytes);
+                if (!p) {
+                    fprintf(stderr, "kiln: rank %d: out of memory for a %zu-byte hand-off\n", rank_, bytes);
+                    kd_abort(71);
+                }
+                sl->buf = p, sl->cap = bytes;
+            }
+            memcpy(sl->buf, send, bytes);
+            MPI_Isend(sl->buf, count_of(bytes), MPI_BYTE, to, TAG_HANDOFF, MPI_COMM_WORLD, &sl->rq);
+            n_started++;
+        }
+        if (from >= 0 && bytes) MPI_Recv(recv, count_of(bytes), MPI_BYTE, from, TAG_HANDOFF, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         return;
     }
 #endif
     if (from == rank_ && to == rank_ && recv != send) memcpy(recv, send, bytes);
 }
 
-void kd_pp_share_last(void *buf, size_t bytes) {
+void kd_progress(void) {
+#ifdef KILN_MPI
+    if (solo || !n_started) return; /* solo: a graph of this process alone, maybe on another thread */
+    init_slots();
+    int flag = 0;
+    /* one test advances every request of the job (MPI's progress engine);
+     * the ones found complete are counted when they are waited for */
+    for (int i = 0; i < SEND_SLOTS; i++)
+        if (slots[i].rq != MPI_REQUEST_NULL) {
+            MPI_Test(&slots[i].rq, &flag, MPI_STATUS_IGNORE);
+            if (flag) n_started--;
+            return;
+        }
+    if (n_shares) MPI_Test(&shares[0], &flag, MPI_STATUS_IGNORE), n_started -= flag;
+#endif
+}
+
+void kd_pp_share_begin(void *buf, size_t bytes) {
 #ifdef KILN_MPI
     /* column_comm ranks are the stages (MPI_Comm_split's key: pp_rank) */
-    if (started && size_ > 1 && pp_size > 1 && bytes) MPI_Bcast(buf, count_of(bytes), MPI_BYTE, pp_size - 1, column_comm);
+    if (!started || size_ <= 1 || pp_size <= 1 || !bytes) return;
+    init_slots(); /* kd_progress reads the ring too */
+    int need = n_shares + (pp_rank == pp_size - 1 ? pp_size - 1 : 1);
+    if (need > cap_shares) {
+        int cap = need * 2;
+        MPI_Request *p = realloc(shares, sizeof *p * (size_t)cap);
+        if (!p) {
+            fprintf(stderr, "kiln: rank %d: out of memory\n", rank_);
+            kd_abort(71);
+        }
+        shares = p, cap_shares = cap;
+    }
+    if (pp_rank == pp_size - 1)
+        for (int s = 0; s < pp_size - 1; s++)
+            MPI_Isend(buf, count_of(bytes), MPI_BYTE, s, TAG_ROWS, column_comm, &shares[n_shares++]), n_started++;
+    else MPI_Irecv(buf, count_of(bytes), MPI_BYTE, pp_size - 1, TAG_ROWS, column_comm, &shares[n_shares++]), n_started++;
 #endif
     (void)buf, (void)bytes;
+}
+
+void kd_pp_share_wait(void) {
+#ifdef KILN_MPI
+    for (int i = 0; i < n_shares; i++) wait_one(&shares[i]);
+    n_shares = 0;
+#endif
 }
 
 void kd_broadcast(void *buf, size_t bytes, int root) {
@@ -228,6 +325,9 @@ _Noreturn void kd_abort(int code) {
 void kd_finalize(void) {
 #ifdef KILN_MPI
     if (started) {
+        wait_all();
+        free(shares), shares = NULL, n_shares = cap_shares = 0;
+        for (int i = 0; i < SEND_SLOTS; i++) free(slots[i].buf), slots[i].buf = NULL, slots[i].cap = 0;
         if (stage_comm != MPI_COMM_NULL) MPI_Comm_free(&stage_comm), MPI_Comm_free(&column_comm);
         MPI_Finalize();
         started = false;

@@ -60,9 +60,13 @@ kiln_status kd_pp_split(int n_layers, int stage, int *lo, int *hi);
  * (engine.c, pp_step). */
 int kd_pp_micro(void);
 void kd_set_pp_micro(int n);
-/* The last stage's buf [bytes] to every stage's process of the same tensor
- * rank (the rows a step with kb_shape.pp_local_output left there). */
-void kd_pp_share_last(void *buf, size_t bytes);
+/* Starts passing the last stage's buf [bytes] to every stage's process of
+ * the same tensor rank (the rows one micro-batch with
+ * kb_shape.pp_local_output left there: pp_step shares each one as soon as
+ * it is computed, while the next is). buf is untouched by the caller until
+ * kd_pp_share_wait, which completes every share begun. */
+void kd_pp_share_begin(void *buf, size_t bytes);
+void kd_pp_share_wait(void);
 /* For tests: build graphs for stage `rank` of `size`, layers split as given (NULL: even). */
 void kd_set_pp(int size, int rank, const int *layers);
 /* For tests: build graphs for rank `rank` of `size` (the collectives then
@@ -86,8 +90,15 @@ void kd_all_gather(const void *in, size_t bytes, void *out);
  * stages (communicators made at kd_init); another aborts the job. */
 void kd_group_all_gather(const int *members, int n, const void *in, size_t bytes, void *out);
 /* Sends `send` to process `to` and receives `recv` from `from` (either
- * < 0: none), `bytes` each way. */
+ * < 0: none), `bytes` each way. The send does not wait: it starts from a
+ * copy (send may be reused at once) and completes while the caller goes
+ * on; the receive returns with the data. Messages between two processes
+ * arrive in the order sent. */
 void kd_send_recv(const void *send, int to, void *recv, int from, size_t bytes);
+/* Lets started sends advance (a transport such as TCP moves a large
+ * message only while its sender calls MPI); the executor calls it between
+ * kernels. Nothing to do when none is in flight. */
+void kd_progress(void);
 /* root's buf to every process. */
 void kd_broadcast(void *buf, size_t bytes, int root);
 /* The same, for a process that may wait long (a server's follower between
@@ -99,7 +110,8 @@ void kd_broadcast_idle(void *buf, size_t bytes, int root);
 /* Ends the whole job now with exit status code (MPI_Abort with several
  * processes, so that no process waits forever on one that failed). */
 _Noreturn void kd_abort(int code);
-/* MPI_Finalize when kd_init started MPI; then a normal exit may follow. */
+/* MPI_Finalize when kd_init started MPI (after the sends in flight
+ * complete); then a normal exit may follow. */
 void kd_finalize(void);
 
 #endif

@@ -270,23 +270,28 @@ KT_TEST(dist_pp_generate_equals_one_process) {
  * stages, 3 asked, 4 stages, and with two tensor ranks per stage), and
  * every batched stream, greedy or seeded, equals its one-at-a-time stream
  * (which, one sequence a step, runs whole: dist_pp_generate_equals_one_process).
- * cwm: 4 layers, for 4 stages. */
+ * cwm: 4 layers, for 4 stages. The last two runs have more micro-batches
+ * than stages (up to 6 sequences a step): the first stage's sends then run
+ * several micro-batches ahead of the next stage's receives, and the last
+ * stage has several micro-batches' rows in flight at once. */
 KT_TEST(dist_pp_micro_batches_equal_single) {
     NEED_MPI();
     static const struct {
         const char *fixture, *split;
-        int np;
-    } runs[] = {{"kilnref_llama", "--pp 2", 2},
-                {"kilnref_llama", "--pp 2 --pp-micro 3", 2},
-                {"mixtral", "--pp 2", 2},
-                {"cwm", "--pp 4", 4},
-                {"kilnref_llama", "--tp 2 --pp 2", 4}};
+        int np, concurrency;
+    } runs[] = {{"kilnref_llama", "--pp 2", 2, 4},
+                {"kilnref_llama", "--pp 2 --pp-micro 3", 2, 4},
+                {"mixtral", "--pp 2", 2, 4},
+                {"cwm", "--pp 4", 4, 4},
+                {"kilnref_llama", "--tp 2 --pp 2", 4, 4},
+                {"kilnref_llama", "--pp 2 --pp-micro 6", 2, 6},
+                {"cwm", "--pp 4 --pp-micro 6", 4, 6}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         char d[2048], launch[8192];
         fixture(d, sizeof d, runs[i].fixture);
         snprintf(launch, sizeof launch,
-                 "-np %d BIN bench-batch -m %s %s -t 1 --requests 8 --concurrency 4 --prompt-len 3,18 --gen-len 5,14",
-                 runs[i].np, d, runs[i].split);
+                 "-np %d BIN bench-batch -m %s %s -t 1 --requests 8 --concurrency %d --prompt-len 3,18 --gen-len 5,14",
+                 runs[i].np, d, runs[i].split, runs[i].concurrency);
         kt_proc p;
         run_mpi(launch, &p);
         KT_CHECKF(p.status == 0 && strstr(p.out, "(8 of 8 identical)"), "%s %s: status %d\n%s\n%s", runs[i].fixture,
@@ -527,16 +532,18 @@ KT_TEST(dist_tp2_serve_killed_follower_ends_the_job) {
 /* --enable-expert-parallel: the MoE fixtures' experts split whole across
  * the ranks (Mixtral 4 over 2 and over 4, Qwen2-MoE's 4 with a shared
  * expert, OLMoE's 4, f32 and q4; Granite-MoE's stacked experts, f32 and
- * bf16) pass the oracle gate, and greedy ids are
+ * bf16; gpt-oss's and Llama 4's fused [E, in, out] tensors, copied per
+ * rank for its experts only) pass the oracle gate, and greedy ids are
  * the one-process run's. (What each rank holds: blocks_shard_test.c.) */
 KT_TEST(dist_tp2_expert_parallel) {
     NEED_MPI();
-    static const char *fx[] = {"mixtral", "qwen2_moe", "olmoe", "granitemoe"}; /* per-expert modules; one stacked module */
+    /* per-expert modules; one stacked module; fused 3-D tensors */
+    static const char *fx[] = {"mixtral", "qwen2_moe", "olmoe", "granitemoe", "gpt_oss", "llama4_text"};
     char launch[16384] = "-np 2 BIN validate --tp 2 --enable-expert-parallel -t 1", d[4096];
-    fixtures(launch, sizeof launch, fx, 4);
+    fixtures(launch, sizeof launch, fx, 6);
     kt_proc p;
     run_mpi(launch, &p);
-    KT_CHECKF(p.status == 0 && strstr(p.out, "8 passed, 0 failed"), "status %d\n%s\n%s", p.status, p.out, p.err);
+    KT_CHECKF(p.status == 0 && strstr(p.out, "12 passed, 0 failed"), "status %d\n%s\n%s", p.status, p.out, p.err);
     kt_run_free(&p);
     fixture(d, sizeof d, "mixtral");
     snprintf(launch, sizeof launch, "-np 4 BIN validate --tp 4 --enable-expert-parallel -t 1 --no-batched %s", d);

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
+#include "runtime/dist.h"
 
 typedef enum { LOC_PARAM, LOC_FIXED, LOC_ARENA } loc_kind;
 
@@ -221,6 +222,7 @@ void kr_exec_run(kr_exec *e, void *const *params, kr_pool *pool) {
         kk_call c = {.node = s->node, .out = resolve(e, s->out), .pool = pool, .prep = s->prep ? s->prep->data : NULL};
         for (int j = 0; j < s->node->n_in; j++) c.in[j] = resolve(e, s->in[j]);
         s->fn(&c);
+        if ((i & 7) == 7) kd_progress(); /* a pipeline hand-off in flight (--pp) */
     }
 }
 
