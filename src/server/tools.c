@@ -188,6 +188,9 @@ static kiln_status set_grammar(ksrv_tools *t, const cJSON *tools, const char *on
         t->force = false;
         return NULL;
     }
+    /* pythonic calls are the whole output from its start, where a lazy trigger ("[" anywhere) would force
+     * calls into text: only a forced call is constrained (documented) */
+    if (f == KTC_PYTHONIC && !t->force) return NULL;
     if (gp->grammar) {
         if (t->force || strict)
             return kiln_error(KILN_EUNSUPPORTED, "\"tools\": constrained tool calls (strict, tool_choice required or a "
@@ -255,7 +258,7 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
                           "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, "
                           "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+, FireFunction, DeepSeek DSML, MiniCPM5, Hy3, "
                           "Apriel, MiniMax-M1/M3, Nemotron Nano v2, GigaChat 3, Apertus, Solar Open, functionary v3.1/v3.2, LFM2, "
-                          "Gemma 4, Kimi K3)");
+                          "Gemma 4, Kimi K3, pythonic: Llama 4 / Llama 3.2)");
     if (use_tools) *tmpl_tools = tools;
     if (f == KTC_FIREFUNCTION) { /* its template reads the tools as text, "functions" (llama.cpp passes them) */
         if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");

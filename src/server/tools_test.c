@@ -465,7 +465,9 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
                                         "unsloth-Apriel-1.5", "MiniMax-M1", "NVIDIA-Nemotron-Nano-v2", "GigaChat3-10B-A1.8B",
                                         "GigaChat3.1-10B-A1.8B", "Apertus-8B-Instruct", "upstage-Solar-Open-100B",
                                         "meetkai-functionary-medium-v3.1", "meetkai-functionary-medium-v3.2", "LFM2.5-8B-A1B",
-                                        "google-gemma-4-31B-it", "MiniMax-M3", "Kimi-K3", "muse-glimmer"};
+                                        "google-gemma-4-31B-it", "MiniMax-M3", "Kimi-K3", "muse-glimmer",
+                                        /* Llama 4 pythonic, Phi-4-mini, Granite 3.3 */
+                                        "llama4-pythonic", "microsoft-Phi-4-mini-instruct", "ibm-granite-granite-3.3-2B-Instruct"};
     static const char *test_tool = "[{\"type\": \"function\", \"function\": {\"name\": \"test\", \"description\": \"\", "
                                    "\"parameters\": {\"type\": \"object\", \"properties\": {\"success\": {\"type\": \"boolean\", "
                                    "\"const\": true}}, \"required\": [\"success\"]}}}]";
@@ -526,6 +528,32 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
         ksrv_stop(s);
         ckt_rmdir(dir);
     }
+}
+
+/* Pythonic calls (Llama 4) are the output from its start: with tool_choice
+ * auto no lazy grammar (its trigger "[" anywhere in text would force a
+ * call there); a forced call ends the prompt with "[" and the grammar is
+ * on from there. */
+KT_TEST(server_tools_pythonic_forced_only) {
+    char *src = template_text("llama4-pythonic");
+    KT_CHECK(src);
+    ksrv *s = fake_server(src);
+    free(src);
+    kiln_status err;
+    ksrv_job *j = fake_job(s, "", &err);
+    KT_CHECK_OK(err);
+    KT_CHECK(j->tools && !j->gp.grammar);
+    free_job(j);
+    j = fake_job(s, ", \"tool_choice\": \"required\"", &err);
+    KT_CHECK_OK(err);
+    KT_CHECK(j->tools && j->gp.grammar);
+    char *prompt = strdup("<|header_start|>assistant<|header_end|>\n\n");
+    KT_CHECK_OK(ksrv_tools_set_prompt(j->tools, &prompt, &j->gp));
+    KT_CHECK_STR(prompt, "<|header_start|>assistant<|header_end|>\n\n[");
+    KT_CHECK(!j->gp.grammar_lazy && j->gp.grammar_once);
+    free(prompt);
+    free_job(j);
+    free_fake(s);
 }
 
 /* Special-token formats end to end, on random weights (kiln synth's tiny

@@ -40,20 +40,22 @@ const J = JSON.stringify;
 // the tag and pythonic formats write a string parameter as their own text
 // (raw, or in their quotes), where kiln's grammar takes no "format" (a
 // documented 400): a date there is a string of at most 10 characters
-const rawStrings = new Set(["qwen3-coder", "glm-4.5", "minimax-m2", "minimax-m3", "kimi-k3", "gemma-4", "lfm2"]);
+const rawStrings = new Set(["qwen3-coder", "glm-4.5", "minimax-m2", "minimax-m3", "kimi-k3", "gemma-4", "lfm2", "llama4-pythonic"]);
+// (each property described: Command R+'s template writes every description)
 const weather = {
   type: "object",
   properties: {
-    city: { type: "string", minLength: 1, maxLength: 12 },
-    days: { type: "integer", minimum: 1, maximum: 9 },
-    unit: { enum: ["celsius", "fahrenheit"] },
-    when: rawStrings.has(family) ? { type: "string", maxLength: 10 } : { type: "string", format: "date" },
-    tags: { type: "array", items: { type: "string", maxLength: 5 }, maxItems: 3 },
+    city: { type: "string", minLength: 1, maxLength: 12, description: "The city" },
+    days: { type: "integer", minimum: 1, maximum: 9, description: "How many days" },
+    unit: { enum: ["celsius", "fahrenheit"], description: "The unit" },
+    when: { ...(rawStrings.has(family) ? { type: "string", maxLength: 10 } : { type: "string", format: "date" }), description: "The day" },
+    tags: { type: "array", items: { type: "string", maxLength: 5 }, maxItems: 3, description: "Labels" },
   },
   required: ["city", "days", "unit"],
   additionalProperties: false,
 };
-const clock = { type: "object", properties: { zone: { type: "string", enum: ["UTC", "CET"] } }, required: ["zone"], additionalProperties: false };
+const clock = { type: "object", properties: { zone: { type: "string", enum: ["UTC", "CET"], description: "The zone" } }, required: ["zone"],
+                additionalProperties: false };
 const schemas = { get_weather: weather, get_time: clock };
 const ajv = new Ajv({ strict: true, allErrors: true });
 addFormats(ajv);
