@@ -556,6 +556,55 @@ KT_TEST(server_tools_pythonic_forced_only) {
     free_fake(s);
 }
 
+/* Phi-4-mini's template reads tools only from a system message's "tools"
+ * text (its model card's usage): the functions go there, into the leading
+ * system message or a new empty one; a client's own "tools" stay; other
+ * formats' messages are not touched. */
+KT_TEST(server_tools_phi4_system_tools) {
+    static const char *fn = "[{\"name\":\"get_weather\",\"description\":\"Weather of a city\",\"parameters\":{\"type\":\"object\","
+                            "\"properties\":{\"city\":{\"type\":\"string\",\"description\":\"a city\"}},\"required\":[\"city\"]}}]";
+    static const struct {
+        const char *tmpl, *msgs, *want;
+    } k[] = {
+        {"microsoft-Phi-4-mini-instruct", "[{\"role\": \"user\", \"content\": \"hi\"}]", "<|system|><|tool|>@<|/tool|><|end|><|user|>hi<|end|><|assistant|>"},
+        {"microsoft-Phi-4-mini-instruct", "[{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"hi\"}]",
+         "<|system|>Be brief.<|tool|>@<|/tool|><|end|><|user|>hi<|end|><|assistant|>"},
+        {"microsoft-Phi-4-mini-instruct", "[{\"role\": \"system\", \"content\": \"S\", \"tools\": \"[mine]\"}]",
+         "<|system|>S<|tool|>[mine]<|/tool|><|end|><|assistant|>"},
+        {"Qwen-Qwen2.5-7B-Instruct", "[{\"role\": \"user\", \"content\": \"hi\"}]", NULL},
+    };
+    for (size_t c = 0; c < sizeof k / sizeof *k; c++) {
+        char *src = template_text(k[c].tmpl);
+        KT_CHECK(src);
+        ksrv *s = fake_server(src);
+        free(src);
+        kiln_status err;
+        ksrv_job *j = fake_job(s, "", &err);
+        KT_CHECK_OK(err);
+        cJSON *tools = cJSON_Parse(k_tools_json), *msgs = cJSON_Parse(k[c].msgs);
+        char *before = cJSON_PrintUnformatted(msgs);
+        KT_CHECK_OK(ksrv_tools_phi4_system(j->tools, msgs, tools));
+        if (!k[c].want) {
+            char *after = cJSON_PrintUnformatted(msgs);
+            KT_CHECK_STR(after, before);
+            free(after);
+        } else {
+            kchat_input in = {.messages = msgs, .tools = tools, .add_generation_prompt = true};
+            char *text = NULL, want[1024];
+            KT_CHECK_OK(kchat_render(s->tmpl, &in, &text));
+            const char *at = strchr(k[c].want, '@'); /* (the functions' text there) */
+            if (at) snprintf(want, sizeof want, "%.*s%s%s", (int)(at - k[c].want), k[c].want, fn, at + 1);
+            else snprintf(want, sizeof want, "%s", k[c].want);
+            KT_CHECK_STR(text, want);
+            free(text);
+        }
+        free(before);
+        cJSON_Delete(msgs), cJSON_Delete(tools);
+        free_job(j);
+        free_fake(s);
+    }
+}
+
 /* Special-token formats end to end, on random weights (kiln synth's tiny
  * shape) with real tokenizers: gpt-oss's (Harmony's markers are its special
  * tokens, generated as tokens under the grammar) and DeepSeek-V3's.

@@ -749,6 +749,8 @@ static size_t section_step(P *p, size_t at_m, int w, const void *ud, size_t *res
             break;
         }
         if (j >= p->n || (f->end && may_become(p, j, f->end)) || may_become(p, j, f->call_begin)) return NPOS;
+        /* the whole output cut inside the section's end (max_tokens: "<｜tool▁calls▁end"): trimmed, as a marker's start is */
+        if (f->end && p->n - j >= 2 && p->n - j < strlen(f->end) && !memcmp(p->t + j, f->end, p->n - j)) return p->n;
         if (!at(p, j, f->call_begin)) break; /* stray text: content again */
         size_t e = f->call(p, j + strlen(f->call_begin));
         if (e == NPOS) return NPOS;

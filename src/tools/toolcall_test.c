@@ -584,6 +584,25 @@ KT_TEST(toolcall_output_cut_inside_marker) {
         const char *r = stream_all_splits(&syn, k_cut[c].text, why, sizeof why);
         KT_CHECKF(!r, "case %zu: streaming: %s", c, r);
     }
+    /* cut inside a section's end after its calls (DeepSeek-R1 under a forced call, Kimi K2) */
+    static const struct {
+        ktc_format f;
+        const char *text;
+    } k_end[] = {{KTC_DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"zone\": \"UTC\"}\n```"
+                                "<｜tool▁call▁end｜><｜tool▁calls▁end"},
+                 {KTC_KIMI_K2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>"
+                               "{\"zone\": \"UTC\"}<|tool_call_end|><|tool_calls_sec"}};
+    for (size_t c = 0; c < sizeof k_end / sizeof *k_end; c++) {
+        ktc_syntax syn = {k_end[c].f, KTC_THINK_TAGS, false, NULL, NULL};
+        ktc_msg m;
+        KT_CHECK_OK(ktc_parse(&syn, k_end[c].text, strlen(k_end[c].text), false, &m));
+        KT_CHECKF(!strcmp(m.content, "") && m.n_calls == 1 && !strcmp(m.calls[0].name, "get_time"), "%s: content [%s], %d calls",
+                  ktc_format_name(k_end[c].f), m.content, m.n_calls);
+        ktc_msg_free(&m);
+        char why[512];
+        const char *r = stream_all_splits(&syn, k_end[c].text, why, sizeof why);
+        KT_CHECKF(!r, "%s: streaming: %s", ktc_format_name(k_end[c].f), r);
+    }
 }
 
 /* Every committed template: detection names a format or none, never a

@@ -11,7 +11,9 @@
 # v3.2 (the Llama 3.1 tokenizer), Nemotron Nano v2, DeepSeek-R1 (llama.cpp's
 # R1 template, which renders the tools and opens <think>, and R1-Distill's,
 # both on DeepSeek-V3's tokenizer, R1's), Granite 3.3, Command R7B,
-# Command R+, Llama 4 with pythonic calls (tests/data/chat/templates/
+# Command R+, Cohere2 MoE (Command A's <|START_ACTION|> format, <|START_TEXT|>,
+# a prompt that opens <|START_THINKING|>), Mistral Small 3.2 ([TOOL_CALLS]NAME
+# [ARGS], Mistral's v11 layout), Llama 4 with pythonic calls (tests/data/chat/templates/
 # llama4-pythonic.jinja, written after Meta's Llama 4 prompt format: its
 # published template writes Llama 3's JSON calls) and Phi-4-mini (its
 # published template, transcribed: it reads tools only from a system
@@ -73,6 +75,11 @@ families=(
    <|SYSTEM_TOKEN|> <|USER_TOKEN|> <|CHATBOT_TOKEN|>"
   "llama4-pythonic $q3 $tpl/llama4-pythonic.jinja - <|begin_of_text|> <|header_start|> <|header_end|> <|eot|> <|eom|> <|python_start|>
    <|python_end|>"
+  "mistral-v11 $root/tests/data/tokenizer/mistral $tpl/Mistral-Small-3.2-24B-Instruct-2506.jinja - [INST] [/INST] [SYSTEM_PROMPT]
+   [/SYSTEM_PROMPT] [AVAILABLE_TOOLS] [/AVAILABLE_TOOLS] [TOOL_RESULTS] [/TOOL_RESULTS] [TOOL_CALLS] [ARGS] [CALL_ID]"
+  "cohere2-moe $q3 $tpl/Cohere2MoE.jinja think <|START_OF_TURN_TOKEN|> <|END_OF_TURN_TOKEN|> <|SYSTEM_TOKEN|> <|USER_TOKEN|>
+   <|CHATBOT_TOKEN|> <|START_TEXT|> <|END_TEXT|> <|START_ACTION|> <|END_ACTION|> <|START_THINKING|> <|END_THINKING|>
+   <|START_TOOL_RESULT|> <|END_TOOL_RESULT|> <|IMG_PATCH|>"
   "phi-4-mini $q3 $tpl/microsoft-Phi-4-mini-instruct.jinja - <|system|> <|user|> <|assistant|> <|end|> <|tool|> <|/tool|>
    <|tool_call|> <|/tool_call|>"
 )
