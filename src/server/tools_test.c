@@ -530,17 +530,23 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
     }
 }
 
+/* A fake server of a committed template and its job of extra's request
+ * (*err: the request's error). */
+static ksrv_job *template_job(const char *tmpl, const char *extra, ksrv **s, kiln_status *err) {
+    char *src = template_text(tmpl);
+    *s = fake_server(src ? src : "");
+    free(src);
+    return fake_job(*s, extra, err);
+}
+
 /* Pythonic calls (Llama 4) are the output from its start: with tool_choice
  * auto no lazy grammar (its trigger "[" anywhere in text would force a
  * call there); a forced call ends the prompt with "[" and the grammar is
  * on from there. */
 KT_TEST(server_tools_pythonic_forced_only) {
-    char *src = template_text("llama4-pythonic");
-    KT_CHECK(src);
-    ksrv *s = fake_server(src);
-    free(src);
+    ksrv *s;
     kiln_status err;
-    ksrv_job *j = fake_job(s, "", &err);
+    ksrv_job *j = template_job("llama4-pythonic", "", &s, &err);
     KT_CHECK_OK(err);
     KT_CHECK(j->tools && !j->gp.grammar);
     free_job(j);
@@ -574,12 +580,9 @@ KT_TEST(server_tools_phi4_system_tools) {
         {"Qwen-Qwen2.5-7B-Instruct", "[{\"role\": \"user\", \"content\": \"hi\"}]", NULL},
     };
     for (size_t c = 0; c < sizeof k / sizeof *k; c++) {
-        char *src = template_text(k[c].tmpl);
-        KT_CHECK(src);
-        ksrv *s = fake_server(src);
-        free(src);
+        ksrv *s;
         kiln_status err;
-        ksrv_job *j = fake_job(s, "", &err);
+        ksrv_job *j = template_job(k[c].tmpl, "", &s, &err);
         KT_CHECK_OK(err);
         cJSON *tools = cJSON_Parse(k_tools_json), *msgs = cJSON_Parse(k[c].msgs);
         char *before = cJSON_PrintUnformatted(msgs);
