@@ -279,10 +279,26 @@ static bool may_become(const P *p, size_t i, const char *m) {
  * inside a marker, "<|tool_call_be") trimmed as well when it is 2
  * characters or more (a lone "<" or "[" is more likely text), so the whole
  * parse and the streamed deltas drop it alike. */
+static size_t cut_in_char(const P *p, size_t from, const char *m);
+
 static size_t held(const P *p, size_t from, const char *m) {
+    size_t c = cut_in_char(p, from, m);
+    if (c) return c;
     size_t k = strlen(m);
     for (size_t l = k - 1; l > 0; l--)
         if (l <= p->n - from && !memcmp(p->t + p->n - l, m, l)) return p->partial || l >= 2 ? l : 0;
+    return 0;
+}
+
+/* The whole output ends with m's first l bytes (2 or more) and U+FFFD, the
+ * detokenizer's flush of m's next character cut inside its bytes (a
+ * marker spelled byte by byte, "<｜tool▁calls▁end" and half of "｜"): l + 3,
+ * the length to trim; else 0. */
+static size_t cut_in_char(const P *p, size_t from, const char *m) {
+    if (p->partial || p->n < from + 5 || memcmp(p->t + p->n - 3, "\xEF\xBF\xBD", 3)) return 0;
+    size_t r = p->n - 3 - from;
+    for (size_t l = strlen(m) - 1; l >= 2; l--)
+        if (l <= r && (unsigned char)m[l] >= 0xC0 && !memcmp(p->t + p->n - 3 - l, m, l)) return l + 3;
     return 0;
 }
 
@@ -750,7 +766,9 @@ static size_t section_step(P *p, size_t at_m, int w, const void *ud, size_t *res
         }
         if (j >= p->n || (f->end && may_become(p, j, f->end)) || may_become(p, j, f->call_begin)) return NPOS;
         /* the whole output cut inside the section's end (max_tokens: "<｜tool▁calls▁end"): trimmed, as a marker's start is */
-        if (f->end && p->n - j >= 2 && p->n - j < strlen(f->end) && !memcmp(p->t + j, f->end, p->n - j)) return p->n;
+        if (f->end && ((p->n - j >= 2 && p->n - j < strlen(f->end) && !memcmp(p->t + j, f->end, p->n - j)) ||
+                       (j < p->n && cut_in_char(p, j, f->end) == p->n - j)))
+            return p->n;
         if (!at(p, j, f->call_begin)) break; /* stray text: content again */
         size_t e = f->call(p, j + strlen(f->call_begin));
         if (e == NPOS) return NPOS;

@@ -591,7 +591,10 @@ KT_TEST(toolcall_output_cut_inside_marker) {
     } k_end[] = {{KTC_DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"zone\": \"UTC\"}\n```"
                                 "<｜tool▁call▁end｜><｜tool▁calls▁end"},
                  {KTC_KIMI_K2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>"
-                               "{\"zone\": \"UTC\"}<|tool_call_end|><|tool_calls_sec"}};
+                               "{\"zone\": \"UTC\"}<|tool_call_end|><|tool_calls_sec"},
+                 /* the marker spelled in bytes, cut inside its "｜" (the detokenizer's U+FFFD at the end) */
+                 {KTC_DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"zone\": \"UTC\"}\n```"
+                                "<｜tool▁call▁end｜><｜tool▁calls▁end\xEF\xBF\xBD"}};
     for (size_t c = 0; c < sizeof k_end / sizeof *k_end; c++) {
         ktc_syntax syn = {k_end[c].f, KTC_THINK_TAGS, false, NULL, NULL};
         ktc_msg m;
@@ -599,10 +602,22 @@ KT_TEST(toolcall_output_cut_inside_marker) {
         KT_CHECKF(!strcmp(m.content, "") && m.n_calls == 1 && !strcmp(m.calls[0].name, "get_time"), "%s: content [%s], %d calls",
                   ktc_format_name(k_end[c].f), m.content, m.n_calls);
         ktc_msg_free(&m);
+        if (strstr(k_end[c].text, "\xEF\xBF\xBD")) continue; /* (never streamed a byte at a time: the detokenizer holds them) */
         char why[512];
         const char *r = stream_all_splits(&syn, k_end[c].text, why, sizeof why);
         KT_CHECKF(!r, "%s: streaming: %s", ktc_format_name(k_end[c].f), r);
     }
+    /* content, then a marker cut inside a character: trimmed */
+    ktc_syntax ds = {KTC_DEEPSEEK, KTC_THINK_TAGS, false, NULL, NULL};
+    ktc_msg m;
+    const char *t = "Sure.<｜tool▁calls▁begin\xEF\xBF\xBD";
+    KT_CHECK_OK(ktc_parse(&ds, t, strlen(t), false, &m));
+    KT_CHECKF(!strcmp(m.content, "Sure.") && m.n_calls == 0, "content [%s]", m.content);
+    ktc_msg_free(&m);
+    t = "Sure. a\xEF\xBF\xBD"; /* (text's own cut character stays) */
+    KT_CHECK_OK(ktc_parse(&ds, t, strlen(t), false, &m));
+    KT_CHECK_STR(m.content, t);
+    ktc_msg_free(&m);
 }
 
 /* Every committed template: detection names a format or none, never a

@@ -240,7 +240,7 @@ check("messages tool, streamed: input_json_delta adds up to each valid input", a
       `${af.stop_reason} ${J(partial)} ${J(au.map((u) => u.input))}`);
 const tb = af.content.findIndex((b) => b.type === "thinking");
 check("messages tool, streamed: thinking_delta adds up to the thinking block", !badReasoning(thinkingOf(af)) && !textOf(af) &&
-      (tb < 0 || thought[tb] === af.content[tb].thinking), `${badReasoning(thinkingOf(af))} ${J(thought)}`);
+      (tb < 0 || thought[tb] === af.content[tb].thinking), `${badReasoning(thinkingOf(af))} ${J(thought)} vs ${J(af.content[tb]?.thinking)}; text ${J(textOf(af))}`);
 if (u1.length) {
   const a2 = await anthropic.messages.create({
     ...acommon, max_tokens: 8,
