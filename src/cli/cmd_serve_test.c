@@ -264,7 +264,8 @@ KT_TEST(cli_serve_official_agent_clients) { run_client_script("tests/e2e/run_age
  * whose arguments npm `ajv` validates against the schema, whole and
  * streamed (the fragments joining to the unstreamed call), the reasoning
  * split out where the prompt opens a thinking block, in chat, Responses and
- * Messages, and a round trip each: tests/e2e/run_agent_families.sh. Skipped
+ * Messages, and a round trip each (its countTokens equal to its prompt):
+ * tests/e2e/run_agent_families.sh. Skipped
  * when node, a client or ajv is missing. */
 KT_TEST(cli_serve_agent_clients_families_ajv) { run_client_script("tests/e2e/run_agent_families.sh", "agent clients on 25 families"); }
 

@@ -5,7 +5,7 @@
 // "tool", and strict tools, every call's arguments must validate against
 // the function's schema, whole and streamed, in chat completions, Responses
 // and Messages; then a full round trip (the call sent back with its result,
-// an answer). Sampled at temperature 1 with seeds, so the grammar, not the
+// an answer), and Messages' countTokens of it equal to its prompt. Sampled at temperature 1 with seeds, so the grammar, not the
 // weights, makes the calls valid. Streamed calls are checked against the
 // unstreamed ones of the same seed: the first fragment of a call carries its
 // id and name, and the argument fragments join to the same arguments. A
@@ -242,14 +242,15 @@ const tb = af.content.findIndex((b) => b.type === "thinking");
 check("messages tool, streamed: thinking_delta adds up to the thinking block", !badReasoning(thinkingOf(af)) && !textOf(af) &&
       (tb < 0 || thought[tb] === af.content[tb].thinking), `${badReasoning(thinkingOf(af))} ${J(thought)} vs ${J(af.content[tb]?.thinking)}; text ${J(textOf(af))}`);
 if (u1.length) {
-  const a2 = await anthropic.messages.create({
-    ...acommon, max_tokens: 8,
-    messages: [...ask, { role: "assistant", content: a1.content }, { role: "user", content: [{ type: "tool_result", tool_use_id: u1[0].id,
-               content: "sunny, 21 C" }] }],
-  });
+  const a2msgs = [...ask, { role: "assistant", content: a1.content }, { role: "user", content: [{ type: "tool_result", tool_use_id: u1[0].id,
+                   content: "sunny, 21 C" }] }];
+  const a2 = await anthropic.messages.create({ ...acommon, max_tokens: 8, messages: a2msgs });
   const prompt = (u) => u.input_tokens + (u.cache_read_input_tokens ?? 0) + (u.cache_creation_input_tokens ?? 0);
   check("messages round trip: an answer to the tool_result", a2.type === "message" && prompt(a2.usage) > prompt(a1.usage) &&
         whole(uses(a2), a2.stop_reason === "max_tokens").every((u) => !invalid(u.name, u.input)), `${J(a2.usage)} ${J(a2.content)}`);
+  // countTokens of the same request: its prompt
+  const ct = await anthropic.messages.countTokens({ model, tools: atools, messages: a2msgs });
+  check("messages.countTokens: the round trip's prompt", ct.input_tokens === prompt(a2.usage), `${J(ct)} vs ${J(a2.usage)}`);
 }
 
 console.log(failed ? `${family}: ${failed} checks failed` : `${family}: all passed`);
