@@ -969,7 +969,10 @@ static kj_val eval_member(kj_ctx *c, const kj_node *n, kj_env *e) {
     }
     if (obj.t == V_JSUNDEF) return kj_fail(c, n, "cannot read properties of undefined");
     kj_val v = KJ_UNDEF;
-    if (kj_is_obj(obj) || obj.t == V_NS) {
+    if ((kj_is_obj(obj) || obj.t == V_NS) && prop.t == V_UNDEF) {
+        /* (Jinja2: an undefined key is hashable and no key: Command R+'s
+         * basic_type_map[json_spec.type] of a property without "type") */
+    } else if (kj_is_obj(obj) || obj.t == V_NS) {
         if (!kj_hashable(prop)) return kj_fail(c, n, "unhashable object key: %s", kj_typename(prop));
         kj_val *p = obj.t == V_NS ? (prop.t == V_STR ? kj_obj_get(obj.o, prop.s->p, prop.s->len) : NULL) : kj_obj_getv(obj.o, prop);
         if (p) v = *p;

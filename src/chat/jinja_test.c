@@ -255,6 +255,11 @@ KT_TEST(jinja_dict_keys_are_any_hashable) {
     KT_CHECK_STR(out, "1a,3b,11c,4;0;20;3a");
     free(out);
     KT_CHECK_ERR(render("{{ {[1]: 2} }}", NULL, NULL, &out), "unhashable");
+    /* an undefined key is no key (Jinja2), not an error */
+    KT_CHECK_OK(render("{% set m = {'string': 'str'} %}{{ 'y' if m[spec.type] is defined else 'n' }}{{ m[nope] is defined }}",
+                       "{\"spec\": {}}", NULL, &out));
+    KT_CHECK_STR(out, "nfalse");
+    free(out);
     KT_CHECK_ERR(render("{% set d = {1: 2} %}{{ namespace(d) }}", NULL, NULL, &out), "namespace keys must be strings");
 }
 

@@ -298,6 +298,7 @@ static kiln_status parse_chat(ksrv *s, ksrv_job *j, const cJSON *body) {
     kiln_status st = kw && !extra ? kiln_error(KILN_ENOMEM, "out of memory") : ksrv_tools_fix_messages(msgs);
     if (!st && strstr(kchat_source(s->tmpl), "length != 9")) st = ksrv_tools_fit_ids(msgs); /* Mistral's */
     if (!st) st = ksrv_tools_parse(s, body, &j->gp, &j->tools, &tools, &extra);
+    if (!st) st = ksrv_tools_phi4_system(j->tools, msgs, tools);
     if (st) {
         cJSON_Delete(msgs), cJSON_Delete(extra);
         return st;

@@ -273,6 +273,12 @@ kiln_status ksrv_tools_fix_messages(cJSON *msgs);
  * 9 alphanumerics, as vLLM truncates them; fewer: a hash), so ids of other
  * servers (OpenAI's call_..., Anthropic's toolu_...) still pair up. */
 kiln_status ksrv_tools_fit_ids(cJSON *msgs);
+/* t's format is Phi-4-mini's, whose template reads tools only as the text
+ * of a system message's "tools" (its model card's usage), not `tools`: the
+ * tools' functions (name, description, parameters) as JSON text there, a
+ * leading empty system message added when there is none, unless a message
+ * has "tools" already. Else nothing. */
+kiln_status ksrv_tools_phi4_system(const ksrv_tools *t, cJSON *msgs, const cJSON *tools);
 /* tools, tool_choice, parallel_tool_calls, reasoning_format,
  * reasoning_effort of a chat body: *out (NULL when the output is plain
  * text), the tools to render (*tmpl_tools, borrowed from body; NULL: none),

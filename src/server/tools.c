@@ -178,6 +178,38 @@ void ksrv_tools_free(ksrv_tools *t) {
     free(t);
 }
 
+kiln_status ksrv_tools_phi4_system(const ksrv_tools *t0, cJSON *msgs, const cJSON *tools) {
+    if (!t0 || !tools || t0->syn.format != KTC_PHI4) return NULL;
+    cJSON *m, *sys = NULL;
+    cJSON_ArrayForEach(m, msgs) {
+        if (cJSON_GetObjectItemCaseSensitive(m, "tools")) return NULL; /* the client's own */
+        if (!sys && cJSON_IsString(ku_json_get(m, "role")) && !strcmp(ku_json_get(m, "role")->valuestring, "system")) sys = m;
+    }
+    cJSON *fns = cJSON_CreateArray(), *t;
+    cJSON_ArrayForEach(t, tools) {
+        cJSON *f = cJSON_Duplicate(ku_json_get(t, "function"), true);
+        if (f) cJSON_DeleteItemFromObjectCaseSensitive(f, "strict");
+        if (!f || !cJSON_AddItemToArray(fns, f)) {
+            cJSON_Delete(f);
+            cJSON_Delete(fns);
+            return kiln_error(KILN_ENOMEM, "out of memory");
+        }
+    }
+    char *text = fns ? cJSON_PrintUnformatted(fns) : NULL;
+    cJSON_Delete(fns);
+    if (!text) return kiln_error(KILN_ENOMEM, "out of memory");
+    if (!sys && (sys = cJSON_CreateObject())) {
+        if (!cJSON_AddStringToObject(sys, "role", "system") || !cJSON_AddStringToObject(sys, "content", "") ||
+            !cJSON_InsertItemInArray(msgs, 0, sys)) {
+            cJSON_Delete(sys);
+            sys = NULL;
+        }
+    }
+    bool ok = sys && cJSON_AddStringToObject(sys, "tools", text);
+    free(text);
+    return ok ? NULL : kiln_error(KILN_ENOMEM, "out of memory");
+}
+
 /* The calls' grammar as gp's (lazy; see the top) */
 static kiln_status set_grammar(ksrv_tools *t, const cJSON *tools, const char *only, const ktok *tok, kgen_params *gp) {
     ktc_format f = t->syn.format;
@@ -188,6 +220,9 @@ static kiln_status set_grammar(ksrv_tools *t, const cJSON *tools, const char *on
         t->force = false;
         return NULL;
     }
+    /* pythonic calls are the whole output from its start, where a lazy trigger ("[" anywhere) would force
+     * calls into text: only a forced call is constrained (documented) */
+    if (f == KTC_PYTHONIC && !t->force) return NULL;
     if (gp->grammar) {
         if (t->force || strict)
             return kiln_error(KILN_EUNSUPPORTED, "\"tools\": constrained tool calls (strict, tool_choice required or a "
@@ -255,7 +290,7 @@ kiln_status ksrv_tools_parse(ksrv *s, const cJSON *body, kgen_params *gp, ksrv_t
                           "(Hermes <tool_call>, Qwen3-Coder, Llama 3, Mistral [TOOL_CALLS], gpt-oss Harmony, DeepSeek, GLM-4.5, Kimi K2, "
                           "Command R7B, Granite, Seed-OSS, MiniMax-M2, Phi-4-mini, Command R+, FireFunction, DeepSeek DSML, MiniCPM5, Hy3, "
                           "Apriel, MiniMax-M1/M3, Nemotron Nano v2, GigaChat 3, Apertus, Solar Open, functionary v3.1/v3.2, LFM2, "
-                          "Gemma 4, Kimi K3)");
+                          "Gemma 4, Kimi K3, pythonic: Llama 4 / Llama 3.2)");
     if (use_tools) *tmpl_tools = tools;
     if (f == KTC_FIREFUNCTION) { /* its template reads the tools as text, "functions" (llama.cpp passes them) */
         if (!*extra && !(*extra = cJSON_CreateObject())) return kiln_error(KILN_ENOMEM, "out of memory");

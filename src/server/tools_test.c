@@ -465,7 +465,9 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
                                         "unsloth-Apriel-1.5", "MiniMax-M1", "NVIDIA-Nemotron-Nano-v2", "GigaChat3-10B-A1.8B",
                                         "GigaChat3.1-10B-A1.8B", "Apertus-8B-Instruct", "upstage-Solar-Open-100B",
                                         "meetkai-functionary-medium-v3.1", "meetkai-functionary-medium-v3.2", "LFM2.5-8B-A1B",
-                                        "google-gemma-4-31B-it", "MiniMax-M3", "Kimi-K3", "muse-glimmer"};
+                                        "google-gemma-4-31B-it", "MiniMax-M3", "Kimi-K3", "muse-glimmer",
+                                        /* Llama 4 pythonic, Phi-4-mini, Granite 3.3 */
+                                        "llama4-pythonic", "microsoft-Phi-4-mini-instruct", "ibm-granite-granite-3.3-2B-Instruct"};
     static const char *test_tool = "[{\"type\": \"function\", \"function\": {\"name\": \"test\", \"description\": \"\", "
                                    "\"parameters\": {\"type\": \"object\", \"properties\": {\"success\": {\"type\": \"boolean\", "
                                    "\"const\": true}}, \"required\": [\"success\"]}}}]";
@@ -525,6 +527,84 @@ KT_TEST(server_tools_llama_cpp_required_tool) {
         }
         ksrv_stop(s);
         ckt_rmdir(dir);
+    }
+}
+
+/* A fake server of a committed template and its job of extra's request
+ * (*err: the request's error). */
+static ksrv_job *template_job(const char *tmpl, const char *extra, ksrv **s, kiln_status *err) {
+    char *src = template_text(tmpl);
+    *s = fake_server(src ? src : "");
+    free(src);
+    return fake_job(*s, extra, err);
+}
+
+/* Pythonic calls (Llama 4) are the output from its start: with tool_choice
+ * auto no lazy grammar (its trigger "[" anywhere in text would force a
+ * call there); a forced call ends the prompt with "[" and the grammar is
+ * on from there. */
+KT_TEST(server_tools_pythonic_forced_only) {
+    ksrv *s;
+    kiln_status err;
+    ksrv_job *j = template_job("llama4-pythonic", "", &s, &err);
+    KT_CHECK_OK(err);
+    KT_CHECK(j->tools && !j->gp.grammar);
+    free_job(j);
+    j = fake_job(s, ", \"tool_choice\": \"required\"", &err);
+    KT_CHECK_OK(err);
+    KT_CHECK(j->tools && j->gp.grammar);
+    char *prompt = strdup("<|header_start|>assistant<|header_end|>\n\n");
+    KT_CHECK_OK(ksrv_tools_set_prompt(j->tools, &prompt, &j->gp));
+    KT_CHECK_STR(prompt, "<|header_start|>assistant<|header_end|>\n\n[");
+    KT_CHECK(!j->gp.grammar_lazy && j->gp.grammar_once);
+    free(prompt);
+    free_job(j);
+    free_fake(s);
+}
+
+/* Phi-4-mini's template reads tools only from a system message's "tools"
+ * text (its model card's usage): the functions go there, into the leading
+ * system message or a new empty one; a client's own "tools" stay; other
+ * formats' messages are not touched. */
+KT_TEST(server_tools_phi4_system_tools) {
+    static const char *fn = "[{\"name\":\"get_weather\",\"description\":\"Weather of a city\",\"parameters\":{\"type\":\"object\","
+                            "\"properties\":{\"city\":{\"type\":\"string\",\"description\":\"a city\"}},\"required\":[\"city\"]}}]";
+    static const struct {
+        const char *tmpl, *msgs, *want;
+    } k[] = {
+        {"microsoft-Phi-4-mini-instruct", "[{\"role\": \"user\", \"content\": \"hi\"}]", "<|system|><|tool|>@<|/tool|><|end|><|user|>hi<|end|><|assistant|>"},
+        {"microsoft-Phi-4-mini-instruct", "[{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"hi\"}]",
+         "<|system|>Be brief.<|tool|>@<|/tool|><|end|><|user|>hi<|end|><|assistant|>"},
+        {"microsoft-Phi-4-mini-instruct", "[{\"role\": \"system\", \"content\": \"S\", \"tools\": \"[mine]\"}]",
+         "<|system|>S<|tool|>[mine]<|/tool|><|end|><|assistant|>"},
+        {"Qwen-Qwen2.5-7B-Instruct", "[{\"role\": \"user\", \"content\": \"hi\"}]", NULL},
+    };
+    for (size_t c = 0; c < sizeof k / sizeof *k; c++) {
+        ksrv *s;
+        kiln_status err;
+        ksrv_job *j = template_job(k[c].tmpl, "", &s, &err);
+        KT_CHECK_OK(err);
+        cJSON *tools = cJSON_Parse(k_tools_json), *msgs = cJSON_Parse(k[c].msgs);
+        char *before = cJSON_PrintUnformatted(msgs);
+        KT_CHECK_OK(ksrv_tools_phi4_system(j->tools, msgs, tools));
+        if (!k[c].want) {
+            char *after = cJSON_PrintUnformatted(msgs);
+            KT_CHECK_STR(after, before);
+            free(after);
+        } else {
+            kchat_input in = {.messages = msgs, .tools = tools, .add_generation_prompt = true};
+            char *text = NULL, want[1024];
+            KT_CHECK_OK(kchat_render(s->tmpl, &in, &text));
+            const char *at = strchr(k[c].want, '@'); /* (the functions' text there) */
+            if (at) snprintf(want, sizeof want, "%.*s%s%s", (int)(at - k[c].want), k[c].want, fn, at + 1);
+            else snprintf(want, sizeof want, "%s", k[c].want);
+            KT_CHECK_STR(text, want);
+            free(text);
+        }
+        free(before);
+        cJSON_Delete(msgs), cJSON_Delete(tools);
+        free_job(j);
+        free_fake(s);
     }
 }
 

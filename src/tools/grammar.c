@@ -629,7 +629,7 @@ static kiln_status xml_grammar(ktc_format f, const cJSON *tools, const char *onl
  * Gemma 4: no '<', so that the delimiter cannot start inside). Another
  * keyword (format, pattern, ..) of a strict tool is refused, as the XML
  * formats refuse it, and not checked in a tool that is not strict. */
-static kiln_status lit_string(gbuf *b, const cJSON *sch, const char *rule, bool gemma, bool strict) {
+static kiln_status lit_string(gbuf *b, const cJSON *sch, const char *rule, bool gemma, bool dq, bool strict) {
     const cJSON *mn = cJSON_GetObjectItemCaseSensitive(sch, "minLength"), *mx = cJSON_GetObjectItemCaseSensitive(sch, "maxLength");
     const cJSON *kw;
     cJSON_ArrayForEach(kw, sch) {
@@ -644,13 +644,14 @@ static kiln_status lit_string(gbuf *b, const cJSON *sch, const char *rule, bool 
     double lo = cJSON_IsNumber(mn) ? mn->valuedouble : 0, hi = cJSON_IsNumber(mx) ? mx->valuedouble : -1;
     if (lo < 0 || lo > 100000 || hi > 100000 || (hi >= 0 && hi < lo))
         return kiln_error(KILN_EUNSUPPORTED, "minLength/maxLength of a string parameter out of range");
-    const char *q = gemma ? "\"<|\\\"|>\"" : "\"'\"", *ch = gemma ? "[^<]" : "([^'\\\\\\n] | \"\\\\\" [nt'\\\\])";
+    const char *q = gemma ? "\"<|\\\"|>\"" : dq ? "\"\\\"\"" : "\"'\"";
+    const char *ch = gemma ? "[^<]" : dq ? "([^\"\\\\\\n] | \"\\\\\" [nt\"\\\\])" : "([^'\\\\\\n] | \"\\\\\" [nt'\\\\])";
     if (hi >= 0) put(b, "%s ::= %s %s{%d,%d} %s\n", rule, q, ch, (int)lo, (int)hi, q);
     else put(b, "%s ::= %s %s{%d,} %s\n", rule, q, ch, (int)lo, q);
     return NULL;
 }
 
-static kiln_status lit_params(gbuf *b, const cJSON *fn, int k, bool gemma, const kgr_opts *o) {
+static kiln_status lit_params(gbuf *b, const cJSON *fn, int k, bool gemma, bool dq, const kgr_opts *o) {
     const cJSON *schema = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(schema, "properties");
     const cJSON *req = cJSON_GetObjectItemCaseSensitive(schema, "required");
@@ -667,19 +668,19 @@ static kiln_status lit_params(gbuf *b, const cJSON *fn, int k, bool gemma, const
             int n = 0;
             const cJSON *v;
             cJSON_ArrayForEach(v, en) {
-                if (!cJSON_IsString(v) || strpbrk(v->valuestring, "'\\\n") || strstr(v->valuestring, "<|\"|>")) {
+                if (!cJSON_IsString(v) || strpbrk(v->valuestring, dq ? "\"\\\n" : "'\\\n") || strstr(v->valuestring, "<|\"|>")) {
                     st = kiln_error(KILN_EUNSUPPORTED, "an enum value this tool-call format cannot quote");
                     break;
                 }
                 put(b, "%s\"", n++ ? " | " : "");
-                put_lit(b, gemma ? "<|\"|>" : "'");
+                put_lit(b, gemma ? "<|\"|>" : dq ? "\"" : "'");
                 put_lit(b, v->valuestring);
-                put_lit(b, gemma ? "<|\"|>" : "'");
+                put_lit(b, gemma ? "<|\"|>" : dq ? "\"" : "'");
                 put(b, "\"");
             }
             put(b, "\n");
         } else if (is_string_type(pr)) {
-            st = lit_string(b, pr, rule, gemma, strict);
+            st = lit_string(b, pr, rule, gemma, dq, strict);
         } else { /* the property's schema, with the root's definitions for its refs */
             gbuf tmp = {0};
             st = put_prop_schema(&tmp, schema, pr, prefix, rule, o);
@@ -710,12 +711,12 @@ static kiln_status lit_params(gbuf *b, const cJSON *fn, int k, bool gemma, const
 }
 
 static kiln_status lit_grammar(ktc_format f, const cJSON *tools, const char *only, bool parallel, const kgr_opts *o, gbuf *b) {
-    bool gemma = f == KTC_GEMMA4;
+    bool gemma = f == KTC_GEMMA4, dq = f == KTC_PYTHONIC; /* Llama 4's calls quote with " (its prompt's examples) */
     gbuf alts = {0};
     kiln_status st = NULL;
     int k = 0;
     for (tool_it it = {NULL, -1, NULL, NULL}; !st && tool_next(tools, only, &it); k++) {
-        if ((st = lit_params(b, it.fn, k, gemma, o))) {
+        if ((st = lit_params(b, it.fn, k, gemma, dq, o))) {
             st = kiln_status_wrap(st, "\"tools\"[%d].function.parameters", it.idx);
             break;
         }
@@ -727,6 +728,8 @@ static kiln_status lit_grammar(ktc_format f, const cJSON *tools, const char *onl
     if (!st && gemma) {
         st = put_not_containing(b, "tc-gs", "<|\"|>");
         put(b, "tc-str ::= \"<|\\\"|>\" tc-gs-0 \"<|\\\"|>\"\n");
+    } else if (!st && dq) {
+        put(b, "tc-str ::= \"\\\"\" ([^\"\\\\\\n] | \"\\\\\" [nt\"\\\\])* \"\\\"\"\n");
     } else if (!st) {
         put(b, "tc-str ::= \"'\" ([^'\\\\\\n] | \"\\\\\" [nt'\\\\])* \"'\"\n");
     }
@@ -734,6 +737,7 @@ static kiln_status lit_grammar(ktc_format f, const cJSON *tools, const char *onl
         put(b, "tc-call ::= %s\n", alts.p ? alts.p : "");
         const char *more = parallel ? "*" : "{0}";
         if (gemma) put(b, "root ::= tc-call \"<tool_call|>\" (\"<|tool_call>\" tc-call \"<tool_call|>\")%s\n", more);
+        else if (dq) put(b, "root ::= tc-call (\", \" tc-call)%s \"]\"\n", more); /* (after the prompt's "[") */
         else put(b, "root ::= \"[\" tc-call (\", \" tc-call)%s \"]<|tool_call_end|>\"\n", more);
     }
     if (alts.oom) b->oom = true;
@@ -756,7 +760,7 @@ kiln_status ktc_grammar(ktc_format f, const cJSON *tools, const char *only, bool
     bool xml = f == KTC_QWEN3_CODER || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 || f == KTC_GLM45 || f == KTC_DSML || f == KTC_DSML_V4 ||
                f == KTC_MINICPM5 || f == KTC_HY3 || f == KTC_MINIMAX_M3 || f == KTC_KIMI_K3 || f == KTC_MUSE_GLIMMER;
     kiln_status st = xml                                 ? xml_grammar(f, tools, only, parallel, &o, &b)
-                     : f == KTC_LFM2 || f == KTC_GEMMA4 ? lit_grammar(f, tools, only, parallel, &o, &b)
+                     : f == KTC_LFM2 || f == KTC_GEMMA4 || f == KTC_PYTHONIC ? lit_grammar(f, tools, only, parallel, &o, &b)
                                                         : marker_grammar(f, tools, only, parallel, tok, &o, &b);
     if (!st && b.oom) st = kiln_error(KILN_ENOMEM, "out of memory");
     if (st) {

@@ -127,6 +127,7 @@ KT_TEST(tools_grammar_pythonic_string_lengths) {
     } k[] = {
         {KTC_LFM2, {"[f(c='ab')]<|tool_call_end|>", "[f(c='a\\'cd')]<|tool_call_end|>"},
          {"[f(c='a')]<|tool_call_end|>", "[f(c='abcde')]<|tool_call_end|>", "[f(c='a\\'cde')]<|tool_call_end|>"}},
+        {KTC_PYTHONIC, {"f(c=\"ab\")]", "f(c=\"a\\\"cd\")]"}, {"f(c=\"a\")]", "f(c=\"abcde\")]", "f(c='ab')]"}},
         {KTC_GEMMA4, {"call:f{c:<|\"|>ab<|\"|>}<tool_call|>", "call:f{c:<|\"|>abcd<|\"|>}<tool_call|>"},
          {"call:f{c:<|\"|>a<|\"|>}<tool_call|>", "call:f{c:<|\"|>abcde<|\"|>}<tool_call|>", "call:f{c:<|\"|>a<b<|\"|>}<tool_call|>"}},
     };

@@ -24,7 +24,7 @@ static const char *const k_names[KTC_N_FORMATS] = {
     "none", "hermes", "qwen3_coder", "llama3", "mistral", "mistral_v11", "harmony", "deepseek", "glm45", "kimi_k2", "command_r", "granite",
     "seed_oss", "minimax_m2", "phi4", "command_r_plus", "firefunction", "dsml", "dsml_v4", "minicpm5", "hy3",
     "apriel", "minimax_m1", "nemotron_v2", "gigachat3", "gigachat31", "apertus", "solar", "functionary31", "functionary32", "lfm2",
-    "gemma4", "minimax_m3", "kimi_k3", "muse_glimmer",
+    "gemma4", "minimax_m3", "kimi_k3", "muse_glimmer", "pythonic",
 };
 
 const char *ktc_format_name(ktc_format f) { return f >= 0 && f < KTC_N_FORMATS ? k_names[f] : "none"; }
@@ -64,7 +64,10 @@ ktc_format ktc_detect(const char *s) {
     if (strstr(s, "<function=") && strstr(s, "</function>")) return KTC_FUNCTIONARY31;
     if (strstr(s, "[TOOL_CALLS]")) return strstr(s, "[ARGS]") ? KTC_MISTRAL_V11 : KTC_MISTRAL;
     if (strstr(s, "<tool_call>")) return KTC_HERMES;
-    if (strstr(s, "<|python_tag|>") || (strstr(s, "<|start_header_id|>") && strstr(s, "\"parameters\": ")))
+    /* the instruction of the pythonic templates (vLLM's Llama 3.2 / Llama 4 pythonic ones, Meta's prompt format) */
+    if (strstr(s, "[func_name1(")) return KTC_PYTHONIC;
+    /* Llama 3.1-3.3, and Llama 4's own template (<|header_start|>, the same JSON calls) */
+    if (strstr(s, "<|python_tag|>") || ((strstr(s, "<|start_header_id|>") || strstr(s, "<|header_start|>")) && strstr(s, "\"parameters\": ")))
         return KTC_LLAMA3;
     return KTC_NONE;
 }
@@ -89,7 +92,7 @@ bool ktc_needs_special(ktc_format f) {
            f == KTC_KIMI_K2 || f == KTC_COMMAND_R || f == KTC_GRANITE || f == KTC_SEED_OSS || f == KTC_MINIMAX_M2 ||
            f == KTC_PHI4 || f == KTC_DSML || f == KTC_DSML_V4 || f == KTC_HY3 || f == KTC_NEMOTRON_V2 || f == KTC_GIGACHAT3 ||
            f == KTC_GIGACHAT31 || f == KTC_APERTUS || f == KTC_SOLAR || f == KTC_FUNCTIONARY31 || f == KTC_LFM2 || f == KTC_GEMMA4 ||
-           f == KTC_MINIMAX_M3 || f == KTC_KIMI_K3 || f == KTC_MUSE_GLIMMER;
+           f == KTC_MINIMAX_M3 || f == KTC_KIMI_K3 || f == KTC_MUSE_GLIMMER || f == KTC_PYTHONIC;
 }
 
 const char *ktc_trigger(ktc_format f) {
@@ -123,6 +126,7 @@ const char *ktc_trigger(ktc_format f) {
     case KTC_MINIMAX_M3: return "]<]minimax[>[<tool_call>";
     case KTC_KIMI_K3: return "<|open|>tools<|sep|>";
     case KTC_MUSE_GLIMMER: return "<atem:function_calls>";
+    case KTC_PYTHONIC: return "["; /* (at the output's start only: a forced call's prefix, no lazy trigger) */
     default: return NULL;
     }
 }
@@ -275,10 +279,26 @@ static bool may_become(const P *p, size_t i, const char *m) {
  * inside a marker, "<|tool_call_be") trimmed as well when it is 2
  * characters or more (a lone "<" or "[" is more likely text), so the whole
  * parse and the streamed deltas drop it alike. */
+static size_t cut_in_char(const P *p, size_t from, const char *m);
+
 static size_t held(const P *p, size_t from, const char *m) {
+    size_t c = cut_in_char(p, from, m);
+    if (c) return c;
     size_t k = strlen(m);
     for (size_t l = k - 1; l > 0; l--)
         if (l <= p->n - from && !memcmp(p->t + p->n - l, m, l)) return p->partial || l >= 2 ? l : 0;
+    return 0;
+}
+
+/* The whole output ends with m's first l bytes (2 or more) and U+FFFD, the
+ * detokenizer's flush of m's next character cut inside its bytes (a
+ * marker spelled byte by byte, "<｜tool▁calls▁end" and half of "｜"): l + 3,
+ * the length to trim; else 0. */
+static size_t cut_in_char(const P *p, size_t from, const char *m) {
+    if (p->partial || p->n < from + 5 || memcmp(p->t + p->n - 3, "\xEF\xBF\xBD", 3)) return 0;
+    size_t r = p->n - 3 - from;
+    for (size_t l = strlen(m) - 1; l >= 2; l--)
+        if (l <= r && (unsigned char)m[l] >= 0xC0 && !memcmp(p->t + p->n - 3 - l, m, l)) return l + 3;
     return 0;
 }
 
@@ -745,6 +765,10 @@ static size_t section_step(P *p, size_t at_m, int w, const void *ud, size_t *res
             break;
         }
         if (j >= p->n || (f->end && may_become(p, j, f->end)) || may_become(p, j, f->call_begin)) return NPOS;
+        /* the whole output cut inside the section's end (max_tokens: "<｜tool▁calls▁end"): trimmed, as a marker's start is */
+        if (f->end && ((p->n - j >= 2 && p->n - j < strlen(f->end) && !memcmp(p->t + j, f->end, p->n - j)) ||
+                       (j < p->n && cut_in_char(p, j, f->end) == p->n - j)))
+            return p->n;
         if (!at(p, j, f->call_begin)) break; /* stray text: content again */
         size_t e = f->call(p, j + strlen(f->call_begin));
         if (e == NPOS) return NPOS;
@@ -1486,40 +1510,66 @@ static size_t lit_call(P *p, size_t j, bool gemma) {
     return NPOS;
 }
 
-/* LFM2: <|tool_call_start|>[NAME(k=v), ..]<|tool_call_end|> */
-static size_t lfm2_step(P *p, size_t k, int w, const void *ud, size_t *resume) {
-    (void)w, (void)ud;
-    size_t j = skip_ws(p, k + strlen("<|tool_call_start|>"));
-    if (j >= p->n) return NPOS;
-    bool list = p->t[j] == '[';
-    if (list) j++;
-    for (;;) {
+/* A pythonic list of calls [NAME(k=v), ..] at j (its "["), reported: the
+ * index after its "]", NPOS (stop: a call still being written), or
+ * NOT_CALL (*at: where the text that is no call starts). */
+static size_t lit_list(P *p, size_t j, size_t *at) {
+    for (j++;;) {
         j = skip_ws(p, j);
         if (j >= p->n) return NPOS;
         if (p->t[j] == ',') {
             j++;
             continue;
         }
-        if (list && p->t[j] == ']') {
-            j = skip_ws(p, j + 1);
-            break;
-        }
+        if (p->t[j] == ']') return j + 1;
         size_t e = lit_call(p, j, false);
-        if (e == NPOS) return NPOS;
-        if (e == NOT_CALL) { /* not a call: the text stays */
-            *resume = j;
-            return NOT_CALL;
+        if (e == NPOS || e == NOT_CALL) {
+            *at = j;
+            return e;
         }
         j = e;
-        if (!list) break;
     }
-    j = skip_ws(p, j);
-    return past(p, j, "<|tool_call_end|>");
+}
+
+/* LFM2: <|tool_call_start|>[NAME(k=v), ..]<|tool_call_end|> (or one call without the list) */
+static size_t lfm2_step(P *p, size_t k, int w, const void *ud, size_t *resume) {
+    (void)w, (void)ud;
+    size_t j = skip_ws(p, k + strlen("<|tool_call_start|>"));
+    if (j >= p->n) return NPOS;
+    size_t e = p->t[j] == '[' ? lit_list(p, j, resume) : lit_call(p, j, false);
+    if (e == NOT_CALL && p->t[j] != '[') *resume = j; /* not a call: the text stays */
+    if (e == NPOS || e == NOT_CALL) return e;
+    return past(p, skip_ws(p, e), "<|tool_call_end|>");
 }
 
 static void fmt_lfm2(P *p, size_t i) {
     static const char *const m[] = {"<|tool_call_start|>"};
     each_marker(p, i, m, 1, lfm2_step, NULL);
+}
+
+/* Pythonic (Llama 4, Llama 3.2): the output, when it is a list of calls
+ * [NAME(k=v), ..] from its start (after <|python_start|>, optional; then
+ * <|python_end|>, optional), as vLLM's pythonic / llama4_pythonic parsers
+ * take it; text that does not start so, or a list that is not of calls
+ * ([1, 2], a Markdown link), is content (after a call taken, the rest:
+ * a call once reported stays). */
+static void fmt_pythonic(P *p, size_t i) {
+    static const char *const m[] = {"<|python_start|>", "<|python_end|>"};
+    size_t j = skip_ws(p, i);
+    if (at(p, j, m[0])) j = skip_ws(p, j + strlen(m[0]));
+    else if (may_become(p, j, m[0])) return;
+    if (j >= p->n) {
+        if (!p->partial) plain(p, i, p->n);
+        return;
+    }
+    if (p->t[j] != '[') return plain(p, i, p->n);
+    int c0 = p->n_calls;
+    size_t bad = j, e = lit_list(p, j, &bad);
+    if (e == NPOS) return;
+    if (e == NOT_CALL || p->n_calls == c0) /* not calls: text (from the list's start, or after the calls taken, which stay) */
+        return plain(p, p->n_calls > c0 ? bad : i, p->n);
+    e = past(p, skip_ws(p, e), m[1]);
+    if (e != NPOS) plain(p, e, p->n);
 }
 
 /* Gemma 4: <|tool_call>call:NAME{k:v,..}<tool_call|>, repeated */
@@ -1737,7 +1787,7 @@ static void trim(buf *b) {
  * format's trigger (and the bare call a model may write without it); none
  * for the formats without thinking. */
 static int think_call_starts(ktc_format f, const char *out[2]) {
-    if (f == KTC_LLAMA3 || f == KTC_COMMAND_R_PLUS || f == KTC_HARMONY || !ktc_trigger(f)) return 0;
+    if (f == KTC_LLAMA3 || f == KTC_COMMAND_R_PLUS || f == KTC_HARMONY || f == KTC_PYTHONIC || !ktc_trigger(f)) return 0;
     out[0] = ktc_trigger(f);
     if (f == KTC_KIMI_K2) return out[1] = "<|tool_call_begin|>", 2;
     if (f == KTC_QWEN3_CODER) return out[1] = "<function=", 2;
@@ -1851,6 +1901,7 @@ kiln_status ktc_parse(const ktc_syntax *s, const char *text, size_t n, bool part
         case KTC_MINIMAX_M3: fmt_section(&p, i, &k_minimax_m3); break;
         case KTC_KIMI_K3: fmt_section(&p, i, &k_kimi_k3); break;
         case KTC_MUSE_GLIMMER: fmt_muse(&p, i); break;
+        case KTC_PYTHONIC: fmt_pythonic(&p, i); break;
         default: plain(&p, i, n); break;
         }
     }

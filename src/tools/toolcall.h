@@ -69,6 +69,7 @@ typedef enum {
     KTC_MINIMAX_M3,   /* ]<]minimax[>[<tool_call> ]<]minimax[>[<invoke name="NAME">]<]minimax[>[<K>V]<]minimax[>[</K>.. */
     KTC_KIMI_K3,      /* <|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|><|open|>argument key="K" type="T"<|sep|>V.. */
     KTC_MUSE_GLIMMER, /* <|start|>assistant to=NAME<|message|><atem:function_calls><atem:invoke name="NAME">.. (to=self: reasoning) */
+    KTC_PYTHONIC,     /* [NAME(k="v", n=1), ..] as the whole output (Llama 4 / Llama 3.2 pythonic; <|python_start|>..<|python_end|> optional) */
     KTC_N_FORMATS
 } ktc_format;
 

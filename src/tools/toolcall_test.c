@@ -492,6 +492,17 @@ static const hw_case k_hw[] = {
      "<atem:function_calls>\n<atem:invoke name=\"get_time\">\n<atem:parameter name=\"zone\">UTC</atem:parameter>\n</atem:invoke>\n"
      "</atem:function_calls>",
      "", "", "[[\"get_time\", {\"zone\": \"UTC\"}]]"},
+    /* pythonic (Llama 4): the output a list of calls from its start (" or ' strings, a string parameter written
+     * as a number the string), <|python_start|>..<|python_end|> around it optional; else content */
+    {KTC_PYTHONIC, KTC_THINK_NONE, false, "[get_weather(city=\"Ro\\\"me\", days=2), get_time()]", "", "",
+     "[[\"get_weather\", {\"city\": \"Ro\\\"me\", \"days\": 2}], [\"get_time\", {}]]"},
+    {KTC_PYTHONIC, KTC_THINK_NONE, false, " <|python_start|>[get_weather(city=1984), get_time(zone='UTC')]<|python_end|>", "", "",
+     "[[\"get_weather\", {\"city\": \"1984\"}], [\"get_time\", {\"zone\": \"UTC\"}]]"},
+    {KTC_PYTHONIC, KTC_THINK_NONE, false, "Use [Wikipedia](https://www.wikipedia.org), or [get_time()].",
+     "Use [Wikipedia](https://www.wikipedia.org), or [get_time()].", "", "[]"},
+    {KTC_PYTHONIC, KTC_THINK_NONE, false, "[1, 2] are numbers; [link](url)", "[1, 2] are numbers; [link](url)", "", "[]"},
+    {KTC_PYTHONIC, KTC_THINK_NONE, false, "[Wikipedia](https://www.wikipedia.org)", "[Wikipedia](https://www.wikipedia.org)", "", "[]"},
+    {KTC_PYTHONIC, KTC_THINK_NONE, false, "[get_time(zone=\"UTC\")]\nDone.", "Done.", "", "[[\"get_time\", {\"zone\": \"UTC\"}]]"},
     /* no format: everything is content */
     {KTC_NONE, KTC_THINK_TAGS, false, "<think>r</think><tool_call>{}</tool_call>", "<tool_call>{}</tool_call>", "r", "[]"},
 };
@@ -573,6 +584,40 @@ KT_TEST(toolcall_output_cut_inside_marker) {
         const char *r = stream_all_splits(&syn, k_cut[c].text, why, sizeof why);
         KT_CHECKF(!r, "case %zu: streaming: %s", c, r);
     }
+    /* cut inside a section's end after its calls (DeepSeek-R1 under a forced call, Kimi K2) */
+    static const struct {
+        ktc_format f;
+        const char *text;
+    } k_end[] = {{KTC_DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"zone\": \"UTC\"}\n```"
+                                "<｜tool▁call▁end｜><｜tool▁calls▁end"},
+                 {KTC_KIMI_K2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>"
+                               "{\"zone\": \"UTC\"}<|tool_call_end|><|tool_calls_sec"},
+                 /* the marker spelled in bytes, cut inside its "｜" (the detokenizer's U+FFFD at the end) */
+                 {KTC_DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"zone\": \"UTC\"}\n```"
+                                "<｜tool▁call▁end｜><｜tool▁calls▁end\xEF\xBF\xBD"}};
+    for (size_t c = 0; c < sizeof k_end / sizeof *k_end; c++) {
+        ktc_syntax syn = {k_end[c].f, KTC_THINK_TAGS, false, NULL, NULL};
+        ktc_msg m;
+        KT_CHECK_OK(ktc_parse(&syn, k_end[c].text, strlen(k_end[c].text), false, &m));
+        KT_CHECKF(!strcmp(m.content, "") && m.n_calls == 1 && !strcmp(m.calls[0].name, "get_time"), "%s: content [%s], %d calls",
+                  ktc_format_name(k_end[c].f), m.content, m.n_calls);
+        ktc_msg_free(&m);
+        if (strstr(k_end[c].text, "\xEF\xBF\xBD")) continue; /* (never streamed a byte at a time: the detokenizer holds them) */
+        char why[512];
+        const char *r = stream_all_splits(&syn, k_end[c].text, why, sizeof why);
+        KT_CHECKF(!r, "%s: streaming: %s", ktc_format_name(k_end[c].f), r);
+    }
+    /* content, then a marker cut inside a character: trimmed */
+    ktc_syntax ds = {KTC_DEEPSEEK, KTC_THINK_TAGS, false, NULL, NULL};
+    ktc_msg m;
+    const char *t = "Sure.<｜tool▁calls▁begin\xEF\xBF\xBD";
+    KT_CHECK_OK(ktc_parse(&ds, t, strlen(t), false, &m));
+    KT_CHECKF(!strcmp(m.content, "Sure.") && m.n_calls == 0, "content [%s]", m.content);
+    ktc_msg_free(&m);
+    t = "Sure. a\xEF\xBF\xBD"; /* (text's own cut character stays) */
+    KT_CHECK_OK(ktc_parse(&ds, t, strlen(t), false, &m));
+    KT_CHECK_STR(m.content, t);
+    ktc_msg_free(&m);
 }
 
 /* Every committed template: detection names a format or none, never a
@@ -608,7 +653,14 @@ KT_TEST(toolcall_detect_formats) {
                  {"LFM2.5-8B-A1B", KTC_LFM2, KTC_THINK_TAGS},
                  {"LFM2-8B-A1B", KTC_LFM2, KTC_THINK_NONE},
                  {"meetkai-functionary-medium-v3.2", KTC_FUNCTIONARY32, KTC_THINK_NONE},
-                 {"muse-glimmer", KTC_MUSE_GLIMMER, KTC_THINK_NONE}};
+                 {"muse-glimmer", KTC_MUSE_GLIMMER, KTC_THINK_NONE},
+                 {"llama4-pythonic", KTC_PYTHONIC, KTC_THINK_NONE},
+                 {"microsoft-Phi-4-mini-instruct", KTC_PHI4, KTC_THINK_NONE},
+                 {"llama-cpp-deepseek-r1", KTC_DEEPSEEK, KTC_THINK_TAGS},
+                 {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", KTC_DEEPSEEK, KTC_THINK_TAGS},
+                 {"ibm-granite-granite-3.3-2B-Instruct", KTC_GRANITE, KTC_THINK_TAGS},
+                 {"CohereForAI-c4ai-command-r7b-12-2024-tool_use", KTC_COMMAND_R, KTC_THINK_COHERE},
+                 {"CohereForAI-c4ai-command-r-plus-tool_use", KTC_COMMAND_R_PLUS, KTC_THINK_NONE}};
     for (size_t i = 0; i < sizeof k_det / sizeof *k_det; i++) {
         char rel[256];
         snprintf(rel, sizeof rel, "tests/data/chat/templates/%s.jinja", k_det[i].file);
@@ -622,6 +674,11 @@ KT_TEST(toolcall_detect_formats) {
                            "message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' + "
                            "'<|end|>' }}{% endif %}{% endfor %}"),
                 KTC_PHI4);
+    /* Llama 4's own template (its headers, Llama 3's JSON calls) */
+    KT_CHECK_EQ(ktc_detect("{{- '<|header_start|>assistant<|header_end|>\\n\\n' -}}{%- for tool_call in message.tool_calls %}"
+                           "{{- '{\"name\": \"' + tool_call.name + '\", ' }}{{- '\"parameters\": ' }}{{- tool_call.arguments | tojson }}"
+                           "{%- endfor %}"),
+                KTC_LLAMA3);
     KT_CHECK(ktc_needs_special(KTC_HARMONY) && !ktc_needs_special(KTC_HERMES));
 }
 
@@ -913,6 +970,7 @@ static const struct {
     {"MiniMax-M3", KTC_MINIMAX_M3},
     {"Kimi-K3", KTC_KIMI_K3},
     {"muse-glimmer", KTC_MUSE_GLIMMER},
+    {"llama4-pythonic", KTC_PYTHONIC},
 };
 
 static char *committed_template(const char *name) {
@@ -995,7 +1053,7 @@ KT_TEST(toolcall_grammar_takes_more_formats) {
         cJSON_Delete(m1);
         kchat_free(t);
     }
-    KT_CHECK_EQ(tested, 16);
+    KT_CHECK_EQ(tested, 17);
     kgr_vocab_free(v);
     cJSON_Delete(tools);
 }

@@ -5,7 +5,7 @@
 // "tool", and strict tools, every call's arguments must validate against
 // the function's schema, whole and streamed, in chat completions, Responses
 // and Messages; then a full round trip (the call sent back with its result,
-// an answer). Sampled at temperature 1 with seeds, so the grammar, not the
+// an answer), and Messages' countTokens of it equal to its prompt. Sampled at temperature 1 with seeds, so the grammar, not the
 // weights, makes the calls valid. Streamed calls are checked against the
 // unstreamed ones of the same seed: the first fragment of a call carries its
 // id and name, and the argument fragments join to the same arguments. A
@@ -40,20 +40,22 @@ const J = JSON.stringify;
 // the tag and pythonic formats write a string parameter as their own text
 // (raw, or in their quotes), where kiln's grammar takes no "format" (a
 // documented 400): a date there is a string of at most 10 characters
-const rawStrings = new Set(["qwen3-coder", "glm-4.5", "minimax-m2", "minimax-m3", "kimi-k3", "gemma-4", "lfm2"]);
+const rawStrings = new Set(["qwen3-coder", "glm-4.5", "minimax-m2", "minimax-m3", "kimi-k3", "gemma-4", "lfm2", "llama4-pythonic"]);
+// (each property described: Command R+'s template writes every description)
 const weather = {
   type: "object",
   properties: {
-    city: { type: "string", minLength: 1, maxLength: 12 },
-    days: { type: "integer", minimum: 1, maximum: 9 },
-    unit: { enum: ["celsius", "fahrenheit"] },
-    when: rawStrings.has(family) ? { type: "string", maxLength: 10 } : { type: "string", format: "date" },
-    tags: { type: "array", items: { type: "string", maxLength: 5 }, maxItems: 3 },
+    city: { type: "string", minLength: 1, maxLength: 12, description: "The city" },
+    days: { type: "integer", minimum: 1, maximum: 9, description: "How many days" },
+    unit: { enum: ["celsius", "fahrenheit"], description: "The unit" },
+    when: { ...(rawStrings.has(family) ? { type: "string", maxLength: 10 } : { type: "string", format: "date" }), description: "The day" },
+    tags: { type: "array", items: { type: "string", maxLength: 5 }, maxItems: 3, description: "Labels" },
   },
   required: ["city", "days", "unit"],
   additionalProperties: false,
 };
-const clock = { type: "object", properties: { zone: { type: "string", enum: ["UTC", "CET"] } }, required: ["zone"], additionalProperties: false };
+const clock = { type: "object", properties: { zone: { type: "string", enum: ["UTC", "CET"], description: "The zone" } }, required: ["zone"],
+                additionalProperties: false };
 const schemas = { get_weather: weather, get_time: clock };
 const ajv = new Ajv({ strict: true, allErrors: true });
 addFormats(ajv);
@@ -238,16 +240,17 @@ check("messages tool, streamed: input_json_delta adds up to each valid input", a
       `${af.stop_reason} ${J(partial)} ${J(au.map((u) => u.input))}`);
 const tb = af.content.findIndex((b) => b.type === "thinking");
 check("messages tool, streamed: thinking_delta adds up to the thinking block", !badReasoning(thinkingOf(af)) && !textOf(af) &&
-      (tb < 0 || thought[tb] === af.content[tb].thinking), `${badReasoning(thinkingOf(af))} ${J(thought)}`);
+      (tb < 0 || thought[tb] === af.content[tb].thinking), `${badReasoning(thinkingOf(af))} ${J(thought)} vs ${J(af.content[tb]?.thinking)}; text ${J(textOf(af))}`);
 if (u1.length) {
-  const a2 = await anthropic.messages.create({
-    ...acommon, max_tokens: 8,
-    messages: [...ask, { role: "assistant", content: a1.content }, { role: "user", content: [{ type: "tool_result", tool_use_id: u1[0].id,
-               content: "sunny, 21 C" }] }],
-  });
+  const a2msgs = [...ask, { role: "assistant", content: a1.content }, { role: "user", content: [{ type: "tool_result", tool_use_id: u1[0].id,
+                   content: "sunny, 21 C" }] }];
+  const a2 = await anthropic.messages.create({ ...acommon, max_tokens: 8, messages: a2msgs });
   const prompt = (u) => u.input_tokens + (u.cache_read_input_tokens ?? 0) + (u.cache_creation_input_tokens ?? 0);
   check("messages round trip: an answer to the tool_result", a2.type === "message" && prompt(a2.usage) > prompt(a1.usage) &&
         whole(uses(a2), a2.stop_reason === "max_tokens").every((u) => !invalid(u.name, u.input)), `${J(a2.usage)} ${J(a2.content)}`);
+  // countTokens of the same request: its prompt
+  const ct = await anthropic.messages.countTokens({ model, tools: atools, messages: a2msgs });
+  check("messages.countTokens: the round trip's prompt", ct.input_tokens === prompt(a2.usage), `${J(ct)} vs ${J(a2.usage)}`);
 }
 
 console.log(failed ? `${family}: ${failed} checks failed` : `${family}: all passed`);

@@ -8,14 +8,27 @@
 # list), gpt-oss (Harmony), DeepSeek-V3.1, and the tag, section and
 # pythonic formats: Qwen3-Coder, GLM-4.7-Flash (GLM-4.5's format), Kimi K2,
 # Kimi K3, MiniMax-M2, MiniMax-M3, Gemma 4, LFM2.5, Apriel 1.6, functionary
-# v3.2 (the Llama 3.1 tokenizer) and Nemotron Nano v2. Families without
+# v3.2 (the Llama 3.1 tokenizer), Nemotron Nano v2, DeepSeek-R1 (llama.cpp's
+# R1 template, which renders the tools and opens <think>, and R1-Distill's,
+# both on DeepSeek-V3's tokenizer, R1's), Granite 3.3, Command R7B,
+# Command R+, Cohere2 MoE (Command A's <|START_ACTION|> format, <|START_TEXT|>,
+# a prompt that opens <|START_THINKING|>), Mistral Small 3.2 ([TOOL_CALLS]NAME
+# [ARGS], Mistral's v11 layout), Llama 4 with pythonic calls (tests/data/chat/templates/
+# llama4-pythonic.jinja, written after Meta's Llama 4 prompt format: its
+# published template writes Llama 3's JSON calls) and Phi-4-mini (its
+# published template, transcribed: it reads tools only from a system
+# message's "tools" text, so the grammar alone makes the calls). Families without
 # their own tokenizer here use Qwen3's with the template's markers added as
 # special tokens (as their own tokenizers have them), so that
 # the grammar's special-token terminals and the detokenizer's kept special
 # tokens are what is tested. A family marked "think" has a prompt that
 # opens a thinking block: its server runs with --reasoning-budget 6 (random
 # weights never close the block), which closes it and the grammar then
-# forces the call, so that the reasoning is split out before every call.
+# forces the call, so that the reasoning is split out before every call
+# ("think:N": --reasoning-budget N; the committed DeepSeek-V3 tokenizer
+# keeps its first 20259 ids and its added tokens from 128000 on, so most
+# ids random weights sample have no text: 64 tokens of thinking, where 6
+# are no text one time in three, are some text but one time in 10^5).
 # Used by the unit tests (cli_serve_agent_clients_families_ajv).
 # Exit 77: node, a client or ajv is missing (the test is skipped).
 set -uo pipefail
@@ -51,6 +64,24 @@ families=(
    <|begin_tool_result|> <|end|>"
   "functionary-v3.2 $shared/tokenizers/llama3_1 $tpl/meetkai-functionary-medium-v3.2.jinja -"
   "nemotron-v2 $q3 $tpl/NVIDIA-Nemotron-Nano-v2.jinja think <SPECIAL_10> <SPECIAL_11> <SPECIAL_12> <TOOLCALL> </TOOLCALL>"
+  "deepseek-r1 $root/tests/data/tokenizer/deepseek3 $tpl/llama-cpp-deepseek-r1.jinja think:64"
+  "deepseek-r1-distill $root/tests/data/tokenizer/deepseek3 $tpl/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja -"
+  "granite-3.3 $q3 $tpl/ibm-granite-granite-3.3-2B-Instruct.jinja - <|start_of_role|> <|end_of_role|> <|end_of_text|> <|tool_call|>
+   <|start_of_cite|> <|end_of_cite|>"
+  "command-r7b $q3 $tpl/CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja - <|START_OF_TURN_TOKEN|> <|END_OF_TURN_TOKEN|>
+   <|SYSTEM_TOKEN|> <|USER_TOKEN|> <|CHATBOT_TOKEN|> <|START_RESPONSE|> <|END_RESPONSE|> <|START_ACTION|> <|END_ACTION|>
+   <|START_THINKING|> <|END_THINKING|> <|START_TOOL_RESULT|> <|END_TOOL_RESULT|>"
+  "command-r-plus $q3 $tpl/CohereForAI-c4ai-command-r-plus-tool_use.jinja - <|START_OF_TURN_TOKEN|> <|END_OF_TURN_TOKEN|>
+   <|SYSTEM_TOKEN|> <|USER_TOKEN|> <|CHATBOT_TOKEN|>"
+  "llama4-pythonic $q3 $tpl/llama4-pythonic.jinja - <|begin_of_text|> <|header_start|> <|header_end|> <|eot|> <|eom|> <|python_start|>
+   <|python_end|>"
+  "mistral-v11 $root/tests/data/tokenizer/mistral $tpl/Mistral-Small-3.2-24B-Instruct-2506.jinja - [INST] [/INST] [SYSTEM_PROMPT]
+   [/SYSTEM_PROMPT] [AVAILABLE_TOOLS] [/AVAILABLE_TOOLS] [TOOL_RESULTS] [/TOOL_RESULTS] [TOOL_CALLS] [ARGS] [CALL_ID]"
+  "cohere2-moe $q3 $tpl/Cohere2MoE.jinja think <|START_OF_TURN_TOKEN|> <|END_OF_TURN_TOKEN|> <|SYSTEM_TOKEN|> <|USER_TOKEN|>
+   <|CHATBOT_TOKEN|> <|START_TEXT|> <|END_TEXT|> <|START_ACTION|> <|END_ACTION|> <|START_THINKING|> <|END_THINKING|>
+   <|START_TOOL_RESULT|> <|END_TOOL_RESULT|> <|IMG_PATCH|>"
+  "phi-4-mini $q3 $tpl/microsoft-Phi-4-mini-instruct.jinja - <|system|> <|user|> <|assistant|> <|end|> <|tool|> <|/tool|>
+   <|tool_call|> <|/tool_call|>"
 )
 rc=0
 for f in "${families[@]}"; do
@@ -87,9 +118,9 @@ for f in "${families[@]}"; do
   mv "$dir/tokenizer.json" "$dir/tokenizer_config.json" "$d/"
   cp "$tmpl" "$d/chat_template.jinja"
   budget=()
-  [ "$think" = think ] && budget=(--reasoning-budget 6)
+  [[ "$think" == think* ]] && budget=(--reasoning-budget "$( [ "$think" = think ] && echo 6 || echo "${think#think:}")")
   start_serve "$d" --alias tiny -np 2 -c 4096 -t 1 "${budget[@]}"
-  NODE_PATH="$mods" timeout 300 node "$root/tests/e2e/agent_families.mjs" "http://127.0.0.1:$port" tiny "$name" "$think" || { rc=1; echo "kiln serve's log ($name):"; tail -40 "$d/err"; }
+  NODE_PATH="$mods" timeout 300 node "$root/tests/e2e/agent_families.mjs" "http://127.0.0.1:$port" tiny "$name" "${think%%:*}" || { rc=1; echo "kiln serve's log ($name):"; tail -40 "$d/err"; }
   kill "$pid" 2>/dev/null
   wait "$pid" 2>/dev/null
   pid=""
