@@ -254,7 +254,7 @@ KT_TEST(cli_serve_official_agent_clients) { run_client_script("tests/e2e/run_age
 /* Constrained tool calls through the official `openai` and
  * `@anthropic-ai/sdk` clients on random weights with the real tokenizers
  * and templates of Qwen3, Llama 3.1 (../shared), Mistral Nemo, gpt-oss,
- * DeepSeek-V3.1, Qwen3-Coder, GLM-4.7-Flash, Kimi K2 and K3, MiniMax-M2 and
+ * DeepSeek-V3.1, Qwen3-Coder, GLM-4.7-Flash and GLM-4.6, Kimi K2 and K3, MiniMax-M2 and
  * M3, Gemma 4, LFM2.5, Apriel 1.6, functionary v3.2, Nemotron Nano v2,
  * DeepSeek-R1 (llama.cpp's tool-rendering R1 template, with <think>, and
  * the R1-Distill one), Granite 3.3, Command R7B, Command R+, Cohere2 MoE
@@ -267,7 +267,7 @@ KT_TEST(cli_serve_official_agent_clients) { run_client_script("tests/e2e/run_age
  * Messages, and a round trip each (its countTokens equal to its prompt):
  * tests/e2e/run_agent_families.sh. Skipped
  * when node, a client or ajv is missing. */
-KT_TEST(cli_serve_agent_clients_families_ajv) { run_client_script("tests/e2e/run_agent_families.sh", "agent clients on 25 families"); }
+KT_TEST(cli_serve_agent_clients_families_ajv) { run_client_script("tests/e2e/run_agent_families.sh", "agent clients on 26 families"); }
 
 /* The chat page at / in headless Chromium (Debian's chromium, driven by
  * npm's playwright-core): a streamed reply equal to the non-streamed greedy

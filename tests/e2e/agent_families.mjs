@@ -40,7 +40,7 @@ const J = JSON.stringify;
 // the tag and pythonic formats write a string parameter as their own text
 // (raw, or in their quotes), where kiln's grammar takes no "format" (a
 // documented 400): a date there is a string of at most 10 characters
-const rawStrings = new Set(["qwen3-coder", "glm-4.5", "minimax-m2", "minimax-m3", "kimi-k3", "gemma-4", "lfm2", "llama4-pythonic"]);
+const rawStrings = new Set(["qwen3-coder", "glm-4.5", "glm-4.6", "minimax-m2", "minimax-m3", "kimi-k3", "gemma-4", "lfm2", "llama4-pythonic"]);
 // (each property described: Command R+'s template writes every description)
 const weather = {
   type: "object",

@@ -6,7 +6,7 @@
 # tests/data): Qwen3 (Hermes), Llama 3.1 (JSON, its tokenizer from
 # ../shared/tokenizers; skipped when absent), Mistral (Nemo's [TOOL_CALLS]
 # list), gpt-oss (Harmony), DeepSeek-V3.1, and the tag, section and
-# pythonic formats: Qwen3-Coder, GLM-4.7-Flash (GLM-4.5's format), Kimi K2,
+# pythonic formats: Qwen3-Coder, GLM-4.7-Flash and GLM-4.6 (GLM-4.5's format, on one line and on several), Kimi K2,
 # Kimi K3, MiniMax-M2, MiniMax-M3, Gemma 4, LFM2.5, Apriel 1.6, functionary
 # v3.2 (the Llama 3.1 tokenizer), Nemotron Nano v2, DeepSeek-R1 (llama.cpp's
 # R1 template, which renders the tools and opens <think>, and R1-Distill's,
@@ -52,6 +52,7 @@ families=(
   "deepseek-v3 $root/tests/data/tokenizer/deepseek3 $tpl/deepseek-ai-DeepSeek-V3.1.jinja -"
   "qwen3-coder $q3 $tpl/Qwen3-Coder.jinja -"
   "glm-4.5 $q3 $tpl/GLM-4.7-Flash.jinja think [gMASK] <sop> <|system|> <|user|> <|assistant|> <|observation|>"
+  "glm-4.6 $q3 $tpl/GLM-4.6.jinja - [gMASK] <sop> <|system|> <|user|> <|assistant|> <|observation|>"
   "kimi-k2 $q3 $tpl/moonshotai-Kimi-K2.jinja - <|im_user|> <|im_assistant|> <|im_system|> <|im_middle|> <|tool_calls_section_begin|>
    <|tool_calls_section_end|> <|tool_call_begin|> <|tool_call_argument_begin|> <|tool_call_end|>"
   "kimi-k3 $q3 $tpl/Kimi-K3.jinja think <|open|> <|close|> <|sep|> <|end_of_msg|>"
