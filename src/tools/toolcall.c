@@ -302,6 +302,15 @@ static size_t cut_in_char(const P *p, size_t from, const char *m) {
     return 0;
 }
 
+/* The whole output (max_tokens) ends at j inside marker m: t[j..n) is m's
+ * start, 2 characters or more, or that and a character cut in its bytes
+ * (cut_in_char). Such an end is trimmed, as a marker's start is (held). */
+static bool cut_inside(const P *p, size_t j, const char *m) {
+    if (p->partial || j >= p->n) return false;
+    size_t r = p->n - j;
+    return (r >= 2 && r < strlen(m) && !memcmp(p->t + j, m, r)) || cut_in_char(p, j, m) == r;
+}
+
 static size_t skip_ws(const P *p, size_t i) {
     while (i < p->n && is_ws(p->t[i])) i++;
     return i;
@@ -328,8 +337,11 @@ static void plain_rest(P *p, size_t from, const char *const *m, int k) {
 }
 
 /* j past the closing marker m there; j when there is none; NPOS (stop) when
- * the text may still become it. */
-static size_t past(const P *p, size_t j, const char *m) { return at(p, j, m) ? j + strlen(m) : may_become(p, j, m) ? NPOS : j; }
+ * the text may still become it; the output's end when max_tokens cut it
+ * inside m (cut_inside: "</tool_", trimmed). */
+static size_t past(const P *p, size_t j, const char *m) {
+    return at(p, j, m) ? j + strlen(m) : may_become(p, j, m) ? NPOS : cut_inside(p, j, m) ? p->n : j;
+}
 
 /* What follows a marker is not a call (the marker formats' steps). */
 #define NOT_CALL (NPOS - 1)
@@ -766,9 +778,7 @@ static size_t section_step(P *p, size_t at_m, int w, const void *ud, size_t *res
         }
         if (j >= p->n || (f->end && may_become(p, j, f->end)) || may_become(p, j, f->call_begin)) return NPOS;
         /* the whole output cut inside the section's end (max_tokens: "<｜tool▁calls▁end"): trimmed, as a marker's start is */
-        if (f->end && ((p->n - j >= 2 && p->n - j < strlen(f->end) && !memcmp(p->t + j, f->end, p->n - j)) ||
-                       (j < p->n && cut_in_char(p, j, f->end) == p->n - j)))
-            return p->n;
+        if (f->end && cut_inside(p, j, f->end)) return p->n;
         if (!at(p, j, f->call_begin)) break; /* stray text: content again */
         size_t e = f->call(p, j + strlen(f->call_begin));
         if (e == NPOS) return NPOS;
@@ -1032,8 +1042,8 @@ static size_t xml_call(P *p, const xml_fmt *f, size_t j) {
             if (at(p, j, close)) j += strlen(close);
             if (f->fn_close) {
                 j = skip_ws(p, j);
-                if (at(p, j, f->call_close)) j += strlen(f->call_close);
-                else if (may_become(p, j, f->call_close)) j = p->n;
+                size_t q = past(p, j, f->call_close); /* (the rest held while it may become the block's close) */
+                j = q == NPOS ? p->n : q;
             }
             add_call(p, name, ja_take(p, &a, true));
             return j;
@@ -1578,8 +1588,7 @@ static size_t gemma4_call(P *p, size_t j) {
     size_t e = lit_call(p, j + 5, true);
     if (e == NPOS || e == NOT_CALL) return e;
     e = skip_ws(p, e);
-    if (at(p, e, "<tool_call|>")) return e + strlen("<tool_call|>");
-    return may_become(p, e, "<tool_call|>") ? NPOS : e;
+    return past(p, e, "<tool_call|>");
 }
 
 static const section_fmt k_gemma4 = {NULL, "<|tool_call>", NULL, gemma4_call, {"<turn|>", "<|tool_response>"}};

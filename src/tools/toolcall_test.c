@@ -584,7 +584,7 @@ KT_TEST(toolcall_output_cut_inside_marker) {
         const char *r = stream_all_splits(&syn, k_cut[c].text, why, sizeof why);
         KT_CHECKF(!r, "case %zu: streaming: %s", c, r);
     }
-    /* cut inside a section's end after its calls (DeepSeek-R1 under a forced call, Kimi K2) */
+    /* cut inside a section's or a call's end after its calls (DeepSeek-R1 under a forced call, Kimi K2, Gemma 4) */
     static const struct {
         ktc_format f;
         const char *text;
@@ -594,7 +594,15 @@ KT_TEST(toolcall_output_cut_inside_marker) {
                                "{\"zone\": \"UTC\"}<|tool_call_end|><|tool_calls_sec"},
                  /* the marker spelled in bytes, cut inside its "｜" (the detokenizer's U+FFFD at the end) */
                  {KTC_DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"zone\": \"UTC\"}\n```"
-                                "<｜tool▁call▁end｜><｜tool▁calls▁end\xEF\xBF\xBD"}};
+                                "<｜tool▁call▁end｜><｜tool▁calls▁end\xEF\xBF\xBD"},
+                 /* cut inside a call's own end (Gemma 4, spelled in bytes under the grammar) */
+                 {KTC_GEMMA4, "<|tool_call>call:get_time{zone:<|\"|>UTC<|\"|>}<tool_ca"},
+                 {KTC_HERMES, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"UTC\"}}\n</tool_"},
+                 {KTC_QWEN3_CODER, "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</func"},
+                 {KTC_QWEN3_CODER, "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool"},
+                 {KTC_GLM45, "<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>UTC</arg_value>\n</tool_c"},
+                 {KTC_MINIMAX_M2, "<minimax:tool_call>\n<invoke name=\"get_time\">\n<parameter name=\"zone\">UTC</parameter>\n</invoke>\n</minimax:tool"},
+                 {KTC_LFM2, "<|tool_call_start|>[get_time(zone=\"UTC\")]<|tool_call_e"}};
     for (size_t c = 0; c < sizeof k_end / sizeof *k_end; c++) {
         ktc_syntax syn = {k_end[c].f, KTC_THINK_TAGS, false, NULL, NULL};
         ktc_msg m;
