@@ -72,6 +72,8 @@ static inline vf vsb_n(const void *p, kg_dtype t, int64_t i, int n) {
     return _mm512_cvtph_ps(h);
 }
 
+#endif
+
 /* The pieces q4_rows and q8_rows share: nm input rows' 2 VL columns at c,
  * pinned in registers when nr weight rows use them; one weight row's two
  * vectors into its accumulators; the sums out. */
@@ -95,6 +97,8 @@ static inline __attribute__((always_inline)) void rows_store(int nr, int nm, vf 
     _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++)
         y[(m0 + m) * ldy + r + i] = vsum(vadd(a0[i][m], a1[i][m]));
 }
+
+#if KK_VBITS == 512
 
 /* nr weight rows [r, r + nr) against input rows [m0, m0 + nm) (nr * nm <= 8:
  * at most 16 accumulators). Several weight rows at once give independent
@@ -235,56 +239,44 @@ static inline __attribute__((always_inline)) void q4_rows_many(const kk_wview *w
 }
 #else
 /* AVX2: each weight is widened and dequantized, fma(q, s, b), as the
- * AVX-512 lookup table holds it */
-static inline __attribute__((always_inline)) void q4_row(const kk_wview *w, const kk_xview *xv, int64_t r, int64_t m0,
-                                                         int nm, float *y, int64_t ldy) {
+ * AVX-512 lookup table holds it. nr weight rows at once (nr * nm <= 4: at
+ * most 8 accumulators, 16 registers in all): one row alone has two FMA
+ * chains (a0, a1) and waits on the FMA latency, 16 weights per chain
+ * latency, about 3.3 weights a cycle; each row's arithmetic is unchanged. */
+static inline __attribute__((always_inline)) void q4_rows(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
+                                                          int64_t m0, int nm, float *y, int64_t ldy) {
     int64_t K = w->K, G = w->G, gs = w->gs;
-    const uint8_t *q = (const uint8_t *)w->w + r * (K / 2);
+    const uint8_t *q[4];
     const float *x[MR];
-    vf acc[MR], acc2[MR];
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K, acc[m] = vzero(), acc2[m] = vzero();
+    vf acc[4][MR], acc2[4][MR];
+    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->xp + (m0 + m) * K;
+    _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
+        q[i] = (const uint8_t *)w->w + (r + i) * (K / 2);
+        _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) acc[i][m] = vzero(), acc2[i][m] = vzero();
+    }
     for (int64_t g = 0; g < G; g++) {
-        PREFETCH(q + g * gs / 2);
-        vf s = vset1(kk_ldf(w->scales, w->sbt, r * G + g)), b = vset1(kk_ldf(w->biases, w->sbt, r * G + g));
+        vf s[4], b[4];
+        _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
+            PREFETCH(q[i] + g * gs / 2);
+            s[i] = vset1(kk_ldf(w->scales, w->sbt, (r + i) * G + g)), b[i] = vset1(kk_ldf(w->biases, w->sbt, (r + i) * G + g));
+        }
         for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
-            vq4t d = vq4raw(q + c / 2);
-            vf lo = vfma(vq4lo(d), s, b), hi = vfma(vq4hi(d), s, b);
-            _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
-                acc[m] = vfma(lo, vload(x[m] + c), acc[m]);
-                acc2[m] = vfma(hi, vload(x[m] + c + VL), acc2[m]);
+            vf x0[MR], x1[MR];
+            rows_load_x(x, c, nm, nr, x0, x1);
+            _Pragma("GCC unroll 4") for (int i = 0; i < nr; i++) {
+                vq4t d = vq4raw(q[i] + c / 2);
+                vf lo = vfma(vq4lo(d), s[i], b[i]), hi = vfma(vq4hi(d), s[i], b[i]);
+                rows_fma(nm, lo, hi, x0, x1, acc[i], acc2[i]);
             }
         }
     }
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(acc[m], acc2[m]));
+    rows_store(nr, nm, acc, acc2, r, m0, y, ldy);
 }
 #endif
 
-/* 8-bit codes: each weight dequantized, fma(q, s, b), then as float_row
- * (two chains, every 2 VL columns); gs is a multiple of 2 VL */
-static inline __attribute__((always_inline)) void q8_row(const kk_wview *w, const kk_xview *xv, int64_t r, int64_t m0,
-                                                         int nm, float *y, int64_t ldy) {
-    int64_t K = w->K, G = w->G, gs = w->gs;
-    const uint8_t *q = (const uint8_t *)w->w + r * K;
-    const float *x[MR];
-    vf a0[MR], a1[MR];
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) x[m] = xv->x + (m0 + m) * K, a0[m] = vzero(), a1[m] = vzero();
-    for (int64_t g = 0; g < G; g++) {
-        vf s = vset1(kk_ldf(w->scales, w->sbt, r * G + g)), b = vset1(kk_ldf(w->biases, w->sbt, r * G + g));
-        PREFETCH(q + g * gs);
-        for (int64_t c = g * gs; c < (g + 1) * gs; c += 2 * VL) {
-            vf d0 = vfma(vq8(q + c), s, b), d1 = vfma(vq8(q + c + VL), s, b);
-            _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) {
-                a0[m] = vfma(d0, vload(x[m] + c), a0[m]);
-                a1[m] = vfma(d1, vload(x[m] + c + VL), a1[m]);
-            }
-        }
-    }
-    _Pragma("GCC unroll 8") for (int m = 0; m < nm; m++) y[(m0 + m) * ldy + r] = vsum(vadd(a0[m], a1[m]));
-}
-
-#if KK_VBITS == 512
-/* q8_row for nr weight rows at once (nr * nm <= 8), as q4_rows: independent
- * FMA chains, each row's arithmetic unchanged */
+/* 8-bit codes, nr weight rows at once (nr * nm <= 8 on AVX-512, 4 on
+ * AVX2), as q4_rows: each weight dequantized, fma(q, s, b), then as
+ * float_row (two chains, every 2 VL columns; gs is a multiple of 2 VL) */
 static inline __attribute__((always_inline)) void q8_rows(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
                                                           int64_t m0, int nm, float *y, int64_t ldy) {
     int64_t K = w->K, G = w->G, gs = w->gs;
@@ -313,7 +305,6 @@ static inline __attribute__((always_inline)) void q8_rows(const kk_wview *w, con
     }
     rows_store(nr, nm, a0, a1, r, m0, y, ldy);
 }
-#endif
 
 /* VL weights of a float row at column k (fmt is a constant after inlining) */
 static inline __attribute__((always_inline)) vf wload(kg_wfmt fmt, const void *row, int64_t k) {
@@ -380,9 +371,10 @@ static inline __attribute__((always_inline)) void float_row(kg_wfmt fmt, const k
     }
 #endif
 
-#if KK_VBITS == 512
-/* 4- and 8-bit rows [r0, r1): as many weight rows per pass as keep 16
- * accumulators busy (4 rows for 1-2 input rows, 2 for 3-4, 1 from 5) */
+/* 4- and 8-bit rows [r0, r1): as many weight rows per pass as keep the
+ * accumulators busy. AVX-512, 16 of them: 4 rows for 1-2 input rows, 2 for
+ * 3-4, 1 from 5 (5-8 input rows of 4-bit codes: q4_gemv_many). AVX2, 8 of
+ * them: 4 rows for 1 input row, 2 for 2, 1 for 3-4. */
 #define QR(nr, nm) ROWS(w, xv, r, nr, m0, nm, y, ldy)
 #define Q_NR4(nm)                                                                                                      \
     switch (nr) {                                                                                                      \
@@ -396,27 +388,38 @@ static inline __attribute__((always_inline)) void float_row(kg_wfmt fmt, const k
     case 1: QR(1, nm); break;                                                                                          \
     default: QR(2, nm); break;                                                                                         \
     }
+#if MR == 8
+#define Q_ROWS(nm) (nm <= 2 ? 4 : nm <= 4 ? 2 : 1)
+#define Q_CASES                                                                                                        \
+    case 1: Q_NR4(1); break;                                                                                           \
+    case 2: Q_NR4(2); break;                                                                                           \
+    case 3: Q_NR2(3); break;                                                                                           \
+    case 4: Q_NR2(4); break;                                                                                           \
+    case 5: QR(1, 5); break;                                                                                           \
+    case 6: QR(1, 6); break;                                                                                           \
+    case 7: QR(1, 7); break;                                                                                           \
+    default: QR(1, 8); break;
+#else
+#define Q_ROWS(nm) (nm == 1 ? 4 : nm == 2 ? 2 : 1)
+#define Q_CASES                                                                                                        \
+    case 1: Q_NR4(1); break;                                                                                           \
+    case 2: Q_NR2(2); break;                                                                                           \
+    case 3: QR(1, 3); break;                                                                                           \
+    default: QR(1, 4); break;
+#endif
 #define Q_GEMV(name)                                                                                                   \
     static void name(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, float *y, int64_t ldy) {           \
         for (int64_t m0 = 0; m0 < xv->M; m0 += MR) {                                                                   \
-            int nm = xv->M - m0 < MR ? (int)(xv->M - m0) : MR, rows = nm <= 2 ? 4 : nm <= 4 ? 2 : 1;                   \
+            int nm = xv->M - m0 < MR ? (int)(xv->M - m0) : MR, rows = Q_ROWS(nm);                                      \
             if (MANY(nm)) continue;                                                                                    \
             for (int64_t r = r0; r < r1; r += rows) {                                                                  \
                 int nr = r1 - r < rows ? (int)(r1 - r) : rows;                                                         \
-                switch (nm) {                                                                                          \
-                case 1: Q_NR4(1); break;                                                                               \
-                case 2: Q_NR4(2); break;                                                                               \
-                case 3: Q_NR2(3); break;                                                                               \
-                case 4: Q_NR2(4); break;                                                                               \
-                case 5: QR(1, 5); break;                                                                               \
-                case 6: QR(1, 6); break;                                                                               \
-                case 7: QR(1, 7); break;                                                                               \
-                default: QR(1, 8); break;                                                                              \
-                }                                                                                                      \
+                switch (nm) { Q_CASES }                                                                                \
             }                                                                                                          \
         }                                                                                                              \
     }
 #define ROWS q4_rows
+#if KK_VBITS == 512
 static void q4_gemv_many(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, int64_t m0, int nm, float *y,
                          int64_t ldy) {
     switch (nm) {
@@ -427,6 +430,9 @@ static void q4_gemv_many(const kk_wview *w, const kk_xview *xv, int64_t r0, int6
     }
 }
 #define MANY(nm) (nm >= 5 && (q4_gemv_many(w, xv, r0, r1, m0, nm, y, ldy), true))
+#else
+#define MANY(nm) false
+#endif
 Q_GEMV(q4_gemv)
 #undef ROWS
 #undef MANY
@@ -435,15 +441,12 @@ Q_GEMV(q4_gemv)
 Q_GEMV(q8_gemv)
 #undef ROWS
 #undef MANY
-#endif
 
 static void lin_gemv(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t r1, float *y, int64_t ldy) {
-#if KK_VBITS == 512
     if (w->fmt == KG_WF_AFFINE) {
         (w->bits == 4 ? q4_gemv : q8_gemv)(w, xv, r0, r1, y, ldy);
         return;
     }
-#endif
     for (int64_t r = r0; r < r1; r++) {
         for (int64_t m0 = 0; m0 < xv->M; m0 += MR) {
             int nm = xv->M - m0 < MR ? (int)(xv->M - m0) : MR;
@@ -460,19 +463,7 @@ static void lin_gemv(const kk_wview *w, const kk_xview *xv, int64_t r0, int64_t 
 #define C_F16(n) float_row(KG_WF_F16, w, xv, r, m0, n, y, ldy)
                 LIN_CASES(C_F16);
                 break;
-            case KG_WF_AFFINE:
-                if (w->bits == 4) {
-#if KK_VBITS != 512 /* AVX-512: q4_gemv */
-#define C_Q4(n) q4_row(w, xv, r, m0, n, y, ldy)
-                    LIN_CASES(C_Q4);
-#endif
-                } else {
-#if KK_VBITS != 512 /* AVX-512: q8_gemv */
-#define C_Q8(n) q8_row(w, xv, r, m0, n, y, ldy)
-                    LIN_CASES(C_Q8);
-#endif
-                }
-                break;
+            case KG_WF_AFFINE: break; /* q4_gemv, q8_gemv */
             }
         }
     }
