@@ -241,8 +241,9 @@ static inline __attribute__((always_inline)) void q4_rows_many(const kk_wview *w
 /* AVX2: each weight is widened and dequantized, fma(q, s, b), as the
  * AVX-512 lookup table holds it. nr weight rows at once (nr * nm <= 4: at
  * most 8 accumulators, 16 registers in all): one row alone has two FMA
- * chains (a0, a1) and waits on the FMA latency, 16 weights per chain
- * latency, about 3.3 weights a cycle; each row's arithmetic is unchanged. */
+ * chains (a0, a1) that wait on the FMA latency (measured on Zen 3, one
+ * thread: 10.9 -> 12.0 G weights/s at M = 1, docs/performance.md); each
+ * row's arithmetic is unchanged. */
 static inline __attribute__((always_inline)) void q4_rows(const kk_wview *w, const kk_xview *xv, int64_t r, int nr,
                                                           int64_t m0, int nm, float *y, int64_t ldy) {
     int64_t K = w->K, G = w->G, gs = w->gs;
