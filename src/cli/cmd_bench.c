@@ -609,7 +609,7 @@ int kiln_cmd_bench(int argc, char **argv) {
     double bw = bwb.gbs;
     double roof = bw > 0 ? bw * 1e9 / (double)active : 0; /* on the weights one token reads */
     bool in_llc = llc > 0 && wbytes <= llc;
-    const char *isa = kk_act_int8() ? (kk_isa_level() == KK_ISA_AVX512 ? "avx512+int8" : "int8") : kk_isa_name(kk_isa_level());
+    const char *isa = kk_act_int8() ? (kk_isa_level() == KK_ISA_AVX512 && kk_cpu_features()->avx512_vnni ? "avx512+int8" : "avx2+int8") : kk_isa_name(kk_isa_level());
     if (json) {
         printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"threads\": %d, \"isa\": \"%s\", \"load_s\": %.3f, "
                "\"repack_s\": %.3f, \"repack_bytes\": %lld, "

@@ -43,7 +43,7 @@ static void usage(FILE *f) {
         fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\n`kiln <command> --help` describes each command.\n"
                "\noptions for every command that runs a model:\n"
-               "  --int8-act   int8 activations for 4/8-bit weights (AVX-512 VNNI): faster, slightly less\n"
+               "  --int8-act   int8 activations for 4/8-bit weights (AVX2 or AVX-512): faster, slightly less\n"
                "               exact (docs/performance.md gives the measured error); default float32\n"
                "               (also KILN_INT8_ACT=1)\n"
                "  --tp N       tensor parallelism over the N processes of an MPI job:\n"
@@ -100,7 +100,12 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--int8-act")) {
             if (!kk_set_act_int8(true)) {
-                fprintf(stderr, "kiln: --int8-act needs a CPU with AVX-512 VNNI; this one has none (leave the option out)\n");
+                fprintf(stderr, "kiln: --int8-act needs a CPU with AVX2; this one has none (leave the option out)\n");
+                return 1;
+            }
+            if (!kk_act_int8()) {
+                fprintf(stderr, "kiln: --int8-act needs the AVX2 kernels, and KILN_ISA=%s turns them off (unset it, or "
+                                "leave the option out)\n", kk_isa_name(kk_isa_level()));
                 return 1;
             }
             continue;

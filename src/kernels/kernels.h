@@ -37,13 +37,15 @@ typedef enum { KK_ISA_PORTABLE, KK_ISA_AVX2, KK_ISA_AVX512 } kk_isa;
 kk_isa kk_isa_level(void);
 void kk_set_isa_level(kk_isa level); /* for tests; clamps to what the CPU has */
 const char *kk_isa_name(kk_isa level);
-/* Opt-in int8 activations for MLX affine 4/8-bit weights on AVX-512 VNNI
- * (faster, less exact: see linear_int8_avx512.c). Off unless
+/* Opt-in int8 activations for MLX affine 4/8-bit weights on AVX2 or
+ * AVX-512 VNNI, the same bits on both (faster, less exact: see
+ * linear_int8.c). Off unless
  * KILN_INT8_ACT=1 or set here, once at start-up, before compiling
  * executables: weights are repacked for it when an executable is created
  * (an executable made with it off runs the int8 path, if turned on later,
  * by repacking at every call). Returns whether it
- * is on (false where the CPU lacks VNNI). */
+ * is on (false where the CPU lacks AVX2; below the AVX2 level, KILN_ISA=
+ * portable, the float32 path runs). */
 bool kk_set_act_int8(bool on);
 bool kk_act_int8(void);
 

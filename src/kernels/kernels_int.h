@@ -80,8 +80,10 @@ void kk_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, c
 /* Prepares the GEMM library for this CPU (called once, before any GEMM). */
 void kk_blas_setup(bool avx512);
 
-/* The opt-in int8-activation path (linear_int8.c: weight repacking;
- * linear_int8_avx512.c: kernels, AVX-512 VNNI). See linear_int8_avx512.c.
+/* The opt-in int8-activation path (linear_int8.c: weight repacking, the
+ * arithmetic in portable C, the choice of kernel; linear_int8_avx512.c
+ * (AVX-512 VNNI) and linear_int8_avx2.c: the same bits, faster). See
+ * linear_int8.c.
  *
  * A weight repacked into panels of KK_I8_PANEL output rows. Panel p, group
  * g is one block of gbytes at data + (p * G + g) * gbytes:
@@ -132,6 +134,24 @@ size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M);
 void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8view *out, kr_pool *pool);
 /* y[m * ldy + r] for the rows r of panels [p0, p1), every m < xv->M */
 void kk_int8_panels(const kk_i8w *pw, const kk_x8view *xv, int64_t p0, int64_t p1, float *y, int64_t ldy);
+/* per kernel: rows [m0, m1) of x [M, K] into the arrays of kk_x8view; panels */
+#define KK_INT8_KERNEL(isa)                                                                                            \
+    void kk_int8_prep_rows_##isa(const kk_wview *w, const float *x, int64_t m0, int64_t m1, int64_t M, int8_t *xq,   \
+                                 float *d, float *xsum);                                                             \
+    void kk_int8_panels_##isa(const kk_i8w *pw, const kk_x8view *xv, int64_t p0, int64_t p1, float *y, int64_t ldy);
+KK_INT8_KERNEL(portable)
+KK_INT8_KERNEL(avx2)
+KK_INT8_KERNEL(avx512)
+/* s[16] summed in place into s[0], in the order every kernel's group sums
+ * of x follow: halves folded (s_j + s_(j+8)), then quarters, then pairs
+ * (s_0 + s_2, s_1 + s_3), then the last two */
+#define KK_I8_SUM16(s)                                                                                                 \
+    do {                                                                                                               \
+        for (int j_ = 0; j_ < 8; j_++) (s)[j_] = (s)[j_ + 8] + (s)[j_];                                                \
+        for (int j_ = 0; j_ < 4; j_++) (s)[j_] = (s)[j_ + 4] + (s)[j_];                                                \
+        (s)[0] = (s)[0] + (s)[2], (s)[1] = (s)[1] + (s)[3];                                                            \
+        (s)[0] = (s)[0] + (s)[1];                                                                                      \
+    } while (0)
 
 /* kiln.attention: the call and its sizes, shared by the portable kernel
  * (one item per token and query head) and the SIMD ones (one item per token

@@ -15,7 +15,7 @@
  * BLIS, measured against in `kiln bench --kernels`, sums in another order
  * whose blocking depends on the matrix sizes.)
  * Activations and accumulation are float32 on every path but the opt-in
- * int8 one (linear_int8_avx512.c), which runs on weights repacked when the
+ * int8 one (linear_int8.c), which runs on weights repacked when the
  * executable is made (kk_prepare below). */
 #include <stdlib.h>
 #include <string.h>

@@ -1,15 +1,37 @@
-/* linear_int8.c: the repacked weights of the opt-in int8-activation path
- * (layout: kk_i8w in kernels_int.h; kernels: linear_int8_avx512.c).
+/* linear_int8.c: the opt-in int8-activation path (`--int8-act`): the
+ * repacked weights (layout: kk_i8w in kernels_int.h), the arithmetic that
+ * defines its results, written out once in portable C (the reference the
+ * tests hold the SIMD kernels to, bit for bit), and the choice of kernel:
+ * linear_int8_avx512.c (AVX-512 VNNI) or linear_int8_avx2.c (AVX2).
  *
- * Portable code, so that the layout is tested on any CPU. A weight is
- * repacked once, when an executable is created (kk_prepare in linear.c;
- * the copies are shared and freed by runtime/exec.c). */
+ * A weight is repacked once, when an executable is created (kk_prepare in
+ * linear.c; the copies are shared and freed by runtime/exec.c).
+ *
+ * The arithmetic. Each input row is quantized to int8 in blocks of 32
+ * columns, as llama.cpp's Q8_0 activations:
+ *   amax = max |x| over the block, d = amax / 127, xq = round(x * (127 /
+ *   amax)) to nearest even, saturated to [-128, 127] (0 when amax = 0);
+ *   xsum_g = the float32 sum of x over group g, in a fixed order: 16
+ *   partial sums s_j += x[k + j] + x[k + 16 + j] over the group's blocks k,
+ *   then s_j + s_(j+8), then those 8 folded to 4 and to 2 the same way, and
+ *   the last two added (KK_I8_SUM16 below);
+ * then, per output (r, m), in this order whatever the number of rows M:
+ *   part = 0; for each block b of group g: part = fma(float(isum_b), d_b, part)
+ *   acc = fma(part, s_g, acc); acc = fma(b_g, xsum_g, acc)     (g in order)
+ * where isum_b = sum over the block of code * xq, an exact int32 (so how a
+ * kernel splits it into partial integer sums does not matter), s_g and b_g
+ * the weight's scale and bias. That is
+ *   y = sum_g s_g * sum_{i in g} q_i x_i + b_g * sum_{i in g} x_i
+ *     ~ sum_g s_g * sum_{blocks b of g} d_b * (q . xq)_b + b_g * xsum_g. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "base/file.h"
+#include "kernels/kernels.h"
 #include "kernels/kernels_int.h"
+#include "runtime/pool.h"
 
 bool kk_int8_ok(const kk_wview *w) {
     return w->fmt == KG_WF_AFFINE && (w->bits == 4 || w->bits == 8) && w->gs > 0 && w->gs % 32 == 0 &&
@@ -136,4 +158,123 @@ void kk_int8_unpack(const kk_i8w *pw, int64_t p, uint8_t *codes, float *scales, 
             }
         }
     }
+}
+
+/* ---------------------------------------------------------------- the arithmetic, portable */
+
+/* float to int32 as cvtps2dq does (nearest even; out of range or NaN gives
+ * INT32_MIN), then saturated to int8 */
+static int8_t q8_of(float f) {
+    int32_t v = f >= -2147483648.0f && f < 2147483648.0f ? (int32_t)nearbyintf(f) : INT32_MIN;
+    return (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v);
+}
+
+void kk_int8_prep_rows_portable(const kk_wview *w, const float *x, int64_t m0, int64_t m1, int64_t M, int8_t *xq,
+                                float *d, float *xsum) {
+    int64_t K = w->K, G = w->G, gs = w->gs;
+    for (int64_t m = m0; m < m1; m++) {
+        int64_t t = m / KK_I8_MC, l = m % KK_I8_MC;
+        int n = M - t * KK_I8_MC < KK_I8_MC ? (int)(M - t * KK_I8_MC) : KK_I8_MC;
+        const float *xm = x + m * K;
+        int8_t *q = xq + t * KK_I8_MC * K + 4 * l;
+        float *dm = d + t * KK_I8_MC * (K / 32) + l, *xs = xsum + t * KK_I8_MC * G + l;
+        for (int64_t g = 0, b = 0; g < G; g++) {
+            float s[16] = {0};
+            for (int64_t k = g * gs; k < (g + 1) * gs; k += 32, b++) {
+                float amax = 0;
+                for (int j = 0; j < 16; j++) s[j] += xm[k + j] + xm[k + 16 + j];
+                for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xm[k + j]));
+                float inv = amax > 0 ? 127.0f / amax : 0.0f;
+                dm[b * n] = amax / 127.0f;
+                for (int j = 0; j < 32; j++) q[(k + j) / 4 * 4 * n + (k + j) % 4] = q8_of(xm[k + j] * inv);
+            }
+            KK_I8_SUM16(s);
+            xs[g * n] = s[0];
+        }
+    }
+}
+
+void kk_int8_panels_portable(const kk_i8w *pw, const kk_x8view *xv, int64_t p0, int64_t p1, float *y, int64_t ldy) {
+    int64_t K = pw->K, G = pw->G, gs = pw->gs, nb = gs / 32, KB = K / 32;
+    size_t es = kg_dtype_size(pw->sbt), cb = (size_t)(KK_I8_PANEL * gs * pw->bits / 8);
+    for (int64_t p = p0; p < p1; p++)
+        for (int i = 0; i < KK_I8_PANEL && p * KK_I8_PANEL + i < pw->N; i++)
+            for (int64_t m = 0; m < xv->M; m++) {
+                int64_t t0 = m / KK_I8_MC * KK_I8_MC, l = m - t0;
+                int n = xv->M - t0 < KK_I8_MC ? (int)(xv->M - t0) : KK_I8_MC;
+                const int8_t *xq = xv->xq + t0 * K + 4 * l;
+                const float *d = xv->d + t0 * KB + l, *xs = xv->xsum + t0 * G + l;
+                float acc = 0;
+                for (int64_t g = 0; g < G; g++) {
+                    const uint8_t *blk = pw->data + (size_t)(p * G + g) * pw->gbytes;
+                    float part = 0;
+                    for (int64_t b = 0; b < nb; b++) {
+                        int32_t is = 0;
+                        for (int64_t j = 0; j < 32; j++) {
+                            int64_t kg = b * 32 + j, k = g * gs + kg; /* k within the group, in the row */
+                            int code;
+                            if (pw->bits == 8) {
+                                code = blk[kg / 4 * 64 + 4 * i + kg % 4];
+                            } else {
+                                uint8_t v = blk[kg / 8 * 64 + 4 * i + kg % 4];
+                                code = kg % 8 < 4 ? v & 15 : v >> 4;
+                            }
+                            is += code * xq[k / 4 * 4 * n + k % 4];
+                        }
+                        part = fmaf((float)is, d[(g * nb + b) * n], part);
+                    }
+                    acc = fmaf(part, kk_ldf(blk + cb, pw->sbt, i), acc);
+                    acc = fmaf(kk_ldf(blk + cb + KK_I8_PANEL * es, pw->sbt, i), xs[g * n], acc);
+                }
+                y[m * ldy + p * KK_I8_PANEL + i] = acc;
+            }
+}
+
+/* ---------------------------------------------------------------- the kernel for this CPU */
+
+typedef void (*prep_rows_fn)(const kk_wview *, const float *, int64_t, int64_t, int64_t, int8_t *, float *, float *);
+
+/* the VNNI kernel where the CPU has it and the level allows AVX-512, else AVX2 */
+static bool use_avx512(void) { return kk_isa_level() == KK_ISA_AVX512 && kk_cpu_features()->avx512_vnni; }
+
+size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M) {
+    int64_t K = w->K;
+    /* d [M, K/32] f32, xsum [M, G] f32, xq [M, K] int8, alignment slack */
+    return sizeof(float) * (size_t)(M * (K / 32) + M * w->G) + (size_t)(M * K) + 64;
+}
+
+typedef struct {
+    const kk_wview *w;
+    const float *x;
+    int64_t M;
+    int8_t *xq;
+    float *d, *xsum;
+    prep_rows_fn fn;
+} prep_ctx;
+
+static void prep_rows(void *ctx, int64_t m0, int64_t m1) {
+    const prep_ctx *p = ctx;
+    p->fn(p->w, p->x, m0, m1, p->M, p->xq, p->d, p->xsum);
+}
+
+void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8view *out, kr_pool *pool) {
+    int64_t K = w->K;
+    float *d = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    float *xsum = d + M * (K / 32);
+    int8_t *xq = (int8_t *)(xsum + M * w->G);
+    prep_ctx p = {w, x, M, xq, d, xsum, NULL};
+    p.fn = use_avx512() ? kk_int8_prep_rows_avx512
+           : kk_isa_level() >= KK_ISA_AVX2 ? kk_int8_prep_rows_avx2
+                                           : kk_int8_prep_rows_portable;
+    kr_parallel_for(pool, M, 16, prep_rows, &p);
+    out->M = M;
+    out->xq = xq;
+    out->d = d;
+    out->xsum = xsum;
+}
+
+void kk_int8_panels(const kk_i8w *pw, const kk_x8view *xv, int64_t p0, int64_t p1, float *y, int64_t ldy) {
+    if (use_avx512()) kk_int8_panels_avx512(pw, xv, p0, p1, y, ldy);
+    else if (kk_isa_level() >= KK_ISA_AVX2) kk_int8_panels_avx2(pw, xv, p0, p1, y, ldy);
+    else kk_int8_panels_portable(pw, xv, p0, p1, y, ldy);
 }

@@ -1,44 +1,24 @@
-/* linear_int8_avx512.c: the opt-in int8-activation path of kiln.linear for
- * MLX affine 4- and 8-bit weights (AVX-512 VNNI), `--int8-act` /
- * KILN_INT8_ACT=1.
+/* linear_int8_avx512.c: the opt-in int8-activation path (`--int8-act`) on
+ * AVX-512 VNNI: the arithmetic of linear_int8.c's reference, bit for bit.
  *
- * The default path keeps activations in float32. This one quantizes each
- * input row to int8 in blocks of 32 (d = max|x| / 127, x ~ d * xq, as
- * llama.cpp's Q8_0 activations) and multiplies them with the weight codes
- * four byte pairs at a time (vpdpbusd, unsigned codes x signed xq), with
- * the scales restored in float32:
- *   y = sum_g s_g * sum_{i in g} q_i x_i + b_g * sum_{i in g} x_i
- *     ~ sum_g s_g * sum_{blocks b of g} d_b * (q . xq)_b + b_g * xsum_g
- * with the group sums of x (the bias term) in float32.
- *
- * Outer-product form over repacked weights (kk_i8w: linear_int8.c): the 16
- * lanes of a register are 16 output rows of a panel, and each vpdpbusd
- * multiplies 4 consecutive k of those 16 rows by the same 4 bytes of one
- * input row (broadcast), so no horizontal reduction is ever needed. Per
- * output (r, m), in this order whatever the number of input rows M:
- *   part = 0; for each block b of group g: part = fma(float(isum_b), d_b, part)
- *   acc = fma(part, s_g, acc); acc = fma(b_g, xsum_g, acc)     (g in order)
- * where isum_b is the exact int32 dot product of block b (integer sums are
- * exact, so how its vpdpbusd steps are split across registers does not
- * matter). A tile is one panel x up to MC input rows; decode (M < MC) and
- * prefill (tiles of MC rows, the panel staying in L1 across them) run the
- * same tile code, so results are bit-identical for any batch size. */
+ * Outer-product form over the repacked weights (kk_i8w): the 16 lanes of a
+ * register are the 16 output rows of a panel, and each vpdpbusd multiplies
+ * 4 consecutive k of those 16 rows (unsigned codes) by the same 4 bytes of
+ * one input row (signed xq, broadcast), so no horizontal reduction is ever
+ * needed. The integer dot product of a block is exact however its vpdpbusd
+ * steps are split across registers; every float32 step after it is the
+ * reference's. A tile is one panel x up to MC input rows; decode (M < MC)
+ * and prefill (tiles of MC rows, the panel staying in L1 across them) run
+ * the same tile code, so results are bit-identical for any batch size. */
 #include <math.h>
 #include <string.h>
 
 #include "kernels/kernels_int.h"
-#include "runtime/pool.h"
 
 #include <immintrin.h>
 
 #define PF_BYTES 2048
 #define MC KK_I8_MC /* input rows per tile: 3 MC float/int accumulators + codes fit in 32 registers */
-
-size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M) {
-    int64_t K = w->K;
-    /* d [M, K/32] f32, xsum [M, G] f32, xq [M, K] int8, alignment slack */
-    return sizeof(float) * (size_t)(M * (K / 32) + M * w->G) + (size_t)(M * K) + 64;
-}
 
 /* 16 int32 as int8 (|v| <= 127), 4 at a time to dst, dst + 4 n, .. (the
  * tile layout: 4 bytes of each of the tile's n rows) */
@@ -46,6 +26,15 @@ static inline void store_q(int8_t *dst, __m512i v, int n) {
     int32_t t[4];
     _mm_storeu_si128((__m128i *)t, _mm512_cvtsepi32_epi8(v));
     for (int i = 0; i < 4; i++) memcpy(dst + 4 * n * i, &t[i], 4);
+}
+
+/* The 16 lanes summed in KK_I8_SUM16's order (as GCC's
+ * _mm512_reduce_add_ps, written out so that no compiler changes it). */
+static inline float sum16(__m512 v) {
+    __m256 t8 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+    __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+    __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));
 }
 
 /* One row of x quantized (32 columns per block, two vectors each) into
@@ -67,39 +56,18 @@ static void prep_row(const kk_wview *w, const float *x, int8_t *xq, float *d, fl
             store_q(xq + k * n, q0, n);
             store_q(xq + (k + 16) * n, q1, n);
         }
-        xsum[g * n] = _mm512_reduce_add_ps(s);
+        xsum[g * n] = sum16(s);
     }
 }
 
-typedef struct {
-    const kk_wview *w;
-    const float *x;
-    int64_t M;
-    int8_t *xq;
-    float *d, *xsum;
-} prep_ctx;
-
-static void prep_rows(void *ctx, int64_t m0, int64_t m1) {
-    const prep_ctx *p = ctx;
-    int64_t K = p->w->K, G = p->w->G;
+void kk_int8_prep_rows_avx512(const kk_wview *w, const float *x, int64_t m0, int64_t m1, int64_t M, int8_t *xq,
+                              float *d, float *xsum) {
+    int64_t K = w->K, G = w->G;
     for (int64_t m = m0; m < m1; m++) {
         int64_t t = m / MC, l = m % MC;
-        int n = p->M - t * MC < MC ? (int)(p->M - t * MC) : MC; /* the last tile may be narrower */
-        prep_row(p->w, p->x + m * K, p->xq + t * MC * K + 4 * l, p->d + t * MC * (K / 32) + l, p->xsum + t * MC * G + l, n);
+        int n = M - t * MC < MC ? (int)(M - t * MC) : MC; /* the last tile may be narrower */
+        prep_row(w, x + m * K, xq + t * MC * K + 4 * l, d + t * MC * (K / 32) + l, xsum + t * MC * G + l, n);
     }
-}
-
-void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8view *out, kr_pool *pool) {
-    int64_t K = w->K;
-    float *d = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
-    float *xsum = d + M * (K / 32);
-    int8_t *xq = (int8_t *)(xsum + M * w->G);
-    prep_ctx p = {w, x, M, xq, d, xsum};
-    kr_parallel_for(pool, M, 16, prep_rows, &p);
-    out->M = M;
-    out->xq = xq;
-    out->d = d;
-    out->xsum = xsum;
 }
 
 /* 16 scales or biases of dtype t as float32 */
@@ -188,7 +156,7 @@ static inline __attribute__((always_inline)) void tile(const kk_i8w *pw, const k
         else tile(pw, xv, 8, p, m0, n, y, ldy);                                                                        \
     } while (0)
 
-void kk_int8_panels(const kk_i8w *pw, const kk_x8view *xv, int64_t p0, int64_t p1, float *y, int64_t ldy) {
+void kk_int8_panels_avx512(const kk_i8w *pw, const kk_x8view *xv, int64_t p0, int64_t p1, float *y, int64_t ldy) {
     for (int64_t p = p0; p < p1; p++)
         for (int64_t m0 = 0; m0 < xv->M; m0 += MC) {
             int nm = xv->M - m0 < MC ? (int)(xv->M - m0) : MC;

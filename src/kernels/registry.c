@@ -27,7 +27,7 @@ static void detect_once(void) {
     isa_max = cpu.avx512 && cpu.fma ? KK_ISA_AVX512 : (cpu.avx2 && cpu.fma ? KK_ISA_AVX2 : KK_ISA_PORTABLE);
     isa_level = isa_max;
     const char *i8 = getenv("KILN_INT8_ACT");
-    act_int8 = i8 && *i8 && strcmp(i8, "0") && cpu.avx512_vnni;
+    act_int8 = i8 && *i8 && strcmp(i8, "0") && isa_max >= KK_ISA_AVX2;
     const char *env = getenv("KILN_ISA");
     if (env) {
         kk_isa want = !strcmp(env, "portable") ? KK_ISA_PORTABLE : !strcmp(env, "avx2") ? KK_ISA_AVX2 : KK_ISA_AVX512;
@@ -55,13 +55,13 @@ void kk_set_isa_level(kk_isa level) {
 
 bool kk_set_act_int8(bool on) {
     detect();
-    act_int8 = on && cpu.avx512_vnni;
+    act_int8 = on && isa_max >= KK_ISA_AVX2;
     return act_int8;
 }
 
 bool kk_act_int8(void) {
     detect();
-    return act_int8 && isa_level == KK_ISA_AVX512;
+    return act_int8 && isa_level >= KK_ISA_AVX2;
 }
 
 const char *kk_isa_name(kk_isa level) {
