@@ -10,10 +10,11 @@
  *          saturate (2 x 15 x 128 < 2^15), and the 8 of a block of 32 k are
  *          summed in int16 (8 x 3840 < 2^15) before vpmaddwd widens the sum
  *          to one int32 a row: the exact integer dot product of the block;
- *   8-bit: 2 x 255 x 127 would saturate vpmaddubsw, so codes are widened to
- *          int16 (vpmovzxbw) and multiplied by the int16 xq (vpmaddwd): two
- *          int32 half sums a row, added across lanes (vphaddd) at the end
- *          of the block: exact again.
+ *   8-bit: 2 x 255 x 127 would saturate vpmaddubsw, so each row's 4 codes
+ *          (a 32-bit lane) are split into the int16 pairs (c0, c2), (c1, c3)
+ *          with an AND and a shift, xq's 4 bytes likewise with shifts, and
+ *          two vpmaddwd give the lane's 4 products in int32: exact again,
+ *          with no shuffle.
  * The integer sums are exact whatever their order, and every float32 step
  * after them is the reference's, lane by lane (see linear_int8.c). */
 #include <string.h>
@@ -23,6 +24,9 @@
 #include <immintrin.h>
 
 #define PF_BYTES 2048
+/* an optimization barrier: GCC would otherwise regroup the int16 sums into
+ * a tree of all the products of a block, spilling most of them */
+#define KEEP(v) __asm__("" : "+x"(v))
 #define NM_MAX 4 /* input rows a tile pass: 3 float/int registers each for 8 output rows */
 
 /* ---------------------------------------------------------------- inputs */
@@ -101,13 +105,6 @@ static inline __m256i bcast4(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* xq's 4 bytes at p as int16, repeated: the 8-bit kernel's multiplier */
-static inline __m256i bcast4w(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_cvtepi8_epi16(_mm_set1_epi32(v));
-}
-
 /* Output rows [16 p + 8 h0, + 8 nh) against lanes [l0, l0 + nm) of the input
  * tile at row t0 (n lanes wide, kk_x8view's layout). bits, nh, nm are
  * constants in each copy. */
@@ -119,7 +116,7 @@ static inline __attribute__((always_inline)) void tile(const kk_i8w *pw, const k
     const uint8_t *gp = pw->data + (size_t)(p * G) * pw->gbytes;
     const int8_t *xq = xv->xq + t0 * K + 4 * l0;
     const float *d = xv->d + t0 * KB + l0, *xs = xv->xsum + t0 * G + l0;
-    const __m256i lo4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i lo4 = _mm256_set1_epi8(15), lo8 = _mm256_set1_epi16(0xff), ones = _mm256_set1_epi16(1);
     const bool pf = h0 == 0; /* the first pass over a panel fetches ahead */
     __m256 acc[2][NM_MAX];
     _Pragma("GCC unroll 2") for (int h = 0; h < nh; h++)
@@ -151,6 +148,7 @@ static inline __attribute__((always_inline)) void tile(const kk_i8w *pw, const k
                         _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
                             s16[h][m] = _mm256_add_epi16(s16[h][m], _mm256_maddubs_epi16(lo, xl[m]));
                             s16[h][m] = _mm256_add_epi16(s16[h][m], _mm256_maddubs_epi16(hi, xh[m]));
+                            KEEP(s16[h][m]);
                         }
                     }
                 }
@@ -158,25 +156,28 @@ static inline __attribute__((always_inline)) void tile(const kk_i8w *pw, const k
                     _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) is[h][m] = _mm256_madd_epi16(s16[h][m], ones);
                 q += 256;
             } else {
-                __m256i s32[2][2][NM_MAX]; /* [half][rows 0-3, 4-7 of it][m] */
+                /* the codes c0..c3 of a row (one 32-bit lane) as the int16
+                 * pairs (c0, c2) and (c1, c3), xq's 4 bytes likewise: two
+                 * vpmaddwd give the lane's 4 products, no shuffle */
+                __m256i s32[2][NM_MAX];
                 _Pragma("GCC unroll 2") for (int h = 0; h < nh; h++)
-                    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) s32[h][0][m] = s32[h][1][m] = _mm256_setzero_si256();
+                    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) s32[h][m] = _mm256_setzero_si256();
                 _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) {
                     const int8_t *xp = xq + (k0 + 4 * s) * n;
-                    __m256i xw[NM_MAX];
-                    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) xw[m] = bcast4w(xp + 4 * m);
-                    _Pragma("GCC unroll 2") for (int h = 0; h < nh; h++)
-                        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
-                            __m256i wv = _mm256_cvtepu8_epi16(
-                                _mm_load_si128((const __m128i *)(q + s * 64 + 32 * (h0 + h) + 16 * c)));
-                            _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++)
-                                s32[h][c][m] = _mm256_add_epi32(s32[h][c][m], _mm256_madd_epi16(wv, xw[m]));
+                    _Pragma("GCC unroll 2") for (int h = 0; h < nh; h++) {
+                        __m256i wv = _mm256_load_si256((const __m256i *)(q + s * 64 + 32 * (h0 + h)));
+                        __m256i ca = _mm256_and_si256(wv, lo8), cc = _mm256_srli_epi16(wv, 8);
+                        _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
+                            __m256i v = bcast4(xp + 4 * m);
+                            __m256i xa = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8), xb = _mm256_srai_epi16(v, 8);
+                            s32[h][m] = _mm256_add_epi32(s32[h][m], _mm256_madd_epi16(ca, xa));
+                            s32[h][m] = _mm256_add_epi32(s32[h][m], _mm256_madd_epi16(cc, xb));
+                            KEEP(s32[h][m]);
                         }
+                    }
                 }
-                /* lanes (row, half sum): [r0 r0 r1 r1 r2 r2 r3 r3], [r4 .. r7] -> [r0 .. r7] */
                 _Pragma("GCC unroll 2") for (int h = 0; h < nh; h++)
-                    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) is[h][m] = _mm256_permute4x64_epi64(
-                        _mm256_hadd_epi32(s32[h][0][m], s32[h][1][m]), 0xd8);
+                    _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) is[h][m] = s32[h][m];
                 q += 512;
             }
             _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
