@@ -114,6 +114,8 @@ typedef struct {
     const int8_t *xq;   /* per tile [K / 4, n, 4]: x / d per block of 32, rounded */
     const float *d;     /* per tile [K / 32, n] block scales, max|x| / 127 */
     const float *xsum;  /* per tile [G, n] float32 group sums of x (the bias term) */
+    const int32_t *xw;  /* for the AVX2 kernel's 8-bit weights, else NULL: each 4 bytes
+                           (x0..x3) of xq as the int16 pairs (x0, x2), (x1, x3) */
 } kk_x8view;
 bool kk_int8_ok(const kk_wview *w);
 /* the repacked weight: one 64-byte aligned allocation (free()), NULL when
@@ -130,6 +132,8 @@ void kk_int8_row(const kk_i8w *pw, int64_t r, float *out);
 /* panel p back to codes [16, K] and scales, biases [16, G] as float32 */
 void kk_int8_unpack(const kk_i8w *pw, int64_t p, uint8_t *codes, float *scales, float *biases);
 size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M);
+/* the 4-byte units [u0, u1) of xq widened into xw (kk_x8view.xw) */
+void kk_int8_widen(const int8_t *xq, int64_t u0, int64_t u1, int32_t *xw);
 /* x [M, K] quantized into buf (kk_int8_prep_bytes), rows split on pool */
 void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8view *out, kr_pool *pool);
 /* y[m * ldy + r] for the rows r of panels [p0, p1), every m < xv->M */

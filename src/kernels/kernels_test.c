@@ -456,6 +456,11 @@ KT_TEST(kernels_int8_kernels_match_reference) {
                 if (k == 0) kk_int8_prep_rows_portable(&w, x, 0, M, M, xq, d, xs);
                 else if (k == 1) kk_int8_prep_rows_avx2(&w, x, 0, M, M, xq, d, xs);
                 else kk_int8_prep_rows_avx512(&w, x, 0, M, M, xq, d, xs);
+                if (k == 1 && c->bits == 8) { /* the AVX2 kernel's widened xq, as kk_int8_prep lays it out */
+                    int32_t *xw = (int32_t *)(((uintptr_t)(xq + M * c->K) + 63) & ~(uintptr_t)63);
+                    kk_int8_widen(xq, 0, M * c->K / 4, xw);
+                    xv[k].xw = xw;
+                }
                 if (k == 0) kk_int8_panels_portable(pw, &xv[k], 0, pw->P, y[k], c->N);
                 else if (k == 1) kk_int8_panels_avx2(pw, &xv[k], 0, pw->P, y[k], c->N);
                 else kk_int8_panels_avx512(pw, &xv[k], 0, pw->P, y[k], c->N);

@@ -239,8 +239,18 @@ static bool use_avx512(void) { return kk_isa_level() == KK_ISA_AVX512 && kk_cpu_
 
 size_t kk_int8_prep_bytes(const kk_wview *w, int64_t M) {
     int64_t K = w->K;
-    /* d [M, K/32] f32, xsum [M, G] f32, xq [M, K] int8, alignment slack */
-    return sizeof(float) * (size_t)(M * (K / 32) + M * w->G) + (size_t)(M * K) + 64;
+    /* d [M, K/32] f32, xsum [M, G] f32, xq [M, K] int8, xw [M, K] int16
+     * (AVX2, 8 bits), alignment slack */
+    return sizeof(float) * (size_t)(M * (K / 32) + M * w->G) + (size_t)(M * K) + 64 +
+           (w->bits == 8 ? (size_t)(2 * M * K) + 64 : 0);
+}
+
+void kk_int8_widen(const int8_t *xq, int64_t u0, int64_t u1, int32_t *xw) {
+    for (int64_t u = u0; u < u1; u++) {
+        const int8_t *b = xq + 4 * u;
+        xw[2 * u] = (int32_t)((uint32_t)(uint16_t)b[0] | (uint32_t)(uint16_t)b[2] << 16);
+        xw[2 * u + 1] = (int32_t)((uint32_t)(uint16_t)b[1] | (uint32_t)(uint16_t)b[3] << 16);
+    }
 }
 
 typedef struct {
@@ -249,12 +259,20 @@ typedef struct {
     int64_t M;
     int8_t *xq;
     float *d, *xsum;
+    int32_t *xw;
     prep_rows_fn fn;
 } prep_ctx;
 
 static void prep_rows(void *ctx, int64_t m0, int64_t m1) {
     const prep_ctx *p = ctx;
     p->fn(p->w, p->x, m0, m1, p->M, p->xq, p->d, p->xsum);
+    int64_t K = p->w->K;
+    if (p->xw)
+        for (int64_t m = m0; m < m1; m++) { /* row m: unit j of lane l of tile t at t * MC * K / 4 + j * n + l */
+            int64_t t = m / KK_I8_MC, l = m % KK_I8_MC, base = t * KK_I8_MC * K / 4 + l;
+            int n = p->M - t * KK_I8_MC < KK_I8_MC ? (int)(p->M - t * KK_I8_MC) : KK_I8_MC;
+            for (int64_t j = 0; j < K / 4; j++) kk_int8_widen(p->xq, base + j * n, base + j * n + 1, p->xw);
+        }
 }
 
 void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8view *out, kr_pool *pool) {
@@ -262,15 +280,18 @@ void kk_int8_prep(const kk_wview *w, const float *x, int64_t M, void *buf, kk_x8
     float *d = (float *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
     float *xsum = d + M * (K / 32);
     int8_t *xq = (int8_t *)(xsum + M * w->G);
-    prep_ctx p = {w, x, M, xq, d, xsum, NULL};
+    prep_ctx p = {w, x, M, xq, d, xsum, NULL, NULL};
     p.fn = use_avx512() ? kk_int8_prep_rows_avx512
            : kk_isa_level() >= KK_ISA_AVX2 ? kk_int8_prep_rows_avx2
                                            : kk_int8_prep_rows_portable;
+    if (p.fn == kk_int8_prep_rows_avx2 && w->bits == 8)
+        p.xw = (int32_t *)(((uintptr_t)(xq + M * K) + 63) & ~(uintptr_t)63);
     kr_parallel_for(pool, M, 16, prep_rows, &p);
     out->M = M;
     out->xq = xq;
     out->d = d;
     out->xsum = xsum;
+    out->xw = p.xw;
 }
 
 void kk_int8_panels(const kk_i8w *pw, const kk_x8view *xv, int64_t p0, int64_t p1, float *y, int64_t ldy) {

@@ -12,9 +12,9 @@
  *          to one int32 a row: the exact integer dot product of the block;
  *   8-bit: 2 x 255 x 127 would saturate vpmaddubsw, so each row's 4 codes
  *          (a 32-bit lane) are split into the int16 pairs (c0, c2), (c1, c3)
- *          with an AND and a shift, xq's 4 bytes likewise with shifts, and
- *          two vpmaddwd give the lane's 4 products in int32: exact again,
- *          with no shuffle.
+ *          with an AND and a shift, xq's 4 bytes were (kk_x8view.xw, once
+ *          per call), and two vpmaddwd give the lane's 4 products in int32:
+ *          exact again, with no shuffle.
  * The integer sums are exact whatever their order, and every float32 step
  * after them is the reference's, lane by lane (see linear_int8.c). */
 #include <string.h>
@@ -115,6 +115,7 @@ static inline __attribute__((always_inline)) void tile(const kk_i8w *pw, const k
     const size_t es = pw->sbt == KG_F32 ? 4 : 2, cb = (size_t)(KK_I8_PANEL * gs * bits / 8);
     const uint8_t *gp = pw->data + (size_t)(p * G) * pw->gbytes;
     const int8_t *xq = xv->xq + t0 * K + 4 * l0;
+    const int32_t *xw = bits == 8 ? xv->xw + 2 * (t0 * K / 4 + l0) : NULL; /* kk_x8view: needed for 8 bits */
     const float *d = xv->d + t0 * KB + l0, *xs = xv->xsum + t0 * G + l0;
     const __m256i lo4 = _mm256_set1_epi8(15), lo8 = _mm256_set1_epi16(0xff), ones = _mm256_set1_epi16(1);
     const bool pf = h0 == 0; /* the first pass over a panel fetches ahead */
@@ -163,13 +164,12 @@ static inline __attribute__((always_inline)) void tile(const kk_i8w *pw, const k
                 _Pragma("GCC unroll 2") for (int h = 0; h < nh; h++)
                     _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) s32[h][m] = _mm256_setzero_si256();
                 _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) {
-                    const int8_t *xp = xq + (k0 + 4 * s) * n;
+                    const int32_t *xwp = xw + 2 * ((k0 + 4 * s) / 4 * n);
                     _Pragma("GCC unroll 2") for (int h = 0; h < nh; h++) {
                         __m256i wv = _mm256_load_si256((const __m256i *)(q + s * 64 + 32 * (h0 + h)));
                         __m256i ca = _mm256_and_si256(wv, lo8), cc = _mm256_srli_epi16(wv, 8);
                         _Pragma("GCC unroll 4") for (int m = 0; m < nm; m++) {
-                            __m256i v = bcast4(xp + 4 * m);
-                            __m256i xa = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8), xb = _mm256_srai_epi16(v, 8);
+                            __m256i xa = _mm256_set1_epi32(xwp[2 * m]), xb = _mm256_set1_epi32(xwp[2 * m + 1]);
                             s32[h][m] = _mm256_add_epi32(s32[h][m], _mm256_madd_epi16(ca, xa));
                             s32[h][m] = _mm256_add_epi32(s32[h][m], _mm256_madd_epi16(cc, xb));
                             KEEP(s32[h][m]);
