@@ -230,7 +230,9 @@ kiln_status ksrv_anthropic_fill(const cJSON *body, cJSON *chat) {
     }
     KILN_TRY(ksrv_agent_copy(body, "model", chat, "model"));
     KILN_TRY(ksrv_agent_copy(body, "stop_sequences", chat, "stop"));
-    static const char *const same[] = {"temperature", "top_p", "top_k", "stream"};
+    /* seed: an extension (Anthropic's API has none), as vLLM and llama.cpp
+     * take their sampling fields on every route: a reproducible sample */
+    static const char *const same[] = {"temperature", "top_p", "top_k", "seed", "stream"};
     for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) KILN_TRY(ksrv_agent_copy(body, same[k], chat, same[k]));
     return NULL;
 }

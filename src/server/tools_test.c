@@ -1398,6 +1398,25 @@ KT_TEST(server_anthropic_content_blocks_and_events) {
     free_fake(s);
 }
 
+/* Messages' sampling fields reach the chat body: Anthropic's, and kiln's
+ * seed (as on the OpenAI routes), so that a sampled message can be
+ * reproduced; without one the chat body has none either. */
+KT_TEST(server_anthropic_sampling_fields_and_seed) {
+    cJSON *body = cJSON_Parse("{\"model\": \"m\", \"max_tokens\": 9, \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                              "\"temperature\": 0.5, \"top_k\": 4, \"seed\": 7}");
+    cJSON *chat = cJSON_CreateObject();
+    KT_CHECK_OK(ksrv_anthropic_fill(body, chat));
+    const cJSON *seed = ku_json_get(chat, "seed"), *tk = ku_json_get(chat, "top_k"), *t = ku_json_get(chat, "temperature");
+    KT_CHECK(cJSON_IsNumber(seed) && seed->valuedouble == 7);
+    KT_CHECK(cJSON_IsNumber(tk) && tk->valuedouble == 4 && cJSON_IsNumber(t) && t->valuedouble == 0.5);
+    cJSON_Delete(chat), cJSON_Delete(body);
+    body = cJSON_Parse("{\"model\": \"m\", \"max_tokens\": 9, \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}");
+    chat = cJSON_CreateObject();
+    KT_CHECK_OK(ksrv_anthropic_fill(body, chat));
+    KT_CHECK(!ku_json_get(chat, "seed"));
+    cJSON_Delete(chat), cJSON_Delete(body);
+}
+
 /* Tag formats (Qwen3-Coder's <function=..><parameter=..>, GLM-4.5's
  * <arg_key>/<arg_value>), cut inside the tags and the values: in Responses
  * and Messages the streamed argument fragments (several: a value streams as

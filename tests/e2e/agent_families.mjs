@@ -213,7 +213,10 @@ if (f1.length) {
 const atools = tools.map((t) => ({ name: t.function.name, description: t.function.description, input_schema: t.function.parameters }));
 const acommon = { model, tools: atools, temperature: 1, max_tokens: 400 };
 const uses = (m) => m.content.filter((b) => b.type === "tool_use");
-const a1 = await anthropic.messages.create({ ...acommon, messages: ask, tool_choice: { type: "any", disable_parallel_tool_use: true } });
+// seeded (kiln's extension of Messages), as the requests above: a random
+// model's unseeded sample could be anything, a marker's look-alike too
+const a1 = await anthropic.messages.create({ ...acommon, messages: ask, tool_choice: { type: "any", disable_parallel_tool_use: true },
+                                             seed: 10 });
 const u1 = uses(a1);
 const thinkingOf = (m) => m.content.filter((b) => b.type === "thinking").map((b) => b.thinking).join("");
 const textOf = (m) => m.content.filter((b) => b.type === "text").map((b) => b.text).join("");
@@ -221,7 +224,7 @@ check("messages any: the thinking block split out, first", !badReasoning(thinkin
       (!think || a1.content[0].type === "thinking"), `${badReasoning(thinkingOf(a1))} ${J(a1.content.map((b) => b.type))}`);
 check("messages any: one valid tool_use", a1.stop_reason === "tool_use" && u1.length === 1 && !invalid(u1[0].name, u1[0].input) &&
       typeof u1[0].id === "string", u1.length ? `${u1[0].name}(${J(u1[0].input)}) ${invalid(u1[0].name, u1[0].input)}` : J(a1.content));
-const as = anthropic.messages.stream({ ...acommon, messages: ask, tool_choice: { type: "tool", name: "get_time" } });
+const as = anthropic.messages.stream({ ...acommon, messages: ask, tool_choice: { type: "tool", name: "get_time" }, seed: 11 });
 const partial = [], thought = [];
 as.on("streamEvent", (ev) => {
   if (ev.type !== "content_block_delta") return;
@@ -244,7 +247,7 @@ check("messages tool, streamed: thinking_delta adds up to the thinking block", !
 if (u1.length) {
   const a2msgs = [...ask, { role: "assistant", content: a1.content }, { role: "user", content: [{ type: "tool_result", tool_use_id: u1[0].id,
                    content: "sunny, 21 C" }] }];
-  const a2 = await anthropic.messages.create({ ...acommon, max_tokens: 8, messages: a2msgs });
+  const a2 = await anthropic.messages.create({ ...acommon, max_tokens: 8, messages: a2msgs, seed: 12 });
   const prompt = (u) => u.input_tokens + (u.cache_read_input_tokens ?? 0) + (u.cache_creation_input_tokens ?? 0);
   check("messages round trip: an answer to the tool_result", a2.type === "message" && prompt(a2.usage) > prompt(a1.usage) &&
         whole(uses(a2), a2.stop_reason === "max_tokens").every((u) => !invalid(u.name, u.input)), `${J(a2.usage)} ${J(a2.content)}`);
